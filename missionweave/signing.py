@@ -1,0 +1,91 @@
+"""Ed25519 keys and DSSE envelopes (protos common.proto SignedEnvelope; ARCHITECTURE principle 5).
+
+The signature covers the DSSE pre-authentication encoding of the *exact* payload bytes, so any
+language verifies without canonicalising anything.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import blake3
+from nacl.exceptions import BadSignatureError
+from nacl.signing import SigningKey, VerifyKey
+
+from missionweave.v1 import common_pb2
+
+COMMAND_TYPE = "application/vnd.missionweave.v1.command+protobuf"
+EVENT_TYPE = "application/vnd.missionweave.v1.event+protobuf"
+REGISTER_IDENTITY_TYPE = "application/vnd.missionweave.v1.register-identity+protobuf"
+OPEN_SESSION_TYPE = "application/vnd.missionweave.v1.open-session+protobuf"
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE v1 pre-authentication encoding."""
+    t = payload_type.encode("utf-8")
+    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
+
+
+def fingerprint(public_key: bytes) -> str:
+    return blake3.blake3(public_key).hexdigest()[:16]
+
+
+def session_key_id(identity_id: str, session_epoch: int) -> str:
+    return f"{identity_id}#session-{session_epoch}"
+
+
+def parse_session_key_id(key_id: str) -> tuple[str, int] | None:
+    identity, sep, epoch = key_id.rpartition("#session-")
+    if not sep or not identity or not epoch.isdigit():
+        return None
+    return identity, int(epoch)
+
+
+def sign_envelope(
+    payload: bytes, payload_type: str, key: SigningKey, key_id: str
+) -> common_pb2.SignedEnvelope:
+    sig = key.sign(pae(payload_type, payload)).signature
+    return common_pb2.SignedEnvelope(
+        payload=payload,
+        payload_type=payload_type,
+        signatures=[common_pb2.Signature(key_id=key_id, sig=sig)],
+    )
+
+
+def verify_signature(envelope: common_pb2.SignedEnvelope, public_key: bytes, index: int = 0) -> bool:
+    try:
+        VerifyKey(public_key).verify(
+            pae(envelope.payload_type, envelope.payload), envelope.signatures[index].sig
+        )
+        return True
+    except (BadSignatureError, ValueError, IndexError):
+        return False
+
+
+def generate_key() -> SigningKey:
+    return SigningKey.generate()
+
+
+def write_key(path: Path, key: SigningKey) -> None:
+    """Writes the 32-byte seed as hex, created with mode 0600 (never readable by others)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key.encode().hex() + "\n")
+
+
+def read_key(path: Path) -> SigningKey:
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise PermissionError(f"key file {path} has mode {mode:o}; it must not be readable by others (0600)")
+    return SigningKey(bytes.fromhex(path.read_text().strip()))
+
+
+def load_or_create_key(path: Path) -> SigningKey:
+    if path.exists():
+        return read_key(path)
+    key = generate_key()
+    write_key(path, key)
+    return key

@@ -1,0 +1,319 @@
+"""The Group Authority shell: verify, deduplicate, decide, sign, append, fold.
+
+Everything with I/O lives here; the rules live in ``decider.py``. Commands for one Group are
+serialised by a per-Group lock; commands for different Groups proceed concurrently and meet in the
+store's group commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from datetime import timedelta
+
+import blake3
+from google.protobuf.message import DecodeError
+from nacl.signing import SigningKey
+
+from missionweave import ids
+from missionweave.clock import Clock, from_timestamp, to_micros
+from missionweave.errors import Rejected
+from missionweave.signing import COMMAND_TYPE, EVENT_TYPE, fingerprint, parse_session_key_id, sign_envelope
+from missionweave.signing import verify_signature as verify_envelope
+from missionweave.v1 import command_pb2, common_pb2, event_pb2
+from services.authority import decider
+from services.authority.state import GroupState
+from services.authority.store import AppendRequest, EventStore, StoredEvent
+from services.membership.registry import IdentityRegistry
+
+R = common_pb2.RejectionReason
+log = logging.getLogger("missionweave.authority")
+
+MAX_COMMAND_BYTES = 256 * 1024
+REPLAY_WINDOW = timedelta(minutes=5)
+SUPPORTED_EXTENSIONS: frozenset[str] = frozenset()
+
+
+class GroupAuthority:
+    def __init__(
+        self,
+        store: EventStore,
+        registry: IdentityRegistry,
+        clock: Clock,
+        signing_key: SigningKey,
+        *,
+        cache_size: int = 10_000,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.clock = clock
+        self.signing_key = signing_key
+        self.public_key = bytes(signing_key.verify_key)
+        self.key_id = f"authority:{fingerprint(self.public_key)}"
+        self._cache: OrderedDict[str, tuple[int, GroupState]] = OrderedDict()  # group -> (writer epoch, state)
+        self._cache_size = cache_size
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._appended: dict[str, asyncio.Event] = {}
+        self.in_flight = 0
+
+    # ------------------------------------------------------------ commands
+
+    async def execute(self, envelope: common_pb2.SignedEnvelope) -> command_pb2.CommandResult:
+        self.in_flight += 1
+        try:
+            command = await self._authenticate(envelope)
+            return await self._execute_verified(command)
+        finally:
+            self.in_flight -= 1
+
+    async def _authenticate(self, envelope: common_pb2.SignedEnvelope) -> command_pb2.Command:
+        """Signature first: nothing in the payload is trusted before it verifies (principle 5)."""
+        if len(envelope.payload) > MAX_COMMAND_BYTES:
+            raise Rejected(
+                R.REJECTION_REASON_TOO_LARGE,
+                f"command payload is {len(envelope.payload)} bytes; the limit is {MAX_COMMAND_BYTES}",
+                limit=MAX_COMMAND_BYTES,
+            )
+        if envelope.payload_type != COMMAND_TYPE:
+            raise Rejected(R.REJECTION_REASON_MALFORMED, f"payload_type must be {COMMAND_TYPE}")
+        if not envelope.signatures:
+            raise Rejected(R.REJECTION_REASON_SIGNATURE_MISSING, "the command envelope carries no signature")
+        parsed_key = parse_session_key_id(envelope.signatures[0].key_id)
+        if parsed_key is None:
+            raise Rejected(
+                R.REJECTION_REASON_SIGNATURE_INVALID, "key_id must name a session key: '<identity>#session-<epoch>'"
+            )
+        identity_id, epoch = parsed_key
+        identity = await self.registry.get(identity_id)
+        if identity is None:
+            raise Rejected(R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{identity_id!r} is not a registered identity")
+        session_key = await self.registry.session_key(identity_id, epoch)
+        if session_key is None:
+            raise Rejected(
+                R.REJECTION_REASON_SESSION_NOT_OPEN, f"{identity_id} has no session with epoch {epoch}; open one"
+            )
+        if not verify_envelope(envelope, session_key):
+            raise Rejected(R.REJECTION_REASON_SIGNATURE_INVALID, "the signature does not verify with the session key")
+        if epoch != identity.session_epoch:
+            raise Rejected(
+                R.REJECTION_REASON_SESSION_EPOCH_STALE,
+                f"session epoch {epoch} was fenced by session {identity.session_epoch}",
+                current_epoch=identity.session_epoch,
+            )
+        command = command_pb2.Command()
+        try:
+            command.ParseFromString(envelope.payload)
+        except DecodeError:
+            raise Rejected(R.REJECTION_REASON_MALFORMED, "payload is not a valid missionweave.v1.Command") from None
+        if command.actor_id != identity_id or command.session_epoch != epoch:
+            raise Rejected(
+                R.REJECTION_REASON_SIGNATURE_INVALID,
+                "actor_id and session_epoch must match the signing session key",
+                field="actor_id",
+            )
+        for name in ("command_id", "group_id"):
+            if not ids.is_valid(getattr(command, name)):
+                raise Rejected(R.REJECTION_REASON_MALFORMED, f"{name} must be 1..128 of [A-Za-z0-9._:-]", field=name)
+        if command.correlation_id and not ids.is_valid(command.correlation_id):
+            raise Rejected(R.REJECTION_REASON_MALFORMED, "correlation_id is not a valid id", field="correlation_id")
+        if not command.HasField("issued_at"):
+            raise Rejected(R.REJECTION_REASON_MALFORMED, "issued_at is required", field="issued_at")
+        skew = abs(from_timestamp(command.issued_at) - self.clock.now())
+        if skew > REPLAY_WINDOW:
+            raise Rejected(
+                R.REJECTION_REASON_CLOCK_SKEW,
+                f"issued_at is {skew.total_seconds():.0f}s from the Authority clock (window {REPLAY_WINDOW})",
+            )
+        for binding in command.extensions:
+            if binding.critical and binding.urn not in SUPPORTED_EXTENSIONS:
+                raise Rejected(
+                    R.REJECTION_REASON_UNSUPPORTED_CRITICAL_EXTENSION,
+                    f"critical extension {binding.urn} is not supported",
+                    urn=binding.urn,
+                )
+        return command
+
+    async def _execute_verified(self, command: command_pb2.Command) -> command_pb2.CommandResult:
+        group_id = command.group_id
+        fingerprint_ = _fingerprint(command)
+        async with self._lock(group_id):
+            replay = await self._replay(command, fingerprint_)
+            if replay is not None:
+                return replay
+            writer_epoch, state = await self._load(group_id, creating=command.WhichOneof("body") in decider.CREATING_KINDS)
+            identities = await self.registry.infos(_referenced_identities(command))
+            decision = decider.decide(state, command, decider.DecisionContext(self.clock.now(), identities))
+            if isinstance(decision, Rejected):
+                raise decision
+            stored = [self._seal(event, writer_epoch) for event in decision]
+            request = AppendRequest(
+                group_id=group_id,
+                writer_epoch=writer_epoch,
+                expected_head=state.head_sequence if state else 0,
+                command_id=command.command_id,
+                fingerprint=fingerprint_,
+                events=stored,
+                creates_group=state is None,
+            )
+            try:
+                await self.store.append(request)
+            except Rejected as rejected:
+                self._cache.pop(group_id, None)  # our view may be stale: reload on next command
+                if rejected.reason == R.REJECTION_REASON_GROUP_EXISTS:
+                    replay = await self._replay(command, fingerprint_)
+                    if replay is not None:
+                        return replay
+                raise
+            except Exception:
+                self._cache.pop(group_id, None)
+                raise
+            for event in decision:
+                state = decider.evolve(state, event)
+            assert state is not None
+            self._remember(group_id, writer_epoch, state)
+        self._wake(group_id)
+        return command_pb2.CommandResult(
+            command_id=command.command_id,
+            group_id=group_id,
+            events=[_envelope(s) for s in stored],
+            group_revision=state.head_sequence,
+        )
+
+    async def _replay(self, command: command_pb2.Command, fingerprint_: bytes) -> command_pb2.CommandResult | None:
+        record = await self.store.find_command(command.group_id, command.command_id)
+        if record is None:
+            return None
+        if record.fingerprint != fingerprint_:
+            raise Rejected(
+                R.REJECTION_REASON_COMMAND_ID_REUSED,
+                f"command id {command.command_id} was already used in this Group with a different body",
+            )
+        stored = await self.store.read_range(command.group_id, record.first_seq, record.last_seq)
+        return command_pb2.CommandResult(
+            command_id=command.command_id,
+            group_id=command.group_id,
+            events=[_envelope(s) for s in stored],
+            group_revision=record.last_seq,
+            replayed=True,
+        )
+
+    def _seal(self, event: event_pb2.Event, writer_epoch: int) -> StoredEvent:
+        event.writer_epoch = writer_epoch
+        env = sign_envelope(event.SerializeToString(deterministic=True), EVENT_TYPE, self.signing_key, self.key_id)
+        return StoredEvent(
+            sequence=event.sequence,
+            event_id=event.event_id,
+            type=event.type,
+            recorded_us=to_micros(from_timestamp(event.recorded_at)),
+            envelope=env.SerializeToString(),
+        )
+
+    # ------------------------------------------------------------ state
+
+    async def _load(self, group_id: str, *, creating: bool) -> tuple[int, GroupState | None]:
+        cached = self._cache.get(group_id)
+        if cached is not None:
+            self._cache.move_to_end(group_id)
+            return cached
+        acquired = await self.store.acquire(group_id)
+        if acquired is None:
+            return (1, None)  # the Group does not exist yet: a creating command takes writer epoch 1
+        writer_epoch, _head = acquired
+        state = await self.fold(group_id)
+        self._remember(group_id, writer_epoch, state)
+        return writer_epoch, state
+
+    async def fold(self, group_id: str) -> GroupState | None:
+        """Rebuild a Group's state from its stored log (also used by the replay-equivalence test)."""
+        state: GroupState | None = None
+        after = 0
+        while True:
+            batch = await self.store.read(group_id, after, 1024)
+            if not batch:
+                return state
+            for stored in batch:
+                state = decider.evolve(state, decode_event(stored.envelope))
+            after = batch[-1].sequence
+
+    async def state(self, group_id: str) -> GroupState | None:
+        cached = self._cache.get(group_id)
+        if cached is not None:
+            return cached[1]
+        return await self.fold(group_id)
+
+    def _remember(self, group_id: str, writer_epoch: int, state: GroupState) -> None:
+        self._cache[group_id] = (writer_epoch, state)
+        self._cache.move_to_end(group_id)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    def _lock(self, group_id: str) -> _GroupLock:
+        return _GroupLock(self._locks, group_id)
+
+    # ------------------------------------------------------------ followers
+
+    def _wake(self, group_id: str) -> None:
+        waiter = self._appended.pop(group_id, None)
+        if waiter is not None:
+            waiter.set()
+
+    async def wait_for_append(self, group_id: str, timeout: float) -> None:
+        """Resolves when the Group gets new events (in this process) or after ``timeout``."""
+        waiter = self._appended.setdefault(group_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(waiter.wait(), timeout)
+        except TimeoutError:
+            pass
+
+
+class _GroupLock:
+    """A per-Group asyncio lock that is forgotten once nobody holds or awaits it (bounded memory)."""
+
+    def __init__(self, locks: dict[str, asyncio.Lock], key: str) -> None:
+        self.locks = locks
+        self.key = key
+
+    async def __aenter__(self) -> None:
+        lock = self.locks.get(self.key)
+        if lock is None:
+            lock = self.locks[self.key] = asyncio.Lock()
+        self.lock = lock
+        await lock.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.lock.release()
+        if not self.lock.locked() and not getattr(self.lock, "_waiters", None):
+            self.locks.pop(self.key, None)
+
+
+def _fingerprint(command: command_pb2.Command) -> bytes:
+    """What makes two commands with one id "the same": everything but the issue time."""
+    copy = command_pb2.Command()
+    copy.CopyFrom(command)
+    copy.ClearField("issued_at")
+    return blake3.blake3(copy.SerializeToString(deterministic=True)).digest()
+
+
+def _referenced_identities(command: command_pb2.Command) -> set[str]:
+    refs = {command.actor_id}
+    kind = command.WhichOneof("body")
+    if kind == "mission_create":
+        refs |= {command.mission_create.definition.owner_id, command.mission_create.coordinator_id}
+    elif kind == "membership_grant":
+        refs.add(command.membership_grant.member_id)
+    return refs
+
+
+def _envelope(stored: StoredEvent) -> common_pb2.SignedEnvelope:
+    env = common_pb2.SignedEnvelope()
+    env.ParseFromString(stored.envelope)
+    return env
+
+
+def decode_event(envelope_bytes: bytes) -> event_pb2.Event:
+    env = common_pb2.SignedEnvelope()
+    env.ParseFromString(envelope_bytes)
+    event = event_pb2.Event()
+    event.ParseFromString(env.payload)
+    return event

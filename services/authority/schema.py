@@ -1,0 +1,44 @@
+"""Authority tables: one row per Group (head, writer epoch, owner lease), its events and commands."""
+
+from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, String, Table
+
+from missionweave.db import METADATA
+
+groups = Table(
+    "groups",
+    METADATA,
+    Column("group_id", String(128), primary_key=True),
+    Column("head_seq", BigInteger, nullable=False),
+    # Fencing (ARCHITECTURE "Scale-out"): every append matches writer_epoch; taking over a Group
+    # raises it, so a second authority instance can never interleave appends.
+    Column("writer_epoch", BigInteger, nullable=False),
+    Column("owner_instance", String(128), nullable=False),
+    Column("lease_expires_us", BigInteger, nullable=False),
+    Column("created_us", BigInteger, nullable=False),
+)
+
+events = Table(
+    "events",
+    METADATA,
+    Column("group_id", String(128), primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("event_id", String(128), nullable=False, unique=True),
+    Column("type", String(128), nullable=False),
+    Column("command_id", String(128), nullable=False),
+    Column("recorded_us", BigInteger, nullable=False),
+    # The signed envelope exactly as served: events are never re-serialised (principle 5).
+    Column("envelope", LargeBinary, nullable=False),
+)
+
+commands = Table(
+    "commands",
+    METADATA,
+    Column("group_id", String(128), primary_key=True),
+    Column("command_id", String(128), primary_key=True),
+    Column("fingerprint", LargeBinary, nullable=False),
+    Column("first_seq", BigInteger, nullable=False),
+    Column("last_seq", BigInteger, nullable=False),
+    Column("event_count", Integer, nullable=False),
+)
+
+Index("events_type", events.c.group_id, events.c.type)
