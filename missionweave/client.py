@@ -1,0 +1,161 @@
+"""A small Python client for the mesh: sign commands, open sessions, execute, read events.
+
+Example::
+
+    async with MeshClient("127.0.0.1:50051") as mesh:
+        session = await mesh.open_session("alice", alice_key)
+        result = await mesh.execute(session.command(group_id, "message_post", body, membership_epoch=1))
+
+The gateway issue extends this into the full agent SDK (streams, cursors, reconnect).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+from nacl.signing import SigningKey
+
+from missionweave import ids
+from missionweave.clock import SystemClock, to_timestamp
+from missionweave.signing import (
+    COMMAND_TYPE,
+    OPEN_SESSION_TYPE,
+    REGISTER_IDENTITY_TYPE,
+    session_key_id,
+    sign_envelope,
+)
+from missionweave.v1 import (
+    authority_service_pb2,
+    authority_service_pb2_grpc,
+    command_pb2,
+    common_pb2,
+    event_pb2,
+    membership_pb2,
+    membership_service_pb2,
+    membership_service_pb2_grpc,
+)
+
+_clock = SystemClock()
+
+
+def register_identity_envelope(
+    admin_id: str, admin_key: SigningKey, identity: membership_pb2.Identity, request_id: str | None = None
+) -> common_pb2.SignedEnvelope:
+    cmd = membership_pb2.RegisterIdentityCommand(
+        identity=identity, admin_id=admin_id, issued_at=to_timestamp(_clock.now()), request_id=request_id or ids.new_id("req")
+    )
+    return sign_envelope(cmd.SerializeToString(), REGISTER_IDENTITY_TYPE, admin_key, f"{admin_id}#identity")
+
+
+def open_session_envelope(
+    identity_id: str, identity_key: SigningKey, session_public_key: bytes
+) -> common_pb2.SignedEnvelope:
+    cmd = membership_pb2.OpenSessionCommand(
+        identity_id=identity_id,
+        session_public_key=session_public_key,
+        issued_at=to_timestamp(_clock.now()),
+        nonce=os.urandom(16),
+    )
+    return sign_envelope(cmd.SerializeToString(), OPEN_SESSION_TYPE, identity_key, f"{identity_id}#identity")
+
+
+@dataclass
+class SessionSigner:
+    """Signs commands as one identity's session (key id ``<identity>#session-<epoch>``)."""
+
+    identity_id: str
+    session_epoch: int
+    key: SigningKey
+
+    def command(
+        self,
+        group_id: str,
+        kind: str,
+        body: Message,
+        *,
+        membership_epoch: int = 0,
+        command_id: str | None = None,
+        correlation_id: str = "",
+        expected_revision: common_pb2.ExpectedRevision | None = None,
+    ) -> command_pb2.Command:
+        cmd = command_pb2.Command(
+            command_id=command_id or ids.new_id("cmd"),
+            group_id=group_id,
+            actor_id=self.identity_id,
+            session_epoch=self.session_epoch,
+            membership_epoch=membership_epoch,
+            issued_at=to_timestamp(_clock.now()),
+            correlation_id=correlation_id,
+        )
+        if expected_revision is not None:
+            cmd.expected_revision.CopyFrom(expected_revision)
+        getattr(cmd, kind).CopyFrom(body)
+        return cmd
+
+    def sign(self, command: command_pb2.Command) -> common_pb2.SignedEnvelope:
+        return sign_envelope(
+            command.SerializeToString(), COMMAND_TYPE, self.key, session_key_id(self.identity_id, self.session_epoch)
+        )
+
+
+def decode_events(envelopes: Any) -> list[event_pb2.Event]:
+    out = []
+    for env in envelopes:
+        event = event_pb2.Event()
+        event.ParseFromString(env.payload)
+        out.append(event)
+    return out
+
+
+class MeshClient:
+    def __init__(self, target: str) -> None:
+        self.channel = grpc.aio.insecure_channel(target)
+        self.authority = authority_service_pb2_grpc.AuthorityServiceStub(self.channel)
+        self.membership = membership_service_pb2_grpc.MembershipServiceStub(self.channel)
+
+    async def __aenter__(self) -> MeshClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.channel.close()
+
+    async def register_identity(
+        self, admin_id: str, admin_key: SigningKey, identity_id: str, kind: int, public_key: bytes, display_name: str = ""
+    ) -> membership_pb2.Identity:
+        identity = membership_pb2.Identity(
+            identity_id=identity_id, kind=kind, public_key=public_key, display_name=display_name or identity_id  # type: ignore[arg-type]
+        )
+        resp = await self.membership.RegisterIdentity(
+            membership_service_pb2.RegisterIdentityRequest(command=register_identity_envelope(admin_id, admin_key, identity))
+        )
+        return resp.identity
+
+    async def open_session(self, identity_id: str, identity_key: SigningKey, session_key: SigningKey | None = None) -> SessionSigner:
+        session_key = session_key or identity_key
+        resp = await self.membership.OpenSession(
+            membership_service_pb2.OpenSessionRequest(
+                command=open_session_envelope(identity_id, identity_key, bytes(session_key.verify_key))
+            )
+        )
+        return SessionSigner(identity_id, resp.session.session_epoch, session_key)
+
+    async def execute(self, envelope: common_pb2.SignedEnvelope) -> command_pb2.CommandResult:
+        resp = await self.authority.ExecuteCommand(authority_service_pb2.ExecuteCommandRequest(command=envelope))
+        return resp.result
+
+    async def read_events(self, group_id: str, after: int = 0, *, follow: bool = False) -> AsyncIterator[event_pb2.Event]:
+        call = self.authority.ReadEvents(
+            authority_service_pb2.ReadEventsRequest(group_id=group_id, after_sequence=after, follow=follow)
+        )
+        async for batch in call:
+            for event in decode_events(batch.events):
+                yield event
+
+    async def group_state(self, group_id: str) -> authority_service_pb2.GroupState:
+        resp = await self.authority.GetGroupState(authority_service_pb2.GetGroupStateRequest(group_id=group_id))
+        return resp.state

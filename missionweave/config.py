@@ -1,0 +1,71 @@
+"""Runtime configuration from environment variables, overridable by ``mwp serve`` flags.
+
+| variable                 | default                         | meaning                                        |
+|--------------------------|---------------------------------|------------------------------------------------|
+| MWP_LISTEN               | 127.0.0.1:50051                 | gRPC listen address                            |
+| MWP_DATA_DIR             | ./.missionweave                 | SQLite file, keys and blobs (embedded default) |
+| MWP_DATABASE_URL         | sqlite under MWP_DATA_DIR       | or postgresql://user:pw@host/db (asyncpg)      |
+| MWP_AUTHORITY_KEY        | $MWP_DATA_DIR/keys/authority.key| Ed25519 seed that signs events and snapshots   |
+| MWP_INSTANCE_ID          | local                           | authority instance name (Group ownership)      |
+| MWP_SQLITE_SYNCHRONOUS   | FULL                            | SQLite synchronous pragma (FULL or NORMAL)      |
+| MWP_AUTHORITY_ADDR, ...  | (unset)                         | peer addresses when services run apart         |
+| MWP_LOG_LEVEL / _FORMAT  | info / json                     | logging                                        |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SERVICES = ("authority", "membership", "scheduling", "artifacts", "gateway")
+
+
+@dataclass
+class Settings:
+    listen: str = "127.0.0.1:50051"
+    data_dir: Path = Path(".missionweave")
+    database_url: str = ""
+    authority_key: Path | None = None
+    instance_id: str = "local"
+    sqlite_synchronous: str = "FULL"
+    services: tuple[str, ...] = SERVICES
+    peers: dict[str, str] = field(default_factory=dict)
+    log_level: str = "info"
+    log_format: str = "json"
+    grace_seconds: float = 10.0
+
+    @property
+    def db_url(self) -> str:
+        from missionweave.db import sqlite_url
+
+        return self.database_url or sqlite_url(self.data_dir)
+
+    @property
+    def authority_key_path(self) -> Path:
+        return self.authority_key or self.data_dir / "keys" / "authority.key"
+
+    @property
+    def admin_key_path(self) -> Path:
+        return self.data_dir / "keys" / "admin.key"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        e = dict(os.environ if env is None else env)
+        s = cls()
+        s.listen = e.get("MWP_LISTEN", s.listen)
+        s.data_dir = Path(e.get("MWP_DATA_DIR", str(s.data_dir)))
+        s.database_url = e.get("MWP_DATABASE_URL", "")
+        if e.get("MWP_AUTHORITY_KEY"):
+            s.authority_key = Path(e["MWP_AUTHORITY_KEY"])
+        s.instance_id = e.get("MWP_INSTANCE_ID", s.instance_id)
+        s.sqlite_synchronous = e.get("MWP_SQLITE_SYNCHRONOUS", s.sqlite_synchronous).upper()
+        if e.get("MWP_SERVICES"):
+            s.services = tuple(x.strip() for x in e["MWP_SERVICES"].split(",") if x.strip())
+        for name in SERVICES:
+            addr = e.get(f"MWP_{name.upper()}_ADDR")
+            if addr:
+                s.peers[name] = addr
+        s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
+        s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)
+        return s

@@ -1,0 +1,152 @@
+"""Assembles the mesh: all five services in one process (embedded default) or any subset.
+
+Every server gets standard gRPC health checking (one entry per service by full name) and server
+reflection. SIGTERM/SIGINT drain in-flight calls and queued appends before exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from missionweave import ids
+from missionweave.clock import Clock, SystemClock
+from missionweave.config import Settings
+from missionweave.db import create_schema, make_engine
+from missionweave.signing import load_or_create_key
+from missionweave.v1 import (
+    artifact_service_pb2,
+    artifact_service_pb2_grpc,
+    authority_service_pb2,
+    authority_service_pb2_grpc,
+    gateway_service_pb2,
+    gateway_service_pb2_grpc,
+    membership_service_pb2,
+    membership_service_pb2_grpc,
+    scheduling_service_pb2,
+    scheduling_service_pb2_grpc,
+)
+from services.authority.authority import GroupAuthority
+from services.authority.servicer import AuthorityServicer
+from services.authority.store import EventStore
+from services.membership.registry import IdentityRegistry
+from services.membership.servicer import MembershipServicer
+
+log = logging.getLogger("missionweave.server")
+
+# Transport limit: larger messages are refused by gRPC itself with RESOURCE_EXHAUSTED. Commands have
+# their own, smaller, structured limit (services/authority/authority.py MAX_COMMAND_BYTES).
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+SERVICE_NAMES = {
+    "authority": authority_service_pb2.DESCRIPTOR.services_by_name["AuthorityService"].full_name,
+    "membership": membership_service_pb2.DESCRIPTOR.services_by_name["MembershipService"].full_name,
+    "scheduling": scheduling_service_pb2.DESCRIPTOR.services_by_name["SchedulingService"].full_name,
+    "artifacts": artifact_service_pb2.DESCRIPTOR.services_by_name["ArtifactService"].full_name,
+    "gateway": gateway_service_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name,
+}
+
+
+@dataclass
+class Mesh:
+    server: grpc.aio.Server
+    port: int
+    engine: AsyncEngine
+    store: EventStore
+    registry: IdentityRegistry
+    authority: GroupAuthority
+    health: health_aio.HealthServicer
+    settings: Settings
+
+    async def stop(self, grace: float | None = None) -> None:
+        for name in self.settings.services:
+            await self.health.set(SERVICE_NAMES[name], health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(self.settings.grace_seconds if grace is None else grace)
+        await self.store.close()
+        await self.engine.dispose()
+
+
+async def bootstrap_admin(settings: Settings, registry: IdentityRegistry) -> None:
+    """First start of an empty Organization: create its administrator and say where the key is."""
+    if await registry.count():
+        return
+    key = load_or_create_key(settings.admin_key_path)
+    await registry.bootstrap_admin("admin", bytes(key.verify_key), "Organization administrator")
+    log.warning(
+        "created the Organization administrator identity 'admin'",
+        extra={"identity": "admin", "key_file": str(settings.admin_key_path.resolve())},
+    )
+
+
+async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
+    clock = clock or SystemClock()
+    engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
+    await create_schema(engine)
+    in_process_registry = "membership" in settings.services
+    registry = IdentityRegistry(engine, clock, authoritative_cache=in_process_registry)
+    await bootstrap_admin(settings, registry)
+    store = EventStore(engine, clock, instance_id=settings.instance_id or ids.new_id("auth"))
+    authority = GroupAuthority(store, registry, clock, load_or_create_key(settings.authority_key_path))
+
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    if "authority" in settings.services:
+        store.start()
+        authority_service_pb2_grpc.add_AuthorityServiceServicer_to_server(AuthorityServicer(authority), server)
+    if "membership" in settings.services:
+        membership_service_pb2_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(registry, authority), server)
+    # Scheduling, artifacts and gateway expose their full contract now; until their issues land every
+    # RPC answers UNIMPLEMENTED (the generated base servicer's behaviour).
+    if "scheduling" in settings.services:
+        scheduling_service_pb2_grpc.add_SchedulingServiceServicer_to_server(
+            scheduling_service_pb2_grpc.SchedulingServiceServicer(), server
+        )
+    if "artifacts" in settings.services:
+        artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(
+            artifact_service_pb2_grpc.ArtifactServiceServicer(), server
+        )
+    if "gateway" in settings.services:
+        gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(
+            gateway_service_pb2_grpc.GatewayServiceServicer(), server
+        )
+    names = [SERVICE_NAMES[s] for s in settings.services]
+    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME, "grpc.health.v1.Health"], server)
+    port = server.add_insecure_port(settings.listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {settings.listen}")
+    await server.start()
+    for name in names:
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    log.info("mesh listening", extra={"listen": settings.listen, "port": port, "services": ",".join(settings.services)})
+    return Mesh(server, port, engine, store, registry, authority, health, settings)
+
+
+async def serve_forever(settings: Settings) -> None:
+    mesh = await start(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: draining in-flight calls", extra={"in_flight": mesh.authority.in_flight})
+    await mesh.stop()
+    log.info("stopped")

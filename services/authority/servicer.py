@@ -1,0 +1,129 @@
+"""AuthorityService over gRPC: a thin adapter around GroupAuthority."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from missionweave.errors import R, Rejected, abort_with
+from missionweave.v1 import authority_service_pb2 as pb
+from missionweave.v1 import authority_service_pb2_grpc as pb_grpc
+from missionweave.v1 import common_pb2
+from services.authority.authority import GroupAuthority
+from services.authority.views import group_state_proto
+
+log = logging.getLogger("missionweave.authority.grpc")
+
+MAX_STREAM_IN_FLIGHT = 256
+MAX_READ_BATCH = 1024
+
+
+class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
+    def __init__(self, authority: GroupAuthority) -> None:
+        self.authority = authority
+
+    async def ExecuteCommand(
+        self, request: pb.ExecuteCommandRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ExecuteCommandResponse:
+        try:
+            result = await self.authority.execute(request.command)
+        except Rejected as rejected:
+            log.info("command rejected", extra={"reason": rejected.reason_name, "detail": rejected.message})
+            await abort_with(context, rejected)
+            raise AssertionError("unreachable") from None
+        return pb.ExecuteCommandResponse(result=result)
+
+    async def ExecuteCommandStream(
+        self, request_iterator: AsyncIterator[pb.ExecuteCommandStreamRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ExecuteCommandStreamResponse]:
+        """Pipelined commands: up to MAX_STREAM_IN_FLIGHT run at once, answers in completion order."""
+        answers: asyncio.Queue[pb.ExecuteCommandStreamResponse | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(MAX_STREAM_IN_FLIGHT)
+
+        async def run(req: pb.ExecuteCommandStreamRequest) -> None:
+            try:
+                result = await self.authority.execute(req.command)
+                await answers.put(pb.ExecuteCommandStreamResponse(request_tag=req.request_tag, command_id=result.command_id, result=result))
+            except Rejected as rejected:
+                await answers.put(pb.ExecuteCommandStreamResponse(request_tag=req.request_tag, rejection=rejected.to_proto()))
+            except Exception:
+                log.exception("command failed unexpectedly")
+                await answers.put(
+                    pb.ExecuteCommandStreamResponse(
+                        request_tag=req.request_tag,
+                        rejection=common_pb2.Rejection(reason=R.REJECTION_REASON_OVERLOADED, message="internal error; retry"),
+                    )
+                )
+            finally:
+                slots.release()
+
+        async def pump() -> None:
+            tasks: set[asyncio.Task[None]] = set()
+            async for req in request_iterator:
+                await slots.acquire()  # backpressure: stop reading when too many are in flight
+                task = asyncio.create_task(run(req))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+            await answers.put(None)
+
+        pumper = asyncio.create_task(pump())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+        finally:
+            pumper.cancel()
+
+    async def ReadEvents(
+        self, request: pb.ReadEventsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ReadEventsResponse]:
+        store = self.authority.store
+        head = await store.head(request.group_id)
+        if head is None:
+            await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
+            return
+        batch_size = min(request.batch_size or 256, MAX_READ_BATCH)
+        after, sent = request.after_sequence, 0
+        while True:
+            want = batch_size if not request.limit else min(batch_size, request.limit - sent)
+            if want <= 0:
+                return
+            batch = await store.read(request.group_id, after, want)
+            if batch:
+                if batch[0].sequence != after + 1:  # never skip: a hole means the log is not servable
+                    await abort_with(
+                        context,
+                        Rejected(R.REJECTION_REASON_NOT_FOUND, f"events after {after} are not available online", first_available=batch[0].sequence),
+                    )
+                    return
+                envelopes = []
+                for stored in batch:
+                    env = common_pb2.SignedEnvelope()
+                    env.ParseFromString(stored.envelope)
+                    envelopes.append(env)
+                after = batch[-1].sequence
+                sent += len(batch)
+                yield pb.ReadEventsResponse(events=envelopes, head_sequence=max(after, head))
+                continue
+            if not request.follow:
+                return
+            await self.authority.wait_for_append(request.group_id, timeout=0.5)
+            head = await store.head(request.group_id) or head
+
+    async def GetGroupState(
+        self, request: pb.GetGroupStateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetGroupStateResponse:
+        state = await self.authority.state(request.group_id)
+        if state is None:
+            await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
+            raise AssertionError("unreachable")
+        return pb.GetGroupStateResponse(state=group_state_proto(state))
+
+    async def GetAuthorityKey(
+        self, request: pb.GetAuthorityKeyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetAuthorityKeyResponse:
+        return pb.GetAuthorityKeyResponse(key_id=self.authority.key_id, public_key=self.authority.public_key)

@@ -1,0 +1,63 @@
+"""Read models: the folded GroupState as the public missionweave.v1.GroupState message."""
+
+from __future__ import annotations
+
+from missionweave.clock import to_timestamp
+from missionweave.v1 import authority_service_pb2 as pb
+from missionweave.v1 import membership_pb2, mission_pb2
+from services.authority.state import GroupState
+
+
+def group_state_proto(state: GroupState) -> pb.GroupState:
+    out = pb.GroupState(group_id=state.group_id, head_sequence=state.head_sequence)
+    m = state.mission
+    if m is not None:
+        mission = mission_pb2.Mission(
+            mission_id=m.mission_id,
+            group_id=state.group_id,
+            kind=m.kind,  # type: ignore[arg-type]
+            definition=m.definition,
+            state=m.state,  # type: ignore[arg-type]
+            revision=m.revision,
+            follows_up_mission_id=m.follows_up_mission_id,
+            parent_mission_id=m.parent_mission_id,
+            parent_work_item_id=m.parent_work_item_id,
+            planning_conversation_id=m.planning_conversation_id,
+            created_at=to_timestamp(m.created_at),
+        )
+        mission.budget.limit.CopyFrom(m.definition.budget)
+        if m.coordinator is not None:
+            c = m.coordinator
+            lease = mission.coordinator
+            lease.agent_id = c.agent_id
+            lease.coordinator_epoch = c.coordinator_epoch
+            lease.session_epoch = c.session_epoch
+            lease.expires_at.CopyFrom(to_timestamp(c.expires_at))
+            lease.renewal_policy.lease_duration.FromMilliseconds(int(c.lease_duration_s * 1000))
+            lease.renewal_policy.renew_before.FromMilliseconds(int(c.renew_before_s * 1000))
+            lease.reconciled = c.reconciled
+        out.mission.CopyFrom(mission)
+    for member in state.members.values():
+        ms = membership_pb2.Membership(
+            member_id=member.member_id,
+            group_id=state.group_id,
+            membership_epoch=member.membership_epoch,
+            role=member.role,  # type: ignore[arg-type]
+            visibility_start_sequence=member.visibility_start_sequence,
+            capabilities=[membership_pb2.Capability(capability_id=c, version=v) for c, v in member.capabilities],
+            provisional=member.provisional,
+            active=member.active,
+        )
+        if member.expires_at is not None:
+            ms.expires_at.CopyFrom(to_timestamp(member.expires_at))
+        out.memberships.append(ms)
+    for conv in state.conversations.values():
+        out.conversations.append(
+            pb.ConversationSummary(
+                conversation_id=conv.conversation_id,
+                kind=conv.kind,
+                work_item_id=conv.work_item_id,
+                message_count=conv.message_count,
+            )
+        )
+    return out

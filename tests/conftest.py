@@ -1,0 +1,93 @@
+"""Shared fixtures: database backends (SQLite always, PostgreSQL when MWP_TEST_POSTGRES_URL is set),
+a live mesh on a free port, and registered identities with open sessions."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from nacl.signing import SigningKey
+
+from missionweave.client import MeshClient, SessionSigner
+from missionweave.config import Settings
+from missionweave.db import METADATA, make_engine
+from missionweave.signing import read_key
+from missionweave.v1 import common_pb2
+
+POSTGRES_URL = os.environ.get("MWP_TEST_POSTGRES_URL", "")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "req(*ids): spec requirement IDs the test proves")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if POSTGRES_URL:
+        return "PostgreSQL variant: ON (MWP_TEST_POSTGRES_URL is set)"
+    return "PostgreSQL variant: SKIPPED (set MWP_TEST_POSTGRES_URL; .ci/run does)"
+
+
+async def reset_database(url: str) -> None:
+    """PostgreSQL tests share one database: start each from empty tables."""
+    import services.authority.schema  # noqa: F401
+    import services.membership.schema  # noqa: F401
+
+    engine = make_engine(url)
+    async with engine.begin() as conn:
+        await conn.run_sync(METADATA.drop_all)
+    await engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    if request.param == "postgres":
+        if not POSTGRES_URL:
+            pytest.skip("PostgreSQL variant needs MWP_TEST_POSTGRES_URL (set by .ci/run)")
+        await reset_database(POSTGRES_URL)
+        yield POSTGRES_URL
+    else:
+        yield f"sqlite+aiosqlite:///{tmp_path / 'mw.db'}"
+
+
+@dataclass
+class World:
+    """A running mesh with an owner (human), a Coordinator and a Worker, each with a session."""
+
+    mesh: object
+    client: MeshClient
+    target: str
+    admin: SessionSigner
+    owner: SessionSigner
+    coordinator: SessionSigner
+    worker: SessionSigner
+    keys: dict[str, SigningKey]
+    settings: Settings
+
+
+async def register(client: MeshClient, admin_key: SigningKey, identity_id: str, kind: int) -> SessionSigner:
+    key = SigningKey.generate()
+    await client.register_identity("admin", admin_key, identity_id, kind, bytes(key.verify_key))
+    return await client.open_session(identity_id, key)
+
+
+@pytest.fixture
+async def world(db_url: str, tmp_path: Path) -> AsyncIterator[World]:
+    from missionweave.server import start
+
+    settings = Settings(listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1)
+    mesh = await start(settings)
+    target = f"127.0.0.1:{mesh.port}"
+    client = MeshClient(target)
+    admin_key = read_key(settings.admin_key_path)
+    admin = await client.open_session("admin", admin_key)
+    owner = await register(client, admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN)
+    coordinator = await register(client, admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT)
+    worker = await register(client, admin_key, "worker-bot", common_pb2.IDENTITY_KIND_AGENT)
+    try:
+        yield World(mesh, client, target, admin, owner, coordinator, worker, {"admin": admin_key}, settings)
+    finally:
+        await client.channel.close()
+        await mesh.stop(grace=1)
