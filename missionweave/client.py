@@ -46,7 +46,7 @@ _clock = SystemClock()
 def register_identity_envelope(
     admin_id: str, admin_key: SigningKey, identity: membership_pb2.Identity, request_id: str | None = None
 ) -> common_pb2.SignedEnvelope:
-    cmd = membership_pb2.RegisterIdentityCommand(
+    cmd = membership_service_pb2.RegisterIdentityCommand(
         identity=identity, admin_id=admin_id, issued_at=to_timestamp(_clock.now()), request_id=request_id or ids.new_id("req")
     )
     return sign_envelope(cmd.SerializeToString(), REGISTER_IDENTITY_TYPE, admin_key, f"{admin_id}#identity")
@@ -55,7 +55,7 @@ def register_identity_envelope(
 def open_session_envelope(
     identity_id: str, identity_key: SigningKey, session_public_key: bytes
 ) -> common_pb2.SignedEnvelope:
-    cmd = membership_pb2.OpenSessionCommand(
+    cmd = membership_service_pb2.OpenSessionCommand(
         identity_id=identity_id,
         session_public_key=session_public_key,
         issued_at=to_timestamp(_clock.now()),

@@ -28,7 +28,7 @@ from missionweave.signing import (
     REGISTER_IDENTITY_TYPE,
     verify_signature,
 )
-from missionweave.v1 import common_pb2, membership_pb2
+from missionweave.v1 import common_pb2, membership_pb2, membership_service_pb2
 from services.authority.state import IdentityInfo
 from services.membership.schema import identities, org_requests, sessions
 
@@ -131,7 +131,7 @@ class IdentityRegistry:
 
     async def register(self, envelope: common_pb2.SignedEnvelope) -> IdentityRecord:
         """RegisterIdentity: verified against an Organization administrator's identity key."""
-        command = membership_pb2.RegisterIdentityCommand()
+        command = membership_service_pb2.RegisterIdentityCommand()
         admin = await self._verify_org_envelope(envelope, REGISTER_IDENTITY_TYPE, command, "admin_id")
         if not admin.org_admin:
             raise Rejected(R.REJECTION_REASON_PERMISSION_DENIED, f"{admin.identity_id} is not an Organization admin")
@@ -165,7 +165,7 @@ class IdentityRegistry:
 
     async def open_session(self, envelope: common_pb2.SignedEnvelope) -> membership_pb2.Session:
         """OpenSession: raises the session epoch, fencing the older session (MW-11.3-09)."""
-        command = membership_pb2.OpenSessionCommand()
+        command = membership_service_pb2.OpenSessionCommand()
         record = await self._verify_org_envelope(envelope, OPEN_SESSION_TYPE, command, "identity_id")
         if len(command.session_public_key) != 32:
             raise Rejected(R.REJECTION_REASON_MALFORMED, "session_public_key must be 32 bytes")
