@@ -24,8 +24,8 @@ def _existing(path: Path) -> str | None:
 
 
 def generate() -> None:
-    from grpc_tools import protoc
     import grpc_tools
+    from grpc_tools import protoc
 
     include = Path(grpc_tools.__file__).parent / "_proto"
     args = [

@@ -54,7 +54,7 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 
 
 async def create_schema(engine: AsyncEngine) -> None:
     # Import for side effects: each module registers its tables on METADATA.
-    import services.authority.schema  # noqa: F401
+    import services.authority.schema
     import services.membership.schema  # noqa: F401
 
     async with engine.begin() as conn:

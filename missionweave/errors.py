@@ -61,7 +61,7 @@ _CODES: dict[int, int] = {
 class Rejected(Exception):
     """A command or request refused with a stable reason; nothing was written."""
 
-    def __init__(self, reason: int, message: str, **metadata: object) -> None:
+    def __init__(self, reason: common_pb2.RejectionReason.ValueType, message: str, **metadata: object) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message

@@ -51,7 +51,7 @@ class GroupAuthority:
         self.signing_key = signing_key
         self.public_key = bytes(signing_key.verify_key)
         self.key_id = f"authority:{fingerprint(self.public_key)}"
-        self._cache: OrderedDict[str, tuple[int, GroupState]] = OrderedDict()  # group -> (writer epoch, state)
+        self._cache: OrderedDict[str, tuple[int, GroupState | None]] = OrderedDict()  # group -> (writer epoch, state)
         self._cache_size = cache_size
         self._locks: dict[str, asyncio.Lock] = {}
         self._appended: dict[str, asyncio.Event] = {}
@@ -242,7 +242,7 @@ class GroupAuthority:
             return cached[1]
         return await self.fold(group_id)
 
-    def _remember(self, group_id: str, writer_epoch: int, state: GroupState) -> None:
+    def _remember(self, group_id: str, writer_epoch: int, state: GroupState | None) -> None:
         self._cache[group_id] = (writer_epoch, state)
         self._cache.move_to_end(group_id)
         while len(self._cache) > self._cache_size:
@@ -258,7 +258,7 @@ class GroupAuthority:
         if waiter is not None:
             waiter.set()
 
-    async def wait_for_append(self, group_id: str, timeout: float) -> None:
+    async def wait_for_append(self, group_id: str, timeout: float) -> None:  # noqa: ASYNC109 (a bounded wake-up hint)
         """Resolves when the Group gets new events (in this process) or after ``timeout``."""
         waiter = self._appended.setdefault(group_id, asyncio.Event())
         try:

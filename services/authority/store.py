@@ -84,7 +84,7 @@ class EventStore:
     async def close(self) -> None:
         if self._writer is not None:
             # Let queued appends finish before stopping (graceful drain).
-            while not self._queue.empty():
+            while not self._queue.empty():  # noqa: ASYNC110 (the writer task owns the queue)
                 await asyncio.sleep(0.005)
             self._writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1,0 +1,125 @@
+# MissionWeave developer commands.
+#
+#   make run     create .venv if needed, install, start the whole mesh on the embedded defaults
+#   make test    create .venv if needed, install with test extras, run the whole suite (tests/)
+#   make lint    ruff, mypy and buf lint (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
+#   make bench   run every bench/*.py
+#   make gen     regenerate the protobuf/gRPC modules and their .pyi stubs into missionweave/v1/
+#   make clean   remove generated code, caches and build output (keeps .venv; `make distclean` removes it)
+#
+# The virtualenv is reinstalled only when pyproject.toml or setup.py change (stamp files in .venv/).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check
+BUF    := node_modules/.bin/buf
+
+LISTEN   ?= 127.0.0.1:50051
+DATA_DIR ?= .missionweave
+
+INSTALL_DEPS := pyproject.toml setup.py
+BENCHES := $(sort $(wildcard bench/*.py))
+
+.PHONY: help run test lint bench gen clean distclean venv
+
+help:
+	@sed -n '3,10p' Makefile | sed 's/^# \{0,1\}//'
+
+# ------------------------------------------------------------------ virtualenv and installs
+
+$(PY):
+	@echo "==> creating virtualenv $(VENV) with $$($(PYTHON) --version)"
+	$(PYTHON) -m venv $(VENV)
+
+venv: $(PY)
+
+# One stamp per set of extras; each reinstalls only when the packaging files change.
+$(VENV)/.installed-base: $(INSTALL_DEPS) | $(PY)
+	@echo "==> installing missionweave into $(VENV) (pip install -e .)"
+	$(PIP) install -e .
+	@touch $@
+
+$(VENV)/.installed-test: $(INSTALL_DEPS) | $(PY)
+	@echo "==> installing missionweave with test extras into $(VENV) (pip install -e '.[test]')"
+	$(PIP) install -e '.[test]'
+	@touch $@
+
+$(VENV)/.installed-lint: $(INSTALL_DEPS) | $(PY)
+	@echo "==> installing missionweave with lint extras into $(VENV) (pip install -e '.[lint]')"
+	$(PIP) install -e '.[lint]'
+	@touch $@
+
+node_modules/.installed: package.json package-lock.json
+	@echo "==> installing buf from npm (npm ci)"
+	npm ci --no-audit --no-fund
+	@touch $@
+
+# ------------------------------------------------------------------ code generation
+
+# Always regenerate: it takes about a second and an editable install must never run on stale stubs.
+gen: | $(PY)
+	@echo "==> generating protobuf modules and .pyi stubs from protos/ into missionweave/v1/"
+	$(PY) -m missionweave.codegen
+
+# ------------------------------------------------------------------ the README commands
+
+run: $(VENV)/.installed-base
+	@$(MAKE) --no-print-directory gen
+	@echo
+	@echo "MissionWeave mesh (all five services in one process, embedded defaults)"
+	@echo "  listening on      $(LISTEN)  (gRPC, health checking and server reflection enabled)"
+	@echo "  data directory    $(DATA_DIR)/  (SQLite event store, blobs, keys)"
+	@echo "  admin key file    $(DATA_DIR)/keys/admin.key  (identity 'admin', created on first start)"
+	@echo
+	@echo "Try it from another terminal:"
+	@echo "  $(VENV)/bin/mwp health"
+	@echo "  $(VENV)/bin/mwp keygen alice.key && $(VENV)/bin/mwp keygen coord.key"
+	@echo "  $(VENV)/bin/mwp identity register alice --kind human --key-file alice.key"
+	@echo "  $(VENV)/bin/mwp identity register coord --kind agent --key-file coord.key"
+	@echo "  $(VENV)/bin/mwp mission create --as alice --key alice.key --title 'Demo' \\"
+	@echo "      --objective 'Try MissionWeave' --done 'a message was posted' --coordinator coord"
+	@echo "  $(VENV)/bin/mwp message post --as alice --key alice.key --group GROUP_ID --text hello"
+	@echo "  $(VENV)/bin/mwp events --group GROUP_ID --follow"
+	@echo
+	@echo "Stop with Ctrl-C (SIGINT/SIGTERM drain in-flight commands)."
+	@echo
+	exec $(VENV)/bin/mwp serve --listen $(LISTEN) --data-dir $(DATA_DIR)
+
+test: $(VENV)/.installed-test
+	@$(MAKE) --no-print-directory gen
+	@echo "==> running the test suite (pytest tests/)"
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-lint node_modules/.installed
+	@$(MAKE) --no-print-directory gen
+	@echo "==> ruff check"
+	$(VENV)/bin/ruff check .
+	@echo "==> mypy"
+	$(VENV)/bin/mypy
+	@echo "==> buf lint (protos/)"
+	$(BUF) lint
+
+bench: $(VENV)/.installed-test
+	@$(MAKE) --no-print-directory gen
+	@if [ -z "$(BENCHES)" ]; then echo "no benchmarks in bench/"; exit 1; fi
+	@for b in $(BENCHES); do \
+		echo "==> $$b"; \
+		$(PY) $$b || exit $$?; \
+	done
+
+# ------------------------------------------------------------------ cleaning
+
+clean:
+	@echo "==> removing generated protobuf modules, caches and build output"
+	rm -f missionweave/v1/*_pb2.py missionweave/v1/*_pb2.pyi missionweave/v1/*_pb2_grpc.py missionweave/v1/*_pb2_grpc.pyi
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	find . -path ./$(VENV) -prune -o -path ./node_modules -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
+	rm -f $(VENV)/.installed-*
+
+distclean: clean
+	rm -rf $(VENV) node_modules
