@@ -452,6 +452,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
         mesh_args += ["--profile-out", str(profile_out)]
     mesh = spawn("server", mesh_args, work / "server.stderr")
     results["server_pid"] = mesh.proc.pid
+    log(f"  server pid {mesh.proc.pid}, port {mesh.port}")
     try:
         target = f"127.0.0.1:{mesh.port}"
         client = MeshClient(target)

@@ -33,6 +33,7 @@ log = logging.getLogger("missionweave.authority")
 MAX_COMMAND_BYTES = 256 * 1024
 REPLAY_WINDOW = timedelta(minutes=5)
 SUPPORTED_EXTENSIONS: frozenset[str] = frozenset()
+STORE_RACE_RETRIES = 2
 
 
 class GroupAuthority:
@@ -138,41 +139,51 @@ class GroupAuthority:
         group_id = command.group_id
         fingerprint_ = _fingerprint(command)
         async with self._lock(group_id):
-            replay = await self._replay(command, fingerprint_)
-            if replay is not None:
-                return replay
-            writer_epoch, state = await self._load(group_id, creating=command.WhichOneof("body") in decider.CREATING_KINDS)
-            identities = await self.registry.infos(_referenced_identities(command))
-            decision = decider.decide(state, command, decider.DecisionContext(self.clock.now(), identities))
-            if isinstance(decision, Rejected):
-                raise decision
-            stored = [self._seal(event, writer_epoch) for event in decision]
-            request = AppendRequest(
-                group_id=group_id,
-                writer_epoch=writer_epoch,
-                expected_head=state.head_sequence if state else 0,
-                command_id=command.command_id,
-                fingerprint=fingerprint_,
-                events=stored,
-                creates_group=state is None,
-            )
-            try:
-                await self.store.append(request)
-            except Rejected as rejected:
-                self._cache.pop(group_id, None)  # our view may be stale: reload on next command
-                if rejected.reason == R.REJECTION_REASON_GROUP_EXISTS:
-                    replay = await self._replay(command, fingerprint_)
-                    if replay is not None:
-                        return replay
-                raise
-            except Exception:
-                self._cache.pop(group_id, None)
-                raise
-            for event in decision:
-                state = decider.evolve(state, event)
-            assert state is not None
-            self._remember(group_id, writer_epoch, state)
+            for attempt in range(STORE_RACE_RETRIES + 1):
+                replay = await self._replay(command, fingerprint_)
+                if replay is not None:
+                    return replay
+                try:
+                    result = await self._decide_and_append(command, fingerprint_)
+                    break
+                except _StoreConflict as conflict:
+                    # The store saw another writer (a second instance, or a takeover): our cached view
+                    # was stale, so it was dropped. Decide again on fresh state; after a few tries the
+                    # loser of a real race gets the rejection.
+                    if attempt == STORE_RACE_RETRIES:
+                        raise conflict.rejected from None
         self._wake(group_id)
+        return result
+
+    async def _decide_and_append(self, command: command_pb2.Command, fingerprint_: bytes) -> command_pb2.CommandResult:
+        group_id = command.group_id
+        writer_epoch, state = await self._load(group_id, creating=command.WhichOneof("body") in decider.CREATING_KINDS)
+        identities = await self.registry.infos(_referenced_identities(command))
+        decision = decider.decide(state, command, decider.DecisionContext(self.clock.now(), identities))
+        if isinstance(decision, Rejected):
+            raise decision
+        stored = [self._seal(event, writer_epoch) for event in decision]
+        request = AppendRequest(
+            group_id=group_id,
+            writer_epoch=writer_epoch,
+            expected_head=state.head_sequence if state else 0,
+            command_id=command.command_id,
+            fingerprint=fingerprint_,
+            events=stored,
+            creates_group=state is None,
+        )
+        try:
+            await self.store.append(request)
+        except Rejected as rejected:
+            self._cache.pop(group_id, None)
+            raise _StoreConflict(rejected) from None
+        except Exception:
+            self._cache.pop(group_id, None)  # unknown outcome: never trust the cached view again
+            raise
+        for event in decision:
+            state = decider.evolve(state, event)
+        assert state is not None
+        self._remember(group_id, writer_epoch, state)
         return command_pb2.CommandResult(
             command_id=command.command_id,
             group_id=group_id,
@@ -265,6 +276,14 @@ class GroupAuthority:
             await asyncio.wait_for(waiter.wait(), timeout)
         except TimeoutError:
             pass
+
+
+class _StoreConflict(Exception):
+    """The store refused an append that the decider accepted (lost race, takeover, duplicate)."""
+
+    def __init__(self, rejected: Rejected) -> None:
+        super().__init__(rejected.message)
+        self.rejected = rejected
 
 
 class _GroupLock:
