@@ -95,14 +95,15 @@ test: $(VENV)/.installed-test
 	@echo "==> running the test suite (pytest tests/)"
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# All three linters run even when one fails, so one run reports every problem.
 lint: $(VENV)/.installed-lint node_modules/.installed
 	@$(MAKE) --no-print-directory gen
-	@echo "==> ruff check"
-	$(VENV)/bin/ruff check .
-	@echo "==> mypy"
-	$(VENV)/bin/mypy
-	@echo "==> buf lint (protos/)"
-	$(BUF) lint
+	@failed=""; \
+	echo "==> ruff check ."; $(VENV)/bin/ruff check . || failed="$$failed ruff"; \
+	echo "==> mypy"; $(VENV)/bin/mypy || failed="$$failed mypy"; \
+	echo "==> buf lint (protos/)"; $(BUF) lint || failed="$$failed buf"; \
+	if [ -n "$$failed" ]; then echo "lint failed:$$failed"; exit 1; fi; \
+	echo "lint passed: ruff, mypy, buf"
 
 bench: $(VENV)/.installed-test
 	@$(MAKE) --no-print-directory gen

@@ -157,9 +157,11 @@ def test_unknown_identities_and_existing_groups_are_rejected() -> None:
 def test_message_post_commits_a_message_without_authority() -> None:
     """MW-9-10: every Message has authority false; MW-9-13: any member may post."""
     state = created()
-    state = run(state, cmd("membership_grant", membership_pb2.MembershipGrant(member_id="worker", role=membership_pb2.MEMBER_ROLE_WORKER), actor="coord", epoch=2))
+    grant = membership_pb2.MembershipGrant(member_id="worker", role=membership_pb2.MEMBER_ROLE_WORKER)
+    state = run(state, cmd("membership_grant", grant, actor="coord", epoch=2))
     conv = state.mission.planning_conversation_id  # type: ignore[union-attr]
-    decision = decider.decide(state, cmd("message_post", builders.message(conv, "deploy now"), actor="worker", epoch=3), CTX)
+    post = cmd("message_post", builders.message(conv, "deploy now"), actor="worker", epoch=3)
+    decision = decider.decide(state, post, CTX)
     assert not isinstance(decision, Rejected)
     (event,) = decision
     assert event.type == "message.posted" and event.message_posted.authority is False
