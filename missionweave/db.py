@@ -32,10 +32,14 @@ def is_sqlite(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 10) -> AsyncEngine:
+def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 16) -> AsyncEngine:
     url = normalise_url(url)
     if url.startswith("sqlite"):
-        engine = create_async_engine(url, connect_args={"timeout": 30})
+        # A fixed pool: overflow connections would be closed on return, and each reopen costs a new
+        # aiosqlite thread plus the pragmas below.
+        engine = create_async_engine(
+            url, connect_args={"timeout": 30}, pool_size=pool_size, max_overflow=0, pool_timeout=60
+        )
 
         @event.listens_for(engine.sync_engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from dataclasses import dataclass
 from datetime import timedelta
 
 import blake3
@@ -24,7 +25,7 @@ from missionweave.signing import verify_signature as verify_envelope
 from missionweave.v1 import command_pb2, common_pb2, event_pb2
 from services.authority import decider
 from services.authority.state import GroupState
-from services.authority.store import AppendRequest, EventStore, StoredEvent
+from services.authority.store import AppendRequest, CommandRecord, EventStore, StoredEvent
 from services.membership.registry import IdentityRegistry
 
 R = common_pb2.RejectionReason
@@ -52,7 +53,7 @@ class GroupAuthority:
         self.signing_key = signing_key
         self.public_key = bytes(signing_key.verify_key)
         self.key_id = f"authority:{fingerprint(self.public_key)}"
-        self._cache: OrderedDict[str, tuple[int, GroupState | None]] = OrderedDict()  # group -> (writer epoch, state)
+        self._cache: OrderedDict[str, _OwnedGroup] = OrderedDict()
         self._cache_size = cache_size
         self._locks: dict[str, asyncio.Lock] = {}
         self._appended: dict[str, asyncio.Event] = {}
@@ -157,7 +158,8 @@ class GroupAuthority:
 
     async def _decide_and_append(self, command: command_pb2.Command, fingerprint_: bytes) -> command_pb2.CommandResult:
         group_id = command.group_id
-        writer_epoch, state = await self._load(group_id, creating=command.WhichOneof("body") in decider.CREATING_KINDS)
+        owned = await self._load(group_id)
+        writer_epoch, state = owned.writer_epoch, owned.state
         identities = await self.registry.infos(_referenced_identities(command))
         decision = decider.decide(state, command, decider.DecisionContext(self.clock.now(), identities))
         if isinstance(decision, Rejected):
@@ -183,7 +185,9 @@ class GroupAuthority:
         for event in decision:
             state = decider.evolve(state, event)
         assert state is not None
-        self._remember(group_id, writer_epoch, state)
+        owned.state = state
+        owned.commands[command.command_id] = CommandRecord(fingerprint_, request.expected_head + 1, state.head_sequence)
+        self._remember(group_id, owned)
         return command_pb2.CommandResult(
             command_id=command.command_id,
             group_id=group_id,
@@ -192,7 +196,13 @@ class GroupAuthority:
         )
 
     async def _replay(self, command: command_pb2.Command, fingerprint_: bytes) -> command_pb2.CommandResult | None:
-        record = await self.store.find_command(command.group_id, command.command_id)
+        owned = self._cache.get(command.group_id)
+        if owned is not None:
+            # While this instance owns the Group under its writer epoch, the command ids it loaded and
+            # appended are complete: a foreign append would have fenced us and emptied the cache.
+            record = owned.commands.get(command.command_id)
+        else:
+            record = await self.store.find_command(command.group_id, command.command_id)
         if record is None:
             return None
         if record.fingerprint != fingerprint_:
@@ -222,18 +232,20 @@ class GroupAuthority:
 
     # ------------------------------------------------------------ state
 
-    async def _load(self, group_id: str, *, creating: bool) -> tuple[int, GroupState | None]:
+    async def _load(self, group_id: str) -> _OwnedGroup:
         cached = self._cache.get(group_id)
         if cached is not None:
             self._cache.move_to_end(group_id)
             return cached
         acquired = await self.store.acquire(group_id)
         if acquired is None:
-            return (1, None)  # the Group does not exist yet: a creating command takes writer epoch 1
+            # The Group does not exist yet: a creating command takes writer epoch 1. Not cached, so a
+            # rejected creation leaves nothing behind.
+            return _OwnedGroup(1, None, {})
         writer_epoch, _head = acquired
-        state = await self.fold(group_id)
-        self._remember(group_id, writer_epoch, state)
-        return writer_epoch, state
+        owned = _OwnedGroup(writer_epoch, await self.fold(group_id), await self.store.commands_of(group_id))
+        self._remember(group_id, owned)
+        return owned
 
     async def fold(self, group_id: str) -> GroupState | None:
         """Rebuild a Group's state from its stored log (also used by the replay-equivalence test)."""
@@ -250,11 +262,11 @@ class GroupAuthority:
     async def state(self, group_id: str) -> GroupState | None:
         cached = self._cache.get(group_id)
         if cached is not None:
-            return cached[1]
+            return cached.state
         return await self.fold(group_id)
 
-    def _remember(self, group_id: str, writer_epoch: int, state: GroupState | None) -> None:
-        self._cache[group_id] = (writer_epoch, state)
+    def _remember(self, group_id: str, owned: _OwnedGroup) -> None:
+        self._cache[group_id] = owned
         self._cache.move_to_end(group_id)
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
@@ -276,6 +288,15 @@ class GroupAuthority:
             await asyncio.wait_for(waiter.wait(), timeout)
         except TimeoutError:
             pass
+
+
+@dataclass
+class _OwnedGroup:
+    """A Group this instance owns: its writer epoch, folded state and accepted command ids."""
+
+    writer_epoch: int
+    state: GroupState | None
+    commands: dict[str, CommandRecord]
 
 
 class _StoreConflict(Exception):

@@ -159,6 +159,16 @@ class EventStore:
             ).first()
         return None if row is None else CommandRecord(bytes(row[0]), int(row[1]), int(row[2]))
 
+    async def commands_of(self, group_id: str) -> dict[str, CommandRecord]:
+        """Every accepted command id of a Group (loaded once when an instance takes the Group)."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(commands.c.command_id, commands.c.fingerprint, commands.c.first_seq, commands.c.last_seq).where(
+                    commands.c.group_id == group_id
+                )
+            )
+            return {r[0]: CommandRecord(bytes(r[1]), int(r[2]), int(r[3])) for r in rows}
+
     async def group_ids(self) -> list[str]:
         async with self.engine.connect() as conn:
             return [r[0] for r in await conn.execute(select(groups.c.group_id).order_by(groups.c.group_id))]
