@@ -116,3 +116,20 @@ async def test_one_bad_append_does_not_sink_its_batch(engine: AsyncEngine) -> No
     assert results[1] is None and results[2] is None
     assert await store.head("g1") == 2 and await store.head("g2") == 1
     await store.close()
+
+
+async def test_a_stale_append_in_a_batch_of_head_advances_fails_alone(engine: AsyncEngine) -> None:
+    """The one-statement head advance falls back to per-request fencing when any head is stale."""
+    store = EventStore(engine, ManualClock())
+    await asyncio.gather(*(store.append(request(g, 1, 0, 1, "c0", create=True)) for g in ("g1", "g2", "g3")))
+    results = await asyncio.gather(
+        store.append(request("g1", 1, 1, 1, "c1")),
+        store.append(request("g2", 1, 0, 1, "stale")),
+        store.append(request("g3", 1, 1, 2, "c1")),
+        return_exceptions=True,
+    )
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], Rejected) and results[1].reason == R.REJECTION_REASON_REVISION_MISMATCH
+    assert (await store.head("g1"), await store.head("g2"), await store.head("g3")) == (2, 1, 3)
+    assert await store.find_command("g2", "stale") is None
+    await store.close()

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import and_, bindparam, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -25,6 +25,19 @@ from services.authority.schema import commands, events, groups
 
 R = common_pb2.RejectionReason
 log = logging.getLogger("missionweave.authority.store")
+
+# The fenced head advance, built once: it runs for every append.
+_ADVANCE_HEAD = (
+    update(groups)
+    .where(
+        and_(
+            groups.c.group_id == bindparam("g"),
+            groups.c.writer_epoch == bindparam("e"),
+            groups.c.head_seq == bindparam("expected"),
+        )
+    )
+    .values(head_seq=bindparam("new_head"), lease_expires_us=bindparam("new_expiry"))
+)
 
 
 @dataclass(frozen=True)
@@ -198,7 +211,9 @@ class EventStore:
     async def _commit_batch(self, batch: list[AppendRequest]) -> None:
         try:
             async with self.engine.begin() as conn:
-                outcomes = [await self._apply(conn, req) for req in batch]
+                outcomes = await self._advance_all(conn, batch)
+                if outcomes is None:  # someone lost a race: find out who, request by request
+                    outcomes = [await self._apply(conn, req) for req in batch]
                 await self._insert_rows(conn, [req for req, ok in zip(batch, outcomes, strict=True) if ok is None])
         except IntegrityError:
             # One request collided (a Group created twice, a command raced on another instance):
@@ -216,6 +231,38 @@ class EventStore:
                 req.done.set_result(None)
             else:
                 req.done.set_exception(outcome)
+
+    async def _advance_all(self, conn: AsyncConnection, batch: list[AppendRequest]) -> list[Rejected | None] | None:
+        """Fast path: advance every Group head of the batch in one executemany.
+
+        Returns None (and changes nothing) when the driver cannot count rows per batch or when any
+        head did not match, so that the caller falls back to one fenced UPDATE per request.
+        """
+        updates = [req for req in batch if not req.creates_group]
+        if len(updates) < 2 or not conn.dialect.supports_sane_multi_rowcount:
+            return None
+        expires = to_micros(self.clock.now()) + int(self.ownership_ttl.total_seconds() * 1_000_000)
+        async with conn.begin_nested() as savepoint:
+            result = await conn.execute(
+                _ADVANCE_HEAD,
+                [
+                    {
+                        "g": req.group_id,
+                        "e": req.writer_epoch,
+                        "expected": req.expected_head,
+                        "new_head": req.expected_head + len(req.events),
+                        "new_expiry": expires,
+                    }
+                    for req in updates
+                ],
+            )
+            if result.rowcount != len(updates):
+                await savepoint.rollback()
+                return None
+        outcomes: list[Rejected | None] = []
+        for req in batch:
+            outcomes.append(await self._apply(conn, req) if req.creates_group else None)
+        return outcomes
 
     async def _apply(self, conn: AsyncConnection, req: AppendRequest) -> Rejected | None:
         now = to_micros(self.clock.now())
