@@ -7,6 +7,8 @@ A ``Rejected`` exception carries a stable ``RejectionReason``; at the gRPC edge 
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -110,5 +112,7 @@ def rejection_from_rpc_error(err: grpc.RpcError) -> common_pb2.Rejection | None:
     return None
 
 
-async def abort_with(context: grpc.aio.ServicerContext, rejected: Rejected) -> None:  # type: ignore[type-arg]
+async def abort_with(context: grpc.aio.ServicerContext, rejected: Rejected) -> NoReturn:  # type: ignore[type-arg]
+    """Ends the RPC with the rejection as its google.rpc.Status (abort_with_status always raises)."""
     await context.abort_with_status(rpc_status.to_status(rejected.to_status()))
+    raise AssertionError("abort_with_status returned")

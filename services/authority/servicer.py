@@ -33,7 +33,6 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         except Rejected as rejected:
             log.info("command rejected", extra={"reason": rejected.reason_name, "detail": rejected.message})
             await abort_with(context, rejected)
-            raise AssertionError("unreachable") from None
         return pb.ExecuteCommandResponse(result=result)
 
     async def ExecuteCommandStream(
@@ -120,7 +119,6 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         state = await self.authority.state(request.group_id)
         if state is None:
             await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
-            raise AssertionError("unreachable")
         return pb.GetGroupStateResponse(state=group_state_proto(state))
 
     async def GetAuthorityKey(

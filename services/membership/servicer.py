@@ -24,7 +24,6 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
             record = await self.registry.register(request.command)
         except Rejected as rejected:
             await abort_with(context, rejected)
-            raise AssertionError("unreachable") from None
         return pb.RegisterIdentityResponse(identity=record.to_proto())
 
     async def OpenSession(self, request: pb.OpenSessionRequest, context: grpc.aio.ServicerContext) -> pb.OpenSessionResponse:
@@ -32,14 +31,12 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
             session = await self.registry.open_session(request.command)
         except Rejected as rejected:
             await abort_with(context, rejected)
-            raise AssertionError("unreachable") from None
         return pb.OpenSessionResponse(session=session)
 
     async def GetIdentity(self, request: pb.GetIdentityRequest, context: grpc.aio.ServicerContext) -> pb.GetIdentityResponse:
         record = await self.registry.get(request.identity_id)
         if record is None:
             await abort_with(context, Rejected(R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{request.identity_id!r} is not registered"))
-            raise AssertionError("unreachable")
         return pb.GetIdentityResponse(identity=record.to_proto())
 
     async def ListMemberships(
@@ -51,11 +48,9 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
                 context,
                 Rejected(R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED, "listing by member alone is not implemented yet; pass group_id"),
             )
-            raise AssertionError("unreachable")
         state = await self.authority.state(request.group_id) if self.authority else None
         if state is None:
             await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
-            raise AssertionError("unreachable")
         memberships = [
             m for m in group_state_proto(state).memberships if not request.member_id or m.member_id == request.member_id
         ]
