@@ -55,7 +55,7 @@ class GroupAuthority:
         self.key_id = f"authority:{fingerprint(self.public_key)}"
         self._cache: OrderedDict[str, _OwnedGroup] = OrderedDict()
         self._cache_size = cache_size
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, _LockEntry] = {}
         self._appended: dict[str, asyncio.Event] = {}
         self.in_flight = 0
 
@@ -164,7 +164,8 @@ class GroupAuthority:
         decision = decider.decide(state, command, decider.DecisionContext(self.clock.now(), identities))
         if isinstance(decision, Rejected):
             raise decision
-        stored = [self._seal(event, writer_epoch) for event in decision]
+        envelopes = [self._seal(event, writer_epoch) for event in decision]
+        stored = [_stored(event, env) for event, env in zip(decision, envelopes, strict=True)]
         request = AppendRequest(
             group_id=group_id,
             writer_epoch=writer_epoch,
@@ -191,7 +192,7 @@ class GroupAuthority:
         return command_pb2.CommandResult(
             command_id=command.command_id,
             group_id=group_id,
-            events=[_envelope(s) for s in stored],
+            events=envelopes,
             group_revision=state.head_sequence,
         )
 
@@ -219,16 +220,9 @@ class GroupAuthority:
             replayed=True,
         )
 
-    def _seal(self, event: event_pb2.Event, writer_epoch: int) -> StoredEvent:
+    def _seal(self, event: event_pb2.Event, writer_epoch: int) -> common_pb2.SignedEnvelope:
         event.writer_epoch = writer_epoch
-        env = sign_envelope(event.SerializeToString(deterministic=True), EVENT_TYPE, self.signing_key, self.key_id)
-        return StoredEvent(
-            sequence=event.sequence,
-            event_id=event.event_id,
-            type=event.type,
-            recorded_us=to_micros(from_timestamp(event.recorded_at)),
-            envelope=env.SerializeToString(),
-        )
+        return sign_envelope(event.SerializeToString(deterministic=True), EVENT_TYPE, self.signing_key, self.key_id)
 
     # ------------------------------------------------------------ state
 
@@ -307,23 +301,38 @@ class _StoreConflict(Exception):
         self.rejected = rejected
 
 
+class _LockEntry:
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0  # holders plus waiters
+
+
 class _GroupLock:
     """A per-Group asyncio lock that is forgotten once nobody holds or awaits it (bounded memory)."""
 
-    def __init__(self, locks: dict[str, asyncio.Lock], key: str) -> None:
+    def __init__(self, locks: dict[str, _LockEntry], key: str) -> None:
         self.locks = locks
         self.key = key
 
     async def __aenter__(self) -> None:
-        lock = self.locks.get(self.key)
-        if lock is None:
-            lock = self.locks[self.key] = asyncio.Lock()
-        self.lock = lock
-        await lock.acquire()
+        entry = self.locks.get(self.key)
+        if entry is None:
+            entry = self.locks[self.key] = _LockEntry()
+        entry.users += 1
+        try:
+            await entry.lock.acquire()
+        except BaseException:
+            self._leave(entry)
+            raise
+        self.entry = entry
 
     async def __aexit__(self, *exc: object) -> None:
-        self.lock.release()
-        if not self.lock.locked() and not getattr(self.lock, "_waiters", None):
+        self.entry.lock.release()
+        self._leave(self.entry)
+
+    def _leave(self, entry: _LockEntry) -> None:
+        entry.users -= 1
+        if entry.users == 0:
             self.locks.pop(self.key, None)
 
 
@@ -343,6 +352,16 @@ def _referenced_identities(command: command_pb2.Command) -> set[str]:
     elif kind == "membership_grant":
         refs.add(command.membership_grant.member_id)
     return refs
+
+
+def _stored(event: event_pb2.Event, envelope: common_pb2.SignedEnvelope) -> StoredEvent:
+    return StoredEvent(
+        sequence=event.sequence,
+        event_id=event.event_id,
+        type=event.type,
+        recorded_us=to_micros(from_timestamp(event.recorded_at)),
+        envelope=envelope.SerializeToString(),
+    )
 
 
 def _envelope(stored: StoredEvent) -> common_pb2.SignedEnvelope:
