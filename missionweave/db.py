@@ -6,13 +6,19 @@ and the same schema runs on both engines (ARCHITECTURE "Storage").
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from weakref import WeakKeyDictionary
 
-from sqlalchemy import MetaData, event
+from sqlalchemy import Engine, MetaData, event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 METADATA = MetaData()
+
+# The synchronous level each SQLite engine was made with, for the writer engine beside it.
+_SQLITE_SYNCHRONOUS: WeakKeyDictionary[Engine, str] = WeakKeyDictionary()
 
 
 def sqlite_url(data_dir: Path) -> str:
@@ -32,28 +38,68 @@ def is_sqlite(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
+def _sqlite_pragmas(dbapi_conn: Any, synchronous: str) -> None:
+    # Autocommit at the module level: transactions are begun explicitly (see _configure_sqlite).
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    # FULL by default: a commit acknowledged to a client survives power loss. Group commit
+    # amortises the fsync over every command in the batch.
+    cur.execute(f"PRAGMA synchronous={synchronous}")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def _configure_sqlite(sync_engine: Engine, synchronous: str) -> None:
+    """Pragmas, and SQLAlchemy's documented recipe for real transactions on the sqlite3 module.
+
+    Left alone, sqlite3 issues its own implicit BEGIN only before DML, so a SAVEPOINT taken first
+    becomes the outermost transaction and its RELEASE commits half a batch. Turning the module's
+    transaction handling off and emitting BEGIN ourselves makes ``engine.begin()`` atomic.
+    """
+
+    @event.listens_for(sync_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        _sqlite_pragmas(dbapi_conn, synchronous)
+
+    @event.listens_for(sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        # Deferred: reads must not take the write lock (WAL lets them run beside the writer).
+        conn.exec_driver_sql("BEGIN")
+
+
 def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 16) -> AsyncEngine:
     url = normalise_url(url)
     if url.startswith("sqlite"):
         # A fixed pool: overflow connections would be closed on return, and each reopen costs a new
-        # aiosqlite thread plus the pragmas below.
+        # aiosqlite thread plus the pragmas.
         engine = create_async_engine(
             url, connect_args={"timeout": 30}, pool_size=pool_size, max_overflow=0, pool_timeout=60
         )
-
-        @event.listens_for(engine.sync_engine, "connect")
-        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            # FULL by default: a commit acknowledged to a client survives power loss. Group commit
-            # amortises the fsync over every command in the batch.
-            cur.execute(f"PRAGMA synchronous={sqlite_synchronous}")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.close()
-
+        _configure_sqlite(engine.sync_engine, sqlite_synchronous)
+        _SQLITE_SYNCHRONOUS[engine.sync_engine] = sqlite_synchronous
         return engine
     return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+
+
+def sqlite_writer_connector(engine: AsyncEngine) -> Callable[[], sqlite3.Connection] | None:
+    """For SQLite, opens plain ``sqlite3`` connections to the engine's file for the store's writer thread.
+
+    aiosqlite hops to its thread for every statement; the group-commit writer instead runs a whole
+    batch as one call on a thread of its own (docs/decisions.md D19). None for other databases.
+    """
+    if not is_sqlite(engine):
+        return None
+    path = engine.url.database or ":memory:"
+    synchronous = _SQLITE_SYNCHRONOUS.get(engine.sync_engine, "FULL")
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+        _sqlite_pragmas(conn, synchronous)
+        return conn
+
+    return connect
 
 
 async def create_schema(engine: AsyncEngine) -> None:

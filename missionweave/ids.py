@@ -1,13 +1,13 @@
 """Identifier formats (protos/missionweave/v1/common.proto: "Ids").
 
-Ids are ``<prefix>_<26 base32 chars>``. Random ids are time-ordered (48-bit millisecond time, then
-80 random bits, like a ULID) so that index inserts stay append-mostly. Derived ids hash their inputs,
+Ids are ``<prefix>_<26 lowercase hex chars>`` (104 bits). Random ids are time-ordered (48-bit
+millisecond time, then 56 random bits) so that index inserts stay append-mostly. Hex rather than
+base32: the stdlib's base32 is pure Python and showed up in the Authority's profile. Derived ids hash their inputs,
 so the pure core can name events deterministically from the command that caused them.
 """
 
 from __future__ import annotations
 
-import base64
 import os
 import re
 import time
@@ -15,17 +15,12 @@ import time
 import blake3
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-_ALPHABET_TRANS = str.maketrans("", "", "=")
-
-
-def _b32(raw: bytes) -> str:
-    return base64.b32encode(raw).decode("ascii").translate(_ALPHABET_TRANS).lower()[:26]
 
 
 def new_id(prefix: str) -> str:
     """A fresh, time-ordered id such as ``cmd_01...``."""
     millis = int(time.time() * 1000).to_bytes(6, "big")
-    return f"{prefix}_{_b32(millis + os.urandom(11))}"
+    return f"{prefix}_{millis.hex()}{os.urandom(7).hex()}"
 
 
 def derived_id(prefix: str, *parts: str) -> str:
@@ -35,7 +30,7 @@ def derived_id(prefix: str, *parts: str) -> str:
         encoded = part.encode("utf-8")
         h.update(len(encoded).to_bytes(4, "big"))
         h.update(encoded)
-    return f"{prefix}_{_b32(h.digest(17))}"
+    return f"{prefix}_{h.digest(13).hex()}"
 
 
 def suffix(identifier: str) -> str:

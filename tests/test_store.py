@@ -133,3 +133,24 @@ async def test_a_stale_append_in_a_batch_of_head_advances_fails_alone(engine: As
     assert (await store.head("g1"), await store.head("g2"), await store.head("g3")) == (2, 1, 3)
     assert await store.find_command("g2", "stale") is None
     await store.close()
+
+
+async def test_a_batch_that_fails_late_leaves_no_head_advanced(engine: AsyncEngine) -> None:
+    """Atomic group commit: a collision at insert time (after the heads moved) undoes the whole
+    transaction, so the loser's head never points past events that were not written."""
+    store = EventStore(engine, ManualClock())
+    await asyncio.gather(*(store.append(request(g, 1, 0, 1, "c0", create=True)) for g in ("g1", "g2", "g3")))
+    clash = request("g2", 1, 1, 1, "c1")
+    clash.events = [StoredEvent(2, "evt_g1_1c0", "test.event", 0, b"reused event id")]  # g1's first event id
+    results = await asyncio.gather(
+        store.append(request("g1", 1, 1, 1, "c1")),
+        store.append(clash),
+        store.append(request("g3", 1, 1, 1, "c1")),
+        return_exceptions=True,
+    )
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], Rejected)
+    assert (await store.head("g1"), await store.head("g2"), await store.head("g3")) == (2, 1, 2)
+    assert [e.sequence for e in await store.read("g2")] == [1]
+    assert await store.find_command("g2", "c1") is None
+    await store.close()

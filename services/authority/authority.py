@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 from nacl.signing import SigningKey
 
 from missionweave import ids
-from missionweave.clock import Clock, from_timestamp, to_micros
+from missionweave.clock import Clock, timestamp_micros, to_micros
 from missionweave.errors import Rejected
 from missionweave.signing import COMMAND_TYPE, EVENT_TYPE, fingerprint, parse_session_key_id, sign_envelope
 from missionweave.signing import verify_signature as verify_envelope
@@ -33,6 +33,7 @@ log = logging.getLogger("missionweave.authority")
 
 MAX_COMMAND_BYTES = 256 * 1024
 REPLAY_WINDOW = timedelta(minutes=5)
+_REPLAY_WINDOW_US = int(REPLAY_WINDOW.total_seconds() * 1_000_000)
 SUPPORTED_EXTENSIONS: frozenset[str] = frozenset()
 STORE_RACE_RETRIES = 2
 
@@ -121,11 +122,11 @@ class GroupAuthority:
             raise Rejected(R.REJECTION_REASON_MALFORMED, "correlation_id is not a valid id", field="correlation_id")
         if not command.HasField("issued_at"):
             raise Rejected(R.REJECTION_REASON_MALFORMED, "issued_at is required", field="issued_at")
-        skew = abs(from_timestamp(command.issued_at) - self.clock.now())
-        if skew > REPLAY_WINDOW:
+        skew_us = abs(timestamp_micros(command.issued_at) - to_micros(self.clock.now()))
+        if skew_us > _REPLAY_WINDOW_US:
             raise Rejected(
                 R.REJECTION_REASON_CLOCK_SKEW,
-                f"issued_at is {skew.total_seconds():.0f}s from the Authority clock (window {REPLAY_WINDOW})",
+                f"issued_at is {skew_us / 1e6:.0f}s from the Authority clock (window {REPLAY_WINDOW})",
             )
         for binding in command.extensions:
             if binding.critical and binding.urn not in SUPPORTED_EXTENSIONS:
@@ -338,10 +339,12 @@ class _GroupLock:
 
 def _fingerprint(command: command_pb2.Command) -> bytes:
     """What makes two commands with one id "the same": everything but the issue time."""
-    copy = command_pb2.Command()
-    copy.CopyFrom(command)
-    copy.ClearField("issued_at")
-    return blake3.blake3(copy.SerializeToString(deterministic=True)).digest()
+    issued_at = command.issued_at.SerializeToString()
+    command.ClearField("issued_at")
+    try:
+        return blake3.blake3(command.SerializeToString(deterministic=True)).digest()
+    finally:
+        command.issued_at.ParseFromString(issued_at)
 
 
 def _referenced_identities(command: command_pb2.Command) -> set[str]:
@@ -359,7 +362,7 @@ def _stored(event: event_pb2.Event, envelope: common_pb2.SignedEnvelope) -> Stor
         sequence=event.sequence,
         event_id=event.event_id,
         type=event.type,
-        recorded_us=to_micros(from_timestamp(event.recorded_at)),
+        recorded_us=timestamp_micros(event.recorded_at),
         envelope=envelope.SerializeToString(),
     )
 

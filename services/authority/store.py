@@ -11,34 +11,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import and_, bindparam, insert, or_, select, update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave.clock import Clock, to_micros
+from missionweave.db import sqlite_writer_connector
 from missionweave.errors import Rejected
 from missionweave.v1 import common_pb2
+from services.authority.batch_sql import BatchOps, Collision, SqlAlchemyOps, SqliteOps
 from services.authority.schema import commands, events, groups
 
 R = common_pb2.RejectionReason
 log = logging.getLogger("missionweave.authority.store")
-
-# The fenced head advance, built once: it runs for every append.
-_ADVANCE_HEAD = (
-    update(groups)
-    .where(
-        and_(
-            groups.c.group_id == bindparam("g"),
-            groups.c.writer_epoch == bindparam("e"),
-            groups.c.head_seq == bindparam("expected"),
-        )
-    )
-    .values(head_seq=bindparam("new_head"), lease_expires_us=bindparam("new_expiry"))
-)
-
 
 @dataclass(frozen=True)
 class StoredEvent:
@@ -87,6 +76,10 @@ class EventStore:
         self._writer: asyncio.Task[None] | None = None
         self.batches = 0
         self.appends = 0
+        self._ttl_us = int(ownership_ttl.total_seconds() * 1_000_000)
+        self._sqlite_connect = sqlite_writer_connector(engine)
+        self._sqlite_conn: sqlite3.Connection | None = None
+        self._executor = _writer_thread()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -103,6 +96,12 @@ class EventStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
             self._writer = None
+        if self._sqlite_conn is not None:
+            # The sqlite3 connection belongs to the writer thread: close it there.
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._close_sqlite)
+        # Release the thread; a fresh executor starts none until the store is used again.
+        self._executor.shutdown(wait=False)
+        self._executor = _writer_thread()
 
     # ------------------------------------------------------------ reads
 
@@ -209,21 +208,14 @@ class EventStore:
                         req.done.set_exception(exc)
 
     async def _commit_batch(self, batch: list[AppendRequest]) -> None:
-        try:
-            async with self.engine.begin() as conn:
-                outcomes = await self._advance_all(conn, batch)
-                if outcomes is None:  # someone lost a race: find out who, request by request
-                    outcomes = [await self._apply(conn, req) for req in batch]
-                await self._insert_rows(conn, [req for req, ok in zip(batch, outcomes, strict=True) if ok is None])
-        except IntegrityError:
-            # One request collided (a Group created twice, a command raced on another instance):
-            # retry each on its own so the others still land.
-            if len(batch) == 1:
-                batch[0].done.set_exception(self._integrity_rejection(batch[0]))
-                return
-            for req in batch:
-                await self._commit_batch([req])
-            return
+        now = to_micros(self.clock.now())
+        if self._sqlite_connect is not None:
+            outcomes = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._write_batch_sqlite, batch, now
+            )
+        else:
+            async with self.engine.connect() as aconn:
+                outcomes = await aconn.run_sync(lambda conn: self._write_batch(SqlAlchemyOps(conn), batch, now))
         self.batches += 1
         for req, outcome in zip(batch, outcomes, strict=True):
             if outcome is None:
@@ -232,119 +224,73 @@ class EventStore:
             else:
                 req.done.set_exception(outcome)
 
-    async def _advance_all(self, conn: AsyncConnection, batch: list[AppendRequest]) -> list[Rejected | None] | None:
-        """Fast path: advance every Group head of the batch in one executemany.
+    def _write_batch_sqlite(self, batch: list[AppendRequest], now: int) -> list[Rejected | None]:
+        """On the writer thread, which owns its one sqlite3 connection."""
+        if self._sqlite_conn is None:
+            assert self._sqlite_connect is not None
+            self._sqlite_conn = self._sqlite_connect()
+        return self._write_batch(SqliteOps(self._sqlite_conn), batch, now)
 
-        Returns None (and changes nothing) when the driver cannot count rows per batch or when any
-        head did not match, so that the caller falls back to one fenced UPDATE per request.
+    def _close_sqlite(self) -> None:
+        if self._sqlite_conn is not None:
+            self._sqlite_conn.close()
+            self._sqlite_conn = None
+
+    def _write_batch(self, ops: BatchOps, batch: list[AppendRequest], now: int) -> list[Rejected | None]:
+        """One transaction for the whole batch; returns each request's outcome (None = appended).
+
+        Synchronous on purpose: it runs on the SQLite writer thread, or in SQLAlchemy's greenlet for
+        asyncpg, so the batch costs the event loop a single hop either way.
         """
-        updates = [req for req in batch if not req.creates_group]
-        if len(updates) < 2 or not conn.dialect.supports_sane_multi_rowcount:
-            return None
-        expires = to_micros(self.clock.now()) + int(self.ownership_ttl.total_seconds() * 1_000_000)
-        async with conn.begin_nested() as savepoint:
-            result = await conn.execute(
-                _ADVANCE_HEAD,
-                [
-                    {
-                        "g": req.group_id,
-                        "e": req.writer_epoch,
-                        "expected": req.expected_head,
-                        "new_head": req.expected_head + len(req.events),
-                        "new_expiry": expires,
-                    }
-                    for req in updates
-                ],
-            )
-            if result.rowcount != len(updates):
-                await savepoint.rollback()
-                return None
-        outcomes: list[Rejected | None] = []
-        for req in batch:
-            outcomes.append(await self._apply(conn, req) if req.creates_group else None)
-        return outcomes
+        expires = now + self._ttl_us
+        try:
+            with ops.transaction():
+                updates = [req for req in batch if not req.creates_group]
+                # Fast path: every head of the batch in one executemany (all matched, or nothing changed).
+                if len(updates) >= 2 and ops.supports_batch_rowcount and ops.advance_heads([_head_row(r, expires) for r in updates]):
+                    for req in batch:
+                        if req.creates_group:
+                            self._create(ops, req, now)
+                    outcomes: list[Rejected | None] = [None] * len(batch)
+                else:  # one statement per request, so that each loser learns why
+                    outcomes = [self._apply(ops, req, now, expires) for req in batch]
+                accepted = [req for req, ok in zip(batch, outcomes, strict=True) if ok is None]
+                if accepted:
+                    ops.insert_rows(
+                        [(r.group_id, e.sequence, e.event_id, e.type, r.command_id, e.recorded_us, e.envelope) for r in accepted for e in r.events],
+                        [(r.group_id, r.command_id, r.fingerprint, r.expected_head + 1, r.expected_head + len(r.events), len(r.events)) for r in accepted],
+                    )
+                return outcomes
+        except Collision:
+            # One request collided (a Group created twice, a command raced on another instance):
+            # retry each on its own so the others still land.
+            if len(batch) == 1:
+                return [self._integrity_rejection(batch[0])]
+            return [self._write_batch(ops, [req], now)[0] for req in batch]
 
-    async def _apply(self, conn: AsyncConnection, req: AppendRequest) -> Rejected | None:
-        now = to_micros(self.clock.now())
-        expires = now + int(self.ownership_ttl.total_seconds() * 1_000_000)
-        new_head = req.expected_head + len(req.events)
+    def _create(self, ops: BatchOps, req: AppendRequest, now: int) -> None:
+        ops.insert_group((req.group_id, req.expected_head + len(req.events), req.writer_epoch, self.instance_id, now + self._ttl_us, now))
+
+    def _apply(self, ops: BatchOps, req: AppendRequest, now: int, expires: int) -> Rejected | None:
         if req.creates_group:
-            await conn.execute(
-                insert(groups).values(
-                    group_id=req.group_id,
-                    head_seq=new_head,
-                    writer_epoch=req.writer_epoch,
-                    owner_instance=self.instance_id,
-                    lease_expires_us=expires,
-                    created_us=now,
-                )
-            )
+            self._create(ops, req, now)
             return None
-        result = await conn.execute(
-            update(groups)
-            .where(
-                and_(
-                    groups.c.group_id == req.group_id,
-                    groups.c.writer_epoch == req.writer_epoch,
-                    groups.c.head_seq == req.expected_head,
-                )
-            )
-            .values(head_seq=new_head, lease_expires_us=expires)
-        )
-        if result.rowcount == 1:
+        if ops.advance_head(_head_row(req, expires)):
             return None
-        row = (
-            await conn.execute(
-                select(groups.c.writer_epoch, groups.c.head_seq).where(groups.c.group_id == req.group_id)
-            )
-        ).first()
-        if row is None:
+        found = ops.head_of(req.group_id)
+        if found is None:
             return Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {req.group_id} does not exist")
-        if int(row[0]) != req.writer_epoch:
+        writer_epoch, head = found
+        if writer_epoch != req.writer_epoch:
             return Rejected(
                 R.REJECTION_REASON_WRITER_FENCED,
-                f"writer epoch {req.writer_epoch} of group {req.group_id} was superseded by {row[0]}",
-                current_writer_epoch=row[0],
+                f"writer epoch {req.writer_epoch} of group {req.group_id} was superseded by {writer_epoch}",
+                current_writer_epoch=writer_epoch,
             )
         return Rejected(
             R.REJECTION_REASON_REVISION_MISMATCH,
-            f"group {req.group_id} head moved to {row[1]} (expected {req.expected_head})",
-            current_revision=row[1],
-        )
-
-    @staticmethod
-    async def _insert_rows(conn: AsyncConnection, accepted: list[AppendRequest]) -> None:
-        if not accepted:
-            return
-        await conn.execute(
-            insert(events),
-            [
-                {
-                    "group_id": req.group_id,
-                    "seq": ev.sequence,
-                    "event_id": ev.event_id,
-                    "type": ev.type,
-                    "command_id": req.command_id,
-                    "recorded_us": ev.recorded_us,
-                    "envelope": ev.envelope,
-                }
-                for req in accepted
-                for ev in req.events
-            ],
-        )
-        await conn.execute(
-            insert(commands),
-            [
-                {
-                    "group_id": req.group_id,
-                    "command_id": req.command_id,
-                    "fingerprint": req.fingerprint,
-                    "first_seq": req.expected_head + 1,
-                    "last_seq": req.expected_head + len(req.events),
-                    "event_count": len(req.events),
-                }
-                for req in accepted
-            ],
+            f"group {req.group_id} head moved to {head} (expected {req.expected_head})",
+            current_revision=head,
         )
 
     @staticmethod
@@ -355,3 +301,12 @@ class EventStore:
             R.REJECTION_REASON_REVISION_MISMATCH,
             f"a concurrent append to group {req.group_id} (or the same command id) won",
         )
+
+
+def _head_row(req: AppendRequest, expires: int) -> tuple[int | str, ...]:
+    return (req.group_id, req.writer_epoch, req.expected_head, req.expected_head + len(req.events), expires)
+
+
+def _writer_thread() -> ThreadPoolExecutor:
+    # One thread: SQLite has one writer anyway, and a sqlite3 connection stays on its thread.
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="event-store-writer")
