@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from dataclasses import dataclass
 
 import grpc
@@ -46,6 +47,10 @@ log = logging.getLogger("missionweave.server")
 # Transport limit: larger messages are refused by gRPC itself with RESOURCE_EXHAUSTED. Commands have
 # their own, smaller, structured limit (services/authority/authority.py MAX_COMMAND_BYTES).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+# How long the busy event loop may keep the GIL from the store's writer thread, which needs it
+# between its SQLite calls. CPython's default (5 ms) added up to several ms per group commit.
+SWITCH_INTERVAL_S = 0.0005
 
 SERVICE_NAMES = {
     "authority": authority_service_pb2.DESCRIPTOR.services_by_name["AuthorityService"].full_name,
@@ -90,6 +95,7 @@ async def bootstrap_admin(settings: Settings, registry: IdentityRegistry) -> Non
 
 async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     clock = clock or SystemClock()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
     await create_schema(engine)
     in_process_registry = "membership" in settings.services

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import blake3
@@ -138,26 +138,49 @@ class GroupAuthority:
         return command
 
     async def _execute_verified(self, command: command_pb2.Command) -> command_pb2.CommandResult:
+        """Decide under the Group's lock, then wait for durability outside it.
+
+        Commands to one Group are pipelined: the next one is decided on the state the previous one
+        will produce while the previous append is still in the group-commit queue. Appends of one
+        Group reach the store in decision order and each is fenced on the head its predecessor
+        leaves, so if one fails every later one fails too, the cached view is dropped and they are
+        decided again on the durable log. Nobody sees an answer (or a state) before it is durable.
+        """
         group_id = command.group_id
         fingerprint_ = _fingerprint(command)
-        async with self._lock(group_id):
-            for attempt in range(STORE_RACE_RETRIES + 1):
+        for attempt in range(STORE_RACE_RETRIES + 1):
+            async with self._lock(group_id):
                 replay = await self._replay(command, fingerprint_)
                 if replay is not None:
                     return replay
-                try:
-                    result = await self._decide_and_append(command, fingerprint_)
-                    break
-                except _StoreConflict as conflict:
-                    # The store saw another writer (a second instance, or a takeover): our cached view
-                    # was stale, so it was dropped. Decide again on fresh state; after a few tries the
-                    # loser of a real race gets the rejection.
-                    if attempt == STORE_RACE_RETRIES:
-                        raise conflict.rejected from None
-        self._wake(group_id)
-        return result
+                pending = await self._decide_and_enqueue(command, fingerprint_)
+            owned = pending.owned
+            try:
+                await pending.request.done
+            except Rejected as rejected:
+                # The store saw another writer (a second instance, a takeover) or a predecessor of
+                # this append failed: our view was stale. Decide again on fresh state; after a few
+                # tries the loser of a real race gets the rejection.
+                self._forget(group_id, owned)
+                if attempt == STORE_RACE_RETRIES:
+                    raise rejected from None
+                continue
+            except BaseException:
+                self._forget(group_id, owned)  # unknown outcome: never trust the cached view again
+                raise
+            finally:
+                owned.pending.pop(command.command_id, None)
+            request = pending.request
+            owned.commands[command.command_id] = CommandRecord(
+                fingerprint_, request.expected_head + 1, request.expected_head + len(request.events)
+            )
+            if pending.state.head_sequence > owned.durable_head:
+                owned.durable_state = pending.state
+            self._wake(group_id)
+            return pending.result
+        raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _decide_and_append(self, command: command_pb2.Command, fingerprint_: bytes) -> command_pb2.CommandResult:
+    async def _decide_and_enqueue(self, command: command_pb2.Command, fingerprint_: bytes) -> _Pending:
         group_id = command.group_id
         owned = await self._load(group_id)
         writer_epoch, state = owned.writer_epoch, owned.state
@@ -166,40 +189,43 @@ class GroupAuthority:
         if isinstance(decision, Rejected):
             raise decision
         envelopes = [self._seal(event, writer_epoch) for event in decision]
-        stored = [_stored(event, env) for event, env in zip(decision, envelopes, strict=True)]
         request = AppendRequest(
             group_id=group_id,
             writer_epoch=writer_epoch,
             expected_head=state.head_sequence if state else 0,
             command_id=command.command_id,
             fingerprint=fingerprint_,
-            events=stored,
+            events=[_stored(event, env) for event, env in zip(decision, envelopes, strict=True)],
             creates_group=state is None,
         )
-        try:
-            await self.store.append(request)
-        except Rejected as rejected:
-            self._cache.pop(group_id, None)
-            raise _StoreConflict(rejected) from None
-        except Exception:
-            self._cache.pop(group_id, None)  # unknown outcome: never trust the cached view again
-            raise
         for event in decision:
             state = decider.evolve(state, event)
         assert state is not None
-        owned.state = state
-        owned.commands[command.command_id] = CommandRecord(fingerprint_, request.expected_head + 1, state.head_sequence)
-        self._remember(group_id, owned)
-        return command_pb2.CommandResult(
-            command_id=command.command_id,
-            group_id=group_id,
-            events=envelopes,
-            group_revision=state.head_sequence,
+        result = command_pb2.CommandResult(
+            command_id=command.command_id, group_id=group_id, events=envelopes, group_revision=state.head_sequence
         )
+        pending = _Pending(owned, request, state, result, fingerprint_)
+        # The next command of this Group decides on this state (speculative until durable).
+        owned.state = state
+        owned.pending[command.command_id] = pending
+        self._remember(group_id, owned)
+        self.store.enqueue(request)
+        return pending
 
     async def _replay(self, command: command_pb2.Command, fingerprint_: bytes) -> command_pb2.CommandResult | None:
         owned = self._cache.get(command.group_id)
         if owned is not None:
+            in_flight = owned.pending.get(command.command_id)
+            if in_flight is not None:  # the same command id is still on its way to the store
+                _check_same_body(command, in_flight.fingerprint, fingerprint_)
+                try:
+                    await asyncio.shield(in_flight.request.done)
+                except Rejected:
+                    return None  # the original failed: this one is decided afresh
+                replayed = command_pb2.CommandResult()
+                replayed.CopyFrom(in_flight.result)
+                replayed.replayed = True
+                return replayed
             # While this instance owns the Group under its writer epoch, the command ids it loaded and
             # appended are complete: a foreign append would have fenced us and emptied the cache.
             record = owned.commands.get(command.command_id)
@@ -207,11 +233,7 @@ class GroupAuthority:
             record = await self.store.find_command(command.group_id, command.command_id)
         if record is None:
             return None
-        if record.fingerprint != fingerprint_:
-            raise Rejected(
-                R.REJECTION_REASON_COMMAND_ID_REUSED,
-                f"command id {command.command_id} was already used in this Group with a different body",
-            )
+        _check_same_body(command, record.fingerprint, fingerprint_)
         stored = await self.store.read_range(command.group_id, record.first_seq, record.last_seq)
         return command_pb2.CommandResult(
             command_id=command.command_id,
@@ -238,7 +260,8 @@ class GroupAuthority:
             # rejected creation leaves nothing behind.
             return _OwnedGroup(1, None, {})
         writer_epoch, _head = acquired
-        owned = _OwnedGroup(writer_epoch, await self.fold(group_id), await self.store.commands_of(group_id))
+        state = await self.fold(group_id)
+        owned = _OwnedGroup(writer_epoch, state, await self.store.commands_of(group_id), state)
         self._remember(group_id, owned)
         return owned
 
@@ -257,7 +280,7 @@ class GroupAuthority:
     async def state(self, group_id: str) -> GroupState | None:
         cached = self._cache.get(group_id)
         if cached is not None:
-            return cached.state
+            return cached.durable_state  # never the speculative state of appends still in flight
         return await self.fold(group_id)
 
     def _remember(self, group_id: str, owned: _OwnedGroup) -> None:
@@ -265,6 +288,10 @@ class GroupAuthority:
         self._cache.move_to_end(group_id)
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
+
+    def _forget(self, group_id: str, owned: _OwnedGroup) -> None:
+        if self._cache.get(group_id) is owned:
+            del self._cache[group_id]
 
     def _lock(self, group_id: str) -> _GroupLock:
         return _GroupLock(self._locks, group_id)
@@ -287,19 +314,32 @@ class GroupAuthority:
 
 @dataclass
 class _OwnedGroup:
-    """A Group this instance owns: its writer epoch, folded state and accepted command ids."""
+    """A Group this instance owns: its writer epoch, folded state and accepted command ids.
+
+    ``state`` includes appends still in the group-commit queue (what the next command decides on);
+    ``durable_state`` only what the store has acknowledged (what readers see).
+    """
 
     writer_epoch: int
     state: GroupState | None
     commands: dict[str, CommandRecord]
+    durable_state: GroupState | None = None
+    pending: dict[str, _Pending] = field(default_factory=dict)
+
+    @property
+    def durable_head(self) -> int:
+        return self.durable_state.head_sequence if self.durable_state else 0
 
 
-class _StoreConflict(Exception):
-    """The store refused an append that the decider accepted (lost race, takeover, duplicate)."""
+@dataclass
+class _Pending:
+    """A decided command whose append is queued: what to answer once the store confirms it."""
 
-    def __init__(self, rejected: Rejected) -> None:
-        super().__init__(rejected.message)
-        self.rejected = rejected
+    owned: _OwnedGroup
+    request: AppendRequest
+    state: GroupState
+    result: command_pb2.CommandResult
+    fingerprint: bytes
 
 
 class _LockEntry:
@@ -345,6 +385,14 @@ def _fingerprint(command: command_pb2.Command) -> bytes:
         return blake3.blake3(command.SerializeToString(deterministic=True)).digest()
     finally:
         command.issued_at.ParseFromString(issued_at)
+
+
+def _check_same_body(command: command_pb2.Command, recorded: bytes, fingerprint_: bytes) -> None:
+    if recorded != fingerprint_:
+        raise Rejected(
+            R.REJECTION_REASON_COMMAND_ID_REUSED,
+            f"command id {command.command_id} was already used in this Group with a different body",
+        )
 
 
 def _referenced_identities(command: command_pb2.Command) -> set[str]:

@@ -189,10 +189,18 @@ class EventStore:
 
     async def append(self, request: AppendRequest) -> None:
         """Queue an append and wait until it is durable (or raises Rejected)."""
+        self.enqueue(request)
+        await request.done
+
+    def enqueue(self, request: AppendRequest) -> None:
+        """Queue an append; ``request.done`` resolves once it is durable (or fails with Rejected).
+
+        Appends are written in the order they are queued, so a caller may queue an append that
+        builds on one not yet durable: it is fenced on the head its predecessor leaves.
+        """
         if self._writer is None:
             self.start()
-        await self._queue.put(request)
-        await request.done
+        self._queue.put_nowait(request)
 
     async def _write_loop(self) -> None:
         while True:
