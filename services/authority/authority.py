@@ -8,6 +8,7 @@ store's group commit.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -174,8 +175,12 @@ class GroupAuthority:
             owned.commands[command.command_id] = CommandRecord(
                 fingerprint_, request.expected_head + 1, request.expected_head + len(request.events)
             )
-            if pending.state.head_sequence > owned.durable_head:
-                owned.durable_state = pending.state
+            if request.expected_head == owned.durable_head:
+                # Readers' copy advances by the same events, in append order.
+                for event in pending.events:
+                    owned.durable_state = decider.evolve(owned.durable_state, event)
+            else:  # completions out of order (should not happen): rebuild from the log when next needed
+                self._forget(group_id, owned)
             self._wake(group_id)
             return pending.result
         raise AssertionError("unreachable")  # pragma: no cover
@@ -204,7 +209,7 @@ class GroupAuthority:
         result = command_pb2.CommandResult(
             command_id=command.command_id, group_id=group_id, events=envelopes, group_revision=state.head_sequence
         )
-        pending = _Pending(owned, request, state, result, fingerprint_)
+        pending = _Pending(owned, request, decision, result, fingerprint_)
         # The next command of this Group decides on this state (speculative until durable).
         owned.state = state
         owned.pending[command.command_id] = pending
@@ -261,7 +266,8 @@ class GroupAuthority:
             return _OwnedGroup(1, None, {})
         writer_epoch, _head = acquired
         state = await self.fold(group_id)
-        owned = _OwnedGroup(writer_epoch, state, await self.store.commands_of(group_id), state)
+        # Two copies: ``evolve`` mutates, and the speculative one runs ahead of the durable one.
+        owned = _OwnedGroup(writer_epoch, state, await self.store.commands_of(group_id), copy.deepcopy(state))
         self._remember(group_id, owned)
         return owned
 
@@ -317,7 +323,7 @@ class _OwnedGroup:
     """A Group this instance owns: its writer epoch, folded state and accepted command ids.
 
     ``state`` includes appends still in the group-commit queue (what the next command decides on);
-    ``durable_state`` only what the store has acknowledged (what readers see).
+    ``durable_state``, a separate object, only what the store has acknowledged (what readers see).
     """
 
     writer_epoch: int
@@ -337,7 +343,7 @@ class _Pending:
 
     owned: _OwnedGroup
     request: AppendRequest
-    state: GroupState
+    events: list[event_pb2.Event]
     result: command_pb2.CommandResult
     fingerprint: bytes
 
