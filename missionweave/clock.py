@@ -31,6 +31,20 @@ class ManualClock:
         return self._now
 
 
+class OffsetClock:
+    """The system clock shifted by an offset tests move forward (lease expiry over a live server)."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+    def advance(self, **delta: float) -> datetime:
+        self.offset += timedelta(**delta)
+        return self.now()
+
+
 def to_timestamp(when: datetime) -> Timestamp:
     ts = Timestamp()
     ts.FromDatetime(when)

@@ -20,6 +20,7 @@ COMMAND_TYPE = "application/vnd.missionweave.v1.command+protobuf"
 EVENT_TYPE = "application/vnd.missionweave.v1.event+protobuf"
 REGISTER_IDENTITY_TYPE = "application/vnd.missionweave.v1.register-identity+protobuf"
 OPEN_SESSION_TYPE = "application/vnd.missionweave.v1.open-session+protobuf"
+GROUP_SUMMARY_TYPE = "application/vnd.missionweave.v1.group-summary+protobuf"
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:

@@ -7,15 +7,18 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
 from missionweave.client import MeshClient, SessionSigner
+from missionweave.clock import OffsetClock, to_timestamp
 from missionweave.config import Settings
 from missionweave.db import METADATA, make_engine
 from missionweave.signing import read_key
-from missionweave.v1 import common_pb2
+from missionweave.v1 import command_pb2, common_pb2
 
 POSTGRES_URL = os.environ.get("MWP_TEST_POSTGRES_URL", "")
 
@@ -65,6 +68,21 @@ class World:
     worker: SessionSigner
     keys: dict[str, SigningKey]
     settings: Settings
+    clock: OffsetClock
+
+    def signed(self, signer: SessionSigner, group_id: str, kind: str, body: Message, **kw: Any) -> common_pb2.SignedEnvelope:
+        """A signed command issued at the server's (possibly advanced) clock."""
+        command = signer.command(group_id, kind, body, **kw)
+        command.issued_at.CopyFrom(to_timestamp(self.clock.now()))
+        return signer.sign(command)
+
+    async def run(self, signer: SessionSigner, group_id: str, kind: str, body: Message, **kw: Any) -> command_pb2.CommandResult:
+        return await self.client.execute(self.signed(signer, group_id, kind, body, **kw))
+
+    async def epoch_of(self, group_id: str, member_id: str) -> int:
+        """The member's current Membership epoch in the Group."""
+        state = await self.client.group_state(group_id)
+        return next(m.membership_epoch for m in state.memberships if m.member_id == member_id and m.active)
 
 
 async def register(client: MeshClient, admin_key: SigningKey, identity_id: str, kind: int) -> SessionSigner:
@@ -78,7 +96,8 @@ async def world(db_url: str, tmp_path: Path) -> AsyncIterator[World]:
     from missionweave.server import start
 
     settings = Settings(listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1)
-    mesh = await start(settings)
+    clock = OffsetClock()
+    mesh = await start(settings, clock)
     target = f"127.0.0.1:{mesh.port}"
     client = MeshClient(target)
     admin_key = read_key(settings.admin_key_path)
@@ -87,7 +106,7 @@ async def world(db_url: str, tmp_path: Path) -> AsyncIterator[World]:
     coordinator = await register(client, admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT)
     worker = await register(client, admin_key, "worker-bot", common_pb2.IDENTITY_KIND_AGENT)
     try:
-        yield World(mesh, client, target, admin, owner, coordinator, worker, {"admin": admin_key}, settings)
+        yield World(mesh, client, target, admin, owner, coordinator, worker, {"admin": admin_key}, settings, clock)
     finally:
         await client.channel.close()
         await mesh.stop(grace=1)

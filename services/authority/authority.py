@@ -21,12 +21,20 @@ from nacl.signing import SigningKey
 from missionweave import ids
 from missionweave.clock import Clock, timestamp_micros, to_micros
 from missionweave.errors import Rejected
-from missionweave.signing import COMMAND_TYPE, EVENT_TYPE, fingerprint, parse_session_key_id, sign_envelope
+from missionweave.signing import (
+    COMMAND_TYPE,
+    EVENT_TYPE,
+    GROUP_SUMMARY_TYPE,
+    fingerprint,
+    parse_session_key_id,
+    sign_envelope,
+)
 from missionweave.signing import verify_signature as verify_envelope
 from missionweave.v1 import command_pb2, common_pb2, event_pb2
 from services.authority import decider
 from services.authority.state import GroupState
 from services.authority.store import AppendRequest, CommandRecord, EventStore, StoredEvent
+from services.authority.views import group_state_proto
 from services.membership.registry import IdentityRegistry
 
 R = common_pb2.RejectionReason
@@ -67,7 +75,7 @@ class GroupAuthority:
         self.in_flight += 1
         try:
             command = await self._authenticate(envelope)
-            return await self._execute_verified(command)
+            return await self._execute_verified(command, envelope)
         finally:
             self.in_flight -= 1
 
@@ -138,7 +146,9 @@ class GroupAuthority:
                 )
         return command
 
-    async def _execute_verified(self, command: command_pb2.Command) -> command_pb2.CommandResult:
+    async def _execute_verified(
+        self, command: command_pb2.Command, envelope: common_pb2.SignedEnvelope
+    ) -> command_pb2.CommandResult:
         """Decide under the Group's lock, then wait for durability outside it.
 
         Commands to one Group are pipelined: the next one is decided on the state the previous one
@@ -154,7 +164,7 @@ class GroupAuthority:
                 replay = await self._replay(command, fingerprint_)
                 if replay is not None:
                     return replay
-                pending = await self._decide_and_enqueue(command, fingerprint_)
+                pending = await self._decide_and_enqueue(command, envelope, fingerprint_)
             owned = pending.owned
             try:
                 await pending.request.done
@@ -185,12 +195,20 @@ class GroupAuthority:
             return pending.result
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _decide_and_enqueue(self, command: command_pb2.Command, fingerprint_: bytes) -> _Pending:
+    async def _decide_and_enqueue(
+        self, command: command_pb2.Command, envelope: common_pb2.SignedEnvelope, fingerprint_: bytes
+    ) -> _Pending:
         group_id = command.group_id
         owned = await self._load(group_id)
         writer_epoch, state = owned.writer_epoch, owned.state
         identities = await self.registry.infos(_referenced_identities(command))
-        decision = decider.decide(state, command, decider.DecisionContext(self.clock.now(), identities))
+        linked = {}
+        for linked_id in _linked_groups(command):
+            linked_state = await self.state(linked_id)  # durable state of the other Group
+            if linked_state is not None:
+                linked[linked_id] = linked_state
+        ctx = decider.DecisionContext(self.clock.now(), identities, linked, envelope)
+        decision = decider.decide(state, command, ctx)
         if isinstance(decision, Rejected):
             raise decision
         envelopes = [self._seal(event, writer_epoch) for event in decision]
@@ -282,6 +300,14 @@ class GroupAuthority:
             for stored in batch:
                 state = decider.evolve(state, decode_event(stored.envelope))
             after = batch[-1].sequence
+
+    async def signed_summary(self, group_id: str) -> common_pb2.SignedEnvelope | None:
+        """The Group's durable state signed by this Authority (MW-7.2-07 hand-over summary)."""
+        state = await self.state(group_id)
+        if state is None:
+            return None
+        payload = group_state_proto(state).SerializeToString(deterministic=True)
+        return sign_envelope(payload, GROUP_SUMMARY_TYPE, self.signing_key, self.key_id)
 
     async def state(self, group_id: str) -> GroupState | None:
         cached = self._cache.get(group_id)
@@ -406,9 +432,26 @@ def _referenced_identities(command: command_pb2.Command) -> set[str]:
     kind = command.WhichOneof("body")
     if kind == "mission_create":
         refs |= {command.mission_create.definition.owner_id, command.mission_create.coordinator_id}
+    elif kind == "mission_create_follow_up":
+        body = command.mission_create_follow_up
+        refs |= {body.definition.owner_id, body.coordinator_id}
+    elif kind == "mission_replace_coordinator":
+        refs.add(command.mission_replace_coordinator.coordinator_id)
     elif kind == "membership_grant":
         refs.add(command.membership_grant.member_id)
     return refs
+
+
+def _linked_groups(command: command_pb2.Command) -> list[str]:
+    """Other Groups whose durable state the decision consults (never written by this command)."""
+    kind = command.WhichOneof("body")
+    if kind == "mission_create_follow_up":
+        group = command.mission_create_follow_up.approved_group_id
+    elif kind == "mission_revoke_approval":
+        group = command.mission_revoke_approval.follow_up_group_id
+    else:
+        return []
+    return [group] if group and ids.is_valid(group) and group != command.group_id else []
 
 
 def _stored(event: event_pb2.Event, envelope: common_pb2.SignedEnvelope) -> StoredEvent:

@@ -121,6 +121,14 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
             await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
         return pb.GetGroupStateResponse(state=group_state_proto(state))
 
+    async def GetSignedGroupSummary(
+        self, request: pb.GetSignedGroupSummaryRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetSignedGroupSummaryResponse:
+        summary = await self.authority.signed_summary(request.group_id)
+        if summary is None:
+            await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
+        return pb.GetSignedGroupSummaryResponse(summary=summary)
+
     async def GetAuthorityKey(
         self, request: pb.GetAuthorityKeyRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetAuthorityKeyResponse:

@@ -40,6 +40,20 @@ class ConversationState:
     work_item_id: str = ""
     title: str = ""
     message_count: int = 0
+    # RESTRICTED Conversations: who may read and post besides the MissionOwner and the Coordinator.
+    participant_ids: tuple[str, ...] = ()
+    linked_conversation_id: str = ""
+
+
+@dataclass
+class MessageState:
+    """An accepted Message is immutable (MW-9.1-19); amendments are recorded beside it."""
+
+    conversation_id: str
+    author_id: str
+    # 0 = as posted; else the MessageAmendmentKind of the latest amendment.
+    latest_amendment: int = 0
+    amendments: int = 0
 
 
 @dataclass
@@ -51,6 +65,7 @@ class CoordinatorLeaseState:
     lease_duration_s: float
     renew_before_s: float
     reconciled: bool = True
+    granted_at_sequence: int = 0
 
 
 @dataclass
@@ -66,6 +81,26 @@ class MissionRecord:
     follows_up_mission_id: str = ""
     parent_mission_id: str = ""
     parent_work_item_id: str = ""
+    latest_submission_event_id: str = ""
+    approval_event_id: str = ""
+    approval_revoked_event_id: str = ""
+    follow_up_mission_ids: list[str] = field(default_factory=list)
+    # Coordinator epochs ever appointed: a command from any but the current one is stale (MW-7.2-06).
+    coordinator_agents: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def owner_id(self) -> str:
+        return self.definition.owner_id
+
+
+@dataclass
+class WorkItemState:
+    """A WorkItem as the Mission-level rules see it (the WorkItem rules extend it)."""
+
+    work_item_id: str
+    state: int
+    # Required for the Mission's completion (MW-7.3-04); optional work does not block submission.
+    required: bool = True
 
 
 @dataclass
@@ -75,7 +110,10 @@ class GroupState:
     mission: MissionRecord | None = None
     members: dict[str, MemberState] = field(default_factory=dict)
     conversations: dict[str, ConversationState] = field(default_factory=dict)
-    # message id -> conversation id, to resolve replies and amendments.
-    messages: dict[str, str] = field(default_factory=dict)
+    # message id -> its record, to resolve replies and amendments.
+    messages: dict[str, MessageState] = field(default_factory=dict)
     # Membership epochs are Group-wide and never reused, even across revoke and re-grant.
     last_membership_epoch: int = 0
+    # Sequence of the last event that changed WorkItem state; reconciliation must cite at least it.
+    last_work_change_sequence: int = 0
+    work_items: dict[str, WorkItemState] = field(default_factory=dict)

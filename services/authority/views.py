@@ -9,7 +9,11 @@ from services.authority.state import GroupState
 
 
 def group_state_proto(state: GroupState) -> pb.GroupState:
-    out = pb.GroupState(group_id=state.group_id, head_sequence=state.head_sequence)
+    out = pb.GroupState(
+        group_id=state.group_id,
+        head_sequence=state.head_sequence,
+        last_work_change_sequence=state.last_work_change_sequence,
+    )
     m = state.mission
     if m is not None:
         mission = mission_pb2.Mission(
@@ -24,6 +28,10 @@ def group_state_proto(state: GroupState) -> pb.GroupState:
             parent_work_item_id=m.parent_work_item_id,
             planning_conversation_id=m.planning_conversation_id,
             created_at=to_timestamp(m.created_at),
+            latest_submission_event_id=m.latest_submission_event_id,
+            approval_event_id=m.approval_event_id,
+            approval_revoked_event_id=m.approval_revoked_event_id,
+            follow_up_mission_ids=m.follow_up_mission_ids,
         )
         mission.budget.limit.CopyFrom(m.definition.budget)
         if m.coordinator is not None:
@@ -58,6 +66,8 @@ def group_state_proto(state: GroupState) -> pb.GroupState:
                 kind=conv.kind,
                 work_item_id=conv.work_item_id,
                 message_count=conv.message_count,
+                participant_ids=conv.participant_ids,
+                title=conv.title,
             )
         )
     return out

@@ -1,0 +1,1 @@
+"""Decision rules of the Group Authority, one module per command family."""

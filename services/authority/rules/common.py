@@ -1,0 +1,219 @@
+"""What every rule module shares: the decision context, the event emitter and common checks.
+
+Pure: no I/O, no wall clock, no randomness. Event ids derive from (group, command, index), times
+come from ``ctx.now``, identities and other Groups' states from the context the shell prepares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from missionweave import ids
+from missionweave.clock import from_timestamp, to_timestamp
+from missionweave.errors import Rejected
+from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2, mission_pb2
+from services.authority.state import GroupState, IdentityInfo, MissionRecord
+
+R = common_pb2.RejectionReason
+Role = membership_pb2.MemberRole
+Kind = common_pb2.IdentityKind
+MS = mission_pb2.MissionState
+
+MAX_TEXT_BYTES = 16 * 1024
+MAX_DATA_JSON_BYTES = 16 * 1024
+MAX_REASON_CHARS = 4096
+MAX_REFS = 32
+DEFAULT_LEASE = timedelta(minutes=5)
+DEFAULT_RENEW_BEFORE = timedelta(minutes=1)
+MIN_LEASE = timedelta(seconds=5)
+MAX_LEASE = timedelta(hours=24)
+TERMINAL_MISSION_STATES = frozenset({MS.MISSION_STATE_APPROVED, MS.MISSION_STATE_CANCELLED, MS.MISSION_STATE_FAILED})
+
+
+@dataclass(frozen=True)
+class DecisionContext:
+    """Everything ``decide`` may consult besides the state and the command."""
+
+    now: datetime
+    identities: Mapping[str, IdentityInfo]
+    # Durable states of other Groups the command links to (follow-ups, revocations), by Group id.
+    linked: Mapping[str, GroupState] = field(default_factory=dict)
+    # The signed envelope the command arrived in, for events that keep the signer's own signature
+    # (approvals and change requests, MW-7.3-06). None when deciding outside the shell.
+    envelope: common_pb2.SignedEnvelope | None = None
+
+
+Handler = Callable[[GroupState | None, command_pb2.Command, DecisionContext, "Emitter"], None]
+Applier = Callable[[GroupState, event_pb2.Event], None]
+
+
+def state_name(value: int) -> str:
+    """``MISSION_STATE_ACTIVE`` for a MissionState number."""
+    return MS.Name(MS.ValueType(value))
+
+
+def invalid(field: str, message: str) -> Rejected:
+    return Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"{field}: {message}", field=field)
+
+
+def spec_name(kind: str) -> str:
+    """``mission_create_follow_up`` -> ``mission.create_follow_up`` (the spec's command name)."""
+    head, _, rest = kind.partition("_")
+    return f"{head}.{rest}"
+
+
+def mission_of(state: GroupState) -> MissionRecord:
+    if state.mission is None:  # every Group is created with its Mission
+        raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {state.group_id} has no Mission")
+    return state.mission
+
+
+def require_reason(text: str, field: str) -> None:
+    if not text.strip():
+        raise invalid(field, "a reason is required")
+    if len(text) > MAX_REASON_CHARS:
+        raise invalid(field, f"at most {MAX_REASON_CHARS} characters")
+
+
+def is_org_policy(ctx: DecisionContext, actor_id: str) -> bool:
+    """An Organization control-plane identity or administrator acts for Organization policy."""
+    info = ctx.identities.get(actor_id)
+    return info is not None and (info.kind == Kind.IDENTITY_KIND_CONTROL_PLANE or info.org_admin)
+
+
+class Emitter:
+    """Builds fully formed events with deterministic ids and sequences."""
+
+    def __init__(self, command: command_pb2.Command, state: GroupState | None, now: datetime) -> None:
+        self.command = command
+        self.next_sequence = (state.head_sequence if state else 0) + 1
+        self.recorded_at = to_timestamp(now)
+        self.events: list[event_pb2.Event] = []
+
+    def emit(self, type_name: str, field: str, payload: object) -> event_pb2.Event:
+        cmd = self.command
+        event = event_pb2.Event(
+            event_id=ids.derived_id("evt", cmd.group_id, cmd.command_id, str(len(self.events))),
+            group_id=cmd.group_id,
+            sequence=self.next_sequence,
+            recorded_at=self.recorded_at,
+            type=type_name,
+            causing_command_id=cmd.command_id,
+            correlation_id=cmd.correlation_id,
+            actor_id=cmd.actor_id,
+        )
+        getattr(event, field).CopyFrom(payload)
+        self.next_sequence += 1
+        self.events.append(event)
+        return event
+
+
+
+def check_membership(state: GroupState, command: command_pb2.Command) -> None:
+    """MW-8-02 / MW-8-03: every Group-scoped command carries the current Membership epoch."""
+    member = state.members.get(command.actor_id)
+    if member is None:
+        raise Rejected(
+            R.REJECTION_REASON_NOT_A_MEMBER, f"{command.actor_id} holds no Membership in {state.group_id}"
+        )
+    if not member.active:
+        raise Rejected(
+            R.REJECTION_REASON_MEMBERSHIP_EPOCH_STALE,
+            f"membership epoch {member.membership_epoch} of {command.actor_id} was revoked",
+            current_epoch=0,
+        )
+    if command.membership_epoch != member.membership_epoch:
+        raise Rejected(
+            R.REJECTION_REASON_MEMBERSHIP_EPOCH_STALE,
+            f"membership epoch {command.membership_epoch} is not the current {member.membership_epoch}",
+            current_epoch=member.membership_epoch,
+        )
+
+
+def check_expected_revision(state: GroupState, command: command_pb2.Command) -> None:
+    if not command.HasField("expected_revision"):
+        return
+    expected = command.expected_revision
+    RK = common_pb2.RevisionKind
+    if expected.kind == RK.REVISION_KIND_GROUP:
+        current = state.head_sequence
+    elif expected.kind == RK.REVISION_KIND_MISSION:
+        if state.mission is None or expected.aggregate_id not in ("", state.mission.mission_id):
+            raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no mission {expected.aggregate_id} in this group")
+        current = state.mission.revision
+    else:
+        raise Rejected(
+            R.REJECTION_REASON_NOT_FOUND,
+            f"no aggregate {expected.aggregate_id!r} of kind {RK.Name(expected.kind)} in this group",
+        )
+    if expected.revision != current:
+        raise Rejected(
+            R.REJECTION_REASON_REVISION_MISMATCH,
+            f"expected revision {expected.revision}, current is {current}",
+            current_revision=current,
+        )
+
+
+def identity(ctx: DecisionContext, identity_id: str, field: str) -> IdentityInfo:
+    if not identity_id:
+        raise invalid(field, "is required")
+    info = ctx.identities.get(identity_id)
+    if info is None:
+        raise Rejected(R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{field}: {identity_id} is not registered", field=field)
+    return info
+
+
+def validate_budget(budget: common_pb2.ResourceVector, field: str) -> None:
+    if budget.financial_micros < 0:
+        raise invalid(f"{field}.financial_micros", "must not be negative")
+    if budget.financial_micros and not (
+        len(budget.currency) == 3 and budget.currency.isascii() and budget.currency.isupper()
+    ):
+        raise invalid(f"{field}.currency", "an ISO 4217 code such as EUR is required for a financial budget")
+
+
+def validate_definition(definition: mission_pb2.MissionDefinition, ctx: DecisionContext) -> None:
+    """MW-7.1-01: every item of the definition is a machine-readable field (OP-28)."""
+    field = "body.definition"
+    if not 1 <= len(definition.title) <= 200:
+        raise invalid(f"{field}.title", "1..200 characters required")
+    if not 1 <= len(definition.objective) <= 4096:
+        raise invalid(f"{field}.objective", "a bounded objective of 1..4096 characters is required")
+    if not definition.definition_of_done:
+        raise invalid(f"{field}.definition_of_done", "at least one completion criterion is required")
+    seen: set[str] = set()
+    for i, criterion in enumerate(definition.definition_of_done):
+        if not criterion.criterion_id or not ids.is_valid(criterion.criterion_id):
+            raise invalid(f"{field}.definition_of_done[{i}].criterion_id", "a valid id is required")
+        if criterion.criterion_id in seen:
+            raise invalid(f"{field}.definition_of_done[{i}].criterion_id", "duplicate criterion id")
+        seen.add(criterion.criterion_id)
+        if not criterion.description:
+            raise invalid(f"{field}.definition_of_done[{i}].description", "is required")
+    if not definition.HasField("deadline"):
+        raise invalid(f"{field}.deadline", "is required")
+    if from_timestamp(definition.deadline) <= ctx.now:
+        raise invalid(f"{field}.deadline", "must be in the future")
+    if not definition.HasField("budget"):
+        raise invalid(f"{field}.budget", "an enforceable budget is required")
+    validate_budget(definition.budget, f"{field}.budget")
+    if not definition.HasField("risk_policy") or not definition.risk_policy.risk_class:
+        raise invalid(f"{field}.risk_policy.risk_class", "a risk/approval policy is required")
+    if len(definition.notes) > MAX_TEXT_BYTES:
+        raise invalid(f"{field}.notes", f"at most {MAX_TEXT_BYTES} characters")
+
+
+def renewal(policy: mission_pb2.RenewalPolicy) -> tuple[timedelta, timedelta]:
+    duration = policy.lease_duration.ToTimedelta() if policy.HasField("lease_duration") else DEFAULT_LEASE
+    renew_before = (
+        policy.renew_before.ToTimedelta() if policy.HasField("renew_before") else min(DEFAULT_RENEW_BEFORE, duration / 5)
+    )
+    if not MIN_LEASE <= duration <= MAX_LEASE:
+        raise invalid("body.coordinator_renewal.lease_duration", f"must lie within {MIN_LEASE}..{MAX_LEASE}")
+    if not timedelta(0) <= renew_before < duration:
+        raise invalid("body.coordinator_renewal.renew_before", "must be shorter than the lease")
+    return duration, renew_before
+
+

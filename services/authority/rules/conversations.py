@@ -1,0 +1,245 @@
+"""Conversations and Messages (spec 9, MW-9.1-19..22): complete content, never authority."""
+
+from __future__ import annotations
+
+import json
+
+from missionweave import ids
+from missionweave.errors import Rejected
+from missionweave.v1 import command_pb2, conversation_pb2, event_pb2
+from services.authority.rules.common import (
+    MAX_DATA_JSON_BYTES,
+    MAX_REFS,
+    MAX_TEXT_BYTES,
+    Applier,
+    DecisionContext,
+    Emitter,
+    Handler,
+    R,
+    invalid,
+    is_org_policy,
+    mission_of,
+    require_reason,
+)
+from services.authority.rules.missions import require_live
+from services.authority.state import ConversationState, GroupState, MessageState
+
+CK = conversation_pb2.ConversationKind
+AK = conversation_pb2.MessageAmendmentKind
+
+
+def validate_content(content: conversation_pb2.MessageContent, state: GroupState, field: str) -> None:
+    """MW-9-06/08/09: complete content; text, structured data and Artifact references, no blobs."""
+    if len(content.text.encode("utf-8")) > MAX_TEXT_BYTES:
+        raise Rejected(
+            R.REJECTION_REASON_TOO_LARGE,
+            f"{field}.text exceeds {MAX_TEXT_BYTES} bytes; upload large content to the artifact store and "
+            "reference it by hash (MW-9-09)",
+            field=f"{field}.text",
+            limit=MAX_TEXT_BYTES,
+        )
+    if len(content.data_json.encode("utf-8")) > MAX_DATA_JSON_BYTES:
+        raise Rejected(
+            R.REJECTION_REASON_TOO_LARGE,
+            f"{field}.data_json exceeds {MAX_DATA_JSON_BYTES} bytes; reference an Artifact instead (MW-9-09)",
+            field=f"{field}.data_json",
+            limit=MAX_DATA_JSON_BYTES,
+        )
+    if content.data_json:
+        try:
+            parsed = json.loads(content.data_json)
+        except ValueError:
+            raise invalid(f"{field}.data_json", "is not valid JSON") from None
+        if not isinstance(parsed, dict):
+            raise invalid(f"{field}.data_json", "must be a JSON object")
+    if len(content.artifacts) > MAX_REFS or len(content.mentions) > MAX_REFS:
+        raise Rejected(R.REJECTION_REASON_TOO_LARGE, f"at most {MAX_REFS} artifacts and {MAX_REFS} mentions")
+    for i, ref in enumerate(content.artifacts):
+        d = ref.digest
+        if d.algorithm != "blake3" or len(d.hex) != 64 or any(c not in "0123456789abcdef" for c in d.hex):
+            raise invalid(f"{field}.artifacts[{i}].digest", "a blake3 digest of 64 lowercase hex characters")
+    for i, mention in enumerate(content.mentions):
+        if mention not in state.members:
+            raise invalid(f"{field}.mentions[{i}]", f"{mention} is not a member of this Group")
+    if not (content.text or content.data_json or content.artifacts):
+        raise invalid(field, "a Message needs text, data or Artifact references")
+
+
+def _is_steward(state: GroupState, actor_id: str) -> bool:
+    """The MissionOwner or the current Coordinator (who may always inspect restricted ones, MW-9-05)."""
+    mission = mission_of(state)
+    lease = mission.coordinator
+    return actor_id == mission.owner_id or (lease is not None and actor_id == lease.agent_id)
+
+
+def _conversation(state: GroupState, conversation_id: str, actor_id: str, field: str) -> ConversationState:
+    conversation = state.conversations.get(conversation_id)
+    if conversation is None:
+        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no conversation {conversation_id}", field=field)
+    if (
+        conversation.kind == CK.CONVERSATION_KIND_RESTRICTED
+        and actor_id not in conversation.participant_ids
+        and not _is_steward(state, actor_id)
+    ):
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            f"{conversation_id} is restricted to its participants, the MissionOwner and the Coordinator (MW-9-05)",
+        )
+    return conversation
+
+
+def message_post(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter) -> None:
+    """MW-9-13: any Group member posts; the Message never carries authority (MW-9-10)."""
+    assert state is not None
+    body = command.message_post
+    _conversation(state, body.conversation_id, command.actor_id, "conversation_id")
+    message_id = body.message_id or f"msg_{ids.suffix(ids.derived_id('x', command.group_id, command.command_id))}"
+    if not ids.is_valid(message_id):
+        raise invalid("body.message_post.message_id", "not a valid id")
+    if message_id in state.messages:
+        raise invalid("body.message_post.message_id", "already used in this Group")
+    if body.reply_to_message_id and body.reply_to_message_id not in state.messages:
+        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no message {body.reply_to_message_id} to reply to")
+    if len(body.topic) > 128:
+        raise invalid("body.message_post.topic", "at most 128 characters")
+    validate_content(body.content, state, "body.message_post.content")
+    out.emit(
+        "message.posted",
+        "message_posted",
+        conversation_pb2.MessagePosted(
+            message_id=message_id,
+            conversation_id=body.conversation_id,
+            content=body.content,
+            reply_to_message_id=body.reply_to_message_id,
+            topic=body.topic,
+            authority=False,
+        ),
+    )
+
+
+def message_amend(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter) -> None:
+    """MW-9.1-19..21: the Message stays as accepted; a new event cites it (redaction needs a reason)."""
+    assert state is not None
+    body = command.message_amend
+    message = state.messages.get(body.message_id)
+    if message is None:
+        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no message {body.message_id} in this Group", field="message_id")
+    _conversation(state, message.conversation_id, command.actor_id, "message_id")
+    if message.latest_amendment in (AK.MESSAGE_AMENDMENT_KIND_RETRACTION, AK.MESSAGE_AMENDMENT_KIND_REDACTION):
+        raise Rejected(
+            R.REJECTION_REASON_INVALID_TRANSITION,
+            f"message {body.message_id} was {AK.Name(AK.ValueType(message.latest_amendment)).rsplit('_', 1)[-1].lower()}; "
+            "post a new Message instead",
+        )
+    author = command.actor_id == message.author_id
+    if body.kind == AK.MESSAGE_AMENDMENT_KIND_CORRECTION:
+        if not author:
+            raise Rejected(R.REJECTION_REASON_PERMISSION_DENIED, "only the author corrects a Message")
+        validate_content(body.corrected_content, state, "body.corrected_content")
+    elif body.kind == AK.MESSAGE_AMENDMENT_KIND_RETRACTION:
+        if not author:
+            raise Rejected(R.REJECTION_REASON_PERMISSION_DENIED, "only the author retracts a Message")
+        if body.HasField("corrected_content"):
+            raise invalid("body.corrected_content", "a retraction carries no content")
+    elif body.kind == AK.MESSAGE_AMENDMENT_KIND_REDACTION:
+        if not (author or _is_steward(state, command.actor_id) or is_org_policy(ctx, command.actor_id)):
+            raise Rejected(
+                R.REJECTION_REASON_PERMISSION_DENIED,
+                "a redaction is made by the author, the MissionOwner, the Coordinator or Organization policy",
+            )
+        require_reason(body.policy_reason, "body.policy_reason")  # MW-9.1-21
+        if body.HasField("corrected_content"):
+            raise invalid("body.corrected_content", "a redaction masks the Message; it carries no content")
+    else:
+        raise invalid("body.kind", "correction, retraction or redaction")
+    out.emit(
+        "message.amended",
+        "message_amended",
+        conversation_pb2.MessageAmended(
+            message_id=body.message_id,
+            kind=body.kind,
+            corrected_content=body.corrected_content if body.HasField("corrected_content") else None,
+            policy_reason=body.policy_reason,
+        ),
+    )
+
+
+def conversation_open(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
+    """MW-9-03/04/05: review and restricted Conversations inside the Mission's audit boundary."""
+    assert state is not None
+    body = command.conversation_open
+    require_live(mission_of(state), "conversation.open")
+    if not _is_steward(state, command.actor_id):
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED, "review and restricted Conversations are opened by the owner or Coordinator"
+        )
+    if body.kind not in (CK.CONVERSATION_KIND_REVIEW, CK.CONVERSATION_KIND_RESTRICTED):
+        raise invalid("body.kind", "REVIEW or RESTRICTED (planning and WorkItem Conversations open by themselves)")
+    if not 1 <= len(body.title) <= 200:
+        raise invalid("body.title", "1..200 characters required")
+    conversation_id = body.conversation_id or ids.derived_id("conv", command.group_id, command.command_id)
+    if not ids.is_valid(conversation_id) or conversation_id in state.conversations:
+        raise invalid("body.conversation_id", "a valid id not yet used in this Group")
+    if body.participant_ids and body.kind != CK.CONVERSATION_KIND_RESTRICTED:
+        raise invalid("body.participant_ids", "only restricted Conversations list participants")
+    if len(body.participant_ids) > 256:
+        raise invalid("body.participant_ids", "at most 256 participants")
+    for i, pid in enumerate(body.participant_ids):
+        member = state.members.get(pid)
+        if member is None or not member.active:
+            raise invalid(f"body.participant_ids[{i}]", f"{pid} holds no active Membership in this Group")
+    if body.linked_conversation_id and body.linked_conversation_id not in state.conversations:
+        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no conversation {body.linked_conversation_id} to link")
+    out.emit(
+        "conversation.opened",
+        "conversation_opened",
+        conversation_pb2.ConversationOpened(
+            conversation_id=conversation_id,
+            kind=body.kind,
+            title=body.title,
+            participant_ids=sorted(set(body.participant_ids)),
+            linked_conversation_id=body.linked_conversation_id,
+        ),
+    )
+
+
+HANDLERS: dict[str, Handler] = {
+    "message_post": message_post,
+    "message_amend": message_amend,
+    "conversation_open": conversation_open,
+}
+
+
+def _opened(state: GroupState, event: event_pb2.Event) -> None:
+    p = event.conversation_opened
+    state.conversations[p.conversation_id] = ConversationState(
+        conversation_id=p.conversation_id,
+        kind=p.kind,
+        work_item_id=p.work_item_id,
+        title=p.title,
+        participant_ids=tuple(p.participant_ids),
+        linked_conversation_id=p.linked_conversation_id,
+    )
+
+
+def _posted(state: GroupState, event: event_pb2.Event) -> None:
+    p = event.message_posted
+    state.messages[p.message_id] = MessageState(conversation_id=p.conversation_id, author_id=event.actor_id)
+    state.conversations[p.conversation_id].message_count += 1
+
+
+def _amended(state: GroupState, event: event_pb2.Event) -> None:
+    message = state.messages[event.message_amended.message_id]
+    message.latest_amendment = event.message_amended.kind
+    message.amendments += 1
+
+
+APPLIERS: dict[str, Applier] = {
+    "conversation_opened": _opened,
+    "message_posted": _posted,
+    "message_amended": _amended,
+}
+
+__all__ = ["APPLIERS", "HANDLERS", "validate_content"]

@@ -1,0 +1,696 @@
+"""Mission lifecycle (spec 7.1, table MW-7.1-T01..T08), Coordinator lease (7.2), completion (7.3)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from missionweave import ids
+from missionweave.clock import from_timestamp, to_timestamp
+from missionweave.errors import Rejected
+from missionweave.v1 import command_pb2, conversation_pb2, event_pb2, membership_pb2, mission_pb2, work_pb2
+from services.authority.rules.common import (
+    MS,
+    TERMINAL_MISSION_STATES,
+    Applier,
+    DecisionContext,
+    Emitter,
+    Handler,
+    Kind,
+    R,
+    Role,
+    identity,
+    invalid,
+    is_org_policy,
+    mission_of,
+    renewal,
+    require_reason,
+    state_name,
+    validate_definition,
+)
+from services.authority.state import CoordinatorLeaseState, GroupState, IdentityInfo, MissionRecord
+
+# ---------------------------------------------------------------- authority checks
+
+
+def require_live(mission: MissionRecord, command_name: str) -> None:
+    """MW-7.1-06/07: terminal Missions are never reopened or rewritten."""
+    if mission.state in TERMINAL_MISSION_STATES:
+        raise Rejected(
+            R.REJECTION_REASON_TERMINAL_STATE,
+            f"{command_name}: the Mission is {state_name(mission.state)}, a terminal state; "
+            "corrections go through a linked follow-up Mission (MW-7.1-08)",
+            state=state_name(mission.state),
+        )
+
+
+def _require_state(mission: MissionRecord, wanted: int, command_name: str) -> None:
+    require_live(mission, command_name)
+    if mission.state != wanted:
+        raise Rejected(
+            R.REJECTION_REASON_INVALID_TRANSITION,
+            f"{command_name} needs a Mission in {state_name(wanted)}, it is {state_name(mission.state)}",
+            state=state_name(mission.state),
+        )
+
+
+def _require_owner(mission: MissionRecord, command: command_pb2.Command, command_name: str) -> None:
+    if command.actor_id != mission.owner_id:
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED, f"{command_name} is issued by the MissionOwner {mission.owner_id}"
+        )
+
+
+def require_coordinator(
+    state: GroupState,
+    command: command_pb2.Command,
+    ctx: DecisionContext,
+    coordinator_epoch: int,
+    command_name: str,
+    *,
+    needs_reconciliation: bool = True,
+) -> None:
+    """MW-7.2-03/06/08: the current Coordinator epoch, its live lease and session, reconciled."""
+    mission = mission_of(state)
+    lease = mission.coordinator
+    if lease is None:
+        raise Rejected(R.REJECTION_REASON_PERMISSION_DENIED, "the Mission has no Coordinator")
+    if command.actor_id != lease.agent_id:
+        if command.actor_id in mission.coordinator_agents.values():
+            raise Rejected(
+                R.REJECTION_REASON_COORDINATOR_EPOCH_STALE,
+                f"{command.actor_id} was replaced as Coordinator; epoch {lease.coordinator_epoch} is current (MW-7.2-06)",
+                current_epoch=lease.coordinator_epoch,
+            )
+        raise Rejected(R.REJECTION_REASON_PERMISSION_DENIED, f"{command_name} is issued by the current Coordinator")
+    if coordinator_epoch != lease.coordinator_epoch:
+        raise Rejected(
+            R.REJECTION_REASON_COORDINATOR_EPOCH_STALE,
+            f"coordinator epoch {coordinator_epoch} is not the current {lease.coordinator_epoch} (MW-7.2-06)",
+            current_epoch=lease.coordinator_epoch,
+        )
+    if lease.expires_at <= ctx.now:
+        raise Rejected(
+            R.REJECTION_REASON_LEASE_EXPIRED,
+            f"the Coordinator lease expired at {lease.expires_at.isoformat()}; renew it before it lapses",
+        )
+    if command.session_epoch != lease.session_epoch:
+        raise Rejected(
+            R.REJECTION_REASON_LEASE_STALE,
+            f"the lease is bound to session {lease.session_epoch}; renew it from session {command.session_epoch}",
+            lease_session_epoch=lease.session_epoch,
+        )
+    if needs_reconciliation and not lease.reconciled:
+        raise Rejected(
+            R.REJECTION_REASON_RECONCILIATION_REQUIRED,
+            "a replacement Coordinator acknowledges reconciliation of the current state first (MW-7.2-08)",
+        )
+
+
+def _unverified_required_work(state: GroupState) -> list[str]:
+    """MW-7.3-04: required WorkItems whose results and acceptance Evidence are not verified.
+
+    Until the WorkItem rules land no command creates WorkItems, so a Group's graph is empty and this
+    finds none; the check itself runs on every submission.
+    """
+    return [
+        wid
+        for wid, item in state.work_items.items()
+        if item.required and item.state not in (work_pb2.WORK_ITEM_STATE_VERIFIED, work_pb2.WORK_ITEM_STATE_CANCELLED)
+    ]
+
+
+def _linked_mission(ctx: DecisionContext, group_id: str, mission_id: str, field: str) -> MissionRecord:
+    linked = ctx.linked.get(group_id)
+    if not group_id or linked is None or linked.mission is None:
+        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"{field}: no Group {group_id!r} with a Mission", field=field)
+    if mission_id and linked.mission.mission_id != mission_id:
+        raise Rejected(
+            R.REJECTION_REASON_NOT_FOUND, f"{field}: Group {group_id} holds {linked.mission.mission_id}, not {mission_id}"
+        )
+    return linked.mission
+
+
+# ---------------------------------------------------------------- creation (T01, T02)
+
+
+def _open_mission(
+    command: command_pb2.Command,
+    ctx: DecisionContext,
+    out: Emitter,
+    definition: mission_pb2.MissionDefinition,
+    coordinator_id: str,
+    renewal_policy: mission_pb2.RenewalPolicy,
+    kind: mission_pb2.MissionKind.ValueType,
+    follows_up_mission_id: str = "",
+) -> None:
+    """MW-7.1-03: one Group, one planning Conversation, owner and Coordinator Memberships, lease."""
+    coordinator = identity(ctx, coordinator_id, "body.coordinator_id")
+    if coordinator.kind not in (Kind.IDENTITY_KIND_AGENT, Kind.IDENTITY_KIND_HUMAN):
+        raise invalid("body.coordinator_id", "the Coordinator must be an agent or a human")
+    if coordinator_id == definition.owner_id:
+        # MW-7.2-11: the owner reviews the Coordinator's submission; one identity cannot be both.
+        raise invalid("body.coordinator_id", "the MissionOwner cannot also be the Coordinator (separation of review)")
+    duration, renew_before = renewal(renewal_policy)
+    mission_id = f"mis_{ids.suffix(command.group_id)}"
+    planning_id = ids.derived_id("conv", command.group_id, "planning")
+    out.emit(
+        "mission.created",
+        "mission_created",
+        mission_pb2.MissionCreated(
+            mission_id=mission_id,
+            kind=kind,
+            definition=definition,
+            planning_conversation_id=planning_id,
+            follows_up_mission_id=follows_up_mission_id,
+        ),
+    )
+    out.emit(
+        "conversation.opened",
+        "conversation_opened",
+        conversation_pb2.ConversationOpened(
+            conversation_id=planning_id, kind=conversation_pb2.CONVERSATION_KIND_PLANNING, title=definition.title
+        ),
+    )
+    # MW-8-05: owner and Coordinator see the whole Group (visibility from sequence 1).
+    for epoch, (member_id, role) in enumerate(
+        ((definition.owner_id, Role.MEMBER_ROLE_MISSION_OWNER), (coordinator_id, Role.MEMBER_ROLE_COORDINATOR)), start=1
+    ):
+        _grant_full_membership(out, command.group_id, member_id, role, epoch)
+    _grant_lease(out, command, ctx, coordinator_id, coordinator, 1, duration, renew_before, reconciled=True)
+
+
+def _grant_full_membership(out: Emitter, group_id: str, member_id: str, role: int, epoch: int) -> None:
+    out.emit(
+        "membership.granted",
+        "membership_granted",
+        membership_pb2.MembershipGranted(
+            membership=membership_pb2.Membership(
+                member_id=member_id,
+                group_id=group_id,
+                membership_epoch=epoch,
+                role=role,  # type: ignore[arg-type]
+                visibility_start_sequence=1,
+                active=True,
+            )
+        ),
+    )
+
+
+def _grant_lease(
+    out: Emitter,
+    command: command_pb2.Command,
+    ctx: DecisionContext,
+    agent_id: str,
+    agent: IdentityInfo,
+    epoch: int,
+    duration: timedelta,
+    renew_before: timedelta,
+    *,
+    reconciled: bool,
+    replaced_epoch: int = 0,
+) -> None:
+    """MW-7.2-02: agent, Coordinator epoch, session epoch, expiry and renewal policy."""
+    lease = mission_pb2.CoordinatorLease(
+        agent_id=agent_id,
+        coordinator_epoch=epoch,
+        session_epoch=agent.session_epoch,
+        expires_at=to_timestamp(ctx.now + duration),
+        renewal_policy=mission_pb2.RenewalPolicy(),
+        reconciled=reconciled,
+    )
+    lease.renewal_policy.lease_duration.FromTimedelta(duration)
+    lease.renewal_policy.renew_before.FromTimedelta(renew_before)
+    out.emit(
+        "mission.coordinator_lease.granted",
+        "coordinator_lease_granted",
+        mission_pb2.CoordinatorLeaseGranted(
+            lease=lease, appointed_by=command.actor_id, replaced_coordinator_epoch=replaced_epoch
+        ),
+    )
+
+
+def _require_human_owner(ctx: DecisionContext, owner_id: str) -> IdentityInfo:
+    owner = identity(ctx, owner_id, "body.definition.owner_id")
+    if owner.kind != Kind.IDENTITY_KIND_HUMAN:
+        raise Rejected(
+            R.REJECTION_REASON_INVALID_ARGUMENT,
+            "the MissionOwner of a root Mission must be a human identity (MW-7.1-02)",
+            field="body.definition.owner_id",
+        )
+    return owner
+
+
+def mission_create(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter) -> None:
+    """MW-7.1-T01: a root Mission with one Group, one planning Conversation and a Coordinator lease."""
+    body = command.mission_create
+    definition = body.definition
+    validate_definition(definition, ctx)
+    _require_human_owner(ctx, definition.owner_id)
+    identity(ctx, command.actor_id, "actor_id")
+    if command.actor_id != definition.owner_id and not is_org_policy(ctx, command.actor_id):
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            "mission.create is issued by the human MissionOwner or the Organization control plane (MW-7.1-T01)",
+        )
+    _open_mission(command, ctx, out, definition, body.coordinator_id, body.coordinator_renewal, mission_pb2.MISSION_KIND_ROOT)
+
+
+def mission_create_follow_up(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
+    """MW-7.1-T02 / MW-7.1-08: a new Group linked to an approved Mission, by the same human owner."""
+    body = command.mission_create_follow_up
+    approved = _linked_mission(ctx, body.approved_group_id, body.approved_mission_id, "body.approved_group_id")
+    if approved.state != MS.MISSION_STATE_APPROVED:
+        raise Rejected(
+            R.REJECTION_REASON_PRECONDITION_FAILED,
+            f"a follow-up links to an approved Mission; {approved.mission_id} is {state_name(approved.state)}",
+        )
+    definition = body.definition
+    validate_definition(definition, ctx)
+    _require_human_owner(ctx, definition.owner_id)
+    if definition.owner_id != approved.owner_id:
+        raise invalid("body.definition.owner_id", f"a follow-up keeps the MissionOwner {approved.owner_id} (MW-7.1-T02)")
+    if command.actor_id != approved.owner_id:
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            f"mission.create_follow_up is issued by the same human MissionOwner {approved.owner_id} (MW-7.1-T02)",
+        )
+    _open_mission(
+        command,
+        ctx,
+        out,
+        definition,
+        body.coordinator_id,
+        body.coordinator_renewal,
+        mission_pb2.MISSION_KIND_FOLLOW_UP,
+        follows_up_mission_id=approved.mission_id,
+    )
+
+
+# ---------------------------------------------------------------- completion (T04..T06, 7.3)
+
+
+def mission_submit_for_approval(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
+    """MW-7.1-T04 / MW-7.3-04/05: the current Coordinator submits a specific revision and Artifact set."""
+    assert state is not None
+    body = command.mission_submit_for_approval
+    mission = mission_of(state)
+    require_coordinator(state, command, ctx, body.coordinator_epoch, "mission.submit_for_approval")
+    _require_state(mission, MS.MISSION_STATE_ACTIVE, "mission.submit_for_approval")
+    if body.mission_revision != mission.revision:
+        raise Rejected(
+            R.REJECTION_REASON_REVISION_MISMATCH,
+            f"submission names Mission revision {body.mission_revision}; the current one is {mission.revision}",
+            current_revision=mission.revision,
+        )
+    for i, ref in enumerate(body.artifacts):
+        d = ref.digest
+        if d.algorithm != "blake3" or len(d.hex) != 64 or any(c not in "0123456789abcdef" for c in d.hex):
+            raise invalid(f"body.artifacts[{i}].digest", "a blake3 digest of 64 lowercase hex characters")
+    unverified = _unverified_required_work(state)
+    if unverified:
+        raise Rejected(
+            R.REJECTION_REASON_PRECONDITION_FAILED,
+            f"required WorkItems are not verified: {', '.join(sorted(unverified)[:10])} (MW-7.3-04)",
+        )
+    out.emit(
+        "mission.submitted",
+        "mission_submitted",
+        mission_pb2.MissionSubmitted(
+            mission_revision=body.mission_revision,
+            artifacts=body.artifacts,
+            summary=body.summary,
+            coordinator_epoch=body.coordinator_epoch,
+        ),
+    )
+
+
+def _answer_submission(state: GroupState, command: command_pb2.Command, submission_event_id: str, name: str) -> None:
+    mission = mission_of(state)
+    _require_owner(mission, command, name)
+    _require_state(mission, MS.MISSION_STATE_AWAITING_APPROVAL, name)
+    if submission_event_id != mission.latest_submission_event_id:
+        raise Rejected(
+            R.REJECTION_REASON_REVISION_MISMATCH,
+            f"{name} answers the latest submission {mission.latest_submission_event_id}, not {submission_event_id!r}",
+            latest_submission_event_id=mission.latest_submission_event_id,
+        )
+
+
+def mission_request_changes(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
+    """MW-7.1-T05 / MW-7.3-06/07: the owner's signed change request reopens the same Mission."""
+    assert state is not None
+    body = command.mission_request_changes
+    _answer_submission(state, command, body.submission_event_id, "mission.request_changes")
+    require_reason(body.requested_changes, "body.requested_changes")
+    out.emit(
+        "mission.changes_requested",
+        "mission_changes_requested",
+        mission_pb2.MissionChangesRequested(
+            submission_event_id=body.submission_event_id,
+            requested_changes=body.requested_changes,
+            owner_signed_command=ctx.envelope,
+        ),
+    )
+
+
+def mission_approve(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter) -> None:
+    """MW-7.1-T06 / MW-7.3-06: the owner's signed Approval; `approved` is terminal."""
+    assert state is not None
+    body = command.mission_approve
+    _answer_submission(state, command, body.submission_event_id, "mission.approve")
+    out.emit(
+        "mission.approved",
+        "mission_approved",
+        mission_pb2.MissionApproved(
+            submission_event_id=body.submission_event_id, comment=body.comment, owner_signed_command=ctx.envelope
+        ),
+    )
+
+
+def mission_revoke_approval(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
+    """MW-7.1-08/09, OP-29: a new event beside the Approval, citing the linked follow-up Mission."""
+    assert state is not None
+    body = command.mission_revoke_approval
+    mission = mission_of(state)
+    _require_owner(mission, command, "mission.revoke_approval")
+    if mission.state != MS.MISSION_STATE_APPROVED:
+        raise Rejected(R.REJECTION_REASON_INVALID_TRANSITION, "only an approved Mission's approval can be revoked")
+    if body.approval_event_id != mission.approval_event_id:
+        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"{body.approval_event_id!r} is not this Mission's approval")
+    if mission.approval_revoked_event_id:
+        raise Rejected(
+            R.REJECTION_REASON_INVALID_TRANSITION, f"the approval was already revoked by {mission.approval_revoked_event_id}"
+        )
+    require_reason(body.reason, "body.reason")
+    follow_up = _linked_mission(ctx, body.follow_up_group_id, body.follow_up_mission_id, "body.follow_up_group_id")
+    if follow_up.follows_up_mission_id != mission.mission_id:
+        raise Rejected(
+            R.REJECTION_REASON_PRECONDITION_FAILED,
+            f"{follow_up.mission_id} is not a follow-up of {mission.mission_id}; create it with "
+            "mission.create_follow_up first (MW-7.1-08)",
+        )
+    out.emit(
+        "mission.approval_revoked",
+        "mission_approval_revoked",
+        mission_pb2.MissionApprovalRevoked(
+            approval_event_id=body.approval_event_id,
+            reason=body.reason,
+            follow_up_mission_id=follow_up.mission_id,
+            follow_up_group_id=body.follow_up_group_id,
+        ),
+    )
+
+
+# ---------------------------------------------------------------- ending (T07, T08)
+
+
+def mission_cancel(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter) -> None:
+    """MW-7.1-T07 / MW-7.1-11: the MissionOwner or Organization policy; never the Coordinator."""
+    assert state is not None
+    mission = mission_of(state)
+    require_live(mission, "mission.cancel")
+    if command.actor_id != mission.owner_id and not is_org_policy(ctx, command.actor_id):
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            "mission.cancel is issued by the MissionOwner or Organization policy; a Coordinator may recommend "
+            "cancellation or terminate the Mission as failed (MW-7.1-11)",
+        )
+    if len(command.mission_cancel.reason) > 4096:
+        raise invalid("body.reason", "at most 4096 characters")
+    out.emit("mission.cancelled", "mission_cancelled", mission_pb2.MissionCancelled(reason=command.mission_cancel.reason))
+
+
+def mission_terminate(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter) -> None:
+    """MW-7.1-T08: the current Coordinator or Organization policy ends the Mission as failed."""
+    assert state is not None
+    body = command.mission_terminate
+    mission = mission_of(state)
+    require_live(mission, "mission.terminate")
+    if not is_org_policy(ctx, command.actor_id):
+        require_coordinator(state, command, ctx, body.coordinator_epoch, "mission.terminate", needs_reconciliation=False)
+    require_reason(body.reason, "body.reason")
+    out.emit("mission.failed", "mission_failed", mission_pb2.MissionFailed(reason=body.reason))
+
+
+# ---------------------------------------------------------------- Coordinator lease (7.2)
+
+
+def mission_renew_coordinator_lease(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
+    """MW-7.2-02: the current Coordinator extends its live lease (and binds it to its current session)."""
+    assert state is not None
+    mission = mission_of(state)
+    require_live(mission, "mission.renew_coordinator_lease")
+    lease = mission.coordinator
+    assert lease is not None
+    epoch = command.mission_renew_coordinator_lease.coordinator_epoch
+    if command.actor_id != lease.agent_id or epoch != lease.coordinator_epoch:
+        raise Rejected(
+            R.REJECTION_REASON_COORDINATOR_EPOCH_STALE,
+            f"only the current Coordinator epoch {lease.coordinator_epoch} renews its lease (MW-7.2-06)",
+            current_epoch=lease.coordinator_epoch,
+        )
+    if lease.expires_at <= ctx.now:
+        raise Rejected(
+            R.REJECTION_REASON_LEASE_EXPIRED,
+            "the lease has lapsed; the MissionOwner or the control plane appoints a Coordinator (MW-7.2-04)",
+        )
+    expires = ctx.now + timedelta(seconds=lease.lease_duration_s)
+    out.emit(
+        "mission.coordinator_lease.renewed",
+        "coordinator_lease_renewed",
+        mission_pb2.CoordinatorLeaseRenewed(
+            coordinator_epoch=epoch, expires_at=to_timestamp(expires), session_epoch=command.session_epoch
+        ),
+    )
+
+
+def mission_replace_coordinator(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
+    """MW-7.2-04/05/08: after the lease lapsed, the owner or control plane appoints a higher epoch."""
+    assert state is not None
+    body = command.mission_replace_coordinator
+    mission = mission_of(state)
+    require_live(mission, "mission.replace_coordinator")
+    if command.actor_id != mission.owner_id and not is_org_policy(ctx, command.actor_id):
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            "a Coordinator is replaced by the MissionOwner or the Organization control plane (MW-7.2-04)",
+        )
+    lease = mission.coordinator
+    assert lease is not None
+    if body.replaced_coordinator_epoch != lease.coordinator_epoch:
+        raise Rejected(
+            R.REJECTION_REASON_COORDINATOR_EPOCH_STALE,
+            f"replaced_coordinator_epoch {body.replaced_coordinator_epoch} is not the current {lease.coordinator_epoch}",
+            current_epoch=lease.coordinator_epoch,
+        )
+    if lease.expires_at > ctx.now:
+        raise Rejected(
+            R.REJECTION_REASON_PRECONDITION_FAILED,
+            f"the Coordinator lease is live until {lease.expires_at.isoformat()}; it is replaced once it lapses",
+            expires_at=lease.expires_at.isoformat(),
+        )
+    agent = identity(ctx, body.coordinator_id, "body.coordinator_id")
+    if agent.kind not in (Kind.IDENTITY_KIND_AGENT, Kind.IDENTITY_KIND_HUMAN):
+        raise invalid("body.coordinator_id", "the Coordinator must be an agent or a human")
+    if body.coordinator_id == mission.owner_id:
+        raise invalid("body.coordinator_id", "the MissionOwner cannot also be the Coordinator (MW-7.2-11)")
+    duration, renew_before = renewal(body.coordinator_renewal)
+    member = state.members.get(body.coordinator_id)
+    if member is None or not member.active or member.role != Role.MEMBER_ROLE_COORDINATOR:
+        _grant_full_membership(
+            out, command.group_id, body.coordinator_id, Role.MEMBER_ROLE_COORDINATOR, state.last_membership_epoch + 1
+        )
+    # MW-7.2-08: the replacement starts unreconciled; it reads the signed summary and acknowledges.
+    _grant_lease(
+        out,
+        command,
+        ctx,
+        body.coordinator_id,
+        agent,
+        lease.coordinator_epoch + 1,
+        duration,
+        renew_before,
+        reconciled=False,
+        replaced_epoch=lease.coordinator_epoch,
+    )
+
+
+def mission_acknowledge_reconciliation(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
+    """MW-7.2-08: the replacement cites the Group revision of the state it has read."""
+    assert state is not None
+    body = command.mission_acknowledge_reconciliation
+    mission = mission_of(state)
+    require_live(mission, "mission.acknowledge_reconciliation")
+    require_coordinator(
+        state, command, ctx, body.coordinator_epoch, "mission.acknowledge_reconciliation", needs_reconciliation=False
+    )
+    lease = mission.coordinator
+    assert lease is not None
+    if lease.reconciled:
+        raise Rejected(R.REJECTION_REASON_INVALID_TRANSITION, "this Coordinator epoch is already reconciled")
+    floor = max(lease.granted_at_sequence, state.last_work_change_sequence)
+    if not floor <= body.group_revision <= state.head_sequence:
+        raise Rejected(
+            R.REJECTION_REASON_REVISION_MISMATCH,
+            f"reconcile against a revision in {floor}..{state.head_sequence}: the state since the appointment and "
+            "every WorkItem change must have been read",
+            current_revision=state.head_sequence,
+        )
+    out.emit(
+        "mission.reconciliation.acknowledged",
+        "reconciliation_acknowledged",
+        mission_pb2.ReconciliationAcknowledged(coordinator_epoch=body.coordinator_epoch, group_revision=body.group_revision),
+    )
+
+
+def mission_issue_directive(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
+    """MW-7.1-12: the MissionOwner directs the Coordinator (recorded; it assigns nothing by itself)."""
+    assert state is not None
+    body = command.mission_issue_directive
+    mission = mission_of(state)
+    require_live(mission, "mission.issue_directive")
+    _require_owner(mission, command, "mission.issue_directive")
+    require_reason(body.directive, "body.directive")
+    if body.parameters_json:
+        try:
+            parsed = json.loads(body.parameters_json)
+        except ValueError:
+            raise invalid("body.parameters_json", "is not valid JSON") from None
+        if not isinstance(parsed, dict) or len(body.parameters_json) > 16 * 1024:
+            raise invalid("body.parameters_json", "a JSON object of at most 16 KiB")
+    out.emit(
+        "mission.directive.issued",
+        "mission_directive_issued",
+        mission_pb2.MissionDirectiveIssued(directive=body.directive, parameters_json=body.parameters_json),
+    )
+
+
+HANDLERS: dict[str, Handler] = {
+    "mission_create": mission_create,
+    "mission_create_follow_up": mission_create_follow_up,
+    "mission_submit_for_approval": mission_submit_for_approval,
+    "mission_request_changes": mission_request_changes,
+    "mission_approve": mission_approve,
+    "mission_revoke_approval": mission_revoke_approval,
+    "mission_cancel": mission_cancel,
+    "mission_terminate": mission_terminate,
+    "mission_renew_coordinator_lease": mission_renew_coordinator_lease,
+    "mission_replace_coordinator": mission_replace_coordinator,
+    "mission_acknowledge_reconciliation": mission_acknowledge_reconciliation,
+    "mission_issue_directive": mission_issue_directive,
+}
+
+# Organization-policy identities may issue these without holding a Membership in the Group.
+ORG_POLICY_KINDS = frozenset({"mission_cancel", "mission_terminate", "mission_replace_coordinator"})
+
+
+# ---------------------------------------------------------------- evolve rules
+
+
+def _created(state: GroupState, event: event_pb2.Event) -> None:
+    p = event.mission_created
+    state.mission = MissionRecord(
+        mission_id=p.mission_id,
+        kind=p.kind,
+        definition=p.definition,
+        state=MS.MISSION_STATE_ACTIVE,
+        revision=1,
+        planning_conversation_id=p.planning_conversation_id,
+        created_at=from_timestamp(event.recorded_at),
+        follows_up_mission_id=p.follows_up_mission_id,
+        parent_mission_id=p.parent_mission_id,
+        parent_work_item_id=p.parent_work_item_id,
+    )
+
+
+def _lease_granted(state: GroupState, event: event_pb2.Event) -> None:
+    mission = mission_of(state)
+    lease = event.coordinator_lease_granted.lease
+    mission.coordinator = CoordinatorLeaseState(
+        agent_id=lease.agent_id,
+        coordinator_epoch=lease.coordinator_epoch,
+        session_epoch=lease.session_epoch,
+        expires_at=from_timestamp(lease.expires_at),
+        lease_duration_s=lease.renewal_policy.lease_duration.ToTimedelta().total_seconds(),
+        renew_before_s=lease.renewal_policy.renew_before.ToTimedelta().total_seconds(),
+        reconciled=lease.reconciled,
+        granted_at_sequence=event.sequence,
+    )
+    mission.coordinator_agents[lease.coordinator_epoch] = lease.agent_id
+
+
+def _lease_renewed(state: GroupState, event: event_pb2.Event) -> None:
+    lease = mission_of(state).coordinator
+    assert lease is not None
+    lease.expires_at = from_timestamp(event.coordinator_lease_renewed.expires_at)
+    lease.session_epoch = event.coordinator_lease_renewed.session_epoch
+
+
+def _reconciled(state: GroupState, event: event_pb2.Event) -> None:
+    lease = mission_of(state).coordinator
+    assert lease is not None
+    lease.reconciled = True
+
+
+def _transition(new_state: int) -> Applier:
+    def apply(state: GroupState, event: event_pb2.Event) -> None:
+        mission = mission_of(state)
+        mission.state = new_state
+        mission.revision += 1
+
+    return apply
+
+
+def _submitted(state: GroupState, event: event_pb2.Event) -> None:
+    _transition(MS.MISSION_STATE_AWAITING_APPROVAL)(state, event)
+    mission_of(state).latest_submission_event_id = event.event_id
+
+
+def _approved(state: GroupState, event: event_pb2.Event) -> None:
+    _transition(MS.MISSION_STATE_APPROVED)(state, event)
+    mission_of(state).approval_event_id = event.event_id
+
+
+def _approval_revoked(state: GroupState, event: event_pb2.Event) -> None:
+    # OP-29: the Mission stays approved and its revision unchanged; the revocation sits beside it.
+    mission = mission_of(state)
+    mission.approval_revoked_event_id = event.event_id
+    mission.follow_up_mission_ids.append(event.mission_approval_revoked.follow_up_mission_id)
+
+
+def _nothing(state: GroupState, event: event_pb2.Event) -> None:
+    """Recorded history that changes no decision state (directives)."""
+
+
+APPLIERS: dict[str, Applier] = {
+    "mission_created": _created,
+    "coordinator_lease_granted": _lease_granted,
+    "coordinator_lease_renewed": _lease_renewed,
+    "reconciliation_acknowledged": _reconciled,
+    "mission_submitted": _submitted,
+    "mission_changes_requested": _transition(MS.MISSION_STATE_ACTIVE),
+    "mission_approved": _approved,
+    "mission_approval_revoked": _approval_revoked,
+    "mission_cancelled": _transition(MS.MISSION_STATE_CANCELLED),
+    "mission_failed": _transition(MS.MISSION_STATE_FAILED),
+    "mission_directive_issued": _nothing,
+}
+
+__all__ = ["APPLIERS", "HANDLERS", "ORG_POLICY_KINDS", "require_coordinator", "require_live"]
