@@ -272,3 +272,22 @@ def test_evolve_refuses_gaps() -> None:
     assert not isinstance(decision, Rejected)
     with pytest.raises(ValueError, match="does not follow"):
         decider.evolve(None, decision[1])
+
+
+@pytest.mark.req("MW-7.3-04")
+def test_submission_is_refused_while_required_work_is_unverified() -> None:
+    """The check runs on every submission against the Group's WorkItem graph."""
+    from missionweave.v1 import work_pb2
+    from services.authority.state import WorkItemState
+
+    state = created()
+    submit = mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=1)
+    state.work_items["wi_a"] = WorkItemState("wi_a", work_pb2.WORK_ITEM_STATE_SUBMITTED)
+    state.work_items["wi_opt"] = WorkItemState("wi_opt", work_pb2.WORK_ITEM_STATE_OPEN, required=False)
+    by_coord = cmd("mission_submit_for_approval", submit, actor="coord", epoch=2)
+    by_coord.session_epoch = 4  # the session the lease is bound to
+    r = rejected(state, by_coord)
+    assert r.reason == R.REJECTION_REASON_PRECONDITION_FAILED and "wi_a" in r.message
+    state.work_items["wi_a"].state = work_pb2.WORK_ITEM_STATE_VERIFIED
+    after = run(state, by_coord)
+    assert after.mission is not None and after.mission.state == mission_pb2.MISSION_STATE_AWAITING_APPROVAL
