@@ -24,10 +24,12 @@ from missionweave import ids
 from missionweave.clock import SystemClock, to_timestamp
 from missionweave.signing import (
     COMMAND_TYPE,
+    GROUP_SUMMARY_TYPE,
     OPEN_SESSION_TYPE,
     REGISTER_IDENTITY_TYPE,
     session_key_id,
     sign_envelope,
+    verify_signature,
 )
 from missionweave.v1 import (
     authority_service_pb2,
@@ -41,6 +43,38 @@ from missionweave.v1 import (
 )
 
 _clock = SystemClock()
+
+
+class SummaryNotVerified(Exception):
+    """A signed Group summary whose Authority signature or payload type does not check out."""
+
+
+@dataclass(frozen=True)
+class VerifiedSummary:
+    """A Group summary whose DSSE signature verified against the Authority's public key."""
+
+    state: authority_service_pb2.GroupState
+    key_id: str
+    envelope: common_pb2.SignedEnvelope
+
+
+def membership_epoch(state: authority_service_pb2.GroupState, identity_id: str) -> int:
+    """``identity_id``'s active Membership epoch in the Group, 0 when it holds none (MW-8-02)."""
+    return next((m.membership_epoch for m in state.memberships if m.member_id == identity_id and m.active), 0)
+
+
+def verify_group_summary(envelope: common_pb2.SignedEnvelope, key_id: str, public_key: bytes) -> VerifiedSummary:
+    """Checks the payload type and the Authority's signature *before* parsing the payload."""
+    if envelope.payload_type != GROUP_SUMMARY_TYPE:
+        raise SummaryNotVerified(f"payload type {envelope.payload_type!r} is not {GROUP_SUMMARY_TYPE!r}")
+    index = next((i for i, sig in enumerate(envelope.signatures) if sig.key_id == key_id), None)
+    if index is None:
+        raise SummaryNotVerified(f"the summary carries no signature by the Authority key {key_id}")
+    if not verify_signature(envelope, public_key, index):
+        raise SummaryNotVerified(f"the summary's signature does not verify against the Authority key {key_id}")
+    state = authority_service_pb2.GroupState()
+    state.ParseFromString(envelope.payload)
+    return VerifiedSummary(state, key_id, envelope)
 
 
 def register_identity_envelope(
@@ -159,3 +193,21 @@ class MeshClient:
     async def group_state(self, group_id: str) -> authority_service_pb2.GroupState:
         resp = await self.authority.GetGroupState(authority_service_pb2.GetGroupStateRequest(group_id=group_id))
         return resp.state
+
+    async def authority_key(self) -> tuple[str, bytes]:
+        """The Authority's signing key id and Ed25519 public key."""
+        resp = await self.authority.GetAuthorityKey(authority_service_pb2.GetAuthorityKeyRequest())
+        return resp.key_id, resp.public_key
+
+    async def signed_group_summary(self, group_id: str) -> common_pb2.SignedEnvelope:
+        """The Group's state at its durable head, in a DSSE envelope signed by the Authority (unverified)."""
+        resp = await self.authority.GetSignedGroupSummary(
+            authority_service_pb2.GetSignedGroupSummaryRequest(group_id=group_id)
+        )
+        return resp.summary
+
+    async def verified_group_summary(self, group_id: str) -> VerifiedSummary:
+        """The signed summary, verified against GetAuthorityKey; raises SummaryNotVerified otherwise."""
+        envelope = await self.signed_group_summary(group_id)
+        key_id, public_key = await self.authority_key()
+        return verify_group_summary(envelope, key_id, public_key)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from missionweave.v1 import mission_pb2
 
@@ -94,13 +95,75 @@ class MissionRecord:
 
 
 @dataclass
+class OfferState:
+    offer_id: str
+    candidate_ids: tuple[str, ...]
+    expires_at: datetime
+    contract_revision: int
+    open: bool = True
+
+
+@dataclass
+class OwnershipState:
+    """MW-11.3-02: the owner, its ownership epoch, start deadline and the bounded ownership lease."""
+
+    agent_id: str
+    ownership_epoch: int
+    start_deadline: datetime
+    expires_at: datetime
+    offer_id: str = ""
+
+
+@dataclass
+class ExecutionLeaseState:
+    """MW-11.3-03: a stable lease id bound to agent, session, WorkItem, ownership epoch, start, expiry."""
+
+    lease_id: str
+    agent_id: str
+    session_epoch: int
+    ownership_epoch: int
+    started_at: datetime
+    expires_at: datetime
+    renewals: int = 0
+
+
+SIX = ("financial_micros", "tokens", "tool_calls", "compute_ms", "wall_clock_ms", "side_effects")
+
+
+@dataclass
 class WorkItemState:
-    """A WorkItem as the Mission-level rules see it (the WorkItem rules extend it)."""
+    """A WorkItem: its contract, state, offers, ownership, execution lease and usage."""
 
     work_item_id: str
     state: int
     # Required for the Mission's completion (MW-7.3-04); optional work does not block submission.
     required: bool = True
+    title: str = ""
+    contract: Any = None  # missionweave.v1.WorkContract (the current revision)
+    contract_revision: int = 1
+    conversation_id: str = ""
+    parent_work_item_id: str = ""
+    depends_on: tuple[str, ...] = ()
+    revision: int = 1  # the aggregate revision (MW-10.2-05, OP-10)
+    offers: dict[str, OfferState] = field(default_factory=dict)
+    owner: OwnershipState | None = None
+    last_ownership_epoch: int = 0
+    lease: ExecutionLeaseState | None = None
+    execution_approved: tuple[int, int] | None = None  # (contract revision, ownership epoch)
+    attempts: int = 0
+    used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
+    latest_submission_event_id: str = ""
+    submitted_by: str = ""
+    last_checkpoint_id: str = ""
+    # Messages in the WorkItem Conversation that raised a material ambiguity (MW-10.1-02/03).
+    open_ambiguities: set[str] = field(default_factory=set)
+
+
+@dataclass
+class ProposalState:
+    proposal_id: str
+    proposed_by: str
+    open: bool = True
 
 
 @dataclass
@@ -117,3 +180,6 @@ class GroupState:
     # Sequence of the last event that changed WorkItem state; reconciliation must cite at least it.
     last_work_change_sequence: int = 0
     work_items: dict[str, WorkItemState] = field(default_factory=dict)
+    proposals: dict[str, ProposalState] = field(default_factory=dict)
+    # Six-dimension usage of the whole Mission (sum over its WorkItems).
+    mission_used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))

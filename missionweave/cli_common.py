@@ -1,0 +1,252 @@
+"""Shared plumbing of the ``mwp`` commands: acting as an identity, Group look-ups, output.
+
+Every Group-scoped command follows the same shape: open the actor's session (``acting``), read the
+Group's state once (``Actor.state``, cached per invocation), derive whatever the user did not pass
+(membership epoch, Coordinator epoch, ...) from it, execute one signed command and ``report`` the
+result, human-readable by default or as one JSON document with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from missionweave.client import MeshClient, SessionSigner, decode_events, membership_epoch
+from missionweave.signing import read_key
+from missionweave.v1 import authority_service_pb2, command_pb2, event_pb2, mission_pb2
+
+GroupState = authority_service_pb2.GroupState
+
+
+class CliError(Exception):
+    """A failure the CLI reports itself: ``mwp: <message>`` on stderr and ``exit_code``."""
+
+    exit_code = 1
+
+
+class UsageError(CliError):
+    """The invocation is incomplete or inconsistent (exit code 2, like argparse's own errors)."""
+
+    exit_code = 2
+
+
+# ------------------------------------------------------------------ sessions
+
+
+def target(args: argparse.Namespace) -> str:
+    return str(getattr(args, "target", None) or os.environ.get("MWP_TARGET", "127.0.0.1:50051"))
+
+
+def session_file(key_path: Path) -> Path:
+    return key_path.with_name(key_path.name + ".session.json")
+
+
+def save_session(key_path: Path, signer: SessionSigner) -> None:
+    session_file(key_path).write_text(
+        json.dumps({"identity": signer.identity_id, "session_epoch": signer.session_epoch})
+    )
+
+
+async def load_signer(args: argparse.Namespace, mesh: MeshClient) -> SessionSigner:
+    """The saved session for --as/--key, opening (and saving) a new one if none was saved."""
+    key_path = Path(args.key)
+    key = read_key(key_path)
+    saved = session_file(key_path)
+    if saved.exists():
+        data = json.loads(saved.read_text())
+        if data.get("identity") == args.actor:
+            return SessionSigner(args.actor, int(data["session_epoch"]), key)
+    signer = await mesh.open_session(args.actor, key)
+    save_session(key_path, signer)
+    return signer
+
+
+# ------------------------------------------------------------------ acting in a Group
+
+
+@dataclass
+class Actor:
+    """One identity acting through one connection; Group states are read once per invocation."""
+
+    args: argparse.Namespace
+    mesh: MeshClient
+    signer: SessionSigner
+    states: dict[str, GroupState] = field(default_factory=dict)
+
+    async def state(self, group_id: str) -> GroupState:
+        if group_id not in self.states:
+            self.states[group_id] = await self.mesh.group_state(group_id)
+        return self.states[group_id]
+
+    async def membership_epoch(self, group_id: str) -> int:
+        """--membership-epoch if given, else the actor's active Membership epoch from the Group state."""
+        override = getattr(self.args, "membership_epoch", None)
+        if override is not None:
+            return int(override)
+        return membership_epoch(await self.state(group_id), self.signer.identity_id)
+
+    async def execute(
+        self, group_id: str, kind: str, body: Message, *, creating: bool = False
+    ) -> command_pb2.CommandResult:
+        """Signs and executes one command; a Group-creating command carries membership epoch 0."""
+        epoch = 0 if creating else await self.membership_epoch(group_id)
+        command = self.signer.command(group_id, kind, body, membership_epoch=epoch)
+        return await self.mesh.execute(self.signer.sign(command))
+
+
+@asynccontextmanager
+async def acting(args: argparse.Namespace) -> AsyncIterator[Actor]:
+    async with MeshClient(target(args)) as mesh:
+        yield Actor(args, mesh, await load_signer(args, mesh))
+
+
+@asynccontextmanager
+async def reading(args: argparse.Namespace) -> AsyncIterator[MeshClient]:
+    """A connection for read-only commands (no identity needed)."""
+    async with MeshClient(target(args)) as mesh:
+        yield mesh
+
+
+def mission_of(state: GroupState) -> mission_pb2.Mission:
+    """The Group's Mission; a CliError when the Group has none."""
+    if not state.HasField("mission"):
+        raise CliError(f"group {state.group_id} holds no Mission")
+    return state.mission
+
+
+def coordinator_epoch(args: argparse.Namespace, state: GroupState) -> int:
+    """--coordinator-epoch if given, else the current Coordinator lease's epoch."""
+    if getattr(args, "coordinator_epoch", None) is not None:
+        return int(args.coordinator_epoch)
+    return int(mission_of(state).coordinator.coordinator_epoch)
+
+
+def require(value: str, what: str, flag: str) -> str:
+    """``value`` read from the Group state, or a CliError saying it is missing and which flag names it."""
+    if not value:
+        raise CliError(f"{what}; pass {flag} to name one explicitly")
+    return value
+
+
+# ------------------------------------------------------------------ output
+
+
+def enum_label(enum: Any, value: int, prefix: str) -> str:
+    """``MISSION_STATE_APPROVED`` -> ``APPROVED``; unknown numbers are shown as numbers."""
+    try:
+        return str(enum.Name(value)).removeprefix(prefix)
+    except ValueError:
+        return str(value)
+
+
+def when(ts: Timestamp) -> str:
+    """An RFC 3339 UTC time, or ``-`` for an unset timestamp."""
+    if not ts.seconds and not ts.nanos:
+        return "-"
+    return ts.ToDatetime(tzinfo=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def relative(ts: Timestamp, now: datetime | None = None) -> str:
+    """``in 4m 05s`` or ``3s ago`` relative to the local clock (a hint; the Authority's clock rules)."""
+    delta = int((ts.ToDatetime(tzinfo=UTC) - (now or datetime.now(UTC))).total_seconds())
+    minutes, seconds = divmod(abs(delta), 60)
+    span = f"{minutes}m {seconds:02d}s" if minutes else f"{seconds}s"
+    return f"in {span}" if delta >= 0 else f"{span} ago"
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def wants_json(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "json", False))
+
+
+def emit(args: argparse.Namespace, lines: Iterable[str], document: dict[str, Any]) -> None:
+    """Human ``lines`` by default, or ``document`` as one JSON document with --json."""
+    if wants_json(args):
+        print(json.dumps(document, indent=2, sort_keys=True))
+    else:
+        for line in lines:
+            print(line)
+
+
+def result_events(result: command_pb2.CommandResult) -> list[event_pb2.Event]:
+    return decode_events(result.events)
+
+
+def first_event(result: command_pb2.CommandResult, payload: str) -> event_pb2.Event | None:
+    """The first event of the result carrying ``payload`` (an Event oneof field name)."""
+    return next((e for e in result_events(result) if e.WhichOneof("payload") == payload), None)
+
+
+def report(
+    args: argparse.Namespace,
+    result: command_pb2.CommandResult,
+    headline: str,
+    *,
+    last_line: str = "",
+    extra: dict[str, Any] | None = None,
+) -> int:
+    """Prints an accepted command's result: the headline, one line per event, then ``last_line``
+    (an id scripts pick up with ``tail -1``). With --json: the result and its decoded events."""
+    events = result_events(result)
+    replayed = " (idempotent retry: nothing new was written)" if result.replayed else ""
+    lines = [f"{headline}{replayed}"]
+    lines += [f"  #{e.sequence} {e.type} {e.event_id}" for e in events]
+    lines += [f"group {result.group_id} is at revision {result.group_revision}"]
+    if last_line:
+        lines.append(last_line)
+    document = {
+        "command_id": result.command_id,
+        "group_id": result.group_id,
+        "group_revision": result.group_revision,
+        "replayed": result.replayed,
+        "events": [to_dict(e) for e in events],
+        **(extra or {}),
+    }
+    emit(args, lines, document)
+    return 0
+
+
+# ------------------------------------------------------------------ shared flags
+
+
+def add_actor_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--as", dest="actor", required=True, help="your identity id")
+    sp.add_argument("--key", required=True, help="your key file (the session is saved next to it)")
+
+
+def add_json_flag(sp: argparse.ArgumentParser, text: str = "machine output: one JSON document") -> None:
+    sp.add_argument("--json", action="store_true", help=text)
+
+
+def add_group_flags(sp: argparse.ArgumentParser, text: str = "the Group") -> None:
+    """--group plus the --membership-epoch override (default: looked up in the Group state)."""
+    sp.add_argument("--group", required=True, help=text)
+    sp.add_argument(
+        "--membership-epoch", type=int, help="your Membership epoch (default: your active one in the Group)"
+    )
+
+
+def add_coordinator_epoch_flag(sp: argparse.ArgumentParser, text: str = "default: the current lease's epoch") -> None:
+    sp.add_argument("--coordinator-epoch", type=int, help=f"Coordinator epoch ({text})")
+
+
+def acting_command(sp: argparse.ArgumentParser, group_text: str = "the Group") -> argparse.ArgumentParser:
+    """The flags every Group-scoped command shares: actor, Group, membership epoch, --json."""
+    add_actor_flags(sp)
+    add_group_flags(sp, group_text)
+    add_json_flag(sp)
+    return sp
