@@ -9,8 +9,8 @@ command family; this module dispatches and applies the checks every command shar
 from __future__ import annotations
 
 from missionweave.errors import Rejected
-from missionweave.v1 import command_pb2, event_pb2
-from services.authority.rules import conversations, memberships, missions
+from missionweave.v1 import command_pb2, event_pb2, mission_pb2
+from services.authority.rules import conversations, memberships, missions, work
 from services.authority.rules.common import (
     MAX_DATA_JSON_BYTES,
     MAX_TEXT_BYTES,
@@ -32,10 +32,14 @@ __all__ = ["MAX_DATA_JSON_BYTES", "MAX_TEXT_BYTES", "DecisionContext", "decide",
 # Commands that create their Group rather than address an existing one.
 CREATING_KINDS = frozenset({"mission_create", "mission_create_follow_up", "mission_create_child"})
 
-_HANDLERS: dict[str, Handler] = {**missions.HANDLERS, **conversations.HANDLERS, **memberships.HANDLERS}
-_APPLIERS: dict[str, Applier] = {**missions.APPLIERS, **conversations.APPLIERS, **memberships.APPLIERS}
+_HANDLERS: dict[str, Handler] = {**missions.HANDLERS, **conversations.HANDLERS, **memberships.HANDLERS, **work.HANDLERS}
+_APPLIERS: dict[str, Applier] = {**missions.APPLIERS, **conversations.APPLIERS, **memberships.APPLIERS, **work.APPLIERS}
 
 IMPLEMENTED_COMMANDS = frozenset(spec_name(k) for k in _HANDLERS)
+_MISSION_ENDINGS = {
+    "mission_cancel": mission_pb2.MISSION_STATE_CANCELLED,
+    "mission_terminate": mission_pb2.MISSION_STATE_FAILED,
+}
 
 Decision = list[event_pb2.Event] | Rejected
 
@@ -66,6 +70,10 @@ def decide(state: GroupState | None, command: command_pb2.Command, ctx: Decision
             check_expected_revision(state, command)
         emitter = Emitter(command, state, ctx.now)
         handler(state, command, ctx, emitter)
+        if kind in _MISSION_ENDINGS and state is not None:
+            # MW-10.2-T18: the Mission's end reaches every unfinished WorkItem in the same append.
+            ending, reason = _MISSION_ENDINGS[kind], getattr(command, kind).reason
+            work.propagate_mission_end(state, emitter, ending, reason)
         return emitter.events
     except Rejected as rejected:
         return rejected

@@ -146,6 +146,8 @@ class WorkItemState:
     depends_on: tuple[str, ...] = ()
     revision: int = 1  # the aggregate revision (MW-10.2-05, OP-10)
     offers: dict[str, OfferState] = field(default_factory=dict)
+    # Structured selection criteria per offer (MW-10.3-10), recorded again on the winning acceptance.
+    offer_criteria: dict[str, list[Any]] = field(default_factory=dict)
     owner: OwnershipState | None = None
     last_ownership_epoch: int = 0
     lease: ExecutionLeaseState | None = None

@@ -25,6 +25,9 @@ MAX_TEXT_BYTES = 16 * 1024
 MAX_DATA_JSON_BYTES = 16 * 1024
 MAX_REASON_CHARS = 4096
 MAX_REFS = 32
+# A Message with this topic in a WorkItem Conversation raises a material ambiguity (MW-10.1-02):
+# the WorkItem cannot be accepted until an amended contract resolves it (MW-10.1-03/04).
+AMBIGUITY_TOPIC = "ambiguity"
 DEFAULT_LEASE = timedelta(minutes=5)
 DEFAULT_RENEW_BEFORE = timedelta(minutes=1)
 MIN_LEASE = timedelta(seconds=5)

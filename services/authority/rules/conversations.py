@@ -8,6 +8,7 @@ from missionweave import ids
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, conversation_pb2, event_pb2
 from services.authority.rules.common import (
+    AMBIGUITY_TOPIC,
     MAX_DATA_JSON_BYTES,
     MAX_REFS,
     MAX_TEXT_BYTES,
@@ -227,7 +228,10 @@ def _opened(state: GroupState, event: event_pb2.Event) -> None:
 def _posted(state: GroupState, event: event_pb2.Event) -> None:
     p = event.message_posted
     state.messages[p.message_id] = MessageState(conversation_id=p.conversation_id, author_id=event.actor_id)
-    state.conversations[p.conversation_id].message_count += 1
+    conversation = state.conversations[p.conversation_id]
+    conversation.message_count += 1
+    if p.topic == AMBIGUITY_TOPIC and conversation.work_item_id in state.work_items:
+        state.work_items[conversation.work_item_id].open_ambiguities.add(p.message_id)
 
 
 def _amended(state: GroupState, event: event_pb2.Event) -> None:

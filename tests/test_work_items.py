@@ -1,0 +1,609 @@
+"""WorkItems through the public gRPC API: the state machine MW-10.2-T01..T14/T18, offers and
+ownership (10.3), dependencies (10.4), fenced execution leases (11.3) and budgets."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import grpc
+import pytest
+from nacl.signing import SigningKey
+
+from missionweave.client import SessionSigner, decode_events
+from missionweave.clock import to_timestamp
+from missionweave.errors import rejection_from_rpc_error
+from missionweave.v1 import common_pb2, membership_pb2, mission_pb2
+from missionweave.v1 import work_pb2 as wp
+from tests import builders
+from tests.conftest import World
+from tests.test_missions import G, create, mission, refused
+
+R = common_pb2.RejectionReason
+WS = wp.WorkItemState
+
+
+class Flow:
+    """Drives one Group: the Coordinator plans and offers, workers accept and execute."""
+
+    def __init__(self, w: World) -> None:
+        self.w = w
+        self.offers = 0
+
+    async def coord(self, kind: str, body: Any) -> Any:
+        return await self.w.run(self.w.coordinator, G, kind, body, membership_epoch=2)
+
+    async def as_(self, signer: SessionSigner, kind: str, body: Any) -> Any:
+        return await self.w.run(
+            signer, G, kind, body, membership_epoch=await self.w.epoch_of(G, signer.identity_id)
+        )
+
+    async def authorize(self, work_item_id: str, **contract: Any) -> None:
+        body = wp.WorkAuthorize(
+            work_item_id=work_item_id,
+            title=f"task {work_item_id}",
+            contract=builders.contract(self.w.clock.now(), **contract),
+            coordinator_epoch=1,
+        )
+        await self.coord("work_authorize", body)
+
+    def offer_body(
+        self, work_item_id: str, *candidates: str, seconds: int = 60, offer_id: str = ""
+    ) -> wp.WorkOffer:
+        self.offers += 1
+        return wp.WorkOffer(
+            work_item_id=work_item_id,
+            offer_id=offer_id or f"offer-{work_item_id}-{self.offers}",
+            candidate_ids=list(candidates),
+            expires_at=to_timestamp(self.w.clock.now() + timedelta(seconds=seconds)),
+            selection_criteria=[builders.selection(c) for c in candidates],
+            coordinator_epoch=1,
+        )
+
+    async def offer(self, work_item_id: str, *candidates: str, seconds: int = 60) -> str:
+        body = self.offer_body(work_item_id, *candidates, seconds=seconds)
+        await self.coord("work_offer", body)
+        return body.offer_id
+
+    async def accept(self, signer: SessionSigner, work_item_id: str, offer_id: str, revision: int = 1) -> int:
+        result = await self.as_(
+            signer,
+            "work_accept_offer",
+            wp.WorkAcceptOffer(work_item_id=work_item_id, offer_id=offer_id, contract_revision=revision),
+        )
+        return int(decode_events(result.events)[0].work_offer_accepted.ownership.ownership_epoch)
+
+    async def start(self, signer: SessionSigner, work_item_id: str, epoch: int, lease_id: str) -> None:
+        await self.as_(
+            signer,
+            "work_start",
+            wp.WorkStart(work_item_id=work_item_id, ownership_epoch=epoch, lease_id=lease_id),
+        )
+
+    async def run_to_submitted(self, signer: SessionSigner, work_item_id: str) -> str:
+        offer_id = await self.offer(work_item_id, signer.identity_id)
+        epoch = await self.accept(signer, work_item_id, offer_id)
+        await self.start(signer, work_item_id, epoch, f"lease-{work_item_id}")
+        submitted = await self.as_(
+            signer, "work_submit", self.submit_body(work_item_id, epoch, f"lease-{work_item_id}")
+        )
+        return str(decode_events(submitted.events)[0].event_id)
+
+    @staticmethod
+    def submit_body(work_item_id: str, epoch: int, lease_id: str, **kw: Any) -> wp.WorkSubmit:
+        return wp.WorkSubmit(
+            work_item_id=work_item_id,
+            lease_id=lease_id,
+            ownership_epoch=epoch,
+            contract_revision=1,
+            artifacts=[builders.artifact()],
+            evidence=[builders.evidence()],
+            summary="done",
+            **kw,
+        )
+
+    async def item_state(self, work_item_id: str) -> int:
+        state = self.w.mesh.authority  # type: ignore[attr-defined]
+        group = await state.state(G)
+        return int(group.work_items[work_item_id].state)
+
+
+async def setup(w: World, *workers: SessionSigner) -> Flow:
+    await create(w, lease_seconds=3600)
+    for signer in workers or (w.worker,):
+        grant = membership_pb2.MembershipGrant(
+            member_id=signer.identity_id, role=membership_pb2.MEMBER_ROLE_WORKER
+        )
+        await w.run(w.owner, G, "membership_grant", grant, membership_epoch=1)
+    return Flow(w)
+
+
+@pytest.mark.req(
+    "MW-10.2-T02",
+    "MW-10.2-T03",
+    "MW-10.2-T04",
+    "MW-10.2-T07",
+    "MW-10.2-T08",
+    "MW-10.2-T11",
+    "MW-10.2-T12",
+    "MW-9-02",
+    "MW-11.3-02",
+    "MW-11.3-03",
+    "MW-11.3-04",
+    "MW-11.3-05",
+    "MW-10.3-06",
+    "MW-10.3-10",
+)
+async def test_full_lifecycle_under_fenced_leases(world: World) -> None:
+    w = world
+    f = await setup(w)
+    authorized = await f.coord(
+        "work_authorize",
+        wp.WorkAuthorize(
+            work_item_id="wi-1",
+            title="ledger",
+            contract=builders.contract(w.clock.now()),
+            coordinator_epoch=1,
+        ),
+    )
+    types = [e.type for e in decode_events(authorized.events)]
+    assert types == ["work.authorized", "conversation.opened"]  # MW-9-02: the WorkItem's own Conversation
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_OPEN
+    offer_id = await f.offer("wi-1", "worker-bot")
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_OFFERED
+    accepted = await f.as_(
+        w.worker,
+        "work_accept_offer",
+        wp.WorkAcceptOffer(work_item_id="wi-1", offer_id=offer_id, contract_revision=1),
+    )
+    grant = decode_events(accepted.events)[0].work_offer_accepted
+    assert grant.ownership.ownership_epoch == 1 and grant.ownership.HasField("start_deadline")  # MW-11.3-02
+    assert list(grant.selection_criteria.applied_policy_rules) == [
+        "policy:capability-match",
+        "policy:least-loaded",
+    ]  # MW-10.3-10
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_QUEUED  # MW-10.3-06: a commitment, not execution
+    await f.start(w.worker, "wi-1", 1, "lease-a")
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_ACTIVE
+    renew = wp.WorkRenewLease(
+        work_item_id="wi-1",
+        lease_id="lease-a",
+        ownership_epoch=1,
+        usage_delta=common_pb2.ResourceVector(tokens=100),
+    )
+    await f.as_(w.worker, "work_renew_lease", renew)
+    checkpoint = wp.WorkCheckpoint(
+        work_item_id="wi-1",
+        lease_id="lease-a",
+        ownership_epoch=1,
+        checkpoint=wp.Checkpoint(checkpoint_id="ck-1"),
+    )
+    await f.as_(w.worker, "work_checkpoint", checkpoint)
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_QUEUED  # T08 releases execution
+    await f.start(w.worker, "wi-1", 1, "lease-b")
+    # MW-11.3-05: the old lease id is stale although the ownership epoch is unchanged.
+    await refused(
+        w,
+        w.worker,
+        G,
+        "work_renew_lease",
+        wp.WorkRenewLease(work_item_id="wi-1", lease_id="lease-a", ownership_epoch=1),
+        R.REJECTION_REASON_LEASE_STALE,
+        membership_epoch=3,
+    )
+    await refused(
+        w,
+        w.worker,
+        G,
+        "work_submit",
+        f.submit_body("wi-1", 1, "lease-a"),
+        R.REJECTION_REASON_LEASE_STALE,
+        membership_epoch=3,
+    )
+    submitted = await f.as_(w.worker, "work_submit", f.submit_body("wi-1", 1, "lease-b"))
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_SUBMITTED
+    submission = decode_events(submitted.events)[0].event_id
+    await f.coord(
+        "work_accept_result",
+        wp.WorkAcceptResult(work_item_id="wi-1", coordinator_epoch=1, submission_event_id=submission),
+    )
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_VERIFIED
+    # MW-7.3-04 against the real graph: with the required work verified, the Mission can be submitted.
+    m = await mission(w)
+    await f.coord(
+        "mission_submit_for_approval",
+        mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=m.revision),
+    )
+
+
+@pytest.mark.req("MW-10.3-05", "MW-10.3-02", "MW-10.3-04")
+async def test_many_workers_race_for_one_offer_and_exactly_one_wins(world: World) -> None:
+    w = world
+    signers = []
+    for i in range(6):
+        key = SigningKey.generate()
+        await w.client.register_identity(
+            "admin", w.keys["admin"], f"racer-{i}", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+        )
+        signers.append(await w.client.open_session(f"racer-{i}", key))
+    f = await setup(w, *signers)
+    await f.authorize("wi-race")
+    offer_id = await f.offer("wi-race", *(s.identity_id for s in signers))
+    assert await f.item_state("wi-race") == WS.WORK_ITEM_STATE_OFFERED  # MW-10.3-02: nobody owns it yet
+    epochs = {s.identity_id: await w.epoch_of(G, s.identity_id) for s in signers}
+    envelopes = [
+        w.signed(
+            s,
+            G,
+            "work_accept_offer",
+            wp.WorkAcceptOffer(work_item_id="wi-race", offer_id=offer_id, contract_revision=1),
+            membership_epoch=epochs[s.identity_id],
+        )
+        for s in signers
+    ]
+    results = await asyncio.gather(*(w.client.execute(e) for e in envelopes), return_exceptions=True)
+    winners = [r for r in results if not isinstance(r, BaseException)]
+    assert len(winners) == 1
+    for loser in (r for r in results if isinstance(r, grpc.aio.AioRpcError)):
+        rejection = rejection_from_rpc_error(loser)
+        assert rejection is not None and rejection.reason == R.REJECTION_REASON_INVALID_TRANSITION
+    winner_events = decode_events(winners[0].events)
+    assert [e.type for e in winner_events] == [
+        "work.offer_accepted",
+        "work.offers_withdrawn",
+    ]  # losers withdrawn atomically
+    group = await w.mesh.authority.state(G)  # type: ignore[attr-defined]
+    assert group.work_items["wi-race"].owner.ownership_epoch == 1
+
+
+@pytest.mark.req("MW-10.2-T05", "MW-10.2-05")
+async def test_an_expired_offer_cannot_be_accepted_and_appends_nothing(world: World) -> None:
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    offer_id = await f.offer("wi-1", "worker-bot", seconds=10)
+    w.clock.advance(seconds=11)
+    accept = wp.WorkAcceptOffer(work_item_id="wi-1", offer_id=offer_id, contract_revision=1)
+    await refused(
+        w, w.worker, G, "work_accept_offer", accept, R.REJECTION_REASON_OFFER_EXPIRED, membership_epoch=3
+    )
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_OFFERED  # T05: still offered
+    # A fresh offer extends the chance; the worker then accepts.
+    await f.coord("work_offer", f.offer_body("wi-1", "worker-bot", offer_id="offer-2"))
+    await f.accept(w.worker, "wi-1", "offer-2")
+
+
+@pytest.mark.req("MW-10.2-T09", "MW-10.2-T10", "MW-11.4-04")
+async def test_block_releases_the_slot_and_unblock_returns_to_the_queue(world: World) -> None:
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    epoch = await f.accept(w.worker, "wi-1", await f.offer("wi-1", "worker-bot"))
+    await f.start(w.worker, "wi-1", epoch, "lease-1")
+    no_resolution = wp.WorkBlock(
+        work_item_id="wi-1",
+        lease_id="lease-1",
+        ownership_epoch=epoch,
+        checkpoint=wp.Checkpoint(checkpoint_id="ck"),
+        blockers=[wp.Blocker(blocker_id="b1", kind=wp.BLOCKER_KIND_DEPENDENCY)],
+    )
+    await refused(
+        w, w.worker, G, "work_block", no_resolution, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3
+    )
+    no_resolution.blockers[0].required_resolution = "ledger export from finance"
+    await f.as_(w.worker, "work_block", no_resolution)
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_BLOCKED
+    await f.coord(
+        "work_unblock", wp.WorkUnblock(work_item_id="wi-1", coordinator_epoch=1, resolution="export attached")
+    )
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_QUEUED  # ownership still live
+    await f.start(w.worker, "wi-1", epoch, "lease-2")
+
+
+@pytest.mark.req("MW-10.2-T10", "MW-10.2-T03", "MW-11.5-01")
+async def test_unblock_after_ownership_expired_reopens_and_a_reoffer_fences_the_stale_owner(
+    world: World,
+) -> None:
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    epoch = await f.accept(w.worker, "wi-1", await f.offer("wi-1", "worker-bot"))
+    await f.start(w.worker, "wi-1", epoch, "lease-1")
+    block = wp.WorkBlock(
+        work_item_id="wi-1",
+        lease_id="lease-1",
+        ownership_epoch=epoch,
+        checkpoint=wp.Checkpoint(checkpoint_id="ck"),
+        blockers=[wp.Blocker(blocker_id="b1", kind=wp.BLOCKER_KIND_DEPENDENCY, required_resolution="input")],
+    )
+    block.requested_blocked_duration.FromSeconds(30)
+    await f.as_(w.worker, "work_block", block)
+    w.clock.advance(seconds=31)
+    await f.coord(
+        "work_unblock", wp.WorkUnblock(work_item_id="wi-1", coordinator_epoch=1, resolution="input arrived")
+    )
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_OPEN
+    second = await f.accept(w.worker, "wi-1", await f.offer("wi-1", "worker-bot"))
+    assert second == epoch + 1  # a higher ownership epoch (MW-11.5-01)
+
+
+@pytest.mark.req("MW-10.2-T13", "MW-10.2-03", "MW-10.2-T14", "MW-10.2-02")
+async def test_fail_needs_evidence_returns_control_and_cancel_is_terminal(world: World) -> None:
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    epoch = await f.accept(w.worker, "wi-1", await f.offer("wi-1", "worker-bot"))
+    await f.start(w.worker, "wi-1", epoch, "lease-1")
+    fail = wp.WorkFail(
+        work_item_id="wi-1",
+        lease_id="lease-1",
+        ownership_epoch=epoch,
+        kind=wp.WORK_FAILURE_KIND_PERMANENT,
+        reason="source missing",
+    )
+    await refused(
+        w, w.worker, G, "work_fail", fail, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3
+    )  # no Evidence
+    fail.evidence.append(builders.evidence("ev-fail"))
+    await f.as_(w.worker, "work_fail", fail)
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_FAILED
+    # MW-10.2-03: `failed` is left only through a new work.offer.
+    await refused(
+        w,
+        w.coordinator,
+        G,
+        "work_unblock",
+        wp.WorkUnblock(work_item_id="wi-1", coordinator_epoch=1, resolution="x"),
+        R.REJECTION_REASON_INVALID_TRANSITION,
+        membership_epoch=2,
+    )
+    await f.offer("wi-1", "worker-bot")
+    await f.coord("work_cancel", wp.WorkCancel(work_item_id="wi-1", coordinator_epoch=1, reason="descoped"))
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_CANCELLED
+    await refused(
+        w,
+        w.coordinator,
+        G,
+        "work_offer",
+        f.offer_body("wi-1", "worker-bot", offer_id="again"),
+        R.REJECTION_REASON_TERMINAL_STATE,
+        membership_epoch=2,
+    )
+
+
+@pytest.mark.req("MW-10.2-T18")
+async def test_mission_cancellation_reaches_every_unfinished_work_item(world: World) -> None:
+    w = world
+    f = await setup(w)
+    for wid in ("wi-1", "wi-2", "wi-3"):
+        await f.authorize(wid)
+    await f.run_to_submitted(w.worker, "wi-1")
+    await f.offer("wi-2", "worker-bot")
+    result = await w.run(
+        w.owner, G, "mission_cancel", mission_pb2.MissionCancel(reason="budget cut"), membership_epoch=1
+    )
+    types = [e.type for e in decode_events(result.events)]
+    assert types[0] == "mission.cancelled" and types.count("work.cancelled") == 3
+    for wid in ("wi-1", "wi-2", "wi-3"):
+        assert await f.item_state(wid) == WS.WORK_ITEM_STATE_CANCELLED
+
+
+@pytest.mark.req("MW-10.4-04", "MW-10.4-03", "MW-10.4-01")
+async def test_dependencies_gate_eligibility_and_cycles_are_rejected(world: World) -> None:
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-a")
+    await f.authorize("wi-b", depends_on=("wi-a",))
+    await refused(
+        w,
+        w.coordinator,
+        G,
+        "work_offer",
+        f.offer_body("wi-b", "worker-bot"),
+        R.REJECTION_REASON_PRECONDITION_FAILED,
+        membership_epoch=2,
+    )
+    cyclic = f.offer_body("wi-a", "worker-bot", offer_id="cyc")
+    cyclic.amended_contract.CopyFrom(builders.contract(w.clock.now(), depends_on=("wi-b",)))
+    await refused(
+        w, w.coordinator, G, "work_offer", cyclic, R.REJECTION_REASON_DEPENDENCY_CYCLE, membership_epoch=2
+    )
+    submission = await f.run_to_submitted(w.worker, "wi-a")
+    await f.coord(
+        "work_accept_result",
+        wp.WorkAcceptResult(work_item_id="wi-a", coordinator_epoch=1, submission_event_id=submission),
+    )
+    await f.offer("wi-b", "worker-bot")  # now eligible
+
+
+@pytest.mark.req("MW-10.1-01", "MW-10.1-07")
+async def test_contract_fields_are_required_and_prose_never_replaces_them(world: World) -> None:
+    w = world
+    await setup(w)
+    prose_only = wp.WorkContract(
+        goal="Reconcile the ledger",
+        notes="deliver a reconciled ledger; tests must pass; budget 1 EUR; due tomorrow",
+    )
+    body = wp.WorkAuthorize(work_item_id="wi-x", title="x", contract=prose_only, coordinator_epoch=1)
+    await refused(
+        w, w.coordinator, G, "work_authorize", body, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=2
+    )
+    for field in (
+        "deliverables",
+        "acceptance_criteria",
+        "deadline",
+        "budget",
+        "retry_policy",
+        "time_policy",
+        "cost_policy",
+    ):
+        broken = builders.contract(w.clock.now())
+        broken.ClearField(field)
+        body = wp.WorkAuthorize(work_item_id="wi-x", title="x", contract=broken, coordinator_epoch=1)
+        rejection = await refused(
+            w,
+            w.coordinator,
+            G,
+            "work_authorize",
+            body,
+            R.REJECTION_REASON_INVALID_ARGUMENT,
+            membership_epoch=2,
+        )
+        assert field in rejection.message, (field, rejection.message)
+
+
+@pytest.mark.req("MW-10.1-05", "MW-10.1-02", "MW-10.1-03", "MW-10.1-04")
+async def test_ambiguity_blocks_acceptance_until_an_amended_contract_needs_reacceptance(world: World) -> None:
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    offer_id = await f.offer("wi-1", "worker-bot")
+    group = await w.mesh.authority.state(G)  # type: ignore[attr-defined]
+    conv = group.work_items["wi-1"].conversation_id
+    question = builders.message(conv, "Which ledger: EU or global?")
+    question.topic = "ambiguity"
+    await f.as_(w.worker, "message_post", question)
+    accept = wp.WorkAcceptOffer(work_item_id="wi-1", offer_id=offer_id, contract_revision=1)
+    await refused(
+        w,
+        w.worker,
+        G,
+        "work_accept_offer",
+        accept,
+        R.REJECTION_REASON_PRECONDITION_FAILED,
+        membership_epoch=3,
+    )
+    amended = f.offer_body("wi-1", "worker-bot", offer_id="offer-amended")
+    amended.amended_contract.CopyFrom(builders.contract(w.clock.now(), goal="Reconcile the EU ledger"))
+    await f.coord("work_offer", amended)
+    stale = wp.WorkAcceptOffer(work_item_id="wi-1", offer_id="offer-amended", contract_revision=1)
+    await refused(
+        w, w.worker, G, "work_accept_offer", stale, R.REJECTION_REASON_REVISION_MISMATCH, membership_epoch=3
+    )
+    await f.accept(w.worker, "wi-1", "offer-amended", revision=2)
+
+
+@pytest.mark.req("MW-10.3-11", "MW-10.3-10")
+async def test_selection_criteria_are_structured_and_hold_no_reasoning(world: World) -> None:
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    missing = f.offer_body("wi-1", "worker-bot")
+    del missing.selection_criteria[:]
+    await refused(
+        w, w.coordinator, G, "work_offer", missing, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=2
+    )
+    chatty = f.offer_body("wi-1", "worker-bot")
+    chatty.selection_criteria[0].applied_policy_rules.append(
+        "I think this worker seems best because it was fast last time"
+    )
+    await refused(
+        w, w.coordinator, G, "work_offer", chatty, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=2
+    )
+
+
+async def test_usage_over_a_budget_is_refused_whole(world: World) -> None:
+    """Budgets: a renewal whose usage exceeds the WorkItem's cap (or uses an uncapped dimension) writes nothing."""
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    epoch = await f.accept(w.worker, "wi-1", await f.offer("wi-1", "worker-bot"))
+    await f.start(w.worker, "wi-1", epoch, "lease-1")
+    over = wp.WorkRenewLease(
+        work_item_id="wi-1",
+        lease_id="lease-1",
+        ownership_epoch=epoch,
+        usage_delta=common_pb2.ResourceVector(tokens=10_001),
+    )
+    await refused(
+        w, w.worker, G, "work_renew_lease", over, R.REJECTION_REASON_BUDGET_EXCEEDED, membership_epoch=3
+    )
+    uncapped = wp.WorkRenewLease(
+        work_item_id="wi-1",
+        lease_id="lease-1",
+        ownership_epoch=epoch,
+        usage_delta=common_pb2.ResourceVector(side_effects=1),
+    )
+    await refused(
+        w, w.worker, G, "work_renew_lease", uncapped, R.REJECTION_REASON_BUDGET_EXCEEDED, membership_epoch=3
+    )
+    ok = wp.WorkRenewLease(
+        work_item_id="wi-1",
+        lease_id="lease-1",
+        ownership_epoch=epoch,
+        usage_delta=common_pb2.ResourceVector(tokens=10_000),
+    )
+    await f.as_(w.worker, "work_renew_lease", ok)
+    one_more = wp.WorkRenewLease(
+        work_item_id="wi-1",
+        lease_id="lease-1",
+        ownership_epoch=epoch,
+        usage_delta=common_pb2.ResourceVector(tokens=1),
+    )
+    await refused(
+        w, w.worker, G, "work_renew_lease", one_more, R.REJECTION_REASON_BUDGET_EXCEEDED, membership_epoch=3
+    )
+
+
+@pytest.mark.req("MW-7.2-11", "MW-7.1-13", "MW-7.1-14")
+async def test_owner_override_is_audited_and_the_coordinator_never_reviews_its_own_work(world: World) -> None:
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    # MW-7.1-13: the owner's direct assignment is an explicit, audited override with a reason...
+    override = f.offer_body("wi-1", "worker-bot", offer_id="direct")
+    override.emergency_override = True
+    await refused(
+        w, w.owner, G, "work_offer", override, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=1
+    )
+    override.override_reason = "incident: the Coordinator is unresponsive"
+    offered = await w.run(w.owner, G, "work_offer", override, membership_epoch=1)
+    event = decode_events(offered.events)[0].work_offered
+    assert event.emergency_override and event.override_reason
+    # ...and still passes the Worker's rules (MW-7.1-14): an expired offer is refused like any other.
+    w.clock.advance(seconds=61)
+    accept = wp.WorkAcceptOffer(work_item_id="wi-1", offer_id="direct", contract_revision=1)
+    await refused(
+        w, w.worker, G, "work_accept_offer", accept, R.REJECTION_REASON_OFFER_EXPIRED, membership_epoch=3
+    )
+    # MW-7.2-11: the Coordinator executed a WorkItem itself; it cannot accept its own result.
+    coord_epoch = 2
+    await f.authorize("wi-self")
+    offer = f.offer_body("wi-self", "coord-bot")
+    await w.run(w.coordinator, G, "work_offer", offer, membership_epoch=coord_epoch)
+    accepted = await w.run(
+        w.coordinator,
+        G,
+        "work_accept_offer",
+        wp.WorkAcceptOffer(work_item_id="wi-self", offer_id=offer.offer_id, contract_revision=1),
+        membership_epoch=coord_epoch,
+    )
+    epoch = decode_events(accepted.events)[0].work_offer_accepted.ownership.ownership_epoch
+    await w.run(
+        w.coordinator,
+        G,
+        "work_start",
+        wp.WorkStart(work_item_id="wi-self", ownership_epoch=epoch, lease_id="self-lease"),
+        membership_epoch=coord_epoch,
+    )
+    submitted = await w.run(
+        w.coordinator,
+        G,
+        "work_submit",
+        Flow.submit_body("wi-self", epoch, "self-lease"),
+        membership_epoch=coord_epoch,
+    )
+    submission = decode_events(submitted.events)[0].event_id
+    review = wp.WorkAcceptResult(work_item_id="wi-self", coordinator_epoch=1, submission_event_id=submission)
+    await refused(
+        w,
+        w.coordinator,
+        G,
+        "work_accept_result",
+        review,
+        R.REJECTION_REASON_PERMISSION_DENIED,
+        membership_epoch=coord_epoch,
+    )
+    await w.run(w.owner, G, "work_accept_result", review, membership_epoch=1)
+    assert await f.item_state("wi-self") == WS.WORK_ITEM_STATE_VERIFIED
