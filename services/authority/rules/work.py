@@ -561,7 +561,7 @@ def _withdraw(out: Emitter, item: WorkItemState, offer_ids: list[str], reason: i
             work_item_id=item.work_item_id,
             offer_ids=offer_ids,
             candidate_ids=candidates,
-            reason=reason,
+            reason=reason,  # type: ignore[arg-type]
             winning_offer_id=winner,  # type: ignore[arg-type]
         ),
     )
@@ -1089,7 +1089,7 @@ def work_fail(
         "work_failed",
         wp.WorkFailed(
             work_item_id=item.work_item_id,
-            reported_by=role,
+            reported_by=role,  # type: ignore[arg-type]
             kind=body.kind,
             evidence=evidence,
             reason=body.reason,  # type: ignore[arg-type]
@@ -1123,7 +1123,7 @@ def _cancelled(out: Emitter, item: WorkItemState, role: int, reason: str) -> Non
         "work_cancelled",
         wp.WorkCancelled(
             work_item_id=item.work_item_id,
-            cancelled_by=role,
+            cancelled_by=role,  # type: ignore[arg-type]
             reason=reason,  # type: ignore[arg-type]
             lease_id=item.lease.lease_id if item.lease else "",
             previous_state=item.state,  # type: ignore[arg-type]
