@@ -140,6 +140,7 @@ async def approved_mission(bench: Bench, group: str) -> None:
 # ------------------------------------------------------------------ the walkthrough
 
 
+@pytest.mark.req("MW-9-12", "MW-7.1-T04", "MW-7.1-T05", "MW-7.1-T06")
 async def test_walkthrough_create_converse_submit_review_approve(bench: Bench) -> None:
     group = await bench.create()
 
@@ -315,6 +316,7 @@ async def test_unreachable_server_exits_3(bench: Bench) -> None:
     assert "cannot reach 127.0.0.1:1" in run.stderr
 
 
+@pytest.mark.req("MW-7.2-07")
 async def test_a_tampered_summary_is_refused(bench: Bench, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     await execute(bench, "alice", "grp_t", "mission_create", builders.mission_create("alice", "coord-bot", bench.clock.now()))
     envelope = await bench.client.signed_group_summary("grp_t")
