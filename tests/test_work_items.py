@@ -607,3 +607,98 @@ async def test_owner_override_is_audited_and_the_coordinator_never_reviews_its_o
     )
     await w.run(w.owner, G, "work_accept_result", review, membership_epoch=1)
     assert await f.item_state("wi-self") == WS.WORK_ITEM_STATE_VERIFIED
+
+
+async def started(f: Flow, w: World, work_item_id: str = "wi-1", lease_id: str = "lease-1") -> int:
+    await f.authorize(work_item_id)
+    epoch = await f.accept(w.worker, work_item_id, await f.offer(work_item_id, "worker-bot"))
+    await f.start(w.worker, work_item_id, epoch, lease_id)
+    return epoch
+
+
+@pytest.mark.req("MW-11.3-09", "MW-11.3-08")
+async def test_a_replacement_session_revokes_the_old_lease_before_the_new_one_starts(world: World) -> None:
+    w = world
+    f = await setup(w)
+    epoch = await started(f, w)
+    restarted = await w.client.open_session("worker-bot", w.worker.key)  # the agent's runtime restarted
+    assert restarted.session_epoch > w.worker.session_epoch
+    renew = wp.WorkRenewLease(work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch)
+    await refused(
+        w, restarted, G, "work_renew_lease", renew, R.REJECTION_REASON_LEASE_STALE, membership_epoch=3
+    )
+    result = await w.run(
+        restarted,
+        G,
+        "work_start",
+        wp.WorkStart(work_item_id="wi-1", ownership_epoch=epoch, lease_id="lease-2"),
+        membership_epoch=3,
+    )
+    events = decode_events(result.events)
+    assert [e.type for e in events] == ["work.lease_revoked", "work.started"]
+    revoked = events[0].lease_revoked
+    assert revoked.cause == wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED and revoked.lease_id == "lease-1"
+    assert revoked.resulting_state == WS.WORK_ITEM_STATE_QUEUED
+    assert events[1].work_started.lease.session_epoch == restarted.session_epoch
+
+
+@pytest.mark.req("MW-11.3-10", "MW-11.3-11", "MW-11.3-12")
+async def test_preemption_is_cooperative_checkpoint_then_requeue(world: World) -> None:
+    w = world
+    f = await setup(w)
+    epoch = await started(f, w)
+    request = wp.WorkRequestPreemption(
+        work_item_id="wi-1",
+        preemption_request_id="pre-1",
+        lease_id="lease-1",
+        reason=wp.PREEMPTION_REASON_PRIORITY,
+        coordinator_epoch=1,
+        ownership_epoch=epoch,
+    )
+    await f.coord("work_request_preemption", request)
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_ACTIVE  # never forcibly interrupted (MW-11.3-11)
+    wrong = wp.WorkCheckpoint(
+        work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch, preemption_request_id="pre-x"
+    )
+    await refused(w, w.worker, G, "work_checkpoint", wrong, R.REJECTION_REASON_NOT_FOUND, membership_epoch=3)
+    safe = wp.WorkCheckpoint(
+        work_item_id="wi-1",
+        lease_id="lease-1",
+        ownership_epoch=epoch,
+        preemption_request_id="pre-1",
+        checkpoint=wp.Checkpoint(checkpoint_id="ck-safe", completed_operation_ids=["op-1"]),
+    )
+    await f.as_(w.worker, "work_checkpoint", safe)
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_QUEUED  # slot released, back in the Group queue
+    resumed = await f.as_(
+        w.worker, "work_start", wp.WorkStart(work_item_id="wi-1", ownership_epoch=epoch, lease_id="lease-2")
+    )
+    assert decode_events(resumed.events)[0].work_started.resume_from_checkpoint_id == "ck-safe"
+
+
+@pytest.mark.req("MW-11.4-01", "MW-11.4-02")
+async def test_progress_reports_are_structured(world: World) -> None:
+    w = world
+    f = await setup(w)
+    epoch = await started(f, w)
+    vague = wp.WorkReportProgress(
+        work_item_id="wi-1",
+        lease_id="lease-1",
+        ownership_epoch=epoch,
+        report=wp.ProgressReport(phase="working"),
+    )
+    await refused(
+        w, w.worker, G, "work_report_progress", vague, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3
+    )
+    report = wp.ProgressReport(
+        phase="reconciling",
+        completed_milestones=[wp.Milestone()],
+        next_checkpoint=wp.PlannedCheckpoint(),
+        revised_estimate=wp.RevisedEstimate(),
+        evidence_ids=["ev-1"],
+    )
+    good = wp.WorkReportProgress(
+        work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch, report=report
+    )
+    result = await f.as_(w.worker, "work_report_progress", good)
+    assert decode_events(result.events)[0].work_progress_reported.report.phase == "reconciling"

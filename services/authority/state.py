@@ -157,6 +157,7 @@ class WorkItemState:
     latest_submission_event_id: str = ""
     submitted_by: str = ""
     last_checkpoint_id: str = ""
+    preemption_request_id: str = ""  # an open cooperative preemption request (MW-11.3-12)
     # Messages in the WorkItem Conversation that raised a material ambiguity (MW-10.1-02/03).
     open_ambiguities: set[str] = field(default_factory=set)
 

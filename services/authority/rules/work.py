@@ -144,6 +144,17 @@ def _require_lease(
         )
 
 
+def _replaced_session_lease(item: WorkItemState, command: command_pb2.Command) -> bool:
+    """The owner restarted: its ACTIVE lease belongs to an older session of the same agent."""
+    lease = item.lease
+    return (
+        item.state == ACTIVE
+        and lease is not None
+        and lease.agent_id == command.actor_id
+        and lease.session_epoch < command.session_epoch
+    )
+
+
 def _live_owner(item: WorkItemState, now: datetime) -> bool:
     return item.owner is not None and item.owner.expires_at > now
 
@@ -567,7 +578,7 @@ def _withdraw(out: Emitter, item: WorkItemState, offer_ids: list[str], reason: i
     )
 
 
-def _revoke(out: Emitter, item: WorkItemState, cause: int, resulting_state: int) -> None:
+def _revoke(out: Emitter, item: WorkItemState, cause: int, resulting_state: int, *, keep_owner: bool = False) -> None:
     """MW-11.3-08: revoke the owner's lease (ownership, and the execution lease if one is running)."""
     owner = item.owner
     assert owner is not None
@@ -749,7 +760,9 @@ def work_start(
     body = command.work_start
     require_live(mission_of(state), "work.start")
     item = _item(state, body.work_item_id)
-    _require_state(item, (QUEUED,), "work.start")
+    replaced = _replaced_session_lease(item, command)
+    if not replaced:
+        _require_state(item, (QUEUED,), "work.start")
     owner = item.owner
     if owner is None or owner.agent_id != command.actor_id:
         raise Rejected(
@@ -782,6 +795,10 @@ def work_start(
             R.REJECTION_REASON_PRECONDITION_FAILED,
             f"{item.attempts} attempts used of {item.contract.retry_policy.max_attempts} (MW-11.4-08); fail the WorkItem",
         )
+    if replaced:
+        # MW-11.3-09: the old session's lease is revoked and the WorkItem is queued again, in the same
+        # append and before the new runtime's lease begins.
+        _revoke(out, item, wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED, QUEUED, keep_owner=True)
     lease_id = body.lease_id or ids.derived_id("lease", command.group_id, command.command_id)
     if not ids.is_valid(lease_id):
         raise invalid("body.lease_id", "not a valid id")
@@ -851,7 +868,7 @@ def _under_lease(
     state: GroupState,
     command: command_pb2.Command,
     ctx: DecisionContext,
-    body: wp.WorkRenewLease | wp.WorkCheckpoint | wp.WorkBlock | wp.WorkSubmit,
+    body: wp.WorkRenewLease | wp.WorkCheckpoint | wp.WorkBlock | wp.WorkSubmit | wp.WorkReportProgress,
     name: str,
 ) -> tuple[WorkItemState, dict[str, int]]:
     """Commands of an executing owner: ACTIVE, the current lease id (MW-11.3-04/05), usage within budget."""
@@ -875,6 +892,8 @@ def work_checkpoint(
     assert state is not None
     body = command.work_checkpoint
     item, usage = _under_lease(state, command, ctx, body, "work.checkpoint")
+    if body.preemption_request_id and body.preemption_request_id != item.preemption_request_id:
+        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no open preemption request {body.preemption_request_id}")
     checkpoint = wp.Checkpoint()
     checkpoint.CopyFrom(body.checkpoint)
     checkpoint.checkpoint_id = _checkpoint_id(command, body.checkpoint, "body.checkpoint")
@@ -1154,7 +1173,68 @@ def propagate_mission_end(state: GroupState, out: Emitter, mission_state: int, r
             )
 
 
+def work_report_progress(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
+    """MW-11.4-01/02: structured progress (phase, milestones, next checkpoint, blockers, estimate,
+    Evidence references) from the executing owner; there is no percentage field to carry authority."""
+    assert state is not None
+    body = command.work_report_progress
+    item, usage = _under_lease(state, command, ctx, body, "work.report_progress")
+    report = body.report
+    if not report.phase or not report.HasField("next_checkpoint") or not report.HasField("revised_estimate"):
+        raise invalid("body.report", "phase, next_checkpoint and revised_estimate are required (MW-11.4-01)")
+    for i, b in enumerate(report.blockers):
+        if not b.kind or not b.required_resolution:
+            raise invalid(f"body.report.blockers[{i}]", "kind and required_resolution are required")
+    out.emit(
+        "work.progress_reported",
+        "work_progress_reported",
+        wp.WorkProgressReported(
+            work_item_id=item.work_item_id,
+            lease_id=body.lease_id,
+            ownership_epoch=body.ownership_epoch,
+            report=report,
+            schedule=body.schedule if body.HasField("schedule") else None,
+        ),
+    )
+    _record_usage(out, command, item, body.usage_delta, usage)
+
+
+def work_request_preemption(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
+    """MW-11.3-10..12: cooperative preemption. The request interrupts nothing; the Worker checkpoints at
+    a safe point (citing the request), which releases the slot and re-queues the WorkItem."""
+    assert state is not None
+    body = command.work_request_preemption
+    item = _item(state, body.work_item_id)
+    _coordination(state, command, ctx, body.coordinator_epoch, "work.request_preemption")
+    _require_state(item, (ACTIVE,), "work.request_preemption")
+    lease = item.lease
+    assert lease is not None and item.owner is not None
+    if body.lease_id != lease.lease_id or body.ownership_epoch != item.owner.ownership_epoch:
+        raise Rejected(R.REJECTION_REASON_LEASE_STALE, f"the current lease of {item.work_item_id} is {lease.lease_id}")
+    if not body.reason:
+        raise invalid("body.reason", "a preemption reason is required")
+    request_id = body.preemption_request_id or ids.derived_id("pre", command.group_id, command.command_id)
+    out.emit(
+        "work.preemption_requested",
+        "work_preemption_requested",
+        wp.WorkPreemptionRequested(
+            work_item_id=item.work_item_id,
+            preemption_request_id=request_id,
+            lease_id=lease.lease_id,
+            reason=body.reason,
+            checkpoint_by=body.checkpoint_by if body.HasField("checkpoint_by") else None,
+            requested_by=command.actor_id,
+        ),
+    )
+
+
 HANDLERS: dict[str, Handler] = {
+    "work_report_progress": work_report_progress,
+    "work_request_preemption": work_request_preemption,
     "work_propose": work_propose,
     "work_authorize": work_authorize,
     "work_offer": work_offer,
@@ -1295,6 +1375,7 @@ def _released_to(new_state: int, payload: str) -> Applier:
         _own(item, p.ownership)
         item.lease = None
         item.last_checkpoint_id = p.checkpoint.checkpoint_id
+        item.preemption_request_id = ""  # a checkpoint answers any open preemption request
         item.state = new_state
 
     return apply
@@ -1336,8 +1417,11 @@ def _ended(new_state: int, payload: str) -> Applier:
 def _lease_revoked(state: GroupState, event: event_pb2.Event) -> None:
     p = event.lease_revoked
     item = _touch(state, event, p.work_item_id)
-    item.owner = None
     item.lease = None
+    if p.cause == wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED:
+        item.state = p.resulting_state  # the owner keeps its ownership; only the execution lease ends
+    else:
+        item.owner = None
 
 
 def _usage(state: GroupState, event: event_pb2.Event) -> None:
@@ -1349,7 +1433,18 @@ def _usage(state: GroupState, event: event_pb2.Event) -> None:
         state.mission_used[dim] += amount
 
 
+def _progress_reported(state: GroupState, event: event_pb2.Event) -> None:
+    _touch(state, event, event.work_progress_reported.work_item_id)
+
+
+def _preemption_requested(state: GroupState, event: event_pb2.Event) -> None:
+    item = _touch(state, event, event.work_preemption_requested.work_item_id)
+    item.preemption_request_id = event.work_preemption_requested.preemption_request_id
+
+
 APPLIERS: dict[str, Applier] = {
+    "work_progress_reported": _progress_reported,
+    "work_preemption_requested": _preemption_requested,
     "work_proposed": _proposed,
     "work_authorized": _authorized,
     "work_offered": _offered,
