@@ -160,8 +160,8 @@ async def test_bad_input_gets_distinct_reasons_and_writes_nothing(world: World) 
     old.issued_at.CopyFrom(to_timestamp(now() - timedelta(minutes=30)))
     await check(owner.sign(old), R.REJECTION_REASON_CLOCK_SKEW)
     # Not yet implemented command kinds say so.
-    preempt = owner.command("grp_e2e", "work_request_preemption", command_pb2.Command().work_request_preemption, membership_epoch=1)
-    await check(owner.sign(preempt), R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED)
+    publish = owner.command("grp_e2e", "work_publish_artifact", command_pb2.Command().work_publish_artifact, membership_epoch=1)
+    await check(owner.sign(publish), R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED)
     assert len(seen) == 11  # twelve cases, two of them forged signatures
     # The service stays up and keeps accepting good commands.
     ok = await world.client.execute(owner.sign(owner.command("grp_e2e", "message_post", builders.message(conv), membership_epoch=1)))
