@@ -27,6 +27,7 @@ from missionweave.cli_common import (
     require,
     when,
 )
+from missionweave.cli_progress import add_progress_parser
 from missionweave.clock import SystemClock, to_timestamp
 from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2, mission_pb2
 
@@ -310,6 +311,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     mis = sub.add_parser("mission", help="Missions: create, show, submit, approve, ...").add_subparsers(
         dest="sub", required=True
     )
+
+    add_progress_parser(mis)
 
     s = mis.add_parser("show", help="a Mission's state, lease, submission, Conversations and Memberships")
     s.add_argument("--group", required=True)

@@ -702,3 +702,44 @@ async def test_progress_reports_are_structured(world: World) -> None:
     )
     result = await f.as_(w.worker, "work_report_progress", good)
     assert decode_events(result.events)[0].work_progress_reported.report.phase == "reconciling"
+
+
+@pytest.mark.req("MW-7.3-01", "MW-7.3-03", "MW-11.4-02")
+async def test_progress_is_derived_from_the_graph_with_a_critical_path_and_no_percentage(
+    world: World,
+) -> None:
+    from missionweave.v1 import authority_service_pb2 as apb
+
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-a")
+    await f.authorize("wi-b", depends_on=("wi-a",))
+    await f.authorize("wi-c", depends_on=("wi-b",))
+    await f.authorize("wi-side")
+    submission = await f.run_to_submitted(w.worker, "wi-a")
+    await f.coord(
+        "work_accept_result",
+        wp.WorkAcceptResult(work_item_id="wi-a", coordinator_epoch=1, submission_event_id=submission),
+    )
+    epoch = await f.accept(w.worker, "wi-b", await f.offer("wi-b", "worker-bot"))
+    await f.start(w.worker, "wi-b", epoch, "lease-b")
+    block = wp.WorkBlock(
+        work_item_id="wi-b",
+        lease_id="lease-b",
+        ownership_epoch=epoch,
+        checkpoint=wp.Checkpoint(checkpoint_id="ck"),
+        blockers=[
+            wp.Blocker(blocker_id="b1", kind=wp.BLOCKER_KIND_DEPENDENCY, required_resolution="finance export")
+        ],
+    )
+    await f.as_(w.worker, "work_block", block)
+    progress = await w.client.authority.GetMissionProgress(apb.GetMissionProgressRequest(group_id=G))
+    assert list(progress.critical_path) == ["wi-b", "wi-c"]
+    assert (progress.required_total, progress.required_verified) == (4, 1)
+    items = {i.work_item_id: i for i in progress.work_items}
+    assert list(items["wi-a"].accepted_evidence_ids) == ["ev-1"]
+    assert list(items["wi-b"].blockers) == ["finance export"] and items["wi-b"].on_critical_path
+    assert not items["wi-c"].eligible and items["wi-side"].eligible
+    assert progress.used.tokens == 0 and progress.budget.tokens > 0
+    # MW-7.3-03: the contract has no field for a percentage at all.
+    assert not [f for f in apb.GetMissionProgressResponse.DESCRIPTOR.fields if "percent" in f.name]

@@ -13,6 +13,7 @@ from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import authority_service_pb2_grpc as pb_grpc
 from missionweave.v1 import common_pb2
 from services.authority.authority import GroupAuthority
+from services.authority.progress import mission_progress
 from services.authority.views import group_state_proto
 
 log = logging.getLogger("missionweave.authority.grpc")
@@ -128,6 +129,14 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         if summary is None:
             await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
         return pb.GetSignedGroupSummaryResponse(summary=summary)
+
+    async def GetMissionProgress(
+        self, request: pb.GetMissionProgressRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetMissionProgressResponse:
+        state = await self.authority.state(request.group_id)
+        if state is None or state.mission is None:
+            await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
+        return mission_progress(state, self.authority.clock.now())
 
     async def GetAuthorityKey(
         self, request: pb.GetAuthorityKeyRequest, context: grpc.aio.ServicerContext

@@ -158,6 +158,9 @@ class WorkItemState:
     submitted_by: str = ""
     last_checkpoint_id: str = ""
     preemption_request_id: str = ""  # an open cooperative preemption request (MW-11.3-12)
+    blockers: tuple[str, ...] = ()  # required resolutions while blocked
+    submitted_evidence_ids: tuple[str, ...] = ()
+    accepted_evidence_ids: tuple[str, ...] = ()
     # Messages in the WorkItem Conversation that raised a material ambiguity (MW-10.1-02/03).
     open_ambiguities: set[str] = field(default_factory=set)
 

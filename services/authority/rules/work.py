@@ -1376,6 +1376,7 @@ def _released_to(new_state: int, payload: str) -> Applier:
         item.lease = None
         item.last_checkpoint_id = p.checkpoint.checkpoint_id
         item.preemption_request_id = ""  # a checkpoint answers any open preemption request
+        item.blockers = tuple(b.required_resolution for b in getattr(p, "blockers", ()))
         item.state = new_state
 
     return apply
@@ -1385,6 +1386,7 @@ def _unblocked(state: GroupState, event: event_pb2.Event) -> None:
     p = event.work_unblocked
     item = _touch(state, event, p.work_item_id)
     item.state = p.next_state
+    item.blockers = ()
     if p.next_state == OPEN:
         item.owner = None
 
@@ -1394,12 +1396,14 @@ def _submitted(state: GroupState, event: event_pb2.Event) -> None:
     item = _touch(state, event, p.work_item_id)
     item.latest_submission_event_id = event.event_id
     item.submitted_by = event.actor_id
+    item.submitted_evidence_ids = tuple(e.evidence_id for e in p.evidence)
     item.lease = None
     item.state = SUBMITTED
 
 
 def _result_accepted(state: GroupState, event: event_pb2.Event) -> None:
     item = _touch(state, event, event.work_result_accepted.work_item_id)
+    item.accepted_evidence_ids = item.submitted_evidence_ids + tuple(event.work_result_accepted.review_evidence_ids)
     item.state = VERIFIED
     item.owner = None
 
