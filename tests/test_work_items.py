@@ -301,7 +301,7 @@ async def test_block_releases_the_slot_and_unblock_returns_to_the_queue(world: W
     await f.start(w.worker, "wi-1", epoch, "lease-2")
 
 
-@pytest.mark.req("MW-10.2-T10", "MW-10.2-T03", "MW-11.5-01")
+@pytest.mark.req("MW-10.2-T10", "MW-10.2-T03", "MW-11.5-01", "MW-11.5-03")
 async def test_unblock_after_ownership_expired_reopens_and_a_reoffer_fences_the_stale_owner(
     world: World,
 ) -> None:
@@ -326,6 +326,11 @@ async def test_unblock_after_ownership_expired_reopens_and_a_reoffer_fences_the_
     assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_OPEN
     second = await f.accept(w.worker, "wi-1", await f.offer("wi-1", "worker-bot"))
     assert second == epoch + 1  # a higher ownership epoch (MW-11.5-01)
+    # MW-11.5-03: a late result from the stale ownership can never complete the WorkItem.
+    late = Flow.submit_body("wi-1", epoch, "lease-1")
+    await refused(w, w.worker, G, "work_submit", late, R.REJECTION_REASON_INVALID_TRANSITION, membership_epoch=3)
+    await f.start(w.worker, "wi-1", second, "lease-2")
+    await refused(w, w.worker, G, "work_submit", late, R.REJECTION_REASON_OWNERSHIP_EPOCH_STALE, membership_epoch=3)
 
 
 @pytest.mark.req("MW-10.2-T13", "MW-10.2-03", "MW-10.2-T14", "MW-10.2-02")
