@@ -328,9 +328,13 @@ async def test_unblock_after_ownership_expired_reopens_and_a_reoffer_fences_the_
     assert second == epoch + 1  # a higher ownership epoch (MW-11.5-01)
     # MW-11.5-03: a late result from the stale ownership can never complete the WorkItem.
     late = Flow.submit_body("wi-1", epoch, "lease-1")
-    await refused(w, w.worker, G, "work_submit", late, R.REJECTION_REASON_INVALID_TRANSITION, membership_epoch=3)
+    await refused(
+        w, w.worker, G, "work_submit", late, R.REJECTION_REASON_INVALID_TRANSITION, membership_epoch=3
+    )
     await f.start(w.worker, "wi-1", second, "lease-2")
-    await refused(w, w.worker, G, "work_submit", late, R.REJECTION_REASON_OWNERSHIP_EPOCH_STALE, membership_epoch=3)
+    await refused(
+        w, w.worker, G, "work_submit", late, R.REJECTION_REASON_OWNERSHIP_EPOCH_STALE, membership_epoch=3
+    )
 
 
 @pytest.mark.req("MW-10.2-T13", "MW-10.2-03", "MW-10.2-T14", "MW-10.2-02")
@@ -748,3 +752,45 @@ async def test_progress_is_derived_from_the_graph_with_a_critical_path_and_no_pe
     assert progress.used.tokens == 0 and progress.budget.tokens > 0
     # MW-7.3-03: the contract has no field for a percentage at all.
     assert not [f for f in apb.GetMissionProgressResponse.DESCRIPTOR.fields if "percent" in f.name]
+
+
+@pytest.mark.req("MW-11.4-08", "MW-11.4-10")
+async def test_transient_failures_retry_with_backoff_until_the_attempt_budget_is_spent(world: World) -> None:
+    w = world
+    f = await setup(w)
+    contract = builders.contract(w.clock.now(), retry_policy=wp.RetryPolicy(max_attempts=2))
+    contract.retry_policy.initial_backoff.FromSeconds(30)
+    await f.coord(
+        "work_authorize",
+        wp.WorkAuthorize(work_item_id="wi-r", title="flaky", contract=contract, coordinator_epoch=1),
+    )
+    epoch = await f.accept(w.worker, "wi-r", await f.offer("wi-r", "worker-bot"))
+    await f.start(w.worker, "wi-r", epoch, "lease-1")
+
+    def transient(lease: str) -> wp.WorkFail:
+        return wp.WorkFail(
+            work_item_id="wi-r",
+            lease_id=lease,
+            ownership_epoch=epoch,
+            kind=wp.WORK_FAILURE_KIND_TRANSIENT,
+            evidence=[builders.evidence("ev-timeout")],
+            reason="upstream timed out",
+        )
+
+    result = await f.as_(w.worker, "work_fail", transient("lease-1"))
+    revoked = decode_events(result.events)[-1].lease_revoked
+    assert (
+        revoked.cause == wp.LEASE_REVOCATION_CAUSE_FAILED
+        and revoked.resulting_state == WS.WORK_ITEM_STATE_QUEUED
+    )
+    assert await f.item_state("wi-r") == WS.WORK_ITEM_STATE_QUEUED
+    early = wp.WorkStart(work_item_id="wi-r", ownership_epoch=epoch, lease_id="lease-2")
+    await refused(
+        w, w.worker, G, "work_start", early, R.REJECTION_REASON_PRECONDITION_FAILED, membership_epoch=3
+    )
+    w.clock.advance(seconds=31)
+    await f.start(w.worker, "wi-r", epoch, "lease-2")  # attempt 2 of 2
+    final = await f.as_(w.worker, "work_fail", transient("lease-2"))
+    failed = decode_events(final.events)[-1].work_failed
+    assert failed.kind == wp.WORK_FAILURE_KIND_RETRIES_EXHAUSTED and len(failed.evidence) == 1
+    assert await f.item_state("wi-r") == WS.WORK_ITEM_STATE_FAILED

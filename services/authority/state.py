@@ -159,6 +159,7 @@ class WorkItemState:
     last_checkpoint_id: str = ""
     preemption_request_id: str = ""  # an open cooperative preemption request (MW-11.3-12)
     blockers: tuple[str, ...] = ()  # required resolutions while blocked
+    retry_not_before: datetime | None = None  # backoff after a transient failure (MW-11.4-08)
     submitted_evidence_ids: tuple[str, ...] = ()
     accepted_evidence_ids: tuple[str, ...] = ()
     # Messages in the WorkItem Conversation that raised a material ambiguity (MW-10.1-02/03).

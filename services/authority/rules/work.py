@@ -155,6 +155,21 @@ def _replaced_session_lease(item: WorkItemState, command: command_pb2.Command) -
     )
 
 
+def _retry_at(item: WorkItemState, now: datetime) -> datetime | None:
+    """When the next attempt may start, or None once the retry budgets are spent (MW-11.4-08)."""
+    policy = item.contract.retry_policy
+    if item.attempts >= policy.max_attempts:
+        return None
+    initial = _duration(policy.initial_backoff, timedelta(seconds=1), "retry_policy.initial_backoff")
+    ceiling = _duration(policy.max_backoff, timedelta(minutes=5), "retry_policy.max_backoff")
+    factor = (policy.backoff_multiplier_milli or 2000) / 1000
+    retry_at = now + min(ceiling, initial * factor ** max(0, item.attempts - 1))
+    deadlines = [from_timestamp(item.contract.deadline)]
+    if policy.HasField("retry_deadline"):
+        deadlines.append(from_timestamp(policy.retry_deadline))
+    return retry_at if retry_at < min(deadlines) else None
+
+
 def _live_owner(item: WorkItemState, now: datetime) -> bool:
     return item.owner is not None and item.owner.expires_at > now
 
@@ -578,7 +593,14 @@ def _withdraw(out: Emitter, item: WorkItemState, offer_ids: list[str], reason: i
     )
 
 
-def _revoke(out: Emitter, item: WorkItemState, cause: int, resulting_state: int, *, keep_owner: bool = False) -> None:
+def _revoke(
+    out: Emitter,
+    item: WorkItemState,
+    cause: int,
+    resulting_state: int,
+    *,
+    retry_not_before: datetime | None = None,
+) -> None:
     """MW-11.3-08: revoke the owner's lease (ownership, and the execution lease if one is running)."""
     owner = item.owner
     assert owner is not None
@@ -596,6 +618,7 @@ def _revoke(out: Emitter, item: WorkItemState, cause: int, resulting_state: int,
             end_kind=wp.LEASE_END_KIND_REVOKED,
             cause=cause,  # type: ignore[arg-type]
             resulting_state=resulting_state,  # type: ignore[arg-type]
+            retry_not_before=to_timestamp(retry_not_before) if retry_not_before else None,
         ),
     )
 
@@ -790,6 +813,12 @@ def work_start(
             "this WorkItem needs approval.grant_execution before it starts",
         )
     _require_dependencies(state, item, "work.start")
+    if item.retry_not_before is not None and ctx.now < item.retry_not_before:
+        raise Rejected(
+            R.REJECTION_REASON_PRECONDITION_FAILED,
+            f"backing off after a transient failure until {item.retry_not_before.isoformat()} (MW-11.4-08)",
+            retry_not_before=item.retry_not_before.isoformat(),
+        )
     if item.attempts >= item.contract.retry_policy.max_attempts:
         raise Rejected(
             R.REJECTION_REASON_PRECONDITION_FAILED,
@@ -798,7 +827,7 @@ def work_start(
     if replaced:
         # MW-11.3-09: the old session's lease is revoked and the WorkItem is queued again, in the same
         # append and before the new runtime's lease begins.
-        _revoke(out, item, wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED, QUEUED, keep_owner=True)
+        _revoke(out, item, wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED, QUEUED)
     lease_id = body.lease_id or ids.derived_id("lease", command.group_id, command.command_id)
     if not ids.is_valid(lease_id):
         raise invalid("body.lease_id", "not a valid id")
@@ -1103,13 +1132,21 @@ def work_fail(
         raise invalid("body.kind", "a failure kind is required")
     usage = _check_usage(state, item, body.usage_delta, "body.usage_delta")
     _record_usage(out, command, item, body.usage_delta, usage)
+    kind = body.kind
+    if role == wp.WORK_ACTOR_ROLE_WORKER and kind == wp.WORK_FAILURE_KIND_TRANSIENT:
+        retry_at = _retry_at(item, ctx.now)
+        if retry_at is not None:
+            # MW-11.4-08: an automatic retry within the contract's attempt, backoff and deadline budgets.
+            _revoke(out, item, wp.LEASE_REVOCATION_CAUSE_FAILED, QUEUED, retry_not_before=retry_at)
+            return
+        kind = wp.WORK_FAILURE_KIND_RETRIES_EXHAUSTED  # MW-11.4-10
     out.emit(
         "work.failed",
         "work_failed",
         wp.WorkFailed(
             work_item_id=item.work_item_id,
             reported_by=role,  # type: ignore[arg-type]
-            kind=body.kind,
+            kind=kind,
             evidence=evidence,
             reason=body.reason,  # type: ignore[arg-type]
             lease_id=body.lease_id,
@@ -1422,10 +1459,18 @@ def _lease_revoked(state: GroupState, event: event_pb2.Event) -> None:
     p = event.lease_revoked
     item = _touch(state, event, p.work_item_id)
     item.lease = None
-    if p.cause == wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED:
-        item.state = p.resulting_state  # the owner keeps its ownership; only the execution lease ends
-    else:
+    keeps_ownership = p.cause in (wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED, wp.LEASE_REVOCATION_CAUSE_FAILED)
+    if not keeps_ownership or p.resulting_state != QUEUED:
         item.owner = None
+        return
+    # Session replaced, or a transient failure retried: the owner keeps its ownership, only the
+    # execution lease ends; a retry waits out its backoff and then has a start window again.
+    item.state = QUEUED
+    if p.HasField("retry_not_before"):
+        item.retry_not_before = from_timestamp(p.retry_not_before)
+        window = _duration(item.contract.time_policy.start_deadline, DEFAULT_START_DEADLINE, "time_policy.start_deadline")
+        if item.owner is not None:
+            item.owner.expires_at = max(item.owner.expires_at, item.retry_not_before + window)
 
 
 def _usage(state: GroupState, event: event_pb2.Event) -> None:
