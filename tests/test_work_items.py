@@ -794,3 +794,91 @@ async def test_transient_failures_retry_with_backoff_until_the_attempt_budget_is
     failed = decode_events(final.events)[-1].work_failed
     assert failed.kind == wp.WORK_FAILURE_KIND_RETRIES_EXHAUSTED and len(failed.evidence) == 1
     assert await f.item_state("wi-r") == WS.WORK_ITEM_STATE_FAILED
+
+
+@pytest.mark.req("MW-10.2-T01", "MW-10.2-T02", "MW-9.1-17", "MW-9-13")
+async def test_any_member_proposes_and_the_coordinator_authorizes_the_proposal(world: World) -> None:
+    w = world
+    f = await setup(w)
+    proposal = wp.WorkPropose(
+        proposal_id="prop-1",
+        title="also check FX rates",
+        contract=builders.contract(w.clock.now()),
+        rationale="rates moved",
+    )
+    proposed = await f.as_(w.worker, "work_propose", proposal)
+    assert [e.type for e in decode_events(proposed.events)] == ["work.proposed"]  # no WorkItem exists yet
+    group = await w.mesh.authority.state(G)  # type: ignore[attr-defined]
+    assert not group.work_items and group.proposals["prop-1"].open
+    # A proposal confers no authority: the worker cannot authorize it (MW-9.1-18).
+    body = wp.WorkAuthorize(
+        work_item_id="wi-fx",
+        title="FX check",
+        contract=builders.contract(w.clock.now()),
+        proposal_id="prop-1",
+        coordinator_epoch=1,
+    )
+    await refused(
+        w, w.worker, G, "work_authorize", body, R.REJECTION_REASON_PERMISSION_DENIED, membership_epoch=3
+    )
+    await f.coord("work_authorize", body)
+    group = await w.mesh.authority.state(G)  # type: ignore[attr-defined]
+    assert "wi-fx" in group.work_items and not group.proposals["prop-1"].open
+    again = wp.WorkAuthorize(
+        work_item_id="wi-fx2",
+        title="dup",
+        contract=builders.contract(w.clock.now()),
+        proposal_id="prop-1",
+        coordinator_epoch=1,
+    )
+    await refused(
+        w, w.coordinator, G, "work_authorize", again, R.REJECTION_REASON_NOT_FOUND, membership_epoch=2
+    )
+
+
+@pytest.mark.req("MW-10.2-T06")
+async def test_execution_approval_gates_the_start(world: World) -> None:
+    w = world
+    f = await setup(w)
+    contract = builders.contract(w.clock.now(), requires_execution_approval=True)
+    await f.coord(
+        "work_authorize",
+        wp.WorkAuthorize(work_item_id="wi-risky", title="deploy", contract=contract, coordinator_epoch=1),
+    )
+    epoch = await f.accept(w.worker, "wi-risky", await f.offer("wi-risky", "worker-bot"))
+    start = wp.WorkStart(work_item_id="wi-risky", ownership_epoch=epoch, lease_id="lease-1")
+    await refused(
+        w, w.worker, G, "work_start", start, R.REJECTION_REASON_PRECONDITION_FAILED, membership_epoch=3
+    )
+    grant = wp.ApprovalGrantExecution(work_item_id="wi-risky", contract_revision=1, ownership_epoch=epoch)
+    await refused(
+        w,
+        w.worker,
+        G,
+        "approval_grant_execution",
+        grant,
+        R.REJECTION_REASON_PERMISSION_DENIED,
+        membership_epoch=3,
+    )
+    await w.run(
+        w.owner, G, "approval_grant_execution", grant, membership_epoch=1
+    )  # the owner approves by default
+    assert await f.item_state("wi-risky") == WS.WORK_ITEM_STATE_QUEUED  # the grant executes nothing
+    await f.as_(w.worker, "work_start", start)
+
+
+@pytest.mark.req("MW-10.3-09", "MW-10.3-08")
+async def test_declines_carry_a_structured_reason(world: World) -> None:
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    offer_id = await f.offer("wi-1", "worker-bot")
+    bare = wp.WorkDeclineOffer(work_item_id="wi-1", offer_id=offer_id)
+    await refused(
+        w, w.worker, G, "work_decline_offer", bare, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3
+    )
+    bare.decline.CopyFrom(
+        wp.StructuredDecline(reason=wp.DECLINE_REASON_CAPACITY, detail="queue full until 14:00")
+    )
+    declined = await f.as_(w.worker, "work_decline_offer", bare)
+    assert decode_events(declined.events)[0].work_offer_declined.decline.reason == wp.DECLINE_REASON_CAPACITY
