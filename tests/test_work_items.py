@@ -882,3 +882,45 @@ async def test_declines_carry_a_structured_reason(world: World) -> None:
     )
     declined = await f.as_(w.worker, "work_decline_offer", bare)
     assert decode_events(declined.events)[0].work_offer_declined.decline.reason == wp.DECLINE_REASON_CAPACITY
+
+
+@pytest.mark.req("MW-10.3-07")
+async def test_acceptance_checks_capability_and_deadline(world: World) -> None:
+    """The Authority enforces the admission checks it can see: the accepting Worker's Membership must
+    carry every required capability at the required version, and the deadline must not have passed."""
+    w = world
+    f = await setup(w)
+    needs = builders.contract(w.clock.now())
+    needs.required_capabilities.add(capability_id="ledger.reconcile", version="2.1")
+    needs.deadline.CopyFrom(to_timestamp(w.clock.now() + timedelta(minutes=30)))
+    await f.coord(
+        "work_authorize",
+        wp.WorkAuthorize(work_item_id="wi-cap", title="cap", contract=needs, coordinator_epoch=1),
+    )
+    offer_id = await f.offer("wi-cap", "worker-bot", seconds=3600)
+    accept = wp.WorkAcceptOffer(work_item_id="wi-cap", offer_id=offer_id, contract_revision=1)
+    await refused(
+        w,
+        w.worker,
+        G,
+        "work_accept_offer",
+        accept,
+        R.REJECTION_REASON_PRECONDITION_FAILED,
+        membership_epoch=3,
+    )
+    skilled = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
+    skilled.capabilities.add(capability_id="ledger.reconcile", version="2.3")
+    await w.run(w.owner, G, "membership_grant", skilled, membership_epoch=1)
+    epoch = await w.epoch_of(G, "worker-bot")
+    w.clock.advance(minutes=31)
+    await refused(
+        w,
+        w.worker,
+        G,
+        "work_accept_offer",
+        accept,
+        R.REJECTION_REASON_PRECONDITION_FAILED,
+        membership_epoch=epoch,
+    )
+    w.clock.advance(minutes=-31)
+    await w.run(w.worker, G, "work_accept_offer", accept, membership_epoch=epoch)

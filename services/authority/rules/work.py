@@ -660,6 +660,10 @@ def work_accept_offer(
             f"material ambiguities are unresolved ({', '.join(sorted(item.open_ambiguities))}); the Coordinator "
             "amends the contract or replaces the WorkItem first (MW-10.1-03/04)",
         )
+    # MW-10.3-07, the part the Authority can check for the Worker: capability, deadline, dependencies.
+    if from_timestamp(item.contract.deadline) <= ctx.now:
+        raise Rejected(R.REJECTION_REASON_PRECONDITION_FAILED, f"the deadline of {item.work_item_id} has passed")
+    _require_dependencies(state, item, "work.accept_offer")
     member = state.members[command.actor_id]
     have = dict(member.capabilities)
     for cap in item.contract.required_capabilities:
