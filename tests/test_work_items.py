@@ -783,6 +783,8 @@ async def test_transient_failures_retry_with_backoff_until_the_attempt_budget_is
         revoked.cause == wp.LEASE_REVOCATION_CAUSE_FAILED
         and revoked.resulting_state == WS.WORK_ITEM_STATE_QUEUED
     )
+    kept = [e.evidence_recorded.evidence.evidence_id for e in decode_events(result.events) if e.type == "work.evidence_recorded"]
+    assert kept == ["ev-timeout"]  # the failed attempt's Evidence stays in the log
     assert await f.item_state("wi-r") == WS.WORK_ITEM_STATE_QUEUED
     early = wp.WorkStart(work_item_id="wi-r", ownership_epoch=epoch, lease_id="lease-2")
     await refused(

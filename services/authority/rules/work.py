@@ -662,7 +662,9 @@ def work_accept_offer(
         )
     # MW-10.3-07, the part the Authority can check for the Worker: capability, deadline, dependencies.
     if from_timestamp(item.contract.deadline) <= ctx.now:
-        raise Rejected(R.REJECTION_REASON_PRECONDITION_FAILED, f"the deadline of {item.work_item_id} has passed")
+        raise Rejected(
+            R.REJECTION_REASON_PRECONDITION_FAILED, f"the deadline of {item.work_item_id} has passed"
+        )
     _require_dependencies(state, item, "work.accept_offer")
     member = state.members[command.actor_id]
     have = dict(member.capabilities)
@@ -926,7 +928,9 @@ def work_checkpoint(
     body = command.work_checkpoint
     item, usage = _under_lease(state, command, ctx, body, "work.checkpoint")
     if body.preemption_request_id and body.preemption_request_id != item.preemption_request_id:
-        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no open preemption request {body.preemption_request_id}")
+        raise Rejected(
+            R.REJECTION_REASON_NOT_FOUND, f"no open preemption request {body.preemption_request_id}"
+        )
     checkpoint = wp.Checkpoint()
     checkpoint.CopyFrom(body.checkpoint)
     checkpoint.checkpoint_id = _checkpoint_id(command, body.checkpoint, "body.checkpoint")
@@ -1141,6 +1145,13 @@ def work_fail(
         retry_at = _retry_at(item, ctx.now)
         if retry_at is not None:
             # MW-11.4-08: an automatic retry within the contract's attempt, backoff and deadline budgets.
+            # The failed attempt's Evidence stays in the log beside the revocation.
+            for e in evidence:
+                out.emit(
+                    "work.evidence_recorded",
+                    "evidence_recorded",
+                    wp.EvidenceRecorded(work_item_id=item.work_item_id, evidence=e),
+                )
             _revoke(out, item, wp.LEASE_REVOCATION_CAUSE_FAILED, QUEUED, retry_not_before=retry_at)
             return
         kind = wp.WORK_FAILURE_KIND_RETRIES_EXHAUSTED  # MW-11.4-10
@@ -1255,7 +1266,9 @@ def work_request_preemption(
     lease = item.lease
     assert lease is not None and item.owner is not None
     if body.lease_id != lease.lease_id or body.ownership_epoch != item.owner.ownership_epoch:
-        raise Rejected(R.REJECTION_REASON_LEASE_STALE, f"the current lease of {item.work_item_id} is {lease.lease_id}")
+        raise Rejected(
+            R.REJECTION_REASON_LEASE_STALE, f"the current lease of {item.work_item_id} is {lease.lease_id}"
+        )
     if not body.reason:
         raise invalid("body.reason", "a preemption reason is required")
     request_id = body.preemption_request_id or ids.derived_id("pre", command.group_id, command.command_id)
@@ -1444,7 +1457,9 @@ def _submitted(state: GroupState, event: event_pb2.Event) -> None:
 
 def _result_accepted(state: GroupState, event: event_pb2.Event) -> None:
     item = _touch(state, event, event.work_result_accepted.work_item_id)
-    item.accepted_evidence_ids = item.submitted_evidence_ids + tuple(event.work_result_accepted.review_evidence_ids)
+    item.accepted_evidence_ids = item.submitted_evidence_ids + tuple(
+        event.work_result_accepted.review_evidence_ids
+    )
     item.state = VERIFIED
     item.owner = None
 
@@ -1463,7 +1478,10 @@ def _lease_revoked(state: GroupState, event: event_pb2.Event) -> None:
     p = event.lease_revoked
     item = _touch(state, event, p.work_item_id)
     item.lease = None
-    keeps_ownership = p.cause in (wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED, wp.LEASE_REVOCATION_CAUSE_FAILED)
+    keeps_ownership = p.cause in (
+        wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED,
+        wp.LEASE_REVOCATION_CAUSE_FAILED,
+    )
     if not keeps_ownership or p.resulting_state != QUEUED:
         item.owner = None
         return
@@ -1472,7 +1490,9 @@ def _lease_revoked(state: GroupState, event: event_pb2.Event) -> None:
     item.state = QUEUED
     if p.HasField("retry_not_before"):
         item.retry_not_before = from_timestamp(p.retry_not_before)
-        window = _duration(item.contract.time_policy.start_deadline, DEFAULT_START_DEADLINE, "time_policy.start_deadline")
+        window = _duration(
+            item.contract.time_policy.start_deadline, DEFAULT_START_DEADLINE, "time_policy.start_deadline"
+        )
         if item.owner is not None:
             item.owner.expires_at = max(item.owner.expires_at, item.retry_not_before + window)
 
@@ -1490,6 +1510,10 @@ def _progress_reported(state: GroupState, event: event_pb2.Event) -> None:
     _touch(state, event, event.work_progress_reported.work_item_id)
 
 
+def _evidence_recorded(state: GroupState, event: event_pb2.Event) -> None:
+    _touch(state, event, event.evidence_recorded.work_item_id)
+
+
 def _preemption_requested(state: GroupState, event: event_pb2.Event) -> None:
     item = _touch(state, event, event.work_preemption_requested.work_item_id)
     item.preemption_request_id = event.work_preemption_requested.preemption_request_id
@@ -1497,6 +1521,7 @@ def _preemption_requested(state: GroupState, event: event_pb2.Event) -> None:
 
 APPLIERS: dict[str, Applier] = {
     "work_progress_reported": _progress_reported,
+    "evidence_recorded": _evidence_recorded,
     "work_preemption_requested": _preemption_requested,
     "work_proposed": _proposed,
     "work_authorized": _authorized,

@@ -1,0 +1,824 @@
+"""``mwp demo``: one complete small Mission against a running mesh, narrated event by event.
+
+Four fresh identities (a unique suffix per run, so the demo can run again and again) act in-process,
+each with its own generated key and session: a human MissionOwner, a Coordinator agent and two
+Worker agents. The owner creates a Mission and admits the Workers; the Coordinator plans a DAG of
+five WorkItems and offers each one with structured selection criteria once its dependencies are
+verified; the Workers accept, start under execution leases, renew them reporting usage, checkpoint
+and submit Artifacts (blake3 digests) with Evidence for every acceptance criterion; the Coordinator
+verifies each result. On the way one Worker is preempted cooperatively (it checkpoints at a safe
+point and resumes later) and one WorkItem fails transiently and is retried. Finally the Coordinator
+submits the Mission and the owner approves it.
+
+``run_demo(mesh, admin_key)`` is the scenario (the tests run it against an in-process mesh) and
+returns the timeline and the derived progress; ``cmd_demo`` is the thin CLI around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import blake3
+import grpc
+from google.protobuf.message import Message
+from nacl.signing import SigningKey
+
+from missionweave import ids
+from missionweave.cli_common import CliError, add_json_flag, emit, enum_label, target, to_dict
+from missionweave.cli_progress import render_text
+from missionweave.client import MeshClient, SessionSigner, decode_events
+from missionweave.clock import SystemClock, from_timestamp, to_timestamp
+from missionweave.config import Settings
+from missionweave.errors import rejection_from_rpc_error
+from missionweave.signing import read_key
+from missionweave.v1 import authority_service_pb2 as apb
+from missionweave.v1 import common_pb2, conversation_pb2, event_pb2, membership_pb2, mission_pb2
+from missionweave.v1 import work_pb2 as wp
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+_clock = SystemClock()
+
+# ------------------------------------------------------------------ the plan
+
+
+@dataclass(frozen=True)
+class Task:
+    """One WorkItem of the plan: its contract's goal, single deliverable and acceptance criteria."""
+
+    work_item_id: str
+    title: str
+    goal: str
+    deliverable: str
+    criteria: tuple[tuple[str, str], ...]
+    depends_on: tuple[str, ...] = ()
+    urgency: wp.WorkUrgency.ValueType = wp.WORK_URGENCY_NORMAL
+
+
+PLAN = (
+    Task(
+        "extract-eu",
+        "Extract the EU ledger",
+        "Export every Q3 posting of the EU ledger",
+        "eu-ledger.csv",
+        (("rows-complete", "every EU posting of Q3 is exported"),),
+    ),
+    Task(
+        "extract-us",
+        "Extract the US ledger",
+        "Export every Q3 posting of the US ledger",
+        "us-ledger.csv",
+        (("rows-complete", "every US posting of Q3 is exported"),),
+    ),
+    Task(
+        "reconcile",
+        "Reconcile the ledgers",
+        "Reconcile the EU and US ledgers in EUR",
+        "reconciliation.csv",
+        (("balances-match", "intercompany balances match"), ("fx-applied", "ECB month-end rates applied")),
+        depends_on=("extract-eu", "extract-us"),
+    ),
+    Task(
+        "report",
+        "Write the Q3 report",
+        "Write the Q3 report from the reconciled figures",
+        "q3-report.md",
+        (("figures-cited", "every figure cites the reconciliation"),),
+        depends_on=("reconcile",),
+    ),
+    Task(
+        "review-controls",
+        "Review access controls",
+        "Review who can post to the Q3 ledgers",
+        "controls-review.md",
+        (("no-open-findings", "no unresolved access findings"),),
+        urgency=wp.WORK_URGENCY_HIGH,
+    ),
+)
+TASKS = {task.work_item_id: task for task in PLAN}
+STORY = (
+    "5 WorkItems, 2 Workers: extract-us is preempted for the urgent review-controls and resumes from its "
+    "checkpoint; reconcile fails transiently once and is retried; the owner approves the result."
+)
+
+MISSION_BUDGET = common_pb2.ResourceVector(
+    currency="EUR", financial_micros=20_000_000, tokens=150_000, tool_calls=300
+)
+ITEM_BUDGET = common_pb2.ResourceVector(
+    currency="EUR", financial_micros=2_000_000, tokens=20_000, tool_calls=40
+)
+MICROS_PER_TOKEN = 100
+
+
+def usage(tokens: int, tool_calls: int) -> common_pb2.ResourceVector:
+    """A usage delta; the demo prices a token at 100 micro-EUR."""
+    return common_pb2.ResourceVector(
+        tokens=tokens, tool_calls=tool_calls, financial_micros=tokens * MICROS_PER_TOKEN, currency="EUR"
+    )
+
+
+def definition(owner_id: str) -> mission_pb2.MissionDefinition:
+    done = (
+        ("dod-ledgers", "EU and US ledgers reconciled", "test"),
+        ("dod-report", "Q3 report approved", "review"),
+    )
+    return mission_pb2.MissionDefinition(
+        title="Close the Q3 books (mwp demo)",
+        objective="Reconcile the Q3 EU and US ledgers and report the figures",
+        definition_of_done=[
+            mission_pb2.CompletionCriterion(
+                criterion_id=cid, description=text, evidence_method=method, required=True
+            )
+            for cid, text, method in done
+        ],
+        deadline=to_timestamp(_clock.now() + timedelta(days=3)),
+        budget=MISSION_BUDGET,
+        risk_policy=mission_pb2.RiskPolicy(risk_class=mission_pb2.RISK_CLASS_LOW),
+        owner_id=owner_id,
+    )
+
+
+def contract(task: Task) -> wp.WorkContract:
+    """A complete work contract (MW-10.1-01): every item a machine-readable field."""
+    c = wp.WorkContract(
+        goal=task.goal,
+        deliverables=[wp.Deliverable(deliverable_id=task.deliverable, description=task.title, required=True)],
+        acceptance_criteria=[
+            wp.AcceptanceCriterion(
+                criterion_id=cid,
+                description=text,
+                required_evidence_methods=[wp.EVIDENCE_METHOD_TEST],
+                deliverable_ids=[task.deliverable],
+                required=True,
+            )
+            for cid, text in task.criteria
+        ],
+        depends_on_work_item_ids=list(task.depends_on),
+        deadline=to_timestamp(_clock.now() + timedelta(days=1)),
+        urgency=task.urgency,
+        business_impact=wp.BUSINESS_IMPACT_MEDIUM,
+        budget=ITEM_BUDGET,
+        retry_policy=wp.RetryPolicy(max_attempts=3),
+        time_policy=wp.TimePolicy(),
+        cost_policy=wp.CostPolicy(),
+        risk_class=mission_pb2.RISK_CLASS_LOW,
+    )
+    c.retry_policy.initial_backoff.FromSeconds(1)
+    c.time_policy.start_deadline.FromSeconds(300)
+    c.time_policy.execution_lease_duration.FromSeconds(120)
+    return c
+
+
+def artifact(task: Task) -> common_pb2.ArtifactRef:
+    """The deliverable, named by the blake3 digest of its (demo) content."""
+    content = f"{task.deliverable}\n{task.goal}\n".encode()
+    digest = common_pb2.Digest(
+        algorithm="blake3", hex=blake3.blake3(content).hexdigest(), size_bytes=len(content)
+    )
+    return common_pb2.ArtifactRef(digest=digest)
+
+
+def evidence(task: Task, ref: common_pb2.ArtifactRef) -> list[wp.Evidence]:
+    """One passing test per acceptance criterion, about the submitted Artifact."""
+    return [
+        wp.Evidence(
+            evidence_id=f"ev-{task.work_item_id}-{cid}",
+            subject=wp.EvidenceSubject(work_item_id=task.work_item_id, artifact=ref),
+            criterion_id=cid,
+            criterion=text,
+            method=wp.EVIDENCE_METHOD_TEST,
+            result=wp.EVIDENCE_RESULT_PASS,
+            summary=f"checked: {text}",
+        )
+        for cid, text in task.criteria
+    ]
+
+
+def selection(candidate_id: str, membership_epoch: int) -> wp.SelectionCriteria:
+    """Structured selection criteria (MW-10.3-10/11): rule and fact ids, never free-form reasoning."""
+    return wp.SelectionCriteria(
+        candidate_id=candidate_id,
+        authorization_eligible=True,
+        authorization_basis=[f"membership-epoch:{membership_epoch}"],
+        applied_policy_rules=["policy:capability-match", "policy:least-loaded"],
+        rank=1,
+        expected_cost=usage(3000, 8),
+    )
+
+
+# ------------------------------------------------------------------ the timeline
+
+
+def _label(enum: Any, value: int, prefix: str) -> str:
+    return enum_label(enum, value, prefix).lower().replace("_", " ")
+
+
+def _joined(values: Any) -> str:
+    return ", ".join(values)
+
+
+def _vector(v: common_pb2.ResourceVector) -> str:
+    return f"tokens {v.tokens}, tool calls {v.tool_calls}, {v.financial_micros / 1e6:.2f} {v.currency}"
+
+
+def _digests(refs: Any) -> str:
+    return _joined(f"blake3:{r.digest.hex[:12]}… ({r.digest.size_bytes} B)" for r in refs)
+
+
+def _revoked(p: wp.LeaseRevoked) -> str:
+    cause = _label(wp.LeaseRevocationCause, p.cause, "LEASE_REVOCATION_CAUSE_")
+    state = _label(wp.WorkItemState, p.resulting_state, "WORK_ITEM_STATE_")
+    retry = " for an automatic retry after its backoff" if p.HasField("retry_not_before") else ""
+    return f"lease {p.lease_id} revoked ({cause}) -> {state}{retry}"
+
+
+def _unless_empty(text: str, value: object) -> str:
+    """``text`` when ``value`` is set, else nothing."""
+    return text if value else ""
+
+
+_DETAILS: dict[str, Callable[[Any], str]] = {
+    "mission_created": lambda p: (
+        f'{p.mission_id} "{p.definition.title}", budget {_vector(p.definition.budget)}'
+    ),
+    "conversation_opened": lambda p: (
+        f"{_label(conversation_pb2.ConversationKind, p.kind, 'CONVERSATION_KIND_')} conversation {p.conversation_id}"
+    ),
+    "membership_granted": lambda p: (
+        f"{p.membership.member_id} joins as {_label(membership_pb2.MemberRole, p.membership.role, 'MEMBER_ROLE_')} "
+        f"(membership epoch {p.membership.membership_epoch})"
+    ),
+    "coordinator_lease_granted": lambda p: (
+        f"{p.lease.agent_id} coordinates (epoch {p.lease.coordinator_epoch})"
+    ),
+    "work_authorized": lambda p: (
+        f'"{p.title}"'
+        + _unless_empty(
+            f" after {_joined(p.contract.depends_on_work_item_ids)}", p.contract.depends_on_work_item_ids
+        )
+    ),
+    "work_offered": lambda p: (
+        f"offer {p.offer_id} to {_joined(p.candidate_ids)} "
+        f"({_joined(p.selection_criteria[0].applied_policy_rules)})"
+    ),
+    "work_offer_accepted": lambda p: f"{p.agent_id} owns it, ownership epoch {p.ownership.ownership_epoch}",
+    "work_offers_withdrawn": lambda p: f"offers {_joined(p.offer_ids)} withdrawn",
+    "work_started": lambda p: (
+        f"execution lease {p.lease.lease_id}, attempt {p.lease.attempt}"
+        + _unless_empty(
+            f", resumes from checkpoint {p.resume_from_checkpoint_id}", p.resume_from_checkpoint_id
+        )
+    ),
+    "work_lease_renewed": lambda p: (
+        f"lease {p.lease_id} renewed for {p.renewal.expires_at.seconds - p.renewal.renewed_at.seconds} s"
+    ),
+    "resource_usage_recorded": lambda p: f"used {_vector(p.delta)}",
+    "work_preemption_requested": lambda p: (
+        f"preemption {p.preemption_request_id} ({_label(wp.PreemptionReason, p.reason, 'PREEMPTION_REASON_')}): "
+        "checkpoint at a safe point"
+    ),
+    "work_checkpointed": lambda p: (
+        f"checkpoint {p.checkpoint.checkpoint_id}"
+        + _unless_empty(f" answers {p.preemption_request_id}", p.preemption_request_id)
+        + " -> queued, slot released"
+    ),
+    "lease_revoked": _revoked,
+    "work_failed": lambda p: (
+        f"{_label(wp.WorkFailureKind, p.kind, 'WORK_FAILURE_KIND_')}: {p.reason} "
+        f"(evidence {_joined(e.evidence_id for e in p.evidence)})"
+    ),
+    "work_submitted": lambda p: (
+        f"{_digests(p.artifacts)}; evidence {_joined(e.evidence_id for e in p.evidence)}"
+    ),
+    "work_result_accepted": lambda p: f"verified (submission {p.submission_event_id})",
+    "mission_submitted": lambda p: f"revision {p.mission_revision} for approval with {_digests(p.artifacts)}",
+    "mission_approved": lambda p: f'approved: "{p.comment}"',
+}
+
+
+def _field(message: Message, *path: str) -> int:
+    """An integer field at ``path``, 0 where the message has no such field."""
+    value: Any = message
+    for name in path:
+        if name not in value.DESCRIPTOR.fields_by_name:
+            return 0
+        value = getattr(value, name)
+    return int(value)
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One line of the timeline: a Group event (``sequence`` > 0) or a registration."""
+
+    offset_s: float
+    actor: str
+    event_type: str
+    detail: str
+    sequence: int = 0
+    work_item_id: str = ""
+    ownership_epoch: int = 0
+    attempt: int = 0
+
+
+def entry_of(event: event_pb2.Event, offset_s: float) -> TimelineEntry:
+    kind = event.WhichOneof("payload") or ""
+    payload = getattr(event, kind) if kind else event
+    work_item_id = str(getattr(payload, "work_item_id", ""))
+    detail = _DETAILS.get(kind, lambda _: "")(payload)
+    return TimelineEntry(
+        offset_s=round(offset_s, 3),
+        actor=event.actor_id,
+        event_type=event.type,
+        detail=f"{work_item_id}: {detail}" if work_item_id else detail,
+        sequence=event.sequence,
+        work_item_id=work_item_id,
+        ownership_epoch=_field(payload, "ownership_epoch")
+        or _field(payload, "ownership", "ownership_epoch")
+        or _field(payload, "lease", "ownership_epoch"),
+        attempt=_field(payload, "lease", "attempt") or _field(payload, "attempts"),
+    )
+
+
+@dataclass
+class Timeline:
+    """The events the demo caused, in order; ``step`` names the command in flight (for a refusal)."""
+
+    entries: list[TimelineEntry] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    step: str = ""
+
+    def offset(self) -> float:
+        return time.monotonic() - self.started
+
+    def note(self, actor: str, event_type: str, detail: str) -> None:
+        self.entries.append(TimelineEntry(round(self.offset(), 3), actor, event_type, detail))
+
+    def record(self, events: list[event_pb2.Event]) -> None:
+        offset = self.offset()
+        self.entries += [entry_of(event, offset) for event in events]
+
+    def lines(self) -> list[str]:
+        if not self.entries:
+            return []
+        actor = max(len(e.actor) for e in self.entries)
+        kind = max(len(e.event_type) for e in self.entries)
+        return [
+            f"  {e.offset_s:>+7.2f}s  {e.actor:<{actor}}  {e.event_type:<{kind}}  {e.detail}".rstrip()
+            for e in self.entries
+        ]
+
+
+# ------------------------------------------------------------------ the scenario
+
+
+@dataclass(frozen=True)
+class Cast:
+    owner: SessionSigner
+    coordinator: SessionSigner
+    worker_a: SessionSigner
+    worker_b: SessionSigner
+
+    def identities(self) -> dict[str, str]:
+        return {role: signer.identity_id for role, signer in vars(self).items()}
+
+
+ROLES = (
+    ("owner", "ada", common_pb2.IDENTITY_KIND_HUMAN, "Ada, the MissionOwner"),
+    ("coordinator", "coord", common_pb2.IDENTITY_KIND_AGENT, "the Coordinator agent"),
+    ("worker_a", "worker-a", common_pb2.IDENTITY_KIND_AGENT, "Worker agent A"),
+    ("worker_b", "worker-b", common_pb2.IDENTITY_KIND_AGENT, "Worker agent B"),
+)
+
+
+async def register_cast(
+    mesh: MeshClient, admin_id: str, admin_key: SigningKey, timeline: Timeline, suffix: str
+) -> Cast:
+    """Registers the four identities (signed by the admin) and opens a session for each."""
+    signers: dict[str, SessionSigner] = {}
+    for role, name, kind, display in ROLES:
+        identity_id, key = f"{name}-{suffix}", SigningKey.generate()
+        timeline.step = f"identity registration of {identity_id}"
+        await mesh.register_identity(admin_id, admin_key, identity_id, kind, bytes(key.verify_key), display)
+        signers[role] = await mesh.open_session(identity_id, key)
+        kind_label = _label(common_pb2.IdentityKind, kind, "IDENTITY_KIND_")
+        detail = (
+            f"{identity_id} ({kind_label}, {display}); session epoch {signers[role].session_epoch} opened"
+        )
+        timeline.note(admin_id, "identity.registered", detail)
+    return Cast(**signers)
+
+
+@dataclass
+class Job:
+    """A WorkItem in a Worker's hands: its ownership epoch and current execution lease, if any."""
+
+    task: Task
+    worker: SessionSigner
+    ownership_epoch: int
+    lease_id: str = ""
+
+
+class MissionRun:
+    """Drives one Group: every command signed by the acting identity's own session."""
+
+    def __init__(self, mesh: MeshClient, cast: Cast, timeline: Timeline) -> None:
+        self.mesh, self.cast, self.timeline = mesh, cast, timeline
+        self.group_id = ids.new_id("grp")
+        self.mission_id = ""
+        self.coordinator_epoch = 0
+        self.epochs: dict[str, int] = {}  # Membership epochs, learnt from membership.granted
+        self._ids: Counter[str] = Counter()
+
+    def next_id(self, prefix: str) -> str:
+        self._ids[prefix] += 1
+        return f"{prefix}-{self._ids[prefix]}"
+
+    async def execute(self, signer: SessionSigner, kind: str, body: Message) -> list[event_pb2.Event]:
+        self.timeline.step = f"{kind} by {signer.identity_id}"
+        command = signer.command(
+            self.group_id, kind, body, membership_epoch=self.epochs.get(signer.identity_id, 0)
+        )
+        events = decode_events((await self.mesh.execute(signer.sign(command))).events)
+        for event in events:
+            self._learn(event)
+        self.timeline.record(events)
+        return events
+
+    def _learn(self, event: event_pb2.Event) -> None:
+        kind = event.WhichOneof("payload")
+        if kind == "membership_granted":
+            self.epochs[event.membership_granted.membership.member_id] = (
+                event.membership_granted.membership.membership_epoch
+            )
+        elif kind == "coordinator_lease_granted":
+            self.coordinator_epoch = event.coordinator_lease_granted.lease.coordinator_epoch
+        elif kind == "mission_created":
+            self.mission_id = event.mission_created.mission_id
+
+    async def coordinate(self, kind: str, body: Message) -> list[event_pb2.Event]:
+        return await self.execute(self.cast.coordinator, kind, body)
+
+    # -------------------------------------------------------------- the Mission
+
+    async def create_mission(self) -> None:
+        owner = self.cast.owner
+        body = mission_pb2.MissionCreate(
+            definition=definition(owner.identity_id), coordinator_id=self.cast.coordinator.identity_id
+        )
+        await self.execute(owner, "mission_create", body)
+        for worker in (self.cast.worker_a, self.cast.worker_b):
+            grant = membership_pb2.MembershipGrant(
+                member_id=worker.identity_id, role=membership_pb2.MEMBER_ROLE_WORKER
+            )
+            await self.execute(owner, "membership_grant", grant)
+
+    async def plan(self) -> None:
+        for task in PLAN:
+            body = wp.WorkAuthorize(
+                work_item_id=task.work_item_id,
+                title=task.title,
+                contract=contract(task),
+                coordinator_epoch=self.coordinator_epoch,
+            )
+            await self.coordinate("work_authorize", body)
+
+    async def complete(self, deliverable: Task) -> None:
+        """The Coordinator submits the Mission revision with its deliverable; the owner approves it."""
+        revision = (await self.mesh.group_state(self.group_id)).mission.revision
+        body = mission_pb2.MissionSubmitForApproval(
+            coordinator_epoch=self.coordinator_epoch,
+            mission_revision=revision,
+            artifacts=[artifact(deliverable)],
+            summary="Q3 ledgers reconciled; the report cites every figure",
+        )
+        submitted = await self.coordinate("mission_submit_for_approval", body)
+        approve = mission_pb2.MissionApprove(
+            submission_event_id=_event(submitted, "mission_submitted").event_id,
+            comment="Figures check out. Ship it.",
+        )
+        await self.execute(self.cast.owner, "mission_approve", approve)
+
+    async def progress(self) -> apb.GetMissionProgressResponse:
+        return await self.mesh.authority.GetMissionProgress(
+            apb.GetMissionProgressRequest(group_id=self.group_id)
+        )
+
+    async def item_state(self, work_item_id: str) -> int:
+        progress = await self.progress()
+        return next(item.state for item in progress.work_items if item.work_item_id == work_item_id)
+
+    # -------------------------------------------------------------- offers and ownership
+
+    async def offer(self, task: Task, worker: SessionSigner) -> str:
+        offer_id = self.next_id(f"offer-{task.work_item_id}")
+        body = wp.WorkOffer(
+            work_item_id=task.work_item_id,
+            offer_id=offer_id,
+            candidate_ids=[worker.identity_id],
+            expires_at=to_timestamp(_clock.now() + timedelta(minutes=5)),
+            selection_criteria=[selection(worker.identity_id, self.epochs[worker.identity_id])],
+            coordinator_epoch=self.coordinator_epoch,
+        )
+        await self.coordinate("work_offer", body)
+        return offer_id
+
+    async def accept(self, task: Task, worker: SessionSigner, offer_id: str) -> Job:
+        body = wp.WorkAcceptOffer(work_item_id=task.work_item_id, offer_id=offer_id, contract_revision=1)
+        accepted = await self.execute(worker, "work_accept_offer", body)
+        return Job(
+            task,
+            worker,
+            _event(accepted, "work_offer_accepted").work_offer_accepted.ownership.ownership_epoch,
+        )
+
+    async def assign(self, task: Task, worker: SessionSigner) -> Job:
+        """Offer, acceptance (a new ownership epoch) and the first execution lease."""
+        job = await self.accept(task, worker, await self.offer(task, worker))
+        await self.start(job)
+        return job
+
+    # -------------------------------------------------------------- execution under a lease
+
+    async def start(self, job: Job) -> None:
+        job.lease_id = self.next_id(f"lease-{job.task.work_item_id}")
+        body = wp.WorkStart(
+            work_item_id=job.task.work_item_id, ownership_epoch=job.ownership_epoch, lease_id=job.lease_id
+        )
+        await self.execute(job.worker, "work_start", body)
+
+    async def renew(self, job: Job, spent: common_pb2.ResourceVector) -> None:
+        body = wp.WorkRenewLease(
+            work_item_id=job.task.work_item_id,
+            lease_id=job.lease_id,
+            ownership_epoch=job.ownership_epoch,
+            usage_delta=spent,
+        )
+        await self.execute(job.worker, "work_renew_lease", body)
+
+    async def checkpoint(
+        self, job: Job, spent: common_pb2.ResourceVector, preemption_request_id: str = ""
+    ) -> None:
+        """A durable checkpoint; it releases the execution lease and queues the WorkItem (T08)."""
+        wid = job.task.work_item_id
+        checkpoint = wp.Checkpoint(
+            checkpoint_id=self.next_id(f"ck-{wid}"),
+            completed_operation_ids=[f"{wid}:part-1"],
+            taken_at=to_timestamp(_clock.now()),
+        )
+        body = wp.WorkCheckpoint(
+            work_item_id=wid,
+            lease_id=job.lease_id,
+            ownership_epoch=job.ownership_epoch,
+            checkpoint=checkpoint,
+            preemption_request_id=preemption_request_id,
+            usage_delta=spent,
+        )
+        await self.execute(job.worker, "work_checkpoint", body)
+        job.lease_id = ""
+
+    async def finish(self, job: Job, spent: common_pb2.ResourceVector) -> None:
+        """The Worker submits Artifact and Evidence; the Coordinator verifies the result."""
+        task, ref = job.task, artifact(job.task)
+        body = wp.WorkSubmit(
+            work_item_id=task.work_item_id,
+            lease_id=job.lease_id,
+            ownership_epoch=job.ownership_epoch,
+            contract_revision=1,
+            artifacts=[ref],
+            evidence=evidence(task, ref),
+            summary=f"{task.deliverable} ready",
+            usage_delta=spent,
+        )
+        submitted = await self.execute(job.worker, "work_submit", body)
+        review = wp.WorkAcceptResult(
+            work_item_id=task.work_item_id,
+            coordinator_epoch=self.coordinator_epoch,
+            submission_event_id=_event(submitted, "work_submitted").event_id,
+        )
+        await self.coordinate("work_accept_result", review)
+        job.lease_id = ""
+
+    async def preempt(self, job: Job) -> None:
+        """Cooperative preemption (MW-11.3-10..12): the request interrupts nothing; the Worker
+        checkpoints at its next safe point citing the request, which re-queues the WorkItem."""
+        request_id = f"pre-{job.task.work_item_id}"
+        body = wp.WorkRequestPreemption(
+            work_item_id=job.task.work_item_id,
+            preemption_request_id=request_id,
+            lease_id=job.lease_id,
+            reason=wp.PREEMPTION_REASON_PRIORITY,
+            checkpoint_by=to_timestamp(_clock.now() + timedelta(seconds=30)),
+            coordinator_epoch=self.coordinator_epoch,
+            ownership_epoch=job.ownership_epoch,
+        )
+        await self.coordinate("work_request_preemption", body)
+        await self.checkpoint(job, usage(400, 1), preemption_request_id=request_id)
+
+    async def fail_transiently(self, job: Job) -> list[event_pb2.Event]:
+        """The Worker reports a transient failure with Evidence, under its lease."""
+        observed = wp.Evidence(
+            evidence_id=f"ev-{job.task.work_item_id}-timeout",
+            method=wp.EVIDENCE_METHOD_FAILURE_OBSERVATION,
+            result=wp.EVIDENCE_RESULT_FAIL,
+            summary="GET /fx-rates timed out after 30 s, three times",
+        )
+        body = wp.WorkFail(
+            work_item_id=job.task.work_item_id,
+            lease_id=job.lease_id,
+            ownership_epoch=job.ownership_epoch,
+            kind=wp.WORK_FAILURE_KIND_TRANSIENT,
+            evidence=[observed],
+            reason="the FX-rate service timed out",
+            usage_delta=usage(300, 3),
+        )
+        failed = await self.execute(job.worker, "work_fail", body)
+        job.lease_id = ""
+        return failed
+
+    async def retry(self, job: Job, failure: list[event_pb2.Event]) -> Job:
+        """Follows the server: a `failed` WorkItem is re-offered (a new ownership epoch); one the
+        Authority re-queued itself (automatic retry) is started again once its backoff has passed."""
+        state = await self.item_state(job.task.work_item_id)
+        if state == wp.WORK_ITEM_STATE_FAILED:
+            return await self.assign(job.task, job.worker)
+        if state == wp.WORK_ITEM_STATE_QUEUED:
+            await asyncio.sleep(backoff_seconds(failure))
+            await self.start(job)
+            return job
+        label = enum_label(wp.WorkItemState, state, "WORK_ITEM_STATE_")
+        raise CliError(
+            f"after the failure {job.task.work_item_id} is {label}; the demo does not know how to retry it"
+        )
+
+
+def _event(events: list[event_pb2.Event], payload: str) -> event_pb2.Event:
+    """The first of ``events`` carrying ``payload`` (an Event oneof field name)."""
+    return next(e for e in events if e.WhichOneof("payload") == payload)
+
+
+def backoff_seconds(events: list[event_pb2.Event]) -> float:
+    """How long to wait before the next attempt, from the revocation that re-queued the WorkItem."""
+    revoked = [e.lease_revoked for e in events if e.WhichOneof("payload") == "lease_revoked"]
+    if not revoked or not revoked[0].HasField("retry_not_before"):
+        return 0.0
+    wait = from_timestamp(revoked[0].retry_not_before) - _clock.now()
+    return max(0.0, wait.total_seconds()) + 0.05  # a margin for the Authority's clock
+
+
+async def play(run: MissionRun) -> None:
+    """The story: see the module docstring."""
+    a, b = run.cast.worker_a, run.cast.worker_b
+    await run.create_mission()
+    await run.plan()
+    eu = await run.assign(TASKS["extract-eu"], a)
+    us = await run.assign(TASKS["extract-us"], b)
+    await run.renew(eu, usage(1800, 4))
+    await run.renew(us, usage(2100, 5))
+    # The urgent review needs Worker B: the Coordinator offers it and preempts B's extraction.
+    review_offer = await run.offer(TASKS["review-controls"], b)
+    await run.preempt(us)
+    review = await run.accept(TASKS["review-controls"], b, review_offer)
+    await run.start(review)
+    await run.renew(review, usage(1200, 6))
+    await run.finish(review, usage(500, 2))
+    await run.start(us)  # resumes from the safe-point checkpoint
+    await run.finish(us, usage(900, 2))
+    await run.finish(eu, usage(1100, 3))
+    # Both extractions are verified, so the reconciliation may be offered; it fails once.
+    reconcile = await run.assign(TASKS["reconcile"], a)
+    await run.renew(reconcile, usage(2500, 7))
+    reconcile = await run.retry(reconcile, await run.fail_transiently(reconcile))
+    await run.finish(reconcile, usage(2200, 6))
+    report = await run.assign(TASKS["report"], b)
+    await run.checkpoint(report, usage(1500, 2))  # a draft saved; the Worker carries on from it
+    await run.start(report)
+    await run.finish(report, usage(1300, 3))
+    await run.complete(TASKS["report"])
+
+
+# ------------------------------------------------------------------ result and entry point
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    group_id: str
+    mission_id: str
+    identities: dict[str, str]
+    timeline: Timeline
+    progress: apb.GetMissionProgressResponse
+
+    def inspect_commands(self, target_flag: str = "") -> list[tuple[str, str]]:
+        """(command, what it shows) for looking further into the Group."""
+        mwp, group = f"mwp {target_flag}".rstrip(), self.group_id
+        return [
+            (
+                f"{mwp} mission progress --group {group} --format dot",
+                "the WorkItem DAG for Graphviz (| dot -Tsvg)",
+            ),
+            (
+                f"{mwp} mission show --group {group}",
+                "the Mission, its Coordinator lease, Conversations, Memberships",
+            ),
+            (f"{mwp} events --group {group}", "every event of the Group as JSON lines"),
+        ]
+
+    def lines(self, target_flag: str = "") -> list[str]:
+        return [
+            f"mwp demo: Mission {self.mission_id} in group {self.group_id}",
+            f"  {STORY}",
+            "",
+            "Timeline (offset, actor, event, detail)",
+            *self.timeline.lines(),
+            "",
+            "Progress (derived by AuthorityService.GetMissionProgress)",
+            *(f"  {line}".rstrip() for line in render_text(self.progress)),
+            "",
+            f"group {self.group_id}; inspect it further with:",
+            *(f"  {command}    # {what}" for command, what in self.inspect_commands(target_flag)),
+        ]
+
+    def document(self, target_flag: str = "") -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "mission_id": self.mission_id,
+            "identities": self.identities,
+            "timeline": [asdict(e) for e in self.timeline.entries],
+            "progress": to_dict(self.progress),
+            "inspect": [command for command, _ in self.inspect_commands(target_flag)],
+        }
+
+
+async def run_demo(
+    mesh: MeshClient, admin_key: SigningKey, *, admin_id: str = "admin", timeline: Timeline | None = None
+) -> DemoResult:
+    """Runs the whole scenario against ``mesh``; pass a ``timeline`` to keep what happened if a command is refused."""
+    timeline = timeline if timeline is not None else Timeline()
+    cast = await register_cast(mesh, admin_id, admin_key, timeline, secrets.token_hex(3))
+    run = MissionRun(mesh, cast, timeline)
+    await play(run)
+    return DemoResult(run.group_id, run.mission_id, cast.identities(), timeline, await run.progress())
+
+
+def _admin_key(args: argparse.Namespace) -> SigningKey:
+    path = Path(args.admin_key or Settings.from_env().admin_key_path)
+    if not path.exists():
+        raise CliError(
+            f"no admin key at {path} (a mesh creates it when it first starts: `make run`); see --admin-key"
+        )
+    return read_key(path)
+
+
+def _stopped(args: argparse.Namespace, timeline: Timeline, err: grpc.aio.AioRpcError) -> None:
+    """A refused command: show how far the demo got (the CLI then prints the structured reason)."""
+    rejection = rejection_from_rpc_error(err)
+    if rejection is None and err.code() == grpc.StatusCode.UNAVAILABLE:
+        return
+    document = {
+        "completed": False,
+        "stopped_at": timeline.step,
+        "rejection": to_dict(rejection)
+        if rejection is not None
+        else {"code": err.code().name, "message": err.details()},
+        "timeline": [asdict(e) for e in timeline.entries],
+    }
+    lines = ["Timeline until the refusal", *timeline.lines()] if timeline.entries else []
+    emit(args, [*lines, f"mwp demo stopped at {timeline.step}"], document)
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    admin_key = _admin_key(args)
+    address = target(args)
+    timeline = Timeline()
+    async with MeshClient(address) as mesh:
+        try:
+            result = await run_demo(mesh, admin_key, admin_id=args.admin_id, timeline=timeline)
+        except grpc.aio.AioRpcError as err:
+            _stopped(args, timeline, err)
+            raise
+    flag = "" if address == DEFAULT_TARGET else f"--target {address}"
+    emit(args, result.lines(flag), {"completed": True, **result.document(flag)})
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    d = sub.add_parser(
+        "demo", help="run a complete small Mission against a running mesh (start one with `make run`)"
+    )
+    # SUPPRESS keeps the global `mwp --target X demo` when `demo --target` is not given.
+    d.add_argument(
+        "--target",
+        default=argparse.SUPPRESS,
+        help=f"server address (default $MWP_TARGET or {DEFAULT_TARGET})",
+    )
+    d.add_argument("--admin-key", help="the Organization admin key (default <data dir>/keys/admin.key)")
+    d.add_argument("--admin-id", default="admin", help="the admin identity (default admin)")
+    add_json_flag(d, "one JSON document: identities, timeline, progress")
+    d.set_defaults(func=cmd_demo)
