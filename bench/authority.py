@@ -222,6 +222,46 @@ def spawn(name: str, role_args: list[str], stderr_path: Path) -> Child:
     raise RuntimeError(f"{name} failed to start; see {stderr_path}:\n{stderr_path.read_text()[-3000:]}")
 
 
+def spawn_mesh(data_dir: Path, work: Path, database_url: str = "", profile_out: Path | None = None) -> Child:
+    """Our server (all services of ``mwp serve``) in its own process; stderr goes to ``work/server.stderr``."""
+    mesh_args = ["--role", "mesh", "--data-dir", str(data_dir)]
+    if database_url:
+        mesh_args += ["--database-url", database_url]
+    if profile_out is not None:
+        mesh_args += ["--profile-out", str(profile_out)]
+    return spawn("server", mesh_args, work / "server.stderr")
+
+
+def spawn_echo(work: Path, unary_response: bytes, stream_response_rest: bytes = b"") -> Child:
+    """The no-op echo anchor in its own process, answering ``unary_response`` (and, on the stream
+    method, the request tag followed by ``stream_response_rest``)."""
+    (work / "unary_response.hex").write_text(unary_response.hex())
+    (work / "stream_response_rest.hex").write_text(stream_response_rest.hex())
+    return spawn(
+        "echo",
+        [
+            "--role",
+            "echo",
+            "--unary-response",
+            str(work / "unary_response.hex"),
+            "--stream-response-rest",
+            str(work / "stream_response_rest.hex"),
+        ],
+        work / "echo.stderr",
+    )
+
+
+def echo_unary_call(channel: grpc.aio.Channel) -> Callable[[Any], Awaitable[Any]]:
+    """The echo anchor's unary method, typed with our real request and response messages."""
+    from missionweave.v1 import authority_service_pb2 as pb
+
+    return channel.unary_unary(
+        ECHO_UNARY,
+        request_serializer=pb.ExecuteCommandRequest.SerializeToString,
+        response_deserializer=pb.ExecuteCommandResponse.FromString,
+    )
+
+
 # ====================================================================== measurement helpers
 
 
@@ -517,13 +557,8 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
     log(
         f"starting our server ({'PostgreSQL' if args.database_url else 'SQLite'} store) in a separate process"
     )
-    mesh_args = ["--role", "mesh", "--data-dir", str(data_dir)]
-    if args.database_url:
-        mesh_args += ["--database-url", args.database_url]
     profile_out = work / "server.prof"
-    if args.profile_server:
-        mesh_args += ["--profile-out", str(profile_out)]
-    mesh = spawn("server", mesh_args, work / "server.stderr")
+    mesh = spawn_mesh(data_dir, work, args.database_url, profile_out if args.profile_server else None)
     results["server_pid"] = mesh.proc.pid
     log(f"  server pid {mesh.proc.pid}, port {mesh.port}")
     try:
@@ -621,8 +656,6 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
             f"  sizes: request {request_bytes:.0f} B, response {response_bytes} B, command payload {command_payload} B, "
             f"event envelope {event_envelope} B"
         )
-        (work / "unary_response.hex").write_text(probe.SerializeToString().hex())
-        (work / "stream_response_rest.hex").write_text(stream_rest.hex())
 
         stub = client.authority
 
@@ -692,34 +725,19 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
 
     # ------------------------------------------------------------ echo anchors
     log("starting the echo anchor server in a separate process")
-    echo = spawn(
-        "echo",
-        [
-            "--role",
-            "echo",
-            "--unary-response",
-            str(work / "unary_response.hex"),
-            "--stream-response-rest",
-            str(work / "stream_response_rest.hex"),
-        ],
-        work / "echo.stderr",
-    )
+    echo = spawn_echo(work, probe.SerializeToString(), stream_rest)
     try:
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{echo.port}", options=GRPC_OPTIONS)
-        echo_unary_call = channel.unary_unary(
-            ECHO_UNARY,
-            request_serializer=pb.ExecuteCommandRequest.SerializeToString,
-            response_deserializer=pb.ExecuteCommandResponse.FromString,
-        )
+        echo_call = echo_unary_call(channel)
         echo_stream_call = channel.stream_stream(
             ECHO_STREAM,
             request_serializer=pb.ExecuteCommandStreamRequest.SerializeToString,
             response_deserializer=pb.ExecuteCommandStreamResponse.FromString,
         )
         log(f"echo, unary: {n:,} calls, {args.clients} concurrent clients")
-        await run_unary("warm-up", echo_unary_call, unary_warm, args.clients, args.max_seconds)
+        await run_unary("warm-up", echo_call, unary_warm, args.clients, args.max_seconds)
         echo_unary = await run_unary(
-            "echo unary", echo_unary_call, unary_reqs, args.clients, args.max_seconds, ok_unary, echo.proc.pid
+            "echo unary", echo_call, unary_reqs, args.clients, args.max_seconds, ok_unary, echo.proc.pid
         )
         log("  " + echo_unary.line())
         log(f"echo, streamed: {n:,} calls, {args.streams} streams x {args.window} in flight")

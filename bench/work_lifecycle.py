@@ -1,0 +1,619 @@
+"""WorkItem lifecycle benchmark: complete WorkItem lifecycles per second over gRPC, with the echo anchor.
+
+    PYTHONPATH=. .venv/bin/python bench/work_lifecycle.py            # default run (~1.5 minutes)
+    PYTHONPATH=. .venv/bin/python bench/work_lifecycle.py --quick    # smoke run (~15 s)
+    PYTHONPATH=. .venv/bin/python bench/work_lifecycle.py --lifecycles 2000 --concurrency 64 --groups 50
+
+What it measures (issue #4, "Benchmark"): one lifecycle per WorkItem, every step a signed command
+through unary ``ExecuteCommand`` that depends on the previous step's result:
+
+    work.authorize (Coordinator) -> work.offer (Coordinator) -> work.accept_offer (Worker)
+    -> work.start (Worker) -> --renewals x work.renew_lease (Worker, reporting token usage)
+    -> work.submit (Worker, an Artifact ref and Evidence) -> work.accept_result (Coordinator)
+
+``--concurrency`` lifecycles run at once, each with one command in flight, over ``--groups`` Missions
+(WorkItem i lives in Group i mod groups, so concurrent lifecycles share Groups and meet the
+Authority's per-Group serialisation). Each Group is a Mission created by the human owner with a
+Coordinator (1-hour lease) and a worker Membership granted by the owner.
+
+Pre-signed before the timed loop: authorize, offer, accept_offer, start, the renewals and submit
+(the offer id and lease id are client-chosen; the ownership epoch of a first acceptance is always 1,
+which the loop checks on the accept_offer result). Signed inside the timed loop: accept_result,
+because it cites the ``work.submitted`` event id from the submit result.
+
+Anchor in the same run: the echo server of ``bench/authority.py`` (its own process, parsing the same
+requests and answering canned bytes of our mean response size) at the same concurrency, over the
+very requests the timed loop sent. At the end every WorkItem must be VERIFIED (GetMissionProgress) and
+the sum of the Groups' heads (GetGroupState) must equal the events acknowledged to this client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+for _p in (str(ROOT), str(BENCH)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import grpc  # noqa: E402
+from authority import (  # noqa: E402
+    GRPC_OPTIONS,
+    Child,
+    CpuMeter,
+    Progress,
+    Run,
+    echo_unary_call,
+    log,
+    run_unary,
+    spawn_echo,
+    spawn_mesh,
+)
+from nacl.signing import SigningKey  # noqa: E402
+
+from missionweave.client import MeshClient, SessionSigner, membership_epoch  # noqa: E402
+from missionweave.v1 import authority_service_pb2 as pb  # noqa: E402
+from missionweave.v1 import common_pb2, event_pb2, membership_pb2  # noqa: E402
+from missionweave.v1 import work_pb2 as wp  # noqa: E402
+
+PRESIGNED = ("work_authorize", "work_offer", "work_accept_offer", "work_start", "work_renew_lease", "work_submit")
+IN_LOOP = ("work_accept_result",)
+KINDS = (*PRESIGNED, *IN_LOOP)
+LEASE_SECONDS = 600  # execution lease and start deadline: far longer than any lifecycle here
+VERIFIED = wp.WORK_ITEM_STATE_VERIFIED
+
+
+@dataclass
+class Plan:
+    """One WorkItem's lifecycle: the pre-signed requests in order, and what the loop signs itself."""
+
+    index: int
+    group_id: str
+    work_item_id: str
+    steps: list[tuple[str, pb.ExecuteCommandRequest]]
+
+
+@dataclass
+class Actors:
+    coordinator: SessionSigner
+    worker: SessionSigner
+    coordinator_membership: dict[str, int]  # Group -> membership epoch
+    worker_membership: dict[str, int]
+    coordinator_epoch: dict[str, int]  # Group -> Coordinator epoch
+
+
+@dataclass
+class Tally:
+    """Everything the lifecycle loop counts besides the lifecycle Run itself."""
+
+    per_kind: dict[str, Run] = field(default_factory=lambda: {k: Run(k) for k in KINDS})
+    commands: int = 0
+    events: int = 0
+    sign_seconds: float = 0.0  # in-loop build + sign of accept_result
+    failed_at: dict[str, int] = field(default_factory=dict)
+    sent: list[pb.ExecuteCommandRequest] = field(default_factory=list)
+    responses: list[pb.ExecuteCommandResponse] = field(default_factory=list)
+    completed: set[str] = field(default_factory=set)  # "group/work_item" of lifecycles that finished
+
+
+# ====================================================================== building the commands
+
+
+def contract(now: datetime) -> wp.WorkContract:
+    from tests import builders
+
+    c = builders.contract(now)
+    c.time_policy.execution_lease_duration.FromSeconds(LEASE_SECONDS)
+    c.time_policy.start_deadline.FromSeconds(LEASE_SECONDS)
+    return c
+
+
+def build_plans(
+    first: int, count: int, group_ids: list[str], actors: Actors, now: datetime, renewals: int, usage: int
+) -> list[Plan]:
+    """Builds and signs every command of ``count`` lifecycles that does not depend on a result."""
+    from tests import builders
+
+    coord, worker = actors.coordinator, actors.worker
+    plans = []
+    for i in range(first, first + count):
+        gid = group_ids[i % len(group_ids)]
+        ce, cm, wm = actors.coordinator_epoch[gid], actors.coordinator_membership[gid], actors.worker_membership[gid]
+        wi, offer_id, lease_id = f"wi-{i:07d}", f"offer-{i:07d}", f"lease-{i:07d}"
+
+        def signed(signer: SessionSigner, kind: str, body: Any, epoch: int, gid: str = gid) -> pb.ExecuteCommandRequest:
+            return pb.ExecuteCommandRequest(
+                command=signer.sign(signer.command(gid, kind, body, membership_epoch=epoch))
+            )
+
+        authorize = wp.WorkAuthorize(work_item_id=wi, title=f"bench task {i}", contract=contract(now), coordinator_epoch=ce)
+        offer = wp.WorkOffer(
+            work_item_id=wi,
+            offer_id=offer_id,
+            candidate_ids=[worker.identity_id],
+            selection_criteria=[builders.selection(worker.identity_id)],
+            coordinator_epoch=ce,
+        )
+        offer.expires_at.FromDatetime(now + timedelta(hours=1))
+        steps = [
+            ("work_authorize", signed(coord, "work_authorize", authorize, cm)),
+            ("work_offer", signed(coord, "work_offer", offer, cm)),
+            (
+                "work_accept_offer",
+                signed(
+                    worker,
+                    "work_accept_offer",
+                    wp.WorkAcceptOffer(work_item_id=wi, offer_id=offer_id, contract_revision=1),
+                    wm,
+                ),
+            ),
+            (
+                "work_start",
+                signed(worker, "work_start", wp.WorkStart(work_item_id=wi, ownership_epoch=1, lease_id=lease_id), wm),
+            ),
+        ]
+        for _ in range(renewals):
+            renew = wp.WorkRenewLease(work_item_id=wi, lease_id=lease_id, ownership_epoch=1)
+            if usage:
+                renew.usage_delta.tokens = usage
+            steps.append(("work_renew_lease", signed(worker, "work_renew_lease", renew, wm)))
+        submit = wp.WorkSubmit(
+            work_item_id=wi,
+            lease_id=lease_id,
+            ownership_epoch=1,
+            contract_revision=1,
+            artifacts=[builders.artifact()],
+            evidence=[builders.evidence()],
+            summary=f"bench task {i}: all balances match",
+        )
+        steps.append(("work_submit", signed(worker, "work_submit", submit, wm)))
+        plans.append(Plan(i, gid, wi, steps))
+    return plans
+
+
+def commands_per_lifecycle(renewals: int) -> int:
+    """authorize, offer, accept_offer, start, the renewals, submit, accept_result."""
+    return 6 + renewals
+
+
+def first_event(result: Any) -> event_pb2.Event:
+    event = event_pb2.Event()
+    event.ParseFromString(result.events[0].payload)
+    return event
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        from missionweave.errors import rejection_from_rpc_error
+
+        rejection = rejection_from_rpc_error(exc)
+        if rejection is not None:
+            return f"{common_pb2.RejectionReason.Name(rejection.reason)}: {rejection.message}"
+        return f"{exc.code().name}: {exc.details()}"
+    return repr(exc)[:500]
+
+
+# ====================================================================== the lifecycle loop
+
+
+async def run_lifecycles(
+    name: str,
+    call: Callable[[pb.ExecuteCommandRequest], Awaitable[pb.ExecuteCommandResponse]],
+    plans: list[Plan],
+    actors: Actors,
+    concurrency: int,
+    max_seconds: float,
+    tally: Tally,
+    server_pid: int = 0,
+    keep_responses: bool = False,
+) -> Run:
+    """``concurrency`` tasks, each running the next lifecycle from a shared cursor to its end.
+
+    Every request sent is kept in ``tally.sent`` (the echo anchor replays them), every response too
+    with ``keep_responses`` (the echo anchor's canned response is one of our mean size).
+    No new lifecycle starts after ``max_seconds``; those in flight finish.
+    """
+    run = Run(name)
+    perf = time.perf_counter
+    deadline = perf() + max_seconds
+    cursor = iter(plans)
+    coord = actors.coordinator
+
+    async def step(kind: str, req: pb.ExecuteCommandRequest) -> pb.ExecuteCommandResponse:
+        t0 = perf()
+        resp = await call(req)
+        tally.per_kind[kind].latencies.append(perf() - t0)
+        tally.per_kind[kind].done += 1
+        tally.commands += 1
+        tally.events += len(resp.result.events)
+        tally.sent.append(req)
+        if keep_responses:
+            tally.responses.append(resp)
+        if resp.result.replayed:
+            raise RuntimeError(f"{kind} was answered as a replay")
+        return resp
+
+    async def lifecycle(plan: Plan) -> None:
+        kind = plan.steps[0][0]
+        t0 = perf()
+        try:
+            submission = ""
+            for kind, req in plan.steps:
+                resp = await step(kind, req)
+                if kind == "work_accept_offer":
+                    epoch = first_event(resp.result).work_offer_accepted.ownership.ownership_epoch
+                    if epoch != 1:
+                        raise RuntimeError(f"ownership epoch {epoch}, the pre-signed commands cite 1")
+                elif kind == "work_submit":
+                    submission = first_event(resp.result).event_id
+            kind = "work_accept_result"
+            s0 = perf()
+            gid = plan.group_id
+            body = wp.WorkAcceptResult(
+                work_item_id=plan.work_item_id,
+                coordinator_epoch=actors.coordinator_epoch[gid],
+                submission_event_id=submission,
+            )
+            req = pb.ExecuteCommandRequest(
+                command=coord.sign(
+                    coord.command(gid, kind, body, membership_epoch=actors.coordinator_membership[gid])
+                )
+            )
+            tally.sign_seconds += perf() - s0
+            await step(kind, req)
+        except Exception as exc:
+            run.errors += 1
+            tally.per_kind[kind].errors += 1
+            tally.failed_at[kind] = tally.failed_at.get(kind, 0) + 1
+            run.first_error = run.first_error or f"{plan.work_item_id} at {kind}: {describe(exc)}"
+            return
+        run.latencies.append(perf() - t0)
+        run.done += 1
+        tally.completed.add(f"{plan.group_id}/{plan.work_item_id}")
+
+    async def worker() -> None:
+        for plan in cursor:
+            if perf() > deadline:
+                return
+            await lifecycle(plan)
+
+    with Progress(run, len(plans)), CpuMeter(run, server_pid):
+        t0 = perf()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        run.seconds = perf() - t0
+    return run
+
+
+# ====================================================================== the driver
+
+
+async def setup(
+    client: MeshClient, data_dir: Path, group_ids: list[str], run_id: str, unique_names: bool, now: datetime
+) -> tuple[Actors, int]:
+    """Identities, sessions, one Mission per Group and the worker's Membership; returns the events made."""
+    from missionweave.signing import read_key
+    from tests import builders
+
+    admin_key_path = data_dir / "keys" / "admin.key"
+    if not admin_key_path.exists():
+        raise SystemExit(f"no admin key at {admin_key_path}: pass --data-dir of the server that bootstrapped it")
+    admin_key = read_key(admin_key_path)
+    suffix = f"-{run_id}" if unique_names else ""
+    names = {"owner": f"alice{suffix}", "coordinator": f"coordinator-bot{suffix}", "worker": f"worker-bot{suffix}"}
+    kinds = {"owner": common_pb2.IDENTITY_KIND_HUMAN}
+    signers: dict[str, SessionSigner] = {}
+    for role, name in names.items():
+        key = SigningKey.generate()
+        await client.register_identity(
+            "admin", admin_key, name, kinds.get(role, common_pb2.IDENTITY_KIND_AGENT), bytes(key.verify_key)
+        )
+        signers[role] = await client.open_session(name, key)
+    owner, coord, worker = signers["owner"], signers["coordinator"], signers["worker"]
+
+    events = 0
+    budget = common_pb2.ResourceVector(
+        currency="EUR", financial_micros=10**12, tokens=10**12, tool_calls=10**9
+    )
+
+    async def create(gid: str) -> pb.GroupState:
+        nonlocal events
+        body = builders.mission_create(owner.identity_id, coord.identity_id, now, budget=budget)
+        body.coordinator_renewal.lease_duration.FromSeconds(3600)
+        # (await first, then add: ``events += len(await ...)`` would read ``events`` before awaiting)
+        created = await client.execute(owner.sign(owner.command(gid, "mission_create", body)))
+        events += len(created.events)
+        grant = membership_pb2.MembershipGrant(member_id=worker.identity_id, role=membership_pb2.MEMBER_ROLE_WORKER)
+        granted = await client.execute(owner.sign(owner.command(gid, "membership_grant", grant, membership_epoch=1)))
+        events += len(granted.events)
+        return await client.group_state(gid)
+
+    actors = Actors(coord, worker, {}, {}, {})
+    for start in range(0, len(group_ids), 16):
+        chunk = group_ids[start : start + 16]
+        for gid, state in zip(chunk, await asyncio.gather(*(create(g) for g in chunk)), strict=True):
+            actors.coordinator_membership[gid] = membership_epoch(state, coord.identity_id)
+            actors.worker_membership[gid] = membership_epoch(state, worker.identity_id)
+            actors.coordinator_epoch[gid] = state.mission.coordinator.coordinator_epoch
+            if not (actors.coordinator_membership[gid] and actors.worker_membership[gid]):
+                raise RuntimeError(f"Group {gid}: the Coordinator or the worker holds no Membership")
+    return actors, events
+
+
+
+async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from missionweave import ids
+    from missionweave.clock import SystemClock
+
+    r: dict[str, Any] = {}
+    run_id = ids.new_id("b")[2:10]
+    data_dir = Path(args.data_dir) if args.data_dir else work / "data"
+    log(f"starting our server ({'PostgreSQL' if args.database_url else 'SQLite'} store) in a separate process")
+    profile_out = work / "server.prof"
+    mesh = spawn_mesh(data_dir, work, args.database_url, profile_out if args.profile_server else None)
+    log(f"  server pid {mesh.proc.pid}, port {mesh.port}")
+    try:
+        client = MeshClient(f"127.0.0.1:{mesh.port}")
+        group_ids = [f"grp_wl_{run_id}_{g:03d}" for g in range(args.groups)]
+        now = SystemClock().now()
+        log(f"creating {args.groups} Missions (owner, Coordinator, worker Membership)")
+        actors, setup_events = await setup(
+            client, data_dir, group_ids, run_id, bool(args.database_url or args.data_dir), now
+        )
+
+        warm = min(500, max(args.groups, args.lifecycles // 20))
+        total = warm + args.lifecycles
+        per = commands_per_lifecycle(args.renewals)
+        log(f"building and signing {total:,} lifecycles x {per} commands = {total * per:,} (outside the timed loop)")
+        t0 = time.perf_counter()
+        plans: list[Plan] = []
+        for start in range(0, total, 1000):
+            plans += build_plans(
+                start, min(1000, total - start), group_ids, actors, now, args.renewals, args.usage_tokens
+            )
+            if total > 2000:
+                log(f"  signed {len(plans):,}/{total:,} lifecycles")
+        sign_s = time.perf_counter() - t0
+        r["client_sign_rate"] = total * per / sign_s
+        log(f"  {total * per:,} commands in {sign_s:.1f}s ({r['client_sign_rate']:,.0f}/s client-side build+sign)")
+
+        stub = client.authority
+        log(f"warm-up: {warm} lifecycles, {args.concurrency} concurrent")
+        warm_tally = Tally()
+        warm_run = await run_lifecycles(
+            "warm-up", stub.ExecuteCommand, plans[:warm], actors, args.concurrency, args.max_seconds, warm_tally,
+            keep_responses=True,
+        )
+        if warm_run.errors:
+            raise RuntimeError(f"warm-up failed: {warm_run.first_error}")
+
+        _profile_toggle(mesh, args)
+        log(f"timed: {args.lifecycles:,} lifecycles, {args.concurrency} concurrent, over {args.groups} Groups")
+        tally = Tally()
+        lifecycles = await run_lifecycles(
+            "lifecycles", stub.ExecuteCommand, plans[warm:], actors, args.concurrency, args.max_seconds, tally,
+            mesh.proc.pid,
+        )
+        _profile_toggle(mesh, args)
+        log(f"  {lifecycles.line()}")
+
+        # ------------------------------------------------------------ consistency check
+        log("consistency check: GetMissionProgress and GetGroupState of every Group")
+        states = await asyncio.gather(*(client.group_state(g) for g in group_ids))
+        progress = await asyncio.gather(
+            *(stub.GetMissionProgress(pb.GetMissionProgressRequest(group_id=g)) for g in group_ids)
+        )
+        items = {f"{g}/{w.work_item_id}": w.state for g, p in zip(group_ids, progress, strict=True) for w in p.work_items}
+        completed = warm_tally.completed | tally.completed
+        r["check"] = {
+            "heads": sum(s.head_sequence for s in states),
+            "acked": setup_events + warm_tally.events + tally.events,
+            "work_items": len(items),
+            "verified": sum(1 for s in items.values() if s == VERIFIED),
+            "completed": len(completed),
+            "completed_not_verified": sum(1 for k in completed if items.get(k) != VERIFIED),
+            "max_items_per_group": max(len(p.work_items) for p in progress),
+        }
+        await client.channel.close()
+    finally:
+        out = mesh.stop()
+    stats = [line for line in out.splitlines() if line.startswith("STATS")]
+    r["server_stats"] = stats[0][6:] if stats else ""
+    if args.profile_server and profile_out.exists():
+        r["profile"] = profile_out
+
+    # ------------------------------------------------------------ echo anchor (same requests, same concurrency)
+    sizes = [len(x.SerializeToString()) for x in warm_tally.responses]
+    mean_response = statistics.mean(sizes)
+    canned = min(warm_tally.responses, key=lambda x: abs(len(x.SerializeToString()) - mean_response))
+    r["request_bytes"] = statistics.mean(len(x.SerializeToString()) for x in tally.sent[:5000] or warm_tally.sent)
+    r["response_bytes"] = mean_response
+    r["canned_bytes"] = len(canned.SerializeToString())
+    echo_reqs = tally.sent[: args.echo_calls] or warm_tally.sent
+    log(
+        f"echo anchor: {len(echo_reqs):,} of the requests just sent, {args.concurrency} concurrent clients; "
+        f"canned response {r['canned_bytes']} B (our mean {mean_response:.0f} B)"
+    )
+    echo = spawn_echo(work, canned.SerializeToString())
+    try:
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{echo.port}", options=GRPC_OPTIONS)
+        call = echo_unary_call(channel)
+        await run_unary("warm-up", call, warm_tally.sent[:1000], args.concurrency, args.max_seconds)
+        echo_run = await run_unary(
+            "echo unary", call, echo_reqs, args.concurrency, args.max_seconds,
+            lambda x: x.result.group_revision > 0, echo.proc.pid,
+        )
+        log(f"  {echo_run.line()}")
+        await channel.close()
+    finally:
+        echo.stop()
+
+    r.update(lifecycles=lifecycles, tally=tally, echo=echo_run, warm=warm)
+    return r
+
+
+def _profile_toggle(mesh: Child, args: argparse.Namespace) -> None:
+    if args.profile_server:
+        import signal
+
+        os.kill(mesh.proc.pid, signal.SIGUSR1)
+
+
+# ====================================================================== the report
+
+
+def report(args: argparse.Namespace, r: dict[str, Any]) -> bool:
+    """Prints the figures; returns whether the consistency check passed."""
+    lc: Run = r["lifecycles"]
+    t: Tally = r["tally"]
+    echo: Run = r["echo"]
+    c: dict[str, int] = r["check"]
+    secs = lc.seconds or float("nan")
+    cmd_rate = t.commands / secs
+    per = commands_per_lifecycle(args.renewals)
+    store = "PostgreSQL" if args.database_url else "SQLite (WAL, synchronous=FULL)"
+
+    print()
+    print(
+        f"MissionWeave WorkItem lifecycle benchmark - {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+        f"grpcio {grpc.__version__}"
+    )
+    print(
+        f"store: {store}; {args.lifecycles:,} lifecycles ({r['warm']} more as warm-up), {args.concurrency} concurrent, "
+        f"over {args.groups} Groups (up to {c['max_items_per_group']} WorkItems per Group at the end)"
+    )
+    print(
+        f"lifecycle: authorize -> offer -> accept_offer -> start -> {args.renewals} x renew_lease"
+        f"{f' ({args.usage_tokens} tokens of usage each)' if args.usage_tokens else ''} -> submit -> accept_result "
+        f"= {per} signed commands, each waiting for the previous result (unary ExecuteCommand)"
+    )
+    print(
+        f"pre-signed before the timed loop: {', '.join(PRESIGNED)} (client build+sign {r['client_sign_rate']:,.0f}/s); "
+        f"signed in the timed loop: {', '.join(IN_LOOP)} (needs the submit result's event id; "
+        f"{t.sign_seconds / max(1, lc.done) * 1e6:,.0f} us per lifecycle)"
+    )
+    print(
+        f"request {r['request_bytes']:.0f} B mean, response {r['response_bytes']:.0f} B mean; "
+        f"server and client are separate processes"
+    )
+    print()
+    rows = [
+        ("lifecycles", f"{lc.rate:,.1f} /s", lc.pct(50), lc.pct(99), lc.errors),
+        ("commands (all kinds)", f"{cmd_rate:,.0f} cmd/s", _pooled(t, 50), _pooled(t, 99), sum(k.errors for k in t.per_kind.values())),
+        ("events appended", f"{t.events / secs:,.0f} ev/s", None, None, None),
+    ]
+    for kind in KINDS:
+        k = t.per_kind[kind]
+        rows.append((f"  {kind}", f"{k.done / secs:,.0f} cmd/s", k.pct(50), k.pct(99), k.errors))
+    rows.append(("anchor: echo, unary", f"{echo.rate:,.0f} calls/s", echo.pct(50), echo.pct(99), echo.errors))
+    w = max(len(x[0]) for x in rows)
+    print(f"{'figure':<{w}}  {'value':>14}  {'p50 ms':>8}  {'p99 ms':>8}  {'errors':>6}")
+    print("-" * (w + 44))
+    for name, value, p50, p99, err in rows:
+        f50 = f"{p50:.1f}" if p50 is not None else ""
+        f99 = f"{p99:.1f}" if p99 is not None else ""
+        print(f"{name:<{w}}  {value:>14}  {f50:>8}  {f99:>8}  {'' if err is None else err:>6}")
+    print()
+    ratio = f"{cmd_rate / echo.rate:.0%}" if echo.rate else "n/a"
+    print(f"commands/s / echo calls/s: {ratio}  (lifecycles/s x {per} / echo calls/s)")
+    n = max(1, lc.done)
+    print(
+        f"CPU per lifecycle: server {lc.server_cpu / n * 1e3:.2f} ms ({lc.server_cpu / secs:.0%} of a core), "
+        f"client {lc.client_cpu / n * 1e3:.2f} ms ({lc.client_cpu / secs:.0%}); per command: server "
+        f"{lc.server_cpu / max(1, t.commands) * 1e6:,.0f} us, client {lc.client_cpu / max(1, t.commands) * 1e6:,.0f} us"
+    )
+    print(f"echo anchor CPU: {echo.cpu_line()}")
+    stats = dict(kv.split("=") for kv in str(r["server_stats"]).split())
+    batch = (
+        f" (mean group-commit batch {int(stats['appends']) / int(stats['batches']):.1f} appends)"
+        if stats.get("batches") and int(stats["batches"])
+        else ""
+    )
+    print(f"server store: {r['server_stats']}{batch}")
+    print()
+    heads_ok = c["heads"] == c["acked"]
+    items_ok = c["completed_not_verified"] == 0 and c["verified"] == c["work_items"] == c["completed"]
+    print(
+        f"check: {c['verified']:,} of {c['work_items']:,} WorkItems VERIFIED (GetMissionProgress), "
+        f"{c['completed']:,} lifecycles completed (warm-up included), {c['completed_not_verified']} completed but not VERIFIED "
+        f"-> {'consistent' if items_ok else 'MISMATCH'}"
+    )
+    print(
+        f"check: sum of Group heads {c['heads']:,} vs events acknowledged to this client {c['acked']:,} "
+        f"-> {'consistent' if heads_ok else 'MISMATCH'}"
+    )
+    if lc.first_error:
+        print(f"first error: {lc.first_error}  (failed at: {t.failed_at})")
+    if echo.first_error:
+        print(f"first echo error: {echo.first_error}")
+    return heads_ok and items_ok and not lc.errors
+
+
+def _pooled(t: Tally, p: float) -> float:
+    pooled = Run("all", latencies=[x for k in t.per_kind.values() for x in k.latencies])
+    return pooled.pct(p)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--lifecycles", type=int, default=10000, help="timed WorkItem lifecycles (default 10000)")
+    p.add_argument("--concurrency", type=int, default=64, help="lifecycles in flight (default 64)")
+    p.add_argument("--groups", type=int, default=50, help="Missions (Groups) the WorkItems spread over (default 50)")
+    p.add_argument("--renewals", type=int, default=3, help="work.renew_lease commands per lifecycle (default 3)")
+    p.add_argument(
+        "--usage-tokens", type=int, default=100, help="tokens of usage each renewal reports; 0 = none (default 100)"
+    )
+    p.add_argument("--echo-calls", type=int, default=20000, help="calls in the echo anchor (default 20000)")
+    p.add_argument("--max-seconds", type=float, default=150.0, help="no new lifecycle after this (default 150)")
+    p.add_argument("--quick", action="store_true", help="smoke run (~15 s): 2000 lifecycles, 5000 echo calls")
+    p.add_argument("--database-url", default="", help="postgresql://... instead of the embedded SQLite store")
+    p.add_argument("--data-dir", default="", help="server data dir (default: a temp dir, removed afterwards)")
+    p.add_argument("--profile-server", action="store_true", help="cProfile the server during the timed loop")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (server stderr, profile)")
+    args = p.parse_args()
+    if args.quick:
+        args.lifecycles = min(args.lifecycles, 2000)
+        args.echo_calls = min(args.echo_calls, 5000)
+        args.max_seconds = min(args.max_seconds, 20.0)
+    if args.lifecycles < 1 or args.concurrency < 1 or args.groups < 1 or args.renewals < 0:
+        p.error("--lifecycles, --concurrency and --groups must be positive, --renewals not negative")
+    # Pre-signed commands carry their issued_at; the Authority refuses them after its 5-minute replay window.
+    args.max_seconds = min(args.max_seconds, 240.0)
+
+    work = Path(tempfile.mkdtemp(prefix="mwp-bench-wl-"))
+    t0 = time.perf_counter()
+    ok = False
+    try:
+        results = asyncio.run(drive(args, work))
+        ok = report(args, results)
+        if args.profile_server and results.get("profile"):
+            import pstats
+
+            print("\nserver profile (timed loop only), top 35 by cumulative time:")
+            pstats.Stats(str(results["profile"])).sort_stats("cumulative").print_stats(35)
+            pstats.Stats(str(results["profile"])).sort_stats("tottime").print_stats(25)
+    finally:
+        if args.keep:
+            log(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    log(f"done in {time.perf_counter() - t0:.0f}s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
