@@ -783,7 +783,11 @@ async def test_transient_failures_retry_with_backoff_until_the_attempt_budget_is
         revoked.cause == wp.LEASE_REVOCATION_CAUSE_FAILED
         and revoked.resulting_state == WS.WORK_ITEM_STATE_QUEUED
     )
-    kept = [e.evidence_recorded.evidence.evidence_id for e in decode_events(result.events) if e.type == "work.evidence_recorded"]
+    kept = [
+        e.evidence_recorded.evidence.evidence_id
+        for e in decode_events(result.events)
+        if e.type == "work.evidence_recorded"
+    ]
     assert kept == ["ev-timeout"]  # the failed attempt's Evidence stays in the log
     assert await f.item_state("wi-r") == WS.WORK_ITEM_STATE_QUEUED
     early = wp.WorkStart(work_item_id="wi-r", ownership_epoch=epoch, lease_id="lease-2")
@@ -926,3 +930,36 @@ async def test_acceptance_checks_capability_and_deadline(world: World) -> None:
     )
     w.clock.advance(minutes=-31)
     await w.run(w.worker, G, "work_accept_offer", accept, membership_epoch=epoch)
+
+
+@pytest.mark.req("MW-10.2-05")
+async def test_commands_against_a_stale_work_item_revision_are_refused(world: World) -> None:
+    """Optimistic concurrency on the WorkItem aggregate (OP-10): a command may name the revision it
+    read; if the WorkItem moved on since, nothing is written."""
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    group = await w.mesh.authority.state(G)  # type: ignore[attr-defined]
+    read = group.work_items["wi-1"].revision
+    await f.offer("wi-1", "worker-bot")  # the WorkItem moves on
+    stale = common_pb2.ExpectedRevision(
+        kind=common_pb2.REVISION_KIND_WORK_ITEM, aggregate_id="wi-1", revision=read
+    )
+    cancel = wp.WorkCancel(work_item_id="wi-1", coordinator_epoch=1, reason="descoped")
+    await refused(
+        w,
+        w.coordinator,
+        G,
+        "work_cancel",
+        cancel,
+        R.REJECTION_REASON_REVISION_MISMATCH,
+        membership_epoch=2,
+        expected_revision=stale,
+    )
+    group = await w.mesh.authority.state(G)  # type: ignore[attr-defined]
+    fresh = common_pb2.ExpectedRevision(
+        kind=common_pb2.REVISION_KIND_WORK_ITEM,
+        aggregate_id="wi-1",
+        revision=group.work_items["wi-1"].revision,
+    )
+    await f.w.run(w.coordinator, G, "work_cancel", cancel, membership_epoch=2, expected_revision=fresh)

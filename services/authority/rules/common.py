@@ -146,6 +146,12 @@ def check_expected_revision(state: GroupState, command: command_pb2.Command) -> 
         if state.mission is None or expected.aggregate_id not in ("", state.mission.mission_id):
             raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no mission {expected.aggregate_id} in this group")
         current = state.mission.revision
+    elif expected.kind in (RK.REVISION_KIND_WORK_ITEM, RK.REVISION_KIND_WORK_CONTRACT):
+        item = state.work_items.get(expected.aggregate_id)
+        if item is None:
+            raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no WorkItem {expected.aggregate_id!r} in this group")
+        # MW-10.2-05 / OP-10: the WorkItem aggregate revision, or its contract revision.
+        current = item.revision if expected.kind == RK.REVISION_KIND_WORK_ITEM else item.contract_revision
     else:
         raise Rejected(
             R.REJECTION_REASON_NOT_FOUND,
