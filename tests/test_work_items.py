@@ -963,3 +963,70 @@ async def test_commands_against_a_stale_work_item_revision_are_refused(world: Wo
         revision=group.work_items["wi-1"].revision,
     )
     await f.w.run(w.coordinator, G, "work_cancel", cancel, membership_epoch=2, expected_revision=fresh)
+
+
+@pytest.mark.req("MW-11.3-06", "MW-11.3-07", "MW-11.3-08")
+async def test_capability_tokens_are_bound_to_the_lease_narrow_rotate_and_end_with_it(world: World) -> None:
+    from services.authority.rules.work import token_valid
+
+    w = world
+    f = await setup(w)
+    contract = builders.contract(w.clock.now())
+    contract.permissions.allowed_tools.extend(["sql.query", "python.exec"])
+    contract.permissions.allowed_data.append("db:ledger:read")
+    await f.coord(
+        "work_authorize",
+        wp.WorkAuthorize(work_item_id="wi-t", title="tok", contract=contract, coordinator_epoch=1),
+    )
+    epoch = await f.accept(w.worker, "wi-t", await f.offer("wi-t", "worker-bot"))
+    too_wide = wp.WorkStart(work_item_id="wi-t", ownership_epoch=epoch, lease_id="lease-1")
+    too_wide.requested_scope.allowed_tools.append("shell.exec")
+    await refused(
+        w, w.worker, G, "work_start", too_wide, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3
+    )
+    start = wp.WorkStart(work_item_id="wi-t", ownership_epoch=epoch, lease_id="lease-1")
+    start.requested_scope.allowed_tools.append("sql.query")
+    started = decode_events((await f.as_(w.worker, "work_start", start)).events)[0].work_started
+    token = started.token
+    assert (
+        token.lease_id == "lease-1"
+        and token.ownership_epoch == epoch
+        and list(token.scope.allowed_tools) == ["sql.query"]
+    )
+    assert token.expires_at == started.lease.expires_at  # never outlives its lease (MW-11.3-07)
+    assert token.limit.tokens == contract.budget.tokens
+    renew = wp.WorkRenewLease(
+        work_item_id="wi-t",
+        lease_id="lease-1",
+        ownership_epoch=epoch,
+        usage_delta=common_pb2.ResourceVector(tokens=400),
+    )
+    renew.requested_scope.allowed_tools.append("python.exec")  # wider than the current token: refused
+    await refused(
+        w, w.worker, G, "work_renew_lease", renew, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3
+    )
+    del renew.requested_scope.allowed_tools[:]
+    rotated = decode_events((await f.as_(w.worker, "work_renew_lease", renew)).events)[
+        0
+    ].work_lease_renewed.token
+    assert rotated.replaces_token_id == token.token_id and rotated.lease_id == "lease-1"
+    assert (
+        list(rotated.scope.allowed_tools) == ["sql.query"]
+        and rotated.limit.tokens == contract.budget.tokens - 400
+    )
+    group = await w.mesh.authority.state(G)  # type: ignore[attr-defined]
+    assert token_valid(group, rotated.token_id, w.clock.now()) and not token_valid(
+        group, token.token_id, w.clock.now()
+    )
+    await f.as_(
+        w.worker,
+        "work_checkpoint",
+        wp.WorkCheckpoint(
+            work_item_id="wi-t",
+            lease_id="lease-1",
+            ownership_epoch=epoch,
+            checkpoint=wp.Checkpoint(checkpoint_id="ck"),
+        ),
+    )
+    group = await w.mesh.authority.state(G)  # type: ignore[attr-defined]
+    assert not token_valid(group, rotated.token_id, w.clock.now())  # released with its lease (MW-11.3-08)

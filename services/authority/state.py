@@ -125,6 +125,9 @@ class ExecutionLeaseState:
     started_at: datetime
     expires_at: datetime
     renewals: int = 0
+    # The current capability token bound to this lease (MW-11.3-06): rotated on renewal, gone with it.
+    token_id: str = ""
+    token_scope: Any = None  # missionweave.v1.ExecutionPermissions
 
 
 SIX = ("financial_micros", "tokens", "tool_calls", "compute_ms", "wall_clock_ms", "side_effects")

@@ -170,6 +170,67 @@ def _retry_at(item: WorkItemState, now: datetime) -> datetime | None:
     return retry_at if retry_at < min(deadlines) else None
 
 
+_SCOPE_FIELDS = ("allowed_tools", "allowed_data", "allowed_operations", "allowed_egress_hosts")
+
+
+def _narrow(
+    requested: wp.ExecutionPermissions, allowed: wp.ExecutionPermissions, field: str
+) -> wp.ExecutionPermissions:
+    """MW-11.3-06: a token's scope is the allowed one, or a subset of it; never wider."""
+    if not any(getattr(requested, f) for f in _SCOPE_FIELDS):
+        scope = wp.ExecutionPermissions()
+        scope.CopyFrom(allowed)
+        return scope
+    for f in _SCOPE_FIELDS:
+        extra = set(getattr(requested, f)) - set(getattr(allowed, f))
+        if extra:
+            raise invalid(
+                f"{field}.{f}", f"{', '.join(sorted(extra))} exceed the permitted scope; a token only narrows"
+            )
+    return requested
+
+
+def _token(
+    command: command_pb2.Command,
+    item: WorkItemState,
+    lease_id: str,
+    epoch: int,
+    scope: wp.ExecutionPermissions,
+    now: datetime,
+    expires: datetime,
+    replaces: str = "",
+    spending: dict[str, int] | None = None,
+) -> wp.CapabilityToken:
+    """A capability token bound to the execution lease, expiring with it (MW-11.3-06/07, OP-18)."""
+    remaining = common_pb2.ResourceVector(currency=item.contract.budget.currency)
+    for dim in SIX:
+        spent = item.used[dim] + (spending or {}).get(dim, 0)  # including this command's own usage
+        setattr(remaining, dim, max(0, int(getattr(item.contract.budget, dim)) - spent))
+    return wp.CapabilityToken(
+        token_id=ids.derived_id("tok", command.group_id, command.command_id),
+        lease_id=lease_id,
+        agent_id=command.actor_id,
+        work_item_id=item.work_item_id,
+        ownership_epoch=epoch,
+        scope=scope,
+        limit=remaining,
+        issued_at=to_timestamp(now),
+        expires_at=to_timestamp(expires),
+        replaces_token_id=replaces,
+        issuer_id="group-authority",
+    )
+
+
+def token_valid(state: GroupState, token_id: str, now: datetime) -> bool:
+    """Whether a capability token is the current one of a live lease (released, expired, revoked or
+    rotated tokens are not: OP-18)."""
+    for item in state.work_items.values():
+        lease = item.lease
+        if lease is not None and lease.token_id == token_id:
+            return lease.expires_at > now
+    return False
+
+
 def _live_owner(item: WorkItemState, now: datetime) -> bool:
     return item.owner is not None and item.owner.expires_at > now
 
@@ -619,6 +680,7 @@ def _revoke(
             cause=cause,  # type: ignore[arg-type]
             resulting_state=resulting_state,  # type: ignore[arg-type]
             retry_not_before=to_timestamp(retry_not_before) if retry_not_before else None,
+            revoked_token_ids=[lease.token_id] if lease and lease.token_id else [],
         ),
     )
 
@@ -843,6 +905,8 @@ def work_start(
         "time_policy.execution_lease_duration",
     )
     duration = min(policy, _duration(body.requested_duration, policy, "body.requested_duration"))
+    scope = _narrow(body.requested_scope, item.contract.permissions, "body.requested_scope")
+    token = _token(command, item, lease_id, owner.ownership_epoch, scope, ctx.now, ctx.now + duration)
     out.emit(
         "work.started",
         "work_started",
@@ -859,6 +923,7 @@ def work_start(
                 attempt=item.attempts + 1,
             ),
             resume_from_checkpoint_id=body.resume_from_checkpoint_id or item.last_checkpoint_id,
+            token=token,
         ),
     )
 
@@ -880,6 +945,19 @@ def work_renew_lease(
         "time_policy.execution_lease_duration",
     )
     duration = min(policy, _duration(body.requested_duration, policy, "body.requested_duration"))
+    current_scope = item.lease.token_scope or item.contract.permissions
+    scope = _narrow(body.requested_scope, current_scope, "body.requested_scope")
+    token = _token(
+        command,
+        item,
+        body.lease_id,
+        body.ownership_epoch,
+        scope,
+        ctx.now,
+        ctx.now + duration,
+        replaces=item.lease.token_id,
+        spending=usage,
+    )
     out.emit(
         "work.lease_renewed",
         "work_lease_renewed",
@@ -894,6 +972,7 @@ def work_renew_lease(
                 session_epoch=command.session_epoch,
                 command_id=command.command_id,
             ),
+            token=token,
         ),
     )
     _record_usage(out, command, item, body.usage_delta, usage)
@@ -1405,6 +1484,8 @@ def _started(state: GroupState, event: event_pb2.Event) -> None:
         ownership_epoch=lease.ownership_epoch,
         started_at=from_timestamp(lease.started_at),
         expires_at=from_timestamp(lease.expires_at),
+        token_id=event.work_started.token.token_id,
+        token_scope=event.work_started.token.scope,
     )
     item.attempts = lease.attempt
     if item.owner is not None:  # while executing, ownership lives as long as the execution lease
@@ -1418,6 +1499,9 @@ def _renewed(state: GroupState, event: event_pb2.Event) -> None:
     assert item.lease is not None
     item.lease.expires_at = from_timestamp(p.renewal.expires_at)
     item.lease.renewals += 1
+    if p.HasField("token"):  # rotation: the previous token is no longer current
+        item.lease.token_id = p.token.token_id
+        item.lease.token_scope = p.token.scope
     if item.owner is not None:
         item.owner.expires_at = max(item.owner.expires_at, item.lease.expires_at)
 
