@@ -97,6 +97,9 @@ def sqlite_writer_connector(engine: AsyncEngine) -> Callable[[], sqlite3.Connect
     def connect() -> sqlite3.Connection:
         conn = sqlite3.connect(path, timeout=30, isolation_level=None)
         _sqlite_pragmas(conn, synchronous)
+        # The writer touches index pages all over the events and commands tables (random ids); a
+        # 64 MiB page cache (default 2 MiB) keeps them in memory as the log grows.
+        conn.execute("PRAGMA cache_size=-65536")
         return conn
 
     return connect
