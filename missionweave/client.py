@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import blake3
 import grpc
 from google.protobuf.message import Message
 from nacl.signing import SigningKey
@@ -32,6 +33,8 @@ from missionweave.signing import (
     verify_signature,
 )
 from missionweave.v1 import (
+    artifact_service_pb2,
+    artifact_service_pb2_grpc,
     authority_service_pb2,
     authority_service_pb2_grpc,
     command_pb2,
@@ -137,6 +140,11 @@ class SessionSigner:
         )
 
 
+def blob_digest(data: bytes) -> common_pb2.Digest:
+    """The identity of a blob: BLAKE3 and size."""
+    return common_pb2.Digest(algorithm="blake3", hex=blake3.blake3(data).hexdigest(), size_bytes=len(data))
+
+
 def decode_events(envelopes: Any) -> list[event_pb2.Event]:
     out = []
     for env in envelopes:
@@ -151,6 +159,7 @@ class MeshClient:
         self.channel = grpc.aio.insecure_channel(target)
         self.authority = authority_service_pb2_grpc.AuthorityServiceStub(self.channel)
         self.membership = membership_service_pb2_grpc.MembershipServiceStub(self.channel)
+        self.artifacts = artifact_service_pb2_grpc.ArtifactServiceStub(self.channel)
 
     async def __aenter__(self) -> MeshClient:
         return self
@@ -189,6 +198,27 @@ class MeshClient:
         async for batch in call:
             for event in decode_events(batch.events):
                 yield event
+
+    async def upload(
+        self, data: bytes, manifest: common_pb2.SignedEnvelope | None = None, chunk_bytes: int = 1024 * 1024
+    ) -> artifact_service_pb2.UploadResponse:
+        """Upload ``data`` under its BLAKE3 digest (idempotent), optionally with its signed manifest."""
+        digest = blob_digest(data)
+
+        async def requests() -> AsyncIterator[artifact_service_pb2.UploadRequest]:
+            header = artifact_service_pb2.UploadHeader(digest=digest, manifest=manifest)
+            yield artifact_service_pb2.UploadRequest(header=header)
+            view = memoryview(data)
+            for offset in range(0, len(data), chunk_bytes):
+                chunk = artifact_service_pb2.UploadChunk(offset=offset, data=bytes(view[offset : offset + chunk_bytes]))
+                yield artifact_service_pb2.UploadRequest(chunk=chunk)
+
+        return await self.artifacts.Upload(requests())
+
+    async def download(self, digest: common_pb2.Digest, offset: int = 0, length: int = 0) -> bytes:
+        """The verified bytes (the server holds back the last chunk until the hash matched)."""
+        call = self.artifacts.Download(artifact_service_pb2.DownloadRequest(digest=digest, offset=offset, length=length))
+        return b"".join([piece.data async for piece in call])
 
     async def group_state(self, group_id: str) -> authority_service_pb2.GroupState:
         resp = await self.authority.GetGroupState(authority_service_pb2.GetGroupStateRequest(group_id=group_id))

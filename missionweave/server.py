@@ -19,6 +19,10 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from artifactstore.backends import blobstore_from_env
+from artifactstore.blobstore import BlobStore
+from artifactstore.index import ArtifactIndex
+from artifactstore.service import ArtifactServicer
 from missionweave import ids
 from missionweave.clock import Clock, SystemClock
 from missionweave.config import Settings
@@ -71,6 +75,7 @@ class Mesh:
     authority: GroupAuthority
     health: health_aio.HealthServicer
     settings: Settings
+    blobstore: BlobStore | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         for name in self.settings.services:
@@ -78,6 +83,8 @@ class Mesh:
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.stop(self.settings.grace_seconds if grace is None else grace)
         await self.store.close()
+        if self.blobstore is not None:
+            await self.blobstore.close()
         await self.engine.dispose()
 
 
@@ -118,16 +125,18 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         authority_service_pb2_grpc.add_AuthorityServiceServicer_to_server(AuthorityServicer(authority), server)
     if "membership" in settings.services:
         membership_service_pb2_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(registry, authority), server)
-    # Scheduling, artifacts and gateway expose their full contract now; until their issues land every
+    # Scheduling and gateway expose their full contract now; until their issues land every
     # RPC answers UNIMPLEMENTED (the generated base servicer's behaviour). The mypy-protobuf stubs mark
     # the base servicer's methods abstract, hence the [abstract] ignores on these placeholders.
     if "scheduling" in settings.services:
         scheduling_service_pb2_grpc.add_SchedulingServiceServicer_to_server(
             scheduling_service_pb2_grpc.SchedulingServiceServicer(), server  # type: ignore[abstract]
         )
+    blobstore = None
     if "artifacts" in settings.services:
+        blobstore = blobstore_from_env(settings.data_dir)
         artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(
-            artifact_service_pb2_grpc.ArtifactServiceServicer(), server  # type: ignore[abstract]
+            ArtifactServicer(blobstore, ArtifactIndex(engine), registry, clock), server
         )
     if "gateway" in settings.services:
         gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(
@@ -143,7 +152,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info("mesh listening", extra={"listen": settings.listen, "port": port, "services": ",".join(settings.services)})
-    return Mesh(server, port, engine, store, registry, authority, health, settings)
+    return Mesh(server, port, engine, store, registry, authority, health, settings, blobstore)
 
 
 async def serve_forever(settings: Settings) -> None:

@@ -160,8 +160,8 @@ async def test_bad_input_gets_distinct_reasons_and_writes_nothing(world: World) 
     old.issued_at.CopyFrom(to_timestamp(now() - timedelta(minutes=30)))
     await check(owner.sign(old), R.REJECTION_REASON_CLOCK_SKEW)
     # Not yet implemented command kinds say so.
-    publish = owner.command("grp_e2e", "work_publish_artifact", command_pb2.Command().work_publish_artifact, membership_epoch=1)
-    await check(owner.sign(publish), R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED)
+    delegate = owner.command("grp_e2e", "membership_grant_delegation", command_pb2.Command().membership_grant_delegation, membership_epoch=1)
+    await check(owner.sign(delegate), R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED)
     assert len(seen) == 11  # twelve cases, two of them forged signatures
     # The service stays up and keeps accepting good commands.
     ok = await world.client.execute(owner.sign(owner.command("grp_e2e", "message_post", builders.message(conv), membership_epoch=1)))

@@ -18,6 +18,8 @@ import blake3
 from google.protobuf.message import DecodeError
 from nacl.signing import SigningKey
 
+from artifactstore.index import ArtifactIndex
+from artifactstore.manifest import manifest_digest
 from missionweave import ids
 from missionweave.clock import Clock, timestamp_micros, to_micros
 from missionweave.errors import Rejected
@@ -32,6 +34,7 @@ from missionweave.signing import (
 from missionweave.signing import verify_signature as verify_envelope
 from missionweave.v1 import command_pb2, common_pb2, event_pb2
 from services.authority import decider
+from services.authority.rules.common import StoredArtifact
 from services.authority.state import GroupState
 from services.authority.store import AppendRequest, CommandRecord, EventStore, StoredEvent
 from services.authority.views import group_state_proto
@@ -68,6 +71,7 @@ class GroupAuthority:
         self._locks: dict[str, _LockEntry] = {}
         self._appended: dict[str, asyncio.Event] = {}
         self.in_flight = 0
+        self.artifacts = ArtifactIndex(store.engine)
 
     # ------------------------------------------------------------ commands
 
@@ -207,7 +211,8 @@ class GroupAuthority:
             linked_state = await self.state(linked_id)  # durable state of the other Group
             if linked_state is not None:
                 linked[linked_id] = linked_state
-        ctx = decider.DecisionContext(self.clock.now(), identities, linked, envelope)
+        artifacts = await self._published_artifacts(command)
+        ctx = decider.DecisionContext(self.clock.now(), identities, linked, envelope, artifacts)
         decision = decider.decide(state, command, ctx)
         if isinstance(decision, Rejected):
             raise decision
@@ -234,6 +239,26 @@ class GroupAuthority:
         self._remember(group_id, owned)
         self.store.enqueue(request)
         return pending
+
+    async def _published_artifacts(self, command: command_pb2.Command) -> dict[str, StoredArtifact]:
+        """For work.publish_artifact: the blob must be stored with a manifest its publisher signed
+        for this Group and WorkItem (verified by the ArtifactService at upload, MW-13.1-03)."""
+        if command.WhichOneof("body") != "work_publish_artifact":
+            return {}
+        body = command.work_publish_artifact
+        digest = body.artifact.digest
+        if digest.algorithm != "blake3" or not ids.is_valid(digest.hex):
+            return {}
+        blob = await self.artifacts.blob(digest.hex)
+        if blob is None:
+            return {}
+        wanted = manifest_digest(body.manifest) if body.HasField("manifest") else None
+        for record in await self.artifacts.manifests_of(digest.hex, body.work_item_id, command.actor_id):
+            if record.group_id != command.group_id or (wanted and record.manifest_digest != wanted):
+                continue
+            sources = await self.artifacts.sources_of(record.manifest_digest)
+            return {digest.hex: StoredArtifact(digest.hex, blob.size_bytes, record.manifest_digest, command.actor_id, sources)}
+        return {}
 
     async def _replay(self, command: command_pb2.Command, fingerprint_: bytes) -> command_pb2.CommandResult | None:
         owned = self._cache.get(command.group_id)

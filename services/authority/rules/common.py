@@ -36,6 +36,17 @@ TERMINAL_MISSION_STATES = frozenset({MS.MISSION_STATE_APPROVED, MS.MISSION_STATE
 
 
 @dataclass(frozen=True)
+class StoredArtifact:
+    """What the shell verified about an artifact a command publishes (the core never reads blobs)."""
+
+    content_digest: str
+    size_bytes: int
+    manifest_digest: str  # BLAKE3 of the producer-signed manifest envelope, verified by the shell
+    producer_agent_id: str
+    source_digests: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class DecisionContext:
     """Everything ``decide`` may consult besides the state and the command."""
 
@@ -46,6 +57,8 @@ class DecisionContext:
     # The signed envelope the command arrived in, for events that keep the signer's own signature
     # (approvals and change requests, MW-7.3-06). None when deciding outside the shell.
     envelope: common_pb2.SignedEnvelope | None = None
+    # Artifacts the command publishes, stored and with a verified manifest, by BLAKE3 hex.
+    artifacts: Mapping[str, StoredArtifact] = field(default_factory=dict)
 
 
 Handler = Callable[[GroupState | None, command_pb2.Command, DecisionContext, "Emitter"], None]

@@ -1365,7 +1365,43 @@ def work_request_preemption(
     )
 
 
+def work_publish_artifact(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
+    """MW-11.3-04 / MW-13.1-02/03: publication cites the current lease; the log gets the reference and
+    the manifest digest, never the bytes."""
+    assert state is not None
+    body = command.work_publish_artifact
+    item = _item(state, body.work_item_id)
+    _require_state(item, (ACTIVE,), "work.publish_artifact")
+    _require_lease(item, command, ctx, body.lease_id, body.ownership_epoch)
+    digest = body.artifact.digest
+    stored = ctx.artifacts.get(digest.hex)
+    if stored is None or stored.size_bytes != digest.size_bytes:
+        raise Rejected(
+            R.REJECTION_REASON_NOT_FOUND,
+            f"blake3:{digest.hex} ({digest.size_bytes} bytes) is not stored with a manifest signed by "
+            f"{command.actor_id}; upload it with its manifest first",
+        )
+    if body.deliverable_id and body.deliverable_id not in {d.deliverable_id for d in item.contract.deliverables}:
+        raise invalid("body.deliverable_id", f"not a deliverable of {item.work_item_id}")
+    out.emit(
+        "artifact.published",
+        "artifact_published",
+        wp.ArtifactPublished(
+            work_item_id=item.work_item_id,
+            lease_id=body.lease_id,
+            ownership_epoch=body.ownership_epoch,
+            artifact=body.artifact,
+            manifest_digest=common_pb2.Digest(algorithm="blake3", hex=stored.manifest_digest),
+            source_artifacts=[common_pb2.Digest(algorithm="blake3", hex=h) for h in stored.source_digests],
+            deliverable_id=body.deliverable_id,
+        ),
+    )
+
+
 HANDLERS: dict[str, Handler] = {
+    "work_publish_artifact": work_publish_artifact,
     "work_report_progress": work_report_progress,
     "work_request_preemption": work_request_preemption,
     "work_propose": work_propose,
@@ -1594,6 +1630,11 @@ def _progress_reported(state: GroupState, event: event_pb2.Event) -> None:
     _touch(state, event, event.work_progress_reported.work_item_id)
 
 
+def _artifact_published(state: GroupState, event: event_pb2.Event) -> None:
+    item = _touch(state, event, event.artifact_published.work_item_id)
+    item.published_artifacts += (event.artifact_published.artifact.digest.hex,)
+
+
 def _evidence_recorded(state: GroupState, event: event_pb2.Event) -> None:
     _touch(state, event, event.evidence_recorded.work_item_id)
 
@@ -1606,6 +1647,7 @@ def _preemption_requested(state: GroupState, event: event_pb2.Event) -> None:
 APPLIERS: dict[str, Applier] = {
     "work_progress_reported": _progress_reported,
     "evidence_recorded": _evidence_recorded,
+    "artifact_published": _artifact_published,
     "work_preemption_requested": _preemption_requested,
     "work_proposed": _proposed,
     "work_authorized": _authorized,

@@ -1,0 +1,312 @@
+"""Local filesystem blob backend (the embedded default).
+
+Layout under the data directory::
+
+    blobs/ab/cd/abcd…(64 hex)   committed blobs, fanned out by the first two bytes of the digest
+    blobs/tmp/<hex16>-*.part    uploads in progress (same filesystem, so the commit is one rename)
+
+A blob becomes visible only through ``os.replace`` of a fully written, fsynced temp file; readers
+therefore see either nothing or the complete file. Every path is built from a digest that passed
+``check_digest`` (64 lowercase hex), so no client string ever reaches the filesystem.
+
+All file I/O runs on a small private thread pool: the event loop never blocks on the disk, and the
+large chunks (``CHUNK_BYTES``) keep the cost of each thread hop negligible against the copy itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import tempfile
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from artifactstore.backends import check_digest, check_size
+from artifactstore.blobstore import CHUNK_BYTES
+
+T = TypeVar("T")
+
+# Small writes are gathered and written with one writev: one thread hop per ~CHUNK_BYTES, not per call.
+_IOV_LIMIT = 512  # well under IOV_MAX (1024 on Linux)
+# Temp files older than this are leftovers of a crashed process (a live upload touches its file often).
+STALE_TEMP_SECONDS = 24 * 3600
+
+
+class LocalBlobStore:
+    name = "local"
+
+    def __init__(self, data_dir: Path | str, *, io_threads: int = 4) -> None:
+        self.root = Path(data_dir) / "blobs"
+        self.tmp_dir = self.root / "tmp"
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=io_threads, thread_name_prefix="blobs-local"
+        )
+        _sweep_stale_temps(self.tmp_dir, STALE_TEMP_SECONDS)
+
+    # ------------------------------------------------------------------ paths
+
+    def path_for(self, digest_hex: str) -> Path:
+        """The committed blob's path (``blobs/ab/cd/<hex>``); ValueError for anything but 64 hex."""
+        check_digest(digest_hex)
+        return self.root / digest_hex[0:2] / digest_hex[2:4] / digest_hex
+
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+        # run_in_executor rather than asyncio.to_thread: no contextvars copy, and a pool of our own
+        # so a burst of blob I/O cannot starve other users of the default executor.
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # ------------------------------------------------------------------ BlobStore
+
+    async def stored_size(self, digest_hex: str) -> int | None:
+        return await self._run(_file_size, self.path_for(digest_hex))
+
+    async def exists(self, digest_hex: str, size: int) -> bool:
+        check_size(size)
+        return await self.stored_size(digest_hex) == size
+
+    async def open_writer(self, digest_hex: str, size: int) -> LocalBlobWriter:
+        final = self.path_for(digest_hex)
+        check_size(size)
+        temp = await self._run(_make_temp, self.tmp_dir, digest_hex)
+        return LocalBlobWriter(self, final, temp, size)
+
+    def read(self, digest_hex: str, size: int, chunk_bytes: int = CHUNK_BYTES) -> AsyncIterator[bytes]:
+        # Validate now (a plain method, not an async generator), so a bad digest fails at the call.
+        path = self.path_for(digest_hex)
+        if chunk_bytes <= 0:
+            raise ValueError("chunk_bytes must be positive")
+        return self._read_chunks(path, chunk_bytes)
+
+    async def _read_chunks(self, path: Path, chunk_bytes: int) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        fd = await self._run(_open_for_read, path)
+        # One read always in flight: the disk works on chunk n+1 while the caller hashes chunk n.
+        pending = loop.run_in_executor(self._pool, os.read, fd, chunk_bytes)
+        try:
+            while True:
+                data = await pending
+                if not data:
+                    break
+                pending = loop.run_in_executor(self._pool, os.read, fd, chunk_bytes)
+                yield data
+        finally:
+            # Close only after the thread has finished with the fd: closing under a running read
+            # could hand the fd number to another open() and the read would return foreign bytes.
+            if pending.done():
+                os.close(fd)
+            else:
+                pending.add_done_callback(lambda _f: os.close(fd))
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown, True)
+
+
+class LocalBlobWriter:
+    """Writes go to ``blobs/tmp/``; ``commit`` fsyncs and renames, ``abort`` removes the temp.
+
+    Write-behind: ``write`` hands a chunk to a pool thread and returns without waiting for it, so
+    the kernel copies chunk n while the caller receives and hashes chunk n+1 (the two cores work at
+    once). At most one write is in flight: memory stays bounded and the file is written in order.
+
+    A writer dropped without commit or abort (an upload task killed mid-stream) is cleaned up by a
+    weakref finalizer, so an interrupted upload never leaves a temp file behind, let alone a blob.
+    """
+
+    def __init__(self, store: LocalBlobStore, final: Path, temp: _Temp, size: int) -> None:
+        self._store = store
+        self._final = final
+        self._temp = temp
+        self._size = size
+        self._written = 0
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._finished = False
+        self._failed: BaseException | None = None
+        # The finalizer holds the temp, never the writer, or the writer could never be collected.
+        self._discard = weakref.finalize(self, temp.discard)
+
+    def _check_usable(self) -> None:
+        if self._finished:
+            raise RuntimeError("writer already committed or aborted")
+        if self._failed is not None:
+            raise RuntimeError("an earlier write failed; abort this upload") from self._failed
+
+    async def write(self, data: bytes) -> None:
+        self._check_usable()
+        if self._written + len(data) > self._size:
+            raise ValueError(f"more bytes than the declared size {self._size}")
+        if not data:
+            return
+        if not isinstance(data, bytes):
+            data = bytes(data)  # written later, from another thread: a mutable buffer could change
+        self._written += len(data)
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        if self._pending_bytes >= CHUNK_BYTES or len(self._pending) >= _IOV_LIMIT:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        await self._drain()
+        if self._pending:
+            bufs, self._pending, self._pending_bytes = self._pending, [], 0
+            self._temp.inflight = self._store._pool.submit(_write_all, self._temp.fd, bufs)
+
+    async def _drain(self) -> None:
+        """Wait for the write in flight; its error (ENOSPC, EIO) breaks the writer for good."""
+        inflight = self._temp.inflight
+        if inflight is None:
+            return
+        try:
+            await asyncio.wrap_future(inflight)
+        except Exception as exc:
+            self._failed = exc
+            raise
+        finally:
+            if inflight.done():
+                self._temp.inflight = None
+
+    async def commit(self) -> None:
+        self._check_usable()
+        if self._written != self._size:
+            raise ValueError(f"wrote {self._written} bytes, declared {self._size}")
+        await self._flush()
+        await self._drain()
+        self._finished = True
+        loop = asyncio.get_running_loop()
+        publish = loop.run_in_executor(self._store._pool, _publish, self._temp, self._final, self._size)
+        try:
+            await asyncio.shield(publish)
+        except asyncio.CancelledError:
+            # The thread cannot be stopped: clean up once it is done (a no-op if it published).
+            publish.add_done_callback(lambda _f: self._discard())
+            raise
+        except BaseException:
+            self._discard()  # never leave the temp behind, whatever failed
+            raise
+        self._discard.detach()
+
+    async def abort(self) -> None:
+        # Idempotent, and harmless after commit (the finalizer is then detached).
+        self._finished = True
+        self._pending, self._pending_bytes = [], 0
+        with contextlib.suppress(Exception):
+            await self._drain()  # so the temp is gone when abort returns, not a moment later
+        if self._discard.alive:
+            await self._store._run(self._discard)
+
+
+class _Temp:
+    """An open temp file and the write in flight on it (if any).
+
+    Closing sets fd to -1 and waits for the in-flight write: closing under a running write could let
+    another open() reuse the fd number and receive our bytes.
+    """
+
+    __slots__ = ("fd", "inflight", "path")
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd = fd
+        self.path: str | None = path
+        self.inflight: concurrent.futures.Future[None] | None = None
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def discard(self) -> None:
+        inflight, self.inflight = self.inflight, None
+        if inflight is not None and not inflight.done():
+            # Called from the garbage collector or abort: never block, finish when the write does.
+            inflight.add_done_callback(lambda _f: self.discard())
+            return
+        try:
+            self.close()
+        except OSError:
+            pass
+        path, self.path = self.path, None
+        if path is not None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+# ---------------------------------------------------------------------- blocking helpers (pool threads)
+
+
+def _file_size(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+
+
+def _make_temp(tmp_dir: Path, digest_hex: str) -> _Temp:
+    # The digest prefix only helps an operator recognise the upload; uniqueness comes from mkstemp.
+    fd, path = tempfile.mkstemp(prefix=digest_hex[:16] + "-", suffix=".part", dir=tmp_dir)
+    return _Temp(fd, path)
+
+
+def _open_for_read(path: Path) -> int:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise KeyError(path.name) from None
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger kernel read-ahead
+    return fd
+
+
+def _write_all(fd: int, bufs: list[bytes]) -> None:
+    views = [memoryview(b) for b in bufs]
+    while views:
+        n = os.writev(fd, views)
+        # A regular file normally takes everything; handle a short write without copying.
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
+
+
+def _publish(temp: _Temp, final: Path, size: int) -> None:
+    assert temp.path is not None and temp.inflight is None
+    os.fsync(temp.fd)  # the bytes are on disk before any name points at them
+    temp.close()
+    if _file_size(final) == size:
+        # Idempotent: the same digest and size are already stored (the verification layer proved our
+        # bytes hash to this digest), so the temp is simply dropped. A stored file of another size is
+        # damaged and gets replaced below.
+        temp.discard()
+        return
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(temp.path, 0o644)  # mkstemp creates 0600; committed blobs are plain content
+    os.replace(temp.path, final)
+    temp.path = None  # consumed by the rename: nothing left to discard
+    _fsync_dir(final.parent)  # make the new directory entry itself durable
+
+
+def _fsync_dir(path: Path) -> None:
+    dfd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _sweep_stale_temps(tmp_dir: Path, older_than_seconds: float) -> None:
+    """Remove temp files a crashed process left behind (never visible as blobs, but they take space)."""
+    cutoff = time.time() - older_than_seconds
+    for entry in os.scandir(tmp_dir):
+        try:
+            if entry.is_file() and entry.stat().st_mtime < cutoff:
+                os.unlink(entry.path)
+        except FileNotFoundError:
+            pass

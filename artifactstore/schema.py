@@ -1,0 +1,36 @@
+"""The artifact index: which blobs are stored, their signed manifests and the provenance edges."""
+
+from sqlalchemy import BigInteger, Column, Index, LargeBinary, String, Table
+
+from missionweave.db import METADATA
+
+blobs = Table(
+    "blobs",
+    METADATA,
+    Column("digest", String(64), primary_key=True),  # BLAKE3 hex
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("stored_us", BigInteger, nullable=False),
+    Column("verified_us", BigInteger, nullable=False),
+)
+
+manifests = Table(
+    "manifests",
+    METADATA,
+    Column("manifest_digest", String(64), primary_key=True),  # BLAKE3 of the serialized envelope
+    Column("content_digest", String(64), nullable=False, index=True),
+    Column("producer_agent_id", String(128), nullable=False),
+    Column("group_id", String(128), nullable=False),
+    Column("work_item_id", String(128), nullable=False),
+    Column("media_type", String(255), nullable=False),
+    Column("envelope", LargeBinary, nullable=False),
+)
+
+# source -> derived, one row per source artifact named in a derived artifact's manifest.
+provenance = Table(
+    "provenance",
+    METADATA,
+    Column("source_digest", String(64), primary_key=True),
+    Column("derived_digest", String(64), primary_key=True),
+    Column("manifest_digest", String(64), primary_key=True),
+)
+Index("provenance_derived", provenance.c.derived_digest)
