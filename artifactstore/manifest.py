@@ -250,3 +250,24 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def missing_fields(manifest: ArtifactManifest) -> list[str]:
+    """MW-13.1-03: the manifest fields a published Artifact must carry that this one leaves empty.
+
+    The signature proves who said it; this makes sure they said everything the spec asks for.
+    """
+    required = {
+        "media_type": manifest.media_type,
+        "schema.schema_id": manifest.schema.schema_id,
+        "producer_agent_id": manifest.producer_agent_id,
+        "agent_card_version": manifest.agent_card_version,
+        "mission_id": manifest.mission_id,
+        "group_id": manifest.group_id,
+        "work_item_id": manifest.work_item_id,
+        "components": len(manifest.components),
+        "created_at": manifest.HasField("created_at"),
+        "classification": manifest.classification,
+        "retrieval_uri": manifest.retrieval_uri,
+    }
+    return [name for name, value in required.items() if not value]

@@ -18,6 +18,7 @@ from artifactstore.manifest import (
     ManifestErrorCode,
     manifest_digest,
     manifest_ref,
+    missing_fields,
     verify_manifest,
 )
 from artifactstore.verify import Counters, artifact_error, check_digest, verified_range
@@ -154,8 +155,17 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
             )
         except ManifestError as error:
             signature = error.code == ManifestErrorCode.MANIFEST_SIGNATURE_INVALID
-            reason = R.REJECTION_REASON_SIGNATURE_INVALID if signature else R.REJECTION_REASON_INVALID_ARGUMENT
+            reason = (
+                R.REJECTION_REASON_SIGNATURE_INVALID if signature else R.REJECTION_REASON_INVALID_ARGUMENT
+            )
             raise artifact_error(reason, error.code.value, str(error)) from None
+        missing = missing_fields(manifest)
+        if missing:
+            raise artifact_error(
+                R.REJECTION_REASON_INVALID_ARGUMENT,
+                "MANIFEST_MISMATCH",
+                f'the manifest leaves out {", ".join(missing)} (MW-13.1-03; use schema_id "none" for unstructured content)',
+            )
         record = ManifestRecord(
             manifest_digest=manifest_digest(envelope),
             content_digest=hex_digest,

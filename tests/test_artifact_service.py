@@ -70,6 +70,8 @@ def manifest_for(
         classification=apb.DATA_CLASSIFICATION_INTERNAL,
         size_bytes=len(data),
         retrieval_uri="s3://bucket/anything-mutable",
+        schema=apb.ArtifactSchema(schema_id="none"),
+        components=[apb.ComponentVersion(kind=apb.COMPONENT_KIND_TOOL, name="pandas", version="2.2.3")],
     )
     sha = hashlib.sha256(data).hexdigest()
     return sign_manifest(manifest, sha, signer.key, session_key_id(signer.identity_id, signer.session_epoch))

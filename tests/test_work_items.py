@@ -1030,3 +1030,55 @@ async def test_capability_tokens_are_bound_to_the_lease_narrow_rotate_and_end_wi
     )
     group = await w.mesh.authority.state(G)  # type: ignore[attr-defined]
     assert not token_valid(group, rotated.token_id, w.clock.now())  # released with its lease (MW-11.3-08)
+
+
+@pytest.mark.req("MW-13.2-02", "MW-13.2-04", "MW-13.2-05")
+async def test_submission_needs_evidence_per_criterion_recorded_with_every_field(world: World) -> None:
+    w = world
+    f = await setup(w)
+    epoch = await started(f, w)
+    without = Flow.submit_body("wi-1", epoch, "lease-1")
+    del without.evidence[:]
+    await refused(
+        w, w.worker, G, "work_submit", without, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3
+    )
+    other_criterion = Flow.submit_body("wi-1", epoch, "lease-1")
+    other_criterion.evidence[0].criterion_id = "something-else"
+    await refused(
+        w,
+        w.worker,
+        G,
+        "work_submit",
+        other_criterion,
+        R.REJECTION_REASON_INVALID_ARGUMENT,
+        membership_epoch=3,
+    )
+    ghost_written = Flow.submit_body("wi-1", epoch, "lease-1")
+    ghost_written.evidence[0].producer_id = "coord-bot"
+    await refused(
+        w, w.worker, G, "work_submit", ghost_written, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3
+    )
+    essay = Flow.submit_body("wi-1", epoch, "lease-1")
+    essay.evidence[0].summary = (
+        "First I considered... " * 200
+    )  # a thought process is not a result (MW-13.2-05)
+    await refused(
+        w, w.worker, G, "work_submit", essay, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3
+    )
+    good = Flow.submit_body("wi-1", epoch, "lease-1")
+    good.evidence[0].artifacts.append(builders.artifact("b"))
+    submitted = decode_events((await f.as_(w.worker, "work_submit", good)).events)[0].work_submitted
+    record = submitted.evidence[0]
+    assert record.subject.work_item_id == "wi-1" and record.criterion_id == "balances"
+    assert record.method == wp.EVIDENCE_METHOD_TEST and record.result == wp.EVIDENCE_RESULT_PASS
+    assert (
+        record.producer_id == "worker-bot"
+        and record.HasField("produced_at")
+        and record.HasField("recorded_at")
+    )
+    assert record.artifacts[0].digest.hex == "b" * 64
+    assert not [
+        f
+        for f in wp.Evidence.DESCRIPTOR.fields
+        if any(k in f.name for k in ("reason", "thought", "rationale"))
+    ]

@@ -1110,14 +1110,43 @@ def work_unblock(
     )
 
 
-def _require_evidence(evidence: Iterable[wp.Evidence], field: str) -> list[wp.Evidence]:
-    items = list(evidence)
-    if not items:
-        raise invalid(field, "Evidence is required")
-    for i, e in enumerate(items):
+MAX_EVIDENCE_SUMMARY = 2048
+
+
+def _require_evidence(
+    evidence: Iterable[wp.Evidence], field: str, item: WorkItemState, command: command_pb2.Command, now: datetime
+) -> list[wp.Evidence]:
+    """MW-13.2-04: each record carries subject, criterion, method, result, producer, timestamp and
+    referenced Artifacts. The Authority completes what it knows for certain (the WorkItem as subject,
+    the authenticated actor as producer, its clock as the recording time) and refuses the rest.
+
+    MW-13.2-05: Evidence is a result, not a thought process: the only free text is a bounded summary
+    of what was observed; there is no field for reasoning, and none is accepted.
+    """
+    records = []
+    for i, given in enumerate(evidence):
+        e = wp.Evidence()
+        e.CopyFrom(given)
         if not ids.is_valid(e.evidence_id) or not e.method or not e.result:
-            raise invalid(f"{field}[{i}]", "evidence_id, method and result are required")
-    return items
+            raise invalid(f"{field}[{i}]", "evidence_id, method and result are required (MW-13.2-04)")
+        if e.subject.work_item_id and e.subject.work_item_id != item.work_item_id:
+            raise invalid(f"{field}[{i}].subject", f"Evidence here is about {item.work_item_id}")
+        if e.producer_id and e.producer_id != command.actor_id:
+            raise invalid(f"{field}[{i}].producer_id", "the producer is the agent submitting it")
+        if len(e.summary) > MAX_EVIDENCE_SUMMARY:
+            raise invalid(f"{field}[{i}].summary", f"a result summary of at most {MAX_EVIDENCE_SUMMARY} characters")
+        for j, ref in enumerate(e.artifacts):
+            if ref.digest.algorithm != "blake3" or len(ref.digest.hex) != 64:
+                raise invalid(f"{field}[{i}].artifacts[{j}]", "a blake3 digest reference")
+        e.subject.work_item_id = item.work_item_id
+        e.producer_id = command.actor_id
+        e.recorded_at.CopyFrom(to_timestamp(now))
+        if not e.HasField("produced_at"):
+            e.produced_at.CopyFrom(e.recorded_at)
+        records.append(e)
+    if not records:
+        raise invalid(field, "Evidence is required")
+    return records
 
 
 def work_submit(
@@ -1133,7 +1162,7 @@ def work_submit(
         )
     if not body.artifacts:
         raise invalid("body.artifacts", "a submission carries its Artifacts (MW-10.2-T11)")
-    evidence = _require_evidence(body.evidence, "body.evidence")
+    evidence = _require_evidence(body.evidence, "body.evidence", item, command, ctx.now)
     covered = {e.criterion_id for e in evidence}
     missing = [
         c.criterion_id
@@ -1213,7 +1242,7 @@ def work_fail(
         role = wp.WORK_ACTOR_ROLE_WORKER
     else:
         role = _coordination(state, command, ctx, body.coordinator_epoch, "work.fail")
-    evidence = _require_evidence(body.evidence, "body.evidence")
+    evidence = _require_evidence(body.evidence, "body.evidence", item, command, ctx.now)
     require_reason(body.reason, "body.reason")
     if not body.kind:
         raise invalid("body.kind", "a failure kind is required")
