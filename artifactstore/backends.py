@@ -1,15 +1,16 @@
 """Choosing and configuring the blob backend, and the digest checks every backend shares.
 
-| variable             | default          | meaning                                                      |
-|----------------------|------------------|--------------------------------------------------------------|
-| MWP_DATA_DIR         | ./.missionweave  | local backend: blobs under ``<data dir>/blobs/``             |
-| MWP_S3_BUCKET        | (unset)          | set: the S3 backend, objects ``blobs/<hex>`` in this bucket  |
-| MWP_S3_ENDPOINT      | (AWS S3)         | S3-compatible endpoint URL (MinIO, Ceph, moto, ...)          |
-| MWP_S3_REGION        | AWS_DEFAULT_REGION / AWS_REGION                                               |
-| MWP_S3_CREATE_BUCKET | false            | create the bucket on first use when it is missing            |
-| AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE: boto3's usual chain  |
+| variable             | default                         | meaning                                          |
+|----------------------|---------------------------------|--------------------------------------------------|
+| MWP_DATA_DIR         | ./.missionweave                 | local backend: blobs under ``<data dir>/blobs/`` |
+| MWP_S3_BUCKET        | (unset)                         | set: the S3 backend, objects ``blobs/<hex>``     |
+| MWP_S3_ENDPOINT      | (AWS S3)                        | S3-compatible endpoint URL (MinIO, Ceph, moto)   |
+| MWP_S3_REGION        | AWS_DEFAULT_REGION / AWS_REGION | client region, and where a new bucket is created |
+| MWP_S3_CREATE_BUCKET | false                           | create the bucket on first use when missing      |
+| AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ... | boto3's chain | credentials (env, profile, instance role)  |
 
-The backend modules are imported lazily: the local default never pays for importing boto3.
+Details: docs/artifacts-storage.md. The backend modules are imported lazily: the local default never
+pays for importing boto3.
 """
 
 from __future__ import annotations

@@ -84,16 +84,16 @@ class LocalBlobStore:
         return self._read_chunks(path, chunk_bytes)
 
     async def _read_chunks(self, path: Path, chunk_bytes: int) -> AsyncIterator[bytes]:
-        loop = asyncio.get_running_loop()
         fd = await self._run(_open_for_read, path)
         # One read always in flight: the disk works on chunk n+1 while the caller hashes chunk n.
-        pending = loop.run_in_executor(self._pool, os.read, fd, chunk_bytes)
+        # concurrent.futures (not asyncio) futures: their done() means the thread let go of the fd.
+        pending = self._pool.submit(os.read, fd, chunk_bytes)
         try:
             while True:
-                data = await pending
+                data = await asyncio.wrap_future(pending)
                 if not data:
                     break
-                pending = loop.run_in_executor(self._pool, os.read, fd, chunk_bytes)
+                pending = self._pool.submit(os.read, fd, chunk_bytes)
                 yield data
         finally:
             # Close only after the thread has finished with the fd: closing under a running read
@@ -164,7 +164,8 @@ class LocalBlobWriter:
             return
         try:
             await asyncio.wrap_future(inflight)
-        except Exception as exc:
+        except BaseException as exc:
+            # Cancelled included: a write cancelled before it ran leaves a hole in the file.
             self._failed = exc
             raise
         finally:
@@ -195,8 +196,10 @@ class LocalBlobWriter:
         # Idempotent, and harmless after commit (the finalizer is then detached).
         self._finished = True
         self._pending, self._pending_bytes = [], 0
-        with contextlib.suppress(Exception):
-            await self._drain()  # so the temp is gone when abort returns, not a moment later
+        inflight = self._temp.inflight
+        if inflight is not None and not inflight.done():
+            with contextlib.suppress(Exception):
+                await self._drain()  # so the temp is gone when abort returns, not a moment later
         if self._discard.alive:
             await self._store._run(self._discard)
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from artifactstore.backends import check_digest, check_size
@@ -93,8 +94,7 @@ class S3BlobStore:
         )
         self._region = region or self.client.meta.region_name
         self._pool = concurrent.futures.ThreadPoolExecutor(max_concurrency, thread_name_prefix="blobs-s3")
-        self._create_bucket = create_bucket
-        self._bucket_ready: asyncio.Future[None] | None = None
+        self._bucket_unchecked = create_bucket
 
     def key_for(self, digest_hex: str) -> str:
         """The object key ``blobs/<hex>``; ValueError for anything but 64 lowercase hex."""
@@ -105,16 +105,13 @@ class S3BlobStore:
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
 
     async def _ready(self) -> None:
-        """Create the bucket once, on first use, when configured to (never on the constructor's thread)."""
-        if not self._create_bucket:
-            return
-        if self._bucket_ready is None:
-            self._bucket_ready = asyncio.ensure_future(self._run(self._ensure_bucket))
-        try:
-            await asyncio.shield(self._bucket_ready)
-        except Exception:
-            self._bucket_ready = None  # let the next call try again
-            raise
+        """Create the bucket on first use when configured to (the constructor makes no request).
+
+        A plain flag, not a shared future: callers racing here both run the idempotent check, which
+        is cheaper than tying the store to one event loop."""
+        if self._bucket_unchecked:
+            await self._run(self._ensure_bucket)
+            self._bucket_unchecked = False
 
     def _ensure_bucket(self) -> None:
         try:
@@ -129,7 +126,7 @@ class S3BlobStore:
         try:
             self.client.create_bucket(**kwargs)
         except Exception as exc:
-            if _error_code(exc) not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
+            if _error_code(exc) != "BucketAlreadyOwnedByYou":  # another account's name is an error
                 raise
 
     # ------------------------------------------------------------------ BlobStore
@@ -264,11 +261,21 @@ class _Upload:
         self.bucket = bucket
         self.key = key
         self.upload_id: str | None = None
+        self.creating: concurrent.futures.Future[Any] | None = None  # CreateMultipartUpload
         self.parts: list[concurrent.futures.Future[Any]] = []
+
+    @property
+    def started(self) -> bool:
+        return self.upload_id is not None or self.creating is not None
 
     def abort(self) -> None:
         """Blocking: wait for parts still being sent (a part landing after the abort would linger),
         then abort. S3 keeps nothing of an aborted upload, and it was never an object."""
+        if self.upload_id is None and self.creating is not None:
+            # The writer was interrupted while S3 was creating the upload: it exists all the same.
+            with contextlib.suppress(Exception):
+                self.upload_id = self.creating.result()["UploadId"]
+        self.creating = None
         if self.upload_id is None:
             return
         concurrent.futures.wait(self.parts)
@@ -277,7 +284,7 @@ class _Upload:
 
     def abort_in_background(self) -> None:
         # Runs from the garbage collector, possibly on the event loop's thread: never block there.
-        if self.upload_id is not None:
+        if self.started:
             threading.Thread(target=self._abort_quietly, name="blobs-s3-abort", daemon=True).start()
 
     def _abort_quietly(self) -> None:
@@ -303,13 +310,21 @@ class S3BlobWriter:
         self._inflight: deque[tuple[int, concurrent.futures.Future[Any]]] = deque()
         self._etags: dict[int, str] = {}
         self._next_part = 1
+        self._failed: BaseException | None = None
         self._finalizer = weakref.finalize(self, self._upload.abort_in_background)
 
-    async def write(self, data: bytes) -> None:
+    def _check_usable(self) -> None:
         if self._finished:
             raise RuntimeError("writer already committed or aborted")
+        if self._failed is not None:
+            raise RuntimeError("an earlier part failed; abort this upload") from self._failed
+
+    async def write(self, data: bytes) -> None:
+        self._check_usable()
         if self._written + len(data) > self._size:
             raise ValueError(f"more bytes than the declared size {self._size}")
+        if not isinstance(data, bytes):
+            data = bytes(data)  # sent later, from another thread: a mutable buffer could change
         self._written += len(data)
         view = memoryview(data)
         while view:
@@ -319,7 +334,16 @@ class S3BlobWriter:
             self._pieces_bytes += take
             view = view[take:]
             if self._multipart and self._pieces_bytes == self._part_size:
-                await self._send_part()
+                await self._guarded(self._send_part())
+
+    async def _guarded(self, step: Awaitable[None]) -> None:
+        """Any failure or cancellation of a part breaks the writer: a part that never arrived must
+        never be skipped by a later commit (S3 would happily complete an object with a gap)."""
+        try:
+            await step
+        except BaseException as exc:
+            self._failed = exc
+            raise
 
     def _take_body(self) -> bytes:
         body = b"".join(self._pieces)
@@ -329,14 +353,16 @@ class S3BlobWriter:
     async def _send_part(self) -> None:
         store, upload = self._store, self._upload
         if upload.upload_id is None:
-            created = await store._run(
+            # Kept on the upload so an abort can still find the id if we are interrupted right here.
+            upload.creating = upload.creating or store._pool.submit(
                 store.client.create_multipart_upload,
                 Bucket=store.bucket,
                 Key=self._key,
                 ContentType="application/octet-stream",
                 Metadata=self._metadata,
             )
-            upload.upload_id = created["UploadId"]
+            upload.upload_id = (await asyncio.wrap_future(upload.creating))["UploadId"]
+            upload.creating = None
         # Bounded parallelism: a few parts travel at once, memory stays at (parts_in_flight + 1) parts.
         while len(self._inflight) >= store.parts_in_flight:
             await self._collect_oldest()
@@ -360,8 +386,7 @@ class S3BlobWriter:
         self._etags[number] = result["ETag"]
 
     async def commit(self) -> None:
-        if self._finished:
-            raise RuntimeError("writer already committed or aborted")
+        self._check_usable()
         if self._written != self._size:
             raise ValueError(f"wrote {self._written} bytes, declared {self._size}")
         self._finished = True
@@ -378,9 +403,12 @@ class S3BlobWriter:
                 )
                 return
             if self._pieces_bytes:
-                await self._send_part()  # the last, shorter part
+                await self._guarded(self._send_part())  # the last, shorter part
             while self._inflight:
-                await self._collect_oldest()
+                await self._guarded(self._collect_oldest())
+            expected = -(-self._size // self._part_size)
+            if sorted(self._etags) != list(range(1, expected + 1)):
+                raise RuntimeError(f"parts {sorted(self._etags)} do not cover 1..{expected}")
             parts = [{"PartNumber": n, "ETag": self._etags[n]} for n in sorted(self._etags)]
             # The object appears here, whole, or not at all.
             await store._run(
@@ -404,7 +432,7 @@ class S3BlobWriter:
         self._finalizer.detach()
 
     async def _abort_upload(self) -> None:
-        if self._upload.upload_id is None:
+        if not self._upload.started:
             return
         # Shielded: a cancelled caller must not leave the upload half-aborted. The default executor,
         # not ours: the abort waits for parts queued on our pool and must not take one of its threads.

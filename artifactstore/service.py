@@ -189,6 +189,8 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
                 self.store, hex_digest, size, request.offset, request.length
             ):
                 yield pb.DownloadResponse(offset=offset, data=data)
+            if size:  # the whole blob was hashed and matched: remember when (Stat.last_verified_at)
+                await self.index.mark_verified(hex_digest, to_micros(self.clock.now()))
         except Rejected as rejected:
             await abort_with(context, rejected)
 
