@@ -32,7 +32,7 @@ def artifact_error(reason: int, code: str, message: str, **metadata: object) -> 
 
 def check_digest(digest: common_pb2.Digest, field: str = "digest") -> tuple[str, int]:
     """A well-formed BLAKE3 identity: ``(hex, size)``; anything path-like or malformed is refused."""
-    if digest.algorithm != "blake3" or not HEX64.match(digest.hex):
+    if digest.algorithm != "blake3" or not HEX64.fullmatch(digest.hex):
         raise artifact_error(
             R.REJECTION_REASON_MALFORMED,
             "MALFORMED_DIGEST",
