@@ -32,8 +32,9 @@ from missionweave.signing import (
     sign_envelope,
 )
 from missionweave.signing import verify_signature as verify_envelope
-from missionweave.v1 import command_pb2, common_pb2, event_pb2
+from missionweave.v1 import artifact_service_pb2, command_pb2, common_pb2, event_pb2
 from services.authority import decider
+from services.authority.context_package import CONTEXT_PACKAGE_TYPE, build_context_package
 from services.authority.rules.common import StoredArtifact
 from services.authority.state import GroupState
 from services.authority.store import AppendRequest, CommandRecord, EventStore, StoredEvent
@@ -333,6 +334,45 @@ class GroupAuthority:
             return None
         payload = group_state_proto(state).SerializeToString(deterministic=True)
         return sign_envelope(payload, GROUP_SUMMARY_TYPE, self.signing_key, self.key_id)
+
+    async def context_package(
+        self,
+        group_id: str,
+        *,
+        work_item_ids: list[str],
+        purpose: int,
+        recipient_ids: list[str],
+        previous: common_pb2.SignedEnvelope | None,
+        target_group_id: str = "",
+    ) -> common_pb2.SignedEnvelope | None:
+        """A signed Context Package of the Group's durable state (MW-13.3-01/02/04/05)."""
+        if target_group_id and target_group_id != group_id:
+            raise Rejected(
+                R.REJECTION_REASON_PERMISSION_DENIED,
+                "Group content does not enter another Mission's context by default; cross-Group transfer "
+                "needs an authorization command and an audit event (MW-13.3-05/07), not offered yet",
+            )
+        state = await self.state(group_id)
+        if state is None:
+            return None
+        prior, prior_payload = None, b""
+        if previous is not None and previous.payload:
+            if previous.payload_type != CONTEXT_PACKAGE_TYPE or not verify_envelope(previous, self.public_key):
+                raise Rejected(R.REJECTION_REASON_SIGNATURE_INVALID, "previous_version is not a package signed by this Authority")
+            prior, prior_payload = artifact_service_pb2.ContextPackage.FromString(previous.payload), previous.payload
+            if prior.group_id != group_id:
+                raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "previous_version belongs to another Group", field="previous_version")
+        package = build_context_package(
+            state,
+            work_item_ids=work_item_ids,
+            purpose=purpose,
+            recipient_ids=recipient_ids,
+            generator_id=self.key_id,
+            now=self.clock.now(),
+            previous=prior,
+            previous_payload=prior_payload,
+        )
+        return sign_envelope(package.SerializeToString(deterministic=True), CONTEXT_PACKAGE_TYPE, self.signing_key, self.key_id)
 
     async def state(self, group_id: str) -> GroupState | None:
         cached = self._cache.get(group_id)

@@ -138,6 +138,24 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
             await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
         return mission_progress(state, self.authority.clock.now())
 
+    async def GetContextPackage(
+        self, request: pb.GetContextPackageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetContextPackageResponse:
+        try:
+            package = await self.authority.context_package(
+                request.group_id,
+                work_item_ids=list(request.work_item_ids),
+                purpose=request.purpose,
+                recipient_ids=list(request.recipient_ids),
+                previous=request.previous_version if request.HasField("previous_version") else None,
+                target_group_id=request.target_group_id,
+            )
+        except Rejected as rejected:
+            await abort_with(context, rejected)
+        if package is None:
+            await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
+        return pb.GetContextPackageResponse(package=package)
+
     async def GetAuthorityKey(
         self, request: pb.GetAuthorityKeyRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetAuthorityKeyResponse:

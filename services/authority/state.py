@@ -165,7 +165,7 @@ class WorkItemState:
     retry_not_before: datetime | None = None  # backoff after a transient failure (MW-11.4-08)
     submitted_evidence_ids: tuple[str, ...] = ()
     accepted_evidence_ids: tuple[str, ...] = ()
-    published_artifacts: tuple[str, ...] = ()  # BLAKE3 hex of artifacts published under its leases
+    published_artifacts: tuple[tuple[str, int], ...] = ()  # (BLAKE3 hex, size) published under its leases
     # Messages in the WorkItem Conversation that raised a material ambiguity (MW-10.1-02/03).
     open_ambiguities: set[str] = field(default_factory=set)
 

@@ -1661,7 +1661,8 @@ def _progress_reported(state: GroupState, event: event_pb2.Event) -> None:
 
 def _artifact_published(state: GroupState, event: event_pb2.Event) -> None:
     item = _touch(state, event, event.artifact_published.work_item_id)
-    item.published_artifacts += (event.artifact_published.artifact.digest.hex,)
+    digest = event.artifact_published.artifact.digest
+    item.published_artifacts += ((digest.hex, int(digest.size_bytes)),)
 
 
 def _evidence_recorded(state: GroupState, event: event_pb2.Event) -> None:

@@ -1,0 +1,61 @@
+"""Context Packages (spec 13.3) through AuthorityService.GetContextPackage."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from missionweave.errors import rejection_from_rpc_error
+from missionweave.signing import verify_signature
+from missionweave.v1 import artifact_service_pb2 as apb
+from missionweave.v1 import authority_service_pb2 as pb
+from missionweave.v1 import common_pb2
+from services.authority.context_package import CONTEXT_PACKAGE_TYPE
+from tests import builders
+from tests.conftest import World
+from tests.test_missions import G
+from tests.test_work_items import setup
+
+
+async def package(w: World, **kw: object) -> tuple[common_pb2.SignedEnvelope, apb.ContextPackage]:
+    request = pb.GetContextPackageRequest(group_id=G, purpose=apb.CONTEXT_PACKAGE_PURPOSE_COORDINATOR_HANDOVER, **kw)  # type: ignore[arg-type]
+    envelope = (await w.client.authority.GetContextPackage(request)).package
+    return envelope, apb.ContextPackage.FromString(envelope.payload)
+
+
+@pytest.mark.req("MW-13.3-02", "MW-13.3-01", "MW-13.3-04", "MW-13.3-05", "MW-7.2-07")
+async def test_signed_versioned_scoped_packages_of_the_groups_own_content(world: World) -> None:
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    await f.authorize("wi-2")
+    group = await w.mesh.authority.state(G)  # type: ignore[attr-defined]
+    question = builders.message(group.work_items["wi-1"].conversation_id, "EU or global?")
+    question.topic = "ambiguity"
+    await f.as_(w.worker, "message_post", question)
+    envelope, first = await package(w, work_item_ids=["wi-1"], recipient_ids=["coord-bot"])
+    key_id, public_key = await w.client.authority_key()
+    assert envelope.payload_type == CONTEXT_PACKAGE_TYPE and verify_signature(envelope, public_key)
+    # MW-13.3-02: scope, source events, artifacts, decisions, constraints, open questions, generator, time.
+    assert first.mission_id == "mis_lifecycle" and list(first.work_item_ids) == ["wi-1"] and first.version == 1
+    head = (await w.client.group_state(G)).head_sequence
+    assert [(r.group_id, r.first_sequence, r.last_sequence) for r in first.source_event_ranges] == [(G, 1, head)]
+    assert [q.question for q in first.open_questions] and first.constraints and first.generator_id == key_id
+    assert first.HasField("generated_at") and first.signer_key_id == key_id
+    # MW-13.3-04: an update is a new version linked to the previous one.
+    _, second = await package(w, work_item_ids=["wi-1"], previous_version=envelope)
+    assert second.version == 2 and second.context_package_id == first.context_package_id
+    assert second.previous_version.hex and second.previous_version.size_bytes == len(envelope.payload)
+    # A previous version not signed by this Authority is refused.
+    forged = common_pb2.SignedEnvelope()
+    forged.CopyFrom(envelope)
+    forged.signatures[0].sig = bytes(64)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await package(w, previous_version=forged)
+    rejection = rejection_from_rpc_error(info.value)
+    assert rejection is not None and rejection.reason == common_pb2.REJECTION_REASON_SIGNATURE_INVALID
+    # MW-13.3-05: the Group's content does not go into another Group's context by default.
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await package(w, target_group_id="grp_elsewhere")
+    rejection = rejection_from_rpc_error(info.value)
+    assert rejection is not None and rejection.reason == common_pb2.REJECTION_REASON_PERMISSION_DENIED
