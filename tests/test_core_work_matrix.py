@@ -89,6 +89,7 @@ def equipped(state_value: int, *, owner: bool, lease: bool, offer: bool) -> Grou
         item.lease = ExecutionLeaseState("lease-1", "worker", 1, 1, NOW, later)
     item.latest_submission_event_id = "evt_sub"
     item.submitted_by = "worker"
+    item.evidence = {"ev-1": ("balances", wp.EVIDENCE_RESULT_PASS, "worker")}
     return state
 
 

@@ -165,6 +165,8 @@ class WorkItemState:
     retry_not_before: datetime | None = None  # backoff after a transient failure (MW-11.4-08)
     submitted_evidence_ids: tuple[str, ...] = ()
     accepted_evidence_ids: tuple[str, ...] = ()
+    # Evidence of the current submission and its review, by id: (criterion id, result, producer).
+    evidence: dict[str, tuple[str, int, str]] = field(default_factory=dict)
     published_artifacts: tuple[tuple[str, int], ...] = ()  # (BLAKE3 hex, size) published under its leases
     # Messages in the WorkItem Conversation that raised a material ambiguity (MW-10.1-02/03).
     open_ambiguities: set[str] = field(default_factory=set)

@@ -19,6 +19,7 @@ from services.authority.rules.common import (
     Emitter,
     Handler,
     R,
+    Role,
     invalid,
     mission_of,
     require_reason,
@@ -1114,7 +1115,11 @@ MAX_EVIDENCE_SUMMARY = 2048
 
 
 def _require_evidence(
-    evidence: Iterable[wp.Evidence], field: str, item: WorkItemState, command: command_pb2.Command, now: datetime
+    evidence: Iterable[wp.Evidence],
+    field: str,
+    item: WorkItemState,
+    command: command_pb2.Command,
+    now: datetime,
 ) -> list[wp.Evidence]:
     """MW-13.2-04: each record carries subject, criterion, method, result, producer, timestamp and
     referenced Artifacts. The Authority completes what it knows for certain (the WorkItem as subject,
@@ -1134,7 +1139,9 @@ def _require_evidence(
         if e.producer_id and e.producer_id != command.actor_id:
             raise invalid(f"{field}[{i}].producer_id", "the producer is the agent submitting it")
         if len(e.summary) > MAX_EVIDENCE_SUMMARY:
-            raise invalid(f"{field}[{i}].summary", f"a result summary of at most {MAX_EVIDENCE_SUMMARY} characters")
+            raise invalid(
+                f"{field}[{i}].summary", f"a result summary of at most {MAX_EVIDENCE_SUMMARY} characters"
+            )
         for j, ref in enumerate(e.artifacts):
             if ref.digest.algorithm != "blake3" or len(ref.digest.hex) != 64:
                 raise invalid(f"{field}[{i}].artifacts[{j}]", "a blake3 digest reference")
@@ -1210,6 +1217,7 @@ def work_accept_result(
                 "a Coordinator is never the sole reviewer of its own output; the MissionOwner accepts it (MW-7.2-11)",
             )
     _require_state(item, (SUBMITTED,), "work.accept_result")
+    _combined_evaluation(item, body.review_evidence_ids)
     if body.submission_event_id != item.latest_submission_event_id:
         raise Rejected(
             R.REJECTION_REASON_REVISION_MISMATCH,
@@ -1412,7 +1420,9 @@ def work_publish_artifact(
             f"blake3:{digest.hex} ({digest.size_bytes} bytes) is not stored with a manifest signed by "
             f"{command.actor_id}; upload it with its manifest first",
         )
-    if body.deliverable_id and body.deliverable_id not in {d.deliverable_id for d in item.contract.deliverables}:
+    if body.deliverable_id and body.deliverable_id not in {
+        d.deliverable_id for d in item.contract.deliverables
+    }:
         raise invalid("body.deliverable_id", f"not a deliverable of {item.work_item_id}")
     out.emit(
         "artifact.published",
@@ -1429,7 +1439,65 @@ def work_publish_artifact(
     )
 
 
+def work_record_evidence(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
+    """MW-13.2-03: review Evidence on a submitted WorkItem (integrity, schema, tests, business rules by
+    the Coordinator; qualitative review by a reviewer member), retained for the human approval."""
+    assert state is not None
+    body = command.work_record_evidence
+    item = _item(state, body.work_item_id)
+    _require_state(item, (SUBMITTED,), "work.record_evidence")
+    member = state.members.get(command.actor_id)
+    lease = mission_of(state).coordinator
+    if lease is not None and command.actor_id == lease.agent_id:
+        _coordination(state, command, ctx, body.coordinator_epoch, "work.record_evidence")
+    elif member is None or member.role != Role.MEMBER_ROLE_REVIEWER:
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            "review Evidence is recorded by the Coordinator or a reviewer member",
+        )
+    (record,) = _require_evidence([body.evidence], "body.evidence", item, command, ctx.now)
+    if record.evidence_id in item.evidence:
+        raise invalid("body.evidence.evidence_id", "already recorded for this WorkItem")
+    out.emit(
+        "work.evidence_recorded",
+        "evidence_recorded",
+        wp.EvidenceRecorded(work_item_id=item.work_item_id, evidence=record),
+    )
+
+
+def _combined_evaluation(item: WorkItemState, review_ids: Iterable[str]) -> None:
+    """MW-13.2-03 step 4: every required criterion's latest Evidence passes; criteria that demand an
+    independent review have a passing record from someone other than the submitter (MW-7.2-11)."""
+    for i, eid in enumerate(review_ids):
+        if eid not in item.evidence:
+            raise invalid(
+                f"body.review_evidence_ids[{i}]", f"no Evidence {eid} recorded for {item.work_item_id}"
+            )
+    latest: dict[str, int] = {}
+    independent: set[str] = set()
+    for criterion, result, producer in item.evidence.values():
+        latest[criterion] = result
+        if result == wp.EVIDENCE_RESULT_PASS and producer != item.submitted_by:
+            independent.add(criterion)
+    for c in item.contract.acceptance_criteria:
+        if not c.required:
+            continue
+        if latest.get(c.criterion_id) != wp.EVIDENCE_RESULT_PASS:
+            raise Rejected(
+                R.REJECTION_REASON_PRECONDITION_FAILED,
+                f"criterion {c.criterion_id} has no passing Evidence as its latest result; request changes or fail the WorkItem",
+            )
+        if c.independent_review_required and c.criterion_id not in independent:
+            raise Rejected(
+                R.REJECTION_REASON_PRECONDITION_FAILED,
+                f"criterion {c.criterion_id} needs passing Evidence from a reviewer other than the submitter",
+            )
+
+
 HANDLERS: dict[str, Handler] = {
+    "work_record_evidence": work_record_evidence,
     "work_publish_artifact": work_publish_artifact,
     "work_report_progress": work_report_progress,
     "work_request_preemption": work_request_preemption,
@@ -1600,6 +1668,7 @@ def _submitted(state: GroupState, event: event_pb2.Event) -> None:
     item.latest_submission_event_id = event.event_id
     item.submitted_by = event.actor_id
     item.submitted_evidence_ids = tuple(e.evidence_id for e in p.evidence)
+    item.evidence = {e.evidence_id: (e.criterion_id, e.result, e.producer_id) for e in p.evidence}
     item.lease = None
     item.state = SUBMITTED
 
@@ -1666,7 +1735,12 @@ def _artifact_published(state: GroupState, event: event_pb2.Event) -> None:
 
 
 def _evidence_recorded(state: GroupState, event: event_pb2.Event) -> None:
-    _touch(state, event, event.evidence_recorded.work_item_id)
+    item = _touch(state, event, event.evidence_recorded.work_item_id)
+    e = event.evidence_recorded.evidence
+    if (
+        item.state == SUBMITTED
+    ):  # review Evidence of the current submission (failure Evidence is history only)
+        item.evidence[e.evidence_id] = (e.criterion_id, e.result, e.producer_id)
 
 
 def _preemption_requested(state: GroupState, event: event_pb2.Event) -> None:
