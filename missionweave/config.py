@@ -8,6 +8,9 @@
 | MWP_AUTHORITY_KEY        | $MWP_DATA_DIR/keys/authority.key| Ed25519 seed that signs events and snapshots   |
 | MWP_INSTANCE_ID          | local                           | authority instance name (Group ownership)      |
 | MWP_SQLITE_SYNCHRONOUS   | FULL                            | SQLite synchronous pragma (FULL or NORMAL)      |
+| MWP_S3_BUCKET            | (unset: blobs on local disk)    | store artifact blobs in this S3 bucket         |
+| MWP_S3_ENDPOINT / _REGION| AWS default                     | any S3-compatible endpoint (path-style)        |
+| MWP_S3_CREATE_BUCKET     | false                           | create the bucket on first use                 |
 | MWP_AUTHORITY_ADDR, ...  | (unset)                         | peer addresses when services run apart         |
 | MWP_LOG_LEVEL / _FORMAT  | info / json                     | logging                                        |
 """
