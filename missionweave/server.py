@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from artifactstore.backends import blobstore_from_env
 from artifactstore.blobstore import BlobStore
 from artifactstore.index import ArtifactIndex
-from artifactstore.service import ArtifactServicer
+from artifactstore.service import ArtifactServicer, add_artifact_service
 from missionweave import ids
 from missionweave.clock import Clock, SystemClock
 from missionweave.config import Settings
@@ -30,7 +30,6 @@ from missionweave.db import create_schema, make_engine
 from missionweave.signing import load_or_create_key
 from missionweave.v1 import (
     artifact_service_pb2,
-    artifact_service_pb2_grpc,
     authority_service_pb2,
     authority_service_pb2_grpc,
     gateway_service_pb2,
@@ -135,9 +134,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     blobstore = None
     if "artifacts" in settings.services:
         blobstore = blobstore_from_env(settings.data_dir)
-        artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(
-            ArtifactServicer(blobstore, ArtifactIndex(engine), registry, clock), server
-        )
+        add_artifact_service(ArtifactServicer(blobstore, ArtifactIndex(engine), registry, clock), server)
     if "gateway" in settings.services:
         gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(
             gateway_service_pb2_grpc.GatewayServiceServicer(), server  # type: ignore[abstract]
