@@ -108,6 +108,7 @@ def sqlite_writer_connector(engine: AsyncEngine) -> Callable[[], sqlite3.Connect
 async def create_schema(engine: AsyncEngine) -> None:
     # Import for side effects: each module registers its tables on METADATA.
     import artifactstore.schema  # noqa: F401
+    import gateway.schema  # noqa: F401
     import services.authority.schema
     import services.membership.schema  # noqa: F401
 

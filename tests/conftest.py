@@ -36,6 +36,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 async def reset_database(url: str) -> None:
     """PostgreSQL tests share one database: start each from empty tables."""
     import artifactstore.schema  # noqa: F401
+    import gateway.schema  # noqa: F401
     import services.authority.schema
     import services.membership.schema  # noqa: F401
 

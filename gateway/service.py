@@ -1,0 +1,440 @@
+"""GatewayService.Connect: one authenticated stream per agent session (spec 16, MW-8-11..18).
+
+This first slice implements HELLO/WELCOME, SUBSCRIBE with replay from ``after_sequence`` and live
+follow, EVENT batches with contiguous ranges (undeliverable events listed as ``skipped``), per
+subscription credit windows with FLOW frames, durable ACK cursors per (agent, Group), COMMAND ->
+RESULT and UNSUBSCRIBE. Snapshots/compaction (CURSOR_TOO_OLD) and attention filters beyond
+visibility come later. The frame protocol is documented in protos/missionweave/v1/gateway_service.proto.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import grpc
+from google.protobuf.message import DecodeError
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.schema import cursors
+from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
+from missionweave.errors import Rejected
+from missionweave.signing import parse_session_key_id, verify_signature
+from missionweave.v1 import common_pb2, conversation_pb2, event_pb2
+from missionweave.v1 import gateway_service_pb2 as pb
+from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
+from services.authority.authority import GroupAuthority, decode_event
+from services.authority.state import GroupState
+from services.membership.registry import IdentityRegistry
+
+R = common_pb2.RejectionReason
+E = pb.GatewayErrorCode
+log = logging.getLogger("missionweave.gateway")
+
+HELLO_PROOF_TYPE = "application/vnd.missionweave.v1.hello-proof+protobuf"
+HELLO_SKEW = timedelta(seconds=30)
+MAX_EVENTS_PER_FRAME = 256
+MAX_CREDITS = 65_536
+MAX_SUBSCRIPTIONS = 1_024
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+
+
+class _Fatal(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Subscription:
+    subscription_id: str
+    group_id: str
+    delivered: int  # highest sequence covered by an EVENT frame
+    acked: int
+    credits: int
+    granted: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class GatewayServicer(pb_grpc.GatewayServiceServicer):
+    def __init__(
+        self, authority: GroupAuthority, registry: IdentityRegistry, engine: AsyncEngine, clock: Clock
+    ) -> None:
+        self.authority = authority
+        self.registry = registry
+        self.engine = engine
+        self.clock = clock
+
+    async def Connect(
+        self, request_iterator: AsyncIterator[pb.ConnectRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ConnectResponse]:
+        out: asyncio.Queue[pb.ServerFrame | None] = asyncio.Queue(maxsize=64)  # bounded: backpressure
+        connection = _Connection(self, out)
+        reader = asyncio.create_task(connection.read(request_iterator))
+        try:
+            while (frame := await out.get()) is not None:
+                yield pb.ConnectResponse(frame=frame)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            await connection.close()
+
+    async def GetSnapshot(
+        self, request: pb.GetSnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetSnapshotResponse:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "snapshots and compaction arrive with the next gateway slice"
+        )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def store_cursor(self, agent_id: str, group_id: str, cursor: int) -> None:
+        """The acknowledged cursor per (agent, Group), durable (MW-16-06/07); ACK never deletes history."""
+        now = to_micros(self.clock.now())
+        async with self.engine.begin() as conn:
+            updated = await conn.execute(
+                update(cursors)
+                .where(
+                    cursors.c.agent_id == agent_id, cursors.c.group_id == group_id, cursors.c.cursor < cursor
+                )
+                .values(cursor=cursor, updated_us=now)
+            )
+            if updated.rowcount == 0:
+                exists = (
+                    await conn.execute(
+                        select(cursors.c.cursor).where(
+                            cursors.c.agent_id == agent_id, cursors.c.group_id == group_id
+                        )
+                    )
+                ).first()
+                if exists is None:
+                    await conn.execute(
+                        insert(cursors).values(
+                            agent_id=agent_id, group_id=group_id, cursor=cursor, updated_us=now
+                        )
+                    )
+
+    async def stored_cursor(self, agent_id: str, group_id: str) -> int:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(cursors.c.cursor).where(
+                        cursors.c.agent_id == agent_id, cursors.c.group_id == group_id
+                    )
+                )
+            ).first()
+        return int(row[0]) if row else 0
+
+
+class _Connection:
+    """One Connect stream: the authenticated agent, its subscriptions and the outgoing queue."""
+
+    def __init__(self, gateway: GatewayServicer, out: asyncio.Queue[pb.ServerFrame | None]) -> None:
+        self.gateway = gateway
+        self.out = out
+        self.agent_id = ""
+        self.session_epoch = 0
+        self.subscriptions: dict[str, _Subscription] = {}
+        self.commands: set[asyncio.Task[None]] = set()
+
+    async def read(self, requests: AsyncIterator[pb.ConnectRequest]) -> None:
+        try:
+            async for request in requests:
+                await self.handle(request.frame)
+        except _Fatal as fatal:
+            await self.error(fatal.code, str(fatal), fatal=True)
+        except Exception:
+            log.exception("gateway stream failed")
+        finally:
+            await self.out.put(None)
+
+    async def handle(self, frame: pb.ClientFrame) -> None:
+        kind = frame.WhichOneof("frame")
+        if not self.agent_id:
+            if kind != "hello":
+                raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_REQUIRED, "the first frame is HELLO")
+            await self.hello(frame.hello)
+        elif kind == "hello":
+            raise _Fatal(E.GATEWAY_ERROR_CODE_DUPLICATE_HELLO, "HELLO was already received on this stream")
+        elif kind == "subscribe":
+            await self.subscribe(frame.subscribe)
+        elif kind == "ack":
+            await self.ack(frame.ack)
+        elif kind == "command":
+            task = asyncio.create_task(self.command(frame.command))
+            self.commands.add(task)
+            task.add_done_callback(self.commands.discard)
+        elif kind == "unsubscribe":
+            await self.unsubscribe(frame.unsubscribe.subscription_id)
+        else:
+            raise _Fatal(E.GATEWAY_ERROR_CODE_MALFORMED_FRAME, "unknown frame")
+
+    # ------------------------------------------------------------ HELLO
+
+    async def hello(self, hello: pb.HelloFrame) -> None:
+        proof = hello.proof
+        key_id = parse_session_key_id(proof.signatures[0].key_id) if proof.signatures else None
+        if key_id != (hello.agent_id, hello.session_epoch) or proof.payload_type != HELLO_PROOF_TYPE:
+            raise _Fatal(
+                E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof must be signed by the session named in HELLO"
+            )
+        key = await self.gateway.registry.session_key(hello.agent_id, hello.session_epoch)
+        if key is None or not verify_signature(proof, key):
+            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof does not verify with the session key")
+        try:
+            claim = pb.HelloProof.FromString(proof.payload)
+        except DecodeError:
+            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof is not a HelloProof") from None
+        now = self.gateway.clock.now()
+        if (claim.agent_id, claim.session_epoch) != (hello.agent_id, hello.session_epoch) or not 16 <= len(
+            claim.nonce
+        ) <= 64:
+            raise _Fatal(
+                E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof names another session or has no nonce"
+            )
+        if abs(from_timestamp(claim.issued_at) - now) > HELLO_SKEW:
+            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof is stale (clock skew over 30 s)")
+        identity = await self.gateway.registry.get(hello.agent_id)
+        if identity is None or identity.session_epoch != hello.session_epoch:
+            raise _Fatal(E.GATEWAY_ERROR_CODE_SESSION_STALE, "a newer session of this agent exists")
+        self.agent_id, self.session_epoch = hello.agent_id, hello.session_epoch
+        await self.send(
+            welcome=pb.WelcomeFrame(
+                connection_id=os.urandom(8).hex(),
+                server_time=to_timestamp(now),
+                max_frame_bytes=MAX_FRAME_BYTES,
+                max_credits=MAX_CREDITS,
+                max_subscriptions=MAX_SUBSCRIPTIONS,
+            )
+        )
+
+    # ------------------------------------------------------------ subscriptions
+
+    async def subscribe(self, sub: pb.SubscribeFrame) -> None:
+        if sub.subscription_id in self.subscriptions:
+            await self.error(
+                E.GATEWAY_ERROR_CODE_SUBSCRIPTION_EXISTS,
+                "subscription id in use",
+                subscription_id=sub.subscription_id,
+            )
+            return
+        if len(self.subscriptions) >= MAX_SUBSCRIPTIONS or sub.initial_credits > MAX_CREDITS:
+            await self.error(
+                E.GATEWAY_ERROR_CODE_LIMIT_EXCEEDED,
+                "too many subscriptions or credits",
+                subscription_id=sub.subscription_id,
+            )
+            return
+        state = await self.gateway.authority.state(sub.group_id)
+        member = state.members.get(self.agent_id) if state else None
+        if state is None or member is None or not member.active:
+            await self.error(
+                E.GATEWAY_ERROR_CODE_NOT_A_MEMBER,
+                f"no active Membership in {sub.group_id}",
+                subscription_id=sub.subscription_id,
+            )
+            return
+        # OP-36 / MW-8-07: never before the member's visibility start.
+        after = max(sub.after_sequence, member.visibility_start_sequence - 1)
+        acked = await self.gateway.stored_cursor(self.agent_id, sub.group_id)
+        s = _Subscription(
+            sub.subscription_id,
+            sub.group_id,
+            delivered=after,
+            acked=min(acked, after),
+            credits=sub.initial_credits or 256,
+        )
+        self.subscriptions[s.subscription_id] = s
+        await self.flow(s, pb.FLOW_REASON_SUBSCRIBED, pb.FLOW_STATE_OPEN, effective_after=after)
+        s.task = asyncio.create_task(self.deliver(s))
+
+    async def deliver(self, s: _Subscription) -> None:
+        """Replay then follow, in sequence order, within the credit window (MW-16-01..05, MW-8-17)."""
+        authority = self.gateway.authority
+        while True:
+            if s.credits == 0:
+                await self.flow(s, pb.FLOW_REASON_CREDIT_EXHAUSTED, pb.FLOW_STATE_PAUSED)
+                s.granted.clear()
+                await s.granted.wait()
+                continue
+            batch = await authority.store.read(s.group_id, s.delivered, min(s.credits, MAX_EVENTS_PER_FRAME))
+            if not batch:
+                await authority.wait_for_append(s.group_id, timeout=0.5)
+                continue
+            if batch[0].sequence != s.delivered + 1:
+                await self.error(
+                    E.GATEWAY_ERROR_CODE_HISTORY_UNAVAILABLE,
+                    f"events after {s.delivered} are not available",
+                    subscription_id=s.subscription_id,
+                )
+                return
+            state = await authority.state(s.group_id)
+            member = state.members.get(self.agent_id) if state else None
+            if state is None or member is None or not member.active:  # the Membership ended: stop
+                await self.error(
+                    E.GATEWAY_ERROR_CODE_NOT_A_MEMBER,
+                    "the Membership ended",
+                    subscription_id=s.subscription_id,
+                    fatal=False,
+                )
+                return
+            frame = pb.EventFrame(
+                subscription_id=s.subscription_id, group_id=s.group_id, head_sequence=state.head_sequence
+            )
+            frame.first_sequence, frame.last_sequence = batch[0].sequence, batch[-1].sequence
+            for stored in batch:
+                envelope = common_pb2.SignedEnvelope.FromString(stored.envelope)
+                if self.visible(state, decode_event(stored.envelope)):
+                    frame.events.append(envelope)
+                else:
+                    frame.skipped.append(pb.SequenceRange(first=stored.sequence, last=stored.sequence))
+            s.delivered = batch[-1].sequence
+            s.credits -= len(batch)
+            frame.credits_remaining = s.credits
+            await self.send(event=frame)
+
+    def visible(self, state: GroupState, event: event_pb2.Event) -> bool:
+        """MW-9-05 on delivery: restricted Conversations reach their participants, the MissionOwner and
+        the current Coordinator only."""
+        payload = event.WhichOneof("payload")
+        if payload == "message_posted":
+            conversation_id = event.message_posted.conversation_id
+        elif payload == "message_amended":
+            message = state.messages.get(event.message_amended.message_id)
+            conversation_id = message.conversation_id if message else ""
+        elif payload == "conversation_opened":
+            conversation_id = event.conversation_opened.conversation_id
+        else:
+            return True
+        conversation = state.conversations.get(conversation_id)
+        if conversation is None or conversation.kind != conversation_pb2.CONVERSATION_KIND_RESTRICTED:
+            return True
+        mission = state.mission
+        stewards = (
+            {mission.owner_id, mission.coordinator.agent_id if mission.coordinator else ""}
+            if mission
+            else set()
+        )
+        return self.agent_id in conversation.participant_ids or self.agent_id in stewards
+
+    async def ack(self, frame: pb.AckFrame) -> None:
+        for cursor in frame.cursors:
+            s = self.subscriptions.get(cursor.subscription_id)
+            if s is None:
+                await self.error(
+                    E.GATEWAY_ERROR_CODE_UNKNOWN_SUBSCRIPTION,
+                    "no such subscription",
+                    subscription_id=cursor.subscription_id,
+                )
+                continue
+            if cursor.cursor > s.delivered:
+                await self.error(
+                    E.GATEWAY_ERROR_CODE_ACK_BEYOND_DELIVERED,
+                    f"delivered up to {s.delivered}",
+                    subscription_id=s.subscription_id,
+                )
+                continue
+            if cursor.cursor < s.acked:
+                await self.error(
+                    E.GATEWAY_ERROR_CODE_ACK_REGRESSED,
+                    f"already acknowledged {s.acked}",
+                    subscription_id=s.subscription_id,
+                )
+                continue
+            if s.credits + cursor.credits > MAX_CREDITS:
+                await self.error(
+                    E.GATEWAY_ERROR_CODE_CREDIT_OVERFLOW,
+                    f"at most {MAX_CREDITS} credits",
+                    subscription_id=s.subscription_id,
+                )
+                continue
+            if cursor.cursor > s.acked:
+                s.acked = cursor.cursor
+                await self.gateway.store_cursor(self.agent_id, s.group_id, cursor.cursor)
+            if cursor.credits:
+                s.credits += cursor.credits
+                s.granted.set()
+                await self.flow(s, pb.FLOW_REASON_CREDIT_GRANTED, pb.FLOW_STATE_OPEN)
+
+    async def unsubscribe(self, subscription_id: str) -> None:
+        s = self.subscriptions.pop(subscription_id, None)
+        if s is None:
+            await self.error(
+                E.GATEWAY_ERROR_CODE_UNKNOWN_SUBSCRIPTION,
+                "no such subscription",
+                subscription_id=subscription_id,
+            )
+            return
+        await _cancel(s.task)
+        await self.flow(s, pb.FLOW_REASON_UNSUBSCRIBED, pb.FLOW_STATE_CLOSED)
+
+    # ------------------------------------------------------------ commands
+
+    async def command(self, frame: pb.CommandFrame) -> None:
+        try:
+            result = await self.gateway.authority.execute(frame.command)
+            if result.command_id != frame.command_id:
+                await self.error(
+                    E.GATEWAY_ERROR_CODE_COMMAND_ID_MISMATCH,
+                    "the frame's command id differs from the command's",
+                    command_id=frame.command_id,
+                )
+                return
+            await self.send(result=pb.ResultFrame(command_id=frame.command_id, result=result))
+        except Rejected as rejected:
+            await self.send(result=pb.ResultFrame(command_id=frame.command_id, rejection=rejected.to_proto()))
+
+    # ------------------------------------------------------------ output
+
+    async def send(self, **frame: object) -> None:
+        await self.out.put(pb.ServerFrame(**frame))  # type: ignore[arg-type]
+
+    async def flow(self, s: _Subscription, reason: int, state: int, *, effective_after: int = 0) -> None:
+        await self.send(
+            flow=pb.FlowFrame(
+                subscription_id=s.subscription_id,
+                group_id=s.group_id,
+                reason=pb.FlowReason.ValueType(reason),
+                state=pb.FlowState.ValueType(state),
+                credits=s.credits,
+                delivered_sequence=s.delivered,
+                acked_sequence=s.acked,
+                effective_after_sequence=effective_after,
+            )
+        )
+
+    async def error(
+        self, code: int, message: str, *, subscription_id: str = "", command_id: str = "", fatal: bool = False
+    ) -> None:
+        rejection = common_pb2.Rejection(
+            reason=R.REJECTION_REASON_FRAME_OUT_OF_ORDER if fatal else R.REJECTION_REASON_INVALID_ARGUMENT,
+            message=message,
+        )
+        await self.send(
+            error=pb.ErrorFrame(
+                rejection=rejection,
+                code=E.ValueType(code),
+                subscription_id=subscription_id,
+                command_id=command_id,
+                fatal=fatal,
+            )  # type: ignore[arg-type]
+        )
+
+    async def close(self) -> None:
+        for s in self.subscriptions.values():
+            await _cancel(s.task)
+        for task in list(self.commands):
+            await _cancel(task)
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
