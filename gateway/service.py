@@ -24,9 +24,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.schema import cursors
 from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
-from missionweave.errors import Rejected
-from missionweave.signing import parse_session_key_id, verify_signature
-from missionweave.v1 import common_pb2, conversation_pb2, event_pb2
+from missionweave.errors import Rejected, abort_with
+from missionweave.signing import (
+    SNAPSHOT_REFERENCE_TYPE,
+    parse_session_key_id,
+    sign_envelope,
+    verify_signature,
+)
+from missionweave.v1 import authority_service_pb2, common_pb2, conversation_pb2, event_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
 from services.authority.authority import GroupAuthority, decode_event
@@ -89,10 +94,36 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
     async def GetSnapshot(
         self, request: pb.GetSnapshotRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetSnapshotResponse:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, "snapshots and compaction arrive with the next gateway slice"
+        """MW-16-12: the signed snapshot named by a CURSOR_TOO_OLD reference (verify hash and signature)."""
+        stored = await self.authority.store.snapshot_by_digest(request.group_id, request.digest.hex)
+        if stored is None:
+            await abort_with(
+                context,
+                Rejected(
+                    R.REJECTION_REASON_NOT_FOUND, f"no snapshot {request.digest.hex} of {request.group_id}"
+                ),
+            )
+        envelope = common_pb2.SignedEnvelope.FromString(stored)
+        snapshot = authority_service_pb2.GroupSnapshot.FromString(envelope.payload)
+        reference = self.signed_reference(request.group_id, snapshot.sequence, request.digest.hex, envelope)
+        return pb.GetSnapshotResponse(snapshot=envelope, signed_reference=reference)
+
+    def signed_reference(
+        self, group_id: str, sequence: int, digest: str, envelope: common_pb2.SignedEnvelope
+    ) -> common_pb2.SignedEnvelope:
+        """A SnapshotReference signed by the Authority: what CURSOR_TOO_OLD points at (MW-16-11)."""
+        snapshot = authority_service_pb2.GroupSnapshot.FromString(envelope.payload)
+        reference = pb.SnapshotReference(
+            group_id=group_id,
+            sequence=sequence,
+            created_at=snapshot.created_at,
+            archival=snapshot.archival,
+            digest=common_pb2.Digest(algorithm="blake3", hex=digest, size_bytes=len(envelope.payload)),
         )
-        raise AssertionError("unreachable")  # pragma: no cover
+        payload = reference.SerializeToString(deterministic=True)
+        return sign_envelope(
+            payload, SNAPSHOT_REFERENCE_TYPE, self.authority.signing_key, self.authority.key_id
+        )
 
     async def store_cursor(self, agent_id: str, group_id: str, cursor: int) -> None:
         """The acknowledged cursor per (agent, Group), durable (MW-16-06/07); ACK never deletes history."""
@@ -264,16 +295,14 @@ class _Connection:
                 await s.granted.wait()
                 continue
             batch = await authority.store.read(s.group_id, s.delivered, min(s.credits, MAX_EVENTS_PER_FRAME))
+            if (not batch and (await authority.store.head(s.group_id) or 0) > s.delivered) or (
+                batch and batch[0].sequence != s.delivered + 1
+            ):
+                await self.too_old(s)  # never skip silently: the history before is archived
+                return
             if not batch:
                 await authority.wait_for_append(s.group_id, timeout=0.5)
                 continue
-            if batch[0].sequence != s.delivered + 1:
-                await self.error(
-                    E.GATEWAY_ERROR_CODE_HISTORY_UNAVAILABLE,
-                    f"events after {s.delivered} are not available",
-                    subscription_id=s.subscription_id,
-                )
-                return
             state = await authority.state(s.group_id)
             member = state.members.get(self.agent_id) if state else None
             if state is None or member is None or not member.active:  # the Membership ended: stop
@@ -298,6 +327,36 @@ class _Connection:
             s.credits -= len(batch)
             frame.credits_remaining = s.credits
             await self.send(event=frame)
+
+    async def too_old(self, s: _Subscription) -> None:
+        """MW-16-11: the cursor lies before the online log; point at a signed snapshot to restore."""
+        store = self.gateway.authority.store
+        first = await store.first_online(s.group_id)
+        oldest_after = (first - 1) if first is not None else (await store.head(s.group_id) or 0)
+        snapshot = await store.latest_snapshot(s.group_id, at_least=oldest_after)
+        self.subscriptions.pop(s.subscription_id, None)
+        if snapshot is None:
+            await self.error(
+                E.GATEWAY_ERROR_CODE_HISTORY_UNAVAILABLE,
+                f"events after {s.delivered} are not online and no snapshot covers them",
+                subscription_id=s.subscription_id,
+            )
+            return
+        sequence, digest, envelope_bytes = snapshot
+        envelope = common_pb2.SignedEnvelope.FromString(envelope_bytes)
+        await self.send(
+            cursor_too_old=pb.CursorTooOldFrame(
+                subscription_id=s.subscription_id,
+                group_id=s.group_id,
+                requested_after_sequence=s.delivered,
+                oldest_available_after_sequence=oldest_after,
+                snapshot_digest=common_pb2.Digest(
+                    algorithm="blake3", hex=digest, size_bytes=len(envelope.payload)
+                ),
+                snapshot_sequence=sequence,
+                signed_reference=self.gateway.signed_reference(s.group_id, sequence, digest, envelope),
+            )
+        )
 
     def visible(self, state: GroupState, event: event_pb2.Event) -> bool:
         """MW-9-05 on delivery: restricted Conversations reach their participants, the MissionOwner and

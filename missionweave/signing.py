@@ -21,6 +21,8 @@ EVENT_TYPE = "application/vnd.missionweave.v1.event+protobuf"
 REGISTER_IDENTITY_TYPE = "application/vnd.missionweave.v1.register-identity+protobuf"
 OPEN_SESSION_TYPE = "application/vnd.missionweave.v1.open-session+protobuf"
 GROUP_SUMMARY_TYPE = "application/vnd.missionweave.v1.group-summary+protobuf"
+SNAPSHOT_TYPE = "application/vnd.missionweave.v1.group-snapshot+protobuf"
+SNAPSHOT_REFERENCE_TYPE = "application/vnd.missionweave.v1.snapshot-reference+protobuf"
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:

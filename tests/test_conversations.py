@@ -62,7 +62,7 @@ async def test_conversation_open_refusals(world: World) -> None:
     await refused(w, w.owner, G, "conversation_open", review_with_people, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=1)
 
 
-@pytest.mark.req("MW-9.1-19", "MW-9.1-20", "MW-9.1-21", "MW-9.1-22")
+@pytest.mark.req("MW-9.1-19", "MW-9.1-20", "MW-9.1-21", "MW-9.1-22", "MW-7.4-04", "MW-7.4-05")
 async def test_amendments_append_events_citing_the_original_which_stays_unchanged(world: World) -> None:
     w = world
     conv = await planning(w)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import blake3
 import pytest
 from sqlalchemy import select
 
 from gateway.schema import cursors
 from missionweave.client import SessionSigner
 from missionweave.clock import to_timestamp
-from missionweave.signing import session_key_id, sign_envelope
+from missionweave.signing import session_key_id, sign_envelope, verify_signature
 from missionweave.v1 import conversation_pb2, membership_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
@@ -167,3 +168,79 @@ async def test_commands_over_the_stream_answer_with_results_and_non_members_cann
     await owner.send(command=pb.CommandFrame(command_id=stale.command_id, command=w.owner.sign(stale)))
     refused = (await owner.until("result")).result
     assert refused.HasField("rejection") and refused.command_id == stale.command_id
+
+
+@pytest.mark.req("MW-16-11", "MW-16-12", "MW-7.4-01", "MW-16-09", "MW-7.4-06")
+async def test_compacted_history_answers_cursor_too_old_with_a_signed_snapshot_to_restore(
+    world: World,
+) -> None:
+    from missionweave.v1 import authority_service_pb2 as apb
+
+    w = world
+    conv = (await create(w)).mission.planning_conversation_id
+    for i in range(3):
+        await w.run(w.owner, G, "message_post", builders.message(conv, f"before {i}"), membership_epoch=1)
+    taken = await w.client.authority.TakeSnapshot(apb.TakeSnapshotRequest(group_id=G, compact=True))
+    await w.run(w.owner, G, "message_post", builders.message(conv, "after"), membership_epoch=1)
+    # History is moved to the archive tier, never deleted.
+    async with w.mesh.engine.connect() as conn:  # type: ignore[attr-defined]
+        from services.authority.schema import events_archive
+
+        archived = (
+            (await conn.execute(select(events_archive.c.seq).where(events_archive.c.group_id == G)))
+            .scalars()
+            .all()
+        )
+    assert list(archived) == list(range(1, taken.sequence + 1))
+    stream = await connected(w, w.owner)
+    await stream.send(
+        subscribe=pb.SubscribeFrame(subscription_id="old", group_id=G, after_sequence=2, initial_credits=100)
+    )
+    too_old = (await stream.until("cursor_too_old")).cursor_too_old
+    assert too_old.requested_after_sequence == 2 and too_old.snapshot_sequence == taken.sequence
+    _, public_key = await w.client.authority_key()
+    assert verify_signature(too_old.signed_reference, public_key)
+    reference = pb.SnapshotReference.FromString(too_old.signed_reference.payload)
+    # MW-16-12: fetch, verify hash and signature, restore, resume from the snapshot sequence.
+    fetched = await pb_grpc.GatewayServiceStub(w.client.channel).GetSnapshot(
+        pb.GetSnapshotRequest(group_id=G, digest=reference.digest)
+    )
+    assert blake3.blake3(fetched.snapshot.payload).hexdigest() == reference.digest.hex
+    assert verify_signature(fetched.snapshot, public_key)
+    restored = apb.GroupSnapshot.FromString(fetched.snapshot.payload)
+    assert restored.sequence == taken.sequence and restored.state.mission.planning_conversation_id == conv
+    await stream.send(
+        subscribe=pb.SubscribeFrame(
+            subscription_id="new", group_id=G, after_sequence=restored.sequence, initial_credits=100
+        )
+    )
+    resumed = (await stream.until("event")).event
+    assert resumed.first_sequence == taken.sequence + 1 and b"after" in resumed.events[0].payload
+
+
+@pytest.mark.req("MW-7.4-02")
+async def test_archival_snapshot_of_a_finished_mission_holds_decisions_work_items_approvals_and_artifacts(
+    world: World,
+) -> None:
+    import grpc
+
+    from missionweave.v1 import authority_service_pb2 as apb
+    from missionweave.v1 import mission_pb2
+
+    w = world
+    await create(w)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await w.client.authority.TakeSnapshot(
+            apb.TakeSnapshotRequest(group_id=G, archival=True)
+        )  # still live
+    from tests.test_missions import approve_body, mission, submit
+
+    await submit(w)
+    await w.run(w.owner, G, "mission_approve", approve_body(await mission(w)), membership_epoch=1)
+    final = await w.client.authority.TakeSnapshot(apb.TakeSnapshotRequest(group_id=G, archival=True))
+    snapshot = apb.GroupSnapshot.FromString(final.snapshot.payload)
+    assert snapshot.archival and snapshot.state.mission.state == mission_pb2.MISSION_STATE_APPROVED
+    assert snapshot.state.mission.approval_event_id and snapshot.progress.approval_event_id
+    assert snapshot.progress.latest_submission_event_id  # decisions
+    _, public_key = await w.client.authority_key()
+    assert verify_signature(final.snapshot, public_key)

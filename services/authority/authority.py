@@ -21,21 +21,23 @@ from nacl.signing import SigningKey
 from artifactstore.index import ArtifactIndex
 from artifactstore.manifest import manifest_digest
 from missionweave import ids
-from missionweave.clock import Clock, timestamp_micros, to_micros
+from missionweave.clock import Clock, timestamp_micros, to_micros, to_timestamp
 from missionweave.errors import Rejected
 from missionweave.signing import (
     COMMAND_TYPE,
     EVENT_TYPE,
     GROUP_SUMMARY_TYPE,
+    SNAPSHOT_TYPE,
     fingerprint,
     parse_session_key_id,
     sign_envelope,
 )
 from missionweave.signing import verify_signature as verify_envelope
-from missionweave.v1 import artifact_service_pb2, command_pb2, common_pb2, event_pb2
+from missionweave.v1 import artifact_service_pb2, authority_service_pb2, command_pb2, common_pb2, event_pb2
 from services.authority import decider
 from services.authority.context_package import CONTEXT_PACKAGE_TYPE, build_context_package
-from services.authority.rules.common import StoredArtifact
+from services.authority.progress import mission_progress
+from services.authority.rules.common import TERMINAL_MISSION_STATES, StoredArtifact
 from services.authority.state import GroupState
 from services.authority.store import AppendRequest, CommandRecord, EventStore, StoredEvent
 from services.authority.views import group_state_proto
@@ -373,6 +375,35 @@ class GroupAuthority:
             previous_payload=prior_payload,
         )
         return sign_envelope(package.SerializeToString(deterministic=True), CONTEXT_PACKAGE_TYPE, self.signing_key, self.key_id)
+
+    async def take_snapshot(
+        self, group_id: str, *, compact: bool = False, archival: bool = False
+    ) -> tuple[common_pb2.SignedEnvelope, str, int] | None:
+        """A signed snapshot of the durable state (MW-16-11, MW-7.4-02); optionally compact before it."""
+        state = await self.state(group_id)
+        if state is None or state.mission is None:
+            return None
+        if archival and state.mission.state not in TERMINAL_MISSION_STATES:
+            raise Rejected(
+                R.REJECTION_REASON_PRECONDITION_FAILED,
+                "an archival snapshot is taken of a finished Mission; this one is still live (MW-7.4-01)",
+            )
+        now = self.clock.now()
+        snapshot = authority_service_pb2.GroupSnapshot(
+            group_id=group_id,
+            sequence=state.head_sequence,
+            state=group_state_proto(state),
+            progress=mission_progress(state, now),
+            created_at=to_timestamp(now),
+            archival=archival,
+        )
+        payload = snapshot.SerializeToString(deterministic=True)
+        envelope = sign_envelope(payload, SNAPSHOT_TYPE, self.signing_key, self.key_id)
+        digest = blake3.blake3(payload).hexdigest()
+        await self.store.save_snapshot(
+            group_id, state.head_sequence, digest, envelope.SerializeToString(), archival, to_micros(now), compact=compact
+        )
+        return envelope, digest, state.head_sequence
 
     async def state(self, group_id: str) -> GroupState | None:
         cached = self._cache.get(group_id)

@@ -42,3 +42,29 @@ commands = Table(
 )
 
 Index("events_type", events.c.group_id, events.c.type)
+
+# The archive tier: events moved out of the online log by compaction. Never deleted (MW-7.4-01,
+# MW-16-09); same columns as `events`.
+events_archive = Table(
+    "events_archive",
+    METADATA,
+    Column("group_id", String(128), primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("event_id", String(128), nullable=False, unique=True),
+    Column("type", String(128), nullable=False),
+    Column("command_id", String(128), nullable=False),
+    Column("recorded_us", BigInteger, nullable=False),
+    Column("envelope", LargeBinary, nullable=False),
+)
+
+# Signed snapshots by (Group, sequence); `digest` is BLAKE3 of the payload (MW-16-11/12).
+snapshots = Table(
+    "snapshots",
+    METADATA,
+    Column("group_id", String(128), primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("digest", String(64), nullable=False, unique=True),
+    Column("archival", Integer, nullable=False),
+    Column("created_us", BigInteger, nullable=False),
+    Column("envelope", LargeBinary, nullable=False),
+)

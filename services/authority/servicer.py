@@ -156,6 +156,21 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
             await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
         return pb.GetContextPackageResponse(package=package)
 
+    async def TakeSnapshot(
+        self, request: pb.TakeSnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TakeSnapshotResponse:
+        try:
+            taken = await self.authority.take_snapshot(request.group_id, compact=request.compact, archival=request.archival)
+        except Rejected as rejected:
+            await abort_with(context, rejected)
+        if taken is None:
+            await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
+        envelope, digest, sequence = taken
+        size = len(envelope.payload)
+        return pb.TakeSnapshotResponse(
+            snapshot=envelope, digest=common_pb2.Digest(algorithm="blake3", hex=digest, size_bytes=size), sequence=sequence
+        )
+
     async def GetAuthorityKey(
         self, request: pb.GetAuthorityKeyRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetAuthorityKeyResponse:

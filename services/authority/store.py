@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave.clock import Clock, to_micros
@@ -24,7 +24,7 @@ from missionweave.db import sqlite_writer_connector
 from missionweave.errors import Rejected
 from missionweave.v1 import common_pb2
 from services.authority.batch_sql import BatchOps, Collision, SqlAlchemyOps, SqliteOps
-from services.authority.schema import commands, events, groups
+from services.authority.schema import commands, events, events_archive, groups, snapshots
 
 R = common_pb2.RejectionReason
 log = logging.getLogger("missionweave.authority.store")
@@ -180,6 +180,54 @@ class EventStore:
                 )
             )
             return {r[0]: CommandRecord(bytes(r[1]), int(r[2]), int(r[3])) for r in rows}
+
+    async def first_online(self, group_id: str) -> int | None:
+        """The first sequence still in the online log (None when the Group has no online events)."""
+        async with self.engine.connect() as conn:
+            value = (
+                await conn.execute(select(func.min(events.c.seq)).where(events.c.group_id == group_id))
+            ).scalar_one_or_none()
+        return None if value is None else int(value)
+
+    async def save_snapshot(
+        self, group_id: str, sequence: int, digest: str, envelope: bytes, archival: bool, now_us: int, *, compact: bool
+    ) -> None:
+        """Store a signed snapshot; with ``compact``, move the online events up to it into the archive
+        tier in the same transaction (history is moved, never deleted: MW-7.4-01, MW-16-09)."""
+        async with self.engine.begin() as conn:
+            existing = (
+                await conn.execute(select(snapshots.c.digest).where(snapshots.c.group_id == group_id, snapshots.c.seq == sequence))
+            ).first()
+            if existing is None:
+                await conn.execute(
+                    insert(snapshots).values(
+                        group_id=group_id, seq=sequence, digest=digest, archival=int(archival), created_us=now_us, envelope=envelope
+                    )
+                )
+            if compact:
+                online = and_(events.c.group_id == group_id, events.c.seq <= sequence)
+                await conn.execute(insert(events_archive).from_select(list(events.c.keys()), select(events).where(online)))
+                await conn.execute(delete(events).where(online))
+
+    async def latest_snapshot(self, group_id: str, at_least: int = 0) -> tuple[int, str, bytes] | None:
+        """(sequence, digest, envelope) of the newest snapshot at or after ``at_least``."""
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(snapshots.c.seq, snapshots.c.digest, snapshots.c.envelope)
+                    .where(snapshots.c.group_id == group_id, snapshots.c.seq >= at_least)
+                    .order_by(snapshots.c.seq.desc())
+                    .limit(1)
+                )
+            ).first()
+        return None if row is None else (int(row[0]), row[1], bytes(row[2]))
+
+    async def snapshot_by_digest(self, group_id: str, digest: str) -> bytes | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(select(snapshots.c.envelope).where(snapshots.c.group_id == group_id, snapshots.c.digest == digest))
+            ).first()
+        return None if row is None else bytes(row[0])
 
     async def group_ids(self) -> list[str]:
         async with self.engine.connect() as conn:
