@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.attention import may_see, wanted
 from gateway.schema import cursors
 from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
 from missionweave.errors import Rejected, abort_with
@@ -31,11 +32,10 @@ from missionweave.signing import (
     sign_envelope,
     verify_signature,
 )
-from missionweave.v1 import authority_service_pb2, common_pb2, conversation_pb2, event_pb2
+from missionweave.v1 import authority_service_pb2, common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
 from services.authority.authority import GroupAuthority, decode_event
-from services.authority.state import GroupState
 from services.membership.registry import IdentityRegistry
 
 R = common_pb2.RejectionReason
@@ -63,6 +63,7 @@ class _Subscription:
     delivered: int  # highest sequence covered by an EVENT frame
     acked: int
     credits: int
+    attention: pb.AttentionFilter = field(default_factory=pb.AttentionFilter)
     granted: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -75,12 +76,14 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         self.registry = registry
         self.engine = engine
         self.clock = clock
+        self.connections: set[_Connection] = set()
 
     async def Connect(
         self, request_iterator: AsyncIterator[pb.ConnectRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ConnectResponse]:
         out: asyncio.Queue[pb.ServerFrame | None] = asyncio.Queue(maxsize=64)  # bounded: backpressure
         connection = _Connection(self, out)
+        self.connections.add(connection)
         reader = asyncio.create_task(connection.read(request_iterator))
         try:
             while (frame := await out.get()) is not None:
@@ -90,6 +93,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
             await connection.close()
+            self.connections.discard(connection)
 
     async def GetSnapshot(
         self, request: pb.GetSnapshotRequest, context: grpc.aio.ServicerContext
@@ -183,7 +187,10 @@ class _Connection:
         except Exception:
             log.exception("gateway stream failed")
         finally:
-            await self.out.put(None)
+            # Never block here: when the stream is being torn down nobody drains the queue, and a
+            # cancelled reader must not wait on it (the sentinel only ends a live stream).
+            with contextlib.suppress(asyncio.QueueFull):
+                self.out.put_nowait(None)
 
     async def handle(self, frame: pb.ClientFrame) -> None:
         kind = frame.WhichOneof("frame")
@@ -280,6 +287,7 @@ class _Connection:
             delivered=after,
             acked=min(acked, after),
             credits=sub.initial_credits or 256,
+            attention=sub.filter,
         )
         self.subscriptions[s.subscription_id] = s
         await self.flow(s, pb.FLOW_REASON_SUBSCRIBED, pb.FLOW_STATE_OPEN, effective_after=after)
@@ -295,9 +303,14 @@ class _Connection:
                 await s.granted.wait()
                 continue
             batch = await authority.store.read(s.group_id, s.delivered, min(s.credits, MAX_EVENTS_PER_FRAME))
-            if (not batch and (await authority.store.head(s.group_id) or 0) > s.delivered) or (
-                batch and batch[0].sequence != s.delivered + 1
-            ):
+            if not batch and (await authority.store.head(s.group_id) or 0) > s.delivered:
+                # The head moved past us: either an append landed after our read (read again) or the
+                # events we need were compacted away.
+                batch = await authority.store.read(s.group_id, s.delivered, min(s.credits, MAX_EVENTS_PER_FRAME))
+                if not batch:
+                    await self.too_old(s)
+                    return
+            if batch and batch[0].sequence != s.delivered + 1:
                 await self.too_old(s)  # never skip silently: the history before is archived
                 return
             if not batch:
@@ -319,7 +332,8 @@ class _Connection:
             frame.first_sequence, frame.last_sequence = batch[0].sequence, batch[-1].sequence
             for stored in batch:
                 envelope = common_pb2.SignedEnvelope.FromString(stored.envelope)
-                if self.visible(state, decode_event(stored.envelope)):
+                event = decode_event(stored.envelope)
+                if may_see(state, self.agent_id, event) and wanted(state, self.agent_id, event, s.attention):
                     frame.events.append(envelope)
                 else:
                     frame.skipped.append(pb.SequenceRange(first=stored.sequence, last=stored.sequence))
@@ -357,30 +371,6 @@ class _Connection:
                 signed_reference=self.gateway.signed_reference(s.group_id, sequence, digest, envelope),
             )
         )
-
-    def visible(self, state: GroupState, event: event_pb2.Event) -> bool:
-        """MW-9-05 on delivery: restricted Conversations reach their participants, the MissionOwner and
-        the current Coordinator only."""
-        payload = event.WhichOneof("payload")
-        if payload == "message_posted":
-            conversation_id = event.message_posted.conversation_id
-        elif payload == "message_amended":
-            message = state.messages.get(event.message_amended.message_id)
-            conversation_id = message.conversation_id if message else ""
-        elif payload == "conversation_opened":
-            conversation_id = event.conversation_opened.conversation_id
-        else:
-            return True
-        conversation = state.conversations.get(conversation_id)
-        if conversation is None or conversation.kind != conversation_pb2.CONVERSATION_KIND_RESTRICTED:
-            return True
-        mission = state.mission
-        stewards = (
-            {mission.owner_id, mission.coordinator.agent_id if mission.coordinator else ""}
-            if mission
-            else set()
-        )
-        return self.agent_id in conversation.participant_ids or self.agent_id in stewards
 
     async def ack(self, frame: pb.AckFrame) -> None:
         for cursor in frame.cursors:

@@ -244,3 +244,56 @@ async def test_archival_snapshot_of_a_finished_mission_holds_decisions_work_item
     assert snapshot.progress.latest_submission_event_id  # decisions
     _, public_key = await w.client.authority_key()
     assert verify_signature(final.snapshot, public_key)
+
+
+@pytest.mark.req("MW-8-11", "MW-8-12", "MW-8-13", "MW-8-15")
+async def test_attention_filters_skip_the_rest_which_stays_retrievable(world: World) -> None:
+    w = world
+    conv = (await create(w)).mission.planning_conversation_id
+    grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
+    await w.run(w.owner, G, "membership_grant", grant, membership_epoch=1)
+    chatter = await w.run(
+        w.owner, G, "message_post", builders.message(conv, "general chatter"), membership_epoch=1
+    )
+    mention = builders.message(conv, "@worker-bot please look", mentions=["worker-bot"])
+    mentioned = await w.run(w.owner, G, "message_post", mention, membership_epoch=1)
+    critical = builders.message(conv, "freeze all deploys")
+    critical.topic = "critical"
+    await w.run(w.owner, G, "message_post", critical, membership_epoch=1)
+    head = (await w.client.group_state(G)).head_sequence
+    stream = await connected(w, w.worker)
+    focus = pb.AttentionFilter(
+        mode=pb.ATTENTION_MODE_FILTERED,
+        direct_mentions=True,
+        critical_announcements=True,
+        own_work_items=True,
+    )
+    await stream.send(
+        subscribe=pb.SubscribeFrame(subscription_id="f", group_id=G, initial_credits=100, filter=focus)
+    )
+    frame = (await stream.until("event")).event
+    texts = [e.payload for e in frame.events]
+    assert any(b"please look" in t for t in texts) and any(b"freeze all deploys" in t for t in texts)
+    assert not any(b"general chatter" in t for t in texts)
+    skipped = {n for r in frame.skipped for n in range(r.first, r.last + 1)}
+    assert chatter.group_revision in skipped and mentioned.group_revision not in skipped
+    # Contiguity (OP-26): every sequence of the range is either delivered or listed as skipped.
+    assert (
+        len(frame.events) + len(skipped) == frame.last_sequence - frame.first_sequence + 1
+        and frame.last_sequence == head
+    )
+    # MW-8-13: the filtered Message is still retrievable on demand.
+    on_demand = [e async for e in w.client.read_events(G, after=chatter.group_revision - 1)]
+    assert on_demand[0].message_posted.content.text == "general chatter"
+    # MW-8-15: a summary subscription carries lifecycle events, not the conversation.
+    owner = await connected(w, w.owner)
+    await owner.send(
+        subscribe=pb.SubscribeFrame(
+            subscription_id="s",
+            group_id=G,
+            initial_credits=100,
+            filter=pb.AttentionFilter(mode=pb.ATTENTION_MODE_SUMMARY),
+        )
+    )
+    summary = (await owner.until("event")).event
+    assert summary.events and not any(b"general chatter" in e.payload for e in summary.events)

@@ -1,0 +1,559 @@
+"""The Python agent SDK (missionweave.agent, spec 16): every event once and in order across a dropped
+stream and a restart, a durable cursor file that never crosses a gap, skipped ranges, ACK batching with
+credits, commands over the stream, typed builders and snapshot restore with verification.
+
+The ordering, credit and cursor components are driven directly with hand-made frames (a fake host
+stands in for the agent); the rest runs against the in-process mesh of tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import doctest
+import importlib.util
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pytest
+from nacl.signing import SigningKey
+from sqlalchemy import select
+
+import missionweave.agent as sdk
+from gateway.schema import cursors
+from missionweave.agent import (
+    Agent,
+    AuthorityVerifier,
+    Backoff,
+    CommandRejected,
+    CreditWindow,
+    CursorFile,
+    GroupSequencer,
+    NotVerified,
+    Subscription,
+    SubscriptionFailed,
+)
+from missionweave.client import decode_events
+from missionweave.idempotency import attempt_key
+from missionweave.signing import EVENT_TYPE, SNAPSHOT_REFERENCE_TYPE, SNAPSHOT_TYPE, sign_envelope
+from missionweave.v1 import authority_service_pb2, common_pb2, conversation_pb2, event_pb2, membership_pb2
+from missionweave.v1 import gateway_service_pb2 as pb
+from missionweave.v1 import work_pb2 as wp
+from tests import builders
+from tests import test_work_items as work
+from tests.conftest import World
+from tests.test_missions import G, create
+
+AUTHORITY = SigningKey.generate()
+AUTHORITY_ID = "authority:test"
+FAST = Backoff(initial=0.02, cap=0.1)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def signed_event(sequence: int, group_id: str = G) -> common_pb2.SignedEnvelope:
+    event = event_pb2.Event(
+        event_id=f"evt_{sequence:04d}", group_id=group_id, sequence=sequence, type="message.posted"
+    )
+    return sign_envelope(event.SerializeToString(), EVENT_TYPE, AUTHORITY, AUTHORITY_ID)
+
+
+def event_frame(
+    sid: str, first: int, last: int, *, skipped: tuple[int, ...] = (), events: tuple[int, ...] | None = None
+) -> pb.ServerFrame:
+    """An EVENT frame covering [first, last]: every sequence delivered unless listed in ``skipped``
+    (``events`` overrides which are delivered, to build a frame that is missing some)."""
+    delivered = events if events is not None else tuple(s for s in range(first, last + 1) if s not in skipped)
+    frame = pb.EventFrame(
+        subscription_id=sid,
+        group_id=G,
+        first_sequence=first,
+        last_sequence=last,
+        events=[signed_event(s) for s in delivered],
+        skipped=[pb.SequenceRange(first=s, last=s) for s in skipped],
+    )
+    return pb.ServerFrame(event=frame)
+
+
+class FakeHost:
+    """Stands in for the Agent: records what the subscription sends, serves a prepared snapshot."""
+
+    def __init__(self) -> None:
+        self.sent: list[pb.ClientFrame] = []
+        self.verifier = AuthorityVerifier(AUTHORITY_ID, bytes(AUTHORITY.verify_key))
+        self.snapshot = pb.GetSnapshotResponse()
+
+    def _verifier_now(self) -> AuthorityVerifier:
+        return self.verifier
+
+    async def _send_frame(self, frame: pb.ClientFrame, route: Subscription | None = None) -> bool:
+        self.sent.append(frame)
+        return True
+
+    async def _fetch_snapshot(self, group_id: str, digest: common_pb2.Digest) -> pb.GetSnapshotResponse:
+        return self.snapshot
+
+    def acks(self) -> list[tuple[int, int]]:
+        return [(c.cursor, c.credits) for f in self.sent if f.HasField("ack") for c in f.ack.cursors]
+
+    def subscribes(self) -> list[pb.SubscribeFrame]:
+        return [f.subscribe for f in self.sent if f.HasField("subscribe")]
+
+
+async def reach(sub: Subscription, sequence: int) -> None:
+    async with asyncio.timeout(5):
+        await sub.reached(sequence)
+
+
+async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition did not come true")
+
+
+def stored(path: Path) -> int:
+    return int(json.loads(path.read_text())["cursor"])
+
+
+async def offline_subscription(
+    tmp_path: Path, seen: list[int], **kw: Any
+) -> tuple[FakeHost, Subscription, CursorFile]:
+    host = FakeHost()
+    cursor_file = CursorFile(tmp_path, "bot", G)
+
+    async def handler(event: event_pb2.Event) -> None:
+        seen.append(event.sequence)
+
+    subscription = Subscription(host, 1, G, handler, cursor_file, **kw)
+    await subscription.open()
+    return host, subscription, cursor_file
+
+
+async def gateway_cursor(w: World, agent_id: str) -> int:
+    async with w.mesh.engine.connect() as conn:  # type: ignore[attr-defined]
+        query = select(cursors.c.cursor).where(cursors.c.agent_id == agent_id, cursors.c.group_id == G)
+        return int((await conn.execute(query)).scalar_one())
+
+
+async def post_messages(w: World, conversation_id: str, texts: range) -> None:
+    for i in texts:
+        await w.run(
+            w.owner, G, "message_post", builders.message(conversation_id, f"m{i}"), membership_epoch=1
+        )
+
+
+def connect(w: World, identity: str, key: SigningKey, state: Path) -> Any:
+    return Agent.connect(w.target, identity, key, cursor_dir=state, backoff=FAST, grace=2.0)
+
+
+# ------------------------------------------------------------------ the pure components
+
+
+def test_docstring_examples_run() -> None:
+    failed, _ = doctest.testmod(sdk, optionflags=doctest.ELLIPSIS)
+    assert failed == 0
+
+
+@pytest.mark.req("MW-16-02", "MW-16-03", "MW-16-04", "MW-16-05")
+def test_sequencer_buffers_out_of_order_drops_duplicates_and_stops_at_gaps() -> None:
+    seq = GroupSequencer[str](cursor=2)
+    assert not seq.add_event(2, "evt_2", "old")  # at or below the cursor: already processed
+    assert seq.add_event(5, "evt_5", "e5") and seq.add_event(3, "evt_3", "e3")
+    assert not seq.add_event(3, "evt_3", "e3") and not seq.add_event(6, "evt_5", "e5 again")  # by id too
+    released = []
+    while (slot := seq.next_ready()) is not None:
+        released.append(slot.item)
+        seq.done(slot)
+    assert released == ["e3"] and seq.cursor == 3 and seq.has_gap  # 4 is missing: 5 waits
+    seq.add_skipped(4, 4)
+    slot = seq.next_ready()
+    assert slot is not None and slot.item is None and (slot.first, slot.last) == (4, 4)
+    seq.done(slot)
+    slot = seq.next_ready()
+    assert slot is not None and slot.item == "e5"
+    seq.done(slot)
+    assert seq.cursor == 5 and not seq.buffered
+    assert not seq.add_event(9, "evt_5", "replayed under another sequence")  # remembered by id
+    with pytest.raises(ValueError):
+        seq.done(sdk.Slot(8, 8, "x"))  # never across a gap
+
+
+def test_a_skipped_range_straddling_the_cursor_is_clipped() -> None:
+    seq = GroupSequencer[str](cursor=3)
+    seq.add_skipped(1, 6)
+    slot = seq.next_ready()
+    assert slot is not None and (slot.first, slot.last) == (4, 6)
+
+
+@pytest.mark.req("MW-8-17", "MW-16-07")
+def test_credit_window_grants_back_a_frame_once_processed_in_half_window_batches() -> None:
+    window = CreditWindow(credits=8, after=10)
+    window.received(11, 13)
+    window.received(14, 15)
+    window.processed(cursor=12)
+    assert not window.due(12, idle=False)  # frame 11..13 not yet through
+    assert window.due(12, idle=True)  # idle: report the cursor anyway
+    window.processed(cursor=15)
+    assert window.due(15, idle=False)
+    assert window.take(cursor=15) == (15, 5)
+    assert window.take(cursor=99) == (15, 0)  # never beyond what this attempt delivered
+    assert not window.due(15, idle=True)
+
+
+def test_backoff_grows_exponentially_with_jitter_up_to_the_cap() -> None:
+    backoff = Backoff(initial=0.1, cap=1.0)
+    delays = [backoff.next() for _ in range(8)]
+    assert 0.05 <= delays[0] <= 0.1 and 0.1 <= delays[1] <= 0.2 and all(0.5 <= d <= 1.0 for d in delays[4:])
+    assert len({round(d, 6) for d in delays[4:]}) > 1  # jittered
+    backoff.reset()
+    assert backoff.next() <= 0.1
+
+
+def test_the_cursor_file_is_written_atomically_and_only_forwards(tmp_path: Path) -> None:
+    cursor_file = CursorFile(tmp_path, "bot", G)
+    assert cursor_file.load() == 0
+    cursor_file.save(7)
+    assert stored(cursor_file.path) == 7 and CursorFile(tmp_path, "bot", G).load() == 7
+    assert [p.name for p in tmp_path.iterdir()] == [cursor_file.path.name]  # no temporary file left
+    with pytest.raises(ValueError):
+        cursor_file.save(6)
+    with pytest.raises(sdk.AgentError):
+        CursorFile(tmp_path, "another-bot", G).load()  # the file names its owner
+    with pytest.raises(ValueError):
+        CursorFile(tmp_path, "bot", "../escape")
+
+
+# ------------------------------------------------------------------ a subscription fed by hand
+
+
+@pytest.mark.req("MW-16-03", "MW-16-04", "MW-16-05", "MW-16-06", "MW-16-07")
+async def test_the_cursor_file_never_advances_across_a_gap(tmp_path: Path) -> None:
+    seen: list[int] = []
+    host, sub, cursor_file = await offline_subscription(tmp_path, seen, credits=8)
+    sid = sub.subscription_id
+    sub.deliver(event_frame(sid, 1, 2))
+    sub.deliver(event_frame(sid, 4, 6))  # 3 is missing
+    await reach(sub, 2)
+    await until(lambda: sub._sequencer.buffered == 3)
+    assert seen == [1, 2] and stored(cursor_file.path) == 2 and sub.cursor == 2
+    assert all(cursor <= 2 for cursor, _ in host.acks())  # nor does the ACK
+    sub.deliver(event_frame(sid, 1, 2))  # a replayed duplicate changes nothing
+    sub.deliver(event_frame(sid, 3, 3))
+    await reach(sub, 6)
+    assert seen == [1, 2, 3, 4, 5, 6] and stored(cursor_file.path) == 6
+    await sub.stop(grace=1)
+    assert host.acks()[-1][0] == 6
+    assert sum(credits for _, credits in host.acks()) == 2 + 3 + 1 + 2  # every frame's credits, once
+    assert not sub.failure
+
+
+@pytest.mark.req("MW-16-05", "MW-16-06")
+async def test_skipped_sequences_advance_the_cursor_without_reaching_the_handler(tmp_path: Path) -> None:
+    seen: list[int] = []
+    host, sub, cursor_file = await offline_subscription(tmp_path, seen)
+    sub.deliver(event_frame(sub.subscription_id, 1, 5, skipped=(2, 3, 5)))
+    await reach(sub, 5)
+    await sub.stop(grace=1)
+    assert seen == [1, 4] and stored(cursor_file.path) == 5 and host.acks()[-1] == (5, 5)
+
+
+async def test_a_gap_that_does_not_fill_resubscribes_from_the_cursor(tmp_path: Path) -> None:
+    seen: list[int] = []
+    host, sub, _ = await offline_subscription(tmp_path, seen, gap_timeout=0.05)
+    first = sub.subscription_id
+    sub.deliver(event_frame(first, 1, 1))
+    sub.deliver(event_frame(first, 3, 3))
+    await until(lambda: len(host.subscribes()) == 2)
+    assert host.subscribes()[-1].after_sequence == 1
+    assert any(f.unsubscribe.subscription_id == first for f in host.sent if f.HasField("unsubscribe"))
+    sub.deliver(event_frame(first, 2, 3))  # the old attempt's frames are ignored ...
+    sub.deliver(event_frame(sub.subscription_id, 2, 3))  # ... the new one's are processed
+    await reach(sub, 3)
+    await sub.stop(grace=1)
+    assert seen == [1, 2, 3]
+
+
+def error_frame(sid: str, code: pb.GatewayErrorCode.ValueType) -> pb.ServerFrame:
+    return pb.ServerFrame(error=pb.ErrorFrame(subscription_id=sid, code=code))
+
+
+async def test_history_unavailable_is_retried_from_the_cursor_and_no_membership_fails(tmp_path: Path) -> None:
+    seen: list[int] = []
+    host, sub, _ = await offline_subscription(tmp_path, seen)
+    sub._retry = Backoff(initial=0.01, cap=0.02)
+    sub.deliver(event_frame(sub.subscription_id, 1, 3))
+    sub.deliver(error_frame(sub.subscription_id, pb.GATEWAY_ERROR_CODE_HISTORY_UNAVAILABLE))
+    await until(lambda: len(host.subscribes()) == 2)
+    assert host.subscribes()[-1].after_sequence == 3 and not sub.failure  # stopped, never skipped
+    sub.deliver(error_frame(sub.subscription_id, pb.GATEWAY_ERROR_CODE_NOT_A_MEMBER))
+    with pytest.raises(SubscriptionFailed, match="NOT_A_MEMBER"):
+        await reach(sub, 4)
+    await sub.open()  # a failed subscription is not resubscribed on the next stream
+    assert len(host.subscribes()) == 2 and seen == [1, 2, 3]
+    await sub.stop(grace=1)
+
+
+async def test_events_that_do_not_verify_stop_the_subscription(tmp_path: Path) -> None:
+    seen: list[int] = []
+    _, sub, cursor_file = await offline_subscription(tmp_path, seen)
+    frame = event_frame(sub.subscription_id, 1, 2)
+    frame.event.events[1].payload += b"\x00"
+    sub.deliver(frame)
+    with pytest.raises(NotVerified):
+        await reach(sub, 2)
+    assert seen == [] and not cursor_file.path.exists()  # the whole frame is refused before any handler
+    await sub.stop(grace=1)
+
+
+def snapshot_at(sequence: int) -> tuple[common_pb2.SignedEnvelope, common_pb2.SignedEnvelope]:
+    """A signed GroupSnapshot and the signed SnapshotReference naming it."""
+    payload = authority_service_pb2.GroupSnapshot(group_id=G, sequence=sequence).SerializeToString()
+    digest = common_pb2.Digest(
+        algorithm="blake3", hex=blake3.blake3(payload).hexdigest(), size_bytes=len(payload)
+    )
+    reference = pb.SnapshotReference(group_id=G, sequence=sequence, digest=digest).SerializeToString()
+    return (
+        sign_envelope(payload, SNAPSHOT_TYPE, AUTHORITY, AUTHORITY_ID),
+        sign_envelope(reference, SNAPSHOT_REFERENCE_TYPE, AUTHORITY, AUTHORITY_ID),
+    )
+
+
+def too_old(sid: str, reference: common_pb2.SignedEnvelope) -> pb.ServerFrame:
+    return pb.ServerFrame(
+        cursor_too_old=pb.CursorTooOldFrame(subscription_id=sid, group_id=G, signed_reference=reference)
+    )
+
+
+@pytest.mark.req("MW-16-11", "MW-16-12")
+async def test_cursor_too_old_restores_a_verified_snapshot_and_resumes_from_its_sequence(
+    tmp_path: Path,
+) -> None:
+    restored: list[int] = []
+
+    async def on_snapshot(snapshot: authority_service_pb2.GroupSnapshot) -> None:
+        restored.append(snapshot.sequence)
+
+    seen: list[int] = []
+    host, sub, cursor_file = await offline_subscription(tmp_path, seen, on_snapshot=on_snapshot)
+    snapshot, reference = snapshot_at(40)
+    host.snapshot = pb.GetSnapshotResponse(snapshot=snapshot, signed_reference=reference)
+    sub.deliver(too_old(sub.subscription_id, reference))
+    await reach(sub, 40)
+    assert restored == [40] and stored(cursor_file.path) == 40
+    assert host.subscribes()[-1].after_sequence == 40  # resumes from the snapshot sequence
+    sub.deliver(event_frame(sub.subscription_id, 41, 41))
+    await reach(sub, 41)
+    await sub.stop(grace=1)
+    assert seen == [41]
+
+
+@pytest.mark.req("MW-16-12")
+async def test_a_tampered_snapshot_is_refused_and_nothing_is_restored(tmp_path: Path) -> None:
+    restored: list[int] = []
+
+    async def on_snapshot(snapshot: authority_service_pb2.GroupSnapshot) -> None:
+        restored.append(snapshot.sequence)
+
+    host, sub, cursor_file = await offline_subscription(tmp_path, [], on_snapshot=on_snapshot)
+    snapshot, reference = snapshot_at(40)
+    forged, _ = snapshot_at(41)  # validly signed, but not the snapshot the reference names
+    host.snapshot = pb.GetSnapshotResponse(snapshot=forged, signed_reference=reference)
+    sub.deliver(too_old(sub.subscription_id, reference))
+    with pytest.raises(NotVerified):
+        await reach(sub, 40)
+    assert restored == [] and not cursor_file.path.exists()
+    verifier = host.verifier
+    ref = verifier.snapshot_reference(reference)
+    snapshot.payload += b"\x01"
+    with pytest.raises(NotVerified):
+        verifier.snapshot(snapshot, ref)  # bad signature
+    with pytest.raises(NotVerified):
+        AuthorityVerifier("authority:other", bytes(AUTHORITY.verify_key)).snapshot_reference(reference)
+    await sub.stop(grace=1)
+
+
+async def test_cursor_too_old_without_a_restore_handler_fails_the_subscription(tmp_path: Path) -> None:
+    _, sub, _ = await offline_subscription(tmp_path, [])
+    sub.deliver(too_old(sub.subscription_id, snapshot_at(40)[1]))
+    with pytest.raises(SubscriptionFailed, match="on_snapshot"):
+        await reach(sub, 40)
+    await sub.stop(grace=1)
+
+
+# ------------------------------------------------------------------ against the mesh
+
+
+@pytest.mark.req("MW-16-01", "MW-16-02", "MW-16-03", "MW-16-05", "MW-16-06", "MW-16-07", "MW-16-10")
+async def test_every_event_once_and_in_order_across_a_dropped_stream_and_a_restart(
+    world: World, tmp_path: Path
+) -> None:
+    w = world
+    conv = (await create(w)).mission.planning_conversation_id
+    state = tmp_path / "agent-state"
+    await post_messages(w, conv, range(60))
+    seen: list[int] = []
+    async with connect(w, "coord-bot", w.coordinator.key, state) as agent:
+
+        async def handler(event: event_pb2.Event) -> None:
+            seen.append(event.sequence)
+            if len(seen) in (25, 70):
+                agent.reconnect()  # kill the stream mid-way, twice, with frames in flight
+            await asyncio.sleep(0)
+
+        sub = await agent.subscribe(G, handler, credits=8)
+        await post_messages(w, conv, range(60, 120))  # live appends while it catches up
+        head = (await w.client.group_state(G)).head_sequence
+        await reach(sub, head)
+        epoch = agent.session.session_epoch
+    assert seen == list(range(1, head + 1))  # nothing lost, nothing twice, in order
+    cursor_path = state / "coord-bot" / f"{G}.cursor.json"
+    assert stored(cursor_path) == head
+    assert await gateway_cursor(w, "coord-bot") == head  # the final ACK reached the gateway
+
+    await post_messages(w, conv, range(120, 130))  # while the agent is away
+    again: list[int] = []
+
+    async def record(event: event_pb2.Event) -> None:
+        again.append(event.sequence)
+
+    async with connect(w, "coord-bot", w.coordinator.key, state) as agent:
+        assert agent.session.session_epoch == epoch  # the saved session is reused
+        sub = await agent.subscribe(G, record, credits=8)
+        new_head = (await w.client.group_state(G)).head_sequence
+        await reach(sub, new_head)
+    assert again == list(range(head + 1, new_head + 1))  # resumed from the cursor file
+    assert stored(cursor_path) == new_head
+
+
+@pytest.mark.req("MW-16-05", "MW-16-06", "MW-9-05")
+async def test_restricted_messages_are_skipped_yet_the_cursor_reaches_the_head(
+    world: World, tmp_path: Path
+) -> None:
+    w = world
+    await create(w)
+    grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
+    await w.run(w.owner, G, "membership_grant", grant, membership_epoch=1)
+    secret = conversation_pb2.ConversationOpen(
+        conversation_id="conv_secret", kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED, title="s"
+    )
+    await w.run(w.coordinator, G, "conversation_open", secret, membership_epoch=2)
+    await w.run(w.owner, G, "message_post", builders.message("conv_secret", "hunter2"), membership_epoch=1)
+    head = (await w.client.group_state(G)).head_sequence
+    seen: list[event_pb2.Event] = []
+
+    async def handler(event: event_pb2.Event) -> None:
+        seen.append(event)
+
+    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
+        sub = await agent.subscribe(G, handler)
+        await reach(sub, head)
+    assert stored(tmp_path / "worker-bot" / f"{G}.cursor.json") == head
+    assert seen and seen[-1].sequence < head - 1  # the last two events were skipped, not delivered
+    assert not any(e.message_posted.content.text == "hunter2" for e in seen)
+
+
+@pytest.mark.req("MW-16-13")
+async def test_commands_over_the_stream_are_idempotent_and_refusals_are_typed(
+    world: World, tmp_path: Path
+) -> None:
+    w = world
+    conv = (await create(w)).mission.planning_conversation_id
+    async with connect(w, "coord-bot", w.coordinator.key, tmp_path) as agent:
+        once = sdk.post_message(conv, "once", mentions=["alice"])
+        first = await agent.execute(G, once, command_id="cmd_once")
+        again = await agent.execute(G, once, command_id="cmd_once")
+        assert not first.replayed and again.replayed and again.group_revision == first.group_revision
+        with pytest.raises(CommandRejected) as reused:
+            await agent.execute(G, sdk.post_message(conv, "other"), command_id="cmd_once")
+        assert reused.value.reason_name == "COMMAND_ID_REUSED" and reused.value.command_id == "cmd_once"
+        with pytest.raises(CommandRejected) as stale:
+            await agent.execute(G, "message_post", builders.message(conv, "x"), membership_epoch=7)
+        assert stale.value.rejection.reason == common_pb2.REJECTION_REASON_MEMBERSHIP_EPOCH_STALE
+        agent.reconnect()
+        late = await agent.execute(G, sdk.post_message(conv, "sent while the stream was down"))
+        assert late.group_revision > first.group_revision
+    texts = [e.message_posted.content.text async for e in w.client.read_events(G)]
+    assert texts.count("once") == 1 and texts.count("sent while the stream was down") == 1
+    key = agent.idempotency_key("mis_1", "wi-1", 2, "send-invoice")
+    assert (
+        key
+        == attempt_key("mis_1", "wi-1", 2, "send-invoice")
+        == Agent.idempotency_key("mis_1", "wi-1", 2, "send-invoice")
+    )
+
+
+async def test_typed_builders_drive_a_work_item_over_the_stream(world: World, tmp_path: Path) -> None:
+    w = world
+    flow = await work.setup(w)
+    for item in ("wi-1", "wi-2"):
+        await flow.authorize(item)
+    offers = [await flow.offer(item, "worker-bot") for item in ("wi-1", "wi-2")]
+    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
+        accepted = await agent.execute(G, sdk.accept_offer("wi-1", offers[0], 1))
+        epoch = decode_events(accepted.events)[0].work_offer_accepted.ownership.ownership_epoch
+        await agent.execute(G, sdk.start_work("wi-1", epoch, lease_id="lease-a", lease_seconds=30))
+        await agent.execute(G, sdk.renew_lease("wi-1", "lease-a", epoch, lease_seconds=30))
+        done = [agent.idempotency_key(G, "wi-1", epoch, "fetch-ledger")]
+        await agent.execute(G, sdk.checkpoint("wi-1", "lease-a", epoch, "ck-1", completed_operation_ids=done))
+        await agent.execute(
+            G, sdk.start_work("wi-1", epoch, lease_id="lease-b", resume_from_checkpoint_id="ck-1")
+        )
+        evidence = [builders.evidence()]
+        body = sdk.submit(
+            "wi-1", "lease-b", epoch, 1, evidence, artifacts=[builders.artifact()], summary="done"
+        )
+        submitted = await agent.execute(G, body)
+        accepted = await agent.execute(G, sdk.accept_offer("wi-2", offers[1], 1))
+        epoch2 = decode_events(accepted.events)[0].work_offer_accepted.ownership.ownership_epoch
+        await agent.execute(G, sdk.start_work("wi-2", epoch2, lease_id="lease-c"))
+        failure = sdk.fail(
+            "wi-2",
+            "lease-c",
+            epoch2,
+            wp.WORK_FAILURE_KIND_PERMANENT,
+            "source gone",
+            [builders.evidence("ev-fail")],
+        )
+        failed = await agent.execute(G, failure)
+    assert decode_events(submitted.events)[0].type == "work.submitted"
+    assert decode_events(failed.events)[0].type == "work.failed"
+    assert await flow.item_state("wi-1") == wp.WORK_ITEM_STATE_SUBMITTED
+    assert await flow.item_state("wi-2") == wp.WORK_ITEM_STATE_FAILED
+
+
+def load_example(name: str) -> Any:
+    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"examples_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_the_echo_example_answers_mentions_once(world: World, tmp_path: Path) -> None:
+    w = world
+    echo = load_example("echo_agent")
+    conv = (await create(w)).mission.planning_conversation_id
+    mention = builders.message(conv, "@coord-bot are you there?")
+    await w.run(w.owner, G, "message_post", mention, membership_epoch=1)
+    await w.run(
+        w.owner, G, "message_post", builders.message(conv, "@coord-bots is someone else"), membership_epoch=1
+    )
+    structured = builders.message(conv, "ping", mentions=["coord-bot"])
+    await w.run(w.owner, G, "message_post", structured, membership_epoch=1)
+    async with connect(w, "coord-bot", w.coordinator.key, tmp_path) as agent:
+        head = (await w.client.group_state(G)).head_sequence
+        sub = await echo.start(agent, G)
+        await reach(sub, head + 2)  # the two replies are appended and seen (and ignored) too
+    events = [e async for e in w.client.read_events(G)]
+    replies = [
+        e.message_posted.content.text
+        for e in events
+        if e.actor_id == "coord-bot" and e.type == "message.posted"
+    ]
+    assert replies == ["echo: @coord-bot are you there?", "echo: ping"]
