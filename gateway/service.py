@@ -27,6 +27,7 @@ from gateway.schema import cursors
 from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
 from missionweave.errors import Rejected, abort_with
 from missionweave.signing import (
+    HELLO_PROOF_TYPE,
     SNAPSHOT_REFERENCE_TYPE,
     parse_session_key_id,
     sign_envelope,
@@ -42,7 +43,6 @@ R = common_pb2.RejectionReason
 E = pb.GatewayErrorCode
 log = logging.getLogger("missionweave.gateway")
 
-HELLO_PROOF_TYPE = "application/vnd.missionweave.v1.hello-proof+protobuf"
 HELLO_SKEW = timedelta(seconds=30)
 MAX_EVENTS_PER_FRAME = 256
 MAX_CREDITS = 65_536

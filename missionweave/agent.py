@@ -73,6 +73,7 @@ from missionweave.clock import SystemClock, to_timestamp
 from missionweave.idempotency import attempt_key
 from missionweave.signing import (
     EVENT_TYPE,
+    HELLO_PROOF_TYPE,
     SNAPSHOT_REFERENCE_TYPE,
     SNAPSHOT_TYPE,
     read_key,
@@ -126,7 +127,6 @@ __all__ = [
 log = logging.getLogger("missionweave.agent")
 
 CLIENT_VERSION = f"missionweave-py/{__version__}"
-HELLO_PROOF_TYPE = "application/vnd.missionweave.v1.hello-proof+protobuf"
 MAX_CREDITS = 65_536
 E = pb.GatewayErrorCode
 R = common_pb2.RejectionReason

@@ -22,6 +22,7 @@ REGISTER_IDENTITY_TYPE = "application/vnd.missionweave.v1.register-identity+prot
 OPEN_SESSION_TYPE = "application/vnd.missionweave.v1.open-session+protobuf"
 GROUP_SUMMARY_TYPE = "application/vnd.missionweave.v1.group-summary+protobuf"
 SNAPSHOT_TYPE = "application/vnd.missionweave.v1.group-snapshot+protobuf"
+HELLO_PROOF_TYPE = "application/vnd.missionweave.v1.hello-proof+protobuf"
 SNAPSHOT_REFERENCE_TYPE = "application/vnd.missionweave.v1.snapshot-reference+protobuf"
 
 
