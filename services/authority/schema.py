@@ -1,5 +1,7 @@
 """Authority tables: one row per Group (head, writer epoch, owner lease), its events and commands."""
 
+from typing import Any
+
 from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, String, Table
 
 from missionweave.db import METADATA
@@ -17,18 +19,21 @@ groups = Table(
     Column("created_us", BigInteger, nullable=False),
 )
 
-events = Table(
-    "events",
-    METADATA,
-    Column("group_id", String(128), primary_key=True),
-    Column("seq", BigInteger, primary_key=True),
-    Column("event_id", String(128), nullable=False, unique=True),
-    Column("type", String(128), nullable=False),
-    Column("command_id", String(128), nullable=False),
-    Column("recorded_us", BigInteger, nullable=False),
-    # The signed envelope exactly as served: events are never re-serialised (principle 5).
-    Column("envelope", LargeBinary, nullable=False),
-)
+def _event_columns() -> list[Column[Any]]:
+    """The columns of an event row, shared by the online log and its archive tier."""
+    return [
+        Column("group_id", String(128), primary_key=True),
+        Column("seq", BigInteger, primary_key=True),
+        Column("event_id", String(128), nullable=False, unique=True),
+        Column("type", String(128), nullable=False),
+        Column("command_id", String(128), nullable=False),
+        Column("recorded_us", BigInteger, nullable=False),
+        # The signed envelope exactly as served: events are never re-serialised (principle 5).
+        Column("envelope", LargeBinary, nullable=False),
+    ]
+
+
+events = Table("events", METADATA, *_event_columns())
 
 commands = Table(
     "commands",
@@ -45,17 +50,7 @@ Index("events_type", events.c.group_id, events.c.type)
 
 # The archive tier: events moved out of the online log by compaction. Never deleted (MW-7.4-01,
 # MW-16-09); same columns as `events`.
-events_archive = Table(
-    "events_archive",
-    METADATA,
-    Column("group_id", String(128), primary_key=True),
-    Column("seq", BigInteger, primary_key=True),
-    Column("event_id", String(128), nullable=False, unique=True),
-    Column("type", String(128), nullable=False),
-    Column("command_id", String(128), nullable=False),
-    Column("recorded_us", BigInteger, nullable=False),
-    Column("envelope", LargeBinary, nullable=False),
-)
+events_archive = Table("events_archive", METADATA, *_event_columns())
 
 # Signed snapshots by (Group, sequence); `digest` is BLAKE3 of the payload (MW-16-11/12).
 snapshots = Table(

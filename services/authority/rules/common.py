@@ -6,10 +6,11 @@ come from ``ctx.now``, identities and other Groups' states from the context the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from artifactstore.blobstore import HEX64
 from missionweave import ids
 from missionweave.clock import from_timestamp, to_timestamp
 from missionweave.errors import Rejected
@@ -84,6 +85,13 @@ def mission_of(state: GroupState) -> MissionRecord:
     if state.mission is None:  # every Group is created with its Mission
         raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {state.group_id} has no Mission")
     return state.mission
+
+
+def check_artifact_refs(refs: Iterable[common_pb2.ArtifactRef], field: str) -> None:
+    """Artifacts are named by content: a BLAKE3 digest of 64 lowercase hex characters (MW-13.1-06)."""
+    for i, ref in enumerate(refs):
+        if ref.digest.algorithm != "blake3" or not HEX64.fullmatch(ref.digest.hex):
+            raise invalid(f"{field}[{i}].digest", "a blake3 digest of 64 lowercase hex characters")
 
 
 def require_reason(text: str, field: str) -> None:

@@ -17,6 +17,7 @@ from services.authority.rules.common import (
     Emitter,
     Handler,
     R,
+    check_artifact_refs,
     invalid,
     is_org_policy,
     mission_of,
@@ -55,10 +56,7 @@ def validate_content(content: conversation_pb2.MessageContent, state: GroupState
             raise invalid(f"{field}.data_json", "must be a JSON object")
     if len(content.artifacts) > MAX_REFS or len(content.mentions) > MAX_REFS:
         raise Rejected(R.REJECTION_REASON_TOO_LARGE, f"at most {MAX_REFS} artifacts and {MAX_REFS} mentions")
-    for i, ref in enumerate(content.artifacts):
-        d = ref.digest
-        if d.algorithm != "blake3" or len(d.hex) != 64 or any(c not in "0123456789abcdef" for c in d.hex):
-            raise invalid(f"{field}.artifacts[{i}].digest", "a blake3 digest of 64 lowercase hex characters")
+    check_artifact_refs(content.artifacts, f"{field}.artifacts")
     for i, mention in enumerate(content.mentions):
         if mention not in state.members:
             raise invalid(f"{field}.mentions[{i}]", f"{mention} is not a member of this Group")

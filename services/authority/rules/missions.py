@@ -19,6 +19,7 @@ from services.authority.rules.common import (
     Kind,
     R,
     Role,
+    check_artifact_refs,
     identity,
     invalid,
     is_org_policy,
@@ -307,10 +308,7 @@ def mission_submit_for_approval(
             f"submission names Mission revision {body.mission_revision}; the current one is {mission.revision}",
             current_revision=mission.revision,
         )
-    for i, ref in enumerate(body.artifacts):
-        d = ref.digest
-        if d.algorithm != "blake3" or len(d.hex) != 64 or any(c not in "0123456789abcdef" for c in d.hex):
-            raise invalid(f"body.artifacts[{i}].digest", "a blake3 digest of 64 lowercase hex characters")
+    check_artifact_refs(body.artifacts, "body.artifacts")
     unverified = _unverified_required_work(state)
     if unverified:
         raise Rejected(

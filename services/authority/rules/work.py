@@ -20,6 +20,7 @@ from services.authority.rules.common import (
     Handler,
     R,
     Role,
+    check_artifact_refs,
     invalid,
     mission_of,
     require_reason,
@@ -1142,9 +1143,7 @@ def _require_evidence(
             raise invalid(
                 f"{field}[{i}].summary", f"a result summary of at most {MAX_EVIDENCE_SUMMARY} characters"
             )
-        for j, ref in enumerate(e.artifacts):
-            if ref.digest.algorithm != "blake3" or len(ref.digest.hex) != 64:
-                raise invalid(f"{field}[{i}].artifacts[{j}]", "a blake3 digest reference")
+        check_artifact_refs(e.artifacts, f"{field}[{i}].artifacts")
         e.subject.work_item_id = item.work_item_id
         e.producer_id = command.actor_id
         e.recorded_at.CopyFrom(to_timestamp(now))
