@@ -3,8 +3,8 @@
 This first slice implements HELLO/WELCOME, SUBSCRIBE with replay from ``after_sequence`` and live
 follow, EVENT batches with contiguous ranges (undeliverable events listed as ``skipped``), per
 subscription credit windows with FLOW frames, durable ACK cursors per (agent, Group), COMMAND ->
-RESULT and UNSUBSCRIBE. Snapshots/compaction (CURSOR_TOO_OLD) and attention filters beyond
-visibility come later. The frame protocol is documented in protos/missionweave/v1/gateway_service.proto.
+RESULT and UNSUBSCRIBE, CURSOR_TOO_OLD with signed snapshot references, attention filters. The frame
+protocol is documented in protos/missionweave/v1/gateway_service.proto.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.attention import may_see, wanted
 from gateway.schema import cursors
+from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
 from missionweave.errors import Rejected, abort_with
 from missionweave.signing import (
@@ -77,23 +78,48 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         self.engine = engine
         self.clock = clock
         self.connections: set[_Connection] = set()
+        self.stopping = False
 
     async def Connect(
         self, request_iterator: AsyncIterator[pb.ConnectRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ConnectResponse]:
+        if self.stopping:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, GOING_AWAY_MESSAGE)
         out: asyncio.Queue[pb.ServerFrame | None] = asyncio.Queue(maxsize=64)  # bounded: backpressure
         connection = _Connection(self, out)
         self.connections.add(connection)
-        reader = asyncio.create_task(connection.read(request_iterator))
+        connection.reader = asyncio.create_task(connection.read(request_iterator))
         try:
             while (frame := await out.get()) is not None:
                 yield pb.ConnectResponse(frame=frame)
+            if self.stopping:
+                # UNAVAILABLE is the status clients retry on: they reconnect (elsewhere) and resume
+                # from their durable cursors; nothing queued-but-unsent is lost for good.
+                await context.abort(grpc.StatusCode.UNAVAILABLE, GOING_AWAY_MESSAGE)
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
             await connection.close()
             self.connections.discard(connection)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """End every stream before the server and the database go away.
+
+        Each stream's own tasks (reader, deliveries, commands) are cancelled and awaited here, while
+        the database is still open: a task left to be cancelled later by the server would wait
+        forever on a connection pool that has been disposed under it. Then each stream ends with
+        UNAVAILABLE. Streams that connect from now on are refused the same way.
+        """
+        self.stopping = True
+        connections = list(self.connections)
+        tasks = [task for connection in connections for task in connection.tasks()]
+        for task in tasks:
+            if not task.cancelling():
+                task.cancel()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=grace)
+            if pending:
+                log.warning("gateway tasks still running at shutdown", extra={"tasks": len(pending)})
+        for connection in connections:
+            connection.go_away()
 
     async def GetSnapshot(
         self, request: pb.GetSnapshotRequest, context: grpc.aio.ServicerContext
@@ -129,6 +155,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
             payload, SNAPSHOT_REFERENCE_TYPE, self.authority.signing_key, self.authority.key_id
         )
 
+    @finish_on_cancel
     async def store_cursor(self, agent_id: str, group_id: str, cursor: int) -> None:
         """The acknowledged cursor per (agent, Group), durable (MW-16-06/07); ACK never deletes history."""
         now = to_micros(self.clock.now())
@@ -155,6 +182,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
                         )
                     )
 
+    @finish_on_cancel
     async def stored_cursor(self, agent_id: str, group_id: str) -> int:
         async with self.engine.connect() as conn:
             row = (
@@ -167,6 +195,9 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         return int(row[0]) if row else 0
 
 
+GOING_AWAY_MESSAGE = "the gateway is shutting down: reconnect and resume from your cursors"
+
+
 class _Connection:
     """One Connect stream: the authenticated agent, its subscriptions and the outgoing queue."""
 
@@ -177,6 +208,19 @@ class _Connection:
         self.session_epoch = 0
         self.subscriptions: dict[str, _Subscription] = {}
         self.commands: set[asyncio.Task[None]] = set()
+        self.reader: asyncio.Task[None] | None = None
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """Every task this stream started that has not finished yet."""
+        started = [self.reader, *(s.task for s in self.subscriptions.values()), *self.commands]
+        return [task for task in started if task is not None and not task.done()]
+
+    def go_away(self) -> None:
+        """Replace whatever is still queued with the end marker (the frames dropped were never sent,
+        so the agent's cursors never covered them: it gets them again after reconnecting)."""
+        while not self.out.empty():
+            self.out.get_nowait()
+        self.out.put_nowait(None)
 
     async def read(self, requests: AsyncIterator[pb.ConnectRequest]) -> None:
         try:
@@ -476,6 +520,7 @@ class _Connection:
         )
 
     async def close(self) -> None:
+        await _cancel(self.reader)
         for s in self.subscriptions.values():
             await _cancel(s.task)
         for task in list(self.commands):
@@ -483,7 +528,13 @@ class _Connection:
 
 
 async def _cancel(task: asyncio.Task[None] | None) -> None:
-    if task is not None:
+    if task is None or task.done():
+        return
+    if not task.cancelling():  # a second cancel would interrupt the first one's clean-up
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # we are being cancelled ourselves: never swallow that

@@ -76,12 +76,18 @@ class Mesh:
     health: health_aio.HealthServicer
     settings: Settings
     blobstore: BlobStore | None = None
+    gateway: GatewayServicer | None = None
 
     async def stop(self, grace: float | None = None) -> None:
+        grace = self.settings.grace_seconds if grace is None else grace
         for name in self.settings.services:
             await self.health.set(SERVICE_NAMES[name], health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.server.stop(self.settings.grace_seconds if grace is None else grace)
+        # Streams never end on their own, so they would hold the whole grace period and then be
+        # cancelled after the database is gone: end them first, while their tasks can still finish.
+        if self.gateway is not None:
+            await self.gateway.stop(grace)
+        await self.server.stop(grace)
         await self.store.close()
         if self.blobstore is not None:
             await self.blobstore.close()
@@ -133,11 +139,13 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             scheduling_service_pb2_grpc.SchedulingServiceServicer(), server  # type: ignore[abstract]
         )
     blobstore = None
+    gateway = None
     if "artifacts" in settings.services:
         blobstore = blobstore_from_env(settings.data_dir)
         add_artifact_service(ArtifactServicer(blobstore, ArtifactIndex(engine), registry, clock), server)
     if "gateway" in settings.services:
-        gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(GatewayServicer(authority, registry, engine, clock), server)
+        gateway = GatewayServicer(authority, registry, engine, clock)
+        gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, server)
     names = [SERVICE_NAMES[s] for s in settings.services]
     reflection.enable_server_reflection([*names, reflection.SERVICE_NAME, "grpc.health.v1.Health"], server)
     port = server.add_insecure_port(settings.listen)
@@ -148,7 +156,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info("mesh listening", extra={"listen": settings.listen, "port": port, "services": ",".join(settings.services)})
-    return Mesh(server, port, engine, store, registry, authority, health, settings, blobstore)
+    return Mesh(server, port, engine, store, registry, authority, health, settings, blobstore, gateway)
 
 
 async def serve_forever(settings: Settings) -> None:

@@ -3,6 +3,7 @@ a live mesh on a free port, and registered identities with open sessions."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -112,3 +113,7 @@ async def world(db_url: str, tmp_path: Path) -> AsyncIterator[World]:
     finally:
         await client.channel.close()
         await mesh.stop(grace=1)
+        # A stopped mesh leaves nothing running: a task left behind would be cancelled after the
+        # database is gone, which is how a shutdown hangs.
+        leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+        assert not leftover, f"tasks still running after Mesh.stop: {leftover}"

@@ -218,6 +218,43 @@ async def test_compacted_history_answers_cursor_too_old_with_a_signed_snapshot_t
     assert resumed.first_sequence == taken.sequence + 1 and b"after" in resumed.events[0].payload
 
 
+@pytest.mark.req("MW-7.4-01")
+async def test_a_compacted_group_is_rebuilt_from_the_archive_and_online_tiers_together(world: World) -> None:
+    """The Authority folds the whole history after compaction: on a restart it must not start from
+    the first online event (that state would have no Mission at all)."""
+    from missionweave.v1 import authority_service_pb2 as apb
+
+    w = world
+    conv = (await create(w)).mission.planning_conversation_id
+    for i in range(3):
+        await w.run(w.owner, G, "message_post", builders.message(conv, f"before {i}"), membership_epoch=1)
+    await w.client.authority.TakeSnapshot(apb.TakeSnapshotRequest(group_id=G, compact=True))
+    await w.run(w.owner, G, "message_post", builders.message(conv, "after"), membership_epoch=1)
+    authority = w.mesh.authority  # type: ignore[attr-defined]
+    live = await authority.state(G)
+    assert await authority.fold(G) == live
+    assert [e.sequence for e in await authority.store.read_history(G)] == list(range(1, live.head_sequence + 1))
+
+
+async def test_stopping_the_mesh_ends_open_streams_with_unavailable_at_once(world: World) -> None:
+    """Streams never end by themselves: a stop must end them (UNAVAILABLE, which clients retry on)
+    rather than hold its whole grace period and have them cancelled after the database is closed.
+    The world fixture then checks that no task is left running."""
+    import grpc
+
+    w = world
+    await create(w)
+    stream = await connected(w, w.owner)
+    await stream.send(subscribe=pb.SubscribeFrame(subscription_id="s", group_id=G, initial_credits=100))
+    await stream.until("event")
+    await w.mesh.stop(grace=60)  # type: ignore[attr-defined]
+    with pytest.raises(grpc.aio.AioRpcError) as ended:
+        while True:
+            await stream.recv()
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "shutting down" in (ended.value.details() or "")
+
+
 @pytest.mark.req("MW-7.4-02")
 async def test_archival_snapshot_of_a_finished_mission_holds_decisions_work_items_approvals_and_artifacts(
     world: World,

@@ -322,7 +322,7 @@ class GroupAuthority:
         state: GroupState | None = None
         after = 0
         while True:
-            batch = await self.store.read(group_id, after, 1024)
+            batch = await self.store.read_history(group_id, after, 1024)
             if not batch:
                 return state
             for stored in batch:

@@ -15,10 +15,12 @@ import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy import Executable, Select, Table, and_, delete, func, insert, or_, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, to_micros
 from missionweave.db import sqlite_writer_connector
 from missionweave.errors import Rejected
@@ -105,6 +107,7 @@ class EventStore:
 
     # ------------------------------------------------------------ reads
 
+    @finish_on_cancel
     async def acquire(self, group_id: str) -> tuple[int, int] | None:
         """Take (or keep) ownership of an existing Group: returns (writer_epoch, head) or None if absent.
 
@@ -140,6 +143,7 @@ class EventStore:
             R.REJECTION_REASON_NOT_OWNER, f"group {group_id} is owned by authority instance {owner}", owner=owner
         )
 
+    @finish_on_cancel
     async def head(self, group_id: str) -> int | None:
         async with self.engine.connect() as conn:
             value = (
@@ -147,19 +151,26 @@ class EventStore:
             ).scalar_one_or_none()
         return None if value is None else int(value)
 
+    @finish_on_cancel
     async def read(self, group_id: str, after: int = 0, limit: int = 1024) -> list[StoredEvent]:
+        return await self._read(_events_after(events, group_id, after).order_by("seq").limit(limit))
+
+    @finish_on_cancel
+    async def read_history(self, group_id: str, after: int = 0, limit: int = 1024) -> list[StoredEvent]:
+        """Like ``read`` but across both tiers: compaction moves events to the archive, and the
+        Authority's fold still needs every one of them (the online log alone would start mid-way)."""
+        tiers = [_events_after(tier, group_id, after) for tier in (events_archive, events)]
+        return await self._read(union_all(*tiers).order_by("seq").limit(limit))
+
+    async def _read(self, query: Executable) -> list[StoredEvent]:
         async with self.engine.connect() as conn:
-            rows = await conn.execute(
-                select(events.c.seq, events.c.event_id, events.c.type, events.c.recorded_us, events.c.envelope)
-                .where(and_(events.c.group_id == group_id, events.c.seq > after))
-                .order_by(events.c.seq)
-                .limit(limit)
-            )
+            rows = await conn.execute(query)
             return [StoredEvent(int(r[0]), r[1], r[2], int(r[3]), bytes(r[4])) for r in rows]
 
     async def read_range(self, group_id: str, first: int, last: int) -> list[StoredEvent]:
         return await self.read(group_id, first - 1, last - first + 1)
 
+    @finish_on_cancel
     async def find_command(self, group_id: str, command_id: str) -> CommandRecord | None:
         async with self.engine.connect() as conn:
             row = (
@@ -171,6 +182,7 @@ class EventStore:
             ).first()
         return None if row is None else CommandRecord(bytes(row[0]), int(row[1]), int(row[2]))
 
+    @finish_on_cancel
     async def commands_of(self, group_id: str) -> dict[str, CommandRecord]:
         """Every accepted command id of a Group (loaded once when an instance takes the Group)."""
         async with self.engine.connect() as conn:
@@ -181,6 +193,7 @@ class EventStore:
             )
             return {r[0]: CommandRecord(bytes(r[1]), int(r[2]), int(r[3])) for r in rows}
 
+    @finish_on_cancel
     async def first_online(self, group_id: str) -> int | None:
         """The first sequence still in the online log (None when the Group has no online events)."""
         async with self.engine.connect() as conn:
@@ -189,6 +202,7 @@ class EventStore:
             ).scalar_one_or_none()
         return None if value is None else int(value)
 
+    @finish_on_cancel
     async def save_snapshot(
         self, group_id: str, sequence: int, digest: str, envelope: bytes, archival: bool, now_us: int, *, compact: bool
     ) -> None:
@@ -209,6 +223,7 @@ class EventStore:
                 await conn.execute(insert(events_archive).from_select(list(events.c.keys()), select(events).where(online)))
                 await conn.execute(delete(events).where(online))
 
+    @finish_on_cancel
     async def latest_snapshot(self, group_id: str, at_least: int = 0) -> tuple[int, str, bytes] | None:
         """(sequence, digest, envelope) of the newest snapshot at or after ``at_least``."""
         async with self.engine.connect() as conn:
@@ -222,6 +237,7 @@ class EventStore:
             ).first()
         return None if row is None else (int(row[0]), row[1], bytes(row[2]))
 
+    @finish_on_cancel
     async def snapshot_by_digest(self, group_id: str, digest: str) -> bytes | None:
         async with self.engine.connect() as conn:
             row = (
@@ -229,6 +245,7 @@ class EventStore:
             ).first()
         return None if row is None else bytes(row[0])
 
+    @finish_on_cancel
     async def group_ids(self) -> list[str]:
         async with self.engine.connect() as conn:
             return [r[0] for r in await conn.execute(select(groups.c.group_id).order_by(groups.c.group_id))]
@@ -366,3 +383,9 @@ def _head_row(req: AppendRequest, expires: int) -> tuple[int | str, ...]:
 def _writer_thread() -> ThreadPoolExecutor:
     # One thread: SQLite has one writer anyway, and a sqlite3 connection stays on its thread.
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="event-store-writer")
+
+
+def _events_after(tier: Table, group_id: str, after: int) -> Select[Any]:
+    return select(tier.c.seq, tier.c.event_id, tier.c.type, tier.c.recorded_us, tier.c.envelope).where(
+        and_(tier.c.group_id == group_id, tier.c.seq > after)
+    )

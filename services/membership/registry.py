@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave import ids
+from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, from_timestamp, to_micros
 from missionweave.errors import Rejected
 from missionweave.signing import (
@@ -73,6 +74,7 @@ class IdentityRegistry:
 
     # ------------------------------------------------------------ lookups
 
+    @finish_on_cancel
     async def get(self, identity_id: str) -> IdentityRecord | None:
         cached = self._identities.get(identity_id)
         if cached is not None and self.authoritative_cache:
@@ -88,6 +90,7 @@ class IdentityRegistry:
         self._identities[identity_id] = record
         return record
 
+    @finish_on_cancel
     async def session_key(self, identity_id: str, session_epoch: int) -> bytes | None:
         key = self._session_keys.get((identity_id, session_epoch))
         if key is not None:
@@ -105,6 +108,7 @@ class IdentityRegistry:
         self._session_keys[(identity_id, session_epoch)] = bytes(value)
         return bytes(value)
 
+    @finish_on_cancel
     async def infos(self, identity_ids: set[str]) -> dict[str, IdentityInfo]:
         out: dict[str, IdentityInfo] = {}
         for identity_id in identity_ids:

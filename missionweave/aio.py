@@ -1,0 +1,35 @@
+"""asyncio helpers shared by the services."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def finish_on_cancel(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """Let a database call run to its end when its caller is cancelled, then cancel the caller.
+
+    A task cancelled inside SQLAlchemy's async pool has its connection terminated by a background
+    task; with aiosqlite that task can wait forever once the engine is disposed (seen as a hung
+    shutdown). Short database calls are cheaper to finish than to interrupt: the caller still gets
+    its CancelledError, right after the call returns the connection to the pool.
+    """
+
+    @functools.wraps(fn)
+    async def run_to_end(*args: P.args, **kwargs: P.kwargs) -> T:
+        call = asyncio.ensure_future(fn(*args, **kwargs))
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            while not call.done():  # later cancels too wait for the call: it is short, and bounded
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait([call])
+            raise
+
+    return run_to_end
