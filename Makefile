@@ -6,8 +6,10 @@
 #   make bench   run every bench/*.py
 #   make gen     regenerate the protobuf/gRPC modules and their .pyi stubs into missionweave/v1/
 #   make clean   remove generated code, caches and build output (keeps .venv; `make distclean` removes it)
+#   make node-deps  npm ci for the Node.js example agent in examples/node/ (`make test` runs its end-to-end test)
 #
-# The virtualenv is reinstalled only when pyproject.toml or setup.py change (stamp files in .venv/).
+# The virtualenv is reinstalled only when pyproject.toml or setup.py change (stamp files in .venv/);
+# examples/node/node_modules only when its package-lock.json changes.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -18,6 +20,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 BUF    := node_modules/.bin/buf
+NODE_EXAMPLE := examples/node
 
 LISTEN   ?= 127.0.0.1:50051
 DATA_DIR ?= .missionweave
@@ -25,10 +28,10 @@ DATA_DIR ?= .missionweave
 INSTALL_DEPS := pyproject.toml setup.py
 BENCHES := $(sort $(wildcard bench/*.py))
 
-.PHONY: help run test lint bench gen clean distclean venv
+.PHONY: help run test lint bench gen clean distclean venv node-deps
 
 help:
-	@sed -n '3,10p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,12p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------ virtualenv and installs
 
@@ -58,6 +61,20 @@ node_modules/.installed: package.json package-lock.json
 	@echo "==> installing buf from npm (npm ci)"
 	npm ci --no-audit --no-fund
 	@touch $@
+
+# The Node.js example agent (@grpc/grpc-js, @grpc/proto-loader) that tests/test_node_agent.py runs
+# against a live mesh. npm writes node_modules/.package-lock.json on every install: it is the stamp.
+# Without npm the test suite cannot prove the example, so this fails, unless MWP_SKIP_NODE=1 (which
+# also skips the test).
+$(NODE_EXAMPLE)/node_modules/.package-lock.json: $(NODE_EXAMPLE)/package.json $(NODE_EXAMPLE)/package-lock.json
+	@if ! command -v npm >/dev/null; then \
+		if [ "$${MWP_SKIP_NODE:-}" = 1 ]; then echo "==> npm not found; MWP_SKIP_NODE=1: skipping $(NODE_EXAMPLE)"; exit 0; fi; \
+		echo "npm not found: the tests run the Node.js example agent; install Node.js 20+ (or set MWP_SKIP_NODE=1)"; exit 1; \
+	fi; \
+	echo "==> installing the Node.js example agent's dependencies (npm ci in $(NODE_EXAMPLE))"; \
+	cd $(NODE_EXAMPLE) && npm ci --no-audit --no-fund && touch node_modules/.package-lock.json
+
+node-deps: $(NODE_EXAMPLE)/node_modules/.package-lock.json
 
 # ------------------------------------------------------------------ code generation
 
@@ -90,7 +107,7 @@ run: $(VENV)/.installed-base
 	@echo
 	exec $(VENV)/bin/mwp serve --listen $(LISTEN) --data-dir $(DATA_DIR)
 
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test node-deps
 	@$(MAKE) --no-print-directory gen
 	@echo "==> running the test suite (pytest tests/)"
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -123,4 +140,4 @@ clean:
 	rm -f $(VENV)/.installed-*
 
 distclean: clean
-	rm -rf $(VENV) node_modules
+	rm -rf $(VENV) node_modules $(NODE_EXAMPLE)/node_modules

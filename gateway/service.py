@@ -10,7 +10,6 @@ protocol is documented in protos/missionweave/v1/gateway_service.proto.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.attention import may_see, wanted
+from gateway.outbox import Outbox
 from gateway.schema import cursors
 from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
@@ -85,12 +85,12 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
     ) -> AsyncIterator[pb.ConnectResponse]:
         if self.stopping:
             await context.abort(grpc.StatusCode.UNAVAILABLE, GOING_AWAY_MESSAGE)
-        out: asyncio.Queue[pb.ServerFrame | None] = asyncio.Queue(maxsize=64)  # bounded: backpressure
-        connection = _Connection(self, out)
+        outbox = Outbox()  # bounded per Group: backpressure, and fair across Groups
+        connection = _Connection(self, outbox)
         self.connections.add(connection)
         connection.reader = asyncio.create_task(connection.read(request_iterator))
         try:
-            while (frame := await out.get()) is not None:
+            while (frame := await outbox.get()) is not None:
                 yield pb.ConnectResponse(frame=frame)
             if self.stopping:
                 # UNAVAILABLE is the status clients retry on: they reconnect (elsewhere) and resume
@@ -201,9 +201,9 @@ GOING_AWAY_MESSAGE = "the gateway is shutting down: reconnect and resume from yo
 class _Connection:
     """One Connect stream: the authenticated agent, its subscriptions and the outgoing queue."""
 
-    def __init__(self, gateway: GatewayServicer, out: asyncio.Queue[pb.ServerFrame | None]) -> None:
+    def __init__(self, gateway: GatewayServicer, outbox: Outbox) -> None:
         self.gateway = gateway
-        self.out = out
+        self.outbox = outbox
         self.agent_id = ""
         self.session_epoch = 0
         self.subscriptions: dict[str, _Subscription] = {}
@@ -216,11 +216,9 @@ class _Connection:
         return [task for task in started if task is not None and not task.done()]
 
     def go_away(self) -> None:
-        """Replace whatever is still queued with the end marker (the frames dropped were never sent,
-        so the agent's cursors never covered them: it gets them again after reconnecting)."""
-        while not self.out.empty():
-            self.out.get_nowait()
-        self.out.put_nowait(None)
+        """End the stream now, dropping what is queued (never sent, so no cursor covers it: the
+        agent gets it again after reconnecting)."""
+        self.outbox.end(drop=True)
 
     async def read(self, requests: AsyncIterator[pb.ConnectRequest]) -> None:
         try:
@@ -231,10 +229,7 @@ class _Connection:
         except Exception:
             log.exception("gateway stream failed")
         finally:
-            # Never block here: when the stream is being torn down nobody drains the queue, and a
-            # cancelled reader must not wait on it (the sentinel only ends a live stream).
-            with contextlib.suppress(asyncio.QueueFull):
-                self.out.put_nowait(None)
+            self.outbox.end()  # never blocks: what is queued is still sent, then the stream ends
 
     async def handle(self, frame: pb.ClientFrame) -> None:
         kind = frame.WhichOneof("frame")
@@ -367,6 +362,7 @@ class _Connection:
                     E.GATEWAY_ERROR_CODE_NOT_A_MEMBER,
                     "the Membership ended",
                     subscription_id=s.subscription_id,
+                    group_id=s.group_id,
                     fatal=False,
                 )
                 return
@@ -398,6 +394,7 @@ class _Connection:
                 E.GATEWAY_ERROR_CODE_HISTORY_UNAVAILABLE,
                 f"events after {s.delivered} are not online and no snapshot covers them",
                 subscription_id=s.subscription_id,
+                group_id=s.group_id,
             )
             return
         sequence, digest, envelope_bytes = snapshot
@@ -486,7 +483,18 @@ class _Connection:
     # ------------------------------------------------------------ output
 
     async def send(self, **frame: object) -> None:
-        await self.out.put(pb.ServerFrame(**frame))  # type: ignore[arg-type]
+        await self.send_frame(pb.ServerFrame(**frame))  # type: ignore[arg-type]
+
+    async def send_frame(self, frame: pb.ServerFrame, group_id: str = "") -> None:
+        """A subscription's frames (EVENT, FLOW, CURSOR_TOO_OLD, its ERRORs) share their Group's queue,
+        so they keep their order; the rest (WELCOME, RESULT, stream ERRORs) go ahead of all Groups."""
+        kind = frame.WhichOneof("frame")
+        if kind in ("event", "flow", "cursor_too_old"):
+            group_id = getattr(frame, kind).group_id
+        if group_id:
+            await self.outbox.put_group(group_id, frame)
+        else:
+            await self.outbox.put_control(frame)
 
     async def flow(self, s: _Subscription, reason: int, state: int, *, effective_after: int = 0) -> None:
         await self.send(
@@ -503,21 +511,27 @@ class _Connection:
         )
 
     async def error(
-        self, code: int, message: str, *, subscription_id: str = "", command_id: str = "", fatal: bool = False
+        self,
+        code: int,
+        message: str,
+        *,
+        subscription_id: str = "",
+        command_id: str = "",
+        fatal: bool = False,
+        group_id: str = "",
     ) -> None:
         rejection = common_pb2.Rejection(
             reason=R.REJECTION_REASON_FRAME_OUT_OF_ORDER if fatal else R.REJECTION_REASON_INVALID_ARGUMENT,
             message=message,
         )
-        await self.send(
-            error=pb.ErrorFrame(
-                rejection=rejection,
-                code=E.ValueType(code),
-                subscription_id=subscription_id,
-                command_id=command_id,
-                fatal=fatal,
-            )  # type: ignore[arg-type]
+        error = pb.ErrorFrame(
+            rejection=rejection,
+            code=E.ValueType(code),
+            subscription_id=subscription_id,
+            command_id=command_id,
+            fatal=fatal,
         )
+        await self.send_frame(pb.ServerFrame(error=error), group_id)
 
     async def close(self) -> None:
         await _cancel(self.reader)

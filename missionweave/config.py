@@ -8,6 +8,7 @@
 | MWP_AUTHORITY_KEY        | $MWP_DATA_DIR/keys/authority.key| Ed25519 seed that signs events and snapshots   |
 | MWP_INSTANCE_ID          | local                           | authority instance name (Group ownership)      |
 | MWP_SQLITE_SYNCHRONOUS   | FULL                            | SQLite synchronous pragma (FULL or NORMAL)      |
+| MWP_GROUP_RATE / _BURST  | 200 / 400                       | commands/s per Group at ingress (0: no limit)  |
 | MWP_S3_BUCKET            | (unset: blobs on local disk)    | store artifact blobs in this S3 bucket         |
 | MWP_S3_ENDPOINT / _REGION| AWS default                     | any S3-compatible endpoint (path-style)        |
 | MWP_S3_CREATE_BUCKET     | false                           | create the bucket on first use                 |
@@ -37,6 +38,11 @@ class Settings:
     log_level: str = "info"
     log_format: str = "json"
     grace_seconds: float = 10.0
+    # Per-Group ingress token bucket (MW-8-16): sustained commands/s and burst. One Group's
+    # sustained rate is bounded by its serial decisions anyway; this keeps a flood from filling
+    # the shared group-commit queue ahead of every other Group.
+    group_rate: float = 200.0
+    group_burst: float = 400.0
 
     @property
     def db_url(self) -> str:
@@ -69,6 +75,8 @@ class Settings:
             addr = e.get(f"MWP_{name.upper()}_ADDR")
             if addr:
                 s.peers[name] = addr
+        s.group_rate = float(e.get("MWP_GROUP_RATE", s.group_rate))
+        s.group_burst = float(e.get("MWP_GROUP_BURST", s.group_burst))
         s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
         s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)
         return s

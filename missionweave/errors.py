@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -87,15 +87,22 @@ class Rejected(Exception):
         rejection.Pack(self.to_proto())
         info = any_pb2.Any()
         info.Pack(error_details_pb2.ErrorInfo(reason=self.reason_name, domain=DOMAIN, metadata=self.metadata))
-        return status_pb2.Status(
-            code=_CODES.get(self.reason, code_pb2.UNKNOWN), message=self.message, details=[rejection, info]
-        )
+        details = [rejection, info]
+        if "retry_after_ms" in self.metadata:  # the standard detail generic gRPC retry logic reads
+            retry = any_pb2.Any()
+            retry.Pack(error_details_pb2.RetryInfo(retry_delay=_duration_ms(int(self.metadata["retry_after_ms"]))))
+            details.append(retry)
+        return status_pb2.Status(code=_CODES.get(self.reason, code_pb2.UNKNOWN), message=self.message, details=details)
 
     def __repr__(self) -> str:
         return f"Rejected({self.reason_name}: {self.message})"
 
 
 _GRPC_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def _duration_ms(ms: int) -> duration_pb2.Duration:
+    return duration_pb2.Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
 def from_proto(rejection: common_pb2.Rejection) -> Rejected:

@@ -41,6 +41,7 @@ from missionweave.v1 import (
     scheduling_service_pb2_grpc,
 )
 from services.authority.authority import GroupAuthority
+from services.authority.ingress import GroupIngressLimiter
 from services.authority.servicer import AuthorityServicer
 from services.authority.store import EventStore
 from services.membership.registry import IdentityRegistry
@@ -115,7 +116,8 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     registry = IdentityRegistry(engine, clock, authoritative_cache=in_process_registry)
     await bootstrap_admin(settings, registry)
     store = EventStore(engine, clock, instance_id=settings.instance_id or ids.new_id("auth"))
-    authority = GroupAuthority(store, registry, clock, load_or_create_key(settings.authority_key_path))
+    ingress = GroupIngressLimiter(settings.group_rate, settings.group_burst)
+    authority = GroupAuthority(store, registry, clock, load_or_create_key(settings.authority_key_path), ingress=ingress)
 
     server = grpc.aio.server(
         options=[

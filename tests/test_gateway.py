@@ -25,8 +25,8 @@ E = pb.GatewayErrorCode
 
 
 class Stream:
-    def __init__(self, w: World) -> None:
-        self.call: Any = pb_grpc.GatewayServiceStub(w.client.channel).Connect()
+    def __init__(self, w: World, channel: Any = None) -> None:
+        self.call: Any = pb_grpc.GatewayServiceStub(channel or w.client.channel).Connect()
 
     async def send(self, **frame: Any) -> None:
         await self.call.write(pb.ConnectRequest(frame=pb.ClientFrame(**frame)))
@@ -58,8 +58,8 @@ def hello(w: World, signer: SessionSigner, key: Any = None) -> pb.HelloFrame:
     return pb.HelloFrame(agent_id=signer.identity_id, session_epoch=signer.session_epoch, proof=envelope)
 
 
-async def connected(w: World, signer: SessionSigner) -> Stream:
-    stream = Stream(w)
+async def connected(w: World, signer: SessionSigner, channel: Any = None) -> Stream:
+    stream = Stream(w, channel)
     await stream.send(hello=hello(w, signer))
     assert (await stream.recv()).WhichOneof("frame") == "welcome"
     return stream

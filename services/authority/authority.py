@@ -36,6 +36,7 @@ from missionweave.signing import verify_signature as verify_envelope
 from missionweave.v1 import artifact_service_pb2, authority_service_pb2, command_pb2, common_pb2, event_pb2
 from services.authority import decider
 from services.authority.context_package import CONTEXT_PACKAGE_TYPE, build_context_package
+from services.authority.ingress import GroupIngressLimiter
 from services.authority.progress import mission_progress
 from services.authority.rules.common import TERMINAL_MISSION_STATES, StoredArtifact
 from services.authority.state import GroupState
@@ -62,6 +63,7 @@ class GroupAuthority:
         signing_key: SigningKey,
         *,
         cache_size: int = 10_000,
+        ingress: GroupIngressLimiter | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -75,6 +77,7 @@ class GroupAuthority:
         self._appended: dict[str, asyncio.Event] = {}
         self.in_flight = 0
         self.artifacts = ArtifactIndex(store.engine)
+        self.ingress = ingress or GroupIngressLimiter(0, 0)
 
     # ------------------------------------------------------------ commands
 
@@ -153,6 +156,16 @@ class GroupAuthority:
                 )
         return command
 
+    def _admit(self, group_id: str) -> None:
+        """Per-Group token bucket (MW-8-16): replays of accepted commands never count against it."""
+        wait_s = self.ingress.admit(group_id)
+        if wait_s > 0:
+            raise Rejected(
+                R.REJECTION_REASON_OVERLOADED,
+                f"Group {group_id} is over its command rate ({self.ingress.rate:g}/s); retry later",
+                retry_after_ms=max(1, round(wait_s * 1000)),
+            )
+
     async def _execute_verified(
         self, command: command_pb2.Command, envelope: common_pb2.SignedEnvelope
     ) -> command_pb2.CommandResult:
@@ -171,6 +184,8 @@ class GroupAuthority:
                 replay = await self._replay(command, fingerprint_)
                 if replay is not None:
                     return replay
+                if attempt == 0:  # retries after a store race were admitted already
+                    self._admit(group_id)
                 pending = await self._decide_and_enqueue(command, envelope, fingerprint_)
             owned = pending.owned
             try:

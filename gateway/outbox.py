@@ -1,0 +1,119 @@
+"""The outgoing side of one agent stream: stream-level frames first, then the subscriptions' frames
+(EVENT, FLOW, ...) interleaved fairly across Groups by deficit round robin over their bytes
+(MW-8-16, MW-8-17). A Group's own frames keep their order.
+
+Every Group has its own short queue, so a Group that produces faster than the agent reads fills
+only its own queue and then waits (its subscription stops reading the log): the memory a stalled
+agent costs is bounded by (Groups x ``frames_per_group``) frames, never by the log. Deficit round
+robin (Shreedhar & Varghese) gives each backlogged Group the same number of bytes per round
+whatever its frame sizes, so a Group sending big batches cannot crowd out one sending small ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from missionweave.v1 import gateway_service_pb2 as pb
+
+QUANTUM_BYTES = 16 * 1024
+FRAMES_PER_GROUP = 2
+CONTROL_FRAMES = 256
+
+
+class Outbox:
+    def __init__(
+        self,
+        *,
+        quantum: int = QUANTUM_BYTES,
+        frames_per_group: int = FRAMES_PER_GROUP,
+        control_frames: int = CONTROL_FRAMES,
+    ) -> None:
+        self._quantum = quantum
+        self._frames_per_group = frames_per_group
+        self._control_limit = control_frames
+        self._control: deque[pb.ServerFrame] = deque()
+        self._events: dict[str, deque[tuple[pb.ServerFrame, int]]] = {}
+        self._active: deque[str] = deque()  # Groups with queued frames, in round-robin order
+        self._deficit: dict[str, int] = {}
+        self._ready = asyncio.Event()  # something to send, or the end
+        self._room = asyncio.Event()  # a frame left (or the end): producers re-check their limit
+        self._ended = False
+
+    # ------------------------------------------------------------ producers
+
+    async def put_control(self, frame: pb.ServerFrame) -> None:
+        while not self._ended and len(self._control) >= self._control_limit:
+            await self._wait_for_room()
+        if not self._ended:
+            self._control.append(frame)
+            self._ready.set()
+
+    async def put_group(self, group_id: str, frame: pb.ServerFrame) -> None:
+        """Queue a frame of one of ``group_id``'s subscriptions; waits while that Group's queue is full."""
+        while not self._ended and len(self._events.get(group_id, ())) >= self._frames_per_group:
+            await self._wait_for_room()
+        if self._ended:
+            return
+        queue = self._events.setdefault(group_id, deque())
+        if not queue:
+            self._active.append(group_id)
+            self._deficit.setdefault(group_id, 0)
+        queue.append((frame, frame.ByteSize()))
+        self._ready.set()
+
+    async def _wait_for_room(self) -> None:
+        self._room.clear()
+        await self._room.wait()
+
+    def end(self, *, drop: bool = False) -> None:
+        """No more frames: ``get`` returns None once what is queued is sent (at once with ``drop``:
+        the dropped frames were never sent, so no cursor covers them and they are replayed)."""
+        self._ended = True
+        if drop:
+            self._control.clear()
+            self._events.clear()
+            self._active.clear()
+        self._ready.set()
+        self._room.set()
+
+    # ------------------------------------------------------------ consumer
+
+    async def get(self) -> pb.ServerFrame | None:
+        """The next frame to write, or None when the stream is to end."""
+        while True:
+            frame = self._next()
+            if frame is not None:
+                self._room.set()
+                return frame
+            if self._ended:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+
+    def _next(self) -> pb.ServerFrame | None:
+        if self._control:
+            return self._control.popleft()
+        while self._active:
+            group_id = self._active[0]
+            queue = self._events[group_id]
+            frame, size = queue[0]
+            if self._deficit[group_id] < size:
+                # Not enough credit this round: top up and let the next Group go first.
+                self._deficit[group_id] += self._quantum
+                self._active.rotate(-1)
+                continue
+            self._deficit[group_id] -= size
+            queue.popleft()
+            if not queue:
+                self._active.popleft()
+                del self._events[group_id]
+                del self._deficit[group_id]  # an idle Group does not bank credit
+            return frame
+        return None
+
+    # ------------------------------------------------------------ introspection
+
+    @property
+    def queued_frames(self) -> int:
+        return len(self._control) + sum(len(q) for q in self._events.values())

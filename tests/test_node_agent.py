@@ -1,0 +1,161 @@
+"""The polyglot proof (issue 6): a Node.js agent (examples/node/agent.js, @grpc/grpc-js and
+@grpc/proto-loader on protos/, Ed25519 from Node's crypto) against a live mesh.
+
+It proves its session key in HELLO, subscribes to a Group, verifies the Authority's signature on every
+event, prints one JSON line per event and ACKs its cursor with credit grants; the gateway stores the
+cursor. Needs `node` (v20+) and `make node-deps`; MWP_SKIP_NODE=1 skips these tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nacl.signing import SigningKey
+from sqlalchemy import select
+
+from gateway.schema import cursors
+from missionweave.client import SessionSigner
+from missionweave.signing import write_key
+from tests import builders
+from tests.conftest import World
+from tests.test_missions import G, create
+
+NODE_DIR = Path(__file__).resolve().parent.parent / "examples" / "node"
+AGENT_JS = NODE_DIR / "agent.js"
+RUN_SECONDS = 60.0
+
+
+@pytest.fixture
+def node() -> str:
+    """The `node` executable; a missing toolchain fails the test (CI must run it) unless MWP_SKIP_NODE=1."""
+    if os.environ.get("MWP_SKIP_NODE") == "1":
+        pytest.skip("MWP_SKIP_NODE=1: the Node.js agent tests are skipped")
+    executable = shutil.which("node")
+    if executable is None:
+        pytest.fail(
+            "`node` (Node.js 20+) is not on PATH: install it, then run `make node-deps` "
+            "(or set MWP_SKIP_NODE=1 to skip the Node.js agent tests)"
+        )
+    if not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir():
+        pytest.fail(
+            "examples/node/node_modules is missing: run `make node-deps` "
+            "(or set MWP_SKIP_NODE=1 to skip the Node.js agent tests)"
+        )
+    return executable
+
+
+@dataclass
+class Run:
+    returncode: int
+    lines: list[dict[str, Any]]  # one JSON object per event printed on stdout
+    stderr: str
+
+
+async def run_agent(node: str, w: World, signer: SessionSigner, key_file: Path, *args: str) -> Run:
+    """Runs agent.js to completion (bounded); the process never outlives the test."""
+    flags = {
+        "--target": w.target,
+        "--agent": signer.identity_id,
+        "--session-epoch": str(signer.session_epoch),
+        "--key-file": str(key_file),
+        "--group": G,
+        "--timeout": str(RUN_SECONDS - 10),  # the agent gives up (and says so) before we kill it
+    }
+    argv = [item for flag in flags.items() for item in flag]
+    process = await asyncio.create_subprocess_exec(
+        node, str(AGENT_JS), *argv, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), RUN_SECONDS)
+    finally:
+        if process.returncode is None:  # timed out or cancelled: no stray process, no open pipes
+            process.kill()
+            await process.communicate()
+    assert process.returncode is not None
+    lines = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+    return Run(process.returncode, lines, err.decode())
+
+
+async def node_session(w: World, tmp_path: Path) -> tuple[SessionSigner, Path]:
+    """A fresh session of the Coordinator with a session key of its own, as the Python SDK opens one:
+    the identity key only signs OpenSession; the Node agent gets the session key seed (mode 0600)."""
+    session_key = SigningKey.generate()
+    signer = await w.client.open_session("coord-bot", w.coordinator.key, session_key)
+    key_file = tmp_path / "coord-bot.session.key"
+    write_key(key_file, session_key)
+    return signer, key_file
+
+
+async def stored_cursor(w: World, agent_id: str) -> int | None:
+    async with w.mesh.engine.connect() as conn:  # type: ignore[attr-defined]
+        row = (
+            await conn.execute(
+                select(cursors.c.cursor).where(cursors.c.agent_id == agent_id, cursors.c.group_id == G)
+            )
+        ).first()
+    return None if row is None else int(row[0])
+
+
+@pytest.mark.req("MW-16-01", "MW-16-03", "MW-16-06", "MW-16-07", "MW-16-10")
+async def test_a_node_agent_receives_verifies_and_acks_every_event_of_a_group(
+    world: World, node: str, tmp_path: Path
+) -> None:
+    w = world
+    conv = (await create(w)).mission.planning_conversation_id
+    for i in range(8):
+        await w.run(w.owner, G, "message_post", builders.message(conv, f"m{i}"), membership_epoch=1)
+    expected = [(e.sequence, e.event_id, e.type) async for e in w.client.read_events(G)]
+    head = (await w.client.group_state(G)).head_sequence
+    assert [s for s, _, _ in expected] == list(range(1, head + 1)) and head >= 10
+    signer, key_file = await node_session(w, tmp_path)
+    # Pinned out of band (from the server, not over the wire): the agent checks every event against it.
+    authority_key = w.mesh.authority.public_key.hex()  # type: ignore[attr-defined]
+    # A window of 3 credits over 10+ events: the agent only gets through by granting credits in ACKs.
+    common = ("--credits", "3", "--authority-key", authority_key)
+
+    middle = head // 2
+    first = await run_agent(
+        node, w, signer, key_file, *common, "--after-sequence", "0", "--until-sequence", str(middle)
+    )
+    assert first.returncode == 0, first.stderr
+    got = [(line["sequence"], line["event_id"], line["type"]) for line in first.lines]
+    assert got == expected[: len(got)] and got[-1][0] >= middle  # in order, none missing, none twice
+    assert await stored_cursor(w, "coord-bot") == got[-1][0]  # the final ACK was stored before the exit
+
+    # Resume after the last event printed (MW-16-10), through the head.
+    resumed = await run_agent(
+        node, w, signer, key_file, *common, "--after-sequence", str(got[-1][0]), "--until-sequence", str(head)
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    got += [(line["sequence"], line["event_id"], line["type"]) for line in resumed.lines]
+    assert got == expected
+    assert all(line["actor_id"] for line in first.lines + resumed.lines)
+    assert await stored_cursor(w, "coord-bot") == head  # the durable ACK cursor reached the head
+
+
+async def test_the_node_agent_refuses_a_wrong_authority_key_and_the_gateway_a_wrong_session_key(
+    world: World, node: str, tmp_path: Path
+) -> None:
+    """Both signatures are real: the gateway checks the Node-made HELLO proof, the agent the events."""
+    w = world
+    await create(w)
+    signer, key_file = await node_session(w, tmp_path)
+    until = ("--until-sequence", "1")
+
+    impostor = await run_agent(node, w, signer, key_file, *until, "--authority-key", bytes(32).hex())
+    assert impostor.returncode == 1 and "is not the pinned key" in impostor.stderr, impostor.stderr
+
+    wrong_key = tmp_path / "not-the-session.key"
+    write_key(wrong_key, SigningKey.generate())
+    refused = await run_agent(node, w, signer, wrong_key, *until)
+    assert refused.returncode == 1 and "HELLO_INVALID" in refused.stderr, refused.stderr
+
+    assert impostor.lines == refused.lines == []
+    assert await stored_cursor(w, "coord-bot") is None
