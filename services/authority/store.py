@@ -168,7 +168,8 @@ class EventStore:
             return [StoredEvent(int(r[0]), r[1], r[2], int(r[3]), bytes(r[4])) for r in rows]
 
     async def read_range(self, group_id: str, first: int, last: int) -> list[StoredEvent]:
-        return await self.read(group_id, first - 1, last - first + 1)
+        """Events ``first..last`` from whichever tier holds them (a replayed command's answer)."""
+        return await self.read_history(group_id, first - 1, last - first + 1)
 
     @finish_on_cancel
     async def find_command(self, group_id: str, command_id: str) -> CommandRecord | None:
