@@ -222,6 +222,10 @@ class GroupAuthority:
     ) -> _Pending:
         group_id = command.group_id
         owned = await self._load(group_id)
+        if _erases(command) and owned.pending:
+            # An erasure rewrites earlier events: every one of them must be durable first.
+            await asyncio.wait([p.request.done for p in owned.pending.values()])
+            owned = await self._load(group_id)
         writer_epoch, state = owned.writer_epoch, owned.state
         identities = await self.registry.infos(_referenced_identities(command))
         linked = {}
@@ -243,6 +247,7 @@ class GroupAuthority:
             fingerprint=fingerprint_,
             events=[_stored(event, env) for event, env in zip(decision, envelopes, strict=True)],
             creates_group=state is None,
+            rewrites=await self._erasures(group_id, decision),
         )
         for event in decision:
             state = decider.evolve(state, event)
@@ -308,6 +313,36 @@ class GroupAuthority:
             group_revision=record.last_seq,
             replayed=True,
         )
+
+    async def _erasures(self, group_id: str, decision: list[event_pb2.Event]) -> list[tuple[int, bytes]]:
+        """MW-7.4-04/05: each event a tombstone lists, re-signed with its content cleared and a
+        marker naming the tombstone; id, sequence and every other field unchanged."""
+        rewrites: list[tuple[int, bytes]] = []
+        for tombstone in decision:
+            if tombstone.WhichOneof("payload") != "message_amended":
+                continue
+            for sequence in tombstone.message_amended.erased_sequences:
+                (stored,) = await self.store.read_range(group_id, sequence, sequence)
+                event = decode_event(stored.envelope)
+                if event.WhichOneof("payload") == "message_posted":
+                    event.message_posted.ClearField("content")
+                else:  # a correction (touching the other payload would switch the oneof)
+                    event.message_amended.ClearField("corrected_content")
+                event.redaction.CopyFrom(
+                    event_pb2.RedactionMarker(
+                        tombstone_event_id=tombstone.event_id,
+                        tombstone_sequence=tombstone.sequence,
+                        erasure=tombstone.message_amended.erasure,
+                        original_envelope_digest=common_pb2.Digest(
+                            algorithm="blake3",
+                            hex=blake3.blake3(stored.envelope).hexdigest(),
+                            size_bytes=len(stored.envelope),
+                        ),
+                    )
+                )
+                envelope = sign_envelope(event.SerializeToString(deterministic=True), EVENT_TYPE, self.signing_key, self.key_id)
+                rewrites.append((sequence, envelope.SerializeToString()))
+        return rewrites
 
     def _seal(self, event: event_pb2.Event, writer_epoch: int) -> common_pb2.SignedEnvelope:
         event.writer_epoch = writer_epoch
@@ -587,3 +622,7 @@ def decode_event(envelope_bytes: bytes) -> event_pb2.Event:
     event = event_pb2.Event()
     event.ParseFromString(env.payload)
     return event
+
+
+def _erases(command: command_pb2.Command) -> bool:
+    return command.WhichOneof("body") == "message_amend" and command.message_amend.erasure != 0

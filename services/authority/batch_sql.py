@@ -19,7 +19,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import ClauseElement
 
-from services.authority.schema import commands, events, groups
+from services.authority.schema import commands, events, events_archive, groups
 
 # Parameter order of every statement below; rows are passed as tuples in this order.
 HEAD_PARAMS = ("g", "e", "expected", "new_head", "new_expiry")
@@ -43,6 +43,12 @@ HEAD_OF = select(groups.c.writer_epoch, groups.c.head_seq).where(groups.c.group_
 INSERT_GROUP = insert(groups).values({c: bindparam(c) for c in GROUP_COLUMNS})
 INSERT_EVENT = insert(events).values({c: bindparam(c) for c in EVENT_COLUMNS})
 INSERT_COMMAND = insert(commands).values({c: bindparam(c) for c in COMMAND_COLUMNS})
+# An erasure (MW-7.4-04) replaces an event's envelope in whichever tier holds it; id and sequence stay.
+REWRITE_PARAMS = ("env", "g", "s")
+REWRITE_ENVELOPE = [
+    update(tier).where(and_(tier.c.group_id == bindparam("g"), tier.c.seq == bindparam("s"))).values(envelope=bindparam("env"))
+    for tier in (events, events_archive)
+]
 
 
 class Collision(Exception):
@@ -58,6 +64,7 @@ class BatchOps(Protocol):
     def head_of(self, group_id: str) -> tuple[int, int] | None: ...
     def insert_group(self, row: tuple[Any, ...]) -> None: ...
     def insert_rows(self, event_rows: Sequence[tuple[Any, ...]], command_rows: Sequence[tuple[Any, ...]]) -> None: ...
+    def rewrite_envelopes(self, rows: Sequence[tuple[Any, ...]]) -> None: ...  # (envelope, group_id, seq)
 
 
 def _named(names: Sequence[str], row: tuple[Any, ...]) -> dict[str, Any]:
@@ -102,6 +109,10 @@ class SqlAlchemyOps:
         self.conn.execute(INSERT_EVENT, [_named(EVENT_COLUMNS, r) for r in event_rows])
         self.conn.execute(INSERT_COMMAND, [_named(COMMAND_COLUMNS, r) for r in command_rows])
 
+    def rewrite_envelopes(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        for statement in REWRITE_ENVELOPE:
+            self.conn.execute(statement, [_named(REWRITE_PARAMS, r) for r in rows])
+
 
 def _qmark(statement: ClauseElement, names: Sequence[str]) -> str:
     """SQLite text of a Core statement, checked to take its parameters in ``names`` order."""
@@ -117,6 +128,7 @@ _SQLITE_HEAD_OF = _qmark(HEAD_OF, ("g",))
 _SQLITE_INSERT_GROUP = _qmark(INSERT_GROUP, GROUP_COLUMNS)
 _SQLITE_INSERT_EVENT = _qmark(INSERT_EVENT, EVENT_COLUMNS)
 _SQLITE_INSERT_COMMAND = _qmark(INSERT_COMMAND, COMMAND_COLUMNS)
+_SQLITE_REWRITE_ENVELOPE = [_qmark(statement, REWRITE_PARAMS) for statement in REWRITE_ENVELOPE]
 
 
 def _head_qmark(row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -169,3 +181,7 @@ class SqliteOps:
     def insert_rows(self, event_rows: Sequence[tuple[Any, ...]], command_rows: Sequence[tuple[Any, ...]]) -> None:
         self.conn.executemany(_SQLITE_INSERT_EVENT, event_rows)
         self.conn.executemany(_SQLITE_INSERT_COMMAND, command_rows)
+
+    def rewrite_envelopes(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        for statement in _SQLITE_REWRITE_ENVELOPE:
+            self.conn.executemany(statement, rows)

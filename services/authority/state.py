@@ -55,6 +55,10 @@ class MessageState:
     # 0 = as posted; else the MessageAmendmentKind of the latest amendment.
     latest_amendment: int = 0
     amendments: int = 0
+    # Sequences of the events that carry its content: the post, then each correction.
+    content_sequences: list[int] = field(default_factory=list)
+    # Set once an erasure removed that content from stored history (MW-7.4-04).
+    erased: bool = False
 
 
 @dataclass

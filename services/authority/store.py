@@ -56,6 +56,8 @@ class AppendRequest:
     fingerprint: bytes
     events: list[StoredEvent]
     creates_group: bool
+    # (sequence, new envelope) of earlier events to replace in the same transaction (erasures).
+    rewrites: list[tuple[int, bytes]] = field(default_factory=list)
     done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -334,6 +336,9 @@ class EventStore:
                         [(r.group_id, e.sequence, e.event_id, e.type, r.command_id, e.recorded_us, e.envelope) for r in accepted for e in r.events],
                         [(r.group_id, r.command_id, r.fingerprint, r.expected_head + 1, r.expected_head + len(r.events), len(r.events)) for r in accepted],
                     )
+                    rewrites = [(env, r.group_id, seq) for r in accepted for seq, env in r.rewrites]
+                    if rewrites:
+                        ops.rewrite_envelopes(rewrites)
                 return outcomes
         except Collision:
             # One request collided (a Group created twice, a command raced on another instance):

@@ -28,6 +28,7 @@ from services.authority.state import ConversationState, GroupState, MessageState
 
 CK = conversation_pb2.ConversationKind
 AK = conversation_pb2.MessageAmendmentKind
+CE = conversation_pb2.ContentErasure
 
 
 def validate_content(content: conversation_pb2.MessageContent, state: GroupState, field: str) -> None:
@@ -124,6 +125,9 @@ def message_amend(state: GroupState | None, command: command_pb2.Command, ctx: D
     if message is None:
         raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no message {body.message_id} in this Group", field="message_id")
     _conversation(state, message.conversation_id, command.actor_id, "message_id")
+    if body.erasure != CE.CONTENT_ERASURE_UNSPECIFIED:
+        _erasure(state, command, ctx, message, out)
+        return
     if message.latest_amendment in (AK.MESSAGE_AMENDMENT_KIND_RETRACTION, AK.MESSAGE_AMENDMENT_KIND_REDACTION):
         raise Rejected(
             R.REJECTION_REASON_INVALID_TRANSITION,
@@ -159,6 +163,40 @@ def message_amend(state: GroupState | None, command: command_pb2.Command, ctx: D
             kind=body.kind,
             corrected_content=body.corrected_content if body.HasField("corrected_content") else None,
             policy_reason=body.policy_reason,
+        ),
+    )
+
+
+def _erasure(
+    state: GroupState, command: command_pb2.Command, ctx: DecisionContext, message: MessageState, out: Emitter
+) -> None:
+    """MW-7.4-04/05: a security redaction or legal deletion appends this tombstone; the shell then
+    re-signs the listed events with their content cleared, keeping their ids and sequences. Also
+    allowed after a retraction or a masking redaction: the content is still in the log then."""
+    body = command.message_amend
+    if body.kind != AK.MESSAGE_AMENDMENT_KIND_REDACTION:
+        raise invalid("body.erasure", "erasing content is a kind of redaction (kind REDACTION)")
+    if body.erasure not in (CE.CONTENT_ERASURE_SECURITY_REDACTION, CE.CONTENT_ERASURE_LEGAL_DELETION):
+        raise invalid("body.erasure", "SECURITY_REDACTION or LEGAL_DELETION")
+    if not (command.actor_id == mission_of(state).owner_id or is_org_policy(ctx, command.actor_id)):
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            "content is erased from history by the MissionOwner or Organization policy",
+        )
+    require_reason(body.policy_reason, "body.policy_reason")
+    if body.HasField("corrected_content"):
+        raise invalid("body.corrected_content", "an erasure carries no content")
+    if message.erased:
+        raise Rejected(R.REJECTION_REASON_INVALID_TRANSITION, f"the content of message {body.message_id} was already erased")
+    out.emit(
+        "message.amended",
+        "message_amended",
+        conversation_pb2.MessageAmended(
+            message_id=body.message_id,
+            kind=body.kind,
+            policy_reason=body.policy_reason,
+            erasure=body.erasure,
+            erased_sequences=message.content_sequences,
         ),
     )
 
@@ -225,7 +263,9 @@ def _opened(state: GroupState, event: event_pb2.Event) -> None:
 
 def _posted(state: GroupState, event: event_pb2.Event) -> None:
     p = event.message_posted
-    state.messages[p.message_id] = MessageState(conversation_id=p.conversation_id, author_id=event.actor_id)
+    state.messages[p.message_id] = MessageState(
+        conversation_id=p.conversation_id, author_id=event.actor_id, content_sequences=[event.sequence]
+    )
     conversation = state.conversations[p.conversation_id]
     conversation.message_count += 1
     if p.topic == AMBIGUITY_TOPIC and conversation.work_item_id in state.work_items:
@@ -233,9 +273,14 @@ def _posted(state: GroupState, event: event_pb2.Event) -> None:
 
 
 def _amended(state: GroupState, event: event_pb2.Event) -> None:
-    message = state.messages[event.message_amended.message_id]
-    message.latest_amendment = event.message_amended.kind
+    amended = event.message_amended
+    message = state.messages[amended.message_id]
+    message.latest_amendment = amended.kind
     message.amendments += 1
+    if amended.kind == AK.MESSAGE_AMENDMENT_KIND_CORRECTION:
+        message.content_sequences.append(event.sequence)
+    if amended.erasure != CE.CONTENT_ERASURE_UNSPECIFIED:
+        message.erased = True
 
 
 APPLIERS: dict[str, Applier] = {
