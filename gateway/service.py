@@ -22,6 +22,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.attention import may_see, wanted
+from gateway.fetch import FetchRefused, as_ranges, cited_for, requested
 from gateway.outbox import Outbox
 from gateway.schema import cursors
 from missionweave.aio import finish_on_cancel
@@ -249,6 +250,10 @@ class _Connection:
             task.add_done_callback(self.commands.discard)
         elif kind == "unsubscribe":
             await self.unsubscribe(frame.unsubscribe.subscription_id)
+        elif kind == "fetch":
+            task = asyncio.create_task(self.fetch(frame.fetch))
+            self.commands.add(task)
+            task.add_done_callback(self.commands.discard)
         else:
             raise _Fatal(E.GATEWAY_ERROR_CODE_MALFORMED_FRAME, "unknown frame")
 
@@ -381,6 +386,40 @@ class _Connection:
             s.credits -= len(batch)
             frame.credits_remaining = s.credits
             await self.send(event=frame)
+
+    async def fetch(self, frame: pb.FetchFrame) -> None:
+        """MW-8-13 / MW-8-09: the requested events this agent's Membership lets it see."""
+        authority = self.gateway.authority
+        try:
+            sequences = requested(frame.ranges)
+            state = await authority.state(frame.group_id)
+            member = state.members.get(self.agent_id) if state else None
+            if state is None or member is None or not member.active:
+                await self.error(
+                    E.GATEWAY_ERROR_CODE_NOT_A_MEMBER, f"no active Membership in {frame.group_id}", request_id=frame.request_id
+                )
+                return
+            cited: set[int] = set()
+            if frame.HasField("context_package"):
+                cited = cited_for(frame.context_package, authority.public_key, frame.group_id, self.agent_id)
+        except FetchRefused as refused:
+            await self.error(refused.code, str(refused), request_id=frame.request_id)
+            return
+        answer = pb.FetchedFrame(request_id=frame.request_id, group_id=frame.group_id)
+        found: dict[int, bytes] = {}
+        first, last = sequences[0], sequences[-1]
+        for stored in await authority.store.read_history(frame.group_id, first - 1, last - first + 1):
+            found[stored.sequence] = stored.envelope
+        withheld = []
+        for seq in sequences:
+            envelope = found.get(seq)
+            visible = envelope is not None and (seq >= member.visibility_start_sequence or seq in cited)
+            if envelope is not None and visible and may_see(state, self.agent_id, decode_event(envelope)):
+                answer.events.append(common_pb2.SignedEnvelope.FromString(envelope))
+            else:
+                withheld.append(seq)
+        answer.withheld.extend(as_ranges(withheld))
+        await self.send(fetched=answer)
 
     async def too_old(self, s: _Subscription) -> None:
         """MW-16-11: the cursor lies before the online log; point at a signed snapshot to restore."""
@@ -519,6 +558,7 @@ class _Connection:
         command_id: str = "",
         fatal: bool = False,
         group_id: str = "",
+        request_id: str = "",
     ) -> None:
         rejection = common_pb2.Rejection(
             reason=R.REJECTION_REASON_FRAME_OUT_OF_ORDER if fatal else R.REJECTION_REASON_INVALID_ARGUMENT,
@@ -530,6 +570,7 @@ class _Connection:
             subscription_id=subscription_id,
             command_id=command_id,
             fatal=fatal,
+            request_id=request_id,
         )
         await self.send_frame(pb.ServerFrame(error=error), group_id)
 
