@@ -396,17 +396,16 @@ class GroupAuthority:
         recipient_ids: list[str],
         previous: common_pb2.SignedEnvelope | None,
         target_group_id: str = "",
+        transfer_authorization_event_id: str = "",
     ) -> common_pb2.SignedEnvelope | None:
-        """A signed Context Package of the Group's durable state (MW-13.3-01/02/04/05)."""
-        if target_group_id and target_group_id != group_id:
-            raise Rejected(
-                R.REJECTION_REASON_PERMISSION_DENIED,
-                "Group content does not enter another Mission's context by default; cross-Group transfer "
-                "needs an authorization command and an audit event (MW-13.3-05/07), not offered yet",
-            )
+        """A signed Context Package of the Group's durable state (MW-13.3-01/02/04/05/07)."""
         state = await self.state(group_id)
         if state is None:
             return None
+        if target_group_id == group_id:
+            target_group_id = ""
+        if target_group_id or transfer_authorization_event_id:
+            _check_transfer(state, target_group_id, transfer_authorization_event_id, work_item_ids)
         prior, prior_payload = None, b""
         if previous is not None and previous.payload:
             if previous.payload_type != CONTEXT_PACKAGE_TYPE or not verify_envelope(previous, self.public_key):
@@ -424,6 +423,8 @@ class GroupAuthority:
             previous=prior,
             previous_payload=prior_payload,
         )
+        package.target_group_id = target_group_id
+        package.transfer_authorization_event_id = transfer_authorization_event_id if target_group_id else ""
         return sign_envelope(package.SerializeToString(deterministic=True), CONTEXT_PACKAGE_TYPE, self.signing_key, self.key_id)
 
     async def take_snapshot(
@@ -595,6 +596,8 @@ def _linked_groups(command: command_pb2.Command) -> list[str]:
         group = command.mission_create_follow_up.approved_group_id
     elif kind == "mission_revoke_approval":
         group = command.mission_revoke_approval.follow_up_group_id
+    elif kind == "mission_authorize_context_transfer":
+        group = command.mission_authorize_context_transfer.target_group_id
     else:
         return []
     return [group] if group and ids.is_valid(group) and group != command.group_id else []
@@ -626,3 +629,29 @@ def decode_event(envelope_bytes: bytes) -> event_pb2.Event:
 
 def _erases(command: command_pb2.Command) -> bool:
     return command.WhichOneof("body") == "message_amend" and command.message_amend.erasure != 0
+
+
+def _check_transfer(state: GroupState, target_group_id: str, authorization_id: str, work_item_ids: list[str]) -> None:
+    """MW-13.3-05/07: another Group receives this Group's context only under a recorded authorization
+    for that Group that covers the requested scope."""
+    if not target_group_id:
+        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "an authorization is given with target_group_id", field="target_group_id")
+    if not authorization_id:
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            "Group content does not enter another Mission's context by default: cite the "
+            "mission.context_transfer.authorized event (transfer_authorization_event_id)",
+        )
+    grant = state.transfers.get(authorization_id)
+    if grant is None or grant.target_group_id != target_group_id:
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            f"{authorization_id} is not an authorization of this Group for {target_group_id}",
+            field="transfer_authorization_event_id",
+        )
+    if grant.work_item_ids and not (work_item_ids and set(work_item_ids) <= set(grant.work_item_ids)):
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            f"the authorization covers WorkItems {', '.join(grant.work_item_ids)} only",
+            field="work_item_ids",
+        )

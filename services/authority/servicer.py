@@ -149,6 +149,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 recipient_ids=list(request.recipient_ids),
                 previous=request.previous_version if request.HasField("previous_version") else None,
                 target_group_id=request.target_group_id,
+                transfer_authorization_event_id=request.transfer_authorization_event_id,
             )
         except Rejected as rejected:
             await abort_with(context, rejected)

@@ -183,6 +183,14 @@ class ProposalState:
     open: bool = True
 
 
+@dataclass(frozen=True)
+class TransferGrant:
+    """A MissionOwner's authorization to carry this Group's context into another Group (MW-13.3-07)."""
+
+    target_group_id: str
+    work_item_ids: tuple[str, ...]  # empty = the whole Mission
+
+
 @dataclass
 class GroupState:
     group_id: str
@@ -197,6 +205,8 @@ class GroupState:
     # Sequence of the last event that changed WorkItem state; reconciliation must cite at least it.
     last_work_change_sequence: int = 0
     work_items: dict[str, WorkItemState] = field(default_factory=dict)
+    # authorization event id -> grant
+    transfers: dict[str, TransferGrant] = field(default_factory=dict)
     proposals: dict[str, ProposalState] = field(default_factory=dict)
     # Six-dimension usage of the whole Mission (sum over its WorkItems).
     mission_used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))

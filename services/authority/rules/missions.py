@@ -10,6 +10,7 @@ from missionweave.clock import from_timestamp, to_timestamp
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, conversation_pb2, event_pb2, membership_pb2, mission_pb2, work_pb2
 from services.authority.rules.common import (
+    MAX_REFS,
     MS,
     TERMINAL_MISSION_STATES,
     Applier,
@@ -29,7 +30,13 @@ from services.authority.rules.common import (
     state_name,
     validate_definition,
 )
-from services.authority.state import CoordinatorLeaseState, GroupState, IdentityInfo, MissionRecord
+from services.authority.state import (
+    CoordinatorLeaseState,
+    GroupState,
+    IdentityInfo,
+    MissionRecord,
+    TransferGrant,
+)
 
 # ---------------------------------------------------------------- authority checks
 
@@ -580,7 +587,43 @@ def mission_issue_directive(
     )
 
 
+def mission_authorize_context_transfer(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
+    """MW-13.3-05/07: content enters another Mission's context only by the MissionOwner's recorded
+    authorization, and only into a Mission the same owner is accountable for."""
+    assert state is not None
+    body = command.mission_authorize_context_transfer
+    mission = mission_of(state)
+    _require_owner(mission, command, "mission.authorize_context_transfer")
+    require_reason(body.reason, "body.reason")
+    if body.target_group_id == command.group_id:
+        raise invalid("body.target_group_id", "another Group (a Group's own context needs no transfer)")
+    target = ctx.linked.get(body.target_group_id)
+    if target is None or target.mission is None:
+        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no Group {body.target_group_id}", field="body.target_group_id")
+    if target.mission.owner_id != command.actor_id:
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            f"the target Mission is owned by {target.mission.owner_id}; only a MissionOwner of both Missions "
+            "authorizes a transfer between them",
+        )
+    if len(body.work_item_ids) > MAX_REFS:
+        raise invalid("body.work_item_ids", f"at most {MAX_REFS}")
+    for i, wid in enumerate(body.work_item_ids):
+        if wid not in state.work_items:
+            raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no WorkItem {wid} in this Group", field=f"body.work_item_ids[{i}]")
+    out.emit(
+        "mission.context_transfer.authorized",
+        "mission_context_transfer_authorized",
+        mission_pb2.MissionContextTransferAuthorized(
+            target_group_id=body.target_group_id, work_item_ids=sorted(set(body.work_item_ids)), reason=body.reason
+        ),
+    )
+
+
 HANDLERS: dict[str, Handler] = {
+    "mission_authorize_context_transfer": mission_authorize_context_transfer,
     "mission_create": mission_create,
     "mission_create_follow_up": mission_create_follow_up,
     "mission_submit_for_approval": mission_submit_for_approval,
@@ -677,6 +720,11 @@ def _nothing(state: GroupState, event: event_pb2.Event) -> None:
     """Recorded history that changes no decision state (directives)."""
 
 
+def _transfer_authorized(state: GroupState, event: event_pb2.Event) -> None:
+    grant = event.mission_context_transfer_authorized
+    state.transfers[event.event_id] = TransferGrant(grant.target_group_id, tuple(grant.work_item_ids))
+
+
 APPLIERS: dict[str, Applier] = {
     "mission_created": _created,
     "coordinator_lease_granted": _lease_granted,
@@ -689,6 +737,7 @@ APPLIERS: dict[str, Applier] = {
     "mission_cancelled": _transition(MS.MISSION_STATE_CANCELLED),
     "mission_failed": _transition(MS.MISSION_STATE_FAILED),
     "mission_directive_issued": _nothing,
+    "mission_context_transfer_authorized": _transfer_authorized,
 }
 
 __all__ = ["APPLIERS", "HANDLERS", "ORG_POLICY_KINDS", "require_coordinator", "require_live"]
