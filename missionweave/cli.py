@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
-from missionweave import cli_artifact, cli_conversation, cli_coordinator, cli_mission, demo
+from missionweave import cli_artifact, cli_conversation, cli_coordinator, cli_group, cli_mission, demo
 from missionweave.cli_common import CliError, add_actor_flags, reading, save_session, target
 from missionweave.client import MeshClient
 from missionweave.config import SERVICES, Settings
@@ -166,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_coordinator.register(sub)
     cli_conversation.register(sub)
     cli_artifact.register(sub)
+    cli_group.register(sub)
     demo.register(sub)
 
     e = sub.add_parser("events", help="print a Group's events as JSON lines")

@@ -39,6 +39,10 @@ AMENDMENT_KINDS = {
     "retraction": conversation_pb2.MESSAGE_AMENDMENT_KIND_RETRACTION,
     "redaction": conversation_pb2.MESSAGE_AMENDMENT_KIND_REDACTION,
 }
+ERASURES = {
+    "security": conversation_pb2.CONTENT_ERASURE_SECURITY_REDACTION,
+    "legal": conversation_pb2.CONTENT_ERASURE_LEGAL_DELETION,
+}
 _AMEND = conversation_pb2.MessageAmendmentKind
 
 # ------------------------------------------------------------------ a Message's amendment chain
@@ -67,6 +71,8 @@ class MessageChain:
                 status, content = "retracted", None
             elif amended.kind == _AMEND.MESSAGE_AMENDMENT_KIND_REDACTION:
                 status, content, reason = "redacted", None, amended.policy_reason
+                if amended.erasure:
+                    status = "erased"
         return status, content, reason
 
     def display(self) -> str:
@@ -74,8 +80,8 @@ class MessageChain:
         status, content, reason = self.effective()
         if status == "retracted":
             return "[retracted]"
-        if status == "redacted":
-            return f"[redacted: {reason}]"
+        if status in ("redacted", "erased"):
+            return f"[{status}: {reason}]"
         assert content is not None
         text = _content_text(content)
         return f"{text} (corrected)" if status == "corrected" else text
@@ -122,6 +128,9 @@ def _amendment_document(event: event_pb2.Event) -> dict[str, Any]:
         "kind": enum_label(_AMEND, amended.kind, "MESSAGE_AMENDMENT_KIND_").lower(),
         "corrected_content": to_dict(amended.corrected_content) if amended.HasField("corrected_content") else None,
         "policy_reason": amended.policy_reason,
+        "erasure": enum_label(conversation_pb2.ContentErasure, amended.erasure, "CONTENT_ERASURE_").lower()
+        if amended.erasure
+        else None,
     }
 
 
@@ -202,6 +211,10 @@ def _amendment(args: argparse.Namespace) -> conversation_pb2.MessageAmend:
         raise UsageError(f"--text applies to corrections only, not a {args.kind}")
     if args.kind == "redaction" and not args.reason:
         raise UsageError("a redaction needs --reason (the auditable policy reason, MW-9.1-21)")
+    if args.erase:
+        if args.kind != "redaction":
+            raise UsageError("--erase goes with --kind redaction")
+        body.erasure = ERASURES[args.erase]
     return body
 
 
@@ -209,7 +222,11 @@ async def cmd_message_amend(args: argparse.Namespace) -> int:
     body = _amendment(args)
     async with acting(args) as actor:
         result = await actor.execute(args.group, "message_amend", body)
-    return report(args, result, f"{args.kind} of message {args.message} recorded; the original stays in history")
+    if args.erase:
+        headline = f"content of message {args.message} erased from history ({args.erase}); the tombstone records it"
+    else:
+        headline = f"{args.kind} of message {args.message} recorded; the original stays in history"
+    return report(args, result, headline)
 
 
 async def cmd_conversation_open(args: argparse.Namespace) -> int:
@@ -261,4 +278,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     a.add_argument("--kind", choices=sorted(AMENDMENT_KINDS), required=True)
     a.add_argument("--text", help="correction only: the corrected text")
     a.add_argument("--reason", help="the policy reason (required for a redaction)")
+    a.add_argument(
+        "--erase",
+        choices=sorted(ERASURES),
+        help="redaction only: also erase the content from stored history (MissionOwner; MW-7.4-04)",
+    )
     a.set_defaults(func=cmd_message_amend)

@@ -298,6 +298,33 @@ async def test_conversation_open_and_filtered_list(bench: Bench) -> None:
     assert "row 7 looks off" in only_review and "planning note" not in only_review
 
 
+@pytest.mark.req("MW-7.4-04", "MW-16-11")
+async def test_erase_a_message_then_snapshot_and_compact_the_group(bench: Bench) -> None:
+    group = await bench.create()
+    await bench.mwp("message", "post", "--group", group, "--text", "card 4111-1111", *bench.as_("coord-bot"))
+    listed = (await bench.mwp("message", "list", "--group", group, "--json")).stdout
+    message_id = next(json.loads(line)["message_id"] for line in listed.splitlines() if "4111" in line)
+    await bench.mwp(
+        "message", "amend", "--group", group, "--message", message_id, "--kind", "correction", "--erase", "legal",
+        *bench.as_("alice"), expect=2,
+    )
+    erased = await bench.mwp(
+        "message", "amend", "--group", group, "--message", message_id, "--kind", "redaction", "--erase", "legal",
+        "--reason", "card number posted by mistake", *bench.as_("alice"),
+    )
+    assert "erased from history (legal)" in erased.stdout
+    after = (await bench.mwp("message", "list", "--group", group)).stdout
+    assert "4111" not in after and "[erased: card number posted by mistake]" in after
+    taken = await bench.mwp("group", "snapshot", "--group", group, "--compact", "--json")
+    document = taken.json()
+    assert document["verified"] and document["compacted"] and document["sequence"] >= 3
+    assert document["digest"].startswith("blake3:")
+    # History stays readable after compaction (moved to the archive tier, never deleted).
+    assert "[erased: card number posted by mistake]" in (await bench.mwp("message", "list", "--group", group)).stdout
+    refused = await bench.mwp("group", "snapshot", "--group", group, "--archival", expect=1)
+    assert "PRECONDITION_FAILED" in refused.stderr  # the Mission is still live
+
+
 # ------------------------------------------------------------------ client-side checks
 
 
