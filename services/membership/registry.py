@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import blake3
-from sqlalchemy import and_, insert, select, update
+from sqlalchemy import Row, and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -74,13 +75,11 @@ class IdentityRegistry:
 
     # ------------------------------------------------------------ lookups
 
-    @finish_on_cancel
     async def get(self, identity_id: str) -> IdentityRecord | None:
         cached = self._identities.get(identity_id)
         if cached is not None and self.authoritative_cache:
-            return cached
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(select(identities).where(identities.c.identity_id == identity_id))).first()
+            return cached  # the hot path: no task, no database
+        row = await self._identity_row(identity_id)
         if row is None:
             return None
         record = IdentityRecord(
@@ -90,11 +89,23 @@ class IdentityRegistry:
         self._identities[identity_id] = record
         return record
 
-    @finish_on_cancel
     async def session_key(self, identity_id: str, session_epoch: int) -> bytes | None:
         key = self._session_keys.get((identity_id, session_epoch))
         if key is not None:
             return key  # a session's key never changes
+        value = await self._session_key_row(identity_id, session_epoch)
+        if value is None:
+            return None
+        self._session_keys[(identity_id, session_epoch)] = bytes(value)
+        return bytes(value)
+
+    @finish_on_cancel
+    async def _identity_row(self, identity_id: str) -> Row[Any] | None:
+        async with self.engine.connect() as conn:
+            return (await conn.execute(select(identities).where(identities.c.identity_id == identity_id))).first()
+
+    @finish_on_cancel
+    async def _session_key_row(self, identity_id: str, session_epoch: int) -> bytes | None:
         async with self.engine.connect() as conn:
             value = (
                 await conn.execute(
@@ -103,12 +114,8 @@ class IdentityRegistry:
                     )
                 )
             ).scalar_one_or_none()
-        if value is None:
-            return None
-        self._session_keys[(identity_id, session_epoch)] = bytes(value)
-        return bytes(value)
+        return None if value is None else bytes(value)
 
-    @finish_on_cancel
     async def infos(self, identity_ids: set[str]) -> dict[str, IdentityInfo]:
         out: dict[str, IdentityInfo] = {}
         for identity_id in identity_ids:
