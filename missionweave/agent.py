@@ -806,6 +806,7 @@ class Subscription:
         self._gap_timeout = gap_timeout
         self._sequencer: GroupSequencer[event_pb2.Event] = GroupSequencer(cursor_file.load())
         self._window = CreditWindow(credits, self.cursor)
+        self._announced = 0  # the highest sequence the gateway reported delivering on this attempt (FLOW)
         self._attempt = 0
         self._queue: asyncio.Queue[pb.ServerFrame | None] = asyncio.Queue()
         self._changed = asyncio.Condition()
@@ -848,6 +849,7 @@ class Subscription:
         self.subscription_id = f"s{self._number}.{self._attempt}"
         self._sequencer.clear()  # whatever was buffered is replayed after the cursor (MW-16-10)
         self._window = CreditWindow(self._credits, self.cursor)
+        self._announced = 0
         log.info("%s: subscribing after sequence %d (%s)", self.group_id, self.cursor, self.subscription_id)
         frame = pb.SubscribeFrame(
             subscription_id=self.subscription_id,
@@ -895,7 +897,9 @@ class Subscription:
                 return
 
     async def _next_frame(self) -> pb.ServerFrame | None:
-        if not self._sequencer.has_gap:
+        # A gap: events buffered behind a missing sequence, or sequences the gateway reported delivering
+        # (FLOW) that never arrived, with nothing buffered behind them (e.g. the last frame of a window).
+        if not self._sequencer.has_gap and self.cursor >= self._announced:
             return await self._queue.get()
         try:
             return await asyncio.wait_for(self._queue.get(), self._gap_timeout)
@@ -996,6 +1000,7 @@ class Subscription:
         await self._host._send_frame(pb.ClientFrame(ack=pb.AckFrame(cursors=[ack])))
 
     async def _on_flow(self, flow: pb.FlowFrame) -> None:
+        self._announced = max(self._announced, flow.delivered_sequence)
         if flow.reason == pb.FLOW_REASON_SUBSCRIBED and flow.effective_after_sequence > self.cursor:
             # MW-8-07: nothing before the member's visibility start is ours to see; start after it.
             log.info("%s: visibility starts after sequence %d", self.group_id, flow.effective_after_sequence)
