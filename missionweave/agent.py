@@ -105,6 +105,7 @@ __all__ = [
     "CommandRejected",
     "CreditWindow",
     "CursorFile",
+    "Fetched",
     "GatewayError",
     "GroupSequencer",
     "Handler",
@@ -1057,6 +1058,14 @@ class Subscription:
 # ============================================================================ the agent
 
 
+@dataclass(frozen=True)
+class Fetched:
+    """The answer to :meth:`Agent.fetch`."""
+
+    events: list[event_pb2.Event]  # verified, in sequence order
+    withheld: list[tuple[int, int]]  # inclusive ranges the Membership does not permit (or beyond the head)
+
+
 class _PendingCommands:
     """COMMAND frames waiting for their RESULT, by command id (re-sent after a reconnect)."""
 
@@ -1208,6 +1217,7 @@ class Agent:
         self._subscriptions: dict[str, Subscription] = {}  # by Group
         self._routes: dict[str, Subscription] = {}  # by subscription id, on the current stream
         self._commands = _PendingCommands()
+        self._fetches: dict[str, tuple[pb.FetchFrame, asyncio.Future[pb.FetchedFrame]]] = {}
         self._epochs: dict[str, int] = {}
         self._numbers = itertools.count(1)
         self._opening = asyncio.Lock()  # subscriptions open exactly once per stream
@@ -1442,6 +1452,43 @@ class Agent:
         finally:
             self._commands.forget(cmd.command_id)
 
+    async def fetch(
+        self,
+        group_id: str,
+        first: int,
+        last: int,
+        *,
+        context_package: common_pb2.SignedEnvelope | None = None,
+    ) -> Fetched:
+        """Events ``first..last`` of a Group on demand (at most 1,024), verified, in sequence order.
+
+        Gets history an attention filter skipped (MW-8-13); a late joiner passes a Context Package
+        the Authority signed for it to get the events it cites from before its visibility start
+        (MW-8-09). Sequences the Membership does not permit come back in ``withheld``. Raises
+        :class:`GatewayError` when the gateway refuses the request (not a member, too large, a
+        package that does not verify), :class:`NotVerified` if an event's signature is wrong.
+
+        >>> fetched = await agent.fetch(group_id, 1, 50, context_package=package)  # doctest: +SKIP
+        """
+        request_id = f"f{next(self._numbers)}"
+        frame = pb.FetchFrame(request_id=request_id, group_id=group_id, ranges=[pb.SequenceRange(first=first, last=last)])
+        if context_package is not None:
+            frame.context_package.CopyFrom(context_package)
+        future: asyncio.Future[pb.FetchedFrame] = asyncio.get_running_loop().create_future()
+        self._fetches[request_id] = (frame, future)
+        try:
+            await self._send_frame(pb.ClientFrame(fetch=frame))  # when disconnected: sent on reconnect
+            answer = await asyncio.wait_for(future, self._command_timeout)
+        except TimeoutError:
+            raise AgentError(f"no answer to FETCH {first}..{last} of {group_id}") from None
+        finally:
+            self._fetches.pop(request_id, None)
+        verifier = self._verifier_now()
+        return Fetched(
+            events=[verifier.event(envelope) for envelope in answer.events],
+            withheld=[(r.first, r.last) for r in answer.withheld],
+        )
+
     async def membership_epoch(self, group_id: str, *, refresh: bool = False) -> int:
         """This agent's active Membership epoch in the Group (cached; refreshed after a stale rejection)."""
         if refresh or group_id not in self._epochs:
@@ -1577,6 +1624,8 @@ class Agent:
                     await subscription.open()
                 for command in self._commands.frames():
                     await self._send_frame(pb.ClientFrame(command=command))
+                for fetch, _ in list(self._fetches.values()):  # a FETCH only reads: safe to repeat
+                    await self._send_frame(pb.ClientFrame(fetch=fetch))
             self._connected.set()
             if self._first is not None and not self._first.done():
                 self._first.set_result(None)
@@ -1604,6 +1653,14 @@ class Agent:
             self._commands.resolve(frame.result)
         elif kind == "error" and frame.error.command_id:
             self._commands.fail(frame.error.command_id, GatewayError(frame.error))
+        elif kind == "fetched" or (kind == "error" and frame.error.request_id):
+            request_id = frame.fetched.request_id if kind == "fetched" else frame.error.request_id
+            entry = self._fetches.get(request_id)
+            if entry is not None and not entry[1].done():
+                if kind == "fetched":
+                    entry[1].set_result(frame.fetched)
+                else:
+                    entry[1].set_exception(GatewayError(frame.error))
         elif kind in ("event", "flow", "cursor_too_old", "error"):
             subscription = self._routes.get(getattr(frame, kind).subscription_id)
             if subscription is not None:

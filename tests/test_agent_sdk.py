@@ -557,3 +557,26 @@ async def test_the_echo_example_answers_mentions_once(world: World, tmp_path: Pa
         if e.actor_id == "coord-bot" and e.type == "message.posted"
     ]
     assert replies == ["echo: @coord-bot are you there?", "echo: ping"]
+
+
+@pytest.mark.req("MW-8-09", "MW-8-13", "MW-13.3-03")
+async def test_a_late_joiner_fetches_cited_history_through_the_sdk(world: World, tmp_path: Path) -> None:
+    w = world
+    conv = (await create(w)).mission.planning_conversation_id
+    await post_messages(w, conv, range(3))
+    grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
+    await w.run(w.owner, G, "membership_grant", grant, membership_epoch=1)
+    head = (await w.client.group_state(G)).head_sequence
+    package = (
+        await w.client.authority.GetContextPackage(
+            authority_service_pb2.GetContextPackageRequest(group_id=G, recipient_ids=["worker-bot"])
+        )
+    ).package
+    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
+        plain = await agent.fetch(G, 1, head + 2)
+        assert [e.sequence for e in plain.events] == [head] and plain.withheld == [(1, head - 1), (head + 1, head + 2)]
+        cited = await agent.fetch(G, 1, head, context_package=package)
+        assert [e.sequence for e in cited.events] == list(range(1, head + 1)) and cited.withheld == []
+        assert cited.events[-2].message_posted.content.text == "m2"  # the last message before the grant
+        with pytest.raises(sdk.GatewayError):
+            await agent.fetch(G, 1, 5_000)
