@@ -125,7 +125,20 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
     async def GetSnapshot(
         self, request: pb.GetSnapshotRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetSnapshotResponse:
-        """MW-16-12: the signed snapshot named by a CURSOR_TOO_OLD reference (verify hash and signature)."""
+        """MW-16-12: the signed snapshot named by a CURSOR_TOO_OLD reference (verify hash and signature),
+        for a caller who proves its session and holds an active Membership in the Group."""
+        try:
+            agent_id, _ = await verify_session_proof(self.registry, self.clock, request.proof)
+        except _Fatal as refused:
+            stale = refused.code == E.GATEWAY_ERROR_CODE_SESSION_STALE
+            reason = R.REJECTION_REASON_SESSION_EPOCH_STALE if stale else R.REJECTION_REASON_SIGNATURE_INVALID
+            await abort_with(context, Rejected(reason, str(refused)))
+        state = await self.authority.state(request.group_id)
+        member = state.members.get(agent_id) if state else None
+        if member is None or not member.active:
+            await abort_with(
+                context, Rejected(R.REJECTION_REASON_NOT_A_MEMBER, f"{agent_id} holds no active Membership in {request.group_id}")
+            )
         stored = await self.authority.store.snapshot_by_digest(request.group_id, request.digest.hex)
         if stored is None:
             await abort_with(
@@ -260,32 +273,12 @@ class _Connection:
     # ------------------------------------------------------------ HELLO
 
     async def hello(self, hello: pb.HelloFrame) -> None:
-        proof = hello.proof
-        key_id = parse_session_key_id(proof.signatures[0].key_id) if proof.signatures else None
-        if key_id != (hello.agent_id, hello.session_epoch) or proof.payload_type != HELLO_PROOF_TYPE:
-            raise _Fatal(
-                E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof must be signed by the session named in HELLO"
-            )
-        key = await self.gateway.registry.session_key(hello.agent_id, hello.session_epoch)
-        if key is None or not verify_signature(proof, key):
-            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof does not verify with the session key")
-        try:
-            claim = pb.HelloProof.FromString(proof.payload)
-        except DecodeError:
-            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof is not a HelloProof") from None
+        claimed = (hello.agent_id, hello.session_epoch)
+        proved = await verify_session_proof(self.gateway.registry, self.gateway.clock, hello.proof)
+        if proved != claimed:
+            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof must be signed by the session named in HELLO")
         now = self.gateway.clock.now()
-        if (claim.agent_id, claim.session_epoch) != (hello.agent_id, hello.session_epoch) or not 16 <= len(
-            claim.nonce
-        ) <= 64:
-            raise _Fatal(
-                E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof names another session or has no nonce"
-            )
-        if abs(from_timestamp(claim.issued_at) - now) > HELLO_SKEW:
-            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof is stale (clock skew over 30 s)")
-        identity = await self.gateway.registry.get(hello.agent_id)
-        if identity is None or identity.session_epoch != hello.session_epoch:
-            raise _Fatal(E.GATEWAY_ERROR_CODE_SESSION_STALE, "a newer session of this agent exists")
-        self.agent_id, self.session_epoch = hello.agent_id, hello.session_epoch
+        self.agent_id, self.session_epoch = claimed
         await self.send(
             welcome=pb.WelcomeFrame(
                 connection_id=os.urandom(8).hex(),
@@ -580,6 +573,32 @@ class _Connection:
             await _cancel(s.task)
         for task in list(self.commands):
             await _cancel(task)
+
+
+async def verify_session_proof(
+    registry: IdentityRegistry, clock: Clock, proof: common_pb2.SignedEnvelope
+) -> tuple[str, int]:
+    """The (agent, session epoch) a HelloProof proves: signed by that session's key, about that
+    session, fresh (30 s), from the agent's current session. Raises _Fatal otherwise."""
+    key_id = parse_session_key_id(proof.signatures[0].key_id) if proof.signatures else None
+    if key_id is None or proof.payload_type != HELLO_PROOF_TYPE:
+        raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "a HelloProof signed by a session key is required")
+    agent_id, session_epoch = key_id
+    key = await registry.session_key(agent_id, session_epoch)
+    if key is None or not verify_signature(proof, key):
+        raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof does not verify with the session key")
+    try:
+        claim = pb.HelloProof.FromString(proof.payload)
+    except DecodeError:
+        raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof is not a HelloProof") from None
+    if (claim.agent_id, claim.session_epoch) != key_id or not 16 <= len(claim.nonce) <= 64:
+        raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof names another session or has no nonce")
+    if abs(from_timestamp(claim.issued_at) - clock.now()) > HELLO_SKEW:
+        raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof is stale (clock skew over 30 s)")
+    identity = await registry.get(agent_id)
+    if identity is None or identity.session_epoch != session_epoch:
+        raise _Fatal(E.GATEWAY_ERROR_CODE_SESSION_STALE, "a newer session of this agent exists")
+    return key_id
 
 
 async def _cancel(task: asyncio.Task[None] | None) -> None:

@@ -1573,7 +1573,8 @@ class Agent:
         log.info("%s: opened session %d", self.identity_id, signer.session_epoch)
         return signer
 
-    async def _hello(self, signer: SessionSigner) -> _Link:
+    def _session_proof(self, signer: SessionSigner) -> common_pb2.SignedEnvelope:
+        """A fresh HelloProof: what HELLO and GetSnapshot use to prove the session."""
         proof = pb.HelloProof(
             agent_id=signer.identity_id,
             session_epoch=signer.session_epoch,
@@ -1581,12 +1582,15 @@ class Agent:
             nonce=os.urandom(16),
             audience=self.target,
         )
-        envelope = sign_envelope(
+        return sign_envelope(
             proof.SerializeToString(),
             HELLO_PROOF_TYPE,
             signer.key,
             session_key_id(signer.identity_id, signer.session_epoch),
         )
+
+    async def _hello(self, signer: SessionSigner) -> _Link:
+        envelope = self._session_proof(signer)
         hello = pb.HelloFrame(
             agent_id=signer.identity_id,
             session_epoch=signer.session_epoch,
@@ -1698,7 +1702,8 @@ class Agent:
 
     async def _fetch_snapshot(self, group_id: str, digest: common_pb2.Digest) -> pb.GetSnapshotResponse:
         stub = pb_grpc.GatewayServiceStub(self._require_channel())
-        return await stub.GetSnapshot(pb.GetSnapshotRequest(group_id=group_id, digest=digest))
+        request = pb.GetSnapshotRequest(group_id=group_id, digest=digest, proof=self._session_proof(self.session))
+        return await stub.GetSnapshot(request)
 
     def _require_channel(self) -> grpc.aio.Channel:
         if self._channel is None:

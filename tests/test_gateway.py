@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 import blake3
+import grpc
 import pytest
 from sqlalchemy import select
 
@@ -202,9 +203,13 @@ async def test_compacted_history_answers_cursor_too_old_with_a_signed_snapshot_t
     assert verify_signature(too_old.signed_reference, public_key)
     reference = pb.SnapshotReference.FromString(too_old.signed_reference.payload)
     # MW-16-12: fetch, verify hash and signature, restore, resume from the snapshot sequence.
-    fetched = await pb_grpc.GatewayServiceStub(w.client.channel).GetSnapshot(
-        pb.GetSnapshotRequest(group_id=G, digest=reference.digest)
-    )
+    get_snapshot = pb_grpc.GatewayServiceStub(w.client.channel).GetSnapshot
+    for who, code in ((None, grpc.StatusCode.UNAUTHENTICATED), (w.worker, grpc.StatusCode.PERMISSION_DENIED)):
+        proof = hello(w, who).proof if who else None
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # only a proven member gets it
+            await get_snapshot(pb.GetSnapshotRequest(group_id=G, digest=reference.digest, proof=proof))
+        assert refused.value.code() == code
+    fetched = await get_snapshot(pb.GetSnapshotRequest(group_id=G, digest=reference.digest, proof=hello(w, w.owner).proof))
     assert blake3.blake3(fetched.snapshot.payload).hexdigest() == reference.digest.hex
     assert verify_signature(fetched.snapshot, public_key)
     restored = apb.GroupSnapshot.FromString(fetched.snapshot.payload)
