@@ -125,9 +125,28 @@ def message_amend(state: GroupState | None, command: command_pb2.Command, ctx: D
     if message is None:
         raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no message {body.message_id} in this Group", field="message_id")
     _conversation(state, message.conversation_id, command.actor_id, "message_id")
+    erased: list[int] = []
     if body.erasure != CE.CONTENT_ERASURE_UNSPECIFIED:
-        _erasure(state, command, ctx, message, out)
-        return
+        _check_erasure(state, command, ctx, message)
+        erased = message.content_sequences
+    else:
+        _check_amendment(state, command, ctx, message)
+    out.emit(
+        "message.amended",
+        "message_amended",
+        conversation_pb2.MessageAmended(
+            message_id=body.message_id,
+            kind=body.kind,
+            corrected_content=body.corrected_content if body.HasField("corrected_content") else None,
+            policy_reason=body.policy_reason,
+            erasure=body.erasure,
+            erased_sequences=erased,
+        ),
+    )
+
+
+def _check_amendment(state: GroupState, command: command_pb2.Command, ctx: DecisionContext, message: MessageState) -> None:
+    body = command.message_amend
     if message.latest_amendment in (AK.MESSAGE_AMENDMENT_KIND_RETRACTION, AK.MESSAGE_AMENDMENT_KIND_REDACTION):
         raise Rejected(
             R.REJECTION_REASON_INVALID_TRANSITION,
@@ -155,21 +174,9 @@ def message_amend(state: GroupState | None, command: command_pb2.Command, ctx: D
             raise invalid("body.corrected_content", "a redaction masks the Message; it carries no content")
     else:
         raise invalid("body.kind", "correction, retraction or redaction")
-    out.emit(
-        "message.amended",
-        "message_amended",
-        conversation_pb2.MessageAmended(
-            message_id=body.message_id,
-            kind=body.kind,
-            corrected_content=body.corrected_content if body.HasField("corrected_content") else None,
-            policy_reason=body.policy_reason,
-        ),
-    )
 
 
-def _erasure(
-    state: GroupState, command: command_pb2.Command, ctx: DecisionContext, message: MessageState, out: Emitter
-) -> None:
+def _check_erasure(state: GroupState, command: command_pb2.Command, ctx: DecisionContext, message: MessageState) -> None:
     """MW-7.4-04/05: a security redaction or legal deletion appends this tombstone; the shell then
     re-signs the listed events with their content cleared, keeping their ids and sequences. Also
     allowed after a retraction or a masking redaction: the content is still in the log then."""
@@ -188,17 +195,6 @@ def _erasure(
         raise invalid("body.corrected_content", "an erasure carries no content")
     if message.erased:
         raise Rejected(R.REJECTION_REASON_INVALID_TRANSITION, f"the content of message {body.message_id} was already erased")
-    out.emit(
-        "message.amended",
-        "message_amended",
-        conversation_pb2.MessageAmended(
-            message_id=body.message_id,
-            kind=body.kind,
-            policy_reason=body.policy_reason,
-            erasure=body.erasure,
-            erased_sequences=message.content_sequences,
-        ),
-    )
 
 
 def conversation_open(
