@@ -52,6 +52,11 @@ $(VENV)/.installed-test: $(INSTALL_DEPS) | $(PY)
 	$(PIP) install -e '.[test]'
 	@touch $@
 
+$(VENV)/.installed-bench: $(INSTALL_DEPS) | $(PY)
+	@echo "==> installing missionweave with test and bench extras into $(VENV) (pip install -e '.[test,bench]')"
+	$(PIP) install -e '.[test,bench]'
+	@touch $@
+
 $(VENV)/.installed-lint: $(INSTALL_DEPS) | $(PY)
 	@echo "==> installing missionweave with lint extras into $(VENV) (pip install -e '.[lint]')"
 	$(PIP) install -e '.[lint]'
@@ -122,7 +127,7 @@ lint: $(VENV)/.installed-lint node_modules/.installed
 	if [ -n "$$failed" ]; then echo "lint failed:$$failed"; exit 1; fi; \
 	echo "lint passed: ruff, mypy, buf"
 
-bench: $(VENV)/.installed-test
+bench: $(VENV)/.installed-bench
 	@$(MAKE) --no-print-directory gen
 	@if [ -z "$(BENCHES)" ]; then echo "no benchmarks in bench/"; exit 1; fi
 	@for b in $(BENCHES); do \
