@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import grpc
 from google.protobuf.message import DecodeError
-from sqlalchemy import insert, select, update
+from sqlalchemy import and_, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.attention import may_see, wanted
@@ -50,6 +50,11 @@ MAX_EVENTS_PER_FRAME = 256
 MAX_CREDITS = 65_536
 MAX_SUBSCRIPTIONS = 1_024
 MAX_FRAME_BYTES = 4 * 1024 * 1024
+# ACKs arriving within this window share one transaction (SQLite FULL sync costs a disk flush each).
+CURSOR_FLUSH_DELAY_S = 0.05
+# A subscription at the head re-checks the log this often when no in-process append woke it (another
+# Authority instance may have appended); in-process appends wake it at once.
+IDLE_RECHECK_S = 5.0
 
 
 class _Fatal(Exception):
@@ -80,6 +85,8 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         self.clock = clock
         self.connections: set[_Connection] = set()
         self.stopping = False
+        self._cursor_writes: dict[tuple[str, str], int] = {}
+        self._cursor_flusher: asyncio.Task[None] | None = None
 
     async def Connect(
         self, request_iterator: AsyncIterator[pb.ConnectRequest], context: grpc.aio.ServicerContext
@@ -100,6 +107,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         finally:
             await connection.close()
             self.connections.discard(connection)
+            await self.flush_cursors()  # a stream that ended has its last ACK stored
 
     async def stop(self, grace: float = 5.0) -> None:
         """End every stream before the server and the database go away.
@@ -121,6 +129,8 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
                 log.warning("gateway tasks still running at shutdown", extra={"tasks": len(pending)})
         for connection in connections:
             connection.go_away()
+        await _cancel(self._cursor_flusher)
+        await self.flush_cursors()
 
     async def GetSnapshot(
         self, request: pb.GetSnapshotRequest, context: grpc.aio.ServicerContext
@@ -169,31 +179,45 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
             payload, SNAPSHOT_REFERENCE_TYPE, self.authority.signing_key, self.authority.key_id
         )
 
+    def note_cursor(self, agent_id: str, group_id: str, cursor: int) -> None:
+        """Record an acknowledged cursor; it is stored shortly after, with every other ACK of that
+        moment in one transaction (an ACK never waits for the disk before credits flow again)."""
+        key = (agent_id, group_id)
+        if cursor > self._cursor_writes.get(key, 0):
+            self._cursor_writes[key] = cursor
+        if self._cursor_flusher is None or self._cursor_flusher.done():
+            self._cursor_flusher = asyncio.create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(CURSOR_FLUSH_DELAY_S)
+        await self.flush_cursors()
+
+    async def flush_cursors(self) -> None:
+        """Store every noted cursor now (a stream's end and shutdown call this)."""
+        while self._cursor_writes:
+            rows, self._cursor_writes = self._cursor_writes, {}
+            try:
+                await self.store_cursors(rows)
+            except Exception:
+                log.exception("storing ACK cursors failed; retrying with the next flush")
+                for key, cursor in rows.items():
+                    self._cursor_writes[key] = max(cursor, self._cursor_writes.get(key, 0))
+                return
+
     @finish_on_cancel
-    async def store_cursor(self, agent_id: str, group_id: str, cursor: int) -> None:
-        """The acknowledged cursor per (agent, Group), durable (MW-16-06/07); ACK never deletes history."""
+    async def store_cursors(self, rows: dict[tuple[str, str], int]) -> None:
+        """The acknowledged cursors per (agent, Group), durable (MW-16-06/07), only ever forward; ACK
+        never deletes history (MW-16-09)."""
         now = to_micros(self.clock.now())
         async with self.engine.begin() as conn:
-            updated = await conn.execute(
-                update(cursors)
-                .where(
-                    cursors.c.agent_id == agent_id, cursors.c.group_id == group_id, cursors.c.cursor < cursor
+            for (agent_id, group_id), cursor in rows.items():
+                mine = and_(cursors.c.agent_id == agent_id, cursors.c.group_id == group_id)
+                updated = await conn.execute(
+                    update(cursors).where(mine, cursors.c.cursor < cursor).values(cursor=cursor, updated_us=now)
                 )
-                .values(cursor=cursor, updated_us=now)
-            )
-            if updated.rowcount == 0:
-                exists = (
+                if updated.rowcount == 0 and (await conn.execute(select(cursors.c.cursor).where(mine))).first() is None:
                     await conn.execute(
-                        select(cursors.c.cursor).where(
-                            cursors.c.agent_id == agent_id, cursors.c.group_id == group_id
-                        )
-                    )
-                ).first()
-                if exists is None:
-                    await conn.execute(
-                        insert(cursors).values(
-                            agent_id=agent_id, group_id=group_id, cursor=cursor, updated_us=now
-                        )
+                        insert(cursors).values(agent_id=agent_id, group_id=group_id, cursor=cursor, updated_us=now)
                     )
 
     @finish_on_cancel
@@ -335,12 +359,14 @@ class _Connection:
         authority = self.gateway.authority
         while True:
             if s.credits == 0:
+                s.granted.clear()  # before the await below: a grant that lands during it is kept
                 await self.flow(s, pb.FLOW_REASON_CREDIT_EXHAUSTED, pb.FLOW_STATE_PAUSED)
-                s.granted.clear()
-                await s.granted.wait()
+                while s.credits == 0:
+                    await s.granted.wait()
+                    s.granted.clear()
                 continue
             batch = await authority.store.read(s.group_id, s.delivered, min(s.credits, MAX_EVENTS_PER_FRAME))
-            if not batch and (await authority.store.head(s.group_id) or 0) > s.delivered:
+            if not batch and await self._head(s.group_id) > s.delivered:
                 # The head moved past us: either an append landed after our read (read again) or the
                 # events we need were compacted away.
                 batch = await authority.store.read(s.group_id, s.delivered, min(s.credits, MAX_EVENTS_PER_FRAME))
@@ -351,7 +377,7 @@ class _Connection:
                 await self.too_old(s)  # never skip silently: the history before is archived
                 return
             if not batch:
-                await authority.wait_for_append(s.group_id, timeout=0.5)
+                await authority.wait_for_append(s.group_id, timeout=IDLE_RECHECK_S)
                 continue
             state = await authority.state(s.group_id)
             member = state.members.get(self.agent_id) if state else None
@@ -413,6 +439,11 @@ class _Connection:
                 withheld.append(seq)
         answer.withheld.extend(as_ranges(withheld))
         await self.send(fetched=answer)
+
+    async def _head(self, group_id: str) -> int:
+        """The Group's durable head: from the Authority's cached state when it has one (no query)."""
+        state = await self.gateway.authority.state(group_id)
+        return state.head_sequence if state is not None else (await self.gateway.authority.store.head(group_id) or 0)
 
     async def too_old(self, s: _Subscription) -> None:
         """MW-16-11: the cursor lies before the online log; point at a signed snapshot to restore."""
@@ -478,7 +509,7 @@ class _Connection:
                 continue
             if cursor.cursor > s.acked:
                 s.acked = cursor.cursor
-                await self.gateway.store_cursor(self.agent_id, s.group_id, cursor.cursor)
+                self.gateway.note_cursor(self.agent_id, s.group_id, cursor.cursor)
             if cursor.credits:
                 s.credits += cursor.credits
                 s.granted.set()

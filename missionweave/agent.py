@@ -1010,6 +1010,10 @@ class Subscription:
             await self._ack(idle=False)
         else:
             log.debug("%s: flow %s", self.group_id, pb.FlowReason.Name(flow.reason))
+        if self._queue.empty():
+            # The drain after the last EVENT skipped its idle ACK because this FLOW was queued behind
+            # it; without this ACK a spent credit window would never be granted again.
+            await self._ack(idle=True)
 
     async def _restore(self, frame: pb.CursorTooOldFrame) -> None:
         """MW-16-11/12: verify the signed reference and the snapshot, restore, resume from its sequence."""

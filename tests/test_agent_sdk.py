@@ -252,6 +252,33 @@ async def test_the_cursor_file_never_advances_across_a_gap(tmp_path: Path) -> No
     assert not sub.failure
 
 
+@pytest.mark.req("MW-8-17", "MW-16-07")
+async def test_a_flow_queued_behind_the_last_event_still_gets_its_ack(tmp_path: Path) -> None:
+    """A FLOW arrives while the last EVENT is being handled: once it is handled the subscription is
+    idle and must ACK (the drain's own idle ACK is skipped while a frame waits). Without that ACK a
+    spent window is never granted back and the subscription stalls."""
+    host, gate, seen = FakeHost(), asyncio.Event(), []
+
+    async def handler(event: event_pb2.Event) -> None:
+        seen.append(event.sequence)
+        if event.sequence == 3:
+            await gate.wait()
+
+    sub = Subscription(host, 1, G, handler, CursorFile(tmp_path, "bot", G), credits=8)
+    await sub.open()
+    sid = sub.subscription_id
+    sub.deliver(event_frame(sid, 1, 3))  # 3 of 8 credits: below the half-window ACK threshold
+    await until(lambda: seen == [1, 2, 3])
+    granted = pb.FlowFrame(
+        subscription_id=sid, group_id=G, reason=pb.FLOW_REASON_CREDIT_GRANTED, state=pb.FLOW_STATE_OPEN, delivered_sequence=3
+    )
+    sub.deliver(pb.ServerFrame(flow=granted))
+    gate.set()
+    await until(lambda: bool(host.acks()) and host.acks()[-1][0] == 3)
+    assert sum(credits for _, credits in host.acks()) == 3
+    await sub.stop(grace=1)
+
+
 @pytest.mark.req("MW-16-05", "MW-16-06")
 async def test_skipped_sequences_advance_the_cursor_without_reaching_the_handler(tmp_path: Path) -> None:
     seen: list[int] = []

@@ -192,14 +192,15 @@ def watch_cursors(w: World, monkeypatch: pytest.MonkeyPatch, consumers: dict[str
         save(self, cursor)
 
     gateway = mesh(w).gateway
-    store_cursor = gateway.store_cursor
+    store_cursors = gateway.store_cursors
 
-    async def recorded_store(agent_id: str, group_id: str, cursor: int) -> None:
-        consumers[agent_id].cursor("gateway", cursor)
-        await store_cursor(agent_id, group_id, cursor)
+    async def recorded_store(rows: dict[tuple[str, str], int]) -> None:
+        for (agent_id, _group_id), cursor in rows.items():
+            consumers[agent_id].cursor("gateway", cursor)
+        await store_cursors(rows)
 
     monkeypatch.setattr(CursorFile, "save", recorded_save)
-    monkeypatch.setattr(gateway, "store_cursor", recorded_store)
+    monkeypatch.setattr(gateway, "store_cursors", recorded_store)
 
 
 # ------------------------------------------------------------------ faults between the SDK and the gateway

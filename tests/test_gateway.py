@@ -3,6 +3,7 @@ visibility of restricted Conversations, COMMAND -> RESULT (spec 16, MW-8-07, MW-
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -99,11 +100,16 @@ async def test_replay_in_order_within_credits_and_durable_acks(world: World) -> 
     rest = (await stream.until("event")).event
     head = (await w.client.group_state(G)).head_sequence
     assert rest.first_sequence == 4 and rest.last_sequence == head
-    async with w.mesh.engine.connect() as conn:  # type: ignore[attr-defined]
-        stored = (
-            await conn.execute(select(cursors.c.cursor).where(cursors.c.agent_id == "alice"))
-        ).scalar_one()
-    assert stored == 3  # durable per (agent, Group)
+    async def stored() -> int | None:
+        async with w.mesh.engine.connect() as conn:  # type: ignore[attr-defined]
+            query = select(cursors.c.cursor).where(cursors.c.agent_id == "alice")
+            return (await conn.execute(query)).scalar_one_or_none()
+
+    for _ in range(100):  # stored with the ACKs of the same moment, within CURSOR_FLUSH_DELAY_S
+        if await stored() is not None:
+            break
+        await asyncio.sleep(0.02)
+    assert await stored() == 3  # durable per (agent, Group)
     await stream.send(ack=pb.AckFrame(cursors=[pb.CursorAck(subscription_id="s1", cursor=2)]))
     assert (await stream.until("error")).error.code == E.GATEWAY_ERROR_CODE_ACK_REGRESSED
     await stream.call.done_writing()
