@@ -17,7 +17,20 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Executable, Select, Table, and_, delete, func, insert, or_, select, union_all, update
+from sqlalchemy import (
+    Executable,
+    Select,
+    Table,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave.aio import finish_on_cancel
@@ -155,18 +168,17 @@ class EventStore:
 
     @finish_on_cancel
     async def read(self, group_id: str, after: int = 0, limit: int = 1024) -> list[StoredEvent]:
-        return await self._read(_events_after(events, group_id, after).order_by("seq").limit(limit))
+        return await self._read(_READ_ONLINE, group_id, after, limit)
 
     @finish_on_cancel
     async def read_history(self, group_id: str, after: int = 0, limit: int = 1024) -> list[StoredEvent]:
         """Like ``read`` but across both tiers: compaction moves events to the archive, and the
         Authority's fold still needs every one of them (the online log alone would start mid-way)."""
-        tiers = [_events_after(tier, group_id, after) for tier in (events_archive, events)]
-        return await self._read(union_all(*tiers).order_by("seq").limit(limit))
+        return await self._read(_READ_HISTORY, group_id, after, limit)
 
-    async def _read(self, query: Executable) -> list[StoredEvent]:
+    async def _read(self, query: Executable, group_id: str, after: int, limit: int) -> list[StoredEvent]:
         async with self.engine.connect() as conn:
-            rows = await conn.execute(query)
+            rows = await conn.execute(query, {"g": group_id, "after": after, "n": limit})
             return [StoredEvent(int(r[0]), r[1], r[2], int(r[3]), bytes(r[4])) for r in rows]
 
     async def read_range(self, group_id: str, first: int, last: int) -> list[StoredEvent]:
@@ -391,7 +403,13 @@ def _writer_thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="event-store-writer")
 
 
-def _events_after(tier: Table, group_id: str, after: int) -> Select[Any]:
+def _events_after(tier: Table) -> Select[Any]:
     return select(tier.c.seq, tier.c.event_id, tier.c.type, tier.c.recorded_us, tier.c.envelope).where(
-        and_(tier.c.group_id == group_id, tier.c.seq > after)
+        and_(tier.c.group_id == bindparam("g"), tier.c.seq > bindparam("after"))
     )
+
+
+# Built once: the gateway reads on every delivery, and building a statement per call (and its cache
+# key) cost more than running it.
+_READ_ONLINE = _events_after(events).order_by(events.c.seq).limit(bindparam("n"))
+_READ_HISTORY = union_all(_events_after(events_archive), _events_after(events)).order_by("seq").limit(bindparam("n"))
