@@ -365,11 +365,11 @@ class _Connection:
                     await s.granted.wait()
                     s.granted.clear()
                 continue
-            batch = await authority.store.read(s.group_id, s.delivered, min(s.credits, MAX_EVENTS_PER_FRAME))
+            batch = await authority.read_online(s.group_id, s.delivered, min(s.credits, MAX_EVENTS_PER_FRAME))
             if not batch and await self._head(s.group_id) > s.delivered:
                 # The head moved past us: either an append landed after our read (read again) or the
                 # events we need were compacted away.
-                batch = await authority.store.read(s.group_id, s.delivered, min(s.credits, MAX_EVENTS_PER_FRAME))
+                batch = await authority.read_online(s.group_id, s.delivered, min(s.credits, MAX_EVENTS_PER_FRAME))
                 if not batch:
                     await self.too_old(s)
                     return

@@ -108,3 +108,23 @@ async def test_erasure_refusals_write_nothing(world: World) -> None:
     await w.run(w.owner, G, "message_amend", mask, membership_epoch=1)
     await w.run(w.owner, G, "message_amend", erase(message_id, CE.CONTENT_ERASURE_SECURITY_REDACTION), membership_epoch=1)
     await refused(w, w.owner, G, "message_amend", erase(message_id), R.REJECTION_REASON_INVALID_TRANSITION, membership_epoch=1)
+
+
+@pytest.mark.req("MW-7.4-04")
+async def test_after_an_erasure_the_gateway_replays_the_erased_copies(world: World) -> None:
+    """Subscribers replaying after an erasure get the rewritten events, never a copy kept in memory."""
+    from missionweave.v1 import gateway_service_pb2 as gpb
+    from tests.test_gateway import connected
+
+    w = world
+    conv = (await create(w)).mission.planning_conversation_id
+    posted = decode_events((await w.run(w.coordinator, G, "message_post", builders.message(conv, SECRET), membership_epoch=2)).events)[0]
+    live = await connected(w, w.owner)  # a follower that has seen the original
+    await live.send(subscribe=gpb.SubscribeFrame(subscription_id="live", group_id=G, initial_credits=1_000))
+    assert SECRET.encode() in b"".join(e.payload for e in (await live.until("event")).event.events)
+    await w.run(w.owner, G, "message_amend", erase(posted.message_posted.message_id), membership_epoch=1)
+    again = await connected(w, w.owner)
+    await again.send(subscribe=gpb.SubscribeFrame(subscription_id="replay", group_id=G, initial_credits=1_000))
+    replayed = (await again.until("event")).event
+    assert replayed.first_sequence == 1 and posted.sequence <= replayed.last_sequence
+    assert all(SECRET.encode() not in e.payload for e in replayed.events)

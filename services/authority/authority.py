@@ -41,6 +41,7 @@ from services.authority.progress import mission_progress
 from services.authority.rules.common import TERMINAL_MISSION_STATES, StoredArtifact
 from services.authority.state import GroupState
 from services.authority.store import AppendRequest, CommandRecord, EventStore, StoredEvent
+from services.authority.tail import LogTails
 from services.authority.views import group_state_proto
 from services.membership.registry import IdentityRegistry
 
@@ -78,6 +79,7 @@ class GroupAuthority:
         self.in_flight = 0
         self.artifacts = ArtifactIndex(store.engine)
         self.ingress = ingress or GroupIngressLimiter(0, 0)
+        self.tails = LogTails()
 
     # ------------------------------------------------------------ commands
 
@@ -211,6 +213,10 @@ class GroupAuthority:
                 # Readers' copy advances by the same events, in append order.
                 for event in pending.events:
                     owned.durable_state = decider.evolve(owned.durable_state, event)
+                if request.rewrites:
+                    self.tails.drop(group_id)  # an erasure replaced envelopes the tail may hold
+                else:
+                    self.tails.appended(group_id, request.expected_head, request.events)
             else:  # completions out of order (should not happen): rebuild from the log when next needed
                 self._forget(group_id, owned)
             self._wake(group_id)
@@ -451,9 +457,13 @@ class GroupAuthority:
         payload = snapshot.SerializeToString(deterministic=True)
         envelope = sign_envelope(payload, SNAPSHOT_TYPE, self.signing_key, self.key_id)
         digest = blake3.blake3(payload).hexdigest()
+        if compact:
+            self.tails.drop(group_id)  # compacted events must not be served as online any more
         await self.store.save_snapshot(
             group_id, state.head_sequence, digest, envelope.SerializeToString(), archival, to_micros(now), compact=compact
         )
+        if compact:
+            self.tails.drop(group_id)
         return envelope, digest, state.head_sequence
 
     async def state(self, group_id: str) -> GroupState | None:
@@ -469,8 +479,14 @@ class GroupAuthority:
             self._cache.popitem(last=False)
 
     def _forget(self, group_id: str, owned: _OwnedGroup) -> None:
+        self.tails.drop(group_id)
         if self._cache.get(group_id) is owned:
             del self._cache[group_id]
+
+    async def read_online(self, group_id: str, after: int, limit: int) -> list[StoredEvent]:
+        """The online log after ``after``: the just-appended tail from memory, else the database."""
+        cached = self.tails.read(group_id, after, limit) if group_id in self._cache else None
+        return cached if cached is not None else await self.store.read(group_id, after, limit)
 
     def _lock(self, group_id: str) -> _GroupLock:
         return _GroupLock(self._locks, group_id)
