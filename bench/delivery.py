@@ -45,6 +45,7 @@ call to the subscriber's handler seeing the event (keyed by command id / message
 
 from __future__ import annotations
 
+import abc
 import argparse
 import asyncio
 import contextlib
@@ -195,7 +196,7 @@ class Item:
 # ====================================================================== the systems
 
 
-class System:
+class System(abc.ABC):
     """What a phase needs from MissionWeave or NATS."""
 
     name = ""
@@ -212,25 +213,27 @@ class System:
         if self.recorder is not None:
             self.recorder.delivered(key)
 
+    @abc.abstractmethod
     def prepare(self, plan: list[tuple[int, str]], tag: str) -> list[Item]:
-        raise NotImplementedError
+        """The phase's items (Group index, payload), made ready to publish (signed ahead for MissionWeave)."""
 
+    @abc.abstractmethod
     async def publish(self, item: Item) -> str:
         """Publishes; returns "" when accepted, else the refusal reason. Raises on transport errors."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def lagging(self) -> int:
         """Subscriptions that have not yet handled their Group's head (SDK: cursor written; raw: ACK queued;
         NATS: msg.ack() sent)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def server_behind(self) -> tuple[int, int]:
         """(subscriptions whose ACK state on the server, stored cursor or ack floor, is short of the head;
         the events they are short by, summed)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def stop(self) -> None:
-        raise NotImplementedError
+        """Stop subscribers, clients and the server."""
 
 
 # ---------------------------------------------------------------------- MissionWeave

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -245,12 +246,12 @@ class _Connection:
         self.agent_id = ""
         self.session_epoch = 0
         self.subscriptions: dict[str, _Subscription] = {}
-        self.commands: set[asyncio.Task[None]] = set()
+        self.requests: set[asyncio.Task[None]] = set()  # COMMAND and FETCH being answered
         self.reader: asyncio.Task[None] | None = None
 
     def tasks(self) -> list[asyncio.Task[None]]:
         """Every task this stream started that has not finished yet."""
-        started = [self.reader, *(s.task for s in self.subscriptions.values()), *self.commands]
+        started = [self.reader, *(s.task for s in self.subscriptions.values()), *self.requests]
         return [task for task in started if task is not None and not task.done()]
 
     def go_away(self) -> None:
@@ -282,19 +283,21 @@ class _Connection:
         elif kind == "ack":
             await self.ack(frame.ack)
         elif kind == "command":
-            task = asyncio.create_task(self.command(frame.command))
-            self.commands.add(task)
-            task.add_done_callback(self.commands.discard)
+            self._answer(self.command(frame.command))
         elif kind == "unsubscribe":
             await self.unsubscribe(frame.unsubscribe.subscription_id)
         elif kind == "fetch":
-            task = asyncio.create_task(self.fetch(frame.fetch))
-            self.commands.add(task)
-            task.add_done_callback(self.commands.discard)
+            self._answer(self.fetch(frame.fetch))
         else:
             raise _Fatal(E.GATEWAY_ERROR_CODE_MALFORMED_FRAME, "unknown frame")
 
     # ------------------------------------------------------------ HELLO
+
+    def _answer(self, request: Coroutine[Any, Any, None]) -> None:
+        """Answer a request in its own task, so the reader goes on reading (tracked for close)."""
+        task = asyncio.create_task(request)
+        self.requests.add(task)
+        task.add_done_callback(self.requests.discard)
 
     async def hello(self, hello: pb.HelloFrame) -> None:
         claimed = (hello.agent_id, hello.session_epoch)
@@ -599,10 +602,7 @@ class _Connection:
         await self.send_frame(pb.ServerFrame(error=error), group_id)
 
     async def close(self) -> None:
-        await _cancel(self.reader)
-        for s in self.subscriptions.values():
-            await _cancel(s.task)
-        for task in list(self.commands):
+        for task in self.tasks():
             await _cancel(task)
 
 

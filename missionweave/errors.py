@@ -89,8 +89,10 @@ class Rejected(Exception):
         info.Pack(error_details_pb2.ErrorInfo(reason=self.reason_name, domain=DOMAIN, metadata=self.metadata))
         details = [rejection, info]
         if "retry_after_ms" in self.metadata:  # the standard detail generic gRPC retry logic reads
+            delay = duration_pb2.Duration()
+            delay.FromMilliseconds(int(self.metadata["retry_after_ms"]))
             retry = any_pb2.Any()
-            retry.Pack(error_details_pb2.RetryInfo(retry_delay=_duration_ms(int(self.metadata["retry_after_ms"]))))
+            retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
             details.append(retry)
         return status_pb2.Status(code=_CODES.get(self.reason, code_pb2.UNKNOWN), message=self.message, details=details)
 
@@ -100,9 +102,6 @@ class Rejected(Exception):
 
 _GRPC_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 
-
-def _duration_ms(ms: int) -> duration_pb2.Duration:
-    return duration_pb2.Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
 def from_proto(rejection: common_pb2.Rejection) -> Rejected:

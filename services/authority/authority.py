@@ -458,12 +458,12 @@ class GroupAuthority:
         envelope = sign_envelope(payload, SNAPSHOT_TYPE, self.signing_key, self.key_id)
         digest = blake3.blake3(payload).hexdigest()
         if compact:
-            self.tails.drop(group_id)  # compacted events must not be served as online any more
+            # Compacted events must not be served as online any more. Appends completing from here on
+            # start a fresh tail above the snapshot's sequence, so one drop before the move suffices.
+            self.tails.drop(group_id)
         await self.store.save_snapshot(
             group_id, state.head_sequence, digest, envelope.SerializeToString(), archival, to_micros(now), compact=compact
         )
-        if compact:
-            self.tails.drop(group_id)
         return envelope, digest, state.head_sequence
 
     async def state(self, group_id: str) -> GroupState | None:
