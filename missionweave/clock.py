@@ -45,10 +45,15 @@ class OffsetClock:
         return self.now()
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def to_timestamp(when: datetime) -> Timestamp:
-    ts = Timestamp()
-    ts.FromDatetime(when)
-    return ts
+    # Integer arithmetic on an aware datetime: exact, and several times cheaper than
+    # Timestamp.FromDatetime (every event is stamped on the Authority's hot path).
+    seconds, micros = divmod(to_micros(when), 1_000_000)
+    return Timestamp(seconds=seconds, nanos=micros * 1000)
 
 
 def from_timestamp(ts: Timestamp) -> datetime:
@@ -56,7 +61,10 @@ def from_timestamp(ts: Timestamp) -> datetime:
 
 
 def to_micros(when: datetime) -> int:
-    return int(when.timestamp() * 1_000_000)
+    """Microseconds since the epoch, exactly (``timestamp()`` goes through a float)."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return (when - _EPOCH) // _MICROSECOND
 
 
 def timestamp_micros(ts: Timestamp) -> int:

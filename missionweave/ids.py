@@ -25,12 +25,8 @@ def new_id(prefix: str) -> str:
 
 def derived_id(prefix: str, *parts: str) -> str:
     """A deterministic id from its inputs (same inputs, same id; distinct inputs, distinct ids)."""
-    h = blake3.blake3()
-    for part in parts:
-        encoded = part.encode("utf-8")
-        h.update(len(encoded).to_bytes(4, "big"))
-        h.update(encoded)
-    return f"{prefix}_{h.digest(13).hex()}"
+    framed = b"".join(len(e).to_bytes(4, "big") + e for e in (part.encode("utf-8") for part in parts))
+    return f"{prefix}_{blake3.blake3(framed).digest(13).hex()}"
 
 
 def suffix(identifier: str) -> str:

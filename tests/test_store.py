@@ -154,3 +154,44 @@ async def test_a_batch_that_fails_late_leaves_no_head_advanced(engine: AsyncEngi
     assert [e.sequence for e in await store.read("g2")] == [1]
     assert await store.find_command("g2", "c1") is None
     await store.close()
+
+
+async def _enqueued_together(store: EventStore, requests: list[AppendRequest]) -> list[BaseException | None]:
+    for req in requests:
+        store.enqueue(req)  # all queued before the writer runs: one batch
+    return await asyncio.gather(*(req.done for req in requests), return_exceptions=True)
+
+
+async def test_pipelined_appends_of_one_group_advance_its_head_once_per_batch(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Group's chained appends (each expecting the head its predecessor leaves) share one fenced
+    head advance with the other Groups of the batch: no per-request fallback, every event stored."""
+    store = EventStore(engine, ManualClock())
+    await asyncio.gather(*(store.append(request(g, 1, 0, 1, "c0", create=True)) for g in ("g1", "g2")))
+    per_request: list[str] = []
+    apply = store._apply
+    monkeypatch.setattr(store, "_apply", lambda ops, req, now, expires: per_request.append(req.command_id) or apply(ops, req, now, expires))
+    batches = store.batches
+    chain = [request("g1", 1, 1, 1, "c1"), request("g2", 1, 1, 1, "c1"), request("g1", 1, 2, 2, "c2"), request("g1", 1, 4, 1, "c3")]
+    assert await _enqueued_together(store, chain) == [None] * 4
+    assert store.batches == batches + 1 and per_request == []
+    assert (await store.head("g1"), await store.head("g2")) == (5, 2)
+    assert [e.sequence for e in await store.read("g1")] == [1, 2, 3, 4, 5]
+    await store.close()
+
+
+async def test_a_broken_chain_in_a_batch_fails_only_its_stale_append(engine: AsyncEngine) -> None:
+    """Two appends of one Group expecting the same head cannot both land: the fast path must not
+    merge them; the per-request path lets the first win and rejects the second, writing nothing."""
+    store = EventStore(engine, ManualClock())
+    await asyncio.gather(*(store.append(request(g, 1, 0, 1, "c0", create=True)) for g in ("g1", "g2")))
+    results = await _enqueued_together(
+        store, [request("g1", 1, 1, 1, "a"), request("g2", 1, 1, 1, "c1"), request("g1", 1, 1, 1, "b"), request("g1", 2, 2, 1, "fenced")]
+    )
+    assert results[0] is None and results[1] is None
+    assert isinstance(results[2], Rejected) and results[2].reason == R.REJECTION_REASON_REVISION_MISMATCH
+    assert isinstance(results[3], Rejected) and results[3].reason == R.REJECTION_REASON_WRITER_FENCED
+    assert (await store.head("g1"), await store.head("g2")) == (2, 2)
+    assert await store.find_command("g1", "b") is None and await store.find_command("g1", "fenced") is None
+    await store.close()

@@ -210,9 +210,7 @@ class GroupAuthority:
                 fingerprint_, request.expected_head + 1, request.expected_head + len(request.events)
             )
             if request.expected_head == owned.durable_head:
-                # Readers' copy advances by the same events, in append order.
-                for event in pending.events:
-                    owned.durable_state = decider.evolve(owned.durable_state, event)
+                owned.settle(pending.events)  # readers' copy advances by the same events, in append order
                 if request.rewrites:
                     self.tails.drop(group_id)  # an erasure replaced envelopes the tail may hold
                 else:
@@ -507,6 +505,11 @@ class GroupAuthority:
             pass
 
 
+# Durable events a Group's readers' copy applies at once: the command path only queues them (a
+# second fold per event on the loop's hot path), the next reader or this bound applies them.
+SETTLE_BATCH = 64
+
+
 @dataclass
 class _OwnedGroup:
     """A Group this instance owns: its writer epoch, folded state and accepted command ids.
@@ -518,12 +521,34 @@ class _OwnedGroup:
     writer_epoch: int
     state: GroupState | None
     commands: dict[str, CommandRecord]
-    durable_state: GroupState | None = None
+    _durable: GroupState | None = None
     pending: dict[str, _Pending] = field(default_factory=dict)
+    # Acknowledged events not yet folded into ``_durable`` (at most SETTLE_BATCH).
+    _unsettled: list[event_pb2.Event] = field(default_factory=list)
+    durable_head: int = -1
+
+    def __post_init__(self) -> None:
+        if self.durable_head < 0:
+            self.durable_head = self._durable.head_sequence if self._durable else 0
+
+    def settle(self, events: list[event_pb2.Event]) -> None:
+        """The store acknowledged ``events`` (the next ones after ``durable_head``)."""
+        self._unsettled.extend(events)
+        self.durable_head = events[-1].sequence
+        if len(self._unsettled) >= SETTLE_BATCH:
+            self._apply_unsettled()
 
     @property
-    def durable_head(self) -> int:
-        return self.durable_state.head_sequence if self.durable_state else 0
+    def durable_state(self) -> GroupState | None:
+        if self._unsettled:
+            self._apply_unsettled()
+        return self._durable
+
+    def _apply_unsettled(self) -> None:
+        state = self._durable
+        for event in self._unsettled:
+            state = decider.evolve(state, event)
+        self._durable, self._unsettled = state, []
 
 
 @dataclass

@@ -12,9 +12,23 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, and_, bindparam, insert, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    String,
+    Table,
+    Update,
+    and_,
+    bindparam,
+    column,
+    insert,
+    select,
+    update,
+    values,
+)
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import ClauseElement
@@ -74,9 +88,10 @@ def _named(names: Sequence[str], row: tuple[Any, ...]) -> dict[str, Any]:
 class SqlAlchemyOps:
     """Over a SQLAlchemy Connection (PostgreSQL via asyncpg, in ``AsyncConnection.run_sync``)."""
 
+    supports_batch_rowcount = True  # one UPDATE ... FROM (VALUES ...): a single statement's rowcount
+
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.supports_batch_rowcount = bool(conn.dialect.supports_sane_multi_rowcount)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -88,7 +103,7 @@ class SqlAlchemyOps:
 
     def advance_heads(self, rows: Sequence[tuple[Any, ...]]) -> bool:
         savepoint = self.conn.begin_nested()
-        result = self.conn.execute(ADVANCE_HEAD, [_named(HEAD_PARAMS, r) for r in rows])
+        result = self.conn.execute(_advance_heads_from(rows))
         if result.rowcount != len(rows):
             savepoint.rollback()
             return False
@@ -114,6 +129,19 @@ class SqlAlchemyOps:
             self.conn.execute(statement, [_named(REWRITE_PARAMS, r) for r in rows])
 
 
+def _advance_heads_from(rows: Sequence[tuple[Any, ...]]) -> Update:
+    """The fenced head advance of distinct Groups as one statement (rows in ``HEAD_PARAMS`` order)."""
+    v = values(
+        column("g", String), column("e", BigInteger), column("expected", BigInteger),
+        column("new_head", BigInteger), column("new_expiry", BigInteger), name="v",
+    ).data(list(rows))
+    return (
+        update(groups)
+        .where(and_(groups.c.group_id == v.c.g, groups.c.writer_epoch == v.c.e, groups.c.head_seq == v.c.expected))
+        .values(head_seq=v.c.new_head, lease_expires_us=v.c.new_expiry)
+    )
+
+
 def _qmark(statement: ClauseElement, names: Sequence[str]) -> str:
     """SQLite text of a Core statement, checked to take its parameters in ``names`` order."""
     compiled = statement.compile(dialect=sqlite_dialect.dialect(paramstyle="qmark"))
@@ -126,9 +154,34 @@ def _qmark(statement: ClauseElement, names: Sequence[str]) -> str:
 _SQLITE_ADVANCE_HEAD = _qmark(ADVANCE_HEAD, ("new_head", "new_expiry", "g", "e", "expected"))
 _SQLITE_HEAD_OF = _qmark(HEAD_OF, ("g",))
 _SQLITE_INSERT_GROUP = _qmark(INSERT_GROUP, GROUP_COLUMNS)
-_SQLITE_INSERT_EVENT = _qmark(INSERT_EVENT, EVENT_COLUMNS)
-_SQLITE_INSERT_COMMAND = _qmark(INSERT_COMMAND, COMMAND_COLUMNS)
 _SQLITE_REWRITE_ENVELOPE = [_qmark(statement, REWRITE_PARAMS) for statement in REWRITE_ENVELOPE]
+
+
+# SQLite's default bound-parameter limit before 3.32 (32766 since): safe on any build.
+_MAX_SQLITE_PARAMS = 999
+
+
+@lru_cache(maxsize=1024)
+def _sqlite_insert_many(table: Table, columns: tuple[str, ...], rows: int) -> str:
+    one = "(" + ",".join("?" * len(columns)) + ")"
+    return f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES " + ",".join([one] * rows)
+
+
+@lru_cache(maxsize=1024)
+def _sqlite_advance_heads(rows: int) -> str:
+    """The fenced head advance of ``rows`` distinct Groups in one UPDATE ... FROM (SQLite 3.33+).
+
+    Parameters are ``HEAD_PARAMS`` per row, flattened. Each Group appears once (the store collapses
+    a Group's chained appends first), so the number of changed rows says whether every fence held.
+    """
+    assert HEAD_PARAMS == ("g", "e", "expected", "new_head", "new_expiry")  # column1..column5 below
+    c = groups.c
+    values = ",".join(["(?,?,?,?,?)"] * rows)
+    return (
+        f"UPDATE {groups.name} SET {c.head_seq.name} = v.column4, {c.lease_expires_us.name} = v.column5 "
+        f"FROM (VALUES {values}) AS v WHERE {groups.name}.{c.group_id.name} = v.column1 "
+        f"AND {groups.name}.{c.writer_epoch.name} = v.column2 AND {groups.name}.{c.head_seq.name} = v.column3"
+    )
 
 
 def _head_qmark(row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -159,8 +212,11 @@ class SqliteOps:
         self.conn.commit()
 
     def advance_heads(self, rows: Sequence[tuple[Any, ...]]) -> bool:
+        # One statement for the whole batch: every sqlite3 call releases and retakes the GIL, and
+        # each retake waits for the event loop to yield it (up to a switch interval), so the number of
+        # calls per batch, not their work, is what the writer thread costs the loop (D48).
         self.conn.execute("SAVEPOINT advance")
-        matched = self.conn.executemany(_SQLITE_ADVANCE_HEAD, [_head_qmark(r) for r in rows]).rowcount
+        matched = self.conn.execute(_sqlite_advance_heads(len(rows)), [v for r in rows for v in r]).rowcount
         if matched != len(rows):
             self.conn.execute("ROLLBACK TO advance")
             self.conn.execute("RELEASE advance")
@@ -179,8 +235,12 @@ class SqliteOps:
         self.conn.execute(_SQLITE_INSERT_GROUP, row)
 
     def insert_rows(self, event_rows: Sequence[tuple[Any, ...]], command_rows: Sequence[tuple[Any, ...]]) -> None:
-        self.conn.executemany(_SQLITE_INSERT_EVENT, event_rows)
-        self.conn.executemany(_SQLITE_INSERT_COMMAND, command_rows)
+        # Multi-row VALUES rather than executemany: one sqlite3 call per table, not one per row (D48).
+        for table, columns, rows in ((events, EVENT_COLUMNS, event_rows), (commands, COMMAND_COLUMNS, command_rows)):
+            step = _MAX_SQLITE_PARAMS // len(columns)
+            for start in range(0, len(rows), step):
+                chunk = rows[start : start + step]
+                self.conn.execute(_sqlite_insert_many(table, columns, len(chunk)), [v for r in chunk for v in r])
 
     def rewrite_envelopes(self, rows: Sequence[tuple[Any, ...]]) -> None:
         for statement in _SQLITE_REWRITE_ENVELOPE:

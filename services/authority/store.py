@@ -334,8 +334,9 @@ class EventStore:
         try:
             with ops.transaction():
                 updates = [req for req in batch if not req.creates_group]
-                # Fast path: every head of the batch in one executemany (all matched, or nothing changed).
-                if len(updates) >= 2 and ops.supports_batch_rowcount and ops.advance_heads([_head_row(r, expires) for r in updates]):
+                heads = _chained_heads(updates, expires) if len(updates) >= 2 and ops.supports_batch_rowcount else None
+                # Fast path: every head of the batch at once (all matched, or nothing changed).
+                if heads is not None and ops.advance_heads(heads):
                     for req in batch:
                         if req.creates_group:
                             self._create(ops, req, now)
@@ -396,6 +397,22 @@ class EventStore:
 
 def _head_row(req: AppendRequest, expires: int) -> tuple[int | str, ...]:
     return (req.group_id, req.writer_epoch, req.expected_head, req.expected_head + len(req.events), expires)
+
+
+def _chained_heads(updates: list[AppendRequest], expires: int) -> list[tuple[int | str, ...]] | None:
+    """One head advance per Group: a Group's pipelined appends in a batch form a chain (each expects
+    the head its predecessor leaves), so together they move the head from the first expected to the
+    last new one. None when some Group's appends do not chain: the per-request path sorts them out."""
+    heads: dict[str, tuple[int | str, ...]] = {}
+    for req in updates:
+        row = _head_row(req, expires)
+        prior = heads.get(req.group_id)
+        if prior is not None:
+            if prior[1] != req.writer_epoch or prior[3] != req.expected_head:
+                return None
+            row = (req.group_id, req.writer_epoch, prior[2], row[3], expires)
+        heads[req.group_id] = row
+    return list(heads.values())
 
 
 def _writer_thread() -> ThreadPoolExecutor:
