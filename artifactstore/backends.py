@@ -7,6 +7,7 @@
 | MWP_S3_ENDPOINT      | (AWS S3)                        | S3-compatible endpoint URL (MinIO, Ceph, moto)   |
 | MWP_S3_REGION        | AWS_DEFAULT_REGION / AWS_REGION | client region, and where a new bucket is created |
 | MWP_S3_CREATE_BUCKET | false                           | create the bucket on first use when missing      |
+| MWP_BLOB_DIRECT_IO   | true                            | local backend: write large blobs with O_DIRECT   |
 | AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ... | boto3's chain | credentials (env, profile, instance role)  |
 
 Details: docs/artifacts-storage.md. The backend modules are imported lazily: the local default never
@@ -49,6 +50,7 @@ class BlobStoreConfig:
     s3_endpoint: str = ""
     s3_region: str = ""
     s3_create_bucket: bool = False
+    direct_io: bool = True
 
     @property
     def backend(self) -> str:
@@ -63,6 +65,7 @@ class BlobStoreConfig:
             s3_endpoint=e.get("MWP_S3_ENDPOINT", "").strip(),
             s3_region=e.get("MWP_S3_REGION", "").strip(),
             s3_create_bucket=e.get("MWP_S3_CREATE_BUCKET", "").strip().lower() in _TRUE,
+            direct_io=e.get("MWP_BLOB_DIRECT_IO", "true").strip().lower() in _TRUE,
         )
 
 
@@ -73,6 +76,7 @@ def make_blobstore(
     s3_endpoint: str = "",
     s3_region: str = "",
     s3_create_bucket: bool = False,
+    direct_io: bool = True,
 ) -> BlobStore:
     """The local store under ``data_dir`` unless a bucket is named, then S3.
 
@@ -92,7 +96,7 @@ def make_blobstore(
         )
     from artifactstore.local import LocalBlobStore
 
-    return LocalBlobStore(data_dir)
+    return LocalBlobStore(data_dir, direct_io=direct_io)
 
 
 def blobstore_from_config(config: BlobStoreConfig) -> BlobStore:
@@ -102,6 +106,7 @@ def blobstore_from_config(config: BlobStoreConfig) -> BlobStore:
         s3_endpoint=config.s3_endpoint,
         s3_region=config.s3_region,
         s3_create_bucket=config.s3_create_bucket,
+        direct_io=config.direct_io,
     )
 
 

@@ -26,13 +26,17 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TypeVar
 
+from artifactstore import direct_io
 from artifactstore.backends import check_digest, check_size
 from artifactstore.blobstore import CHUNK_BYTES
+from artifactstore.direct_io import DirectStage
 
 T = TypeVar("T")
 
 # Small writes are gathered and written with one writev: one thread hop per ~CHUNK_BYTES, not per call.
 _IOV_LIMIT = 512  # well under IOV_MAX (1024 on Linux)
+# Smaller blobs stay buffered: for them the staging copy and the fcntl calls outweigh the gain.
+DIRECT_MIN_BYTES = 4 * 1024 * 1024
 # Temp files older than this are leftovers of a crashed process (a live upload touches its file often).
 STALE_TEMP_SECONDS = 24 * 3600
 
@@ -40,8 +44,10 @@ STALE_TEMP_SECONDS = 24 * 3600
 class LocalBlobStore:
     name = "local"
 
-    def __init__(self, data_dir: Path | str, *, io_threads: int = 4) -> None:
+    def __init__(self, data_dir: Path | str, *, io_threads: int = 4, direct_io: bool = True) -> None:
         self.root = Path(data_dir) / "blobs"
+        # Temp files bypass the page cache where the filesystem allows it (artifactstore/direct_io.py).
+        self.direct_io = direct_io
         self.tmp_dir = self.root / "tmp"
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -73,7 +79,7 @@ class LocalBlobStore:
     async def open_writer(self, digest_hex: str, size: int) -> LocalBlobWriter:
         final = self.path_for(digest_hex)
         check_size(size)
-        temp = await self._run(_make_temp, self.tmp_dir, digest_hex)
+        temp = await self._run(_make_temp, self.tmp_dir, digest_hex, self.direct_io and size >= DIRECT_MIN_BYTES)
         return LocalBlobWriter(self, final, temp, size)
 
     def read(self, digest_hex: str, size: int, chunk_bytes: int = CHUNK_BYTES) -> AsyncIterator[bytes]:
@@ -84,24 +90,25 @@ class LocalBlobStore:
         return self._read_chunks(path, chunk_bytes)
 
     async def _read_chunks(self, path: Path, chunk_bytes: int) -> AsyncIterator[bytes]:
-        fd = await self._run(_open_for_read, path)
+        direct = self.direct_io and chunk_bytes % direct_io.ALIGN == 0
+        reader = await self._run(_open_for_read, path, chunk_bytes, direct)
         # One read always in flight: the disk works on chunk n+1 while the caller hashes chunk n.
         # concurrent.futures (not asyncio) futures: their done() means the thread let go of the fd.
-        pending = self._pool.submit(os.read, fd, chunk_bytes)
+        pending = self._pool.submit(reader.read)
         try:
             while True:
                 data = await asyncio.wrap_future(pending)
                 if not data:
                     break
-                pending = self._pool.submit(os.read, fd, chunk_bytes)
+                pending = self._pool.submit(reader.read)
                 yield data
         finally:
             # Close only after the thread has finished with the fd: closing under a running read
             # could hand the fd number to another open() and the read would return foreign bytes.
             if pending.done():
-                os.close(fd)
+                reader.close()
             else:
-                pending.add_done_callback(lambda _f: os.close(fd))
+                pending.add_done_callback(lambda _f: reader.close())
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown, True)
@@ -155,7 +162,7 @@ class LocalBlobWriter:
         await self._drain()
         if self._pending:
             bufs, self._pending, self._pending_bytes = self._pending, [], 0
-            self._temp.inflight = self._store._pool.submit(_write_all, self._temp.fd, bufs)
+            self._temp.inflight = self._store._pool.submit(self._temp.write, bufs)
 
     async def _drain(self) -> None:
         """Wait for the write in flight; its error (ENOSPC, EIO) breaks the writer for good."""
@@ -211,15 +218,32 @@ class _Temp:
     another open() reuse the fd number and receive our bytes.
     """
 
-    __slots__ = ("fd", "inflight", "path")
+    __slots__ = ("fd", "inflight", "path", "stage")
 
-    def __init__(self, fd: int, path: str) -> None:
+    def __init__(self, fd: int, path: str, stage: DirectStage | None = None) -> None:
         self.fd = fd
         self.path: str | None = path
         self.inflight: concurrent.futures.Future[None] | None = None
+        self.stage = stage  # set when the file is open for direct I/O
+
+    def write(self, bufs: list[bytes]) -> None:
+        if self.stage is not None:
+            self.stage.write(self.fd, bufs)
+        else:
+            _write_all(self.fd, bufs)
+
+    def sync(self) -> None:
+        """Everything written is on disk (the direct-I/O tail first)."""
+        if self.stage is not None:
+            self.stage.finish(self.fd)
+            self.stage = None
+        os.fsync(self.fd)
 
     def close(self) -> None:
         fd, self.fd = self.fd, -1
+        if self.stage is not None:
+            self.stage.close()
+            self.stage = None
         if fd >= 0:
             os.close(fd)
 
@@ -251,20 +275,26 @@ def _file_size(path: Path) -> int | None:
         return None
 
 
-def _make_temp(tmp_dir: Path, digest_hex: str) -> _Temp:
+def _make_temp(tmp_dir: Path, digest_hex: str, direct: bool = False) -> _Temp:
     # The digest prefix only helps an operator recognise the upload; uniqueness comes from mkstemp.
     fd, path = tempfile.mkstemp(prefix=digest_hex[:16] + "-", suffix=".part", dir=tmp_dir)
-    return _Temp(fd, path)
+    return _Temp(fd, path, DirectStage() if direct and direct_io.enable(fd) else None)
 
 
-def _open_for_read(path: Path) -> int:
+def _open_for_read(path: Path, chunk_bytes: int, direct: bool) -> direct_io.ChunkReader:
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise KeyError(path.name) from None
+    # Large blobs bypass the page cache both ways (the cache is better spent on the index database
+    # and small blobs); the rest is read through it, with the kernel's larger sequential read-ahead.
+    if direct and os.fstat(fd).st_size >= DIRECT_MIN_BYTES:
+        reader = direct_io.DirectReader.open(fd, chunk_bytes)
+        if reader is not None:
+            return reader
     if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger kernel read-ahead
-    return fd
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    return direct_io.BufferedReader(fd, chunk_bytes)
 
 
 def _write_all(fd: int, bufs: list[bytes]) -> None:
@@ -281,7 +311,7 @@ def _write_all(fd: int, bufs: list[bytes]) -> None:
 
 def _publish(temp: _Temp, final: Path, size: int) -> None:
     assert temp.path is not None and temp.inflight is None
-    os.fsync(temp.fd)  # the bytes are on disk before any name points at them
+    temp.sync()  # the bytes are on disk before any name points at them
     temp.close()
     if _file_size(final) == size:
         # Idempotent: the same digest and size are already stored (the verification layer proved our

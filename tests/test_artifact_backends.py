@@ -14,6 +14,7 @@ import asyncio
 import gc
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,9 +24,10 @@ from typing import Any
 import blake3
 import pytest
 
+from artifactstore import direct_io
 from artifactstore.backends import BlobStoreConfig, blobstore_from_env, make_blobstore
 from artifactstore.blobstore import CHUNK_BYTES, EMPTY_BLAKE3, MAX_BLOB_BYTES, BlobStore
-from artifactstore.local import STALE_TEMP_SECONDS, LocalBlobStore
+from artifactstore.local import DIRECT_MIN_BYTES, STALE_TEMP_SECONDS, LocalBlobStore
 from artifactstore.s3 import MAX_PARTS, MIN_PART_BYTES, S3BlobStore, part_size_for
 
 S3_ENDPOINT = os.environ.get("MWP_TEST_S3_ENDPOINT", "")
@@ -44,11 +46,15 @@ def _s3_test_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "local-direct", "s3"])
 async def blobstore(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[BlobStore]:
+    """``local`` as configured by default (direct I/O from 4 MiB); ``local-direct`` with direct I/O
+    for every blob, so each test below also runs through the aligned staging and reads."""
     store: BlobStore
+    if request.param == "local-direct":
+        monkeypatch.setattr("artifactstore.local.DIRECT_MIN_BYTES", 0)
     if request.param == "s3":
         if not S3_ENDPOINT:
             pytest.skip("S3 variant needs MWP_TEST_S3_ENDPOINT (.ci/run starts moto's server and sets it)")
@@ -372,10 +378,10 @@ async def test_failed_write_breaks_the_writer(blobstore: BlobStore, monkeypatch:
     if isinstance(blobstore, LocalBlobStore):
         import artifactstore.local
 
-        def disk_full(fd: int, bufs: list[bytes]) -> None:
+        def disk_full(self: object, bufs: list[bytes]) -> None:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(artifactstore.local, "_write_all", disk_full)
+        monkeypatch.setattr(artifactstore.local._Temp, "write", disk_full)  # buffered and direct I/O alike
     else:
         assert isinstance(blobstore, S3BlobStore)
 
@@ -489,6 +495,54 @@ async def test_local_layout(tmp_path: Path) -> None:
         assert os.listdir(store.tmp_dir) == []
     finally:
         await store.close()
+
+
+def _direct_io_supported(directory: Path) -> bool:
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, path = tempfile.mkstemp(dir=directory)
+    try:
+        return direct_io.enable(fd)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_large_local_blobs_bypass_the_page_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, enabled: bool) -> None:
+    """From DIRECT_MIN_BYTES the local backend writes and reads with O_DIRECT (D49), through aligned
+    buffers, with an unaligned tail; ``direct_io=False`` (MWP_BLOB_DIRECT_IO=false) keeps the cache."""
+    if enabled and not _direct_io_supported(tmp_path / "probe"):
+        pytest.skip("this filesystem refuses O_DIRECT (the backend then stays buffered)")
+    calls = {"write": 0, "read": 0}
+    stage_write, direct_read = direct_io.DirectStage.write, direct_io.DirectReader.read
+
+    def counted_write(self: direct_io.DirectStage, fd: int, bufs: list[bytes]) -> None:
+        calls["write"] += 1
+        stage_write(self, fd, bufs)
+
+    def counted_read(self: direct_io.DirectReader) -> bytes:
+        calls["read"] += 1
+        return direct_read(self)
+
+    monkeypatch.setattr(direct_io.DirectStage, "write", counted_write)
+    monkeypatch.setattr(direct_io.DirectReader, "read", counted_read)
+    store = LocalBlobStore(tmp_path / "data", direct_io=enabled)
+    try:
+        size = DIRECT_MIN_BYTES + 3 * 4096 + 5  # aligned body plus a 5-byte tail
+        data, digest_hex = blob(size, seed=49)
+        await put_blob(store, data, write_bytes=1_000_003)  # pieces that never line up with 4 KiB
+        assert store.path_for(digest_hex).read_bytes() == data
+        assert await read_blob(store, digest_hex, size) == data
+        assert (calls["write"] > 0 and calls["read"] > 0) is enabled
+        assert (calls["write"] == 0 and calls["read"] == 0) is not enabled
+        assert os.listdir(store.tmp_dir) == []
+    finally:
+        await store.close()
+
+
+def test_direct_io_can_be_switched_off_by_env(tmp_path: Path) -> None:
+    assert BlobStoreConfig.from_env(tmp_path, {}).direct_io is True
+    assert BlobStoreConfig.from_env(tmp_path, {"MWP_BLOB_DIRECT_IO": "false"}).direct_io is False
 
 
 async def test_local_sweeps_stale_temps_at_start(tmp_path: Path) -> None:
