@@ -1,6 +1,8 @@
 """Gateway tables: the acknowledged cursor per (agent, Group), durable across reconnects (MW-16-06)."""
 
 from sqlalchemy import BigInteger, Column, String, Table
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.dml import Insert
 
 from missionweave.db import METADATA
 
@@ -12,3 +14,14 @@ cursors = Table(
     Column("cursor", BigInteger, nullable=False),
     Column("updated_us", BigInteger, nullable=False),
 )
+
+
+def cursor_upsert(dialect: str) -> Insert:
+    """Store acknowledged cursors, only ever forward (MW-16-06/07): insert, or raise a lower one.
+    Rows: agent_id, group_id, cursor, updated_us. SQLite (3.24+) and PostgreSQL share the syntax."""
+    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(cursors)
+    return ins.on_conflict_do_update(
+        index_elements=[cursors.c.agent_id, cursors.c.group_id],
+        set_={"cursor": ins.excluded.cursor, "updated_us": ins.excluded.updated_us},
+        where=cursors.c.cursor < ins.excluded.cursor,
+    )

@@ -19,13 +19,13 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
-from sqlalchemy import and_, insert, select, update
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.attention import may_see, wanted
 from gateway.fetch import FetchRefused, as_ranges, cited_for, requested
 from gateway.outbox import Outbox
-from gateway.schema import cursors
+from gateway.schema import cursor_upsert, cursors
 from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
 from missionweave.errors import Rejected, abort_with
@@ -83,6 +83,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         self.authority = authority
         self.registry = registry
         self.engine = engine
+        self._cursor_upsert = cursor_upsert(engine.dialect.name)
         self.clock = clock
         self.connections: set[_Connection] = set()
         self.stopping = False
@@ -210,16 +211,14 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         """The acknowledged cursors per (agent, Group), durable (MW-16-06/07), only ever forward; ACK
         never deletes history (MW-16-09)."""
         now = to_micros(self.clock.now())
+        # One statement for every row (a single round trip, a short write transaction: it shares
+        # SQLite's one write lock with the Authority's group commit).
+        params = [
+            {"agent_id": agent_id, "group_id": group_id, "cursor": cursor, "updated_us": now}
+            for (agent_id, group_id), cursor in rows.items()
+        ]
         async with self.engine.begin() as conn:
-            for (agent_id, group_id), cursor in rows.items():
-                mine = and_(cursors.c.agent_id == agent_id, cursors.c.group_id == group_id)
-                updated = await conn.execute(
-                    update(cursors).where(mine, cursors.c.cursor < cursor).values(cursor=cursor, updated_us=now)
-                )
-                if updated.rowcount == 0 and (await conn.execute(select(cursors.c.cursor).where(mine))).first() is None:
-                    await conn.execute(
-                        insert(cursors).values(agent_id=agent_id, group_id=group_id, cursor=cursor, updated_us=now)
-                    )
+            await conn.execute(self._cursor_upsert, params)
 
     @finish_on_cancel
     async def stored_cursor(self, agent_id: str, group_id: str) -> int:

@@ -80,6 +80,9 @@ class GroupAuthority:
         self.artifacts = ArtifactIndex(store.engine)
         self.ingress = ingress or GroupIngressLimiter(0, 0)
         self.tails = LogTails()
+        # Half the ownership lease, counted from before the store renewed it: a safe bound on how long
+        # no other instance can take a Group over (it may only once the lease has expired).
+        self._lease_margin_us = int(store.ownership_ttl.total_seconds() * 1_000_000) // 2
 
     # ------------------------------------------------------------ commands
 
@@ -211,6 +214,7 @@ class GroupAuthority:
             )
             if request.expected_head == owned.durable_head:
                 owned.settle(pending.events)  # readers' copy advances by the same events, in append order
+                owned.sole_writer_until_us = max(owned.sole_writer_until_us, pending.decided_us + self._lease_margin_us)
                 if request.rewrites:
                     self.tails.drop(group_id)  # an erasure replaced envelopes the tail may hold
                 else:
@@ -259,7 +263,7 @@ class GroupAuthority:
         result = command_pb2.CommandResult(
             command_id=command.command_id, group_id=group_id, events=envelopes, group_revision=state.head_sequence
         )
-        pending = _Pending(owned, request, decision, result, fingerprint_)
+        pending = _Pending(owned, request, decision, result, fingerprint_, to_micros(ctx.now))
         # The next command of this Group decides on this state (speculative until durable).
         owned.state = state
         owned.pending[command.command_id] = pending
@@ -359,6 +363,7 @@ class GroupAuthority:
         if cached is not None:
             self._cache.move_to_end(group_id)
             return cached
+        taken_us = to_micros(self.clock.now())
         acquired = await self.store.acquire(group_id)
         if acquired is None:
             # The Group does not exist yet: a creating command takes writer epoch 1. Not cached, so a
@@ -368,6 +373,7 @@ class GroupAuthority:
         state = await self.fold(group_id)
         # Two copies: ``evolve`` mutates, and the speculative one runs ahead of the durable one.
         owned = _OwnedGroup(writer_epoch, state, await self.store.commands_of(group_id), copy.deepcopy(state))
+        owned.sole_writer_until_us = taken_us + self._lease_margin_us
         self._remember(group_id, owned)
         return owned
 
@@ -482,9 +488,20 @@ class GroupAuthority:
             del self._cache[group_id]
 
     async def read_online(self, group_id: str, after: int, limit: int) -> list[StoredEvent]:
-        """The online log after ``after``: the just-appended tail from memory, else the database."""
-        cached = self.tails.read(group_id, after, limit) if group_id in self._cache else None
-        return cached if cached is not None else await self.store.read(group_id, after, limit)
+        """The online log after ``after``: the just-appended tail from memory, else the database.
+
+        A follower that has caught up with a Group this instance writes is told so from memory too,
+        while this instance's ownership lease certainly holds (nobody else can have appended):
+        otherwise every caught-up subscriber cost a query per delivery.
+        """
+        owned = self._cache.get(group_id)
+        if owned is not None:
+            cached = self.tails.read(group_id, after, limit)
+            if cached is not None:
+                return cached
+            if after >= owned.durable_head and to_micros(self.clock.now()) < owned.sole_writer_until_us:
+                return []
+        return await self.store.read(group_id, after, limit)
 
     def _lock(self, group_id: str) -> _GroupLock:
         return _GroupLock(self._locks, group_id)
@@ -526,6 +543,8 @@ class _OwnedGroup:
     # Acknowledged events not yet folded into ``_durable`` (at most SETTLE_BATCH).
     _unsettled: list[event_pb2.Event] = field(default_factory=list)
     durable_head: int = -1
+    # Until then (µs since the epoch) this instance is certainly the Group's only writer.
+    sole_writer_until_us: int = 0
 
     def __post_init__(self) -> None:
         if self.durable_head < 0:
@@ -560,6 +579,7 @@ class _Pending:
     events: list[event_pb2.Event]
     result: command_pb2.CommandResult
     fingerprint: bytes
+    decided_us: int  # before the append's commit, so before the ownership lease it renews
 
 
 class _LockEntry:
