@@ -353,3 +353,16 @@ async def test_attention_filters_skip_the_rest_which_stays_retrievable(world: Wo
     )
     summary = (await owner.until("event")).event
     assert summary.events and not any(b"general chatter" in e.payload for e in summary.events)
+
+
+@pytest.mark.req("MW-16-06", "MW-16-07")
+async def test_stored_ack_cursors_only_move_forward_in_one_flush(world: World) -> None:
+    """The write-behind flush stores every noted cursor with one upsert: new rows are inserted,
+    higher cursors raise the stored one, a lower one (a stale or replayed ACK) changes nothing."""
+    gateway = world.mesh.gateway  # type: ignore[attr-defined]
+    await gateway.store_cursors({("agent-a", "grp_1"): 5, ("agent-b", "grp_1"): 3, ("agent-a", "grp_2"): 9})
+    await gateway.store_cursors({("agent-a", "grp_1"): 4, ("agent-b", "grp_1"): 7, ("agent-a", "grp_2"): 9})
+    assert await gateway.stored_cursor("agent-a", "grp_1") == 5
+    assert await gateway.stored_cursor("agent-b", "grp_1") == 7
+    assert await gateway.stored_cursor("agent-a", "grp_2") == 9
+    assert await gateway.stored_cursor("agent-b", "grp_2") == 0

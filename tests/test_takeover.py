@@ -43,10 +43,24 @@ async def test_takeover_fences_the_old_instance_and_never_interleaves(db_url: st
             await cb.execute(post("via b"))
         rejection = rejection_from_rpc_error(info.value)
         assert rejection and rejection.reason == R.REJECTION_REASON_NOT_OWNER and rejection.metadata["owner"] == "auth-a"
+        # A caught-up follower of a's Group is answered from a's memory while a's lease holds.
+        follower_queries: list[int] = []
+        store_read = a.authority.store.read
+
+        async def counted_read(group_id: str, after: int = 0, limit: int = 1024) -> list:  # type: ignore[type-arg]
+            follower_queries.append(after)
+            return await store_read(group_id, after, limit)
+
+        a.authority.store.read = counted_read  # type: ignore[method-assign]
+        assert await a.authority.read_online("grp_t", 5, 100) == [] and follower_queries == []
         # a goes quiet past its lease; b takes the Group over with a higher writer epoch.
         clock.advance(seconds=31)
         taken = await cb.execute(post("b owns it now"))
         assert taken.group_revision == 6
+        # a's followers (its gateway) still see b's append: past half its lease a no longer trusts
+        # its own view of the head and asks the database (MW-16-01: nothing is skipped).
+        assert [e.sequence for e in await a.authority.read_online("grp_t", 5, 100)] == [6]
+        assert follower_queries == [5]
         # a still caches writer epoch 1: its append is fenced and it cannot take the Group back.
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await ca.execute(post("late write from a"))
