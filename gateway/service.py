@@ -513,9 +513,11 @@ class _Connection:
                 s.acked = cursor.cursor
                 self.gateway.note_cursor(self.agent_id, s.group_id, cursor.cursor)
             if cursor.credits:
+                reopened = s.credits == 0
                 s.credits += cursor.credits
                 s.granted.set()
-                await self.flow(s, pb.FLOW_REASON_CREDIT_GRANTED, pb.FLOW_STATE_OPEN)
+                if reopened:  # a paused subscription resumes; grants to an open window are not echoed
+                    await self.flow(s, pb.FLOW_REASON_CREDIT_GRANTED, pb.FLOW_STATE_OPEN)
 
     async def unsubscribe(self, subscription_id: str) -> None:
         s = self.subscriptions.pop(subscription_id, None)

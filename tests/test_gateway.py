@@ -366,3 +366,32 @@ async def test_stored_ack_cursors_only_move_forward_in_one_flush(world: World) -
     assert await gateway.stored_cursor("agent-b", "grp_1") == 7
     assert await gateway.stored_cursor("agent-a", "grp_2") == 9
     assert await gateway.stored_cursor("agent-b", "grp_2") == 0
+
+
+@pytest.mark.req("MW-8-17")
+async def test_flow_reports_a_paused_window_reopening_but_not_every_grant(world: World) -> None:
+    """FLOW frames carry state changes of the credit window: PAUSED when it is used up, OPEN again
+    (CREDIT_GRANTED) when an ACK refills it. Grants to a window that is still open are not echoed,
+    which would double the frames per delivery."""
+    w = world
+    conv = (await create(w)).mission.planning_conversation_id
+    head = (await w.client.group_state(G)).head_sequence
+    stream = await connected(w, w.owner)
+    await stream.send(
+        subscribe=pb.SubscribeFrame(subscription_id="s1", group_id=G, after_sequence=head, initial_credits=1)
+    )
+    assert (await stream.until("flow")).flow.reason == pb.FLOW_REASON_SUBSCRIBED
+    await w.run(w.owner, G, "message_post", builders.message(conv, "one"), membership_epoch=1)
+    assert [e.sequence for e in decode_events((await stream.until("event")).event.events)] == [head + 1]
+    assert (await stream.recv()).flow.reason == pb.FLOW_REASON_CREDIT_EXHAUSTED
+    await stream.send(ack=pb.AckFrame(cursors=[pb.CursorAck(subscription_id="s1", cursor=head + 1, credits=5)]))
+    reopened = (await stream.recv()).flow
+    assert (reopened.reason, reopened.state, reopened.credits) == (pb.FLOW_REASON_CREDIT_GRANTED, pb.FLOW_STATE_OPEN, 5)
+    # An open window: the grant is silent, the next frame is the next event.
+    await stream.send(ack=pb.AckFrame(cursors=[pb.CursorAck(subscription_id="s1", cursor=head + 1, credits=3)]))
+    await w.run(w.owner, G, "message_post", builders.message(conv, "two"), membership_epoch=1)
+    frame = await stream.recv()
+    assert frame.WhichOneof("frame") == "event"
+    # 5 - 1 + 3 once the second grant is counted (it may land just after this event was sent: 5 - 1)
+    assert frame.event.credits_remaining in (7, 4)
+    await stream.call.done_writing()
