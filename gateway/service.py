@@ -15,6 +15,7 @@ import os
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import lru_cache
 from typing import Any
 
 import grpc
@@ -36,7 +37,7 @@ from missionweave.signing import (
     sign_envelope,
     verify_signature,
 )
-from missionweave.v1 import authority_service_pb2, common_pb2
+from missionweave.v1 import authority_service_pb2, common_pb2, event_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
 from services.authority.authority import GroupAuthority, decode_event
@@ -233,6 +234,14 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         return int(row[0]) if row else 0
 
 
+@lru_cache(maxsize=4096)
+def _decoded(envelope: bytes) -> tuple[common_pb2.SignedEnvelope, event_pb2.Event]:
+    """An event parsed once for all its subscribers: the log tail hands each the same bytes object
+    (whose hash Python keeps). Shared, so read-only: frames copy the envelope when they append it."""
+    event_envelope = common_pb2.SignedEnvelope.FromString(envelope)
+    return event_envelope, event_pb2.Event.FromString(event_envelope.payload)
+
+
 GOING_AWAY_MESSAGE = "the gateway is shutting down: reconnect and resume from your cursors"
 
 
@@ -397,8 +406,7 @@ class _Connection:
             )
             frame.first_sequence, frame.last_sequence = batch[0].sequence, batch[-1].sequence
             for stored in batch:
-                envelope = common_pb2.SignedEnvelope.FromString(stored.envelope)
-                event = decode_event(stored.envelope)
+                envelope, event = _decoded(stored.envelope)
                 if may_see(state, self.agent_id, event) and wanted(state, self.agent_id, event, s.attention):
                     frame.events.append(envelope)
                 else:

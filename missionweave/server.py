@@ -7,8 +7,8 @@ reflection. SIGTERM/SIGINT drain in-flight calls and queued appends before exit.
 from __future__ import annotations
 
 import asyncio
-import gc
 import contextlib
+import gc
 import logging
 import signal
 import sys

@@ -517,7 +517,10 @@ class GroupAuthority:
         """Resolves when the Group gets new events (in this process) or after ``timeout``."""
         waiter = self._appended.setdefault(group_id, asyncio.Event())
         try:
-            await asyncio.wait_for(waiter.wait(), timeout)
+            # asyncio.timeout, not wait_for: every caught-up subscriber waits here after each delivery,
+            # and wait_for wraps the wait in a task of its own.
+            async with asyncio.timeout(timeout):
+                await waiter.wait()
         except TimeoutError:
             pass
 
