@@ -52,7 +52,7 @@ import json
 import logging
 import os
 import random
-import tempfile
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass, replace
@@ -599,14 +599,28 @@ class Backoff:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Writes ``data`` to ``path`` atomically: temporary file (mode 0600), fsync, rename, fsync directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Writes ``data`` to ``path`` atomically: temporary file (mode 0600), fsync, rename, fsync directory.
+
+    Lean on purpose: an agent saves its cursor after every event, on a pool thread, and every Python
+    step here holds the GIL its event loop needs. The temp name is unique per process and thread
+    (no random name, no mkdir unless the directory is missing).
+    """
+    payload = json.dumps(data, sort_keys=True).encode()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
+        fd = os.open(tmp, flags, 0o600)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, flags, 0o600)
+    try:
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
