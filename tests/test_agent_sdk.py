@@ -484,7 +484,7 @@ async def test_restricted_messages_are_skipped_yet_the_cursor_reaches_the_head(
     assert not any(e.message_posted.content.text == "hunter2" for e in seen)
 
 
-@pytest.mark.req("MW-16-13")
+@pytest.mark.req("MW-16-13", "MW-16-14")
 async def test_commands_over_the_stream_are_idempotent_and_refusals_are_typed(
     world: World, tmp_path: Path
 ) -> None:

@@ -368,7 +368,7 @@ async def test_stored_ack_cursors_only_move_forward_in_one_flush(world: World) -
     assert await gateway.stored_cursor("agent-b", "grp_2") == 0
 
 
-@pytest.mark.req("MW-8-17")
+@pytest.mark.req("MW-8-17", "MW-16-08")
 async def test_flow_reports_a_paused_window_reopening_but_not_every_grant(world: World) -> None:
     """FLOW frames carry state changes of the credit window: PAUSED when it is used up, OPEN again
     (CREDIT_GRANTED) when an ACK refills it. Grants to a window that is still open are not echoed,
