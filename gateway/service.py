@@ -234,12 +234,24 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         return int(row[0]) if row else 0
 
 
-@lru_cache(maxsize=4096)
+# Parsed events kept for the subscribers of the same append; large ones are parsed each time, so the
+# cache holds at most DECODED_CACHE x DECODED_MAX_BYTES of envelopes (plus their parsed copies).
+DECODED_CACHE = 1024
+DECODED_MAX_BYTES = 16 * 1024
+
+
 def _decoded(envelope: bytes) -> tuple[common_pb2.SignedEnvelope, event_pb2.Event]:
     """An event parsed once for all its subscribers: the log tail hands each the same bytes object
     (whose hash Python keeps). Shared, so read-only: frames copy the envelope when they append it."""
+    return _parse_event(envelope) if len(envelope) > DECODED_MAX_BYTES else _parse_cached(envelope)
+
+
+def _parse_event(envelope: bytes) -> tuple[common_pb2.SignedEnvelope, event_pb2.Event]:
     event_envelope = common_pb2.SignedEnvelope.FromString(envelope)
     return event_envelope, event_pb2.Event.FromString(event_envelope.payload)
+
+
+_parse_cached = lru_cache(maxsize=DECODED_CACHE)(_parse_event)
 
 
 GOING_AWAY_MESSAGE = "the gateway is shutting down: reconnect and resume from your cursors"

@@ -162,11 +162,14 @@ async def _enqueued_together(store: EventStore, requests: list[AppendRequest]) -
     return await asyncio.gather(*(req.done for req in requests), return_exceptions=True)
 
 
+@pytest.mark.parametrize("update_from", [True, False], ids=["update-from", "sqlite-before-3.33"])
 async def test_pipelined_appends_of_one_group_advance_its_head_once_per_batch(
-    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, update_from: bool
 ) -> None:
     """A Group's chained appends (each expecting the head its predecessor leaves) share one fenced
-    head advance with the other Groups of the batch: no per-request fallback, every event stored."""
+    head advance with the other Groups of the batch: no per-request fallback, every event stored.
+    Also with the per-Group statement SQLite libraries older than 3.33 get."""
+    monkeypatch.setattr("services.authority.batch_sql._SQLITE_HAS_UPDATE_FROM", update_from)
     store = EventStore(engine, ManualClock())
     await asyncio.gather(*(store.append(request(g, 1, 0, 1, "c0", create=True)) for g in ("g1", "g2")))
     per_request: list[str] = []
@@ -181,9 +184,13 @@ async def test_pipelined_appends_of_one_group_advance_its_head_once_per_batch(
     await store.close()
 
 
-async def test_a_broken_chain_in_a_batch_fails_only_its_stale_append(engine: AsyncEngine) -> None:
+@pytest.mark.parametrize("update_from", [True, False], ids=["update-from", "sqlite-before-3.33"])
+async def test_a_broken_chain_in_a_batch_fails_only_its_stale_append(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, update_from: bool
+) -> None:
     """Two appends of one Group expecting the same head cannot both land: the fast path must not
     merge them; the per-request path lets the first win and rejects the second, writing nothing."""
+    monkeypatch.setattr("services.authority.batch_sql._SQLITE_HAS_UPDATE_FROM", update_from)
     store = EventStore(engine, ManualClock())
     await asyncio.gather(*(store.append(request(g, 1, 0, 1, "c0", create=True)) for g in ("g1", "g2")))
     results = await _enqueued_together(

@@ -157,6 +157,9 @@ _SQLITE_INSERT_GROUP = _qmark(INSERT_GROUP, GROUP_COLUMNS)
 _SQLITE_REWRITE_ENVELOPE = [_qmark(statement, REWRITE_PARAMS) for statement in REWRITE_ENVELOPE]
 
 
+# UPDATE ... FROM arrived in SQLite 3.33 (2020); older libraries (still shipped by some LTS
+# distributions) get the per-Group statement instead.
+_SQLITE_HAS_UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
 # SQLite's default bound-parameter limit before 3.32 (32766 since): safe on any build.
 _MAX_SQLITE_PARAMS = 999
 
@@ -216,7 +219,10 @@ class SqliteOps:
         # each retake waits for the event loop to yield it (up to a switch interval), so the number of
         # calls per batch, not their work, is what the writer thread costs the loop (D48).
         self.conn.execute("SAVEPOINT advance")
-        matched = self.conn.execute(_sqlite_advance_heads(len(rows)), [v for r in rows for v in r]).rowcount
+        if _SQLITE_HAS_UPDATE_FROM:
+            matched = self.conn.execute(_sqlite_advance_heads(len(rows)), [v for r in rows for v in r]).rowcount
+        else:  # SQLite before 3.33: one execution per Group (rows are distinct Groups either way)
+            matched = self.conn.executemany(_SQLITE_ADVANCE_HEAD, [_head_qmark(r) for r in rows]).rowcount
         if matched != len(rows):
             self.conn.execute("ROLLBACK TO advance")
             self.conn.execute("RELEASE advance")
