@@ -129,6 +129,9 @@ log = logging.getLogger("missionweave.agent")
 
 CLIENT_VERSION = f"missionweave-py/{__version__}"
 MAX_CREDITS = 65_536
+# ACKs of all subscriptions queued within this window go out as one ACK frame: under a busy Group an
+# agent would otherwise write one frame per event per subscription, on its stream and the gateway's.
+ACK_COALESCE_S = 0.002
 E = pb.GatewayErrorCode
 R = common_pb2.RejectionReason
 _clock = SystemClock()
@@ -1234,6 +1237,10 @@ class Agent:
         self._verifier: AuthorityVerifier | None = None
         self._subscriptions: dict[str, Subscription] = {}  # by Group
         self._routes: dict[str, Subscription] = {}  # by subscription id, on the current stream
+        # ACKs waiting for the next coalesced frame, by subscription id, and the stream they are for.
+        self._acks: dict[str, pb.CursorAck] = {}
+        self._acks_link: _Link | None = None
+        self._ack_flush: asyncio.Task[None] | None = None
         self._commands = _PendingCommands()
         self._fetches: dict[str, tuple[pb.FetchFrame, asyncio.Future[pb.FetchedFrame]]] = {}
         self._epochs: dict[str, int] = {}
@@ -1321,9 +1328,13 @@ class Agent:
 
     async def _hang_up(self) -> None:
         """Half-closes the stream and lets the gateway finish (it processes the final ACKs first)."""
+        if self._ack_flush is not None:
+            self._ack_flush.cancel()
+            self._ack_flush = None
         link = self._link
         if link is None or self._runner is None:
             return
+        await self._flush_acks()  # the final ACKs go before the half-close
         try:
             await link.finish()
         except (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
@@ -1701,12 +1712,49 @@ class Agent:
         return self._verifier
 
     async def _send_frame(self, frame: pb.ClientFrame, route: Subscription | None = None) -> bool:
-        """Writes a frame on the current stream; False when there is none (it is re-sent after reconnecting)."""
+        """Writes a frame on the current stream; False when there is none (it is re-sent after reconnecting).
+
+        ACKs are queued and coalesced (``ACK_COALESCE_S``): per subscription the highest cursor and the
+        sum of the credits, all subscriptions in one frame. A stream that ends drops its queued ACKs:
+        the next attempt subscribes again from the cursor.
+        """
         link = self._link
         if link is None:
             return False
+        if frame.HasField("ack"):
+            self._queue_acks(link, frame.ack.cursors)
+            return True
         if route is not None:
             self._routes[frame.subscribe.subscription_id] = route
+        return await self._write(link, frame)
+
+    def _queue_acks(self, link: _Link, cursors: Iterable[pb.CursorAck]) -> None:
+        if self._acks_link is not link:
+            self._acks, self._acks_link = {}, link
+        for ack in cursors:
+            queued = self._acks.get(ack.subscription_id)
+            if queued is None:
+                self._acks[ack.subscription_id] = pb.CursorAck(
+                    subscription_id=ack.subscription_id, group_id=ack.group_id, cursor=ack.cursor, credits=ack.credits
+                )
+            else:
+                queued.cursor = max(queued.cursor, ack.cursor)
+                queued.credits += ack.credits
+        if self._ack_flush is None:
+            self._ack_flush = asyncio.create_task(self._flush_acks_soon())
+
+    async def _flush_acks_soon(self) -> None:
+        await asyncio.sleep(ACK_COALESCE_S)
+        self._ack_flush = None
+        await self._flush_acks()
+
+    async def _flush_acks(self) -> None:
+        acks, link = self._acks, self._acks_link
+        self._acks, self._acks_link = {}, None
+        if acks and link is not None and link is self._link:
+            await self._write(link, pb.ClientFrame(ack=pb.AckFrame(cursors=list(acks.values()))))
+
+    async def _write(self, link: _Link, frame: pb.ClientFrame) -> bool:
         try:
             await link.send(frame)
             return True

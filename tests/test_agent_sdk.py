@@ -412,6 +412,40 @@ async def test_cursor_too_old_without_a_restore_handler_fails_the_subscription(t
     await sub.stop(grace=1)
 
 
+class _RecordingLink:
+    def __init__(self) -> None:
+        self.frames: list[pb.ClientFrame] = []
+
+    async def send(self, frame: pb.ClientFrame) -> None:
+        self.frames.append(frame)
+
+
+@pytest.mark.req("MW-16-07")
+async def test_acks_of_all_subscriptions_are_coalesced_into_one_frame(tmp_path: Path) -> None:
+    """An ACK frame reports one or more cursors: ACKs queued within ACK_COALESCE_S leave as one frame,
+    per subscription the highest cursor and the sum of the credits; a stream that ends in between
+    drops them (the next attempt subscribes from the cursor file)."""
+    agent = Agent("127.0.0.1:1", "coord-bot", SigningKey.generate(), cursor_dir=tmp_path)
+    link = _RecordingLink()
+    agent._link = link  # type: ignore[assignment]
+
+    def ack(sid: str, cursor: int, credits: int) -> pb.ClientFrame:
+        return pb.ClientFrame(ack=pb.AckFrame(cursors=[pb.CursorAck(subscription_id=sid, group_id=G, cursor=cursor, credits=credits)]))
+
+    for frame in (ack("s1", 3, 3), ack("s2", 5, 1), ack("s1", 4, 1)):
+        assert await agent._send_frame(frame)
+    assert link.frames == []  # held for the coalescing window
+    await asyncio.sleep(sdk.ACK_COALESCE_S * 10)
+    assert len(link.frames) == 1
+    sent = {c.subscription_id: (c.cursor, c.credits) for c in link.frames[0].ack.cursors}
+    assert sent == {"s1": (4, 4), "s2": (5, 1)}
+    # The stream ends and another one starts before the window closes: the old ACKs are dropped.
+    assert await agent._send_frame(ack("s1", 6, 2))
+    agent._link = _RecordingLink()  # type: ignore[assignment]
+    await asyncio.sleep(sdk.ACK_COALESCE_S * 10)
+    assert len(link.frames) == 1 and agent._link.frames == []  # type: ignore[attr-defined]
+
+
 # ------------------------------------------------------------------ against the mesh
 
 
