@@ -90,8 +90,7 @@ class LocalBlobStore:
         return self._read_chunks(path, chunk_bytes)
 
     async def _read_chunks(self, path: Path, chunk_bytes: int) -> AsyncIterator[bytes]:
-        direct = self.direct_io and chunk_bytes % direct_io.ALIGN == 0
-        reader = await self._run(_open_for_read, path, chunk_bytes, direct)
+        reader = await self._run(_open_for_read, path, chunk_bytes, self.direct_io)
         # One read always in flight: the disk works on chunk n+1 while the caller hashes chunk n.
         # concurrent.futures (not asyncio) futures: their done() means the thread let go of the fd.
         pending = self._pool.submit(reader.read)

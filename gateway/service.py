@@ -40,7 +40,7 @@ from missionweave.signing import (
 from missionweave.v1 import authority_service_pb2, common_pb2, event_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
-from services.authority.authority import GroupAuthority, decode_event
+from services.authority.authority import GroupAuthority
 from services.membership.registry import IdentityRegistry
 
 R = common_pb2.RejectionReason
@@ -455,10 +455,12 @@ class _Connection:
         for seq in sequences:
             envelope = found.get(seq)
             visible = envelope is not None and (seq >= member.visibility_start_sequence or seq in cited)
-            if envelope is not None and visible and may_see(state, self.agent_id, decode_event(envelope)):
-                answer.events.append(common_pb2.SignedEnvelope.FromString(envelope))
-            else:
-                withheld.append(seq)
+            if envelope is not None and visible:
+                signed, event = _parse_event(envelope)
+                if may_see(state, self.agent_id, event):
+                    answer.events.append(signed)
+                    continue
+            withheld.append(seq)
         answer.withheld.extend(as_ranges(withheld))
         await self.send(fetched=answer)
 

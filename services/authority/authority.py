@@ -545,13 +545,12 @@ class _OwnedGroup:
     pending: dict[str, _Pending] = field(default_factory=dict)
     # Acknowledged events not yet folded into ``_durable`` (at most SETTLE_BATCH).
     _unsettled: list[event_pb2.Event] = field(default_factory=list)
-    durable_head: int = -1
+    durable_head: int = field(init=False)
     # Until then (µs since the epoch) this instance is certainly the Group's only writer.
     sole_writer_until_us: int = 0
 
     def __post_init__(self) -> None:
-        if self.durable_head < 0:
-            self.durable_head = self._durable.head_sequence if self._durable else 0
+        self.durable_head = self._durable.head_sequence if self._durable else 0
 
     def settle(self, events: list[event_pb2.Event]) -> None:
         """The store acknowledged ``events`` (the next ones after ``durable_head``)."""

@@ -70,8 +70,6 @@ class Collision(Exception):
 
 
 class BatchOps(Protocol):
-    supports_batch_rowcount: bool
-
     def transaction(self) -> Any: ...  # a context manager: commit on success, roll back on error
     def advance_heads(self, rows: Sequence[tuple[Any, ...]]) -> bool: ...  # all rows matched, or nothing changed
     def advance_head(self, row: tuple[Any, ...]) -> bool: ...
@@ -87,8 +85,6 @@ def _named(names: Sequence[str], row: tuple[Any, ...]) -> dict[str, Any]:
 
 class SqlAlchemyOps:
     """Over a SQLAlchemy Connection (PostgreSQL via asyncpg, in ``AsyncConnection.run_sync``)."""
-
-    supports_batch_rowcount = True  # one UPDATE ... FROM (VALUES ...): a single statement's rowcount
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -177,7 +173,6 @@ def _sqlite_advance_heads(rows: int) -> str:
     Parameters are ``HEAD_PARAMS`` per row, flattened. Each Group appears once (the store collapses
     a Group's chained appends first), so the number of changed rows says whether every fence held.
     """
-    assert HEAD_PARAMS == ("g", "e", "expected", "new_head", "new_expiry")  # column1..column5 below
     c = groups.c
     values = ",".join(["(?,?,?,?,?)"] * rows)
     return (
@@ -194,8 +189,6 @@ def _head_qmark(row: tuple[Any, ...]) -> tuple[Any, ...]:
 
 class SqliteOps:
     """Straight over one ``sqlite3`` connection owned by the writer thread (autocommit mode)."""
-
-    supports_batch_rowcount = True
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn

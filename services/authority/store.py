@@ -334,7 +334,7 @@ class EventStore:
         try:
             with ops.transaction():
                 updates = [req for req in batch if not req.creates_group]
-                heads = _chained_heads(updates, expires) if len(updates) >= 2 and ops.supports_batch_rowcount else None
+                heads = _chained_heads(updates, expires) if len(updates) >= 2 else None
                 # Fast path: every head of the batch at once (all matched, or nothing changed).
                 if heads is not None and ops.advance_heads(heads):
                     for req in batch:
