@@ -97,9 +97,9 @@ async def role_mesh(args: argparse.Namespace) -> None:
 
     logs.configure("warning", "text")
     logging.getLogger().setLevel(logging.WARNING)
-    settings = Settings(
-        listen="127.0.0.1:0", data_dir=Path(args.data_dir), database_url=args.database_url or ""
-    )
+    # The environment's MWP_* tuning (e.g. MWP_COMMIT_LINGER_MS) applies; where and what to store is ours.
+    settings = Settings.from_env()
+    settings.listen, settings.data_dir, settings.database_url = "127.0.0.1:0", Path(args.data_dir), args.database_url or ""
     profiler = None
     if args.profile_out:
         import cProfile

@@ -9,6 +9,8 @@
 | MWP_INSTANCE_ID          | local                           | authority instance name (Group ownership)      |
 | MWP_SQLITE_SYNCHRONOUS   | FULL                            | SQLite synchronous pragma (FULL or NORMAL)      |
 | MWP_GROUP_RATE / _BURST  | 200 / 400                       | commands/s per Group at ingress (0: no limit)  |
+| MWP_COMMIT_LINGER_MS     | 8                               | longest a group commit waits to fill (0: none) |
+| MWP_COMMIT_IDLE_MS       | 1                               | ...ending once no append came for this long    |
 | MWP_S3_BUCKET            | (unset: blobs on local disk)    | store artifact blobs in this S3 bucket         |
 | MWP_S3_ENDPOINT / _REGION| AWS default                     | any S3-compatible endpoint (path-style)        |
 | MWP_S3_CREATE_BUCKET     | false                           | create the bucket on first use                 |
@@ -43,6 +45,10 @@ class Settings:
     # the shared group-commit queue ahead of every other Group.
     group_rate: float = 200.0
     group_burst: float = 400.0
+    # Group commit under load (D51): a batch waits up to commit_linger_ms for more appends, and
+    # goes once none arrived for commit_idle_ms; a lone append never waits.
+    commit_linger_ms: float = 8.0
+    commit_idle_ms: float = 1.0
 
     @property
     def db_url(self) -> str:
@@ -77,6 +83,8 @@ class Settings:
                 s.peers[name] = addr
         s.group_rate = float(e.get("MWP_GROUP_RATE", s.group_rate))
         s.group_burst = float(e.get("MWP_GROUP_BURST", s.group_burst))
+        s.commit_linger_ms = float(e.get("MWP_COMMIT_LINGER_MS", s.commit_linger_ms))
+        s.commit_idle_ms = float(e.get("MWP_COMMIT_IDLE_MS", s.commit_idle_ms))
         s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
         s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)
         return s

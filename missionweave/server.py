@@ -123,7 +123,13 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     in_process_registry = "membership" in settings.services
     registry = IdentityRegistry(engine, clock, authoritative_cache=in_process_registry)
     await bootstrap_admin(settings, registry)
-    store = EventStore(engine, clock, instance_id=settings.instance_id or ids.new_id("auth"))
+    store = EventStore(
+        engine,
+        clock,
+        instance_id=settings.instance_id or ids.new_id("auth"),
+        linger=settings.commit_linger_ms / 1000,
+        linger_idle=settings.commit_idle_ms / 1000,
+    )
     ingress = GroupIngressLimiter(settings.group_rate, settings.group_burst)
     authority = GroupAuthority(store, registry, clock, load_or_create_key(settings.authority_key_path), ingress=ingress)
 

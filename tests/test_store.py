@@ -202,3 +202,55 @@ async def test_a_broken_chain_in_a_batch_fails_only_its_stale_append(
     assert (await store.head("g1"), await store.head("g2")) == (2, 2)
     assert await store.find_command("g1", "b") is None and await store.find_command("g1", "fenced") is None
     await store.close()
+
+
+async def test_a_lone_append_never_waits_for_the_commit_linger(engine: AsyncEngine) -> None:
+    """Group commit lingers only when others can share the batch (D51): a single client's
+    sequential appends are written at once, however long the linger is."""
+    store = EventStore(engine, ManualClock(), linger=30.0, linger_idle=30.0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await store.append(request("g1", 1, 0, 1, "c0", create=True))
+    for i in range(1, 4):
+        await store.append(request("g1", 1, i, 1, f"c{i}"))
+    assert loop.time() - started < 5.0
+    assert (store.batches, store.appends) == (4, 4)
+    await store.close()
+
+
+async def test_commit_linger_gathers_appends_arriving_while_it_waits(engine: AsyncEngine) -> None:
+    """Under load a batch waits for appends that arrive within the idle gap, and all of them
+    land in one transaction; it goes as soon as none arrived for the idle gap, long before the
+    linger bound."""
+    store = EventStore(engine, ManualClock(), linger=30.0, linger_idle=0.3)
+    groups = [f"g{i}" for i in range(6)]
+    await asyncio.gather(*(store.append(request(g, 1, 0, 1, "create", create=True)) for g in groups))
+    batches = store.batches
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def late(g: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await store.append(request(g, 1, 1, 1, "late"))
+
+    # Two arrive together (so the writer lingers), the others trickle in within the idle gap.
+    await asyncio.gather(*(late(g, 0.05 * i if i > 1 else 0.0) for i, g in enumerate(groups)))
+    assert store.batches == batches + 1, (store.batches, batches)
+    assert loop.time() - started < 5.0  # ended by the idle gap, not the 30 s linger
+    for g in groups:
+        assert [e.sequence for e in await store.read(g)] == [1, 2]
+    await store.close()
+
+
+async def test_commit_linger_zero_writes_what_is_queued_at_once(engine: AsyncEngine) -> None:
+    store = EventStore(engine, ManualClock(), linger=0.0)
+    await store.append(request("g1", 1, 0, 1, "c0", create=True))
+
+    async def late() -> None:
+        await asyncio.sleep(0.2)
+        await store.append(request("g1", 1, 2, 1, "c2"))
+
+    batches = store.batches
+    await asyncio.gather(store.append(request("g1", 1, 1, 1, "c1")), late())
+    assert store.batches == batches + 2  # the late one was not waited for
+    await store.close()

@@ -83,12 +83,18 @@ class EventStore:
         instance_id: str = "local",
         ownership_ttl: timedelta = timedelta(seconds=30),
         max_batch: int = 512,
+        linger: float = 0.008,
+        linger_idle: float = 0.001,
     ) -> None:
         self.engine = engine
         self.clock = clock
         self.instance_id = instance_id
         self.ownership_ttl = ownership_ttl
         self.max_batch = max_batch
+        # Group commit under load waits for more appends (D51): up to ``linger`` seconds, ending as
+        # soon as none arrived for ``linger_idle``. 0 writes whatever is queued at once.
+        self.linger = linger
+        self.linger_idle = linger_idle
         self._queue: asyncio.Queue[AppendRequest] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
         self.batches = 0
@@ -283,10 +289,16 @@ class EventStore:
         self._queue.put_nowait(request)
 
     async def _write_loop(self) -> None:
+        previous = 1
         while True:
             batch = [await self._queue.get()]
+            # A lone append (nothing queued behind it, the last batch a single one too) goes at once:
+            # lingering only pays when there are others to share the commit with.
+            if self.linger > 0 and (previous > 1 or not self._queue.empty()):
+                await self._linger()
             while len(batch) < self.max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
+            previous = len(batch)
             try:
                 await self._commit_batch(batch)
             except Exception as exc:  # never let the writer die: fail the batch, keep serving
@@ -294,6 +306,27 @@ class EventStore:
                 for req in batch:
                     if not req.done.done():
                         req.done.set_exception(exc)
+
+    async def _linger(self) -> None:
+        """Let a batch fill (like PostgreSQL's commit_delay or Kafka's linger.ms).
+
+        Every commit costs the event loop a thread hop, the writer its GIL hand-offs and SQLite a WAL
+        write of each touched page, whatever the batch size; and each batch's answers leave as one
+        burst, which the transport also handles more cheaply than a trickle. Measured: 64 unary
+        clients did 1,850 commands/s with batches of 8 and 2,745/s with batches of 36 (bench/README).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.linger
+        seen = self._queue.qsize()
+        while seen + 1 < self.max_batch:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            await asyncio.sleep(min(self.linger_idle, remaining))
+            size = self._queue.qsize()
+            if size == seen:  # nothing arrived for a while: nobody else is about to join
+                return
+            seen = size
 
     async def _commit_batch(self, batch: list[AppendRequest]) -> None:
         now = to_micros(self.clock.now())
