@@ -10,7 +10,8 @@
 | MWP_SQLITE_SYNCHRONOUS   | FULL                            | SQLite synchronous pragma (FULL or NORMAL)      |
 | MWP_GROUP_RATE / _BURST  | 200 / 400                       | commands/s per Group at ingress (0: no limit)  |
 | MWP_COMMIT_LINGER_MS     | 8                               | longest a group commit waits to fill (0: none) |
-| MWP_COMMIT_IDLE_MS       | 1                               | ...ending once no append came for this long    |
+| MWP_COMMIT_IDLE_MS       | 2                               | ...ending once no append came for this long    |
+| MWP_VERIFY_WORKERS       | 1                               | processes checking command signatures (0: inline) |
 | MWP_S3_BUCKET            | (unset: blobs on local disk)    | store artifact blobs in this S3 bucket         |
 | MWP_S3_ENDPOINT / _REGION| AWS default                     | any S3-compatible endpoint (path-style)        |
 | MWP_S3_CREATE_BUCKET     | false                           | create the bucket on first use                 |
@@ -48,7 +49,9 @@ class Settings:
     # Group commit under load (D51): a batch waits up to commit_linger_ms for more appends, and
     # goes once none arrived for commit_idle_ms; a lone append never waits.
     commit_linger_ms: float = 8.0
-    commit_idle_ms: float = 1.0
+    commit_idle_ms: float = 2.0
+    # Processes that check command signatures off the event loop (D52); 0 checks them inline.
+    verify_workers: int = 1
 
     @property
     def db_url(self) -> str:
@@ -85,6 +88,7 @@ class Settings:
         s.group_burst = float(e.get("MWP_GROUP_BURST", s.group_burst))
         s.commit_linger_ms = float(e.get("MWP_COMMIT_LINGER_MS", s.commit_linger_ms))
         s.commit_idle_ms = float(e.get("MWP_COMMIT_IDLE_MS", s.commit_idle_ms))
+        s.verify_workers = int(e.get("MWP_VERIFY_WORKERS", s.verify_workers))
         s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
         s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)
         return s

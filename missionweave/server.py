@@ -41,6 +41,7 @@ from missionweave.v1 import (
     scheduling_service_pb2,
     scheduling_service_pb2_grpc,
 )
+from missionweave.verifier import SignatureVerifier
 from services.authority.authority import GroupAuthority
 from services.authority.ingress import GroupIngressLimiter
 from services.authority.servicer import AuthorityServicer
@@ -96,6 +97,7 @@ class Mesh:
         if self.gateway is not None:
             await self.gateway.stop(grace)
         await self.server.stop(grace)
+        await self.authority.verifier.close()
         await self.store.close()
         if self.blobstore is not None:
             await self.blobstore.close()
@@ -131,7 +133,11 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         linger_idle=settings.commit_idle_ms / 1000,
     )
     ingress = GroupIngressLimiter(settings.group_rate, settings.group_burst)
-    authority = GroupAuthority(store, registry, clock, load_or_create_key(settings.authority_key_path), ingress=ingress)
+    verifier = SignatureVerifier(settings.verify_workers if "authority" in settings.services else 0)
+    await verifier.start()
+    authority = GroupAuthority(
+        store, registry, clock, load_or_create_key(settings.authority_key_path), ingress=ingress, verifier=verifier
+    )
 
     server = grpc.aio.server(
         options=[

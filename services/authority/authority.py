@@ -34,6 +34,7 @@ from missionweave.signing import (
 )
 from missionweave.signing import verify_signature as verify_envelope
 from missionweave.v1 import artifact_service_pb2, authority_service_pb2, command_pb2, common_pb2, event_pb2
+from missionweave.verifier import SignatureVerifier
 from services.authority import decider
 from services.authority.context_package import CONTEXT_PACKAGE_TYPE, build_context_package
 from services.authority.ingress import GroupIngressLimiter
@@ -65,6 +66,7 @@ class GroupAuthority:
         *,
         cache_size: int = 10_000,
         ingress: GroupIngressLimiter | None = None,
+        verifier: SignatureVerifier | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -79,6 +81,7 @@ class GroupAuthority:
         self.in_flight = 0
         self.artifacts = ArtifactIndex(store.engine)
         self.ingress = ingress or GroupIngressLimiter(0, 0)
+        self.verifier = verifier or SignatureVerifier()  # no workers: checks inline
         self.tails = LogTails()
         # Half the ownership lease, counted from before the store renewed it: a safe bound on how long
         # no other instance can take a Group over (it may only once the lease has expired).
@@ -120,7 +123,7 @@ class GroupAuthority:
             raise Rejected(
                 R.REJECTION_REASON_SESSION_NOT_OPEN, f"{identity_id} has no session with epoch {epoch}; open one"
             )
-        if not verify_envelope(envelope, session_key):
+        if not await self.verifier.verify_envelope(envelope, session_key):
             raise Rejected(R.REJECTION_REASON_SIGNATURE_INVALID, "the signature does not verify with the session key")
         if epoch != identity.session_epoch:
             raise Rejected(

@@ -84,7 +84,7 @@ class EventStore:
         ownership_ttl: timedelta = timedelta(seconds=30),
         max_batch: int = 512,
         linger: float = 0.008,
-        linger_idle: float = 0.001,
+        linger_idle: float = 0.002,
     ) -> None:
         self.engine = engine
         self.clock = clock
@@ -95,7 +95,9 @@ class EventStore:
         # soon as none arrived for ``linger_idle``. 0 writes whatever is queued at once.
         self.linger = linger
         self.linger_idle = linger_idle
-        self._queue: asyncio.Queue[AppendRequest] = asyncio.Queue()
+        self._last_enqueue = 0.0  # loop time of the latest enqueue
+        self._queue: asyncio.Queue[AppendRequest | None] = asyncio.Queue()  # None: stop (close)
+        self._closing = False
         self._writer: asyncio.Task[None] | None = None
         self.batches = 0
         self.appends = 0
@@ -112,13 +114,14 @@ class EventStore:
 
     async def close(self) -> None:
         if self._writer is not None:
-            # Let queued appends finish before stopping (graceful drain).
-            while not self._queue.empty():  # noqa: ASYNC110 (the writer task owns the queue)
-                await asyncio.sleep(0.005)
-            self._writer.cancel()
+            # Graceful drain: the writer commits everything queued before the stop mark, waits for
+            # its commits in flight, then ends.
+            self._closing = True
+            self._queue.put_nowait(None)
             with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
             self._writer = None
+            self._closing = False
         if self._sqlite_conn is not None:
             # The sqlite3 connection belongs to the writer thread: close it there.
             await asyncio.get_running_loop().run_in_executor(self._executor, self._close_sqlite)
@@ -286,19 +289,31 @@ class EventStore:
         """
         if self._writer is None:
             self.start()
+        self._last_enqueue = asyncio.get_running_loop().time()
         self._queue.put_nowait(request)
 
     async def _write_loop(self) -> None:
         previous = 1
-        while True:
-            batch = [await self._queue.get()]
+        stop = False
+        while not stop:
+            first = await self._queue.get()
+            if first is None:
+                break
             # A lone append (nothing queued behind it, the last batch a single one too) goes at once:
             # lingering only pays when there are others to share the commit with.
             if self.linger > 0 and (previous > 1 or not self._queue.empty()):
                 await self._linger()
+            batch = [first]
             while len(batch) < self.max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+                item = self._queue.get_nowait()
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
             previous = len(batch)
+            # One commit at a time, on purpose: handing the writer thread the next batch while one
+            # commits (SQLite would run them in order) made batches half as big and throughput
+            # lower; the batch that waits meanwhile keeps growing instead.
             try:
                 await self._commit_batch(batch)
             except Exception as exc:  # never let the writer die: fail the batch, keep serving
@@ -312,21 +327,20 @@ class EventStore:
 
         Every commit costs the event loop a thread hop, the writer its GIL hand-offs and SQLite a WAL
         write of each touched page, whatever the batch size; and each batch's answers leave as one
-        burst, which the transport also handles more cheaply than a trickle. Measured: 64 unary
-        clients did 1,850 commands/s with batches of 8 and 2,745/s with batches of 36 (bench/README).
+        burst, which the transport also handles more cheaply than a trickle. The wait ends once no
+        append arrived for ``linger_idle``. It counts from now, not from the oldest queued append:
+        appends that queued behind the previous commit going at once made batches half as big and
+        throughput lower (bench/README has the figures).
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.linger
-        seen = self._queue.qsize()
-        while seen + 1 < self.max_batch:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+        start = loop.time()
+        deadline = start + self.linger
+        while self._queue.qsize() + 1 < self.max_batch and not self._closing:
+            now = loop.time()
+            quiet_from = max(start, self._last_enqueue) + self.linger_idle
+            if now >= deadline or now >= quiet_from:
                 return
-            await asyncio.sleep(min(self.linger_idle, remaining))
-            size = self._queue.qsize()
-            if size == seen:  # nothing arrived for a while: nobody else is about to join
-                return
-            seen = size
+            await asyncio.sleep(min(deadline, quiet_from) - now)
 
     async def _commit_batch(self, batch: list[AppendRequest]) -> None:
         now = to_micros(self.clock.now())
