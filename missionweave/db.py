@@ -6,8 +6,6 @@ and the same schema runs on both engines (ARCHITECTURE "Storage").
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -38,7 +36,7 @@ def is_sqlite(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def _sqlite_pragmas(dbapi_conn: Any, synchronous: str) -> None:
+def sqlite_pragmas(dbapi_conn: Any, synchronous: str) -> None:
     # Autocommit at the module level: transactions are begun explicitly (see _configure_sqlite).
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
@@ -61,7 +59,7 @@ def _configure_sqlite(sync_engine: Engine, synchronous: str) -> None:
 
     @event.listens_for(sync_engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        _sqlite_pragmas(dbapi_conn, synchronous)
+        sqlite_pragmas(dbapi_conn, synchronous)
 
     @event.listens_for(sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
@@ -83,26 +81,15 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 
     return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
 
 
-def sqlite_writer_connector(engine: AsyncEngine) -> Callable[[], sqlite3.Connection] | None:
-    """For SQLite, opens plain ``sqlite3`` connections to the engine's file for the store's writer thread.
+def sqlite_writer_target(engine: AsyncEngine) -> tuple[str, str] | None:
+    """For SQLite, the database file and synchronous level of the store's writer process.
 
-    aiosqlite hops to its thread for every statement; the group-commit writer instead runs a whole
-    batch as one call on a thread of its own (docs/decisions.md D19). None for other databases.
+    The group commit does not go through aiosqlite (a thread hop per statement) but through a
+    process of its own over plain ``sqlite3`` (docs/decisions.md D19, D53). None for other databases.
     """
     if not is_sqlite(engine):
         return None
-    path = engine.url.database or ":memory:"
-    synchronous = _SQLITE_SYNCHRONOUS.get(engine.sync_engine, "FULL")
-
-    def connect() -> sqlite3.Connection:
-        conn = sqlite3.connect(path, timeout=30, isolation_level=None)
-        _sqlite_pragmas(conn, synchronous)
-        # The writer touches index pages all over the events and commands tables (random ids); a
-        # 64 MiB page cache (default 2 MiB) keeps them in memory as the log grows.
-        conn.execute("PRAGMA cache_size=-65536")
-        return conn
-
-    return connect
+    return engine.url.database or ":memory:", _SQLITE_SYNCHRONOUS.get(engine.sync_engine, "FULL")
 
 
 async def create_schema(engine: AsyncEngine) -> None:

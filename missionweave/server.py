@@ -55,8 +55,9 @@ log = logging.getLogger("missionweave.server")
 # their own, smaller, structured limit (services/authority/authority.py MAX_COMMAND_BYTES).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
-# How long the busy event loop may keep the GIL from the store's writer thread, which needs it
-# between its SQLite calls. CPython's default (5 ms) added up to several ms per group commit.
+# How long the busy event loop may keep the GIL from the server's other threads (aiosqlite's reader
+# threads, gRPC's poller, the artifact store's I/O pool), each of which waits that long at worst for
+# its turn. CPython's default (5 ms) added several ms to every hand-off.
 SWITCH_INTERVAL_S = 0.0005
 
 # The Authority keeps every owned Group's folded state in memory: a large, long-lived object graph

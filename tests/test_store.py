@@ -10,10 +10,13 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave.clock import ManualClock
-from missionweave.db import create_schema, make_engine
+from missionweave.db import create_schema, make_engine, sqlite_writer_target
 from missionweave.errors import Rejected
 from missionweave.v1 import common_pb2
+from services.authority.batch_sql import SqlAlchemyOps, SqliteOps
+from services.authority.group_commit import BatchWriter
 from services.authority.store import AppendRequest, EventStore, StoredEvent
+from services.authority.writer_process import open_writer_connection
 
 R = common_pb2.RejectionReason
 
@@ -162,6 +165,20 @@ async def _enqueued_together(store: EventStore, requests: list[AppendRequest]) -
     return await asyncio.gather(*(req.done for req in requests), return_exceptions=True)
 
 
+async def _write_directly(engine: AsyncEngine, writer: BatchWriter, batch: list[AppendRequest]) -> list[Rejected | None]:
+    """One batch through the batch logic in this process (the store runs it in its writer process
+    for SQLite), so that a test can watch which path it takes."""
+    target = sqlite_writer_target(engine)
+    if target is not None:
+        conn = open_writer_connection(*target)
+        try:
+            return writer.write(SqliteOps(conn), batch, 0)
+        finally:
+            conn.close()
+    async with engine.connect() as aconn:
+        return await aconn.run_sync(lambda conn: writer.write(SqlAlchemyOps(conn), batch, 0))
+
+
 @pytest.mark.parametrize("update_from", [True, False], ids=["update-from", "sqlite-before-3.33"])
 async def test_pipelined_appends_of_one_group_advance_its_head_once_per_batch(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, update_from: bool
@@ -172,15 +189,21 @@ async def test_pipelined_appends_of_one_group_advance_its_head_once_per_batch(
     monkeypatch.setattr("services.authority.batch_sql._SQLITE_HAS_UPDATE_FROM", update_from)
     store = EventStore(engine, ManualClock())
     await asyncio.gather(*(store.append(request(g, 1, 0, 1, "c0", create=True)) for g in ("g1", "g2")))
+    writer = BatchWriter("local", 30_000_000)
     per_request: list[str] = []
-    apply = store._apply
-    monkeypatch.setattr(store, "_apply", lambda ops, req, now, expires: per_request.append(req.command_id) or apply(ops, req, now, expires))
-    batches = store.batches
+    apply = writer._apply
+    monkeypatch.setattr(writer, "_apply", lambda ops, req, now, expires: per_request.append(req.command_id) or apply(ops, req, now, expires))
     chain = [request("g1", 1, 1, 1, "c1"), request("g2", 1, 1, 1, "c1"), request("g1", 1, 2, 2, "c2"), request("g1", 1, 4, 1, "c3")]
-    assert await _enqueued_together(store, chain) == [None] * 4
-    assert store.batches == batches + 1 and per_request == []
+    assert await _write_directly(engine, writer, chain) == [None] * 4
+    assert per_request == []
     assert (await store.head("g1"), await store.head("g2")) == (5, 2)
     assert [e.sequence for e in await store.read("g1")] == [1, 2, 3, 4, 5]
+    # And through the store: one batch, same heads.
+    batches = store.batches
+    more = [request("g1", 1, 5, 1, "c4"), request("g2", 1, 2, 1, "c2"), request("g1", 1, 6, 1, "c5")]
+    assert await _enqueued_together(store, more) == [None] * 3
+    assert store.batches == batches + 1
+    assert (await store.head("g1"), await store.head("g2")) == (7, 3)
     await store.close()
 
 
@@ -193,8 +216,12 @@ async def test_a_broken_chain_in_a_batch_fails_only_its_stale_append(
     monkeypatch.setattr("services.authority.batch_sql._SQLITE_HAS_UPDATE_FROM", update_from)
     store = EventStore(engine, ManualClock())
     await asyncio.gather(*(store.append(request(g, 1, 0, 1, "c0", create=True)) for g in ("g1", "g2")))
-    results = await _enqueued_together(
-        store, [request("g1", 1, 1, 1, "a"), request("g2", 1, 1, 1, "c1"), request("g1", 1, 1, 1, "b"), request("g1", 2, 2, 1, "fenced")]
+    results: list[Rejected | None] = list(
+        await _write_directly(
+            engine,
+            BatchWriter("local", 30_000_000),
+            [request("g1", 1, 1, 1, "a"), request("g2", 1, 1, 1, "c1"), request("g1", 1, 1, 1, "b"), request("g1", 2, 2, 1, "fenced")],
+        )
     )
     assert results[0] is None and results[1] is None
     assert isinstance(results[2], Rejected) and results[2].reason == R.REJECTION_REASON_REVISION_MISMATCH

@@ -1,8 +1,8 @@
 """The few statements a group-commit batch runs, behind one small interface with two drivers.
 
-The batch logic (``EventStore._write_batch``) is written once against ``BatchOps``. On PostgreSQL it
-runs over a SQLAlchemy ``Connection`` (asyncpg, inside ``run_sync``). On SQLite it runs on the
-writer thread straight over the ``sqlite3`` module with SQL text compiled once from the same Core
+The batch logic (``group_commit.BatchWriter``) is written once against ``BatchOps``. On PostgreSQL it
+runs over a SQLAlchemy ``Connection`` (asyncpg, inside ``run_sync``). On SQLite it runs in the
+writer process (``writer_process.py``) straight over the ``sqlite3`` module with SQL text compiled once from the same Core
 statements: per-statement SQLAlchemy execution held the GIL long enough to halve the Authority's
 throughput (docs/decisions.md D19).
 """
@@ -188,7 +188,7 @@ def _head_qmark(row: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 class SqliteOps:
-    """Straight over one ``sqlite3`` connection owned by the writer thread (autocommit mode)."""
+    """Straight over the writer process's one ``sqlite3`` connection (autocommit mode)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
@@ -208,9 +208,9 @@ class SqliteOps:
         self.conn.commit()
 
     def advance_heads(self, rows: Sequence[tuple[Any, ...]]) -> bool:
-        # One statement for the whole batch: every sqlite3 call releases and retakes the GIL, and
-        # each retake waits for the event loop to yield it (up to a switch interval), so the number of
-        # calls per batch, not their work, is what the writer thread costs the loop (D48).
+        # One statement for the whole batch: fewer sqlite3 calls per batch (D48; the writer then was a
+        # thread whose every call had to win the GIL back from the event loop, and still each call
+        # is a round of Python work in the writer process).
         self.conn.execute("SAVEPOINT advance")
         if _SQLITE_HAS_UPDATE_FROM:
             matched = self.conn.execute(_sqlite_advance_heads(len(rows)), [v for r in rows for v in r]).rowcount

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -35,22 +33,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, to_micros
-from missionweave.db import sqlite_writer_connector
+from missionweave.db import sqlite_writer_target
 from missionweave.errors import Rejected
 from missionweave.v1 import common_pb2
-from services.authority.batch_sql import BatchOps, Collision, SqlAlchemyOps, SqliteOps
+from services.authority.batch_sql import SqlAlchemyOps
+from services.authority.group_commit import BatchWriter, StoredEvent
 from services.authority.schema import commands, events, events_archive, groups, snapshots
+from services.authority.writer_process import WriterLost, WriterProcess, unknown_outcome
+
+__all__ = ["AppendRequest", "CommandRecord", "EventStore", "StoredEvent"]
 
 R = common_pb2.RejectionReason
 log = logging.getLogger("missionweave.authority.store")
-
-@dataclass(frozen=True)
-class StoredEvent:
-    sequence: int
-    event_id: str
-    type: str
-    recorded_us: int
-    envelope: bytes
 
 
 @dataclass(frozen=True)
@@ -102,9 +96,9 @@ class EventStore:
         self.batches = 0
         self.appends = 0
         self._ttl_us = int(ownership_ttl.total_seconds() * 1_000_000)
-        self._sqlite_connect = sqlite_writer_connector(engine)
-        self._sqlite_conn: sqlite3.Connection | None = None
-        self._executor = _writer_thread()
+        self._batch_writer = BatchWriter(instance_id, self._ttl_us)
+        target = sqlite_writer_target(engine)
+        self._sqlite_writer = None if target is None else WriterProcess(*target, instance_id, self._ttl_us)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -122,12 +116,8 @@ class EventStore:
                 await self._writer
             self._writer = None
             self._closing = False
-        if self._sqlite_conn is not None:
-            # The sqlite3 connection belongs to the writer thread: close it there.
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._close_sqlite)
-        # Release the thread; a fresh executor starts none until the store is used again.
-        self._executor.shutdown(wait=False)
-        self._executor = _writer_thread()
+        if self._sqlite_writer is not None:
+            await self._sqlite_writer.close()
 
     # ------------------------------------------------------------ reads
 
@@ -293,6 +283,8 @@ class EventStore:
         self._queue.put_nowait(request)
 
     async def _write_loop(self) -> None:
+        if self._sqlite_writer is not None:
+            await self._sqlite_writer.start()
         previous = 1
         stop = False
         while not stop:
@@ -311,9 +303,9 @@ class EventStore:
                     break
                 batch.append(item)
             previous = len(batch)
-            # One commit at a time, on purpose: handing the writer thread the next batch while one
-            # commits (SQLite would run them in order) made batches half as big and throughput
-            # lower; the batch that waits meanwhile keeps growing instead.
+            # One commit at a time, on purpose: handing the writer the next batch while one commits
+            # (SQLite would run them in order) made batches half as big and throughput lower; the
+            # batch that waits meanwhile keeps growing instead.
             try:
                 await self._commit_batch(batch)
             except Exception as exc:  # never let the writer die: fail the batch, keep serving
@@ -344,13 +336,15 @@ class EventStore:
 
     async def _commit_batch(self, batch: list[AppendRequest]) -> None:
         now = to_micros(self.clock.now())
-        if self._sqlite_connect is not None:
-            outcomes = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._write_batch_sqlite, batch, now
-            )
+        outcomes: list[Rejected | None]
+        if self._sqlite_writer is not None:
+            try:
+                outcomes = list(await self._sqlite_writer.commit(batch, now))
+            except WriterLost as lost:
+                outcomes = list(unknown_outcome(batch, lost))
         else:
             async with self.engine.connect() as aconn:
-                outcomes = await aconn.run_sync(lambda conn: self._write_batch(SqlAlchemyOps(conn), batch, now))
+                outcomes = await aconn.run_sync(lambda conn: self._batch_writer.write(SqlAlchemyOps(conn), batch, now))
         self.batches += 1
         for req, outcome in zip(batch, outcomes, strict=True):
             if outcome is None:
@@ -358,113 +352,6 @@ class EventStore:
                 req.done.set_result(None)
             else:
                 req.done.set_exception(outcome)
-
-    def _write_batch_sqlite(self, batch: list[AppendRequest], now: int) -> list[Rejected | None]:
-        """On the writer thread, which owns its one sqlite3 connection."""
-        if self._sqlite_conn is None:
-            assert self._sqlite_connect is not None
-            self._sqlite_conn = self._sqlite_connect()
-        return self._write_batch(SqliteOps(self._sqlite_conn), batch, now)
-
-    def _close_sqlite(self) -> None:
-        if self._sqlite_conn is not None:
-            self._sqlite_conn.close()
-            self._sqlite_conn = None
-
-    def _write_batch(self, ops: BatchOps, batch: list[AppendRequest], now: int) -> list[Rejected | None]:
-        """One transaction for the whole batch; returns each request's outcome (None = appended).
-
-        Synchronous on purpose: it runs on the SQLite writer thread, or in SQLAlchemy's greenlet for
-        asyncpg, so the batch costs the event loop a single hop either way.
-        """
-        expires = now + self._ttl_us
-        try:
-            with ops.transaction():
-                updates = [req for req in batch if not req.creates_group]
-                heads = _chained_heads(updates, expires) if len(updates) >= 2 else None
-                # Fast path: every head of the batch at once (all matched, or nothing changed).
-                if heads is not None and ops.advance_heads(heads):
-                    for req in batch:
-                        if req.creates_group:
-                            self._create(ops, req, now)
-                    outcomes: list[Rejected | None] = [None] * len(batch)
-                else:  # one statement per request, so that each loser learns why
-                    outcomes = [self._apply(ops, req, now, expires) for req in batch]
-                accepted = [req for req, ok in zip(batch, outcomes, strict=True) if ok is None]
-                if accepted:
-                    ops.insert_rows(
-                        [(r.group_id, e.sequence, e.event_id, e.type, r.command_id, e.recorded_us, e.envelope) for r in accepted for e in r.events],
-                        [(r.group_id, r.command_id, r.fingerprint, r.expected_head + 1, r.expected_head + len(r.events), len(r.events)) for r in accepted],
-                    )
-                    rewrites = [(env, r.group_id, seq) for r in accepted for seq, env in r.rewrites]
-                    if rewrites:
-                        ops.rewrite_envelopes(rewrites)
-                return outcomes
-        except Collision:
-            # One request collided (a Group created twice, a command raced on another instance):
-            # retry each on its own so the others still land.
-            if len(batch) == 1:
-                return [self._integrity_rejection(batch[0])]
-            return [self._write_batch(ops, [req], now)[0] for req in batch]
-
-    def _create(self, ops: BatchOps, req: AppendRequest, now: int) -> None:
-        ops.insert_group((req.group_id, req.expected_head + len(req.events), req.writer_epoch, self.instance_id, now + self._ttl_us, now))
-
-    def _apply(self, ops: BatchOps, req: AppendRequest, now: int, expires: int) -> Rejected | None:
-        if req.creates_group:
-            self._create(ops, req, now)
-            return None
-        if ops.advance_head(_head_row(req, expires)):
-            return None
-        found = ops.head_of(req.group_id)
-        if found is None:
-            return Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {req.group_id} does not exist")
-        writer_epoch, head = found
-        if writer_epoch != req.writer_epoch:
-            return Rejected(
-                R.REJECTION_REASON_WRITER_FENCED,
-                f"writer epoch {req.writer_epoch} of group {req.group_id} was superseded by {writer_epoch}",
-                current_writer_epoch=writer_epoch,
-            )
-        return Rejected(
-            R.REJECTION_REASON_REVISION_MISMATCH,
-            f"group {req.group_id} head moved to {head} (expected {req.expected_head})",
-            current_revision=head,
-        )
-
-    @staticmethod
-    def _integrity_rejection(req: AppendRequest) -> Rejected:
-        if req.creates_group:
-            return Rejected(R.REJECTION_REASON_GROUP_EXISTS, f"group {req.group_id} already exists")
-        return Rejected(
-            R.REJECTION_REASON_REVISION_MISMATCH,
-            f"a concurrent append to group {req.group_id} (or the same command id) won",
-        )
-
-
-def _head_row(req: AppendRequest, expires: int) -> tuple[int | str, ...]:
-    return (req.group_id, req.writer_epoch, req.expected_head, req.expected_head + len(req.events), expires)
-
-
-def _chained_heads(updates: list[AppendRequest], expires: int) -> list[tuple[int | str, ...]] | None:
-    """One head advance per Group: a Group's pipelined appends in a batch form a chain (each expects
-    the head its predecessor leaves), so together they move the head from the first expected to the
-    last new one. None when some Group's appends do not chain: the per-request path sorts them out."""
-    heads: dict[str, tuple[int | str, ...]] = {}
-    for req in updates:
-        row = _head_row(req, expires)
-        prior = heads.get(req.group_id)
-        if prior is not None:
-            if prior[1] != req.writer_epoch or prior[3] != req.expected_head:
-                return None
-            row = (req.group_id, req.writer_epoch, prior[2], row[3], expires)
-        heads[req.group_id] = row
-    return list(heads.values())
-
-
-def _writer_thread() -> ThreadPoolExecutor:
-    # One thread: SQLite has one writer anyway, and a sqlite3 connection stays on its thread.
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="event-store-writer")
 
 
 def _events_after(tier: Table) -> Select[Any]:

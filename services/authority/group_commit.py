@@ -1,0 +1,159 @@
+"""One group-commit batch as one transaction: fenced head advances, event and command rows.
+
+Written once against ``BatchOps``: on PostgreSQL it runs over a SQLAlchemy connection (asyncpg,
+inside ``run_sync``), on SQLite in the writer process over the ``sqlite3`` module
+(``writer_process.py``, D53). Pure and synchronous: no event loop, no futures; an append is anything
+with the fields of ``AppendRecord``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from missionweave.errors import Rejected
+from missionweave.v1 import common_pb2
+from services.authority.batch_sql import BatchOps, Collision
+
+R = common_pb2.RejectionReason
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    sequence: int
+    event_id: str
+    type: str
+    recorded_us: int
+    envelope: bytes
+
+
+class Append(Protocol):
+    """What the batch writer reads of an append (``store.AppendRequest`` adds its future)."""
+
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def writer_epoch(self) -> int: ...
+    @property
+    def expected_head(self) -> int: ...
+    @property
+    def command_id(self) -> str: ...
+    @property
+    def fingerprint(self) -> bytes: ...
+    @property
+    def events(self) -> list[StoredEvent]: ...
+    @property
+    def creates_group(self) -> bool: ...
+    @property
+    def rewrites(self) -> list[tuple[int, bytes]]: ...
+
+
+@dataclass
+class AppendRecord:
+    """An append as the writer process receives it."""
+
+    group_id: str
+    writer_epoch: int
+    expected_head: int
+    command_id: str
+    fingerprint: bytes
+    events: list[StoredEvent]
+    creates_group: bool
+    rewrites: list[tuple[int, bytes]] = field(default_factory=list)
+
+
+class BatchWriter:
+    def __init__(self, instance_id: str, ttl_us: int) -> None:
+        self.instance_id = instance_id
+        self.ttl_us = ttl_us
+
+    def write(self, ops: BatchOps, batch: Sequence[Append], now: int) -> list[Rejected | None]:
+        """One transaction for the whole batch; returns each request's outcome (None = appended).
+
+        Synchronous on purpose: it runs in the SQLite writer process, or in SQLAlchemy's greenlet for
+        asyncpg, so the batch costs the event loop a single hop either way.
+        """
+        expires = now + self.ttl_us
+        try:
+            with ops.transaction():
+                updates = [req for req in batch if not req.creates_group]
+                heads = _chained_heads(updates, expires) if len(updates) >= 2 else None
+                # Fast path: every head of the batch at once (all matched, or nothing changed).
+                if heads is not None and ops.advance_heads(heads):
+                    for req in batch:
+                        if req.creates_group:
+                            self._create(ops, req, now)
+                    outcomes: list[Rejected | None] = [None] * len(batch)
+                else:  # one statement per request, so that each loser learns why
+                    outcomes = [self._apply(ops, req, now, expires) for req in batch]
+                accepted = [req for req, ok in zip(batch, outcomes, strict=True) if ok is None]
+                if accepted:
+                    ops.insert_rows(
+                        [(r.group_id, e.sequence, e.event_id, e.type, r.command_id, e.recorded_us, e.envelope) for r in accepted for e in r.events],
+                        [(r.group_id, r.command_id, r.fingerprint, r.expected_head + 1, r.expected_head + len(r.events), len(r.events)) for r in accepted],
+                    )
+                    rewrites = [(env, r.group_id, seq) for r in accepted for seq, env in r.rewrites]
+                    if rewrites:
+                        ops.rewrite_envelopes(rewrites)
+                return outcomes
+        except Collision:
+            # One request collided (a Group created twice, a command raced on another instance):
+            # retry each on its own so the others still land.
+            if len(batch) == 1:
+                return [self._integrity_rejection(batch[0])]
+            return [self.write(ops, [req], now)[0] for req in batch]
+
+    def _create(self, ops: BatchOps, req: Append, now: int) -> None:
+        ops.insert_group((req.group_id, req.expected_head + len(req.events), req.writer_epoch, self.instance_id, now + self.ttl_us, now))
+
+    def _apply(self, ops: BatchOps, req: Append, now: int, expires: int) -> Rejected | None:
+        if req.creates_group:
+            self._create(ops, req, now)
+            return None
+        if ops.advance_head(_head_row(req, expires)):
+            return None
+        found = ops.head_of(req.group_id)
+        if found is None:
+            return Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {req.group_id} does not exist")
+        writer_epoch, head = found
+        if writer_epoch != req.writer_epoch:
+            return Rejected(
+                R.REJECTION_REASON_WRITER_FENCED,
+                f"writer epoch {req.writer_epoch} of group {req.group_id} was superseded by {writer_epoch}",
+                current_writer_epoch=writer_epoch,
+            )
+        return Rejected(
+            R.REJECTION_REASON_REVISION_MISMATCH,
+            f"group {req.group_id} head moved to {head} (expected {req.expected_head})",
+            current_revision=head,
+        )
+
+    @staticmethod
+    def _integrity_rejection(req: Append) -> Rejected:
+        if req.creates_group:
+            return Rejected(R.REJECTION_REASON_GROUP_EXISTS, f"group {req.group_id} already exists")
+        return Rejected(
+            R.REJECTION_REASON_REVISION_MISMATCH,
+            f"a concurrent append to group {req.group_id} (or the same command id) won",
+        )
+
+
+def _head_row(req: Append, expires: int) -> tuple[int | str, ...]:
+    return (req.group_id, req.writer_epoch, req.expected_head, req.expected_head + len(req.events), expires)
+
+
+def _chained_heads(updates: Sequence[Append], expires: int) -> list[tuple[int | str, ...]] | None:
+    """One head advance per Group: a Group's pipelined appends in a batch form a chain (each expects
+    the head its predecessor leaves), so together they move the head from the first expected to the
+    last new one. None when some Group's appends do not chain: the per-request path sorts them out."""
+    heads: dict[str, tuple[int | str, ...]] = {}
+    for req in updates:
+        row = _head_row(req, expires)
+        prior = heads.get(req.group_id)
+        if prior is not None:
+            if prior[1] != req.writer_epoch or prior[3] != req.expected_head:
+                return None
+            row = (req.group_id, req.writer_epoch, prior[2], row[3], expires)
+        heads[req.group_id] = row
+    return list(heads.values())
