@@ -11,12 +11,14 @@ What it measures (issue #2, "Benchmark"):
                     the human owner, who then posts into the planning Conversation).
 2. ours, streamed - the same workload through ``ExecuteCommandStream`` (``--streams`` streams, each
                     keeping ``--window`` commands in flight).
-3. echo anchors   - a no-op grpc.aio server answering the same request messages with a canned
-                    response of exactly the size of our real results, unary and streamed, at the same
-                    concurrency. This is the transport's limit on this machine.
-4. SQLite anchor  - stdlib sqlite3 batched inserts of the same ``events`` rows (same columns, same
+3. ours, batched  - the same workload through ``ExecuteCommandBatch``, ``--batch`` (32) commands per
+                    call, ``--batch-calls`` (8) calls in flight (as many commands in flight as streamed).
+4. echo anchors   - a no-op grpc.aio server answering the same request messages with a canned
+                    response of exactly the size of our real results, unary, streamed and batched, at
+                    the same concurrency. This is the transport's limit on this machine.
+5. SQLite anchor  - stdlib sqlite3 batched inserts of the same ``events`` rows (same columns, same
                     envelope sizes, WAL, synchronous=FULL, batches of ~concurrency rows).
-5. Ed25519 anchor - PyNaCl sign + verify pairs per second over a payload of our command's size
+6. Ed25519 anchor - PyNaCl sign + verify pairs per second over a payload of our command's size
                     (the Authority does exactly one verify and one sign per message_post).
 
 Every server (ours and the echo) runs in its own process, so client and server share the machine's
@@ -52,6 +54,7 @@ import grpc  # noqa: E402
 
 ECHO_UNARY = "/bench.Echo/Unary"
 ECHO_STREAM = "/bench.Echo/Stream"
+ECHO_BATCH = "/bench.Echo/Batch"
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 4 * 1024 * 1024),
     ("grpc.max_send_message_length", 4 * 1024 * 1024),
@@ -130,12 +133,15 @@ async def role_mesh(args: argparse.Namespace) -> None:
     await mesh.stop(1)
 
 
-async def role_echo(unary_response: bytes, stream_response_rest: bytes) -> None:
+async def role_echo(unary_response: bytes, stream_response_rest: bytes, batch_response: bytes) -> None:
     """Child process: the no-op anchor. Parses the real request types, answers canned bytes."""
     from missionweave.v1 import authority_service_pb2 as pb
 
     async def unary(request: pb.ExecuteCommandRequest, context: grpc.aio.ServicerContext) -> bytes:
         return unary_response
+
+    async def batch(request: pb.ExecuteCommandBatchRequest, context: grpc.aio.ServicerContext) -> bytes:
+        return batch_response
 
     async def stream(request_iterator, context):  # type: ignore[no-untyped-def]
         async for req in request_iterator:
@@ -147,6 +153,9 @@ async def role_echo(unary_response: bytes, stream_response_rest: bytes) -> None:
         {
             "Unary": grpc.unary_unary_rpc_method_handler(
                 unary, request_deserializer=pb.ExecuteCommandRequest.FromString, response_serializer=None
+            ),
+            "Batch": grpc.unary_unary_rpc_method_handler(
+                batch, request_deserializer=pb.ExecuteCommandBatchRequest.FromString, response_serializer=None
             ),
             "Stream": grpc.stream_stream_rpc_method_handler(
                 stream,
@@ -232,11 +241,12 @@ def spawn_mesh(data_dir: Path, work: Path, database_url: str = "", profile_out: 
     return spawn("server", mesh_args, work / "server.stderr")
 
 
-def spawn_echo(work: Path, unary_response: bytes, stream_response_rest: bytes = b"") -> Child:
-    """The no-op echo anchor in its own process, answering ``unary_response`` (and, on the stream
-    method, the request tag followed by ``stream_response_rest``)."""
+def spawn_echo(work: Path, unary_response: bytes, stream_response_rest: bytes = b"", batch_response: bytes = b"") -> Child:
+    """The no-op echo anchor in its own process, answering ``unary_response`` (on the stream method,
+    the request tag followed by ``stream_response_rest``; on the batch method, ``batch_response``)."""
     (work / "unary_response.hex").write_text(unary_response.hex())
     (work / "stream_response_rest.hex").write_text(stream_response_rest.hex())
+    (work / "batch_response.hex").write_text(batch_response.hex())
     return spawn(
         "echo",
         [
@@ -246,6 +256,8 @@ def spawn_echo(work: Path, unary_response: bytes, stream_response_rest: bytes = 
             str(work / "unary_response.hex"),
             "--stream-response-rest",
             str(work / "stream_response_rest.hex"),
+            "--batch-response",
+            str(work / "batch_response.hex"),
         ],
         work / "echo.stderr",
     )
@@ -358,8 +370,10 @@ async def run_unary(
     max_seconds: float,
     check: Callable[[Any], bool] | None = None,
     server_pid: int = 0,
+    per_call: int = 1,
 ) -> Run:
-    """``clients`` tasks, each taking the next request from a shared cursor, one call in flight each."""
+    """``clients`` tasks, each taking the next request from a shared cursor, one call in flight each.
+    A call carrying ``per_call`` commands counts as that many (its latency once per command)."""
     run = Run(name)
     cursor = iter(range(len(requests)))
     deadline = time.perf_counter() + max_seconds
@@ -375,13 +389,13 @@ async def run_unary(
                 if check is not None and not check(resp):
                     raise RuntimeError(f"unexpected response {resp!r:.200}")
             except Exception as exc:
-                run.errors += 1
+                run.errors += per_call
                 run.first_error = run.first_error or repr(exc)[:500]
                 continue
-            run.latencies.append(perf() - t0)
-            run.done += 1
+            run.latencies.extend([perf() - t0] * per_call)
+            run.done += per_call
 
-    with Progress(run, len(requests)), CpuMeter(run, server_pid):
+    with Progress(run, len(requests) * per_call), CpuMeter(run, server_pid):
         t0 = perf()
         await asyncio.gather(*(client() for _ in range(clients)))
         run.seconds = perf() - t0
@@ -605,7 +619,8 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
 
         # ------------------------------------------------------------ pre-built, pre-signed commands
         warm = min(500, max(50, args.commands // 20))
-        total = 2 * (args.commands + warm)
+        warm -= warm % args.batch  # whole batches
+        total = 3 * (args.commands + warm)
         log(f"building and signing {total:,} message_post commands (outside the timed loops)")
         t0 = time.perf_counter()
         envelopes = []
@@ -630,6 +645,18 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
             pb.ExecuteCommandStreamRequest(command=e, request_tag=i + 1)
             for i, e in enumerate(envelopes[off + w : off + w + n])
         ]
+        off += w + n
+
+        def batches(envs: list[Any]) -> list[Any]:
+            return [
+                pb.ExecuteCommandBatchRequest(
+                    commands=[pb.ExecuteCommandStreamRequest(command=e, request_tag=j) for j, e in enumerate(envs[i : i + args.batch])]
+                )
+                for i in range(0, len(envs) - args.batch + 1, args.batch)
+            ]
+
+        batch_warm = batches(envelopes[off : off + w])
+        batch_reqs = batches(envelopes[off + w : off + w + n])
         del envelopes
 
         # One real result fixes the response sizes for the echo anchor.
@@ -641,6 +668,12 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
         response_bytes = len(probe.SerializeToString())
         stream_rest = pb.ExecuteCommandStreamResponse(
             command_id=probe.result.command_id, result=probe.result
+        ).SerializeToString()
+        batch_response = pb.ExecuteCommandBatchResponse(
+            results=[
+                pb.ExecuteCommandStreamResponse(request_tag=j, command_id=probe.result.command_id, result=probe.result)
+                for j in range(args.batch)
+            ]
         ).SerializeToString()
         command_payload = len(unary_reqs[0].command.payload)
         event_envelope = len(probe.result.events[0].SerializeToString())
@@ -664,6 +697,9 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
 
         def ok_stream(resp: pb.ExecuteCommandStreamResponse) -> bool:
             return resp.WhichOneof("outcome") == "result" and not resp.result.replayed
+
+        def ok_batch(resp: pb.ExecuteCommandBatchResponse) -> bool:
+            return len(resp.results) == args.batch and all(ok_stream(a) for a in resp.results)
 
         # ------------------------------------------------------------ ours, unary
         log(f"ours, unary: warm-up {len(unary_warm)} then {n:,} commands, {args.clients} concurrent clients")
@@ -709,11 +745,35 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
         _profile_toggle(mesh, args)
         log("  " + ours_stream.line())
 
+        # ------------------------------------------------------------ ours, batched
+        log(
+            f"ours, batched: warm-up {len(batch_warm) * args.batch} then {len(batch_reqs) * args.batch:,} commands, "
+            f"{args.batch} per call, {args.batch_calls} calls in flight"
+        )
+        acked += (
+            await run_unary(
+                "warm-up", stub.ExecuteCommandBatch, batch_warm, args.batch_calls, args.max_seconds, per_call=args.batch
+            )
+        ).done
+        _profile_toggle(mesh, args)
+        ours_batch = await run_unary(
+            "ours batched",
+            stub.ExecuteCommandBatch,
+            batch_reqs,
+            args.batch_calls,
+            args.max_seconds,
+            ok_batch,
+            mesh.proc.pid,
+            per_call=args.batch,
+        )
+        _profile_toggle(mesh, args)
+        log("  " + ours_batch.line())
+
         # Cross-check with the server's own view: every accepted command is one event in the logs.
         heads = await asyncio.gather(*(client.group_state(g) for g in group_ids))
         results["log_check"] = (
             sum(h.head_sequence for h in heads),
-            created_events + acked + ours_unary.done + ours_stream.done,
+            created_events + acked + ours_unary.done + ours_stream.done + ours_batch.done,
         )
         await client.channel.close()
     finally:
@@ -725,7 +785,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
 
     # ------------------------------------------------------------ echo anchors
     log("starting the echo anchor server in a separate process")
-    echo = spawn_echo(work, probe.SerializeToString(), stream_rest)
+    echo = spawn_echo(work, probe.SerializeToString(), stream_rest, batch_response)
     try:
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{echo.port}", options=GRPC_OPTIONS)
         echo_call = echo_unary_call(channel)
@@ -755,6 +815,17 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
             echo.proc.pid,
         )
         log("  " + echo_stream.line())
+        echo_batch_call = channel.unary_unary(
+            ECHO_BATCH,
+            request_serializer=pb.ExecuteCommandBatchRequest.SerializeToString,
+            response_deserializer=pb.ExecuteCommandBatchResponse.FromString,
+        )
+        log(f"echo, batched: {len(batch_reqs) * args.batch:,} commands, {args.batch} per call, {args.batch_calls} in flight")
+        await run_unary("warm-up", echo_batch_call, batch_warm, args.batch_calls, args.max_seconds, per_call=args.batch)
+        echo_batch = await run_unary(
+            "echo batched", echo_batch_call, batch_reqs, args.batch_calls, args.max_seconds, ok_batch, echo.proc.pid, per_call=args.batch
+        )
+        log("  " + echo_batch.line())
         await channel.close()
     finally:
         echo.stop()
@@ -777,8 +848,10 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
     results.update(
         ours_unary=ours_unary,
         ours_stream=ours_stream,
+        ours_batch=ours_batch,
         echo_unary=echo_unary,
         echo_stream=echo_stream,
+        echo_batch=echo_batch,
         sqlite_rate=sq_rate,
         sqlite_full_rate=sq_full_rate,
         sqlite_batch=batch,
@@ -798,6 +871,8 @@ def report(args: argparse.Namespace, r: dict[str, object]) -> None:
     os_: Run = r["ours_stream"]  # type: ignore[assignment]
     eu: Run = r["echo_unary"]  # type: ignore[assignment]
     es: Run = r["echo_stream"]  # type: ignore[assignment]
+    ob: Run = r["ours_batch"]  # type: ignore[assignment]
+    eb: Run = r["echo_batch"]  # type: ignore[assignment]
     sq, sqf, ed = float(r["sqlite_rate"]), float(r["sqlite_full_rate"]), float(r["ed25519_rate"])  # type: ignore[arg-type]
 
     def ratio(a: float, b: float) -> str:
@@ -810,7 +885,8 @@ def report(args: argparse.Namespace, r: dict[str, object]) -> None:
     )
     print(
         f"store: {store}; {args.groups} Groups; unary: {args.clients} concurrent clients; "
-        f"streamed: {args.streams} streams x {args.window} in flight; {args.commands:,} commands per phase"
+        f"streamed: {args.streams} streams x {args.window} in flight; batched: {args.batch} per call x "
+        f"{args.batch_calls} calls in flight; {args.commands:,} commands per phase"
     )
     print(
         f"message_post request {r['request_bytes']:.0f} B (command payload {r['command_payload']} B), "
@@ -837,6 +913,13 @@ def report(args: argparse.Namespace, r: dict[str, object]) -> None:
             f"{os_.errors}",
         ),
         (
+            f"ours, batched ExecuteCommandBatch ({args.batch}/call)",
+            f"{ob.rate:,.0f} cmd/s",
+            f"{ob.pct(50):.1f}",
+            f"{ob.pct(99):.1f}",
+            f"{ob.errors}",
+        ),
+        (
             "anchor: echo, unary",
             f"{eu.rate:,.0f} calls/s",
             f"{eu.pct(50):.1f}",
@@ -849,6 +932,13 @@ def report(args: argparse.Namespace, r: dict[str, object]) -> None:
             f"{es.pct(50):.1f}",
             f"{es.pct(99):.1f}",
             f"{es.errors}",
+        ),
+        (
+            f"anchor: echo, batched ({args.batch}/call)",
+            f"{eb.rate:,.0f} cmds/s",
+            f"{eb.pct(50):.1f}",
+            f"{eb.pct(99):.1f}",
+            f"{eb.errors}",
         ),
         (f"anchor: SQLite event rows, batch {r['sqlite_batch']}", f"{sq:,.0f} rows/s", "", "", ""),
         ("  (whole write set: head+event+command)", f"{sqf:,.0f} cmds/s", "", "", ""),
@@ -864,6 +954,9 @@ def report(args: argparse.Namespace, r: dict[str, object]) -> None:
         ("ours unary / echo unary", ratio(ou.rate, eu.rate)),
         ("ours streamed / echo streamed", ratio(os_.rate, es.rate)),
         ("ours streamed / echo unary", ratio(os_.rate, eu.rate)),
+        ("ours batched / echo batched", ratio(ob.rate, eb.rate)),
+        ("ours batched / echo unary", ratio(ob.rate, eu.rate)),
+        ("ours batched / SQLite whole write set", ratio(ob.rate, sqf)),
         ("ours unary / SQLite event rows", ratio(ou.rate, sq)),
         ("ours streamed / SQLite event rows", ratio(os_.rate, sq)),
         ("ours streamed / SQLite whole write set", ratio(os_.rate, sqf)),
@@ -883,6 +976,9 @@ def report(args: argparse.Namespace, r: dict[str, object]) -> None:
     u_ok = eu.rate and ou.rate / eu.rate >= FIRST_TARGET_RATIO and ou.pct(99) < FIRST_TARGET_P99_MS
     s_ok = es.rate and os_.rate / es.rate >= FIRST_TARGET_RATIO and os_.pct(99) < FIRST_TARGET_P99_MS
     g_ok = es.rate and os_.rate / es.rate >= GOAL_RATIO and os_.rate >= GOAL_RATE
+    b_ok = eb.rate and ob.rate / eb.rate >= FIRST_TARGET_RATIO and ob.pct(99) < FIRST_TARGET_P99_MS
+    gb_ok = eb.rate and ob.rate / eb.rate >= GOAL_RATIO and ob.rate >= GOAL_RATE
+    gbu_ok = eu.rate and ob.rate / eu.rate >= GOAL_RATIO and ob.rate >= GOAL_RATE
     print("targets (issue #2):")
     print(
         f"  first target, unary:    >= {FIRST_TARGET_RATIO:.0%} of echo and p99 < {FIRST_TARGET_P99_MS:.0f} ms: "
@@ -896,6 +992,18 @@ def report(args: argparse.Namespace, r: dict[str, object]) -> None:
         f"  goal, streamed:         >= {GOAL_RATIO:.0%} of echo and >= {GOAL_RATE:,.0f} cmd/s: "
         f"{ratio(os_.rate, es.rate)} of echo, {os_.rate:,.0f} cmd/s -> {verdict(bool(g_ok))}"
     )
+    print(
+        f"  first target, batched:  >= {FIRST_TARGET_RATIO:.0%} of echo batched and p99 < {FIRST_TARGET_P99_MS:.0f} ms: "
+        f"{ratio(ob.rate, eb.rate)} of echo, p99 {ob.pct(99):.1f} ms -> {verdict(bool(b_ok))}"
+    )
+    print(
+        f"  goal, batched:          >= {GOAL_RATIO:.0%} of echo batched and >= {GOAL_RATE:,.0f} cmd/s: "
+        f"{ratio(ob.rate, eb.rate)} of echo, {ob.rate:,.0f} cmd/s -> {verdict(bool(gb_ok))}"
+    )
+    print(
+        f"  goal, batched vs the transport's per-call limit (echo unary): >= {GOAL_RATIO:.0%} and >= {GOAL_RATE:,.0f} cmd/s: "
+        f"{ratio(ob.rate, eu.rate)}, {ob.rate:,.0f} cmd/s -> {verdict(bool(gbu_ok))}"
+    )
     print()
     logged, expected = cast(tuple[int, int], r["log_check"])
     stats = dict(kv.split("=") for kv in str(r["server_stats"]).split())
@@ -908,9 +1016,9 @@ def report(args: argparse.Namespace, r: dict[str, object]) -> None:
         f"-> {'consistent' if logged == expected else 'MISMATCH'}; server store {r['server_stats']}"
     )
     print("CPU per phase (server process / client process):")
-    for run in (ou, os_, eu, es):
+    for run in (ou, os_, ob, eu, es, eb):
         print(f"  {run.name:<14} {run.cpu_line()}")
-    for run in (ou, os_, eu, es):
+    for run in (ou, os_, ob, eu, es, eb):
         if run.first_error:
             print(f"  first error in {run.name}: {run.first_error}")
 
@@ -924,6 +1032,10 @@ def main() -> int:
     p.add_argument("--groups", type=int, default=100, help="Groups the commands spread over (default 100)")
     p.add_argument("--streams", type=int, default=4, help="streams on the streamed path (default 4)")
     p.add_argument("--window", type=int, default=64, help="commands in flight per stream (default 64)")
+    p.add_argument("--batch", type=int, default=32, help="commands per ExecuteCommandBatch call (default 32)")
+    p.add_argument(
+        "--batch-calls", type=int, default=8, help="ExecuteCommandBatch calls in flight (default 8: 256 commands)"
+    )
     p.add_argument("--max-seconds", type=float, default=45.0, help="cap on each timed phase (default 45)")
     p.add_argument("--quick", action="store_true", help="small smoke run")
     p.add_argument("--database-url", default="", help="postgresql://... instead of the embedded SQLite store")
@@ -937,6 +1049,7 @@ def main() -> int:
     p.add_argument("--profile-out", default="", help=argparse.SUPPRESS)
     p.add_argument("--unary-response", default="", help=argparse.SUPPRESS)
     p.add_argument("--stream-response-rest", default="", help=argparse.SUPPRESS)
+    p.add_argument("--batch-response", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
 
     if args.role == "mesh":
@@ -947,6 +1060,7 @@ def main() -> int:
             role_echo(
                 bytes.fromhex(Path(args.unary_response).read_text()),
                 bytes.fromhex(Path(args.stream_response_rest).read_text()),
+                bytes.fromhex(Path(args.batch_response).read_text()),
             )
         )
         return 0

@@ -23,6 +23,7 @@ from nacl.signing import SigningKey
 
 from missionweave import ids
 from missionweave.clock import SystemClock, to_timestamp
+from missionweave.errors import Rejected, from_proto
 from missionweave.signing import (
     COMMAND_TYPE,
     GROUP_SUMMARY_TYPE,
@@ -190,6 +191,15 @@ class MeshClient:
     async def execute(self, envelope: common_pb2.SignedEnvelope) -> command_pb2.CommandResult:
         resp = await self.authority.ExecuteCommand(authority_service_pb2.ExecuteCommandRequest(command=envelope))
         return resp.result
+
+    async def execute_batch(self, envelopes: list[common_pb2.SignedEnvelope]) -> list[command_pb2.CommandResult | Rejected]:
+        """Up to 512 commands in one call; each one's outcome in order (a batch is not a transaction)."""
+        resp = await self.authority.ExecuteCommandBatch(
+            authority_service_pb2.ExecuteCommandBatchRequest(
+                commands=[authority_service_pb2.ExecuteCommandStreamRequest(command=e, request_tag=i) for i, e in enumerate(envelopes)]
+            )
+        )
+        return [a.result if a.HasField("result") else from_proto(a.rejection) for a in resp.results]
 
     async def read_events(self, group_id: str, after: int = 0, *, follow: bool = False) -> AsyncIterator[event_pb2.Event]:
         call = self.authority.ReadEvents(

@@ -19,6 +19,7 @@ from services.authority.views import group_state_proto
 log = logging.getLogger("missionweave.authority.grpc")
 
 MAX_STREAM_IN_FLIGHT = 256
+MAX_BATCH_COMMANDS = 512
 MAX_READ_BATCH = 1024
 
 
@@ -45,18 +46,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
 
         async def run(req: pb.ExecuteCommandStreamRequest) -> None:
             try:
-                result = await self.authority.execute(req.command)
-                await answers.put(pb.ExecuteCommandStreamResponse(request_tag=req.request_tag, command_id=result.command_id, result=result))
-            except Rejected as rejected:
-                await answers.put(pb.ExecuteCommandStreamResponse(request_tag=req.request_tag, rejection=rejected.to_proto()))
-            except Exception:
-                log.exception("command failed unexpectedly")
-                await answers.put(
-                    pb.ExecuteCommandStreamResponse(
-                        request_tag=req.request_tag,
-                        rejection=common_pb2.Rejection(reason=R.REJECTION_REASON_OVERLOADED, message="internal error; retry"),
-                    )
-                )
+                await answers.put(await self._answer(req))
             finally:
                 slots.release()
 
@@ -77,6 +67,35 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 yield answer
         finally:
             pumper.cancel()
+
+    async def ExecuteCommandBatch(
+        self, request: pb.ExecuteCommandBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ExecuteCommandBatchResponse:
+        if len(request.commands) > MAX_BATCH_COMMANDS:
+            await abort_with(
+                context,
+                Rejected(
+                    R.REJECTION_REASON_TOO_LARGE,
+                    f"a batch holds at most {MAX_BATCH_COMMANDS} commands; this one has {len(request.commands)}",
+                    limit=MAX_BATCH_COMMANDS,
+                ),
+            )
+        answers = await asyncio.gather(*(self._answer(req) for req in request.commands))
+        return pb.ExecuteCommandBatchResponse(results=answers)
+
+    async def _answer(self, req: pb.ExecuteCommandStreamRequest) -> pb.ExecuteCommandStreamResponse:
+        """One command of a stream or a batch: its result or its rejection, never an exception."""
+        try:
+            result = await self.authority.execute(req.command)
+            return pb.ExecuteCommandStreamResponse(request_tag=req.request_tag, command_id=result.command_id, result=result)
+        except Rejected as rejected:
+            return pb.ExecuteCommandStreamResponse(request_tag=req.request_tag, rejection=rejected.to_proto())
+        except Exception:
+            log.exception("command failed unexpectedly")
+            return pb.ExecuteCommandStreamResponse(
+                request_tag=req.request_tag,
+                rejection=common_pb2.Rejection(reason=R.REJECTION_REASON_OVERLOADED, message="internal error; retry"),
+            )
 
     async def ReadEvents(
         self, request: pb.ReadEventsRequest, context: grpc.aio.ServicerContext
