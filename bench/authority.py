@@ -500,7 +500,6 @@ def sqlite_anchor(
             envelope BLOB NOT NULL, PRIMARY KEY (group_id, seq));
         CREATE TABLE commands (group_id VARCHAR(128) NOT NULL, command_id VARCHAR(128) NOT NULL, fingerprint BLOB NOT NULL,
             first_seq BIGINT NOT NULL, last_seq BIGINT NOT NULL, event_count INTEGER NOT NULL, PRIMARY KEY (group_id, command_id));
-        CREATE INDEX events_type ON events (group_id, type);
         """
     )
     from missionweave import ids
