@@ -11,7 +11,6 @@ import contextlib
 import gc
 import logging
 import signal
-import sys
 from dataclasses import dataclass
 
 import grpc
@@ -54,11 +53,6 @@ log = logging.getLogger("missionweave.server")
 # Transport limit: larger messages are refused by gRPC itself with RESOURCE_EXHAUSTED. Commands have
 # their own, smaller, structured limit (services/authority/authority.py MAX_COMMAND_BYTES).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-
-# How long the busy event loop may keep the GIL from the server's other threads (aiosqlite's reader
-# threads, gRPC's poller, the artifact store's I/O pool), each of which waits that long at worst for
-# its turn. CPython's default (5 ms) added several ms to every hand-off.
-SWITCH_INTERVAL_S = 0.0005
 
 # The Authority keeps every owned Group's folded state in memory: a large, long-lived object graph
 # that CPython's default thresholds (700, 10, 10) re-scan over and over, in pauses that grow with the
@@ -119,7 +113,6 @@ async def bootstrap_admin(settings: Settings, registry: IdentityRegistry) -> Non
 
 async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     clock = clock or SystemClock()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     gc.set_threshold(*GC_THRESHOLDS)
     engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
     await create_schema(engine)
