@@ -50,7 +50,12 @@ def parse_session_key_id(key_id: str) -> tuple[str, int] | None:
 def sign_envelope(
     payload: bytes, payload_type: str, key: SigningKey, key_id: str
 ) -> common_pb2.SignedEnvelope:
-    sig = key.sign(pae(payload_type, payload)).signature
+    return signed_envelope(payload, payload_type, key_id, key.sign(pae(payload_type, payload)).signature)
+
+
+def signed_envelope(payload: bytes, payload_type: str, key_id: str, sig: bytes) -> common_pb2.SignedEnvelope:
+    """The envelope of ``payload`` with one signature made elsewhere (the store's writer process
+    signs events; the Authority rebuilds the same envelope from the signature it returns)."""
     return common_pb2.SignedEnvelope(
         payload=payload,
         payload_type=payload_type,

@@ -13,12 +13,15 @@ import signal
 from typing import Any
 
 import pytest
+from nacl.signing import SigningKey
 
 from missionweave.clock import ManualClock
 from missionweave.errors import Rejected
-from missionweave.v1 import common_pb2
+from missionweave.signing import EVENT_TYPE, signed_envelope, verify_signature
+from missionweave.v1 import authority_service_pb2, common_pb2
 from services.authority.store import EventStore
 from services.authority.writer_process import (
+    EventSigner,
     WriterLost,
     WriterProcess,
     decode_batch,
@@ -52,20 +55,60 @@ def test_frames_round_trip_every_field_of_an_append_and_its_outcome() -> None:
     async def go() -> None:
         req = request("g1", 3, 7, 2, "cmd")
         req.rewrites = [(2, b"erased")]
-        records, now = decode_batch(encode_batch([req], 1234))
-        assert now == 1234
+        req.payloads = [b"p1", b"p2"]
+        records, payloads, now = decode_batch(encode_batch([req], 1234))
+        assert now == 1234 and payloads == [[b"p1", b"p2"]]
         (got,) = records
         assert (got.group_id, got.writer_epoch, got.expected_head, got.command_id, got.fingerprint, got.creates_group) == (
             "g1", 3, 7, "cmd", b"fp-cmd", False
         )
         assert got.events == req.events and got.rewrites == [(2, b"erased")]
-        outcomes = decode_outcomes(encode_outcomes([None, Rejected(R.REJECTION_REASON_WRITER_FENCED, "fenced", current_writer_epoch=4)]))
-        assert outcomes[0] is None and isinstance(outcomes[1], Rejected)
+        outcomes, sigs = decode_outcomes(
+            encode_outcomes([None, Rejected(R.REJECTION_REASON_WRITER_FENCED, "fenced", current_writer_epoch=4)], [[b"s"], []])
+        )
+        assert outcomes[0] is None and isinstance(outcomes[1], Rejected) and sigs == [[b"s"], []]
         assert (outcomes[1].reason, outcomes[1].message, outcomes[1].metadata) == (
             R.REJECTION_REASON_WRITER_FENCED, "fenced", {"current_writer_epoch": "4"}
         )
 
     asyncio.run(go())
+
+
+def test_the_writer_signs_handed_over_payloads_into_the_envelopes_it_stores() -> None:
+    """D56: the stored envelope is the payload signed by the Authority's key (DSSE PAE), and the
+    signature it answers rebuilds exactly those bytes."""
+    key = SigningKey(b"\x05" * 32)
+
+    async def go() -> None:
+        req = request("g1", 1, 0, 2, "cmd")
+        req.payloads = [b"event-one", b"event-two"]
+        records, payloads, _ = decode_batch(encode_batch([req], 0))
+        (sigs,) = EventSigner(key.encode(), "authority:test").seal(records, payloads)
+        for event, payload, sig in zip(records[0].events, req.payloads, sigs, strict=True):
+            envelope = common_pb2.SignedEnvelope.FromString(event.envelope)
+            assert envelope.payload == payload and envelope.payload_type == EVENT_TYPE
+            assert envelope.signatures[0].key_id == "authority:test"
+            assert verify_signature(envelope, bytes(key.verify_key))
+            assert signed_envelope(payload, EVENT_TYPE, "authority:test", sig).SerializeToString() == event.envelope
+        # An append without payloads keeps the envelopes it came with.
+        plain = request("g2", 1, 0, 1, "c")
+        records, payloads, _ = decode_batch(encode_batch([plain], 0))
+        assert EventSigner(key.encode(), "k").seal(records, payloads) == [[]] and records[0].events == plain.events
+
+    asyncio.run(go())
+
+
+async def test_results_carry_the_envelopes_the_log_stores(world: World) -> None:
+    """Whoever signs (writer process or event loop), the answer and the log hold the same bytes."""
+    conv = await create_mission(world, "grp_wp0")
+    head = (await world.client.group_state("grp_wp0")).head_sequence
+    post = world.owner.sign(world.owner.command("grp_wp0", "message_post", builders.message(conv, "same bytes"), membership_epoch=1))
+    result = await world.client.execute(post)
+    call = world.client.authority.ReadEvents(authority_service_pb2.ReadEventsRequest(group_id="grp_wp0", after_sequence=head))
+    stored = [env async for batch in call for env in batch.events]
+    assert [e.SerializeToString() for e in result.events] == [e.SerializeToString() for e in stored]
+    key = await world.client.authority.GetAuthorityKey(authority_service_pb2.GetAuthorityKeyRequest())
+    assert all(verify_signature(e, key.public_key) for e in stored)
 
 
 async def test_a_writer_dying_with_a_batch_fails_it_as_overloaded_and_nothing_is_written(engine: Any) -> None:  # noqa: F811

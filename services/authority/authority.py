@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from missionweave.signing import (
     fingerprint,
     parse_session_key_id,
     sign_envelope,
+    signed_envelope,
 )
 from missionweave.signing import verify_signature as verify_envelope
 from missionweave.v1 import artifact_service_pb2, authority_service_pb2, command_pb2, common_pb2, event_pb2
@@ -86,6 +88,9 @@ class GroupAuthority:
         # Half the ownership lease, counted from before the store renewed it: a safe bound on how long
         # no other instance can take a Group over (it may only once the lease has expired).
         self._lease_margin_us = int(store.ownership_ttl.total_seconds() * 1_000_000) // 2
+        # Where the store's writer can sign events beside the commit (D56), the loop only serialises
+        # them; otherwise (PostgreSQL) it signs them itself.
+        self._writer_signs = store.sign_events_with(signing_key, self.key_id)
 
     # ------------------------------------------------------------ commands
 
@@ -211,6 +216,7 @@ class GroupAuthority:
                 raise
             finally:
                 owned.pending.pop(command.command_id, None)
+            result = pending.finish()
             request = pending.request
             owned.commands[command.command_id] = CommandRecord(
                 fingerprint_, request.expected_head + 1, request.expected_head + len(request.events)
@@ -225,7 +231,7 @@ class GroupAuthority:
             else:  # completions out of order (should not happen): rebuild from the log when next needed
                 self._forget(group_id, owned)
             self._wake(group_id)
-            return pending.result
+            return result
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _decide_and_enqueue(
@@ -249,24 +255,33 @@ class GroupAuthority:
         decision = decider.decide(state, command, ctx)
         if isinstance(decision, Rejected):
             raise decision
-        envelopes = [self._seal(event, writer_epoch) for event in decision]
+        for event in decision:
+            event.writer_epoch = writer_epoch
+        payloads = [event.SerializeToString(deterministic=True) for event in decision]
+        if self._writer_signs:
+            envelopes = None  # the store's writer signs them (D56)
+            stored = [_stored(event, b"") for event in decision]
+        else:
+            envelopes = [sign_envelope(p, EVENT_TYPE, self.signing_key, self.key_id) for p in payloads]
+            stored = [_stored(event, env.SerializeToString()) for event, env in zip(decision, envelopes, strict=True)]
         request = AppendRequest(
             group_id=group_id,
             writer_epoch=writer_epoch,
             expected_head=state.head_sequence if state else 0,
             command_id=command.command_id,
             fingerprint=fingerprint_,
-            events=[_stored(event, env) for event, env in zip(decision, envelopes, strict=True)],
+            events=stored,
             creates_group=state is None,
             rewrites=await self._erasures(group_id, decision),
+            payloads=payloads if self._writer_signs else [],
         )
         for event in decision:
             state = decider.evolve(state, event)
         assert state is not None
-        result = command_pb2.CommandResult(
-            command_id=command.command_id, group_id=group_id, events=envelopes, group_revision=state.head_sequence
-        )
-        pending = _Pending(owned, request, decision, result, fingerprint_, to_micros(ctx.now))
+        result = command_pb2.CommandResult(command_id=command.command_id, group_id=group_id, group_revision=state.head_sequence)
+        if envelopes is not None:
+            result.events.extend(envelopes)
+        pending = _Pending(owned, request, decision, result, fingerprint_, to_micros(ctx.now), self.key_id, envelopes is None)
         # The next command of this Group decides on this state (speculative until durable).
         owned.state = state
         owned.pending[command.command_id] = pending
@@ -305,7 +320,7 @@ class GroupAuthority:
                 except Rejected:
                     return None  # the original failed: this one is decided afresh
                 replayed = command_pb2.CommandResult()
-                replayed.CopyFrom(in_flight.result)
+                replayed.CopyFrom(in_flight.finish())
                 replayed.replayed = True
                 return replayed
             # While this instance owns the Group under its writer epoch, the command ids it loaded and
@@ -354,10 +369,6 @@ class GroupAuthority:
                 envelope = sign_envelope(event.SerializeToString(deterministic=True), EVENT_TYPE, self.signing_key, self.key_id)
                 rewrites.append((sequence, envelope.SerializeToString()))
         return rewrites
-
-    def _seal(self, event: event_pb2.Event, writer_epoch: int) -> common_pb2.SignedEnvelope:
-        event.writer_epoch = writer_epoch
-        return sign_envelope(event.SerializeToString(deterministic=True), EVENT_TYPE, self.signing_key, self.key_id)
 
     # ------------------------------------------------------------ state
 
@@ -585,6 +596,24 @@ class _Pending:
     result: command_pb2.CommandResult
     fingerprint: bytes
     decided_us: int  # before the append's commit, so before the ownership lease it renews
+    key_id: str
+    unsigned: bool  # the store's writer signs the events: envelopes come with its answer
+
+    def finish(self) -> command_pb2.CommandResult:
+        """The answer, once the append is durable: where the writer signed the events, their
+        envelopes are rebuilt from its signatures, byte for byte the ones it stored."""
+        if self.unsigned:
+            request = self.request
+            envelopes = [
+                signed_envelope(p, EVENT_TYPE, self.key_id, sig)
+                for p, sig in zip(request.payloads, request.signatures, strict=True)
+            ]
+            request.events = [
+                dataclasses.replace(e, envelope=env.SerializeToString()) for e, env in zip(request.events, envelopes, strict=True)
+            ]
+            self.result.events.extend(envelopes)
+            self.unsigned = False
+        return self.result
 
 
 class _LockEntry:
@@ -669,13 +698,13 @@ def _linked_groups(command: command_pb2.Command) -> list[str]:
     return [group] if group and ids.is_valid(group) and group != command.group_id else []
 
 
-def _stored(event: event_pb2.Event, envelope: common_pb2.SignedEnvelope) -> StoredEvent:
+def _stored(event: event_pb2.Event, envelope: bytes) -> StoredEvent:
     return StoredEvent(
         sequence=event.sequence,
         event_id=event.event_id,
         type=event.type,
         recorded_us=timestamp_micros(event.recorded_at),
-        envelope=envelope.SerializeToString(),
+        envelope=envelope,
     )
 
 

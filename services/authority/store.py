@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from nacl.signing import SigningKey
 from sqlalchemy import (
     Executable,
     Select,
@@ -65,6 +66,11 @@ class AppendRequest:
     creates_group: bool
     # (sequence, new envelope) of earlier events to replace in the same transaction (erasures).
     rewrites: list[tuple[int, bytes]] = field(default_factory=list)
+    # Event payloads for the store's writer to sign (``EventStore.sign_events_with``); the events'
+    # envelopes are empty until then, and ``signatures`` holds the writer's, one per event, once
+    # ``done`` resolves.
+    payloads: list[bytes] = field(default_factory=list)
+    signatures: list[bytes] = field(default_factory=list)
     done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -101,6 +107,17 @@ class EventStore:
         self._sqlite_writer = None if target is None else WriterProcess(*target, instance_id, self._ttl_us)
 
     # ------------------------------------------------------------ lifecycle
+
+    def sign_events_with(self, key: SigningKey, key_id: str) -> bool:
+        """Let the store's writer sign the events of appends that carry ``payloads`` (D56). True
+        when it can: the SQLite writer process does it beside the commit, off the event loop; with
+        PostgreSQL the caller signs (False). Set before the first append."""
+        if self._sqlite_writer is None:
+            return False
+        if self._writer is not None:
+            raise RuntimeError("sign_events_with must be called before the store's first append")
+        self._sqlite_writer.set_signer(key.encode(), key_id)
+        return True
 
     def start(self) -> None:
         if self._writer is None:
@@ -339,7 +356,9 @@ class EventStore:
         outcomes: list[Rejected | None]
         if self._sqlite_writer is not None:
             try:
-                outcomes = list(await self._sqlite_writer.commit(batch, now))
+                outcomes, signatures = await self._sqlite_writer.commit(batch, now)
+                for req, sigs in zip(batch, signatures, strict=True):
+                    req.signatures = sigs
             except WriterLost as lost:
                 outcomes = list(unknown_outcome(batch, lost))
         else:
