@@ -8,8 +8,12 @@ and the next batch gets a new writer process.
 from __future__ import annotations
 
 import asyncio
+import io
 import os
+import pickle
 import signal
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +23,7 @@ from missionweave.clock import ManualClock
 from missionweave.errors import Rejected
 from missionweave.signing import EVENT_TYPE, signed_envelope, verify_signature
 from missionweave.v1 import authority_service_pb2, common_pb2
+from services.authority.group_commit import BatchWriter
 from services.authority.store import EventStore
 from services.authority.writer_process import (
     EventSigner,
@@ -183,3 +188,34 @@ async def test_commands_keep_landing_after_the_writer_process_is_killed(world: W
         assert result.group_revision == head + 1 + i and not result.replayed
     authority = world.mesh.authority  # type: ignore[attr-defined]
     assert (await authority.fold("grp_wp2")).head_sequence == head + 3
+
+
+def test_a_batch_the_database_refuses_is_answered_overloaded_and_the_writer_goes_on(tmp_path: Path) -> None:
+    """A commit that fails inside SQLite (say the file stayed locked past busy_timeout) is rolled
+    back and refused as a whole; the process keeps serving the next batch."""
+    from services.authority.writer_process import U32, serve
+
+    class FlakyWriter(BatchWriter):
+        calls = 0
+
+        def write(self, ops: Any, batch: Any, now: int) -> list[Rejected | None]:
+            self.calls += 1
+            if self.calls == 1:
+                raise sqlite3.OperationalError("database is locked")
+            return [None] * len(batch)
+
+    async def frames() -> bytes:
+        batch = encode_batch([request("g1", 1, 0, 1, "a", create=True), request("g2", 1, 0, 1, "b", create=True)], 0)
+        first = pickle.dumps((None, ""))
+        return b"".join(U32.pack(len(f)) + f for f in (first, batch, batch))
+
+    source, sink = io.BytesIO(asyncio.run(frames())), io.BytesIO()
+    conn = sqlite3.connect(tmp_path / "unused.db")
+    serve(source, sink, conn, FlakyWriter("local", 1))
+    sink.seek(0)
+    answers = []
+    while header := sink.read(4):
+        answers.append(decode_outcomes(sink.read(U32.unpack(header)[0]))[0])
+    refused, accepted = answers
+    assert all(isinstance(o, Rejected) and o.reason == R.REJECTION_REASON_OVERLOADED and "locked" in o.message for o in refused)
+    assert accepted == [None, None]

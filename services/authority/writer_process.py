@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import pickle
 import sqlite3
 import struct
@@ -156,12 +157,21 @@ def serve(source: BinaryIO, sink: BinaryIO, conn: sqlite3.Connection, writer: Ba
             signatures = signer.seal(records, payloads)
         else:
             signatures = [[] for _ in records]
-        answer = encode_outcomes(writer.write(ops, records, now_us), signatures)
+        try:
+            outcomes = writer.write(ops, records, now_us)
+        except sqlite3.Error as exc:  # e.g. locked by another process past busy_timeout: rolled back
+            log.error("group commit failed; the batch is refused, the writer goes on", extra={"batch": len(records), "error": str(exc)})
+            failed = Rejected(R.REJECTION_REASON_OVERLOADED, f"the store could not commit ({exc}); retry", retry_after_ms=100)
+            outcomes = [failed] * len(records)
+        answer = encode_outcomes(outcomes, signatures)
         sink.write(U32.pack(len(answer)) + answer)
         sink.flush()
 
 
 def main(argv: list[str]) -> None:
+    from missionweave import logs
+
+    logs.configure(os.environ.get("MWP_LOG_LEVEL", "info"), os.environ.get("MWP_LOG_FORMAT", "json"))
     path, synchronous, instance_id, ttl_us = argv
     conn = open_writer_connection(path, synchronous)
     try:
