@@ -2,15 +2,14 @@
 
 Written once against ``BatchOps``: on PostgreSQL it runs over a SQLAlchemy connection (asyncpg,
 inside ``run_sync``), on SQLite in the writer process over the ``sqlite3`` module
-(``writer_process.py``, D53). Pure and synchronous: no event loop, no futures; an append is anything
-with the fields of ``AppendRecord``.
+(``writer_process.py``, D53). Pure and synchronous: no event loop, no futures; an append is an
+``AppendRecord`` (``store.AppendRequest`` is one, with its future).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from missionweave.errors import Rejected
 from missionweave.v1 import common_pb2
@@ -28,30 +27,9 @@ class StoredEvent:
     envelope: bytes
 
 
-class Append(Protocol):
-    """What the batch writer reads of an append (``store.AppendRequest`` adds its future)."""
-
-    @property
-    def group_id(self) -> str: ...
-    @property
-    def writer_epoch(self) -> int: ...
-    @property
-    def expected_head(self) -> int: ...
-    @property
-    def command_id(self) -> str: ...
-    @property
-    def fingerprint(self) -> bytes: ...
-    @property
-    def events(self) -> list[StoredEvent]: ...
-    @property
-    def creates_group(self) -> bool: ...
-    @property
-    def rewrites(self) -> list[tuple[int, bytes]]: ...
-
-
 @dataclass
 class AppendRecord:
-    """An append as the writer process receives it."""
+    """An append: what the batch writer stores (``store.AppendRequest`` adds its caller's future)."""
 
     group_id: str
     writer_epoch: int
@@ -60,6 +38,7 @@ class AppendRecord:
     fingerprint: bytes
     events: list[StoredEvent]
     creates_group: bool
+    # (sequence, new envelope) of earlier events to replace in the same transaction (erasures).
     rewrites: list[tuple[int, bytes]] = field(default_factory=list)
 
 
@@ -68,7 +47,7 @@ class BatchWriter:
         self.instance_id = instance_id
         self.ttl_us = ttl_us
 
-    def write(self, ops: BatchOps, batch: Sequence[Append], now: int) -> list[Rejected | None]:
+    def write(self, ops: BatchOps, batch: Sequence[AppendRecord], now: int) -> list[Rejected | None]:
         """One transaction for the whole batch; returns each request's outcome (None = appended).
 
         Synchronous on purpose: it runs in the SQLite writer process, or in SQLAlchemy's greenlet for
@@ -104,10 +83,10 @@ class BatchWriter:
                 return [self._integrity_rejection(batch[0])]
             return [self.write(ops, [req], now)[0] for req in batch]
 
-    def _create(self, ops: BatchOps, req: Append, now: int) -> None:
+    def _create(self, ops: BatchOps, req: AppendRecord, now: int) -> None:
         ops.insert_group((req.group_id, req.expected_head + len(req.events), req.writer_epoch, self.instance_id, now + self.ttl_us, now))
 
-    def _apply(self, ops: BatchOps, req: Append, now: int, expires: int) -> Rejected | None:
+    def _apply(self, ops: BatchOps, req: AppendRecord, now: int, expires: int) -> Rejected | None:
         if req.creates_group:
             self._create(ops, req, now)
             return None
@@ -130,7 +109,7 @@ class BatchWriter:
         )
 
     @staticmethod
-    def _integrity_rejection(req: Append) -> Rejected:
+    def _integrity_rejection(req: AppendRecord) -> Rejected:
         if req.creates_group:
             return Rejected(R.REJECTION_REASON_GROUP_EXISTS, f"group {req.group_id} already exists")
         return Rejected(
@@ -139,11 +118,11 @@ class BatchWriter:
         )
 
 
-def _head_row(req: Append, expires: int) -> tuple[int | str, ...]:
+def _head_row(req: AppendRecord, expires: int) -> tuple[int | str, ...]:
     return (req.group_id, req.writer_epoch, req.expected_head, req.expected_head + len(req.events), expires)
 
 
-def _chained_heads(updates: Sequence[Append], expires: int) -> list[tuple[int | str, ...]] | None:
+def _chained_heads(updates: Sequence[AppendRecord], expires: int) -> list[tuple[int | str, ...]] | None:
     """One head advance per Group: a Group's pipelined appends in a batch form a chain (each expects
     the head its predecessor leaves), so together they move the head from the first expected to the
     last new one. None when some Group's appends do not chain: the per-request path sorts them out."""

@@ -38,7 +38,7 @@ from missionweave.db import sqlite_writer_target
 from missionweave.errors import Rejected
 from missionweave.v1 import common_pb2
 from services.authority.batch_sql import SqlAlchemyOps
-from services.authority.group_commit import BatchWriter, StoredEvent
+from services.authority.group_commit import AppendRecord, BatchWriter, StoredEvent
 from services.authority.schema import commands, events, events_archive, groups, snapshots
 from services.authority.writer_process import WriterLost, WriterProcess, unknown_outcome
 
@@ -56,16 +56,9 @@ class CommandRecord:
 
 
 @dataclass
-class AppendRequest:
-    group_id: str
-    writer_epoch: int
-    expected_head: int
-    command_id: str
-    fingerprint: bytes
-    events: list[StoredEvent]
-    creates_group: bool
-    # (sequence, new envelope) of earlier events to replace in the same transaction (erasures).
-    rewrites: list[tuple[int, bytes]] = field(default_factory=list)
+class AppendRequest(AppendRecord):
+    """An append on its way through the group commit: the record, and what its caller awaits."""
+
     # Event payloads for the store's writer to sign (``EventStore.sign_events_with``); the events'
     # envelopes are empty until then, and ``signatures`` holds the writer's, one per event, once
     # ``done`` resolves.

@@ -45,7 +45,7 @@ from missionweave.errors import Rejected
 from missionweave.signing import EVENT_TYPE, pae, signed_envelope
 from missionweave.v1 import common_pb2
 from services.authority.batch_sql import SqliteOps
-from services.authority.group_commit import Append, AppendRecord, BatchWriter, StoredEvent
+from services.authority.group_commit import AppendRecord, BatchWriter, StoredEvent
 
 R = common_pb2.RejectionReason
 log = logging.getLogger("missionweave.authority.writer")
@@ -65,7 +65,7 @@ def open_writer_connection(path: str, synchronous: str) -> sqlite3.Connection:
     return conn
 
 
-def encode_batch(batch: Sequence[Append], now_us: int) -> bytes:
+def encode_batch(batch: Sequence[AppendRecord], now_us: int) -> bytes:
     rows = [
         (
             r.group_id,
@@ -76,7 +76,7 @@ def encode_batch(batch: Sequence[Append], now_us: int) -> bytes:
             r.creates_group,
             [(e.sequence, e.event_id, e.type, e.recorded_us, e.envelope) for e in r.events],
             r.rewrites,
-            getattr(r, "payloads", None) or [],
+            getattr(r, "payloads", []),
         )
         for r in batch
     ]
@@ -217,7 +217,7 @@ class WriterProcess:
             assert self._process.stdin is not None
             self._process.stdin.write(U32.pack(len(first)) + first)
 
-    async def commit(self, batch: Sequence[Append], now_us: int) -> Outcomes:
+    async def commit(self, batch: Sequence[AppendRecord], now_us: int) -> Outcomes:
         await self.start()
         process = self._process
         assert process is not None and process.stdin is not None and process.stdout is not None
