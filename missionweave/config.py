@@ -11,6 +11,7 @@
 | MWP_GROUP_RATE / _BURST  | 200 / 400                       | commands/s per Group at ingress (0: no limit)  |
 | MWP_COMMIT_LINGER_MS     | 8                               | longest a group commit waits to fill (0: none) |
 | MWP_COMMIT_IDLE_MS       | 2                               | ...ending once no append came for this long    |
+| MWP_COMMIT_BATCH         | 32                              | ...or once this many appends wait              |
 | MWP_VERIFY_WORKERS       | 1                               | processes checking command signatures (0: inline) |
 | MWP_S3_BUCKET            | (unset: blobs on local disk)    | store artifact blobs in this S3 bucket         |
 | MWP_S3_ENDPOINT / _REGION| AWS default                     | any S3-compatible endpoint (path-style)        |
@@ -47,9 +48,10 @@ class Settings:
     group_rate: float = 200.0
     group_burst: float = 400.0
     # Group commit under load (D51): a batch waits up to commit_linger_ms for more appends, and
-    # goes once none arrived for commit_idle_ms; a lone append never waits.
+    # goes once none arrived for commit_idle_ms or commit_batch are waiting; a lone append never waits.
     commit_linger_ms: float = 8.0
     commit_idle_ms: float = 2.0
+    commit_batch: int = 32
     # Processes that check command signatures off the event loop (D52); 0 checks them inline.
     verify_workers: int = 1
 
@@ -88,6 +90,7 @@ class Settings:
         s.group_burst = float(e.get("MWP_GROUP_BURST", s.group_burst))
         s.commit_linger_ms = float(e.get("MWP_COMMIT_LINGER_MS", s.commit_linger_ms))
         s.commit_idle_ms = float(e.get("MWP_COMMIT_IDLE_MS", s.commit_idle_ms))
+        s.commit_batch = int(e.get("MWP_COMMIT_BATCH", s.commit_batch))
         s.verify_workers = int(e.get("MWP_VERIFY_WORKERS", s.verify_workers))
         s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
         s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)

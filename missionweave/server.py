@@ -125,6 +125,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         instance_id=settings.instance_id or ids.new_id("auth"),
         linger=settings.commit_linger_ms / 1000,
         linger_idle=settings.commit_idle_ms / 1000,
+        linger_batch=settings.commit_batch,
     )
     ingress = GroupIngressLimiter(settings.group_rate, settings.group_burst)
     verifier = SignatureVerifier(settings.verify_workers if "authority" in settings.services else 0)

@@ -281,3 +281,17 @@ async def test_commit_linger_zero_writes_what_is_queued_at_once(engine: AsyncEng
     await asyncio.gather(store.append(request("g1", 1, 1, 1, "c1")), late())
     assert store.batches == batches + 2  # the late one was not waited for
     await store.close()
+
+
+async def test_commit_linger_ends_once_its_batch_size_is_waiting(engine: AsyncEngine) -> None:
+    """A full enough batch does not wait out the linger: with 3 appends waiting (linger_batch=3)
+    the commit goes at once although the linger and the idle gap are 30 s."""
+    store = EventStore(engine, ManualClock(), linger=30.0, linger_idle=30.0, linger_batch=3)
+    groups = ["g1", "g2", "g3"]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await _enqueued_together(store, [request(g, 1, 0, 1, "create", create=True) for g in groups])
+    await _enqueued_together(store, [request(g, 1, 1, 1, "next") for g in groups])
+    assert loop.time() - started < 5.0
+    assert [await store.head(g) for g in groups] == [2, 2, 2]
+    await store.close()
