@@ -17,23 +17,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 import sys
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from nacl.bindings import crypto_sign_open
-from nacl.exceptions import BadSignatureError
-
+from missionweave.pipe_frames import U32, frame, read_frame_async
 from missionweave.signing import pae
 from missionweave.v1 import common_pb2
+from missionweave.verify_worker import ITEM
+from missionweave.verify_worker import check as verify_inline
 
 log = logging.getLogger("missionweave.verifier")
 
-U32 = struct.Struct("<I")
-ITEM = struct.Struct("<32s64sI")
-WORKER_SCRIPT = Path(__file__).with_name("verify_worker.py")
 # Bounds one frame (and so the latency a check can wait behind): about 2 ms of libsodium work.
 MAX_BATCH = 128
 CLOSE_TIMEOUT_S = 5.0
@@ -41,16 +36,6 @@ CLOSE_TIMEOUT_S = 5.0
 # loop one by one; without the wait most frames carried one check and cost the loop as much as the
 # check itself (measured: 52 µs per check alone, 7-15 µs in frames of 8-64).
 GATHER_S = 0.001
-
-
-def verify_inline(message: bytes, signature: bytes, public_key: bytes) -> bool:
-    if len(signature) != 64 or len(public_key) != 32:
-        return False
-    try:
-        crypto_sign_open(signature + message, public_key)
-        return True
-    except (BadSignatureError, ValueError):
-        return False
 
 
 @dataclass
@@ -87,7 +72,7 @@ class SignatureVerifier:
     async def start(self) -> None:
         for _ in range(self.workers_wanted):
             process = await asyncio.create_subprocess_exec(
-                sys.executable, str(WORKER_SCRIPT), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+                sys.executable, "-m", "missionweave.verify_worker", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
             )
             worker = _Worker(process)
             worker.reader = asyncio.create_task(self._read_answers(worker), name=f"verify-worker-{process.pid}")
@@ -159,10 +144,9 @@ class SignatureVerifier:
         for check in batch:
             parts.append(ITEM.pack(check.public_key, check.signature, len(check.message)))
             parts.append(check.message)
-        body = b"".join(parts)
         assert worker.process.stdin is not None
         worker.in_flight.append(batch)
-        worker.process.stdin.write(U32.pack(len(body)) + body)
+        worker.process.stdin.write(frame(b"".join(parts)))
         self.batches += 1
 
     async def _read_answers(self, worker: _Worker) -> None:
@@ -170,8 +154,7 @@ class SignatureVerifier:
         assert stdout is not None
         try:
             while True:
-                (count,) = U32.unpack(await stdout.readexactly(U32.size))
-                verdicts = await stdout.readexactly(count)
+                verdicts = await read_frame_async(stdout)
                 batch = worker.in_flight.popleft()
                 for check, verdict in zip(batch, verdicts, strict=True):
                     if not check.future.done():

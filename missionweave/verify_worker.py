@@ -3,9 +3,9 @@
 Reads frames from stdin and answers each with one frame on stdout, in order, until stdin closes.
 It imports nothing of the service on purpose (quick to start, nothing to share but the pipe).
 
-    request  = u32 body length, then body: u32 count, count x (32-byte public key, 64-byte
-               signature, u32 message length, message)
-    response = u32 count, then count bytes: 1 where the signature verifies, else 0
+    request  = a frame (missionweave/pipe_frames.py) of: u32 count, count x (32-byte public key,
+               64-byte signature, u32 message length, message)
+    response = a frame of count bytes: 1 where the signature verifies, else 0
 """
 
 from __future__ import annotations
@@ -17,8 +17,20 @@ from typing import BinaryIO
 from nacl.bindings import crypto_sign_open
 from nacl.exceptions import BadSignatureError
 
-U32 = struct.Struct("<I")
+from missionweave.pipe_frames import U32, frame, read_frame
+
 ITEM = struct.Struct("<32s64sI")
+
+
+def check(message: bytes, signature: bytes, public_key: bytes) -> bool:
+    """Whether ``signature`` is ``public_key``'s Ed25519 signature of ``message`` (libsodium)."""
+    if len(signature) != 64 or len(public_key) != 32:
+        return False
+    try:
+        crypto_sign_open(signature + message, public_key)
+        return True
+    except (BadSignatureError, ValueError):
+        return False
 
 
 def verify_batch(body: bytes) -> bytes:
@@ -29,25 +41,13 @@ def verify_batch(body: bytes) -> bytes:
     for i in range(count):
         key, sig, length = ITEM.unpack_from(body, offset)
         offset += ITEM.size
-        message = body[offset : offset + length]
+        verdicts[i] = check(body[offset : offset + length], sig, key)
         offset += length
-        try:
-            crypto_sign_open(sig + message, key)
-            verdicts[i] = 1
-        except (BadSignatureError, ValueError):
-            pass
-    return U32.pack(count) + bytes(verdicts)
+    return frame(bytes(verdicts))
 
 
 def serve(source: BinaryIO, sink: BinaryIO) -> None:
-    while True:
-        header = source.read(U32.size)
-        if len(header) < U32.size:
-            return  # the parent closed the pipe (or went away): nothing left to answer
-        (length,) = U32.unpack(header)
-        body = source.read(length)
-        if len(body) < length:
-            return
+    while (body := read_frame(source)) is not None:  # None: the parent closed the pipe
         sink.write(verify_batch(body))
         sink.flush()
 

@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator
 import pytest
 from nacl.signing import SigningKey
 
+from missionweave.pipe_frames import U32, frame
 from missionweave.signing import COMMAND_TYPE, sign_envelope
-from missionweave.verifier import ITEM, U32, SignatureVerifier
-from missionweave.verify_worker import verify_batch
+from missionweave.verifier import SignatureVerifier
+from missionweave.verify_worker import ITEM, verify_batch
 
 KEY = SigningKey(b"\x07" * 32)
 PUBLIC = bytes(KEY.verify_key)
@@ -119,4 +120,4 @@ def test_worker_frame_format() -> None:
     """The pipe protocol of verify_worker.py: count, then key, signature, length, message each."""
     (m1, s1), (m2, s2) = signed(5), signed(6)
     body = U32.pack(2) + ITEM.pack(PUBLIC, s1, len(m1)) + m1 + ITEM.pack(PUBLIC, tampered(s2), len(m2)) + m2
-    assert verify_batch(body) == U32.pack(2) + b"\x01\x00"
+    assert verify_batch(body) == frame(b"\x01\x00")

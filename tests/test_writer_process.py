@@ -61,8 +61,8 @@ def test_frames_round_trip_every_field_of_an_append_and_its_outcome() -> None:
         req = request("g1", 3, 7, 2, "cmd")
         req.rewrites = [(2, b"erased")]
         req.payloads = [b"p1", b"p2"]
-        records, payloads, now = decode_batch(encode_batch([req], 1234))
-        assert now == 1234 and payloads == [[b"p1", b"p2"]]
+        records, now = decode_batch(encode_batch([req], 1234))
+        assert now == 1234 and records[0].payloads == [b"p1", b"p2"]
         (got,) = records
         assert (got.group_id, got.writer_epoch, got.expected_head, got.command_id, got.fingerprint, got.creates_group) == (
             "g1", 3, 7, "cmd", b"fp-cmd", False
@@ -87,8 +87,8 @@ def test_the_writer_signs_handed_over_payloads_into_the_envelopes_it_stores() ->
     async def go() -> None:
         req = request("g1", 1, 0, 2, "cmd")
         req.payloads = [b"event-one", b"event-two"]
-        records, payloads, _ = decode_batch(encode_batch([req], 0))
-        (sigs,) = EventSigner(key.encode(), "authority:test").seal(records, payloads)
+        records, _ = decode_batch(encode_batch([req], 0))
+        (sigs,) = EventSigner(key.encode(), "authority:test").seal(records)
         for event, payload, sig in zip(records[0].events, req.payloads, sigs, strict=True):
             envelope = common_pb2.SignedEnvelope.FromString(event.envelope)
             assert envelope.payload == payload and envelope.payload_type == EVENT_TYPE
@@ -97,8 +97,8 @@ def test_the_writer_signs_handed_over_payloads_into_the_envelopes_it_stores() ->
             assert signed_envelope(payload, EVENT_TYPE, "authority:test", sig).SerializeToString() == event.envelope
         # An append without payloads keeps the envelopes it came with.
         plain = request("g2", 1, 0, 1, "c")
-        records, payloads, _ = decode_batch(encode_batch([plain], 0))
-        assert EventSigner(key.encode(), "k").seal(records, payloads) == [[]] and records[0].events == plain.events
+        records, _ = decode_batch(encode_batch([plain], 0))
+        assert EventSigner(key.encode(), "k").seal(records) == [[]] and records[0].events == plain.events
 
     asyncio.run(go())
 
@@ -193,7 +193,8 @@ async def test_commands_keep_landing_after_the_writer_process_is_killed(world: W
 def test_a_batch_the_database_refuses_is_answered_overloaded_and_the_writer_goes_on(tmp_path: Path) -> None:
     """A commit that fails inside SQLite (say the file stayed locked past busy_timeout) is rolled
     back and refused as a whole; the process keeps serving the next batch."""
-    from services.authority.writer_process import U32, serve
+    from missionweave.pipe_frames import frame, read_frame
+    from services.authority.writer_process import serve
 
     class FlakyWriter(BatchWriter):
         calls = 0
@@ -207,15 +208,15 @@ def test_a_batch_the_database_refuses_is_answered_overloaded_and_the_writer_goes
     async def frames() -> bytes:
         batch = encode_batch([request("g1", 1, 0, 1, "a", create=True), request("g2", 1, 0, 1, "b", create=True)], 0)
         first = pickle.dumps((None, ""))
-        return b"".join(U32.pack(len(f)) + f for f in (first, batch, batch))
+        return b"".join(frame(f) for f in (first, batch, batch))
 
     source, sink = io.BytesIO(asyncio.run(frames())), io.BytesIO()
     conn = sqlite3.connect(tmp_path / "unused.db")
     serve(source, sink, conn, FlakyWriter("local", 1))
     sink.seek(0)
     answers = []
-    while header := sink.read(4):
-        answers.append(decode_outcomes(sink.read(U32.unpack(header)[0]))[0])
+    while (answer := read_frame(sink)) is not None:
+        answers.append(decode_outcomes(answer)[0])
     refused, accepted = answers
     assert all(isinstance(o, Rejected) and o.reason == R.REJECTION_REASON_OVERLOADED and "locked" in o.message for o in refused)
     assert accepted == [None, None]

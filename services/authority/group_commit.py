@@ -40,6 +40,9 @@ class AppendRecord:
     creates_group: bool
     # (sequence, new envelope) of earlier events to replace in the same transaction (erasures).
     rewrites: list[tuple[int, bytes]] = field(default_factory=list)
+    # The events' payloads when the writer is to sign them (D56): their envelopes are empty until
+    # it has (``writer_process.EventSigner``).
+    payloads: list[bytes] = field(default_factory=list)
 
 
 class BatchWriter:

@@ -59,10 +59,8 @@ class CommandRecord:
 class AppendRequest(AppendRecord):
     """An append on its way through the group commit: the record, and what its caller awaits."""
 
-    # Event payloads for the store's writer to sign (``EventStore.sign_events_with``); the events'
-    # envelopes are empty until then, and ``signatures`` holds the writer's, one per event, once
-    # ``done`` resolves.
-    payloads: list[bytes] = field(default_factory=list)
+    # When the writer signed the ``payloads`` (``EventStore.sign_events_with``): its signatures, one
+    # per event, once ``done`` resolves.
     signatures: list[bytes] = field(default_factory=list)
     done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -330,9 +328,9 @@ class EventStore:
     async def _linger(self) -> None:
         """Let a batch fill (like PostgreSQL's commit_delay or Kafka's linger.ms).
 
-        Every commit costs the event loop a thread hop, the writer its GIL hand-offs and SQLite a WAL
-        write of each touched page, whatever the batch size; and each batch's answers leave as one
-        burst, which the transport also handles more cheaply than a trickle. The wait ends once no
+        Every commit costs the event loop a round trip to the writer, the writer a transaction with a
+        WAL write of each touched page and an fsync, whatever the batch size; and each batch's
+        answers leave as one burst, which the transport handles more cheaply than a trickle. The wait ends once no
         append arrived for ``linger_idle``, or once ``linger_batch`` appends wait: past that a
         bigger batch saves little and only holds the commit back (with 256 commands in flight the
         8 ms bound made every cycle 8 ms longer). It counts from now, not from the oldest queued

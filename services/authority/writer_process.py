@@ -10,7 +10,7 @@ envelopes, and the process signs each with the Authority's key (handed over in t
 before it stores it, answering the signatures so that the Authority rebuilds the very envelopes
 stored. An Ed25519 signature is ~20 µs of the event loop's time saved per event.
 
-Frames on both pipes are ``u32 length`` + a pickle: the process is our own child, spawned by the
+Frames on both pipes (``missionweave/pipe_frames.py``) hold a pickle: the process is our own child, spawned by the
 server with the server's interpreter, and the pipes are private to the two of them.
 
     first   = (authority key seed or None, key id)
@@ -33,7 +33,6 @@ import logging
 import os
 import pickle
 import sqlite3
-import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -42,6 +41,7 @@ from typing import Any, BinaryIO
 from nacl.signing import SigningKey
 
 from missionweave.errors import Rejected
+from missionweave.pipe_frames import frame, read_frame, read_frame_async
 from missionweave.signing import EVENT_TYPE, pae, signed_envelope
 from missionweave.v1 import common_pb2
 from services.authority.batch_sql import SqliteOps
@@ -50,7 +50,6 @@ from services.authority.group_commit import AppendRecord, BatchWriter, StoredEve
 R = common_pb2.RejectionReason
 log = logging.getLogger("missionweave.authority.writer")
 
-U32 = struct.Struct("<I")
 CLOSE_TIMEOUT_S = 10.0
 
 
@@ -76,21 +75,20 @@ def encode_batch(batch: Sequence[AppendRecord], now_us: int) -> bytes:
             r.creates_group,
             [(e.sequence, e.event_id, e.type, e.recorded_us, e.envelope) for e in r.events],
             r.rewrites,
-            getattr(r, "payloads", []),
+            r.payloads,
         )
         for r in batch
     ]
     return pickle.dumps((now_us, rows), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def decode_batch(frame: bytes) -> tuple[list[AppendRecord], list[list[bytes]], int]:
-    """The appends, and per append the event payloads the writer is to sign (often none)."""
-    now_us, rows = pickle.loads(frame)
+def decode_batch(body: bytes) -> tuple[list[AppendRecord], int]:
+    now_us, rows = pickle.loads(body)
     records = [
-        AppendRecord(g, epoch, head, cmd, fp, [StoredEvent(*e) for e in evs], creates, list(rewrites))
-        for g, epoch, head, cmd, fp, creates, evs, rewrites, _payloads in rows
+        AppendRecord(g, epoch, head, cmd, fp, [StoredEvent(*e) for e in evs], creates, list(rewrites), list(payloads))
+        for g, epoch, head, cmd, fp, creates, evs, rewrites, payloads in rows
     ]
-    return records, [row[8] for row in rows], now_us
+    return records, now_us
 
 
 Outcomes = tuple[list[Rejected | None], list[list[bytes]]]
@@ -113,15 +111,15 @@ class EventSigner:
         self.key = SigningKey(seed)
         self.key_id = key_id
 
-    def seal(self, records: list[AppendRecord], payloads: list[list[bytes]]) -> list[list[bytes]]:
+    def seal(self, records: list[AppendRecord]) -> list[list[bytes]]:
         """Fill the envelopes of every append that came with payloads; its signatures, per append."""
         signatures: list[list[bytes]] = []
-        for record, todo in zip(records, payloads, strict=True):
-            sigs = [self.key.sign(pae(EVENT_TYPE, p)).signature for p in todo]
-            if todo:
+        for record in records:
+            sigs = [self.key.sign(pae(EVENT_TYPE, p)).signature for p in record.payloads]
+            if sigs:
                 record.events = [
                     replace(e, envelope=signed_envelope(p, EVENT_TYPE, self.key_id, sig).SerializeToString())
-                    for e, p, sig in zip(record.events, todo, sigs, strict=True)
+                    for e, p, sig in zip(record.events, record.payloads, sigs, strict=True)
                 ]
             signatures.append(sigs)
         return signatures
@@ -130,31 +128,22 @@ class EventSigner:
 # ------------------------------------------------------------------ the child
 
 
-def _read_frame(source: BinaryIO) -> bytes | None:
-    header = source.read(U32.size)
-    if len(header) < U32.size:
-        return None
-    (length,) = U32.unpack(header)
-    frame = source.read(length)
-    return frame if len(frame) == length else None
-
-
 def serve(source: BinaryIO, sink: BinaryIO, conn: sqlite3.Connection, writer: BatchWriter) -> None:
-    first = _read_frame(source)
+    first = read_frame(source)
     if first is None:
         return
     seed, key_id = pickle.loads(first)
     signer = EventSigner(seed, key_id) if seed else None
     ops = SqliteOps(conn)
     while True:
-        frame = _read_frame(source)
-        if frame is None:
+        body = read_frame(source)
+        if body is None:
             return  # the server closed the pipe: every batch it sent has been answered
-        records, payloads, now_us = decode_batch(frame)
-        if any(payloads):
-            if signer is None:
-                raise RuntimeError("an append asks for signatures but this writer was given no key")
-            signatures = signer.seal(records, payloads)
+        records, now_us = decode_batch(body)
+        if signer is not None:
+            signatures = signer.seal(records)
+        elif any(r.payloads for r in records):
+            raise RuntimeError("an append asks for signatures but this writer was given no key")
         else:
             signatures = [[] for _ in records]
         try:
@@ -164,7 +153,7 @@ def serve(source: BinaryIO, sink: BinaryIO, conn: sqlite3.Connection, writer: Ba
             failed = Rejected(R.REJECTION_REASON_OVERLOADED, f"the store could not commit ({exc}); retry", retry_after_ms=100)
             outcomes = [failed] * len(records)
         answer = encode_outcomes(outcomes, signatures)
-        sink.write(U32.pack(len(answer)) + answer)
+        sink.write(frame(answer))
         sink.flush()
 
 
@@ -215,17 +204,15 @@ class WriterProcess:
             # The key goes over the private pipe, never on the command line (visible to ps).
             first = pickle.dumps(self._signer, protocol=pickle.HIGHEST_PROTOCOL)
             assert self._process.stdin is not None
-            self._process.stdin.write(U32.pack(len(first)) + first)
+            self._process.stdin.write(frame(first))
 
     async def commit(self, batch: Sequence[AppendRecord], now_us: int) -> Outcomes:
         await self.start()
         process = self._process
         assert process is not None and process.stdin is not None and process.stdout is not None
-        frame = encode_batch(batch, now_us)
         try:
-            process.stdin.write(U32.pack(len(frame)) + frame)
-            (length,) = U32.unpack(await process.stdout.readexactly(U32.size))
-            answer = await process.stdout.readexactly(length)
+            process.stdin.write(frame(encode_batch(batch, now_us)))
+            answer = await read_frame_async(process.stdout)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             await self._end(process, kill=True)  # gone for certain before anyone reads the log again
             log.error("the store's writer process died; respawning it", extra={"pid": process.pid, "returncode": process.returncode})

@@ -1,0 +1,34 @@
+"""Length-prefixed frames on the pipes between the server and its child processes.
+
+A frame is a little-endian ``u32`` length and that many bytes. Shared by the signature worker
+(``verify_worker.py``) and the SQLite writer (``services/authority/writer_process.py``), both ends;
+standard library only, so a child that imports it starts fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import BinaryIO
+
+U32 = struct.Struct("<I")
+
+
+def frame(body: bytes) -> bytes:
+    return U32.pack(len(body)) + body
+
+
+def read_frame(source: BinaryIO) -> bytes | None:
+    """The next frame's body from a blocking stream; None once the other end closed it."""
+    header = source.read(U32.size)
+    if len(header) < U32.size:
+        return None
+    (length,) = U32.unpack(header)
+    body = source.read(length)
+    return body if len(body) == length else None
+
+
+async def read_frame_async(reader: asyncio.StreamReader) -> bytes:
+    """The next frame's body; ``asyncio.IncompleteReadError`` once the other end closed it."""
+    (length,) = U32.unpack(await reader.readexactly(U32.size))
+    return await reader.readexactly(length)
