@@ -2,7 +2,7 @@
 #
 #   make run     create .venv if needed, install, start the whole mesh on the embedded defaults
 #   make test    create .venv if needed, install with test extras, run the whole suite (tests/)
-#   make lint    ruff, mypy and buf lint (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
+#   make lint    ruff, mypy, import-linter contracts and buf lint (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
 #   make bench   run every bench/*.py
 #   make gen     regenerate the protobuf/gRPC modules and their .pyi stubs into missionweave/v1/
 #   make clean   remove generated code, caches and build output (keeps .venv; `make distclean` removes it)
@@ -123,9 +123,10 @@ lint: $(VENV)/.installed-lint node_modules/.installed
 	@failed=""; \
 	echo "==> ruff check ."; $(VENV)/bin/ruff check . || failed="$$failed ruff"; \
 	echo "==> mypy"; $(VENV)/bin/mypy || failed="$$failed mypy"; \
+	echo "==> lint-imports (service boundaries, kernel, SDK/CLI layering)"; $(VENV)/bin/lint-imports || failed="$$failed lint-imports"; \
 	echo "==> buf lint (protos/)"; $(BUF) lint || failed="$$failed buf"; \
 	if [ -n "$$failed" ]; then echo "lint failed:$$failed"; exit 1; fi; \
-	echo "lint passed: ruff, mypy, buf"
+	echo "lint passed: ruff, mypy, lint-imports, buf"
 
 bench: $(VENV)/.installed-bench
 	@$(MAKE) --no-print-directory gen

@@ -7,14 +7,13 @@ lives in ``artifactstore/verify.py`` so it is written once for every backend.
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-# The empty blob: always present, never stored (spec: "the empty blob is always present").
-EMPTY_BLAKE3 = "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
-HEX64 = re.compile(r"^[0-9a-f]{64}$")
-CHUNK_BYTES = 1024 * 1024  # stream chunk size in both directions (documented in artifact_service.proto)
+from missionweave.digests import CHUNK_BYTES, EMPTY_BLAKE3, HEX64
+
+__all__ = ["CHUNK_BYTES", "EMPTY_BLAKE3", "HEX64", "MAX_BLOB_BYTES", "BlobStore", "BlobWriter"]
+
 MAX_BLOB_BYTES = 4 * 1024**3  # 4 GiB per blob
 
 

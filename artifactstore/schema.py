@@ -1,8 +1,13 @@
 """The artifact index: which blobs are stored, their signed manifests and the provenance edges."""
 
-from sqlalchemy import BigInteger, Column, Index, LargeBinary, String, Table
+from sqlalchemy import BigInteger, Column, Index, LargeBinary, MetaData, String, Table
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from missionweave.db import METADATA
+from missionweave.db import create_tables
+
+# This service's tables only: no other service reads or writes them.
+METADATA = MetaData()
+
 
 blobs = Table(
     "blobs",
@@ -34,3 +39,7 @@ provenance = Table(
     Column("manifest_digest", String(64), primary_key=True),
 )
 Index("provenance_derived", provenance.c.derived_digest)
+
+
+async def create_schema(engine: AsyncEngine) -> None:
+    await create_tables(engine, METADATA)

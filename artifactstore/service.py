@@ -13,7 +13,10 @@ import grpc
 
 from artifactstore.blobstore import CHUNK_BYTES, EMPTY_BLAKE3, BlobStore, BlobWriter
 from artifactstore.index import ArtifactIndex, ManifestRecord
-from artifactstore.manifest import (
+from artifactstore.verify import Counters, artifact_error, check_digest, verified_range
+from missionweave.clock import Clock, to_micros, to_timestamp
+from missionweave.errors import Rejected
+from missionweave.manifest import (
     ManifestError,
     ManifestErrorCode,
     manifest_digest,
@@ -21,9 +24,7 @@ from artifactstore.manifest import (
     missing_fields,
     verify_manifest,
 )
-from artifactstore.verify import Counters, artifact_error, check_digest, verified_range
-from missionweave.clock import Clock, to_micros, to_timestamp
-from missionweave.errors import Rejected, abort_with
+from missionweave.rpc.status import abort_with
 from missionweave.signing import parse_session_key_id
 from missionweave.v1 import artifact_service_pb2 as pb
 from missionweave.v1 import artifact_service_pb2_grpc as pb_grpc

@@ -65,7 +65,7 @@ import grpc  # noqa: E402
 from authority import Child, log, proc_cpu, spawn_mesh  # noqa: E402
 
 from artifactstore.blobstore import CHUNK_BYTES  # noqa: E402
-from missionweave.server import MAX_MESSAGE_BYTES  # noqa: E402
+from missionweave.mesh.server import MAX_MESSAGE_BYTES  # noqa: E402
 from missionweave.v1 import artifact_service_pb2 as pb  # noqa: E402
 from missionweave.v1 import artifact_service_pb2_grpc as pb_grpc  # noqa: E402
 from missionweave.v1 import common_pb2  # noqa: E402

@@ -96,7 +96,7 @@ async def role_mesh(args: argparse.Namespace) -> None:
 
     from missionweave import logs
     from missionweave.config import Settings
-    from missionweave.server import start
+    from missionweave.mesh.server import start
 
     logs.configure("warning", "text")
     logging.getLogger().setLevel(logging.WARNING)
@@ -555,8 +555,8 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
     from nacl.signing import SigningKey
 
     from missionweave import ids
-    from missionweave.client import MeshClient
     from missionweave.clock import SystemClock
+    from missionweave.sdk.client import MeshClient
     from missionweave.signing import pae, read_key
     from missionweave.v1 import authority_service_pb2 as pb
     from missionweave.v1 import common_pb2

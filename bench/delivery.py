@@ -27,7 +27,7 @@ MissionWeave: our mesh (all services of ``mwp serve``, SQLite in a temp dir) run
 (``bench/authority.py``'s ``--role mesh`` child). The human owner creates each Group with mission_create,
 grants every subscriber identity an OBSERVER Membership, and publishes = signed ``message_post``
 commands (pre-signed before each timed phase) through unary ``AuthorityService.ExecuteCommand``.
-Subscribers (``--client``): ``sdk`` (default) = one ``missionweave.agent.Agent`` per subscriber identity,
+Subscribers (``--client``): ``sdk`` (default) = one ``missionweave.sdk.agent.Agent`` per subscriber identity,
 each subscribed to every Group on its one gateway stream (what users run: Authority-signature check of
 every event, in-order handler, fsynced cursor file per event, batched ACKs); ``raw`` = one bare
 ``GatewayService.Connect`` stream per identity that parses each event and ACKs each frame (no signature
@@ -365,7 +365,7 @@ class MissionWeave(System):
         self.command_bytes = 0
         self.behind_sample: list[tuple[str, str, int, int]] = []
         self.subscriber_kind = (
-            "MissionWeave Python agent SDK (missionweave.agent.Agent: Authority-signature check per event, "
+            "MissionWeave Python agent SDK (missionweave.sdk.agent.Agent: Authority-signature check per event, "
             "in-order handler, fsynced cursor file per event, batched ACKs), one Agent per subscriber "
             "identity, every Group on its one gateway stream"
             if args.client == "sdk"
@@ -377,8 +377,8 @@ class MissionWeave(System):
         from nacl.signing import SigningKey
 
         from missionweave import ids
-        from missionweave.client import MeshClient
         from missionweave.clock import SystemClock
+        from missionweave.sdk.client import MeshClient
         from missionweave.signing import read_key
         from missionweave.v1 import common_pb2, membership_pb2
         from tests import builders
@@ -451,7 +451,7 @@ class MissionWeave(System):
             f"  connecting {args.subscribers} subscribers ({args.client}), each subscribed to {len(self.group_ids)} Groups"
         )
         if args.client == "sdk":
-            from missionweave.agent import Agent
+            from missionweave.sdk.agent import Agent
 
             async def handler(event: Any) -> None:
                 self.on_delivery(event.causing_command_id)
@@ -488,7 +488,7 @@ class MissionWeave(System):
         return items
 
     async def publish(self, item: Item) -> str:
-        from missionweave.errors import rejection_from_rpc_error
+        from missionweave.rpc.status import rejection_from_rpc_error
         from missionweave.v1 import common_pb2
 
         try:

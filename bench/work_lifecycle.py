@@ -64,7 +64,7 @@ from authority import (  # noqa: E402
 )
 from nacl.signing import SigningKey  # noqa: E402
 
-from missionweave.client import MeshClient, SessionSigner, membership_epoch  # noqa: E402
+from missionweave.sdk.client import MeshClient, SessionSigner, membership_epoch  # noqa: E402
 from missionweave.v1 import authority_service_pb2 as pb  # noqa: E402
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2  # noqa: E402
 from missionweave.v1 import work_pb2 as wp  # noqa: E402
@@ -197,7 +197,7 @@ def first_event(result: Any) -> event_pb2.Event:
 
 def describe(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
-        from missionweave.errors import rejection_from_rpc_error
+        from missionweave.rpc.status import rejection_from_rpc_error
 
         rejection = rejection_from_rpc_error(exc)
         if rejection is not None:

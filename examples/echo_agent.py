@@ -1,6 +1,6 @@
 """Echo agent: answers every Message that mentions it, in the same Conversation.
 
-The smallest useful MissionWeave agent, built on the Python SDK (``missionweave.agent``)::
+The smallest useful MissionWeave agent, built on the Python SDK (``missionweave.sdk.agent``)::
 
     .venv/bin/python examples/echo_agent.py --as coord --key coord.key --group GROUP_ID
 
@@ -22,7 +22,7 @@ import re
 import signal
 
 from missionweave import ids
-from missionweave.agent import Agent, CommandRejected, Subscription, post_message
+from missionweave.sdk.agent import Agent, CommandRejected, Subscription, post_message
 from missionweave.v1 import event_pb2
 
 

@@ -1,10 +1,15 @@
 """Gateway tables: the acknowledged cursor per (agent, Group), durable across reconnects (MW-16-06)."""
 
-from sqlalchemy import BigInteger, Column, String, Table
+from sqlalchemy import BigInteger, Column, MetaData, String, Table
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.dml import Insert
 
-from missionweave.db import METADATA
+from missionweave.db import create_tables
+
+# This service's tables only: no other service reads or writes them.
+METADATA = MetaData()
+
 
 cursors = Table(
     "gateway_cursors",
@@ -25,3 +30,7 @@ def cursor_upsert(dialect: str) -> Insert:
         set_={"cursor": ins.excluded.cursor, "updated_us": ins.excluded.updated_us},
         where=cursors.c.cursor < ins.excluded.cursor,
     )
+
+
+async def create_schema(engine: AsyncEngine) -> None:
+    await create_tables(engine, METADATA)

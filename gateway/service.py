@@ -15,7 +15,6 @@ import os
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import lru_cache
 from typing import Any
 
 import grpc
@@ -27,9 +26,11 @@ from gateway.attention import may_see, wanted
 from gateway.fetch import FetchRefused, as_ranges, cited_for, requested
 from gateway.outbox import Outbox
 from gateway.schema import cursor_upsert, cursors
+from missionweave import codec
 from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
-from missionweave.errors import Rejected, abort_with
+from missionweave.errors import Rejected
+from missionweave.rpc.status import abort_with
 from missionweave.signing import (
     HELLO_PROOF_TYPE,
     SNAPSHOT_REFERENCE_TYPE,
@@ -37,7 +38,7 @@ from missionweave.signing import (
     sign_envelope,
     verify_signature,
 )
-from missionweave.v1 import authority_service_pb2, common_pb2, event_pb2
+from missionweave.v1 import authority_service_pb2, common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
 from services.authority.authority import GroupAuthority
@@ -160,7 +161,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
                     R.REJECTION_REASON_NOT_FOUND, f"no snapshot {request.digest.hex} of {request.group_id}"
                 ),
             )
-        envelope = common_pb2.SignedEnvelope.FromString(stored)
+        envelope = codec.envelope(stored)
         snapshot = authority_service_pb2.GroupSnapshot.FromString(envelope.payload)
         reference = self.signed_reference(request.group_id, snapshot.sequence, request.digest.hex, envelope)
         return pb.GetSnapshotResponse(snapshot=envelope, signed_reference=reference)
@@ -232,26 +233,6 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
                 )
             ).first()
         return int(row[0]) if row else 0
-
-
-# Parsed events kept for the subscribers of the same append; large ones are parsed each time, so the
-# cache holds at most DECODED_CACHE x DECODED_MAX_BYTES of envelopes (plus their parsed copies).
-DECODED_CACHE = 1024
-DECODED_MAX_BYTES = 16 * 1024
-
-
-def _decoded(envelope: bytes) -> tuple[common_pb2.SignedEnvelope, event_pb2.Event]:
-    """An event parsed once for all its subscribers: the log tail hands each the same bytes object
-    (whose hash Python keeps). Shared, so read-only: frames copy the envelope when they append it."""
-    return _parse_event(envelope) if len(envelope) > DECODED_MAX_BYTES else _parse_cached(envelope)
-
-
-def _parse_event(envelope: bytes) -> tuple[common_pb2.SignedEnvelope, event_pb2.Event]:
-    event_envelope = common_pb2.SignedEnvelope.FromString(envelope)
-    return event_envelope, event_pb2.Event.FromString(event_envelope.payload)
-
-
-_parse_cached = lru_cache(maxsize=DECODED_CACHE)(_parse_event)
 
 
 GOING_AWAY_MESSAGE = "the gateway is shutting down: reconnect and resume from your cursors"
@@ -418,7 +399,7 @@ class _Connection:
             )
             frame.first_sequence, frame.last_sequence = batch[0].sequence, batch[-1].sequence
             for stored in batch:
-                envelope, event = _decoded(stored.envelope)
+                envelope, event = codec.decode_shared(stored.envelope)
                 if may_see(state, self.agent_id, event) and wanted(state, self.agent_id, event, s.attention):
                     frame.events.append(envelope)
                 else:
@@ -456,7 +437,7 @@ class _Connection:
             envelope = found.get(seq)
             visible = envelope is not None and (seq >= member.visibility_start_sequence or seq in cited)
             if envelope is not None and visible:
-                signed, event = _parse_event(envelope)
+                signed, event = codec.decode(envelope)
                 if may_see(state, self.agent_id, event):
                     answer.events.append(signed)
                     continue
@@ -485,7 +466,7 @@ class _Connection:
             )
             return
         sequence, digest, envelope_bytes = snapshot
-        envelope = common_pb2.SignedEnvelope.FromString(envelope_bytes)
+        envelope = codec.envelope(envelope_bytes)
         await self.send(
             cursor_too_old=pb.CursorTooOldFrame(
                 subscription_id=s.subscription_id,

@@ -1,253 +1,27 @@
-"""A small Python client for the mesh: sign commands, open sessions, execute, read events.
+"""Kept so ``from missionweave.client import MeshClient`` keeps working: the SDK lives in missionweave.sdk."""
 
-Example::
-
-    async with MeshClient("127.0.0.1:50051") as mesh:
-        session = await mesh.open_session("alice", alice_key)
-        result = await mesh.execute(session.command(group_id, "message_post", body, membership_epoch=1))
-
-The gateway issue extends this into the full agent SDK (streams, cursors, reconnect).
-"""
-
-from __future__ import annotations
-
-import os
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
-
-import blake3
-import grpc
-from google.protobuf.message import Message
-from nacl.signing import SigningKey
-
-from missionweave import ids
-from missionweave.clock import SystemClock, to_timestamp
-from missionweave.errors import Rejected, from_proto
-from missionweave.signing import (
-    COMMAND_TYPE,
-    GROUP_SUMMARY_TYPE,
-    OPEN_SESSION_TYPE,
-    REGISTER_IDENTITY_TYPE,
-    session_key_id,
-    sign_envelope,
-    verify_signature,
-)
-from missionweave.v1 import (
-    artifact_service_pb2,
-    artifact_service_pb2_grpc,
-    authority_service_pb2,
-    authority_service_pb2_grpc,
-    command_pb2,
-    common_pb2,
-    event_pb2,
-    membership_pb2,
-    membership_service_pb2,
-    membership_service_pb2_grpc,
+from missionweave.sdk.client import (
+    MeshClient,
+    SessionSigner,
+    SummaryNotVerified,
+    VerifiedSummary,
+    blob_digest,
+    decode_events,
+    membership_epoch,
+    open_session_envelope,
+    register_identity_envelope,
+    verify_group_summary,
 )
 
-_clock = SystemClock()
-
-
-class SummaryNotVerified(Exception):
-    """A signed Group summary whose Authority signature or payload type does not check out."""
-
-
-@dataclass(frozen=True)
-class VerifiedSummary:
-    """A Group summary whose DSSE signature verified against the Authority's public key."""
-
-    state: authority_service_pb2.GroupState
-    key_id: str
-    envelope: common_pb2.SignedEnvelope
-
-
-def membership_epoch(state: authority_service_pb2.GroupState, identity_id: str) -> int:
-    """``identity_id``'s active Membership epoch in the Group, 0 when it holds none (MW-8-02)."""
-    return next((m.membership_epoch for m in state.memberships if m.member_id == identity_id and m.active), 0)
-
-
-def verify_group_summary(envelope: common_pb2.SignedEnvelope, key_id: str, public_key: bytes) -> VerifiedSummary:
-    """Checks the payload type and the Authority's signature *before* parsing the payload."""
-    if envelope.payload_type != GROUP_SUMMARY_TYPE:
-        raise SummaryNotVerified(f"payload type {envelope.payload_type!r} is not {GROUP_SUMMARY_TYPE!r}")
-    index = next((i for i, sig in enumerate(envelope.signatures) if sig.key_id == key_id), None)
-    if index is None:
-        raise SummaryNotVerified(f"the summary carries no signature by the Authority key {key_id}")
-    if not verify_signature(envelope, public_key, index):
-        raise SummaryNotVerified(f"the summary's signature does not verify against the Authority key {key_id}")
-    state = authority_service_pb2.GroupState()
-    state.ParseFromString(envelope.payload)
-    return VerifiedSummary(state, key_id, envelope)
-
-
-def register_identity_envelope(
-    admin_id: str, admin_key: SigningKey, identity: membership_pb2.Identity, request_id: str | None = None
-) -> common_pb2.SignedEnvelope:
-    cmd = membership_service_pb2.RegisterIdentityCommand(
-        identity=identity, admin_id=admin_id, issued_at=to_timestamp(_clock.now()), request_id=request_id or ids.new_id("req")
-    )
-    return sign_envelope(cmd.SerializeToString(), REGISTER_IDENTITY_TYPE, admin_key, f"{admin_id}#identity")
-
-
-def open_session_envelope(
-    identity_id: str, identity_key: SigningKey, session_public_key: bytes
-) -> common_pb2.SignedEnvelope:
-    cmd = membership_service_pb2.OpenSessionCommand(
-        identity_id=identity_id,
-        session_public_key=session_public_key,
-        issued_at=to_timestamp(_clock.now()),
-        nonce=os.urandom(16),
-    )
-    return sign_envelope(cmd.SerializeToString(), OPEN_SESSION_TYPE, identity_key, f"{identity_id}#identity")
-
-
-@dataclass
-class SessionSigner:
-    """Signs commands as one identity's session (key id ``<identity>#session-<epoch>``)."""
-
-    identity_id: str
-    session_epoch: int
-    key: SigningKey
-
-    def command(
-        self,
-        group_id: str,
-        kind: str,
-        body: Message,
-        *,
-        membership_epoch: int = 0,
-        command_id: str | None = None,
-        correlation_id: str = "",
-        expected_revision: common_pb2.ExpectedRevision | None = None,
-    ) -> command_pb2.Command:
-        cmd = command_pb2.Command(
-            command_id=command_id or ids.new_id("cmd"),
-            group_id=group_id,
-            actor_id=self.identity_id,
-            session_epoch=self.session_epoch,
-            membership_epoch=membership_epoch,
-            issued_at=to_timestamp(_clock.now()),
-            correlation_id=correlation_id,
-        )
-        if expected_revision is not None:
-            cmd.expected_revision.CopyFrom(expected_revision)
-        getattr(cmd, kind).CopyFrom(body)
-        return cmd
-
-    def sign(self, command: command_pb2.Command) -> common_pb2.SignedEnvelope:
-        return sign_envelope(
-            command.SerializeToString(), COMMAND_TYPE, self.key, session_key_id(self.identity_id, self.session_epoch)
-        )
-
-
-def blob_digest(data: bytes) -> common_pb2.Digest:
-    """The identity of a blob: BLAKE3 and size."""
-    return common_pb2.Digest(algorithm="blake3", hex=blake3.blake3(data).hexdigest(), size_bytes=len(data))
-
-
-def decode_events(envelopes: Any) -> list[event_pb2.Event]:
-    out = []
-    for env in envelopes:
-        event = event_pb2.Event()
-        event.ParseFromString(env.payload)
-        out.append(event)
-    return out
-
-
-class MeshClient:
-    def __init__(self, target: str) -> None:
-        self.channel = grpc.aio.insecure_channel(target)
-        self.authority = authority_service_pb2_grpc.AuthorityServiceStub(self.channel)
-        self.membership = membership_service_pb2_grpc.MembershipServiceStub(self.channel)
-        self.artifacts = artifact_service_pb2_grpc.ArtifactServiceStub(self.channel)
-
-    async def __aenter__(self) -> MeshClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.channel.close()
-
-    async def register_identity(
-        self, admin_id: str, admin_key: SigningKey, identity_id: str, kind: int, public_key: bytes, display_name: str = ""
-    ) -> membership_pb2.Identity:
-        identity = membership_pb2.Identity(
-            identity_id=identity_id, kind=kind, public_key=public_key, display_name=display_name or identity_id  # type: ignore[arg-type]
-        )
-        resp = await self.membership.RegisterIdentity(
-            membership_service_pb2.RegisterIdentityRequest(command=register_identity_envelope(admin_id, admin_key, identity))
-        )
-        return resp.identity
-
-    async def open_session(self, identity_id: str, identity_key: SigningKey, session_key: SigningKey | None = None) -> SessionSigner:
-        session_key = session_key or identity_key
-        resp = await self.membership.OpenSession(
-            membership_service_pb2.OpenSessionRequest(
-                command=open_session_envelope(identity_id, identity_key, bytes(session_key.verify_key))
-            )
-        )
-        return SessionSigner(identity_id, resp.session.session_epoch, session_key)
-
-    async def execute(self, envelope: common_pb2.SignedEnvelope) -> command_pb2.CommandResult:
-        resp = await self.authority.ExecuteCommand(authority_service_pb2.ExecuteCommandRequest(command=envelope))
-        return resp.result
-
-    async def execute_batch(self, envelopes: list[common_pb2.SignedEnvelope]) -> list[command_pb2.CommandResult | Rejected]:
-        """Up to 512 commands in one call; each one's outcome in order (a batch is not a transaction)."""
-        resp = await self.authority.ExecuteCommandBatch(
-            authority_service_pb2.ExecuteCommandBatchRequest(
-                commands=[authority_service_pb2.ExecuteCommandStreamRequest(command=e, request_tag=i) for i, e in enumerate(envelopes)]
-            )
-        )
-        return [a.result if a.HasField("result") else from_proto(a.rejection) for a in resp.results]
-
-    async def read_events(self, group_id: str, after: int = 0, *, follow: bool = False) -> AsyncIterator[event_pb2.Event]:
-        call = self.authority.ReadEvents(
-            authority_service_pb2.ReadEventsRequest(group_id=group_id, after_sequence=after, follow=follow)
-        )
-        async for batch in call:
-            for event in decode_events(batch.events):
-                yield event
-
-    async def upload(
-        self, data: bytes, manifest: common_pb2.SignedEnvelope | None = None, chunk_bytes: int = 1024 * 1024
-    ) -> artifact_service_pb2.UploadResponse:
-        """Upload ``data`` under its BLAKE3 digest (idempotent), optionally with its signed manifest."""
-        digest = blob_digest(data)
-
-        async def requests() -> AsyncIterator[artifact_service_pb2.UploadRequest]:
-            header = artifact_service_pb2.UploadHeader(digest=digest, manifest=manifest)
-            yield artifact_service_pb2.UploadRequest(header=header)
-            view = memoryview(data)
-            for offset in range(0, len(data), chunk_bytes):
-                chunk = artifact_service_pb2.UploadChunk(offset=offset, data=bytes(view[offset : offset + chunk_bytes]))
-                yield artifact_service_pb2.UploadRequest(chunk=chunk)
-
-        return await self.artifacts.Upload(requests())
-
-    async def download(self, digest: common_pb2.Digest, offset: int = 0, length: int = 0) -> bytes:
-        """The verified bytes (the server holds back the last chunk until the hash matched)."""
-        call = self.artifacts.Download(artifact_service_pb2.DownloadRequest(digest=digest, offset=offset, length=length))
-        return b"".join([piece.data async for piece in call])
-
-    async def group_state(self, group_id: str) -> authority_service_pb2.GroupState:
-        resp = await self.authority.GetGroupState(authority_service_pb2.GetGroupStateRequest(group_id=group_id))
-        return resp.state
-
-    async def authority_key(self) -> tuple[str, bytes]:
-        """The Authority's signing key id and Ed25519 public key."""
-        resp = await self.authority.GetAuthorityKey(authority_service_pb2.GetAuthorityKeyRequest())
-        return resp.key_id, resp.public_key
-
-    async def signed_group_summary(self, group_id: str) -> common_pb2.SignedEnvelope:
-        """The Group's state at its durable head, in a DSSE envelope signed by the Authority (unverified)."""
-        resp = await self.authority.GetSignedGroupSummary(
-            authority_service_pb2.GetSignedGroupSummaryRequest(group_id=group_id)
-        )
-        return resp.summary
-
-    async def verified_group_summary(self, group_id: str) -> VerifiedSummary:
-        """The signed summary, verified against GetAuthorityKey; raises SummaryNotVerified otherwise."""
-        envelope = await self.signed_group_summary(group_id)
-        key_id, public_key = await self.authority_key()
-        return verify_group_summary(envelope, key_id, public_key)
+__all__ = [
+    "MeshClient",
+    "SessionSigner",
+    "SummaryNotVerified",
+    "VerifiedSummary",
+    "blob_digest",
+    "decode_events",
+    "membership_epoch",
+    "open_session_envelope",
+    "register_identity_envelope",
+    "verify_group_summary",
+]

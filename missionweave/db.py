@@ -1,7 +1,7 @@
 """Database engines: SQLite (embedded default, WAL) or PostgreSQL (asyncpg), chosen by URL.
 
-Every service's tables hang off the one ``METADATA`` so a single ``create_all`` prepares a database,
-and the same schema runs on both engines (ARCHITECTURE "Storage").
+Each service owns its tables and creates them itself (``<service>/schema.py``, ``create_schema``);
+the same schema runs on both engines (ARCHITECTURE "Storage").
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from weakref import WeakKeyDictionary
 
 from sqlalchemy import Engine, MetaData, event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-
-METADATA = MetaData()
 
 # The synchronous level each SQLite engine was made with, for the writer engine beside it.
 _SQLITE_SYNCHRONOUS: WeakKeyDictionary[Engine, str] = WeakKeyDictionary()
@@ -92,12 +90,7 @@ def sqlite_writer_target(engine: AsyncEngine) -> tuple[str, str] | None:
     return engine.url.database or ":memory:", _SQLITE_SYNCHRONOUS.get(engine.sync_engine, "FULL")
 
 
-async def create_schema(engine: AsyncEngine) -> None:
-    # Import for side effects: each module registers its tables on METADATA.
-    import artifactstore.schema  # noqa: F401
-    import gateway.schema  # noqa: F401
-    import services.authority.schema
-    import services.membership.schema  # noqa: F401
-
+async def create_tables(engine: AsyncEngine, metadata: MetaData) -> None:
+    """Create one service's tables if they are missing (idempotent)."""
     async with engine.begin() as conn:
-        await conn.run_sync(METADATA.create_all)
+        await conn.run_sync(metadata.create_all)

@@ -14,10 +14,10 @@ import pytest
 from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
-from missionweave.client import MeshClient, SessionSigner
 from missionweave.clock import OffsetClock, to_timestamp
 from missionweave.config import Settings
-from missionweave.db import METADATA, make_engine
+from missionweave.db import make_engine
+from missionweave.sdk.client import MeshClient, SessionSigner
 from missionweave.signing import read_key
 from missionweave.v1 import command_pb2, common_pb2
 
@@ -36,14 +36,15 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 async def reset_database(url: str) -> None:
     """PostgreSQL tests share one database: start each from empty tables."""
-    import artifactstore.schema  # noqa: F401
-    import gateway.schema  # noqa: F401
+    import artifactstore.schema
+    import gateway.schema
     import services.authority.schema
-    import services.membership.schema  # noqa: F401
+    import services.membership.schema
 
     engine = make_engine(url)
     async with engine.begin() as conn:
-        await conn.run_sync(METADATA.drop_all)
+        for schema in (artifactstore.schema, gateway.schema, services.authority.schema, services.membership.schema):
+            await conn.run_sync(schema.METADATA.drop_all)
     await engine.dispose()
 
 
@@ -96,7 +97,7 @@ async def register(client: MeshClient, admin_key: SigningKey, identity_id: str, 
 
 @pytest.fixture
 async def world(db_url: str, tmp_path: Path) -> AsyncIterator[World]:
-    from missionweave.server import start
+    from missionweave.mesh.server import start
 
     settings = Settings(listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1)
     clock = OffsetClock()

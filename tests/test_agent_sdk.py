@@ -1,4 +1,4 @@
-"""The Python agent SDK (missionweave.agent, spec 16): every event once and in order across a dropped
+"""The Python agent SDK (missionweave.sdk.agent, spec 16): every event once and in order across a dropped
 stream and a restart, a durable cursor file that never crosses a gap, skipped ranges, ACK batching with
 credits, commands over the stream, typed builders and snapshot restore with verification.
 
@@ -21,9 +21,9 @@ import pytest
 from nacl.signing import SigningKey
 from sqlalchemy import select
 
-import missionweave.agent as sdk
+import missionweave.sdk.agent as sdk
 from gateway.schema import cursors
-from missionweave.agent import (
+from missionweave.sdk.agent import (
     Agent,
     AuthorityVerifier,
     Backoff,
@@ -35,8 +35,8 @@ from missionweave.agent import (
     Subscription,
     SubscriptionFailed,
 )
-from missionweave.client import decode_events
-from missionweave.idempotency import attempt_key
+from missionweave.sdk.client import decode_events
+from missionweave.sdk.idempotency import attempt_key
 from missionweave.signing import EVENT_TYPE, SNAPSHOT_REFERENCE_TYPE, SNAPSHOT_TYPE, sign_envelope
 from missionweave.v1 import authority_service_pb2, common_pb2, conversation_pb2, event_pb2, membership_pb2
 from missionweave.v1 import gateway_service_pb2 as pb

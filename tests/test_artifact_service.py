@@ -11,11 +11,11 @@ import grpc
 import pytest
 
 from artifactstore.blobstore import EMPTY_BLAKE3
-from artifactstore.manifest import sign_manifest
 from artifactstore.verify import Counters
-from missionweave.client import SessionSigner, blob_digest, decode_events
 from missionweave.clock import to_timestamp
-from missionweave.errors import rejection_from_rpc_error
+from missionweave.manifest import sign_manifest
+from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.sdk.client import SessionSigner, blob_digest, decode_events
 from missionweave.signing import session_key_id
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import common_pb2

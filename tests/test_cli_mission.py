@@ -20,15 +20,15 @@ from typing import Any
 import pytest
 
 from missionweave import cli
-from missionweave.client import (
+from missionweave.clock import ManualClock
+from missionweave.config import Settings
+from missionweave.sdk.client import (
     MeshClient,
     SessionSigner,
     SummaryNotVerified,
     membership_epoch,
     verify_group_summary,
 )
-from missionweave.clock import ManualClock
-from missionweave.config import Settings
 from missionweave.signing import generate_key, read_key, write_key
 from missionweave.v1 import common_pb2, membership_pb2, mission_pb2
 from tests import builders
@@ -95,8 +95,8 @@ class Bench:
 
 @pytest.fixture
 async def bench(tmp_path: Path) -> AsyncIterator[Bench]:
-    from missionweave.cli_common import save_session
-    from missionweave.server import start
+    from missionweave.cli.common import save_session
+    from missionweave.mesh.server import start
 
     settings = Settings(
         listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=f"sqlite+aiosqlite:///{tmp_path / 'mw.db'}",

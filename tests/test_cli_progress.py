@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from missionweave.cli_progress import render_dot, render_text
+from missionweave.cli.progress import render_dot, render_text
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import work_pb2 as wp
 

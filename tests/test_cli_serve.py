@@ -18,7 +18,7 @@ import pytest
 
 from missionweave.clock import SystemClock
 from missionweave.config import Settings
-from missionweave.server import start
+from missionweave.mesh.server import start
 from tests import builders
 from tests.conftest import World
 
@@ -148,6 +148,6 @@ async def test_shutdown_drains_in_flight_commands(world: World) -> None:
 
 
 async def _events(mesh, group_id: str):  # type: ignore[no-untyped-def]
-    from services.authority.authority import decode_event
+    from missionweave.codec import decode_event
 
     return [decode_event(s.envelope) for s in await mesh.store.read(group_id, 0, 10_000)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from missionweave.errors import rejection_from_rpc_error
+from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.signing import verify_signature
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import authority_service_pb2 as pb
@@ -63,7 +63,7 @@ async def test_signed_versioned_scoped_packages_of_the_groups_own_content(world:
 
 @pytest.mark.req("MW-13.3-05", "MW-13.3-07")
 async def test_cross_group_transfer_needs_the_owners_recorded_authorization_within_its_scope(world: World) -> None:
-    from missionweave.client import decode_events
+    from missionweave.sdk.client import decode_events
     from missionweave.v1 import mission_pb2
     from tests.conftest import register
     from tests.test_missions import create, refused

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from missionweave.client import decode_events
+from missionweave.sdk.client import decode_events
 from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2
 from tests import builders
 from tests.conftest import World

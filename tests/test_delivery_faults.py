@@ -1,7 +1,7 @@
 """Delivery under a faulty transport (spec 16): every subscriber ends with exactly the Group's log, and no
 cursor (the SDK's cursor file, the ACK it sends, the cursor the gateway stores) ever crosses a gap.
 
-``FaultyAgent`` is the SDK's :class:`~missionweave.agent.Agent` with a seeded fault injector at the seam
+``FaultyAgent`` is the SDK's :class:`~missionweave.sdk.agent.Agent` with a seeded fault injector at the seam
 where server frames reach the SDK (``Agent._dispatch``, which routes each frame read from the stream to
 its Subscription): it drops EVENT frames, duplicates them, holds one back until after the next frame
 (reordering), and breaks the stream at random points, so the SDK has to reconnect, resubscribe from its
@@ -31,7 +31,7 @@ import grpc
 import pytest
 
 from gateway.outbox import FRAMES_PER_GROUP
-from missionweave.agent import Agent, Backoff, CursorFile, Subscription
+from missionweave.sdk.agent import Agent, Backoff, CursorFile, Subscription
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc

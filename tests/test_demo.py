@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from missionweave.client import MeshClient
+from missionweave.cli.demo import TASKS, DemoResult, TimelineEntry, run_demo
 from missionweave.config import Settings
-from missionweave.demo import TASKS, DemoResult, TimelineEntry, run_demo
-from missionweave.server import start
+from missionweave.mesh.server import start
+from missionweave.sdk.client import MeshClient
 from missionweave.signing import generate_key, read_key, write_key
 from missionweave.v1 import mission_pb2
 from missionweave.v1 import work_pb2 as wp

@@ -7,7 +7,7 @@ import blake3
 import pytest
 from sqlalchemy import select
 
-from missionweave.client import decode_events
+from missionweave.sdk.client import decode_events
 from missionweave.signing import verify_signature
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import common_pb2, conversation_pb2

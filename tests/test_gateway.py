@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import select
 
 from gateway.schema import cursors
-from missionweave.client import SessionSigner, decode_events
 from missionweave.clock import to_timestamp
+from missionweave.sdk.client import SessionSigner, decode_events
 from missionweave.signing import session_key_id, sign_envelope, verify_signature
 from missionweave.v1 import conversation_pb2, membership_pb2
 from missionweave.v1 import gateway_service_pb2 as pb

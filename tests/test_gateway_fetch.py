@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from missionweave.client import decode_events
+from missionweave.sdk.client import decode_events
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import common_pb2, conversation_pb2
 from missionweave.v1 import gateway_service_pb2 as pb

@@ -13,9 +13,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from nacl.signing import SigningKey
 from sqlalchemy import select
 
-from missionweave.client import SessionSigner, decode_events
 from missionweave.clock import SystemClock, to_timestamp
-from missionweave.errors import rejection_from_rpc_error
+from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.sdk.client import SessionSigner, decode_events
 from missionweave.signing import COMMAND_TYPE, EVENT_TYPE, sign_envelope, verify_signature
 from missionweave.v1 import authority_service_pb2, command_pb2, common_pb2
 from services.authority.schema import commands, events, groups
@@ -283,7 +283,7 @@ async def test_read_events_follow_and_unknown_group(world: World) -> None:
 
 
 async def test_health_reports_every_service_and_reflection_lists_them(world: World) -> None:
-    from missionweave.server import SERVICE_NAMES
+    from missionweave.mesh.server import SERVICE_NAMES
 
     health = health_pb2_grpc.HealthStub(world.client.channel)
     for name in SERVICE_NAMES.values():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import blake3
 import pytest
 
-from missionweave.idempotency import attempt_key
+from missionweave.sdk.idempotency import attempt_key
 
 
 @pytest.mark.req("MW-11.4-09")

@@ -8,7 +8,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from missionweave.errors import rejection_from_rpc_error
+from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.v1 import common_pb2
 from services.authority.ingress import GroupIngressLimiter
 from tests import builders

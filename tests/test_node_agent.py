@@ -21,7 +21,7 @@ from nacl.signing import SigningKey
 from sqlalchemy import select
 
 from gateway.schema import cursors
-from missionweave.client import SessionSigner
+from missionweave.sdk.client import SessionSigner
 from missionweave.signing import write_key
 from tests import builders
 from tests.conftest import World

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from missionweave.client import decode_events
+from missionweave.sdk.client import decode_events
 from services.authority.store import AppendRequest, EventStore
 from tests import builders
 from tests.conftest import World

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 import pytest
 from nacl.signing import SigningKey
 
-from missionweave.client import blob_digest, decode_events
-from missionweave.review import Check, ReviewPipeline
+from missionweave.sdk.client import blob_digest, decode_events
+from missionweave.sdk.review import Check, ReviewPipeline
 from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests import builders

@@ -10,11 +10,12 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave.clock import ManualClock
-from missionweave.db import create_schema, make_engine, sqlite_writer_target
+from missionweave.db import make_engine, sqlite_writer_target
 from missionweave.errors import Rejected
 from missionweave.v1 import common_pb2
 from services.authority.batch_sql import SqlAlchemyOps, SqliteOps
 from services.authority.group_commit import BatchWriter
+from services.authority.schema import create_schema
 from services.authority.store import AppendRequest, EventStore, StoredEvent
 from services.authority.writer_process import open_writer_connection
 

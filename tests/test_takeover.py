@@ -8,11 +8,11 @@ import grpc
 import pytest
 from nacl.signing import SigningKey
 
-from missionweave.client import MeshClient
 from missionweave.clock import ManualClock, SystemClock
 from missionweave.config import Settings
-from missionweave.errors import rejection_from_rpc_error
-from missionweave.server import start
+from missionweave.mesh.server import start
+from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.sdk.client import MeshClient
 from missionweave.signing import read_key
 from missionweave.v1 import common_pb2
 from tests import builders

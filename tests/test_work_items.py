@@ -11,9 +11,9 @@ import grpc
 import pytest
 from nacl.signing import SigningKey
 
-from missionweave.client import SessionSigner, decode_events
 from missionweave.clock import to_timestamp
-from missionweave.errors import rejection_from_rpc_error
+from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.sdk.client import SessionSigner, decode_events
 from missionweave.v1 import common_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests import builders

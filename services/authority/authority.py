@@ -20,10 +20,10 @@ from google.protobuf.message import DecodeError
 from nacl.signing import SigningKey
 
 from artifactstore.index import ArtifactIndex
-from artifactstore.manifest import manifest_digest
-from missionweave import ids
+from missionweave import codec, ids
 from missionweave.clock import Clock, timestamp_micros, to_micros, to_timestamp
 from missionweave.errors import Rejected
+from missionweave.manifest import manifest_digest
 from missionweave.signing import (
     COMMAND_TYPE,
     EVENT_TYPE,
@@ -335,7 +335,7 @@ class GroupAuthority:
         return command_pb2.CommandResult(
             command_id=command.command_id,
             group_id=command.group_id,
-            events=[_envelope(s) for s in stored],
+            events=[codec.envelope(s.envelope) for s in stored],
             group_revision=record.last_seq,
             replayed=True,
         )
@@ -349,7 +349,7 @@ class GroupAuthority:
                 continue
             for sequence in tombstone.message_amended.erased_sequences:
                 (stored,) = await self.store.read_range(group_id, sequence, sequence)
-                event = decode_event(stored.envelope)
+                event = codec.decode_event(stored.envelope)
                 if event.WhichOneof("payload") == "message_posted":
                     event.message_posted.ClearField("content")
                 else:  # a correction (touching the other payload would switch the oneof)
@@ -400,7 +400,7 @@ class GroupAuthority:
             if not batch:
                 return state
             for stored in batch:
-                state = decider.evolve(state, decode_event(stored.envelope))
+                state = decider.evolve(state, codec.decode_event(stored.envelope))
             after = batch[-1].sequence
 
     async def signed_summary(self, group_id: str) -> common_pb2.SignedEnvelope | None:
@@ -706,20 +706,6 @@ def _stored(event: event_pb2.Event, envelope: bytes) -> StoredEvent:
         recorded_us=timestamp_micros(event.recorded_at),
         envelope=envelope,
     )
-
-
-def _envelope(stored: StoredEvent) -> common_pb2.SignedEnvelope:
-    env = common_pb2.SignedEnvelope()
-    env.ParseFromString(stored.envelope)
-    return env
-
-
-def decode_event(envelope_bytes: bytes) -> event_pb2.Event:
-    env = common_pb2.SignedEnvelope()
-    env.ParseFromString(envelope_bytes)
-    event = event_pb2.Event()
-    event.ParseFromString(env.payload)
-    return event
 
 
 def _erases(command: command_pb2.Command) -> bool:

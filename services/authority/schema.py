@@ -2,9 +2,14 @@
 
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Integer, LargeBinary, String, Table
+from sqlalchemy import BigInteger, Column, Integer, LargeBinary, MetaData, String, Table
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from missionweave.db import METADATA
+from missionweave.db import create_tables
+
+# This service's tables only: no other service reads or writes them.
+METADATA = MetaData()
+
 
 groups = Table(
     "groups",
@@ -64,3 +69,7 @@ snapshots = Table(
     Column("created_us", BigInteger, nullable=False),
     Column("envelope", LargeBinary, nullable=False),
 )
+
+
+async def create_schema(engine: AsyncEngine) -> None:
+    await create_tables(engine, METADATA)

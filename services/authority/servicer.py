@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from missionweave.errors import R, Rejected, abort_with
+from missionweave import codec
+from missionweave.errors import R, Rejected
+from missionweave.rpc.status import abort_with
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import authority_service_pb2_grpc as pb_grpc
 from missionweave.v1 import common_pb2
@@ -119,11 +121,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                         Rejected(R.REJECTION_REASON_NOT_FOUND, f"events after {after} are not available online", first_available=batch[0].sequence),
                     )
                     return
-                envelopes = []
-                for stored in batch:
-                    env = common_pb2.SignedEnvelope()
-                    env.ParseFromString(stored.envelope)
-                    envelopes.append(env)
+                envelopes = [codec.envelope(stored.envelope) for stored in batch]
                 after = batch[-1].sequence
                 sent += len(batch)
                 yield pb.ReadEventsResponse(events=envelopes, head_sequence=max(after, head))

@@ -1,8 +1,13 @@
 """Organization tables: identities, their sessions, and idempotency records of org requests."""
 
-from sqlalchemy import BigInteger, Boolean, Column, Integer, LargeBinary, String, Table
+from sqlalchemy import BigInteger, Boolean, Column, Integer, LargeBinary, MetaData, String, Table
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from missionweave.db import METADATA
+from missionweave.db import create_tables
+
+# This service's tables only: no other service reads or writes them.
+METADATA = MetaData()
+
 
 identities = Table(
     "identities",
@@ -34,3 +39,7 @@ org_requests = Table(
     Column("fingerprint", LargeBinary, nullable=False),
     Column("identity_id", String(128), nullable=False),
 )
+
+
+async def create_schema(engine: AsyncEngine) -> None:
+    await create_tables(engine, METADATA)

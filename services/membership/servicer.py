@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import grpc
 
-from missionweave.errors import R, Rejected, abort_with
+from missionweave.errors import R, Rejected
+from missionweave.rpc.status import abort_with
 from missionweave.v1 import membership_service_pb2 as pb
 from missionweave.v1 import membership_service_pb2_grpc as pb_grpc
 from services.authority.authority import GroupAuthority

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from artifactstore.blobstore import HEX64
 from missionweave import ids
 from missionweave.clock import from_timestamp, to_timestamp
+from missionweave.digests import HEX64
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2, mission_pb2
 from services.authority.state import GroupState, IdentityInfo, MissionRecord

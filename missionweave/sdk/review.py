@@ -23,7 +23,7 @@ import blake3
 import jsonschema
 
 from missionweave import ids
-from missionweave.client import MeshClient, SessionSigner
+from missionweave.sdk.client import MeshClient, SessionSigner
 from missionweave.v1 import common_pb2
 from missionweave.v1 import work_pb2 as wp
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from missionweave.cli_common import (
+from missionweave.cli.common import (
     UsageError,
     acting,
     acting_command,

@@ -10,7 +10,7 @@ import argparse
 import json
 from itertools import pairwise
 
-from missionweave.cli_common import enum_label, reading, to_dict, when
+from missionweave.cli.common import enum_label, reading, to_dict, when
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import mission_pb2, work_pb2
 

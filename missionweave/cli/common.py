@@ -22,7 +22,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from missionweave.client import MeshClient, SessionSigner, decode_events, membership_epoch
+from missionweave.sdk.client import MeshClient, SessionSigner, decode_events, membership_epoch
 from missionweave.signing import read_key
 from missionweave.v1 import authority_service_pb2, command_pb2, event_pb2, mission_pb2
 

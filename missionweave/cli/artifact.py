@@ -32,10 +32,8 @@ import blake3
 import grpc
 from google.protobuf import json_format
 
-from artifactstore.blobstore import CHUNK_BYTES
-from artifactstore.manifest import ManifestError, sign_manifest, verify_manifest
 from missionweave import __version__
-from missionweave.cli_common import (
+from missionweave.cli.common import (
     Actor,
     CliError,
     UsageError,
@@ -50,9 +48,11 @@ from missionweave.cli_common import (
     wants_json,
     when,
 )
-from missionweave.client import MeshClient
 from missionweave.clock import SystemClock, to_timestamp
-from missionweave.errors import rejection_from_rpc_error
+from missionweave.digests import CHUNK_BYTES
+from missionweave.manifest import ManifestError, sign_manifest, verify_manifest
+from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.sdk.client import MeshClient
 from missionweave.signing import parse_session_key_id, session_key_id
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import common_pb2, membership_service_pb2

@@ -33,12 +33,12 @@ from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
 from missionweave import ids
-from missionweave.cli_common import CliError, add_json_flag, emit, enum_label, target, to_dict
-from missionweave.cli_progress import render_text
-from missionweave.client import MeshClient, SessionSigner, decode_events
+from missionweave.cli.common import CliError, add_json_flag, emit, enum_label, target, to_dict
+from missionweave.cli.progress import render_text
 from missionweave.clock import SystemClock, from_timestamp, to_timestamp
 from missionweave.config import Settings
-from missionweave.errors import rejection_from_rpc_error
+from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.sdk.client import MeshClient, SessionSigner, decode_events
 from missionweave.signing import read_key
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import common_pb2, conversation_pb2, event_pb2, membership_pb2, mission_pb2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from missionweave.cli_common import (
+from missionweave.cli.common import (
     Actor,
     CliError,
     acting,
@@ -20,8 +20,8 @@ from missionweave.cli_common import (
     report,
     when,
 )
-from missionweave.cli_mission import mission_view, render_mission, renewal_policy
-from missionweave.client import MeshClient, SummaryNotVerified, VerifiedSummary
+from missionweave.cli.mission import mission_view, render_mission, renewal_policy
+from missionweave.sdk.client import MeshClient, SummaryNotVerified, VerifiedSummary
 from missionweave.v1 import mission_pb2
 
 

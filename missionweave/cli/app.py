@@ -19,11 +19,16 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
-from missionweave import cli_artifact, cli_conversation, cli_coordinator, cli_group, cli_mission, demo
-from missionweave.cli_common import CliError, add_actor_flags, reading, save_session, target
-from missionweave.client import MeshClient
+from missionweave.cli import artifact as cli_artifact
+from missionweave.cli import conversation as cli_conversation
+from missionweave.cli import coordinator as cli_coordinator
+from missionweave.cli import demo
+from missionweave.cli import group as cli_group
+from missionweave.cli import mission as cli_mission
+from missionweave.cli.common import CliError, add_actor_flags, reading, save_session, target
 from missionweave.config import SERVICES, Settings
-from missionweave.errors import rejection_from_rpc_error
+from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.sdk.client import MeshClient
 from missionweave.signing import generate_key, read_key, write_key
 from missionweave.v1 import common_pb2
 
@@ -43,7 +48,7 @@ def _print_message(message: object) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from missionweave import logs
-    from missionweave.server import serve_forever
+    from missionweave.mesh.server import serve_forever
 
     settings = Settings.from_env()
     if args.listen:
@@ -110,7 +115,7 @@ async def cmd_state(args: argparse.Namespace) -> int:
 async def cmd_health(args: argparse.Namespace) -> int:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from missionweave.server import SERVICE_NAMES
+    from missionweave.mesh.server import SERVICE_NAMES
 
     worst = 0
     async with grpc.aio.insecure_channel(target(args)) as channel:
@@ -217,6 +222,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

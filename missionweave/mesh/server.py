@@ -27,7 +27,7 @@ from gateway.service import GatewayServicer
 from missionweave import ids
 from missionweave.clock import Clock, SystemClock
 from missionweave.config import Settings
-from missionweave.db import create_schema, make_engine
+from missionweave.db import make_engine
 from missionweave.signing import load_or_create_key
 from missionweave.v1 import (
     artifact_service_pb2,
@@ -48,7 +48,7 @@ from services.authority.store import EventStore
 from services.membership.registry import IdentityRegistry
 from services.membership.servicer import MembershipServicer
 
-log = logging.getLogger("missionweave.server")
+log = logging.getLogger("missionweave.mesh.server")
 
 # Transport limit: larger messages are refused by gRPC itself with RESOURCE_EXHAUSTED. Commands have
 # their own, smaller, structured limit (services/authority/authority.py MAX_COMMAND_BYTES).
@@ -99,6 +99,17 @@ class Mesh:
         await self.engine.dispose()
 
 
+async def create_schemas(engine: AsyncEngine) -> None:
+    """Each service creates its own tables (idempotent)."""
+    import artifactstore.schema
+    import gateway.schema
+    import services.authority.schema
+    import services.membership.schema
+
+    for schema in (services.membership.schema, services.authority.schema, artifactstore.schema, gateway.schema):
+        await schema.create_schema(engine)
+
+
 async def bootstrap_admin(settings: Settings, registry: IdentityRegistry) -> None:
     """First start of an empty Organization: create its administrator and say where the key is."""
     if await registry.count():
@@ -115,7 +126,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     clock = clock or SystemClock()
     gc.set_threshold(*GC_THRESHOLDS)
     engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
-    await create_schema(engine)
+    await create_schemas(engine)
     in_process_registry = "membership" in settings.services
     registry = IdentityRegistry(engine, clock, authoritative_cache=in_process_registry)
     await bootstrap_admin(settings, registry)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import enum
 import json
-import re
 from typing import Any
 
 import blake3
 from google.protobuf import json_format
 from nacl.signing import SigningKey
 
+from missionweave.digests import HEX64
 from missionweave.signing import sign_envelope, verify_signature
 from missionweave.v1 import artifact_service_pb2, common_pb2
 
@@ -26,7 +26,6 @@ PREDICATE_TYPE = "urn:missionweaveprotocol:predicate:artifact-manifest:v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 MAX_ENVELOPE_BYTES = 64 * 1024  # artifact_service.proto: "Manifest envelope: at most 64 KiB"
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 ArtifactManifest = artifact_service_pb2.ArtifactManifest
 SignedEnvelope = common_pb2.SignedEnvelope
@@ -192,7 +191,7 @@ def _check_subject(subject: Any, expected_digest_hex: str) -> str:
     if subject[0].get("name") != f"blake3:{expected_digest_hex}":
         raise _mismatch("subject name must be blake3:<hex> (a URI is never identity, MW-13.1-06)")
     sha256_hex = digest.get("sha256")
-    if not isinstance(sha256_hex, str) or not _HEX64.fullmatch(sha256_hex):
+    if not isinstance(sha256_hex, str) or not HEX64.fullmatch(sha256_hex):
         raise _mismatch("subject sha256 digest is missing or not 64 lowercase hex characters")
     return sha256_hex
 
@@ -230,7 +229,7 @@ def _check_sha256_aliases(manifest: ArtifactManifest, sha256_hex: str) -> None:
 
 
 def _require_hex(value: str, what: str) -> None:
-    if not _HEX64.fullmatch(value):
+    if not HEX64.fullmatch(value):
         raise ManifestError(ManifestErrorCode.MALFORMED_DIGEST, f"{what} must be 64 lowercase hex characters")
 
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from missionweave import ids
-from missionweave.cli_common import (
+from missionweave.cli.common import (
     GroupState,
     acting,
     acting_command,
@@ -27,7 +27,7 @@ from missionweave.cli_common import (
     require,
     when,
 )
-from missionweave.cli_progress import add_progress_parser
+from missionweave.cli.progress import add_progress_parser
 from missionweave.clock import SystemClock, to_timestamp
 from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2, mission_pb2
 

@@ -1,0 +1,5 @@
+import sys
+
+from missionweave.cli.app import main
+
+sys.exit(main())
