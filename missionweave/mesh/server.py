@@ -28,6 +28,8 @@ from missionweave import ids
 from missionweave.clock import Clock, SystemClock
 from missionweave.config import Settings
 from missionweave.db import make_engine
+from missionweave.mesh.peers import Peers
+from missionweave.rpc.local import LocalChannel
 from missionweave.signing import load_or_create_key
 from missionweave.v1 import (
     artifact_service_pb2,
@@ -79,6 +81,7 @@ class Mesh:
     authority: GroupAuthority
     health: health_aio.HealthServicer
     settings: Settings
+    peers: Peers
     blobstore: BlobStore | None = None
     gateway: GatewayServicer | None = None
 
@@ -92,6 +95,7 @@ class Mesh:
         if self.gateway is not None:
             await self.gateway.stop(grace)
         await self.server.stop(grace)
+        await self.peers.close()
         await self.authority.verifier.close()
         await self.store.close()
         if self.blobstore is not None:
@@ -154,11 +158,18 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     )
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    # Services served here reach each other through this channel; the others through their addresses.
+    local = LocalChannel()
+    peers = Peers(settings.services, settings.peers, local)
     if "authority" in settings.services:
         store.start()
-        authority_service_pb2_grpc.add_AuthorityServiceServicer_to_server(AuthorityServicer(authority), server)
+        authority_servicer = AuthorityServicer(authority)
+        authority_service_pb2_grpc.add_AuthorityServiceServicer_to_server(authority_servicer, server)
+        local.register(SERVICE_NAMES["authority"], authority_servicer)
     if "membership" in settings.services:
-        membership_service_pb2_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(registry, authority), server)
+        membership_servicer = MembershipServicer(registry, authority)
+        membership_service_pb2_grpc.add_MembershipServiceServicer_to_server(membership_servicer, server)
+        local.register(SERVICE_NAMES["membership"], membership_servicer)
     # Scheduling exposes its full contract now; until its issue lands every
     # RPC answers UNIMPLEMENTED (the generated base servicer's behaviour). The mypy-protobuf stubs mark
     # the base servicer's methods abstract, hence the [abstract] ignores on these placeholders.
@@ -170,7 +181,9 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     gateway = None
     if "artifacts" in settings.services:
         blobstore = blobstore_from_env(settings.data_dir)
-        add_artifact_service(ArtifactServicer(blobstore, ArtifactIndex(engine), registry, clock), server)
+        artifact_servicer = ArtifactServicer(blobstore, ArtifactIndex(engine), registry, clock)
+        add_artifact_service(artifact_servicer, server)
+        local.register(SERVICE_NAMES["artifacts"], artifact_servicer)
     if "gateway" in settings.services:
         gateway = GatewayServicer(authority, registry, engine, clock)
         gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, server)
@@ -184,7 +197,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info("mesh listening", extra={"listen": settings.listen, "port": port, "services": ",".join(settings.services)})
-    return Mesh(server, port, engine, store, registry, authority, health, settings, blobstore, gateway)
+    return Mesh(server, port, engine, store, registry, authority, health, settings, peers, blobstore, gateway)
 
 
 async def serve_forever(settings: Settings) -> None:

@@ -1,0 +1,64 @@
+"""How a service reaches the others: through their contracts, on one channel per peer service.
+
+A peer served in this process is reached through ``LocalChannel`` (no network hop, same stubs);
+any other through a gRPC channel to its address (``MWP_<SERVICE>_ADDR``). Callers build the
+generated stub on ``peers.channel(name)`` and never learn which of the two they got.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+
+from missionweave.rpc.local import LocalChannel
+
+# Service-to-service calls carry small messages, except event batches (bounded by the Authority's
+# read batch) and snapshots; the same ceiling as the public transport.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+class PeerUnknown(Exception):
+    """A service was asked for a peer that is neither served here nor given an address."""
+
+
+class Peers:
+    def __init__(self, served: tuple[str, ...], addresses: Mapping[str, str], local: LocalChannel) -> None:
+        self.served = served
+        self.addresses = dict(addresses)
+        self.local = local
+        self._remote: dict[str, grpc.aio.Channel] = {}
+
+    def is_local(self, service: str) -> bool:
+        return service in self.served
+
+    def channel(self, service: str) -> Any:
+        """The channel to ``service`` ('authority', 'membership', 'artifacts', 'scheduling', 'gateway')."""
+        if service in self.served:
+            return self.local
+        address = self.addresses.get(service)
+        if not address:
+            raise PeerUnknown(
+                f"{service} is not served in this process and MWP_{service.upper()}_ADDR is not set"
+            )
+        return self.address_channel(address)
+
+    def address_channel(self, address: str) -> grpc.aio.Channel:
+        """A channel to one address (an Authority shard named in NOT_OWNER), shared by all callers."""
+        channel = self._remote.get(address)
+        if channel is None:
+            channel = self._remote[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return channel
+
+    async def close(self) -> None:
+        channels, self._remote = list(self._remote.values()), {}
+        for channel in channels:
+            await channel.close()
