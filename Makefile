@@ -141,6 +141,7 @@ bench: $(VENV)/.installed-bench
 clean:
 	@echo "==> removing generated protobuf modules, caches and build output"
 	rm -f missionweave/v1/*_pb2.py missionweave/v1/*_pb2.pyi missionweave/v1/*_pb2_grpc.py missionweave/v1/*_pb2_grpc.pyi
+	rm -f missionweave/internal/v1/*_pb2.py missionweave/internal/v1/*_pb2.pyi missionweave/internal/v1/*_pb2_grpc.py missionweave/internal/v1/*_pb2_grpc.pyi
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 	find . -path ./$(VENV) -prune -o -path ./node_modules -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
 	rm -f $(VENV)/.installed-*

@@ -1,7 +1,7 @@
 """Generate the Python protobuf/gRPC modules (with typed .pyi stubs) from ``protos/``.
 
-The generated files land next to this package in ``missionweave/v1/`` and are never committed or
-edited by hand; ``setup.py`` runs this on every build and ``make`` runs it before tests.
+The generated files land next to this package in ``missionweave/v1/`` (the public contract) and
+``missionweave/internal/v1/`` (service-to-service contracts) and are never committed or edited by hand; ``setup.py`` runs this on every build and ``make`` runs it before tests.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ OUT = ROOT
 
 
 def proto_files() -> list[Path]:
-    return sorted((PROTO_ROOT / "missionweave" / "v1").glob("*.proto"))
+    public = (PROTO_ROOT / "missionweave" / "v1").glob("*.proto")
+    internal = (PROTO_ROOT / "missionweave" / "internal" / "v1").glob("*.proto")
+    return sorted([*public, *internal])
 
 
 def _existing(path: Path) -> str | None:
@@ -55,4 +57,4 @@ def generate() -> None:
 
 if __name__ == "__main__":
     generate()
-    print(f"generated {len(proto_files())} proto files into {OUT / 'missionweave' / 'v1'}", file=sys.stderr)
+    print(f"generated {len(proto_files())} proto files into missionweave/v1 and missionweave/internal/v1", file=sys.stderr)
