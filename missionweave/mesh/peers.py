@@ -40,6 +40,10 @@ class Peers:
     def is_local(self, service: str) -> bool:
         return service in self.served
 
+    def reachable(self, service: str) -> bool:
+        """Served here, or an address is configured for it."""
+        return service in self.served or bool(self.addresses.get(service))
+
     def channel(self, service: str) -> Any:
         """The channel to ``service`` ('authority', 'membership', 'artifacts', 'scheduling', 'gateway')."""
         if service in self.served:

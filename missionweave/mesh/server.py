@@ -22,12 +22,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from artifactstore.backends import blobstore_from_env
 from artifactstore.blobstore import BlobStore
 from artifactstore.index import ArtifactIndex
+from artifactstore.publications import PublicationServicer
 from artifactstore.service import ArtifactServicer, add_artifact_service
 from gateway.service import GatewayServicer
 from missionweave import ids
 from missionweave.clock import Clock, SystemClock
 from missionweave.config import Settings
 from missionweave.db import make_engine
+from missionweave.internal.v1 import publications_pb2, publications_pb2_grpc
+from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceStub
 from missionweave.mesh.peers import Peers
 from missionweave.rpc.local import LocalChannel
 from missionweave.signing import load_or_create_key
@@ -68,6 +71,10 @@ SERVICE_NAMES = {
     "scheduling": scheduling_service_pb2.DESCRIPTOR.services_by_name["SchedulingService"].full_name,
     "artifacts": artifact_service_pb2.DESCRIPTOR.services_by_name["ArtifactService"].full_name,
     "gateway": gateway_service_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name,
+}
+# Service-to-service contracts each public service also serves (never routed to agents).
+INTERNAL_SERVICE_NAMES = {
+    "publications": publications_pb2.DESCRIPTOR.services_by_name["PublicationService"].full_name,
 }
 
 
@@ -145,8 +152,18 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     ingress = GroupIngressLimiter(settings.group_rate, settings.group_burst)
     verifier = SignatureVerifier(settings.verify_workers if "authority" in settings.services else 0)
     await verifier.start()
+    # Services served here reach each other through this channel; the others through their addresses.
+    local = LocalChannel()
+    peers = Peers(settings.services, settings.peers, local)
+    publications = PublicationServiceStub(peers.channel("artifacts")) if peers.reachable("artifacts") else None
     authority = GroupAuthority(
-        store, registry, clock, load_or_create_key(settings.authority_key_path), ingress=ingress, verifier=verifier
+        store,
+        registry,
+        clock,
+        load_or_create_key(settings.authority_key_path),
+        ingress=ingress,
+        verifier=verifier,
+        publications=publications,
     )
 
     server = grpc.aio.server(
@@ -158,9 +175,6 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     )
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    # Services served here reach each other through this channel; the others through their addresses.
-    local = LocalChannel()
-    peers = Peers(settings.services, settings.peers, local)
     if "authority" in settings.services:
         store.start()
         authority_servicer = AuthorityServicer(authority)
@@ -184,6 +198,9 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         artifact_servicer = ArtifactServicer(blobstore, ArtifactIndex(engine), registry, clock)
         add_artifact_service(artifact_servicer, server)
         local.register(SERVICE_NAMES["artifacts"], artifact_servicer)
+        publication_servicer = PublicationServicer(ArtifactIndex(engine))
+        publications_pb2_grpc.add_PublicationServiceServicer_to_server(publication_servicer, server)
+        local.register(INTERNAL_SERVICE_NAMES["publications"], publication_servicer)
     if "gateway" in settings.services:
         gateway = GatewayServicer(authority, registry, engine, clock)
         gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, server)

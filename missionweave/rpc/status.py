@@ -64,6 +64,7 @@ CODES: dict[int, int] = {
     R.REJECTION_REASON_TERMINAL_STATE: code_pb2.FAILED_PRECONDITION,
     R.REJECTION_REASON_RECONCILIATION_REQUIRED: code_pb2.FAILED_PRECONDITION,
     R.REJECTION_REASON_PRECONDITION_FAILED: code_pb2.FAILED_PRECONDITION,
+    R.REJECTION_REASON_PEER_UNAVAILABLE: code_pb2.UNAVAILABLE,
 }
 
 _GRPC_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
@@ -86,6 +87,23 @@ def to_status(rejected: Rejected) -> status_pb2.Status:
         retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
         details.append(retry)
     return status_pb2.Status(code=CODES.get(rejected.reason, code_pb2.UNKNOWN), message=rejected.message, details=details)
+
+
+# How long a caller should wait before retrying a request whose peer did not answer.
+PEER_RETRY_AFTER_MS = 1000
+
+
+def peer_unavailable(peer: str, err: grpc.RpcError) -> Rejected:
+    """A peer service's failure as the caller's own structured, retryable rejection (never a hang:
+    every peer call has a deadline, and its DEADLINE_EXCEEDED or UNAVAILABLE ends up here)."""
+    code = err.code() if isinstance(err, grpc.aio.AioRpcError) else None
+    name = code.name if code is not None else "UNKNOWN"
+    return Rejected(
+        R.REJECTION_REASON_PEER_UNAVAILABLE,
+        f"the {peer} service did not answer ({name}); retry shortly",
+        peer=peer,
+        retry_after_ms=PEER_RETRY_AFTER_MS,
+    )
 
 
 def rejection_from_rpc_error(err: grpc.RpcError) -> common_pb2.Rejection | None:

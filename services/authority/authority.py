@@ -14,16 +14,19 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import blake3
+import grpc
 from google.protobuf.message import DecodeError
 from nacl.signing import SigningKey
 
-from artifactstore.index import ArtifactIndex
 from missionweave import codec, ids
 from missionweave.clock import Clock, timestamp_micros, to_micros, to_timestamp
 from missionweave.errors import Rejected
+from missionweave.internal.v1 import publications_pb2
 from missionweave.manifest import manifest_digest
+from missionweave.rpc.status import peer_unavailable
 from missionweave.signing import (
     COMMAND_TYPE,
     EVENT_TYPE,
@@ -55,7 +58,12 @@ MAX_COMMAND_BYTES = 256 * 1024
 REPLAY_WINDOW = timedelta(minutes=5)
 _REPLAY_WINDOW_US = int(REPLAY_WINDOW.total_seconds() * 1_000_000)
 SUPPORTED_EXTENSIONS: frozenset[str] = frozenset()
+if TYPE_CHECKING:  # the typed aio stub exists in the generated .pyi only
+    from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceAsyncStub
+
 STORE_RACE_RETRIES = 2
+# A peer service's answer is awaited this long before the command is refused PEER_UNAVAILABLE.
+PEER_TIMEOUT_S = 5.0
 
 
 class GroupAuthority:
@@ -69,6 +77,7 @@ class GroupAuthority:
         cache_size: int = 10_000,
         ingress: GroupIngressLimiter | None = None,
         verifier: SignatureVerifier | None = None,
+        publications: PublicationServiceAsyncStub | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -81,7 +90,8 @@ class GroupAuthority:
         self._locks: dict[str, _LockEntry] = {}
         self._appended: dict[str, asyncio.Event] = {}
         self.in_flight = 0
-        self.artifacts = ArtifactIndex(store.engine)
+        # The artifact store, asked whether a blob to publish is stored with a signed manifest.
+        self.publications = publications
         self.ingress = ingress or GroupIngressLimiter(0, 0)
         self.verifier = verifier or SignatureVerifier()  # no workers: checks inline
         self.tails = LogTails()
@@ -298,16 +308,26 @@ class GroupAuthority:
         digest = body.artifact.digest
         if digest.algorithm != "blake3" or not ids.is_valid(digest.hex):
             return {}
-        blob = await self.artifacts.blob(digest.hex)
-        if blob is None:
+        if self.publications is None:
+            raise Rejected(R.REJECTION_REASON_PEER_UNAVAILABLE, "no artifact store is configured", peer="artifacts")
+        request = publications_pb2.FindPublicationRequest(
+            content_digest_hex=digest.hex,
+            group_id=command.group_id,
+            work_item_id=body.work_item_id,
+            publisher_id=command.actor_id,
+            manifest_digest_hex=manifest_digest(body.manifest) if body.HasField("manifest") else "",
+        )
+        try:
+            found = await self.publications.FindPublication(request, timeout=PEER_TIMEOUT_S)
+        except grpc.RpcError as err:
+            raise peer_unavailable("artifacts", err) from None
+        if not found.found:
             return {}
-        wanted = manifest_digest(body.manifest) if body.HasField("manifest") else None
-        for record in await self.artifacts.manifests_of(digest.hex, body.work_item_id, command.actor_id):
-            if record.group_id != command.group_id or (wanted and record.manifest_digest != wanted):
-                continue
-            sources = await self.artifacts.sources_of(record.manifest_digest)
-            return {digest.hex: StoredArtifact(digest.hex, blob.size_bytes, record.manifest_digest, command.actor_id, sources)}
-        return {}
+        return {
+            digest.hex: StoredArtifact(
+                digest.hex, found.size_bytes, found.manifest_digest_hex, command.actor_id, tuple(found.source_digests_hex)
+            )
+        }
 
     async def _replay(self, command: command_pb2.Command, fingerprint_: bytes) -> command_pb2.CommandResult | None:
         owned = self._cache.get(command.group_id)

@@ -1,0 +1,74 @@
+"""The Authority asks the artifact store about a publication through the internal contract
+(protos/missionweave/internal/v1/publications.proto), never through its tables (issue 12)."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from missionweave.internal.v1 import publications_pb2 as ppb
+from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceStub
+from missionweave.sdk.client import blob_digest
+from missionweave.v1 import common_pb2
+from missionweave.v1 import work_pb2 as wp
+from tests.conftest import World
+from tests.test_artifact_service import manifest_for
+from tests.test_missions import G, refused
+from tests.test_work_items import setup, started
+
+R = common_pb2.RejectionReason
+
+
+def ask(w: World, **fields: str) -> ppb.FindPublicationRequest:
+    base = {"group_id": G, "work_item_id": "wi-1", "publisher_id": "worker-bot"}
+    return ppb.FindPublicationRequest(**{**base, **fields})
+
+
+@pytest.mark.req("MW-13.1-03")
+async def test_a_publication_is_found_only_for_its_group_workitem_publisher_and_manifest(world: World) -> None:
+    w = world
+    data = b"ledger rows " * 100
+    uploaded = await w.client.upload(data, manifest_for(w, w.worker, data))
+    stub = PublicationServiceStub(grpc.aio.insecure_channel(w.target))
+    digest = blob_digest(data).hex
+    found = await stub.FindPublication(ask(w, content_digest_hex=digest))
+    assert found.found and found.size_bytes == len(data)
+    assert found.manifest_digest_hex == uploaded.manifest_digest.hex
+    cited = await stub.FindPublication(ask(w, content_digest_hex=digest, manifest_digest_hex=uploaded.manifest_digest.hex))
+    assert cited.found
+    for other in (
+        {"group_id": "grp_other"},
+        {"work_item_id": "wi-2"},
+        {"publisher_id": "coord-bot"},
+        {"manifest_digest_hex": "0" * 64},
+        {"content_digest_hex": blob_digest(b"never uploaded").hex},
+    ):
+        answer = await stub.FindPublication(ask(w, **{"content_digest_hex": digest, **other}))
+        assert not answer.found, other
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.FindPublication(ask(w, content_digest_hex="XYZ"))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_publishing_while_the_artifact_store_is_down_is_refused_peer_unavailable_and_writes_nothing(
+    world: World,
+) -> None:
+    w = world
+    f = await setup(w)
+    epoch = await started(f, w)
+    data = b"reconciled ledger " * 100
+    await w.client.upload(data, manifest_for(w, w.worker, data))
+    # The Authority's peer now points at a port nobody listens on.
+    dead = grpc.aio.insecure_channel("127.0.0.1:9")
+    w.mesh.authority.publications = PublicationServiceStub(dead)  # type: ignore[attr-defined]
+    ref = common_pb2.ArtifactRef(digest=blob_digest(data), media_type="text/csv")
+    publish = wp.WorkPublishArtifact(work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch, artifact=ref)
+    began = time.monotonic()
+    rejection = await refused(
+        w, w.worker, G, "work_publish_artifact", publish, R.REJECTION_REASON_PEER_UNAVAILABLE, membership_epoch=3
+    )
+    assert time.monotonic() - began < 6  # bounded by the peer deadline, never a hang
+    assert rejection.metadata["peer"] == "artifacts" and int(rejection.metadata["retry_after_ms"]) > 0
+    await dead.close()
