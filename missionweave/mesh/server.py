@@ -11,7 +11,7 @@ import contextlib
 import gc
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -31,6 +31,7 @@ from missionweave.config import Settings
 from missionweave.db import make_engine
 from missionweave.internal.v1 import publications_pb2, publications_pb2_grpc
 from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceStub
+from missionweave.mesh.front_door import FrontDoor, mirror_health, stop_mirrors
 from missionweave.mesh.peers import Peers
 from missionweave.rpc.local import LocalChannel
 from missionweave.signing import load_or_create_key
@@ -72,6 +73,13 @@ SERVICE_NAMES = {
     "artifacts": artifact_service_pb2.DESCRIPTOR.services_by_name["ArtifactService"].full_name,
     "gateway": gateway_service_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name,
 }
+# The public services the front door can route (the gateway is the front door itself).
+PUBLIC_DESCRIPTORS = {
+    "authority": authority_service_pb2.DESCRIPTOR.services_by_name["AuthorityService"],
+    "membership": membership_service_pb2.DESCRIPTOR.services_by_name["MembershipService"],
+    "scheduling": scheduling_service_pb2.DESCRIPTOR.services_by_name["SchedulingService"],
+    "artifacts": artifact_service_pb2.DESCRIPTOR.services_by_name["ArtifactService"],
+}
 # Service-to-service contracts each public service also serves (never routed to agents).
 INTERNAL_SERVICE_NAMES = {
     "publications": publications_pb2.DESCRIPTOR.services_by_name["PublicationService"].full_name,
@@ -91,6 +99,7 @@ class Mesh:
     peers: Peers
     blobstore: BlobStore | None = None
     gateway: GatewayServicer | None = None
+    health_mirrors: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -102,6 +111,7 @@ class Mesh:
         if self.gateway is not None:
             await self.gateway.stop(grace)
         await self.server.stop(grace)
+        await stop_mirrors(self.health_mirrors)
         await self.peers.close()
         await self.authority.verifier.close()
         await self.store.close()
@@ -204,8 +214,20 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     if "gateway" in settings.services:
         gateway = GatewayServicer(authority, registry, engine, clock)
         gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, server)
+    mirrors: list[asyncio.Task[None]] = []
+    routed: list[str] = []
+    if "gateway" in settings.services:
+        # The front door: every public service not served here is routed to the peer serving it.
+        away = {s: PUBLIC_DESCRIPTORS[s] for s in PUBLIC_DESCRIPTORS if s not in settings.services and peers.reachable(s)}
+        if away:
+            front_door = FrontDoor(peers, away)
+            server.add_generic_rpc_handlers([front_door])
+            routed = [SERVICE_NAMES[s] for s in front_door.routed_services]
+            mirrors = [
+                asyncio.create_task(mirror_health(health, peers.channel(s), SERVICE_NAMES[s])) for s in front_door.routed_services
+            ]
     names = [SERVICE_NAMES[s] for s in settings.services]
-    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME, "grpc.health.v1.Health"], server)
+    reflection.enable_server_reflection([*names, *routed, reflection.SERVICE_NAME, "grpc.health.v1.Health"], server)
     port = server.add_insecure_port(settings.listen)
     if port == 0:
         raise OSError(f"cannot listen on {settings.listen}")
@@ -214,7 +236,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info("mesh listening", extra={"listen": settings.listen, "port": port, "services": ",".join(settings.services)})
-    return Mesh(server, port, engine, store, registry, authority, health, settings, peers, blobstore, gateway)
+    return Mesh(server, port, engine, store, registry, authority, health, settings, peers, blobstore, gateway, mirrors)
 
 
 async def serve_forever(settings: Settings) -> None:
