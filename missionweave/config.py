@@ -17,6 +17,8 @@
 | MWP_S3_ENDPOINT / _REGION| AWS default                     | any S3-compatible endpoint (path-style)        |
 | MWP_S3_CREATE_BUCKET     | false                           | create the bucket on first use                 |
 | MWP_AUTHORITY_ADDR, ...  | (unset)                         | peer addresses when services run apart         |
+| MWP_ADVERTISE_ADDR       | the listen address              | how peers reach this process (NOT_OWNER)       |
+| MWP_MESH_ID              | (unset)                         | processes of one mesh share a data dir          |
 | MWP_LOG_LEVEL / _FORMAT  | info / json                     | logging                                        |
 """
 
@@ -39,6 +41,10 @@ class Settings:
     sqlite_synchronous: str = "FULL"
     services: tuple[str, ...] = SERVICES
     peers: dict[str, str] = field(default_factory=dict)
+    # The address peers dial to reach this process (named in NOT_OWNER answers); default: listen.
+    advertise: str = ""
+    # Processes of one mesh share this id; a data dir held by another mesh is refused (mesh.lock).
+    mesh_id: str = ""
     log_level: str = "info"
     log_format: str = "json"
     grace_seconds: float = 10.0
@@ -86,6 +92,8 @@ class Settings:
             addr = e.get(f"MWP_{name.upper()}_ADDR")
             if addr:
                 s.peers[name] = addr
+        s.advertise = e.get("MWP_ADVERTISE_ADDR", s.advertise)
+        s.mesh_id = e.get("MWP_MESH_ID", s.mesh_id)
         s.group_rate = float(e.get("MWP_GROUP_RATE", s.group_rate))
         s.group_burst = float(e.get("MWP_GROUP_BURST", s.group_burst))
         s.commit_linger_ms = float(e.get("MWP_COMMIT_LINGER_MS", s.commit_linger_ms))

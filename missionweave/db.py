@@ -38,11 +38,13 @@ def sqlite_pragmas(dbapi_conn: Any, synchronous: str) -> None:
     # Autocommit at the module level: transactions are begun explicitly (see _configure_sqlite).
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
+    # First: the processes of a split mesh open one file at once, and switching it to WAL must wait
+    # for the others' locks instead of failing "database is locked".
+    cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA journal_mode=WAL")
     # FULL by default: a commit acknowledged to a client survives power loss. Group commit
     # amortises the fsync over every command in the batch.
     cur.execute(f"PRAGMA synchronous={synchronous}")
-    cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -48,7 +49,7 @@ def _print_message(message: object) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from missionweave import logs
-    from missionweave.mesh.server import serve_forever
+    from missionweave.mesh.datadir_lock import DataDirHeld, hold
 
     settings = Settings.from_env()
     if args.listen:
@@ -60,8 +61,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.service:
         settings.services = tuple(args.service)
     logs.configure(settings.log_level, settings.log_format)
-    asyncio.run(serve_forever(settings))
-    return 0
+    if args.topology == "split" and not settings.mesh_id:
+        settings.mesh_id = f"mesh-{os.urandom(6).hex()}"  # its children are let into the data dir by it
+    try:
+        lock = hold(settings.data_dir, settings.mesh_id)
+    except DataDirHeld as held:
+        print(f"mwp serve: {held}", file=sys.stderr)
+        return 1
+    try:
+        if args.topology == "split":
+            from missionweave.mesh.topology import run_split
+
+            return asyncio.run(run_split(settings, shards=args.shards))
+        from missionweave.mesh.server import serve_forever
+
+        asyncio.run(serve_forever(settings))
+        return 0
+    finally:
+        lock.release()
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -144,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--listen", help="listen address (default $MWP_LISTEN or 127.0.0.1:50051)")
     s.add_argument("--data-dir", help="data directory (default $MWP_DATA_DIR or ./.missionweave)")
     s.add_argument("--database-url", help="database URL (default SQLite in the data directory)")
+    s.add_argument(
+        "--topology",
+        choices=("single", "split"),
+        default="single",
+        help="single: every service in this process (default); split: each service in a process of its own, "
+        "the gateway on --listen as the one address (docs/operations.md)",
+    )
+    s.add_argument("--shards", type=int, default=1, help="with --topology split: Authority shard processes (default 1)")
     s.set_defaults(func=cmd_serve)
 
     k = sub.add_parser("keygen", help="create an Ed25519 key file (mode 0600)")

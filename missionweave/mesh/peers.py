@@ -53,7 +53,9 @@ class Peers:
             raise PeerUnknown(
                 f"{service} is not served in this process and MWP_{service.upper()}_ADDR is not set"
             )
-        return self.address_channel(address)
+        # MWP_AUTHORITY_ADDR lists every shard; until commands are placed by Group (a misrouted one
+        # is answered NOT_OWNER naming its owner) the first shard is the entry point.
+        return self.address_channel(address.split(",")[0].strip())
 
     def address_channel(self, address: str) -> grpc.aio.Channel:
         """A channel to one address (an Authority shard named in NOT_OWNER), shared by all callers."""

@@ -1,0 +1,168 @@
+"""``mwp serve --topology split``: every service in a process of its own, on one machine, wired
+exactly as Kubernetes wires them (docs/kubernetes.md): the gateway on the one address agents and
+people use, membership, artifacts, scheduling and N Authority shards on loopback ports of their own,
+each told its peers' addresses through the same ``MWP_*_ADDR`` variables.
+
+The launcher holds the data directory (its children are let in by ``MWP_MESH_ID``), waits until
+every child reports SERVING, forwards SIGTERM/SIGINT to all of them, and stops the whole mesh (exit
+1) if one of them dies: a half mesh is never left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from missionweave.config import Settings
+
+log = logging.getLogger("missionweave.topology")
+
+START_TIMEOUT_S = 60.0
+BACK_SERVICES = ("membership", "artifacts", "scheduling")
+
+
+class TopologyError(Exception):
+    """The split topology cannot be started as asked."""
+
+
+@dataclass
+class Child:
+    name: str
+    services: tuple[str, ...]
+    address: str
+    env: dict[str, str]
+    process: asyncio.subprocess.Process | None = None
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def plan(settings: Settings, shards: int, mesh_id: str) -> list[Child]:
+    """The processes of the split topology and the environment each is started with."""
+    if shards < 1:
+        raise TopologyError("--shards must be at least 1")
+    if shards > 1 and not settings.database_url.startswith(("postgresql", "postgres")):
+        # Shards share the Group table and its fenced ownership leases; on the embedded default
+        # one SQLite file with its single writer process per shard is not safe (docs/decisions.md).
+        raise TopologyError("more than one Authority shard needs PostgreSQL: set --database-url postgresql://...")
+    host = settings.listen.rsplit(":", 1)[0] or "127.0.0.1"
+    host = "127.0.0.1" if host in ("0.0.0.0", "[::]") else host
+    addresses = {name: f"{host}:{_free_port(host)}" for name in BACK_SERVICES}
+    shard_addresses = [f"{host}:{_free_port(host)}" for _ in range(shards)]
+    common = {
+        "MWP_DATA_DIR": str(settings.data_dir),
+        "MWP_MESH_ID": mesh_id,
+        "MWP_LOG_LEVEL": settings.log_level,
+        "MWP_LOG_FORMAT": settings.log_format,
+        "MWP_AUTHORITY_ADDR": ",".join(shard_addresses),
+        **{f"MWP_{name.upper()}_ADDR": address for name, address in addresses.items()},
+    }
+    if settings.database_url:
+        common["MWP_DATABASE_URL"] = settings.database_url
+    children = [
+        Child(f"authority-{i}", ("authority",), address, {"MWP_INSTANCE_ID": f"authority-{i}", "MWP_ADVERTISE_ADDR": address})
+        for i, address in enumerate(shard_addresses)
+    ]
+    children += [Child(name, (name,), address, {}) for name, address in addresses.items()]
+    children.append(Child("gateway", ("gateway",), settings.listen, {}))
+    for child in children:
+        child.env = {**common, **child.env, "MWP_SERVICES": ",".join(child.services), "MWP_LISTEN": child.address}
+    return children
+
+
+async def _serving(child: Child, deadline: float) -> None:
+    service = {
+        "authority": "missionweave.v1.AuthorityService",
+        "membership": "missionweave.v1.MembershipService",
+        "artifacts": "missionweave.v1.ArtifactService",
+        "scheduling": "missionweave.v1.SchedulingService",
+        "gateway": "missionweave.v1.GatewayService",
+    }[child.services[0]]
+    async with grpc.aio.insecure_channel(child.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            assert child.process is not None
+            if child.process.returncode is not None:
+                raise TopologyError(f"{child.name} exited with code {child.process.returncode} during start-up")
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                answer = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1)
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            if time.monotonic() > deadline:
+                raise TopologyError(f"{child.name} did not report SERVING within {START_TIMEOUT_S:.0f} s")
+            await asyncio.sleep(0.2)
+
+
+async def _stop(children: list[Child], grace: float) -> None:
+    running = [c.process for c in children if c.process is not None and c.process.returncode is None]
+    for process in running:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+    if running:
+        _, late = await asyncio.wait([asyncio.create_task(p.wait()) for p in running], timeout=grace + 5)
+        if late:
+            for process in running:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+
+
+async def run_split(settings: Settings, *, shards: int = 1) -> int:
+    """Start, supervise and stop the split topology; the exit code of ``mwp serve``."""
+    mesh_id = settings.mesh_id or f"mesh-{uuid.uuid4().hex[:12]}"  # `mwp serve` sets it before taking the data dir
+    try:
+        children = plan(settings, shards, mesh_id)
+    except TopologyError as refused:
+        print(f"mwp serve: {refused}", file=sys.stderr)
+        return 2
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MWP_")}
+    try:
+        # One at a time, back services first, the gateway last (it routes to the others from its first
+        # call on); each creates its tables before the next opens the database.
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for child in children:
+            child.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "missionweave.cli", "serve", env={**env, **child.env}, stdin=asyncio.subprocess.DEVNULL
+            )
+            print(f"  starting {child.name:<12} pid {child.process.pid:<7} on {child.address}", file=sys.stderr)
+            await _serving(child, deadline)
+        print(
+            f"split topology serving: gateway (the one address) on {settings.listen}, "
+            f"{shards} Authority shard(s), {len(children)} processes (mesh {mesh_id})",
+            file=sys.stderr,
+        )
+        waits = {asyncio.create_task(c.process.wait()): c for c in children if c.process is not None}
+        stopping = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([stopping, *waits], return_when=asyncio.FIRST_COMPLETED)
+        if stopping in done:
+            log.info("stopping the split topology", extra={"processes": len(children)})
+            return 0
+        died = next(waits[t] for t in done if t in waits)
+        log.error(
+            "a process of the split topology died: stopping the others",
+            extra={"process": died.name, "exit_code": died.process.returncode if died.process else None},
+        )
+        return 1
+    except TopologyError as failed:
+        print(f"mwp serve: {failed}", file=sys.stderr)
+        return 1
+    finally:
+        await _stop(children, settings.grace_seconds)
