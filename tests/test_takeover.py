@@ -43,6 +43,7 @@ async def test_takeover_fences_the_old_instance_and_never_interleaves(db_url: st
             await cb.execute(post("via b"))
         rejection = rejection_from_rpc_error(info.value)
         assert rejection and rejection.reason == R.REJECTION_REASON_NOT_OWNER and rejection.metadata["owner"] == "auth-a"
+        assert rejection.metadata["owner_address"] == f"127.0.0.1:{a.port}"  # where a router retries
         # A caught-up follower of a's Group is answered from a's memory while a's lease holds.
         follower_queries: list[int] = []
         store_read = a.authority.store.read

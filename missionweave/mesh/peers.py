@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from missionweave.rpc.local import LocalChannel
+from missionweave.rpc.shards import ShardedChannel
 
 # Service-to-service calls carry small messages, except event batches (bounded by the Authority's
 # read batch) and snapshots; the same ceiling as the public transport.
@@ -36,6 +37,7 @@ class Peers:
         self.addresses = dict(addresses)
         self.local = local
         self._remote: dict[str, grpc.aio.Channel] = {}
+        self._sharded: ShardedChannel | None = None
 
     def is_local(self, service: str) -> bool:
         return service in self.served
@@ -53,9 +55,13 @@ class Peers:
             raise PeerUnknown(
                 f"{service} is not served in this process and MWP_{service.upper()}_ADDR is not set"
             )
-        # MWP_AUTHORITY_ADDR lists every shard; until commands are placed by Group (a misrouted one
-        # is answered NOT_OWNER naming its owner) the first shard is the entry point.
-        return self.address_channel(address.split(",")[0].strip())
+        shards = [a.strip() for a in address.split(",") if a.strip()]
+        if len(shards) == 1:
+            return self.address_channel(shards[0])
+        # MWP_AUTHORITY_ADDR lists every shard: calls are placed by Group (missionweave/rpc/shards.py).
+        if self._sharded is None:
+            self._sharded = ShardedChannel(shards, self.address_channel)
+        return self._sharded
 
     def address_channel(self, address: str) -> grpc.aio.Channel:
         """A channel to one address (an Authority shard named in NOT_OWNER), shared by all callers."""

@@ -232,6 +232,9 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     if port == 0:
         raise OSError(f"cannot listen on {settings.listen}")
     await server.start()
+    if "authority" in settings.services:
+        host = settings.listen.rsplit(":", 1)[0]
+        await store.announce(settings.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}")
     for name in names:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -3,7 +3,9 @@
 from typing import Any
 
 from sqlalchemy import BigInteger, Column, Integer, LargeBinary, MetaData, String, Table
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql.dml import Insert
 
 from missionweave.db import create_tables
 
@@ -22,6 +24,16 @@ groups = Table(
     Column("owner_instance", String(128), nullable=False),
     Column("lease_expires_us", BigInteger, nullable=False),
     Column("created_us", BigInteger, nullable=False),
+)
+
+# Where each Authority instance (shard) can be reached: a NOT_OWNER answer names the owner's address
+# so that a router retries there (issue 12, shards). Each instance writes its own row at start.
+authority_instances = Table(
+    "authority_instances",
+    METADATA,
+    Column("instance_id", String(128), primary_key=True),
+    Column("address", String(256), nullable=False),
+    Column("updated_us", BigInteger, nullable=False),
 )
 
 def _event_columns() -> list[Column[Any]]:
@@ -73,3 +85,12 @@ snapshots = Table(
 
 async def create_schema(engine: AsyncEngine) -> None:
     await create_tables(engine, METADATA)
+
+
+def instance_upsert(dialect: str) -> Insert:
+    """Record (or move) an instance's address. Rows: instance_id, address, updated_us."""
+    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(authority_instances)
+    return ins.on_conflict_do_update(
+        index_elements=[authority_instances.c.instance_id],
+        set_={"address": ins.excluded.address, "updated_us": ins.excluded.updated_us},
+    )

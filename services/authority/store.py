@@ -39,7 +39,15 @@ from missionweave.errors import Rejected
 from missionweave.v1 import common_pb2
 from services.authority.batch_sql import SqlAlchemyOps
 from services.authority.group_commit import AppendRecord, BatchWriter, StoredEvent
-from services.authority.schema import commands, events, events_archive, groups, snapshots
+from services.authority.schema import (
+    authority_instances,
+    commands,
+    events,
+    events_archive,
+    groups,
+    instance_upsert,
+    snapshots,
+)
 from services.authority.writer_process import WriterLost, WriterProcess, unknown_outcome
 
 __all__ = ["AppendRequest", "CommandRecord", "EventStore", "StoredEvent"]
@@ -159,14 +167,29 @@ class EventStore:
             row = result.first()
             if row is not None:
                 return int(row[0]), int(row[1])
-            owner = (
-                await conn.execute(select(groups.c.owner_instance).where(groups.c.group_id == group_id))
-            ).scalar_one_or_none()
-        if owner is None:
+            held = (
+                await conn.execute(
+                    select(groups.c.owner_instance, authority_instances.c.address)
+                    .select_from(groups.outerjoin(authority_instances, authority_instances.c.instance_id == groups.c.owner_instance))
+                    .where(groups.c.group_id == group_id)
+                )
+            ).first()
+        if held is None:
             return None
+        owner, address = held[0], held[1] or ""
         raise Rejected(
-            R.REJECTION_REASON_NOT_OWNER, f"group {group_id} is owned by authority instance {owner}", owner=owner
+            R.REJECTION_REASON_NOT_OWNER,
+            f"group {group_id} is owned by authority instance {owner}" + (f" at {address}" if address else ""),
+            owner=owner,
+            owner_address=address,
         )
+
+    @finish_on_cancel
+    async def announce(self, address: str) -> None:
+        """Say where this instance is reached, for the NOT_OWNER answers of the other instances."""
+        row = {"instance_id": self.instance_id, "address": address, "updated_us": to_micros(self.clock.now())}
+        async with self.engine.begin() as conn:
+            await conn.execute(instance_upsert(self.engine.dialect.name), [row])
 
     @finish_on_cancel
     async def head(self, group_id: str) -> int | None:

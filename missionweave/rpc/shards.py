@@ -1,0 +1,232 @@
+"""A channel over several Authority shards: each call goes to the shard that owns its Group.
+
+Placement is rendezvous hashing of the Group id over the shards' addresses (stable: adding or
+losing a shard moves only the Groups it gains or held). A Group stays with whichever shard holds its
+ownership lease, so the hashed shard may not be the owner: it answers ``NOT_OWNER`` naming the
+owner's address, the call is retried there once, and the placement is remembered. A shard that
+does not answer is skipped for the next one in the Group's order (which takes the Group over once
+the dead shard's lease has lapsed). Callers build the generated stubs on this channel and never see
+any of it.
+
+Calls carry either messages (stubs) or raw bytes (the front door): bytes are parsed with the
+method's request type to find the Group, and answers go back as bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import blake3
+import grpc
+from google.protobuf import descriptor_pool, message_factory
+from google.protobuf.message import DecodeError, Message
+
+from missionweave.errors import R
+from missionweave.rpc.status import peer_unavailable, rejection_from_rpc_error
+from missionweave.v1 import authority_service_pb2, command_pb2, common_pb2
+
+PLACEMENT_CACHE = 100_000
+MAX_STREAM_IN_FLIGHT = 256
+_BATCH = "/missionweave.v1.AuthorityService/ExecuteCommandBatch"
+_COMMAND = "/missionweave.v1.AuthorityService/ExecuteCommand"
+
+
+def rendezvous(group_id: str, addresses: Sequence[str]) -> list[str]:
+    """The shards in the order a Group tries them: highest BLAKE3(group, shard) first."""
+    return sorted(addresses, key=lambda a: blake3.blake3(f"{group_id}\0{a}".encode()).digest(), reverse=True)
+
+
+def _types(method: str) -> tuple[type[Message], type[Message]]:
+    service, _, name = method.lstrip("/").partition("/")
+    found = descriptor_pool.Default().FindServiceByName(service).FindMethodByName(name)
+    return message_factory.GetMessageClass(found.input_type), message_factory.GetMessageClass(found.output_type)
+
+
+def group_of(request: Message) -> str:
+    """The Group a request is about: its ``group_id``, or its signed command's (empty if none)."""
+    fields = request.DESCRIPTOR.fields_by_name
+    any_request: Any = request
+    if "group_id" in fields:
+        return str(any_request.group_id)
+    if "command" in fields:
+        envelope = any_request.command
+        if isinstance(envelope, common_pb2.SignedEnvelope):
+            with contextlib.suppress(DecodeError):
+                return command_pb2.Command.FromString(envelope.payload).group_id
+    return ""
+
+
+class ShardedChannel:
+    def __init__(self, addresses: Sequence[str], channel_for: Callable[[str], Any]) -> None:
+        if not addresses:
+            raise ValueError("at least one shard address")
+        self.addresses = list(addresses)
+        self._channel_for = channel_for
+        self._owners: OrderedDict[str, str] = OrderedDict()
+
+    # ------------------------------------------------------------ placement
+
+    def order(self, group_id: str) -> list[str]:
+        """Where to try a Group's call: its known owner first, then its rendezvous order."""
+        ranked = rendezvous(group_id, self.addresses) if group_id else list(self.addresses)
+        owner = self._owners.get(group_id)
+        return [owner, *(a for a in ranked if a != owner)] if owner else ranked
+
+    def _remember(self, group_id: str, address: str) -> None:
+        if not group_id:
+            return
+        self._owners[group_id] = address
+        self._owners.move_to_end(group_id)
+        while len(self._owners) > PLACEMENT_CACHE:
+            self._owners.popitem(last=False)
+
+    async def _unary(self, method: str, request: Message, answer_type: type[Message], **kw: Any) -> Message:
+        group_id = group_of(request)
+        tried: set[str] = set()
+        queue = self.order(group_id)
+        last: grpc.aio.AioRpcError | None = None
+        while queue:
+            address = queue.pop(0)
+            if address in tried:
+                continue
+            tried.add(address)
+            call = self._channel_for(address).unary_unary(method, type(request).SerializeToString, answer_type.FromString)
+            try:
+                answer: Message = await call(request, **kw)
+            except grpc.aio.AioRpcError as err:
+                last = err
+                rejection = rejection_from_rpc_error(err)
+                if rejection is not None and rejection.reason == R.REJECTION_REASON_NOT_OWNER:
+                    owner = rejection.metadata.get("owner_address", "")
+                    if owner and owner not in tried:
+                        queue.insert(0, owner)  # the owner named by the shard we asked
+                    continue
+                if rejection is None and err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    continue  # that shard is down: the next in the Group's order
+                raise
+            self._remember(group_id, address)
+            return answer
+        assert last is not None
+        raise last
+
+    # ------------------------------------------------------------ the channel interface stubs use
+
+    def unary_unary(self, method: str, *_: Any, **__: Any) -> Callable[..., Any]:
+        request_type, answer_type = _types(method)
+
+        async def call(request: Message | bytes, **kw: Any) -> Message | bytes:
+            raw = isinstance(request, bytes)
+            message = request_type.FromString(request) if isinstance(request, bytes) else request
+            answer: Message
+            if method == _BATCH:
+                answer = await self._batch(message, **kw)  # type: ignore[arg-type]
+            else:
+                answer = await self._unary(method, message, answer_type, **kw)
+            return answer.SerializeToString() if raw else answer
+
+        return call
+
+    def unary_stream(self, method: str, *_: Any, **__: Any) -> Callable[..., Any]:
+        request_type, answer_type = _types(method)
+
+        def call(request: Message | bytes, **kw: Any) -> Any:
+            raw = isinstance(request, bytes)
+            message = request_type.FromString(request) if isinstance(request, bytes) else request
+            address = self.order(group_of(message))[0]
+            serializer = (lambda m: m) if raw else type(message).SerializeToString
+            deserializer = (lambda b: b) if raw else answer_type.FromString
+            stream = self._channel_for(address).unary_stream(method, serializer, deserializer)
+            return stream(request, **kw)
+
+        return call
+
+    def stream_unary(self, method: str, *_: Any, **__: Any) -> Callable[..., Any]:
+        def refuse(*_: Any, **__: Any) -> Any:
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNIMPLEMENTED, grpc.aio.Metadata(), grpc.aio.Metadata(), details=method)
+
+        return refuse
+
+    def stream_stream(self, method: str, *_: Any, **__: Any) -> Callable[..., Any]:
+        request_type = _types(method)[0]
+
+        def call(requests: AsyncIterator[Any], **kw: Any) -> _RoutedCommands:
+            return _RoutedCommands(self, requests, request_type, kw)
+
+        return call
+
+    async def _batch(
+        self, request: authority_service_pb2.ExecuteCommandBatchRequest, **kw: Any
+    ) -> authority_service_pb2.ExecuteCommandBatchResponse:
+        """A batch is not a transaction: its commands go to their own shards, answered in order."""
+        answers = await asyncio.gather(*(self._command(item, **kw) for item in request.commands))
+        return authority_service_pb2.ExecuteCommandBatchResponse(results=answers)
+
+    async def _command(
+        self, item: authority_service_pb2.ExecuteCommandStreamRequest, **kw: Any
+    ) -> authority_service_pb2.ExecuteCommandStreamResponse:
+        """One command of a batch or stream: its result or its rejection, never an exception."""
+        out = authority_service_pb2.ExecuteCommandStreamResponse(request_tag=item.request_tag)
+        try:
+            answer = await self._unary(
+                _COMMAND,
+                authority_service_pb2.ExecuteCommandRequest(command=item.command),
+                authority_service_pb2.ExecuteCommandResponse,
+                **kw,
+            )
+        except grpc.aio.AioRpcError as err:
+            rejection = rejection_from_rpc_error(err)
+            out.rejection.CopyFrom(rejection if rejection is not None else peer_unavailable("authority", err).to_proto())
+            return out
+        result = answer.result  # type: ignore[attr-defined]
+        out.command_id = result.command_id
+        out.result.CopyFrom(result)
+        return out
+
+
+class _RoutedCommands:
+    """ExecuteCommandStream over shards: each command routed on its own, answers in completion order."""
+
+    def __init__(self, channel: ShardedChannel, requests: AsyncIterator[Any], request_type: type[Message], kw: dict[str, Any]) -> None:
+        self._answers: asyncio.Queue[Any] = asyncio.Queue()
+        self._raw = False
+        kw = {k: v for k, v in kw.items() if k != "timeout"}  # a stream's deadline is the stream's own
+
+        async def pump() -> None:
+            slots = asyncio.Semaphore(MAX_STREAM_IN_FLIGHT)
+            tasks: set[asyncio.Task[None]] = set()
+
+            async def one(item: Any) -> None:
+                try:
+                    await self._answers.put(await channel._command(item, **kw))
+                finally:
+                    slots.release()
+
+            async for request in requests:
+                self._raw = isinstance(request, bytes)
+                await slots.acquire()
+                task = asyncio.create_task(one(request_type.FromString(request) if self._raw else request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+            await self._answers.put(None)
+
+        self._pump = asyncio.create_task(pump())
+
+    def __aiter__(self) -> _RoutedCommands:
+        return self
+
+    async def __anext__(self) -> Any:
+        answer = await self._answers.get()
+        if answer is None:
+            await self._pump
+            raise StopAsyncIteration
+        return answer.SerializeToString() if self._raw else answer
+
+    def cancel(self) -> bool:
+        return self._pump.cancel()
+

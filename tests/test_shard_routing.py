@@ -1,0 +1,157 @@
+"""Commands reach their Group's owning Authority shard (issue 12, item 2): placement by rendezvous
+hash, a NOT_OWNER answer retried at the owner it names, a shard that is down skipped."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from missionweave.errors import R, Rejected
+from missionweave.rpc.local import LocalChannel
+from missionweave.rpc.shards import ShardedChannel, group_of, rendezvous
+from missionweave.rpc.status import rejection_from_rpc_error, rejections_as_status
+from missionweave.v1 import authority_service_pb2 as apb
+from missionweave.v1 import authority_service_pb2_grpc as apb_grpc
+from missionweave.v1 import command_pb2, common_pb2
+
+AUTHORITY = apb.DESCRIPTOR.services_by_name["AuthorityService"].full_name
+SHARDS = ["shard-a:1", "shard-b:1", "shard-c:1"]  # names only: every call stays in this process
+
+
+def command(group_id: str, command_id: str = "cmd-1") -> common_pb2.SignedEnvelope:
+    payload = command_pb2.Command(group_id=group_id, command_id=command_id).SerializeToString()
+    return common_pb2.SignedEnvelope(payload=payload)
+
+
+class Mesh:
+    """Fake shards: each owns the Groups in ``owned`` and answers NOT_OWNER for the others."""
+
+    def __init__(self, owners: dict[str, str], down: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.owners, self.down, self.calls = owners, down, Counter[str]()
+        self.channels = {address: self._shard(address) for address in SHARDS}
+
+    def _shard(self, address: str) -> LocalChannel:
+        mesh = self
+
+        @rejections_as_status
+        class Shard(apb_grpc.AuthorityServiceServicer):
+            async def ExecuteCommand(self, request: apb.ExecuteCommandRequest, context: grpc.aio.ServicerContext) -> apb.ExecuteCommandResponse:
+                group = group_of(request)
+                mesh.calls[address] += 1
+                owner = mesh.owners.get(group, address)
+                if owner != address:
+                    raise Rejected(R.REJECTION_REASON_NOT_OWNER, f"{group} is owned elsewhere", owner="x", owner_address=owner)
+                cid = command_pb2.Command.FromString(request.command.payload).command_id
+                return apb.ExecuteCommandResponse(result=command_pb2.CommandResult(command_id=cid, group_id=group))
+
+            async def ReadEvents(self, request: apb.ReadEventsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[apb.ReadEventsResponse]:
+                mesh.calls[address] += 1
+                yield apb.ReadEventsResponse(head_sequence=SHARDS.index(address))
+
+        channel = LocalChannel()
+        channel.register(AUTHORITY, Shard())
+        return channel
+
+    def channel_for(self, address: str) -> object:
+        if address in self.down:
+            return grpc.aio.insecure_channel("127.0.0.1:9")  # nobody listens: UNAVAILABLE
+        return self.channels[address]
+
+
+def test_rendezvous_placement_is_stable_and_spreads_groups() -> None:
+    spread = Counter(rendezvous(f"grp_{i}", SHARDS)[0] for i in range(3000))
+    assert set(spread) == set(SHARDS) and min(spread.values()) > 800
+    assert rendezvous("grp_7", SHARDS) == rendezvous("grp_7", list(reversed(SHARDS)))
+    # Losing a shard moves only the Groups it held.
+    moved = [g for g in (f"grp_{i}" for i in range(300)) if rendezvous(g, SHARDS)[0] != SHARDS[2]
+             and rendezvous(g, SHARDS[:2])[0] != rendezvous(g, SHARDS)[0]]
+    assert moved == []
+
+
+async def test_a_command_goes_to_the_hashed_shard_when_nobody_else_owns_its_group() -> None:
+    mesh = Mesh({})
+    stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for))
+    answer = await stub.ExecuteCommand(apb.ExecuteCommandRequest(command=command("grp_a")))
+    assert answer.result.group_id == "grp_a"
+    assert mesh.calls == Counter({rendezvous("grp_a", SHARDS)[0]: 1})
+
+
+async def test_not_owner_is_retried_at_the_owner_it_names_and_the_placement_remembered() -> None:
+    preferred, _, owner = rendezvous("grp_b", SHARDS)  # the owner is last in the hash order
+    mesh = Mesh({"grp_b": owner})
+    stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for))
+    await stub.ExecuteCommand(apb.ExecuteCommandRequest(command=command("grp_b")))
+    assert mesh.calls == Counter({preferred: 1, owner: 1})
+    await stub.ExecuteCommand(apb.ExecuteCommandRequest(command=command("grp_b", "cmd-2")))
+    assert mesh.calls[owner] == 2 and mesh.calls[preferred] == 1  # straight to the owner now
+
+
+async def test_a_shard_that_is_down_is_skipped_for_the_next_in_the_groups_order() -> None:
+    order = rendezvous("grp_c", SHARDS)
+    mesh = Mesh({}, down={order[0]})
+    stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for))
+    answer = await stub.ExecuteCommand(apb.ExecuteCommandRequest(command=command("grp_c")))
+    assert answer.result.group_id == "grp_c" and mesh.calls == Counter({order[1]: 1})
+
+
+async def test_when_every_shard_is_down_the_caller_gets_unavailable() -> None:
+    mesh = Mesh({}, down=set(SHARDS))
+    stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ExecuteCommand(apb.ExecuteCommandRequest(command=command("grp_d")))
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_batch_is_split_over_the_shards_and_answered_in_request_order() -> None:
+    mesh = Mesh({})
+    stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for))
+    groups = [f"grp_{i}" for i in range(12)]
+    request = apb.ExecuteCommandBatchRequest(
+        commands=[apb.ExecuteCommandStreamRequest(request_tag=i, command=command(g, f"cmd-{i}")) for i, g in enumerate(groups)]
+    )
+    answer = await stub.ExecuteCommandBatch(request)
+    assert [r.request_tag for r in answer.results] == list(range(12))
+    assert [r.result.group_id for r in answer.results] == groups
+    assert len([a for a in mesh.calls if mesh.calls[a]]) >= 2
+
+
+async def test_a_batch_through_the_front_door_as_raw_bytes_is_routed_the_same() -> None:
+    mesh = Mesh({})
+    channel = ShardedChannel(SHARDS, mesh.channel_for)
+    call = channel.unary_unary("/missionweave.v1.AuthorityService/ExecuteCommand")
+    raw = await call(apb.ExecuteCommandRequest(command=command("grp_e")).SerializeToString())
+    assert apb.ExecuteCommandResponse.FromString(raw).result.group_id == "grp_e"
+    assert mesh.calls == Counter({rendezvous("grp_e", SHARDS)[0]: 1})
+
+
+async def test_a_stream_of_commands_is_routed_command_by_command() -> None:
+    mesh = Mesh({"grp_f": SHARDS[0]})
+    channel = ShardedChannel(SHARDS, mesh.channel_for)
+
+    async def requests() -> AsyncIterator[apb.ExecuteCommandStreamRequest]:
+        for i, group in enumerate(["grp_f", "grp_g", "grp_h"]):
+            yield apb.ExecuteCommandStreamRequest(request_tag=i, command=command(group, f"c{i}"))
+
+    stream = channel.stream_stream("/missionweave.v1.AuthorityService/ExecuteCommandStream")(requests())
+    answers = {a.request_tag: a.result.group_id async for a in stream}
+    assert answers == {0: "grp_f", 1: "grp_g", 2: "grp_h"}
+
+
+async def test_a_rejection_that_is_not_about_placement_reaches_the_caller_unchanged() -> None:
+    mesh = Mesh({})
+
+    @rejections_as_status
+    class Refusing(apb_grpc.AuthorityServiceServicer):
+        async def ExecuteCommand(self, request: apb.ExecuteCommandRequest, context: grpc.aio.ServicerContext) -> apb.ExecuteCommandResponse:
+            raise Rejected(R.REJECTION_REASON_LEASE_EXPIRED, "renew first")
+
+    for channel in mesh.channels.values():
+        channel.register(AUTHORITY, Refusing())
+    stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ExecuteCommand(apb.ExecuteCommandRequest(command=command("grp_i")))
+    rejection = rejection_from_rpc_error(info.value)
+    assert rejection is not None and rejection.reason == R.REJECTION_REASON_LEASE_EXPIRED
