@@ -19,6 +19,7 @@
 | MWP_AUTHORITY_ADDR, ...  | (unset)                         | peer addresses when services run apart         |
 | MWP_ADVERTISE_ADDR       | the listen address              | how peers reach this process (NOT_OWNER)       |
 | MWP_MESH_ID              | (unset)                         | processes of one mesh share a data dir          |
+| MWP_OWNERSHIP_LEASE_S    | 30                              | a Group's owner may be replaced this long after its last append |
 | MWP_LOG_LEVEL / _FORMAT  | info / json                     | logging                                        |
 """
 
@@ -43,6 +44,9 @@ class Settings:
     peers: dict[str, str] = field(default_factory=dict)
     # The address peers dial to reach this process (named in NOT_OWNER answers); default: listen.
     advertise: str = ""
+    # How long an Authority's hold on a Group outlives its last append: after that another shard
+    # may take the Group over (fenced by the writer epoch).
+    ownership_lease_s: float = 30.0
     # Processes of one mesh share this id; a data dir held by another mesh is refused (mesh.lock).
     mesh_id: str = ""
     log_level: str = "info"
@@ -94,6 +98,7 @@ class Settings:
                 s.peers[name] = addr
         s.advertise = e.get("MWP_ADVERTISE_ADDR", s.advertise)
         s.mesh_id = e.get("MWP_MESH_ID", s.mesh_id)
+        s.ownership_lease_s = float(e.get("MWP_OWNERSHIP_LEASE_S", s.ownership_lease_s))
         s.group_rate = float(e.get("MWP_GROUP_RATE", s.group_rate))
         s.group_burst = float(e.get("MWP_GROUP_BURST", s.group_burst))
         s.commit_linger_ms = float(e.get("MWP_COMMIT_LINGER_MS", s.commit_linger_ms))

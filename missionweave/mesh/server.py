@@ -12,6 +12,7 @@ import gc
 import logging
 import signal
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -158,6 +159,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         linger=settings.commit_linger_ms / 1000,
         linger_idle=settings.commit_idle_ms / 1000,
         linger_batch=settings.commit_batch,
+        ownership_ttl=timedelta(seconds=settings.ownership_lease_s),
     )
     ingress = GroupIngressLimiter(settings.group_rate, settings.group_burst)
     verifier = SignatureVerifier(settings.verify_workers if "authority" in settings.services else 0)

@@ -4,8 +4,8 @@ people use, membership, artifacts, scheduling and N Authority shards on loopback
 each told its peers' addresses through the same ``MWP_*_ADDR`` variables.
 
 The launcher holds the data directory (its children are let in by ``MWP_MESH_ID``), waits until
-every child reports SERVING, forwards SIGTERM/SIGINT to all of them, and stops the whole mesh (exit
-1) if one of them dies: a half mesh is never left running.
+every child reports SERVING, restarts a child that dies (as Kubernetes restarts a pod), stops the
+whole mesh (exit 1) if one keeps dying, and forwards SIGTERM/SIGINT to all of them.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from missionweave.config import Settings
 log = logging.getLogger("missionweave.topology")
 
 START_TIMEOUT_S = 60.0
+RESTART_LIMIT = 5
+RESTART_WINDOW_S = 60.0
 BACK_SERVICES = ("membership", "artifacts", "scheduling")
 
 
@@ -120,6 +122,13 @@ async def _stop(children: list[Child], grace: float) -> None:
                     process.kill()
 
 
+async def _spawn(child: Child, env: dict[str, str]) -> None:
+    child.process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "missionweave.cli", "serve", env={**env, **child.env}, stdin=asyncio.subprocess.DEVNULL
+    )
+    print(f"  starting {child.name:<12} pid {child.process.pid:<7} on {child.address}", file=sys.stderr)
+
+
 async def run_split(settings: Settings, *, shards: int = 1) -> int:
     """Start, supervise and stop the split topology; the exit code of ``mwp serve``."""
     mesh_id = settings.mesh_id or f"mesh-{uuid.uuid4().hex[:12]}"  # `mwp serve` sets it before taking the data dir
@@ -139,30 +148,43 @@ async def run_split(settings: Settings, *, shards: int = 1) -> int:
         # call on); each creates its tables before the next opens the database.
         deadline = time.monotonic() + START_TIMEOUT_S
         for child in children:
-            child.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "missionweave.cli", "serve", env={**env, **child.env}, stdin=asyncio.subprocess.DEVNULL
-            )
-            print(f"  starting {child.name:<12} pid {child.process.pid:<7} on {child.address}", file=sys.stderr)
+            await _spawn(child, env)
             await _serving(child, deadline)
         print(
             f"split topology serving: gateway (the one address) on {settings.listen}, "
             f"{shards} Authority shard(s), {len(children)} processes (mesh {mesh_id})",
             file=sys.stderr,
         )
-        waits = {asyncio.create_task(c.process.wait()): c for c in children if c.process is not None}
-        stopping = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([stopping, *waits], return_when=asyncio.FIRST_COMPLETED)
-        if stopping in done:
-            log.info("stopping the split topology", extra={"processes": len(children)})
-            return 0
-        died = next(waits[t] for t in done if t in waits)
-        log.error(
-            "a process of the split topology died: stopping the others",
-            extra={"process": died.name, "exit_code": died.process.returncode if died.process else None},
-        )
-        return 1
+        return await _supervise(children, env, stop)
     except TopologyError as failed:
         print(f"mwp serve: {failed}", file=sys.stderr)
         return 1
     finally:
         await _stop(children, settings.grace_seconds)
+
+
+async def _supervise(children: list[Child], env: dict[str, str], stop: asyncio.Event) -> int:
+    """Until asked to stop: a process that dies is started again, as Kubernetes restarts a pod (a
+    dead shard's Groups meanwhile move to the others once its leases lapse); one that keeps dying
+    (RESTART_LIMIT times within RESTART_WINDOW_S) stops the whole mesh."""
+    restarts: dict[str, list[float]] = {c.name: [] for c in children}
+    stopping = asyncio.create_task(stop.wait())
+    while True:
+        waits = {asyncio.create_task(c.process.wait()): c for c in children if c.process is not None}
+        done, pending = await asyncio.wait([stopping, *waits], return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            if task is not stopping:
+                task.cancel()
+        if stopping in done:
+            log.info("stopping the split topology", extra={"children": len(children)})
+            return 0
+        for task in done:
+            died = waits[task]
+            code = died.process.returncode if died.process else None
+            recent = [t for t in restarts[died.name] if time.monotonic() - t < RESTART_WINDOW_S]
+            if len(recent) >= RESTART_LIMIT:
+                log.error("a process of the split topology keeps dying: stopping the mesh", extra={"child": died.name, "exit_code": code})
+                return 1
+            restarts[died.name] = [*recent, time.monotonic()]
+            log.warning("a process of the split topology died: starting it again", extra={"child": died.name, "exit_code": code})
+            await _spawn(died, env)
