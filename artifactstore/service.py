@@ -24,7 +24,7 @@ from missionweave.manifest import (
     missing_fields,
     verify_manifest,
 )
-from missionweave.rpc.status import abort_with
+from missionweave.rpc.status import rejections_as_status, streaming_edge
 from missionweave.signing import parse_session_key_id
 from missionweave.v1 import artifact_service_pb2 as pb
 from missionweave.v1 import artifact_service_pb2_grpc as pb_grpc
@@ -44,6 +44,7 @@ def blake3_digest(hex_digest: str, size: int) -> common_pb2.Digest:
     return common_pb2.Digest(algorithm="blake3", hex=hex_digest, size_bytes=size)
 
 
+@rejections_as_status
 class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     def __init__(
         self, store: BlobStore, index: ArtifactIndex, registry: IdentityRegistry, clock: Clock
@@ -60,10 +61,9 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     ) -> pb.UploadResponse:
         try:
             return await self._upload(request_iterator)
-        except Rejected as rejected:
+        except Rejected:
             Counters.rejected_uploads += 1
-            log.info("upload refused", extra={"reason": rejected.reason_name, "detail": rejected.message})
-            await abort_with(context, rejected)
+            raise
 
     async def _upload(self, requests: AsyncIterator[pb.UploadRequest]) -> pb.UploadResponse:
         first = await anext(requests, None)
@@ -198,14 +198,11 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     async def _download(
         self, request: pb.DownloadRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[tuple[int, bytes]]:
-        try:
-            hex_digest, size = await self._known(request.digest)
-            async for piece in verified_range(self.store, hex_digest, size, request.offset, request.length):
-                yield piece
-            if size:  # the whole blob was hashed and matched: remember when (Stat.last_verified_at)
-                await self.index.mark_verified(hex_digest, to_micros(self.clock.now()))
-        except Rejected as rejected:
-            await abort_with(context, rejected)
+        hex_digest, size = await self._known(request.digest)
+        async for piece in verified_range(self.store, hex_digest, size, request.offset, request.length):
+            yield piece
+        if size:  # the whole blob was hashed and matched: remember when (Stat.last_verified_at)
+            await self.index.mark_verified(hex_digest, to_micros(self.clock.now()))
 
     async def _known(self, digest: common_pb2.Digest) -> tuple[str, int]:
         hex_digest, size = check_digest(digest)
@@ -219,10 +216,7 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         return hex_digest, size
 
     async def Stat(self, request: pb.StatRequest, context: grpc.aio.ServicerContext) -> pb.StatResponse:
-        try:
-            hex_digest, size = await self._known(request.digest)
-        except Rejected as rejected:
-            await abort_with(context, rejected)
+        hex_digest, size = await self._known(request.digest)
         record = await self.index.blob(hex_digest)
         response = pb.StatResponse(
             digest=blake3_digest(hex_digest, size), manifest_count=await self.index.manifest_count(hex_digest)
@@ -235,16 +229,13 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     async def FindMissing(
         self, request: pb.FindMissingRequest, context: grpc.aio.ServicerContext
     ) -> pb.FindMissingResponse:
-        try:
-            if len(request.digests) > MAX_FIND_MISSING:
-                raise artifact_error(
-                    R.REJECTION_REASON_TOO_LARGE,
-                    "TOO_LARGE",
-                    f"at most {MAX_FIND_MISSING} digests per request",
-                )
-            checked = [(d, *check_digest(d, f"digests[{i}]")) for i, d in enumerate(request.digests)]
-        except Rejected as rejected:
-            await abort_with(context, rejected)
+        if len(request.digests) > MAX_FIND_MISSING:
+            raise artifact_error(
+                R.REJECTION_REASON_TOO_LARGE,
+                "TOO_LARGE",
+                f"at most {MAX_FIND_MISSING} digests per request",
+            )
+        checked = [(d, *check_digest(d, f"digests[{i}]")) for i, d in enumerate(request.digests)]
         present = await self.index.present(h for _, h, _ in checked)
         return pb.FindMissingResponse(
             missing_digests=[d for d, h, _ in checked if h != EMPTY_BLAKE3 and h not in present]
@@ -253,10 +244,7 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     async def GetManifest(
         self, request: pb.GetManifestRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetManifestResponse:
-        try:
-            hex_digest, _size = check_digest(request.digest)
-        except Rejected as rejected:
-            await abort_with(context, rejected)
+        hex_digest, _size = check_digest(request.digest)
         records = await self.index.manifests_of(hex_digest, request.work_item_id, request.producer_agent_id)
         return pb.GetManifestResponse(
             manifests=[common_pb2.SignedEnvelope.FromString(r.envelope) for r in records]
@@ -265,17 +253,13 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     async def QueryProvenance(
         self, request: pb.QueryProvenanceRequest, context: grpc.aio.ServicerContext
     ) -> pb.QueryProvenanceResponse:
-        try:
-            hex_digest, size = check_digest(request.digest)
-            if request.max_depth > MAX_PROVENANCE_DEPTH:
-                raise artifact_error(
-                    R.REJECTION_REASON_INVALID_ARGUMENT,
-                    "PROTOCOL_VIOLATION",
-                    f"max_depth is at most {MAX_PROVENANCE_DEPTH}",
-                )
-        except Rejected as rejected:
-            await abort_with(context, rejected)
-        del size
+        hex_digest, _size = check_digest(request.digest)
+        if request.max_depth > MAX_PROVENANCE_DEPTH:
+            raise artifact_error(
+                R.REJECTION_REASON_INVALID_ARGUMENT,
+                "PROTOCOL_VIOLATION",
+                f"max_depth is at most {MAX_PROVENANCE_DEPTH}",
+            )
         return await self._walk(
             hex_digest, request.direction or pb.PROVENANCE_DIRECTION_BOTH, request.max_depth or 8
         )
@@ -358,7 +342,8 @@ def add_artifact_service(servicer: ArtifactServicer, server: grpc.aio.Server) ->
     pb_grpc.add_ArtifactServiceServicer_to_server(servicer, capture)  # type: ignore[arg-type]  # duck-typed capture
     download = capture.handlers["Download"]
     capture.handlers["Download"] = download._replace(  # type: ignore[attr-defined]
-        unary_stream=servicer.download_serialized, response_serializer=None
+        unary_stream=streaming_edge("Artifact", "Download", type(servicer).download_serialized).__get__(servicer),
+        response_serializer=None
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(capture.name, capture.handlers),))
     server.add_registered_method_handlers(capture.name, capture.handlers)

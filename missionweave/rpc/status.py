@@ -132,7 +132,7 @@ def _log_rejection(service: str, method: str, rejected: Rejected) -> None:
     )
 
 
-def _unary(service: str, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+def unary_edge(service: str, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:  # type: ignore[type-arg]
         try:
@@ -144,7 +144,7 @@ def _unary(service: str, name: str, method: Callable[..., Any]) -> Callable[...,
     return handler
 
 
-def _streaming(service: str, name: str, method: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
+def streaming_edge(service: str, name: str, method: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
     @functools.wraps(method)
     async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # type: ignore[type-arg]
         try:
@@ -169,7 +169,7 @@ def rejections_as_status(cls: S) -> S:
         if not name[:1].isupper() or not callable(method):
             continue
         if inspect.isasyncgenfunction(method):
-            setattr(cls, name, _streaming(service, name, method))
+            setattr(cls, name, streaming_edge(service, name, method))
         elif inspect.iscoroutinefunction(method):
-            setattr(cls, name, _unary(service, name, method))
+            setattr(cls, name, unary_edge(service, name, method))
     return cls

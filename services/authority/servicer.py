@@ -10,7 +10,7 @@ import grpc
 
 from missionweave import codec
 from missionweave.errors import R, Rejected
-from missionweave.rpc.status import abort_with
+from missionweave.rpc.status import rejections_as_status
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import authority_service_pb2_grpc as pb_grpc
 from missionweave.v1 import common_pb2
@@ -25,6 +25,7 @@ MAX_BATCH_COMMANDS = 512
 MAX_READ_BATCH = 1024
 
 
+@rejections_as_status
 class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
     def __init__(self, authority: GroupAuthority) -> None:
         self.authority = authority
@@ -32,12 +33,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
     async def ExecuteCommand(
         self, request: pb.ExecuteCommandRequest, context: grpc.aio.ServicerContext
     ) -> pb.ExecuteCommandResponse:
-        try:
-            result = await self.authority.execute(request.command)
-        except Rejected as rejected:
-            log.info("command rejected", extra={"reason": rejected.reason_name, "detail": rejected.message})
-            await abort_with(context, rejected)
-        return pb.ExecuteCommandResponse(result=result)
+        return pb.ExecuteCommandResponse(result=await self.authority.execute(request.command))
 
     async def ExecuteCommandStream(
         self, request_iterator: AsyncIterator[pb.ExecuteCommandStreamRequest], context: grpc.aio.ServicerContext
@@ -74,13 +70,10 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         self, request: pb.ExecuteCommandBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.ExecuteCommandBatchResponse:
         if len(request.commands) > MAX_BATCH_COMMANDS:
-            await abort_with(
-                context,
-                Rejected(
-                    R.REJECTION_REASON_TOO_LARGE,
-                    f"a batch holds at most {MAX_BATCH_COMMANDS} commands; this one has {len(request.commands)}",
-                    limit=MAX_BATCH_COMMANDS,
-                ),
+            raise Rejected(
+                R.REJECTION_REASON_TOO_LARGE,
+                f"a batch holds at most {MAX_BATCH_COMMANDS} commands; this one has {len(request.commands)}",
+                limit=MAX_BATCH_COMMANDS,
             )
         answers = await asyncio.gather(*(self._answer(req) for req in request.commands))
         return pb.ExecuteCommandBatchResponse(results=answers)
@@ -105,8 +98,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         store = self.authority.store
         head = await store.head(request.group_id)
         if head is None:
-            await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
-            return
+            raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist")
         batch_size = min(request.batch_size or 256, MAX_READ_BATCH)
         after, sent = request.after_sequence, 0
         while True:
@@ -116,11 +108,11 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
             batch = await store.read_history(request.group_id, after, want)  # audits see archived events too
             if batch:
                 if batch[0].sequence != after + 1:  # never skip: a hole means the log is not servable
-                    await abort_with(
-                        context,
-                        Rejected(R.REJECTION_REASON_NOT_FOUND, f"events after {after} are not available online", first_available=batch[0].sequence),
+                    raise Rejected(
+                        R.REJECTION_REASON_NOT_FOUND,
+                        f"events after {after} are not available online",
+                        first_available=batch[0].sequence,
                     )
-                    return
                 envelopes = [codec.envelope(stored.envelope) for stored in batch]
                 after = batch[-1].sequence
                 sent += len(batch)
@@ -136,7 +128,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
     ) -> pb.GetGroupStateResponse:
         state = await self.authority.state(request.group_id)
         if state is None:
-            await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
+            raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist")
         return pb.GetGroupStateResponse(state=group_state_proto(state))
 
     async def GetSignedGroupSummary(
@@ -144,7 +136,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
     ) -> pb.GetSignedGroupSummaryResponse:
         summary = await self.authority.signed_summary(request.group_id)
         if summary is None:
-            await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
+            raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist")
         return pb.GetSignedGroupSummaryResponse(summary=summary)
 
     async def GetMissionProgress(
@@ -152,37 +144,31 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
     ) -> pb.GetMissionProgressResponse:
         state = await self.authority.state(request.group_id)
         if state is None or state.mission is None:
-            await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
+            raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist")
         return mission_progress(state, self.authority.clock.now())
 
     async def GetContextPackage(
         self, request: pb.GetContextPackageRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetContextPackageResponse:
-        try:
-            package = await self.authority.context_package(
-                request.group_id,
-                work_item_ids=list(request.work_item_ids),
-                purpose=request.purpose,
-                recipient_ids=list(request.recipient_ids),
-                previous=request.previous_version if request.HasField("previous_version") else None,
-                target_group_id=request.target_group_id,
-                transfer_authorization_event_id=request.transfer_authorization_event_id,
-            )
-        except Rejected as rejected:
-            await abort_with(context, rejected)
+        package = await self.authority.context_package(
+            request.group_id,
+            work_item_ids=list(request.work_item_ids),
+            purpose=request.purpose,
+            recipient_ids=list(request.recipient_ids),
+            previous=request.previous_version if request.HasField("previous_version") else None,
+            target_group_id=request.target_group_id,
+            transfer_authorization_event_id=request.transfer_authorization_event_id,
+        )
         if package is None:
-            await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
+            raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist")
         return pb.GetContextPackageResponse(package=package)
 
     async def TakeSnapshot(
         self, request: pb.TakeSnapshotRequest, context: grpc.aio.ServicerContext
     ) -> pb.TakeSnapshotResponse:
-        try:
-            taken = await self.authority.take_snapshot(request.group_id, compact=request.compact, archival=request.archival)
-        except Rejected as rejected:
-            await abort_with(context, rejected)
+        taken = await self.authority.take_snapshot(request.group_id, compact=request.compact, archival=request.archival)
         if taken is None:
-            await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
+            raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist")
         envelope, digest, sequence = taken
         size = len(envelope.payload)
         return pb.TakeSnapshotResponse(
