@@ -37,7 +37,7 @@ from missionweave.signing import (
 from missionweave.signing import verify_signature as verify_envelope
 from missionweave.v1 import artifact_service_pb2, authority_service_pb2, command_pb2, common_pb2, event_pb2
 from missionweave.verifier import SignatureVerifier
-from services.authority import decider
+from services.authority import decider, kinds
 from services.authority.context_package import CONTEXT_PACKAGE_TYPE, build_context_package
 from services.authority.ingress import GroupIngressLimiter
 from services.authority.progress import mission_progress
@@ -239,14 +239,14 @@ class GroupAuthority:
     ) -> _Pending:
         group_id = command.group_id
         owned = await self._load(group_id)
-        if _erases(command) and owned.pending:
+        if kinds.erases(command) and owned.pending:
             # An erasure rewrites earlier events: every one of them must be durable first.
             await asyncio.wait([p.request.done for p in owned.pending.values()])
             owned = await self._load(group_id)
         writer_epoch, state = owned.writer_epoch, owned.state
-        identities = await self.registry.infos(_referenced_identities(command))
+        identities = await self.registry.infos(kinds.referenced_identities(command))
         linked = {}
-        for linked_id in _linked_groups(command):
+        for linked_id in kinds.linked_groups(command):
             linked_state = await self.state(linked_id)  # durable state of the other Group
             if linked_state is not None:
                 linked[linked_id] = linked_state
@@ -292,12 +292,10 @@ class GroupAuthority:
     async def _published_artifacts(self, command: command_pb2.Command) -> dict[str, StoredArtifact]:
         """For work.publish_artifact: the blob must be stored with a manifest its publisher signed
         for this Group and WorkItem (verified by the ArtifactService at upload, MW-13.1-03)."""
-        if command.WhichOneof("body") != "work_publish_artifact":
+        body = kinds.published_artifact(command)
+        if body is None:
             return {}
-        body = command.work_publish_artifact
         digest = body.artifact.digest
-        if digest.algorithm != "blake3" or not ids.is_valid(digest.hex):
-            return {}
         blob = await self.artifacts.blob(digest.hex)
         if blob is None:
             return {}
@@ -669,35 +667,6 @@ def _check_same_body(command: command_pb2.Command, recorded: bytes, fingerprint_
         )
 
 
-def _referenced_identities(command: command_pb2.Command) -> set[str]:
-    refs = {command.actor_id}
-    kind = command.WhichOneof("body")
-    if kind == "mission_create":
-        refs |= {command.mission_create.definition.owner_id, command.mission_create.coordinator_id}
-    elif kind == "mission_create_follow_up":
-        body = command.mission_create_follow_up
-        refs |= {body.definition.owner_id, body.coordinator_id}
-    elif kind == "mission_replace_coordinator":
-        refs.add(command.mission_replace_coordinator.coordinator_id)
-    elif kind == "membership_grant":
-        refs.add(command.membership_grant.member_id)
-    return refs
-
-
-def _linked_groups(command: command_pb2.Command) -> list[str]:
-    """Other Groups whose durable state the decision consults (never written by this command)."""
-    kind = command.WhichOneof("body")
-    if kind == "mission_create_follow_up":
-        group = command.mission_create_follow_up.approved_group_id
-    elif kind == "mission_revoke_approval":
-        group = command.mission_revoke_approval.follow_up_group_id
-    elif kind == "mission_authorize_context_transfer":
-        group = command.mission_authorize_context_transfer.target_group_id
-    else:
-        return []
-    return [group] if group and ids.is_valid(group) and group != command.group_id else []
-
-
 def _stored(event: event_pb2.Event, envelope: bytes) -> StoredEvent:
     return StoredEvent(
         sequence=event.sequence,
@@ -706,10 +675,6 @@ def _stored(event: event_pb2.Event, envelope: bytes) -> StoredEvent:
         recorded_us=timestamp_micros(event.recorded_at),
         envelope=envelope,
     )
-
-
-def _erases(command: command_pb2.Command) -> bool:
-    return command.WhichOneof("body") == "message_amend" and command.message_amend.erasure != 0
 
 
 def _check_transfer(state: GroupState, target_group_id: str, authorization_id: str, work_item_ids: list[str]) -> None:

@@ -12,10 +12,9 @@ from services.authority.rules.common import (
     MAX_DATA_JSON_BYTES,
     MAX_REFS,
     MAX_TEXT_BYTES,
-    Applier,
+    CommandKind,
     DecisionContext,
     Emitter,
-    Handler,
     R,
     check_artifact_refs,
     invalid,
@@ -238,11 +237,7 @@ def conversation_open(
     )
 
 
-HANDLERS: dict[str, Handler] = {
-    "message_post": message_post,
-    "message_amend": message_amend,
-    "conversation_open": conversation_open,
-}
+# ---------------------------------------------------------------- evolve rules
 
 
 def _opened(state: GroupState, event: event_pb2.Event) -> None:
@@ -279,10 +274,17 @@ def _amended(state: GroupState, event: event_pb2.Event) -> None:
         message.erased = True
 
 
-APPLIERS: dict[str, Applier] = {
-    "conversation_opened": _opened,
-    "message_posted": _posted,
-    "message_amended": _amended,
-}
+# ---------------------------------------------------------------- the declarations
 
-__all__ = ["APPLIERS", "HANDLERS", "validate_content"]
+KINDS = (
+    CommandKind("message_post", message_post, {"message_posted": _posted}),
+    CommandKind(
+        "message_amend",
+        message_amend,
+        {"message_amended": _amended},
+        erases=lambda c: c.message_amend.erasure != CE.CONTENT_ERASURE_UNSPECIFIED,
+    ),
+    CommandKind("conversation_open", conversation_open, {"conversation_opened": _opened}),
+)
+
+__all__ = ["KINDS", "validate_content"]

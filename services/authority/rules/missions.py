@@ -14,9 +14,9 @@ from services.authority.rules.common import (
     MS,
     TERMINAL_MISSION_STATES,
     Applier,
+    CommandKind,
     DecisionContext,
     Emitter,
-    Handler,
     Kind,
     R,
     Role,
@@ -25,6 +25,7 @@ from services.authority.rules.common import (
     invalid,
     is_org_policy,
     mission_of,
+    planned,
     renewal,
     require_reason,
     state_name,
@@ -622,26 +623,6 @@ def mission_authorize_context_transfer(
     )
 
 
-HANDLERS: dict[str, Handler] = {
-    "mission_authorize_context_transfer": mission_authorize_context_transfer,
-    "mission_create": mission_create,
-    "mission_create_follow_up": mission_create_follow_up,
-    "mission_submit_for_approval": mission_submit_for_approval,
-    "mission_request_changes": mission_request_changes,
-    "mission_approve": mission_approve,
-    "mission_revoke_approval": mission_revoke_approval,
-    "mission_cancel": mission_cancel,
-    "mission_terminate": mission_terminate,
-    "mission_renew_coordinator_lease": mission_renew_coordinator_lease,
-    "mission_replace_coordinator": mission_replace_coordinator,
-    "mission_acknowledge_reconciliation": mission_acknowledge_reconciliation,
-    "mission_issue_directive": mission_issue_directive,
-}
-
-# Organization-policy identities may issue these without holding a Membership in the Group.
-ORG_POLICY_KINDS = frozenset({"mission_cancel", "mission_terminate", "mission_replace_coordinator"})
-
-
 # ---------------------------------------------------------------- evolve rules
 
 
@@ -725,19 +706,72 @@ def _transfer_authorized(state: GroupState, event: event_pb2.Event) -> None:
     state.transfers[event.event_id] = TransferGrant(grant.target_group_id, tuple(grant.work_item_ids))
 
 
-APPLIERS: dict[str, Applier] = {
-    "mission_created": _created,
-    "coordinator_lease_granted": _lease_granted,
-    "coordinator_lease_renewed": _lease_renewed,
-    "reconciliation_acknowledged": _reconciled,
-    "mission_submitted": _submitted,
-    "mission_changes_requested": _transition(MS.MISSION_STATE_ACTIVE),
-    "mission_approved": _approved,
-    "mission_approval_revoked": _approval_revoked,
-    "mission_cancelled": _transition(MS.MISSION_STATE_CANCELLED),
-    "mission_failed": _transition(MS.MISSION_STATE_FAILED),
-    "mission_directive_issued": _nothing,
-    "mission_context_transfer_authorized": _transfer_authorized,
-}
+# ---------------------------------------------------------------- the declarations
 
-__all__ = ["APPLIERS", "HANDLERS", "ORG_POLICY_KINDS", "require_coordinator", "require_live"]
+KINDS = (
+    CommandKind(
+        "mission_create",
+        mission_create,
+        {"mission_created": _created, "coordinator_lease_granted": _lease_granted},
+        creates_group=True,
+        references=lambda c: (c.mission_create.definition.owner_id, c.mission_create.coordinator_id),
+    ),
+    CommandKind(
+        "mission_create_follow_up",
+        mission_create_follow_up,
+        creates_group=True,
+        references=lambda c: (c.mission_create_follow_up.definition.owner_id, c.mission_create_follow_up.coordinator_id),
+        linked_groups=lambda c: (c.mission_create_follow_up.approved_group_id,),
+    ),
+    planned("mission_create_child", creates_group=True),
+    CommandKind("mission_submit_for_approval", mission_submit_for_approval, {"mission_submitted": _submitted}),
+    CommandKind(
+        "mission_request_changes",
+        mission_request_changes,
+        {"mission_changes_requested": _transition(MS.MISSION_STATE_ACTIVE)},
+    ),
+    CommandKind("mission_approve", mission_approve, {"mission_approved": _approved}),
+    CommandKind(
+        "mission_revoke_approval",
+        mission_revoke_approval,
+        {"mission_approval_revoked": _approval_revoked},
+        linked_groups=lambda c: (c.mission_revoke_approval.follow_up_group_id,),
+    ),
+    CommandKind(
+        "mission_cancel",
+        mission_cancel,
+        {"mission_cancelled": _transition(MS.MISSION_STATE_CANCELLED)},
+        ends_mission=MS.MISSION_STATE_CANCELLED,
+        org_policy_may_issue=True,
+    ),
+    CommandKind(
+        "mission_terminate",
+        mission_terminate,
+        {"mission_failed": _transition(MS.MISSION_STATE_FAILED)},
+        ends_mission=MS.MISSION_STATE_FAILED,
+        org_policy_may_issue=True,
+    ),
+    CommandKind(
+        "mission_renew_coordinator_lease", mission_renew_coordinator_lease, {"coordinator_lease_renewed": _lease_renewed}
+    ),
+    CommandKind(
+        "mission_replace_coordinator",
+        mission_replace_coordinator,
+        org_policy_may_issue=True,
+        references=lambda c: (c.mission_replace_coordinator.coordinator_id,),
+    ),
+    CommandKind(
+        "mission_acknowledge_reconciliation",
+        mission_acknowledge_reconciliation,
+        {"reconciliation_acknowledged": _reconciled},
+    ),
+    CommandKind("mission_issue_directive", mission_issue_directive, {"mission_directive_issued": _nothing}),
+    CommandKind(
+        "mission_authorize_context_transfer",
+        mission_authorize_context_transfer,
+        {"mission_context_transfer_authorized": _transfer_authorized},
+        linked_groups=lambda c: (c.mission_authorize_context_transfer.target_group_id,),
+    ),
+)
+
+__all__ = ["KINDS", "require_coordinator", "require_live"]

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from missionweave import ids
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.common import Applier, DecisionContext, Emitter, Handler, R, invalid
+from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid
 from services.authority.rules.work.common import ACTIVE, require_state, touch, work_item
 from services.authority.rules.work.leases import require_lease
 from services.authority.state import GroupState
+
+
+def _published(command: command_pb2.Command) -> wp.WorkPublishArtifact | None:
+    """Which artifact the shell looks up for the decision (blob, the publisher's manifests for this
+    Group and WorkItem): a well-formed BLAKE3 id, else none, and the rule refuses it as not stored."""
+    body = command.work_publish_artifact
+    digest = body.artifact.digest
+    return body if digest.algorithm == "blake3" and ids.is_valid(digest.hex) else None
 
 
 def work_publish_artifact(
@@ -48,17 +57,22 @@ def work_publish_artifact(
     )
 
 
+# ---------------------------------------------------------------- evolve rules
+
+
 def _artifact_published(state: GroupState, event: event_pb2.Event) -> None:
     item = touch(state, event, event.artifact_published.work_item_id)
     digest = event.artifact_published.artifact.digest
     item.published_artifacts += ((digest.hex, int(digest.size_bytes)),)
 
 
-HANDLERS: dict[str, Handler] = {
-    "work_publish_artifact": work_publish_artifact,
-}
+# ---------------------------------------------------------------- the declarations
 
-
-APPLIERS: dict[str, Applier] = {
-    "artifact_published": _artifact_published,
-}
+KINDS = (
+    CommandKind(
+        "work_publish_artifact",
+        work_publish_artifact,
+        {"artifact_published": _artifact_published},
+        published_artifact=_published,
+    ),
+)

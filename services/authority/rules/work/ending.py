@@ -9,9 +9,9 @@ from missionweave.v1 import command_pb2, event_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import (
     Applier,
+    CommandKind,
     DecisionContext,
     Emitter,
-    Handler,
     invalid,
     require_reason,
 )
@@ -153,6 +153,9 @@ def propagate_mission_end(state: GroupState, out: Emitter, mission_state: int, r
             )
 
 
+# ---------------------------------------------------------------- evolve rules
+
+
 def _ended(new_state: int, payload: str) -> Applier:
     def apply(state: GroupState, event: event_pb2.Event) -> None:
         item = touch(state, event, getattr(event, payload).work_item_id)
@@ -163,13 +166,10 @@ def _ended(new_state: int, payload: str) -> Applier:
     return apply
 
 
-HANDLERS: dict[str, Handler] = {
-    "work_fail": work_fail,
-    "work_cancel": work_cancel,
-}
+# ---------------------------------------------------------------- the declarations
 
-
-APPLIERS: dict[str, Applier] = {
-    "work_failed": _ended(FAILED, "work_failed"),
-    "work_cancelled": _ended(CANCELLED, "work_cancelled"),
-}
+KINDS = (
+    # Failures and cancellations: also of every unfinished WorkItem when the Mission ends (T18).
+    CommandKind("work_fail", work_fail, {"work_failed": _ended(FAILED, "work_failed")}),
+    CommandKind("work_cancel", work_cancel, {"work_cancelled": _ended(CANCELLED, "work_cancelled")}),
+)

@@ -9,9 +9,9 @@ from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import (
     Applier,
+    CommandKind,
     DecisionContext,
     Emitter,
-    Handler,
     R,
     invalid,
     require_reason,
@@ -34,7 +34,7 @@ from services.authority.rules.work.common import (
     work_item,
 )
 from services.authority.rules.work.leases import capability_token, narrow_scope, require_lease
-from services.authority.rules.work.usage import check_usage, record_usage
+from services.authority.rules.work.usage import apply_usage, check_usage, record_usage
 from services.authority.state import GroupState, WorkItemState
 
 
@@ -245,6 +245,9 @@ def work_report_progress(
     record_usage(out, command, item, body.usage_delta, usage)
 
 
+# ---------------------------------------------------------------- evolve rules
+
+
 def _renewed(state: GroupState, event: event_pb2.Event) -> None:
     p = event.work_lease_renewed
     item = touch(state, event, p.work_item_id)
@@ -285,19 +288,15 @@ def _progress_reported(state: GroupState, event: event_pb2.Event) -> None:
     touch(state, event, event.work_progress_reported.work_item_id)
 
 
-HANDLERS: dict[str, Handler] = {
-    "work_report_progress": work_report_progress,
-    "work_renew_lease": work_renew_lease,
-    "work_checkpoint": work_checkpoint,
-    "work_block": work_block,
-    "work_unblock": work_unblock,
-}
+# ---------------------------------------------------------------- the declarations
 
-
-APPLIERS: dict[str, Applier] = {
-    "work_progress_reported": _progress_reported,
-    "work_lease_renewed": _renewed,
-    "work_checkpointed": _released_to(QUEUED, "work_checkpointed"),
-    "work_blocked": _released_to(BLOCKED, "work_blocked"),
-    "work_unblocked": _unblocked,
-}
+KINDS = (
+    # Usage: also recorded by checkpoints, blocks, progress reports, submissions and failures.
+    CommandKind(
+        "work_renew_lease", work_renew_lease, {"work_lease_renewed": _renewed, "resource_usage_recorded": apply_usage}
+    ),
+    CommandKind("work_checkpoint", work_checkpoint, {"work_checkpointed": _released_to(QUEUED, "work_checkpointed")}),
+    CommandKind("work_block", work_block, {"work_blocked": _released_to(BLOCKED, "work_blocked")}),
+    CommandKind("work_unblock", work_unblock, {"work_unblocked": _unblocked}),
+    CommandKind("work_report_progress", work_report_progress, {"work_progress_reported": _progress_reported}),
+)

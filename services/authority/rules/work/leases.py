@@ -9,7 +9,7 @@ from missionweave.clock import from_timestamp, to_timestamp
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.common import Applier, DecisionContext, Emitter, R, invalid
+from services.authority.rules.common import DecisionContext, Emitter, R, invalid
 from services.authority.rules.work.common import DEFAULT_START_DEADLINE, QUEUED, policy_duration, touch
 from services.authority.state import SIX, GroupState, WorkItemState
 
@@ -138,7 +138,7 @@ def revoke_lease(
     )
 
 
-def _lease_revoked(state: GroupState, event: event_pb2.Event) -> None:
+def apply_lease_revoked(state: GroupState, event: event_pb2.Event) -> None:
     p = event.lease_revoked
     item = touch(state, event, p.work_item_id)
     item.lease = None
@@ -159,8 +159,3 @@ def _lease_revoked(state: GroupState, event: event_pb2.Event) -> None:
         )
         if item.owner is not None:
             item.owner.expires_at = max(item.owner.expires_at, item.retry_not_before + window)
-
-
-APPLIERS: dict[str, Applier] = {
-    "lease_revoked": _lease_revoked,
-}

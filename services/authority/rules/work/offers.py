@@ -7,7 +7,7 @@ from missionweave.clock import from_timestamp
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.common import Applier, DecisionContext, Emitter, Handler, R, invalid, mission_of
+from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid, mission_of
 from services.authority.rules.missions import require_live
 from services.authority.rules.work.common import (
     DEFAULT_START_DEADLINE,
@@ -280,6 +280,9 @@ def work_decline_offer(
     )
 
 
+# ---------------------------------------------------------------- evolve rules
+
+
 def _offered(state: GroupState, event: event_pb2.Event) -> None:
     p = event.work_offered
     item = touch(state, event, p.work_item_id)
@@ -317,16 +320,10 @@ def _declined(state: GroupState, event: event_pb2.Event) -> None:
     touch(state, event, event.work_offer_declined.work_item_id)
 
 
-HANDLERS: dict[str, Handler] = {
-    "work_offer": work_offer,
-    "work_accept_offer": work_accept_offer,
-    "work_decline_offer": work_decline_offer,
-}
+# ---------------------------------------------------------------- the declarations
 
-
-APPLIERS: dict[str, Applier] = {
-    "work_offered": _offered,
-    "work_offers_withdrawn": _withdrawn,
-    "work_offer_accepted": _accepted,
-    "work_offer_declined": _declined,
-}
+KINDS = (
+    CommandKind("work_offer", work_offer, {"work_offered": _offered, "work_offers_withdrawn": _withdrawn}),
+    CommandKind("work_accept_offer", work_accept_offer, {"work_offer_accepted": _accepted}),
+    CommandKind("work_decline_offer", work_decline_offer, {"work_offer_declined": _declined}),
+)

@@ -6,7 +6,7 @@ from missionweave import ids
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.common import Applier, DecisionContext, Emitter, Handler, R, invalid
+from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid
 from services.authority.rules.work.common import ACTIVE, coordination, require_state, touch, work_item
 from services.authority.state import GroupState
 
@@ -44,16 +44,18 @@ def work_request_preemption(
     )
 
 
+# ---------------------------------------------------------------- evolve rules
+
+
 def _preemption_requested(state: GroupState, event: event_pb2.Event) -> None:
     item = touch(state, event, event.work_preemption_requested.work_item_id)
     item.preemption_request_id = event.work_preemption_requested.preemption_request_id
 
 
-HANDLERS: dict[str, Handler] = {
-    "work_request_preemption": work_request_preemption,
-}
+# ---------------------------------------------------------------- the declarations
 
-
-APPLIERS: dict[str, Applier] = {
-    "work_preemption_requested": _preemption_requested,
-}
+KINDS = (
+    CommandKind(
+        "work_request_preemption", work_request_preemption, {"work_preemption_requested": _preemption_requested}
+    ),
+)

@@ -6,7 +6,7 @@ from missionweave import ids
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, conversation_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.common import Applier, DecisionContext, Emitter, Handler, R, invalid, mission_of
+from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid, mission_of
 from services.authority.rules.missions import require_live
 from services.authority.rules.work.common import OPEN, coordination, work_item
 from services.authority.rules.work.contract import validate_contract
@@ -103,6 +103,9 @@ def work_authorize(
     )
 
 
+# ---------------------------------------------------------------- evolve rules
+
+
 def _proposed(state: GroupState, event: event_pb2.Event) -> None:
     p = event.work_proposed
     state.proposals[p.proposal_id] = ProposalState(p.proposal_id, event.actor_id)
@@ -127,13 +130,9 @@ def _authorized(state: GroupState, event: event_pb2.Event) -> None:
         state.proposals[p.proposal_id].open = False
 
 
-HANDLERS: dict[str, Handler] = {
-    "work_propose": work_propose,
-    "work_authorize": work_authorize,
-}
+# ---------------------------------------------------------------- the declarations
 
-
-APPLIERS: dict[str, Applier] = {
-    "work_proposed": _proposed,
-    "work_authorized": _authorized,
-}
+KINDS = (
+    CommandKind("work_propose", work_propose, {"work_proposed": _proposed}),
+    CommandKind("work_authorize", work_authorize, {"work_authorized": _authorized}),
+)

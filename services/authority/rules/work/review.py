@@ -11,10 +11,9 @@ from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import (
-    Applier,
+    CommandKind,
     DecisionContext,
     Emitter,
-    Handler,
     R,
     Role,
     check_artifact_refs,
@@ -210,6 +209,9 @@ def work_accept_result(
     )
 
 
+# ---------------------------------------------------------------- evolve rules
+
+
 def _submitted(state: GroupState, event: event_pb2.Event) -> None:
     p = event.work_submitted
     item = touch(state, event, p.work_item_id)
@@ -239,15 +241,11 @@ def _result_accepted(state: GroupState, event: event_pb2.Event) -> None:
     item.owner = None
 
 
-HANDLERS: dict[str, Handler] = {
-    "work_record_evidence": work_record_evidence,
-    "work_submit": work_submit,
-    "work_accept_result": work_accept_result,
-}
+# ---------------------------------------------------------------- the declarations
 
-
-APPLIERS: dict[str, Applier] = {
-    "evidence_recorded": _evidence_recorded,
-    "work_submitted": _submitted,
-    "work_result_accepted": _result_accepted,
-}
+KINDS = (
+    CommandKind("work_submit", work_submit, {"work_submitted": _submitted}),
+    # Evidence: also recorded for a failed attempt that is retried.
+    CommandKind("work_record_evidence", work_record_evidence, {"evidence_recorded": _evidence_recorded}),
+    CommandKind("work_accept_result", work_accept_result, {"work_result_accepted": _result_accepted}),
+)

@@ -7,7 +7,7 @@ from missionweave.clock import from_timestamp, to_timestamp
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.common import Applier, DecisionContext, Emitter, Handler, R, invalid, mission_of
+from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid, mission_of
 from services.authority.rules.missions import require_live
 from services.authority.rules.work.common import (
     ACTIVE,
@@ -19,7 +19,12 @@ from services.authority.rules.work.common import (
     work_item,
 )
 from services.authority.rules.work.contract import require_dependencies
-from services.authority.rules.work.leases import capability_token, narrow_scope, revoke_lease
+from services.authority.rules.work.leases import (
+    apply_lease_revoked,
+    capability_token,
+    narrow_scope,
+    revoke_lease,
+)
 from services.authority.state import ExecutionLeaseState, GroupState, WorkItemState
 
 
@@ -155,6 +160,9 @@ def work_start(
     )
 
 
+# ---------------------------------------------------------------- evolve rules
+
+
 def _approved(state: GroupState, event: event_pb2.Event) -> None:
     p = event.execution_approval_granted
     item = touch(state, event, p.work_item_id)
@@ -180,13 +188,10 @@ def _started(state: GroupState, event: event_pb2.Event) -> None:
     item.state = ACTIVE
 
 
-HANDLERS: dict[str, Handler] = {
-    "approval_grant_execution": approval_grant_execution,
-    "work_start": work_start,
-}
+# ---------------------------------------------------------------- the declarations
 
-
-APPLIERS: dict[str, Applier] = {
-    "execution_approval_granted": _approved,
-    "work_started": _started,
-}
+KINDS = (
+    CommandKind("approval_grant_execution", approval_grant_execution, {"execution_approval_granted": _approved}),
+    # A revoked lease: also when an offer fences an expired owner and when a transient failure is retried.
+    CommandKind("work_start", work_start, {"work_started": _started, "lease_revoked": apply_lease_revoked}),
+)

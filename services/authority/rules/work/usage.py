@@ -5,7 +5,7 @@ from __future__ import annotations
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.common import Applier, Emitter, R, invalid, mission_of
+from services.authority.rules.common import Emitter, R, invalid, mission_of
 from services.authority.rules.work.common import touch
 from services.authority.state import SIX, GroupState, WorkItemState
 
@@ -75,15 +75,10 @@ def record_usage(
     )
 
 
-def _usage(state: GroupState, event: event_pb2.Event) -> None:
+def apply_usage(state: GroupState, event: event_pb2.Event) -> None:
     p = event.resource_usage_recorded
     item = touch(state, event, p.work_item_id)
     for dim in SIX:
         amount = int(getattr(p.delta, dim))
         item.used[dim] += amount
         state.mission_used[dim] += amount
-
-
-APPLIERS: dict[str, Applier] = {
-    "resource_usage_recorded": _usage,
-}
