@@ -42,6 +42,8 @@ from services.authority.context_package import CONTEXT_PACKAGE_TYPE, build_conte
 from services.authority.ingress import GroupIngressLimiter
 from services.authority.progress import mission_progress
 from services.authority.rules.common import TERMINAL_MISSION_STATES, StoredArtifact
+from services.authority.rules.conversations import erased, erasure_targets
+from services.authority.rules.missions import check_transfer
 from services.authority.state import GroupState
 from services.authority.store import AppendRequest, CommandRecord, EventStore, StoredEvent
 from services.authority.tail import LogTails
@@ -340,32 +342,13 @@ class GroupAuthority:
 
     async def _erasures(self, group_id: str, decision: list[event_pb2.Event]) -> list[tuple[int, bytes]]:
         """MW-7.4-04/05: each event a tombstone lists, re-signed with its content cleared and a
-        marker naming the tombstone; id, sequence and every other field unchanged."""
+        marker naming the tombstone (the core's ``erased``)."""
         rewrites: list[tuple[int, bytes]] = []
-        for tombstone in decision:
-            if tombstone.WhichOneof("payload") != "message_amended":
-                continue
-            for sequence in tombstone.message_amended.erased_sequences:
-                (stored,) = await self.store.read_range(group_id, sequence, sequence)
-                event = codec.decode_event(stored.envelope)
-                if event.WhichOneof("payload") == "message_posted":
-                    event.message_posted.ClearField("content")
-                else:  # a correction (touching the other payload would switch the oneof)
-                    event.message_amended.ClearField("corrected_content")
-                event.redaction.CopyFrom(
-                    event_pb2.RedactionMarker(
-                        tombstone_event_id=tombstone.event_id,
-                        tombstone_sequence=tombstone.sequence,
-                        erasure=tombstone.message_amended.erasure,
-                        original_envelope_digest=common_pb2.Digest(
-                            algorithm="blake3",
-                            hex=blake3.blake3(stored.envelope).hexdigest(),
-                            size_bytes=len(stored.envelope),
-                        ),
-                    )
-                )
-                envelope = sign_envelope(event.SerializeToString(deterministic=True), EVENT_TYPE, self.signing_key, self.key_id)
-                rewrites.append((sequence, envelope.SerializeToString()))
+        for tombstone, sequence in erasure_targets(decision):
+            (stored,) = await self.store.read_range(group_id, sequence, sequence)
+            event = erased(codec.decode_event(stored.envelope), tombstone, stored.envelope)
+            envelope = sign_envelope(event.SerializeToString(deterministic=True), EVENT_TYPE, self.signing_key, self.key_id)
+            rewrites.append((sequence, envelope.SerializeToString()))
         return rewrites
 
     # ------------------------------------------------------------ state
@@ -427,7 +410,7 @@ class GroupAuthority:
         if target_group_id == group_id:
             target_group_id = ""
         if target_group_id or transfer_authorization_event_id:
-            _check_transfer(state, target_group_id, transfer_authorization_event_id, work_item_ids)
+            check_transfer(state, target_group_id, transfer_authorization_event_id, work_item_ids)
         prior, prior_payload = None, b""
         if previous is not None and previous.payload:
             if previous.payload_type != CONTEXT_PACKAGE_TYPE or not verify_envelope(previous, self.public_key):
@@ -675,29 +658,3 @@ def _stored(event: event_pb2.Event, envelope: bytes) -> StoredEvent:
         recorded_us=timestamp_micros(event.recorded_at),
         envelope=envelope,
     )
-
-
-def _check_transfer(state: GroupState, target_group_id: str, authorization_id: str, work_item_ids: list[str]) -> None:
-    """MW-13.3-05/07: another Group receives this Group's context only under a recorded authorization
-    for that Group that covers the requested scope."""
-    if not target_group_id:
-        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "an authorization is given with target_group_id", field="target_group_id")
-    if not authorization_id:
-        raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED,
-            "Group content does not enter another Mission's context by default: cite the "
-            "mission.context_transfer.authorized event (transfer_authorization_event_id)",
-        )
-    grant = state.transfers.get(authorization_id)
-    if grant is None or grant.target_group_id != target_group_id:
-        raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED,
-            f"{authorization_id} is not an authorization of this Group for {target_group_id}",
-            field="transfer_authorization_event_id",
-        )
-    if grant.work_item_ids and not (work_item_ids and set(work_item_ids) <= set(grant.work_item_ids)):
-        raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED,
-            f"the authorization covers WorkItems {', '.join(grant.work_item_ids)} only",
-            field="work_item_ids",
-        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import timedelta
 
 from missionweave import ids
@@ -622,6 +623,31 @@ def mission_authorize_context_transfer(
         ),
     )
 
+def check_transfer(state: GroupState, target_group_id: str, authorization_id: str, work_item_ids: Sequence[str]) -> None:
+    """MW-13.3-05/07: another Group receives this Group's context only under a recorded authorization
+    for that Group that covers the requested scope."""
+    if not target_group_id:
+        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "an authorization is given with target_group_id", field="target_group_id")
+    if not authorization_id:
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            "Group content does not enter another Mission's context by default: cite the "
+            "mission.context_transfer.authorized event (transfer_authorization_event_id)",
+        )
+    grant = state.transfers.get(authorization_id)
+    if grant is None or grant.target_group_id != target_group_id:
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            f"{authorization_id} is not an authorization of this Group for {target_group_id}",
+            field="transfer_authorization_event_id",
+        )
+    if grant.work_item_ids and not (work_item_ids and set(work_item_ids) <= set(grant.work_item_ids)):
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            f"the authorization covers WorkItems {', '.join(grant.work_item_ids)} only",
+            field="work_item_ids",
+        )
+
 
 # ---------------------------------------------------------------- evolve rules
 
@@ -774,4 +800,4 @@ KINDS = (
     ),
 )
 
-__all__ = ["KINDS", "require_coordinator", "require_live"]
+__all__ = ["KINDS", "check_transfer", "require_coordinator", "require_live"]
