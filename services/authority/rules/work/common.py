@@ -13,7 +13,7 @@ from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import DecisionContext, R, invalid, mission_of, require_reason
-from services.authority.rules.missions import require_coordinator
+from services.authority.rules.missions import require_coordinator, require_live
 from services.authority.state import GroupState, OwnershipState, WorkItemState
 
 WS = wp.WorkItemState
@@ -89,6 +89,30 @@ def coordination(
     require_coordinator(state, command, ctx, epoch, name)
     return wp.WORK_ACTOR_ROLE_COORDINATOR
 
+
+def require_steering(
+    state: GroupState,
+    command: command_pb2.Command,
+    ctx: DecisionContext,
+    body: wp.WorkAuthorize | wp.WorkOffer,
+    name: str,
+) -> None:
+    """What the commands that shape the work share (authorize, offer): a live Mission, no delegation
+    grant (not implemented yet), and the Coordinator or the owner's emergency override."""
+    require_live(mission_of(state), name)
+    if body.grant_id:
+        raise Rejected(
+            R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED, "delegation grants arrive with the delegation rules"
+        )
+    coordination(
+        state,
+        command,
+        ctx,
+        body.coordinator_epoch,
+        name,
+        emergency=body.emergency_override,
+        override_reason=body.override_reason,
+    )
 
 def live_owner(item: WorkItemState, now: datetime) -> bool:
     return item.owner is not None and item.owner.expires_at > now

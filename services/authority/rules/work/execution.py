@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from missionweave import ids
 from missionweave.clock import from_timestamp, to_timestamp
 from missionweave.errors import Rejected
@@ -99,11 +101,22 @@ def under_lease(
     return item, check_usage(state, item, body.usage_delta, "body.usage_delta")
 
 
-def _checkpoint_id(command: command_pb2.Command, checkpoint: wp.Checkpoint, field: str) -> str:
-    cid = checkpoint.checkpoint_id or ids.derived_id("ckpt", command.group_id, command.command_id)
+def _checkpoint(command: command_pb2.Command, given: wp.Checkpoint) -> wp.Checkpoint:
+    """The checkpoint as recorded: a copy with its id, derived from the command when not given."""
+    checkpoint = wp.Checkpoint()
+    checkpoint.CopyFrom(given)
+    cid = given.checkpoint_id or ids.derived_id("ckpt", command.group_id, command.command_id)
     if not ids.is_valid(cid):
-        raise invalid(f"{field}.checkpoint_id", "not a valid id")
-    return cid
+        raise invalid("body.checkpoint.checkpoint_id", "not a valid id")
+    checkpoint.checkpoint_id = cid
+    return checkpoint
+
+
+def _kept_ownership(item: WorkItemState, now: datetime, keep: timedelta, kind: int) -> wp.OwnershipGrant:
+    """The bounded ownership lease the owner keeps once it released execution (T08, T09)."""
+    owner = item.owner
+    assert owner is not None
+    return ownership_grant(item, owner.agent_id, owner.ownership_epoch, now, keep, kind, owner.offer_id)
 
 
 def work_checkpoint(
@@ -117,13 +130,10 @@ def work_checkpoint(
         raise Rejected(
             R.REJECTION_REASON_NOT_FOUND, f"no open preemption request {body.preemption_request_id}"
         )
-    checkpoint = wp.Checkpoint()
-    checkpoint.CopyFrom(body.checkpoint)
-    checkpoint.checkpoint_id = _checkpoint_id(command, body.checkpoint, "body.checkpoint")
+    checkpoint = _checkpoint(command, body.checkpoint)
     keep = policy_duration(
         item.contract.time_policy.checkpoint_ownership_duration, DEFAULT_CHECKPOINT_OWNERSHIP, "time_policy"
     )
-    assert item.owner is not None
     out.emit(
         "work.checkpointed",
         "work_checkpointed",
@@ -132,15 +142,7 @@ def work_checkpoint(
             lease_id=body.lease_id,
             ownership_epoch=body.ownership_epoch,
             checkpoint=checkpoint,
-            ownership=ownership_grant(
-                item,
-                item.owner.agent_id,
-                item.owner.ownership_epoch,
-                ctx.now,
-                keep,
-                wp.WORK_LEASE_KIND_OWNERSHIP,
-                item.owner.offer_id,
-            ),
+            ownership=_kept_ownership(item, ctx.now, keep, wp.WORK_LEASE_KIND_OWNERSHIP),
             preemption_request_id=body.preemption_request_id,
         ),
     )
@@ -161,16 +163,13 @@ def work_block(
             raise invalid(f"body.blockers[{i}]", "kind and required_resolution are required (MW-11.4-04)")
     if not body.HasField("checkpoint"):
         raise invalid("body.checkpoint", "a block is a checkpoint plus a blocked lease (MW-10.2-T09)")
-    checkpoint = wp.Checkpoint()
-    checkpoint.CopyFrom(body.checkpoint)
-    checkpoint.checkpoint_id = _checkpoint_id(command, body.checkpoint, "body.checkpoint")
+    checkpoint = _checkpoint(command, body.checkpoint)
     policy = policy_duration(
         item.contract.time_policy.blocked_lease_duration,
         DEFAULT_BLOCKED_LEASE,
         "time_policy.blocked_lease_duration",
     )
     keep = min(policy, policy_duration(body.requested_blocked_duration, policy, "body.requested_blocked_duration"))
-    assert item.owner is not None
     out.emit(
         "work.blocked",
         "work_blocked",
@@ -180,15 +179,7 @@ def work_block(
             ownership_epoch=body.ownership_epoch,
             checkpoint=checkpoint,
             blockers=body.blockers,
-            ownership=ownership_grant(
-                item,
-                item.owner.agent_id,
-                item.owner.ownership_epoch,
-                ctx.now,
-                keep,
-                wp.WORK_LEASE_KIND_BLOCKED,
-                item.owner.offer_id,
-            ),
+            ownership=_kept_ownership(item, ctx.now, keep, wp.WORK_LEASE_KIND_BLOCKED),
         ),
     )
     record_usage(out, command, item, body.usage_delta, usage)

@@ -7,19 +7,18 @@ from missionweave.clock import from_timestamp
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid, mission_of
-from services.authority.rules.missions import require_live
+from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid
 from services.authority.rules.work.common import (
     DEFAULT_START_DEADLINE,
     OFFERABLE,
     OFFERED,
     QUEUED,
-    coordination,
     live_owner,
     own,
     ownership_grant,
     policy_duration,
     require_state,
+    require_steering,
     touch,
     work_item,
 )
@@ -36,20 +35,7 @@ def work_offer(
     """MW-10.2-T03 / MW-10.3-02/04/10/11: a durable offer to a bounded candidate set, never to a live owner."""
     assert state is not None
     body = command.work_offer
-    require_live(mission_of(state), "work.offer")
-    if body.grant_id:
-        raise Rejected(
-            R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED, "delegation grants arrive with the delegation rules"
-        )
-    coordination(
-        state,
-        command,
-        ctx,
-        body.coordinator_epoch,
-        "work.offer",
-        emergency=body.emergency_override,
-        override_reason=body.override_reason,
-    )
+    require_steering(state, command, ctx, body, "work.offer")
     item = work_item(state, body.work_item_id)
     require_state(item, OFFERABLE, "work.offer")
     if live_owner(item, ctx.now):

@@ -8,7 +8,7 @@ from missionweave.v1 import command_pb2, conversation_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid, mission_of
 from services.authority.rules.missions import require_live
-from services.authority.rules.work.common import OPEN, coordination, work_item
+from services.authority.rules.work.common import OPEN, require_steering, work_item
 from services.authority.rules.work.contract import validate_contract
 from services.authority.state import GroupState, ProposalState, WorkItemState
 
@@ -46,20 +46,7 @@ def work_authorize(
     """MW-10.2-T02 / MW-9-02: the Coordinator (or the owner's override) creates the WorkItem and its Conversation."""
     assert state is not None
     body = command.work_authorize
-    require_live(mission_of(state), "work.authorize")
-    if body.grant_id:
-        raise Rejected(
-            R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED, "delegation grants arrive with the delegation rules"
-        )
-    coordination(
-        state,
-        command,
-        ctx,
-        body.coordinator_epoch,
-        "work.authorize",
-        emergency=body.emergency_override,
-        override_reason=body.override_reason,
-    )
+    require_steering(state, command, ctx, body, "work.authorize")
     work_item_id = body.work_item_id or ids.derived_id("wi", command.group_id, command.command_id)
     if not ids.is_valid(work_item_id) or work_item_id in state.work_items:
         raise invalid("body.work_item_id", "a valid id not yet used in this Group")
