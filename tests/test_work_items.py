@@ -967,7 +967,7 @@ async def test_commands_against_a_stale_work_item_revision_are_refused(world: Wo
 
 @pytest.mark.req("MW-11.3-06", "MW-11.3-07", "MW-11.3-08")
 async def test_capability_tokens_are_bound_to_the_lease_narrow_rotate_and_end_with_it(world: World) -> None:
-    from services.authority.rules.work import token_valid
+    from services.authority.rules.work.leases import token_valid
 
     w = world
     f = await setup(w)

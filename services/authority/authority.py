@@ -40,11 +40,13 @@ from missionweave.signing import (
 from missionweave.signing import verify_signature as verify_envelope
 from missionweave.v1 import artifact_service_pb2, authority_service_pb2, command_pb2, common_pb2, event_pb2
 from missionweave.verifier import SignatureVerifier
-from services.authority import decider
+from services.authority import decider, kinds
 from services.authority.context_package import CONTEXT_PACKAGE_TYPE, build_context_package
 from services.authority.ingress import GroupIngressLimiter
 from services.authority.progress import mission_progress
 from services.authority.rules.common import TERMINAL_MISSION_STATES, StoredArtifact
+from services.authority.rules.conversations import erased, erasure_targets
+from services.authority.rules.missions import check_transfer
 from services.authority.state import GroupState
 from services.authority.store import AppendRequest, CommandRecord, EventStore, StoredEvent
 from services.authority.tail import LogTails
@@ -249,14 +251,14 @@ class GroupAuthority:
     ) -> _Pending:
         group_id = command.group_id
         owned = await self._load(group_id)
-        if _erases(command) and owned.pending:
+        if kinds.erases(command) and owned.pending:
             # An erasure rewrites earlier events: every one of them must be durable first.
             await asyncio.wait([p.request.done for p in owned.pending.values()])
             owned = await self._load(group_id)
         writer_epoch, state = owned.writer_epoch, owned.state
-        identities = await self.registry.infos(_referenced_identities(command))
+        identities = await self.registry.infos(kinds.referenced_identities(command))
         linked = {}
-        for linked_id in _linked_groups(command):
+        for linked_id in kinds.linked_groups(command):
             linked_state = await self.state(linked_id)  # durable state of the other Group
             if linked_state is not None:
                 linked[linked_id] = linked_state
@@ -302,9 +304,9 @@ class GroupAuthority:
     async def _published_artifacts(self, command: command_pb2.Command) -> dict[str, StoredArtifact]:
         """For work.publish_artifact: the blob must be stored with a manifest its publisher signed
         for this Group and WorkItem (verified by the ArtifactService at upload, MW-13.1-03)."""
-        if command.WhichOneof("body") != "work_publish_artifact":
+        body = kinds.published_artifact(command)
+        if body is None:
             return {}
-        body = command.work_publish_artifact
         digest = body.artifact.digest
         if digest.algorithm != "blake3" or not ids.is_valid(digest.hex):
             return {}
@@ -362,32 +364,13 @@ class GroupAuthority:
 
     async def _erasures(self, group_id: str, decision: list[event_pb2.Event]) -> list[tuple[int, bytes]]:
         """MW-7.4-04/05: each event a tombstone lists, re-signed with its content cleared and a
-        marker naming the tombstone; id, sequence and every other field unchanged."""
+        marker naming the tombstone (the core's ``erased``)."""
         rewrites: list[tuple[int, bytes]] = []
-        for tombstone in decision:
-            if tombstone.WhichOneof("payload") != "message_amended":
-                continue
-            for sequence in tombstone.message_amended.erased_sequences:
-                (stored,) = await self.store.read_range(group_id, sequence, sequence)
-                event = codec.decode_event(stored.envelope)
-                if event.WhichOneof("payload") == "message_posted":
-                    event.message_posted.ClearField("content")
-                else:  # a correction (touching the other payload would switch the oneof)
-                    event.message_amended.ClearField("corrected_content")
-                event.redaction.CopyFrom(
-                    event_pb2.RedactionMarker(
-                        tombstone_event_id=tombstone.event_id,
-                        tombstone_sequence=tombstone.sequence,
-                        erasure=tombstone.message_amended.erasure,
-                        original_envelope_digest=common_pb2.Digest(
-                            algorithm="blake3",
-                            hex=blake3.blake3(stored.envelope).hexdigest(),
-                            size_bytes=len(stored.envelope),
-                        ),
-                    )
-                )
-                envelope = sign_envelope(event.SerializeToString(deterministic=True), EVENT_TYPE, self.signing_key, self.key_id)
-                rewrites.append((sequence, envelope.SerializeToString()))
+        for tombstone, sequence in erasure_targets(decision):
+            (stored,) = await self.store.read_range(group_id, sequence, sequence)
+            event = erased(codec.decode_event(stored.envelope), tombstone, stored.envelope)
+            envelope = sign_envelope(event.SerializeToString(deterministic=True), EVENT_TYPE, self.signing_key, self.key_id)
+            rewrites.append((sequence, envelope.SerializeToString()))
         return rewrites
 
     # ------------------------------------------------------------ state
@@ -449,7 +432,7 @@ class GroupAuthority:
         if target_group_id == group_id:
             target_group_id = ""
         if target_group_id or transfer_authorization_event_id:
-            _check_transfer(state, target_group_id, transfer_authorization_event_id, work_item_ids)
+            check_transfer(state, target_group_id, transfer_authorization_event_id, work_item_ids)
         prior, prior_payload = None, b""
         if previous is not None and previous.payload:
             if previous.payload_type != CONTEXT_PACKAGE_TYPE or not verify_envelope(previous, self.public_key):
@@ -689,35 +672,6 @@ def _check_same_body(command: command_pb2.Command, recorded: bytes, fingerprint_
         )
 
 
-def _referenced_identities(command: command_pb2.Command) -> set[str]:
-    refs = {command.actor_id}
-    kind = command.WhichOneof("body")
-    if kind == "mission_create":
-        refs |= {command.mission_create.definition.owner_id, command.mission_create.coordinator_id}
-    elif kind == "mission_create_follow_up":
-        body = command.mission_create_follow_up
-        refs |= {body.definition.owner_id, body.coordinator_id}
-    elif kind == "mission_replace_coordinator":
-        refs.add(command.mission_replace_coordinator.coordinator_id)
-    elif kind == "membership_grant":
-        refs.add(command.membership_grant.member_id)
-    return refs
-
-
-def _linked_groups(command: command_pb2.Command) -> list[str]:
-    """Other Groups whose durable state the decision consults (never written by this command)."""
-    kind = command.WhichOneof("body")
-    if kind == "mission_create_follow_up":
-        group = command.mission_create_follow_up.approved_group_id
-    elif kind == "mission_revoke_approval":
-        group = command.mission_revoke_approval.follow_up_group_id
-    elif kind == "mission_authorize_context_transfer":
-        group = command.mission_authorize_context_transfer.target_group_id
-    else:
-        return []
-    return [group] if group and ids.is_valid(group) and group != command.group_id else []
-
-
 def _stored(event: event_pb2.Event, envelope: bytes) -> StoredEvent:
     return StoredEvent(
         sequence=event.sequence,
@@ -726,33 +680,3 @@ def _stored(event: event_pb2.Event, envelope: bytes) -> StoredEvent:
         recorded_us=timestamp_micros(event.recorded_at),
         envelope=envelope,
     )
-
-
-def _erases(command: command_pb2.Command) -> bool:
-    return command.WhichOneof("body") == "message_amend" and command.message_amend.erasure != 0
-
-
-def _check_transfer(state: GroupState, target_group_id: str, authorization_id: str, work_item_ids: list[str]) -> None:
-    """MW-13.3-05/07: another Group receives this Group's context only under a recorded authorization
-    for that Group that covers the requested scope."""
-    if not target_group_id:
-        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "an authorization is given with target_group_id", field="target_group_id")
-    if not authorization_id:
-        raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED,
-            "Group content does not enter another Mission's context by default: cite the "
-            "mission.context_transfer.authorized event (transfer_authorization_event_id)",
-        )
-    grant = state.transfers.get(authorization_id)
-    if grant is None or grant.target_group_id != target_group_id:
-        raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED,
-            f"{authorization_id} is not an authorization of this Group for {target_group_id}",
-            field="transfer_authorization_event_id",
-        )
-    if grant.work_item_ids and not (work_item_ids and set(work_item_ids) <= set(grant.work_item_ids)):
-        raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED,
-            f"the authorization covers WorkItems {', '.join(grant.work_item_ids)} only",
-            field="work_item_ids",
-        )

@@ -11,7 +11,7 @@ from datetime import datetime
 from missionweave.clock import from_timestamp
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.work import dependencies_satisfied
+from services.authority.rules.work.contract import dependencies_satisfied
 from services.authority.state import SIX, GroupState, WorkItemState
 
 DONE = frozenset({wp.WORK_ITEM_STATE_VERIFIED, wp.WORK_ITEM_STATE_CANCELLED})

@@ -14,7 +14,7 @@ from missionweave import ids
 from missionweave.clock import from_timestamp, to_timestamp
 from missionweave.digests import HEX64
 from missionweave.errors import Rejected
-from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2, mission_pb2
+from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2, mission_pb2, work_pb2
 from services.authority.state import GroupState, IdentityInfo, MissionRecord
 
 R = common_pb2.RejectionReason
@@ -64,6 +64,74 @@ class DecisionContext:
 
 Handler = Callable[[GroupState | None, command_pb2.Command, DecisionContext, "Emitter"], None]
 Applier = Callable[[GroupState, event_pb2.Event], None]
+
+
+def _none(command: command_pb2.Command) -> tuple[str, ...]:
+    return ()
+
+
+def _no_artifact(command: command_pb2.Command) -> work_pb2.WorkPublishArtifact | None:
+    return None
+
+
+def _never(command: command_pb2.Command) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class CommandKind:
+    """Everything the Authority knows about one command kind, declared once beside its rules.
+
+    The registry (``services/authority/kinds.py``) collects the declarations of every rule family;
+    the decider and the shell read them, and no other list of kinds exists.
+    """
+
+    body: str  # the field of the Command ``body`` oneof, e.g. ``mission_create``
+    handler: Handler  # decide: validate, then emit the events
+    # The evolve rules of the events whose home is this kind, by Event payload field. An event that
+    # several kinds emit (``conversation_opened``, ``lease_revoked``...) lives with one of them.
+    appliers: Mapping[str, Applier] = field(default_factory=dict)
+    creates_group: bool = False  # addresses a Group that must not exist yet (membership epoch 0)
+    ends_mission: int = 0  # the MissionState it ends the Mission in; its unfinished WorkItems follow (T18)
+    # Organization policy (control plane, administrators) may issue it without a Membership (MW-8-04).
+    org_policy_may_issue: bool = False
+    # Identities besides the actor whose registration the decision consults (the shell looks them up).
+    references: Callable[[command_pb2.Command], Iterable[str]] = _none
+    # Other Groups whose durable state the decision consults (never written by this command).
+    linked_groups: Callable[[command_pb2.Command], Iterable[str]] = _none
+    # The artifact the command publishes, which the shell looks up in the artifact index.
+    published_artifact: Callable[[command_pb2.Command], work_pb2.WorkPublishArtifact | None] = _no_artifact
+    # Whether its events rewrite earlier ones (an erasure re-signs them with their content cleared).
+    erases: Callable[[command_pb2.Command], bool] = _never
+
+    @property
+    def name(self) -> str:
+        """The spec's command name, ``mission.create``."""
+        return spec_name(self.body)
+
+    @property
+    def implemented(self) -> bool:
+        return self.handler is not not_implemented
+
+
+def not_implemented_rejection(body: str) -> Rejected:
+    name = spec_name(body)
+    return Rejected(
+        R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED,
+        f"{name} is part of the contract but not implemented by this server yet",
+        command_kind=name,
+    )
+
+
+def not_implemented(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter) -> None:
+    """The handler of a kind in the contract that this server does not implement yet (the decider
+    refuses it before any other check)."""
+    raise not_implemented_rejection(command.WhichOneof("body") or "")
+
+
+def planned(body: str, *, creates_group: bool = False) -> CommandKind:
+    """The declaration of a kind that is part of the contract but not implemented yet."""
+    return CommandKind(body, not_implemented, creates_group=creates_group)
 
 
 def state_name(value: int) -> str:
@@ -132,7 +200,6 @@ class Emitter:
         self.next_sequence += 1
         self.events.append(event)
         return event
-
 
 
 def check_membership(state: GroupState, command: command_pb2.Command) -> None:
@@ -245,5 +312,3 @@ def renewal(policy: mission_pb2.RenewalPolicy) -> tuple[timedelta, timedelta]:
     if not timedelta(0) <= renew_before < duration:
         raise invalid("body.coordinator_renewal.renew_before", "must be shorter than the lease")
     return duration, renew_before
-
-

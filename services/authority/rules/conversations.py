@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+
+import blake3
 
 from missionweave import ids
 from missionweave.errors import Rejected
-from missionweave.v1 import command_pb2, conversation_pb2, event_pb2
+from missionweave.v1 import command_pb2, common_pb2, conversation_pb2, event_pb2
 from services.authority.rules.common import (
     AMBIGUITY_TOPIC,
     MAX_DATA_JSON_BYTES,
     MAX_REFS,
     MAX_TEXT_BYTES,
-    Applier,
+    CommandKind,
     DecisionContext,
     Emitter,
-    Handler,
     R,
     check_artifact_refs,
     invalid,
@@ -196,6 +198,38 @@ def _check_erasure(state: GroupState, command: command_pb2.Command, ctx: Decisio
     if message.erased:
         raise Rejected(R.REJECTION_REASON_INVALID_TRANSITION, f"the content of message {body.message_id} was already erased")
 
+def erasure_targets(events: Iterable[event_pb2.Event]) -> list[tuple[event_pb2.Event, int]]:
+    """MW-7.4-04/05: the stored events the erasure tombstones among ``events`` list, as
+    (tombstone, sequence): the shell re-signs each with its content cleared (``erased``)."""
+    return [
+        (tombstone, sequence)
+        for tombstone in events
+        if tombstone.WhichOneof("payload") == "message_amended"
+        for sequence in tombstone.message_amended.erased_sequences
+    ]
+
+
+def erased(event: event_pb2.Event, tombstone: event_pb2.Event, original_envelope: bytes) -> event_pb2.Event:
+    """The stored ``event`` (decoded from ``original_envelope``) with its content cleared and a marker
+    naming the tombstone; id, sequence and every other field unchanged. Changes and returns ``event``."""
+    if event.WhichOneof("payload") == "message_posted":
+        event.message_posted.ClearField("content")
+    else:  # a correction (touching the other payload would switch the oneof)
+        event.message_amended.ClearField("corrected_content")
+    event.redaction.CopyFrom(
+        event_pb2.RedactionMarker(
+            tombstone_event_id=tombstone.event_id,
+            tombstone_sequence=tombstone.sequence,
+            erasure=tombstone.message_amended.erasure,
+            original_envelope_digest=common_pb2.Digest(
+                algorithm="blake3",
+                hex=blake3.blake3(original_envelope).hexdigest(),
+                size_bytes=len(original_envelope),
+            ),
+        )
+    )
+    return event
+
 
 def conversation_open(
     state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
@@ -238,11 +272,7 @@ def conversation_open(
     )
 
 
-HANDLERS: dict[str, Handler] = {
-    "message_post": message_post,
-    "message_amend": message_amend,
-    "conversation_open": conversation_open,
-}
+# ---------------------------------------------------------------- evolve rules
 
 
 def _opened(state: GroupState, event: event_pb2.Event) -> None:
@@ -279,10 +309,17 @@ def _amended(state: GroupState, event: event_pb2.Event) -> None:
         message.erased = True
 
 
-APPLIERS: dict[str, Applier] = {
-    "conversation_opened": _opened,
-    "message_posted": _posted,
-    "message_amended": _amended,
-}
+# ---------------------------------------------------------------- the declarations
 
-__all__ = ["APPLIERS", "HANDLERS", "validate_content"]
+KINDS = (
+    CommandKind("message_post", message_post, {"message_posted": _posted}),
+    CommandKind(
+        "message_amend",
+        message_amend,
+        {"message_amended": _amended},
+        erases=lambda c: c.message_amend.erasure != CE.CONTENT_ERASURE_UNSPECIFIED,
+    ),
+    CommandKind("conversation_open", conversation_open, {"conversation_opened": _opened}),
+)
+
+__all__ = ["KINDS", "erased", "erasure_targets", "validate_content"]

@@ -6,15 +6,15 @@ from missionweave.clock import from_timestamp
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2, membership_pb2
 from services.authority.rules.common import (
-    Applier,
+    CommandKind,
     DecisionContext,
     Emitter,
-    Handler,
     R,
     Role,
     identity,
     invalid,
     mission_of,
+    planned,
 )
 from services.authority.rules.missions import require_live
 from services.authority.state import GroupState, MemberState
@@ -102,11 +102,7 @@ def membership_revoke(
     )
 
 
-
-HANDLERS: dict[str, Handler] = {
-    "membership_grant": membership_grant,
-    "membership_revoke": membership_revoke,
-}
+# ---------------------------------------------------------------- evolve rules
 
 
 def _granted(state: GroupState, event: event_pb2.Event) -> None:
@@ -128,7 +124,16 @@ def _revoked(state: GroupState, event: event_pb2.Event) -> None:
     state.members[event.membership_revoked.member_id].active = False
 
 
-APPLIERS: dict[str, Applier] = {
-    "membership_granted": _granted,
-    "membership_revoked": _revoked,
-}
+# ---------------------------------------------------------------- the declarations
+
+KINDS = (
+    CommandKind(
+        "membership_grant",
+        membership_grant,
+        {"membership_granted": _granted},
+        references=lambda c: (c.membership_grant.member_id,),
+    ),
+    CommandKind("membership_revoke", membership_revoke, {"membership_revoked": _revoked}),
+    planned("membership_grant_delegation"),
+    planned("membership_revoke_delegation"),
+)

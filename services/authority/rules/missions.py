@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import timedelta
 
 from missionweave import ids
@@ -14,9 +15,9 @@ from services.authority.rules.common import (
     MS,
     TERMINAL_MISSION_STATES,
     Applier,
+    CommandKind,
     DecisionContext,
     Emitter,
-    Handler,
     Kind,
     R,
     Role,
@@ -25,6 +26,7 @@ from services.authority.rules.common import (
     invalid,
     is_org_policy,
     mission_of,
+    planned,
     renewal,
     require_reason,
     state_name,
@@ -621,25 +623,30 @@ def mission_authorize_context_transfer(
         ),
     )
 
-
-HANDLERS: dict[str, Handler] = {
-    "mission_authorize_context_transfer": mission_authorize_context_transfer,
-    "mission_create": mission_create,
-    "mission_create_follow_up": mission_create_follow_up,
-    "mission_submit_for_approval": mission_submit_for_approval,
-    "mission_request_changes": mission_request_changes,
-    "mission_approve": mission_approve,
-    "mission_revoke_approval": mission_revoke_approval,
-    "mission_cancel": mission_cancel,
-    "mission_terminate": mission_terminate,
-    "mission_renew_coordinator_lease": mission_renew_coordinator_lease,
-    "mission_replace_coordinator": mission_replace_coordinator,
-    "mission_acknowledge_reconciliation": mission_acknowledge_reconciliation,
-    "mission_issue_directive": mission_issue_directive,
-}
-
-# Organization-policy identities may issue these without holding a Membership in the Group.
-ORG_POLICY_KINDS = frozenset({"mission_cancel", "mission_terminate", "mission_replace_coordinator"})
+def check_transfer(state: GroupState, target_group_id: str, authorization_id: str, work_item_ids: Sequence[str]) -> None:
+    """MW-13.3-05/07: another Group receives this Group's context only under a recorded authorization
+    for that Group that covers the requested scope."""
+    if not target_group_id:
+        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "an authorization is given with target_group_id", field="target_group_id")
+    if not authorization_id:
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            "Group content does not enter another Mission's context by default: cite the "
+            "mission.context_transfer.authorized event (transfer_authorization_event_id)",
+        )
+    grant = state.transfers.get(authorization_id)
+    if grant is None or grant.target_group_id != target_group_id:
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            f"{authorization_id} is not an authorization of this Group for {target_group_id}",
+            field="transfer_authorization_event_id",
+        )
+    if grant.work_item_ids and not (work_item_ids and set(work_item_ids) <= set(grant.work_item_ids)):
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            f"the authorization covers WorkItems {', '.join(grant.work_item_ids)} only",
+            field="work_item_ids",
+        )
 
 
 # ---------------------------------------------------------------- evolve rules
@@ -725,19 +732,72 @@ def _transfer_authorized(state: GroupState, event: event_pb2.Event) -> None:
     state.transfers[event.event_id] = TransferGrant(grant.target_group_id, tuple(grant.work_item_ids))
 
 
-APPLIERS: dict[str, Applier] = {
-    "mission_created": _created,
-    "coordinator_lease_granted": _lease_granted,
-    "coordinator_lease_renewed": _lease_renewed,
-    "reconciliation_acknowledged": _reconciled,
-    "mission_submitted": _submitted,
-    "mission_changes_requested": _transition(MS.MISSION_STATE_ACTIVE),
-    "mission_approved": _approved,
-    "mission_approval_revoked": _approval_revoked,
-    "mission_cancelled": _transition(MS.MISSION_STATE_CANCELLED),
-    "mission_failed": _transition(MS.MISSION_STATE_FAILED),
-    "mission_directive_issued": _nothing,
-    "mission_context_transfer_authorized": _transfer_authorized,
-}
+# ---------------------------------------------------------------- the declarations
 
-__all__ = ["APPLIERS", "HANDLERS", "ORG_POLICY_KINDS", "require_coordinator", "require_live"]
+KINDS = (
+    CommandKind(
+        "mission_create",
+        mission_create,
+        {"mission_created": _created, "coordinator_lease_granted": _lease_granted},
+        creates_group=True,
+        references=lambda c: (c.mission_create.definition.owner_id, c.mission_create.coordinator_id),
+    ),
+    CommandKind(
+        "mission_create_follow_up",
+        mission_create_follow_up,
+        creates_group=True,
+        references=lambda c: (c.mission_create_follow_up.definition.owner_id, c.mission_create_follow_up.coordinator_id),
+        linked_groups=lambda c: (c.mission_create_follow_up.approved_group_id,),
+    ),
+    planned("mission_create_child", creates_group=True),
+    CommandKind("mission_submit_for_approval", mission_submit_for_approval, {"mission_submitted": _submitted}),
+    CommandKind(
+        "mission_request_changes",
+        mission_request_changes,
+        {"mission_changes_requested": _transition(MS.MISSION_STATE_ACTIVE)},
+    ),
+    CommandKind("mission_approve", mission_approve, {"mission_approved": _approved}),
+    CommandKind(
+        "mission_revoke_approval",
+        mission_revoke_approval,
+        {"mission_approval_revoked": _approval_revoked},
+        linked_groups=lambda c: (c.mission_revoke_approval.follow_up_group_id,),
+    ),
+    CommandKind(
+        "mission_cancel",
+        mission_cancel,
+        {"mission_cancelled": _transition(MS.MISSION_STATE_CANCELLED)},
+        ends_mission=MS.MISSION_STATE_CANCELLED,
+        org_policy_may_issue=True,
+    ),
+    CommandKind(
+        "mission_terminate",
+        mission_terminate,
+        {"mission_failed": _transition(MS.MISSION_STATE_FAILED)},
+        ends_mission=MS.MISSION_STATE_FAILED,
+        org_policy_may_issue=True,
+    ),
+    CommandKind(
+        "mission_renew_coordinator_lease", mission_renew_coordinator_lease, {"coordinator_lease_renewed": _lease_renewed}
+    ),
+    CommandKind(
+        "mission_replace_coordinator",
+        mission_replace_coordinator,
+        org_policy_may_issue=True,
+        references=lambda c: (c.mission_replace_coordinator.coordinator_id,),
+    ),
+    CommandKind(
+        "mission_acknowledge_reconciliation",
+        mission_acknowledge_reconciliation,
+        {"reconciliation_acknowledged": _reconciled},
+    ),
+    CommandKind("mission_issue_directive", mission_issue_directive, {"mission_directive_issued": _nothing}),
+    CommandKind(
+        "mission_authorize_context_transfer",
+        mission_authorize_context_transfer,
+        {"mission_context_transfer_authorized": _transfer_authorized},
+        linked_groups=lambda c: (c.mission_authorize_context_transfer.target_group_id,),
+    ),
+)
+
+__all__ = ["KINDS", "check_transfer", "require_coordinator", "require_live"]

@@ -1,0 +1,170 @@
+"""What the WorkItem rules share: states, policy defaults, lookups, the Coordinator's authority and
+the ownership grant, and the evolve helpers every WorkItem event uses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from google.protobuf.duration_pb2 import Duration
+
+from missionweave.clock import from_timestamp, to_timestamp
+from missionweave.errors import Rejected
+from missionweave.v1 import command_pb2, event_pb2
+from missionweave.v1 import work_pb2 as wp
+from services.authority.rules.common import DecisionContext, R, invalid, mission_of, require_reason
+from services.authority.rules.missions import require_coordinator, require_live
+from services.authority.state import GroupState, OwnershipState, WorkItemState
+
+WS = wp.WorkItemState
+OPEN, OFFERED, QUEUED, ACTIVE = (
+    WS.WORK_ITEM_STATE_OPEN,
+    WS.WORK_ITEM_STATE_OFFERED,
+    WS.WORK_ITEM_STATE_QUEUED,
+    WS.WORK_ITEM_STATE_ACTIVE,
+)
+BLOCKED, SUBMITTED, VERIFIED = (
+    WS.WORK_ITEM_STATE_BLOCKED,
+    WS.WORK_ITEM_STATE_SUBMITTED,
+    WS.WORK_ITEM_STATE_VERIFIED,
+)
+FAILED, CANCELLED = WS.WORK_ITEM_STATE_FAILED, WS.WORK_ITEM_STATE_CANCELLED
+TERMINAL = frozenset({VERIFIED, CANCELLED})  # MW-10.2-02
+UNFINISHED = frozenset({OPEN, OFFERED, QUEUED, ACTIVE, BLOCKED, SUBMITTED})  # rows T13, T14, T18
+OFFERABLE = frozenset({OPEN, OFFERED, QUEUED, ACTIVE, BLOCKED, FAILED})  # row T03
+
+DEFAULT_START_DEADLINE = timedelta(minutes=10)
+DEFAULT_EXECUTION_LEASE = timedelta(minutes=5)
+DEFAULT_CHECKPOINT_OWNERSHIP = timedelta(minutes=30)
+DEFAULT_BLOCKED_LEASE = timedelta(hours=1)
+MAX_LEASE = timedelta(hours=24)
+
+
+def state_name(value: int) -> str:
+    return WS.Name(WS.ValueType(value)).removeprefix("WORK_ITEM_STATE_").lower()
+
+
+def work_item(state: GroupState, work_item_id: str) -> WorkItemState:
+    item = state.work_items.get(work_item_id)
+    if item is None:
+        raise Rejected(
+            R.REJECTION_REASON_NOT_FOUND, f"no WorkItem {work_item_id!r} in this Group", field="work_item_id"
+        )
+    return item
+
+
+def require_state(item: WorkItemState, allowed: Iterable[int], name: str) -> None:
+    """MW-10.2-05: only the table's transitions; terminal states are never left (MW-10.2-02)."""
+    if item.state in TERMINAL:
+        raise Rejected(
+            R.REJECTION_REASON_TERMINAL_STATE,
+            f"{name}: WorkItem {item.work_item_id} is {state_name(item.state)}, terminal for its revision",
+        )
+    if item.state not in allowed:
+        raise Rejected(
+            R.REJECTION_REASON_INVALID_TRANSITION,
+            f"{name} is not allowed from {state_name(item.state)} (MW-10.2-05)",
+            state=state_name(item.state),
+        )
+
+
+def coordination(
+    state: GroupState,
+    command: command_pb2.Command,
+    ctx: DecisionContext,
+    epoch: int,
+    name: str,
+    *,
+    emergency: bool = False,
+    override_reason: str = "",
+) -> int:
+    """The current Coordinator epoch, or the MissionOwner's audited emergency override (MW-7.1-13)."""
+    if emergency:
+        if command.actor_id != mission_of(state).owner_id:
+            raise Rejected(
+                R.REJECTION_REASON_PERMISSION_DENIED, "only the MissionOwner uses the emergency override"
+            )
+        require_reason(override_reason, "body.override_reason")
+        return wp.WORK_ACTOR_ROLE_MISSION_OWNER
+    require_coordinator(state, command, ctx, epoch, name)
+    return wp.WORK_ACTOR_ROLE_COORDINATOR
+
+
+def require_steering(
+    state: GroupState,
+    command: command_pb2.Command,
+    ctx: DecisionContext,
+    body: wp.WorkAuthorize | wp.WorkOffer,
+    name: str,
+) -> None:
+    """What the commands that shape the work share (authorize, offer): a live Mission, no delegation
+    grant (not implemented yet), and the Coordinator or the owner's emergency override."""
+    require_live(mission_of(state), name)
+    if body.grant_id:
+        raise Rejected(
+            R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED, "delegation grants arrive with the delegation rules"
+        )
+    coordination(
+        state,
+        command,
+        ctx,
+        body.coordinator_epoch,
+        name,
+        emergency=body.emergency_override,
+        override_reason=body.override_reason,
+    )
+
+def live_owner(item: WorkItemState, now: datetime) -> bool:
+    return item.owner is not None and item.owner.expires_at > now
+
+
+def policy_duration(value: Duration, default: timedelta, field: str) -> timedelta:
+    if not value.seconds and not value.nanos:
+        return default
+    d = value.ToTimedelta()
+    if not timedelta(seconds=1) <= d <= MAX_LEASE:
+        raise invalid(field, "must lie within 1 s .. 24 h")
+    return d
+
+
+def ownership_grant(
+    item: WorkItemState,
+    agent_id: str,
+    epoch: int,
+    now: datetime,
+    lease: timedelta,
+    kind: int,
+    offer_id: str = "",
+) -> wp.OwnershipGrant:
+    start_deadline = now + policy_duration(
+        item.contract.time_policy.start_deadline, DEFAULT_START_DEADLINE, "time_policy.start_deadline"
+    )
+    return wp.OwnershipGrant(
+        work_item_id=item.work_item_id,
+        agent_id=agent_id,
+        ownership_epoch=epoch,
+        granted_at=to_timestamp(now),
+        start_deadline=to_timestamp(start_deadline),
+        lease_kind=kind,  # type: ignore[arg-type]
+        expires_at=to_timestamp(now + lease),
+        offer_id=offer_id,
+        contract_revision=item.contract_revision,
+    )
+
+
+def touch(state: GroupState, event: event_pb2.Event, work_item_id: str) -> WorkItemState:
+    item = state.work_items[work_item_id]
+    item.revision += 1
+    state.last_work_change_sequence = event.sequence
+    return item
+
+
+def own(item: WorkItemState, grant: wp.OwnershipGrant) -> None:
+    item.owner = OwnershipState(
+        agent_id=grant.agent_id,
+        ownership_epoch=grant.ownership_epoch,
+        start_deadline=from_timestamp(grant.start_deadline),
+        expires_at=from_timestamp(grant.expires_at),
+        offer_id=grant.offer_id,
+    )
+    item.last_ownership_epoch = max(item.last_ownership_epoch, grant.ownership_epoch)
