@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
+from pathlib import Path
 
 import grpc
 import pytest
 
+from missionweave.clock import OffsetClock
+from missionweave.config import Settings
 from missionweave.internal.v1 import publications_pb2 as ppb
 from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceStub
 from missionweave.sdk.client import blob_digest
@@ -72,3 +76,24 @@ async def test_publishing_while_the_artifact_store_is_down_is_refused_peer_unava
     assert time.monotonic() - began < 6  # bounded by the peer deadline, never a hang
     assert rejection.metadata["peer"] == "artifacts" and int(rejection.metadata["retry_after_ms"]) > 0
     await dead.close()
+
+
+async def test_a_service_started_with_a_peer_that_does_not_answer_says_so_and_refuses_in_bounded_time(
+    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer address nobody answers at: start-up names it, and a request needing it is refused
+    PEER_UNAVAILABLE (never a hang)."""
+    from missionweave.mesh.server import start
+
+    settings = Settings(
+        listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1,
+        services=("authority", "membership"), peers={"artifacts": "127.0.0.1:9"},
+    )
+    with caplog.at_level(logging.WARNING, logger="missionweave.server"):
+        mesh = await start(settings, OffsetClock())
+    try:
+        warned = [r for r in caplog.records if "does not answer" in r.getMessage()]
+        assert warned and warned[0].peer == "artifacts" and warned[0].address == "127.0.0.1:9"  # type: ignore[attr-defined]
+        assert mesh.authority.publications is not None
+    finally:
+        await mesh.stop(grace=1)

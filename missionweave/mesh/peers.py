@@ -70,6 +70,27 @@ class Peers:
             channel = self._remote[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         return channel
 
+    async def unanswered(self, wait_s: float = 2.0) -> list[tuple[str, str]]:
+        """The configured peers (service, address) whose health check does not answer SERVING within
+        ``wait_s``: said loudly at start, since every request that needs one is refused
+        PEER_UNAVAILABLE until it does."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        silent = []
+        for service, addresses in sorted(self.addresses.items()):
+            if service in self.served or not addresses:
+                continue
+            for address in (a.strip() for a in addresses.split(",") if a.strip()):
+                stub = health_pb2_grpc.HealthStub(self.address_channel(address))
+                try:
+                    answer = await stub.Check(health_pb2.HealthCheckRequest(), timeout=wait_s, wait_for_ready=True)
+                    if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                        continue
+                except grpc.aio.AioRpcError:
+                    pass
+                silent.append((service, address))
+        return silent
+
     async def close(self) -> None:
         channels, self._remote = list(self._remote.values()), {}
         for channel in channels:

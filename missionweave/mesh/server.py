@@ -240,6 +240,11 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     for name in names:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    for service, address in await peers.unanswered():
+        log.warning(
+            "a peer service does not answer: requests that need it are refused PEER_UNAVAILABLE until it does",
+            extra={"peer": service, "address": address},
+        )
     log.info("mesh listening", extra={"listen": settings.listen, "port": port, "services": ",".join(settings.services)})
     return Mesh(server, port, engine, store, registry, authority, health, settings, peers, blobstore, gateway, mirrors)
 

@@ -1,0 +1,61 @@
+"""The split topology in one test process: every service started by its own ``start()`` on a port of
+its own, reaching the others only over gRPC through the addresses it is given, the client talking
+to the gateway's one address. The same wiring as ``mwp serve --topology split`` (which the
+process-level tests in test_topology.py and test_shards.py start as real processes)."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, replace
+from typing import Any
+
+from missionweave.clock import Clock
+from missionweave.config import Settings
+
+ORDER = ("membership", "artifacts", "scheduling", "authority", "gateway")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class SplitMesh:
+    """Looks like one mesh to the tests: ``port`` is the gateway's, the rest is the Authority's."""
+
+    parts: dict[str, Any]
+
+    @property
+    def port(self) -> int:
+        return int(self.parts["gateway"].port)
+
+    @property
+    def settings(self) -> Settings:
+        return self.parts["gateway"].settings  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        # Tests that look inside the Authority (its store, its cache) see the Authority process's.
+        return getattr(self.parts["authority"], name)
+
+    async def stop(self, grace: float | None = None) -> None:
+        for name in reversed(ORDER):  # the front door first, the Authority before its peers
+            await self.parts[name].stop(grace)
+
+
+async def start_split(base: Settings, clock: Clock) -> SplitMesh:
+    from missionweave.mesh.server import start
+
+    addresses = {name: f"127.0.0.1:{_free_port()}" for name in ORDER}
+    peers = {name: address for name, address in addresses.items() if name != "gateway"}
+    parts: dict[str, Any] = {}
+    try:
+        for name in ORDER:
+            settings = replace(base, listen=addresses[name], services=(name,), peers=dict(peers), instance_id=f"{name}-0")
+            parts[name] = await start(settings, clock)
+    except BaseException:
+        for part in reversed(list(parts.values())):
+            await part.stop(0)
+        raise
+    return SplitMesh(parts)
