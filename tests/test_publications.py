@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -89,10 +90,13 @@ async def test_a_service_started_with_a_peer_that_does_not_answer_says_so_and_re
         listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1,
         services=("authority", "membership"), peers={"artifacts": "127.0.0.1:9"},
     )
-    with caplog.at_level(logging.WARNING, logger="missionweave.server"):
-        mesh = await start(settings, OffsetClock())
+    caplog.set_level(logging.WARNING, logger="missionweave.server")
+    mesh = await start(settings, OffsetClock())
     try:
-        warned = [r for r in caplog.records if "does not answer" in r.getMessage()]
+        deadline = time.monotonic() + 10
+        while not (warned := [r for r in caplog.records if "does not answer" in r.getMessage()]):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
         assert warned and warned[0].peer == "artifacts" and warned[0].address == "127.0.0.1:9"  # type: ignore[attr-defined]
         assert mesh.authority.publications is not None
     finally:

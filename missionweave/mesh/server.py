@@ -100,7 +100,7 @@ class Mesh:
     peers: Peers
     blobstore: BlobStore | None = None
     gateway: GatewayServicer | None = None
-    health_mirrors: list[asyncio.Task[None]] = field(default_factory=list)
+    background: list[asyncio.Task[None]] = field(default_factory=list)  # health mirrors, the peer check
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -112,7 +112,7 @@ class Mesh:
         if self.gateway is not None:
             await self.gateway.stop(grace)
         await self.server.stop(grace)
-        await stop_mirrors(self.health_mirrors)
+        await stop_mirrors(self.background)
         await self.peers.close()
         await self.authority.verifier.close()
         await self.store.close()
@@ -240,13 +240,18 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     for name in names:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    # In the background: peers of a split mesh start in any order, and start-up never waits on them.
+    mirrors.append(asyncio.create_task(_say_silent_peers(peers)))
+    log.info("mesh listening", extra={"listen": settings.listen, "port": port, "services": ",".join(settings.services)})
+    return Mesh(server, port, engine, store, registry, authority, health, settings, peers, blobstore, gateway, mirrors)
+
+
+async def _say_silent_peers(peers: Peers) -> None:
     for service, address in await peers.unanswered():
         log.warning(
             "a peer service does not answer: requests that need it are refused PEER_UNAVAILABLE until it does",
             extra={"peer": service, "address": address},
         )
-    log.info("mesh listening", extra={"listen": settings.listen, "port": port, "services": ",".join(settings.services)})
-    return Mesh(server, port, engine, store, registry, authority, health, settings, peers, blobstore, gateway, mirrors)
 
 
 async def serve_forever(settings: Settings) -> None:
