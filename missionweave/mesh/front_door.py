@@ -74,11 +74,11 @@ class FrontDoor(grpc.GenericRpcHandler):
         path: str = handler_call_details.method  # type: ignore[attr-defined]
         channel = self.peers.channel(peer)
         if method.client_streaming and method.server_streaming:
-            return grpc.stream_stream_rpc_method_handler(self._bidi(peer, channel.stream_stream(path, _identity, _identity)))
+            return grpc.stream_stream_rpc_method_handler(self._streaming(peer, channel.stream_stream(path, _identity, _identity)))
         if method.client_streaming:
             return grpc.stream_unary_rpc_method_handler(self._upload(peer, channel.stream_unary(path, _identity, _identity)))
         if method.server_streaming:
-            return grpc.unary_stream_rpc_method_handler(self._download(peer, channel.unary_stream(path, _identity, _identity)))
+            return grpc.unary_stream_rpc_method_handler(self._streaming(peer, channel.unary_stream(path, _identity, _identity)))
         return grpc.unary_unary_rpc_method_handler(self._unary(peer, channel.unary_unary(path, _identity, _identity)))
 
     @staticmethod
@@ -106,8 +106,11 @@ class FrontDoor(grpc.GenericRpcHandler):
         return forward
 
     @staticmethod
-    def _download(peer: str, call: Callable[..., Any]) -> Callable[..., Any]:
-        async def forward(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:  # type: ignore[type-arg]
+    def _streaming(peer: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        """A server-streaming or bidirectional call: the request (bytes, or the iterator of them)
+        goes on as it is, the answers come back one by one."""
+
+        async def forward(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:  # type: ignore[type-arg]
             stream = call(request, metadata=_metadata(context), timeout=context.time_remaining())
             try:
                 async for answer in stream:
@@ -118,21 +121,6 @@ class FrontDoor(grpc.GenericRpcHandler):
                 stream.cancel()
 
         return forward
-
-    @staticmethod
-    def _bidi(peer: str, call: Callable[..., Any]) -> Callable[..., Any]:
-        async def forward(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:  # type: ignore[type-arg]
-            stream = call(requests, metadata=_metadata(context), timeout=context.time_remaining())
-            try:
-                async for answer in stream:
-                    yield answer
-            except grpc.aio.AioRpcError as err:
-                await _fail(context, peer, err)
-            finally:
-                stream.cancel()
-
-        return forward
-
 
 # How soon a broken health watch of a peer is opened again.
 HEALTH_RETRY_S = 1.0
