@@ -75,7 +75,9 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
             )
         try:
             response = await self.authority.GetGroupState(
-                authority_service_pb2.GetGroupStateRequest(group_id=request.group_id), timeout=AUTHORITY_CALL_TIMEOUT_S
+                authority_service_pb2.GetGroupStateRequest(group_id=request.group_id),
+                timeout=AUTHORITY_CALL_TIMEOUT_S,
+                wait_for_ready=True,  # an Authority reconnecting is waited for, within the deadline
             )
         except grpc.RpcError as err:
             refused = rejection_from_rpc_error(err)
