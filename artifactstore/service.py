@@ -24,12 +24,12 @@ from missionweave.manifest import (
     missing_fields,
     verify_manifest,
 )
+from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.status import rejections_as_status, streaming_edge
 from missionweave.signing import parse_session_key_id
 from missionweave.v1 import artifact_service_pb2 as pb
 from missionweave.v1 import artifact_service_pb2_grpc as pb_grpc
 from missionweave.v1 import common_pb2
-from services.membership.registry import IdentityRegistry
 
 R = common_pb2.RejectionReason
 log = logging.getLogger("missionweave.artifacts")
@@ -47,11 +47,11 @@ def blake3_digest(hex_digest: str, size: int) -> common_pb2.Digest:
 @rejections_as_status
 class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     def __init__(
-        self, store: BlobStore, index: ArtifactIndex, registry: IdentityRegistry, clock: Clock
+        self, store: BlobStore, index: ArtifactIndex, identities: IdentityDirectoryClient, clock: Clock
     ) -> None:
         self.store = store
         self.index = index
-        self.registry = registry
+        self.identities = identities
         self.clock = clock
 
     # ------------------------------------------------------------ upload
@@ -142,7 +142,7 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         if envelope.signatures:
             parsed = parse_session_key_id(envelope.signatures[0].key_id)
             if parsed is not None:
-                key = await self.registry.session_key(*parsed)
+                key = await self.identities.session_key(*parsed)
         if key is None:
             raise artifact_error(
                 R.REJECTION_REASON_SIGNATURE_INVALID,

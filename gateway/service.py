@@ -30,6 +30,7 @@ from missionweave import codec
 from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
 from missionweave.errors import Rejected
+from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.status import abort_with
 from missionweave.signing import (
     HELLO_PROOF_TYPE,
@@ -42,7 +43,6 @@ from missionweave.v1 import authority_service_pb2, common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
 from services.authority.authority import GroupAuthority
-from services.membership.registry import IdentityRegistry
 
 R = common_pb2.RejectionReason
 E = pb.GatewayErrorCode
@@ -80,7 +80,7 @@ class _Subscription:
 
 class GatewayServicer(pb_grpc.GatewayServiceServicer):
     def __init__(
-        self, authority: GroupAuthority, registry: IdentityRegistry, engine: AsyncEngine, clock: Clock
+        self, authority: GroupAuthority, registry: IdentityDirectoryClient, engine: AsyncEngine, clock: Clock
     ) -> None:
         self.authority = authority
         self.registry = registry
@@ -611,10 +611,11 @@ class _Connection:
 
 
 async def verify_session_proof(
-    registry: IdentityRegistry, clock: Clock, proof: common_pb2.SignedEnvelope
+    registry: IdentityDirectoryClient, clock: Clock, proof: common_pb2.SignedEnvelope
 ) -> tuple[str, int]:
     """The (agent, session epoch) a HelloProof proves: signed by that session's key, about that
-    session, fresh (30 s), from the agent's current session. Raises _Fatal otherwise."""
+    session, fresh (30 s), from the agent's current session. Raises _Fatal otherwise, and the
+    directory's Rejected (OVERLOADED, retry_after_ms) when Membership cannot confirm the session."""
     key_id = parse_session_key_id(proof.signatures[0].key_id) if proof.signatures else None
     if key_id is None or proof.payload_type != HELLO_PROOF_TYPE:
         raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "a HelloProof signed by a session key is required")

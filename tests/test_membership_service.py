@@ -9,6 +9,7 @@ from nacl.signing import SigningKey
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import open_session_envelope, register_identity_envelope
 from missionweave.v1 import common_pb2, membership_pb2, membership_service_pb2
+from tests import builders
 from tests.conftest import World
 
 R = common_pb2.RejectionReason
@@ -68,3 +69,18 @@ async def test_open_session_raises_epoch_and_refuses_replays(world: World) -> No
     ident = await world.client.membership.GetIdentity(membership_service_pb2.GetIdentityRequest(identity_id="alice"))
     assert ident.identity.session_epoch == first.session.session_epoch
     assert ident.identity.kind == common_pb2.IDENTITY_KIND_HUMAN
+
+
+async def test_list_memberships_reads_the_group_through_the_authority_contract(world: World) -> None:
+    """ListMemberships asks the Authority (AuthorityService.GetGroupState) for the Group's state."""
+    await world.run(world.owner, "grp_lm", "mission_create", builders.mission_create("alice", "coord-bot", world.clock.now()))
+    request = membership_service_pb2.ListMembershipsRequest
+    listed = await world.client.membership.ListMemberships(request(group_id="grp_lm"))
+    assert {m.member_id for m in listed.memberships} == {"alice", "coord-bot"}
+    assert all(m.group_id == "grp_lm" and m.active for m in listed.memberships)
+    only = await world.client.membership.ListMemberships(request(group_id="grp_lm", member_id="coord-bot"))
+    assert [m.member_id for m in only.memberships] == ["coord-bot"]
+    r = await rejection(world.client.membership.ListMemberships(request(group_id="grp_missing")))
+    assert r.reason == R.REJECTION_REASON_GROUP_NOT_FOUND
+    r = await rejection(world.client.membership.ListMemberships(request(member_id="alice")))
+    assert r.reason == R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED

@@ -24,6 +24,11 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    # A peer that was down is reconnected to within 2 s of coming back (gRPC's default backoff grows
+    # to 120 s, during which every call fails at once): callers recover as soon as it answers.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 
 

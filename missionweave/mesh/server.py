@@ -30,10 +30,16 @@ from missionweave import ids
 from missionweave.clock import Clock, SystemClock
 from missionweave.config import Settings
 from missionweave.db import make_engine
-from missionweave.internal.v1 import publications_pb2, publications_pb2_grpc
+from missionweave.internal.v1 import (
+    identities_pb2,
+    identities_pb2_grpc,
+    publications_pb2,
+    publications_pb2_grpc,
+)
 from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceStub
 from missionweave.mesh.front_door import FrontDoor, mirror_health, stop_mirrors
-from missionweave.mesh.peers import Peers
+from missionweave.mesh.peers import Peers, PeerUnknown
+from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.local import LocalChannel
 from missionweave.signing import load_or_create_key
 from missionweave.v1 import (
@@ -52,6 +58,7 @@ from services.authority.authority import GroupAuthority
 from services.authority.ingress import GroupIngressLimiter
 from services.authority.servicer import AuthorityServicer
 from services.authority.store import EventStore
+from services.membership.directory import IdentityDirectoryServicer
 from services.membership.registry import IdentityRegistry
 from services.membership.servicer import MembershipServicer
 
@@ -84,7 +91,21 @@ PUBLIC_DESCRIPTORS = {
 # Service-to-service contracts each public service also serves (never routed to agents).
 INTERNAL_SERVICE_NAMES = {
     "publications": publications_pb2.DESCRIPTOR.services_by_name["PublicationService"].full_name,
+    "identities": identities_pb2.DESCRIPTOR.services_by_name["IdentityDirectoryService"].full_name,
 }
+# In the embedded default the directory's stream is in process and starts in milliseconds; start-up
+# waits this long for it so the first commands are already answered from the cache.
+LOCAL_DIRECTORY_WAIT_S = 2.0
+
+
+def health_names(services: tuple[str, ...]) -> list[str]:
+    """The services a process serving ``services`` reports in health checking and reflection: the
+    public ones, and the identity directory where membership is served (the other services' probes
+    and operators ask for it by name)."""
+    names = [SERVICE_NAMES[s] for s in services]
+    if "membership" in services:
+        names.append(INTERNAL_SERVICE_NAMES["identities"])
+    return names
 
 
 @dataclass
@@ -93,7 +114,10 @@ class Mesh:
     port: int
     engine: AsyncEngine
     store: EventStore
-    registry: IdentityRegistry
+    # The membership service's own registry; None where membership is not served.
+    registry: IdentityRegistry | None
+    # Every other service's view of the identity directory (missionweave/rpc/identities.py).
+    identities: IdentityDirectoryClient
     authority: GroupAuthority
     health: health_aio.HealthServicer
     settings: Settings
@@ -101,14 +125,19 @@ class Mesh:
     blobstore: BlobStore | None = None
     gateway: GatewayServicer | None = None
     background: list[asyncio.Task[None]] = field(default_factory=list)  # health mirrors, the peer check
+    directory: IdentityDirectoryServicer | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
-        for name in self.settings.services:
-            await self.health.set(SERVICE_NAMES[name], health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in health_names(self.settings.services):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         # Streams never end on their own, so they would hold the whole grace period and then be
         # cancelled after the database is gone: end them first, while their tasks can still finish.
+        # Commands still arriving meanwhile ask Membership directly (the cache is no longer followed).
+        await self.identities.close()
+        if self.directory is not None:
+            self.directory.stop()
         if self.gateway is not None:
             await self.gateway.stop(grace)
         await self.server.stop(grace)
@@ -149,9 +178,14 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     gc.set_threshold(*GC_THRESHOLDS)
     engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
     await create_schemas(engine)
-    in_process_registry = "membership" in settings.services
-    registry = IdentityRegistry(engine, clock, authoritative_cache=in_process_registry)
-    await bootstrap_admin(settings, registry)
+    # Services served here reach each other through this channel; the others through their addresses.
+    local = LocalChannel()
+    peers = Peers(settings.services, settings.peers, local)
+    registry = None
+    if "membership" in settings.services:
+        registry = IdentityRegistry(engine, clock)
+        await bootstrap_admin(settings, registry)
+    identities = _directory_client(peers)
     store = EventStore(
         engine,
         clock,
@@ -164,13 +198,10 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     ingress = GroupIngressLimiter(settings.group_rate, settings.group_burst)
     verifier = SignatureVerifier(settings.verify_workers if "authority" in settings.services else 0)
     await verifier.start()
-    # Services served here reach each other through this channel; the others through their addresses.
-    local = LocalChannel()
-    peers = Peers(settings.services, settings.peers, local)
     publications = PublicationServiceStub(peers.channel("artifacts")) if peers.reachable("artifacts") else None
     authority = GroupAuthority(
         store,
-        registry,
+        identities,
         clock,
         load_or_create_key(settings.authority_key_path),
         ingress=ingress,
@@ -192,8 +223,15 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         authority_servicer = AuthorityServicer(authority)
         authority_service_pb2_grpc.add_AuthorityServiceServicer_to_server(authority_servicer, server)
         local.register(SERVICE_NAMES["authority"], authority_servicer)
-    if "membership" in settings.services:
-        membership_servicer = MembershipServicer(registry, authority)
+    directory = None
+    if registry is not None:
+        directory = IdentityDirectoryServicer(registry)
+        identities_pb2_grpc.add_IdentityDirectoryServiceServicer_to_server(directory, server)
+        local.register(INTERNAL_SERVICE_NAMES["identities"], directory)
+        authority_stub = (
+            authority_service_pb2_grpc.AuthorityServiceStub(peers.channel("authority")) if peers.reachable("authority") else None
+        )
+        membership_servicer = MembershipServicer(registry, directory, authority_stub)
         membership_service_pb2_grpc.add_MembershipServiceServicer_to_server(membership_servicer, server)
         local.register(SERVICE_NAMES["membership"], membership_servicer)
     # Scheduling exposes its full contract now; until its issue lands every
@@ -207,14 +245,14 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     gateway = None
     if "artifacts" in settings.services:
         blobstore = blobstore_from_env(settings.data_dir)
-        artifact_servicer = ArtifactServicer(blobstore, ArtifactIndex(engine), registry, clock)
+        artifact_servicer = ArtifactServicer(blobstore, ArtifactIndex(engine), identities, clock)
         add_artifact_service(artifact_servicer, server)
         local.register(SERVICE_NAMES["artifacts"], artifact_servicer)
         publication_servicer = PublicationServicer(ArtifactIndex(engine))
         publications_pb2_grpc.add_PublicationServiceServicer_to_server(publication_servicer, server)
         local.register(INTERNAL_SERVICE_NAMES["publications"], publication_servicer)
     if "gateway" in settings.services:
-        gateway = GatewayServicer(authority, registry, engine, clock)
+        gateway = GatewayServicer(authority, identities, engine, clock)
         gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, server)
     mirrors: list[asyncio.Task[None]] = []
     routed: list[str] = []
@@ -228,7 +266,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             mirrors = [
                 asyncio.create_task(mirror_health(health, peers.channel(s), SERVICE_NAMES[s])) for s in front_door.routed_services
             ]
-    names = [SERVICE_NAMES[s] for s in settings.services]
+    names = health_names(settings.services)
     reflection.enable_server_reflection([*names, *routed, reflection.SERVICE_NAME, "grpc.health.v1.Health"], server)
     port = server.add_insecure_port(settings.listen)
     if port == 0:
@@ -237,13 +275,31 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     if "authority" in settings.services:
         host = settings.listen.rsplit(":", 1)[0]
         await store.announce(settings.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}")
+    # The services that authenticate callers follow the directory (in process or over the network).
+    if {"authority", "artifacts", "gateway"} & set(settings.services):
+        identities.start()
+        if directory is not None:
+            await identities.wait_current(LOCAL_DIRECTORY_WAIT_S)
     for name in names:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     # In the background: peers of a split mesh start in any order, and start-up never waits on them.
     mirrors.append(asyncio.create_task(_say_silent_peers(peers)))
     log.info("mesh listening", extra={"listen": settings.listen, "port": port, "services": ",".join(settings.services)})
-    return Mesh(server, port, engine, store, registry, authority, health, settings, peers, blobstore, gateway, mirrors)
+    return Mesh(
+        server, port, engine, store, registry, identities, authority, health, settings, peers, blobstore, gateway, mirrors,
+        directory,
+    )
+
+
+def _directory_client(peers: Peers) -> IdentityDirectoryClient:
+    """Membership's directory, in process or at MWP_MEMBERSHIP_ADDR; without either, lookups fail
+    PEER_UNAVAILABLE (the process still starts: a configuration error is reported, not a crash loop)."""
+    try:
+        return IdentityDirectoryClient(peers.channel("membership"))
+    except PeerUnknown as missing:
+        log.error("callers cannot be authenticated until Membership is reachable", extra={"detail": str(missing)})
+        return IdentityDirectoryClient(None, unavailable_reason=str(missing))
 
 
 async def _say_silent_peers(peers: Peers) -> None:

@@ -26,6 +26,7 @@ from missionweave.clock import Clock, timestamp_micros, to_micros, to_timestamp
 from missionweave.errors import Rejected
 from missionweave.internal.v1 import publications_pb2
 from missionweave.manifest import manifest_digest
+from missionweave.rpc.identities import DirectoryIdentity, IdentityDirectoryClient
 from missionweave.rpc.status import peer_unavailable
 from missionweave.signing import (
     COMMAND_TYPE,
@@ -47,11 +48,10 @@ from services.authority.progress import mission_progress
 from services.authority.rules.common import TERMINAL_MISSION_STATES, StoredArtifact
 from services.authority.rules.conversations import erased, erasure_targets
 from services.authority.rules.missions import check_transfer
-from services.authority.state import GroupState
+from services.authority.state import GroupState, IdentityInfo
 from services.authority.store import AppendRequest, CommandRecord, EventStore, StoredEvent
 from services.authority.tail import LogTails
 from services.authority.views import group_state_proto
-from services.membership.registry import IdentityRegistry
 
 R = common_pb2.RejectionReason
 log = logging.getLogger("missionweave.authority")
@@ -72,7 +72,7 @@ class GroupAuthority:
     def __init__(
         self,
         store: EventStore,
-        registry: IdentityRegistry,
+        identities: IdentityDirectoryClient,
         clock: Clock,
         signing_key: SigningKey,
         *,
@@ -82,7 +82,8 @@ class GroupAuthority:
         publications: PublicationServiceAsyncStub | None = None,
     ) -> None:
         self.store = store
-        self.registry = registry
+        # Who signs commands, and their sessions: Membership's directory, cached in process.
+        self.identities = identities
         self.clock = clock
         self.signing_key = signing_key
         self.public_key = bytes(signing_key.verify_key)
@@ -132,10 +133,10 @@ class GroupAuthority:
                 R.REJECTION_REASON_SIGNATURE_INVALID, "key_id must name a session key: '<identity>#session-<epoch>'"
             )
         identity_id, epoch = parsed_key
-        identity = await self.registry.get(identity_id)
+        identity = await self.identities.get(identity_id)
         if identity is None:
             raise Rejected(R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{identity_id!r} is not a registered identity")
-        session_key = await self.registry.session_key(identity_id, epoch)
+        session_key = await self.identities.session_key(identity_id, epoch)
         if session_key is None:
             raise Rejected(
                 R.REJECTION_REASON_SESSION_NOT_OPEN, f"{identity_id} has no session with epoch {epoch}; open one"
@@ -256,7 +257,9 @@ class GroupAuthority:
             await asyncio.wait([p.request.done for p in owned.pending.values()])
             owned = await self._load(group_id)
         writer_epoch, state = owned.writer_epoch, owned.state
-        identities = await self.registry.infos(kinds.referenced_identities(command))
+        identities = {
+            i: _identity_info(d) for i, d in (await self.identities.get_many(kinds.referenced_identities(command))).items()
+        }
         linked = {}
         for linked_id in kinds.linked_groups(command):
             linked_state = await self.state(linked_id)  # durable state of the other Group
@@ -670,6 +673,10 @@ def _check_same_body(command: command_pb2.Command, recorded: bytes, fingerprint_
             R.REJECTION_REASON_COMMAND_ID_REUSED,
             f"command id {command.command_id} was already used in this Group with a different body",
         )
+
+
+def _identity_info(identity: DirectoryIdentity) -> IdentityInfo:
+    return IdentityInfo(identity.identity_id, identity.kind, identity.org_admin, identity.session_epoch)
 
 
 def _stored(event: event_pb2.Event, envelope: bytes) -> StoredEvent:

@@ -4,35 +4,51 @@ Identity registration is an Organization command, authorized by Organization pol
 signature), never by a Group Membership (MW-8-04). Opening a session raises the identity's session
 epoch and fences every older session (MW-11.3-09).
 
-When the Authority runs in the same process as this registry, the registry is the only writer and
-its cache is authoritative; a registry opened with ``authoritative_cache=False`` reads the current
-session epoch from the database on every lookup (split deployments).
+Every change (a registration, a session opened) is also recorded in the directory's change log
+under the next directory revision, in the change's own transaction: the other services follow it
+through the IdentityDirectoryService contract (``services/membership/directory.py``).
+
+The registry's own cache serves this service's checks (who signed an Organization request, the
+epoch a new session raises) and the public GetIdentity. It is authoritative while this registry is
+the only writer (``authoritative_cache=True``); opened with ``authoritative_cache=False`` it reads
+the current session epoch from the database on every lookup. The directory's reads
+(``read_identities``, ``changes_after``, ``head``) always go to the database.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import blake3
-from sqlalchemy import Row, and_, insert, select, update
+from sqlalchemy import Row, and_, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from missionweave import ids
 from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, from_timestamp, to_micros
 from missionweave.errors import Rejected
+from missionweave.internal.v1 import identities_pb2 as directory_pb2
 from missionweave.signing import (
     OPEN_SESSION_TYPE,
     REGISTER_IDENTITY_TYPE,
     verify_signature,
 )
 from missionweave.v1 import common_pb2, membership_pb2, membership_service_pb2
-from services.authority.state import IdentityInfo
-from services.membership.schema import identities, org_requests, sessions
+from services.membership.schema import (
+    directory_streams,
+    identities,
+    identity_changes,
+    identity_revision,
+    org_requests,
+    sessions,
+)
 
 R = common_pb2.RejectionReason
 REPLAY_WINDOW = timedelta(minutes=5)
@@ -48,8 +64,14 @@ class IdentityRecord:
     registered_us: int
     session_epoch: int
 
-    def info(self) -> IdentityInfo:
-        return IdentityInfo(self.identity_id, self.kind, self.org_admin, self.session_epoch)
+    def to_directory(self, session_epoch: int | None = None) -> directory_pb2.DirectoryIdentity:
+        return directory_pb2.DirectoryIdentity(
+            identity_id=self.identity_id,
+            public_key=self.public_key,
+            kind=self.kind,  # type: ignore[arg-type]
+            org_admin=self.org_admin,
+            session_epoch=self.session_epoch if session_epoch is None else session_epoch,
+        )
 
     def to_proto(self) -> membership_pb2.Identity:
         ident = membership_pb2.Identity(
@@ -72,6 +94,12 @@ class IdentityRegistry:
         self._identities: dict[str, IdentityRecord] = {}
         self._session_keys: dict[tuple[str, int], bytes] = {}
         self._lock = asyncio.Lock()
+        # The highest directory revision this process knows committed, when the database was last
+        # asked (monotonic seconds), and who to tell when it rises (the directory's streams).
+        self.head_seen = 0
+        self._head_read_at = float("-inf")
+        self._head_lock = asyncio.Lock()
+        self.listeners: list[Callable[[int], None]] = []
 
     # ------------------------------------------------------------ lookups
 
@@ -82,10 +110,7 @@ class IdentityRegistry:
         row = await self._identity_row(identity_id)
         if row is None:
             return None
-        record = IdentityRecord(
-            row.identity_id, int(row.kind), row.display_name, bytes(row.public_key), bool(row.org_admin),
-            int(row.registered_us), int(row.session_epoch),
-        )
+        record = self._record(row)
         self._identities[identity_id] = record
         return record
 
@@ -104,6 +129,13 @@ class IdentityRegistry:
         async with self.engine.connect() as conn:
             return (await conn.execute(select(identities).where(identities.c.identity_id == identity_id))).first()
 
+    @staticmethod
+    def _record(row: Row[Any]) -> IdentityRecord:
+        return IdentityRecord(
+            row.identity_id, int(row.kind), row.display_name, bytes(row.public_key), bool(row.org_admin),
+            int(row.registered_us), int(row.session_epoch),
+        )
+
     @finish_on_cancel
     async def _session_key_row(self, identity_id: str, session_epoch: int) -> bytes | None:
         async with self.engine.connect() as conn:
@@ -116,18 +148,133 @@ class IdentityRegistry:
             ).scalar_one_or_none()
         return None if value is None else bytes(value)
 
-    async def infos(self, identity_ids: set[str]) -> dict[str, IdentityInfo]:
-        out: dict[str, IdentityInfo] = {}
-        for identity_id in identity_ids:
-            if identity_id:
-                record = await self.get(identity_id)
-                if record is not None:
-                    out[identity_id] = record.info()
-        return out
-
     async def count(self) -> int:
         async with self.engine.connect() as conn:
             return len((await conn.execute(select(identities.c.identity_id).limit(1))).all())
+
+    # ------------------------------------------------------------ the directory's reads
+
+    @finish_on_cancel
+    async def read_identities(self, identity_ids: list[str]) -> tuple[int, list[IdentityRecord]]:
+        """The identities from the database, and the revision they reflect at least (read first: every
+        change up to it committed before the identities are read)."""
+        async with self.engine.connect() as conn:
+            revision = await _read_revision(conn)
+            rows = (await conn.execute(select(identities).where(identities.c.identity_id.in_(identity_ids)))).all()
+        self._note_head(revision)
+        return revision, [self._record(row) for row in rows]
+
+    async def head(self, max_age: float) -> int:
+        """The directory's revision, read from the database unless it was read less than ``max_age``
+        seconds ago (many streams share one read)."""
+        if time.monotonic() - self._head_read_at <= max_age:
+            return self.head_seen
+        async with self._head_lock:
+            if time.monotonic() - self._head_read_at <= max_age:
+                return self.head_seen
+            asked = time.monotonic()
+            revision = await self._read_head()
+            self._head_read_at = asked
+        self._note_head(revision)
+        return self.head_seen
+
+    @finish_on_cancel
+    async def _read_head(self) -> int:
+        async with self.engine.connect() as conn:
+            return await _read_revision(conn)
+
+    @finish_on_cancel
+    async def changes_after(self, revision: int, limit: int) -> list[directory_pb2.IdentityChange]:
+        """The directory's changes after ``revision``, in order (revisions have no gaps)."""
+        query = (
+            select(
+                identity_changes.c.revision,
+                identity_changes.c.kind.label("change_kind"),
+                identity_changes.c.session_epoch.label("change_epoch"),
+                identities,
+                sessions.c.public_key.label("session_public_key"),
+            )
+            .join(identities, identities.c.identity_id == identity_changes.c.identity_id)
+            .outerjoin(
+                sessions,
+                and_(
+                    sessions.c.identity_id == identity_changes.c.identity_id,
+                    sessions.c.session_epoch == identity_changes.c.session_epoch,
+                ),
+            )
+            .where(identity_changes.c.revision > revision)
+            .order_by(identity_changes.c.revision)
+            .limit(limit)
+        )
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        changes = []
+        for row in rows:
+            change = directory_pb2.IdentityChange(
+                revision=int(row.revision),
+                kind=int(row.change_kind),  # type: ignore[arg-type]
+                identity=self._record(row).to_directory(int(row.change_epoch)),
+            )
+            if change.kind == directory_pb2.IDENTITY_CHANGE_KIND_SESSION_OPENED and row.session_public_key is not None:
+                change.session_public_key = bytes(row.session_public_key)
+            changes.append(change)
+            cached = self._identities.get(row.identity_id)
+            if cached is not None and cached.session_epoch < int(row.change_epoch):
+                # Another instance opened it: this instance's own cache learns it from the log too.
+                self._identities[row.identity_id] = dataclasses.replace(cached, session_epoch=int(row.change_epoch))
+        if changes:
+            self._note_head(changes[-1].revision)
+        return changes
+
+    # ------------------------------------------------------------ the directory's streams
+
+    @finish_on_cancel
+    async def stream_opened(self, stream_id: str, instance_id: str, alive_for_s: float) -> None:
+        """Record a new stream (nothing written to it yet); forget streams long gone."""
+        now_us = _wall_us()
+        async with self.engine.begin() as conn:
+            await conn.execute(delete(directory_streams).where(directory_streams.c.alive_until_us < now_us - 60_000_000))
+            await conn.execute(
+                insert(directory_streams).values(
+                    stream_id=stream_id, instance_id=instance_id, delivered_revision=0,
+                    alive_until_us=now_us + int(alive_for_s * 1_000_000),
+                )
+            )
+
+    @finish_on_cancel
+    async def stream_progress(self, stream_id: str, delivered: int, alive_for_s: float) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(directory_streams)
+                .where(directory_streams.c.stream_id == stream_id)
+                .values(delivered_revision=delivered, alive_until_us=_wall_us() + int(alive_for_s * 1_000_000))
+            )
+
+    @finish_on_cancel
+    async def stream_closed(self, stream_id: str) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(delete(directory_streams).where(directory_streams.c.stream_id == stream_id))
+
+    @finish_on_cancel
+    async def streams_behind(self, revision: int, other_than_instance: str) -> int:
+        """Live streams of other instances not yet written ``revision``."""
+        async with self.engine.connect() as conn:
+            count = (
+                await conn.execute(
+                    select(func.count()).select_from(directory_streams).where(
+                        directory_streams.c.delivered_revision < revision,
+                        directory_streams.c.alive_until_us > _wall_us(),
+                        directory_streams.c.instance_id != other_than_instance,
+                    )
+                )
+            ).scalar_one()
+        return int(count)
+
+    def _note_head(self, revision: int) -> None:
+        if revision > self.head_seen:
+            self.head_seen = revision
+            for listener in self.listeners:
+                listener(revision)
 
     # ------------------------------------------------------------ Organization commands
 
@@ -174,8 +321,9 @@ class IdentityRegistry:
             await self._insert_identity(record, request=(command.request_id, fingerprint))
             return record
 
-    async def open_session(self, envelope: common_pb2.SignedEnvelope) -> membership_pb2.Session:
-        """OpenSession: raises the session epoch, fencing the older session (MW-11.3-09)."""
+    async def open_session(self, envelope: common_pb2.SignedEnvelope) -> tuple[membership_pb2.Session, int]:
+        """OpenSession: raises the session epoch, fencing the older session (MW-11.3-09). Returns the
+        session and the directory revision that records it."""
         command = membership_service_pb2.OpenSessionCommand()
         record = await self._verify_org_envelope(envelope, OPEN_SESSION_TYPE, command, "identity_id")
         if len(command.session_public_key) != 32:
@@ -201,6 +349,8 @@ class IdentityRegistry:
                         .values(session_epoch=epoch)
                     )
                     if result.rowcount != 1:
+                        # Another process opened one: the next attempt reads the epoch afresh.
+                        self._identities.pop(record.identity_id, None)
                         raise Rejected(R.REJECTION_REASON_REVISION_MISMATCH, "a concurrent session opened; retry")
                     await conn.execute(
                         insert(sessions).values(
@@ -211,6 +361,9 @@ class IdentityRegistry:
                             request_fingerprint=fingerprint,
                         )
                     )
+                    revision = await _record_change(
+                        conn, record.identity_id, directory_pb2.IDENTITY_CHANGE_KIND_SESSION_OPENED, epoch, now
+                    )
             except IntegrityError:
                 raise Rejected(
                     R.REJECTION_REASON_COMMAND_ID_REUSED, "this OpenSession request was already used (replay)"
@@ -220,11 +373,12 @@ class IdentityRegistry:
                 current.org_admin, current.registered_us, epoch,
             )
             self._session_keys[(record.identity_id, epoch)] = bytes(command.session_public_key)
+        self._note_head(revision)
         session = membership_pb2.Session(
             identity_id=record.identity_id, session_epoch=epoch, session_public_key=command.session_public_key
         )
         session.opened_at.FromMicroseconds(now)
-        return session
+        return session, revision
 
     # ------------------------------------------------------------ internals
 
@@ -270,11 +424,40 @@ class IdentityRegistry:
                             request_id=request[0], fingerprint=request[1], identity_id=record.identity_id
                         )
                     )
+                # Last: the counter's row lock is held from here to the commit.
+                revision = await _record_change(
+                    conn, record.identity_id, directory_pb2.IDENTITY_CHANGE_KIND_REGISTERED, 0, record.registered_us
+                )
         except IntegrityError:
             raise Rejected(
                 R.REJECTION_REASON_IDENTITY_EXISTS, f"identity {record.identity_id} already exists"
             ) from None
         self._identities[record.identity_id] = record
+        self._note_head(revision)
 
 
+def _wall_us() -> int:
+    """Stream liveness is compared across instances: real wall-clock time, not the injected clock."""
+    return int(time.time() * 1_000_000)
 
+
+async def _read_revision(conn: AsyncConnection) -> int:
+    value = (await conn.execute(select(identity_revision.c.revision))).scalar_one_or_none()
+    return int(value or 0)
+
+
+async def _record_change(conn: AsyncConnection, identity_id: str, kind: int, session_epoch: int, now_us: int) -> int:
+    """The change's directory revision, in the change's transaction: raising the counter row locks
+    it until commit, so concurrent changes (from any process) commit in revision order."""
+    await conn.execute(
+        update(identity_revision)
+        .where(identity_revision.c.singleton == 1)
+        .values(revision=identity_revision.c.revision + 1)
+    )
+    revision = int((await conn.execute(select(identity_revision.c.revision))).scalar_one())
+    await conn.execute(
+        insert(identity_changes).values(
+            revision=revision, identity_id=identity_id, kind=kind, session_epoch=session_epoch, recorded_us=now_us
+        )
+    )
+    return revision

@@ -1,6 +1,19 @@
-"""Organization tables: identities, their sessions, and idempotency records of org requests."""
+"""Organization tables: identities, their sessions, idempotency records of org requests, and the
+identity directory's change log with its revision counter."""
 
-from sqlalchemy import BigInteger, Boolean, Column, Integer, LargeBinary, MetaData, String, Table
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    insert,
+    select,
+)
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave.db import create_tables
@@ -41,5 +54,51 @@ org_requests = Table(
 )
 
 
+# The directory's revision (protos/missionweave/internal/v1/identities.proto): one row, raised in
+# the transaction of every change. Its row lock orders concurrent changes, so revisions commit in
+# increasing order without gaps, whichever Membership instance makes them.
+identity_revision = Table(
+    "identity_revision",
+    METADATA,
+    Column("singleton", Integer, primary_key=True),  # always 1
+    Column("revision", BigInteger, nullable=False),
+)
+
+# One row per change of the directory (an identity registered, a session opened), written in the
+# change's own transaction; WatchIdentities streams follow it. Kept, like the sessions table.
+identity_changes = Table(
+    "identity_changes",
+    METADATA,
+    Column("revision", BigInteger, primary_key=True, autoincrement=False),
+    Column("identity_id", String(128), nullable=False),
+    # missionweave.internal.v1.IdentityChangeKind
+    Column("kind", Integer, nullable=False),
+    # The identity's session epoch after the change (0 for a registration).
+    Column("session_epoch", BigInteger, nullable=False),
+    Column("recorded_us", BigInteger, nullable=False),
+)
+
+# One row per open WatchIdentities stream of any Membership instance: how far it has been written
+# the change log, and until when it counts as alive (refreshed with every heartbeat). OpenSession
+# waits for every live stream, of every instance, to have been written the new session.
+directory_streams = Table(
+    "directory_streams",
+    METADATA,
+    Column("stream_id", String(64), primary_key=True),
+    Column("instance_id", String(64), nullable=False),
+    Column("delivered_revision", BigInteger, nullable=False),
+    # Wall-clock µs; a row not refreshed by then belongs to a stream (or instance) that is gone.
+    Column("alive_until_us", BigInteger, nullable=False),
+)
+
+
 async def create_schema(engine: AsyncEngine) -> None:
     await create_tables(engine, METADATA)
+    async with engine.connect() as conn:
+        exists = (await conn.execute(select(identity_revision.c.revision))).first()
+    if exists is None:
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(insert(identity_revision).values(singleton=1, revision=0))
+        except IntegrityError:
+            pass  # another process created it first

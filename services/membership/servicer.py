@@ -1,43 +1,61 @@
-"""MembershipService over gRPC: identities and sessions (Organization policy, MW-8-04)."""
+"""MembershipService over gRPC: identities and sessions (Organization policy, MW-8-04).
+
+Group memberships live in the Groups' logs: ListMemberships reads a Group's state from the
+Authority through its public contract (AuthorityService.GetGroupState).
+"""
 
 from __future__ import annotations
 
 import grpc
 
-from missionweave.errors import R, Rejected
-from missionweave.rpc.status import abort_with
+from missionweave.errors import R, Rejected, from_proto
+from missionweave.rpc.status import (
+    PEER_RETRY_AFTER_MS,
+    peer_unavailable,
+    rejection_from_rpc_error,
+    rejections_as_status,
+)
+from missionweave.v1 import authority_service_pb2, authority_service_pb2_grpc
 from missionweave.v1 import membership_service_pb2 as pb
 from missionweave.v1 import membership_service_pb2_grpc as pb_grpc
-from services.authority.authority import GroupAuthority
-from services.authority.views import group_state_proto
+from services.membership.directory import IdentityDirectoryServicer
 from services.membership.registry import IdentityRegistry
 
+# Bound on the Authority call behind ListMemberships: an unreachable Authority is a structured,
+# retryable answer, never a hang.
+AUTHORITY_CALL_TIMEOUT_S = 5.0
 
+
+@rejections_as_status
 class MembershipServicer(pb_grpc.MembershipServiceServicer):
-    def __init__(self, registry: IdentityRegistry, authority: GroupAuthority | None = None) -> None:
+    def __init__(
+        self,
+        registry: IdentityRegistry,
+        directory: IdentityDirectoryServicer | None = None,
+        authority: authority_service_pb2_grpc.AuthorityServiceAsyncStub | None = None,
+    ) -> None:
         self.registry = registry
+        self.directory = directory
         self.authority = authority
 
     async def RegisterIdentity(
         self, request: pb.RegisterIdentityRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterIdentityResponse:
-        try:
-            record = await self.registry.register(request.command)
-        except Rejected as rejected:
-            await abort_with(context, rejected)
+        record = await self.registry.register(request.command)
         return pb.RegisterIdentityResponse(identity=record.to_proto())
 
     async def OpenSession(self, request: pb.OpenSessionRequest, context: grpc.aio.ServicerContext) -> pb.OpenSessionResponse:
-        try:
-            session = await self.registry.open_session(request.command)
-        except Rejected as rejected:
-            await abort_with(context, rejected)
+        session, revision = await self.registry.open_session(request.command)
+        if self.directory is not None:
+            # The services following the directory learn of the new session before its holder can
+            # use it: the older session is fenced at once everywhere (MW-11.3-09).
+            await self.directory.delivered(revision)
         return pb.OpenSessionResponse(session=session)
 
     async def GetIdentity(self, request: pb.GetIdentityRequest, context: grpc.aio.ServicerContext) -> pb.GetIdentityResponse:
         record = await self.registry.get(request.identity_id)
         if record is None:
-            await abort_with(context, Rejected(R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{request.identity_id!r} is not registered"))
+            raise Rejected(R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{request.identity_id!r} is not registered")
         return pb.GetIdentityResponse(identity=record.to_proto())
 
     async def ListMemberships(
@@ -45,14 +63,28 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
     ) -> pb.ListMembershipsResponse:
         if not request.group_id:
             # Cross-Group listing needs a membership index; until then say so instead of scanning.
-            await abort_with(
-                context,
-                Rejected(R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED, "listing by member alone is not implemented yet; pass group_id"),
+            raise Rejected(
+                R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED, "listing by member alone is not implemented yet; pass group_id"
             )
-        state = await self.authority.state(request.group_id) if self.authority else None
-        if state is None:
-            await abort_with(context, Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist"))
+        if self.authority is None:
+            raise Rejected(
+                R.REJECTION_REASON_PEER_UNAVAILABLE,
+                "the Authority is not reachable from this Membership instance (MWP_AUTHORITY_ADDR is not set)",
+                peer="authority",
+                retry_after_ms=PEER_RETRY_AFTER_MS,
+            )
+        try:
+            response = await self.authority.GetGroupState(
+                authority_service_pb2.GetGroupStateRequest(group_id=request.group_id),
+                timeout=AUTHORITY_CALL_TIMEOUT_S,
+                wait_for_ready=True,  # an Authority reconnecting is waited for, within the deadline
+            )
+        except grpc.RpcError as err:
+            refused = rejection_from_rpc_error(err)
+            if refused is not None:  # the Authority's own answer (GROUP_NOT_FOUND, ...), passed on
+                raise from_proto(refused) from None
+            raise peer_unavailable("authority", err) from None
         memberships = [
-            m for m in group_state_proto(state).memberships if not request.member_id or m.member_id == request.member_id
+            m for m in response.state.memberships if not request.member_id or m.member_id == request.member_id
         ]
         return pb.ListMembershipsResponse(memberships=memberships)
