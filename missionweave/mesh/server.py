@@ -28,6 +28,7 @@ from missionweave import ids
 from missionweave.clock import Clock, SystemClock
 from missionweave.config import Settings
 from missionweave.db import make_engine
+from missionweave.internal.v1 import group_log_pb2, group_log_pb2_grpc
 from missionweave.mesh.peers import Peers
 from missionweave.rpc.local import LocalChannel
 from missionweave.signing import load_or_create_key
@@ -44,6 +45,7 @@ from missionweave.v1 import (
 )
 from missionweave.verifier import SignatureVerifier
 from services.authority.authority import GroupAuthority
+from services.authority.group_log import GroupLogServicer
 from services.authority.ingress import GroupIngressLimiter
 from services.authority.servicer import AuthorityServicer
 from services.authority.store import EventStore
@@ -69,6 +71,14 @@ SERVICE_NAMES = {
     "artifacts": artifact_service_pb2.DESCRIPTOR.services_by_name["ArtifactService"].full_name,
     "gateway": gateway_service_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name,
 }
+GROUP_LOG_SERVICE = group_log_pb2.DESCRIPTOR.services_by_name["GroupLogService"].full_name
+# Service-to-service contracts (missionweave.internal.v1) each service serves beside its public one.
+INTERNAL_SERVICE_NAMES: dict[str, tuple[str, ...]] = {"authority": (GROUP_LOG_SERVICE,)}
+
+
+def served_names(services: tuple[str, ...]) -> list[str]:
+    """Full names of every gRPC service a mesh of ``services`` serves (health and reflection)."""
+    return [name for s in services for name in (SERVICE_NAMES[s], *INTERNAL_SERVICE_NAMES.get(s, ()))]
 
 
 @dataclass
@@ -87,8 +97,8 @@ class Mesh:
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
-        for name in self.settings.services:
-            await self.health.set(SERVICE_NAMES[name], health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in served_names(self.settings.services):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         # Streams never end on their own, so they would hold the whole grace period and then be
         # cancelled after the database is gone: end them first, while their tasks can still finish.
@@ -166,6 +176,9 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         authority_servicer = AuthorityServicer(authority)
         authority_service_pb2_grpc.add_AuthorityServiceServicer_to_server(authority_servicer, server)
         local.register(SERVICE_NAMES["authority"], authority_servicer)
+        group_log_servicer = GroupLogServicer(authority)
+        group_log_pb2_grpc.add_GroupLogServiceServicer_to_server(group_log_servicer, server)
+        local.register(GROUP_LOG_SERVICE, group_log_servicer)
     if "membership" in settings.services:
         membership_servicer = MembershipServicer(registry, authority)
         membership_service_pb2_grpc.add_MembershipServiceServicer_to_server(membership_servicer, server)
@@ -187,7 +200,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     if "gateway" in settings.services:
         gateway = GatewayServicer(authority, registry, engine, clock)
         gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, server)
-    names = [SERVICE_NAMES[s] for s in settings.services]
+    names = served_names(settings.services)
     reflection.enable_server_reflection([*names, reflection.SERVICE_NAME, "grpc.health.v1.Health"], server)
     port = server.add_insecure_port(settings.listen)
     if port == 0:
