@@ -198,7 +198,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         add_artifact_service(artifact_servicer, server)
         local.register(SERVICE_NAMES["artifacts"], artifact_servicer)
     if "gateway" in settings.services:
-        gateway = GatewayServicer(authority, registry, engine, clock)
+        gateway = GatewayServicer(peers.channel("authority"), registry, engine, clock)
         gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, server)
     names = served_names(settings.services)
     reflection.enable_server_reflection([*names, reflection.SERVICE_NAME, "grpc.health.v1.Health"], server)
