@@ -58,6 +58,10 @@ log = logging.getLogger("missionweave.mesh.server")
 # their own, smaller, structured limit (services/authority/authority.py MAX_COMMAND_BYTES).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
+# The shortest interval between keepalive pings a client may send on an idle connection (the peers'
+# channels ping every 20 s).
+MIN_PEER_PING_INTERVAL_MS = 10_000
+
 # The Authority keeps every owned Group's folded state in memory: a large, long-lived object graph
 # that CPython's default thresholds (700, 10, 10) re-scan over and over, in pauses that grow with the
 # log and land in the tail latency. Young collections every 10,000 allocations, older ones far rarer
@@ -94,6 +98,7 @@ class Mesh:
     peers: Peers
     blobstore: BlobStore | None = None
     gateway: GatewayServicer | None = None
+    group_log: GroupLogServicer | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -104,6 +109,8 @@ class Mesh:
         # cancelled after the database is gone: end them first, while their tasks can still finish.
         if self.gateway is not None:
             await self.gateway.stop(grace)
+        if self.group_log is not None:  # the same for the gateways following Groups here
+            self.group_log.stop()
         await self.server.stop(grace)
         await self.peers.close()
         await self.authority.verifier.close()
@@ -164,6 +171,12 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
+            # Peers keep their channels alive with a ping every 20 s, even while a stream (a gateway's
+            # FollowGroup) is idle (mesh/peers.py CHANNEL_OPTIONS). gRPC's default lets a client ping
+            # an idle connection only every 5 minutes and answers more with GOAWAY
+            # (ENHANCE_YOUR_CALM), which would cut every idle follow stream after a minute.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", MIN_PEER_PING_INTERVAL_MS),
         ]
     )
     health = health_aio.HealthServicer()
@@ -171,6 +184,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     # Services served here reach each other through this channel; the others through their addresses.
     local = LocalChannel()
     peers = Peers(settings.services, settings.peers, local)
+    group_log_servicer: GroupLogServicer | None = None
     if "authority" in settings.services:
         store.start()
         authority_servicer = AuthorityServicer(authority)
@@ -210,7 +224,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info("mesh listening", extra={"listen": settings.listen, "port": port, "services": ",".join(settings.services)})
-    return Mesh(server, port, engine, store, registry, authority, health, settings, peers, blobstore, gateway)
+    return Mesh(server, port, engine, store, registry, authority, health, settings, peers, blobstore, gateway, group_log_servicer)
 
 
 async def serve_forever(settings: Settings) -> None:

@@ -39,12 +39,21 @@ MAX_FETCH = 1_024
 # A caught-up stream is woken at once by this instance's appends; it re-reads the log this often in
 # case another instance appended (it took the Group over).
 IDLE_RECHECK_S = 5.0
+GOING_AWAY_MESSAGE = "the Group Authority is shutting down: follow the Group again (elsewhere)"
 
 
 @rejections_as_status
 class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
     def __init__(self, authority: GroupAuthority) -> None:
         self.authority = authority
+        self.stopping = False
+
+    def stop(self) -> None:
+        """End every FollowGroup stream with UNAVAILABLE (shutdown): they never end on their own and
+        would hold the server's whole grace period; their gateways resubscribe elsewhere at once.
+        Streams that start from now on are refused the same way."""
+        self.stopping = True
+        self.authority.wake_all()
 
     async def FollowGroup(
         self, request: pb.FollowGroupRequest, context: grpc.aio.ServicerContext
@@ -53,6 +62,7 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         authority = self.authority
         group_id, member_id, attention = request.group_id, request.member_id, request.filter
         _require_ids(group_id, member_id)
+        await self._unless_stopping(context)
         state, member = active_member(await authority.state(group_id), group_id, member_id)
         # OP-36 / MW-8-07: never before the member's visibility start.
         delivered = max(request.after_sequence, member.visibility_start_sequence - 1)
@@ -73,7 +83,9 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
                 yield await self._cannot_continue(group_id, delivered)  # never skip: history before is archived
                 return
             if not batch:
+                await self._unless_stopping(context)
                 await authority.wait_for_append(group_id, timeout=IDLE_RECHECK_S)
+                await self._unless_stopping(context)
                 continue
             current = await authority.state(group_id)
             member_now = current.members.get(member_id) if current else None
@@ -135,6 +147,10 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         snapshot = authority_service_pb2.GroupSnapshot.FromString(envelope.payload)
         reference = signed_snapshot_reference(self.authority, group_id, snapshot.sequence, request.digest.hex, envelope)
         return pb.GetMemberSnapshotResponse(snapshot=envelope, signed_reference=reference)
+
+    async def _unless_stopping(self, context: grpc.aio.ServicerContext) -> None:
+        if self.stopping:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, GOING_AWAY_MESSAGE)
 
     async def _head(self, group_id: str) -> int:
         """The Group's durable head: from the Authority's cached state when it has one (no query)."""
