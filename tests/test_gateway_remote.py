@@ -173,7 +173,7 @@ def retry_after_ms(rejection: common_pb2.Rejection) -> int:
     return int(rejection.metadata["retry_after_ms"])
 
 
-@pytest.mark.req("MW-16-01", "MW-16-10", "MW-8-17", "MW-16-13")
+@pytest.mark.req("MW-16-01", "MW-16-10", "MW-8-17")
 async def test_a_subscription_is_replayed_and_then_pushed_from_an_authority_in_another_process(split: Split) -> None:
     s, w = split, split.world
     conv = (await create(w)).mission.planning_conversation_id
@@ -312,7 +312,6 @@ async def test_an_authority_that_goes_down_gives_structured_errors_in_bounded_ti
         await channel.close()
 
 
-@pytest.mark.req("MW-16-13")
 async def test_a_silent_authority_is_answered_with_authority_unavailable_not_a_hang(
     split: Split, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -48,7 +48,7 @@ async def post(w: World, conv: str, text: str) -> int:
 
 
 @pytest.mark.parametrize("kind", ["local", "remote"])
-@pytest.mark.req("MW-8-03")
+@pytest.mark.req("MW-8-08")
 async def test_follow_is_refused_with_a_structured_status_for_non_members_and_unknown_groups(world: World, kind: str) -> None:
     w = world
     await create(w)
@@ -138,7 +138,7 @@ async def test_follow_applies_the_attention_filter_and_bounds_a_batch_by_bytes(
 
 
 @pytest.mark.parametrize("kind", ["local", "remote"])
-@pytest.mark.req("MW-8-03", "MW-16-11", "MW-16-05")
+@pytest.mark.req("MW-8-08", "MW-16-11", "MW-16-05")
 async def test_follow_ends_with_membership_ended_cursor_too_old_and_history_unavailable(world: World, kind: str) -> None:
     w = world
     conv = (await create(w)).mission.planning_conversation_id
