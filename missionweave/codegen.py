@@ -1,7 +1,8 @@
 """Generate the Python protobuf/gRPC modules (with typed .pyi stubs) from ``protos/``.
 
 The generated files land next to this package in ``missionweave/v1/`` (the public contract) and
-``missionweave/internal/v1/`` (service-to-service contracts) and are never committed or edited by hand; ``setup.py`` runs this on every build and ``make`` runs it before tests.
+``missionweave/internal/v1/`` (service-to-service contracts) and are never committed or edited by
+hand; ``setup.py`` runs this on every build and ``make`` runs it before tests.
 """
 
 from __future__ import annotations
