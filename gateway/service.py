@@ -5,6 +5,14 @@ follow, EVENT batches with contiguous ranges (undeliverable events listed as ``s
 subscription credit windows with FLOW frames, durable ACK cursors per (agent, Group), COMMAND ->
 RESULT and UNSUBSCRIBE, CURSOR_TOO_OLD with signed snapshot references, attention filters. The frame
 protocol is documented in protos/missionweave/v1/gateway_service.proto.
+
+The gateway reaches the Group Authority only through its contracts, on one channel (in process or
+to the Authority's address, ``missionweave/mesh/peers.py``): each subscription is one
+``GroupLogService.FollowGroup`` stream (missionweave.internal.v1), which decides what the member may
+see and pushes new events as they become durable; FETCH and GetSnapshot are
+``GroupLogService.FetchEvents`` and ``GetMemberSnapshot``; COMMAND is the public
+``AuthorityService.ExecuteCommand``. What stays here is what agents see: streams, credit windows,
+fairness across Groups (``outbox.py``) and the durable ACK cursors (``schema.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -22,27 +30,24 @@ from google.protobuf.message import DecodeError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.attention import may_see, wanted
-from gateway.fetch import FetchRefused, as_ranges, cited_for, requested
+from gateway.fetch import FetchRefused, requested
 from gateway.outbox import Outbox
 from gateway.schema import cursor_upsert, cursors
-from missionweave import codec
 from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
-from missionweave.errors import Rejected
+from missionweave.errors import Rejected, from_proto
+from missionweave.internal.v1 import group_log_pb2 as glpb
+from missionweave.internal.v1 import group_log_pb2_grpc as glpb_grpc
 from missionweave.rpc.identities import IdentityDirectoryClient
-from missionweave.rpc.status import abort_with
+from missionweave.rpc.status import peer_unavailable, rejection_from_rpc_error, rejections_as_status
 from missionweave.signing import (
     HELLO_PROOF_TYPE,
-    SNAPSHOT_REFERENCE_TYPE,
     parse_session_key_id,
-    sign_envelope,
     verify_signature,
 )
-from missionweave.v1 import authority_service_pb2, common_pb2
+from missionweave.v1 import authority_service_pb2, authority_service_pb2_grpc, common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
-from services.authority.authority import GroupAuthority
 
 R = common_pb2.RejectionReason
 E = pb.GatewayErrorCode
@@ -55,9 +60,14 @@ MAX_SUBSCRIPTIONS = 1_024
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 # ACKs arriving within this window share one transaction (SQLite FULL sync costs a disk flush each).
 CURSOR_FLUSH_DELAY_S = 0.05
-# A subscription at the head re-checks the log this often when no in-process append woke it (another
-# Authority instance may have appended); in-process appends wake it at once.
-IDLE_RECHECK_S = 5.0
+# Longest the gateway waits for the Authority: a unary answer (FETCH, GetSnapshot) or the first
+# answer of a FollowGroup stream; a COMMAND (which waits for its commit) a little longer, still
+# below the SDK's own 30 s. A peer that is down answers UNAVAILABLE at once; these bound a peer
+# that does not answer at all. Past them the agent gets AUTHORITY_UNAVAILABLE, never a hang.
+PEER_TIMEOUT_S = 10.0
+COMMAND_TIMEOUT_S = 20.0
+# The retry delay AUTHORITY_UNAVAILABLE suggests (metadata retry_after_ms, google.rpc.RetryInfo).
+RETRY_AFTER_MS = 1_000
 
 
 class _Fatal(Exception):
@@ -73,16 +83,28 @@ class _Subscription:
     delivered: int  # highest sequence covered by an EVENT frame
     acked: int
     credits: int
-    attention: pb.AttentionFilter = field(default_factory=pb.AttentionFilter)
+    follow: Any = None  # the FollowGroup call (grpc.aio or in process): read only as credits allow
     granted: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
 
+class _PeerRefused(Exception):
+    """The Authority refused a request, or could not be reached: the ERROR frame to answer with."""
+
+    def __init__(self, code: int, rejection: common_pb2.Rejection) -> None:
+        super().__init__(rejection.message)
+        self.code = code
+        self.rejection = rejection
+
+
+@rejections_as_status
 class GatewayServicer(pb_grpc.GatewayServiceServicer):
     def __init__(
-        self, authority: GroupAuthority, registry: IdentityDirectoryClient, engine: AsyncEngine, clock: Clock
+        self, authority: Any, registry: IdentityDirectoryClient, engine: AsyncEngine, clock: Clock
     ) -> None:
-        self.authority = authority
+        # ``authority``: a channel to the Group Authority, over the network or in process (Peers).
+        self.group_log = glpb_grpc.GroupLogServiceStub(authority)
+        self.commands = authority_service_pb2_grpc.AuthorityServiceStub(authority)
         self.registry = registry
         self.engine = engine
         self._cursor_upsert = cursor_upsert(engine.dialect.name)
@@ -146,42 +168,15 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         except _Fatal as refused:
             stale = refused.code == E.GATEWAY_ERROR_CODE_SESSION_STALE
             reason = R.REJECTION_REASON_SESSION_EPOCH_STALE if stale else R.REJECTION_REASON_SIGNATURE_INVALID
-            await abort_with(context, Rejected(reason, str(refused)))
-        state = await self.authority.state(request.group_id)
-        member = state.members.get(agent_id) if state else None
-        if member is None or not member.active:
-            await abort_with(
-                context, Rejected(R.REJECTION_REASON_NOT_A_MEMBER, f"{agent_id} holds no active Membership in {request.group_id}")
-            )
-        stored = await self.authority.store.snapshot_by_digest(request.group_id, request.digest.hex)
-        if stored is None:
-            await abort_with(
-                context,
-                Rejected(
-                    R.REJECTION_REASON_NOT_FOUND, f"no snapshot {request.digest.hex} of {request.group_id}"
-                ),
-            )
-        envelope = codec.envelope(stored)
-        snapshot = authority_service_pb2.GroupSnapshot.FromString(envelope.payload)
-        reference = self.signed_reference(request.group_id, snapshot.sequence, request.digest.hex, envelope)
-        return pb.GetSnapshotResponse(snapshot=envelope, signed_reference=reference)
-
-    def signed_reference(
-        self, group_id: str, sequence: int, digest: str, envelope: common_pb2.SignedEnvelope
-    ) -> common_pb2.SignedEnvelope:
-        """A SnapshotReference signed by the Authority: what CURSOR_TOO_OLD points at (MW-16-11)."""
-        snapshot = authority_service_pb2.GroupSnapshot.FromString(envelope.payload)
-        reference = pb.SnapshotReference(
-            group_id=group_id,
-            sequence=sequence,
-            created_at=snapshot.created_at,
-            archival=snapshot.archival,
-            digest=common_pb2.Digest(algorithm="blake3", hex=digest, size_bytes=len(envelope.payload)),
-        )
-        payload = reference.SerializeToString(deterministic=True)
-        return sign_envelope(
-            payload, SNAPSHOT_REFERENCE_TYPE, self.authority.signing_key, self.authority.key_id
-        )
+            raise Rejected(reason, str(refused)) from None
+        # Membership, the snapshot and the reference signed by the Authority: decided over there.
+        ask = glpb.GetMemberSnapshotRequest(group_id=request.group_id, member_id=agent_id, digest=request.digest)
+        try:
+            answer = await self.group_log.GetMemberSnapshot(ask, timeout=PEER_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            rejection = rejection_from_rpc_error(err)
+            raise from_proto(rejection) if rejection is not None else peer_unavailable("authority", err) from None
+        return pb.GetSnapshotResponse(snapshot=answer.snapshot, signed_reference=answer.signed_reference)
 
     def note_cursor(self, agent_id: str, group_id: str, cursor: int) -> None:
         """Record an acknowledged cursor; it is stored shortly after, with every other ACK of that
@@ -334,151 +329,200 @@ class _Connection:
                 subscription_id=sub.subscription_id,
             )
             return
-        state = await self.gateway.authority.state(sub.group_id)
-        member = state.members.get(self.agent_id) if state else None
-        if state is None or member is None or not member.active:
+        try:
+            follow, started = await self.follow(sub.group_id, sub.after_sequence, sub.filter)
+        except _PeerRefused as refused:
             await self.error(
-                E.GATEWAY_ERROR_CODE_NOT_A_MEMBER,
-                f"no active Membership in {sub.group_id}",
+                refused.code,
+                refused.rejection.message,
                 subscription_id=sub.subscription_id,
+                rejection=_unavailable_only(refused),
             )
             return
-        # OP-36 / MW-8-07: never before the member's visibility start.
-        after = max(sub.after_sequence, member.visibility_start_sequence - 1)
-        acked = await self.gateway.stored_cursor(self.agent_id, sub.group_id)
+        try:
+            # OP-36 / MW-8-07: never before the member's visibility start (the Authority raised it).
+            after = started.effective_after_sequence
+            acked = await self.gateway.stored_cursor(self.agent_id, sub.group_id)
+        except BaseException:
+            follow.cancel()
+            raise
         s = _Subscription(
             sub.subscription_id,
             sub.group_id,
             delivered=after,
             acked=min(acked, after),
             credits=sub.initial_credits or 256,
-            attention=sub.filter,
+            follow=follow,
         )
         self.subscriptions[s.subscription_id] = s
-        await self.flow(s, pb.FLOW_REASON_SUBSCRIBED, pb.FLOW_STATE_OPEN, effective_after=after)
-        s.task = asyncio.create_task(self.deliver(s))
+        try:
+            await self.flow(s, pb.FLOW_REASON_SUBSCRIBED, pb.FLOW_STATE_OPEN, effective_after=after)
+        except BaseException:
+            follow.cancel()
+            raise
+        s.task = asyncio.create_task(self.deliver(s))  # it owns the FollowGroup call from here on
+
+    async def follow(
+        self, group_id: str, after: int, attention: pb.AttentionFilter
+    ) -> tuple[Any, glpb.FollowStarted]:
+        """Open the member's FollowGroup stream and read its first answer (bounded: PEER_TIMEOUT_S)."""
+        request = glpb.FollowGroupRequest(
+            group_id=group_id,
+            member_id=self.agent_id,
+            after_sequence=after,
+            filter=attention,
+            max_batch_entries=MAX_EVENTS_PER_FRAME,
+        )
+        call = self.gateway.group_log.FollowGroup(request)
+        try:
+            async with asyncio.timeout(PEER_TIMEOUT_S):
+                first = await call.read()
+        except TimeoutError:
+            call.cancel()
+            raise _PeerRefused(
+                E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE,
+                _unavailable_rejection(f"the Group Authority did not answer within {PEER_TIMEOUT_S:g} s"),
+            ) from None
+        except grpc.aio.AioRpcError as err:
+            call.cancel()
+            raise _refusal(err) from None
+        except BaseException:
+            call.cancel()
+            raise
+        if first is grpc.aio.EOF or first.WhichOneof("response") != "started":
+            call.cancel()
+            raise _PeerRefused(
+                E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE,
+                _unavailable_rejection("the Group Authority ended the stream without starting it"),
+            )
+        return call, first.started
 
     async def deliver(self, s: _Subscription) -> None:
-        """Replay then follow, in sequence order, within the credit window (MW-16-01..05, MW-8-17)."""
-        authority = self.gateway.authority
-        while True:
-            if s.credits == 0:
-                s.granted.clear()  # before the await below: a grant that lands during it is kept
-                await self.flow(s, pb.FLOW_REASON_CREDIT_EXHAUSTED, pb.FLOW_STATE_PAUSED)
-                while s.credits == 0:
-                    await s.granted.wait()
-                    s.granted.clear()
-                continue
-            batch = await authority.read_online(s.group_id, s.delivered, min(s.credits, MAX_EVENTS_PER_FRAME))
-            if not batch and await self._head(s.group_id) > s.delivered:
-                # The head moved past us: either an append landed after our read (read again) or the
-                # events we need were compacted away.
-                batch = await authority.read_online(s.group_id, s.delivered, min(s.credits, MAX_EVENTS_PER_FRAME))
-                if not batch:
-                    await self.too_old(s)
+        """Relay the FollowGroup stream in sequence order within the credit window (MW-16-01..05,
+        MW-8-17): its next answer is read only when the subscription has credits and nothing left
+        of the previous one; a batch larger than the credits left is kept for the next grants."""
+        entries: Sequence[glpb.LogEntry] = ()
+        taken = 0
+        head = 0
+        try:
+            while True:
+                if s.credits == 0:
+                    s.granted.clear()  # before the await below: a grant that lands during it is kept
+                    await self.flow(s, pb.FLOW_REASON_CREDIT_EXHAUSTED, pb.FLOW_STATE_PAUSED)
+                    while s.credits == 0:
+                        await s.granted.wait()
+                        s.granted.clear()
+                    continue
+                if taken == len(entries):
+                    response = await s.follow.read()
+                    kind = response.WhichOneof("response") if response is not grpc.aio.EOF else None
+                    if kind == "batch":
+                        entries, taken, head = response.batch.entries, 0, response.batch.head_sequence
+                        if not entries:
+                            continue
+                    elif kind == "membership_ended":  # the Membership ended: stop
+                        await self.error(
+                            E.GATEWAY_ERROR_CODE_NOT_A_MEMBER,
+                            "the Membership ended",
+                            subscription_id=s.subscription_id,
+                            group_id=s.group_id,
+                            fatal=False,
+                        )
+                        return
+                    elif kind == "cursor_too_old":
+                        await self.too_old(s, response.cursor_too_old)
+                        return
+                    elif kind == "history_unavailable":
+                        await self.history_unavailable(s)
+                        return
+                    else:  # EOF or an answer out of place: the stream cannot go on
+                        await self.authority_lost(s, "the Group Authority ended the stream")
+                        return
+                batch = entries[taken : taken + min(s.credits, MAX_EVENTS_PER_FRAME)]
+                first, last = batch[0].sequence, batch[-1].sequence
+                if first != s.delivered + 1 or last - first + 1 != len(batch):
+                    await self.history_unavailable(s)  # never skip silently (the contract forbids it)
                     return
-            if batch and batch[0].sequence != s.delivered + 1:
-                await self.too_old(s)  # never skip silently: the history before is archived
-                return
-            if not batch:
-                await authority.wait_for_append(s.group_id, timeout=IDLE_RECHECK_S)
-                continue
-            state = await authority.state(s.group_id)
-            member = state.members.get(self.agent_id) if state else None
-            if state is None or member is None or not member.active:  # the Membership ended: stop
-                await self.error(
-                    E.GATEWAY_ERROR_CODE_NOT_A_MEMBER,
-                    "the Membership ended",
-                    subscription_id=s.subscription_id,
-                    group_id=s.group_id,
-                    fatal=False,
+                taken += len(batch)
+                frame = pb.EventFrame(
+                    subscription_id=s.subscription_id, group_id=s.group_id, head_sequence=max(head, last)
                 )
-                return
-            frame = pb.EventFrame(
-                subscription_id=s.subscription_id, group_id=s.group_id, head_sequence=state.head_sequence
-            )
-            frame.first_sequence, frame.last_sequence = batch[0].sequence, batch[-1].sequence
-            for stored in batch:
-                envelope, event = codec.decode_shared(stored.envelope)
-                if may_see(state, self.agent_id, event) and wanted(state, self.agent_id, event, s.attention):
-                    frame.events.append(envelope)
-                else:
-                    frame.skipped.append(pb.SequenceRange(first=stored.sequence, last=stored.sequence))
-            s.delivered = batch[-1].sequence
-            s.credits -= len(batch)
-            frame.credits_remaining = s.credits
-            await self.send(event=frame)
+                frame.first_sequence, frame.last_sequence = first, last
+                for entry in batch:
+                    if entry.HasField("envelope"):
+                        frame.events.append(entry.envelope)
+                    else:
+                        frame.skipped.append(pb.SequenceRange(first=entry.sequence, last=entry.sequence))
+                s.delivered = last
+                s.credits -= len(batch)
+                frame.credits_remaining = s.credits
+                await self.send(event=frame)
+        except grpc.aio.AioRpcError as err:
+            await self.authority_lost(s, f"the Group Authority stream failed: {err.code().name}: {err.details()}")
+        finally:
+            s.follow.cancel()
 
     async def fetch(self, frame: pb.FetchFrame) -> None:
-        """MW-8-13 / MW-8-09: the requested events this agent's Membership lets it see."""
-        authority = self.gateway.authority
+        """MW-8-13 / MW-8-09: the requested events this agent's Membership lets it see (decided by
+        the Authority, GroupLogService.FetchEvents)."""
         try:
-            sequences = requested(frame.ranges)
-            state = await authority.state(frame.group_id)
-            member = state.members.get(self.agent_id) if state else None
-            if state is None or member is None or not member.active:
-                await self.error(
-                    E.GATEWAY_ERROR_CODE_NOT_A_MEMBER, f"no active Membership in {frame.group_id}", request_id=frame.request_id
-                )
-                return
-            cited: set[int] = set()
-            if frame.HasField("context_package"):
-                cited = cited_for(frame.context_package, authority.public_key, frame.group_id, self.agent_id)
+            requested(frame.ranges)  # the frame itself first: its own error codes
         except FetchRefused as refused:
             await self.error(refused.code, str(refused), request_id=frame.request_id)
             return
-        answer = pb.FetchedFrame(request_id=frame.request_id, group_id=frame.group_id)
-        found: dict[int, bytes] = {}
-        first, last = sequences[0], sequences[-1]
-        for stored in await authority.store.read_history(frame.group_id, first - 1, last - first + 1):
-            found[stored.sequence] = stored.envelope
-        withheld = []
-        for seq in sequences:
-            envelope = found.get(seq)
-            visible = envelope is not None and (seq >= member.visibility_start_sequence or seq in cited)
-            if envelope is not None and visible:
-                signed, event = codec.decode(envelope)
-                if may_see(state, self.agent_id, event):
-                    answer.events.append(signed)
-                    continue
-            withheld.append(seq)
-        answer.withheld.extend(as_ranges(withheld))
-        await self.send(fetched=answer)
-
-    async def _head(self, group_id: str) -> int:
-        """The Group's durable head: from the Authority's cached state when it has one (no query)."""
-        state = await self.gateway.authority.state(group_id)
-        return state.head_sequence if state is not None else (await self.gateway.authority.store.head(group_id) or 0)
-
-    async def too_old(self, s: _Subscription) -> None:
-        """MW-16-11: the cursor lies before the online log; point at a signed snapshot to restore."""
-        store = self.gateway.authority.store
-        first = await store.first_online(s.group_id)
-        oldest_after = (first - 1) if first is not None else (await store.head(s.group_id) or 0)
-        snapshot = await store.latest_snapshot(s.group_id, at_least=oldest_after)
-        self.subscriptions.pop(s.subscription_id, None)
-        if snapshot is None:
+        request = glpb.FetchEventsRequest(group_id=frame.group_id, member_id=self.agent_id, ranges=frame.ranges)
+        if frame.HasField("context_package"):
+            request.context_package.CopyFrom(frame.context_package)
+        try:
+            answer = await self.gateway.group_log.FetchEvents(request, timeout=PEER_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            answered = _refusal(err)
             await self.error(
-                E.GATEWAY_ERROR_CODE_HISTORY_UNAVAILABLE,
-                f"events after {s.delivered} are not online and no snapshot covers them",
-                subscription_id=s.subscription_id,
-                group_id=s.group_id,
+                answered.code, answered.rejection.message, request_id=frame.request_id, rejection=_unavailable_only(answered)
             )
             return
-        sequence, digest, envelope_bytes = snapshot
-        envelope = codec.envelope(envelope_bytes)
+        await self.send(
+            fetched=pb.FetchedFrame(
+                request_id=frame.request_id, group_id=frame.group_id, events=answer.events, withheld=answer.withheld
+            )
+        )
+
+    async def too_old(self, s: _Subscription, ended: glpb.CursorTooOld) -> None:
+        """MW-16-11: the cursor lies before the online log; point at the snapshot to restore, as the
+        Authority signed the reference to it."""
+        self.subscriptions.pop(s.subscription_id, None)
         await self.send(
             cursor_too_old=pb.CursorTooOldFrame(
                 subscription_id=s.subscription_id,
                 group_id=s.group_id,
                 requested_after_sequence=s.delivered,
-                oldest_available_after_sequence=oldest_after,
-                snapshot_digest=common_pb2.Digest(
-                    algorithm="blake3", hex=digest, size_bytes=len(envelope.payload)
-                ),
-                snapshot_sequence=sequence,
-                signed_reference=self.gateway.signed_reference(s.group_id, sequence, digest, envelope),
+                oldest_available_after_sequence=ended.oldest_available_after_sequence,
+                snapshot_digest=ended.snapshot_digest,
+                snapshot_sequence=ended.snapshot_sequence,
+                signed_reference=ended.signed_reference,
             )
+        )
+
+    async def history_unavailable(self, s: _Subscription) -> None:
+        self.subscriptions.pop(s.subscription_id, None)
+        await self.error(
+            E.GATEWAY_ERROR_CODE_HISTORY_UNAVAILABLE,
+            f"events after {s.delivered} are not online and no snapshot covers them",
+            subscription_id=s.subscription_id,
+            group_id=s.group_id,
+        )
+
+    async def authority_lost(self, s: _Subscription, message: str) -> None:
+        """The FollowGroup stream broke (the Authority went away): the subscription ends with
+        AUTHORITY_UNAVAILABLE and retry information; SUBSCRIBE again from the cursor."""
+        if self.subscriptions.get(s.subscription_id) is s:
+            del self.subscriptions[s.subscription_id]
+        await self.error(
+            E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE,
+            message,
+            subscription_id=s.subscription_id,
+            group_id=s.group_id,
+            rejection=_unavailable_rejection(message),
         )
 
     async def ack(self, frame: pb.AckFrame) -> None:
@@ -537,18 +581,34 @@ class _Connection:
     # ------------------------------------------------------------ commands
 
     async def command(self, frame: pb.CommandFrame) -> None:
+        """Forward to the Group Authority (AuthorityService.ExecuteCommand); its Rejection, read back
+        from the status, is the RESULT. No answer at all is AUTHORITY_UNAVAILABLE: the command may
+        or may not have been applied, and a retry with the same command id is safe."""
+        request = authority_service_pb2.ExecuteCommandRequest(command=frame.command)
         try:
-            result = await self.gateway.authority.execute(frame.command)
-            if result.command_id != frame.command_id:
+            response = await self.gateway.commands.ExecuteCommand(request, timeout=COMMAND_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            rejection = rejection_from_rpc_error(err)
+            if rejection is None:
+                message = f"the Group Authority did not answer ({err.code().name}: {err.details()}); retry with the same command id"
                 await self.error(
-                    E.GATEWAY_ERROR_CODE_COMMAND_ID_MISMATCH,
-                    "the frame's command id differs from the command's",
+                    E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE,
+                    message,
                     command_id=frame.command_id,
+                    rejection=_unavailable_rejection(message),
                 )
                 return
-            await self.send(result=pb.ResultFrame(command_id=frame.command_id, result=result))
-        except Rejected as rejected:
-            await self.send(result=pb.ResultFrame(command_id=frame.command_id, rejection=rejected.to_proto()))
+            await self.send(result=pb.ResultFrame(command_id=frame.command_id, rejection=rejection))
+            return
+        result = response.result
+        if result.command_id != frame.command_id:
+            await self.error(
+                E.GATEWAY_ERROR_CODE_COMMAND_ID_MISMATCH,
+                "the frame's command id differs from the command's",
+                command_id=frame.command_id,
+            )
+            return
+        await self.send(result=pb.ResultFrame(command_id=frame.command_id, result=result))
 
     # ------------------------------------------------------------ output
 
@@ -590,11 +650,13 @@ class _Connection:
         fatal: bool = False,
         group_id: str = "",
         request_id: str = "",
+        rejection: common_pb2.Rejection | None = None,
     ) -> None:
-        rejection = common_pb2.Rejection(
-            reason=R.REJECTION_REASON_FRAME_OUT_OF_ORDER if fatal else R.REJECTION_REASON_INVALID_ARGUMENT,
-            message=message,
-        )
+        if rejection is None:
+            rejection = common_pb2.Rejection(
+                reason=R.REJECTION_REASON_FRAME_OUT_OF_ORDER if fatal else R.REJECTION_REASON_INVALID_ARGUMENT,
+                message=message,
+            )
         error = pb.ErrorFrame(
             rejection=rejection,
             code=E.ValueType(code),
@@ -615,7 +677,7 @@ async def verify_session_proof(
 ) -> tuple[str, int]:
     """The (agent, session epoch) a HelloProof proves: signed by that session's key, about that
     session, fresh (30 s), from the agent's current session. Raises _Fatal otherwise, and the
-    directory's Rejected (OVERLOADED, retry_after_ms) when Membership cannot confirm the session."""
+    directory's Rejected (PEER_UNAVAILABLE, retry_after_ms) when Membership cannot confirm the session."""
     key_id = parse_session_key_id(proof.signatures[0].key_id) if proof.signatures else None
     if key_id is None or proof.payload_type != HELLO_PROOF_TYPE:
         raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "a HelloProof signed by a session key is required")
@@ -648,3 +710,40 @@ async def _cancel(task: asyncio.Task[None] | None) -> None:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
             raise  # we are being cancelled ourselves: never swallow that
+
+
+# ------------------------------------------------------------ the Authority's answers
+
+
+def _refusal(err: grpc.aio.AioRpcError) -> _PeerRefused:
+    """The ERROR frame for a failed GroupLogService call: the Authority's Rejection mapped to the
+    gateway's codes, or AUTHORITY_UNAVAILABLE when no Authority answered."""
+    rejection = rejection_from_rpc_error(err)
+    if rejection is None:
+        return _PeerRefused(
+            E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE,
+            _unavailable_rejection(f"the Group Authority is unreachable ({err.code().name}: {err.details()})"),
+        )
+    if rejection.metadata.get("field") == "context_package":
+        code = E.GATEWAY_ERROR_CODE_CONTEXT_PACKAGE_INVALID
+    elif rejection.reason in (R.REJECTION_REASON_NOT_A_MEMBER, R.REJECTION_REASON_GROUP_NOT_FOUND):
+        code = E.GATEWAY_ERROR_CODE_NOT_A_MEMBER
+    elif rejection.reason == R.REJECTION_REASON_TOO_LARGE:
+        code = E.GATEWAY_ERROR_CODE_LIMIT_EXCEEDED
+    elif rejection.reason in (R.REJECTION_REASON_OVERLOADED, R.REJECTION_REASON_NOT_OWNER, R.REJECTION_REASON_PEER_UNAVAILABLE):
+        code = E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE
+    else:
+        code = E.GATEWAY_ERROR_CODE_MALFORMED_FRAME
+    return _PeerRefused(code, rejection)
+
+
+def _unavailable_only(refused: _PeerRefused) -> common_pb2.Rejection | None:
+    """ERROR frames keep their usual general reason, except AUTHORITY_UNAVAILABLE, which carries the
+    retry information."""
+    return refused.rejection if refused.code == E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE else None
+
+
+def _unavailable_rejection(message: str) -> common_pb2.Rejection:
+    """AUTHORITY_UNAVAILABLE's general reason: PEER_UNAVAILABLE (retry with backoff), with retry_after_ms."""
+    return Rejected(R.REJECTION_REASON_PEER_UNAVAILABLE, message, peer="authority", retry_after_ms=RETRY_AFTER_MS).to_proto()
+

@@ -16,7 +16,6 @@ from datetime import timedelta
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -31,6 +30,8 @@ from missionweave.clock import Clock, SystemClock
 from missionweave.config import Settings
 from missionweave.db import make_engine
 from missionweave.internal.v1 import (
+    group_log_pb2,
+    group_log_pb2_grpc,
     identities_pb2,
     identities_pb2_grpc,
     publications_pb2,
@@ -38,6 +39,7 @@ from missionweave.internal.v1 import (
 )
 from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceStub
 from missionweave.mesh.front_door import FrontDoor, mirror_health, stop_mirrors
+from missionweave.mesh.health import MeshHealth
 from missionweave.mesh.peers import Peers, PeerUnknown
 from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.local import LocalChannel
@@ -55,6 +57,7 @@ from missionweave.v1 import (
 )
 from missionweave.verifier import SignatureVerifier
 from services.authority.authority import GroupAuthority
+from services.authority.group_log import GroupLogServicer
 from services.authority.ingress import GroupIngressLimiter
 from services.authority.servicer import AuthorityServicer
 from services.authority.store import EventStore
@@ -92,7 +95,11 @@ PUBLIC_DESCRIPTORS = {
 INTERNAL_SERVICE_NAMES = {
     "publications": publications_pb2.DESCRIPTOR.services_by_name["PublicationService"].full_name,
     "identities": identities_pb2.DESCRIPTOR.services_by_name["IdentityDirectoryService"].full_name,
+    "group_log": group_log_pb2.DESCRIPTOR.services_by_name["GroupLogService"].full_name,
 }
+# The shortest interval between keepalive pings a client may send on an idle connection (the peers'
+# channels ping every 20 s).
+MIN_PEER_PING_INTERVAL_MS = 10_000
 # In the embedded default the directory's stream is in process and starts in milliseconds; start-up
 # waits this long for it so the first commands are already answered from the cache.
 LOCAL_DIRECTORY_WAIT_S = 2.0
@@ -105,6 +112,8 @@ def health_names(services: tuple[str, ...]) -> list[str]:
     names = [SERVICE_NAMES[s] for s in services]
     if "membership" in services:
         names.append(INTERNAL_SERVICE_NAMES["identities"])
+    if "authority" in services:
+        names.append(INTERNAL_SERVICE_NAMES["group_log"])
     return names
 
 
@@ -119,25 +128,29 @@ class Mesh:
     # Every other service's view of the identity directory (missionweave/rpc/identities.py).
     identities: IdentityDirectoryClient
     authority: GroupAuthority
-    health: health_aio.HealthServicer
+    health: MeshHealth
     settings: Settings
     peers: Peers
     blobstore: BlobStore | None = None
     gateway: GatewayServicer | None = None
     background: list[asyncio.Task[None]] = field(default_factory=list)  # health mirrors, the peer check
     directory: IdentityDirectoryServicer | None = None
+    group_log: GroupLogServicer | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
         for name in health_names(self.settings.services):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.health.stop_watches()
         # Streams never end on their own, so they would hold the whole grace period and then be
         # cancelled after the database is gone: end them first, while their tasks can still finish.
         # Commands still arriving meanwhile ask Membership directly (the cache is no longer followed).
         await self.identities.close()
         if self.directory is not None:
             self.directory.stop()
+        if self.group_log is not None:  # the same for the gateways following Groups here
+            self.group_log.stop()
         if self.gateway is not None:
             await self.gateway.stop(grace)
         await self.server.stop(grace)
@@ -214,15 +227,25 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
+            # Peers keep their channels alive with a ping every 20 s, even while a stream (a gateway's
+            # FollowGroup) is idle (mesh/peers.py CHANNEL_OPTIONS). gRPC's default lets a client ping
+            # an idle connection only every 5 minutes and answers more with GOAWAY
+            # (ENHANCE_YOUR_CALM), which would cut every idle follow stream after a minute.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", MIN_PEER_PING_INTERVAL_MS),
         ]
     )
-    health = health_aio.HealthServicer()
+    health = MeshHealth()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    group_log_servicer: GroupLogServicer | None = None
     if "authority" in settings.services:
         store.start()
         authority_servicer = AuthorityServicer(authority)
         authority_service_pb2_grpc.add_AuthorityServiceServicer_to_server(authority_servicer, server)
         local.register(SERVICE_NAMES["authority"], authority_servicer)
+        group_log_servicer = GroupLogServicer(authority)
+        group_log_pb2_grpc.add_GroupLogServiceServicer_to_server(group_log_servicer, server)
+        local.register(INTERNAL_SERVICE_NAMES["group_log"], group_log_servicer)
     directory = None
     if registry is not None:
         directory = IdentityDirectoryServicer(registry)
@@ -252,7 +275,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         publications_pb2_grpc.add_PublicationServiceServicer_to_server(publication_servicer, server)
         local.register(INTERNAL_SERVICE_NAMES["publications"], publication_servicer)
     if "gateway" in settings.services:
-        gateway = GatewayServicer(authority, identities, engine, clock)
+        gateway = GatewayServicer(peers.channel("authority"), identities, engine, clock)
         gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, server)
     mirrors: list[asyncio.Task[None]] = []
     routed: list[str] = []
@@ -288,7 +311,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     log.info("mesh listening", extra={"listen": settings.listen, "port": port, "services": ",".join(settings.services)})
     return Mesh(
         server, port, engine, store, registry, identities, authority, health, settings, peers, blobstore, gateway, mirrors,
-        directory,
+        directory, group_log_servicer,
     )
 
 

@@ -769,8 +769,9 @@ def _parse(cls: type[M], payload: bytes) -> M:
 Handler = Callable[[event_pb2.Event], Awaitable[None]]
 SnapshotHandler = Callable[[authority_service_pb2.GroupSnapshot], Awaitable[None]]
 
-# ERROR codes after which a subscription cannot continue; HISTORY_UNAVAILABLE is retried from the cursor
-# with backoff (the gateway stopped instead of skipping, MW-16-05); the others (ACK problems) are logged.
+# ERROR codes after which a subscription cannot continue; those in _RESUBSCRIBES are retried from the
+# cursor with backoff (the gateway stopped instead of skipping, MW-16-05, or lost its Group Authority);
+# the others (ACK problems) are logged.
 _FAILS_SUBSCRIPTION = frozenset(
     {
         E.GATEWAY_ERROR_CODE_NOT_A_MEMBER,
@@ -779,6 +780,9 @@ _FAILS_SUBSCRIPTION = frozenset(
         E.GATEWAY_ERROR_CODE_MALFORMED_FRAME,
     }
 )
+
+
+_RESUBSCRIBES = frozenset({E.GATEWAY_ERROR_CODE_HISTORY_UNAVAILABLE, E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE})
 
 
 class _Host(Protocol):
@@ -1058,7 +1062,7 @@ class Subscription:
         failure = GatewayError(error)
         if error.code in _FAILS_SUBSCRIPTION:
             raise SubscriptionFailed(f"{self.group_id}: {failure}")
-        if error.code == E.GATEWAY_ERROR_CODE_HISTORY_UNAVAILABLE:
+        if error.code in _RESUBSCRIBES:
             await self._resubscribe_later(str(failure))
         else:
             log.warning("%s: gateway error %s", self.group_id, failure)

@@ -533,6 +533,12 @@ class GroupAuthority:
         if waiter is not None:
             waiter.set()
 
+    def wake_all(self) -> None:
+        """Wake every follower waiting for an append (at shutdown, so that they re-check and end)."""
+        waiters, self._appended = self._appended, {}
+        for waiter in waiters.values():
+            waiter.set()
+
     async def wait_for_append(self, group_id: str, timeout: float) -> None:  # noqa: ASYNC109 (a bounded wake-up hint)
         """Resolves when the Group gets new events (in this process) or after ``timeout``."""
         waiter = self._appended.setdefault(group_id, asyncio.Event())

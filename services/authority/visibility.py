@@ -1,15 +1,27 @@
-"""Attention filters for live delivery (MW-8-11..15, OP-26).
+"""What one member may read of a Group's log, and what it wants live (MW-8-07..15, MW-9-05, OP-26).
 
-Filtering decides only which payloads travel live; filtered sequences are reported as ``skipped`` so
-the receiver's cursor stays contiguous, and everything stays retrievable on demand (MW-8-13).
-Visibility (restricted Conversations, MW-9-05) is applied first and is not a filter: it is a right.
+Decided here, on the Authority side, for the GroupLogService (``group_log.py``): the gateway only
+relays the answers. Visibility (restricted Conversations, MW-9-05) is applied first and is not a
+filter: it is a right. Attention filters decide only which payloads travel live; filtered sequences
+are reported as skipped so the receiver's cursor stays contiguous, and everything stays retrievable
+on demand (MW-8-13). A late joiner sees nothing before its visibility start (MW-8-07) unless a
+Context Package signed by this Authority cites it for that member (MW-8-08, MW-8-09, MW-13.3-03).
 """
 
 from __future__ import annotations
 
-from missionweave.v1 import conversation_pb2, event_pb2
+from collections.abc import Iterable
+
+from google.protobuf.message import DecodeError
+
+from missionweave.errors import Rejected
+from missionweave.signing import verify_signature
+from missionweave.v1 import artifact_service_pb2, common_pb2, conversation_pb2, event_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
-from services.authority.state import GroupState
+from services.authority.context_package import CONTEXT_PACKAGE_TYPE
+from services.authority.state import GroupState, MemberState
+
+R = common_pb2.RejectionReason
 
 CRITICAL_TOPIC = "critical"  # a Message with this topic is a critical announcement
 # What a summary subscriber (e.g. the MissionOwner, MW-8-15) does not receive live.
@@ -92,3 +104,54 @@ def _about_own_work(state: GroupState, agent_id: str, event: event_pb2.Event, co
     if item.owner is not None and item.owner.agent_id == agent_id:
         return True
     return any(agent_id in offer.candidate_ids for offer in item.offers.values())
+
+
+def active_member(state: GroupState | None, group_id: str, member_id: str) -> tuple[GroupState, MemberState]:
+    """The Group's state and the member's active Membership in it, or the structured refusal."""
+    if state is None:
+        raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {group_id} does not exist")
+    member = state.members.get(member_id)
+    if member is None or not member.active:
+        raise Rejected(R.REJECTION_REASON_NOT_A_MEMBER, f"{member_id} holds no active Membership in {group_id}")
+    return state, member
+
+
+def cited_for(envelope: common_pb2.SignedEnvelope, authority_key: bytes, group_id: str, member_id: str) -> set[int]:
+    """The sequences a Context Package signed by this Authority cites for ``member_id`` in ``group_id``."""
+    if envelope.payload_type != CONTEXT_PACKAGE_TYPE or not verify_signature(envelope, authority_key):
+        raise Rejected(
+            R.REJECTION_REASON_SIGNATURE_INVALID,
+            "the Context Package is not signed by this Authority",
+            field="context_package",
+        )
+    try:
+        package = artifact_service_pb2.ContextPackage.FromString(envelope.payload)
+    except DecodeError:
+        raise Rejected(
+            R.REJECTION_REASON_INVALID_ARGUMENT, "the Context Package does not parse", field="context_package"
+        ) from None
+    if package.group_id != group_id:
+        raise Rejected(
+            R.REJECTION_REASON_INVALID_ARGUMENT,
+            f"the Context Package is of Group {package.group_id}, not {group_id}",
+            field="context_package",
+        )
+    if member_id not in package.recipient_ids:
+        return set()  # a package made for someone else grants this member nothing
+    return {
+        seq
+        for r in package.source_event_ranges
+        if r.group_id in ("", group_id)
+        for seq in range(r.first_sequence, r.last_sequence + 1)
+    }
+
+
+def as_ranges(sequences: Iterable[int]) -> list[pb.SequenceRange]:
+    """Sorted sequences as maximal inclusive ranges."""
+    out: list[pb.SequenceRange] = []
+    for seq in sorted(sequences):
+        if out and out[-1].last + 1 == seq:
+            out[-1].last = seq
+        else:
+            out.append(pb.SequenceRange(first=seq, last=seq))
+    return out

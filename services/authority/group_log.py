@@ -1,0 +1,222 @@
+"""GroupLogService over gRPC: one member's view of a Group's log, for the gateways.
+
+The contract, field by field, is protos/missionweave/internal/v1/group_log.proto; what it promises
+is in docs/internal-contracts.md. Who may read what is decided here (``visibility.py``); the
+gateway keeps the agent-facing state (credits, fairness, ACK cursors) and relays the answers.
+
+FollowGroup replays from the log tail in memory or the database and then pushes: a caught-up
+stream waits on the Authority's own append wake-up (``GroupAuthority.wait_for_append``), which
+fires the moment an append is durable, and re-reads the log every ``IDLE_RECHECK_S`` in case
+another Authority instance appended (a takeover). The stream is an async generator: it runs only as
+fast as its reader reads (gRPC flow control over the network, lazily in process).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterable
+
+import grpc
+
+from missionweave import codec
+from missionweave.errors import R, Rejected
+from missionweave.internal.v1 import group_log_pb2 as pb
+from missionweave.internal.v1 import group_log_pb2_grpc as pb_grpc
+from missionweave.rpc.status import rejections_as_status
+from missionweave.signing import SNAPSHOT_REFERENCE_TYPE, sign_envelope
+from missionweave.v1 import authority_service_pb2, common_pb2, gateway_service_pb2
+from services.authority.authority import GroupAuthority
+from services.authority.visibility import active_member, as_ranges, cited_for, may_see, wanted
+
+log = logging.getLogger("missionweave.authority.group_log")
+
+DEFAULT_BATCH_ENTRIES = 256
+MAX_BATCH_ENTRIES = 1_024
+# A batch stops growing once its envelopes reach this (it always holds one entry): far below the
+# transport's 4 MiB message limit whatever the events' sizes.
+MAX_BATCH_BYTES = 1024 * 1024
+MAX_FETCH = 1_024
+# A caught-up stream is woken at once by this instance's appends; it re-reads the log this often in
+# case another instance appended (it took the Group over).
+IDLE_RECHECK_S = 5.0
+GOING_AWAY_MESSAGE = "the Group Authority is shutting down: follow the Group again (elsewhere)"
+
+
+@rejections_as_status
+class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
+    def __init__(self, authority: GroupAuthority) -> None:
+        self.authority = authority
+        self.stopping = False
+
+    def stop(self) -> None:
+        """End every FollowGroup stream with UNAVAILABLE (shutdown): they never end on their own and
+        would hold the server's whole grace period; their gateways resubscribe elsewhere at once.
+        Streams that start from now on are refused the same way."""
+        self.stopping = True
+        self.authority.wake_all()
+
+    async def FollowGroup(
+        self, request: pb.FollowGroupRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.FollowGroupResponse]:
+        """Replay, then push, one member's view of the log (MW-16-01..05, MW-8-07, MW-8-11..15, MW-9-05)."""
+        authority = self.authority
+        group_id, member_id, attention = request.group_id, request.member_id, request.filter
+        _require_ids(group_id, member_id)
+        await self._unless_stopping(context)
+        state, member = active_member(await authority.state(group_id), group_id, member_id)
+        # OP-36 / MW-8-07: never before the member's visibility start.
+        delivered = max(request.after_sequence, member.visibility_start_sequence - 1)
+        limit = min(request.max_batch_entries or DEFAULT_BATCH_ENTRIES, MAX_BATCH_ENTRIES)
+        yield pb.FollowGroupResponse(
+            started=pb.FollowStarted(effective_after_sequence=delivered, head_sequence=state.head_sequence)
+        )
+        while True:
+            batch = await authority.read_online(group_id, delivered, limit)
+            if not batch and await self._head(group_id) > delivered:
+                # The head moved past us: either an append landed after our read (read again) or the
+                # events we need were compacted away.
+                batch = await authority.read_online(group_id, delivered, limit)
+                if not batch:
+                    yield await self._cannot_continue(group_id, delivered)
+                    return
+            if batch and batch[0].sequence != delivered + 1:
+                yield await self._cannot_continue(group_id, delivered)  # never skip: history before is archived
+                return
+            if not batch:
+                await self._unless_stopping(context)
+                await authority.wait_for_append(group_id, timeout=IDLE_RECHECK_S)
+                await self._unless_stopping(context)
+                continue
+            current = await authority.state(group_id)
+            member_now = current.members.get(member_id) if current else None
+            if current is None or member_now is None or not member_now.active:
+                yield pb.FollowGroupResponse(membership_ended=pb.MembershipEnded(last_sequence=delivered))
+                return
+            out = pb.LogBatch()
+            size = 0
+            for stored in batch:
+                if size and size + len(stored.envelope) > MAX_BATCH_BYTES:
+                    break  # the rest comes in the next batch
+                size += len(stored.envelope)
+                envelope, event = codec.decode_shared(stored.envelope)
+                entry = out.entries.add(sequence=stored.sequence)
+                if may_see(current, member_id, event) and wanted(current, member_id, event, attention):
+                    entry.envelope.CopyFrom(envelope)
+            delivered = out.entries[-1].sequence
+            out.head_sequence = max(current.head_sequence, delivered)
+            yield pb.FollowGroupResponse(batch=out)
+
+    async def FetchEvents(
+        self, request: pb.FetchEventsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FetchEventsResponse:
+        """MW-8-13 / MW-8-08 / MW-8-09: the requested events this member's Membership lets it see."""
+        authority = self.authority
+        group_id, member_id = request.group_id, request.member_id
+        _require_ids(group_id, member_id)
+        sequences = requested(request.ranges)
+        state, member = active_member(await authority.state(group_id), group_id, member_id)
+        cited: set[int] = set()
+        if request.HasField("context_package"):
+            cited = cited_for(request.context_package, authority.public_key, group_id, member_id)
+        first, last = sequences[0], sequences[-1]
+        found = {s.sequence: s.envelope for s in await authority.store.read_history(group_id, first - 1, last - first + 1)}
+        answer = pb.FetchEventsResponse()
+        withheld = []
+        for seq in sequences:
+            stored = found.get(seq)
+            if stored is not None and (seq >= member.visibility_start_sequence or seq in cited):
+                signed, event = codec.decode(stored)
+                if may_see(state, member_id, event):
+                    answer.events.append(signed)
+                    continue
+            withheld.append(seq)
+        answer.withheld.extend(as_ranges(withheld))
+        return answer
+
+    async def GetMemberSnapshot(
+        self, request: pb.GetMemberSnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetMemberSnapshotResponse:
+        """MW-16-12: a stored snapshot, for a member, with the reference to it signed by this Authority."""
+        group_id, member_id = request.group_id, request.member_id
+        _require_ids(group_id, member_id)
+        active_member(await self.authority.state(group_id), group_id, member_id)
+        stored = await self.authority.store.snapshot_by_digest(group_id, request.digest.hex)
+        if stored is None:
+            raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no snapshot {request.digest.hex} of {group_id}")
+        envelope = codec.envelope(stored)
+        snapshot = authority_service_pb2.GroupSnapshot.FromString(envelope.payload)
+        reference = signed_snapshot_reference(self.authority, group_id, snapshot.sequence, request.digest.hex, envelope)
+        return pb.GetMemberSnapshotResponse(snapshot=envelope, signed_reference=reference)
+
+    async def _unless_stopping(self, context: grpc.aio.ServicerContext) -> None:
+        if self.stopping:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, GOING_AWAY_MESSAGE)
+
+    async def _head(self, group_id: str) -> int:
+        """The Group's durable head: from the Authority's cached state when it has one (no query)."""
+        state = await self.authority.state(group_id)
+        return state.head_sequence if state is not None else (await self.authority.store.head(group_id) or 0)
+
+    async def _cannot_continue(self, group_id: str, after: int) -> pb.FollowGroupResponse:
+        """MW-16-11 / MW-16-05: the sequence after ``after`` is not online; name a signed snapshot to
+        restore from, or say that none covers it."""
+        store = self.authority.store
+        first = await store.first_online(group_id)
+        oldest_after = (first - 1) if first is not None else (await store.head(group_id) or 0)
+        snapshot = await store.latest_snapshot(group_id, at_least=oldest_after)
+        if snapshot is None:
+            return pb.FollowGroupResponse(
+                history_unavailable=pb.HistoryUnavailable(
+                    requested_after_sequence=after, oldest_available_after_sequence=oldest_after
+                )
+            )
+        sequence, digest, envelope_bytes = snapshot
+        envelope = codec.envelope(envelope_bytes)
+        return pb.FollowGroupResponse(
+            cursor_too_old=pb.CursorTooOld(
+                requested_after_sequence=after,
+                oldest_available_after_sequence=oldest_after,
+                snapshot_sequence=sequence,
+                snapshot_digest=common_pb2.Digest(algorithm="blake3", hex=digest, size_bytes=len(envelope.payload)),
+                signed_reference=signed_snapshot_reference(self.authority, group_id, sequence, digest, envelope),
+            )
+        )
+
+
+def signed_snapshot_reference(
+    authority: GroupAuthority, group_id: str, sequence: int, digest: str, envelope: common_pb2.SignedEnvelope
+) -> common_pb2.SignedEnvelope:
+    """A SnapshotReference to a stored snapshot, signed by the Authority (MW-16-11, OP-25)."""
+    snapshot = authority_service_pb2.GroupSnapshot.FromString(envelope.payload)
+    reference = gateway_service_pb2.SnapshotReference(
+        group_id=group_id,
+        sequence=sequence,
+        created_at=snapshot.created_at,
+        archival=snapshot.archival,
+        digest=common_pb2.Digest(algorithm="blake3", hex=digest, size_bytes=len(envelope.payload)),
+    )
+    payload = reference.SerializeToString(deterministic=True)
+    return sign_envelope(payload, SNAPSHOT_REFERENCE_TYPE, authority.signing_key, authority.key_id)
+
+
+def requested(ranges: Iterable[gateway_service_pb2.SequenceRange]) -> list[int]:
+    """The distinct sequences asked for, in order; refuses empty, inverted or oversized requests."""
+    ranges = list(ranges)
+    if not ranges:
+        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "name at least one sequence range", field="ranges")
+    total = 0
+    for r in ranges:
+        if r.first < 1 or r.last < r.first:
+            raise Rejected(
+                R.REJECTION_REASON_INVALID_ARGUMENT, f"range {r.first}..{r.last} is not 1 <= first <= last", field="ranges"
+            )
+        total += r.last - r.first + 1
+        if total > MAX_FETCH:
+            raise Rejected(R.REJECTION_REASON_TOO_LARGE, f"at most {MAX_FETCH} sequences per fetch", limit=MAX_FETCH)
+    return sorted({seq for r in ranges for seq in range(r.first, r.last + 1)})
+
+
+def _require_ids(group_id: str, member_id: str) -> None:
+    for name, value in (("group_id", group_id), ("member_id", member_id)):
+        if not value:
+            raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"{name} is required", field=name)
