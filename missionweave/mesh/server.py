@@ -122,12 +122,13 @@ class Mesh:
     server: grpc.aio.Server
     port: int
     engine: AsyncEngine
-    store: EventStore
+    # The Authority's store and core; None in a process that does not serve the Authority.
+    store: EventStore | None
     # The membership service's own registry; None where membership is not served.
     registry: IdentityRegistry | None
     # Every other service's view of the identity directory (missionweave/rpc/identities.py).
     identities: IdentityDirectoryClient
-    authority: GroupAuthority
+    authority: GroupAuthority | None
     health: MeshHealth
     settings: Settings
     peers: Peers
@@ -156,22 +157,61 @@ class Mesh:
         await self.server.stop(grace)
         await stop_mirrors(self.background)
         await self.peers.close()
-        await self.authority.verifier.close()
-        await self.store.close()
+        if self.authority is not None:
+            await self.authority.verifier.close()
+        if self.store is not None:
+            await self.store.close()
         if self.blobstore is not None:
             await self.blobstore.close()
         await self.engine.dispose()
 
 
-async def create_schemas(engine: AsyncEngine) -> None:
-    """Each service creates its own tables (idempotent)."""
+async def create_schemas(engine: AsyncEngine, served: tuple[str, ...]) -> None:
+    """Each service served here creates its own tables, and only those (idempotent)."""
     import artifactstore.schema
     import gateway.schema
     import services.authority.schema
     import services.membership.schema
 
-    for schema in (services.membership.schema, services.authority.schema, artifactstore.schema, gateway.schema):
-        await schema.create_schema(engine)
+    owners = {
+        "membership": services.membership.schema,
+        "authority": services.authority.schema,
+        "artifacts": artifactstore.schema,
+        "gateway": gateway.schema,
+    }
+    for name in ("membership", "authority", "artifacts", "gateway"):
+        if name in served:
+            await owners[name].create_schema(engine)
+
+
+async def _authority(
+    settings: Settings, engine: AsyncEngine, clock: Clock, identities: IdentityDirectoryClient, peers: Peers
+) -> tuple[EventStore, GroupAuthority]:
+    """The Authority's store and core (only a process serving the Authority loads its key)."""
+    store = EventStore(
+        engine,
+        clock,
+        instance_id=settings.instance_id or ids.new_id("auth"),
+        linger=settings.commit_linger_ms / 1000,
+        linger_idle=settings.commit_idle_ms / 1000,
+        linger_batch=settings.commit_batch,
+        ownership_ttl=timedelta(seconds=settings.ownership_lease_s),
+    )
+    verifier = SignatureVerifier(settings.verify_workers)
+    await verifier.start()
+    publications = (
+        PublicationServiceStub(peers.channel("artifacts")) if peers.reachable("artifacts") else None
+    )
+    authority = GroupAuthority(
+        store,
+        identities,
+        clock,
+        load_or_create_key(settings.authority_key_path),
+        ingress=GroupIngressLimiter(settings.group_rate, settings.group_burst),
+        verifier=verifier,
+        publications=publications,
+    )
+    return store, authority
 
 
 async def bootstrap_admin(settings: Settings, registry: IdentityRegistry) -> None:
@@ -190,7 +230,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     clock = clock or SystemClock()
     gc.set_threshold(*GC_THRESHOLDS)
     engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
-    await create_schemas(engine)
+    await create_schemas(engine, settings.services)
     # Services served here reach each other through this channel; the others through their addresses.
     local = LocalChannel()
     peers = Peers(settings.services, settings.peers, local)
@@ -199,27 +239,10 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         registry = IdentityRegistry(engine, clock)
         await bootstrap_admin(settings, registry)
     identities = _directory_client(peers)
-    store = EventStore(
-        engine,
-        clock,
-        instance_id=settings.instance_id or ids.new_id("auth"),
-        linger=settings.commit_linger_ms / 1000,
-        linger_idle=settings.commit_idle_ms / 1000,
-        linger_batch=settings.commit_batch,
-        ownership_ttl=timedelta(seconds=settings.ownership_lease_s),
-    )
-    ingress = GroupIngressLimiter(settings.group_rate, settings.group_burst)
-    verifier = SignatureVerifier(settings.verify_workers if "authority" in settings.services else 0)
-    await verifier.start()
-    publications = PublicationServiceStub(peers.channel("artifacts")) if peers.reachable("artifacts") else None
-    authority = GroupAuthority(
-        store,
-        identities,
-        clock,
-        load_or_create_key(settings.authority_key_path),
-        ingress=ingress,
-        verifier=verifier,
-        publications=publications,
+    store, authority = (
+        (await _authority(settings, engine, clock, identities, peers))
+        if "authority" in settings.services
+        else (None, None)
     )
 
     server = grpc.aio.server(
@@ -238,7 +261,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     health = MeshHealth()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     group_log_servicer: GroupLogServicer | None = None
-    if "authority" in settings.services:
+    if store is not None and authority is not None:
         store.start()
         authority_servicer = AuthorityServicer(authority)
         authority_service_pb2_grpc.add_AuthorityServiceServicer_to_server(authority_servicer, server)
@@ -252,7 +275,9 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         identities_pb2_grpc.add_IdentityDirectoryServiceServicer_to_server(directory, server)
         local.register(INTERNAL_SERVICE_NAMES["identities"], directory)
         authority_stub = (
-            authority_service_pb2_grpc.AuthorityServiceStub(peers.channel("authority")) if peers.reachable("authority") else None
+            authority_service_pb2_grpc.AuthorityServiceStub(peers.channel("authority"))
+            if peers.reachable("authority")
+            else None
         )
         membership_servicer = MembershipServicer(registry, directory, authority_stub)
         membership_service_pb2_grpc.add_MembershipServiceServicer_to_server(membership_servicer, server)
@@ -262,7 +287,8 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     # the base servicer's methods abstract, hence the [abstract] ignores on these placeholders.
     if "scheduling" in settings.services:
         scheduling_service_pb2_grpc.add_SchedulingServiceServicer_to_server(
-            scheduling_service_pb2_grpc.SchedulingServiceServicer(), server  # type: ignore[abstract]
+            scheduling_service_pb2_grpc.SchedulingServiceServicer(),  # type: ignore[abstract]
+            server,
         )
     blobstore = None
     gateway = None
@@ -281,23 +307,32 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     routed: list[str] = []
     if "gateway" in settings.services:
         # The front door: every public service not served here is routed to the peer serving it.
-        away = {s: PUBLIC_DESCRIPTORS[s] for s in PUBLIC_DESCRIPTORS if s not in settings.services and peers.reachable(s)}
+        away = {
+            s: PUBLIC_DESCRIPTORS[s]
+            for s in PUBLIC_DESCRIPTORS
+            if s not in settings.services and peers.reachable(s)
+        }
         if away:
             front_door = FrontDoor(peers, away)
             server.add_generic_rpc_handlers([front_door])
             routed = [SERVICE_NAMES[s] for s in front_door.routed_services]
             mirrors = [
-                asyncio.create_task(mirror_health(health, peers.channel(s), SERVICE_NAMES[s])) for s in front_door.routed_services
+                asyncio.create_task(mirror_health(health, peers.channel(s), SERVICE_NAMES[s]))
+                for s in front_door.routed_services
             ]
     names = health_names(settings.services)
-    reflection.enable_server_reflection([*names, *routed, reflection.SERVICE_NAME, "grpc.health.v1.Health"], server)
+    reflection.enable_server_reflection(
+        [*names, *routed, reflection.SERVICE_NAME, "grpc.health.v1.Health"], server
+    )
     port = server.add_insecure_port(settings.listen)
     if port == 0:
         raise OSError(f"cannot listen on {settings.listen}")
     await server.start()
-    if "authority" in settings.services:
+    if store is not None:
         host = settings.listen.rsplit(":", 1)[0]
-        await store.announce(settings.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}")
+        await store.announce(
+            settings.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}"
+        )
     # The services that authenticate callers follow the directory (in process or over the network).
     if {"authority", "artifacts", "gateway"} & set(settings.services):
         identities.start()
@@ -308,10 +343,26 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     # In the background: peers of a split mesh start in any order, and start-up never waits on them.
     mirrors.append(asyncio.create_task(_say_silent_peers(peers)))
-    log.info("mesh listening", extra={"listen": settings.listen, "port": port, "services": ",".join(settings.services)})
+    log.info(
+        "mesh listening",
+        extra={"listen": settings.listen, "port": port, "services": ",".join(settings.services)},
+    )
     return Mesh(
-        server, port, engine, store, registry, identities, authority, health, settings, peers, blobstore, gateway, mirrors,
-        directory, group_log_servicer,
+        server,
+        port,
+        engine,
+        store,
+        registry,
+        identities,
+        authority,
+        health,
+        settings,
+        peers,
+        blobstore,
+        gateway,
+        mirrors,
+        directory,
+        group_log_servicer,
     )
 
 
@@ -321,7 +372,9 @@ def _directory_client(peers: Peers) -> IdentityDirectoryClient:
     try:
         return IdentityDirectoryClient(peers.channel("membership"))
     except PeerUnknown as missing:
-        log.error("callers cannot be authenticated until Membership is reachable", extra={"detail": str(missing)})
+        log.error(
+            "callers cannot be authenticated until Membership is reachable", extra={"detail": str(missing)}
+        )
         return IdentityDirectoryClient(None, unavailable_reason=str(missing))
 
 
@@ -341,6 +394,9 @@ async def serve_forever(settings: Settings) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("shutting down: draining in-flight calls", extra={"in_flight": mesh.authority.in_flight})
+    log.info(
+        "shutting down: draining in-flight calls",
+        extra={"in_flight": mesh.authority.in_flight if mesh.authority else 0},
+    )
     await mesh.stop()
     log.info("stopped")
