@@ -26,6 +26,22 @@ POSTGRES_URL = os.environ.get("MWP_TEST_POSTGRES_URL", "")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "req(*ids): spec requirement IDs the test proves")
+    config.addinivalue_line(
+        "markers", "both_topologies: the `world` tests of this module also run on the split topology (PostgreSQL)"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """`world` tests run in one process; those marked both_topologies also on the split topology,
+    where every service is its own mesh reached over gRPC, on PostgreSQL (as CI runs it)."""
+    if "topology" in metafunc.fixturenames:
+        split = metafunc.definition.get_closest_marker("both_topologies") is not None
+        metafunc.parametrize("topology", ["single", "split"] if split else ["single"], indirect=True)
+
+
+@pytest.fixture
+def topology(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -96,12 +112,16 @@ async def register(client: MeshClient, admin_key: SigningKey, identity_id: str, 
 
 
 @pytest.fixture
-async def world(db_url: str, tmp_path: Path) -> AsyncIterator[World]:
+async def world(db_url: str, tmp_path: Path, topology: str) -> AsyncIterator[World]:
     from missionweave.mesh.server import start
+    from tests.split_mesh import start_split
 
+    if topology == "split" and not db_url.startswith("postgresql"):
+        pytest.skip("the split topology runs on PostgreSQL (MWP_TEST_POSTGRES_URL, set by .ci/run)")
     settings = Settings(listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1)
     clock = OffsetClock()
-    mesh = await start(settings, clock)
+    mesh: Any = await (start_split(settings, clock) if topology == "split" else start(settings, clock))
+    settings = mesh.settings
     target = f"127.0.0.1:{mesh.port}"
     client = MeshClient(target)
     admin_key = read_key(settings.admin_key_path)

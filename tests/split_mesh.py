@@ -35,6 +35,14 @@ class SplitMesh:
     def settings(self) -> Settings:
         return self.parts["gateway"].settings  # type: ignore[no-any-return]
 
+    @property
+    def gateway(self) -> Any:
+        return self.parts["gateway"].gateway
+
+    @property
+    def blobstore(self) -> Any:
+        return self.parts["artifacts"].blobstore
+
     def __getattr__(self, name: str) -> Any:
         # Tests that look inside the Authority (its store, its cache) see the Authority process's.
         return getattr(self.parts["authority"], name)

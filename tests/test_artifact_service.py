@@ -24,6 +24,8 @@ from tests.conftest import World
 from tests.test_missions import G, refused
 from tests.test_work_items import setup, started
 
+pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
+
 R = common_pb2.RejectionReason
 MiB = 1024 * 1024
 

@@ -10,6 +10,8 @@ from tests import builders
 from tests.conftest import World
 from tests.test_missions import G, as_member, create, refused
 
+pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
+
 R = common_pb2.RejectionReason
 CK = conversation_pb2.ConversationKind
 AK = conversation_pb2.MessageAmendmentKind

@@ -41,6 +41,8 @@ from tests.test_agent_sdk import connect, post_messages, reach, stored
 from tests.test_gateway import Stream, hello
 from tests.test_missions import G, create
 
+pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
+
 SEEDS = [11, 23, 37, 41, 59]
 HISTORY = 20  # events before the agents connect (they catch up under faults) ...
 FAULTY_FRAMES = 30  # EVENT frames each agent reads under faults, while events are appended live

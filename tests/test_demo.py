@@ -10,10 +10,12 @@ import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from missionweave.cli.demo import TASKS, DemoResult, TimelineEntry, run_demo
+from missionweave.clock import SystemClock
 from missionweave.config import Settings
 from missionweave.mesh.server import start
 from missionweave.sdk.client import MeshClient
@@ -25,16 +27,25 @@ ROOT = Path(__file__).resolve().parent.parent
 LINE = re.compile(r"^ +\+\d+\.\d\ds  \S+ +[a-z_.]+ +\S")
 
 
-@pytest.fixture
-async def mesh(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
-    """A running mesh on a free port and its Organization admin key file."""
+@pytest.fixture(params=["single", "split"])
+async def mesh(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Path]]:
+    """A running mesh on a free port and its Organization admin key file: all services in one
+    process on SQLite, or the split topology (every service its own mesh over gRPC) on PostgreSQL."""
+    from tests.conftest import POSTGRES_URL, reset_database
+    from tests.split_mesh import start_split
+
+    split = request.param == "split"
+    if split and not POSTGRES_URL:
+        pytest.skip("the split topology runs on PostgreSQL (MWP_TEST_POSTGRES_URL, set by .ci/run)")
+    if split:
+        await reset_database(POSTGRES_URL)
     settings = Settings(
         listen="127.0.0.1:0",
         data_dir=tmp_path / "data",
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'mw.db'}",
+        database_url=POSTGRES_URL if split else f"sqlite+aiosqlite:///{tmp_path / 'mw.db'}",
         grace_seconds=1,
     )
-    running = await start(settings)
+    running: Any = await (start_split(settings, SystemClock()) if split else start(settings))
     try:
         yield f"127.0.0.1:{running.port}", settings.admin_key_path
     finally:

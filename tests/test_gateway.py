@@ -23,6 +23,8 @@ from tests import builders
 from tests.conftest import World
 from tests.test_missions import G, create
 
+pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
+
 E = pb.GatewayErrorCode
 
 

@@ -19,6 +19,8 @@ from tests import builders
 from tests.conftest import World
 from tests.test_grpc_authority import db_image
 
+pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
+
 R = common_pb2.RejectionReason
 MS = mission_pb2.MissionState
 G = "grp_lifecycle"

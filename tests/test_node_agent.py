@@ -27,6 +27,8 @@ from tests import builders
 from tests.conftest import World
 from tests.test_missions import G, create
 
+pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
+
 NODE_DIR = Path(__file__).resolve().parent.parent / "examples" / "node"
 AGENT_JS = NODE_DIR / "agent.js"
 RUN_SECONDS = 60.0

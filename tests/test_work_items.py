@@ -20,6 +20,8 @@ from tests import builders
 from tests.conftest import World
 from tests.test_missions import G, create, mission, refused
 
+pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
+
 R = common_pb2.RejectionReason
 WS = wp.WorkItemState
 
