@@ -3,6 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/authority.py            # default run (~1-3 minutes)
     PYTHONPATH=. .venv/bin/python bench/authority.py --quick    # smoke run (seconds)
     PYTHONPATH=. .venv/bin/python bench/authority.py --database-url postgresql://u:pw@host/db
+    PYTHONPATH=. .venv/bin/python bench/authority.py --topologies single,split-1,split-2   # the default
 
 What it measures (issue #2, "Benchmark"):
 
@@ -20,6 +21,16 @@ What it measures (issue #2, "Benchmark"):
                     envelope sizes, WAL, synchronous=FULL, batches of ~concurrency rows).
 6. Ed25519 anchor - PyNaCl sign + verify pairs per second over a payload of our command's size
                     (the Authority does exactly one verify and one sign per message_post).
+
+Topologies (issue 12, ``--topologies``): the phases and the echo anchor run against each in turn,
+``single`` (every service in one process) and ``split-N`` (``mwp serve --topology split --shards N``,
+each service in its own process, clients talking to the gateway, which routes AuthorityService calls
+to the N shards). More than one shard needs PostgreSQL: ``--database-url``, ``MWP_BENCH_POSTGRES_URL``,
+or the machine's PostgreSQL 15 (started as ``.ci/run`` does, a throw-away role and a fresh database
+per topology); without one those topologies are skipped with the reason. Beside a split-N on
+PostgreSQL, single and split-1 run on PostgreSQL too, so that they differ only in topology. Server
+CPU sums every process of the topology (signature workers and SQLite writers included), named per
+process; the PostgreSQL backends' CPU and the whole machine's busy CPU are shown apart.
 
 Every server (ours and the echo) runs in its own process, so client and server share the machine's
 cores as they would in reality. All commands are built and signed before the timed loops: signing is
