@@ -1480,7 +1480,7 @@ def _role(label: str) -> str:
 
 def projection(run: Run, shards: int, cores: int, to_shards: int) -> float:
     """Commands/s if each process's CPU per command stays as measured, ``to_shards`` Authority shards
-    split the shards' (and their workers') share evenly, every process can use at most one core
+    split the shards' (and their workers') share as unevenly as measured, every process can use at most one core
     (one event loop each) and the mesh's processes have ``cores`` cores to themselves (the client
     and PostgreSQL elsewhere). A CPU ceiling only: latency and concurrency bound the rate as well."""
     if not run.done or not run.server_cpu_by:
@@ -1492,7 +1492,9 @@ def projection(run: Run, shards: int, cores: int, to_shards: int) -> float:
     ceilings = [cores * 1e6 / run.us(run.server_cpu)]
     for role, costs in per_role.items():
         if role in ("shard", "verify", "writer") and shards:
-            ceilings.append(to_shards * 1e6 / sum(costs))  # spread over to_shards processes of this role
+            # to_shards processes of this role, as unevenly loaded as the measured ones (the busiest
+            # sets the ceiling: Groups are placed by hash, not balanced)
+            ceilings.append(to_shards * 1e6 / (max(costs) * len(costs)))
         else:
             ceilings.append(1e6 / max(costs))
     return min(ceilings)
@@ -1587,6 +1589,11 @@ def report_topologies(args: argparse.Namespace, measured: list[dict[str, object]
     cpus = os.cpu_count() or 1
     print()
     print(f"per-process CPU, % of one core (us per command), this machine: {cpus} CPUs")
+    if any(cast(Run, r["ours_unary"]).pg_cpu is not None for r in measured):
+        print(
+            "(postgres backends: those serving the bench's database at the phase's end; a backend that exited during the\n"
+            " phase, e.g. a pool overflow connection closed on return, is not counted: a lower bound)"
+        )
     for r in measured:
         topo = cast(Topology, r["topology"])
         runs = [cast(Run, r[k]) for _, k, _ in PHASES]
@@ -1619,8 +1626,9 @@ def report_topologies(args: argparse.Namespace, measured: list[dict[str, object]
     print()
     print(
         "projection: CPU ceiling in cmd/s if each process's CPU per command stays as measured, every process can use one core\n"
-        "(one event loop each), Authority shards (with their workers) split their share evenly, and the mesh's processes have\n"
-        "N cores to themselves (client and PostgreSQL elsewhere). Not a forecast: latency, concurrency and the database bound it too."
+        "(one event loop each), Authority shards (with their workers) split their share as unevenly as measured, the mesh's processes have\n"
+        "N cores to themselves (client and PostgreSQL elsewhere). Not a forecast: latency, concurrency and the database bound it too.\n"
+        "From split-1, more shards keep its stream and batch forwarding; with 2+ shards the gateway splits those per command (read split-2's)."
     )
     for r in measured:
         topo = cast(Topology, r["topology"])
