@@ -1512,8 +1512,13 @@ def report_topologies(args: argparse.Namespace, measured: list[dict[str, object]
             print(f"  {topo.label}: NOT MEASURED - {topo.skip}")
     for r in measured:
         topo = cast(Topology, r["topology"])
+        logged, expected = cast(tuple[int, int], r["log_check"])
         print()
         print(f"{topo.label}: processes {', '.join(cast(list[str], r['processes']))}")
+        print(
+            f"  check: sum of Group heads {logged:,} vs events acknowledged {expected:,} -> "
+            f"{'consistent' if logged == expected else 'MISMATCH'}"
+        )
         rows = []
         for phase, ours_key, echo_key in PHASES:
             o, e = cast(Run, r[ours_key]), cast(Run, r[echo_key])
