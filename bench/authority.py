@@ -3,6 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/authority.py            # default run (~1-3 minutes)
     PYTHONPATH=. .venv/bin/python bench/authority.py --quick    # smoke run (seconds)
     PYTHONPATH=. .venv/bin/python bench/authority.py --database-url postgresql://u:pw@host/db
+    PYTHONPATH=. .venv/bin/python bench/authority.py --topologies single,split-1,split-2   # the default
 
 What it measures (issue #2, "Benchmark"):
 
@@ -20,6 +21,16 @@ What it measures (issue #2, "Benchmark"):
                     envelope sizes, WAL, synchronous=FULL, batches of ~concurrency rows).
 6. Ed25519 anchor - PyNaCl sign + verify pairs per second over a payload of our command's size
                     (the Authority does exactly one verify and one sign per message_post).
+
+Topologies (issue 12, ``--topologies``): the phases and the echo anchor run against each in turn,
+``single`` (every service in one process) and ``split-N`` (``mwp serve --topology split --shards N``,
+each service in its own process, clients talking to the gateway, which routes AuthorityService calls
+to the N shards). More than one shard needs PostgreSQL: ``--database-url``, ``MWP_BENCH_POSTGRES_URL``,
+or the machine's PostgreSQL 15 (started as ``.ci/run`` does, a throw-away role and a fresh database
+per topology); without one those topologies are skipped with the reason. Beside a split-N on
+PostgreSQL, single and split-1 run on PostgreSQL too, so that they differ only in topology. Server
+CPU sums every process of the topology (signature workers and SQLite writers included), named per
+process; the PostgreSQL backends' CPU and the whole machine's busy CPU are shown apart.
 
 Every server (ours and the echo) runs in its own process, so client and server share the machine's
 cores as they would in reality. All commands are built and signed before the timed loops: signing is
@@ -231,14 +242,16 @@ def spawn(name: str, role_args: list[str], stderr_path: Path) -> Child:
     raise RuntimeError(f"{name} failed to start; see {stderr_path}:\n{stderr_path.read_text()[-3000:]}")
 
 
-def spawn_mesh(data_dir: Path, work: Path, database_url: str = "", profile_out: Path | None = None) -> Child:
-    """Our server (all services of ``mwp serve``) in its own process; stderr goes to ``work/server.stderr``."""
+def spawn_mesh(
+    data_dir: Path, work: Path, database_url: str = "", profile_out: Path | None = None, stderr_name: str = "server.stderr"
+) -> Child:
+    """Our server (all services of ``mwp serve``) in its own process; stderr goes to ``work/stderr_name``."""
     mesh_args = ["--role", "mesh", "--data-dir", str(data_dir)]
     if database_url:
         mesh_args += ["--database-url", database_url]
     if profile_out is not None:
         mesh_args += ["--profile-out", str(profile_out)]
-    return spawn("server", mesh_args, work / "server.stderr")
+    return spawn("server", mesh_args, work / stderr_name)
 
 
 def spawn_echo(work: Path, unary_response: bytes, stream_response_rest: bytes = b"", batch_response: bytes = b"") -> Child:
@@ -274,6 +287,219 @@ def echo_unary_call(channel: grpc.aio.Channel) -> Callable[[Any], Awaitable[Any]
     )
 
 
+# ====================================================================== topologies
+
+
+@dataclass
+class Topology:
+    """One way to run the mesh: ``single`` (every service in one process, the bench's ``--role mesh``
+    child) or ``split-N`` (``mwp serve --topology split --shards N``: each service in its own process,
+    the gateway the one address), on SQLite or PostgreSQL."""
+
+    name: str
+    shards: int  # 0: single process
+    store: str  # "sqlite" | "postgresql"
+    skip: str = ""  # why it is not measured in this run
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({'PostgreSQL' if self.store == 'postgresql' else 'SQLite'})"
+
+    @property
+    def slug(self) -> str:
+        return f"{self.name}-{'pg' if self.store == 'postgresql' else 'sqlite'}"
+
+
+def parse_topologies(spec: str, database_url_given: bool, pg_baselines: bool) -> list[Topology]:
+    """``single``, ``split-N``, each optionally ``:sqlite`` or ``:pg``. Unsuffixed: PostgreSQL with
+    ``--database-url``, else SQLite, except ``split-N`` with N > 1 (the launcher refuses SQLite, D60).
+    Where a split-N (N > 1) runs on PostgreSQL, ``single:pg`` and ``split-1:pg`` are added before it
+    (unless listed or ``pg_baselines`` is off) so that single vs split-1 vs split-N differ only in
+    topology."""
+    out: list[Topology] = []
+    for item in (x.strip() for x in spec.split(",")):
+        if not item:
+            continue
+        name, _, store = item.partition(":")
+        if name == "single":
+            shards = 0
+        elif name.startswith("split-") and name[6:].isdigit() and int(name[6:]) >= 1:
+            shards = int(name[6:])
+        else:
+            raise SystemExit(f"--topologies: unknown topology {item!r} (single, split-N, optionally :sqlite or :pg)")
+        if store in ("pg", "postgres", "postgresql"):
+            store = "postgresql"
+        elif store == "":
+            store = "postgresql" if database_url_given or shards > 1 else "sqlite"
+        elif store != "sqlite":
+            raise SystemExit(f"--topologies: unknown store {store!r} in {item!r} (sqlite or pg)")
+        if shards > 1 and store == "sqlite":
+            raise SystemExit(f"--topologies: {item}: more than one Authority shard needs PostgreSQL (D60)")
+        out.append(Topology(name, shards, store))
+    if pg_baselines:
+        for i, topo in enumerate(list(out)):
+            if topo.shards > 1 and topo.store == "postgresql":
+                have = {(t.name, t.store) for t in out}
+                extra = [Topology(n, s, "postgresql") for n, s in (("single", 0), ("split-1", 1)) if (n, "postgresql") not in have]
+                out[i:i] = extra
+                break
+    seen: set[str] = set()
+    unique = [t for t in out if not (t.slug in seen or seen.add(t.slug))]  # type: ignore[func-returns-value]
+    if not unique:
+        raise SystemExit("--topologies: nothing to measure")
+    return unique
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class SplitMesh:
+    """``python -m missionweave.cli serve --topology split --shards N`` as a child process: started,
+    ready once the launcher prints "split topology serving", stopped with SIGTERM. Its stderr (with
+    the launcher's "starting NAME pid N" lines that name the processes) goes to ``stderr_path``."""
+
+    READY = "split topology serving"
+
+    def __init__(self, shards: int, data_dir: Path, stderr_path: Path, database_url: str = "") -> None:
+        self.port = _free_port()
+        self.stderr_path = stderr_path
+        argv = [
+            sys.executable, "-m", "missionweave.cli", "serve", "--topology", "split", "--shards", str(shards),
+            "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(data_dir),
+        ]  # fmt: skip
+        if database_url:
+            argv += ["--database-url", database_url]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+        env.setdefault("MWP_LOG_LEVEL", "warning")  # as the single-process child (info logs cost CPU)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "wb"), env=env, cwd=str(ROOT)
+        )
+        deadline = time.monotonic() + 120
+        while self.READY not in self._stderr():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"split topology failed to start; see {stderr_path}:\n{self._stderr()[-3000:]}")
+            time.sleep(0.2)
+
+    def _stderr(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def names(self) -> dict[int, str]:
+        """pid -> process name, from the launcher's "starting NAME pid N" lines (restarts included)."""
+        out = {}
+        for line in self._stderr().splitlines():
+            parts = line.split()
+            if len(parts) >= 4 and parts[0] == "starting" and parts[2] == "pid" and parts[3].isdigit():
+                out[int(parts[3])] = parts[1]
+        return out
+
+    def stop(self, timeout: float = 30.0) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log(f"split launcher did not stop in {timeout}s; killing pid {self.proc.pid}")
+                self.proc.kill()
+                self.proc.wait()
+        return ""
+
+
+class LocalPostgres:
+    """The machine's PostgreSQL cluster, started as ``.ci/run`` does when it is not running, with a
+    throw-away role and one fresh database per topology, all dropped at the end. Needs root (psql
+    runs as the ``postgres`` user through runuser). ``reason`` says why it cannot be used."""
+
+    def __init__(self, version: str = "15", cluster: str = "main") -> None:
+        self.version, self.cluster = version, cluster
+        self.port = 5432
+        self.role = f"mwp_bench_{os.getpid()}_{os.urandom(3).hex()}"
+        self.password = os.urandom(12).hex()
+        self.databases: list[str] = []
+        self.ready = False
+        self.reason = ""
+
+    def _psql(self, sql: str) -> None:
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-p", str(self.port), "-d", "postgres", "-c", sql],
+            check=True, stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+        )  # fmt: skip
+
+    def start(self) -> bool:
+        if self.ready:
+            return True
+        if not shutil.which("pg_ctlcluster") or not Path(f"/usr/lib/postgresql/{self.version}/bin").is_dir():
+            self.reason = f"PostgreSQL {self.version} is not installed (pass --database-url or set MWP_BENCH_POSTGRES_URL)"
+            return False
+        if os.geteuid() != 0:
+            self.reason = "starting the local PostgreSQL needs root (pass --database-url or set MWP_BENCH_POSTGRES_URL)"
+            return False
+        try:
+            listing = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True, check=True).stdout
+            row = next((r.split() for r in listing.splitlines() if r.split()[:2] == [self.version, self.cluster]), None)
+            if row is None:
+                self.reason = f"no PostgreSQL cluster {self.version}/{self.cluster} (pg_lsclusters)"
+                return False
+            self.port = int(row[2])
+            if row[3] != "online":
+                log(f"starting PostgreSQL {self.version}/{self.cluster} (pg_ctlcluster, as .ci/run does)")
+                subprocess.run(
+                    ["pg_ctlcluster", "--skip-systemctl-redirect", self.version, self.cluster, "start"],
+                    check=True, capture_output=True, timeout=60,
+                )  # fmt: skip
+            for _ in range(60):
+                if subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", str(self.port)]).returncode == 0:
+                    break
+                time.sleep(1)
+            else:
+                self.reason = f"PostgreSQL on 127.0.0.1:{self.port} did not become ready"
+                return False
+            self._psql(f"CREATE ROLE {self.role} LOGIN PASSWORD '{self.password}'")
+        except (subprocess.SubprocessError, OSError, ValueError) as exc:
+            err = getattr(exc, "stderr", b"") or b""
+            self.reason = f"could not use the local PostgreSQL: {exc} {err.decode(errors='replace').strip()}"[:500]
+            return False
+        self.ready = True
+        log(f"  PostgreSQL {self.version}/{self.cluster} on 127.0.0.1:{self.port}, throw-away role {self.role}")
+        return True
+
+    def new_database(self) -> str:
+        """A fresh database owned by the throw-away role; its asyncpg URL."""
+        name = f"{self.role}_{len(self.databases)}"
+        self._psql(f"CREATE DATABASE {name} OWNER {self.role}")
+        self.databases.append(name)
+        return f"postgresql+asyncpg://{self.role}:{self.password}@127.0.0.1:{self.port}/{name}"
+
+    def drop(self) -> None:
+        if not self.ready:
+            return
+        for name in self.databases:
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                self._psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self._psql(f"DROP ROLE IF EXISTS {self.role}")
+        log(f"dropped the throw-away PostgreSQL role and databases ({len(self.databases)}); the cluster keeps running")
+
+
+def database_name(url: str) -> str:
+    """The database of a postgresql:// URL on this machine (for its backends' CPU), '' if remote."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.hostname not in ("127.0.0.1", "localhost", "::1", None):
+        return ""
+    return parts.path.lstrip("/")
+
+
 # ====================================================================== measurement helpers
 
 
@@ -296,6 +522,12 @@ class Run:
     client_cpu: float = 0.0
     latencies: list[float] = field(default_factory=list)
     first_error: str = ""
+    # With a ProcTree meter: server CPU seconds per process name (server_cpu is their sum) and the
+    # PostgreSQL backends' CPU (None when not measured).
+    server_cpu_by: dict[str, float] = field(default_factory=dict)
+    pg_cpu: float | None = None
+    # Every CPU of the machine busy during the phase (from /proc/stat, other users' work included), in cores.
+    machine_cores: float | None = None
 
     @property
     def rate(self) -> float:
@@ -313,29 +545,151 @@ class Run:
             f"p50 {self.pct(50):.1f} ms, p99 {self.pct(99):.1f} ms; {self.cpu_line()}"
         )
 
+    def us(self, cpu: float) -> float:
+        """CPU seconds as microseconds per completed call."""
+        return cpu / max(1, self.done) * 1e6
+
     def cpu_line(self) -> str:
-        n = max(1, self.done)
-        return (
-            f"server CPU {self.server_cpu / self.seconds:.0%} of a core ({self.server_cpu / n * 1e6:,.0f} us/call), "
-            f"client CPU {self.client_cpu / self.seconds:.0%} ({self.client_cpu / n * 1e6:,.0f} us/call)"
-            if self.seconds
+        if not self.seconds:
+            return ""
+        procs = f" in {len(self.server_cpu_by)} processes" if len(self.server_cpu_by) > 1 else ""
+        pg = (
+            f", PostgreSQL backends {self.pg_cpu / self.seconds:.0%} ({self.us(self.pg_cpu):,.0f} us/call)"
+            if self.pg_cpu is not None
             else ""
+        )
+        return (
+            f"server CPU {self.server_cpu / self.seconds:.0%} of a core{procs} ({self.us(self.server_cpu):,.0f} us/call), "
+            f"client CPU {self.client_cpu / self.seconds:.0%} ({self.us(self.client_cpu):,.0f} us/call){pg}"
         )
 
 
-class CpuMeter:
-    """Charges a phase's server-process and client-process CPU time to its Run."""
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot (Linux /proc/stat), (0, 0) where unavailable."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / tick, sum(fields) / tick
 
-    def __init__(self, run_: Run, server_pid: int) -> None:
-        self.run, self.pid = run_, server_pid
+
+def _children(pid: int) -> list[int]:
+    """Direct children of a process, from every thread's /proc/<pid>/task/<tid>/children."""
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _module(pid: int) -> str:
+    """A short name for a process: the last part of its ``-m`` module, else its program's name."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    args = [a.decode(errors="replace") for a in argv if a]
+    if "-m" in args[:-1]:
+        return args[args.index("-m") + 1].rsplit(".", 1)[-1]
+    return Path(args[0]).name if args else "?"
+
+
+def _postgres_backends(database: str) -> list[int]:
+    """Pids of the PostgreSQL backends connected to ``database`` on this machine (their process
+    title is ``postgres: [cluster: ]user database host(port) state``)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if title.startswith("postgres: ") and f" {database} " in title:
+            pids.append(int(entry.name))
+    return pids
+
+
+class ProcTree:
+    """CPU of a process and all its descendants, by name: the bench's mesh child and its signature
+    worker and SQLite writer, or the split launcher and every process it started (named as the
+    launcher printed them: ``starting NAME pid N``) with theirs. Optionally the PostgreSQL backends
+    serving one database, kept apart (they are not the topology's processes)."""
+
+    PG = "postgres backends"
+
+    def __init__(self, root: int, root_label: str, names: Callable[[], dict[int, str]] | None = None, pg_database: str = "") -> None:
+        self.root, self.root_label = root, root_label
+        self.names = names or dict
+        self.pg_database = pg_database
+
+    def labels(self) -> dict[int, str]:
+        names = self.names()
+        labels = {self.root: self.root_label}
+        stack = [self.root]
+        while stack:
+            parent = stack.pop()
+            for child in _children(parent):
+                labels[child] = names.get(child) or f"{labels[parent]}/{_module(child)}"
+                stack.append(child)
+        return labels
+
+    def snapshot(self) -> dict[int, tuple[str, float]]:
+        snap = {pid: (label, proc_cpu(pid)) for pid, label in self.labels().items()}
+        if self.pg_database:
+            snap.update({pid: (self.PG, proc_cpu(pid)) for pid in _postgres_backends(self.pg_database)})
+        return snap
+
+    @staticmethod
+    def delta(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+        """CPU seconds per name between two snapshots (a process started in between counts from 0;
+        one that ended in between is lost)."""
+        out: dict[str, float] = {}
+        for pid, (label, cpu) in after.items():
+            start = before.get(pid)
+            out[label] = out.get(label, 0.0) + cpu - (start[1] if start and start[0] == label else 0.0)
+        return out
+
+
+class CpuMeter:
+    """Charges a phase's server CPU (one pid, or a ProcTree: every process of the topology) and
+    client-process CPU time to its Run."""
+
+    def __init__(self, run_: Run, server: int | ProcTree) -> None:
+        self.run, self.server = run_, server
 
     def __enter__(self) -> CpuMeter:
-        self.s0, self.c0 = proc_cpu(self.pid), time.process_time()
+        if isinstance(self.server, ProcTree):
+            self.snap = self.server.snapshot()
+        else:
+            self.s0 = proc_cpu(self.server)
+        self.c0, self.m0, self.w0 = time.process_time(), machine_cpu()[0], time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.run.server_cpu = proc_cpu(self.pid) - self.s0
         self.run.client_cpu = time.process_time() - self.c0
+        busy, wall = machine_cpu()[0] - self.m0, time.perf_counter() - self.w0
+        self.run.machine_cores = busy / wall if wall > 0 and busy > 0 else None
+        if isinstance(self.server, ProcTree):
+            by = ProcTree.delta(self.snap, self.server.snapshot())
+            pg = by.pop(ProcTree.PG, None)
+            self.run.server_cpu_by = by
+            self.run.server_cpu = sum(by.values())
+            self.run.pg_cpu = pg
+        else:
+            self.run.server_cpu = proc_cpu(self.server) - self.s0
+
+
+_PROGRESS_PREFIX = ""
+
+
+def set_progress_prefix(prefix: str) -> None:
+    """Progress lines start with this (the topology being measured)."""
+    global _PROGRESS_PREFIX
+    _PROGRESS_PREFIX = prefix
 
 
 class Progress:
@@ -349,7 +703,7 @@ class Progress:
             await asyncio.sleep(3)
             el = time.perf_counter() - t0
             log(
-                f"  {self.run.name}: {self.run.done + self.run.errors}/{self.total} after {el:.0f}s "
+                f"  {_PROGRESS_PREFIX}{self.run.name}: {self.run.done + self.run.errors}/{self.total} after {el:.0f}s "
                 f"({(self.run.done + self.run.errors) / el:,.0f}/s)"
             )
 
@@ -369,7 +723,7 @@ async def run_unary(
     clients: int,
     max_seconds: float,
     check: Callable[[Any], bool] | None = None,
-    server_pid: int = 0,
+    server_pid: int | ProcTree = 0,
     per_call: int = 1,
 ) -> Run:
     """``clients`` tasks, each taking the next request from a shared cursor, one call in flight each.
@@ -410,7 +764,7 @@ async def run_streamed(  # type: ignore[no-untyped-def]
     window: int,
     max_seconds: float,
     check=None,
-    server_pid: int = 0,
+    server_pid: int | ProcTree = 0,
 ) -> Run:
     """``streams`` bidi streams, each writing its share of requests with up to ``window`` in flight."""
     run = Run(name)
@@ -551,7 +905,11 @@ def sqlite_anchor(
 # ====================================================================== the driver
 
 
-async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
+async def measure(
+    args: argparse.Namespace, work: Path, topo: Topology, data_dir: Path, database_url: str, fresh: bool
+) -> dict[str, object]:
+    """One topology: our three phases, then the echo anchor's three beside them (same sizes, same
+    concurrency), so every topology has its own anchor from the same minutes of the run."""
     from nacl.signing import SigningKey
 
     from missionweave import ids
@@ -562,20 +920,33 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
     from missionweave.v1 import common_pb2
     from tests import builders
 
-    results: dict[str, object] = {}
+    results: dict[str, object] = {"topology": topo}
     run_id = ids.new_id("b")[2:10]
-    data_dir = Path(args.data_dir) if args.data_dir else work / "data"
+    pg_database = database_name(database_url) if database_url else ""
 
     # ------------------------------------------------------------ our server
-    log(
-        f"starting our server ({'PostgreSQL' if args.database_url else 'SQLite'} store) in a separate process"
-    )
+    store = "PostgreSQL" if database_url else "SQLite"
+    results["store"] = "PostgreSQL" if database_url else "SQLite (WAL, synchronous=FULL)"
     profile_out = work / "server.prof"
-    mesh = spawn_mesh(data_dir, work, args.database_url, profile_out if args.profile_server else None)
-    results["server_pid"] = mesh.proc.pid
-    log(f"  server pid {mesh.proc.pid}, port {mesh.port}")
+    mesh: Child | None = None
+    split: SplitMesh | None = None
+    if topo.shards == 0:
+        log(f"[{topo.label}] starting our server ({store} store) in a separate process")
+        mesh = spawn_mesh(
+            data_dir, work, database_url, profile_out if args.profile_server else None, stderr_name=f"{topo.slug}.stderr"
+        )
+        tree = ProcTree(mesh.proc.pid, "mesh", pg_database=pg_database)
+        port = mesh.port
+        log(f"  server pid {mesh.proc.pid}, port {port}")
+    else:
+        log(f"[{topo.label}] starting mwp serve --topology split --shards {topo.shards} ({store} store)")
+        split = SplitMesh(topo.shards, data_dir, work / f"{topo.slug}.stderr", database_url)
+        tree = ProcTree(split.proc.pid, "launcher", split.names, pg_database=pg_database)
+        port = split.port
+        log(f"  launcher pid {split.proc.pid}, gateway (the one address) on port {port}: {len(tree.labels())} processes")
+    results["processes"] = sorted(tree.labels().values())
     try:
-        target = f"127.0.0.1:{mesh.port}"
+        target = f"127.0.0.1:{port}"
         client = MeshClient(target)
         admin_key_path = data_dir / "keys" / "admin.key"
         if not admin_key_path.exists():
@@ -583,8 +954,8 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
                 f"no admin key at {admin_key_path}: pass --data-dir of the server that bootstrapped this database"
             )
         admin_key = read_key(admin_key_path)
-        owner = "alice" if not args.database_url else f"alice-{run_id}"
-        coordinator = "coordinator-bot" if not args.database_url else f"coordinator-bot-{run_id}"
+        owner = "alice" if fresh else f"alice-{run_id}"
+        coordinator = "coordinator-bot" if fresh else f"coordinator-bot-{run_id}"
         owner_key, bot_key = SigningKey.generate(), SigningKey.generate()
         await client.register_identity(
             "admin", admin_key, owner, common_pb2.IDENTITY_KIND_HUMAN, bytes(owner_key.verify_key)
@@ -716,7 +1087,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
             args.clients,
             args.max_seconds,
             ok_unary,
-            mesh.proc.pid,
+            tree,
         )
         _profile_toggle(mesh, args)
         log("  " + ours_unary.line())
@@ -739,7 +1110,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
             args.window,
             args.max_seconds,
             ok_stream,
-            mesh.proc.pid,
+            tree,
         )
         _profile_toggle(mesh, args)
         log("  " + ours_stream.line())
@@ -762,7 +1133,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
             args.batch_calls,
             args.max_seconds,
             ok_batch,
-            mesh.proc.pid,
+            tree,
             per_call=args.batch,
         )
         _profile_toggle(mesh, args)
@@ -776,7 +1147,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
         )
         await client.channel.close()
     finally:
-        out = mesh.stop()
+        out = mesh.stop() if mesh is not None else (split.stop() if split is not None else "")
     stats = [line for line in out.splitlines() if line.startswith("STATS")]
     results["server_stats"] = stats[0][6:] if stats else ""
     if args.profile_server and profile_out.exists():
@@ -829,21 +1200,6 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
     finally:
         echo.stop()
 
-    # ------------------------------------------------------------ SQLite and Ed25519 anchors
-    batch = args.clients
-    sqlite_rows = max(2000, min(n, 20000))
-    log(f"SQLite anchor: {sqlite_rows:,} event rows, batches of {batch}, WAL, synchronous=FULL")
-    sq_rate, _ = sqlite_anchor(work / "anchor.db", sqlite_rows, batch, event_envelope, full_write_set=False)
-    sq_full_rate, _ = sqlite_anchor(
-        work / "anchor_full.db", sqlite_rows, batch, event_envelope, full_write_set=True
-    )
-    log(
-        f"  {sq_rate:,.0f} event rows/s; whole write set (head update + event + command row): {sq_full_rate:,.0f}/s"
-    )
-    log("Ed25519 anchor: PyNaCl sign + verify pairs")
-    ed_rate, _ = ed25519_anchor(pae_len, 1.0 if args.quick else 2.0)
-    log(f"  {ed_rate:,.0f} sign+verify/s")
-
     results.update(
         ours_unary=ours_unary,
         ours_stream=ours_stream,
@@ -851,17 +1207,78 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
         echo_unary=echo_unary,
         echo_stream=echo_stream,
         echo_batch=echo_batch,
-        sqlite_rate=sq_rate,
-        sqlite_full_rate=sq_full_rate,
-        sqlite_batch=batch,
-        sqlite_rows=sqlite_rows,
-        ed25519_rate=ed_rate,
     )
     return results
 
 
-def _profile_toggle(mesh: Child, args: argparse.Namespace) -> None:
-    if args.profile_server:
+async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
+    """Every topology of ``--topologies`` in turn (each with its echo anchor beside it), then the
+    SQLite and Ed25519 anchors once."""
+    topologies: list[Topology] = args.topology_list
+    pg_url = args.database_url or os.environ.get("MWP_BENCH_POSTGRES_URL", "")
+    local_pg: LocalPostgres | None = None
+    if any(t.store == "postgresql" for t in topologies) and not pg_url:
+        local_pg = LocalPostgres()
+        if not local_pg.start():
+            for t in topologies:
+                if t.store == "postgresql":
+                    t.skip = f"no PostgreSQL: {local_pg.reason}"
+                    log(f"SKIPPING {t.label}: {t.skip}")
+    tuning = sorted(k for k in os.environ if k.startswith("MWP_") and k not in ("MWP_BENCH_POSTGRES_URL", "MWP_LOG_LEVEL"))
+    if tuning and any(t.shards for t in topologies):
+        log(f"NOTE: {', '.join(tuning)} reach the single-process server only: the split launcher passes no MWP_* tuning to its children")
+    measured: list[dict[str, object]] = []
+    shared: dict[str, Path] = {}  # a database given by URL is shared by its topologies, with one data dir
+    try:
+        for topo in topologies:
+            if topo.skip:
+                continue
+            set_progress_prefix(f"[{topo.name}] ")
+            if topo.store == "sqlite":
+                url, fresh = "", not args.data_dir
+                data_dir = Path(args.data_dir) if args.data_dir else work / topo.slug / "data"
+            elif local_pg is not None:
+                url, fresh = local_pg.new_database(), not args.data_dir
+                data_dir = Path(args.data_dir) if args.data_dir else work / topo.slug / "data"
+            else:
+                url, fresh = pg_url, False
+                data_dir = Path(args.data_dir) if args.data_dir else shared.setdefault(url, work / "pg-data")
+            try:
+                measured.append(await measure(args, work, topo, data_dir, url, fresh))
+            except Exception as exc:  # one topology failing must not lose the others' figures
+                topo.skip = f"failed: {exc!r}"[:2000]
+                log(f"{topo.label} FAILED: {exc!r}")
+    finally:
+        set_progress_prefix("")
+        if local_pg is not None:
+            local_pg.drop()
+    if not measured:
+        raise SystemExit("no topology could be measured")
+
+    # ------------------------------------------------------------ SQLite and Ed25519 anchors
+    first = measured[0]
+    n = args.commands
+    batch = args.clients
+    sqlite_rows = max(2000, min(n, 20000))
+    log(f"SQLite anchor: {sqlite_rows:,} event rows, batches of {batch}, WAL, synchronous=FULL")
+    sq_rate, _ = sqlite_anchor(work / "anchor.db", sqlite_rows, batch, int(first["event_envelope"]), full_write_set=False)  # type: ignore[call-overload]
+    sq_full_rate, _ = sqlite_anchor(
+        work / "anchor_full.db", sqlite_rows, batch, int(first["event_envelope"]), full_write_set=True  # type: ignore[call-overload]
+    )
+    log(
+        f"  {sq_rate:,.0f} event rows/s; whole write set (head update + event + command row): {sq_full_rate:,.0f}/s"
+    )
+    log("Ed25519 anchor: PyNaCl sign + verify pairs")
+    ed_rate, _ = ed25519_anchor(int(first["pae_bytes"]), 1.0 if args.quick else 2.0)  # type: ignore[call-overload]
+    log(f"  {ed_rate:,.0f} sign+verify/s")
+    anchors = dict(sqlite_rate=sq_rate, sqlite_full_rate=sq_full_rate, sqlite_batch=batch, sqlite_rows=sqlite_rows, ed25519_rate=ed_rate)
+    for r in measured:
+        r.update(anchors)
+    return {"measured": measured, "topologies": topologies}
+
+
+def _profile_toggle(mesh: Child | None, args: argparse.Namespace) -> None:
+    if args.profile_server and mesh is not None:
         os.kill(mesh.proc.pid, signal.SIGUSR1)
 
 
@@ -877,7 +1294,7 @@ def report(args: argparse.Namespace, r: dict[str, object]) -> None:
     def ratio(a: float, b: float) -> str:
         return f"{a / b:.0%}" if b else "n/a"
 
-    store = "PostgreSQL" if args.database_url else "SQLite (WAL, synchronous=FULL)"
+    store = f"{r['store']}, topology {cast(Topology, r['topology']).label}"
     print()
     print(
         f"MissionWeave authority benchmark - {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, grpcio {grpc.__version__}"
@@ -1025,12 +1442,218 @@ def report(args: argparse.Namespace, r: dict[str, object]) -> None:
         f"server check: sum of Group heads {logged:,} vs events acknowledged to this client {expected:,} "
         f"-> {'consistent' if logged == expected else 'MISMATCH'}; server store {r['server_stats']}"
     )
-    print("CPU per phase (server process / client process):")
+    print("CPU per phase (server: every process of the topology / client process):")
     for run in (ou, os_, ob, eu, es, eb):
         print(f"  {run.name:<14} {run.cpu_line()}")
     for run in (ou, os_, ob, eu, es, eb):
         if run.first_error:
             print(f"  first error in {run.name}: {run.first_error}")
+
+
+PHASES = (("unary", "ours_unary", "echo_unary"), ("streamed", "ours_stream", "echo_stream"), ("batched", "ours_batch", "echo_batch"))
+
+
+def _table(header: list[str], rows: list[list[str]], first_left: bool = True) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(
+            (c.ljust(w) if (k == 0 and first_left) else c.rjust(w)) for k, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
+
+    print(fmt(header))
+    print("-" * (sum(widths) + 2 * (len(widths) - 1)))
+    for row in rows:
+        print(fmt(row))
+
+
+def _role(label: str) -> str:
+    """A process name's role in the projection: gateway, shard (an Authority's main process),
+    verify (a signature worker), writer (a SQLite writer process), mesh (the single process) or other."""
+    base, _, sub = label.partition("/")
+    if sub:
+        return {"verify_worker": "verify", "writer_process": "writer"}.get(sub.split("/")[-1], "other")
+    if base.startswith("authority-"):
+        return "shard"
+    return base if base in ("gateway", "mesh") else "other"
+
+
+def projection(run: Run, shards: int, cores: int, to_shards: int) -> float:
+    """Commands/s if each process's CPU per command stays as measured, ``to_shards`` Authority shards
+    split the shards' (and their workers') share as unevenly as measured, every process can use at most one core
+    (one event loop each) and the mesh's processes have ``cores`` cores to themselves (the client
+    and PostgreSQL elsewhere). A CPU ceiling only: latency and concurrency bound the rate as well."""
+    if not run.done or not run.server_cpu_by:
+        return float("nan")
+    per_role: dict[str, list[float]] = {}
+    for label, cpu in run.server_cpu_by.items():
+        if cpu > 0:
+            per_role.setdefault(_role(label), []).append(run.us(cpu))
+    ceilings = [cores * 1e6 / run.us(run.server_cpu)]
+    for role, costs in per_role.items():
+        if role in ("shard", "verify", "writer") and shards:
+            # to_shards processes of this role, as unevenly loaded as the measured ones (the busiest
+            # sets the ceiling: Groups are placed by hash, not balanced)
+            ceilings.append(to_shards * 1e6 / (max(costs) * len(costs)))
+        else:
+            ceilings.append(1e6 / max(costs))
+    return min(ceilings)
+
+
+def report_topologies(args: argparse.Namespace, measured: list[dict[str, object]], topologies: list[Topology]) -> None:
+    print()
+    print("=" * 100)
+    print(
+        f"Topologies ({len(measured)} measured in this run, each with the echo anchor measured just after it; "
+        "server CPU = every process of the topology, PostgreSQL backends apart)"
+    )
+    for topo in topologies:
+        if topo.skip:
+            print(f"  {topo.label}: NOT MEASURED - {topo.skip}")
+    for r in measured:
+        topo = cast(Topology, r["topology"])
+        logged, expected = cast(tuple[int, int], r["log_check"])
+        print()
+        print(f"{topo.label}: processes {', '.join(cast(list[str], r['processes']))}")
+        print(
+            f"  check: sum of Group heads {logged:,} vs events acknowledged {expected:,} -> "
+            f"{'consistent' if logged == expected else 'MISMATCH'}"
+        )
+        rows = []
+        for phase, ours_key, echo_key in PHASES:
+            o, e = cast(Run, r[ours_key]), cast(Run, r[echo_key])
+            main = o.server_cpu_by.get("mesh", o.server_cpu_by.get("gateway"))
+            rows.append(
+                [
+                    phase,
+                    f"{o.rate:,.0f}",
+                    f"{o.pct(50):.1f} / {o.pct(99):.1f}",
+                    f"{o.us(o.server_cpu):,.0f}",
+                    f"{o.us(main):,.0f}" if main is not None else "",
+                    f"{o.us(o.pg_cpu):,.0f}" if o.pg_cpu is not None else "",
+                    f"{o.us(o.client_cpu):,.0f}",
+                    f"{e.rate:,.0f}",
+                    f"{o.rate / e.rate:.0%}" if e.rate else "n/a",
+                    f"{o.rate / cast(Run, r['echo_unary']).rate:.0%}" if phase != "unary" and cast(Run, r["echo_unary"]).rate else "",
+                    f"{o.machine_cores:.0%}" if o.machine_cores is not None else "n/a",
+                    f"{o.errors}",
+                ]
+            )
+        columns = "phase,cmd/s,p50 / p99 ms,server us/cmd,mesh/gw,PG us,client us,echo /s,% echo,% echo unary,machine,errors"
+        _table(columns.split(","), rows)
+
+    # ------------------------------------------------------------ side by side
+    print()
+    print("side by side: cmd/s (% of the echo of the same phase measured beside it) | server CPU us per command")
+    header = ["phase", *(cast(Topology, r["topology"]).label for r in measured)]
+    rows = []
+    for phase, ours_key, echo_key in PHASES:
+        row = [phase]
+        for r in measured:
+            o, e = cast(Run, r[ours_key]), cast(Run, r[echo_key])
+            pct = f"{o.rate / e.rate:.0%}" if e.rate else "n/a"
+            row.append(f"{o.rate:,.0f} ({pct}) | {o.us(o.server_cpu):,.0f}")
+        rows.append(row)
+    rows.append(["echo unary", *(f"{cast(Run, r['echo_unary']).rate:,.0f}/s" for r in measured)])
+    _table(header, rows)
+
+    # ------------------------------------------------------------ hop cost and shard gain
+    by = {(cast(Topology, r["topology"]).name, cast(Topology, r["topology"]).store): r for r in measured}
+    pairs = []
+    for store in ("sqlite", "postgresql"):
+        if ("single", store) in by and ("split-1", store) in by:
+            pairs.append(("the extra hop", by[("single", store)], by[("split-1", store)]))
+    for (name, store), r in by.items():
+        if name.startswith("split-") and name != "split-1" and ("split-1", store) in by:
+            pairs.append((f"shards 1 -> {name[6:]}", by[("split-1", store)], r))
+    if pairs:
+        print()
+        print("what the topology costs or gains (same store, same run; rate as measured and as % of each side's own echo):")
+        rows = []
+        for what, a, b in pairs:
+            ta, tb = cast(Topology, a["topology"]), cast(Topology, b["topology"])
+            for phase, ours_key, echo_key in PHASES:
+                oa, ob = cast(Run, a[ours_key]), cast(Run, b[ours_key])
+                ea, eb = cast(Run, a[echo_key]), cast(Run, b[echo_key])
+                ra = oa.rate / ea.rate if ea.rate else float("nan")
+                rb = ob.rate / eb.rate if eb.rate else float("nan")
+                rows.append(
+                    [
+                        f"{what}: {ta.label} -> {tb.label}",
+                        phase,
+                        f"{oa.rate:,.0f} -> {ob.rate:,.0f} ({ob.rate / oa.rate - 1:+.0%})" if oa.rate else "n/a",
+                        f"{ra:.0%} -> {rb:.0%}",
+                        f"{oa.pct(50):.1f} -> {ob.pct(50):.1f}",
+                        f"{oa.pct(99):.1f} -> {ob.pct(99):.1f}",
+                        f"{oa.us(oa.server_cpu):,.0f} -> {ob.us(ob.server_cpu):,.0f} ({ob.us(ob.server_cpu) - oa.us(oa.server_cpu):+,.0f})",
+                    ]
+                )
+        _table(["comparison", "phase", "cmd/s", "% of echo", "p50 ms", "p99 ms", "server us/cmd"], rows)
+
+    # ------------------------------------------------------------ per-process breakdown
+    cpus = os.cpu_count() or 1
+    print()
+    print(f"per-process CPU, % of one core (us per command), this machine: {cpus} CPUs")
+    if any(cast(Run, r["ours_unary"]).pg_cpu is not None for r in measured):
+        print(
+            "(postgres backends: those serving the bench's database at the phase's end; a backend that exited during the\n"
+            " phase, e.g. a pool overflow connection closed on return, is not counted: a lower bound)"
+        )
+    for r in measured:
+        topo = cast(Topology, r["topology"])
+        runs = [cast(Run, r[k]) for _, k, _ in PHASES]
+        labels = sorted({label for run in runs for label in run.server_cpu_by})
+
+        def share(run: Run, cpu: float) -> str:
+            return f"{cpu / run.seconds:.0%} ({run.us(cpu):,.0f})" if run.seconds else ""
+
+        rows = [[label, *(share(run, run.server_cpu_by.get(label, 0.0)) for run in runs)] for label in labels]
+        if any(run.pg_cpu is not None for run in runs):
+            rows.append([ProcTree.PG, *(share(run, run.pg_cpu or 0.0) for run in runs)])
+        rows.append(["client (this process)", *(share(run, run.client_cpu) for run in runs)])
+        rows.append(
+            [
+                "= ours (server + client + PG)",
+                *(f"{(run.server_cpu + run.client_cpu + (run.pg_cpu or 0)) / run.seconds:.0%}" if run.seconds else "" for run in runs),
+            ]
+        )
+        rows.append(
+            [
+                f"machine busy, all users ({cpus} cores = {cpus * 100}%)",
+                *(f"{run.machine_cores:.0%}" if run.machine_cores is not None else "n/a" for run in runs),
+            ]
+        )
+        print()
+        print(topo.label)
+        _table(["process", *(p for p, _, _ in PHASES)], rows)
+
+    # ------------------------------------------------------------ projection
+    print()
+    print(
+        "projection: CPU ceiling in cmd/s if each process's CPU per command stays as measured, every process can use one core\n"
+        "(one event loop each), Authority shards (with their workers) split their share as unevenly as measured, the mesh's processes have\n"
+        "N cores to themselves (client and PostgreSQL elsewhere). Not a forecast: latency, concurrency and the database bound it too.\n"
+        "From split-1, more shards keep its stream and batch forwarding; with 2+ shards the gateway splits those per command (read split-2's)."
+    )
+    for r in measured:
+        topo = cast(Topology, r["topology"])
+        shard_counts = [0] if topo.shards == 0 else sorted({topo.shards, 1, 2, 4, 8})
+        rows = []
+        for phase, ours_key, _ in PHASES:
+            run = cast(Run, r[ours_key])
+            busiest = max(run.server_cpu_by.items(), key=lambda kv: kv[1], default=("", 0.0))
+            for k in shard_counts:
+                rows.append(
+                    [
+                        phase,
+                        "-" if k == 0 else f"{k}{' (measured)' if k == topo.shards else ''}",
+                        f"{busiest[0]} {busiest[1] / run.seconds:.0%}" if run.seconds else "",
+                        *(f"{projection(run, topo.shards, c, k or 1):,.0f}" for c in (2, 4, 8, 16)),
+                    ]
+                )
+        print()
+        print(f"{topo.label} (measured: {', '.join(f'{p} {cast(Run, r[k]).rate:,.0f}' for p, k, _ in PHASES)} cmd/s)")
+        _table(["phase", "shards", "busiest process", "2 cores", "4 cores", "8 cores", "16 cores"], rows)
 
 
 def main() -> int:
@@ -1054,6 +1677,15 @@ def main() -> int:
         "--profile-server", action="store_true", help="cProfile the server during the timed phases"
     )
     p.add_argument("--keep", action="store_true", help="keep the temp dir (server logs, profile)")
+    p.add_argument(
+        "--topologies",
+        default="single,split-1,split-2",
+        help="comma-separated: single, split-N, each optionally :sqlite or :pg (default single,split-1,split-2; "
+        "split-N with N > 1 runs on PostgreSQL and brings single:pg and split-1:pg beside it)",
+    )
+    p.add_argument(
+        "--no-pg-baselines", action="store_true", help="do not add single:pg and split-1:pg beside a split-N on PostgreSQL"
+    )
     # internal: child process roles
     p.add_argument("--role", choices=["mesh", "echo"], help=argparse.SUPPRESS)
     p.add_argument("--profile-out", default="", help=argparse.SUPPRESS)
@@ -1075,14 +1707,19 @@ def main() -> int:
         )
         return 0
 
+    args.topology_list = parse_topologies(args.topologies, bool(args.database_url), not args.no_pg_baselines)
+    log("topologies: " + ", ".join(t.label for t in args.topology_list))
     if args.quick:
         args.commands = min(args.commands, 2000)
         args.max_seconds = min(args.max_seconds, 20.0)
     work = Path(tempfile.mkdtemp(prefix="mwp-bench-"))
     t0 = time.perf_counter()
     try:
-        results = asyncio.run(drive(args, work))
+        everything = asyncio.run(drive(args, work))
+        measured = cast(list[dict[str, object]], everything["measured"])
+        results = measured[0]
         report(args, results)
+        report_topologies(args, measured, cast(list[Topology], everything["topologies"]))
         if args.profile_server and results.get("profile"):
             import pstats
 
