@@ -142,7 +142,9 @@ async def run_split(settings: Settings, *, shards: int = 1) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MWP_")}
+    # Tuning (MWP_COMMIT_*, MWP_VERIFY_WORKERS, MWP_OWNERSHIP_LEASE_S, ...) reaches every child; the
+    # wiring each child gets from plan() overrides anything of the same name.
+    env = dict(os.environ)
     try:
         # One at a time, back services first, the gateway last (it routes to the others from its first
         # call on); each creates its tables before the next opens the database.
