@@ -155,3 +155,11 @@ async def test_a_rejection_that_is_not_about_placement_reaches_the_caller_unchan
         await stub.ExecuteCommand(apb.ExecuteCommandRequest(command=command("grp_i")))
     rejection = rejection_from_rpc_error(info.value)
     assert rejection is not None and rejection.reason == R.REJECTION_REASON_LEASE_EXPIRED
+
+
+async def test_a_stream_opens_at_the_next_shard_when_the_first_is_down() -> None:
+    order = rendezvous("grp_j", SHARDS)
+    mesh = Mesh({}, down={order[0]})
+    stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for))
+    heads = [r.head_sequence async for r in stub.ReadEvents(apb.ReadEventsRequest(group_id="grp_j"))]
+    assert heads == [SHARDS.index(order[1])] and mesh.calls == Counter({order[1]: 1})

@@ -133,14 +133,16 @@ class ShardedChannel:
     def unary_stream(self, method: str, *_: Any, **__: Any) -> Callable[..., Any]:
         request_type, answer_type = _types(method)
 
-        def call(request: Message | bytes, **kw: Any) -> Any:
+        def call(request: Message | bytes, **kw: Any) -> _FailoverStream:
             raw = isinstance(request, bytes)
             message = request_type.FromString(request) if isinstance(request, bytes) else request
-            address = self.order(group_of(message))[0]
             serializer = (lambda m: m) if raw else type(message).SerializeToString
             deserializer = (lambda b: b) if raw else answer_type.FromString
-            stream = self._channel_for(address).unary_stream(method, serializer, deserializer)
-            return stream(request, **kw)
+
+            def open_at(address: str) -> Any:
+                return self._channel_for(address).unary_stream(method, serializer, deserializer)(request, **kw)
+
+            return _FailoverStream(self.order(group_of(message)), open_at)
 
         return call
 
@@ -185,6 +187,48 @@ class ShardedChannel:
         out.command_id = result.command_id
         out.result.CopyFrom(result)
         return out
+
+
+class _FailoverStream:
+    """A server stream opened at the first shard of the Group's order that answers: a shard that is
+    down before its first answer is skipped for the next (once answers flowed, a failure is the
+    caller's, who resumes from what it has, as from any broken stream)."""
+
+    def __init__(self, addresses: list[str], open_at: Callable[[str], Any]) -> None:
+        self._addresses, self._open_at = list(addresses), open_at
+        self._stream: Any = None
+        self._answered = False
+        self._cancelled = False
+
+    def __aiter__(self) -> _FailoverStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        while True:
+            if self._stream is None:
+                self._stream = self._open_at(self._addresses.pop(0))
+            try:
+                answer = await self._stream.read()  # gRPC's calls and LocalStreamCall both read()
+            except grpc.aio.AioRpcError as err:
+                down = rejection_from_rpc_error(err) is None and err.code() == grpc.StatusCode.UNAVAILABLE
+                if self._answered or not down or not self._addresses or self._cancelled:
+                    raise
+                self._stream = None  # that shard is down: the next in the Group's order
+                continue
+            if answer is grpc.aio.EOF:
+                raise StopAsyncIteration
+            self._answered = True
+            return answer
+
+    async def read(self) -> Any:
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            return grpc.aio.EOF
+
+    def cancel(self) -> bool:
+        self._cancelled = True
+        return bool(self._stream.cancel()) if self._stream is not None else True
 
 
 class _RoutedCommands:
