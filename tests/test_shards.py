@@ -108,10 +108,13 @@ async def test_a_killed_shard_loses_no_acknowledged_command_and_leaves_no_gap(db
                 text_ = f"{group} message {i}"
                 envelope = owner.sign(owner.command(group, "message_post", builders.message(conversations[group], text_), membership_epoch=1))
                 acknowledged[group].append((text_, await post_until_acknowledged(client, owner, envelope)))
+                if sum(len(a) for a in acknowledged.values()) >= 60:
+                    a_fifth_in.set()
+
+        a_fifth_in = asyncio.Event()
 
         async def kill_soon() -> None:
-            while sum(len(a) for a in acknowledged.values()) < 60:  # under load: a fifth of the way in
-                await asyncio.sleep(0.01)
+            await a_fifth_in.wait()  # under load: a fifth of the commands acknowledged
             os.kill(int(shards[victim]), signal.SIGKILL)
 
         await asyncio.gather(kill_soon(), *(load(g) for g in GROUPS))
