@@ -30,22 +30,38 @@ class Mesh:
     """Fake shards: each owns the Groups in ``owned`` and answers NOT_OWNER for the others."""
 
     def __init__(self, owners: dict[str, str], down: set[str] = frozenset()) -> None:  # type: ignore[assignment]
-        self.owners, self.down, self.calls = owners, down, Counter[str]()
+        self.owners, self.down, self.calls, self.batches = owners, down, Counter[str](), Counter[str]()
         self.channels = {address: self._shard(address) for address in SHARDS}
 
     def _shard(self, address: str) -> LocalChannel:
         mesh = self
 
+        def decide(request: apb.ExecuteCommandRequest) -> apb.ExecuteCommandResponse:
+            group = group_of(request)
+            mesh.calls[address] += 1
+            owner = mesh.owners.get(group, address)
+            if owner != address:
+                raise Rejected(R.REJECTION_REASON_NOT_OWNER, f"{group} is owned elsewhere", owner="x", owner_address=owner)
+            cid = command_pb2.Command.FromString(request.command.payload).command_id
+            return apb.ExecuteCommandResponse(result=command_pb2.CommandResult(command_id=cid, group_id=group))
+
         @rejections_as_status
         class Shard(apb_grpc.AuthorityServiceServicer):
             async def ExecuteCommand(self, request: apb.ExecuteCommandRequest, context: grpc.aio.ServicerContext) -> apb.ExecuteCommandResponse:
-                group = group_of(request)
-                mesh.calls[address] += 1
-                owner = mesh.owners.get(group, address)
-                if owner != address:
-                    raise Rejected(R.REJECTION_REASON_NOT_OWNER, f"{group} is owned elsewhere", owner="x", owner_address=owner)
-                cid = command_pb2.Command.FromString(request.command.payload).command_id
-                return apb.ExecuteCommandResponse(result=command_pb2.CommandResult(command_id=cid, group_id=group))
+                return decide(request)
+
+            async def ExecuteCommandBatch(
+                self, request: apb.ExecuteCommandBatchRequest, context: grpc.aio.ServicerContext
+            ) -> apb.ExecuteCommandBatchResponse:
+                mesh.batches[address] += 1
+                out = apb.ExecuteCommandBatchResponse()
+                for item in request.commands:
+                    answer = out.results.add(request_tag=item.request_tag)
+                    try:
+                        answer.result.CopyFrom(decide(apb.ExecuteCommandRequest(command=item.command)).result)
+                    except Rejected as rejected:
+                        answer.rejection.CopyFrom(rejected.to_proto())
+                return out
 
             async def ReadEvents(self, request: apb.ReadEventsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[apb.ReadEventsResponse]:
                 mesh.calls[address] += 1
@@ -116,6 +132,18 @@ async def test_a_batch_is_split_over_the_shards_and_answered_in_request_order() 
     assert [r.request_tag for r in answer.results] == list(range(12))
     assert [r.result.group_id for r in answer.results] == groups
     assert len([a for a in mesh.calls if mesh.calls[a]]) >= 2
+    assert sum(mesh.batches.values()) == len(mesh.batches) == len({rendezvous(g, SHARDS)[0] for g in groups})  # one call per shard
+
+
+async def test_a_batched_command_its_shard_does_not_own_is_sent_again_to_the_owner() -> None:
+    preferred, _, owner = rendezvous("grp_k", SHARDS)
+    mesh = Mesh({"grp_k": owner}, down=set())
+    stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for))
+    request = apb.ExecuteCommandBatchRequest(
+        commands=[apb.ExecuteCommandStreamRequest(request_tag=1, command=command("grp_k", "k1"))]
+    )
+    answer = await stub.ExecuteCommandBatch(request)
+    assert answer.results[0].result.group_id == "grp_k" and mesh.calls[owner] == 1 and mesh.batches[preferred] == 1
 
 
 async def test_a_batch_through_the_front_door_as_raw_bytes_is_routed_the_same() -> None:

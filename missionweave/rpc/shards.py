@@ -163,9 +163,40 @@ class ShardedChannel:
     async def _batch(
         self, request: authority_service_pb2.ExecuteCommandBatchRequest, **kw: Any
     ) -> authority_service_pb2.ExecuteCommandBatchResponse:
-        """A batch is not a transaction: its commands go to their own shards, answered in order."""
-        answers = await asyncio.gather(*(self._command(item, **kw) for item in request.commands))
-        return authority_service_pb2.ExecuteCommandBatchResponse(results=answers)
+        """A batch is not a transaction: each shard gets its share as one sub-batch (one call, as the
+        caller paid); a command its shard does not own, or a share whose shard is down, is sent again
+        on its own through the usual placement. Answers keep the request's order."""
+        shares: dict[str, list[int]] = {}
+        for i, item in enumerate(request.commands):
+            shares.setdefault(self.order(group_of(item))[0], []).append(i)
+        answers: list[authority_service_pb2.ExecuteCommandStreamResponse | None] = [None] * len(request.commands)
+
+        async def share(address: str, indexes: list[int]) -> None:
+            sub = authority_service_pb2.ExecuteCommandBatchRequest(commands=[request.commands[i] for i in indexes])
+            call = self._channel_for(address).unary_unary(
+                _BATCH, sub.SerializeToString, authority_service_pb2.ExecuteCommandBatchResponse.FromString
+            )
+            try:
+                got = await call(sub, **kw)
+            except grpc.aio.AioRpcError as err:
+                if rejection_from_rpc_error(err) is not None or err.code() not in (
+                    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED
+                ):
+                    raise
+                got = None  # that shard is down: each command finds its way on its own below
+            for position, i in enumerate(indexes):
+                answer = got.results[position] if got is not None else None
+                misplaced = answer is not None and answer.WhichOneof("outcome") == "rejection" and (
+                    answer.rejection.reason == R.REJECTION_REASON_NOT_OWNER
+                )
+                if answer is None or misplaced:
+                    answers[i] = await self._command(request.commands[i], **kw)
+                else:
+                    self._remember(group_of(request.commands[i]), address)
+                    answers[i] = answer
+
+        await asyncio.gather(*(share(address, indexes) for address, indexes in shares.items()))
+        return authority_service_pb2.ExecuteCommandBatchResponse(results=[a for a in answers if a is not None])
 
     async def _command(
         self, item: authority_service_pb2.ExecuteCommandStreamRequest, **kw: Any
