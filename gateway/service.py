@@ -66,8 +66,6 @@ CURSOR_FLUSH_DELAY_S = 0.05
 # that does not answer at all. Past them the agent gets AUTHORITY_UNAVAILABLE, never a hang.
 PEER_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 20.0
-# The retry delay AUTHORITY_UNAVAILABLE suggests (metadata retry_after_ms, google.rpc.RetryInfo).
-RETRY_AFTER_MS = 1_000
 
 
 class _Fatal(Exception):
@@ -745,5 +743,5 @@ def _unavailable_only(refused: _PeerRefused) -> common_pb2.Rejection | None:
 
 def _unavailable_rejection(message: str) -> common_pb2.Rejection:
     """AUTHORITY_UNAVAILABLE's general reason: PEER_UNAVAILABLE (retry with backoff), with retry_after_ms."""
-    return Rejected(R.REJECTION_REASON_PEER_UNAVAILABLE, message, peer="authority", retry_after_ms=RETRY_AFTER_MS).to_proto()
+    return peer_unavailable("authority", message).to_proto()
 

@@ -5,6 +5,8 @@ process-level tests in test_topology.py and test_shards.py start as real process
 
 from __future__ import annotations
 
+import asyncio
+import re
 import socket
 from dataclasses import dataclass, replace
 from typing import Any
@@ -15,7 +17,7 @@ from missionweave.config import Settings
 ORDER = ("membership", "artifacts", "scheduling", "authority", "gateway")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -55,7 +57,7 @@ class SplitMesh:
 async def start_split(base: Settings, clock: Clock) -> SplitMesh:
     from missionweave.mesh.server import start
 
-    addresses = {name: f"127.0.0.1:{_free_port()}" for name in ORDER}
+    addresses = {name: f"127.0.0.1:{free_port()}" for name in ORDER}
     peers = {name: address for name, address in addresses.items() if name != "gateway"}
     parts: dict[str, Any] = {}
     try:
@@ -67,3 +69,15 @@ async def start_split(base: Settings, clock: Clock) -> SplitMesh:
             await part.stop(0)
         raise
     return SplitMesh(parts)
+
+
+async def wait_serving(launcher: asyncio.subprocess.Process, limit_s: float = 90) -> dict[str, int]:
+    """Waits for ``mwp serve --topology split``'s "serving" line; the pid of each process it started."""
+    assert launcher.stderr is not None
+    seen = ""
+    async with asyncio.timeout(limit_s):
+        while "split topology serving" not in seen:
+            line = (await launcher.stderr.readline()).decode()
+            assert line, seen  # the launcher ended before serving
+            seen += line
+    return {name: int(pid) for name, pid in re.findall(r"starting (\S+) +pid (\d+)", seen)}

@@ -40,6 +40,7 @@ from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
 from services.authority.store import EventStore
 from tests import builders
 from tests.conftest import World, register
+from tests.split_mesh import free_port
 from tests.test_gateway import Stream, connected, hello
 from tests.test_missions import G, create
 
@@ -49,12 +50,6 @@ R = common_pb2.RejectionReason
 # What the gateway used to wait, caught up, before re-reading the log when nothing in its own
 # process woke it: a pushed event arrives far sooner.
 OLD_IDLE_RECHECK_S = 5.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class AuthorityProcess:

@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -25,15 +23,10 @@ from missionweave.signing import read_key
 from missionweave.v1 import common_pb2
 from tests import builders
 from tests.conftest import register
+from tests.split_mesh import free_port, wait_serving
 
 GROUPS = [f"grp_shard_{i}" for i in range(9)]
 LEASE_S = 3
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def owners(db_url: str) -> dict[str, str]:
@@ -79,14 +72,8 @@ async def test_a_killed_shard_loses_no_acknowledged_command_and_leaves_no_gap(db
         stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL, env=env,
     )
     assert launcher.stderr is not None
-    seen = ""
     try:
-        async with asyncio.timeout(90):
-            while "split topology serving" not in seen:
-                line = (await launcher.stderr.readline()).decode()
-                assert line, seen
-                seen += line
-        shards = dict(re.findall(r"starting (authority-\d) +pid (\d+)", seen))
+        shards = await wait_serving(launcher)
         drain = asyncio.create_task(launcher.stderr.read())  # keep the pipe from filling
         client = MeshClient(f"127.0.0.1:{port}")
         admin_key = read_key(tmp_path / "data" / "keys" / "admin.key")
@@ -115,7 +102,7 @@ async def test_a_killed_shard_loses_no_acknowledged_command_and_leaves_no_gap(db
 
         async def kill_soon() -> None:
             await a_fifth_in.wait()  # under load: a fifth of the commands acknowledged
-            os.kill(int(shards[victim]), signal.SIGKILL)
+            os.kill(shards[victim], signal.SIGKILL)
 
         await asyncio.gather(kill_soon(), *(load(g) for g in GROUPS))
         moved = await owners(db_url)  # the victim's Groups: taken over, or back with its restarted process

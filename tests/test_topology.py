@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,12 +21,7 @@ from missionweave.signing import read_key
 from missionweave.v1 import common_pb2
 from tests import builders
 from tests.conftest import register
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.split_mesh import free_port, wait_serving
 
 
 def test_the_plan_wires_every_process_to_its_peers() -> None:
@@ -45,18 +38,6 @@ def test_the_plan_wires_every_process_to_its_peers() -> None:
     assert by_name["authority-1"].env["MWP_ADVERTISE_ADDR"] == by_name["authority-1"].address
     with pytest.raises(TopologyError, match="PostgreSQL"):
         plan(Settings(listen="127.0.0.1:50099"), 2, "mesh-t")  # shards never share a SQLite file
-
-
-async def _wait_serving(process: asyncio.subprocess.Process, limit_s: float = 90) -> list[int]:
-    """Waits for the launcher's "serving" line; the pids of the processes it started."""
-    assert process.stderr is not None
-    seen = ""
-    async with asyncio.timeout(limit_s):
-        while "split topology serving" not in seen:
-            line = (await process.stderr.readline()).decode()
-            assert line, seen  # the launcher ended before serving
-            seen += line
-    return [int(pid) for pid in re.findall(r"starting \S+ +pid (\d+)", seen)]
 
 
 def alive(pid: int) -> bool:
@@ -76,7 +57,7 @@ async def test_split_topology_serves_one_address_and_stops_whole(tmp_path: Path)
         stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL, env=env,
     )
     try:
-        children = await _wait_serving(process)
+        children = list((await wait_serving(process)).values())
         assert len(children) == 5  # one Authority shard, membership, artifacts, scheduling, gateway
         client = MeshClient(f"127.0.0.1:{port}")
         admin_key = read_key(tmp_path / "data" / "keys" / "admin.key")

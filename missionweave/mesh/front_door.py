@@ -58,6 +58,7 @@ class FrontDoor(grpc.GenericRpcHandler):
     def __init__(self, peers: Peers, services: dict[str, ServiceDescriptor]) -> None:
         self.peers = peers
         self._routes: dict[str, tuple[str, Any]] = {}
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         for name, descriptor in services.items():
             for method in descriptor.methods:
                 self._routes[f"/{descriptor.full_name}/{method.name}"] = (name, method)
@@ -67,11 +68,15 @@ class FrontDoor(grpc.GenericRpcHandler):
         return sorted({name for name, _ in self._routes.values()})
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        route = self._routes.get(handler_call_details.method)  # type: ignore[attr-defined]
-        if route is None:
-            return None
-        peer, method = route
+        """gRPC asks this for every call: the handler of a method is built once, at its first call."""
         path: str = handler_call_details.method  # type: ignore[attr-defined]
+        handler = self._handlers.get(path)
+        if handler is None and path in self._routes:
+            handler = self._handlers[path] = self._handler(path)
+        return handler
+
+    def _handler(self, path: str) -> grpc.RpcMethodHandler:
+        peer, method = self._routes[path]
         channel = self.peers.channel(peer)
         if method.client_streaming and method.server_streaming:
             return grpc.stream_stream_rpc_method_handler(self._streaming(peer, channel.stream_stream(path, _identity, _identity)))

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from missionweave.rpc.local import LocalChannel
 from missionweave.rpc.shards import ShardedChannel
@@ -79,8 +80,6 @@ class Peers:
         """The configured peers (service, address) whose health check does not answer SERVING within
         ``wait_s``: said loudly at start, since every request that needs one is refused
         PEER_UNAVAILABLE until it does."""
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-
         silent = []
         for service, addresses in sorted(self.addresses.items()):
             if service in self.served or not addresses:

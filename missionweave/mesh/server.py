@@ -19,11 +19,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from artifactstore import schema as artifacts_schema
 from artifactstore.backends import blobstore_from_env
 from artifactstore.blobstore import BlobStore
 from artifactstore.index import ArtifactIndex
 from artifactstore.publications import PublicationServicer
 from artifactstore.service import ArtifactServicer, add_artifact_service
+from gateway import schema as gateway_schema
 from gateway.service import GatewayServicer
 from missionweave import ids
 from missionweave.clock import Clock, SystemClock
@@ -56,11 +58,13 @@ from missionweave.v1 import (
     scheduling_service_pb2_grpc,
 )
 from missionweave.verifier import SignatureVerifier
+from services.authority import schema as authority_schema
 from services.authority.authority import GroupAuthority
 from services.authority.group_log import GroupLogServicer
 from services.authority.ingress import GroupIngressLimiter
 from services.authority.servicer import AuthorityServicer
 from services.authority.store import EventStore
+from services.membership import schema as membership_schema
 from services.membership.directory import IdentityDirectoryServicer
 from services.membership.registry import IdentityRegistry
 from services.membership.servicer import MembershipServicer
@@ -103,6 +107,15 @@ MIN_PEER_PING_INTERVAL_MS = 10_000
 # In the embedded default the directory's stream is in process and starts in milliseconds; start-up
 # waits this long for it so the first commands are already answered from the cache.
 LOCAL_DIRECTORY_WAIT_S = 2.0
+
+
+# Each service's own tables, in the order they are created.
+SCHEMAS = {
+    "membership": membership_schema,
+    "authority": authority_schema,
+    "artifacts": artifacts_schema,
+    "gateway": gateway_schema,
+}
 
 
 def health_names(services: tuple[str, ...]) -> list[str]:
@@ -168,20 +181,9 @@ class Mesh:
 
 async def create_schemas(engine: AsyncEngine, served: tuple[str, ...]) -> None:
     """Each service served here creates its own tables, and only those (idempotent)."""
-    import artifactstore.schema
-    import gateway.schema
-    import services.authority.schema
-    import services.membership.schema
-
-    owners = {
-        "membership": services.membership.schema,
-        "authority": services.authority.schema,
-        "artifacts": artifactstore.schema,
-        "gateway": gateway.schema,
-    }
-    for name in ("membership", "authority", "artifacts", "gateway"):
+    for name, schema in SCHEMAS.items():
         if name in served:
-            await owners[name].create_schema(engine)
+            await schema.create_schema(engine)
 
 
 async def _authority(

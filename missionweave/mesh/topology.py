@@ -25,6 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from missionweave.config import Settings
+from missionweave.mesh.server import SERVICE_NAMES
 
 log = logging.getLogger("missionweave.topology")
 
@@ -87,13 +88,7 @@ def plan(settings: Settings, shards: int, mesh_id: str) -> list[Child]:
 
 
 async def _serving(child: Child, deadline: float) -> None:
-    service = {
-        "authority": "missionweave.v1.AuthorityService",
-        "membership": "missionweave.v1.MembershipService",
-        "artifacts": "missionweave.v1.ArtifactService",
-        "scheduling": "missionweave.v1.SchedulingService",
-        "gateway": "missionweave.v1.GatewayService",
-    }[child.services[0]]
+    service = SERVICE_NAMES[child.services[0]]
     async with grpc.aio.insecure_channel(child.address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:

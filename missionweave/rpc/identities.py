@@ -34,10 +34,9 @@ from typing import Any
 
 import grpc
 
-from missionweave.errors import R, Rejected
 from missionweave.internal.v1 import identities_pb2 as pb
 from missionweave.internal.v1 import identities_pb2_grpc as pb_grpc
-from missionweave.rpc.status import PEER_RETRY_AFTER_MS, peer_unavailable
+from missionweave.rpc.status import peer_unavailable
 
 log = logging.getLogger("missionweave.rpc.identities")
 
@@ -194,12 +193,7 @@ class IdentityDirectoryClient:
 
     async def _call(self, method: str, request: Any, what: str) -> Any:
         if self._stub is None:
-            raise Rejected(
-                R.REJECTION_REASON_PEER_UNAVAILABLE,
-                f"{what} cannot be read: {self._unavailable_reason}",
-                peer="membership",
-                retry_after_ms=PEER_RETRY_AFTER_MS,
-            )
+            raise peer_unavailable("membership", f"{what} cannot be read: {self._unavailable_reason}")
         try:
             return await getattr(self._stub, method)(request, timeout=self.call_timeout)
         except grpc.RpcError as err:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -40,6 +41,7 @@ def rendezvous(group_id: str, addresses: Sequence[str]) -> list[str]:
     return sorted(addresses, key=lambda a: blake3.blake3(f"{group_id}\0{a}".encode()).digest(), reverse=True)
 
 
+@functools.cache
 def _types(method: str) -> tuple[type[Message], type[Message]]:
     service, _, name = method.lstrip("/").partition("/")
     found = descriptor_pool.Default().FindServiceByName(service).FindMethodByName(name)

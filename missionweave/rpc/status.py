@@ -93,17 +93,16 @@ def to_status(rejected: Rejected) -> status_pb2.Status:
 PEER_RETRY_AFTER_MS = 1000
 
 
-def peer_unavailable(peer: str, err: grpc.RpcError) -> Rejected:
+def peer_unavailable(peer: str, why: grpc.RpcError | str) -> Rejected:
     """A peer service's failure as the caller's own structured, retryable rejection (never a hang:
-    every peer call has a deadline, and its DEADLINE_EXCEEDED or UNAVAILABLE ends up here)."""
-    code = err.code() if isinstance(err, grpc.aio.AioRpcError) else None
-    name = code.name if code is not None else "UNKNOWN"
-    return Rejected(
-        R.REJECTION_REASON_PEER_UNAVAILABLE,
-        f"the {peer} service did not answer ({name}); retry shortly",
-        peer=peer,
-        retry_after_ms=PEER_RETRY_AFTER_MS,
-    )
+    every peer call has a deadline, and its DEADLINE_EXCEEDED or UNAVAILABLE ends up here). ``why``
+    is the failed call, or the reason there was no call (no address configured, no answer)."""
+    if isinstance(why, str):
+        message = why
+    else:
+        code = why.code() if isinstance(why, grpc.aio.AioRpcError) else None
+        message = f"the {peer} service did not answer ({code.name if code is not None else 'UNKNOWN'}); retry shortly"
+    return Rejected(R.REJECTION_REASON_PEER_UNAVAILABLE, message, peer=peer, retry_after_ms=PEER_RETRY_AFTER_MS)
 
 
 def rejection_from_rpc_error(err: grpc.RpcError) -> common_pb2.Rejection | None:

@@ -314,7 +314,7 @@ class GroupAuthority:
         if digest.algorithm != "blake3" or not ids.is_valid(digest.hex):
             return {}
         if self.publications is None:
-            raise Rejected(R.REJECTION_REASON_PEER_UNAVAILABLE, "no artifact store is configured", peer="artifacts")
+            raise peer_unavailable("artifacts", "no artifact store is configured")
         request = publications_pb2.FindPublicationRequest(
             content_digest_hex=digest.hex,
             group_id=command.group_id,

@@ -10,7 +10,6 @@ import grpc
 
 from missionweave.errors import R, Rejected, from_proto
 from missionweave.rpc.status import (
-    PEER_RETRY_AFTER_MS,
     peer_unavailable,
     rejection_from_rpc_error,
     rejections_as_status,
@@ -67,11 +66,8 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
                 R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED, "listing by member alone is not implemented yet; pass group_id"
             )
         if self.authority is None:
-            raise Rejected(
-                R.REJECTION_REASON_PEER_UNAVAILABLE,
-                "the Authority is not reachable from this Membership instance (MWP_AUTHORITY_ADDR is not set)",
-                peer="authority",
-                retry_after_ms=PEER_RETRY_AFTER_MS,
+            raise peer_unavailable(
+                "authority", "the Authority is not reachable from this Membership instance (MWP_AUTHORITY_ADDR is not set)"
             )
         try:
             response = await self.authority.GetGroupState(
