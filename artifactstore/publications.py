@@ -10,16 +10,21 @@ from missionweave.digests import HEX64
 from missionweave.errors import R, Rejected
 from missionweave.internal.v1 import publications_pb2 as pb
 from missionweave.internal.v1 import publications_pb2_grpc as pb_grpc
+from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.status import rejections_as_status
 
 
 @rejections_as_status
 class PublicationServicer(pb_grpc.PublicationServiceServicer):
+    SERVICE = "missionweave.internal.v1.PublicationService"
+    callers: CallAuthenticator | None = None  # set by the mesh (missionweave/mesh/server.py)
+
     def __init__(self, index: ArtifactIndex) -> None:
         self.index = index
 
+    @requires(Access.MESH)
     async def FindPublication(
-        self, request: pb.FindPublicationRequest, context: grpc.aio.ServicerContext
+        self, request: pb.FindPublicationRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.FindPublicationResponse:
         if not HEX64.fullmatch(request.content_digest_hex):
             raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "content_digest_hex is 64 lower-case hex digits", field="content_digest_hex")

@@ -24,6 +24,7 @@ from missionweave.manifest import (
     missing_fields,
     verify_manifest,
 )
+from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.status import rejections_as_status, streaming_edge
 from missionweave.signing import parse_session_key_id
@@ -46,6 +47,9 @@ def blake3_digest(hex_digest: str, size: int) -> common_pb2.Digest:
 
 @rejections_as_status
 class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
+    SERVICE = "missionweave.v1.ArtifactService"
+    callers: CallAuthenticator | None = None  # set by the mesh (missionweave/mesh/server.py)
+
     def __init__(
         self, store: BlobStore, index: ArtifactIndex, identities: IdentityDirectoryClient, clock: Clock
     ) -> None:
@@ -56,8 +60,9 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
 
     # ------------------------------------------------------------ upload
 
+    @requires(Access.IDENTITY)
     async def Upload(
-        self, request_iterator: AsyncIterator[pb.UploadRequest], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[pb.UploadRequest], context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.UploadResponse:
         try:
             return await self._upload(request_iterator)
@@ -181,8 +186,9 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
 
     # ------------------------------------------------------------ download and lookups
 
+    @requires(Access.IDENTITY)
     async def Download(
-        self, request: pb.DownloadRequest, context: grpc.aio.ServicerContext
+        self, request: pb.DownloadRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> AsyncIterator[pb.DownloadResponse]:
         async for offset, data in self._download(request, context):
             yield pb.DownloadResponse(offset=offset, data=data)
@@ -215,7 +221,8 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
             )
         return hex_digest, size
 
-    async def Stat(self, request: pb.StatRequest, context: grpc.aio.ServicerContext) -> pb.StatResponse:
+    @requires(Access.IDENTITY)
+    async def Stat(self, request: pb.StatRequest, context: grpc.aio.ServicerContext, caller: Caller) -> pb.StatResponse:
         hex_digest, size = await self._known(request.digest)
         record = await self.index.blob(hex_digest)
         response = pb.StatResponse(
@@ -226,8 +233,9 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
             response.last_verified_at.CopyFrom(to_timestamp(_from_us(record.verified_us)))
         return response
 
+    @requires(Access.IDENTITY)
     async def FindMissing(
-        self, request: pb.FindMissingRequest, context: grpc.aio.ServicerContext
+        self, request: pb.FindMissingRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.FindMissingResponse:
         if len(request.digests) > MAX_FIND_MISSING:
             raise artifact_error(
@@ -241,8 +249,9 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
             missing_digests=[d for d, h, _ in checked if h != EMPTY_BLAKE3 and h not in present]
         )
 
+    @requires(Access.IDENTITY)
     async def GetManifest(
-        self, request: pb.GetManifestRequest, context: grpc.aio.ServicerContext
+        self, request: pb.GetManifestRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetManifestResponse:
         hex_digest, _size = check_digest(request.digest)
         records = await self.index.manifests_of(hex_digest, request.work_item_id, request.producer_agent_id)
@@ -250,8 +259,9 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
             manifests=[common_pb2.SignedEnvelope.FromString(r.envelope) for r in records]
         )
 
+    @requires(Access.IDENTITY)
     async def QueryProvenance(
-        self, request: pb.QueryProvenanceRequest, context: grpc.aio.ServicerContext
+        self, request: pb.QueryProvenanceRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.QueryProvenanceResponse:
         hex_digest, _size = check_digest(request.digest)
         if request.max_depth > MAX_PROVENANCE_DEPTH:

@@ -38,6 +38,7 @@ from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
 from missionweave.errors import Rejected, from_proto
 from missionweave.internal.v1 import group_log_pb2 as glpb
 from missionweave.internal.v1 import group_log_pb2_grpc as glpb_grpc
+from missionweave.rpc.callers import Access, CallAuthenticator, requires
 from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.status import peer_unavailable, rejection_from_rpc_error, rejections_as_status
 from missionweave.signing import (
@@ -97,6 +98,9 @@ class _PeerRefused(Exception):
 
 @rejections_as_status
 class GatewayServicer(pb_grpc.GatewayServiceServicer):
+    SERVICE = "missionweave.v1.GatewayService"
+    callers: CallAuthenticator | None = None  # set by the mesh (missionweave/mesh/server.py)
+
     def __init__(
         self, authority: Any, registry: IdentityDirectoryClient, engine: AsyncEngine, clock: Clock
     ) -> None:
@@ -112,6 +116,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         self._cursor_writes: dict[tuple[str, str], int] = {}
         self._cursor_flusher: asyncio.Task[None] | None = None
 
+    @requires(Access.SIGNED)
     async def Connect(
         self, request_iterator: AsyncIterator[pb.ConnectRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ConnectResponse]:
@@ -156,6 +161,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         await _cancel(self._cursor_flusher)
         await self.flush_cursors()
 
+    @requires(Access.SIGNED)
     async def GetSnapshot(
         self, request: pb.GetSnapshotRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetSnapshotResponse:

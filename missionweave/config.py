@@ -20,6 +20,8 @@
 | MWP_ADVERTISE_ADDR       | the listen address              | how peers reach this process (NOT_OWNER)       |
 | MWP_MESH_ID              | (unset)                         | processes of one mesh share a data dir          |
 | MWP_OWNERSHIP_LEASE_S    | 30                              | a Group's owner may be replaced this long after its last append |
+| MWP_AUDIENCE             | (the listen/advertise address)  | more addresses call proofs may name (comma list: the front door's) |
+| MWP_MESH_TOKEN_FILE      | $MWP_DATA_DIR/keys/mesh.token   | the secret mesh services prove themselves with (created if missing) |
 | MWP_LOG_LEVEL / _FORMAT  | info / json                     | logging                                        |
 """
 
@@ -49,6 +51,9 @@ class Settings:
     ownership_lease_s: float = 30.0
     # Processes of one mesh share this id; a data dir held by another mesh is refused (mesh.lock).
     mesh_id: str = ""
+    # Addresses (besides its own) a call proof may name as its audience: where clients dial the mesh.
+    audience: str = ""
+    mesh_token_file: Path | None = None
     log_level: str = "info"
     log_format: str = "json"
     grace_seconds: float = 10.0
@@ -76,6 +81,15 @@ class Settings:
         return self.authority_key or self.data_dir / "keys" / "authority.key"
 
     @property
+    def mesh_token_path(self) -> Path:
+        return self.mesh_token_file or self.data_dir / "keys" / "mesh.token"
+
+    @property
+    def audiences(self) -> list[str]:
+        """What call proofs made for this mesh name: MWP_AUDIENCE's addresses and this process's own."""
+        return [a for a in (*self.audience.split(","), self.listen, self.advertise) if a.strip()]
+
+    @property
     def admin_key_path(self) -> Path:
         return self.data_dir / "keys" / "admin.key"
 
@@ -98,6 +112,9 @@ class Settings:
                 s.peers[name] = addr
         s.advertise = e.get("MWP_ADVERTISE_ADDR", s.advertise)
         s.mesh_id = e.get("MWP_MESH_ID", s.mesh_id)
+        s.audience = e.get("MWP_AUDIENCE", s.audience)
+        if e.get("MWP_MESH_TOKEN_FILE"):
+            s.mesh_token_file = Path(e["MWP_MESH_TOKEN_FILE"])
         s.ownership_lease_s = float(e.get("MWP_OWNERSHIP_LEASE_S", s.ownership_lease_s))
         s.group_rate = float(e.get("MWP_GROUP_RATE", s.group_rate))
         s.group_burst = float(e.get("MWP_GROUP_BURST", s.group_burst))

@@ -28,6 +28,7 @@ class SplitMesh:
     """Looks like one mesh to the tests: ``port`` is the gateway's, the rest is the Authority's."""
 
     parts: dict[str, Any]
+    peer_addresses: dict[str, str]  # each back service's own address
 
     @property
     def port(self) -> int:
@@ -62,13 +63,16 @@ async def start_split(base: Settings, clock: Clock) -> SplitMesh:
     parts: dict[str, Any] = {}
     try:
         for name in ORDER:
-            settings = replace(base, listen=addresses[name], services=(name,), peers=dict(peers), instance_id=f"{name}-0")
+            settings = replace(
+                base, listen=addresses[name], services=(name,), peers=dict(peers), instance_id=f"{name}-0",
+                audience=addresses["gateway"],  # clients dial the front door: their proofs name it
+            )
             parts[name] = await start(settings, clock)
     except BaseException:
         for part in reversed(list(parts.values())):
             await part.stop(0)
         raise
-    return SplitMesh(parts)
+    return SplitMesh(parts, peers)
 
 
 async def wait_serving(launcher: asyncio.subprocess.Process, limit_s: float = 90) -> dict[str, int]:

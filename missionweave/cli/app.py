@@ -26,7 +26,7 @@ from missionweave.cli import coordinator as cli_coordinator
 from missionweave.cli import demo
 from missionweave.cli import group as cli_group
 from missionweave.cli import mission as cli_mission
-from missionweave.cli.common import CliError, add_actor_flags, reading, save_session, target
+from missionweave.cli.common import CliError, add_actor_flags, add_reader_flags, reading, save_session, target
 from missionweave.config import SERVICES, Settings
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient
@@ -203,10 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--group", required=True)
     e.add_argument("--after", type=int, default=0)
     e.add_argument("--follow", action="store_true")
+    add_reader_flags(e)
     e.set_defaults(func=cmd_events)
 
     st = sub.add_parser("state", help="print a Group's folded state")
     st.add_argument("--group", required=True)
+    add_reader_flags(st)
     st.set_defaults(func=cmd_state)
 
     h = sub.add_parser("health", help="check every service's health")

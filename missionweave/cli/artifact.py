@@ -39,6 +39,7 @@ from missionweave.cli.common import (
     UsageError,
     acting,
     add_json_flag,
+    add_reader_flags,
     emit,
     enum_label,
     mission_of,
@@ -751,11 +752,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--length", type=non_negative, default=0, help="bytes to fetch (default 0: to the end)")
     _progress_flag(g)
     add_json_flag(g)
+    add_reader_flags(g)
     g.set_defaults(func=cmd_get)
 
     s = arts.add_parser("stat", help="a blob's size, storage time, last verification and manifest count")
     _digest_arg(s)
     add_json_flag(s)
+    add_reader_flags(s)
     s.set_defaults(func=cmd_stat)
 
     m = arts.add_parser("manifest", help="the signed manifests stored for a blob")
@@ -771,6 +774,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     m.add_argument("--work-item", help="only manifests for this WorkItem")
     m.add_argument("--producer", help="only manifests by this producer")
     add_json_flag(m)
+    add_reader_flags(m)
     m.set_defaults(func=cmd_manifest)
 
     pv = arts.add_parser("provenance", help="the provenance graph around a blob, as a tree")
@@ -778,10 +782,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pv.add_argument("--direction", choices=sorted(_DIRECTIONS), default="both")
     pv.add_argument("--depth", type=int, default=8, help="how far to walk (1..32, default 8)")
     add_json_flag(pv)
+    add_reader_flags(pv)
     pv.set_defaults(func=cmd_provenance)
 
     v = arts.add_parser("verify", help="download each blob through the verifying path and re-hash it")
     v.add_argument("digests", nargs="+", type=parse_digest, metavar="DIGEST", help=DIGEST_HELP)
     _progress_flag(v)
     add_json_flag(v)
+    add_reader_flags(v)
     v.set_defaults(func=cmd_verify)

@@ -113,8 +113,14 @@ async def acting(args: argparse.Namespace) -> AsyncIterator[Actor]:
 
 @asynccontextmanager
 async def reading(args: argparse.Namespace) -> AsyncIterator[MeshClient]:
-    """A connection for read-only commands (no identity needed)."""
+    """A connection for read-only commands: reads are proven as --as/--key (or MWP_AS / MWP_KEY),
+    whose saved session signs a call proof for each call (docs/security.md)."""
+    args.actor = getattr(args, "actor", None) or os.environ.get("MWP_AS")
+    args.key = getattr(args, "key", None) or os.environ.get("MWP_KEY")
+    if not args.actor or not args.key:
+        raise UsageError("reading needs an identity: pass --as ID --key FILE (or set MWP_AS and MWP_KEY)")
     async with MeshClient(target(args)) as mesh:
+        mesh.read_as(await load_signer(args, mesh))
         yield mesh
 
 
@@ -226,6 +232,14 @@ def report(
 def add_actor_flags(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--as", dest="actor", required=True, help="your identity id")
     sp.add_argument("--key", required=True, help="your key file (the session is saved next to it)")
+
+
+def add_reader_flags(sp: argparse.ArgumentParser) -> None:
+    """--as/--key for a read: optional on the command line, else MWP_AS / MWP_KEY."""
+    if any(action.dest == "actor" for action in sp._actions):
+        return
+    sp.add_argument("--as", dest="actor", help="your identity id (default: $MWP_AS); reads are proven as it")
+    sp.add_argument("--key", help="your key file (default: $MWP_KEY; the session is saved next to it)")
 
 
 def add_json_flag(sp: argparse.ArgumentParser, text: str = "machine output: one JSON document") -> None:

@@ -17,6 +17,7 @@ from missionweave.cli.common import (
     acting,
     acting_command,
     add_json_flag,
+    add_reader_flags,
     enum_label,
     first_event,
     mission_of,
@@ -271,6 +272,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ls.add_argument("--group", required=True)
     ls.add_argument("--conversation", help="only this Conversation")
     add_json_flag(ls, "machine output: one JSON document per Message (JSON lines)")
+    add_reader_flags(ls)
     ls.set_defaults(func=cmd_message_list)
 
     a = acting_command(msg.add_parser("amend", help="correct, retract or redact a Message (the original stays)"))

@@ -12,6 +12,7 @@ from missionweave.cli.common import (
     acting_command,
     add_coordinator_epoch_flag,
     add_json_flag,
+    add_reader_flags,
     coordinator_epoch,
     emit,
     first_event,
@@ -124,6 +125,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s = co.add_parser("summary", help="the Authority-signed Group summary, signature verified")
     s.add_argument("--group", required=True)
     add_json_flag(s)
+    add_reader_flags(s)
     s.set_defaults(func=cmd_summary)
 
     rc = acting_command(co.add_parser("reconcile", help="verify the signed summary and acknowledge reconciliation (Coordinator)"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from missionweave.cli.common import CliError, add_json_flag, emit, reading
+from missionweave.cli.common import CliError, add_json_flag, add_reader_flags, emit, reading
 from missionweave.signing import verify_signature
 from missionweave.v1 import authority_service_pb2 as apb
 
@@ -46,4 +46,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--compact", action="store_true", help="move the events up to the snapshot to the archive tier")
     s.add_argument("--archival", action="store_true", help="the final snapshot of a finished Mission (MW-7.4-02)")
     add_json_flag(s)
+    add_reader_flags(s)
     s.set_defaults(func=cmd_snapshot)

@@ -10,7 +10,7 @@ import argparse
 import json
 from itertools import pairwise
 
-from missionweave.cli.common import enum_label, reading, to_dict, when
+from missionweave.cli.common import add_reader_flags, enum_label, reading, to_dict, when
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import mission_pb2, work_pb2
 
@@ -115,4 +115,5 @@ def add_progress_parser(mis: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--group", required=True)
     p.add_argument("--format", choices=["text", "json", "dot"], default="text", help="dot: Graphviz DAG")
     p.add_argument("--json", action="store_true", help="same as --format json")
+    add_reader_flags(p)
     p.set_defaults(func=cmd_progress)

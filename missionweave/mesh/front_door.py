@@ -23,6 +23,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_status import rpc_status
 
 from missionweave.mesh.peers import Peers
+from missionweave.rpc.callers import MESH_TOKEN_METADATA
 from missionweave.rpc.status import peer_unavailable, rejection_from_rpc_error, to_status
 
 log = logging.getLogger("missionweave.front_door")
@@ -44,7 +45,12 @@ async def _fail(context: grpc.aio.ServicerContext, peer: str, err: grpc.aio.AioR
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, Any], ...]:  # type: ignore[type-arg]
-    return tuple((k, v) for k, v in (context.invocation_metadata() or ()) if not k.startswith(":"))
+    """What the caller sent, forwarded as it is, except a mesh token: callers never speak as the mesh."""
+    return tuple(
+        (k, v)
+        for k, v in (context.invocation_metadata() or ())
+        if not k.startswith(":") and k != MESH_TOKEN_METADATA
+    )
 
 
 def _deadline(context: grpc.aio.ServicerContext) -> float:  # type: ignore[type-arg]

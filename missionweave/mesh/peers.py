@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from missionweave.rpc.callers import MeshServiceChannel
 from missionweave.rpc.local import LocalChannel
 from missionweave.rpc.shards import ShardedChannel
 
@@ -38,10 +39,13 @@ class PeerUnknown(Exception):
 
 
 class Peers:
-    def __init__(self, served: tuple[str, ...], addresses: Mapping[str, str], local: LocalChannel) -> None:
+    def __init__(
+        self, served: tuple[str, ...], addresses: Mapping[str, str], local: LocalChannel, mesh_token: bytes = b""
+    ) -> None:
         self.served = served
         self.addresses = dict(addresses)
         self.local = local
+        self.mesh_token = mesh_token
         self._remote: dict[str, grpc.aio.Channel] = {}
         self._sharded: ShardedChannel | None = None
 
@@ -68,6 +72,11 @@ class Peers:
         if self._sharded is None:
             self._sharded = ShardedChannel(shards, self.address_channel)
         return self._sharded
+
+    def as_mesh(self, service: str) -> Any:
+        """The channel to ``service`` for this process's own calls: each made as a service of the
+        mesh (``missionweave.rpc.callers``). Calls forwarded for a client use ``channel``."""
+        return MeshServiceChannel(self.channel(service), self.mesh_token)
 
     def address_channel(self, address: str) -> grpc.aio.Channel:
         """A channel to one address (an Authority shard named in NOT_OWNER), shared by all callers."""

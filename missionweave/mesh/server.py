@@ -43,6 +43,7 @@ from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceStu
 from missionweave.mesh.front_door import FrontDoor, mirror_health, stop_mirrors
 from missionweave.mesh.health import MeshHealth
 from missionweave.mesh.peers import Peers, PeerUnknown
+from missionweave.rpc.callers import CallAuthenticator, audiences_for, load_or_create_mesh_token
 from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.local import LocalChannel
 from missionweave.signing import load_or_create_key
@@ -68,6 +69,7 @@ from services.membership import schema as membership_schema
 from services.membership.directory import IdentityDirectoryServicer
 from services.membership.registry import IdentityRegistry
 from services.membership.servicer import MembershipServicer
+from services.scheduling.servicer import SchedulingServicer
 
 log = logging.getLogger("missionweave.mesh.server")
 
@@ -202,7 +204,7 @@ async def _authority(
     verifier = SignatureVerifier(settings.verify_workers)
     await verifier.start()
     publications = (
-        PublicationServiceStub(peers.channel("artifacts")) if peers.reachable("artifacts") else None
+        PublicationServiceStub(peers.as_mesh("artifacts")) if peers.reachable("artifacts") else None
     )
     authority = GroupAuthority(
         store,
@@ -235,12 +237,15 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     await create_schemas(engine, settings.services)
     # Services served here reach each other through this channel; the others through their addresses.
     local = LocalChannel()
-    peers = Peers(settings.services, settings.peers, local)
+    peers = Peers(settings.services, settings.peers, local, load_or_create_mesh_token(settings.mesh_token_path))
     registry = None
     if "membership" in settings.services:
         registry = IdentityRegistry(engine, clock)
         await bootstrap_admin(settings, registry)
     identities = _directory_client(peers)
+    # Proof freshness is a transport matter, judged by this host's wall clock (the protocol clock
+    # may be a test's shifted one).
+    callers = CallAuthenticator(identities, SystemClock(), audiences_for(*settings.audiences), peers.mesh_token)
     store, authority = (
         (await _authority(settings, engine, clock, identities, peers))
         if "authority" in settings.services
@@ -266,44 +271,47 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     if store is not None and authority is not None:
         store.start()
         authority_servicer = AuthorityServicer(authority)
+        authority_servicer.callers = callers
         authority_service_pb2_grpc.add_AuthorityServiceServicer_to_server(authority_servicer, server)
         local.register(SERVICE_NAMES["authority"], authority_servicer)
         group_log_servicer = GroupLogServicer(authority)
+        group_log_servicer.callers = callers
         group_log_pb2_grpc.add_GroupLogServiceServicer_to_server(group_log_servicer, server)
         local.register(INTERNAL_SERVICE_NAMES["group_log"], group_log_servicer)
     directory = None
     if registry is not None:
         directory = IdentityDirectoryServicer(registry)
+        directory.callers = callers
         identities_pb2_grpc.add_IdentityDirectoryServiceServicer_to_server(directory, server)
         local.register(INTERNAL_SERVICE_NAMES["identities"], directory)
         authority_stub = (
-            authority_service_pb2_grpc.AuthorityServiceStub(peers.channel("authority"))
+            authority_service_pb2_grpc.AuthorityServiceStub(peers.as_mesh("authority"))
             if peers.reachable("authority")
             else None
         )
         membership_servicer = MembershipServicer(registry, directory, authority_stub)
+        membership_servicer.callers = callers
         membership_service_pb2_grpc.add_MembershipServiceServicer_to_server(membership_servicer, server)
         local.register(SERVICE_NAMES["membership"], membership_servicer)
-    # Scheduling exposes its full contract now; until its issue lands every
-    # RPC answers UNIMPLEMENTED (the generated base servicer's behaviour). The mypy-protobuf stubs mark
-    # the base servicer's methods abstract, hence the [abstract] ignores on these placeholders.
     if "scheduling" in settings.services:
-        scheduling_service_pb2_grpc.add_SchedulingServiceServicer_to_server(
-            scheduling_service_pb2_grpc.SchedulingServiceServicer(),  # type: ignore[abstract]
-            server,
-        )
+        scheduling_servicer = SchedulingServicer()
+        scheduling_servicer.callers = callers
+        scheduling_service_pb2_grpc.add_SchedulingServiceServicer_to_server(scheduling_servicer, server)
     blobstore = None
     gateway = None
     if "artifacts" in settings.services:
         blobstore = blobstore_from_env(settings.data_dir)
         artifact_servicer = ArtifactServicer(blobstore, ArtifactIndex(engine), identities, clock)
+        artifact_servicer.callers = callers
         add_artifact_service(artifact_servicer, server)
         local.register(SERVICE_NAMES["artifacts"], artifact_servicer)
         publication_servicer = PublicationServicer(ArtifactIndex(engine))
+        publication_servicer.callers = callers
         publications_pb2_grpc.add_PublicationServiceServicer_to_server(publication_servicer, server)
         local.register(INTERNAL_SERVICE_NAMES["publications"], publication_servicer)
     if "gateway" in settings.services:
-        gateway = GatewayServicer(peers.channel("authority"), identities, engine, clock)
+        gateway = GatewayServicer(peers.as_mesh("authority"), identities, engine, clock)
+        gateway.callers = callers
         gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, server)
     mirrors: list[asyncio.Task[None]] = []
     routed: list[str] = []
@@ -329,6 +337,8 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     port = server.add_insecure_port(settings.listen)
     if port == 0:
         raise OSError(f"cannot listen on {settings.listen}")
+    # Listening on port 0 picks a port: proofs name the address clients dial, with that port.
+    callers.audiences |= audiences_for(f"{settings.listen.rsplit(':', 1)[0]}:{port}")
     await server.start()
     if store is not None:
         host = settings.listen.rsplit(":", 1)[0]
@@ -372,7 +382,7 @@ def _directory_client(peers: Peers) -> IdentityDirectoryClient:
     """Membership's directory, in process or at MWP_MEMBERSHIP_ADDR; without either, lookups fail
     PEER_UNAVAILABLE (the process still starts: a configuration error is reported, not a crash loop)."""
     try:
-        return IdentityDirectoryClient(peers.channel("membership"))
+        return IdentityDirectoryClient(peers.as_mesh("membership"))
     except PeerUnknown as missing:
         log.error(
             "callers cannot be authenticated until Membership is reachable", extra={"detail": str(missing)}

@@ -72,6 +72,8 @@ def plan(settings: Settings, shards: int, mesh_id: str) -> list[Child]:
         "MWP_LOG_LEVEL": settings.log_level,
         "MWP_LOG_FORMAT": settings.log_format,
         "MWP_AUTHORITY_ADDR": ",".join(shard_addresses),
+        # Clients dial the front door: their call proofs name it, and every service accepts that.
+        "MWP_AUDIENCE": ",".join(a for a in (settings.audience, settings.listen) if a),
         **{f"MWP_{name.upper()}_ADDR": address for name, address in addresses.items()},
     }
     if settings.database_url:

@@ -70,6 +70,7 @@ from missionweave import __version__, ids
 from missionweave.clock import SystemClock, to_timestamp
 from missionweave.sdk.client import SessionSigner, open_session_envelope
 from missionweave.sdk.client import membership_epoch as active_membership_epoch
+from missionweave.sdk.credentials import CallProofs
 from missionweave.sdk.idempotency import attempt_key
 from missionweave.signing import (
     EVENT_TYPE,
@@ -1238,6 +1239,7 @@ class Agent:
         self._channel: grpc.aio.Channel | None = None
         self._link: _Link | None = None
         self._session: SessionSigner | None = None
+        self._proofs = CallProofs(target)  # reads (GetGroupState, ...) prove the current session
         self._verifier: AuthorityVerifier | None = None
         self._subscriptions: dict[str, Subscription] = {}  # by Group
         self._routes: dict[str, Subscription] = {}  # by subscription id, on the current stream
@@ -1282,9 +1284,9 @@ class Agent:
         if self._runner is not None:
             raise AgentError("the agent was already started")
         self._channel = (
-            grpc.aio.secure_channel(self.target, self._credentials)
+            grpc.aio.secure_channel(self.target, self._credentials, interceptors=self._proofs.unary_request_interceptors)
             if self._credentials is not None
-            else grpc.aio.insecure_channel(self.target)
+            else grpc.aio.insecure_channel(self.target, interceptors=self._proofs.unary_request_interceptors)
         )
         self._first = asyncio.get_running_loop().create_future()
         self._runner = asyncio.create_task(self._run(), name=f"missionweave-agent-{self.identity_id}")
@@ -1592,7 +1594,7 @@ class Agent:
                 )
                 signer = await self._new_session()
                 link = await self._hello(signer)
-        self._session = signer
+        self._session = self._proofs.signer = signer
         return link
 
     async def _new_session(self) -> SessionSigner:

@@ -23,6 +23,7 @@ from nacl.signing import SigningKey
 from missionweave import codec, ids
 from missionweave.clock import SystemClock, to_timestamp
 from missionweave.errors import Rejected, from_proto
+from missionweave.sdk.credentials import CallProofs
 from missionweave.signing import (
     COMMAND_TYPE,
     GROUP_SUMMARY_TYPE,
@@ -150,8 +151,13 @@ def decode_events(envelopes: Iterable[common_pb2.SignedEnvelope]) -> list[event_
 
 
 class MeshClient:
-    def __init__(self, target: str) -> None:
-        self.channel = grpc.aio.insecure_channel(target)
+    """Every public service of a mesh, at its one address. Reads, listings and operator calls carry
+    a call proof of ``reader`` (missionweave/v1/auth.proto): the session given here, else the first
+    session ``open_session`` opens; ``read_as`` switches it. Signed commands need none."""
+
+    def __init__(self, target: str, reader: SessionSigner | None = None) -> None:
+        self.proofs = CallProofs(target, reader)
+        self.channel = grpc.aio.insecure_channel(target, interceptors=self.proofs.interceptors)
         self.authority = authority_service_pb2_grpc.AuthorityServiceStub(self.channel)
         self.membership = membership_service_pb2_grpc.MembershipServiceStub(self.channel)
         self.artifacts = artifact_service_pb2_grpc.ArtifactServiceStub(self.channel)
@@ -180,7 +186,14 @@ class MeshClient:
                 command=open_session_envelope(identity_id, identity_key, bytes(session_key.verify_key))
             )
         )
-        return SessionSigner(identity_id, resp.session.session_epoch, session_key)
+        signer = SessionSigner(identity_id, resp.session.session_epoch, session_key)
+        if self.proofs.signer is None or self.proofs.signer.identity_id == identity_id:
+            self.proofs.signer = signer  # a newer session of the reader fences its older proofs
+        return signer
+
+    def read_as(self, signer: SessionSigner | None) -> None:
+        """Prove reads and operator calls as ``signer`` from now on (None: as nobody)."""
+        self.proofs.signer = signer
 
     async def execute(self, envelope: common_pb2.SignedEnvelope) -> command_pb2.CommandResult:
         resp = await self.authority.ExecuteCommand(authority_service_pb2.ExecuteCommandRequest(command=envelope))

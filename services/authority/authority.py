@@ -409,12 +409,13 @@ class GroupAuthority:
                 state = decider.evolve(state, codec.decode_event(stored.envelope))
             after = batch[-1].sequence
 
-    async def signed_summary(self, group_id: str) -> common_pb2.SignedEnvelope | None:
-        """The Group's durable state signed by this Authority (MW-7.2-07 hand-over summary)."""
+    async def signed_summary(self, group_id: str, viewer: str | None = None) -> common_pb2.SignedEnvelope | None:
+        """The Group's durable state signed by this Authority (MW-7.2-07 hand-over summary): all of
+        it, or what member ``viewer`` may see of it."""
         state = await self.state(group_id)
         if state is None:
             return None
-        payload = group_state_proto(state).SerializeToString(deterministic=True)
+        payload = group_state_proto(state, viewer).SerializeToString(deterministic=True)
         return sign_envelope(payload, GROUP_SUMMARY_TYPE, self.signing_key, self.key_id)
 
     async def context_package(

@@ -22,6 +22,7 @@ from missionweave import codec
 from missionweave.errors import R, Rejected
 from missionweave.internal.v1 import group_log_pb2 as pb
 from missionweave.internal.v1 import group_log_pb2_grpc as pb_grpc
+from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.status import rejections_as_status
 from missionweave.signing import SNAPSHOT_REFERENCE_TYPE, sign_envelope
 from missionweave.v1 import authority_service_pb2, common_pb2, gateway_service_pb2
@@ -44,6 +45,9 @@ GOING_AWAY_MESSAGE = "the Group Authority is shutting down: follow the Group aga
 
 @rejections_as_status
 class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
+    SERVICE = "missionweave.internal.v1.GroupLogService"
+    callers: CallAuthenticator | None = None  # set by the mesh (missionweave/mesh/server.py)
+
     def __init__(self, authority: GroupAuthority) -> None:
         self.authority = authority
         self.stopping = False
@@ -55,8 +59,9 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         self.stopping = True
         self.authority.wake_all()
 
+    @requires(Access.MESH)
     async def FollowGroup(
-        self, request: pb.FollowGroupRequest, context: grpc.aio.ServicerContext
+        self, request: pb.FollowGroupRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> AsyncIterator[pb.FollowGroupResponse]:
         """Replay, then push, one member's view of the log (MW-16-01..05, MW-8-07, MW-8-11..15, MW-9-05)."""
         authority = self.authority
@@ -106,8 +111,9 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
             out.head_sequence = max(current.head_sequence, delivered)
             yield pb.FollowGroupResponse(batch=out)
 
+    @requires(Access.MESH)
     async def FetchEvents(
-        self, request: pb.FetchEventsRequest, context: grpc.aio.ServicerContext
+        self, request: pb.FetchEventsRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.FetchEventsResponse:
         """MW-8-13 / MW-8-08 / MW-8-09: the requested events this member's Membership lets it see."""
         authority = self.authority
@@ -133,8 +139,9 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         answer.withheld.extend(as_ranges(withheld))
         return answer
 
+    @requires(Access.MESH)
     async def GetMemberSnapshot(
-        self, request: pb.GetMemberSnapshotRequest, context: grpc.aio.ServicerContext
+        self, request: pb.GetMemberSnapshotRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetMemberSnapshotResponse:
         """MW-16-12: a stored snapshot, for a member, with the reference to it signed by this Authority."""
         group_id, member_id = request.group_id, request.member_id

@@ -10,13 +10,16 @@ import grpc
 
 from missionweave import codec
 from missionweave.errors import R, Rejected
+from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.status import rejections_as_status
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import authority_service_pb2_grpc as pb_grpc
 from missionweave.v1 import common_pb2
 from services.authority.authority import GroupAuthority
 from services.authority.progress import mission_progress
+from services.authority.state import GroupState
 from services.authority.views import group_state_proto
+from services.authority.visibility import active_member, may_see
 
 log = logging.getLogger("missionweave.authority.grpc")
 
@@ -27,14 +30,33 @@ MAX_READ_BATCH = 1024
 
 @rejections_as_status
 class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
+    SERVICE = "missionweave.v1.AuthorityService"
+    callers: CallAuthenticator | None = None  # set by the mesh (missionweave/mesh/server.py)
+
     def __init__(self, authority: GroupAuthority) -> None:
         self.authority = authority
 
+    async def _readable(self, group_id: str, caller: Caller) -> tuple[GroupState, str | None]:
+        """The Group's state and whose view of it the caller reads: None (everything) for an
+        operator, else its own as an active member. A non-member learns nothing, not even whether
+        the Group exists."""
+        state = await self.authority.state(group_id)
+        if caller.operator:
+            if state is None:
+                raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {group_id} does not exist")
+            return state, None
+        if state is None:
+            raise Rejected(R.REJECTION_REASON_NOT_A_MEMBER, f"{caller.identity_id} holds no active Membership in {group_id}")
+        active_member(state, group_id, caller.identity_id)
+        return state, caller.identity_id
+
+    @requires(Access.SIGNED)
     async def ExecuteCommand(
         self, request: pb.ExecuteCommandRequest, context: grpc.aio.ServicerContext
     ) -> pb.ExecuteCommandResponse:
         return pb.ExecuteCommandResponse(result=await self.authority.execute(request.command))
 
+    @requires(Access.SIGNED)
     async def ExecuteCommandStream(
         self, request_iterator: AsyncIterator[pb.ExecuteCommandStreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ExecuteCommandStreamResponse]:
@@ -66,6 +88,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         finally:
             pumper.cancel()
 
+    @requires(Access.SIGNED)
     async def ExecuteCommandBatch(
         self, request: pb.ExecuteCommandBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.ExecuteCommandBatchResponse:
@@ -92,20 +115,23 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 rejection=common_pb2.Rejection(reason=R.REJECTION_REASON_OVERLOADED, message="internal error; retry"),
             )
 
+    @requires(Access.IDENTITY)
     async def ReadEvents(
-        self, request: pb.ReadEventsRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ReadEventsRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> AsyncIterator[pb.ReadEventsResponse]:
+        group_id = request.group_id
+        state, viewer = await self._readable(group_id, caller)
         store = self.authority.store
-        head = await store.head(request.group_id)
-        if head is None:
-            raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist")
+        head = await store.head(group_id) or state.head_sequence
         batch_size = min(request.batch_size or 256, MAX_READ_BATCH)
         after, sent = request.after_sequence, 0
+        if viewer is not None:  # MW-8-07: nothing before the member's visibility start
+            after = max(after, state.members[viewer].visibility_start_sequence - 1)
         while True:
             want = batch_size if not request.limit else min(batch_size, request.limit - sent)
             if want <= 0:
                 return
-            batch = await store.read_history(request.group_id, after, want)  # audits see archived events too
+            batch = await store.read_history(group_id, after, want)  # audits see archived events too
             if batch:
                 if batch[0].sequence != after + 1:  # never skip: a hole means the log is not servable
                     raise Rejected(
@@ -113,43 +139,60 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                         f"events after {after} are not available online",
                         first_available=batch[0].sequence,
                     )
-                envelopes = [codec.envelope(stored.envelope) for stored in batch]
-                after = batch[-1].sequence
+                if viewer is None:
+                    envelopes = [codec.envelope(stored.envelope) for stored in batch]
+                else:
+                    # The member's view follows the state as it is now (who is party to what).
+                    current = await self.authority.state(group_id) or state
+                    active_member(current, group_id, viewer)  # a Membership that ended ends the read
+                    envelopes = []
+                    for stored in batch:
+                        envelope, event = codec.decode(stored.envelope)
+                        if may_see(current, viewer, event):
+                            envelopes.append(envelope)
+                first, after = batch[0].sequence, batch[-1].sequence
                 sent += len(batch)
-                yield pb.ReadEventsResponse(events=envelopes, head_sequence=max(after, head))
+                yield pb.ReadEventsResponse(
+                    events=envelopes, head_sequence=max(after, head), first_sequence=first, last_sequence=after
+                )
                 continue
             if not request.follow:
                 return
-            await self.authority.wait_for_append(request.group_id, timeout=0.5)
-            head = await store.head(request.group_id) or head
+            await self.authority.wait_for_append(group_id, timeout=0.5)
+            head = await store.head(group_id) or head
 
+    @requires(Access.IDENTITY)
     async def GetGroupState(
-        self, request: pb.GetGroupStateRequest, context: grpc.aio.ServicerContext
+        self, request: pb.GetGroupStateRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetGroupStateResponse:
-        state = await self.authority.state(request.group_id)
-        if state is None:
-            raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist")
-        return pb.GetGroupStateResponse(state=group_state_proto(state))
+        state, viewer = await self._readable(request.group_id, caller)
+        return pb.GetGroupStateResponse(state=group_state_proto(state, viewer))
 
+    @requires(Access.IDENTITY)
     async def GetSignedGroupSummary(
-        self, request: pb.GetSignedGroupSummaryRequest, context: grpc.aio.ServicerContext
+        self, request: pb.GetSignedGroupSummaryRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetSignedGroupSummaryResponse:
-        summary = await self.authority.signed_summary(request.group_id)
+        _, viewer = await self._readable(request.group_id, caller)
+        summary = await self.authority.signed_summary(request.group_id, viewer)
         if summary is None:
             raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist")
         return pb.GetSignedGroupSummaryResponse(summary=summary)
 
+    @requires(Access.IDENTITY)
     async def GetMissionProgress(
-        self, request: pb.GetMissionProgressRequest, context: grpc.aio.ServicerContext
+        self, request: pb.GetMissionProgressRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetMissionProgressResponse:
-        state = await self.authority.state(request.group_id)
-        if state is None or state.mission is None:
-            raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist")
+        state, _ = await self._readable(request.group_id, caller)
+        if state.mission is None:
+            raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} holds no Mission")
         return mission_progress(state, self.authority.clock.now())
 
+    @requires(Access.IDENTITY)
     async def GetContextPackage(
-        self, request: pb.GetContextPackageRequest, context: grpc.aio.ServicerContext
+        self, request: pb.GetContextPackageRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetContextPackageResponse:
+        state, _ = await self._readable(request.group_id, caller)
+        may_mint(state, caller, list(request.recipient_ids), list(request.work_item_ids))
         package = await self.authority.context_package(
             request.group_id,
             work_item_ids=list(request.work_item_ids),
@@ -163,9 +206,15 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
             raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist")
         return pb.GetContextPackageResponse(package=package)
 
+    @requires(Access.IDENTITY)
     async def TakeSnapshot(
-        self, request: pb.TakeSnapshotRequest, context: grpc.aio.ServicerContext
+        self, request: pb.TakeSnapshotRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.TakeSnapshotResponse:
+        if not caller.operator:
+            raise Rejected(
+                R.REJECTION_REASON_PERMISSION_DENIED,
+                "snapshots and compaction are operator calls (an Organization administrator or policy identity)",
+            )
         taken = await self.authority.take_snapshot(request.group_id, compact=request.compact, archival=request.archival)
         if taken is None:
             raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist")
@@ -175,7 +224,37 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
             snapshot=envelope, digest=common_pb2.Digest(algorithm="blake3", hex=digest, size_bytes=size), sequence=sequence
         )
 
+    @requires(Access.PUBLIC)
     async def GetAuthorityKey(
         self, request: pb.GetAuthorityKeyRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetAuthorityKeyResponse:
         return pb.GetAuthorityKeyResponse(key_id=self.authority.key_id, public_key=self.authority.public_key)
+
+
+def may_mint(state: GroupState, caller: Caller, recipient_ids: list[str], work_item_ids: list[str]) -> None:
+    """Context Packages are minted by the Group's current Coordinator (or an operator) for
+    recipients the Group's state authorizes: active members, or candidates of an open offer of a
+    WorkItem the package covers (MW-8-07, MW-8-09, MW-13.3-03). A package names who may use it, so
+    minting one for anyone else would let its holder read before its visibility start."""
+    mission = state.mission
+    coordinator = mission.coordinator.agent_id if mission is not None and mission.coordinator else ""
+    if not caller.operator and caller.identity_id != coordinator:
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED, "only the Group's current Coordinator mints Context Packages"
+        )
+    offered = {
+        candidate
+        for work_item_id in work_item_ids
+        if (item := state.work_items.get(work_item_id)) is not None
+        for offer in item.offers.values()
+        if offer.open
+        for candidate in offer.candidate_ids
+    }
+    for recipient in recipient_ids:
+        member = state.members.get(recipient)
+        if not (member is not None and member.active) and recipient not in offered:
+            raise Rejected(
+                R.REJECTION_REASON_PERMISSION_DENIED,
+                f"{recipient} is neither an active member of {state.group_id} nor offered a WorkItem of this package",
+                field="recipient_ids",
+            )

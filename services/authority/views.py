@@ -6,9 +6,12 @@ from missionweave.clock import to_timestamp
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import membership_pb2, mission_pb2
 from services.authority.state import GroupState
+from services.authority.visibility import party_to
 
 
-def group_state_proto(state: GroupState) -> pb.GroupState:
+def group_state_proto(state: GroupState, viewer: str | None = None) -> pb.GroupState:
+    """The whole state, or (``viewer`` named) what that member may see of it: restricted
+    Conversations it is not party to are left out (MW-9-05)."""
     out = pb.GroupState(
         group_id=state.group_id,
         head_sequence=state.head_sequence,
@@ -60,6 +63,8 @@ def group_state_proto(state: GroupState) -> pb.GroupState:
             ms.expires_at.CopyFrom(to_timestamp(member.expires_at))
         out.memberships.append(ms)
     for conv in state.conversations.values():
+        if viewer is not None and not party_to(state, viewer, conv):
+            continue
         out.conversations.append(
             pb.ConversationSummary(
                 conversation_id=conv.conversation_id,

@@ -19,7 +19,7 @@ from missionweave.signing import verify_signature
 from missionweave.v1 import artifact_service_pb2, common_pb2, conversation_pb2, event_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from services.authority.context_package import CONTEXT_PACKAGE_TYPE
-from services.authority.state import GroupState, MemberState
+from services.authority.state import ConversationState, GroupState, MemberState
 
 R = common_pb2.RejectionReason
 
@@ -52,7 +52,12 @@ def conversation_of(state: GroupState, event: event_pb2.Event) -> str:
 def may_see(state: GroupState, agent_id: str, event: event_pb2.Event) -> bool:
     """MW-9-05: restricted Conversations reach their participants, the MissionOwner and the current
     Coordinator only."""
-    conversation = state.conversations.get(conversation_of(state, event))
+    return party_to(state, agent_id, state.conversations.get(conversation_of(state, event)))
+
+
+def party_to(state: GroupState, agent_id: str, conversation: ConversationState | None) -> bool:
+    """Whether ``agent_id`` may see ``conversation`` (any that is not restricted; a restricted one
+    only as a participant, the MissionOwner or the current Coordinator, MW-9-05)."""
     if conversation is None or conversation.kind != conversation_pb2.CONVERSATION_KIND_RESTRICTED:
         return True
     mission = state.mission

@@ -25,6 +25,7 @@ import grpc
 from missionweave.errors import R, Rejected
 from missionweave.internal.v1 import identities_pb2 as pb
 from missionweave.internal.v1 import identities_pb2_grpc as pb_grpc
+from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.status import rejections_as_status
 from services.membership.registry import IdentityRegistry
 
@@ -59,6 +60,9 @@ class _Stream:
 
 @rejections_as_status
 class IdentityDirectoryServicer(pb_grpc.IdentityDirectoryServiceServicer):
+    SERVICE = "missionweave.internal.v1.IdentityDirectoryService"
+    callers: CallAuthenticator | None = None  # set by the mesh (missionweave/mesh/server.py)
+
     def __init__(self, registry: IdentityRegistry) -> None:
         self.registry = registry
         self.instance_id = os.urandom(8).hex()
@@ -76,8 +80,9 @@ class IdentityDirectoryServicer(pb_grpc.IdentityDirectoryServiceServicer):
         wake, self._wake = self._wake, asyncio.Event()
         wake.set()
 
+    @requires(Access.MESH)
     async def GetIdentities(
-        self, request: pb.GetIdentitiesRequest, context: grpc.aio.ServicerContext
+        self, request: pb.GetIdentitiesRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetIdentitiesResponse:
         ids = list(dict.fromkeys(i for i in request.identity_ids if i))
         if len(ids) > MAX_IDENTITIES_PER_CALL:
@@ -89,14 +94,16 @@ class IdentityDirectoryServicer(pb_grpc.IdentityDirectoryServiceServicer):
         revision, records = await self.registry.read_identities(ids) if ids else (await self.registry.head(0), [])
         return pb.GetIdentitiesResponse(identities=[r.to_directory() for r in records], revision=revision)
 
+    @requires(Access.MESH)
     async def GetSessionKey(
-        self, request: pb.GetSessionKeyRequest, context: grpc.aio.ServicerContext
+        self, request: pb.GetSessionKeyRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetSessionKeyResponse:
         key = await self.registry.session_key(request.identity_id, request.session_epoch)
         return pb.GetSessionKeyResponse(session_public_key=key or b"")
 
+    @requires(Access.MESH)
     async def WatchIdentities(
-        self, request: pb.WatchIdentitiesRequest, context: grpc.aio.ServicerContext
+        self, request: pb.WatchIdentitiesRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> AsyncIterator[pb.WatchIdentitiesResponse]:
         if self.stopping:
             raise Rejected(

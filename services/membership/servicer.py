@@ -9,6 +9,7 @@ from __future__ import annotations
 import grpc
 
 from missionweave.errors import R, Rejected, from_proto
+from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.status import (
     peer_unavailable,
     rejection_from_rpc_error,
@@ -27,6 +28,9 @@ AUTHORITY_CALL_TIMEOUT_S = 5.0
 
 @rejections_as_status
 class MembershipServicer(pb_grpc.MembershipServiceServicer):
+    SERVICE = "missionweave.v1.MembershipService"
+    callers: CallAuthenticator | None = None  # set by the mesh (missionweave/mesh/server.py)
+
     def __init__(
         self,
         registry: IdentityRegistry,
@@ -37,12 +41,14 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
         self.directory = directory
         self.authority = authority
 
+    @requires(Access.SIGNED)
     async def RegisterIdentity(
         self, request: pb.RegisterIdentityRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterIdentityResponse:
         record = await self.registry.register(request.command)
         return pb.RegisterIdentityResponse(identity=record.to_proto())
 
+    @requires(Access.SIGNED)
     async def OpenSession(self, request: pb.OpenSessionRequest, context: grpc.aio.ServicerContext) -> pb.OpenSessionResponse:
         session, revision = await self.registry.open_session(request.command)
         if self.directory is not None:
@@ -51,14 +57,16 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
             await self.directory.delivered(revision)
         return pb.OpenSessionResponse(session=session)
 
-    async def GetIdentity(self, request: pb.GetIdentityRequest, context: grpc.aio.ServicerContext) -> pb.GetIdentityResponse:
+    @requires(Access.IDENTITY)
+    async def GetIdentity(self, request: pb.GetIdentityRequest, context: grpc.aio.ServicerContext, caller: Caller) -> pb.GetIdentityResponse:
         record = await self.registry.get(request.identity_id)
         if record is None:
             raise Rejected(R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{request.identity_id!r} is not registered")
         return pb.GetIdentityResponse(identity=record.to_proto())
 
+    @requires(Access.IDENTITY)
     async def ListMemberships(
-        self, request: pb.ListMembershipsRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ListMembershipsRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.ListMembershipsResponse:
         if not request.group_id:
             # Cross-Group listing needs a membership index; until then say so instead of scanning.
@@ -77,9 +85,20 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
             )
         except grpc.RpcError as err:
             refused = rejection_from_rpc_error(err)
-            if refused is not None:  # the Authority's own answer (GROUP_NOT_FOUND, ...), passed on
+            if refused is not None and refused.reason == R.REJECTION_REASON_GROUP_NOT_FOUND and not caller.operator:
+                # As for the Group's own reads: a non-member learns nothing, not even that it is missing.
+                raise Rejected(
+                    R.REJECTION_REASON_NOT_A_MEMBER, f"{caller.identity_id} holds no active Membership in {request.group_id}"
+                ) from None
+            if refused is not None:  # the Authority's own answer, passed on
                 raise from_proto(refused) from None
             raise peer_unavailable("authority", err) from None
+        if not caller.operator and not any(
+            m.member_id == caller.identity_id and m.active for m in response.state.memberships
+        ):  # the same rule as the Group's other reads: members and operators only
+            raise Rejected(
+                R.REJECTION_REASON_NOT_A_MEMBER, f"{caller.identity_id} holds no active Membership in {request.group_id}"
+            )
         memberships = [
             m for m in response.state.memberships if not request.member_id or m.member_id == request.member_id
         ]
