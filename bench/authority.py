@@ -55,7 +55,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -500,6 +500,54 @@ def database_name(url: str) -> str:
     return parts.path.lstrip("/")
 
 
+class TopologyStores:
+    """Where each topology of a run keeps its data: SQLite in a data dir of its own; PostgreSQL in a
+    fresh database of the machine's cluster (LocalPostgres, started here when one is needed) or, with
+    ``database_url`` / ``MWP_BENCH_POSTGRES_URL``, the one given (shared by those topologies, with one
+    data dir). A PostgreSQL topology is marked skipped, with the reason, when there is none."""
+
+    def __init__(self, topologies: list[Topology], database_url: str, data_dir: str, work: Path) -> None:
+        self.pg_url = database_url or os.environ.get("MWP_BENCH_POSTGRES_URL", "")
+        self.data_dir, self.work = data_dir, work
+        self.local_pg: LocalPostgres | None = None
+        # A database given by URL is shared by its topologies, with one data dir.
+        self.shared: dict[str, Path] = {}
+        if any(t.store == "postgresql" for t in topologies) and not self.pg_url:
+            self.local_pg = LocalPostgres()
+            if not self.local_pg.start():
+                for t in topologies:
+                    if t.store == "postgresql":
+                        t.skip = f"no PostgreSQL: {self.local_pg.reason}"
+                        log(f"SKIPPING {t.label}: {t.skip}")
+
+    def place(self, topo: Topology) -> tuple[Path, str, bool]:
+        """(data dir, database URL or '' for SQLite, fresh: a new store nobody has registered in yet)."""
+        given = Path(self.data_dir) if self.data_dir else None
+        if topo.store == "sqlite":
+            return given or self.work / topo.slug / "data", "", not self.data_dir
+        if self.local_pg is not None:
+            return given or self.work / topo.slug / "data", self.local_pg.new_database(), not self.data_dir
+        return given or self.shared.setdefault(self.pg_url, self.work / "pg-data"), self.pg_url, False
+
+    def close(self) -> None:
+        if self.local_pg is not None:
+            self.local_pg.drop()
+
+
+def comparisons(topologies: list[Topology]) -> list[tuple[str, Topology, Topology]]:
+    """(what, from, to) among measured topologies on the same store: the extra hop (single -> split-1)
+    on each store, then each split-N (N > 1) against split-1."""
+    by = {(t.name, t.store): t for t in topologies}
+    pairs = []
+    for store in ("sqlite", "postgresql"):
+        if ("single", store) in by and ("split-1", store) in by:
+            pairs.append(("the extra hop", by[("single", store)], by[("split-1", store)]))
+    for (name, store), t in by.items():
+        if name.startswith("split-") and name != "split-1" and ("split-1", store) in by:
+            pairs.append((f"shards 1 -> {name[6:]}", by[("split-1", store)], t))
+    return pairs
+
+
 # ====================================================================== measurement helpers
 
 
@@ -510,6 +558,23 @@ def proc_cpu(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+class Metered(Protocol):
+    """What CpuMeter fills in and projection / process_rows read: a Run here, a phase record in
+    bench/delivery.py (``done``: completed calls or deliveries, the unit of ``us``)."""
+
+    seconds: float
+    server_cpu: float
+    client_cpu: float
+    server_cpu_by: dict[str, float]
+    pg_cpu: float | None
+    machine_cores: float | None
+
+    @property
+    def done(self) -> int: ...
+
+    def us(self, cpu: float) -> float: ...
 
 
 @dataclass
@@ -656,9 +721,9 @@ class ProcTree:
 
 class CpuMeter:
     """Charges a phase's server CPU (one pid, or a ProcTree: every process of the topology) and
-    client-process CPU time to its Run."""
+    client-process CPU time to its Run (or any Metered record)."""
 
-    def __init__(self, run_: Run, server: int | ProcTree) -> None:
+    def __init__(self, run_: Metered, server: int | ProcTree) -> None:
         self.run, self.server = run_, server
 
     def __enter__(self) -> CpuMeter:
@@ -1215,34 +1280,17 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
     """Every topology of ``--topologies`` in turn (each with its echo anchor beside it), then the
     SQLite and Ed25519 anchors once."""
     topologies: list[Topology] = args.topology_list
-    pg_url = args.database_url or os.environ.get("MWP_BENCH_POSTGRES_URL", "")
-    local_pg: LocalPostgres | None = None
-    if any(t.store == "postgresql" for t in topologies) and not pg_url:
-        local_pg = LocalPostgres()
-        if not local_pg.start():
-            for t in topologies:
-                if t.store == "postgresql":
-                    t.skip = f"no PostgreSQL: {local_pg.reason}"
-                    log(f"SKIPPING {t.label}: {t.skip}")
+    stores = TopologyStores(topologies, args.database_url, args.data_dir, work)
     tuning = sorted(k for k in os.environ if k.startswith("MWP_") and k not in ("MWP_BENCH_POSTGRES_URL", "MWP_LOG_LEVEL"))
     if tuning and any(t.shards for t in topologies):
         log(f"NOTE: {', '.join(tuning)} reach the single-process server only: the split launcher passes no MWP_* tuning to its children")
     measured: list[dict[str, object]] = []
-    shared: dict[str, Path] = {}  # a database given by URL is shared by its topologies, with one data dir
     try:
         for topo in topologies:
             if topo.skip:
                 continue
             set_progress_prefix(f"[{topo.name}] ")
-            if topo.store == "sqlite":
-                url, fresh = "", not args.data_dir
-                data_dir = Path(args.data_dir) if args.data_dir else work / topo.slug / "data"
-            elif local_pg is not None:
-                url, fresh = local_pg.new_database(), not args.data_dir
-                data_dir = Path(args.data_dir) if args.data_dir else work / topo.slug / "data"
-            else:
-                url, fresh = pg_url, False
-                data_dir = Path(args.data_dir) if args.data_dir else shared.setdefault(url, work / "pg-data")
+            data_dir, url, fresh = stores.place(topo)
             try:
                 measured.append(await measure(args, work, topo, data_dir, url, fresh))
             except Exception as exc:  # one topology failing must not lose the others' figures
@@ -1250,8 +1298,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
                 log(f"{topo.label} FAILED: {exc!r}")
     finally:
         set_progress_prefix("")
-        if local_pg is not None:
-            local_pg.drop()
+        stores.close()
     if not measured:
         raise SystemExit("no topology could be measured")
 
@@ -1478,7 +1525,7 @@ def _role(label: str) -> str:
     return base if base in ("gateway", "mesh") else "other"
 
 
-def projection(run: Run, shards: int, cores: int, to_shards: int) -> float:
+def projection(run: Metered, shards: int, cores: int, to_shards: int) -> float:
     """Commands/s if each process's CPU per command stays as measured, ``to_shards`` Authority shards
     split the shards' (and their workers') share as unevenly as measured, every process can use at most one core
     (one event loop each) and the mesh's processes have ``cores`` cores to themselves (the client
@@ -1498,6 +1545,34 @@ def projection(run: Run, shards: int, cores: int, to_shards: int) -> float:
         else:
             ceilings.append(1e6 / max(costs))
     return min(ceilings)
+
+
+def process_rows(runs: list[Metered]) -> list[list[str]]:
+    """One row per process of the topology, then the PostgreSQL backends, the client, their sum and
+    the whole machine; one column per run: % of one core (us per completed unit)."""
+    cpus = os.cpu_count() or 1
+    labels = sorted({label for run in runs for label in run.server_cpu_by})
+
+    def share(run: Metered, cpu: float) -> str:
+        return f"{cpu / run.seconds:.0%} ({run.us(cpu):,.0f})" if run.seconds else ""
+
+    rows = [[label, *(share(run, run.server_cpu_by.get(label, 0.0)) for run in runs)] for label in labels]
+    if any(run.pg_cpu is not None for run in runs):
+        rows.append([ProcTree.PG, *(share(run, run.pg_cpu or 0.0) for run in runs)])
+    rows.append(["client (this process)", *(share(run, run.client_cpu) for run in runs)])
+    rows.append(
+        [
+            "= ours (server + client + PG)",
+            *(f"{(run.server_cpu + run.client_cpu + (run.pg_cpu or 0)) / run.seconds:.0%}" if run.seconds else "" for run in runs),
+        ]
+    )
+    rows.append(
+        [
+            f"machine busy, all users ({cpus} cores = {cpus * 100}%)",
+            *(f"{run.machine_cores:.0%}" if run.machine_cores is not None else "n/a" for run in runs),
+        ]
+    )
+    return rows
 
 
 def report_topologies(args: argparse.Namespace, measured: list[dict[str, object]], topologies: list[Topology]) -> None:
@@ -1559,13 +1634,10 @@ def report_topologies(args: argparse.Namespace, measured: list[dict[str, object]
 
     # ------------------------------------------------------------ hop cost and shard gain
     by = {(cast(Topology, r["topology"]).name, cast(Topology, r["topology"]).store): r for r in measured}
-    pairs = []
-    for store in ("sqlite", "postgresql"):
-        if ("single", store) in by and ("split-1", store) in by:
-            pairs.append(("the extra hop", by[("single", store)], by[("split-1", store)]))
-    for (name, store), r in by.items():
-        if name.startswith("split-") and name != "split-1" and ("split-1", store) in by:
-            pairs.append((f"shards 1 -> {name[6:]}", by[("split-1", store)], r))
+    pairs = [
+        (what, by[(a.name, a.store)], by[(b.name, b.store)])
+        for what, a, b in comparisons([cast(Topology, r["topology"]) for r in measured])
+    ]
     if pairs:
         print()
         print("what the topology costs or gains (same store, same run; rate as measured and as % of each side's own echo):")
@@ -1601,28 +1673,7 @@ def report_topologies(args: argparse.Namespace, measured: list[dict[str, object]
         )
     for r in measured:
         topo = cast(Topology, r["topology"])
-        runs = [cast(Run, r[k]) for _, k, _ in PHASES]
-        labels = sorted({label for run in runs for label in run.server_cpu_by})
-
-        def share(run: Run, cpu: float) -> str:
-            return f"{cpu / run.seconds:.0%} ({run.us(cpu):,.0f})" if run.seconds else ""
-
-        rows = [[label, *(share(run, run.server_cpu_by.get(label, 0.0)) for run in runs)] for label in labels]
-        if any(run.pg_cpu is not None for run in runs):
-            rows.append([ProcTree.PG, *(share(run, run.pg_cpu or 0.0) for run in runs)])
-        rows.append(["client (this process)", *(share(run, run.client_cpu) for run in runs)])
-        rows.append(
-            [
-                "= ours (server + client + PG)",
-                *(f"{(run.server_cpu + run.client_cpu + (run.pg_cpu or 0)) / run.seconds:.0%}" if run.seconds else "" for run in runs),
-            ]
-        )
-        rows.append(
-            [
-                f"machine busy, all users ({cpus} cores = {cpus * 100}%)",
-                *(f"{run.machine_cores:.0%}" if run.machine_cores is not None else "n/a" for run in runs),
-            ]
-        )
+        rows = process_rows([cast(Run, r[k]) for _, k, _ in PHASES])
         print()
         print(topo.label)
         _table(["process", *(p for p, _, _ in PHASES)], rows)

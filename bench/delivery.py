@@ -1,12 +1,14 @@
-"""Delivery benchmark: events/s from append to ACK, append-to-delivery latency, the noisy neighbour, and
-NATS JetStream doing the same publish -> consume -> ack work in the same run (issue #6).
+"""Delivery benchmark: events/s from append to ACK, append-to-delivery latency, the noisy neighbour, per
+mesh topology, and NATS JetStream doing the same publish -> consume -> ack work in the same run (issue #6,
+issue 12 item 7).
 
-    PYTHONPATH=. .venv/bin/python bench/delivery.py            # default: 40 Groups x 5 subscribers (~3 min)
-    PYTHONPATH=. .venv/bin/python bench/delivery.py --quick    # smoke run: 20 Groups x 4 subscribers (~1-1.5 min)
+    PYTHONPATH=. .venv/bin/python bench/delivery.py            # default: 40 Groups x 5 subscribers, 5 topologies (~4.5-6 min)
+    PYTHONPATH=. .venv/bin/python bench/delivery.py --quick    # smoke run: 20 Groups x 4 subscribers (~2.5 min)
     PYTHONPATH=. .venv/bin/python bench/delivery.py --groups 100 --subscribers 10 --events 3000   # the issue's scale
     PYTHONPATH=. .venv/bin/python bench/delivery.py --client raw   # bare gateway streams instead of the SDK
+    PYTHONPATH=. .venv/bin/python bench/delivery.py --topologies single   # the single process on SQLite only
 
-What it measures, for MissionWeave and then for NATS JetStream, with the same workload:
+What it measures, for MissionWeave on each topology and then for NATS JetStream, with the same workload:
 
 1. throughput - ``--events`` events published round-robin over ``--groups`` Groups, at most ``--window``
                 events in flight end to end (published but not yet seen by every subscriber of their
@@ -21,17 +23,35 @@ What it measures, for MissionWeave and then for NATS JetStream, with the same wo
                 that rate (same subscribers). Reported: the quiet Groups' p50/p99 both ways and the ratio
                 (target: with/without <= 1.5x), the noisy Group's own latency and any refused publishes.
                 The default quiet rate makes quiet + noisy offer ``--noisy-load`` (half) of the
-                deliveries/s MissionWeave just measured; NATS gets the same absolute rates.
+                deliveries/s MissionWeave measured on the first topology; every other topology and NATS
+                get the same absolute rates (the report shows that load as a share of each one's own
+                throughput).
 
-MissionWeave: our mesh (all services of ``mwp serve``, SQLite in a temp dir) runs in its own process
-(``bench/authority.py``'s ``--role mesh`` child). The human owner creates each Group with mission_create,
-grants every subscriber identity an OBSERVER Membership, and publishes = signed ``message_post``
-commands (pre-signed before each timed phase) through unary ``AuthorityService.ExecuteCommand``.
-Subscribers (``--client``): ``sdk`` (default) = one ``missionweave.sdk.agent.Agent`` per subscriber identity,
-each subscribed to every Group on its one gateway stream (what users run: Authority-signature check of
-every event, in-order handler, fsynced cursor file per event, batched ACKs); ``raw`` = one bare
-``GatewayService.Connect`` stream per identity that parses each event and ACKs each frame (no signature
-check, no cursor file): the gateway's own cost with the least client work.
+Topologies (issue 12, ``--topologies``, the same syntax and defaults as ``bench/authority.py``, whose
+``parse_topologies``, ``TopologyStores``, ``SplitMesh`` and ``ProcTree`` this uses): ``single`` (every
+service in one process, ``bench/authority.py``'s ``--role mesh`` child) and ``split-N`` (``mwp serve
+--topology split --shards N``: each service in its own process, the client talking to the gateway,
+which forwards commands to the Group's Authority shard and follows each subscription's Group from it).
+More than one shard needs PostgreSQL (``--database-url``, ``MWP_BENCH_POSTGRES_URL``, or the machine's
+PostgreSQL 15 with a throw-away role and a fresh database per topology); beside a split-N on
+PostgreSQL, single and split-1 run on PostgreSQL too, so that they differ only in topology. Each
+topology gets its own server, store, identities, Groups and subscribers, one after the other; the
+NATS anchor runs once, after them. Server CPU sums every process of the topology (signature workers,
+SQLite writers, and in split the launcher, gateway, shards, membership, artifacts and scheduling),
+named per process, with the PostgreSQL backends serving its database apart; the report compares the
+topologies on the same store (the extra hop: single -> split-1; a second shard: split-1 -> split-2)
+and projects the per-process CPU to more cores (``bench/authority.py``'s ``projection``).
+
+MissionWeave: the human owner creates each Group with mission_create, grants every subscriber identity an
+OBSERVER Membership, and publishes = signed ``message_post`` commands (pre-signed before each timed phase)
+through unary ``AuthorityService.ExecuteCommand``. Subscribers (``--client``): ``sdk`` (default) = one
+``missionweave.sdk.agent.Agent`` per subscriber identity, each subscribed to every Group on its one gateway
+stream (what users run: Authority-signature check of every event, in-order handler, fsynced cursor file per
+event, batched ACKs); ``raw`` = one bare ``GatewayService.Connect`` stream per identity that parses each
+event and ACKs each frame (no signature check, no cursor file): the gateway's own cost with the least
+client work. The stored ACK state is read from the gateway's ``gateway_cursors`` table, in the
+topology's one database (every split process gets the same data dir and database URL): the SQLite file
+opened read-only, or a read-only transaction on PostgreSQL.
 
 NATS anchor: ``nats-server -js`` (Debian's package, installed with apt-get when missing and running as
 root) on a free loopback port with file storage in the temp dir; one stream per Group, one durable push
@@ -62,7 +82,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -71,7 +91,22 @@ for _p in (str(ROOT), str(BENCH)):
         sys.path.insert(0, _p)
 
 import grpc  # noqa: E402
-from authority import Child, log, proc_cpu, spawn_mesh  # noqa: E402
+from authority import (  # noqa: E402
+    Child,
+    CpuMeter,
+    ProcTree,
+    SplitMesh,
+    Topology,
+    TopologyStores,
+    _table,
+    comparisons,
+    database_name,
+    log,
+    parse_topologies,
+    process_rows,
+    projection,
+    spawn_mesh,
+)
 
 NOISY_FACTOR = 100  # the noisy Group publishes this many times the rate of each quiet Group
 FAIRNESS_TARGET = 1.5  # quiet p99 with the noisy Group / without, at most
@@ -108,8 +143,23 @@ class Phase:
     acked_complete: bool = False
     behind_max: float = 0.0  # paced phases: how late the publisher got against its schedule
     latencies: dict[str, list[float]] = field(default_factory=dict)  # by class: all / quiet / noisy
-    server_cpu: float = 0.0  # first publish -> handled
+    # First publish -> handled (authority.py's CpuMeter fills these in): server CPU seconds summed over
+    # every process of the topology, and by process name; the PostgreSQL backends serving the
+    # topology's database apart (None on SQLite and for NATS); the whole machine's busy CPU, in cores.
+    server_cpu: float = 0.0
     client_cpu: float = 0.0
+    server_cpu_by: dict[str, float] = field(default_factory=dict)
+    pg_cpu: float | None = None
+    machine_cores: float | None = None
+
+    @property
+    def done(self) -> int:
+        """Deliveries: the unit of ``us`` (and of authority.py's projection)."""
+        return self.deliveries
+
+    def us(self, cpu: float) -> float:
+        """CPU seconds as microseconds per delivery."""
+        return cpu / max(1, self.deliveries) * 1e6
 
     @property
     def rate(self) -> float:
@@ -201,7 +251,7 @@ class System(abc.ABC):
 
     name = ""
     subscriber_kind = ""
-    server_pid = 0
+    tree: ProcTree | None = None  # every process of the server, for its CPU
 
     def __init__(self, groups: int, subscribers: int) -> None:
         self.groups = groups  # quiet Groups; index ``groups`` is the noisy one
@@ -346,16 +396,31 @@ class RawSubscriber:
 
 
 class MissionWeave(System):
-    name = "MissionWeave"
-
-    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        work: Path,
+        topo: Topology,
+        data_dir: Path,
+        database_url: str,
+        fresh: bool,
+    ) -> None:
         super().__init__(args.groups, args.subscribers)
         self.args = args
-        self.work = work
-        self.data_dir = work / "data"
+        self.work = work  # this topology's own directory (stderr, cursor files)
+        self.topo = topo
+        self.name = f"[{topo.label}] MissionWeave"  # tags every progress line with the topology
+        self.data_dir = data_dir
+        self.database_url = database_url
+        self.fresh = fresh  # a new store: nobody registered yet (else names get this run's suffix)
         self.mesh: Child | None = None
+        self.split: SplitMesh | None = None
+        self.processes: list[str] = []
+        self.engine: Any = None  # PostgreSQL: read-only engine for the gateway's cursor table
         self.client: Any = None
         self.owner: Any = None
+        self.run_id = ""
+        self.sub_ids: list[str] = []
         self.group_ids: list[str] = []
         self.conv: dict[int, str] = {}
         self.agents: list[Any] = []  # sdk: Agent
@@ -373,6 +438,34 @@ class MissionWeave(System):
             "no cursor file), one stream per subscriber identity carrying every Group"
         )
 
+    def start_server(self) -> int:
+        """The topology's processes; returns the one port clients use (the gateway's, when split)."""
+        topo = self.topo
+        store = "PostgreSQL" if self.database_url else "SQLite"
+        pg_database = database_name(self.database_url) if self.database_url else ""
+        self.work.mkdir(parents=True, exist_ok=True)
+        if topo.shards == 0:
+            log(f"{self.name}: starting our server ({store} store) in a separate process")
+            self.mesh = spawn_mesh(
+                self.data_dir, self.work, self.database_url, stderr_name=f"{topo.slug}.stderr"
+            )
+            track_child(self.mesh.proc)
+            self.tree = ProcTree(self.mesh.proc.pid, "mesh", pg_database=pg_database)
+            log(f"  server pid {self.mesh.proc.pid}, port {self.mesh.port}")
+            port = self.mesh.port
+        else:
+            log(f"{self.name}: starting mwp serve --topology split --shards {topo.shards} ({store} store)")
+            self.split = SplitMesh(
+                topo.shards, self.data_dir, self.work / f"{topo.slug}.stderr", self.database_url
+            )
+            track_child(self.split.proc)
+            self.tree = ProcTree(self.split.proc.pid, "launcher", self.split.names, pg_database=pg_database)
+            port = self.split.port
+            log(f"  launcher pid {self.split.proc.pid}, gateway (the one address) on port {port}")
+        self.processes = sorted(self.tree.labels().values())
+        log(f"  {len(self.processes)} processes: {', '.join(self.processes)}")
+        return port
+
     async def start(self) -> None:
         from nacl.signing import SigningKey
 
@@ -384,32 +477,36 @@ class MissionWeave(System):
         from tests import builders
 
         args = self.args
-        log("MissionWeave: starting our server (SQLite store) in a separate process")
-        self.mesh = spawn_mesh(self.data_dir, self.work)
-        self.server_pid = self.mesh.proc.pid
-        target = f"127.0.0.1:{self.mesh.port}"
-        log(f"  server pid {self.server_pid}, port {self.mesh.port}")
+        target = f"127.0.0.1:{self.start_server()}"
         self.client = client = MeshClient(target)
-        admin_key = read_key(self.data_dir / "keys" / "admin.key")
+        admin_key_path = self.data_dir / "keys" / "admin.key"
+        if not admin_key_path.exists():
+            raise RuntimeError(
+                f"no admin key at {admin_key_path}: the server did not bootstrap this database"
+            )
+        admin_key = read_key(admin_key_path)
+        self.run_id = run_id = ids.new_id("b")[2:10]
+        suffix = "" if self.fresh else f"-{run_id}"  # a shared database (--database-url) already has them
+        owner_id, coordinator = f"alice{suffix}", f"coordinator-bot{suffix}"
         owner_key = SigningKey.generate()
         await client.register_identity(
-            "admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(owner_key.verify_key)
+            "admin", admin_key, owner_id, common_pb2.IDENTITY_KIND_HUMAN, bytes(owner_key.verify_key)
         )
         await client.register_identity(
             "admin",
             admin_key,
-            "coordinator-bot",
+            coordinator,
             common_pb2.IDENTITY_KIND_AGENT,
             bytes(SigningKey.generate().verify_key),
         )
-        sub_keys = {f"sub-{k:02d}": SigningKey.generate() for k in range(args.subscribers)}
+        sub_keys = {f"sub-{k:02d}{suffix}": SigningKey.generate() for k in range(args.subscribers)}
+        self.sub_ids = list(sub_keys)
         for sid, key in sub_keys.items():
             await client.register_identity(
                 "admin", admin_key, sid, common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
             )
-        self.owner = owner = await client.open_session("alice", owner_key)
+        self.owner = owner = await client.open_session(owner_id, owner_key)
 
-        run_id = ids.new_id("b")[2:10]
         self.group_ids = [f"grp_dlv_{run_id}_{g:03d}" for g in range(args.groups)] + [
             f"grp_dlv_{run_id}_noisy"
         ]
@@ -423,9 +520,7 @@ class MissionWeave(System):
             gid = self.group_ids[g]
             await client.execute(
                 owner.sign(
-                    owner.command(
-                        gid, "mission_create", builders.mission_create("alice", "coordinator-bot", now)
-                    )
+                    owner.command(gid, "mission_create", builders.mission_create(owner_id, coordinator, now))
                 )
             )
             self.conv[g] = (await client.group_state(gid)).mission.planning_conversation_id
@@ -472,7 +567,7 @@ class MissionWeave(System):
                 raw = RawSubscriber(target, signer, self.group_ids, args.credits, on_event)
                 await raw.start()
                 self.raw.append(raw)
-        await wait_caught_up(self, 60.0, "subscribers catching up with the setup events")
+        await wait_caught_up(self, 60.0, f"{self.name}: subscribers catching up with the setup events")
 
     def prepare(self, plan: list[tuple[int, str]], tag: str) -> list[Item]:
         from missionweave.v1 import authority_service_pb2 as apb
@@ -518,34 +613,62 @@ class MissionWeave(System):
         for raw in self.raw:
             await raw.close()
 
-    def _stored_behind(self, heads: dict[int, int]) -> tuple[int, int]:
+    CURSORS_SQL = "SELECT agent_id, group_id, cursor FROM gateway_cursors WHERE group_id LIKE "
+
+    def _sqlite_cursors(self, prefix: str) -> list[tuple[str, str, int]]:
         db = sqlite3.connect(f"file:{self.data_dir / 'missionweave.db'}?mode=ro", uri=True)
         try:
-            rows = db.execute("SELECT agent_id, group_id, cursor FROM gateway_cursors").fetchall()
+            return [tuple(r) for r in db.execute(self.CURSORS_SQL + "?", (prefix,)).fetchall()]
         finally:
             db.close()
-        stored = {(a, g): c for a, g, c in rows}
-        behind = [
-            (f"sub-{k:02d}", gid, stored.get((f"sub-{k:02d}", gid), 0), heads[g])
-            for k in range(self.subscribers)
-            for g, gid in enumerate(self.group_ids)
-            if stored.get((f"sub-{k:02d}", gid), 0) < heads[g]
-        ]
-        self.behind_sample = behind[:3]
-        return len(behind), sum(head - cursor for _, _, cursor, head in behind)
+
+    async def _stored_cursors(self) -> list[tuple[str, str, int]]:
+        """The gateway's acknowledged cursors of this run's Groups, read only. The gateway's table is
+        in the topology's one database (every process of a split mesh gets the same data dir and
+        database URL, missionweave/mesh/topology.py): the SQLite file in the data dir, opened
+        ``mode=ro``; on PostgreSQL a read-only transaction through the database URL."""
+        prefix = f"grp_dlv_{self.run_id}_%"
+        if not self.database_url:
+            return await asyncio.to_thread(self._sqlite_cursors, prefix)
+        from sqlalchemy import text
+
+        from missionweave.db import make_engine
+
+        if self.engine is None:
+            self.engine = make_engine(self.database_url, pool_size=1)
+        async with self.engine.connect() as conn:
+            conn = await conn.execution_options(postgresql_readonly=True)
+            rows = await conn.execute(text(self.CURSORS_SQL + ":prefix"), {"prefix": prefix})
+            return [(a, g, int(c)) for a, g, c in rows]
 
     async def server_behind(self) -> tuple[int, int]:
         """From the gateway's own table of acknowledged cursors (read-only, beside the running server)."""
-        return await asyncio.to_thread(self._stored_behind, dict(self.heads))
+        heads = dict(self.heads)
+        stored = {(a, g): c for a, g, c in await self._stored_cursors()}
+        behind = [
+            (sid, gid, stored.get((sid, gid), 0), heads[g])
+            for sid in self.sub_ids
+            for g, gid in enumerate(self.group_ids)
+            if stored.get((sid, gid), 0) < heads[g]
+        ]
+        self.behind_sample = behind[:3]
+        return len(behind), sum(head - cursor for _, _, cursor, head in behind)
 
     async def stop(self) -> None:
         with contextlib.suppress(Exception):
             await self.close_subscribers()
         if self.client is not None:
             await self.client.channel.close()
+        if self.engine is not None:
+            with contextlib.suppress(Exception):
+                await self.engine.dispose()
+            self.engine = None
         if self.mesh is not None:
             self.mesh.stop()
             self.mesh = None
+        if self.split is not None:
+            self.split.stop()
+            self.split = None
 
 
 # ---------------------------------------------------------------------- NATS JetStream
@@ -629,7 +752,7 @@ class Nats(System):
         from nats.js import api
 
         self.proc, port, self.version = launch_nats(self.work)
-        self.server_pid = self.proc.pid
+        self.tree = ProcTree(self.proc.pid, "nats-server")
         url = f"nats://127.0.0.1:{port}"
         deadline = time.monotonic() + 20
         while True:  # until the port accepts connections
@@ -644,7 +767,7 @@ class Nats(System):
                     ) from None
                 await asyncio.sleep(0.1)
         self.pub = await nats.connect(url, max_reconnect_attempts=0)
-        log(f"  server pid {self.server_pid}, port {port}")
+        log(f"  server pid {self.proc.pid}, port {port}")
         self.js = self.pub.jetstream(timeout=30)
         total = self.groups + 1
         log(
@@ -875,33 +998,36 @@ async def run_phase(
             phase.published += 1
             phase.expected += system.subscribers
 
-    server0, client0 = proc_cpu(system.server_pid), time.process_time()
+    assert system.tree is not None
     with PhaseProgress(system, phase):
-        t0 = perf()
-        deadline = t0 + max_seconds
-        for i, item in enumerate(items):
-            if perf() > deadline:
-                break
-            if slots is not None:
-                await slots.acquire()
-            if offsets is not None:
-                delay = t0 + offsets[i] - perf()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                else:
-                    phase.behind_max = max(phase.behind_max, -delay)
-                while len(tasks) >= PAUSED_CAP:
-                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            task = asyncio.create_task(publish(item))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.wait(set(tasks))
-        phase.publish_seconds = last_answer - t0
-        phase.complete = await wait_caught_up(system, max(5.0, deadline - perf()), f"{system.name} {name}")
-        phase.seconds = perf() - t0
-        phase.server_cpu = proc_cpu(system.server_pid) - server0
-        phase.client_cpu = time.process_time() - client0
+        # Server CPU (every process of the topology, PostgreSQL backends apart) and this process's CPU,
+        # from the first publish until every subscription handled its head.
+        with CpuMeter(phase, system.tree):
+            t0 = perf()
+            deadline = t0 + max_seconds
+            for i, item in enumerate(items):
+                if perf() > deadline:
+                    break
+                if slots is not None:
+                    await slots.acquire()
+                if offsets is not None:
+                    delay = t0 + offsets[i] - perf()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    else:
+                        phase.behind_max = max(phase.behind_max, -delay)
+                    while len(tasks) >= PAUSED_CAP:
+                        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                task = asyncio.create_task(publish(item))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.wait(set(tasks))
+            phase.publish_seconds = last_answer - t0
+            phase.complete = await wait_caught_up(
+                system, max(5.0, deadline - perf()), f"{system.name} {name}"
+            )
+            phase.seconds = perf() - t0
         # The next phase starts from a drained server: its stored ACK state at every head.
         phase.acked_complete = await wait_server_acked(system, ack_seconds, f"{system.name} {name}")
         phase.acked_seconds = perf() - t0
@@ -938,9 +1064,12 @@ class Results:
 
 
 async def idle_cpu(system: System, seconds: float) -> tuple[float, float]:
-    server0, client0 = proc_cpu(system.server_pid), time.process_time()
-    await asyncio.sleep(seconds)
-    return (proc_cpu(system.server_pid) - server0) / seconds, (time.process_time() - client0) / seconds
+    """Server (every process) and client CPU, of a core, while nothing is published."""
+    assert system.tree is not None
+    idle = Phase("idle", 0)
+    with CpuMeter(idle, system.tree):
+        await asyncio.sleep(seconds)
+    return idle.server_cpu / seconds, idle.client_cpu / seconds
 
 
 async def measure(
@@ -1007,38 +1136,63 @@ async def measure(
 # ====================================================================== driver and report
 
 
-async def drive(args: argparse.Namespace, work: Path) -> tuple[Results, Results | None, float]:
+async def drive(args: argparse.Namespace, work: Path) -> tuple[list[Results], Results | None, float]:
+    """Every topology of ``--topologies`` in turn (each its own server, store and subscribers), then the
+    NATS anchor once: it does not depend on our topology. The first topology measured sets the
+    noisy-neighbour rates (unless ``--quiet-rate``); every other one and NATS get the same."""
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
     if main_task is not None:
-        # Ctrl-C and SIGTERM cancel the run; the finally blocks below stop both servers.
+        # Ctrl-C and SIGTERM cancel the run; the finally blocks below stop the servers.
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, main_task.cancel)
 
-    mw = MissionWeave(args, work)
+    topologies: list[Topology] = args.topology_list
+    stores = TopologyStores(topologies, args.database_url, "", work)
+    ours: list[Results] = []
+    quiet_rate: float | None = args.quiet_rate
     try:
-        await mw.start()
-        log(
-            f"  message_post command {mw.command_bytes} B signed, stored event envelope {mw.envelope_bytes} B "
-            f"(text {args.text_bytes} B)"
-        )
-        ours, quiet_rate = await measure(mw, args, args.quiet_rate)
-        ours.failures = mw.failures()
+        for topo in topologies:
+            if topo.skip:
+                continue
+            data_dir, url, fresh = stores.place(topo)
+            mw = MissionWeave(args, work / topo.slug, topo, data_dir, url, fresh)
+            try:
+                await mw.start()
+                log(
+                    f"  message_post command {mw.command_bytes} B signed, stored event envelope {mw.envelope_bytes} B "
+                    f"(text {args.text_bytes} B)"
+                )
+                res, quiet_rate = await measure(mw, args, quiet_rate)
+                res.failures = mw.failures()
+                ours.append(res)
+                if not args.envelope_bytes:
+                    args.envelope_bytes, args.command_bytes = mw.envelope_bytes, mw.command_bytes
+            except Exception as exc:  # one topology failing must not lose the others' figures
+                lines = [x for x in str(exc).splitlines() if x.strip()] or [""]
+                # The first line says what failed; the last, e.g. a child's stderr tail, why.
+                why = lines[0][:300] + (f" ... {lines[-1].strip()[:300]}" if len(lines) > 1 else "")
+                topo.skip = f"FAILED: {type(exc).__name__}: {why}"
+                args.failed.append(topo.label)
+                log(f"{topo.label} FAILED: {exc!r}")
+            finally:
+                await mw.stop()
     finally:
-        await mw.stop()
+        stores.close()
+    if not ours:
+        raise SystemExit("no topology could be measured")
+    assert quiet_rate is not None
 
     theirs: Results | None = None
     if not args.no_nats:
-        nats_sys = Nats(args, work, mw.envelope_bytes)
+        nats_sys = Nats(args, work, args.envelope_bytes)
         try:
             await nats_sys.start()
             theirs, _ = await measure(nats_sys, args, quiet_rate)
         finally:
             await nats_sys.stop()
         args.nats_version = nats_sys.version
-    args.envelope_bytes = mw.envelope_bytes
-    args.command_bytes = mw.command_bytes
     return ours, theirs, quiet_rate
 
 
@@ -1050,47 +1204,30 @@ def _ratio(a: float, b: float, fmt: str = "{:.2f}x") -> str:
     return fmt.format(a / b) if b and a == a and b == b else "n/a"
 
 
-def report(args: argparse.Namespace, ours: Results, theirs: Results | None, quiet_rate: float) -> bool:
-    """Prints the final table; returns False if an accepted event did not reach every subscriber, a publish
-    failed or a subscription stopped (the server's ACK state short of a head is only a warning)."""
-    from importlib.metadata import version
+def _change(a: float, b: float, fmt: str = "{:,.0f}") -> str:
+    """``a -> b (+x%)``."""
+    pct = f" ({b / a - 1:+.0%})" if a and a == a and b == b else ""
+    return f"{fmt.format(a)} -> {fmt.format(b)}{pct}"
 
-    print()
-    print(
-        f"MissionWeave delivery benchmark - {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, grpcio "
-        f"{grpc.__version__}" + (f", {args.nats_version}, nats-py {version('nats-py')}" if theirs else "")
-    )
-    print(
-        f"scale run: {args.groups} Groups x {args.subscribers} subscribers = {args.groups * args.subscribers:,} "
-        f"subscriptions (+{args.subscribers} on the noisy Group); throughput phase {args.events:,} events = "
-        f"{args.events * args.subscribers:,} deliveries, {args.window} events in flight end to end; credits {args.credits}"
-    )
-    print(f"subscribers, MissionWeave: {ours.system.subscriber_kind}")
-    if theirs:
-        print(f"subscribers, NATS:         {theirs.system.subscriber_kind}")
-    print(
-        f"publisher: one client; MissionWeave = pre-signed message_post ({args.command_bytes} B) through unary "
-        f"ExecuteCommand, answered after the group commit (SQLite WAL, synchronous=FULL); stored event {args.envelope_bytes} B"
-    )
-    if theirs:
-        print(
-            f"           NATS = js.publish of {args.envelope_bytes} B payloads awaiting the PubAck; file storage, "
-            "default sync (JetStream fsyncs on a 2-minute timer, not per message)"
-        )
-    print(
-        "server and client in separate processes on the same cores; one client process publishes and subscribes. "
-        "'handled': every subscriber's handler saw the last event and its ACK was due (SDK: cursor file written, "
-        "the ACK follows; raw: ACK queued; NATS: msg.ack() sent); 'ACK stored': the server's ACK state (gateway "
-        "cursor table / consumer ack floor) reached every head, polled every 0.1 s"
-    )
-    print()
 
-    o, t = ours, theirs
+def _fairness(res: Results) -> float:
+    qp, np_ = res.quiet_only, res.with_noisy
+    assert qp is not None and np_ is not None
+    return np_.pct("quiet", 99) / qp.pct("quiet", 99) if qp.pct("quiet", 99) else float("nan")
+
+
+def _busiest(p: Phase) -> str:
+    if not p.server_cpu_by or not p.seconds:
+        return ""
+    label, cpu = max(p.server_cpu_by.items(), key=lambda kv: kv[1])
+    return f"{label} {cpu / p.seconds:.0%} ({p.us(cpu):,.0f} us)"
+
+
+def _vs_nats(o: Results, t: Results | None) -> None:
+    """One topology against the NATS anchor: the figures side by side, with MissionWeave / NATS ratios."""
     assert o.throughput and o.quiet_only and o.with_noisy
-    phases_o = (o.throughput, o.quiet_only, o.with_noisy)
-    phases_t = (t.throughput, t.quiet_only, t.with_noisy) if t else (None, None, None)
-    ot, oq, on = phases_o
-    tt, tq, tn = phases_t
+    ot, oq, on = o.throughput, o.quiet_only, o.with_noisy
+    tt, tq, tn = (t.throughput, t.quiet_only, t.with_noisy) if t else (None, None, None)
     rows: list[tuple[str, str, str, str]] = []
 
     def row(
@@ -1114,7 +1251,20 @@ def report(args: argparse.Namespace, ours: Results, theirs: Results | None, quie
     row("p99 append -> delivery, ms", lambda p: p.pct("all", 99), "{:,.1f}")
     row("server CPU, throughput (of a core)", lambda p: p.server_cpu / p.seconds, "{:.0%}", "")
     row("client CPU, throughput (of a core)", lambda p: p.client_cpu / p.seconds, "{:.0%}", "")
-    row("server CPU per delivery, us", lambda p: p.server_cpu / max(1, p.deliveries) * 1e6, "{:,.0f}")
+    row("server CPU per delivery, us", lambda p: p.us(p.server_cpu), "{:,.0f}")
+    if ot.pg_cpu is not None:
+        row(
+            "  + PostgreSQL backends per delivery, us",
+            lambda p: p.us(p.pg_cpu) if p.pg_cpu is not None else float("nan"),
+            "{:,.0f}",
+            "",
+        )
+    row(
+        f"machine busy, all users ({(os.cpu_count() or 1) * 100}% = all cores)",
+        lambda p: p.machine_cores if p.machine_cores is not None else float("nan"),
+        "{:.0%}",
+        "",
+    )
     row("server CPU idle, all subscribed", lambda r: r.idle[0], "{:.0%}", "", per="res")
     rows.append(("noisy neighbour", "", "", ""))
     for label, po, pt, cls, pct in (
@@ -1143,27 +1293,213 @@ def report(args: argparse.Namespace, ours: Results, theirs: Results | None, quie
             "",
         )
     )
-    w = max(len(r[0]) for r in rows)
+    label = cast(MissionWeave, o.system).topo.label
+    w, cw = max(len(r[0]) for r in rows), max(14, len(label))
     print(
-        f"{'figure':<{w}}  {'MissionWeave':>14}  {'NATS JetStream' if theirs else '':>14}  {'MW / NATS' if theirs else '':>9}"
+        f"{'figure':<{w}}  {label:>{cw}}  {'NATS JetStream' if t else '':>14}  {'MW / NATS' if t else '':>9}"
     )
-    print("-" * (w + 45))
+    print("-" * (w + cw + 31))
     for name, ours_v, theirs_v, ratio_v in rows:
-        print(f"{name:<{w}}  {ours_v:>14}  {theirs_v:>14}  {ratio_v:>9}")
+        print(f"{name:<{w}}  {ours_v:>{cw}}  {theirs_v:>14}  {ratio_v:>9}")
+
+
+def report(args: argparse.Namespace, ours: list[Results], theirs: Results | None, quiet_rate: float) -> bool:
+    """Prints the final tables; returns False if a topology failed, an accepted event did not reach every
+    subscriber, a publish failed or a subscription stopped (the server's ACK state short of a head is only
+    a warning)."""
+    from importlib.metadata import version
+
+    topologies: list[Topology] = args.topology_list
+    mws = [cast(MissionWeave, o.system) for o in ours]
+    print()
+    print(
+        f"MissionWeave delivery benchmark - {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, grpcio "
+        f"{grpc.__version__}" + (f", {args.nats_version}, nats-py {version('nats-py')}" if theirs else "")
+    )
+    print(
+        f"scale run: {args.groups} Groups x {args.subscribers} subscribers = {args.groups * args.subscribers:,} "
+        f"subscriptions (+{args.subscribers} on the noisy Group); throughput phase {args.events:,} events = "
+        f"{args.events * args.subscribers:,} deliveries, {args.window} events in flight end to end; credits {args.credits}"
+    )
+    print(
+        "topologies (each its own server, store and subscribers, one after the other; NATS once, after them):"
+    )
+    for mw in mws:
+        print(f"  {mw.topo.label}: processes {', '.join(mw.processes)}")
+    for topo in topologies:
+        if topo.skip:
+            print(f"  {topo.label}: NOT MEASURED - {topo.skip}")
+    print(f"subscribers, MissionWeave: {mws[0].subscriber_kind}")
+    if theirs:
+        print(f"subscribers, NATS:         {theirs.system.subscriber_kind}")
+    print(
+        f"publisher: one client; MissionWeave = pre-signed message_post ({args.command_bytes} B) through unary "
+        "ExecuteCommand (split: to the gateway, which forwards it to the Group's Authority shard), answered "
+        f"after the group commit (SQLite WAL, synchronous=FULL, or PostgreSQL's commit); stored event {args.envelope_bytes} B"
+    )
+    if theirs:
+        print(
+            f"           NATS = js.publish of {args.envelope_bytes} B payloads awaiting the PubAck; file storage, "
+            "default sync (JetStream fsyncs on a 2-minute timer, not per message)"
+        )
+    print(
+        "server and client in separate processes on the same cores; one client process publishes and subscribes. "
+        "'handled': every subscriber's handler saw the last event and its ACK was due (SDK: cursor file written, "
+        "the ACK follows; raw: ACK queued; NATS: msg.ack() sent); 'ACK stored': the server's ACK state (gateway "
+        "cursor table / consumer ack floor) reached every head, polled every 0.1 s"
+    )
+    print(
+        "server CPU: every process of the topology summed (single: the mesh process with its signature worker and "
+        "SQLite writer; split: launcher, gateway, Authority shards with theirs, membership, artifacts, scheduling); "
+        "the PostgreSQL backends serving its database apart"
+    )
+
+    # ------------------------------------------------------------ each topology against NATS
+    for o in ours:
+        print()
+        _vs_nats(o, theirs)
+
+    # ------------------------------------------------------------ side by side
+    print()
+    print("side by side (throughput phase unless said; NATS measured once, after every topology):")
+    ths = [cast(Phase, o.throughput) for o in ours]
+    tt = theirs.throughput if theirs else None
+    nats_col = ["NATS JetStream"] if theirs else []
+
+    def cells(f: Callable[[Phase], str], nats: bool = True) -> list[str]:
+        return [f(p) for p in ths] + ([f(tt) if nats else ""] if tt else [])
+
+    rows = [
+        ["deliveries/s, handled", *cells(lambda p: f"{p.rate:,.0f}")],
+        ["  % of NATS", *cells(lambda p: _ratio(p.rate, tt.rate, "{:.1%}") if tt else "", nats=False)],
+        ["deliveries/s, ACK stored", *cells(lambda p: f"{p.acked_rate:,.0f}")],
+        [
+            "p50 / p99 append -> delivery, ms",
+            *cells(lambda p: f"{_ms(p.pct('all', 50))} / {_ms(p.pct('all', 99))}"),
+        ],
+        ["server CPU per delivery, us", *cells(lambda p: f"{p.us(p.server_cpu):,.0f}")],
+        [
+            "  + PostgreSQL backends, us",
+            *cells(lambda p: f"{p.us(p.pg_cpu):,.0f}" if p.pg_cpu is not None else "", nats=False),
+        ],
+        ["busiest process (% of a core, us)", *cells(_busiest, nats=False)],
+        ["client CPU (of a core)", *cells(lambda p: f"{p.client_cpu / p.seconds:.0%}" if p.seconds else "")],
+        [
+            "machine busy, all users",
+            *cells(lambda p: f"{p.machine_cores:.0%}" if p.machine_cores is not None else "n/a"),
+        ],
+    ]
+    every = [*ours, *([theirs] if theirs else [])]
+    rows.append(
+        [
+            "quiet p99 ms, without -> with noisy",
+            *(
+                f"{_ms(cast(Phase, r.quiet_only).pct('quiet', 99))} -> {_ms(cast(Phase, r.with_noisy).pct('quiet', 99))}"
+                for r in every
+            ),
+        ]
+    )
+    rows.append(["  ratio (<= 1.5x)", *(f"{_fairness(r):.2f}x" for r in every)])
+    offered = args.groups * quiet_rate * args.subscribers + quiet_rate * NOISY_FACTOR * args.subscribers
+    rows.append(
+        [
+            "  noisy load as % of own throughput",
+            *(
+                f"{offered / cast(Phase, r.throughput).rate:.0%}" if cast(Phase, r.throughput).rate else "n/a"
+                for r in every
+            ),
+        ]
+    )
+    _table(["figure", *(mw.topo.label for mw in mws), *nats_col], rows)
+
+    # ------------------------------------------------------------ hop cost and shard gain
+    pairs = comparisons([mw.topo for mw in mws])
+    if pairs:
+        by = {(mw.topo.name, mw.topo.store): o for mw, o in zip(mws, ours, strict=True)}
+        print()
+        print(
+            "what the topology costs or gains (same store, same run; throughput phase, quiet p99 ratio from the noisy pair):"
+        )
+        rows = []
+        for what, a, b in pairs:
+            ra, rb = by[(a.name, a.store)], by[(b.name, b.store)]
+            pa, pb = cast(Phase, ra.throughput), cast(Phase, rb.throughput)
+            rows.append(
+                [
+                    f"{what}: {a.label} -> {b.label}",
+                    _change(pa.rate, pb.rate),
+                    _change(pa.acked_rate, pb.acked_rate),
+                    f"{_ms(pa.pct('all', 50))} -> {_ms(pb.pct('all', 50))}",
+                    f"{_ms(pa.pct('all', 99))} -> {_ms(pb.pct('all', 99))}",
+                    f"{pa.us(pa.server_cpu):,.0f} -> {pb.us(pb.server_cpu):,.0f} "
+                    f"({pb.us(pb.server_cpu) - pa.us(pa.server_cpu):+,.0f})",
+                    f"{_fairness(ra):.2f}x -> {_fairness(rb):.2f}x",
+                ]
+            )
+        _table(
+            [
+                "comparison",
+                "deliveries/s handled",
+                "ACK stored",
+                "p50 ms",
+                "p99 ms",
+                "server us/delivery",
+                "quiet p99 ratio",
+            ],
+            rows,
+        )
+
+    # ------------------------------------------------------------ per-process breakdown
+    print()
+    print(
+        f"per-process CPU, % of one core (us per delivery), until handled; this machine: {os.cpu_count()} CPUs"
+    )
+    if any(p.pg_cpu is not None for p in ths):
+        print(
+            "(postgres backends: those serving the topology's database at the phase's end; one that exited during the\n"
+            " phase is not counted: a lower bound)"
+        )
+    for mw, o in zip(mws, ours, strict=True):
+        print()
+        print(mw.topo.label)
+        phases = [cast(Phase, p) for p in (o.throughput, o.quiet_only, o.with_noisy)]
+        _table(["process", *(p.name for p in phases)], process_rows(list(phases)))
+
+    # ------------------------------------------------------------ projection
+    print()
+    print(
+        "projection: CPU ceiling in deliveries/s (throughput phase) if each process's CPU per delivery stays as measured,\n"
+        "every process can use one core (one event loop each), Authority shards (with their workers) split their share as\n"
+        "unevenly as measured, the mesh's processes have N cores to themselves (the publishing and subscribing client and\n"
+        "PostgreSQL elsewhere). The one gateway stays one process. Not a forecast: latency, the window and the database bound it too."
+    )
+    for mw, o in zip(mws, ours, strict=True):
+        topo, p = mw.topo, cast(Phase, o.throughput)
+        rows = [
+            [
+                "-" if k == 0 else f"{k}{' (measured)' if k == topo.shards else ''}",
+                *(f"{projection(p, topo.shards, c, k or 1):,.0f}" for c in (2, 4, 8, 16)),
+            ]
+            for k in ([0] if topo.shards == 0 else sorted({topo.shards, 1, 2, 4, 8}))
+        ]
+        print()
+        print(f"{topo.label} (measured {p.rate:,.0f} deliveries/s; busiest: {_busiest(p)})")
+        _table(["shards", "2 cores", "4 cores", "8 cores", "16 cores"], rows)
+
+    # ------------------------------------------------------------ noisy neighbour and checks
     print()
     print(
         f"noisy neighbour load: {args.groups} quiet Groups at {quiet_rate:g} events/s each "
         f"({args.groups * quiet_rate * args.subscribers:,.0f} deliveries/s) for {args.noisy_seconds:g}s, then the same "
         f"plus one Group at {quiet_rate * NOISY_FACTOR:g} events/s (100x, +{quiet_rate * NOISY_FACTOR * args.subscribers:,.0f} "
-        "deliveries/s); the same absolute rates for both systems"
+        "deliveries/s); the same absolute rates for every topology and NATS"
+        + ("" if args.quiet_rate else f" (set from {mws[0].topo.label}'s throughput)")
     )
-    ok = True
-    for res in (ours, theirs):
-        if res is None:
-            continue
+    ok = not args.failed
+    for res in every:
         qp, np_ = res.quiet_only, res.with_noisy
         assert qp is not None and np_ is not None
-        r_ = np_.pct("quiet", 99) / qp.pct("quiet", 99) if qp.pct("quiet", 99) else float("nan")
+        r_ = _fairness(res)
         print(
             f"  {res.system.name}: quiet p99 {qp.pct('quiet', 99):.1f} ms ({qp.count('quiet'):,} deliveries) -> "
             f"{np_.pct('quiet', 99):.1f} ms ({np_.count('quiet'):,}) with the noisy Group = {r_:.2f}x "
@@ -1171,9 +1507,9 @@ def report(args: argparse.Namespace, ours: Results, theirs: Results | None, quie
             f"{max(qp.behind_max, np_.behind_max) * 1000:.0f} ms behind its schedule"
         )
     print()
-    for res in (ours, theirs):
-        if res is None:
-            continue
+    for label in args.failed:
+        print(f"check {label}: FAILED (see the NOT MEASURED line above)")
+    for res in every:
         phases = res.phases()
         missing = [p for p in phases if not p.complete or p.deliveries != p.expected]
         unacked = [p.name for p in phases if not p.acked_complete]
@@ -1254,7 +1590,7 @@ def main() -> int:
         type=float,
         default=None,
         help="events/s per quiet Group in the noisy phases (default: so that quiet + noisy offer --noisy-load of "
-        "MissionWeave's measured throughput)",
+        "the throughput MissionWeave measured on the first topology; every topology and NATS get the same rates)",
     )
     p.add_argument("--noisy-load", type=float, default=0.5, help="see --quiet-rate (default 0.5)")
     p.add_argument("--max-seconds", type=float, default=120.0, help="cap on each phase's wait (default 120)")
@@ -1271,7 +1607,27 @@ def main() -> int:
         help="smoke run: 20 Groups x 4 subscribers, 800 events, 6 s noisy phases",
     )
     p.add_argument("--keep", action="store_true", help="keep the temp dir (server logs, NATS store)")
+    p.add_argument(
+        "--topologies",
+        default="single,split-1,split-2",
+        help="comma-separated: single, split-N, each optionally :sqlite or :pg (default single,split-1,split-2; "
+        "split-N with N > 1 runs on PostgreSQL and brings single:pg and split-1:pg beside it), as bench/authority.py",
+    )
+    p.add_argument(
+        "--no-pg-baselines",
+        action="store_true",
+        help="do not add single:pg and split-1:pg beside a split-N on PostgreSQL",
+    )
+    p.add_argument(
+        "--database-url",
+        default="",
+        help="postgresql://... for the PostgreSQL topologies (default: MWP_BENCH_POSTGRES_URL, else a fresh database "
+        "per topology in the machine's PostgreSQL 15, as bench/authority.py); unsuffixed topologies then run on it",
+    )
     args = p.parse_args()
+    args.topology_list = parse_topologies(args.topologies, bool(args.database_url), not args.no_pg_baselines)
+    args.failed = []  # labels of the topologies that failed
+    log("topologies: " + ", ".join(t.label for t in args.topology_list))
     if args.quick:
         args.groups, args.subscribers = min(args.groups, 20), min(args.subscribers, 4)
         args.events, args.noisy_seconds = min(args.events, 800), min(args.noisy_seconds, 6.0)
