@@ -71,7 +71,8 @@ class Bench:
         """Runs ``mwp --target ... ARGS`` without blocking the loop that serves it."""
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "missionweave.cli", "--target", self.target, *args,
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            # Reads are proven as the MissionOwner unless a command names its own --as/--key.
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "MWP_AS": "alice", "MWP_KEY": str(self.keys["alice"])},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(proc.communicate(), 60)

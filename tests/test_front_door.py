@@ -22,6 +22,7 @@ from missionweave.signing import read_key
 from missionweave.v1 import common_pb2
 from tests import builders
 from tests.conftest import register
+from tests.split_mesh import free_port
 
 R = common_pb2.RejectionReason
 
@@ -33,14 +34,15 @@ async def split(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[object, obje
     from missionweave.mesh.server import start
 
     data = tmp_path / "data"
+    front_port = free_port()  # the back services accept call proofs made for the front door
     back = Settings(
         listen="127.0.0.1:0", data_dir=data, database_url=db_url, grace_seconds=1,
-        services=("authority", "membership", "artifacts", "scheduling"),
+        services=("authority", "membership", "artifacts", "scheduling"), audience=f"127.0.0.1:{front_port}",
     )
     back_mesh = await start(back, OffsetClock())
     address = f"127.0.0.1:{back_mesh.port}"
     front = Settings(
-        listen="127.0.0.1:0", data_dir=data, database_url=db_url, grace_seconds=1, services=("gateway",),
+        listen=f"127.0.0.1:{front_port}", data_dir=data, database_url=db_url, grace_seconds=1, services=("gateway",),
         peers={"authority": address, "membership": address, "artifacts": address, "scheduling": address},
     )
     front_mesh = await start(front, OffsetClock())

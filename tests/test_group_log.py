@@ -14,6 +14,7 @@ from sqlalchemy import delete
 import services.authority.group_log
 from missionweave.internal.v1 import group_log_pb2 as glpb
 from missionweave.internal.v1 import group_log_pb2_grpc as glpb_grpc
+from missionweave.rpc.callers import MeshServiceChannel
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import decode_events
 from missionweave.signing import verify_signature
@@ -28,8 +29,11 @@ R = common_pb2.RejectionReason
 
 
 def stub(w: World, kind: str) -> glpb_grpc.GroupLogServiceStub:
-    channel = w.mesh.peers.local if kind == "local" else w.client.channel  # type: ignore[attr-defined]
-    return glpb_grpc.GroupLogServiceStub(channel)
+    """In process, or over the network as a service of the mesh (its token): internal contracts
+    answer nobody else (tests/test_read_authorization.py)."""
+    if kind == "local":
+        return glpb_grpc.GroupLogServiceStub(w.mesh.peers.local)  # type: ignore[attr-defined]
+    return glpb_grpc.GroupLogServiceStub(MeshServiceChannel(w.client.channel, w.settings.mesh_token_path.read_bytes().strip()))
 
 
 async def refusal(call: Any) -> tuple[grpc.StatusCode, int]:

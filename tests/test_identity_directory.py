@@ -21,6 +21,7 @@ from missionweave.clock import SystemClock
 from missionweave.config import Settings
 from missionweave.internal.v1 import identities_pb2, identities_pb2_grpc
 from missionweave.mesh.server import Mesh, start
+from missionweave.rpc.callers import MeshServiceChannel
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient, SessionSigner
 from missionweave.signing import read_key
@@ -99,6 +100,7 @@ async def split(db_url: str, tmp_path: Path) -> AsyncIterator[Split]:
 
 async def create_mission(s: Split) -> SessionSigner:
     alice = await s.to_membership.open_session("alice", s.alice_key)
+    s.to_authority.read_as(alice)
     body = builders.mission_create("alice", "coord", SystemClock().now())
     await s.to_authority.execute(alice.sign(alice.command(G, "mission_create", body)))
     s.conversation = (await s.to_authority.group_state(G)).mission.planning_conversation_id
@@ -223,7 +225,8 @@ async def test_revisions_are_durable_ordered_and_gap_free_across_instances(split
             await asyncio.gather(*[
                 (elsewhere if i % 2 else split.to_membership).open_session(name, key) for i, (name, key) in enumerate(keys.items())
             ])
-        stub = identities_pb2_grpc.IdentityDirectoryServiceStub(split.to_membership.channel)
+        token = split.m_settings.mesh_token_path.read_bytes().strip()  # internal: mesh services only
+        stub = identities_pb2_grpc.IdentityDirectoryServiceStub(MeshServiceChannel(split.to_membership.channel, token))
         call = stub.WatchIdentities(identities_pb2.WatchIdentitiesRequest(from_revision=1))
         first = await call.read()
         assert first.start.revision == 1 and not first.start.reset and first.start.heartbeat_interval_ms == 1000

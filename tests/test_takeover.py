@@ -32,6 +32,7 @@ async def test_takeover_fences_the_old_instance_and_never_interleaves(db_url: st
         await ca.register_identity("admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(alice_key.verify_key))
         await ca.register_identity("admin", admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(SigningKey.generate().verify_key))
         alice = await ca.open_session("alice", alice_key)
+        cb.read_as(alice)
         await ca.execute(alice.sign(alice.command("grp_t", "mission_create", builders.mission_create("alice", "bot", clock.now()))))
         conv = (await ca.group_state("grp_t")).mission.planning_conversation_id
 

@@ -108,7 +108,9 @@ class Actor:
 @asynccontextmanager
 async def acting(args: argparse.Namespace) -> AsyncIterator[Actor]:
     async with MeshClient(target(args)) as mesh:
-        yield Actor(args, mesh, await load_signer(args, mesh))
+        signer = await load_signer(args, mesh)
+        mesh.read_as(signer)  # the Group reads an action needs are proven as its actor
+        yield Actor(args, mesh, signer)
 
 
 @asynccontextmanager

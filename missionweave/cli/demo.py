@@ -413,6 +413,7 @@ async def register_cast(
             f"{identity_id} ({kind_label}, {display}); session epoch {signers[role].session_epoch} opened"
         )
         timeline.note(admin_id, "identity.registered", detail)
+    mesh.read_as(signers["owner"])  # the demo's reads (state, progress) are the MissionOwner's
     return Cast(**signers)
 
 
