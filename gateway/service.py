@@ -83,6 +83,7 @@ class _Subscription:
     acked: int
     credits: int
     follow: Any = None  # the FollowGroup call (grpc.aio or in process): read only as credits allow
+    attention: pb.AttentionFilter = field(default_factory=pb.AttentionFilter)
     granted: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -357,6 +358,7 @@ class _Connection:
             acked=min(acked, after),
             credits=sub.initial_credits or 256,
             follow=follow,
+            attention=sub.filter,
         )
         self.subscriptions[s.subscription_id] = s
         try:
@@ -418,7 +420,9 @@ class _Connection:
                         s.granted.clear()
                     continue
                 if taken == len(entries):
-                    response = await s.follow.read()
+                    response = await self.next_answer(s)
+                    if response is None:
+                        return  # the Group could not be followed again; the agent was told
                     kind = response.WhichOneof("response") if response is not grpc.aio.EOF else None
                     if kind == "batch":
                         entries, taken, head = response.batch.entries, 0, response.batch.head_sequence
@@ -465,6 +469,37 @@ class _Connection:
             await self.authority_lost(s, f"the Group Authority stream failed: {err.code().name}: {err.details()}")
         finally:
             s.follow.cancel()
+
+    async def next_answer(self, s: _Subscription) -> Any:
+        """The next answer of the subscription's FollowGroup stream. A stream that its Authority ends
+        with NOT_OWNER (another one took the Group over and writes it) is followed again from the
+        delivered sequence, at the owner it names (the shard routing remembered it), without the agent
+        noticing: every sequence still comes once, in order. None when that fails (the agent got the
+        ERROR; AUTHORITY_UNAVAILABLE makes it subscribe again from its cursor)."""
+        while True:
+            try:
+                return await s.follow.read()
+            except grpc.aio.AioRpcError as err:
+                rejection = rejection_from_rpc_error(err)
+                if rejection is None or rejection.reason != R.REJECTION_REASON_NOT_OWNER:
+                    raise
+            s.follow.cancel()
+            try:
+                s.follow, started = await self.follow(s.group_id, s.delivered, s.attention)
+            except _PeerRefused as refused:
+                if self.subscriptions.get(s.subscription_id) is s:
+                    del self.subscriptions[s.subscription_id]
+                await self.error(
+                    refused.code,
+                    refused.rejection.message,
+                    subscription_id=s.subscription_id,
+                    group_id=s.group_id,
+                    rejection=_unavailable_only(refused),
+                )
+                return None
+            if started.effective_after_sequence != s.delivered:  # not where this stream left off
+                await self.authority_lost(s, "the Group Authority that took the Group over starts elsewhere")
+                return None
 
     async def fetch(self, frame: pb.FetchFrame) -> None:
         """MW-8-13 / MW-8-09: the requested events this agent's Membership lets it see (decided by

@@ -191,3 +191,36 @@ async def test_a_stream_opens_at_the_next_shard_when_the_first_is_down() -> None
     stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for))
     heads = [r.head_sequence async for r in stub.ReadEvents(apb.ReadEventsRequest(group_id="grp_j"))]
     assert heads == [SHARDS.index(order[1])] and mesh.calls == Counter({order[1]: 1})
+
+
+async def test_a_stream_ended_with_not_owner_leaves_the_owner_it_names_remembered() -> None:
+    """A follow stream whose Group another shard took over ends with NOT_OWNER after what it served:
+    the caller gets the answers and the error, and its next call goes to the owner named."""
+    order = rendezvous("grp_k", SHARDS)
+    owner = order[2]
+    calls = Counter[str]()
+
+    def shard(address: str) -> LocalChannel:
+        @rejections_as_status
+        class Moved(apb_grpc.AuthorityServiceServicer):
+            async def ReadEvents(self, request: apb.ReadEventsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[apb.ReadEventsResponse]:
+                calls[address] += 1
+                yield apb.ReadEventsResponse(head_sequence=SHARDS.index(address))
+                if address != owner:
+                    raise Rejected(R.REJECTION_REASON_NOT_OWNER, "moved", owner="x", owner_address=owner)
+
+        channel = LocalChannel()
+        channel.register(AUTHORITY, Moved())
+        return channel
+
+    channels = {address: shard(address) for address in SHARDS}
+    stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, channels.__getitem__))
+    heads: list[int] = []
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for answer in stub.ReadEvents(apb.ReadEventsRequest(group_id="grp_k")):
+            heads.append(answer.head_sequence)
+    rejection = rejection_from_rpc_error(info.value)
+    assert rejection is not None and rejection.reason == R.REJECTION_REASON_NOT_OWNER
+    assert heads == [SHARDS.index(order[0])]
+    heads = [r.head_sequence async for r in stub.ReadEvents(apb.ReadEventsRequest(group_id="grp_k"))]
+    assert heads == [SHARDS.index(owner)] and calls == Counter({order[0]: 1, owner: 1})

@@ -144,7 +144,8 @@ class ShardedChannel:
             def open_at(address: str) -> Any:
                 return self._channel_for(address).unary_stream(method, serializer, deserializer)(request, **kw)
 
-            return _FailoverStream(self.order(group_of(message)), open_at)
+            group_id = group_of(message)
+            return _FailoverStream(self.order(group_id), open_at, lambda owner: self._remember(group_id, owner))
 
         return call
 
@@ -225,10 +226,12 @@ class ShardedChannel:
 class _FailoverStream:
     """A server stream opened at the first shard of the Group's order that answers: a shard that is
     down before its first answer is skipped for the next (once answers flowed, a failure is the
-    caller's, who resumes from what it has, as from any broken stream)."""
+    caller's, who resumes from what it has, as from any broken stream). A stream that ends with
+    NOT_OWNER naming the owner's address (the Group moved, e.g. a follow stream whose Group another
+    shard took over) leaves that placement remembered, so the caller's next call goes there."""
 
-    def __init__(self, addresses: list[str], open_at: Callable[[str], Any]) -> None:
-        self._addresses, self._open_at = list(addresses), open_at
+    def __init__(self, addresses: list[str], open_at: Callable[[str], Any], placed: Callable[[str], None]) -> None:
+        self._addresses, self._open_at, self._placed = list(addresses), open_at, placed
         self._stream: Any = None
         self._answered = False
         self._cancelled = False
@@ -243,7 +246,11 @@ class _FailoverStream:
             try:
                 answer = await self._stream.read()  # gRPC's calls and LocalStreamCall both read()
             except grpc.aio.AioRpcError as err:
-                down = rejection_from_rpc_error(err) is None and err.code() == grpc.StatusCode.UNAVAILABLE
+                rejection = rejection_from_rpc_error(err)
+                if rejection is not None and rejection.reason == R.REJECTION_REASON_NOT_OWNER:
+                    if owner := rejection.metadata.get("owner_address", ""):
+                        self._placed(owner)
+                down = rejection is None and err.code() == grpc.StatusCode.UNAVAILABLE
                 if self._answered or not down or not self._addresses or self._cancelled:
                     raise
                 self._stream = None  # that shard is down: the next in the Group's order

@@ -540,8 +540,8 @@ class GroupAuthority:
         for waiter in waiters.values():
             waiter.set()
 
-    async def wait_for_append(self, group_id: str, timeout: float) -> None:  # noqa: ASYNC109 (a bounded wake-up hint)
-        """Resolves when the Group gets new events (in this process) or after ``timeout``."""
+    async def wait_for_append(self, group_id: str, timeout: float) -> bool:  # noqa: ASYNC109 (a bounded wake-up hint)
+        """Resolves when the Group gets new events (in this process): True, or after ``timeout``: False."""
         waiter = self._appended.setdefault(group_id, asyncio.Event())
         try:
             # asyncio.timeout, not wait_for: every caught-up subscriber waits here after each delivery,
@@ -549,7 +549,8 @@ class GroupAuthority:
             async with asyncio.timeout(timeout):
                 await waiter.wait()
         except TimeoutError:
-            pass
+            return False
+        return True
 
 
 # Durable events a Group's readers' copy applies at once: the command path only queues them (a

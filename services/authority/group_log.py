@@ -7,8 +7,12 @@ gateway keeps the agent-facing state (credits, fairness, ACK cursors) and relays
 FollowGroup replays from the log tail in memory or the database and then pushes: a caught-up
 stream waits on the Authority's own append wake-up (``GroupAuthority.wait_for_append``), which
 fires the moment an append is durable, and re-reads the log every ``IDLE_RECHECK_S`` in case
-another Authority instance appended (a takeover). The stream is an async generator: it runs only as
-fast as its reader reads (gRPC flow control over the network, lazily in process).
+another Authority instance appended (a takeover). Events found that way were written elsewhere:
+once they are served, a stream at an instance that does not own the Group ends with NOT_OWNER
+naming the owner, and the gateway follows the Group there, where appends are pushed again (a stream opened
+at a shard while the Group's owner was down would otherwise be polled for as long as it lives).
+The stream is an async generator: it runs only as fast as its reader reads (gRPC flow control over
+the network, lazily in process).
 """
 
 from __future__ import annotations
@@ -75,6 +79,8 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         yield pb.FollowGroupResponse(
             started=pb.FollowStarted(effective_after_sequence=delivered, head_sequence=state.head_sequence)
         )
+        unwoken = False  # the last wait ended by its timeout: no append of this instance woke it
+        foreign = False  # events came that no append of this instance announced: written elsewhere
         while True:
             batch = await authority.read_online(group_id, delivered, limit)
             if not batch and await self._head(group_id) > delivered:
@@ -88,10 +94,14 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
                 yield await self._cannot_continue(group_id, delivered)  # never skip: history before is archived
                 return
             if not batch:
+                if foreign:  # caught up with what another instance wrote: follow it there
+                    await self._unless_owned_elsewhere(group_id)
+                    foreign = False
                 await self._unless_stopping(context)
-                await authority.wait_for_append(group_id, timeout=IDLE_RECHECK_S)
+                unwoken = not await authority.wait_for_append(group_id, timeout=IDLE_RECHECK_S)
                 await self._unless_stopping(context)
                 continue
+            foreign, unwoken = foreign or unwoken, False
             current = await authority.state(group_id)
             member_now = current.members.get(member_id) if current else None
             if current is None or member_now is None or not member_now.active:
@@ -158,6 +168,22 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
     async def _unless_stopping(self, context: grpc.aio.ServicerContext) -> None:
         if self.stopping:
             await context.abort(grpc.StatusCode.UNAVAILABLE, GOING_AWAY_MESSAGE)
+
+    async def _unless_owned_elsewhere(self, group_id: str) -> None:
+        """NOT_OWNER, naming the owner, when another instance owns the Group (or last did: it wrote
+        what this stream just served, and its next command most likely goes there): this stream
+        would only see its appends by re-reading every IDLE_RECHECK_S."""
+        held = await self.authority.store.owner(group_id)
+        if held is None or held[0] == self.authority.store.instance_id:
+            return
+        owner, address = held
+        raise Rejected(
+            R.REJECTION_REASON_NOT_OWNER,
+            f"group {group_id} is written by authority instance {owner}" + (f" at {address}" if address else "")
+            + ": follow it there",
+            owner=owner,
+            owner_address=address,
+        )
 
     async def _head(self, group_id: str) -> int:
         """The Group's durable head: from the Authority's cached state when it has one (no query)."""

@@ -185,6 +185,20 @@ class EventStore:
         )
 
     @finish_on_cancel
+    async def owner(self, group_id: str) -> tuple[str, str] | None:
+        """The instance that owns the Group, or last did (its lease may have lapsed since its last
+        append), and its address ("" when it never announced one); None when the Group does not exist."""
+        async with self.engine.connect() as conn:
+            held = (
+                await conn.execute(
+                    select(groups.c.owner_instance, authority_instances.c.address)
+                    .select_from(groups.outerjoin(authority_instances, authority_instances.c.instance_id == groups.c.owner_instance))
+                    .where(groups.c.group_id == group_id)
+                )
+            ).first()
+        return None if held is None else (str(held[0]), str(held[1] or ""))
+
+    @finish_on_cancel
     async def announce(self, address: str) -> None:
         """Say where this instance is reached, for the NOT_OWNER answers of the other instances."""
         row = {"instance_id": self.instance_id, "address": address, "updated_us": to_micros(self.clock.now())}
