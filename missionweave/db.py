@@ -49,6 +49,9 @@ def sqlite_pragmas(dbapi_conn: Any, synchronous: str) -> None:
     cur.close()
 
 
+SQLITE_IMMEDIATE = "missionweave_sqlite_immediate"  # execution option: BEGIN IMMEDIATE on SQLite
+
+
 def _configure_sqlite(sync_engine: Engine, synchronous: str) -> None:
     """Pragmas, and SQLAlchemy's documented recipe for real transactions on the sqlite3 module.
 
@@ -64,7 +67,10 @@ def _configure_sqlite(sync_engine: Engine, synchronous: str) -> None:
     @event.listens_for(sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
         # Deferred: reads must not take the write lock (WAL lets them run beside the writer).
-        conn.exec_driver_sql("BEGIN")
+        # A transaction that reads and then writes (creating tables) asks for IMMEDIATE: upgrading a
+        # deferred one fails at once with "database is locked" when another process wrote meanwhile.
+        immediate = conn.get_execution_options().get(SQLITE_IMMEDIATE, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
 def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 16) -> AsyncEngine:
@@ -94,5 +100,7 @@ def sqlite_writer_target(engine: AsyncEngine) -> tuple[str, str] | None:
 
 async def create_tables(engine: AsyncEngine, metadata: MetaData) -> None:
     """Create one service's tables if they are missing (idempotent)."""
-    async with engine.begin() as conn:
-        await conn.run_sync(metadata.create_all)
+    async with engine.connect() as conn:
+        conn = await conn.execution_options(**{SQLITE_IMMEDIATE: True})
+        async with conn.begin():
+            await conn.run_sync(metadata.create_all)

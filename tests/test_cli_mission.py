@@ -115,6 +115,9 @@ async def bench(tmp_path: Path) -> AsyncIterator[Bench]:
         await client.register_identity("admin", admin_key, identity, kind, bytes(key.verify_key))
         signers[identity] = await client.open_session(identity, key)
         save_session(keys[identity], signers[identity])  # the CLI signs with this session
+    keys["admin"] = settings.admin_key_path  # operator calls (snapshots) are the administrator's
+    signers["admin"] = await client.open_session("admin", admin_key)
+    save_session(keys["admin"], signers["admin"])
     try:
         yield Bench(f"127.0.0.1:{mesh.port}", client, clock, keys, signers)
     finally:
@@ -316,13 +319,13 @@ async def test_erase_a_message_then_snapshot_and_compact_the_group(bench: Bench)
     assert "erased from history (legal)" in erased.stdout
     after = (await bench.mwp("message", "list", "--group", group)).stdout
     assert "4111" not in after and "[erased: card number posted by mistake]" in after
-    taken = await bench.mwp("group", "snapshot", "--group", group, "--compact", "--json")
+    taken = await bench.mwp("group", "snapshot", *bench.as_("admin"), "--group", group, "--compact", "--json")
     document = taken.json()
     assert document["verified"] and document["compacted"] and document["sequence"] >= 3
     assert document["digest"].startswith("blake3:")
     # History stays readable after compaction (moved to the archive tier, never deleted).
     assert "[erased: card number posted by mistake]" in (await bench.mwp("message", "list", "--group", group)).stdout
-    refused = await bench.mwp("group", "snapshot", "--group", group, "--archival", expect=1)
+    refused = await bench.mwp("group", "snapshot", *bench.as_("admin"), "--group", group, "--archival", expect=1)
     assert "PRECONDITION_FAILED" in refused.stderr  # the Mission is still live
 
 
@@ -362,7 +365,7 @@ async def test_a_tampered_summary_is_refused(bench: Bench, capsys: pytest.Captur
         return tampered
 
     monkeypatch.setattr(MeshClient, "signed_group_summary", forged)
-    for args in (["coordinator", "summary"], ["coordinator", "reconcile", *bench.as_("coord-bot")]):
+    for args in (["coordinator", "summary", *bench.as_("alice")], ["coordinator", "reconcile", *bench.as_("coord-bot")]):
         code = await asyncio.to_thread(cli.main, ["--target", bench.target, *args, "--group", "grp_t"])
         assert code == 1
         assert "the signed summary of grp_t does NOT verify" in capsys.readouterr().err

@@ -86,7 +86,7 @@ def test_serve_cli_walkthrough_and_graceful_sigterm(server) -> None:  # type: ig
     )
     group = created.stdout.strip().splitlines()[-1]
     mwp("--target", target, "message", "post", "--as", "alice", "--key", str(alice_key), "--group", group, "--text", "hi", env=env)
-    lines = mwp("--target", target, "events", "--group", group, env=env).stdout.splitlines()
+    lines = mwp("--target", target, "events", "--as", "alice", "--key", str(alice_key), "--group", group, env=env).stdout.splitlines()
     assert [json.loads(line)["type"] for line in lines][-1] == "message.posted"
     # An agent cannot own a root Mission: refused with exit code 1 and the reason.
     refused = mwp(
@@ -94,7 +94,7 @@ def test_serve_cli_walkthrough_and_graceful_sigterm(server) -> None:  # type: ig
         "--title", "x", "--objective", "y", "--done", "z", "--coordinator", "alice", env=env, check=False,
     )
     assert refused.returncode == 1 and "INVALID_ARGUMENT" in refused.stderr
-    unreachable = mwp("--target", f"127.0.0.1:{free_port()}", "state", "--group", group, env=env, check=False)
+    unreachable = mwp("--target", f"127.0.0.1:{free_port()}", "state", "--as", "alice", "--key", str(alice_key), "--group", group, env=env, check=False)
     assert unreachable.returncode == 3
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0

@@ -16,6 +16,7 @@ from missionweave.config import Settings
 from missionweave.internal.v1 import group_log_pb2 as glpb
 from missionweave.internal.v1 import group_log_pb2_grpc as glpb_grpc
 from missionweave.mesh.server import start
+from missionweave.rpc.callers import MeshServiceChannel
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient, SessionSigner
 from missionweave.signing import HELLO_PROOF_TYPE, read_key, session_key_id, sign_envelope
@@ -115,7 +116,8 @@ async def test_a_follow_stream_at_an_instance_that_lost_its_group_moves_to_the_n
             return alice.sign(alice.command("grp_f", "message_post", builders.message(conv, text), membership_epoch=1))
 
         # At the owner: the stream is woken by the owner's own appends and goes on through idle re-reads.
-        follow = glpb_grpc.GroupLogServiceStub(ca.channel).FollowGroup(glpb.FollowGroupRequest(group_id="grp_f", member_id="alice"))
+        as_mesh = MeshServiceChannel(ca.channel, (data / "keys" / "mesh.token").read_bytes().strip())  # internal contract
+        follow = glpb_grpc.GroupLogServiceStub(as_mesh).FollowGroup(glpb.FollowGroupRequest(group_id="grp_f", member_id="alice"))
         assert (await follow.read()).started.head_sequence == 5
         assert [e.sequence for e in (await follow.read()).batch.entries] == [1, 2, 3, 4, 5]
         await asyncio.sleep(1.0)  # several idle re-reads

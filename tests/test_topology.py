@@ -85,7 +85,7 @@ async def test_split_topology_serves_one_address_and_stops_whole(tmp_path: Path)
         async with asyncio.timeout(60):
             while True:
                 with contextlib.suppress(grpc.aio.AioRpcError):
-                    again = MeshClient(f"127.0.0.1:{port}")
+                    again = MeshClient(f"127.0.0.1:{port}", reader=owner)
                     try:
                         if (await again.group_state("grp_split")).head_sequence >= 1:
                             break
