@@ -504,3 +504,63 @@ async def test_split_topology_with_tls_auto(tmp_path: Path) -> None:
             except TimeoutError:
                 process.kill()
                 await process.wait()
+
+
+# ------------------------------------------------------------------ the Kubernetes certificates
+
+
+MAKE_CERTS = Path(__file__).resolve().parent.parent / "k8s" / "make-tls-certs.sh"
+
+
+@pytest.fixture
+def k8s_certs(tmp_path: Path) -> Path:
+    """The certificates k8s/make-tls-certs.sh makes (with openssl), as docs/tls.md tells operators to."""
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    out = tmp_path / "k8s-tls"
+    subprocess.run(["bash", str(MAKE_CERTS), str(out), "mwp.example.com"], check=True, capture_output=True, timeout=60)
+    assert (out / "secrets.yaml").read_text().count("kind: Secret") == 5
+    return out
+
+
+async def test_the_kubernetes_certificate_recipe_makes_certificates_the_mesh_accepts(tmp_path: Path, k8s_certs: Path) -> None:
+    """k8s/make-tls-certs.sh: a service's certificate serves under its cluster DNS name (a shard's
+    wildcard under its pod's), and the gateway's, presented as a client certificate, names the gateway."""
+    from missionweave.mesh.server import start
+
+    out = k8s_certs
+    settings = Settings(
+        listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=f"sqlite+aiosqlite:///{tmp_path / 'mw.db'}",
+        grace_seconds=1, verify_workers=0, tls_cert=out / "membership.crt", tls_key=out / "membership.key",
+        tls_client_ca=out / "ca.crt",
+    )
+    mesh = await start(settings)
+    try:
+        target = f"127.0.0.1:{mesh.port}"
+        gateway = ClientTLS(out / "ca.crt", out / "gateway.crt", out / "gateway.key",
+                            server_name="membership.missionweave.svc.cluster.local")
+        async with open_channel(target, gateway) as channel:
+            answer = await identities_pb2_grpc.IdentityDirectoryServiceStub(channel).GetIdentities(
+                identities_pb2.GetIdentitiesRequest(identity_ids=["admin"]), timeout=5
+            )
+        assert [i.identity_id for i in answer.identities] == ["admin"]
+        await refused(target, replace(gateway, server_name="membership.elsewhere.svc.cluster.local"))
+    finally:
+        await mesh.stop(grace=0)
+    # The shards' wildcard: any authority-N under the headless Service, and nothing else.
+    from grpc_health.v1.health import aio as health_aio
+
+    from missionweave.rpc.channels import ServerTLS, add_listener
+
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health_aio.HealthServicer(), server)
+    port = add_listener(server, "127.0.0.1:0", ServerTLS(out / "authority.crt", out / "authority.key", out / "ca.crt"))
+    await server.start()
+    try:
+        shard = "authority-2.authority-headless.missionweave.svc.cluster.local"
+        assert await check(f"127.0.0.1:{port}", replace(gateway, server_name=shard)) == 1
+        await refused(f"127.0.0.1:{port}", replace(gateway, server_name="authority-2.missionweave.svc.cluster.local"))
+    finally:
+        await server.stop(0)
