@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -51,7 +50,7 @@ from missionweave.sdk.agent import Agent, AgentError
 from missionweave.sdk.client import MeshClient, SessionSigner
 from missionweave.signing import read_key, write_key
 from missionweave.v1 import authority_service_pb2, common_pb2
-from tests import builders
+from tests import builders, test_node_agent
 from tests.conftest import register
 from tests.split_mesh import free_port, wait_serving
 
@@ -390,21 +389,10 @@ async def test_an_agent_connects_over_tls(tls_mesh: Any, pki: Pki, tmp_path: Pat
 # ------------------------------------------------------------------ the Node example
 
 
-@pytest.fixture
-def node() -> str:
-    if os.environ.get("MWP_SKIP_NODE") == "1":
-        pytest.skip("MWP_SKIP_NODE=1: the Node.js agent tests are skipped")
-    from tests.test_node_agent import NODE_DIR
-
-    executable = shutil.which("node")
-    if executable is None or not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir():
-        pytest.fail("the Node.js example needs `node` and `make node-deps` (or MWP_SKIP_NODE=1)")
-    return executable
+node = test_node_agent.node  # the same fixture: `node` and `make node-deps`, or MWP_SKIP_NODE=1
 
 
 async def test_the_node_agent_over_tls_and_mtls(mtls_mesh: Any, pki: Pki, foreign: Pki, node: str, tmp_path: Path) -> None:
-    from tests.test_node_agent import AGENT_JS
-
     target = f"127.0.0.1:{mtls_mesh.port}"
     async with MeshClient(target, pki.client("setup")) as client:
         coordinator = await create_mission(client, read_key(mtls_mesh.settings.admin_key_path), "grp_node")
@@ -415,7 +403,7 @@ async def test_the_node_agent_over_tls_and_mtls(mtls_mesh: Any, pki: Pki, foreig
 
     async def run(*tls: str) -> tuple[int, list[dict[str, Any]], str]:
         process = await asyncio.create_subprocess_exec(
-            node, str(AGENT_JS), "--target", target, "--agent", "coord-bot", "--session-epoch",
+            node, str(test_node_agent.AGENT_JS), "--target", target, "--agent", "coord-bot", "--session-epoch",
             str(signer.session_epoch), "--key-file", str(key_file), "--group", "grp_node",
             "--until-sequence", "1", "--timeout", "20", *tls,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -468,20 +456,9 @@ async def test_split_topology_with_tls_auto(tmp_path: Path) -> None:
         stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL, env=env,
     )
     try:
-        lines: list[str] = []
-        assert process.stderr is not None
-        original = process.stderr.readline
-
-        async def recording() -> bytes:  # keep what wait_serving reads: the children's addresses
-            line = await original()
-            lines.append(line.decode())
-            return line
-
-        process.stderr.readline = recording  # type: ignore[method-assign]
-        await wait_serving(process)
-        addresses = dict(re.findall(r"starting (\S+) +pid \d+ +on (\S+)", "".join(lines)))
+        addresses: dict[str, str] = {}
+        await wait_serving(process, addresses=addresses)
         ca_file = data / "tls" / "ca.crt"
-        assert f"--tls-ca {ca_file}" in "".join(lines)
         target = f"127.0.0.1:{port}"
         async with MeshClient(target, ClientTLS(ca_file)) as client:  # through the gateway to every service
             await create_mission(client, read_key(data / "keys" / "admin.key"), "grp_split_tls")
