@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from missionweave.config import Settings
-from missionweave.rpc.channels import service_uri
+from missionweave.rpc.channels import listen_host, service_uri
 
 CA_DAYS = 30
 LEAF_DAYS = 30
@@ -178,7 +178,7 @@ def ensure_ca(directory: Path) -> Issued:
 def hosts_for(listen: str) -> list[str]:
     """The names a certificate for a server on ``listen`` carries: its host (every interface: this
     machine's host name), and always localhost and 127.0.0.1."""
-    host = listen.rsplit(":", 1)[0].strip("[]") if ":" in listen else listen
+    host = listen_host(listen)
     names = ["localhost", "127.0.0.1"]
     if host in ("", "0.0.0.0", "::"):
         names.append(socket.gethostname())

@@ -159,12 +159,17 @@ class ServerTLS:
         return cls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
 
 
+def listen_host(address: str) -> str:
+    """The host part of ``host:port`` (IPv6 without its brackets); empty for ``:port``."""
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return host.strip("[]")
+
+
 def is_loopback(address: str) -> bool:
     """Whether a listen address is reachable from this host only (loopback IPs, localhost, unix sockets)."""
     if address.startswith(("unix:", "unix-abstract:")):
         return True
-    host = address.rsplit(":", 1)[0] if ":" in address else address
-    host = host.strip("[]")
+    host = listen_host(address)
     if host == "localhost":
         return True
     try:
