@@ -1,7 +1,11 @@
 # MissionWeave mesh image: one binary (`mwp`), every service selected by `mwp serve --service NAME`.
 #
 #   docker build -t missionweave:0.1.0 .
-#   docker run --rm -p 50051:50051 missionweave:0.1.0 serve --listen 0.0.0.0:50051
+#   docker run --rm -p 50051:50051 -v "$PWD/tls:/tls:ro" missionweave:0.1.0 serve --listen 0.0.0.0:50051 \
+#       --tls-cert /tls/server.crt --tls-key /tls/server.key
+#
+# Plain text on 0.0.0.0 is refused unless `--insecure` (MWP_INSECURE=1) says so; `serve --tls-auto` makes
+# a throw-away CA and certificate in the data dir instead (docs/tls.md).
 #
 # The protobuf modules are generated from protos/ by the package build (setup.py's build_py), so the
 # image never depends on generated files in the build context.

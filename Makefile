@@ -2,6 +2,7 @@
 #
 #   make run     create .venv if needed, install, start the whole mesh on the embedded defaults
 #   make run-split  the same mesh split: each service in its own process (SHARDS=N, DATABASE_URL=...)
+#                (TLS=auto on either: throw-away certificates in the data dir, docs/tls.md)
 #   make test    create .venv if needed, install with test extras, run the whole suite (tests/)
 #   make lint    ruff, mypy, import-linter contracts, buf lint and k8s-check (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
 #   make k8s-check  render k8s/ offline, validate every resource (kubernetes-validate --strict; docs/kubernetes.md)
@@ -33,7 +34,7 @@ BENCHES := $(sort $(wildcard bench/*.py))
 .PHONY: help run run-split test lint k8s-check bench gen clean distclean venv node-deps
 
 help:
-	@sed -n '3,14p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,15p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------ virtualenv and installs
 
@@ -112,14 +113,14 @@ run: $(VENV)/.installed-base
 	@echo
 	@echo "Stop with Ctrl-C (SIGINT/SIGTERM drain in-flight commands)."
 	@echo
-	exec $(VENV)/bin/mwp serve --listen $(LISTEN) --data-dir $(DATA_DIR)
+	exec $(VENV)/bin/mwp serve --listen $(LISTEN) --data-dir $(DATA_DIR) $(if $(filter auto,$(TLS)),--tls-auto)
 
 # The split topology on one machine: every service in a process of its own, the gateway on $(LISTEN)
 # as the one address (SHARDS Authority shards; more than one needs DATABASE_URL=postgresql://...).
 SHARDS ?= 1
 run-split: $(VENV)/.installed-base
 	@$(MAKE) --no-print-directory gen
-	exec $(VENV)/bin/mwp serve --topology split --shards $(SHARDS) --listen $(LISTEN) --data-dir $(DATA_DIR) $(if $(DATABASE_URL),--database-url $(DATABASE_URL))
+	exec $(VENV)/bin/mwp serve --topology split --shards $(SHARDS) --listen $(LISTEN) --data-dir $(DATA_DIR) $(if $(DATABASE_URL),--database-url $(DATABASE_URL)) $(if $(filter auto,$(TLS)),--tls-auto)
 
 test: $(VENV)/.installed-test node-deps
 	@$(MAKE) --no-print-directory gen

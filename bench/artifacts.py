@@ -66,6 +66,7 @@ from authority import Child, log, proc_cpu, spawn_mesh  # noqa: E402
 
 from artifactstore.blobstore import CHUNK_BYTES  # noqa: E402
 from missionweave.mesh.server import MAX_MESSAGE_BYTES  # noqa: E402
+from missionweave.rpc.channels import add_listener, open_channel  # noqa: E402
 from missionweave.v1 import artifact_service_pb2 as pb  # noqa: E402
 from missionweave.v1 import artifact_service_pb2_grpc as pb_grpc  # noqa: E402
 from missionweave.v1 import common_pb2  # noqa: E402
@@ -425,7 +426,7 @@ async def role_sink() -> None:
     )
     server = grpc.aio.server(options=[*GRPC_OPTIONS, ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = add_listener(server, "127.0.0.1:0", None)
     await server.start()
     print(f"PORT {port}", flush=True)
     stop = asyncio.Event()
@@ -566,7 +567,7 @@ async def measure_grpc_only(args: argparse.Namespace, work: Path, results: list[
     log("gRPC-only anchor: a no-op ArtifactService (same messages, no hashing or storage) in its own process")
     sink = spawn_sink(work)
     try:
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{sink.port}", options=GRPC_OPTIONS)
+        channel = open_channel(f"127.0.0.1:{sink.port}", options=GRPC_OPTIONS)
         stub = pb_grpc.ArtifactServiceStub(channel)
         warm = random_bytes(4 * MiB)
         await put(stub, warm, digest_of(warm))
@@ -607,7 +608,7 @@ async def drive(args: argparse.Namespace, work: Path) -> Results:
     anchor_dir = data_dir / "anchor"
     anchor_dir.mkdir(parents=True, exist_ok=True)
     try:
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{mesh.port}", options=GRPC_OPTIONS)
+        channel = open_channel(f"127.0.0.1:{mesh.port}", options=GRPC_OPTIONS)
         stub = pb_grpc.ArtifactServiceStub(channel)
         log("warm-up: put and get of two 4 MiB blobs (not timed)")
         for _ in range(2):

@@ -63,6 +63,8 @@ if str(ROOT) not in sys.path:
 
 import grpc  # noqa: E402
 
+from missionweave.rpc.channels import add_listener, open_channel  # noqa: E402
+
 ECHO_UNARY = "/bench.Echo/Unary"
 ECHO_STREAM = "/bench.Echo/Stream"
 ECHO_BATCH = "/bench.Echo/Batch"
@@ -177,7 +179,7 @@ async def role_echo(unary_response: bytes, stream_response_rest: bytes, batch_re
     )
     server = grpc.aio.server(options=[*GRPC_OPTIONS, ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = add_listener(server, "127.0.0.1:0", None)
     await server.start()
     print(f"PORT {port}", flush=True)
     stop = asyncio.Event()
@@ -1222,7 +1224,7 @@ async def measure(
     log("starting the echo anchor server in a separate process")
     echo = spawn_echo(work, probe.SerializeToString(), stream_rest, batch_response)
     try:
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{echo.port}", options=GRPC_OPTIONS)
+        channel = open_channel(f"127.0.0.1:{echo.port}", options=GRPC_OPTIONS)
         echo_call = echo_unary_call(channel)
         echo_stream_call = channel.stream_stream(
             ECHO_STREAM,

@@ -108,6 +108,8 @@ from authority import (  # noqa: E402
     spawn_mesh,
 )
 
+from missionweave.rpc.channels import open_channel  # noqa: E402
+
 NOISY_FACTOR = 100  # the noisy Group publishes this many times the rate of each quiet Group
 FAIRNESS_TARGET = 1.5  # quiet p99 with the noisy Group / without, at most
 PAUSED_CAP = 4096  # open-loop publisher: most publishes in flight before it waits (and falls behind)
@@ -327,7 +329,7 @@ class RawSubscriber:
         envelope = sign_envelope(
             proof.SerializeToString(), HELLO_PROOF_TYPE, s.key, session_key_id(s.identity_id, s.session_epoch)
         )
-        self.channel = grpc.aio.insecure_channel(self.target)
+        self.channel = open_channel(self.target)
         self.call = gpb_grpc.GatewayServiceStub(self.channel).Connect()
         hello = gpb.HelloFrame(agent_id=s.identity_id, session_epoch=s.session_epoch, proof=envelope)
         await self.call.write(gpb.ConnectRequest(frame=gpb.ClientFrame(hello=hello)))

@@ -64,6 +64,7 @@ from authority import (  # noqa: E402
 )
 from nacl.signing import SigningKey  # noqa: E402
 
+from missionweave.rpc.channels import open_channel  # noqa: E402
 from missionweave.sdk.client import MeshClient, SessionSigner, membership_epoch  # noqa: E402
 from missionweave.v1 import authority_service_pb2 as pb  # noqa: E402
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2  # noqa: E402
@@ -448,7 +449,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     )
     echo = spawn_echo(work, canned.SerializeToString())
     try:
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{echo.port}", options=GRPC_OPTIONS)
+        channel = open_channel(f"127.0.0.1:{echo.port}", options=GRPC_OPTIONS)
         call = echo_unary_call(channel)
         await run_unary("warm-up", call, warm_tally.sent[:1000], args.concurrency, args.max_seconds)
         echo_run = await run_unary(

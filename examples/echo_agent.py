@@ -9,7 +9,8 @@ It subscribes to one Group, and for each ``message.posted`` event that mentions 
 every event once and in order; its cursor survives restarts in ``--state``. The reply's command id is
 derived from the event id, so a reply repeated after a crash (the event is redelivered when the agent
 stopped between replying and saving its cursor) is answered by the Authority with the stored result
-instead of a second Message (MW-16-14). See examples/README.md.
+instead of a second Message (MW-16-14). Over TLS it reads the client settings ``mwp`` reads
+(``MWP_TLS_CA``, ``MWP_TLS_CLIENT_CERT``/``_KEY``, ...; docs/tls.md). See examples/README.md.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import re
 import signal
 
 from missionweave import ids
-from missionweave.sdk.agent import Agent, CommandRejected, Subscription, post_message
+from missionweave.sdk.agent import Agent, ClientTLS, CommandRejected, Subscription, post_message
 from missionweave.v1 import event_pb2
 
 
@@ -74,7 +75,8 @@ async def main() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # not on Windows
             loop.add_signal_handler(sig, stop.set)
-    async with Agent.connect(args.target, args.identity, args.key, cursor_dir=args.state) as agent:
+    tls = ClientTLS.from_env()  # plain text unless MWP_TLS* ask for TLS
+    async with Agent.connect(args.target, args.identity, args.key, cursor_dir=args.state, tls=tls) as agent:
         await start(agent, args.group)
         logging.getLogger("echo").info("serving %s as %s; Ctrl-C stops", args.group, args.identity)
         await stop.wait()

@@ -23,6 +23,21 @@
 | MWP_AUDIENCE             | (the listen/advertise address)  | more addresses call proofs may name (comma list: the front door's) |
 | MWP_MESH_TOKEN_FILE      | $MWP_DATA_DIR/keys/mesh.token   | the secret mesh services prove themselves with (created if missing) |
 | MWP_LOG_LEVEL / _FORMAT  | info / json                     | logging                                        |
+
+TLS (docs/tls.md). A server listens with TLS when it has a certificate; clients (``mwp``, the SDK's
+``ClientTLS.from_env``, a service dialing its peers) speak TLS when any client setting is set:
+
+| variable                 | flag                  | meaning                                                   |
+|--------------------------|-----------------------|-----------------------------------------------------------|
+| MWP_TLS_CERT / _KEY      | serve --tls-cert/-key | server certificate chain and private key (PEM)            |
+| MWP_TLS_CLIENT_CA        | serve --tls-client-ca | require client certificates issued by this CA (mTLS)      |
+| MWP_INSECURE             | serve --insecure      | allow plain text on a non-loopback listen address         |
+| MWP_HEALTH_LISTEN        | serve --health-listen | extra plain-text port serving grpc.health.v1 only (probes)|
+| MWP_TLS_AUTO             | serve --tls-auto      | make a throw-away mesh CA and certificates in the data dir|
+| MWP_TLS                  | --tls                 | client: use TLS (the system's roots unless MWP_TLS_CA)    |
+| MWP_TLS_CA               | --tls-ca              | client: CA bundle that verifies servers                   |
+| MWP_TLS_CLIENT_CERT/_KEY | --tls-client-cert/-key| client: certificate and key presented for mTLS            |
+| MWP_TLS_SERVER_NAME      | --tls-server-name     | client: name checked in the server certificate            |
 """
 
 from __future__ import annotations
@@ -69,6 +84,22 @@ class Settings:
     commit_batch: int = 32
     # Processes that check command signatures off the event loop (D52); 0 checks them inline.
     verify_workers: int = 1
+    # TLS, server side (missionweave/rpc/channels.py ServerTLS): certificate and key; a client CA
+    # requires client certificates (mTLS). Plain text on a non-loopback address needs `insecure`.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    insecure: bool = False
+    # An extra plain-text listener serving only grpc.health.v1 (kubelet's gRPC probes speak no TLS).
+    health_listen: str = ""
+    # `mwp serve --tls-auto`: a throw-away mesh CA and certificates in <data dir>/tls (mesh/certs.py).
+    tls_auto: bool = False
+    # TLS, client side (ClientTLS): on with `tls` or any of the others; also how a service dials its peers.
+    tls: bool = False
+    tls_ca: Path | None = None
+    tls_client_cert: Path | None = None
+    tls_client_key: Path | None = None
+    tls_server_name: str = ""
 
     @property
     def db_url(self) -> str:
@@ -122,6 +153,34 @@ class Settings:
         s.commit_idle_ms = float(e.get("MWP_COMMIT_IDLE_MS", s.commit_idle_ms))
         s.commit_batch = int(e.get("MWP_COMMIT_BATCH", s.commit_batch))
         s.verify_workers = int(e.get("MWP_VERIFY_WORKERS", s.verify_workers))
+        s.tls_cert = _path(e, "MWP_TLS_CERT")
+        s.tls_key = _path(e, "MWP_TLS_KEY")
+        s.tls_client_ca = _path(e, "MWP_TLS_CLIENT_CA")
+        s.insecure = _flag(e, "MWP_INSECURE")
+        s.health_listen = e.get("MWP_HEALTH_LISTEN", s.health_listen)
+        s.tls_auto = _flag(e, "MWP_TLS_AUTO")
+        s.tls = _flag(e, "MWP_TLS")
+        s.tls_ca = _path(e, "MWP_TLS_CA")
+        s.tls_client_cert = _path(e, "MWP_TLS_CLIENT_CERT")
+        s.tls_client_key = _path(e, "MWP_TLS_CLIENT_KEY")
+        s.tls_server_name = e.get("MWP_TLS_SERVER_NAME", s.tls_server_name)
         s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
         s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)
         return s
+
+
+def _path(env: dict[str, str], name: str) -> Path | None:
+    return Path(env[name]) if env.get(name) else None
+
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("", "0", "false", "no", "off")
+
+
+def _flag(env: dict[str, str], name: str) -> bool:
+    value = env.get(name, "").strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    raise ValueError(f"{name} must be one of {', '.join(TRUE)} or {', '.join(v for v in FALSE if v)}, not {value!r}")

@@ -75,8 +75,11 @@ async def start_split(base: Settings, clock: Clock) -> SplitMesh:
     return SplitMesh(parts, peers)
 
 
-async def wait_serving(launcher: asyncio.subprocess.Process, limit_s: float = 90) -> dict[str, int]:
-    """Waits for ``mwp serve --topology split``'s "serving" line; the pid of each process it started."""
+async def wait_serving(
+    launcher: asyncio.subprocess.Process, limit_s: float = 90, addresses: dict[str, str] | None = None
+) -> dict[str, int]:
+    """Waits for ``mwp serve --topology split``'s "serving" line; the pid of each process it started
+    (and, into ``addresses``, the address each listens on)."""
     assert launcher.stderr is not None
     seen = ""
     async with asyncio.timeout(limit_s):
@@ -84,4 +87,7 @@ async def wait_serving(launcher: asyncio.subprocess.Process, limit_s: float = 90
             line = (await launcher.stderr.readline()).decode()
             assert line, seen  # the launcher ended before serving
             seen += line
-    return {name: int(pid) for name, pid in re.findall(r"starting (\S+) +pid (\d+)", seen)}
+    started = re.findall(r"starting (\S+) +pid (\d+) +on (\S+)", seen)
+    if addresses is not None:
+        addresses.update({name: address for name, _, address in started})
+    return {name: int(pid) for name, pid, _ in started}

@@ -31,6 +31,7 @@ import grpc
 import pytest
 
 from gateway.outbox import FRAMES_PER_GROUP
+from missionweave.rpc.channels import open_channel
 from missionweave.sdk.agent import Agent, Backoff, CursorFile, Subscription
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
@@ -300,7 +301,7 @@ async def test_a_client_that_never_reads_costs_bounded_memory_and_stalls_nobody(
 ) -> None:
     w = world
     conv = (await create(w)).mission.planning_conversation_id
-    channel = grpc.aio.insecure_channel(w.target, options=[("grpc.http2.bdp_probe", 0)])
+    channel = open_channel(w.target, options=[("grpc.http2.bdp_probe", 0)])
     slow = RawStream(channel)
     seen: list[int] = []
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import pytest
 
 import gateway.service
+from missionweave.rpc.channels import open_channel
 from missionweave.v1 import gateway_service_pb2 as pb
 from tests import builders
 from tests.conftest import World
@@ -33,7 +33,7 @@ async def test_a_noisy_group_does_not_starve_another_group_on_the_same_stream(
     quiet_head = (await w.client.group_state(QUIET)).head_sequence
     # Without BDP probing the client keeps HTTP/2's 64 KiB window, so the transport holds about
     # one frame and the rest waits in the gateway, where the interleaving happens.
-    channel = grpc.aio.insecure_channel(w.target, options=[("grpc.http2.bdp_probe", 0)])
+    channel = open_channel(w.target, options=[("grpc.http2.bdp_probe", 0)])
     stream = await connected(w, w.owner, channel)
     await stream.send(subscribe=pb.SubscribeFrame(subscription_id="noisy", group_id=NOISY, initial_credits=60_000))
     await stream.send(

@@ -31,6 +31,7 @@ import gateway.service
 from missionweave.clock import OffsetClock
 from missionweave.config import Settings
 from missionweave.mesh.server import INTERNAL_SERVICE_NAMES, Mesh, start
+from missionweave.rpc.channels import open_channel
 from missionweave.sdk.client import MeshClient, decode_events
 from missionweave.signing import read_key, verify_signature
 from missionweave.v1 import authority_service_pb2 as apb
@@ -68,7 +69,7 @@ class AuthorityProcess:
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
         )
         deadline = time.monotonic() + 30
-        async with grpc.aio.insecure_channel(self.target) as channel:
+        async with open_channel(self.target) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             while True:
                 assert self.proc.poll() is None, "the Authority process exited"
@@ -153,7 +154,7 @@ async def split(tmp_path: Path, no_local_log_reads: None) -> AsyncIterator[Split
 
 
 async def gateway_stream(s: Split, signer: Any) -> tuple[Stream, grpc.aio.Channel]:
-    channel = grpc.aio.insecure_channel(s.world.target)
+    channel = open_channel(s.world.target)
     return await connected(s.world, signer, channel), channel
 
 
@@ -321,7 +322,7 @@ async def test_a_silent_authority_is_answered_with_authority_unavailable_not_a_h
     mesh = await gateway_only(
         w.settings.data_dir, f"127.0.0.1:{silent.getsockname()[1]}", w.clock, membership=split.authority.target
     )
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{mesh.port}")
+    channel = open_channel(f"127.0.0.1:{mesh.port}")
     try:
         stream = await connected(w, w.owner, channel)
         started = time.monotonic()

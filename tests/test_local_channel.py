@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from missionweave.errors import R, Rejected
+from missionweave.rpc.channels import add_listener, open_channel
 from missionweave.rpc.local import LocalChannel
 from missionweave.rpc.status import rejection_from_rpc_error, rejections_as_status
 from missionweave.v1 import authority_service_pb2 as apb
@@ -48,9 +49,9 @@ async def channels() -> AsyncIterator[dict[str, object]]:
     server = grpc.aio.server()
     mpb_grpc.add_MembershipServiceServicer_to_server(Membership(), server)
     apb_grpc.add_AuthorityServiceServicer_to_server(Authority(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = add_listener(server, "127.0.0.1:0", None)
     await server.start()
-    remote = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    remote = open_channel(f"127.0.0.1:{port}")
     yield {"local": local, "remote": remote}
     await remote.close()
     await server.stop(None)

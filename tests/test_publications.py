@@ -16,6 +16,7 @@ from missionweave.config import Settings
 from missionweave.internal.v1 import publications_pb2 as ppb
 from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceStub
 from missionweave.rpc.callers import MeshServiceChannel
+from missionweave.rpc.channels import open_channel
 from missionweave.sdk.client import blob_digest
 from missionweave.v1 import common_pb2
 from missionweave.v1 import work_pb2 as wp
@@ -38,7 +39,7 @@ async def test_a_publication_is_found_only_for_its_group_workitem_publisher_and_
     data = b"ledger rows " * 100
     uploaded = await w.client.upload(data, manifest_for(w, w.worker, data))
     token = w.settings.mesh_token_path.read_bytes().strip()  # an internal contract: mesh services only
-    stub = PublicationServiceStub(MeshServiceChannel(grpc.aio.insecure_channel(w.target), token))
+    stub = PublicationServiceStub(MeshServiceChannel(open_channel(w.target), token))
     digest = blob_digest(data).hex
     found = await stub.FindPublication(ask(w, content_digest_hex=digest))
     assert found.found and found.size_bytes == len(data)
@@ -68,7 +69,7 @@ async def test_publishing_while_the_artifact_store_is_down_is_refused_peer_unava
     data = b"reconciled ledger " * 100
     await w.client.upload(data, manifest_for(w, w.worker, data))
     # The Authority's peer now points at a port nobody listens on.
-    dead = grpc.aio.insecure_channel("127.0.0.1:9")
+    dead = open_channel("127.0.0.1:9")
     w.mesh.authority.publications = PublicationServiceStub(dead)  # type: ignore[attr-defined]
     ref = common_pb2.ArtifactRef(digest=blob_digest(data), media_type="text/csv")
     publish = wp.WorkPublishArtifact(work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch, artifact=ref)

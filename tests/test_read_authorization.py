@@ -28,6 +28,7 @@ from missionweave.internal.v1 import (
     publications_pb2_grpc,
 )
 from missionweave.rpc.callers import CALL_PROOF_METADATA, CALL_PROOF_TYPE, MESH_TOKEN_METADATA, access_of
+from missionweave.rpc.channels import open_channel
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient, SessionSigner
 from missionweave.sdk.credentials import call_proof
@@ -239,7 +240,7 @@ async def test_internal_contracts_answer_only_services_of_the_mesh(world: World)
     await create(w)
     token = w.settings.mesh_token_path.read_bytes().strip().decode()
     for rpc, address in _service_addresses(w).items():
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             call = INTERNAL_CALLS[rpc]
             proof = call_proof(w.owner, f"/missionweave.internal.v1.{rpc.replace('.', '/')}", address)
             for metadata in ((), ((CALL_PROOF_METADATA, proof),), ((MESH_TOKEN_METADATA, "0" * 64),)):
@@ -272,7 +273,7 @@ STATE = "/missionweave.v1.AuthorityService/GetGroupState"
 
 
 async def check_of(w: World, proof: bytes) -> str:
-    async with grpc.aio.insecure_channel(w.target) as channel:
+    async with open_channel(w.target) as channel:
         stub = channel.unary_unary(
             STATE,
             request_serializer=authority_service_pb2.GetGroupStateRequest.SerializeToString,

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from missionweave.errors import R, Rejected
+from missionweave.rpc.channels import open_channel
 from missionweave.rpc.local import LocalChannel
 from missionweave.rpc.shards import ShardedChannel, group_of, rendezvous
 from missionweave.rpc.status import rejection_from_rpc_error, rejections_as_status
@@ -73,7 +74,7 @@ class Mesh:
 
     def channel_for(self, address: str) -> object:
         if address in self.down:
-            return grpc.aio.insecure_channel("127.0.0.1:9")  # nobody listens: UNAVAILABLE
+            return open_channel("127.0.0.1:9")  # nobody listens: UNAVAILABLE
         return self.channels[address]
 
 

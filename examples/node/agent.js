@@ -53,18 +53,24 @@ const OPTIONS = {
   'authority-key': { env: 'MWP_AUTHORITY_KEY_HEX', help: "pin the Authority's Ed25519 public key (hex); default: trust GetAuthorityKey" },
   timeout: { env: 'MWP_TIMEOUT', default: '60', help: 'seconds --until-sequence may take before the agent gives up' },
   protos: { env: 'MWP_PROTOS', default: path.join(__dirname, '..', '..', 'protos'), help: 'the protos/ directory' },
+  // TLS (docs/tls.md): the same settings, flags and variables as `mwp` and the Python SDK.
+  tls: { env: 'MWP_TLS', boolean: true, help: "use TLS, verifying the gateway with Node's trusted roots unless --tls-ca (on with any --tls-* option)" },
+  'tls-ca': { env: 'MWP_TLS_CA', help: 'CA bundle (PEM file) that verifies the gateway' },
+  'tls-client-cert': { env: 'MWP_TLS_CLIENT_CERT', help: 'client certificate (PEM file) for a gateway that requires one (mTLS)' },
+  'tls-client-key': { env: 'MWP_TLS_CLIENT_KEY', help: 'its private key (PEM file)' },
+  'tls-server-name': { env: 'MWP_TLS_SERVER_NAME', help: "the name to check in the gateway's certificate instead of the target's host" },
 };
 
 function usage() {
   const lines = Object.entries(OPTIONS).map(
-    ([name, o]) => `  --${name.padEnd(15)} ${o.help}\n  ${''.padEnd(17)} env ${o.env}${o.default ? `, default ${o.default}` : ''}`,
+    ([name, o]) => `  --${name.padEnd(17)} ${o.help}\n  ${''.padEnd(19)} env ${o.env}${o.default ? `, default ${o.default}` : ''}`,
   );
   return `usage: node agent.js [options]\n\n${lines.join('\n')}\n`;
 }
 
 // Flags win over environment variables, which win over defaults.
 function readOptions(argv) {
-  const spec = Object.fromEntries(Object.keys(OPTIONS).map((name) => [name, { type: 'string' }]));
+  const spec = Object.fromEntries(Object.entries(OPTIONS).map(([name, o]) => [name, { type: o.boolean ? 'boolean' : 'string' }]));
   const { values } = parseArgs({ args: argv, options: { ...spec, help: { type: 'boolean' } } });
   if (values.help) {
     process.stdout.write(usage());
@@ -82,6 +88,19 @@ function readOptions(argv) {
   if (!Number.isInteger(credits) || credits < 1 || credits > 65536) usageError('--credits must be 1..65536');
   const timeout = Number(pick('timeout'));
   if (!(timeout > 0)) usageError('--timeout must be a positive number of seconds');
+  const flag = (name) => {
+    const value = values[name] ?? process.env[OPTIONS[name].env] ?? '';
+    if (typeof value === 'boolean') return value;
+    const text = value.trim().toLowerCase();
+    if (['1', 'true', 'yes', 'on'].includes(text)) return true;
+    if (['', '0', 'false', 'no', 'off'].includes(text)) return false;
+    return usageError(`${OPTIONS[name].env} must be 1/true/yes/on or 0/false/no/off, not ${JSON.stringify(value)}`);
+  };
+  const given = (name) => (pick(name) === '' ? undefined : pick(name)); // an empty variable is unset
+  const tlsFiles = { ca: given('tls-ca'), cert: given('tls-client-cert'), key: given('tls-client-key') };
+  const serverName = given('tls-server-name');
+  if ((tlsFiles.cert === undefined) !== (tlsFiles.key === undefined)) usageError('--tls-client-cert and --tls-client-key go together');
+  const tls = flag('tls') || Object.values(tlsFiles).some((v) => v !== undefined) || serverName !== undefined;
   const epoch = required('session-epoch');
   if (!/^[1-9]\d*$/.test(epoch)) usageError('--session-epoch must be a positive integer');
   return {
@@ -96,6 +115,7 @@ function readOptions(argv) {
     authorityKeyHex: pick('authority-key'),
     timeoutMs: timeout * 1000,
     protos: pick('protos'),
+    tls: tls ? { ...tlsFiles, serverName } : null,
   };
 }
 
@@ -174,6 +194,29 @@ function loadProtos(protosDir) {
     HelloProof: definition['missionweave.v1.HelloProof'],
     Event: definition['missionweave.v1.Event'],
   };
+}
+
+// ============================================================================ the channel
+
+// Plain text (the embedded default on loopback), or TLS: the CA that verifies the gateway (default:
+// Node's trusted roots), a client certificate for a gateway that requires one, and a server name
+// override (checked against the certificate; the HELLO audience stays the target).
+function channel(tls) {
+  if (tls === null) return { credentials: grpc.credentials.createInsecure(), options: {} };
+  const read = (file, what) => {
+    try {
+      return fs.readFileSync(file);
+    } catch (err) {
+      throw new Error(`cannot read the TLS ${what} ${file}: ${err.message}`);
+    }
+  };
+  const credentials = grpc.credentials.createSsl(
+    tls.ca === undefined ? null : read(tls.ca, 'CA bundle'),
+    tls.key === undefined ? null : read(tls.key, 'client key'),
+    tls.cert === undefined ? null : read(tls.cert, 'client certificate'),
+  );
+  const options = tls.serverName === undefined ? {} : { 'grpc.ssl_target_name_override': tls.serverName };
+  return { credentials, options };
 }
 
 function timestampNow() {
@@ -257,10 +300,10 @@ class Agent {
       this.resolve = resolve;
     });
     const { target } = this.options;
-    const credentials = grpc.credentials.createInsecure();
-    this.authorityClient = new this.protos.AuthorityService(target, credentials);
-    this.gatewayClient = new this.protos.GatewayService(target, credentials);
     try {
+      const { credentials, options } = channel(this.options.tls);
+      this.authorityClient = new this.protos.AuthorityService(target, credentials, options);
+      this.gatewayClient = new this.protos.GatewayService(target, credentials, options);
       this.authority = await this.authorityKey();
     } catch (err) {
       this.fail(err.message);

@@ -26,10 +26,21 @@ from missionweave.cli import coordinator as cli_coordinator
 from missionweave.cli import demo
 from missionweave.cli import group as cli_group
 from missionweave.cli import mission as cli_mission
-from missionweave.cli.common import CliError, add_actor_flags, add_reader_flags, reading, save_session, target
+from missionweave.cli.common import (
+    CliError,
+    add_actor_flags,
+    add_client_tls_flags,
+    add_reader_flags,
+    client_tls,
+    connect,
+    reading,
+    save_session,
+    target,
+    with_client_tls_flags,
+)
 from missionweave.config import SERVICES, Settings
+from missionweave.rpc.channels import open_channel
 from missionweave.rpc.status import rejection_from_rpc_error
-from missionweave.sdk.client import MeshClient
 from missionweave.signing import generate_key, read_key, write_key
 from missionweave.v1 import common_pb2
 
@@ -60,6 +71,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.database_url = args.database_url
     if args.service:
         settings.services = tuple(args.service)
+    for name in ("tls_cert", "tls_key", "tls_client_ca", "health_listen"):
+        if getattr(args, name) is not None:
+            setattr(settings, name, getattr(args, name))
+    settings.insecure = settings.insecure or args.insecure
+    settings.tls_auto = settings.tls_auto or args.tls_auto
+    with_client_tls_flags(settings, args)  # how this process dials its peers
     logs.configure(settings.log_level, settings.log_format)
     if args.topology == "split" and not settings.mesh_id:
         settings.mesh_id = f"mesh-{os.urandom(6).hex()}"  # its children are let into the data dir by it
@@ -75,6 +92,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return asyncio.run(run_split(settings, shards=args.shards))
         from missionweave.mesh.server import serve_forever
 
+        if settings.tls_auto:
+            from missionweave.mesh.certs import auto_server_tls
+
+            ca = auto_server_tls(settings)
+            print(f"mwp serve: TLS with a throw-away CA: clients verify the server with --tls-ca {ca}", file=sys.stderr)
         asyncio.run(serve_forever(settings))
         return 0
     finally:
@@ -99,14 +121,14 @@ async def cmd_identity_register(args: argparse.Namespace) -> int:
     else:
         public = bytes(read_key(Path(args.key_file)).verify_key)
     admin_key = read_key(Path(args.admin_key or Settings.from_env().admin_key_path))
-    async with MeshClient(target(args)) as mesh:
+    async with connect(args) as mesh:
         identity = await mesh.register_identity(args.admin_id, admin_key, args.identity_id, KINDS[args.kind], public, args.name or "")
     print(f"registered {identity.identity_id} ({args.kind})")
     return 0
 
 
 async def cmd_session_open(args: argparse.Namespace) -> int:
-    async with MeshClient(target(args)) as mesh:
+    async with connect(args) as mesh:
         signer = await mesh.open_session(args.actor, read_key(Path(args.key)))
     save_session(Path(args.key), signer)
     print(f"session epoch {signer.session_epoch} opened for {args.actor}; older sessions are fenced")
@@ -135,7 +157,7 @@ async def cmd_health(args: argparse.Namespace) -> int:
     from missionweave.mesh.server import SERVICE_NAMES
 
     worst = 0
-    async with grpc.aio.insecure_channel(target(args)) as channel:
+    async with open_channel(target(args), client_tls(args)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         for name in SERVICE_NAMES.values():
             try:
@@ -154,6 +176,7 @@ async def cmd_health(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mwp", description="MissionWeave: run the mesh and talk to it.")
     p.add_argument("--target", help="server address (default $MWP_TARGET or 127.0.0.1:50051)")
+    add_client_tls_flags(p)
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="start the mesh (all services, or --service NAME ...)")
@@ -169,6 +192,27 @@ def build_parser() -> argparse.ArgumentParser:
         "the gateway on --listen as the one address (docs/operations.md)",
     )
     s.add_argument("--shards", type=int, default=1, help="with --topology split: Authority shard processes (default 1)")
+    t = s.add_argument_group("TLS (docs/tls.md); `mwp --tls-ca ... serve` sets how this server dials its peers")
+    t.add_argument("--tls-cert", type=Path, help="serve TLS with this certificate chain (PEM) (default $MWP_TLS_CERT)")
+    t.add_argument("--tls-key", type=Path, help="...and its private key (PEM) (default $MWP_TLS_KEY)")
+    t.add_argument(
+        "--tls-client-ca", type=Path,
+        help="require client certificates issued by this CA (mTLS); the internal contracts then answer only "
+        "certificates naming a mesh service (default $MWP_TLS_CLIENT_CA)",
+    )
+    t.add_argument(
+        "--tls-auto", action="store_true",
+        help="make a throw-away mesh CA and certificates in <data dir>/tls and serve TLS with them; split: "
+        "mTLS between the processes (default $MWP_TLS_AUTO)",
+    )
+    t.add_argument(
+        "--insecure", action="store_true",
+        help="allow plain text on an address other hosts can reach (default $MWP_INSECURE; loopback never needs it)",
+    )
+    t.add_argument(
+        "--health-listen",
+        help="also serve grpc.health.v1 alone, in plain text, on this address (probes; default $MWP_HEALTH_LISTEN)",
+    )
     s.set_defaults(func=cmd_serve)
 
     k = sub.add_parser("keygen", help="create an Ed25519 key file (mode 0600)")

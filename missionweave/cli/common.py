@@ -22,6 +22,8 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from missionweave.config import Settings
+from missionweave.rpc.channels import ClientTLS
 from missionweave.sdk.client import MeshClient, SessionSigner, decode_events, membership_epoch
 from missionweave.signing import read_key
 from missionweave.v1 import authority_service_pb2, command_pb2, event_pb2, mission_pb2
@@ -46,6 +48,52 @@ class UsageError(CliError):
 
 def target(args: argparse.Namespace) -> str:
     return str(getattr(args, "target", None) or os.environ.get("MWP_TARGET", "127.0.0.1:50051"))
+
+
+# The client TLS flags every command takes (before the command: `mwp --tls-ca ca.crt health`), each
+# overriding its MWP_TLS_* variable (docs/tls.md).
+CLIENT_TLS_FLAGS = {
+    "tls_ca": "--tls-ca",
+    "tls_client_cert": "--tls-client-cert",
+    "tls_client_key": "--tls-client-key",
+    "tls_server_name": "--tls-server-name",
+}
+
+
+def add_client_tls_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("TLS to the server (docs/tls.md)")
+    g.add_argument(
+        "--tls", action="store_true", default=None,
+        help="use TLS, verifying the server with the system's roots unless --tls-ca (default $MWP_TLS; "
+        "on whenever another --tls-* flag or MWP_TLS_* client variable is set)",
+    )
+    g.add_argument("--tls-ca", type=Path, help="CA bundle (PEM) that verifies the server (default $MWP_TLS_CA)")
+    g.add_argument("--tls-client-cert", type=Path, help="client certificate (PEM) for mTLS (default $MWP_TLS_CLIENT_CERT)")
+    g.add_argument("--tls-client-key", type=Path, help="its private key (PEM) (default $MWP_TLS_CLIENT_KEY)")
+    g.add_argument(
+        "--tls-server-name", help="the name to check in the server certificate instead of the target's host "
+        "(default $MWP_TLS_SERVER_NAME)",
+    )
+
+
+def with_client_tls_flags(settings: Settings, args: argparse.Namespace) -> Settings:
+    """``settings`` with the client TLS flags given on the command line applied over the environment."""
+    if getattr(args, "tls", None):
+        settings.tls = True
+    for name in CLIENT_TLS_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(settings, name, value)
+    return settings
+
+
+def client_tls(args: argparse.Namespace) -> ClientTLS | None:
+    return ClientTLS.from_settings(with_client_tls_flags(Settings.from_env(), args))
+
+
+def connect(args: argparse.Namespace) -> MeshClient:
+    """A client of the target, over TLS when the flags or MWP_TLS_* ask for it."""
+    return MeshClient(target(args), client_tls(args))
 
 
 def session_file(key_path: Path) -> Path:
@@ -107,7 +155,7 @@ class Actor:
 
 @asynccontextmanager
 async def acting(args: argparse.Namespace) -> AsyncIterator[Actor]:
-    async with MeshClient(target(args)) as mesh:
+    async with connect(args) as mesh:
         signer = await load_signer(args, mesh)
         mesh.read_as(signer)  # the Group reads an action needs are proven as its actor
         yield Actor(args, mesh, signer)
@@ -121,7 +169,7 @@ async def reading(args: argparse.Namespace) -> AsyncIterator[MeshClient]:
     args.key = getattr(args, "key", None) or os.environ.get("MWP_KEY")
     if not args.actor or not args.key:
         raise UsageError("reading needs an identity: pass --as ID --key FILE (or set MWP_AS and MWP_KEY)")
-    async with MeshClient(target(args)) as mesh:
+    async with connect(args) as mesh:
         mesh.read_as(await load_signer(args, mesh))
         yield mesh
 

@@ -33,7 +33,7 @@ from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
 from missionweave import ids
-from missionweave.cli.common import CliError, add_json_flag, emit, enum_label, target, to_dict
+from missionweave.cli.common import CliError, add_json_flag, client_tls, emit, enum_label, target, to_dict
 from missionweave.cli.progress import render_text
 from missionweave.clock import SystemClock, from_timestamp, to_timestamp
 from missionweave.config import Settings
@@ -798,7 +798,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     admin_key = _admin_key(args)
     address = target(args)
     timeline = Timeline()
-    async with MeshClient(address) as mesh:
+    async with MeshClient(address, client_tls(args)) as mesh:
         try:
             result = await run_demo(mesh, admin_key, admin_id=args.admin_id, timeline=timeline)
         except grpc.aio.AioRpcError as err:

@@ -1,7 +1,8 @@
 """How a service reaches the others: through their contracts, on one channel per peer service.
 
 A peer served in this process is reached through ``LocalChannel`` (no network hop, same stubs);
-any other through a gRPC channel to its address (``MWP_<SERVICE>_ADDR``). Callers build the
+any other through a gRPC channel to its address (``MWP_<SERVICE>_ADDR``), over TLS (with this
+process's client certificate where peers require one) when ``MWP_TLS_*`` configure it (docs/tls.md). Callers build the
 generated stub on ``peers.channel(name)`` and never learn which of the two they got.
 """
 
@@ -14,6 +15,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from missionweave.rpc.callers import MeshServiceChannel
+from missionweave.rpc.channels import ClientTLS, open_channel
 from missionweave.rpc.local import LocalChannel
 from missionweave.rpc.shards import ShardedChannel
 
@@ -40,9 +42,15 @@ class PeerUnknown(Exception):
 
 class Peers:
     def __init__(
-        self, served: tuple[str, ...], addresses: Mapping[str, str], local: LocalChannel, mesh_token: bytes = b""
+        self,
+        served: tuple[str, ...],
+        addresses: Mapping[str, str],
+        local: LocalChannel,
+        tls: ClientTLS | None = None,
+        mesh_token: bytes = b"",
     ) -> None:
         self.served = served
+        self.tls = tls
         self.addresses = dict(addresses)
         self.local = local
         self.mesh_token = mesh_token
@@ -82,7 +90,7 @@ class Peers:
         """A channel to one address (an Authority shard named in NOT_OWNER), shared by all callers."""
         channel = self._remote.get(address)
         if channel is None:
-            channel = self._remote[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = self._remote[address] = open_channel(address, self.tls, CHANNEL_OPTIONS)
         return channel
 
     async def unanswered(self, wait_s: float = 2.0) -> list[tuple[str, str]]:

@@ -44,6 +44,7 @@ from missionweave.mesh.front_door import FrontDoor, mirror_health, stop_mirrors
 from missionweave.mesh.health import MeshHealth
 from missionweave.mesh.peers import Peers, PeerUnknown
 from missionweave.rpc.callers import CallAuthenticator, audiences_for, load_or_create_mesh_token
+from missionweave.rpc.channels import ClientTLS, MeshPeersOnly, ServerTLS, add_listener, check_listen
 from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.local import LocalChannel
 from missionweave.signing import load_or_create_key
@@ -152,6 +153,9 @@ class Mesh:
     background: list[asyncio.Task[None]] = field(default_factory=list)  # health mirrors, the peer check
     directory: IdentityDirectoryServicer | None = None
     group_log: GroupLogServicer | None = None
+    # The plain-text grpc.health.v1-only listener (MWP_HEALTH_LISTEN), if any, and its port.
+    health_server: grpc.aio.Server | None = None
+    health_port: int = 0
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -170,6 +174,8 @@ class Mesh:
         if self.gateway is not None:
             await self.gateway.stop(grace)
         await self.server.stop(grace)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         await stop_mirrors(self.background)
         await self.peers.close()
         if self.authority is not None:
@@ -231,13 +237,19 @@ async def bootstrap_admin(settings: Settings, registry: IdentityRegistry) -> Non
 
 
 async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
+    # TLS settings are checked before anything starts: a refusal leaves nothing behind.
+    server_tls = ServerTLS.from_settings(settings)
+    check_listen(settings.listen, server_tls, insecure=settings.insecure)
+    peer_tls = ClientTLS.from_settings(settings)
     clock = clock or SystemClock()
     gc.set_threshold(*GC_THRESHOLDS)
     engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
     await create_schemas(engine, settings.services)
     # Services served here reach each other through this channel; the others through their addresses.
     local = LocalChannel()
-    peers = Peers(settings.services, settings.peers, local, load_or_create_mesh_token(settings.mesh_token_path))
+    peers = Peers(
+        settings.services, settings.peers, local, tls=peer_tls, mesh_token=load_or_create_mesh_token(settings.mesh_token_path)
+    )
     registry = None
     if "membership" in settings.services:
         registry = IdentityRegistry(engine, clock)
@@ -263,7 +275,11 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             # (ENHANCE_YOUR_CALM), which would cut every idle follow stream after a minute.
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", MIN_PEER_PING_INTERVAL_MS),
-        ]
+        ],
+        # With client certificates required, the internal contracts answer mesh services only.
+        interceptors=[MeshPeersOnly(INTERNAL_SERVICE_NAMES.values())]
+        if server_tls is not None and server_tls.mutual
+        else None,
     )
     health = MeshHealth()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -334,9 +350,8 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     reflection.enable_server_reflection(
         [*names, *routed, reflection.SERVICE_NAME, "grpc.health.v1.Health"], server
     )
-    port = server.add_insecure_port(settings.listen)
-    if port == 0:
-        raise OSError(f"cannot listen on {settings.listen}")
+    port = add_listener(server, settings.listen, server_tls, insecure=settings.insecure)
+    health_server, health_port = await _health_listener(settings.health_listen, health)
     # Listening on port 0 picks a port: proofs name the address clients dial, with that port.
     callers.audiences |= audiences_for(f"{settings.listen.rsplit(':', 1)[0]}:{port}")
     await server.start()
@@ -355,9 +370,19 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     # In the background: peers of a split mesh start in any order, and start-up never waits on them.
     mirrors.append(asyncio.create_task(_say_silent_peers(peers)))
+    if server_tls is not None and peer_tls is None and any(s not in settings.services for s in settings.peers):
+        log.warning(
+            "this server speaks TLS but dials its peers in plain text: set MWP_TLS_CA (and a client "
+            "certificate where peers require one) so peer calls use TLS too (docs/tls.md)"
+        )
     log.info(
         "mesh listening",
-        extra={"listen": settings.listen, "port": port, "services": ",".join(settings.services)},
+        extra={
+            "listen": settings.listen,
+            "port": port,
+            "services": ",".join(settings.services),
+            "tls": "off" if server_tls is None else ("mutual" if server_tls.mutual else "server"),
+        },
     )
     return Mesh(
         server,
@@ -375,7 +400,21 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         mirrors,
         directory,
         group_log_servicer,
+        health_server,
+        health_port,
     )
+
+
+async def _health_listener(address: str, health: MeshHealth) -> tuple[grpc.aio.Server | None, int]:
+    """MWP_HEALTH_LISTEN: a plain-text server with grpc.health.v1 and nothing else, for probes that
+    speak no TLS (kubelet's gRPC probes). It tells a caller only whether a service is serving."""
+    if not address:
+        return None, 0
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    port = add_listener(server, address, None, insecure=True)
+    await server.start()
+    return server, port
 
 
 def _directory_client(peers: Peers) -> IdentityDirectoryClient:

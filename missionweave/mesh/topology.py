@@ -6,6 +6,11 @@ each told its peers' addresses through the same ``MWP_*_ADDR`` variables.
 The launcher holds the data directory (its children are let in by ``MWP_MESH_ID``), waits until
 every child reports SERVING, restarts a child that dies (as Kubernetes restarts a pod), stops the
 whole mesh (exit 1) if one keeps dying, and forwards SIGTERM/SIGINT to all of them.
+
+TLS (docs/tls.md): the launcher's TLS settings reach every child. With ``--tls-auto`` it makes a
+throw-away mesh CA and a certificate per process in ``<data dir>/tls/`` instead: every process
+serves TLS, the back services require client certificates (mTLS) and every process presents its
+own (naming its service) to its peers; the gateway, where agents connect, asks for none.
 """
 
 from __future__ import annotations
@@ -20,12 +25,15 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from missionweave.config import Settings
+from missionweave.mesh import certs
 from missionweave.mesh.server import SERVICE_NAMES
+from missionweave.rpc.channels import ClientTLS, ServerTLS, check_listen, open_channel
 
 log = logging.getLogger("missionweave.topology")
 
@@ -67,6 +75,10 @@ def plan(settings: Settings, shards: int, mesh_id: str) -> list[Child]:
     addresses = {name: f"{host}:{_free_port(host)}" for name in BACK_SERVICES}
     shard_addresses = [f"{host}:{_free_port(host)}" for _ in range(shards)]
     common = {
+        **_tls_env(settings),
+        # Children serve one address each: the launcher's extra listeners are not theirs.
+        "MWP_TLS_AUTO": "0",
+        "MWP_HEALTH_LISTEN": "",
         "MWP_DATA_DIR": str(settings.data_dir),
         "MWP_MESH_ID": mesh_id,
         "MWP_LOG_LEVEL": settings.log_level,
@@ -83,15 +95,73 @@ def plan(settings: Settings, shards: int, mesh_id: str) -> list[Child]:
         for i, address in enumerate(shard_addresses)
     ]
     children += [Child(name, (name,), address, {}) for name, address in addresses.items()]
-    children.append(Child("gateway", ("gateway",), settings.listen, {}))
+    children.append(Child("gateway", ("gateway",), settings.listen, {"MWP_HEALTH_LISTEN": settings.health_listen}))
     for child in children:
         child.env = {**common, **child.env, "MWP_SERVICES": ",".join(child.services), "MWP_LISTEN": child.address}
     return children
 
 
-async def _serving(child: Child, deadline: float) -> None:
+def _tls_env(settings: Settings) -> dict[str, str]:
+    """The launcher's TLS settings (flags included) as the children's MWP_TLS_* variables; every one
+    is set, empty when unset, so nothing of the same name in the environment overrides them."""
+    paths = {
+        "MWP_TLS_CERT": settings.tls_cert,
+        "MWP_TLS_KEY": settings.tls_key,
+        "MWP_TLS_CLIENT_CA": settings.tls_client_ca,
+        "MWP_TLS_CA": settings.tls_ca,
+        "MWP_TLS_CLIENT_CERT": settings.tls_client_cert,
+        "MWP_TLS_CLIENT_KEY": settings.tls_client_key,
+    }
+    env = {name: str(path) if path else "" for name, path in paths.items()}
+    env["MWP_TLS_SERVER_NAME"] = settings.tls_server_name
+    env["MWP_TLS"] = "1" if settings.tls else "0"
+    env["MWP_INSECURE"] = "1" if settings.insecure else "0"
+    return env
+
+
+def auto_tls(settings: Settings, children: list[Child]) -> tuple[ClientTLS, Path]:
+    """``--tls-auto``: a certificate per child from the data dir's mesh CA, naming its service, set in
+    its environment (mTLS everywhere but at the gateway); the launcher's own client TLS, and the CA."""
+    directory = certs.tls_dir(settings.data_dir)
+    ca = certs.ensure_ca(directory)
+    ca_file = directory / "ca.crt"
+    for child in children:
+        service = child.services[0]
+        cert, key = certs.issue(ca, child.name, hosts=certs.hosts_for(child.address), service=service).write(
+            directory, child.name
+        )
+        child.env.update({
+            "MWP_TLS_CERT": str(cert),
+            "MWP_TLS_KEY": str(key),
+            # Agents connect to the gateway with no certificate; every other process is reached by peers.
+            "MWP_TLS_CLIENT_CA": "" if service == "gateway" else str(ca_file),
+            "MWP_TLS_CA": str(ca_file),
+            "MWP_TLS_CLIENT_CERT": str(cert),
+            "MWP_TLS_CLIENT_KEY": str(key),
+            "MWP_TLS_SERVER_NAME": "",
+        })
+    cert, key = certs.issue(ca, "mwp serve launcher").write(directory, "launcher")  # names no service
+    return ClientTLS(ca_file, cert, key), ca_file
+
+
+def launcher_tls(settings: Settings) -> ClientTLS | None:
+    """How the launcher (and every child, with the same settings) dials the processes; refuses a
+    configuration under which the processes could not reach one another."""
+    server = ServerTLS.from_settings(settings)
+    check_listen(settings.listen, server, insecure=settings.insecure)
+    client = ClientTLS.from_settings(settings)
+    if server is not None and client is None:
+        raise TopologyError(
+            "the processes of the split topology dial one another with the client TLS settings: with "
+            "--tls-cert, also set --tls-ca (MWP_TLS_CA) and, with --tls-client-ca, a client certificate "
+            "(--tls-client-cert, --tls-client-key), or use --tls-auto"
+        )
+    return client
+
+
+async def _serving(child: Child, deadline: float, tls: ClientTLS | None) -> None:
     service = SERVICE_NAMES[child.services[0]]
-    async with grpc.aio.insecure_channel(child.address) as channel:
+    async with open_channel(child.address, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             assert child.process is not None
@@ -131,7 +201,13 @@ async def run_split(settings: Settings, *, shards: int = 1) -> int:
     mesh_id = settings.mesh_id or f"mesh-{uuid.uuid4().hex[:12]}"  # `mwp serve` sets it before taking the data dir
     try:
         children = plan(settings, shards, mesh_id)
-    except TopologyError as refused:
+        tls: ClientTLS | None
+        if settings.tls_auto:
+            tls, ca_file = auto_tls(settings, children)
+            print(f"  TLS with a throw-away mesh CA: clients verify the gateway with --tls-ca {ca_file}", file=sys.stderr)
+        else:
+            tls = launcher_tls(settings)
+    except (TopologyError, ValueError) as refused:
         print(f"mwp serve: {refused}", file=sys.stderr)
         return 2
     stop = asyncio.Event()
@@ -148,7 +224,7 @@ async def run_split(settings: Settings, *, shards: int = 1) -> int:
         deadline = time.monotonic() + START_TIMEOUT_S
         for child in children:
             await _spawn(child, env)
-            await _serving(child, deadline)
+            await _serving(child, deadline, tls)
         print(
             f"split topology serving: gateway (the one address) on {settings.listen}, "
             f"{shards} Authority shard(s), {len(children)} processes (mesh {mesh_id})",

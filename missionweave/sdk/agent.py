@@ -39,6 +39,8 @@ What the SDK guarantees (MW-16-01..07, MW-16-10):
   been processed, or when the subscription is idle), so at most ``credits`` events are ever in flight.
 
 Events are verified against the Authority key (``GetAuthorityKey``) before anything reads them.
+Over TLS, pass ``tls=ClientTLS(ca_file=...)`` (and ``cert_file``/``key_file`` for mTLS) or
+``tls=ClientTLS.from_env()`` to :meth:`Agent.connect` (docs/tls.md).
 Logging goes to the ``missionweave.sdk.agent`` logger. See ``docs/sdk.md`` and ``examples/``.
 """
 
@@ -68,6 +70,7 @@ from nacl.signing import SigningKey
 
 from missionweave import __version__, ids
 from missionweave.clock import SystemClock, to_timestamp
+from missionweave.rpc.channels import ClientTLS, open_channel
 from missionweave.sdk.client import SessionSigner, open_session_envelope
 from missionweave.sdk.client import membership_epoch as active_membership_epoch
 from missionweave.sdk.credentials import CallProofs
@@ -102,6 +105,7 @@ __all__ = [
     "AgentError",
     "AuthorityVerifier",
     "Backoff",
+    "ClientTLS",
     "CommandBody",
     "CommandRejected",
     "CreditWindow",
@@ -1221,6 +1225,7 @@ class Agent:
         *,
         cursor_dir: str | os.PathLike[str],
         credentials: grpc.ChannelCredentials | None = None,
+        tls: ClientTLS | None = None,
         backoff: Backoff | None = None,
         connect_timeout: float = 30.0,
         command_timeout: float = 30.0,
@@ -1232,6 +1237,7 @@ class Agent:
         self._key = key if isinstance(key, SigningKey) else read_key(Path(key))
         self._session_file = SessionFile(self.directory / "session.json", identity_id)
         self._credentials = credentials
+        self._tls = tls
         self._backoff = backoff or Backoff()
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
@@ -1270,7 +1276,7 @@ class Agent:
     ) -> _Connecting:
         """Connects (HELLO/WELCOME) and returns the agent; use with ``await`` or ``async with``.
 
-        ``options`` are the keyword arguments of :class:`Agent` (``credentials``, ``backoff``,
+        ``options`` are the keyword arguments of :class:`Agent` (``tls``, ``credentials``, ``backoff``,
         ``connect_timeout``, ``command_timeout``, ``grace``). Raises :class:`AgentError` (or the gRPC
         error) if the first connection fails for a reason retrying cannot fix, or does not succeed
         within ``connect_timeout`` seconds.
@@ -1283,10 +1289,8 @@ class Agent:
         """Opens the channel and waits for the first WELCOME; :meth:`connect` calls it for you."""
         if self._runner is not None:
             raise AgentError("the agent was already started")
-        self._channel = (
-            grpc.aio.secure_channel(self.target, self._credentials, interceptors=self._proofs.unary_request_interceptors)
-            if self._credentials is not None
-            else grpc.aio.insecure_channel(self.target, interceptors=self._proofs.unary_request_interceptors)
+        self._channel = open_channel(
+            self.target, self._tls, credentials=self._credentials, interceptors=self._proofs.unary_request_interceptors
         )
         self._first = asyncio.get_running_loop().create_future()
         self._runner = asyncio.create_task(self._run(), name=f"missionweave-agent-{self.identity_id}")

@@ -6,6 +6,10 @@ Example::
         session = await mesh.open_session("alice", alice_key)
         result = await mesh.execute(session.command(group_id, "message_post", body, membership_epoch=1))
 
+Over TLS (docs/tls.md): ``MeshClient(target, tls=ClientTLS(ca_file=Path("ca.crt")))``, with
+``cert_file``/``key_file`` where the server requires client certificates, or ``ClientTLS.from_env()``
+for the ``MWP_TLS*`` settings ``mwp`` reads.
+
 The gateway issue extends this into the full agent SDK (streams, cursors, reconnect).
 """
 
@@ -16,13 +20,13 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import blake3
-import grpc
 from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
 from missionweave import codec, ids
 from missionweave.clock import SystemClock, to_timestamp
 from missionweave.errors import Rejected, from_proto
+from missionweave.rpc.channels import ClientTLS, open_channel
 from missionweave.sdk.credentials import CallProofs
 from missionweave.signing import (
     COMMAND_TYPE,
@@ -155,9 +159,9 @@ class MeshClient:
     a call proof of ``reader`` (missionweave/v1/auth.proto): the session given here, else the first
     session ``open_session`` opens; ``read_as`` switches it. Signed commands need none."""
 
-    def __init__(self, target: str, reader: SessionSigner | None = None) -> None:
+    def __init__(self, target: str, tls: ClientTLS | None = None, reader: SessionSigner | None = None) -> None:
         self.proofs = CallProofs(target, reader)
-        self.channel = grpc.aio.insecure_channel(target, interceptors=self.proofs.interceptors)
+        self.channel = open_channel(target, tls, interceptors=self.proofs.interceptors)
         self.authority = authority_service_pb2_grpc.AuthorityServiceStub(self.channel)
         self.membership = membership_service_pb2_grpc.MembershipServiceStub(self.channel)
         self.artifacts = artifact_service_pb2_grpc.ArtifactServiceStub(self.channel)
