@@ -6,7 +6,8 @@ Three ways to prove it:
   signed by the caller's current session key, made for this method and this mesh, fresh, its nonce
   new (``missionweave.replay``);
 - a service of the mesh: in process (a ``LocalChannel`` call, peer "local"), or over the network
-  with the mesh's shared secret in ``mwp-mesh-token`` (a file only the mesh's processes read,
+  with the mesh's shared secret in ``mwp-mesh-token``, or (for internal contracts only) a verified
+  client certificate naming a mesh service (a file only the mesh's processes read,
   docs/security.md); service code attaches it through ``MeshServiceChannel``, never the front
   door, which forwards what callers sent and strips that entry;
 - nothing: an RPC whose request carries its own signature (commands, identity registration,
@@ -33,6 +34,7 @@ from google.protobuf.message import DecodeError
 from missionweave.clock import Clock, from_timestamp
 from missionweave.errors import R, Rejected
 from missionweave.replay import NonceCache
+from missionweave.rpc.channels import peer_service_name
 from missionweave.signing import parse_session_key_id, verify_signature
 from missionweave.v1 import auth_pb2, common_pb2
 
@@ -114,6 +116,11 @@ class CallAuthenticator:
                 return MESH_SERVICE
             raise unauthenticated("mesh", "the mesh token is wrong")
         if access is Access.MESH:
+            # A verified client certificate naming a mesh service proves a service for internal
+            # contracts only: the front door forwards clients' public calls under its own
+            # certificate, so a certificate must never stand in for a caller's identity.
+            if peer_service_name(context) is not None:
+                return MESH_SERVICE
             raise unauthenticated("mesh", f"{method} is internal to the mesh: services only")
         proof = _first(metadata, CALL_PROOF_METADATA)
         if proof is None:

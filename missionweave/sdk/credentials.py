@@ -1,7 +1,7 @@
 """Call proofs from the client side: every call that needs one gets a fresh ``CallProof`` signed by
 the caller's current session key in its ``mwp-call-proof-bin`` metadata (missionweave/v1/auth.proto).
 
-``CallProofs`` is a client interceptor for all four call shapes: put it on a channel, then set
+``CallProofs`` gives client interceptors for the unary and one-way streaming call shapes: put it on a channel, then set
 ``signer`` once a session is open (calls made before carry no proof, and the ones that need it are
 refused UNAUTHENTICATED). Calls whose requests are signed themselves carry no proof.
 """
@@ -65,9 +65,9 @@ class CallProofs:
     def __init__(self, audience: str, signer: Session | None = None) -> None:
         self.audience = audience
         self.signer = signer
-        self.interceptors: list[grpc.aio.ClientInterceptor] = [
-            _UnaryUnary(self), _UnaryStream(self), _StreamUnary(self), _StreamStream(self)
-        ]
+        # No bidirectional stream needs a proof (commands are signed, the gateway stream proves itself
+        # in HELLO), and an intercepted one leaves gRPC's request-consuming task behind when it ends.
+        self.interceptors: list[grpc.aio.ClientInterceptor] = [_UnaryUnary(self), _UnaryStream(self), _StreamUnary(self)]
 
     @property
     def unary_request_interceptors(self) -> list[grpc.aio.ClientInterceptor]:
@@ -103,9 +103,4 @@ class _UnaryStream(_Shape, grpc.aio.UnaryStreamClientInterceptor):
 
 class _StreamUnary(_Shape, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation: Callable[..., Any], details: Any, requests: Any) -> Any:
-        return await continuation(self.proofs.details(details), requests)
-
-
-class _StreamStream(_Shape, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation: Callable[..., Any], details: Any, requests: Any) -> Any:
         return await continuation(self.proofs.details(details), requests)
