@@ -39,7 +39,12 @@ from missionweave.errors import Rejected, from_proto
 from missionweave.internal.v1 import group_log_pb2 as glpb
 from missionweave.internal.v1 import group_log_pb2_grpc as glpb_grpc
 from missionweave.rpc.identities import IdentityDirectoryClient
-from missionweave.rpc.status import peer_unavailable, rejection_from_rpc_error, rejections_as_status
+from missionweave.rpc.status import (
+    MalformedRequest,
+    peer_unavailable,
+    rejection_from_rpc_error,
+    rejections_as_status,
+)
 from missionweave.signing import (
     HELLO_PROOF_TYPE,
     parse_session_key_id,
@@ -124,6 +129,8 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         try:
             while (frame := await outbox.get()) is not None:
                 yield pb.ConnectResponse(frame=frame)
+            if connection.ended_with is not None:
+                raise connection.ended_with
             if self.stopping:
                 # UNAVAILABLE is the status clients retry on: they reconnect (elsewhere) and resume
                 # from their durable cursors; nothing queued-but-unsent is lost for good.
@@ -242,6 +249,7 @@ class _Connection:
         self.subscriptions: dict[str, _Subscription] = {}
         self.requests: set[asyncio.Task[None]] = set()  # COMMAND and FETCH being answered
         self.reader: asyncio.Task[None] | None = None
+        self.ended_with: Rejected | None = None  # the status the stream ends with, after its frames
 
     def tasks(self) -> list[asyncio.Task[None]]:
         """Every task this stream started that has not finished yet."""
@@ -259,6 +267,9 @@ class _Connection:
                 await self.handle(request.frame)
         except _Fatal as fatal:
             await self.error(fatal.code, str(fatal), fatal=True)
+        except MalformedRequest as malformed:  # a frame that does not parse: say so, then end with it
+            await self.error(E.GATEWAY_ERROR_CODE_MALFORMED_FRAME, str(malformed), fatal=True, rejection=malformed.to_proto())
+            self.ended_with = malformed
         except Exception:
             log.exception("gateway stream failed")
         finally:

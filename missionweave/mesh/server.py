@@ -45,6 +45,7 @@ from missionweave.mesh.health import MeshHealth
 from missionweave.mesh.peers import Peers, PeerUnknown
 from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.local import LocalChannel
+from missionweave.rpc.status import RequestParsing
 from missionweave.signing import load_or_create_key
 from missionweave.v1 import (
     artifact_service_pb2,
@@ -72,7 +73,7 @@ from services.membership.servicer import MembershipServicer
 log = logging.getLogger("missionweave.mesh.server")
 
 # Transport limit: larger messages are refused by gRPC itself with RESOURCE_EXHAUSTED. Commands have
-# their own, smaller, structured limit (services/authority/authority.py MAX_COMMAND_BYTES).
+# their own, smaller, structured limit (services/authority/ingress.py MAX_COMMAND_BYTES).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 # The Authority keeps every owned Group's folded state in memory: a large, long-lived object graph
@@ -248,6 +249,9 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     )
 
     server = grpc.aio.server(
+        # Requests are parsed at the edge, not by gRPC: one that does not parse is answered
+        # INVALID_ARGUMENT (MALFORMED), never UNKNOWN with a traceback (missionweave/rpc/status.py).
+        interceptors=[RequestParsing()],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
