@@ -20,6 +20,12 @@
 | MWP_ADVERTISE_ADDR       | the listen address              | how peers reach this process (NOT_OWNER)       |
 | MWP_MESH_ID              | (unset)                         | processes of one mesh share a data dir          |
 | MWP_OWNERSHIP_LEASE_S    | 30                              | a Group's owner may be replaced this long after its last append |
+| MWP_GATEWAY_AUDIENCE     | advertise, else listen address  | audiences HELLO proofs may name (comma-separated) |
+| MWP_GATEWAY_MAX_STREAMS  | 10000                           | gateway streams open at once                   |
+| MWP_GATEWAY_MAX_STREAMS_PER_IDENTITY | 8                   | ... per authenticated identity                 |
+| MWP_GATEWAY_HELLO_TIMEOUT_S | 10                           | a stream without HELLO this long is closed     |
+| MWP_GATEWAY_STALL_TIMEOUT_S | 30                           | a stream not reading this long is closed       |
+| MWP_GATEWAY_STREAM_BUFFER_BYTES | 1048576                  | frames queued per stream, in bytes             |
 | MWP_LOG_LEVEL / _FORMAT  | info / json                     | logging                                        |
 """
 
@@ -64,6 +70,15 @@ class Settings:
     commit_batch: int = 32
     # Processes that check command signatures off the event loop (D52); 0 checks them inline.
     verify_workers: int = 1
+    # The gateway (docs/gateway.md "Limits", gateway/limits.py): the audiences its HELLO proofs may
+    # name (comma-separated; default: the advertised address, else the listen address), and the
+    # bounds on its streams.
+    gateway_audience: str = ""
+    gateway_max_streams: int = 10_000
+    gateway_max_streams_per_identity: int = 8
+    gateway_hello_timeout_s: float = 10.0
+    gateway_stall_timeout_s: float = 30.0
+    gateway_stream_buffer_bytes: int = 1024 * 1024
 
     @property
     def db_url(self) -> str:
@@ -105,6 +120,14 @@ class Settings:
         s.commit_idle_ms = float(e.get("MWP_COMMIT_IDLE_MS", s.commit_idle_ms))
         s.commit_batch = int(e.get("MWP_COMMIT_BATCH", s.commit_batch))
         s.verify_workers = int(e.get("MWP_VERIFY_WORKERS", s.verify_workers))
+        s.gateway_audience = e.get("MWP_GATEWAY_AUDIENCE", s.gateway_audience)
+        s.gateway_max_streams = int(e.get("MWP_GATEWAY_MAX_STREAMS", s.gateway_max_streams))
+        s.gateway_max_streams_per_identity = int(
+            e.get("MWP_GATEWAY_MAX_STREAMS_PER_IDENTITY", s.gateway_max_streams_per_identity)
+        )
+        s.gateway_hello_timeout_s = float(e.get("MWP_GATEWAY_HELLO_TIMEOUT_S", s.gateway_hello_timeout_s))
+        s.gateway_stall_timeout_s = float(e.get("MWP_GATEWAY_STALL_TIMEOUT_S", s.gateway_stall_timeout_s))
+        s.gateway_stream_buffer_bytes = int(e.get("MWP_GATEWAY_STREAM_BUFFER_BYTES", s.gateway_stream_buffer_bytes))
         s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
         s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)
         return s

@@ -26,6 +26,7 @@ from artifactstore.index import ArtifactIndex
 from artifactstore.publications import PublicationServicer
 from artifactstore.service import ArtifactServicer, add_artifact_service
 from gateway import schema as gateway_schema
+from gateway.limits import GatewayLimits, audiences
 from gateway.service import GatewayServicer
 from missionweave import ids
 from missionweave.clock import Clock, SystemClock
@@ -307,7 +308,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         publications_pb2_grpc.add_PublicationServiceServicer_to_server(publication_servicer, server)
         local.register(INTERNAL_SERVICE_NAMES["publications"], publication_servicer)
     if "gateway" in settings.services:
-        gateway = GatewayServicer(peers.channel("authority"), identities, engine, clock)
+        gateway = GatewayServicer(peers.channel("authority"), identities, engine, clock, gateway_limits(settings))
         gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, server)
     mirrors: list[asyncio.Task[None]] = []
     routed: list[str] = []
@@ -333,6 +334,8 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     port = server.add_insecure_port(settings.listen)
     if port == 0:
         raise OSError(f"cannot listen on {settings.listen}")
+    if gateway is not None:  # HELLO proofs name this gateway: its address, now that the port is known
+        gateway.audiences = audiences(settings.gateway_audience, settings.listen, settings.advertise, port)
     await server.start()
     if store is not None:
         host = settings.listen.rsplit(":", 1)[0]
@@ -369,6 +372,16 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         mirrors,
         directory,
         group_log_servicer,
+    )
+
+
+def gateway_limits(settings: Settings) -> GatewayLimits:
+    return GatewayLimits(
+        max_streams=settings.gateway_max_streams,
+        max_streams_per_identity=settings.gateway_max_streams_per_identity,
+        hello_timeout_s=settings.gateway_hello_timeout_s,
+        stall_timeout_s=settings.gateway_stall_timeout_s,
+        stream_buffer_bytes=settings.gateway_stream_buffer_bytes,
     )
 
 
