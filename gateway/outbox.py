@@ -4,7 +4,9 @@
 
 Every Group has its own short queue, so a Group that produces faster than the agent reads fills
 only its own queue and then waits (its subscription stops reading the log): the memory a stalled
-agent costs is bounded by (Groups x ``frames_per_group``) frames, never by the log. Deficit round
+agent costs is bounded by (Groups x ``frames_per_group``) frames, never by the log, and by
+``max_bytes`` in all (producers wait while the queued frames reach it; an empty outbox always takes
+one frame, however large, so a frame bigger than the budget still goes). Deficit round
 robin (Shreedhar & Varghese) gives each backlogged Group the same number of bytes per round
 whatever its frame sizes, so a Group sending big batches cannot crowd out one sending small ones.
 """
@@ -28,11 +30,14 @@ class Outbox:
         quantum: int = QUANTUM_BYTES,
         frames_per_group: int = FRAMES_PER_GROUP,
         control_frames: int = CONTROL_FRAMES,
+        max_bytes: int | None = None,
     ) -> None:
         self._quantum = quantum
         self._frames_per_group = frames_per_group
         self._control_limit = control_frames
-        self._control: deque[pb.ServerFrame] = deque()
+        self._max_bytes = max_bytes
+        self._bytes = 0  # of every frame queued
+        self._control: deque[tuple[pb.ServerFrame, int]] = deque()
         self._events: dict[str, deque[tuple[pb.ServerFrame, int]]] = {}
         self._active: deque[str] = deque()  # Groups with queued frames, in round-robin order
         self._deficit: dict[str, int] = {}
@@ -43,15 +48,18 @@ class Outbox:
     # ------------------------------------------------------------ producers
 
     async def put_control(self, frame: pb.ServerFrame) -> None:
-        while not self._ended and len(self._control) >= self._control_limit:
+        size = frame.ByteSize()
+        while not self._ended and (len(self._control) >= self._control_limit or self._over(size)):
             await self._wait_for_room()
         if not self._ended:
-            self._control.append(frame)
+            self._control.append((frame, size))
+            self._bytes += size
             self._ready.set()
 
     async def put_group(self, group_id: str, frame: pb.ServerFrame) -> None:
         """Queue a frame of one of ``group_id``'s subscriptions; waits while that Group's queue is full."""
-        while not self._ended and len(self._events.get(group_id, ())) >= self._frames_per_group:
+        size = frame.ByteSize()
+        while not self._ended and (len(self._events.get(group_id, ())) >= self._frames_per_group or self._over(size)):
             await self._wait_for_room()
         if self._ended:
             return
@@ -59,7 +67,21 @@ class Outbox:
         if not queue:
             self._active.append(group_id)
             self._deficit.setdefault(group_id, 0)
-        queue.append((frame, frame.ByteSize()))
+        queue.append((frame, size))
+        self._bytes += size
+        self._ready.set()
+
+    def _over(self, size: int) -> bool:
+        """Whether a frame of ``size`` bytes would take the queued bytes past the budget (never when
+        nothing is queued)."""
+        return self._max_bytes is not None and self._bytes > 0 and self._bytes + size > self._max_bytes
+
+    def force_control(self, frame: pb.ServerFrame) -> None:
+        """Queue a stream-level frame now, whatever the limits and even after ``end``: the one frame
+        that refuses a stream before anything else was queued."""
+        size = frame.ByteSize()
+        self._control.append((frame, size))
+        self._bytes += size
         self._ready.set()
 
     async def _wait_for_room(self) -> None:
@@ -74,6 +96,8 @@ class Outbox:
             self._control.clear()
             self._events.clear()
             self._active.clear()
+            self._deficit.clear()
+            self._bytes = 0
         self._ready.set()
         self._room.set()
 
@@ -93,7 +117,9 @@ class Outbox:
 
     def _next(self) -> pb.ServerFrame | None:
         if self._control:
-            return self._control.popleft()
+            frame, size = self._control.popleft()
+            self._bytes -= size
+            return frame
         while self._active:
             group_id = self._active[0]
             queue = self._events[group_id]
@@ -104,6 +130,7 @@ class Outbox:
                 self._active.rotate(-1)
                 continue
             self._deficit[group_id] -= size
+            self._bytes -= size
             queue.popleft()
             if not queue:
                 self._active.popleft()
@@ -117,3 +144,7 @@ class Outbox:
     @property
     def queued_frames(self) -> int:
         return len(self._control) + sum(len(q) for q in self._events.values())
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._bytes

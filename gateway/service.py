@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Coroutine, Sequence
+import time
+import weakref
+from collections import Counter
+from collections.abc import AsyncIterator, Collection, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import grpc
@@ -31,6 +33,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.fetch import FetchRefused, requested
+from gateway.limits import GatewayLimits
 from gateway.outbox import Outbox
 from gateway.schema import cursor_upsert, cursors
 from missionweave.aio import finish_on_cancel
@@ -38,15 +41,24 @@ from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
 from missionweave.errors import Rejected, from_proto
 from missionweave.internal.v1 import group_log_pb2 as glpb
 from missionweave.internal.v1 import group_log_pb2_grpc as glpb_grpc
-from missionweave.rpc.callers import Access, CallAuthenticator, requires
+from missionweave.replay import NONCE_MAX, NONCE_MIN, NonceCache
+from missionweave.rpc.callers import Access, CallAuthenticator, normalize_audience, requires
 from missionweave.rpc.identities import IdentityDirectoryClient
-from missionweave.rpc.status import peer_unavailable, rejection_from_rpc_error, rejections_as_status
+from missionweave.rpc.status import (
+    MalformedRequest,
+    abort_with,
+    peer_unavailable,
+    rejection_from_rpc_error,
+    rejections_as_status,
+)
 from missionweave.signing import (
     HELLO_PROOF_TYPE,
+    MAX_SIGNATURES,
     parse_session_key_id,
+    session_key_id,
     verify_signature,
 )
-from missionweave.v1 import authority_service_pb2, authority_service_pb2_grpc, common_pb2
+from missionweave.v1 import authority_service_pb2, authority_service_pb2_grpc, command_pb2, common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
 
@@ -54,7 +66,6 @@ R = common_pb2.RejectionReason
 E = pb.GatewayErrorCode
 log = logging.getLogger("missionweave.gateway")
 
-HELLO_SKEW = timedelta(seconds=30)
 MAX_EVENTS_PER_FRAME = 256
 MAX_CREDITS = 65_536
 MAX_SUBSCRIPTIONS = 1_024
@@ -69,10 +80,39 @@ PEER_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 20.0
 
 
+# How long a closing stream's own tasks may take to finish their clean-up.
+CLOSE_GRACE_S = 5.0
+# A refused stream (too many streams) is told to retry after this long.
+LIMIT_RETRY_AFTER_MS = 1000
+# Each fatal code's general reason (the Rejection in its ERROR frame).
+_FATAL_REASONS: dict[int, R.ValueType] = {
+    E.GATEWAY_ERROR_CODE_HELLO_INVALID: R.REJECTION_REASON_SIGNATURE_INVALID,
+    E.GATEWAY_ERROR_CODE_SESSION_STALE: R.REJECTION_REASON_SESSION_EPOCH_STALE,
+    E.GATEWAY_ERROR_CODE_LIMIT_EXCEEDED: R.REJECTION_REASON_OVERLOADED,
+}
+
+
 class _Fatal(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    """A fatal ERROR frame: the stream ends after it. ``status``: it also ends with the Rejection as
+    its gRPC status (limits: RESOURCE_EXHAUSTED), not OK."""
+
+    def __init__(self, code: int, message: str, *, status: bool = False, **metadata: object) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status
+        reason = _FATAL_REASONS.get(code, R.REJECTION_REASON_FRAME_OUT_OF_ORDER)
+        self.rejected = Rejected(reason, message, **metadata)
+
+
+def _over_limit(message: str, limit: int, scope: str) -> _Fatal:
+    return _Fatal(
+        E.GATEWAY_ERROR_CODE_LIMIT_EXCEEDED,
+        message,
+        status=True,
+        limit=limit,
+        scope=scope,
+        retry_after_ms=LIMIT_RETRY_AFTER_MS,
+    )
 
 
 @dataclass
@@ -103,7 +143,13 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
     callers: CallAuthenticator | None = None  # set by the mesh (missionweave/mesh/server.py)
 
     def __init__(
-        self, authority: Any, registry: IdentityDirectoryClient, engine: AsyncEngine, clock: Clock
+        self,
+        authority: Any,
+        registry: IdentityDirectoryClient,
+        engine: AsyncEngine,
+        clock: Clock,
+        limits: GatewayLimits | None = None,
+        audiences: Iterable[str] = (),
     ) -> None:
         # ``authority``: a channel to the Group Authority, over the network or in process (Peers).
         self.group_log = glpb_grpc.GroupLogServiceStub(authority)
@@ -112,10 +158,18 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         self.engine = engine
         self._cursor_upsert = cursor_upsert(engine.dialect.name)
         self.clock = clock
+        self.limits = limits or GatewayLimits()
+        # The audiences a HelloProof may name (the mesh's, ``rpc.callers.audiences_for``); the mesh sets them once
+        # it knows the port it listens on.
+        self.audiences: Collection[str] = frozenset(normalize_audience(a) for a in audiences)
+        self.nonces = NonceCache(clock, max_entries=self.limits.max_hello_nonces)  # HELLO and GetSnapshot
         self.connections: set[_Connection] = set()
+        self._per_identity: Counter[str] = Counter()  # authenticated streams per agent
         self.stopping = False
         self._cursor_writes: dict[tuple[str, str], int] = {}
         self._cursor_flusher: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()  # streams being ended (stalled) and released
 
     @requires(Access.SIGNED)
     async def Connect(
@@ -123,21 +177,92 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
     ) -> AsyncIterator[pb.ConnectResponse]:
         if self.stopping:
             await context.abort(grpc.StatusCode.UNAVAILABLE, GOING_AWAY_MESSAGE)
-        outbox = Outbox()  # bounded per Group: backpressure, and fair across Groups
+        # Bounded per Group and in bytes: backpressure, and fair across Groups.
+        outbox = Outbox(max_bytes=self.limits.stream_buffer_bytes)
         connection = _Connection(self, outbox)
-        self.connections.add(connection)
-        connection.reader = asyncio.create_task(connection.read(request_iterator))
+        # However the call ends (its end, the client's cancel, a stall), the stream lets go of what
+        # it holds at once; the clean-up below may not run when the call is cancelled mid-send. By
+        # weak reference: gRPC keeps the latest call's state (and its callbacks) until the next call.
+        ended = weakref.WeakMethod(connection.end)
+        context.add_done_callback(lambda _: (end := ended()) is not None and end())  # type: ignore[arg-type]
+        connection.handler = asyncio.current_task()
+        connection.context = context
+        self._start_watchdog()
         try:
+            if len(self.connections) >= self.limits.max_streams:
+                connection.refuse(
+                    _over_limit(f"the gateway has {len(self.connections)} streams open; retry later",
+                                self.limits.max_streams, "gateway")
+                )
+            else:
+                self.connections.add(connection)
+                connection.reader = asyncio.create_task(connection.read(request_iterator))
             while (frame := await outbox.get()) is not None:
+                connection.sending_since = time.monotonic()
                 yield pb.ConnectResponse(frame=frame)
+                connection.sending_since = None
+            if connection.ended_with is not None:
+                raise connection.ended_with
             if self.stopping:
                 # UNAVAILABLE is the status clients retry on: they reconnect (elsewhere) and resume
                 # from their durable cursors; nothing queued-but-unsent is lost for good.
                 await context.abort(grpc.StatusCode.UNAVAILABLE, GOING_AWAY_MESSAGE)
         finally:
-            await connection.close()
-            self.connections.discard(connection)
+            connection.end()
+            await connection.wait_closed()
             await self.flush_cursors()  # a stream that ended has its last ACK stored
+
+    # ------------------------------------------------------------ stream bookkeeping
+
+    def admit_identity(self, connection: _Connection, agent_id: str) -> None:
+        """Count an authenticated stream for its agent, or refuse it (LIMIT_EXCEEDED)."""
+        if connection.ended:  # ended while its HELLO was being checked: nothing to count
+            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_REQUIRED, "the stream has ended")
+        held = self._per_identity.get(agent_id, 0)
+        if held >= self.limits.max_streams_per_identity:
+            raise _over_limit(
+                f"{agent_id} already has {held} streams open on this gateway", self.limits.max_streams_per_identity, "identity"
+            )
+        self._per_identity[agent_id] += 1
+        connection.counted = agent_id
+
+    def forget(self, connection: _Connection) -> None:
+        self.connections.discard(connection)
+        if connection.counted:
+            self._per_identity[connection.counted] -= 1
+            if self._per_identity[connection.counted] <= 0:
+                del self._per_identity[connection.counted]
+            connection.counted = ""
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def streams_of(self, agent_id: str) -> int:
+        return self._per_identity.get(agent_id, 0)
+
+    def _start_watchdog(self) -> None:
+        if (self._watchdog is None or self._watchdog.done()) and not self.stopping:
+            self._watchdog = asyncio.create_task(self._close_stalled())
+
+    async def _close_stalled(self) -> None:
+        """Closes streams whose agent has not taken the frame being sent for ``stall_timeout_s``."""
+        limit = self.limits.stall_timeout_s
+        period = min(max(limit / 4, 0.05), 5.0)
+        while self.connections:
+            await asyncio.sleep(period)
+            self._close_stalled_now(limit)
+
+    def _close_stalled_now(self, limit: float) -> None:
+        now = time.monotonic()
+        for connection in list(self.connections):
+            since = connection.sending_since
+            if since is not None and now - since > limit:
+                log.warning(
+                    "closing a gateway stream that stopped reading",
+                    extra={"agent": connection.agent_id, "stalled_s": round(now - since, 1)},
+                )
+                connection.stalled(now - since)
 
     async def stop(self, grace: float = 5.0) -> None:
         """End every stream before the server and the database go away.
@@ -160,6 +285,9 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         for connection in connections:
             connection.go_away()
         await _cancel(self._cursor_flusher)
+        await _cancel(self._watchdog)
+        if self._closing:
+            await asyncio.wait(list(self._closing), timeout=grace)
         await self.flush_cursors()
 
     @requires(Access.SIGNED)
@@ -169,11 +297,9 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         """MW-16-12: the signed snapshot named by a CURSOR_TOO_OLD reference (verify hash and signature),
         for a caller who proves its session and holds an active Membership in the Group."""
         try:
-            agent_id, _ = await verify_session_proof(self.registry, self.clock, request.proof)
+            agent_id, _ = await self.verify_session_proof(request.proof)
         except _Fatal as refused:
-            stale = refused.code == E.GATEWAY_ERROR_CODE_SESSION_STALE
-            reason = R.REJECTION_REASON_SESSION_EPOCH_STALE if stale else R.REJECTION_REASON_SIGNATURE_INVALID
-            raise Rejected(reason, str(refused)) from None
+            raise refused.rejected from None
         # Membership, the snapshot and the reference signed by the Authority: decided over there.
         ask = glpb.GetMemberSnapshotRequest(group_id=request.group_id, member_id=agent_id, digest=request.digest)
         try:
@@ -182,6 +308,46 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
             rejection = rejection_from_rpc_error(err)
             raise from_proto(rejection) if rejection is not None else peer_unavailable("authority", err) from None
         return pb.GetSnapshotResponse(snapshot=answer.snapshot, signed_reference=answer.signed_reference)
+
+    async def verify_session_proof(self, proof: common_pb2.SignedEnvelope) -> tuple[str, int]:
+        """The (agent, session epoch) a HelloProof proves: signed by that session's key, about that
+        session, for this gateway (its audience), fresh (30 s) and not seen before (its nonce, once
+        per replay window), from the agent's current session. Raises _Fatal otherwise, and the
+        directory's Rejected (PEER_UNAVAILABLE, retry_after_ms) when Membership cannot confirm the
+        session. HELLO and GetSnapshot share one nonce cache: a proof is used once, for either."""
+        if not proof.signatures or len(proof.signatures) > MAX_SIGNATURES:
+            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "a HelloProof signed by a session key is required")
+        key_id = parse_session_key_id(proof.signatures[0].key_id)
+        if key_id is None or proof.payload_type != HELLO_PROOF_TYPE:
+            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "a HelloProof signed by a session key is required")
+        agent_id, session_epoch = key_id
+        key = await self.registry.session_key(agent_id, session_epoch)
+        if key is None or not verify_signature(proof, key):
+            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof does not verify with the session key")
+        try:
+            claim = pb.HelloProof.FromString(proof.payload)
+        except DecodeError:
+            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof is not a HelloProof") from None
+        if (claim.agent_id, claim.session_epoch) != key_id or not NONCE_MIN <= len(claim.nonce) <= NONCE_MAX:
+            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof names another session or has no nonce")
+        if normalize_audience(claim.audience) not in self.audiences:
+            raise _Fatal(
+                E.GATEWAY_ERROR_CODE_HELLO_INVALID,
+                f"the proof is for audience {claim.audience!r}, not this gateway; "
+                f"make it for one of {', '.join(sorted(self.audiences)) or '(none configured)'}",
+                field="audience",
+            )
+        issued_at = from_timestamp(claim.issued_at)
+        if not self.nonces.fresh(issued_at):
+            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof is stale (clock skew over 30 s)", field="issued_at")
+        if not self.nonces.accept(session_key_id(agent_id, session_epoch), claim.nonce, issued_at):
+            if self.nonces.full:
+                raise _over_limit("too many HELLO proofs in the replay window; retry later", self.limits.max_hello_nonces, "nonces")
+            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof's nonce was already used: make a fresh proof", field="nonce")
+        identity = await self.registry.get(agent_id)
+        if identity is None or identity.session_epoch != session_epoch:
+            raise _Fatal(E.GATEWAY_ERROR_CODE_SESSION_STALE, "a newer session of this agent exists")
+        return key_id
 
     def note_cursor(self, agent_id: str, group_id: str, cursor: int) -> None:
         """Record an acknowledged cursor; it is stored shortly after, with every other ACK of that
@@ -249,11 +415,92 @@ class _Connection:
         self.subscriptions: dict[str, _Subscription] = {}
         self.requests: set[asyncio.Task[None]] = set()  # COMMAND and FETCH being answered
         self.reader: asyncio.Task[None] | None = None
+        self.ended_with: Rejected | None = None  # the status the stream ends with, after its frames
+        self.handler: asyncio.Task[Any] | None = None  # the Connect call's own task
+        self.context: Any = None  # ... and its ServicerContext
+        self.sending_since: float | None = None  # when the frame being sent was handed to gRPC
+        self.counted = ""  # the agent this stream is counted for (GatewayServicer.admit_identity)
+        self.ended = False
+        self._released: asyncio.Task[None] | None = None
 
     def tasks(self) -> list[asyncio.Task[None]]:
         """Every task this stream started that has not finished yet."""
         started = [self.reader, *(s.task for s in self.subscriptions.values()), *self.requests]
         return [task for task in started if task is not None and not task.done()]
+
+    def end(self) -> None:
+        """The stream is over (its end, a cancel, a stall, shutdown): idempotent and synchronous, so
+        it runs from gRPC's done callback too. It leaves the gateway's counts, its tasks are
+        cancelled, its Authority streams closed and its queue dropped."""
+        if self.ended:
+            return
+        self.ended = True
+        self.gateway.forget(self)
+        for task in self.tasks():
+            if not task.cancelling():
+                task.cancel()
+        for s in self.subscriptions.values():
+            if s.follow is not None:
+                s.follow.cancel()
+        self.outbox.end(drop=True)
+        self._released = asyncio.get_running_loop().create_task(self._release())
+        self.gateway.track(self._released)
+
+    async def _release(self) -> None:
+        """Wait (bounded) for the stream's cancelled tasks, then let go of them and of the call: a
+        cancelled task keeps its exception, whose traceback holds its frames (a batch of events, the
+        frame being sent), which hold the task again (a subscription's) and this stream. Breaking
+        those cycles frees it all by reference count at once, rather than at a rare full gc pass
+        (GC_THRESHOLDS: measured, 200 closed streams left 230 MB of such garbage), and whether or not
+        the call's handler ever resumes (one cancelled mid-send does not)."""
+        tasks = self.tasks()
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_GRACE_S)
+        if not self.tasks():
+            for sub in self.subscriptions.values():  # its task's traceback holds its frame, which holds it
+                sub.task, sub.follow = None, None
+            self.reader = None
+            self.subscriptions.clear()
+            self.requests.clear()
+        self.handler = None
+        self.context = None
+
+    async def wait_closed(self) -> None:
+        """Wait for ``end``'s clean-up."""
+        if self._released is not None:
+            await asyncio.wait([self._released])
+
+    def stalled(self, stalled_s: float) -> None:
+        """The agent stopped reading: end the stream now, with RESOURCE_EXHAUSTED (an OVERLOADED
+        Rejection, ``scope=stalled``). Its task is stuck handing gRPC a frame the agent does not take,
+        and cancelling a task does not end its call: the status is sent from another task, which
+        then cancels the stuck one."""
+        self.end()
+        if self.context is not None:
+            rejected = Rejected(
+                R.REJECTION_REASON_OVERLOADED,
+                f"the stream took no frame for {stalled_s:.0f} s: reconnect and resume from your cursors",
+                scope="stalled",
+                retry_after_ms=LIMIT_RETRY_AFTER_MS,
+            )
+            self.gateway.track(asyncio.create_task(self._abort_stalled(self.context, self.handler, rejected)))
+
+    @staticmethod
+    async def _abort_stalled(context: Any, handler: asyncio.Task[Any] | None, rejected: Rejected) -> None:
+        try:
+            await abort_with(context, rejected)
+        except grpc.aio.AbortError:
+            pass  # what abort raises once the status is sent
+        except Exception as err:  # the call ended meanwhile: nothing left to end
+            log.info("a stalled stream had already ended", extra={"detail": repr(err)})
+        if handler is not None and not handler.done():
+            handler.cancel()
+
+    def refuse(self, fatal: _Fatal) -> None:
+        """Refuse the stream before reading it: one fatal ERROR frame, then its status."""
+        self.outbox.end()  # what is queued (the frame below) is still sent
+        self.outbox.force_control(pb.ServerFrame(error=self._error_frame(fatal)))
+        self.ended_with = fatal.rejected
 
     def go_away(self) -> None:
         """End the stream now, dropping what is queued (never sent, so no cursor covers it: the
@@ -262,10 +509,26 @@ class _Connection:
 
     async def read(self, requests: AsyncIterator[pb.ConnectRequest]) -> None:
         try:
-            async for request in requests:
-                await self.handle(request.frame)
+            frames = aiter(requests)
+            try:  # HELLO within hello_timeout_s of the stream's start
+                async with asyncio.timeout(self.gateway.limits.hello_timeout_s):
+                    first = await anext(frames, None)
+            except TimeoutError:
+                raise _Fatal(
+                    E.GATEWAY_ERROR_CODE_HELLO_REQUIRED,
+                    f"no HELLO within {self.gateway.limits.hello_timeout_s:g} s of the stream's start",
+                ) from None
+            if first is not None:
+                await self.handle(first.frame)
+                async for request in frames:
+                    await self.handle(request.frame)
         except _Fatal as fatal:
-            await self.error(fatal.code, str(fatal), fatal=True)
+            await self.send_frame(pb.ServerFrame(error=self._error_frame(fatal)))
+            if fatal.status:
+                self.ended_with = fatal.rejected
+        except MalformedRequest as malformed:  # a frame that does not parse: say so, then end with it
+            await self.error(E.GATEWAY_ERROR_CODE_MALFORMED_FRAME, str(malformed), fatal=True, rejection=malformed.to_proto())
+            self.ended_with = malformed
         except Exception:
             log.exception("gateway stream failed")
         finally:
@@ -302,9 +565,10 @@ class _Connection:
 
     async def hello(self, hello: pb.HelloFrame) -> None:
         claimed = (hello.agent_id, hello.session_epoch)
-        proved = await verify_session_proof(self.gateway.registry, self.gateway.clock, hello.proof)
+        proved = await self.gateway.verify_session_proof(hello.proof)
         if proved != claimed:
             raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof must be signed by the session named in HELLO")
+        self.gateway.admit_identity(self, hello.agent_id)
         now = self.gateway.clock.now()
         self.agent_id, self.session_epoch = claimed
         await self.send(
@@ -622,7 +886,28 @@ class _Connection:
     async def command(self, frame: pb.CommandFrame) -> None:
         """Forward to the Group Authority (AuthorityService.ExecuteCommand); its Rejection, read back
         from the status, is the RESULT. No answer at all is AUTHORITY_UNAVAILABLE: the command may
-        or may not have been applied, and a retry with the same command id is safe."""
+        or may not have been applied, and a retry with the same command id is safe.
+
+        The frame's command id must be the signed command's: checked before anything is forwarded
+        (the command is not verified here, only read for its id; the Authority verifies it)."""
+        try:
+            signed_id = command_pb2.Command.FromString(frame.command.payload).command_id
+        except DecodeError:
+            await self.error(
+                E.GATEWAY_ERROR_CODE_MALFORMED_FRAME,
+                "the command's payload is not a missionweave.v1.Command",
+                command_id=frame.command_id,
+                rejection=Rejected(R.REJECTION_REASON_MALFORMED, "the command's payload is not a missionweave.v1.Command",
+                                   field="command.payload").to_proto(),
+            )
+            return
+        if signed_id != frame.command_id:
+            await self.error(
+                E.GATEWAY_ERROR_CODE_COMMAND_ID_MISMATCH,
+                f"the frame's command id {frame.command_id!r} is not the signed command's ({signed_id!r}); nothing was executed",
+                command_id=frame.command_id,
+            )
+            return
         request = authority_service_pb2.ExecuteCommandRequest(command=frame.command)
         try:
             response = await self.gateway.commands.ExecuteCommand(request, timeout=COMMAND_TIMEOUT_S)
@@ -639,15 +924,7 @@ class _Connection:
                 return
             await self.send(result=pb.ResultFrame(command_id=frame.command_id, rejection=rejection))
             return
-        result = response.result
-        if result.command_id != frame.command_id:
-            await self.error(
-                E.GATEWAY_ERROR_CODE_COMMAND_ID_MISMATCH,
-                "the frame's command id differs from the command's",
-                command_id=frame.command_id,
-            )
-            return
-        await self.send(result=pb.ResultFrame(command_id=frame.command_id, result=result))
+        await self.send(result=pb.ResultFrame(command_id=frame.command_id, result=response.result))
 
     # ------------------------------------------------------------ output
 
@@ -706,36 +983,9 @@ class _Connection:
         )
         await self.send_frame(pb.ServerFrame(error=error), group_id)
 
-    async def close(self) -> None:
-        for task in self.tasks():
-            await _cancel(task)
-
-
-async def verify_session_proof(
-    registry: IdentityDirectoryClient, clock: Clock, proof: common_pb2.SignedEnvelope
-) -> tuple[str, int]:
-    """The (agent, session epoch) a HelloProof proves: signed by that session's key, about that
-    session, fresh (30 s), from the agent's current session. Raises _Fatal otherwise, and the
-    directory's Rejected (PEER_UNAVAILABLE, retry_after_ms) when Membership cannot confirm the session."""
-    key_id = parse_session_key_id(proof.signatures[0].key_id) if proof.signatures else None
-    if key_id is None or proof.payload_type != HELLO_PROOF_TYPE:
-        raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "a HelloProof signed by a session key is required")
-    agent_id, session_epoch = key_id
-    key = await registry.session_key(agent_id, session_epoch)
-    if key is None or not verify_signature(proof, key):
-        raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof does not verify with the session key")
-    try:
-        claim = pb.HelloProof.FromString(proof.payload)
-    except DecodeError:
-        raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof is not a HelloProof") from None
-    if (claim.agent_id, claim.session_epoch) != key_id or not 16 <= len(claim.nonce) <= 64:
-        raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof names another session or has no nonce")
-    if abs(from_timestamp(claim.issued_at) - clock.now()) > HELLO_SKEW:
-        raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof is stale (clock skew over 30 s)")
-    identity = await registry.get(agent_id)
-    if identity is None or identity.session_epoch != session_epoch:
-        raise _Fatal(E.GATEWAY_ERROR_CODE_SESSION_STALE, "a newer session of this agent exists")
-    return key_id
+    @staticmethod
+    def _error_frame(fatal: _Fatal) -> pb.ErrorFrame:
+        return pb.ErrorFrame(rejection=fatal.rejected.to_proto(), code=E.ValueType(fatal.code), fatal=True)
 
 
 async def _cancel(task: asyncio.Task[None] | None) -> None:

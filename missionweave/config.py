@@ -22,6 +22,11 @@
 | MWP_OWNERSHIP_LEASE_S    | 30                              | a Group's owner may be replaced this long after its last append |
 | MWP_AUDIENCE             | (the listen/advertise address)  | more addresses call proofs may name (comma list: the front door's) |
 | MWP_MESH_TOKEN_FILE      | $MWP_DATA_DIR/keys/mesh.token   | the secret mesh services prove themselves with (created if missing) |
+| MWP_GATEWAY_MAX_STREAMS  | 10000                           | gateway streams open at once                   |
+| MWP_GATEWAY_MAX_STREAMS_PER_IDENTITY | 8                   | ... per authenticated identity                 |
+| MWP_GATEWAY_HELLO_TIMEOUT_S | 10                           | a stream without HELLO this long is closed     |
+| MWP_GATEWAY_STALL_TIMEOUT_S | 30                           | a stream not reading this long is closed       |
+| MWP_GATEWAY_STREAM_BUFFER_BYTES | 1048576                  | frames queued per stream, in bytes             |
 | MWP_LOG_LEVEL / _FORMAT  | info / json                     | logging                                        |
 
 TLS (docs/tls.md). A server listens with TLS when it has a certificate; clients (``mwp``, the SDK's
@@ -100,6 +105,12 @@ class Settings:
     tls_client_cert: Path | None = None
     tls_client_key: Path | None = None
     tls_server_name: str = ""
+    # The gateway's bounds on its streams (docs/gateway.md "Limits", gateway/limits.py).
+    gateway_max_streams: int = 10_000
+    gateway_max_streams_per_identity: int = 8
+    gateway_hello_timeout_s: float = 10.0
+    gateway_stall_timeout_s: float = 30.0
+    gateway_stream_buffer_bytes: int = 1024 * 1024
 
     @property
     def db_url(self) -> str:
@@ -164,6 +175,13 @@ class Settings:
         s.tls_client_cert = _path(e, "MWP_TLS_CLIENT_CERT")
         s.tls_client_key = _path(e, "MWP_TLS_CLIENT_KEY")
         s.tls_server_name = e.get("MWP_TLS_SERVER_NAME", s.tls_server_name)
+        s.gateway_max_streams = int(e.get("MWP_GATEWAY_MAX_STREAMS", s.gateway_max_streams))
+        s.gateway_max_streams_per_identity = int(
+            e.get("MWP_GATEWAY_MAX_STREAMS_PER_IDENTITY", s.gateway_max_streams_per_identity)
+        )
+        s.gateway_hello_timeout_s = float(e.get("MWP_GATEWAY_HELLO_TIMEOUT_S", s.gateway_hello_timeout_s))
+        s.gateway_stall_timeout_s = float(e.get("MWP_GATEWAY_STALL_TIMEOUT_S", s.gateway_stall_timeout_s))
+        s.gateway_stream_buffer_bytes = int(e.get("MWP_GATEWAY_STREAM_BUFFER_BYTES", s.gateway_stream_buffer_bytes))
         s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
         s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)
         return s

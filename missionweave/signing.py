@@ -25,6 +25,10 @@ SNAPSHOT_TYPE = "application/vnd.missionweave.v1.group-snapshot+protobuf"
 HELLO_PROOF_TYPE = "application/vnd.missionweave.v1.hello-proof+protobuf"
 SNAPSHOT_REFERENCE_TYPE = "application/vnd.missionweave.v1.snapshot-reference+protobuf"
 
+# The most signatures a signed request (a command, an Organization request, a HelloProof) may carry:
+# servers check the signer's (the first); more than a few is refused, never carried along.
+MAX_SIGNATURES = 4
+
 
 def pae(payload_type: str, payload: bytes) -> bytes:
     """DSSE v1 pre-authentication encoding."""

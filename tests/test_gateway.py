@@ -40,18 +40,23 @@ class Stream:
         return response.frame
 
     async def until(self, kind: str) -> pb.ServerFrame:
+        return await self.until_any(kind)
+
+    async def until_any(self, *kinds: str) -> pb.ServerFrame:
         while True:
             frame = await self.recv()
-            if frame.WhichOneof("frame") == kind:
+            if frame.WhichOneof("frame") in kinds:
                 return frame
 
 
-def hello(w: World, signer: SessionSigner, key: Any = None) -> pb.HelloFrame:
+def hello(w: World, signer: SessionSigner, key: Any = None, *, audience: str | None = None, nonce: bytes | None = None) -> pb.HelloFrame:
+    """A HELLO for ``signer``'s session, made for the gateway at ``w.target`` (its audience)."""
     proof = pb.HelloProof(
         agent_id=signer.identity_id,
         session_epoch=signer.session_epoch,
         issued_at=to_timestamp(w.clock.now()),
-        nonce=os.urandom(16),
+        nonce=nonce or os.urandom(16),
+        audience=w.target if audience is None else audience,
     )
     envelope = sign_envelope(
         proof.SerializeToString(),

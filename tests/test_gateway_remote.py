@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -324,7 +324,7 @@ async def test_a_silent_authority_is_answered_with_authority_unavailable_not_a_h
     )
     channel = open_channel(f"127.0.0.1:{mesh.port}")
     try:
-        stream = await connected(w, w.owner, channel)
+        stream = await connected(replace(w, target=f"127.0.0.1:{mesh.port}"), w.owner, channel)  # its audience
         started = time.monotonic()
         await stream.send(subscribe=pb.SubscribeFrame(subscription_id="s", group_id=G))
         async with asyncio.timeout(5):

@@ -26,6 +26,7 @@ from artifactstore.index import ArtifactIndex
 from artifactstore.publications import PublicationServicer
 from artifactstore.service import ArtifactServicer, add_artifact_service
 from gateway import schema as gateway_schema
+from gateway.limits import GatewayLimits
 from gateway.service import GatewayServicer
 from missionweave import ids
 from missionweave.clock import Clock, SystemClock
@@ -47,6 +48,7 @@ from missionweave.rpc.callers import CallAuthenticator, audiences_for, load_or_c
 from missionweave.rpc.channels import ClientTLS, MeshPeersOnly, ServerTLS, add_listener, check_listen
 from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.local import LocalChannel
+from missionweave.rpc.status import RequestParsing
 from missionweave.signing import load_or_create_key
 from missionweave.v1 import (
     artifact_service_pb2,
@@ -75,7 +77,7 @@ from services.scheduling.servicer import SchedulingServicer
 log = logging.getLogger("missionweave.mesh.server")
 
 # Transport limit: larger messages are refused by gRPC itself with RESOURCE_EXHAUSTED. Commands have
-# their own, smaller, structured limit (services/authority/authority.py MAX_COMMAND_BYTES).
+# their own, smaller, structured limit (services/authority/ingress.py MAX_COMMAND_BYTES).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 # The Authority keeps every owned Group's folded state in memory: a large, long-lived object graph
@@ -265,6 +267,13 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     )
 
     server = grpc.aio.server(
+        # With client certificates required, the internal contracts answer mesh services only.
+        # Requests are parsed at the edge, not by gRPC: one that does not parse is answered
+        # INVALID_ARGUMENT (MALFORMED), never UNKNOWN with a traceback (missionweave/rpc/status.py).
+        interceptors=[
+            *([MeshPeersOnly(INTERNAL_SERVICE_NAMES.values())] if server_tls is not None and server_tls.mutual else []),
+            RequestParsing(),
+        ],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -276,10 +285,6 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", MIN_PEER_PING_INTERVAL_MS),
         ],
-        # With client certificates required, the internal contracts answer mesh services only.
-        interceptors=[MeshPeersOnly(INTERNAL_SERVICE_NAMES.values())]
-        if server_tls is not None and server_tls.mutual
-        else None,
     )
     health = MeshHealth()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -326,7 +331,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         publications_pb2_grpc.add_PublicationServiceServicer_to_server(publication_servicer, server)
         local.register(INTERNAL_SERVICE_NAMES["publications"], publication_servicer)
     if "gateway" in settings.services:
-        gateway = GatewayServicer(peers.as_mesh("authority"), identities, engine, clock)
+        gateway = GatewayServicer(peers.as_mesh("authority"), identities, engine, clock, gateway_limits(settings))
         gateway.callers = callers
         gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, server)
     mirrors: list[asyncio.Task[None]] = []
@@ -352,8 +357,11 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     )
     port = add_listener(server, settings.listen, server_tls, insecure=settings.insecure)
     health_server, health_port = await _health_listener(settings.health_listen, health)
-    # Listening on port 0 picks a port: proofs name the address clients dial, with that port.
+    # Listening on port 0 picks a port: proofs (call proofs and HELLO) name the address clients
+    # dial, with that port; the gateway checks HELLO against the same audiences.
     callers.audiences |= audiences_for(f"{settings.listen.rsplit(':', 1)[0]}:{port}")
+    if gateway is not None:
+        gateway.audiences = callers.audiences
     await server.start()
     if store is not None:
         host = settings.listen.rsplit(":", 1)[0]
@@ -415,6 +423,14 @@ async def _health_listener(address: str, health: MeshHealth) -> tuple[grpc.aio.S
     port = add_listener(server, address, None, insecure=True)
     await server.start()
     return server, port
+def gateway_limits(settings: Settings) -> GatewayLimits:
+    return GatewayLimits(
+        max_streams=settings.gateway_max_streams,
+        max_streams_per_identity=settings.gateway_max_streams_per_identity,
+        hello_timeout_s=settings.gateway_hello_timeout_s,
+        stall_timeout_s=settings.gateway_stall_timeout_s,
+        stream_buffer_bytes=settings.gateway_stream_buffer_bytes,
+    )
 
 
 def _directory_client(peers: Peers) -> IdentityDirectoryClient:

@@ -23,6 +23,7 @@ import enum
 import functools
 import hmac
 import inspect
+import re
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -148,7 +149,7 @@ class CallAuthenticator:
             raise unauthenticated("signature", "the call proof does not verify with that session's key")
         if claim.method != method:
             raise unauthenticated("method", f"the call proof is for {claim.method!r}, not {method!r}")
-        if claim.audience not in self.audiences:
+        if normalize_audience(claim.audience) not in self.audiences:
             raise unauthenticated("audience", f"the call proof is for audience {claim.audience!r}, not this mesh")
         issued_at = from_timestamp(claim.issued_at)
         if not self._nonces.fresh(issued_at):
@@ -262,19 +263,30 @@ class MeshServiceChannel:
         return getattr(self._channel, name)
 
 
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+_WILDCARD_HOSTS = ("", "0.0.0.0", "[::]", "::")
+_SCHEME = re.compile(r"^(?:dns:(?://[^/]*)?/|dns:|ipv4:|ipv6:|unix:)")
+
+
+def normalize_audience(audience: str) -> str:
+    """How an audience is compared: without a gRPC target scheme (``dns:///``, ``ipv4:``), in lower case."""
+    return _SCHEME.sub("", audience.strip()).lower()
+
+
 def audiences_for(*addresses: str) -> set[str]:
-    """The audiences a mesh reachable at ``addresses`` answers to: each address as given, and for a
-    loopback or wildcard host the other loopback spellings of the same port."""
+    """The audiences (call proofs and HELLO proofs alike) a mesh reachable at ``addresses`` answers
+    to, normalized: each address, and for a loopback or wildcard host the loopback spellings of the
+    same port (a wildcard host itself names nothing a client dials)."""
     out: set[str] = set()
-    loopback = ("127.0.0.1", "localhost", "[::1]")
     for address in addresses:
-        address = address.strip()
+        address = normalize_audience(address)
         if not address:
             continue
-        out.add(address)
         host, _, port = address.rpartition(":")
-        if host in (*loopback, "0.0.0.0", "[::]", ""):
-            out.update(f"{h}:{port}" for h in loopback)
+        if host not in _WILDCARD_HOSTS:
+            out.add(address)
+        if host in (*_LOOPBACK_HOSTS, *_WILDCARD_HOSTS):
+            out.update(f"{h}:{port}" for h in _LOOPBACK_HOSTS)
     return out
 
 
@@ -291,5 +303,6 @@ __all__ = [
     "access_of",
     "audiences_for",
     "load_or_create_mesh_token",
+    "normalize_audience",
     "requires",
 ]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -127,6 +128,8 @@ async def abort_with(context: grpc.aio.ServicerContext, rejected: Rejected) -> N
 
 
 def _log_rejection(service: str, method: str, rejected: Rejected) -> None:
+    if isinstance(rejected, MalformedRequest):
+        return  # logged once, rate limited, where it was found (``MalformedRequest.__init__``)
     log.info(
         "request rejected",
         extra={"rpc": f"{service}.{method}", "reason": rejected.reason_name, "detail": rejected.message, **rejected.metadata},
@@ -174,3 +177,168 @@ def rejections_as_status(cls: S) -> S:
         elif inspect.iscoroutinefunction(method):
             setattr(cls, name, unary_edge(service, name, method))
     return cls
+
+
+# ------------------------------------------------------------ requests that do not parse
+
+# A malformed request is logged at warning level at most once per this many seconds per RPC; the
+# next record says how many were not logged in between.
+MALFORMED_LOG_INTERVAL_S = 10.0
+
+
+class _RateLimitedLog:
+    """One warning per key per interval, carrying the count of those suppressed since the last one."""
+
+    def __init__(self, interval_s: float, now: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._now = now
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warning(self, key: str, message: str, **extra: object) -> None:
+        now = self._now()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval_s:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return
+        if len(self._last) > 10_000:  # keys are RPC paths, a bounded set; this is only a guard
+            self._last.clear()
+            self._suppressed.clear()
+        self._last[key] = now
+        log.warning(message, extra={**extra, "suppressed": self._suppressed.pop(key, 0)})
+
+
+malformed_log = _RateLimitedLog(MALFORMED_LOG_INTERVAL_S)
+
+
+class MalformedRequest(Rejected):
+    """A request (or one message of a stream) that is not the RPC's request message: answered
+    INVALID_ARGUMENT with reason MALFORMED. Logged here, once, at warning level and rate limited;
+    never with a traceback (garbage from a client is not a server error)."""
+
+    def __init__(self, rpc: str, message: str) -> None:
+        super().__init__(R.REJECTION_REASON_MALFORMED, message, rpc=rpc)
+        malformed_log.warning(rpc, "malformed request refused", rpc=rpc, detail=message)
+
+
+def parse_request(rpc: str, parse: Callable[[bytes], Any], raw: bytes) -> Any:
+    """The request message of ``raw`` bytes, or MalformedRequest."""
+    try:
+        return parse(raw)
+    except Exception as err:  # DecodeError, and whatever else a parser raises on garbage
+        raise MalformedRequest(rpc, f"the request is not a valid message of this RPC ({type(err).__name__})") from None
+
+
+async def _parsed(rpc: str, parse: Callable[[bytes], Any], raw: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+    async for message in raw:
+        yield parse_request(rpc, parse, message)
+
+
+class RequestParsing(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Every request message is parsed here rather than by gRPC, for every RPC of the server.
+
+    gRPC parses a request before the servicer runs; a request that does not parse never reaches it,
+    and gRPC answers UNKNOWN and logs a traceback at error level. This interceptor hands each
+    method's handler to gRPC with a bytes-in deserializer, and parses in the handler instead, with
+    the method's own deserializer: a unary request that does not parse is answered INVALID_ARGUMENT
+    (a MALFORMED Rejection in the google.rpc.Status) before the servicer runs; in a request stream,
+    the message that does not parse raises ``MalformedRequest`` in the servicer's ``async for``, which
+    its edge (``rejections_as_status``) answers the same way, ending the stream. A ``Rejected`` that a
+    servicer without an edge lets through (health, reflection) is answered as its status too.
+
+    Handlers that already take bytes (the front door's, which forwards them) are left as they are:
+    the peer that serves the method parses them. In process (``LocalChannel``) messages are handed
+    over as objects and never parsed at all.
+    """
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        path: str = handler_call_details.method  # type: ignore[attr-defined]
+        cached = self._wrapped.get(path)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = _parsing_handler(path, handler)
+        self._wrapped[path] = (handler, wrapped)
+        return wrapped
+
+
+def _parsing_handler(path: str, handler: Any) -> grpc.RpcMethodHandler:
+    """``handler`` with a bytes-in deserializer, parsing in its behaviour (the stubs type handlers as
+    sync gRPC's; these are grpc.aio's coroutines and async generators)."""
+    parse: Callable[[bytes], Any] = handler.request_deserializer
+    serialize = handler.response_serializer
+    inner: Any
+    if handler.unary_unary is not None:
+        inner = handler.unary_unary
+
+        async def unary_unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:  # type: ignore[type-arg]
+            try:
+                return await inner(parse_request(path, parse, raw), context)
+            except Rejected as rejected:
+                await abort_with(context, rejected)
+            except NotImplementedError:
+                await _unimplemented(context, path)
+
+        return grpc.unary_unary_rpc_method_handler(unary_unary, response_serializer=serialize)
+    if handler.stream_unary is not None:
+        inner = handler.stream_unary
+
+        async def stream_unary(raw: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:  # type: ignore[type-arg]
+            try:
+                return await inner(_parsed(path, parse, raw), context)
+            except Rejected as rejected:
+                await abort_with(context, rejected)
+            except NotImplementedError:
+                await _unimplemented(context, path)
+
+        return grpc.stream_unary_rpc_method_handler(stream_unary, response_serializer=serialize)
+    if handler.unary_stream is not None:
+        inner = handler.unary_stream
+
+        async def unary_stream(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # type: ignore[type-arg]
+            try:
+                async for answer in _answers(inner(parse_request(path, parse, raw), context)):
+                    yield answer
+            except Rejected as rejected:
+                await abort_with(context, rejected)
+            except NotImplementedError:
+                await _unimplemented(context, path)
+
+        return grpc.unary_stream_rpc_method_handler(unary_stream, response_serializer=serialize)
+    inner = handler.stream_stream
+
+    async def stream_stream(raw: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # type: ignore[type-arg]
+        try:
+            async for answer in _answers(inner(_parsed(path, parse, raw), context)):
+                yield answer
+        except Rejected as rejected:
+            await abort_with(context, rejected)
+        except NotImplementedError:
+            await _unimplemented(context, path)
+
+    return grpc.stream_stream_rpc_method_handler(stream_stream, response_serializer=serialize)
+
+
+async def _unimplemented(context: grpc.aio.ServicerContext, path: str) -> None:  # type: ignore[type-arg]
+    """The generated base servicer's answer for a method not implemented (it raises
+    NotImplementedError, which gRPC would log as a servicer failure, with a traceback)."""
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{path} is not implemented")
+
+
+async def _answers(answers: Any) -> AsyncIterator[Any]:
+    """A streaming method's answers: an async generator's, or none from one that writes them itself
+    (``context.write``) and returns."""
+    if hasattr(answers, "__aiter__"):
+        async for answer in answers:
+            yield answer
+    else:
+        await answers

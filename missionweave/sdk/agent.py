@@ -1228,6 +1228,7 @@ class Agent:
         tls: ClientTLS | None = None,
         backoff: Backoff | None = None,
         connect_timeout: float = 30.0,
+        audience: str | None = None,
         command_timeout: float = 30.0,
         grace: float = 5.0,
     ) -> None:
@@ -1240,6 +1241,9 @@ class Agent:
         self._tls = tls
         self._backoff = backoff or Backoff()
         self._connect_timeout = connect_timeout
+        # What the HELLO proof names: the gateway's configured audience (MWP_AUDIENCE); by
+        # default the target, which is what a gateway reached directly answers to.
+        self.audience = target if audience is None else audience
         self._command_timeout = command_timeout
         self._grace = grace
         self._channel: grpc.aio.Channel | None = None
@@ -1277,7 +1281,7 @@ class Agent:
         """Connects (HELLO/WELCOME) and returns the agent; use with ``await`` or ``async with``.
 
         ``options`` are the keyword arguments of :class:`Agent` (``tls``, ``credentials``, ``backoff``,
-        ``connect_timeout``, ``command_timeout``, ``grace``). Raises :class:`AgentError` (or the gRPC
+        ``connect_timeout``, ``command_timeout``, ``grace``, ``audience``). Raises :class:`AgentError` (or the gRPC
         error) if the first connection fails for a reason retrying cannot fix, or does not succeed
         within ``connect_timeout`` seconds.
         """
@@ -1588,8 +1592,8 @@ class Agent:
             try:
                 link = await self._hello(signer)
             except GatewayError as err:
-                if err.code not in _RENEW_SESSION:
-                    raise
+                if err.code not in _RENEW_SESSION or err.frame.rejection.metadata.get("field") == "audience":
+                    raise  # a proof for another gateway: a new session would be refused the same way
                 log.warning(
                     "%s: session %d refused (%s); opening a new one",
                     self.identity_id,
@@ -1619,7 +1623,7 @@ class Agent:
             session_epoch=signer.session_epoch,
             issued_at=to_timestamp(_clock.now()),
             nonce=os.urandom(16),
-            audience=self.target,
+            audience=self.audience,
         )
         return sign_envelope(
             proof.SerializeToString(),

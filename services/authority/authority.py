@@ -43,7 +43,7 @@ from missionweave.v1 import artifact_service_pb2, authority_service_pb2, command
 from missionweave.verifier import SignatureVerifier
 from services.authority import decider, kinds
 from services.authority.context_package import CONTEXT_PACKAGE_TYPE, build_context_package
-from services.authority.ingress import GroupIngressLimiter
+from services.authority.ingress import GroupIngressLimiter, check_envelope
 from services.authority.progress import mission_progress
 from services.authority.rules.common import TERMINAL_MISSION_STATES, StoredArtifact
 from services.authority.rules.conversations import erased, erasure_targets
@@ -56,7 +56,6 @@ from services.authority.views import group_state_proto
 R = common_pb2.RejectionReason
 log = logging.getLogger("missionweave.authority")
 
-MAX_COMMAND_BYTES = 256 * 1024
 REPLAY_WINDOW = timedelta(minutes=5)
 _REPLAY_WINDOW_US = int(REPLAY_WINDOW.total_seconds() * 1_000_000)
 SUPPORTED_EXTENSIONS: frozenset[str] = frozenset()
@@ -117,12 +116,7 @@ class GroupAuthority:
 
     async def _authenticate(self, envelope: common_pb2.SignedEnvelope) -> command_pb2.Command:
         """Signature first: nothing in the payload is trusted before it verifies (principle 5)."""
-        if len(envelope.payload) > MAX_COMMAND_BYTES:
-            raise Rejected(
-                R.REJECTION_REASON_TOO_LARGE,
-                f"command payload is {len(envelope.payload)} bytes; the limit is {MAX_COMMAND_BYTES}",
-                limit=MAX_COMMAND_BYTES,
-            )
+        check_envelope(envelope)  # size (the whole envelope) and the number of signatures
         if envelope.payload_type != COMMAND_TYPE:
             raise Rejected(R.REJECTION_REASON_MALFORMED, f"payload_type must be {COMMAND_TYPE}")
         if not envelope.signatures:

@@ -1,4 +1,9 @@
-"""Per-Group admission at ingress: a token bucket for each Group (MW-8-16, ARCHITECTURE principle 8).
+"""Admission at ingress: the signed envelope's own bounds, and a token bucket per Group (MW-8-16,
+ARCHITECTURE principle 8).
+
+``check_envelope`` runs first, before a signature is checked or the payload parsed: a signed
+command is at most ``MAX_COMMAND_BYTES`` as a whole envelope (payload, type and signatures), and
+carries at most ``MAX_SIGNATURES`` signatures.
 
 A Group that floods commands is refused with OVERLOADED (and how long to wait) once its burst is
 spent, before its commands reach the shared group-commit queue; other Groups keep their own
@@ -12,6 +17,32 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from missionweave.errors import R, Rejected
+from missionweave.signing import MAX_SIGNATURES
+from missionweave.v1 import common_pb2
+
+# A signed command, the whole envelope, is at most this many bytes.
+MAX_COMMAND_BYTES = 256 * 1024
+
+
+def check_envelope(envelope: common_pb2.SignedEnvelope) -> None:
+    """The bounds of a signed command's envelope: at most MAX_SIGNATURES signatures (MALFORMED,
+    metadata ``field=signatures``, ``limit``), at most MAX_COMMAND_BYTES in all (TOO_LARGE, ``limit``)."""
+    if len(envelope.signatures) > MAX_SIGNATURES:
+        raise Rejected(
+            R.REJECTION_REASON_MALFORMED,
+            f"the envelope carries {len(envelope.signatures)} signatures; at most {MAX_SIGNATURES}",
+            field="signatures",
+            limit=MAX_SIGNATURES,
+        )
+    size = envelope.ByteSize()
+    if size > MAX_COMMAND_BYTES:
+        raise Rejected(
+            R.REJECTION_REASON_TOO_LARGE,
+            f"the signed command is {size} bytes; the limit is {MAX_COMMAND_BYTES} (the whole envelope)",
+            limit=MAX_COMMAND_BYTES,
+        )
 
 
 @dataclass

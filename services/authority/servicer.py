@@ -60,8 +60,11 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
     async def ExecuteCommandStream(
         self, request_iterator: AsyncIterator[pb.ExecuteCommandStreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ExecuteCommandStreamResponse]:
-        """Pipelined commands: up to MAX_STREAM_IN_FLIGHT run at once, answers in completion order."""
-        answers: asyncio.Queue[pb.ExecuteCommandStreamResponse | None] = asyncio.Queue()
+        """Pipelined commands: up to MAX_STREAM_IN_FLIGHT run at once, answers in completion order.
+
+        A request that fails (one that does not parse: ``MalformedRequest``) ends the stream with its
+        error, after the answers of the commands already running."""
+        answers: asyncio.Queue[pb.ExecuteCommandStreamResponse | Exception | None] = asyncio.Queue()
         slots = asyncio.Semaphore(MAX_STREAM_IN_FLIGHT)
 
         async def run(req: pb.ExecuteCommandStreamRequest) -> None:
@@ -72,18 +75,24 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
 
         async def pump() -> None:
             tasks: set[asyncio.Task[None]] = set()
-            async for req in request_iterator:
-                await slots.acquire()  # backpressure: stop reading when too many are in flight
-                task = asyncio.create_task(run(req))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+            failed: Exception | None = None
+            try:
+                async for req in request_iterator:
+                    await slots.acquire()  # backpressure: stop reading when too many are in flight
+                    task = asyncio.create_task(run(req))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            except Exception as err:  # the stream's end: answered as its status below
+                failed = err
             if tasks:
                 await asyncio.gather(*tasks)
-            await answers.put(None)
+            await answers.put(failed)
 
         pumper = asyncio.create_task(pump())
         try:
             while (answer := await answers.get()) is not None:
+                if isinstance(answer, Exception):
+                    raise answer
                 yield answer
         finally:
             pumper.cancel()

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 
 import blake3
 
-from missionweave import ids
+from missionweave import codec, ids
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, conversation_pb2, event_pb2
 from services.authority.rules.common import (
@@ -50,13 +49,8 @@ def validate_content(content: conversation_pb2.MessageContent, state: GroupState
             field=f"{field}.data_json",
             limit=MAX_DATA_JSON_BYTES,
         )
-    if content.data_json:
-        try:
-            parsed = json.loads(content.data_json)
-        except ValueError:
-            raise invalid(f"{field}.data_json", "is not valid JSON") from None
-        if not isinstance(parsed, dict):
-            raise invalid(f"{field}.data_json", "must be a JSON object")
+    if content.data_json:  # an object, nested at most codec.MAX_JSON_DEPTH deep
+        codec.json_object(content.data_json, f"{field}.data_json", max_bytes=MAX_DATA_JSON_BYTES)
     if len(content.artifacts) > MAX_REFS or len(content.mentions) > MAX_REFS:
         raise Rejected(R.REJECTION_REASON_TOO_LARGE, f"at most {MAX_REFS} artifacts and {MAX_REFS} mentions")
     check_artifact_refs(content.artifacts, f"{field}.artifacts")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import timedelta
 
-from missionweave import ids
+from missionweave import codec, ids
 from missionweave.clock import from_timestamp, to_timestamp
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, conversation_pb2, event_pb2, membership_pb2, mission_pb2, work_pb2
@@ -39,6 +38,9 @@ from services.authority.state import (
     MissionRecord,
     TransferGrant,
 )
+
+# A directive's parameters: one JSON object of at most this many bytes (UTF-8).
+MAX_PARAMETERS_JSON_BYTES = 16 * 1024
 
 # ---------------------------------------------------------------- authority checks
 
@@ -575,13 +577,8 @@ def mission_issue_directive(
     require_live(mission, "mission.issue_directive")
     _require_owner(mission, command, "mission.issue_directive")
     require_reason(body.directive, "body.directive")
-    if body.parameters_json:
-        try:
-            parsed = json.loads(body.parameters_json)
-        except ValueError:
-            raise invalid("body.parameters_json", "is not valid JSON") from None
-        if not isinstance(parsed, dict) or len(body.parameters_json) > 16 * 1024:
-            raise invalid("body.parameters_json", "a JSON object of at most 16 KiB")
+    if body.parameters_json:  # an object of at most 16 KiB, nested at most codec.MAX_JSON_DEPTH deep
+        codec.json_object(body.parameters_json, "body.parameters_json", max_bytes=MAX_PARAMETERS_JSON_BYTES)
     out.emit(
         "mission.directive.issued",
         "mission_directive_issued",
