@@ -34,8 +34,11 @@ import missionweave.internal.v1
 import missionweave.v1
 import services.authority.schema
 import services.membership.schema
+from missionweave.rpc.callers import MeshServiceChannel
+from missionweave.rpc.channels import open_channel
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import register_identity_envelope
+from missionweave.sdk.credentials import CallProofs
 from missionweave.v1 import (
     common_pb2,
     membership_pb2,
@@ -210,6 +213,16 @@ class Answer:
     responses: list[bytes]
 
 
+
+def proven_channel(w: World, options: list[tuple[str, int]] | None = None) -> Any:
+    """A channel whose calls prove a caller (the owner's call proofs and the mesh token), so that
+    garbage reaches every RPC's parsing instead of stopping at authentication (which refuses an
+    unproven caller before reading a stream: tests/test_read_authorization.py)."""
+    token = w.settings.mesh_token_path.read_bytes().strip()
+    channel = open_channel(w.target, options=options or (), interceptors=CallProofs(w.target, w.owner).interceptors)
+    return MeshServiceChannel(channel, token)
+
+
 async def call(channel: grpc.aio.Channel, method: MethodDescriptor, requests: list[bytes], *, follow_s: float = 0.5) -> Answer:
     """One call with raw request bytes; a server stream is read until it ends (or ``follow_s`` for
     streams that follow forever, answered DEADLINE_EXCEEDED)."""
@@ -336,7 +349,7 @@ async def test_garbage_into_every_rpc_is_refused_structured(world: World, traceb
     await create(w)
     before = await row_counts(w)
     head = (await w.client.group_state(G)).head_sequence
-    channel = grpc.aio.insecure_channel(w.target)
+    channel = proven_channel(w)
     try:
         unimplemented = await unimplemented_methods(channel)
         failures = []
@@ -372,7 +385,7 @@ async def test_oversized_and_many_signatures_are_refused(world: World, traceback
     w = world
     conv = (await create(w)).mission.planning_conversation_id
     before = await row_counts(w)
-    channel = grpc.aio.insecure_channel(w.target, options=[("grpc.max_send_message_length", 8 * MAX_MESSAGE_BYTES)])
+    channel = proven_channel(w, options=[("grpc.max_send_message_length", 8 * MAX_MESSAGE_BYTES)])
     signed = w.signed(w.owner, G, "message_post", builders.message(conv, "hi"), membership_epoch=1)
     crowded = crowd(signed, SIGNATURES)
     assert crowded.ByteSize() > 1_000_000
@@ -486,7 +499,7 @@ async def test_every_stream_ends_with_an_error_after_a_malformed_message(world: 
             gpb.ConnectRequest(frame=gpb.ClientFrame(hello=hello(w, w.owner))).SerializeToString()
         ],
     }
-    channel = grpc.aio.insecure_channel(w.target)
+    channel = proven_channel(w)
     try:
         streams = [m for m in METHODS if m.client_streaming]
         assert streams
@@ -536,7 +549,7 @@ async def test_garbage_through_the_front_door_is_refused_by_the_peer(split: Any,
     unchanged, streams end with it, and internal contracts are not reachable at all."""
     w = split.world
     routed = {"missionweave.v1.AuthorityService", "missionweave.v1.MembershipService", "missionweave.v1.GatewayService"}
-    channel = grpc.aio.insecure_channel(w.target)
+    channel = proven_channel(w)
     try:
         failures = []
         for method in METHODS:
