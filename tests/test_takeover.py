@@ -126,7 +126,7 @@ async def test_a_follow_stream_at_an_instance_that_lost_its_group_moves_to_the_n
             assert [e.sequence for e in (await follow.read()).batch.entries] == [6]
         # The same member through a's gateway, caught up at 6.
         connect = gpb_grpc.GatewayServiceStub(ca.channel).Connect()
-        await connect.write(gpb.ConnectRequest(frame=gpb.ClientFrame(hello=hello_frame(alice, clock))))
+        await connect.write(gpb.ConnectRequest(frame=gpb.ClientFrame(hello=hello_frame(alice, clock, f"127.0.0.1:{a.port}"))))
         assert (await connect.read()).frame.WhichOneof("frame") == "welcome"
         subscribe = gpb.SubscribeFrame(subscription_id="s", group_id="grp_f", initial_credits=100)
         await connect.write(gpb.ConnectRequest(frame=gpb.ClientFrame(subscribe=subscribe)))
@@ -159,9 +159,10 @@ async def test_a_follow_stream_at_an_instance_that_lost_its_group_moves_to_the_n
         await b.stop(grace=1)
 
 
-def hello_frame(signer: SessionSigner, clock: ManualClock) -> gpb.HelloFrame:
+def hello_frame(signer: SessionSigner, clock: ManualClock, audience: str) -> gpb.HelloFrame:
     proof = gpb.HelloProof(
-        agent_id=signer.identity_id, session_epoch=signer.session_epoch, issued_at=to_timestamp(clock.now()), nonce=os.urandom(16)
+        agent_id=signer.identity_id, session_epoch=signer.session_epoch, issued_at=to_timestamp(clock.now()), nonce=os.urandom(16),
+        audience=audience,
     )
     envelope = sign_envelope(
         proof.SerializeToString(), HELLO_PROOF_TYPE, signer.key, session_key_id(signer.identity_id, signer.session_epoch)
