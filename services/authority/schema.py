@@ -83,6 +83,21 @@ snapshots = Table(
 )
 
 
+# Key continuity (docs/integrity.md): every key the Authority has signed with, in order. The first
+# row is recorded on the store's first use; each later one only with a rotation record (a serialised
+# SignedEnvelope of an AuthorityKeyRotation) signed by the key before it. A process whose key is not
+# the last row's refuses to start (services/authority/keys.py).
+authority_keys = Table(
+    "authority_keys",
+    METADATA,
+    Column("position", Integer, primary_key=True, autoincrement=False),
+    Column("key_id", String(128), nullable=False, unique=True),
+    Column("public_key", LargeBinary, nullable=False),
+    Column("recorded_us", BigInteger, nullable=False),
+    Column("rotation", LargeBinary, nullable=False),
+)
+
+
 async def create_schema(engine: AsyncEngine) -> None:
     await create_tables(engine, METADATA)
 
