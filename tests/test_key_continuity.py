@@ -171,3 +171,43 @@ async def test_events_name_the_key_they_were_signed_with(settings: Settings) -> 
         assert codec.event_of(log[0]).sequence == 1
     finally:
         await stop(mesh, client)
+
+
+async def test_a_store_tampered_while_stopped_is_refused_after_the_restart(settings: Settings) -> None:
+    """Issue 13 item 5: a row deleted while the Authority was down; after the restart the Group's
+    first command is refused DATA_CORRUPTED (not UNKNOWN), and health names the Group."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from missionweave.rpc.status import rejection_from_rpc_error
+    from services.authority.schema import events
+
+    mesh, client = await started(settings)
+    alice = await some_history(client, settings)
+    conv = (await client.group_state(G)).mission.planning_conversation_id
+    for i in range(3):
+        await client.execute(alice.sign(alice.command(G, "message_post", builders.message(conv, f"m{i}"), membership_epoch=1)))
+    async with mesh.engine.begin() as conn:
+        await conn.execute(delete(events).where((events.c.group_id == G) & (events.c.seq == 3)))
+    await stop(mesh, client)
+
+    mesh, client = await started(settings)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await client.execute(alice.sign(alice.command(G, "message_post", builders.message(conv, "again"), membership_epoch=1)))
+        rejection = rejection_from_rpc_error(info.value)
+        assert info.value.code() == grpc.StatusCode.DATA_LOSS and rejection is not None
+        assert rejection.reason == common_pb2.REJECTION_REASON_DATA_CORRUPTED and rejection.metadata["sequence"] == "4"
+        stub = health_pb2_grpc.HealthStub(client.channel)
+        answer = await stub.Check(health_pb2.HealthCheckRequest(service=f"missionweave.authority.integrity/{G}"))
+        assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        await stop(mesh, client)
+
+
+def test_mwp_verify_usage_errors_exit_2(tmp_path: Path) -> None:
+    """docs/cli.md: 2 for a usage error, also for a data directory that holds no store."""
+    assert mwp(["verify", "--data-dir", str(tmp_path / "nothing-here")]) == 2
+    with pytest.raises(SystemExit) as info:
+        mwp(["verify", "--data-dir", str(tmp_path), "--database-url", "sqlite+aiosqlite:///x.db"])
+    assert info.value.code == 2
