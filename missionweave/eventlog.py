@@ -28,6 +28,9 @@ from missionweave.signing import EVENT_TYPE, SNAPSHOT_TYPE, pae, verify_signatur
 from missionweave.v1 import authority_service_pb2, common_pb2, event_pb2
 
 DIGEST_BYTES = 32
+# A Group's chain head signed by the Authority: a later load trusts the hash chain up to it.
+CHECKPOINT_TYPE = "application/vnd.missionweave.v1.chain-checkpoint"
+_CHECKPOINT_MAGIC = b"mwp-chain-checkpoint/v1\x00"
 
 
 class Corruption(Exception):
@@ -69,11 +72,17 @@ class Checked:
 
 @dataclass(frozen=True)
 class SignatureCheck:
-    """A signature still to check: the DSSE PAE, the signature and the key it names."""
+    """A signature still to check: over the DSSE PAE of the payload, with the key it names."""
 
-    message: bytes
+    payload_type: str
+    payload: bytes
     signature: bytes
     public_key: bytes
+
+    @property
+    def message(self) -> bytes:
+        """The signed bytes (built only for the events whose signature is checked)."""
+        return pae(self.payload_type, self.payload)
 
 
 def inspect(
@@ -118,7 +127,7 @@ def inspect(
         event.redaction.tombstone_sequence if event.HasField("redaction") else 0,
         erases,
     )
-    return checked, SignatureCheck(pae(signed.payload_type, signed.payload), signed.signatures[0].sig, public_key), event
+    return checked, SignatureCheck(signed.payload_type, signed.payload, signed.signatures[0].sig, public_key), event
 
 
 @dataclass
@@ -135,6 +144,11 @@ class Chain:
     previous: bytes | None = None
     last: int = field(init=False)
     linked: bool = False
+    # A signed chain checkpoint (sequence, event digest) this pass must meet: events up to it need
+    # no signature check of their own when the chain commits to them (``trusts``).
+    checkpoint: tuple[int, bytes] | None = None
+    # Signature checks this pass made (the Authority writes a checkpoint after enough of them).
+    signatures_checked: int = 0
     _erased: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -170,6 +184,39 @@ class Chain:
                 raise Corruption(self.group_id, target, f"event {target}, erased by tombstone {seq}, is not the erased copy")
         self.last = seq
         self.previous = checked.link
+        if self.checkpoint is not None and seq == self.checkpoint[0] and checked.link != self.checkpoint[1]:
+            raise bad("the log does not match the Authority's signed chain checkpoint at this sequence")
+
+    def trusts(self, checked: Checked) -> bool:
+        """Whether ``checked`` needs no signature check: it lies at or below the signed checkpoint and
+        the hash chain up to the checkpoint commits to its payload (it is linked, and not an erased
+        copy, whose content only its own signature covers)."""
+        return (
+            self.checkpoint is not None
+            and checked.sequence <= self.checkpoint[0]
+            and bool(checked.previous)
+            and not checked.erased_by
+        )
+
+
+def checkpoint_payload(group_id: str, sequence: int, link: bytes) -> bytes:
+    """The signed bytes of a chain checkpoint: "event ``sequence`` of ``group_id`` has digest ``link``"."""
+    return _CHECKPOINT_MAGIC + group_id.encode() + b"\x00" + sequence.to_bytes(8, "big") + link
+
+
+def verified_checkpoint(group_id: str, sequence: int, stored: bytes, keys: Mapping[str, bytes]) -> tuple[int, bytes]:
+    """A stored chain checkpoint checked (signature by a key of the history, Group and sequence)."""
+    try:
+        signed = common_pb2.SignedEnvelope.FromString(stored)
+    except DecodeError:
+        raise Corruption(group_id, sequence, "the chain checkpoint does not parse") from None
+    public_key = keys.get(signed.signatures[0].key_id) if signed.signatures else None
+    if signed.payload_type != CHECKPOINT_TYPE or public_key is None or not verify_signature(signed, public_key):
+        raise Corruption(group_id, sequence, "the chain checkpoint's signature does not verify")
+    link = signed.payload[-DIGEST_BYTES:]
+    if signed.payload != checkpoint_payload(group_id, sequence, link):
+        raise Corruption(group_id, sequence, "the chain checkpoint names another Group or sequence")
+    return sequence, link
 
 
 def verified_snapshot(

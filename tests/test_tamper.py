@@ -151,12 +151,28 @@ async def fork(w: World) -> int:
 # ------------------------------------------------------------------ the public API
 
 
+async def checkpoint(w: World, group: str) -> int | None:
+    """Loads ``group`` afresh so that the Authority leaves a signed chain checkpoint at its head."""
+    authority = w.mesh.authority  # type: ignore[attr-defined]
+    authority.checkpoint_every, every = 1, authority.checkpoint_every
+    try:
+        forget(w)
+        authority.integrity.verified._known.clear()
+        await w.client.group_state(group)
+    finally:
+        authority.checkpoint_every = every
+    found = await authority.store.chain_checkpoint(group)
+    return None if found is None else int(found[0])
+
+
 @pytest.mark.req("MW-7.4-01", "MW-7.4-05", "MW-16-05")
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["full", "checkpointed"])
 async def test_a_tampered_group_is_refused_data_corrupted_while_others_are_served(
-    world: World, kind: str, capsys: pytest.CaptureFixture[str]
+    world: World, kind: str, checkpointed: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 13 item 5: edited, deleted, swapped, reordered, foreign and forked rows are each found;
+    """Issue 13 item 5: edited, deleted, swapped, reordered, foreign and forked rows are each found,
+    also below a signed chain checkpoint (where only the hash chain is checked, not each signature);
     the Group is refused (ReadEvents, GetGroupState, ExecuteCommand), never served or extended; the
     bystander Group still works; health and ``mwp verify`` name it."""
     w = world
@@ -168,6 +184,8 @@ async def test_a_tampered_group_is_refused_data_corrupted_while_others_are_serve
     code, clean = await verify_cli(w, capsys)
     head_before = (await w.client.group_state(G)).head_sequence
     assert code == 0 and clean["clean"] and clean["events"] == 2 * head_before, clean
+    if checkpointed:
+        assert await checkpoint(w, G) == head_before
 
     sequence = await fork(w) if kind == "fork" else await tamper(w, kind)
     forget(w)
@@ -336,3 +354,54 @@ async def test_a_log_from_before_the_chain_verifies_by_signature_and_sequence(
     w.mesh.authority.integrity.verified._known.clear()  # type: ignore[attr-defined]
     rejection = await rejection_of(read_all(w, G))
     assert rejection.metadata["sequence"] == str(after)
+
+
+@pytest.mark.req("MW-7.4-01")
+async def test_a_chain_checkpoint_spares_the_next_load_its_signature_checks(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/integrity.md "Chain checkpoints": a load that checked enough signatures signs the head it
+    verified; the next load checks the hash chain up to it and signatures only after it. An event
+    edited below it is still found (by the chain), and so is an edited checkpoint."""
+    from services.authority.integrity import Counters
+
+    w = world
+    await create(w, G)
+    for i in range(6):
+        await post(w, G, f"message {i}")
+    head = await checkpoint(w, G)
+    assert head == (await w.client.group_state(G)).head_sequence
+    await post(w, G, "after the checkpoint")
+    forget(w)
+    w.mesh.authority.integrity.verified._known.clear()  # type: ignore[attr-defined]
+    before = Counters.events_verified
+    await w.client.group_state(G)
+    assert Counters.events_verified - before == 2  # sequence 1 and the event after the checkpoint
+
+    # An edited message below the checkpoint: its signature is not checked, the chain finds it.
+    stored = (await rows(w, G))[head - 1]
+    signed = codec.envelope(stored["envelope"])
+    signed.payload = signed.payload.replace(b"message 4", b"message X")
+    await write(w, update(events).where(at(G, head - 1)).values(envelope=signed.SerializeToString()))
+    forget(w)
+    rejection = await rejection_of(w.client.group_state(G))
+    assert rejection.metadata["sequence"] == str(head)  # the first event whose link fails
+    code, report = await verify_cli(w, capsys)
+    assert code == 1 and report["findings"][0]["sequence"] == head - 1  # offline, every signature
+
+
+@pytest.mark.req("MW-7.4-01")
+async def test_an_edited_chain_checkpoint_is_refused(world: World) -> None:
+    from services.authority.schema import chain_checkpoints
+
+    w = world
+    await create(w, G)
+    await post(w, G, "one")
+    sequence = await checkpoint(w, G)
+    assert sequence is not None
+    found = await w.mesh.authority.store.chain_checkpoint(G)  # type: ignore[attr-defined]
+    signed = common_pb2.SignedEnvelope.FromString(found[1])
+    signed.payload = signed.payload[:-1] + bytes([signed.payload[-1] ^ 1])
+    await write(w, update(chain_checkpoints).values(envelope=signed.SerializeToString()))
+    forget(w)
+    assert (await rejection_of(w.client.group_state(G))).reason == R.REJECTION_REASON_DATA_CORRUPTED

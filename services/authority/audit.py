@@ -3,8 +3,8 @@
 For every Group: each event's signature by a key of the recorded key history, its place (Group,
 sequence, id, type), sequence continuity across the online log and the archive tier, the event
 chain, erasures, the Group row's head against the log and the command records against the head,
-and each stored snapshot (signature, digest, the event digest it names, and the state it holds
-against the state folded from the log at its sequence). Before the Groups: the key history itself
+each stored snapshot (signature, digest, the event digest it names, and the state it holds
+against the state folded from the log at its sequence), and the Group's signed chain checkpoint. Before the Groups: the key history itself
 (each rotation signed by the key before it) and whether the configured key file is its current key.
 
 Read-only as far as the log goes; it never stops at the first finding (each Group is checked up to
@@ -22,13 +22,13 @@ from sqlalchemy import distinct, func, select, union
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave.clock import SystemClock
-from missionweave.eventlog import Chain, Corruption, inspect, verified_snapshot
+from missionweave.eventlog import Chain, Corruption, inspect, verified_checkpoint, verified_snapshot
 from missionweave.signing import authority_key_id
 from missionweave.v1 import authority_service_pb2
 from missionweave.verify_worker import check as check_signature
 from services.authority import decider
 from services.authority.keys import KeyContinuityError, KeyHistory, load_history
-from services.authority.schema import commands, events, events_archive, groups, snapshots
+from services.authority.schema import chain_checkpoints, commands, events, events_archive, groups, snapshots
 from services.authority.state import GroupState
 from services.authority.store import EventStore
 from services.authority.views import group_state_proto
@@ -132,6 +132,11 @@ async def _verify_group(engine: AsyncEngine, store: EventStore, group_id: str, k
         last_command = (
             await conn.execute(select(func.max(commands.c.last_seq)).where(commands.c.group_id == group_id))
         ).scalar_one_or_none()
+        checkpoint = (
+            await conn.execute(
+                select(chain_checkpoints.c.seq, chain_checkpoints.c.envelope).where(chain_checkpoints.c.group_id == group_id)
+            )
+        ).first()
         stored_snapshots = {
             int(r[0]): (r[1], bytes(r[2]))
             for r in await conn.execute(
@@ -144,6 +149,8 @@ async def _verify_group(engine: AsyncEngine, store: EventStore, group_id: str, k
     try:
         if head is None:
             raise Corruption(group_id, 0, "events are stored for a Group that has no Group row")
+        if checkpoint is not None:  # every signature is checked here anyway; the chain must meet it
+            chain.checkpoint = verified_checkpoint(group_id, int(checkpoint[0]), bytes(checkpoint[1]), keys)
         snapshot_at = {seq: verified_snapshot(group_id, seq, d, env, keys)[1] for seq, (d, env) in stored_snapshots.items()}
         while True:
             batch = await store.read_history(group_id, chain.last, READ_BATCH)
@@ -161,6 +168,8 @@ async def _verify_group(engine: AsyncEngine, store: EventStore, group_id: str, k
                 snapshot = snapshot_at.get(row.sequence)
                 if snapshot is not None:
                     _check_snapshot_state(group_id, row.sequence, snapshot, checked.link, state)
+        if chain.checkpoint is not None and chain.last < chain.checkpoint[0]:
+            raise Corruption(group_id, chain.last + 1, "the log ends before its signed chain checkpoint")
         if chain.last != head:
             raise Corruption(group_id, chain.last + 1, f"the log ends at {chain.last} but the Group's head is {head}")
         if last_command is not None and int(last_command) > head:

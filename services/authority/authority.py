@@ -25,7 +25,7 @@ from nacl.signing import SigningKey
 from missionweave import codec, ids
 from missionweave.clock import Clock, timestamp_micros, to_micros, to_timestamp
 from missionweave.errors import Rejected
-from missionweave.eventlog import Chain, Corruption, event_digest
+from missionweave.eventlog import CHECKPOINT_TYPE, Chain, Corruption, checkpoint_payload, event_digest
 from missionweave.internal.v1 import publications_pb2
 from missionweave.manifest import manifest_digest
 from missionweave.rpc.identities import DirectoryIdentity, IdentityDirectoryClient
@@ -68,6 +68,7 @@ if TYPE_CHECKING:  # the typed aio stub exists in the generated .pyi only
     from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceAsyncStub
 
 STORE_RACE_RETRIES = 2
+CHECKPOINT_EVERY = 256
 # A peer service's answer is awaited this long before the command is refused PEER_UNAVAILABLE.
 PEER_TIMEOUT_S = 5.0
 
@@ -109,6 +110,9 @@ class GroupAuthority:
         self.verifier = verifier or SignatureVerifier()  # no workers: checks inline
         # What is read from the store is verified before it is folded, replayed or served.
         self.integrity = LogIntegrity(self.key_history.keys, self.verifier, self._corrupted)
+        # A load that checked this many signatures leaves a signed chain checkpoint at the head it
+        # verified, so the next load of the Group checks signatures only after it.
+        self.checkpoint_every = CHECKPOINT_EVERY
         self.tails = LogTails()
         # Half the ownership lease, counted from before the store renewed it: a safe bound on how long
         # no other instance can take a Group over (it may only once the lease has expired).
@@ -436,7 +440,7 @@ class GroupAuthority:
         ``head`` is the Group row's head, read before: the log must reach it (exactly, for a Group this
         instance has just taken, which nobody else can extend), so a truncated log is caught too."""
         state: GroupState | None = None
-        chain = Chain(group_id)
+        chain = Chain(group_id, checkpoint=self.integrity.checkpoint(group_id, await self.store.chain_checkpoint(group_id)))
         while True:
             batch = await self.store.read_history(group_id, chain.last, 1024)
             if not batch:
@@ -447,7 +451,16 @@ class GroupAuthority:
             raise self.integrity.mark(
                 Corruption(group_id, chain.last + 1, f"the log ends at {chain.last} but the Group's head is {head}")
             )
+        if chain.checkpoint is not None and chain.last < chain.checkpoint[0]:
+            raise self.integrity.mark(
+                Corruption(group_id, chain.last + 1, f"the log ends at {chain.last}, before its signed chain checkpoint")
+            )
         assert chain.previous is not None
+        if chain.signatures_checked >= self.checkpoint_every and chain.last > 0:
+            # What this load verified one signature at a time, the next one checks by the hash chain.
+            payload = checkpoint_payload(group_id, chain.last, chain.previous)
+            envelope = sign_envelope(payload, CHECKPOINT_TYPE, self.signing_key, self.key_id)
+            await self.store.save_chain_checkpoint(group_id, chain.last, envelope.SerializeToString())
         return state, chain.previous
 
     async def read_history(self, group_id: str, after: int = 0, limit: int = 1024) -> list[StoredEvent]:

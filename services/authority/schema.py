@@ -98,6 +98,28 @@ authority_keys = Table(
 )
 
 
+# A Group's chain head as this Authority verified it, signed (docs/integrity.md "Chain checkpoints"):
+# a later load checks the hash chain up to it and Ed25519 signatures only after it. ``envelope`` is
+# a SignedEnvelope over ``eventlog.checkpoint_payload``.
+chain_checkpoints = Table(
+    "chain_checkpoints",
+    METADATA,
+    Column("group_id", String(128), primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("envelope", LargeBinary, nullable=False),
+)
+
+
+def checkpoint_upsert(dialect: str) -> Insert:
+    """Record a Group's checkpoint, never replacing a later one. Rows: group_id, seq, envelope."""
+    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(chain_checkpoints)
+    return ins.on_conflict_do_update(
+        index_elements=[chain_checkpoints.c.group_id],
+        set_={"seq": ins.excluded.seq, "envelope": ins.excluded.envelope},
+        where=chain_checkpoints.c.seq < ins.excluded.seq,
+    )
+
+
 async def create_schema(engine: AsyncEngine) -> None:
     await create_tables(engine, METADATA)
 
