@@ -227,5 +227,5 @@ async def record_rotation(
             await conn.execute(insert(authority_keys).values(row))
     except IntegrityError:
         raise KeyContinuityError("another rotation was recorded at the same time; look at the key history") from None
-    log.warning("recorded an Authority key rotation", extra={"previous_key_id": old_id, "key_id": new_id})
+    log.info("recorded an Authority key rotation", extra={"previous_key_id": old_id, "key_id": new_id})
     return await load_history(engine)
