@@ -252,8 +252,8 @@ class GroupAuthority:
                 fingerprint_, request.expected_head + 1, request.expected_head + len(request.events)
             )
             if request.expected_head == owned.durable_head:
-                owned.settle(pending.events)
-                owned.durable_link = pending.link  # readers' copy advances by the same events, in append order
+                owned.settle(pending.events)  # readers' copy advances by the same events, in append order
+                owned.durable_link = pending.link
                 owned.sole_writer_until_us = max(owned.sole_writer_until_us, pending.decided_us + self._lease_margin_us)
                 if request.rewrites:
                     self.tails.drop(group_id)  # an erasure replaced envelopes the tail may hold
@@ -486,10 +486,8 @@ class GroupAuthority:
 
     def _corrupted(self, group_id: str) -> None:
         """A Group failed verification: forget everything held of it; tell health."""
-        owned = self._cache.pop(group_id, None)
+        self._cache.pop(group_id, None)
         self.tails.drop(group_id)
-        if owned is not None:
-            owned.state = None
         if self._on_corrupted is not None:
             self._on_corrupted(group_id)
 
