@@ -24,6 +24,7 @@ GROUP_SUMMARY_TYPE = "application/vnd.missionweave.v1.group-summary+protobuf"
 SNAPSHOT_TYPE = "application/vnd.missionweave.v1.group-snapshot+protobuf"
 HELLO_PROOF_TYPE = "application/vnd.missionweave.v1.hello-proof+protobuf"
 SNAPSHOT_REFERENCE_TYPE = "application/vnd.missionweave.v1.snapshot-reference+protobuf"
+KEY_ROTATION_TYPE = "application/vnd.missionweave.v1.authority-key-rotation+protobuf"
 
 # The most signatures a signed request (a command, an Organization request, a HelloProof) may carry:
 # servers check the signer's (the first); more than a few is refused, never carried along.
@@ -38,6 +39,11 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 
 def fingerprint(public_key: bytes) -> str:
     return blake3.blake3(public_key).hexdigest()[:16]
+
+
+def authority_key_id(public_key: bytes) -> str:
+    """The key id the Authority's signatures carry: ``authority:<fingerprint>``."""
+    return f"authority:{fingerprint(public_key)}"
 
 
 def session_key_id(identity_id: str, session_epoch: int) -> str:

@@ -25,6 +25,7 @@ from missionweave.cli import conversation as cli_conversation
 from missionweave.cli import coordinator as cli_coordinator
 from missionweave.cli import demo
 from missionweave.cli import group as cli_group
+from missionweave.cli import integrity as cli_integrity
 from missionweave.cli import mission as cli_mission
 from missionweave.cli.common import (
     CliError,
@@ -154,19 +155,24 @@ async def cmd_state(args: argparse.Namespace) -> int:
 async def cmd_health(args: argparse.Namespace) -> int:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from missionweave.mesh.server import SERVICE_NAMES
+    from missionweave.mesh.server import INTEGRITY_HEALTH, SERVICE_NAMES
 
     worst = 0
     async with open_channel(target(args), client_tls(args)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        for name in SERVICE_NAMES.values():
+        for name in [*SERVICE_NAMES.values(), INTEGRITY_HEALTH]:
             try:
                 resp = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=3)
                 status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
             except grpc.aio.AioRpcError as err:
+                if name == INTEGRITY_HEALTH and err.code() == grpc.StatusCode.NOT_FOUND:
+                    continue  # no Authority behind this address
                 status = err.code().name
             worst = worst or (0 if status == "SERVING" else 1)
-            print(f"{name:40s} {status}")
+            note = "  (a Group failed verification: see DATA_CORRUPTED in the log, run mwp verify)" if (
+                name == INTEGRITY_HEALTH and status != "SERVING"
+            ) else ""
+            print(f"{name:40s} {status}{note}")
     return worst
 
 
@@ -241,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_conversation.register(sub)
     cli_artifact.register(sub)
     cli_group.register(sub)
+    cli_integrity.register(sub)
     demo.register(sub)
 
     e = sub.add_parser("events", help="print a Group's events as JSON lines")

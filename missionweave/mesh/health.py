@@ -18,10 +18,26 @@ LAST_WORD_S = 0.05
 
 
 class MeshHealth(health_aio.HealthServicer):
-    def __init__(self) -> None:
+    def __init__(self, integrity_name: str = "") -> None:
         super().__init__()
         self._watches: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self.integrity_name = integrity_name
+        self.corrupted_groups: set[str] = set()
+        self._updates: set[asyncio.Task[None]] = set()
+
+    def group_corrupted(self, group_id: str) -> None:
+        """The Authority refused a Group as DATA_CORRUPTED (docs/integrity.md): the integrity entry
+        turns NOT_SERVING and the Group gets an entry of its own, "<integrity>/<group id>"."""
+        self.corrupted_groups.add(group_id)
+        task = asyncio.ensure_future(self._mark_corrupted(group_id))
+        self._updates.add(task)
+        task.add_done_callback(self._updates.discard)
+
+    async def _mark_corrupted(self, group_id: str) -> None:
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        await self.set(self.integrity_name, not_serving)
+        await self.set(f"{self.integrity_name}/{group_id}", not_serving)
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
         if self._stopping:

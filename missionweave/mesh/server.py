@@ -66,6 +66,7 @@ from services.authority import schema as authority_schema
 from services.authority.authority import GroupAuthority
 from services.authority.group_log import GroupLogServicer
 from services.authority.ingress import GroupIngressLimiter
+from services.authority.keys import KeyContinuityError, ensure_key
 from services.authority.servicer import AuthorityServicer
 from services.authority.store import EventStore
 from services.membership import schema as membership_schema
@@ -106,6 +107,11 @@ INTERNAL_SERVICE_NAMES = {
     "identities": identities_pb2.DESCRIPTOR.services_by_name["IdentityDirectoryService"].full_name,
     "group_log": group_log_pb2.DESCRIPTOR.services_by_name["GroupLogService"].full_name,
 }
+# Health entry of the Authority's stored logs (docs/integrity.md): SERVING while every Group it has
+# loaded or served verified, NOT_SERVING once one is refused as DATA_CORRUPTED; each such Group also
+# gets an entry of its own, "<this>/<group id>", NOT_SERVING. The AuthorityService entry itself stays
+# SERVING: every other Group is still served, and a restart would not repair the log.
+INTEGRITY_HEALTH = "missionweave.authority.integrity"
 # The shortest interval between keepalive pings a client may send on an idle connection (the peers'
 # channels ping every 20 s).
 MIN_PEER_PING_INTERVAL_MS = 10_000
@@ -197,9 +203,21 @@ async def create_schemas(engine: AsyncEngine, served: tuple[str, ...]) -> None:
 
 
 async def _authority(
-    settings: Settings, engine: AsyncEngine, clock: Clock, identities: IdentityDirectoryClient, peers: Peers
+    settings: Settings,
+    engine: AsyncEngine,
+    clock: Clock,
+    identities: IdentityDirectoryClient,
+    peers: Peers,
+    health: MeshHealth,
 ) -> tuple[EventStore, GroupAuthority]:
     """The Authority's store and core (only a process serving the Authority loads its key)."""
+    signing_key = load_or_create_key(settings.authority_key_path)
+    try:  # key continuity: refuses a key that is not the store's (docs/integrity.md)
+        key_history = await ensure_key(engine, signing_key, clock)
+    except KeyContinuityError as refused:
+        log.error("the Authority key is refused", extra={"detail": str(refused), "key_file": str(settings.authority_key_path)})
+        await engine.dispose()
+        raise
     store = EventStore(
         engine,
         clock,
@@ -218,10 +236,12 @@ async def _authority(
         store,
         identities,
         clock,
-        load_or_create_key(settings.authority_key_path),
+        signing_key,
         ingress=GroupIngressLimiter(settings.group_rate, settings.group_burst),
         verifier=verifier,
         publications=publications,
+        key_history=key_history,
+        on_corrupted=health.group_corrupted,
     )
     return store, authority
 
@@ -260,8 +280,9 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     # Proof freshness is a transport matter, judged by this host's wall clock (the protocol clock
     # may be a test's shifted one).
     callers = CallAuthenticator(identities, SystemClock(), audiences_for(*settings.audiences), peers.mesh_token)
+    health = MeshHealth(INTEGRITY_HEALTH)
     store, authority = (
-        (await _authority(settings, engine, clock, identities, peers))
+        (await _authority(settings, engine, clock, identities, peers, health))
         if "authority" in settings.services
         else (None, None)
     )
@@ -286,7 +307,6 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             ("grpc.http2.min_ping_interval_without_data_ms", MIN_PEER_PING_INTERVAL_MS),
         ],
     )
-    health = MeshHealth()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     group_log_servicer: GroupLogServicer | None = None
     if store is not None and authority is not None:
@@ -351,6 +371,8 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
                 asyncio.create_task(mirror_health(health, peers.channel(s), SERVICE_NAMES[s]))
                 for s in front_door.routed_services
             ]
+            if "authority" in front_door.routed_services:
+                mirrors.append(asyncio.create_task(mirror_health(health, peers.channel("authority"), INTEGRITY_HEALTH)))
     names = health_names(settings.services)
     reflection.enable_server_reflection(
         [*names, *routed, reflection.SERVICE_NAME, "grpc.health.v1.Health"], server
@@ -376,6 +398,8 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     for name in names:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    if authority is not None:
+        await health.set(INTEGRITY_HEALTH, health_pb2.HealthCheckResponse.SERVING)
     # In the background: peers of a split mesh start in any order, and start-up never waits on them.
     mirrors.append(asyncio.create_task(_say_silent_peers(peers)))
     if server_tls is not None and peer_tls is None and any(s not in settings.services for s in settings.peers):

@@ -725,15 +725,18 @@ class SessionFile:
 class AuthorityVerifier:
     """Checks the Authority's signature (and payload type) before anything parses a payload."""
 
-    def __init__(self, key_id: str, public_key: bytes) -> None:
+    def __init__(self, key_id: str, public_key: bytes, earlier: dict[str, bytes] | None = None) -> None:
         self.key_id = key_id
         self.public_key = public_key
+        # Keys the Authority signed with before a rotation (GetAuthorityKey ``keys``): old history
+        # verifies with the key it names.
+        self.keys = {**(earlier or {}), key_id: public_key}
 
     def _payload(self, envelope: common_pb2.SignedEnvelope, payload_type: str) -> bytes:
         if envelope.payload_type != payload_type:
             raise NotVerified(f"payload type {envelope.payload_type!r} is not {payload_type!r}")
-        index = next((i for i, s in enumerate(envelope.signatures) if s.key_id == self.key_id), None)
-        if index is None or not verify_signature(envelope, self.public_key, index):
+        index = next((i for i, s in enumerate(envelope.signatures) if s.key_id in self.keys), None)
+        if index is None or not verify_signature(envelope, self.keys[envelope.signatures[index].key_id], index):
             raise NotVerified(f"no valid signature by the Authority key {self.key_id}")
         return envelope.payload
 
@@ -1583,7 +1586,7 @@ class Agent:
         key = await authority_service_pb2_grpc.AuthorityServiceStub(channel).GetAuthorityKey(
             authority_service_pb2.GetAuthorityKeyRequest()
         )
-        self._verifier = AuthorityVerifier(key.key_id, key.public_key)
+        self._verifier = AuthorityVerifier(key.key_id, key.public_key, {k.key_id: k.public_key for k in key.keys})
         signer = self._session or await asyncio.to_thread(self._session_file.load)
         if signer is None:
             signer = await self._new_session()

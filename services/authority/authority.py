@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ from nacl.signing import SigningKey
 from missionweave import codec, ids
 from missionweave.clock import Clock, timestamp_micros, to_micros, to_timestamp
 from missionweave.errors import Rejected
+from missionweave.eventlog import CHECKPOINT_TYPE, Chain, Corruption, checkpoint_payload, event_digest
 from missionweave.internal.v1 import publications_pb2
 from missionweave.manifest import manifest_digest
 from missionweave.rpc.identities import DirectoryIdentity, IdentityDirectoryClient
@@ -33,7 +35,7 @@ from missionweave.signing import (
     EVENT_TYPE,
     GROUP_SUMMARY_TYPE,
     SNAPSHOT_TYPE,
-    fingerprint,
+    authority_key_id,
     parse_session_key_id,
     sign_envelope,
     signed_envelope,
@@ -44,6 +46,8 @@ from missionweave.verifier import SignatureVerifier
 from services.authority import decider, kinds
 from services.authority.context_package import CONTEXT_PACKAGE_TYPE, build_context_package
 from services.authority.ingress import GroupIngressLimiter, check_envelope
+from services.authority.integrity import LogIntegrity
+from services.authority.keys import KeyHistory, KeyRecord
 from services.authority.progress import mission_progress
 from services.authority.rules.common import TERMINAL_MISSION_STATES, StoredArtifact
 from services.authority.rules.conversations import erased, erasure_targets
@@ -63,6 +67,7 @@ if TYPE_CHECKING:  # the typed aio stub exists in the generated .pyi only
     from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceAsyncStub
 
 STORE_RACE_RETRIES = 2
+CHECKPOINT_EVERY = 256
 # A peer service's answer is awaited this long before the command is refused PEER_UNAVAILABLE.
 PEER_TIMEOUT_S = 5.0
 
@@ -79,6 +84,8 @@ class GroupAuthority:
         ingress: GroupIngressLimiter | None = None,
         verifier: SignatureVerifier | None = None,
         publications: PublicationServiceAsyncStub | None = None,
+        key_history: KeyHistory | None = None,
+        on_corrupted: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
         # Who signs commands, and their sessions: Membership's directory, cached in process.
@@ -86,7 +93,11 @@ class GroupAuthority:
         self.clock = clock
         self.signing_key = signing_key
         self.public_key = bytes(signing_key.verify_key)
-        self.key_id = f"authority:{fingerprint(self.public_key)}"
+        self.key_id = authority_key_id(self.public_key)
+        # Every key this store's Authority signed with (keys.ensure_key checked it is ours at start);
+        # old events verify with the key they name.
+        self.key_history = key_history or KeyHistory((KeyRecord(0, self.key_id, self.public_key, 0, b""),))
+        self._on_corrupted = on_corrupted
         self._cache: OrderedDict[str, _OwnedGroup] = OrderedDict()
         self._cache_size = cache_size
         self._locks: dict[str, _LockEntry] = {}
@@ -96,6 +107,11 @@ class GroupAuthority:
         self.publications = publications
         self.ingress = ingress or GroupIngressLimiter(0, 0)
         self.verifier = verifier or SignatureVerifier()  # no workers: checks inline
+        # What is read from the store is verified before it is folded, replayed or served.
+        self.integrity = LogIntegrity(self.key_history.keys, self.verifier, self._corrupted)
+        # A load that checked this many signatures leaves a signed chain checkpoint at the head it
+        # verified, so the next load of the Group checks signatures only after it.
+        self.checkpoint_every = CHECKPOINT_EVERY
         self.tails = LogTails()
         # Half the ownership lease, counted from before the store renewed it: a safe bound on how long
         # no other instance can take a Group over (it may only once the lease has expired).
@@ -198,6 +214,7 @@ class GroupAuthority:
         decided again on the durable log. Nobody sees an answer (or a state) before it is durable.
         """
         group_id = command.group_id
+        self.integrity.refuse_if_corrupted(group_id)  # never extended
         fingerprint_ = _fingerprint(command)
         for attempt in range(STORE_RACE_RETRIES + 1):
             async with self._lock(group_id):
@@ -230,6 +247,7 @@ class GroupAuthority:
             )
             if request.expected_head == owned.durable_head:
                 owned.settle(pending.events)  # readers' copy advances by the same events, in append order
+                owned.durable_link = pending.link
                 owned.sole_writer_until_us = max(owned.sole_writer_until_us, pending.decided_us + self._lease_margin_us)
                 if request.rewrites:
                     self.tails.drop(group_id)  # an erasure replaced envelopes the tail may hold
@@ -264,9 +282,17 @@ class GroupAuthority:
         decision = decider.decide(state, command, ctx)
         if isinstance(decision, Rejected):
             raise decision
+        # The chain (docs/integrity.md): each event names the digest of the one before it, which
+        # this instance knows for the Group's head without reading the store again.
+        link = owned.chain_head
+        payloads = []
         for event in decision:
             event.writer_epoch = writer_epoch
-        payloads = [event.SerializeToString(deterministic=True) for event in decision]
+            if event.sequence > 1:
+                event.previous_digest = link
+            payload = event.SerializeToString(deterministic=True)
+            link = event_digest(payload)
+            payloads.append(payload)
         if self._writer_signs:
             envelopes = None  # the store's writer signs them (D56)
             stored = [_stored(event, b"") for event in decision]
@@ -290,9 +316,12 @@ class GroupAuthority:
         result = command_pb2.CommandResult(command_id=command.command_id, group_id=group_id, group_revision=state.head_sequence)
         if envelopes is not None:
             result.events.extend(envelopes)
-        pending = _Pending(owned, request, decision, result, fingerprint_, to_micros(ctx.now), self.key_id, envelopes is None)
+        pending = _Pending(
+            owned, request, decision, result, fingerprint_, to_micros(ctx.now), self.key_id, envelopes is None, link
+        )
         # The next command of this Group decides on this state (speculative until durable).
         owned.state = state
+        owned.chain_head = link
         owned.pending[command.command_id] = pending
         self._remember(group_id, owned)
         self.store.enqueue(request)
@@ -350,7 +379,7 @@ class GroupAuthority:
         if record is None:
             return None
         _check_same_body(command, record.fingerprint, fingerprint_)
-        stored = await self.store.read_range(command.group_id, record.first_seq, record.last_seq)
+        stored = await self.read_range(command.group_id, record.first_seq, record.last_seq)
         return command_pb2.CommandResult(
             command_id=command.command_id,
             group_id=command.group_id,
@@ -364,10 +393,12 @@ class GroupAuthority:
         marker naming the tombstone (the core's ``erased``)."""
         rewrites: list[tuple[int, bytes]] = []
         for tombstone, sequence in erasure_targets(decision):
-            (stored,) = await self.store.read_range(group_id, sequence, sequence)
+            # Verified first: re-signing a tampered event would launder it.
+            (stored,) = await self.read_range(group_id, sequence, sequence)
             event = erased(codec.decode_event(stored.envelope), tombstone, stored.envelope)
             envelope = sign_envelope(event.SerializeToString(deterministic=True), EVENT_TYPE, self.signing_key, self.key_id)
             rewrites.append((sequence, envelope.SerializeToString()))
+            self.integrity.verified.forget(stored.envelope)  # the original may never be served again
         return rewrites
 
     # ------------------------------------------------------------ state
@@ -383,25 +414,76 @@ class GroupAuthority:
             # The Group does not exist yet: a creating command takes writer epoch 1. Not cached, so a
             # rejected creation leaves nothing behind.
             return _OwnedGroup(1, None, {})
-        writer_epoch, _head = acquired
-        state = await self.fold(group_id)
+        writer_epoch, head = acquired
+        state, link = await self._fold_verified(group_id, head, exact=True)
         # Two copies: ``evolve`` mutates, and the speculative one runs ahead of the durable one.
         owned = _OwnedGroup(writer_epoch, state, await self.store.commands_of(group_id), copy.deepcopy(state))
+        owned.chain_head = owned.durable_link = link
         owned.sole_writer_until_us = taken_us + self._lease_margin_us
         self._remember(group_id, owned)
         return owned
 
     async def fold(self, group_id: str) -> GroupState | None:
-        """Rebuild a Group's state from its stored log (also used by the replay-equivalence test)."""
+        """Rebuild a Group's state from its stored log, verified (also used by the replay-equivalence test)."""
+        self.integrity.refuse_if_corrupted(group_id)
+        return (await self._fold_verified(group_id, await self.store.head(group_id)))[0]
+
+    async def _fold_verified(self, group_id: str, head: int | None, *, exact: bool = False) -> tuple[GroupState | None, bytes]:
+        """The state folded from the whole stored log (both tiers) and the event digest at its head,
+        every event verified on the way (signature, sequence, chain, erasures: docs/integrity.md).
+        ``head`` is the Group row's head, read before: the log must reach it (exactly, for a Group this
+        instance has just taken, which nobody else can extend), so a truncated log is caught too."""
         state: GroupState | None = None
-        after = 0
+        chain = Chain(group_id, checkpoint=self.integrity.checkpoint(group_id, await self.store.chain_checkpoint(group_id)))
         while True:
-            batch = await self.store.read_history(group_id, after, 1024)
+            batch = await self.store.read_history(group_id, chain.last, 1024)
             if not batch:
-                return state
-            for stored in batch:
-                state = decider.evolve(state, codec.decode_event(stored.envelope))
-            after = batch[-1].sequence
+                break
+            for event in await self.integrity.check(group_id, batch, chain, events=True):
+                state = decider.evolve(state, event)
+        if head is not None and (chain.last < head or (exact and chain.last != head)):
+            raise self.integrity.mark(
+                Corruption(group_id, chain.last + 1, f"the log ends at {chain.last} but the Group's head is {head}")
+            )
+        if chain.checkpoint is not None and chain.last < chain.checkpoint[0]:
+            raise self.integrity.mark(
+                Corruption(group_id, chain.last + 1, f"the log ends at {chain.last}, before its signed chain checkpoint")
+            )
+        assert chain.previous is not None
+        if chain.signatures_checked >= self.checkpoint_every and chain.last > 0:
+            # What this load verified one signature at a time, the next one checks by the hash chain.
+            payload = checkpoint_payload(group_id, chain.last, chain.previous)
+            envelope = sign_envelope(payload, CHECKPOINT_TYPE, self.signing_key, self.key_id)
+            await self.store.save_chain_checkpoint(group_id, chain.last, envelope.SerializeToString())
+        return state, chain.previous
+
+    async def read_history(self, group_id: str, after: int = 0, limit: int = 1024) -> list[StoredEvent]:
+        """Events after ``after`` from both tiers, verified (ReadEvents, FetchEvents, replays)."""
+        self.integrity.refuse_if_corrupted(group_id)
+        batch = await self.store.read_history(group_id, after, limit)
+        await self.integrity.check(group_id, batch, Chain(group_id, after, self._link_at(group_id, after)))
+        return batch
+
+    async def read_range(self, group_id: str, first: int, last: int) -> list[StoredEvent]:
+        """Events ``first..last`` from whichever tier holds them, verified."""
+        batch = await self.read_history(group_id, first - 1, last - first + 1)
+        if len(batch) != last - first + 1:
+            raise self.integrity.mark(Corruption(group_id, first + len(batch), f"events {first}..{last} are not all stored"))
+        return batch
+
+    def _link_at(self, group_id: str, sequence: int) -> bytes | None:
+        """The event digest at ``sequence`` when this instance knows it (the durable head)."""
+        owned = self._cache.get(group_id)
+        if owned is not None and sequence == owned.durable_head:
+            return owned.durable_link
+        return None
+
+    def _corrupted(self, group_id: str) -> None:
+        """A Group failed verification: forget everything held of it; tell health."""
+        self._cache.pop(group_id, None)
+        self.tails.drop(group_id)
+        if self._on_corrupted is not None:
+            self._on_corrupted(group_id)
 
     async def signed_summary(self, group_id: str, viewer: str | None = None) -> common_pb2.SignedEnvelope | None:
         """The Group's durable state signed by this Authority (MW-7.2-07 hand-over summary): all of
@@ -456,7 +538,12 @@ class GroupAuthority:
         self, group_id: str, *, compact: bool = False, archival: bool = False
     ) -> tuple[common_pb2.SignedEnvelope, str, int] | None:
         """A signed snapshot of the durable state (MW-16-11, MW-7.4-02); optionally compact before it."""
-        state = await self.state(group_id)
+        self.integrity.refuse_if_corrupted(group_id)
+        owned = self._cache.get(group_id)
+        if owned is not None:
+            state, link = owned.durable_state, owned.durable_link
+        else:
+            state, link = await self._fold_verified(group_id, await self.store.head(group_id))
         if state is None or state.mission is None:
             return None
         if archival and state.mission.state not in TERMINAL_MISSION_STATES:
@@ -472,6 +559,7 @@ class GroupAuthority:
             progress=mission_progress(state, now),
             created_at=to_timestamp(now),
             archival=archival,
+            last_event_digest=link,
         )
         payload = snapshot.SerializeToString(deterministic=True)
         envelope = sign_envelope(payload, SNAPSHOT_TYPE, self.signing_key, self.key_id)
@@ -486,6 +574,7 @@ class GroupAuthority:
         return envelope, digest, state.head_sequence
 
     async def state(self, group_id: str) -> GroupState | None:
+        self.integrity.refuse_if_corrupted(group_id)
         cached = self._cache.get(group_id)
         if cached is not None:
             return cached.durable_state  # never the speculative state of appends still in flight
@@ -509,14 +598,18 @@ class GroupAuthority:
         while this instance's ownership lease certainly holds (nobody else can have appended):
         otherwise every caught-up subscriber cost a query per delivery.
         """
+        self.integrity.refuse_if_corrupted(group_id)
         owned = self._cache.get(group_id)
         if owned is not None:
             cached = self.tails.read(group_id, after, limit)
             if cached is not None:
-                return cached
+                return cached  # the envelopes this instance made durable itself
             if after >= owned.durable_head and to_micros(self.clock.now()) < owned.sole_writer_until_us:
                 return []
-        return await self.store.read(group_id, after, limit)
+        batch = await self.store.read(group_id, after, limit)
+        if batch and batch[0].sequence == after + 1:  # else compacted: the caller answers CURSOR_TOO_OLD
+            await self.integrity.check(group_id, batch, Chain(group_id, after, self._link_at(group_id, after)))
+        return batch
 
     def _lock(self, group_id: str) -> _GroupLock:
         return _GroupLock(self._locks, group_id)
@@ -570,6 +663,10 @@ class _OwnedGroup:
     durable_head: int = field(init=False)
     # Until then (µs since the epoch) this instance is certainly the Group's only writer.
     sole_writer_until_us: int = 0
+    # Event digests (docs/integrity.md) at the head of ``state`` (what the next append names) and
+    # at ``durable_head``.
+    chain_head: bytes = b""
+    durable_link: bytes = b""
 
     def __post_init__(self) -> None:
         self.durable_head = self._durable.head_sequence if self._durable else 0
@@ -606,6 +703,7 @@ class _Pending:
     decided_us: int  # before the append's commit, so before the ownership lease it renews
     key_id: str
     unsigned: bool  # the store's writer signs the events: envelopes come with its answer
+    link: bytes  # the event digest of its last event
 
     def finish(self) -> command_pb2.CommandResult:
         """The answer, once the append is durable: where the writer signed the events, their

@@ -135,7 +135,7 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         if request.HasField("context_package"):
             cited = cited_for(request.context_package, authority.public_key, group_id, member_id)
         first, last = sequences[0], sequences[-1]
-        found = {s.sequence: s.envelope for s in await authority.store.read_history(group_id, first - 1, last - first + 1)}
+        found = {s.sequence: s.envelope for s in await authority.read_history(group_id, first - 1, last - first + 1)}
         answer = pb.FetchEventsResponse()
         withheld = []
         for seq in sequences:
@@ -160,8 +160,7 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         stored = await self.authority.store.snapshot_by_digest(group_id, request.digest.hex)
         if stored is None:
             raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no snapshot {request.digest.hex} of {group_id}")
-        envelope = codec.envelope(stored)
-        snapshot = authority_service_pb2.GroupSnapshot.FromString(envelope.payload)
+        envelope, snapshot = self.authority.integrity.snapshot(group_id, None, request.digest.hex, stored)
         reference = signed_snapshot_reference(self.authority, group_id, snapshot.sequence, request.digest.hex, envelope)
         return pb.GetMemberSnapshotResponse(snapshot=envelope, signed_reference=reference)
 
@@ -204,7 +203,7 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
                 )
             )
         sequence, digest, envelope_bytes = snapshot
-        envelope = codec.envelope(envelope_bytes)
+        envelope, _ = self.authority.integrity.snapshot(group_id, sequence, digest, envelope_bytes)  # MW-16-12
         return pb.FollowGroupResponse(
             cursor_too_old=pb.CursorTooOld(
                 requested_after_sequence=after,

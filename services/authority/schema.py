@@ -83,6 +83,43 @@ snapshots = Table(
 )
 
 
+# Key continuity (docs/integrity.md): every key the Authority has signed with, in order. The first
+# row is recorded on the store's first use; each later one only with a rotation record (a serialised
+# SignedEnvelope of an AuthorityKeyRotation) signed by the key before it. A process whose key is not
+# the last row's refuses to start (services/authority/keys.py).
+authority_keys = Table(
+    "authority_keys",
+    METADATA,
+    Column("position", Integer, primary_key=True, autoincrement=False),
+    Column("key_id", String(128), nullable=False, unique=True),
+    Column("public_key", LargeBinary, nullable=False),
+    Column("recorded_us", BigInteger, nullable=False),
+    Column("rotation", LargeBinary, nullable=False),
+)
+
+
+# A Group's chain head as this Authority verified it, signed (docs/integrity.md "Chain checkpoints"):
+# a later load checks the hash chain up to it and Ed25519 signatures only after it. ``envelope`` is
+# a SignedEnvelope over ``eventlog.checkpoint_payload``.
+chain_checkpoints = Table(
+    "chain_checkpoints",
+    METADATA,
+    Column("group_id", String(128), primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("envelope", LargeBinary, nullable=False),
+)
+
+
+def checkpoint_upsert(dialect: str) -> Insert:
+    """Record a Group's checkpoint, never replacing a later one. Rows: group_id, seq, envelope."""
+    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(chain_checkpoints)
+    return ins.on_conflict_do_update(
+        index_elements=[chain_checkpoints.c.group_id],
+        set_={"seq": ins.excluded.seq, "envelope": ins.excluded.envelope},
+        where=chain_checkpoints.c.seq < ins.excluded.seq,
+    )
+
+
 async def create_schema(engine: AsyncEngine) -> None:
     await create_tables(engine, METADATA)
 

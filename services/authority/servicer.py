@@ -140,7 +140,8 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
             want = batch_size if not request.limit else min(batch_size, request.limit - sent)
             if want <= 0:
                 return
-            batch = await store.read_history(group_id, after, want)  # audits see archived events too
+            # Audits see archived events too; verified before they are served (DATA_CORRUPTED otherwise).
+            batch = await self.authority.read_history(group_id, after, want)
             if batch:
                 if batch[0].sequence != after + 1:  # never skip: a hole means the log is not servable
                     raise Rejected(
@@ -237,7 +238,9 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
     async def GetAuthorityKey(
         self, request: pb.GetAuthorityKeyRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetAuthorityKeyResponse:
-        return pb.GetAuthorityKeyResponse(key_id=self.authority.key_id, public_key=self.authority.public_key)
+        return pb.GetAuthorityKeyResponse(
+            key_id=self.authority.key_id, public_key=self.authority.public_key, keys=self.authority.key_history.as_proto()
+        )
 
 
 def may_mint(state: GroupState, caller: Caller, recipient_ids: list[str], work_item_ids: list[str]) -> None:

@@ -41,6 +41,8 @@ from services.authority.batch_sql import SqlAlchemyOps
 from services.authority.group_commit import AppendRecord, BatchWriter, StoredEvent
 from services.authority.schema import (
     authority_instances,
+    chain_checkpoints,
+    checkpoint_upsert,
     commands,
     events,
     events_archive,
@@ -306,6 +308,24 @@ class EventStore:
                 await conn.execute(select(snapshots.c.envelope).where(snapshots.c.group_id == group_id, snapshots.c.digest == digest))
             ).first()
         return None if row is None else bytes(row[0])
+
+    @finish_on_cancel
+    async def chain_checkpoint(self, group_id: str) -> tuple[int, bytes] | None:
+        """(sequence, signed envelope) of the Group's chain checkpoint (docs/integrity.md)."""
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(chain_checkpoints.c.seq, chain_checkpoints.c.envelope).where(chain_checkpoints.c.group_id == group_id)
+                )
+            ).first()
+        return None if row is None else (int(row[0]), bytes(row[1]))
+
+    @finish_on_cancel
+    async def save_chain_checkpoint(self, group_id: str, sequence: int, envelope: bytes) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                checkpoint_upsert(self.engine.dialect.name), [{"group_id": group_id, "seq": sequence, "envelope": envelope}]
+            )
 
     @finish_on_cancel
     async def group_ids(self) -> list[str]:

@@ -8,6 +8,7 @@ import blake3
 
 from missionweave import codec, ids
 from missionweave.errors import Rejected
+from missionweave.eventlog import event_digest
 from missionweave.v1 import command_pb2, common_pb2, conversation_pb2, event_pb2
 from services.authority.rules.common import (
     AMBIGUITY_TOPIC,
@@ -205,7 +206,13 @@ def erasure_targets(events: Iterable[event_pb2.Event]) -> list[tuple[event_pb2.E
 
 def erased(event: event_pb2.Event, tombstone: event_pb2.Event, original_envelope: bytes) -> event_pb2.Event:
     """The stored ``event`` (decoded from ``original_envelope``) with its content cleared and a marker
-    naming the tombstone; id, sequence and every other field unchanged. Changes and returns ``event``."""
+    naming the tombstone; id, sequence and every other field unchanged. Changes and returns ``event``.
+
+    The marker keeps the original's event digest, which the next event names in its
+    ``previous_digest``: the chain verifies across the erasure (docs/integrity.md)."""
+    original_digest = bytes(event.redaction.original_event_digest) if event.HasField("redaction") else b""
+    if not original_digest:
+        original_digest = event_digest(common_pb2.SignedEnvelope.FromString(original_envelope).payload)
     if event.WhichOneof("payload") == "message_posted":
         event.message_posted.ClearField("content")
     else:  # a correction (touching the other payload would switch the oneof)
@@ -220,6 +227,7 @@ def erased(event: event_pb2.Event, tombstone: event_pb2.Event, original_envelope
                 hex=blake3.blake3(original_envelope).hexdigest(),
                 size_bytes=len(original_envelope),
             ),
+            original_event_digest=original_digest,
         )
     )
     return event

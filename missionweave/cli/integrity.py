@@ -1,0 +1,144 @@
+"""``mwp verify`` and ``mwp authority ...``: the store's integrity, offline (docs/integrity.md).
+
+Both work on the store directly (a data directory or a database URL), not through a server:
+``verify`` to check a store whether or not an Authority runs on it, ``rotate-key`` while every
+Authority on the store is stopped (the data directory's lock is taken for the SQLite default).
+
+``mwp verify`` exits 0 when the store is clean, 1 when it found corruption, 2 on a usage error
+(also: no store where one was named), 3 when the database could not be opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from missionweave.cli.common import CliError, UsageError
+from missionweave.config import Settings
+
+
+class StoreUnreachable(CliError):
+    exit_code = 3
+
+
+def _store(args: argparse.Namespace) -> tuple[Settings, str]:
+    settings = Settings.from_env()
+    if args.data_dir:
+        settings.data_dir = Path(args.data_dir)
+    if args.database_url:
+        settings.database_url = args.database_url
+    if args.authority_key:
+        settings.authority_key = Path(args.authority_key)
+    if not settings.database_url and not (settings.data_dir / "missionweave.db").exists():
+        raise UsageError(f"no store in {settings.data_dir} (missionweave.db); name one with --data-dir or --database-url")
+    return settings, settings.db_url
+
+
+def _describe(url: str) -> str:
+    return url.split("@")[-1] if "@" in url else url.split("///")[-1]
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from missionweave.mesh.maintenance import ProgressLine, verify
+
+    settings, url = _store(args)
+    progress = None if args.json else ProgressLine()
+    try:
+        report = verify(url, settings.authority_key_path, progress)
+    except (OSError, SQLAlchemyError) as err:
+        raise StoreUnreachable(f"cannot read the store at {_describe(url)}: {err}") from None
+    if args.json:
+        print(json.dumps({"store": _describe(url), **report.as_dict()}, indent=2))
+        return 0 if report.clean else 1
+    print(f"store      {_describe(url)}")
+    print(f"keys       {', '.join(report.keys) or '(none)'}" + ("  (last: current)" if len(report.keys) > 1 else ""))
+    print(
+        f"checked    {report.groups:,} Groups, {report.events:,} events "
+        f"({report.unlinked_events:,} from before the event chain), {report.snapshots:,} snapshots in {report.seconds:.1f} s"
+    )
+    if report.clean:
+        print("result     CLEAN: every signature, sequence, chain link and snapshot verifies")
+        return 0
+    print(f"result     CORRUPTED: {len(report.findings)} finding(s), {len(report.corrupted_groups)} Group(s)")
+    for finding in report.findings:
+        where = f"{finding.group_id} at sequence {finding.sequence}" if finding.group_id else "store"
+        print(f"  {where}: {finding.detail}")
+    return 1
+
+
+def cmd_rotate_key(args: argparse.Namespace) -> int:
+    from missionweave.mesh.datadir_lock import DataDirHeld, hold
+    from missionweave.mesh.maintenance import KeyContinuityError, rotate_key
+
+    settings, url = _store(args)
+    lock = None
+    if not settings.database_url:  # the SQLite default: no mesh may hold the data directory meanwhile
+        try:
+            lock = hold(settings.data_dir, "")
+        except DataDirHeld as held:
+            raise CliError(f"stop the mesh first: {held}") from None
+    try:
+        result = rotate_key(
+            url,
+            settings.authority_key_path,
+            Path(args.old_key) if args.old_key else None,
+            Path(args.new_key) if args.new_key else None,
+            args.reason or "",
+        )
+    except KeyContinuityError as refused:
+        raise CliError(f"rotation refused: {refused}") from None
+    finally:
+        if lock is not None:
+            lock.release()
+    print(f"recorded the rotation {result.previous_key_id} -> {result.key_id} (signed by both keys)")
+    if result.installed is not None:
+        print(f"new key file {result.installed} (mode 0600); the old one is kept as {result.retired}")
+    elif args.new_key:
+        print(f"start the Authority with {args.new_key} (MWP_AUTHORITY_KEY); it refuses any other key now")
+    print(f"key history: {', '.join(r.key_id for r in result.history.records)}")
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from missionweave.mesh.maintenance import key_history
+
+    _, url = _store(args)
+    history = key_history(url)
+    for record in history.records:
+        print(f"{record.position}  {record.key_id}  {record.public_key.hex()}" + ("  (current)" if record is history.current else ""))
+    return 0
+
+
+def _store_flags(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--data-dir", help="data directory (default $MWP_DATA_DIR or ./.missionweave)")
+    where.add_argument("--database-url", help="database URL (default SQLite in the data directory)")
+    p.add_argument("--authority-key", help="the Authority key file (default $MWP_AUTHORITY_KEY or <data dir>/keys/authority.key)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    v = sub.add_parser(
+        "verify",
+        help="check a whole store offline: signatures, sequences, the event chain, snapshots, key history",
+        description="Exit codes: 0 clean, 1 corruption found, 2 usage error, 3 the store cannot be read.",
+    )
+    _store_flags(v)
+    v.add_argument("--json", action="store_true", help="one JSON document (for scripts)")
+    v.set_defaults(func=cmd_verify)
+
+    authority = sub.add_parser("authority", help="the Authority's signing key").add_subparsers(dest="sub", required=True)
+    r = authority.add_parser(
+        "rotate-key",
+        help="record a rotation of the Authority key, signed by the old key (stop the Authority first)",
+    )
+    _store_flags(r)
+    r.add_argument("--old-key", help="the current key's file, when the configured key file already holds the new key")
+    r.add_argument("--new-key", help="the new key's file (default: generate one and put it in place of the old)")
+    r.add_argument("--reason", help="why (recorded in the signed rotation, at most 512 characters)")
+    r.set_defaults(func=cmd_rotate_key)
+    k = authority.add_parser("keys", help="the store's recorded key history, oldest first")
+    _store_flags(k)
+    k.set_defaults(func=cmd_keys)

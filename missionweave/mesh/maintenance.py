@@ -1,0 +1,130 @@
+"""Offline operator actions on a store: ``mwp verify`` and ``mwp authority rotate-key``.
+
+The CLI reaches the Authority's tables only through here (like ``mwp serve`` through
+``mesh.server``): the client commands never import a service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from nacl.signing import SigningKey
+
+from missionweave.clock import SystemClock
+from missionweave.db import make_engine
+from missionweave.signing import authority_key_id, generate_key, read_key, write_key
+from services.authority import schema as authority_schema
+from services.authority.audit import Report, verify_store
+from services.authority.keys import KeyContinuityError, KeyHistory, load_history, record_rotation
+
+__all__ = ["KeyContinuityError", "Report", "RotationResult", "rotate_key", "verify"]
+
+
+def verify(url: str, key_file: Path | None, progress: Callable[[int, int, int], None] | None = None) -> Report:
+    """Checks every Group of the store at ``url`` (docs/integrity.md)."""
+    public = None
+    if key_file is not None and key_file.exists():
+        public = (key_file, bytes(read_key(key_file).verify_key))
+
+    async def run() -> Report:
+        engine = make_engine(url)
+        try:
+            await authority_schema.create_schema(engine)  # a store of an older release lacks the key table
+            return await verify_store(engine, public, progress)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
+
+
+@dataclass
+class RotationResult:
+    previous_key_id: str
+    key_id: str
+    history: KeyHistory
+    installed: Path | None  # where the new key file was written (None: the operator's own file)
+    retired: Path | None  # where the old key file went
+
+
+def rotate_key(
+    url: str, key_path: Path, old_key_path: Path | None, new_key_path: Path | None, reason: str
+) -> RotationResult:
+    """Record a rotation of the Authority key in the store, signed by the old key and the new one.
+
+    * no ``old_key_path``/``new_key_path``: the key at ``key_path`` is the old one; a new key is
+      generated, the rotation recorded, then the old file renamed ``<key>.retired-<fingerprint>``
+      and the new one put in its place;
+    * ``--old-key`` only: the key file at ``key_path`` (already replaced) is the new one;
+    * ``--new-key``: that file is the new key; files are left as they are (configure it).
+    """
+    old_path = old_key_path or key_path
+    old = read_key(old_path)
+    generated: SigningKey | None = None
+    if new_key_path is not None:
+        new = read_key(new_key_path)
+    elif old_key_path is not None and old_key_path.resolve() != key_path.resolve():
+        new = read_key(key_path)
+    else:
+        generated = new = generate_key()
+    staged = key_path.with_name(key_path.name + ".new")
+    if generated is not None:
+        with contextlib.suppress(FileNotFoundError):
+            staged.unlink()  # left by an attempt that failed before recording
+        write_key(staged, generated)
+
+    async def record() -> KeyHistory:
+        engine = make_engine(url)
+        try:
+            await authority_schema.create_schema(engine)
+            return await record_rotation(engine, old, new, SystemClock(), reason)
+        finally:
+            await engine.dispose()
+
+    try:
+        history = asyncio.run(record())
+    except BaseException:
+        if generated is not None:
+            staged.unlink(missing_ok=True)
+        raise
+    installed = retired = None
+    if generated is not None:
+        retired = key_path.with_name(f"{key_path.name}.retired-{authority_key_id(bytes(old.verify_key)).split(':')[1]}")
+        os.replace(key_path, retired)
+        os.replace(staged, key_path)
+        installed = key_path
+    return RotationResult(
+        authority_key_id(bytes(old.verify_key)), authority_key_id(bytes(new.verify_key)), history, installed, retired
+    )
+
+
+def key_history(url: str) -> KeyHistory:
+    async def run() -> KeyHistory:
+        engine = make_engine(url)
+        try:
+            await authority_schema.create_schema(engine)
+            return await load_history(engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
+
+
+class ProgressLine:
+    """Progress on stderr for long runs: at most one line every ``every`` seconds."""
+
+    def __init__(self, every: float = 2.0) -> None:
+        self.every = every
+        self._last = time.monotonic()
+
+    def __call__(self, done: int, total: int, events: int) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.every:
+            self._last = now
+            print(f"mwp verify: {done:,}/{total:,} Groups, {events:,} events checked", file=sys.stderr, flush=True)

@@ -1,0 +1,192 @@
+"""``mwp verify``: the whole store checked offline (docs/integrity.md, issue 13 item 5).
+
+For every Group: each event's signature by a key of the recorded key history, its place (Group,
+sequence, id, type), sequence continuity across the online log and the archive tier, the event
+chain, erasures, the Group row's head against the log and the command records against the head,
+each stored snapshot (signature, digest, the event digest it names, and the state it holds
+against the state folded from the log at its sequence), and the Group's signed chain checkpoint. Before the Groups: the key history itself
+(each rotation signed by the key before it) and whether the configured key file is its current key.
+
+Read-only as far as the log goes; it never stops at the first finding (each Group is checked up to
+its first failure, and every Group is checked).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import distinct, func, select, union
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from missionweave.clock import SystemClock
+from missionweave.eventlog import Chain, Corruption, inspect, verified_checkpoint, verified_snapshot
+from missionweave.signing import authority_key_id
+from missionweave.v1 import authority_service_pb2
+from missionweave.verify_worker import check as check_signature
+from services.authority import decider
+from services.authority.keys import KeyContinuityError, KeyHistory, load_history
+from services.authority.schema import chain_checkpoints, commands, events, events_archive, groups, snapshots
+from services.authority.state import GroupState
+from services.authority.store import EventStore
+from services.authority.views import group_state_proto
+
+READ_BATCH = 1024
+
+
+@dataclass
+class Finding:
+    group_id: str  # "" for the store itself (the key history)
+    sequence: int
+    detail: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {"group_id": self.group_id, "sequence": self.sequence, "detail": self.detail}
+
+
+@dataclass
+class Report:
+    groups: int = 0
+    events: int = 0
+    unlinked_events: int = 0  # appended before the chain existed (D72): signature and sequence only
+    snapshots: int = 0
+    keys: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def clean(self) -> bool:
+        return not self.findings
+
+    @property
+    def corrupted_groups(self) -> list[str]:
+        return sorted({f.group_id for f in self.findings if f.group_id})
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "clean": self.clean,
+            "groups": self.groups,
+            "events": self.events,
+            "unlinked_events": self.unlinked_events,
+            "snapshots": self.snapshots,
+            "keys": self.keys,
+            "corrupted_groups": self.corrupted_groups,
+            "findings": [f.as_dict() for f in self.findings],
+            "seconds": round(self.seconds, 3),
+        }
+
+
+Progress = Callable[[int, int, int], None]  # (groups done, groups in all, events so far)
+
+
+async def verify_store(
+    engine: AsyncEngine, key_file: tuple[Path, bytes] | None = None, progress: Progress | None = None
+) -> Report:
+    """``key_file``: where the Authority's key file is and its public key, when there is one."""
+    started = time.monotonic()
+    report = Report()
+    try:
+        history = await load_history(engine)
+    except KeyContinuityError as broken:
+        report.findings.append(Finding("", 0, f"key history: {broken}"))
+        history = KeyHistory(())
+    keys = history.keys
+    if key_file is not None:
+        path, public_key = key_file
+        configured = authority_key_id(public_key)
+        if not history.records:
+            keys = {configured: public_key}  # a store not started since key continuity existed
+        elif configured != history.current.key_id:
+            report.findings.append(
+                Finding("", 0, f"the key file {path} holds {configured}, not the store's current key "
+                        f"{history.current.key_id}: the Authority would refuse to start")
+            )
+    report.keys = list(keys)
+    if not keys:
+        report.findings.append(Finding("", 0, "no key history is recorded and no Authority key file was found"))
+    store = EventStore(engine, SystemClock())
+    group_ids = await _all_groups(engine)
+    for done, group_id in enumerate(group_ids):
+        await _verify_group(engine, store, group_id, keys, report)
+        report.groups += 1
+        if progress is not None:
+            progress(done + 1, len(group_ids), report.events)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+async def _all_groups(engine: AsyncEngine) -> list[str]:
+    """Every Group with a row, or with events stored under its id (a row deleted is a finding)."""
+    query = union(
+        select(groups.c.group_id), select(distinct(events.c.group_id)), select(distinct(events_archive.c.group_id))
+    )
+    async with engine.connect() as conn:
+        return sorted(r[0] for r in await conn.execute(query))
+
+
+async def _verify_group(engine: AsyncEngine, store: EventStore, group_id: str, keys: dict[str, bytes], report: Report) -> None:
+    async with engine.connect() as conn:
+        head = (await conn.execute(select(groups.c.head_seq).where(groups.c.group_id == group_id))).scalar_one_or_none()
+        last_command = (
+            await conn.execute(select(func.max(commands.c.last_seq)).where(commands.c.group_id == group_id))
+        ).scalar_one_or_none()
+        checkpoint = (
+            await conn.execute(
+                select(chain_checkpoints.c.seq, chain_checkpoints.c.envelope).where(chain_checkpoints.c.group_id == group_id)
+            )
+        ).first()
+        stored_snapshots = {
+            int(r[0]): (r[1], bytes(r[2]))
+            for r in await conn.execute(
+                select(snapshots.c.seq, snapshots.c.digest, snapshots.c.envelope).where(snapshots.c.group_id == group_id)
+            )
+        }
+    report.snapshots += len(stored_snapshots)
+    chain = Chain(group_id)
+    state: GroupState | None = None
+    try:
+        if head is None:
+            raise Corruption(group_id, 0, "events are stored for a Group that has no Group row")
+        if checkpoint is not None:  # every signature is checked here anyway; the chain must meet it
+            chain.checkpoint = verified_checkpoint(group_id, int(checkpoint[0]), bytes(checkpoint[1]), keys)
+        snapshot_at = {seq: verified_snapshot(group_id, seq, d, env, keys)[1] for seq, (d, env) in stored_snapshots.items()}
+        while True:
+            batch = await store.read_history(group_id, chain.last, READ_BATCH)
+            if not batch:
+                break
+            for row in batch:
+                checked, signature, event = inspect(group_id, row.sequence, row.event_id, row.type, row.envelope, keys)
+                if not check_signature(signature.message, signature.signature, signature.public_key):
+                    raise Corruption(group_id, row.sequence, "the Authority's signature does not verify")
+                chain.advance(checked)
+                report.events += 1
+                if row.sequence > 1 and not checked.previous:
+                    report.unlinked_events += 1
+                state = decider.evolve(state, event)
+                snapshot = snapshot_at.get(row.sequence)
+                if snapshot is not None:
+                    _check_snapshot_state(group_id, row.sequence, snapshot, checked.link, state)
+        if chain.checkpoint is not None and chain.last < chain.checkpoint[0]:
+            raise Corruption(group_id, chain.last + 1, "the log ends before its signed chain checkpoint")
+        if chain.last != head:
+            raise Corruption(group_id, chain.last + 1, f"the log ends at {chain.last} but the Group's head is {head}")
+        if last_command is not None and int(last_command) > head:
+            raise Corruption(group_id, int(last_command), f"a command record names events up to {last_command}, past the head {head}")
+        beyond = [seq for seq in snapshot_at if seq > head]
+        if beyond:
+            raise Corruption(group_id, min(beyond), "a snapshot is stored past the Group's head")
+    except Corruption as corruption:
+        report.findings.append(Finding(group_id, corruption.sequence, corruption.detail))
+
+
+def _check_snapshot_state(
+    group_id: str, sequence: int, snapshot: authority_service_pb2.GroupSnapshot, link: bytes, state: GroupState | None
+) -> None:
+    if snapshot.last_event_digest and snapshot.last_event_digest != link:
+        raise Corruption(group_id, sequence, "snapshot: it names another event digest than the log's at its sequence")
+    if state is not None and snapshot.state.SerializeToString(deterministic=True) != group_state_proto(state).SerializeToString(
+        deterministic=True
+    ):
+        raise Corruption(group_id, sequence, "snapshot: its state differs from the state folded from the log")
