@@ -29,7 +29,9 @@ G = "grp_keys"
 
 async def started(settings: Settings) -> tuple[Mesh, MeshClient]:
     mesh = await start(settings)
-    return mesh, MeshClient(f"127.0.0.1:{mesh.port}")
+    client = MeshClient(f"127.0.0.1:{mesh.port}")
+    await client.open_session("admin", read_key(settings.admin_key_path))  # reads are the operator's
+    return mesh, client
 
 
 async def stop(mesh: Mesh, client: MeshClient) -> None:
