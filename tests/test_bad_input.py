@@ -309,6 +309,9 @@ class Tracebacks(logging.Handler):
 
 @pytest.fixture
 def tracebacks() -> Iterator[Tracebacks]:
+    from missionweave.rpc.status import malformed_log
+
+    malformed_log.reset()  # the rate limit is per process: an earlier test's records must not hide these
     handler = Tracebacks()
     root = logging.getLogger()
     root.addHandler(handler)

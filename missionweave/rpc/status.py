@@ -195,6 +195,11 @@ class _RateLimitedLog:
         self._last: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
+    def reset(self) -> None:
+        """Forget what was logged (a test that counts the records starts from none)."""
+        self._last.clear()
+        self._suppressed.clear()
+
     def warning(self, key: str, message: str, **extra: object) -> None:
         now = self._now()
         last = self._last.get(key)
