@@ -15,6 +15,7 @@ from missionweave.clock import OffsetClock
 from missionweave.config import Settings
 from missionweave.internal.v1 import publications_pb2 as ppb
 from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceStub
+from missionweave.rpc.callers import MeshServiceChannel
 from missionweave.sdk.client import blob_digest
 from missionweave.v1 import common_pb2
 from missionweave.v1 import work_pb2 as wp
@@ -36,7 +37,8 @@ async def test_a_publication_is_found_only_for_its_group_workitem_publisher_and_
     w = world
     data = b"ledger rows " * 100
     uploaded = await w.client.upload(data, manifest_for(w, w.worker, data))
-    stub = PublicationServiceStub(grpc.aio.insecure_channel(w.target))
+    token = w.settings.mesh_token_path.read_bytes().strip()
+    stub = PublicationServiceStub(MeshServiceChannel(grpc.aio.insecure_channel(w.target), token))  # as the Authority calls it
     digest = blob_digest(data).hex
     found = await stub.FindPublication(ask(w, content_digest_hex=digest))
     assert found.found and found.size_bytes == len(data)

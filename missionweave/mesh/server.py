@@ -152,6 +152,8 @@ class Mesh:
     background: list[asyncio.Task[None]] = field(default_factory=list)  # health mirrors, the peer check
     directory: IdentityDirectoryServicer | None = None
     group_log: GroupLogServicer | None = None
+    # The ArtifactService where artifacts are served (its quota is read from Settings).
+    artifacts: ArtifactServicer | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -299,9 +301,23 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         scheduling_service_pb2_grpc.add_SchedulingServiceServicer_to_server(scheduling_servicer, server)
     blobstore = None
     gateway = None
+    artifact_servicer = None
     if "artifacts" in settings.services:
         blobstore = blobstore_from_env(settings.data_dir)
-        artifact_servicer = ArtifactServicer(blobstore, ArtifactIndex(engine), identities, clock)
+        # Reads by Group reference ask the Authority's public contract whether the caller is an
+        # active member (as a mesh service: GetGroupState answers it in full).
+        artifact_servicer = ArtifactServicer(
+            blobstore,
+            ArtifactIndex(engine),
+            identities,
+            clock,
+            authority=(
+                authority_service_pb2_grpc.AuthorityServiceStub(peers.as_mesh("authority"))
+                if peers.reachable("authority")
+                else None
+            ),
+            quota_bytes=settings.artifact_quota_bytes,
+        )
         artifact_servicer.callers = callers
         add_artifact_service(artifact_servicer, server)
         local.register(SERVICE_NAMES["artifacts"], artifact_servicer)
@@ -375,6 +391,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         mirrors,
         directory,
         group_log_servicer,
+        artifact_servicer,
     )
 
 
