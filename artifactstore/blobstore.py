@@ -7,12 +7,13 @@ lives in ``artifactstore/verify.py`` so it is written once for every backend.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from missionweave.digests import CHUNK_BYTES, EMPTY_BLAKE3, HEX64
 
-__all__ = ["CHUNK_BYTES", "EMPTY_BLAKE3", "HEX64", "MAX_BLOB_BYTES", "BlobStore", "BlobWriter"]
+__all__ = ["CHUNK_BYTES", "EMPTY_BLAKE3", "HEX64", "MAX_BLOB_BYTES", "BlobStore", "BlobWriter", "storage_full"]
 
 MAX_BLOB_BYTES = 4 * 1024**3  # 4 GiB per blob
 
@@ -45,3 +46,37 @@ class BlobStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+# How a backend says it has no room: the local disk's errno, or an S3-compatible server's error code
+# (MinIO's full disks and bucket quotas, Ceph RGW's quotas, the generic 507).
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_FULL_S3_CODES = frozenset(
+    {
+        "XMinioStorageFull",
+        "XMinioAdminBucketQuotaExceeded",
+        "InsufficientStorage",
+        "QuotaExceeded",
+    }
+)
+
+
+def storage_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) says the backend is out of space.
+
+    Backends raise what their storage raised; the service maps these to QUOTA_EXCEEDED with the
+    artifact error STORAGE_FULL (after aborting the writer, so nothing partial remains)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _FULL_ERRNOS:
+            return True
+        response: Any = getattr(current, "response", None)  # botocore.exceptions.ClientError
+        if isinstance(response, dict):
+            code = str((response.get("Error") or {}).get("Code", ""))
+            status = str((response.get("ResponseMetadata") or {}).get("HTTPStatusCode", ""))
+            if code in _FULL_S3_CODES or status == "507":
+                return True
+        current = current.__cause__ or current.__context__
+    return False

@@ -1,15 +1,16 @@
-"""The artifact index in the shared database: stored blobs, signed manifests, provenance edges."""
+"""The artifact index in the shared database: stored blobs, their holders, signed manifests,
+provenance edges."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import and_, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from artifactstore.schema import blobs, manifests, provenance
+from artifactstore.schema import blobs, holders, manifests, provenance
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,26 @@ class ManifestRecord:
     envelope: bytes
 
 
+@dataclass(frozen=True)
+class Edge:
+    """A provenance edge and the manifest that declares it (whose Group and producer decide who
+    may follow it)."""
+
+    source: str
+    derived: str
+    manifest_digest: str
+    group_id: str
+    producer_agent_id: str
+
+
+_IN_BATCH = 500  # digests per IN (...) clause
+
+
+def _batches(values: Iterable[str]) -> list[list[str]]:
+    wanted = sorted(set(values))
+    return [wanted[start : start + _IN_BATCH] for start in range(0, len(wanted), _IN_BATCH)]
+
+
 class ArtifactIndex:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -41,14 +62,57 @@ class ArtifactIndex:
         return None if row is None else BlobRecord(row[0], int(row[1]), int(row[2]), int(row[3]))
 
     async def present(self, digests: Iterable[str]) -> set[str]:
-        wanted = list(set(digests))
         found: set[str] = set()
         async with self.engine.connect() as conn:
-            for start in range(0, len(wanted), 500):
+            for batch in _batches(digests):
+                rows = await conn.execute(select(blobs.c.digest).where(blobs.c.digest.in_(batch)))
+                found.update(r[0] for r in rows)
+        return found
+
+    # ------------------------------------------------------------ holders (issue 13 item 3)
+
+    async def record_holder(self, digest: str, identity_id: str, size: int, now_us: int) -> None:
+        """``identity_id`` proved it has these bytes (it streamed them and they hashed to ``digest``)."""
+        try:
+            async with self.engine.begin() as conn:
+                await conn.execute(
+                    insert(holders).values(digest=digest, identity_id=identity_id, size_bytes=size, stored_us=now_us)
+                )
+        except IntegrityError:
+            pass  # it already held them (a concurrent upload of the same bytes by the same identity)
+
+    async def held_by(self, identity_id: str, digests: Iterable[str]) -> set[str]:
+        """Which of ``digests`` ``identity_id`` holds."""
+        found: set[str] = set()
+        async with self.engine.connect() as conn:
+            for batch in _batches(digests):
                 rows = await conn.execute(
-                    select(blobs.c.digest).where(blobs.c.digest.in_(wanted[start : start + 500]))
+                    select(holders.c.digest).where(and_(holders.c.identity_id == identity_id, holders.c.digest.in_(batch)))
                 )
                 found.update(r[0] for r in rows)
+        return found
+
+    async def held_bytes(self, identity_id: str) -> int:
+        """What counts against ``identity_id``'s quota: the sizes of the blobs it holds."""
+        async with self.engine.connect() as conn:
+            total = await conn.scalar(
+                select(func.coalesce(func.sum(holders.c.size_bytes), 0)).where(holders.c.identity_id == identity_id)
+            )
+        return int(total or 0)
+
+    async def groups_referencing(self, digests: Iterable[str]) -> dict[str, set[str]]:
+        """For each of ``digests``, the Groups a recorded manifest names for it (those without any
+        are left out)."""
+        found: dict[str, set[str]] = {}
+        async with self.engine.connect() as conn:
+            for batch in _batches(digests):
+                rows = await conn.execute(
+                    select(manifests.c.content_digest, manifests.c.group_id)
+                    .where(manifests.c.content_digest.in_(batch))
+                    .distinct()
+                )
+                for digest, group in rows:
+                    found.setdefault(digest, set()).add(group)
         return found
 
     async def record_blob(self, digest: str, size: int, now_us: int) -> None:
@@ -107,13 +171,23 @@ class ArtifactIndex:
     async def manifest_count(self, digest: str) -> int:
         return len(await self.manifests_of(digest))
 
-    async def edges_touching(self, digests: set[str]) -> list[tuple[str, str, str]]:
-        """(source, derived, manifest) edges with either end in ``digests``."""
-        wanted = list(digests)
+    async def edges_touching(self, digests: set[str]) -> list[Edge]:
+        """The edges with either end in ``digests``, with their manifest's Group and producer."""
+        found: list[Edge] = []
         async with self.engine.connect() as conn:
-            rows = await conn.execute(
-                select(
-                    provenance.c.source_digest, provenance.c.derived_digest, provenance.c.manifest_digest
-                ).where(or_(provenance.c.source_digest.in_(wanted), provenance.c.derived_digest.in_(wanted)))
-            )
-            return [(r[0], r[1], r[2]) for r in rows]
+            for batch in _batches(digests):
+                rows = await conn.execute(
+                    select(
+                        provenance.c.source_digest,
+                        provenance.c.derived_digest,
+                        provenance.c.manifest_digest,
+                        manifests.c.group_id,
+                        manifests.c.producer_agent_id,
+                    )
+                    .select_from(
+                        provenance.join(manifests, manifests.c.manifest_digest == provenance.c.manifest_digest)
+                    )
+                    .where(or_(provenance.c.source_digest.in_(batch), provenance.c.derived_digest.in_(batch)))
+                )
+                found.extend(Edge(r[0], r[1], r[2], r[3], r[4]) for r in rows)
+        return list(dict.fromkeys(found))  # an edge with both ends in different batches comes twice

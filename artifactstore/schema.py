@@ -1,4 +1,5 @@
-"""The artifact index: which blobs are stored, their signed manifests and the provenance edges."""
+"""The artifact index: which blobs are stored, who holds them, their signed manifests and the
+provenance edges."""
 
 from sqlalchemy import BigInteger, Column, Index, LargeBinary, MetaData, String, Table
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -17,6 +18,18 @@ blobs = Table(
     Column("stored_us", BigInteger, nullable=False),
     Column("verified_us", BigInteger, nullable=False),
 )
+
+# Who uploaded (proved possession of) each blob: the blobs an identity may always read, and what
+# counts against its quota (issue 13 item 3, docs/artifacts-storage.md "Authorization and quota").
+holders = Table(
+    "holders",
+    METADATA,
+    Column("digest", String(64), primary_key=True),
+    Column("identity_id", String(128), primary_key=True),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("stored_us", BigInteger, nullable=False),
+)
+Index("holders_identity", holders.c.identity_id)
 
 manifests = Table(
     "manifests",

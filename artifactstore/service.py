@@ -1,18 +1,25 @@
 """ArtifactService over gRPC: verified streaming upload/download, stat, find-missing, manifests and
-the provenance graph (spec 13.1). Contract and limits: protos/missionweave/v1/artifact_service.proto."""
+the provenance graph (spec 13.1). Contract and limits: protos/missionweave/v1/artifact_service.proto.
+
+Who may do what (issue 13 item 3, docs/artifacts-storage.md "Authorization and quota", D77):
+uploads by proven identities within a per-identity quota; reads by operators, by the blob's holders
+and by active members of a Group that references it (``artifactstore/access.py``); any other read
+is answered as for a blob that does not exist."""
 
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import blake3
 import grpc
 
-from artifactstore.blobstore import CHUNK_BYTES, EMPTY_BLAKE3, BlobStore, BlobWriter
-from artifactstore.index import ArtifactIndex, ManifestRecord
+from artifactstore.access import Readers
+from artifactstore.blobstore import CHUNK_BYTES, EMPTY_BLAKE3, BlobStore, BlobWriter, storage_full
+from artifactstore.index import ArtifactIndex, BlobRecord, Edge, ManifestRecord
 from artifactstore.verify import Counters, artifact_error, check_digest, verified_range
 from missionweave.clock import Clock, to_micros, to_timestamp
 from missionweave.errors import Rejected
@@ -39,6 +46,7 @@ MAX_MANIFEST_BYTES = 64 * 1024
 MAX_FIND_MISSING = 10_000
 MAX_PROVENANCE_DEPTH = 32
 MAX_PROVENANCE_NODES = 10_000
+DEFAULT_QUOTA_BYTES = 10 * 1024**3  # per identity (MWP_ARTIFACT_QUOTA_BYTES; 0 = no quota)
 
 
 def blake3_digest(hex_digest: str, size: int) -> common_pb2.Digest:
@@ -51,12 +59,29 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     callers: CallAuthenticator | None = None  # set by the mesh (missionweave/mesh/server.py)
 
     def __init__(
-        self, store: BlobStore, index: ArtifactIndex, identities: IdentityDirectoryClient, clock: Clock
+        self,
+        store: BlobStore,
+        index: ArtifactIndex,
+        identities: IdentityDirectoryClient,
+        clock: Clock,
+        *,
+        authority: Any | None = None,
+        quota_bytes: int = DEFAULT_QUOTA_BYTES,
     ) -> None:
         self.store = store
         self.index = index
         self.identities = identities
         self.clock = clock
+        # The Authority's public contract on a mesh channel (GetGroupState answers a mesh service in
+        # full): whether a caller is an active member of a Group that references a blob.
+        self.authority = authority
+        self.quota_bytes = quota_bytes
+        # Bytes of uploads being received now, per identity: counted against the quota with what it
+        # holds, so concurrent uploads cannot each pass the check (this process; D77 for replicas).
+        self._receiving: Counter[str] = Counter()
+
+    def _readers(self, caller: Caller) -> Readers:
+        return Readers(caller, self.index, self.authority)
 
     # ------------------------------------------------------------ upload
 
@@ -65,12 +90,12 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         self, request_iterator: AsyncIterator[pb.UploadRequest], context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.UploadResponse:
         try:
-            return await self._upload(request_iterator)
+            return await self._upload(request_iterator, caller)
         except Rejected:
             Counters.rejected_uploads += 1
             raise
 
-    async def _upload(self, requests: AsyncIterator[pb.UploadRequest]) -> pb.UploadResponse:
+    async def _upload(self, requests: AsyncIterator[pb.UploadRequest], caller: Caller) -> pb.UploadResponse:
         first = await anext(requests, None)
         if first is None or not first.HasField("header"):
             raise artifact_error(
@@ -81,10 +106,14 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         manifest = (
             await self._check_manifest(header, hex_digest, size) if header.HasField("manifest") else None
         )
-        existed = hex_digest == EMPTY_BLAKE3 or await self.index.blob(hex_digest) is not None
+        stored = hex_digest == EMPTY_BLAKE3 or _same_size(await self.index.blob(hex_digest), size)
+        # Dedup is no access grant: only a caller that may already read the blob skips the bytes.
+        # Anyone else streams them, and they must hash to the digest (proof of possession) before
+        # it becomes a holder; a blob already stored is verified, not stored again. The answer is
+        # the same whether or not someone else had stored these bytes (no existence oracle).
+        existed = stored and await self._readers(caller).may_read(hex_digest)
         if not existed:
-            await self._receive(requests, hex_digest, size)
-            await self.index.record_blob(hex_digest, size, to_micros(self.clock.now()))
+            await self._receive_as_holder(requests, caller, hex_digest, size, stored=stored)
         response = pb.UploadResponse(digest=blake3_digest(hex_digest, size), already_existed=existed)
         if manifest is not None:
             record, sources = manifest
@@ -92,9 +121,75 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
             response.manifest_digest.CopyFrom(manifest_ref(header.manifest))
         return response
 
-    async def _receive(self, requests: AsyncIterator[pb.UploadRequest], hex_digest: str, size: int) -> None:
-        """Hash while streaming into a temporary object; publish only when hash and size match."""
-        writer: BlobWriter = await self.store.open_writer(hex_digest, size)
+    async def _receive_as_holder(
+        self, requests: AsyncIterator[pb.UploadRequest], caller: Caller, hex_digest: str, size: int, *, stored: bool
+    ) -> None:
+        """Within the caller's quota: receive and verify the bytes (storing them unless already
+        stored), then record the caller as a holder."""
+        identity = self._admit(caller, size)
+        try:
+            if identity and not caller.operator:
+                await self._check_quota(identity, size)
+            if stored:
+                await self._receive(requests, hex_digest, size, _VerifyOnly(size))
+            else:
+                await self._receive(requests, hex_digest, size, None)
+                await self.index.record_blob(hex_digest, size, to_micros(self.clock.now()))
+            if identity:
+                await self.index.record_holder(hex_digest, identity, size, to_micros(self.clock.now()))
+        finally:
+            if identity:
+                self._receiving[identity] -= size
+                if self._receiving[identity] <= 0:
+                    del self._receiving[identity]
+
+    def _admit(self, caller: Caller, size: int) -> str:
+        """Counts the upload as being received for its identity, before any await, so the quota
+        check of a concurrent upload by the same identity sees it. "" for a mesh service."""
+        if caller.identity_id:
+            self._receiving[caller.identity_id] += size
+        return caller.identity_id
+
+    async def _check_quota(self, identity: str, size: int) -> None:
+        """Refused before a byte is received: what the identity holds plus what it is uploading
+        now would exceed MWP_ARTIFACT_QUOTA_BYTES (operators and mesh services have no quota)."""
+        if not self.quota_bytes:
+            return
+        used = await self.index.held_bytes(identity) + self._receiving[identity] - size
+        if used + size > self.quota_bytes:
+            raise artifact_error(
+                R.REJECTION_REASON_QUOTA_EXCEEDED,
+                "QUOTA_EXCEEDED",
+                f"{identity} holds or is uploading {used} bytes; {size} more would exceed its quota of "
+                f"{self.quota_bytes} bytes (nothing was stored)",
+                quota_bytes=self.quota_bytes,
+                used_bytes=used,
+            )
+
+    def _storage_full(self, exc: BaseException) -> Rejected:
+        log.error(
+            "the blob store is out of space: upload refused, nothing kept",
+            extra={"backend": self.store.name, "error": f"{type(exc).__name__}: {exc}"},
+        )
+        return artifact_error(
+            R.REJECTION_REASON_QUOTA_EXCEEDED,
+            "STORAGE_FULL",
+            "the artifact store is out of space; nothing of this upload was kept, retry later",
+            backend=self.store.name,
+        )
+
+    async def _receive(
+        self, requests: AsyncIterator[pb.UploadRequest], hex_digest: str, size: int, writer: BlobWriter | None
+    ) -> None:
+        """Hash while streaming into a temporary object (or, for a blob already stored, only hash:
+        ``writer`` given); publish only when hash and size match."""
+        if writer is None:
+            try:
+                writer = await self.store.open_writer(hex_digest, size)
+            except Exception as exc:
+                if storage_full(exc):
+                    raise self._storage_full(exc) from exc
+                raise
         hasher = blake3.blake3()
         received = 0
         try:
@@ -130,8 +225,10 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
                     f"the bytes hash to blake3:{hasher.hexdigest()}, not the declared blake3:{hex_digest}",
                 )
             await writer.commit()
-        except BaseException:
-            await writer.abort()  # cut off, refused or cancelled: nothing stays visible
+        except BaseException as exc:
+            await writer.abort()  # cut off, refused, out of space or cancelled: nothing stays visible
+            if isinstance(exc, Exception) and not isinstance(exc, Rejected) and storage_full(exc):
+                raise self._storage_full(exc) from exc
             raise
 
     async def _check_manifest(
@@ -185,49 +282,56 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         return record, sources
 
     # ------------------------------------------------------------ download and lookups
+    # Each read answers a blob the caller may not read exactly as one that is not stored.
 
     @requires(Access.IDENTITY)
     async def Download(
         self, request: pb.DownloadRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> AsyncIterator[pb.DownloadResponse]:
-        async for offset, data in self._download(request, context):
+        async for offset, data in self._download(request, caller):
             yield pb.DownloadResponse(offset=offset, data=data)
 
     async def download_serialized(
-        self, request: pb.DownloadRequest, context: grpc.aio.ServicerContext
+        self, request: pb.DownloadRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> AsyncIterator[bytes]:
         """Download as registered on the server: each response serialized here, not by grpc.aio, whose
-        own serialization of 1 MiB messages halved the throughput (bench/README.md, artifacts)."""
-        async for offset, data in self._download(request, context):
+        own serialization of 1 MiB messages halved the throughput (bench/README.md, artifacts). The
+        same rule as ``Download``: it is what the server runs for that RPC."""
+        async for offset, data in self._download(request, caller):
             yield pb.DownloadResponse(offset=offset, data=data).SerializeToString()
 
-    async def _download(
-        self, request: pb.DownloadRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[tuple[int, bytes]]:
-        hex_digest, size = await self._known(request.digest)
+    download_serialized.__name__ = "Download"  # the call proof names the RPC, not this method
+    download_serialized = requires(Access.IDENTITY)(download_serialized)
+
+    async def _download(self, request: pb.DownloadRequest, caller: Caller) -> AsyncIterator[tuple[int, bytes]]:
+        hex_digest, size = await self._known(request.digest, self._readers(caller))
         async for piece in verified_range(self.store, hex_digest, size, request.offset, request.length):
             yield piece
         if size:  # the whole blob was hashed and matched: remember when (Stat.last_verified_at)
             await self.index.mark_verified(hex_digest, to_micros(self.clock.now()))
 
-    async def _known(self, digest: common_pb2.Digest) -> tuple[str, int]:
+    async def _known(self, digest: common_pb2.Digest, readers: Readers) -> tuple[str, int]:
+        """The blob, stored with this size and readable by the caller; NOT_FOUND otherwise, with
+        the same message whichever of the three is false."""
         hex_digest, size = check_digest(digest)
         if hex_digest == EMPTY_BLAKE3:
             return hex_digest, 0
-        record = await self.index.blob(hex_digest)
-        if record is None or record.size_bytes != size:
+        if not _same_size(await self.index.blob(hex_digest), size) or not await readers.may_read(hex_digest):
             raise artifact_error(
                 R.REJECTION_REASON_NOT_FOUND, "NOT_FOUND", f"no blob blake3:{hex_digest} of {size} bytes"
             )
         return hex_digest, size
 
+    async def _visible_manifests(self, readers: Readers, records: list[ManifestRecord]) -> list[ManifestRecord]:
+        return [r for r in records if await readers.sees_manifest(r)]
+
     @requires(Access.IDENTITY)
     async def Stat(self, request: pb.StatRequest, context: grpc.aio.ServicerContext, caller: Caller) -> pb.StatResponse:
-        hex_digest, size = await self._known(request.digest)
+        readers = self._readers(caller)
+        hex_digest, size = await self._known(request.digest, readers)
         record = await self.index.blob(hex_digest)
-        response = pb.StatResponse(
-            digest=blake3_digest(hex_digest, size), manifest_count=await self.index.manifest_count(hex_digest)
-        )
+        manifests = await self._visible_manifests(readers, await self.index.manifests_of(hex_digest))
+        response = pb.StatResponse(digest=blake3_digest(hex_digest, size), manifest_count=len(manifests))
         if record is not None:
             response.stored_at.CopyFrom(to_timestamp(_from_us(record.stored_us)))
             response.last_verified_at.CopyFrom(to_timestamp(_from_us(record.verified_us)))
@@ -245,6 +349,8 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
             )
         checked = [(d, *check_digest(d, f"digests[{i}]")) for i, d in enumerate(request.digests)]
         present = await self.index.present(h for _, h, _ in checked)
+        # A blob the caller may not read is missing for it (an upload then proves possession).
+        present = await self._readers(caller).readable(present)
         return pb.FindMissingResponse(
             missing_digests=[d for d, h, _ in checked if h != EMPTY_BLAKE3 and h not in present]
         )
@@ -254,9 +360,14 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         self, request: pb.GetManifestRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetManifestResponse:
         hex_digest, _size = check_digest(request.digest)
+        readers = self._readers(caller)
+        if not await readers.may_read(hex_digest):
+            return pb.GetManifestResponse()  # as for a blob without manifests
         records = await self.index.manifests_of(hex_digest, request.work_item_id, request.producer_agent_id)
         return pb.GetManifestResponse(
-            manifests=[common_pb2.SignedEnvelope.FromString(r.envelope) for r in records]
+            manifests=[
+                common_pb2.SignedEnvelope.FromString(r.envelope) for r in await self._visible_manifests(readers, records)
+            ]
         )
 
     @requires(Access.IDENTITY)
@@ -271,40 +382,59 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
                 f"max_depth is at most {MAX_PROVENANCE_DEPTH}",
             )
         return await self._walk(
-            hex_digest, request.direction or pb.PROVENANCE_DIRECTION_BOTH, request.max_depth or 8
+            hex_digest,
+            request.direction or pb.PROVENANCE_DIRECTION_BOTH,
+            request.max_depth or 8,
+            self._readers(caller),
+            request.group_id,
         )
 
-    async def _walk(self, root: str, direction: int, max_depth: int) -> pb.QueryProvenanceResponse:
-        """Breadth-first over the manifest-declared edges (ancestors = sources, descendants = derived)."""
+    async def _walk(
+        self, root: str, direction: int, max_depth: int, readers: Readers, group_id: str = ""
+    ) -> pb.QueryProvenanceResponse:
+        """Breadth-first over the manifest-declared edges (ancestors = sources, descendants = derived).
+
+        Only edges whose manifest the caller may see (and of ``group_id`` when given) are followed,
+        and only to blobs it may read: the walk neither shows nor passes through anything else, so
+        no digest of a blob the caller may not read is revealed. A root it may not read has no graph.
+        """
         up = direction in (pb.PROVENANCE_DIRECTION_ANCESTORS, pb.PROVENANCE_DIRECTION_BOTH)
         down = direction in (pb.PROVENANCE_DIRECTION_DESCENDANTS, pb.PROVENANCE_DIRECTION_BOTH)
         response = pb.QueryProvenanceResponse()
+        if not await readers.may_read(root):
+            return response
         depth_of: dict[str, tuple[int, bool]] = {root: (0, False)}
-        frontier: deque[str] = deque([root])
-        seen_edges: set[tuple[str, str, str]] = set()
+        frontier: list[str] = [root]
+        seen_edges: set[Edge] = set()
         while frontier:
             level = set(frontier)
-            frontier.clear()
-            for source, derived, manifest in await self.index.edges_touching(level):
-                edge = (source, derived, manifest)
-                if edge in seen_edges:
+            frontier = []
+            steps: list[tuple[Edge, str, int, bool]] = []  # edge, the node it leads to, its depth, upwards
+            for edge in await self.index.edges_touching(level):
+                if edge in seen_edges or (group_id and edge.group_id != group_id):
                     continue
-                for here, there, is_up in ((derived, source, True), (source, derived, False)):
+                for here, there, is_up in ((edge.derived, edge.source, True), (edge.source, edge.derived, False)):
                     if here not in level or (is_up and not up) or (not is_up and not down):
                         continue
                     depth = depth_of[here][0] + 1
-                    if depth > max_depth:
+                    if depth <= max_depth:
+                        steps.append((edge, there, depth, is_up))
+            visible = {edge for edge, *_ in steps if await readers.sees_edge(edge)}
+            reachable = await readers.readable(there for edge, there, *_ in steps if edge in visible)
+            for edge, there, depth, is_up in steps:
+                if edge not in visible or there not in reachable:
+                    continue
+                seen_edges.add(edge)
+                if there not in depth_of:
+                    if len(depth_of) >= MAX_PROVENANCE_NODES:
+                        response.truncated = True
                         continue
-                    seen_edges.add(edge)
-                    if there not in depth_of:
-                        if len(depth_of) >= MAX_PROVENANCE_NODES:
-                            response.truncated = True
-                            continue
-                        depth_of[there] = (depth, is_up)
-                        frontier.append(there)
-        described = {
-            r.content_digest: r for digest in depth_of for r in await self.index.manifests_of(digest)
-        }
+                    depth_of[there] = (depth, is_up)
+                    frontier.append(there)
+        described: dict[str, ManifestRecord] = {}
+        for digest in depth_of:
+            for record in await self._visible_manifests(readers, await self.index.manifests_of(digest)):
+                described[digest] = record
         sizes = {d: (b.size_bytes if (b := await self.index.blob(d)) else 0) for d in depth_of}
         for digest, (depth, is_up) in depth_of.items():
             if digest == root:
@@ -320,15 +450,41 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
                     work_item_id=info.work_item_id if info else "",
                 )
             )
-        for source, derived, manifest in sorted(seen_edges):
+        for edge in sorted(seen_edges, key=lambda e: (e.source, e.derived, e.manifest_digest)):
             response.edges.append(
                 pb.ProvenanceEdge(
-                    source=blake3_digest(source, sizes.get(source, 0)),
-                    derived=blake3_digest(derived, sizes.get(derived, 0)),
-                    manifest_digest=common_pb2.Digest(algorithm="blake3", hex=manifest),
+                    source=blake3_digest(edge.source, sizes.get(edge.source, 0)),
+                    derived=blake3_digest(edge.derived, sizes.get(edge.derived, 0)),
+                    manifest_digest=common_pb2.Digest(algorithm="blake3", hex=edge.manifest_digest),
                 )
             )
         return response
+
+
+class _VerifyOnly:
+    """The writer for bytes already stored: counts them (the service hashes them), keeps nothing.
+    What a caller that does not hold an existing blob streams to prove it has the bytes."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._written = 0
+
+    async def write(self, data: bytes) -> None:
+        if self._written + len(data) > self._size:
+            raise ValueError(f"more bytes than the declared size {self._size}")
+        self._written += len(data)
+
+    async def commit(self) -> None:
+        if self._written != self._size:
+            raise ValueError(f"wrote {self._written} bytes, declared {self._size}")
+
+    async def abort(self) -> None:
+        return None
+
+
+def _same_size(record: BlobRecord | None, size: int) -> bool:
+    """Stored under this digest with this size (the index names a blob by both)."""
+    return record is not None and record.size_bytes == size
 
 
 def _from_us(value: int) -> datetime:

@@ -16,6 +16,7 @@
 | MWP_S3_BUCKET            | (unset: blobs on local disk)    | store artifact blobs in this S3 bucket         |
 | MWP_S3_ENDPOINT / _REGION| AWS default                     | any S3-compatible endpoint (path-style)        |
 | MWP_S3_CREATE_BUCKET     | false                           | create the bucket on first use                 |
+| MWP_ARTIFACT_QUOTA_BYTES | 10737418240 (10 GiB)            | bytes of blobs one identity may hold (0: no quota; operators have none) |
 | MWP_AUTHORITY_ADDR, ...  | (unset)                         | peer addresses when services run apart         |
 | MWP_ADVERTISE_ADDR       | the listen address              | how peers reach this process (NOT_OWNER)       |
 | MWP_MESH_ID              | (unset)                         | processes of one mesh share a data dir          |
@@ -111,6 +112,9 @@ class Settings:
     gateway_hello_timeout_s: float = 10.0
     gateway_stall_timeout_s: float = 30.0
     gateway_stream_buffer_bytes: int = 1024 * 1024
+    # The bytes of blobs one identity may hold in the artifact store (issue 13 item 3, D77);
+    # 0: no quota. Operators and mesh services have none.
+    artifact_quota_bytes: int = 10 * 1024**3
 
     @property
     def db_url(self) -> str:
@@ -182,6 +186,9 @@ class Settings:
         s.gateway_hello_timeout_s = float(e.get("MWP_GATEWAY_HELLO_TIMEOUT_S", s.gateway_hello_timeout_s))
         s.gateway_stall_timeout_s = float(e.get("MWP_GATEWAY_STALL_TIMEOUT_S", s.gateway_stall_timeout_s))
         s.gateway_stream_buffer_bytes = int(e.get("MWP_GATEWAY_STREAM_BUFFER_BYTES", s.gateway_stream_buffer_bytes))
+        s.artifact_quota_bytes = int(e.get("MWP_ARTIFACT_QUOTA_BYTES", s.artifact_quota_bytes))
+        if s.artifact_quota_bytes < 0:
+            raise ValueError("MWP_ARTIFACT_QUOTA_BYTES is a number of bytes (0: no quota)")
         s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
         s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)
         return s

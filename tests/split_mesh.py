@@ -46,6 +46,10 @@ class SplitMesh:
     def blobstore(self) -> Any:
         return self.parts["artifacts"].blobstore
 
+    @property
+    def artifacts(self) -> Any:
+        return self.parts["artifacts"].artifacts
+
     def __getattr__(self, name: str) -> Any:
         # Tests that look inside the Authority (its store, its cache) see the Authority process's.
         return getattr(self.parts["authority"], name)

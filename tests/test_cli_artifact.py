@@ -2,7 +2,8 @@
 
 Reuses the ``bench`` of tests/test_cli_mission.py (an in-process mesh on a tmp data directory, four
 identities with key files and saved sessions); blobs live in the local backend under
-``<tmp>/data/blobs``, where the corruption test alters one.
+``<tmp>/data/blobs``, where the corruption test alters one. Every artifact command proves an
+identity (issue 13): coord-bot's, through MWP_AS / MWP_KEY, unless the test passes ``--as``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ from tests.test_cli_mission import Bench, execute
 from tests.test_cli_mission import bench as bench  # the fixture
 
 MiB = 1024 * 1024
+
+
+@pytest.fixture(autouse=True)
+def reader(bench: Bench, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's calls prove coord-bot's session (the identity that uploads, so it holds the blobs)."""
+    monkeypatch.setenv("MWP_AS", "coord-bot")
+    monkeypatch.setenv("MWP_KEY", str(bench.keys["coord-bot"]))
 
 
 def digest_of(data: bytes) -> str:
@@ -159,6 +167,16 @@ async def test_signed_manifest_provenance_verify_and_corruption(bench: Bench, tm
 
     ok = await bench.mwp("artifact", "verify", source, report)
     assert ok.stdout.splitlines() == [f"OK        {source}", f"OK        {report}", "2 OK, 0 failed"]
+    # Issue 13 item 3: the Group's owner reads what its manifests reference; an identity outside
+    # the Group sees the blobs as missing (as if never stored), and no manifest or provenance.
+    assert (await bench.mwp("artifact", "verify", report, *bench.as_("alice"))).stdout.startswith("OK")
+    outside = await bench.mwp("artifact", "verify", source, report, *bench.as_("worker-bot"), expect=1)
+    assert outside.stdout.splitlines()[:2] == [
+        f"MISSING   {source}  no blob blake3:{source.split(':')[1]} of {source.split(':')[2]} bytes",
+        f"MISSING   {report}  no blob blake3:{report.split(':')[1]} of {report.split(':')[2]} bytes",
+    ]
+    hidden = await bench.mwp("artifact", "manifest", report, *bench.as_("worker-bot"), "--json")
+    assert hidden.json()["manifests"] == []
 
     corrupt(tmp_path / "data", report.split(":")[1])
     failed = await bench.mwp("artifact", "verify", source, report, expect=1)

@@ -152,6 +152,18 @@ CALLS: dict[str, tuple[Callable[[MeshClient], Awaitable[object]], dict[str, str]
         ),
         row(UNAUTH, "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND"),
     ),
+    # Per-blob rules (holders, Group references, quota): tests/test_artifact_authorization.py.
+    "ArtifactService.Upload": (lambda c: c.upload(b"every identity may upload its own bytes"), row(UNAUTH, OK, OK, OK, OK, OK, OK)),
+    "ArtifactService.Download": (
+        lambda c: c.download(common_pb2.Digest(algorithm="blake3", hex="a" * 64, size_bytes=1)),
+        row(UNAUTH, "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND"),
+    ),
+    "ArtifactService.FindMissing": (
+        lambda c: c.artifacts.FindMissing(
+            artifact_service_pb2.FindMissingRequest(digests=[common_pb2.Digest(algorithm="blake3", hex="a" * 64, size_bytes=1)])
+        ),
+        row(UNAUTH, OK, OK, OK, OK, OK, OK),
+    ),
     "SchedulingService.GetQueue": (
         lambda c: scheduling_stub(c).GetQueue(scheduling_service_pb2.GetQueueRequest()),
         row(UNAUTH, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED),

@@ -237,6 +237,7 @@ async def connection(args: argparse.Namespace) -> AsyncIterator[tuple[MeshClient
     """As the actor when a manifest is to be signed, else a plain connection."""
     if args.manifest_for:
         async with acting(args) as actor:
+            actor.mesh.read_as(actor.signer)  # the upload and the Group read prove the actor (issue 13)
             yield actor.mesh, actor
     else:
         async with reading(args) as mesh:

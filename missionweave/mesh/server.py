@@ -164,6 +164,8 @@ class Mesh:
     # The plain-text grpc.health.v1-only listener (MWP_HEALTH_LISTEN), if any, and its port.
     health_server: grpc.aio.Server | None = None
     health_port: int = 0
+    # The ArtifactService where artifacts are served (its quota is read from Settings).
+    artifacts: ArtifactServicer | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -340,9 +342,23 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         scheduling_service_pb2_grpc.add_SchedulingServiceServicer_to_server(scheduling_servicer, server)
     blobstore = None
     gateway = None
+    artifact_servicer = None
     if "artifacts" in settings.services:
         blobstore = blobstore_from_env(settings.data_dir)
-        artifact_servicer = ArtifactServicer(blobstore, ArtifactIndex(engine), identities, clock)
+        # Reads by Group reference ask the Authority's public contract whether the caller is an
+        # active member (as a mesh service: GetGroupState answers it in full).
+        artifact_servicer = ArtifactServicer(
+            blobstore,
+            ArtifactIndex(engine),
+            identities,
+            clock,
+            authority=(
+                authority_service_pb2_grpc.AuthorityServiceStub(peers.as_mesh("authority"))
+                if peers.reachable("authority")
+                else None
+            ),
+            quota_bytes=settings.artifact_quota_bytes,
+        )
         artifact_servicer.callers = callers
         add_artifact_service(artifact_servicer, server)
         local.register(SERVICE_NAMES["artifacts"], artifact_servicer)
@@ -434,6 +450,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         group_log_servicer,
         health_server,
         health_port,
+        artifact_servicer,
     )
 
 
@@ -447,6 +464,8 @@ async def _health_listener(address: str, health: MeshHealth) -> tuple[grpc.aio.S
     port = add_listener(server, address, None, insecure=True)
     await server.start()
     return server, port
+
+
 def gateway_limits(settings: Settings) -> GatewayLimits:
     return GatewayLimits(
         max_streams=settings.gateway_max_streams,
