@@ -30,6 +30,28 @@ class BlobWriter(Protocol):
         """Discard everything written; nothing stays visible."""
 
 
+class CountingWriter:
+    """A writer for bytes that are stored already: counts them against the declared size and keeps
+    nothing (the caller hashes them). Used for a blob the store has (S3 dedup) and for a caller
+    proving it holds an existing blob's bytes."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._written = 0
+
+    async def write(self, data: bytes) -> None:
+        if self._written + len(data) > self._size:
+            raise ValueError(f"more bytes than the declared size {self._size}")
+        self._written += len(data)
+
+    async def commit(self) -> None:
+        if self._written != self._size:
+            raise ValueError(f"wrote {self._written} bytes, declared {self._size}")
+
+    async def abort(self) -> None:
+        return None
+
+
 class BlobStore(Protocol):
     name: str  # "local" or "s3", for logs and metrics
 

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from artifactstore.backends import check_digest, check_size
-from artifactstore.blobstore import CHUNK_BYTES
+from artifactstore.blobstore import CHUNK_BYTES, CountingWriter
 
 T = TypeVar("T")
 
@@ -146,13 +146,13 @@ class S3BlobStore:
         check_size(size)
         return await self.stored_size(digest_hex) == size
 
-    async def open_writer(self, digest_hex: str, size: int) -> S3BlobWriter | _AlreadyStored:
+    async def open_writer(self, digest_hex: str, size: int) -> S3BlobWriter | CountingWriter:
         key = self.key_for(digest_hex)
         check_size(size)
         # Idempotent: an object of this digest and size is already there, so the upload's bytes are
         # only counted (the verification layer still hashes them) and nothing is sent to S3.
         if await self.stored_size(digest_hex) == size:
-            return _AlreadyStored(size)
+            return CountingWriter(size)
         return S3BlobWriter(self, key, digest_hex, size)
 
     def read(self, digest_hex: str, size: int, chunk_bytes: int = CHUNK_BYTES) -> AsyncIterator[bytes]:
@@ -230,26 +230,6 @@ class S3BlobStore:
 def _retrieve_exception(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()  # marks it retrieved: no "exception was never retrieved" noise
-
-
-class _AlreadyStored:
-    """The writer for a blob that is already stored: counts the bytes, sends nothing."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._written = 0
-
-    async def write(self, data: bytes) -> None:
-        if self._written + len(data) > self._size:
-            raise ValueError(f"more bytes than the declared size {self._size}")
-        self._written += len(data)
-
-    async def commit(self) -> None:
-        if self._written != self._size:
-            raise ValueError(f"wrote {self._written} bytes, declared {self._size}")
-
-    async def abort(self) -> None:
-        return None
 
 
 class _Upload:

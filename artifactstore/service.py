@@ -18,7 +18,14 @@ import blake3
 import grpc
 
 from artifactstore.access import Readers
-from artifactstore.blobstore import CHUNK_BYTES, EMPTY_BLAKE3, BlobStore, BlobWriter, storage_full
+from artifactstore.blobstore import (
+    CHUNK_BYTES,
+    EMPTY_BLAKE3,
+    BlobStore,
+    BlobWriter,
+    CountingWriter,
+    storage_full,
+)
 from artifactstore.index import ArtifactIndex, BlobRecord, Edge, ManifestRecord
 from artifactstore.verify import Counters, artifact_error, check_digest, verified_range
 from missionweave.clock import Clock, to_micros, to_timestamp
@@ -131,7 +138,7 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
             if identity and not caller.operator:
                 await self._check_quota(identity, size)
             if stored:
-                await self._receive(requests, hex_digest, size, _VerifyOnly(size))
+                await self._receive(requests, hex_digest, size, CountingWriter(size))
             else:
                 await self._receive(requests, hex_digest, size, None)
                 await self.index.record_blob(hex_digest, size, to_micros(self.clock.now()))
@@ -459,27 +466,6 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
                 )
             )
         return response
-
-
-class _VerifyOnly:
-    """The writer for bytes already stored: counts them (the service hashes them), keeps nothing.
-    What a caller that does not hold an existing blob streams to prove it has the bytes."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._written = 0
-
-    async def write(self, data: bytes) -> None:
-        if self._written + len(data) > self._size:
-            raise ValueError(f"more bytes than the declared size {self._size}")
-        self._written += len(data)
-
-    async def commit(self) -> None:
-        if self._written != self._size:
-            raise ValueError(f"wrote {self._written} bytes, declared {self._size}")
-
-    async def abort(self) -> None:
-        return None
 
 
 def _same_size(record: BlobRecord | None, size: int) -> bool:

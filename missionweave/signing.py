@@ -14,6 +14,7 @@ import blake3
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
+from missionweave.errors import R, Rejected
 from missionweave.v1 import common_pb2
 
 COMMAND_TYPE = "application/vnd.missionweave.v1.command+protobuf"
@@ -29,6 +30,18 @@ KEY_ROTATION_TYPE = "application/vnd.missionweave.v1.authority-key-rotation+prot
 # The most signatures a signed request (a command, an Organization request, a HelloProof) may carry:
 # servers check the signer's (the first); more than a few is refused, never carried along.
 MAX_SIGNATURES = 4
+
+
+def check_signature_count(envelope: common_pb2.SignedEnvelope, what: str = "envelope") -> None:
+    """At most MAX_SIGNATURES signatures on a signed request: more is MALFORMED (``field=signatures``,
+    ``limit``), before any of them is checked."""
+    if len(envelope.signatures) > MAX_SIGNATURES:
+        raise Rejected(
+            R.REJECTION_REASON_MALFORMED,
+            f"the {what} carries {len(envelope.signatures)} signatures; at most {MAX_SIGNATURES}",
+            field="signatures",
+            limit=MAX_SIGNATURES,
+        )
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:

@@ -39,6 +39,7 @@ from missionweave.rpc.channels import open_channel
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import register_identity_envelope
 from missionweave.sdk.credentials import CallProofs
+from missionweave.signing import MAX_SIGNATURES
 from missionweave.v1 import (
     common_pb2,
     membership_pb2,
@@ -437,7 +438,7 @@ async def test_the_command_limit_covers_the_whole_envelope_and_signatures_are_bo
     signed = w.signed(w.owner, G, "message_post", builders.message(conv, "hi"), membership_epoch=1)
     many = await refusal(crowd(signed, SIGNATURES))
     assert (many.reason, many.metadata["field"]) == (R.REJECTION_REASON_MALFORMED, "signatures")
-    assert (await refusal(crowd(signed, ingress.MAX_SIGNATURES))).reason == R.REJECTION_REASON_MALFORMED
+    assert (await refusal(crowd(signed, MAX_SIGNATURES))).reason == R.REJECTION_REASON_MALFORMED
     # A payload under the limit in an envelope over it (signatures padded): the envelope counts.
     body = builders.message(conv, "x" * 16_000)
     near = w.signed(w.owner, G, "message_post", body, membership_epoch=1)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from missionweave.errors import R, Rejected
-from missionweave.signing import MAX_SIGNATURES
+from missionweave.signing import check_signature_count
 from missionweave.v1 import common_pb2
 
 # A signed command, the whole envelope, is at most this many bytes.
@@ -29,13 +29,7 @@ MAX_COMMAND_BYTES = 256 * 1024
 def check_envelope(envelope: common_pb2.SignedEnvelope) -> None:
     """The bounds of a signed command's envelope: at most MAX_SIGNATURES signatures (MALFORMED,
     metadata ``field=signatures``, ``limit``), at most MAX_COMMAND_BYTES in all (TOO_LARGE, ``limit``)."""
-    if len(envelope.signatures) > MAX_SIGNATURES:
-        raise Rejected(
-            R.REJECTION_REASON_MALFORMED,
-            f"the envelope carries {len(envelope.signatures)} signatures; at most {MAX_SIGNATURES}",
-            field="signatures",
-            limit=MAX_SIGNATURES,
-        )
+    check_signature_count(envelope)
     size = envelope.ByteSize()
     if size > MAX_COMMAND_BYTES:
         raise Rejected(

@@ -30,7 +30,7 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, to_micros
@@ -169,13 +169,7 @@ class EventStore:
             row = result.first()
             if row is not None:
                 return int(row[0]), int(row[1])
-            held = (
-                await conn.execute(
-                    select(groups.c.owner_instance, authority_instances.c.address)
-                    .select_from(groups.outerjoin(authority_instances, authority_instances.c.instance_id == groups.c.owner_instance))
-                    .where(groups.c.group_id == group_id)
-                )
-            ).first()
+            held = await _owner_row(conn, group_id)
         if held is None:
             return None
         owner, address = held[0], held[1] or ""
@@ -191,13 +185,7 @@ class EventStore:
         """The instance that owns the Group, or last did (its lease may have lapsed since its last
         append), and its address ("" when it never announced one); None when the Group does not exist."""
         async with self.engine.connect() as conn:
-            held = (
-                await conn.execute(
-                    select(groups.c.owner_instance, authority_instances.c.address)
-                    .select_from(groups.outerjoin(authority_instances, authority_instances.c.instance_id == groups.c.owner_instance))
-                    .where(groups.c.group_id == group_id)
-                )
-            ).first()
+            held = await _owner_row(conn, group_id)
         return None if held is None else (str(held[0]), str(held[1] or ""))
 
     @finish_on_cancel
@@ -436,3 +424,14 @@ def _events_after(tier: Table) -> Select[Any]:
 # key) cost more than running it.
 _READ_ONLINE = _events_after(events).order_by(events.c.seq).limit(bindparam("n"))
 _READ_HISTORY = union_all(_events_after(events_archive), _events_after(events)).order_by("seq").limit(bindparam("n"))
+
+
+async def _owner_row(conn: AsyncConnection, group_id: str) -> Any:
+    """(owner instance, its announced address or None) of a Group, or None when it does not exist."""
+    return (
+        await conn.execute(
+            select(groups.c.owner_instance, authority_instances.c.address)
+            .select_from(groups.outerjoin(authority_instances, authority_instances.c.instance_id == groups.c.owner_instance))
+            .where(groups.c.group_id == group_id)
+        )
+    ).first()

@@ -36,9 +36,9 @@ from missionweave.clock import Clock, from_timestamp, to_micros
 from missionweave.errors import Rejected
 from missionweave.internal.v1 import identities_pb2 as directory_pb2
 from missionweave.signing import (
-    MAX_SIGNATURES,
     OPEN_SESSION_TYPE,
     REGISTER_IDENTITY_TYPE,
+    check_signature_count,
     verify_signature,
 )
 from missionweave.v1 import common_pb2, membership_pb2, membership_service_pb2
@@ -390,13 +390,7 @@ class IdentityRegistry:
             raise Rejected(R.REJECTION_REASON_MALFORMED, f"payload_type must be {payload_type}")
         if not envelope.signatures:
             raise Rejected(R.REJECTION_REASON_SIGNATURE_MISSING, "the request is not signed")
-        if len(envelope.signatures) > MAX_SIGNATURES:
-            raise Rejected(
-                R.REJECTION_REASON_MALFORMED,
-                f"the request carries {len(envelope.signatures)} signatures; at most {MAX_SIGNATURES}",
-                field="signatures",
-                limit=MAX_SIGNATURES,
-            )
+        check_signature_count(envelope, "request")
         try:
             command.ParseFromString(envelope.payload)  # type: ignore[attr-defined]
         except Exception:
