@@ -404,6 +404,42 @@ async def test_a_tampered_snapshot_is_refused_and_nothing_is_restored(tmp_path: 
     await sub.stop(grace=1)
 
 
+def view_of(reference: common_pb2.SignedEnvelope, sequence: int, viewer: str) -> tuple[common_pb2.SignedEnvelope, common_pb2.SignedEnvelope]:
+    """A member's view of the snapshot ``reference`` names, and the Authority's reference to it."""
+    asked = pb.SnapshotReference.FromString(reference.payload)
+    payload = authority_service_pb2.GroupSnapshot(group_id=G, sequence=sequence, archival=True).SerializeToString()
+    digest = common_pb2.Digest(algorithm="blake3", hex=blake3.blake3(payload).hexdigest(), size_bytes=len(payload))
+    view = pb.SnapshotReference(group_id=G, sequence=sequence, digest=digest, view_of=asked.digest, viewer_id=viewer)
+    return (
+        sign_envelope(payload, SNAPSHOT_TYPE, AUTHORITY, AUTHORITY_ID),
+        sign_envelope(view.SerializeToString(), SNAPSHOT_REFERENCE_TYPE, AUTHORITY, AUTHORITY_ID),
+    )
+
+
+@pytest.mark.req("MW-16-12", "MW-9-05")
+async def test_a_members_view_of_the_snapshot_is_restored_and_a_view_for_another_is_refused(tmp_path: Path) -> None:
+    """GetSnapshot may answer with the caller's view (restricted content left out, signed anew):
+    restored when the Authority's reference says it is this agent's view of the snapshot asked for."""
+    restored: list[authority_service_pb2.GroupSnapshot] = []
+
+    async def on_snapshot(snapshot: authority_service_pb2.GroupSnapshot) -> None:
+        restored.append(snapshot)
+
+    host, sub, _ = await offline_subscription(tmp_path, [], on_snapshot=on_snapshot)
+    _, reference = snapshot_at(40)
+    view, view_reference = view_of(reference, 40, "bot")
+    verifier = host.verifier
+    asked = verifier.snapshot_reference(reference)
+    for wrong in (view_of(reference, 40, "someone-else")[1], view_of(snapshot_at(39)[1], 40, "bot")[1], view_of(reference, 41, "bot")[1]):
+        with pytest.raises(NotVerified):
+            verifier.answering(wrong, asked, "bot")
+    host.snapshot = pb.GetSnapshotResponse(snapshot=view, signed_reference=view_reference)
+    sub.deliver(too_old(sub.subscription_id, reference))
+    await reach(sub, 40)
+    assert [s.archival for s in restored] == [True]  # the view, not the snapshot asked for
+    await sub.stop(grace=1)
+
+
 async def test_cursor_too_old_without_a_restore_handler_fails_the_subscription(tmp_path: Path) -> None:
     _, sub, _ = await offline_subscription(tmp_path, [])
     sub.deliver(too_old(sub.subscription_id, snapshot_at(40)[1]))

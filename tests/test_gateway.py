@@ -21,7 +21,7 @@ from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
 from tests import builders
 from tests.conftest import World
-from tests.test_missions import G, create
+from tests.test_missions import G, as_member, create
 
 pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
 
@@ -234,6 +234,44 @@ async def test_compacted_history_answers_cursor_too_old_with_a_signed_snapshot_t
     )
     resumed = (await stream.until("event")).event
     assert resumed.first_sequence == taken.sequence + 1 and b"after" in resumed.events[0].payload
+
+
+@pytest.mark.req("MW-9-05", "MW-16-12")
+async def test_a_snapshot_is_served_as_the_members_view_without_restricted_conversations(world: World) -> None:
+    """The Group's snapshot holds a restricted Conversation: its participant gets the snapshot as
+    stored; the Worker, not party to it, gets its view (that Conversation left out), signed by the
+    Authority with a reference naming the snapshot it is a view of."""
+    from missionweave.v1 import authority_service_pb2 as apb
+
+    w = world
+    await create(w)
+    opened = conversation_pb2.ConversationOpen(
+        conversation_id="conv_secret", kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED, title="secret", participant_ids=["coord-bot"]
+    )
+    await w.run(w.coordinator, G, "conversation_open", opened, membership_epoch=2)
+    await as_member(w, G, w.worker)
+    taken = await w.client.authority.TakeSnapshot(apb.TakeSnapshotRequest(group_id=G))
+    _, public_key = await w.client.authority_key()
+    get_snapshot = pb_grpc.GatewayServiceStub(w.client.channel).GetSnapshot
+
+    async def fetched(signer: SessionSigner) -> tuple[apb.GroupSnapshot, pb.SnapshotReference]:
+        answer = await get_snapshot(pb.GetSnapshotRequest(group_id=G, digest=taken.digest, proof=hello(w, signer).proof))
+        assert verify_signature(answer.snapshot, public_key) and verify_signature(answer.signed_reference, public_key)
+        reference = pb.SnapshotReference.FromString(answer.signed_reference.payload)
+        assert blake3.blake3(answer.snapshot.payload).hexdigest() == reference.digest.hex
+        return apb.GroupSnapshot.FromString(answer.snapshot.payload), reference
+
+    full, reference = await fetched(w.coordinator)
+    assert reference.digest == taken.digest and not reference.HasField("view_of")
+    assert "conv_secret" in [c.conversation_id for c in full.state.conversations]
+    view, reference = await fetched(w.worker)
+    assert reference.view_of == taken.digest and reference.viewer_id == "worker-bot" and reference.digest != taken.digest
+    assert "conv_secret" not in [c.conversation_id for c in view.state.conversations]
+    assert b"secret" not in view.SerializeToString()
+    kept = [c for c in full.state.conversations if c.conversation_id != "conv_secret"]
+    del full.state.conversations[:]
+    full.state.conversations.extend(kept)
+    assert view == full  # nothing else differs
 
 
 @pytest.mark.req("MW-7.4-01")

@@ -7,8 +7,9 @@ plants markers where a Worker may not look and scans what every read path gives 
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -19,6 +20,7 @@ from artifactstore.publications import PublicationServicer
 from artifactstore.service import ArtifactServicer
 from gateway.service import GatewayServicer
 from missionweave.clock import SystemClock, to_timestamp
+from missionweave.errors import Rejected
 from missionweave.internal.v1 import (
     group_log_pb2,
     group_log_pb2_grpc,
@@ -30,18 +32,28 @@ from missionweave.internal.v1 import (
 from missionweave.rpc.callers import CALL_PROOF_METADATA, CALL_PROOF_TYPE, MESH_TOKEN_METADATA, access_of
 from missionweave.rpc.channels import open_channel
 from missionweave.rpc.status import rejection_from_rpc_error
-from missionweave.sdk.client import MeshClient, SessionSigner
+from missionweave.sdk.client import (
+    MeshClient,
+    SessionSigner,
+    blob_digest,
+    open_session_envelope,
+    register_identity_envelope,
+)
 from missionweave.sdk.credentials import call_proof
-from missionweave.signing import session_key_id, sign_envelope
+from missionweave.signing import COMMAND_TYPE, session_key_id, sign_envelope
 from missionweave.v1 import (
     artifact_service_pb2,
     auth_pb2,
     authority_service_pb2,
     common_pb2,
     conversation_pb2,
+    membership_pb2,
     membership_service_pb2,
     scheduling_service_pb2,
+    scheduling_service_pb2_grpc,
 )
+from missionweave.v1 import gateway_service_pb2 as gpb
+from missionweave.v1 import gateway_service_pb2_grpc as gpb_grpc
 from services.authority.group_log import GroupLogServicer
 from services.authority.servicer import AuthorityServicer
 from services.membership.directory import IdentityDirectoryServicer
@@ -49,6 +61,8 @@ from services.membership.servicer import MembershipServicer
 from services.scheduling.servicer import SchedulingServicer
 from tests import builders
 from tests.conftest import World, register
+from tests.test_artifact_authorization import manifest_in
+from tests.test_gateway import Stream, hello
 from tests.test_missions import G, as_member, create
 
 pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
@@ -75,7 +89,9 @@ def test_every_rpc_of_every_service_states_who_may_call_it() -> None:
 
     for module, name, servicer in [*SERVICERS, (gateway_service_pb2, "GatewayService", GatewayServicer)]:
         for method in module.DESCRIPTOR.services_by_name[name].methods:
-            assert access_of(getattr(servicer, method.name)) is not None, f"{name}.{method.name} states no rule"
+            assert access_of(getattr(servicer, method.name)) is not None, (
+                f"{name}.{method.name} states no rule"
+            )
 
 
 # ------------------------------------------------------------------ the cast
@@ -87,7 +103,9 @@ async def cast(w: World) -> dict[str, MeshClient]:
     await as_member(w, G, w.worker)
     outsider = await register(w.client, w.keys["admin"], "outsider-bot", common_pb2.IDENTITY_KIND_AGENT)
     other = await register(w.client, w.keys["admin"], "elsewhere-bot", common_pb2.IDENTITY_KIND_AGENT)
-    await w.run(w.owner, OTHER, "mission_create", builders.mission_create("alice", "elsewhere-bot", w.clock.now()))
+    await w.run(
+        w.owner, OTHER, "mission_create", builders.mission_create("alice", "elsewhere-bot", w.clock.now())
+    )
     signers: dict[str, SessionSigner | None] = {
         "anonymous": None,
         "non_member": outsider,
@@ -108,95 +126,275 @@ DENIED = "PERMISSION_DENIED"
 UNIMPLEMENTED = "COMMAND_NOT_IMPLEMENTED"
 
 
-def row(anonymous: str, non_member: str, other: str, worker: str, coordinator: str, owner: str, admin: str) -> dict[str, str]:
+def row(
+    anonymous: str, non_member: str, other: str, worker: str, coordinator: str, owner: str, admin: str
+) -> dict[str, str]:
     return dict(zip(ROLES, (anonymous, non_member, other, worker, coordinator, owner, admin), strict=True))
 
 
 MEMBERS_ONLY = row(UNAUTH, NOT_MEMBER, NOT_MEMBER, OK, OK, OK, OK)
 
 
-async def _read_events(c: MeshClient) -> object:
+class Props:
+    """What the matrix's calls act on, made once per run: the snapshot, a blob G's manifest cites,
+    each caller's Membership epoch in G."""
+
+    def __init__(
+        self, w: World, state: authority_service_pb2.GroupState, snapshot: common_pb2.Digest, blob: common_pb2.Digest
+    ) -> None:
+        self.w, self.snapshot, self.blob = w, snapshot, blob
+        self.planning = state.mission.planning_conversation_id
+        self.epochs = {m.member_id: m.membership_epoch for m in state.memberships if m.active}
+
+
+async def props(w: World, clients: dict[str, MeshClient]) -> Props:
+    taken = await clients["admin"].authority.TakeSnapshot(
+        authority_service_pb2.TakeSnapshotRequest(group_id=G)
+    )
+    source, data = b"the source G's manifests cite", b"a blob made from it"
+    await clients["coordinator"].upload(source, manifest_in(w, w.coordinator, source))
+    await clients["coordinator"].upload(data, manifest_in(w, w.coordinator, data, sources=(blob_digest(source),)))
+    return Props(w, await clients["admin"].group_state(G), taken.digest, blob_digest(data))
+
+
+Call = Callable[[MeshClient, Props], Awaitable[object]]
+
+
+def signer_of(c: MeshClient) -> SessionSigner | None:
+    return c.proofs.signer
+
+
+def post(c: MeshClient, p: Props) -> common_pb2.SignedEnvelope:
+    """A message to G's planning Conversation, signed by the caller (anonymous: signed by nobody)."""
+    conversation = p.planning
+    signer = signer_of(c)
+    if signer is None:
+        unsigned = p.w.owner.command(
+            G, "message_post", builders.message(conversation, "anonymous"), membership_epoch=1
+        )
+        return common_pb2.SignedEnvelope(payload=unsigned.SerializeToString(), payload_type=COMMAND_TYPE)
+    epoch = p.epochs.get(signer.identity_id, 0)
+    return signer.sign(
+        signer.command(G, "message_post", builders.message(conversation, "hello"), membership_epoch=epoch)
+    )
+
+
+async def _command_stream(c: MeshClient, p: Props) -> object:
+    async def one() -> AsyncIterator[authority_service_pb2.ExecuteCommandStreamRequest]:
+        yield authority_service_pb2.ExecuteCommandStreamRequest(command=post(c, p), request_tag=1)
+
+    answers = [a async for a in c.authority.ExecuteCommandStream(one())]
+    return (
+        R.Name(answers[0].rejection.reason).removeprefix("REJECTION_REASON_")
+        if answers[0].HasField("rejection")
+        else OK
+    )
+
+
+async def _command_batch(c: MeshClient, p: Props) -> object:
+    [answer] = await c.execute_batch([post(c, p)])
+    return R.Name(answer.reason).removeprefix("REJECTION_REASON_") if isinstance(answer, Rejected) else OK
+
+
+def _hello_proof(c: MeshClient, p: Props) -> common_pb2.SignedEnvelope | None:
+    signer = signer_of(c)
+    return None if signer is None else hello(p.w, signer).proof
+
+
+async def _subscribe(c: MeshClient, p: Props) -> object:
+    """HELLO, then SUBSCRIBE to G: its first event, or the ERROR frame's code."""
+    stream = Stream(p.w, c.channel)
+    try:
+        signer = signer_of(c)
+        frame = hello(p.w, signer) if signer else gpb.HelloFrame(agent_id="nobody")
+        await stream.send(hello=frame)
+        first = await stream.recv()
+        if first.WhichOneof("frame") == "welcome":
+            await stream.send(
+                subscribe=gpb.SubscribeFrame(subscription_id="s", group_id=G, initial_credits=10)
+            )
+            first = await stream.until_any("event", "error")
+        if first.WhichOneof("frame") == "error":
+            return gpb.GatewayErrorCode.Name(first.error.code).removeprefix("GATEWAY_ERROR_CODE_")
+        return OK
+    finally:
+        stream.call.cancel()
+
+
+async def _snapshot(c: MeshClient, p: Props) -> object:
+    request = gpb.GetSnapshotRequest(group_id=G, digest=p.snapshot, proof=_hello_proof(c, p))
+    return await gpb_grpc.GatewayServiceStub(c.channel).GetSnapshot(request)
+
+
+def _open_session_as_alice(c: MeshClient, p: Props) -> Awaitable[object]:
+    """Opening a session for alice, signed with the caller's own key: only alice's key can."""
+    signer = signer_of(c)
+    key = signer.key if signer else SigningKey.generate()
+    envelope = open_session_envelope("alice", key, bytes(SigningKey.generate().verify_key))
+    return c.membership.OpenSession(membership_service_pb2.OpenSessionRequest(command=envelope))  # type: ignore[no-any-return]
+
+
+def _register(c: MeshClient, p: Props) -> Awaitable[object]:
+    """Registering a new identity, as the caller: only an Organization administrator may."""
+    signer = signer_of(c)
+    identity = membership_pb2.Identity(
+        identity_id=f"new-{os.urandom(4).hex()}",
+        kind=common_pb2.IDENTITY_KIND_AGENT,
+        public_key=bytes(SigningKey.generate().verify_key),
+    )
+    admin_id = signer.identity_id if signer else "admin"
+    envelope = register_identity_envelope(admin_id, signer.key if signer else SigningKey.generate(), identity)
+    return c.membership.RegisterIdentity(membership_service_pb2.RegisterIdentityRequest(command=envelope))  # type: ignore[no-any-return]
+
+
+async def _manifests(c: MeshClient, p: Props) -> object:
+    found = await c.artifacts.GetManifest(artifact_service_pb2.GetManifestRequest(digest=p.blob))
+    return OK if found.manifests else EMPTY
+
+
+async def _provenance(c: MeshClient, p: Props) -> object:
+    query = artifact_service_pb2.QueryProvenanceRequest(
+        digest=p.blob, direction=artifact_service_pb2.PROVENANCE_DIRECTION_ANCESTORS
+    )
+    graph = await c.artifacts.QueryProvenance(query)
+    return OK if graph.edges else EMPTY
+
+
+async def _find_missing(c: MeshClient, p: Props) -> object:
+    found = await c.artifacts.FindMissing(artifact_service_pb2.FindMissingRequest(digests=[p.blob]))
+    return "REPORTED_MISSING" if found.missing_digests else OK
+
+
+def scheduling(rpc: str, request: Any) -> Call:
+    def call(c: MeshClient, p: Props) -> Awaitable[object]:
+        return getattr(scheduling_service_pb2_grpc.SchedulingServiceStub(c.channel), rpc)(request)  # type: ignore[no-any-return]
+
+    return call
+
+
+async def _read_events(c: MeshClient, p: Props) -> object:
     return [e async for e in c.read_events(G)]
 
 
-CALLS: dict[str, tuple[Callable[[MeshClient], Awaitable[object]], dict[str, str]]] = {
+SIG = "SIGNATURE_INVALID"
+EMPTY = "EMPTY"  # answered, with nothing the caller may not see in it
+BLOB_READERS = row(UNAUTH, "NOT_FOUND", "NOT_FOUND", OK, OK, OK, OK)
+POSTERS = row("SIGNATURE_MISSING", NOT_MEMBER, NOT_MEMBER, OK, OK, OK, NOT_MEMBER)
+SCHEDULING = row(
+    UNAUTH, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED
+)
+sched = scheduling_service_pb2
+
+CALLS: dict[str, tuple[Call, dict[str, str]]] = {
+    "AuthorityService.ExecuteCommand": (lambda c, p: c.execute(post(c, p)), POSTERS),
+    "AuthorityService.ExecuteCommandStream": (_command_stream, POSTERS),
+    "AuthorityService.ExecuteCommandBatch": (_command_batch, POSTERS),
     "AuthorityService.ReadEvents": (_read_events, MEMBERS_ONLY),
-    "AuthorityService.GetGroupState": (lambda c: c.group_state(G), MEMBERS_ONLY),
-    "AuthorityService.GetSignedGroupSummary": (lambda c: c.signed_group_summary(G), MEMBERS_ONLY),
+    "AuthorityService.GetGroupState": (lambda c, p: c.group_state(G), MEMBERS_ONLY),
+    "AuthorityService.GetSignedGroupSummary": (lambda c, p: c.signed_group_summary(G), MEMBERS_ONLY),
     "AuthorityService.GetMissionProgress": (
-        lambda c: c.authority.GetMissionProgress(authority_service_pb2.GetMissionProgressRequest(group_id=G)),
+        lambda c, p: c.authority.GetMissionProgress(
+            authority_service_pb2.GetMissionProgressRequest(group_id=G)
+        ),
         MEMBERS_ONLY,
     ),
     "AuthorityService.GetContextPackage": (
-        lambda c: c.authority.GetContextPackage(
+        lambda c, p: c.authority.GetContextPackage(
             authority_service_pb2.GetContextPackageRequest(group_id=G, recipient_ids=["worker-bot"])
         ),
         row(UNAUTH, NOT_MEMBER, NOT_MEMBER, DENIED, OK, DENIED, OK),
     ),
     "AuthorityService.TakeSnapshot": (
-        lambda c: c.authority.TakeSnapshot(authority_service_pb2.TakeSnapshotRequest(group_id=G)),
+        lambda c, p: c.authority.TakeSnapshot(authority_service_pb2.TakeSnapshotRequest(group_id=G)),
         row(UNAUTH, DENIED, DENIED, DENIED, DENIED, DENIED, OK),
     ),
-    "AuthorityService.GetAuthorityKey": (lambda c: c.authority_key(), row(OK, OK, OK, OK, OK, OK, OK)),
+    "AuthorityService.GetAuthorityKey": (lambda c, p: c.authority_key(), row(OK, OK, OK, OK, OK, OK, OK)),
+    "GatewayService.Connect": (
+        _subscribe,
+        row("HELLO_INVALID", "NOT_A_MEMBER", "NOT_A_MEMBER", OK, OK, OK, "NOT_A_MEMBER"),
+    ),
+    "GatewayService.GetSnapshot": (_snapshot, row(SIG, NOT_MEMBER, NOT_MEMBER, OK, OK, OK, NOT_MEMBER)),
     "MembershipService.GetIdentity": (
-        lambda c: c.membership.GetIdentity(membership_service_pb2.GetIdentityRequest(identity_id="alice")),
+        lambda c, p: c.membership.GetIdentity(membership_service_pb2.GetIdentityRequest(identity_id="alice")),
         row(UNAUTH, OK, OK, OK, OK, OK, OK),
     ),
     "MembershipService.ListMemberships": (
-        lambda c: c.membership.ListMemberships(membership_service_pb2.ListMembershipsRequest(group_id=G)),
+        lambda c, p: c.membership.ListMemberships(membership_service_pb2.ListMembershipsRequest(group_id=G)),
         MEMBERS_ONLY,
     ),
+    "MembershipService.RegisterIdentity": (
+        _register,
+        row(SIG, DENIED, DENIED, DENIED, DENIED, DENIED, OK),
+    ),
     "ArtifactService.Stat": (
-        lambda c: c.artifacts.Stat(
-            artifact_service_pb2.StatRequest(digest=common_pb2.Digest(algorithm="blake3", hex="a" * 64, size_bytes=1))
-        ),
-        row(UNAUTH, "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND"),
+        lambda c, p: c.artifacts.Stat(artifact_service_pb2.StatRequest(digest=p.blob)),
+        BLOB_READERS,
     ),
-    # Per-blob rules (holders, Group references, quota): tests/test_artifact_authorization.py.
-    "ArtifactService.Upload": (lambda c: c.upload(b"every identity may upload its own bytes"), row(UNAUTH, OK, OK, OK, OK, OK, OK)),
-    "ArtifactService.Download": (
-        lambda c: c.download(common_pb2.Digest(algorithm="blake3", hex="a" * 64, size_bytes=1)),
-        row(UNAUTH, "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND"),
-    ),
+    "ArtifactService.Download": (lambda c, p: c.download(p.blob), BLOB_READERS),
     "ArtifactService.FindMissing": (
-        lambda c: c.artifacts.FindMissing(
-            artifact_service_pb2.FindMissingRequest(digests=[common_pb2.Digest(algorithm="blake3", hex="a" * 64, size_bytes=1)])
-        ),
+        _find_missing,
+        row(UNAUTH, "REPORTED_MISSING", "REPORTED_MISSING", OK, OK, OK, OK),
+    ),
+    "ArtifactService.GetManifest": (_manifests, row(UNAUTH, EMPTY, EMPTY, OK, OK, OK, OK)),
+    "ArtifactService.QueryProvenance": (_provenance, row(UNAUTH, EMPTY, EMPTY, OK, OK, OK, OK)),
+    # Per-blob rules (holders, Group references, quota): tests/test_artifact_authorization.py.
+    "ArtifactService.Upload": (
+        lambda c, p: c.upload(b"every identity may upload its own bytes"),
         row(UNAUTH, OK, OK, OK, OK, OK, OK),
     ),
-    "SchedulingService.GetQueue": (
-        lambda c: scheduling_stub(c).GetQueue(scheduling_service_pb2.GetQueueRequest()),
-        row(UNAUTH, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED),
+    "SchedulingService.Admit": (scheduling("Admit", sched.AdmitRequest()), SCHEDULING),
+    "SchedulingService.GetQueue": (scheduling("GetQueue", sched.GetQueueRequest()), SCHEDULING),
+    "SchedulingService.NextSlot": (scheduling("NextSlot", sched.NextSlotRequest()), SCHEDULING),
+    "SchedulingService.ReleaseSlot": (scheduling("ReleaseSlot", sched.ReleaseSlotRequest()), SCHEDULING),
+    "SchedulingService.DiscloseSchedule": (
+        scheduling("DiscloseSchedule", sched.DiscloseScheduleRequest()),
+        SCHEDULING,
     ),
+    "SchedulingService.SetPriority": (scheduling("SetPriority", sched.SetPriorityRequest()), SCHEDULING),
+    # Last: alice's new session fences her older one (MW-11.3-09).
+    "MembershipService.OpenSession": (_open_session_as_alice, row(SIG, SIG, SIG, SIG, SIG, OK, SIG)),
 }
 
 
-def scheduling_stub(c: MeshClient) -> Any:
-    from missionweave.v1 import scheduling_service_pb2_grpc
+def test_the_matrix_names_every_public_rpc() -> None:
+    """The matrix cannot skip an RPC: each method of each public service has its row."""
+    from missionweave.v1 import gateway_service_pb2
 
-    return scheduling_service_pb2_grpc.SchedulingServiceStub(c.channel)
+    public = [m for m, name, _ in SERVICERS if m.DESCRIPTOR.package == "missionweave.v1"] + [
+        gateway_service_pb2
+    ]
+    named = {
+        f"{service.name}.{method.name}"
+        for module in public
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+    }
+    assert named == set(CALLS), named ^ set(CALLS)
 
 
 async def outcome(call: Awaitable[object]) -> str:
     try:
-        await call
+        answer = await call
     except grpc.aio.AioRpcError as err:
         rejection = rejection_from_rpc_error(err)
         assert rejection is not None, f"an unstructured refusal: {err.code().name} {err.details()}"
         return R.Name(rejection.reason).removeprefix("REJECTION_REASON_")
-    return OK
+    except Rejected as err:
+        return R.Name(err.reason).removeprefix("REJECTION_REASON_")
+    return answer if isinstance(answer, str) else OK
 
 
 @pytest.mark.req("MW-8-05", "MW-8-07", "MW-9-05")
 async def test_the_authorization_matrix_holds_for_every_rpc_and_caller(world: World) -> None:
-    """Every RPC x {anonymous, non-member, member of another Group, Worker, Coordinator,
+    """Every public RPC x {anonymous, non-member, member of another Group, Worker, Coordinator,
     MissionOwner, Organization admin}: allowed, or the exact refusal; no unauthorized success."""
     clients = await cast(world)
     try:
+        p = await props(world, clients)
         wrong = []
         for rpc, (call, expected) in CALLS.items():
             for role in ROLES:
-                got = await outcome(call(clients[role]))
+                got = await outcome(call(clients[role], p))
                 if got != expected[role]:
                     wrong.append(f"{rpc} as {role}: {got}, expected {expected[role]}")
         assert not wrong, "\n".join(wrong)
@@ -258,14 +456,25 @@ async def test_internal_contracts_answer_only_services_of_the_mesh(world: World)
             for metadata in ((), ((CALL_PROOF_METADATA, proof),), ((MESH_TOKEN_METADATA, "0" * 64),)):
                 refusal = await outcome(call(channel, metadata))  # type: ignore[arg-type]
                 assert refusal == "UNAUTHENTICATED", (rpc, metadata[:1] and metadata[0][0], refusal)
-            assert await outcome(call(channel, ((MESH_TOKEN_METADATA, token),))) in (OK, "NOT_A_MEMBER", "INVALID_ARGUMENT")
+            assert await outcome(call(channel, ((MESH_TOKEN_METADATA, token),))) in (
+                OK,
+                "NOT_A_MEMBER",
+                "INVALID_ARGUMENT",
+            )
 
 
 # ------------------------------------------------------------------ the proof itself
 
 
-def handmade_proof(signer: SessionSigner, method: str, audience: str, *, key: SigningKey | None = None,
-                   issued_offset_s: float = 0.0, nonce: bytes | None = None) -> bytes:
+def handmade_proof(
+    signer: SessionSigner,
+    method: str,
+    audience: str,
+    *,
+    key: SigningKey | None = None,
+    issued_offset_s: float = 0.0,
+    nonce: bytes | None = None,
+) -> bytes:
     from datetime import timedelta
 
     proof = auth_pb2.CallProof(
@@ -277,7 +486,10 @@ def handmade_proof(signer: SessionSigner, method: str, audience: str, *, key: Si
         nonce=nonce if nonce is not None else os.urandom(16),
     )
     return sign_envelope(
-        proof.SerializeToString(), CALL_PROOF_TYPE, key or signer.key, session_key_id(signer.identity_id, signer.session_epoch)
+        proof.SerializeToString(),
+        CALL_PROOF_TYPE,
+        key or signer.key,
+        session_key_id(signer.identity_id, signer.session_epoch),
     ).SerializeToString()
 
 
@@ -292,7 +504,10 @@ async def check_of(w: World, proof: bytes) -> str:
             response_deserializer=authority_service_pb2.GetGroupStateResponse.FromString,
         )
         try:
-            await stub(authority_service_pb2.GetGroupStateRequest(group_id=G), metadata=((CALL_PROOF_METADATA, proof),))
+            await stub(
+                authority_service_pb2.GetGroupStateRequest(group_id=G),
+                metadata=((CALL_PROOF_METADATA, proof),),
+            )
         except grpc.aio.AioRpcError as err:
             rejection = rejection_from_rpc_error(err)
             assert rejection is not None and err.code() == grpc.StatusCode.UNAUTHENTICATED, err
@@ -307,11 +522,16 @@ async def test_a_call_proof_is_refused_when_replayed_misdirected_stale_forged_or
     good = handmade_proof(w.owner, STATE, w.target)
     assert await check_of(w, good) == OK
     assert await check_of(w, good) == "replayed"  # the same nonce again within its window
-    assert await check_of(w, handmade_proof(w.owner, "/missionweave.v1.AuthorityService/ReadEvents", w.target)) == "method"
+    assert (
+        await check_of(w, handmade_proof(w.owner, "/missionweave.v1.AuthorityService/ReadEvents", w.target))
+        == "method"
+    )
     assert await check_of(w, handmade_proof(w.owner, STATE, "mesh.example.org:443")) == "audience"
     assert await check_of(w, handmade_proof(w.owner, STATE, w.target, issued_offset_s=-45)) == "stale"
     assert await check_of(w, handmade_proof(w.owner, STATE, w.target, issued_offset_s=45)) == "stale"
-    assert await check_of(w, handmade_proof(w.owner, STATE, w.target, key=SigningKey.generate())) == "signature"
+    assert (
+        await check_of(w, handmade_proof(w.owner, STATE, w.target, key=SigningKey.generate())) == "signature"
+    )
     assert await check_of(w, handmade_proof(w.owner, STATE, w.target, nonce=b"short")) == "replayed"
     assert await check_of(w, b"\x00garbage") == "malformed"
     # A newer session fences the older one's proofs at once (MW-11.3-09).
@@ -337,49 +557,131 @@ async def test_no_read_path_shows_a_worker_what_it_may_not_see(world: World) -> 
     one (so the scan would find a marker that leaked)."""
     w = world
     planning = (await create(w)).mission.planning_conversation_id
-    await w.run(w.owner, G, "message_post", builders.message(planning, MARKERS["before_visibility"]), membership_epoch=1)
+    await w.run(
+        w.owner,
+        G,
+        "message_post",
+        builders.message(planning, MARKERS["before_visibility"]),
+        membership_epoch=1,
+    )
     opened = conversation_pb2.ConversationOpen(
-        conversation_id=SECRET, kind=CK.CONVERSATION_KIND_RESTRICTED, title=MARKERS["restricted"], participant_ids=["coord-bot"]
+        conversation_id=SECRET,
+        kind=CK.CONVERSATION_KIND_RESTRICTED,
+        title=MARKERS["restricted"],
+        participant_ids=["coord-bot"],
     )
     await w.run(w.coordinator, G, "conversation_open", opened, membership_epoch=2)
-    await w.run(w.coordinator, G, "message_post", builders.message(SECRET, MARKERS["restricted"]), membership_epoch=2)
+    await w.run(
+        w.coordinator, G, "message_post", builders.message(SECRET, MARKERS["restricted"]), membership_epoch=2
+    )
     await as_member(w, G, w.worker)
-    await w.run(w.owner, G, "message_post", builders.message(planning, "visible to the worker"), membership_epoch=1)
-    await w.run(w.owner, OTHER, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
+    await w.run(
+        w.owner, G, "message_post", builders.message(planning, "visible to the worker"), membership_epoch=1
+    )
+    await w.run(
+        w.owner, OTHER, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now())
+    )
     other_planning = (await w.client.group_state(OTHER)).mission.planning_conversation_id
-    await w.run(w.owner, OTHER, "message_post", builders.message(other_planning, MARKERS["other_group"]), membership_epoch=1)
+    await w.run(
+        w.owner,
+        OTHER,
+        "message_post",
+        builders.message(other_planning, MARKERS["other_group"]),
+        membership_epoch=1,
+    )
 
-    async def everything(client: MeshClient) -> bytes:
-        seen = b""
+    coordinator = MeshClient(w.target, reader=w.coordinator)  # OTHER's Coordinator too
+    snapshot = (await w.client.authority.TakeSnapshot(authority_service_pb2.TakeSnapshotRequest(group_id=G))).digest
+    heads = {g: (await w.client.group_state(g)).head_sequence for g in (G, OTHER)}
+    secret_blob = MARKERS["other_group"].encode() * 3
+    await coordinator.upload(secret_blob, manifest_in(w, w.coordinator, secret_blob, OTHER))
+    private_blob = MARKERS["restricted"].encode() * 3
+    await coordinator.upload(private_blob)  # held by the Coordinator alone
+    package = (
+        await coordinator.authority.GetContextPackage(
+            authority_service_pb2.GetContextPackageRequest(group_id=G, recipient_ids=["worker-bot"])
+        )
+    ).package
+
+    async def everything(client: MeshClient, signer: SessionSigner) -> bytes:
+        seen = package.SerializeToString()  # what the Coordinator hands the Worker
+
+        async def scan(read: Awaitable[Any]) -> None:
+            nonlocal seen
+            try:
+                answer = await read
+            except grpc.aio.AioRpcError as err:
+                seen += (err.details() or "").encode()
+                return
+            seen += answer if isinstance(answer, bytes) else answer.SerializeToString()
+
         for group in (G, OTHER):
-            reads: list[Callable[[str], Awaitable[Any]]] = [
-                lambda g: _collect(client, g),
-                client.group_state,
-                client.signed_group_summary,
-                lambda g: client.authority.GetMissionProgress(authority_service_pb2.GetMissionProgressRequest(group_id=g)),
-                lambda g: client.membership.ListMemberships(membership_service_pb2.ListMembershipsRequest(group_id=g)),
-            ]
-            for read in reads:
-                try:
-                    answer = await read(group)
-                except grpc.aio.AioRpcError as err:
-                    seen += (err.details() or "").encode()
-                    continue
-                seen += answer if isinstance(answer, bytes) else answer.SerializeToString()  # type: ignore[union-attr]
+            await scan(_collect(client, group))
+            await scan(client.group_state(group))
+            await scan(client.signed_group_summary(group))
+            await scan(client.authority.GetMissionProgress(authority_service_pb2.GetMissionProgressRequest(group_id=group)))
+            await scan(client.membership.ListMemberships(membership_service_pb2.ListMembershipsRequest(group_id=group)))
+            await scan(client.authority.GetContextPackage(
+                authority_service_pb2.GetContextPackageRequest(group_id=group, recipient_ids=[signer.identity_id])
+            ))
+            await scan(_over_the_gateway(w, client, signer, group, heads[group]))
+        await scan(gpb_grpc.GatewayServiceStub(client.channel).GetSnapshot(
+            gpb.GetSnapshotRequest(group_id=G, digest=snapshot, proof=hello(w, signer).proof)
+        ))
+        for blob in (secret_blob, private_blob):
+            digest = blob_digest(blob)
+            await scan(client.download(digest))
+            await scan(client.artifacts.Stat(artifact_service_pb2.StatRequest(digest=digest)))
+            await scan(client.artifacts.GetManifest(artifact_service_pb2.GetManifestRequest(digest=digest)))
+            for direction in (artifact_service_pb2.PROVENANCE_DIRECTION_ANCESTORS, artifact_service_pb2.PROVENANCE_DIRECTION_DESCENDANTS):
+                await scan(client.artifacts.QueryProvenance(
+                    artifact_service_pb2.QueryProvenanceRequest(digest=digest, direction=direction)
+                ))
         return seen
 
     worker = MeshClient(w.target, reader=w.worker)
     owner = MeshClient(w.target, reader=w.owner)
     try:
-        seen = await everything(worker)
+        seen = await everything(worker, w.worker)
         assert b"visible to the worker" in seen  # the scan does see what the worker may read
         leaked = [name for name, marker in MARKERS.items() if marker.encode() in seen]
         assert not leaked, f"the worker read {leaked}"
-        owners = await everything(owner)
+        # A Context Package naming the Worker opens the history it cites (MW-8-09), nothing more.
+        cited = await _over_the_gateway(w, worker, w.worker, G, heads[G], package)
+        assert MARKERS["before_visibility"].encode() in cited
+        assert MARKERS["restricted"].encode() not in cited and MARKERS["other_group"].encode() not in cited
+        owners = await everything(owner, w.owner)
         assert MARKERS["restricted"].encode() in owners and MARKERS["before_visibility"].encode() in owners
     finally:
-        await worker.channel.close()
-        await owner.channel.close()
+        for client in (worker, owner, coordinator):
+            await client.channel.close()
+
+
+async def _over_the_gateway(
+    w: World, client: MeshClient, signer: SessionSigner, group: str, head: int,
+    package: common_pb2.SignedEnvelope | None = None,
+) -> bytes:
+    """What the gateway gives ``signer`` of ``group``: live delivery from the start, FETCH of the
+    whole log (with ``package``, as that Context Package allows)."""
+    stream = Stream(w, client.channel)
+    seen = b""
+    try:
+        await stream.send(hello=hello(w, signer))
+        await stream.until("welcome")
+        await stream.send(subscribe=gpb.SubscribeFrame(subscription_id="s", group_id=group, initial_credits=1000))
+        while True:
+            frame = await asyncio.wait_for(stream.until_any("event", "error"), 10)
+            seen += frame.SerializeToString()
+            if frame.WhichOneof("frame") == "error" or frame.event.last_sequence >= head:
+                break
+        ask = gpb.FetchFrame(request_id="f", group_id=group, ranges=[gpb.SequenceRange(first=1, last=head)])
+        if package is not None:
+            ask.context_package.CopyFrom(package)
+        await stream.send(fetch=ask)
+        seen += (await asyncio.wait_for(stream.until_any("fetched", "error"), 10)).SerializeToString()
+    finally:
+        stream.call.cancel()
+    return seen
 
 
 async def _collect(client: MeshClient, group: str) -> bytes:

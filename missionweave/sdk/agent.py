@@ -746,6 +746,20 @@ class AuthorityVerifier:
     def snapshot_reference(self, envelope: common_pb2.SignedEnvelope) -> pb.SnapshotReference:
         return _parse(pb.SnapshotReference, self._payload(envelope, SNAPSHOT_REFERENCE_TYPE))
 
+    def answering(
+        self, envelope: common_pb2.SignedEnvelope, asked: pb.SnapshotReference, viewer_id: str
+    ) -> pb.SnapshotReference:
+        """The signed reference a GetSnapshot answer comes with: ``asked`` itself, or the Authority's
+        reference to ``viewer_id``'s view of that same snapshot (restricted content left out)."""
+        got = self.snapshot_reference(envelope)
+        if (got.group_id, got.sequence) != (asked.group_id, asked.sequence):
+            raise NotVerified("the snapshot answer names another Group or sequence than was asked")
+        if got.digest.hex == asked.digest.hex and not got.HasField("view_of"):
+            return got
+        if got.view_of.hex != asked.digest.hex or got.viewer_id != viewer_id:
+            raise NotVerified(f"the snapshot answer is not {viewer_id}'s view of {asked.digest.hex}")
+        return got
+
     def snapshot(
         self, envelope: common_pb2.SignedEnvelope, reference: pb.SnapshotReference
     ) -> authority_service_pb2.GroupSnapshot:
@@ -1060,7 +1074,8 @@ class Subscription:
         except grpc.aio.AioRpcError as err:
             await self._resubscribe_later(f"fetching the snapshot failed ({_describe(err)})")
             return
-        snapshot = verifier.snapshot(response.snapshot, reference)
+        answered = verifier.answering(response.signed_reference, reference, self._file.agent_id)
+        snapshot = verifier.snapshot(response.snapshot, answered)
         await self._on_snapshot(snapshot)
         log.info("%s: restored the snapshot at sequence %d", self.group_id, reference.sequence)
         await self._jump(reference.sequence)

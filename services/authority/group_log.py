@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Iterable
 
+import blake3
 import grpc
 
 from missionweave import codec
@@ -28,9 +29,10 @@ from missionweave.internal.v1 import group_log_pb2 as pb
 from missionweave.internal.v1 import group_log_pb2_grpc as pb_grpc
 from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.status import rejections_as_status
-from missionweave.signing import SNAPSHOT_REFERENCE_TYPE, sign_envelope
+from missionweave.signing import SNAPSHOT_REFERENCE_TYPE, SNAPSHOT_TYPE, sign_envelope
 from missionweave.v1 import authority_service_pb2, common_pb2, gateway_service_pb2
 from services.authority.authority import GroupAuthority
+from services.authority.views import snapshot_view
 from services.authority.visibility import active_member, as_ranges, cited_for, may_see, wanted
 
 log = logging.getLogger("missionweave.authority.group_log")
@@ -153,16 +155,29 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
     async def GetMemberSnapshot(
         self, request: pb.GetMemberSnapshotRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetMemberSnapshotResponse:
-        """MW-16-12: a stored snapshot, for a member, with the reference to it signed by this Authority."""
+        """MW-16-12: a stored snapshot as the member may see it (MW-9-05), with the reference to it
+        signed by this Authority: the snapshot itself, or the member's view of it signed anew."""
         group_id, member_id = request.group_id, request.member_id
         _require_ids(group_id, member_id)
-        active_member(await self.authority.state(group_id), group_id, member_id)
+        state = await self.authority.state(group_id)
+        active_member(state, group_id, member_id)
+        assert state is not None  # active_member refused otherwise
         stored = await self.authority.store.snapshot_by_digest(group_id, request.digest.hex)
         if stored is None:
             raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no snapshot {request.digest.hex} of {group_id}")
         envelope, snapshot = self.authority.integrity.snapshot(group_id, None, request.digest.hex, stored)
-        reference = signed_snapshot_reference(self.authority, group_id, snapshot.sequence, request.digest.hex, envelope)
-        return pb.GetMemberSnapshotResponse(snapshot=envelope, signed_reference=reference)
+        view = snapshot_view(snapshot, state, member_id)
+        if view is None:
+            reference = signed_snapshot_reference(self.authority, group_id, snapshot.sequence, request.digest.hex, envelope)
+            return pb.GetMemberSnapshotResponse(snapshot=envelope, signed_reference=reference)
+        payload = view.SerializeToString(deterministic=True)
+        signed = sign_envelope(payload, SNAPSHOT_TYPE, self.authority.signing_key, self.authority.key_id)
+        reference = signed_snapshot_reference(
+            self.authority, group_id, view.sequence, blake3.blake3(payload).hexdigest(), signed,
+            view_of=common_pb2.Digest(algorithm="blake3", hex=request.digest.hex, size_bytes=len(envelope.payload)),
+            viewer_id=member_id,
+        )
+        return pb.GetMemberSnapshotResponse(snapshot=signed, signed_reference=reference)
 
     async def _unless_stopping(self, context: grpc.aio.ServicerContext) -> None:
         if self.stopping:
@@ -216,9 +231,17 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
 
 
 def signed_snapshot_reference(
-    authority: GroupAuthority, group_id: str, sequence: int, digest: str, envelope: common_pb2.SignedEnvelope
+    authority: GroupAuthority,
+    group_id: str,
+    sequence: int,
+    digest: str,
+    envelope: common_pb2.SignedEnvelope,
+    *,
+    view_of: common_pb2.Digest | None = None,
+    viewer_id: str = "",
 ) -> common_pb2.SignedEnvelope:
-    """A SnapshotReference to a stored snapshot, signed by the Authority (MW-16-11, OP-25)."""
+    """A SnapshotReference to a stored snapshot, or to one member's view of it, signed by the
+    Authority (MW-16-11, OP-25)."""
     snapshot = authority_service_pb2.GroupSnapshot.FromString(envelope.payload)
     reference = gateway_service_pb2.SnapshotReference(
         group_id=group_id,
@@ -226,6 +249,8 @@ def signed_snapshot_reference(
         created_at=snapshot.created_at,
         archival=snapshot.archival,
         digest=common_pb2.Digest(algorithm="blake3", hex=digest, size_bytes=len(envelope.payload)),
+        view_of=view_of,
+        viewer_id=viewer_id,
     )
     payload = reference.SerializeToString(deterministic=True)
     return sign_envelope(payload, SNAPSHOT_REFERENCE_TYPE, authority.signing_key, authority.key_id)

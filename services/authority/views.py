@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from missionweave.clock import to_timestamp
 from missionweave.v1 import authority_service_pb2 as pb
-from missionweave.v1 import membership_pb2, mission_pb2
+from missionweave.v1 import conversation_pb2, membership_pb2, mission_pb2
 from services.authority.state import GroupState
 from services.authority.visibility import party_to
 
@@ -76,3 +76,26 @@ def group_state_proto(state: GroupState, viewer: str | None = None) -> pb.GroupS
             )
         )
     return out
+
+
+def snapshot_view(
+    snapshot: pb.GroupSnapshot, state: GroupState, viewer: str
+) -> pb.GroupSnapshot | None:
+    """``viewer``'s view of a stored snapshot: its restricted Conversations the viewer is not party
+    to now (MW-9-05, as GetGroupState decides) left out; None when nothing is left out. A
+    Conversation the current state no longer knows is kept only if it is not restricted."""
+
+    def hidden(summary: pb.ConversationSummary) -> bool:
+        if summary.kind != conversation_pb2.CONVERSATION_KIND_RESTRICTED:
+            return False
+        conversation = state.conversations.get(summary.conversation_id)
+        return conversation is None or not party_to(state, viewer, conversation)
+
+    kept = [c for c in snapshot.state.conversations if not hidden(c)]
+    if len(kept) == len(snapshot.state.conversations):
+        return None
+    view = pb.GroupSnapshot()
+    view.CopyFrom(snapshot)
+    del view.state.conversations[:]
+    view.state.conversations.extend(kept)
+    return view
