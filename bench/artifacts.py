@@ -63,10 +63,14 @@ for _p in (str(ROOT), str(BENCH)):
 import blake3  # noqa: E402
 import grpc  # noqa: E402
 from authority import Child, log, proc_cpu, spawn_mesh  # noqa: E402
+from nacl.signing import SigningKey  # noqa: E402
 
 from artifactstore.blobstore import CHUNK_BYTES  # noqa: E402
 from missionweave.mesh.server import MAX_MESSAGE_BYTES  # noqa: E402
 from missionweave.rpc.channels import add_listener, open_channel  # noqa: E402
+from missionweave.sdk.client import MeshClient  # noqa: E402
+from missionweave.sdk.credentials import CallProofs  # noqa: E402
+from missionweave.signing import read_key  # noqa: E402
 from missionweave.v1 import artifact_service_pb2 as pb  # noqa: E402
 from missionweave.v1 import artifact_service_pb2_grpc as pb_grpc  # noqa: E402
 from missionweave.v1 import common_pb2  # noqa: E402
@@ -594,6 +598,18 @@ async def measure_grpc_only(args: argparse.Namespace, work: Path, results: list[
         sink.stop()
 
 
+async def uploader_channel(target: str, data_dir: Path) -> grpc.aio.Channel:
+    """A channel whose calls carry the call proofs of a fresh agent identity (registered with the
+    server's administrator key): artifact calls are authenticated and checked against the agent's
+    holdings and quota, as an agent's are."""
+    key = SigningKey.generate()
+    async with MeshClient(target) as client:
+        admin_key = read_key(data_dir / "keys" / "admin.key")
+        await client.register_identity("admin", admin_key, "bench-uploader", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key))
+        signer = await client.open_session("bench-uploader", key)
+    return open_channel(target, options=GRPC_OPTIONS, interceptors=CallProofs(target, signer).interceptors)
+
+
 async def drive(args: argparse.Namespace, work: Path) -> Results:
     data_dir = work / "data"
     backend = "local filesystem"
@@ -608,7 +624,7 @@ async def drive(args: argparse.Namespace, work: Path) -> Results:
     anchor_dir = data_dir / "anchor"
     anchor_dir.mkdir(parents=True, exist_ok=True)
     try:
-        channel = open_channel(f"127.0.0.1:{mesh.port}", options=GRPC_OPTIONS)
+        channel = await uploader_channel(f"127.0.0.1:{mesh.port}", data_dir)
         stub = pb_grpc.ArtifactServiceStub(channel)
         log("warm-up: put and get of two 4 MiB blobs (not timed)")
         for _ in range(2):
