@@ -404,6 +404,60 @@ async def test_a_tampered_snapshot_is_refused_and_nothing_is_restored(tmp_path: 
     await sub.stop(grace=1)
 
 
+def chained(sid: str, first: int, last: int, previous: bytes, *, splice_at: int = 0) -> tuple[pb.ServerFrame, bytes]:
+    """An EVENT frame of events [first, last] each naming its predecessor's digest, the first naming
+    ``previous``; at ``splice_at`` one that names some other history. Returns the last one's digest."""
+    envelopes = []
+    for sequence in range(first, last + 1):
+        named = blake3.blake3(b"another history").digest() if sequence == splice_at else previous
+        event = event_pb2.Event(
+            event_id=f"evt_{sequence:04d}", group_id=G, sequence=sequence, type="message.posted", previous_digest=named
+        )
+        payload = event.SerializeToString()
+        envelopes.append(sign_envelope(payload, EVENT_TYPE, AUTHORITY, AUTHORITY_ID))
+        previous = blake3.blake3(payload).digest()
+    frame = pb.EventFrame(subscription_id=sid, group_id=G, first_sequence=first, last_sequence=last, events=envelopes)
+    return pb.ServerFrame(event=frame), previous
+
+
+async def test_events_that_do_not_continue_the_chain_seen_so_far_are_refused(tmp_path: Path) -> None:
+    """Each event names its predecessor's digest (event.proto); an event signed by the Authority but
+    spliced in from another history fails the subscription before its handler runs."""
+    seen: list[int] = []
+    _, sub, cursor_file = await offline_subscription(tmp_path, seen)
+    frame, link = chained(sub.subscription_id, 1, 3, b"")
+    sub.deliver(frame)
+    await reach(sub, 3)
+    spliced, _ = chained(sub.subscription_id, 4, 6, link, splice_at=5)
+    sub.deliver(spliced)
+    with pytest.raises(NotVerified, match="#5 does not follow"):
+        await reach(sub, 6)
+    assert seen == [1, 2, 3, 4] and stored(cursor_file.path) == 4
+    await sub.stop(grace=1)
+
+
+async def test_the_first_event_after_a_restored_snapshot_must_name_its_last_event_digest(tmp_path: Path) -> None:
+    async def on_snapshot(snapshot: authority_service_pb2.GroupSnapshot) -> None:
+        return None
+
+    seen: list[int] = []
+    host, sub, _ = await offline_subscription(tmp_path, seen, on_snapshot=on_snapshot)
+    anchor = blake3.blake3(b"the event at 40").digest()
+    payload = authority_service_pb2.GroupSnapshot(group_id=G, sequence=40, last_event_digest=anchor).SerializeToString()
+    digest = common_pb2.Digest(algorithm="blake3", hex=blake3.blake3(payload).hexdigest(), size_bytes=len(payload))
+    reference = sign_envelope(
+        pb.SnapshotReference(group_id=G, sequence=40, digest=digest).SerializeToString(), SNAPSHOT_REFERENCE_TYPE, AUTHORITY, AUTHORITY_ID
+    )
+    host.snapshot = pb.GetSnapshotResponse(snapshot=sign_envelope(payload, SNAPSHOT_TYPE, AUTHORITY, AUTHORITY_ID), signed_reference=reference)
+    sub.deliver(too_old(sub.subscription_id, reference))
+    await reach(sub, 40)
+    sub.deliver(chained(sub.subscription_id, 41, 41, blake3.blake3(b"not the event at 40").digest())[0])
+    with pytest.raises(NotVerified, match="#41 does not follow"):
+        await reach(sub, 41)
+    assert seen == []
+    await sub.stop(grace=1)
+
+
 def view_of(reference: common_pb2.SignedEnvelope, sequence: int, viewer: str) -> tuple[common_pb2.SignedEnvelope, common_pb2.SignedEnvelope]:
     """A member's view of the snapshot ``reference`` names, and the Authority's reference to it."""
     asked = pb.SnapshotReference.FromString(reference.payload)

@@ -70,6 +70,7 @@ from nacl.signing import SigningKey
 
 from missionweave import __version__, ids
 from missionweave.clock import SystemClock, to_timestamp
+from missionweave.eventlog import link_of
 from missionweave.rpc.channels import ClientTLS, open_channel
 from missionweave.sdk.client import SessionSigner, open_session_envelope
 from missionweave.sdk.client import membership_epoch as active_membership_epoch
@@ -807,6 +808,14 @@ _FAILS_SUBSCRIPTION = frozenset(
 _RESUBSCRIBES = frozenset({E.GATEWAY_ERROR_CODE_HISTORY_UNAVAILABLE, E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE})
 
 
+@dataclass(frozen=True)
+class Linked:
+    """A verified event waiting for its turn, with its chain value (eventlog.link_of)."""
+
+    event: event_pb2.Event
+    link: bytes
+
+
 class _Host(Protocol):
     """What a Subscription needs from its Agent (a fake in unit tests)."""
 
@@ -848,7 +857,10 @@ class Subscription:
         self._attention = attention
         self._on_snapshot = on_snapshot
         self._gap_timeout = gap_timeout
-        self._sequencer: GroupSequencer[event_pb2.Event] = GroupSequencer(cursor_file.load())
+        self._sequencer: GroupSequencer[Linked] = GroupSequencer(cursor_file.load())
+        # The chain value of the last event processed (or the restored snapshot's), with its
+        # sequence and whether it was linked itself. Unknown after a start or a gap.
+        self._link: tuple[int, bytes, bool] | None = None
         self._window = CreditWindow(credits, self.cursor)
         self._announced = 0  # the highest sequence the gateway reported delivering on this attempt (FLOW)
         self._attempt = 0
@@ -978,7 +990,7 @@ class Subscription:
             event = verifier.event(envelope)
             if event.group_id != self.group_id:
                 raise NotVerified(f"{self.group_id}: the gateway delivered an event of {event.group_id}")
-            if not self._sequencer.add_event(event.sequence, event.event_id, event):
+            if not self._sequencer.add_event(event.sequence, event.event_id, Linked(event, link_of(envelope.payload, event))):
                 log.debug(
                     "%s: duplicate event %s (#%d) dropped", self.group_id, event.event_id, event.sequence
                 )
@@ -989,12 +1001,27 @@ class Subscription:
     async def _drain(self) -> None:
         while not self._stopping and (slot := self._sequencer.next_ready()) is not None:
             if slot.item is not None:
-                await self._call_handler(slot.item)
+                self._follows_the_chain(slot.item.event)
+                await self._call_handler(slot.item.event)
+                event = slot.item.event
+                self._link = (event.sequence, slot.item.link, bool(event.previous_digest))
+            else:
+                self._link = None  # what was skipped is not seen here: the chain resumes unchecked
             await self._persist(slot.last)
             self._sequencer.done(slot)
             await self._progressed()
         if self._queue.empty():
             await self._ack(idle=True)
+
+    def _follows_the_chain(self, event: event_pb2.Event) -> None:
+        """The event continues the log this subscription has seen (event.proto: previous_digest), so
+        a gateway cannot splice in another history, even one signed by the same Authority."""
+        if self._link is None or event.sequence != self._link[0] + 1:
+            return
+        sequence, link, linked = self._link
+        # An unlinked event (written before the chain existed) may follow only an unlinked one.
+        if bytes(event.previous_digest) != link if event.previous_digest else linked:
+            raise NotVerified(f"{self.group_id}: event #{event.sequence} does not follow the one at #{sequence}")
 
     async def _call_handler(self, event: event_pb2.Event) -> None:
         backoff = Backoff(initial=0.5, cap=30.0)
@@ -1077,6 +1104,8 @@ class Subscription:
         answered = verifier.answering(response.signed_reference, reference, self._file.agent_id)
         snapshot = verifier.snapshot(response.snapshot, answered)
         await self._on_snapshot(snapshot)
+        anchor = bytes(snapshot.last_event_digest)  # empty on snapshots older than the chain
+        self._link = (snapshot.sequence, anchor, True) if anchor else None
         log.info("%s: restored the snapshot at sequence %d", self.group_id, reference.sequence)
         await self._jump(reference.sequence)
         await self.open()
