@@ -115,6 +115,9 @@ class Settings:
     # The bytes of blobs one identity may hold in the artifact store (issue 13 item 3, D77);
     # 0: no quota. Operators and mesh services have none.
     artifact_quota_bytes: int = 10 * 1024**3
+    # The Organization's collaboration policy: how deep below its scope root a delegated WorkItem
+    # may sit (MW-9.1-12); grants ask for at most this.
+    max_delegation_depth: int = 3
 
     @property
     def db_url(self) -> str:
@@ -189,6 +192,9 @@ class Settings:
         s.artifact_quota_bytes = int(e.get("MWP_ARTIFACT_QUOTA_BYTES", s.artifact_quota_bytes))
         if s.artifact_quota_bytes < 0:
             raise ValueError("MWP_ARTIFACT_QUOTA_BYTES is a number of bytes (0: no quota)")
+        s.max_delegation_depth = int(e.get("MWP_MAX_DELEGATION_DEPTH", s.max_delegation_depth))
+        if not 0 <= s.max_delegation_depth <= 64:
+            raise ValueError("MWP_MAX_DELEGATION_DEPTH is a depth of 0..64")
         s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
         s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)
         return s

@@ -67,6 +67,7 @@ from services.authority.authority import GroupAuthority
 from services.authority.group_log import GroupLogServicer
 from services.authority.ingress import GroupIngressLimiter
 from services.authority.keys import KeyContinuityError, ensure_key
+from services.authority.rules.common import OrganizationPolicy
 from services.authority.servicer import AuthorityServicer
 from services.authority.store import EventStore
 from services.membership import schema as membership_schema
@@ -244,6 +245,7 @@ async def _authority(
         publications=publications,
         key_history=key_history,
         on_corrupted=health.group_corrupted,
+        policy=OrganizationPolicy(max_delegation_depth=settings.max_delegation_depth),
     )
     return store, authority
 

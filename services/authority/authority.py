@@ -49,7 +49,7 @@ from services.authority.ingress import GroupIngressLimiter, check_envelope
 from services.authority.integrity import LogIntegrity
 from services.authority.keys import KeyHistory, KeyRecord
 from services.authority.progress import mission_progress
-from services.authority.rules.common import TERMINAL_MISSION_STATES, StoredArtifact
+from services.authority.rules.common import TERMINAL_MISSION_STATES, OrganizationPolicy, StoredArtifact
 from services.authority.rules.conversations import erased, erasure_targets
 from services.authority.rules.missions import check_transfer
 from services.authority.state import GroupState, IdentityInfo
@@ -86,8 +86,10 @@ class GroupAuthority:
         publications: PublicationServiceAsyncStub | None = None,
         key_history: KeyHistory | None = None,
         on_corrupted: Callable[[str], None] | None = None,
+        policy: OrganizationPolicy | None = None,
     ) -> None:
         self.store = store
+        self.policy = policy or OrganizationPolicy()
         # Who signs commands, and their sessions: Membership's directory, cached in process.
         self.identities = identities
         self.clock = clock
@@ -278,7 +280,7 @@ class GroupAuthority:
             if linked_state is not None:
                 linked[linked_id] = linked_state
         artifacts = await self._published_artifacts(command)
-        ctx = decider.DecisionContext(self.clock.now(), identities, linked, envelope, artifacts)
+        ctx = decider.DecisionContext(self.clock.now(), identities, linked, envelope, artifacts, self.policy)
         decision = decider.decide(state, command, ctx)
         if isinstance(decision, Rejected):
             raise decision

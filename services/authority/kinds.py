@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 
 from missionweave import ids
 from missionweave.v1 import command_pb2, work_pb2
-from services.authority.rules import conversations, memberships, missions, work
+from services.authority.rules import conversations, delegation, memberships, missions, work
 from services.authority.rules.common import Applier, CommandKind
 
 
@@ -32,7 +32,7 @@ def index(declarations: Iterable[CommandKind]) -> tuple[dict[str, CommandKind], 
     return kinds, appliers
 
 
-DECLARED = (*missions.KINDS, *conversations.KINDS, *memberships.KINDS, *work.KINDS)
+DECLARED = (*missions.KINDS, *conversations.KINDS, *memberships.KINDS, *delegation.KINDS, *work.KINDS)
 KINDS: Mapping[str, CommandKind]
 APPLIERS: Mapping[str, Applier]
 KINDS, APPLIERS = index(DECLARED)

@@ -177,6 +177,36 @@ class WorkItemState:
 
 
 @dataclass
+class GrantState:
+    """A delegation grant as recorded (MW-9.1-05), with what it has been charged (MW-9.1-11)."""
+
+    grant_id: str
+    grantee_id: str
+    mission_id: str
+    group_id: str
+    target_work_item_id: str
+    allowed: dict[str, str]  # capability id -> minimum version
+    caps: dict[str, int]  # the six dimensions
+    currency: str
+    max_descendant_depth: int
+    grantee_membership_epoch: int
+    coordinator_epoch: int
+    issuer_id: str
+    granted_at: datetime
+    expires_at: datetime
+    revoked: bool = False
+    # The budget of each WorkItem created or offered under the grant, counted once at its latest size.
+    counted: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def charged_with(self, work_item_id: str, budget: dict[str, int]) -> dict[str, int]:
+        """The total charged, with ``work_item_id`` counted at ``budget`` (empty id: as it stands)."""
+        items = dict(self.counted)
+        if work_item_id:
+            items[work_item_id] = budget
+        return {dim: sum(b.get(dim, 0) for b in items.values()) for dim in SIX}
+
+
+@dataclass
 class ProposalState:
     proposal_id: str
     proposed_by: str
@@ -208,5 +238,7 @@ class GroupState:
     # authorization event id -> grant
     transfers: dict[str, TransferGrant] = field(default_factory=dict)
     proposals: dict[str, ProposalState] = field(default_factory=dict)
+    # Delegation grants by id (MW-9.1-05), revoked ones included.
+    grants: dict[str, GrantState] = field(default_factory=dict)
     # Six-dimension usage of the whole Mission (sum over its WorkItems).
     mission_used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))

@@ -48,6 +48,15 @@ class StoredArtifact:
 
 
 @dataclass(frozen=True)
+class OrganizationPolicy:
+    """The Organization's collaboration policy, as far as the Group rules consult it (operators set
+    it: Settings, docs/configuration.md)."""
+
+    # The deepest a delegated WorkItem may sit below its grant's scope root (MW-9.1-12).
+    max_delegation_depth: int = 3
+
+
+@dataclass(frozen=True)
 class DecisionContext:
     """Everything ``decide`` may consult besides the state and the command."""
 
@@ -60,6 +69,7 @@ class DecisionContext:
     envelope: common_pb2.SignedEnvelope | None = None
     # Artifacts the command publishes, stored and with a verified manifest, by BLAKE3 hex.
     artifacts: Mapping[str, StoredArtifact] = field(default_factory=dict)
+    policy: OrganizationPolicy = field(default_factory=OrganizationPolicy)
 
 
 Handler = Callable[[GroupState | None, command_pb2.Command, DecisionContext, "Emitter"], None]
@@ -137,6 +147,15 @@ def planned(body: str, *, creates_group: bool = False) -> CommandKind:
 def state_name(value: int) -> str:
     """``MISSION_STATE_ACTIVE`` for a MissionState number."""
     return MS.Name(MS.ValueType(value))
+
+
+def version_key(text: str) -> tuple[int, ...]:
+    """A capability version, compared numerically part by part ("1.10" > "1.9")."""
+    parts = []
+    for piece in text.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
 
 
 def invalid(field: str, message: str) -> Rejected:

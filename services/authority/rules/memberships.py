@@ -14,7 +14,6 @@ from services.authority.rules.common import (
     identity,
     invalid,
     mission_of,
-    planned,
 )
 from services.authority.rules.missions import require_live
 from services.authority.state import GroupState, MemberState
@@ -134,6 +133,4 @@ KINDS = (
         references=lambda c: (c.membership_grant.member_id,),
     ),
     CommandKind("membership_revoke", membership_revoke, {"membership_revoked": _revoked}),
-    planned("membership_grant_delegation"),
-    planned("membership_revoke_delegation"),
 )

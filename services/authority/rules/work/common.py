@@ -13,8 +13,9 @@ from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import DecisionContext, R, invalid, mission_of, require_reason
+from services.authority.rules.delegation import usable_grant
 from services.authority.rules.missions import require_coordinator, require_live
-from services.authority.state import GroupState, OwnershipState, WorkItemState
+from services.authority.state import GrantState, GroupState, OwnershipState, WorkItemState
 
 WS = wp.WorkItemState
 OPEN, OFFERED, QUEUED, ACTIVE = (
@@ -96,14 +97,18 @@ def require_steering(
     ctx: DecisionContext,
     body: wp.WorkAuthorize | wp.WorkOffer,
     name: str,
-) -> None:
-    """What the commands that shape the work share (authorize, offer): a live Mission, no delegation
-    grant (not implemented yet), and the Coordinator or the owner's emergency override."""
+) -> GrantState | None:
+    """What the commands that shape the work share (authorize, offer): a live Mission, and the
+    current Coordinator, the owner's emergency override or a usable delegation grant (MW-9.1-01),
+    which is returned for the caller's scope checks. Anyone else creates no obligations for
+    another Worker (MW-9.1-18)."""
     require_live(mission_of(state), name)
     if body.grant_id:
-        raise Rejected(
-            R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED, "delegation grants arrive with the delegation rules"
-        )
+        if body.emergency_override:
+            raise invalid("body.grant_id", "a grant and the emergency override do not combine")
+        if body.coordinator_epoch:
+            raise invalid("body.coordinator_epoch", "is 0 when a grant is used")
+        return usable_grant(state, command, ctx, body.grant_id)
     coordination(
         state,
         command,
@@ -113,6 +118,7 @@ def require_steering(
         emergency=body.emergency_override,
         override_reason=body.override_reason,
     )
+    return None
 
 def live_owner(item: WorkItemState, now: datetime) -> bool:
     return item.owner is not None and item.owner.expires_at > now

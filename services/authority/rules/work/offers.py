@@ -7,7 +7,8 @@ from missionweave.clock import from_timestamp
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid
+from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid, version_key
+from services.authority.rules.delegation import charge, check_delegated_offer
 from services.authority.rules.work.common import (
     DEFAULT_START_DEADLINE,
     OFFERABLE,
@@ -35,7 +36,7 @@ def work_offer(
     """MW-10.2-T03 / MW-10.3-02/04/10/11: a durable offer to a bounded candidate set, never to a live owner."""
     assert state is not None
     body = command.work_offer
-    require_steering(state, command, ctx, body, "work.offer")
+    grant = require_steering(state, command, ctx, body, "work.offer")
     item = work_item(state, body.work_item_id)
     require_state(item, OFFERABLE, "work.offer")
     if live_owner(item, ctx.now):
@@ -71,6 +72,8 @@ def work_offer(
         offer_id = body.extends_offer_id
     elif not ids.is_valid(offer_id) or offer_id in item.offers:
         raise invalid("body.offer_id", "a valid id not yet used for this WorkItem")
+    if grant is not None:
+        check_delegated_offer(state, grant, body, body.amended_contract if body.HasField("amended_contract") else item.contract)
     if revision == item.contract_revision:
         require_dependencies(state, item, "work.offer")
     if item.owner is not None:  # an expired owner is fenced before the offer takes effect (T03, OP-11)
@@ -101,6 +104,7 @@ def work_offer(
             context_package=body.context_package if body.HasField("context_package") else None,
             extends_offer_id=body.extends_offer_id,
             coordinator_epoch=body.coordinator_epoch,
+            grant_id=body.grant_id,
             emergency_override=body.emergency_override,
             override_reason=body.override_reason,
             previous_state=item.state,  # type: ignore[arg-type]
@@ -193,7 +197,7 @@ def work_accept_offer(
     member = state.members[command.actor_id]
     have = dict(member.capabilities)
     for cap in item.contract.required_capabilities:
-        if cap.capability_id not in have or _version(have[cap.capability_id]) < _version(cap.version):
+        if cap.capability_id not in have or version_key(have[cap.capability_id]) < version_key(cap.version):
             raise Rejected(
                 R.REJECTION_REASON_PRECONDITION_FAILED,
                 f"{command.actor_id} lacks capability {cap.capability_id} >= {cap.version}",
@@ -228,14 +232,6 @@ def work_accept_offer(
             wp.OFFER_WITHDRAWAL_REASON_ACCEPTED_ELSEWHERE,
             winner=body.offer_id,
         )
-
-
-def _version(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in text.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
 
 
 def work_decline_offer(
@@ -282,6 +278,8 @@ def _offered(state: GroupState, event: event_pb2.Event) -> None:
         item.contract_revision = p.contract_revision
         item.depends_on = tuple(p.amended_contract.depends_on_work_item_ids)
         item.open_ambiguities.clear()  # MW-10.1-04: resolved by the amended contract
+    if p.grant_id:
+        charge(state, p.grant_id, item.work_item_id, item.contract.budget)
     item.state = OFFERED
     item.owner = None
     item.lease = None

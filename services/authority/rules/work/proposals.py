@@ -7,6 +7,7 @@ from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, conversation_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid, mission_of
+from services.authority.rules.delegation import charge, check_delegated_authorize
 from services.authority.rules.missions import require_live
 from services.authority.rules.work.common import OPEN, require_steering, work_item
 from services.authority.rules.work.contract import validate_contract
@@ -46,7 +47,7 @@ def work_authorize(
     """MW-10.2-T02 / MW-9-02: the Coordinator (or the owner's override) creates the WorkItem and its Conversation."""
     assert state is not None
     body = command.work_authorize
-    require_steering(state, command, ctx, body, "work.authorize")
+    grant = require_steering(state, command, ctx, body, "work.authorize")
     work_item_id = body.work_item_id or ids.derived_id("wi", command.group_id, command.command_id)
     if not ids.is_valid(work_item_id) or work_item_id in state.work_items:
         raise invalid("body.work_item_id", "a valid id not yet used in this Group")
@@ -59,6 +60,8 @@ def work_authorize(
     if body.parent_work_item_id:
         work_item(state, body.parent_work_item_id)
     validate_contract(body.contract, state, ctx, "body.contract")
+    if grant is not None:
+        check_delegated_authorize(state, ctx, grant, body, work_item_id)
     conversation_id = ids.derived_id("conv", command.group_id, work_item_id)
     contract = wp.WorkContract()
     contract.CopyFrom(body.contract)
@@ -74,6 +77,7 @@ def work_authorize(
             parent_work_item_id=body.parent_work_item_id,
             conversation_id=conversation_id,
             coordinator_epoch=body.coordinator_epoch,
+            grant_id=body.grant_id,
             emergency_override=body.emergency_override,
             override_reason=body.override_reason,
         ),
@@ -113,6 +117,8 @@ def _authorized(state: GroupState, event: event_pb2.Event) -> None:
         depends_on=tuple(contract.depends_on_work_item_ids),
     )
     state.last_work_change_sequence = event.sequence
+    if p.grant_id:
+        charge(state, p.grant_id, p.work_item_id, p.contract.budget)
     if p.proposal_id in state.proposals:
         state.proposals[p.proposal_id].open = False
 
