@@ -9,6 +9,8 @@ declarations and applies the checks every command shares.
 
 from __future__ import annotations
 
+import copy
+
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
 from services.authority.kinds import APPLIERS, kind_of
@@ -25,6 +27,7 @@ from services.authority.rules.common import (
     is_org_policy,
     not_implemented_rejection,
 )
+from services.authority.rules.memberships import check_provisional, end_just_in_time, may_end_just_in_time
 from services.authority.rules.work.ending import propagate_mission_end
 from services.authority.state import GroupState
 
@@ -51,12 +54,15 @@ def decide(state: GroupState | None, command: command_pb2.Command, ctx: Decision
                 raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {command.group_id} does not exist")
             if not _acts_for_organization(state, command, kind, ctx):
                 check_membership(state, command)
+                check_provisional(state, command, kind.body, ctx)
             check_expected_revision(state, command)
         emitter = Emitter(command, state, ctx.now)
         kind.handler(state, command, ctx, emitter)
         if kind.ends_mission and state is not None:
             # MW-10.2-T18: the Mission's end reaches every unfinished WorkItem in the same append.
             propagate_mission_end(state, emitter, kind.ends_mission, getattr(command, kind.body).reason)
+        if state is not None and emitter.events and may_end_just_in_time(state):
+            end_just_in_time(state, _preview(state, emitter.events), emitter, ctx.now)
         return emitter.events
     except Rejected as rejected:
         return rejected
@@ -72,6 +78,14 @@ def _acts_for_organization(state: GroupState, command: command_pb2.Command, kind
     if command.membership_epoch:
         raise invalid("membership_epoch", "must be 0 when acting for Organization policy without a Membership")
     return True
+
+
+def _preview(state: GroupState, events: list[event_pb2.Event]) -> GroupState:
+    """The state after ``events``, leaving ``state`` as it is (decide never mutates it)."""
+    after = copy.deepcopy(state)
+    for event in events:
+        evolve(after, event)
+    return after
 
 
 def evolve(state: GroupState | None, event: event_pb2.Event) -> GroupState:

@@ -74,7 +74,7 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         group_id, member_id, attention = request.group_id, request.member_id, request.filter
         _require_ids(group_id, member_id)
         await self._unless_stopping(context)
-        state, member = active_member(await authority.state(group_id), group_id, member_id)
+        state, member = active_member(await authority.state(group_id), group_id, member_id, self.authority.clock.now())
         # OP-36 / MW-8-07: never before the member's visibility start.
         delivered = max(request.after_sequence, member.visibility_start_sequence - 1)
         limit = min(request.max_batch_entries or DEFAULT_BATCH_ENTRIES, MAX_BATCH_ENTRIES)
@@ -132,7 +132,7 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         group_id, member_id = request.group_id, request.member_id
         _require_ids(group_id, member_id)
         sequences = requested(request.ranges)
-        state, member = active_member(await authority.state(group_id), group_id, member_id)
+        state, member = active_member(await authority.state(group_id), group_id, member_id, self.authority.clock.now())
         cited: set[int] = set()
         if request.HasField("context_package"):
             cited = cited_for(request.context_package, authority.public_key, group_id, member_id)
@@ -160,7 +160,7 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         group_id, member_id = request.group_id, request.member_id
         _require_ids(group_id, member_id)
         state = await self.authority.state(group_id)
-        active_member(state, group_id, member_id)
+        active_member(state, group_id, member_id, self.authority.clock.now())
         assert state is not None  # active_member refused otherwise
         stored = await self.authority.store.snapshot_by_digest(group_id, request.digest.hex)
         if stored is None:

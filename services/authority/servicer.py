@@ -47,7 +47,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
             return state, None
         if state is None:
             raise Rejected(R.REJECTION_REASON_NOT_A_MEMBER, f"{caller.identity_id} holds no active Membership in {group_id}")
-        active_member(state, group_id, caller.identity_id)
+        active_member(state, group_id, caller.identity_id, self.authority.clock.now())
         return state, caller.identity_id
 
     @requires(Access.SIGNED)
@@ -154,7 +154,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 else:
                     # The member's view follows the state as it is now (who is party to what).
                     current = await self.authority.state(group_id) or state
-                    active_member(current, group_id, viewer)  # a Membership that ended ends the read
+                    active_member(current, group_id, viewer, self.authority.clock.now())  # a Membership that ended ends the read
                     envelopes = []
                     for stored in batch:
                         envelope, event = codec.decode(stored.envelope)

@@ -32,6 +32,12 @@ class MemberState:
     active: bool = True
     provisional: bool = False
     expires_at: datetime | None = None
+    # A just-in-time Worker (MW-8-06) whose offer was accepted: it ends when its obligations do.
+    just_in_time: bool = False
+
+    def lapsed(self, now: datetime) -> bool:
+        """A provisional Membership that accepted no offer before its expiry (MW-8-06)."""
+        return self.provisional and self.expires_at is not None and self.expires_at <= now
 
 
 @dataclass

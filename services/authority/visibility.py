@@ -11,6 +11,7 @@ Context Package signed by this Authority cites it for that member (MW-8-08, MW-8
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 
 from google.protobuf.message import DecodeError
 
@@ -111,12 +112,15 @@ def _about_own_work(state: GroupState, agent_id: str, event: event_pb2.Event, co
     return any(agent_id in offer.candidate_ids for offer in item.offers.values())
 
 
-def active_member(state: GroupState | None, group_id: str, member_id: str) -> tuple[GroupState, MemberState]:
-    """The Group's state and the member's active Membership in it, or the structured refusal."""
+def active_member(
+    state: GroupState | None, group_id: str, member_id: str, now: datetime
+) -> tuple[GroupState, MemberState]:
+    """The Group's state and the member's active Membership in it (a provisional one not lapsed),
+    or the structured refusal."""
     if state is None:
         raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {group_id} does not exist")
     member = state.members.get(member_id)
-    if member is None or not member.active:
+    if member is None or not member.active or member.lapsed(now):
         raise Rejected(R.REJECTION_REASON_NOT_A_MEMBER, f"{member_id} holds no active Membership in {group_id}")
     return state, member
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from missionweave.clock import from_timestamp
 from missionweave.errors import Rejected
-from missionweave.v1 import command_pb2, event_pb2, membership_pb2
+from missionweave.v1 import command_pb2, event_pb2, membership_pb2, work_pb2
 from services.authority.rules.common import (
+    TERMINAL_MISSION_STATES,
     CommandKind,
     DecisionContext,
     Emitter,
@@ -17,6 +20,9 @@ from services.authority.rules.common import (
 )
 from services.authority.rules.missions import require_live
 from services.authority.state import GroupState, MemberState
+
+_FINISHED = frozenset({work_pb2.WORK_ITEM_STATE_VERIFIED, work_pb2.WORK_ITEM_STATE_CANCELLED})
+_SUBMITTED = work_pb2.WORK_ITEM_STATE_SUBMITTED
 
 
 def require_steward(state: GroupState, command: command_pb2.Command, ctx: DecisionContext) -> None:
@@ -57,8 +63,13 @@ def membership_grant(
     for i, cap in enumerate(body.capabilities):
         if not cap.capability_id or not cap.version:
             raise invalid(f"body.membership_grant.capabilities[{i}]", "capability id and version are required")
-    if body.provisional and not body.HasField("expires_at"):
-        raise invalid("body.membership_grant.expires_at", "a provisional Membership must expire (MW-8-06)")
+    if body.provisional:
+        if body.role != Role.MEMBER_ROLE_WORKER:
+            raise invalid("body.membership_grant.provisional", "just-in-time Memberships are for Workers (MW-8-06)")
+        if not body.HasField("expires_at") or from_timestamp(body.expires_at) <= ctx.now:
+            raise invalid("body.membership_grant.expires_at", "a provisional Membership must expire, in the future (MW-8-06)")
+        if from_timestamp(body.expires_at) > from_timestamp(mission_of(state).definition.deadline):
+            raise invalid("body.membership_grant.expires_at", "a provisional Membership lapses no later than the Mission's deadline")
     # MW-8-07: a late joiner starts at the sequence of its own grant, never earlier by default.
     visibility = body.visibility_start_sequence or out.next_sequence
     out.emit(
@@ -101,6 +112,88 @@ def membership_revoke(
     )
 
 
+# ---------------------------------------------------------------- just-in-time Workers (MW-8-06)
+
+# What a provisional member may do before it accepts an offer: answer the offers made to it.
+PROVISIONAL_MAY = frozenset({"work_accept_offer", "work_decline_offer"})
+
+
+def check_provisional(state: GroupState, command: command_pb2.Command, body: str, ctx: DecisionContext) -> None:
+    """MW-8-06 step 1: a provisional Membership carries no authority beyond its offer; one that
+    lapsed is refused as an ended one."""
+    member = state.members.get(command.actor_id)
+    if member is None or not member.provisional:
+        return
+    if member.lapsed(ctx.now):
+        assert member.expires_at is not None
+        raise Rejected(
+            R.REJECTION_REASON_MEMBERSHIP_EPOCH_STALE,
+            f"the provisional Membership of {command.actor_id} lapsed at {member.expires_at.isoformat()} (MW-8-06)",
+            current_epoch=0,
+            check="lapsed",
+        )
+    if body not in PROVISIONAL_MAY:
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            f"{command.actor_id}'s Membership is provisional: it may accept or decline its offer, nothing else (MW-8-06)",
+            check="provisional",
+        )
+
+
+def activate(out: Emitter, member: MemberState, work_item_id: str, offer_id: str) -> None:
+    """MW-8-06 step 3: accepting the offer activates the Membership, in the same append."""
+    out.emit(
+        "membership.activated",
+        "membership_activated",
+        membership_pb2.MembershipActivated(
+            member_id=member.member_id,
+            membership_epoch=member.membership_epoch,
+            work_item_id=work_item_id,
+            offer_id=offer_id,
+        ),
+    )
+
+
+def has_obligations(state: GroupState, member_id: str, now: datetime) -> bool:
+    """A WorkItem it owns that is not finished, a submission of its awaiting review, or an open
+    offer it may still accept."""
+    for item in state.work_items.values():
+        if item.state in _FINISHED:
+            continue
+        if item.owner is not None and item.owner.agent_id == member_id:
+            return True
+        if item.state == _SUBMITTED and item.submitted_by == member_id:
+            return True
+        if any(o.open and o.expires_at > now and member_id in o.candidate_ids for o in item.offers.values()):
+            return True
+    return False
+
+
+def end_just_in_time(before: GroupState, after: GroupState, out: Emitter, now: datetime) -> None:
+    """MW-8-06 step 4: a just-in-time Membership ends by itself, in the append that ended its last
+    obligation, or the Mission's (then provisional ones end too)."""
+    mission_ended = after.mission is not None and after.mission.state in TERMINAL_MISSION_STATES
+    for member in after.members.values():
+        if not member.active or not (member.just_in_time or member.provisional):
+            continue
+        if mission_ended:
+            reason = membership_pb2.MEMBERSHIP_END_REASON_MISSION_ENDED
+        elif member.just_in_time and not has_obligations(after, member.member_id, now):
+            reason = membership_pb2.MEMBERSHIP_END_REASON_OBLIGATIONS_COMPLETE
+        else:
+            continue
+        out.emit(
+            "membership.ended",
+            "membership_ended",
+            membership_pb2.MembershipEnded(member_id=member.member_id, membership_epoch=member.membership_epoch, reason=reason),
+        )
+
+
+def may_end_just_in_time(state: GroupState) -> bool:
+    """Whether any Membership could end by itself (the decider then previews the append)."""
+    return any(m.active and (m.just_in_time or m.provisional) for m in state.members.values())
+
+
 # ---------------------------------------------------------------- evolve rules
 
 
@@ -123,6 +216,15 @@ def _revoked(state: GroupState, event: event_pb2.Event) -> None:
     state.members[event.membership_revoked.member_id].active = False
 
 
+def _activated(state: GroupState, event: event_pb2.Event) -> None:
+    member = state.members[event.membership_activated.member_id]
+    member.provisional, member.expires_at, member.just_in_time = False, None, True
+
+
+def _ended(state: GroupState, event: event_pb2.Event) -> None:
+    state.members[event.membership_ended.member_id].active = False
+
+
 # ---------------------------------------------------------------- the declarations
 
 KINDS = (
@@ -132,5 +234,10 @@ KINDS = (
         {"membership_granted": _granted},
         references=lambda c: (c.membership_grant.member_id,),
     ),
-    CommandKind("membership_revoke", membership_revoke, {"membership_revoked": _revoked}),
+    CommandKind(
+        "membership_revoke",
+        membership_revoke,
+        # Appended by the offer and work rules (activation) and the decider (ending by itself).
+        {"membership_revoked": _revoked, "membership_activated": _activated, "membership_ended": _ended},
+    ),
 )

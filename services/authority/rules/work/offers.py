@@ -9,6 +9,7 @@ from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid, version_key
 from services.authority.rules.delegation import charge, check_delegated_offer
+from services.authority.rules.memberships import activate
 from services.authority.rules.work.common import (
     DEFAULT_START_DEADLINE,
     OFFERABLE,
@@ -50,8 +51,10 @@ def work_offer(
         raise invalid("body.candidate_ids", f"1..{MAX_CANDIDATES} distinct candidates")
     for i, cid in enumerate(body.candidate_ids):
         member = state.members.get(cid)
-        if member is None or not member.active:
+        if member is None or not member.active or member.lapsed(ctx.now):
             raise invalid(f"body.candidate_ids[{i}]", f"{cid} holds no active Membership in this Group")
+        if member.provisional and member.expires_at is not None and from_timestamp(body.expires_at) > member.expires_at:
+            raise invalid("body.expires_at", f"an offer to {cid} expires no later than its provisional Membership (MW-8-06)")
     _check_selection_criteria(body)
     if not body.HasField("expires_at") or from_timestamp(body.expires_at) <= ctx.now:
         raise invalid("body.expires_at", "an offer expiry in the future is required")
@@ -223,6 +226,8 @@ def work_accept_offer(
             schedule=body.schedule if body.HasField("schedule") else None,
         ),
     )
+    if member.provisional:
+        activate(out, member, item.work_item_id, body.offer_id)
     losers = [o.offer_id for o in item.offers.values() if o.open and o.offer_id != body.offer_id]
     if losers or len(offer.candidate_ids) > 1:
         withdraw_offers(
