@@ -26,6 +26,7 @@ from missionweave.signing import AGENT_CARD_TYPE, session_key_id, sign_envelope
 from missionweave.v1 import agent_card_pb2 as pb
 from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import membership_service_pb2 as mpb
+from missionweave.v1 import membership_service_pb2_grpc as mpb_grpc
 from tests.conftest import World
 
 pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
@@ -366,3 +367,21 @@ async def test_get_agent_cards_answers_the_card_in_force_to_mesh_services_only(
         many = identities_pb2.GetAgentCardsRequest(agent_ids=[f"a{i}" for i in range(1025)])
         r = await refusal(stub.GetAgentCards(many, metadata=((MESH_TOKEN_METADATA, token),)))
         assert (r.reason, r.metadata["limit"]) == (R.REJECTION_REASON_TOO_LARGE, "1024")
+
+
+async def test_a_mesh_service_publishes_for_an_agent_only_what_the_agent_signed(
+    world: World, clients: dict[str, MeshClient]
+) -> None:
+    """A service of the mesh acts for the agent it names (docs/agent-cards.md); the signature still rules."""
+    w = world
+    token = ((MESH_TOKEN_METADATA, w.settings.mesh_token_path.read_bytes().strip().decode()),)
+    async with open_channel(membership_address(w)) as channel:
+        stub = mpb_grpc.MembershipServiceStub(channel)
+        forged = SessionSigner("worker-bot", w.worker.session_epoch, SigningKey.generate())
+        r = await refusal(stub.PublishAgentCard(request(forged, card("worker-bot", "1.0.0")), metadata=token))
+        assert r.reason == R.REJECTION_REASON_SIGNATURE_INVALID
+        published = await stub.PublishAgentCard(request(w.worker, card("worker-bot", "1.0.0")), metadata=token)
+        assert not published.replayed and published.published.card.agent_id == "worker-bot"
+        presence = await stub.ReportPresence(report(free_slots=2), metadata=token)
+        assert presence.presence.fresh
+    assert await versions(clients["owner"], "worker-bot") == ["1.0.0"]
