@@ -112,6 +112,10 @@ async def test_every_version_is_kept_and_resolves_exactly_as_signed(world: World
         mpb.ListAgentCardVersionsRequest(agent_id="worker-bot", page_size=3, page_token=first.next_page_token)
     )
     assert [v.card_version for v in rest.versions] == ["1.0.0"] and not rest.next_page_token
+    r = await refusal(
+        reader.membership.ListAgentCardVersions(mpb.ListAgentCardVersionsRequest(agent_id="worker-bot", page_size=1001))
+    )
+    assert (r.reason, r.metadata["field"], r.metadata["limit"]) == (R.REJECTION_REASON_INVALID_ARGUMENT, "page_size", "1000")
     for agent, version in (("worker-bot", "3.0.0"), ("coord-bot", ""), ("nobody-bot", "1.0.0")):
         r = await refusal(reader.membership.GetAgentCard(mpb.GetAgentCardRequest(agent_id=agent, card_version=version)))
         assert r.reason == R.REJECTION_REASON_NOT_FOUND
@@ -329,6 +333,12 @@ async def test_only_the_agent_reports_its_presence(world: World, clients: dict[s
     r = await refusal(clients["anonymous"].membership.GetPresence(mpb.GetPresenceRequest(agent_ids=["worker-bot"])))
     assert r.reason == R.REJECTION_REASON_UNAUTHENTICATED
     assert await clients["owner"].presence("worker-bot") == []
+    await worker.report_presence(AVAILABLE, free_slots=1)
+    await clients["coordinator"].publish_agent_card(pb.AgentCard(card_version="1.0.0", max_concurrency=2))
+    await clients["coordinator"].report_presence(pb.PRESENCE_AVAILABILITY_DRAINING, free_slots=0, in_use_slots=2)
+    for order in (["worker-bot", "coord-bot"], ["coord-bot", "nobody-bot", "worker-bot"]):
+        answered = await clients["owner"].presence(*order)
+        assert [p.agent_id for p in answered] == [a for a in order if a != "nobody-bot"]  # in the order asked
     r = await refusal(clients["owner"].membership.GetPresence(mpb.GetPresenceRequest()))
     assert (r.reason, r.metadata["field"]) == (R.REJECTION_REASON_MALFORMED, "agent_ids")
     r = await refusal(clients["owner"].presence(*(f"a{i}" for i in range(257))))

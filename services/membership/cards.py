@@ -301,7 +301,11 @@ class AgentCards:
         """A page of the agent's versions, newest first, and the token of the next page ("" at the end)."""
         if page_token and not page_token.isdigit():
             raise malformed("page_token", "page_token is not one this service issued")
-        size = min(page_size or DEFAULT_PAGE, MAX_PAGE)
+        if page_size > MAX_PAGE:
+            raise Rejected(
+                R.REJECTION_REASON_INVALID_ARGUMENT, f"page_size is at most {MAX_PAGE}", field="page_size", limit=MAX_PAGE
+            )
+        size = page_size or DEFAULT_PAGE
         query = select(agent_cards.c.ordinal, agent_cards.c.card_version, agent_cards.c.published_us).where(
             agent_cards.c.agent_id == agent_id
         )
