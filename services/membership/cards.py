@@ -198,23 +198,26 @@ class AgentCards:
             raise malformed("card.agent_id", "agent_id is not a valid id")
         acting_for(caller, card.agent_id)
         agent = _agent(await self.registry.get(card.agent_id), card.agent_id)
+        # The agent's own call proof has just proven its current epoch through the directory the
+        # authenticator follows; this registry's cache may lag another Membership instance.
+        current = caller.session_epoch if caller.identity_id == agent.identity_id else agent.session_epoch
         signed_by = parse_session_key_id(envelope.signatures[0].key_id)
         if signed_by is None or signed_by[0] != agent.identity_id:
             raise Rejected(
                 R.REJECTION_REASON_SIGNATURE_INVALID, f"the card is not signed by a session key of {agent.identity_id}"
             )
-        if signed_by[1] != agent.session_epoch:
+        if signed_by[1] != current:
             raise Rejected(
                 R.REJECTION_REASON_SESSION_EPOCH_STALE,
-                f"the card is signed by session {signed_by[1]}; the current one is {agent.session_epoch}",
-                session_epoch=agent.session_epoch,
+                f"the card is signed by session {signed_by[1]}; the current one is {current}",
+                session_epoch=current,
             )
-        key = await self.registry.session_key(agent.identity_id, agent.session_epoch)
+        key = await self.registry.session_key(agent.identity_id, current)
         if key is None or not verify_signature(envelope, key):
             raise Rejected(
                 R.REJECTION_REASON_SIGNATURE_INVALID, f"the card's signature does not verify for {agent.identity_id}"
             )
-        return card, agent.session_epoch, key
+        return card, current, key
 
     @finish_on_cancel
     async def _store(
@@ -245,9 +248,10 @@ class AgentCards:
                     if stored.card == card:
                         return stored, True  # idempotent: the version as first stored
                     raise self._conflict(card, latest, "content", f"version {card.card_version} was published with another card")
-                if latest is not None and not version > semver.parse(latest.card_version):  # type: ignore[operator]
+                newest = semver.parse(latest.card_version) if latest is not None else None  # stored: valid
+                if newest is not None and not version > newest:
                     raise self._conflict(
-                        card, latest, "order", f"version {card.card_version} is not greater than the latest, {latest.card_version}"
+                        card, latest, "order", f"version {card.card_version} is not greater than the latest, {newest}"
                     )
                 now = to_micros(self.clock.now())
                 await conn.execute(
