@@ -26,6 +26,7 @@ SNAPSHOT_TYPE = "application/vnd.missionweave.v1.group-snapshot+protobuf"
 HELLO_PROOF_TYPE = "application/vnd.missionweave.v1.hello-proof+protobuf"
 SNAPSHOT_REFERENCE_TYPE = "application/vnd.missionweave.v1.snapshot-reference+protobuf"
 KEY_ROTATION_TYPE = "application/vnd.missionweave.v1.authority-key-rotation+protobuf"
+AGENT_CARD_TYPE = "application/vnd.missionweave.v1.agent-card+protobuf"
 
 # The most signatures a signed request (a command, an Organization request, a HelloProof) may carry:
 # servers check the signer's (the first); more than a few is refused, never carried along.

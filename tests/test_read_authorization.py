@@ -35,6 +35,7 @@ from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import (
     MeshClient,
     SessionSigner,
+    agent_card_envelope,
     blob_digest,
     open_session_envelope,
     register_identity_envelope,
@@ -42,6 +43,7 @@ from missionweave.sdk.client import (
 from missionweave.sdk.credentials import call_proof
 from missionweave.signing import COMMAND_TYPE, session_key_id, sign_envelope
 from missionweave.v1 import (
+    agent_card_pb2,
     artifact_service_pb2,
     auth_pb2,
     authority_service_pb2,
@@ -151,6 +153,7 @@ async def props(w: World, clients: dict[str, MeshClient]) -> Props:
     taken = await clients["admin"].authority.TakeSnapshot(
         authority_service_pb2.TakeSnapshotRequest(group_id=G)
     )
+    await clients["worker"].publish_agent_card(agent_card_pb2.AgentCard(card_version="0.1.0", max_concurrency=2))
     source, data = b"the source G's manifests cite", b"a blob made from it"
     await clients["coordinator"].upload(source, manifest_in(w, w.coordinator, source))
     await clients["coordinator"].upload(data, manifest_in(w, w.coordinator, data, sources=(blob_digest(source),)))
@@ -276,6 +279,23 @@ async def _read_events(c: MeshClient, p: Props) -> object:
     return [e async for e in c.read_events(G)]
 
 
+def _publish_own_card(c: MeshClient, p: Props) -> Awaitable[object]:
+    """The caller publishes its own card, signed by its session (anonymous: by nobody's)."""
+    signer = signer_of(c) or SessionSigner("nobody-bot", 1, SigningKey.generate())
+    card = agent_card_pb2.AgentCard(agent_id=signer.identity_id, card_version="1.0.0", max_concurrency=1)
+    return c.membership.PublishAgentCard(  # type: ignore[no-any-return]
+        membership_service_pb2.PublishAgentCardRequest(card=agent_card_envelope(signer, card))
+    )
+
+
+def _report_worker_presence(c: MeshClient, p: Props) -> Awaitable[object]:
+    """Presence of worker-bot (which has a card): only worker-bot itself may report it."""
+    report = agent_card_pb2.PresenceReport(
+        agent_id="worker-bot", free_slots=1, availability=agent_card_pb2.PRESENCE_AVAILABILITY_AVAILABLE
+    )
+    return c.membership.ReportPresence(membership_service_pb2.ReportPresenceRequest(report=report))  # type: ignore[no-any-return]
+
+
 SIG = "SIGNATURE_INVALID"
 EMPTY = "EMPTY"  # answered, with nothing the caller may not see in it
 BLOB_READERS = row(UNAUTH, "NOT_FOUND", "NOT_FOUND", OK, OK, OK, OK)
@@ -325,6 +345,26 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
     "MembershipService.RegisterIdentity": (
         _register,
         row(SIG, DENIED, DENIED, DENIED, DENIED, DENIED, OK),
+    ),
+    # Agents publish their own cards; humans (alice, admin) publish none (docs/agent-cards.md).
+    "MembershipService.PublishAgentCard": (_publish_own_card, row(UNAUTH, OK, OK, OK, OK, DENIED, DENIED)),
+    "MembershipService.GetAgentCard": (
+        lambda c, p: c.membership.GetAgentCard(membership_service_pb2.GetAgentCardRequest(agent_id="worker-bot")),
+        row(UNAUTH, OK, OK, OK, OK, OK, OK),
+    ),
+    "MembershipService.ListAgentCardVersions": (
+        lambda c, p: c.membership.ListAgentCardVersions(
+            membership_service_pb2.ListAgentCardVersionsRequest(agent_id="worker-bot")
+        ),
+        row(UNAUTH, OK, OK, OK, OK, OK, OK),
+    ),
+    "MembershipService.ReportPresence": (
+        _report_worker_presence,
+        row(UNAUTH, DENIED, DENIED, OK, DENIED, DENIED, DENIED),
+    ),
+    "MembershipService.GetPresence": (
+        lambda c, p: c.membership.GetPresence(membership_service_pb2.GetPresenceRequest(agent_ids=["worker-bot"])),
+        row(UNAUTH, OK, OK, OK, OK, OK, OK),
     ),
     "ArtifactService.Stat": (
         lambda c, p: c.artifacts.Stat(artifact_service_pb2.StatRequest(digest=p.blob)),
@@ -428,6 +468,9 @@ INTERNAL_CALLS: dict[str, Callable[[grpc.aio.Channel, tuple[tuple[str, str], ...
     "PublicationService.FindPublication": lambda ch, md: publications_pb2_grpc.PublicationServiceStub(
         ch
     ).FindPublication(publications_pb2.FindPublicationRequest(group_id=G), metadata=md),
+    "IdentityDirectoryService.GetAgentCards": lambda ch, md: identities_pb2_grpc.IdentityDirectoryServiceStub(
+        ch
+    ).GetAgentCards(identities_pb2.GetAgentCardsRequest(agent_ids=["worker-bot"]), metadata=md),
 }
 
 
@@ -438,6 +481,7 @@ def _service_addresses(w: World) -> dict[str, str]:
         return {
             "GroupLogService.FetchEvents": peers["authority"].split(",")[0],
             "IdentityDirectoryService.GetIdentities": peers["membership"],
+            "IdentityDirectoryService.GetAgentCards": peers["membership"],
             "PublicationService.FindPublication": peers["artifacts"],
         }
     return dict.fromkeys(INTERNAL_CALLS, w.target)

@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
+from missionweave.cli import agent as cli_agent
 from missionweave.cli import artifact as cli_artifact
 from missionweave.cli import conversation as cli_conversation
 from missionweave.cli import coordinator as cli_coordinator
@@ -246,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_coordinator.register(sub)
     cli_conversation.register(sub)
     cli_artifact.register(sub)
+    cli_agent.register(sub)
     cli_group.register(sub)
     cli_integrity.register(sub)
     demo.register(sub)

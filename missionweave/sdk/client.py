@@ -29,6 +29,7 @@ from missionweave.errors import Rejected, from_proto
 from missionweave.rpc.channels import ClientTLS, open_channel
 from missionweave.sdk.credentials import CallProofs
 from missionweave.signing import (
+    AGENT_CARD_TYPE,
     COMMAND_TYPE,
     GROUP_SUMMARY_TYPE,
     OPEN_SESSION_TYPE,
@@ -38,6 +39,7 @@ from missionweave.signing import (
     verify_signature,
 )
 from missionweave.v1 import (
+    agent_card_pb2,
     artifact_service_pb2,
     artifact_service_pb2_grpc,
     authority_service_pb2,
@@ -51,6 +53,11 @@ from missionweave.v1 import (
 )
 
 _clock = SystemClock()
+
+
+class CardNotVerified(Exception):
+    """A published Agent Card whose envelope does not verify with the session key served with it,
+    or whose payload is not the card served."""
 
 
 class SummaryNotVerified(Exception):
@@ -104,6 +111,30 @@ def open_session_envelope(
         nonce=os.urandom(16),
     )
     return sign_envelope(cmd.SerializeToString(), OPEN_SESSION_TYPE, identity_key, f"{identity_id}#identity")
+
+
+def agent_card_envelope(signer: SessionSigner, card: agent_card_pb2.AgentCard) -> common_pb2.SignedEnvelope:
+    """``card`` signed for PublishAgentCard by ``signer``'s session key (docs/agent-cards.md)."""
+    return sign_envelope(
+        card.SerializeToString(), AGENT_CARD_TYPE, signer.key, session_key_id(signer.identity_id, signer.session_epoch)
+    )
+
+
+def verify_agent_card(published: agent_card_pb2.PublishedAgentCard) -> agent_card_pb2.AgentCard:
+    """The card of ``published`` once its envelope verifies: the payload type, one signature by
+    ``<agent>#session-<epoch>`` with the session key served, and the payload being the card."""
+    envelope = published.envelope
+    agent = published.card.agent_id
+    if envelope.payload_type != AGENT_CARD_TYPE or len(envelope.signatures) != 1:
+        raise CardNotVerified(f"the card of {agent} is not one signature over an {AGENT_CARD_TYPE} payload")
+    if envelope.signatures[0].key_id != session_key_id(agent, published.session_epoch):
+        raise CardNotVerified(f"the card of {agent} is signed by {envelope.signatures[0].key_id}, not its session")
+    if not verify_signature(envelope, published.session_public_key):
+        raise CardNotVerified(f"the card of {agent} does not verify with its session key")
+    card = agent_card_pb2.AgentCard.FromString(envelope.payload)
+    if card != published.card:
+        raise CardNotVerified(f"the card served for {agent} is not the one signed")
+    return card
 
 
 @dataclass
@@ -194,6 +225,74 @@ class MeshClient:
         if self.proofs.signer is None or self.proofs.signer.identity_id == identity_id:
             self.proofs.signer = signer  # a newer session of the reader fences its older proofs
         return signer
+
+    # ---------------------------------------------------------------- Agent Cards and Presence
+
+    def _agent(self, what: str) -> SessionSigner:
+        """The reader: cards and Presence are published by the agent itself, proven and signed as it."""
+        signer = self.proofs.signer
+        if not isinstance(signer, SessionSigner):
+            raise ValueError(f"{what} needs the agent's session: open_session(...) or read_as(...) first")
+        return signer
+
+    async def publish_agent_card(self, card: agent_card_pb2.AgentCard) -> membership_service_pb2.PublishAgentCardResponse:
+        """Publish ``card`` (agent_id defaults to the reader) signed by the reader's session key; an
+        identical republish answers the stored version (``replayed``). Refusals: docs/agent-cards.md."""
+        signer = self._agent("publishing an Agent Card")
+        if not card.agent_id:  # a copy: the caller's message is left as it was
+            named = agent_card_pb2.AgentCard()
+            named.CopyFrom(card)
+            named.agent_id = signer.identity_id
+            card = named
+        return await self.membership.PublishAgentCard(
+            membership_service_pb2.PublishAgentCardRequest(card=agent_card_envelope(signer, card))
+        )
+
+    async def agent_card(self, agent_id: str, version: str = "") -> agent_card_pb2.PublishedAgentCard:
+        """That version of the agent's card (the card in force when ``version`` is empty), verified
+        (CardNotVerified otherwise)."""
+        resp = await self.membership.GetAgentCard(
+            membership_service_pb2.GetAgentCardRequest(agent_id=agent_id, card_version=version)
+        )
+        verify_agent_card(resp.published)
+        return resp.published
+
+    async def agent_card_versions(self, agent_id: str, page_size: int = 0) -> list[agent_card_pb2.AgentCardVersion]:
+        """Every version of the agent's card, newest first (all pages)."""
+        out: list[agent_card_pb2.AgentCardVersion] = []
+        token = ""
+        while True:
+            resp = await self.membership.ListAgentCardVersions(
+                membership_service_pb2.ListAgentCardVersionsRequest(agent_id=agent_id, page_size=page_size, page_token=token)
+            )
+            out.extend(resp.versions)
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    async def report_presence(
+        self,
+        availability: agent_card_pb2.PresenceAvailability.ValueType,
+        *,
+        free_slots: int,
+        in_use_slots: int = 0,
+        note: str = "",
+        ttl_ms: int = 0,
+    ) -> agent_card_pb2.AgentPresence:
+        """Report the reader's Presence (capacity within its card's max_concurrency), valid ``ttl_ms``
+        (0: 60 s)."""
+        signer = self._agent("reporting Presence")
+        report = agent_card_pb2.PresenceReport(
+            agent_id=signer.identity_id, availability=availability, free_slots=free_slots,
+            in_use_slots=in_use_slots, note=note, ttl_ms=ttl_ms,
+        )
+        resp = await self.membership.ReportPresence(membership_service_pb2.ReportPresenceRequest(report=report))
+        return resp.presence
+
+    async def presence(self, *agent_ids: str) -> list[agent_card_pb2.AgentPresence]:
+        """The last report of each agent that has reported, with ``fresh`` by the server's clock."""
+        resp = await self.membership.GetPresence(membership_service_pb2.GetPresenceRequest(agent_ids=agent_ids))
+        return list(resp.presences)
 
     def read_as(self, signer: SessionSigner | None) -> None:
         """Prove reads and operator calls as ``signer`` from now on (None: as nobody)."""

@@ -27,6 +27,7 @@ from missionweave.internal.v1 import identities_pb2 as pb
 from missionweave.internal.v1 import identities_pb2_grpc as pb_grpc
 from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.status import rejections_as_status
+from services.membership.cards import AgentCards, unique_ids
 from services.membership.registry import IdentityRegistry
 
 log = logging.getLogger("missionweave.membership.directory")
@@ -65,6 +66,7 @@ class IdentityDirectoryServicer(pb_grpc.IdentityDirectoryServiceServicer):
 
     def __init__(self, registry: IdentityRegistry) -> None:
         self.registry = registry
+        self.cards = AgentCards(registry)
         self.instance_id = os.urandom(8).hex()
         self.stopping = False
         self._streams: set[_Stream] = set()
@@ -84,13 +86,7 @@ class IdentityDirectoryServicer(pb_grpc.IdentityDirectoryServiceServicer):
     async def GetIdentities(
         self, request: pb.GetIdentitiesRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetIdentitiesResponse:
-        ids = list(dict.fromkeys(i for i in request.identity_ids if i))
-        if len(ids) > MAX_IDENTITIES_PER_CALL:
-            raise Rejected(
-                R.REJECTION_REASON_TOO_LARGE,
-                f"{len(ids)} identities asked; at most {MAX_IDENTITIES_PER_CALL} per call",
-                limit=MAX_IDENTITIES_PER_CALL,
-            )
+        ids = unique_ids(request.identity_ids, MAX_IDENTITIES_PER_CALL, "identity_ids")
         revision, records = await self.registry.read_identities(ids) if ids else (await self.registry.head(0), [])
         return pb.GetIdentitiesResponse(identities=[r.to_directory() for r in records], revision=revision)
 
@@ -100,6 +96,14 @@ class IdentityDirectoryServicer(pb_grpc.IdentityDirectoryServiceServicer):
     ) -> pb.GetSessionKeyResponse:
         key = await self.registry.session_key(request.identity_id, request.session_epoch)
         return pb.GetSessionKeyResponse(session_public_key=key or b"")
+
+    @requires(Access.MESH)
+    async def GetAgentCards(
+        self, request: pb.GetAgentCardsRequest, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> pb.GetAgentCardsResponse:
+        """The card in force of each agent asked (the Authority checks capabilities against it)."""
+        ids = unique_ids(request.agent_ids, MAX_IDENTITIES_PER_CALL, "agent_ids")
+        return pb.GetAgentCardsResponse(cards=await self.cards.in_force(ids))
 
     @requires(Access.MESH)
     async def WatchIdentities(

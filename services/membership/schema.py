@@ -1,18 +1,21 @@
-"""Organization tables: identities, their sessions, idempotency records of org requests, and the
-identity directory's change log with its revision counter."""
+"""Organization tables: identities, their sessions, idempotency records of org requests, the
+identity directory's change log with its revision counter, Agent Cards and Presence."""
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Insert,
     Integer,
     LargeBinary,
     MetaData,
     String,
     Table,
+    UniqueConstraint,
     insert,
     select,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -90,6 +93,53 @@ directory_streams = Table(
     # Wall-clock µs; a row not refreshed by then belongs to a stream (or instance) that is gone.
     Column("alive_until_us", BigInteger, nullable=False),
 )
+
+# Every published version of every Agent Card, append only (docs/agent-cards.md). ``ordinal``
+# numbers an agent's versions 1, 2, ... in publication order, which is also version order (each
+# new version must be greater than the latest): two concurrent publications of one agent cannot
+# both take the next ordinal, so the loser is refused rather than interleaved.
+agent_cards = Table(
+    "agent_cards",
+    METADATA,
+    Column("agent_id", String(128), primary_key=True),
+    Column("ordinal", BigInteger, primary_key=True, autoincrement=False),
+    Column("card_version", String(64), nullable=False),
+    # The serialised SignedEnvelope exactly as the agent sent it (its payload is the AgentCard).
+    Column("envelope", LargeBinary, nullable=False),
+    Column("session_epoch", BigInteger, nullable=False),
+    # That session's public key (the sessions table's, kept with the card it verifies).
+    Column("session_public_key", LargeBinary, nullable=False),
+    Column("published_us", BigInteger, nullable=False),
+    UniqueConstraint("agent_id", "card_version", name="agent_cards_version"),
+)
+
+# Each agent's last Presence report, replaced by the next (D79): operational data, never history.
+presence = Table(
+    "agent_presence",
+    METADATA,
+    Column("agent_id", String(128), primary_key=True),
+    Column("availability", Integer, nullable=False),
+    Column("free_slots", BigInteger, nullable=False),
+    Column("in_use_slots", BigInteger, nullable=False),
+    Column("max_concurrency", BigInteger, nullable=False),
+    Column("card_version", String(64), nullable=False),
+    Column("note", String(512), nullable=False),
+    Column("reported_us", BigInteger, nullable=False),
+    Column("ttl_ms", BigInteger, nullable=False),
+)
+
+_PRESENCE_COLUMNS = (
+    "availability", "free_slots", "in_use_slots", "max_concurrency", "card_version", "note", "reported_us", "ttl_ms",
+)
+
+
+def presence_upsert(dialect: str) -> Insert:
+    """Record an agent's report, replacing its previous one. SQLite (3.24+) and PostgreSQL share the
+    syntax."""
+    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(presence)
+    return ins.on_conflict_do_update(
+        index_elements=[presence.c.agent_id], set_={name: ins.excluded[name] for name in _PRESENCE_COLUMNS}
+    )
 
 
 async def create_schema(engine: AsyncEngine) -> None:

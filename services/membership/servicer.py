@@ -1,4 +1,5 @@
-"""MembershipService over gRPC: identities and sessions (Organization policy, MW-8-04).
+"""MembershipService over gRPC: identities and sessions (Organization policy, MW-8-04), Agent
+Cards and Presence (MW-11.1-13/14, ``services/membership/cards.py``).
 
 Group memberships live in the Groups' logs: ListMemberships reads a Group's state from the
 Authority through its public contract (AuthorityService.GetGroupState).
@@ -18,6 +19,7 @@ from missionweave.rpc.status import (
 from missionweave.v1 import authority_service_pb2, authority_service_pb2_grpc
 from missionweave.v1 import membership_service_pb2 as pb
 from missionweave.v1 import membership_service_pb2_grpc as pb_grpc
+from services.membership.cards import AgentCards
 from services.membership.directory import IdentityDirectoryServicer
 from services.membership.registry import IdentityRegistry
 
@@ -38,6 +40,7 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
         authority: authority_service_pb2_grpc.AuthorityServiceAsyncStub | None = None,
     ) -> None:
         self.registry = registry
+        self.cards = AgentCards(registry)
         self.directory = directory
         self.authority = authority
 
@@ -103,3 +106,38 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
             m for m in response.state.memberships if not request.member_id or m.member_id == request.member_id
         ]
         return pb.ListMembershipsResponse(memberships=memberships)
+
+    # ------------------------------------------------------------ Agent Cards and Presence
+
+    @requires(Access.IDENTITY)
+    async def PublishAgentCard(
+        self, request: pb.PublishAgentCardRequest, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> pb.PublishAgentCardResponse:
+        published, replayed = await self.cards.publish(request.card, caller)
+        return pb.PublishAgentCardResponse(published=published, replayed=replayed)
+
+    @requires(Access.IDENTITY)
+    async def GetAgentCard(
+        self, request: pb.GetAgentCardRequest, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> pb.GetAgentCardResponse:
+        published, latest = await self.cards.get(request.agent_id, request.card_version)
+        return pb.GetAgentCardResponse(published=published, latest_version=latest)
+
+    @requires(Access.IDENTITY)
+    async def ListAgentCardVersions(
+        self, request: pb.ListAgentCardVersionsRequest, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> pb.ListAgentCardVersionsResponse:
+        versions, token = await self.cards.versions(request.agent_id, request.page_size, request.page_token)
+        return pb.ListAgentCardVersionsResponse(versions=versions, next_page_token=token)
+
+    @requires(Access.IDENTITY)
+    async def ReportPresence(
+        self, request: pb.ReportPresenceRequest, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> pb.ReportPresenceResponse:
+        return pb.ReportPresenceResponse(presence=await self.cards.report_presence(request.report, caller))
+
+    @requires(Access.IDENTITY)
+    async def GetPresence(
+        self, request: pb.GetPresenceRequest, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> pb.GetPresenceResponse:
+        return pb.GetPresenceResponse(presences=await self.cards.presence(list(request.agent_ids)))
