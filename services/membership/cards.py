@@ -228,19 +228,21 @@ class AgentCards:
         async with self.engine.connect() as conn:
             conn = await conn.execution_options(**{SQLITE_IMMEDIATE: True})
             async with conn.begin():
-                same = (
-                    await conn.execute(
-                        select(agent_cards).where(
-                            and_(agent_cards.c.agent_id == card.agent_id, agent_cards.c.card_version == card.card_version)
-                        )
-                    )
-                ).first()
+                # The latest first: under READ COMMITTED (PostgreSQL) a concurrent publication that
+                # commits between the two reads is then seen by the second, as the same version.
                 latest = (
                     await conn.execute(
                         select(agent_cards.c.ordinal, agent_cards.c.card_version)
                         .where(agent_cards.c.agent_id == card.agent_id)
                         .order_by(agent_cards.c.ordinal.desc())
                         .limit(1)
+                    )
+                ).first()
+                same = (
+                    await conn.execute(
+                        select(agent_cards).where(
+                            and_(agent_cards.c.agent_id == card.agent_id, agent_cards.c.card_version == card.card_version)
+                        )
                     )
                 ).first()
                 if same is not None:
