@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from missionweave.clock import to_timestamp
 from missionweave.v1 import authority_service_pb2 as pb
-from missionweave.v1 import conversation_pb2, membership_pb2, mission_pb2
-from services.authority.state import GroupState
+from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2, mission_pb2
+from services.authority.rules.delegation import invalidity, remaining
+from services.authority.state import GrantState, GroupState
 from services.authority.visibility import party_to
 
 
@@ -62,6 +63,7 @@ def group_state_proto(state: GroupState, viewer: str | None = None) -> pb.GroupS
         if member.expires_at is not None:
             ms.expires_at.CopyFrom(to_timestamp(member.expires_at))
         out.memberships.append(ms)
+    out.grants.extend(grant_status(state, g) for g in state.grants.values())
     for conv in state.conversations.values():
         if viewer is not None and not party_to(state, viewer, conv):
             continue
@@ -99,3 +101,32 @@ def snapshot_view(
     del view.state.conversations[:]
     view.state.conversations.extend(kept)
     return view
+
+
+def grant_status(state: GroupState, grant: GrantState) -> pb.DelegationGrantStatus:
+    """A grant as recorded, with its accounting and whether the state still lets it be used."""
+    caps = common_pb2.ResourceVector(currency=grant.currency, **grant.caps)  # type: ignore[arg-type]
+    record = membership_pb2.DelegationGrant(
+        grant_id=grant.grant_id,
+        grantee_id=grant.grantee_id,
+        mission_id=grant.mission_id,
+        group_id=grant.group_id,
+        target_work_item_id=grant.target_work_item_id,
+        allowed_capabilities=[membership_pb2.Capability(capability_id=c, version=v) for c, v in grant.allowed.items()],
+        caps=caps,
+        max_descendant_depth=grant.max_descendant_depth,
+        grantee_membership_epoch=grant.grantee_membership_epoch,
+        coordinator_epoch=grant.coordinator_epoch,
+        issuer_id=grant.issuer_id,
+        granted_at=to_timestamp(grant.granted_at),
+        expires_at=to_timestamp(grant.expires_at),
+    )
+    charged = grant.charged_with("", {})
+    invalid = invalidity(state, grant, None)
+    return pb.DelegationGrantStatus(
+        grant=record,
+        charged=common_pb2.ResourceVector(currency=grant.currency, **charged),  # type: ignore[arg-type]
+        remaining=common_pb2.ResourceVector(currency=grant.currency, **remaining(grant)),  # type: ignore[arg-type]
+        work_item_ids=sorted(grant.counted),
+        invalid_because=invalid[0] if invalid else "",
+    )

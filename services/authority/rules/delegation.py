@@ -11,6 +11,7 @@ expiry end it at once (MW-9.1-15) without any event having to say so.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 
 from missionweave import ids
 from missionweave.clock import from_timestamp
@@ -207,21 +208,30 @@ def usable_grant(state: GroupState, command: command_pb2.Command, ctx: DecisionC
             grant_id=grant_id,
             check="not_grantee",
         )
+    invalid_now = invalidity(state, grant, ctx.now)
+    if invalid_now is not None:
+        raise _grant_invalid(grant, *invalid_now)
+    return grant
+
+
+def invalidity(state: GroupState, grant: GrantState, now: datetime | None) -> tuple[str, str] | None:
+    """Why ``grant`` cannot be used now (its check name and a message), or None (MW-9.1-13..15).
+    Without ``now``, as far as the state alone tells (read models stay a pure fold of the log)."""
+    gid = grant.grant_id
     if grant.revoked:
-        raise _grant_invalid(grant, "revoked", f"grant {grant_id} was revoked")
-    if grant.expires_at <= ctx.now:
-        raise _grant_invalid(grant, "expired", f"grant {grant_id} expired at {grant.expires_at.isoformat()}")
-    member = state.members.get(command.actor_id)
+        return "revoked", f"grant {gid} was revoked"
+    if now is not None and grant.expires_at <= now:
+        return "expired", f"grant {gid} expired at {grant.expires_at.isoformat()}"
+    member = state.members.get(grant.grantee_id)
     if (
         member is None
         or not member.active
         or member.role != Role.MEMBER_ROLE_WORK_DELEGATE
         or member.membership_epoch != grant.grantee_membership_epoch
     ):
-        raise _grant_invalid(
-            grant, "membership_changed",
-            f"grant {grant_id} was made for Membership epoch {grant.grantee_membership_epoch} as work_delegate, "
-            "which has changed or ended (MW-9.1-13)",
+        return "membership_changed", (
+            f"grant {gid} was made for Membership epoch {grant.grantee_membership_epoch} as work_delegate, "
+            "which has changed or ended (MW-9.1-13)"
         )
     mission = mission_of(state)
     lease = mission.coordinator
@@ -232,17 +242,16 @@ def usable_grant(state: GroupState, command: command_pb2.Command, ctx: DecisionC
         or lease.coordinator_epoch != grant.coordinator_epoch
         or lease.agent_id != grant.issuer_id
     ):
-        raise _grant_invalid(
-            grant, "coordinator_replaced",
-            f"grant {grant_id} was issued by {grant.issuer_id} at Coordinator epoch {grant.coordinator_epoch}, "
-            "which is no longer current (MW-9.1-14)",
+        return "coordinator_replaced", (
+            f"grant {gid} was issued by {grant.issuer_id} at Coordinator epoch {grant.coordinator_epoch}, "
+            "which is no longer current (MW-9.1-14)"
         )
     target = state.work_items.get(grant.target_work_item_id)
     if target is None:
-        raise _grant_invalid(grant, "target_missing", f"the grant's target {grant.target_work_item_id} is missing")
+        return "target_missing", f"the grant's target {grant.target_work_item_id} is missing"
     if target.state in ENDS_A_GRANT:
-        raise _grant_invalid(grant, "target_finished", f"the grant's target {target.work_item_id} is finished (MW-9.1-15)")
-    return grant
+        return "target_finished", f"the grant's target {target.work_item_id} is finished (MW-9.1-15)"
+    return None
 
 
 def depth_below(state: GroupState, root: str, work_item_id: str) -> int | None:
