@@ -20,6 +20,9 @@ def with_overrides(message: M, overrides: dict[str, object]) -> M:
             message.ClearField(key)
         elif hasattr(value, "DESCRIPTOR"):
             getattr(message, key).CopyFrom(value)
+        elif isinstance(value, list):  # a repeated field: replaced whole
+            del getattr(message, key)[:]
+            getattr(message, key).extend(value)
         else:
             setattr(message, key, value)
     return message

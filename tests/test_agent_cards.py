@@ -20,14 +20,21 @@ from missionweave.internal.v1 import identities_pb2, identities_pb2_grpc
 from missionweave.rpc.callers import CALL_PROOF_METADATA, MESH_TOKEN_METADATA
 from missionweave.rpc.channels import open_channel
 from missionweave.rpc.status import rejection_from_rpc_error
-from missionweave.sdk.client import MeshClient, SessionSigner, agent_card_envelope, verify_agent_card
+from missionweave.sdk.client import (
+    MeshClient,
+    SessionSigner,
+    agent_card_envelope,
+    decode_events,
+    verify_agent_card,
+)
 from missionweave.sdk.credentials import call_proof
 from missionweave.signing import AGENT_CARD_TYPE, session_key_id, sign_envelope
 from missionweave.v1 import agent_card_pb2 as pb
-from missionweave.v1 import common_pb2, membership_pb2
+from missionweave.v1 import common_pb2, membership_pb2, work_pb2
 from missionweave.v1 import membership_service_pb2 as mpb
 from missionweave.v1 import membership_service_pb2_grpc as mpb_grpc
 from tests.conftest import World
+from tests.test_missions import G
 
 pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
 
@@ -395,3 +402,43 @@ async def test_a_mesh_service_publishes_for_an_agent_only_what_the_agent_signed(
         presence = await stub.ReportPresence(report(free_slots=2), metadata=token)
         assert presence.presence.fresh
     assert await versions(clients["owner"], "worker-bot") == ["1.0.0"]
+
+
+# ------------------------------------------------------------------ the card in force at offer and acceptance
+
+
+@pytest.mark.req("MW-11.1-13")
+async def test_offers_and_acceptance_check_the_card_in_force(world: World, clients: dict[str, MeshClient]) -> None:
+    """A candidate whose card in force lacks a required capability (or declares it too old) is not
+    offered the work; the acceptance records the card version it was checked against."""
+    from tests.test_work_items import setup
+
+    w, worker = world, clients["worker"]
+    flow = await setup(w)
+    python = membership_pb2.Capability(capability_id="code.python", version="3.11")
+    await flow.authorize("wi-1", required_capabilities=[python])
+    # The Membership grants the capability; the worker's card says it has only 3.10.
+    grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER, capabilities=[
+        membership_pb2.Capability(capability_id="code.python", version="3.12")])
+    await w.run(w.owner, G, "membership_grant", grant, membership_epoch=1)
+    old = membership_pb2.Capability(capability_id="code.python", version="3.10.0")
+    await worker.membership.PublishAgentCard(request(w.worker, card("worker-bot", "1.0.0", capabilities=[old])))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await flow.offer("wi-1", "worker-bot")
+    rejection = rejection_from_rpc_error(info.value)
+    assert rejection is not None and rejection.reason == R.REJECTION_REASON_PRECONDITION_FAILED
+    assert rejection.metadata["card_version"] == "1.0.0" and rejection.metadata["capability"] == "code.python"
+    # A new card version takes effect on the next decision.
+    new = membership_pb2.Capability(capability_id="code.python", version="3.12.1")
+    await worker.membership.PublishAgentCard(request(w.worker, card("worker-bot", "1.1.0", capabilities=[new])))
+    offer_id = await flow.offer("wi-1", "worker-bot")
+    body = work_pb2.WorkAcceptOffer(work_item_id="wi-1", offer_id=offer_id, contract_revision=1)
+    # The card changes between offer and acceptance: acceptance checks the one in force then.
+    await worker.membership.PublishAgentCard(request(w.worker, card("worker-bot", "1.2.0", capabilities=[old])))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await flow.as_(w.worker, "work_accept_offer", body)
+    rejection = rejection_from_rpc_error(info.value)
+    assert rejection is not None and rejection.metadata["card_version"] == "1.2.0"
+    await worker.membership.PublishAgentCard(request(w.worker, card("worker-bot", "1.3.0", capabilities=[new])))
+    accepted = await flow.as_(w.worker, "work_accept_offer", body)
+    assert decode_events(accepted.events)[0].work_offer_accepted.agent_card_version == "1.3.0"

@@ -103,17 +103,7 @@ def grant_body(**overrides: object) -> membership_pb2.MembershipGrantDelegation:
         expires_at=to_timestamp(NOW + timedelta(hours=1)),
         coordinator_epoch=1,
     )
-    for name, value in overrides.items():
-        if value is None:
-            body.ClearField(name)
-        elif isinstance(value, list):
-            del getattr(body, name)[:]
-            getattr(body, name).extend(value)
-        elif hasattr(value, "CopyFrom"):
-            getattr(body, name).CopyFrom(value)
-        else:
-            setattr(body, name, value)
-    return body
+    return builders.with_overrides(body, overrides)
 
 
 def base() -> GroupState:

@@ -37,6 +37,7 @@ import grpc
 from missionweave.internal.v1 import identities_pb2 as pb
 from missionweave.internal.v1 import identities_pb2_grpc as pb_grpc
 from missionweave.rpc.status import peer_unavailable
+from missionweave.v1 import agent_card_pb2
 
 log = logging.getLogger("missionweave.rpc.identities")
 
@@ -175,6 +176,15 @@ class IdentityDirectoryClient:
         if generation == self._generation:
             self._remember_key(identity_id, session_epoch, key)
         return key
+
+    async def agent_cards(self, agent_ids: Iterable[str]) -> dict[str, agent_card_pb2.PublishedAgentCard]:
+        """The card in force of each agent that has one. Not cached: a new version takes effect on
+        the next decision that consults it."""
+        wanted = sorted(set(agent_ids))
+        if not wanted:
+            return {}
+        response = await self._call("GetAgentCards", pb.GetAgentCardsRequest(agent_ids=wanted), f"the Agent Card of {wanted[0]}")
+        return {c.card.agent_id: c for c in response.cards}
 
     async def _fetch(self, identity_ids: list[str]) -> dict[str, pb.DirectoryIdentity]:
         """A fresh, authoritative read. Its answers are cached unless the cache was discarded while

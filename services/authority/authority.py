@@ -41,7 +41,14 @@ from missionweave.signing import (
     signed_envelope,
 )
 from missionweave.signing import verify_signature as verify_envelope
-from missionweave.v1 import artifact_service_pb2, authority_service_pb2, command_pb2, common_pb2, event_pb2
+from missionweave.v1 import (
+    agent_card_pb2,
+    artifact_service_pb2,
+    authority_service_pb2,
+    command_pb2,
+    common_pb2,
+    event_pb2,
+)
 from missionweave.verifier import SignatureVerifier
 from services.authority import decider, kinds
 from services.authority.context_package import CONTEXT_PACKAGE_TYPE, build_context_package
@@ -49,7 +56,12 @@ from services.authority.ingress import GroupIngressLimiter, check_envelope
 from services.authority.integrity import LogIntegrity
 from services.authority.keys import KeyHistory, KeyRecord
 from services.authority.progress import mission_progress
-from services.authority.rules.common import TERMINAL_MISSION_STATES, OrganizationPolicy, StoredArtifact
+from services.authority.rules.common import (
+    TERMINAL_MISSION_STATES,
+    CardInfo,
+    OrganizationPolicy,
+    StoredArtifact,
+)
 from services.authority.rules.conversations import erased, erasure_targets
 from services.authority.rules.missions import check_transfer
 from services.authority.state import GroupState, IdentityInfo
@@ -280,7 +292,10 @@ class GroupAuthority:
             if linked_state is not None:
                 linked[linked_id] = linked_state
         artifacts = await self._published_artifacts(command)
-        ctx = decider.DecisionContext(self.clock.now(), identities, linked, envelope, artifacts, self.policy)
+        cards = {
+            agent: card_info(published) for agent, published in (await self.identities.agent_cards(kinds.card_holders(command))).items()
+        }
+        ctx = decider.DecisionContext(self.clock.now(), identities, linked, envelope, artifacts, self.policy, cards)
         decision = decider.decide(state, command, ctx)
         if isinstance(decision, Rejected):
             raise decision
@@ -789,3 +804,8 @@ def _stored(event: event_pb2.Event, envelope: bytes) -> StoredEvent:
         recorded_us=timestamp_micros(event.recorded_at),
         envelope=envelope,
     )
+
+
+def card_info(published: agent_card_pb2.PublishedAgentCard) -> CardInfo:
+    card = published.card
+    return CardInfo(card.card_version, {c.capability_id: c.version for c in card.capabilities}, card.max_concurrency)

@@ -49,6 +49,12 @@ def referenced_identities(command: command_pb2.Command) -> set[str]:
     return {command.actor_id, *(kind.references(command) if kind else ())}
 
 
+def card_holders(command: command_pb2.Command) -> set[str]:
+    """The agents whose Agent Card in force the decision consults."""
+    kind = kind_of(command)
+    return set(kind.card_holders(command)) if kind else set()
+
+
 def linked_groups(command: command_pb2.Command) -> list[str]:
     """Other Groups whose durable state the decision consults (never written by this command)."""
     kind = kind_of(command)

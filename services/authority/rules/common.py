@@ -57,6 +57,15 @@ class OrganizationPolicy:
 
 
 @dataclass(frozen=True)
+class CardInfo:
+    """What a decision needs of an agent's Agent Card in force (MW-11.1-13)."""
+
+    card_version: str
+    capabilities: Mapping[str, str]  # capability id -> version declared
+    max_concurrency: int
+
+
+@dataclass(frozen=True)
 class DecisionContext:
     """Everything ``decide`` may consult besides the state and the command."""
 
@@ -70,6 +79,9 @@ class DecisionContext:
     # Artifacts the command publishes, stored and with a verified manifest, by BLAKE3 hex.
     artifacts: Mapping[str, StoredArtifact] = field(default_factory=dict)
     policy: OrganizationPolicy = field(default_factory=OrganizationPolicy)
+    # The Agent Card in force of each agent the command's kind names in ``card_holders`` (agents
+    # without one are absent).
+    cards: Mapping[str, CardInfo] = field(default_factory=dict)
 
 
 Handler = Callable[[GroupState | None, command_pb2.Command, DecisionContext, "Emitter"], None]
@@ -107,6 +119,8 @@ class CommandKind:
     org_policy_may_issue: bool = False
     # Identities besides the actor whose registration the decision consults (the shell looks them up).
     references: Callable[[command_pb2.Command], Iterable[str]] = _none
+    # Agents whose Agent Card in force the decision consults (the shell fetches them).
+    card_holders: Callable[[command_pb2.Command], Iterable[str]] = _none
     # Other Groups whose durable state the decision consults (never written by this command).
     linked_groups: Callable[[command_pb2.Command], Iterable[str]] = _none
     # The artifact the command publishes, which the shell looks up in the artifact index.
@@ -156,6 +170,17 @@ def version_key(text: str) -> tuple[int, ...]:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts)
+
+
+def missing_capability(
+    have: Mapping[str, str], required: Iterable[membership_pb2.Capability]
+) -> membership_pb2.Capability | None:
+    """The first required capability ``have`` lacks, or declares below the required version."""
+    for cap in required:
+        version = have.get(cap.capability_id)
+        if version is None or version_key(version) < version_key(cap.version):
+            return cap
+    return None
 
 
 def invalid(field: str, message: str) -> Rejected:

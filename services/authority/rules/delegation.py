@@ -25,9 +25,9 @@ from services.authority.rules.common import (
     R,
     Role,
     invalid,
+    missing_capability,
     mission_of,
     require_reason,
-    version_key,
 )
 from services.authority.rules.missions import require_coordinator, require_live
 from services.authority.state import SIX, GrantState, GroupState
@@ -273,7 +273,7 @@ def check_capabilities(grant: GrantState, contract: wp.WorkContract) -> None:
         minimum = grant.allowed.get(cap.capability_id)
         if minimum is None:
             raise _outside(grant, "capability", f"grant {grant.grant_id} does not allow {cap.capability_id}", capability=cap.capability_id)
-        if version_key(cap.version) < version_key(minimum):
+        if missing_capability({cap.capability_id: cap.version}, [membership_pb2.Capability(capability_id=cap.capability_id, version=minimum)]):
             raise _outside(
                 grant, "capability",
                 f"{cap.capability_id} {cap.version} is below the grant's minimum version {minimum} (MW-9.1-10)",

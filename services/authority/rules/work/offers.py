@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from missionweave import ids
 from missionweave.clock import from_timestamp
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid, version_key
+from missionweave.v1.membership_pb2 import Capability
+from services.authority.rules.common import (
+    CardInfo,
+    CommandKind,
+    DecisionContext,
+    Emitter,
+    R,
+    invalid,
+    missing_capability,
+)
 from services.authority.rules.delegation import charge, check_delegated_offer
 from services.authority.rules.memberships import activate
 from services.authority.rules.work.common import (
@@ -55,6 +66,9 @@ def work_offer(
             raise invalid(f"body.candidate_ids[{i}]", f"{cid} holds no active Membership in this Group")
         if member.provisional and member.expires_at is not None and from_timestamp(body.expires_at) > member.expires_at:
             raise invalid("body.expires_at", f"an offer to {cid} expires no later than its provisional Membership (MW-8-06)")
+    contract = body.amended_contract if body.HasField("amended_contract") else item.contract
+    for i, cid in enumerate(body.candidate_ids):
+        check_card(ctx.cards.get(cid), cid, contract.required_capabilities, f"body.candidate_ids[{i}]")
     _check_selection_criteria(body)
     if not body.HasField("expires_at") or from_timestamp(body.expires_at) <= ctx.now:
         raise invalid("body.expires_at", "an offer expiry in the future is required")
@@ -76,7 +90,7 @@ def work_offer(
     elif not ids.is_valid(offer_id) or offer_id in item.offers:
         raise invalid("body.offer_id", "a valid id not yet used for this WorkItem")
     if grant is not None:
-        check_delegated_offer(state, grant, body, body.amended_contract if body.HasField("amended_contract") else item.contract)
+        check_delegated_offer(state, grant, body, contract)
     if revision == item.contract_revision:
         require_dependencies(state, item, "work.offer")
     if item.owner is not None:  # an expired owner is fenced before the offer takes effect (T03, OP-11)
@@ -139,6 +153,22 @@ def _check_selection_criteria(body: wp.WorkOffer) -> None:
                 )
 
 
+def check_card(card: CardInfo | None, agent_id: str, required: Iterable[Capability], field: str) -> None:
+    """MW-11.1-13: an agent with an Agent Card in force declares every required capability in it, at
+    the required version or later (an agent without a card is judged by its Membership alone)."""
+    if card is None:
+        return
+    lacking = missing_capability(card.capabilities, required)
+    if lacking is not None:
+        raise Rejected(
+            R.REJECTION_REASON_PRECONDITION_FAILED,
+            f"{agent_id}'s Agent Card {card.card_version} does not declare {lacking.capability_id} >= {lacking.version}",
+            field=field,
+            capability=lacking.capability_id,
+            card_version=card.card_version,
+        )
+
+
 def withdraw_offers(out: Emitter, item: WorkItemState, offer_ids: list[str], reason: int, winner: str = "") -> None:
     candidates = sorted({c for oid in offer_ids for c in item.offers[oid].candidate_ids})
     out.emit(
@@ -198,13 +228,15 @@ def work_accept_offer(
         )
     require_dependencies(state, item, "work.accept_offer")
     member = state.members[command.actor_id]
-    have = dict(member.capabilities)
-    for cap in item.contract.required_capabilities:
-        if cap.capability_id not in have or version_key(have[cap.capability_id]) < version_key(cap.version):
-            raise Rejected(
-                R.REJECTION_REASON_PRECONDITION_FAILED,
-                f"{command.actor_id} lacks capability {cap.capability_id} >= {cap.version}",
-            )
+    lacking = missing_capability(dict(member.capabilities), item.contract.required_capabilities)
+    if lacking is not None:
+        raise Rejected(
+            R.REJECTION_REASON_PRECONDITION_FAILED,
+            f"{command.actor_id} lacks capability {lacking.capability_id} >= {lacking.version} in its Membership",
+            capability=lacking.capability_id,
+        )
+    card = ctx.cards.get(command.actor_id)
+    check_card(card, command.actor_id, item.contract.required_capabilities, "actor_id")
     epoch = item.last_ownership_epoch + 1
     lease = policy_duration(
         item.contract.time_policy.start_deadline, DEFAULT_START_DEADLINE, "time_policy.start_deadline"
@@ -224,6 +256,7 @@ def work_accept_offer(
             ),
             selection_criteria=criteria,
             schedule=body.schedule if body.HasField("schedule") else None,
+            agent_card_version=card.card_version if card else "",
         ),
     )
     if member.provisional:
@@ -312,7 +345,14 @@ def _declined(state: GroupState, event: event_pb2.Event) -> None:
 # ---------------------------------------------------------------- the declarations
 
 KINDS = (
-    CommandKind("work_offer", work_offer, {"work_offered": _offered, "work_offers_withdrawn": _withdrawn}),
-    CommandKind("work_accept_offer", work_accept_offer, {"work_offer_accepted": _accepted}),
+    CommandKind(
+        "work_offer",
+        work_offer,
+        {"work_offered": _offered, "work_offers_withdrawn": _withdrawn},
+        card_holders=lambda c: c.work_offer.candidate_ids,
+    ),
+    CommandKind(
+        "work_accept_offer", work_accept_offer, {"work_offer_accepted": _accepted}, card_holders=lambda c: (c.actor_id,)
+    ),
     CommandKind("work_decline_offer", work_decline_offer, {"work_offer_declined": _declined}),
 )
