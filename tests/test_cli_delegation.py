@@ -121,7 +121,7 @@ async def test_refused_grants_exit_1_with_the_reason(bench: Bench) -> None:
     assert "has no delegation grant 'grant_nope'" in missing.stderr
     # Malformed or inconsistent flags: nothing is sent (exit 2).
     coordinator = bench.as_("coord-bot")
-    for bad in (["--cap", "bogus=1"], ["--cap", "tokens=-5"], ["--cap", "financial=1.2345678"], ["--cap", "tokens"]):
+    for bad in (["--cap", "bogus=1"], ["--cap", "tokens=-5"], ["--cap", "financial=1.2345678"], ["--cap", "tokens"], ["--max-depth", "-1"]):
         await bench.mwp("delegation", "grant", group, "relief-bot", *GRANT, *bad, *coordinator, expect=2)
     twice = await bench.mwp(
         "delegation", "grant", group, "relief-bot", *GRANT, "--cap", "tokens=1", "--cap", "tokens=2", *coordinator, expect=2

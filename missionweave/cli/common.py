@@ -300,6 +300,13 @@ def capability(text: str) -> membership_pb2.Capability:
     return membership_pb2.Capability(capability_id=match[1], version=match[2])
 
 
+def natural(text: str) -> int:
+    """A whole number >= 0 (the proto field is unsigned)."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 0")
+    return int(text)
+
+
 def duration(text: str) -> timedelta:
     """``30m``, ``1h``, ``1h30m``, ``2d``, ``45s`` -> timedelta (a unit is required: no bare numbers)."""
     match = _DURATION.match(text.strip().lower())

@@ -30,6 +30,7 @@ from missionweave.cli.common import (
     expiry,
     first_event,
     mission_of,
+    natural,
     reading,
     relative,
     report,
@@ -89,9 +90,10 @@ def cap(text: str) -> Cap:
     if key not in DIMENSIONS:
         names = ", ".join(["financial", *DIMENSIONS])
         raise argparse.ArgumentTypeError(f"{text!r}: unknown dimension {name!r}; one of {names}")
-    if not value.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: {key} takes a whole number >= 0")
-    return Cap(key, int(value))
+    try:
+        return Cap(key, natural(value))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {key} takes a whole number >= 0") from None
 
 
 def caps_from_args(args: argparse.Namespace, mission_currency: str) -> common_pb2.ResourceVector:
@@ -280,7 +282,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "wall_clock_ms=N, side_effects=N. A dimension not given is 0 = nothing allowed",
     )
     g.add_argument("--currency", help="the caps' currency (default: the one financial= names, else the Mission budget's)")
-    g.add_argument("--max-depth", type=int, required=True, metavar="N", help="levels below the target it may create")
+    g.add_argument("--max-depth", type=natural, required=True, metavar="N", help="levels below the target it may create")
     add_expiry_flags(g, "the grant", required=True)
     add_coordinator_epoch_flag(g)
     g.set_defaults(func=cmd_grant)

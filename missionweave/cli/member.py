@@ -19,6 +19,7 @@ from missionweave.cli.common import (
     enum_label,
     expiry,
     first_event,
+    natural,
     reading,
     relative,
     report,
@@ -154,7 +155,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--capability", action="append", type=capability, metavar="ID=VERSION", help="an explicit capability (repeatable)"
     )
     g.add_argument(
-        "--visibility-start", type=int, default=0, metavar="N",
+        "--visibility-start", type=natural, default=0, metavar="N",
         help="first Group sequence the member may see; 1 = full history (default: its grant's own sequence)",
     )
     g.add_argument(
