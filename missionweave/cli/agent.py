@@ -17,6 +17,7 @@ from missionweave.cli.common import (
     UsageError,
     add_json_flag,
     add_reader_flags,
+    capability,
     emit,
     enum_label,
     reading,
@@ -36,11 +37,11 @@ _PREFIX = "PRESENCE_AVAILABILITY_"
 
 
 def parse_capability(text: str) -> membership_pb2.Capability:
-    """``code.python@1.4.0`` -> Capability."""
-    capability_id, sep, version = text.partition("@")
-    if not sep or not capability_id or not version:
-        raise UsageError(f"--capability {text!r}: expected ID@VERSION, e.g. code.python@1.4.0")
-    return membership_pb2.Capability(capability_id=capability_id, version=version)
+    """``code.python@1.4.0`` (or ``code.python=1.4.0``) -> Capability."""
+    try:
+        return capability(text)
+    except argparse.ArgumentTypeError as err:
+        raise UsageError(f"--capability {err}") from None
 
 
 def card_from_args(args: argparse.Namespace) -> pb.AgentCard:

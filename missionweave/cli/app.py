@@ -3,8 +3,9 @@
 Exit codes: 0 success, 1 refused (by the server, reason printed; or by a client-side check such as
 a signed summary that does not verify), 2 usage error, 3 the server could not be reached.
 
-The Mission, Coordinator, Conversation and Message commands live in ``cli_mission``,
-``cli_coordinator`` and ``cli_conversation``; their shared plumbing in ``cli_common``.
+The Mission, Coordinator, Membership, delegation grant, Conversation and Message commands live in
+``cli_mission``, ``cli_coordinator``, ``cli_member``, ``cli_delegation`` and ``cli_conversation``;
+their shared plumbing in ``cli_common``.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from missionweave.cli import agent as cli_agent
 from missionweave.cli import artifact as cli_artifact
 from missionweave.cli import conversation as cli_conversation
 from missionweave.cli import coordinator as cli_coordinator
+from missionweave.cli import delegation as cli_delegation
 from missionweave.cli import demo
 from missionweave.cli import group as cli_group
 from missionweave.cli import integrity as cli_integrity
+from missionweave.cli import member as cli_member
 from missionweave.cli import mission as cli_mission
 from missionweave.cli.common import (
     CliError,
@@ -245,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_mission.register(sub)
     cli_coordinator.register(sub)
+    cli_member.register(sub)
+    cli_delegation.register(sub)
     cli_conversation.register(sub)
     cli_artifact.register(sub)
     cli_agent.register(sub)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,12 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from missionweave.clock import SystemClock, to_timestamp
 from missionweave.config import Settings
 from missionweave.rpc.channels import ClientTLS
 from missionweave.sdk.client import MeshClient, SessionSigner, decode_events, membership_epoch
 from missionweave.signing import read_key
-from missionweave.v1 import authority_service_pb2, command_pb2, event_pb2, mission_pb2
+from missionweave.v1 import authority_service_pb2, command_pb2, event_pb2, membership_pb2, mission_pb2
 
 GroupState = authority_service_pb2.GroupState
 
@@ -221,6 +223,12 @@ def relative(ts: Timestamp, now: datetime | None = None) -> str:
     return f"in {span}" if delta >= 0 else f"{span} ago"
 
 
+def columns(rows: list[list[str]], indent: str = "") -> list[str]:
+    """``rows`` (the first one a header) as aligned text columns, two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
 def to_dict(message: Message) -> dict[str, Any]:
     return json_format.MessageToDict(message, preserving_proto_field_name=True)
 
@@ -253,13 +261,15 @@ def report(
     headline: str,
     *,
     last_line: str = "",
+    details: Iterable[str] = (),
     extra: dict[str, Any] | None = None,
 ) -> int:
-    """Prints an accepted command's result: the headline, one line per event, then ``last_line``
-    (an id scripts pick up with ``tail -1``). With --json: the result and its decoded events."""
+    """Prints an accepted command's result: the headline, its ``details`` lines, one line per event,
+    then ``last_line`` (an id scripts pick up with ``tail -1``). With --json: the result and its
+    decoded events."""
     events = result_events(result)
     replayed = " (idempotent retry: nothing new was written)" if result.replayed else ""
-    lines = [f"{headline}{replayed}"]
+    lines = [f"{headline}{replayed}", *details]
     lines += [f"  #{e.sequence} {e.type} {e.event_id}" for e in events]
     lines += [f"group {result.group_id} is at revision {result.group_revision}"]
     if last_line:
@@ -274,6 +284,67 @@ def report(
     }
     emit(args, lines, document)
     return 0
+
+
+# ------------------------------------------------------------------ argument types (bad input exits 2)
+
+_CAPABILITY = re.compile(r"^([^\s=@]+)[=@](\S+)$")
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def capability(text: str) -> membership_pb2.Capability:
+    """``code.python=1.4.0`` -> Capability. ``ID@VERSION`` (as Agent Cards are written) is read too."""
+    match = _CAPABILITY.match(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected ID=VERSION, e.g. code.python=1.4.0")
+    return membership_pb2.Capability(capability_id=match[1], version=match[2])
+
+
+def natural(text: str) -> int:
+    """A whole number >= 0 (the proto field is unsigned)."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 0")
+    return int(text)
+
+
+def duration(text: str) -> timedelta:
+    """``30m``, ``1h``, ``1h30m``, ``2d``, ``45s`` -> timedelta (a unit is required: no bare numbers)."""
+    match = _DURATION.match(text.strip().lower())
+    if match is None or not any(match.groups()):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a duration such as 45s, 30m, 1h30m or 2d")
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+
+
+def instant(text: str) -> datetime:
+    """An ISO 8601 time with its offset (``2026-12-01T18:00:00Z``): a time without one is refused
+    rather than guessed, since the server compares it with its own UTC clock."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an ISO 8601 time, e.g. 2026-12-01T18:00:00Z") from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: give the time zone, e.g. 2026-12-01T18:00:00Z or ...+01:00")
+    return value.astimezone(UTC)
+
+
+def add_expiry_flags(sp: argparse.ArgumentParser, what: str, *, required: bool) -> None:
+    """--expires-in DURATION | --expires-at ISO (one of them; read back with ``expiry``)."""
+    g = sp.add_mutually_exclusive_group(required=required)
+    g.add_argument(
+        "--expires-in", type=duration, metavar="DURATION",
+        help=f"{what} expires this long from now by the local clock, e.g. 30m, 1h, 1h30m, 2d",
+    )
+    g.add_argument("--expires-at", type=instant, metavar="ISO", help=f"{what} expires then, e.g. 2026-12-01T18:00:00Z")
+
+
+def expiry(args: argparse.Namespace) -> Timestamp | None:
+    """The expiry --expires-in / --expires-at name, or None when neither was given."""
+    if args.expires_at is not None:
+        return to_timestamp(args.expires_at)
+    if args.expires_in is not None:
+        return to_timestamp(SystemClock().now() + args.expires_in)
+    return None
 
 
 # ------------------------------------------------------------------ shared flags
@@ -296,9 +367,13 @@ def add_json_flag(sp: argparse.ArgumentParser, text: str = "machine output: one 
     sp.add_argument("--json", action="store_true", help=text)
 
 
-def add_group_flags(sp: argparse.ArgumentParser, text: str = "the Group") -> None:
-    """--group plus the --membership-epoch override (default: looked up in the Group state)."""
-    sp.add_argument("--group", required=True, help=text)
+def add_group_flags(sp: argparse.ArgumentParser, text: str = "the Group", *, positional: bool = False) -> None:
+    """--group (or a GROUP argument) plus the --membership-epoch override (default: looked up in the
+    Group state)."""
+    if positional:
+        sp.add_argument("group", metavar="GROUP", help=text)
+    else:
+        sp.add_argument("--group", required=True, help=text)
     sp.add_argument(
         "--membership-epoch", type=int, help="your Membership epoch (default: your active one in the Group)"
     )
@@ -308,9 +383,11 @@ def add_coordinator_epoch_flag(sp: argparse.ArgumentParser, text: str = "default
     sp.add_argument("--coordinator-epoch", type=int, help=f"Coordinator epoch ({text})")
 
 
-def acting_command(sp: argparse.ArgumentParser, group_text: str = "the Group") -> argparse.ArgumentParser:
+def acting_command(
+    sp: argparse.ArgumentParser, group_text: str = "the Group", *, positional_group: bool = False
+) -> argparse.ArgumentParser:
     """The flags every Group-scoped command shares: actor, Group, membership epoch, --json."""
     add_actor_flags(sp)
-    add_group_flags(sp, group_text)
+    add_group_flags(sp, group_text, positional=positional_group)
     add_json_flag(sp)
     return sp
