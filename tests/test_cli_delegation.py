@@ -26,7 +26,7 @@ async def planned(bench: Bench) -> str:
         work_item_id="root", title="root", contract=builders.contract(bench.clock.now()), coordinator_epoch=1
     )
     await execute(bench, "coord-bot", group, "work_authorize", root)
-    await bench.mwp("member", "grant", group, "relief-bot", "--role", "work-delegate", *bench.as_("alice"))
+    await bench.mwp("member", "grant", "--group", group, "relief-bot", "--role", "work-delegate", *bench.as_("alice"))
     return group
 
 
@@ -45,7 +45,7 @@ async def test_grant_list_show_and_revoke(bench: Bench) -> None:
     group = await planned(bench)
     coordinator = bench.as_("coord-bot")
     granted = await bench.mwp(
-        "delegation", "grant", group, "relief-bot", *GRANT, "--cap", "tokens=25000", "--cap", "tool_calls=150",
+        "delegation", "grant", "--group", group, "relief-bot", *GRANT, "--cap", "tokens=25000", "--cap", "tool_calls=150",
         "--cap", "financial=3.50 EUR", *coordinator,
     )
     grant_id = granted.last_line
@@ -60,13 +60,13 @@ async def test_grant_list_show_and_revoke(bench: Bench) -> None:
 
     await delegated_authorize(bench, group, grant_id, "sub-1")
 
-    listed = (await bench.mwp("delegation", "list", group)).stdout.splitlines()
+    listed = (await bench.mwp("delegation", "list", "--group", group)).stdout.splitlines()
     assert listed[0].startswith(f"Delegation grants of {group}")
     [row] = [line.split() for line in listed[2:]]
     assert row[:8] == [grant_id, "relief-bot", "root", "usable", "15000", "100", "2.50", "EUR"]
     assert "(in 59m" in listed[2] or "(in 1h" in listed[2] or "(in 60m" in listed[2]
 
-    shown = (await bench.mwp("delegation", "show", group, grant_id)).stdout
+    shown = (await bench.mwp("delegation", "show", "--group", group, grant_id)).stdout
     lines = shown.splitlines()
     assert lines[0] == f"delegation grant {grant_id}: usable"
     assert "relief-bot (Membership epoch 3)" in shown and "coord-bot at Coordinator epoch 1" in shown
@@ -74,26 +74,26 @@ async def test_grant_list_show_and_revoke(bench: Bench) -> None:
     assert budget["tokens"] == ["25000", "10000", "15000"]
     assert budget["financial"] == ["3.50", "EUR", "1.00", "EUR", "2.50", "EUR"]
     assert lines[-1] == "charged WorkItems: sub-1"
-    document = (await bench.mwp("delegation", "show", group, grant_id, "--json")).json()
+    document = (await bench.mwp("delegation", "show", "--group", group, grant_id, "--json")).json()
     assert document["status"] == "usable" and document["work_item_ids"] == ["sub-1"]
     assert document["dimensions"]["tokens"] == {"cap": 25000, "charged": 10000, "remaining": 15000}
     assert document["dimensions"]["side_effects"] == {"cap": 0, "charged": 0, "remaining": 0}
     assert document["grant"]["grantee_id"] == "relief-bot" and document["currency"] == "EUR"
 
-    revoked = await bench.mwp("delegation", "revoke", group, grant_id, "--reason", "replanned", *coordinator)
+    revoked = await bench.mwp("delegation", "revoke", "--group", group, grant_id, "--reason", "replanned", *coordinator)
     assert revoked.stdout.startswith(f"delegation grant {grant_id} revoked") and "membership.delegation.revoked" in revoked.stdout
-    after = (await bench.mwp("delegation", "list", group, "--json")).json()
+    after = (await bench.mwp("delegation", "list", "--group", group, "--json")).json()
     [status] = after["grants"]
     assert status["status"] == "revoked" and status["invalid_because"] == "revoked"
-    assert (await bench.mwp("delegation", "show", group, grant_id)).stdout.startswith(f"delegation grant {grant_id}: revoked")
-    again = await bench.mwp("delegation", "revoke", group, grant_id, "--reason", "again", *coordinator, expect=1)
+    assert (await bench.mwp("delegation", "show", "--group", group, grant_id)).stdout.startswith(f"delegation grant {grant_id}: revoked")
+    again = await bench.mwp("delegation", "revoke", "--group", group, grant_id, "--reason", "again", *coordinator, expect=1)
     assert "refused: INVALID_TRANSITION" in again.stderr
 
 
 async def test_grant_json_and_the_default_currency(bench: Bench) -> None:
     group = await planned(bench)
     document = (await bench.mwp(
-        "delegation", "grant", group, "relief-bot", *GRANT, "--cap", "tokens=100", "--cap", "financial=0.25",
+        "delegation", "grant", "--group", group, "relief-bot", *GRANT, "--cap", "tokens=100", "--cap", "financial=0.25",
         "--coordinator-epoch", "1", "--json", *bench.as_("coord-bot"),
     )).json()
     grant = document["grant"]
@@ -105,34 +105,34 @@ async def test_grant_json_and_the_default_currency(bench: Bench) -> None:
 
 async def test_refused_grants_exit_1_with_the_reason(bench: Bench) -> None:
     group = await planned(bench)
-    owner = await bench.mwp("delegation", "grant", group, "relief-bot", *GRANT, "--cap", "tokens=1", *bench.as_("alice"), expect=1)
+    owner = await bench.mwp("delegation", "grant", "--group", group, "relief-bot", *GRANT, "--cap", "tokens=1", *bench.as_("alice"), expect=1)
     assert owner.stderr.startswith("mwp: refused: PERMISSION_DENIED: ")
     over = await bench.mwp(
-        "delegation", "grant", group, "relief-bot", *GRANT, "--cap", "tokens=2000000", *bench.as_("coord-bot"), expect=1
+        "delegation", "grant", "--group", group, "relief-bot", *GRANT, "--cap", "tokens=2000000", *bench.as_("coord-bot"), expect=1
     )
     assert over.stderr.startswith("mwp: refused: BUDGET_EXCEEDED: ") and "dimension=tokens" in over.stderr
     usd = await bench.mwp(
-        "delegation", "grant", group, "relief-bot", *GRANT, "--cap", "financial=1USD", *bench.as_("coord-bot"), expect=1
+        "delegation", "grant", "--group", group, "relief-bot", *GRANT, "--cap", "financial=1USD", *bench.as_("coord-bot"), expect=1
     )
     assert "refused: INVALID_ARGUMENT" in usd.stderr and "budgets in EUR" in usd.stderr
-    assert (await bench.mwp("delegation", "list", group, "--json")).json()["grants"] == []
-    assert "  none" in (await bench.mwp("delegation", "list", group)).stdout
-    missing = await bench.mwp("delegation", "show", group, "grant_nope", expect=1)
+    assert (await bench.mwp("delegation", "list", "--group", group, "--json")).json()["grants"] == []
+    assert "  none" in (await bench.mwp("delegation", "list", "--group", group)).stdout
+    missing = await bench.mwp("delegation", "show", "--group", group, "grant_nope", expect=1)
     assert "has no delegation grant 'grant_nope'" in missing.stderr
     # Malformed or inconsistent flags: nothing is sent (exit 2).
     coordinator = bench.as_("coord-bot")
     for bad in (["--cap", "bogus=1"], ["--cap", "tokens=-5"], ["--cap", "financial=1.2345678"], ["--cap", "tokens"], ["--max-depth", "-1"]):
-        await bench.mwp("delegation", "grant", group, "relief-bot", *GRANT, *bad, *coordinator, expect=2)
+        await bench.mwp("delegation", "grant", "--group", group, "relief-bot", *GRANT, *bad, *coordinator, expect=2)
     twice = await bench.mwp(
-        "delegation", "grant", group, "relief-bot", *GRANT, "--cap", "tokens=1", "--cap", "tokens=2", *coordinator, expect=2
+        "delegation", "grant", "--group", group, "relief-bot", *GRANT, "--cap", "tokens=1", "--cap", "tokens=2", *coordinator, expect=2
     )
     assert "--cap tokens is given twice" in twice.stderr
     mixed = await bench.mwp(
-        "delegation", "grant", group, "relief-bot", *GRANT, "--cap", "financial=1EUR", "--currency", "USD", *coordinator, expect=2
+        "delegation", "grant", "--group", group, "relief-bot", *GRANT, "--cap", "financial=1EUR", "--currency", "USD", *coordinator, expect=2
     )
     assert "more than one currency: EUR, USD" in mixed.stderr
     no_expiry = [a for a in GRANT if a not in ("--expires-in", "1h")]
-    await bench.mwp("delegation", "grant", group, "relief-bot", *no_expiry, *coordinator, expect=2)
+    await bench.mwp("delegation", "grant", "--group", group, "relief-bot", *no_expiry, *coordinator, expect=2)
 
 
 def test_an_expired_grant_is_shown_expired_by_the_local_clock() -> None:

@@ -307,7 +307,7 @@ async def test_erase_a_message_then_snapshot_and_compact_the_group(bench: Bench)
     group = await bench.create()
     await bench.mwp("message", "post", "--group", group, "--text", "card 4111-1111", *bench.as_("coord-bot"))
     listed = (await bench.mwp("message", "list", "--group", group, "--json")).stdout
-    message_id = next(json.loads(line)["message_id"] for line in listed.splitlines() if "4111" in line)
+    message_id = next(json.loads(line)["message_id"] for line in listed.splitlines() if "4111-1111" in line)
     await bench.mwp(
         "message", "amend", "--group", group, "--message", message_id, "--kind", "correction", "--erase", "legal",
         *bench.as_("alice"), expect=2,
@@ -318,7 +318,7 @@ async def test_erase_a_message_then_snapshot_and_compact_the_group(bench: Bench)
     )
     assert "erased from history (legal)" in erased.stdout
     after = (await bench.mwp("message", "list", "--group", group)).stdout
-    assert "4111" not in after and "[erased: card number posted by mistake]" in after
+    assert "4111-1111" not in after and "[erased: card number posted by mistake]" in after
     taken = await bench.mwp("group", "snapshot", *bench.as_("admin"), "--group", group, "--compact", "--json")
     document = taken.json()
     assert document["verified"] and document["compacted"] and document["sequence"] >= 3

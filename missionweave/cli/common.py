@@ -367,13 +367,9 @@ def add_json_flag(sp: argparse.ArgumentParser, text: str = "machine output: one 
     sp.add_argument("--json", action="store_true", help=text)
 
 
-def add_group_flags(sp: argparse.ArgumentParser, text: str = "the Group", *, positional: bool = False) -> None:
-    """--group (or a GROUP argument) plus the --membership-epoch override (default: looked up in the
-    Group state)."""
-    if positional:
-        sp.add_argument("group", metavar="GROUP", help=text)
-    else:
-        sp.add_argument("--group", required=True, help=text)
+def add_group_flags(sp: argparse.ArgumentParser, text: str = "the Group") -> None:
+    """--group plus the --membership-epoch override (default: looked up in the Group state)."""
+    sp.add_argument("--group", required=True, help=text)
     sp.add_argument(
         "--membership-epoch", type=int, help="your Membership epoch (default: your active one in the Group)"
     )
@@ -383,11 +379,9 @@ def add_coordinator_epoch_flag(sp: argparse.ArgumentParser, text: str = "default
     sp.add_argument("--coordinator-epoch", type=int, help=f"Coordinator epoch ({text})")
 
 
-def acting_command(
-    sp: argparse.ArgumentParser, group_text: str = "the Group", *, positional_group: bool = False
-) -> argparse.ArgumentParser:
+def acting_command(sp: argparse.ArgumentParser, group_text: str = "the Group") -> argparse.ArgumentParser:
     """The flags every Group-scoped command shares: actor, Group, membership epoch, --json."""
     add_actor_flags(sp)
-    add_group_flags(sp, group_text, positional=positional_group)
+    add_group_flags(sp, group_text)
     add_json_flag(sp)
     return sp

@@ -264,7 +264,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "wall_clock_ms, side_effects) is capped explicitly: a dimension without --cap is 0, which allows "
             "NOTHING in it, not unlimited. Caps may not exceed the Mission's budget.",
         ),
-        positional_group=True,
     )
     g.add_argument("grantee", metavar="GRANTEE", help="the grantee (holds an active work-delegate Membership)")
     # dest differs from the global --target (the server address), which must keep its value.
@@ -289,20 +288,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     r = acting_command(
         dele.add_parser("revoke", help="end a grant before its expiry (current Coordinator or MissionOwner)"),
-        positional_group=True,
     )
     r.add_argument("grant_id", metavar="GRANT_ID")
     r.add_argument("--reason", required=True)
     r.set_defaults(func=cmd_revoke)
 
     ls = dele.add_parser("list", help="every grant of a Group: status, remaining budget, expiry")
-    ls.add_argument("group", metavar="GROUP")
+    ls.add_argument("--group", required=True, help="the Group")
     add_json_flag(ls)
     add_reader_flags(ls)
     ls.set_defaults(func=cmd_list)
 
     s = dele.add_parser("show", help="one grant: every field, caps vs charged vs remaining, charged WorkItems")
-    s.add_argument("group", metavar="GROUP")
+    s.add_argument("--group", required=True, help="the Group")
     s.add_argument("grant_id", metavar="GRANT_ID")
     add_json_flag(s)
     add_reader_flags(s)

@@ -147,7 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     mem = sub.add_parser("member", help="Memberships: grant, revoke, list").add_subparsers(dest="sub", required=True)
 
     g = acting_command(
-        mem.add_parser("grant", help="grant a Membership (MissionOwner or current Coordinator)"), positional_group=True
+        mem.add_parser("grant", help="grant a Membership (MissionOwner or current Coordinator)")
     )
     g.add_argument("member", metavar="MEMBER", help="the identity joining")
     g.add_argument("--role", choices=list(ROLES), required=True)
@@ -167,14 +167,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.set_defaults(func=cmd_grant)
 
     r = acting_command(
-        mem.add_parser("revoke", help="end a Membership (MissionOwner or current Coordinator)"), positional_group=True
+        mem.add_parser("revoke", help="end a Membership (MissionOwner or current Coordinator)")
     )
     r.add_argument("member", metavar="MEMBER")
     r.add_argument("--reason", required=True)
     r.set_defaults(func=cmd_revoke)
 
     ls = mem.add_parser("list", help="every Membership of a Group, active and ended")
-    ls.add_argument("group", metavar="GROUP")
+    ls.add_argument("--group", required=True, help="the Group")
     add_json_flag(ls)
     add_reader_flags(ls)
     ls.set_defaults(func=cmd_list)
