@@ -246,8 +246,8 @@ have no members yet: the column "no Membership" says who creates it.
 
 Observers hold read access only and issue nothing. Only Workers, and the Coordinator for
 coordination-native and fallback work (MW-7.2-10), are offered work and act as a WorkItem's owner;
-`work.offer` refuses candidates whose role could not accept. The Message of a command carries no
-authority (MW-9-10): acting on one needs the command it describes.
+`work.offer` refuses candidates whose role could not accept. A Message carries no authority
+(MW-9-10): acting on one takes the command it describes, issued by a role this table allows.
 
 `tests/test_core_authorization.py` checks every role (and an Organization administrator and a
 registered identity without a Membership) against every command kind.
