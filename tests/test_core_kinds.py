@@ -20,6 +20,7 @@ from missionweave.v1 import (
     work_pb2,
 )
 from services.authority import decider, kinds
+from services.authority.rules import authorization
 from services.authority.rules.common import CommandKind, DecisionContext, Emitter, not_implemented
 from services.authority.state import GroupState, IdentityInfo
 from tests import builders
@@ -110,7 +111,9 @@ def test_the_declared_facts_of_the_kinds() -> None:
         "mission_cancel": MS.MISSION_STATE_CANCELLED,
         "mission_terminate": MS.MISSION_STATE_FAILED,
     }
-    assert {x.body for x in k if x.org_policy_may_issue} == {"mission_cancel", "mission_terminate", "mission_replace_coordinator"}
+    assert {x.body for x in k if authorization.may_act_for_organization(x.body)} == {
+        "mission_create", "mission_cancel", "mission_terminate", "mission_replace_coordinator"
+    }
 
 
 def test_referenced_identities_are_the_actor_and_those_the_body_names() -> None:

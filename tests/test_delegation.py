@@ -130,7 +130,9 @@ async def test_a_work_delegate_plans_and_offers_a_subtree_within_its_grant(world
         R.REJECTION_REASON_PERMISSION_DENIED,
         membership_epoch=await w.epoch_of(G, "worker-bot"),
     )
-    assert theft.metadata["check"] == "not_grantee"
+    # A Worker's role never shapes work (MW-9.1-18); another delegate using the grant is not_grantee
+    # (tests/test_core_delegation.py).
+    assert (theft.metadata["check"], theft.metadata["role"]) == ("role", "worker")
     # The scope root cancelled: the grant ends at once (MW-9.1-15), and the read model says so.
     await flow.coord(
         "work_cancel", wp.WorkCancel(work_item_id="root", coordinator_epoch=1, reason="descoped")

@@ -271,7 +271,9 @@ async def test_the_coordinator_renews_its_live_lease(world: World) -> None:
     assert lease.coordinator_epoch == 1 and lease.expires_at.ToDatetime() > before
     await as_member(w, G, w.worker)
     renew = mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=1)
-    await refused(w, w.worker, G, "mission_renew_coordinator_lease", renew, R.REJECTION_REASON_COORDINATOR_EPOCH_STALE, membership_epoch=3)
+    # A Worker's role never renews the lease (docs/authorization.md), before any epoch is compared.
+    stranger = await refused(w, w.worker, G, "mission_renew_coordinator_lease", renew, R.REJECTION_REASON_PERMISSION_DENIED, membership_epoch=3)
+    assert (stranger.metadata["check"], stranger.metadata["role"]) == ("role", "worker")
     w.clock.advance(seconds=61)
     await refused(w, w.coordinator, G, "mission_renew_coordinator_lease", renew, R.REJECTION_REASON_LEASE_EXPIRED, membership_epoch=2)
     late = mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=1)

@@ -14,10 +14,10 @@ import copy
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
 from services.authority.kinds import APPLIERS, kind_of
+from services.authority.rules import authorization
 from services.authority.rules.common import (
     MAX_DATA_JSON_BYTES,
     MAX_TEXT_BYTES,
-    CommandKind,
     DecisionContext,
     Emitter,
     R,
@@ -52,9 +52,12 @@ def decide(state: GroupState | None, command: command_pb2.Command, ctx: Decision
         else:
             if state is None:
                 raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {command.group_id} does not exist")
-            if not _acts_for_organization(state, command, kind, ctx):
+            organization = authorization.may_act_for_organization(kind.body) and is_org_policy(ctx, command.actor_id)
+            if not _acts_for_organization(state, command, organization):
                 check_membership(state, command)
                 check_provisional(state, command, kind.body, ctx)
+                # Who may issue the kind at all (rules/authorization.py); the handler checks the rest.
+                authorization.check_role(kind.body, state.members[command.actor_id].role, organization=organization)
             check_expected_revision(state, command)
         emitter = Emitter(command, state, ctx.now)
         kind.handler(state, command, ctx, emitter)
@@ -68,12 +71,10 @@ def decide(state: GroupState | None, command: command_pb2.Command, ctx: Decision
         return rejected
 
 
-def _acts_for_organization(state: GroupState, command: command_pb2.Command, kind: CommandKind, ctx: DecisionContext) -> bool:
-    """Organization policy (control plane, administrators) cancels, terminates and replaces
-    Coordinators without holding a Membership; it then sends membership epoch 0."""
-    if not kind.org_policy_may_issue or command.actor_id in state.members:
-        return False
-    if not is_org_policy(ctx, command.actor_id):
+def _acts_for_organization(state: GroupState, command: command_pb2.Command, organization: bool) -> bool:
+    """Organization policy (control plane, administrators) issues the kinds the authorization table
+    gives it without holding a Membership (MW-8-04); it then sends membership epoch 0."""
+    if not organization or command.actor_id in state.members:
         return False
     if command.membership_epoch:
         raise invalid("membership_epoch", "must be 0 when acting for Organization policy without a Membership")

@@ -1,10 +1,11 @@
 """The command kinds: one declaration per kind (``CommandKind``), collected from the rule families.
 
 Whatever depends on a command's kind reads it here: the decider (its handler, whether it creates
-its Group, ends the Mission or may be issued by Organization policy, the evolve rule of each event)
-and the shell (which identities, linked Groups and artifact it looks up, whether it erases history).
-A kind is added by declaring it beside its rules in ``rules/`` and adding its body to the Command
-in ``protos/``; nothing else lists kinds. Pure: no I/O.
+its Group or ends the Mission, the evolve rule of each event) and the shell (which identities,
+linked Groups and artifact it looks up, whether it erases history). Who may issue it is the one
+other table keyed by kind (``rules/authorization.py``). A kind is added by declaring it beside its
+rules in ``rules/``, giving it a row in the authorization table and adding its body to the Command
+in ``protos/``. Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -115,8 +115,6 @@ class CommandKind:
     appliers: Mapping[str, Applier] = field(default_factory=dict)
     creates_group: bool = False  # addresses a Group that must not exist yet (membership epoch 0)
     ends_mission: int = 0  # the MissionState it ends the Mission in; its unfinished WorkItems follow (T18)
-    # Organization policy (control plane, administrators) may issue it without a Membership (MW-8-04).
-    org_policy_may_issue: bool = False
     # Identities besides the actor whose registration the decision consults (the shell looks them up).
     references: Callable[[command_pb2.Command], Iterable[str]] = _none
     # Agents whose Agent Card in force the decision consults (the shell fetches them).

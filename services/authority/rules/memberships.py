@@ -26,20 +26,19 @@ _SUBMITTED = work_pb2.WORK_ITEM_STATE_SUBMITTED
 
 
 def require_steward(state: GroupState, command: command_pb2.Command, ctx: DecisionContext) -> None:
-    """Membership changes: the MissionOwner, or the current Coordinator while its lease is live."""
+    """Membership changes: the MissionOwner, or the current Coordinator while its lease is live (the
+    authorization table admits no other role; a replaced Coordinator keeps its role, not the lease)."""
     mission = mission_of(state)
     require_live(mission, "membership change")
-    actor = state.members[command.actor_id]
-    if actor.role == Role.MEMBER_ROLE_MISSION_OWNER:
+    if command.actor_id == mission.owner_id:
         return
     lease = mission.coordinator
-    if actor.role == Role.MEMBER_ROLE_COORDINATOR and lease and lease.agent_id == command.actor_id:
-        if lease.expires_at <= ctx.now:
-            raise Rejected(R.REJECTION_REASON_LEASE_EXPIRED, "the Coordinator lease has expired; renew it first")
-        return
-    raise Rejected(
-        R.REJECTION_REASON_PERMISSION_DENIED, "only the MissionOwner or the current Coordinator manage Memberships"
-    )
+    if lease is None or lease.agent_id != command.actor_id:
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED, "only the MissionOwner or the current Coordinator manage Memberships"
+        )
+    if lease.expires_at <= ctx.now:
+        raise Rejected(R.REJECTION_REASON_LEASE_EXPIRED, "the Coordinator lease has expired; renew it first")
 
 
 _GRANTABLE = frozenset(

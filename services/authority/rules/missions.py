@@ -66,13 +66,6 @@ def _require_state(mission: MissionRecord, wanted: int, command_name: str) -> No
         )
 
 
-def _require_owner(mission: MissionRecord, command: command_pb2.Command, command_name: str) -> None:
-    if command.actor_id != mission.owner_id:
-        raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED, f"{command_name} is issued by the MissionOwner {mission.owner_id}"
-        )
-
-
 def require_coordinator(
     state: GroupState,
     command: command_pb2.Command,
@@ -338,9 +331,9 @@ def mission_submit_for_approval(
     )
 
 
-def _answer_submission(state: GroupState, command: command_pb2.Command, submission_event_id: str, name: str) -> None:
+def _answer_submission(state: GroupState, submission_event_id: str, name: str) -> None:
+    """The owner's answer (only the MissionOwner's role may issue it: rules/authorization.py)."""
     mission = mission_of(state)
-    _require_owner(mission, command, name)
     _require_state(mission, MS.MISSION_STATE_AWAITING_APPROVAL, name)
     if submission_event_id != mission.latest_submission_event_id:
         raise Rejected(
@@ -356,7 +349,7 @@ def mission_request_changes(
     """MW-7.1-T05 / MW-7.3-06/07: the owner's signed change request reopens the same Mission."""
     assert state is not None
     body = command.mission_request_changes
-    _answer_submission(state, command, body.submission_event_id, "mission.request_changes")
+    _answer_submission(state, body.submission_event_id, "mission.request_changes")
     require_reason(body.requested_changes, "body.requested_changes")
     out.emit(
         "mission.changes_requested",
@@ -373,7 +366,7 @@ def mission_approve(state: GroupState | None, command: command_pb2.Command, ctx:
     """MW-7.1-T06 / MW-7.3-06: the owner's signed Approval; `approved` is terminal."""
     assert state is not None
     body = command.mission_approve
-    _answer_submission(state, command, body.submission_event_id, "mission.approve")
+    _answer_submission(state, body.submission_event_id, "mission.approve")
     out.emit(
         "mission.approved",
         "mission_approved",
@@ -390,7 +383,6 @@ def mission_revoke_approval(
     assert state is not None
     body = command.mission_revoke_approval
     mission = mission_of(state)
-    _require_owner(mission, command, "mission.revoke_approval")
     if mission.state != MS.MISSION_STATE_APPROVED:
         raise Rejected(R.REJECTION_REASON_INVALID_TRANSITION, "only an approved Mission's approval can be revoked")
     if body.approval_event_id != mission.approval_event_id:
@@ -423,16 +415,11 @@ def mission_revoke_approval(
 
 
 def mission_cancel(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter) -> None:
-    """MW-7.1-T07 / MW-7.1-11: the MissionOwner or Organization policy; never the Coordinator."""
+    """MW-7.1-T07 / MW-7.1-11: the MissionOwner or Organization policy (the authorization table
+    admits no other role); a Coordinator may recommend cancellation or terminate the Mission as failed."""
     assert state is not None
     mission = mission_of(state)
     require_live(mission, "mission.cancel")
-    if command.actor_id != mission.owner_id and not is_org_policy(ctx, command.actor_id):
-        raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED,
-            "mission.cancel is issued by the MissionOwner or Organization policy; a Coordinator may recommend "
-            "cancellation or terminate the Mission as failed (MW-7.1-11)",
-        )
     if len(command.mission_cancel.reason) > 4096:
         raise invalid("body.reason", "at most 4096 characters")
     out.emit("mission.cancelled", "mission_cancelled", mission_pb2.MissionCancelled(reason=command.mission_cancel.reason))
@@ -492,11 +479,6 @@ def mission_replace_coordinator(
     body = command.mission_replace_coordinator
     mission = mission_of(state)
     require_live(mission, "mission.replace_coordinator")
-    if command.actor_id != mission.owner_id and not is_org_policy(ctx, command.actor_id):
-        raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED,
-            "a Coordinator is replaced by the MissionOwner or the Organization control plane (MW-7.2-04)",
-        )
     lease = mission.coordinator
     assert lease is not None
     if body.replaced_coordinator_epoch != lease.coordinator_epoch:
@@ -575,7 +557,6 @@ def mission_issue_directive(
     body = command.mission_issue_directive
     mission = mission_of(state)
     require_live(mission, "mission.issue_directive")
-    _require_owner(mission, command, "mission.issue_directive")
     require_reason(body.directive, "body.directive")
     if body.parameters_json:  # an object of at most 16 KiB, nested at most codec.MAX_JSON_DEPTH deep
         codec.json_object(body.parameters_json, "body.parameters_json", max_bytes=MAX_PARAMETERS_JSON_BYTES)
@@ -593,8 +574,6 @@ def mission_authorize_context_transfer(
     authorization, and only into a Mission the same owner is accountable for."""
     assert state is not None
     body = command.mission_authorize_context_transfer
-    mission = mission_of(state)
-    _require_owner(mission, command, "mission.authorize_context_transfer")
     require_reason(body.reason, "body.reason")
     if body.target_group_id == command.group_id:
         raise invalid("body.target_group_id", "another Group (a Group's own context needs no transfer)")
@@ -765,14 +744,12 @@ KINDS = (
         mission_cancel,
         {"mission_cancelled": _transition(MS.MISSION_STATE_CANCELLED)},
         ends_mission=MS.MISSION_STATE_CANCELLED,
-        org_policy_may_issue=True,
     ),
     CommandKind(
         "mission_terminate",
         mission_terminate,
         {"mission_failed": _transition(MS.MISSION_STATE_FAILED)},
         ends_mission=MS.MISSION_STATE_FAILED,
-        org_policy_may_issue=True,
     ),
     CommandKind(
         "mission_renew_coordinator_lease", mission_renew_coordinator_lease, {"coordinator_lease_renewed": _lease_renewed}
@@ -780,7 +757,6 @@ KINDS = (
     CommandKind(
         "mission_replace_coordinator",
         mission_replace_coordinator,
-        org_policy_may_issue=True,
         references=lambda c: (c.mission_replace_coordinator.coordinator_id,),
     ),
     CommandKind(

@@ -10,6 +10,7 @@ from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from missionweave.v1.membership_pb2 import Capability
+from services.authority.rules.authorization import may_issue, role_label
 from services.authority.rules.common import (
     CardInfo,
     CommandKind,
@@ -64,6 +65,11 @@ def work_offer(
         member = state.members.get(cid)
         if member is None or not member.active or member.lapsed(ctx.now):
             raise invalid(f"body.candidate_ids[{i}]", f"{cid} holds no active Membership in this Group")
+        if not may_issue("work_accept_offer", member.role):  # an offer its candidate could never accept
+            raise invalid(
+                f"body.candidate_ids[{i}]",
+                f"{cid} is a {role_label(member.role)}; work is offered to roles that may accept it (docs/authorization.md)",
+            )
         if member.provisional and member.expires_at is not None and from_timestamp(body.expires_at) > member.expires_at:
             raise invalid("body.expires_at", f"an offer to {cid} expires no later than its provisional Membership (MW-8-06)")
     contract = body.amended_contract if body.HasField("amended_contract") else item.contract

@@ -122,15 +122,9 @@ def work_record_evidence(
     body = command.work_record_evidence
     item = work_item(state, body.work_item_id)
     require_state(item, (SUBMITTED,), "work.record_evidence")
-    member = state.members.get(command.actor_id)
-    lease = mission_of(state).coordinator
-    if lease is not None and command.actor_id == lease.agent_id:
+    # The authorization table admits the Coordinator's role (at its current epoch) and reviewers.
+    if state.members[command.actor_id].role == Role.MEMBER_ROLE_COORDINATOR:
         coordination(state, command, ctx, body.coordinator_epoch, "work.record_evidence")
-    elif member is None or member.role != Role.MEMBER_ROLE_REVIEWER:
-        raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED,
-            "review Evidence is recorded by the Coordinator or a reviewer member",
-        )
     (record,) = require_evidence([body.evidence], "body.evidence", item, command, ctx.now)
     if record.evidence_id in item.evidence:
         raise invalid("body.evidence.evidence_id", "already recorded for this WorkItem")
