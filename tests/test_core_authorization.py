@@ -249,8 +249,16 @@ def test_the_coordinator_may_take_work_itself() -> None:
     run(again, "work_decline_offer", decline, "coord")
 
 
+def test_a_work_delegate_may_also_do_work_itself() -> None:
+    """A lead that plans a subtree under a grant holds one Membership in the Group: it may take part
+    of the work as any Worker would."""
+    state = run(BASE, "work_offer", offer("lead"), "coord")
+    state = run(state, "work_accept_offer", BODIES["work_accept_offer"], "lead")
+    assert state.work_items["wi"].owner is not None and state.work_items["wi"].owner.agent_id == "lead"
+
+
 @pytest.mark.req("MW-9.1-18", "MW-10.3-04")
-@pytest.mark.parametrize("candidate", ["alice", "rev", "lead", "obs"])
+@pytest.mark.parametrize("candidate", ["alice", "rev", "obs"])
 def test_work_is_offered_only_to_roles_that_may_accept_it(candidate: str) -> None:
     decision = decide(BASE, "work_offer", offer(candidate), "coord")
     assert isinstance(decision, Rejected) and decision.reason == R.REJECTION_REASON_INVALID_ARGUMENT, decision

@@ -102,9 +102,11 @@ OBSERVER: int = Role.MEMBER_ROLE_OBSERVER
 ROLES = (OWNER, COORD, WORKER, REVIEWER, DELEGATE, OBSERVER)
 # Observers hold read access only: they issue nothing.
 PARTICIPANTS = (OWNER, COORD, WORKER, REVIEWER, DELEGATE)
-# Who may hold ownership of a WorkItem: Workers, and the Coordinator for coordination-native and
-# fallback work (MW-7.2-10). Offers go to them; only they act as a WorkItem's owner.
-EXECUTORS = (WORKER, COORD)
+# Who may hold ownership of a WorkItem: Workers; work_delegates, which are Workers that may also use
+# a grant (a member holds one Membership per Group, so a lead that plans a subtree can still do part
+# of it); and the Coordinator for coordination-native and fallback work (MW-7.2-10). Offers go to
+# them; only they act as a WorkItem's owner.
+EXECUTORS = (WORKER, DELEGATE, COORD)
 
 
 def _each(roles: tuple[int, ...], *conditions: Condition) -> dict[int, tuple[Condition, ...]]:
@@ -164,7 +166,11 @@ TABLE: Mapping[str, Rule] = {
         spec=("MW-10.2-T12", "MW-7.2-03", "MW-7.2-11"),
     ),
     "work_fail": Rule(
-        {WORKER: (C.WORK_OWNER_UNDER_LEASE,), COORD: (C.COORDINATOR_EPOCH, C.WORK_OWNER_UNDER_LEASE)},
+        {
+            WORKER: (C.WORK_OWNER_UNDER_LEASE,),
+            DELEGATE: (C.WORK_OWNER_UNDER_LEASE,),
+            COORD: (C.COORDINATOR_EPOCH, C.WORK_OWNER_UNDER_LEASE),
+        },
         spec=("MW-10.2-T13", "MW-10.2-03", "MW-11.3-04"),
     ),
     "work_cancel": Rule({COORD: (C.COORDINATOR_EPOCH,)}, spec=("MW-10.2-T14",)),
