@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Engine, MetaData, event
+from sqlalchemy import Engine, Insert, MetaData, Table, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 # The synchronous level each SQLite engine was made with, for the writer engine beside it.
@@ -104,3 +105,13 @@ async def create_tables(engine: AsyncEngine, metadata: MetaData) -> None:
         conn = await conn.execution_options(**{SQLITE_IMMEDIATE: True})
         async with conn.begin():
             await conn.run_sync(metadata.create_all)
+
+
+def upsert(engine: AsyncEngine, table: Table, values: dict[str, Any], keys: tuple[str, ...]) -> Insert:
+    """Insert ``values``, or overwrite the other columns of the row with the same ``keys``
+    (SQLite 3.24+ and PostgreSQL share the syntax)."""
+    ins = (postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert)(table).values(**values)
+    return ins.on_conflict_do_update(
+        index_elements=[table.c[k] for k in keys],
+        set_={name: ins.excluded[name] for name in values if name not in keys},
+    )

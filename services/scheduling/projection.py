@@ -12,7 +12,8 @@ urgency, business impact, dependencies, capabilities and budget, never goals or 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from missionweave.clock import from_timestamp
@@ -71,6 +72,30 @@ class GroupProjection:
 
     # ------------------------------------------------------------ the fold
 
+    def advance(self, sequence: int) -> None:
+        """A sequence the Worker may not see (skipped for it): the cursor passes it."""
+        self.sequence = max(self.sequence, sequence)
+
+    def to_json(self) -> str:
+        """The projection as JSON (the durable copy; replay rebuilds the same)."""
+        return json.dumps(asdict(self), default=_encode, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> GroupProjection:
+        raw = json.loads(text)
+        items = {}
+        for wid, fields_ in raw.pop("items").items():
+            for name in ("deadline", "start_deadline", "enqueued_at"):
+                if fields_[name] is not None:
+                    fields_[name] = datetime.fromisoformat(fields_[name])
+            for name in ("depends_on",):
+                fields_[name] = tuple(fields_[name])
+            for name in ("required_capabilities", "budget"):
+                fields_[name] = tuple(tuple(pair) for pair in fields_[name])
+            fields_["open_offers"] = {k: datetime.fromisoformat(v) for k, v in fields_["open_offers"].items()}
+            items[wid] = ItemView(**fields_)
+        return cls(items=items, **raw)
+
     def apply(self, event: event_pb2.Event) -> None:
         """Fold one delivered event (sequences only rise; earlier or repeated ones are ignored)."""
         if event.group_id != self.group_id or event.sequence <= self.sequence:
@@ -112,6 +137,12 @@ class GroupProjection:
         if state in DONE or state == WS.WORK_ITEM_STATE_FAILED:
             item.owner_id, item.enqueued_at = "", None
         item.open_offers.clear()
+
+
+def _encode(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not part of a projection")
 
 
 _DIMENSIONS = ("financial_micros", "tokens", "tool_calls", "compute_ms", "wall_clock_ms", "side_effects")
