@@ -104,6 +104,7 @@ def test_a_projection_rebuilt_by_replay_equals_the_live_one_and_tolerates_a_part
         live.apply(event)
         live.apply(event)  # redelivered: ignored
     assert projected(copy.deepcopy(log.events)) == live
+    assert GroupProjection.from_json(live.to_json()) == live  # the durable copy is the same projection
     # A late joiner's view starts mid-log and skips restricted sequences: still a consistent queue.
     tail = [e for e in log.events if e.sequence > 3 and e.sequence % 7]
     partial = projected(tail)
