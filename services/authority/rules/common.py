@@ -161,26 +161,6 @@ def state_name(value: int) -> str:
     return MS.Name(MS.ValueType(value))
 
 
-def version_key(text: str) -> tuple[int, ...]:
-    """A capability version, compared numerically part by part ("1.10" > "1.9")."""
-    parts = []
-    for piece in text.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
-def missing_capability(
-    have: Mapping[str, str], required: Iterable[membership_pb2.Capability]
-) -> membership_pb2.Capability | None:
-    """The first required capability ``have`` lacks, or declares below the required version."""
-    for cap in required:
-        version = have.get(cap.capability_id)
-        if version is None or version_key(version) < version_key(cap.version):
-            return cap
-    return None
-
-
 def invalid(field: str, message: str) -> Rejected:
     return Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"{field}: {message}", field=field)
 

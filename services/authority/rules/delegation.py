@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from missionweave import ids
+from missionweave.capabilities import missing_capability
 from missionweave.clock import from_timestamp
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2
@@ -25,7 +26,6 @@ from services.authority.rules.common import (
     R,
     Role,
     invalid,
-    missing_capability,
     mission_of,
     require_reason,
 )

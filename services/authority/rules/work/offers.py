@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from missionweave import ids
+from missionweave.capabilities import missing_capability
 from missionweave.clock import from_timestamp
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
@@ -18,7 +19,6 @@ from services.authority.rules.common import (
     Emitter,
     R,
     invalid,
-    missing_capability,
 )
 from services.authority.rules.delegation import charge, check_delegated_offer
 from services.authority.rules.memberships import activate
