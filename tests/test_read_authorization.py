@@ -125,7 +125,6 @@ OK = "OK"
 UNAUTH = "UNAUTHENTICATED"
 NOT_MEMBER = "NOT_A_MEMBER"
 DENIED = "PERMISSION_DENIED"
-UNIMPLEMENTED = "COMMAND_NOT_IMPLEMENTED"
 
 
 def row(
@@ -300,9 +299,8 @@ SIG = "SIGNATURE_INVALID"
 EMPTY = "EMPTY"  # answered, with nothing the caller may not see in it
 BLOB_READERS = row(UNAUTH, "NOT_FOUND", "NOT_FOUND", OK, OK, OK, OK)
 POSTERS = row("SIGNATURE_MISSING", NOT_MEMBER, NOT_MEMBER, OK, OK, OK, NOT_MEMBER)
-SCHEDULING = row(
-    UNAUTH, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED, UNIMPLEMENTED
-)
+# Each caller reaches its own scheduler only, which follows a Group as that caller's member view.
+OWN_SCHEDULER = row(UNAUTH, NOT_MEMBER, NOT_MEMBER, OK, OK, OK, NOT_MEMBER)
 sched = scheduling_service_pb2
 
 CALLS: dict[str, tuple[Call, dict[str, str]]] = {
@@ -382,15 +380,25 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
         lambda c, p: c.upload(b"every identity may upload its own bytes"),
         row(UNAUTH, OK, OK, OK, OK, OK, OK),
     ),
-    "SchedulingService.Admit": (scheduling("Admit", sched.AdmitRequest()), SCHEDULING),
-    "SchedulingService.GetQueue": (scheduling("GetQueue", sched.GetQueueRequest()), SCHEDULING),
-    "SchedulingService.NextSlot": (scheduling("NextSlot", sched.NextSlotRequest()), SCHEDULING),
-    "SchedulingService.ReleaseSlot": (scheduling("ReleaseSlot", sched.ReleaseSlotRequest()), SCHEDULING),
-    "SchedulingService.DiscloseSchedule": (
-        scheduling("DiscloseSchedule", sched.DiscloseScheduleRequest()),
-        SCHEDULING,
+    "SchedulingService.Admit": (
+        scheduling("Admit", sched.AdmitRequest(group_id=G, work_item_id="wi-x", offer_id="off-x")), OWN_SCHEDULER
     ),
-    "SchedulingService.SetPriority": (scheduling("SetPriority", sched.SetPriorityRequest()), SCHEDULING),
+    "SchedulingService.GetQueue": (scheduling("GetQueue", sched.GetQueueRequest(group_id=G)), OWN_SCHEDULER),
+    "SchedulingService.NextSlot": (scheduling("NextSlot", sched.NextSlotRequest()), row(UNAUTH, OK, OK, OK, OK, OK, OK)),
+    "SchedulingService.ReleaseSlot": (
+        scheduling("ReleaseSlot", sched.ReleaseSlotRequest(slot_id="slot-0")),
+        row(UNAUTH, "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND"),
+    ),
+    "SchedulingService.DiscloseSchedule": (
+        scheduling("DiscloseSchedule", sched.DiscloseScheduleRequest(group_id=G, work_item_id="wi-x")),
+        row(UNAUTH, NOT_MEMBER, NOT_MEMBER, "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", NOT_MEMBER),
+    ),
+    "SchedulingService.SetPriority": (
+        scheduling("SetPriority", sched.SetPriorityRequest(
+            group_id=G, source=sched.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot", priority_class=sched.PRIORITY_CLASS_ELEVATED
+        )),
+        row(UNAUTH, DENIED, DENIED, DENIED, DENIED, OK, DENIED),
+    ),
     # Last: alice's new session fences her older one (MW-11.3-09).
     "MembershipService.OpenSession": (_open_session_as_alice, row(SIG, SIG, SIG, SIG, SIG, OK, SIG)),
 }

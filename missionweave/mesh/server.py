@@ -51,6 +51,7 @@ from missionweave.rpc.local import LocalChannel
 from missionweave.rpc.status import RequestParsing
 from missionweave.signing import load_or_create_key
 from missionweave.v1 import (
+    agent_card_pb2,
     artifact_service_pb2,
     authority_service_pb2,
     authority_service_pb2_grpc,
@@ -74,7 +75,10 @@ from services.membership import schema as membership_schema
 from services.membership.directory import IdentityDirectoryServicer
 from services.membership.registry import IdentityRegistry
 from services.membership.servicer import MembershipServicer
+from services.scheduling import store as scheduling_store
 from services.scheduling.servicer import SchedulingServicer
+from services.scheduling.store import ProjectionStore
+from services.scheduling.workers import Workers
 
 log = logging.getLogger("missionweave.mesh.server")
 
@@ -127,6 +131,7 @@ SCHEMAS = {
     "authority": authority_schema,
     "artifacts": artifacts_schema,
     "gateway": gateway_schema,
+    "scheduling": scheduling_store,
 }
 
 
@@ -167,6 +172,8 @@ class Mesh:
     health_port: int = 0
     # The ArtifactService where artifacts are served (its quota is read from Settings).
     artifacts: ArtifactServicer | None = None
+    # Every Worker's scheduler, where the SchedulingService is served.
+    schedulers: Workers | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -184,6 +191,8 @@ class Mesh:
             self.group_log.stop()
         if self.gateway is not None:
             await self.gateway.stop(grace)
+        if self.schedulers is not None:
+            await self.schedulers.close()
         await self.server.stop(grace)
         if self.health_server is not None:
             await self.health_server.stop(0)
@@ -338,8 +347,9 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         membership_servicer.callers = callers
         membership_service_pb2_grpc.add_MembershipServiceServicer_to_server(membership_servicer, server)
         local.register(SERVICE_NAMES["membership"], membership_servicer)
+    schedulers: Workers | None = None
     if "scheduling" in settings.services:
-        scheduling_servicer = SchedulingServicer()
+        schedulers, scheduling_servicer = scheduling_service(peers, identities, engine, clock)
         scheduling_servicer.callers = callers
         scheduling_service_pb2_grpc.add_SchedulingServiceServicer_to_server(scheduling_servicer, server)
     blobstore = None
@@ -453,7 +463,32 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         health_server,
         health_port,
         artifact_servicer,
+        schedulers,
     )
+
+
+def scheduling_service(
+    peers: Peers, identities: IdentityDirectoryClient, engine: AsyncEngine, clock: Clock
+) -> tuple[Workers, SchedulingServicer]:
+    """Each Worker's scheduler follows its Groups through the Authority's internal contract and
+    declares the slots of its Agent Card in force (1 without one)."""
+    authority = peers.as_mesh("authority")
+
+    async def card(agent_id: str) -> agent_card_pb2.AgentCard | None:
+        published = (await identities.agent_cards([agent_id])).get(agent_id)
+        return published.card if published is not None else None
+
+    async def slots(agent_id: str) -> int:
+        found = await card(agent_id)
+        return max(found.max_concurrency, 1) if found is not None else 1
+
+    async def capabilities(agent_id: str) -> dict[str, str] | None:
+        found = await card(agent_id)
+        return {c.capability_id: c.version for c in found.capabilities} if found is not None else None
+
+    workers = Workers(clock, group_log_pb2_grpc.GroupLogServiceStub(authority), ProjectionStore(engine), slots)
+    servicer = SchedulingServicer(workers, clock, authority_service_pb2_grpc.AuthorityServiceStub(authority), capabilities)
+    return workers, servicer
 
 
 async def _health_listener(address: str, health: MeshHealth) -> tuple[grpc.aio.Server | None, int]:

@@ -61,8 +61,11 @@ class GroupFollower:
         following if it ended before that (e.g. NOT_A_MEMBER)."""
         waiter = asyncio.ensure_future(self.caught_up.wait())
         try:
-            await asyncio.wait([waiter, *([self._task] if self._task else [])], timeout=timeout,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                [waiter, *([self._task] if self._task else [])],
+                timeout=timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         finally:
             waiter.cancel()
         if self.failure is not None and not self.caught_up.is_set():
@@ -72,7 +75,9 @@ class GroupFollower:
         delay = RETRY_INITIAL_S
         p = self.projection
         while not self.ended:
-            request = glpb.FollowGroupRequest(group_id=p.group_id, member_id=p.worker_id, after_sequence=p.sequence)
+            request = glpb.FollowGroupRequest(
+                group_id=p.group_id, member_id=p.worker_id, after_sequence=p.sequence
+            )
             try:
                 async for answer in self._group_log.FollowGroup(request):
                     delay = RETRY_INITIAL_S
@@ -81,12 +86,22 @@ class GroupFollower:
                         return
             except grpc.aio.AioRpcError as err:
                 rejection = rejection_from_rpc_error(err)
-                if rejection is not None and err.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
-                                                              grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                if rejection is not None and err.code() in (
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.NOT_FOUND,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                ):
                     self.failure = from_proto(rejection)
                     self.ended = True
                     return
-                log.info("following %s for %s broke (%s); again in %.1f s", p.group_id, p.worker_id, err.code().name, delay)
+                log.info(
+                    "following %s for %s broke (%s); again in %.1f s",
+                    p.group_id,
+                    p.worker_id,
+                    err.code().name,
+                    delay,
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_CAP_S)
 

@@ -357,6 +357,16 @@ class Scheduler:
         """Waiting flows and since when (for operators' tools and tests)."""
         return {k: f.waiting_since for k, f in self._flows.items() if f.waiting_since is not None}
 
+    def group_weight(self, group_id: str) -> int:
+        g = self._groups.get(group_id)
+        return g.weight if g is not None else self.params.default_weight
+
+    def group_quota(self, group_id: str) -> int:
+        g = self._groups.get(group_id)
+        if g is not None:
+            return g.quota
+        return self.params.default_quota if self.params.default_quota is not None else self.params.slots
+
     def running(self) -> dict[str, str]:
         return {s: w for s, w in self.slots.items() if w is not None}
 

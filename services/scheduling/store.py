@@ -22,12 +22,13 @@ projections = Table(
 )
 
 
+async def create_schema(engine: AsyncEngine) -> None:
+    await create_tables(engine, METADATA)
+
+
 class ProjectionStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-
-    async def create(self) -> None:
-        await create_tables(self.engine, METADATA)
 
     async def load(self, worker_id: str) -> dict[str, GroupProjection]:
         """Every Group projection of the Worker, by Group."""

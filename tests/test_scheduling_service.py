@@ -1,0 +1,161 @@
+"""The SchedulingService over gRPC, in both topologies: each Worker's own scheduler, fed by the
+Group events it may see (spec 10.3, 11.1, 11.2, 11.3-10)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.sdk.client import MeshClient
+from missionweave.v1 import common_pb2, membership_pb2
+from missionweave.v1 import scheduling_service_pb2 as pb
+from missionweave.v1 import scheduling_service_pb2_grpc as pb_grpc
+from missionweave.v1 import work_pb2 as wp
+from tests import builders
+from tests.conftest import World
+from tests.test_agent_cards import card, request
+from tests.test_missions import G
+from tests.test_work_items import Flow, setup
+
+pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
+
+R = common_pb2.RejectionReason
+K = pb.AdmissionCheckKind
+
+
+class Schedulers:
+    def __init__(self, w: World) -> None:
+        self.clients = {
+            "worker": MeshClient(w.target, reader=w.worker),
+            "coordinator": MeshClient(w.target, reader=w.coordinator),
+            "owner": MeshClient(w.target, reader=w.owner),
+        }
+
+    def __getitem__(self, role: str) -> Any:
+        return pb_grpc.SchedulingServiceStub(self.clients[role].channel)
+
+    async def close(self) -> None:
+        for client in self.clients.values():
+            await client.channel.close()
+
+
+@pytest.fixture
+async def sched(world: World) -> AsyncIterator[Schedulers]:
+    s = Schedulers(world)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def refusal(call: Any) -> common_pb2.Rejection:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    rejection = rejection_from_rpc_error(info.value)
+    assert rejection is not None, info.value
+    return rejection
+
+
+def admit(flow: Flow, offer: wp.WorkOffer, contract: wp.WorkContract) -> pb.AdmitRequest:
+    return pb.AdmitRequest(group_id=G, work_item_id=offer.work_item_id, offer_id=offer.offer_id, contract=contract,
+                           offer_expires_at=offer.expires_at)
+
+
+@pytest.mark.req("MW-10.3-07", "MW-10.3-08", "MW-10.3-09")
+async def test_admission_checks_every_item_and_declines_with_the_first_failure(world: World, sched: Schedulers) -> None:
+    w = world
+    flow: Flow = await setup(w)
+    python = membership_pb2.Capability(capability_id="code.python", version="3.11")
+    await flow.authorize("wi-1")
+    await flow.authorize("wi-2", required_capabilities=[python])
+    offer = flow.offer_body("wi-1", "worker-bot")
+    await flow.coord("work_offer", offer)
+    contract = builders.contract(w.clock.now())
+    answer = await sched["worker"].Admit(admit(flow, offer, contract))
+    assert answer.decision == pb.ADMISSION_DECISION_ACCEPT
+    assert [c.kind for c in answer.checks] == [k for k in K.values() if k] and all(c.passed for c in answer.checks)
+    assert answer.schedule.work_item_id == "wi-1" and answer.schedule.HasField("computed_at")
+    # No open offer in the Group log: the Worker cannot commit.
+    unknown = pb.AdmitRequest(group_id=G, work_item_id="wi-2", offer_id="off-nope", contract=contract)
+    declined = await sched["worker"].Admit(unknown)
+    assert declined.decision == pb.ADMISSION_DECISION_DECLINE and declined.decline.reason == wp.DECLINE_REASON_AUTHORIZATION
+    # Offered, and then the Worker's card in force says its Python is too old: admission declines.
+    needs = builders.contract(w.clock.now())
+    needs.required_capabilities.append(python)
+    offer_2 = flow.offer_body("wi-2", "worker-bot")
+    await flow.coord("work_offer", offer_2)
+    worker = MeshClient(w.target, reader=w.worker)
+    try:
+        old = membership_pb2.Capability(capability_id="code.python", version="3.10.0")
+        await worker.membership.PublishAgentCard(request(w.worker, card("worker-bot", "1.0.0", capabilities=[old])))
+    finally:
+        await worker.channel.close()
+    lacking = await sched["worker"].Admit(admit(flow, offer_2, needs))
+    assert lacking.decline.reason == wp.DECLINE_REASON_CAPABILITY
+    failed = [c.kind for c in lacking.checks if not c.passed]
+    assert failed == [K.ADMISSION_CHECK_KIND_CAPABILITY]
+
+
+@pytest.mark.req("MW-11.1-01", "MW-11.1-03", "MW-11.1-05", "MW-11.2-01", "MW-11.2-02")
+async def test_the_worker_queues_places_and_discloses_its_own_work_only(world: World, sched: Schedulers) -> None:
+    w = world
+    flow: Flow = await setup(w)
+    await flow.authorize("wi-1")
+    offer_id = await flow.offer("wi-1", "worker-bot")
+    epoch = await flow.accept(w.worker, "wi-1", offer_id)
+    queue = (await sched["worker"].GetQueue(pb.GetQueueRequest(group_id=G))).queue
+    assert [(e.work_item_id, e.state, e.ownership_epoch, e.group_position) for e in queue.entries] == [
+        ("wi-1", wp.WORK_ITEM_STATE_QUEUED, epoch, 1)
+    ]
+    assert queue.projected_sequence == (await w.client.group_state(G)).head_sequence
+    # The Coordinator's scheduler is its own: it holds none of the Worker's work.
+    assert not (await sched["coordinator"].GetQueue(pb.GetQueueRequest(group_id=G))).queue.entries
+    placed = await sched["worker"].NextSlot(pb.NextSlotRequest())
+    a = placed.assignment
+    assert (a.group_id, a.work_item_id, a.ownership_epoch) == (G, "wi-1", epoch) and placed.total_slots == 1
+    assert not (await sched["worker"].NextSlot(pb.NextSlotRequest())).HasField("assignment")  # one slot, taken
+    disclosed = (await sched["worker"].DiscloseSchedule(pb.DiscloseScheduleRequest(group_id=G, work_item_id="wi-1"))).schedule
+    assert disclosed.HasField("start_window_begin") and disclosed.capacity_status == wp.CAPACITY_STATUS_CONSTRAINED
+    other = await refusal(sched["coordinator"].DiscloseSchedule(pb.DiscloseScheduleRequest(group_id=G, work_item_id="wi-1")))
+    assert other.reason == R.REJECTION_REASON_NOT_FOUND
+    freed = await sched["worker"].ReleaseSlot(pb.ReleaseSlotRequest(slot_id=a.slot_id, work_item_id="wi-1",
+                                                                     reason=pb.SLOT_RELEASE_REASON_CHECKPOINTED, requeue=True))
+    assert freed.free_slots == 1
+    again = await sched["worker"].NextSlot(pb.NextSlotRequest())
+    assert again.assignment.work_item_id == "wi-1"  # requeued, and placed again
+
+
+@pytest.mark.req("MW-11.1-08", "MW-11.1-09", "MW-11.3-10")
+async def test_only_the_mission_owner_or_policy_escalate_never_the_coordinator(world: World, sched: Schedulers) -> None:
+    w = world
+    flow: Flow = await setup(w)
+    await flow.authorize("wi-1")
+    await flow.accept(w.worker, "wi-1", await flow.offer("wi-1", "worker-bot"))
+    escalate = pb.SetPriorityRequest(
+        group_id=G, work_item_id="wi-1", priority_class=pb.PRIORITY_CLASS_ELEVATED,
+        source=pb.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot", reason="the board meets at 3",
+    )
+    denied = await refusal(sched["coordinator"].SetPriority(escalate))
+    assert denied.reason == R.REJECTION_REASON_PERMISSION_DENIED
+    as_policy = pb.SetPriorityRequest()
+    as_policy.CopyFrom(escalate)
+    as_policy.source = pb.PRIORITY_SOURCE_ORGANIZATION_POLICY
+    assert (await refusal(sched["coordinator"].SetPriority(as_policy))).reason == R.REJECTION_REASON_PERMISSION_DENIED
+    changed = await sched["owner"].SetPriority(escalate)
+    [entry] = changed.queue.entries
+    assert entry.ordering.priority_class == pb.PRIORITY_CLASS_ELEVATED  # reordered at once
+    # The Worker sets its own Group weights; the MissionOwner may not.
+    weight = pb.SetPriorityRequest(group_id=G, group_weight=3, source=pb.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot")
+    assert (await refusal(sched["owner"].SetPriority(weight))).reason == R.REJECTION_REASON_PERMISSION_DENIED
+    own = pb.SetPriorityRequest(group_id=G, group_weight=3, source=pb.PRIORITY_SOURCE_WORKER_OPERATOR)
+    assert (await sched["worker"].SetPriority(own)).queue.weight == 3
+
+
+async def test_a_group_the_worker_is_not_in_is_refused(world: World, sched: Schedulers) -> None:
+    await setup(world)
+    refused = await refusal(sched["worker"].GetQueue(pb.GetQueueRequest(group_id="grp_never")))
+    assert refused.reason in (R.REJECTION_REASON_NOT_A_MEMBER, R.REJECTION_REASON_GROUP_NOT_FOUND)
