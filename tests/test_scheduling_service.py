@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 import pytest
+from sqlalchemy import delete
 
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient
@@ -15,6 +16,7 @@ from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import scheduling_service_pb2 as pb
 from missionweave.v1 import scheduling_service_pb2_grpc as pb_grpc
 from missionweave.v1 import work_pb2 as wp
+from services.scheduling.store import projections
 from tests import builders
 from tests.conftest import World
 from tests.test_agent_cards import card, request
@@ -159,3 +161,64 @@ async def test_a_group_the_worker_is_not_in_is_refused(world: World, sched: Sche
     await setup(world)
     refused = await refusal(sched["worker"].GetQueue(pb.GetQueueRequest(group_id="grp_never")))
     assert refused.reason in (R.REJECTION_REASON_NOT_A_MEMBER, R.REJECTION_REASON_GROUP_NOT_FOUND)
+
+
+MARK = "mark-other-7c1e"
+
+
+@pytest.mark.req("MW-11.2-02", "MW-11.1-03")
+async def test_no_scheduling_answer_about_one_group_names_another(world: World, sched: Schedulers) -> None:
+    """The Worker serves two Groups; every answer about G is scanned for the other Group's id and
+    WorkItem: none holds them (the other Group's own queue does, so the scan would find a leak)."""
+    w = world
+    flow: Flow = await setup(w)
+    await flow.authorize("wi-1")
+    offer = flow.offer_body("wi-1", "worker-bot")
+    await flow.coord("work_offer", offer)
+    await flow.accept(w.worker, "wi-1", offer.offer_id)
+    other = f"grp_{MARK}"
+    await w.run(w.owner, other, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
+    grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
+    await w.run(w.owner, other, "membership_grant", grant, membership_epoch=1)
+    body = wp.WorkAuthorize(work_item_id=f"wi-{MARK}", title="x", contract=builders.contract(w.clock.now()), coordinator_epoch=1)
+    await w.run(w.coordinator, other, "work_authorize", body, membership_epoch=2)
+    offer_other = flow.offer_body(f"wi-{MARK}", "worker-bot")
+    await w.run(w.coordinator, other, "work_offer", offer_other, membership_epoch=2)
+    epoch = await w.epoch_of(other, "worker-bot")
+    await w.run(w.worker, other, "work_accept_offer", wp.WorkAcceptOffer(
+        work_item_id=f"wi-{MARK}", offer_id=offer_other.offer_id, contract_revision=1), membership_epoch=epoch)
+    s = sched["worker"]
+    assert MARK.encode() in (await s.GetQueue(pb.GetQueueRequest(group_id=other))).SerializeToString()
+    answers = [
+        await s.GetQueue(pb.GetQueueRequest(group_id=G)),
+        await s.DiscloseSchedule(pb.DiscloseScheduleRequest(group_id=G, work_item_id="wi-1")),
+        await s.Admit(admit(flow, offer, builders.contract(w.clock.now()))),
+        await s.SetPriority(pb.SetPriorityRequest(group_id=G, group_weight=2, source=pb.PRIORITY_SOURCE_WORKER_OPERATOR)),
+    ]
+    for answer in answers:
+        assert MARK.encode() not in answer.SerializeToString(), type(answer).__name__
+
+
+@pytest.mark.req("MW-11.1-03")
+async def test_a_deleted_projection_is_rebuilt_identically_from_the_group_log(world: World, sched: Schedulers) -> None:
+    w = world
+    workers = getattr(w.mesh, "schedulers", None)
+    if workers is None:
+        pytest.skip("the scheduling service runs in another process in this topology")
+    flow: Flow = await setup(w)
+    for wid in ("wi-1", "wi-2"):
+        await flow.authorize(wid)
+        await flow.accept(w.worker, wid, await flow.offer(wid, "worker-bot"))
+    before = (await sched["worker"].GetQueue(pb.GetQueueRequest(group_id=G))).queue
+    stored = (await workers.of("worker-bot")).followers[G].projection
+    async with w.mesh.engine.begin() as conn:  # type: ignore[attr-defined]
+        await conn.execute(delete(projections))
+    await workers.close()
+    workers._workers.clear()  # the scheduler is gone with its projections: only the Group log is left
+    after = (await sched["worker"].GetQueue(pb.GetQueueRequest(group_id=G))).queue
+    rebuilt = (await workers.of("worker-bot")).followers[G].projection
+    assert rebuilt == stored
+    for queue in (before, after):
+        for entry in queue.entries:
+            entry.ordering.ClearField("waiting_time")  # time passes between the two reads
+    assert after == before
