@@ -14,13 +14,14 @@ import pytest
 
 from missionweave.clock import to_timestamp
 from missionweave.errors import Rejected
-from missionweave.v1 import command_pb2, common_pb2, conversation_pb2, membership_pb2, mission_pb2
+from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority import decider, kinds
 from services.authority.rules import authorization as authz
 from services.authority.rules.common import spec_name
 from services.authority.state import GroupState, IdentityInfo
 from tests import builders
+from tests.core_group import CoreGroup
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 R = common_pb2.RejectionReason
@@ -45,35 +46,10 @@ IDS = {
 CTX = decider.DecisionContext(NOW, IDS)
 ACTORS = [*MEMBERS, ADMIN, STRANGER]
 SOON = to_timestamp(NOW + timedelta(minutes=5))
-_n = iter(range(1, 10**6))
 
 
-def command(kind: str, body: object, actor: str, state: GroupState | None) -> command_pb2.Command:
-    member = state.members.get(actor) if state else None
-    c = command_pb2.Command(
-        command_id=f"c{next(_n)}",
-        group_id="grp_authz",
-        actor_id=actor,
-        session_epoch=1,
-        membership_epoch=member.membership_epoch if member else 0,
-        issued_at=to_timestamp(NOW),
-    )
-    getattr(c, kind).CopyFrom(body)
-    return c
-
-
-def decide(state: GroupState | None, kind: str, body: object, actor: str, ctx: decider.DecisionContext = CTX) -> decider.Decision:
-    return decider.decide(state, command(kind, body, actor, state), ctx)
-
-
-def run(state: GroupState | None, kind: str, body: object, actor: str, ctx: decider.DecisionContext = CTX) -> GroupState:
-    events = decide(state, kind, body, actor, ctx)
-    assert not isinstance(events, Rejected), f"{kind} by {actor}: {events!r}"
-    state = copy.deepcopy(state)
-    for event in events:
-        state = decider.evolve(state, event)
-    assert state is not None
-    return state
+GROUP = CoreGroup("grp_authz", CTX, NOW)
+command, decide, run, refused = GROUP.command, GROUP.decide, GROUP.run, GROUP.refused
 
 
 def offer(candidate: str, offer_id: str = "off-1") -> wp.WorkOffer:

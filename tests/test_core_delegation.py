@@ -10,13 +10,14 @@ import pytest
 
 from missionweave.clock import to_timestamp
 from missionweave.errors import Rejected
-from missionweave.v1 import command_pb2, common_pb2, membership_pb2
+from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority import decider
 from services.authority.rules.common import OrganizationPolicy
 from services.authority.rules.delegation import remaining
 from services.authority.state import CoordinatorLeaseState, GroupState, IdentityInfo
 from tests import builders
+from tests.core_group import CoreGroup
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 AGENT, HUMAN = common_pb2.IDENTITY_KIND_AGENT, common_pb2.IDENTITY_KIND_HUMAN
@@ -31,38 +32,8 @@ WS = wp.WorkItemState
 _n = iter(range(1, 10**6))
 
 
-def command(kind: str, body: object, actor: str, state: GroupState | None) -> command_pb2.Command:
-    member = state.members.get(actor) if state else None
-    c = command_pb2.Command(
-        command_id=f"c{next(_n)}",
-        group_id="grp_d",
-        actor_id=actor,
-        session_epoch=1,
-        membership_epoch=member.membership_epoch if member else 0,
-        issued_at=to_timestamp(NOW),
-    )
-    getattr(c, kind).CopyFrom(body)
-    return c
-
-
-def decide(state: GroupState | None, kind: str, body: object, actor: str, ctx: decider.DecisionContext = CTX) -> decider.Decision:
-    return decider.decide(state, command(kind, body, actor, state), ctx)
-
-
-def run(state: GroupState | None, kind: str, body: object, actor: str, ctx: decider.DecisionContext = CTX) -> GroupState:
-    events = decide(state, kind, body, actor, ctx)
-    assert not isinstance(events, Rejected), events
-    state = copy.deepcopy(state)
-    for event in events:
-        state = decider.evolve(state, event)
-    assert state is not None
-    return state
-
-
-def refused(state: GroupState, kind: str, body: object, actor: str, ctx: decider.DecisionContext = CTX) -> Rejected:
-    decision = decide(state, kind, body, actor, ctx)
-    assert isinstance(decision, Rejected), f"{kind} by {actor} was accepted"
-    return decision
+GROUP = CoreGroup("grp_d", CTX, NOW)
+command, decide, run, refused = GROUP.command, GROUP.decide, GROUP.run, GROUP.refused
 
 
 def caps(**dims: int) -> common_pb2.ResourceVector:

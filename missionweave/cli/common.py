@@ -379,6 +379,14 @@ def add_coordinator_epoch_flag(sp: argparse.ArgumentParser, text: str = "default
     sp.add_argument("--coordinator-epoch", type=int, help=f"Coordinator epoch ({text})")
 
 
+def reading_command(sp: argparse.ArgumentParser, group_text: str = "the Group") -> argparse.ArgumentParser:
+    """The flags a read of one Group shares: --group, --json, and who reads (--as/--key)."""
+    sp.add_argument("--group", required=True, help=group_text)
+    add_json_flag(sp)
+    add_reader_flags(sp)
+    return sp
+
+
 def acting_command(sp: argparse.ArgumentParser, group_text: str = "the Group") -> argparse.ArgumentParser:
     """The flags every Group-scoped command shares: actor, Group, membership epoch, --json."""
     add_actor_flags(sp)

@@ -11,12 +11,11 @@ from missionweave.cli.common import (
     acting,
     acting_command,
     add_coordinator_epoch_flag,
-    add_json_flag,
-    add_reader_flags,
     coordinator_epoch,
     emit,
     first_event,
     reading,
+    reading_command,
     relative,
     report,
     when,
@@ -122,10 +121,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_coordinator_epoch_flag(rp, "the epoch replaced; default: the current lease's epoch")
     rp.set_defaults(func=cmd_replace)
 
-    s = co.add_parser("summary", help="the Authority-signed Group summary, signature verified")
-    s.add_argument("--group", required=True)
-    add_json_flag(s)
-    add_reader_flags(s)
+    s = reading_command(co.add_parser("summary", help="the Authority-signed Group summary, signature verified"))
     s.set_defaults(func=cmd_summary)
 
     rc = acting_command(co.add_parser("reconcile", help="verify the signed summary and acknowledge reconciliation (Coordinator)"))

@@ -21,8 +21,6 @@ from missionweave.cli.common import (
     acting_command,
     add_coordinator_epoch_flag,
     add_expiry_flags,
-    add_json_flag,
-    add_reader_flags,
     capability,
     columns,
     coordinator_epoch,
@@ -32,6 +30,7 @@ from missionweave.cli.common import (
     mission_of,
     natural,
     reading,
+    reading_command,
     relative,
     report,
     to_dict,
@@ -293,15 +292,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--reason", required=True)
     r.set_defaults(func=cmd_revoke)
 
-    ls = dele.add_parser("list", help="every grant of a Group: status, remaining budget, expiry")
-    ls.add_argument("--group", required=True, help="the Group")
-    add_json_flag(ls)
-    add_reader_flags(ls)
+    ls = reading_command(dele.add_parser("list", help="every grant of a Group: status, remaining budget, expiry"))
     ls.set_defaults(func=cmd_list)
 
-    s = dele.add_parser("show", help="one grant: every field, caps vs charged vs remaining, charged WorkItems")
-    s.add_argument("--group", required=True, help="the Group")
+    s = reading_command(dele.add_parser("show", help="one grant: every field, caps vs charged vs remaining, charged WorkItems"))
     s.add_argument("grant_id", metavar="GRANT_ID")
-    add_json_flag(s)
-    add_reader_flags(s)
     s.set_defaults(func=cmd_show)

@@ -11,8 +11,6 @@ from missionweave.cli.common import (
     acting,
     acting_command,
     add_expiry_flags,
-    add_json_flag,
-    add_reader_flags,
     capability,
     columns,
     emit,
@@ -21,6 +19,7 @@ from missionweave.cli.common import (
     first_event,
     natural,
     reading,
+    reading_command,
     relative,
     report,
     to_dict,
@@ -173,8 +172,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--reason", required=True)
     r.set_defaults(func=cmd_revoke)
 
-    ls = mem.add_parser("list", help="every Membership of a Group, active and ended")
-    ls.add_argument("--group", required=True, help="the Group")
-    add_json_flag(ls)
-    add_reader_flags(ls)
+    ls = reading_command(mem.add_parser("list", help="every Membership of a Group, active and ended"))
     ls.set_defaults(func=cmd_list)

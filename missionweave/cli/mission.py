@@ -16,13 +16,13 @@ from missionweave.cli.common import (
     add_actor_flags,
     add_coordinator_epoch_flag,
     add_json_flag,
-    add_reader_flags,
     coordinator_epoch,
     emit,
     enum_label,
     first_event,
     mission_of,
     reading,
+    reading_command,
     relative,
     report,
     require,
@@ -315,10 +315,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     add_progress_parser(mis)
 
-    s = mis.add_parser("show", help="a Mission's state, lease, submission, Conversations and Memberships")
-    s.add_argument("--group", required=True)
-    add_json_flag(s)
-    add_reader_flags(s)
+    s = reading_command(mis.add_parser("show", help="a Mission's state, lease, submission, Conversations and Memberships"))
     s.set_defaults(func=cmd_show)
 
     c = mis.add_parser("create", help="create a root Mission (you are the human owner)")
