@@ -1832,6 +1832,11 @@ class Agent:
         request = pb.GetSnapshotRequest(group_id=group_id, digest=digest, proof=self._session_proof(self.session))
         return await stub.GetSnapshot(request)
 
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        """The agent's channel to the mesh: unary calls on it carry the session's call proofs."""
+        return self._require_channel()
+
     def _require_channel(self) -> grpc.aio.Channel:
         if self._channel is None:
             raise AgentError("the agent is not started")

@@ -1,0 +1,197 @@
+"""A Worker runtime on the SDK: it serves WorkItems offered to its agent across Groups, asking the
+mesh's SchedulingService (its own scheduler) what to admit and what to run next.
+
+What an agent author writes is one handler: ``async def handle(slot: Slot) -> WorkResult``. The
+runtime subscribes to the Groups, answers offers after admission control (accept with the
+disclosed schedule, or a structured decline, MW-10.3-07..09), places admitted work into the
+declared slots in the scheduler's order (MW-11.1-05), starts it under an execution lease, runs the
+handler in its slot, submits the result and returns the slot.
+
+Slot isolation (MW-11.1-15): a handler gets only its :class:`Slot`: its own WorkItem, lease,
+capability token, checkpoints, budget and idempotency keys. A Slot holds no reference to the
+runtime, to the agent or to another slot, so crossing slots is not possible through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from google.protobuf.duration_pb2 import Duration
+
+from missionweave.sdk.agent import Agent, CommandRejected
+from missionweave.sdk.client import decode_events
+from missionweave.v1 import command_pb2, common_pb2, event_pb2
+from missionweave.v1 import scheduling_service_pb2 as spb
+from missionweave.v1 import scheduling_service_pb2_grpc as spb_grpc
+from missionweave.v1 import work_pb2 as wp
+
+log = logging.getLogger(__name__)
+
+NEXT_SLOT_WAIT = Duration(seconds=5)
+
+
+@dataclass(frozen=True)
+class WorkResult:
+    """What a handler hands back: the submission's artifacts and Evidence (MW-13.2-02)."""
+
+    artifacts: Sequence[common_pb2.ArtifactRef]
+    evidence: Sequence[wp.Evidence]
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One isolated slot's work: everything a handler may use, and nothing of any other slot."""
+
+    slot_id: str
+    group_id: str
+    work_item_id: str
+    ownership_epoch: int
+    lease_id: str
+    contract: wp.WorkContract
+    token: wp.CapabilityToken | None
+    budget: common_pb2.ResourceVector
+    resume_from_checkpoint_id: str
+    # Set when the Coordinator or the scheduler asks this work to pause at a safe point (MW-11.3-12).
+    preemption_requested: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def idempotency_key(self, operation_id: str) -> str:
+        """The stable key of one external side effect of this work under this ownership (MW-16-13)."""
+        return Agent.idempotency_key(self.group_id, self.work_item_id, self.ownership_epoch, operation_id)
+
+
+Handler = Callable[[Slot], Awaitable[WorkResult]]
+
+
+class WorkerRuntime:
+    """Serves the WorkItems offered to ``agent`` in ``group_ids`` with ``handler``."""
+
+    def __init__(self, agent: Agent, handler: Handler) -> None:
+        self.agent = agent
+        self.handler = handler
+        self.scheduler = spb_grpc.SchedulingServiceStub(agent.channel)
+        self._contracts: dict[tuple[str, str], wp.WorkContract] = {}
+        self._running: dict[tuple[str, str], Slot] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slot_loops: list[asyncio.Task[None]] = []
+        self.completed: list[tuple[str, str]] = []  # (group, WorkItem) submitted, in order
+        self._progress = asyncio.Condition()
+
+    async def serve(self, group_ids: Sequence[str]) -> None:
+        """Subscribe to the Groups and start one placement loop per declared slot."""
+        for group_id in group_ids:
+            await self.scheduler.GetQueue(spb.GetQueueRequest(group_id=group_id))  # the scheduler follows it
+            await self.agent.subscribe(group_id, self._handler_for(group_id))
+        slots = (await self.scheduler.NextSlot(spb.NextSlotRequest())).total_slots or 1
+        self._slot_loops = [asyncio.create_task(self._place(), name=f"worker-slot-{i}") for i in range(slots)]
+
+    async def submitted(self, count: int) -> list[tuple[str, str]]:
+        """Wait until ``count`` WorkItems have been submitted; the (Group, WorkItem) pairs so far."""
+        async with self._progress:
+            await self._progress.wait_for(lambda: len(self.completed) >= count)
+            return list(self.completed)
+
+    async def close(self) -> None:
+        for task in [*self._slot_loops, *self._tasks]:
+            task.cancel()
+        await asyncio.gather(*self._slot_loops, *self._tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------ offers
+
+    def _handler_for(self, group_id: str) -> Callable[[event_pb2.Event], Awaitable[None]]:
+        async def on_event(event: event_pb2.Event) -> None:
+            kind = event.WhichOneof("payload")
+            if kind == "work_authorized":
+                self._contracts[(group_id, event.work_authorized.work_item_id)] = event.work_authorized.contract
+            elif kind == "work_offered":
+                offered = event.work_offered
+                if offered.HasField("amended_contract"):
+                    self._contracts[(group_id, offered.work_item_id)] = offered.amended_contract
+                if self.agent.identity_id in offered.candidate_ids:
+                    self._spawn(self._answer(group_id, offered))
+            elif kind == "work_preemption_requested":
+                slot = self._running.get((group_id, event.work_preemption_requested.work_item_id))
+                if slot is not None:
+                    slot.preemption_requested.set()
+
+        return on_event
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, group_id: str, offered: wp.WorkOffered) -> None:
+        """Admission control first; then accept with the disclosed schedule, or decline with its reason."""
+        contract = self._contracts.get((group_id, offered.work_item_id), wp.WorkContract())
+        admit = await self.scheduler.Admit(
+            spb.AdmitRequest(
+                group_id=group_id, work_item_id=offered.work_item_id, offer_id=offered.offer_id,
+                contract=contract, offer_expires_at=offered.expires_at,
+            )
+        )
+        try:
+            if admit.decision == spb.ADMISSION_DECISION_ACCEPT:
+                body = wp.WorkAcceptOffer(
+                    work_item_id=offered.work_item_id, offer_id=offered.offer_id,
+                    contract_revision=offered.contract_revision, schedule=admit.schedule,
+                )
+                await self.agent.execute(group_id, "work_accept_offer", body)
+            else:
+                body_ = wp.WorkDeclineOffer(work_item_id=offered.work_item_id, offer_id=offered.offer_id, decline=admit.decline)
+                await self.agent.execute(group_id, "work_decline_offer", body_)
+        except CommandRejected as refused:  # taken by another candidate, expired, withdrawn
+            log.info("%s: the offer %s was not answered: %s", group_id, offered.offer_id, refused)
+
+    # ------------------------------------------------------------ slots
+
+    async def _place(self) -> None:
+        while True:
+            answer = await self.scheduler.NextSlot(spb.NextSlotRequest(wait=NEXT_SLOT_WAIT))
+            if answer.HasField("assignment"):
+                await self._run(answer.assignment)
+
+    async def _run(self, a: spb.SlotAssignment) -> None:
+        lease_id = f"lease-{a.work_item_id}-{a.ownership_epoch}"
+        key = (a.group_id, a.work_item_id)
+        reason = spb.SLOT_RELEASE_REASON_FAILED
+        try:
+            start = wp.WorkStart(
+                work_item_id=a.work_item_id, ownership_epoch=a.ownership_epoch, lease_id=lease_id,
+                resume_from_checkpoint_id=a.resume_from_checkpoint_id,
+            )
+            started = await self.agent.execute(a.group_id, "work_start", start)
+            token = next(
+                (e.work_started.token for e in _events(started) if e.WhichOneof("payload") == "work_started"), None
+            )
+            slot = Slot(
+                slot_id=a.slot_id, group_id=a.group_id, work_item_id=a.work_item_id, ownership_epoch=a.ownership_epoch,
+                lease_id=lease_id, contract=self._contracts.get(key, wp.WorkContract()), token=token,
+                budget=a.slot_budget, resume_from_checkpoint_id=a.resume_from_checkpoint_id,
+            )
+            self._running[key] = slot
+            result = await self.handler(slot)
+            submit = wp.WorkSubmit(
+                work_item_id=a.work_item_id, lease_id=lease_id, ownership_epoch=a.ownership_epoch,
+                contract_revision=slot.contract.revision or 1, artifacts=result.artifacts, evidence=result.evidence,
+                summary=result.summary,
+            )
+            await self.agent.execute(a.group_id, "work_submit", submit)
+            reason = spb.SLOT_RELEASE_REASON_SUBMITTED
+            async with self._progress:
+                self.completed.append(key)
+                self._progress.notify_all()
+        except CommandRejected as refused:
+            log.warning("%s/%s: %s", a.group_id, a.work_item_id, refused)
+        except Exception:
+            log.exception("%s/%s: the handler failed", a.group_id, a.work_item_id)
+        finally:
+            self._running.pop(key, None)
+            await self.scheduler.ReleaseSlot(spb.ReleaseSlotRequest(slot_id=a.slot_id, work_item_id=a.work_item_id, reason=reason))
+
+
+def _events(result: command_pb2.CommandResult) -> list[event_pb2.Event]:
+    return decode_events(result.events)
