@@ -51,15 +51,12 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 async def reset_database(url: str) -> None:
-    """PostgreSQL tests share one database: start each from empty tables."""
-    import artifactstore.schema
-    import gateway.schema
-    import services.authority.schema
-    import services.membership.schema
+    """PostgreSQL tests share one database: start each from empty tables (every service's)."""
+    from missionweave.mesh.server import SCHEMAS
 
     engine = make_engine(url)
     async with engine.begin() as conn:
-        for schema in (artifactstore.schema, gateway.schema, services.authority.schema, services.membership.schema):
+        for schema in SCHEMAS.values():
             await conn.run_sync(schema.METADATA.drop_all)
     await engine.dispose()
 

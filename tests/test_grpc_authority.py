@@ -302,10 +302,13 @@ async def test_health_reports_every_service_and_reflection_lists_them(world: Wor
     assert fd.package == "missionweave.v1"
 
 
-async def test_unimplemented_services_say_unimplemented(world: World) -> None:
+async def test_the_scheduling_service_serves_and_refuses_an_incomplete_request_structured(world: World) -> None:
+    """It used to answer UNIMPLEMENTED to everything while its health said SERVING (issue 15)."""
     from missionweave.v1 import scheduling_service_pb2, scheduling_service_pb2_grpc
 
     stub = scheduling_service_pb2_grpc.SchedulingServiceStub(world.client.channel)
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.GetQueue(scheduling_service_pb2.GetQueueRequest())
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    rejection = rejection_from_rpc_error(info.value)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and rejection is not None
+    assert rejection.metadata["field"] == "group_id"
