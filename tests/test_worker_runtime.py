@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from missionweave.sdk.worker import Slot, WorkerRuntime, WorkResult
+from missionweave.sdk.worker import Paused, Slot, WorkerRuntime, WorkResult
 from missionweave.v1 import membership_pb2
 from missionweave.v1 import work_pb2 as wp
 from missionweave.v1.authority_service_pb2 import GetMissionProgressRequest
@@ -59,3 +59,76 @@ async def test_a_worker_serves_two_missions_through_its_scheduler(world: World, 
     assert len(tokens) == len(seen) == 2  # each slot its own capability token
     keys = {s.idempotency_key("send") for s in seen}
     assert len(keys) == 2  # and its own side-effect keys
+
+
+@pytest.mark.req("MW-11.3-11", "MW-11.3-12")
+async def test_a_preempted_handler_pauses_at_a_safe_point_and_resumes_from_its_checkpoint(world: World, tmp_path: Path) -> None:
+    """The Coordinator asks for preemption; the running handler sees it, stops at a safe point and
+    hands back a checkpoint; the runtime records it, the WorkItem re-enters the queue and is placed
+    again, resuming from that checkpoint, until it is submitted."""
+    w = world
+    flow: Flow = await setup(w)
+    running = asyncio.Event()
+    calls: list[Slot] = []
+
+    async def handle(slot: Slot) -> WorkResult | Paused:
+        calls.append(slot)
+        if not slot.resume_from_checkpoint_id:
+            running.set()
+            await asyncio.wait_for(slot.preemption_requested.wait(), 20)  # works until asked to pause
+            return Paused(wp.Checkpoint(checkpoint_id="ck-1", completed_operation_ids=["op-1"]))
+        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="resumed")
+
+    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
+        runtime = WorkerRuntime(agent, handle)
+        await runtime.serve([G])
+        try:
+            await flow.authorize("wi-1")
+            await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
+            async with asyncio.timeout(30):
+                await running.wait()
+                first = calls[0]
+                ask = wp.WorkRequestPreemption(
+                    work_item_id="wi-1", preemption_request_id="pre-1", lease_id=first.lease_id,
+                    reason=wp.PREEMPTION_REASON_PRIORITY, coordinator_epoch=1, ownership_epoch=first.ownership_epoch,
+                )
+                await flow.coord("work_request_preemption", ask)
+                done = await runtime.submitted(1)
+        finally:
+            await runtime.close()
+    assert done == [(G, "wi-1")]
+    assert [c.resume_from_checkpoint_id for c in calls] == ["", "ck-1"]
+    assert calls[0].lease_id != calls[1].lease_id  # a new lease for the resumed start
+    log = [e async for e in w.client.read_events(G)]
+    [paused] = [e.work_checkpointed for e in log if e.WhichOneof("payload") == "work_checkpointed"]
+    # The checkpoint answered the request and released the slot (MW-11.3-12 steps 3-4).
+    assert paused.preemption_request_id == "pre-1" and paused.HasField("ownership")
+    assert not [e for e in log if e.WhichOneof("payload") == "lease_revoked"]  # never interrupted (MW-11.3-11)
+
+
+@pytest.mark.req("MW-11.3-04")
+async def test_the_runtime_renews_the_execution_lease_while_the_handler_works(world: World, tmp_path: Path) -> None:
+    """A 2 s execution lease and a handler that works for 3 s: the submission is accepted only
+    because the runtime renewed the lease meanwhile."""
+    w = world
+    flow: Flow = await setup(w)
+    policy = wp.TimePolicy()
+    policy.execution_lease_duration.FromSeconds(2)
+    policy.start_deadline.FromSeconds(120)
+
+    async def handle(slot: Slot) -> WorkResult:
+        await asyncio.sleep(3)
+        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="slow")
+
+    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
+        runtime = WorkerRuntime(agent, handle)
+        await runtime.serve([G])
+        try:
+            await flow.authorize("wi-1", time_policy=policy)
+            await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
+            async with asyncio.timeout(30):
+                assert await runtime.submitted(1) == [(G, "wi-1")]
+        finally:
+            await runtime.close()
+    log = [e async for e in w.client.read_events(G)]
+    assert [e for e in log if e.WhichOneof("payload") == "work_lease_renewed"]

@@ -15,6 +15,7 @@ runtime, to the agent or to another slot, so crossing slots is not possible thro
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,7 +64,16 @@ class Slot:
         return Agent.idempotency_key(self.group_id, self.work_item_id, self.ownership_epoch, operation_id)
 
 
-Handler = Callable[[Slot], Awaitable[WorkResult]]
+@dataclass(frozen=True)
+class Paused:
+    """What a handler hands back when it stopped at a safe point after ``slot.preemption_requested``:
+    the checkpoint to resume from (MW-11.3-12). The runtime records it, returns the slot and the
+    WorkItem re-enters its Group's queue; a later placement resumes it from this checkpoint."""
+
+    checkpoint: wp.Checkpoint
+
+
+Handler = Callable[[Slot], Awaitable[WorkResult | Paused]]
 
 
 class WorkerRuntime:
@@ -75,6 +85,8 @@ class WorkerRuntime:
         self.scheduler = spb_grpc.SchedulingServiceStub(agent.channel)
         self._contracts: dict[tuple[str, str], wp.WorkContract] = {}
         self._running: dict[tuple[str, str], Slot] = {}
+        self._preemptions: dict[tuple[str, str], str] = {}  # (Group, WorkItem) -> preemption request id
+        self._starts = itertools.count(1)  # lease ids are new on every start, resumed ones too
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_loops: list[asyncio.Task[None]] = []
         self.completed: list[tuple[str, str]] = []  # (group, WorkItem) submitted, in order
@@ -113,7 +125,10 @@ class WorkerRuntime:
                 if self.agent.identity_id in offered.candidate_ids:
                     self._spawn(self._answer(group_id, offered))
             elif kind == "work_preemption_requested":
-                slot = self._running.get((group_id, event.work_preemption_requested.work_item_id))
+                request = event.work_preemption_requested
+                key = (group_id, request.work_item_id)
+                self._preemptions[key] = request.preemption_request_id
+                slot = self._running.get(key)
                 if slot is not None:
                     slot.preemption_requested.set()
 
@@ -155,25 +170,37 @@ class WorkerRuntime:
                 await self._run(answer.assignment)
 
     async def _run(self, a: spb.SlotAssignment) -> None:
-        lease_id = f"lease-{a.work_item_id}-{a.ownership_epoch}"
+        lease_id = f"lease-{a.work_item_id}-{a.ownership_epoch}-{next(self._starts)}"
         key = (a.group_id, a.work_item_id)
         reason = spb.SLOT_RELEASE_REASON_FAILED
+        requeue = False
+        renewing: asyncio.Task[None] | None = None
         try:
             start = wp.WorkStart(
                 work_item_id=a.work_item_id, ownership_epoch=a.ownership_epoch, lease_id=lease_id,
                 resume_from_checkpoint_id=a.resume_from_checkpoint_id,
             )
             started = await self.agent.execute(a.group_id, "work_start", start)
-            token = next(
-                (e.work_started.token for e in _events(started) if e.WhichOneof("payload") == "work_started"), None
-            )
+            began = next((e.work_started for e in _events(started) if e.WhichOneof("payload") == "work_started"), None)
+            token = began.token if began is not None else None
             slot = Slot(
                 slot_id=a.slot_id, group_id=a.group_id, work_item_id=a.work_item_id, ownership_epoch=a.ownership_epoch,
                 lease_id=lease_id, contract=self._contracts.get(key, wp.WorkContract()), token=token,
                 budget=a.slot_budget, resume_from_checkpoint_id=a.resume_from_checkpoint_id,
             )
             self._running[key] = slot
+            self._preemptions.pop(key, None)  # a request for an earlier lease is answered already
+            if began is not None:
+                renewing = asyncio.create_task(self._renew(slot, began.lease))
             result = await self.handler(slot)
+            if isinstance(result, Paused):
+                body = wp.WorkCheckpoint(
+                    work_item_id=a.work_item_id, lease_id=lease_id, ownership_epoch=a.ownership_epoch,
+                    checkpoint=result.checkpoint, preemption_request_id=self._preemptions.pop(key, ""),
+                )
+                await self.agent.execute(a.group_id, "work_checkpoint", body)
+                reason, requeue = spb.SLOT_RELEASE_REASON_PREEMPTED, True
+                return
             submit = wp.WorkSubmit(
                 work_item_id=a.work_item_id, lease_id=lease_id, ownership_epoch=a.ownership_epoch,
                 contract_revision=slot.contract.revision or 1, artifacts=result.artifacts, evidence=result.evidence,
@@ -189,8 +216,24 @@ class WorkerRuntime:
         except Exception:
             log.exception("%s/%s: the handler failed", a.group_id, a.work_item_id)
         finally:
+            if renewing is not None:
+                renewing.cancel()
             self._running.pop(key, None)
-            await self.scheduler.ReleaseSlot(spb.ReleaseSlotRequest(slot_id=a.slot_id, work_item_id=a.work_item_id, reason=reason))
+            release = spb.ReleaseSlotRequest(slot_id=a.slot_id, work_item_id=a.work_item_id, reason=reason, requeue=requeue)
+            await self.scheduler.ReleaseSlot(release)
+
+    async def _renew(self, slot: Slot, lease: wp.ExecutionLease) -> None:
+        """Keep the execution lease alive while the handler works: renew at half its remaining time."""
+        expires, started = lease.expires_at.ToDatetime(), lease.started_at.ToDatetime()
+        period = max((expires - started).total_seconds() / 2, 1.0)
+        while True:
+            await asyncio.sleep(period)
+            body = wp.WorkRenewLease(work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch)
+            try:
+                await self.agent.execute(slot.group_id, "work_renew_lease", body)
+            except CommandRejected as refused:  # ended, fenced or expired: the handler's result will be refused too
+                log.warning("%s/%s: the lease could not be renewed: %s", slot.group_id, slot.work_item_id, refused)
+                return
 
 
 def _events(result: command_pb2.CommandResult) -> list[event_pb2.Event]:
