@@ -31,6 +31,7 @@ from missionweave.cli import group as cli_group
 from missionweave.cli import integrity as cli_integrity
 from missionweave.cli import member as cli_member
 from missionweave.cli import mission as cli_mission
+from missionweave.cli import worker as cli_worker
 from missionweave.cli.common import (
     CliError,
     add_actor_flags,
@@ -250,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_coordinator.register(sub)
     cli_member.register(sub)
     cli_delegation.register(sub)
+    cli_worker.register(sub)
     cli_conversation.register(sub)
     cli_artifact.register(sub)
     cli_agent.register(sub)
