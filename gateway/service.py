@@ -344,7 +344,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
             if self.nonces.full:
                 raise _over_limit("too many HELLO proofs in the replay window; retry later", self.limits.max_hello_nonces, "nonces")
             raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof's nonce was already used: make a fresh proof", field="nonce")
-        identity = await self.registry.get(agent_id)
+        identity = await self.registry.get(agent_id, at_least_epoch=session_epoch)
         if identity is None or identity.session_epoch != session_epoch:
             raise _Fatal(E.GATEWAY_ERROR_CODE_SESSION_STALE, "a newer session of this agent exists")
         return key_id

@@ -79,7 +79,7 @@ class IdentitySource(Protocol):
     """The identity directory as seen by an authenticator (Membership's registry in its own process,
     ``IdentityDirectoryClient`` elsewhere)."""
 
-    async def get(self, identity_id: str) -> Any: ...  # .kind, .org_admin, .session_epoch, or None
+    async def get(self, identity_id: str, *, at_least_epoch: int = 0) -> Any: ...  # .kind, .org_admin, .session_epoch, or None
 
     async def session_key(self, identity_id: str, session_epoch: int) -> bytes | None: ...
 
@@ -154,7 +154,7 @@ class CallAuthenticator:
         issued_at = from_timestamp(claim.issued_at)
         if not self._nonces.fresh(issued_at):
             raise unauthenticated("stale", "the call proof's issued_at is more than 30 s from the server's clock")
-        identity = await self.identities.get(claim.identity_id)
+        identity = await self.identities.get(claim.identity_id, at_least_epoch=claim.session_epoch)
         if identity is None or identity.session_epoch != claim.session_epoch:
             raise unauthenticated("session", "a newer session of this identity exists: prove the current one")
         if not self._nonces.accept(claim.identity_id, claim.nonce, issued_at):

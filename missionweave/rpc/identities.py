@@ -133,11 +133,13 @@ class IdentityDirectoryClient:
 
     # ------------------------------------------------------------ lookups
 
-    async def get(self, identity_id: str) -> pb.DirectoryIdentity | None:
+    async def get(self, identity_id: str, *, at_least_epoch: int = 0) -> pb.DirectoryIdentity | None:
         """The identity (None if it is not registered). Fails closed (``Rejected`` PEER_UNAVAILABLE)
-        when the directory can be neither trusted nor asked."""
+        when the directory can be neither trusted nor asked. ``at_least_epoch``: a session epoch the
+        caller has proven exists (a signature verified with its key); a cached identity naming an
+        older one lags the directory (the stream has not delivered the change yet) and is read afresh."""
         cached = self._identities.get(identity_id)
-        if cached is not None and time.monotonic() < self._current_until:
+        if cached is not None and time.monotonic() < self._current_until and cached.session_epoch >= at_least_epoch:
             return cached  # the hot path: no task, no call
         return (await self._fetch([identity_id])).get(identity_id)
 

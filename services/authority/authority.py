@@ -167,6 +167,8 @@ class GroupAuthority:
             )
         if not await self.verifier.verify_envelope(envelope, session_key):
             raise Rejected(R.REJECTION_REASON_SIGNATURE_INVALID, "the signature does not verify with the session key")
+        if epoch > identity.session_epoch:  # a verified session newer than the cached directory names
+            identity = await self.identities.get(identity_id, at_least_epoch=epoch) or identity
         if epoch != identity.session_epoch:
             raise Rejected(
                 R.REJECTION_REASON_SESSION_EPOCH_STALE,
