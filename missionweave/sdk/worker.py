@@ -24,7 +24,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from missionweave.sdk.agent import Agent, CommandRejected
 from missionweave.sdk.client import decode_events
-from missionweave.v1 import command_pb2, common_pb2, event_pb2
+from missionweave.v1 import common_pb2, event_pb2
 from missionweave.v1 import scheduling_service_pb2 as spb
 from missionweave.v1 import scheduling_service_pb2_grpc as spb_grpc
 from missionweave.v1 import work_pb2 as wp
@@ -181,7 +181,7 @@ class WorkerRuntime:
                 resume_from_checkpoint_id=a.resume_from_checkpoint_id,
             )
             started = await self.agent.execute(a.group_id, "work_start", start)
-            began = next((e.work_started for e in _events(started) if e.WhichOneof("payload") == "work_started"), None)
+            began = next((e.work_started for e in decode_events(started.events) if e.WhichOneof("payload") == "work_started"), None)
             token = began.token if began is not None else None
             slot = Slot(
                 slot_id=a.slot_id, group_id=a.group_id, work_item_id=a.work_item_id, ownership_epoch=a.ownership_epoch,
@@ -234,7 +234,3 @@ class WorkerRuntime:
             except CommandRejected as refused:  # ended, fenced or expired: the handler's result will be refused too
                 log.warning("%s/%s: the lease could not be renewed: %s", slot.group_id, slot.work_item_id, refused)
                 return
-
-
-def _events(result: command_pb2.CommandResult) -> list[event_pb2.Event]:
-    return decode_events(result.events)

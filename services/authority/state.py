@@ -201,6 +201,7 @@ class GrantState:
     granted_at: datetime
     expires_at: datetime
     revoked: bool = False
+    record: Any = None  # the missionweave.v1.DelegationGrant as recorded (what read models show)
     # The budget of each WorkItem created or offered under the grant, counted once at its latest size.
     counted: dict[str, dict[str, int]] = field(default_factory=dict)
 

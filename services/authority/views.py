@@ -105,26 +105,10 @@ def snapshot_view(
 
 def grant_status(state: GroupState, grant: GrantState) -> pb.DelegationGrantStatus:
     """A grant as recorded, with its accounting and whether the state still lets it be used."""
-    caps = common_pb2.ResourceVector(currency=grant.currency, **grant.caps)  # type: ignore[arg-type]
-    record = membership_pb2.DelegationGrant(
-        grant_id=grant.grant_id,
-        grantee_id=grant.grantee_id,
-        mission_id=grant.mission_id,
-        group_id=grant.group_id,
-        target_work_item_id=grant.target_work_item_id,
-        allowed_capabilities=[membership_pb2.Capability(capability_id=c, version=v) for c, v in grant.allowed.items()],
-        caps=caps,
-        max_descendant_depth=grant.max_descendant_depth,
-        grantee_membership_epoch=grant.grantee_membership_epoch,
-        coordinator_epoch=grant.coordinator_epoch,
-        issuer_id=grant.issuer_id,
-        granted_at=to_timestamp(grant.granted_at),
-        expires_at=to_timestamp(grant.expires_at),
-    )
     charged = grant.charged_with("", {})
     invalid = invalidity(state, grant, None)
     return pb.DelegationGrantStatus(
-        grant=record,
+        grant=grant.record,
         charged=common_pb2.ResourceVector(currency=grant.currency, **charged),  # type: ignore[arg-type]
         remaining=common_pb2.ResourceVector(currency=grant.currency, **remaining(grant)),  # type: ignore[arg-type]
         work_item_ids=sorted(grant.counted),

@@ -117,7 +117,7 @@ class GroupProjection:
         item.depends_on = tuple(contract.depends_on_work_item_ids)
         item.required_capabilities = tuple((c.capability_id, c.version) for c in contract.required_capabilities)
         b = contract.budget
-        item.budget = tuple((dim, int(getattr(b, dim))) for dim in _DIMENSIONS)
+        item.budget = tuple((dim, int(getattr(b, dim))) for dim in DIMENSIONS)
         item.needs_approval = contract.requires_execution_approval
         item.approved = False
 
@@ -145,7 +145,7 @@ def _encode(value: object) -> str:
     raise TypeError(f"{type(value).__name__} is not part of a projection")
 
 
-_DIMENSIONS = ("financial_micros", "tokens", "tool_calls", "compute_ms", "wall_clock_ms", "side_effects")
+DIMENSIONS = ("financial_micros", "tokens", "tool_calls", "compute_ms", "wall_clock_ms", "side_effects")
 
 
 def _authorized(p: GroupProjection, e: event_pb2.Event) -> None:

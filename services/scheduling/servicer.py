@@ -23,7 +23,7 @@ from missionweave.v1 import scheduling_service_pb2 as pb
 from missionweave.v1 import scheduling_service_pb2_grpc as pb_grpc
 from missionweave.v1 import work_pb2 as wp
 from services.scheduling.ordering import Assignment, NotPermitted, PriorityClass, Source
-from services.scheduling.projection import WS, GroupProjection
+from services.scheduling.projection import DIMENSIONS, WS, GroupProjection
 from services.scheduling.workers import Workers, WorkerScheduler
 
 K = pb.AdmissionCheckKind
@@ -152,17 +152,7 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
                 deps,
                 "dependencies satisfied" if deps else "dependencies not satisfied yet",
             )
-            budget = any(
-                getattr(contract.budget, dim)
-                for dim in (
-                    "financial_micros",
-                    "tokens",
-                    "tool_calls",
-                    "compute_ms",
-                    "wall_clock_ms",
-                    "side_effects",
-                )
-            )
+            budget = any(getattr(contract.budget, dim) for dim in DIMENSIONS)
             check(
                 K.ADMISSION_CHECK_KIND_BUDGET,
                 budget,

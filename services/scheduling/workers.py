@@ -10,7 +10,7 @@ projections are durable (store.py) and resumed after a restart.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from missionweave.clock import Clock
@@ -157,7 +157,7 @@ class Workers:
         clock: Clock,
         group_log: glpb_grpc.GroupLogServiceAsyncStub,
         store: ProjectionStore,
-        slots_of: Callable[[str], object],
+        slots_of: Callable[[str], Awaitable[int]],
     ) -> None:
         self.clock = clock
         self._group_log = group_log
@@ -170,8 +170,8 @@ class Workers:
         async with self._lock:
             worker = self._workers.get(worker_id)
             if worker is None:
-                slots = await self._slots_of(worker_id)  # type: ignore[misc]
-                worker = WorkerScheduler(worker_id, int(slots), self.clock, self._group_log, self._store)
+                slots = await self._slots_of(worker_id)
+                worker = WorkerScheduler(worker_id, slots, self.clock, self._group_log, self._store)
                 worker.restore(await self._store.load(worker_id))
                 self._workers[worker_id] = worker
             return worker

@@ -15,7 +15,7 @@ from missionweave.clock import from_timestamp, to_timestamp
 from missionweave.digests import HEX64
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2, mission_pb2, work_pb2
-from services.authority.state import GroupState, IdentityInfo, MissionRecord
+from services.authority.state import SIX, GroupState, IdentityInfo, MissionRecord
 
 R = common_pb2.RejectionReason
 Role = membership_pb2.MemberRole
@@ -159,6 +159,11 @@ def planned(body: str, *, creates_group: bool = False) -> CommandKind:
 def state_name(value: int) -> str:
     """``MISSION_STATE_ACTIVE`` for a MissionState number."""
     return MS.Name(MS.ValueType(value))
+
+
+def budget_dims(vector: common_pb2.ResourceVector) -> dict[str, int]:
+    """The six budget dimensions of a vector (MW-10.1-01), by name."""
+    return {dim: int(getattr(vector, dim)) for dim in SIX}
 
 
 def invalid(field: str, message: str) -> Rejected:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from missionweave import ids
-from missionweave.capabilities import missing_capability
+from missionweave.capabilities import version_key
 from missionweave.clock import from_timestamp
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2
@@ -25,6 +25,7 @@ from services.authority.rules.common import (
     Emitter,
     R,
     Role,
+    budget_dims,
     invalid,
     mission_of,
     require_reason,
@@ -36,10 +37,6 @@ WS = wp.WorkItemState
 # MW-9.1-15: a target in one of these ends the grant.
 ENDS_A_GRANT = frozenset({WS.WORK_ITEM_STATE_FAILED, WS.WORK_ITEM_STATE_CANCELLED, WS.WORK_ITEM_STATE_VERIFIED})
 MAX_ALLOWED_CAPABILITIES = 64
-
-
-def vector(v: common_pb2.ResourceVector) -> dict[str, int]:
-    return {dim: int(getattr(v, dim)) for dim in SIX}
 
 
 def _grant_invalid(grant: GrantState, check: str, message: str) -> Rejected:
@@ -273,7 +270,7 @@ def check_capabilities(grant: GrantState, contract: wp.WorkContract) -> None:
         minimum = grant.allowed.get(cap.capability_id)
         if minimum is None:
             raise _outside(grant, "capability", f"grant {grant.grant_id} does not allow {cap.capability_id}", capability=cap.capability_id)
-        if missing_capability({cap.capability_id: cap.version}, [membership_pb2.Capability(capability_id=cap.capability_id, version=minimum)]):
+        if version_key(cap.version) < version_key(minimum):
             raise _outside(
                 grant, "capability",
                 f"{cap.capability_id} {cap.version} is below the grant's minimum version {minimum} (MW-9.1-10)",
@@ -284,7 +281,7 @@ def check_capabilities(grant: GrantState, contract: wp.WorkContract) -> None:
 def check_charge(grant: GrantState, work_item_id: str, budget: common_pb2.ResourceVector) -> None:
     """MW-9.1-11: what the grant has been charged, with this WorkItem's budget counted (once, at its
     latest size), fits every cap."""
-    charged = grant.charged_with(work_item_id, vector(budget))
+    charged = grant.charged_with(work_item_id, budget_dims(budget))
     for dim in SIX:
         if charged[dim] > grant.caps[dim]:
             raise Rejected(
@@ -334,7 +331,7 @@ def charge(state: GroupState, grant_id: str, work_item_id: str, budget: common_p
     """Evolve: a WorkItem created or offered under the grant counts against it (at its latest budget)."""
     grant = state.grants.get(grant_id)
     if grant is not None:
-        grant.counted[work_item_id] = vector(budget)
+        grant.counted[work_item_id] = budget_dims(budget)
 
 
 # ---------------------------------------------------------------- evolve rules
@@ -349,7 +346,7 @@ def _granted(state: GroupState, event: event_pb2.Event) -> None:
         group_id=g.group_id,
         target_work_item_id=g.target_work_item_id,
         allowed={c.capability_id: c.version for c in g.allowed_capabilities},
-        caps=vector(g.caps),
+        caps=budget_dims(g.caps),
         currency=g.caps.currency,
         max_descendant_depth=g.max_descendant_depth,
         grantee_membership_epoch=g.grantee_membership_epoch,
@@ -357,6 +354,7 @@ def _granted(state: GroupState, event: event_pb2.Event) -> None:
         issuer_id=g.issuer_id,
         granted_at=from_timestamp(g.granted_at),
         expires_at=from_timestamp(g.expires_at),
+        record=g,
     )
 
 

@@ -5,13 +5,9 @@ from __future__ import annotations
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.common import Emitter, R, invalid, mission_of
+from services.authority.rules.common import Emitter, R, budget_dims, invalid, mission_of
 from services.authority.rules.work.common import touch
 from services.authority.state import SIX, GroupState, WorkItemState
-
-
-def _budget_dims(vector: common_pb2.ResourceVector) -> dict[str, int]:
-    return {dim: int(getattr(vector, dim)) for dim in SIX}
 
 
 def check_usage(
@@ -21,15 +17,15 @@ def check_usage(
 
     OP-02: a dimension the contract leaves out permits zero consumption, not unlimited.
     """
-    d = _budget_dims(delta)
+    d = budget_dims(delta)
     if any(v < 0 for v in d.values()):
         raise invalid(field, "usage is never negative")
     if not any(d.values()):
         return d
     if d["financial_micros"] and delta.currency and delta.currency != item.contract.budget.currency:
         raise invalid(f"{field}.currency", f"must be {item.contract.budget.currency}")
-    caps = _budget_dims(item.contract.budget)
-    mission_caps = _budget_dims(mission_of(state).definition.budget)
+    caps = budget_dims(item.contract.budget)
+    mission_caps = budget_dims(mission_of(state).definition.budget)
     for dim, amount in d.items():
         if item.used[dim] + amount > caps[dim]:
             raise Rejected(
