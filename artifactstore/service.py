@@ -42,6 +42,7 @@ from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.status import rejections_as_status, streaming_edge
 from missionweave.signing import parse_session_key_id
+from missionweave.uploads import GO_AHEAD
 from missionweave.v1 import artifact_service_pb2 as pb
 from missionweave.v1 import artifact_service_pb2_grpc as pb_grpc
 from missionweave.v1 import common_pb2
@@ -92,17 +93,19 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
 
     # ------------------------------------------------------------ upload
 
-    @requires(Access.IDENTITY)
+    @requires(Access.IDENTITY, streamed_request=True)
     async def Upload(
         self, request_iterator: AsyncIterator[pb.UploadRequest], context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.UploadResponse:
         try:
-            return await self._upload(request_iterator, caller)
+            return await self._upload(request_iterator, context, caller)
         except Rejected:
             Counters.rejected_uploads += 1
             raise
 
-    async def _upload(self, requests: AsyncIterator[pb.UploadRequest], caller: Caller) -> pb.UploadResponse:
+    async def _upload(
+        self, requests: AsyncIterator[pb.UploadRequest], context: grpc.aio.ServicerContext, caller: Caller  # type: ignore[type-arg]
+    ) -> pb.UploadResponse:
         first = await anext(requests, None)
         if first is None or not first.HasField("header"):
             raise artifact_error(
@@ -120,7 +123,7 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         # the same whether or not someone else had stored these bytes (no existence oracle).
         existed = stored and await self._readers(caller).may_read(hex_digest)
         if not existed:
-            await self._receive_as_holder(requests, caller, hex_digest, size, stored=stored)
+            await self._receive_as_holder(requests, context, caller, hex_digest, size, stored=stored)
         response = pb.UploadResponse(digest=blake3_digest(hex_digest, size), already_existed=existed)
         if manifest is not None:
             record, sources = manifest
@@ -129,14 +132,22 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         return response
 
     async def _receive_as_holder(
-        self, requests: AsyncIterator[pb.UploadRequest], caller: Caller, hex_digest: str, size: int, *, stored: bool
+        self,
+        requests: AsyncIterator[pb.UploadRequest],
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+        caller: Caller,
+        hex_digest: str,
+        size: int,
+        *,
+        stored: bool,
     ) -> None:
-        """Within the caller's quota: receive and verify the bytes (storing them unless already
-        stored), then record the caller as a holder."""
+        """Within the caller's quota: ask for the bytes (missionweave/uploads.py), receive and
+        verify them (storing them unless already stored), then record the caller as a holder."""
         identity = self._admit(caller, size)
         try:
             if identity and not caller.operator:
                 await self._check_quota(identity, size)
+            await context.send_initial_metadata(GO_AHEAD)
             if stored:
                 await self._receive(requests, hex_digest, size, CountingWriter(size))
             else:

@@ -66,6 +66,7 @@ from authority import Child, log, proc_cpu, spawn_mesh  # noqa: E402
 from nacl.signing import SigningKey  # noqa: E402
 
 from artifactstore.blobstore import CHUNK_BYTES  # noqa: E402
+from missionweave import uploads  # noqa: E402
 from missionweave.mesh.server import MAX_MESSAGE_BYTES  # noqa: E402
 from missionweave.rpc.channels import add_listener, open_channel  # noqa: E402
 from missionweave.sdk.client import MeshClient  # noqa: E402
@@ -242,16 +243,7 @@ class Series:
 
 async def put(stub: Stub, data: bytes, digest: common_pb2.Digest) -> pb.UploadResponse:
     """As ``MeshClient.upload``, with the digest computed beforehand: a header, then 1 MiB chunks."""
-
-    async def requests() -> AsyncIterator[pb.UploadRequest]:
-        yield pb.UploadRequest(header=pb.UploadHeader(digest=digest))
-        view = memoryview(data)
-        for offset in range(0, len(data), CHUNK_BYTES):
-            chunk = pb.UploadChunk(offset=offset, data=bytes(view[offset : offset + CHUNK_BYTES]))
-            yield pb.UploadRequest(chunk=chunk)
-
-    response: pb.UploadResponse = await stub.Upload(requests())
-    return response
+    return await uploads.upload(stub, pb.UploadHeader(digest=digest), uploads.slices(data, CHUNK_BYTES))
 
 
 async def get(stub: Stub, digest: common_pb2.Digest, verify: bool = True) -> list[bytes]:
@@ -395,6 +387,7 @@ async def role_sink() -> None:
     ) -> pb.UploadResponse:
         header: pb.UploadHeader | None = None
         received = 0
+        await context.send_initial_metadata(uploads.GO_AHEAD)  # the same protocol as ours
         async for request in requests:
             if request.HasField("header"):
                 header = request.header

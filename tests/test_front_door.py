@@ -110,3 +110,39 @@ async def test_a_peer_that_is_down_is_answered_peer_unavailable_in_bounded_time(
     ):
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
+
+
+async def test_the_first_call_after_a_peer_comes_up_waits_for_its_connection(db_url: str, tmp_path: Path) -> None:
+    """The gateway starts before its peers (a rolling restart, or a split mesh starting out of order):
+    a call while nothing listens is refused PEER_UNAVAILABLE, and the first call once the peer listens
+    is answered, not refused while the channel is still in its reconnect backoff."""
+    from missionweave.mesh.server import start
+
+    data = tmp_path / "data"
+    front_port, back_port = free_port(), free_port()
+    address = f"127.0.0.1:{back_port}"
+    front = Settings(
+        listen=f"127.0.0.1:{front_port}", data_dir=data, database_url=db_url, grace_seconds=1, services=("gateway",),
+        peers={"authority": address, "membership": address, "artifacts": address, "scheduling": address},
+    )
+    front_mesh = await start(front, OffsetClock())
+    client = MeshClient(f"127.0.0.1:{front_port}")
+    back_mesh = None
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await client.authority_key()
+        rejection = rejection_from_rpc_error(info.value)
+        assert rejection is not None and rejection.reason == R.REJECTION_REASON_PEER_UNAVAILABLE
+        await asyncio.sleep(1.5)  # the channel keeps failing to connect: its reconnect backoff grows
+        back = Settings(
+            listen=address, data_dir=data, database_url=db_url, grace_seconds=1,
+            services=("authority", "membership", "artifacts", "scheduling"), audience=f"127.0.0.1:{front_port}",
+        )
+        back_mesh = await start(back, OffsetClock())
+        key_id, _ = await client.authority_key()
+        assert key_id
+    finally:
+        await client.channel.close()
+        await front_mesh.stop(grace=1)  # type: ignore[attr-defined]
+        if back_mesh is not None:
+            await back_mesh.stop(grace=1)  # type: ignore[attr-defined]

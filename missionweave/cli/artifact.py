@@ -32,7 +32,7 @@ import blake3
 import grpc
 from google.protobuf import json_format
 
-from missionweave import __version__
+from missionweave import __version__, uploads
 from missionweave.cli.common import (
     Actor,
     CliError,
@@ -295,25 +295,20 @@ async def signed_manifest(args: argparse.Namespace, actor: Actor, hashes: FileHa
     )
 
 
-async def upload_requests(
-    path: Path, header: apb.UploadHeader, send_bytes: bool, bar: Progress
-) -> AsyncIterator[apb.UploadRequest]:
-    yield apb.UploadRequest(header=header)
-    if send_bytes:
-        for offset, data in read_chunks(path):
-            yield apb.UploadRequest(chunk=apb.UploadChunk(offset=offset, data=data))
-            bar.advance(len(data))
-
-
 async def upload_file(
     args: argparse.Namespace, mesh: MeshClient, path: Path, digest: Digest, manifest: SignedEnvelope | None
 ) -> apb.UploadResponse:
-    """Streams the file unless the store already holds it (then only the header and manifest go)."""
-    missing = await mesh.artifacts.FindMissing(apb.FindMissingRequest(digests=[digest]))
-    send_bytes = bool(missing.missing_digests)
+    """Streams the file if the store asks for it (a caller that may read it already sends only the
+    header and manifest)."""
     header = apb.UploadHeader(digest=digest, manifest=manifest)
-    with progress(args, "put", digest.size_bytes if send_bytes else 0) as bar:
-        return await mesh.artifacts.Upload(upload_requests(path, header, send_bytes, bar))
+    with progress(args, "put", digest.size_bytes) as bar:
+
+        def chunks() -> Iterator[bytes]:
+            for _, data in read_chunks(path):
+                yield data
+                bar.advance(len(data))
+
+        return await uploads.upload(mesh.artifacts, header, chunks())
 
 
 def cmd_put(args: argparse.Namespace) -> Coroutine[Any, Any, int]:

@@ -2,8 +2,8 @@
 public service to the peer that serves it.
 
 Routing is by the method's full name only (``/missionweave.v1.AuthorityService/...``): the front
-door forwards the request's bytes and metadata unchanged and answers the peer's bytes, status and
-trailers unchanged (a Rejection in ``grpc-status-details-bin`` reaches the client as the peer sent
+door forwards the request's bytes and metadata unchanged and answers the peer's initial metadata,
+bytes, status and trailers unchanged (a Rejection in ``grpc-status-details-bin`` reaches the client as the peer sent
 it). Internal contracts (``missionweave.internal.v1``) are never routed: agents cannot reach them.
 A peer that does not answer gives the caller UNAVAILABLE with a PEER_UNAVAILABLE Rejection.
 """
@@ -42,6 +42,31 @@ async def _fail(context: grpc.aio.ServicerContext, peer: str, err: grpc.aio.AioR
     if unanswered and rejection_from_rpc_error(err) is None:
         await context.abort_with_status(rpc_status.to_status(to_status(peer_unavailable(peer, err))))
     await context.abort(err.code(), err.details() or "", tuple(err.trailing_metadata() or ()))
+
+
+async def _relay_initial_metadata(call: Any, context: grpc.aio.ServicerContext) -> None:  # type: ignore[type-arg]
+    """The peer's initial metadata, sent on as soon as it arrives (a peer that ends the call without
+    any sends none: its status follows)."""
+    metadata = await call.initial_metadata()
+    if metadata:
+        await context.send_initial_metadata(tuple(metadata))
+
+
+# How long a call waits for a peer's connection that is being (re)established before it is sent:
+# the first call after a peer (re)starts would otherwise fail at once while the channel sits in its
+# reconnect backoff. Longer than that backoff's ceiling (mesh/peers.py: 2 s, plus gRPC's 20% jitter).
+PEER_CONNECT_WAIT_S = 3.0
+
+
+async def _connected(channel: Any, context: grpc.aio.ServicerContext) -> None:  # type: ignore[type-arg]
+    """Waits (bounded by the call's deadline) for a remote peer channel that is not READY; a peer
+    that stays unreachable is then refused as before. Channels without a state (in-process, sharded
+    by Group) are used as they are."""
+    get_state = getattr(channel, "get_state", None)
+    if get_state is None or get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(channel.channel_ready(), min(PEER_CONNECT_WAIT_S, _deadline(context)))
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, Any], ...]:  # type: ignore[type-arg]
@@ -85,16 +110,23 @@ class FrontDoor(grpc.GenericRpcHandler):
         peer, method = self._routes[path]
         channel = self.peers.channel(peer)
         if method.client_streaming and method.server_streaming:
-            return grpc.stream_stream_rpc_method_handler(self._streaming(peer, channel.stream_stream(path, _identity, _identity)))
+            return grpc.stream_stream_rpc_method_handler(
+                self._streaming(peer, channel, channel.stream_stream(path, _identity, _identity))
+            )
         if method.client_streaming:
-            return grpc.stream_unary_rpc_method_handler(self._upload(peer, channel.stream_unary(path, _identity, _identity)))
+            return grpc.stream_unary_rpc_method_handler(
+                self._upload(peer, channel, channel.stream_unary(path, _identity, _identity))
+            )
         if method.server_streaming:
-            return grpc.unary_stream_rpc_method_handler(self._streaming(peer, channel.unary_stream(path, _identity, _identity)))
-        return grpc.unary_unary_rpc_method_handler(self._unary(peer, channel.unary_unary(path, _identity, _identity)))
+            return grpc.unary_stream_rpc_method_handler(
+                self._streaming(peer, channel, channel.unary_stream(path, _identity, _identity))
+            )
+        return grpc.unary_unary_rpc_method_handler(self._unary(peer, channel, channel.unary_unary(path, _identity, _identity)))
 
     @staticmethod
-    def _unary(peer: str, call: Callable[..., Any]) -> Callable[..., Any]:
+    def _unary(peer: str, channel: Any, call: Callable[..., Any]) -> Callable[..., Any]:
         async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:  # type: ignore[type-arg]
+            await _connected(channel, context)
             try:
                 answer: bytes = await call(request, metadata=_metadata(context), timeout=_deadline(context))
                 return answer
@@ -105,10 +137,13 @@ class FrontDoor(grpc.GenericRpcHandler):
         return forward
 
     @staticmethod
-    def _upload(peer: str, call: Callable[..., Any]) -> Callable[..., Any]:
+    def _upload(peer: str, channel: Any, call: Callable[..., Any]) -> Callable[..., Any]:
         async def forward(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:  # type: ignore[type-arg]
+            await _connected(channel, context)
+            upload = call(requests, metadata=_metadata(context), timeout=context.time_remaining())
             try:
-                answer: bytes = await call(requests, metadata=_metadata(context), timeout=context.time_remaining())
+                await _relay_initial_metadata(upload, context)  # the go-ahead of missionweave/uploads.py
+                answer: bytes = await upload
                 return answer
             except grpc.aio.AioRpcError as err:
                 await _fail(context, peer, err)
@@ -117,13 +152,15 @@ class FrontDoor(grpc.GenericRpcHandler):
         return forward
 
     @staticmethod
-    def _streaming(peer: str, call: Callable[..., Any]) -> Callable[..., Any]:
+    def _streaming(peer: str, channel: Any, call: Callable[..., Any]) -> Callable[..., Any]:
         """A server-streaming or bidirectional call: the request (bytes, or the iterator of them)
         goes on as it is, the answers come back one by one."""
 
         async def forward(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:  # type: ignore[type-arg]
+            await _connected(channel, context)
             stream = call(request, metadata=_metadata(context), timeout=context.time_remaining())
             try:
+                await _relay_initial_metadata(stream, context)
                 async for answer in stream:
                     yield answer
             except grpc.aio.AioRpcError as err:

@@ -168,11 +168,14 @@ def _first(metadata: Iterable[tuple[str, Any]], key: str) -> Any:
     return next((v for k, v in metadata if k == key), None)
 
 
-def requires(access: Access) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def requires(access: Access, *, streamed_request: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declares an RPC's rule. For IDENTITY and MESH it proves the caller first, and the decorated
     method takes the proven ``Caller`` as a third argument; the servicer has ``SERVICE`` (its full
     name) and ``callers`` (a ``CallAuthenticator``; None only for a bare servicer built in a test,
-    whose callers count as the mesh's own services). PUBLIC and SIGNED methods are only marked."""
+    whose callers count as the mesh's own services). PUBLIC and SIGNED methods are only marked.
+
+    ``streamed_request`` (a client-streaming method): the first request is read before the caller
+    is judged, so a refusal never races the client's first write (missionweave/uploads.py)."""
 
     def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
         name = method.__name__
@@ -197,6 +200,17 @@ def requires(access: Access) -> Callable[[Callable[..., Any]], Callable[..., Any
             streaming.__mwp_access__ = access  # type: ignore[attr-defined]
             return streaming
 
+        if streamed_request:
+
+            @functools.wraps(method)
+            async def client_streaming(self: Any, requests: AsyncIterator[Any], context: Any) -> Any:
+                first = await anext(requests, None)
+                caller = await caller_of(self, context)
+                return await method(self, _resumed(first, requests), context, caller)
+
+            client_streaming.__mwp_access__ = access  # type: ignore[attr-defined]
+            return client_streaming
+
         @functools.wraps(method)
         async def unary(self: Any, request: Any, context: Any) -> Any:
             return await method(self, request, context, await caller_of(self, context))
@@ -205,6 +219,14 @@ def requires(access: Access) -> Callable[[Callable[..., Any]], Callable[..., Any
         return unary
 
     return wrap
+
+
+async def _resumed(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    if first is None:
+        return
+    yield first
+    async for request in rest:
+        yield request
 
 
 def access_of(method: Any) -> Access | None:

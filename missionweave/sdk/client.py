@@ -23,7 +23,7 @@ import blake3
 from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
-from missionweave import codec, ids
+from missionweave import codec, ids, uploads
 from missionweave.clock import SystemClock, to_timestamp
 from missionweave.errors import Rejected, from_proto
 from missionweave.rpc.channels import ClientTLS, open_channel
@@ -322,18 +322,10 @@ class MeshClient:
     async def upload(
         self, data: bytes, manifest: common_pb2.SignedEnvelope | None = None, chunk_bytes: int = 1024 * 1024
     ) -> artifact_service_pb2.UploadResponse:
-        """Upload ``data`` under its BLAKE3 digest (idempotent), optionally with its signed manifest."""
-        digest = blob_digest(data)
-
-        async def requests() -> AsyncIterator[artifact_service_pb2.UploadRequest]:
-            header = artifact_service_pb2.UploadHeader(digest=digest, manifest=manifest)
-            yield artifact_service_pb2.UploadRequest(header=header)
-            view = memoryview(data)
-            for offset in range(0, len(data), chunk_bytes):
-                chunk = artifact_service_pb2.UploadChunk(offset=offset, data=bytes(view[offset : offset + chunk_bytes]))
-                yield artifact_service_pb2.UploadRequest(chunk=chunk)
-
-        return await self.artifacts.Upload(requests())
+        """Upload ``data`` under its BLAKE3 digest (idempotent), optionally with its signed manifest;
+        the bytes go only if the server asks for them (missionweave/uploads.py)."""
+        header = artifact_service_pb2.UploadHeader(digest=blob_digest(data), manifest=manifest)
+        return await uploads.upload(self.artifacts, header, uploads.slices(data, chunk_bytes))
 
     async def download(self, digest: common_pb2.Digest, offset: int = 0, length: int = 0) -> bytes:
         """The verified bytes (the server holds back the last chunk until the hash matched)."""

@@ -1,0 +1,59 @@
+"""The client side of ArtifactService.Upload, and the go-ahead both sides agree on.
+
+The client sends the header, then waits for the server's initial metadata: ``mwp-upload: send``
+asks for the bytes; anything else means the server has answered already (a refusal, or a blob the
+caller may read already). Bytes therefore never race the end of a refused call. That race matters:
+when a write of a client-streaming call fails because the server has just ended it, grpc's asyncio
+client replaces the server's status with INTERNAL "Internal error from Core", so the caller would
+lose the structured refusal (seen through the front door, which forwards the bytes one hop later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from typing import Any
+
+from missionweave.v1 import artifact_service_pb2 as pb
+
+GO_AHEAD_KEY = "mwp-upload"
+GO_AHEAD = ((GO_AHEAD_KEY, "send"),)
+
+
+def asks_for_bytes(metadata: Any) -> bool:
+    return any(key == GO_AHEAD_KEY and value == "send" for key, value in metadata or ())
+
+
+async def upload(
+    stub: Any, header: pb.UploadHeader, chunks: AsyncIterable[bytes] | Iterable[bytes], **call_options: Any
+) -> pb.UploadResponse:
+    """Uploads through ``stub`` (an ArtifactService stub): the header, then ``chunks`` in order
+    if the server asks for them. Raises the server's refusal as an ``AioRpcError``."""
+    call = stub.Upload(**call_options)
+    await call.write(pb.UploadRequest(header=header))
+    if asks_for_bytes(await call.initial_metadata()):
+        offset = 0
+        async for data in _each(chunks):
+            await call.write(pb.UploadRequest(chunk=pb.UploadChunk(offset=offset, data=data)))
+            offset += len(data)
+        await call.done_writing()
+        sent: pb.UploadResponse = await call
+        return sent
+    try:  # answered on the header: nothing more goes
+        answered: pb.UploadResponse = await call
+        return answered
+    finally:  # the call has ended: this writes nothing, it only ends an intercepted call's request queue
+        await call.done_writing()
+
+
+async def _each(chunks: AsyncIterable[bytes] | Iterable[bytes]) -> AsyncIterator[bytes]:
+    if isinstance(chunks, AsyncIterable):
+        async for data in chunks:
+            yield data
+    else:
+        for data in chunks:
+            yield data
+
+
+def slices(data: bytes, chunk_bytes: int) -> Iterable[bytes]:
+    view = memoryview(data)
+    return (bytes(view[offset : offset + chunk_bytes]) for offset in range(0, len(data), chunk_bytes))
