@@ -687,6 +687,33 @@ async def test_preemption_is_cooperative_checkpoint_then_requeue(world: World) -
     assert decode_events(resumed.events)[0].work_started.resume_from_checkpoint_id == "ck-safe"
 
 
+@pytest.mark.req("MW-11.3-12", "MW-11.3-04")
+async def test_the_owner_records_its_own_schedulers_preemption_request_under_its_lease(world: World) -> None:
+    """Step 1 of MW-11.3-12 when the Worker's own scheduler asks: the owner records the request in
+    the Group (the audit trail) citing its current lease; a stale lease is refused, and nobody but
+    the owner or the Coordinator may ask."""
+    w = world
+    f = await setup(w)
+    epoch = await started(f, w)
+
+    def ask(lease_id: str, request_id: str) -> wp.WorkRequestPreemption:
+        return wp.WorkRequestPreemption(
+            work_item_id="wi-1", preemption_request_id=request_id, lease_id=lease_id,
+            reason=wp.PREEMPTION_REASON_FAIRNESS, ownership_epoch=epoch,
+        )
+
+    await refused(w, w.worker, G, "work_request_preemption", ask("lease-0", "pre-stale"), R.REJECTION_REASON_LEASE_STALE,
+                  membership_epoch=3)
+    await refused(w, w.owner, G, "work_request_preemption", ask("lease-1", "pre-owner"), R.REJECTION_REASON_PERMISSION_DENIED,
+                  membership_epoch=1)
+    result = await f.as_(w.worker, "work_request_preemption", ask("lease-1", "pre-own"))
+    requested = decode_events(result.events)[0].work_preemption_requested
+    assert (requested.preemption_request_id, requested.requested_by, requested.reason) == (
+        "pre-own", w.worker.identity_id, wp.PREEMPTION_REASON_FAIRNESS
+    )
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_ACTIVE  # a request interrupts nothing (MW-11.3-11)
+
+
 @pytest.mark.req("MW-11.4-01", "MW-11.4-02")
 async def test_progress_reports_are_structured(world: World) -> None:
     w = world
@@ -713,6 +740,36 @@ async def test_progress_reports_are_structured(world: World) -> None:
     )
     result = await f.as_(w.worker, "work_report_progress", good)
     assert decode_events(result.events)[0].work_progress_reported.report.phase == "reconciling"
+
+
+@pytest.mark.req("MW-11.2-01", "MW-11.4-01")
+async def test_the_owner_of_queued_work_reports_a_changed_schedule_without_a_lease(world: World) -> None:
+    """Accepted but not started: the owner publishes its revised schedule through a progress report
+    that cites no lease (there is none yet); citing one, or reporting for another's work, is refused."""
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    epoch = await f.accept(w.worker, "wi-1", await f.offer("wi-1", "worker-bot"))
+    now = w.clock.now()
+    schedule = wp.ScheduleDisclosure(
+        work_item_id="wi-1", start_window_begin=to_timestamp(now + timedelta(minutes=5)),
+        start_window_end=to_timestamp(now + timedelta(minutes=10)), computed_at=to_timestamp(now),
+        confidence=wp.ESTIMATE_CONFIDENCE_LOW, capacity_status=wp.CAPACITY_STATUS_CONSTRAINED,
+    )
+    report = wp.ProgressReport(phase="queued", next_checkpoint=wp.PlannedCheckpoint(), revised_estimate=wp.RevisedEstimate())
+    body = wp.WorkReportProgress(work_item_id="wi-1", ownership_epoch=epoch, report=report, schedule=schedule)
+    cites = wp.WorkReportProgress()
+    cites.CopyFrom(body)
+    cites.lease_id = "lease-1"
+    await refused(w, w.worker, G, "work_report_progress", cites, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3)
+    stale = wp.WorkReportProgress()
+    stale.CopyFrom(body)
+    stale.ownership_epoch = epoch + 1
+    await refused(w, w.worker, G, "work_report_progress", stale, R.REJECTION_REASON_OWNERSHIP_EPOCH_STALE, membership_epoch=3)
+    result = await f.as_(w.worker, "work_report_progress", body)
+    reported = decode_events(result.events)[0].work_progress_reported
+    assert reported.schedule == schedule and not reported.lease_id
+    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_QUEUED
 
 
 @pytest.mark.req("MW-7.3-01", "MW-7.3-03", "MW-11.4-02")

@@ -22,7 +22,7 @@ from missionweave.v1 import authority_service_pb2, authority_service_pb2_grpc, c
 from missionweave.v1 import scheduling_service_pb2 as pb
 from missionweave.v1 import scheduling_service_pb2_grpc as pb_grpc
 from missionweave.v1 import work_pb2 as wp
-from services.scheduling.ordering import Assignment, NotPermitted, PriorityClass, Source
+from services.scheduling.ordering import AGED_RANK, Assignment, NotPermitted, PriorityClass, Source
 from services.scheduling.projection import DIMENSIONS, WS, GroupProjection
 from services.scheduling.workers import Workers, WorkerScheduler
 
@@ -31,6 +31,7 @@ K = pb.AdmissionCheckKind
 MAX_QUEUE_PER_GROUP = 64
 COMMITMENTS_PER_SLOT = 4
 MAX_WAIT = timedelta(seconds=30)
+AGING_POLL_S = 1.0
 PEER_TIMEOUT_S = 5.0
 
 _DECLINE = {
@@ -252,28 +253,48 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
     async def NextSlot(
         self, request: pb.NextSlotRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.NextSlotResponse:
-        """MW-11.1-05/10: the next eligible WorkItem across the Worker's Groups, into a free slot."""
+        """MW-11.1-05/10: the next eligible WorkItem across the Worker's Groups, into a free slot;
+        when none can be placed for want of a slot, the running slots to ask to pause (MW-11.3-12)."""
         worker = await self._worker(caller)
         wait = min(request.wait.ToTimedelta(), MAX_WAIT).total_seconds() if request.HasField("wait") else 0.0
-        deadline = asyncio.get_running_loop().time() + wait
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
         while True:
             async with worker.lock:
                 worker.changed.clear()
                 worker.sync_all()
-                try:
-                    assignment = worker.policy.pick(worker.now, request.slot_id or None)
-                except ValueError as err:
-                    raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, str(err), field="slot_id") from None
+                assignment = None
+                if not request.preemptions_only:
+                    try:
+                        assignment = worker.policy.pick(worker.now, request.slot_id or None)
+                    except ValueError as err:
+                        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, str(err), field="slot_id") from None
                 if assignment is not None:
                     return self._assigned(worker, assignment)
+                preemptions = self._ask_preemptions(worker)
                 free = sum(1 for w in worker.policy.slots.values() if w is None)
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                return pb.NextSlotResponse(free_slots=free, total_slots=worker.policy.params.slots)
+            remaining = deadline - loop.time()
+            if preemptions or remaining <= 0:
+                return pb.NextSlotResponse(
+                    free_slots=free, total_slots=worker.policy.params.slots, preemptions=preemptions
+                )
             try:
-                await asyncio.wait_for(worker.changed.wait(), remaining)
+                # Aging is a matter of time, not of events: look again at least every AGING_POLL_S.
+                await asyncio.wait_for(worker.changed.wait(), min(remaining, AGING_POLL_S))
             except TimeoutError:
                 pass
+
+    @staticmethod
+    def _ask_preemptions(worker: WorkerScheduler) -> list[pb.SlotPreemption]:
+        """The policy's suggestions, each recorded as asked so that it is reported once."""
+        asked = []
+        for p in worker.policy.suggest_preemptions(worker.now):
+            worker.policy.request_preemption(worker.now, p.slot_id)
+            reason = wp.PREEMPTION_REASON_FAIRNESS if p.for_rank == AGED_RANK else wp.PREEMPTION_REASON_PRIORITY
+            asked.append(
+                pb.SlotPreemption(slot_id=p.slot_id, group_id=p.group_id, work_item_id=p.work_item_id, reason=reason)
+            )
+        return asked
 
     def _assigned(self, worker: WorkerScheduler, a: Assignment) -> pb.NextSlotResponse:
         projection = worker.followers[a.group_id].projection
@@ -403,6 +424,7 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
                     worker.policy.set_priority(now, request.work_item_id, source, priority_class=cls)
             except NotPermitted as refused:
                 raise Rejected(R.REJECTION_REASON_PERMISSION_DENIED, str(refused), field="source") from None
+            worker.changed.set()  # a runtime's watcher looks for the preemptions this causes at once
             preempt = [
                 p.work_item_id for p in worker.policy.suggest_preemptions(now) if p.group_id == group_id
             ]

@@ -64,6 +64,10 @@ class Condition(Enum):
         "the WorkItem's owner at its ownership epoch, citing the current execution lease from the "
         "lease's session (MW-11.3-04/05)"
     )
+    WORK_OWNER_REPORTING = (
+        "the WorkItem's owner at its ownership epoch: citing the current execution lease from the lease's "
+        "session while active (MW-11.3-04/05), no lease while queued or blocked (a changed schedule, MW-11.2-01)"
+    )
     EXECUTION_APPROVER = "an execution approver the contract names (the MissionOwner when it names none)"
     REVIEWER = "a reviewer member: review Evidence on a submitted WorkItem (MW-13.2-03)"
     ORGANIZATION = (
@@ -174,12 +178,21 @@ TABLE: Mapping[str, Rule] = {
         spec=("MW-10.2-T13", "MW-10.2-03", "MW-11.3-04"),
     ),
     "work_cancel": Rule({COORD: (C.COORDINATOR_EPOCH,)}, spec=("MW-10.2-T14",)),
-    "work_report_progress": _under_lease("MW-11.4-01"),
+    "work_report_progress": Rule(
+        _each(EXECUTORS, C.WORK_OWNER_REPORTING), spec=("MW-11.4-01", "MW-11.2-01", "MW-11.3-04", "MW-11.3-05")
+    ),
     "work_publish_artifact": _under_lease("MW-13.1-02"),
     "work_record_evidence": Rule(
         {COORD: (C.COORDINATOR_EPOCH,), REVIEWER: (C.REVIEWER,)}, spec=("MW-13.2-03",)
     ),
-    "work_request_preemption": Rule({COORD: (C.COORDINATOR_EPOCH,)}, spec=("MW-11.3-12",)),
+    "work_request_preemption": Rule(
+        {
+            WORKER: (C.WORK_OWNER_UNDER_LEASE,),
+            DELEGATE: (C.WORK_OWNER_UNDER_LEASE,),
+            COORD: (C.COORDINATOR_EPOCH, C.WORK_OWNER_UNDER_LEASE),
+        },
+        spec=("MW-11.3-12",),
+    ),
     # ------------------------------------------------------------ membership.* (spec 8, 9.1)
     "membership_grant": Rule(_STEWARDS, spec=("MW-8-01", "MW-8-06")),
     "membership_revoke": Rule(_STEWARDS, spec=("MW-8-03",)),

@@ -35,7 +35,7 @@ from services.authority.rules.work.common import (
     touch,
     work_item,
 )
-from services.authority.rules.work.leases import capability_token, narrow_scope, require_lease
+from services.authority.rules.work.leases import capability_token, narrow_scope, require_lease, require_owner
 from services.authority.rules.work.usage import apply_usage, check_usage, record_usage
 from services.authority.state import GroupState, WorkItemState
 
@@ -212,10 +212,20 @@ def work_report_progress(
     state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
 ) -> None:
     """MW-11.4-01/02: structured progress (phase, milestones, next checkpoint, blockers, estimate,
-    Evidence references) from the executing owner; there is no percentage field to carry authority."""
+    Evidence references) from the executing owner under its lease, or from the owner of a queued or
+    blocked WorkItem without one (a changed schedule, MW-11.2-01); no percentage carries authority."""
     assert state is not None
     body = command.work_report_progress
-    item, usage = under_lease(state, command, ctx, body, "work.report_progress")
+    item = work_item(state, body.work_item_id)
+    if item.state in (QUEUED, BLOCKED):  # not executing: the owner reports (a schedule, a blocker) with no lease
+        if body.lease_id:
+            raise invalid("body.lease_id", f"{item.work_item_id} is not active: a progress report cites no lease")
+        require_owner(item, command, body.ownership_epoch)
+        if not live_owner(item, ctx.now):
+            raise Rejected(R.REJECTION_REASON_LEASE_EXPIRED, f"the ownership lease of {item.work_item_id} has lapsed")
+        usage = check_usage(state, item, body.usage_delta, "body.usage_delta")
+    else:
+        item, usage = under_lease(state, command, ctx, body, "work.report_progress")
     report = body.report
     if not report.phase or not report.HasField("next_checkpoint") or not report.HasField("revised_estimate"):
         raise invalid("body.report", "phase, next_checkpoint and revised_estimate are required (MW-11.4-01)")

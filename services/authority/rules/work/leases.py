@@ -14,10 +14,8 @@ from services.authority.rules.work.common import DEFAULT_START_DEADLINE, QUEUED,
 from services.authority.state import SIX, GroupState, WorkItemState
 
 
-def require_lease(
-    item: WorkItemState, command: command_pb2.Command, ctx: DecisionContext, lease_id: str, epoch: int
-) -> None:
-    """MW-11.3-04/05: the owner, its ownership epoch and the *current* execution lease id."""
+def require_owner(item: WorkItemState, command: command_pb2.Command, epoch: int) -> None:
+    """The actor owns the WorkItem at its current ownership epoch."""
     owner = item.owner
     if owner is None or command.actor_id != owner.agent_id:
         raise Rejected(
@@ -30,6 +28,13 @@ def require_lease(
             f"ownership epoch {epoch} is not the current {owner.ownership_epoch}",
             current_epoch=owner.ownership_epoch,
         )
+
+
+def require_lease(
+    item: WorkItemState, command: command_pb2.Command, ctx: DecisionContext, lease_id: str, epoch: int
+) -> None:
+    """MW-11.3-04/05: the owner, its ownership epoch and the *current* execution lease id."""
+    require_owner(item, command, epoch)
     lease = item.lease
     if lease is None or lease_id != lease.lease_id:
         raise Rejected(

@@ -8,6 +8,7 @@ from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid
 from services.authority.rules.work.common import ACTIVE, coordination, require_state, touch, work_item
+from services.authority.rules.work.leases import require_lease
 from services.authority.state import GroupState
 
 
@@ -15,12 +16,18 @@ def work_request_preemption(
     state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
 ) -> None:
     """MW-11.3-10..12: cooperative preemption. The request interrupts nothing; the Worker checkpoints at
-    a safe point (citing the request), which releases the slot and re-queues the WorkItem."""
+    a safe point (citing the request), which releases the slot and re-queues the WorkItem. Issued by
+    the Coordinator, or by the owner under its lease for its own scheduler's request (the audit trail)."""
     assert state is not None
     body = command.work_request_preemption
     item = work_item(state, body.work_item_id)
-    coordination(state, command, ctx, body.coordinator_epoch, "work.request_preemption")
-    require_state(item, (ACTIVE,), "work.request_preemption")
+    by_owner = not body.coordinator_epoch and item.owner is not None and command.actor_id == item.owner.agent_id
+    if by_owner:  # the owning Worker records its own scheduler's request, under its current lease
+        require_state(item, (ACTIVE,), "work.request_preemption")
+        require_lease(item, command, ctx, body.lease_id, body.ownership_epoch)
+    else:
+        coordination(state, command, ctx, body.coordinator_epoch, "work.request_preemption")
+        require_state(item, (ACTIVE,), "work.request_preemption")
     lease = item.lease
     assert lease is not None and item.owner is not None
     if body.lease_id != lease.lease_id or body.ownership_epoch != item.owner.ownership_epoch:
