@@ -7,10 +7,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import grpc
 import pytest
 
+from missionweave.sdk.client import MeshClient
 from missionweave.sdk.worker import Paused, Slot, WorkerRuntime, WorkResult
 from missionweave.v1 import membership_pb2
+from missionweave.v1 import scheduling_service_pb2 as spb
+from missionweave.v1 import scheduling_service_pb2_grpc as spb_grpc
 from missionweave.v1 import work_pb2 as wp
 from missionweave.v1.authority_service_pb2 import GetMissionProgressRequest
 from tests import builders
@@ -132,3 +136,67 @@ async def test_the_runtime_renews_the_execution_lease_while_the_handler_works(wo
             await runtime.close()
     log = [e async for e in w.client.read_events(G)]
     assert [e for e in log if e.WhichOneof("payload") == "work_lease_renewed"]
+
+
+async def second_mission(w: World) -> None:
+    await w.run(w.owner, G2, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
+    grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
+    await w.run(w.owner, G2, "membership_grant", grant, membership_epoch=1)
+
+
+@pytest.mark.req("MW-11.3-10", "MW-11.3-11", "MW-11.3-12", "MW-11.1-09")
+async def test_the_scheduler_preempts_running_work_for_escalated_work_and_both_finish(world: World, tmp_path: Path) -> None:
+    """One slot, busy with wi-1 of G. The MissionOwner of G2 escalates the Worker's queued wi-9 to
+    URGENT: the scheduler asks wi-1's slot to pause; the runtime records the request in G as the
+    owner, the handler checkpoints at its safe point, wi-9 takes the slot and is submitted, then
+    wi-1 resumes from its checkpoint and is submitted too. Nothing is interrupted by force."""
+    w = world
+    flow: Flow = await setup(w)
+    await second_mission(w)
+    order: list[tuple[str, str]] = []
+    running = asyncio.Event()
+
+    async def handle(slot: Slot) -> WorkResult | Paused:
+        order.append((slot.work_item_id, slot.resume_from_checkpoint_id))
+        if slot.work_item_id == "wi-1" and not slot.resume_from_checkpoint_id:
+            running.set()
+            await asyncio.wait_for(slot.preemption_requested.wait(), 25)  # the safe point
+            return Paused(wp.Checkpoint(checkpoint_id="ck-1", completed_operation_ids=["op-1"]))
+        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="done")
+
+    owner = MeshClient(w.target, reader=w.owner)
+    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
+        runtime = WorkerRuntime(agent, handle)
+        await runtime.serve([G, G2])
+        try:
+            await flow.authorize("wi-1")
+            await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
+            async with asyncio.timeout(40):
+                await running.wait()
+                body = wp.WorkAuthorize(work_item_id="wi-9", title="t", contract=builders.contract(w.clock.now()), coordinator_epoch=1)
+                await w.run(w.coordinator, G2, "work_authorize", body, membership_epoch=2)
+                await w.run(w.coordinator, G2, "work_offer", flow.offer_body("wi-9", "worker-bot"), membership_epoch=2)
+                scheduler = spb_grpc.SchedulingServiceStub(owner.channel)
+                escalate = spb.SetPriorityRequest(
+                    group_id=G2, work_item_id="wi-9", priority_class=spb.PRIORITY_CLASS_URGENT,
+                    source=spb.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot",
+                )
+                while True:  # once the Worker has accepted wi-9 and its scheduler holds it
+                    try:
+                        await scheduler.SetPriority(escalate)
+                        break
+                    except grpc.aio.AioRpcError as err:
+                        assert err.code() == grpc.StatusCode.NOT_FOUND, err
+                        await asyncio.sleep(0.1)
+                done = await runtime.submitted(2)
+        finally:
+            await runtime.close()
+            await owner.channel.close()
+    assert done == [(G2, "wi-9"), (G, "wi-1")]
+    assert order == [("wi-1", ""), ("wi-9", ""), ("wi-1", "ck-1")]
+    log = [e async for e in w.client.read_events(G)]
+    [asked] = [e.work_preemption_requested for e in log if e.WhichOneof("payload") == "work_preemption_requested"]
+    assert asked.requested_by == "worker-bot" and asked.reason == wp.PREEMPTION_REASON_PRIORITY  # step 1, recorded
+    [paused] = [e.work_checkpointed for e in log if e.WhichOneof("payload") == "work_checkpointed"]
+    assert paused.preemption_request_id == asked.preemption_request_id  # steps 2-3 answer it
+    assert not [e for e in log if e.WhichOneof("payload") == "lease_revoked"]  # never by force (MW-11.3-11)

@@ -19,7 +19,9 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
+import grpc
 from google.protobuf.duration_pb2 import Duration
 
 from missionweave.sdk.agent import Agent, CommandRejected
@@ -32,6 +34,10 @@ from missionweave.v1 import work_pb2 as wp
 log = logging.getLogger(__name__)
 
 NEXT_SLOT_WAIT = Duration(seconds=5)
+# How often the start estimates of accepted, not yet started work are looked at again; a start
+# window that moved by at least MATERIAL_SHIFT, or a new capacity status, is published (MW-11.2-01).
+DISCLOSURE_PERIOD_S = 5.0
+MATERIAL_SHIFT = timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -91,14 +97,19 @@ class WorkerRuntime:
         self._slot_loops: list[asyncio.Task[None]] = []
         self.completed: list[tuple[str, str]] = []  # (group, WorkItem) submitted, in order
         self._progress = asyncio.Condition()
+        # Accepted and not running: ownership epoch and the schedule last published for it.
+        self._waiting: dict[tuple[str, str], tuple[int, wp.ScheduleDisclosure]] = {}
+        self._asked: set[tuple[str, str]] = set()  # preemptions the scheduler asked before the work started
 
     async def serve(self, group_ids: Sequence[str]) -> None:
         """Subscribe to the Groups and start one placement loop per declared slot."""
         for group_id in group_ids:
             await self.scheduler.GetQueue(spb.GetQueueRequest(group_id=group_id))  # the scheduler follows it
             await self.agent.subscribe(group_id, self._handler_for(group_id))
-        slots = (await self.scheduler.NextSlot(spb.NextSlotRequest())).total_slots or 1
+        slots = (await self.scheduler.NextSlot(spb.NextSlotRequest(preemptions_only=True))).total_slots or 1
         self._slot_loops = [asyncio.create_task(self._place(), name=f"worker-slot-{i}") for i in range(slots)]
+        self._slot_loops.append(asyncio.create_task(self._watch_preemptions(), name="worker-preemptions"))
+        self._slot_loops.append(asyncio.create_task(self._disclose(), name="worker-disclosures"))
 
     async def submitted(self, count: int) -> list[tuple[str, str]]:
         """Wait until ``count`` WorkItems have been submitted; the (Group, WorkItem) pairs so far."""
@@ -154,7 +165,14 @@ class WorkerRuntime:
                     work_item_id=offered.work_item_id, offer_id=offered.offer_id,
                     contract_revision=offered.contract_revision, schedule=admit.schedule,
                 )
-                await self.agent.execute(group_id, "work_accept_offer", body)
+                accepted = await self.agent.execute(group_id, "work_accept_offer", body)
+                grant = next(
+                    (e.work_offer_accepted.ownership for e in decode_events(accepted.events)
+                     if e.WhichOneof("payload") == "work_offer_accepted"),
+                    None,
+                )
+                if grant is not None:
+                    self._waiting[(group_id, offered.work_item_id)] = (grant.ownership_epoch, admit.schedule)
             else:
                 body_ = wp.WorkDeclineOffer(work_item_id=offered.work_item_id, offer_id=offered.offer_id, decline=admit.decline)
                 await self.agent.execute(group_id, "work_decline_offer", body_)
@@ -189,7 +207,11 @@ class WorkerRuntime:
                 budget=a.slot_budget, resume_from_checkpoint_id=a.resume_from_checkpoint_id,
             )
             self._running[key] = slot
+            self._waiting.pop(key, None)
             self._preemptions.pop(key, None)  # a request for an earlier lease is answered already
+            if key in self._asked:  # the scheduler asked while the work was starting
+                self._asked.discard(key)
+                self._spawn(self._preempt(slot, wp.PREEMPTION_REASON_PRIORITY))
             if began is not None:
                 renewing = asyncio.create_task(self._renew(slot, began.lease))
             result = await self.handler(slot)
@@ -200,6 +222,7 @@ class WorkerRuntime:
                 )
                 await self.agent.execute(a.group_id, "work_checkpoint", body)
                 reason, requeue = spb.SLOT_RELEASE_REASON_PREEMPTED, True
+                self._waiting[key] = (a.ownership_epoch, wp.ScheduleDisclosure())  # disclosed again once estimated
                 return
             submit = wp.WorkSubmit(
                 work_item_id=a.work_item_id, lease_id=lease_id, ownership_epoch=a.ownership_epoch,
@@ -220,7 +243,80 @@ class WorkerRuntime:
                 renewing.cancel()
             self._running.pop(key, None)
             release = spb.ReleaseSlotRequest(slot_id=a.slot_id, work_item_id=a.work_item_id, reason=reason, requeue=requeue)
-            await self.scheduler.ReleaseSlot(release)
+            try:
+                await self.scheduler.ReleaseSlot(release)
+            except grpc.aio.AioRpcError as err:  # the scheduler freed it already (it saw the work end in the log)
+                log.info("%s/%s: slot %s was released already: %s", a.group_id, a.work_item_id, a.slot_id, err.details())
+
+    # ------------------------------------------------------------ preemption (MW-11.3-12)
+
+    async def _watch_preemptions(self) -> None:
+        """Step 1: the scheduler asks a running slot to pause (only when nothing can be placed for
+        want of a slot). The handler is told through its slot and pauses at a safe point; nothing is
+        interrupted (MW-11.3-11)."""
+        while True:
+            answer = await self.scheduler.NextSlot(spb.NextSlotRequest(preemptions_only=True, wait=NEXT_SLOT_WAIT))
+            for asked in answer.preemptions:
+                key = (asked.group_id, asked.work_item_id)
+                slot = self._running.get(key)
+                if slot is None:
+                    self._asked.add(key)  # placed, not started yet: asked once it runs
+                elif slot.slot_id == asked.slot_id:
+                    await self._preempt(slot, asked.reason)
+
+    async def _preempt(self, slot: Slot, reason: int) -> None:
+        """Records the scheduler's request in the slot's Group (the audit trail), then tells the handler."""
+        key = (slot.group_id, slot.work_item_id)
+        request_id = f"pre-{slot.lease_id}"
+        body = wp.WorkRequestPreemption(
+            work_item_id=slot.work_item_id, preemption_request_id=request_id, lease_id=slot.lease_id,
+            reason=reason, ownership_epoch=slot.ownership_epoch,  # type: ignore[arg-type]
+        )
+        try:
+            await self.agent.execute(slot.group_id, "work_request_preemption", body)
+        except CommandRejected as refused:  # the work ended meanwhile
+            log.info("%s/%s: no preemption: %s", slot.group_id, slot.work_item_id, refused)
+            return
+        self._preemptions[key] = request_id
+        slot.preemption_requested.set()
+
+    # ------------------------------------------------------------ schedule disclosure (MW-11.2-01)
+
+    async def _disclose(self) -> None:
+        while True:
+            await asyncio.sleep(DISCLOSURE_PERIOD_S)
+            for key in list(self._waiting):
+                try:
+                    await self._disclose_one(key)
+                except CommandRejected as refused:  # started, ended or reassigned meanwhile
+                    log.info("%s/%s: no schedule disclosure: %s", key[0], key[1], refused)
+                    self._waiting.pop(key, None)
+                except grpc.aio.AioRpcError as err:
+                    if err.code() == grpc.StatusCode.NOT_FOUND:  # no longer this Worker's queued work
+                        self._waiting.pop(key, None)
+                    else:  # the scheduler did not answer: try again next period
+                        log.info("%s/%s: no schedule estimate: %s", key[0], key[1], err.details())
+
+    async def _disclose_one(self, key: tuple[str, str]) -> None:
+        """Publishes the start estimate of accepted, not yet started work when it changed materially."""
+        group_id, work_item_id = key
+        epoch, last = self._waiting[key]
+        answer = await self.scheduler.DiscloseSchedule(spb.DiscloseScheduleRequest(group_id=group_id, work_item_id=work_item_id))
+        schedule = answer.schedule
+        if key not in self._waiting or not material(last, schedule):
+            return
+        report = wp.ProgressReport(
+            phase="queued",
+            next_checkpoint=wp.PlannedCheckpoint(description="start", expected_at=schedule.start_window_begin),
+            revised_estimate=wp.RevisedEstimate(
+                estimated_completion=schedule.estimated_completion, confidence=schedule.confidence,
+                reason="the Worker's schedule changed",
+            ),
+        )
+        body = wp.WorkReportProgress(work_item_id=work_item_id, ownership_epoch=epoch, report=report, schedule=schedule)
+        await self.agent.execute(group_id, "work_report_progress", body)
+        if key in self._waiting:
+            self._waiting[key] = (epoch, schedule)
 
     async def _renew(self, slot: Slot, lease: wp.ExecutionLease) -> None:
         """Keep the execution lease alive while the handler works: renew at half its remaining time."""
@@ -234,3 +330,14 @@ class WorkerRuntime:
             except CommandRejected as refused:  # ended, fenced or expired: the handler's result will be refused too
                 log.warning("%s/%s: the lease could not be renewed: %s", slot.group_id, slot.work_item_id, refused)
                 return
+
+
+def material(before: wp.ScheduleDisclosure, now: wp.ScheduleDisclosure) -> bool:
+    """Whether a new estimate is worth publishing: none published yet, another capacity status, or a
+    start window that moved by MATERIAL_SHIFT or more."""
+    if not before.HasField("start_window_begin"):
+        return True
+    if before.capacity_status != now.capacity_status:
+        return True
+    moved = abs(now.start_window_begin.ToDatetime() - before.start_window_begin.ToDatetime())
+    return moved >= MATERIAL_SHIFT

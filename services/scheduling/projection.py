@@ -46,6 +46,7 @@ class ItemView:
     start_deadline: datetime | None = None
     enqueued_at: datetime | None = None  # when it entered this Worker's queue
     lease_id: str = ""
+    lease_session_epoch: int = 0  # the session the execution lease is bound to
     latest_checkpoint_id: str = ""
     preemption_request_id: str = ""
     open_offers: dict[str, datetime] = field(default_factory=dict)  # offers naming the Worker -> expiry
@@ -93,6 +94,7 @@ class GroupProjection:
             for name in ("required_capabilities", "budget"):
                 fields_[name] = tuple(tuple(pair) for pair in fields_[name])
             fields_["open_offers"] = {k: datetime.fromisoformat(v) for k, v in fields_["open_offers"].items()}
+            fields_.setdefault("lease_session_epoch", 0)  # stored before the field existed
             items[wid] = ItemView(**fields_)
         return cls(items=items, **raw)
 
@@ -186,7 +188,7 @@ def _accepted(p: GroupProjection, e: event_pb2.Event) -> None:
 def _started(p: GroupProjection, e: event_pb2.Event) -> None:
     s = e.work_started
     item = p._item(s.work_item_id)
-    item.state, item.lease_id = WS.WORK_ITEM_STATE_ACTIVE, s.lease.lease_id
+    item.state, item.lease_id, item.lease_session_epoch = WS.WORK_ITEM_STATE_ACTIVE, s.lease.lease_id, s.lease.session_epoch
 
 
 def _checkpointed(p: GroupProjection, e: event_pb2.Event) -> None:

@@ -74,7 +74,10 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
             raise Rejected(
                 R.REJECTION_REASON_PERMISSION_DENIED, "a scheduler belongs to a Worker: call as the Worker"
             )
-        return await self.workers.of(caller.identity_id)
+        worker = await self.workers.of(caller.identity_id)
+        async with worker.lock:
+            worker.adopt_session(caller.session_epoch)
+        return worker
 
     # ------------------------------------------------------------ admission control
 

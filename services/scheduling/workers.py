@@ -10,6 +10,7 @@ projections are durable (store.py) and resumed after a restart.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
@@ -20,6 +21,8 @@ from services.scheduling.ordering import Params, PriorityClass
 from services.scheduling.policy import Scheduler
 from services.scheduling.projection import WS, GroupProjection, ItemView
 from services.scheduling.store import ProjectionStore
+
+log = logging.getLogger("missionweave.scheduling")
 
 # How long a call waits for a newly followed Group to catch up with its head.
 CATCH_UP_S = 5.0
@@ -49,6 +52,7 @@ class WorkerScheduler:
         self._group_log = group_log
         self._store = store
         self._group_of: dict[str, str] = {}  # WorkItem -> Group, for the policy's items
+        self.session_epoch = 0  # the Worker's newest session seen; placements of older ones are void
 
     @property
     def now(self) -> float:
@@ -81,6 +85,20 @@ class WorkerScheduler:
     def _wake(self) -> None:
         self.changed.set()
 
+    def adopt_session(self, session_epoch: int) -> None:
+        """A call from a newer session of the Worker: its previous runtime is gone (MW-11.3-09 revokes
+        that runtime's leases), so every slot it held is returned and its work queued again."""
+        if session_epoch <= self.session_epoch:
+            return
+        if self.session_epoch:
+            for slot, held in self.policy.running().items():
+                log.info(
+                    "a new session of the Worker: its earlier placement is void",
+                    extra={"worker": self.worker_id, "slot": slot, "work_item": held, "session_epoch": session_epoch},
+                )
+                self.policy.release(self.now, slot, requeue=True)
+        self.session_epoch = session_epoch
+
     def sync_all(self) -> None:
         for follower in self.followers.values():
             self.sync(follower.projection)
@@ -91,7 +109,7 @@ class WorkerScheduler:
         a running item whose work ended in the log frees its slot."""
         now = self.now
         group_id = projection.group_id
-        queued = {i.work_item_id: i for i in projection.queue() if i.state == WS.WORK_ITEM_STATE_QUEUED}
+        queued = {i.work_item_id: i for i in projection.queue() if self._waiting(i)}
         known = {v.work_item_id for v in self.policy.queue(group_id)}
         running = {
             wid: slot for slot, wid in self.policy.running().items() if self._group_of.get(wid) == group_id
@@ -124,6 +142,13 @@ class WorkerScheduler:
                 or held.state not in (WS.WORK_ITEM_STATE_QUEUED, WS.WORK_ITEM_STATE_ACTIVE)
             ):
                 self.policy.release(now, slot, requeue=False)
+
+    def _waiting(self, item: ItemView) -> bool:
+        """Queued for this Worker: QUEUED, or ACTIVE under a lease of an earlier session, which the
+        Authority revokes when this session starts work (MW-11.3-09)."""
+        if item.state == WS.WORK_ITEM_STATE_QUEUED:
+            return True
+        return item.state == WS.WORK_ITEM_STATE_ACTIVE and 0 < item.lease_session_epoch < self.session_epoch
 
     @staticmethod
     def _eligibility(projection: GroupProjection, item: ItemView) -> tuple[bool, bool]:
