@@ -58,9 +58,11 @@ __all__ = [
     "NoEligibleCandidate",
     "NotPlaced",
     "OfferMade",
+    "OfferTracker",
     "Placement",
     "PlacementError",
     "gather_candidates",
+    "ineligibility",
     "place",
 ]
 
@@ -323,7 +325,7 @@ class _LogReader:
         verifier = await self.verifier()
         queue: asyncio.Queue[event_pb2.Event | BaseException] = asyncio.Queue()
         pump = asyncio.create_task(self._follow(offer.sequence, verifier, queue, deadline))
-        tracker = _Tracker(work_item_id, offer)
+        tracker = OfferTracker(work_item_id, offer)
         try:
             while tracker.ended is None:
                 left = (deadline - self.clock.now()).total_seconds()
@@ -346,7 +348,7 @@ class _LogReader:
     ) -> tuple[OfferMade, wp.WorkOfferAccepted] | None:
         """The acceptance of ``offer`` in the log as it is now, if there is one."""
         verifier = await self.verifier()
-        tracker = _Tracker(work_item_id, offer)
+        tracker = OfferTracker(work_item_id, offer)
         request = authority_service_pb2.ReadEventsRequest(group_id=self.group_id, after_sequence=offer.sequence)
         async for batch in self.stub.ReadEvents(request):
             for envelope in batch.events:
@@ -385,8 +387,9 @@ class _LogReader:
             await asyncio.sleep(RECONNECT_S)
 
 
-class _Tracker:
-    """Folds the events after an offer into how it ended."""
+class OfferTracker:
+    """Folds the Group's events after an offer into how it ended: accepted by one candidate, declined
+    by every one, or withdrawn; still ``None`` while open (an expiry appends nothing)."""
 
     def __init__(self, work_item_id: str, offer: OfferMade) -> None:
         self.work_item_id = work_item_id
