@@ -200,3 +200,46 @@ async def test_the_scheduler_preempts_running_work_for_escalated_work_and_both_f
     [paused] = [e.work_checkpointed for e in log if e.WhichOneof("payload") == "work_checkpointed"]
     assert paused.preemption_request_id == asked.preemption_request_id  # steps 2-3 answer it
     assert not [e for e in log if e.WhichOneof("payload") == "lease_revoked"]  # never by force (MW-11.3-11)
+
+
+@pytest.mark.req("MW-11.3-09", "MW-11.1-02")
+async def test_a_runtime_restarted_in_the_middle_of_work_takes_it_up_again_under_a_new_lease(
+    world: World, tmp_path: Path
+) -> None:
+    """The first runtime dies while its handler works (no checkpoint, no submission). A new one,
+    on a new session, is placed the same WorkItem by the scheduler (the old placement is void), the
+    Authority revokes the old lease as the new one starts, and the work is submitted once."""
+    w = world
+    flow: Flow = await setup(w)
+    started = asyncio.Event()
+
+    async def stuck(slot: Slot) -> WorkResult:
+        started.set()
+        await asyncio.Event().wait()  # the process dies here
+        raise AssertionError("unreachable")
+
+    async def finish(slot: Slot) -> WorkResult:
+        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="after the restart")
+
+    async with connect(w, "worker-bot", w.worker.key, tmp_path / "first") as agent:
+        first = WorkerRuntime(agent, stuck)
+        await first.serve([G])
+        await flow.authorize("wi-1")
+        await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
+        async with asyncio.timeout(30):
+            await started.wait()
+    await first.close()  # its connection is gone first: it can release nothing, as in a crash
+    async with connect(w, "worker-bot", w.worker.key, tmp_path / "second") as agent:
+        second = WorkerRuntime(agent, finish)
+        await second.serve([G])
+        try:
+            async with asyncio.timeout(30):
+                assert await second.submitted(1) == [(G, "wi-1")]
+        finally:
+            await second.close()
+    log = [e async for e in w.client.read_events(G)]
+    starts = [e.work_started.lease for e in log if e.WhichOneof("payload") == "work_started"]
+    assert len(starts) == 2 and starts[0].session_epoch < starts[1].session_epoch
+    [revoked] = [e.lease_revoked for e in log if e.WhichOneof("payload") == "lease_revoked"]
+    assert revoked.lease_id == starts[0].lease_id and revoked.cause == wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED
+    assert len([e for e in log if e.WhichOneof("payload") == "work_submitted"]) == 1
