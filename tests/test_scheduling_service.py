@@ -222,3 +222,22 @@ async def test_a_deleted_projection_is_rebuilt_identically_from_the_group_log(wo
         for entry in queue.entries:
             entry.ordering.ClearField("waiting_time")  # time passes between the two reads
     assert after == before
+
+
+@pytest.mark.req("MW-11.3-02", "MW-10.3-08")
+async def test_accepted_work_past_its_start_deadline_is_not_placed(world: World, sched: Schedulers) -> None:
+    """The Authority refuses to start work whose start deadline passed (the Coordinator re-offers
+    it): the scheduler does not place it, where placing it would fail at every turn."""
+    w = world
+    flow: Flow = await setup(w)
+    await flow.authorize("wi-1")
+    await flow.accept(w.worker, "wi-1", await flow.offer("wi-1", "worker-bot"))
+    await flow.authorize("wi-2")
+    await flow.accept(w.worker, "wi-2", await flow.offer("wi-2", "worker-bot"))
+    await sched["worker"].GetQueue(pb.GetQueueRequest(group_id=G))  # the scheduler follows G from here
+    placed = await sched["worker"].NextSlot(pb.NextSlotRequest())
+    assert placed.assignment.work_item_id == "wi-1"
+    await sched["worker"].ReleaseSlot(pb.ReleaseSlotRequest(slot_id=placed.assignment.slot_id, work_item_id="wi-1", requeue=True))
+    w.clock.advance(seconds=121)  # the contracts' start deadline is 120 s
+    later = await sched["worker"].NextSlot(pb.NextSlotRequest())
+    assert not later.HasField("assignment") and later.free_slots == later.total_slots

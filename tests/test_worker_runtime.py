@@ -5,7 +5,9 @@ submitting; each handler sees only its own slot (MW-11.1-05, MW-11.1-15, MW-10.3
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -243,3 +245,81 @@ async def test_a_runtime_restarted_in_the_middle_of_work_takes_it_up_again_under
     [revoked] = [e.lease_revoked for e in log if e.WhichOneof("payload") == "lease_revoked"]
     assert revoked.lease_id == starts[0].lease_id and revoked.cause == wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED
     assert len([e for e in log if e.WhichOneof("payload") == "work_submitted"]) == 1
+
+
+@pytest.mark.req("MW-11.2-01", "MW-11.2-02")
+async def test_the_runtime_republishes_a_materially_changed_schedule_and_no_disclosure_names_another_group(
+    world: World, tmp_path: Path
+) -> None:
+    """One slot, busy with wi-1 of G; wi-2 of G waits behind it, and G2 (whose ids and text carry
+    markers) holds the Worker's other work. Its acceptance discloses wi-2's start window; once time
+    has moved it by minutes the runtime publishes the revised schedule into G. Neither disclosure in
+    G holds anything of G2."""
+    w = world
+    flow: Flow = await setup(w)
+    await second_mission(w)
+    release = asyncio.Event()
+    running = asyncio.Event()
+
+    async def handle(slot: Slot) -> WorkResult:
+        if slot.work_item_id == "wi-1":
+            running.set()
+            await asyncio.wait_for(release.wait(), 30)
+        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="done")
+
+    def disclosures(log: list[Any], work_item_id: str) -> list[wp.ScheduleDisclosure]:
+        out = []
+        for e in log:
+            kind = e.WhichOneof("payload")
+            if kind == "work_offer_accepted" and e.work_offer_accepted.work_item_id == work_item_id:
+                out.append(e.work_offer_accepted.schedule)
+            elif kind == "work_progress_reported" and e.work_progress_reported.work_item_id == work_item_id:
+                out.append(e.work_progress_reported.schedule)
+        return out
+
+    patient = wp.TimePolicy()
+    patient.start_deadline.FromSeconds(3600)  # still startable after the clock moves
+    async def published(at_least: int) -> list[wp.ScheduleDisclosure]:
+        """wi-2's disclosures in G, once there are ``at_least``."""
+        for _ in range(300):
+            found = disclosures([e async for e in w.client.read_events(G)], "wi-2")
+            if len(found) >= at_least:
+                return found
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"fewer than {at_least} disclosures of wi-2 in G")
+
+    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
+        runtime = WorkerRuntime(agent, handle, disclosure_period_s=0.2)
+        await runtime.serve([G, G2])
+        try:
+            secret = wp.WorkAuthorize(
+                work_item_id="wi-marker-g2", title="MARKER-G2-TITLE", coordinator_epoch=1,
+                contract=builders.contract(w.clock.now(), goal="MARKER-G2-GOAL", time_policy=patient),
+            )
+            await w.run(w.coordinator, G2, "work_authorize", secret, membership_epoch=2)
+            await flow.authorize("wi-1", time_policy=patient)
+            await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
+            async with asyncio.timeout(40):
+                await running.wait()
+                await w.run(w.coordinator, G2, "work_offer", flow.offer_body("wi-marker-g2", "worker-bot"), membership_epoch=2)
+                await flow.authorize("wi-2", time_policy=patient)
+                await flow.coord("work_offer", flow.offer_body("wi-2", "worker-bot"))
+                await published(1)
+                await asyncio.sleep(0.5)  # any revision the queue's own changes cause is published by now
+                before = await published(1)
+                moved = w.clock.advance(minutes=2)  # wi-2 still waits: its start window slides by minutes
+                after = await published(len(before) + 1)
+                release.set()
+                await runtime.submitted(3)
+        finally:
+            release.set()
+            await runtime.close()
+    log = [e async for e in w.client.read_events(G)]
+    last, revised = before[-1], after[len(before)]
+    assert revised.start_window_begin.ToDatetime() - last.start_window_begin.ToDatetime() >= timedelta(minutes=1)
+    assert revised.computed_at.ToDatetime() >= moved.replace(tzinfo=None) - timedelta(seconds=1)
+    for d in disclosures(log, "wi-1") + disclosures(log, "wi-2"):
+        blob = d.SerializeToString() + str(d).encode()
+        assert d.work_item_id in ("wi-1", "wi-2")
+        for marker in (b"grp_second", b"wi-marker-g2", b"MARKER-G2"):
+            assert marker not in blob

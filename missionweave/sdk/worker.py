@@ -85,9 +85,10 @@ Handler = Callable[[Slot], Awaitable[WorkResult | Paused]]
 class WorkerRuntime:
     """Serves the WorkItems offered to ``agent`` in ``group_ids`` with ``handler``."""
 
-    def __init__(self, agent: Agent, handler: Handler) -> None:
+    def __init__(self, agent: Agent, handler: Handler, *, disclosure_period_s: float = DISCLOSURE_PERIOD_S) -> None:
         self.agent = agent
         self.handler = handler
+        self.disclosure_period_s = disclosure_period_s
         self.scheduler = spb_grpc.SchedulingServiceStub(agent.channel)
         self._contracts: dict[tuple[str, str], wp.WorkContract] = {}
         self._running: dict[tuple[str, str], Slot] = {}
@@ -284,7 +285,7 @@ class WorkerRuntime:
 
     async def _disclose(self) -> None:
         while True:
-            await asyncio.sleep(DISCLOSURE_PERIOD_S)
+            await asyncio.sleep(self.disclosure_period_s)
             for key in list(self._waiting):
                 try:
                     await self._disclose_one(key)

@@ -145,9 +145,16 @@ class WorkerScheduler:
 
     def _waiting(self, item: ItemView) -> bool:
         """Queued for this Worker: QUEUED, or ACTIVE under a lease of an earlier session, which the
-        Authority revokes when this session starts work (MW-11.3-09)."""
+        Authority revokes when this session starts work (MW-11.3-09). Work never started whose start
+        deadline has passed is not: the Authority refuses its start and the Coordinator re-offers it
+        (placing it would fail again at every turn)."""
         if item.state == WS.WORK_ITEM_STATE_QUEUED:
-            return True
+            lapsed = (
+                item.start_deadline is not None
+                and not item.latest_checkpoint_id
+                and item.start_deadline <= self.clock.now()
+            )
+            return not lapsed
         return item.state == WS.WORK_ITEM_STATE_ACTIVE and 0 < item.lease_session_epoch < self.session_epoch
 
     @staticmethod
