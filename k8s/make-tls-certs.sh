@@ -42,9 +42,9 @@ openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -sha25
 
 : >"$OUT/secrets.yaml"
 for service in authority membership scheduling artifacts gateway; do
-    if [ "$service" = authority ]; then
-        # Every shard: authority-N.authority-headless.<ns>.svc.<domain>.
-        sans="DNS:*.authority-headless.$NS.svc.$DOMAIN"
+    if [ "$service" = authority ] || [ "$service" = scheduling ]; then
+        # Every pod of the StatefulSet: authority-N.authority-headless.<ns>.svc.<domain>, and so on.
+        sans="DNS:*.$service-headless.$NS.svc.$DOMAIN"
     else
         sans="DNS:$service.$NS.svc.$DOMAIN"
     fi

@@ -29,14 +29,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "both_topologies: the `world` tests of this module also run on the split topology (PostgreSQL)"
     )
+    config.addinivalue_line(
+        "markers", "topologies(*names): the `world` topologies of this test (single, split, split-replicated)"
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """`world` tests run in one process; those marked both_topologies also on the split topology,
     where every service is its own mesh reached over gRPC, on PostgreSQL (as CI runs it)."""
     if "topology" in metafunc.fixturenames:
+        chosen = metafunc.definition.get_closest_marker("topologies")
         split = metafunc.definition.get_closest_marker("both_topologies") is not None
-        metafunc.parametrize("topology", ["single", "split"] if split else ["single"], indirect=True)
+        names = list(chosen.args) if chosen is not None else ["single", "split"] if split else ["single"]
+        metafunc.parametrize("topology", names, indirect=True)
 
 
 @pytest.fixture
@@ -113,11 +118,12 @@ async def world(db_url: str, tmp_path: Path, topology: str) -> AsyncIterator[Wor
     from missionweave.mesh.server import start
     from tests.split_mesh import start_split
 
-    if topology == "split" and not db_url.startswith("postgresql"):
+    if topology.startswith("split") and not db_url.startswith("postgresql"):
         pytest.skip("the split topology runs on PostgreSQL (MWP_TEST_POSTGRES_URL, set by .ci/run)")
     settings = Settings(listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1)
     clock = OffsetClock()
-    mesh: Any = await (start_split(settings, clock) if topology == "split" else start(settings, clock))
+    replicas = {"scheduling": 2} if topology == "split-replicated" else None
+    mesh: Any = await (start_split(settings, clock, replicas) if topology.startswith("split") else start(settings, clock))
     settings = mesh.settings
     target = f"127.0.0.1:{mesh.port}"
     client = MeshClient(target)

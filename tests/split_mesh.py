@@ -55,23 +55,35 @@ class SplitMesh:
         return getattr(self.parts["authority"], name)
 
     async def stop(self, grace: float | None = None) -> None:
-        for name in reversed(ORDER):  # the front door first, the Authority before its peers
-            await self.parts[name].stop(grace)
+        for part in reversed(list(self.parts.values())):  # the front door first, the Authority before its peers
+            await part.stop(grace)
 
 
-async def start_split(base: Settings, clock: Clock) -> SplitMesh:
+async def start_split(base: Settings, clock: Clock, replicas: dict[str, int] | None = None) -> SplitMesh:
+    """Every service in its own mesh; ``replicas`` runs more than one of a stateless service (parts
+    ``name``, ``name-1``, ...; its peers are given every replica's address)."""
     from missionweave.mesh.server import start
 
-    addresses = {name: f"127.0.0.1:{free_port()}" for name in ORDER}
-    peers = {name: address for name, address in addresses.items() if name != "gateway"}
+    counts = {name: (replicas or {}).get(name, 1) for name in ORDER}
+    listen = {
+        (name if i == 0 else f"{name}-{i}"): (name, i, f"127.0.0.1:{free_port()}")
+        for name in ORDER
+        for i in range(counts[name])
+    }
+    gateway = listen["gateway"][2]
+    peers = {
+        name: ",".join(address for service, _, address in listen.values() if service == name)
+        for name in ORDER
+        if name != "gateway"
+    }
     parts: dict[str, Any] = {}
     try:
-        for name in ORDER:
+        for part, (name, i, address) in listen.items():
             settings = replace(
-                base, listen=addresses[name], services=(name,), peers=dict(peers), instance_id=f"{name}-0",
-                audience=addresses["gateway"],  # clients dial the front door: their proofs name it
+                base, listen=address, services=(name,), peers=dict(peers), instance_id=f"{name}-{i}",
+                audience=gateway,  # clients dial the front door: their proofs name it
             )
-            parts[name] = await start(settings, clock)
+            parts[part] = await start(settings, clock)
     except BaseException:
         for part in reversed(list(parts.values())):
             await part.stop(0)

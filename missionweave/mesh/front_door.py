@@ -46,8 +46,11 @@ async def _fail(context: grpc.aio.ServicerContext, peer: str, err: grpc.aio.AioR
 
 async def _relay_initial_metadata(call: Any, context: grpc.aio.ServicerContext) -> None:  # type: ignore[type-arg]
     """The peer's initial metadata, sent on as soon as it arrives (a peer that ends the call without
-    any sends none: its status follows)."""
-    metadata = await call.initial_metadata()
+    any sends none: its status follows). A call routed over shards or replicas has none to relay."""
+    initial = getattr(call, "initial_metadata", None)
+    if initial is None:
+        return
+    metadata = await initial()
     if metadata:
         await context.send_initial_metadata(tuple(metadata))
 

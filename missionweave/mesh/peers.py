@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from missionweave.rpc.affinity import WorkerAffinityChannel
 from missionweave.rpc.callers import MeshServiceChannel
 from missionweave.rpc.channels import ClientTLS, open_channel
 from missionweave.rpc.local import LocalChannel
@@ -56,6 +57,7 @@ class Peers:
         self.mesh_token = mesh_token
         self._remote: dict[str, grpc.aio.Channel] = {}
         self._sharded: ShardedChannel | None = None
+        self._affinity: WorkerAffinityChannel | None = None
 
     def is_local(self, service: str) -> bool:
         return service in self.served
@@ -76,6 +78,11 @@ class Peers:
         shards = [a.strip() for a in address.split(",") if a.strip()]
         if len(shards) == 1:
             return self.address_channel(shards[0])
+        if service == "scheduling":
+            # MWP_SCHEDULING_ADDR lists every replica: calls go to their Worker's (rpc/affinity.py).
+            if self._affinity is None:
+                self._affinity = WorkerAffinityChannel(shards, self.address_channel)
+            return self._affinity
         # MWP_AUTHORITY_ADDR lists every shard: calls are placed by Group (missionweave/rpc/shards.py).
         if self._sharded is None:
             self._sharded = ShardedChannel(shards, self.address_channel)

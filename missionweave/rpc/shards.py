@@ -135,7 +135,7 @@ class ShardedChannel:
     def unary_stream(self, method: str, *_: Any, **__: Any) -> Callable[..., Any]:
         request_type, answer_type = _types(method)
 
-        def call(request: Message | bytes, **kw: Any) -> _FailoverStream:
+        def call(request: Message | bytes, **kw: Any) -> FailoverStream:
             raw = isinstance(request, bytes)
             message = request_type.FromString(request) if isinstance(request, bytes) else request
             serializer = (lambda m: m) if raw else type(message).SerializeToString
@@ -145,7 +145,7 @@ class ShardedChannel:
                 return self._channel_for(address).unary_stream(method, serializer, deserializer)(request, **kw)
 
             group_id = group_of(message)
-            return _FailoverStream(self.order(group_id), open_at, lambda owner: self._remember(group_id, owner))
+            return FailoverStream(self.order(group_id), open_at, lambda owner: self._remember(group_id, owner))
 
         return call
 
@@ -223,7 +223,7 @@ class ShardedChannel:
         return out
 
 
-class _FailoverStream:
+class FailoverStream:
     """A server stream opened at the first shard of the Group's order that answers: a shard that is
     down before its first answer is skipped for the next (once answers flowed, a failure is the
     caller's, who resumes from what it has, as from any broken stream). A stream that ends with
@@ -236,7 +236,7 @@ class _FailoverStream:
         self._answered = False
         self._cancelled = False
 
-    def __aiter__(self) -> _FailoverStream:
+    def __aiter__(self) -> FailoverStream:
         return self
 
     async def __anext__(self) -> Any:
