@@ -208,3 +208,19 @@ async def test_mwp_worker_run_bad_configs_exit_2_with_a_clear_message_and_an_unr
         assert code == 2 and expected in err and err.startswith("mwp: ") and "Traceback" not in err, (name, code, err)
     code, _, err = await mwp("worker", "run", "--config", str(write_config(tmp_path / "ok.toml", **good)))
     assert code == 3 and "cannot reach" in err and "Traceback" not in err, err
+
+
+async def test_mwp_worker_run_in_a_group_it_is_not_a_member_of_is_refused_exit_1(world: World, tmp_path: Path) -> None:
+    w = world
+    await setup(w)
+    await w.run(w.owner, "grp_other", "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
+    key = tmp_path / "worker.key"
+    write_key(key, w.worker.key)
+    (tmp_path / "sheet.py").write_text(HANDLER)
+    config = write_config(
+        tmp_path / "w.toml", target=w.target, identity="worker-bot", key="worker.key", groups=[G, "grp_other"],
+        handler="sheet.py:handle",
+    )
+    code, out, err = await mwp("worker", "run", "--config", str(config))
+    assert code == 1 and "mwp: refused: NOT_A_MEMBER" in err and "Traceback" not in err, err
+    assert "serves" not in out  # it never started serving
