@@ -144,3 +144,16 @@ async def test_the_example_pauses_at_a_safe_point_and_resumes_without_redoing_st
     assert [e.criterion_id for e in submitted.evidence] == ["a", "b", "c", "d"]
     assert all(e.result == wp.EVIDENCE_RESULT_PASS for e in submitted.evidence)
     assert written == ["a", "b", "c", "d"]  # each section written once: the resumed run skipped the done ones
+
+
+def test_the_example_config_names_the_example_handler() -> None:
+    """examples/worker.toml stays a config `mwp worker run` accepts, naming the example's handler."""
+    import argparse
+
+    from missionweave.cli.worker import load_config, load_handler
+
+    path = EXAMPLE.with_name("worker.toml")
+    config = load_config(path, argparse.Namespace(actor=None, key=None, target=None))
+    assert len(config.groups) == 3 and config.key == path.parent.resolve() / "../worker-1.key"
+    handler = load_handler(config)
+    assert handler.__name__ == "handle" and handler.__module__.startswith("mwp_worker_handler_")

@@ -80,7 +80,7 @@ async def cmd_queue(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ mwp worker run
 
 CONFIG_KEYS = {
-    "target": "the mesh address (default: --target, else $MWP_TARGET, else 127.0.0.1:50051)",
+    "target": "the mesh address (the global --target overrides it; default $MWP_TARGET, else 127.0.0.1:50051)",
     "identity": "the Worker's identity id (default: --as, else $MWP_AS)",
     "key": "its key file, relative to the config file (default: --key, else $MWP_KEY)",
     "groups": "the Group ids to serve (a non-empty list)",
@@ -156,7 +156,7 @@ def load_config(path: Path, args: argparse.Namespace) -> WorkerConfig:
         raise UsageError(f"{path}: connect_timeout must be a positive number of seconds")
     return WorkerConfig(
         path=path,
-        target=_text(data, "target", path) or target(args),
+        target=getattr(args, "target", None) or _text(data, "target", path) or target(args),
         identity=identity,
         key=key,
         groups=tuple(groups),
