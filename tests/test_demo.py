@@ -115,11 +115,13 @@ def assert_readable(result: DemoResult) -> None:
     assert [e["event_type"] for e in document["timeline"]] == [e.event_type for e in result.timeline.entries]
 
 
+@pytest.mark.req("MW-10.3-07")
 async def test_the_demo_runs_a_complete_mission_and_can_run_again(mesh: tuple[str, Path]) -> None:
     address, admin_key = mesh
     async with MeshClient(address) as client:
-        result = await run_demo(client, read_key(admin_key))
-        again = await run_demo(client, read_key(admin_key))
+        result = await run_demo(client, read_key(admin_key), target=address)
+        log = [e async for e in client.read_events(result.group_id)]  # read as the MissionOwner
+        again = await run_demo(client, read_key(admin_key), target=address)
     progress = result.progress
     assert progress.mission_state == mission_pb2.MISSION_STATE_APPROVED and progress.approval_event_id
     assert [item.work_item_id for item in progress.work_items] == list(TASKS)
@@ -131,6 +133,13 @@ async def test_the_demo_runs_a_complete_mission_and_can_run_again(mesh: tuple[st
     assert_failed_and_retried(entries)
     assert_offered_only_after_dependencies(entries)
     assert_readable(result)
+    # The Workers are Worker runtimes: each answered its offers after admission control by its own
+    # scheduler, so every acceptance carries the schedule that scheduler disclosed (MW-10.3-07).
+    accepted = [e.work_offer_accepted for e in log if e.WhichOneof("payload") == "work_offer_accepted"]
+    assert {a.work_item_id for a in accepted} == set(TASKS)
+    assert all(a.HasField("schedule") and a.schedule.HasField("estimated_completion") for a in accepted)
+    sessions = [e for e in entries if e.event_type == "session.opened"]
+    assert {e.actor for e in sessions} == {result.identities["worker_a"], result.identities["worker_b"]}
     # Fresh identities and a fresh Group each run.
     assert again.group_id != result.group_id
     assert set(again.identities.values()).isdisjoint(result.identities.values())

@@ -4,28 +4,35 @@ Four fresh identities (a unique suffix per run, so the demo can run again and ag
 each with its own generated key and session: a human MissionOwner, a Coordinator agent and two
 Worker agents. The owner creates a Mission and admits the Workers; the Coordinator plans a DAG of
 five WorkItems and offers each one with structured selection criteria once its dependencies are
-verified; the Workers accept, start under execution leases, renew them reporting usage, checkpoint
-and submit Artifacts (blake3 digests) with Evidence for every acceptance criterion; the Coordinator
-verifies each result. On the way one Worker is preempted cooperatively (it checkpoints at a safe
-point and resumes later) and one WorkItem fails transiently and is retried. Finally the Coordinator
-submits the Mission and the owner approves it.
+verified. The Workers are Worker runtimes (``missionweave.sdk.worker``), each an agent on the
+gateway: the runtime answers an offer after admission control by the Worker's own scheduler,
+places accepted work into its slot, starts it under an execution lease and submits what the demo's
+handler returns (Artifacts named by blake3 digests, Evidence for every acceptance criterion); the
+handler reports usage under the lease. The Coordinator verifies each result. On the way one Worker
+is preempted cooperatively (its handler stops at a safe point, the runtime checkpoints and the work
+resumes later), one handler saves a draft checkpoint and carries on from it, and one WorkItem fails
+transiently and is retried. Finally the Coordinator submits the Mission and the owner approves it.
 
-``run_demo(mesh, admin_key)`` is the scenario (the tests run it against an in-process mesh) and
-returns the timeline and the derived progress; ``cmd_demo`` is the thin CLI around it.
+The timeline is the Group's log as the MissionOwner reads it, each event when it arrived.
+``run_demo(mesh, admin_key, target=...)`` is the scenario (the tests run it against an in-process
+mesh) and returns the timeline and the derived progress; ``cmd_demo`` is the thin CLI around it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import logging
 import secrets
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import blake3
 import grpc
@@ -37,15 +44,22 @@ from missionweave.cli.common import CliError, add_json_flag, client_tls, emit, e
 from missionweave.cli.progress import render_text
 from missionweave.clock import SystemClock, from_timestamp, to_timestamp
 from missionweave.config import Settings
+from missionweave.rpc.channels import ClientTLS
 from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.sdk.agent import Agent
 from missionweave.sdk.client import MeshClient, SessionSigner, decode_events
+from missionweave.sdk.worker import Paused, Slot, WorkerRuntime, WorkResult
 from missionweave.signing import read_key
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import common_pb2, conversation_pb2, event_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+WAIT_S = 60.0  # the longest the Coordinator waits for a Worker to act
+OFFER_ROUNDS = 5  # offers of one WorkItem to a Worker that keeps declining
+REOFFER_DELAY_S = 0.2
 _clock = SystemClock()
+worker_log = logging.getLogger("missionweave.sdk.worker")
 
 # ------------------------------------------------------------------ the plan
 
@@ -105,7 +119,7 @@ PLAN = (
 )
 TASKS = {task.work_item_id: task for task in PLAN}
 STORY = (
-    "5 WorkItems, 2 Workers: extract-us is preempted for the urgent review-controls and resumes from its "
+    "5 WorkItems, 2 Workers (Worker runtimes): extract-us is preempted for the urgent review-controls and resumes from its "
     "checkpoint; reconcile fails transiently once and is retried; the owner approves the result."
 )
 
@@ -270,6 +284,11 @@ _DETAILS: dict[str, Callable[[Any], str]] = {
         f"({_joined(p.selection_criteria[0].applied_policy_rules)})"
     ),
     "work_offer_accepted": lambda p: f"{p.agent_id} owns it, ownership epoch {p.ownership.ownership_epoch}",
+    "work_offer_declined": lambda p: (
+        f"{p.agent_id} declines {p.offer_id} ({_label(wp.DeclineReason, p.decline.reason, 'DECLINE_REASON_')}"
+        + _unless_empty(f": {p.decline.detail}", p.decline.detail)
+        + ")"
+    ),
     "work_offers_withdrawn": lambda p: f"offers {_joined(p.offer_ids)} withdrawn",
     "work_started": lambda p: (
         f"execution lease {p.lease.lease_id}, attempt {p.lease.attempt}"
@@ -380,14 +399,22 @@ class Timeline:
 
 
 @dataclass(frozen=True)
+class WorkerIdentity:
+    """A Worker of the cast: its key only; its Worker runtime's agent opens its session."""
+
+    identity_id: str
+    key: SigningKey
+
+
+@dataclass(frozen=True)
 class Cast:
     owner: SessionSigner
     coordinator: SessionSigner
-    worker_a: SessionSigner
-    worker_b: SessionSigner
+    worker_a: WorkerIdentity
+    worker_b: WorkerIdentity
 
     def identities(self) -> dict[str, str]:
-        return {role: signer.identity_id for role, signer in vars(self).items()}
+        return {role: member.identity_id for role, member in vars(self).items()}
 
 
 ROLES = (
@@ -396,39 +423,218 @@ ROLES = (
     ("worker_a", "worker-a", common_pb2.IDENTITY_KIND_AGENT, "Worker agent A"),
     ("worker_b", "worker-b", common_pb2.IDENTITY_KIND_AGENT, "Worker agent B"),
 )
+WORKER_ROLES = ("worker_a", "worker_b")
 
 
 async def register_cast(
     mesh: MeshClient, admin_id: str, admin_key: SigningKey, timeline: Timeline, suffix: str
 ) -> Cast:
-    """Registers the four identities (signed by the admin) and opens a session for each."""
-    signers: dict[str, SessionSigner] = {}
+    """Registers the four identities (signed by the admin); opens the owner's and the Coordinator's
+    sessions (the Workers' agents open their own when they connect)."""
+    members: dict[str, SessionSigner | WorkerIdentity] = {}
     for role, name, kind, display in ROLES:
         identity_id, key = f"{name}-{suffix}", SigningKey.generate()
         timeline.step = f"identity registration of {identity_id}"
         await mesh.register_identity(admin_id, admin_key, identity_id, kind, bytes(key.verify_key), display)
-        signers[role] = await mesh.open_session(identity_id, key)
         kind_label = _label(common_pb2.IdentityKind, kind, "IDENTITY_KIND_")
-        detail = (
-            f"{identity_id} ({kind_label}, {display}); session epoch {signers[role].session_epoch} opened"
-        )
+        if role in WORKER_ROLES:
+            members[role] = WorkerIdentity(identity_id, key)
+            detail = f"{identity_id} ({kind_label}, {display}); served by a Worker runtime"
+        else:
+            signer = await mesh.open_session(identity_id, key)
+            members[role] = signer
+            detail = f"{identity_id} ({kind_label}, {display}); session epoch {signer.session_epoch} opened"
         timeline.note(admin_id, "identity.registered", detail)
-    mesh.read_as(signers["owner"])  # the demo's reads (state, progress) are the MissionOwner's
-    return Cast(**signers)
+    mesh.read_as(cast(SessionSigner, members["owner"]))  # the demo's reads (state, progress) are the MissionOwner's
+    return Cast(**members)  # type: ignore[arg-type]
 
 
-@dataclass
-class Job:
-    """A WorkItem in a Worker's hands: its ownership epoch and current execution lease, if any."""
+class GroupWatch:
+    """Follows the Group's log as the MissionOwner: every event goes to the timeline as it arrives,
+    and the Coordinator waits here for what the Workers' runtimes did."""
 
-    task: Task
-    worker: SessionSigner
-    ownership_epoch: int
-    lease_id: str = ""
+    def __init__(self, mesh: MeshClient, group_id: str, timeline: Timeline) -> None:
+        self.mesh, self.group_id, self.timeline = mesh, group_id, timeline
+        self.events: list[event_pb2.Event] = []
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._follow(), name=f"demo-watch-{self.group_id}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _follow(self) -> None:
+        try:
+            async for event in self.mesh.read_events(self.group_id, follow=True):
+                self.timeline.record([event])
+                async with self._changed:
+                    self.events.append(event)
+                    self._changed.notify_all()
+        finally:
+            async with self._changed:  # a waiter learns that nothing more will come
+                self._changed.notify_all()
+
+    async def wait_for(self, payload: str, work_item_id: str = "", *, skip: int = 0) -> event_pb2.Event:
+        """The ``skip``-th (from 0) event carrying ``payload`` for ``work_item_id``, once it arrived."""
+        return await self.first_of((payload,), work_item_id, skip=skip)
+
+    async def first_of(
+        self, payloads: tuple[str, ...], work_item_id: str = "", offer_id: str = "", *, skip: int = 0
+    ) -> event_pb2.Event:
+        """The ``skip``-th (from 0) event carrying one of ``payloads`` for ``work_item_id`` (and
+        ``offer_id``, where given), once it arrived."""
+        payload = " or ".join(payloads)
+        self.timeline.step = f"waiting for {payload} of {work_item_id or self.group_id}"
+
+        def about(e: event_pb2.Event) -> bool:
+            kind = e.WhichOneof("payload") or ""
+            if kind not in payloads:
+                return False
+            body = getattr(e, kind)
+            return (not work_item_id or getattr(body, "work_item_id", "") == work_item_id) and (
+                not offer_id or getattr(body, "offer_id", "") == offer_id
+            )
+
+        def matching() -> list[event_pb2.Event]:
+            return [e for e in self.events if about(e)]
+
+        def ready() -> bool:
+            return len(matching()) > skip or (self._task is not None and self._task.done())
+
+        try:
+            async with asyncio.timeout(WAIT_S), self._changed:
+                await self._changed.wait_for(ready)
+        except TimeoutError:
+            raise CliError(f"the demo waited {WAIT_S:.0f} s for {payload} of {work_item_id}") from None
+        found = matching()
+        if len(found) > skip:
+            return found[skip]
+        assert self._task is not None
+        self._task.result()  # the stream failed: its error
+        raise CliError(f"the Group's event stream ended before {payload} of {work_item_id}")
+
+
+class ReportedFailure(Exception):
+    """The handler reported its failure itself (work.fail); the runtime only has to return the slot."""
+
+
+class _QuietReportedFailures(logging.Filter):
+    """The runtime logs a handler's exception with its traceback; the demo's failure is the story,
+    already on the timeline, so that one record is dropped and every other one kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], ReportedFailure))
+
+
+class DemoWorker:
+    """One Worker of the demo: an agent on the gateway and a WorkerRuntime serving the Group. The
+    runtime answers offers after admission control, starts, renews the lease and submits; the
+    handler does the demo's scripted work, reporting usage under its lease."""
+
+    def __init__(self, run: MissionRun, identity: WorkerIdentity) -> None:
+        self.run, self.identity = run, identity
+        self.identity_id = identity.identity_id
+        self.agent: Agent | None = None
+        self.runtime: WorkerRuntime | None = None
+        self.failed: set[str] = set()  # WorkItems whose first attempt already failed
+
+    async def start(self, target: str, tls: ClientTLS | None, state_dir: Path) -> None:
+        self.run.timeline.step = f"connecting {self.identity_id}'s Worker runtime to {target}"
+        self.agent = await Agent.connect(target, self.identity_id, self.identity.key, cursor_dir=state_dir, tls=tls)
+        self.run.timeline.note(
+            self.identity_id, "session.opened",
+            f"session epoch {self.agent.session.session_epoch} opened by its Worker runtime's agent (gateway HELLO)",
+        )
+        self.runtime = WorkerRuntime(self.agent, self.handle)
+        await self.runtime.serve([self.run.group_id])
+
+    async def close(self) -> None:
+        if self.runtime is not None:
+            await self.runtime.close()
+        if self.agent is not None:
+            await self.agent.close()
+
+    async def _execute(self, slot: Slot, kind: str, body: Message) -> list[event_pb2.Event]:
+        assert self.agent is not None
+        return decode_events((await self.agent.execute(slot.group_id, kind, body)).events)
+
+    async def report_usage(self, slot: Slot, spent: common_pb2.ResourceVector) -> None:
+        """A lease renewal carrying the usage so far (the runtime renews on its own schedule too)."""
+        body = wp.WorkRenewLease(
+            work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch, usage_delta=spent
+        )
+        await self._execute(slot, "work_renew_lease", body)
+
+    def checkpoint(self, slot: Slot) -> Paused:
+        wid = slot.work_item_id
+        return Paused(wp.Checkpoint(
+            checkpoint_id=self.run.next_id(f"ck-{wid}"),
+            completed_operation_ids=[f"{wid}:part-1"],
+            taken_at=to_timestamp(_clock.now()),
+        ))
+
+    async def handle(self, slot: Slot) -> WorkResult | Paused:
+        task, wid = TASKS[slot.work_item_id], slot.work_item_id
+        resumed = bool(slot.resume_from_checkpoint_id)
+        if wid == "extract-us" and not resumed:
+            await self.report_usage(slot, usage(2100, 5))
+            # Works until the Coordinator asks for the slot back; stops at its next safe point.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(slot.preemption_requested.wait(), WAIT_S)
+            if slot.preemption_requested.is_set():
+                return self.checkpoint(slot)
+        elif wid == "report" and not resumed:
+            await self.report_usage(slot, usage(1500, 2))
+            return self.checkpoint(slot)  # a draft saved; the next placement carries on from it
+        elif wid == "reconcile" and wid not in self.failed:
+            self.failed.add(wid)
+            await self.report_usage(slot, usage(2500, 7))
+            failure = await self._execute(slot, "work_fail", transient_failure(slot))
+            # The Authority backs off before the retry: keep the slot until then, so the scheduler's
+            # next placement of this WorkItem is one the Authority lets start.
+            await asyncio.sleep(backoff_seconds(failure))
+            raise ReportedFailure(f"{wid}: the FX-rate service timed out")
+        await self.report_usage(slot, FINAL_USAGE[wid])
+        ref = artifact(task)
+        return WorkResult(artifacts=[ref], evidence=evidence(task, ref), summary=f"{task.deliverable} ready")
+
+
+def transient_failure(slot: Slot) -> wp.WorkFail:
+    """A transient failure with Evidence, under the slot's lease."""
+    observed = wp.Evidence(
+        evidence_id=f"ev-{slot.work_item_id}-timeout",
+        method=wp.EVIDENCE_METHOD_FAILURE_OBSERVATION,
+        result=wp.EVIDENCE_RESULT_FAIL,
+        summary="GET /fx-rates timed out after 30 s, three times",
+    )
+    return wp.WorkFail(
+        work_item_id=slot.work_item_id,
+        lease_id=slot.lease_id,
+        ownership_epoch=slot.ownership_epoch,
+        kind=wp.WORK_FAILURE_KIND_TRANSIENT,
+        evidence=[observed],
+        reason="the FX-rate service timed out",
+        usage_delta=usage(300, 3),
+    )
+
+
+# The usage each WorkItem's last (submitting) run reports.
+FINAL_USAGE = {
+    "extract-eu": usage(2900, 7),
+    "extract-us": usage(900, 2),
+    "review-controls": usage(1700, 8),
+    "reconcile": usage(2200, 6),
+    "report": usage(1300, 3),
+}
 
 
 class MissionRun:
-    """Drives one Group: every command signed by the acting identity's own session."""
+    """Drives one Group: the owner's and the Coordinator's commands signed by their own sessions;
+    the Workers are Worker runtimes reacting to what the Coordinator does."""
 
     def __init__(self, mesh: MeshClient, cast: Cast, timeline: Timeline) -> None:
         self.mesh, self.cast, self.timeline = mesh, cast, timeline
@@ -437,6 +643,9 @@ class MissionRun:
         self.coordinator_epoch = 0
         self.epochs: dict[str, int] = {}  # Membership epochs, learnt from membership.granted
         self._ids: Counter[str] = Counter()
+        self.watch = GroupWatch(mesh, self.group_id, timeline)
+        self.workers = {role: DemoWorker(self, getattr(cast, role)) for role in WORKER_ROLES}
+        self._verified: Counter[str] = Counter()
 
     def next_id(self, prefix: str) -> str:
         self._ids[prefix] += 1
@@ -450,7 +659,6 @@ class MissionRun:
         events = decode_events((await self.mesh.execute(signer.sign(command))).events)
         for event in events:
             self._learn(event)
-        self.timeline.record(events)
         return events
 
     def _learn(self, event: event_pb2.Event) -> None:
@@ -475,11 +683,21 @@ class MissionRun:
             definition=definition(owner.identity_id), coordinator_id=self.cast.coordinator.identity_id
         )
         await self.execute(owner, "mission_create", body)
-        for worker in (self.cast.worker_a, self.cast.worker_b):
+        self.watch.start()
+        for role in WORKER_ROLES:
             grant = membership_pb2.MembershipGrant(
-                member_id=worker.identity_id, role=membership_pb2.MEMBER_ROLE_WORKER
+                member_id=self.workers[role].identity_id, role=membership_pb2.MEMBER_ROLE_WORKER
             )
             await self.execute(owner, "membership_grant", grant)
+
+    async def start_workers(self, target: str, tls: ClientTLS | None, state_dir: Path) -> None:
+        for worker in self.workers.values():
+            await worker.start(target, tls, state_dir)
+
+    async def close(self) -> None:
+        for worker in self.workers.values():
+            await worker.close()
+        await self.watch.stop()
 
     async def plan(self) -> None:
         for task in PLAN:
@@ -506,6 +724,7 @@ class MissionRun:
             comment="Figures check out. Ship it.",
         )
         await self.execute(self.cast.owner, "mission_approve", approve)
+        await self.watch.wait_for("mission_approved")  # the timeline ends with it
 
     async def progress(self) -> apb.GetMissionProgressResponse:
         return await self.mesh.authority.GetMissionProgress(
@@ -516,148 +735,83 @@ class MissionRun:
         progress = await self.progress()
         return next(item.state for item in progress.work_items if item.work_item_id == work_item_id)
 
-    # -------------------------------------------------------------- offers and ownership
+    # -------------------------------------------------------------- the Coordinator's part
 
-    async def offer(self, task: Task, worker: SessionSigner) -> str:
+    async def offer(self, task: Task, role: str) -> str:
+        worker = self.workers[role].identity_id
         offer_id = self.next_id(f"offer-{task.work_item_id}")
         body = wp.WorkOffer(
             work_item_id=task.work_item_id,
             offer_id=offer_id,
-            candidate_ids=[worker.identity_id],
+            candidate_ids=[worker],
             expires_at=to_timestamp(_clock.now() + timedelta(minutes=5)),
-            selection_criteria=[selection(worker.identity_id, self.epochs[worker.identity_id])],
+            selection_criteria=[selection(worker, self.epochs[worker])],
             coordinator_epoch=self.coordinator_epoch,
         )
         await self.coordinate("work_offer", body)
         return offer_id
 
-    async def accept(self, task: Task, worker: SessionSigner, offer_id: str) -> Job:
-        body = wp.WorkAcceptOffer(work_item_id=task.work_item_id, offer_id=offer_id, contract_revision=1)
-        accepted = await self.execute(worker, "work_accept_offer", body)
-        return Job(
-            task,
-            worker,
-            _event(accepted, "work_offer_accepted").work_offer_accepted.ownership.ownership_epoch,
-        )
+    async def assign(self, task: Task, role: str) -> None:
+        """Offers ``task`` to the Worker until its runtime accepts: a Worker's admission control may
+        decline (its scheduler had not yet read the offer, its queue was full, ...), and a
+        Coordinator answers a decline with another offer (MW-10.3-03)."""
+        for _ in range(OFFER_ROUNDS):
+            offer_id = await self.offer(task, role)
+            answer = await self.watch.first_of(("work_offer_accepted", "work_offer_declined"), task.work_item_id, offer_id)
+            if answer.WhichOneof("payload") == "work_offer_accepted":
+                return
+            await asyncio.sleep(REOFFER_DELAY_S)
+        raise CliError(f"{self.workers[role].identity_id} declined {task.work_item_id} {OFFER_ROUNDS} times")
 
-    async def assign(self, task: Task, worker: SessionSigner) -> Job:
-        """Offer, acceptance (a new ownership epoch) and the first execution lease."""
-        job = await self.accept(task, worker, await self.offer(task, worker))
-        await self.start(job)
-        return job
-
-    # -------------------------------------------------------------- execution under a lease
-
-    async def start(self, job: Job) -> None:
-        job.lease_id = self.next_id(f"lease-{job.task.work_item_id}")
-        body = wp.WorkStart(
-            work_item_id=job.task.work_item_id, ownership_epoch=job.ownership_epoch, lease_id=job.lease_id
-        )
-        await self.execute(job.worker, "work_start", body)
-
-    async def renew(self, job: Job, spent: common_pb2.ResourceVector) -> None:
-        body = wp.WorkRenewLease(
-            work_item_id=job.task.work_item_id,
-            lease_id=job.lease_id,
-            ownership_epoch=job.ownership_epoch,
-            usage_delta=spent,
-        )
-        await self.execute(job.worker, "work_renew_lease", body)
-
-    async def checkpoint(
-        self, job: Job, spent: common_pb2.ResourceVector, preemption_request_id: str = ""
-    ) -> None:
-        """A durable checkpoint; it releases the execution lease and queues the WorkItem (T08)."""
-        wid = job.task.work_item_id
-        checkpoint = wp.Checkpoint(
-            checkpoint_id=self.next_id(f"ck-{wid}"),
-            completed_operation_ids=[f"{wid}:part-1"],
-            taken_at=to_timestamp(_clock.now()),
-        )
-        body = wp.WorkCheckpoint(
-            work_item_id=wid,
-            lease_id=job.lease_id,
-            ownership_epoch=job.ownership_epoch,
-            checkpoint=checkpoint,
-            preemption_request_id=preemption_request_id,
-            usage_delta=spent,
-        )
-        await self.execute(job.worker, "work_checkpoint", body)
-        job.lease_id = ""
-
-    async def finish(self, job: Job, spent: common_pb2.ResourceVector) -> None:
-        """The Worker submits Artifact and Evidence; the Coordinator verifies the result."""
-        task, ref = job.task, artifact(job.task)
-        body = wp.WorkSubmit(
-            work_item_id=task.work_item_id,
-            lease_id=job.lease_id,
-            ownership_epoch=job.ownership_epoch,
-            contract_revision=1,
-            artifacts=[ref],
-            evidence=evidence(task, ref),
-            summary=f"{task.deliverable} ready",
-            usage_delta=spent,
-        )
-        submitted = await self.execute(job.worker, "work_submit", body)
-        review = wp.WorkAcceptResult(
-            work_item_id=task.work_item_id,
-            coordinator_epoch=self.coordinator_epoch,
-            submission_event_id=_event(submitted, "work_submitted").event_id,
-        )
-        await self.coordinate("work_accept_result", review)
-        job.lease_id = ""
-
-    async def preempt(self, job: Job) -> None:
-        """Cooperative preemption (MW-11.3-10..12): the request interrupts nothing; the Worker
-        checkpoints at its next safe point citing the request, which re-queues the WorkItem."""
-        request_id = f"pre-{job.task.work_item_id}"
+    async def preempt(self, started: wp.WorkStarted) -> None:
+        """Cooperative preemption (MW-11.3-10..12): the request interrupts nothing; the Worker's
+        handler stops at its next safe point and its runtime checkpoints citing the request, which
+        re-queues the WorkItem."""
         body = wp.WorkRequestPreemption(
-            work_item_id=job.task.work_item_id,
-            preemption_request_id=request_id,
-            lease_id=job.lease_id,
+            work_item_id=started.work_item_id,
+            preemption_request_id=f"pre-{started.work_item_id}",
+            lease_id=started.lease.lease_id,
             reason=wp.PREEMPTION_REASON_PRIORITY,
             checkpoint_by=to_timestamp(_clock.now() + timedelta(seconds=30)),
             coordinator_epoch=self.coordinator_epoch,
-            ownership_epoch=job.ownership_epoch,
+            ownership_epoch=started.lease.ownership_epoch,
         )
         await self.coordinate("work_request_preemption", body)
-        await self.checkpoint(job, usage(400, 1), preemption_request_id=request_id)
 
-    async def fail_transiently(self, job: Job) -> list[event_pb2.Event]:
-        """The Worker reports a transient failure with Evidence, under its lease."""
-        observed = wp.Evidence(
-            evidence_id=f"ev-{job.task.work_item_id}-timeout",
-            method=wp.EVIDENCE_METHOD_FAILURE_OBSERVATION,
-            result=wp.EVIDENCE_RESULT_FAIL,
-            summary="GET /fx-rates timed out after 30 s, three times",
+    async def verify(self, task: Task) -> None:
+        """Waits for the Worker's next submission of ``task`` and accepts the result."""
+        wid = task.work_item_id
+        submitted = await self.watch.wait_for("work_submitted", wid, skip=self._verified[wid])
+        self._verified[wid] += 1
+        review = wp.WorkAcceptResult(
+            work_item_id=wid, coordinator_epoch=self.coordinator_epoch, submission_event_id=submitted.event_id
         )
-        body = wp.WorkFail(
-            work_item_id=job.task.work_item_id,
-            lease_id=job.lease_id,
-            ownership_epoch=job.ownership_epoch,
-            kind=wp.WORK_FAILURE_KIND_TRANSIENT,
-            evidence=[observed],
-            reason="the FX-rate service timed out",
-            usage_delta=usage(300, 3),
-        )
-        failed = await self.execute(job.worker, "work_fail", body)
-        job.lease_id = ""
-        return failed
+        await self.coordinate("work_accept_result", review)
 
-    async def retry(self, job: Job, failure: list[event_pb2.Event]) -> Job:
-        """Follows the server: a `failed` WorkItem is re-offered (a new ownership epoch); one the
-        Authority re-queued itself (automatic retry) is started again once its backoff has passed."""
-        state = await self.item_state(job.task.work_item_id)
-        if state == wp.WORK_ITEM_STATE_FAILED:
-            return await self.assign(job.task, job.worker)
-        if state == wp.WORK_ITEM_STATE_QUEUED:
-            await asyncio.sleep(backoff_seconds(failure))
-            await self.start(job)
-            return job
-        label = enum_label(wp.WorkItemState, state, "WORK_ITEM_STATE_")
-        raise CliError(
-            f"after the failure {job.task.work_item_id} is {label}; the demo does not know how to retry it"
-        )
+    async def retry(self, task: Task, role: str) -> None:
+        """Follows the server after the Worker's failure: a `failed` WorkItem is offered again (a new
+        ownership epoch); one the Authority re-queued itself (automatic retry) its Worker's runtime
+        starts again once the backoff is over, with nothing for the Coordinator to do."""
+        wid = task.work_item_id
+        failure = await self.first_failure(wid)
+        if failure.WhichOneof("payload") == "lease_revoked":
+            return
+        state = await self.item_state(wid)
+        if state != wp.WORK_ITEM_STATE_FAILED:
+            label = enum_label(wp.WorkItemState, state, "WORK_ITEM_STATE_")
+            raise CliError(f"after the failure {wid} is {label}; the demo does not know how to retry it")
+        await self.assign(task, role)
+
+    async def first_failure(self, work_item_id: str) -> event_pb2.Event:
+        """The failure's event: work.failed, or the revocation that queued an automatic retry."""
+        self.timeline.step = f"waiting for the failure of {work_item_id}"
+        failed = asyncio.ensure_future(self.watch.wait_for("work_failed", work_item_id))
+        revoked = asyncio.ensure_future(self.watch.wait_for("lease_revoked", work_item_id))
+        done, pending = await asyncio.wait({failed, revoked}, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in pending:
+            waiting.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        return done.pop().result()
 
 
 def _event(events: list[event_pb2.Event], payload: str) -> event_pb2.Event:
@@ -674,34 +828,25 @@ def backoff_seconds(events: list[event_pb2.Event]) -> float:
     return max(0.0, wait.total_seconds()) + 0.05  # a margin for the Authority's clock
 
 
-async def play(run: MissionRun) -> None:
-    """The story: see the module docstring."""
-    a, b = run.cast.worker_a, run.cast.worker_b
+async def play(run: MissionRun, target: str, tls: ClientTLS | None, state_dir: Path) -> None:
+    """The story: see the module docstring. The Coordinator acts; the Workers' runtimes react."""
     await run.create_mission()
+    await run.start_workers(target, tls, state_dir)
     await run.plan()
-    eu = await run.assign(TASKS["extract-eu"], a)
-    us = await run.assign(TASKS["extract-us"], b)
-    await run.renew(eu, usage(1800, 4))
-    await run.renew(us, usage(2100, 5))
-    # The urgent review needs Worker B: the Coordinator offers it and preempts B's extraction.
-    review_offer = await run.offer(TASKS["review-controls"], b)
-    await run.preempt(us)
-    review = await run.accept(TASKS["review-controls"], b, review_offer)
-    await run.start(review)
-    await run.renew(review, usage(1200, 6))
-    await run.finish(review, usage(500, 2))
-    await run.start(us)  # resumes from the safe-point checkpoint
-    await run.finish(us, usage(900, 2))
-    await run.finish(eu, usage(1100, 3))
+    await run.assign(TASKS["extract-eu"], "worker_a")
+    await run.assign(TASKS["extract-us"], "worker_b")
+    started = await run.watch.wait_for("work_started", "extract-us")
+    # The urgent review needs Worker B: the Coordinator has it accepted, then preempts B's extraction.
+    await run.assign(TASKS["review-controls"], "worker_b")
+    await run.preempt(started.work_started)
+    for wid in ("review-controls", "extract-us", "extract-eu"):
+        await run.verify(TASKS[wid])
     # Both extractions are verified, so the reconciliation may be offered; it fails once.
-    reconcile = await run.assign(TASKS["reconcile"], a)
-    await run.renew(reconcile, usage(2500, 7))
-    reconcile = await run.retry(reconcile, await run.fail_transiently(reconcile))
-    await run.finish(reconcile, usage(2200, 6))
-    report = await run.assign(TASKS["report"], b)
-    await run.checkpoint(report, usage(1500, 2))  # a draft saved; the Worker carries on from it
-    await run.start(report)
-    await run.finish(report, usage(1300, 3))
+    await run.assign(TASKS["reconcile"], "worker_a")
+    await run.retry(TASKS["reconcile"], "worker_a")
+    await run.verify(TASKS["reconcile"])
+    await run.assign(TASKS["report"], "worker_b")  # its Worker saves a draft checkpoint on the way
+    await run.verify(TASKS["report"])
     await run.complete(TASKS["report"])
 
 
@@ -758,13 +903,29 @@ class DemoResult:
 
 
 async def run_demo(
-    mesh: MeshClient, admin_key: SigningKey, *, admin_id: str = "admin", timeline: Timeline | None = None
+    mesh: MeshClient,
+    admin_key: SigningKey,
+    *,
+    target: str,
+    tls: ClientTLS | None = None,
+    admin_id: str = "admin",
+    timeline: Timeline | None = None,
 ) -> DemoResult:
-    """Runs the whole scenario against ``mesh``; pass a ``timeline`` to keep what happened if a command is refused."""
+    """Runs the whole scenario against ``mesh``, whose gateway is at ``target`` (where the Workers'
+    agents connect); pass a ``timeline`` to keep what happened if a command is refused."""
     timeline = timeline if timeline is not None else Timeline()
     cast = await register_cast(mesh, admin_id, admin_key, timeline, secrets.token_hex(3))
     run = MissionRun(mesh, cast, timeline)
-    await play(run)
+    quiet = _QuietReportedFailures()
+    worker_log.addFilter(quiet)
+    try:
+        with tempfile.TemporaryDirectory(prefix="mwp-demo-") as state_dir:  # the agents' sessions and cursors
+            try:
+                await play(run, target, tls, Path(state_dir))
+            finally:
+                await run.close()
+    finally:
+        worker_log.removeFilter(quiet)
     return DemoResult(run.group_id, run.mission_id, cast.identities(), timeline, await run.progress())
 
 
@@ -800,7 +961,9 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     timeline = Timeline()
     async with MeshClient(address, client_tls(args)) as mesh:
         try:
-            result = await run_demo(mesh, admin_key, admin_id=args.admin_id, timeline=timeline)
+            result = await run_demo(
+                mesh, admin_key, target=address, tls=client_tls(args), admin_id=args.admin_id, timeline=timeline
+            )
         except grpc.aio.AioRpcError as err:
             _stopped(args, timeline, err)
             raise

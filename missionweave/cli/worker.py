@@ -1,13 +1,55 @@
-"""``mwp worker queue``: a Worker's own queue of one Group, as its scheduler holds it (spec 11.1)."""
+"""``mwp worker queue``: a Worker's own queue of one Group, as its scheduler holds it (spec 11.1).
+``mwp worker run --config FILE``: a Worker runtime (missionweave.sdk.worker) serving Groups with a
+handler named in a TOML file, until SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import signal
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
 
-from missionweave.cli.common import columns, emit, enum_label, reading, reading_command, to_dict, when
+from google.protobuf.message import Message
+from nacl.signing import SigningKey
+
+from missionweave import logs
+from missionweave.cli.common import (
+    CliError,
+    UsageError,
+    add_json_flag,
+    client_tls,
+    columns,
+    emit,
+    enum_label,
+    load_signer,
+    reading,
+    reading_command,
+    target,
+    to_dict,
+    wants_json,
+    when,
+)
+from missionweave.config import Settings
+from missionweave.sdk.agent import Agent, AgentError, CommandBody, CommandRejected, GatewayError, SessionFile
+from missionweave.sdk.client import MeshClient, SessionSigner
+from missionweave.sdk.worker import Handler, Paused, Slot, WorkerRuntime, WorkResult
+from missionweave.signing import read_key
+from missionweave.v1 import command_pb2
 from missionweave.v1 import scheduling_service_pb2 as pb
 from missionweave.v1 import scheduling_service_pb2_grpc as pb_grpc
 from missionweave.v1 import work_pb2 as wp
+
+worker_log = logging.getLogger("missionweave.cli.worker")
 
 
 async def cmd_queue(args: argparse.Namespace) -> int:
@@ -35,7 +77,285 @@ async def cmd_queue(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ mwp worker run
+
+CONFIG_KEYS = {
+    "target": "the mesh address (the global --target overrides it; default $MWP_TARGET, else 127.0.0.1:50051)",
+    "identity": "the Worker's identity id (default: --as, else $MWP_AS)",
+    "key": "its key file, relative to the config file (default: --key, else $MWP_KEY)",
+    "groups": "the Group ids to serve (a non-empty list)",
+    "handler": "MODULE:FUNCTION: a .py file relative to the config file, or a dotted module",
+    "state_dir": "where the agent keeps its session and cursors (default: KEY.worker next to the key)",
+    "connect_timeout": "seconds to reach the gateway before giving up (default 10)",
+}
+
+
+class Unreachable(CliError):
+    """The gateway could not be reached (the README's exit code 3)."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    path: Path
+    target: str
+    identity: str
+    key: Path
+    groups: tuple[str, ...]
+    handler: str
+    state_dir: Path
+    connect_timeout: float
+
+
+def _text(data: dict[str, Any], name: str, where: Path) -> str | None:
+    value = data.get(name)
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise UsageError(f"{where}: {name} must be a non-empty string")
+    return value
+
+
+def load_config(path: Path, args: argparse.Namespace) -> WorkerConfig:
+    """The config file, with --as/--key and the environment filling what it leaves out; every
+    problem a UsageError naming the file and the key, so nothing reaches the mesh half-configured."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as err:
+        raise UsageError(f"cannot read the config file {path}: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"{path} is not valid TOML: {err}") from None
+    unknown = sorted(set(data) - set(CONFIG_KEYS))
+    if unknown:
+        raise UsageError(f"{path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(CONFIG_KEYS)}")
+    base = path.resolve().parent
+    identity = getattr(args, "actor", None) or _text(data, "identity", path) or os.environ.get("MWP_AS")
+    if not identity:
+        raise UsageError(f"{path}: missing key identity (the Worker's identity id; or pass --as)")
+    key_text = _text(data, "key", path)
+    if getattr(args, "key", None):
+        key = Path(args.key)
+    elif key_text:
+        key = base / key_text
+    elif os.environ.get("MWP_KEY"):
+        key = Path(os.environ["MWP_KEY"])
+    else:
+        raise UsageError(f"{path}: missing key key (the Worker's key file; or pass --key)")
+    groups = data.get("groups")
+    if groups is None:
+        raise UsageError(f"{path}: missing key groups (the Group ids to serve)")
+    if not isinstance(groups, list) or not groups or not all(isinstance(g, str) and g for g in groups):
+        raise UsageError(f"{path}: groups must be a non-empty list of Group ids")
+    if len(set(groups)) != len(groups):
+        raise UsageError(f"{path}: groups names a Group twice")
+    handler = _text(data, "handler", path)
+    if handler is None:
+        raise UsageError(f"{path}: missing key handler (MODULE:FUNCTION)")
+    state = _text(data, "state_dir", path)
+    timeout = data.get("connect_timeout", 10)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        raise UsageError(f"{path}: connect_timeout must be a positive number of seconds")
+    return WorkerConfig(
+        path=path,
+        target=getattr(args, "target", None) or _text(data, "target", path) or target(args),
+        identity=identity,
+        key=key,
+        groups=tuple(groups),
+        handler=handler,
+        state_dir=base / state if state else key.with_name(key.name + ".worker"),
+        connect_timeout=float(timeout),
+    )
+
+
+def load_handler(config: WorkerConfig) -> Handler:
+    """``FILE.py:function`` (relative to the config file) or ``package.module:function``."""
+    module_name, sep, function = config.handler.rpartition(":")
+    if not sep or not module_name or not function:
+        raise UsageError(f"{config.path}: handler {config.handler!r} is not MODULE:FUNCTION")
+    try:
+        if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+            file = config.path.resolve().parent / module_name
+            if not file.is_file():
+                raise UsageError(f"{config.path}: handler module {file} does not exist")
+            spec = importlib.util.spec_from_file_location(f"mwp_worker_handler_{file.stem}", file)
+            if spec is None or spec.loader is None:
+                raise UsageError(f"{config.path}: cannot load {file} as a Python module")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module  # dataclasses and pickling look modules up by name
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except UsageError:
+        raise
+    except ModuleNotFoundError as err:
+        missing = err.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise UsageError(f"{config.path}: handler module {module_name!r} not found ({err})") from None
+        raise UsageError(f"{config.path}: importing {module_name} failed: {type(err).__name__}: {err}") from None
+    except Exception as err:  # the handler's own module failed while importing: say where, not how
+        raise UsageError(f"{config.path}: importing {module_name} failed: {type(err).__name__}: {err}") from None
+    found = getattr(module, function, None)
+    if found is None:
+        raise UsageError(f"{config.path}: {module_name} has no {function!r}")
+    call = type(found).__call__ if callable(found) and not inspect.isfunction(found) else found
+    if not inspect.iscoroutinefunction(call):
+        raise UsageError(f"{config.path}: {config.handler} is not an async function (async def {function}(slot))")
+    return cast(Handler, found)
+
+
+def _read_identity_key(config: WorkerConfig) -> SigningKey:
+    try:
+        return read_key(config.key)
+    except FileNotFoundError:
+        raise UsageError(f"{config.path}: the key file {config.key} does not exist (mwp keygen creates one)") from None
+    except PermissionError as err:
+        raise UsageError(f"{config.path}: the key file {config.key} cannot be used: {err}") from None
+    except OSError as err:
+        raise UsageError(f"{config.path}: cannot read the key file {config.key}: {err.strerror or err}") from None
+    except ValueError:
+        raise UsageError(f"{config.path}: {config.key} is not a key file (mwp keygen writes one)") from None
+
+
+class ObservedAgent(Agent):
+    """The runtime's Agent, logging every command the runtime sends and how the Authority answered:
+    the accepted and declined offers, starts, checkpoints and submissions, per Group and WorkItem."""
+
+    async def execute(
+        self, group_id: str, command: str | CommandBody, body: Message | None = None, **options: Any
+    ) -> command_pb2.CommandResult:
+        kind, message = command if isinstance(command, CommandBody) else (command, body)
+        facts: dict[str, Any] = {"group": group_id, "command": kind}
+        for name, label in (("work_item_id", "work_item"), ("offer_id", "offer"), ("lease_id", "lease")):
+            if message is not None and name in message.DESCRIPTOR.fields_by_name and getattr(message, name):
+                facts[label] = getattr(message, name)
+        try:
+            result = await super().execute(group_id, command, body, **options)
+        except CommandRejected as refused:
+            refusal = {**facts, "outcome": "refused", "reason": refused.reason_name}
+            worker_log.warning("%s %s refused: %s", kind, facts.get("work_item", ""), refused, extra=refusal)
+            raise
+        accepted = {**facts, "outcome": "accepted", "group_revision": result.group_revision}
+        worker_log.info("%s %s", kind, facts.get("work_item", ""), extra=accepted)
+        return result
+
+
+def observed(handler: Handler) -> Handler:
+    """``handler`` with a log line when a slot starts it and one for what it hands back."""
+
+    async def run(slot: Slot) -> WorkResult | Paused:
+        facts = {"group": slot.group_id, "work_item": slot.work_item_id, "slot": slot.slot_id, "lease": slot.lease_id}
+        resumed = f" from checkpoint {slot.resume_from_checkpoint_id}" if slot.resume_from_checkpoint_id else ""
+        worker_log.info("handling %s%s", slot.work_item_id, resumed, extra={**facts, "resume_from": slot.resume_from_checkpoint_id})
+        outcome = await handler(slot)
+        if isinstance(outcome, Paused):
+            checkpoint_id = outcome.checkpoint.checkpoint_id
+            worker_log.info("%s paused at checkpoint %s", slot.work_item_id, checkpoint_id, extra={**facts, "checkpoint": checkpoint_id})
+        else:
+            worker_log.info(
+                "%s done: %d artifact(s), %d evidence", slot.work_item_id, len(outcome.artifacts), len(outcome.evidence),
+                extra=facts,
+            )
+        return outcome
+
+    return run
+
+
+async def _report_submissions(runtime: WorkerRuntime) -> None:
+    """One line per WorkItem the runtime submitted, as ``runtime.completed`` grows."""
+    while True:
+        done = await runtime.submitted(len(runtime.completed) + 1)
+        group_id, work_item_id = done[-1]
+        worker_log.info("submitted %s", work_item_id, extra={"group": group_id, "work_item": work_item_id, "command": "work_submit", "submitted": len(done)})
+
+
+def _seed_session(agent: Agent, signer: SessionSigner) -> None:
+    """Hands the CLI's saved session (its key is the identity key, as every mwp command signs) to
+    the agent, so that starting the Worker fences no other mwp command run as the same identity."""
+    agent_file = SessionFile(agent.directory / "session.json", agent.identity_id)
+    try:
+        current = agent_file.load()
+    except AgentError:
+        current = None
+    if current is None or current.session_epoch < signer.session_epoch:
+        agent_file.save(signer)
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    config = load_config(Path(args.config), args)
+    handler = load_handler(config)
+    key = _read_identity_key(config)
+    settings = Settings.from_env()
+    logs.configure(settings.log_level, settings.log_format)
+    tls = client_tls(args)
+    session_args = argparse.Namespace(actor=config.identity, key=str(config.key))
+    async with MeshClient(config.target, tls) as mesh:
+        signer = await load_signer(session_args, mesh)
+    agent = ObservedAgent(
+        config.target, config.identity, key, cursor_dir=config.state_dir, tls=tls, connect_timeout=config.connect_timeout
+    )
+    _seed_session(agent, signer)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        try:
+            await agent.start()
+        except GatewayError as err:
+            raise CliError(f"the gateway refused {config.identity}: {err}") from None
+        except AgentError as err:
+            raise Unreachable(f"cannot reach {config.target}: {err}") from None
+        runtime = WorkerRuntime(agent, observed(handler))
+        watcher: asyncio.Task[None] | None = None
+        try:
+            await runtime.serve(list(config.groups))
+            watcher = asyncio.create_task(_report_submissions(runtime))
+            lines = [
+                f"mwp worker run: {config.identity} serves {len(config.groups)} Group(s) "
+                f"({', '.join(config.groups)}) with {config.handler} at {config.target} "
+                f"(session {agent.session.session_epoch}); Ctrl-C or SIGTERM stops it",
+            ]
+            start = {
+                "event": "started", "identity": config.identity, "target": config.target,
+                "groups": list(config.groups), "handler": config.handler, "session_epoch": agent.session.session_epoch,
+                "state_dir": str(config.state_dir),
+            }
+            _print(args, lines, start)
+            await stop.wait()
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            await runtime.close()
+            await agent.close()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    done = list(runtime.completed)
+    _print(
+        args,
+        [f"mwp worker run: stopped after {len(done)} submission(s)"],
+        {"event": "stopped", "submitted": [{"group_id": g, "work_item_id": w} for g, w in done]},
+    )
+    return 0
+
+
+def _print(args: argparse.Namespace, lines: list[str], document: dict[str, Any]) -> None:
+    """Like ``emit``, but one JSON document per line: a running Worker prints two (start, stop)."""
+    if wants_json(args):
+        print(json.dumps(document, sort_keys=True), flush=True)
+    else:
+        print(*lines, sep="\n", flush=True)
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     worker = sub.add_parser("worker", help="a Worker's own scheduler").add_subparsers(dest="sub", required=True)
     q = reading_command(worker.add_parser("queue", help="your queue of one Group: order, eligibility, slots (read as --as)"))
     q.set_defaults(func=cmd_queue)
+    r = worker.add_parser(
+        "run", help="serve Groups with a Worker runtime and the handler a config file names, until Ctrl-C/SIGTERM"
+    )
+    r.add_argument("--config", required=True, help="the TOML config (docs/cli.md: target, identity, key, groups, handler)")
+    r.add_argument("--as", dest="actor", help="the Worker's identity id (overrides the config's identity)")
+    r.add_argument("--key", help="its key file (overrides the config's key)")
+    add_json_flag(r, "machine output: one JSON document per line (started, stopped)")
+    r.set_defaults(func=cmd_run)
