@@ -42,13 +42,13 @@ from nacl.signing import SigningKey
 from missionweave import ids
 from missionweave.cli.common import CliError, add_json_flag, client_tls, emit, enum_label, target, to_dict
 from missionweave.cli.progress import render_text
-from missionweave.clock import SystemClock, from_timestamp, to_timestamp
+from missionweave.clock import SystemClock, to_timestamp
 from missionweave.config import Settings
 from missionweave.rpc.channels import ClientTLS
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.agent import Agent
 from missionweave.sdk.client import MeshClient, SessionSigner, decode_events
-from missionweave.sdk.worker import Paused, Slot, WorkerRuntime, WorkResult
+from missionweave.sdk.worker import Failed, Paused, Slot, WorkerRuntime, WorkResult
 from missionweave.signing import read_key
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import common_pb2, conversation_pb2, event_pb2, membership_pb2, mission_pb2
@@ -518,18 +518,6 @@ class GroupWatch:
         raise CliError(f"the Group's event stream ended before {payload} of {work_item_id}")
 
 
-class ReportedFailure(Exception):
-    """The handler reported its failure itself (work.fail); the runtime only has to return the slot."""
-
-
-class _QuietReportedFailures(logging.Filter):
-    """The runtime logs a handler's exception with its traceback; the demo's failure is the story,
-    already on the timeline, so that one record is dropped and every other one kept."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], ReportedFailure))
-
-
 class DemoWorker:
     """One Worker of the demo: an agent on the gateway and a WorkerRuntime serving the Group. The
     runtime answers offers after admission control, starts, renews the lease and submits; the
@@ -577,7 +565,7 @@ class DemoWorker:
             taken_at=to_timestamp(_clock.now()),
         ))
 
-    async def handle(self, slot: Slot) -> WorkResult | Paused:
+    async def handle(self, slot: Slot) -> WorkResult | Paused | Failed:
         task, wid = TASKS[slot.work_item_id], slot.work_item_id
         resumed = bool(slot.resume_from_checkpoint_id)
         if wid == "extract-us" and not resumed:
@@ -593,32 +581,25 @@ class DemoWorker:
         elif wid == "reconcile" and wid not in self.failed:
             self.failed.add(wid)
             await self.report_usage(slot, usage(2500, 7))
-            failure = await self._execute(slot, "work_fail", transient_failure(slot))
-            # The Authority backs off before the retry: keep the slot until then, so the scheduler's
-            # next placement of this WorkItem is one the Authority lets start.
-            await asyncio.sleep(backoff_seconds(failure))
-            raise ReportedFailure(f"{wid}: the FX-rate service timed out")
-        await self.report_usage(slot, FINAL_USAGE[wid])
+            # The Authority retries it after the contract's backoff; the scheduler places the next
+            # attempt once that has passed.
+            return transient_failure(slot)
         ref = artifact(task)
-        return WorkResult(artifacts=[ref], evidence=evidence(task, ref), summary=f"{task.deliverable} ready")
+        return WorkResult(
+            artifacts=[ref], evidence=evidence(task, ref), summary=f"{task.deliverable} ready", usage=FINAL_USAGE[wid]
+        )
 
 
-def transient_failure(slot: Slot) -> wp.WorkFail:
-    """A transient failure with Evidence, under the slot's lease."""
+def transient_failure(slot: Slot) -> Failed:
+    """A transient failure with Evidence (the runtime reports it under the slot's lease)."""
     observed = wp.Evidence(
         evidence_id=f"ev-{slot.work_item_id}-timeout",
         method=wp.EVIDENCE_METHOD_FAILURE_OBSERVATION,
         result=wp.EVIDENCE_RESULT_FAIL,
         summary="GET /fx-rates timed out after 30 s, three times",
     )
-    return wp.WorkFail(
-        work_item_id=slot.work_item_id,
-        lease_id=slot.lease_id,
-        ownership_epoch=slot.ownership_epoch,
-        kind=wp.WORK_FAILURE_KIND_TRANSIENT,
-        evidence=[observed],
-        reason="the FX-rate service timed out",
-        usage_delta=usage(300, 3),
+    return Failed(
+        kind=wp.WORK_FAILURE_KIND_TRANSIENT, reason="the FX-rate service timed out", evidence=[observed], usage=usage(300, 3)
     )
 
 
@@ -819,15 +800,6 @@ def _event(events: list[event_pb2.Event], payload: str) -> event_pb2.Event:
     return next(e for e in events if e.WhichOneof("payload") == payload)
 
 
-def backoff_seconds(events: list[event_pb2.Event]) -> float:
-    """How long to wait before the next attempt, from the revocation that re-queued the WorkItem."""
-    revoked = [e.lease_revoked for e in events if e.WhichOneof("payload") == "lease_revoked"]
-    if not revoked or not revoked[0].HasField("retry_not_before"):
-        return 0.0
-    wait = from_timestamp(revoked[0].retry_not_before) - _clock.now()
-    return max(0.0, wait.total_seconds()) + 0.05  # a margin for the Authority's clock
-
-
 async def play(run: MissionRun, target: str, tls: ClientTLS | None, state_dir: Path) -> None:
     """The story: see the module docstring. The Coordinator acts; the Workers' runtimes react."""
     await run.create_mission()
@@ -916,16 +888,11 @@ async def run_demo(
     timeline = timeline if timeline is not None else Timeline()
     cast = await register_cast(mesh, admin_id, admin_key, timeline, secrets.token_hex(3))
     run = MissionRun(mesh, cast, timeline)
-    quiet = _QuietReportedFailures()
-    worker_log.addFilter(quiet)
-    try:
-        with tempfile.TemporaryDirectory(prefix="mwp-demo-") as state_dir:  # the agents' sessions and cursors
-            try:
-                await play(run, target, tls, Path(state_dir))
-            finally:
-                await run.close()
-    finally:
-        worker_log.removeFilter(quiet)
+    with tempfile.TemporaryDirectory(prefix="mwp-demo-") as state_dir:  # the agents' sessions and cursors
+        try:
+            await play(run, target, tls, Path(state_dir))
+        finally:
+            await run.close()
     return DemoResult(run.group_id, run.mission_id, cast.identities(), timeline, await run.progress())
 
 

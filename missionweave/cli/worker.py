@@ -42,7 +42,7 @@ from missionweave.cli.common import (
 from missionweave.config import Settings
 from missionweave.sdk.agent import Agent, AgentError, CommandBody, CommandRejected, GatewayError, SessionFile
 from missionweave.sdk.client import MeshClient, SessionSigner
-from missionweave.sdk.worker import Handler, Paused, Slot, WorkerRuntime, WorkResult
+from missionweave.sdk.worker import Failed, Handler, Paused, Slot, WorkerRuntime, WorkResult
 from missionweave.signing import read_key
 from missionweave.v1 import command_pb2
 from missionweave.v1 import scheduling_service_pb2 as pb
@@ -241,7 +241,7 @@ class ObservedAgent(Agent):
 def observed(handler: Handler) -> Handler:
     """``handler`` with a log line when a slot starts it and one for what it hands back."""
 
-    async def run(slot: Slot) -> WorkResult | Paused:
+    async def run(slot: Slot) -> WorkResult | Paused | Failed:
         facts = {"group": slot.group_id, "work_item": slot.work_item_id, "slot": slot.slot_id, "lease": slot.lease_id}
         resumed = f" from checkpoint {slot.resume_from_checkpoint_id}" if slot.resume_from_checkpoint_id else ""
         worker_log.info("handling %s%s", slot.work_item_id, resumed, extra={**facts, "resume_from": slot.resume_from_checkpoint_id})
@@ -249,6 +249,8 @@ def observed(handler: Handler) -> Handler:
         if isinstance(outcome, Paused):
             checkpoint_id = outcome.checkpoint.checkpoint_id
             worker_log.info("%s paused at checkpoint %s", slot.work_item_id, checkpoint_id, extra={**facts, "checkpoint": checkpoint_id})
+        elif isinstance(outcome, Failed):
+            worker_log.info("%s failed: %s", slot.work_item_id, outcome.reason, extra={**facts, "reason": outcome.reason})
         else:
             worker_log.info(
                 "%s done: %d artifact(s), %d evidence", slot.work_item_id, len(outcome.artifacts), len(outcome.evidence),

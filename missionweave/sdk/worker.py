@@ -26,7 +26,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from missionweave.sdk.agent import Agent, CommandRejected
 from missionweave.sdk.client import decode_events
-from missionweave.v1 import common_pb2, event_pb2
+from missionweave.v1 import command_pb2, common_pb2, event_pb2
 from missionweave.v1 import scheduling_service_pb2 as spb
 from missionweave.v1 import scheduling_service_pb2_grpc as spb_grpc
 from missionweave.v1 import work_pb2 as wp
@@ -47,6 +47,19 @@ class WorkResult:
     artifacts: Sequence[common_pb2.ArtifactRef]
     evidence: Sequence[wp.Evidence]
     summary: str = ""
+    usage: common_pb2.ResourceVector | None = None  # consumed since the last report (MW-11.5-12)
+
+
+@dataclass(frozen=True)
+class Failed:
+    """What a handler hands back when the work failed (worker-reported ``work.fail``, MW-10.2-T13).
+    TRANSIENT lets the Authority retry it within the contract's retry policy (MW-11.4-08): the
+    scheduler places the next attempt once its backoff has passed."""
+
+    kind: int  # a wp.WorkFailureKind
+    reason: str
+    evidence: Sequence[wp.Evidence] = ()
+    usage: common_pb2.ResourceVector | None = None
 
 
 @dataclass(frozen=True)
@@ -77,9 +90,10 @@ class Paused:
     WorkItem re-enters its Group's queue; a later placement resumes it from this checkpoint."""
 
     checkpoint: wp.Checkpoint
+    usage: common_pb2.ResourceVector | None = None
 
 
-Handler = Callable[[Slot], Awaitable[WorkResult | Paused]]
+Handler = Callable[[Slot], Awaitable[WorkResult | Paused | Failed]]
 
 
 class WorkerRuntime:
@@ -89,6 +103,7 @@ class WorkerRuntime:
         self.agent = agent
         self.handler = handler
         self.disclosure_period_s = disclosure_period_s
+        self.slots = 0  # the declared slots (the Agent Card's maximum concurrency), known once serving
         self.scheduler = spb_grpc.SchedulingServiceStub(agent.channel)
         self._contracts: dict[tuple[str, str], wp.WorkContract] = {}
         self._running: dict[tuple[str, str], Slot] = {}
@@ -107,8 +122,8 @@ class WorkerRuntime:
         for group_id in group_ids:
             await self.scheduler.GetQueue(spb.GetQueueRequest(group_id=group_id))  # the scheduler follows it
             await self.agent.subscribe(group_id, self._handler_for(group_id))
-        slots = (await self.scheduler.NextSlot(spb.NextSlotRequest(preemptions_only=True))).total_slots or 1
-        self._slot_loops = [asyncio.create_task(self._place(), name=f"worker-slot-{i}") for i in range(slots)]
+        self.slots = (await self.scheduler.NextSlot(spb.NextSlotRequest(preemptions_only=True))).total_slots or 1
+        self._slot_loops = [asyncio.create_task(self._place(), name=f"worker-slot-{i}") for i in range(self.slots)]
         self._slot_loops.append(asyncio.create_task(self._watch_preemptions(), name="worker-preemptions"))
         self._slot_loops.append(asyncio.create_task(self._disclose(), name="worker-disclosures"))
 
@@ -135,7 +150,7 @@ class WorkerRuntime:
                 if offered.HasField("amended_contract"):
                     self._contracts[(group_id, offered.work_item_id)] = offered.amended_contract
                 if self.agent.identity_id in offered.candidate_ids:
-                    self._spawn(self._answer(group_id, offered))
+                    self._spawn(self._answer(group_id, offered, event.sequence))
             elif kind == "work_preemption_requested":
                 request = event.work_preemption_requested
                 key = (group_id, request.work_item_id)
@@ -151,13 +166,13 @@ class WorkerRuntime:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, group_id: str, offered: wp.WorkOffered) -> None:
+    async def _answer(self, group_id: str, offered: wp.WorkOffered, sequence: int) -> None:
         """Admission control first; then accept with the disclosed schedule, or decline with its reason."""
         contract = self._contracts.get((group_id, offered.work_item_id), wp.WorkContract())
         admit = await self.scheduler.Admit(
             spb.AdmitRequest(
                 group_id=group_id, work_item_id=offered.work_item_id, offer_id=offered.offer_id,
-                contract=contract, offer_expires_at=offered.expires_at,
+                contract=contract, offer_expires_at=offered.expires_at, offered_at_sequence=sequence,
             )
         )
         try:
@@ -191,8 +206,9 @@ class WorkerRuntime:
     async def _run(self, a: spb.SlotAssignment) -> None:
         lease_id = f"lease-{a.work_item_id}-{a.ownership_epoch}-{next(self._starts)}"
         key = (a.group_id, a.work_item_id)
-        reason = spb.SLOT_RELEASE_REASON_FAILED
+        reason: int = spb.SLOT_RELEASE_REASON_FAILED
         requeue = False
+        ended_at = 0
         renewing: asyncio.Task[None] | None = None
         try:
             start = wp.WorkStart(
@@ -216,25 +232,7 @@ class WorkerRuntime:
             if began is not None:
                 renewing = asyncio.create_task(self._renew(slot, began.lease))
             result = await self.handler(slot)
-            if isinstance(result, Paused):
-                body = wp.WorkCheckpoint(
-                    work_item_id=a.work_item_id, lease_id=lease_id, ownership_epoch=a.ownership_epoch,
-                    checkpoint=result.checkpoint, preemption_request_id=self._preemptions.pop(key, ""),
-                )
-                await self.agent.execute(a.group_id, "work_checkpoint", body)
-                reason, requeue = spb.SLOT_RELEASE_REASON_PREEMPTED, True
-                self._waiting[key] = (a.ownership_epoch, wp.ScheduleDisclosure())  # disclosed again once estimated
-                return
-            submit = wp.WorkSubmit(
-                work_item_id=a.work_item_id, lease_id=lease_id, ownership_epoch=a.ownership_epoch,
-                contract_revision=slot.contract.revision or 1, artifacts=result.artifacts, evidence=result.evidence,
-                summary=result.summary,
-            )
-            await self.agent.execute(a.group_id, "work_submit", submit)
-            reason = spb.SLOT_RELEASE_REASON_SUBMITTED
-            async with self._progress:
-                self.completed.append(key)
-                self._progress.notify_all()
+            reason, requeue, ended_at = await self._finish(slot, result)
         except CommandRejected as refused:
             log.warning("%s/%s: %s", a.group_id, a.work_item_id, refused)
         except Exception:
@@ -243,11 +241,45 @@ class WorkerRuntime:
             if renewing is not None:
                 renewing.cancel()
             self._running.pop(key, None)
-            release = spb.ReleaseSlotRequest(slot_id=a.slot_id, work_item_id=a.work_item_id, reason=reason, requeue=requeue)
+            release = spb.ReleaseSlotRequest(
+                slot_id=a.slot_id, work_item_id=a.work_item_id, reason=reason, requeue=requeue,  # type: ignore[arg-type]
+                ended_at_sequence=ended_at,
+            )
             try:
                 await self.scheduler.ReleaseSlot(release)
             except grpc.aio.AioRpcError as err:  # the scheduler freed it already (it saw the work end in the log)
                 log.info("%s/%s: slot %s was released already: %s", a.group_id, a.work_item_id, a.slot_id, err.details())
+
+    async def _finish(self, slot: Slot, result: WorkResult | Paused | Failed) -> tuple[int, bool, int]:
+        """Records the handler's outcome in the Group: (slot release reason, requeue, the sequence of
+        the event that ended the placement)."""
+        key = (slot.group_id, slot.work_item_id)
+        usage = result.usage or common_pb2.ResourceVector()
+        if isinstance(result, Paused):
+            checkpoint = wp.WorkCheckpoint(
+                work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch,
+                checkpoint=result.checkpoint, preemption_request_id=self._preemptions.pop(key, ""), usage_delta=usage,
+            )
+            done = await self.agent.execute(slot.group_id, "work_checkpoint", checkpoint)
+            self._waiting[key] = (slot.ownership_epoch, wp.ScheduleDisclosure())  # disclosed again once estimated
+            return spb.SLOT_RELEASE_REASON_PREEMPTED, True, _last_sequence(done)
+        if isinstance(result, Failed):
+            fail = wp.WorkFail(
+                work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch,
+                kind=result.kind, reason=result.reason, evidence=result.evidence, usage_delta=usage,  # type: ignore[arg-type]
+            )
+            done = await self.agent.execute(slot.group_id, "work_fail", fail)
+            return spb.SLOT_RELEASE_REASON_FAILED, False, _last_sequence(done)
+        submit = wp.WorkSubmit(
+            work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch,
+            contract_revision=slot.contract.revision or 1, artifacts=result.artifacts, evidence=result.evidence,
+            summary=result.summary, usage_delta=usage,
+        )
+        done = await self.agent.execute(slot.group_id, "work_submit", submit)
+        async with self._progress:
+            self.completed.append(key)
+            self._progress.notify_all()
+        return spb.SLOT_RELEASE_REASON_SUBMITTED, False, _last_sequence(done)
 
     # ------------------------------------------------------------ preemption (MW-11.3-12)
 
@@ -342,3 +374,8 @@ def material(before: wp.ScheduleDisclosure, now: wp.ScheduleDisclosure) -> bool:
         return True
     moved = abs(now.start_window_begin.ToDatetime() - before.start_window_begin.ToDatetime())
     return moved >= MATERIAL_SHIFT
+
+
+def _last_sequence(result: command_pb2.CommandResult) -> int:
+    """The sequence of the last event a command appended (0 if none)."""
+    return max((e.sequence for e in decode_events(result.events)), default=0)

@@ -47,6 +47,7 @@ class ItemView:
     enqueued_at: datetime | None = None  # when it entered this Worker's queue
     lease_id: str = ""
     lease_session_epoch: int = 0  # the session the execution lease is bound to
+    retry_not_before: datetime | None = None  # an automatic retry's backoff (MW-11.4-08)
     latest_checkpoint_id: str = ""
     preemption_request_id: str = ""
     open_offers: dict[str, datetime] = field(default_factory=dict)  # offers naming the Worker -> expiry
@@ -86,7 +87,8 @@ class GroupProjection:
         raw = json.loads(text)
         items = {}
         for wid, fields_ in raw.pop("items").items():
-            for name in ("deadline", "start_deadline", "enqueued_at"):
+            fields_.setdefault("retry_not_before", None)  # stored before the field existed
+            for name in ("deadline", "start_deadline", "enqueued_at", "retry_not_before"):
                 if fields_[name] is not None:
                     fields_[name] = datetime.fromisoformat(fields_[name])
             for name in ("depends_on",):
@@ -249,6 +251,7 @@ def _lease_revoked(p: GroupProjection, e: event_pb2.Event) -> None:
     r = e.lease_revoked
     item = p._item(r.work_item_id)
     item.lease_id = item.preemption_request_id = ""
+    item.retry_not_before = from_timestamp(r.retry_not_before) if r.HasField("retry_not_before") else None
     if r.resulting_state:
         item.state = int(r.resulting_state)
     if item.state not in IN_QUEUE:

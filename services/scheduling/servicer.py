@@ -90,6 +90,8 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
         work_item_id = _required(request.work_item_id, "work_item_id")
         worker = await self._worker(caller)
         capabilities = await self._cards(caller.identity_id)
+        if request.offered_at_sequence:
+            await worker.reach(group_id, request.offered_at_sequence)
         async with worker.lock:
             projection = await worker.group(group_id)
             now = self.clock.now()
@@ -338,6 +340,7 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
                     field="slot_id",
                 )
             worker.policy.release(worker.now, request.slot_id, requeue=request.requeue)
+            worker.ended(holder, request.ended_at_sequence)
             return pb.ReleaseSlotResponse(
                 free_slots=sum(1 for w in worker.policy.slots.values() if w is None)
             )

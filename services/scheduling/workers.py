@@ -53,6 +53,10 @@ class WorkerScheduler:
         self._store = store
         self._group_of: dict[str, str] = {}  # WorkItem -> Group, for the policy's items
         self.session_epoch = 0  # the Worker's newest session seen; placements of older ones are void
+        # WorkItem -> the sequence of the event that ended its last placement: not placed again
+        # before its Group's projection has read past it.
+        self._ended: dict[str, int] = {}
+        self._readers: set[asyncio.Future[None]] = set()  # calls waiting for a projection to move (reach)
 
     @property
     def now(self) -> float:
@@ -84,6 +88,9 @@ class WorkerScheduler:
 
     def _wake(self) -> None:
         self.changed.set()
+        for reader in self._readers:
+            if not reader.done():
+                reader.set_result(None)
 
     def adopt_session(self, session_epoch: int) -> None:
         """A call from a newer session of the Worker: its previous runtime is gone (MW-11.3-09 revokes
@@ -109,7 +116,7 @@ class WorkerScheduler:
         a running item whose work ended in the log frees its slot."""
         now = self.now
         group_id = projection.group_id
-        queued = {i.work_item_id: i for i in projection.queue() if self._waiting(i)}
+        queued = {i.work_item_id: i for i in projection.queue() if self._waiting(i, projection.sequence)}
         known = {v.work_item_id for v in self.policy.queue(group_id)}
         running = {
             wid: slot for slot, wid in self.policy.running().items() if self._group_of.get(wid) == group_id
@@ -143,18 +150,45 @@ class WorkerScheduler:
             ):
                 self.policy.release(now, slot, requeue=False)
 
-    def _waiting(self, item: ItemView) -> bool:
+    async def reach(self, group_id: str, sequence: int, timeout: float = CATCH_UP_S) -> None:  # noqa: ASYNC109
+        """Wait, bounded, until the Group's projection has read up to ``sequence``."""
+        async with self.lock:
+            projection = await self.group(group_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while projection.sequence < sequence:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            moved: asyncio.Future[None] = loop.create_future()
+            self._readers.add(moved)
+            try:
+                await asyncio.wait_for(moved, remaining)
+            except TimeoutError:
+                return
+            finally:
+                self._readers.discard(moved)
+
+    def ended(self, work_item_id: str, sequence: int) -> None:
+        """The placement of ``work_item_id`` ended with the event at ``sequence``."""
+        if sequence:
+            self._ended[work_item_id] = sequence
+
+    def _waiting(self, item: ItemView, sequence: int = 0) -> bool:
         """Queued for this Worker: QUEUED, or ACTIVE under a lease of an earlier session, which the
         Authority revokes when this session starts work (MW-11.3-09). Work never started whose start
         deadline has passed is not: the Authority refuses its start and the Coordinator re-offers it
         (placing it would fail again at every turn)."""
+        ended = self._ended.get(item.work_item_id)
+        if ended is not None:
+            if sequence < ended:
+                return False  # this view still shows the work as it was before its placement ended
+            del self._ended[item.work_item_id]
         if item.state == WS.WORK_ITEM_STATE_QUEUED:
-            lapsed = (
-                item.start_deadline is not None
-                and not item.latest_checkpoint_id
-                and item.start_deadline <= self.clock.now()
-            )
-            return not lapsed
+            now = self.clock.now()
+            lapsed = item.start_deadline is not None and not item.latest_checkpoint_id and item.start_deadline <= now
+            backing_off = item.retry_not_before is not None and now < item.retry_not_before
+            return not lapsed and not backing_off
         return item.state == WS.WORK_ITEM_STATE_ACTIVE and 0 < item.lease_session_epoch < self.session_epoch
 
     @staticmethod
