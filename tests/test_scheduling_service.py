@@ -3,6 +3,7 @@ Group events it may see (spec 10.3, 11.1, 11.2, 11.3-10)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from sqlalchemy import delete
 
 from missionweave.rpc.status import rejection_from_rpc_error
-from missionweave.sdk.client import MeshClient
+from missionweave.sdk.client import MeshClient, decode_events
 from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import scheduling_service_pb2 as pb
 from missionweave.v1 import scheduling_service_pb2_grpc as pb_grpc
@@ -241,3 +242,36 @@ async def test_accepted_work_past_its_start_deadline_is_not_placed(world: World,
     w.clock.advance(seconds=121)  # the contracts' start deadline is 120 s
     later = await sched["worker"].NextSlot(pb.NextSlotRequest())
     assert not later.HasField("assignment") and later.free_slots == later.total_slots
+
+
+@pytest.mark.req("MW-10.3-07")
+async def test_admission_reads_the_group_up_to_the_offer_before_judging_it(
+    world: World, sched: Schedulers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime asks as soon as the offer is delivered; the scheduler's own view may not hold it
+    yet (here its store is slowed down, as under load). With the offer's sequence, Admit reads that
+    far first and accepts."""
+    w = world
+    schedulers = getattr(w.mesh, "schedulers", None)
+    if schedulers is None:
+        pytest.skip("slows the in-process scheduler's store down: the single topology only")
+    store = schedulers._store
+    save = store.save
+
+    async def slow(projection: Any) -> None:
+        await asyncio.sleep(0.3)
+        await save(projection)
+
+    monkeypatch.setattr(store, "save", slow)
+    flow: Flow = await setup(w)
+    await sched["worker"].GetQueue(pb.GetQueueRequest(group_id=G))  # followed and caught up
+    contract = builders.contract(w.clock.now())
+    for n in range(5):
+        await flow.authorize(f"wi-{n}")
+        offer = flow.offer_body(f"wi-{n}", "worker-bot")
+        result = await w.run(w.coordinator, G, "work_offer", offer, membership_epoch=2)
+        sequence = max(e.sequence for e in decode_events(result.events))
+        request = admit(flow, offer, contract)
+        request.offered_at_sequence = sequence
+        answer = await sched["worker"].Admit(request)
+        assert answer.decision == pb.ADMISSION_DECISION_ACCEPT, answer.decline

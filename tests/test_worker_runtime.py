@@ -5,6 +5,7 @@ submitting; each handler sees only its own slot (MW-11.1-05, MW-11.1-15, MW-10.3
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import grpc
 import pytest
 
 from missionweave.sdk.client import MeshClient
-from missionweave.sdk.worker import Paused, Slot, WorkerRuntime, WorkResult
+from missionweave.sdk.worker import Failed, Paused, Slot, WorkerRuntime, WorkResult
 from missionweave.v1 import membership_pb2
 from missionweave.v1 import scheduling_service_pb2 as spb
 from missionweave.v1 import scheduling_service_pb2_grpc as spb_grpc
@@ -323,3 +324,41 @@ async def test_the_runtime_republishes_a_materially_changed_schedule_and_no_disc
         assert d.work_item_id in ("wi-1", "wi-2")
         for marker in (b"grp_second", b"wi-marker-g2", b"MARKER-G2"):
             assert marker not in blob
+
+
+@pytest.mark.req("MW-11.4-08", "MW-10.2-T13")
+async def test_a_transient_failure_is_reported_and_retried_only_after_its_backoff(
+    world: World, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler hands back Failed(TRANSIENT) on its first attempt: the runtime reports it under
+    the lease, the Authority queues the retry behind a 1 s backoff, and the scheduler places the
+    second attempt only once the backoff has passed: no start is refused on the way."""
+    w = world
+    flow: Flow = await setup(w)
+    attempts: list[str] = []
+
+    async def handle(slot: Slot) -> WorkResult | Failed:
+        attempts.append(slot.lease_id)
+        if len(attempts) == 1:
+            return Failed(wp.WORK_FAILURE_KIND_TRANSIENT, "upstream timed out", evidence=[builders.evidence("ev-timeout")])
+        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="second attempt")
+
+    contract = builders.contract(w.clock.now(), retry_policy=wp.RetryPolicy(max_attempts=2))
+    contract.retry_policy.initial_backoff.FromSeconds(1)
+    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
+        runtime = WorkerRuntime(agent, handle)
+        await runtime.serve([G])
+        try:
+            await flow.coord("work_authorize", wp.WorkAuthorize(work_item_id="wi-r", title="flaky", contract=contract, coordinator_epoch=1))
+            await flow.coord("work_offer", flow.offer_body("wi-r", "worker-bot"))
+            async with asyncio.timeout(30):
+                assert await runtime.submitted(1) == [(G, "wi-r")]
+        finally:
+            await runtime.close()
+    log = [e async for e in w.client.read_events(G)]
+    [revoked] = [e.lease_revoked for e in log if e.WhichOneof("payload") == "lease_revoked"]
+    assert revoked.cause == wp.LEASE_REVOCATION_CAUSE_FAILED and revoked.HasField("retry_not_before")
+    starts = [e.work_started.lease for e in log if e.WhichOneof("payload") == "work_started"]
+    assert len(starts) == 2 and starts[1].started_at.ToDatetime() >= revoked.retry_not_before.ToDatetime()
+    refused = [r for r in caplog.records if r.name == "missionweave.sdk.worker" and r.levelno >= logging.WARNING]
+    assert not refused, [r.getMessage() for r in refused]  # e.g. a start refused while backing off
