@@ -17,9 +17,18 @@ within [``--service-min``, ``--service-max``] (T_max = the maximum). Every Group
 Each scheduler gets the same arrivals (same seed). Measured by this harness, independently of the
 policy's own state:
 * share: over a window of the run (``--window``, fractions of the arrival span), the flows (Group x
-  class) that had an eligible queued item throughout it are *backlogged*; for each class, the slot
-  time started in the window by its backlogged flows. Jain's index over each weight's flows within
-  a class; each weight's share of the class's slot time against its share of the class's weight.
+  class) that were *servable* throughout it (an eligible queued item and their Group's quota to
+  spare) are *backlogged*; each flow's service is the slot time it received inside the window
+  (the overlap of its items' run intervals with the window), the S_i(t1, t2) of GPS, the fluid
+  ideal whose property is S_i / S_j = w_i / w_j for flows backlogged throughout. Jain's index over
+  each weight's flows within a class; each weight's share of the backlogged flows' slot time in the
+  class against its share of their weight. A flow held back by its own Group's quota is rate-capped
+  by the operator, not owed its weight's share, so it is not backlogged while capped.
+* what each class had to share, to read the shares by: its placements in the window (and how many
+  went to flows that had waited H or more), the time-average weight W of its servable flows, and
+  the GPS gap: with the class's slot time in the window split by weight over W, how long a
+  weight-1 flow takes to receive one mean service. Where that gap exceeds the flows' wait bound,
+  weight-proportional shares and the bound cannot both hold: the report says so beside the goals.
 * waits: a flow's wait, from when it began waiting (or was last served) to its next placement,
   against the documented bound H + ceil(F / S) * T_max (F: flows waiting as it began); and each
   WorkItem's wait from enqueue to start.
@@ -200,9 +209,12 @@ class Flow:
     eligible: int = 0  # eligible queued items
     since: float | None = None  # waiting: eligible items and quota to spare
     peers: int = 0
-    backlog_since: float | None = None  # eligible items, quota or not
+    backlog_since: float | None = None  # servable: eligible items and quota to spare
     spans: list[tuple[float, float]] = field(default_factory=list)
-    got: float = 0.0  # slot time started inside the window
+    got: float = 0.0  # slot time received inside the window
+    placed: int = 0  # placements inside the window
+    aged: int = 0  # of which after the flow had waited at least H
+    bound: float = 0.0  # the largest bound a placement inside the window was held to
 
 
 @dataclass
@@ -239,12 +251,12 @@ def simulate(policy: Policy, wl: Workload, params: Params, quota: int, window: t
         nonlocal waiting
         for c in group_classes[g]:
             f = flows[(g, c)]
-            if f.eligible > 0 and f.backlog_since is None:
+            ok = f.eligible > 0 and running[g] < quota
+            if ok and f.backlog_since is None:
                 f.backlog_since = now
-            elif f.eligible == 0 and f.backlog_since is not None:
+            elif not ok and f.backlog_since is not None:
                 f.spans.append((f.backlog_since, now))
                 f.backlog_since = None
-            ok = f.eligible > 0 and running[g] < quota
             if ok and f.since is None:
                 f.since = now
                 waiting += 1
@@ -289,8 +301,11 @@ def simulate(policy: Policy, wl: Workload, params: Params, quota: int, window: t
             res.bound_ratio = max(res.bound_ratio, wait / bound)
             res.over_bound += wait > bound
             res.item_waits.append(now - max(p.arrival, p.gate_opens or 0.0))
+            f.got += max(0.0, min(now + p.service, window[1]) - max(now, window[0]))
             if window[0] <= now <= window[1]:
-                f.got += p.service
+                f.placed += 1
+                f.aged += wait >= params.aging_horizon
+                f.bound = max(f.bound, bound)
             f.eligible -= 1
             running[p.group] += 1
             on_slot[pid] = slot
@@ -337,6 +352,35 @@ def fairness(res: Result, weights: dict[str, int], window: tuple[float, float]) 
     for (c, w), fs in sorted(buckets.items()):
         share = sum(f.got for f in fs) / got_c[c] if got_c[c] else float("nan")
         out[(c, w)] = (len(fs), jain([f.got for f in fs]), share / (w * len(fs) / weight_c[c]))
+    return out
+
+
+@dataclass(frozen=True)
+class ClassLoad:
+    placed: int  # placements inside the window
+    aged: int  # of which of flows that had waited at least H
+    weight: float  # time-average weight of the class's servable flows over the window
+    gps_gap: float  # GPS: seconds between two mean services of a weight-1 flow at that weight
+    bound: float  # the largest wait bound of its placements inside the window
+
+
+def class_load(res: Result, weights: dict[str, int], window: tuple[float, float], mean: float) -> dict[int, ClassLoad]:
+    """What the class had to share: GPS (the fluid ideal of weighted fairness) gives every
+    servable flow of weight w the rate w / W of the class's slot time; at the window's average W,
+    `gps_gap` is how long a weight-1 flow then takes to receive one mean service. Where it exceeds
+    the bound, no policy can keep both the bound and weight-proportional shares."""
+    length = window[1] - window[0]
+    per: dict[int, list[tuple[str, Flow]]] = defaultdict(list)
+    for (g, c), f in res.flows.items():
+        per[c].append((g, f))
+    out = {}
+    for c, fs in sorted(per.items()):
+        got = sum(f.got for _, f in fs)
+        w = sum(weights[g] * sum(max(0.0, min(b, window[1]) - max(a, window[0])) for a, b in f.spans)
+                for g, f in fs) / length
+        gap = mean * w * length / got if got else math.inf
+        out[c] = ClassLoad(sum(f.placed for _, f in fs), sum(f.aged for _, f in fs), w, gap,
+                           max(f.bound for _, f in fs))
     return out
 
 
@@ -401,6 +445,19 @@ def main() -> int:
             cells.append(f"{n:>3} J{j:.3f} s{s:.3f}")
         row(f"{P(k[0]).name}, w={k[1]}", cells)
 
+    print(f"\nper class inside the window: placements (of flows that had waited >= H), the time-average weight"
+          f" of its servable flows (W), and under GPS the gap between two mean services ({mean:g} s) of a weight-1"
+          " flow at that W, against the largest bound its placements had")
+    row("class", [r.name for r in results])
+    loads = [class_load(r, wl.weights, window, mean) for r in results]
+    for c in sorted(set().union(*loads)):
+        cells = []
+        for ld in loads:
+            x = ld.get(c)
+            cells.append("" if x is None else f"{x.placed}({x.aged}) W{x.weight:.0f}")
+        row(f"{P(c).name}", cells)
+        row("  GPS gap / bound (s)", [f"{ld[c].gps_gap:,.0f} / {ld[c].bound:,.0f}" if c in ld else "" for ld in loads])
+
     ours = fair[0]
     jains = [j for (n, j, s) in ours.values() if n >= 2 and not math.isnan(j)] or [float("nan")]
     shares = [s for (n, j, s) in ours.values() if not math.isnan(s)] or [float("nan")]
@@ -411,6 +468,15 @@ def main() -> int:
     worst = max(abs(s - 1) for s in shares)
     print(f"  every weight class within {GOAL_SHARE:.0%} of its share: worst |s - 1| = {worst:.3f}"
           f" -> {'met' if worst <= GOAL_SHARE else 'NOT met'}")
+    conflict = sorted(c for c, x in loads[0].items() if x.gps_gap > x.bound and any(k[0] == c for k in ours))
+    if conflict:
+        rest = [v for k, v in ours.items() if k[0] not in conflict]
+        rj = [j for (n, j, _) in rest if n >= 2 and not math.isnan(j)]
+        rs = [abs(s - 1) for (_, _, s) in rest if not math.isnan(s)]
+        print(f"  reason: in {', '.join(P(c).name for c in conflict)} GPS would leave a weight-1 flow longer between"
+              " two services than its bound, so the bound, kept by aging, serves such flows by turn, not by weight")
+        print(f"  the other classes: min Jain {min(rj):.3f}, worst |s - 1| {max(rs):.3f}" if rj and rs
+              else "  no other class had backlogged flows to compare")
     print(f"  no wait beyond the bound: {results[0].over_bound} beyond, max wait/bound {results[0].bound_ratio:.3f}"
           f" -> {'met' if results[0].over_bound == 0 else 'NOT met'}")
     print(f"  decision p99 <= {GOAL_P99_US:g} us: {p99:.1f} us -> {'met' if p99 <= GOAL_P99_US else 'NOT met'}")
