@@ -31,13 +31,24 @@ pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest
 G2 = "grp_second"
 
 
+async def second_mission(w: World) -> None:
+    """G2: a second Mission of the same owner and Coordinator, with the Worker as a member."""
+    await w.run(w.owner, G2, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
+    grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
+    await w.run(w.owner, G2, "membership_grant", grant, membership_epoch=1)
+
+
+async def offer_in_second(w: World, flow: Flow, work_item_id: str) -> None:
+    body = wp.WorkAuthorize(work_item_id=work_item_id, title="t", contract=builders.contract(w.clock.now()), coordinator_epoch=1)
+    await w.run(w.coordinator, G2, "work_authorize", body, membership_epoch=2)
+    await w.run(w.coordinator, G2, "work_offer", flow.offer_body(work_item_id, "worker-bot"), membership_epoch=2)
+
+
 @pytest.mark.req("MW-11.1-05", "MW-11.1-15", "MW-10.3-07")
 async def test_a_worker_serves_two_missions_through_its_scheduler(world: World, tmp_path: Path) -> None:
     w = world
     flow: Flow = await setup(w)
-    await w.run(w.owner, G2, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
-    grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
-    await w.run(w.owner, G2, "membership_grant", grant, membership_epoch=1)
+    await second_mission(w)
     seen: list[Slot] = []
 
     async def handle(slot: Slot) -> WorkResult:
@@ -51,9 +62,7 @@ async def test_a_worker_serves_two_missions_through_its_scheduler(world: World, 
         try:
             await flow.authorize("wi-1")
             await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
-            body = wp.WorkAuthorize(work_item_id="wi-9", title="t", contract=builders.contract(w.clock.now()), coordinator_epoch=1)
-            await w.run(w.coordinator, G2, "work_authorize", body, membership_epoch=2)
-            await w.run(w.coordinator, G2, "work_offer", flow.offer_body("wi-9", "worker-bot"), membership_epoch=2)
+            await offer_in_second(w, flow, "wi-9")
             async with asyncio.timeout(30):
                 done = await runtime.submitted(2)
         finally:
@@ -141,12 +150,6 @@ async def test_the_runtime_renews_the_execution_lease_while_the_handler_works(wo
     assert [e for e in log if e.WhichOneof("payload") == "work_lease_renewed"]
 
 
-async def second_mission(w: World) -> None:
-    await w.run(w.owner, G2, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
-    grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
-    await w.run(w.owner, G2, "membership_grant", grant, membership_epoch=1)
-
-
 @pytest.mark.req("MW-11.3-10", "MW-11.3-11", "MW-11.3-12", "MW-11.1-09")
 async def test_the_scheduler_preempts_running_work_for_escalated_work_and_both_finish(world: World, tmp_path: Path) -> None:
     """One slot, busy with wi-1 of G. The MissionOwner of G2 escalates the Worker's queued wi-9 to
@@ -176,9 +179,7 @@ async def test_the_scheduler_preempts_running_work_for_escalated_work_and_both_f
             await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
             async with asyncio.timeout(40):
                 await running.wait()
-                body = wp.WorkAuthorize(work_item_id="wi-9", title="t", contract=builders.contract(w.clock.now()), coordinator_epoch=1)
-                await w.run(w.coordinator, G2, "work_authorize", body, membership_epoch=2)
-                await w.run(w.coordinator, G2, "work_offer", flow.offer_body("wi-9", "worker-bot"), membership_epoch=2)
+                await offer_in_second(w, flow, "wi-9")
                 scheduler = spb_grpc.SchedulingServiceStub(owner.channel)
                 escalate = spb.SetPriorityRequest(
                     group_id=G2, work_item_id="wi-9", priority_class=spb.PRIORITY_CLASS_URGENT,
