@@ -363,3 +363,29 @@ async def test_a_transient_failure_is_reported_and_retried_only_after_its_backof
     assert len(starts) == 2 and starts[1].started_at.ToDatetime() >= revoked.retry_not_before.ToDatetime()
     refused = [r for r in caplog.records if r.name == "missionweave.sdk.worker" and r.levelno >= logging.WARNING]
     assert not refused, [r.getMessage() for r in refused]  # e.g. a start refused while backing off
+
+
+@pytest.mark.req("MW-10.3-01", "MW-10.3-02")
+async def test_an_offer_made_while_the_worker_is_offline_is_answered_when_it_comes_back(world: World, tmp_path: Path) -> None:
+    """The offer is durable in the Group log with its expiry, and reserves nothing (the WorkItem
+    stays unowned while the Worker is away); the runtime that starts later receives it, admits it
+    and accepts it before it expires, and the work is done."""
+    w = world
+    flow: Flow = await setup(w)
+    await flow.authorize("wi-1")
+    await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot", seconds=120))
+    progress = await w.client.authority.GetMissionProgress(GetMissionProgressRequest(group_id=G))
+    [item] = [i for i in progress.work_items if i.work_item_id == "wi-1"]
+    assert item.state == wp.WORK_ITEM_STATE_OFFERED and not item.owner_id  # offered, not owned (MW-10.3-02)
+
+    async def handle(slot: Slot) -> WorkResult:
+        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="after coming online")
+
+    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
+        runtime = WorkerRuntime(agent, handle)
+        await runtime.serve([G])
+        try:
+            async with asyncio.timeout(30):
+                assert await runtime.submitted(1) == [(G, "wi-1")]
+        finally:
+            await runtime.close()

@@ -34,6 +34,10 @@ from missionweave.v1 import work_pb2 as wp
 log = logging.getLogger(__name__)
 
 NEXT_SLOT_WAIT = Duration(seconds=5)
+# Every call to the scheduler has a deadline (a long-poll NextSlot: its wait plus this), so a call
+# whose cancellation the transport does not complete still ends, and close() is bounded.
+CALL_TIMEOUT_S = 10.0
+CLOSE_WAIT_S = 15.0
 # How often the start estimates of accepted, not yet started work are looked at again; a start
 # window that moved by at least MATERIAL_SHIFT, or a new capacity status, is published (MW-11.2-01).
 DISCLOSURE_PERIOD_S = 5.0
@@ -104,6 +108,7 @@ class WorkerRuntime:
         self.handler = handler
         self.disclosure_period_s = disclosure_period_s
         self.slots = 0  # the declared slots (the Agent Card's maximum concurrency), known once serving
+        self._closing = False
         self.scheduler = spb_grpc.SchedulingServiceStub(agent.channel)
         self._contracts: dict[tuple[str, str], wp.WorkContract] = {}
         self._running: dict[tuple[str, str], Slot] = {}
@@ -120,9 +125,10 @@ class WorkerRuntime:
     async def serve(self, group_ids: Sequence[str]) -> None:
         """Subscribe to the Groups and start one placement loop per declared slot."""
         for group_id in group_ids:
-            await self.scheduler.GetQueue(spb.GetQueueRequest(group_id=group_id))  # the scheduler follows it
+            await self.scheduler.GetQueue(spb.GetQueueRequest(group_id=group_id), timeout=CALL_TIMEOUT_S)  # it follows G
             await self.agent.subscribe(group_id, self._handler_for(group_id))
-        self.slots = (await self.scheduler.NextSlot(spb.NextSlotRequest(preemptions_only=True))).total_slots or 1
+        first = await self.scheduler.NextSlot(spb.NextSlotRequest(preemptions_only=True), timeout=CALL_TIMEOUT_S)
+        self.slots = first.total_slots or 1
         self._slot_loops = [asyncio.create_task(self._place(), name=f"worker-slot-{i}") for i in range(self.slots)]
         self._slot_loops.append(asyncio.create_task(self._watch_preemptions(), name="worker-preemptions"))
         self._slot_loops.append(asyncio.create_task(self._disclose(), name="worker-disclosures"))
@@ -134,9 +140,18 @@ class WorkerRuntime:
             return list(self.completed)
 
     async def close(self) -> None:
-        for task in [*self._slot_loops, *self._tasks]:
+        """Stops every loop and answer in flight; bounded (CLOSE_WAIT_S), whatever the transport does."""
+        # A loop also stops by this flag: Python 3.11's wait_for can swallow a cancellation that
+        # arrives as the awaited call completes, which would let a loop place new work after close.
+        self._closing = True
+        tasks = [*self._slot_loops, *self._tasks]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._slot_loops, *self._tasks, return_exceptions=True)
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
+        if pending:
+            log.warning("%s: %d runtime task(s) did not stop within %.0f s", self.agent.identity_id, len(pending), CLOSE_WAIT_S)
 
     # ------------------------------------------------------------ offers
 
@@ -173,7 +188,8 @@ class WorkerRuntime:
             spb.AdmitRequest(
                 group_id=group_id, work_item_id=offered.work_item_id, offer_id=offered.offer_id,
                 contract=contract, offer_expires_at=offered.expires_at, offered_at_sequence=sequence,
-            )
+            ),
+            timeout=CALL_TIMEOUT_S,
         )
         try:
             if admit.decision == spb.ADMISSION_DECISION_ACCEPT:
@@ -198,8 +214,8 @@ class WorkerRuntime:
     # ------------------------------------------------------------ slots
 
     async def _place(self) -> None:
-        while True:
-            answer = await self.scheduler.NextSlot(spb.NextSlotRequest(wait=NEXT_SLOT_WAIT))
+        while not self._closing:
+            answer = await self.scheduler.NextSlot(spb.NextSlotRequest(wait=NEXT_SLOT_WAIT), timeout=_poll_timeout())
             if answer.HasField("assignment"):
                 await self._run(answer.assignment)
 
@@ -246,7 +262,7 @@ class WorkerRuntime:
                 ended_at_sequence=ended_at,
             )
             try:
-                await self.scheduler.ReleaseSlot(release)
+                await self.scheduler.ReleaseSlot(release, timeout=CALL_TIMEOUT_S)
             except grpc.aio.AioRpcError as err:  # the scheduler freed it already (it saw the work end in the log)
                 log.info("%s/%s: slot %s was released already: %s", a.group_id, a.work_item_id, a.slot_id, err.details())
 
@@ -287,8 +303,10 @@ class WorkerRuntime:
         """Step 1: the scheduler asks a running slot to pause (only when nothing can be placed for
         want of a slot). The handler is told through its slot and pauses at a safe point; nothing is
         interrupted (MW-11.3-11)."""
-        while True:
-            answer = await self.scheduler.NextSlot(spb.NextSlotRequest(preemptions_only=True, wait=NEXT_SLOT_WAIT))
+        while not self._closing:
+            answer = await self.scheduler.NextSlot(
+                spb.NextSlotRequest(preemptions_only=True, wait=NEXT_SLOT_WAIT), timeout=_poll_timeout()
+            )
             for asked in answer.preemptions:
                 key = (asked.group_id, asked.work_item_id)
                 slot = self._running.get(key)
@@ -316,7 +334,7 @@ class WorkerRuntime:
     # ------------------------------------------------------------ schedule disclosure (MW-11.2-01)
 
     async def _disclose(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.disclosure_period_s)
             for key in list(self._waiting):
                 try:
@@ -334,7 +352,9 @@ class WorkerRuntime:
         """Publishes the start estimate of accepted, not yet started work when it changed materially."""
         group_id, work_item_id = key
         epoch, last = self._waiting[key]
-        answer = await self.scheduler.DiscloseSchedule(spb.DiscloseScheduleRequest(group_id=group_id, work_item_id=work_item_id))
+        answer = await self.scheduler.DiscloseSchedule(
+            spb.DiscloseScheduleRequest(group_id=group_id, work_item_id=work_item_id), timeout=CALL_TIMEOUT_S
+        )
         schedule = answer.schedule
         if key not in self._waiting or not material(last, schedule):
             return
@@ -379,3 +399,7 @@ def material(before: wp.ScheduleDisclosure, now: wp.ScheduleDisclosure) -> bool:
 def _last_sequence(result: command_pb2.CommandResult) -> int:
     """The sequence of the last event a command appended (0 if none)."""
     return max((e.sequence for e in decode_events(result.events)), default=0)
+
+
+def _poll_timeout() -> float:
+    return NEXT_SLOT_WAIT.ToTimedelta().total_seconds() + CALL_TIMEOUT_S

@@ -75,8 +75,7 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
                 R.REJECTION_REASON_PERMISSION_DENIED, "a scheduler belongs to a Worker: call as the Worker"
             )
         worker = await self.workers.of(caller.identity_id)
-        async with worker.lock:
-            worker.adopt_session(caller.session_epoch)
+        worker.adopt_session(caller.session_epoch)
         return worker
 
     # ------------------------------------------------------------ admission control
@@ -92,86 +91,85 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
         capabilities = await self._cards(caller.identity_id)
         if request.offered_at_sequence:
             await worker.reach(group_id, request.offered_at_sequence)
-        async with worker.lock:
-            projection = await worker.group(group_id)
-            now = self.clock.now()
-            item = projection.items.get(work_item_id)
-            contract = request.contract
-            checks: list[pb.AdmissionCheck] = []
+        projection = await worker.group(group_id)
+        now = self.clock.now()
+        item = projection.items.get(work_item_id)
+        contract = request.contract
+        checks: list[pb.AdmissionCheck] = []
 
-            def check(kind: int, passed: bool, detail: str) -> None:
-                checks.append(pb.AdmissionCheck(kind=kind, passed=passed, detail=detail))  # type: ignore[arg-type]
+        def check(kind: int, passed: bool, detail: str) -> None:
+            checks.append(pb.AdmissionCheck(kind=kind, passed=passed, detail=detail))  # type: ignore[arg-type]
 
-            queued = len(projection.queue())
+        queued = len(projection.queue())
+        check(
+            K.ADMISSION_CHECK_KIND_QUEUE_CAPACITY,
+            queued < MAX_QUEUE_PER_GROUP,
+            f"{queued} of {MAX_QUEUE_PER_GROUP} queued in this Group",
+        )
+        slots = worker.policy.params.slots
+        committed = worker.committed()
+        check(
+            K.ADMISSION_CHECK_KIND_CONCURRENCY,
+            committed < slots * COMMITMENTS_PER_SLOT,
+            f"{committed} commitments for {slots} slots (at most {COMMITMENTS_PER_SLOT} per slot)",
+        )
+        if capabilities is None:
             check(
-                K.ADMISSION_CHECK_KIND_QUEUE_CAPACITY,
-                queued < MAX_QUEUE_PER_GROUP,
-                f"{queued} of {MAX_QUEUE_PER_GROUP} queued in this Group",
+                K.ADMISSION_CHECK_KIND_CAPABILITY,
+                True,
+                "no Agent Card in force: the Membership's capabilities are checked at acceptance",
             )
-            slots = worker.policy.params.slots
-            committed = worker.committed()
+        else:
+            lacking = missing_capability(capabilities, contract.required_capabilities)
             check(
-                K.ADMISSION_CHECK_KIND_CONCURRENCY,
-                committed < slots * COMMITMENTS_PER_SLOT,
-                f"{committed} commitments for {slots} slots (at most {COMMITMENTS_PER_SLOT} per slot)",
+                K.ADMISSION_CHECK_KIND_CAPABILITY,
+                lacking is None,
+                f"lacks {lacking.capability_id} >= {lacking.version}"
+                if lacking
+                else "every required capability at its version",
             )
-            if capabilities is None:
-                check(
-                    K.ADMISSION_CHECK_KIND_CAPABILITY,
-                    True,
-                    "no Agent Card in force: the Membership's capabilities are checked at acceptance",
-                )
-            else:
-                lacking = missing_capability(capabilities, contract.required_capabilities)
-                check(
-                    K.ADMISSION_CHECK_KIND_CAPABILITY,
-                    lacking is None,
-                    f"lacks {lacking.capability_id} >= {lacking.version}"
-                    if lacking
-                    else "every required capability at its version",
-                )
-            schedule = self._estimate(worker, group_id, work_item_id, now, extra=1)
-            deadline = contract.deadline.ToDatetime(UTC) if contract.HasField("deadline") else None
-            fits = deadline is None or schedule.estimated_completion.ToDatetime(UTC) <= deadline
-            check(
-                K.ADMISSION_CHECK_KIND_DEADLINE,
-                fits,
-                "the estimated completion is before the deadline"
-                if fits
-                else "the queue ahead ends after the deadline",
-            )
-            offered = (
-                item is not None
-                and request.offer_id in item.open_offers
-                and item.open_offers[request.offer_id] > now
-            )
-            check(
-                K.ADMISSION_CHECK_KIND_AUTHORIZATION,
-                offered,
-                "an open offer to this Worker"
-                if offered
-                else "no open offer to this Worker in the Group log",
-            )
-            deps = request.dependencies_satisfied or (item is not None and projection.dependencies_done(item))
-            check(
-                K.ADMISSION_CHECK_KIND_DEPENDENCIES,
-                deps,
-                "dependencies satisfied" if deps else "dependencies not satisfied yet",
-            )
-            budget = any(getattr(contract.budget, dim) for dim in DIMENSIONS)
-            check(
-                K.ADMISSION_CHECK_KIND_BUDGET,
-                budget,
-                "a budget to work with" if budget else "every budget dimension is zero",
-            )
-            clear = not request.unresolved_ambiguity_message_ids
-            check(
-                K.ADMISSION_CHECK_KIND_AMBIGUITY,
-                clear,
-                "no unresolved ambiguity"
-                if clear
-                else f"{len(request.unresolved_ambiguity_message_ids)} unresolved ambiguities",
-            )
+        schedule = self._estimate(worker, group_id, work_item_id, now, extra=1)
+        deadline = contract.deadline.ToDatetime(UTC) if contract.HasField("deadline") else None
+        fits = deadline is None or schedule.estimated_completion.ToDatetime(UTC) <= deadline
+        check(
+            K.ADMISSION_CHECK_KIND_DEADLINE,
+            fits,
+            "the estimated completion is before the deadline"
+            if fits
+            else "the queue ahead ends after the deadline",
+        )
+        offered = (
+            item is not None
+            and request.offer_id in item.open_offers
+            and item.open_offers[request.offer_id] > now
+        )
+        check(
+            K.ADMISSION_CHECK_KIND_AUTHORIZATION,
+            offered,
+            "an open offer to this Worker"
+            if offered
+            else "no open offer to this Worker in the Group log",
+        )
+        deps = request.dependencies_satisfied or (item is not None and projection.dependencies_done(item))
+        check(
+            K.ADMISSION_CHECK_KIND_DEPENDENCIES,
+            deps,
+            "dependencies satisfied" if deps else "dependencies not satisfied yet",
+        )
+        budget = any(getattr(contract.budget, dim) for dim in DIMENSIONS)
+        check(
+            K.ADMISSION_CHECK_KIND_BUDGET,
+            budget,
+            "a budget to work with" if budget else "every budget dimension is zero",
+        )
+        clear = not request.unresolved_ambiguity_message_ids
+        check(
+            K.ADMISSION_CHECK_KIND_AMBIGUITY,
+            clear,
+            "no unresolved ambiguity"
+            if clear
+            else f"{len(request.unresolved_ambiguity_message_ids)} unresolved ambiguities",
+        )
         failed = next((c for c in checks if not c.passed), None)
         matched = [
             membership_pb2.Capability(
@@ -202,9 +200,8 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
         self, request: pb.GetQueueRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetQueueResponse:
         worker = await self._worker(caller)
-        async with worker.lock:
-            projection = await worker.group(_required(request.group_id, "group_id"))
-            return pb.GetQueueResponse(queue=self._queue(worker, projection))
+        projection = await worker.group(_required(request.group_id, "group_id"))
+        return pb.GetQueueResponse(queue=self._queue(worker, projection))
 
     def _queue(self, worker: WorkerScheduler, projection: GroupProjection) -> pb.GroupQueue:
         group_id = projection.group_id
@@ -265,19 +262,18 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:
-            async with worker.lock:
-                worker.changed.clear()
-                worker.sync_all()
-                assignment = None
-                if not request.preemptions_only:
-                    try:
-                        assignment = worker.policy.pick(worker.now, request.slot_id or None)
-                    except ValueError as err:
-                        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, str(err), field="slot_id") from None
-                if assignment is not None:
-                    return self._assigned(worker, assignment)
-                preemptions = self._ask_preemptions(worker)
-                free = sum(1 for w in worker.policy.slots.values() if w is None)
+            worker.changed.clear()
+            worker.sync_all()
+            assignment = None
+            if not request.preemptions_only:
+                try:
+                    assignment = worker.policy.pick(worker.now, request.slot_id or None)
+                except ValueError as err:
+                    raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, str(err), field="slot_id") from None
+            if assignment is not None:
+                return self._assigned(worker, assignment)
+            preemptions = self._ask_preemptions(worker)
+            free = sum(1 for w in worker.policy.slots.values() if w is None)
             remaining = deadline - loop.time()
             if preemptions or remaining <= 0:
                 return pb.NextSlotResponse(
@@ -331,19 +327,18 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
         self, request: pb.ReleaseSlotRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.ReleaseSlotResponse:
         worker = await self._worker(caller)
-        async with worker.lock:
-            holder = worker.policy.slots.get(_required(request.slot_id, "slot_id"))
-            if holder is None or (request.work_item_id and holder != request.work_item_id):
-                raise Rejected(
-                    R.REJECTION_REASON_NOT_FOUND,
-                    f"slot {request.slot_id} does not hold {request.work_item_id or 'anything'}",
-                    field="slot_id",
-                )
-            worker.policy.release(worker.now, request.slot_id, requeue=request.requeue)
-            worker.ended(holder, request.ended_at_sequence)
-            return pb.ReleaseSlotResponse(
-                free_slots=sum(1 for w in worker.policy.slots.values() if w is None)
+        holder = worker.policy.slots.get(_required(request.slot_id, "slot_id"))
+        if holder is None or (request.work_item_id and holder != request.work_item_id):
+            raise Rejected(
+                R.REJECTION_REASON_NOT_FOUND,
+                f"slot {request.slot_id} does not hold {request.work_item_id or 'anything'}",
+                field="slot_id",
             )
+        worker.policy.release(worker.now, request.slot_id, requeue=request.requeue)
+        worker.ended(holder, request.ended_at_sequence)
+        return pb.ReleaseSlotResponse(
+            free_slots=sum(1 for w in worker.policy.slots.values() if w is None)
+        )
 
     # ------------------------------------------------------------ disclosure
 
@@ -356,18 +351,17 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
         worker = await self._worker(caller)
         group_id = _required(request.group_id, "group_id")
         work_item_id = _required(request.work_item_id, "work_item_id")
-        async with worker.lock:
-            projection = await worker.group(group_id)
-            item = projection.items.get(work_item_id)
-            if item is None or item.owner_id != worker.worker_id:
-                raise Rejected(
-                    R.REJECTION_REASON_NOT_FOUND,
-                    f"{work_item_id} is not in this Worker's queue for {group_id}",
-                    field="work_item_id",
-                )
-            return pb.DiscloseScheduleResponse(
-                schedule=self._estimate(worker, group_id, work_item_id, self.clock.now())
+        projection = await worker.group(group_id)
+        item = projection.items.get(work_item_id)
+        if item is None or item.owner_id != worker.worker_id:
+            raise Rejected(
+                R.REJECTION_REASON_NOT_FOUND,
+                f"{work_item_id} is not in this Worker's queue for {group_id}",
+                field="work_item_id",
             )
+        return pb.DiscloseScheduleResponse(
+            schedule=self._estimate(worker, group_id, work_item_id, self.clock.now())
+        )
 
     def _estimate(
         self, worker: WorkerScheduler, group_id: str, work_item_id: str, now: datetime, extra: int = 0
@@ -413,30 +407,29 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
         group_id = _required(request.group_id, "group_id")
         source = await self._source(request, caller, group_id)
         worker = await self.workers.of(request.worker_id or caller.identity_id)
-        async with worker.lock:
-            projection = await worker.group(group_id)
-            now = worker.now
-            try:
-                if request.group_weight:
-                    worker.policy.set_group(now, group_id, source, weight=request.group_weight)
-                if request.work_item_id:
-                    if worker.group_of(request.work_item_id) != group_id:
-                        raise Rejected(
-                            R.REJECTION_REASON_NOT_FOUND,
-                            f"{request.work_item_id} is not queued for {group_id}",
-                            field="work_item_id",
-                        )
-                    cls = PriorityClass(request.priority_class) if request.priority_class else None
-                    worker.policy.set_priority(now, request.work_item_id, source, priority_class=cls)
-            except NotPermitted as refused:
-                raise Rejected(R.REJECTION_REASON_PERMISSION_DENIED, str(refused), field="source") from None
-            worker.changed.set()  # a runtime's watcher looks for the preemptions this causes at once
-            preempt = [
-                p.work_item_id for p in worker.policy.suggest_preemptions(now) if p.group_id == group_id
-            ]
-            return pb.SetPriorityResponse(
-                queue=self._queue(worker, projection), preemption_requested_work_item_ids=preempt
-            )
+        projection = await worker.group(group_id)
+        now = worker.now
+        try:
+            if request.group_weight:
+                worker.policy.set_group(now, group_id, source, weight=request.group_weight)
+            if request.work_item_id:
+                if worker.group_of(request.work_item_id) != group_id:
+                    raise Rejected(
+                        R.REJECTION_REASON_NOT_FOUND,
+                        f"{request.work_item_id} is not queued for {group_id}",
+                        field="work_item_id",
+                    )
+                cls = PriorityClass(request.priority_class) if request.priority_class else None
+                worker.policy.set_priority(now, request.work_item_id, source, priority_class=cls)
+        except NotPermitted as refused:
+            raise Rejected(R.REJECTION_REASON_PERMISSION_DENIED, str(refused), field="source") from None
+        worker.changed.set()  # a runtime's watcher looks for the preemptions this causes at once
+        preempt = [
+            p.work_item_id for p in worker.policy.suggest_preemptions(now) if p.group_id == group_id
+        ]
+        return pb.SetPriorityResponse(
+            queue=self._queue(worker, projection), preemption_requested_work_item_ids=preempt
+        )
 
     async def _source(self, request: pb.SetPriorityRequest, caller: Caller, group_id: str) -> Source:
         """The caller is the source it claims: the Worker itself (its own weights), the Group's

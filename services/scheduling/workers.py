@@ -33,7 +33,10 @@ def seconds(at: datetime | None) -> float | None:
 
 
 class WorkerScheduler:
-    """One Worker's Groups and its policy. Calls are serialised by ``lock``."""
+    """One Worker's Groups and its policy. Every change is synchronous code after the call's last
+    await (``group``), so the event loop serialises calls without a lock (a lock held across the
+    catch-up wait made every call of the Worker wait on one slow Group, and cancelled waiters at
+    shutdown left a NextSlot waiting on it for good)."""
 
     def __init__(
         self,
@@ -47,7 +50,6 @@ class WorkerScheduler:
         self.clock = clock
         self.policy = Scheduler(Params(slots=slots))
         self.followers: dict[str, GroupFollower] = {}
-        self.lock = asyncio.Lock()
         self.changed = asyncio.Event()  # set whenever a projection moved (NextSlot waits on it)
         self._group_log = group_log
         self._store = store
@@ -152,8 +154,7 @@ class WorkerScheduler:
 
     async def reach(self, group_id: str, sequence: int, timeout: float = CATCH_UP_S) -> None:  # noqa: ASYNC109
         """Wait, bounded, until the Group's projection has read up to ``sequence``."""
-        async with self.lock:
-            projection = await self.group(group_id)
+        projection = await self.group(group_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while projection.sequence < sequence:
