@@ -34,9 +34,8 @@ def seconds(at: datetime | None) -> float | None:
 
 class WorkerScheduler:
     """One Worker's Groups and its policy. Every change is synchronous code after the call's last
-    await (``group``), so the event loop serialises calls without a lock (a lock held across the
-    catch-up wait made every call of the Worker wait on one slow Group, and cancelled waiters at
-    shutdown left a NextSlot waiting on it for good)."""
+    await (``group``), so the event loop serialises calls without a lock (one held across a Group's
+    catch-up wait made every call of the Worker wait for that Group)."""
 
     def __init__(
         self,
