@@ -514,6 +514,7 @@ async def test_selection_criteria_are_structured_and_hold_no_reasoning(world: Wo
     )
 
 
+@pytest.mark.req("MW-11.5-12")
 async def test_usage_over_a_budget_is_refused_whole(world: World) -> None:
     """Budgets: a renewal whose usage exceeds the WorkItem's cap (or uses an uncapped dimension) writes nothing."""
     w = world
@@ -545,7 +546,11 @@ async def test_usage_over_a_budget_is_refused_whole(world: World) -> None:
         ownership_epoch=epoch,
         usage_delta=common_pb2.ResourceVector(tokens=10_000),
     )
-    await f.as_(w.worker, "work_renew_lease", ok)
+    renewed = decode_events((await f.as_(w.worker, "work_renew_lease", ok)).events)
+    # MW-11.5-12: the charge is its own event, under the name the spec gives it, in the same append.
+    [charged] = [e for e in renewed if e.WhichOneof("payload") == "resource_usage_recorded"]
+    assert charged.type == "ext.missionweaveprotocol.core.resource_usage_recorded"
+    assert charged.resource_usage_recorded.delta.tokens == 10_000 and len({e.causing_command_id for e in renewed}) == 1
     one_more = wp.WorkRenewLease(
         work_item_id="wi-1",
         lease_id="lease-1",

@@ -9,6 +9,9 @@ from services.authority.rules.common import Emitter, R, budget_dims, invalid, mi
 from services.authority.rules.work.common import touch
 from services.authority.state import SIX, GroupState, WorkItemState
 
+# The usage event's type, as MW-11.5-12 names it (an extension-namespaced core event).
+USAGE_RECORDED = "ext.missionweaveprotocol.core.resource_usage_recorded"
+
 
 def check_usage(
     state: GroupState, item: WorkItemState, delta: common_pb2.ResourceVector, field: str
@@ -55,7 +58,7 @@ def record_usage(
         return
     lease = item.lease
     out.emit(
-        "resource.usage_recorded",
+        USAGE_RECORDED,
         "resource_usage_recorded",
         wp.ResourceUsageRecorded(
             work_item_id=item.work_item_id,
