@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy import delete
 
 from missionweave.rpc.status import rejection_from_rpc_error
@@ -275,3 +276,40 @@ async def test_admission_reads_the_group_up_to_the_offer_before_judging_it(
         request.offered_at_sequence = sequence
         answer = await sched["worker"].Admit(request)
         assert answer.decision == pb.ADMISSION_DECISION_ACCEPT, answer.decline
+
+
+async def health_of(stub: Any, name: str, wanted: int, limit_s: float = 10.0) -> int:
+    """The service's health once it is ``wanted`` (or the last answer after ``limit_s``)."""
+    status = -1
+    for _ in range(int(limit_s / 0.1)):
+        status = (await stub.Check(health_pb2.HealthCheckRequest(service=name))).status
+        if status == wanted:
+            break
+        await asyncio.sleep(0.1)
+    return status
+
+
+@pytest.mark.topologies("split")
+async def test_the_scheduling_service_serves_only_while_the_authority_answers(world: World) -> None:
+    """Each Worker's scheduler follows its Groups from the Authority: with the Authority gone the
+    scheduling service says NOT_SERVING (at its own address and at the front door), and SERVING
+    again once the Authority is back."""
+    from missionweave.mesh.server import start
+
+    w = world
+    mesh: Any = w.mesh
+    name = pb.DESCRIPTOR.services_by_name["SchedulingService"].full_name
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{mesh.parts['scheduling'].port}")
+    try:
+        own, front = health_pb2_grpc.HealthStub(channel), health_pb2_grpc.HealthStub(w.client.channel)
+        assert await health_of(own, name, serving) == serving
+        settings = mesh.parts["authority"].settings
+        await mesh.parts["authority"].stop(grace=0)
+        assert await health_of(own, name, not_serving) == not_serving
+        assert await health_of(front, name, not_serving) == not_serving
+        mesh.parts["authority"] = await start(settings, w.clock)
+        assert await health_of(own, name, serving) == serving
+        assert await health_of(front, name, serving) == serving
+    finally:
+        await channel.close()

@@ -177,17 +177,21 @@ class FrontDoor(grpc.GenericRpcHandler):
 HEALTH_RETRY_S = 1.0
 
 
-async def mirror_health(health: health_aio.HealthServicer, channel: Any, service: str) -> None:
-    """Keep ``service``'s status at the front door equal to its status at the peer (NOT_SERVING while
-    the peer cannot be reached), so one health check at one address covers the whole mesh."""
+async def mirror_health(
+    health: health_aio.HealthServicer, channel: Any, service: str, as_name: str | None = None
+) -> None:
+    """Keep ``service``'s status here (or ``as_name``'s: a service that serves only while that peer
+    does) equal to its status at the peer, NOT_SERVING while the peer cannot be reached, so one
+    health check at one address covers the whole mesh."""
     stub = health_pb2_grpc.HealthStub(channel)
+    name = as_name or service
     while True:
         try:
             async for answer in stub.Watch(health_pb2.HealthCheckRequest(service=service)):
-                await health.set(service, answer.status)
+                await health.set(name, answer.status)
         except grpc.aio.AioRpcError:
             pass
-        await health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await asyncio.sleep(HEALTH_RETRY_S)
 
 

@@ -428,6 +428,16 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     if authority is not None:
         await health.set(INTEGRITY_HEALTH, health_pb2.HealthCheckResponse.SERVING)
+    if "scheduling" in settings.services and not peers.is_local("authority") and peers.reachable("authority"):
+        # Each Worker's scheduler follows its Groups from the Authority: it serves only while that
+        # answers, and says so (readiness, and the front door's mirror of it).
+        mirrors.append(
+            asyncio.create_task(
+                mirror_health(
+                    health, peers.channel("authority"), SERVICE_NAMES["authority"], as_name=SERVICE_NAMES["scheduling"]
+                )
+            )
+        )
     # In the background: peers of a split mesh start in any order, and start-up never waits on them.
     mirrors.append(asyncio.create_task(_say_silent_peers(peers)))
     if server_tls is not None and peer_tls is None and any(s not in settings.services for s in settings.peers):
