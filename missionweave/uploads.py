@@ -10,7 +10,7 @@ lose the structured refusal (seen through the front door, which forwards the byt
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from missionweave.v1 import artifact_service_pb2 as pb
@@ -23,16 +23,14 @@ def asks_for_bytes(metadata: Any) -> bool:
     return any(key == GO_AHEAD_KEY and value == "send" for key, value in metadata or ())
 
 
-async def upload(
-    stub: Any, header: pb.UploadHeader, chunks: AsyncIterable[bytes] | Iterable[bytes], **call_options: Any
-) -> pb.UploadResponse:
+async def upload(stub: Any, header: pb.UploadHeader, chunks: Iterable[bytes], **call_options: Any) -> pb.UploadResponse:
     """Uploads through ``stub`` (an ArtifactService stub): the header, then ``chunks`` in order
     if the server asks for them. Raises the server's refusal as an ``AioRpcError``."""
     call = stub.Upload(**call_options)
     await call.write(pb.UploadRequest(header=header))
     if asks_for_bytes(await call.initial_metadata()):
         offset = 0
-        async for data in _each(chunks):
+        for data in chunks:
             await call.write(pb.UploadRequest(chunk=pb.UploadChunk(offset=offset, data=data)))
             offset += len(data)
         await call.done_writing()
@@ -43,15 +41,6 @@ async def upload(
         return answered
     finally:  # the call has ended: this writes nothing, it only ends an intercepted call's request queue
         await call.done_writing()
-
-
-async def _each(chunks: AsyncIterable[bytes] | Iterable[bytes]) -> AsyncIterator[bytes]:
-    if isinstance(chunks, AsyncIterable):
-        async for data in chunks:
-            yield data
-    else:
-        for data in chunks:
-            yield data
 
 
 def slices(data: bytes, chunk_bytes: int) -> Iterable[bytes]:

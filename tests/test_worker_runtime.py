@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ import grpc
 import pytest
 
 from missionweave.sdk.client import MeshClient
-from missionweave.sdk.worker import Failed, Paused, Slot, WorkerRuntime, WorkResult
+from missionweave.sdk.worker import Failed, Handler, Paused, Slot, WorkerRuntime, WorkResult
 from missionweave.v1 import membership_pb2
 from missionweave.v1 import scheduling_service_pb2 as spb
 from missionweave.v1 import scheduling_service_pb2_grpc as spb_grpc
@@ -29,6 +31,20 @@ from tests.test_work_items import Flow, setup
 pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
 
 G2 = "grp_second"
+
+
+@asynccontextmanager
+async def serving(
+    w: World, handler: Handler, state: Path, groups: Sequence[str] = (G,), **options: Any
+) -> AsyncIterator[WorkerRuntime]:
+    """The Worker's runtime serving ``groups`` through an agent of its own, closed on the way out."""
+    async with connect(w, "worker-bot", w.worker.key, state) as agent:
+        runtime = WorkerRuntime(agent, handler, **options)
+        await runtime.serve(list(groups))
+        try:
+            yield runtime
+        finally:
+            await runtime.close()
 
 
 async def second_mission(w: World) -> None:
@@ -56,17 +72,12 @@ async def test_a_worker_serves_two_missions_through_its_scheduler(world: World, 
         assert not hasattr(slot, "runtime") and not hasattr(slot, "agent")  # nothing beyond its own work
         return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary=f"did {slot.work_item_id}")
 
-    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
-        runtime = WorkerRuntime(agent, handle)
-        await runtime.serve([G, G2])
-        try:
-            await flow.authorize("wi-1")
-            await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
-            await offer_in_second(w, flow, "wi-9")
-            async with asyncio.timeout(30):
-                done = await runtime.submitted(2)
-        finally:
-            await runtime.close()
+    async with serving(w, handle, tmp_path, [G, G2]) as runtime:
+        await flow.authorize("wi-1")
+        await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
+        await offer_in_second(w, flow, "wi-9")
+        async with asyncio.timeout(30):
+            done = await runtime.submitted(2)
     assert sorted(done) == sorted([(G, "wi-1"), (G2, "wi-9")])
     for group, wid in done:
         progress = await w.client.authority.GetMissionProgress(GetMissionProgressRequest(group_id=group))
@@ -95,23 +106,18 @@ async def test_a_preempted_handler_pauses_at_a_safe_point_and_resumes_from_its_c
             return Paused(wp.Checkpoint(checkpoint_id="ck-1", completed_operation_ids=["op-1"]))
         return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="resumed")
 
-    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
-        runtime = WorkerRuntime(agent, handle)
-        await runtime.serve([G])
-        try:
-            await flow.authorize("wi-1")
-            await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
-            async with asyncio.timeout(30):
-                await running.wait()
-                first = calls[0]
-                ask = wp.WorkRequestPreemption(
-                    work_item_id="wi-1", preemption_request_id="pre-1", lease_id=first.lease_id,
-                    reason=wp.PREEMPTION_REASON_PRIORITY, coordinator_epoch=1, ownership_epoch=first.ownership_epoch,
-                )
-                await flow.coord("work_request_preemption", ask)
-                done = await runtime.submitted(1)
-        finally:
-            await runtime.close()
+    async with serving(w, handle, tmp_path) as runtime:
+        await flow.authorize("wi-1")
+        await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
+        async with asyncio.timeout(30):
+            await running.wait()
+            first = calls[0]
+            ask = wp.WorkRequestPreemption(
+                work_item_id="wi-1", preemption_request_id="pre-1", lease_id=first.lease_id,
+                reason=wp.PREEMPTION_REASON_PRIORITY, coordinator_epoch=1, ownership_epoch=first.ownership_epoch,
+            )
+            await flow.coord("work_request_preemption", ask)
+            done = await runtime.submitted(1)
     assert done == [(G, "wi-1")]
     assert [c.resume_from_checkpoint_id for c in calls] == ["", "ck-1"]
     assert calls[0].lease_id != calls[1].lease_id  # a new lease for the resumed start
@@ -136,16 +142,11 @@ async def test_the_runtime_renews_the_execution_lease_while_the_handler_works(wo
         await asyncio.sleep(3)
         return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="slow")
 
-    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
-        runtime = WorkerRuntime(agent, handle)
-        await runtime.serve([G])
-        try:
-            await flow.authorize("wi-1", time_policy=policy)
-            await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
-            async with asyncio.timeout(30):
-                assert await runtime.submitted(1) == [(G, "wi-1")]
-        finally:
-            await runtime.close()
+    async with serving(w, handle, tmp_path) as runtime:
+        await flow.authorize("wi-1", time_policy=policy)
+        await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
+        async with asyncio.timeout(30):
+            assert await runtime.submitted(1) == [(G, "wi-1")]
     log = [e async for e in w.client.read_events(G)]
     assert [e for e in log if e.WhichOneof("payload") == "work_lease_renewed"]
 
@@ -171,9 +172,7 @@ async def test_the_scheduler_preempts_running_work_for_escalated_work_and_both_f
         return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="done")
 
     owner = MeshClient(w.target, reader=w.owner)
-    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
-        runtime = WorkerRuntime(agent, handle)
-        await runtime.serve([G, G2])
+    async with serving(w, handle, tmp_path, [G, G2]) as runtime:
         try:
             await flow.authorize("wi-1")
             await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
@@ -194,7 +193,6 @@ async def test_the_scheduler_preempts_running_work_for_escalated_work_and_both_f
                         await asyncio.sleep(0.1)
                 done = await runtime.submitted(2)
         finally:
-            await runtime.close()
             await owner.channel.close()
     assert done == [(G2, "wi-9"), (G, "wi-1")]
     assert order == [("wi-1", ""), ("wi-9", ""), ("wi-1", "ck-1")]
@@ -233,14 +231,9 @@ async def test_a_runtime_restarted_in_the_middle_of_work_takes_it_up_again_under
         async with asyncio.timeout(30):
             await started.wait()
     await first.close()  # its connection is gone first: it can release nothing, as in a crash
-    async with connect(w, "worker-bot", w.worker.key, tmp_path / "second") as agent:
-        second = WorkerRuntime(agent, finish)
-        await second.serve([G])
-        try:
-            async with asyncio.timeout(30):
-                assert await second.submitted(1) == [(G, "wi-1")]
-        finally:
-            await second.close()
+    async with serving(w, finish, tmp_path / "second") as second:
+        async with asyncio.timeout(30):
+            assert await second.submitted(1) == [(G, "wi-1")]
     log = [e async for e in w.client.read_events(G)]
     starts = [e.work_started.lease for e in log if e.WhichOneof("payload") == "work_started"]
     assert len(starts) == 2 and starts[0].session_epoch < starts[1].session_epoch
@@ -290,9 +283,7 @@ async def test_the_runtime_republishes_a_materially_changed_schedule_and_no_disc
             await asyncio.sleep(0.1)
         raise AssertionError(f"fewer than {at_least} disclosures of wi-2 in G")
 
-    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
-        runtime = WorkerRuntime(agent, handle, disclosure_period_s=0.2)
-        await runtime.serve([G, G2])
+    async with serving(w, handle, tmp_path, [G, G2], disclosure_period_s=0.2) as runtime:
         try:
             secret = wp.WorkAuthorize(
                 work_item_id="wi-marker-g2", title="MARKER-G2-TITLE", coordinator_epoch=1,
@@ -315,7 +306,6 @@ async def test_the_runtime_republishes_a_materially_changed_schedule_and_no_disc
                 await runtime.submitted(3)
         finally:
             release.set()
-            await runtime.close()
     log = [e async for e in w.client.read_events(G)]
     last, revised = before[-1], after[len(before)]
     assert revised.start_window_begin.ToDatetime() - last.start_window_begin.ToDatetime() >= timedelta(minutes=1)
@@ -346,16 +336,11 @@ async def test_a_transient_failure_is_reported_and_retried_only_after_its_backof
 
     contract = builders.contract(w.clock.now(), retry_policy=wp.RetryPolicy(max_attempts=2))
     contract.retry_policy.initial_backoff.FromSeconds(1)
-    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
-        runtime = WorkerRuntime(agent, handle)
-        await runtime.serve([G])
-        try:
-            await flow.coord("work_authorize", wp.WorkAuthorize(work_item_id="wi-r", title="flaky", contract=contract, coordinator_epoch=1))
-            await flow.coord("work_offer", flow.offer_body("wi-r", "worker-bot"))
-            async with asyncio.timeout(30):
-                assert await runtime.submitted(1) == [(G, "wi-r")]
-        finally:
-            await runtime.close()
+    async with serving(w, handle, tmp_path) as runtime:
+        await flow.coord("work_authorize", wp.WorkAuthorize(work_item_id="wi-r", title="flaky", contract=contract, coordinator_epoch=1))
+        await flow.coord("work_offer", flow.offer_body("wi-r", "worker-bot"))
+        async with asyncio.timeout(30):
+            assert await runtime.submitted(1) == [(G, "wi-r")]
     log = [e async for e in w.client.read_events(G)]
     [revoked] = [e.lease_revoked for e in log if e.WhichOneof("payload") == "lease_revoked"]
     assert revoked.cause == wp.LEASE_REVOCATION_CAUSE_FAILED and revoked.HasField("retry_not_before")
@@ -381,11 +366,6 @@ async def test_an_offer_made_while_the_worker_is_offline_is_answered_when_it_com
     async def handle(slot: Slot) -> WorkResult:
         return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="after coming online")
 
-    async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
-        runtime = WorkerRuntime(agent, handle)
-        await runtime.serve([G])
-        try:
-            async with asyncio.timeout(30):
-                assert await runtime.submitted(1) == [(G, "wi-1")]
-        finally:
-            await runtime.close()
+    async with serving(w, handle, tmp_path) as runtime:
+        async with asyncio.timeout(30):
+            assert await runtime.submitted(1) == [(G, "wi-1")]
