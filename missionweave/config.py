@@ -118,6 +118,12 @@ class Settings:
     # The Organization's collaboration policy: how deep below its scope root a delegated WorkItem
     # may sit (MW-9.1-12); grants ask for at most this.
     max_delegation_depth: int = 3
+    # The Organization's default maximum depth of a Mission tree (MW-14-05; root = 0): a deeper
+    # child needs a recorded approval (MW-14-06).
+    max_mission_depth: int = 2
+    # How often an Authority reads the cross-Group outbox besides when its own appends wrote to it
+    # (docs/subtasks.md); 0: this instance delivers no cross-Group links (others do).
+    link_relay_poll_ms: int = 1000
 
     @property
     def db_url(self) -> str:
@@ -195,6 +201,12 @@ class Settings:
         s.max_delegation_depth = int(e.get("MWP_MAX_DELEGATION_DEPTH", s.max_delegation_depth))
         if not 0 <= s.max_delegation_depth <= 64:
             raise ValueError("MWP_MAX_DELEGATION_DEPTH is a depth of 0..64")
+        s.max_mission_depth = int(e.get("MWP_MAX_MISSION_DEPTH", s.max_mission_depth))
+        if not 1 <= s.max_mission_depth <= 64:
+            raise ValueError("MWP_MAX_MISSION_DEPTH is a depth of 1..64")
+        s.link_relay_poll_ms = int(e.get("MWP_LINK_RELAY_POLL_MS", s.link_relay_poll_ms))
+        if s.link_relay_poll_ms < 0:
+            raise ValueError("MWP_LINK_RELAY_POLL_MS is a number of milliseconds (0: deliver no links here)")
         s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
         s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)
         return s

@@ -14,7 +14,7 @@ import pytest
 
 from missionweave.clock import to_timestamp
 from missionweave.errors import Rejected
-from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2, mission_pb2
+from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2, mission_pb2, subtask_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority import decider, kinds
 from services.authority.rules import authorization as authz
@@ -77,7 +77,8 @@ LEASE = dict(work_item_id="wi", lease_id="lease-1", ownership_epoch=1)
 BODIES: dict[str, object] = {
     "mission_create": builders.mission_create("alice", "coord", NOW),
     "mission_create_follow_up": mission_pb2.MissionCreateFollowUp(),
-    "mission_create_child": mission_pb2.MissionCreateChild(),
+    "mission_create_child": subtask_pb2.MissionCreateChild(),
+    "mission_approve_child_depth": subtask_pb2.MissionApproveChildDepth(),
     "mission_submit_for_approval": mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=1),
     "mission_request_changes": mission_pb2.MissionRequestChanges(requested_changes="more"),
     "mission_approve": mission_pb2.MissionApprove(),
@@ -170,9 +171,7 @@ def test_actor_by_kind_matrix(actor: str, body: str) -> None:
     decision = decide(state, body, BODIES[body], actor)
     assert state == before  # decide never mutates the state
     got = check_of(decision)
-    if not kinds.KINDS[body].implemented:
-        assert got == ("COMMAND_NOT_IMPLEMENTED", "")
-    elif actor == STRANGER or (actor == ADMIN and not authz.may_act_for_organization(body)):
+    if actor == STRANGER or (actor == ADMIN and not authz.may_act_for_organization(body)):
         assert got == ("NOT_A_MEMBER", ""), decision
     elif forbidden(actor, body):
         assert isinstance(decision, Rejected) and got == ("PERMISSION_DENIED", "role"), decision
@@ -188,8 +187,7 @@ def test_kinds_that_create_their_group_name_no_role(actor: str) -> None:
     """Addressed to an existing Group they are refused for everyone; who creates one is the
     'no Membership' column, which the creating handlers check."""
     for body in (b for b, k in kinds.KINDS.items() if k.creates_group):
-        expected = "GROUP_EXISTS" if kinds.KINDS[body].implemented else "COMMAND_NOT_IMPLEMENTED"
-        assert check_of(decide(BASE, body, BODIES[body], actor)) == (expected, "")
+        assert check_of(decide(BASE, body, BODIES[body], actor)) == ("GROUP_EXISTS", "")
     create = builders.mission_create("alice", "coord", NOW)
     allowed = actor in ("alice", ADMIN)  # the named human owner, or Organization policy
     assert check_of(decide(None, "mission_create", create, actor)) == (("ACCEPTED", "") if allowed else ("PERMISSION_DENIED", ""))

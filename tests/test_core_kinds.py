@@ -21,7 +21,7 @@ from missionweave.v1 import (
 )
 from services.authority import decider, kinds
 from services.authority.rules import authorization
-from services.authority.rules.common import CommandKind, DecisionContext, Emitter, not_implemented
+from services.authority.rules.common import CommandKind, DecisionContext, Emitter
 from services.authority.state import GroupState, IdentityInfo
 from tests import builders
 
@@ -38,7 +38,6 @@ CTX = DecisionContext(
 COMMAND_BODY = command_pb2.Command.DESCRIPTOR.oneofs_by_name["body"]
 EVENT_PAYLOAD = event_pb2.Event.DESCRIPTOR.oneofs_by_name["payload"]
 # Events of the delegation kinds, which are in the contract but not implemented yet.
-EVENTS_OF_PLANNED_KINDS: set[str] = set()  # payloads whose kind is not implemented yet
 
 
 def cmd(body_field: str, body: object, group: str = "grp_test", actor: str = "alice", epoch: int = 0) -> command_pb2.Command:
@@ -68,16 +67,19 @@ def test_every_command_body_in_command_proto_has_exactly_one_declaration() -> No
 def test_every_event_payload_has_exactly_one_evolve_rule_declared_beside_a_kind() -> None:
     declared = Counter(payload for kind in kinds.DECLARED for payload in kind.appliers)
     assert {payload: n for payload, n in declared.items() if n != 1} == {}
-    assert set(declared) == {f.name for f in EVENT_PAYLOAD.fields} - EVENTS_OF_PLANNED_KINDS
-    assert not kinds.KINDS["mission_create_child"].implemented
+    assert set(declared) == {f.name for f in EVENT_PAYLOAD.fields}
+
+
+def _handler(state: object, command: object, ctx: object, out: object) -> None:
+    """A handler for declarations that are only indexed, never run."""
 
 
 def test_a_kind_or_an_evolve_rule_declared_twice_is_refused() -> None:
-    first = CommandKind("message_post", not_implemented, {"message_posted": lambda s, e: None})
+    first = CommandKind("message_post", _handler, {"message_posted": lambda s, e: None})
     with pytest.raises(ValueError, match="declared twice"):
-        kinds.index([first, CommandKind("message_post", not_implemented)])
+        kinds.index([first, CommandKind("message_post", _handler)])
     with pytest.raises(ValueError, match="two evolve rules"):
-        kinds.index([first, CommandKind("message_amend", not_implemented, {"message_posted": lambda s, e: None})])
+        kinds.index([first, CommandKind("message_amend", _handler, {"message_posted": lambda s, e: None})])
 
 
 def test_a_body_without_a_declaration_is_an_unknown_command_kind(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,22 +90,6 @@ def test_a_body_without_a_declaration_is_an_unknown_command_kind(monkeypatch: py
     assert isinstance(rejected, Rejected) and rejected.reason == R.REJECTION_REASON_UNKNOWN_COMMAND_KIND
 
 
-def test_planned_kinds_are_refused_before_any_group_check() -> None:
-    planned = [kind for kind in kinds.DECLARED if not kind.implemented]
-    assert {k.body for k in planned} == {"mission_create_child"}
-    state = created()
-    for kind in planned:
-        command = command_pb2.Command(command_id="c", group_id="grp_test", actor_id="nobody")
-        getattr(command, kind.body).SetInParent()
-        for s in (None, state):
-            rejected = decider.decide(s, command, CTX)
-            assert isinstance(rejected, Rejected), kind.name
-            assert rejected.reason == R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED
-            assert rejected.metadata["command_kind"] == kind.name
-        with pytest.raises(Rejected):  # the handler of a planned kind refuses too
-            kind.handler(state, command, CTX, Emitter(command, state, NOW))
-
-
 def test_the_declared_facts_of_the_kinds() -> None:
     k = kinds.KINDS.values()
     assert {x.body for x in k if x.creates_group} == {"mission_create", "mission_create_follow_up", "mission_create_child"}
@@ -112,7 +98,8 @@ def test_the_declared_facts_of_the_kinds() -> None:
         "mission_terminate": MS.MISSION_STATE_FAILED,
     }
     assert {x.body for x in k if authorization.may_act_for_organization(x.body)} == {
-        "mission_create", "mission_cancel", "mission_terminate", "mission_replace_coordinator"
+        "mission_create", "mission_cancel", "mission_terminate", "mission_replace_coordinator",
+        "mission_approve_child_depth",
     }
 
 

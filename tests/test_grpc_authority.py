@@ -159,9 +159,9 @@ async def test_bad_input_gets_distinct_reasons_and_writes_nothing(world: World) 
     old = owner.command("grp_e2e", "message_post", builders.message(conv), membership_epoch=1)
     old.issued_at.CopyFrom(to_timestamp(now() - timedelta(minutes=30)))
     await check(owner.sign(old), R.REJECTION_REASON_CLOCK_SKEW)
-    # Not yet implemented command kinds say so.
+    # A child Mission of a parent Group that does not exist.
     child = owner.command("grp_e2e_child", "mission_create_child", command_pb2.Command().mission_create_child)
-    await check(owner.sign(child), R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED)
+    await check(owner.sign(child), R.REJECTION_REASON_NOT_FOUND)
     assert len(seen) == 11  # twelve cases, two of them forged signatures
     # The service stays up and keeps accepting good commands.
     ok = await world.client.execute(owner.sign(owner.command("grp_e2e", "message_post", builders.message(conv), membership_epoch=1)))

@@ -68,6 +68,7 @@ from services.authority.authority import GroupAuthority
 from services.authority.group_log import GroupLogServicer
 from services.authority.ingress import GroupIngressLimiter
 from services.authority.keys import KeyContinuityError, ensure_key
+from services.authority.links import LinkRelay
 from services.authority.rules.common import OrganizationPolicy
 from services.authority.servicer import AuthorityServicer
 from services.authority.store import EventStore
@@ -174,6 +175,8 @@ class Mesh:
     artifacts: ArtifactServicer | None = None
     # Every Worker's scheduler, where the SchedulingService is served.
     schedulers: Workers | None = None
+    # The cross-Group relay where the Authority is served and delivers links (docs/subtasks.md).
+    links: LinkRelay | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -198,6 +201,8 @@ class Mesh:
             await self.health_server.stop(0)
         await stop_mirrors(self.background)
         await self.peers.close()
+        if self.links is not None:
+            await self.links.close()
         if self.authority is not None:
             await self.authority.verifier.close()
         if self.store is not None:
@@ -254,7 +259,9 @@ async def _authority(
         publications=publications,
         key_history=key_history,
         on_corrupted=health.group_corrupted,
-        policy=OrganizationPolicy(max_delegation_depth=settings.max_delegation_depth),
+        policy=OrganizationPolicy(
+            max_delegation_depth=settings.max_delegation_depth, max_mission_depth=settings.max_mission_depth
+        ),
     )
     return store, authority
 
@@ -322,8 +329,12 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     )
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     group_log_servicer: GroupLogServicer | None = None
+    links = None
     if store is not None and authority is not None:
         store.start()
+        if settings.link_relay_poll_ms:
+            links = LinkRelay(authority, settings.link_relay_poll_ms / 1000)
+            links.start()
         authority_servicer = AuthorityServicer(authority)
         authority_servicer.callers = callers
         authority_service_pb2_grpc.add_AuthorityServiceServicer_to_server(authority_servicer, server)
@@ -474,6 +485,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         health_port,
         artifact_servicer,
         schedulers,
+        links,
     )
 
 

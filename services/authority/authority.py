@@ -14,7 +14,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 import blake3
@@ -56,6 +56,7 @@ from services.authority.ingress import GroupIngressLimiter, check_envelope
 from services.authority.integrity import LogIntegrity
 from services.authority.keys import KeyHistory, KeyRecord
 from services.authority.progress import mission_progress
+from services.authority.rules import children
 from services.authority.rules.common import (
     TERMINAL_MISSION_STATES,
     CardInfo,
@@ -77,6 +78,18 @@ _REPLAY_WINDOW_US = int(REPLAY_WINDOW.total_seconds() * 1_000_000)
 SUPPORTED_EXTENSIONS: frozenset[str] = frozenset()
 if TYPE_CHECKING:  # the typed aio stub exists in the generated .pyi only
     from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceAsyncStub
+
+# A decision of the Authority's own (a linked effect or a compensation) on the Group's state.
+Effect = Callable[[GroupState | None, datetime], "decider.Decision"]
+
+
+class Refused(Exception):
+    """The target Group's rules refused a linked effect (not a transient failure of the store)."""
+
+    def __init__(self, rejection: Rejected) -> None:
+        super().__init__(rejection.message)
+        self.rejection = rejection
+
 
 STORE_RACE_RETRIES = 2
 CHECKPOINT_EVERY = 256
@@ -133,6 +146,8 @@ class GroupAuthority:
         # Where the store's writer can sign events beside the commit (D56), the loop only serialises
         # them; otherwise (PostgreSQL) it signs them itself.
         self._writer_signs = store.sign_events_with(signing_key, self.key_id)
+        # Called when an append wrote cross-Group outbox rows (the relay delivers them).
+        self.on_links: Callable[[], None] | None = None
 
     # ------------------------------------------------------------ commands
 
@@ -208,6 +223,43 @@ class GroupAuthority:
                 )
         return command
 
+    async def apply_link(self, source_group_id: str, source_seq: int, target_group_id: str) -> None:
+        """Deliver one cross-Group outbox row (MW-10.4-05): the target Group applies the source event
+        (once: its command id derives from the event), or refuses it and the source Group is
+        compensated; then the row is dropped. A transient failure (the target owned by another
+        instance, a store race) raises Rejected and leaves the row for a later try."""
+        (stored,) = await self.read_range(source_group_id, source_seq, source_seq)  # verified
+        source = codec.decode_event(stored.envelope)
+        source_state = await self.state(source_group_id)
+        assert source_state is not None
+        command = children.linked_command(target_group_id, source)
+        try:
+            await self._execute_verified(
+                command, None, lambda state, now: decider.decide_linked(state, source, source_state, now)
+            )
+        except Refused as refused:
+            refusal = refused.rejection
+            log.warning(
+                "a Group refused a linked event; compensating",
+                extra={
+                    "group_id": target_group_id,
+                    "source_group_id": source_group_id,
+                    "source_event_id": source.event_id,
+                    "reason": R.Name(refusal.reason),
+                    "detail": refusal.message,
+                },
+            )
+            compensation = command_pb2.Command()
+            compensation.CopyFrom(command)
+            compensation.group_id = source_group_id
+            compensation.command_id = ids.derived_id("xgc", source_group_id, str(source_seq))
+            await self._execute_verified(
+                compensation,
+                None,
+                lambda state, now: decider.decide_compensation(state, source, refusal, now) if state else [],
+            )
+        await self.store.drop_link(source_group_id, source_seq, target_group_id)
+
     def _admit(self, group_id: str) -> None:
         """Per-Group token bucket (MW-8-16): replays of accepted commands never count against it."""
         wait_s = self.ingress.admit(group_id)
@@ -219,7 +271,7 @@ class GroupAuthority:
             )
 
     async def _execute_verified(
-        self, command: command_pb2.Command, envelope: common_pb2.SignedEnvelope
+        self, command: command_pb2.Command, envelope: common_pb2.SignedEnvelope | None, effect: Effect | None = None
     ) -> command_pb2.CommandResult:
         """Decide under the Group's lock, then wait for durability outside it.
 
@@ -237,9 +289,11 @@ class GroupAuthority:
                 replay = await self._replay(command, fingerprint_)
                 if replay is not None:
                     return replay
-                if attempt == 0:  # retries after a store race were admitted already
+                if attempt == 0 and effect is None:  # retries after a store race were admitted already
                     self._admit(group_id)
-                pending = await self._decide_and_enqueue(command, envelope, fingerprint_)
+                pending = await self._decide_and_enqueue(command, envelope, fingerprint_, effect)
+            if pending is None:  # a linked effect with nothing (left) to do
+                return command_pb2.CommandResult(command_id=command.command_id, group_id=group_id)
             owned = pending.owned
             try:
                 await pending.request.done
@@ -272,12 +326,18 @@ class GroupAuthority:
             else:  # completions out of order (should not happen): rebuild from the log when next needed
                 self._forget(group_id, owned)
             self._wake(group_id)
+            if request.links and self.on_links is not None:
+                self.on_links()  # the cross-Group outbox has work (delivered by the relay)
             return result
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _decide_and_enqueue(
-        self, command: command_pb2.Command, envelope: common_pb2.SignedEnvelope, fingerprint_: bytes
-    ) -> _Pending:
+        self,
+        command: command_pb2.Command,
+        envelope: common_pb2.SignedEnvelope | None,
+        fingerprint_: bytes,
+        effect: Effect | None = None,
+    ) -> _Pending | None:
         group_id = command.group_id
         owned = await self._load(group_id)
         if kinds.erases(command) and owned.pending:
@@ -285,22 +345,19 @@ class GroupAuthority:
             await asyncio.wait([p.request.done for p in owned.pending.values()])
             owned = await self._load(group_id)
         writer_epoch, state = owned.writer_epoch, owned.state
-        identities = {
-            i: _identity_info(d) for i, d in (await self.identities.get_many(kinds.referenced_identities(command))).items()
-        }
-        linked = {}
-        for linked_id in kinds.linked_groups(command):
-            linked_state = await self.state(linked_id)  # durable state of the other Group
-            if linked_state is not None:
-                linked[linked_id] = linked_state
-        artifacts = await self._published_artifacts(command)
-        cards = {
-            agent: card_info(published) for agent, published in (await self.identities.agent_cards(kinds.card_holders(command))).items()
-        }
-        ctx = decider.DecisionContext(self.clock.now(), identities, linked, envelope, artifacts, self.policy, cards)
-        decision = decider.decide(state, command, ctx)
+        now = self.clock.now()
+        if effect is None:
+            decision = decider.decide(state, command, await self._context(command, envelope, now))
+        else:
+            decision = effect(state, now)
+            if isinstance(decision, Rejected):
+                raise Refused(decision)
+            if not decision:
+                return None
         if isinstance(decision, Rejected):
             raise decision
+        # Events another Group must apply go to the cross-Group outbox in the same transaction.
+        links = children.cross_group_effects(state or GroupState(group_id), decision)
         # The chain (docs/integrity.md): each event names the digest of the one before it, which
         # this instance knows for the Group's head without reading the store again.
         link = owned.chain_head
@@ -328,6 +385,7 @@ class GroupAuthority:
             creates_group=state is None,
             rewrites=await self._erasures(group_id, decision),
             payloads=payloads if self._writer_signs else [],
+            links=links,
         )
         for event in decision:
             state = decider.evolve(state, event)
@@ -336,7 +394,7 @@ class GroupAuthority:
         if envelopes is not None:
             result.events.extend(envelopes)
         pending = _Pending(
-            owned, request, decision, result, fingerprint_, to_micros(ctx.now), self.key_id, envelopes is None, link
+            owned, request, decision, result, fingerprint_, to_micros(now), self.key_id, envelopes is None, link
         )
         # The next command of this Group decides on this state (speculative until durable).
         owned.state = state
@@ -345,6 +403,24 @@ class GroupAuthority:
         self._remember(group_id, owned)
         self.store.enqueue(request)
         return pending
+
+    async def _context(
+        self, command: command_pb2.Command, envelope: common_pb2.SignedEnvelope | None, now: datetime
+    ) -> decider.DecisionContext:
+        """What the decision of a signed command consults besides the Group's state (looked up here)."""
+        identities = {
+            i: _identity_info(d) for i, d in (await self.identities.get_many(kinds.referenced_identities(command))).items()
+        }
+        linked = {}
+        for linked_id in kinds.linked_groups(command):
+            linked_state = await self.state(linked_id)  # durable state of the other Group
+            if linked_state is not None:
+                linked[linked_id] = linked_state
+        artifacts = await self._published_artifacts(command)
+        cards = {
+            agent: card_info(published) for agent, published in (await self.identities.agent_cards(kinds.card_holders(command))).items()
+        }
+        return decider.DecisionContext(now, identities, linked, envelope, artifacts, self.policy, cards)
 
     async def _published_artifacts(self, command: command_pb2.Command) -> dict[str, StoredArtifact]:
         """For work.publish_artifact: the blob must be stored with a manifest its publisher signed

@@ -33,13 +33,14 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import ClauseElement
 
-from services.authority.schema import commands, events, events_archive, groups
+from services.authority.schema import commands, cross_group_outbox, events, events_archive, groups
 
 # Parameter order of every statement below; rows are passed as tuples in this order.
 HEAD_PARAMS = ("g", "e", "expected", "new_head", "new_expiry")
 GROUP_COLUMNS = ("group_id", "head_seq", "writer_epoch", "owner_instance", "lease_expires_us", "created_us")
 EVENT_COLUMNS = ("group_id", "seq", "event_id", "type", "command_id", "recorded_us", "envelope")
 COMMAND_COLUMNS = ("group_id", "command_id", "fingerprint", "first_seq", "last_seq", "event_count")
+LINK_COLUMNS = ("source_group_id", "source_seq", "target_group_id", "created_us")
 
 # The fenced head advance: it runs for every append.
 ADVANCE_HEAD = (
@@ -57,6 +58,7 @@ HEAD_OF = select(groups.c.writer_epoch, groups.c.head_seq).where(groups.c.group_
 INSERT_GROUP = insert(groups).values({c: bindparam(c) for c in GROUP_COLUMNS})
 INSERT_EVENT = insert(events).values({c: bindparam(c) for c in EVENT_COLUMNS})
 INSERT_COMMAND = insert(commands).values({c: bindparam(c) for c in COMMAND_COLUMNS})
+INSERT_LINK = insert(cross_group_outbox).values({c: bindparam(c) for c in LINK_COLUMNS})
 # An erasure (MW-7.4-04) replaces an event's envelope in whichever tier holds it; id and sequence stay.
 REWRITE_PARAMS = ("env", "g", "s")
 REWRITE_ENVELOPE = [
@@ -77,6 +79,7 @@ class BatchOps(Protocol):
     def insert_group(self, row: tuple[Any, ...]) -> None: ...
     def insert_rows(self, event_rows: Sequence[tuple[Any, ...]], command_rows: Sequence[tuple[Any, ...]]) -> None: ...
     def rewrite_envelopes(self, rows: Sequence[tuple[Any, ...]]) -> None: ...  # (envelope, group_id, seq)
+    def insert_links(self, rows: Sequence[tuple[Any, ...]]) -> None: ...  # cross-Group outbox rows (LINK_COLUMNS)
 
 
 def _named(names: Sequence[str], row: tuple[Any, ...]) -> dict[str, Any]:
@@ -124,6 +127,9 @@ class SqlAlchemyOps:
         for statement in REWRITE_ENVELOPE:
             self.conn.execute(statement, [_named(REWRITE_PARAMS, r) for r in rows])
 
+    def insert_links(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        self.conn.execute(INSERT_LINK, [_named(LINK_COLUMNS, r) for r in rows])
+
 
 def _advance_heads_from(rows: Sequence[tuple[Any, ...]]) -> Update:
     """The fenced head advance of distinct Groups as one statement (rows in ``HEAD_PARAMS`` order)."""
@@ -151,6 +157,7 @@ _SQLITE_ADVANCE_HEAD = _qmark(ADVANCE_HEAD, ("new_head", "new_expiry", "g", "e",
 _SQLITE_HEAD_OF = _qmark(HEAD_OF, ("g",))
 _SQLITE_INSERT_GROUP = _qmark(INSERT_GROUP, GROUP_COLUMNS)
 _SQLITE_REWRITE_ENVELOPE = [_qmark(statement, REWRITE_PARAMS) for statement in REWRITE_ENVELOPE]
+_SQLITE_INSERT_LINK = _qmark(INSERT_LINK, LINK_COLUMNS)
 
 
 # UPDATE ... FROM arrived in SQLite 3.33 (2020); older libraries (still shipped by some LTS
@@ -244,3 +251,6 @@ class SqliteOps:
     def rewrite_envelopes(self, rows: Sequence[tuple[Any, ...]]) -> None:
         for statement in _SQLITE_REWRITE_ENVELOPE:
             self.conn.executemany(statement, rows)
+
+    def insert_links(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        self.conn.executemany(_SQLITE_INSERT_LINK, rows)

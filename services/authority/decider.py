@@ -10,14 +10,17 @@ declarations and applies the checks every command shares.
 from __future__ import annotations
 
 import copy
+from datetime import datetime
 
+from missionweave import ids
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
 from services.authority.kinds import APPLIERS, kind_of
-from services.authority.rules import authorization
+from services.authority.rules import authorization, children
 from services.authority.rules.common import (
     MAX_DATA_JSON_BYTES,
     MAX_TEXT_BYTES,
+    MS,
     DecisionContext,
     Emitter,
     R,
@@ -25,13 +28,21 @@ from services.authority.rules.common import (
     check_membership,
     invalid,
     is_org_policy,
-    not_implemented_rejection,
 )
 from services.authority.rules.memberships import check_provisional, end_just_in_time, may_end_just_in_time
 from services.authority.rules.work.ending import propagate_mission_end
 from services.authority.state import GroupState
 
-__all__ = ["MAX_DATA_JSON_BYTES", "MAX_TEXT_BYTES", "DecisionContext", "decide", "evolve", "fold"]
+__all__ = [
+    "MAX_DATA_JSON_BYTES",
+    "MAX_TEXT_BYTES",
+    "DecisionContext",
+    "decide",
+    "decide_compensation",
+    "decide_linked",
+    "evolve",
+    "fold",
+]
 
 Decision = list[event_pb2.Event] | Rejected
 
@@ -41,12 +52,12 @@ def decide(state: GroupState | None, command: command_pb2.Command, ctx: Decision
     kind = kind_of(command)
     if kind is None:
         return Rejected(R.REJECTION_REASON_UNKNOWN_COMMAND_KIND, "command carries no known body")
-    if not kind.implemented:
-        return not_implemented_rejection(kind.body)
     try:
         if kind.creates_group:
             if state is not None:
-                raise Rejected(R.REJECTION_REASON_GROUP_EXISTS, f"group {command.group_id} already exists")
+                raise children.cycle_rejection(command, ctx) or Rejected(
+                    R.REJECTION_REASON_GROUP_EXISTS, f"group {command.group_id} already exists"
+                )
             if command.membership_epoch:
                 raise invalid("membership_epoch", "must be 0 when creating a Group")
         else:
@@ -69,6 +80,45 @@ def decide(state: GroupState | None, command: command_pb2.Command, ctx: Decision
         return emitter.events
     except Rejected as rejected:
         return rejected
+
+
+def decide_linked(
+    target: GroupState | None, source: event_pb2.Event, source_state: GroupState, now: datetime
+) -> Decision:
+    """The events ``target`` appends for an event of another Group (rules/children.py): a linked
+    effect has no signed command; its id derives from the source event."""
+    if target is None:
+        return Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, "the linked Group does not exist")
+    emitter = Emitter(children.linked_command(target.group_id, source), target, now)
+    try:
+        children.decide_linked(target, source, source_state, now, emitter)
+    except Rejected as rejected:
+        return rejected
+    _finish_mission_end(target, emitter, now)
+    return emitter.events
+
+
+def decide_compensation(
+    source_state: GroupState, source: event_pb2.Event, refusal: Rejected, now: datetime
+) -> list[event_pb2.Event]:
+    """What the source Group appends when the target refused ``source``'s linked effect."""
+    command = children.linked_command(source_state.group_id, source)
+    command.command_id = ids.derived_id("xgc", source.group_id, str(source.sequence))
+    emitter = Emitter(command, source_state, now)
+    children.compensate(source_state, source, refusal, emitter)
+    _finish_mission_end(source_state, emitter, now)
+    return emitter.events
+
+
+def _finish_mission_end(state: GroupState, emitter: Emitter, now: datetime) -> None:
+    """MW-10.2-T18 for a Mission the Authority ended by itself: its unfinished WorkItems follow."""
+    ended = children.ended_mission_state(emitter.events)
+    if ended:
+        last = emitter.events[-1]
+        reason = last.mission_cancelled.reason if ended == MS.MISSION_STATE_CANCELLED else last.mission_failed.reason
+        propagate_mission_end(state, emitter, ended, reason)
+    if emitter.events and may_end_just_in_time(state):
+        end_just_in_time(state, _preview(state, emitter.events), emitter, now)
 
 
 def _acts_for_organization(state: GroupState, command: command_pb2.Command, organization: bool) -> bool:

@@ -43,6 +43,9 @@ class AppendRecord:
     # The events' payloads when the writer is to sign them (D56): their envelopes are empty until
     # it has (``writer_process.EventSigner``).
     payloads: list[bytes] = field(default_factory=list)
+    # (event sequence, target Group) of its events that another Group must apply: the cross-Group
+    # outbox rows written in the same transaction (MW-10.4-05).
+    links: list[tuple[int, str]] = field(default_factory=list)
 
 
 class BatchWriter:
@@ -78,6 +81,9 @@ class BatchWriter:
                     rewrites = [(env, r.group_id, seq) for r in accepted for seq, env in r.rewrites]
                     if rewrites:
                         ops.rewrite_envelopes(rewrites)
+                    links = [(r.group_id, seq, target, now) for r in accepted for seq, target in r.links]
+                    if links:
+                        ops.insert_links(links)
                 return outcomes
         except Collision:
             # One request collided (a Group created twice, a command raced on another instance):

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from missionweave import ids
 from missionweave.v1 import command_pb2, work_pb2
-from services.authority.rules import conversations, delegation, memberships, missions, work
+from services.authority.rules import children, conversations, delegation, memberships, missions, work
 from services.authority.rules.common import Applier, CommandKind
 
 
@@ -33,7 +33,7 @@ def index(declarations: Iterable[CommandKind]) -> tuple[dict[str, CommandKind], 
     return kinds, appliers
 
 
-DECLARED = (*missions.KINDS, *conversations.KINDS, *memberships.KINDS, *delegation.KINDS, *work.KINDS)
+DECLARED = (*missions.KINDS, *children.KINDS, *conversations.KINDS, *memberships.KINDS, *delegation.KINDS, *work.KINDS)
 KINDS: Mapping[str, CommandKind]
 APPLIERS: Mapping[str, Applier]
 KINDS, APPLIERS = index(DECLARED)

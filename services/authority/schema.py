@@ -83,6 +83,21 @@ snapshots = Table(
 )
 
 
+# The cross-Group outbox (MW-10.4-05, docs/subtasks.md): an event that another Group must apply
+# (a child's creation or end, a parent's cancellation), written in the same transaction as the
+# event itself and deleted once the target Group has applied it (idempotently: the target's
+# command id derives from the source event). Any Authority instance may deliver a row; the one
+# that owns the target Group does.
+cross_group_outbox = Table(
+    "cross_group_outbox",
+    METADATA,
+    Column("source_group_id", String(128), primary_key=True),
+    Column("source_seq", BigInteger, primary_key=True),
+    Column("target_group_id", String(128), primary_key=True),
+    Column("created_us", BigInteger, nullable=False),
+)
+
+
 # Key continuity (docs/integrity.md): every key the Authority has signed with, in order. The first
 # row is recorded on the store's first use; each later one only with a rotation record (a serialised
 # SignedEnvelope of an AuthorityKeyRotation) signed by the key before it. A process whose key is not

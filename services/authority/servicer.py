@@ -14,10 +14,11 @@ from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.status import rejections_as_status
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import authority_service_pb2_grpc as pb_grpc
-from missionweave.v1 import common_pb2
+from missionweave.v1 import common_pb2, membership_pb2, subtask_pb2
 from services.authority.authority import GroupAuthority
 from services.authority.progress import mission_progress
 from services.authority.state import GroupState
+from services.authority.tree import MAX_TREE_NODES, child_group_ids, root_group_id, tree_node
 from services.authority.views import group_state_proto
 from services.authority.visibility import active_member, may_see
 
@@ -26,6 +27,7 @@ log = logging.getLogger("missionweave.authority.grpc")
 MAX_STREAM_IN_FLIGHT = 256
 MAX_BATCH_COMMANDS = 512
 MAX_READ_BATCH = 1024
+Role = membership_pb2.MemberRole
 
 
 @rejections_as_status
@@ -196,6 +198,38 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         if state.mission is None:
             raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} holds no Mission")
         return mission_progress(state, self.authority.clock.now())
+
+    @requires(Access.IDENTITY)
+    async def GetMissionTree(
+        self, request: subtask_pb2.GetMissionTreeRequest, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> subtask_pb2.GetMissionTreeResponse:
+        """MW-14-19: the whole tree for an operator or the root MissionOwner; for a MissionOwner or
+        Coordinator of the Group asked for, its subtree (a parent Coordinator inspecting its
+        children, MW-14-18); nothing for anyone else."""
+        state = await self.authority.state(request.group_id)
+        if state is None or state.mission is None:
+            if caller.operator:
+                raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} holds no Mission")
+            raise Rejected(R.REJECTION_REASON_NOT_A_MEMBER, f"{caller.identity_id} holds no Membership in {request.group_id}")
+        start = request.group_id
+        if caller.operator or caller.identity_id == (state.mission.root_owner_id or state.mission.owner_id):
+            start = root_group_id(state)
+        else:
+            _, member = active_member(state, request.group_id, caller.identity_id, self.authority.clock.now())
+            if member.role not in (Role.MEMBER_ROLE_MISSION_OWNER, Role.MEMBER_ROLE_COORDINATOR):
+                raise Rejected(
+                    R.REJECTION_REASON_PERMISSION_DENIED,
+                    "the Mission tree is inspected by the root MissionOwner, or from a Group by its MissionOwner or Coordinator",
+                )
+        out = subtask_pb2.GetMissionTreeResponse()
+        pending = [start]
+        while pending and len(out.nodes) < MAX_TREE_NODES:
+            node_state = await self.authority.state(pending.pop())
+            if node_state is None or node_state.mission is None:
+                continue
+            out.nodes.append(tree_node(node_state))
+            pending.extend(reversed(child_group_ids(node_state)))  # pre-order: the first child next
+        return out
 
     @requires(Access.IDENTITY)
     async def GetContextPackage(

@@ -98,6 +98,15 @@ class MissionRecord:
     follow_up_mission_ids: list[str] = field(default_factory=list)
     # Coordinator epochs ever appointed: a command from any but the current one is stale (MW-7.2-06).
     coordinator_agents: dict[int, str] = field(default_factory=dict)
+    # The tree (spec 14): for children, the parent's Group and every ancestor's, root first.
+    parent_group_id: str = ""
+    ancestor_group_ids: tuple[str, ...] = ()
+    root_owner_id: str = ""  # the root Mission's human owner (for a root: owner_id)
+    depth: int = 0  # parent links from the root (OP-34)
+    scope: Any = None  # missionweave.v1.MissionScope of a child (MW-14-04); None for a root
+    mandatory: bool = False
+    latest_submission_artifacts: tuple[Any, ...] = ()  # ArtifactRefs of the latest submission
+    root_owner_approval_event_id: str = ""  # MW-14-10, for the latest submission
 
     @property
     def owner_id(self) -> str:
@@ -180,6 +189,24 @@ class WorkItemState:
     published_artifacts: tuple[tuple[str, int], ...] = ()  # (BLAKE3 hex, size) published under its leases
     # Messages in the WorkItem Conversation that raised a material ambiguity (MW-10.1-02/03).
     open_ambiguities: set[str] = field(default_factory=set)
+    # Child Missions promoted from it, oldest first (spec 14); at most the last one runs.
+    children: list[ChildLink] = field(default_factory=list)
+
+    @property
+    def running_child(self) -> ChildLink | None:
+        last = self.children[-1] if self.children else None
+        return last if last is not None and last.running else None
+
+
+@dataclass
+class ChildLink:
+    """A child Mission promoted from a WorkItem (MW-14-02), as the parent's Group records it."""
+
+    child_mission_id: str
+    child_group_id: str
+    reserved: dict[str, int]  # the child's budget, held back from the WorkItem's and the Mission's
+    mandatory: bool
+    running: bool = True
 
 
 @dataclass
@@ -249,3 +276,7 @@ class GroupState:
     grants: dict[str, GrantState] = field(default_factory=dict)
     # Six-dimension usage of the whole Mission (sum over its WorkItems).
     mission_used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
+    # Budget held back for running child Missions (spec 14): no charge may eat into it.
+    reserved: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
+    # Recorded approvals of deeper children (MW-14-06): event id -> (parent WorkItem, max depth).
+    depth_approvals: dict[str, tuple[str, int]] = field(default_factory=dict)

@@ -44,6 +44,7 @@ from services.authority.schema import (
     chain_checkpoints,
     checkpoint_upsert,
     commands,
+    cross_group_outbox,
     events,
     events_archive,
     groups,
@@ -244,6 +245,27 @@ class EventStore:
                 )
             )
             return {r[0]: CommandRecord(bytes(r[1]), int(r[2]), int(r[3])) for r in rows}
+
+    @finish_on_cancel
+    async def pending_links(self, limit: int = 64) -> list[tuple[str, int, str]]:
+        """Cross-Group outbox rows not yet applied by their target, oldest first."""
+        o = cross_group_outbox.c
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(o.source_group_id, o.source_seq, o.target_group_id).order_by(o.created_us, o.source_seq).limit(limit)
+            )
+            return [(str(r[0]), int(r[1]), str(r[2])) for r in rows]
+
+    @finish_on_cancel
+    async def drop_link(self, source_group_id: str, source_seq: int, target_group_id: str) -> None:
+        """The target applied the row (or the link was compensated): it is done."""
+        o = cross_group_outbox.c
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                delete(cross_group_outbox).where(
+                    and_(o.source_group_id == source_group_id, o.source_seq == source_seq, o.target_group_id == target_group_id)
+                )
+            )
 
     @finish_on_cancel
     async def first_online(self, group_id: str) -> int | None:

@@ -76,6 +76,7 @@ def encode_batch(batch: Sequence[AppendRecord], now_us: int) -> bytes:
             [(e.sequence, e.event_id, e.type, e.recorded_us, e.envelope) for e in r.events],
             r.rewrites,
             r.payloads,
+            r.links,
         )
         for r in batch
     ]
@@ -85,8 +86,10 @@ def encode_batch(batch: Sequence[AppendRecord], now_us: int) -> bytes:
 def decode_batch(body: bytes) -> tuple[list[AppendRecord], int]:
     now_us, rows = pickle.loads(body)
     records = [
-        AppendRecord(g, epoch, head, cmd, fp, [StoredEvent(*e) for e in evs], creates, list(rewrites), list(payloads))
-        for g, epoch, head, cmd, fp, creates, evs, rewrites, payloads in rows
+        AppendRecord(
+            g, epoch, head, cmd, fp, [StoredEvent(*e) for e in evs], creates, list(rewrites), list(payloads), list(links)
+        )
+        for g, epoch, head, cmd, fp, creates, evs, rewrites, payloads, links in rows
     ]
     return records, now_us
 

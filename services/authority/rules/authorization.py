@@ -76,7 +76,14 @@ class Condition(Enum):
     )
     NAMED_OWNER = "the human MissionOwner the definition names (MW-7.1-02)"
     SAME_OWNER = "the human MissionOwner of the approved Mission"
-    PARENT_COORDINATOR = "the parent WorkItem's current Coordinator, as the subtask's MissionOwner (not implemented yet)"
+    PARENT_COORDINATOR = (
+        "the parent Mission's current Coordinator epoch with its live lease, reconciled, naming itself the "
+        "child's MissionOwner (MW-14-09); the child stays within the parent WorkItem (MW-14-04)"
+    )
+    ROOT_OWNER_APPROVAL = (
+        "the tree's root MissionOwner (a reviewer of a child Mission), where the child's risk policy requires "
+        "its approval before the MissionOwner's (MW-14-10)"
+    )
 
     @property
     def label(self) -> str:
@@ -136,12 +143,17 @@ TABLE: Mapping[str, Rule] = {
     # ------------------------------------------------------------ mission.* (spec 7)
     "mission_create": Rule({}, (C.ORGANIZATION,), (C.NAMED_OWNER,), ("MW-7.1-T01", "MW-7.1-02", "MW-8-04")),
     "mission_create_follow_up": Rule({}, outsider=(C.SAME_OWNER,), spec=("MW-7.1-T02", "MW-7.1-08")),
-    "mission_create_child": Rule({}, outsider=(C.PARENT_COORDINATOR,), spec=("MW-7.1-T03",)),
+    "mission_create_child": Rule(
+        {}, outsider=(C.PARENT_COORDINATOR,), spec=("MW-7.1-T03", "MW-10.2-T15", "MW-14-04", "MW-14-09")
+    ),
+    "mission_approve_child_depth": Rule(_OWNER, (C.ORGANIZATION,), spec=("MW-14-06",)),
     "mission_submit_for_approval": Rule(
         {COORD: (C.COORDINATOR_EPOCH,)}, spec=("MW-7.1-T04", "MW-7.2-03", "MW-7.3-05")
     ),
     "mission_request_changes": Rule(_OWNER, spec=("MW-7.1-T05", "MW-7.3-06")),
-    "mission_approve": Rule(_OWNER, spec=("MW-7.1-T06", "MW-7.3-06")),
+    "mission_approve": Rule(
+        {OWNER: (C.OWNER,), REVIEWER: (C.ROOT_OWNER_APPROVAL,)}, spec=("MW-7.1-T06", "MW-7.3-06", "MW-14-10")
+    ),
     "mission_revoke_approval": Rule(_OWNER, spec=("MW-7.1-08", "MW-7.1-09")),
     "mission_cancel": Rule(_OWNER, (C.ORGANIZATION,), spec=("MW-7.1-T07", "MW-7.1-11", "MW-8-04")),
     "mission_terminate": Rule(

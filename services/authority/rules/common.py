@@ -54,6 +54,9 @@ class OrganizationPolicy:
 
     # The deepest a delegated WorkItem may sit below its grant's scope root (MW-9.1-12).
     max_delegation_depth: int = 3
+    # The default maximum depth of a Mission tree (MW-14-05; the root is at depth 0, OP-34): deeper
+    # children need a recorded approval (MW-14-06).
+    max_mission_depth: int = 2
 
 
 @dataclass(frozen=True)
@@ -130,30 +133,6 @@ class CommandKind:
     def name(self) -> str:
         """The spec's command name, ``mission.create``."""
         return spec_name(self.body)
-
-    @property
-    def implemented(self) -> bool:
-        return self.handler is not not_implemented
-
-
-def not_implemented_rejection(body: str) -> Rejected:
-    name = spec_name(body)
-    return Rejected(
-        R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED,
-        f"{name} is part of the contract but not implemented by this server yet",
-        command_kind=name,
-    )
-
-
-def not_implemented(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter) -> None:
-    """The handler of a kind in the contract that this server does not implement yet (the decider
-    refuses it before any other check)."""
-    raise not_implemented_rejection(command.WhichOneof("body") or "")
-
-
-def planned(body: str, *, creates_group: bool = False) -> CommandKind:
-    """The declaration of a kind that is part of the contract but not implemented yet."""
-    return CommandKind(body, not_implemented, creates_group=creates_group)
 
 
 def state_name(value: int) -> str:

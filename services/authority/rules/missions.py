@@ -25,7 +25,6 @@ from services.authority.rules.common import (
     invalid,
     is_org_policy,
     mission_of,
-    planned,
     renewal,
     require_reason,
     state_name,
@@ -139,7 +138,7 @@ def _linked_mission(ctx: DecisionContext, group_id: str, mission_id: str, field:
 # ---------------------------------------------------------------- creation (T01, T02)
 
 
-def _open_mission(
+def open_mission(
     command: command_pb2.Command,
     ctx: DecisionContext,
     out: Emitter,
@@ -148,6 +147,8 @@ def _open_mission(
     renewal_policy: mission_pb2.RenewalPolicy,
     kind: mission_pb2.MissionKind.ValueType,
     follows_up_mission_id: str = "",
+    parent_mission_id: str = "",
+    parent_work_item_id: str = "",
 ) -> None:
     """MW-7.1-03: one Group, one planning Conversation, owner and Coordinator Memberships, lease."""
     coordinator = identity(ctx, coordinator_id, "body.coordinator_id")
@@ -168,6 +169,8 @@ def _open_mission(
             definition=definition,
             planning_conversation_id=planning_id,
             follows_up_mission_id=follows_up_mission_id,
+            parent_mission_id=parent_mission_id,
+            parent_work_item_id=parent_work_item_id,
         ),
     )
     out.emit(
@@ -181,11 +184,11 @@ def _open_mission(
     for epoch, (member_id, role) in enumerate(
         ((definition.owner_id, Role.MEMBER_ROLE_MISSION_OWNER), (coordinator_id, Role.MEMBER_ROLE_COORDINATOR)), start=1
     ):
-        _grant_full_membership(out, command.group_id, member_id, role, epoch)
+        grant_full_membership(out, command.group_id, member_id, role, epoch)
     _grant_lease(out, command, ctx, coordinator_id, coordinator, 1, duration, renew_before, reconciled=True)
 
 
-def _grant_full_membership(out: Emitter, group_id: str, member_id: str, role: int, epoch: int) -> None:
+def grant_full_membership(out: Emitter, group_id: str, member_id: str, role: int, epoch: int) -> None:
     out.emit(
         "membership.granted",
         "membership_granted",
@@ -258,7 +261,7 @@ def mission_create(state: GroupState | None, command: command_pb2.Command, ctx: 
             R.REJECTION_REASON_PERMISSION_DENIED,
             "mission.create is issued by the human MissionOwner or the Organization control plane (MW-7.1-T01)",
         )
-    _open_mission(command, ctx, out, definition, body.coordinator_id, body.coordinator_renewal, mission_pb2.MISSION_KIND_ROOT)
+    open_mission(command, ctx, out, definition, body.coordinator_id, body.coordinator_renewal, mission_pb2.MISSION_KIND_ROOT)
 
 
 def mission_create_follow_up(
@@ -282,7 +285,7 @@ def mission_create_follow_up(
             R.REJECTION_REASON_PERMISSION_DENIED,
             f"mission.create_follow_up is issued by the same human MissionOwner {approved.owner_id} (MW-7.1-T02)",
         )
-    _open_mission(
+    open_mission(
         command,
         ctx,
         out,
@@ -363,10 +366,36 @@ def mission_request_changes(
 
 
 def mission_approve(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter) -> None:
-    """MW-7.1-T06 / MW-7.3-06: the owner's signed Approval; `approved` is terminal."""
+    """MW-7.1-T06 / MW-7.3-06: the owner's signed Approval; `approved` is terminal. MW-14-10: a
+    child whose risk policy requires it is approved by the root MissionOwner first."""
     assert state is not None
     body = command.mission_approve
     _answer_submission(state, body.submission_event_id, "mission.approve")
+    mission = mission_of(state)
+    needs_root = mission.kind == mission_pb2.MISSION_KIND_CHILD and mission.definition.risk_policy.require_root_owner_approval
+    if command.actor_id != mission.owner_id:  # the table admits a reviewer for this one case
+        if not needs_root or command.actor_id != mission.root_owner_id:
+            raise Rejected(
+                R.REJECTION_REASON_PERMISSION_DENIED,
+                "mission.approve is the MissionOwner's; a reviewer approves only as the root MissionOwner of a "
+                "child whose risk policy requires it (MW-14-10)",
+            )
+        if mission.root_owner_approval_event_id:
+            raise Rejected(R.REJECTION_REASON_INVALID_TRANSITION, "the root MissionOwner already approved this submission")
+        out.emit(
+            "mission.root_owner_approved",
+            "root_owner_approved",
+            mission_pb2.MissionApproved(
+                submission_event_id=body.submission_event_id, comment=body.comment, owner_signed_command=ctx.envelope
+            ),
+        )
+        return
+    if needs_root and not mission.root_owner_approval_event_id:
+        raise Rejected(
+            R.REJECTION_REASON_PRECONDITION_FAILED,
+            f"the risk policy requires the root MissionOwner {mission.root_owner_id} to approve this submission first (MW-14-10)",
+            root_owner_id=mission.root_owner_id,
+        )
     out.emit(
         "mission.approved",
         "mission_approved",
@@ -501,7 +530,7 @@ def mission_replace_coordinator(
     duration, renew_before = renewal(body.coordinator_renewal)
     member = state.members.get(body.coordinator_id)
     if member is None or not member.active or member.role != Role.MEMBER_ROLE_COORDINATOR:
-        _grant_full_membership(
+        grant_full_membership(
             out, command.group_id, body.coordinator_id, Role.MEMBER_ROLE_COORDINATOR, state.last_membership_epoch + 1
         )
     # MW-7.2-08: the replacement starts unreconciled; it reads the signed summary and acknowledges.
@@ -641,6 +670,7 @@ def _created(state: GroupState, event: event_pb2.Event) -> None:
         follows_up_mission_id=p.follows_up_mission_id,
         parent_mission_id=p.parent_mission_id,
         parent_work_item_id=p.parent_work_item_id,
+        root_owner_id=p.definition.owner_id,  # a child's is set by its mission.parent.linked
     )
 
 
@@ -684,7 +714,14 @@ def _transition(new_state: int) -> Applier:
 
 def _submitted(state: GroupState, event: event_pb2.Event) -> None:
     _transition(MS.MISSION_STATE_AWAITING_APPROVAL)(state, event)
-    mission_of(state).latest_submission_event_id = event.event_id
+    mission = mission_of(state)
+    mission.latest_submission_event_id = event.event_id
+    mission.latest_submission_artifacts = tuple(event.mission_submitted.artifacts)
+    mission.root_owner_approval_event_id = ""
+
+
+def _root_owner_approved(state: GroupState, event: event_pb2.Event) -> None:
+    mission_of(state).root_owner_approval_event_id = event.event_id
 
 
 def _approved(state: GroupState, event: event_pb2.Event) -> None:
@@ -725,14 +762,15 @@ KINDS = (
         references=lambda c: (c.mission_create_follow_up.definition.owner_id, c.mission_create_follow_up.coordinator_id),
         linked_groups=lambda c: (c.mission_create_follow_up.approved_group_id,),
     ),
-    planned("mission_create_child", creates_group=True),
     CommandKind("mission_submit_for_approval", mission_submit_for_approval, {"mission_submitted": _submitted}),
     CommandKind(
         "mission_request_changes",
         mission_request_changes,
         {"mission_changes_requested": _transition(MS.MISSION_STATE_ACTIVE)},
     ),
-    CommandKind("mission_approve", mission_approve, {"mission_approved": _approved}),
+    CommandKind(
+        "mission_approve", mission_approve, {"mission_approved": _approved, "root_owner_approved": _root_owner_approved}
+    ),
     CommandKind(
         "mission_revoke_approval",
         mission_revoke_approval,
@@ -773,4 +811,4 @@ KINDS = (
     ),
 )
 
-__all__ = ["KINDS", "check_transfer", "require_coordinator", "require_live"]
+__all__ = ["KINDS", "check_transfer", "grant_full_membership", "open_mission", "require_coordinator", "require_live"]

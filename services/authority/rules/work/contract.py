@@ -9,6 +9,7 @@ from missionweave.clock import from_timestamp
 from missionweave.errors import Rejected
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import DecisionContext, R, invalid, mission_of
+from services.authority.rules.scope import check_child_contract
 from services.authority.rules.work.common import CANCELLED, FAILED, VERIFIED
 from services.authority.state import GroupState, WorkItemState
 
@@ -63,6 +64,7 @@ def validate_contract(contract: wp.WorkContract, state: GroupState, ctx: Decisio
         raise invalid(f"{field}.risk_class", "a risk classification is required")
     if len(contract.notes) > 16 * 1024:
         raise invalid(f"{field}.notes", "at most 16 KiB of prose")
+    check_child_contract(state, contract, field)  # a child Mission's work stays in its scope (MW-14-04)
 
 
 def would_cycle(state: GroupState, work_item_id: str, depends_on: Iterable[str]) -> bool:

@@ -194,6 +194,14 @@ def work_unblock(
     item = work_item(state, body.work_item_id)
     coordination(state, command, ctx, body.coordinator_epoch, "work.unblock")
     require_state(item, (BLOCKED,), "work.unblock")
+    child = item.running_child
+    if child is not None:
+        raise Rejected(
+            R.REJECTION_REASON_PRECONDITION_FAILED,
+            f"the child Mission {child.child_mission_id} is running; the WorkItem unblocks when it ends (MW-10.2-T16/T17), "
+            "or cancel the WorkItem to cancel the child",
+            child_mission_id=child.child_mission_id,
+        )
     require_reason(body.resolution, "body.resolution")
     live = live_owner(item, ctx.now)
     out.emit(

@@ -29,15 +29,18 @@ def check_usage(
         raise invalid(f"{field}.currency", f"must be {item.contract.budget.currency}")
     caps = budget_dims(item.contract.budget)
     mission_caps = budget_dims(mission_of(state).definition.budget)
+    # A running child Mission's budget is carved out of its WorkItem and the Mission (spec 14).
+    child = item.running_child
+    held = child.reserved if child else dict.fromkeys(SIX, 0)
     for dim, amount in d.items():
-        if item.used[dim] + amount > caps[dim]:
+        if item.used[dim] + held[dim] + amount > caps[dim]:
             raise Rejected(
                 R.REJECTION_REASON_BUDGET_EXCEEDED,
                 f"{dim}: {item.used[dim]} used + {amount} exceeds the WorkItem's budget {caps[dim]}",
                 dimension=dim,
                 limit=caps[dim],
             )
-        if state.mission_used[dim] + amount > mission_caps[dim]:
+        if state.mission_used[dim] + state.reserved[dim] + amount > mission_caps[dim]:
             raise Rejected(
                 R.REJECTION_REASON_BUDGET_EXCEEDED,
                 f"{dim}: the Mission's budget {mission_caps[dim]} would be exceeded",
