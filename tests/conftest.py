@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,3 +144,11 @@ async def world(db_url: str, tmp_path: Path, topology: str) -> AsyncIterator[Wor
             await asyncio.wait(leftover, timeout=5)
         stuck = [t for t in leftover if not t.done()]
         assert not stuck, f"tasks still running after Mesh.stop: {stuck}"
+
+
+async def polled(holds: Callable[[], Awaitable[bool]], limit_s: float = 20.0, every_s: float = 0.05) -> None:
+    """Poll a read (an RPC, a query) until ``holds`` says yes: for effects nobody signals, such as
+    the cross-Group relay's appends."""
+    async with asyncio.timeout(limit_s):
+        while not await holds():  # noqa: ASYNC110 (nothing to wait on but the answer)
+            await asyncio.sleep(every_s)

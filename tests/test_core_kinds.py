@@ -21,7 +21,7 @@ from missionweave.v1 import (
 )
 from services.authority import decider, kinds
 from services.authority.rules import authorization
-from services.authority.rules.common import CommandKind, DecisionContext, Emitter
+from services.authority.rules.common import CommandKind, DecisionContext
 from services.authority.state import GroupState, IdentityInfo
 from tests import builders
 

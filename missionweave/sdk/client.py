@@ -50,6 +50,7 @@ from missionweave.v1 import (
     membership_pb2,
     membership_service_pb2,
     membership_service_pb2_grpc,
+    subtask_pb2,
 )
 
 _clock = SystemClock()
@@ -335,6 +336,12 @@ class MeshClient:
     async def group_state(self, group_id: str) -> authority_service_pb2.GroupState:
         resp = await self.authority.GetGroupState(authority_service_pb2.GetGroupStateRequest(group_id=group_id))
         return resp.state
+
+    async def mission_tree(self, group_id: str) -> list[subtask_pb2.MissionTreeNode]:
+        """The Mission tree (MW-14-19), root first in pre-order: all of it for an operator or the
+        root MissionOwner, the subtree from ``group_id`` for its MissionOwner or Coordinator."""
+        resp = await self.authority.GetMissionTree(subtask_pb2.GetMissionTreeRequest(group_id=group_id))
+        return list(resp.nodes)
 
     async def authority_key(self) -> tuple[str, bytes]:
         """The Authority's signing key id and Ed25519 public key."""

@@ -79,6 +79,8 @@ def mission_progress(state: GroupState, now: datetime) -> pb.GetMissionProgressR
                 attempts=item.attempts,
                 blockers=item.blockers,
                 accepted_evidence_ids=item.accepted_evidence_ids,
+                child_group_id=item.children[-1].child_group_id if item.children else "",
+                child_running=item.running_child is not None,
             )
         )
     required = [

@@ -36,6 +36,11 @@ def group_state_proto(state: GroupState, viewer: str | None = None) -> pb.GroupS
             approval_event_id=m.approval_event_id,
             approval_revoked_event_id=m.approval_revoked_event_id,
             follow_up_mission_ids=m.follow_up_mission_ids,
+            parent_group_id=m.parent_group_id,
+            root_owner_id=m.root_owner_id,
+            depth=m.depth,
+            mandatory=m.mandatory,
+            root_owner_approval_event_id=m.root_owner_approval_event_id,
         )
         mission.budget.limit.CopyFrom(m.definition.budget)
         if m.coordinator is not None:

@@ -204,7 +204,10 @@ def mission_create_child(state: GroupState | None, command: command_pb2.Command,
     if not body.parent_group_id or parent is None or parent.mission is None:
         raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no parent Group {body.parent_group_id!r} with a Mission", field="body.parent_group_id")
     parent_mission = parent.mission
-    if body.parent_mission_id != parent_mission.mission_id:
+    cycle = cycle_rejection(command, ctx)
+    if cycle is not None:
+        raise cycle
+    if body.parent_mission_id and body.parent_mission_id != parent_mission.mission_id:
         raise Rejected(
             R.REJECTION_REASON_NOT_FOUND,
             f"{body.parent_group_id} holds {parent_mission.mission_id}, not {body.parent_mission_id!r}",
