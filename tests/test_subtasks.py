@@ -16,9 +16,11 @@ from missionweave.clock import to_timestamp
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient, SessionSigner, decode_events
 from missionweave.v1 import authority_service_pb2, common_pb2, mission_pb2, subtask_pb2
+from missionweave.v1 import gateway_service_pb2 as gpb
 from missionweave.v1 import work_pb2 as wp
 from tests import builders
 from tests.conftest import World, polled, register
+from tests.test_gateway import connected
 from tests.test_missions import G, refused
 from tests.test_work_items import Flow, setup
 
@@ -195,3 +197,35 @@ async def test_cancelling_the_parent_mission_cancels_its_running_child(world: Wo
     assert cancelled.actor_id == "authority" and cancelled.mission_cancelled.reason == "parent Mission cancelled: budget cut"
     # ...and the child's end reaches the parent (the reservation is released).
     await polled(lambda: child_ended(w))
+
+
+@pytest.mark.req("MW-14-16", "MW-14-17", "MW-14-18")
+async def test_the_parent_coordinator_follows_a_child_as_a_digest_without_its_messages(world: World) -> None:
+    w = world
+    _, child_coord = await with_child(w)
+    planning = (await w.client.group_state(CHILD)).mission.planning_conversation_id
+    chatter = await w.run(child_coord, CHILD, "message_post", builders.message(planning, "thinking out loud"), membership_epoch=2)
+    escalation = builders.message(planning, "the tool-call budget will not last")
+    escalation.topic = "escalation"
+    escalated = await w.run(child_coord, CHILD, "message_post", escalation, membership_epoch=2)
+    await w.run(child_coord, CHILD, "mission_terminate", mission_pb2.MissionTerminate(coordinator_epoch=1, reason="blocked upstream"), membership_epoch=2)
+    head = (await w.client.group_state(CHILD)).head_sequence
+    stream = await connected(w, w.coordinator)  # the parent Coordinator, the child's MissionOwner
+    await stream.send(
+        subscribe=gpb.SubscribeFrame(
+            subscription_id="digest", group_id=CHILD, initial_credits=100, filter=gpb.AttentionFilter(mode=gpb.ATTENTION_MODE_DIGEST)
+        )
+    )
+    delivered: dict[int, str] = {}
+    skipped: set[int] = set()
+    while max([*delivered, *skipped], default=0) < head:
+        frame = (await stream.until("event")).event
+        delivered.update({e.sequence: e.type for e in decode_events(frame.events)})
+        skipped.update(s for r in frame.skipped for s in range(r.first, r.last + 1))
+    # MW-14-16: state changes and escalations reach it; MW-14-17: ordinary Messages need not.
+    assert chatter.group_revision in skipped and escalated.group_revision in delivered
+    assert "mission.failed" in delivered.values() and "mission.created" in delivered.values()
+    # MW-14-18: what was skipped stays available on demand.
+    on_demand = [e async for e in w.client.read_events(CHILD, after=chatter.group_revision - 1)]
+    assert on_demand[0].message_posted.content.text == "thinking out loud"
+    await stream.call.done_writing()

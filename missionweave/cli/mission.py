@@ -314,6 +314,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
 
     add_progress_parser(mis)
+    from missionweave.cli import subtask  # it builds on this module's definition flags
+
+    subtask.add_parsers(mis)
 
     s = reading_command(mis.add_parser("show", help="a Mission's state, lease, submission, Conversations and Memberships"))
     s.set_defaults(func=cmd_show)

@@ -25,6 +25,7 @@ from services.authority.state import ConversationState, GroupState, MemberState
 R = common_pb2.RejectionReason
 
 CRITICAL_TOPIC = "critical"  # a Message with this topic is a critical announcement
+ESCALATION_TOPIC = "escalation"  # a budget or policy escalation a parent Coordinator hears of (MW-14-16)
 # What a summary subscriber (e.g. the MissionOwner, MW-8-15) does not receive live.
 _NOT_SUMMARY = frozenset(
     {
@@ -76,6 +77,10 @@ def wanted(state: GroupState, agent_id: str, event: event_pb2.Event, attention: 
     payload = event.WhichOneof("payload") or ""
     if mode == pb.ATTENTION_MODE_SUMMARY:
         return payload not in _NOT_SUMMARY
+    if mode == pb.ATTENTION_MODE_DIGEST:  # MW-14-16/17: a child's facts, not its conversation
+        if payload == "message_posted":
+            return event.message_posted.topic in (CRITICAL_TOPIC, ESCALATION_TOPIC)
+        return payload not in ("message_amended", "work_lease_renewed")
     if attention.event_types and event.type in attention.event_types:
         return True
     conversation_id = conversation_of(state, event)
