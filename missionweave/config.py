@@ -28,6 +28,9 @@
 | MWP_GATEWAY_HELLO_TIMEOUT_S | 10                           | a stream without HELLO this long is closed     |
 | MWP_GATEWAY_STALL_TIMEOUT_S | 30                           | a stream not reading this long is closed       |
 | MWP_GATEWAY_STREAM_BUFFER_BYTES | 1048576                  | frames queued per stream, in bytes             |
+| MWP_MAX_DELEGATION_DEPTH | 3                               | how deep delegated work may go below a grant's root |
+| MWP_MAX_MISSION_DEPTH    | 2                               | default maximum depth of a Mission tree (root = 0) |
+| MWP_LINK_RELAY_POLL_MS   | 1000                            | how often the cross-Group outbox is read (0: not here) |
 | MWP_LOG_LEVEL / _FORMAT  | info / json                     | logging                                        |
 
 TLS (docs/tls.md). A server listens with TLS when it has a certificate; clients (``mwp``, the SDK's
