@@ -316,6 +316,10 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
         ),
         MEMBERS_ONLY,
     ),
+    "AuthorityService.GetMissionTree": (
+        lambda c, p: c.mission_tree(G),
+        row(UNAUTH, NOT_MEMBER, NOT_MEMBER, DENIED, OK, OK, OK),
+    ),
     "AuthorityService.GetContextPackage": (
         lambda c, p: c.authority.GetContextPackage(
             authority_service_pb2.GetContextPackageRequest(group_id=G, recipient_ids=["worker-bot"])
