@@ -120,22 +120,22 @@ def linked(parent: GroupState, **overrides: object) -> tuple[GroupState, GroupSt
 CHILD = CoreGroup("grp_child", CTX, NOW)
 
 
-def ended(child: GroupState, how: str) -> tuple[GroupState, event_pb2.Event]:
+def ended(child: GroupState, how: str, group: CoreGroup = CHILD) -> tuple[GroupState, event_pb2.Event]:
     """The child Mission approved (submitted by its Coordinator, approved by its owner), failed or cancelled."""
-    child = CHILD.run(child, "mission_renew_coordinator_lease", mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=1), "ccoord")
+    child = group.run(child, "mission_renew_coordinator_lease", mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=1), "ccoord")
     if how == "approved":
-        child = CHILD.run(
+        child = group.run(
             child,
             "mission_submit_for_approval",
             mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=1, artifacts=[builders.artifact("c")]),
             "ccoord",
         )
         assert child.mission is not None
-        events = CHILD.decide(child, "mission_approve", mission_pb2.MissionApprove(submission_event_id=child.mission.latest_submission_event_id), "coord")
+        events = group.decide(child, "mission_approve", mission_pb2.MissionApprove(submission_event_id=child.mission.latest_submission_event_id), "coord")
     elif how == "failed":
-        events = CHILD.decide(child, "mission_terminate", mission_pb2.MissionTerminate(coordinator_epoch=1, reason="the ledger is missing"), "ccoord")
+        events = group.decide(child, "mission_terminate", mission_pb2.MissionTerminate(coordinator_epoch=1, reason="the ledger is missing"), "ccoord")
     else:
-        events = CHILD.decide(child, "mission_cancel", mission_pb2.MissionCancel(reason="not needed"), "coord")
+        events = group.decide(child, "mission_cancel", mission_pb2.MissionCancel(reason="not needed"), "coord")
     assert not isinstance(events, Rejected), events
     for event in events:
         child = decider.evolve(child, event)

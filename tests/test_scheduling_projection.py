@@ -110,3 +110,47 @@ def test_a_projection_rebuilt_by_replay_equals_the_live_one_and_tolerates_a_part
     partial = projected(tail)
     assert partial.sequence == log.events[-1].sequence
     assert {i.work_item_id for i in partial.queue()} <= {"a", "b", "c"}
+
+
+@pytest.mark.req("MW-10.2-T15", "MW-10.2-T16")
+def test_a_work_item_promoted_to_a_child_mission_leaves_the_workers_slot_and_ends_with_it() -> None:
+    from missionweave.v1 import common_pb2, mission_pb2, subtask_pb2
+    from tests.core_group import CoreGroup
+
+    log = Log()
+    log.authorize("a")
+    log.offer_and_accept("a")
+    a = log.item("a")
+    log.run("work_start", wp.WorkStart(work_item_id="a", ownership_epoch=a.owner.ownership_epoch, lease_id="lease-a"), "worker")  # type: ignore[attr-defined]
+    assert log.state is not None
+    definition = builders.definition(
+        "coord", NOW, deadline=to_timestamp(NOW + timedelta(hours=2)), budget=common_pb2.ResourceVector(tokens=100),
+        risk_policy=mission_pb2.RiskPolicy(risk_class=mission_pb2.RISK_CLASS_LOW, execution_approver_ids=["alice"]),
+    )
+    body = subtask_pb2.MissionCreateChild(
+        parent_group_id="grp_d", parent_work_item_id="a", definition=definition, coordinator_id="coord2", parent_coordinator_epoch=1
+    )
+    child_group = CoreGroup("grp_child", decider.DecisionContext(NOW, IDS, {"grp_d": log.state}), NOW)
+    created = child_group.decide(None, "mission_create_child", body, "coord")
+    assert not isinstance(created, Rejected), created
+    child = decider.fold(created)
+    assert child is not None
+    link = next(e for e in created if e.type == "mission.parent.linked")
+    linked = decider.decide_linked(log.state, link, child, NOW)
+    assert not isinstance(linked, Rejected)
+    for event in linked:
+        log.state = decider.evolve(log.state, event)
+        log.events.append(event)
+    view = projected(log.events).items["a"]
+    assert view.state == WS.WORK_ITEM_STATE_BLOCKED and view.lease_id == ""  # the slot is free
+    # The child's failure, with a FAIL_PARENT policy on a mandatory child, ends the WorkItem for the Worker.
+    assert log.state.work_items["a"].running_child is not None
+    log.state.work_items["a"].running_child.mandatory = True
+    log.state.work_items["a"].contract.subtask_failure_policy = wp.SUBTASK_FAILURE_POLICY_FAIL_PARENT
+    failed = CoreGroup("grp_child", decider.DecisionContext(NOW, IDS), NOW).decide(
+        child, "mission_cancel", mission_pb2.MissionCancel(reason="not needed"), "coord"
+    )
+    assert not isinstance(failed, Rejected)
+    ended = decider.decide_linked(log.state, failed[0], decider.fold([*created, *failed]) or child, NOW)
+    assert not isinstance(ended, Rejected) and ended[0].subtask_ended.resulting_state == WS.WORK_ITEM_STATE_FAILED
+    assert projected([*log.events, *ended]).items["a"].state == WS.WORK_ITEM_STATE_FAILED

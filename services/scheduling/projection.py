@@ -258,6 +258,20 @@ def _lease_revoked(p: GroupProjection, e: event_pb2.Event) -> None:
         item.owner_id, item.enqueued_at = "", None
 
 
+def _subtask_linked(p: GroupProjection, e: event_pb2.Event) -> None:
+    """The WorkItem became a child Mission (MW-10.2-T15): a running attempt ends, it waits blocked."""
+    item = p._item(e.subtask_linked.work_item_id)
+    item.lease_id, item.preemption_request_id, item.state = "", "", WS.WORK_ITEM_STATE_BLOCKED
+    item.open_offers.clear()
+
+
+def _subtask_ended(p: GroupProjection, e: event_pb2.Event) -> None:
+    ended = e.subtask_ended
+    item = p._item(ended.work_item_id)
+    if ended.resulting_state in (WS.WORK_ITEM_STATE_VERIFIED, WS.WORK_ITEM_STATE_FAILED):
+        p._ended(item, int(ended.resulting_state))
+
+
 _HANDLERS = {
     "work_authorized": _authorized,
     "work_offered": _offered,
@@ -275,4 +289,6 @@ _HANDLERS = {
     "work_preemption_requested": _preemption,
     "execution_approval_granted": _approved,
     "lease_revoked": _lease_revoked,
+    "subtask_linked": _subtask_linked,
+    "subtask_ended": _subtask_ended,
 }
