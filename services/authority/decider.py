@@ -29,6 +29,7 @@ from services.authority.rules.common import (
 )
 from services.authority.rules.memberships import check_provisional, end_just_in_time, may_end_just_in_time
 from services.authority.rules.work.ending import propagate_mission_end
+from services.authority.rules.work.offline import check_bufferable
 from services.authority.state import GroupState
 
 __all__ = ["MAX_DATA_JSON_BYTES", "MAX_TEXT_BYTES", "DecisionContext", "decide", "evolve", "fold"]
@@ -44,6 +45,7 @@ def decide(state: GroupState | None, command: command_pb2.Command, ctx: Decision
     if not kind.implemented:
         return not_implemented_rejection(kind.body)
     try:
+        check_bufferable(command, kind.body, kind.bufferable_offline)
         if kind.creates_group:
             if state is not None:
                 raise Rejected(R.REJECTION_REASON_GROUP_EXISTS, f"group {command.group_id} already exists")
