@@ -1296,7 +1296,7 @@ class Agent:
         self._channel: grpc.aio.Channel | None = None
         self._link: _Link | None = None
         self._session: SessionSigner | None = None
-        self._proofs = CallProofs(target)  # reads (GetGroupState, ...) prove the current session
+        self._proofs = CallProofs(self.audience)  # reads (GetGroupState, ...) prove the current session to that mesh
         self._verifier: AuthorityVerifier | None = None
         self._subscriptions: dict[str, Subscription] = {}  # by Group
         self._routes: dict[str, Subscription] = {}  # by subscription id, on the current stream

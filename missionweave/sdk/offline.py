@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
+from missionweave import ids
 from missionweave.clock import Clock, SystemClock, from_timestamp, to_timestamp
 from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION, bindings
 from missionweave.sdk.agent import Agent, AgentError, CommandRejected
@@ -189,18 +190,19 @@ class SlotChannel:
 
     async def send(self, kind: str, body: Message, usage: common_pb2.ResourceVector) -> command_pb2.CommandResult | None:
         """Online: executes it. Offline: buffers it durably (None). Refusals are raised."""
+        command_id = ids.new_id("cmd")
         if self.online():
             try:
-                return await self.agent.execute(self.group_id, kind, body)
+                return await self.agent.execute(self.group_id, kind, body, command_id=command_id)
             except CommandRejected:
                 raise
-            except AgentError:  # lost on the way: no RESULT. The buffered copy keeps its command id.
-                self.lost()
+            except AgentError:  # lost on the way, no RESULT: the buffered copy keeps the command id,
+                self.lost()  # so if the original was applied after all, the copy is refused, never charged twice
         self.lost()
-        self._buffer(kind, body, usage)
+        self._buffer(kind, body, usage, command_id)
         return None
 
-    def _buffer(self, kind: str, body: Message, usage: common_pb2.ResourceVector) -> None:
+    def _buffer(self, kind: str, body: Message, usage: common_pb2.ResourceVector, command_id: str) -> None:
         now, window = self.clock.now(), self.window
         assert self.disconnected_at is not None
         if not self.reversible:
@@ -220,7 +222,7 @@ class SlotChannel:
             conversation_id=self.conversation_id,
         )
         signer = self.agent.session
-        command = signer.command(self.group_id, kind, body)
+        command = signer.command(self.group_id, kind, body, command_id=command_id)
         command.extensions.add(urn=BOUNDED_OFFLINE_EXECUTION, critical=True, data=binding.SerializeToString())
         self.buffer.append(command.command_id, signer.sign(command))
         log.info("%s/%s: buffered %s offline (grace until %s)", self.group_id, self.work_item_id, kind, window.grace_deadline)

@@ -111,9 +111,10 @@ class Slot:
         self.channel.authorize()
         return self.idempotency_key(operation_id)
 
-    async def report_progress(self, report: wp.ProgressReport, usage: common_pb2.ResourceVector | None = None) -> None:
+    async def report_progress(self, report: wp.ProgressReport, usage: common_pb2.ResourceVector | None = None) -> bool:
         """Structured progress under this slot's lease (MW-11.4-01), with the usage since the last
-        report. Offline it is buffered with its binding (reversible work only, within the grace)."""
+        report. Offline it is buffered with its binding (reversible work only, within the grace):
+        returns whether it reached the Group now (False: buffered)."""
         if self.channel is None:
             raise RuntimeError("this slot has no channel to its Group")
         delta = usage or common_pb2.ResourceVector()
@@ -121,7 +122,7 @@ class Slot:
             work_item_id=self.work_item_id, lease_id=self.lease_id, ownership_epoch=self.ownership_epoch,
             report=report, usage_delta=delta,
         )
-        await self.channel.send("work_report_progress", body, delta)
+        return await self.channel.send("work_report_progress", body, delta) is not None
 
 
 @dataclass(frozen=True)
@@ -282,6 +283,10 @@ class WorkerRuntime:
         self._reconciled.clear()
         if self._reconciling is None or self._reconciling.done():
             self._reconciling = asyncio.create_task(self._reconcile(), name="worker-offline-reconcile")
+
+    async def reconciled(self) -> None:
+        """Waits until nothing buffered offline is left to reconcile (MW-11.5-06)."""
+        await self._reconciled.wait()
 
     async def _ready(self) -> None:
         """MW-11.5-06: nothing is submitted, started or done before the buffer is reconciled."""
