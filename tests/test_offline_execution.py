@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
@@ -20,7 +20,14 @@ from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.agent import Agent
 from missionweave.sdk.client import SessionSigner, decode_events
-from missionweave.sdk.offline import OfflineBuffer, OfflineForbidden, reversible
+from missionweave.sdk.offline import (
+    LeaseWindow,
+    OfflineBuffer,
+    OfflineForbidden,
+    SlotChannel,
+    binding_of,
+    reversible,
+)
 from missionweave.sdk.worker import Slot, WorkerRuntime, WorkResult
 from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
@@ -335,3 +342,66 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
         assert submitted and submitted[0].sequence > offline[-1].sequence
     else:  # the lease expired offline: the late submission is refused (MW-11.5-03)
         assert not submitted
+
+
+# ---------------------------------------------------------------- the runtime's pieces
+
+
+class _Disconnected:
+    """An agent that cannot reach the mesh: what a slot's channel sees while offline."""
+
+    identity_id = "night-bot"
+    connected = False
+
+    def __init__(self) -> None:
+        self.session = SessionSigner("night-bot", 3, SigningKey.generate())
+
+
+def _channel(tmp_path: Path, *, reversible: bool = True, grace_s: int = 30, expires_in: float = 10) -> SlotChannel:
+    now = datetime.now(UTC)
+    window = LeaseWindow("lease-1", 3, 1, now - timedelta(seconds=5), now + timedelta(seconds=expires_in), timedelta(seconds=grace_s))
+    return SlotChannel(
+        _Disconnected(), OfflineBuffer(tmp_path / "offline.log"), G, "wi-1", "conv-1", window,  # type: ignore[arg-type]
+        reversible=reversible, reconciled=lambda: True, on_buffered=lambda: None,
+    )
+
+
+@pytest.mark.req("MW-11.5-04", "MW-11.5-07", "MW-11.5-08")
+async def test_buffered_reports_are_signed_bound_and_survive_a_restart(tmp_path: Path) -> None:
+    channel = _channel(tmp_path)
+    body = wp.WorkReportProgress(work_item_id="wi-1", lease_id="lease-1", ownership_epoch=1)
+    usage = common_pb2.ResourceVector(currency="EUR", tokens=7)
+    assert await channel.send("work_report_progress", body, usage) is None  # buffered, not sent
+    await channel.send("work_report_progress", body, usage)
+    with (tmp_path / "offline.log").open("ab") as f:
+        f.write(b'{"op": "buffered", "comm')  # a crash mid-write: the torn line is ignored
+    again = OfflineBuffer(tmp_path / "offline.log")  # a restarted Worker
+    [first, second] = again.pending()
+    b = binding_of(first)
+    assert b is not None
+    assert all(b.HasField(f) for f in ("disconnected_at", "buffered_at", "grace_deadline", "historical_lease_expires_at", "usage_delta"))
+    assert all(getattr(b, f) for f in ("agent_id", "group_id", "work_item_id", "original_session_epoch", "ownership_epoch", "historical_lease_id"))
+    assert first.extensions[0].critical and first.extensions[0].urn == BOUNDED_OFFLINE_EXECUTION
+    assert (b.usage_delta.tokens, b.historical_lease_id, b.conversation_id) == (7, "lease-1", "conv-1")
+    assert first.command_id != second.command_id
+    again.reconciled(first.command_id)
+    assert [c.command_id for c in OfflineBuffer(tmp_path / "offline.log").pending()] == [second.command_id]
+    again.reconciled(second.command_id)
+    assert not (tmp_path / "offline.log").exists()
+
+
+@pytest.mark.req("MW-11.5-04", "MW-11.5-05")
+@pytest.mark.parametrize(
+    ("case", "options"),
+    [("not_reversible", {"reversible": False}), ("no_grace", {"grace_s": 0}), ("past_grace", {"expires_in": -40})],
+)
+async def test_offline_continuation_is_bounded_and_side_effects_need_the_service(
+    tmp_path: Path, case: str, options: dict[str, object]
+) -> None:
+    channel = _channel(tmp_path, **options)  # type: ignore[arg-type]
+    body = wp.WorkReportProgress(work_item_id="wi-1", lease_id="lease-1", ownership_epoch=1)
+    with pytest.raises(OfflineForbidden):
+        await channel.send("work_report_progress", body, common_pb2.ResourceVector())
+    assert not (tmp_path / "offline.log").exists()
+    with pytest.raises(OfflineForbidden):
+        channel.authorize()  # never offline, whatever the lease says

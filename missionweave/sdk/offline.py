@@ -84,10 +84,13 @@ class OfflineBuffer:
 
     def _load(self) -> None:
         try:
-            lines = self.path.read_bytes().splitlines()
+            data = self.path.read_bytes()
         except FileNotFoundError:
             return
-        for line in lines:
+        if data and not data.endswith(b"\n"):  # a torn last line: cut it, or the next record would join it
+            data = data[: data.rfind(b"\n") + 1]
+            os.truncate(self.path, len(data))
+        for line in data.splitlines():
             try:
                 record = json.loads(line)
             except ValueError:
@@ -230,17 +233,19 @@ class SlotChannel:
 
 
 async def reconcile(
-    agent: Agent, buffer: OfflineBuffer, owned: Callable[[str, str], int]
+    agent: Agent, buffer: OfflineBuffer, owned: Callable[[str, str], int | None]
 ) -> list[tuple[command_pb2.Command, CommandRejected | None]]:
     """Submits the buffered commands in their original order (OP-23 step 3), each rebased on the
     current session with its binding unchanged (MW-11.5-09); one whose ownership epoch is no
-    longer the WorkItem's (``owned(group, work item)``, from the replayed log) is dropped unsent.
-    Refusals are logged and dropped. A lost connection stops it: the rest stays buffered."""
+    longer the WorkItem's (``owned(group, work item)``, from the replayed log; None when the
+    replay since the cursor did not say) is dropped unsent. Refusals are logged and dropped. A
+    lost connection stops it: the rest stays buffered."""
     outcomes: list[tuple[command_pb2.Command, CommandRejected | None]] = []
     for command in buffer.pending():
         binding = binding_of(command)
         assert binding is not None
-        if owned(command.group_id, binding.work_item_id) != binding.ownership_epoch:
+        epoch = owned(command.group_id, binding.work_item_id)
+        if epoch is not None and epoch != binding.ownership_epoch:
             log.warning("%s/%s: dropped buffered %s: the ownership changed", command.group_id, binding.work_item_id, command.command_id)
             buffer.reconciled(command.command_id)
             continue

@@ -314,8 +314,10 @@ class WorkerRuntime:
             async with asyncio.timeout(CALL_TIMEOUT_S):
                 await subscription.reached(state.state.head_sequence)
 
-    def _owned_epoch(self, group_id: str, work_item_id: str) -> int:
-        return self._owned.get((group_id, work_item_id), 0)
+    def _owned_epoch(self, group_id: str, work_item_id: str) -> int | None:
+        """None after a restart whose replay (from the durable cursor) did not reach the ownership:
+        the Authority then judges alone."""
+        return self._owned.get((group_id, work_item_id))
 
     # ------------------------------------------------------------ slots
 
