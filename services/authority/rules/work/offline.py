@@ -80,15 +80,16 @@ def reconcile(
     out: Emitter,
     binding: Binding,
     *,
-    work_item_id: str = "",
-    lease_id: str = "",
+    work_item_id: str | None = None,
+    lease_id: str | None = None,
     ownership_epoch: int | None = None,
     usage_delta: common_pb2.ResourceVector | None = None,
     conversation_id: str = "",
 ) -> Reconciled:
     """MW-11.5-10, then MW-11.5-12 steps 1-2: checks the buffered command against the historical
     lease and appends its usage event (one per nonzero delta) before the caller applies it (step 3).
-    The keyword arguments are what the command's body says, each matched against the binding."""
+    The keyword arguments are what the command's body says (None: nothing), each matched against
+    the binding."""
     _complete(binding, command)
     _matches(binding, "work_item_id", work_item_id)
     _matches(binding, "historical_lease_id", lease_id)
@@ -136,8 +137,9 @@ def _complete(binding: Binding, command: command_pb2.Command) -> None:
 _MESSAGES = frozenset({"disconnected_at", "buffered_at", "grace_deadline", "historical_lease_expires_at", "usage_delta"})
 
 
-def _matches(binding: Binding, name: str, commanded: str) -> None:
-    if commanded and getattr(binding, name) != commanded:
+def _matches(binding: Binding, name: str, commanded: str | None) -> None:
+    """``commanded`` is what the command says (None: it says nothing of it)."""
+    if commanded is not None and getattr(binding, name) != commanded:
         raise _bad(f"binding.{name}", "mismatch", f"is not the command's {commanded!r}")
 
 
