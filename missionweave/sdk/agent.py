@@ -1296,7 +1296,7 @@ class Agent:
         self._channel: grpc.aio.Channel | None = None
         self._link: _Link | None = None
         self._session: SessionSigner | None = None
-        self._proofs = CallProofs(target)  # reads (GetGroupState, ...) prove the current session
+        self._proofs = CallProofs(self.audience)  # reads (GetGroupState, ...) prove the current session to that mesh
         self._verifier: AuthorityVerifier | None = None
         self._subscriptions: dict[str, Subscription] = {}  # by Group
         self._routes: dict[str, Subscription] = {}  # by subscription id, on the current stream
@@ -1526,6 +1526,22 @@ class Agent:
             correlation_id=correlation_id,
             expected_revision=expected_revision,
         )
+        return await self._send_command(signer, cmd)
+
+    async def resubmit(self, command: command_pb2.Command) -> command_pb2.CommandResult:
+        """Sends a command built earlier (a buffered offline one, MW-11.5-09): its body and extensions
+        byte-for-byte as they were, rebased on the current session (``issued_at``, session epoch,
+        Membership epoch read afresh) and signed anew. It keeps its command id, so a retry after a
+        lost RESULT is answered from the Authority's record."""
+        signer = self.session
+        cmd = command_pb2.Command()
+        cmd.CopyFrom(command)
+        cmd.issued_at.CopyFrom(to_timestamp(_clock.now()))
+        cmd.session_epoch = signer.session_epoch
+        cmd.membership_epoch = await self.membership_epoch(cmd.group_id, refresh=True)
+        return await self._send_command(signer, cmd)
+
+    async def _send_command(self, signer: SessionSigner, cmd: command_pb2.Command) -> command_pb2.CommandResult:
         frame = pb.CommandFrame(command_id=cmd.command_id, command=signer.sign(cmd))
         future = self._commands.add(frame)
         try:
@@ -1533,7 +1549,7 @@ class Agent:
             return await asyncio.wait_for(future, self._command_timeout)
         except CommandRejected as rejected:
             if rejected.reason in _STALE_MEMBERSHIP:
-                self._epochs.pop(group_id, None)
+                self._epochs.pop(cmd.group_id, None)
             raise
         except TimeoutError:
             raise AgentError(

@@ -8,8 +8,14 @@ declared slots in the scheduler's order (MW-11.1-05), starts it under an executi
 handler in its slot, submits the result and returns the slot.
 
 Slot isolation (MW-11.1-15): a handler gets only its :class:`Slot`: its own WorkItem, lease,
-capability token, checkpoints, budget and idempotency keys. A Slot holds no reference to the
-runtime, to the agent or to another slot, so crossing slots is not possible through it.
+capability token, checkpoints, budget and idempotency keys, and a channel bound to that WorkItem
+and lease through which its reports go. A Slot holds no reference to the runtime or to another
+slot, so crossing slots is not possible through it.
+
+Offline (MW-11.5-04..09, ``missionweave/sdk/offline.py``): a handler declared :func:`reversible`
+keeps working while the Group service is unreachable, until its lease's grace deadline; its
+progress reports and a pause's checkpoint are buffered durably and reconciled on reconnection,
+before anything else is submitted or started. :meth:`Slot.side_effect` refuses while offline.
 """
 
 from __future__ import annotations
@@ -19,14 +25,21 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
-from missionweave.sdk.agent import Agent, CommandRejected
+from missionweave.sdk.agent import Agent, AgentError, CommandRejected, Subscription
 from missionweave.sdk.client import decode_events
-from missionweave.v1 import command_pb2, common_pb2, event_pb2
+from missionweave.sdk.offline import OfflineBuffer, SlotChannel, is_reversible, reconcile, window_of
+from missionweave.v1 import (
+    authority_service_pb2,
+    authority_service_pb2_grpc,
+    command_pb2,
+    common_pb2,
+    event_pb2,
+)
 from missionweave.v1 import scheduling_service_pb2 as spb
 from missionweave.v1 import scheduling_service_pb2_grpc as spb_grpc
 from missionweave.v1 import work_pb2 as wp
@@ -81,10 +94,35 @@ class Slot:
     resume_from_checkpoint_id: str
     # Set when the Coordinator or the scheduler asks this work to pause at a safe point (MW-11.3-12).
     preemption_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    # Where this slot's reports go: online under its lease, or the offline buffer (MW-11.5-04).
+    channel: SlotChannel | None = None
 
     def idempotency_key(self, operation_id: str) -> str:
         """The stable key of one external side effect of this work under this ownership (MW-16-13)."""
         return Agent.idempotency_key(self.group_id, self.work_item_id, self.ownership_epoch, operation_id)
+
+    def side_effect(self, operation_id: str) -> str:
+        """Authorizes one high-risk, irreversible or externally visible action now and returns its
+        idempotency key. Raises :class:`~missionweave.sdk.offline.OfflineForbidden` unless the lease
+        and its capability token are currently valid, which needs the Group service: never while
+        offline or not yet reconciled, never past the lease's expiry (MW-11.5-05, OP-20)."""
+        if self.channel is None:
+            raise RuntimeError("this slot has no channel to its Group")
+        self.channel.authorize()
+        return self.idempotency_key(operation_id)
+
+    async def report_progress(self, report: wp.ProgressReport, usage: common_pb2.ResourceVector | None = None) -> bool:
+        """Structured progress under this slot's lease (MW-11.4-01), with the usage since the last
+        report. Offline it is buffered with its binding (reversible work only, within the grace):
+        returns whether it reached the Group now (False: buffered)."""
+        if self.channel is None:
+            raise RuntimeError("this slot has no channel to its Group")
+        delta = usage or common_pb2.ResourceVector()
+        body = wp.WorkReportProgress(
+            work_item_id=self.work_item_id, lease_id=self.lease_id, ownership_epoch=self.ownership_epoch,
+            report=report, usage_delta=delta,
+        )
+        return await self.channel.send("work_report_progress", body, delta) is not None
 
 
 @dataclass(frozen=True)
@@ -121,12 +159,22 @@ class WorkerRuntime:
         # Accepted and not running: ownership epoch and the schedule last published for it.
         self._waiting: dict[tuple[str, str], tuple[int, wp.ScheduleDisclosure]] = {}
         self._asked: set[tuple[str, str]] = set()  # preemptions the scheduler asked before the work started
+        # Offline (MW-11.5-04..09): the durable buffer, the replayed ownership epochs it is confirmed
+        # against, and whether it has been reconciled (nothing else is submitted or started until then).
+        self.buffer = OfflineBuffer(agent.directory / "offline.log")
+        self._owned: dict[tuple[str, str], int] = {}
+        self._conversations: dict[tuple[str, str], str] = {}
+        self._subscriptions: dict[str, Subscription] = {}
+        self._reconciled = asyncio.Event()
+        self._reconciling: asyncio.Task[None] | None = None
+        self.refused_offline: list[tuple[command_pb2.Command, CommandRejected]] = []
 
     async def serve(self, group_ids: Sequence[str]) -> None:
         """Subscribe to the Groups and start one placement loop per declared slot."""
         for group_id in group_ids:
             await self.scheduler.GetQueue(spb.GetQueueRequest(group_id=group_id), timeout=CALL_TIMEOUT_S)  # it follows G
-            await self.agent.subscribe(group_id, self._handler_for(group_id))
+            self._subscriptions[group_id] = await self.agent.subscribe(group_id, self._handler_for(group_id))
+        self._buffered()  # a restarted Worker reconciles what it buffered before it stopped
         first = await self.scheduler.NextSlot(spb.NextSlotRequest(preemptions_only=True), timeout=CALL_TIMEOUT_S)
         self.slots = first.total_slots or 1
         self._slot_loops = [asyncio.create_task(self._place(), name=f"worker-slot-{i}") for i in range(self.slots)]
@@ -158,8 +206,10 @@ class WorkerRuntime:
     def _handler_for(self, group_id: str) -> Callable[[event_pb2.Event], Awaitable[None]]:
         async def on_event(event: event_pb2.Event) -> None:
             kind = event.WhichOneof("payload")
+            self._track_ownership(group_id, event)
             if kind == "work_authorized":
                 self._contracts[(group_id, event.work_authorized.work_item_id)] = event.work_authorized.contract
+                self._conversations[(group_id, event.work_authorized.work_item_id)] = event.work_authorized.conversation_id
             elif kind == "work_offered":
                 offered = event.work_offered
                 if offered.HasField("amended_contract"):
@@ -175,6 +225,18 @@ class WorkerRuntime:
                     slot.preemption_requested.set()
 
         return on_event
+
+    def _track_ownership(self, group_id: str, event: event_pb2.Event) -> None:
+        """This agent's ownership epoch per WorkItem, as the replayed log says (0: none)."""
+        kind = event.WhichOneof("payload")
+        if kind == "work_offer_accepted":
+            grant = event.work_offer_accepted.ownership
+            mine = grant.agent_id == self.agent.identity_id
+            self._owned[(group_id, grant.work_item_id)] = grant.ownership_epoch if mine else 0
+        elif kind in ("work_offered", "work_failed", "work_cancelled"):
+            self._owned[(group_id, getattr(event, kind).work_item_id)] = 0
+        elif kind == "lease_revoked" and event.lease_revoked.resulting_state != wp.WORK_ITEM_STATE_QUEUED:
+            self._owned[(group_id, event.lease_revoked.work_item_id)] = 0
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
@@ -211,13 +273,69 @@ class WorkerRuntime:
         except CommandRejected as refused:  # taken by another candidate, expired, withdrawn
             log.info("%s: the offer %s was not answered: %s", group_id, offered.offer_id, refused)
 
+    # ------------------------------------------------------------ offline (MW-11.5-04..09)
+
+    def _buffered(self) -> None:
+        """Something is (or may be) in the buffer: reconcile it once the Group service is back."""
+        if not len(self.buffer):
+            self._reconciled.set()
+            return
+        self._reconciled.clear()
+        if self._reconciling is None or self._reconciling.done():
+            self._reconciling = asyncio.create_task(self._reconcile(), name="worker-offline-reconcile")
+
+    async def reconciled(self) -> None:
+        """Waits until nothing buffered offline is left to reconcile (MW-11.5-06)."""
+        await self._reconciled.wait()
+
+    async def _ready(self) -> None:
+        """MW-11.5-06: nothing is submitted, started or done before the buffer is reconciled."""
+        await self._reconciled.wait()
+
+    async def _reconcile(self) -> None:
+        """OP-23: resubscribe and replay, confirm the ownership epochs, submit the buffer in order."""
+        while len(self.buffer) and not self._closing:
+            await self.agent.wait_connected()  # the agent resubscribed every Group from its cursor
+            try:
+                await self._replayed()
+                for command, refused in await reconcile(self.agent, self.buffer, self._owned_epoch):
+                    if refused is not None:
+                        self.refused_offline.append((command, refused))
+            except (AgentError, grpc.aio.AioRpcError) as err:  # lost again: the rest stays buffered
+                log.info("%s: reconciliation interrupted: %s", self.agent.identity_id, err)
+                await asyncio.sleep(1.0)
+        self._reconciled.set()
+
+    async def _replayed(self) -> None:
+        """Waits until each Group's subscription has delivered the log up to its current head."""
+        stub = authority_service_pb2_grpc.AuthorityServiceStub(self.agent.channel)
+        for group_id, subscription in self._subscriptions.items():
+            state = await stub.GetGroupState(authority_service_pb2.GetGroupStateRequest(group_id=group_id), timeout=CALL_TIMEOUT_S)
+            async with asyncio.timeout(CALL_TIMEOUT_S):
+                await subscription.reached(state.state.head_sequence)
+
+    def _owned_epoch(self, group_id: str, work_item_id: str) -> int | None:
+        """None after a restart whose replay (from the durable cursor) did not reach the ownership:
+        the Authority then judges alone."""
+        return self._owned.get((group_id, work_item_id))
+
     # ------------------------------------------------------------ slots
 
     async def _place(self) -> None:
         while not self._closing:
-            answer = await self.scheduler.NextSlot(spb.NextSlotRequest(wait=NEXT_SLOT_WAIT), timeout=_poll_timeout())
+            await self._ready()  # MW-11.5-05/06: nothing new starts offline or before reconciling
+            try:
+                answer = await self.scheduler.NextSlot(spb.NextSlotRequest(wait=NEXT_SLOT_WAIT), timeout=_poll_timeout())
+            except grpc.aio.AioRpcError as err:  # the mesh is unreachable: wait for the Group service
+                log.info("%s: no placement: %s", self.agent.identity_id, err.details())
+                await self._service_back()
+                continue
             if answer.HasField("assignment"):
                 await self._run(answer.assignment)
+
+    async def _service_back(self) -> None:
+        await asyncio.sleep(1.0)
+        await self.agent.wait_connected()
 
     async def _run(self, a: spb.SlotAssignment) -> None:
         lease_id = f"lease-{a.work_item_id}-{a.ownership_epoch}-{next(self._starts)}"
@@ -234,10 +352,18 @@ class WorkerRuntime:
             started = await self.agent.execute(a.group_id, "work_start", start)
             began = next((e.work_started for e in decode_events(started.events) if e.WhichOneof("payload") == "work_started"), None)
             token = began.token if began is not None else None
+            contract = self._contracts.get(key, wp.WorkContract())
+            channel = None
+            if began is not None:
+                channel = SlotChannel(
+                    self.agent, self.buffer, a.group_id, a.work_item_id, self._conversations.get(key, ""),
+                    window_of(began.lease, contract), reversible=is_reversible(self.handler),
+                    reconciled=self._reconciled.is_set, on_buffered=self._buffered,
+                )
             slot = Slot(
                 slot_id=a.slot_id, group_id=a.group_id, work_item_id=a.work_item_id, ownership_epoch=a.ownership_epoch,
-                lease_id=lease_id, contract=self._contracts.get(key, wp.WorkContract()), token=token,
-                budget=a.slot_budget, resume_from_checkpoint_id=a.resume_from_checkpoint_id,
+                lease_id=lease_id, contract=contract, token=token,
+                budget=a.slot_budget, resume_from_checkpoint_id=a.resume_from_checkpoint_id, channel=channel,
             )
             self._running[key] = slot
             self._waiting.pop(key, None)
@@ -245,8 +371,8 @@ class WorkerRuntime:
             if key in self._asked:  # the scheduler asked while the work was starting
                 self._asked.discard(key)
                 self._spawn(self._preempt(slot, wp.PREEMPTION_REASON_PRIORITY))
-            if began is not None:
-                renewing = asyncio.create_task(self._renew(slot, began.lease))
+            if began is not None and channel is not None:
+                renewing = asyncio.create_task(self._renew(slot, began.lease, channel))
             result = await self.handler(slot)
             reason, requeue, ended_at = await self._finish(slot, result)
         except CommandRejected as refused:
@@ -276,9 +402,13 @@ class WorkerRuntime:
                 work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch,
                 checkpoint=result.checkpoint, preemption_request_id=self._preemptions.pop(key, ""), usage_delta=usage,
             )
-            done = await self.agent.execute(slot.group_id, "work_checkpoint", checkpoint)
+            if slot.channel is None:
+                done = await self.agent.execute(slot.group_id, "work_checkpoint", checkpoint)
+            else:  # offline: buffered with its binding, reconciled on reconnection (MW-11.5-04)
+                done = await slot.channel.send("work_checkpoint", checkpoint, usage) or command_pb2.CommandResult()
             self._waiting[key] = (slot.ownership_epoch, wp.ScheduleDisclosure())  # disclosed again once estimated
             return spb.SLOT_RELEASE_REASON_PREEMPTED, True, _last_sequence(done)
+        await self._ready()  # MW-11.5-06: reconciled before any submission
         if isinstance(result, Failed):
             fail = wp.WorkFail(
                 work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch,
@@ -371,18 +501,28 @@ class WorkerRuntime:
         if key in self._waiting:
             self._waiting[key] = (epoch, schedule)
 
-    async def _renew(self, slot: Slot, lease: wp.ExecutionLease) -> None:
-        """Keep the execution lease alive while the handler works: renew at half its remaining time."""
+    async def _renew(self, slot: Slot, lease: wp.ExecutionLease, channel: SlotChannel) -> None:
+        """Keep the execution lease alive while the handler works: renew at half its remaining time.
+        A renewal that cannot reach the Group service marks the slot offline (its disconnect time)."""
         expires, started = lease.expires_at.ToDatetime(), lease.started_at.ToDatetime()
         period = max((expires - started).total_seconds() / 2, 1.0)
         while True:
             await asyncio.sleep(period)
+            if not channel.online():
+                channel.lost()
+                continue
             body = wp.WorkRenewLease(work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch)
             try:
-                await self.agent.execute(slot.group_id, "work_renew_lease", body)
+                renewed = await self.agent.execute(slot.group_id, "work_renew_lease", body)
             except CommandRejected as refused:  # ended, fenced or expired: the handler's result will be refused too
                 log.warning("%s/%s: the lease could not be renewed: %s", slot.group_id, slot.work_item_id, refused)
                 return
+            except AgentError:  # no RESULT: the service is unreachable
+                channel.lost()
+                continue
+            for event in decode_events(renewed.events):
+                if event.WhichOneof("payload") == "work_lease_renewed":
+                    channel.window.expires_at = event.work_lease_renewed.renewal.expires_at.ToDatetime(tzinfo=UTC)
 
 
 def material(before: wp.ScheduleDisclosure, now: wp.ScheduleDisclosure) -> bool:

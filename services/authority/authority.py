@@ -26,6 +26,7 @@ from missionweave import codec, ids
 from missionweave.clock import Clock, timestamp_micros, to_micros, to_timestamp
 from missionweave.errors import Rejected
 from missionweave.eventlog import CHECKPOINT_TYPE, Chain, Corruption, checkpoint_payload, event_digest
+from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION
 from missionweave.internal.v1 import publications_pb2
 from missionweave.manifest import manifest_digest
 from missionweave.rpc.identities import DirectoryIdentity, IdentityDirectoryClient
@@ -75,7 +76,8 @@ log = logging.getLogger("missionweave.authority")
 
 REPLAY_WINDOW = timedelta(minutes=5)
 _REPLAY_WINDOW_US = int(REPLAY_WINDOW.total_seconds() * 1_000_000)
-SUPPORTED_EXTENSIONS: frozenset[str] = frozenset()
+# Critical extensions the rules implement (OP-22): any other critical binding is refused.
+SUPPORTED_EXTENSIONS: frozenset[str] = frozenset({BOUNDED_OFFLINE_EXECUTION})
 if TYPE_CHECKING:  # the typed aio stub exists in the generated .pyi only
     from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceAsyncStub
 

@@ -31,6 +31,7 @@ from services.authority.rules.common import (
 )
 from services.authority.rules.memberships import check_provisional, end_just_in_time, may_end_just_in_time
 from services.authority.rules.work.ending import propagate_mission_end
+from services.authority.rules.work.offline import check_bufferable
 from services.authority.state import GroupState
 
 __all__ = [
@@ -53,6 +54,7 @@ def decide(state: GroupState | None, command: command_pb2.Command, ctx: Decision
     if kind is None:
         return Rejected(R.REJECTION_REASON_UNKNOWN_COMMAND_KIND, "command carries no known body")
     try:
+        check_bufferable(command, kind.body, kind.bufferable_offline)
         if kind.creates_group:
             if state is not None:
                 raise children.cycle_rejection(command, ctx) or Rejected(

@@ -149,6 +149,25 @@ class ExecutionLeaseState:
     token_scope: Any = None  # missionweave.v1.ExecutionPermissions
 
 
+@dataclass
+class LeaseRecord:
+    """One execution lease of a WorkItem as the Authority recorded it, kept after it ended: the
+    historical lease a buffered offline command is checked against (MW-11.5-10, OP-05, OP-23)."""
+
+    lease_id: str
+    agent_id: str
+    session_epoch: int
+    ownership_epoch: int
+    started_at: datetime
+    expires_at: datetime  # the last expiry: renewals move it
+    ended_at: datetime | None = None  # released, revoked or replaced (None: current, or only expired)
+    end_kind: int = 0  # a missionweave.v1.LeaseEndKind once ended
+
+
+# The lease history a WorkItem keeps (oldest dropped): enough for any lease a reconnecting Worker can
+# still cite inside a grace window, bounded whatever the number of restarts.
+MAX_LEASE_HISTORY = 8
+
 SIX = ("financial_micros", "tokens", "tool_calls", "compute_ms", "wall_clock_ms", "side_effects")
 
 
@@ -173,6 +192,8 @@ class WorkItemState:
     owner: OwnershipState | None = None
     last_ownership_epoch: int = 0
     lease: ExecutionLeaseState | None = None
+    # Its execution leases by id, the current one included, in start order (at most MAX_LEASE_HISTORY).
+    lease_history: dict[str, LeaseRecord] = field(default_factory=dict)
     execution_approved: tuple[int, int] | None = None  # (contract revision, ownership epoch)
     attempts: int = 0
     used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))

@@ -50,6 +50,7 @@ from services.authority.rules.work.common import (
     QUEUED,
     TERMINAL,
     VERIFIED,
+    end_lease,
     touch,
 )
 from services.authority.rules.work.common import state_name as work_state_name
@@ -507,7 +508,7 @@ def _subtask_linked(state: GroupState, event: event_pb2.Event) -> None:
         state.reserved[dim] += reserved[dim]
     for offer in item.offers.values():
         offer.open = False
-    item.lease = None  # the running attempt ends; the owner keeps ownership (OP-33)
+    end_lease(item, event, wp.LEASE_END_KIND_RELEASED)  # the running attempt ends; the owner keeps ownership (OP-33)
     if item.owner is not None and p.HasField("ownership_protected_until"):
         item.owner.expires_at = max(item.owner.expires_at, from_timestamp(p.ownership_protected_until))
     item.state = BLOCKED

@@ -128,6 +128,8 @@ class CommandKind:
     published_artifact: Callable[[command_pb2.Command], work_pb2.WorkPublishArtifact | None] = _no_artifact
     # Whether its events rewrite earlier ones (an erasure re-signs them with their content cleared).
     erases: Callable[[command_pb2.Command], bool] = _never
+    # Whether a Worker may buffer it offline under the bounded-offline-execution binding (MW-11.5-04).
+    bufferable_offline: bool = False
 
     @property
     def name(self) -> str:

@@ -26,6 +26,7 @@ from services.authority.rules.common import (
     require_reason,
 )
 from services.authority.rules.missions import require_live
+from services.authority.rules.work.offline import buffered, reconcile
 from services.authority.state import ConversationState, GroupState, MessageState
 
 CK = conversation_pb2.ConversationKind
@@ -89,6 +90,9 @@ def message_post(state: GroupState | None, command: command_pb2.Command, ctx: De
     """MW-9-13: any Group member posts; the Message never carries authority (MW-9-10)."""
     assert state is not None
     body = command.message_post
+    binding = buffered(command)
+    if binding is not None:  # a Message the Worker buffered offline: its WorkItem Conversation only
+        reconcile(state, command, ctx, out, binding, conversation_id=body.conversation_id)
     _conversation(state, body.conversation_id, command.actor_id, "conversation_id")
     message_id = body.message_id or f"msg_{ids.suffix(ids.derived_id('x', command.group_id, command.command_id))}"
     if not ids.is_valid(message_id):
@@ -314,7 +318,7 @@ def _amended(state: GroupState, event: event_pb2.Event) -> None:
 # ---------------------------------------------------------------- the declarations
 
 KINDS = (
-    CommandKind("message_post", message_post, {"message_posted": _posted}),
+    CommandKind("message_post", message_post, {"message_posted": _posted}, bufferable_offline=True),
     CommandKind(
         "message_amend",
         message_amend,

@@ -15,7 +15,15 @@ from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import DecisionContext, R, invalid, mission_of, require_reason
 from services.authority.rules.delegation import usable_grant
 from services.authority.rules.missions import require_coordinator, require_live
-from services.authority.state import GrantState, GroupState, OwnershipState, WorkItemState
+from services.authority.state import (
+    MAX_LEASE_HISTORY,
+    ExecutionLeaseState,
+    GrantState,
+    GroupState,
+    LeaseRecord,
+    OwnershipState,
+    WorkItemState,
+)
 
 WS = wp.WorkItemState
 OPEN, OFFERED, QUEUED, ACTIVE = (
@@ -174,3 +182,23 @@ def own(item: WorkItemState, grant: wp.OwnershipGrant) -> None:
         offer_id=grant.offer_id,
     )
     item.last_ownership_epoch = max(item.last_ownership_epoch, grant.ownership_epoch)
+
+
+def begin_lease(item: WorkItemState, lease: ExecutionLeaseState) -> None:
+    """Evolve: ``lease`` is the current execution lease, and the newest of its lease history."""
+    item.lease = lease
+    item.lease_history[lease.lease_id] = LeaseRecord(
+        lease.lease_id, lease.agent_id, lease.session_epoch, lease.ownership_epoch, lease.started_at, lease.expires_at
+    )
+    while len(item.lease_history) > MAX_LEASE_HISTORY:  # dicts keep insertion (start) order
+        del item.lease_history[next(iter(item.lease_history))]
+
+
+def end_lease(item: WorkItemState, event: event_pb2.Event, end_kind: int) -> None:
+    """Evolve: the current execution lease (if any) ends now, as recorded in its lease history."""
+    lease = item.lease
+    item.lease = None
+    record = item.lease_history.get(lease.lease_id) if lease else None
+    if record is not None and record.ended_at is None:
+        record.ended_at = from_timestamp(event.recorded_at)
+        record.end_kind = end_kind

@@ -21,6 +21,7 @@ from services.authority.rules.work.common import (
     QUEUED,
     UNFINISHED,
     coordination,
+    end_lease,
     policy_duration,
     require_state,
     touch,
@@ -67,7 +68,7 @@ def work_fail(
     if not body.kind:
         raise invalid("body.kind", "a failure kind is required")
     usage = check_usage(state, item, body.usage_delta, "body.usage_delta")
-    record_usage(out, command, item, body.usage_delta, usage)
+    record_usage(out, state, command, item, body.usage_delta, usage)
     kind = body.kind
     if role == wp.WORK_ACTOR_ROLE_WORKER and kind == wp.WORK_FAILURE_KIND_TRANSIENT:
         retry_at = _retry_at(item, ctx.now)
@@ -161,7 +162,7 @@ def _ended(new_state: int, payload: str) -> Applier:
         item = touch(state, event, getattr(event, payload).work_item_id)
         item.state = new_state
         item.owner = None
-        item.lease = None
+        end_lease(item, event, wp.LEASE_END_KIND_REVOKED)  # a failure or a cancellation
 
     return apply
 

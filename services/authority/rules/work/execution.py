@@ -27,6 +27,7 @@ from services.authority.rules.work.common import (
     OPEN,
     QUEUED,
     coordination,
+    end_lease,
     live_owner,
     own,
     ownership_grant,
@@ -36,6 +37,7 @@ from services.authority.rules.work.common import (
     work_item,
 )
 from services.authority.rules.work.leases import capability_token, narrow_scope, require_lease, require_owner
+from services.authority.rules.work.offline import Reconciled, buffered, reconcile
 from services.authority.rules.work.usage import apply_usage, check_usage, record_usage
 from services.authority.state import GroupState, WorkItemState
 
@@ -84,7 +86,7 @@ def work_renew_lease(
             token=token,
         ),
     )
-    record_usage(out, command, item, body.usage_delta, usage)
+    record_usage(out, state, command, item, body.usage_delta, usage)
 
 
 def under_lease(
@@ -99,6 +101,35 @@ def under_lease(
     require_state(item, (ACTIVE,), name)
     require_lease(item, command, ctx, body.lease_id, body.ownership_epoch)
     return item, check_usage(state, item, body.usage_delta, "body.usage_delta")
+
+
+def _buffered(
+    state: GroupState,
+    command: command_pb2.Command,
+    ctx: DecisionContext,
+    out: Emitter,
+    body: wp.WorkCheckpoint | wp.WorkReportProgress,
+    name: str,
+    allowed: tuple[int, ...],
+) -> Reconciled | None:
+    """A buffered offline command (MW-11.5-10/12): under its historical lease, which may have expired
+    since, with its usage event appended first; None for an online command. A newer execution
+    lease means the Worker started again before reconciling: its buffer is stale (MW-11.5-06)."""
+    binding = buffered(command)
+    if binding is None:
+        return None
+    reconciled = reconcile(
+        state, command, ctx, out, binding, work_item_id=body.work_item_id, lease_id=body.lease_id,
+        ownership_epoch=body.ownership_epoch, usage_delta=body.usage_delta,
+    )
+    require_state(reconciled.item, allowed, name)
+    lease = reconciled.item.lease
+    if lease is not None and lease.lease_id != body.lease_id:
+        raise Rejected(
+            R.REJECTION_REASON_LEASE_STALE,
+            f"{body.work_item_id} runs under a newer lease {lease.lease_id}; buffered commands come first",
+        )
+    return reconciled
 
 
 def _checkpoint(command: command_pb2.Command, given: wp.Checkpoint) -> wp.Checkpoint:
@@ -125,7 +156,8 @@ def work_checkpoint(
     """MW-10.2-T08: durable progress; releases execution, keeps a bounded ownership lease."""
     assert state is not None
     body = command.work_checkpoint
-    item, usage = under_lease(state, command, ctx, body, "work.checkpoint")
+    offline = _buffered(state, command, ctx, out, body, "work.checkpoint", (ACTIVE, QUEUED))
+    item, usage = (offline.item, offline.usage) if offline else under_lease(state, command, ctx, body, "work.checkpoint")
     if body.preemption_request_id and body.preemption_request_id != item.preemption_request_id:
         raise Rejected(
             R.REJECTION_REASON_NOT_FOUND, f"no open preemption request {body.preemption_request_id}"
@@ -146,7 +178,8 @@ def work_checkpoint(
             preemption_request_id=body.preemption_request_id,
         ),
     )
-    record_usage(out, command, item, body.usage_delta, usage)
+    if not offline:  # offline, the usage event came first (MW-11.5-12)
+        record_usage(out, state, command, item, body.usage_delta, usage)
 
 
 def work_block(
@@ -182,7 +215,7 @@ def work_block(
             ownership=_kept_ownership(item, ctx.now, keep, wp.WORK_LEASE_KIND_BLOCKED),
         ),
     )
-    record_usage(out, command, item, body.usage_delta, usage)
+    record_usage(out, state, command, item, body.usage_delta, usage)
 
 
 def work_unblock(
@@ -225,7 +258,10 @@ def work_report_progress(
     assert state is not None
     body = command.work_report_progress
     item = work_item(state, body.work_item_id)
-    if item.state in (QUEUED, BLOCKED):  # not executing: the owner reports (a schedule, a blocker) with no lease
+    offline = _buffered(state, command, ctx, out, body, "work.report_progress", (ACTIVE, QUEUED, BLOCKED))
+    if offline:
+        usage = offline.usage
+    elif item.state in (QUEUED, BLOCKED):  # not executing: the owner reports (a schedule, a blocker) with no lease
         if body.lease_id:
             raise invalid("body.lease_id", f"{item.work_item_id} is not active: a progress report cites no lease")
         require_owner(item, command, body.ownership_epoch)
@@ -251,7 +287,8 @@ def work_report_progress(
             schedule=body.schedule if body.HasField("schedule") else None,
         ),
     )
-    record_usage(out, command, item, body.usage_delta, usage)
+    if not offline:
+        record_usage(out, state, command, item, body.usage_delta, usage)
 
 
 # ---------------------------------------------------------------- evolve rules
@@ -262,6 +299,9 @@ def _renewed(state: GroupState, event: event_pb2.Event) -> None:
     item = touch(state, event, p.work_item_id)
     assert item.lease is not None
     item.lease.expires_at = from_timestamp(p.renewal.expires_at)
+    record = item.lease_history.get(item.lease.lease_id)
+    if record is not None:
+        record.expires_at = item.lease.expires_at
     item.lease.renewals += 1
     if p.HasField("token"):  # rotation: the previous token is no longer current
         item.lease.token_id = p.token.token_id
@@ -275,7 +315,7 @@ def _released_to(new_state: int, payload: str) -> Applier:
         p = getattr(event, payload)
         item = touch(state, event, p.work_item_id)
         own(item, p.ownership)
-        item.lease = None
+        end_lease(item, event, wp.LEASE_END_KIND_RELEASED)
         item.last_checkpoint_id = p.checkpoint.checkpoint_id
         item.preemption_request_id = ""  # a checkpoint answers any open preemption request
         item.blockers = tuple(b.required_resolution for b in getattr(p, "blockers", ()))
@@ -304,8 +344,18 @@ KINDS = (
     CommandKind(
         "work_renew_lease", work_renew_lease, {"work_lease_renewed": _renewed, "resource_usage_recorded": apply_usage}
     ),
-    CommandKind("work_checkpoint", work_checkpoint, {"work_checkpointed": _released_to(QUEUED, "work_checkpointed")}),
+    CommandKind(
+        "work_checkpoint",
+        work_checkpoint,
+        {"work_checkpointed": _released_to(QUEUED, "work_checkpointed")},
+        bufferable_offline=True,
+    ),
     CommandKind("work_block", work_block, {"work_blocked": _released_to(BLOCKED, "work_blocked")}),
     CommandKind("work_unblock", work_unblock, {"work_unblocked": _unblocked}),
-    CommandKind("work_report_progress", work_report_progress, {"work_progress_reported": _progress_reported}),
+    CommandKind(
+        "work_report_progress",
+        work_report_progress,
+        {"work_progress_reported": _progress_reported},
+        bufferable_offline=True,
+    ),
 )

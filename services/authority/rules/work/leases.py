@@ -10,7 +10,13 @@ from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import DecisionContext, Emitter, R, invalid
-from services.authority.rules.work.common import DEFAULT_START_DEADLINE, QUEUED, policy_duration, touch
+from services.authority.rules.work.common import (
+    DEFAULT_START_DEADLINE,
+    QUEUED,
+    end_lease,
+    policy_duration,
+    touch,
+)
 from services.authority.state import SIX, GroupState, WorkItemState
 
 
@@ -146,7 +152,7 @@ def revoke_lease(
 def apply_lease_revoked(state: GroupState, event: event_pb2.Event) -> None:
     p = event.lease_revoked
     item = touch(state, event, p.work_item_id)
-    item.lease = None
+    end_lease(item, event, wp.LEASE_END_KIND_REVOKED)
     keeps_ownership = p.cause in (
         wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED,
         wp.LEASE_REVOCATION_CAUSE_FAILED,

@@ -27,6 +27,7 @@ from services.authority.rules.work.common import (
     OFFERABLE,
     OFFERED,
     QUEUED,
+    end_lease,
     live_owner,
     own,
     ownership_grant,
@@ -326,7 +327,7 @@ def _offered(state: GroupState, event: event_pb2.Event) -> None:
         charge(state, p.grant_id, item.work_item_id, item.contract.budget)
     item.state = OFFERED
     item.owner = None
-    item.lease = None
+    end_lease(item, event, wp.LEASE_END_KIND_REVOKED)  # a re-offer reassigns
 
 
 def _withdrawn(state: GroupState, event: event_pb2.Event) -> None:

@@ -24,6 +24,7 @@ from services.authority.rules.work.common import (
     SUBMITTED,
     VERIFIED,
     coordination,
+    end_lease,
     require_state,
     touch,
     work_item,
@@ -110,7 +111,7 @@ def work_submit(
             summary=body.summary,
         ),
     )
-    record_usage(out, command, item, body.usage_delta, usage)
+    record_usage(out, state, command, item, body.usage_delta, usage)
 
 
 def work_record_evidence(
@@ -213,7 +214,7 @@ def _submitted(state: GroupState, event: event_pb2.Event) -> None:
     item.submitted_by = event.actor_id
     item.submitted_evidence_ids = tuple(e.evidence_id for e in p.evidence)
     item.evidence = {e.evidence_id: (e.criterion_id, e.result, e.producer_id) for e in p.evidence}
-    item.lease = None
+    end_lease(item, event, wp.LEASE_END_KIND_RELEASED)
     item.state = SUBMITTED
 
 

@@ -13,6 +13,7 @@ from services.authority.rules.work.common import (
     ACTIVE,
     DEFAULT_EXECUTION_LEASE,
     QUEUED,
+    begin_lease,
     policy_duration,
     require_state,
     touch,
@@ -172,7 +173,7 @@ def _approved(state: GroupState, event: event_pb2.Event) -> None:
 def _started(state: GroupState, event: event_pb2.Event) -> None:
     lease = event.work_started.lease
     item = touch(state, event, event.work_started.work_item_id)
-    item.lease = ExecutionLeaseState(
+    begin_lease(item, ExecutionLeaseState(
         lease_id=lease.lease_id,
         agent_id=lease.agent_id,
         session_epoch=lease.session_epoch,
@@ -181,10 +182,10 @@ def _started(state: GroupState, event: event_pb2.Event) -> None:
         expires_at=from_timestamp(lease.expires_at),
         token_id=event.work_started.token.token_id,
         token_scope=event.work_started.token.scope,
-    )
+    ))
     item.attempts = lease.attempt
     if item.owner is not None:  # while executing, ownership lives as long as the execution lease
-        item.owner.expires_at = max(item.owner.expires_at, item.lease.expires_at)
+        item.owner.expires_at = max(item.owner.expires_at, from_timestamp(lease.expires_at))
     item.state = ACTIVE
 
 

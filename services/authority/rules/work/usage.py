@@ -1,4 +1,4 @@
-"""Six-dimension budgets: usage within the WorkItem's and the Mission's caps, and its event."""
+"""Six-dimension budgets: usage within the WorkItem's, the Mission's and its grants' caps, and its event."""
 
 from __future__ import annotations
 
@@ -7,59 +7,96 @@ from missionweave.v1 import command_pb2, common_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import Emitter, R, budget_dims, invalid, mission_of
 from services.authority.rules.work.common import touch
-from services.authority.state import SIX, GroupState, WorkItemState
+from services.authority.state import SIX, GrantState, GroupState, WorkItemState
 
 # The usage event's type, as MW-11.5-12 names it (an extension-namespaced core event).
 USAGE_RECORDED = "ext.missionweaveprotocol.core.resource_usage_recorded"
 
 
+def usage_problem(item: WorkItemState, delta: common_pb2.ResourceVector) -> tuple[str, str] | None:
+    """What is wrong with a reported delta in itself, as (check, field suffix), or None."""
+    d = budget_dims(delta)
+    if any(v < 0 for v in d.values()):
+        return "negative", ""
+    if d["financial_micros"] and delta.currency and delta.currency != item.contract.budget.currency:
+        return "currency", ".currency"
+    return None
+
+
 def check_usage(
     state: GroupState, item: WorkItemState, delta: common_pb2.ResourceVector, field: str
 ) -> dict[str, int]:
-    """Budgets: a command whose usage would exceed the WorkItem's or the Mission's cap is refused whole.
+    """Budgets: a command whose usage would exceed the WorkItem's, the Mission's or an enclosing
+    grant's cap is refused whole (MW-10.1-01, MW-11.5-13, OP-21). Metadata `budget` names which
+    ("work_item", "mission", "grant" with `grant_id`), `dimension` the dimension.
 
     OP-02: a dimension the contract leaves out permits zero consumption, not unlimited.
     """
-    d = budget_dims(delta)
-    if any(v < 0 for v in d.values()):
+    problem = usage_problem(item, delta)
+    if problem == ("negative", ""):
         raise invalid(field, "usage is never negative")
+    if problem is not None:
+        raise invalid(f"{field}.currency", f"must be {item.contract.budget.currency}")
+    d = budget_dims(delta)
     if not any(d.values()):
         return d
-    if d["financial_micros"] and delta.currency and delta.currency != item.contract.budget.currency:
-        raise invalid(f"{field}.currency", f"must be {item.contract.budget.currency}")
     caps = budget_dims(item.contract.budget)
     mission_caps = budget_dims(mission_of(state).definition.budget)
+    grants = [g for g in state.grants.values() if item.work_item_id in g.counted]
     # A running child Mission's budget is carved out of its WorkItem and the Mission (spec 14).
     child = item.running_child
     held = child.reserved if child else dict.fromkeys(SIX, 0)
     for dim, amount in d.items():
         if item.used[dim] + held[dim] + amount > caps[dim]:
-            raise Rejected(
-                R.REJECTION_REASON_BUDGET_EXCEEDED,
-                f"{dim}: {item.used[dim]} used + {amount} exceeds the WorkItem's budget {caps[dim]}",
-                dimension=dim,
-                limit=caps[dim],
+            raise _exceeded(
+                "work_item", dim, caps[dim],
+                f"{dim}: {item.used[dim]} used + {amount} exceeds the WorkItem's budget {caps[dim]}"
+                + (f" ({held[dim]} held for its child Mission)" if held[dim] else ""),
             )
         if state.mission_used[dim] + state.reserved[dim] + amount > mission_caps[dim]:
-            raise Rejected(
-                R.REJECTION_REASON_BUDGET_EXCEEDED,
-                f"{dim}: the Mission's budget {mission_caps[dim]} would be exceeded",
-                dimension=dim,
-                limit=mission_caps[dim],
-            )
+            raise _exceeded("mission", dim, mission_caps[dim], f"{dim}: the Mission's budget {mission_caps[dim]} would be exceeded")
+        for grant in grants:
+            if grant_used(state, grant)[dim] + amount > grant.caps[dim]:
+                raise _exceeded(
+                    "grant", dim, grant.caps[dim],
+                    f"{dim}: the work under grant {grant.grant_id} would use more than its cap {grant.caps[dim]}",
+                    grant_id=grant.grant_id,
+                )
     return d
+
+
+def grant_used(state: GroupState, grant: GrantState) -> dict[str, int]:
+    """What the WorkItems charged to a grant have used: bounded by its caps as their budgets are,
+    also once a Coordinator's amendment grew one of them beyond what the grant was charged."""
+    items = [state.work_items[w] for w in grant.counted if w in state.work_items]
+    return {dim: sum(i.used[dim] for i in items) for dim in SIX}
+
+
+def _exceeded(budget: str, dim: str, limit: int, message: str, **metadata: object) -> Rejected:
+    return Rejected(R.REJECTION_REASON_BUDGET_EXCEEDED, message, budget=budget, dimension=dim, limit=limit, **metadata)
 
 
 def record_usage(
     out: Emitter,
+    state: GroupState,
     command: command_pb2.Command,
     item: WorkItemState,
     delta: common_pb2.ResourceVector,
     d: dict[str, int],
+    offline: wp.BoundedOfflineExecutionBinding | None = None,
 ) -> None:
+    """The usage event of a nonzero delta, with the usage after it (MW-11.5-12 step 1). Offline, it
+    names the historical session and lease of the binding beside the reconciling session."""
     if not any(d.values()):
         return
     lease = item.lease
+    if offline is not None:
+        lease_id, epoch, session = offline.historical_lease_id, offline.ownership_epoch, offline.original_session_epoch
+    else:
+        lease_id = lease.lease_id if lease else ""
+        epoch = item.owner.ownership_epoch if item.owner else 0
+        session = lease.session_epoch if lease else 0
+    currency = item.contract.budget.currency
     out.emit(
         USAGE_RECORDED,
         "resource_usage_recorded",
@@ -67,14 +104,20 @@ def record_usage(
             work_item_id=item.work_item_id,
             delta=delta,
             agent_id=command.actor_id,
-            lease_id=lease.lease_id if lease else "",
-            ownership_epoch=item.owner.ownership_epoch if item.owner else 0,
-            execution_session_epoch=lease.session_epoch if lease else 0,
+            lease_id=lease_id,
+            ownership_epoch=epoch,
+            execution_session_epoch=session,
             reporting_session_epoch=command.session_epoch,
-            source=wp.USAGE_SOURCE_ONLINE,
+            source=wp.USAGE_SOURCE_OFFLINE_RECONCILIATION if offline is not None else wp.USAGE_SOURCE_ONLINE,
             command_id=command.command_id,
+            work_item_used=_vector({dim: item.used[dim] + d[dim] for dim in SIX}, currency),
+            mission_used=_vector({dim: state.mission_used[dim] + d[dim] for dim in SIX}, currency),
         ),
     )
+
+
+def _vector(dims: dict[str, int], currency: str) -> common_pb2.ResourceVector:
+    return common_pb2.ResourceVector(currency=currency, **dims)  # type: ignore[arg-type]
 
 
 def apply_usage(state: GroupState, event: event_pb2.Event) -> None:
