@@ -1,19 +1,25 @@
-"""Property: in a Mission tree, no sequence of charges, child creations and child endings lets any
-WorkItem's, any Mission's or the tree's usage exceed a cap (MW-14-04, D98). Every step goes
-through the pure decider; what it refuses changes nothing."""
+"""Property: in a Mission tree, no sequence of online charges, offline reconciliations (buffered
+commands reconciled from a new session, MW-11.5-11..13), child creations and child endings lets any
+WorkItem's, any Mission's or the tree's usage exceed a cap, and every accepted charge is counted
+exactly once (MW-14-04, OP-21, D98). Every step goes through the pure decider; what it refuses
+changes nothing."""
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from missionweave.clock import to_timestamp
 from missionweave.errors import Rejected
-from missionweave.v1 import common_pb2, event_pb2, membership_pb2, mission_pb2
+from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION
+from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority import decider
+from services.authority.rules.work.common import begin_lease
 from services.authority.state import SIX, ExecutionLeaseState, GroupState, OwnershipState
 from tests import builders
 from tests.core_group import CoreGroup
@@ -34,17 +40,48 @@ MS = mission_pb2.MissionState
 
 
 def equip(state: GroupState, work_item_id: str, lease_id: str) -> None:
-    """An active WorkItem under a live lease of ``worker`` (what a charge needs)."""
+    """An active WorkItem under a live lease of ``worker`` (what a charge needs), which allows
+    offline continuation for 5 minutes past the lease."""
     item = state.work_items[work_item_id]
     item.state = wp.WORK_ITEM_STATE_ACTIVE
     item.owner = OwnershipState("worker", 1, LATER, LATER)
     item.last_ownership_epoch = 1
-    item.lease = ExecutionLeaseState(lease_id, "worker", 1, 1, NOW, LATER)
+    begin_lease(item, ExecutionLeaseState(lease_id, "worker", 1, 1, NOW - timedelta(minutes=2), LATER))
+    item.contract.time_policy.offline_grace_period.FromSeconds(300)
 
 
-def charge(group: CoreGroup, state: GroupState, work_item_id: str, lease_id: str, dim: str, amount: int) -> GroupState:
-    body = wp.WorkRenewLease(work_item_id=work_item_id, lease_id=lease_id, ownership_epoch=1, usage_delta=common_pb2.ResourceVector(**{dim: amount}))
-    decision = group.decide(state, "work_renew_lease", body, "worker")
+def offline_command(group: CoreGroup, state: GroupState, work_item_id: str, lease_id: str, usage: common_pb2.ResourceVector) -> command_pb2.Command:
+    """A progress report the Worker buffered while cut off, sent from its next session (MW-11.5-09)."""
+    item = state.work_items[work_item_id]
+    record = item.lease_history[lease_id]
+    binding = wp.BoundedOfflineExecutionBinding(
+        agent_id="worker", group_id=group.group_id, work_item_id=work_item_id, original_session_epoch=1,
+        # Cut off a minute ago: reconciled now, also after the WorkItem became a child (its lease ended now).
+        ownership_epoch=1, historical_lease_id=lease_id, disconnected_at=to_timestamp(NOW - timedelta(minutes=1)),
+        buffered_at=to_timestamp(NOW - timedelta(minutes=1)), grace_deadline=to_timestamp(record.expires_at + timedelta(minutes=5)),
+        historical_lease_expires_at=to_timestamp(record.expires_at), usage_delta=usage, conversation_id=item.conversation_id,
+    )
+    body = wp.WorkReportProgress(
+        work_item_id=work_item_id, lease_id=lease_id, ownership_epoch=1, usage_delta=usage,
+        report=wp.ProgressReport(
+            phase="offline", next_checkpoint=wp.PlannedCheckpoint(description="next"), revised_estimate=wp.RevisedEstimate(reason="unchanged")
+        ),
+    )
+    command = group.command("work_report_progress", body, "worker", state)
+    command.session_epoch = 2
+    command.extensions.add(urn=BOUNDED_OFFLINE_EXECUTION, critical=True, data=binding.SerializeToString())
+    return command
+
+
+def charge(
+    group: CoreGroup, state: GroupState, work_item_id: str, lease_id: str, dim: str, amount: int, *, offline: bool = False
+) -> GroupState:
+    usage = common_pb2.ResourceVector(**{dim: amount})
+    if offline:
+        decision = decider.decide(state, offline_command(group, state, work_item_id, lease_id, usage), group.ctx)
+    else:
+        body = wp.WorkRenewLease(work_item_id=work_item_id, lease_id=lease_id, ownership_epoch=1, usage_delta=usage)
+        decision = group.decide(state, "work_renew_lease", body, "worker")
     if isinstance(decision, Rejected):
         return state
     after = copy.deepcopy(state)
@@ -99,9 +136,9 @@ AMOUNT = st.one_of(st.sampled_from([1_000, 3_000, 5_000, 6_000, 9_000, 10_000, 1
 CALLS = st.one_of(st.sampled_from([10, 25, 40, 50, 60]), st.integers(0, 60))
 OPS = st.lists(
     st.one_of(
-        st.tuples(st.just("charge_parent"), st.sampled_from(["wi", "other"]), st.just("tokens"), AMOUNT),
-        st.tuples(st.just("charge_parent"), st.sampled_from(["wi", "other"]), st.just("tool_calls"), CALLS),
-        st.tuples(st.just("charge_child"), st.sampled_from(DIMS), st.integers(0, 3_000)),
+        st.tuples(st.just("charge_parent"), st.sampled_from(["wi", "other"]), st.just("tokens"), AMOUNT, st.booleans()),
+        st.tuples(st.just("charge_parent"), st.sampled_from(["wi", "other"]), st.just("tool_calls"), CALLS, st.booleans()),
+        st.tuples(st.just("charge_child"), st.sampled_from(DIMS), st.integers(0, 3_000), st.booleans()),
         st.tuples(st.just("create_child"), AMOUNT, CALLS),
         st.tuples(st.just("end_child"), st.sampled_from(["approved", "failed", "cancelled"])),
     ),
@@ -123,16 +160,16 @@ def test_no_cap_in_a_mission_tree_is_ever_exceeded(ops: list[tuple[object, ...]]
     for op in ops:
         kind = op[0]
         if kind == "charge_parent":
-            _, wid, dim, amount = op
+            _, wid, dim, amount, offline = op
             before = tree.parent.mission_used[str(dim)]
-            tree.parent = charge(PARENT, tree.parent, str(wid), f"lease-{wid}", str(dim), int(amount))  # type: ignore[call-overload]
+            tree.parent = charge(PARENT, tree.parent, str(wid), f"lease-{wid}", str(dim), int(amount), offline=bool(offline))  # type: ignore[call-overload]
             if tree.parent.mission_used[str(dim)] != before:
                 tree.charged[str(dim)] += int(amount)  # type: ignore[call-overload]
                 key = (str(wid), str(dim))
                 tree.item_charged[key] = tree.item_charged.get(key, 0) + int(amount)  # type: ignore[call-overload]
         elif kind == "charge_child" and tree.child is not None and running(tree.child):
-            _, dim, amount = op
-            tree.child = charge(child_group, tree.child, "w1", "lease-w1", str(dim), int(amount))  # type: ignore[call-overload]
+            _, dim, amount, offline = op
+            tree.child = charge(child_group, tree.child, "w1", "lease-w1", str(dim), int(amount), offline=bool(offline))  # type: ignore[call-overload]
         elif kind == "create_child" and not running(tree.child):
             _, tokens, tool_calls = op
             budget = child_definition().budget
