@@ -23,6 +23,7 @@ from services.authority.rules.work.common import begin_lease
 from services.authority.state import SIX, ExecutionLeaseState, GroupState, OwnershipState
 from tests import builders
 from tests.core_group import CoreGroup
+from tests.offline_core import progress
 from tests.test_core_children import (
     CHILD,
     LATER,
@@ -61,13 +62,7 @@ def offline_command(group: CoreGroup, state: GroupState, work_item_id: str, leas
         buffered_at=to_timestamp(NOW - timedelta(minutes=1)), grace_deadline=to_timestamp(record.expires_at + timedelta(minutes=5)),
         historical_lease_expires_at=to_timestamp(record.expires_at), usage_delta=usage, conversation_id=item.conversation_id,
     )
-    body = wp.WorkReportProgress(
-        work_item_id=work_item_id, lease_id=lease_id, ownership_epoch=1, usage_delta=usage,
-        report=wp.ProgressReport(
-            phase="offline", next_checkpoint=wp.PlannedCheckpoint(description="next"), revised_estimate=wp.RevisedEstimate(reason="unchanged")
-        ),
-    )
-    command = group.command("work_report_progress", body, "worker", state)
+    command = group.command("work_report_progress", progress(binding), "worker", state)
     command.session_epoch = 2
     command.extensions.add(urn=BOUNDED_OFFLINE_EXECUTION, critical=True, data=binding.SerializeToString())
     return command

@@ -33,6 +33,7 @@ from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests import builders
 from tests.conftest import World
+from tests.offline_core import progress
 from tests.test_agent_sdk import FAST
 from tests.test_grpc_authority import db_image
 from tests.test_missions import G, create
@@ -88,17 +89,6 @@ async def offline_binding(
         buffered_at=to_timestamp(buffered_at), grace_deadline=to_timestamp(expires + timedelta(seconds=GRACE_S)),
         historical_lease_expires_at=lease.expires_at,
         usage_delta=common_pb2.ResourceVector(currency="EUR", tokens=tokens), conversation_id=conversation,
-    )
-
-
-def progress(b: wp.BoundedOfflineExecutionBinding) -> wp.WorkReportProgress:
-    return wp.WorkReportProgress(
-        work_item_id=b.work_item_id, lease_id=b.historical_lease_id, ownership_epoch=b.ownership_epoch,
-        report=wp.ProgressReport(
-            phase="offline", next_checkpoint=wp.PlannedCheckpoint(description="next"),
-            revised_estimate=wp.RevisedEstimate(reason="unchanged"),
-        ),
-        usage_delta=b.usage_delta,
     )
 
 
