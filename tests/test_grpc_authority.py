@@ -312,3 +312,11 @@ async def test_the_scheduling_service_serves_and_refuses_an_incomplete_request_s
     rejection = rejection_from_rpc_error(info.value)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and rejection is not None
     assert rejection.metadata["field"] == "group_id"
+
+
+def test_every_rejection_reason_maps_to_a_grpc_code() -> None:
+    """A reason without a mapping would reach clients as UNKNOWN (docs/errors.md promises a code each)."""
+    from missionweave.rpc.status import CODES
+
+    reasons = {v for v in R.values() if v != R.REJECTION_REASON_UNSPECIFIED}
+    assert {R.Name(v) for v in reasons - set(CODES)} == set()  # type: ignore[arg-type]

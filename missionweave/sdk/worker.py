@@ -434,9 +434,14 @@ class WorkerRuntime:
         want of a slot). The handler is told through its slot and pauses at a safe point; nothing is
         interrupted (MW-11.3-11)."""
         while not self._closing:
-            answer = await self.scheduler.NextSlot(
-                spb.NextSlotRequest(preemptions_only=True, wait=NEXT_SLOT_WAIT), timeout=_poll_timeout()
-            )
+            try:
+                answer = await self.scheduler.NextSlot(
+                    spb.NextSlotRequest(preemptions_only=True, wait=NEXT_SLOT_WAIT), timeout=_poll_timeout()
+                )
+            except grpc.aio.AioRpcError as err:  # the mesh is unreachable: nobody can ask for a pause
+                log.info("%s: no preemption requests: %s", self.agent.identity_id, err.details())
+                await self._service_back()
+                continue
             for asked in answer.preemptions:
                 key = (asked.group_id, asked.work_item_id)
                 slot = self._running.get(key)
