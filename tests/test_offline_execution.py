@@ -252,6 +252,7 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
     key, _ = await night_worker(w)
     reports: list[str] = []
     effects: list[bool] = []  # for each side effect authorized: whether the mesh was cut off then
+    notes: list[str] = []  # what became of the note posted while cut off
     stop, changed = asyncio.Event(), asyncio.Condition()
     proxy = Proxy(w.target)
     target = await proxy.start()
@@ -274,6 +275,12 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
                 await note("online" if delivered else "offline")
             except OfflineForbidden:
                 await note("forbidden")
+            if severed and not notes:  # once while cut off: a note in the WorkItem Conversation
+                try:
+                    delivered_note = await slot.post_message("cut off; carrying on with the reversible part")
+                    notes.append("online" if delivered_note else "buffered")
+                except OfflineForbidden:
+                    notes.append("forbidden")  # past the grace already: nothing buffered
             try:
                 slot.side_effect("send-invoice")
                 effects.append(severed or proxy.severed)
@@ -306,7 +313,8 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
                         await changed.wait_for(lambda: reports.count("offline") >= 2)
                 buffered = reports.count("offline")
                 assert buffered >= 2
-                assert len(OfflineBuffer(agent.directory / "offline.log")) == buffered  # durable, on disk
+                notes_buffered = notes.count("buffered")
+                assert len(OfflineBuffer(agent.directory / "offline.log")) == buffered + notes_buffered  # durable, on disk
                 stop.set()
                 proxy.restore()
                 async with asyncio.timeout(30):
@@ -327,6 +335,14 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
         assert after.WhichOneof("payload") == "work_progress_reported"  # usage first (MW-11.5-12)
         assert usage.resource_usage_recorded.execution_session_epoch == usage.resource_usage_recorded.reporting_session_epoch
     assert not (agent.directory / "offline.log").exists()  # reconciled: the buffer is gone
+    # The note was buffered too, bound to the WorkItem's Conversation, and posted on reconciliation.
+    posted = [e for e in events if e.WhichOneof("payload") == "message_posted" and e.message_posted.content.text.startswith("cut off")]
+    assert len(posted) == notes.count("buffered")
+    if outage == "within_the_lease":
+        assert notes == ["buffered"]
+        assert posted[0].message_posted.conversation_id == next(
+            e.work_authorized.conversation_id for e in events if e.WhichOneof("payload") == "work_authorized"
+        )
     submitted = [e for e in events if e.WhichOneof("payload") == "work_submitted"]
     if outage == "within_the_lease":  # the submission waited for the reconciliation (MW-11.5-06)
         assert submitted and submitted[0].sequence > offline[-1].sequence

@@ -38,6 +38,7 @@ from missionweave.v1 import (
     authority_service_pb2_grpc,
     command_pb2,
     common_pb2,
+    conversation_pb2,
     event_pb2,
 )
 from missionweave.v1 import scheduling_service_pb2 as spb
@@ -124,6 +125,17 @@ class Slot:
         )
         return await self.channel.send("work_report_progress", body, delta) is not None
 
+    async def post_message(self, text: str, *, topic: str = "") -> bool:
+        """A Message in this WorkItem's own Conversation (MW-9-02), e.g. an ambiguity or a note for
+        the Coordinator. Offline it is buffered like a report, bound to this Conversation
+        (MW-11.5-10): returns whether it reached the Group now (False: buffered)."""
+        if self.channel is None:
+            raise RuntimeError("this slot has no channel to its Group")
+        body = conversation_pb2.MessagePost(
+            conversation_id=self.channel.conversation_id, content=conversation_pb2.MessageContent(text=text), topic=topic
+        )
+        return await self.channel.send("message_post", body, common_pb2.ResourceVector()) is not None
+
 
 @dataclass(frozen=True)
 class Paused:
@@ -193,6 +205,8 @@ class WorkerRuntime:
         # arrives as the awaited call completes, which would let a loop place new work after close.
         self._closing = True
         tasks = [*self._slot_loops, *self._tasks]
+        if self._reconciling is not None and not self._reconciling.done():
+            tasks.append(self._reconciling)  # what is not reconciled stays in the buffer for the next start
         for task in tasks:
             task.cancel()
         if not tasks:
