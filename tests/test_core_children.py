@@ -549,3 +549,30 @@ def test_a_link_the_parent_refuses_is_compensated_by_cancelling_the_child() -> N
     once = apply_linked(parent, source, child)
     assert decider.decide_linked(once, source, child, NOW) == []
     assert children.linked_command("grp_parent", source).command_id == children.linked_command("grp_parent", source).command_id
+
+
+@pytest.mark.req("MW-14-09", "MW-14-18", "MW-7.2-04")
+def test_the_parents_replacement_coordinator_becomes_the_childs_mission_owner() -> None:
+    after, child, _ = linked(parent_state())
+    assert after.mission is not None and after.mission.coordinator is not None
+    after.mission.coordinator.expires_at = NOW - timedelta(seconds=1)  # the parent's Coordinator lapsed
+    replace = mission_pb2.MissionReplaceCoordinator(replaced_coordinator_epoch=1, coordinator_id="gcoord")
+    events = PARENT.decide(after, "mission_replace_coordinator", replace, "alice")
+    assert not isinstance(events, Rejected)
+    source = event_of(events, "coordinator_lease_granted")
+    assert ("grp_child" in [target for _, target in children.cross_group_effects(after, events)])
+    succeeded = apply_linked(child, source, after)
+    assert succeeded.mission is not None and succeeded.mission.owner_id == "gcoord"
+    assert succeeded.members["gcoord"].role == Role.MEMBER_ROLE_MISSION_OWNER and not succeeded.members["coord"].active
+    # The successor approves the child's result; the replaced Coordinator no longer can.
+    succeeded = CHILD.run(succeeded, "mission_renew_coordinator_lease", mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=1), "ccoord")
+    succeeded = CHILD.run(succeeded, "mission_submit_for_approval", mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=1), "ccoord")
+    assert succeeded.mission is not None
+    approve = mission_pb2.MissionApprove(submission_event_id=succeeded.mission.latest_submission_event_id)
+    assert CHILD.refused(succeeded, "mission_approve", approve, "coord").reason == R.REJECTION_REASON_MEMBERSHIP_EPOCH_STALE
+    assert not isinstance(CHILD.decide(succeeded, "mission_approve", approve, "gcoord"), Rejected)
+    # A replacement that is the child's own Coordinator leaves the owner as it was (MW-7.2-11).
+    replace_by_child = mission_pb2.MissionReplaceCoordinator(replaced_coordinator_epoch=1, coordinator_id="ccoord")
+    by_child = PARENT.decide(after, "mission_replace_coordinator", replace_by_child, "alice")
+    assert not isinstance(by_child, Rejected)
+    assert decider.decide_linked(child, event_of(by_child, "coordinator_lease_granted"), after, NOW) == []

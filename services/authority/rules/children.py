@@ -17,7 +17,7 @@ from datetime import datetime
 from missionweave import ids
 from missionweave.clock import from_timestamp
 from missionweave.errors import Rejected
-from missionweave.v1 import command_pb2, common_pb2, event_pb2, mission_pb2, subtask_pb2
+from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2, mission_pb2, subtask_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import (
     MS,
@@ -301,6 +301,8 @@ def cross_group_effects(state: GroupState, events: Sequence[event_pb2.Event]) ->
             effects.append((event.sequence, mission.parent_group_id))
         if payload in ("mission_failed", "mission_cancelled"):
             effects += [(event.sequence, child) for child in _running_children(state)]
+        elif payload == "coordinator_lease_granted" and event.coordinator_lease_granted.replaced_coordinator_epoch:
+            effects += [(event.sequence, child) for child in _running_children(state)]  # the owner succeeds
         elif payload == "work_cancelled":
             item = state.work_items.get(event.work_cancelled.work_item_id)
             child = item.running_child if item else None
@@ -453,9 +455,38 @@ def _propagate_down(child: GroupState, source: event_pb2.Event, out: Emitter) ->
         reason = f"parent Mission cancelled: {source.mission_cancelled.reason}"
     elif payload == "work_cancelled":
         reason = f"parent WorkItem {source.work_cancelled.work_item_id} cancelled: {source.work_cancelled.reason}"
+    elif payload == "coordinator_lease_granted":
+        _succeed_owner(child, source.coordinator_lease_granted.lease, out)
+        return
     else:
         return
     out.emit("mission.cancelled", "mission_cancelled", mission_pb2.MissionCancelled(reason=reason[:4096]))
+
+
+def _succeed_owner(child: GroupState, lease: mission_pb2.CoordinatorLease, out: Emitter) -> None:
+    """MW-14-09/18: the parent's new Coordinator becomes the child's MissionOwner."""
+    mission = mission_of(child)
+    previous, successor = mission.owner_id, lease.agent_id
+    coordinator = mission.coordinator.agent_id if mission.coordinator else ""
+    if successor in (previous, coordinator):
+        return  # already the owner, or the child's own Coordinator (it cannot review itself, MW-7.2-11)
+    grant_full_membership(out, child.group_id, successor, Role.MEMBER_ROLE_MISSION_OWNER, child.last_membership_epoch + 1)
+    old = child.members.get(previous)
+    if old is not None and old.active:
+        out.emit(
+            "membership.revoked",
+            "membership_revoked",
+            membership_pb2.MembershipRevoked(
+                member_id=previous, membership_epoch=old.membership_epoch, reason="replaced as the parent Mission's Coordinator"
+            ),
+        )
+    out.emit(
+        "mission.owner.replaced",
+        "mission_owner_replaced",
+        subtask_pb2.MissionOwnerReplaced(
+            previous_owner_id=previous, owner_id=successor, parent_coordinator_epoch=lease.coordinator_epoch
+        ),
+    )
 
 
 def compensate(source_state: GroupState, source: event_pb2.Event, refusal: Rejected, out: Emitter) -> None:
@@ -492,6 +523,10 @@ def _parent_linked(state: GroupState, event: event_pb2.Event) -> None:
     mission.depth = p.depth
     mission.scope = p.scope
     mission.mandatory = p.mandatory
+
+
+def _owner_replaced(state: GroupState, event: event_pb2.Event) -> None:
+    mission_of(state).definition.owner_id = event.mission_owner_replaced.owner_id
 
 
 def _depth_approved(state: GroupState, event: event_pb2.Event) -> None:
@@ -545,7 +580,12 @@ KINDS = (
     CommandKind(
         "mission_create_child",
         mission_create_child,
-        {"parent_linked": _parent_linked, "subtask_linked": _subtask_linked, "subtask_ended": _subtask_ended},
+        {
+            "parent_linked": _parent_linked,
+            "subtask_linked": _subtask_linked,
+            "subtask_ended": _subtask_ended,
+            "mission_owner_replaced": _owner_replaced,
+        },
         creates_group=True,
         references=lambda c: (c.mission_create_child.definition.owner_id, c.mission_create_child.coordinator_id),
         linked_groups=lambda c: (c.mission_create_child.parent_group_id,),
