@@ -51,6 +51,8 @@ async def test_create_a_child_and_print_the_tree_as_text_dot_and_json(bench: Ben
     assert (root["depth"], leaf["depth"], leaf["parent_work_item_id"]) == (0, 1, "wi-1")
     assert root["reserved"] == {"tokens": 1000, "tool_calls": 5} and root["work_items"] == {"blocked": 1}
     assert leaf["budget"]["tokens"] == {"limit": 1000, "used": 0} and leaf["owner_id"] == "coord-bot"
+    shown = (await bench.mwp("mission", "show", "--group", child)).stdout
+    assert f"child of     wi-1 in {group} (depth 1, root owner alice)" in shown
     # A Worker of the parent is shown nothing.
     denied = await bench.mwp("mission", "tree", "--group", group, *bench.as_("worker-bot"), expect=1)
     assert "NOT_A_MEMBER" in denied.stderr + denied.stdout

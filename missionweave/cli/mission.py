@@ -62,6 +62,10 @@ def mission_view(state: GroupState) -> dict[str, Any]:
         "approval_revoked_event_id": m.approval_revoked_event_id,
         "follows_up_mission_id": m.follows_up_mission_id,
         "follow_up_mission_ids": list(m.follow_up_mission_ids),
+        "parent_group_id": m.parent_group_id,
+        "parent_work_item_id": m.parent_work_item_id,
+        "depth": m.depth,
+        "root_owner_id": m.root_owner_id,
         "conversations": [
             {
                 "conversation_id": c.conversation_id,
@@ -110,6 +114,8 @@ def render_mission(state: GroupState) -> list[str]:
     ]
     if v["follows_up_mission_id"]:
         rows.append(("follows up", v["follows_up_mission_id"]))
+    if v["parent_group_id"]:
+        rows.append(("child of", f"{v['parent_work_item_id']} in {v['parent_group_id']} (depth {v['depth']}, root owner {v['root_owner_id']})"))
     lines = [f"Mission {v['mission_id']}: {v['title']!r} ({v['kind']})"]
     lines += [f"  {label:<13}{value}" for label, value in rows]
     lines.append("Conversations")
