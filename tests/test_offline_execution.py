@@ -32,7 +32,7 @@ from missionweave.sdk.worker import Slot, WorkerRuntime, WorkResult
 from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests import builders
-from tests.conftest import World
+from tests.conftest import World, polled
 from tests.offline_core import progress
 from tests.test_agent_sdk import FAST
 from tests.test_grpc_authority import db_image
@@ -348,6 +348,82 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
         assert submitted and submitted[0].sequence > offline[-1].sequence
     else:  # the lease expired offline: the late submission is refused (MW-11.5-03)
         assert not submitted
+
+
+@pytest.mark.req("MW-11.5-09", "MW-11.5-06", "MW-11.5-12")
+async def test_a_worker_restarted_while_cut_off_reconciles_its_buffer_from_a_new_session(world: World, tmp_path: Path) -> None:
+    """The Worker process stops while the mesh is unreachable and starts again elsewhere with a new
+    session: its durable buffer is reconciled from that session, the bindings unchanged (the
+    historical session, lease and ownership), before it does anything else."""
+    w = world
+    await create(w, lease_seconds=3600)
+    key, _ = await night_worker(w)
+    buffered = 0
+    cut_off = asyncio.Event()
+    proxy = Proxy(w.target)
+    target = await proxy.start()
+
+    @reversible
+    async def handle(slot: Slot) -> WorkResult:
+        nonlocal buffered
+        for step in range(1000):
+            report = wp.ProgressReport(
+                phase=f"step-{step}", next_checkpoint=wp.PlannedCheckpoint(description="next"),
+                revised_estimate=wp.RevisedEstimate(reason="on track"),
+            )
+            if not await slot.report_progress(report, common_pb2.ResourceVector(currency="EUR", tokens=7)):
+                buffered += 1
+                if buffered == 2:
+                    cut_off.set()
+            await asyncio.sleep(0.2)
+        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()])
+
+    try:
+        first = await Agent.connect(target, "night-bot", key, cursor_dir=tmp_path, backoff=FAST, grace=2.0, audience=w.target, command_timeout=2.0)
+        runtime = WorkerRuntime(first, handle)
+        await runtime.serve([G])
+        body = wp.WorkAuthorize(work_item_id="wi-1", title="t", contract=contract(w.clock.now(), 600, 600), coordinator_epoch=1)
+        await w.run(w.coordinator, G, "work_authorize", body, membership_epoch=2)
+        offer = wp.WorkOffer(
+            work_item_id="wi-1", offer_id="off-1", candidate_ids=["night-bot"], expires_at=to_timestamp(w.clock.now() + timedelta(minutes=5)),
+            selection_criteria=[builders.selection("night-bot")], coordinator_epoch=1,
+        )
+        await w.run(w.coordinator, G, "work_offer", offer, membership_epoch=2)
+
+        async def started() -> bool:
+            return any([e async for e in w.client.read_events(G) if e.type == "work.started"])
+
+        await polled(started)
+        proxy.sever()
+        async with asyncio.timeout(30):
+            await cut_off.wait()
+        await runtime.close()  # the process stops while cut off: two reports stay on its disk
+        await first.close()
+        on_disk = len(OfflineBuffer(first.directory / "offline.log"))
+        assert on_disk >= 2
+        # Started again on another host: the saved session is gone, the agent opens a new one.
+        (first.directory / "session.json").unlink()
+        proxy.restore()
+        async with Agent.connect(target, "night-bot", key, cursor_dir=tmp_path, backoff=FAST, grace=2.0, audience=w.target) as second:
+            again = WorkerRuntime(second, handle)
+            await again.serve([G])
+            try:
+                async with asyncio.timeout(30):
+                    await again.reconciled()
+            finally:
+                await again.close()
+            new_session = second.session.session_epoch
+    finally:
+        await proxy.close()
+    events = [e async for e in w.client.read_events(G)]
+    lease = next(e.work_started.lease for e in events if e.type == "work.started")
+    reconciled = [e.resource_usage_recorded for e in events if e.WhichOneof("payload") == "resource_usage_recorded"
+                  and e.resource_usage_recorded.source == wp.USAGE_SOURCE_OFFLINE_RECONCILIATION]
+    assert len(reconciled) == on_disk and not again.refused_offline
+    assert new_session > lease.session_epoch
+    for usage in reconciled:  # the historical session and lease, reported from the new session
+        assert (usage.execution_session_epoch, usage.lease_id, usage.reporting_session_epoch) == (lease.session_epoch, lease.lease_id, new_session)
+    assert not (first.directory / "offline.log").exists()
 
 
 # ---------------------------------------------------------------- the runtime's pieces
