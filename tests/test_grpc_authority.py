@@ -295,11 +295,18 @@ async def test_health_reports_every_service_and_reflection_lists_them(world: Wor
         yield reflection_pb2.ServerReflectionRequest(list_services="")
         yield reflection_pb2.ServerReflectionRequest(file_containing_symbol="missionweave.v1.AuthorityService")
 
-    responses = [r async for r in refl.ServerReflectionInfo(ask())]
-    listed = {s.name for s in responses[0].list_services_response.service}
-    assert set(SERVICE_NAMES.values()) <= listed
-    fd = descriptor_pb2.FileDescriptorProto.FromString(responses[1].file_descriptor_response.file_descriptor_proto[0])
-    assert fd.package == "missionweave.v1"
+    # v1alpha, and v1 (same messages under another package name: what current tools ask first).
+    v1 = world.client.channel.stream_stream(
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+    )
+    for call in (refl.ServerReflectionInfo(ask()), v1(ask())):
+        responses = [r async for r in call]
+        listed = {s.name for s in responses[0].list_services_response.service}
+        assert set(SERVICE_NAMES.values()) | {"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"} <= listed
+        fd = descriptor_pb2.FileDescriptorProto.FromString(responses[1].file_descriptor_response.file_descriptor_proto[0])
+        assert fd.package == "missionweave.v1"
 
 
 async def test_the_scheduling_service_serves_and_refuses_an_incomplete_request_structured(world: World) -> None:

@@ -16,7 +16,6 @@ from datetime import timedelta
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from artifactstore import schema as artifacts_schema
@@ -48,6 +47,7 @@ from missionweave.rpc.callers import CallAuthenticator, audiences_for, load_or_c
 from missionweave.rpc.channels import ClientTLS, MeshPeersOnly, ServerTLS, add_listener, check_listen
 from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.local import LocalChannel
+from missionweave.rpc.reflection import enable_reflection
 from missionweave.rpc.status import RequestParsing
 from missionweave.signing import load_or_create_key
 from missionweave.v1 import (
@@ -413,9 +413,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             if "authority" in front_door.routed_services:
                 mirrors.append(asyncio.create_task(mirror_health(health, peers.channel("authority"), INTEGRITY_HEALTH)))
     names = health_names(settings.services)
-    reflection.enable_server_reflection(
-        [*names, *routed, reflection.SERVICE_NAME, "grpc.health.v1.Health"], server
-    )
+    enable_reflection([*names, *routed, "grpc.health.v1.Health"], server)
     port = add_listener(server, settings.listen, server_tls, insecure=settings.insecure)
     health_server, health_port = await _health_listener(settings.health_listen, health)
     # Listening on port 0 picks a port: proofs (call proofs and HELLO) name the address clients
