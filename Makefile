@@ -25,8 +25,9 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 BUF    := node_modules/.bin/buf
 NODE_EXAMPLE := examples/node
 
-LISTEN   ?= 127.0.0.1:50051
-DATA_DIR ?= .missionweave
+# `make run LISTEN=host:port`, or MWP_LISTEN / MWP_DATA_DIR from the environment.
+LISTEN   ?= $(or $(MWP_LISTEN),127.0.0.1:50051)
+DATA_DIR ?= $(or $(MWP_DATA_DIR),.missionweave)
 
 INSTALL_DEPS := pyproject.toml setup.py
 BENCHES := $(sort $(wildcard bench/*.py))

@@ -109,11 +109,25 @@ def write_key(path: Path, key: SigningKey) -> None:
         fh.write(key.encode().hex() + "\n")
 
 
+class KeyFileError(ValueError):
+    """A key file that is missing, readable by others, or not an Ed25519 seed; the message says which."""
+
+
 def read_key(path: Path) -> SigningKey:
-    mode = stat.S_IMODE(path.stat().st_mode)
+    """The Ed25519 key in ``path`` (its 32-byte seed as 64 hex characters, mode 0600)."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        raise KeyFileError(f"key file {path} does not exist (make one with `mwp keygen {path}`)") from None
     if mode & 0o077:
         raise PermissionError(f"key file {path} has mode {mode:o}; it must not be readable by others (0600)")
-    return SigningKey(bytes.fromhex(path.read_text().strip()))
+    try:
+        seed = bytes.fromhex(path.read_text().strip())
+    except (ValueError, UnicodeDecodeError):
+        raise KeyFileError(f"key file {path} is not an Ed25519 key (64 hex characters, as `mwp keygen` writes)") from None
+    if len(seed) != 32:
+        raise KeyFileError(f"key file {path} holds {len(seed)} bytes; an Ed25519 seed is 32 (64 hex characters)")
+    return SigningKey(seed)
 
 
 def load_or_create_key(path: Path) -> SigningKey:

@@ -151,3 +151,76 @@ async def _events(mesh, group_id: str):  # type: ignore[no-untyped-def]
     from missionweave.codec import decode_event
 
     return [decode_event(s.envelope) for s in await mesh.store.read(group_id, 0, 10_000)]
+
+
+def test_serve_fails_at_once_with_one_clear_line(tmp_path: Path) -> None:
+    """A port in use, an unreadable key, a database it cannot open: exit 1 within seconds, saying which
+    (gRPC only logs a failed bind; the process used to carry on without a listener)."""
+    import socket
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = mwp("serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "a"), env=env, check=False)
+    assert busy.returncode == 1 and f"mwp serve: cannot listen on 127.0.0.1:{port}: Address already in use" in busy.stderr
+    keys = tmp_path / "b" / "keys"
+    keys.mkdir(parents=True)
+    (keys / "authority.key").write_text("not a key")
+    (keys / "authority.key").chmod(0o600)
+    bad_key = mwp("serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "b"), env=env, check=False)
+    assert bad_key.returncode == 1 and bad_key.stderr.strip().splitlines()[-1].startswith("mwp serve: ")
+    assert "authority.key" in bad_key.stderr.strip().splitlines()[-1]
+    no_db = mwp(
+        "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "c"),
+        "--database-url", "postgresql://nobody:secret@127.0.0.1:1/none", env=env, check=False,
+    )
+    last = no_db.stderr.strip().splitlines()[-1]
+    assert no_db.returncode == 1 and last.startswith("mwp serve: cannot open the database postgresql://nobody:***@127.0.0.1:1/none")
+    assert "secret" not in no_db.stderr
+
+
+def test_exit_codes_for_an_unreachable_or_silent_server_and_for_bad_key_files(tmp_path: Path) -> None:
+    """README: 3 for unreachable (health too), 3 after --timeout for a server that never answers,
+    and one line naming a key file that is missing or not a key (no raw Python error)."""
+    import socket
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: connections are refused
+        down = mwp("--target", f"127.0.0.1:{port}", "health", env=env, check=False)
+    assert down.returncode == 3 and down.stderr.startswith(f"mwp: cannot reach 127.0.0.1:{port}")
+    key = tmp_path / "k.key"
+    mwp("keygen", str(key), env=env)
+    with socket.socket() as silent:  # accepts connections, never speaks HTTP/2
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        target = f"127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        hung = mwp("--target", target, "--timeout", "1.5", "mission", "show", "--group", "g", "--as", "x", "--key", str(key), env=env, check=False)
+        assert time.monotonic() - started < 10
+    assert hung.returncode == 3 and "no answer from" in hung.stderr and "(--timeout)" in hung.stderr
+    nope = tmp_path / "nope.key"
+    missing = mwp("mission", "show", "--group", "g", "--as", "x", "--key", str(nope), env=env, check=False)
+    assert missing.returncode == 1 and missing.stderr.strip() == f"mwp: key file {nope} does not exist (make one with `mwp keygen {nope}`)"
+    garbage = tmp_path / "garbage.key"
+    garbage.write_text("not hex")
+    garbage.chmod(0o600)
+    bad = mwp("mission", "show", "--group", "g", "--as", "x", "--key", str(garbage), env=env, check=False)
+    assert bad.returncode == 1 and "is not an Ed25519 key" in bad.stderr and "fromhex" not in bad.stderr
+
+
+def test_output_piped_into_a_reader_that_stops_early_ends_quietly(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`mwp ... | head`: the write into the closed pipe ends the command quietly, exit 0, no
+    `[Errno 32] Broken pipe` on stderr."""
+    from missionweave.cli import app
+
+    async def reader_gone(args: object) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(app, "cmd_health", reader_gone)
+    monkeypatch.setattr(app.os, "dup2", lambda fd, fd2: None)  # keep pytest's stdout
+    assert app.main(["health"]) == 0
+    assert "Broken pipe" not in capsys.readouterr().err

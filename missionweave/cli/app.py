@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -105,6 +106,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"mwp serve: TLS with a throw-away CA: clients verify the server with --tls-ca {ca}", file=sys.stderr)
         asyncio.run(serve_forever(settings))
         return 0
+    except (OSError, ValueError) as refused:  # a port in use, an unreadable key, a database that cannot be opened
+        print(f"mwp serve: {refused}", file=sys.stderr)
+        return 1
     finally:
         lock.release()
 
@@ -162,7 +166,7 @@ async def cmd_health(args: argparse.Namespace) -> int:
 
     from missionweave.mesh.server import INTEGRITY_HEALTH, SERVICE_NAMES
 
-    worst = 0
+    worst, answered = 0, False
     async with open_channel(target(args), client_tls(args)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         for name in [*SERVICE_NAMES.values(), INTEGRITY_HEALTH]:
@@ -170,9 +174,13 @@ async def cmd_health(args: argparse.Namespace) -> int:
                 resp = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=3)
                 status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
             except grpc.aio.AioRpcError as err:
+                if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not answered:
+                    print(f"mwp: cannot reach {target(args)}: {err.details()}", file=sys.stderr)
+                    return 3  # the README's "unreachable"
                 if name == INTEGRITY_HEALTH and err.code() == grpc.StatusCode.NOT_FOUND:
                     continue  # no Authority behind this address
                 status = err.code().name
+            answered = True
             worst = worst or (0 if status == "SERVING" else 1)
             note = "  (a Group failed verification: see DATA_CORRUPTED in the log, run mwp verify)" if (
                 name == INTEGRITY_HEALTH and status != "SERVING"
@@ -187,6 +195,11 @@ async def cmd_health(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mwp", description="MissionWeave: run the mesh and talk to it.")
     p.add_argument("--target", help="server address (default $MWP_TARGET or 127.0.0.1:50051)")
+    p.add_argument(
+        "--timeout", type=float, default=float(os.environ.get("MWP_TIMEOUT", DEFAULT_TIMEOUT_S)),
+        help=f"give up on a silent server after this many seconds, exit 3 (default $MWP_TIMEOUT or {DEFAULT_TIMEOUT_S:g}; "
+        "not for serve, demo, worker run and events --follow, which run until stopped)",
+    )
     add_client_tls_flags(p)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -224,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--health-listen",
         help="also serve grpc.health.v1 alone, in plain text, on this address (probes; default $MWP_HEALTH_LISTEN)",
     )
-    s.set_defaults(func=cmd_serve)
+    s.set_defaults(func=cmd_serve, runs_until_stopped=True)
 
     k = sub.add_parser("keygen", help="create an Ed25519 key file (mode 0600)")
     k.add_argument("path")
@@ -285,14 +298,30 @@ def _refusal(err: grpc.aio.AioRpcError, rejection: common_pb2.Rejection | None) 
     return f"{reason}: {rejection.message or err.details()}" + (f" ({facts})" if facts else "")
 
 
+DEFAULT_TIMEOUT_S = 10.0
+
+
+async def _within(work: Awaitable[int], seconds: float) -> int:
+    async with asyncio.timeout(seconds):
+        return await work
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int | Awaitable[int]] = args.func
     try:
         result = func(args)
         if asyncio.iscoroutine(result):
-            result = asyncio.run(result)
+            bounded = not (getattr(args, "runs_until_stopped", False) or getattr(args, "follow", False))
+            result = asyncio.run(_within(result, args.timeout) if bounded and args.timeout > 0 else result)
         return int(result)  # type: ignore[arg-type]
+    except TimeoutError:
+        print(f"mwp: no answer from {target(args)} within {args.timeout:g} s (--timeout)", file=sys.stderr)
+        return 3
+    except BrokenPipeError:  # the reader went away (`mwp ... | head`): nothing more to say
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except grpc.aio.AioRpcError as err:
         rejection = rejection_from_rpc_error(err)
         if err.code() == grpc.StatusCode.UNAVAILABLE and rejection is None:

@@ -952,4 +952,4 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d.add_argument("--admin-key", help="the Organization admin key (default <data dir>/keys/admin.key)")
     d.add_argument("--admin-id", default="admin", help="the admin identity (default admin)")
     add_json_flag(d, "one JSON document: identities, timeline, progress")
-    d.set_defaults(func=cmd_demo)
+    d.set_defaults(func=cmd_demo, runs_until_stopped=True)

@@ -360,4 +360,4 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--as", dest="actor", help="the Worker's identity id (overrides the config's identity)")
     r.add_argument("--key", help="its key file (overrides the config's key)")
     add_json_flag(r, "machine output: one JSON document per line (started, stopped)")
-    r.set_defaults(func=cmd_run)
+    r.set_defaults(func=cmd_run, runs_until_stopped=True)

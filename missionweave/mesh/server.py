@@ -16,6 +16,8 @@ from datetime import timedelta
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sqlalchemy import make_url
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from artifactstore import schema as artifacts_schema
@@ -44,7 +46,14 @@ from missionweave.mesh.front_door import FrontDoor, mirror_health, stop_mirrors
 from missionweave.mesh.health import MeshHealth
 from missionweave.mesh.peers import Peers, PeerUnknown
 from missionweave.rpc.callers import CallAuthenticator, audiences_for, load_or_create_mesh_token
-from missionweave.rpc.channels import ClientTLS, MeshPeersOnly, ServerTLS, add_listener, check_listen
+from missionweave.rpc.channels import (
+    ClientTLS,
+    MeshPeersOnly,
+    ServerTLS,
+    add_listener,
+    check_listen,
+    check_port_free,
+)
 from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.local import LocalChannel
 from missionweave.rpc.reflection import enable_reflection
@@ -212,6 +221,10 @@ class Mesh:
         await self.engine.dispose()
 
 
+class DatabaseUnavailable(OSError):
+    """The store cannot be opened at start-up (unreachable server, bad credentials, unwritable file)."""
+
+
 async def create_schemas(engine: AsyncEngine, served: tuple[str, ...]) -> None:
     """Each service served here creates its own tables, and only those (idempotent)."""
     for name, schema in SCHEMAS.items():
@@ -282,11 +295,19 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     # TLS settings are checked before anything starts: a refusal leaves nothing behind.
     server_tls = ServerTLS.from_settings(settings)
     check_listen(settings.listen, server_tls, insecure=settings.insecure)
+    for address in (settings.listen, settings.health_listen):  # a port in use fails now, loudly
+        if address:
+            check_port_free(address)
     peer_tls = ClientTLS.from_settings(settings)
     clock = clock or SystemClock()
     gc.set_threshold(*GC_THRESHOLDS)
     engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
-    await create_schemas(engine, settings.services)
+    try:
+        await create_schemas(engine, settings.services)
+    except (OSError, SQLAlchemyError) as unreachable:
+        await engine.dispose()
+        shown = make_url(settings.db_url).render_as_string(hide_password=True)
+        raise DatabaseUnavailable(f"cannot open the database {shown}: {unreachable}") from None
     # Services served here reach each other through this channel; the others through their addresses.
     local = LocalChannel()
     peers = Peers(

@@ -18,6 +18,7 @@ client certificates are required.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,6 +187,32 @@ def check_listen(address: str, tls: ServerTLS | None, *, insecure: bool = False)
             "(--tls-cert and --tls-key, or MWP_TLS_CERT and MWP_TLS_KEY; docs/tls.md), listen on loopback "
             "(127.0.0.1), or pass --insecure (MWP_INSECURE=1) to accept unencrypted connections"
         )
+
+
+class ListenError(OSError):
+    """A listen address this process cannot bind (in use, not this host's, not permitted)."""
+
+
+def check_port_free(address: str) -> None:
+    """Raises ``ListenError`` when ``host:port`` cannot be bound now, before anything else starts: gRPC
+    only logs a failed bind and the process would carry on without a listener."""
+    if address.startswith(("unix:", "unix-abstract:")) or ":" not in address:
+        return
+    host, _, port_text = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    if not port_text.isdigit() or int(port_text) == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, int(port_text), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as err:
+        raise ListenError(f"cannot listen on {address}: {err.strerror or err}") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: TIME_WAIT is no conflict
+        try:
+            probe.bind(sockaddr)
+        except OSError as err:
+            raise ListenError(f"cannot listen on {address}: {err.strerror or err}") from None
 
 
 def add_listener(server: grpc.aio.Server, address: str, tls: ServerTLS | None, *, insecure: bool = False) -> int:
