@@ -6,6 +6,7 @@ the same schema runs on both engines (ARCHITECTURE "Storage").
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -18,9 +19,23 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 _SQLITE_SYNCHRONOUS: WeakKeyDictionary[Engine, str] = WeakKeyDictionary()
 
 
+def private_dir(path: Path) -> Path:
+    """``path``, created 0700 (whatever the umask) if it does not exist yet: a data dir holds keys,
+    the event store and blobs, none of them for other local users."""
+    if not path.exists():
+        path.mkdir(parents=True, mode=0o700)
+        path.chmod(0o700)
+    return path
+
+
 def sqlite_url(data_dir: Path) -> str:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    return f"sqlite+aiosqlite:///{(data_dir / 'missionweave.db').resolve()}"
+    """The embedded store in ``data_dir``: the directory 0700 and the database file 0600 when this
+    creates them (SQLite gives its journal files the database file's mode)."""
+    private_dir(data_dir)
+    database = data_dir / "missionweave.db"
+    if not database.exists():
+        os.close(os.open(database, os.O_WRONLY | os.O_CREAT, 0o600))
+    return f"sqlite+aiosqlite:///{database.resolve()}"
 
 
 def normalise_url(url: str) -> str:

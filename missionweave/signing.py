@@ -102,8 +102,11 @@ def generate_key() -> SigningKey:
 
 
 def write_key(path: Path, key: SigningKey) -> None:
-    """Writes the 32-byte seed as hex, created with mode 0600 (never readable by others)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Writes the 32-byte seed as hex, created with mode 0600 (never readable by others), in a
+    directory created 0700 if it is missing."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700)
+        path.parent.chmod(0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(key.encode().hex() + "\n")

@@ -14,6 +14,8 @@ import json
 import os
 from pathlib import Path
 
+from missionweave.db import private_dir
+
 LOCK_NAME = "mesh.lock"
 
 
@@ -33,7 +35,7 @@ class DataDirLock:
 
 def hold(data_dir: Path, mesh_id: str) -> DataDirLock:
     """Take the data directory for the mesh ``mesh_id`` (see the module docstring)."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)
     path = data_dir / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:

@@ -96,12 +96,14 @@ def require_coordinator(
     if lease.expires_at <= ctx.now:
         raise Rejected(
             R.REJECTION_REASON_LEASE_EXPIRED,
-            f"the Coordinator lease expired at {lease.expires_at.isoformat()}; renew it before it lapses",
+            f"the Coordinator lease expired at {lease.expires_at.isoformat()}: the MissionOwner appoints a Coordinator "
+            "(`mwp coordinator replace`), which then reconciles (`mwp coordinator reconcile`) (MW-7.2-04/08)",
         )
     if command.session_epoch != lease.session_epoch:
         raise Rejected(
             R.REJECTION_REASON_LEASE_STALE,
-            f"the lease is bound to session {lease.session_epoch}; renew it from session {command.session_epoch}",
+            f"the lease is bound to session {lease.session_epoch}; renew it from session {command.session_epoch} "
+            "(`mwp coordinator renew`)",
             lease_session_epoch=lease.session_epoch,
         )
     if needs_reconciliation and not lease.reconciled:
@@ -488,7 +490,8 @@ def mission_renew_coordinator_lease(
     if lease.expires_at <= ctx.now:
         raise Rejected(
             R.REJECTION_REASON_LEASE_EXPIRED,
-            "the lease has lapsed; the MissionOwner or the control plane appoints a Coordinator (MW-7.2-04)",
+            "the lease has lapsed; the MissionOwner or the control plane appoints a Coordinator "
+            "(`mwp coordinator replace`) (MW-7.2-04)",
         )
     expires = ctx.now + timedelta(seconds=lease.lease_duration_s)
     out.emit(
