@@ -19,6 +19,7 @@ import pytest
 from missionweave.clock import SystemClock
 from missionweave.config import Settings
 from missionweave.mesh.server import start
+from missionweave.v1 import common_pb2
 from tests import builders
 from tests.conftest import World
 
@@ -224,3 +225,60 @@ def test_output_piped_into_a_reader_that_stops_early_ends_quietly(monkeypatch: p
     monkeypatch.setattr(app.os, "dup2", lambda fd, fd2: None)  # keep pytest's stdout
     assert app.main(["health"]) == 0
     assert "Broken pipe" not in capsys.readouterr().err
+
+
+async def test_events_follow_prints_payloads_and_resumes_after_a_server_restart(tmp_path: Path) -> None:
+    """`mwp events --follow --payloads` outlives a restart of the server: it reconnects and goes on
+    after the last event it printed, nothing twice, nothing skipped."""
+    from missionweave.cli.common import save_session
+    from missionweave.sdk.client import MeshClient
+    from missionweave.signing import generate_key, read_key, write_key
+
+    port = free_port()
+    settings = Settings(listen=f"127.0.0.1:{port}", data_dir=tmp_path / "data", grace_seconds=1)
+    mesh = await start(settings)
+    client = MeshClient(f"127.0.0.1:{port}")
+    admin_key = read_key(settings.admin_key_path)
+    key_path = tmp_path / "alice.key"
+    write_key(key_path, generate_key())
+    alice_key = read_key(key_path)
+    await client.register_identity("admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(alice_key.verify_key))
+    alice = await client.open_session("alice", alice_key)
+    save_session(key_path, alice)
+    await client.register_identity("admin", admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(generate_key().verify_key))
+    create = builders.mission_create("alice", "coord-bot", SystemClock().now())
+    await client.execute(alice.sign(alice.command("grp_follow", "mission_create", create)))
+    conversation = (await client.group_state("grp_follow")).mission.planning_conversation_id
+    await client.channel.close()
+    follower = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "missionweave.cli", "--target", f"127.0.0.1:{port}", "events", "--group", "grp_follow",
+        "--follow", "--payloads", "--as", "alice", "--key", str(key_path),
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    assert follower.stdout is not None
+    lines: list[dict[str, object]] = []
+
+    async def until(count: int) -> None:
+        async with asyncio.timeout(30):
+            while len(lines) < count:
+                lines.append(json.loads(await follower.stdout.readline()))  # type: ignore[union-attr]
+
+    try:
+        await until(1)
+        await mesh.stop(grace=1)  # the server goes away, and comes back on the same port and data
+        mesh = await start(settings)
+        client = MeshClient(f"127.0.0.1:{port}")
+        post = builders.message(conversation, "after the restart")
+        await client.execute(alice.sign(alice.command("grp_follow", "message_post", post, membership_epoch=1)))
+        await client.channel.close()
+        async with asyncio.timeout(30):
+            while not any(line.get("type") == "message.posted" for line in lines):
+                lines.append(json.loads(await follower.stdout.readline()))
+    finally:
+        follower.send_signal(signal.SIGINT)
+        await follower.wait()
+        await mesh.stop(grace=1)
+    sequences = [int(line["seq"]) for line in lines]  # type: ignore[call-overload]
+    assert sequences == list(range(1, len(sequences) + 1))  # in order, none twice, none skipped
+    posted = next(line for line in lines if line["type"] == "message.posted")
+    assert posted["payload"]["content"]["text"] == "after the restart"  # type: ignore[index]

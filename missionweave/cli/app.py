@@ -18,6 +18,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf import json_format
@@ -49,7 +50,7 @@ from missionweave.config import SERVICES, Settings
 from missionweave.rpc.channels import open_channel
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.signing import generate_key, read_key, write_key
-from missionweave.v1 import common_pb2
+from missionweave.v1 import common_pb2, event_pb2
 
 KINDS = {
     "human": common_pb2.IDENTITY_KIND_HUMAN,
@@ -145,14 +146,39 @@ async def cmd_session_open(args: argparse.Namespace) -> int:
     return 0
 
 
+# How long `events --follow` waits before reconnecting to a server that went away (doubling).
+FOLLOW_RETRY_FIRST_S, FOLLOW_RETRY_MAX_S = 0.5, 5.0
+
+
+def event_line(event: event_pb2.Event, payloads: bool) -> str:
+    line: dict[str, Any] = {
+        "seq": event.sequence, "type": event.type, "actor": event.actor_id,
+        "at": event.recorded_at.ToJsonString(), "event_id": event.event_id,
+    }
+    if payloads:
+        field = event.WhichOneof("payload")
+        if field:
+            line["payload"] = json_format.MessageToDict(getattr(event, field), preserving_proto_field_name=True)
+    return json.dumps(line)
+
+
 async def cmd_events(args: argparse.Namespace) -> int:
-    async with reading(args) as mesh:
-        async for event in mesh.read_events(args.group, args.after, follow=args.follow):
-            print(json.dumps({
-                "seq": event.sequence, "type": event.type, "actor": event.actor_id,
-                "at": event.recorded_at.ToJsonString(), "event_id": event.event_id,
-            }), flush=True)
-    return 0
+    """JSON lines; with --follow it reconnects when the server goes away and resumes after the last
+    event it printed (nothing twice, nothing skipped), until Ctrl-C."""
+    after, retry = args.after, FOLLOW_RETRY_FIRST_S
+    while True:
+        try:
+            async with reading(args) as mesh:
+                async for event in mesh.read_events(args.group, after, follow=args.follow):
+                    print(event_line(event, args.payloads), flush=True)
+                    after, retry = event.sequence, FOLLOW_RETRY_FIRST_S
+            return 0
+        except grpc.aio.AioRpcError as err:
+            if not args.follow or err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                raise
+            print(f"mwp: lost {target(args)} ({err.code().name}); reconnecting in {retry:g} s", file=sys.stderr, flush=True)
+            await asyncio.sleep(retry)
+            retry = min(FOLLOW_RETRY_MAX_S, retry * 2)
 
 
 async def cmd_state(args: argparse.Namespace) -> int:
@@ -275,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("events", help="print a Group's events as JSON lines")
     e.add_argument("--group", required=True)
     e.add_argument("--after", type=int, default=0)
-    e.add_argument("--follow", action="store_true")
+    e.add_argument("--follow", action="store_true", help="keep printing new events; reconnects when the server restarts")
+    e.add_argument("--payloads", action="store_true", help="each line also carries the event's payload as JSON")
     add_reader_flags(e)
     e.set_defaults(func=cmd_events)
 
