@@ -174,3 +174,31 @@ def test_split_topology_gives_each_child_its_own_metrics_port() -> None:
     }
     off = plan(Settings(listen="127.0.0.1:50099"), 1, "mesh-t")
     assert {c.env["MWP_METRICS_LISTEN"] for c in off} == {""}
+
+
+def test_every_metric_is_documented_and_the_dashboard_queries_only_defined_ones() -> None:
+    import json
+    import re
+
+    from prometheus_client import REGISTRY
+
+    from missionweave import metrics
+
+    root = Path(__file__).resolve().parent.parent
+    defined = {
+        m._name for m in vars(metrics).values() if isinstance(m, metrics.Counter | metrics.Gauge | metrics.Histogram)
+    }
+    counters = {m._name for m in vars(metrics).values() if isinstance(m, metrics.Counter)}
+    operations = (root / "docs" / "operations.md").read_text()
+    for name in defined:
+        documented = f"{name}_total" if name in counters else name
+        assert f"`{documented}`" in operations, f"{documented} is not in docs/operations.md"
+    dashboard = json.loads((root / "docs" / "grafana-dashboard.json").read_text())
+    queried = {
+        re.sub(r"_(bucket|total)$", "", name)
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bmwp_[a-z_]+", target["expr"])
+    }
+    assert queried and queried <= defined, queried - defined
+    assert REGISTRY.get_sample_value("mwp_gateway_open_streams") is not None
