@@ -202,3 +202,26 @@ def test_every_metric_is_documented_and_the_dashboard_queries_only_defined_ones(
     }
     assert queried and queried <= defined, queried - defined
     assert REGISTRY.get_sample_value("mwp_gateway_open_streams") is not None
+
+
+async def test_a_command_refused_in_a_batch_is_counted_and_logged_like_one_refused_alone(
+    metered: Metered, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="missionweave.rpc")
+    owner = metered.owner
+    body = builders.mission_create("alice", "coord-bot", SystemClock().now())
+    first = owner.command("grp_batch", "mission_create", body)
+    second = owner.command("grp_batch", "mission_create", body)
+    await metered.client.execute(owner.sign(first))
+    before = await _scrape(metered)
+    (outcome,) = await metered.client.execute_batch([owner.sign(second)])
+    assert isinstance(outcome, Exception)
+    after = await _scrape(metered)
+    reason = outcome.reason_name  # type: ignore[attr-defined]
+    assert value(after, "mwp_rejections_total", service="Authority", reason=reason) - value(
+        before, "mwp_rejections_total", service="Authority", reason=reason
+    ) == 1
+    (line,) = [r for r in caplog.records if getattr(r, "command_id", "") == second.command_id]
+    assert (line.rpc, line.group_id, line.command_kind, line.actor_id) == (  # type: ignore[attr-defined]
+        "Authority.ExecuteCommandBatch", "grp_batch", "mission_create", "alice"
+    )

@@ -143,7 +143,9 @@ async def abort_with(context: grpc.aio.ServicerContext, rejected: Rejected) -> N
     raise AssertionError("abort_with_status returned")
 
 
-def _log_rejection(service: str, method: str, rejected: Rejected) -> None:
+def log_rejection(service: str, method: str, rejected: Rejected) -> None:
+    """Counts and logs a rejection at a service's edge: one answered as a status (below), or one
+    answered in band (a command of ExecuteCommandBatch or ExecuteCommandStream)."""
     metrics.REJECTIONS.labels(service, rejected.reason_name).inc()
     if isinstance(rejected, MalformedRequest):
         return  # logged once, rate limited, where it was found (``MalformedRequest.__init__``)
@@ -165,7 +167,7 @@ def unary_edge(service: str, name: str, method: Callable[..., Any]) -> Callable[
         try:
             return await method(self, request, context)
         except Rejected as rejected:
-            _log_rejection(service, name, rejected)
+            log_rejection(service, name, rejected)
             await abort_with(context, rejected)
 
     return handler
@@ -178,7 +180,7 @@ def streaming_edge(service: str, name: str, method: Callable[..., AsyncIterator[
             async for response in method(self, request, context):
                 yield response
         except Rejected as rejected:
-            _log_rejection(service, name, rejected)
+            log_rejection(service, name, rejected)
             await abort_with(context, rejected)
 
     return handler
