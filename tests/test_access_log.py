@@ -51,6 +51,7 @@ def test_the_rate_limit_suppresses_a_flood_and_says_how_many(caplog: pytest.LogC
 def test_a_failed_handler_is_logged_with_its_code() -> None:
     assert _code_of(_Context(), None) == "OK"
     assert _code_of(_Context(), RuntimeError("boom")) == "UNKNOWN"
+    assert _code_of(_Context(), GeneratorExit()) == "CANCELLED"
     assert _code_of(_Context(grpc.StatusCode.PERMISSION_DENIED), Exception()) == "PERMISSION_DENIED"
 
 

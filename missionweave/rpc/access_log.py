@@ -175,7 +175,7 @@ def _code_of(context: Any, failure: BaseException | None) -> str:
         return _BY_VALUE.get(code, "UNKNOWN")
     if failure is None:
         return "OK"
-    if isinstance(failure, asyncio.CancelledError):
+    if isinstance(failure, asyncio.CancelledError | GeneratorExit):  # the client went away
         return "CANCELLED"
     return "UNKNOWN"
 
