@@ -28,6 +28,7 @@ from artifactstore.blobstore import (
 )
 from artifactstore.index import ArtifactIndex, BlobRecord, Edge, ManifestRecord
 from artifactstore.verify import Counters, artifact_error, check_digest, verified_range
+from missionweave import metrics
 from missionweave.clock import Clock, to_micros, to_timestamp
 from missionweave.errors import Rejected
 from missionweave.manifest import (
@@ -52,6 +53,9 @@ log = logging.getLogger("missionweave.artifacts")
 
 MAX_MANIFEST_BYTES = 64 * 1024
 MAX_FIND_MISSING = 10_000
+# Blob bytes received and served (one increment per chunk).
+ARTIFACT_BYTES_IN = metrics.ARTIFACT_BYTES.labels("in")
+ARTIFACT_BYTES_OUT = metrics.ARTIFACT_BYTES.labels("out")
 MAX_PROVENANCE_DEPTH = 32
 MAX_PROVENANCE_NODES = 10_000
 DEFAULT_QUOTA_BYTES = 10 * 1024**3  # per identity (MWP_ARTIFACT_QUOTA_BYTES; 0 = no quota)
@@ -230,6 +234,7 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
                 hasher.update(data)
                 await writer.write(data)
                 received += len(data)
+                ARTIFACT_BYTES_IN.inc(len(data))
             if received != size:
                 raise artifact_error(
                     R.REJECTION_REASON_INVALID_ARGUMENT,
@@ -324,6 +329,7 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     async def _download(self, request: pb.DownloadRequest, caller: Caller) -> AsyncIterator[tuple[int, bytes]]:
         hex_digest, size = await self._known(request.digest, self._readers(caller))
         async for piece in verified_range(self.store, hex_digest, size, request.offset, request.length):
+            ARTIFACT_BYTES_OUT.inc(len(piece[1]))
             yield piece
         if size:  # the whole blob was hashed and matched: remember when (Stat.last_verified_at)
             await self.index.mark_verified(hex_digest, to_micros(self.clock.now()))

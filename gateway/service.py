@@ -36,6 +36,7 @@ from gateway.fetch import FetchRefused, requested
 from gateway.limits import GatewayLimits
 from gateway.outbox import Outbox
 from gateway.schema import cursor_upsert, cursors
+from missionweave import metrics
 from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
 from missionweave.errors import Rejected, from_proto
@@ -196,6 +197,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
                 )
             else:
                 self.connections.add(connection)
+                metrics.GATEWAY_OPEN_STREAMS.inc()
                 connection.reader = asyncio.create_task(connection.read(request_iterator))
             while (frame := await outbox.get()) is not None:
                 connection.sending_since = time.monotonic()
@@ -227,7 +229,9 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         connection.counted = agent_id
 
     def forget(self, connection: _Connection) -> None:
-        self.connections.discard(connection)
+        if connection in self.connections:
+            self.connections.discard(connection)
+            metrics.GATEWAY_OPEN_STREAMS.dec()
         if connection.counted:
             self._per_identity[connection.counted] -= 1
             if self._per_identity[connection.counted] <= 0:

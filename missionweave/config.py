@@ -32,6 +32,8 @@
 | MWP_MAX_MISSION_DEPTH    | 2                               | default maximum depth of a Mission tree (root = 0) |
 | MWP_LINK_RELAY_POLL_MS   | 1000                            | how often the cross-Group outbox is read (0: not here) |
 | MWP_LOG_LEVEL / _FORMAT  | info / json                     | logging                                        |
+| MWP_METRICS_LISTEN       | 127.0.0.1:9464 (`mwp serve`)    | Prometheus text format at /metrics (empty: off; off in a bare ``Settings()``) |
+| MWP_ACCESS_LOG_RATE      | 100                             | access-log lines/s, bursts of twice that (0: no access log) |
 
 TLS (docs/tls.md). A server listens with TLS when it has a certificate; clients (``mwp``, the SDK's
 ``ClientTLS.from_env``, a service dialing its peers) speak TLS when any client setting is set:
@@ -54,6 +56,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+# Where `mwp serve` serves its Prometheus metrics unless MWP_METRICS_LISTEN says otherwise.
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 
 SERVICES = ("authority", "membership", "scheduling", "artifacts", "gateway")
 
@@ -127,6 +132,12 @@ class Settings:
     # How often an Authority reads the cross-Group outbox besides when its own appends wrote to it
     # (docs/subtasks.md); 0: this instance delivers no cross-Group links (others do).
     link_relay_poll_ms: int = 1000
+    # Where this process serves its Prometheus metrics (missionweave/metrics.py); "" serves none.
+    # Off in a bare Settings() (tests start many meshes in one process); from_env, as `mwp serve`
+    # reads it, defaults to DEFAULT_METRICS_LISTEN.
+    metrics_listen: str = ""
+    # Access-log lines a second at most (bursts of twice that); 0 writes none (missionweave/rpc/access_log.py).
+    access_log_rate: float = 100.0
 
     @property
     def db_url(self) -> str:
@@ -210,6 +221,10 @@ class Settings:
         s.link_relay_poll_ms = int(e.get("MWP_LINK_RELAY_POLL_MS", s.link_relay_poll_ms))
         if s.link_relay_poll_ms < 0:
             raise ValueError("MWP_LINK_RELAY_POLL_MS is a number of milliseconds (0: deliver no links here)")
+        s.metrics_listen = e.get("MWP_METRICS_LISTEN", DEFAULT_METRICS_LISTEN).strip()
+        s.access_log_rate = float(e.get("MWP_ACCESS_LOG_RATE", s.access_log_rate))
+        if s.access_log_rate < 0:
+            raise ValueError("MWP_ACCESS_LOG_RATE is a number of lines a second (0: no access log)")
         s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
         s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)
         return s

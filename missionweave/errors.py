@@ -21,6 +21,9 @@ class Rejected(Exception):
         self.reason = reason
         self.message = message
         self.metadata = {k: str(v) for k, v in metadata.items()}
+        # What the refusal was about, for its log line only (never sent): a command's group_id,
+        # command_id, command_kind and actor_id (services/authority/authority.py).
+        self.log_context: dict[str, str] = {}
 
     @property
     def reason_name(self) -> str:

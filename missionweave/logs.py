@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 
@@ -32,3 +33,14 @@ def configure(level: str = "info", fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # gRPC's Python loggers ("grpc", "grpc._cython.cygrpc", "grpc.aio", ...) reach this handler
+    # through the root logger; their own handlers, if any, are dropped so nothing bypasses it.
+    grpc_logger = logging.getLogger("grpc")
+    grpc_logger.handlers[:] = [h for h in grpc_logger.handlers if isinstance(h, logging.NullHandler)]
+    grpc_logger.propagate = True
+
+
+def quiet_grpc_core() -> None:
+    """gRPC's C core logs to stderr on its own, outside this format: only its errors, unless
+    GRPC_VERBOSITY says otherwise. Read when the core starts, so set before grpc is imported."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")

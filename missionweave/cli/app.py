@@ -79,7 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.database_url = args.database_url
     if args.service:
         settings.services = tuple(args.service)
-    for name in ("tls_cert", "tls_key", "tls_client_ca", "health_listen"):
+    for name in ("tls_cert", "tls_key", "tls_client_ca", "health_listen", "metrics_listen"):
         if getattr(args, name) is not None:
             setattr(settings, name, getattr(args, name))
     settings.insecure = settings.insecure or args.insecure
@@ -262,6 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--health-listen",
         help="also serve grpc.health.v1 alone, in plain text, on this address (probes; default $MWP_HEALTH_LISTEN)",
+    )
+    t.add_argument(
+        "--metrics-listen",
+        help="serve Prometheus metrics on this address, '' for none (default $MWP_METRICS_LISTEN or 127.0.0.1:9464)",
     )
     s.set_defaults(func=cmd_serve, runs_until_stopped=True)
 

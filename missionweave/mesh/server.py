@@ -29,7 +29,7 @@ from artifactstore.service import ArtifactServicer, add_artifact_service
 from gateway import schema as gateway_schema
 from gateway.limits import GatewayLimits
 from gateway.service import GatewayServicer
-from missionweave import ids
+from missionweave import ids, metrics
 from missionweave.clock import Clock, SystemClock
 from missionweave.config import Settings
 from missionweave.db import make_engine
@@ -45,6 +45,8 @@ from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceStu
 from missionweave.mesh.front_door import FrontDoor, mirror_health, stop_mirrors
 from missionweave.mesh.health import MeshHealth
 from missionweave.mesh.peers import Peers, PeerUnknown
+from missionweave.metrics import MetricsServer
+from missionweave.rpc.access_log import AccessLog
 from missionweave.rpc.callers import CallAuthenticator, audiences_for, load_or_create_mesh_token
 from missionweave.rpc.channels import (
     ClientTLS,
@@ -186,6 +188,8 @@ class Mesh:
     schedulers: Workers | None = None
     # The cross-Group relay where the Authority is served and delivers links (docs/subtasks.md).
     links: LinkRelay | None = None
+    # The Prometheus endpoint (MWP_METRICS_LISTEN), if any.
+    metrics: MetricsServer | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -208,6 +212,8 @@ class Mesh:
         await self.server.stop(grace)
         if self.health_server is not None:
             await self.health_server.stop(0)
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.stop)
         await stop_mirrors(self.background)
         await self.peers.close()
         if self.links is not None:
@@ -332,7 +338,9 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         # With client certificates required, the internal contracts answer mesh services only.
         # Requests are parsed at the edge, not by gRPC: one that does not parse is answered
         # INVALID_ARGUMENT (MALFORMED), never UNKNOWN with a traceback (missionweave/rpc/status.py).
+        # The access log is outermost: it sees every call's final code, the parsing edge's too.
         interceptors=[
+            AccessLog(settings.access_log_rate),
             *([MeshPeersOnly(INTERNAL_SERVICE_NAMES.values())] if server_tls is not None and server_tls.mutual else []),
             RequestParsing(),
         ],
@@ -437,6 +445,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     enable_reflection([*names, *routed, "grpc.health.v1.Health"], server)
     port = add_listener(server, settings.listen, server_tls, insecure=settings.insecure)
     health_server, health_port = await _health_listener(settings.health_listen, health)
+    metrics_server = metrics.serve(settings.metrics_listen)
     # Listening on port 0 picks a port: proofs (call proofs and HELLO) name the address clients
     # dial, with that port; the gateway checks HELLO against the same audiences.
     callers.audiences |= audiences_for(f"{settings.listen.rsplit(':', 1)[0]}:{port}")
@@ -505,6 +514,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         artifact_servicer,
         schedulers,
         links,
+        metrics_server,
     )
 
 

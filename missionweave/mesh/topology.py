@@ -7,6 +7,9 @@ The launcher holds the data directory (its children are let in by ``MWP_MESH_ID`
 every child reports SERVING, restarts a child that dies (as Kubernetes restarts a pod), stops the
 whole mesh (exit 1) if one keeps dying, and forwards SIGTERM/SIGINT to all of them.
 
+Metrics (docs/operations.md): the gateway child serves them on the launcher's MWP_METRICS_LISTEN,
+every other child on the ports after it (authority-0..N-1, membership, artifacts, scheduling).
+
 TLS (docs/tls.md): the launcher's TLS settings reach every child. With ``--tls-auto`` it makes a
 throw-away mesh CA and a certificate per process in ``<data dir>/tls/`` instead: every process
 serves TLS, the back services require client certificates (mTLS) and every process presents its
@@ -96,9 +99,27 @@ def plan(settings: Settings, shards: int, mesh_id: str) -> list[Child]:
     ]
     children += [Child(name, (name,), address, {}) for name, address in addresses.items()]
     children.append(Child("gateway", ("gateway",), settings.listen, {"MWP_HEALTH_LISTEN": settings.health_listen}))
+    metrics = _metrics_addresses(settings.metrics_listen, [children[-1], *children[:-1]])
     for child in children:
-        child.env = {**common, **child.env, "MWP_SERVICES": ",".join(child.services), "MWP_LISTEN": child.address}
+        child.env = {
+            **common,
+            **child.env,
+            "MWP_SERVICES": ",".join(child.services),
+            "MWP_LISTEN": child.address,
+            "MWP_METRICS_LISTEN": metrics[child.name],
+        }
     return children
+
+
+def _metrics_addresses(listen: str, children: list[Child]) -> dict[str, str]:
+    """Each child's own metrics address: the launcher's MWP_METRICS_LISTEN for the first (the
+    gateway), the ports after it for the others in order (authority-0..N-1, membership, artifacts,
+    scheduling); port 0 lets each pick one; empty: none serves metrics."""
+    if not listen:
+        return {child.name: "" for child in children}
+    host, _, port = listen.rpartition(":")
+    first = int(port)
+    return {child.name: f"{host}:{first + i if first else 0}" for i, child in enumerate(children)}
 
 
 def _tls_env(settings: Settings) -> dict[str, str]:

@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 from missionweave.clock import Clock, from_timestamp
 from missionweave.errors import R, Rejected
 from missionweave.replay import NonceCache
+from missionweave.rpc.access_log import note_caller
 from missionweave.rpc.channels import peer_service_name
 from missionweave.signing import parse_session_key_id, verify_signature
 from missionweave.v1 import auth_pb2, common_pb2
@@ -187,7 +188,9 @@ def requires(access: Access, *, streamed_request: bool = False) -> Callable[[Cal
             callers: CallAuthenticator | None = getattr(self, "callers", None)
             if callers is None:  # fail closed: a servicer the mesh did not equip answers nobody
                 raise unauthenticated("unconfigured", f"{name}: this server cannot authenticate callers")
-            return await callers.authenticate(context, f"/{self.SERVICE}/{name}", access)
+            caller = await callers.authenticate(context, f"/{self.SERVICE}/{name}", access)
+            note_caller(caller.identity_id or ("mesh" if caller.service else ""))
+            return caller
 
         if inspect.isasyncgenfunction(method):
 

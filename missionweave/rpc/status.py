@@ -20,6 +20,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from missionweave import metrics
 from missionweave.errors import DOMAIN, R, Rejected
 from missionweave.v1 import common_pb2
 
@@ -142,12 +143,21 @@ async def abort_with(context: grpc.aio.ServicerContext, rejected: Rejected) -> N
     raise AssertionError("abort_with_status returned")
 
 
-def _log_rejection(service: str, method: str, rejected: Rejected) -> None:
+def log_rejection(service: str, method: str, rejected: Rejected) -> None:
+    """Counts and logs a rejection at a service's edge: one answered as a status (below), or one
+    answered in band (a command of ExecuteCommandBatch or ExecuteCommandStream)."""
+    metrics.REJECTIONS.labels(service, rejected.reason_name).inc()
     if isinstance(rejected, MalformedRequest):
         return  # logged once, rate limited, where it was found (``MalformedRequest.__init__``)
     log.info(
         "request rejected",
-        extra={"rpc": f"{service}.{method}", "reason": rejected.reason_name, "detail": rejected.message, **rejected.metadata},
+        extra={
+            "rpc": f"{service}.{method}",
+            "reason": rejected.reason_name,
+            "detail": rejected.message,
+            **rejected.metadata,
+            **rejected.log_context,
+        },
     )
 
 
@@ -157,7 +167,7 @@ def unary_edge(service: str, name: str, method: Callable[..., Any]) -> Callable[
         try:
             return await method(self, request, context)
         except Rejected as rejected:
-            _log_rejection(service, name, rejected)
+            log_rejection(service, name, rejected)
             await abort_with(context, rejected)
 
     return handler
@@ -170,7 +180,7 @@ def streaming_edge(service: str, name: str, method: Callable[..., AsyncIterator[
             async for response in method(self, request, context):
                 yield response
         except Rejected as rejected:
-            _log_rejection(service, name, rejected)
+            log_rejection(service, name, rejected)
             await abort_with(context, rejected)
 
     return handler
@@ -302,7 +312,12 @@ def _parsing_handler(path: str, handler: Any) -> grpc.RpcMethodHandler:
 
         async def unary_unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:  # type: ignore[type-arg]
             try:
-                return await inner(parse_request(path, parse, raw), context)
+                request = parse_request(path, parse, raw)
+            except MalformedRequest as malformed:  # the servicer's edge never saw it: counted here
+                metrics.REJECTIONS.labels(_service_of(path), malformed.reason_name).inc()
+                await abort_with(context, malformed)
+            try:
+                return await inner(request, context)
             except Rejected as rejected:
                 await abort_with(context, rejected)
             except NotImplementedError:
@@ -346,6 +361,11 @@ def _parsing_handler(path: str, handler: Any) -> grpc.RpcMethodHandler:
             await _unimplemented(context, path)
 
     return grpc.stream_stream_rpc_method_handler(stream_stream, response_serializer=serialize)
+
+
+def _service_of(path: str) -> str:
+    """'/missionweave.v1.AuthorityService/Execute' -> 'Authority' (as ``rejections_as_status`` names it)."""
+    return path.split("/")[1].rsplit(".", 1)[-1].removesuffix("Service") if path.count("/") == 2 else "unknown"
 
 
 async def _unimplemented(context: grpc.aio.ServicerContext, path: str) -> None:  # type: ignore[type-arg]

@@ -22,13 +22,14 @@ import grpc
 from google.protobuf.message import DecodeError
 from nacl.signing import SigningKey
 
-from missionweave import codec, ids
+from missionweave import codec, ids, metrics
 from missionweave.clock import Clock, timestamp_micros, to_micros, to_timestamp
 from missionweave.errors import Rejected
 from missionweave.eventlog import CHECKPOINT_TYPE, Chain, Corruption, checkpoint_payload, event_digest
 from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION
 from missionweave.internal.v1 import publications_pb2
 from missionweave.manifest import manifest_digest
+from missionweave.rpc.access_log import note_caller
 from missionweave.rpc.identities import DirectoryIdentity, IdentityDirectoryClient
 from missionweave.rpc.status import peer_unavailable
 from missionweave.signing import (
@@ -155,11 +156,29 @@ class GroupAuthority:
 
     async def execute(self, envelope: common_pb2.SignedEnvelope) -> command_pb2.CommandResult:
         self.in_flight += 1
+        command: command_pb2.Command | None = None
         try:
             command = await self._authenticate(envelope)
-            return await self._execute_verified(command, envelope)
+            note_caller(command.actor_id)
+            result = await self._execute_verified(command, envelope)
+        except Rejected as rejected:
+            # Its one log line (at the gRPC edge, missionweave/rpc/status.py) names the command; a
+            # command that did not authenticate names none of it (nothing unverified is logged).
+            kind = (command.WhichOneof("body") or "unknown") if command is not None else "unknown"
+            metrics.COMMANDS.labels(kind, "rejected").inc()
+            if command is not None:
+                rejected.log_context = _log_fields(command, kind)
+            raise
         finally:
             self.in_flight -= 1
+        kind = command.WhichOneof("body") or "unknown"
+        metrics.COMMANDS.labels(kind, "replayed" if result.replayed else "accepted").inc()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "command replayed" if result.replayed else "command accepted",
+                extra={**_log_fields(command, kind), "group_revision": result.group_revision},
+            )
+        return result
 
     async def _authenticate(self, envelope: common_pb2.SignedEnvelope) -> command_pb2.Command:
         """Signature first: nothing in the payload is trusted before it verifies (principle 5)."""
@@ -183,6 +202,7 @@ class GroupAuthority:
                 R.REJECTION_REASON_SESSION_NOT_OPEN, f"{identity_id} has no session with epoch {epoch}; open one"
             )
         if not await self.verifier.verify_envelope(envelope, session_key):
+            metrics.SIGNATURE_FAILURES.inc()
             raise Rejected(R.REJECTION_REASON_SIGNATURE_INVALID, "the signature does not verify with the session key")
         if epoch > identity.session_epoch:  # a verified session newer than the cached directory names
             identity = await self.identities.get(identity_id, at_least_epoch=epoch) or identity
@@ -266,6 +286,7 @@ class GroupAuthority:
         """Per-Group token bucket (MW-8-16): replays of accepted commands never count against it."""
         wait_s = self.ingress.admit(group_id)
         if wait_s > 0:
+            metrics.INGRESS_REFUSALS.inc()
             raise Rejected(
                 R.REJECTION_REASON_OVERLOADED,
                 f"Group {group_id} is over its command rate ({self.ingress.rate:g}/s); retry later",
@@ -577,6 +598,7 @@ class GroupAuthority:
 
     def _corrupted(self, group_id: str) -> None:
         """A Group failed verification: forget everything held of it; tell health."""
+        metrics.LOG_VERIFICATION_FAILURES.inc()
         self._cache.pop(group_id, None)
         self.tails.drop(group_id)
         if self._on_corrupted is not None:
@@ -852,6 +874,16 @@ class _GroupLock:
         entry.users -= 1
         if entry.users == 0:
             self.locks.pop(self.key, None)
+
+
+def _log_fields(command: command_pb2.Command, kind: str) -> dict[str, str]:
+    """The fields every log line about a command carries (docs/operations.md "Metrics and logs")."""
+    return {
+        "group_id": command.group_id,
+        "command_id": command.command_id,
+        "command_kind": kind,
+        "actor_id": command.actor_id,
+    }
 
 
 def _fingerprint(command: command_pb2.Command) -> bytes:

@@ -11,7 +11,7 @@ import grpc
 from missionweave import codec
 from missionweave.errors import R, Rejected
 from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
-from missionweave.rpc.status import rejections_as_status
+from missionweave.rpc.status import log_rejection, rejections_as_status
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import authority_service_pb2_grpc as pb_grpc
 from missionweave.v1 import common_pb2, membership_pb2, subtask_pb2
@@ -71,7 +71,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
 
         async def run(req: pb.ExecuteCommandStreamRequest) -> None:
             try:
-                await answers.put(await self._answer(req))
+                await answers.put(await self._answer(req, "ExecuteCommandStream"))
             finally:
                 slots.release()
 
@@ -109,15 +109,16 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 f"a batch holds at most {MAX_BATCH_COMMANDS} commands; this one has {len(request.commands)}",
                 limit=MAX_BATCH_COMMANDS,
             )
-        answers = await asyncio.gather(*(self._answer(req) for req in request.commands))
+        answers = await asyncio.gather(*(self._answer(req, "ExecuteCommandBatch") for req in request.commands))
         return pb.ExecuteCommandBatchResponse(results=answers)
 
-    async def _answer(self, req: pb.ExecuteCommandStreamRequest) -> pb.ExecuteCommandStreamResponse:
+    async def _answer(self, req: pb.ExecuteCommandStreamRequest, rpc: str) -> pb.ExecuteCommandStreamResponse:
         """One command of a stream or a batch: its result or its rejection, never an exception."""
         try:
             result = await self.authority.execute(req.command)
             return pb.ExecuteCommandStreamResponse(request_tag=req.request_tag, command_id=result.command_id, result=result)
         except Rejected as rejected:
+            log_rejection("Authority", rpc, rejected)  # answered in band: counted and logged as at the edge
             return pb.ExecuteCommandStreamResponse(request_tag=req.request_tag, rejection=rejected.to_proto())
         except Exception:
             log.exception("command failed unexpectedly")

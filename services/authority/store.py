@@ -32,6 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from missionweave import metrics
 from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, to_micros
 from missionweave.db import sqlite_writer_target
@@ -74,6 +75,8 @@ class AppendRequest(AppendRecord):
     # per event, once ``done`` resolves.
     signatures: list[bytes] = field(default_factory=list)
     done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    # The event loop's time when it was queued (mwp_append_latency_seconds).
+    queued_at: float = 0.0
 
 
 class EventStore:
@@ -357,7 +360,7 @@ class EventStore:
         """
         if self._writer is None:
             self.start()
-        self._last_enqueue = asyncio.get_running_loop().time()
+        self._last_enqueue = request.queued_at = asyncio.get_running_loop().time()
         self._queue.put_nowait(request)
 
     async def _write_loop(self) -> None:
@@ -416,6 +419,8 @@ class EventStore:
 
     async def _commit_batch(self, batch: list[AppendRequest]) -> None:
         now = to_micros(self.clock.now())
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         outcomes: list[Rejected | None]
         if self._sqlite_writer is not None:
             try:
@@ -428,9 +433,13 @@ class EventStore:
             async with self.engine.connect() as aconn:
                 outcomes = await aconn.run_sync(lambda conn: self._batch_writer.write(SqlAlchemyOps(conn), batch, now))
         self.batches += 1
+        ended = loop.time()
+        metrics.BATCH_LATENCY.observe(ended - started)
+        metrics.BATCH_SIZE.observe(len(batch))
         for req, outcome in zip(batch, outcomes, strict=True):
             if outcome is None:
                 self.appends += 1
+                metrics.APPEND_LATENCY.observe(ended - req.queued_at)
                 req.done.set_result(None)
             else:
                 req.done.set_exception(outcome)
