@@ -316,6 +316,12 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
         ),
         MEMBERS_ONLY,
     ),
+    # G holds no WorkItem: a caller let in is told it is missing, everyone else learns nothing.
+    "AuthorityService.GetWorkItem": (
+        lambda c, p: c.work_item(G, "wi-none"),
+        row(UNAUTH, NOT_MEMBER, NOT_MEMBER, "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND"),
+    ),
+    "AuthorityService.ListWorkItems": (lambda c, p: c.work_items(G), MEMBERS_ONLY),
     "AuthorityService.GetMissionTree": (
         lambda c, p: c.mission_tree(G),
         row(UNAUTH, NOT_MEMBER, NOT_MEMBER, DENIED, OK, OK, OK),
