@@ -77,7 +77,7 @@ def group_state_proto(state: GroupState, viewer: str | None = None) -> pb.GroupS
         out.conversations.append(
             pb.ConversationSummary(
                 conversation_id=conv.conversation_id,
-                kind=conv.kind,
+                kind=conv.kind,  # type: ignore[arg-type]
                 work_item_id=conv.work_item_id,
                 message_count=conv.message_count,
                 participant_ids=conv.participant_ids,
