@@ -322,6 +322,7 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
         row(UNAUTH, NOT_MEMBER, NOT_MEMBER, "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND"),
     ),
     "AuthorityService.ListWorkItems": (lambda c, p: c.work_items(G), MEMBERS_ONLY),
+    "AuthorityService.ListMissions": (lambda c, p: c.missions(), row(UNAUTH, OK, OK, OK, OK, OK, OK)),
     "AuthorityService.GetMissionTree": (
         lambda c, p: c.mission_tree(G),
         row(UNAUTH, NOT_MEMBER, NOT_MEMBER, DENIED, OK, OK, OK),

@@ -8,13 +8,14 @@ import grpc
 import pytest
 
 from missionweave.clock import from_timestamp
+from missionweave.rpc.paging import encode_token
 from missionweave.rpc.status import rejection_from_rpc_error
-from missionweave.sdk.client import MeshClient
+from missionweave.sdk.client import MeshClient, decode_events
 from missionweave.v1 import authority_service_pb2 as apb
-from missionweave.v1 import common_pb2
+from missionweave.v1 import common_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests.conftest import World, register
-from tests.test_missions import G
+from tests.test_missions import G, as_member, create
 from tests.test_work_items import setup
 
 pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
@@ -58,8 +59,6 @@ async def test_a_work_item_shows_its_lease_epoch_and_submission(world: World) ->
     assert from_timestamp(active.lease.expires_at) > from_timestamp(active.lease.started_at)
     assert active.ownership.lease_kind == wp.WORK_LEASE_KIND_EXECUTION
     submitted = await f.as_(w.worker, "work_submit", f.submit_body("wi-1", epoch, "lease-a"))
-    from missionweave.sdk.client import decode_events
-
     submission = decode_events(submitted.events)[0].event_id
     done = await w.client.work_item(G, "wi-1")
     assert done.state == WS.WORK_ITEM_STATE_SUBMITTED and done.submission_event_id == submission
@@ -111,3 +110,33 @@ async def test_a_non_member_learns_nothing_of_work_items(world: World) -> None:
             assert await reason_of(listed) == (grpc.StatusCode.PERMISSION_DENIED, R.REJECTION_REASON_NOT_A_MEMBER)
     finally:
         await them.channel.close()
+
+
+async def test_missions_list_what_the_caller_may_see_in_pages(world: World) -> None:
+    w = world
+    for group in ("grp_a", "grp_b", "grp_c"):
+        await create(w, group)
+    await as_member(w, "grp_b", w.worker)
+    everything = await w.client.missions()  # the admin: an operator
+    assert [m.group_id for m in everything] == ["grp_a", "grp_b", "grp_c"]
+    first = everything[0]
+    assert first.state == mission_pb2.MISSION_STATE_ACTIVE and first.owner_id == "alice"
+    assert first.coordinator_id == "coord-bot" and first.title and first.budget.tokens > 0
+    assert first.mission_id and first.group_revision > 0 and first.HasField("deadline")
+    pages, token, seen = 0, "", []
+    while True:
+        resp = await w.client.authority.ListMissions(apb.ListMissionsRequest(page_size=2, page_token=token))
+        pages += 1
+        seen += [m.group_id for m in resp.missions]
+        token = resp.next_page_token
+        if not token:
+            break
+    assert seen == ["grp_a", "grp_b", "grp_c"] and pages == 2
+    outsider = await register(w.client, w.keys["admin"], "outsider-bot", common_pb2.IDENTITY_KIND_AGENT)
+    for signer, expected in ((w.worker, ["grp_b"]), (w.owner, ["grp_a", "grp_b", "grp_c"]), (outsider, [])):
+        async with MeshClient(w.target, reader=signer) as them:
+            assert [m.group_id for m in await them.missions(page_size=1)] == expected, signer.identity_id
+    bad = w.client.authority.ListMissions(apb.ListMissionsRequest(page_token="bWlzOg"))  # "mis:" and nothing
+    assert await reason_of(bad) == (grpc.StatusCode.INVALID_ARGUMENT, R.REJECTION_REASON_INVALID_ARGUMENT)
+    other_list = apb.ListMissionsRequest(page_token=encode_token("wi", "grp_a"))  # another list's token
+    assert (await reason_of(w.client.authority.ListMissions(other_list)))[1] == R.REJECTION_REASON_INVALID_ARGUMENT

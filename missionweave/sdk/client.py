@@ -362,6 +362,19 @@ class MeshClient:
             if not token:
                 return out
 
+    async def missions(self, page_size: int = 0) -> list[authority_service_pb2.MissionSummary]:
+        """Every Mission the reader may see (an operator: all; others: their Groups'), all pages."""
+        out: list[authority_service_pb2.MissionSummary] = []
+        token = ""
+        while True:
+            resp = await self.authority.ListMissions(
+                authority_service_pb2.ListMissionsRequest(page_size=page_size, page_token=token)
+            )
+            out.extend(resp.missions)
+            token = resp.next_page_token
+            if not token:
+                return out
+
     async def mission_tree(self, group_id: str) -> list[subtask_pb2.MissionTreeNode]:
         """The Mission tree (MW-14-19), root first in pre-order: all of it for an operator or the
         root MissionOwner, the subtree from ``group_id`` for its MissionOwner or Coordinator."""

@@ -214,3 +214,27 @@ def work_item_proto(state: GroupState, item: WorkItemState) -> work_pb2.WorkItem
     if item.children:
         out.child_mission_id = item.children[-1].child_mission_id
     return out
+
+
+def mission_summary(state: GroupState) -> pb.MissionSummary:
+    """A Group's Mission as ListMissions shows it (the state must hold a Mission)."""
+    m = state.mission
+    assert m is not None
+    out = pb.MissionSummary(
+        group_id=state.group_id,
+        mission_id=m.mission_id,
+        title=m.definition.title,
+        kind=m.kind,  # type: ignore[arg-type]
+        state=m.state,  # type: ignore[arg-type]
+        owner_id=m.owner_id,
+        coordinator_id=m.coordinator.agent_id if m.coordinator is not None else "",
+        group_revision=state.head_sequence,
+        parent_group_id=m.parent_group_id,
+    )
+    if m.definition.HasField("deadline"):
+        out.deadline.CopyFrom(m.definition.deadline)
+    out.budget.CopyFrom(m.definition.budget)
+    out.used.currency = m.definition.budget.currency
+    for dim in SIX:
+        setattr(out.used, dim, state.mission_used[dim])
+    return out
