@@ -347,6 +347,9 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
         lambda c, p: c.membership.GetIdentity(membership_service_pb2.GetIdentityRequest(identity_id="alice")),
         row(UNAUTH, OK, OK, OK, OK, OK, OK),
     ),
+    "MembershipService.ListIdentities": (
+        lambda c, p: c.identities(), row(UNAUTH, DENIED, DENIED, DENIED, DENIED, DENIED, OK)
+    ),
     "MembershipService.ListMemberships": (
         lambda c, p: c.membership.ListMemberships(membership_service_pb2.ListMembershipsRequest(group_id=G)),
         MEMBERS_ONLY,

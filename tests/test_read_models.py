@@ -13,6 +13,7 @@ from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient, decode_events
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import common_pb2, mission_pb2
+from missionweave.v1 import membership_service_pb2 as mpb
 from missionweave.v1 import work_pb2 as wp
 from tests.conftest import World, register
 from tests.test_missions import G, as_member, create
@@ -140,3 +141,27 @@ async def test_missions_list_what_the_caller_may_see_in_pages(world: World) -> N
     assert await reason_of(bad) == (grpc.StatusCode.INVALID_ARGUMENT, R.REJECTION_REASON_INVALID_ARGUMENT)
     other_list = apb.ListMissionsRequest(page_token=encode_token("wi", "grp_a"))  # another list's token
     assert (await reason_of(w.client.authority.ListMissions(other_list)))[1] == R.REJECTION_REASON_INVALID_ARGUMENT
+
+
+async def test_identities_are_listed_to_operators_only_in_pages(world: World) -> None:
+    w = world
+    everyone = await w.client.identities()  # the admin
+    ids = [i.identity_id for i in everyone]
+    assert ids == sorted(ids) and {"admin", "alice", "coord-bot", "worker-bot"} <= set(ids)
+    alice = next(i for i in everyone if i.identity_id == "alice")
+    assert alice.kind == common_pb2.IDENTITY_KIND_HUMAN and len(alice.public_key) == 32
+    assert alice == await w.client.identity("alice")
+    first = await w.client.membership.ListIdentities(mpb.ListIdentitiesRequest(page_size=2))
+    assert len(first.identities) == 2 and first.next_page_token
+    rest = await w.client.identities(page_size=1)
+    assert [i.identity_id for i in rest] == ids
+    then = await w.client.membership.ListIdentities(
+        mpb.ListIdentitiesRequest(page_size=2, page_token=first.next_page_token)
+    )
+    assert [i.identity_id for i in then.identities] == ids[2:4]
+    bad = w.client.membership.ListIdentities(mpb.ListIdentitiesRequest(page_token="%%%"))
+    assert await reason_of(bad) == (grpc.StatusCode.INVALID_ARGUMENT, R.REJECTION_REASON_INVALID_ARGUMENT)
+    for signer in (w.worker, w.owner, w.coordinator):
+        async with MeshClient(w.target, reader=signer) as them:
+            denied = them.membership.ListIdentities(mpb.ListIdentitiesRequest())
+            assert await reason_of(denied) == (grpc.StatusCode.PERMISSION_DENIED, R.REJECTION_REASON_PERMISSION_DENIED)

@@ -375,6 +375,23 @@ class MeshClient:
             if not token:
                 return out
 
+    async def identities(self, page_size: int = 0) -> list[membership_pb2.Identity]:
+        """Every registered identity, by id (all pages); operators only."""
+        out: list[membership_pb2.Identity] = []
+        token = ""
+        while True:
+            resp = await self.membership.ListIdentities(
+                membership_service_pb2.ListIdentitiesRequest(page_size=page_size, page_token=token)
+            )
+            out.extend(resp.identities)
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    async def identity(self, identity_id: str) -> membership_pb2.Identity:
+        resp = await self.membership.GetIdentity(membership_service_pb2.GetIdentityRequest(identity_id=identity_id))
+        return resp.identity
+
     async def mission_tree(self, group_id: str) -> list[subtask_pb2.MissionTreeNode]:
         """The Mission tree (MW-14-19), root first in pre-order: all of it for an operator or the
         root MissionOwner, the subtree from ``group_id`` for its MissionOwner or Coordinator."""
