@@ -687,10 +687,12 @@ async def test_no_read_path_shows_a_worker_what_it_may_not_see(world: World) -> 
             await scan(client.signed_group_summary(group))
             await scan(client.authority.GetMissionProgress(authority_service_pb2.GetMissionProgressRequest(group_id=group)))
             await scan(client.membership.ListMemberships(membership_service_pb2.ListMembershipsRequest(group_id=group)))
+            await scan(client.authority.ListWorkItems(authority_service_pb2.ListWorkItemsRequest(group_id=group)))
             await scan(client.authority.GetContextPackage(
                 authority_service_pb2.GetContextPackageRequest(group_id=group, recipient_ids=[signer.identity_id])
             ))
             await scan(_over_the_gateway(w, client, signer, group, heads[group]))
+        await scan(client.authority.ListMissions(authority_service_pb2.ListMissionsRequest()))
         await scan(gpb_grpc.GatewayServiceStub(client.channel).GetSnapshot(
             gpb.GetSnapshotRequest(group_id=G, digest=snapshot, proof=hello(w, signer).proof)
         ))

@@ -165,3 +165,25 @@ async def test_identities_are_listed_to_operators_only_in_pages(world: World) ->
         async with MeshClient(w.target, reader=signer) as them:
             denied = them.membership.ListIdentities(mpb.ListIdentitiesRequest())
             assert await reason_of(denied) == (grpc.StatusCode.PERMISSION_DENIED, R.REJECTION_REASON_PERMISSION_DENIED)
+
+
+async def test_a_bounded_scan_gives_a_short_page_with_a_token(
+    world: World, topology: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ListMissions examines at most MAX_LIST_SCAN Groups per call (D106): a member of only the
+    last Group gets empty pages with tokens before it, never a wrong last page."""
+    if topology.startswith("split"):
+        pytest.skip("patches the in-process Authority")
+    import services.authority.servicer as servicer
+
+    w = world
+    for group in ("grp_a", "grp_b", "grp_c"):
+        await create(w, group)
+    await as_member(w, "grp_c", w.worker)
+    monkeypatch.setattr(servicer, "MAX_LIST_SCAN", 2)
+    async with MeshClient(w.target, reader=w.worker) as mine:
+        first = await mine.authority.ListMissions(apb.ListMissionsRequest())
+        assert not first.missions and first.next_page_token  # grp_a, grp_b examined: not its Groups
+        then = await mine.authority.ListMissions(apb.ListMissionsRequest(page_token=first.next_page_token))
+        assert [m.group_id for m in then.missions] == ["grp_c"] and not then.next_page_token
+        assert [m.group_id for m in await mine.missions()] == ["grp_c"]
