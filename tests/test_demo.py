@@ -111,7 +111,7 @@ def assert_readable(result: DemoResult) -> None:
     assert f"Mission {result.mission_id}: APPROVED" in text
     assert f"mwp mission progress --group {result.group_id} --format dot" in text
     document = json.loads(json.dumps(result.document()))
-    assert document["progress"]["mission_state"] == mission_pb2.MISSION_STATE_APPROVED
+    assert document["progress"]["mission_state"] == "MISSION_STATE_APPROVED"  # proto3 JSON: the enum by name
     assert [e["event_type"] for e in document["timeline"]] == [e.event_type for e in result.timeline.entries]
 
 

@@ -316,6 +316,13 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
         ),
         MEMBERS_ONLY,
     ),
+    # G holds no WorkItem: a caller let in is told it is missing, everyone else learns nothing.
+    "AuthorityService.GetWorkItem": (
+        lambda c, p: c.work_item(G, "wi-none"),
+        row(UNAUTH, NOT_MEMBER, NOT_MEMBER, "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND"),
+    ),
+    "AuthorityService.ListWorkItems": (lambda c, p: c.work_items(G), MEMBERS_ONLY),
+    "AuthorityService.ListMissions": (lambda c, p: c.missions(), row(UNAUTH, OK, OK, OK, OK, OK, OK)),
     "AuthorityService.GetMissionTree": (
         lambda c, p: c.mission_tree(G),
         row(UNAUTH, NOT_MEMBER, NOT_MEMBER, DENIED, OK, OK, OK),
@@ -339,6 +346,9 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
     "MembershipService.GetIdentity": (
         lambda c, p: c.membership.GetIdentity(membership_service_pb2.GetIdentityRequest(identity_id="alice")),
         row(UNAUTH, OK, OK, OK, OK, OK, OK),
+    ),
+    "MembershipService.ListIdentities": (
+        lambda c, p: c.identities(), row(UNAUTH, DENIED, DENIED, DENIED, DENIED, DENIED, OK)
     ),
     "MembershipService.ListMemberships": (
         lambda c, p: c.membership.ListMemberships(membership_service_pb2.ListMembershipsRequest(group_id=G)),
@@ -677,10 +687,12 @@ async def test_no_read_path_shows_a_worker_what_it_may_not_see(world: World) -> 
             await scan(client.signed_group_summary(group))
             await scan(client.authority.GetMissionProgress(authority_service_pb2.GetMissionProgressRequest(group_id=group)))
             await scan(client.membership.ListMemberships(membership_service_pb2.ListMembershipsRequest(group_id=group)))
+            await scan(client.authority.ListWorkItems(authority_service_pb2.ListWorkItemsRequest(group_id=group)))
             await scan(client.authority.GetContextPackage(
                 authority_service_pb2.GetContextPackageRequest(group_id=group, recipient_ids=[signer.identity_id])
             ))
             await scan(_over_the_gateway(w, client, signer, group, heads[group]))
+        await scan(client.authority.ListMissions(authority_service_pb2.ListMissionsRequest()))
         await scan(gpb_grpc.GatewayServiceStub(client.channel).GetSnapshot(
             gpb.GetSnapshotRequest(group_id=G, digest=snapshot, proof=hello(w, signer).proof)
         ))

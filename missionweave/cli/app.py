@@ -33,6 +33,7 @@ from missionweave.cli import group as cli_group
 from missionweave.cli import integrity as cli_integrity
 from missionweave.cli import member as cli_member
 from missionweave.cli import mission as cli_mission
+from missionweave.cli import readmodels as cli_readmodels
 from missionweave.cli import worker as cli_worker
 from missionweave.cli.common import (
     CliError,
@@ -284,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--admin-id", default="admin")
     r.add_argument("--admin-key", help="admin key file (default <data dir>/keys/admin.key)")
     r.set_defaults(func=cmd_identity_register)
+    cli_readmodels.add_identity_commands(ident)
 
     sess = sub.add_parser("session", help="sessions").add_subparsers(dest="sub", required=True)
     o = sess.add_parser("open", help="open a new session (fences older ones)")
@@ -293,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_mission.register(sub)
     cli_coordinator.register(sub)
     cli_member.register(sub)
+    cli_readmodels.register_work(sub)
     cli_delegation.register(sub)
     cli_worker.register(sub)
     cli_conversation.register(sub)

@@ -320,6 +320,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
 
     add_progress_parser(mis)
+    from missionweave.cli.readmodels import add_mission_list
+
+    add_mission_list(mis)
     from missionweave.cli import subtask  # it builds on this module's definition flags
 
     subtask.add_parsers(mis)

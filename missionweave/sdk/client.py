@@ -51,6 +51,7 @@ from missionweave.v1 import (
     membership_service_pb2,
     membership_service_pb2_grpc,
     subtask_pb2,
+    work_pb2,
 )
 
 _clock = SystemClock()
@@ -336,6 +337,60 @@ class MeshClient:
     async def group_state(self, group_id: str) -> authority_service_pb2.GroupState:
         resp = await self.authority.GetGroupState(authority_service_pb2.GetGroupStateRequest(group_id=group_id))
         return resp.state
+
+    async def work_item(self, group_id: str, work_item_id: str) -> work_pb2.WorkItem:
+        """One WorkItem's read model: its state, ownership epoch, current lease, submission..."""
+        resp = await self.authority.GetWorkItem(
+            authority_service_pb2.GetWorkItemRequest(group_id=group_id, work_item_id=work_item_id)
+        )
+        return resp.work_item
+
+    async def work_items(
+        self, group_id: str, state: int = 0, page_size: int = 0
+    ) -> list[work_pb2.WorkItem]:
+        """Every WorkItem of the Group (only those in ``state`` when given), by id (all pages)."""
+        out: list[work_pb2.WorkItem] = []
+        token = ""
+        while True:
+            resp = await self.authority.ListWorkItems(
+                authority_service_pb2.ListWorkItemsRequest(
+                    group_id=group_id, state=state, page_size=page_size, page_token=token  # type: ignore[arg-type]
+                )
+            )
+            out.extend(resp.work_items)
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    async def missions(self, page_size: int = 0) -> list[authority_service_pb2.MissionSummary]:
+        """Every Mission the reader may see (an operator: all; others: their Groups'), all pages."""
+        out: list[authority_service_pb2.MissionSummary] = []
+        token = ""
+        while True:
+            resp = await self.authority.ListMissions(
+                authority_service_pb2.ListMissionsRequest(page_size=page_size, page_token=token)
+            )
+            out.extend(resp.missions)
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    async def identities(self, page_size: int = 0) -> list[membership_pb2.Identity]:
+        """Every registered identity, by id (all pages); operators only."""
+        out: list[membership_pb2.Identity] = []
+        token = ""
+        while True:
+            resp = await self.membership.ListIdentities(
+                membership_service_pb2.ListIdentitiesRequest(page_size=page_size, page_token=token)
+            )
+            out.extend(resp.identities)
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    async def identity(self, identity_id: str) -> membership_pb2.Identity:
+        resp = await self.membership.GetIdentity(membership_service_pb2.GetIdentityRequest(identity_id=identity_id))
+        return resp.identity
 
     async def mission_tree(self, group_id: str) -> list[subtask_pb2.MissionTreeNode]:
         """The Mission tree (MW-14-19), root first in pre-order: all of it for an operator or the

@@ -56,7 +56,7 @@ def mission_progress(state: GroupState, now: datetime) -> pb.GetMissionProgressR
     on_path = set(path)
     out = pb.GetMissionProgressResponse(
         mission_id=mission.mission_id,
-        mission_state=mission.state,
+        mission_state=mission.state,  # type: ignore[arg-type]
         group_revision=state.head_sequence,
         critical_path=path,
         latest_submission_event_id=mission.latest_submission_event_id,
@@ -68,7 +68,7 @@ def mission_progress(state: GroupState, now: datetime) -> pb.GetMissionProgressR
             pb.WorkItemProgress(
                 work_item_id=item.work_item_id,
                 title=item.title,
-                state=item.state,
+                state=item.state,  # type: ignore[arg-type]
                 depends_on=item.depends_on,
                 required=item.required,
                 eligible=dependencies_satisfied(state, item),

@@ -11,15 +11,16 @@ import grpc
 from missionweave import codec
 from missionweave.errors import R, Rejected
 from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
+from missionweave.rpc.paging import decode_token, encode_token, page_size
 from missionweave.rpc.status import log_rejection, rejections_as_status
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import authority_service_pb2_grpc as pb_grpc
-from missionweave.v1 import common_pb2, membership_pb2, subtask_pb2
+from missionweave.v1 import common_pb2, membership_pb2, subtask_pb2, work_pb2
 from services.authority.authority import GroupAuthority
 from services.authority.progress import mission_progress
 from services.authority.state import GroupState
 from services.authority.tree import MAX_TREE_NODES, child_group_ids, root_group_id, tree_node
-from services.authority.views import group_state_proto
+from services.authority.views import group_state_proto, mission_summary, work_item_proto
 from services.authority.visibility import active_member, may_see
 
 log = logging.getLogger("missionweave.authority.grpc")
@@ -27,6 +28,8 @@ log = logging.getLogger("missionweave.authority.grpc")
 MAX_STREAM_IN_FLIGHT = 256
 MAX_BATCH_COMMANDS = 512
 MAX_READ_BATCH = 1024
+# Groups one ListMissions call examines at most (there is no index of Memberships by member).
+MAX_LIST_SCAN = 1000
 Role = membership_pb2.MemberRole
 
 
@@ -199,6 +202,73 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         if state.mission is None:
             raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} holds no Mission")
         return mission_progress(state, self.authority.clock.now())
+
+    @requires(Access.IDENTITY)
+    async def GetWorkItem(
+        self, request: pb.GetWorkItemRequest, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> pb.GetWorkItemResponse:
+        state, _ = await self._readable(request.group_id, caller)
+        item = state.work_items.get(request.work_item_id)
+        if item is None:
+            raise Rejected(
+                R.REJECTION_REASON_NOT_FOUND,
+                f"{request.group_id} holds no WorkItem {request.work_item_id!r}",
+                work_item_id=request.work_item_id,
+            )
+        return pb.GetWorkItemResponse(work_item=work_item_proto(state, item), group_revision=state.head_sequence)
+
+    @requires(Access.IDENTITY)
+    async def ListWorkItems(
+        self, request: pb.ListWorkItemsRequest, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> pb.ListWorkItemsResponse:
+        state, _ = await self._readable(request.group_id, caller)  # a non-member learns nothing, not even of bad input
+        size = page_size(request.page_size)
+        after = decode_token("wi", request.page_token)
+        if request.state and request.state not in work_pb2.WorkItemState.values():
+            raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"unknown state {request.state}", field="state")
+        ids = sorted(
+            wid
+            for wid, item in state.work_items.items()
+            if wid > after and (not request.state or item.state == request.state)
+        )
+        page = ids[:size]
+        return pb.ListWorkItemsResponse(
+            work_items=[work_item_proto(state, state.work_items[wid]) for wid in page],
+            next_page_token=encode_token("wi", page[-1]) if len(ids) > size else "",
+            group_revision=state.head_sequence,
+        )
+
+    @requires(Access.IDENTITY)
+    async def ListMissions(
+        self, request: pb.ListMissionsRequest, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> pb.ListMissionsResponse:
+        """Operators see every Mission; anyone else those of the Groups it is an active member of.
+        At most MAX_LIST_SCAN Groups are examined per call, so a page may come back short."""
+        size = page_size(request.page_size)
+        after = decode_token("mis", request.page_token)
+        out = pb.ListMissionsResponse()
+        now = self.authority.clock.now()
+        scanned = 0
+        while scanned < MAX_LIST_SCAN and len(out.missions) < size:
+            batch = await self.authority.store.group_ids_after(after, min(MAX_LIST_SCAN - scanned, 256))
+            if not batch:
+                return out  # every Group examined: the last page
+            for group_id in batch:
+                scanned += 1
+                after = group_id
+                state = await self.authority.state(group_id)
+                if state is None or state.mission is None:
+                    continue
+                if not caller.operator:
+                    member = state.members.get(caller.identity_id)
+                    if member is None or not member.active or member.lapsed(now):
+                        continue
+                out.missions.append(mission_summary(state))
+                if len(out.missions) == size:
+                    break
+        if await self.authority.store.group_ids_after(after, 1):
+            out.next_page_token = encode_token("mis", after)
+        return out
 
     @requires(Access.IDENTITY)
     async def GetMissionTree(

@@ -345,6 +345,13 @@ class EventStore:
         async with self.engine.connect() as conn:
             return [r[0] for r in await conn.execute(select(groups.c.group_id).order_by(groups.c.group_id))]
 
+    @finish_on_cancel
+    async def group_ids_after(self, after: str, limit: int) -> list[str]:
+        """At most ``limit`` Group ids greater than ``after``, in order (one indexed range read)."""
+        query = select(groups.c.group_id).where(groups.c.group_id > after).order_by(groups.c.group_id).limit(limit)
+        async with self.engine.connect() as conn:
+            return [r[0] for r in await conn.execute(query)]
+
     # ------------------------------------------------------------ appends
 
     async def append(self, request: AppendRequest) -> None:

@@ -1,12 +1,14 @@
-"""Read models: the folded GroupState as the public missionweave.v1.GroupState message."""
+"""Read models: the folded GroupState as the public missionweave.v1.GroupState message, and a
+WorkItem as missionweave.v1.WorkItem."""
 
 from __future__ import annotations
 
 from missionweave.clock import to_timestamp
 from missionweave.v1 import authority_service_pb2 as pb
-from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2, mission_pb2
+from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2, mission_pb2, work_pb2
 from services.authority.rules.delegation import invalidity, remaining
-from services.authority.state import GrantState, GroupState
+from services.authority.rules.work.contract import dependencies_satisfied
+from services.authority.state import SIX, GrantState, GroupState, WorkItemState
 from services.authority.visibility import party_to
 
 
@@ -75,7 +77,7 @@ def group_state_proto(state: GroupState, viewer: str | None = None) -> pb.GroupS
         out.conversations.append(
             pb.ConversationSummary(
                 conversation_id=conv.conversation_id,
-                kind=conv.kind,
+                kind=conv.kind,  # type: ignore[arg-type]
                 work_item_id=conv.work_item_id,
                 message_count=conv.message_count,
                 participant_ids=conv.participant_ids,
@@ -119,3 +121,120 @@ def grant_status(state: GroupState, grant: GrantState) -> pb.DelegationGrantStat
         work_item_ids=sorted(grant.counted),
         invalid_because=invalid[0] if invalid else "",
     )
+
+
+# Which lease holds an owned WorkItem: the ownership lease while queued, the execution lease while
+# active, the blocked lease while blocked (MW-11.3-02/03, MW-11.4-04).
+_LEASE_KIND: dict[int, work_pb2.WorkLeaseKind.ValueType] = {
+    work_pb2.WORK_ITEM_STATE_ACTIVE: work_pb2.WORK_LEASE_KIND_EXECUTION,
+    work_pb2.WORK_ITEM_STATE_BLOCKED: work_pb2.WORK_LEASE_KIND_BLOCKED,
+}
+
+
+def work_item_proto(state: GroupState, item: WorkItemState) -> work_pb2.WorkItem:
+    """A WorkItem's read model (missionweave.v1.WorkItem), from the folded state alone: fields the
+    fold does not keep (proposal_id, granted_at, renewal history, progress, schedule, timestamps)
+    stay unset, as work.proto says."""
+    mission = state.mission
+    out = work_pb2.WorkItem(
+        work_item_id=item.work_item_id,
+        group_id=state.group_id,
+        mission_id=mission.mission_id if mission is not None else "",
+        title=item.title,
+        state=item.state,  # type: ignore[arg-type]
+        revision=item.revision,
+        parent_work_item_id=item.parent_work_item_id,
+        conversation_id=item.conversation_id,
+        ownership_epoch=item.last_ownership_epoch,
+        execution_approved=item.execution_approved is not None
+        and item.execution_approved[0] == item.contract_revision
+        and item.owner is not None
+        and item.execution_approved[1] == item.owner.ownership_epoch,
+        submission_event_id=item.latest_submission_event_id,
+        attempts=item.attempts,
+        unresolved_ambiguity_message_ids=sorted(item.open_ambiguities),
+        dependencies_satisfied=dependencies_satisfied(state, item),
+    )
+    if item.contract is not None:
+        out.contract.CopyFrom(item.contract)
+        out.contract.revision = item.contract_revision
+    for offer in item.offers.values():
+        if offer.open:
+            out.offers.append(
+                work_pb2.WorkOfferRecord(
+                    offer_id=offer.offer_id,
+                    candidate_ids=offer.candidate_ids,
+                    expires_at=to_timestamp(offer.expires_at),
+                    contract_revision=offer.contract_revision,
+                )
+            )
+    if item.owner is not None:
+        owner = item.owner
+        out.ownership.CopyFrom(
+            work_pb2.OwnershipGrant(
+                work_item_id=item.work_item_id,
+                agent_id=owner.agent_id,
+                ownership_epoch=owner.ownership_epoch,
+                start_deadline=to_timestamp(owner.start_deadline),
+                lease_kind=_LEASE_KIND.get(item.state, work_pb2.WORK_LEASE_KIND_OWNERSHIP),
+                expires_at=to_timestamp(owner.expires_at),
+                offer_id=owner.offer_id,
+            )
+        )
+    if item.lease is not None:
+        lease = item.lease
+        out.lease.CopyFrom(
+            work_pb2.ExecutionLease(
+                lease_id=lease.lease_id,
+                agent_id=lease.agent_id,
+                session_epoch=lease.session_epoch,
+                work_item_id=item.work_item_id,
+                ownership_epoch=lease.ownership_epoch,
+                started_at=to_timestamp(lease.started_at),
+                expires_at=to_timestamp(lease.expires_at),
+                attempt=item.attempts,
+            )
+        )
+    out.blockers.extend(work_pb2.Blocker(required_resolution=r) for r in item.blockers)
+    if item.last_checkpoint_id:
+        out.latest_checkpoint.checkpoint_id = item.last_checkpoint_id
+    out.artifacts.extend(
+        common_pb2.ArtifactRef(digest=common_pb2.Digest(algorithm="blake3", hex=hex_, size_bytes=size))
+        for hex_, size in item.published_artifacts
+    )
+    out.evidence_ids.extend(
+        dict.fromkeys([*item.submitted_evidence_ids, *item.evidence, *item.accepted_evidence_ids])
+    )
+    budget = out.usage.budget
+    if item.contract is not None:
+        budget.limit.CopyFrom(item.contract.budget)
+    budget.used.currency = budget.limit.currency
+    for dim in SIX:
+        setattr(budget.used, dim, item.used.get(dim, 0))
+    if item.children:
+        out.child_mission_id = item.children[-1].child_mission_id
+    return out
+
+
+def mission_summary(state: GroupState) -> pb.MissionSummary:
+    """A Group's Mission as ListMissions shows it (the state must hold a Mission)."""
+    m = state.mission
+    assert m is not None
+    out = pb.MissionSummary(
+        group_id=state.group_id,
+        mission_id=m.mission_id,
+        title=m.definition.title,
+        kind=m.kind,  # type: ignore[arg-type]
+        state=m.state,  # type: ignore[arg-type]
+        owner_id=m.owner_id,
+        coordinator_id=m.coordinator.agent_id if m.coordinator is not None else "",
+        group_revision=state.head_sequence,
+        parent_group_id=m.parent_group_id,
+    )
+    if m.definition.HasField("deadline"):
+        out.deadline.CopyFrom(m.definition.deadline)
+    out.budget.CopyFrom(m.definition.budget)
+    out.used.currency = m.definition.budget.currency
+    for dim in SIX:
+        setattr(out.used, dim, state.mission_used[dim])
+    return out

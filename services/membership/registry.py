@@ -149,6 +149,13 @@ class IdentityRegistry:
             ).scalar_one_or_none()
         return None if value is None else bytes(value)
 
+    @finish_on_cancel
+    async def identities_after(self, after: str, limit: int) -> list[IdentityRecord]:
+        """At most ``limit`` identities whose id is greater than ``after``, by id, from the database."""
+        query = select(identities).where(identities.c.identity_id > after).order_by(identities.c.identity_id).limit(limit)
+        async with self.engine.connect() as conn:
+            return [self._record(row) for row in (await conn.execute(query)).all()]
+
     async def count(self) -> int:
         async with self.engine.connect() as conn:
             return len((await conn.execute(select(identities.c.identity_id).limit(1))).all())

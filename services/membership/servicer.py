@@ -11,6 +11,7 @@ import grpc
 
 from missionweave.errors import R, Rejected, from_proto
 from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
+from missionweave.rpc.paging import decode_token, encode_token, page_size
 from missionweave.rpc.status import (
     peer_unavailable,
     rejection_from_rpc_error,
@@ -66,6 +67,24 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
         if record is None:
             raise Rejected(R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{request.identity_id!r} is not registered")
         return pb.GetIdentityResponse(identity=record.to_proto())
+
+    @requires(Access.IDENTITY)
+    async def ListIdentities(
+        self, request: pb.ListIdentitiesRequest, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> pb.ListIdentitiesResponse:
+        if not caller.operator:
+            raise Rejected(
+                R.REJECTION_REASON_PERMISSION_DENIED,
+                "listing identities is an operator call (an Organization administrator or policy identity)",
+            )
+        size = page_size(request.page_size)
+        after = decode_token("id", request.page_token)
+        records = await self.registry.identities_after(after, size + 1)
+        page = records[:size]
+        return pb.ListIdentitiesResponse(
+            identities=[r.to_proto() for r in page],
+            next_page_token=encode_token("id", page[-1].identity_id) if len(records) > size else "",
+        )
 
     @requires(Access.IDENTITY)
     async def ListMemberships(

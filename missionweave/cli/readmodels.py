@@ -1,0 +1,204 @@
+"""``mwp work list|show``, ``mwp mission list``, ``mwp identity list|show``: the typed read models
+(AuthorityService.GetWorkItem / ListWorkItems / ListMissions, MembershipService.ListIdentities /
+GetIdentity). Tables by default, one JSON document with --json; every page is fetched."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from missionweave.cli.common import (
+    add_json_flag,
+    add_reader_flags,
+    columns,
+    emit,
+    enum_label,
+    reading,
+    reading_command,
+    relative,
+    to_dict,
+    when,
+)
+from missionweave.v1 import authority_service_pb2 as apb
+from missionweave.v1 import common_pb2, membership_pb2, mission_pb2, work_pb2
+
+WS = work_pb2.WorkItemState
+# --state takes the state's name without its prefix, in lower case: open, offered, queued, ...
+STATES = {
+    name.removeprefix("WORK_ITEM_STATE_").lower(): number
+    for name, number in WS.items()
+    if number != WS.WORK_ITEM_STATE_UNSPECIFIED
+}
+
+
+def _state(value: int) -> str:
+    return enum_label(WS, value, "WORK_ITEM_STATE_")
+
+
+def _kind(value: int) -> str:
+    return enum_label(common_pb2.IdentityKind, value, "IDENTITY_KIND_").lower().replace("_", "-")
+
+
+def _used(used: common_pb2.ResourceVector, limit: common_pb2.ResourceVector) -> str:
+    return f"tokens {used.tokens}/{limit.tokens}, tool calls {used.tool_calls}/{limit.tool_calls}"
+
+
+# ------------------------------------------------------------------ work
+
+
+def work_row(item: work_pb2.WorkItem) -> list[str]:
+    lease = item.lease.lease_id if item.HasField("lease") else "-"
+    return [
+        item.work_item_id, _state(item.state), item.ownership.agent_id or "-", str(item.ownership_epoch),
+        lease, str(item.attempts), item.title,
+    ]
+
+
+async def cmd_work_list(args: argparse.Namespace) -> int:
+    state = STATES[args.state] if args.state else 0
+    async with reading(args) as mesh:
+        items = await mesh.work_items(args.group, state=state)
+    rows = [["WORK ITEM", "STATE", "OWNER", "EPOCH", "LEASE", "ATTEMPTS", "TITLE"], *(work_row(i) for i in items)]
+    which = f" in state {args.state}" if args.state else ""
+    lines = [f"{len(items)} WorkItem{'' if len(items) == 1 else 's'} of {args.group}{which}", *columns(rows, "  ")]
+    emit(args, lines, {"group_id": args.group, "work_items": [to_dict(i) for i in items]})
+    return 0
+
+
+def render_work_item(item: work_pb2.WorkItem) -> list[str]:
+    rows: list[tuple[str, str]] = [
+        ("state", _state(item.state)),
+        ("revision", f"{item.revision} (contract revision {item.contract.revision})"),
+        ("group", f"{item.group_id} (Mission {item.mission_id})"),
+        ("conversation", item.conversation_id or "-"),
+        ("depends on", ", ".join(item.contract.depends_on_work_item_ids) or "-"),
+        ("dependencies", "satisfied" if item.dependencies_satisfied else "NOT satisfied"),
+        ("epoch", f"{item.ownership_epoch} (highest ownership epoch granted)"),
+    ]
+    if item.HasField("ownership"):
+        o = item.ownership
+        rows.append(("owner", f"{o.agent_id}, epoch {o.ownership_epoch}, lease expires {when(o.expires_at)} ({relative(o.expires_at)})"))
+    else:
+        rows.append(("owner", "-"))
+    if item.HasField("lease"):
+        lease = item.lease
+        rows.append(("lease", f"{lease.lease_id} (session {lease.session_epoch}), expires {when(lease.expires_at)} ({relative(lease.expires_at)})"))
+    else:
+        rows.append(("lease", "-"))
+    for offer in item.offers:
+        rows.append(("offer", f"{offer.offer_id} to {', '.join(offer.candidate_ids)}, expires {when(offer.expires_at)}"))
+    rows += [
+        ("attempts", str(item.attempts)),
+        ("submission", item.submission_event_id or "none"),
+        ("evidence", ", ".join(item.evidence_ids) or "none"),
+        ("usage", _used(item.usage.budget.used, item.usage.budget.limit)),
+    ]
+    if item.blockers:
+        rows.append(("blocked", "; ".join(b.required_resolution for b in item.blockers)))
+    if item.child_mission_id:
+        rows.append(("child", item.child_mission_id))
+    if item.unresolved_ambiguity_message_ids:
+        rows.append(("ambiguities", ", ".join(item.unresolved_ambiguity_message_ids)))
+    return [f"WorkItem {item.work_item_id}: {item.title!r}", *(f"  {label:<14}{value}" for label, value in rows)]
+
+
+async def cmd_work_show(args: argparse.Namespace) -> int:
+    async with reading(args) as mesh:
+        item = await mesh.work_item(args.group, args.work_item)
+    emit(args, render_work_item(item), to_dict(item))
+    return 0
+
+
+# ------------------------------------------------------------------ missions
+
+
+def mission_document(m: apb.MissionSummary) -> dict[str, Any]:
+    return to_dict(m) | {
+        "state": enum_label(mission_pb2.MissionState, m.state, "MISSION_STATE_"),
+        "kind": enum_label(mission_pb2.MissionKind, m.kind, "MISSION_KIND_"),
+    }
+
+
+async def cmd_mission_list(args: argparse.Namespace) -> int:
+    async with reading(args) as mesh:
+        missions = await mesh.missions()
+    rows = [["GROUP", "MISSION", "STATE", "OWNER", "COORDINATOR", "DEADLINE", "USAGE", "TITLE"]]
+    for m in missions:
+        deadline = when(m.deadline) if m.HasField("deadline") else "-"
+        rows.append([
+            m.group_id, m.mission_id, enum_label(mission_pb2.MissionState, m.state, "MISSION_STATE_"), m.owner_id,
+            m.coordinator_id or "-", deadline, _used(m.used, m.budget), m.title,
+        ])
+    lines = [f"{len(missions)} Mission{'' if len(missions) == 1 else 's'} visible to {args.actor}", *columns(rows, "  ")]
+    emit(args, lines, {"missions": [mission_document(m) for m in missions]})
+    return 0
+
+
+# ------------------------------------------------------------------ identities
+
+
+def identity_document(i: membership_pb2.Identity) -> dict[str, Any]:
+    return {
+        "identity_id": i.identity_id,
+        "kind": _kind(i.kind),
+        "display_name": i.display_name,
+        "public_key": i.public_key.hex(),
+        "org_admin": i.org_admin,
+        "session_epoch": i.session_epoch,
+        "registered_at": when(i.registered_at),
+    }
+
+
+async def cmd_identity_list(args: argparse.Namespace) -> int:
+    async with reading(args) as mesh:
+        identities = await mesh.identities()
+    rows = [["IDENTITY", "KIND", "ADMIN", "SESSION", "REGISTERED", "NAME"]]
+    for i in identities:
+        rows.append([
+            i.identity_id, _kind(i.kind), "yes" if i.org_admin else "no", str(i.session_epoch),
+            when(i.registered_at), i.display_name,
+        ])
+    lines = [f"{len(identities)} identit{'y' if len(identities) == 1 else 'ies'}", *columns(rows, "  ")]
+    emit(args, lines, {"identities": [identity_document(i) for i in identities]})
+    return 0
+
+
+async def cmd_identity_show(args: argparse.Namespace) -> int:
+    async with reading(args) as mesh:
+        identity = await mesh.identity(args.identity_id)
+    d = identity_document(identity)
+    lines = [f"Identity {d['identity_id']}", *(f"  {k:<15}{v}" for k, v in d.items() if k != "identity_id")]
+    emit(args, lines, d)
+    return 0
+
+
+# ------------------------------------------------------------------ parsers
+
+
+def register_work(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    work = sub.add_parser("work", help="WorkItems: list, show (read models)").add_subparsers(dest="sub", required=True)
+    ls = reading_command(work.add_parser("list", help="a Group's WorkItems: state, owner, epoch, lease"))
+    ls.add_argument("--state", choices=list(STATES), help="only WorkItems in this state")
+    ls.set_defaults(func=cmd_work_list)
+    sh = reading_command(work.add_parser("show", help="one WorkItem: ownership, lease, submission, usage"))
+    sh.add_argument("work_item", metavar="WORK_ITEM")
+    sh.set_defaults(func=cmd_work_show)
+
+
+def add_mission_list(mis: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    ls = mis.add_parser("list", help="the Missions you may see (an operator: all)")
+    add_json_flag(ls)
+    add_reader_flags(ls)
+    ls.set_defaults(func=cmd_mission_list)
+
+
+def add_identity_commands(ident: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    ls = ident.add_parser("list", help="every registered identity (operators only)")
+    add_json_flag(ls)
+    add_reader_flags(ls)
+    ls.set_defaults(func=cmd_identity_list)
+    sh = ident.add_parser("show", help="one identity: kind, key, session epoch")
+    sh.add_argument("identity_id", metavar="ID")
+    add_json_flag(sh)
+    add_reader_flags(sh)
+    sh.set_defaults(func=cmd_identity_show)
