@@ -113,15 +113,15 @@ def write_key(path: Path, key: SigningKey) -> None:
 
 
 class KeyFileError(ValueError):
-    """A key file that is missing, readable by others, or not an Ed25519 seed; the message says which."""
+    """A key file that is not an Ed25519 seed; the message says which file and why."""
 
 
 def read_key(path: Path) -> SigningKey:
     """The Ed25519 key in ``path`` (its 32-byte seed as 64 hex characters, mode 0600)."""
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        raise KeyFileError(f"key file {path} does not exist (make one with `mwp keygen {path}`)") from None
+    except FileNotFoundError:  # still a FileNotFoundError (callers tell it apart), with a message that helps
+        raise FileNotFoundError(f"key file {path} does not exist (make one with `mwp keygen {path}`)") from None
     if mode & 0o077:
         raise PermissionError(f"key file {path} has mode {mode:o}; it must not be readable by others (0600)")
     try:
