@@ -17,6 +17,7 @@ client certificates are required.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -194,25 +195,32 @@ class ListenError(OSError):
 
 
 def check_port_free(address: str) -> None:
-    """Raises ``ListenError`` when ``host:port`` cannot be bound now, before anything else starts: gRPC
-    only logs a failed bind and the process would carry on without a listener."""
+    """Raises ``ListenError`` when a server already listens on ``host:port``, before anything else
+    starts: gRPC only logs a failed bind, and the process would carry on without a listener. It asks
+    by connecting (a client socket that happens to use the port is no conflict for gRPC's bind)."""
     if address.startswith(("unix:", "unix-abstract:")) or ":" not in address:
         return
     host, _, port_text = address.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
+    host = host.strip("[]")
     if not port_text.isdigit() or int(port_text) == 0:
         return
+    port = int(port_text)
     try:
-        infos = socket.getaddrinfo(host, int(port_text), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as trial:
+            trial.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: TIME_WAIT is no conflict
+            trial.bind(sockaddr)
+        return
     except OSError as err:
-        raise ListenError(f"cannot listen on {address}: {err.strerror or err}") from None
-    family, kind, proto, _, sockaddr = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: TIME_WAIT is no conflict
-        try:
-            probe.bind(sockaddr)
-        except OSError as err:
+        if err.errno != errno.EADDRINUSE:  # not this host's address, not permitted, no such name
             raise ListenError(f"cannot listen on {address}: {err.strerror or err}") from None
+    probe = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    try:
+        with socket.create_connection((probe, port), timeout=0.5):
+            pass
+    except OSError:
+        return  # only a client socket holds the port (gRPC's dual-stack bind does not mind)
+    raise ListenError(f"cannot listen on {address}: Address already in use (a server listens there)")
 
 
 def add_listener(server: grpc.aio.Server, address: str, tls: ServerTLS | None, *, insecure: bool = False) -> int:
