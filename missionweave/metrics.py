@@ -61,6 +61,10 @@ INGRESS_REFUSALS = Counter(
     "mwp_ingress_overloaded_total",
     "Commands refused OVERLOADED by the per-Group ingress rate limiter.",
 )
+SESSION_LEASES_REVOKED = Counter(
+    "mwp_session_lease_revocations_total",
+    "Groups where the Authority revoked a replaced session's leases on its own (MW-11.3-09).",
+)
 ARTIFACT_BYTES = Counter(
     "mwp_artifact_bytes_total",
     "Artifact blob bytes received (in) and served (out).",

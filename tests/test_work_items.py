@@ -17,7 +17,7 @@ from missionweave.sdk.client import SessionSigner, decode_events
 from missionweave.v1 import common_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests import builders
-from tests.conftest import World
+from tests.conftest import World, polled
 from tests.test_missions import G, create, mission, refused
 
 pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
@@ -633,15 +633,31 @@ async def started(f: Flow, w: World, work_item_id: str = "wi-1", lease_id: str =
 
 
 @pytest.mark.req("MW-11.3-09", "MW-11.3-08")
-async def test_a_replacement_session_revokes_the_old_lease_before_the_new_one_starts(world: World) -> None:
+async def test_a_replacement_session_returns_the_work_to_queued_before_the_new_runtime_starts(world: World) -> None:
+    """Opening the replacement session is all it takes: without a command from the agent, the
+    Authority revokes the old session's lease and the WorkItem is queued again, its owner unchanged;
+    the new runtime then starts it under a new lease with nothing left to revoke."""
     w = world
     f = await setup(w)
     epoch = await started(f, w)
     restarted = await w.client.open_session("worker-bot", w.worker.key)  # the agent's runtime restarted
     assert restarted.session_epoch > w.worker.session_epoch
+
+    async def queued() -> bool:
+        return (await w.client.work_item(G, "wi-1")).state == WS.WORK_ITEM_STATE_QUEUED
+
+    await polled(queued, limit_s=10)
+    item = await w.client.work_item(G, "wi-1")
+    assert item.ownership.agent_id == "worker-bot" and item.ownership_epoch == epoch and not item.HasField("lease")
+    log = [e async for e in w.client.read_events(G)]
+    [revoked] = [e for e in log if e.WhichOneof("payload") == "lease_revoked"]
+    assert revoked.lease_revoked.cause == wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED
+    assert revoked.lease_revoked.lease_id == "lease-1" and revoked.lease_revoked.session_epoch == w.worker.session_epoch
+    assert revoked.lease_revoked.resulting_state == WS.WORK_ITEM_STATE_QUEUED
+    assert revoked.actor_id == "authority"
     renew = wp.WorkRenewLease(work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch)
     await refused(
-        w, restarted, G, "work_renew_lease", renew, R.REJECTION_REASON_LEASE_STALE, membership_epoch=3
+        w, restarted, G, "work_renew_lease", renew, R.REJECTION_REASON_INVALID_TRANSITION, membership_epoch=3
     )
     result = await w.run(
         restarted,
@@ -651,11 +667,8 @@ async def test_a_replacement_session_revokes_the_old_lease_before_the_new_one_st
         membership_epoch=3,
     )
     events = decode_events(result.events)
-    assert [e.type for e in events] == ["work.lease_revoked", "work.started"]
-    revoked = events[0].lease_revoked
-    assert revoked.cause == wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED and revoked.lease_id == "lease-1"
-    assert revoked.resulting_state == WS.WORK_ITEM_STATE_QUEUED
-    assert events[1].work_started.lease.session_epoch == restarted.session_epoch
+    assert [e.type for e in events] == ["work.started"]
+    assert events[0].work_started.lease.session_epoch == restarted.session_epoch
 
 
 @pytest.mark.req("MW-11.3-10", "MW-11.3-11", "MW-11.3-12")

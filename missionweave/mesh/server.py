@@ -82,6 +82,7 @@ from services.authority.keys import KeyContinuityError, ensure_key
 from services.authority.links import LinkRelay
 from services.authority.rules.common import OrganizationPolicy
 from services.authority.servicer import AuthorityServicer
+from services.authority.session_fence import SessionFence
 from services.authority.store import EventStore
 from services.membership import schema as membership_schema
 from services.membership.directory import IdentityDirectoryServicer
@@ -190,6 +191,8 @@ class Mesh:
     links: LinkRelay | None = None
     # The Prometheus endpoint (MWP_METRICS_LISTEN), if any.
     metrics: MetricsServer | None = None
+    # Where the Authority is served: revokes replaced sessions' leases (MW-11.3-09).
+    fence: SessionFence | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -218,6 +221,8 @@ class Mesh:
         await self.peers.close()
         if self.links is not None:
             await self.links.close()
+        if self.fence is not None:
+            await self.fence.close()
         if self.authority is not None:
             await self.authority.verifier.close()
         if self.store is not None:
@@ -359,11 +364,14 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     group_log_servicer: GroupLogServicer | None = None
     links = None
+    fence = None
     if store is not None and authority is not None:
         store.start()
         if settings.link_relay_poll_ms:
             links = LinkRelay(authority, settings.link_relay_poll_ms / 1000)
             links.start()
+        fence = SessionFence(authority, identities)
+        fence.start()
         authority_servicer = AuthorityServicer(authority)
         authority_servicer.callers = callers
         authority_service_pb2_grpc.add_AuthorityServiceServicer_to_server(authority_servicer, server)
@@ -515,6 +523,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         schedulers,
         links,
         metrics_server,
+        fence,
     )
 
 

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
@@ -93,6 +93,10 @@ class IdentityDirectoryClient:
         self._task: asyncio.Task[None] | None = None
         self._synced = asyncio.Event()
         self.reconnects = 0  # streams started after the first (observability, tests)
+        # Told of every session the stream reports opened (identity, epoch), and of every restart of
+        # the cache (changes may have been missed): the Authority's session fence (MW-11.3-09).
+        self.on_session_opened: Callable[[str, int], None] | None = None
+        self.on_resync: Callable[[], None] | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -236,6 +240,8 @@ class IdentityDirectoryClient:
         if start.reset or start.revision != asked_from:
             # Not a resumption: what is cached may predate changes this stream will never send.
             self._discard()
+            if self.on_resync is not None:
+                self.on_resync()
         self.revision = start.revision
         if start.heartbeat_interval_ms:
             self._stale_after = STALE_INTERVALS * start.heartbeat_interval_ms / 1000
@@ -253,6 +259,8 @@ class IdentityDirectoryClient:
                 self._remember_key(
                     change.identity.identity_id, change.identity.session_epoch, bytes(change.session_public_key)
                 )
+            if change.kind == pb.IDENTITY_CHANGE_KIND_SESSION_OPENED and self.on_session_opened is not None:
+                self.on_session_opened(change.identity.identity_id, change.identity.session_epoch)
             self.revision = change.revision
         elif kind == "heartbeat":
             if message.heartbeat.revision != self.revision:

@@ -282,6 +282,20 @@ class GroupAuthority:
             )
         await self.store.drop_link(source_group_id, source_seq, target_group_id)
 
+    async def revoke_replaced_session(self, group_id: str, agent_id: str, session_epoch: int) -> bool:
+        """MW-11.3-09: revoke the leases ``agent_id``'s sessions before ``session_epoch`` hold in
+        ``group_id`` (the WorkItems return to ``queued``); whether any were revoked. Raises Rejected
+        (NOT_OWNER and the like) when this instance cannot write the Group now."""
+        command = decider.session_replaced_command(group_id, agent_id, session_epoch)
+        result = await self._execute_verified(
+            command, None, lambda state, now: decider.decide_session_replaced(state, agent_id, session_epoch, now)
+        )
+        if not result.replayed and result.group_revision == 0:
+            # Nothing was running under an older session: the index row outlived its lease.
+            await self.store.drop_running_leases(group_id, agent_id, session_epoch)
+            return False
+        return True
+
     def _admit(self, group_id: str) -> None:
         """Per-Group token bucket (MW-8-16): replays of accepted commands never count against it."""
         wait_s = self.ingress.admit(group_id)
@@ -384,6 +398,7 @@ class GroupAuthority:
         # The chain (docs/integrity.md): each event names the digest of the one before it, which
         # this instance knows for the Group's head without reading the store again.
         link = owned.chain_head
+        leases_before = _running_leases(state, decision)
         payloads = []
         for event in decision:
             event.writer_epoch = writer_epoch
@@ -413,6 +428,7 @@ class GroupAuthority:
         for event in decision:
             state = decider.evolve(state, event)
         assert state is not None
+        request.leases = _lease_changes(leases_before, _running_leases(state, decision))
         result = command_pb2.CommandResult(command_id=command.command_id, group_id=group_id, group_revision=state.head_sequence)
         if envelopes is not None:
             result.events.extend(envelopes)
@@ -874,6 +890,27 @@ class _GroupLock:
         entry.users -= 1
         if entry.users == 0:
             self.locks.pop(self.key, None)
+
+
+def _running_leases(state: GroupState | None, events: list[event_pb2.Event]) -> dict[str, tuple[str, int]]:
+    """(agent, session epoch) of the running lease of each WorkItem the events name."""
+    running: dict[str, tuple[str, int]] = {}
+    if state is None:
+        return running
+    for event in events:
+        payload = event.WhichOneof("payload")
+        work_item_id = getattr(getattr(event, payload), "work_item_id", "") if payload else ""
+        item = state.work_items.get(work_item_id) if work_item_id else None
+        if item is not None and item.lease is not None:
+            running[work_item_id] = (item.lease.agent_id, item.lease.session_epoch)
+        elif work_item_id:
+            running[work_item_id] = ("", 0)
+    return running
+
+
+def _lease_changes(before: dict[str, tuple[str, int]], after: dict[str, tuple[str, int]]) -> list[tuple[str, str, int]]:
+    """The live-lease index rows an append changes: (WorkItem, agent, session epoch), agent "" = none."""
+    return [(work_item_id, *now) for work_item_id, now in after.items() if before.get(work_item_id, ("", 0)) != now]
 
 
 def _log_fields(command: command_pb2.Command, kind: str) -> dict[str, str]:

@@ -24,6 +24,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     column,
+    delete,
     insert,
     select,
     update,
@@ -33,7 +34,14 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import ClauseElement
 
-from services.authority.schema import commands, cross_group_outbox, events, events_archive, groups
+from services.authority.schema import (
+    commands,
+    cross_group_outbox,
+    events,
+    events_archive,
+    groups,
+    live_leases,
+)
 
 # Parameter order of every statement below; rows are passed as tuples in this order.
 HEAD_PARAMS = ("g", "e", "expected", "new_head", "new_expiry")
@@ -41,6 +49,8 @@ GROUP_COLUMNS = ("group_id", "head_seq", "writer_epoch", "owner_instance", "leas
 EVENT_COLUMNS = ("group_id", "seq", "event_id", "type", "command_id", "recorded_us", "envelope")
 COMMAND_COLUMNS = ("group_id", "command_id", "fingerprint", "first_seq", "last_seq", "event_count")
 LINK_COLUMNS = ("source_group_id", "source_seq", "target_group_id", "created_us")
+LEASE_COLUMNS = ("group_id", "work_item_id", "agent_id", "session_epoch")
+LEASE_KEY = ("g", "w")
 
 # The fenced head advance: it runs for every append.
 ADVANCE_HEAD = (
@@ -59,6 +69,11 @@ INSERT_GROUP = insert(groups).values({c: bindparam(c) for c in GROUP_COLUMNS})
 INSERT_EVENT = insert(events).values({c: bindparam(c) for c in EVENT_COLUMNS})
 INSERT_COMMAND = insert(commands).values({c: bindparam(c) for c in COMMAND_COLUMNS})
 INSERT_LINK = insert(cross_group_outbox).values({c: bindparam(c) for c in LINK_COLUMNS})
+# A WorkItem's live lease row is replaced whenever its lease begins or ends (no upsert dialects).
+DELETE_LEASE = delete(live_leases).where(
+    and_(live_leases.c.group_id == bindparam("g"), live_leases.c.work_item_id == bindparam("w"))
+)
+INSERT_LEASE = insert(live_leases).values({c: bindparam(c) for c in LEASE_COLUMNS})
 # An erasure (MW-7.4-04) replaces an event's envelope in whichever tier holds it; id and sequence stay.
 REWRITE_PARAMS = ("env", "g", "s")
 REWRITE_ENVELOPE = [
@@ -80,6 +95,8 @@ class BatchOps(Protocol):
     def insert_rows(self, event_rows: Sequence[tuple[Any, ...]], command_rows: Sequence[tuple[Any, ...]]) -> None: ...
     def rewrite_envelopes(self, rows: Sequence[tuple[Any, ...]]) -> None: ...  # (envelope, group_id, seq)
     def insert_links(self, rows: Sequence[tuple[Any, ...]]) -> None: ...  # cross-Group outbox rows (LINK_COLUMNS)
+    # (group_id, work_item_id, agent_id, session_epoch): the WorkItem's live lease now; agent "" = none.
+    def record_leases(self, rows: Sequence[tuple[Any, ...]]) -> None: ...
 
 
 def _named(names: Sequence[str], row: tuple[Any, ...]) -> dict[str, Any]:
@@ -130,6 +147,12 @@ class SqlAlchemyOps:
     def insert_links(self, rows: Sequence[tuple[Any, ...]]) -> None:
         self.conn.execute(INSERT_LINK, [_named(LINK_COLUMNS, r) for r in rows])
 
+    def record_leases(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        self.conn.execute(DELETE_LEASE, [_named(LEASE_KEY, r[:2]) for r in rows])
+        live = [_named(LEASE_COLUMNS, r) for r in rows if r[2]]
+        if live:
+            self.conn.execute(INSERT_LEASE, live)
+
 
 def _advance_heads_from(rows: Sequence[tuple[Any, ...]]) -> Update:
     """The fenced head advance of distinct Groups as one statement (rows in ``HEAD_PARAMS`` order)."""
@@ -158,6 +181,8 @@ _SQLITE_HEAD_OF = _qmark(HEAD_OF, ("g",))
 _SQLITE_INSERT_GROUP = _qmark(INSERT_GROUP, GROUP_COLUMNS)
 _SQLITE_REWRITE_ENVELOPE = [_qmark(statement, REWRITE_PARAMS) for statement in REWRITE_ENVELOPE]
 _SQLITE_INSERT_LINK = _qmark(INSERT_LINK, LINK_COLUMNS)
+_SQLITE_DELETE_LEASE = _qmark(DELETE_LEASE, LEASE_KEY)
+_SQLITE_INSERT_LEASE = _qmark(INSERT_LEASE, LEASE_COLUMNS)
 
 
 # UPDATE ... FROM arrived in SQLite 3.33 (2020); older libraries (still shipped by some LTS
@@ -254,3 +279,7 @@ class SqliteOps:
 
     def insert_links(self, rows: Sequence[tuple[Any, ...]]) -> None:
         self.conn.executemany(_SQLITE_INSERT_LINK, rows)
+
+    def record_leases(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        self.conn.executemany(_SQLITE_DELETE_LEASE, [r[:2] for r in rows])
+        self.conn.executemany(_SQLITE_INSERT_LEASE, [r for r in rows if r[2]])

@@ -31,6 +31,7 @@ from services.authority.rules.common import (
 )
 from services.authority.rules.memberships import check_provisional, end_just_in_time, may_end_just_in_time
 from services.authority.rules.work.ending import propagate_mission_end
+from services.authority.rules.work.leases import revoke_replaced_session
 from services.authority.rules.work.offline import check_bufferable
 from services.authority.state import GroupState
 
@@ -109,6 +110,28 @@ def decide_compensation(
     emitter = Emitter(command, source_state, now)
     children.compensate(source_state, source, refusal, emitter)
     _finish_mission_end(source_state, emitter, now)
+    return emitter.events
+
+
+def session_replaced_command(group_id: str, agent_id: str, session_epoch: int) -> command_pb2.Command:
+    """The Authority's own command revoking ``agent_id``'s older sessions' leases in ``group_id``:
+    its id derives from the new session, so that running it twice appends once."""
+    return command_pb2.Command(
+        command_id=ids.derived_id("session-replaced", group_id, agent_id, str(session_epoch)),
+        group_id=group_id,
+        actor_id=children.AUTHORITY_ACTOR,
+    )
+
+
+def decide_session_replaced(
+    state: GroupState | None, agent_id: str, session_epoch: int, now: datetime
+) -> list[event_pb2.Event]:
+    """MW-11.3-09: what a Group appends when ``agent_id`` opened session ``session_epoch`` (nothing
+    when none of its leases here belong to an older session)."""
+    if state is None:
+        return []
+    emitter = Emitter(session_replaced_command(state.group_id, agent_id, session_epoch), state, now)
+    revoke_replaced_session(state, agent_id, session_epoch, emitter)
     return emitter.events
 
 

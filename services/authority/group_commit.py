@@ -46,6 +46,9 @@ class AppendRecord:
     # (event sequence, target Group) of its events that another Group must apply: the cross-Group
     # outbox rows written in the same transaction (MW-10.4-05).
     links: list[tuple[int, str]] = field(default_factory=list)
+    # (WorkItem, agent, session epoch) of each WorkItem whose execution lease began or ended (agent
+    # "": ended): the live-lease index rows written in the same transaction (MW-11.3-09).
+    leases: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 class BatchWriter:
@@ -84,6 +87,9 @@ class BatchWriter:
                     links = [(r.group_id, seq, target, now) for r in accepted for seq, target in r.links]
                     if links:
                         ops.insert_links(links)
+                    leases = [(r.group_id, *lease) for r in accepted for lease in r.leases]
+                    if leases:
+                        ops.record_leases(leases)
                 return outcomes
         except Collision:
             # One request collided (a Group created twice, a command raced on another instance):

@@ -98,6 +98,19 @@ cross_group_outbox = Table(
 )
 
 
+# The live execution leases by agent (MW-11.3-09, docs/workitems.md "Replacement sessions"): one row
+# per WorkItem whose execution lease is running, written in the same transaction as the event that
+# began or ended it. When an agent opens a replacement session, the Authority finds here the Groups
+# where its older session still holds leases and revokes them without waiting for the agent.
+live_leases = Table(
+    "live_leases",
+    METADATA,
+    Column("group_id", String(128), primary_key=True),
+    Column("work_item_id", String(128), primary_key=True),
+    Column("agent_id", String(128), nullable=False, index=True),
+    Column("session_epoch", BigInteger, nullable=False),
+)
+
 # Key continuity (docs/integrity.md): every key the Authority has signed with, in order. The first
 # row is recorded on the store's first use; each later one only with a rotation record (a serialised
 # SignedEnvelope of an AuthorityKeyRotation) signed by the key before it. A process whose key is not

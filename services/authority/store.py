@@ -50,6 +50,7 @@ from services.authority.schema import (
     events_archive,
     groups,
     instance_upsert,
+    live_leases,
     snapshots,
 )
 from services.authority.writer_process import WriterLost, WriterProcess, unknown_outcome
@@ -65,6 +66,17 @@ class CommandRecord:
     fingerprint: bytes
     first_seq: int
     last_seq: int
+
+
+@dataclass(frozen=True)
+class LiveLease:
+    """A row of the live-lease index: ``agent_id`` runs ``work_item_id`` of ``group_id`` under a
+    lease of its session ``session_epoch``."""
+
+    group_id: str
+    work_item_id: str
+    agent_id: str
+    session_epoch: int
 
 
 @dataclass
@@ -267,6 +279,29 @@ class EventStore:
             await conn.execute(
                 delete(cross_group_outbox).where(
                     and_(o.source_group_id == source_group_id, o.source_seq == source_seq, o.target_group_id == target_group_id)
+                )
+            )
+
+    @finish_on_cancel
+    async def running_leases(self, agent_id: str | None = None) -> list[LiveLease]:
+        """The running execution leases the index holds (of one agent, or all), by Group."""
+        c = live_leases.c
+        query = select(c.group_id, c.work_item_id, c.agent_id, c.session_epoch).order_by(c.group_id, c.work_item_id)
+        if agent_id is not None:
+            query = query.where(c.agent_id == agent_id)
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(query)
+            return [LiveLease(str(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
+
+    @finish_on_cancel
+    async def drop_running_leases(self, group_id: str, agent_id: str, below_epoch: int) -> None:
+        """Rows of ``agent_id`` in ``group_id`` from sessions before ``below_epoch`` that its log no
+        longer backs (the lease ended by a path the index did not see): nothing to revoke."""
+        c = live_leases.c
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                delete(live_leases).where(
+                    and_(c.group_id == group_id, c.agent_id == agent_id, c.session_epoch < below_epoch)
                 )
             )
 

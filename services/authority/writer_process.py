@@ -77,6 +77,7 @@ def encode_batch(batch: Sequence[AppendRecord], now_us: int) -> bytes:
             r.rewrites,
             r.payloads,
             r.links,
+            r.leases,
         )
         for r in batch
     ]
@@ -87,9 +88,10 @@ def decode_batch(body: bytes) -> tuple[list[AppendRecord], int]:
     now_us, rows = pickle.loads(body)
     records = [
         AppendRecord(
-            g, epoch, head, cmd, fp, [StoredEvent(*e) for e in evs], creates, list(rewrites), list(payloads), list(links)
+            g, epoch, head, cmd, fp, [StoredEvent(*e) for e in evs], creates, list(rewrites), list(payloads), list(links),
+            list(leases),
         )
-        for g, epoch, head, cmd, fp, creates, evs, rewrites, payloads, links in rows
+        for g, epoch, head, cmd, fp, creates, evs, rewrites, payloads, links, leases in rows
     ]
     return records, now_us
 

@@ -11,6 +11,7 @@ from missionweave.v1 import command_pb2, common_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import DecisionContext, Emitter, R, invalid
 from services.authority.rules.work.common import (
+    ACTIVE,
     DEFAULT_START_DEADLINE,
     QUEUED,
     end_lease,
@@ -116,6 +117,27 @@ def token_valid(state: GroupState, token_id: str, now: datetime) -> bool:
         if lease is not None and lease.token_id == token_id:
             return lease.expires_at > now
     return False
+
+
+def replaced_session_lease(item: WorkItemState, agent_id: str, session_epoch: int) -> bool:
+    """The agent opened session ``session_epoch``: this WorkItem's running lease belongs to an older
+    session of the same agent (MW-11.3-09)."""
+    lease = item.lease
+    return (
+        item.state == ACTIVE
+        and lease is not None
+        and lease.agent_id == agent_id
+        and lease.session_epoch < session_epoch
+    )
+
+
+def revoke_replaced_session(state: GroupState, agent_id: str, session_epoch: int, out: Emitter) -> None:
+    """MW-11.3-09: the Authority's own revocation, when the agent opens a replacement session, of
+    every lease its older sessions hold in this Group; each WorkItem returns to ``queued`` and its
+    owner keeps the ownership, so the new runtime starts it again under a new lease."""
+    for item in state.work_items.values():
+        if replaced_session_lease(item, agent_id, session_epoch):
+            revoke_lease(out, item, wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED, QUEUED)
 
 
 def revoke_lease(

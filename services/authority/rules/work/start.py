@@ -24,9 +24,10 @@ from services.authority.rules.work.leases import (
     apply_lease_revoked,
     capability_token,
     narrow_scope,
+    replaced_session_lease,
     revoke_lease,
 )
-from services.authority.state import ExecutionLeaseState, GroupState, WorkItemState
+from services.authority.state import ExecutionLeaseState, GroupState
 
 
 def approval_grant_execution(
@@ -65,17 +66,6 @@ def approval_grant_execution(
     )
 
 
-def _replaced_session_lease(item: WorkItemState, command: command_pb2.Command) -> bool:
-    """The owner restarted: its ACTIVE lease belongs to an older session of the same agent."""
-    lease = item.lease
-    return (
-        item.state == ACTIVE
-        and lease is not None
-        and lease.agent_id == command.actor_id
-        and lease.session_epoch < command.session_epoch
-    )
-
-
 def work_start(
     state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
 ) -> None:
@@ -84,7 +74,7 @@ def work_start(
     body = command.work_start
     require_live(mission_of(state), "work.start")
     item = work_item(state, body.work_item_id)
-    replaced = _replaced_session_lease(item, command)
+    replaced = replaced_session_lease(item, command.actor_id, command.session_epoch)
     if not replaced:
         require_state(item, (QUEUED,), "work.start")
     owner = item.owner
