@@ -71,6 +71,7 @@ MAX_EVENTS_PER_FRAME = 256
 MAX_CREDITS = 65_536
 MAX_SUBSCRIPTIONS = 1_024
 MAX_FRAME_BYTES = 4 * 1024 * 1024
+MAX_SUBSCRIPTION_ID = 128  # characters (SubscribeFrame.subscription_id)
 # ACKs arriving within this window share one transaction (SQLite FULL sync costs a disk flush each).
 CURSOR_FLUSH_DELAY_S = 0.05
 # Longest the gateway waits for the Authority: a unary answer (FETCH, GetSnapshot) or the first
@@ -588,6 +589,9 @@ class _Connection:
     # ------------------------------------------------------------ subscriptions
 
     async def subscribe(self, sub: pb.SubscribeFrame) -> None:
+        if not 1 <= len(sub.subscription_id) <= MAX_SUBSCRIPTION_ID:
+            await self.malformed(f"subscription_id must be 1..{MAX_SUBSCRIPTION_ID} characters", "subscription_id", sub.subscription_id)
+            return
         if sub.subscription_id in self.subscriptions:
             await self.error(
                 E.GATEWAY_ERROR_CODE_SUBSCRIPTION_EXISTS,
@@ -842,6 +846,11 @@ class _Connection:
                     subscription_id=cursor.subscription_id,
                 )
                 continue
+            if cursor.group_id and cursor.group_id != s.group_id:  # empty: the subscription's Group
+                await self.malformed(
+                    f"subscription {s.subscription_id} follows {s.group_id}, not {cursor.group_id}", "group_id", s.subscription_id
+                )
+                continue
             if cursor.cursor > s.delivered:
                 await self.error(
                     E.GATEWAY_ERROR_CODE_ACK_BEYOND_DELIVERED,
@@ -986,6 +995,15 @@ class _Connection:
             request_id=request_id,
         )
         await self.send_frame(pb.ServerFrame(error=error), group_id)
+
+    async def malformed(self, message: str, field: str, subscription_id: str) -> None:
+        """A non-fatal MALFORMED_FRAME about one subscription's frame: nothing of it was done."""
+        await self.error(
+            E.GATEWAY_ERROR_CODE_MALFORMED_FRAME,
+            message,
+            subscription_id=subscription_id,
+            rejection=Rejected(R.REJECTION_REASON_MALFORMED, message, field=field).to_proto(),
+        )
 
     @staticmethod
     def _error_frame(fatal: _Fatal) -> pb.ErrorFrame:

@@ -7,15 +7,17 @@ import logging
 from collections.abc import AsyncIterator
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from missionweave import codec
 from missionweave.errors import R, Rejected
 from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.paging import decode_token, encode_token, page_size
 from missionweave.rpc.status import log_rejection, rejections_as_status
+from missionweave.signing import COMMAND_TYPE
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import authority_service_pb2_grpc as pb_grpc
-from missionweave.v1 import common_pb2, membership_pb2, subtask_pb2, work_pb2
+from missionweave.v1 import command_pb2, common_pb2, membership_pb2, subtask_pb2, work_pb2
 from services.authority.authority import GroupAuthority
 from services.authority.progress import mission_progress
 from services.authority.state import GroupState
@@ -122,11 +124,14 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
             return pb.ExecuteCommandStreamResponse(request_tag=req.request_tag, command_id=result.command_id, result=result)
         except Rejected as rejected:
             log_rejection("Authority", rpc, rejected)  # answered in band: counted and logged as at the edge
-            return pb.ExecuteCommandStreamResponse(request_tag=req.request_tag, rejection=rejected.to_proto())
+            return pb.ExecuteCommandStreamResponse(
+                request_tag=req.request_tag, command_id=_command_id(req.command), rejection=rejected.to_proto()
+            )
         except Exception:
             log.exception("command failed unexpectedly")
             return pb.ExecuteCommandStreamResponse(
                 request_tag=req.request_tag,
+                command_id=_command_id(req.command),
                 rejection=common_pb2.Rejection(reason=R.REJECTION_REASON_OVERLOADED, message="internal error; retry"),
             )
 
@@ -346,6 +351,17 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         return pb.GetAuthorityKeyResponse(
             key_id=self.authority.key_id, public_key=self.authority.public_key, keys=self.authority.key_history.as_proto()
         )
+
+
+def _command_id(envelope: common_pb2.SignedEnvelope) -> str:
+    """The id a rejected command names, for the client to match its answer (empty when the
+    payload is not a Command). Only echoed back to its sender: nothing unverified is trusted."""
+    if envelope.payload_type != COMMAND_TYPE:
+        return ""
+    try:
+        return command_pb2.Command.FromString(envelope.payload).command_id
+    except DecodeError:
+        return ""
 
 
 def may_mint(state: GroupState, caller: Caller, recipient_ids: list[str], work_item_ids: list[str]) -> None:
