@@ -242,6 +242,7 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
                     f"received {received} of {size} bytes",
                 )
             if hasher.hexdigest() != hex_digest:
+                metrics.ARTIFACT_VERIFICATION_FAILURES.labels("upload").inc()
                 raise artifact_error(
                     R.REJECTION_REASON_DIGEST_MISMATCH,
                     "DIGEST_MISMATCH",

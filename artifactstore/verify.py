@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import blake3
 
 from artifactstore.blobstore import CHUNK_BYTES, EMPTY_BLAKE3, HEX64, MAX_BLOB_BYTES, BlobStore
+from missionweave import metrics
 from missionweave.errors import Rejected
 from missionweave.v1 import common_pb2
 
@@ -90,6 +91,7 @@ async def verified_range(
         ) from None
     if position != size or hasher.hexdigest() != hex_digest:
         Counters.corrupted_reads += 1
+        metrics.ARTIFACT_VERIFICATION_FAILURES.labels("at_rest").inc()
         log.error(
             "stored blob failed verification", extra={"digest": f"blake3:{hex_digest}", "backend": store.name}
         )

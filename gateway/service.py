@@ -117,6 +117,10 @@ def _over_limit(message: str, limit: int, scope: str) -> _Fatal:
     )
 
 
+# Every gateway of this process (tests start several), for the credits gauge.
+_GATEWAYS: weakref.WeakSet[GatewayServicer] = weakref.WeakSet()
+
+
 @dataclass
 class _Subscription:
     subscription_id: str
@@ -137,6 +141,17 @@ class _PeerRefused(Exception):
         super().__init__(rejection.message)
         self.code = code
         self.rejection = rejection
+
+
+def _credits_outstanding() -> float:
+    """mwp_gateway_credits_outstanding, read at scrape time (from the metrics thread: the list()
+    copies are taken under the GIL, so the loop's changes cannot break the iteration)."""
+    return float(
+        sum(s.credits for g in list(_GATEWAYS) for c in list(g.connections) for s in list(c.subscriptions.values()))
+    )
+
+
+metrics.GATEWAY_CREDITS.set_function(_credits_outstanding)
 
 
 @rejections_as_status
@@ -166,6 +181,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         self.audiences: Collection[str] = frozenset(normalize_audience(a) for a in audiences)
         self.nonces = NonceCache(clock, max_entries=self.limits.max_hello_nonces)  # HELLO and GetSnapshot
         self.connections: set[_Connection] = set()
+        _GATEWAYS.add(self)
         self._per_identity: Counter[str] = Counter()  # authenticated streams per agent
         self.stopping = False
         self._cursor_writes: dict[tuple[str, str], int] = {}
@@ -736,6 +752,7 @@ class _Connection:
                 s.delivered = last
                 s.credits -= len(batch)
                 frame.credits_remaining = s.credits
+                metrics.DELIVERY_LAG.observe(frame.head_sequence - last)
                 await self.send(event=frame)
         except grpc.aio.AioRpcError as err:
             await self.authority_lost(s, f"the Group Authority stream failed: {err.code().name}: {err.details()}")

@@ -70,6 +70,32 @@ ARTIFACT_BYTES = Counter(
     "Artifact blob bytes received (in) and served (out).",
     ["direction"],
 )
+ARTIFACT_VERIFICATION_FAILURES = Counter(
+    "mwp_artifact_verification_failures_total",
+    "Artifact blobs that failed BLAKE3 verification: uploads whose bytes did not match their declared "
+    "digest (upload), stored blobs refused as corrupted when read (at_rest).",
+    ["stage"],
+)
+DELIVERY_LAG = Histogram(
+    "mwp_gateway_delivery_lag_events",
+    "Events a subscription was behind its Group's head when the gateway sent it an EVENT frame.",
+    buckets=(0, 1, 4, 16, 64, 256, 1024, 4096, 16384),
+)
+GATEWAY_CREDITS = Gauge(
+    "mwp_gateway_credits_outstanding",
+    "Delivery credits granted to open subscriptions and not yet used (MW-8-17 flow control).",
+)
+SCHEDULER_DECISIONS = Counter(
+    "mwp_scheduler_decisions_total",
+    "NextSlot answers of the scheduling service: a WorkItem placed (placed, or aged when fairness "
+    "aging chose it), a preemption asked of a running slot (preemption), nothing to place (idle).",
+    ["decision"],
+)
+SCHEDULER_WAIT = Histogram(
+    "mwp_scheduler_wait_seconds",
+    "How long a placed WorkItem waited in its Worker's queue.",
+    buckets=(0.01, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600),
+)
 RPCS = Counter(
     "mwp_rpcs_total",
     "RPCs answered, by full method and gRPC status code.",

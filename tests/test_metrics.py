@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
+from nacl.signing import SigningKey
 from prometheus_client.parser import text_string_to_metric_families
 
 from missionweave.clock import SystemClock
@@ -21,7 +22,7 @@ from missionweave.config import DEFAULT_METRICS_LISTEN, Settings
 from missionweave.mesh.server import Mesh, start
 from missionweave.mesh.topology import plan
 from missionweave.rpc.status import rejection_from_rpc_error
-from missionweave.sdk.client import MeshClient, SessionSigner
+from missionweave.sdk.client import MeshClient, SessionSigner, blob_digest
 from missionweave.signing import read_key
 from missionweave.v1 import common_pb2
 from tests import builders
@@ -225,3 +226,54 @@ async def test_a_command_refused_in_a_batch_is_counted_and_logged_like_one_refus
     assert (line.rpc, line.group_id, line.command_kind, line.actor_id) == (  # type: ignore[attr-defined]
         "Authority.ExecuteCommandBatch", "grp_batch", "mission_create", "alice"
     )
+
+
+async def test_metrics_count_signatures_artifacts_gateway_delivery_and_scheduling(metered: Metered) -> None:
+    """The operator's counters beyond commands: a forged signature, artifact bytes and a digest that
+    does not match, a gateway stream with its credits and delivery lag (the scheduler's answers:
+    tests/test_scheduling_service.py)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from missionweave import uploads
+    from missionweave.v1 import artifact_service_pb2
+    from missionweave.v1 import gateway_service_pb2 as gpb
+    from tests.test_gateway import Stream, hello
+
+    before = await _scrape(metered)
+    owner = metered.owner
+    reader = MeshClient(f"127.0.0.1:{metered.mesh.port}", reader=owner)
+    try:
+        body = builders.mission_create("alice", "coord-bot", SystemClock().now())
+        forged = replace(owner, key=SigningKey.generate())
+        with pytest.raises(grpc.aio.AioRpcError):
+            await metered.client.execute(forged.sign(owner.command("grp_m2", "mission_create", body)))
+        await metered.client.execute(owner.sign(owner.command("grp_m2", "mission_create", body)))
+        data = b"metered bytes " * 100
+        await reader.upload(data)
+        assert await reader.download(blob_digest(data)) == data
+        wrong = artifact_service_pb2.UploadHeader(digest=blob_digest(b"x" * len(data)))  # size right, hash not
+        with pytest.raises(grpc.aio.AioRpcError):
+            await uploads.upload(reader.artifacts, wrong, [data])
+        at_gateway: Any = SimpleNamespace(target=f"127.0.0.1:{metered.mesh.port}", clock=SystemClock())
+        stream = Stream(at_gateway, reader.channel)
+        await stream.send(hello=hello(at_gateway, owner))
+        assert (await stream.recv()).WhichOneof("frame") == "welcome"
+        await stream.send(subscribe=gpb.SubscribeFrame(subscription_id="s", group_id="grp_m2", initial_credits=1000))
+        event = (await stream.until("event")).event
+        during = await _scrape(metered)
+        await stream.call.done_writing()
+    finally:
+        await reader.channel.close()
+    after = await _scrape(metered)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved("mwp_signature_verification_failures_total") == 1
+    assert moved("mwp_artifact_bytes_total", direction="in") >= len(data)
+    assert moved("mwp_artifact_bytes_total", direction="out") == len(data)
+    assert moved("mwp_artifact_verification_failures_total", stage="upload") == 1
+    assert value(during, "mwp_gateway_open_streams") >= 1
+    assert value(during, "mwp_gateway_credits_outstanding") == 1000 - len(event.events)
+    assert value(during, "mwp_gateway_delivery_lag_events_count") - value(before, "mwp_gateway_delivery_lag_events_count") >= 1

@@ -104,6 +104,15 @@ async def test_admission_checks_every_item_and_declines_with_the_first_failure(w
     assert failed == [K.ADMISSION_CHECK_KIND_CAPABILITY]
 
 
+def _decisions() -> dict[str, float]:
+    """mwp_scheduler_decisions_total by decision and the wait histogram's count, in this process."""
+    from prometheus_client import REGISTRY
+
+    out = {d: REGISTRY.get_sample_value("mwp_scheduler_decisions_total", {"decision": d}) or 0.0 for d in ("placed", "idle")}
+    out["wait_count"] = REGISTRY.get_sample_value("mwp_scheduler_wait_seconds_count") or 0.0
+    return out
+
+
 @pytest.mark.req("MW-11.1-01", "MW-11.1-03", "MW-11.1-05", "MW-11.2-01", "MW-11.2-02")
 async def test_the_worker_queues_places_and_discloses_its_own_work_only(world: World, sched: Schedulers) -> None:
     w = world
@@ -118,10 +127,14 @@ async def test_the_worker_queues_places_and_discloses_its_own_work_only(world: W
     assert queue.projected_sequence == (await w.client.group_state(G)).head_sequence
     # The Coordinator's scheduler is its own: it holds none of the Worker's work.
     assert not (await sched["coordinator"].GetQueue(pb.GetQueueRequest(group_id=G))).queue.entries
+    decisions = _decisions()
     placed = await sched["worker"].NextSlot(pb.NextSlotRequest())
     a = placed.assignment
     assert (a.group_id, a.work_item_id, a.ownership_epoch) == (G, "wi-1", epoch) and placed.total_slots == 1
     assert not (await sched["worker"].NextSlot(pb.NextSlotRequest())).HasField("assignment")  # one slot, taken
+    if getattr(w.mesh, "schedulers", None) is not None:  # the scheduler runs in this process: its metrics
+        moved = {k: v - decisions[k] for k, v in _decisions().items()}
+        assert (moved["placed"], moved["idle"], moved["wait_count"]) == (1, 1, 1)
     disclosed = (await sched["worker"].DiscloseSchedule(pb.DiscloseScheduleRequest(group_id=G, work_item_id="wi-1"))).schedule
     assert disclosed.HasField("start_window_begin") and disclosed.capacity_status == wp.CAPACITY_STATUS_CONSTRAINED
     other = await refusal(sched["coordinator"].DiscloseSchedule(pb.DiscloseScheduleRequest(group_id=G, work_item_id="wi-1")))

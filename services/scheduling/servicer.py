@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import grpc
 
+from missionweave import metrics
 from missionweave.capabilities import missing_capability
 from missionweave.clock import Clock, to_timestamp
 from missionweave.errors import R, Rejected
@@ -271,11 +272,14 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
                 except ValueError as err:
                     raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, str(err), field="slot_id") from None
             if assignment is not None:
+                metrics.SCHEDULER_DECISIONS.labels("aged" if assignment.aged else "placed").inc()
+                metrics.SCHEDULER_WAIT.observe(assignment.waiting_time)
                 return self._assigned(worker, assignment)
             preemptions = self._ask_preemptions(worker)
             free = sum(1 for w in worker.policy.slots.values() if w is None)
             remaining = deadline - loop.time()
             if preemptions or remaining <= 0:
+                metrics.SCHEDULER_DECISIONS.labels("preemption" if preemptions else "idle").inc(len(preemptions) or 1)
                 return pb.NextSlotResponse(
                     free_slots=free, total_slots=worker.policy.params.slots, preemptions=preemptions
                 )
