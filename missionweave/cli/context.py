@@ -119,6 +119,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+TEXT_METAVARS = {"target": "ADDR", "tls_server_name": "NAME", "identity": "ID"}
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ctx = sub.add_parser(
         "context", help="saved connection options: target, TLS, identity (like nats context)",
@@ -132,7 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         kind: dict[str, Any] = (
             {"action": "store_true", "default": None} if option.kind == "switch"
             else {"type": float, "metavar": "SECONDS"} if option.kind == "seconds"
-            else {"metavar": "FILE"} if option.kind == "path" else {}
+            else {"metavar": "FILE"} if option.kind == "path" else {"metavar": TEXT_METAVARS[option.name]}
         )
         a.add_argument(option.flag, dest=f"set_{option.name}", help=f"{option.what} (${option.env})", **kind)
     a.add_argument("--description", help="a line saying what it is for")
