@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -161,6 +162,14 @@ def test_a_flag_beats_the_environment_which_beats_the_context(
     assert effective["timeout"] == {"value": "7", "source": "env", "env": "MWP_TIMEOUT"}
     monkeypatch.delenv("MWP_TIMEOUT")
     assert mwp(capsys, "context", "show", "--json").json()["effective"]["timeout"]["source"] == "context"
+    # The context's timeout bounds a command against a server that accepts and never answers.
+    monkeypatch.delenv("MWP_TARGET")
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        mwp(capsys, "context", "add", "silent", "--target", f"127.0.0.1:{port}", "--timeout", "0.3")
+        assert mwp(capsys, "--context", "silent", "health", expect=3).stderr == (
+            f"mwp: no answer from 127.0.0.1:{port} within 0.3 s (--timeout)\n"
+        )
 
     # The TLS options the same way, down to the ClientTLS a command dials with.
     ca, env_ca, flag_ca = (key_file(tmp_path / name) for name in ("ctx.pem", "env.pem", "flag.pem"))
