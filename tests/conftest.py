@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         split = metafunc.definition.get_closest_marker("both_topologies") is not None
         names = list(chosen.args) if chosen is not None else ["single", "split"] if split else ["single"]
         metafunc.parametrize("topology", names, indirect=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_saved_contexts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every `mwp` the tests run (in-process or as a subprocess) sees an empty context directory:
+    a context the user selected on this machine must not redirect them (tests/test_cli_context.py
+    points MWP_CONTEXT_DIR at a directory of its own)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MWP_CONTEXT_DIR", str(tmp_path_factory.mktemp("mwp-contexts")))
+        patch.delenv("MWP_CONTEXT", raising=False)
+        yield
 
 
 @pytest.fixture

@@ -54,6 +54,7 @@ async def test_the_readme_trying_it_block_runs_as_written(tmp_path: Path) -> Non
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
         "MWP_TARGET": f"127.0.0.1:{mesh.port}",
+        "MWP_CONTEXT_DIR": os.environ["MWP_CONTEXT_DIR"],  # conftest's empty one: no context of this machine's
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "PYTHONPATH": str(ROOT),
     }

@@ -25,6 +25,7 @@ from google.protobuf import json_format
 
 from missionweave.cli import agent as cli_agent
 from missionweave.cli import artifact as cli_artifact
+from missionweave.cli import context as cli_context
 from missionweave.cli import conversation as cli_conversation
 from missionweave.cli import coordinator as cli_coordinator
 from missionweave.cli import delegation as cli_delegation
@@ -37,16 +38,19 @@ from missionweave.cli import readmodels as cli_readmodels
 from missionweave.cli import worker as cli_worker
 from missionweave.cli.common import (
     CliError,
+    UsageError,
     add_actor_flags,
     add_client_tls_flags,
     add_reader_flags,
     client_tls,
     connect,
+    environment,
     reading,
     save_session,
     target,
     with_client_tls_flags,
 )
+from missionweave.cli.context_store import DEFAULT_TIMEOUT_S, context_environment
 from missionweave.config import SERVICES, Settings
 from missionweave.rpc.channels import open_channel
 from missionweave.rpc.status import rejection_from_rpc_error
@@ -221,11 +225,16 @@ async def cmd_health(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mwp", description="MissionWeave: run the mesh and talk to it.")
-    p.add_argument("--target", help="server address (default $MWP_TARGET or 127.0.0.1:50051)")
+    p.add_argument("--target", help="server address (default $MWP_TARGET, the context's, or 127.0.0.1:50051)")
     p.add_argument(
-        "--timeout", type=float, default=float(os.environ.get("MWP_TIMEOUT", DEFAULT_TIMEOUT_S)),
-        help=f"give up on a silent server after this many seconds, exit 3 (default $MWP_TIMEOUT or {DEFAULT_TIMEOUT_S:g}; "
-        "not for serve, demo, worker run and events --follow, which run until stopped)",
+        "--timeout", type=float,
+        help="give up on a silent server after this many seconds, exit 3 (default $MWP_TIMEOUT, the context's, "
+        f"or {DEFAULT_TIMEOUT_S:g}; not for serve, demo, worker run and events --follow, which run until stopped)",
+    )
+    p.add_argument(
+        "--context", metavar="NAME",
+        help="take the connection options no flag or MWP_* variable gives from this saved context "
+        "(default $MWP_CONTEXT, else the selected one; see mwp context)",
     )
     add_client_tls_flags(p)
     sub = p.add_subparsers(dest="command", required=True)
@@ -268,11 +277,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-listen",
         help="serve Prometheus metrics on this address, '' for none (default $MWP_METRICS_LISTEN or 127.0.0.1:9464)",
     )
-    s.set_defaults(func=cmd_serve, runs_until_stopped=True)
+    s.set_defaults(func=cmd_serve, runs_until_stopped=True, ignores_contexts=True)
 
     k = sub.add_parser("keygen", help="create an Ed25519 key file (mode 0600)")
     k.add_argument("path")
-    k.set_defaults(func=cmd_keygen)
+    k.set_defaults(func=cmd_keygen, ignores_contexts=True)
 
     ident = sub.add_parser("identity", help="Organization identities").add_subparsers(dest="sub", required=True)
     r = ident.add_parser("register", help="register an identity (signed by an Organization admin)")
@@ -303,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_agent.register(sub)
     cli_group.register(sub)
     cli_integrity.register(sub)
+    cli_context.register(sub)
     demo.register(sub)
 
     e = sub.add_parser("events", help="print a Group's events as JSON lines")
@@ -332,25 +342,37 @@ def _refusal(err: grpc.aio.AioRpcError, rejection: common_pb2.Rejection | None) 
     return f"{reason}: {rejection.message or err.details()}" + (f" ({facts})" if facts else "")
 
 
-DEFAULT_TIMEOUT_S = 10.0
-
-
 async def _within(work: Awaitable[int], seconds: float) -> int:
     async with asyncio.timeout(seconds):
         return await work
 
 
+def _timeout(args: argparse.Namespace) -> float:
+    if args.timeout is not None:
+        return float(args.timeout)
+    text = environment(args).get("MWP_TIMEOUT", "")
+    try:
+        return float(text) if text else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise UsageError(f"MWP_TIMEOUT must be a number of seconds, not {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int | Awaitable[int]] = args.func
+    seconds = DEFAULT_TIMEOUT_S
     try:
+        # Commands that reach no mesh, and those managing contexts, read none (D111).
+        if not getattr(args, "ignores_contexts", False):
+            args.context_env = context_environment(args)
+        seconds = _timeout(args)
         result = func(args)
         if asyncio.iscoroutine(result):
             bounded = not (getattr(args, "runs_until_stopped", False) or getattr(args, "follow", False))
-            result = asyncio.run(_within(result, args.timeout) if bounded and args.timeout > 0 else result)
+            result = asyncio.run(_within(result, seconds) if bounded and seconds > 0 else result)
         return int(result)  # type: ignore[arg-type]
     except TimeoutError:
-        print(f"mwp: no answer from {target(args)} within {args.timeout:g} s (--timeout)", file=sys.stderr)
+        print(f"mwp: no answer from {target(args)} within {seconds:g} s (--timeout)", file=sys.stderr)
         return 3
     except BrokenPipeError:  # the reader went away (`mwp ... | head`): nothing more to say
         with contextlib.suppress(OSError):

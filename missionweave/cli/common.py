@@ -23,6 +23,8 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from missionweave.cli.context_store import DEFAULT_TARGET
+from missionweave.cli.errors import CliError, UsageError
 from missionweave.clock import SystemClock, to_timestamp
 from missionweave.config import Settings
 from missionweave.rpc.channels import ClientTLS
@@ -33,23 +35,18 @@ from missionweave.v1 import authority_service_pb2, command_pb2, event_pb2, membe
 GroupState = authority_service_pb2.GroupState
 
 
-class CliError(Exception):
-    """A failure the CLI reports itself: ``mwp: <message>`` on stderr and ``exit_code``."""
-
-    exit_code = 1
-
-
-class UsageError(CliError):
-    """The invocation is incomplete or inconsistent (exit code 2, like argparse's own errors)."""
-
-    exit_code = 2
-
-
 # ------------------------------------------------------------------ sessions
 
 
+def environment(args: argparse.Namespace) -> dict[str, str]:
+    """The ``MWP_*`` variables as this invocation sees them: the process environment plus what the
+    context in use supplies (``main`` puts that in ``args.context_env``, only variables the
+    environment leaves unset or empty; context_store.py)."""
+    return {**os.environ, **getattr(args, "context_env", {})}
+
+
 def target(args: argparse.Namespace) -> str:
-    return str(getattr(args, "target", None) or os.environ.get("MWP_TARGET", "127.0.0.1:50051"))
+    return str(getattr(args, "target", None) or environment(args).get("MWP_TARGET", DEFAULT_TARGET))
 
 
 # The client TLS flags every command takes (before the command: `mwp --tls-ca ca.crt health`), each
@@ -90,7 +87,7 @@ def with_client_tls_flags(settings: Settings, args: argparse.Namespace) -> Setti
 
 
 def client_tls(args: argparse.Namespace) -> ClientTLS | None:
-    return ClientTLS.from_settings(with_client_tls_flags(Settings.from_env(), args))
+    return ClientTLS.from_settings(with_client_tls_flags(Settings.from_env(environment(args)), args))
 
 
 def connect(args: argparse.Namespace) -> MeshClient:
@@ -167,10 +164,13 @@ async def acting(args: argparse.Namespace) -> AsyncIterator[Actor]:
 async def reading(args: argparse.Namespace) -> AsyncIterator[MeshClient]:
     """A connection for read-only commands: reads are proven as --as/--key (or MWP_AS / MWP_KEY),
     whose saved session signs a call proof for each call (docs/security.md)."""
-    args.actor = getattr(args, "actor", None) or os.environ.get("MWP_AS")
-    args.key = getattr(args, "key", None) or os.environ.get("MWP_KEY")
+    env = environment(args)
+    args.actor = getattr(args, "actor", None) or env.get("MWP_AS")
+    args.key = getattr(args, "key", None) or env.get("MWP_KEY")
     if not args.actor or not args.key:
-        raise UsageError("reading needs an identity: pass --as ID --key FILE (or set MWP_AS and MWP_KEY)")
+        raise UsageError(
+            "reading needs an identity: pass --as ID --key FILE (or set MWP_AS and MWP_KEY, or use a context with both)"
+        )
     async with connect(args) as mesh:
         mesh.read_as(await load_signer(args, mesh))
         yield mesh

@@ -127,7 +127,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     _store_flags(v)
     v.add_argument("--json", action="store_true", help="one JSON document (for scripts)")
-    v.set_defaults(func=cmd_verify)
+    v.set_defaults(func=cmd_verify, ignores_contexts=True)
 
     authority = sub.add_parser("authority", help="the Authority's signing key").add_subparsers(dest="sub", required=True)
     r = authority.add_parser(
@@ -138,7 +138,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--old-key", help="the current key's file, when the configured key file already holds the new key")
     r.add_argument("--new-key", help="the new key's file (default: generate one and put it in place of the old)")
     r.add_argument("--reason", help="why (recorded in the signed rotation, at most 512 characters)")
-    r.set_defaults(func=cmd_rotate_key)
+    r.set_defaults(func=cmd_rotate_key, ignores_contexts=True)
     k = authority.add_parser("keys", help="the store's recorded key history, oldest first")
     _store_flags(k)
-    k.set_defaults(func=cmd_keys)
+    k.set_defaults(func=cmd_keys, ignores_contexts=True)

@@ -31,6 +31,7 @@ from missionweave.cli.common import (
     columns,
     emit,
     enum_label,
+    environment,
     load_signer,
     reading,
     reading_command,
@@ -128,7 +129,8 @@ def load_config(path: Path, args: argparse.Namespace) -> WorkerConfig:
     if unknown:
         raise UsageError(f"{path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(CONFIG_KEYS)}")
     base = path.resolve().parent
-    identity = getattr(args, "actor", None) or _text(data, "identity", path) or os.environ.get("MWP_AS")
+    env = environment(args)
+    identity = getattr(args, "actor", None) or _text(data, "identity", path) or env.get("MWP_AS")
     if not identity:
         raise UsageError(f"{path}: missing key identity (the Worker's identity id; or pass --as)")
     key_text = _text(data, "key", path)
@@ -136,8 +138,8 @@ def load_config(path: Path, args: argparse.Namespace) -> WorkerConfig:
         key = Path(args.key)
     elif key_text:
         key = base / key_text
-    elif os.environ.get("MWP_KEY"):
-        key = Path(os.environ["MWP_KEY"])
+    elif env.get("MWP_KEY"):
+        key = Path(env["MWP_KEY"])
     else:
         raise UsageError(f"{path}: missing key key (the Worker's key file; or pass --key)")
     groups = data.get("groups")
