@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from missionweave import tracing
 from missionweave.cli import agent as cli_agent
 from missionweave.cli import artifact as cli_artifact
 from missionweave.cli import conversation as cli_conversation
@@ -86,7 +87,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings.insecure = settings.insecure or args.insecure
     settings.tls_auto = settings.tls_auto or args.tls_auto
     with_client_tls_flags(settings, args)  # how this process dials its peers
-    logs.configure(settings.log_level, settings.log_format)
     if args.topology == "split" and not settings.mesh_id:
         settings.mesh_id = f"mesh-{os.urandom(6).hex()}"  # its children are let into the data dir by it
     try:
@@ -94,12 +94,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except DataDirHeld as held:
         print(f"mwp serve: {held}", file=sys.stderr)
         return 1
+    if settings.log_format == "json":
+        logs.route_grpc_core()  # before gRPC starts: its C core's own lines become JSON records too
+    logs.configure(settings.log_level, settings.log_format)
     try:
         if args.topology == "split":
             from missionweave.mesh.topology import run_split
 
             return asyncio.run(run_split(settings, shards=args.shards))
         from missionweave.mesh.server import serve_forever
+
+        tracing.setup(tracing.service_name_for(settings.services))  # OTEL_TRACES_EXPORTER (D107)
 
         if settings.tls_auto:
             from missionweave.mesh.certs import auto_server_tls
@@ -109,6 +114,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         asyncio.run(serve_forever(settings))
         return 0
     except (OSError, ValueError) as refused:  # a port in use, an unreadable key, a database that cannot be opened
+        logs.end_grpc_core_route()  # gRPC's lines about it first: this one is the last
         print(f"mwp serve: {refused}", file=sys.stderr)
         return 1
     finally:

@@ -46,6 +46,8 @@ class AppendRecord:
     # (event sequence, target Group) of its events that another Group must apply: the cross-Group
     # outbox rows written in the same transaction (MW-10.4-05).
     links: list[tuple[int, str]] = field(default_factory=list)
+    # The W3C traceparent of the decision that made it ("" untraced): the commit spans link to it.
+    traceparent: str = ""
 
 
 class BatchWriter:
