@@ -170,22 +170,21 @@ def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
 
 def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
     """A client span per call, its context sent in ``traceparent`` (replacing one a front door
-    forwards); none while tracing is off."""
-    return [ClientSpans()] if active() else []
+    forwards); none while tracing is off. One interceptor per call shape: a channel files each
+    interceptor under the first shape it implements only."""
+    if not active():
+        return []
+    return [_UnaryUnarySpans(), _UnaryStreamSpans(), _StreamUnarySpans(), _StreamStreamSpans()]
 
 
-class ClientSpans(
-    grpc.aio.UnaryUnaryClientInterceptor,
-    grpc.aio.UnaryStreamClientInterceptor,
-    grpc.aio.StreamUnaryClientInterceptor,
-    grpc.aio.StreamStreamClientInterceptor,
-):
-    """One interceptor for the four shapes. Unlike the instrumentation package's client interceptors
-    it hands back the call itself, never a wrapping iterator: streams keep ``read()`` and
-    ``write()``, which the gateway's agents use. The span ends when the call does."""
+# The tasks that record a finished call's code on its span (held so that none is collected early).
+_finishing: set[asyncio.Task[None]] = set()
 
-    def __init__(self) -> None:
-        self._finishing: set[asyncio.Task[None]] = set()
+
+class _ClientSpans:
+    """Unlike the instrumentation package's client interceptors, these hand back the call itself,
+    never a wrapping iterator: streams keep ``read()`` and ``write()``, which the gateway's agents
+    use. The span ends when the call does."""
 
     async def _intercept(self, continuation: Any, details: grpc.aio.ClientCallDetails, request: Any) -> Any:
         method = details.method.decode() if isinstance(details.method, bytes) else str(details.method)
@@ -203,32 +202,44 @@ class ClientSpans(
             span.set_status(Status(StatusCode.ERROR, type(failed).__name__))
             span.end()
             raise
-        call.add_done_callback(lambda done: self._ended(span, done))
+        call.add_done_callback(lambda done: _ended(span, done))
         return call
 
-    def _ended(self, span: trace.Span, call: Any) -> None:
-        ended = time.time_ns()
 
-        async def record() -> None:  # the code is a coroutine, and a done callback cannot await
-            with contextlib.suppress(Exception):
-                code = await call.code()
-                span.set_attribute("rpc.grpc.status_code", code.value[0])
-                if code != grpc.StatusCode.OK:
-                    span.set_status(Status(StatusCode.ERROR, code.name))
-            span.end(end_time=ended)
+def _ended(span: trace.Span, call: Any) -> None:
+    ended = time.time_ns()
 
-        try:
-            task = asyncio.get_running_loop().create_task(record())
-        except RuntimeError:  # no loop any more (a channel closed at exit)
-            span.end(end_time=ended)
-            return
-        self._finishing.add(task)
-        task.add_done_callback(self._finishing.discard)
+    async def record() -> None:  # the code is a coroutine, and a done callback cannot await
+        with contextlib.suppress(Exception):
+            code = await call.code()
+            span.set_attribute("rpc.grpc.status_code", code.value[0])
+            if code != grpc.StatusCode.OK:
+                span.set_status(Status(StatusCode.ERROR, code.name))
+        span.end(end_time=ended)
 
-    intercept_unary_unary = _intercept  # type: ignore[assignment]
-    intercept_unary_stream = _intercept  # type: ignore[assignment]
-    intercept_stream_unary = _intercept  # type: ignore[assignment]
-    intercept_stream_stream = _intercept  # type: ignore[assignment]
+    try:
+        task = asyncio.get_running_loop().create_task(record())
+    except RuntimeError:  # no loop any more (a channel closed at exit)
+        span.end(end_time=ended)
+        return
+    _finishing.add(task)
+    task.add_done_callback(_finishing.discard)
+
+
+class _UnaryUnarySpans(_ClientSpans, grpc.aio.UnaryUnaryClientInterceptor):
+    intercept_unary_unary = _ClientSpans._intercept  # type: ignore[assignment]
+
+
+class _UnaryStreamSpans(_ClientSpans, grpc.aio.UnaryStreamClientInterceptor):
+    intercept_unary_stream = _ClientSpans._intercept  # type: ignore[assignment]
+
+
+class _StreamUnarySpans(_ClientSpans, grpc.aio.StreamUnaryClientInterceptor):
+    intercept_stream_unary = _ClientSpans._intercept  # type: ignore[assignment]
+
+
+class _StreamStreamSpans(_ClientSpans, grpc.aio.StreamStreamClientInterceptor):
+    intercept_stream_stream = _ClientSpans._intercept  # type: ignore[assignment]
 
 
 @contextlib.contextmanager
