@@ -346,15 +346,27 @@ async def _within(work: Awaitable[int], seconds: float) -> int:
         return await work
 
 
+def _run(func: Callable[[argparse.Namespace], int | Awaitable[int]], args: argparse.Namespace) -> int:
+    result = func(args)
+    if asyncio.iscoroutine(result):
+        bounded = not (getattr(args, "runs_until_stopped", False) or getattr(args, "follow", False))
+        result = asyncio.run(_within(result, args.timeout) if bounded and args.timeout > 0 else result)
+    return int(result)  # type: ignore[arg-type]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int | Awaitable[int]] = args.func
     try:
-        result = func(args)
-        if asyncio.iscoroutine(result):
-            bounded = not (getattr(args, "runs_until_stopped", False) or getattr(args, "follow", False))
-            result = asyncio.run(_within(result, args.timeout) if bounded and args.timeout > 0 else result)
-        return int(result)  # type: ignore[arg-type]
+        if func is cmd_serve:  # each server process sets up its own tracing
+            return _run(func, args)
+        # With OTEL_TRACES_EXPORTER set, one trace per command: its calls are spans under this one.
+        traced = tracing.setup("mwp")
+        with tracing.tracer().start_as_current_span(f"mwp {func.__name__.removeprefix('cmd_').replace('_', ' ')}"):
+            code = _run(func, args)
+        if traced:
+            tracing.flush()
+        return code
     except TimeoutError:
         print(f"mwp: no answer from {target(args)} within {args.timeout:g} s (--timeout)", file=sys.stderr)
         return 3
