@@ -1,12 +1,22 @@
-"""Structured logging: one JSON object per line on stderr (or plain text with MWP_LOG_FORMAT=text)."""
+"""Structured logging: one JSON object per line on stderr (or plain text with MWP_LOG_FORMAT=text).
+
+A record written while a trace span is current carries its ``trace_id`` and ``span_id`` (both
+formats; ``TraceIds``). Server processes also route gRPC's C-core output, which it writes to file
+descriptor 2 on its own, into the JSON log (``route_grpc_core``, missionweave/stderr_relay.py).
+"""
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import subprocess
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
+
+from opentelemetry import trace
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -27,9 +37,34 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+class TraceIds(logging.Filter):
+    """Adds ``trace_id`` and ``span_id`` (W3C hex) to a record made while a span is current, so that
+    a log line leads to its trace and back. Without tracing no span is ever current."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid and not hasattr(record, "trace_id"):
+            record.trace_id = trace.format_trace_id(span.trace_id)
+            record.span_id = trace.format_span_id(span.span_id)
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger: message``, and the trace it belongs to, if any."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        trace_id = getattr(record, "trace_id", None)
+        return line if trace_id is None else f"{line} trace_id={trace_id} span_id={getattr(record, 'span_id', '')}"
+
+
 def configure(level: str = "info", fmt: str = "json") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(TraceIds())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -44,3 +79,53 @@ def quiet_grpc_core() -> None:
     """gRPC's C core logs to stderr on its own, outside this format: only its errors, unless
     GRPC_VERBOSITY says otherwise. Read when the core starts, so set before grpc is imported."""
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
+# The relay of route_grpc_core and the descriptor of the stderr it writes to, once started.
+_relay: subprocess.Popen[bytes] | None = None
+_original_stderr = -1
+
+
+def route_grpc_core() -> None:
+    """Server processes: gRPC's C core writes its lines (absl format) to file descriptor 2 itself,
+    bypassing Python. From now on descriptor 2 is a pipe to a small relay process that writes each
+    line to the real stderr as a JSON record (logger ``grpc.core``; JSON lines, such as the child
+    processes' own records, pass unchanged). Python's own output (this log, ``print`` to stderr,
+    tracebacks) goes straight to the real stderr through a duplicate of it. The relay is a process,
+    not a thread, so a crash's last lines still come out: it drains the pipe until every writer has
+    gone. Call before gRPC starts (its first server or channel) and before ``configure``."""
+    global _relay, _original_stderr
+    if _relay is not None:
+        return
+    sys.stderr.flush()
+    _original_stderr = os.dup(2)
+    read_end, write_end = os.pipe()
+    _relay = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(Path(__file__).with_name("stderr_relay.py"))],
+        stdin=read_end, stdout=_original_stderr, stderr=_original_stderr, close_fds=True,
+    )
+    os.close(read_end)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    sys.stderr = open(os.dup(_original_stderr), "w", buffering=1, encoding="utf-8", errors="backslashreplace")
+    atexit.register(end_grpc_core_route)
+
+
+def original_stderr() -> int:
+    """The descriptor of the real stderr (2 unless ``route_grpc_core`` took descriptor 2 over): for
+    child processes that route their own output."""
+    return _original_stderr if _relay is not None else 2
+
+
+def end_grpc_core_route(timeout_s: float = 2.0) -> None:
+    """Give descriptor 2 back to the real stderr and wait (bounded) until the relay has written all
+    it was sent: so that a last line printed after it is the last line of the output."""
+    global _relay
+    relay, _relay = _relay, None
+    if relay is None:
+        return
+    os.dup2(_original_stderr, 2)  # the pipe's last writer here closes: the relay reads to its end
+    try:
+        relay.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        pass  # a child process still holds the pipe: the relay ends with it

@@ -61,7 +61,7 @@ def test_frames_round_trip_every_field_of_an_append_and_its_outcome() -> None:
         req = request("g1", 3, 7, 2, "cmd")
         req.rewrites = [(2, b"erased")]
         req.payloads = [b"p1", b"p2"]
-        records, now = decode_batch(encode_batch([req], 1234))
+        records, now, _ = decode_batch(encode_batch([req], 1234))
         assert now == 1234 and records[0].payloads == [b"p1", b"p2"]
         (got,) = records
         assert (got.group_id, got.writer_epoch, got.expected_head, got.command_id, got.fingerprint, got.creates_group) == (
@@ -87,7 +87,7 @@ def test_the_writer_signs_handed_over_payloads_into_the_envelopes_it_stores() ->
     async def go() -> None:
         req = request("g1", 1, 0, 2, "cmd")
         req.payloads = [b"event-one", b"event-two"]
-        records, _ = decode_batch(encode_batch([req], 0))
+        records, _, _ = decode_batch(encode_batch([req], 0))
         (sigs,) = EventSigner(key.encode(), "authority:test").seal(records)
         for event, payload, sig in zip(records[0].events, req.payloads, sigs, strict=True):
             envelope = common_pb2.SignedEnvelope.FromString(event.envelope)
@@ -97,7 +97,7 @@ def test_the_writer_signs_handed_over_payloads_into_the_envelopes_it_stores() ->
             assert signed_envelope(payload, EVENT_TYPE, "authority:test", sig).SerializeToString() == event.envelope
         # An append without payloads keeps the envelopes it came with.
         plain = request("g2", 1, 0, 1, "c")
-        records, _ = decode_batch(encode_batch([plain], 0))
+        records, _, _ = decode_batch(encode_batch([plain], 0))
         assert EventSigner(key.encode(), "k").seal(records) == [[]] and records[0].events == plain.events
 
     asyncio.run(go())

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from missionweave import tracing
 from missionweave.cli import agent as cli_agent
 from missionweave.cli import artifact as cli_artifact
 from missionweave.cli import context as cli_context
@@ -90,7 +91,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings.insecure = settings.insecure or args.insecure
     settings.tls_auto = settings.tls_auto or args.tls_auto
     with_client_tls_flags(settings, args)  # how this process dials its peers
-    logs.configure(settings.log_level, settings.log_format)
     if args.topology == "split" and not settings.mesh_id:
         settings.mesh_id = f"mesh-{os.urandom(6).hex()}"  # its children are let into the data dir by it
     try:
@@ -98,12 +98,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except DataDirHeld as held:
         print(f"mwp serve: {held}", file=sys.stderr)
         return 1
+    if settings.log_format == "json":
+        logs.route_grpc_core()  # before gRPC starts: its C core's own lines become JSON records too
+    logs.configure(settings.log_level, settings.log_format)
     try:
         if args.topology == "split":
             from missionweave.mesh.topology import run_split
 
             return asyncio.run(run_split(settings, shards=args.shards))
         from missionweave.mesh.server import serve_forever
+
+        tracing.setup(tracing.service_name_for(settings.services))  # OTEL_TRACES_EXPORTER (D107)
 
         if settings.tls_auto:
             from missionweave.mesh.certs import auto_server_tls
@@ -113,6 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         asyncio.run(serve_forever(settings))
         return 0
     except (OSError, ValueError) as refused:  # a port in use, an unreadable key, a database that cannot be opened
+        logs.end_grpc_core_route()  # gRPC's lines about it first: this one is the last
         print(f"mwp serve: {refused}", file=sys.stderr)
         return 1
     finally:
@@ -357,6 +363,14 @@ def _timeout(args: argparse.Namespace) -> float:
         raise UsageError(f"MWP_TIMEOUT must be a number of seconds, not {text!r}") from None
 
 
+def _run(func: Callable[[argparse.Namespace], int | Awaitable[int]], args: argparse.Namespace, seconds: float) -> int:
+    result = func(args)
+    if asyncio.iscoroutine(result):
+        bounded = not (getattr(args, "runs_until_stopped", False) or getattr(args, "follow", False))
+        result = asyncio.run(_within(result, seconds) if bounded and seconds > 0 else result)
+    return int(result)  # type: ignore[arg-type]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int | Awaitable[int]] = args.func
@@ -366,11 +380,15 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "ignores_contexts", False):
             args.context_env = context_environment(args)
         seconds = _timeout(args)
-        result = func(args)
-        if asyncio.iscoroutine(result):
-            bounded = not (getattr(args, "runs_until_stopped", False) or getattr(args, "follow", False))
-            result = asyncio.run(_within(result, seconds) if bounded and seconds > 0 else result)
-        return int(result)  # type: ignore[arg-type]
+        if func is cmd_serve:  # each server process sets up its own tracing
+            return _run(func, args, seconds)
+        # With OTEL_TRACES_EXPORTER set, one trace per command: its calls are spans under this one.
+        traced = tracing.setup("mwp")
+        with tracing.tracer().start_as_current_span(f"mwp {func.__name__.removeprefix('cmd_').replace('_', ' ')}"):
+            code = _run(func, args, seconds)
+        if traced:
+            tracing.flush()
+        return code
     except TimeoutError:
         print(f"mwp: no answer from {target(args)} within {seconds:g} s (--timeout)", file=sys.stderr)
         return 3

@@ -29,7 +29,7 @@ from artifactstore.service import ArtifactServicer, add_artifact_service
 from gateway import schema as gateway_schema
 from gateway.limits import GatewayLimits
 from gateway.service import GatewayServicer
-from missionweave import ids, metrics
+from missionweave import ids, metrics, tracing
 from missionweave.clock import Clock, SystemClock
 from missionweave.config import Settings
 from missionweave.db import make_engine
@@ -343,8 +343,10 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         # With client certificates required, the internal contracts answer mesh services only.
         # Requests are parsed at the edge, not by gRPC: one that does not parse is answered
         # INVALID_ARGUMENT (MALFORMED), never UNKNOWN with a traceback (missionweave/rpc/status.py).
-        # The access log is outermost: it sees every call's final code, the parsing edge's too.
+        # The access log is outermost but for the trace's server span (tracing on only), inside
+        # which its line is written: it sees every call's final code, the parsing edge's too.
         interceptors=[
+            *tracing.server_interceptors(),
             AccessLog(settings.access_log_rate),
             *([MeshPeersOnly(INTERNAL_SERVICE_NAMES.values())] if server_tls is not None and server_tls.mutual else []),
             RequestParsing(),

@@ -33,6 +33,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from missionweave import logs
 from missionweave.config import Settings
 from missionweave.mesh import certs
 from missionweave.mesh.server import SERVICE_NAMES
@@ -212,7 +213,8 @@ async def _stop(children: list[Child], grace: float) -> None:
 
 async def _spawn(child: Child, env: dict[str, str]) -> None:
     child.process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", "serve", env={**env, **child.env}, stdin=asyncio.subprocess.DEVNULL
+        sys.executable, "-m", "missionweave.cli", "serve", env={**env, **child.env}, stdin=asyncio.subprocess.DEVNULL,
+        stderr=logs.original_stderr(),  # each child routes its gRPC core lines itself
     )
     print(f"  starting {child.name:<12} pid {child.process.pid:<7} on {child.address}", file=sys.stderr)
 

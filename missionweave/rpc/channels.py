@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from missionweave import tracing
 from missionweave.config import SERVICES, Settings
 from missionweave.errors import R, Rejected
 from missionweave.rpc.local import LocalContext
@@ -104,7 +105,9 @@ def open_channel(
     interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
 ) -> grpc.aio.Channel:
     """A channel to ``target``: TLS as ``tls`` says (or with ready-made ``credentials``), plain text
-    when neither is given. ``interceptors`` wrap every call made on it."""
+    when neither is given. ``interceptors`` wrap every call made on it; while tracing is on, inside a
+    client span each (``tracing.client_interceptors``) that sends the caller's trace context."""
+    interceptors = [*tracing.client_interceptors(), *(interceptors or ())] or None
     opts = list(options)
     if credentials is None and tls is not None:
         credentials = tls.credentials()

@@ -10,6 +10,10 @@ here build fresh answers).
 
 Unary-unary, unary-stream and stream-unary calls are supported: the shapes service-to-service calls
 use. Bidirectional streams are for agents, which always come over the network.
+
+The servicer runs in the caller's task, so it sees the caller's trace context; while tracing is on,
+unary-response calls also get the client and server spans a network call would have
+(``tracing.local_call``). In-process streams have none of their own.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
+
+from missionweave import tracing
 
 log = logging.getLogger("missionweave.rpc.local")
 
@@ -116,6 +122,9 @@ class _UnaryUnary(_Method):
     ) -> Any:
         try:
             async with asyncio.timeout(timeout):
+                if tracing.active():
+                    with tracing.local_call(self.method):
+                        return await self.handler()(request, LocalContext(metadata))
                 return await self.handler()(request, LocalContext(metadata))
         except TimeoutError:
             raise _deadline_error(self.method) from None
@@ -134,6 +143,9 @@ class _StreamUnary(_Method):
     ) -> Any:
         try:
             async with asyncio.timeout(timeout):
+                if tracing.active():
+                    with tracing.local_call(self.method):
+                        return await self.handler()(request_iterator, LocalContext(metadata))
                 return await self.handler()(request_iterator, LocalContext(metadata))
         except TimeoutError:
             raise _deadline_error(self.method) from None

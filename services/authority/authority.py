@@ -21,8 +21,9 @@ import blake3
 import grpc
 from google.protobuf.message import DecodeError
 from nacl.signing import SigningKey
+from opentelemetry.trace import Status, StatusCode
 
-from missionweave import codec, ids, metrics
+from missionweave import codec, ids, metrics, tracing
 from missionweave.clock import Clock, timestamp_micros, to_micros, to_timestamp
 from missionweave.errors import Rejected
 from missionweave.eventlog import CHECKPOINT_TYPE, Chain, Corruption, checkpoint_payload, event_digest
@@ -375,6 +376,26 @@ class GroupAuthority:
         fingerprint_: bytes,
         effect: Effect | None = None,
     ) -> _Pending | None:
+        """The decision, in a span of its own: the group commit that makes it durable links to it."""
+        with tracing.tracer().start_as_current_span(
+            "authority.decide",
+            attributes=_span_attributes(command),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                return await self._decide(command, envelope, fingerprint_, effect)
+            except Rejected as rejected:
+                span.set_status(Status(StatusCode.ERROR, R.Name(rejected.reason)))
+                raise
+
+    async def _decide(
+        self,
+        command: command_pb2.Command,
+        envelope: common_pb2.SignedEnvelope | None,
+        fingerprint_: bytes,
+        effect: Effect | None,
+    ) -> _Pending | None:
         group_id = command.group_id
         owned = await self._load(group_id)
         if kinds.erases(command) and owned.pending:
@@ -424,6 +445,7 @@ class GroupAuthority:
             rewrites=await self._erasures(group_id, decision),
             payloads=payloads if self._writer_signs else [],
             links=links,
+            traceparent=tracing.current_traceparent(),
         )
         for event in decision:
             state = decider.evolve(state, event)
@@ -921,6 +943,11 @@ def _log_fields(command: command_pb2.Command, kind: str) -> dict[str, str]:
         "command_kind": kind,
         "actor_id": command.actor_id,
     }
+
+
+def _span_attributes(command: command_pb2.Command) -> dict[str, str]:
+    """The decision span's attributes: the command's log fields, under the project's prefix."""
+    return {f"mwp.{key}": value for key, value in _log_fields(command, command.WhichOneof("body") or "unknown").items()}
 
 
 def _fingerprint(command: command_pb2.Command) -> bytes:

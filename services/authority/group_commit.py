@@ -49,6 +49,8 @@ class AppendRecord:
     # (WorkItem, agent, session epoch) of each WorkItem whose execution lease began or ended (agent
     # "": ended): the live-lease index rows written in the same transaction (MW-11.3-09).
     leases: list[tuple[str, str, int]] = field(default_factory=list)
+    # The W3C traceparent of the decision that made it ("" untraced): the commit spans link to it.
+    traceparent: str = ""
 
 
 class BatchWriter:

@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from missionweave import metrics
+from missionweave import metrics, tracing
 from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, to_micros
 from missionweave.db import sqlite_writer_target
@@ -460,6 +460,17 @@ class EventStore:
             await asyncio.sleep(min(deadline, quiet_from) - now)
 
     async def _commit_batch(self, batch: list[AppendRequest]) -> None:
+        # A root span of its own (the writer task's context is whatever started it), linked to
+        # the decision of every append it commits: one batch serves many traces.
+        with tracing.tracer().start_as_current_span(
+            "authority.group_commit",
+            context=tracing.context_of(""),
+            links=tracing.link_to([r.traceparent for r in batch]) if tracing.active() else (),
+            attributes={"mwp.batch_size": len(batch), "mwp.writer": "process" if self._sqlite_writer else "sqlalchemy"},
+        ):
+            await self._commit_traced(batch)
+
+    async def _commit_traced(self, batch: list[AppendRequest]) -> None:
         now = to_micros(self.clock.now())
         loop = asyncio.get_running_loop()
         started = loop.time()

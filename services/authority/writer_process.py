@@ -16,9 +16,14 @@ server with the server's interpreter, and the pipes are private to the two of th
     first   = (authority key seed or None, key id)
     request = (now_us, [(group_id, writer_epoch, expected_head, command_id, fingerprint,
                creates_group, [(sequence, event_id, type, recorded_us, envelope), ...],
-               [(sequence, envelope), ...], [payload to sign, ...]), ...])
+               [(sequence, envelope), ...], [payload to sign, ...], [(sequence, target), ...],
+               traceparent), ...], batch traceparent)
     answer  = ([None | (reason, message, metadata), ...],   one per append, None = appended
                [[signature, ...], ...])                     one list per append (empty: none signed)
+
+Tracing (docs/operations.md "Tracing"): the process sets up its own exporter from the same
+``OTEL_*`` environment, under its parent's service name; its commit span is a child of the parent's
+group-commit span (the batch traceparent) and links to the decision of every append (each record's).
 
 When the process dies the batch's outcome is unknown; the parent kills it for certain, reports
 every append of the batch as ``OVERLOADED`` (retry: the Authority re-reads the log and replays a
@@ -35,11 +40,13 @@ import pickle
 import sqlite3
 import sys
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any, BinaryIO
 
 from nacl.signing import SigningKey
 
+from missionweave import tracing
 from missionweave.errors import Rejected
 from missionweave.pipe_frames import frame, read_frame, read_frame_async
 from missionweave.signing import EVENT_TYPE, pae, signed_envelope
@@ -64,7 +71,7 @@ def open_writer_connection(path: str, synchronous: str) -> sqlite3.Connection:
     return conn
 
 
-def encode_batch(batch: Sequence[AppendRecord], now_us: int) -> bytes:
+def encode_batch(batch: Sequence[AppendRecord], now_us: int, traceparent: str = "") -> bytes:
     rows = [
         (
             r.group_id,
@@ -78,22 +85,24 @@ def encode_batch(batch: Sequence[AppendRecord], now_us: int) -> bytes:
             r.payloads,
             r.links,
             r.leases,
+            r.traceparent,
         )
         for r in batch
     ]
-    return pickle.dumps((now_us, rows), protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps((now_us, rows, traceparent), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def decode_batch(body: bytes) -> tuple[list[AppendRecord], int]:
-    now_us, rows = pickle.loads(body)
+def decode_batch(body: bytes) -> tuple[list[AppendRecord], int, str]:
+    """The records, the batch's time and its traceparent (the parent's group-commit span)."""
+    now_us, rows, traceparent = pickle.loads(body)
     records = [
         AppendRecord(
             g, epoch, head, cmd, fp, [StoredEvent(*e) for e in evs], creates, list(rewrites), list(payloads), list(links),
-            list(leases),
+            list(leases), tp,
         )
-        for g, epoch, head, cmd, fp, creates, evs, rewrites, payloads, links, leases in rows
+        for g, epoch, head, cmd, fp, creates, evs, rewrites, payloads, links, leases, tp in rows
     ]
-    return records, now_us
+    return records, now_us, traceparent
 
 
 Outcomes = tuple[list[Rejected | None], list[list[bytes]]]
@@ -144,28 +153,46 @@ def serve(source: BinaryIO, sink: BinaryIO, conn: sqlite3.Connection, writer: Ba
         body = read_frame(source)
         if body is None:
             return  # the server closed the pipe: every batch it sent has been answered
-        records, now_us = decode_batch(body)
-        if signer is not None:
-            signatures = signer.seal(records)
-        elif any(r.payloads for r in records):
-            raise RuntimeError("an append asks for signatures but this writer was given no key")
-        else:
-            signatures = [[] for _ in records]
-        try:
-            outcomes = writer.write(ops, records, now_us)
-        except sqlite3.Error as exc:  # e.g. locked by another process past busy_timeout: rolled back
-            log.error("group commit failed; the batch is refused, the writer goes on", extra={"batch": len(records), "error": str(exc)})
-            failed = Rejected(R.REJECTION_REASON_OVERLOADED, f"the store could not commit ({exc}); retry", retry_after_ms=100)
-            outcomes = [failed] * len(records)
-        answer = encode_outcomes(outcomes, signatures)
+        records, now_us, traceparent = decode_batch(body)
+        with _commit_span(records, traceparent):
+            answer = _commit(ops, writer, signer, records, now_us)
         sink.write(frame(answer))
         sink.flush()
+
+
+def _commit_span(records: list[AppendRecord], traceparent: str) -> AbstractContextManager[object]:
+    if not tracing.active():
+        return contextlib.nullcontext()
+    return tracing.tracer().start_as_current_span(
+        "authority.writer.commit",
+        context=tracing.context_of(traceparent),
+        links=tracing.link_to([r.traceparent for r in records]),
+        attributes={"mwp.batch_size": len(records), "mwp.events": sum(len(r.events) for r in records)},
+    )
+
+
+def _commit(ops: SqliteOps, writer: BatchWriter, signer: EventSigner | None, records: list[AppendRecord], now_us: int) -> bytes:
+    """Sign what is to be signed, write the batch in one transaction: the answer frame's body."""
+    if signer is not None:
+        signatures = signer.seal(records)
+    elif any(r.payloads for r in records):
+        raise RuntimeError("an append asks for signatures but this writer was given no key")
+    else:
+        signatures = [[] for _ in records]
+    try:
+        outcomes = writer.write(ops, records, now_us)
+    except sqlite3.Error as exc:  # e.g. locked by another process past busy_timeout: rolled back
+        log.error("group commit failed; the batch is refused, the writer goes on", extra={"batch": len(records), "error": str(exc)})
+        failed = Rejected(R.REJECTION_REASON_OVERLOADED, f"the store could not commit ({exc}); retry", retry_after_ms=100)
+        outcomes = [failed] * len(records)
+    return encode_outcomes(outcomes, signatures)
 
 
 def main(argv: list[str]) -> None:
     from missionweave import logs
 
     logs.configure(os.environ.get("MWP_LOG_LEVEL", "info"), os.environ.get("MWP_LOG_FORMAT", "json"))
+    tracing.setup("authority")  # OTEL_SERVICE_NAME, set by the parent, names its process's service
     path, synchronous, instance_id, ttl_us = argv
     conn = open_writer_connection(path, synchronous)
     try:
@@ -203,8 +230,10 @@ class WriterProcess:
 
     async def start(self) -> None:
         if self._process is None or self._process.returncode is not None:
+            # Its spans carry this process's service name (the environment's exporter settings it inherits).
+            env = {**os.environ, "OTEL_SERVICE_NAME": tracing.service_name()} if tracing.service_name() else None
             self._process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", __name__, *self.args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+                sys.executable, "-m", __name__, *self.args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env
             )
             # The key goes over the private pipe, never on the command line (visible to ps).
             first = pickle.dumps(self._signer, protocol=pickle.HIGHEST_PROTOCOL)
@@ -216,7 +245,8 @@ class WriterProcess:
         process = self._process
         assert process is not None and process.stdin is not None and process.stdout is not None
         try:
-            process.stdin.write(frame(encode_batch(batch, now_us)))
+            # The current span (the store's group commit) is the parent of the writer's own.
+            process.stdin.write(frame(encode_batch(batch, now_us, tracing.current_traceparent())))
             answer = await read_frame_async(process.stdout)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             await self._end(process, kill=True)  # gone for certain before anyone reads the log again
