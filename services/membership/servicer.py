@@ -90,6 +90,8 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
     async def ListMemberships(
         self, request: pb.ListMembershipsRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.ListMembershipsResponse:
+        if not request.group_id and not request.member_id:
+            raise Rejected(R.REJECTION_REASON_MALFORMED, "group_id is required", field="group_id")
         if not request.group_id:
             # Cross-Group listing needs a membership index; until then say so instead of scanning.
             raise Rejected(

@@ -1,0 +1,148 @@
+"""Contract truth (issue 17 item 7): what the comments of membership_service.proto, membership.proto,
+agent_card.proto, scheduling_service.proto, conversation.proto and common.proto promise, through
+the public gRPC API. Each test names the comment it checks; promises already covered elsewhere
+(tests/test_membership_service.py, test_agent_cards.py, test_scheduling_service.py,
+test_conversations.py, ...) are not repeated. The artifact store's: test_contract_artifacts.py."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import grpc
+import pytest
+from nacl.signing import SigningKey
+
+from missionweave.clock import to_timestamp
+from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.sdk.client import MeshClient, open_session_envelope, register_identity_envelope
+from missionweave.signing import OPEN_SESSION_TYPE, REGISTER_IDENTITY_TYPE, sign_envelope
+from missionweave.v1 import common_pb2, membership_pb2
+from missionweave.v1 import membership_service_pb2 as mpb
+from tests.conftest import World
+from tests.test_missions import G, as_member, create
+
+pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
+
+R = common_pb2.RejectionReason
+
+
+async def refusal(call: Any) -> common_pb2.Rejection:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    out = rejection_from_rpc_error(info.value)
+    assert out is not None, info.value
+    return out
+
+
+def agent(identity_id: str) -> membership_pb2.Identity:
+    return membership_pb2.Identity(
+        identity_id=identity_id, kind=common_pb2.IDENTITY_KIND_AGENT, public_key=bytes(SigningKey.generate().verify_key)
+    )
+
+
+# ------------------------------------------------------------------ membership_service.proto
+
+
+async def test_get_identity_reports_admin_and_session_epoch_and_refuses_the_unknown(world: World) -> None:
+    """membership_service.proto: GetIdentity ("an unregistered one is UNKNOWN_IDENTITY");
+    membership.proto: Identity.session_epoch ("0 if it never opened one"), Identity.org_admin."""
+    w = world
+    await w.client.register_identity("admin", w.keys["admin"], "quiet-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(32))
+    quiet = await w.client.identity("quiet-bot")
+    assert (quiet.session_epoch, quiet.org_admin, quiet.HasField("registered_at")) == (0, False, True)
+    admin = await w.client.identity("admin")
+    assert admin.org_admin and admin.session_epoch >= 1
+    r = await refusal(w.client.membership.GetIdentity(mpb.GetIdentityRequest(identity_id="nobody-bot")))
+    assert r.reason == R.REJECTION_REASON_UNKNOWN_IDENTITY
+
+
+async def test_register_identity_request_id_is_an_idempotency_key_of_one_body(world: World) -> None:
+    """membership_service.proto: RegisterIdentityCommand.request_id ("a retry with the same id and
+    body returns the original result"): another body under it is COMMAND_ID_REUSED, none MALFORMED."""
+    w = world
+    first = register_identity_envelope("admin", w.keys["admin"], agent("eve-bot"), request_id="req_eve")
+    registered = await w.client.membership.RegisterIdentity(mpb.RegisterIdentityRequest(command=first))
+    again = await w.client.membership.RegisterIdentity(mpb.RegisterIdentityRequest(command=first))
+    assert again.identity == registered.identity
+    other = register_identity_envelope("admin", w.keys["admin"], agent("mallory-bot"), request_id="req_eve")
+    r = await refusal(w.client.membership.RegisterIdentity(mpb.RegisterIdentityRequest(command=other)))
+    assert r.reason == R.REJECTION_REASON_COMMAND_ID_REUSED
+    r = await refusal(w.client.membership.GetIdentity(mpb.GetIdentityRequest(identity_id="mallory-bot")))
+    assert r.reason == R.REJECTION_REASON_UNKNOWN_IDENTITY
+
+
+async def test_organization_commands_are_refused_outside_the_replay_window(world: World) -> None:
+    """membership_service.proto: RegisterIdentityCommand.issued_at and OpenSessionCommand.issued_at
+    ("must be within the replay window"): CLOCK_SKEW, nothing registered or opened."""
+    w = world
+    stale = to_timestamp(w.clock.now() - timedelta(minutes=6))
+    register = mpb.RegisterIdentityCommand(identity=agent("late-bot"), admin_id="admin", issued_at=stale, request_id="req_late")
+    envelope = sign_envelope(register.SerializeToString(), REGISTER_IDENTITY_TYPE, w.keys["admin"], "admin#identity")
+    r = await refusal(w.client.membership.RegisterIdentity(mpb.RegisterIdentityRequest(command=envelope)))
+    assert r.reason == R.REJECTION_REASON_CLOCK_SKEW
+    key = w.owner.key
+    session = mpb.OpenSessionCommand(
+        identity_id="alice", session_public_key=bytes(key.verify_key), issued_at=stale, nonce=b"n" * 16
+    )
+    envelope = sign_envelope(session.SerializeToString(), OPEN_SESSION_TYPE, key, "alice#identity")
+    r = await refusal(w.client.membership.OpenSession(mpb.OpenSessionRequest(command=envelope)))
+    assert r.reason == R.REJECTION_REASON_CLOCK_SKEW
+    assert (await w.client.identity("alice")).session_epoch == w.owner.session_epoch
+
+
+@pytest.mark.parametrize("nonce", [b"n" * 15, b"n" * 65])
+async def test_open_session_nonce_and_key_sizes(world: World, nonce: bytes) -> None:
+    """membership_service.proto: OpenSessionCommand.nonce ("16..64 bytes") and
+    session_public_key ("32 bytes"): anything else is MALFORMED and opens nothing."""
+    w = world
+    key = w.owner.key
+    for public_key, n in ((bytes(key.verify_key), nonce), (b"short", b"n" * 16)):
+        command = mpb.OpenSessionCommand(
+            identity_id="alice", session_public_key=public_key, issued_at=to_timestamp(w.clock.now()), nonce=n
+        )
+        envelope = sign_envelope(command.SerializeToString(), OPEN_SESSION_TYPE, key, "alice#identity")
+        r = await refusal(w.client.membership.OpenSession(mpb.OpenSessionRequest(command=envelope)))
+        assert r.reason == R.REJECTION_REASON_MALFORMED
+    assert (await w.client.identity("alice")).session_epoch == w.owner.session_epoch
+    # A valid request opens the next session.
+    good = open_session_envelope("alice", key, bytes(key.verify_key))
+    assert (await w.client.membership.OpenSession(mpb.OpenSessionRequest(command=good))).session.session_epoch
+
+
+async def test_list_identities_page_size_bounds(world: World) -> None:
+    """membership_service.proto: ListIdentitiesRequest.page_size ("1..1000, 0 means 100; more
+    than 1000: INVALID_ARGUMENT, metadata field page_size, limit"); a response lists the page
+    ordered by identity_id with an empty next_page_token on the last page."""
+    w = world
+    r = await refusal(w.client.membership.ListIdentities(mpb.ListIdentitiesRequest(page_size=1001)))
+    assert (r.reason, r.metadata["field"], r.metadata["limit"]) == (R.REJECTION_REASON_INVALID_ARGUMENT, "page_size", "1000")
+    every = await w.client.membership.ListIdentities(mpb.ListIdentitiesRequest())  # 0: up to 100
+    ids = [i.identity_id for i in every.identities]
+    assert ids == sorted(ids) and len(ids) == 4 and not every.next_page_token
+
+
+async def test_list_memberships_needs_the_group_and_lists_ended_memberships_too(world: World) -> None:
+    """membership_service.proto: ListMemberships (a Group's memberships, ended ones included,
+    for operators and active members only; group_id required, member_id alone
+    COMMAND_NOT_IMPLEMENTED, neither MALFORMED field group_id)."""
+    w = world
+    await create(w)
+    await as_member(w, G, w.worker)
+    revoke = membership_pb2.MembershipRevoke(member_id="worker-bot", reason="done")
+    await w.run(w.owner, G, "membership_revoke", revoke, membership_epoch=1)
+    listing = mpb.ListMembershipsRequest
+    listed = await w.client.membership.ListMemberships(listing(group_id=G))
+    assert {(m.member_id, m.active) for m in listed.memberships} == {("alice", True), ("coord-bot", True), ("worker-bot", False)}
+    r = await refusal(w.client.membership.ListMemberships(listing()))
+    assert (r.reason, r.metadata["field"]) == (R.REJECTION_REASON_MALFORMED, "group_id")
+    r = await refusal(w.client.membership.ListMemberships(listing(member_id="alice")))
+    assert r.reason == R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED
+    async with MeshClient(w.target, reader=w.worker) as ended:  # its Membership ended: no longer a reader
+        r = await refusal(ended.membership.ListMemberships(listing(group_id=G)))
+        assert r.reason == R.REJECTION_REASON_NOT_A_MEMBER
+        r = await refusal(ended.membership.ListMemberships(listing(group_id="grp_missing")))
+        assert r.reason == R.REJECTION_REASON_NOT_A_MEMBER  # a non-operator learns nothing of missing Groups
+    async with MeshClient(w.target, reader=w.coordinator) as member:
+        mine = await member.membership.ListMemberships(listing(group_id=G, member_id="coord-bot"))
+        assert [m.member_id for m in mine.memberships] == ["coord-bot"]
