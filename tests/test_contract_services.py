@@ -146,3 +146,19 @@ async def test_list_memberships_needs_the_group_and_lists_ended_memberships_too(
     async with MeshClient(w.target, reader=w.coordinator) as member:
         mine = await member.membership.ListMemberships(listing(group_id=G, member_id="coord-bot"))
         assert [m.member_id for m in mine.memberships] == ["coord-bot"]
+
+
+async def test_agent_card_versions_of_nobody_are_none_and_tokens_are_the_lists_own(world: World) -> None:
+    """membership_service.proto: ListAgentCardVersionsResponse.versions ("an agent that published
+    none (or is not registered) has none") and ListAgentCardVersionsRequest.page_token ("one this
+    list did not issue: INVALID_ARGUMENT, metadata field page_token"), as ListIdentities'."""
+    w = world
+    for agent_id in ("worker-bot", "nobody-bot"):
+        listed = await w.client.membership.ListAgentCardVersions(mpb.ListAgentCardVersionsRequest(agent_id=agent_id))
+        assert not listed.versions and not listed.next_page_token
+    identities = await w.client.membership.ListIdentities(mpb.ListIdentitiesRequest(page_size=1))
+    for token in (identities.next_page_token, "7"):
+        r = await refusal(
+            w.client.membership.ListAgentCardVersions(mpb.ListAgentCardVersionsRequest(agent_id="worker-bot", page_token=token))
+        )
+        assert (r.reason, r.metadata["field"]) == (R.REJECTION_REASON_INVALID_ARGUMENT, "page_token")
