@@ -19,8 +19,11 @@ from missionweave.sdk.client import MeshClient, open_session_envelope, register_
 from missionweave.signing import OPEN_SESSION_TYPE, REGISTER_IDENTITY_TYPE, sign_envelope
 from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import membership_service_pb2 as mpb
+from missionweave.v1 import scheduling_service_pb2 as sp
 from tests.conftest import World
 from tests.test_missions import G, as_member, create
+from tests.test_scheduling_service import Schedulers
+from tests.test_work_items import setup
 
 pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
 
@@ -162,3 +165,94 @@ async def test_agent_card_versions_of_nobody_are_none_and_tokens_are_the_lists_o
             w.client.membership.ListAgentCardVersions(mpb.ListAgentCardVersionsRequest(agent_id="worker-bot", page_token=token))
         )
         assert (r.reason, r.metadata["field"]) == (R.REJECTION_REASON_INVALID_ARGUMENT, "page_token")
+
+
+# ------------------------------------------------------------------ scheduling_service.proto
+
+
+async def test_set_priority_zero_values_leave_things_unchanged(world: World) -> None:
+    """scheduling_service.proto: SetPriorityRequest.priority_class ("UNSPECIFIED = unchanged"),
+    group_weight ("0 = unchanged"), work_item_id ("empty = change the Group's weight only"),
+    requested_by ("the identity asking": another is PERMISSION_DENIED, field requested_by), an
+    unknown class INVALID_ARGUMENT, a WorkItem not queued there NOT_FOUND."""
+    w = world
+    scheds = Schedulers(w)
+    try:
+        flow = await setup(w)
+        await flow.authorize("wi-1")
+        await flow.accept(w.worker, "wi-1", await flow.offer("wi-1", "worker-bot"))
+        owner = sp.SetPriorityRequest(
+            group_id=G, work_item_id="wi-1", priority_class=sp.PRIORITY_CLASS_ELEVATED,
+            source=sp.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot",
+        )
+        await scheds["owner"].SetPriority(owner)
+        weight = sp.SetPriorityRequest(group_id=G, group_weight=3, source=sp.PRIORITY_SOURCE_WORKER_OPERATOR)
+        assert (await scheds["worker"].SetPriority(weight)).queue.weight == 3
+        owner.priority_class = sp.PRIORITY_CLASS_UNSPECIFIED
+        [entry] = (await scheds["owner"].SetPriority(owner)).queue.entries
+        assert entry.ordering.priority_class == sp.PRIORITY_CLASS_ELEVATED
+        weight.group_weight = 0  # and no WorkItem: nothing changes
+        unchanged = (await scheds["worker"].SetPriority(weight)).queue
+        assert unchanged.weight == 3 and unchanged.entries[0].ordering.priority_class == sp.PRIORITY_CLASS_ELEVATED
+        for bad, reason, field in (
+            ({"requested_by": "coord-bot"}, R.REJECTION_REASON_PERMISSION_DENIED, "requested_by"),
+            ({"work_item_id": "wi-nope", "priority_class": sp.PRIORITY_CLASS_URGENT}, R.REJECTION_REASON_NOT_FOUND, "work_item_id"),
+            ({"priority_class": 99}, R.REJECTION_REASON_INVALID_ARGUMENT, "priority_class"),
+            ({"group_id": ""}, R.REJECTION_REASON_INVALID_ARGUMENT, "group_id"),
+        ):
+            request = sp.SetPriorityRequest()
+            request.CopyFrom(owner)
+            for name, value in bad.items():
+                setattr(request, name, value)
+            r = await refusal(scheds["owner"].SetPriority(request))
+            assert (r.reason, r.metadata.get("field")) == (reason, field), (bad, r)
+    finally:
+        await scheds.close()
+
+
+async def test_slots_a_named_slot_and_release_refusals(world: World) -> None:
+    """scheduling_service.proto: NextSlotRequest.slot_id ("a specific free slot to fill": one not
+    free, or unknown, gets no assignment), NextSlotResponse.free_slots / total_slots,
+    ReleaseSlotRequest.ended_at_sequence ("not placed again before the scheduler has read the
+    Group past it") and ReleaseSlot of a
+    slot that does not hold the WorkItem (NOT_FOUND, field slot_id); required fields are
+    INVALID_ARGUMENT naming the field (SchedulingService)."""
+    w = world
+    scheds = Schedulers(w)
+    try:
+        flow = await setup(w)
+        await flow.authorize("wi-1")
+        await flow.accept(w.worker, "wi-1", await flow.offer("wi-1", "worker-bot"))
+        s = scheds["worker"]
+        await s.GetQueue(sp.GetQueueRequest(group_id=G))  # the scheduler follows G from here
+        unknown = await s.NextSlot(sp.NextSlotRequest(slot_id="slot-nope"))
+        assert not unknown.HasField("assignment") and (unknown.free_slots, unknown.total_slots) == (1, 1)
+        placed = await s.NextSlot(sp.NextSlotRequest())
+        slot = placed.assignment.slot_id
+        assert placed.assignment.work_item_id == "wi-1" and placed.free_slots == 0
+        busy = await s.NextSlot(sp.NextSlotRequest(slot_id=slot))
+        assert not busy.HasField("assignment") and busy.free_slots == 0
+        for request, reason, field in (
+            (sp.ReleaseSlotRequest(slot_id=slot, work_item_id="wi-other"), R.REJECTION_REASON_NOT_FOUND, "slot_id"),
+            (sp.ReleaseSlotRequest(slot_id="slot-nope", work_item_id="wi-1"), R.REJECTION_REASON_NOT_FOUND, "slot_id"),
+            (sp.ReleaseSlotRequest(work_item_id="wi-1"), R.REJECTION_REASON_INVALID_ARGUMENT, "slot_id"),
+        ):
+            r = await refusal(s.ReleaseSlot(request))
+            assert (r.reason, r.metadata.get("field")) == (reason, field), (request, r)
+        # The placement ended with an event the scheduler has not read yet: not placed again before.
+        head = (await w.client.group_state(G)).head_sequence
+        released = sp.ReleaseSlotRequest(
+            slot_id=slot, work_item_id="wi-1", reason=sp.SLOT_RELEASE_REASON_FAILED, ended_at_sequence=head + 100
+        )
+        assert (await s.ReleaseSlot(released)).free_slots == 1
+        after = await s.NextSlot(sp.NextSlotRequest())
+        assert not after.HasField("assignment") and after.free_slots == 1
+        for call, field in (
+            (s.GetQueue(sp.GetQueueRequest()), "group_id"),
+            (s.Admit(sp.AdmitRequest(group_id=G)), "work_item_id"),
+            (s.DiscloseSchedule(sp.DiscloseScheduleRequest(group_id=G)), "work_item_id"),
+        ):
+            r = await refusal(call)
+            assert (r.reason, r.metadata.get("field")) == (R.REJECTION_REASON_INVALID_ARGUMENT, field)
+    finally:
+        await scheds.close()
