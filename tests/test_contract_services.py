@@ -6,6 +6,7 @@ test_conversations.py, ...) are not repeated. The artifact store's: test_contrac
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -15,13 +16,19 @@ from nacl.signing import SigningKey
 
 from missionweave.clock import to_timestamp
 from missionweave.rpc.status import rejection_from_rpc_error
-from missionweave.sdk.client import MeshClient, open_session_envelope, register_identity_envelope
+from missionweave.sdk.client import (
+    MeshClient,
+    decode_events,
+    open_session_envelope,
+    register_identity_envelope,
+)
 from missionweave.signing import OPEN_SESSION_TYPE, REGISTER_IDENTITY_TYPE, sign_envelope
-from missionweave.v1 import common_pb2, membership_pb2
+from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2
 from missionweave.v1 import membership_service_pb2 as mpb
 from missionweave.v1 import scheduling_service_pb2 as sp
+from tests import builders
 from tests.conftest import World
-from tests.test_missions import G, as_member, create
+from tests.test_missions import G, as_member, create, refused
 from tests.test_scheduling_service import Schedulers
 from tests.test_work_items import setup
 
@@ -256,3 +263,71 @@ async def test_slots_a_named_slot_and_release_refusals(world: World) -> None:
             assert (r.reason, r.metadata.get("field")) == (R.REJECTION_REASON_INVALID_ARGUMENT, field)
     finally:
         await scheds.close()
+
+
+# ------------------------------------------------------------------ conversation.proto
+
+
+async def test_message_ids_and_content_limits(world: World) -> None:
+    """conversation.proto: MessagePost.message_id (client-chosen, or derived by the Authority from
+    the Group and command id when empty) and MessageContent's limits and rules: text and
+    data_json at most 16 KiB (TOO_LARGE with field, limit), data_json a JSON object, at most 32
+    artifact references and 32 mentions, mentions of Group members, some content required."""
+    w = world
+    conv = (await create(w)).mission.planning_conversation_id
+    owner = {"membership_epoch": 1}
+    derived = [
+        decode_events((await w.run(w.owner, G, "message_post", builders.message(conv, f"m{i}"), **owner)).events)[0]
+        for i in range(2)
+    ]
+    ids = [e.message_posted.message_id for e in derived]
+    assert all(re.fullmatch(r"msg_[0-9a-f]{26}", i) for i in ids) and ids[0] != ids[1]
+    chosen = builders.message(conv, "mine")
+    chosen.message_id = "msg_chosen"
+    assert decode_events((await w.run(w.owner, G, "message_post", chosen, **owner)).events)[0].message_posted.message_id == "msg_chosen"
+    reused = await refused(w, w.owner, G, "message_post", chosen, R.REJECTION_REASON_INVALID_ARGUMENT, **owner)
+    assert reused.metadata["field"] == "body.message_post.message_id"
+    ref = builders.artifact()
+    content = "body.message_post.content"
+    for fields, reason, field in (
+        ({"data_json": '{"k": "' + "v" * 16 * 1024 + '"}'}, R.REJECTION_REASON_TOO_LARGE, f"{content}.data_json"),
+        ({"data_json": "[1, 2]"}, R.REJECTION_REASON_INVALID_ARGUMENT, f"{content}.data_json"),
+        ({"data_json": "{not json"}, R.REJECTION_REASON_MALFORMED, f"{content}.data_json"),
+        ({"artifacts": [ref] * 33}, R.REJECTION_REASON_TOO_LARGE, None),
+        ({"mentions": ["alice"] * 33}, R.REJECTION_REASON_TOO_LARGE, None),
+        ({"mentions": ["nobody-bot"]}, R.REJECTION_REASON_INVALID_ARGUMENT, f"{content}.mentions[0]"),
+    ):
+        r = await refused(w, w.owner, G, "message_post", builders.message(conv, "x", **fields), reason, **owner)
+        assert r.metadata.get("field") == field, (fields, r)
+    r = await refused(w, w.owner, G, "message_post", builders.message(conv, "x" * (16 * 1024 + 1)), R.REJECTION_REASON_TOO_LARGE, **owner)
+    assert (r.metadata["field"], r.metadata["limit"]) == (f"{content}.text", str(16 * 1024))
+    await refused(w, w.owner, G, "message_post", builders.message(conv, ""), R.REJECTION_REASON_INVALID_ARGUMENT, **owner)
+    at_limits = builders.message(conv, "é" * (8 * 1024), artifacts=[ref] * 32, mentions=["alice"] * 32)
+    await w.run(w.owner, G, "message_post", at_limits, **owner)
+
+
+async def test_conversation_open_ids_titles_and_links(world: World) -> None:
+    """conversation.proto: ConversationOpen.conversation_id ("empty = derived from the command
+    id"; a used one refused), title ("1..200 characters"), linked_conversation_id (an unknown
+    one is NOT_FOUND), kind (REVIEW or RESTRICTED only; WORK_ITEM refused too)."""
+    w = world
+    planning = (await create(w)).mission.planning_conversation_id
+    owner = {"membership_epoch": 1}
+    review = conversation_pb2.ConversationOpen(
+        kind=conversation_pb2.CONVERSATION_KIND_REVIEW, title="t" * 200, linked_conversation_id=planning
+    )
+    opened = decode_events((await w.run(w.owner, G, "conversation_open", review, **owner)).events)[0].conversation_opened
+    assert re.fullmatch(r"conv_[0-9a-f]{26}", opened.conversation_id) and opened.linked_conversation_id == planning
+    for bad, reason in (
+        ({"title": ""}, R.REJECTION_REASON_INVALID_ARGUMENT),
+        ({"title": "t" * 201}, R.REJECTION_REASON_INVALID_ARGUMENT),
+        ({"conversation_id": opened.conversation_id}, R.REJECTION_REASON_INVALID_ARGUMENT),
+        ({"conversation_id": planning}, R.REJECTION_REASON_INVALID_ARGUMENT),
+        ({"linked_conversation_id": "conv_nope"}, R.REJECTION_REASON_NOT_FOUND),
+        ({"kind": conversation_pb2.CONVERSATION_KIND_WORK_ITEM}, R.REJECTION_REASON_INVALID_ARGUMENT),
+    ):
+        body = conversation_pb2.ConversationOpen()
+        body.CopyFrom(review)
+        for name, value in bad.items():
+            setattr(body, name, value)
+        await refused(w, w.owner, G, "conversation_open", body, reason, **owner)
