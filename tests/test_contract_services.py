@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,6 +19,7 @@ from missionweave.clock import to_timestamp
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import (
     MeshClient,
+    SessionSigner,
     decode_events,
     open_session_envelope,
     register_identity_envelope,
@@ -63,8 +65,61 @@ async def test_get_identity_reports_admin_and_session_epoch_and_refuses_the_unkn
     assert (quiet.session_epoch, quiet.org_admin, quiet.HasField("registered_at")) == (0, False, True)
     admin = await w.client.identity("admin")
     assert admin.org_admin and admin.session_epoch >= 1
-    r = await refusal(w.client.membership.GetIdentity(mpb.GetIdentityRequest(identity_id="nobody-bot")))
-    assert r.reason == R.REJECTION_REASON_UNKNOWN_IDENTITY
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await w.client.membership.GetIdentity(mpb.GetIdentityRequest(identity_id="nobody-bot"))
+    r = rejection_from_rpc_error(info.value)
+    assert r is not None and (r.reason, r.metadata["field"]) == (R.REJECTION_REASON_UNKNOWN_IDENTITY, "identity_id")
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+# ------------------------------------------------------------------ common.proto
+
+
+def test_each_rejection_reason_has_the_grpc_code_its_comment_names() -> None:
+    """common.proto: RejectionReason (each value's comment names its gRPC status code)."""
+    from missionweave.errors import Rejected
+    from missionweave.rpc.status import grpc_code
+
+    proto = (Path(__file__).parent.parent / "protos/missionweave/v1/common.proto").read_text()
+    block = proto.split("enum RejectionReason {", 1)[1].split("\n}", 1)[0]
+    code_names = "|".join(c.name for c in grpc.StatusCode)
+    comment: list[str] = []
+    checked = 0
+    for line in block.splitlines():
+        line = line.strip()
+        if line.startswith("//"):
+            comment.append(line[2:])
+            continue
+        value = re.match(r"(REJECTION_REASON_\w+) = \d+;", line)
+        if value is None or value[1] == "REJECTION_REASON_UNSPECIFIED":
+            continue
+        named = set(re.findall(rf"(?<![A-Z_])({code_names})(?![A-Z_])", " ".join(comment)))
+        comment = []
+        code = grpc_code(Rejected(R.Value(value[1]), "x")).name
+        assert code in named, (value[1], code, named)
+        checked += 1
+    assert checked == len(R.values()) - 1
+    # UNKNOWN_IDENTITY names both: UNAUTHENTICATED for the signer, NOT_FOUND for a named identity.
+    unknown = R.REJECTION_REASON_UNKNOWN_IDENTITY
+    assert (grpc_code(Rejected(unknown, "x")), grpc_code(Rejected(unknown, "x", field="f"))) == (
+        grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.NOT_FOUND
+    )
+
+
+async def test_a_command_naming_an_unregistered_identity_is_not_found(world: World) -> None:
+    """common.proto: REJECTION_REASON_UNKNOWN_IDENTITY ("another identity the request names ...
+    NOT_FOUND"; the signer: UNAUTHENTICATED)."""
+    w = world
+    body = builders.mission_create("alice", "ghost-bot", w.clock.now())
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await w.run(w.owner, G, "mission_create", body)
+    r = rejection_from_rpc_error(info.value)
+    assert r is not None and r.reason == R.REJECTION_REASON_UNKNOWN_IDENTITY and r.metadata["field"]
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    stranger = SessionSigner("mallory", 1, SigningKey.generate())
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await w.client.execute(stranger.sign(stranger.command(G, "mission_create", body)))
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 async def test_register_identity_request_id_is_an_idempotency_key_of_one_body(world: World) -> None:
