@@ -386,3 +386,25 @@ async def test_conversation_open_ids_titles_and_links(world: World) -> None:
         for name, value in bad.items():
             setattr(body, name, value)
         await refused(w, w.owner, G, "conversation_open", body, reason, **owner)
+
+
+async def test_ids_are_1_to_128_characters_of_the_id_alphabet(world: World) -> None:
+    """common.proto: the id convention ("every id is 1..128 characters of [A-Za-z0-9._:-]"), for a
+    client-chosen Group id and Conversation id."""
+    w = world
+    longest = "g" * 120 + "._:-AZ09"
+    assert len(longest) == 128
+    await w.run(w.owner, longest, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
+    for bad in ("g" * 129, "grp bad", "grp/../x", "grp_é"):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await w.run(w.owner, bad, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
+        r = rejection_from_rpc_error(info.value)
+        assert r is not None and info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (bad, r)
+    for conversation_id, ok in (("c" * 128, True), ("c" * 129, False)):
+        body = conversation_pb2.ConversationOpen(
+            conversation_id=conversation_id, kind=conversation_pb2.CONVERSATION_KIND_REVIEW, title="t"
+        )
+        if ok:
+            await w.run(w.owner, longest, "conversation_open", body, membership_epoch=1)
+        else:
+            await refused(w, w.owner, longest, "conversation_open", body, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=1)
