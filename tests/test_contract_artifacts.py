@@ -198,3 +198,49 @@ async def test_download_chunks_ranges_and_stat(world: World) -> None:
     # The size is part of the name: the same hash with another size is not this blob.
     other_size = common_pb2.Digest(algorithm="blake3", hex=digest.hex, size_bytes=digest.size_bytes + 1)
     assert (await refusal(w.client.artifacts.Stat(apb.StatRequest(digest=other_size))))[0] == "NOT_FOUND"
+
+
+async def test_the_server_answers_the_header_first(world: World) -> None:
+    """artifact_service.proto: Upload ("when it wants the bytes it sends initial metadata
+    mwp-upload: send ...; any other answer ends the call (a refusal, or a blob the caller may read
+    already)"; UploadResponse.already_existed)."""
+    w = world
+    data = b"header first\n"
+    call = w.client.artifacts.Upload()
+    await call.write(header(blob_digest(data)))
+    assert ("mwp-upload", "send") in tuple(await call.initial_metadata())
+    await call.write(chunk(0, data))
+    await call.done_writing()
+    assert not (await call).already_existed
+    again = w.client.artifacts.Upload()
+    await again.write(header(blob_digest(data)))
+    assert "mwp-upload" not in dict(await again.initial_metadata())
+    await again.done_writing()
+    assert (await again).already_existed  # answered on the header alone
+
+
+async def test_a_manifest_must_describe_the_uploaded_bytes(world: World) -> None:
+    """artifact_service.proto: ArtifactErrorCode MANIFEST_MISMATCH ("does not describe the uploaded
+    blob (subject digest, size)": INVALID_ARGUMENT), and nothing of the upload is kept."""
+    w = world
+    data, other = b"these bytes\n", b"other bytes\n"
+    code, _, error = await refusal(upload(w, header(blob_digest(data), manifest_for(w, w.worker, other)), chunk(0, data)))
+    assert (code, error) == ("INVALID_ARGUMENT", "ARTIFACT_ERROR_CODE_MANIFEST_MISMATCH")
+    found = await w.client.artifacts.FindMissing(apb.FindMissingRequest(digests=[blob_digest(data)]))
+    assert list(found.missing_digests) == [blob_digest(data)]
+
+
+async def test_the_node_limit_truncates_the_walk(world: World, topology: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """artifact_service.proto: QueryProvenanceResponse.truncated ("true when the node limit cut the
+    walk short"; the limit is 10,000 nodes, lowered here)."""
+    if topology.startswith("split"):
+        pytest.skip("patches the in-process artifact service")
+    import artifactstore.service as service
+
+    w = world
+    steps = await chain(w, 5)
+    down = DIR.PROVENANCE_DIRECTION_DESCENDANTS
+    assert not (await provenance(w, steps[0], direction=down)).truncated
+    monkeypatch.setattr(service, "MAX_PROVENANCE_NODES", 3)
+    cut = await provenance(w, steps[0], direction=down)
+    assert cut.truncated and [n.digest.hex for n in cut.nodes] == [d.hex for d in steps[:3]]
