@@ -408,3 +408,49 @@ async def test_ids_are_1_to_128_characters_of_the_id_alphabet(world: World) -> N
             await w.run(w.owner, longest, "conversation_open", body, membership_epoch=1)
         else:
             await refused(w, w.owner, longest, "conversation_open", body, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=1)
+
+
+async def test_agent_card_version_and_extension_length_bounds(world: World) -> None:
+    """agent_card.proto: AgentCard.card_version ("at most 64 characters": longer is MALFORMED)
+    and extensions ("at most 256 characters each": TOO_LARGE naming the entry); at the bounds
+    the card is published."""
+    from tests.test_agent_cards import card, request
+
+    w = world
+    version = "1.0.0-" + "a" * 58
+    urn = "urn:x:" + "e" * 250
+    assert (len(version), len(urn)) == (64, 256)
+    async with MeshClient(w.target, reader=w.worker) as worker:
+        for c, reason, field in (
+            (card("worker-bot", version + "b"), R.REJECTION_REASON_MALFORMED, "card.card_version"),
+            (card("worker-bot", version, extensions=[urn + "e"]), R.REJECTION_REASON_TOO_LARGE, "card.extensions[0]"),
+        ):
+            r = await refusal(worker.membership.PublishAgentCard(request(w.worker, c)))
+            assert (r.reason, r.metadata.get("field")) == (reason, field), r
+        published = await worker.membership.PublishAgentCard(request(w.worker, card("worker-bot", version, extensions=[urn])))
+        assert published.published.card.card_version == version
+
+
+async def test_queue_entries_come_in_group_order_and_reorder_at_once(world: World) -> None:
+    """scheduling_service.proto: GroupQueue.entries ("in this Group's order"),
+    QueueEntry.group_position ("1 = next") and SetPriority ("queued work is reordered
+    immediately", SetPriorityResponse.queue)."""
+    w = world
+    scheds = Schedulers(w)
+    try:
+        flow = await setup(w)
+        for wid in ("wi-1", "wi-2"):
+            await flow.authorize(wid)
+            await flow.accept(w.worker, wid, await flow.offer(wid, "worker-bot"))
+        queue = (await scheds["worker"].GetQueue(sp.GetQueueRequest(group_id=G))).queue
+        assert [(e.work_item_id, e.group_position) for e in queue.entries] == [("wi-1", 1), ("wi-2", 2)]
+        escalate = sp.SetPriorityRequest(
+            group_id=G, work_item_id="wi-2", priority_class=sp.PRIORITY_CLASS_URGENT,
+            source=sp.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot",
+        )
+        changed = (await scheds["owner"].SetPriority(escalate)).queue
+        assert [(e.work_item_id, e.group_position) for e in changed.entries] == [("wi-2", 1), ("wi-1", 2)]
+        later = (await scheds["worker"].GetQueue(sp.GetQueueRequest(group_id=G))).queue
+        assert [e.work_item_id for e in later.entries] == ["wi-2", "wi-1"]
+    finally:
+        await scheds.close()
