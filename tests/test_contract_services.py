@@ -6,6 +6,7 @@ test_conversations.py, ...) are not repeated. The artifact store's: test_contrac
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -57,12 +58,25 @@ def agent(identity_id: str) -> membership_pb2.Identity:
 
 
 async def test_get_identity_reports_admin_and_session_epoch_and_refuses_the_unknown(world: World) -> None:
-    """membership_service.proto: GetIdentity ("an unregistered one is UNKNOWN_IDENTITY");
-    membership.proto: Identity.session_epoch ("0 if it never opened one"), Identity.org_admin."""
+    """membership_service.proto: GetIdentity ("an unregistered one is UNKNOWN_IDENTITY", code
+    NOT_FOUND); membership.proto: Identity.session_epoch ("0 if it never opened one"; common.proto:
+    epochs start at 1), Identity.org_admin, Identity.display_name (at most 256 characters)."""
     w = world
-    await w.client.register_identity("admin", w.keys["admin"], "quiet-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(32))
+    key = SigningKey.generate()
+    await w.client.register_identity("admin", w.keys["admin"], "quiet-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key))
     quiet = await w.client.identity("quiet-bot")
     assert (quiet.session_epoch, quiet.org_admin, quiet.HasField("registered_at")) == (0, False, True)
+    assert (await w.client.open_session("quiet-bot", key)).session_epoch == 1
+    long_name = agent("named-bot")
+    long_name.display_name = "n" * 257
+    envelope = register_identity_envelope("admin", w.keys["admin"], long_name)
+    r = await refusal(w.client.membership.RegisterIdentity(mpb.RegisterIdentityRequest(command=envelope)))
+    assert (r.reason, r.metadata["field"], r.metadata["limit"]) == (R.REJECTION_REASON_TOO_LARGE, "display_name", "256")
+    long_name.display_name = "n" * 256
+    envelope = register_identity_envelope("admin", w.keys["admin"], long_name)
+    assert (await w.client.membership.RegisterIdentity(mpb.RegisterIdentityRequest(command=envelope))).identity == (
+        await w.client.identity("named-bot")
+    )
     admin = await w.client.identity("admin")
     assert admin.org_admin and admin.session_epoch >= 1
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -182,9 +196,17 @@ async def test_list_identities_page_size_bounds(world: World) -> None:
     w = world
     r = await refusal(w.client.membership.ListIdentities(mpb.ListIdentitiesRequest(page_size=1001)))
     assert (r.reason, r.metadata["field"], r.metadata["limit"]) == (R.REJECTION_REASON_INVALID_ARGUMENT, "page_size", "1000")
-    every = await w.client.membership.ListIdentities(mpb.ListIdentitiesRequest())  # 0: up to 100
+    every = await w.client.membership.ListIdentities(mpb.ListIdentitiesRequest())
     ids = [i.identity_id for i in every.identities]
     assert ids == sorted(ids) and len(ids) == 4 and not every.next_page_token
+    await asyncio.gather(*(
+        w.client.register_identity("admin", w.keys["admin"], f"bulk-{i:03}", common_pb2.IDENTITY_KIND_AGENT, bytes(32))
+        for i in range(97)
+    ))
+    first = await w.client.membership.ListIdentities(mpb.ListIdentitiesRequest())  # 0 means 100
+    assert len(first.identities) == 100 and first.next_page_token
+    rest = await w.client.membership.ListIdentities(mpb.ListIdentitiesRequest(page_token=first.next_page_token))
+    assert len(rest.identities) == 1 and not rest.next_page_token
 
 
 async def test_list_memberships_needs_the_group_and_lists_ended_memberships_too(world: World) -> None:
