@@ -120,6 +120,26 @@ def test_each_rejection_reason_has_the_grpc_code_its_comment_names() -> None:
     )
 
 
+async def test_a_rejection_travels_as_rejection_and_error_info(world: World) -> None:
+    """common.proto: RejectionReason ("each appears in a missionweave.v1.Rejection inside
+    google.rpc.Status.details and as google.rpc.ErrorInfo.reason (without the REJECTION_REASON_
+    prefix, domain missionweave.v1)"); Rejection.metadata is the same in both."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await world.client.membership.GetIdentity(mpb.GetIdentityRequest(identity_id="nobody-bot"))
+    status = rpc_status.from_call(info.value)  # type: ignore[arg-type]
+    assert status is not None
+    [rejection] = [d for d in status.details if d.Is(common_pb2.Rejection.DESCRIPTOR)]
+    [error_info] = [d for d in status.details if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR)]
+    r, e = common_pb2.Rejection(), error_details_pb2.ErrorInfo()
+    rejection.Unpack(r)
+    error_info.Unpack(e)
+    assert (e.reason, e.domain) == ("UNKNOWN_IDENTITY", "missionweave.v1") and r.reason == R.REJECTION_REASON_UNKNOWN_IDENTITY
+    assert dict(e.metadata) == dict(r.metadata) == {"field": "identity_id"}
+
+
 async def test_a_command_naming_an_unregistered_identity_is_not_found(world: World) -> None:
     """common.proto: REJECTION_REASON_UNKNOWN_IDENTITY ("another identity the request names ...
     NOT_FOUND"; the signer: UNAUTHENTICATED)."""
