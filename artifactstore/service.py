@@ -405,6 +405,8 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
                 R.REJECTION_REASON_INVALID_ARGUMENT,
                 "PROTOCOL_VIOLATION",
                 f"max_depth is at most {MAX_PROVENANCE_DEPTH}",
+                field="max_depth",
+                limit=MAX_PROVENANCE_DEPTH,
             )
         return await self._walk(
             hex_digest,
@@ -458,23 +460,19 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
                     frontier.append(there)
         described: dict[str, ManifestRecord] = {}
         for digest in depth_of:
-            for record in await self._visible_manifests(readers, await self.index.manifests_of(digest)):
-                described[digest] = record
+            seen = await self._visible_manifests(readers, await self.index.manifests_of(digest))
+            if seen:  # the first GetManifest would list: the same answer on every call
+                described[digest] = seen[0]
         sizes = {d: (b.size_bytes if (b := await self.index.blob(d)) else 0) for d in depth_of}
-        for digest, (depth, is_up) in depth_of.items():
-            if digest == root:
-                continue
+        for digest, (depth, is_up) in depth_of.items():  # the start first (inserted first)
             info = described.get(digest)
-            response.nodes.append(
-                pb.ProvenanceNode(
-                    digest=blake3_digest(digest, sizes[digest]),
-                    depth=depth,
-                    is_ancestor=is_up,
-                    media_type=info.media_type if info else "",
-                    producer_agent_id=info.producer_agent_id if info else "",
-                    work_item_id=info.work_item_id if info else "",
+            node = pb.ProvenanceNode(digest=blake3_digest(digest, sizes[digest]), depth=depth, is_ancestor=is_up)
+            if info is not None:
+                node.media_type, node.producer_agent_id, node.work_item_id = (
+                    info.media_type, info.producer_agent_id, info.work_item_id
                 )
-            )
+                node.manifest_digest.CopyFrom(manifest_ref(common_pb2.SignedEnvelope.FromString(info.envelope)))
+            response.nodes.append(node)
         for edge in sorted(seen_edges, key=lambda e: (e.source, e.derived, e.manifest_digest)):
             response.edges.append(
                 pb.ProvenanceEdge(

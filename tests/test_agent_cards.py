@@ -268,7 +268,7 @@ async def test_malformed_or_oversized_cards_are_refused_naming_the_field_and_not
     r = await refusal(
         worker.membership.ListAgentCardVersions(mpb.ListAgentCardVersionsRequest(agent_id="worker-bot", page_token="x"))
     )
-    assert (r.reason, r.metadata["field"]) == (MAL, "page_token")
+    assert (r.reason, r.metadata["field"]) == (INV, "page_token")
 
 
 # ------------------------------------------------------------------ presence

@@ -171,14 +171,15 @@ async def test_manifests_are_signed_by_the_producer_and_form_the_provenance_grap
             digest=blob_digest(derived), direction=apb.PROVENANCE_DIRECTION_ANCESTORS, max_depth=4
         )
     )
-    assert [n.digest.hex for n in up.nodes] == [blob_digest(raw).hex] and up.nodes[0].is_ancestor
+    assert [n.digest.hex for n in up.nodes] == [blob_digest(derived).hex, blob_digest(raw).hex]
+    assert [(n.depth, n.is_ancestor) for n in up.nodes] == [(0, False), (1, True)]
     down = await w.client.artifacts.QueryProvenance(
         apb.QueryProvenanceRequest(
             digest=blob_digest(raw), direction=apb.PROVENANCE_DIRECTION_DESCENDANTS, max_depth=4
         )
     )
-    assert [n.digest.hex for n in down.nodes] == [blob_digest(derived).hex] and down.nodes[
-        0
+    assert [n.digest.hex for n in down.nodes] == [blob_digest(raw).hex, blob_digest(derived).hex] and down.nodes[
+        1
     ].producer_agent_id == "worker-bot"
     # A manifest naming one producer but signed by another is refused, and the blob is not stored.
     forged = manifest_for(w, w.coordinator, b"forged", work_item_id="wi-1")

@@ -102,6 +102,8 @@ async def test_admission_checks_every_item_and_declines_with_the_first_failure(w
     assert lacking.decline.reason == wp.DECLINE_REASON_CAPABILITY
     failed = [c.kind for c in lacking.checks if not c.passed]
     assert failed == [K.ADMISSION_CHECK_KIND_CAPABILITY]
+    # AdmitResponse.matched_capabilities: the held versions of the capabilities the contract names.
+    assert list(lacking.matched_capabilities) == [old]
 
 
 def _decisions() -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""Page sizes and opaque page tokens of the list RPCs (ListWorkItems, ListMissions, ListIdentities).
+"""Page sizes and opaque page tokens of the list RPCs (ListWorkItems, ListMissions, ListIdentities,
+ListAgentCardVersions).
 
 A token is the last key of the previous page, base64url-encoded with a prefix naming the list, so
 a token of one list is refused by another. It carries no authority: every page is authorized
@@ -39,7 +40,9 @@ def decode_token(kind: str, token: str) -> str:
         text = ""
     prefix = f"{kind}:"
     if not text.startswith(prefix) or len(text) == len(prefix):
-        raise Rejected(
-            R.REJECTION_REASON_INVALID_ARGUMENT, "page_token is not one this list issued", field="page_token"
-        )
+        raise foreign_token()
     return text[len(prefix):]
+
+
+def foreign_token() -> Rejected:
+    return Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "page_token is not one this list issued", field="page_token")

@@ -89,8 +89,18 @@ CODES: dict[int, int] = {
 _GRPC_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 
 
+def status_code(rejected: Rejected) -> int:
+    """The google.rpc code of a rejection: its reason's, except that an unregistered identity the
+    request names (metadata ``field`` says where) is NOT_FOUND; UNAUTHENTICATED is for an unknown
+    signer or actor, whose credentials are what failed (common.proto UNKNOWN_IDENTITY). Decided
+    by reason and metadata, so a rejection passed on by another service keeps its code."""
+    if rejected.reason == R.REJECTION_REASON_UNKNOWN_IDENTITY and "field" in rejected.metadata:
+        return code_pb2.NOT_FOUND
+    return CODES.get(rejected.reason, code_pb2.UNKNOWN)
+
+
 def grpc_code(rejected: Rejected) -> grpc.StatusCode:
-    return _GRPC_BY_VALUE[CODES.get(rejected.reason, code_pb2.UNKNOWN)]
+    return _GRPC_BY_VALUE[status_code(rejected)]
 
 
 def to_status(rejected: Rejected) -> status_pb2.Status:
@@ -105,7 +115,7 @@ def to_status(rejected: Rejected) -> status_pb2.Status:
         retry = any_pb2.Any()
         retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
         details.append(retry)
-    return status_pb2.Status(code=CODES.get(rejected.reason, code_pb2.UNKNOWN), message=rejected.message, details=details)
+    return status_pb2.Status(code=status_code(rejected), message=rejected.message, details=details)
 
 
 # How long a caller should wait before retrying a request whose peer did not answer.

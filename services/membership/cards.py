@@ -24,6 +24,7 @@ from missionweave.aio import finish_on_cancel
 from missionweave.clock import to_micros
 from missionweave.db import SQLITE_IMMEDIATE
 from missionweave.errors import R, Rejected
+from missionweave.rpc import paging
 from missionweave.rpc.callers import Caller
 from missionweave.signing import (
     AGENT_CARD_TYPE,
@@ -45,9 +46,6 @@ MAX_URN_CHARS = 256
 MAX_ENDPOINT_CHARS = 512
 MAX_DISPLAY_NAME_CHARS = 256
 MAX_DESCRIPTION_CHARS = 4096
-# Listing versions: a page's default and largest size.
-DEFAULT_PAGE = 100
-MAX_PAGE = 1000
 # Presence (agent_card.proto PresenceReport).
 MIN_TTL_MS = 1_000
 MAX_TTL_MS = 600_000
@@ -305,18 +303,16 @@ class AgentCards:
     @finish_on_cancel
     async def versions(self, agent_id: str, page_size: int, page_token: str) -> tuple[list[pb.AgentCardVersion], str]:
         """A page of the agent's versions, newest first, and the token of the next page ("" at the end)."""
-        if page_token and not page_token.isdigit():
-            raise malformed("page_token", "page_token is not one this service issued")
-        if page_size > MAX_PAGE:
-            raise Rejected(
-                R.REJECTION_REASON_INVALID_ARGUMENT, f"page_size is at most {MAX_PAGE}", field="page_size", limit=MAX_PAGE
-            )
-        size = page_size or DEFAULT_PAGE
+        # The shared paging rules: a token another list issued (or garbage) is refused as by every list.
+        size = paging.page_size(page_size)
+        after = paging.decode_token("card", page_token)
+        if after and not after.isdigit():
+            raise paging.foreign_token()
         query = select(agent_cards.c.ordinal, agent_cards.c.card_version, agent_cards.c.published_us).where(
             agent_cards.c.agent_id == agent_id
         )
-        if page_token:
-            query = query.where(agent_cards.c.ordinal <= int(page_token))
+        if after:
+            query = query.where(agent_cards.c.ordinal <= int(after))
         async with self.engine.connect() as conn:
             rows = (await conn.execute(query.order_by(agent_cards.c.ordinal.desc()).limit(size + 1))).all()
         out = []
@@ -324,7 +320,7 @@ class AgentCards:
             entry = pb.AgentCardVersion(card_version=row.card_version)
             entry.published_at.FromMicroseconds(int(row.published_us))
             out.append(entry)
-        return out, str(rows[size].ordinal) if len(rows) > size else ""
+        return out, paging.encode_token("card", str(rows[size].ordinal)) if len(rows) > size else ""
 
     @finish_on_cancel
     async def in_force(self, agent_ids: list[str]) -> list[pb.PublishedAgentCard]:

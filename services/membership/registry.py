@@ -53,6 +53,7 @@ from services.membership.schema import (
 
 R = common_pb2.RejectionReason
 REPLAY_WINDOW = timedelta(minutes=5)
+MAX_DISPLAY_NAME_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -308,6 +309,13 @@ class IdentityRegistry:
             raise Rejected(R.REJECTION_REASON_MALFORMED, "identity.kind is required", field="kind")
         if len(ident.public_key) != 32:
             raise Rejected(R.REJECTION_REASON_MALFORMED, "identity.public_key must be 32 bytes", field="public_key")
+        if len(ident.display_name) > MAX_DISPLAY_NAME_CHARS:
+            raise Rejected(
+                R.REJECTION_REASON_TOO_LARGE,
+                f"identity.display_name is at most {MAX_DISPLAY_NAME_CHARS} characters",
+                field="display_name",
+                limit=MAX_DISPLAY_NAME_CHARS,
+            )
         if not ids.is_valid(command.request_id):
             raise Rejected(R.REJECTION_REASON_MALFORMED, "request_id is required", field="request_id")
         fingerprint = blake3.blake3(envelope.payload).digest()
@@ -323,7 +331,7 @@ class IdentityRegistry:
                 assert existing is not None
                 return existing
             record = IdentityRecord(
-                ident.identity_id, ident.kind, ident.display_name[:256], bytes(ident.public_key),
+                ident.identity_id, ident.kind, ident.display_name, bytes(ident.public_key),
                 ident.org_admin, to_micros(self.clock.now()), 0,
             )
             await self._insert_identity(record, request=(command.request_id, fingerprint))

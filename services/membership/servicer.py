@@ -65,7 +65,9 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
     async def GetIdentity(self, request: pb.GetIdentityRequest, context: grpc.aio.ServicerContext, caller: Caller) -> pb.GetIdentityResponse:
         record = await self.registry.get(request.identity_id)
         if record is None:
-            raise Rejected(R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{request.identity_id!r} is not registered")
+            raise Rejected(
+                R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{request.identity_id!r} is not registered", field="identity_id"
+            )
         return pb.GetIdentityResponse(identity=record.to_proto())
 
     @requires(Access.IDENTITY)
@@ -90,6 +92,8 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
     async def ListMemberships(
         self, request: pb.ListMembershipsRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.ListMembershipsResponse:
+        if not request.group_id and not request.member_id:
+            raise Rejected(R.REJECTION_REASON_MALFORMED, "group_id is required", field="group_id")
         if not request.group_id:
             # Cross-Group listing needs a membership index; until then say so instead of scanning.
             raise Rejected(

@@ -409,6 +409,10 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
     ) -> pb.SetPriorityResponse:
         """MW-11.1-08/09, MW-11.3-10: who may change what, then the queue reordered at once."""
         group_id = _required(request.group_id, "group_id")
+        if request.priority_class not in pb.PriorityClass.values():
+            raise Rejected(
+                R.REJECTION_REASON_INVALID_ARGUMENT, f"no priority class {request.priority_class}", field="priority_class"
+            )
         source = await self._source(request, caller, group_id)
         worker = await self.workers.of(request.worker_id or caller.identity_id)
         projection = await worker.group(group_id)
