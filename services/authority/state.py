@@ -194,7 +194,8 @@ class WorkItemState:
     lease: ExecutionLeaseState | None = None
     # Its execution leases by id, the current one included, in start order (at most MAX_LEASE_HISTORY).
     lease_history: dict[str, LeaseRecord] = field(default_factory=dict)
-    execution_approved: tuple[int, int] | None = None  # (contract revision, ownership epoch)
+    # The latest execution approval: (contract revision, ownership epoch or 0 = any owner, expiry or None).
+    execution_approved: tuple[int, int, datetime | None] | None = None
     attempts: int = 0
     used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
     latest_submission_event_id: str = ""

@@ -13,6 +13,8 @@ from services.authority.rules.scope import check_child_contract
 from services.authority.rules.work.common import CANCELLED, FAILED, VERIFIED
 from services.authority.state import GroupState, WorkItemState
 
+MAX_IMPACT_NOTE = 256
+
 
 def validate_contract(contract: wp.WorkContract, state: GroupState, ctx: DecisionContext, field: str) -> None:
     """MW-10.1-01 / MW-10.1-07: every item is a machine-readable field; prose never replaces one."""
@@ -43,6 +45,8 @@ def validate_contract(contract: wp.WorkContract, state: GroupState, ctx: Decisio
         raise invalid(f"{field}.deadline", "a deadline in the future is required")
     if not contract.urgency or not contract.business_impact:
         raise invalid(f"{field}.urgency", "urgency and business impact are required")
+    if len(contract.business_impact_note) > MAX_IMPACT_NOTE:
+        raise invalid(f"{field}.business_impact_note", f"at most {MAX_IMPACT_NOTE} characters")
     if not contract.HasField("budget"):
         raise invalid(f"{field}.budget", "a budget is required (omitted dimensions permit no use, OP-02)")
     if contract.budget.financial_micros and len(contract.budget.currency) != 3:

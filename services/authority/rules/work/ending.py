@@ -145,7 +145,7 @@ def propagate_mission_end(state: GroupState, out: Emitter, mission_state: int, r
                 wp.WorkFailed(
                     work_item_id=item.work_item_id,
                     reported_by=wp.WORK_ACTOR_ROLE_AUTHORITY,
-                    kind=wp.WORK_FAILURE_KIND_PERMANENT,
+                    kind=wp.WORK_FAILURE_KIND_MISSION_FAILED,
                     reason=f"Mission failed: {reason}",
                     ownership_epoch=item.owner.ownership_epoch if item.owner else 0,
                     attempts=item.attempts,

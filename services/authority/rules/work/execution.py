@@ -41,6 +41,8 @@ from services.authority.rules.work.offline import Reconciled, buffered, reconcil
 from services.authority.rules.work.usage import apply_usage, check_usage, record_usage
 from services.authority.state import GroupState, WorkItemState
 
+MAX_ESTIMATE_REASON = 1024
+
 
 def work_renew_lease(
     state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
@@ -276,6 +278,8 @@ def work_report_progress(
     for i, b in enumerate(report.blockers):
         if not b.kind or not b.required_resolution:
             raise invalid(f"body.report.blockers[{i}]", "kind and required_resolution are required")
+    if len(report.revised_estimate.reason) > MAX_ESTIMATE_REASON:
+        raise invalid("body.report.revised_estimate.reason", f"at most {MAX_ESTIMATE_REASON} characters")
     out.emit(
         "work.progress_reported",
         "work_progress_reported",

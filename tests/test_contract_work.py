@@ -1,0 +1,284 @@
+"""Contract truth (issue 17 item 7) for work.proto and mission.proto: what their comments promise,
+through the public gRPC API. Each test's docstring names the comments it checks; promises already
+covered elsewhere (test_work_items.py, test_read_models.py, test_missions.py, test_core_*.py) are
+not repeated here."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from missionweave.clock import from_timestamp, to_timestamp
+from missionweave.sdk.client import decode_events
+from missionweave.v1 import common_pb2, membership_pb2, mission_pb2
+from missionweave.v1 import work_pb2 as wp
+from tests import builders
+from tests.conftest import World, register
+from tests.test_missions import G, as_member, refused
+from tests.test_work_items import Flow, setup, started
+
+R = common_pb2.RejectionReason
+WS = wp.WorkItemState
+
+
+async def mission_with(w: World, **definition: object) -> Flow:
+    """A live Mission whose definition differs from the builders' by ``definition``, with the Worker."""
+    body = builders.mission_create("alice", "coord-bot", w.clock.now(), **definition)
+    body.coordinator_renewal.lease_duration.FromSeconds(3600)
+    await w.run(w.owner, G, "mission_create", body)
+    await as_member(w, G, w.worker)
+    return Flow(w)
+
+
+async def accepted(f: Flow, w: World, work_item_id: str, **contract: object) -> int:
+    """Authorize ``work_item_id`` and let the Worker accept it: its ownership epoch."""
+    await f.authorize(work_item_id, **contract)
+    return await f.accept(w.worker, work_item_id, await f.offer(work_item_id, "worker-bot"))
+
+
+@pytest.mark.req("MW-10.2-T06")
+async def test_execution_approval_follows_the_mission_risk_policy(world: World) -> None:
+    """mission.proto RiskPolicy.execution_approval_threshold and .execution_approver_ids; work.proto
+    WorkContract.requires_execution_approval ("also when risk_class is at or above the threshold"),
+    WorkContract.execution_approver_ids (empty = the risk policy's approvers),
+    ApprovalGrantExecution.ownership_epoch (0 = any owner) and .expires_at, WorkItem.execution_approved."""
+    w = world
+    policy = mission_pb2.RiskPolicy(
+        risk_class=mission_pb2.RISK_CLASS_HIGH,
+        execution_approval_threshold=mission_pb2.RISK_CLASS_HIGH,
+        execution_approver_ids=["carol"],
+    )
+    f = await mission_with(w, risk_policy=policy)
+    carol = await register(w.client, w.keys["admin"], "carol", common_pb2.IDENTITY_KIND_HUMAN)
+    await as_member(w, G, carol, membership_pb2.MEMBER_ROLE_REVIEWER)
+    # Below the threshold nothing is gated.
+    low = await accepted(f, w, "wi-low")
+    await f.start(w.worker, "wi-low", low, "lease-low")
+    epoch = await accepted(f, w, "wi-1", risk_class=mission_pb2.RISK_CLASS_HIGH)
+    start = wp.WorkStart(work_item_id="wi-1", ownership_epoch=epoch, lease_id="lease-1")
+    await refused(w, w.worker, G, "work_start", start, R.REJECTION_REASON_PRECONDITION_FAILED, membership_epoch=3)
+    grant = wp.ApprovalGrantExecution(work_item_id="wi-1", contract_revision=1, ownership_epoch=0)
+    grant.expires_at.CopyFrom(to_timestamp(w.clock.now() + timedelta(seconds=30)))
+    # The risk policy names the approvers, so the MissionOwner is not one of them.
+    await refused(w, w.owner, G, "approval_grant_execution", grant, R.REJECTION_REASON_PERMISSION_DENIED, membership_epoch=1)
+    stale = wp.ApprovalGrantExecution(work_item_id="wi-1", contract_revision=1, ownership_epoch=epoch + 1)
+    await refused(w, carol, G, "approval_grant_execution", stale, R.REJECTION_REASON_REVISION_MISMATCH, membership_epoch=4)
+    await f.as_(carol, "approval_grant_execution", grant)
+    assert (await w.client.work_item(G, "wi-1")).execution_approved
+    w.clock.advance(seconds=31)
+    assert not (await w.client.work_item(G, "wi-1")).execution_approved  # expired
+    await refused(w, w.worker, G, "work_start", start, R.REJECTION_REASON_PRECONDITION_FAILED, membership_epoch=3)
+    grant.ClearField("expires_at")
+    await f.as_(carol, "approval_grant_execution", grant)
+    await f.as_(w.worker, "work_start", start)
+
+
+@pytest.mark.req("MW-10.3-09", "MW-10.3-08")
+async def test_a_decline_is_one_of_the_six_or_a_namespaced_extension(world: World) -> None:
+    """work.proto DeclineReason (the six standard codes, anything else OTHER plus a namespaced code),
+    StructuredDecline.extension_code (required for OTHER, empty otherwise) and .detail (bounded)."""
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    offer_id = await f.offer("wi-1", "worker-bot")
+
+    def decline(**fields: object) -> wp.WorkDeclineOffer:
+        return wp.WorkDeclineOffer(work_item_id="wi-1", offer_id=offer_id, decline=wp.StructuredDecline(**fields))  # type: ignore[arg-type]
+
+    bad = [
+        decline(reason=wp.DECLINE_REASON_OTHER),
+        decline(reason=wp.DECLINE_REASON_OTHER, extension_code="maintenance"),
+        decline(reason=wp.DECLINE_REASON_CAPACITY, extension_code="com.example/maintenance"),
+        decline(reason=42),
+        decline(reason=wp.DECLINE_REASON_CAPACITY, detail="x" * 1025),
+    ]
+    for body in bad:
+        await refused(w, w.worker, G, "work_decline_offer", body, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3)
+    for code in ("urn:missionweaveprotocol:decline:ambiguity", "com.example/maintenance"):
+        result = await f.as_(w.worker, "work_decline_offer", decline(reason=wp.DECLINE_REASON_OTHER, extension_code=code))
+        assert decode_events(result.events)[0].work_offer_declined.decline.extension_code == code
+
+
+@pytest.mark.req("MW-11.3-03", "MW-11.3-05", "MW-11.3-12")
+async def test_ids_left_empty_are_derived_and_a_lease_id_is_never_reused(world: World) -> None:
+    """work.proto WorkPropose.proposal_id, WorkAuthorize.work_item_id, WorkOffer.offer_id,
+    WorkStart.lease_id ("must not be one of the WorkItem's recent leases"),
+    WorkRequestPreemption.preemption_request_id, Checkpoint.checkpoint_id and Evidence.evidence_id:
+    empty = a prefixed id derived from the command."""
+    w = world
+    f = await setup(w)
+    proposed = await f.as_(w.worker, "work_propose", wp.WorkPropose(title="more", contract=builders.contract(w.clock.now())))
+    assert decode_events(proposed.events)[0].work_proposed.proposal_id.startswith("prop_")
+    authorized = await f.coord(
+        "work_authorize", wp.WorkAuthorize(title="ledger", contract=builders.contract(w.clock.now()), coordinator_epoch=1)
+    )
+    wid = decode_events(authorized.events)[0].work_authorized.work_item_id
+    offer = f.offer_body(wid, "worker-bot")
+    offer.offer_id = ""
+    offered = await f.coord("work_offer", offer)
+    offer_id = decode_events(offered.events)[0].work_offered.offer_id
+    assert wid.startswith("wi_") and offer_id.startswith("offer_")
+    epoch = await f.accept(w.worker, wid, offer_id)
+
+    async def start() -> str:
+        result = await f.as_(w.worker, "work_start", wp.WorkStart(work_item_id=wid, ownership_epoch=epoch))
+        return str(decode_events(result.events)[0].work_started.lease.lease_id)
+
+    first = await start()
+    preempt = wp.WorkRequestPreemption(
+        work_item_id=wid, lease_id=first, ownership_epoch=epoch, reason=wp.PREEMPTION_REASON_PRIORITY, coordinator_epoch=1
+    )
+    request_id = decode_events((await f.coord("work_request_preemption", preempt)).events)[0].work_preemption_requested.preemption_request_id
+    checkpoint = wp.WorkCheckpoint(
+        work_item_id=wid, lease_id=first, ownership_epoch=epoch, checkpoint=wp.Checkpoint(), preemption_request_id=request_id
+    )
+    checkpointed = decode_events((await f.as_(w.worker, "work_checkpoint", checkpoint)).events)[0].work_checkpointed
+    assert first.startswith("lease_") and request_id.startswith("pre_") and checkpointed.checkpoint.checkpoint_id.startswith("ckpt_")
+    reuse = wp.WorkStart(work_item_id=wid, ownership_epoch=epoch, lease_id=first)
+    await refused(w, w.worker, G, "work_start", reuse, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3)
+    second = await start()
+    assert second.startswith("lease_") and second != first
+    body = Flow.submit_body(wid, epoch, second)
+    body.evidence[0].evidence_id = ""
+    submitted = decode_events((await f.as_(w.worker, "work_submit", body)).events)[0].work_submitted
+    (evidence_id,) = [e.evidence_id for e in submitted.evidence]
+    assert evidence_id.startswith("evd_") and list((await w.client.work_item(G, wid)).evidence_ids) == [evidence_id]
+
+
+@pytest.mark.req("MW-10.3-02", "MW-10.3-04")
+async def test_extending_an_offer_adds_candidates_and_moves_its_expiry(world: World) -> None:
+    """work.proto WorkOffer.extends_offer_id: `expires_at` becomes the offer's expiry, `candidate_ids`
+    are added, its candidates keep their offer (and their selection criteria, WorkOfferAccepted)."""
+    w = world
+    second = await register(w.client, w.keys["admin"], "second-bot", common_pb2.IDENTITY_KIND_AGENT)
+    f = await setup(w, w.worker, second)
+    await f.authorize("wi-1")
+    offer_id = await f.offer("wi-1", "worker-bot", seconds=60)
+    extension = f.offer_body("wi-1", "second-bot", seconds=120)
+    extension.extends_offer_id = offer_id
+    extended = await f.coord("work_offer", extension)
+    assert [e.type for e in decode_events(extended.events)] == ["work.offered"]  # nothing withdrawn
+    (record,) = (await w.client.work_item(G, "wi-1")).offers
+    assert record.offer_id == offer_id and list(record.candidate_ids) == ["worker-bot", "second-bot"]
+    assert from_timestamp(record.expires_at) == from_timestamp(extension.expires_at)
+    w.clock.advance(seconds=90)  # past the first expiry, within the extended one
+    result = await f.as_(w.worker, "work_accept_offer", wp.WorkAcceptOffer(work_item_id="wi-1", offer_id=offer_id, contract_revision=1))
+    assert decode_events(result.events)[0].work_offer_accepted.selection_criteria.candidate_id == "worker-bot"
+
+
+@pytest.mark.req("MW-10.2-T10", "MW-11.4-04", "MW-11.4-07")
+async def test_only_the_coordinator_unblocks_and_every_blocker_ends(world: World) -> None:
+    """work.proto WorkUnblock (by the current Coordinator; every blocker ends; `queued` while the
+    blocked lease is live), WorkUnblocked.ownership (not set), and the read model while blocked:
+    WorkItem.ownership.lease_kind BLOCKED, WorkItem.blockers (only required_resolution set),
+    WorkItem.latest_checkpoint (only checkpoint_id set)."""
+    w = world
+    f = await setup(w)
+    epoch = await started(f, w)
+    block = wp.WorkBlock(
+        work_item_id="wi-1",
+        lease_id="lease-1",
+        ownership_epoch=epoch,
+        checkpoint=wp.Checkpoint(checkpoint_id="ck-1", completed_operation_ids=["op-1"]),
+        blockers=[
+            wp.Blocker(blocker_id="b1", kind=wp.BLOCKER_KIND_INFORMATION, required_resolution="which ledger"),
+            wp.Blocker(blocker_id="b2", kind=wp.BLOCKER_KIND_EXTERNAL, required_resolution="ERP back up"),
+        ],
+    )
+    await f.as_(w.worker, "work_block", block)
+    blocked = await w.client.work_item(G, "wi-1")
+    assert blocked.ownership.lease_kind == wp.WORK_LEASE_KIND_BLOCKED and not blocked.HasField("lease")
+    assert list(blocked.blockers) == [wp.Blocker(required_resolution="which ledger"), wp.Blocker(required_resolution="ERP back up")]
+    assert blocked.latest_checkpoint == wp.Checkpoint(checkpoint_id="ck-1")
+    by_owner = wp.WorkUnblock(work_item_id="wi-1", resolution="I found it", ownership_epoch=epoch)
+    await refused(w, w.worker, G, "work_unblock", by_owner, R.REJECTION_REASON_PERMISSION_DENIED, membership_epoch=3)
+    unblock = wp.WorkUnblock(work_item_id="wi-1", resolution="EU ledger", resolved_blocker_ids=["b1"], coordinator_epoch=1)
+    event = decode_events((await f.coord("work_unblock", unblock)).events)[0].work_unblocked
+    assert event.next_state == WS.WORK_ITEM_STATE_QUEUED and list(event.resolved_blocker_ids) == ["b1"]
+    assert not event.HasField("ownership")
+    queued = await w.client.work_item(G, "wi-1")
+    assert queued.state == WS.WORK_ITEM_STATE_QUEUED and not queued.blockers
+    assert queued.ownership.lease_kind == wp.WORK_LEASE_KIND_OWNERSHIP
+    assert queued.ownership.expires_at == blocked.ownership.expires_at  # the blocked lease, kept
+
+
+@pytest.mark.req("MW-13.2-03", "MW-13.2-04")
+async def test_review_evidence_is_recorded_by_the_coordinator_once_per_id(world: World) -> None:
+    """work.proto WorkRecordEvidence (a reviewer member or the current Coordinator, not the owner;
+    an id already recorded is refused; `producer_id` must equal the actor) and WorkItem.evidence_ids
+    (the submission's, then its review's, each once, in that order)."""
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    submission = await f.run_to_submitted(w.worker, "wi-1")
+    review = builders.evidence("rev-1")
+    by_owner = wp.WorkRecordEvidence(work_item_id="wi-1", evidence=review)
+    await refused(w, w.worker, G, "work_record_evidence", by_owner, R.REJECTION_REASON_PERMISSION_DENIED, membership_epoch=3)
+    for evidence_id, producer in (("ev-1", ""), ("rev-1", "worker-bot")):  # already recorded; not the actor
+        other = builders.evidence(evidence_id)
+        other.producer_id = producer
+        body = wp.WorkRecordEvidence(work_item_id="wi-1", evidence=other, coordinator_epoch=1)
+        await refused(w, w.coordinator, G, "work_record_evidence", body, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=2)
+    recorded = await f.coord("work_record_evidence", wp.WorkRecordEvidence(work_item_id="wi-1", evidence=review, coordinator_epoch=1))
+    assert decode_events(recorded.events)[0].evidence_recorded.evidence.producer_id == "coord-bot"
+    assert list((await w.client.work_item(G, "wi-1")).evidence_ids) == ["ev-1", "rev-1"]
+    accept = wp.WorkAcceptResult(work_item_id="wi-1", coordinator_epoch=1, submission_event_id=submission, review_evidence_ids=["rev-1"])
+    await f.coord("work_accept_result", accept)
+    verified = await w.client.work_item(G, "wi-1")
+    assert verified.state == WS.WORK_ITEM_STATE_VERIFIED and list(verified.evidence_ids) == ["ev-1", "rev-1"]
+
+
+@pytest.mark.req("MW-10.2-T14", "MW-10.2-T18")
+async def test_the_coordinator_cancels_and_a_failed_mission_fails_its_work_as_mission_failed(world: World) -> None:
+    """work.proto WorkCancel (by the current Coordinator; open offers withdrawn WORK_ITEM_CLOSED) and
+    WorkFailureKind.WORK_FAILURE_KIND_MISSION_FAILED ("the parent Mission failed"), reported by the
+    Authority (WorkActorRole)."""
+    w = world
+    f = await setup(w)
+    for wid in ("wi-1", "wi-2"):
+        await f.authorize(wid)
+    offer_id = await f.offer("wi-1", "worker-bot")
+    cancel = wp.WorkCancel(work_item_id="wi-1", reason="no longer needed")
+    await refused(w, w.owner, G, "work_cancel", cancel, R.REJECTION_REASON_PERMISSION_DENIED, membership_epoch=1)
+    cancel.coordinator_epoch = 1
+    withdrawn, cancelled = decode_events((await f.coord("work_cancel", cancel)).events)
+    assert withdrawn.work_offers_withdrawn.reason == wp.OFFER_WITHDRAWAL_REASON_WORK_ITEM_CLOSED
+    assert list(withdrawn.work_offers_withdrawn.offer_ids) == [offer_id]
+    assert cancelled.work_cancelled.cancelled_by == wp.WORK_ACTOR_ROLE_COORDINATOR
+    terminated = await f.coord("mission_terminate", mission_pb2.MissionTerminate(coordinator_epoch=1, reason="scope dropped"))
+    (failed,) = [e.work_failed for e in decode_events(terminated.events) if e.type == "work.failed"]
+    assert failed.work_item_id == "wi-2" and failed.kind == wp.WORK_FAILURE_KIND_MISSION_FAILED
+    assert failed.reported_by == wp.WORK_ACTOR_ROLE_AUTHORITY and failed.previous_state == WS.WORK_ITEM_STATE_OPEN
+
+
+@pytest.mark.req("MW-10.1-01", "MW-13.2-05")
+async def test_free_text_is_bounded_where_work_proto_says(world: World) -> None:
+    """work.proto WorkPropose.rationale (4,096), WorkContract.business_impact_note (256),
+    RetryPolicy.max_attempts (at least 1), RevisedEstimate.reason (1,024), Evidence.summary (2,048)
+    and WorkSubmit.summary (4,096 characters): one character more is refused INVALID_ARGUMENT."""
+    w = world
+    f = await setup(w)
+    now = w.clock.now()
+    propose = wp.WorkPropose(title="more", contract=builders.contract(now), rationale="r" * 4097)
+    await refused(w, w.worker, G, "work_propose", propose, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3)
+    for contract in (
+        builders.contract(now, business_impact_note="n" * 257),
+        builders.contract(now, retry_policy=wp.RetryPolicy(max_attempts=0)),
+    ):
+        body = wp.WorkAuthorize(work_item_id="wi-x", title="x", contract=contract, coordinator_epoch=1)
+        await refused(w, w.coordinator, G, "work_authorize", body, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=2)
+    await f.authorize("wi-ok", business_impact_note="n" * 256)
+    epoch = await started(f, w)
+    estimate = wp.RevisedEstimate(reason="e" * 1025)
+    report = wp.ProgressReport(phase="p", next_checkpoint=wp.PlannedCheckpoint(), revised_estimate=estimate)
+    progress = wp.WorkReportProgress(work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch, report=report)
+    await refused(w, w.worker, G, "work_report_progress", progress, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3)
+    long_evidence = Flow.submit_body("wi-1", epoch, "lease-1")
+    long_evidence.evidence[0].summary = "s" * 2049
+    long_summary = Flow.submit_body("wi-1", epoch, "lease-1")
+    long_summary.summary = "s" * 4097
+    for body in (long_evidence, long_summary):
+        await refused(w, w.worker, G, "work_submit", body, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3)
+    long_summary.summary = "s" * 4096
+    await f.as_(w.worker, "work_submit", long_summary)
