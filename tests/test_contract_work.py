@@ -10,11 +10,12 @@ from datetime import timedelta
 import pytest
 
 from missionweave.clock import from_timestamp, to_timestamp
-from missionweave.sdk.client import decode_events
-from missionweave.v1 import common_pb2, membership_pb2, mission_pb2
+from missionweave.sdk.client import MeshClient, decode_events
+from missionweave.v1 import common_pb2, membership_pb2, mission_pb2, subtask_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests import builders
 from tests.conftest import World, register
+from tests.test_core_children import PARENT, parent_state
 from tests.test_missions import G, as_member, refused
 from tests.test_work_items import Flow, setup, started
 
@@ -282,3 +283,140 @@ async def test_free_text_is_bounded_where_work_proto_says(world: World) -> None:
         await refused(w, w.worker, G, "work_submit", body, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3)
     long_summary.summary = "s" * 4096
     await f.as_(w.worker, "work_submit", long_summary)
+
+
+@pytest.mark.req("MW-10.4-03", "MW-10.1-02", "MW-11.3-03")
+async def test_the_work_item_read_model_sets_what_work_proto_says_and_nothing_else(world: World) -> None:
+    """work.proto WorkItem: proposal_id, latest_progress, schedule, created_at and updated_at (not
+    kept: unset), offers (declined_by, offered_by, grant_id empty), ownership (granted_at and
+    contract_revision unset), lease (expires_at the current expiry, renewals empty), usage
+    (budget.used as recorded, retry_used unset), dependencies_satisfied and
+    unresolved_ambiguity_message_ids."""
+    w = world
+    f = await setup(w)
+    await f.as_(w.worker, "work_propose", wp.WorkPropose(proposal_id="p-1", title="ledger", contract=builders.contract(w.clock.now())))
+    authorize = wp.WorkAuthorize(
+        work_item_id="wi-1", title="ledger", contract=builders.contract(w.clock.now()), proposal_id="p-1", coordinator_epoch=1
+    )
+    await f.coord("work_authorize", authorize)
+    await f.authorize("wi-2", depends_on=("wi-1",))
+    item = await w.client.work_item(G, "wi-2")
+    assert not item.dependencies_satisfied and (await w.client.work_item(G, "wi-1")).dependencies_satisfied
+    question = builders.message(item.conversation_id, "EU or global ledger?")
+    question.topic = "ambiguity"
+    posted = decode_events((await f.coord("message_post", question)).events)[0].message_posted.message_id
+    assert list((await w.client.work_item(G, "wi-2")).unresolved_ambiguity_message_ids) == [posted]
+    offer_id = await f.offer("wi-1", "worker-bot")
+    decline = wp.WorkDeclineOffer(work_item_id="wi-1", offer_id=offer_id, decline=wp.StructuredDecline(reason=wp.DECLINE_REASON_CAPACITY))
+    await f.as_(w.worker, "work_decline_offer", decline)
+    (offer,) = (await w.client.work_item(G, "wi-1")).offers
+    assert offer.offer_id == offer_id and list(offer.candidate_ids) == ["worker-bot"] and offer.contract_revision == 1
+    assert not offer.declined_by and not offer.offered_by and not offer.grant_id
+    epoch = await f.accept(w.worker, "wi-1", await f.offer("wi-1", "worker-bot"))
+    await f.start(w.worker, "wi-1", epoch, "lease-1")
+    renew = wp.WorkRenewLease(
+        work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch, usage_delta=common_pb2.ResourceVector(currency="EUR", tokens=100)
+    )
+    w.clock.advance(seconds=10)
+    renewal = decode_events((await f.as_(w.worker, "work_renew_lease", renew)).events)[0].work_lease_renewed.renewal
+    estimate = wp.RevisedEstimate(confidence=wp.ESTIMATE_CONFIDENCE_LOW)
+    report = wp.ProgressReport(phase="reconciling", next_checkpoint=wp.PlannedCheckpoint(), revised_estimate=estimate)
+    schedule = wp.ScheduleDisclosure(work_item_id="wi-1", capacity_status=wp.CAPACITY_STATUS_AVAILABLE)
+    progress = wp.WorkReportProgress(work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch, report=report, schedule=schedule)
+    await f.as_(w.worker, "work_report_progress", progress)
+    active = await w.client.work_item(G, "wi-1")
+    assert active.lease.expires_at == renewal.expires_at and not active.lease.renewals
+    assert active.ownership.offer_id and active.ownership.HasField("start_deadline")
+    assert not active.ownership.HasField("granted_at") and not active.ownership.contract_revision
+    assert active.usage.budget.used.tokens == 100 and active.usage.budget.used.currency == "EUR"
+    assert not active.usage.HasField("retry_used")
+    assert not active.proposal_id
+    for unset in ("latest_progress", "schedule", "created_at", "updated_at"):
+        assert not active.HasField(unset), unset
+    submitted = await f.as_(w.worker, "work_submit", Flow.submit_body("wi-1", epoch, "lease-1"))
+    accept = wp.WorkAcceptResult(work_item_id="wi-1", coordinator_epoch=1, submission_event_id=decode_events(submitted.events)[0].event_id)
+    await f.coord("work_accept_result", accept)
+    assert (await w.client.work_item(G, "wi-2")).dependencies_satisfied
+
+
+@pytest.mark.req("MW-7.2-02", "MW-7.1-03")
+async def test_a_new_mission_reads_as_mission_proto_says(world: World) -> None:
+    """mission.proto MissionCreate.coordinator_renewal (default: 5-minute leases renewed 1 minute
+    before expiry), MissionCreate (the Mission id is "mis_" + the Group id's suffix) and the Mission
+    read model: root_owner_id (a root's is owner_id), depth 0, latest_submission_event_id empty
+    before the first submission, budget.limit the definition's."""
+    w = world
+    await w.run(w.owner, G, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
+    m = (await w.client.group_state(G)).mission
+    policy = m.coordinator.renewal_policy
+    assert (policy.lease_duration.seconds, policy.renew_before.seconds) == (300, 60)
+    assert from_timestamp(m.coordinator.expires_at) == from_timestamp(m.created_at) + timedelta(minutes=5)
+    assert m.mission_id == "mis_" + G.removeprefix("grp_") and m.kind == mission_pb2.MISSION_KIND_ROOT
+    assert m.root_owner_id == "alice" and m.depth == 0 and not m.latest_submission_event_id
+    assert m.budget.limit == m.definition.budget and m.coordinator.reconciled
+
+
+@pytest.mark.req("MW-7.2-08")
+async def test_a_replacement_reconciles_against_any_revision_since_the_last_work_change(world: World) -> None:
+    """mission.proto MissionAcknowledgeReconciliation.group_revision: at least the lease grant's and
+    the latest WorkItem change's, at most the head (REVISION_MISMATCH otherwise); later Messages need
+    no re-read."""
+    w = world
+    await setup(w)
+    w.clock.advance(seconds=3601)
+    replace = mission_pb2.MissionReplaceCoordinator(coordinator_id="worker-bot", replaced_coordinator_epoch=1)
+    await w.run(w.owner, G, "mission_replace_coordinator", replace, membership_epoch=1)
+    read = (await w.client.group_state(G)).head_sequence
+    planning = (await w.client.group_state(G)).mission.planning_conversation_id
+    await w.run(w.owner, G, "message_post", builders.message(planning, "welcome"), membership_epoch=1)
+    epoch = await w.epoch_of(G, "worker-bot")
+    ahead = mission_pb2.MissionAcknowledgeReconciliation(coordinator_epoch=2, group_revision=read + 2)
+    await refused(w, w.worker, G, "mission_acknowledge_reconciliation", ahead, R.REJECTION_REASON_REVISION_MISMATCH, membership_epoch=epoch)
+    before_grant = mission_pb2.MissionAcknowledgeReconciliation(coordinator_epoch=2, group_revision=read - 1)
+    await refused(w, w.worker, G, "mission_acknowledge_reconciliation", before_grant, R.REJECTION_REASON_REVISION_MISMATCH, membership_epoch=epoch)
+    ack = mission_pb2.MissionAcknowledgeReconciliation(coordinator_epoch=2, group_revision=read)
+    await w.run(w.worker, G, "mission_acknowledge_reconciliation", ack, membership_epoch=epoch)
+    assert (await w.client.group_state(G)).mission.coordinator.reconciled
+
+
+@pytest.mark.req("MW-14-19")
+async def test_a_tree_node_counts_work_items_by_state_name_and_names_each_blockers_work_item(world: World) -> None:
+    """subtask.proto MissionTreeNode.work_items_by_state (keyed by state name), .blockers
+    (work_item_id and required_resolution; kind unset without a running child) and .budget (the
+    Mission's cap and what its WorkItems used)."""
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-2")
+    await f.offer("wi-2", "worker-bot")
+    epoch = await started(f, w)
+    block = wp.WorkBlock(
+        work_item_id="wi-1",
+        lease_id="lease-1",
+        ownership_epoch=epoch,
+        checkpoint=wp.Checkpoint(checkpoint_id="ck-1"),
+        blockers=[wp.Blocker(blocker_id="b1", kind=wp.BLOCKER_KIND_EXTERNAL, required_resolution="ERP back up")],
+        usage_delta=common_pb2.ResourceVector(currency="EUR", tool_calls=3),
+    )
+    await f.as_(w.worker, "work_block", block)
+    owner = MeshClient(w.target, reader=w.owner)
+    try:
+        (node,) = await owner.mission_tree(G)
+    finally:
+        await owner.channel.close()
+    assert dict(node.work_items_by_state) == {"WORK_ITEM_STATE_BLOCKED": 1, "WORK_ITEM_STATE_OFFERED": 1}
+    assert list(node.blockers) == [wp.Blocker(work_item_id="wi-1", required_resolution="ERP back up")]
+    assert node.budget.used.tool_calls == 3 and node.budget.limit.tool_calls == 500 and node.depth == 0
+
+
+@pytest.mark.req("MW-14-06")
+def test_an_approved_depth_lies_beyond_the_default_and_at_most_64() -> None:
+    """subtask.proto MissionApproveChildDepth.max_depth ("at least the default maximum + 1, at most
+    64") and .reason (1..4096 characters)."""
+    parent = parent_state()
+
+    def approve(max_depth: int, reason: str = "the audit needs more levels") -> subtask_pb2.MissionApproveChildDepth:
+        return subtask_pb2.MissionApproveChildDepth(parent_work_item_id="wi", max_depth=max_depth, reason=reason)
+
+    for body in (approve(65), approve(64, ""), approve(64, "r" * 4097)):
+        assert PARENT.refused(parent, "mission_approve_child_depth", body, "alice").reason == R.REJECTION_REASON_INVALID_ARGUMENT
+    PARENT.run(parent, "mission_approve_child_depth", approve(64), "alice")  # accepted
