@@ -16,7 +16,7 @@ from missionweave.v1 import work_pb2 as wp
 from tests import builders
 from tests.conftest import World, register
 from tests.test_core_children import PARENT, parent_state
-from tests.test_missions import G, as_member, refused
+from tests.test_missions import G, as_member, create, refused
 from tests.test_work_items import Flow, setup, started
 
 R = common_pb2.RejectionReason
@@ -232,9 +232,9 @@ async def test_review_evidence_is_recorded_by_the_coordinator_once_per_id(world:
 
 @pytest.mark.req("MW-10.2-T14", "MW-10.2-T18")
 async def test_the_coordinator_cancels_and_a_failed_mission_fails_its_work_as_mission_failed(world: World) -> None:
-    """work.proto WorkCancel (by the current Coordinator; open offers withdrawn WORK_ITEM_CLOSED) and
-    WorkFailureKind.WORK_FAILURE_KIND_MISSION_FAILED ("the parent Mission failed"), reported by the
-    Authority (WorkActorRole)."""
+    """work.proto WorkCancel (by the current Coordinator; open offers withdrawn WORK_ITEM_CLOSED),
+    WorkOffersWithdrawn (with a failure too) and WorkFailureKind.WORK_FAILURE_KIND_MISSION_FAILED
+    ("the parent Mission failed"), reported by the Authority (WorkActorRole)."""
     w = world
     f = await setup(w)
     for wid in ("wi-1", "wi-2"):
@@ -247,10 +247,13 @@ async def test_the_coordinator_cancels_and_a_failed_mission_fails_its_work_as_mi
     assert withdrawn.work_offers_withdrawn.reason == wp.OFFER_WITHDRAWAL_REASON_WORK_ITEM_CLOSED
     assert list(withdrawn.work_offers_withdrawn.offer_ids) == [offer_id]
     assert cancelled.work_cancelled.cancelled_by == wp.WORK_ACTOR_ROLE_COORDINATOR
-    terminated = await f.coord("mission_terminate", mission_pb2.MissionTerminate(coordinator_epoch=1, reason="scope dropped"))
-    (failed,) = [e.work_failed for e in decode_events(terminated.events) if e.type == "work.failed"]
+    await f.offer("wi-2", "worker-bot")
+    terminated = decode_events((await f.coord("mission_terminate", mission_pb2.MissionTerminate(coordinator_epoch=1, reason="scope dropped"))).events)
+    assert [e.type for e in terminated] == ["mission.failed", "work.offers_withdrawn", "work.failed"]
+    assert terminated[1].work_offers_withdrawn.reason == wp.OFFER_WITHDRAWAL_REASON_WORK_ITEM_CLOSED
+    failed = terminated[2].work_failed
     assert failed.work_item_id == "wi-2" and failed.kind == wp.WORK_FAILURE_KIND_MISSION_FAILED
-    assert failed.reported_by == wp.WORK_ACTOR_ROLE_AUTHORITY and failed.previous_state == WS.WORK_ITEM_STATE_OPEN
+    assert failed.reported_by == wp.WORK_ACTOR_ROLE_AUTHORITY and failed.previous_state == WS.WORK_ITEM_STATE_OFFERED
 
 
 @pytest.mark.req("MW-10.1-01", "MW-13.2-05")
@@ -420,3 +423,133 @@ def test_an_approved_depth_lies_beyond_the_default_and_at_most_64() -> None:
     for body in (approve(65), approve(64, ""), approve(64, "r" * 4097)):
         assert PARENT.refused(parent, "mission_approve_child_depth", body, "alice").reason == R.REJECTION_REASON_INVALID_ARGUMENT
     PARENT.run(parent, "mission_approve_child_depth", approve(64), "alice")  # accepted
+
+
+@pytest.mark.req("MW-10.2-T03", "MW-11.3-08", "OP-11", "OP-13")
+async def test_a_lapsed_holder_is_fenced_as_expired_and_a_failure_closes_open_offers(world: World) -> None:
+    """work.proto LeaseRevoked (appended when a new offer fences an expired holder: end_kind EXPIRED,
+    LEASE_REVOCATION_CAUSE_EXPIRY_FENCED, lease_kind EXECUTION or BLOCKED), WorkOffersWithdrawn
+    (appended with a failure, WORK_ITEM_CLOSED) and WorkFailed.lease_id (the lease revoked, also
+    when the Coordinator reports the failure)."""
+    w = world
+    f = await setup(w)
+    epoch = await started(f, w)
+    w.clock.advance(seconds=121)  # past the execution lease and the ownership start deadline
+    fenced, offered = decode_events((await f.coord("work_offer", f.offer_body("wi-1", "worker-bot"))).events)
+    revoked = fenced.lease_revoked
+    assert (revoked.cause, revoked.end_kind, revoked.lease_kind) == (
+        wp.LEASE_REVOCATION_CAUSE_EXPIRY_FENCED, wp.LEASE_END_KIND_EXPIRED, wp.WORK_LEASE_KIND_EXECUTION
+    )
+    assert (revoked.lease_id, revoked.ownership_epoch, offered.type) == ("lease-1", epoch, "work.offered")
+    second = await f.accept(w.worker, "wi-1", offered.work_offered.offer_id)
+    await f.start(w.worker, "wi-1", second, "lease-2")
+    block = wp.WorkBlock(
+        work_item_id="wi-1", lease_id="lease-2", ownership_epoch=second, checkpoint=wp.Checkpoint(checkpoint_id="ck"),
+        blockers=[wp.Blocker(kind=wp.BLOCKER_KIND_EXTERNAL, required_resolution="ERP back up")],
+    )
+    block.requested_blocked_duration.FromSeconds(30)
+    await f.as_(w.worker, "work_block", block)
+    w.clock.advance(seconds=31)
+    fenced_blocked = decode_events((await f.coord("work_offer", f.offer_body("wi-1", "worker-bot"))).events)[0].lease_revoked
+    assert (fenced_blocked.lease_kind, fenced_blocked.end_kind, fenced_blocked.lease_id) == (
+        wp.WORK_LEASE_KIND_BLOCKED, wp.LEASE_END_KIND_EXPIRED, ""
+    )
+    failure = wp.WorkFail(
+        work_item_id="wi-1", coordinator_epoch=1, kind=wp.WORK_FAILURE_KIND_PERMANENT,
+        evidence=[builders.evidence("ev-f")], reason="the ERP was retired",
+    )
+    withdrawn, failed = decode_events((await f.coord("work_fail", failure)).events)
+    assert withdrawn.work_offers_withdrawn.reason == wp.OFFER_WITHDRAWAL_REASON_WORK_ITEM_CLOSED
+    assert failed.work_failed.previous_state == WS.WORK_ITEM_STATE_OFFERED and not (await w.client.work_item(G, "wi-1")).offers
+    # A Coordinator's failure of running work names the lease it revokes.
+    third = await f.accept(w.worker, "wi-1", await f.offer("wi-1", "worker-bot"))
+    await f.start(w.worker, "wi-1", third, "lease-3")
+    (failed_active,) = decode_events((await f.coord("work_fail", failure)).events)
+    assert failed_active.work_failed.lease_id == "lease-3" and failed_active.work_failed.reported_by == wp.WORK_ACTOR_ROLE_COORDINATOR
+
+
+def usage(epoch: int, lease_id: str, tokens: int, seconds: int = 0) -> wp.WorkRenewLease:
+    """A renewal of wi-1's lease reporting ``tokens``."""
+    body = wp.WorkRenewLease(
+        work_item_id="wi-1", lease_id=lease_id, ownership_epoch=epoch, usage_delta=common_pb2.ResourceVector(currency="EUR", tokens=tokens)
+    )
+    if seconds:
+        body.requested_duration.FromSeconds(seconds)
+    return body
+
+
+@pytest.mark.req("MW-11.4-08", "MW-11.5-13")
+async def test_the_cost_policy_caps_each_attempt_and_all_retries(world: World) -> None:
+    """work.proto CostPolicy.per_attempt_limit (a cap per attempt, from its work.start) and
+    .retry_limit (on attempts after the first, in total), refused BUDGET_EXCEEDED with `budget`
+    "attempt" / "retries"; WorkItem.usage.retry_used (set with a retry_limit)."""
+    w = world
+    f = await setup(w)
+    cost = wp.CostPolicy(
+        per_attempt_limit=common_pb2.ResourceVector(currency="EUR", tokens=100),
+        retry_limit=common_pb2.ResourceVector(currency="EUR", tokens=60),
+    )
+    epoch = await accepted(f, w, "wi-1", cost_policy=cost)
+    await f.start(w.worker, "wi-1", epoch, "lease-1")
+    over = await refused(w, w.worker, G, "work_renew_lease", usage(epoch, "lease-1", 101), R.REJECTION_REASON_BUDGET_EXCEEDED, membership_epoch=3)
+    assert (over.metadata["budget"], over.metadata["dimension"]) == ("attempt", "tokens")
+    await f.as_(w.worker, "work_renew_lease", usage(epoch, "lease-1", 100))
+    assert not (await w.client.work_item(G, "wi-1")).usage.retry_used.tokens  # the first attempt is no retry
+    flaky = wp.WorkFail(
+        work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch, kind=wp.WORK_FAILURE_KIND_TRANSIENT,
+        evidence=[builders.evidence("ev-timeout")], reason="upstream timed out",
+    )
+    await f.as_(w.worker, "work_fail", flaky)
+    w.clock.advance(seconds=2)  # the default initial backoff
+    await f.start(w.worker, "wi-1", epoch, "lease-2")  # the retry: a fresh per-attempt allowance
+    over = await refused(w, w.worker, G, "work_renew_lease", usage(epoch, "lease-2", 61), R.REJECTION_REASON_BUDGET_EXCEEDED, membership_epoch=3)
+    assert (over.metadata["budget"], over.metadata["dimension"]) == ("retries", "tokens")
+    await f.as_(w.worker, "work_renew_lease", usage(epoch, "lease-2", 60))
+    item = await w.client.work_item(G, "wi-1")
+    assert (item.usage.retry_used.tokens, item.usage.budget.used.tokens, item.attempts) == (60, 160, 2)
+
+
+@pytest.mark.req("MW-10.1-01", "OP-04")
+async def test_the_time_policy_bounds_an_attempt_and_its_lease_durations(world: World) -> None:
+    """work.proto TimePolicy (set lease durations within 1 s .. 24 h, refused at authorization) and
+    TimePolicy.attempt_time_limit (no execution lease, granted or renewed, outlives its start plus
+    the limit)."""
+    w = world
+    f = await setup(w)
+    long = builders.contract(w.clock.now())
+    long.time_policy.blocked_lease_duration.FromSeconds(25 * 3600)
+    body = wp.WorkAuthorize(work_item_id="wi-x", title="x", contract=long, coordinator_epoch=1)
+    rejection = await refused(w, w.coordinator, G, "work_authorize", body, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=2)
+    assert rejection.metadata["field"] == "body.contract.time_policy.blocked_lease_duration"
+    limited = builders.contract(w.clock.now())
+    limited.time_policy.attempt_time_limit.FromSeconds(90)  # the execution lease is 60 s
+    await f.coord("work_authorize", wp.WorkAuthorize(work_item_id="wi-1", title="t", contract=limited, coordinator_epoch=1))
+    epoch = await f.accept(w.worker, "wi-1", await f.offer("wi-1", "worker-bot"))
+    started_event = await f.as_(w.worker, "work_start", wp.WorkStart(work_item_id="wi-1", ownership_epoch=epoch, lease_id="lease-1"))
+    began = from_timestamp(decode_events(started_event.events)[0].work_started.lease.started_at)
+    w.clock.advance(seconds=50)
+    renewed = await f.as_(w.worker, "work_renew_lease", usage(epoch, "lease-1", 0, seconds=60))
+    assert from_timestamp(decode_events(renewed.events)[0].work_lease_renewed.renewal.expires_at) == began + timedelta(seconds=90)
+    assert from_timestamp((await w.client.work_item(G, "wi-1")).lease.expires_at) == began + timedelta(seconds=90)
+
+
+@pytest.mark.req("MW-7.1-12", "MW-13.3-05")
+async def test_directive_parameters_and_transfer_reasons_are_bounded_as_mission_proto_says(world: World) -> None:
+    """mission.proto MissionIssueDirective.parameters_json (a JSON object, else INVALID_ARGUMENT; over
+    16 KiB TOO_LARGE) and
+    MissionAuthorizeContextTransfer.reason (1..4096 characters)."""
+    w = world
+    await create(w)
+    await create(w, "grp_other")
+    for parameters, reason in (
+        ("[1, 2]", R.REJECTION_REASON_INVALID_ARGUMENT),
+        ('"EU"', R.REJECTION_REASON_INVALID_ARGUMENT),
+        ('{"pad": "' + "x" * (16 * 1024) + '"}', R.REJECTION_REASON_TOO_LARGE),
+    ):
+        directive = mission_pb2.MissionIssueDirective(directive="prioritise", parameters_json=parameters)
+        await refused(w, w.owner, G, "mission_issue_directive", directive, reason, membership_epoch=1)
+    for reason in ("", "r" * 4097):
+        transfer = mission_pb2.MissionAuthorizeContextTransfer(target_group_id="grp_other", reason=reason)
+        await refused(w, w.owner, G, "mission_authorize_context_transfer", transfer, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=1)
+    transfer = mission_pb2.MissionAuthorizeContextTransfer(target_group_id="grp_other", reason="r" * 4096)
+    await w.run(w.owner, G, "mission_authorize_context_transfer", transfer, membership_epoch=1)

@@ -198,6 +198,10 @@ class WorkItemState:
     execution_approved: tuple[int, int, datetime | None] | None = None
     attempts: int = 0
     used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
+    # What the current attempt (since its work.start) and the attempts after the first used, for the
+    # contract's CostPolicy.per_attempt_limit and retry_limit (MW-11.4-08).
+    attempt_used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
+    retry_used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
     latest_submission_event_id: str = ""
     submitted_by: str = ""
     last_checkpoint_id: str = ""

@@ -212,6 +212,10 @@ def work_item_proto(state: GroupState, item: WorkItemState, now: datetime) -> wo
     budget.used.currency = budget.limit.currency
     for dim in SIX:
         setattr(budget.used, dim, item.used.get(dim, 0))
+    if item.contract is not None and item.contract.cost_policy.HasField("retry_limit"):
+        out.usage.retry_used.CopyFrom(
+            common_pb2.ResourceVector(currency=budget.limit.currency, **item.retry_used)  # type: ignore[arg-type]
+        )
     if item.children:
         out.child_mission_id = item.children[-1].child_mission_id
     return out

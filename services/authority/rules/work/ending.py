@@ -84,6 +84,7 @@ def work_fail(
             revoke_lease(out, item, wp.LEASE_REVOCATION_CAUSE_FAILED, QUEUED, retry_not_before=retry_at)
             return
         kind = wp.WORK_FAILURE_KIND_RETRIES_EXHAUSTED  # MW-11.4-10
+    _withdraw_open_offers(out, item)
     out.emit(
         "work.failed",
         "work_failed",
@@ -93,7 +94,7 @@ def work_fail(
             kind=kind,
             evidence=evidence,
             reason=body.reason,  # type: ignore[arg-type]
-            lease_id=body.lease_id,
+            lease_id=item.lease.lease_id if item.lease else "",  # a Coordinator's failure revokes it too
             ownership_epoch=item.owner.ownership_epoch if item.owner else 0,
             attempts=item.attempts,
             previous_state=item.state,  # type: ignore[arg-type]
@@ -114,10 +115,15 @@ def work_cancel(
     _cancelled(out, item, role, body.reason)
 
 
-def _cancelled(out: Emitter, item: WorkItemState, role: int, reason: str) -> None:
+def _withdraw_open_offers(out: Emitter, item: WorkItemState) -> None:
+    """A WorkItem that is cancelled or fails leaves `offered`: its open offers are withdrawn with it (OP-13)."""
     open_offers = [o.offer_id for o in item.offers.values() if o.open]
     if open_offers:
         withdraw_offers(out, item, open_offers, wp.OFFER_WITHDRAWAL_REASON_WORK_ITEM_CLOSED)
+
+
+def _cancelled(out: Emitter, item: WorkItemState, role: int, reason: str) -> None:
+    _withdraw_open_offers(out, item)
     out.emit(
         "work.cancelled",
         "work_cancelled",
@@ -139,6 +145,7 @@ def propagate_mission_end(state: GroupState, out: Emitter, mission_state: int, r
         if mission_state == mission_pb2.MISSION_STATE_CANCELLED:
             _cancelled(out, item, wp.WORK_ACTOR_ROLE_AUTHORITY, f"Mission cancelled: {reason}")
         else:
+            _withdraw_open_offers(out, item)
             out.emit(
                 "work.failed",
                 "work_failed",

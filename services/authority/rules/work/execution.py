@@ -26,6 +26,7 @@ from services.authority.rules.work.common import (
     DEFAULT_EXECUTION_LEASE,
     OPEN,
     QUEUED,
+    attempt_end,
     coordination,
     end_lease,
     live_owner,
@@ -58,6 +59,9 @@ def work_renew_lease(
         "time_policy.execution_lease_duration",
     )
     duration = min(policy, policy_duration(body.requested_duration, policy, "body.requested_duration"))
+    end = attempt_end(item, item.lease.started_at)
+    if end is not None:  # a renewal never extends the attempt beyond its time limit (the live lease ends by then)
+        duration = min(duration, end - ctx.now)
     current_scope = item.lease.token_scope or item.contract.permissions
     scope = narrow_scope(body.requested_scope, current_scope, "body.requested_scope")
     token = capability_token(

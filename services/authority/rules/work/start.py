@@ -15,6 +15,7 @@ from services.authority.rules.work.common import (
     ACTIVE,
     DEFAULT_EXECUTION_LEASE,
     QUEUED,
+    attempt_end,
     begin_lease,
     policy_duration,
     require_state,
@@ -28,7 +29,7 @@ from services.authority.rules.work.leases import (
     narrow_scope,
     revoke_lease,
 )
-from services.authority.state import ExecutionLeaseState, GroupState, WorkItemState
+from services.authority.state import SIX, ExecutionLeaseState, GroupState, WorkItemState
 
 
 def approval_required(state: GroupState, item: WorkItemState) -> bool:
@@ -170,6 +171,9 @@ def work_start(
         "time_policy.execution_lease_duration",
     )
     duration = min(policy, policy_duration(body.requested_duration, policy, "body.requested_duration"))
+    end = attempt_end(item, ctx.now)
+    if end is not None:  # the lease never outlives the attempt's time limit
+        duration = min(duration, end - ctx.now)
     scope = narrow_scope(body.requested_scope, item.contract.permissions, "body.requested_scope")
     token = capability_token(command, item, lease_id, owner.ownership_epoch, scope, ctx.now, ctx.now + duration)
     out.emit(
@@ -220,6 +224,7 @@ def _started(state: GroupState, event: event_pb2.Event) -> None:
         token_scope=event.work_started.token.scope,
     ))
     item.attempts = lease.attempt
+    item.attempt_used = dict.fromkeys(SIX, 0)  # a new attempt (CostPolicy.per_attempt_limit)
     if item.owner is not None:  # while executing, ownership lives as long as the execution lease
         item.owner.expires_at = max(item.owner.expires_at, from_timestamp(lease.expires_at))
     item.state = ACTIVE
