@@ -553,3 +553,42 @@ async def test_directive_parameters_and_transfer_reasons_are_bounded_as_mission_
         await refused(w, w.owner, G, "mission_authorize_context_transfer", transfer, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=1)
     transfer = mission_pb2.MissionAuthorizeContextTransfer(target_group_id="grp_other", reason="r" * 4096)
     await w.run(w.owner, G, "mission_authorize_context_transfer", transfer, membership_epoch=1)
+
+
+@pytest.mark.req("MW-10.4-03")
+async def test_each_dependency_policy_kind_decides_eligibility_as_documented(world: World) -> None:
+    """work.proto DependencyPolicyKind (ALL_VERIFIED, also for an unset kind; ALL_TERMINAL;
+    ANY_VERIFIED; MIN_VERIFIED) and DependencyPolicy.min_verified (0 = 1), as
+    WorkItem.dependencies_satisfied reports them."""
+    w = world
+    f = await setup(w)
+    for wid in ("dep-ok", "dep-failed", "dep-open"):
+        await f.authorize(wid)
+    submission = await f.run_to_submitted(w.worker, "dep-ok")
+    await f.coord("work_accept_result", wp.WorkAcceptResult(work_item_id="dep-ok", coordinator_epoch=1, submission_event_id=submission))
+    failure = wp.WorkFail(
+        work_item_id="dep-failed", coordinator_epoch=1, kind=wp.WORK_FAILURE_KIND_PERMANENT,
+        evidence=[builders.evidence("ev-f")], reason="source retired",
+    )
+    await f.coord("work_fail", failure)
+    deps = ("dep-ok", "dep-failed", "dep-open")
+    K = wp.DependencyPolicyKind
+    policies = {
+        "unset": (None, False),
+        "all-verified": (wp.DependencyPolicy(kind=K.DEPENDENCY_POLICY_KIND_ALL_VERIFIED), False),
+        "all-terminal": (wp.DependencyPolicy(kind=K.DEPENDENCY_POLICY_KIND_ALL_TERMINAL), False),
+        "any-verified": (wp.DependencyPolicy(kind=K.DEPENDENCY_POLICY_KIND_ANY_VERIFIED), True),
+        "min-2": (wp.DependencyPolicy(kind=K.DEPENDENCY_POLICY_KIND_MIN_VERIFIED, min_verified=2), False),
+        "min-0": (wp.DependencyPolicy(kind=K.DEPENDENCY_POLICY_KIND_MIN_VERIFIED), True),
+    }
+    for name, (policy, _) in policies.items():
+        await f.authorize(name, depends_on=deps, dependency_policy=policy)
+
+    async def satisfied() -> dict[str, bool]:
+        return {name: (await w.client.work_item(G, name)).dependencies_satisfied for name in policies}
+
+    assert await satisfied() == {name: expected for name, (_, expected) in policies.items()}
+    await f.authorize("min-0-of-open", depends_on=("dep-open",), dependency_policy=policies["min-0"][0])
+    assert not (await w.client.work_item(G, "min-0-of-open")).dependencies_satisfied  # 0 means 1
+    await f.coord("work_cancel", wp.WorkCancel(work_item_id="dep-open", coordinator_epoch=1, reason="not needed"))
+    assert (await satisfied())["all-terminal"] and not (await satisfied())["all-verified"]
