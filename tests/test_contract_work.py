@@ -10,11 +10,12 @@ from datetime import timedelta
 import pytest
 
 from missionweave.clock import from_timestamp, to_timestamp
-from missionweave.sdk.client import MeshClient, decode_events
+from missionweave.sdk.client import MeshClient, blob_digest, decode_events
 from missionweave.v1 import common_pb2, membership_pb2, mission_pb2, subtask_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests import builders
 from tests.conftest import World, register
+from tests.test_artifact_service import manifest_for
 from tests.test_core_children import PARENT, parent_state
 from tests.test_missions import G, as_member, create, refused
 from tests.test_work_items import Flow, setup, started
@@ -592,3 +593,59 @@ async def test_each_dependency_policy_kind_decides_eligibility_as_documented(wor
     assert not (await w.client.work_item(G, "min-0-of-open")).dependencies_satisfied  # 0 means 1
     await f.coord("work_cancel", wp.WorkCancel(work_item_id="dep-open", coordinator_epoch=1, reason="not needed"))
     assert (await satisfied())["all-terminal"] and not (await satisfied())["all-verified"]
+
+
+@pytest.mark.req("MW-10.2-T03", "MW-10.3-02", "MW-10.3-04", "MW-10.1-05")
+async def test_an_offer_names_a_bounded_set_of_members_expires_later_and_supersedes_earlier_ones(world: World) -> None:
+    """work.proto WorkOffer (never with a live owner: INVALID_TRANSITION; earlier offers withdrawn
+    SUPERSEDED, or CONTRACT_REVISED with an amended contract), WorkOffer.candidate_ids (1..8 distinct,
+    each with an active Membership), .expires_at (in the future), .extends_offer_id (an open offer,
+    else NOT_FOUND) and .amended_contract (increments the contract revision)."""
+    w = world
+    f = await setup(w)
+    await f.authorize("wi-1")
+    many = [f"bot-{n}" for n in range(9)]
+    for candidates in ([], many, ["worker-bot", "worker-bot"], ["alice-never-joined"]):
+        body = f.offer_body("wi-1", *candidates)
+        await refused(w, w.coordinator, G, "work_offer", body, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=2)
+    late = f.offer_body("wi-1", "worker-bot", seconds=-1)
+    await refused(w, w.coordinator, G, "work_offer", late, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=2)
+    unknown = f.offer_body("wi-1", "worker-bot")
+    unknown.extends_offer_id = "offer-nope"
+    await refused(w, w.coordinator, G, "work_offer", unknown, R.REJECTION_REASON_NOT_FOUND, membership_epoch=2)
+    first = await f.offer("wi-1", "worker-bot")
+    second = f.offer_body("wi-1", "worker-bot")
+    withdrawn = decode_events((await f.coord("work_offer", second)).events)[0].work_offers_withdrawn
+    assert (list(withdrawn.offer_ids), withdrawn.reason) == ([first], wp.OFFER_WITHDRAWAL_REASON_SUPERSEDED)
+    amended = f.offer_body("wi-1", "worker-bot")
+    amended.amended_contract.CopyFrom(builders.contract(w.clock.now(), goal="Reconcile the EU ledger"))
+    revised, offered = decode_events((await f.coord("work_offer", amended)).events)
+    assert (list(revised.work_offers_withdrawn.offer_ids), revised.work_offers_withdrawn.reason) == (
+        [second.offer_id], wp.OFFER_WITHDRAWAL_REASON_CONTRACT_REVISED
+    )
+    assert offered.work_offered.contract_revision == 2 and offered.work_offered.amended_contract.revision == 2
+    assert (await w.client.work_item(G, "wi-1")).contract.revision == 2
+    await f.accept(w.worker, "wi-1", amended.offer_id, revision=2)
+    await refused(w, w.coordinator, G, "work_offer", f.offer_body("wi-1", "worker-bot"), R.REJECTION_REASON_INVALID_TRANSITION, membership_epoch=2)
+
+
+@pytest.mark.req("MW-13.1-02", "MW-11.3-04")
+async def test_a_published_artifact_enters_the_read_model_by_digest_only(world: World) -> None:
+    """work.proto WorkPublishArtifact.deliverable_id (a deliverable of the contract), ArtifactPublished
+    (`artifact.published`; manifest not set, manifest_digest names it) and WorkItem.artifacts (by
+    digest: algorithm "blake3", hex, size; media_type not kept)."""
+    w = world
+    f = await setup(w)
+    epoch = await started(f, w)
+    data = b"reconciled ledger " * 100
+    await w.client.upload(data, manifest_for(w, w.worker, data))
+    ref = common_pb2.ArtifactRef(digest=blob_digest(data), media_type="text/csv")
+    publish = wp.WorkPublishArtifact(work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch, artifact=ref, deliverable_id="nope")
+    await refused(w, w.worker, G, "work_publish_artifact", publish, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3)
+    publish.deliverable_id = "report"
+    event = decode_events((await f.as_(w.worker, "work_publish_artifact", publish)).events)[0]
+    assert event.type == "artifact.published" and not event.artifact_published.HasField("manifest")
+    assert event.artifact_published.manifest_digest.hex and event.artifact_published.deliverable_id == "report"
+    digest = blob_digest(data)
+    expected = common_pb2.ArtifactRef(digest=common_pb2.Digest(algorithm="blake3", hex=digest.hex, size_bytes=len(data)))
+    assert list((await w.client.work_item(G, "wi-1")).artifacts) == [expected]
