@@ -649,3 +649,26 @@ async def test_a_published_artifact_enters_the_read_model_by_digest_only(world: 
     digest = blob_digest(data)
     expected = common_pb2.ArtifactRef(digest=common_pb2.Digest(algorithm="blake3", hex=digest.hex, size_bytes=len(data)))
     assert list((await w.client.work_item(G, "wi-1")).artifacts) == [expected]
+
+
+@pytest.mark.req("MW-11.4-08")
+async def test_a_jittered_backoff_retries_sooner_than_the_full_backoff(world: World) -> None:
+    """work.proto RetryPolicy.jitter (full jitter: the delay lies in [0, backoff)) and .initial_backoff
+    (the backoff before the second attempt, under the default 5-minute max_backoff), as
+    LeaseRevoked.retry_not_before shows them."""
+    w = world
+    f = await setup(w)
+    delays = []
+    for wid, jitter in (("wi-steady", False), ("wi-jitter", True)):
+        policy = wp.RetryPolicy(max_attempts=2, jitter=jitter)
+        policy.initial_backoff.FromSeconds(120)
+        epoch = await accepted(f, w, wid, retry_policy=policy)
+        await f.start(w.worker, wid, epoch, f"lease-{wid}")
+        flaky = wp.WorkFail(
+            work_item_id=wid, lease_id=f"lease-{wid}", ownership_epoch=epoch, kind=wp.WORK_FAILURE_KIND_TRANSIENT,
+            evidence=[builders.evidence("ev-timeout")], reason="upstream timed out",
+        )
+        result = await f.as_(w.worker, "work_fail", flaky)
+        revoked = decode_events(result.events)[-1]
+        delays.append(from_timestamp(revoked.lease_revoked.retry_not_before) - from_timestamp(revoked.recorded_at))
+    assert delays[0] == timedelta(seconds=120) and timedelta(0) <= delays[1] < timedelta(seconds=120)
