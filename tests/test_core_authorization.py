@@ -252,7 +252,7 @@ def test_a_reviewer_named_as_execution_approver_approves() -> None:
     approve = wp.ApprovalGrantExecution(work_item_id="gated", contract_revision=1, ownership_epoch=1)
     assert check_of(decide(state, "approval_grant_execution", approve, "alice")) == ("PERMISSION_DENIED", "")  # not named
     state = run(state, "approval_grant_execution", approve, "rev")
-    assert state.work_items["gated"].execution_approved == (1, 1)
+    assert state.work_items["gated"].execution_approved == (1, 1, None)
 
 
 @pytest.mark.req("MW-8-04", "MW-7.1-T07", "MW-7.1-T08")

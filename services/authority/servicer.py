@@ -220,7 +220,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 f"{request.group_id} holds no WorkItem {request.work_item_id!r}",
                 work_item_id=request.work_item_id,
             )
-        return pb.GetWorkItemResponse(work_item=work_item_proto(state, item), group_revision=state.head_sequence)
+        return pb.GetWorkItemResponse(work_item=work_item_proto(state, item, self.authority.clock.now()), group_revision=state.head_sequence)
 
     @requires(Access.IDENTITY)
     async def ListWorkItems(
@@ -231,6 +231,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         after = decode_token("wi", request.page_token)
         if request.state and request.state not in work_pb2.WorkItemState.values():
             raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"unknown state {request.state}", field="state")
+        now = self.authority.clock.now()
         ids = sorted(
             wid
             for wid, item in state.work_items.items()
@@ -238,7 +239,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         )
         page = ids[:size]
         return pb.ListWorkItemsResponse(
-            work_items=[work_item_proto(state, state.work_items[wid]) for wid in page],
+            work_items=[work_item_proto(state, state.work_items[wid], now) for wid in page],
             next_page_token=encode_token("wi", page[-1]) if len(ids) > size else "",
             group_revision=state.head_sequence,
         )

@@ -194,9 +194,14 @@ class WorkItemState:
     lease: ExecutionLeaseState | None = None
     # Its execution leases by id, the current one included, in start order (at most MAX_LEASE_HISTORY).
     lease_history: dict[str, LeaseRecord] = field(default_factory=dict)
-    execution_approved: tuple[int, int] | None = None  # (contract revision, ownership epoch)
+    # The latest execution approval: (contract revision, ownership epoch or 0 = any owner, expiry or None).
+    execution_approved: tuple[int, int, datetime | None] | None = None
     attempts: int = 0
     used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
+    # What the current attempt (since its work.start) and the attempts after the first used, for the
+    # contract's CostPolicy.per_attempt_limit and retry_limit (MW-11.4-08).
+    attempt_used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
+    retry_used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
     latest_submission_event_id: str = ""
     submitted_by: str = ""
     last_checkpoint_id: str = ""

@@ -3,11 +3,14 @@ WorkItem as missionweave.v1.WorkItem."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from missionweave.clock import to_timestamp
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2, mission_pb2, work_pb2
 from services.authority.rules.delegation import invalidity, remaining
 from services.authority.rules.work.contract import dependencies_satisfied
+from services.authority.rules.work.start import approval_in_force
 from services.authority.state import SIX, GrantState, GroupState, WorkItemState
 from services.authority.visibility import party_to
 
@@ -131,10 +134,11 @@ _LEASE_KIND: dict[int, work_pb2.WorkLeaseKind.ValueType] = {
 }
 
 
-def work_item_proto(state: GroupState, item: WorkItemState) -> work_pb2.WorkItem:
-    """A WorkItem's read model (missionweave.v1.WorkItem), from the folded state alone: fields the
-    fold does not keep (proposal_id, granted_at, renewal history, progress, schedule, timestamps)
-    stay unset, as work.proto says."""
+def work_item_proto(state: GroupState, item: WorkItemState, now: datetime) -> work_pb2.WorkItem:
+    """A WorkItem's read model (missionweave.v1.WorkItem), from the folded state and the Authority's
+    clock (whether an execution approval is still in force): fields the fold does not keep
+    (proposal_id, granted_at, renewal history, progress, schedule, timestamps) stay unset, as
+    work.proto says."""
     mission = state.mission
     out = work_pb2.WorkItem(
         work_item_id=item.work_item_id,
@@ -146,10 +150,7 @@ def work_item_proto(state: GroupState, item: WorkItemState) -> work_pb2.WorkItem
         parent_work_item_id=item.parent_work_item_id,
         conversation_id=item.conversation_id,
         ownership_epoch=item.last_ownership_epoch,
-        execution_approved=item.execution_approved is not None
-        and item.execution_approved[0] == item.contract_revision
-        and item.owner is not None
-        and item.execution_approved[1] == item.owner.ownership_epoch,
+        execution_approved=approval_in_force(item, now),
         submission_event_id=item.latest_submission_event_id,
         attempts=item.attempts,
         unresolved_ambiguity_message_ids=sorted(item.open_ambiguities),
@@ -211,6 +212,10 @@ def work_item_proto(state: GroupState, item: WorkItemState) -> work_pb2.WorkItem
     budget.used.currency = budget.limit.currency
     for dim in SIX:
         setattr(budget.used, dim, item.used.get(dim, 0))
+    if item.contract is not None and item.contract.cost_policy.HasField("retry_limit"):
+        out.usage.retry_used.CopyFrom(
+            common_pb2.ResourceVector(currency=budget.limit.currency, **item.retry_used)  # type: ignore[arg-type]
+        )
     if item.children:
         out.child_mission_id = item.children[-1].child_mission_id
     return out

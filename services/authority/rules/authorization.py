@@ -68,7 +68,9 @@ class Condition(Enum):
         "the WorkItem's owner at its ownership epoch: citing the current execution lease from the lease's "
         "session while active (MW-11.3-04/05), no lease while queued or blocked (a changed schedule, MW-11.2-01)"
     )
-    EXECUTION_APPROVER = "an execution approver the contract names (the MissionOwner when it names none)"
+    EXECUTION_APPROVER = (
+        "an execution approver the contract names, else one the Mission's risk policy names, else the MissionOwner (OP-14)"
+    )
     REVIEWER = "a reviewer member: review Evidence on a submitted WorkItem (MW-13.2-03)"
     ORGANIZATION = (
         "Organization policy (a control-plane identity or an Organization administrator), without a "

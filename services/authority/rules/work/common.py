@@ -141,6 +141,14 @@ def policy_duration(value: Duration, default: timedelta, field: str) -> timedelt
     return d
 
 
+def attempt_end(item: WorkItemState, started_at: datetime) -> datetime | None:
+    """When an attempt started at ``started_at`` must end (TimePolicy.attempt_time_limit), or None."""
+    limit = item.contract.time_policy.attempt_time_limit
+    if not limit.seconds and not limit.nanos:
+        return None
+    return started_at + limit.ToTimedelta()
+
+
 def ownership_grant(
     item: WorkItemState,
     agent_id: str,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 
 from missionweave import ids
 from missionweave.clock import from_timestamp
@@ -10,8 +11,10 @@ from missionweave.errors import Rejected
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import DecisionContext, R, invalid, mission_of
 from services.authority.rules.scope import check_child_contract
-from services.authority.rules.work.common import CANCELLED, FAILED, VERIFIED
+from services.authority.rules.work.common import CANCELLED, FAILED, VERIFIED, policy_duration
 from services.authority.state import GroupState, WorkItemState
+
+MAX_IMPACT_NOTE = 256
 
 
 def validate_contract(contract: wp.WorkContract, state: GroupState, ctx: DecisionContext, field: str) -> None:
@@ -43,6 +46,8 @@ def validate_contract(contract: wp.WorkContract, state: GroupState, ctx: Decisio
         raise invalid(f"{field}.deadline", "a deadline in the future is required")
     if not contract.urgency or not contract.business_impact:
         raise invalid(f"{field}.urgency", "urgency and business impact are required")
+    if len(contract.business_impact_note) > MAX_IMPACT_NOTE:
+        raise invalid(f"{field}.business_impact_note", f"at most {MAX_IMPACT_NOTE} characters")
     if not contract.HasField("budget"):
         raise invalid(f"{field}.budget", "a budget is required (omitted dimensions permit no use, OP-02)")
     if contract.budget.financial_micros and len(contract.budget.currency) != 3:
@@ -58,6 +63,9 @@ def validate_contract(contract: wp.WorkContract, state: GroupState, ctx: Decisio
         )
     if not contract.HasField("time_policy"):
         raise invalid(f"{field}.time_policy", "a time policy (start deadline, lease durations) is required")
+    for name in ("start_deadline", "execution_lease_duration", "checkpoint_ownership_duration", "blocked_lease_duration"):
+        # Checked here, not first when the lease is granted: the default only stands in for an unset one.
+        policy_duration(getattr(contract.time_policy, name), timedelta(0), f"{field}.time_policy.{name}")
     if not contract.HasField("cost_policy"):
         raise invalid(f"{field}.cost_policy", "a cost policy is required")
     if not contract.risk_class:

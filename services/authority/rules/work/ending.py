@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from missionweave import ids
 from missionweave.clock import from_timestamp
 from missionweave.v1 import command_pb2, event_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
@@ -34,7 +35,7 @@ from services.authority.rules.work.usage import check_usage, record_usage
 from services.authority.state import GroupState, WorkItemState
 
 
-def _retry_at(item: WorkItemState, now: datetime) -> datetime | None:
+def _retry_at(item: WorkItemState, now: datetime, command_id: str) -> datetime | None:
     """When the next attempt may start, or None once the retry budgets are spent (MW-11.4-08)."""
     policy = item.contract.retry_policy
     if item.attempts >= policy.max_attempts:
@@ -42,7 +43,10 @@ def _retry_at(item: WorkItemState, now: datetime) -> datetime | None:
     initial = policy_duration(policy.initial_backoff, timedelta(seconds=1), "retry_policy.initial_backoff")
     ceiling = policy_duration(policy.max_backoff, timedelta(minutes=5), "retry_policy.max_backoff")
     factor = (policy.backoff_multiplier_milli or 2000) / 1000
-    retry_at = now + min(ceiling, initial * factor ** max(0, item.attempts - 1))
+    backoff = min(ceiling, initial * factor ** max(0, item.attempts - 1))
+    if policy.jitter:  # full jitter, drawn from the command id: the decision stays pure and replayable
+        backoff *= int(ids.derived_id("jit", command_id).split("_", 1)[1], 16) / 2 ** 104
+    retry_at = now + backoff
     deadlines = [from_timestamp(item.contract.deadline)]
     if policy.HasField("retry_deadline"):
         deadlines.append(from_timestamp(policy.retry_deadline))
@@ -71,7 +75,7 @@ def work_fail(
     record_usage(out, state, command, item, body.usage_delta, usage)
     kind = body.kind
     if role == wp.WORK_ACTOR_ROLE_WORKER and kind == wp.WORK_FAILURE_KIND_TRANSIENT:
-        retry_at = _retry_at(item, ctx.now)
+        retry_at = _retry_at(item, ctx.now, command.command_id)
         if retry_at is not None:
             # MW-11.4-08: an automatic retry within the contract's attempt, backoff and deadline budgets.
             # The failed attempt's Evidence stays in the log beside the revocation.
@@ -84,6 +88,7 @@ def work_fail(
             revoke_lease(out, item, wp.LEASE_REVOCATION_CAUSE_FAILED, QUEUED, retry_not_before=retry_at)
             return
         kind = wp.WORK_FAILURE_KIND_RETRIES_EXHAUSTED  # MW-11.4-10
+    _withdraw_open_offers(out, item)
     out.emit(
         "work.failed",
         "work_failed",
@@ -93,7 +98,7 @@ def work_fail(
             kind=kind,
             evidence=evidence,
             reason=body.reason,  # type: ignore[arg-type]
-            lease_id=body.lease_id,
+            lease_id=item.lease.lease_id if item.lease else "",  # a Coordinator's failure revokes it too
             ownership_epoch=item.owner.ownership_epoch if item.owner else 0,
             attempts=item.attempts,
             previous_state=item.state,  # type: ignore[arg-type]
@@ -114,10 +119,15 @@ def work_cancel(
     _cancelled(out, item, role, body.reason)
 
 
-def _cancelled(out: Emitter, item: WorkItemState, role: int, reason: str) -> None:
+def _withdraw_open_offers(out: Emitter, item: WorkItemState) -> None:
+    """A WorkItem that is cancelled or fails leaves `offered`: its open offers are withdrawn with it (OP-13)."""
     open_offers = [o.offer_id for o in item.offers.values() if o.open]
     if open_offers:
         withdraw_offers(out, item, open_offers, wp.OFFER_WITHDRAWAL_REASON_WORK_ITEM_CLOSED)
+
+
+def _cancelled(out: Emitter, item: WorkItemState, role: int, reason: str) -> None:
+    _withdraw_open_offers(out, item)
     out.emit(
         "work.cancelled",
         "work_cancelled",
@@ -139,13 +149,14 @@ def propagate_mission_end(state: GroupState, out: Emitter, mission_state: int, r
         if mission_state == mission_pb2.MISSION_STATE_CANCELLED:
             _cancelled(out, item, wp.WORK_ACTOR_ROLE_AUTHORITY, f"Mission cancelled: {reason}")
         else:
+            _withdraw_open_offers(out, item)
             out.emit(
                 "work.failed",
                 "work_failed",
                 wp.WorkFailed(
                     work_item_id=item.work_item_id,
                     reported_by=wp.WORK_ACTOR_ROLE_AUTHORITY,
-                    kind=wp.WORK_FAILURE_KIND_PERMANENT,
+                    kind=wp.WORK_FAILURE_KIND_MISSION_FAILED,
                     reason=f"Mission failed: {reason}",
                     ownership_epoch=item.owner.ownership_epoch if item.owner else 0,
                     attempts=item.attempts,

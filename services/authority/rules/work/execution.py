@@ -26,6 +26,7 @@ from services.authority.rules.work.common import (
     DEFAULT_EXECUTION_LEASE,
     OPEN,
     QUEUED,
+    attempt_end,
     coordination,
     end_lease,
     live_owner,
@@ -40,6 +41,8 @@ from services.authority.rules.work.leases import capability_token, narrow_scope,
 from services.authority.rules.work.offline import Reconciled, buffered, reconcile
 from services.authority.rules.work.usage import apply_usage, check_usage, record_usage
 from services.authority.state import GroupState, WorkItemState
+
+MAX_ESTIMATE_REASON = 1024
 
 
 def work_renew_lease(
@@ -56,6 +59,9 @@ def work_renew_lease(
         "time_policy.execution_lease_duration",
     )
     duration = min(policy, policy_duration(body.requested_duration, policy, "body.requested_duration"))
+    end = attempt_end(item, item.lease.started_at)
+    if end is not None:  # a renewal never extends the attempt beyond its time limit (the live lease ends by then)
+        duration = min(duration, end - ctx.now)
     current_scope = item.lease.token_scope or item.contract.permissions
     scope = narrow_scope(body.requested_scope, current_scope, "body.requested_scope")
     token = capability_token(
@@ -276,6 +282,8 @@ def work_report_progress(
     for i, b in enumerate(report.blockers):
         if not b.kind or not b.required_resolution:
             raise invalid(f"body.report.blockers[{i}]", "kind and required_resolution are required")
+    if len(report.revised_estimate.reason) > MAX_ESTIMATE_REASON:
+        raise invalid("body.report.revised_estimate.reason", f"at most {MAX_ESTIMATE_REASON} characters")
     out.emit(
         "work.progress_reported",
         "work_progress_reported",

@@ -12,6 +12,7 @@ from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import DecisionContext, Emitter, R, invalid
 from services.authority.rules.work.common import (
     ACTIVE,
+    BLOCKED,
     DEFAULT_START_DEADLINE,
     QUEUED,
     end_lease,
@@ -152,17 +153,24 @@ def revoke_lease(
     owner = item.owner
     assert owner is not None
     lease = item.lease
+    if lease is not None:
+        kind = wp.WORK_LEASE_KIND_EXECUTION
+    else:
+        kind = wp.WORK_LEASE_KIND_BLOCKED if item.state == BLOCKED else wp.WORK_LEASE_KIND_OWNERSHIP
     out.emit(
         "work.lease_revoked",
         "lease_revoked",
         wp.LeaseRevoked(
             work_item_id=item.work_item_id,
-            lease_kind=wp.WORK_LEASE_KIND_EXECUTION if lease else wp.WORK_LEASE_KIND_OWNERSHIP,
+            lease_kind=kind,
             lease_id=lease.lease_id if lease else "",
             ownership_epoch=owner.ownership_epoch,
             agent_id=owner.agent_id,
             session_epoch=lease.session_epoch if lease else 0,
-            end_kind=wp.LEASE_END_KIND_REVOKED,
+            # Fencing ends a lease that had already expired: its end is the expiry (OP-11).
+            end_kind=wp.LEASE_END_KIND_EXPIRED
+            if cause == wp.LEASE_REVOCATION_CAUSE_EXPIRY_FENCED
+            else wp.LEASE_END_KIND_REVOKED,
             cause=cause,  # type: ignore[arg-type]
             resulting_state=resulting_state,  # type: ignore[arg-type]
             retry_not_before=to_timestamp(retry_not_before) if retry_not_before else None,
@@ -174,7 +182,7 @@ def revoke_lease(
 def apply_lease_revoked(state: GroupState, event: event_pb2.Event) -> None:
     p = event.lease_revoked
     item = touch(state, event, p.work_item_id)
-    end_lease(item, event, wp.LEASE_END_KIND_REVOKED)
+    end_lease(item, event, p.end_kind or wp.LEASE_END_KIND_REVOKED)
     keeps_ownership = p.cause in (
         wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED,
         wp.LEASE_REVOCATION_CAUSE_FAILED,

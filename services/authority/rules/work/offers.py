@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from missionweave import ids
@@ -89,11 +90,16 @@ def work_offer(
             )
         revision += 1  # MW-10.1-05: a material revision needs a fresh acceptance
     offer_id = body.offer_id or ids.derived_id("offer", command.group_id, command.command_id)
+    candidates = list(body.candidate_ids)
     if body.extends_offer_id:
         extended = item.offers.get(body.extends_offer_id)
         if extended is None or not extended.open:
             raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no open offer {body.extends_offer_id} to extend")
         offer_id = body.extends_offer_id
+        # An extension adds candidates: those already offered keep their offer.
+        candidates = [*extended.candidate_ids, *(c for c in candidates if c not in extended.candidate_ids)]
+        if len(candidates) > MAX_CANDIDATES:
+            raise invalid("body.candidate_ids", f"the extended offer would have more than {MAX_CANDIDATES} candidates")
     elif not ids.is_valid(offer_id) or offer_id in item.offers:
         raise invalid("body.offer_id", "a valid id not yet used for this WorkItem")
     if grant is not None:
@@ -120,7 +126,7 @@ def work_offer(
         wp.WorkOffered(
             work_item_id=item.work_item_id,
             offer_id=offer_id,
-            candidate_ids=body.candidate_ids,
+            candidate_ids=candidates,
             expires_at=body.expires_at,
             contract_revision=revision,
             amended_contract=amended if body.HasField("amended_contract") else None,
@@ -279,6 +285,28 @@ def work_accept_offer(
         )
 
 
+# OP-15: an extension code is namespaced, as a URN or as "<reverse-dns>/<code>".
+_EXTENSION_CODE = re.compile(r"urn:[a-z0-9][a-z0-9-]*:\S+|[a-z0-9-]+(\.[a-z0-9-]+)+/[A-Za-z0-9._:-]+")
+MAX_DECLINE_DETAIL = 1024
+
+
+def _check_decline(decline: wp.StructuredDecline) -> None:
+    """MW-10.3-09 / OP-15: one of the six standard codes, or OTHER with a namespaced extension code,
+    so that every client can interpret the standard six."""
+    if decline.reason not in wp.DeclineReason.values() or not decline.reason:
+        raise invalid("body.decline.reason", "a structured reason is required (a DeclineReason value)")
+    if decline.reason == wp.DECLINE_REASON_OTHER:
+        if not _EXTENSION_CODE.fullmatch(decline.extension_code):
+            raise invalid(
+                "body.decline.extension_code",
+                'DECLINE_REASON_OTHER names a namespaced code: "urn:<nid>:<code>" or "<reverse-dns>/<code>" (OP-15)',
+            )
+    elif decline.extension_code:
+        raise invalid("body.decline.extension_code", "only DECLINE_REASON_OTHER carries an extension code")
+    if len(decline.detail) > MAX_DECLINE_DETAIL:
+        raise invalid("body.decline.detail", f"at most {MAX_DECLINE_DETAIL} characters")
+
+
 def work_decline_offer(
     state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
 ) -> None:
@@ -293,8 +321,7 @@ def work_decline_offer(
         raise Rejected(
             R.REJECTION_REASON_PERMISSION_DENIED, f"{command.actor_id} is not a candidate of {body.offer_id}"
         )
-    if not body.decline.reason:
-        raise invalid("body.decline.reason", "a structured reason is required")
+    _check_decline(body.decline)
     out.emit(
         "work.offer_declined",
         "work_offer_declined",
@@ -316,7 +343,9 @@ def _offered(state: GroupState, event: event_pb2.Event) -> None:
     item.offers[p.offer_id] = OfferState(
         p.offer_id, tuple(p.candidate_ids), from_timestamp(p.expires_at), p.contract_revision
     )
-    item.offer_criteria[p.offer_id] = list(p.selection_criteria)
+    kept = item.offer_criteria.get(p.offer_id, []) if p.extends_offer_id else []
+    covered = {c.candidate_id for c in p.selection_criteria}
+    item.offer_criteria[p.offer_id] = [*(c for c in kept if c.candidate_id not in covered), *p.selection_criteria]
     if p.HasField("amended_contract"):
         item.contract = wp.WorkContract()
         item.contract.CopyFrom(p.amended_contract)

@@ -6,7 +6,15 @@ from missionweave import ids
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, conversation_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.common import CommandKind, DecisionContext, Emitter, R, invalid, mission_of
+from services.authority.rules.common import (
+    MAX_REASON_CHARS,
+    CommandKind,
+    DecisionContext,
+    Emitter,
+    R,
+    invalid,
+    mission_of,
+)
 from services.authority.rules.delegation import charge, check_delegated_authorize
 from services.authority.rules.missions import require_live
 from services.authority.rules.work.common import OPEN, require_steering, work_item
@@ -26,6 +34,8 @@ def work_propose(
         raise invalid("body.proposal_id", "a valid id not yet used in this Group")
     if not 1 <= len(body.title) <= 200:
         raise invalid("body.title", "1..200 characters required")
+    if len(body.rationale) > MAX_REASON_CHARS:
+        raise invalid("body.rationale", f"at most {MAX_REASON_CHARS} characters")
     if body.parent_work_item_id:
         work_item(state, body.parent_work_item_id)
     out.emit(

@@ -11,6 +11,7 @@ from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import (
+    MAX_REASON_CHARS,
     CommandKind,
     DecisionContext,
     Emitter,
@@ -54,6 +55,8 @@ def require_evidence(
     for i, given in enumerate(evidence):
         e = wp.Evidence()
         e.CopyFrom(given)
+        if not e.evidence_id:  # the producer may leave it to the Authority: derived, so a retry gets the same id
+            e.evidence_id = ids.derived_id("evd", command.group_id, command.command_id, str(i))
         if not ids.is_valid(e.evidence_id) or not e.method or not e.result:
             raise invalid(f"{field}[{i}]", "evidence_id, method and result are required (MW-13.2-04)")
         if e.subject.work_item_id and e.subject.work_item_id != item.work_item_id:
@@ -89,6 +92,8 @@ def work_submit(
         )
     if not body.artifacts:
         raise invalid("body.artifacts", "a submission carries its Artifacts (MW-10.2-T11)")
+    if len(body.summary) > MAX_REASON_CHARS:
+        raise invalid("body.summary", f"at most {MAX_REASON_CHARS} characters")
     evidence = require_evidence(body.evidence, "body.evidence", item, command, ctx.now)
     covered = {e.criterion_id for e in evidence}
     missing = [

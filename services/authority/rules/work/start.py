@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from missionweave import ids
 from missionweave.clock import from_timestamp, to_timestamp
 from missionweave.errors import Rejected
@@ -13,6 +15,7 @@ from services.authority.rules.work.common import (
     ACTIVE,
     DEFAULT_EXECUTION_LEASE,
     QUEUED,
+    attempt_end,
     begin_lease,
     policy_duration,
     require_state,
@@ -27,7 +30,37 @@ from services.authority.rules.work.leases import (
     replaced_session_lease,
     revoke_lease,
 )
-from services.authority.state import ExecutionLeaseState, GroupState
+from services.authority.state import SIX, ExecutionLeaseState, GroupState, WorkItemState
+
+
+def approval_required(state: GroupState, item: WorkItemState) -> bool:
+    """MW-10.2-T06: the contract asks for execution approval, or its risk class is at or above the
+    Mission's execution approval threshold (RiskPolicy, MW-7.1-01)."""
+    threshold = mission_of(state).definition.risk_policy.execution_approval_threshold
+    return item.contract.requires_execution_approval or (bool(threshold) and item.contract.risk_class >= threshold)
+
+
+def execution_approvers(state: GroupState, item: WorkItemState) -> list[str]:
+    """OP-14: the approvers the contract names, else those of the Mission's risk policy, else the MissionOwner."""
+    mission = mission_of(state)
+    return (
+        list(item.contract.execution_approver_ids)
+        or list(mission.definition.risk_policy.execution_approver_ids)
+        or [mission.owner_id]
+    )
+
+
+def approval_in_force(item: WorkItemState, now: datetime) -> bool:
+    """An execution approval of the current contract revision, for the current owner (or any owner:
+    epoch 0), not expired."""
+    if item.execution_approved is None or item.owner is None:
+        return False
+    revision, epoch, expires_at = item.execution_approved
+    return (
+        revision == item.contract_revision
+        and epoch in (0, item.owner.ownership_epoch)
+        and (expires_at is None or expires_at > now)
+    )
 
 
 def approval_grant_execution(
@@ -38,7 +71,7 @@ def approval_grant_execution(
     body = command.approval_grant_execution
     item = work_item(state, body.work_item_id)
     require_state(item, (QUEUED,), "approval.grant_execution")
-    approvers = list(item.contract.execution_approver_ids) or [mission_of(state).owner_id]
+    approvers = execution_approvers(state, item)
     if command.actor_id not in approvers:
         raise Rejected(
             R.REJECTION_REASON_PERMISSION_DENIED, f"execution approval is given by {', '.join(approvers)}"
@@ -46,12 +79,14 @@ def approval_grant_execution(
     if (
         body.contract_revision != item.contract_revision
         or item.owner is None
-        or body.ownership_epoch != item.owner.ownership_epoch
+        or body.ownership_epoch not in (0, item.owner.ownership_epoch)
     ):
         raise Rejected(
             R.REJECTION_REASON_REVISION_MISMATCH,
-            "approval names the current contract revision and ownership epoch",
+            "approval names the current contract revision and the current ownership epoch (or 0 for any owner)",
         )
+    if body.HasField("expires_at") and from_timestamp(body.expires_at) <= ctx.now:
+        raise invalid("body.expires_at", "an approval expiry in the future, or none")
     out.emit(
         "approval.execution_granted",
         "execution_approval_granted",
@@ -95,13 +130,10 @@ def work_start(
             R.REJECTION_REASON_LEASE_EXPIRED,
             "the ownership lease (start deadline) has passed; the Coordinator re-offers",
         )
-    if item.contract.requires_execution_approval and item.execution_approved != (
-        item.contract_revision,
-        owner.ownership_epoch,
-    ):
+    if approval_required(state, item) and not approval_in_force(item, ctx.now):
         raise Rejected(
             R.REJECTION_REASON_PRECONDITION_FAILED,
-            "this WorkItem needs approval.grant_execution before it starts",
+            "this WorkItem needs approval.grant_execution (in force, for this contract revision and owner) before it starts",
         )
     require_dependencies(state, item, "work.start")
     if item.retry_not_before is not None and ctx.now < item.retry_not_before:
@@ -120,14 +152,18 @@ def work_start(
         # append and before the new runtime's lease begins.
         revoke_lease(out, item, wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED, QUEUED)
     lease_id = body.lease_id or ids.derived_id("lease", command.group_id, command.command_id)
-    if not ids.is_valid(lease_id):
-        raise invalid("body.lease_id", "not a valid id")
+    if not ids.is_valid(lease_id) or lease_id in item.lease_history:
+        # A reused id would let a command of the earlier lease pass as one of this lease (MW-11.3-05).
+        raise invalid("body.lease_id", "a valid lease id not used before for this WorkItem")
     policy = policy_duration(
         item.contract.time_policy.execution_lease_duration,
         DEFAULT_EXECUTION_LEASE,
         "time_policy.execution_lease_duration",
     )
     duration = min(policy, policy_duration(body.requested_duration, policy, "body.requested_duration"))
+    end = attempt_end(item, ctx.now)
+    if end is not None:  # the lease never outlives the attempt's time limit
+        duration = min(duration, end - ctx.now)
     scope = narrow_scope(body.requested_scope, item.contract.permissions, "body.requested_scope")
     token = capability_token(command, item, lease_id, owner.ownership_epoch, scope, ctx.now, ctx.now + duration)
     out.emit(
@@ -157,7 +193,11 @@ def work_start(
 def _approved(state: GroupState, event: event_pb2.Event) -> None:
     p = event.execution_approval_granted
     item = touch(state, event, p.work_item_id)
-    item.execution_approved = (p.contract_revision, p.ownership_epoch)
+    item.execution_approved = (
+        p.contract_revision,
+        p.ownership_epoch,
+        from_timestamp(p.expires_at) if p.HasField("expires_at") else None,
+    )
 
 
 def _started(state: GroupState, event: event_pb2.Event) -> None:
@@ -174,6 +214,7 @@ def _started(state: GroupState, event: event_pb2.Event) -> None:
         token_scope=event.work_started.token.scope,
     ))
     item.attempts = lease.attempt
+    item.attempt_used = dict.fromkeys(SIX, 0)  # a new attempt (CostPolicy.per_attempt_limit)
     if item.owner is not None:  # while executing, ownership lives as long as the execution lease
         item.owner.expires_at = max(item.owner.expires_at, from_timestamp(lease.expires_at))
     item.state = ACTIVE

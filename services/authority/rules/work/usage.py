@@ -27,8 +27,9 @@ def check_usage(
     state: GroupState, item: WorkItemState, delta: common_pb2.ResourceVector, field: str
 ) -> dict[str, int]:
     """Budgets: a command whose usage would exceed the WorkItem's, the Mission's or an enclosing
-    grant's cap is refused whole (MW-10.1-01, MW-11.5-13, OP-21). Metadata `budget` names which
-    ("work_item", "mission", "grant" with `grant_id`), `dimension` the dimension.
+    grant's cap, or the contract's cap per attempt or on all retries (CostPolicy, MW-11.4-08), is
+    refused whole (MW-10.1-01, MW-11.5-13, OP-21). Metadata `budget` names which ("work_item",
+    "mission", "grant" with `grant_id`, "attempt", "retries"), `dimension` the dimension.
 
     OP-02: a dimension the contract leaves out permits zero consumption, not unlimited.
     """
@@ -46,7 +47,20 @@ def check_usage(
     # A running child Mission's budget is carved out of its WorkItem and the Mission (spec 14).
     child = item.running_child
     held = child.reserved if child else dict.fromkeys(SIX, 0)
+    policy = item.contract.cost_policy
+    per_attempt = budget_dims(policy.per_attempt_limit) if policy.HasField("per_attempt_limit") else None
+    retries = budget_dims(policy.retry_limit) if policy.HasField("retry_limit") and item.attempts > 1 else None
     for dim, amount in d.items():
+        if per_attempt is not None and item.attempt_used[dim] + amount > per_attempt[dim]:
+            raise _exceeded(
+                "attempt", dim, per_attempt[dim],
+                f"{dim}: {item.attempt_used[dim]} used in this attempt + {amount} exceeds the contract's per-attempt cap {per_attempt[dim]}",
+            )
+        if retries is not None and item.retry_used[dim] + amount > retries[dim]:
+            raise _exceeded(
+                "retries", dim, retries[dim],
+                f"{dim}: {item.retry_used[dim]} used by retries + {amount} exceeds the contract's retry cap {retries[dim]}",
+            )
         if item.used[dim] + held[dim] + amount > caps[dim]:
             raise _exceeded(
                 "work_item", dim, caps[dim],
@@ -126,4 +140,7 @@ def apply_usage(state: GroupState, event: event_pb2.Event) -> None:
     for dim in SIX:
         amount = int(getattr(p.delta, dim))
         item.used[dim] += amount
+        item.attempt_used[dim] += amount
+        if item.attempts > 1:
+            item.retry_used[dim] += amount
         state.mission_used[dim] += amount
