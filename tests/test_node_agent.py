@@ -21,10 +21,13 @@ from nacl.signing import SigningKey
 from sqlalchemy import select
 
 from gateway.schema import cursors
+from missionweave.config import Settings
 from missionweave.sdk.client import SessionSigner
-from missionweave.signing import write_key
+from missionweave.signing import read_key, write_key
 from tests import builders
 from tests.conftest import World
+from tests.test_key_continuity import G as KEYS_GROUP
+from tests.test_key_continuity import cli, read_all, some_history, started, stop, store_flags
 from tests.test_missions import G, create
 
 pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
@@ -60,14 +63,16 @@ class Run:
     stderr: str
 
 
-async def run_agent(node: str, w: World, signer: SessionSigner, key_file: Path, *args: str) -> Run:
+async def run_agent(
+    node: str, target: str, signer: SessionSigner, key_file: Path, *args: str, group: str = G
+) -> Run:
     """Runs agent.js to completion (bounded); the process never outlives the test."""
     flags = {
-        "--target": w.target,
+        "--target": target,
         "--agent": signer.identity_id,
         "--session-epoch": str(signer.session_epoch),
         "--key-file": str(key_file),
-        "--group": G,
+        "--group": group,
         "--timeout": str(RUN_SECONDS - 10),  # the agent gives up (and says so) before we kill it
     }
     argv = [item for flag in flags.items() for item in flag]
@@ -124,7 +129,7 @@ async def test_a_node_agent_receives_verifies_and_acks_every_event_of_a_group(
 
     middle = head // 2
     first = await run_agent(
-        node, w, signer, key_file, *common, "--after-sequence", "0", "--until-sequence", str(middle)
+        node, w.target, signer, key_file, *common, "--after-sequence", "0", "--until-sequence", str(middle)
     )
     assert first.returncode == 0, first.stderr
     got = [(line["sequence"], line["event_id"], line["type"]) for line in first.lines]
@@ -133,7 +138,7 @@ async def test_a_node_agent_receives_verifies_and_acks_every_event_of_a_group(
 
     # Resume after the last event printed (MW-16-10), through the head.
     resumed = await run_agent(
-        node, w, signer, key_file, *common, "--after-sequence", str(got[-1][0]), "--until-sequence", str(head)
+        node, w.target, signer, key_file, *common, "--after-sequence", str(got[-1][0]), "--until-sequence", str(head)
     )
     assert resumed.returncode == 0, resumed.stderr
     got += [(line["sequence"], line["event_id"], line["type"]) for line in resumed.lines]
@@ -151,13 +156,44 @@ async def test_the_node_agent_refuses_a_wrong_authority_key_and_the_gateway_a_wr
     signer, key_file = await node_session(w, tmp_path)
     until = ("--until-sequence", "1")
 
-    impostor = await run_agent(node, w, signer, key_file, *until, "--authority-key", bytes(32).hex())
+    impostor = await run_agent(node, w.target, signer, key_file, *until, "--authority-key", bytes(32).hex())
     assert impostor.returncode == 1 and "is not the pinned key" in impostor.stderr, impostor.stderr
 
     wrong_key = tmp_path / "not-the-session.key"
     write_key(wrong_key, SigningKey.generate())
-    refused = await run_agent(node, w, signer, wrong_key, *until)
+    refused = await run_agent(node, w.target, signer, wrong_key, *until)
     assert refused.returncode == 1 and "HELLO_INVALID" in refused.stderr, refused.stderr
 
     assert impostor.lines == refused.lines == []
     assert await stored_cursor(w, "coord-bot") is None
+
+
+async def test_the_node_agent_verifies_history_signed_before_an_authority_key_rotation(
+    db_url: str, node: str, tmp_path: Path
+) -> None:
+    """docs/integrity.md "Key continuity": after ``mwp authority rotate-key`` the old events keep the
+    old key's signatures; the agent verifies each against the key it names, from the key history,
+    and a pin of the retired key still holds because the recorded rotation leads from it."""
+    settings = Settings(listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=0.5)
+    mesh, client = await started(settings)
+    alice = await some_history(client, settings)  # signed by the first key
+    retired = bytes(read_key(settings.authority_key_path).verify_key).hex()
+    await stop(mesh, client)
+    assert await asyncio.to_thread(cli, "authority", "rotate-key", *store_flags(settings)) == 0
+    mesh, client = await started(settings)
+    try:
+        conv = (await client.group_state(KEYS_GROUP)).mission.planning_conversation_id
+        await client.execute(alice.sign(alice.command(KEYS_GROUP, "message_post", builders.message(conv), membership_epoch=1)))
+        signers = {e.signatures[0].key_id for e in await read_all(client)}
+        assert len(signers) == 2  # history on both sides of the rotation
+        head = (await client.group_state(KEYS_GROUP)).head_sequence
+        key_file = tmp_path / "alice.session.key"
+        write_key(key_file, alice.key)
+        target = f"127.0.0.1:{mesh.port}"
+        run = await run_agent(
+            node, target, alice, key_file, "--authority-key", retired, "--until-sequence", str(head), group=KEYS_GROUP
+        )
+        assert run.returncode == 0, run.stderr
+        assert [line["sequence"] for line in run.lines] == list(range(1, head + 1))
+    finally:
+        await stop(mesh, client)

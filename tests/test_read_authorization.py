@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import grpc
@@ -56,6 +57,7 @@ from missionweave.v1 import (
 )
 from missionweave.v1 import gateway_service_pb2 as gpb
 from missionweave.v1 import gateway_service_pb2_grpc as gpb_grpc
+from missionweave.v1 import work_pb2 as wp
 from services.authority.group_log import GroupLogServicer
 from services.authority.servicer import AuthorityServicer
 from services.membership.directory import IdentityDirectoryServicer
@@ -66,6 +68,7 @@ from tests.conftest import World, register
 from tests.test_artifact_authorization import manifest_in
 from tests.test_gateway import Stream, hello
 from tests.test_missions import G, as_member, create
+from tests.test_work_items import Flow
 
 pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
 
@@ -541,8 +544,6 @@ def handmade_proof(
     issued_offset_s: float = 0.0,
     nonce: bytes | None = None,
 ) -> bytes:
-    from datetime import timedelta
-
     proof = auth_pb2.CallProof(
         identity_id=signer.identity_id,
         session_epoch=signer.session_epoch,
@@ -613,16 +614,54 @@ MARKERS = {
     "restricted": "MARK-restricted-7f3a",
     "before_visibility": "MARK-early-91c2",
     "other_group": "MARK-elsewhere-4d8e",
+    # In the folded state of a WorkItem made (and worked on by another Worker) before the visibility start.
+    "early_work_title": "MARK-early-title-2b7e",
+    "early_contract": "MARK-early-goal-c41d",
+    "early_evidence": "MARK-early-ev-5a90",
 }
+# In a WorkItem made after every visibility start: the late joiner sees it, a provisional member not.
+NOT_PROVISIONAL = "MARK-later-work-e6f3"
 
 
-@pytest.mark.req("MW-8-07", "MW-9-05")
+async def _plant_work(w: World) -> None:
+    """Before the Worker joins: a WorkItem another Worker owns and submits with Evidence. After it
+    (and after a provisional member's grant): one for the team, and one offered to the provisional
+    member alone."""
+    early = await register(w.client, w.keys["admin"], "early-bot", common_pb2.IDENTITY_KIND_AGENT)
+    await as_member(w, G, early)
+    f = Flow(w)
+    contract = builders.contract(w.clock.now(), goal=MARKERS["early_contract"])
+    await f.coord("work_authorize", wp.WorkAuthorize(
+        work_item_id="wi-early", title=MARKERS["early_work_title"], contract=contract, coordinator_epoch=1
+    ))
+    epoch = await f.accept(early, "wi-early", await f.offer("wi-early", "early-bot"))
+    await f.start(early, "wi-early", epoch, "lease-early")
+    submission = Flow.submit_body("wi-early", epoch, "lease-early")
+    submission.evidence[0].evidence_id = MARKERS["early_evidence"]
+    await f.as_(early, "work_submit", submission)
+    await as_member(w, G, w.worker)
+    jit = membership_pb2.MembershipGrant(
+        member_id="jit-bot", role=membership_pb2.MEMBER_ROLE_WORKER, provisional=True,
+        expires_at=to_timestamp(w.clock.now() + timedelta(minutes=30)),
+    )
+    await w.run(w.coordinator, G, "membership_grant", jit, membership_epoch=2)
+    for work_item_id, title in (("wi-late", NOT_PROVISIONAL), ("wi-jit", "offered to the provisional member")):
+        body = wp.WorkAuthorize(
+            work_item_id=work_item_id, title=title, contract=builders.contract(w.clock.now()), coordinator_epoch=1
+        )
+        await f.coord("work_authorize", body)
+    await f.offer("wi-jit", "jit-bot")
+
+
+@pytest.mark.req("MW-8-06", "MW-8-07", "MW-8-08", "MW-9-05")
 async def test_no_read_path_shows_a_worker_what_it_may_not_see(world: World) -> None:
-    """Markers planted before the Worker's visibility start, in a restricted Conversation it is not
-    party to, and in another Group never reach it through any read; the owner sees the restricted
-    one (so the scan would find a marker that leaked)."""
+    """Markers planted before the Worker's visibility start (in the log and in a WorkItem's title,
+    contract and Evidence), in a restricted Conversation it is not party to, and in another Group
+    never reach it through any read; a provisional member reads its offer but no other WorkItem
+    (D124). The owner sees them all (so the scan would find a marker that leaked)."""
     w = world
     planning = (await create(w)).mission.planning_conversation_id
+    jit = await register(w.client, w.keys["admin"], "jit-bot", common_pb2.IDENTITY_KIND_AGENT)
     await w.run(
         w.owner,
         G,
@@ -640,7 +679,7 @@ async def test_no_read_path_shows_a_worker_what_it_may_not_see(world: World) -> 
     await w.run(
         w.coordinator, G, "message_post", builders.message(SECRET, MARKERS["restricted"]), membership_epoch=2
     )
-    await as_member(w, G, w.worker)
+    await _plant_work(w)  # the Worker joins here
     await w.run(
         w.owner, G, "message_post", builders.message(planning, "visible to the worker"), membership_epoch=1
     )
@@ -663,14 +702,18 @@ async def test_no_read_path_shows_a_worker_what_it_may_not_see(world: World) -> 
     await coordinator.upload(secret_blob, manifest_in(w, w.coordinator, secret_blob, OTHER))
     private_blob = MARKERS["restricted"].encode() * 3
     await coordinator.upload(private_blob)  # held by the Coordinator alone
-    package = (
-        await coordinator.authority.GetContextPackage(
-            authority_service_pb2.GetContextPackageRequest(group_id=G, recipient_ids=["worker-bot"])
-        )
-    ).package
 
-    async def everything(client: MeshClient, signer: SessionSigner) -> bytes:
-        seen = package.SerializeToString()  # what the Coordinator hands the Worker
+    async def package_for(recipient: str, work_item_id: str) -> common_pb2.SignedEnvelope:
+        """The Context Package of the recipient's WorkItem, as the Coordinator hands it over."""
+        request = authority_service_pb2.GetContextPackageRequest(
+            group_id=G, recipient_ids=[recipient], work_item_ids=[work_item_id]
+        )
+        return (await coordinator.authority.GetContextPackage(request)).package
+
+    package = await package_for("worker-bot", "wi-late")
+
+    async def everything(client: MeshClient, signer: SessionSigner, package: common_pb2.SignedEnvelope) -> bytes:
+        seen = package.SerializeToString()  # what the Coordinator hands the member
 
         async def scan(read: Awaitable[Any]) -> None:
             nonlocal seen
@@ -688,6 +731,8 @@ async def test_no_read_path_shows_a_worker_what_it_may_not_see(world: World) -> 
             await scan(client.authority.GetMissionProgress(authority_service_pb2.GetMissionProgressRequest(group_id=group)))
             await scan(client.membership.ListMemberships(membership_service_pb2.ListMembershipsRequest(group_id=group)))
             await scan(client.authority.ListWorkItems(authority_service_pb2.ListWorkItemsRequest(group_id=group)))
+            for work_item_id in ("wi-early", "wi-late", "wi-jit"):
+                await scan(client.work_item(group, work_item_id))
             await scan(client.authority.GetContextPackage(
                 authority_service_pb2.GetContextPackageRequest(group_id=group, recipient_ids=[signer.identity_id])
             ))
@@ -709,19 +754,26 @@ async def test_no_read_path_shows_a_worker_what_it_may_not_see(world: World) -> 
 
     worker = MeshClient(w.target, reader=w.worker)
     owner = MeshClient(w.target, reader=w.owner)
+    provisional = MeshClient(w.target, reader=jit)
     try:
-        seen = await everything(worker, w.worker)
-        assert b"visible to the worker" in seen  # the scan does see what the worker may read
+        seen = await everything(worker, w.worker, package)
+        # the scan does see what the worker may read: the log after its start, a later WorkItem
+        assert b"visible to the worker" in seen and NOT_PROVISIONAL.encode() in seen
         leaked = [name for name, marker in MARKERS.items() if marker.encode() in seen]
         assert not leaked, f"the worker read {leaked}"
+        offered = await everything(provisional, jit, await package_for("jit-bot", "wi-jit"))
+        assert b"offered to the provisional member" in offered
+        leaked = [name for name, marker in [*MARKERS.items(), ("later", NOT_PROVISIONAL)] if marker.encode() in offered]
+        assert not leaked, f"the provisional member read {leaked}"
         # A Context Package naming the Worker opens the history it cites (MW-8-09), nothing more.
         cited = await _over_the_gateway(w, worker, w.worker, G, heads[G], package)
         assert MARKERS["before_visibility"].encode() in cited
         assert MARKERS["restricted"].encode() not in cited and MARKERS["other_group"].encode() not in cited
-        owners = await everything(owner, w.owner)
-        assert MARKERS["restricted"].encode() in owners and MARKERS["before_visibility"].encode() in owners
+        owners = await everything(owner, w.owner, package)
+        unseen = [name for name, marker in MARKERS.items() if name != "other_group" and marker.encode() not in owners]
+        assert not unseen, f"the owner's scan missed {unseen}"
     finally:
-        for client in (worker, owner, coordinator):
+        for client in (worker, owner, coordinator, provisional):
             await client.channel.close()
 
 

@@ -7,7 +7,8 @@
 //
 //   HELLO (session-key proof) -> WELCOME -> SUBSCRIBE -> EVENT ... -> ACK (cursor + credits) ...
 //
-// Every event is verified against the Authority's Ed25519 key before it is read, released in
+// Every event is verified against the Authority's Ed25519 key its signature names (the current key,
+// or one it rotated away from: GetAuthorityKey's key history) before it is read, released in
 // sequence order exactly once, printed as one JSON line on stdout, and acknowledged. With
 // --until-sequence the agent exits 0 once the gateway has stored an ACK at or beyond that sequence;
 // without it the agent follows the Group until Ctrl-C. Diagnostics go to stderr.
@@ -33,6 +34,7 @@ const CLIENT_VERSION = 'missionweave-node-example/0.1.0';
 // Payload types: part of what is signed, so they must match missionweave/signing.py byte for byte.
 const HELLO_PROOF_TYPE = 'application/vnd.missionweave.v1.hello-proof+protobuf';
 const EVENT_TYPE = 'application/vnd.missionweave.v1.event+protobuf';
+const KEY_ROTATION_TYPE = 'application/vnd.missionweave.v1.authority-key-rotation+protobuf';
 
 // Node's crypto takes Ed25519 keys as DER, not as raw bytes. A raw 32-byte seed or public key
 // becomes DER by putting the fixed ASN.1 header for the Ed25519 algorithm (OID 1.3.101.112) in front.
@@ -50,7 +52,7 @@ const OPTIONS = {
   'after-sequence': { env: 'MWP_AFTER_SEQUENCE', default: '0', help: 'deliver events after this sequence' },
   'until-sequence': { env: 'MWP_UNTIL_SEQUENCE', help: 'exit 0 once events through this sequence are ACKed (default: follow until Ctrl-C)' },
   credits: { env: 'MWP_CREDITS', default: '256', help: 'credit window: events in flight, 1..65536' },
-  'authority-key': { env: 'MWP_AUTHORITY_KEY_HEX', help: "pin the Authority's Ed25519 public key (hex); default: trust GetAuthorityKey" },
+  'authority-key': { env: 'MWP_AUTHORITY_KEY_HEX', help: "pin an Authority Ed25519 public key (hex), current or rotated away from; default: trust GetAuthorityKey" },
   timeout: { env: 'MWP_TIMEOUT', default: '60', help: 'seconds --until-sequence may take before the agent gives up' },
   protos: { env: 'MWP_PROTOS', default: path.join(__dirname, '..', '..', 'protos'), help: 'the protos/ directory' },
   // TLS (docs/tls.md): the same settings, flags and variables as `mwp` and the Python SDK.
@@ -193,6 +195,7 @@ function loadProtos(protosDir) {
     // SignedEnvelope) are encoded and decoded through the same definitions.
     HelloProof: definition['missionweave.v1.HelloProof'],
     Event: definition['missionweave.v1.Event'],
+    AuthorityKeyRotation: definition['missionweave.v1.AuthorityKeyRotation'],
   };
 }
 
@@ -304,7 +307,7 @@ class Agent {
       const { credentials, options } = channel(this.options.tls);
       this.authorityClient = new this.protos.AuthorityService(target, credentials, options);
       this.gatewayClient = new this.protos.GatewayService(target, credentials, options);
-      this.authority = await this.authorityKey();
+      this.authority = await this.authorityKeys();
     } catch (err) {
       this.fail(err.message);
       return finished;
@@ -323,21 +326,58 @@ class Agent {
     return finished;
   }
 
-  // Events are only as trustworthy as the key they are checked against. GetAuthorityKey answers with
-  // the key and its key id; --authority-key pins the key itself, obtained out of band.
-  authorityKey() {
+  // Events are only as trustworthy as the keys they are checked against. GetAuthorityKey answers with
+  // the current key and the store's key history, oldest first (docs/integrity.md "Key continuity"):
+  // history signed before a rotation verifies with the key its signature names. Each key after the
+  // first comes with its rotation, signed by the key before it and by itself, so the whole chain is
+  // vouched for by any one of its keys: --authority-key pins one (obtained out of band), current or not.
+  authorityKeys() {
     return new Promise((resolve, reject) => {
       const deadline = new Date(Date.now() + 10_000);
       this.authorityClient.GetAuthorityKey({}, { deadline }, (err, response) => {
         if (err) return reject(new Error(`GetAuthorityKey on ${this.options.target} failed: ${err.details || err.message}`));
-        const pinned = this.options.authorityKeyHex;
-        if (pinned !== undefined && pinned.toLowerCase() !== response.public_key.toString('hex')) {
-          return reject(new Error(`the Authority key ${response.public_key.toString('hex')} is not the pinned key ${pinned}`));
+        const history = response.keys.length ? response.keys : [{ key_id: response.key_id, public_key: response.public_key }];
+        const keys = new Map();
+        for (const [i, record] of history.entries()) {
+          const broken = i > 0 && this.brokenRotation(history[i - 1], record);
+          if (broken) return reject(new Error(`the Authority's key history does not hold: ${broken}`));
+          keys.set(record.key_id, publicKeyFromRaw(record.public_key));
         }
-        log(`Authority key ${response.key_id}${pinned ? ' (matches the pinned key)' : ''}`);
-        resolve({ keyId: response.key_id, publicKey: publicKeyFromRaw(response.public_key) });
+        const last = history[history.length - 1];
+        if (last.key_id !== response.key_id || !last.public_key.equals(response.public_key)) {
+          return reject(new Error(`the Authority's key history ends with ${last.key_id}, not its current key ${response.key_id}`));
+        }
+        const pinned = this.options.authorityKeyHex?.toLowerCase();
+        if (pinned !== undefined && !history.some((k) => k.public_key.toString('hex') === pinned)) {
+          return reject(new Error(`the Authority key ${response.public_key.toString('hex')} is not the pinned key ${pinned}, nor rotated from it`));
+        }
+        log(`Authority key ${response.key_id}, ${keys.size} in its history${pinned ? ' (the pinned key among them)' : ''}`);
+        resolve({ keyId: response.key_id, keys });
       });
     });
+  }
+
+  // Why the rotation recorded with `record` does not vouch for it as the successor of `previous`
+  // (check_history() in services/authority/keys.py), or '' when it does.
+  brokenRotation(previous, record) {
+    const envelope = record.rotation;
+    if (!envelope || envelope.payload_type !== KEY_ROTATION_TYPE) return `no rotation record introduces ${record.key_id}`;
+    const signedBy = (key) =>
+      envelope.signatures.some(
+        (s) => s.key_id === key.key_id && crypto.verify(null, pae(KEY_ROTATION_TYPE, envelope.payload), publicKeyFromRaw(key.public_key), s.sig),
+      );
+    let rotation;
+    try {
+      rotation = this.protos.AuthorityKeyRotation.deserialize(envelope.payload);
+    } catch {
+      return `the rotation to ${record.key_id} does not parse`;
+    }
+    const names =
+      rotation.previous_key_id === previous.key_id &&
+      rotation.previous_public_key.equals(previous.public_key) &&
+      rotation.key_id === record.key_id &&
+      rotation.public_key.equals(record.public_key);
+    return names && signedBy(previous) && signedBy(record) ? '' : `the rotation from ${previous.key_id} to ${record.key_id} is not signed by both keys`;
   }
 
   // HELLO proves possession of the session key (the gateway looks up the public key registered for
@@ -465,9 +505,10 @@ class Agent {
       this.fail(`an event envelope has payload type ${envelope.payload_type}, not ${EVENT_TYPE}`);
       return null;
     }
-    const signature = envelope.signatures.find((s) => s.key_id === this.authority.keyId);
-    if (signature === undefined || !crypto.verify(null, pae(EVENT_TYPE, payload), this.authority.publicKey, signature.sig)) {
-      this.fail(`an event is not signed by the Authority key ${this.authority.keyId}`);
+    const { keys } = this.authority;
+    const signature = envelope.signatures.find((s) => keys.has(s.key_id));
+    if (signature === undefined || !crypto.verify(null, pae(EVENT_TYPE, payload), keys.get(signature.key_id), signature.sig)) {
+      this.fail(`an event is not signed by a key of the Authority (${[...keys.keys()].join(', ')})`);
       return null;
     }
     const event = this.protos.Event.deserialize(payload);

@@ -144,7 +144,7 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
             stored = found.get(seq)
             if stored is not None and (seq >= member.visibility_start_sequence or seq in cited):
                 signed, event = codec.decode(stored)
-                if may_see(state, member_id, event):
+                if may_see(state, member_id, event, cited=seq in cited):
                     answer.events.append(signed)
                     continue
             withheld.append(seq)

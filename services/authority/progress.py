@@ -13,6 +13,7 @@ from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.work.contract import dependencies_satisfied
 from services.authority.state import SIX, GroupState, WorkItemState
+from services.authority.visibility import sees_work_item
 
 DONE = frozenset({wp.WORK_ITEM_STATE_VERIFIED, wp.WORK_ITEM_STATE_CANCELLED})
 
@@ -49,10 +50,12 @@ def _deadline_key(item: WorkItemState) -> float:
     )
 
 
-def mission_progress(state: GroupState, now: datetime) -> pb.GetMissionProgressResponse:
+def mission_progress(state: GroupState, now: datetime, viewer: str | None = None) -> pb.GetMissionProgressResponse:
+    """The Mission's progress; for member ``viewer``, only the WorkItems it sees (D124) are listed
+    and on the critical path, while the counts, budget and usage stay the whole Mission's."""
     mission = state.mission
     assert mission is not None
-    path = critical_path(state)
+    path = [wid for wid in critical_path(state) if sees_work_item(state, viewer, state.work_items[wid])]
     on_path = set(path)
     out = pb.GetMissionProgressResponse(
         mission_id=mission.mission_id,
@@ -63,6 +66,8 @@ def mission_progress(state: GroupState, now: datetime) -> pb.GetMissionProgressR
         approval_event_id=mission.approval_event_id,
     )
     for item in state.work_items.values():
+        if not sees_work_item(state, viewer, item):
+            continue
         deadline = item.contract.deadline
         out.work_items.append(
             pb.WorkItemProgress(

@@ -23,7 +23,7 @@ from services.authority.progress import mission_progress
 from services.authority.state import GroupState
 from services.authority.tree import MAX_TREE_NODES, child_group_ids, root_group_id, tree_node
 from services.authority.views import group_state_proto, mission_summary, work_item_proto
-from services.authority.visibility import active_member, may_see
+from services.authority.visibility import active_member, may_see, sees_work_item
 
 log = logging.getLogger("missionweave.authority.grpc")
 
@@ -203,18 +203,18 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
     async def GetMissionProgress(
         self, request: pb.GetMissionProgressRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetMissionProgressResponse:
-        state, _ = await self._readable(request.group_id, caller)
+        state, viewer = await self._readable(request.group_id, caller)
         if state.mission is None:
             raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} holds no Mission")
-        return mission_progress(state, self.authority.clock.now())
+        return mission_progress(state, self.authority.clock.now(), viewer)
 
     @requires(Access.IDENTITY)
     async def GetWorkItem(
         self, request: pb.GetWorkItemRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetWorkItemResponse:
-        state, _ = await self._readable(request.group_id, caller)
+        state, viewer = await self._readable(request.group_id, caller)
         item = state.work_items.get(request.work_item_id)
-        if item is None:
+        if item is None or not sees_work_item(state, viewer, item):  # D124: hidden as if missing
             raise Rejected(
                 R.REJECTION_REASON_NOT_FOUND,
                 f"{request.group_id} holds no WorkItem {request.work_item_id!r}",
@@ -226,7 +226,7 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
     async def ListWorkItems(
         self, request: pb.ListWorkItemsRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.ListWorkItemsResponse:
-        state, _ = await self._readable(request.group_id, caller)  # a non-member learns nothing, not even of bad input
+        state, viewer = await self._readable(request.group_id, caller)  # a non-member learns nothing, not even of bad input
         size = page_size(request.page_size)
         after = decode_token("wi", request.page_token)
         if request.state and request.state not in work_pb2.WorkItemState.values():
@@ -235,7 +235,9 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         ids = sorted(
             wid
             for wid, item in state.work_items.items()
-            if wid > after and (not request.state or item.state == request.state)
+            if wid > after
+            and (not request.state or item.state == request.state)
+            and sees_work_item(state, viewer, item)  # D124
         )
         page = ids[:size]
         return pb.ListWorkItemsResponse(

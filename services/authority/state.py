@@ -217,6 +217,9 @@ class WorkItemState:
     open_ambiguities: set[str] = field(default_factory=set)
     # Child Missions promoted from it, oldest first (spec 14); at most the last one runs.
     children: list[ChildLink] = field(default_factory=list)
+    # The sequence of its work.authorized event: a member whose visibility starts later sees it
+    # only if it takes part in it (D124, MW-8-07).
+    created_sequence: int = 0
 
     @property
     def running_child(self) -> ChildLink | None:

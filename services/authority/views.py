@@ -3,7 +3,9 @@ WorkItem as missionweave.v1.WorkItem."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from missionweave.clock import to_timestamp
 from missionweave.v1 import authority_service_pb2 as pb
@@ -12,12 +14,13 @@ from services.authority.rules.delegation import invalidity, remaining
 from services.authority.rules.work.contract import dependencies_satisfied
 from services.authority.rules.work.start import approval_in_force
 from services.authority.state import SIX, GrantState, GroupState, WorkItemState
-from services.authority.visibility import party_to
+from services.authority.visibility import sees_conversation, sees_grant, sees_work_item
 
 
 def group_state_proto(state: GroupState, viewer: str | None = None) -> pb.GroupState:
-    """The whole state, or (``viewer`` named) what that member may see of it: restricted
-    Conversations it is not party to are left out (MW-9-05)."""
+    """The whole state, or (``viewer`` named) what that member may see of it (D124): the Mission and
+    the Memberships, the Conversations (MW-9-05) and delegation grants it sees, and in a grant's
+    accounting only the WorkItems it sees (MW-8-07)."""
     out = pb.GroupState(
         group_id=state.group_id,
         head_sequence=state.head_sequence,
@@ -73,9 +76,9 @@ def group_state_proto(state: GroupState, viewer: str | None = None) -> pb.GroupS
         if member.expires_at is not None:
             ms.expires_at.CopyFrom(to_timestamp(member.expires_at))
         out.memberships.append(ms)
-    out.grants.extend(grant_status(state, g) for g in state.grants.values())
+    out.grants.extend(grant_status(state, g, viewer) for g in state.grants.values() if sees_grant(state, viewer, g))
     for conv in state.conversations.values():
-        if viewer is not None and not party_to(state, viewer, conv):
+        if not sees_conversation(state, viewer, conv):
             continue
         out.conversations.append(
             pb.ConversationSummary(
@@ -93,35 +96,57 @@ def group_state_proto(state: GroupState, viewer: str | None = None) -> pb.GroupS
 def snapshot_view(
     snapshot: pb.GroupSnapshot, state: GroupState, viewer: str
 ) -> pb.GroupSnapshot | None:
-    """``viewer``'s view of a stored snapshot: its restricted Conversations the viewer is not party
-    to now (MW-9-05, as GetGroupState decides) left out; None when nothing is left out. A
-    Conversation the current state no longer knows is kept only if it is not restricted."""
+    """``viewer``'s view of a stored snapshot, as GetGroupState and GetMissionProgress decide it now
+    (D124, MW-9-05): the Conversations, grants and WorkItems it does not see left out; None when
+    nothing is. A Conversation or grant the current state no longer knows is kept only if it is a
+    Conversation that is not restricted."""
 
-    def hidden(summary: pb.ConversationSummary) -> bool:
-        if summary.kind != conversation_pb2.CONVERSATION_KIND_RESTRICTED:
-            return False
+    def conversation_seen(summary: pb.ConversationSummary) -> bool:
         conversation = state.conversations.get(summary.conversation_id)
-        return conversation is None or not party_to(state, viewer, conversation)
+        if conversation is None:
+            return summary.kind != conversation_pb2.CONVERSATION_KIND_RESTRICTED
+        return sees_conversation(state, viewer, conversation)
 
-    kept = [c for c in snapshot.state.conversations if not hidden(c)]
-    if len(kept) == len(snapshot.state.conversations):
-        return None
+    def grant_seen(status: pb.DelegationGrantStatus) -> bool:
+        grant = state.grants.get(status.grant.grant_id)
+        return grant is not None and sees_grant(state, viewer, grant)
+
     view = pb.GroupSnapshot()
     view.CopyFrom(snapshot)
-    del view.state.conversations[:]
-    view.state.conversations.extend(kept)
-    return view
+    _keep(view.state.conversations, conversation_seen)
+    _keep(view.state.grants, grant_seen)
+    for status in view.state.grants:
+        _keep(status.work_item_ids, lambda wid: _sees(state, viewer, wid))
+    _keep(view.progress.work_items, lambda row: _sees(state, viewer, row.work_item_id))
+    _keep(view.progress.critical_path, lambda wid: _sees(state, viewer, wid))
+    return None if view == snapshot else view
 
 
-def grant_status(state: GroupState, grant: GrantState) -> pb.DelegationGrantStatus:
-    """A grant as recorded, with its accounting and whether the state still lets it be used."""
+def _sees(state: GroupState, viewer: str | None, work_item_id: str) -> bool:
+    if viewer is None:
+        return True
+    item = state.work_items.get(work_item_id)
+    return item is not None and sees_work_item(state, viewer, item)
+
+
+def _keep(items: Any, keep: Callable[[Any], bool]) -> None:
+    """Leave in a repeated field only what ``keep`` admits, in order."""
+    kept = [i for i in items if keep(i)]
+    if len(kept) != len(items):
+        del items[:]
+        items.extend(kept)
+
+
+def grant_status(state: GroupState, grant: GrantState, viewer: str | None = None) -> pb.DelegationGrantStatus:
+    """A grant as recorded, with its accounting and whether the state still lets it be used (the
+    WorkItems charged to it: those ``viewer`` sees)."""
     charged = grant.charged_with("", {})
     invalid = invalidity(state, grant, None)
     return pb.DelegationGrantStatus(
         grant=grant.record,
         charged=common_pb2.ResourceVector(currency=grant.currency, **charged),  # type: ignore[arg-type]
         remaining=common_pb2.ResourceVector(currency=grant.currency, **remaining(grant)),  # type: ignore[arg-type]
-        work_item_ids=sorted(grant.counted),
+        work_item_ids=sorted(wid for wid in grant.counted if _sees(state, viewer, wid)),
         invalid_because=invalid[0] if invalid else "",
     )
 

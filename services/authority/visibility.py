@@ -6,6 +6,10 @@ filter: it is a right. Attention filters decide only which payloads travel live;
 are reported as skipped so the receiver's cursor stays contiguous, and everything stays retrievable
 on demand (MW-8-13). A late joiner sees nothing before its visibility start (MW-8-07) unless a
 Context Package signed by this Authority cites it for that member (MW-8-08, MW-8-09, MW-13.3-03).
+
+The folded read models (GetGroupState, GetWorkItem, ListWorkItems, GetMissionProgress,
+GetSignedGroupSummary, member snapshots) follow the same start (D124): ``sees_work_item`` and
+``sees_conversation`` decide what of the state a member is shown, ``may_see`` what of the log.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from missionweave.signing import verify_signature
 from missionweave.v1 import artifact_service_pb2, common_pb2, conversation_pb2, event_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from services.authority.context_package import CONTEXT_PACKAGE_TYPE
-from services.authority.state import ConversationState, GroupState, MemberState
+from services.authority.state import ConversationState, GrantState, GroupState, MemberState, WorkItemState
 
 R = common_pb2.RejectionReason
 
@@ -51,10 +55,91 @@ def conversation_of(state: GroupState, event: event_pb2.Event) -> str:
     return ""
 
 
-def may_see(state: GroupState, agent_id: str, event: event_pb2.Event) -> bool:
+def may_see(state: GroupState, agent_id: str, event: event_pb2.Event, *, cited: bool = False) -> bool:
     """MW-9-05: restricted Conversations reach their participants, the MissionOwner and the current
-    Coordinator only."""
-    return party_to(state, agent_id, state.conversations.get(conversation_of(state, event)))
+    Coordinator only. A provisional member (MW-8-06, D124) hears only of the WorkItems it is offered
+    and of its own Membership, unless a Context Package made for it cites the event (``cited``)."""
+    conversation = state.conversations.get(conversation_of(state, event))
+    if not party_to(state, agent_id, conversation):
+        return False
+    member = state.members.get(agent_id)
+    if cited or member is None or not member.provisional:
+        return True
+    if conversation is not None:
+        return sees_conversation(state, agent_id, conversation)
+    return _concerns(state, agent_id, event)
+
+
+def _concerns(state: GroupState, agent_id: str, event: event_pb2.Event) -> bool:
+    """An event outside any Conversation about a WorkItem ``agent_id`` sees, or its own Membership."""
+    payload = event.WhichOneof("payload")
+    inner = getattr(event, payload) if payload else None
+    if inner is None:
+        return False
+    if payload == "membership_granted":
+        return bool(event.membership_granted.membership.member_id == agent_id)
+    if getattr(inner, "member_id", None) == agent_id:
+        return True
+    item = state.work_items.get(getattr(inner, "work_item_id", ""))
+    return item is not None and sees_work_item(state, agent_id, item)
+
+
+def sees_work_item(state: GroupState, viewer: str | None, item: WorkItemState) -> bool:
+    """D124 (MW-8-05..08): everyone (``viewer`` None: an operator) sees a WorkItem it takes part in;
+    an active member also those created at or after its visibility start (from sequence 1, as the
+    MissionOwner and the Coordinator: all); a provisional member nothing else."""
+    if viewer is None:
+        return True
+    member = state.members.get(viewer)
+    if member is None:
+        return False
+    if takes_part(item, viewer):
+        return True
+    return not member.provisional and item.created_sequence >= member.visibility_start_sequence
+
+
+def takes_part(item: WorkItemState, agent_id: str) -> bool:
+    """Offered it (any offer, answered or not), owns it, or has held a lease, submitted or produced
+    Evidence on it: what it already knows of the WorkItem."""
+    return (
+        _own(item, agent_id)
+        or item.submitted_by == agent_id
+        or any(lease.agent_id == agent_id for lease in item.lease_history.values())
+        or any(producer == agent_id for _, _, producer in item.evidence.values())
+    )
+
+
+def _own(item: WorkItemState, agent_id: str) -> bool:
+    """Owned by ``agent_id``, or offered to it."""
+    if item.owner is not None and item.owner.agent_id == agent_id:
+        return True
+    return any(agent_id in offer.candidate_ids for offer in item.offers.values())
+
+
+def sees_conversation(state: GroupState, viewer: str | None, conversation: ConversationState) -> bool:
+    """D124: a restricted one as ``party_to`` says; a WorkItem's (titled as it) with its WorkItem; a
+    Group-wide one by every member but a provisional one, unless it is named a participant."""
+    if viewer is None:
+        return True
+    if not party_to(state, viewer, conversation):
+        return False
+    item = state.work_items.get(conversation.work_item_id) if conversation.work_item_id else None
+    if item is not None:
+        return sees_work_item(state, viewer, item)
+    member = state.members.get(viewer)
+    return member is not None and (not member.provisional or viewer in conversation.participant_ids)
+
+
+def sees_grant(state: GroupState, viewer: str | None, grant: GrantState) -> bool:
+    """D124: its grantee sees a delegation grant; other members (provisional ones never) one that is
+    Group-wide or targets a WorkItem they see."""
+    if viewer is None or grant.grantee_id == viewer:
+        return True
+    member = state.members.get(viewer)
+    if member is None or member.provisional:
+        return False
+    target = state.work_items.get(grant.target_work_item_id)
+    return not grant.target_work_item_id or (target is not None and sees_work_item(state, viewer, target))
 
 
 def party_to(state: GroupState, agent_id: str, conversation: ConversationState | None) -> bool:
@@ -110,11 +195,7 @@ def _about_own_work(state: GroupState, agent_id: str, event: event_pb2.Event, co
         inner = getattr(event, payload) if payload else None
         work_item_id = getattr(inner, "work_item_id", "") if inner is not None else ""
     item = state.work_items.get(work_item_id)
-    if item is None:
-        return False
-    if item.owner is not None and item.owner.agent_id == agent_id:
-        return True
-    return any(agent_id in offer.candidate_ids for offer in item.offers.values())
+    return item is not None and _own(item, agent_id)
 
 
 def active_member(

@@ -125,6 +125,7 @@ def _authorized(state: GroupState, event: event_pb2.Event) -> None:
         conversation_id=p.conversation_id,
         parent_work_item_id=p.parent_work_item_id,
         depends_on=tuple(contract.depends_on_work_item_ids),
+        created_sequence=event.sequence,
     )
     state.last_work_change_sequence = event.sequence
     if p.grant_id:
