@@ -17,7 +17,7 @@ from datetime import datetime
 from missionweave import ids
 from missionweave.clock import from_timestamp
 from missionweave.errors import Rejected
-from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2, mission_pb2, subtask_pb2
+from missionweave.v1 import command_pb2, common_pb2, event_pb2, mission_pb2, subtask_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import (
     MS,
@@ -39,6 +39,7 @@ from services.authority.rules.missions import (
     open_mission,
     require_coordinator,
     require_live,
+    revoke_membership,
 )
 from services.authority.rules.scope import resolve_scope
 from services.authority.rules.work.common import (
@@ -473,13 +474,7 @@ def _succeed_owner(child: GroupState, lease: mission_pb2.CoordinatorLease, out: 
     grant_full_membership(out, child.group_id, successor, Role.MEMBER_ROLE_MISSION_OWNER, child.last_membership_epoch + 1)
     old = child.members.get(previous)
     if old is not None and old.active:
-        out.emit(
-            "membership.revoked",
-            "membership_revoked",
-            membership_pb2.MembershipRevoked(
-                member_id=previous, membership_epoch=old.membership_epoch, reason="replaced as the parent Mission's Coordinator"
-            ),
-        )
+        revoke_membership(out, previous, old.membership_epoch, "replaced as the parent Mission's Coordinator")
     out.emit(
         "mission.owner.replaced",
         "mission_owner_replaced",

@@ -18,7 +18,7 @@ from services.authority.rules.common import (
     invalid,
     mission_of,
 )
-from services.authority.rules.missions import require_live
+from services.authority.rules.missions import require_live, revoke_membership
 from services.authority.state import GroupState, MemberState
 
 _FINISHED = frozenset({work_pb2.WORK_ITEM_STATE_VERIFIED, work_pb2.WORK_ITEM_STATE_CANCELLED})
@@ -102,13 +102,7 @@ def membership_revoke(
         raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"{body.member_id} holds no active Membership here")
     if member.role in (Role.MEMBER_ROLE_MISSION_OWNER, Role.MEMBER_ROLE_COORDINATOR):
         raise invalid("body.membership_revoke.member_id", "the owner's and Coordinator's Memberships cannot be revoked")
-    out.emit(
-        "membership.revoked",
-        "membership_revoked",
-        membership_pb2.MembershipRevoked(
-            member_id=body.member_id, membership_epoch=member.membership_epoch, reason=body.reason
-        ),
-    )
+    revoke_membership(out, body.member_id, member.membership_epoch, body.reason)
 
 
 # ---------------------------------------------------------------- just-in-time Workers (MW-8-06)

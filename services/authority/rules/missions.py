@@ -207,6 +207,15 @@ def grant_full_membership(out: Emitter, group_id: str, member_id: str, role: int
     )
 
 
+def revoke_membership(out: Emitter, member_id: str, membership_epoch: int, reason: str) -> None:
+    """MW-8-03: the Membership ends; every later command from its epoch is stale."""
+    out.emit(
+        "membership.revoked",
+        "membership_revoked",
+        membership_pb2.MembershipRevoked(member_id=member_id, membership_epoch=membership_epoch, reason=reason),
+    )
+
+
 def _grant_lease(
     out: Emitter,
     command: command_pb2.Command,
