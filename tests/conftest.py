@@ -103,11 +103,15 @@ class World:
     settings: Settings
     clock: OffsetClock
 
-    def signed(self, signer: SessionSigner, group_id: str, kind: str, body: Message, **kw: Any) -> common_pb2.SignedEnvelope:
-        """A signed command issued at the server's (possibly advanced) clock."""
+    def command(self, signer: SessionSigner, group_id: str, kind: str, body: Message, **kw: Any) -> command_pb2.Command:
+        """A command issued at the server's (possibly advanced) clock."""
         command = signer.command(group_id, kind, body, **kw)
         command.issued_at.CopyFrom(to_timestamp(self.clock.now()))
-        return signer.sign(command)
+        return command
+
+    def signed(self, signer: SessionSigner, group_id: str, kind: str, body: Message, **kw: Any) -> common_pb2.SignedEnvelope:
+        """A signed command issued at the server's (possibly advanced) clock."""
+        return signer.sign(self.command(signer, group_id, kind, body, **kw))
 
     async def run(self, signer: SessionSigner, group_id: str, kind: str, body: Message, **kw: Any) -> command_pb2.CommandResult:
         return await self.client.execute(self.signed(signer, group_id, kind, body, **kw))

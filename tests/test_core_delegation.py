@@ -196,6 +196,20 @@ def test_descendant_depth_is_within_the_grant_and_the_organization_policy() -> N
     )
 
 
+@pytest.mark.req("MW-9.1-12", "MW-9.1-08")
+def test_an_existing_descendant_deeper_than_the_grant_reaches_is_not_offered_under_it() -> None:
+    """D122: the Coordinator may have planned deeper than the grant's maximum; such an item is in
+    the subtree but beyond the grant, so a delegated offer of it is refused like a delegated
+    authorize at that depth would be."""
+    state = run(BASE, "work_authorize", authorize("deep", parent="child"), "coord")  # depth 2, by the Coordinator
+    state, g = granted(state, max_descendant_depth=1)
+    state = run(state, "work_offer", offer("child", g), "lead")  # depth 1: within the grant
+    deep = refused(state, "work_offer", offer("deep", g), "lead")
+    assert check_of(deep) == ("OUTSIDE_GRANT", "depth") and deep.metadata["depth"] == "2"
+    strict = decider.DecisionContext(NOW, IDS, policy=OrganizationPolicy(max_delegation_depth=0))
+    assert check_of(refused(state, "work_offer", offer("child", g), "lead", strict)) == ("OUTSIDE_GRANT", "depth_policy")
+
+
 @pytest.mark.req("MW-9.1-10")
 def test_every_required_capability_is_allowed_at_the_minimum_version() -> None:
     state, g = granted()

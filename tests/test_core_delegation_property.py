@@ -2,8 +2,9 @@
 
 Random interleavings of grants, delegated authorize and offer, fail, cancel, revocation, Membership
 changes, Coordinator replacement and time under several grants. Invariants: what a grant has been
-charged never exceeds any of its caps (MW-9.1-11); an accepted delegated command used a grant that
-was valid at that moment (MW-9.1-13..15); replaying the log gives the live state."""
+charged equals a tally the machine keeps itself from the commands it saw accepted, and that tally
+never exceeds any of the caps it asked for (MW-9.1-11); an accepted delegated command used a grant
+that was valid at that moment (MW-9.1-13..15); replaying the log gives the live state."""
 
 from __future__ import annotations
 
@@ -35,6 +36,15 @@ LEADS = ["lead1", "lead2"]
 Role = membership_pb2.MemberRole
 
 
+def vector(tokens: int) -> dict[str, int]:
+    """The budget dimensions this machine uses (the others are zero in budgets and caps alike)."""
+    return {"tokens": tokens, "tool_calls": tokens // 100}
+
+
+def dims(v: common_pb2.ResourceVector) -> dict[str, int]:
+    return {dim: int(getattr(v, dim)) for dim in SIX}
+
+
 class GrantMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -43,6 +53,13 @@ class GrantMachine(RuleBasedStateMachine):
         self.log: list[event_pb2.Event] = []
         self.state: GroupState | None = None
         self.coordinator = "coord"
+        # The machine's own books, from the commands it saw accepted (never from the grant's
+        # accounting): each WorkItem's budget, each grant's caps, and per grant the budget of every
+        # WorkItem authorized or offered under it, counted once at its latest size. MW-9.1-11 is
+        # cumulative (docs/delegation.md, D82): failing or cancelling an item releases nothing.
+        self.budgets: dict[str, dict[str, int]] = {}
+        self.caps: dict[str, dict[str, int]] = {}
+        self.tally: dict[str, dict[str, dict[str, int]]] = {}
         create = builders.mission_create("alice", "coord", START)
         create.coordinator_renewal.lease_duration.FromSeconds(3_600)
         self._apply("mission_create", create, "alice", must=True)
@@ -57,7 +74,7 @@ class GrantMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ plumbing
 
     def _contract(self, tokens: int) -> wp.WorkContract:
-        return builders.contract(START, budget=common_pb2.ResourceVector(currency="EUR", tokens=tokens, tool_calls=tokens // 100))
+        return builders.contract(START, budget=common_pb2.ResourceVector(currency="EUR", **vector(tokens)))
 
     def _apply(self, kind: str, body: object, actor: str, *, must: bool = False) -> bool:
         self.n += 1
@@ -83,7 +100,20 @@ class GrantMachine(RuleBasedStateMachine):
         for event in decision:
             self.state = decider.evolve(self.state, event)
             self.log.append(event)
+        self._book(kind, body)
         return True
+
+    def _book(self, kind: str, body: object) -> None:
+        """Keep the machine's books for an accepted command."""
+        if kind == "work_authorize":
+            b: wp.WorkAuthorize = body  # type: ignore[assignment]
+            self.budgets[b.work_item_id] = dims(b.contract.budget)
+        if kind in ("work_authorize", "work_offer") and body.grant_id:  # type: ignore[attr-defined]
+            wid = body.work_item_id  # type: ignore[attr-defined]
+            self.tally.setdefault(body.grant_id, {})[wid] = self.budgets[wid]  # type: ignore[attr-defined]
+        if kind == "membership_grant_delegation":
+            [grant_id] = set(self._grants()) - set(self.caps)
+            self.caps[grant_id] = dims(body.caps)  # type: ignore[attr-defined]
 
     def _was_usable(self, before: GroupState, actor: str, grant_id: str) -> None:
         """MW-9.1-13..16, restated from the state before the command."""
@@ -119,7 +149,7 @@ class GrantMachine(RuleBasedStateMachine):
             grantee_id=grantee,
             target_work_item_id=root,
             allowed_capabilities=[membership_pb2.Capability(capability_id="code.python", version="3.0")],
-            caps=common_pb2.ResourceVector(currency="EUR", tokens=tokens, tool_calls=tokens // 100),
+            caps=common_pb2.ResourceVector(currency="EUR", **vector(tokens)),
             max_descendant_depth=depth,
             expires_at=to_timestamp(self.now + timedelta(minutes=minutes)),
             coordinator_epoch=lease.coordinator_epoch if lease else 0,
@@ -199,11 +229,14 @@ class GrantMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ invariants
 
     @invariant()
-    def charges_fit_every_cap(self) -> None:
+    def charges_equal_the_tally_and_fit_every_cap(self) -> None:
         assert self.state is not None
-        for grant in self.state.grants.values():
-            charged = grant.charged_with("", {})
-            assert all(charged[dim] <= grant.caps[dim] for dim in SIX), (grant.grant_id, charged, grant.caps)
+        assert set(self.state.grants) == set(self.caps)
+        for grant_id, grant in self.state.grants.items():
+            items = self.tally.get(grant_id, {})
+            tally = {dim: sum(budget[dim] for budget in items.values()) for dim in SIX}
+            assert grant.charged_with("", {}) == tally, (grant_id, grant.counted, items)
+            assert all(tally[dim] <= self.caps[grant_id][dim] for dim in SIX), (grant_id, tally, self.caps[grant_id])
 
     @invariant()
     def delegated_items_sit_in_their_subtree_within_depth(self) -> None:

@@ -61,6 +61,32 @@ def delegated(
     )
 
 
+async def via_gateway(w: World, stream: Stream, signer: SessionSigner, kind: str, body: Any) -> gpb.ResultFrame:
+    """A COMMAND frame on ``stream``, as ``signer`` at its current Membership epoch, and its RESULT."""
+    command = w.command(signer, G, kind, body, membership_epoch=await w.epoch_of(G, signer.identity_id))
+    await stream.send(command=gpb.CommandFrame(command_id=command.command_id, command=signer.sign(command)))
+    answer = (await stream.until("result")).result
+    assert answer.command_id == command.command_id
+    return answer
+
+
+async def accepted_via_gateway(w: World, stream: Stream, signer: SessionSigner, kind: str, body: Any) -> list[Any]:
+    answer = await via_gateway(w, stream, signer, kind, body)
+    assert answer.HasField("result"), answer.rejection
+    return decode_events(answer.result.events)
+
+
+async def refused_via_gateway(
+    w: World, stream: Stream, signer: SessionSigner, kind: str, body: Any, reason: int
+) -> common_pb2.Rejection:
+    """Refused with ``reason``, and nothing written (the Group's head stays where it was)."""
+    head = (await w.client.group_state(G)).head_sequence
+    answer = await via_gateway(w, stream, signer, kind, body)
+    assert answer.HasField("rejection") and R.Name(answer.rejection.reason) == R.Name(reason), answer
+    assert (await w.client.group_state(G)).head_sequence == head
+    return answer.rejection
+
+
 async def grants(client: MeshClient) -> dict[str, authority_service_pb2.DelegationGrantStatus]:
     return {g.grant.grant_id: g for g in (await client.group_state(G)).grants}
 
@@ -77,15 +103,7 @@ async def test_a_work_delegate_plans_and_offers_a_subtree_within_its_grant(world
     grant_id = event.delegation_granted.grant.grant_id
     # Through the gateway, as an agent would: authorize a sub-item linked into the subtree.
     stream = await connected(w, lead)
-    command = lead.command(
-        G,
-        "work_authorize",
-        delegated(w, "sub-1", "root", grant_id),
-        membership_epoch=await w.epoch_of(G, "lead-bot"),
-    )
-    await stream.send(command=gpb.CommandFrame(command_id=command.command_id, command=lead.sign(command)))
-    answer = (await stream.until("result")).result
-    assert answer.HasField("result"), answer.rejection
+    await accepted_via_gateway(w, stream, lead, "work_authorize", delegated(w, "sub-1", "root", grant_id))
     await stream.call.done_writing()
     # Offer the new item to a Worker under the grant; the Worker accepts as from anyone.
     epoch = await w.epoch_of(G, "lead-bot")
@@ -198,6 +216,48 @@ async def test_a_grant_by_anyone_but_the_current_coordinator_or_without_every_fi
     )
 
 
+@pytest.mark.req(
+    "MW-9.1-03", "MW-9.1-04", "MW-9.1-06", "MW-9.1-08", "MW-9.1-09", "MW-9.1-11", "MW-9.1-16", "MW-16-01"
+)
+async def test_a_delegated_flow_runs_entirely_over_the_gateway_stream(world: World) -> None:
+    """Grant, delegated authorize of a descendant, delegated offer, the refusals for a target outside
+    the subtree and a budget over the cap, revocation, and a refused use after it: every command a
+    COMMAND frame on the Coordinator's or the delegate's Connect stream, answered by RESULT."""
+    w = world
+    flow: Flow = await setup(w)
+    await flow.authorize("root")
+    await flow.authorize("elsewhere")
+    lead = await lead_of(w)
+    coord, delegate = await connected(w, w.coordinator), await connected(w, lead)
+    [granted] = await accepted_via_gateway(w, coord, w.coordinator, "membership_grant_delegation", grant_body(w))
+    assert granted.type == "membership.delegation.granted"
+    grant_id = granted.delegation_granted.grant.grant_id
+    [authorized, *_] = await accepted_via_gateway(w, delegate, lead, "work_authorize", delegated(w, "sub-1", "root", grant_id))
+    assert authorized.type == "work.authorized" and authorized.work_authorized.grant_id == grant_id
+    assert authorized.work_authorized.parent_work_item_id == "root"
+    offer = flow.offer_body("sub-1", "worker-bot")
+    offer.coordinator_epoch, offer.grant_id = 0, grant_id
+    offered = await accepted_via_gateway(w, delegate, lead, "work_offer", offer)
+    assert offered[-1].type == "work.offered" and offered[-1].work_offered.grant_id == grant_id
+    assert (await grants(w.client))[grant_id].charged.tokens == 10_000
+    outside = flow.offer_body("elsewhere", "worker-bot")
+    outside.coordinator_epoch, outside.grant_id = 0, grant_id
+    stray = await refused_via_gateway(w, delegate, lead, "work_offer", outside, R.REJECTION_REASON_OUTSIDE_GRANT)
+    assert (stray.metadata["check"], stray.metadata["grant_id"]) == ("scope", grant_id)
+    big = delegated(w, "big", "sub-1", grant_id, tokens=20_000)  # 10,000 + 20,000 over the cap of 25,000
+    over = await refused_via_gateway(w, delegate, lead, "work_authorize", big, R.REJECTION_REASON_BUDGET_EXCEEDED)
+    assert (over.metadata["dimension"], over.metadata["cap"], over.metadata["charged"]) == ("tokens", "25000", "30000")
+    revoke = membership_pb2.MembershipRevokeDelegation(grant_id=grant_id, reason="plan changed")
+    [revoked] = await accepted_via_gateway(w, coord, w.coordinator, "membership_revoke_delegation", revoke)
+    assert revoked.type == "membership.delegation.revoked"
+    late = delegated(w, "late", "sub-1", grant_id, tokens=1)
+    after = await refused_via_gateway(w, delegate, lead, "work_authorize", late, R.REJECTION_REASON_GRANT_INVALID)
+    assert (after.metadata["check"], after.metadata["grant_id"]) == ("revoked", grant_id)
+    assert (await grants(w.client))[grant_id].invalid_because == "revoked"
+    for stream in (coord, delegate):
+        await stream.call.done_writing()
+
+
 async def frames_until(stream: Stream, wanted: str, seconds: float = 10) -> list[Any]:
     """Events delivered on ``stream`` until one of type ``wanted``."""
     seen: list[Any] = []
@@ -246,26 +306,13 @@ async def test_a_just_in_time_worker_joins_for_one_offer_and_leaves_when_it_is_d
     fetched = (await stream.until("fetched")).fetched
     assert [e.sequence for e in decode_events(fetched.events)] == [1, 2]  # cited by the package (MW-8-09)
     # Nothing beyond answering the offer while provisional.
-    post = jit.command(
-        G,
-        "message_post",
-        builders.message((await w.client.group_state(G)).mission.planning_conversation_id, "hi"),
-        membership_epoch=epoch,
-    )
-    await stream.send(command=gpb.CommandFrame(command_id=post.command_id, command=jit.sign(post)))
-    refusal = (await stream.until("result")).result.rejection
+    post = builders.message((await w.client.group_state(G)).mission.planning_conversation_id, "hi")
+    refusal = (await via_gateway(w, stream, jit, "message_post", post)).rejection
     assert (
         refusal.reason == R.REJECTION_REASON_PERMISSION_DENIED and refusal.metadata["check"] == "provisional"
     )
-    accept = jit.command(
-        G,
-        "work_accept_offer",
-        wp.WorkAcceptOffer(work_item_id="wi-1", offer_id=offer.offer_id, contract_revision=1),
-        membership_epoch=epoch,
-    )
-    await stream.send(command=gpb.CommandFrame(command_id=accept.command_id, command=jit.sign(accept)))
-    accepted = (await stream.until("result")).result
-    assert accepted.HasField("result"), accepted.rejection
+    accept = wp.WorkAcceptOffer(work_item_id="wi-1", offer_id=offer.offer_id, contract_revision=1)
+    await accepted_via_gateway(w, stream, jit, "work_accept_offer", accept)
     types = [e.type for e in await frames_until(stream, "membership.activated")]
     assert types[-2:] == ["work.offer_accepted", "membership.activated"]
     member = next(m for m in (await w.client.group_state(G)).memberships if m.member_id == "jit-bot")

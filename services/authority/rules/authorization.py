@@ -283,7 +283,9 @@ coordination-native and fallback work (MW-7.2-10), are offered work and act as a
 (MW-9-10): acting on one takes the command it describes, issued by a role this table allows.
 
 `tests/test_core_authorization.py` checks every role (and an Organization administrator and a
-registered identity without a Membership) against every command kind.
+registered identity without a Membership) against every command kind, in a state where the command
+is valid for an allowed actor: each allowed cell is accepted under each of its conditions, every
+other cell is refused as above, and each condition, broken once, gives its exact refusal.
 """
 
 

@@ -305,7 +305,14 @@ def check_delegated_authorize(
         raise _outside(
             grant, "scope", f"{body.parent_work_item_id} is outside the subtree of {grant.target_work_item_id} (MW-9.1-09)"
         )
-    depth = parent_depth + 1
+    check_depth(grant, ctx, parent_depth + 1)
+    check_capabilities(grant, body.contract)
+    check_charge(grant, work_item_id, body.contract.budget)
+
+
+def check_depth(grant: GrantState, ctx: DecisionContext, depth: int) -> None:
+    """MW-9.1-12: a WorkItem used under the grant sits within the grant's maximum depth below its
+    scope root and within the Organization's limit in force now."""
     if depth > grant.max_descendant_depth:
         raise _outside(grant, "depth", f"depth {depth} below the scope root exceeds the grant's {grant.max_descendant_depth}", depth=depth)
     if depth > ctx.policy.max_delegation_depth:
@@ -313,16 +320,20 @@ def check_delegated_authorize(
             grant, "depth_policy", f"depth {depth} exceeds the Organization's limit of {ctx.policy.max_delegation_depth} (MW-9.1-12)",
             depth=depth,
         )
-    check_capabilities(grant, body.contract)
-    check_charge(grant, work_item_id, body.contract.budget)
 
 
-def check_delegated_offer(state: GroupState, grant: GrantState, body: wp.WorkOffer, contract: wp.WorkContract) -> None:
-    """MW-9.1-08/10/11: the scope root or an existing descendant, within capabilities and caps."""
-    if depth_below(state, grant.target_work_item_id, body.work_item_id) is None:
+def check_delegated_offer(
+    state: GroupState, ctx: DecisionContext, grant: GrantState, body: wp.WorkOffer, contract: wp.WorkContract
+) -> None:
+    """MW-9.1-08/10/11/12: the scope root or an existing descendant within the grant's depth (D122),
+    within capabilities and caps."""
+    depth = depth_below(state, grant.target_work_item_id, body.work_item_id)
+    if depth is None:
         raise _outside(
             grant, "scope", f"{body.work_item_id} is outside the subtree of {grant.target_work_item_id} (MW-9.1-08)"
         )
+    # A descendant the Coordinator created deeper than the grant reaches exists, but is not the grantee's.
+    check_depth(grant, ctx, depth)
     check_capabilities(grant, contract)
     check_charge(grant, body.work_item_id, contract.budget)
 

@@ -103,7 +103,7 @@ def work_offer(
     elif not ids.is_valid(offer_id) or offer_id in item.offers:
         raise invalid("body.offer_id", "a valid id not yet used for this WorkItem")
     if grant is not None:
-        check_delegated_offer(state, grant, body, contract)
+        check_delegated_offer(state, ctx, grant, body, contract)
     if revision == item.contract_revision:
         require_dependencies(state, item, "work.offer")
     if item.owner is not None:  # an expired owner is fenced before the offer takes effect (T03, OP-11)
