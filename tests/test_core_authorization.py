@@ -414,8 +414,6 @@ BREAKS: dict[authz.Condition, Break] = {
     ),
     C.LIVE_COORDINATOR: Break(
         "the lease lapsed", lambda k, a, c: at(case_of(k, a, c), LATE), ("LEASE_EXPIRED", ""),
-        # rules/delegation.py: a lapsed Coordinator is no longer "the current Coordinator" there.
-        except_for={"membership_revoke_delegation": ("PERMISSION_DENIED", "")},
     ),
     C.CURRENT_COORDINATOR: Break(
         "the lease held by a successor", lambda k, a, c: Case(SUCCEEDED, case_of(k, a, c).body, LATE), ("PERMISSION_DENIED", "")

@@ -30,6 +30,7 @@ from services.authority.rules.common import (
     mission_of,
     require_reason,
 )
+from services.authority.rules.memberships import require_steward
 from services.authority.rules.missions import require_coordinator, require_live
 from services.authority.state import SIX, GrantState, GroupState
 
@@ -170,13 +171,7 @@ def membership_revoke_delegation(
     """Explicit revocation: the current Coordinator (or the MissionOwner) ends a grant early."""
     assert state is not None
     body = command.membership_revoke_delegation
-    mission = mission_of(state)
-    lease = mission.coordinator
-    is_coordinator = lease is not None and lease.agent_id == command.actor_id and lease.expires_at > ctx.now
-    if command.actor_id != mission.owner_id and not is_coordinator:
-        raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED, "only the current Coordinator or the MissionOwner revoke a grant"
-        )
+    require_steward(state, command, ctx)  # as every Membership change: a lapsed Coordinator renews first
     grant = state.grants.get(body.grant_id)
     if grant is None:
         raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no grant {body.grant_id!r} in this Group", field="body.membership_revoke_delegation.grant_id")
