@@ -61,6 +61,8 @@ class GroupProjection:
     group_id: str
     sequence: int = 0  # the last sequence applied (the Worker's cursor)
     items: dict[str, ItemView] = field(default_factory=dict)
+    # Who may raise the Worker's priority in this Group (MW-11.1-09): the Mission's MissionOwner.
+    mission_owner_id: str = ""
 
     # ------------------------------------------------------------ reads
 
@@ -85,6 +87,7 @@ class GroupProjection:
     @classmethod
     def from_json(cls, text: str) -> GroupProjection:
         raw = json.loads(text)
+        raw.setdefault("mission_owner_id", "")  # stored before the field existed: the next follow sets it
         items = {}
         for wid, fields_ in raw.pop("items").items():
             fields_.setdefault("retry_not_before", None)  # stored before the field existed
@@ -272,7 +275,17 @@ def _subtask_ended(p: GroupProjection, e: event_pb2.Event) -> None:
         p._ended(item, int(ended.resulting_state))
 
 
+def _mission_created(p: GroupProjection, e: event_pb2.Event) -> None:
+    p.mission_owner_id = e.mission_created.definition.owner_id
+
+
+def _owner_replaced(p: GroupProjection, e: event_pb2.Event) -> None:
+    p.mission_owner_id = e.mission_owner_replaced.owner_id
+
+
 _HANDLERS = {
+    "mission_created": _mission_created,
+    "mission_owner_replaced": _owner_replaced,
     "work_authorized": _authorized,
     "work_offered": _offered,
     "work_offers_withdrawn": _withdrawn,
