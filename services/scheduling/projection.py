@@ -7,7 +7,9 @@ order the Worker's own work without asking anyone. Replaying the same events giv
 projection (``==``), which is how it is rebuilt after loss.
 
 Pure: no I/O, no clock. Only scheduling metadata is kept (MW-13.3-08): contracts' deadline,
-urgency, business impact, dependencies, capabilities and budget, never goals or content.
+urgency, business impact, dependencies, capabilities and budget, never goals or content; and only
+that is delivered: the events come reduced by the Authority's SCHEDULING view
+(services/authority/scheduling_view.py, MW-13.3-09), whose allow-list covers every field read here.
 """
 
 from __future__ import annotations
