@@ -57,8 +57,8 @@ class Log:
         return self.state.work_items[wid]
 
 
-def projected(events: list[event_pb2.Event], worker: str = "worker") -> GroupProjection:
-    p = GroupProjection(worker, "grp_d")
+def projected(events: list[event_pb2.Event], worker: str = "worker", group_id: str = "grp_d") -> GroupProjection:
+    p = GroupProjection(worker, group_id)
     for event in events:
         p.apply(event)
     return p

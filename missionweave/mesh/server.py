@@ -549,7 +549,7 @@ def scheduling_service(
         return {c.capability_id: c.version for c in found.capabilities} if found is not None else None
 
     workers = Workers(clock, group_log_pb2_grpc.GroupLogServiceStub(authority), ProjectionStore(engine), slots)
-    servicer = SchedulingServicer(workers, clock, authority_service_pb2_grpc.AuthorityServiceStub(authority), capabilities)
+    servicer = SchedulingServicer(workers, clock, capabilities)
     return workers, servicer
 
 

@@ -1,4 +1,5 @@
-"""GroupLogService over gRPC: one member's view of a Group's log, for the gateways.
+"""GroupLogService over gRPC: one member's view of a Group's log, for the gateways, and the same
+view reduced to scheduling metadata for the scheduling service (``scheduling_view.py``).
 
 The contract, field by field, is protos/missionweave/internal/v1/group_log.proto; what it promises
 is in docs/internal-contracts.md. Who may read what is decided here (``visibility.py``); the
@@ -32,6 +33,7 @@ from missionweave.rpc.status import rejections_as_status
 from missionweave.signing import SNAPSHOT_REFERENCE_TYPE, SNAPSHOT_TYPE, sign_envelope
 from missionweave.v1 import authority_service_pb2, common_pb2, gateway_service_pb2
 from services.authority.authority import GroupAuthority
+from services.authority.scheduling_view import scheduling_event
 from services.authority.views import snapshot_view
 from services.authority.visibility import active_member, as_ranges, cited_for, may_see, wanted
 
@@ -69,18 +71,21 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
     async def FollowGroup(
         self, request: pb.FollowGroupRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> AsyncIterator[pb.FollowGroupResponse]:
-        """Replay, then push, one member's view of the log (MW-16-01..05, MW-8-07, MW-8-11..15, MW-9-05)."""
+        """Replay, then push, one member's view of the log (MW-16-01..05, MW-8-07, MW-8-11..15, MW-9-05),
+        as signed events or reduced to scheduling metadata (MW-13.3-09)."""
         authority = self.authority
         group_id, member_id, attention = request.group_id, request.member_id, request.filter
         _require_ids(group_id, member_id)
+        scheduling = _scheduling_view(request.view)
         await self._unless_stopping(context)
         state, member = active_member(await authority.state(group_id), group_id, member_id, self.authority.clock.now())
         # OP-36 / MW-8-07: never before the member's visibility start.
         delivered = max(request.after_sequence, member.visibility_start_sequence - 1)
         limit = min(request.max_batch_entries or DEFAULT_BATCH_ENTRIES, MAX_BATCH_ENTRIES)
-        yield pb.FollowGroupResponse(
-            started=pb.FollowStarted(effective_after_sequence=delivered, head_sequence=state.head_sequence)
-        )
+        started = pb.FollowStarted(effective_after_sequence=delivered, head_sequence=state.head_sequence)
+        if scheduling and state.mission is not None:
+            started.mission_owner_id = state.mission.owner_id
+        yield pb.FollowGroupResponse(started=started)
         unwoken = False  # the last wait ended by its timeout: no append of this instance woke it
         foreign = False  # events came that no append of this instance announced: written elsewhere
         while True:
@@ -117,8 +122,12 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
                 size += len(stored.envelope)
                 envelope, event = codec.decode_shared(stored.envelope)
                 entry = out.entries.add(sequence=stored.sequence)
-                if may_see(current, member_id, event) and wanted(current, member_id, event, attention):
+                if not (may_see(current, member_id, event) and wanted(current, member_id, event, attention)):
+                    continue
+                if not scheduling:
                     entry.envelope.CopyFrom(envelope)
+                elif (reduced := scheduling_event(event)) is not None:
+                    entry.scheduling_event.CopyFrom(reduced)
             delivered = out.entries[-1].sequence
             out.head_sequence = max(current.head_sequence, delivered)
             yield pb.FollowGroupResponse(batch=out)
@@ -271,6 +280,16 @@ def requested(ranges: Iterable[gateway_service_pb2.SequenceRange]) -> list[int]:
         if total > MAX_FETCH:
             raise Rejected(R.REJECTION_REASON_TOO_LARGE, f"at most {MAX_FETCH} sequences per fetch", limit=MAX_FETCH)
     return sorted({seq for r in ranges for seq in range(r.first, r.last + 1)})
+
+
+def _scheduling_view(view: int) -> bool:
+    """Whether FollowGroup serves the SCHEDULING view; an unknown view is refused rather than
+    answered with the full one."""
+    if view in (pb.FOLLOW_VIEW_UNSPECIFIED, pb.FOLLOW_VIEW_MEMBER):
+        return False
+    if view == pb.FOLLOW_VIEW_SCHEDULING:
+        return True
+    raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"unknown view {view}", field="view")
 
 
 def _require_ids(group_id: str, member_id: str) -> None:

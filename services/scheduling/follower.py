@@ -1,8 +1,10 @@
 """Keeps one Worker's projection of one Group current: follows the Worker's member view of the
 Group log through the Authority's internal contract (GroupLogService.FollowGroup) and folds it.
 
-The view is the one the gateway delivers to that Worker (visibility start, restricted
-Conversations skipped), so the scheduler never learns more than the Worker may (MW-11.2-02). The
+The sequences are the ones the gateway delivers to that Worker (visibility start, restricted
+Conversations skipped), so the scheduler never learns more than the Worker may (MW-11.2-02); and
+it asks for them in the SCHEDULING view, so the Authority sends each as scheduling metadata only,
+never the signed event with its Mission content (MW-13.3-09, docs/decisions.md D120). The
 projection is saved after each batch, so a restart resumes from its cursor.
 """
 
@@ -18,7 +20,6 @@ from missionweave.errors import Rejected, from_proto
 from missionweave.internal.v1 import group_log_pb2 as glpb
 from missionweave.internal.v1 import group_log_pb2_grpc as glpb_grpc
 from missionweave.rpc.status import rejection_from_rpc_error
-from missionweave.v1 import event_pb2
 from services.scheduling.projection import GroupProjection
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,10 @@ class GroupFollower:
         p = self.projection
         while not self.ended:
             request = glpb.FollowGroupRequest(
-                group_id=p.group_id, member_id=p.worker_id, after_sequence=p.sequence
+                group_id=p.group_id,
+                member_id=p.worker_id,
+                after_sequence=p.sequence,
+                view=glpb.FOLLOW_VIEW_SCHEDULING,
             )
             try:
                 async for answer in self._group_log.FollowGroup(request):
@@ -110,12 +114,15 @@ class GroupFollower:
         kind = answer.WhichOneof("response")
         if kind == "started":
             p.advance(answer.started.effective_after_sequence)
+            if answer.started.mission_owner_id:  # as of the head; replayed replacements may follow
+                p.mission_owner_id = answer.started.mission_owner_id
             if p.sequence >= answer.started.head_sequence:
                 self.caught_up.set()
         elif kind == "batch":
             for entry in answer.batch.entries:
-                if entry.HasField("envelope"):
-                    p.apply(event_pb2.Event.FromString(entry.envelope.payload))
+                # A signed envelope is never read, should one come: only the metadata view is folded.
+                if entry.HasField("scheduling_event"):
+                    p.apply(entry.scheduling_event)
                 else:
                     p.advance(entry.sequence)
             await self._saved(p)

@@ -7,7 +7,9 @@ order the Worker's own work without asking anyone. Replaying the same events giv
 projection (``==``), which is how it is rebuilt after loss.
 
 Pure: no I/O, no clock. Only scheduling metadata is kept (MW-13.3-08): contracts' deadline,
-urgency, business impact, dependencies, capabilities and budget, never goals or content.
+urgency, business impact, dependencies, capabilities and budget, never goals or content; and only
+that is delivered: the events come reduced by the Authority's SCHEDULING view
+(services/authority/scheduling_view.py, MW-13.3-09), whose allow-list covers every field read here.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class GroupProjection:
     group_id: str
     sequence: int = 0  # the last sequence applied (the Worker's cursor)
     items: dict[str, ItemView] = field(default_factory=dict)
+    # Who may raise the Worker's priority in this Group (MW-11.1-09): the Mission's MissionOwner.
+    mission_owner_id: str = ""
 
     # ------------------------------------------------------------ reads
 
@@ -85,6 +89,7 @@ class GroupProjection:
     @classmethod
     def from_json(cls, text: str) -> GroupProjection:
         raw = json.loads(text)
+        raw.setdefault("mission_owner_id", "")  # stored before the field existed: the next follow sets it
         items = {}
         for wid, fields_ in raw.pop("items").items():
             fields_.setdefault("retry_not_before", None)  # stored before the field existed
@@ -272,7 +277,17 @@ def _subtask_ended(p: GroupProjection, e: event_pb2.Event) -> None:
         p._ended(item, int(ended.resulting_state))
 
 
+def _mission_created(p: GroupProjection, e: event_pb2.Event) -> None:
+    p.mission_owner_id = e.mission_created.definition.owner_id
+
+
+def _owner_replaced(p: GroupProjection, e: event_pb2.Event) -> None:
+    p.mission_owner_id = e.mission_owner_replaced.owner_id
+
+
 _HANDLERS = {
+    "mission_created": _mission_created,
+    "mission_owner_replaced": _owner_replaced,
     "work_authorized": _authorized,
     "work_offered": _offered,
     "work_offers_withdrawn": _withdrawn,

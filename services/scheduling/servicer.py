@@ -19,7 +19,7 @@ from missionweave.clock import Clock, to_timestamp
 from missionweave.errors import R, Rejected
 from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.status import rejections_as_status
-from missionweave.v1 import authority_service_pb2, authority_service_pb2_grpc, common_pb2, membership_pb2
+from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import scheduling_service_pb2 as pb
 from missionweave.v1 import scheduling_service_pb2_grpc as pb_grpc
 from missionweave.v1 import work_pb2 as wp
@@ -33,7 +33,6 @@ MAX_QUEUE_PER_GROUP = 64
 COMMITMENTS_PER_SLOT = 4
 MAX_WAIT = timedelta(seconds=30)
 AGING_POLL_S = 1.0
-PEER_TIMEOUT_S = 5.0
 
 _DECLINE = {
     K.ADMISSION_CHECK_KIND_QUEUE_CAPACITY: wp.DECLINE_REASON_CAPACITY,
@@ -62,12 +61,10 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
         self,
         workers: Workers,
         clock: Clock,
-        authority: authority_service_pb2_grpc.AuthorityServiceAsyncStub,
         cards: Callable[[str], Awaitable[dict[str, str] | None]],
     ) -> None:
         self.workers = workers
         self.clock = clock
-        self._authority = authority  # on a mesh channel: Group states, for the MissionOwner check
         self._cards = cards  # a Worker's capabilities in its Agent Card in force (None: no card)
 
     async def _worker(self, caller: Caller) -> WorkerScheduler:
@@ -453,11 +450,11 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
             caller.identity_id,
         ):
             return Source.WORKER_OPERATOR
-        if request.source == pb.PRIORITY_SOURCE_MISSION_OWNER:
-            state = await self._authority.GetGroupState(
-                authority_service_pb2.GetGroupStateRequest(group_id=group_id), timeout=PEER_TIMEOUT_S
-            )
-            if state.state.mission.definition.owner_id == caller.identity_id:
+        if request.source == pb.PRIORITY_SOURCE_MISSION_OWNER and caller.identity_id:
+            # The MissionOwner as the Worker's scheduling view names it, never from the Group state:
+            # that would hand the scheduler the Mission's content (MW-13.3-09).
+            worker = await self.workers.of(request.worker_id or caller.identity_id)
+            if (await worker.group(group_id)).mission_owner_id == caller.identity_id:
                 return Source.MISSION_OWNER
         raise Rejected(
             R.REJECTION_REASON_PERMISSION_DENIED,
