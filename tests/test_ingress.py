@@ -7,6 +7,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from prometheus_client import REGISTRY
 
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.v1 import common_pb2
@@ -58,6 +59,7 @@ async def test_a_flooding_group_is_refused_with_a_retry_delay_while_others_proce
     conv_a = (await create(w, "grp_noisy")).mission.planning_conversation_id
     conv_b = (await create(w, "grp_quiet")).mission.planning_conversation_id
     w.mesh.authority.ingress = GroupIngressLimiter(rate=1, burst=2, now=time)  # type: ignore[attr-defined]
+    overloaded = REGISTRY.get_sample_value("mwp_ingress_overloaded_total") or 0.0
     accepted = w.signed(w.owner, "grp_noisy", "message_post", builders.message(conv_a, "first"), membership_epoch=1)
     await w.client.execute(accepted)
     await w.run(w.owner, "grp_noisy", "message_post", builders.message(conv_a, "second"), membership_epoch=1)
@@ -73,6 +75,7 @@ async def test_a_flooding_group_is_refused_with_a_retry_delay_while_others_proce
     assert status is not None
     retry = [d for d in status.details if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR)]
     assert len(retry) == 1
+    assert (REGISTRY.get_sample_value("mwp_ingress_overloaded_total") or 0.0) - overloaded == 2  # the operator sees both
     # The quiet Group is untouched by the noisy one's empty bucket.
     await w.run(w.owner, "grp_quiet", "message_post", builders.message(conv_b, "hello"), membership_epoch=1)
     # A retried, already accepted command is answered from the log, not refused.

@@ -10,6 +10,7 @@ tests/test_work_items.py::test_a_replacement_session_returns_the_work_to_queued_
 from __future__ import annotations
 
 import pytest
+from prometheus_client import REGISTRY
 
 from missionweave.v1 import work_pb2 as wp
 from services.authority import decider
@@ -83,7 +84,9 @@ async def test_a_session_opened_while_the_fence_was_not_listening_is_caught_by_t
     restarted = await w.client.open_session("worker-bot", w.worker.key)
     assert (await w.client.work_item(G, "wi-1")).state == ACTIVE
     fence = SessionFence(mesh.authority, mesh.identities)  # what a restarted process starts with
+    counted = REGISTRY.get_sample_value("mwp_session_lease_revocations_total") or 0.0
     assert await fence.drain() == 1
+    assert (REGISTRY.get_sample_value("mwp_session_lease_revocations_total") or 0.0) - counted == 1
     assert (await w.client.work_item(G, "wi-1")).state == QUEUED
     assert await mesh.store.running_leases() == []
     assert await fence.drain() == 0  # swept again: nothing left

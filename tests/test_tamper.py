@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 from sqlalchemy import delete, select, update
 
 from missionweave import codec
@@ -189,9 +190,12 @@ async def test_a_tampered_group_is_refused_data_corrupted_while_others_are_serve
 
     sequence = await fork(w) if kind == "fork" else await tamper(w, kind)
     forget(w)
+    refused_logs = REGISTRY.get_sample_value("mwp_log_verification_failures_total") or 0.0
 
     # Served and rebuilt logs are checked: refused whichever call comes first.
     rejection = await rejection_of(read_all(w, G))
+    # Counted once, when found (the operator's alert), however often the Group is refused after.
+    assert (REGISTRY.get_sample_value("mwp_log_verification_failures_total") or 0.0) - refused_logs == 1
     assert rejection.reason == R.REJECTION_REASON_DATA_CORRUPTED
     assert rejection.metadata["group_id"] == G and rejection.metadata["sequence"] == str(sequence), rejection.message
     assert (await rejection_of(w.client.group_state(G))).reason == R.REJECTION_REASON_DATA_CORRUPTED
