@@ -14,7 +14,7 @@ import heapq
 import logging
 from datetime import datetime, timedelta
 
-from sqlalchemy import BigInteger, Column, LargeBinary, MetaData, Table, bindparam, delete
+from sqlalchemy import BigInteger, Column, LargeBinary, MetaData, Table, bindparam, delete, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -107,6 +107,7 @@ proof_nonces = Table(
 # proof is overwritten anyway: pruning only keeps the table small).
 PRUNE_EVERY = REPLAY_WINDOW
 DATABASE_RETRY_AFTER_MS = 1000
+_ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")  # PostgreSQL: this transaction only
 
 
 async def create_schema(engine: AsyncEngine) -> None:
@@ -124,7 +125,8 @@ class SharedNonces:
         self._engine = engine
         self._clock = clock
         self._scope = scope.encode()
-        ins = (postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert)(proof_nonces)
+        self._postgres = engine.dialect.name == "postgresql"
+        ins = (postgresql.insert if self._postgres else sqlite.insert)(proof_nonces)
         self._record = (
             ins.values(nonce_digest=bindparam("digest"), expires_us=bindparam("expires_us"))
             .on_conflict_do_update(
@@ -153,6 +155,11 @@ class SharedNonces:
         }
         try:
             async with self._engine.begin() as conn:
+                if self._postgres:
+                    # Visible to every replica at commit either way; not waiting for the WAL flush
+                    # is what makes this cheap (D118). A server crash could forget the last moment's
+                    # nonces, whose proofs stay replayable for the rest of their 30 s.
+                    await conn.execute(_ASYNC_COMMIT)
                 row = (await conn.execute(self._record, params)).first()
         except SQLAlchemyError as err:
             log.warning("the shared nonce store did not answer", extra={"error": f"{type(err).__name__}: {err}"})
