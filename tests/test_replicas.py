@@ -9,6 +9,7 @@ membership, artifacts and the gateway (as the Kubernetes pods do), reaching A's 
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -19,6 +20,7 @@ import grpc
 import pytest
 from sqlalchemy import func, select
 
+from artifactstore.schema import upload_reservations
 from missionweave import replay
 from missionweave.clock import ManualClock, OffsetClock
 from missionweave.config import Settings
@@ -26,9 +28,10 @@ from missionweave.db import make_engine
 from missionweave.mesh.server import Mesh, start
 from missionweave.rpc.callers import CALL_PROOF_METADATA
 from missionweave.rpc.status import rejection_from_rpc_error
-from missionweave.sdk.client import MeshClient, SessionSigner
+from missionweave.sdk.client import MeshClient, SessionSigner, blob_digest
 from missionweave.sdk.credentials import call_proof
 from missionweave.signing import read_key
+from missionweave.uploads import asks_for_bytes
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as gpb
@@ -38,6 +41,8 @@ from tests.test_gateway import Stream, hello
 # What clients dial (a load balancer in front of both replicas): every proof names it.
 AUDIENCE = "mesh.replicas.test:443"
 FIND_MISSING = "/missionweave.v1.ArtifactService/FindMissing"
+KiB = 1024
+MiB = 1024 * KiB
 
 
 @dataclass
@@ -173,3 +178,71 @@ async def test_the_shared_ledger_takes_each_nonce_once_and_prunes_stale_rows(db_
     finally:
         for engine in engines:
             await engine.dispose()
+
+
+# ------------------------------------------------------------------ the quota (D119)
+
+
+async def start_upload(client: MeshClient, data: bytes) -> Any:
+    """An upload whose header the server has answered: with the go-ahead (the bytes are then
+    reserved against the quota), or with a refusal. Returns the call."""
+    call = client.artifacts.Upload()
+    await call.write(apb.UploadRequest(header=apb.UploadHeader(digest=blob_digest(data))))
+    await call.initial_metadata()
+    return call
+
+
+async def finish_upload(call: Any, data: bytes) -> apb.UploadResponse:
+    for offset in range(0, len(data), MiB):
+        await call.write(apb.UploadRequest(chunk=apb.UploadChunk(offset=offset, data=data[offset : offset + MiB])))
+    await call.done_writing()
+    return await call  # type: ignore[no-any-return]
+
+
+async def quota_refusal(call: Any) -> common_pb2.Rejection:
+    assert not asks_for_bytes(await call.initial_metadata()), "admitted: the server asks for the bytes"
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    rejection = rejection_from_rpc_error(info.value)
+    assert rejection is not None and rejection.reason == common_pb2.REJECTION_REASON_QUOTA_EXCEEDED, info.value
+    return rejection
+
+
+async def test_an_identitys_quota_counts_its_uploads_at_every_replica(replicas: Replicas) -> None:
+    r = replicas
+    for mesh in (r.a, r.b):
+        assert mesh.artifacts is not None
+        mesh.artifacts.quota_bytes = MiB
+    first, second = os.urandom(700 * KiB), os.urandom(700 * KiB)
+    receiving = await start_upload(r.clients["a"], first)
+    assert asks_for_bytes(await receiving.initial_metadata())
+    # While A receives the first, B refuses the second on its header: 700 KiB are in use at A.
+    refused = await quota_refusal(await start_upload(r.clients["b"], second))
+    assert refused.metadata["used_bytes"] == str(len(first))
+    assert not (await finish_upload(receiving, first)).already_existed
+    # Held now (counted once, not as held and in progress): what is left fits at either replica.
+    fits = os.urandom(MiB - len(first))
+    assert not (await finish_upload(await start_upload(r.clients["b"], fits), fits)).already_existed
+    refused = await quota_refusal(await start_upload(r.clients["a"], b"x"))
+    assert refused.metadata["used_bytes"] == str(MiB)
+
+
+async def test_concurrent_uploads_at_two_replicas_cannot_both_pass_the_quota(replicas: Replicas) -> None:
+    r = replicas
+    for mesh in (r.a, r.b):
+        assert mesh.artifacts is not None
+        mesh.artifacts.quota_bytes = MiB
+    blobs = [os.urandom(600 * KiB) for _ in range(6)]
+    calls = await asyncio.gather(
+        *(start_upload(r.clients["ab"[i % 2]], data) for i, data in enumerate(blobs))
+    )
+    admitted = [i for i, call in enumerate(calls) if asks_for_bytes(await call.initial_metadata())]
+    assert len(admitted) == 1, admitted  # 600 KiB twice would pass 1 MiB
+    for i, call in enumerate(calls):
+        if i in admitted:
+            await finish_upload(call, blobs[i])
+        else:
+            await quota_refusal(call)
+    # A refused or finished upload leaves no reservation behind.
+    async with r.a.engine.connect() as conn:
+        assert await conn.scalar(select(func.count()).select_from(upload_reservations)) == 0
