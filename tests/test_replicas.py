@@ -180,6 +180,13 @@ async def test_the_shared_ledger_takes_each_nonce_once_and_prunes_stale_rows(db_
             await engine.dispose()
 
 
+def test_the_nonce_store_is_memory_unless_configured() -> None:
+    assert Settings.from_env({}).nonce_store == "memory"
+    assert Settings.from_env({"MWP_NONCE_STORE": "Database"}).nonce_store == "database"
+    with pytest.raises(ValueError, match="MWP_NONCE_STORE"):
+        Settings.from_env({"MWP_NONCE_STORE": "redis"})
+
+
 # ------------------------------------------------------------------ the quota (D119)
 
 
