@@ -3,14 +3,19 @@ provenance edges."""
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from artifactstore.schema import blobs, holders, manifests, provenance
+from artifactstore.schema import blobs, holders, manifests, provenance, upload_reservations
+from missionweave.aio import finish_on_cancel
+from missionweave.db import SQLITE_IMMEDIATE, is_sqlite
 
 
 @dataclass(frozen=True)
@@ -71,15 +76,67 @@ class ArtifactIndex:
 
     # ------------------------------------------------------------ holders (issue 13 item 3)
 
-    async def record_holder(self, digest: str, identity_id: str, size: int, now_us: int) -> None:
-        """``identity_id`` proved it has these bytes (it streamed them and they hashed to ``digest``)."""
-        try:
-            async with self.engine.begin() as conn:
+    async def record_holder(
+        self, digest: str, identity_id: str, size: int, now_us: int, reservation: str = ""
+    ) -> None:
+        """``identity_id`` proved it has these bytes (it streamed them and they hashed to ``digest``);
+        the upload's quota ``reservation`` becomes the holding in the same transaction."""
+        ins = (postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert)(holders)
+        async with self.engine.begin() as conn:
+            if reservation:
+                await conn.execute(delete(upload_reservations).where(upload_reservations.c.reservation_id == reservation))
+            # Already held: a concurrent upload of the same bytes by the same identity.
+            await conn.execute(
+                ins.values(digest=digest, identity_id=identity_id, size_bytes=size, stored_us=now_us).on_conflict_do_nothing()
+            )
+
+    # ------------------------------------------------------------ quota reservations (D119)
+
+    async def reserve(self, identity_id: str, size: int, quota: int, now_us: int, expires_us: int) -> tuple[str, int]:
+        """Reserve ``size`` bytes of ``identity_id``'s quota for an upload about to be received, when
+        what it holds plus its uploads in progress on any replica leave room. Returns the reservation
+        id ("" when refused) and those bytes in use. One identity's reservations are made one at a
+        time across replicas (a PostgreSQL transaction lock on the identity; SQLite's one writer,
+        taken at BEGIN), so two uploads can never both count the room that only one of them fits."""
+        async with self.engine.connect() as conn:
+            if is_sqlite(self.engine):
+                conn = await conn.execution_options(**{SQLITE_IMMEDIATE: True})
+            async with conn.begin():
+                await self._lock_quota_of(conn, identity_id)
+                of_identity = upload_reservations.c.identity_id == identity_id
+                # Lapsed reservations (their replica died mid-upload) count no more: gone now.
+                await conn.execute(delete(upload_reservations).where(of_identity, upload_reservations.c.expires_us < now_us))
+                held = select(func.coalesce(func.sum(holders.c.size_bytes), 0)).where(holders.c.identity_id == identity_id)
+                receiving = select(func.coalesce(func.sum(upload_reservations.c.size_bytes), 0)).where(of_identity)
+                used = int(await conn.scalar(held) or 0) + int(await conn.scalar(receiving) or 0)
+                if used + size > quota:
+                    return "", used
+                reservation = secrets.token_hex(16)
                 await conn.execute(
-                    insert(holders).values(digest=digest, identity_id=identity_id, size_bytes=size, stored_us=now_us)
+                    insert(upload_reservations).values(
+                        reservation_id=reservation, identity_id=identity_id, size_bytes=size, expires_us=expires_us
+                    )
                 )
-        except IntegrityError:
-            pass  # it already held them (a concurrent upload of the same bytes by the same identity)
+        return reservation, used
+
+    @finish_on_cancel  # an upload's end cancels its renewals, maybe mid-statement
+    async def renew(self, reservation: str, expires_us: int) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(upload_reservations)
+                .where(upload_reservations.c.reservation_id == reservation)
+                .values(expires_us=expires_us)
+            )
+
+    @finish_on_cancel  # runs in the clean-up of a cancelled upload
+    async def release(self, reservation: str) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(delete(upload_reservations).where(upload_reservations.c.reservation_id == reservation))
+
+    async def _lock_quota_of(self, conn: AsyncConnection, identity_id: str) -> None:
+        if conn.dialect.name == "postgresql":
+            key = int.from_bytes(hashlib.blake2b(b"mwp-quota:" + identity_id.encode(), digest_size=8).digest(), "big", signed=True)
+            await conn.execute(select(func.pg_advisory_xact_lock(key)))
 
     async def held_by(self, identity_id: str, digests: Iterable[str]) -> set[str]:
         """Which of ``digests`` ``identity_id`` holds."""
@@ -91,14 +148,6 @@ class ArtifactIndex:
                 )
                 found.update(r[0] for r in rows)
         return found
-
-    async def held_bytes(self, identity_id: str) -> int:
-        """What counts against ``identity_id``'s quota: the sizes of the blobs it holds."""
-        async with self.engine.connect() as conn:
-            total = await conn.scalar(
-                select(func.coalesce(func.sum(holders.c.size_bytes), 0)).where(holders.c.identity_id == identity_id)
-            )
-        return int(total or 0)
 
     async def groups_referencing(self, digests: Iterable[str]) -> dict[str, set[str]]:
         """For each of ``digests``, the Groups a recorded manifest names for it (those without any

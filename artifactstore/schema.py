@@ -31,6 +31,19 @@ holders = Table(
 )
 Index("holders_identity", holders.c.identity_id)
 
+# Uploads being received, by any artifact replica: each counts against its identity's quota with
+# what it holds (D119). A row goes when its upload ends (in the transaction that records the holder,
+# if it succeeded); one whose replica died lapses at ``expires_us`` (a live upload renews it).
+upload_reservations = Table(
+    "upload_reservations",
+    METADATA,
+    Column("reservation_id", String(32), primary_key=True),
+    Column("identity_id", String(128), nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("expires_us", BigInteger, nullable=False),
+)
+Index("upload_reservations_identity", upload_reservations.c.identity_id)
+
 manifests = Table(
     "manifests",
     METADATA,

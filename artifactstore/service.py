@@ -8,10 +8,10 @@ is answered as for a blob that does not exist."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections import Counter
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import blake3
@@ -29,6 +29,7 @@ from artifactstore.blobstore import (
 from artifactstore.index import ArtifactIndex, BlobRecord, Edge, ManifestRecord
 from artifactstore.verify import Counters, artifact_error, check_digest, verified_range
 from missionweave import metrics
+from missionweave.aio import cancel_and_wait
 from missionweave.clock import Clock, to_micros, to_timestamp
 from missionweave.errors import Rejected
 from missionweave.manifest import (
@@ -59,6 +60,10 @@ ARTIFACT_BYTES_OUT = metrics.ARTIFACT_BYTES.labels("out")
 MAX_PROVENANCE_DEPTH = 32
 MAX_PROVENANCE_NODES = 10_000
 DEFAULT_QUOTA_BYTES = 10 * 1024**3  # per identity (MWP_ARTIFACT_QUOTA_BYTES; 0 = no quota)
+# An upload's quota reservation (D119) is renewed this often while it is received, and lapses this
+# long after its last renewal (its replica died mid-upload).
+RESERVATION_RENEW_S = 60.0
+RESERVATION_TTL = timedelta(minutes=5)
 
 
 def blake3_digest(hex_digest: str, size: int) -> common_pb2.Digest:
@@ -88,9 +93,6 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         # full): whether a caller is an active member of a Group that references a blob.
         self.authority = authority
         self.quota_bytes = quota_bytes
-        # Bytes of uploads being received now, per identity: counted against the quota with what it
-        # holds, so concurrent uploads cannot each pass the check (this process; D77 for replicas).
-        self._receiving: Counter[str] = Counter()
 
     def _readers(self, caller: Caller) -> Readers:
         return Readers(caller, self.index, self.authority)
@@ -147,10 +149,10 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     ) -> None:
         """Within the caller's quota: ask for the bytes (missionweave/uploads.py), receive and
         verify them (storing them unless already stored), then record the caller as a holder."""
-        identity = self._admit(caller, size)
+        identity = caller.identity_id  # "" for a mesh service
+        reservation = await self._reserve(identity, size) if identity and not caller.operator else ""
+        renewals = asyncio.create_task(self._keep_reserved(reservation)) if reservation else None
         try:
-            if identity and not caller.operator:
-                await self._check_quota(identity, size)
             await context.send_initial_metadata(GO_AHEAD)
             if stored:
                 await self._receive(requests, hex_digest, size, CountingWriter(size))
@@ -158,27 +160,25 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
                 await self._receive(requests, hex_digest, size, None)
                 await self.index.record_blob(hex_digest, size, to_micros(self.clock.now()))
             if identity:
-                await self.index.record_holder(hex_digest, identity, size, to_micros(self.clock.now()))
+                await self.index.record_holder(hex_digest, identity, size, to_micros(self.clock.now()), reservation)
+                reservation = ""  # it became the holding
         finally:
-            if identity:
-                self._receiving[identity] -= size
-                if self._receiving[identity] <= 0:
-                    del self._receiving[identity]
+            await cancel_and_wait(renewals)
+            if reservation:
+                await self.index.release(reservation)
 
-    def _admit(self, caller: Caller, size: int) -> str:
-        """Counts the upload as being received for its identity, before any await, so the quota
-        check of a concurrent upload by the same identity sees it. "" for a mesh service."""
-        if caller.identity_id:
-            self._receiving[caller.identity_id] += size
-        return caller.identity_id
-
-    async def _check_quota(self, identity: str, size: int) -> None:
-        """Refused before a byte is received: what the identity holds plus what it is uploading
-        now would exceed MWP_ARTIFACT_QUOTA_BYTES (operators and mesh services have no quota)."""
+    async def _reserve(self, identity: str, size: int) -> str:
+        """Refused before a byte is received: what the identity holds plus what it is uploading now,
+        to any replica, would exceed MWP_ARTIFACT_QUOTA_BYTES (operators and mesh services have no
+        quota). Otherwise the upload's reservation, counted by every replica until it ends ("" with
+        no quota)."""
         if not self.quota_bytes:
-            return
-        used = await self.index.held_bytes(identity) + self._receiving[identity] - size
-        if used + size > self.quota_bytes:
+            return ""
+        now = self.clock.now()
+        reservation, used = await self.index.reserve(
+            identity, size, self.quota_bytes, to_micros(now), to_micros(now + RESERVATION_TTL)
+        )
+        if not reservation:
             raise artifact_error(
                 R.REJECTION_REASON_QUOTA_EXCEEDED,
                 "QUOTA_EXCEEDED",
@@ -187,6 +187,17 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
                 quota_bytes=self.quota_bytes,
                 used_bytes=used,
             )
+        return reservation
+
+    async def _keep_reserved(self, reservation: str) -> None:
+        """While the upload lasts, however long: a replica that dies leaves a reservation that
+        lapses one RESERVATION_TTL after its last renewal."""
+        while True:
+            await asyncio.sleep(RESERVATION_RENEW_S)
+            try:
+                await self.index.renew(reservation, to_micros(self.clock.now() + RESERVATION_TTL))
+            except Exception:  # the next renewal tries again; the upload itself goes on
+                log.warning("renewing an upload's quota reservation failed", exc_info=True)
 
     def _storage_full(self, exc: BaseException) -> Rejected:
         log.error(

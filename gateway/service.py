@@ -37,12 +37,12 @@ from gateway.limits import GatewayLimits
 from gateway.outbox import Outbox
 from gateway.schema import cursor_upsert, cursors
 from missionweave import metrics
-from missionweave.aio import finish_on_cancel
+from missionweave.aio import cancel_and_wait, finish_on_cancel
 from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
 from missionweave.errors import Rejected, from_proto
 from missionweave.internal.v1 import group_log_pb2 as glpb
 from missionweave.internal.v1 import group_log_pb2_grpc as glpb_grpc
-from missionweave.replay import NONCE_MAX, NONCE_MIN, NonceCache
+from missionweave.replay import NONCE_MAX, NONCE_MIN, NonceCache, SharedNonces
 from missionweave.rpc.callers import Access, CallAuthenticator, normalize_audience, requires
 from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.status import (
@@ -167,6 +167,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         clock: Clock,
         limits: GatewayLimits | None = None,
         audiences: Iterable[str] = (),
+        shared_nonces: SharedNonces | None = None,
     ) -> None:
         # ``authority``: a channel to the Group Authority, over the network or in process (Peers).
         self.group_log = glpb_grpc.GroupLogServiceStub(authority)
@@ -179,7 +180,8 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         # The audiences a HelloProof may name (the mesh's, ``rpc.callers.audiences_for``); the mesh sets them once
         # it knows the port it listens on.
         self.audiences: Collection[str] = frozenset(normalize_audience(a) for a in audiences)
-        self.nonces = NonceCache(clock, max_entries=self.limits.max_hello_nonces)  # HELLO and GetSnapshot
+        # HELLO and GetSnapshot; ``shared_nonces``: also the other gateway replicas' (D118).
+        self.nonces = NonceCache(clock, max_entries=self.limits.max_hello_nonces, shared=shared_nonces)
         self.connections: set[_Connection] = set()
         _GATEWAYS.add(self)
         self._per_identity: Counter[str] = Counter()  # authenticated streams per agent
@@ -305,8 +307,8 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
                 log.warning("gateway tasks still running at shutdown", extra={"tasks": len(pending)})
         for connection in connections:
             connection.go_away()
-        await _cancel(self._cursor_flusher)
-        await _cancel(self._watchdog)
+        await cancel_and_wait(self._cursor_flusher)
+        await cancel_and_wait(self._watchdog)
         if self._closing:
             await asyncio.wait(list(self._closing), timeout=grace)
         await self.flush_cursors()
@@ -361,7 +363,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         issued_at = from_timestamp(claim.issued_at)
         if not self.nonces.fresh(issued_at):
             raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof is stale (clock skew over 30 s)", field="issued_at")
-        if not self.nonces.accept(session_key_id(agent_id, session_epoch), claim.nonce, issued_at):
+        if not await self.nonces.use(session_key_id(agent_id, session_epoch), claim.nonce, issued_at):
             if self.nonces.full:
                 raise _over_limit("too many HELLO proofs in the replay window; retry later", self.limits.max_hello_nonces, "nonces")
             raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof's nonce was already used: make a fresh proof", field="nonce")
@@ -908,7 +910,7 @@ class _Connection:
                 subscription_id=subscription_id,
             )
             return
-        await _cancel(s.task)
+        await cancel_and_wait(s.task)
         await self.flow(s, pb.FLOW_REASON_UNSUBSCRIBED, pb.FLOW_STATE_CLOSED)
 
     # ------------------------------------------------------------ commands
@@ -1025,19 +1027,6 @@ class _Connection:
     @staticmethod
     def _error_frame(fatal: _Fatal) -> pb.ErrorFrame:
         return pb.ErrorFrame(rejection=fatal.rejected.to_proto(), code=E.ValueType(fatal.code), fatal=True)
-
-
-async def _cancel(task: asyncio.Task[None] | None) -> None:
-    if task is None or task.done():
-        return
-    if not task.cancelling():  # a second cancel would interrupt the first one's clean-up
-        task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise  # we are being cancelled ourselves: never swallow that
 
 
 # ------------------------------------------------------------ the Authority's answers

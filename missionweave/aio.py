@@ -33,3 +33,18 @@ def finish_on_cancel(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any
             raise
 
     return run_to_end
+
+
+async def cancel_and_wait(task: asyncio.Task[None] | None) -> None:
+    """Cancel a helper task and wait until it has ended, without swallowing a cancellation of the
+    caller itself."""
+    if task is None or task.done():
+        return
+    if not task.cancelling():  # a second cancel would interrupt the first one's clean-up
+        task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # we are being cancelled ourselves: never swallow that

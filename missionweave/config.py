@@ -22,6 +22,7 @@
 | MWP_MESH_ID              | (unset)                         | processes of one mesh share a data dir          |
 | MWP_OWNERSHIP_LEASE_S    | 30                              | a Group's owner may be replaced this long after its last append |
 | MWP_AUDIENCE             | (the listen/advertise address)  | more addresses call proofs may name (comma list: the front door's) |
+| MWP_NONCE_STORE          | memory                          | where proof nonces are remembered: memory (this process) or database (shared by replicas) |
 | MWP_MESH_TOKEN_FILE      | $MWP_DATA_DIR/keys/mesh.token   | the secret mesh services prove themselves with (created if missing) |
 | MWP_GATEWAY_MAX_STREAMS  | 10000                           | gateway streams open at once                   |
 | MWP_GATEWAY_MAX_STREAMS_PER_IDENTITY | 8                   | ... per authenticated identity                 |
@@ -61,6 +62,7 @@ from pathlib import Path
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 
 SERVICES = ("authority", "membership", "scheduling", "artifacts", "gateway")
+NONCE_STORES = ("memory", "database")
 
 
 @dataclass
@@ -83,6 +85,10 @@ class Settings:
     # Addresses (besides its own) a call proof may name as its audience: where clients dial the mesh.
     audience: str = ""
     mesh_token_file: Path | None = None
+    # Where accepted proofs' nonces are remembered (missionweave/replay.py, D118): "memory", this
+    # process only (one process per service); "database", also in the database every replica of a
+    # service shares, so a proof accepted by one replica is a replay at the others.
+    nonce_store: str = "memory"
     log_level: str = "info"
     log_format: str = "json"
     grace_seconds: float = 10.0
@@ -184,6 +190,9 @@ class Settings:
         s.audience = e.get("MWP_AUDIENCE", s.audience)
         if e.get("MWP_MESH_TOKEN_FILE"):
             s.mesh_token_file = Path(e["MWP_MESH_TOKEN_FILE"])
+        s.nonce_store = e.get("MWP_NONCE_STORE", s.nonce_store).strip().lower() or s.nonce_store
+        if s.nonce_store not in NONCE_STORES:
+            raise ValueError(f"MWP_NONCE_STORE is one of {', '.join(NONCE_STORES)}, not {s.nonce_store!r}")
         s.ownership_lease_s = float(e.get("MWP_OWNERSHIP_LEASE_S", s.ownership_lease_s))
         s.group_rate = float(e.get("MWP_GROUP_RATE", s.group_rate))
         s.group_burst = float(e.get("MWP_GROUP_BURST", s.group_burst))

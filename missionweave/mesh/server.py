@@ -29,7 +29,7 @@ from artifactstore.service import ArtifactServicer, add_artifact_service
 from gateway import schema as gateway_schema
 from gateway.limits import GatewayLimits
 from gateway.service import GatewayServicer
-from missionweave import ids, metrics, tracing
+from missionweave import ids, metrics, replay, tracing
 from missionweave.clock import Clock, SystemClock
 from missionweave.config import Settings
 from missionweave.db import make_engine
@@ -46,6 +46,7 @@ from missionweave.mesh.front_door import FrontDoor, mirror_health, stop_mirrors
 from missionweave.mesh.health import MeshHealth
 from missionweave.mesh.peers import Peers, PeerUnknown
 from missionweave.metrics import MetricsServer
+from missionweave.replay import NonceCache, SharedNonces
 from missionweave.rpc.access_log import AccessLog
 from missionweave.rpc.callers import CallAuthenticator, audiences_for, load_or_create_mesh_token
 from missionweave.rpc.channels import (
@@ -138,13 +139,15 @@ MIN_PEER_PING_INTERVAL_MS = 10_000
 LOCAL_DIRECTORY_WAIT_S = 2.0
 
 
-# Each service's own tables, in the order they are created.
+# Each service's own tables, in the order they are created; and "nonces", no service's: the proof
+# nonces the replicas of every service share, where MWP_NONCE_STORE=database (D118).
 SCHEMAS = {
     "membership": membership_schema,
     "authority": authority_schema,
     "artifacts": artifacts_schema,
     "gateway": gateway_schema,
     "scheduling": scheduling_store,
+    "nonces": replay,
 }
 
 
@@ -313,8 +316,9 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     clock = clock or SystemClock()
     gc.set_threshold(*GC_THRESHOLDS)
     engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
+    shared_nonces = settings.nonce_store == "database"
     try:
-        await create_schemas(engine, settings.services)
+        await create_schemas(engine, (*settings.services, *(("nonces",) if shared_nonces else ())))
     except (OSError, SQLAlchemyError) as unreachable:
         await engine.dispose()
         shown = make_url(settings.db_url).render_as_string(hide_password=True)
@@ -330,8 +334,16 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         await bootstrap_admin(settings, registry)
     identities = _directory_client(peers)
     # Proof freshness is a transport matter, judged by this host's wall clock (the protocol clock
-    # may be a test's shifted one).
-    callers = CallAuthenticator(identities, SystemClock(), audiences_for(*settings.audiences), peers.mesh_token)
+    # may be a test's shifted one). Replicas answer to one audience: with MWP_NONCE_STORE=database
+    # each nonce is also recorded where they all see it (D118).
+    wall = SystemClock()
+    callers = CallAuthenticator(
+        identities,
+        wall,
+        audiences_for(*settings.audiences),
+        peers.mesh_token,
+        NonceCache(wall, shared=SharedNonces(engine, wall, "call") if shared_nonces else None),
+    )
     health = MeshHealth(INTEGRITY_HEALTH)
     store, authority = (
         (await _authority(settings, engine, clock, identities, peers, health))
@@ -429,7 +441,14 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         publications_pb2_grpc.add_PublicationServiceServicer_to_server(publication_servicer, server)
         local.register(INTERNAL_SERVICE_NAMES["publications"], publication_servicer)
     if "gateway" in settings.services:
-        gateway = GatewayServicer(peers.as_mesh("authority"), identities, engine, clock, gateway_limits(settings))
+        gateway = GatewayServicer(
+            peers.as_mesh("authority"),
+            identities,
+            engine,
+            clock,
+            gateway_limits(settings),
+            shared_nonces=SharedNonces(engine, clock, "hello") if shared_nonces else None,
+        )
         gateway.callers = callers
         gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, server)
     mirrors: list[asyncio.Task[None]] = []

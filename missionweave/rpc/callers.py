@@ -103,7 +103,7 @@ class CallAuthenticator:
         self.identities = identities
         self.audiences = set(audiences)
         self._token = mesh_token
-        self._nonces = nonces or NonceCache(clock)
+        self._nonces = nonces if nonces is not None else NonceCache(clock)  # an empty cache is falsy
 
     async def authenticate(self, context: Any, method: str, access: Access) -> Caller:
         if access in (Access.PUBLIC, Access.SIGNED):
@@ -158,7 +158,7 @@ class CallAuthenticator:
         identity = await self.identities.get(claim.identity_id, at_least_epoch=claim.session_epoch)
         if identity is None or identity.session_epoch != claim.session_epoch:
             raise unauthenticated("session", "a newer session of this identity exists: prove the current one")
-        if not self._nonces.accept(claim.identity_id, claim.nonce, issued_at):
+        if not await self._nonces.use(claim.identity_id, claim.nonce, issued_at):
             if self._nonces.full:
                 raise Rejected(R.REJECTION_REASON_OVERLOADED, "too many call proofs in flight; retry", retry_after_ms=1000)
             raise unauthenticated("replayed", "the call proof's nonce was already used (or is not 16..64 bytes)")
