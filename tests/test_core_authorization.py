@@ -543,6 +543,21 @@ def test_kinds_that_create_their_group_name_no_role(actor: str) -> None:
 # ---------------------------------------------------------------- acceptance the table allows
 
 
+@pytest.mark.req("MW-7.2-10", "MW-10.2-T04", "MW-10.2-T07")
+def test_the_coordinator_may_take_work_itself() -> None:
+    """A Coordinator may execute coordination-native work: offered to itself, it accepts, starts
+    under its own lease, and may decline a second offer."""
+    state = run(BASE, "work_offer", offer("coord"), "coord")
+    accept = wp.WorkAcceptOffer(work_item_id="wi", offer_id="off-1", contract_revision=1)
+    state = run(state, "work_accept_offer", accept, "coord")
+    state = run(state, "work_start", wp.WorkStart(work_item_id="wi", ownership_epoch=1, lease_id="lease-1"), "coord")
+    lease = state.work_items["wi"].lease
+    assert lease is not None and lease.agent_id == "coord"
+    again = run(BASE, "work_offer", offer("coord", "off-2"), "coord")
+    decline = wp.WorkDeclineOffer(work_item_id="wi", offer_id="off-2", decline=wp.StructuredDecline(reason=wp.DECLINE_REASON_CAPACITY))
+    run(again, "work_decline_offer", decline, "coord")
+
+
 @pytest.mark.req("MW-9.1-18", "MW-10.3-04")
 @pytest.mark.parametrize("candidate", ["alice", "rev", "obs"])
 def test_work_is_offered_only_to_roles_that_may_accept_it(candidate: str) -> None:
