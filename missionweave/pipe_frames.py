@@ -8,10 +8,19 @@ standard library only, so a child that imports it starts fast.
 from __future__ import annotations
 
 import asyncio
+import signal
 import struct
 from typing import BinaryIO
 
 U32 = struct.Struct("<I")
+
+
+def end_with_the_pipe() -> None:
+    """A child ends when its parent closes the pipe (or dies, which closes it). A Ctrl-C or SIGTERM
+    reaches the whole process group: the child ignores it, so that the parent shuts it down in order
+    instead of seeing it die (and taking that for a crash) in the middle of its own shutdown."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def frame(body: bytes) -> bytes:

@@ -17,7 +17,7 @@ from typing import BinaryIO
 from nacl.bindings import crypto_sign_open
 from nacl.exceptions import BadSignatureError
 
-from missionweave.pipe_frames import U32, frame, read_frame
+from missionweave.pipe_frames import U32, end_with_the_pipe, frame, read_frame
 
 ITEM = struct.Struct("<32s64sI")
 
@@ -53,6 +53,7 @@ def serve(source: BinaryIO, sink: BinaryIO) -> None:
 
 
 def main() -> None:
+    end_with_the_pipe()
     try:
         serve(sys.stdin.buffer, sys.stdout.buffer)
     except (BrokenPipeError, KeyboardInterrupt):

@@ -282,3 +282,24 @@ async def test_events_follow_prints_payloads_and_resumes_after_a_server_restart(
     assert sequences == list(range(1, len(sequences) + 1))  # in order, none twice, none skipped
     posted = next(line for line in lines if line["type"] == "message.posted")
     assert posted["payload"]["content"]["text"] == "after the restart"  # type: ignore[index]
+
+
+def test_ctrl_c_to_the_whole_process_group_stops_the_mesh_in_order(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches every process of the group: the signature workers and the SQLite
+    writer end with their pipes, when the server closes them, so the shutdown logs no child's death."""
+    port = free_port()
+    env = {**os.environ, "MWP_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT), "MWP_METRICS_LISTEN": ""}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "missionweave.cli", "serve", "--listen", f"127.0.0.1:{port}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        wait_healthy(f"127.0.0.1:{port}", env)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    logs = [json.loads(line) for line in proc.stderr.read().splitlines() if line.startswith("{")]  # type: ignore[union-attr]
+    assert logs[-1]["msg"] == "stopped"
+    assert not [entry for entry in logs if entry["level"] in ("error", "critical")], logs

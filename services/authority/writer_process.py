@@ -48,7 +48,7 @@ from nacl.signing import SigningKey
 
 from missionweave import tracing
 from missionweave.errors import Rejected
-from missionweave.pipe_frames import frame, read_frame, read_frame_async
+from missionweave.pipe_frames import end_with_the_pipe, frame, read_frame, read_frame_async
 from missionweave.signing import EVENT_TYPE, pae, signed_envelope
 from missionweave.v1 import common_pb2
 from services.authority.batch_sql import SqliteOps
@@ -193,6 +193,7 @@ def main(argv: list[str]) -> None:
 
     logs.configure(os.environ.get("MWP_LOG_LEVEL", "info"), os.environ.get("MWP_LOG_FORMAT", "json"))
     tracing.setup("authority")  # OTEL_SERVICE_NAME, set by the parent, names its process's service
+    end_with_the_pipe()
     path, synchronous, instance_id, ttl_us = argv
     conn = open_writer_connection(path, synchronous)
     try:
