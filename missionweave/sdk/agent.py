@@ -56,7 +56,7 @@ import os
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -70,7 +70,7 @@ from nacl.signing import SigningKey
 
 from missionweave import __version__, ids
 from missionweave.clock import SystemClock, to_timestamp
-from missionweave.eventlog import link_of
+from missionweave.eventlog import event_digest, link_of
 from missionweave.rpc.channels import ClientTLS, open_channel
 from missionweave.sdk.client import SessionSigner, open_session_envelope
 from missionweave.sdk.client import membership_epoch as active_membership_epoch
@@ -580,6 +580,9 @@ class CreditWindow:
         return self.acked, credits
 
 
+_JITTER = random.Random()  # shared: a handler call makes a Backoff, and seeding one costs ~100 us
+
+
 class Backoff:
     """Capped exponential backoff with jitter: the n-th delay lies in [d/2, d], d = min(cap, initial * 2**n).
 
@@ -592,13 +595,13 @@ class Backoff:
         self, initial: float = 0.2, cap: float = 30.0, factor: float = 2.0, rng: random.Random | None = None
     ) -> None:
         self.initial, self.cap, self.factor = initial, cap, factor
-        self._rng = rng or random.Random()
+        self._rng = rng
         self._attempt = 0
 
     def next(self) -> float:
         ceiling = min(self.cap, self.initial * self.factor**self._attempt)
         self._attempt = min(self._attempt + 1, 64)
-        return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
+        return ceiling / 2 + (self._rng or _JITTER).uniform(0, ceiling / 2)
 
     def reset(self) -> None:
         self._attempt = 0
@@ -723,6 +726,14 @@ class SessionFile:
 # ============================================================================ verification
 
 
+@dataclass(frozen=True)
+class Linked:
+    """A verified event waiting for its turn, with its chain value (eventlog.link_of)."""
+
+    event: event_pb2.Event
+    link: bytes
+
+
 class AuthorityVerifier:
     """Checks the Authority's signature (and payload type) before anything parses a payload."""
 
@@ -743,6 +754,27 @@ class AuthorityVerifier:
 
     def event(self, envelope: common_pb2.SignedEnvelope) -> event_pb2.Event:
         return _parse(event_pb2.Event, self._payload(envelope, EVENT_TYPE))
+
+    def events(self, envelopes: Sequence[common_pb2.SignedEnvelope]) -> list[Linked]:
+        """A frame's events, each verified before it is parsed, with as few Ed25519 checks as the
+        event chain allows (docs/integrity.md): newest first, an event whose payload hashes to the
+        ``previous_digest`` of a verified event is the payload the Authority signed before it, so
+        its own signature adds nothing. A frame of contiguous events costs one signature check; an
+        event the chain does not vouch for (the newest, one after a skipped range, an erased copy,
+        one of another history) has its own signature checked. Returned in frame order."""
+        linked: list[Linked] = []
+        vouched = b""  # the previous_digest of the last event verified, walking backwards
+        for envelope in reversed(envelopes):
+            digest = event_digest(envelope.payload)
+            if envelope.payload_type == EVENT_TYPE and vouched and digest == vouched:
+                payload = envelope.payload
+            else:
+                payload = self._payload(envelope, EVENT_TYPE)
+            event = _parse(event_pb2.Event, payload)
+            linked.append(Linked(event, link_of(payload, event, digest)))
+            vouched = bytes(event.previous_digest)
+        linked.reverse()
+        return linked
 
     def snapshot_reference(self, envelope: common_pb2.SignedEnvelope) -> pb.SnapshotReference:
         return _parse(pb.SnapshotReference, self._payload(envelope, SNAPSHOT_REFERENCE_TYPE))
@@ -808,14 +840,6 @@ _FAILS_SUBSCRIPTION = frozenset(
 _RESUBSCRIBES = frozenset({E.GATEWAY_ERROR_CODE_HISTORY_UNAVAILABLE, E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE})
 
 
-@dataclass(frozen=True)
-class Linked:
-    """A verified event waiting for its turn, with its chain value (eventlog.link_of)."""
-
-    event: event_pb2.Event
-    link: bytes
-
-
 class _Host(Protocol):
     """What a Subscription needs from its Agent (a fake in unit tests)."""
 
@@ -857,7 +881,11 @@ class Subscription:
         self._attention = attention
         self._on_snapshot = on_snapshot
         self._gap_timeout = gap_timeout
-        self._sequencer: GroupSequencer[Linked] = GroupSequencer(cursor_file.load())
+        # What the cursor file holds; the sequencer's cursor is what the handler has processed, which
+        # the file follows behind (_persist_soon).
+        self._durable = cursor_file.load()
+        self._sequencer: GroupSequencer[Linked] = GroupSequencer(self._durable)
+        self._saving: asyncio.Task[None] | None = None
         # The chain value of the last event processed (or the restored snapshot's), with its
         # sequence and whether it was linked itself. Unknown after a start or a gap.
         self._link: tuple[int, bytes, bool] | None = None
@@ -874,7 +902,7 @@ class Subscription:
     @property
     def cursor(self) -> int:
         """The highest contiguous sequence processed and persisted (MW-16-06)."""
-        return self._sequencer.cursor
+        return self._durable
 
     @property
     def failure(self) -> AgentError | None:
@@ -931,6 +959,7 @@ class Subscription:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
         if self._failure is None:
+            await self._flush()
             await self._ack(idle=True)
 
     # ------------------------------------------------------------------ the worker
@@ -955,7 +984,7 @@ class Subscription:
     async def _next_frame(self) -> pb.ServerFrame | None:
         # A gap: events buffered behind a missing sequence, or sequences the gateway reported delivering
         # (FLOW) that never arrived, with nothing buffered behind them (e.g. the last frame of a window).
-        if not self._sequencer.has_gap and self.cursor >= self._announced:
+        if not self._sequencer.has_gap and self._sequencer.cursor >= self._announced:
             return await self._queue.get()
         try:
             return await asyncio.wait_for(self._queue.get(), self._gap_timeout)
@@ -985,12 +1014,11 @@ class Subscription:
     async def _on_events(self, frame: pb.EventFrame) -> None:
         self._retry.reset()
         self._window.received(frame.first_sequence, frame.last_sequence)
-        verifier = self._host._verifier_now()
-        for envelope in frame.events:
-            event = verifier.event(envelope)
+        for linked in self._host._verifier_now().events(frame.events):
+            event = linked.event
             if event.group_id != self.group_id:
                 raise NotVerified(f"{self.group_id}: the gateway delivered an event of {event.group_id}")
-            if not self._sequencer.add_event(event.sequence, event.event_id, Linked(event, link_of(envelope.payload, event))):
+            if not self._sequencer.add_event(event.sequence, event.event_id, linked):
                 log.debug(
                     "%s: duplicate event %s (#%d) dropped", self.group_id, event.event_id, event.sequence
                 )
@@ -1007,9 +1035,8 @@ class Subscription:
                 self._link = (event.sequence, slot.item.link, bool(event.previous_digest))
             else:
                 self._link = None  # what was skipped is not seen here: the chain resumes unchecked
-            await self._persist(slot.last)
             self._sequencer.done(slot)
-            await self._progressed()
+        self._persist_soon()
         if self._queue.empty():
             await self._ack(idle=True)
 
@@ -1042,20 +1069,46 @@ class Subscription:
             if self._stopping:
                 raise _Stop
 
-    async def _persist(self, cursor: int) -> None:
-        """Durable first (MW-16-05): the file never holds a sequence that was not processed."""
-        await asyncio.to_thread(self._file.save, cursor)
+    def _persist_soon(self) -> None:
+        """Writes the processed cursor to the file behind the handler, one write at a time: the
+        handler goes on with the next events during the two fsyncs, and the next write covers all
+        of them (one write per batch, however many events). Only a written cursor is reported
+        (``cursor``, ACKs, credits granted back), so the file and the ACKs never hold a sequence
+        that was not processed, nor one past a gap (MW-16-05); a crash before the write hands the
+        processed events to the handler again after the restart (at least once, MW-16-14)."""
+        if self._saving is None or self._saving.done():
+            self._saving = asyncio.create_task(self._save_behind(), name=f"missionweave-cursor-{self.group_id}")
 
-    async def _progressed(self) -> None:
-        self._window.processed(self.cursor)
+    async def _save_behind(self) -> None:
+        try:
+            while self._sequencer.cursor > self._durable:
+                await self._save()
+                await self._ack(idle=self._queue.empty() and self._sequencer.cursor == self._durable)
+        except Exception as err:  # the worker may be idle waiting for frames: stop it from here
+            log.exception("%s: writing the cursor file failed", self.group_id)
+            self._failure = SubscriptionFailed(f"{self.group_id}: writing the cursor file failed: {err!r}")
+            self._stopping = True
+            self._queue.put_nowait(None)
+            await self._notify()
+
+    async def _save(self) -> None:
+        target = self._sequencer.cursor
+        await asyncio.to_thread(self._file.save, target)
+        self._durable = target
+        self._window.processed(target)
         await self._notify()
-        await self._ack(idle=False)
+
+    async def _flush(self) -> None:
+        """Writes the processed cursor now, after the write in progress (if any)."""
+        if self._saving is not None:
+            await asyncio.shield(self._saving)
+        if self._failure is None and self._sequencer.cursor > self._durable:
+            await self._save()
 
     async def _jump(self, sequence: int) -> None:
         """Moves the cursor to a position the gateway declared (visibility start, restored snapshot)."""
-        await self._persist(max(self.cursor, sequence))
         self._sequencer.jump(sequence)
-        await self._notify()
+        await self._flush()
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -1127,6 +1180,8 @@ class Subscription:
         await self.open()
 
     async def _fail(self, failure: AgentError) -> None:
+        with contextlib.suppress(Exception):  # what was processed before the failure stays processed
+            await self._flush()
         log.error("%s: subscription stopped at sequence %d: %s", self.group_id, self.cursor, failure)
         self._failure = failure
         await self._notify()
