@@ -474,6 +474,44 @@ async def test_a_chained_frame_costs_one_signature_check_yet_a_tampered_event_in
     await sub.stop(grace=1)
 
 
+async def test_frames_queued_behind_a_busy_handler_are_verified_as_one_chain_and_kept_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subscription that fell behind checks one signature for the EVENT frames queued behind it;
+    a FLOW among them is handled in its place, and a tampered event in a later frame is refused."""
+    checks = counting_signature_checks(monkeypatch)
+    host, gate, seen = FakeHost(), asyncio.Event(), []
+
+    async def handler(event: event_pb2.Event) -> None:
+        seen.append(event.sequence)
+        if event.sequence == 1:
+            await gate.wait()
+
+    sub = Subscription(host, 1, G, handler, CursorFile(tmp_path, "bot", G), credits=64)
+    await sub.open()
+    sid = sub.subscription_id
+    frame, link = chained(sid, 1, 1, b"")
+    sub.deliver(frame)
+    await until(lambda: seen == [1])
+    for first in (2, 4, 6):  # queued while the handler is busy with 1
+        frame, link = chained(sid, first, first + 1, link)
+        sub.deliver(frame)
+    announced = pb.FlowFrame(subscription_id=sid, group_id=G, reason=pb.FLOW_REASON_CREDIT_GRANTED, delivered_sequence=9)
+    sub.deliver(pb.ServerFrame(flow=announced))
+    frame, _ = chained(sid, 8, 9, link)
+    edited = event_pb2.Event.FromString(frame.event.events[0].payload)
+    edited.type = "message.edited"
+    frame.event.events[0].payload = edited.SerializeToString()
+    sub.deliver(frame)
+    gate.set()
+    with pytest.raises(NotVerified):
+        await reach(sub, 9)
+    assert seen == list(range(1, 8)) and sub.cursor == 7
+    assert checks == [1, 7, 9, 8]  # 2..7 in one chain; 8 (edited) checked on its own, and refused
+    assert sub._announced == 9  # the FLOW was handled between the two batches
+    await sub.stop(grace=1)
+
+
 def test_events_the_chain_does_not_vouch_for_are_checked_by_their_own_signature(monkeypatch: pytest.MonkeyPatch) -> None:
     """Unlinked events (from before the chain) and an event after a hole in the frame each cost a
     signature check; a forged signature on one of them is refused."""
