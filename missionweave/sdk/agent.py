@@ -27,11 +27,12 @@ What the SDK guarantees (MW-16-01..07, MW-16-10):
   sequence order, one at a time; frames that arrive out of order are buffered, duplicates (by event id
   and by sequence) are dropped (MW-16-02..04). Events filtered out by the gateway (``EventFrame.skipped``)
   never reach the handler but advance the cursor.
-* **Durable cursor that never crosses a gap.** After the handler returns, the cursor (the highest
-  contiguous sequence processed, MW-16-06) is written to ``<cursor_dir>/<agent>/<group>.cursor.json``
-  atomically (temporary file, fsync, rename), then advanced in memory (MW-16-05). A restarted agent resumes
-  from it: at least once across restarts, since a crash between the handler's return and the write repeats
-  that one event (MW-16-14: make side effects idempotent with :meth:`Agent.idempotency_key`).
+* **Durable cursor that never crosses a gap.** Behind the handler, the cursor (the highest contiguous
+  sequence processed, MW-16-06) is written to ``<cursor_dir>/<agent>/<group>.cursor.json`` atomically
+  (temporary file, fsync, rename), one write per batch of events; only a written cursor is reported or
+  ACKed (MW-16-05). A restarted agent resumes from it: at least once across restarts, since a crash
+  before the write repeats the events handled since the previous one (MW-16-14: make side effects
+  idempotent with :meth:`Agent.idempotency_key`).
 * **Reconnects.** When the stream breaks the agent reconnects with capped, jittered exponential backoff,
   re-sends HELLO and re-SUBSCRIBEs every Group from its durable cursor (MW-16-10); commands still waiting
   for their RESULT are re-sent with the same command id (the Authority answers a retry idempotently).
@@ -613,7 +614,7 @@ class Backoff:
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Writes ``data`` to ``path`` atomically: temporary file (mode 0600), fsync, rename, fsync directory.
 
-    Lean on purpose: an agent saves its cursor after every event, on a pool thread, and every Python
+    Lean on purpose: an agent saves its cursors often (once per batch), on a pool thread, and every Python
     step here holds the GIL its event loop needs. The temp name is unique per process and thread
     (no random name, no mkdir unless the directory is missing).
     """
