@@ -198,7 +198,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         if self.stopping:
             await context.abort(grpc.StatusCode.UNAVAILABLE, GOING_AWAY_MESSAGE)
         # Bounded per Group and in bytes: backpressure, and fair across Groups.
-        outbox = Outbox(max_bytes=self.limits.stream_buffer_bytes)
+        outbox = Outbox(max_bytes=self.limits.stream_buffer_bytes, max_events_per_frame=MAX_EVENTS_PER_FRAME)
         connection = _Connection(self, outbox)
         # However the call ends (its end, the client's cancel, a stall), the stream lets go of what
         # it holds at once; the clean-up below may not run when the call is cancelled mid-send. By

@@ -48,11 +48,12 @@ def event_digest(payload: bytes) -> bytes:
     return blake3.blake3(payload).digest()
 
 
-def link_of(payload: bytes, event: event_pb2.Event) -> bytes:
-    """What the next event's ``previous_digest`` must name: the digest of the payload first signed."""
+def link_of(payload: bytes, event: event_pb2.Event, digest: bytes | None = None) -> bytes:
+    """What the next event's ``previous_digest`` must name: the digest of the payload first signed
+    (``digest``: ``event_digest(payload)`` when the caller has it already)."""
     if event.HasField("redaction") and event.redaction.original_event_digest:
         return bytes(event.redaction.original_event_digest)
-    return event_digest(payload)
+    return event_digest(payload) if digest is None else digest
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import asyncio
 import doctest
 import importlib.util
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -434,6 +435,175 @@ async def test_events_that_do_not_continue_the_chain_seen_so_far_are_refused(tmp
         await reach(sub, 6)
     assert seen == [1, 2, 3, 4] and stored(cursor_file.path) == 4
     await sub.stop(grace=1)
+
+
+def counting_signature_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    checks: list[int] = []
+    real = sdk.verify_signature
+
+    def counted(envelope: common_pb2.SignedEnvelope, public_key: bytes, index: int = 0) -> bool:
+        checks.append(event_pb2.Event.FromString(envelope.payload).sequence)
+        return real(envelope, public_key, index)
+
+    monkeypatch.setattr(sdk, "verify_signature", counted)
+    return checks
+
+
+async def test_a_chained_frame_costs_one_signature_check_yet_a_tampered_event_inside_it_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newest event's signature vouches for its predecessors through previous_digest
+    (AuthorityVerifier.events); an event edited inside the frame no longer hashes to the digest its
+    successor names, so its own signature is checked, fails, and the whole frame is refused."""
+    checks = counting_signature_checks(monkeypatch)
+    seen: list[int] = []
+    _, sub, cursor_file = await offline_subscription(tmp_path, seen)
+    frame, link = chained(sub.subscription_id, 1, 5, b"")
+    sub.deliver(frame)
+    await reach(sub, 5)
+    assert seen == [1, 2, 3, 4, 5] and checks == [5]
+    tampered, _ = chained(sub.subscription_id, 6, 9, link)
+    edited = event_pb2.Event.FromString(tampered.event.events[1].payload)
+    edited.type = "message.edited"  # event 7 altered in transit, its signature left as it was
+    tampered.event.events[1].payload = edited.SerializeToString()
+    sub.deliver(tampered)
+    with pytest.raises(NotVerified):
+        await reach(sub, 9)
+    assert seen == [1, 2, 3, 4, 5] and stored(cursor_file.path) == 5  # nothing of the frame was handled
+    assert checks == [5, 9, 7]
+    await sub.stop(grace=1)
+
+
+async def test_frames_queued_behind_a_busy_handler_are_verified_as_one_chain_and_kept_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subscription that fell behind checks one signature for the EVENT frames queued behind it;
+    a FLOW among them is handled in its place, and a tampered event in a later frame is refused."""
+    checks = counting_signature_checks(monkeypatch)
+    host, gate, seen = FakeHost(), asyncio.Event(), []
+
+    async def handler(event: event_pb2.Event) -> None:
+        seen.append(event.sequence)
+        if event.sequence == 1:
+            await gate.wait()
+
+    sub = Subscription(host, 1, G, handler, CursorFile(tmp_path, "bot", G), credits=64)
+    await sub.open()
+    sid = sub.subscription_id
+    frame, link = chained(sid, 1, 1, b"")
+    sub.deliver(frame)
+    await until(lambda: seen == [1])
+    for first in (2, 4, 6):  # queued while the handler is busy with 1
+        frame, link = chained(sid, first, first + 1, link)
+        sub.deliver(frame)
+    announced = pb.FlowFrame(subscription_id=sid, group_id=G, reason=pb.FLOW_REASON_CREDIT_GRANTED, delivered_sequence=9)
+    sub.deliver(pb.ServerFrame(flow=announced))
+    frame, _ = chained(sid, 8, 9, link)
+    edited = event_pb2.Event.FromString(frame.event.events[0].payload)
+    edited.type = "message.edited"
+    frame.event.events[0].payload = edited.SerializeToString()
+    sub.deliver(frame)
+    gate.set()
+    with pytest.raises(NotVerified):
+        await reach(sub, 9)
+    assert seen == list(range(1, 8)) and sub.cursor == 7
+    assert checks == [1, 7, 9, 8]  # 2..7 in one chain; 8 (edited) checked on its own, and refused
+    assert sub._announced == 9  # the FLOW was handled between the two batches
+    await sub.stop(grace=1)
+
+
+def test_events_the_chain_does_not_vouch_for_are_checked_by_their_own_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unlinked events (from before the chain) and an event after a hole in the frame each cost a
+    signature check; a forged signature on one of them is refused."""
+    checks = counting_signature_checks(monkeypatch)
+    verifier = AuthorityVerifier(AUTHORITY_ID, bytes(AUTHORITY.verify_key))
+    assert [item.event.sequence for item in verifier.events([signed_event(s) for s in (1, 2, 3)])] == [1, 2, 3]
+    assert checks == [3, 2, 1]
+    frame, _ = chained("s", 1, 4, b"")
+    envelopes = list(frame.event.events)
+    del envelopes[2]  # 3 missing (skipped): 4 vouches for nothing delivered, 2 vouches for 1
+    checks.clear()
+    assert [item.event.sequence for item in verifier.events(envelopes)] == [1, 2, 4]
+    assert checks == [4, 2]
+    forged = common_pb2.SignedEnvelope()
+    forged.CopyFrom(envelopes[1])
+    forged.signatures[0].sig = bytes(64)
+    with pytest.raises(NotVerified):
+        verifier.events([envelopes[0], forged, envelopes[2]])
+
+
+class HeldCursorFile(CursorFile):
+    """A cursor file whose writes wait for ``release``, then happen, or fail with ``crash``: the
+    process dies between the handler and the write."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory, "bot", G)
+        self.release, self.writing = threading.Event(), threading.Event()
+        self.crash = False
+        self.writes: list[int] = []
+
+    def save(self, cursor: int) -> None:
+        self.writing.set()
+        self.release.wait(10)
+        if self.crash:
+            raise OSError("the process died before the cursor write")
+        self.writes.append(cursor)
+        super().save(cursor)
+
+
+@pytest.mark.req("MW-16-01", "MW-16-05")
+async def test_the_cursor_file_is_written_behind_the_handler_once_per_batch(tmp_path: Path) -> None:
+    """The handler goes on during a cursor write; the next write covers everything handled
+    meanwhile, and neither the cursor nor an ACK reports what the file does not hold yet."""
+    host, seen = FakeHost(), []
+    held = HeldCursorFile(tmp_path)
+
+    async def handler(event: event_pb2.Event) -> None:
+        seen.append(event.sequence)
+
+    sub = Subscription(host, 1, G, handler, held, credits=256)
+    await sub.open()
+    sub.deliver(event_frame(sub.subscription_id, 1, 1))
+    await until(held.writing.is_set)  # the write of cursor 1 is under way ...
+    for sequence in range(2, 11):
+        sub.deliver(event_frame(sub.subscription_id, sequence, sequence))
+    await until(lambda: seen == list(range(1, 11)))  # ... and the handler goes on meanwhile
+    assert sub.cursor == 0 and not held.path.exists() and all(cursor == 0 for cursor, _ in host.acks())
+    held.release.set()
+    await reach(sub, 10)
+    await until(lambda: bool(host.acks()) and host.acks()[-1][0] == 10)
+    assert held.writes == [1, 10] and stored(held.path) == 10  # the first write held, then one for 2..10
+    assert sum(credits for _, credits in host.acks()) == 10
+    await sub.stop(grace=1)
+
+
+@pytest.mark.req("MW-16-01", "MW-16-05", "MW-16-10")
+async def test_a_crash_before_the_batched_cursor_write_redelivers_and_never_skips(tmp_path: Path) -> None:
+    """Events handled but not yet in the cursor file come to the handler again after a restart."""
+    seen: list[int] = []
+    first = FakeHost()
+    held = HeldCursorFile(tmp_path)
+
+    async def handler(event: event_pb2.Event) -> None:
+        seen.append(event.sequence)
+
+    sub = Subscription(first, 1, G, handler, held)
+    await sub.open()
+    sub.deliver(event_frame(sub.subscription_id, 1, 3))
+    await until(lambda: seen == [1, 2, 3])
+    held.crash = True
+    held.release.set()
+    with pytest.raises(SubscriptionFailed, match="cursor file"):
+        await reach(sub, 3)
+    assert not held.path.exists() and all(cursor == 0 for cursor, _ in first.acks())
+    await sub.stop(grace=1)
+
+    host, restarted, cursor_file = await offline_subscription(tmp_path, seen)  # the restart
+    assert host.subscribes()[-1].after_sequence == 0
+    restarted.deliver(event_frame(restarted.subscription_id, 1, 4))
+    await reach(restarted, 4)
+    await restarted.stop(grace=1)
+    assert seen == [1, 2, 3, 1, 2, 3, 4] and stored(cursor_file.path) == 4
 
 
 async def test_the_first_event_after_a_restored_snapshot_must_name_its_last_event_digest(tmp_path: Path) -> None:

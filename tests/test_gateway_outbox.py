@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from gateway.outbox import Outbox
+from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 
 
@@ -76,3 +77,34 @@ async def test_end_sends_what_is_queued_and_end_with_drop_stops_at_once() -> Non
     dropped.end(drop=True)
     await asyncio.wait_for(waiting, 1)  # a waiting producer is released, its frame discarded
     assert (await dropped.get()) is None and dropped.queued_frames == 0
+
+
+@pytest.mark.req("MW-8-17")
+async def test_event_frames_an_agent_is_behind_on_go_out_merged_in_order_within_the_limits() -> None:
+    """Behind a queued EVENT frame, the same subscription's next frame is merged into it when it
+    continues it; another subscription's frame, a FLOW, a gap or the event limit start a new frame."""
+    box = Outbox(frames_per_group=3, max_events_per_frame=3)
+
+    def frame(sid: str, first: int, last: int) -> pb.ServerFrame:
+        envelopes = [common_pb2.SignedEnvelope(payload=bytes([s])) for s in range(first, last + 1)]
+        event = pb.EventFrame(subscription_id=sid, group_id="g", first_sequence=first, last_sequence=last, events=envelopes)
+        event.credits_remaining, event.head_sequence = 100 - last, last
+        return pb.ServerFrame(event=event)
+
+    await box.put_group("g", frame("a", 1, 1))
+    await box.put_group("g", frame("a", 2, 3))  # merged: 1..3
+    await box.put_group("g", frame("a", 4, 4))  # 3 events already: a new frame
+    await box.put_group("g", pb.ServerFrame(flow=pb.FlowFrame(subscription_id="a", group_id="g")))
+    got = await drain(box, 2)
+    assert [(f.event.first_sequence, f.event.last_sequence, len(f.event.events)) for f in got] == [(1, 3, 3), (4, 4, 1)]
+    assert got[0].event.credits_remaining == 97 and got[0].event.head_sequence == 3
+    assert [e.payload for e in got[0].event.events] == [b"\x01", b"\x02", b"\x03"]
+    assert box.queued_bytes == sum(f.ByteSize() for f in [await box.get()])  # the FLOW, kept in its place
+    await box.put_group("g", frame("a", 5, 5))
+    await box.put_group("g", frame("a", 7, 7))  # not a continuation: kept apart
+    await box.put_group("g", frame("a", 8, 8))  # merged into 7..8
+    await box.put_group("g", frame("b", 9, 9))  # another subscription: a frame of its own
+    got = await drain(box, 3)
+    assert [(f.event.subscription_id, f.event.first_sequence, f.event.last_sequence) for f in got] == [
+        ("a", 5, 5), ("a", 7, 8), ("b", 9, 9)
+    ]

@@ -27,11 +27,12 @@ What the SDK guarantees (MW-16-01..07, MW-16-10):
   sequence order, one at a time; frames that arrive out of order are buffered, duplicates (by event id
   and by sequence) are dropped (MW-16-02..04). Events filtered out by the gateway (``EventFrame.skipped``)
   never reach the handler but advance the cursor.
-* **Durable cursor that never crosses a gap.** After the handler returns, the cursor (the highest
-  contiguous sequence processed, MW-16-06) is written to ``<cursor_dir>/<agent>/<group>.cursor.json``
-  atomically (temporary file, fsync, rename), then advanced in memory (MW-16-05). A restarted agent resumes
-  from it: at least once across restarts, since a crash between the handler's return and the write repeats
-  that one event (MW-16-14: make side effects idempotent with :meth:`Agent.idempotency_key`).
+* **Durable cursor that never crosses a gap.** Behind the handler, the cursor (the highest contiguous
+  sequence processed, MW-16-06) is written to ``<cursor_dir>/<agent>/<group>.cursor.json`` atomically
+  (temporary file, fsync, rename), one write per batch of events; only a written cursor is reported or
+  ACKed (MW-16-05). A restarted agent resumes from it: at least once across restarts, since a crash
+  before the write repeats the events handled since the previous one (MW-16-14: make side effects
+  idempotent with :meth:`Agent.idempotency_key`).
 * **Reconnects.** When the stream breaks the agent reconnects with capped, jittered exponential backoff,
   re-sends HELLO and re-SUBSCRIBEs every Group from its durable cursor (MW-16-10); commands still waiting
   for their RESULT are re-sent with the same command id (the Authority answers a retry idempotently).
@@ -56,7 +57,7 @@ import os
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -70,7 +71,7 @@ from nacl.signing import SigningKey
 
 from missionweave import __version__, ids
 from missionweave.clock import SystemClock, to_timestamp
-from missionweave.eventlog import link_of
+from missionweave.eventlog import event_digest, link_of
 from missionweave.rpc.channels import ClientTLS, open_channel
 from missionweave.sdk.client import SessionSigner, open_session_envelope
 from missionweave.sdk.client import membership_epoch as active_membership_epoch
@@ -580,6 +581,9 @@ class CreditWindow:
         return self.acked, credits
 
 
+_JITTER = random.Random()  # shared: a handler call makes a Backoff, and seeding one costs ~100 us
+
+
 class Backoff:
     """Capped exponential backoff with jitter: the n-th delay lies in [d/2, d], d = min(cap, initial * 2**n).
 
@@ -592,13 +596,13 @@ class Backoff:
         self, initial: float = 0.2, cap: float = 30.0, factor: float = 2.0, rng: random.Random | None = None
     ) -> None:
         self.initial, self.cap, self.factor = initial, cap, factor
-        self._rng = rng or random.Random()
+        self._rng = rng
         self._attempt = 0
 
     def next(self) -> float:
         ceiling = min(self.cap, self.initial * self.factor**self._attempt)
         self._attempt = min(self._attempt + 1, 64)
-        return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
+        return ceiling / 2 + (self._rng or _JITTER).uniform(0, ceiling / 2)
 
     def reset(self) -> None:
         self._attempt = 0
@@ -610,7 +614,7 @@ class Backoff:
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Writes ``data`` to ``path`` atomically: temporary file (mode 0600), fsync, rename, fsync directory.
 
-    Lean on purpose: an agent saves its cursor after every event, on a pool thread, and every Python
+    Lean on purpose: an agent saves its cursors often (once per batch), on a pool thread, and every Python
     step here holds the GIL its event loop needs. The temp name is unique per process and thread
     (no random name, no mkdir unless the directory is missing).
     """
@@ -723,6 +727,14 @@ class SessionFile:
 # ============================================================================ verification
 
 
+@dataclass(frozen=True)
+class Linked:
+    """A verified event waiting for its turn, with its chain value (eventlog.link_of)."""
+
+    event: event_pb2.Event
+    link: bytes
+
+
 class AuthorityVerifier:
     """Checks the Authority's signature (and payload type) before anything parses a payload."""
 
@@ -743,6 +755,27 @@ class AuthorityVerifier:
 
     def event(self, envelope: common_pb2.SignedEnvelope) -> event_pb2.Event:
         return _parse(event_pb2.Event, self._payload(envelope, EVENT_TYPE))
+
+    def events(self, envelopes: Sequence[common_pb2.SignedEnvelope]) -> list[Linked]:
+        """A frame's events, each verified before it is parsed, with as few Ed25519 checks as the
+        event chain allows (docs/integrity.md): newest first, an event whose payload hashes to the
+        ``previous_digest`` of a verified event is the payload the Authority signed before it, so
+        its own signature adds nothing. A frame of contiguous events costs one signature check; an
+        event the chain does not vouch for (the newest, one after a skipped range, an erased copy,
+        one of another history) has its own signature checked. Returned in frame order."""
+        linked: list[Linked] = []
+        vouched = b""  # the previous_digest of the last event verified, walking backwards
+        for envelope in reversed(envelopes):
+            digest = event_digest(envelope.payload)
+            if envelope.payload_type == EVENT_TYPE and vouched and digest == vouched:
+                payload = envelope.payload
+            else:
+                payload = self._payload(envelope, EVENT_TYPE)
+            event = _parse(event_pb2.Event, payload)
+            linked.append(Linked(event, link_of(payload, event, digest)))
+            vouched = bytes(event.previous_digest)
+        linked.reverse()
+        return linked
 
     def snapshot_reference(self, envelope: common_pb2.SignedEnvelope) -> pb.SnapshotReference:
         return _parse(pb.SnapshotReference, self._payload(envelope, SNAPSHOT_REFERENCE_TYPE))
@@ -805,15 +838,10 @@ _FAILS_SUBSCRIPTION = frozenset(
 )
 
 
+# EVENT frames a subscription that fell behind verifies and handles as one batch (_queued_events).
+MAX_FRAMES_PER_BATCH = 64
+
 _RESUBSCRIBES = frozenset({E.GATEWAY_ERROR_CODE_HISTORY_UNAVAILABLE, E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE})
-
-
-@dataclass(frozen=True)
-class Linked:
-    """A verified event waiting for its turn, with its chain value (eventlog.link_of)."""
-
-    event: event_pb2.Event
-    link: bytes
 
 
 class _Host(Protocol):
@@ -857,7 +885,11 @@ class Subscription:
         self._attention = attention
         self._on_snapshot = on_snapshot
         self._gap_timeout = gap_timeout
-        self._sequencer: GroupSequencer[Linked] = GroupSequencer(cursor_file.load())
+        # What the cursor file holds; the sequencer's cursor is what the handler has processed, which
+        # the file follows behind (_persist_soon).
+        self._durable = cursor_file.load()
+        self._sequencer: GroupSequencer[Linked] = GroupSequencer(self._durable)
+        self._saving: asyncio.Task[None] | None = None
         # The chain value of the last event processed (or the restored snapshot's), with its
         # sequence and whether it was linked itself. Unknown after a start or a gap.
         self._link: tuple[int, bytes, bool] | None = None
@@ -865,6 +897,7 @@ class Subscription:
         self._announced = 0  # the highest sequence the gateway reported delivering on this attempt (FLOW)
         self._attempt = 0
         self._queue: asyncio.Queue[pb.ServerFrame | None] = asyncio.Queue()
+        self._held: pb.ServerFrame | None = None  # taken from the queue, to be handled next (_queued_events)
         self._changed = asyncio.Condition()
         self._failure: AgentError | None = None
         self._retry = Backoff(initial=0.5, cap=30.0)  # resubscribing after HISTORY_UNAVAILABLE
@@ -874,7 +907,7 @@ class Subscription:
     @property
     def cursor(self) -> int:
         """The highest contiguous sequence processed and persisted (MW-16-06)."""
-        return self._sequencer.cursor
+        return self._durable
 
     @property
     def failure(self) -> AgentError | None:
@@ -931,6 +964,7 @@ class Subscription:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
         if self._failure is None:
+            await self._flush()
             await self._ack(idle=True)
 
     # ------------------------------------------------------------------ the worker
@@ -955,7 +989,10 @@ class Subscription:
     async def _next_frame(self) -> pb.ServerFrame | None:
         # A gap: events buffered behind a missing sequence, or sequences the gateway reported delivering
         # (FLOW) that never arrived, with nothing buffered behind them (e.g. the last frame of a window).
-        if not self._sequencer.has_gap and self.cursor >= self._announced:
+        if self._held is not None:
+            frame, self._held = self._held, None
+            return frame
+        if not self._sequencer.has_gap and self._sequencer.cursor >= self._announced:
             return await self._queue.get()
         try:
             return await asyncio.wait_for(self._queue.get(), self._gap_timeout)
@@ -974,7 +1011,7 @@ class Subscription:
         if kind is None or getattr(frame, kind).subscription_id != self.subscription_id:
             return  # an earlier attempt's frame: the current attempt replays it from the cursor
         if kind == "event":
-            await self._on_events(frame.event)
+            await self._on_events(self._queued_events(frame.event))
         elif kind == "flow":
             await self._on_flow(frame.flow)
         elif kind == "cursor_too_old":
@@ -982,20 +1019,40 @@ class Subscription:
         elif kind == "error":
             await self._on_error(frame.error)
 
-    async def _on_events(self, frame: pb.EventFrame) -> None:
+    def _queued_events(self, frame: pb.EventFrame) -> list[pb.EventFrame]:
+        """``frame`` and the EVENT frames of this attempt queued right behind it: a subscription
+        that falls behind verifies what it is behind on as one chain, with one signature check
+        (AuthorityVerifier.events), instead of one per frame. The first other frame is held back
+        for the next turn, so frames are still handled in arrival order."""
+        frames = [frame]
+        while len(frames) < MAX_FRAMES_PER_BATCH and self._held is None and not self._queue.empty():
+            queued = self._queue.get_nowait()
+            if queued is None:  # stop() woke the worker, which sees _stopping after this turn
+                break
+            if queued.WhichOneof("frame") == "event" and queued.event.subscription_id == frame.subscription_id:
+                frames.append(queued.event)
+            else:
+                self._held = queued
+        return frames
+
+    def _idle(self) -> bool:
+        return self._held is None and self._queue.empty()
+
+    async def _on_events(self, frames: list[pb.EventFrame]) -> None:
         self._retry.reset()
-        self._window.received(frame.first_sequence, frame.last_sequence)
-        verifier = self._host._verifier_now()
-        for envelope in frame.events:
-            event = verifier.event(envelope)
+        for frame in frames:
+            self._window.received(frame.first_sequence, frame.last_sequence)
+        for linked in self._host._verifier_now().events([envelope for frame in frames for envelope in frame.events]):
+            event = linked.event
             if event.group_id != self.group_id:
                 raise NotVerified(f"{self.group_id}: the gateway delivered an event of {event.group_id}")
-            if not self._sequencer.add_event(event.sequence, event.event_id, Linked(event, link_of(envelope.payload, event))):
+            if not self._sequencer.add_event(event.sequence, event.event_id, linked):
                 log.debug(
                     "%s: duplicate event %s (#%d) dropped", self.group_id, event.event_id, event.sequence
                 )
-        for skipped in frame.skipped:
-            self._sequencer.add_skipped(skipped.first, skipped.last)
+        for frame in frames:
+            for skipped in frame.skipped:
+                self._sequencer.add_skipped(skipped.first, skipped.last)
         await self._drain()
 
     async def _drain(self) -> None:
@@ -1007,10 +1064,9 @@ class Subscription:
                 self._link = (event.sequence, slot.item.link, bool(event.previous_digest))
             else:
                 self._link = None  # what was skipped is not seen here: the chain resumes unchecked
-            await self._persist(slot.last)
             self._sequencer.done(slot)
-            await self._progressed()
-        if self._queue.empty():
+        self._persist_soon()
+        if self._idle():
             await self._ack(idle=True)
 
     def _follows_the_chain(self, event: event_pb2.Event) -> None:
@@ -1042,20 +1098,46 @@ class Subscription:
             if self._stopping:
                 raise _Stop
 
-    async def _persist(self, cursor: int) -> None:
-        """Durable first (MW-16-05): the file never holds a sequence that was not processed."""
-        await asyncio.to_thread(self._file.save, cursor)
+    def _persist_soon(self) -> None:
+        """Writes the processed cursor to the file behind the handler, one write at a time: the
+        handler goes on with the next events during the two fsyncs, and the next write covers all
+        of them (one write per batch, however many events). Only a written cursor is reported
+        (``cursor``, ACKs, credits granted back), so the file and the ACKs never hold a sequence
+        that was not processed, nor one past a gap (MW-16-05); a crash before the write hands the
+        processed events to the handler again after the restart (at least once, MW-16-14)."""
+        if self._saving is None or self._saving.done():
+            self._saving = asyncio.create_task(self._save_behind(), name=f"missionweave-cursor-{self.group_id}")
 
-    async def _progressed(self) -> None:
-        self._window.processed(self.cursor)
+    async def _save_behind(self) -> None:
+        try:
+            while self._sequencer.cursor > self._durable:
+                await self._save()
+                await self._ack(idle=self._idle() and self._sequencer.cursor == self._durable)
+        except Exception as err:  # the worker may be idle waiting for frames: stop it from here
+            log.exception("%s: writing the cursor file failed", self.group_id)
+            self._failure = SubscriptionFailed(f"{self.group_id}: writing the cursor file failed: {err!r}")
+            self._stopping = True
+            self._queue.put_nowait(None)
+            await self._notify()
+
+    async def _save(self) -> None:
+        target = self._sequencer.cursor
+        await asyncio.to_thread(self._file.save, target)
+        self._durable = target
+        self._window.processed(target)
         await self._notify()
-        await self._ack(idle=False)
+
+    async def _flush(self) -> None:
+        """Writes the processed cursor now, after the write in progress (if any)."""
+        if self._saving is not None:
+            await asyncio.shield(self._saving)
+        if self._failure is None and self._sequencer.cursor > self._durable:
+            await self._save()
 
     async def _jump(self, sequence: int) -> None:
         """Moves the cursor to a position the gateway declared (visibility start, restored snapshot)."""
-        await self._persist(max(self.cursor, sequence))
         self._sequencer.jump(sequence)
-        await self._notify()
+        await self._flush()
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -1080,7 +1162,7 @@ class Subscription:
             await self._ack(idle=False)
         else:
             log.debug("%s: flow %s", self.group_id, pb.FlowReason.Name(flow.reason))
-        if self._queue.empty():
+        if self._idle():
             # The drain after the last EVENT skipped its idle ACK because this FLOW was queued behind
             # it; without this ACK a spent credit window would never be granted again.
             await self._ack(idle=True)
@@ -1127,6 +1209,8 @@ class Subscription:
         await self.open()
 
     async def _fail(self, failure: AgentError) -> None:
+        with contextlib.suppress(Exception):  # what was processed before the failure stays processed
+            await self._flush()
         log.error("%s: subscription stopped at sequence %d: %s", self.group_id, self.cursor, failure)
         self._failure = failure
         await self._notify()
