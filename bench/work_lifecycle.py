@@ -111,7 +111,6 @@ class Tally:
     sent: list[pb.ExecuteCommandRequest] = field(default_factory=list)
     responses: list[pb.ExecuteCommandResponse] = field(default_factory=list)
     completed: set[str] = field(default_factory=set)  # "group/work_item" of lifecycles that finished
-    started_at: float = 0.0
     finished_at: list[float] = field(default_factory=list)  # perf_counter() at each lifecycle's end, in order
 
 
@@ -298,22 +297,23 @@ async def run_lifecycles(
             await lifecycle(plan)
 
     with Progress(run, len(plans)), CpuMeter(run, server):
-        t0 = tally.started_at = perf()
+        t0 = perf()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         run.seconds = perf() - t0
     return run
 
 
-def growth_rates(tally: Tally, share: float = 0.1) -> tuple[float, float]:
-    """Lifecycles/s over the first and the last ``share`` of the completed lifecycles: the first
-    window runs from the loop's start to its last completion, the last one from the completion just
-    before it to the loop's last (so both windows count the same lifecycles)."""
+def growth_rates(tally: Tally, concurrency: int, share: float = 0.1) -> tuple[float, float]:
+    """Lifecycles/s over the first and the last ``share`` of the completed lifecycles, in steady
+    state: the ``concurrency`` completions at either end are left out (the first of them carry the
+    ramp-up, a whole lifecycle's latency before anything completes; the last the ramp-down, when no
+    new lifecycle competes with them)."""
     ends = tally.finished_at
     k = max(1, int(len(ends) * share))
-    if len(ends) < 2 * k + 1:
+    if len(ends) < 2 * (k + concurrency) + 1:
         return float("nan"), float("nan")
-    first = k / (ends[k - 1] - tally.started_at)
-    last = k / (ends[-1] - ends[-k - 1])
+    first = k / (ends[concurrency + k] - ends[concurrency])
+    last = k / (ends[-concurrency - 1] - ends[-concurrency - k - 1])
     return first, last
 
 
@@ -575,7 +575,7 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> bool:
         by = ", ".join(f"{name} {cpu / n * 1e3:.2f} ms" for name, cpu in sorted(lc.server_cpu_by.items()))
         print(f"server CPU per lifecycle by process: {by}" + (f"; PostgreSQL backends {lc.pg_cpu / n * 1e3:.2f} ms" if lc.pg_cpu else ""))
     print(f"echo anchor CPU: {echo.cpu_line()}")
-    first, last = growth_rates(t)
+    first, last = growth_rates(t, args.concurrency)
     print(
         f"growth: first 10% of lifecycles {first:,.1f}/s, last 10% {last:,.1f}/s, ratio last/first {last / first:.2f} "
         f"(target >= 0.90) as each Group grew to {c['max_items_per_group']:,} WorkItems"
