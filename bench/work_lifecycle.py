@@ -54,8 +54,11 @@ from authority import (  # noqa: E402
     GRPC_OPTIONS,
     Child,
     CpuMeter,
+    ProcTree,
     Progress,
     Run,
+    SplitMesh,
+    database_name,
     echo_unary_call,
     log,
     run_unary,
@@ -108,6 +111,7 @@ class Tally:
     sent: list[pb.ExecuteCommandRequest] = field(default_factory=list)
     responses: list[pb.ExecuteCommandResponse] = field(default_factory=list)
     completed: set[str] = field(default_factory=set)  # "group/work_item" of lifecycles that finished
+    finished_at: list[float] = field(default_factory=list)  # perf_counter() at each lifecycle's end, in order
 
 
 # ====================================================================== building the commands
@@ -218,7 +222,7 @@ async def run_lifecycles(
     concurrency: int,
     max_seconds: float,
     tally: Tally,
-    server_pid: int = 0,
+    server: int | ProcTree = 0,
     keep_responses: bool = False,
 ) -> Run:
     """``concurrency`` tasks, each running the next lifecycle from a shared cursor to its end.
@@ -284,6 +288,7 @@ async def run_lifecycles(
         run.latencies.append(perf() - t0)
         run.done += 1
         tally.completed.add(f"{plan.group_id}/{plan.work_item_id}")
+        tally.finished_at.append(perf())
 
     async def worker() -> None:
         for plan in cursor:
@@ -291,11 +296,25 @@ async def run_lifecycles(
                 return
             await lifecycle(plan)
 
-    with Progress(run, len(plans)), CpuMeter(run, server_pid):
+    with Progress(run, len(plans)), CpuMeter(run, server):
         t0 = perf()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         run.seconds = perf() - t0
     return run
+
+
+def growth_rates(tally: Tally, concurrency: int, share: float = 0.1) -> tuple[float, float]:
+    """Lifecycles/s over the first and the last ``share`` of the completed lifecycles, in steady
+    state: the ``concurrency`` completions at either end are left out (the first of them carry the
+    ramp-up, a whole lifecycle's latency before anything completes; the last the ramp-down, when no
+    new lifecycle competes with them)."""
+    ends = tally.finished_at
+    k = max(1, int(len(ends) * share))
+    if len(ends) < 2 * (k + concurrency) + 1:
+        return float("nan"), float("nan")
+    first = k / (ends[concurrency + k] - ends[concurrency])
+    last = k / (ends[-concurrency - 1] - ends[-concurrency - k - 1])
+    return first, last
 
 
 # ====================================================================== the driver
@@ -361,9 +380,23 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     r: dict[str, Any] = {}
     run_id = ids.new_id("b")[2:10]
     data_dir = Path(args.data_dir) if args.data_dir else work / "data"
-    log(f"starting our server ({'PostgreSQL' if args.database_url else 'SQLite'} store) in a separate process")
+    store = "PostgreSQL" if args.database_url else "SQLite"
+    if args.growth:
+        # A few Groups grown to 10,000 WorkItems within the replay window take more than the
+        # per-Group ingress limit (MW-8-16, 200 commands/s by default): it is the growth under test.
+        os.environ.setdefault("MWP_GROUP_RATE", "0")
+        log(f"growth mode: MWP_GROUP_RATE={os.environ['MWP_GROUP_RATE']} for the server (0: no per-Group ingress limit)")
     profile_out = work / "server.prof"
-    mesh = spawn_mesh(data_dir, work, args.database_url, profile_out if args.profile_server else None)
+    mesh: Child | SplitMesh
+    if args.shards:
+        log(f"starting the split topology with {args.shards} Authority shard(s) ({store} store)")
+        mesh = SplitMesh(args.shards, data_dir, work / "server.stderr", args.database_url)
+        meter = ProcTree(mesh.proc.pid, "launcher", mesh.names, database_name(args.database_url))
+    else:
+        log(f"starting our server ({store} store) in a separate process")
+        mesh = spawn_mesh(data_dir, work, args.database_url, profile_out if args.profile_server else None)
+        # Every process of the server: its signature worker and SQLite writer too.
+        meter = ProcTree(mesh.proc.pid, "server", pg_database=database_name(args.database_url))
     log(f"  server pid {mesh.proc.pid}, port {mesh.port}")
     try:
         client = MeshClient(f"127.0.0.1:{mesh.port}")
@@ -375,6 +408,8 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         )
 
         warm = min(500, max(args.groups, args.lifecycles // 20))
+        if args.growth:  # every Group ends with ``--growth`` WorkItems, the warm-up's included
+            args.lifecycles = args.growth * args.groups - warm
         total = warm + args.lifecycles
         per = commands_per_lifecycle(args.renewals)
         log(f"building and signing {total:,} lifecycles x {per} commands = {total * per:,} (outside the timed loop)")
@@ -405,7 +440,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         tally = Tally()
         lifecycles = await run_lifecycles(
             "lifecycles", stub.ExecuteCommand, plans[warm:], actors, args.concurrency, args.max_seconds, tally,
-            mesh.proc.pid,
+            meter,
         )
         _profile_toggle(mesh, args)
         log(f"  {lifecycles.line()}")
@@ -465,7 +500,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return r
 
 
-def _profile_toggle(mesh: Child, args: argparse.Namespace) -> None:
+def _profile_toggle(mesh: Child | SplitMesh, args: argparse.Namespace) -> None:
     if args.profile_server:
         import signal
 
@@ -485,6 +520,7 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> bool:
     cmd_rate = t.commands / secs
     per = commands_per_lifecycle(args.renewals)
     store = "PostgreSQL" if args.database_url else "SQLite (WAL, synchronous=FULL)"
+    topology = f"split, {args.shards} Authority shard(s) behind the gateway" if args.shards else "single process"
 
     print()
     print(
@@ -492,7 +528,7 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> bool:
         f"grpcio {grpc.__version__}"
     )
     print(
-        f"store: {store}; {args.lifecycles:,} lifecycles ({r['warm']} more as warm-up), {args.concurrency} concurrent, "
+        f"topology: {topology}; store: {store}; {args.lifecycles:,} lifecycles ({r['warm']} more as warm-up), {args.concurrency} concurrent, "
         f"over {args.groups} Groups (up to {c['max_items_per_group']} WorkItems per Group at the end)"
     )
     print(
@@ -535,7 +571,15 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> bool:
         f"client {lc.client_cpu / n * 1e3:.2f} ms ({lc.client_cpu / secs:.0%}); per command: server "
         f"{lc.server_cpu / max(1, t.commands) * 1e6:,.0f} us, client {lc.client_cpu / max(1, t.commands) * 1e6:,.0f} us"
     )
+    if lc.server_cpu_by:
+        by = ", ".join(f"{name} {cpu / n * 1e3:.2f} ms" for name, cpu in sorted(lc.server_cpu_by.items()))
+        print(f"server CPU per lifecycle by process: {by}" + (f"; PostgreSQL backends {lc.pg_cpu / n * 1e3:.2f} ms" if lc.pg_cpu else ""))
     print(f"echo anchor CPU: {echo.cpu_line()}")
+    first, last = growth_rates(t, args.concurrency)
+    print(
+        f"growth: first 10% of lifecycles {first:,.1f}/s, last 10% {last:,.1f}/s, ratio last/first {last / first:.2f} "
+        f"(target >= 0.90) as each Group grew to {c['max_items_per_group']:,} WorkItems"
+    )
     stats = dict(kv.split("=") for kv in str(r["server_stats"]).split())
     batch = (
         f" (mean group-commit batch {int(stats['appends']) / int(stats['batches']):.1f} appends)"
@@ -582,6 +626,14 @@ def main() -> int:
     p.add_argument("--max-seconds", type=float, default=150.0, help="no new lifecycle after this (default 150)")
     p.add_argument("--quick", action="store_true", help="smoke run (~15 s): 2000 lifecycles, 5000 echo calls")
     p.add_argument("--database-url", default="", help="postgresql://... instead of the embedded SQLite store")
+    p.add_argument(
+        "--growth", type=int, default=0,
+        help="run until every Group holds this many WorkItems (replaces --lifecycles; e.g. 10000 with --groups 4)",
+    )
+    p.add_argument(
+        "--shards", type=int, default=0,
+        help="0: the single-process server (default); N: mwp serve --topology split --shards N (N > 1 needs --database-url)",
+    )
     p.add_argument("--data-dir", default="", help="server data dir (default: a temp dir, removed afterwards)")
     p.add_argument("--profile-server", action="store_true", help="cProfile the server during the timed loop")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (server stderr, profile)")
@@ -590,6 +642,10 @@ def main() -> int:
         args.lifecycles = min(args.lifecycles, 2000)
         args.echo_calls = min(args.echo_calls, 5000)
         args.max_seconds = min(args.max_seconds, 20.0)
+    if args.shards > 1 and not args.database_url:
+        p.error("--shards > 1 needs --database-url (more than one Authority shard needs PostgreSQL, D60)")
+    if args.shards and args.profile_server:
+        p.error("--profile-server profiles the single-process server only")
     if args.lifecycles < 1 or args.concurrency < 1 or args.groups < 1 or args.renewals < 0:
         p.error("--lifecycles, --concurrency and --groups must be positive, --renewals not negative")
     # Pre-signed commands carry their issued_at; the Authority refuses them after its 5-minute replay window.

@@ -323,13 +323,17 @@ class GroupAuthority:
         self.integrity.refuse_if_corrupted(group_id)  # never extended
         fingerprint_ = _fingerprint(command)
         for attempt in range(STORE_RACE_RETRIES + 1):
+            # Looked up before the Group's lock: they depend on the command only, and awaiting them
+            # (an Agent Card read, an artifact's publication) under it capped a Group's rate at one
+            # such round trip per command.
+            lookups = await self._lookups(command) if effect is None else None
             async with self._lock(group_id):
                 replay = await self._replay(command, fingerprint_)
                 if replay is not None:
                     return replay
                 if attempt == 0 and effect is None:  # retries after a store race were admitted already
                     self._admit(group_id)
-                pending = await self._decide_and_enqueue(command, envelope, fingerprint_, effect)
+                pending = await self._decide_and_enqueue(command, envelope, fingerprint_, effect, lookups)
             if pending is None:  # a linked effect with nothing (left) to do
                 return command_pb2.CommandResult(command_id=command.command_id, group_id=group_id)
             owned = pending.owned
@@ -375,6 +379,7 @@ class GroupAuthority:
         envelope: common_pb2.SignedEnvelope | None,
         fingerprint_: bytes,
         effect: Effect | None = None,
+        lookups: _Lookups | None = None,
     ) -> _Pending | None:
         """The decision, in a span of its own: the group commit that makes it durable links to it."""
         with tracing.tracer().start_as_current_span(
@@ -384,7 +389,7 @@ class GroupAuthority:
             set_status_on_exception=False,
         ) as span:
             try:
-                return await self._decide(command, envelope, fingerprint_, effect)
+                return await self._decide(command, envelope, fingerprint_, effect, lookups)
             except Rejected as rejected:
                 span.set_status(Status(StatusCode.ERROR, R.Name(rejected.reason)))
                 raise
@@ -395,6 +400,7 @@ class GroupAuthority:
         envelope: common_pb2.SignedEnvelope | None,
         fingerprint_: bytes,
         effect: Effect | None,
+        lookups: _Lookups | None = None,
     ) -> _Pending | None:
         group_id = command.group_id
         owned = await self._load(group_id)
@@ -405,7 +411,7 @@ class GroupAuthority:
         writer_epoch, state = owned.writer_epoch, owned.state
         now = self.clock.now()
         if effect is None:
-            decision = decider.decide(state, command, await self._context(command, envelope, now))
+            decision = decider.decide(state, command, await self._context(command, envelope, now, lookups))
         else:
             decision = effect(state, now)
             if isinstance(decision, Rejected):
@@ -465,23 +471,44 @@ class GroupAuthority:
         self.store.enqueue(request)
         return pending
 
+    async def _lookups(self, command: command_pb2.Command) -> _Lookups:
+        """What the decision of ``command`` consults outside the Authority: the identities it names,
+        the artifact it publishes, the Agent Cards in force of the agents it names. A refusal
+        (a peer unavailable) is kept, and raised where the decision needs them: a replay of the
+        command is still answered."""
+        try:
+            identities = {
+                i: _identity_info(d) for i, d in (await self.identities.get_many(kinds.referenced_identities(command))).items()
+            }
+            artifacts = await self._published_artifacts(command)
+            cards = {
+                agent: card_info(published)
+                for agent, published in (await self.identities.agent_cards(kinds.card_holders(command))).items()
+            }
+        except Rejected as refused:
+            return _Lookups({}, {}, {}, refused)
+        return _Lookups(identities, artifacts, cards)
+
     async def _context(
-        self, command: command_pb2.Command, envelope: common_pb2.SignedEnvelope | None, now: datetime
+        self,
+        command: command_pb2.Command,
+        envelope: common_pb2.SignedEnvelope | None,
+        now: datetime,
+        lookups: _Lookups | None = None,
     ) -> decider.DecisionContext:
-        """What the decision of a signed command consults besides the Group's state (looked up here)."""
-        identities = {
-            i: _identity_info(d) for i, d in (await self.identities.get_many(kinds.referenced_identities(command))).items()
-        }
+        """What the decision of a signed command consults besides the Group's state."""
+        if lookups is None:
+            lookups = await self._lookups(command)
+        if lookups.refused is not None:
+            raise lookups.refused
         linked = {}
         for linked_id in kinds.linked_groups(command):
             linked_state = await self.state(linked_id)  # durable state of the other Group
             if linked_state is not None:
                 linked[linked_id] = linked_state
-        artifacts = await self._published_artifacts(command)
-        cards = {
-            agent: card_info(published) for agent, published in (await self.identities.agent_cards(kinds.card_holders(command))).items()
-        }
-        return decider.DecisionContext(now, identities, linked, envelope, artifacts, self.policy, cards)
+        return decider.DecisionContext(
+            now, lookups.identities, linked, envelope, lookups.artifacts, self.policy, lookups.cards
+        )
 
     async def _published_artifacts(self, command: command_pb2.Command) -> dict[str, StoredArtifact]:
         """For work.publish_artifact: the blob must be stored with a manifest its publisher signed
@@ -846,6 +873,16 @@ class _OwnedGroup:
         for event in self._unsettled:
             state = decider.evolve(state, event)
         self._durable, self._unsettled = state, []
+
+
+@dataclass
+class _Lookups:
+    """What ``Authority._lookups`` found for one command (``refused``: why it could not)."""
+
+    identities: dict[str, IdentityInfo]
+    artifacts: dict[str, StoredArtifact]
+    cards: dict[str, CardInfo]
+    refused: Rejected | None = None
 
 
 @dataclass

@@ -1,0 +1,313 @@
+"""Replay benchmark: rebuilding a Group's state from storage against the raw read of the same rows,
+start-up time and resident memory with many Groups, memory per owned Group and per open subscription
+(issue 18 item 4).
+
+    PYTHONPATH=. .venv/bin/python bench/replay.py                                  # 10k, 100k, 1M events; 10,000 Groups x 100
+    PYTHONPATH=. .venv/bin/python bench/replay.py --sizes 10000,100000 --groups 1000 --subscriptions 200   # quicker
+
+The mesh runs in this process (``missionweave.mesh.server.start``, SQLite in a temp data dir). The
+logs are **built directly**, not through commands: the first events come from the pure core (the
+Mission's creation), then every further event is a ``message.posted`` made from one the core decided,
+with its own sequence, id and message id, chained (each names the digest of the one before it) and
+signed with the Authority's key exactly as the Authority signs its events, then written in appends
+of ``--append`` events through the store's own batch path (``EventStore.append``, the group
+commit and the SQLite writer process). Through commands, 1M events would take ~10 minutes here.
+
+Per size, in one run and on the same rows, each after a read that warms the page cache:
+
+* **raw row read** (the anchor): ``EventStore.read_history`` pages of 1,024 rows, bytes untouched;
+* **first load**: ``Authority.fold`` as after a start with no checkpoint: every event's signature
+  (the signature worker, in batches), sequence and chain checked, decoded and folded
+  (docs/integrity.md); it leaves a signed chain checkpoint at the head (D68);
+* **checkpointed load**: the verified-envelope cache emptied (a new process), ``fold`` again: the
+  hash chain up to the checkpoint, signatures only above it.
+
+Then ``--groups`` Groups of ``--group-events`` events: the mesh's start-up time over that store and
+its resident memory (RSS, /proc/self/status) before and after every Group is owned (loaded into the
+Authority's cache as by its first command), and before and after ``--subscriptions`` followed
+``ReadEvents`` streams (operator reader, caught up, waiting); the streams' client side lives in this
+process too, so the figure per subscription is an upper bound of the server's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import shutil
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from missionweave.clock import to_timestamp  # noqa: E402
+from missionweave.config import Settings  # noqa: E402
+from missionweave.errors import Rejected  # noqa: E402
+from missionweave.eventlog import event_digest  # noqa: E402
+from missionweave.mesh.server import start  # noqa: E402
+from missionweave.signing import EVENT_TYPE, sign_envelope  # noqa: E402
+from missionweave.v1 import command_pb2, common_pb2, event_pb2  # noqa: E402
+from services.authority import decider  # noqa: E402
+from services.authority.state import IdentityInfo  # noqa: E402
+from services.authority.store import AppendRequest, StoredEvent  # noqa: E402
+
+NOW = datetime.now(UTC)
+IDS = {
+    "alice": IdentityInfo("alice", common_pb2.IDENTITY_KIND_HUMAN, session_epoch=1),
+    "coord": IdentityInfo("coord", common_pb2.IDENTITY_KIND_AGENT, session_epoch=1),
+}
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def opening_events(group_id: str) -> tuple[list[event_pb2.Event], event_pb2.Event]:
+    """The Mission's creation as the core decides it, and a message.posted template after it."""
+    from tests import builders
+
+    def command(kind: str, body: Any, n: int, epoch: int = 0) -> command_pb2.Command:
+        c = command_pb2.Command(
+            command_id=f"c{n}", group_id=group_id, actor_id="alice", session_epoch=1, membership_epoch=epoch,
+            issued_at=to_timestamp(NOW),
+        )  # fmt: skip
+        getattr(c, kind).CopyFrom(body)
+        return c
+
+    ctx = decider.DecisionContext(NOW, IDS)
+    created = decider.decide(None, command("mission_create", builders.mission_create("alice", "coord", NOW), 0), ctx)
+    assert not isinstance(created, Rejected), created
+    state = decider.fold(list(created))
+    assert state is not None and state.mission is not None
+    post = decider.decide(state, command("message_post", builders.message(state.mission.planning_conversation_id, "m"), 1, 1), ctx)
+    assert not isinstance(post, Rejected) and len(post) == 1, post
+    return list(created), post[0]
+
+
+class Filler:
+    """Writes one Group's log of ``events`` events through ``store.append``, signed and chained."""
+
+    def __init__(self, authority: Any, append_size: int) -> None:
+        self.authority, self.append_size = authority, append_size
+
+    async def fill(self, group_id: str, events: int) -> None:
+        authority = self.authority
+        opening, template = opening_events(group_id)
+        link = b""
+        pending: list[event_pb2.Event] = []
+        head = 0
+        n = 0
+
+        def made() -> Any:
+            nonlocal n
+            yield from opening
+            for seq in range(len(opening) + 1, events + 1):
+                e = event_pb2.Event()
+                e.CopyFrom(template)
+                e.sequence = seq
+                e.event_id = f"evt_{group_id}_{seq}"
+                e.message_posted.message_id = f"msg_{seq}"
+                yield e
+
+        for event in made():
+            pending.append(event)
+            if len(pending) == self.append_size or event.sequence == events:
+                stored = []
+                for e in pending:
+                    e.writer_epoch = 1
+                    if e.sequence > 1:
+                        e.previous_digest = link
+                    payload = e.SerializeToString(deterministic=True)
+                    link = event_digest(payload)
+                    envelope = sign_envelope(payload, EVENT_TYPE, authority.signing_key, authority.key_id)
+                    stored.append(
+                        StoredEvent(e.sequence, e.event_id, e.type, int(e.recorded_at.ToMicroseconds()), envelope.SerializeToString())
+                    )
+                n += 1
+                await authority.store.append(
+                    AppendRequest(
+                        group_id=group_id, writer_epoch=1, expected_head=head, command_id=f"bulk-{n}",
+                        fingerprint=b"bulk", events=stored, creates_group=head == 0,
+                    )
+                )  # fmt: skip
+                head = pending[-1].sequence
+                pending = []
+
+
+async def raw_read(store: Any, group_id: str) -> int:
+    rows, after = 0, 0
+    while batch := await store.read_history(group_id, after, 1024):
+        rows += len(batch)
+        after = batch[-1].sequence
+    return rows
+
+
+async def sizes_table(settings: Settings, sizes: list[int], append_size: int) -> list[dict[str, float]]:
+    mesh = await start(settings)
+    authority = mesh.authority
+    assert authority is not None
+    out = []
+    try:
+        filler = Filler(authority, append_size)
+        for size in sizes:
+            gid = f"grp_replay_{size}"
+            t0 = time.perf_counter()
+            await filler.fill(gid, size)
+            fill_s = time.perf_counter() - t0
+            print(f"  built {size:,} events in {fill_s:.1f}s ({size / fill_s:,.0f}/s: core template, chain, sign, bulk append)", flush=True)
+            await raw_read(authority.store, gid)  # the page cache warm for both
+            t0 = time.perf_counter()
+            rows = await raw_read(authority.store, gid)
+            raw_s = time.perf_counter() - t0
+            assert rows == size, (rows, size)
+            authority.integrity.verified._known.clear()
+            gc.collect()
+            t0 = time.perf_counter()
+            state = await authority.fold(gid)
+            first_s = time.perf_counter() - t0
+            assert state is not None and state.head_sequence == size
+            del state
+            authority.integrity.verified._known.clear()  # as in a new process
+            gc.collect()
+            t0 = time.perf_counter()
+            state = await authority.fold(gid)
+            ckpt_s = time.perf_counter() - t0
+            assert state is not None and state.head_sequence == size
+            del state
+            gc.collect()
+            row = {"size": size, "raw": size / raw_s, "first": size / first_s, "ckpt": size / ckpt_s, "fill": fill_s}
+            print(
+                f"  {size:>9,} events: raw rows {row['raw']:,.0f}/s; first load {row['first']:,.0f} ev/s "
+                f"({row['first'] / row['raw']:.0%} of raw, {first_s:.2f}s); checkpointed {row['ckpt']:,.0f} ev/s "
+                f"({row['ckpt'] / row['raw']:.0%} of raw, {ckpt_s:.2f}s)",
+                flush=True,
+            )
+            out.append(row)
+    finally:
+        await mesh.stop(grace=0.5)
+    return out
+
+
+async def many_groups(settings: Settings, groups: int, group_events: int, append_size: int, subscriptions: int) -> dict[str, float]:
+    from missionweave.sdk.client import MeshClient
+    from missionweave.signing import read_key
+
+    r: dict[str, float] = {}
+    mesh = await start(settings)
+    authority = mesh.authority
+    assert authority is not None
+    ids = [f"grp_many_{i:05d}" for i in range(groups)]
+    try:
+        filler = Filler(authority, min(append_size, group_events))
+        t0 = time.perf_counter()
+        for i in range(0, groups, 64):
+            await asyncio.gather(*(filler.fill(g, group_events) for g in ids[i : i + 64]))
+        r["fill_s"] = time.perf_counter() - t0
+        print(f"  built {groups:,} Groups x {group_events} events in {r['fill_s']:.1f}s", flush=True)
+    finally:
+        await mesh.stop(grace=0.5)
+    gc.collect()
+    r["rss_before_start"] = rss_mib()
+    t0 = time.perf_counter()
+    mesh = await start(settings)
+    r["start_s"] = time.perf_counter() - t0
+    authority = mesh.authority
+    assert authority is not None
+    try:
+        gc.collect()
+        r["rss_started"] = rss_mib()
+        authority._cache_size = max(authority._cache_size, groups)  # every Group stays owned
+        t0 = time.perf_counter()
+        for i in range(0, groups, 64):  # what a first command does: acquire, fold verified, cache
+            await asyncio.gather(*(authority._load(g) for g in ids[i : i + 64]))
+        r["own_s"] = time.perf_counter() - t0
+        gc.collect()
+        r["rss_owned"] = rss_mib()
+        r["per_group_kib"] = (r["rss_owned"] - r["rss_started"]) * 1024 / groups
+        print(
+            f"  start-up {r['start_s']:.2f}s; RSS {r['rss_started']:.0f} MiB started, {r['rss_owned']:.0f} MiB with "
+            f"{groups:,} Groups owned ({r['own_s']:.1f}s to own them all) = {r['per_group_kib']:.1f} KiB per owned Group",
+            flush=True,
+        )
+        client = MeshClient(f"127.0.0.1:{mesh.port}")
+        admin = await client.open_session("admin", read_key(settings.admin_key_path))
+        client.read_as(admin)
+        streams = []
+
+        async def follow(g: str, caught_up: asyncio.Event) -> None:
+            async for event in client.read_events(g, group_events - 1, follow=True):
+                if event.sequence >= group_events:
+                    caught_up.set()
+
+        gc.collect()
+        before = rss_mib()
+        flags = []
+        for g in ids[:subscriptions]:
+            flag = asyncio.Event()
+            flags.append(flag)
+            streams.append(asyncio.create_task(follow(g, flag)))
+        await asyncio.wait_for(asyncio.gather(*(f.wait() for f in flags)), timeout=120)
+        gc.collect()
+        after = rss_mib()
+        r["per_subscription_kib"] = (after - before) * 1024 / max(1, subscriptions)
+        print(
+            f"  {subscriptions} followed ReadEvents streams: RSS {before:.0f} -> {after:.0f} MiB = "
+            f"{r['per_subscription_kib']:.1f} KiB per subscription (server and client side)",
+            flush=True,
+        )
+        for task in streams:
+            task.cancel()
+        await asyncio.gather(*streams, return_exceptions=True)
+        await client.channel.close()
+    finally:
+        await mesh.stop(grace=0.5)
+    return r
+
+
+async def main() -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="10000,100000,1000000", help="events per Group for the load table")
+    p.add_argument("--append", type=int, default=1000, help="events per bulk append (default 1000)")
+    p.add_argument("--groups", type=int, default=10000, help="Groups for start-up and memory (default 10000)")
+    p.add_argument("--group-events", type=int, default=100, help="events of each of those Groups (default 100)")
+    p.add_argument("--subscriptions", type=int, default=1000, help="followed ReadEvents streams (default 1000)")
+    args = p.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    work = Path(tempfile.mkdtemp(prefix="mwp-replay-"))
+    try:
+        settings = Settings.from_env()  # MWP_VERIFY_WORKERS and the other tuning variables apply
+        settings.listen, settings.data_dir, settings.grace_seconds = "127.0.0.1:0", work / "sizes", 0.5
+        print(f"replay bench: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, SQLite store in {work}")
+        table = await sizes_table(settings, sizes, args.append)
+        settings.data_dir = work / "many"
+        many = await many_groups(settings, args.groups, args.group_events, args.append, args.subscriptions)
+        print()
+        print("| events | raw row read (anchor) | first load | ratio | checkpointed load | ratio |")
+        print("|---|---|---|---|---|---|")
+        for row in table:
+            print(
+                f"| {row['size']:,} | {row['raw']:,.0f} rows/s | {row['first']:,.0f} ev/s | {row['first'] / row['raw']:.0%} "
+                f"| {row['ckpt']:,.0f} ev/s | {row['ckpt'] / row['raw']:.0%} |"
+            )
+        print()
+        print(
+            f"{args.groups:,} Groups x {args.group_events} events: start-up {many['start_s']:.2f}s, RSS {many['rss_started']:.0f} MiB "
+            f"started, {many['rss_owned']:.0f} MiB all owned ({many['per_group_kib']:.1f} KiB per owned Group), "
+            f"{many['per_subscription_kib']:.1f} KiB per followed subscription; load average now {os.getloadavg()[0]:.1f}"
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
