@@ -7,13 +7,14 @@ lives in ``artifactstore/verify.py`` so it is written once for every backend.
 
 from __future__ import annotations
 
+import asyncio
 import errno
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
 from missionweave.digests import CHUNK_BYTES, EMPTY_BLAKE3, HEX64
 
-__all__ = ["CHUNK_BYTES", "EMPTY_BLAKE3", "HEX64", "MAX_BLOB_BYTES", "BlobStore", "BlobWriter", "storage_full"]
+__all__ = ["CHUNK_BYTES", "EMPTY_BLAKE3", "HEX64", "MAX_BLOB_BYTES", "BlobStore", "BlobWriter", "put_each", "storage_full"]
 
 MAX_BLOB_BYTES = 4 * 1024**3  # 4 GiB per blob
 
@@ -67,7 +68,29 @@ class BlobStore(Protocol):
         """The size of the stored object, or None when absent."""
         ...
 
+    async def put_many(self, blobs: Sequence[tuple[str, bytes]]) -> list[BaseException | None]:
+        """Stores small blobs whose bytes were already verified against their digests (BatchUpload):
+        per blob, None once it is durable and visible, else its failure (nothing of it kept)."""
+        ...
+
     async def close(self) -> None: ...
+
+
+async def put_each(store: BlobStore, blobs: Sequence[tuple[str, bytes]]) -> list[BaseException | None]:
+    """``put_many`` through the store's writers, all blobs at once (the store bounds its own
+    concurrency): for a backend whose writes gain nothing from being grouped (S3's PutObject)."""
+
+    async def put(digest_hex: str, data: bytes) -> None:
+        writer = await store.open_writer(digest_hex, len(data))
+        try:
+            await writer.write(data)
+            await writer.commit()
+        except BaseException:
+            await writer.abort()
+            raise
+
+    outcomes = await asyncio.gather(*(put(d, data) for d, data in blobs), return_exceptions=True)
+    return [o if isinstance(o, BaseException) else None for o in outcomes]
 
 
 # How a backend says it has no room: the local disk's errno, or an S3-compatible server's error code

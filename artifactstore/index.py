@@ -8,7 +8,7 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy import Insert, Table, and_, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -57,6 +57,12 @@ def _batches(values: Iterable[str]) -> list[list[str]]:
     return [wanted[start : start + _IN_BATCH] for start in range(0, len(wanted), _IN_BATCH)]
 
 
+def _insert_new(engine: AsyncEngine, table: Table, keys: tuple[str, ...]) -> Insert:
+    """INSERT that skips rows whose ``keys`` exist already (SQLite and PostgreSQL share the syntax)."""
+    dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table).on_conflict_do_nothing(index_elements=[table.c[k] for k in keys])
+
+
 class ArtifactIndex:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -65,6 +71,15 @@ class ArtifactIndex:
         async with self.engine.connect() as conn:
             row = (await conn.execute(select(blobs).where(blobs.c.digest == digest))).first()
         return None if row is None else BlobRecord(row[0], int(row[1]), int(row[2]), int(row[3]))
+
+    async def sizes(self, digests: Iterable[str]) -> dict[str, int]:
+        """The stored size of each of ``digests`` that is stored (as ``blob``, for many at once)."""
+        found: dict[str, int] = {}
+        async with self.engine.connect() as conn:
+            for batch in _batches(digests):
+                rows = await conn.execute(select(blobs.c.digest, blobs.c.size_bytes).where(blobs.c.digest.in_(batch)))
+                found.update((r[0], int(r[1])) for r in rows)
+        return found
 
     async def present(self, digests: Iterable[str]) -> set[str]:
         found: set[str] = set()
@@ -172,6 +187,40 @@ class ArtifactIndex:
                 )
         except IntegrityError:
             pass  # a concurrent upload of the same bytes won: same identity, nothing to do
+
+    async def record_stored(
+        self,
+        stored: Iterable[tuple[str, int]],
+        held: Iterable[tuple[str, int]],
+        identity_id: str,
+        now_us: int,
+        reservations: Iterable[str] = (),
+    ) -> None:
+        """``record_blob`` of each of ``stored`` and, when ``identity_id`` is set, ``record_holder``
+        of each of ``held`` ending ``reservations`` (D119), in one transaction: one commit for an
+        upload, or a whole BatchUpload. Rows already there are left as they are, as those two leave
+        them."""
+        ended = list(reservations)
+        blob_rows = {d: {"digest": d, "size_bytes": n, "stored_us": now_us, "verified_us": now_us} for d, n in stored}
+        holder_rows = {
+            d: {"digest": d, "identity_id": identity_id, "size_bytes": n, "stored_us": now_us}
+            for d, n in (held if identity_id else ())
+        }
+        if not blob_rows and not holder_rows and not ended:
+            return
+        async with self.engine.begin() as conn:
+            for batch in _batches(ended):
+                await conn.execute(delete(upload_reservations).where(upload_reservations.c.reservation_id.in_(batch)))
+            if blob_rows:
+                await conn.execute(_insert_new(self.engine, blobs, ("digest",)), list(blob_rows.values()))
+            if holder_rows:
+                await conn.execute(_insert_new(self.engine, holders, ("digest", "identity_id")), list(holder_rows.values()))
+
+    async def mark_verified_many(self, digests: Iterable[str], now_us: int) -> None:
+        """``mark_verified`` of each of ``digests``, in one transaction."""
+        async with self.engine.begin() as conn:
+            for batch in _batches(digests):
+                await conn.execute(update(blobs).where(blobs.c.digest.in_(batch)).values(verified_us=now_us))
 
     async def mark_verified(self, digest: str, now_us: int) -> None:
         async with self.engine.begin() as conn:

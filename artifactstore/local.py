@@ -22,9 +22,9 @@ import os
 import tempfile
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from artifactstore import direct_io
 from artifactstore.backends import check_digest, check_size
@@ -50,6 +50,7 @@ class LocalBlobStore:
         self.direct_io = direct_io
         self.tmp_dir = self.root / "tmp"
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self._threads = io_threads
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=io_threads, thread_name_prefix="blobs-local"
         )
@@ -108,6 +109,44 @@ class LocalBlobStore:
                 reader.close()
             else:
                 pending.add_done_callback(lambda _f: reader.close())
+
+    async def put_many(self, blobs: Sequence[tuple[str, bytes]]) -> list[BaseException | None]:
+        """Small blobs (verified bytes, named by their digests), each durable on return unless its
+        entry holds its failure (nothing of a failed blob stays). In passes over the pool's threads:
+        write all and start their writeback, then sync and rename (the syncs side by side, sharing
+        journal commits), then fsync each changed directory once."""
+        finals = [(self.path_for(digest), data) for digest, data in blobs]
+        errors: list[BaseException | None] = [None] * len(finals)
+        # Executor jobs, not tasks: a cancelled call still runs each pass to its end (no temp is
+        # left open), and a blob renamed but never indexed is simply stored.
+        staged = [t for part in await self._in_groups(_stage_group, [(self.tmp_dir, g) for g in self._groups(finals)]) for t in part]
+        ready: list[tuple[int, tuple[Path, int, _Temp]]] = []
+        for i, ((final, data), temp) in enumerate(zip(finals, staged, strict=True)):
+            if isinstance(temp, BaseException):
+                errors[i] = temp
+            else:
+                ready.append((i, (final, len(data), temp)))
+        changed: set[Path] = set()
+        committed = await self._in_groups(_commit_group, [([r for _, r in g],) for g in self._groups(ready)])
+        for group, (failures, dirs) in zip(self._groups(ready), committed, strict=True):
+            changed |= dirs
+            for (i, _), failure in zip(group, failures, strict=True):
+                errors[i] = failure
+        synced = await asyncio.gather(
+            *(self._run(_fsync_dirs, g) for g in self._groups(sorted(changed))), return_exceptions=True
+        )
+        failed = next((e for e in synced if isinstance(e, BaseException)), None)
+        if failed is not None:  # a directory entry may not be durable: no blob of the batch is
+            return [e or failed for e in errors]
+        return errors
+
+    def _groups(self, items: list[T]) -> list[list[T]]:
+        """``items`` in at most one contiguous group per pool thread."""
+        step = -(-len(items) // self._threads) if items else 1
+        return [items[at : at + step] for at in range(0, len(items), step)]
+
+    async def _in_groups(self, fn: Callable[..., T], calls: list[tuple[Any, ...]]) -> list[T]:
+        return list(await asyncio.gather(*(self._run(fn, *args) for args in calls)))
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown, True)
@@ -312,17 +351,67 @@ def _publish(temp: _Temp, final: Path, size: int) -> None:
     assert temp.path is not None and temp.inflight is None
     temp.sync()  # the bytes are on disk before any name points at them
     temp.close()
+    for directory in _place(temp, final, size):
+        _fsync_dir(directory)  # make the new directory entries themselves durable
+
+
+def _place(temp: _Temp, final: Path, size: int) -> list[Path]:
+    """Renames the synced, closed temp to ``final``; the directories whose entries changed (to be
+    fsynced before the blob is acknowledged): the blob's own, and the parent of each fan-out
+    directory this created."""
+    assert temp.path is not None
     if _file_size(final) == size:
         # Idempotent: the same digest and size are already stored (the verification layer proved our
         # bytes hash to this digest), so the temp is simply dropped. A stored file of another size is
         # damaged and gets replaced below.
         temp.discard()
-        return
-    final.parent.mkdir(parents=True, exist_ok=True)
+        return []
+    changed = [final.parent]
+    if not final.parent.is_dir():
+        # Their parents too, even when a concurrent upload made them first: it may not have
+        # fsynced them yet.
+        final.parent.mkdir(parents=True, exist_ok=True)
+        changed += [final.parent.parent, final.parent.parent.parent]
     os.chmod(temp.path, 0o644)  # mkstemp creates 0600; committed blobs are plain content
     os.replace(temp.path, final)
     temp.path = None  # consumed by the rename: nothing left to discard
-    _fsync_dir(final.parent)  # make the new directory entry itself durable
+    return changed
+
+
+def _stage_group(tmp_dir: Path, items: list[tuple[Path, bytes]]) -> list[_Temp | BaseException]:
+    """Pool thread, first pass over a batch: each small blob written to a temp and its writeback
+    started, so that the syncs that follow find the bytes on their way and one journal commit
+    covers the allocations of many files."""
+    staged: list[_Temp | BaseException] = []
+    for final, data in items:
+        temp: _Temp | None = None
+        try:
+            temp = _make_temp(tmp_dir, final.name)
+            _write_all(temp.fd, [data])
+            direct_io.start_writeback(temp.fd)
+            staged.append(temp)
+        except Exception as exc:
+            staged.append(exc)
+            if temp is not None:
+                temp.discard()
+    return staged
+
+
+def _commit_group(staged: list[tuple[Path, int, _Temp]]) -> tuple[list[BaseException | None], set[Path]]:
+    """Pool thread, second pass: each staged blob synced and renamed into place (its failure
+    instead, with nothing of it left); the directories to fsync once each, after every rename."""
+    errors: list[BaseException | None] = []
+    changed: set[Path] = set()
+    for final, size, temp in staged:
+        try:
+            temp.sync()
+            temp.close()
+            changed.update(_place(temp, final, size))
+            errors.append(None)
+        except Exception as exc:
+            errors.append(exc)
+            temp.discard()
+    return errors, changed
 
 
 def _fsync_dir(path: Path) -> None:
@@ -331,6 +420,11 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def _fsync_dirs(paths: list[Path]) -> None:
+    for path in paths:
+        _fsync_dir(path)
 
 
 def _sweep_stale_temps(tmp_dir: Path, older_than_seconds: float) -> None:

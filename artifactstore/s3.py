@@ -20,11 +20,11 @@ import contextlib
 import threading
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from artifactstore.backends import check_digest, check_size
-from artifactstore.blobstore import CHUNK_BYTES, CountingWriter
+from artifactstore.blobstore import CHUNK_BYTES, CountingWriter, put_each
 
 T = TypeVar("T")
 
@@ -154,6 +154,10 @@ class S3BlobStore:
         if await self.stored_size(digest_hex) == size:
             return CountingWriter(size)
         return S3BlobWriter(self, key, digest_hex, size)
+
+    async def put_many(self, blobs: Sequence[tuple[str, bytes]]) -> list[BaseException | None]:
+        # One PutObject each (after the HEAD of open_writer), side by side on the client's pool.
+        return await put_each(self, blobs)
 
     def read(self, digest_hex: str, size: int, chunk_bytes: int = CHUNK_BYTES) -> AsyncIterator[bytes]:
         key = self.key_for(digest_hex)  # validated at the call, not at the first iteration

@@ -54,6 +54,40 @@ def check_digest(digest: common_pb2.Digest, field: str = "digest") -> tuple[str,
     return digest.hex, int(digest.size_bytes)
 
 
+def check_piece(offset: int, length: int, received: int, size: int) -> None:
+    """An upload's next piece starts where the last ended and stays within the declared size."""
+    if offset != received or received + length > size:
+        raise artifact_error(
+            R.REJECTION_REASON_INVALID_ARGUMENT,
+            "CHUNK_OUT_OF_RANGE",
+            f"chunk at {offset}+{length}: expected offset {received} within size {size}",
+        )
+
+
+def check_received(hex_digest: str, size: int, received: int, computed_hex: str) -> None:
+    """An upload's bytes are complete and hash to the declared digest (what commits a blob: the
+    single Upload and each blob of a BatchUpload alike)."""
+    if received != size:
+        raise artifact_error(
+            R.REJECTION_REASON_INVALID_ARGUMENT,
+            "INCOMPLETE_UPLOAD",
+            f"received {received} of {size} bytes",
+        )
+    if computed_hex != hex_digest:
+        metrics.ARTIFACT_VERIFICATION_FAILURES.labels("upload").inc()
+        raise artifact_error(
+            R.REJECTION_REASON_DIGEST_MISMATCH,
+            "DIGEST_MISMATCH",
+            f"the bytes hash to blake3:{computed_hex}, not the declared blake3:{hex_digest}",
+        )
+
+
+def check_whole(hex_digest: str, size: int, data: bytes) -> None:
+    """One piece holding the whole blob (a BatchUpload blob): the checks of a streamed upload."""
+    check_piece(0, len(data), 0, size)
+    check_received(hex_digest, size, len(data), blake3.blake3(data).hexdigest())
+
+
 async def verified_range(
     store: BlobStore, hex_digest: str, size: int, offset: int = 0, length: int = 0
 ) -> AsyncIterator[tuple[int, bytes]]:

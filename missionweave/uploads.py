@@ -18,6 +18,13 @@ from missionweave.v1 import artifact_service_pb2 as pb
 GO_AHEAD_KEY = "mwp-upload"
 GO_AHEAD = ((GO_AHEAD_KEY, "send"),)
 
+# BatchUpload / BatchDownload: a request (upload) or the blobs returned (download) at most this
+# many bytes, under the transport's 4 MiB message limit (protos/missionweave/v1/artifact_service.proto).
+MAX_BATCH_BYTES = 3 * 1024 * 1024
+# What a batch entry costs beyond its bytes (digest, tags, lengths): for packing requests under
+# MAX_BATCH_BYTES without serializing them twice.
+BATCH_ENTRY_OVERHEAD = 128
+
 
 def asks_for_bytes(metadata: Any) -> bool:
     return any(key == GO_AHEAD_KEY and value == "send" for key, value in metadata or ())
@@ -44,5 +51,7 @@ async def upload(stub: Any, header: pb.UploadHeader, chunks: Iterable[bytes], **
 
 
 def slices(data: bytes, chunk_bytes: int) -> Iterable[bytes]:
+    if len(data) <= chunk_bytes:
+        return (data,) if data else ()  # one chunk: the bytes themselves, not a copy
     view = memoryview(data)
     return (bytes(view[offset : offset + chunk_bytes]) for offset in range(0, len(data), chunk_bytes))

@@ -270,6 +270,21 @@ async def _find_missing(c: MeshClient, p: Props) -> object:
     return "REPORTED_MISSING" if found.missing_digests else OK
 
 
+async def _batch_download(c: MeshClient, p: Props) -> object:
+    """The blob's own outcome inside the batch (the call itself succeeds for any proven caller)."""
+    found = await c.artifacts.BatchDownload(artifact_service_pb2.BatchDownloadRequest(digests=[p.blob]))
+    refused = found.results[0].rejection if found.results[0].HasField("rejection") else None
+    return OK if refused is None else R.Name(refused.reason).removeprefix("REJECTION_REASON_")
+
+
+async def _batch_upload(c: MeshClient, p: Props) -> object:
+    data = b"every identity may upload its own bytes, in a batch too"
+    blob = artifact_service_pb2.BatchUploadBlob(digest=blob_digest(data), data=data)
+    sent = await c.artifacts.BatchUpload(artifact_service_pb2.BatchUploadRequest(blobs=[blob]))
+    refused = sent.results[0].rejection if sent.results[0].HasField("rejection") else None
+    return OK if refused is None else R.Name(refused.reason).removeprefix("REJECTION_REASON_")
+
+
 def scheduling(rpc: str, request: Any) -> Call:
     def call(c: MeshClient, p: Props) -> Awaitable[object]:
         return getattr(scheduling_service_pb2_grpc.SchedulingServiceStub(c.channel), rpc)(request)  # type: ignore[no-any-return]
@@ -386,6 +401,7 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
         BLOB_READERS,
     ),
     "ArtifactService.Download": (lambda c, p: c.download(p.blob), BLOB_READERS),
+    "ArtifactService.BatchDownload": (_batch_download, BLOB_READERS),
     "ArtifactService.FindMissing": (
         _find_missing,
         row(UNAUTH, "REPORTED_MISSING", "REPORTED_MISSING", OK, OK, OK, OK),
@@ -397,6 +413,7 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
         lambda c, p: c.upload(b"every identity may upload its own bytes"),
         row(UNAUTH, OK, OK, OK, OK, OK, OK),
     ),
+    "ArtifactService.BatchUpload": (_batch_upload, row(UNAUTH, OK, OK, OK, OK, OK, OK)),
     "SchedulingService.Admit": (
         scheduling("Admit", sched.AdmitRequest(group_id=G, work_item_id="wi-x", offer_id="off-x")), OWN_SCHEDULER
     ),

@@ -16,17 +16,21 @@ The gateway issue extends this into the full agent SDK (streams, cursors, reconn
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import blake3
+import grpc
 from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
 from missionweave import codec, ids, uploads
 from missionweave.clock import SystemClock, to_timestamp
+from missionweave.digests import CHUNK_BYTES
 from missionweave.errors import Rejected, from_proto
 from missionweave.rpc.channels import ClientTLS, open_channel
+from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.credentials import CallProofs
 from missionweave.signing import (
     AGENT_CARD_TYPE,
@@ -55,6 +59,7 @@ from missionweave.v1 import (
 )
 
 _clock = SystemClock()
+T = TypeVar("T")
 
 
 class CardNotVerified(Exception):
@@ -181,6 +186,32 @@ class SessionSigner:
 def blob_digest(data: bytes) -> common_pb2.Digest:
     """The identity of a blob: BLAKE3 and size."""
     return common_pb2.Digest(algorithm="blake3", hex=blake3.blake3(data).hexdigest(), size_bytes=len(data))
+
+
+def _packed(indices: list[int], cost: Callable[[int], int]) -> list[list[int]]:
+    """``indices`` in order, cut into batches whose entries cost at most MAX_BATCH_BYTES together
+    (and at most 10,000 entries, the BatchDownload limit)."""
+    batches: list[list[int]] = []
+    used = 0
+    for i in indices:
+        size = cost(i) + uploads.BATCH_ENTRY_OVERHEAD
+        if not batches or used + size > uploads.MAX_BATCH_BYTES or len(batches[-1]) >= 10_000:
+            batches.append([])
+            used = 0
+        batches[-1].append(i)
+        used += size
+    return batches
+
+
+async def _refused_as_value(call: Awaitable[T]) -> T | Rejected:
+    """The call's answer, or the Rejected a refusal carried (a transport failure still raises)."""
+    try:
+        return await call
+    except grpc.RpcError as err:
+        rejection = rejection_from_rpc_error(err)
+        if rejection is None:
+            raise
+        return from_proto(rejection)
 
 
 def decode_events(envelopes: Iterable[common_pb2.SignedEnvelope]) -> list[event_pb2.Event]:
@@ -328,6 +359,65 @@ class MeshClient:
         the bytes go only if the server asks for them (missionweave/uploads.py)."""
         header = artifact_service_pb2.UploadHeader(digest=blob_digest(data), manifest=manifest)
         return await uploads.upload(self.artifacts, header, uploads.slices(data, chunk_bytes))
+
+    async def upload_many(
+        self, blobs: Sequence[bytes], manifests: Sequence[common_pb2.SignedEnvelope | None] = ()
+    ) -> list[artifact_service_pb2.UploadResponse | Rejected]:
+        """Upload each of ``blobs`` (idempotent; ``manifests[i]``, when given, is blob i's signed
+        manifest) in as few BatchUpload calls as its 3 MiB limit allows; a blob over 1 MiB goes by
+        Upload. Each blob's outcome in order: its UploadResponse, or the Rejected it was refused
+        with (a batch is not a transaction: the others are stored all the same)."""
+        entries = [
+            artifact_service_pb2.BatchUploadBlob(
+                digest=blob_digest(data), data=data, manifest=manifests[i] if i < len(manifests) else None
+            )
+            for i, data in enumerate(blobs)
+        ]
+        out: list[artifact_service_pb2.UploadResponse | Rejected | None] = [None] * len(entries)
+        small = []
+        for i, entry in enumerate(entries):
+            if len(entry.data) > CHUNK_BYTES:
+                out[i] = await _refused_as_value(self.upload(blobs[i], entry.manifest if entry.HasField("manifest") else None))
+            else:
+                small.append(i)
+        for batch in _packed(small, lambda i: len(blobs[i]) + entries[i].manifest.ByteSize()):
+            response = await self.artifacts.BatchUpload(artifact_service_pb2.BatchUploadRequest(blobs=[entries[i] for i in batch]))
+            for i, result in zip(batch, response.results, strict=True):
+                out[i] = (
+                    from_proto(result.rejection)
+                    if result.HasField("rejection")
+                    else artifact_service_pb2.UploadResponse(
+                        digest=result.digest, already_existed=result.already_existed, manifest_digest=result.manifest_digest
+                    )
+                )
+        return [o for o in out if o is not None]
+
+    async def download_many(self, digests: Sequence[common_pb2.Digest]) -> list[bytes | Rejected]:
+        """The verified bytes of each of ``digests``, in as few BatchDownload calls as its limits
+        allow (a blob over 1 MiB by Download); each blob's outcome in order: its bytes, or the
+        Rejected it was refused with (NOT_FOUND for a blob absent or not readable by the caller).
+        The bytes are re-hashed here: bytes that do not match are a CORRUPTED refusal."""
+        out: list[bytes | Rejected | None] = [None] * len(digests)
+        small = []
+        for i, digest in enumerate(digests):
+            if digest.size_bytes > CHUNK_BYTES:
+                out[i] = await _refused_as_value(self.download(digest))
+            else:
+                small.append(i)
+        for batch in _packed(small, lambda i: int(digests[i].size_bytes)):
+            response = await self.artifacts.BatchDownload(
+                artifact_service_pb2.BatchDownloadRequest(digests=[digests[i] for i in batch])
+            )
+            for i, result in zip(batch, response.results, strict=True):
+                out[i] = from_proto(result.rejection) if result.HasField("rejection") else result.data
+        for i, got in enumerate(out):
+            if isinstance(got, bytes) and blob_digest(got) != digests[i]:
+                out[i] = Rejected(
+                    common_pb2.REJECTION_REASON_DATA_CORRUPTED,
+                    f"the bytes received for blake3:{digests[i].hex} do not hash to it",
+                    artifact_error="ARTIFACT_ERROR_CODE_CORRUPTED",
+                )
+        return [o for o in out if o is not None]
 
     async def download(self, digest: common_pb2.Digest, offset: int = 0, length: int = 0) -> bytes:
         """The verified bytes (the server holds back the last chunk until the hash matched)."""

@@ -109,16 +109,20 @@ class ReviewPipeline:
     ) -> dict[str, bytes] | None:
         blobs: dict[str, bytes] = {}
         ok = True
-        for ref in submission.artifacts:
-            try:
-                data = await self.client.download(ref.digest)
+        fetched: list[bytes | Exception]
+        try:  # small artifacts in batches, the rest streamed (MeshClient.download_many)
+            fetched = list(await self.client.download_many([ref.digest for ref in submission.artifacts]))
+        except Exception as error:  # a refused or corrupted download is a failed integrity check
+            fetched = [error] * len(submission.artifacts)
+        for ref, got in zip(submission.artifacts, fetched, strict=True):
+            if isinstance(got, Exception):
+                passed, data = False, b""
+                summary = f"download failed: {type(got).__name__}"
+            else:
+                data = got
                 passed = (
                     blake3.blake3(data).hexdigest() == ref.digest.hex and len(data) == ref.digest.size_bytes
                 )
-            except Exception as error:  # a refused or corrupted download is a failed integrity check
-                passed, data = False, b""
-                summary = f"download failed: {type(error).__name__}"
-            else:
                 summary = f"{len(data)} bytes, BLAKE3 verified"
             outcome.evidence.append(
                 _evidence(
