@@ -142,6 +142,8 @@ class DirectStage:
 class ChunkReader(Protocol):
     """Sequential reads of one open file, ``chunk_bytes`` at a time; b"" at the end."""
 
+    fd: int
+
     def read(self) -> bytes: ...
     def close(self) -> None: ...
 

@@ -91,21 +91,26 @@ class LocalBlobStore:
         return self._read_chunks(path, chunk_bytes)
 
     async def _read_chunks(self, path: Path, chunk_bytes: int) -> AsyncIterator[bytes]:
-        reader = await self._run(_open_for_read, path, chunk_bytes, self.direct_io)
+        # Open, size and first read in one hop: a blob of one chunk costs a single thread hop.
+        reader, data, size = await self._run(_open_and_read, path, chunk_bytes, self.direct_io)
+        position = len(data)
         # One read always in flight: the disk works on chunk n+1 while the caller hashes chunk n.
         # concurrent.futures (not asyncio) futures: their done() means the thread let go of the fd.
-        pending = self._pool.submit(reader.read)
+        pending: concurrent.futures.Future[bytes] | None = None
         try:
-            while True:
-                data = await asyncio.wrap_future(pending)
-                if not data:
-                    break
-                pending = self._pool.submit(reader.read)
+            while data:
+                # Up to the size the file had when opened (blobs never change in place): no read
+                # only to find the end.
+                pending = self._pool.submit(reader.read) if position < size else None
                 yield data
+                if pending is None:
+                    break
+                data = await asyncio.wrap_future(pending)
+                position += len(data)
         finally:
             # Close only after the thread has finished with the fd: closing under a running read
             # could hand the fd number to another open() and the read would return foreign bytes.
-            if pending.done():
+            if pending is None or pending.done():
                 reader.close()
             else:
                 pending.add_done_callback(lambda _f: reader.close())
@@ -333,6 +338,16 @@ def _open_for_read(path: Path, chunk_bytes: int, direct: bool) -> direct_io.Chun
     if hasattr(os, "posix_fadvise"):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
     return direct_io.BufferedReader(fd, chunk_bytes)
+
+
+def _open_and_read(path: Path, chunk_bytes: int, direct: bool) -> tuple[direct_io.ChunkReader, bytes, int]:
+    """The open reader, its first chunk and the file's size."""
+    reader = _open_for_read(path, chunk_bytes, direct)
+    try:
+        return reader, reader.read(), os.fstat(reader.fd).st_size
+    except BaseException:
+        reader.close()
+        raise
 
 
 def _write_all(fd: int, bufs: list[bytes]) -> None:

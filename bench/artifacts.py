@@ -72,6 +72,7 @@ from missionweave.rpc.channels import add_listener, open_channel  # noqa: E402
 from missionweave.sdk.client import MeshClient  # noqa: E402
 from missionweave.sdk.credentials import CallProofs  # noqa: E402
 from missionweave.signing import read_key  # noqa: E402
+from missionweave.uploads import MAX_BATCH_BYTES  # noqa: E402
 from missionweave.v1 import artifact_service_pb2 as pb  # noqa: E402
 from missionweave.v1 import artifact_service_pb2_grpc as pb_grpc  # noqa: E402
 from missionweave.v1 import common_pb2  # noqa: E402
@@ -406,9 +407,27 @@ async def role_sink() -> None:
         for offset in range(0, size, CHUNK_BYTES):
             yield pb.DownloadResponse(offset=offset, data=bytes(view[: min(CHUNK_BYTES, size - offset)]))
 
+    async def batch_upload(request: pb.BatchUploadRequest, context: grpc.aio.ServicerContext) -> pb.BatchUploadResponse:
+        return pb.BatchUploadResponse(results=[pb.BatchUploadResult(digest=b.digest) for b in request.blobs])
+
+    async def batch_download(request: pb.BatchDownloadRequest, context: grpc.aio.ServicerContext) -> pb.BatchDownloadResponse:
+        return pb.BatchDownloadResponse(
+            results=[pb.BatchDownloadResult(digest=d, data=payload[: d.size_bytes]) for d in request.digests]
+        )
+
     handler = grpc.method_handlers_generic_handler(
         SERVICE,
         {
+            "BatchUpload": grpc.unary_unary_rpc_method_handler(
+                batch_upload,
+                request_deserializer=pb.BatchUploadRequest.FromString,
+                response_serializer=pb.BatchUploadResponse.SerializeToString,
+            ),
+            "BatchDownload": grpc.unary_unary_rpc_method_handler(
+                batch_download,
+                request_deserializer=pb.BatchDownloadRequest.FromString,
+                response_serializer=pb.BatchDownloadResponse.SerializeToString,
+            ),
             "Upload": grpc.stream_unary_rpc_method_handler(
                 upload,
                 request_deserializer=pb.UploadRequest.FromString,
@@ -480,10 +499,11 @@ class Results:
     stored: list[common_pb2.Digest]
     missing_after: int = -1
     profile: Path | None = None
+    batches: BatchResult | None = None
 
 
 async def measure_ours(
-    args: argparse.Namespace, stub: Stub, pid: int, anchor_dir: Path, s3: S3Anchor | None
+    args: argparse.Namespace, stub: Stub, pid: int, anchor_dir: Path, s3: S3Anchor | None, sink: Sink | None
 ) -> tuple[list[SizeResult], list[common_pb2.Digest]]:
     stored: list[common_pb2.Digest] = []
     results: list[SizeResult] = []
@@ -541,6 +561,15 @@ async def measure_ours(
             # The anchor's file stays, as our blob does: both keep growing the page cache, so neither
             # writes into pages the other just freed (on a VM, fresh pages cost far more than reused ones).
             extra = ""
+            if sink is not None:  # the transport's limit, on the same bytes, in the same moment
+                g_put, g_get = Op(), Op()
+                with Meter(g_put, sink.pid):
+                    await put(sink.stub, data, digest)
+                with Meter(g_get, sink.pid):
+                    await get(sink.stub, digest, verify=False)
+                r.grpc_put.add(g_put)
+                r.grpc_get.add(g_get)
+                extra += f"; gRPC-only put {size / MiB / g_put.seconds:,.0f}, get {size / MiB / g_get.seconds:,.0f}"
             if s3 is not None:
                 s_put, s_get = Op(), Op()
                 with Meter(s_put, 0):
@@ -560,35 +589,180 @@ async def measure_ours(
     return results, stored
 
 
-async def measure_grpc_only(args: argparse.Namespace, work: Path, results: list[SizeResult]) -> None:
+@dataclass
+class Sink:
+    """The no-op ArtifactService (gRPC-only anchor), running beside ours for the whole run."""
+
+    child: Child
+    channel: grpc.aio.Channel
+    stub: Stub
+
+    @property
+    def pid(self) -> int:
+        return self.child.proc.pid
+
+
+async def start_sink(work: Path) -> Sink:
     log("gRPC-only anchor: a no-op ArtifactService (same messages, no hashing or storage) in its own process")
-    sink = spawn_sink(work)
-    try:
-        channel = open_channel(f"127.0.0.1:{sink.port}", options=GRPC_OPTIONS)
-        stub = pb_grpc.ArtifactServiceStub(channel)
-        warm = random_bytes(4 * MiB)
-        await put(stub, warm, digest_of(warm))
-        await get(stub, digest_of(warm), verify=False)
-        for r in results:
-            data = random_bytes(r.size)
-            digest = digest_of(data)
-            reps = max(2, min(len(r.put.ops), args.grpc_reps))
-            for _ in range(reps):
-                op = Op()
-                with Meter(op, sink.proc.pid):
-                    await put(stub, data, digest)
-                r.grpc_put.add(op)
-                op = Op()
-                with Meter(op, sink.proc.pid):
-                    await get(stub, digest, verify=False)
-                r.grpc_get.add(op)
-            log(
-                f"  {human(r.size)}: gRPC-only put {r.grpc_put.median_rate:,.0f} MiB/s, "
-                f"get {r.grpc_get.median_rate:,.0f} MiB/s (median of {reps})"
-            )
-        await channel.close()
-    finally:
-        sink.stop()
+    child = spawn_sink(work)
+    channel = open_channel(f"127.0.0.1:{child.port}", options=GRPC_OPTIONS)
+    sink = Sink(child, channel, pb_grpc.ArtifactServiceStub(channel))
+    warm = random_bytes(4 * MiB)
+    await put(sink.stub, warm, digest_of(warm))
+    await get(sink.stub, digest_of(warm), verify=False)
+    return sink
+
+
+# ====================================================================== batches of small blobs
+
+
+@dataclass
+class BatchResult:
+    """Rounds of one batch each way: ours through BatchUpload/BatchDownload, the raw anchor on the
+    same bytes, the no-op server's batch RPCs (blobs per round in each)."""
+
+    blob_size: int
+    per_batch: int
+    put: Series
+    get: Series
+    anchor_put: Series
+    anchor_get: Series
+    grpc_put: Series
+    grpc_get: Series
+
+    def blobs_per_s(self, series: Series) -> float:
+        total = sum(o.seconds for o in series.ops)
+        return len(series.ops) * self.per_batch / total if total else float("nan")
+
+
+class BatchAnchor:
+    """BLAKE3 + write + fsync of the same small files, batched, with no server: the durability
+    steps ours takes (local backend) done as directly as Python can, over a pool of as many threads
+    as the store's. Per file: BLAKE3, create a temp, write, start its writeback; then per file
+    fdatasync and rename into the same ab/cd/ fan-out (creating directories as needed); then an
+    fsync of every changed directory. Reads: open, read, BLAKE3, close."""
+
+    def __init__(self, root: Path, threads: int = 4) -> None:
+        import concurrent.futures
+
+        from artifactstore import direct_io
+
+        self.root, self.tmp = root, root / "tmp"
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.pool = concurrent.futures.ThreadPoolExecutor(threads)
+        self.threads = threads
+        self.start_writeback = direct_io.start_writeback
+
+    def _groups(self, items: list[Any]) -> list[list[Any]]:
+        step = -(-len(items) // self.threads)
+        return [items[i : i + step] for i in range(0, len(items), step)]
+
+    def put(self, blobs: list[tuple[str, bytes]]) -> None:
+        def stage(group: list[tuple[str, bytes]]) -> list[tuple[int, str, str]]:
+            out = []
+            for hex_digest, data in group:
+                if blake3.blake3(data).hexdigest() != hex_digest:
+                    raise RuntimeError("anchor: hash mismatch")
+                temp = str(self.tmp / f"{hex_digest[:16]}.part")
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                os.write(fd, data)
+                self.start_writeback(fd)
+                out.append((fd, temp, hex_digest))
+            return out
+
+        def commit(group: list[tuple[int, str, str]]) -> set[str]:
+            changed = set()
+            for fd, temp, hex_digest in group:
+                os.fdatasync(fd)
+                os.close(fd)
+                parent = self.root / hex_digest[:2] / hex_digest[2:4]
+                if not parent.is_dir():
+                    parent.mkdir(parents=True, exist_ok=True)
+                    changed |= {str(parent.parent), str(self.root)}
+                os.replace(temp, parent / hex_digest)
+                changed.add(str(parent))
+            return changed
+
+        def fsync_dirs(paths: list[str]) -> None:
+            for path in paths:
+                dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+
+        staged = [t for part in self.pool.map(stage, self._groups(blobs)) for t in part]
+        changed = set().union(*self.pool.map(commit, self._groups(staged)))
+        list(self.pool.map(fsync_dirs, self._groups(sorted(changed))))
+
+    def get(self, blobs: list[tuple[str, bytes]]) -> None:
+        def read(group: list[tuple[str, bytes]]) -> None:
+            for hex_digest, _data in group:
+                with open(self.root / hex_digest[:2] / hex_digest[2:4] / hex_digest, "rb") as fh:
+                    if blake3.blake3(fh.read()).hexdigest() != hex_digest:
+                        raise RuntimeError("anchor: read-back hash mismatch")
+
+        list(self.pool.map(read, self._groups(blobs)))
+
+
+async def measure_batches(
+    args: argparse.Namespace, stub: Stub, pid: int, anchor: BatchAnchor, sink: Sink | None
+) -> tuple[BatchResult, list[common_pb2.Digest]]:
+    size, per_batch = args.batch_blob_bytes, args.per_batch
+    r = BatchResult(size, per_batch, *(Series(n, size * per_batch) for n in ("put", "get", "anchor put", "anchor get", "gRPC put", "gRPC get")))
+    rounds = max(1, -(-args.batch_blobs // per_batch))
+    log(f"batches: {rounds} rounds of {per_batch} new blobs of {human(size)} each way (BatchUpload, BatchDownload), "
+        "each followed by the raw anchor on the same bytes" + (" and the no-op server's batch RPCs" if sink else ""))
+    stored: list[common_pb2.Digest] = []
+    started = time.perf_counter()
+    for rnd in range(rounds):
+        if rnd and time.perf_counter() - started > args.max_seconds:
+            log(f"  batches: stopping after {rnd} rounds (--max-seconds {args.max_seconds:.0f})")
+            break
+        datas = [random_bytes(size) for _ in range(per_batch)]
+        digests = [digest_of(d) for d in datas]
+        request = pb.BatchUploadRequest(blobs=[pb.BatchUploadBlob(digest=g, data=d) for g, d in zip(digests, datas, strict=True)])
+        op = Op()
+        with Meter(op, pid):
+            response = await stub.BatchUpload(request)
+        refused = [x for x in response.results if x.HasField("rejection")]
+        if refused:
+            raise RuntimeError(f"{len(refused)} blobs refused, e.g. {refused[0].rejection}")
+        r.put.add(op)
+        stored.extend(digests)
+        op = Op()
+        with Meter(op, pid):
+            got = await stub.BatchDownload(pb.BatchDownloadRequest(digests=digests))
+            for digest, result in zip(digests, got.results, strict=True):  # the client's own check
+                if result.HasField("rejection") or blake3.blake3(result.data).hexdigest() != digest.hex:
+                    raise RuntimeError(f"batch download of blake3:{digest.hex[:16]}... did not verify")
+        r.get.add(op)
+        if [x.data for x in got.results] != datas:
+            raise RuntimeError("batch-downloaded bytes differ from the uploaded bytes")
+        named = [(g.hex, d) for g, d in zip(digests, datas, strict=True)]
+        a_put, a_get = Op(), Op()
+        with Meter(a_put, 0):
+            anchor.put(named)
+        with Meter(a_get, 0):
+            anchor.get(named)
+        r.anchor_put.add(a_put)
+        r.anchor_get.add(a_get)
+        extra = ""
+        if sink is not None:
+            g_put, g_get = Op(), Op()
+            with Meter(g_put, sink.pid):
+                await sink.stub.BatchUpload(request)
+            with Meter(g_get, sink.pid):
+                await sink.stub.BatchDownload(pb.BatchDownloadRequest(digests=digests))
+            r.grpc_put.add(g_put)
+            r.grpc_get.add(g_get)
+            extra = f"; gRPC-only {per_batch / g_put.seconds:,.0f} / {per_batch / g_get.seconds:,.0f}"
+        log(
+            f"  round {rnd + 1}/{rounds}: put {per_batch / r.put.ops[-1].seconds:,.0f} blobs/s, "
+            f"get {per_batch / r.get.ops[-1].seconds:,.0f} blobs/s; raw anchor {per_batch / a_put.seconds:,.0f} / "
+            f"{per_batch / a_get.seconds:,.0f}{extra}"
+        )
+    return r, stored
 
 
 async def uploader_channel(target: str, data_dir: Path) -> grpc.aio.Channel:
@@ -616,6 +790,7 @@ async def drive(args: argparse.Namespace, work: Path) -> Results:
     log(f"  server pid {mesh.proc.pid}, port {mesh.port}")
     anchor_dir = data_dir / "anchor"
     anchor_dir.mkdir(parents=True, exist_ok=True)
+    sink: Sink | None = None
     try:
         channel = await uploader_channel(f"127.0.0.1:{mesh.port}", data_dir)
         stub = pb_grpc.ArtifactServiceStub(channel)
@@ -624,20 +799,30 @@ async def drive(args: argparse.Namespace, work: Path) -> Results:
             warm = random_bytes(4 * MiB)
             await put(stub, warm, digest_of(warm))
             await get(stub, digest_of(warm))
+        sink = None if args.no_grpc_anchor else await start_sink(work)
         if args.profile_server:
             os.kill(mesh.proc.pid, signal.SIGUSR1)
-        sizes, stored = await measure_ours(args, stub, mesh.proc.pid, anchor_dir, s3)
+        sizes, stored = await measure_ours(args, stub, mesh.proc.pid, anchor_dir, s3, sink) if args.size_list else ([], [])
+        batches = None
+        if args.batch_blobs:
+            batches, batched = await measure_batches(args, stub, mesh.proc.pid, BatchAnchor(data_dir / "batch-anchor"), sink)
+            stored += batched
         if args.profile_server:
             os.kill(mesh.proc.pid, signal.SIGUSR1)
-        missing = await stub.FindMissing(pb.FindMissingRequest(digests=stored))
+        missing = 0
+        for at in range(0, len(stored), 10_000):
+            found = await stub.FindMissing(pb.FindMissingRequest(digests=stored[at : at + 10_000]))
+            missing += len(found.missing_digests)
         await channel.close()
+        if sink is not None:
+            await sink.channel.close()
     finally:
         mesh.stop()
-    results = Results(backend, sizes, stored, len(missing.missing_digests))
+        if sink is not None:
+            sink.child.stop()
+    results = Results(backend, sizes, stored, missing, batches=batches)
     if args.profile_server and profile_out.exists():
         results.profile = profile_out
-    if not args.no_grpc_anchor:
-        await measure_grpc_only(args, work, sizes)
     return results
 
 
@@ -778,12 +963,43 @@ def report(args: argparse.Namespace, res: Results) -> bool:
             f"get {gr:,.0f} -> target {verdict(gr >= TARGET_GET)}, goal {verdict(gr >= GOAL_GET)}"
         )
     print()
+    if res.batches is not None:
+        report_batches(res.batches, ratio)
     ok = res.missing_after == 0
     print(
         f"check: {len(res.stored)} blobs uploaded, every download verified by the client (digest, size and "
         f"byte-for-byte); FindMissing afterwards: {res.missing_after} missing -> {'consistent' if ok else 'MISMATCH'}"
     )
     return ok
+
+
+def report_batches(b: BatchResult, ratio: Any) -> None:
+    n = len(b.put.ops)
+    print(
+        f"batches of small blobs: {n} rounds of {b.per_batch} new {human(b.blob_size)} blobs each way, one call per round "
+        "(blobs/s over all rounds; each round followed by its anchors on the same bytes)"
+    )
+    print(
+        "  ours put = BatchUpload until the answer: every blob hashed and checked, written, fsynced, renamed, its "
+        "directory fsynced, indexed; get = BatchDownload, every blob verified at rest by the server and re-hashed by the client"
+    )
+    print("  raw anchor = BLAKE3 + write + start writeback, fdatasync + rename, directory fsyncs, on 4 threads, no server")
+    rows = [("put", b.put, b.anchor_put, b.grpc_put), ("get", b.get, b.anchor_get, b.grpc_get)]
+    print(f"  {'':>4} {'ours':>9} {'raw':>9} {'ours/raw':>9} {'gRPC-only':>10} {'ours/gRPC':>10} {'MiB/s':>7} {'p50 ms/call':>12}")
+    for name, ours, raw, grpc_only in rows:
+        rate, anchor, noop = b.blobs_per_s(ours), b.blobs_per_s(raw), b.blobs_per_s(grpc_only) if grpc_only.ops else float("nan")
+        print(
+            f"  {name:>4} {rate:>9,.0f} {anchor:>9,.0f} {ratio(rate, anchor):>9} {noop:>10,.0f} {ratio(rate, noop):>10} "
+            f"{rate * b.blob_size / MiB:>7,.1f} {ours.latency_ms(50):>12.1f}"
+        )
+    for name, ours, *_ in rows:
+        sv, sv_core = ours.cpu("server_cpu")
+        cl, cl_core = ours.cpu("client_cpu")
+        per_blob = 1000.0 * ours.size / MiB / b.per_batch  # ms/MiB -> us per blob
+        print(f"  CPU {name}: server {sv * per_blob:,.0f} us/blob ({sv_core:.0%} of a core), client {cl * per_blob:,.0f} us/blob ({cl_core:.0%})")
+    rate = b.blobs_per_s(b.put)
+    print(f"  target (issue 18): >= 2,000 blobs/s of 4 KiB through BatchUpload -> {'MET' if rate >= 2000 else 'NOT MET'} ({rate:,.0f})")
+    print()
 
 
 # ====================================================================== main
@@ -795,7 +1011,9 @@ def main() -> int:
     )
     p.add_argument("--sizes", default="", help=f"comma-separated blob sizes (default {DEFAULT_SIZES}; quick {QUICK_SIZES})")
     p.add_argument("--reps", type=int, default=0, help="repetitions per size (default: 50 for 1 MiB, 15 for 64 MiB, 10 for 256 MiB)")
-    p.add_argument("--grpc-reps", type=int, default=3, help="repetitions per size of the gRPC-only anchor (default 3)")
+    p.add_argument("--batch-blobs", type=int, default=-1, help="small blobs through the batch RPCs (default 6000; quick 1500; 0 = none)")
+    p.add_argument("--batch-blob-size", default="4K", help="size of each of them (default 4K)")
+    p.add_argument("--per-batch", type=int, default=500, help="blobs per BatchUpload / BatchDownload call (default 500)")
     p.add_argument("--no-grpc-anchor", action="store_true", help="skip the gRPC-only anchor")
     p.add_argument("--max-seconds", type=float, default=60.0, help="no new repetition of a size after this (default 60)")
     p.add_argument("--quick", action="store_true", help=f"smoke run (~15 s): {QUICK_SIZES}, fewer repetitions")
@@ -808,13 +1026,22 @@ def main() -> int:
         return 0
 
     try:
-        args.size_list = [parse_size(s) for s in (args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)).split(",")]
+        sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
+        args.size_list = [parse_size(s) for s in sizes.split(",") if s.strip() and s.strip() != "0"]
     except (ValueError, argparse.ArgumentTypeError) as exc:
         p.error(f"--sizes: {exc}")
     if args.quick:
         args.max_seconds = min(args.max_seconds, 8.0)
+    if args.batch_blobs < 0:
+        args.batch_blobs = 1500 if args.quick else 6000
+    try:
+        args.batch_blob_bytes = parse_size(args.batch_blob_size)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        p.error(f"--batch-blob-size: {exc}")
+    if args.per_batch < 1 or args.per_batch * (args.batch_blob_bytes + 128) > MAX_BATCH_BYTES:
+        p.error(f"--per-batch: 1 to {MAX_BATCH_BYTES // (args.batch_blob_bytes + 128)} blobs of that size (3 MiB a call)")
     args.rep_list = [args.reps or default_reps(s, args.quick) for s in args.size_list]
-    if min(args.rep_list) < 1:
+    if args.rep_list and min(args.rep_list) < 1:
         p.error("--reps must be positive")
 
     work = Path(tempfile.mkdtemp(prefix="mwp-bench-art-"))
