@@ -25,7 +25,13 @@ What it measures (issue #5, "Tests and benchmark"), one stream at a time (the ta
                 run, like our blobs, so both write into fresh page-cache pages.
 4. anchor, gRPC only - a no-op server (its own process) answering the same two RPCs with the same
                 message types and 1 MiB chunks, without hashing or storing anything: the transport's
-                limit for one Python stream on this machine.
+                limit for one Python stream on this machine. Run right after ours on the same bytes,
+                repetition by repetition, so both see the machine in the same state.
+5. batches   - ``--batch-blobs`` new small blobs (``--batch-blob-size``, 4 KiB) in rounds of
+                ``--per-batch``: one BatchUpload and one BatchDownload a round (blobs/s), each round
+                followed by the raw batched anchor (``BatchAnchor``: BLAKE3 + write + fsync of the
+                same files, grouped as the local store does, no server) and the no-op server's batch
+                RPCs on the same request. Target (issue 18): >= 2,000 blobs/s through BatchUpload.
 With the S3 backend, a boto3 anchor too: BLAKE3 plus ``upload_fileobj`` / streamed ``get_object``
 of the same bytes against the same bucket.
 
