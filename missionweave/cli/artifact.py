@@ -51,6 +51,7 @@ from missionweave.cli.common import (
 )
 from missionweave.clock import SystemClock, to_timestamp
 from missionweave.digests import CHUNK_BYTES
+from missionweave.errors import Rejected, from_proto
 from missionweave.manifest import ManifestError, sign_manifest, verify_manifest
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient
@@ -406,15 +407,31 @@ async def verify_one(args: argparse.Namespace, mesh: MeshClient, digest: Digest)
         rejection = rejection_from_rpc_error(err)
         if rejection is None:
             raise  # unreachable or a transport failure: no verdict about the blob (exit 3 or 1)
-        code = rejection.metadata.get("artifact_error", "").removeprefix("ARTIFACT_ERROR_CODE_")
-        status = {"CORRUPTED": "CORRUPTED", "NOT_FOUND": "MISSING"}.get(code, code or "REFUSED")
-        return {"digest": digest_text(digest), "status": status, "detail": rejection.message}
+        return verdict(digest, from_proto(rejection))
     return {"digest": digest_text(digest), "status": "OK", "detail": "hash and size match"}
+
+
+def verdict(digest: Digest, refusal: Rejected) -> dict[str, str]:
+    """A refused download's status: CORRUPTED, MISSING (not stored, or not readable), or its code."""
+    code = refusal.metadata.get("artifact_error", "").removeprefix("ARTIFACT_ERROR_CODE_")
+    status = {"CORRUPTED": "CORRUPTED", "NOT_FOUND": "MISSING"}.get(code, code or "REFUSED")
+    return {"digest": digest_text(digest), "status": status, "detail": refusal.message}
 
 
 async def cmd_verify(args: argparse.Namespace) -> int:
     async with reading(args) as mesh:
-        results = [await verify_one(args, mesh, digest) for digest in args.digests]
+        # Small blobs in batches (MeshClient.download_many: the server verifies each at rest, the
+        # client re-hashes it), larger ones streamed with a progress bar.
+        small = [d for d in args.digests if d.size_bytes <= CHUNK_BYTES]
+        batched = iter(await mesh.download_many(small))
+        results = []
+        for digest in args.digests:
+            if digest.size_bytes > CHUNK_BYTES:
+                results.append(await verify_one(args, mesh, digest))
+            elif isinstance(got := next(batched), Rejected):
+                results.append(verdict(digest, got))
+            else:
+                results.append({"digest": digest_text(digest), "status": "OK", "detail": "hash and size match"})
     failed = sum(r["status"] != "OK" for r in results)
     lines = [
         f"{r['status']:<9} {r['digest']}" + ("" if r["status"] == "OK" else f"  {r['detail']}")
