@@ -17,10 +17,12 @@ from typing import Any
 
 import grpc
 import pytest
+from sqlalchemy import func, select
 
 from artifactstore import local
 from artifactstore.blobstore import EMPTY_BLAKE3, BlobStore
 from artifactstore.local import LocalBlobStore
+from artifactstore.schema import upload_reservations
 from missionweave.errors import Rejected
 from missionweave.sdk.client import MeshClient, blob_digest
 from missionweave.uploads import MAX_BATCH_BYTES
@@ -80,6 +82,12 @@ async def batch_download(client: MeshClient, *digests: common_pb2.Digest) -> lis
     return list((await client.artifacts.BatchDownload(apb.BatchDownloadRequest(digests=list(digests)))).results)
 
 
+async def reservations(w: World) -> int:
+    """Upload reservations (D119) still in the index."""
+    async with w.mesh.engine.connect() as conn:  # type: ignore[attr-defined]
+        return int(await conn.scalar(select(func.count()).select_from(upload_reservations)) or 0)
+
+
 def limit_quota(w: World, quota_bytes: int) -> None:
     w.mesh.artifacts.quota_bytes = quota_bytes  # type: ignore[attr-defined]
 
@@ -137,6 +145,10 @@ async def test_each_blob_of_an_upload_batch_gets_its_own_outcome(world: World, c
     store = store_of(w)
     assert sorted(await visible_blobs(store)) == sorted([blob_digest(theirs).hex, blob_digest(ok).hex])
     assert await leftovers(store) == []
+    assert await reservations(w) == 0  # each ended: as the holding it became, or with its refusal
+    # What the worker holds now counts: 4 KiB held, so two more 4 KiB blobs fit its 14 KiB, a third not.
+    more = [os.urandom(4 * KiB) for _ in range(3)]
+    assert [outcome(r) for r in await batch_upload(worker, *(entry(m) for m in more))] == ["OK", "OK", "QUOTA_EXCEEDED"]
 
 
 async def test_a_batch_upload_is_verified_and_recorded_as_single_uploads_are(world: World, cast: Cast) -> None:
