@@ -7,9 +7,10 @@ RESULT and UNSUBSCRIBE, CURSOR_TOO_OLD with signed snapshot references, attentio
 protocol is documented in protos/missionweave/v1/gateway_service.proto.
 
 The gateway reaches the Group Authority only through its contracts, on one channel (in process or
-to the Authority's address, ``missionweave/mesh/peers.py``): each subscription is one
+to the Authority's address, ``missionweave/mesh/peers.py``): a subscription starts on its own
 ``GroupLogService.FollowGroup`` stream (missionweave.internal.v1), which decides what the member may
-see and pushes new events as they become durable; FETCH and GetSnapshot are
+see and pushes new events as they become durable, and once caught up moves to the gateway's one
+shared follow of the Group, where the Authority names each event's audience (``fanout.py``, D132); FETCH and GetSnapshot are
 ``GroupLogService.FetchEvents`` and ``GetMemberSnapshot``; COMMAND is the public
 ``AuthorityService.ExecuteCommand``. What stays here is what agents see: streams, credit windows,
 fairness across Groups (``outbox.py``) and the durable ACK cursors (``schema.py``).
