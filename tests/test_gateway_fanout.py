@@ -143,3 +143,29 @@ async def test_a_late_and_a_slow_subscriber_catch_up_then_follow_live_without_ga
     assert calls[glpb.FOLLOW_VIEW_SHARED] == 1
     # Its own stream: once to start and catch up, once more from where it fell out of the window.
     assert calls[glpb.FOLLOW_VIEW_MEMBER] == 3
+
+
+@pytest.mark.req("MW-8-03", "MW-16-01")
+async def test_a_member_revoked_while_on_the_shared_follow_stops_before_anything_after(world: World) -> None:
+    """The shared stream's MemberSet ends a subscription as its own stream's membership_ended did:
+    NOT_A_MEMBER, before any event of the batch that no longer counts it; the others go on."""
+    w = world
+    conv = (await create(w)).mission.planning_conversation_id
+    grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
+    await w.run(w.owner, G, "membership_grant", grant, membership_epoch=1)
+    owner, worker = await connected(w, w.owner), await connected(w, w.worker)
+    await subscribe(owner, "o")
+    await subscribe(worker, "w")
+    owned: dict[int, bytes | None] = {}
+    worked: dict[int, bytes | None] = {}
+    await view_until(owner, await head(w), owned)
+    await view_until(worker, await head(w), worked)
+    assert gateway_of(w).feeds[G].subscribers == 2
+    revoke = membership_pb2.MembershipRevoke(member_id="worker-bot", reason="done")
+    revoked = (await w.run(w.owner, G, "membership_revoke", revoke, membership_epoch=1)).group_revision
+    await w.run(w.owner, G, "message_post", builders.message(conv, "after the revocation"), membership_epoch=1)
+    ended = await worker.until_any("error", "event")
+    assert ended.WhichOneof("frame") == "error" and ended.error.code == pb.GATEWAY_ERROR_CODE_NOT_A_MEMBER
+    assert max(worked) < revoked
+    await view_until(owner, await head(w), owned)
+    assert b"after the revocation" in owned[max(owned)]  # type: ignore[operator]
