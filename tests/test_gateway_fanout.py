@@ -5,12 +5,14 @@ joins the shared follow without a gap or a duplicate (MW-16-01..05)."""
 from __future__ import annotations
 
 from collections import Counter
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from gateway import fanout
 from gateway.service import GatewayServicer
+from missionweave.clock import to_timestamp
 from missionweave.internal.v1 import group_log_pb2 as glpb
 from missionweave.v1 import conversation_pb2, membership_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
@@ -169,3 +171,36 @@ async def test_a_member_revoked_while_on_the_shared_follow_stops_before_anything
     assert max(worked) < revoked
     await view_until(owner, await head(w), owned)
     assert b"after the revocation" in owned[max(owned)]  # type: ignore[operator]
+
+
+@pytest.mark.req("MW-8-06", "MW-9-05")
+async def test_a_provisional_member_gets_its_narrower_view_from_the_shared_follow(world: World) -> None:
+    """D124 through the fan-out: a provisional member hears of no Group-wide Conversation, only of
+    one it is named in, while the MissionOwner on the same shared follow gets everything."""
+    w = world
+    conv = (await create(w)).mission.planning_conversation_id
+    grant = membership_pb2.MembershipGrant(
+        member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER, provisional=True,
+        expires_at=to_timestamp(w.clock.now() + timedelta(minutes=30)),
+    )
+    await w.run(w.coordinator, G, "membership_grant", grant, membership_epoch=2)
+    owner, worker = await connected(w, w.owner), await connected(w, w.worker)
+    await subscribe(owner, "o")
+    await subscribe(worker, "w")
+    owned: dict[int, bytes | None] = {}
+    worked: dict[int, bytes | None] = {}
+    await view_until(owner, await head(w), owned)
+    await view_until(worker, await head(w), worked)
+    assert gateway_of(w).feeds[G].subscribers == 2
+    public = await w.run(w.owner, G, "message_post", builders.message(conv, "for full members"), membership_epoch=1)
+    opened = conversation_pb2.ConversationOpen(
+        conversation_id="conv_jit", kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED, title="r", participant_ids=["worker-bot"]
+    )
+    await w.run(w.coordinator, G, "conversation_open", opened, membership_epoch=2)
+    named = await w.run(w.owner, G, "message_post", builders.message("conv_jit", "for the provisional one"), membership_epoch=1)
+    last = await head(w)
+    await view_until(owner, last, owned)
+    await view_until(worker, last, worked)
+    assert worked[public.group_revision] is None and owned[public.group_revision] is not None
+    assert b"for the provisional one" in worked[named.group_revision]  # type: ignore[operator]
+    assert all(owned[seq] is not None for seq in range(public.group_revision, last + 1))
