@@ -7,9 +7,10 @@ RESULT and UNSUBSCRIBE, CURSOR_TOO_OLD with signed snapshot references, attentio
 protocol is documented in protos/missionweave/v1/gateway_service.proto.
 
 The gateway reaches the Group Authority only through its contracts, on one channel (in process or
-to the Authority's address, ``missionweave/mesh/peers.py``): each subscription is one
+to the Authority's address, ``missionweave/mesh/peers.py``): a subscription starts on its own
 ``GroupLogService.FollowGroup`` stream (missionweave.internal.v1), which decides what the member may
-see and pushes new events as they become durable; FETCH and GetSnapshot are
+see and pushes new events as they become durable, and once caught up moves to the gateway's one
+shared follow of the Group, where the Authority names each event's audience (``fanout.py``, D132); FETCH and GetSnapshot are
 ``GroupLogService.FetchEvents`` and ``GetMemberSnapshot``; COMMAND is the public
 ``AuthorityService.ExecuteCommand``. What stays here is what agents see: streams, credit windows,
 fairness across Groups (``outbox.py``) and the durable ACK cursors (``schema.py``).
@@ -32,6 +33,7 @@ from google.protobuf.message import DecodeError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.fanout import GroupFeed, still_members
 from gateway.fetch import FetchRefused, requested
 from gateway.limits import GatewayLimits
 from gateway.outbox import Outbox
@@ -82,6 +84,8 @@ PEER_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 20.0
 
 
+# A Group whose shared follow ended before its first batch is not followed shared again before this.
+FEED_RETRY_S = 1.0
 # How long a closing stream's own tasks may take to finish their clean-up.
 CLOSE_GRACE_S = 5.0
 # A refused stream (too many streams) is told to retry after this long.
@@ -128,7 +132,9 @@ class _Subscription:
     delivered: int  # highest sequence covered by an EVENT frame
     acked: int
     credits: int
-    follow: Any = None  # the FollowGroup call (grpc.aio or in process): read only as credits allow
+    follow: Any = None  # its own FollowGroup call (grpc.aio or in process): read only as credits allow
+    feed: GroupFeed | None = None  # ... or, instead, the gateway's shared follow of the Group (D132)
+    head: int = 0  # the Group's head as last reported to it
     attention: pb.AttentionFilter = field(default_factory=pb.AttentionFilter)
     granted: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -190,6 +196,8 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         self._cursor_flusher: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()  # streams being ended (stalled) and released
+        self.feeds: dict[str, GroupFeed] = {}  # the shared follow of each Group subscribed here (D132)
+        self._feed_failed: dict[str, float] = {}  # when a Group's shared follow last ended unread
 
     @requires(Access.SIGNED)
     async def Connect(
@@ -307,6 +315,8 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
                 log.warning("gateway tasks still running at shutdown", extra={"tasks": len(pending)})
         for connection in connections:
             connection.go_away()
+        for feed in list(self.feeds.values()):
+            await cancel_and_wait(feed.task)
         await cancel_and_wait(self._cursor_flusher)
         await cancel_and_wait(self._watchdog)
         if self._closing:
@@ -371,6 +381,42 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         if identity is None or identity.session_epoch != session_epoch:
             raise _Fatal(E.GATEWAY_ERROR_CODE_SESSION_STALE, "a newer session of this agent exists")
         return key_id
+
+    # ------------------------------------------------------------ shared follows (D132)
+
+    def feed_for(self, group_id: str, delivered: int, caught_up: bool) -> GroupFeed | None:
+        """The Group's shared follow if a subscription at ``delivered`` may continue from it; a new
+        one from ``delivered`` when there is none and the subscription is ``caught_up`` with the
+        head (a feed never starts behind: subscriptions at the head would wait for its replay). Not
+        within FEED_RETRY_S of one that ended without a single batch (an Authority that refuses or
+        drops the SHARED view would otherwise be asked again for every batch)."""
+        feed = self.feeds.get(group_id)
+        if feed is not None:
+            return feed if feed.covers(delivered) else None
+        if not caught_up or self.stopping or time.monotonic() - self._feed_failed.get(group_id, -FEED_RETRY_S) < FEED_RETRY_S:
+            return None
+        feed = GroupFeed(group_id, delivered, lambda after: self.open_shared(group_id, after), self._feed_ended)
+        self.feeds[group_id] = feed
+        return feed
+
+    def _feed_ended(self, feed: GroupFeed) -> None:
+        if self.feeds.get(feed.group_id) is feed:
+            del self.feeds[feed.group_id]
+        if feed.position == feed.start and feed.subscribers > 0:
+            self._feed_failed[feed.group_id] = time.monotonic()
+        else:
+            self._feed_failed.pop(feed.group_id, None)
+
+    async def open_shared(self, group_id: str, after: int) -> Any:
+        """The SHARED FollowGroup stream of a Group after ``after`` (no member: every view at once)."""
+        request = glpb.FollowGroupRequest(
+            group_id=group_id, after_sequence=after, max_batch_entries=MAX_EVENTS_PER_FRAME, view=glpb.FOLLOW_VIEW_SHARED
+        )
+        call, started = await _open_follow(self.group_log, request)
+        if started.effective_after_sequence != after:
+            call.cancel()
+            raise _PeerRefused(E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE, _unavailable_rejection("the shared follow starts elsewhere"))
+        return call
 
     def note_cursor(self, agent_id: str, group_id: str, cursor: int) -> None:
         """Record an acknowledged cursor; it is stored shortly after, with every other ACK of that
@@ -481,7 +527,7 @@ class _Connection:
             await asyncio.wait(tasks, timeout=CLOSE_GRACE_S)
         if not self.tasks():
             for sub in self.subscriptions.values():  # its task's traceback holds its frame, which holds it
-                sub.task, sub.follow = None, None
+                sub.task, sub.follow, sub.feed = None, None, None
             self.reader = None
             self.subscriptions.clear()
             self.requests.clear()
@@ -649,6 +695,7 @@ class _Connection:
             credits=sub.initial_credits or 256,
             follow=follow,
             attention=sub.filter,
+            head=started.head_sequence,
         )
         self.subscriptions[s.subscription_id] = s
         try:
@@ -669,37 +716,16 @@ class _Connection:
             filter=attention,
             max_batch_entries=MAX_EVENTS_PER_FRAME,
         )
-        call = self.gateway.group_log.FollowGroup(request)
-        try:
-            async with asyncio.timeout(PEER_TIMEOUT_S):
-                first = await call.read()
-        except TimeoutError:
-            call.cancel()
-            raise _PeerRefused(
-                E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE,
-                _unavailable_rejection(f"the Group Authority did not answer within {PEER_TIMEOUT_S:g} s"),
-            ) from None
-        except grpc.aio.AioRpcError as err:
-            call.cancel()
-            raise _refusal(err) from None
-        except BaseException:
-            call.cancel()
-            raise
-        if first is grpc.aio.EOF or first.WhichOneof("response") != "started":
-            call.cancel()
-            raise _PeerRefused(
-                E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE,
-                _unavailable_rejection("the Group Authority ended the stream without starting it"),
-            )
-        return call, first.started
+        return await _open_follow(self.gateway.group_log, request)
 
     async def deliver(self, s: _Subscription) -> None:
-        """Relay the FollowGroup stream in sequence order within the credit window (MW-16-01..05,
-        MW-8-17): its next answer is read only when the subscription has credits and nothing left
-        of the previous one; a batch larger than the credits left is kept for the next grants."""
+        """Relay the Group's log in sequence order within the credit window (MW-16-01..05, MW-8-17):
+        from the gateway's shared follow of the Group when the subscription can join it (D132),
+        otherwise (behind it, or with an attention filter) from its own FollowGroup stream, whose
+        next answer is read only when the subscription has credits and nothing left of the previous
+        one; a batch larger than the credits left is kept for the next grants."""
         entries: Sequence[glpb.LogEntry] = ()
         taken = 0
-        head = 0
         try:
             while True:
                 if s.credits == 0:
@@ -709,23 +735,23 @@ class _Connection:
                         await s.granted.wait()
                         s.granted.clear()
                     continue
+                if s.feed is None and taken == len(entries):
+                    self.join_feed(s)
+                if s.feed is not None:
+                    if not await self.deliver_shared(s, s.feed):
+                        return
+                    continue
                 if taken == len(entries):
                     response = await self.next_answer(s)
                     if response is None:
                         return  # the Group could not be followed again; the agent was told
                     kind = response.WhichOneof("response") if response is not grpc.aio.EOF else None
                     if kind == "batch":
-                        entries, taken, head = response.batch.entries, 0, response.batch.head_sequence
+                        entries, taken, s.head = response.batch.entries, 0, response.batch.head_sequence
                         if not entries:
                             continue
                     elif kind == "membership_ended":  # the Membership ended: stop
-                        await self.error(
-                            E.GATEWAY_ERROR_CODE_NOT_A_MEMBER,
-                            "the Membership ended",
-                            subscription_id=s.subscription_id,
-                            group_id=s.group_id,
-                            fatal=False,
-                        )
+                        await self.membership_ended(s)
                         return
                     elif kind == "cursor_too_old":
                         await self.too_old(s, response.cursor_too_old)
@@ -742,24 +768,84 @@ class _Connection:
                     await self.history_unavailable(s)  # never skip silently (the contract forbids it)
                     return
                 taken += len(batch)
-                frame = pb.EventFrame(
-                    subscription_id=s.subscription_id, group_id=s.group_id, head_sequence=max(head, last)
-                )
-                frame.first_sequence, frame.last_sequence = first, last
+                frame = self.event_frame(s, first, last, s.head)
                 for entry in batch:
                     if entry.HasField("envelope"):
                         frame.events.append(entry.envelope)
                     else:
                         frame.skipped.append(pb.SequenceRange(first=entry.sequence, last=entry.sequence))
-                s.delivered = last
-                s.credits -= len(batch)
-                frame.credits_remaining = s.credits
-                metrics.DELIVERY_LAG.observe(frame.head_sequence - last)
-                await self.send(event=frame)
+                await self.emit(s, frame, len(batch))
         except grpc.aio.AioRpcError as err:
             await self.authority_lost(s, f"the Group Authority stream failed: {err.code().name}: {err.details()}")
         finally:
+            if s.follow is not None:
+                s.follow.cancel()
+            if s.feed is not None:
+                s.feed.leave()
+                s.feed = None
+
+    def join_feed(self, s: _Subscription) -> None:
+        """Move to the Group's shared follow when it can continue this subscription from its delivered
+        sequence (its own stream is closed). Attention filters are one member's: a filtered
+        subscription keeps its own stream, where the Authority applies them."""
+        if s.attention.mode not in (pb.ATTENTION_MODE_UNSPECIFIED, pb.ATTENTION_MODE_ALL):
+            return
+        feed = self.gateway.feed_for(s.group_id, s.delivered, caught_up=s.head <= s.delivered)
+        if feed is None:
+            return
+        if s.follow is not None:
             s.follow.cancel()
+            s.follow = None
+        feed.join()
+        s.feed = feed
+
+    async def deliver_shared(self, s: _Subscription, feed: GroupFeed) -> bool:
+        """One EVENT frame from the shared follow, or a wait for it: this agent's view of the entries
+        after its delivered sequence, as the Authority named their audiences. False once the
+        subscription is over (its Membership ended, or it could not follow on its own)."""
+        got = feed.take(s.delivered, min(s.credits, MAX_EVENTS_PER_FRAME))
+        if got is None:  # behind the window, or the feed ended: follow on its own from here
+            feed.leave()
+            s.feed = None
+            return await self.refollow(s)
+        if not got:
+            await feed.advanced.wait()
+            return True
+        batch, ended = still_members(got, self.agent_id)
+        if batch:
+            s.head = max(s.head, feed.head)
+            frame = self.event_frame(s, batch[0].sequence, batch[-1].sequence, s.head)
+            for entry in batch:
+                if entry.visible_to(self.agent_id):
+                    frame.events.append(entry.envelope)
+                else:
+                    frame.skipped.add(first=entry.sequence, last=entry.sequence)
+            await self.emit(s, frame, len(batch))
+        if ended:
+            await self.membership_ended(s)
+            return False
+        return True
+
+    def event_frame(self, s: _Subscription, first: int, last: int, head: int) -> pb.EventFrame:
+        frame = pb.EventFrame(subscription_id=s.subscription_id, group_id=s.group_id, head_sequence=max(head, last))
+        frame.first_sequence, frame.last_sequence = first, last
+        return frame
+
+    async def emit(self, s: _Subscription, frame: pb.EventFrame, count: int) -> None:
+        s.delivered = frame.last_sequence
+        s.credits -= count
+        frame.credits_remaining = s.credits
+        metrics.DELIVERY_LAG.observe(frame.head_sequence - frame.last_sequence)
+        await self.send(event=frame)
+
+    async def membership_ended(self, s: _Subscription) -> None:
+        await self.error(
+            E.GATEWAY_ERROR_CODE_NOT_A_MEMBER,
+            "the Membership ended",
+            subscription_id=s.subscription_id,
+            group_id=s.group_id,
+            fatal=False,
+        )
 
     async def next_answer(self, s: _Subscription) -> Any:
         """The next answer of the subscription's FollowGroup stream. A stream that its Authority ends
@@ -775,22 +861,31 @@ class _Connection:
                 if rejection is None or rejection.reason != R.REJECTION_REASON_NOT_OWNER:
                     raise
             s.follow.cancel()
-            try:
-                s.follow, started = await self.follow(s.group_id, s.delivered, s.attention)
-            except _PeerRefused as refused:
-                if self.subscriptions.get(s.subscription_id) is s:
-                    del self.subscriptions[s.subscription_id]
-                await self.error(
-                    refused.code,
-                    refused.rejection.message,
-                    subscription_id=s.subscription_id,
-                    group_id=s.group_id,
-                    rejection=_unavailable_only(refused),
-                )
+            if not await self.refollow(s):
                 return None
-            if started.effective_after_sequence != s.delivered:  # not where this stream left off
-                await self.authority_lost(s, "the Group Authority that took the Group over starts elsewhere")
-                return None
+
+    async def refollow(self, s: _Subscription) -> bool:
+        """Open the subscription's own FollowGroup stream again from its delivered sequence. False when
+        that fails (the agent got the ERROR; AUTHORITY_UNAVAILABLE makes it subscribe again)."""
+        s.follow = None
+        try:
+            s.follow, started = await self.follow(s.group_id, s.delivered, s.attention)
+        except _PeerRefused as refused:
+            if self.subscriptions.get(s.subscription_id) is s:
+                del self.subscriptions[s.subscription_id]
+            await self.error(
+                refused.code,
+                refused.rejection.message,
+                subscription_id=s.subscription_id,
+                group_id=s.group_id,
+                rejection=_unavailable_only(refused),
+            )
+            return False
+        if started.effective_after_sequence != s.delivered:  # not where this stream left off
+            await self.authority_lost(s, "the Group Authority that took the Group over starts elsewhere")
+            return False
+        s.head = started.head_sequence
+        return True
 
     async def fetch(self, frame: pb.FetchFrame) -> None:
         """MW-8-13 / MW-8-09: the requested events this agent's Membership lets it see (decided by
@@ -1030,6 +1125,33 @@ class _Connection:
 
 
 # ------------------------------------------------------------ the Authority's answers
+
+
+async def _open_follow(group_log: Any, request: glpb.FollowGroupRequest) -> tuple[Any, glpb.FollowStarted]:
+    """Open a FollowGroup stream and read its first answer (bounded: PEER_TIMEOUT_S)."""
+    call = group_log.FollowGroup(request)
+    try:
+        async with asyncio.timeout(PEER_TIMEOUT_S):
+            first = await call.read()
+    except TimeoutError:
+        call.cancel()
+        raise _PeerRefused(
+            E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE,
+            _unavailable_rejection(f"the Group Authority did not answer within {PEER_TIMEOUT_S:g} s"),
+        ) from None
+    except grpc.aio.AioRpcError as err:
+        call.cancel()
+        raise _refusal(err) from None
+    except BaseException:
+        call.cancel()
+        raise
+    if first is grpc.aio.EOF or first.WhichOneof("response") != "started":
+        call.cancel()
+        raise _PeerRefused(
+            E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE,
+            _unavailable_rejection("the Group Authority ended the stream without starting it"),
+        )
+    return call, first.started
 
 
 def _refusal(err: grpc.aio.AioRpcError) -> _PeerRefused:

@@ -210,3 +210,36 @@ async def test_fetch_checks_ranges_and_the_context_package_on_the_authority_side
     rejection = rejection_from_rpc_error(tampered.value)
     assert rejection and rejection.reason == R.REJECTION_REASON_SIGNATURE_INVALID
     assert rejection.metadata["field"] == "context_package"
+
+
+@pytest.mark.parametrize("kind", ["local", "remote"])
+@pytest.mark.req("MW-9-05")
+async def test_the_shared_view_names_each_events_audience_and_the_members(world: World, kind: str) -> None:
+    """D132: every entry with its envelope, the members the Authority lets see it, and the active
+    Memberships; a member or a filter is refused (the view is every member's)."""
+    w = world
+    await create(w)
+    grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
+    await w.run(w.owner, G, "membership_grant", grant, membership_epoch=1)
+    opened = conversation_pb2.ConversationOpen(
+        conversation_id="conv_two", kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED, title="r", participant_ids=["worker-bot"]
+    )
+    await w.run(w.coordinator, G, "conversation_open", opened, membership_epoch=2)
+    secret = await post(w, "conv_two", "between the worker and the stewards")
+    log = stub(w, kind)
+    shared = glpb.FollowGroupRequest(group_id=G, view=glpb.FOLLOW_VIEW_SHARED)
+    for wrong in (glpb.FollowGroupRequest(group_id=G, member_id="alice", view=glpb.FOLLOW_VIEW_SHARED),
+                  glpb.FollowGroupRequest(group_id=G, view=glpb.FOLLOW_VIEW_SHARED, filter=pb.AttentionFilter())):
+        assert await refusal(log.FollowGroup(wrong)) == (grpc.StatusCode.INVALID_ARGUMENT, R.REJECTION_REASON_INVALID_ARGUMENT)
+    call = log.FollowGroup(shared)
+    try:
+        assert (await call.read()).started.effective_after_sequence == 0
+        batch = (await call.read()).batch
+    finally:
+        call.cancel()
+    assert [e.sequence for e in batch.entries] == list(range(1, secret + 1))
+    assert all(e.HasField("envelope") for e in batch.entries)
+    assert sorted(batch.members.full_member_ids) == ["alice", "coord-bot", "worker-bot"]
+    restricted = batch.entries[-1].audience
+    assert not restricted.full_members and sorted(restricted.member_ids) == ["alice", "coord-bot", "worker-bot"]
+    assert batch.entries[0].audience.full_members and not batch.entries[0].audience.member_ids

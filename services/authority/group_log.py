@@ -35,7 +35,16 @@ from missionweave.v1 import authority_service_pb2, common_pb2, gateway_service_p
 from services.authority.authority import GroupAuthority
 from services.authority.scheduling_view import scheduling_event
 from services.authority.views import snapshot_view
-from services.authority.visibility import active_member, as_ranges, cited_for, may_see, wanted
+from services.authority.visibility import (
+    MemberSet,
+    active_member,
+    as_ranges,
+    audience,
+    cited_for,
+    may_see,
+    member_set,
+    wanted,
+)
 
 log = logging.getLogger("missionweave.authority.group_log")
 
@@ -72,20 +81,28 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         self, request: pb.FollowGroupRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> AsyncIterator[pb.FollowGroupResponse]:
         """Replay, then push, one member's view of the log (MW-16-01..05, MW-8-07, MW-8-11..15, MW-9-05),
-        as signed events or reduced to scheduling metadata (MW-13.3-09)."""
+        as signed events or reduced to scheduling metadata (MW-13.3-09), or every member's view at
+        once with each entry's audience (SHARED, D132: a gateway's fan-out)."""
         authority = self.authority
         group_id, member_id, attention = request.group_id, request.member_id, request.filter
-        _require_ids(group_id, member_id)
-        scheduling = _scheduling_view(request.view)
+        view = _view(request)
+        _require_ids(group_id, member_id, shared=view == pb.FOLLOW_VIEW_SHARED)
         await self._unless_stopping(context)
-        state, member = active_member(await authority.state(group_id), group_id, member_id, self.authority.clock.now())
-        # OP-36 / MW-8-07: never before the member's visibility start.
-        delivered = max(request.after_sequence, member.visibility_start_sequence - 1)
+        if view == pb.FOLLOW_VIEW_SHARED:  # no member: every member's view, each entry's audience
+            state = await authority.state(group_id)
+            if state is None:
+                raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {group_id} does not exist")
+            delivered = request.after_sequence
+        else:
+            state, member = active_member(await authority.state(group_id), group_id, member_id, authority.clock.now())
+            # OP-36 / MW-8-07: never before the member's visibility start.
+            delivered = max(request.after_sequence, member.visibility_start_sequence - 1)
         limit = min(request.max_batch_entries or DEFAULT_BATCH_ENTRIES, MAX_BATCH_ENTRIES)
         started = pb.FollowStarted(effective_after_sequence=delivered, head_sequence=state.head_sequence)
-        if scheduling and state.mission is not None:
+        if view == pb.FOLLOW_VIEW_SCHEDULING and state.mission is not None:
             started.mission_owner_id = state.mission.owner_id
         yield pb.FollowGroupResponse(started=started)
+        members: MemberSet | None = None  # SHARED view: the MemberSet last sent
         unwoken = False  # the last wait ended by its timeout: no append of this instance woke it
         foreign = False  # events came that no append of this instance announced: written elsewhere
         while True:
@@ -110,11 +127,19 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
                 continue
             foreign, unwoken = foreign or unwoken, False
             current = await authority.state(group_id)
-            member_now = current.members.get(member_id) if current else None
-            if current is None or member_now is None or not member_now.active:
-                yield pb.FollowGroupResponse(membership_ended=pb.MembershipEnded(last_sequence=delivered))
-                return
             out = pb.LogBatch()
+            if view == pb.FOLLOW_VIEW_SHARED:
+                if current is None:
+                    return  # the Group is gone: nothing more to follow
+                if (now := member_set(current)) != members:
+                    members = now
+                    out.members.full_member_ids.extend(now[0])
+                    out.members.provisional_member_ids.extend(now[1])
+            else:
+                member_now = current.members.get(member_id) if current else None
+                if current is None or member_now is None or not member_now.active:
+                    yield pb.FollowGroupResponse(membership_ended=pb.MembershipEnded(last_sequence=delivered))
+                    return
             size = 0
             for stored in batch:
                 if size and size + len(stored.envelope) > MAX_BATCH_BYTES:
@@ -122,9 +147,13 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
                 size += len(stored.envelope)
                 envelope, event = codec.decode_shared(stored.envelope)
                 entry = out.entries.add(sequence=stored.sequence)
+                if members is not None:  # SHARED: the Authority still decides who sees it
+                    entry.envelope.CopyFrom(envelope)
+                    entry.audience.CopyFrom(audience(current, event, members))
+                    continue
                 if not (may_see(current, member_id, event) and wanted(current, member_id, event, attention)):
                     continue
-                if not scheduling:
+                if view != pb.FOLLOW_VIEW_SCHEDULING:
                     entry.envelope.CopyFrom(envelope)
                 elif (reduced := scheduling_event(event)) is not None:
                     entry.scheduling_event.CopyFrom(reduced)
@@ -282,17 +311,24 @@ def requested(ranges: Iterable[gateway_service_pb2.SequenceRange]) -> list[int]:
     return sorted({seq for r in ranges for seq in range(r.first, r.last + 1)})
 
 
-def _scheduling_view(view: int) -> bool:
-    """Whether FollowGroup serves the SCHEDULING view; an unknown view is refused rather than
-    answered with the full one."""
+def _view(request: pb.FollowGroupRequest) -> int:
+    """The view FollowGroup serves (UNSPECIFIED is MEMBER); an unknown view is refused rather than
+    answered with the full one, and so is a SHARED view asked with an attention filter (D132: it
+    serves every member at once, filters are one member's)."""
+    view = request.view
     if view in (pb.FOLLOW_VIEW_UNSPECIFIED, pb.FOLLOW_VIEW_MEMBER):
-        return False
-    if view == pb.FOLLOW_VIEW_SCHEDULING:
-        return True
+        return pb.FOLLOW_VIEW_MEMBER
+    if view == pb.FOLLOW_VIEW_SHARED and request.HasField("filter"):
+        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "the SHARED view takes no attention filter", field="filter")
+    if view in (pb.FOLLOW_VIEW_SCHEDULING, pb.FOLLOW_VIEW_SHARED):
+        return view
     raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"unknown view {view}", field="view")
 
 
-def _require_ids(group_id: str, member_id: str) -> None:
-    for name, value in (("group_id", group_id), ("member_id", member_id)):
+def _require_ids(group_id: str, member_id: str, *, shared: bool = False) -> None:
+    """Both ids are required, except that the SHARED view names no member (and refuses one)."""
+    if shared and member_id:
+        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "the SHARED view names no member", field="member_id")
+    for name, value in (("group_id", group_id), ("member_id", "-" if shared else member_id)):
         if not value:
             raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"{name} is required", field=name)

@@ -20,6 +20,7 @@ from datetime import datetime
 from google.protobuf.message import DecodeError
 
 from missionweave.errors import Rejected
+from missionweave.internal.v1.group_log_pb2 import Audience
 from missionweave.signing import verify_signature
 from missionweave.v1 import artifact_service_pb2, common_pb2, conversation_pb2, event_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
@@ -68,6 +69,34 @@ def may_see(state: GroupState, agent_id: str, event: event_pb2.Event, *, cited: 
     if conversation is not None:
         return sees_conversation(state, agent_id, conversation)
     return _concerns(state, agent_id, event)
+
+
+def audience(state: GroupState, event: event_pb2.Event, members: MemberSet) -> Audience:
+    """Who of the active ``members`` ``may_see`` ``event``, for the SHARED view (D132): every full
+    member unless it is in a restricted Conversation (MW-9-05: then the parties only), plus the
+    provisional members it concerns. The same rule as ``may_see``, once per event: a full member's
+    view depends only on ``party_to``, so only restricted Conversations and provisional members cost
+    a check per member."""
+    full, provisional = members
+    conversation = state.conversations.get(conversation_of(state, event))
+    restricted = conversation is not None and conversation.kind == conversation_pb2.CONVERSATION_KIND_RESTRICTED
+    if restricted:
+        named = [m for m in (*full, *provisional) if may_see(state, m, event)]
+    else:
+        named = [m for m in provisional if may_see(state, m, event)]
+    return Audience(full_members=not restricted, member_ids=named)
+
+
+MemberSet = tuple[tuple[str, ...], tuple[str, ...]]
+
+
+def member_set(state: GroupState) -> MemberSet:
+    """The active members, full and provisional, in a stable order (the SHARED view's MemberSet)."""
+    active = sorted((m for m in state.members.values() if m.active), key=lambda m: m.member_id)
+    return (
+        tuple(m.member_id for m in active if not m.provisional),
+        tuple(m.member_id for m in active if m.provisional),
+    )
 
 
 def _concerns(state: GroupState, agent_id: str, event: event_pb2.Event) -> bool:
