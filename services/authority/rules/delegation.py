@@ -334,10 +334,21 @@ def check_delegated_offer(
 
 
 def charge(state: GroupState, grant_id: str, work_item_id: str, budget: common_pb2.ResourceVector) -> None:
-    """Evolve: a WorkItem created or offered under the grant counts against it (at its latest budget)."""
+    """Evolve: a WorkItem created or offered under the grant counts against it (at its latest budget),
+    and from then on what it uses too (the grant's running totals, D134)."""
     grant = state.grants.get(grant_id)
-    if grant is not None:
-        grant.counted[work_item_id] = budget_dims(budget)
+    if grant is None:
+        return
+    size = budget_dims(budget)
+    before = grant.counted.get(work_item_id)
+    if before is None:
+        state.item_grants[work_item_id] = (*state.item_grants.get(work_item_id, ()), grant_id)
+        item = state.work_items.get(work_item_id)
+        for dim in SIX:
+            grant.used[dim] += item.used[dim] if item is not None else 0
+    for dim in SIX:
+        grant.charged[dim] += size[dim] - (before or {}).get(dim, 0)
+    grant.counted[work_item_id] = size
 
 
 # ---------------------------------------------------------------- evolve rules
