@@ -11,6 +11,7 @@ alone (no I/O, no evolve) of:
     usage under a grant   a lease renewal reporting usage on the running WorkItem (grant cap check)
     with a provisional    a Coordinator's message post while a just-in-time Membership is open
                           (MW-8-06: the decider checks whether any such Membership ends)
+    usage, provisional    the usage report again, while that Membership is open
 
 It prints the median per-command microseconds per size and the ratio largest/smallest size; the
 target is flat within noise (ratio ~1).
@@ -107,6 +108,7 @@ def measure(size: int, repeat: int) -> dict[str, float]:
     assert state.mission is not None
     post = builders.message(state.mission.planning_conversation_id, "status")
     figures["with a provisional"] = per_command_us(state, [command(state, "message_post", post, "coord") for _ in range(repeat)])
+    figures["usage, provisional"] = per_command_us(state, [command(state, "work_renew_lease", renew, "worker") for _ in range(repeat)])
     return figures
 
 

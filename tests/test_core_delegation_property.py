@@ -236,7 +236,7 @@ class GrantMachine(RuleBasedStateMachine):
         for grant_id, grant in self.state.grants.items():
             items = self.tally.get(grant_id, {})
             tally = {dim: sum(budget[dim] for budget in items.values()) for dim in SIX}
-            assert grant.charged_with("", {}) == tally, (grant_id, grant.counted, items)
+            assert grant.charged == tally, (grant_id, items)
             assert all(tally[dim] <= self.caps[grant_id][dim] for dim in SIX), (grant_id, tally, self.caps[grant_id])
 
     @invariant()

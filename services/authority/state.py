@@ -258,19 +258,11 @@ class GrantState:
     expires_at: datetime
     revoked: bool = False
     record: Any = None  # the missionweave.v1.DelegationGrant as recorded (what read models show)
-    # The budget of each WorkItem created or offered under the grant, counted once at its latest size.
-    counted: dict[str, dict[str, int]] = field(default_factory=dict)
     # Running totals evolve keeps (D134), so that a check under the grant costs the same however many
-    # WorkItems it holds: the sum of ``counted``, and what those WorkItems have used.
+    # WorkItems it holds: the budgets it was charged (GroupState.item_grants), and what those
+    # WorkItems have used. Nothing per WorkItem here: a preview copies a grant it touches (D135).
     charged: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
     used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
-
-    def charged_with(self, work_item_id: str, budget: dict[str, int]) -> dict[str, int]:
-        """The total charged, with ``work_item_id`` counted at ``budget`` (empty id: as it stands)."""
-        if not work_item_id:
-            return dict(self.charged)
-        before = self.counted.get(work_item_id, {})
-        return {dim: self.charged[dim] - before.get(dim, 0) + budget.get(dim, 0) for dim in SIX}
 
 
 @dataclass
@@ -315,8 +307,10 @@ class GroupState:
     depth_approvals: dict[str, tuple[str, int]] = field(default_factory=dict)
     # Indexes evolve keeps beside the entities (D134): a command's checks look up the few entries
     # they concern instead of scanning every WorkItem or Membership; a fold rebuilds them exactly.
-    # WorkItem id -> the grants charged with it, in the order they were.
-    item_grants: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # WorkItem id -> grant id -> the budget the grant was charged for it: each WorkItem created or
+    # offered under a grant counts once against it, at its latest size (MW-9.1-11), grants in the
+    # order they were charged.
+    item_grants: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     # The current capability token of each live execution lease -> its WorkItem.
     tokens: dict[str, str] = field(default_factory=dict)
     # Member id -> the unfinished WorkItems it owns, has a submission awaiting review on, or is a

@@ -43,7 +43,7 @@ def check_usage(
         return d
     caps = budget_dims(item.contract.budget)
     mission_caps = budget_dims(mission_of(state).definition.budget)
-    grants = [state.grants[g] for g in state.item_grants.get(item.work_item_id, ())]
+    grants = [state.grants[g] for g in state.item_grants.get(item.work_item_id, {})]
     # A running child Mission's budget is carved out of its WorkItem and the Mission (spec 14).
     child = item.running_child
     held = child.reserved if child else dict.fromkeys(SIX, 0)
@@ -137,5 +137,5 @@ def apply_usage(state: GroupState, event: event_pb2.Event) -> None:
         if item.attempts > 1:
             item.retry_used[dim] += amount
         state.mission_used[dim] += amount
-        for grant_id in state.item_grants.get(item.work_item_id, ()):
+        for grant_id in state.item_grants.get(item.work_item_id, {}):
             state.grants[grant_id].used[dim] += amount
