@@ -18,8 +18,8 @@ from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority import decider
 from services.authority.rules.common import budget_dims, mission_of
-from services.authority.rules.work.usage import grant_used
 from services.authority.state import SIX, GroupState
+from tests.aggregates_check import assert_aggregates_recompute
 from tests.offline_core import (
     LEASE_ID,
     NOW,
@@ -120,8 +120,8 @@ class OfflineMachine(RuleBasedStateMachine):
         assert all(state.mission_used[d] <= mission_caps[d] for d in SIX)
         assert sum(i.used["tokens"] for i in state.work_items.values()) == state.mission_used["tokens"]
         for grant in state.grants.values():
-            used = grant_used(state, grant)
-            assert all(used[d] <= grant.caps[d] for d in SIX), grant.grant_id
+            assert all(grant.used[d] <= grant.caps[d] for d in SIX), grant.grant_id
+        assert_aggregates_recompute(state)
 
 
 OfflineMachine.TestCase.settings = settings(

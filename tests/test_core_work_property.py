@@ -26,6 +26,7 @@ from missionweave.v1 import work_pb2 as wp
 from services.authority import decider
 from services.authority.state import SIX, GroupState, IdentityInfo
 from tests import builders
+from tests.aggregates_check import assert_aggregates_recompute
 
 START = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 IDS = {
@@ -39,6 +40,9 @@ WORKERS = ["w1", "w2"]
 
 
 class WorkMachine(RuleBasedStateMachine):
+    # Workers whose Memberships are just-in-time ones (MW-8-06): provisional until they accept an offer.
+    PROVISIONAL: frozenset[str] = frozenset()
+
     def __init__(self) -> None:
         super().__init__()
         self.now = START
@@ -51,8 +55,7 @@ class WorkMachine(RuleBasedStateMachine):
         self._apply("mission_create", create, "alice", must=True)
         self.epochs.update(alice=1, coord=2)
         for i, worker in enumerate(WORKERS, start=3):
-            grant = membership_pb2.MembershipGrant(member_id=worker, role=membership_pb2.MEMBER_ROLE_WORKER)
-            self._apply("membership_grant", grant, "alice", must=True)
+            self._apply("membership_grant", self._membership(worker), "alice", must=True)
             self.epochs[worker] = i
         contract = builders.contract(START, budget=common_pb2.ResourceVector(tokens=1_000, tool_calls=10))
         self._apply(
@@ -73,6 +76,16 @@ class WorkMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ plumbing
 
+    def _membership(self, worker: str) -> membership_pb2.MembershipGrant:
+        grant = membership_pb2.MembershipGrant(member_id=worker, role=membership_pb2.MEMBER_ROLE_WORKER)
+        if worker in self.PROVISIONAL:
+            grant.provisional = True
+            grant.expires_at.CopyFrom(to_timestamp(self.now + timedelta(hours=2)))
+        return grant
+
+    def _decide(self, c: command_pb2.Command) -> decider.Decision:
+        return decider.decide(self.state, c, decider.DecisionContext(self.now, IDS))
+
     def _apply(self, kind: str, body: object, actor: str, *, must: bool = False) -> bool:
         self.n += 1
         c = command_pb2.Command(
@@ -85,7 +98,7 @@ class WorkMachine(RuleBasedStateMachine):
         )
         getattr(c, kind).CopyFrom(body)
         before = copy.deepcopy(self.state)
-        decision = decider.decide(self.state, c, decider.DecisionContext(self.now, IDS))
+        decision = self._decide(c)
         assert self.state == before, "decide mutated the state"
         if isinstance(decision, Rejected):
             assert not must, decision
@@ -248,6 +261,10 @@ class WorkMachine(RuleBasedStateMachine):
         budget = self.state.mission.definition.budget  # type: ignore[union-attr]
         for dim in SIX:
             assert self.state.mission_used[dim] <= getattr(budget, dim)
+
+    @invariant()
+    def aggregates_equal_a_recomputation(self) -> None:
+        assert_aggregates_recompute(self.state)
 
     @invariant()
     def replay_equals_live(self) -> None:

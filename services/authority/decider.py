@@ -10,11 +10,15 @@ declarations and applies the checks every command shares.
 from __future__ import annotations
 
 import copy
+import dataclasses
+from collections.abc import Iterator, MutableMapping
 from datetime import datetime
+from typing import Any
 
 from missionweave import ids
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2
+from services.authority import aggregates
 from services.authority.kinds import APPLIERS, kind_of
 from services.authority.rules import authorization, children
 from services.authority.rules.common import (
@@ -157,11 +161,54 @@ def _acts_for_organization(state: GroupState, command: command_pb2.Command, orga
 
 
 def _preview(state: GroupState, events: list[event_pb2.Event]) -> GroupState:
-    """The state after ``events``, leaving ``state`` as it is (decide never mutates it)."""
-    after = copy.deepcopy(state)
+    """The state after ``events``, leaving ``state`` as it is (decide never mutates it).
+
+    Not a deep copy of the whole state, which cost every command in a Group with a just-in-time
+    Membership time in proportion to the Group's size (D135): each collection is seen through a
+    ``_CopyOnRead``, so evolve changes copies of just the entries the events touch (and readers
+    then copy just what they read); the rest of the state (the Mission, the counters) is copied."""
+    after = copy.copy(state)
+    for f in dataclasses.fields(state):
+        value = getattr(state, f.name)
+        setattr(after, f.name, _CopyOnRead(value) if isinstance(value, dict) else copy.deepcopy(value))
     for event in events:
         evolve(after, event)
     return after
+
+
+class _CopyOnRead(MutableMapping[Any, Any]):
+    """A dict of the state as a preview sees it: an entry is deep-copied from the original the first
+    time it is read, and writes and deletions stay here; the original is never changed."""
+
+    def __init__(self, base: dict[Any, Any]) -> None:
+        self._base, self._own, self._deleted = base, dict[Any, Any](), set[Any]()
+
+    def __getitem__(self, key: Any) -> Any:
+        if key not in self._own:
+            if key in self._deleted:
+                raise KeyError(key)
+            self._own[key] = copy.deepcopy(self._base[key])
+        return self._own[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._own[key] = value
+        self._deleted.discard(key)
+
+    def __delitem__(self, key: Any) -> None:
+        if key not in self:
+            raise KeyError(key)
+        self._own.pop(key, None)
+        self._deleted.add(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._own or (key not in self._deleted and key in self._base)
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self._own
+        yield from (k for k in self._base if k not in self._own and k not in self._deleted)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def evolve(state: GroupState | None, event: event_pb2.Event) -> GroupState:
@@ -174,7 +221,13 @@ def evolve(state: GroupState | None, event: event_pb2.Event) -> GroupState:
     applier = APPLIERS.get(payload or "")
     if applier is None:
         raise ValueError(f"no evolve rule for event payload {payload!r} ({event.type})")
+    # Every evolve rule that changes a WorkItem names it as its payload's work_item_id: the WorkItem
+    # indexes (D134) re-file that one alone (the property tests check them against a recomputation).
+    work_item_id: str = getattr(getattr(event, payload or ""), "work_item_id", "")
+    before = aggregates.keys_of(state.work_items.get(work_item_id)) if work_item_id else aggregates.NONE
     applier(state, event)
+    if work_item_id:
+        aggregates.refile(state, work_item_id, before)
     state.head_sequence = event.sequence
     return state
 

@@ -258,15 +258,11 @@ class GrantState:
     expires_at: datetime
     revoked: bool = False
     record: Any = None  # the missionweave.v1.DelegationGrant as recorded (what read models show)
-    # The budget of each WorkItem created or offered under the grant, counted once at its latest size.
-    counted: dict[str, dict[str, int]] = field(default_factory=dict)
-
-    def charged_with(self, work_item_id: str, budget: dict[str, int]) -> dict[str, int]:
-        """The total charged, with ``work_item_id`` counted at ``budget`` (empty id: as it stands)."""
-        items = dict(self.counted)
-        if work_item_id:
-            items[work_item_id] = budget
-        return {dim: sum(b.get(dim, 0) for b in items.values()) for dim in SIX}
+    # Running totals evolve keeps (D134), so that a check under the grant costs the same however many
+    # WorkItems it holds: the budgets it was charged (GroupState.item_grants), and what those
+    # WorkItems have used. Nothing per WorkItem here: a preview copies a grant it touches (D135).
+    charged: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
+    used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
 
 
 @dataclass
@@ -309,3 +305,16 @@ class GroupState:
     reserved: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))
     # Recorded approvals of deeper children (MW-14-06): event id -> (parent WorkItem, max depth).
     depth_approvals: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # Indexes evolve keeps beside the entities (D134): a command's checks look up the few entries
+    # they concern instead of scanning every WorkItem or Membership; a fold rebuilds them exactly.
+    # WorkItem id -> grant id -> the budget the grant was charged for it: each WorkItem created or
+    # offered under a grant counts once against it, at its latest size (MW-9.1-11), grants in the
+    # order they were charged.
+    item_grants: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    # The current capability token of each live execution lease -> its WorkItem.
+    tokens: dict[str, str] = field(default_factory=dict)
+    # Member id -> the unfinished WorkItems it owns, has a submission awaiting review on, or is a
+    # candidate of an open offer of (whether that offer has expired is for the reader's clock).
+    obligations: dict[str, set[str]] = field(default_factory=dict)
+    # Active Memberships that may end by themselves: just-in-time or provisional ones (MW-8-06).
+    jit_members: set[str] = field(default_factory=set)

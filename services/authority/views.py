@@ -140,13 +140,14 @@ def _keep(items: Any, keep: Callable[[Any], bool]) -> None:
 def grant_status(state: GroupState, grant: GrantState, viewer: str | None = None) -> pb.DelegationGrantStatus:
     """A grant as recorded, with its accounting and whether the state still lets it be used (the
     WorkItems charged to it: those ``viewer`` sees)."""
-    charged = grant.charged_with("", {})
     invalid = invalidity(state, grant, None)
     return pb.DelegationGrantStatus(
         grant=grant.record,
-        charged=common_pb2.ResourceVector(currency=grant.currency, **charged),  # type: ignore[arg-type]
+        charged=common_pb2.ResourceVector(currency=grant.currency, **grant.charged),  # type: ignore[arg-type]
         remaining=common_pb2.ResourceVector(currency=grant.currency, **remaining(grant)),  # type: ignore[arg-type]
-        work_item_ids=sorted(wid for wid in grant.counted if _sees(state, viewer, wid)),
+        work_item_ids=sorted(
+            wid for wid, grants in state.item_grants.items() if grant.grant_id in grants and _sees(state, viewer, wid)
+        ),
         invalid_because=invalid[0] if invalid else "",
     )
 

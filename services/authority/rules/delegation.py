@@ -273,10 +273,16 @@ def check_capabilities(grant: GrantState, contract: wp.WorkContract) -> None:
             )
 
 
-def check_charge(grant: GrantState, work_item_id: str, budget: common_pb2.ResourceVector) -> None:
+def charged_with(state: GroupState, grant: GrantState, work_item_id: str, budget: dict[str, int]) -> dict[str, int]:
+    """The grant's total charge, with ``work_item_id`` counted at ``budget``."""
+    before = state.item_grants.get(work_item_id, {}).get(grant.grant_id, {})
+    return {dim: grant.charged[dim] - before.get(dim, 0) + budget.get(dim, 0) for dim in SIX}
+
+
+def check_charge(state: GroupState, grant: GrantState, work_item_id: str, budget: common_pb2.ResourceVector) -> None:
     """MW-9.1-11: what the grant has been charged, with this WorkItem's budget counted (once, at its
     latest size), fits every cap."""
-    charged = grant.charged_with(work_item_id, budget_dims(budget))
+    charged = charged_with(state, grant, work_item_id, budget_dims(budget))
     for dim in SIX:
         if charged[dim] > grant.caps[dim]:
             raise Rejected(
@@ -302,7 +308,7 @@ def check_delegated_authorize(
         )
     check_depth(grant, ctx, parent_depth + 1)
     check_capabilities(grant, body.contract)
-    check_charge(grant, work_item_id, body.contract.budget)
+    check_charge(state, grant, work_item_id, body.contract.budget)
 
 
 def check_depth(grant: GrantState, ctx: DecisionContext, depth: int) -> None:
@@ -330,14 +336,25 @@ def check_delegated_offer(
     # A descendant the Coordinator created deeper than the grant reaches exists, but is not the grantee's.
     check_depth(grant, ctx, depth)
     check_capabilities(grant, contract)
-    check_charge(grant, body.work_item_id, contract.budget)
+    check_charge(state, grant, body.work_item_id, contract.budget)
 
 
 def charge(state: GroupState, grant_id: str, work_item_id: str, budget: common_pb2.ResourceVector) -> None:
-    """Evolve: a WorkItem created or offered under the grant counts against it (at its latest budget)."""
+    """Evolve: a WorkItem created or offered under the grant counts against it (at its latest budget),
+    and from then on what it uses too (the grant's running totals, D134)."""
     grant = state.grants.get(grant_id)
-    if grant is not None:
-        grant.counted[work_item_id] = budget_dims(budget)
+    if grant is None:
+        return
+    size = budget_dims(budget)
+    charges = state.item_grants.setdefault(work_item_id, {})
+    before = charges.get(grant_id)
+    if before is None:
+        item = state.work_items.get(work_item_id)
+        for dim in SIX:
+            grant.used[dim] += item.used[dim] if item is not None else 0
+    for dim in SIX:
+        grant.charged[dim] += size[dim] - (before or {}).get(dim, 0)
+    charges[grant_id] = size
 
 
 # ---------------------------------------------------------------- evolve rules
@@ -370,8 +387,7 @@ def _revoked(state: GroupState, event: event_pb2.Event) -> None:
 
 def remaining(grant: GrantState) -> Mapping[str, int]:
     """What the grant still allows in each dimension (for read models and the CLI)."""
-    charged = grant.charged_with("", {})
-    return {dim: grant.caps[dim] - charged[dim] for dim in SIX}
+    return {dim: grant.caps[dim] - grant.charged[dim] for dim in SIX}
 
 
 KINDS = (

@@ -21,7 +21,6 @@ from services.authority.rules.common import (
 from services.authority.rules.missions import require_live, revoke_membership
 from services.authority.state import GroupState, MemberState
 
-_FINISHED = frozenset({work_pb2.WORK_ITEM_STATE_VERIFIED, work_pb2.WORK_ITEM_STATE_CANCELLED})
 _SUBMITTED = work_pb2.WORK_ITEM_STATE_SUBMITTED
 
 
@@ -149,10 +148,9 @@ def activate(out: Emitter, member: MemberState, work_item_id: str, offer_id: str
 
 def has_obligations(state: GroupState, member_id: str, now: datetime) -> bool:
     """A WorkItem it owns that is not finished, a submission of its awaiting review, or an open
-    offer it may still accept."""
-    for item in state.work_items.values():
-        if item.state in _FINISHED:
-            continue
+    offer it may still accept (among the WorkItems the obligation index files under it, D134)."""
+    for work_item_id in state.obligations.get(member_id, ()):
+        item = state.work_items[work_item_id]
         if item.owner is not None and item.owner.agent_id == member_id:
             return True
         if item.state == _SUBMITTED and item.submitted_by == member_id:
@@ -166,9 +164,8 @@ def end_just_in_time(before: GroupState, after: GroupState, out: Emitter, now: d
     """MW-8-06 step 4: a just-in-time Membership ends by itself, in the append that ended its last
     obligation, or the Mission's (then provisional ones end too)."""
     mission_ended = after.mission is not None and after.mission.state in TERMINAL_MISSION_STATES
-    for member in after.members.values():
-        if not member.active or not (member.just_in_time or member.provisional):
-            continue
+    # In Membership epoch order (D135): the set's own order is not the same in every process.
+    for member in sorted((after.members[m] for m in after.jit_members), key=lambda m: m.membership_epoch):
         if mission_ended:
             reason = membership_pb2.MEMBERSHIP_END_REASON_MISSION_ENDED
         elif member.just_in_time and not has_obligations(after, member.member_id, now):
@@ -184,7 +181,7 @@ def end_just_in_time(before: GroupState, after: GroupState, out: Emitter, now: d
 
 def may_end_just_in_time(state: GroupState) -> bool:
     """Whether any Membership could end by itself (the decider then previews the append)."""
-    return any(m.active and (m.just_in_time or m.provisional) for m in state.members.values())
+    return bool(state.jit_members)
 
 
 # ---------------------------------------------------------------- evolve rules
@@ -203,19 +200,27 @@ def _granted(state: GroupState, event: event_pb2.Event) -> None:
         expires_at=from_timestamp(m.expires_at) if m.HasField("expires_at") else None,
     )
     state.last_membership_epoch = max(state.last_membership_epoch, m.membership_epoch)
+    if m.active and m.provisional:
+        state.jit_members.add(m.member_id)
+    else:  # a new grant replaces whatever Membership it held before
+        state.jit_members.discard(m.member_id)
 
 
 def _revoked(state: GroupState, event: event_pb2.Event) -> None:
     state.members[event.membership_revoked.member_id].active = False
+    state.jit_members.discard(event.membership_revoked.member_id)
 
 
 def _activated(state: GroupState, event: event_pb2.Event) -> None:
     member = state.members[event.membership_activated.member_id]
     member.provisional, member.expires_at, member.just_in_time = False, None, True
+    if member.active:
+        state.jit_members.add(member.member_id)
 
 
 def _ended(state: GroupState, event: event_pb2.Event) -> None:
     state.members[event.membership_ended.member_id].active = False
+    state.jit_members.discard(event.membership_ended.member_id)
 
 
 # ---------------------------------------------------------------- the declarations

@@ -113,11 +113,9 @@ def capability_token(
 def token_valid(state: GroupState, token_id: str, now: datetime) -> bool:
     """Whether a capability token is the current one of a live lease (released, expired, revoked or
     rotated tokens are not: OP-18)."""
-    for item in state.work_items.values():
-        lease = item.lease
-        if lease is not None and lease.token_id == token_id:
-            return lease.expires_at > now
-    return False
+    work_item_id = state.tokens.get(token_id)
+    lease = state.work_items[work_item_id].lease if work_item_id is not None else None
+    return lease is not None and lease.expires_at > now
 
 
 def replaced_session_lease(item: WorkItemState, agent_id: str, session_epoch: int) -> bool:

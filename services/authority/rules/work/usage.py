@@ -7,7 +7,7 @@ from missionweave.v1 import command_pb2, common_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import Emitter, R, budget_dims, invalid, mission_of
 from services.authority.rules.work.common import touch
-from services.authority.state import SIX, GrantState, GroupState, WorkItemState
+from services.authority.state import SIX, GroupState, WorkItemState
 
 # The usage event's type, as MW-11.5-12 names it (an extension-namespaced core event).
 USAGE_RECORDED = "ext.missionweaveprotocol.core.resource_usage_recorded"
@@ -43,7 +43,7 @@ def check_usage(
         return d
     caps = budget_dims(item.contract.budget)
     mission_caps = budget_dims(mission_of(state).definition.budget)
-    grants = [g for g in state.grants.values() if item.work_item_id in g.counted]
+    grants = [state.grants[g] for g in state.item_grants.get(item.work_item_id, {})]
     # A running child Mission's budget is carved out of its WorkItem and the Mission (spec 14).
     child = item.running_child
     held = child.reserved if child else dict.fromkeys(SIX, 0)
@@ -70,20 +70,13 @@ def check_usage(
         if state.mission_used[dim] + state.reserved[dim] + amount > mission_caps[dim]:
             raise _exceeded("mission", dim, mission_caps[dim], f"{dim}: the Mission's budget {mission_caps[dim]} would be exceeded")
         for grant in grants:
-            if grant_used(state, grant)[dim] + amount > grant.caps[dim]:
+            if grant.used[dim] + amount > grant.caps[dim]:
                 raise _exceeded(
                     "grant", dim, grant.caps[dim],
                     f"{dim}: the work under grant {grant.grant_id} would use more than its cap {grant.caps[dim]}",
                     grant_id=grant.grant_id,
                 )
     return d
-
-
-def grant_used(state: GroupState, grant: GrantState) -> dict[str, int]:
-    """What the WorkItems charged to a grant have used: bounded by its caps as their budgets are,
-    also once a Coordinator's amendment grew one of them beyond what the grant was charged."""
-    items = [state.work_items[w] for w in grant.counted if w in state.work_items]
-    return {dim: sum(i.used[dim] for i in items) for dim in SIX}
 
 
 def _exceeded(budget: str, dim: str, limit: int, message: str, **metadata: object) -> Rejected:
@@ -144,3 +137,5 @@ def apply_usage(state: GroupState, event: event_pb2.Event) -> None:
         if item.attempts > 1:
             item.retry_used[dim] += amount
         state.mission_used[dim] += amount
+        for grant_id in state.item_grants.get(item.work_item_id, {}):
+            state.grants[grant_id].used[dim] += amount
