@@ -296,3 +296,21 @@ async def test_commit_linger_ends_once_its_batch_size_is_waiting(engine: AsyncEn
     assert loop.time() - started < 5.0
     assert [await store.head(g) for g in groups] == [2, 2, 2]
     await store.close()
+
+
+async def test_a_cancelled_waiter_does_not_fail_the_other_appends_of_its_batch(
+    engine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A caller that goes away while its append is in a batch (a deadline, a cancelled RPC) leaves
+    its future cancelled; the batch still commits, and every other append of it is answered as
+    durable, not failed (an acknowledged-but-failed answer would send a client into a retry of a
+    command that did land, and make the Authority drop its view of those Groups)."""
+    store = EventStore(engine, ManualClock())
+    appends = [request(f"g{i}", 1, 0, 1, f"c{i}", create=True) for i in range(3)]
+    for req in appends:
+        store.enqueue(req)
+    appends[1].done.cancel()
+    await asyncio.wait_for(asyncio.gather(appends[0].done, appends[2].done), 10)
+    assert [await store.head(f"g{i}") for i in range(3)] == [1, 1, 1]  # the cancelled one landed too
+    assert not [r for r in caplog.records if r.getMessage() == "group commit failed"]
+    await store.close()

@@ -338,7 +338,9 @@ class GroupAuthority:
                 return command_pb2.CommandResult(command_id=command.command_id, group_id=group_id)
             owned = pending.owned
             try:
-                await pending.request.done
+                # Shielded: a caller that goes away (a deadline, a cancelled RPC) must not cancel the
+                # append's future under the store, which resolves every future of its batch.
+                await asyncio.shield(pending.request.done)
             except Rejected as rejected:
                 # The store saw another writer (a second instance, a takeover) or a predecessor of
                 # this append failed: our view was stale. Decide again on fresh state; after a few

@@ -493,6 +493,9 @@ class EventStore:
             if outcome is None:
                 self.appends += 1
                 metrics.APPEND_LATENCY.observe(ended - req.queued_at)
+            if req.done.done():  # its waiter was cancelled with it: the outcome stands in the store
+                continue
+            if outcome is None:
                 req.done.set_result(None)
             else:
                 req.done.set_exception(outcome)
