@@ -61,7 +61,23 @@ class SplitMesh:
 
 async def start_split(base: Settings, clock: Clock, replicas: dict[str, int] | None = None) -> SplitMesh:
     """Every service in its own mesh; ``replicas`` runs more than one of a stateless service (parts
-    ``name``, ``name-1``, ...; its peers are given every replica's address)."""
+    ``name``, ``name-1``, ...; its peers are given every replica's address).
+
+    The ports are picked free before the parts start one after another, so something else (another
+    test's server, a port handed out meanwhile) can take one in between: then the whole mesh starts
+    again on fresh ports, a few times at most."""
+    from missionweave.rpc.channels import ListenError
+
+    for attempt in range(3):
+        try:
+            return await _start_split(base, clock, replicas)
+        except ListenError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _start_split(base: Settings, clock: Clock, replicas: dict[str, int] | None) -> SplitMesh:
     from missionweave.mesh.server import start
 
     counts = {name: (replicas or {}).get(name, 1) for name in ORDER}

@@ -154,7 +154,6 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
         for watcher in watchers.values():
             await watcher.caught_up(setup_heads, "before the load")
         first = watchers["watch-a"]
-        attempts = {g: first.subscriptions[g].subscription_id for g in GROUPS}
 
         acknowledged: dict[str, list[tuple[str, int]]] = {g: [] for g in GROUPS}
 
@@ -214,8 +213,9 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
             cursor = stored[group]
             assert before_restart[group] == list(range(1, cursor + 1)), (group, cursor, before_restart[group])
             assert restarted.seen[group] == list(range(cursor + 1, head + 1)), (group, cursor, head, restarted.seen[group])
-        for group in victims:  # the test proves something: these streams broke, and resumed elsewhere
-            assert first.subscriptions[group].subscription_id != attempts[group], (group, attempts[group])
+        for group in victims:  # the test proves something: these Groups were written through the kill
+            # (their streams resumed elsewhere: by the agent subscribing again, or by the gateway's
+            # shared follow of the Group re-following at the new owner, D132, which the agent never sees)
             assert stored[group] < heads[group], (group, stored[group], heads[group])
 
         # Pushed again, not polled: the victim's Groups were followed again while their owner was

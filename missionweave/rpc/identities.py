@@ -34,6 +34,7 @@ from typing import Any
 
 import grpc
 
+from missionweave.aio import cancel_and_wait
 from missionweave.internal.v1 import identities_pb2 as pb
 from missionweave.internal.v1 import identities_pb2_grpc as pb_grpc
 from missionweave.rpc.status import peer_unavailable
@@ -108,14 +109,7 @@ class IdentityDirectoryClient:
     async def close(self) -> None:
         task, self._task = self._task, None
         self._current_until = 0.0
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
+        await cancel_and_wait(task)
 
     @property
     def current(self) -> bool:
