@@ -34,7 +34,6 @@ from typing import Any
 
 import grpc
 
-from missionweave.aio import cancel_and_wait
 from missionweave.internal.v1 import identities_pb2 as pb
 from missionweave.internal.v1 import identities_pb2_grpc as pb_grpc
 from missionweave.rpc.status import peer_unavailable
@@ -109,7 +108,17 @@ class IdentityDirectoryClient:
     async def close(self) -> None:
         task, self._task = self._task, None
         self._current_until = 0.0
-        await cancel_and_wait(task)
+        if task is not None:
+            # Not aio.cancel_and_wait: it skips its cancel while one is pending, and the follow loop's
+            # own asyncio.timeout cancels (then swallows) on every stale heartbeat window, so a close
+            # racing that would wait for a loop that goes on.
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
 
     @property
     def current(self) -> bool:
