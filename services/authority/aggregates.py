@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from missionweave.v1 import event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.state import GroupState, WorkItemState
 
@@ -25,6 +26,13 @@ class ItemKeys:
 
 
 NONE = ItemKeys()
+
+
+def named_work_item(event: event_pb2.Event) -> str:
+    """The WorkItem an event names (its payload's work_item_id), "" when none: every evolve rule that
+    changes a WorkItem names it so."""
+    payload = event.WhichOneof("payload")
+    return str(getattr(getattr(event, payload), "work_item_id", "")) if payload else ""
 
 
 def keys_of(item: WorkItemState | None) -> ItemKeys:

@@ -54,6 +54,7 @@ from missionweave.v1 import (
 )
 from missionweave.verifier import SignatureVerifier
 from services.authority import decider, kinds
+from services.authority.aggregates import named_work_item
 from services.authority.context_package import CONTEXT_PACKAGE_TYPE, build_context_package
 from services.authority.ingress import GroupIngressLimiter, check_envelope
 from services.authority.integrity import LogIntegrity
@@ -959,8 +960,7 @@ def _running_leases(state: GroupState | None, events: list[event_pb2.Event]) -> 
     if state is None:
         return running
     for event in events:
-        payload = event.WhichOneof("payload")
-        work_item_id = getattr(getattr(event, payload), "work_item_id", "") if payload else ""
+        work_item_id = named_work_item(event)
         item = state.work_items.get(work_item_id) if work_item_id else None
         if item is not None and item.lease is not None:
             running[work_item_id] = (item.lease.agent_id, item.lease.session_epoch)
