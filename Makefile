@@ -7,6 +7,7 @@
 #   make lint    ruff, mypy, import-linter contracts, buf lint and k8s-check (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
 #   make k8s-check  render k8s/ offline, validate every resource (kubernetes-validate --strict; docs/kubernetes.md)
 #   make bench   run every bench/*.py
+#   make mutation  mutation score of the pure core against its fast tests (SAMPLE=N [SEED=S]; docs/mutation.md)
 #   make gen     regenerate the protobuf/gRPC modules and their .pyi stubs into missionweave/v1/
 #   make clean   remove generated code, caches and build output (keeps .venv; `make distclean` removes it)
 #   make node-deps  npm ci for the Node.js example agent in examples/node/ (`make test` runs its end-to-end test)
@@ -32,10 +33,10 @@ DATA_DIR ?= $(or $(MWP_DATA_DIR),.missionweave)
 INSTALL_DEPS := pyproject.toml setup.py
 BENCHES := $(sort $(wildcard bench/*.py))
 
-.PHONY: help run run-split test lint k8s-check bench gen clean distclean venv node-deps
+.PHONY: help run run-split test lint k8s-check bench mutation gen clean distclean venv node-deps
 
 help:
-	@sed -n '3,15p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,16p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------ virtualenv and installs
 
@@ -59,6 +60,11 @@ $(VENV)/.installed-test: $(INSTALL_DEPS) | $(PY)
 $(VENV)/.installed-bench: $(INSTALL_DEPS) | $(PY)
 	@echo "==> installing missionweave with test and bench extras into $(VENV) (pip install -e '.[test,bench]')"
 	$(PIP) install -e '.[test,bench]'
+	@touch $@
+
+$(VENV)/.installed-mutation: $(INSTALL_DEPS) | $(PY)
+	@echo "==> installing missionweave with test and mutation extras into $(VENV) (pip install -e '.[test,mutation]')"
+	$(PIP) install -e '.[test,mutation]'
 	@touch $@
 
 $(VENV)/.installed-lint: $(INSTALL_DEPS) | $(PY)
@@ -154,11 +160,16 @@ bench: $(VENV)/.installed-bench
 
 # ------------------------------------------------------------------ cleaning
 
+# Hours for every mutant on 2 cores; SAMPLE=400 takes minutes. Not part of CI (issue 19).
+mutation: $(VENV)/.installed-mutation
+	@$(MAKE) --no-print-directory gen
+	$(PY) tools/mutation.py $(if $(SAMPLE),--sample $(SAMPLE)) $(if $(SEED),--seed $(SEED)) $(MUTATION_ARGS)
+
 clean:
 	@echo "==> removing generated protobuf modules, caches and build output"
 	rm -f missionweave/v1/*_pb2.py missionweave/v1/*_pb2.pyi missionweave/v1/*_pb2_grpc.py missionweave/v1/*_pb2_grpc.pyi
 	rm -f missionweave/internal/v1/*_pb2.py missionweave/internal/v1/*_pb2.pyi missionweave/internal/v1/*_pb2_grpc.py missionweave/internal/v1/*_pb2_grpc.pyi
-	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache mutants
 	find . -path ./$(VENV) -prune -o -path ./node_modules -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
 	rm -f $(VENV)/.installed-*
 

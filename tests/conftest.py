@@ -23,6 +23,14 @@ from missionweave.v1 import command_pb2, common_pb2
 
 POSTGRES_URL = os.environ.get("MWP_TEST_POSTGRES_URL", "")
 
+# Under mutmut (tools/mutation.py) every property test draws the same examples, so a mutant is
+# killed or not by the tests alone, and a run can be repeated (docs/mutation.md).
+if os.environ.get("MUTANT_UNDER_TEST") is not None:
+    from hypothesis import settings as hypothesis_settings
+
+    hypothesis_settings.register_profile("mutation", derandomize=True, database=None, deadline=None)
+    hypothesis_settings.load_profile("mutation")
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "req(*ids): spec requirement IDs the test proves")
