@@ -10,6 +10,7 @@ one `mutant-name  reason` per line) counted apart instead of silently excluded.
     python tools/mutation.py --sample 400         # 400 mutants drawn with --seed (default 19)
     python tools/mutation.py --only 'services.authority.rules.work.start.*' --sample 100
     python tools/mutation.py --report-only        # the score of the last run's mutants again
+    python tools/mutation.py --field-defaults     # state.py's dataclass defaults, which mutmut leaves alone
 
 Exit status: 0 when the score reaches --target (default 85%), 1 below it, 2 on a usage error.
 """
@@ -17,6 +18,7 @@ Exit status: 0 when the score reaches --target (default 85%), 1 below it, 2 on a
 from __future__ import annotations
 
 import argparse
+import ast
 import fnmatch
 import json
 import os
@@ -24,6 +26,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,6 +165,89 @@ def report(names: list[str], *, diffs: bool, target: float, as_json: bool) -> in
     return 0 if overall.score >= target else 1
 
 
+STATE = Path("services/authority/state.py")
+# What the fast core tests run with under tools/mutation.py (the `[tool.mutmut]` selection).
+CORE_TESTS = ["-o", "python_files=test_core_*.py", "tests"]
+COPIED = ["services", "missionweave", "tests", "gateway", "artifactstore", "docs", "protos", "pyproject.toml"]
+
+
+def field_default_mutants(source: str) -> list[tuple[str, str]]:
+    """(name, mutated source) for each literal default of a dataclass field in state.py.
+
+    mutmut mutates inside functions only; a field default (``revision: int = 1``) is a rule too
+    when evolve or a rule reads the field before anything sets it. Ints get +1, bools their
+    negation, strings a marker, ``None`` and empty tuples a non-empty value of the same shape.
+    """
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    out: list[tuple[str, str]] = []
+    for cls in tree.body:
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for node in cls.body:
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value):
+                continue
+            v = node.value
+            if not isinstance(v, ast.Constant):
+                if isinstance(v, ast.Tuple) and not v.elts:
+                    replacement = '("mutant",)'
+                else:
+                    continue  # field(default_factory=...): a fresh container, nothing literal to change
+            elif isinstance(v.value, bool):
+                replacement = repr(not v.value)
+            elif isinstance(v.value, int):
+                replacement = repr(v.value + 1)
+            elif isinstance(v.value, str):
+                replacement = repr("XX" + v.value + "XX")
+            else:
+                continue  # None: what a non-None stand-in would be depends on the field's type
+            line = lines[node.lineno - 1]
+            start, end = v.col_offset, v.end_col_offset
+            assert v.lineno == v.end_lineno == node.lineno and end is not None
+            mutated = lines[:]
+            mutated[node.lineno - 1] = line[:start] + replacement + line[end:]
+            out.append((f"state.{cls.name}.{node.target.id}={replacement}", "".join(mutated)))
+    return out
+
+
+def run_field_defaults(target: float, as_json: bool) -> int:
+    """Each field-default mutant against the fast core tests, in a throw-away copy of the tree."""
+    source = (ROOT / STATE).read_text()
+    mutants = field_default_mutants(source)
+    equiv = equivalents()
+    results: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="mwp-field-defaults-") as tmp:
+        for name in COPIED:
+            src = ROOT / name
+            if src.is_dir():
+                shutil.copytree(src, Path(tmp) / name, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(src, Path(tmp) / name)
+        for i, (name, mutated) in enumerate(mutants, 1):
+            if name in equiv:
+                results[name] = "equivalent"
+                continue
+            (Path(tmp) / STATE).write_text(mutated)
+            run = subprocess.run(
+                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--timeout", "0", *CORE_TESTS],
+                cwd=tmp, capture_output=True, text=True, env={**os.environ, "MUTANT_UNDER_TEST": "field-defaults"},
+            )
+            results[name] = "killed" if run.returncode == 1 else "survived" if run.returncode == 0 else f"exit {run.returncode}"
+            if not as_json:
+                print(f"[{i}/{len(mutants)}] {name}: {results[name]}", flush=True)
+    scored = [r for r in results.values() if r != "equivalent"]
+    score = sum(r == "killed" for r in scored) / len(scored) if scored else 1.0
+    if as_json:
+        print(json.dumps({"mutants": results, "score": score}, indent=2))
+    else:
+        survivors = [n for n, r in results.items() if r not in ("killed", "equivalent")]
+        print(f"\nstate.py field defaults: {len(mutants)} mutants, {len(scored) - len(survivors)} killed, "
+              f"{len(results) - len(scored)} equivalent, score {score:.1%} (target {target:.0%})")
+        for name in survivors:
+            print(f"survived: {name}")
+    return 0 if score >= target else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sample", type=int, default=0, help="mutants to draw (0: every mutant)")
@@ -172,7 +258,11 @@ def main() -> int:
     parser.add_argument("--no-diffs", action="store_true", help="list survivors without their diffs")
     parser.add_argument("--report-only", action="store_true", help="score the last run's mutants again")
     parser.add_argument("--json", action="store_true", help="the report as JSON")
+    parser.add_argument("--field-defaults", action="store_true",
+                        help="state.py's dataclass field defaults instead of mutmut's mutants")
     args = parser.parse_args()
+    if args.field_defaults:
+        return run_field_defaults(args.target, args.json)
     if shutil.which("mutmut", path=str(Path(sys.executable).parent)) is None:
         print("mutmut is not installed: pip install -e '.[mutation]' (or make mutation)", file=sys.stderr)
         return 2
