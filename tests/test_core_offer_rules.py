@@ -71,12 +71,14 @@ def test_an_offer_without_an_id_gets_one_derived_from_the_group_and_command() ->
 @pytest.mark.parametrize("offer_id", ["bad id", "x" * 129])
 def test_an_offer_id_must_be_valid(offer_id: str) -> None:
     r = refused(base(), "work_offer", offer(offer_id=offer_id), "coord")
+    assert r.message == 'body.offer_id: a valid id not yet used for this WorkItem'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.offer_id"})
 
 
 @pytest.mark.req("MW-10.2-T03")
 def test_an_offer_id_is_not_reused_for_the_work_item() -> None:
     r = refused(offered(), "work_offer", offer(offer_id="off-1"), "coord")
+    assert r.message == 'body.offer_id: a valid id not yet used for this WorkItem'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.offer_id"})
 
 
@@ -84,6 +86,7 @@ def test_an_offer_id_is_not_reused_for_the_work_item() -> None:
 def test_a_live_owner_refuses_an_offer_and_its_expiry_lets_it_through_fenced_first() -> None:
     state = queued()  # ownership lease ends at +2 min (start_deadline 120 s)
     r = refused(state, "work_offer", offer(offer_id="off-2", minutes=10), "coord", ctx_at(1.99))
+    assert r.message == 'wi has a live owner (worker); offers need none (OP-11)'
     assert r.reason == R.REJECTION_REASON_INVALID_TRANSITION
     ctx = ctx_at(2)
     out = events(state, "work_offer", offer("w2", offer_id="off-2", minutes=10), "coord", ctx)
@@ -125,6 +128,7 @@ def test_an_offer_names_one_to_eight_distinct_candidates(candidates: list[str]) 
     body.ClearField("candidate_ids")
     body.candidate_ids.extend(candidates)
     r = refused(base(), "work_offer", body, "coord")
+    assert r.message == 'body.candidate_ids: 1..8 distinct candidates'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.candidate_ids"})
 
 
@@ -159,6 +163,7 @@ def test_every_candidate_holds_an_active_membership(case: str) -> None:
 @pytest.mark.req("MW-10.3-04")
 def test_an_observer_is_no_candidate() -> None:
     r = refused(base(), "work_offer", offer("worker", "obs"), "coord")
+    assert r.message == 'body.candidate_ids[1]: obs is a observer; work is offered to roles that may accept it (docs/authorization.md)'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.candidate_ids[1]"})
     assert "observer" in r.message
 
@@ -169,6 +174,7 @@ def test_an_offer_to_a_provisional_member_expires_no_later_than_its_membership()
     state.members["w2"].provisional, state.members["w2"].expires_at = True, at(5)
     assert events(state, "work_offer", offer("w2", minutes=5), "coord")
     r = refused(state, "work_offer", offer("w2", minutes=5.5), "coord")
+    assert r.message == 'body.expires_at: an offer to w2 expires no later than its provisional Membership (MW-8-06)'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.expires_at"})
     state.members["w2"].expires_at = None  # no expiry recorded: nothing to compare
     assert events(state, "work_offer", offer("w2", minutes=5.5), "coord")
@@ -184,6 +190,7 @@ def test_a_candidate_whose_card_lacks_a_required_capability_is_refused_with_its_
     state = _needs_python(base())
     old = ctx_at(0, cards={"w2": CardInfo("card-7", {"code.python": "3.11"}, 1)})
     r = refused(state, "work_offer", offer("worker", "w2"), "coord", old)
+    assert r.message == "w2's Agent Card card-7 does not declare code.python >= 3.12"
     assert r.reason == R.REJECTION_REASON_PRECONDITION_FAILED
     assert r.metadata == {"field": "body.candidate_ids[1]", "capability": "code.python", "card_version": "card-7"}
     fine = ctx_at(0, cards={"w2": CardInfo("card-8", {"code.python": "3.12"}, 1)})
@@ -195,6 +202,7 @@ def test_the_card_check_reads_the_amended_contract_when_there_is_one() -> None:
     amended = builders.contract(at(0), required_capabilities=[PY])
     ctx = ctx_at(0, cards={"worker": CardInfo("card-1", {}, 1)})
     r = refused(base(), "work_offer", offer(amended_contract=amended), "coord", ctx)
+    assert r.message == "worker's Agent Card card-1 does not declare code.python >= 3.12"
     assert r.metadata["capability"] == "code.python"
 
 
@@ -202,6 +210,7 @@ def test_the_card_check_reads_the_amended_contract_when_there_is_one() -> None:
 def test_each_candidate_has_its_structured_selection_criteria() -> None:
     body = offer("worker", "w2", selection_criteria=[builders.selection("worker")])
     r = refused(base(), "work_offer", body, "coord")
+    assert r.message == 'body.selection_criteria[1]: structured selection criteria for w2 are required (MW-10.3-10)'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.selection_criteria[1]"})
 
 
@@ -209,6 +218,7 @@ def test_each_candidate_has_its_structured_selection_criteria() -> None:
 def test_selection_criteria_name_only_candidates() -> None:
     body = offer("worker", selection_criteria=[builders.selection("worker"), builders.selection("w2")])
     r = refused(base(), "work_offer", body, "coord")
+    assert r.message == 'body.selection_criteria[1].candidate_id: not a candidate of this offer'
     assert r.metadata == {"field": "body.selection_criteria[1].candidate_id"}
 
 
@@ -218,6 +228,7 @@ def test_selection_criteria_name_the_policy_rules_applied() -> None:
     del bare.applied_policy_rules[:]
     r = refused(base(), "work_offer", offer("worker", "w2", selection_criteria=[builders.selection("worker"), bare]),
                 "coord")
+    assert r.message == 'body.selection_criteria[1].applied_policy_rules: name the policy rules applied'
     assert r.metadata == {"field": "body.selection_criteria[1].applied_policy_rules"}
 
 
@@ -238,6 +249,7 @@ def test_an_offer_expires_in_the_future(minutes: float | None) -> None:
     if minutes is None:
         body.ClearField("expires_at")
     r = refused(base(), "work_offer", body, "coord")
+    assert r.message == 'body.expires_at: an offer expiry in the future is required'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.expires_at"})
 
 
@@ -255,6 +267,7 @@ def test_a_new_offer_supersedes_the_open_one_and_withdraws_it_first() -> None:
     assert (item.offers["off-1"].open, item.offers["off-2"].open) == (False, True)
     assert item.revision == state.work_items["wi"].revision + 2
     r = refused(after(state, out), "work_accept_offer", accept("off-1"), "worker")
+    assert r.message == 'offer off-1 was withdrawn (another acceptance won or it was superseded)'
     assert r.reason == R.REJECTION_REASON_INVALID_TRANSITION
 
 
@@ -278,12 +291,14 @@ def test_an_amended_contract_is_a_new_revision_that_voids_open_offers_and_resolv
     assert item.offers["off-2"].contract_revision == 2
     # MW-10.1-05: the Worker accepts the new revision, not the old one.
     r = refused(after(state, out), "work_accept_offer", accept("off-2", revision=1), "w2")
+    assert r.message == 'accept contract revision 2, not 1 (MW-10.1-05)'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_REVISION_MISMATCH, {"current_revision": "2"})
 
 
 @pytest.mark.req("MW-10.1-01")
 def test_an_amended_contract_is_validated_like_an_authorized_one() -> None:
     r = refused(base(), "work_offer", offer(amended_contract=builders.contract(at(0), goal="")), "coord")
+    assert r.message == 'body.amended_contract.goal: a goal of 1..4096 characters is required'
     assert r.metadata == {"field": "body.amended_contract.goal"}
 
 
@@ -293,6 +308,7 @@ def test_amended_dependencies_that_close_a_cycle_are_refused() -> None:
                       "coord")
     amended = builders.contract(at(0), depends_on=("dep",))
     r = refused(state, "work_offer", offer(amended_contract=amended), "coord")
+    assert r.message == 'the amended dependencies of wi form a cycle'
     assert r.reason == R.REJECTION_REASON_DEPENDENCY_CYCLE
 
 
@@ -302,6 +318,7 @@ def test_the_current_contract_is_offered_only_once_its_dependencies_are_satisfie
     state = GROUP.run(state, "work_authorize", authorize("late", contract=builders.contract(at(0), depends_on=("dep",))),
                       "coord")
     r = refused(state, "work_offer", offer(work_item_id="late"), "coord")
+    assert r.message == 'work.offer: the dependencies of late do not satisfy its dependency policy yet (MW-10.4-03)'
     assert r.reason == R.REJECTION_REASON_PRECONDITION_FAILED
     # An amended contract is a new revision: its dependencies are judged when it is accepted.
     amended = builders.contract(at(0), depends_on=("dep",))
@@ -326,10 +343,12 @@ def test_an_extension_adds_candidates_to_the_open_offer_and_keeps_their_criteria
 @pytest.mark.req("MW-10.2-T03")
 def test_only_an_open_offer_is_extended() -> None:
     r = refused(offered(), "work_offer", offer("w2", offer_id="", extends_offer_id="off-9"), "coord")
+    assert r.message == 'no open offer off-9 to extend'
     assert r.reason == R.REJECTION_REASON_NOT_FOUND
     state = offered()
     state.work_items["wi"].offers["off-1"].open = False
     r = refused(state, "work_offer", offer("w2", offer_id="", extends_offer_id="off-1"), "coord")
+    assert r.message == 'no open offer off-1 to extend'
     assert r.reason == R.REJECTION_REASON_NOT_FOUND
 
 
@@ -341,6 +360,7 @@ def test_an_extension_stays_within_eight_candidates() -> None:
     state.members["m6"] = copy.deepcopy(state.members["m5"])
     state.members["m6"].member_id = "m6"
     r = refused(state, "work_offer", offer(*extra, "m6", offer_id="", extends_offer_id="off-1"), "coord")
+    assert r.message == 'body.candidate_ids: the extended offer would have more than 8 candidates'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.candidate_ids"})
 
 
@@ -381,6 +401,7 @@ def test_the_first_acceptance_wins_a_new_ownership_epoch_and_withdraws_every_oth
     assert (item.last_ownership_epoch, item.offers["off-1"].open) == (1, False)
     assert item.revision == state.work_items["wi"].revision + 2
     r = refused(after(state, out), "work_accept_offer", accept(), "worker")
+    assert r.message == 'offer off-1 was withdrawn (another acceptance won or it was superseded)'
     assert r.reason == R.REJECTION_REASON_INVALID_TRANSITION  # the loser's offer is gone
 
 
@@ -429,12 +450,14 @@ def test_the_ownership_lease_defaults_to_ten_minutes_without_a_start_deadline() 
 
 @pytest.mark.req("MW-10.2-T04")
 def test_acceptance_of_an_unknown_offer_is_not_found() -> None:
-    assert refused(offered(), "work_accept_offer", accept("off-9"), "worker").reason == R.REJECTION_REASON_NOT_FOUND
+    r = refused(offered(), 'work_accept_offer', accept('off-9'), 'worker')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, 'no offer off-9 for wi')
 
 
 @pytest.mark.req("MW-10.2-T04")
 def test_only_a_candidate_accepts() -> None:
     r = refused(offered(), "work_accept_offer", accept(), "w2")
+    assert r.message == 'w2 is not a candidate of off-1'
     assert r.reason == R.REJECTION_REASON_PERMISSION_DENIED
 
 
@@ -443,6 +466,7 @@ def test_an_expired_offer_is_not_accepted_and_expiry_appends_nothing() -> None:
     state = offered()
     assert events(state, "work_accept_offer", accept(), "worker", ctx_at(4.99))
     r = refused(state, "work_accept_offer", accept(), "worker", ctx_at(5))
+    assert r.message == 'offer off-1 expired at 2026-06-01T12:05:00+00:00'
     assert r.reason == R.REJECTION_REASON_OFFER_EXPIRED
     assert state.work_items["wi"].state == WS.WORK_ITEM_STATE_OFFERED
 
@@ -451,12 +475,14 @@ def test_an_expired_offer_is_not_accepted_and_expiry_appends_nothing() -> None:
 def test_an_open_offer_of_a_work_item_no_longer_offered_is_not_accepted() -> None:
     state = offered()
     state.work_items["wi"].state = WS.WORK_ITEM_STATE_BLOCKED
-    assert refused(state, "work_accept_offer", accept(), "worker").reason == R.REJECTION_REASON_INVALID_TRANSITION
+    r = refused(state, 'work_accept_offer', accept(), 'worker')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_INVALID_TRANSITION, 'work.accept_offer is not allowed from blocked (MW-10.2-05)')
 
 
 @pytest.mark.req("MW-10.1-05")
 def test_acceptance_names_the_current_contract_revision() -> None:
     r = refused(offered(), "work_accept_offer", accept(revision=2), "worker")
+    assert r.message == 'accept contract revision 1, not 2 (MW-10.1-05)'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_REVISION_MISMATCH, {"current_revision": "1"})
 
 
@@ -464,7 +490,11 @@ def test_acceptance_names_the_current_contract_revision() -> None:
 def test_no_acceptance_while_a_material_ambiguity_is_open() -> None:
     state = offered()
     state.work_items["wi"].open_ambiguities.add("amb-1")
-    assert refused(state, "work_accept_offer", accept(), "worker").reason == R.REJECTION_REASON_PRECONDITION_FAILED
+    r = refused(state, 'work_accept_offer', accept(), 'worker')
+    assert (r.reason, r.message) == (
+        R.REJECTION_REASON_PRECONDITION_FAILED,
+        'material ambiguities are unresolved (amb-1); the Coordinator amends the contract or replaces the WorkItem first (MW-10.1-03/04)',
+    )
 
 
 @pytest.mark.req("MW-10.3-07")
@@ -473,6 +503,7 @@ def test_no_acceptance_once_the_deadline_has_passed() -> None:
     state.work_items["wi"].contract.deadline.CopyFrom(ts(3))
     assert events(state, "work_accept_offer", accept(), "worker", ctx_at(2.99))
     r = refused(state, "work_accept_offer", accept(), "worker", ctx_at(3))
+    assert r.message == 'the deadline of wi has passed'
     assert r.reason == R.REJECTION_REASON_PRECONDITION_FAILED
 
 
@@ -482,6 +513,7 @@ def test_no_acceptance_before_the_dependencies_are_satisfied() -> None:
     state = GROUP.run(state, "work_offer", offer(amended_contract=builders.contract(at(0), depends_on=("dep",))),
                       "coord")
     r = refused(state, "work_accept_offer", accept(revision=2), "worker")
+    assert r.message == 'work.accept_offer: the dependencies of wi do not satisfy its dependency policy yet (MW-10.4-03)'
     assert r.reason == R.REJECTION_REASON_PRECONDITION_FAILED
     state.work_items["dep"].state = WS.WORK_ITEM_STATE_VERIFIED
     assert events(state, "work_accept_offer", accept(revision=2), "worker")
@@ -491,6 +523,7 @@ def test_no_acceptance_before_the_dependencies_are_satisfied() -> None:
 def test_the_membership_declares_every_required_capability() -> None:
     state = _needs_python(offered("w3", "worker"))
     r = refused(state, "work_accept_offer", accept(), "w3")
+    assert r.message == 'w3 lacks capability code.python >= 3.12 in its Membership'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_PRECONDITION_FAILED, {"capability": "code.python"})
     assert events(state, "work_accept_offer", accept(), "worker")
 
@@ -500,6 +533,7 @@ def test_the_agent_card_in_force_declares_every_required_capability_and_is_recor
     state = _needs_python(offered())
     old = ctx_at(0, cards={"worker": CardInfo("card-1", {"code.python": "3.11"}, 1)})
     r = refused(state, "work_accept_offer", accept(), "worker", old)
+    assert r.message == "worker's Agent Card card-1 does not declare code.python >= 3.12"
     assert r.metadata == {"field": "actor_id", "capability": "code.python", "card_version": "card-1"}
     new = ctx_at(0, cards={"worker": CardInfo("card-2", {"code.python": "3.13"}, 1)})
     out = events(state, "work_accept_offer", accept(), "worker", new)
@@ -545,12 +579,15 @@ def test_a_decline_records_the_structured_reason_and_changes_nothing_else() -> N
 @pytest.mark.req("MW-10.3-08")
 def test_only_an_open_offer_is_declined_and_only_by_its_candidate() -> None:
     state = offered()
-    assert refused(state, "work_decline_offer", decline(), "w2").reason == R.REJECTION_REASON_PERMISSION_DENIED
+    r = refused(state, 'work_decline_offer', decline(), 'w2')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_PERMISSION_DENIED, 'w2 is not a candidate of off-1')
     body = decline()
     body.offer_id = "off-9"
-    assert refused(state, "work_decline_offer", body, "worker").reason == R.REJECTION_REASON_NOT_FOUND
+    r = refused(state, 'work_decline_offer', body, 'worker')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, 'no open offer off-9')
     state.work_items["wi"].offers["off-1"].open = False
-    assert refused(state, "work_decline_offer", decline(), "worker").reason == R.REJECTION_REASON_NOT_FOUND
+    r = refused(state, 'work_decline_offer', decline(), 'worker')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, 'no open offer off-1')
 
 
 @pytest.mark.req("MW-10.3-09", "OP-15")

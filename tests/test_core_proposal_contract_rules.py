@@ -65,6 +65,7 @@ def test_a_proposal_without_an_id_gets_one_derived_and_ids_are_not_reused() -> N
     proposed = GROUP.run(state, "work_propose", propose(), "worker")
     for bad in ("prop-1", "no spaces"):
         r = refused(proposed, "work_propose", propose(proposal_id=bad), "worker")
+        assert r.message == 'body.proposal_id: a valid id not yet used in this Group'
         assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.proposal_id"})
 
 
@@ -86,6 +87,7 @@ def test_bounds_are_inclusive() -> None:
 @pytest.mark.req("MW-10.2-T01")
 def test_a_proposals_parent_exists() -> None:
     r = refused(base(), "work_propose", propose(parent_work_item_id="nope"), "worker")
+    assert r.message == "no WorkItem 'nope' in this Group"
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_NOT_FOUND, {"field": "work_item_id"})
 
 
@@ -142,6 +144,7 @@ def test_an_authorization_without_an_id_gets_one_derived_and_ids_are_not_reused(
     assert out[0].work_authorized.work_item_id == ids.derived_id("wi", "grp_w", c.command_id)
     for bad in ("wi", "no spaces"):
         r = refused(state, "work_authorize", authorize(bad), "coord")
+        assert r.message == 'body.work_item_id: a valid id not yet used in this Group'
         assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.work_item_id"})
 
 
@@ -149,6 +152,7 @@ def test_an_authorization_without_an_id_gets_one_derived_and_ids_are_not_reused(
 @pytest.mark.parametrize("title", ["", "x" * 201])
 def test_an_authorized_title_has_one_to_two_hundred_characters(title: str) -> None:
     r = refused(base(), "work_authorize", authorize("wi2", title=title), "coord")
+    assert r.message == 'body.title: 1..200 characters required'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.title"})
     assert events(base(), "work_authorize", authorize("wi2", title="x" * 200), "coord")
     assert events(base(), "work_authorize", authorize("wi3", title="x"), "coord")
@@ -156,25 +160,28 @@ def test_an_authorized_title_has_one_to_two_hundred_characters(title: str) -> No
 
 @pytest.mark.req("MW-10.2-T02")
 def test_only_an_open_proposal_is_authorized() -> None:
-    assert refused(base(), "work_authorize", authorize("wi2", proposal_id="prop-9"), "coord").reason == (
-        R.REJECTION_REASON_NOT_FOUND
-    )
+    r = refused(base(), 'work_authorize', authorize('wi2', proposal_id='prop-9'), 'coord')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, 'no open proposal prop-9')
     state = GROUP.run(base(), "work_propose", propose(), "worker")
     state = GROUP.run(state, "work_authorize", authorize("wi2", proposal_id="prop-1"), "coord")
-    assert refused(state, "work_authorize", authorize("wi3", proposal_id="prop-1"), "coord").reason == (
-        R.REJECTION_REASON_NOT_FOUND
-    )
+    r = refused(state, 'work_authorize', authorize('wi3', proposal_id='prop-1'), 'coord')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, 'no open proposal prop-1')
 
 
 @pytest.mark.req("MW-10.2-T02")
 def test_an_authorized_parent_exists() -> None:
     r = refused(base(), "work_authorize", authorize("wi2", parent_work_item_id="nope"), "coord")
+    assert r.message == "no WorkItem 'nope' in this Group"
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_NOT_FOUND, {"field": "work_item_id"})
 
 
 @pytest.mark.req("MW-9.1-18")
 def test_a_worker_authorizes_nothing() -> None:
-    assert refused(base(), "work_authorize", authorize("wi2"), "worker").reason == R.REJECTION_REASON_PERMISSION_DENIED
+    r = refused(base(), 'work_authorize', authorize('wi2'), 'worker')
+    assert (r.reason, r.message) == (
+        R.REJECTION_REASON_PERMISSION_DENIED,
+        'a worker may not issue work.authorize; it is issued by: mission_owner, coordinator, work_delegate (docs/authorization.md)',
+    )
 
 
 # ---------------------------------------------------------------- the contract (MW-10.1-01/07)
@@ -307,6 +314,7 @@ def test_a_contract_at_its_bounds_is_accepted() -> None:
 def test_a_dependency_names_a_work_item_of_the_group() -> None:
     r = refused(base(), "work_authorize", authorize("wi2", contract=builders.contract(NOW, depends_on=("wi", "x"))),
                 "coord")
+    assert r.message == 'body.contract.depends_on_work_item_ids[1]: no WorkItem x'
     assert r.reason == R.REJECTION_REASON_NOT_FOUND
     assert "depends_on_work_item_ids[1]" in r.message
 

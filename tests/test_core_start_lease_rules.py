@@ -61,6 +61,7 @@ def gated() -> object:
 def test_an_execution_approval_appends_its_record_and_opens_the_start_gate() -> None:
     state = gated()
     r = refused(state, "work_start", start(), "worker")
+    assert r.message == 'this WorkItem needs approval.grant_execution (in force, for this contract revision and owner) before it starts'
     assert r.reason == R.REJECTION_REASON_PRECONDITION_FAILED
     body = approval(expires_at=ts(1), comment="go")
     out = events(state, "approval_grant_execution", body, "alice")
@@ -76,6 +77,7 @@ def test_an_execution_approval_appends_its_record_and_opens_the_start_gate() -> 
     assert events(approved, "work_start", start(), "worker", ctx_at(0.5))
     # The approval lapses at its expiry.
     r = refused(approved, "work_start", start(), "worker", ctx_at(1))
+    assert r.message == 'this WorkItem needs approval.grant_execution (in force, for this contract revision and owner) before it starts'
     assert r.reason == R.REJECTION_REASON_PRECONDITION_FAILED
 
 
@@ -96,6 +98,7 @@ def test_an_approval_of_another_revision_or_owner_is_not_in_force() -> None:
     for record in ((2, 1, None), (1, 2, None)):
         approved.work_items["wi"].execution_approved = record
         r = refused(approved, "work_start", start(), "worker")
+        assert r.message == 'this WorkItem needs approval.grant_execution (in force, for this contract revision and owner) before it starts'
         assert r.reason == R.REJECTION_REASON_PRECONDITION_FAILED
 
 
@@ -104,20 +107,24 @@ def test_the_approvers_are_the_contracts_else_the_risk_policys_else_the_mission_
     state = gated()
     for reviewer in ("m1", "m2"):
         state.members[reviewer].role = Role.MEMBER_ROLE_REVIEWER  # type: ignore[attr-defined]
-    assert refused(state, "approval_grant_execution", approval(), "m1").reason == R.REJECTION_REASON_PERMISSION_DENIED
+    r = refused(state, 'approval_grant_execution', approval(), 'm1')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_PERMISSION_DENIED, 'execution approval is given by alice')
     policy = state.mission.definition.risk_policy  # type: ignore[attr-defined]
     policy.execution_approver_ids.append("m1")
     assert events(state, "approval_grant_execution", approval(), "m1")
-    assert refused(state, "approval_grant_execution", approval(), "alice").reason == R.REJECTION_REASON_PERMISSION_DENIED
+    r = refused(state, 'approval_grant_execution', approval(), 'alice')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_PERMISSION_DENIED, 'execution approval is given by m1')
     state.work_items["wi"].contract.execution_approver_ids.append("m2")  # type: ignore[attr-defined]
     assert events(state, "approval_grant_execution", approval(), "m2")
-    assert refused(state, "approval_grant_execution", approval(), "m1").reason == R.REJECTION_REASON_PERMISSION_DENIED
+    r = refused(state, 'approval_grant_execution', approval(), 'm1')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_PERMISSION_DENIED, 'execution approval is given by m2')
 
 
 @pytest.mark.req("MW-10.2-T06")
 @pytest.mark.parametrize(("revision", "epoch"), [(2, 1), (1, 2), (0, 1)])
 def test_an_approval_names_the_current_revision_and_owner(revision: int, epoch: int) -> None:
     r = refused(gated(), "approval_grant_execution", approval(revision, epoch), "alice")
+    assert r.message == 'approval names the current contract revision and the current ownership epoch (or 0 for any owner)'
     assert r.reason == R.REJECTION_REASON_REVISION_MISMATCH
 
 
@@ -126,6 +133,7 @@ def test_an_approval_of_a_work_item_without_owner_is_refused() -> None:
     state = gated()
     state.work_items["wi"].owner = None  # type: ignore[attr-defined]
     r = refused(state, "approval_grant_execution", approval(epoch=0), "alice")
+    assert r.message == 'approval names the current contract revision and the current ownership epoch (or 0 for any owner)'
     assert r.reason == R.REJECTION_REASON_REVISION_MISMATCH
 
 
@@ -133,6 +141,7 @@ def test_an_approval_of_a_work_item_without_owner_is_refused() -> None:
 @pytest.mark.parametrize("minutes", [0, -1])
 def test_an_approval_expiry_lies_in_the_future(minutes: float) -> None:
     r = refused(gated(), "approval_grant_execution", approval(expires_at=ts(minutes)), "alice")
+    assert r.message == 'body.expires_at: an approval expiry in the future, or none'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.expires_at"})
 
 
@@ -145,7 +154,11 @@ def test_a_risk_class_at_or_above_the_missions_threshold_needs_approval() -> Non
     contract.risk_class = mission_pb2.RISK_CLASS_LOW
     assert events(state, "work_start", start(), "worker")
     contract.risk_class = mission_pb2.RISK_CLASS_MEDIUM
-    assert refused(state, "work_start", start(), "worker").reason == R.REJECTION_REASON_PRECONDITION_FAILED
+    r = refused(state, 'work_start', start(), 'worker')
+    assert (r.reason, r.message) == (
+        R.REJECTION_REASON_PRECONDITION_FAILED,
+        'this WorkItem needs approval.grant_execution (in force, for this contract revision and owner) before it starts',
+    )
     policy.execution_approval_threshold = 0  # no threshold: no gate
     contract.risk_class = mission_pb2.RISK_CLASS_CRITICAL
     assert events(state, "work_start", start(), "worker")
@@ -215,24 +228,32 @@ def test_a_lease_id_is_valid_and_new_for_the_work_item(lease_id: str) -> None:
     state = queued()
     state.work_items["wi"].lease_history["old"] = LeaseRecord("old", "worker", 1, 1, at(-9), at(-8))
     r = refused(state, "work_start", start(lease_id=lease_id), "worker")
+    assert r.message == 'body.lease_id: a valid lease id not used before for this WorkItem'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.lease_id"})
 
 
 @pytest.mark.req("MW-10.2-T07")
 def test_only_the_owner_starts_at_its_current_epoch() -> None:
     state = queued()
-    assert refused(state, "work_start", start(), "w2").reason == R.REJECTION_REASON_PERMISSION_DENIED
+    r = refused(state, 'work_start', start(), 'w2')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_PERMISSION_DENIED, 'w2 does not own wi')
     r = refused(state, "work_start", start(epoch=2), "worker")
+    assert r.message == 'ownership epoch 1 is current'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_OWNERSHIP_EPOCH_STALE, {"current_epoch": "1"})
     state.work_items["wi"].owner = None
-    assert refused(state, "work_start", start(), "worker").reason == R.REJECTION_REASON_PERMISSION_DENIED
+    r = refused(state, 'work_start', start(), 'worker')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_PERMISSION_DENIED, 'worker does not own wi')
 
 
 @pytest.mark.req("MW-10.2-T07", "MW-7.1-06")
 def test_no_start_in_a_terminal_mission() -> None:
     state = queued()
     state.mission.state = mission_pb2.MISSION_STATE_CANCELLED  # type: ignore[union-attr]
-    assert refused(state, "work_start", start(), "worker").reason == R.REJECTION_REASON_TERMINAL_STATE
+    r = refused(state, 'work_start', start(), 'worker')
+    assert (r.reason, r.message) == (
+        R.REJECTION_REASON_TERMINAL_STATE,
+        'work.start: the Mission is MISSION_STATE_CANCELLED, a terminal state; corrections go through a linked follow-up Mission (MW-7.1-08)',
+    )
 
 
 @pytest.mark.req("MW-10.2-T07", "MW-11.3-02")
@@ -242,17 +263,23 @@ def test_no_start_after_the_start_deadline_unless_resuming_from_a_checkpoint() -
     assert owner is not None
     owner.expires_at = at(5)
     assert events(state, "work_start", start(), "worker", ctx_at(1.99))
-    assert refused(state, "work_start", start(), "worker", ctx_at(2)).reason == R.REJECTION_REASON_LEASE_EXPIRED
+    r = refused(state, 'work_start', start(), 'worker', ctx_at(2))
+    assert (r.reason, r.message) == (R.REJECTION_REASON_LEASE_EXPIRED, 'the ownership lease (start deadline) has passed; the Coordinator re-offers')
     state.work_items["wi"].last_checkpoint_id = "ck"
     assert events(state, "work_start", start(), "worker", ctx_at(2))
-    assert refused(state, "work_start", start(), "worker", ctx_at(5)).reason == R.REJECTION_REASON_LEASE_EXPIRED
+    r = refused(state, 'work_start', start(), 'worker', ctx_at(5))
+    assert (r.reason, r.message) == (R.REJECTION_REASON_LEASE_EXPIRED, 'the ownership lease (start deadline) has passed; the Coordinator re-offers')
 
 
 @pytest.mark.req("MW-10.4-03")
 def test_no_start_before_the_dependencies_are_satisfied() -> None:
     state = GROUP.run(queued(), "work_authorize", authorize("dep"), "coord")
     state.work_items["wi"].depends_on = ("dep",)
-    assert refused(state, "work_start", start(), "worker").reason == R.REJECTION_REASON_PRECONDITION_FAILED
+    r = refused(state, 'work_start', start(), 'worker')
+    assert (r.reason, r.message) == (
+        R.REJECTION_REASON_PRECONDITION_FAILED,
+        'work.start: the dependencies of wi do not satisfy its dependency policy yet (MW-10.4-03)',
+    )
 
 
 @pytest.mark.req("MW-11.4-08")
@@ -260,6 +287,7 @@ def test_a_retry_waits_out_its_backoff() -> None:
     state = queued()
     state.work_items["wi"].retry_not_before = at(1)
     r = refused(state, "work_start", start(), "worker", ctx_at(0.5))
+    assert r.message == 'backing off after a transient failure until 2026-06-01T12:01:00+00:00 (MW-11.4-08)'
     assert r.reason == R.REJECTION_REASON_PRECONDITION_FAILED
     assert r.metadata == {"retry_not_before": at(1).isoformat()}
     assert events(state, "work_start", start(), "worker", ctx_at(1))
@@ -271,7 +299,8 @@ def test_no_start_beyond_the_retry_policys_attempts() -> None:
     state.work_items["wi"].attempts = 2
     assert events(state, "work_start", start(), "worker")[0].work_started.lease.attempt == 3
     state.work_items["wi"].attempts = 3
-    assert refused(state, "work_start", start(), "worker").reason == R.REJECTION_REASON_PRECONDITION_FAILED
+    r = refused(state, 'work_start', start(), 'worker')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_PRECONDITION_FAILED, '3 attempts used of 3 (MW-11.4-08); fail the WorkItem')
 
 
 @pytest.mark.req("MW-11.3-03", "MW-11.3-07")
@@ -296,9 +325,11 @@ def test_the_lease_length_is_the_request_capped_by_policy_and_attempt_limit(
 def test_a_lease_length_outside_one_second_to_a_day_is_refused() -> None:
     state = queued()
     r = refused(state, "work_start", start(requested_duration=seconds(0.5)), "worker")
+    assert r.message == 'body.requested_duration: must lie within 1 s .. 24 h'
     assert r.metadata == {"field": "body.requested_duration"}
     state.work_items["wi"].contract.time_policy.execution_lease_duration.CopyFrom(seconds(0.5))
     r = refused(state, "work_start", start(), "worker")
+    assert r.message == 'time_policy.execution_lease_duration: must lie within 1 s .. 24 h'
     assert r.metadata == {"field": "time_policy.execution_lease_duration"}
 
 
@@ -426,17 +457,25 @@ def test_commands_under_a_lease_cite_the_owner_its_epoch_and_the_current_lease()
     state = active()
     assert events(state, "work_renew_lease", renew(), "worker", ctx_at(0.5))
     r = refused(state, "work_renew_lease", renew(epoch=2), "worker")
+    assert r.message == 'ownership epoch 2 is not the current 1'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_OWNERSHIP_EPOCH_STALE, {"current_epoch": "1"})
-    assert refused(state, "work_renew_lease", renew(), "w2").reason == R.REJECTION_REASON_OWNERSHIP_EPOCH_STALE
-    assert refused(state, "work_renew_lease", renew(epoch=0), "w2").reason == R.REJECTION_REASON_PERMISSION_DENIED
-    assert refused(state, "work_renew_lease", renew("lease-0"), "worker").reason == R.REJECTION_REASON_LEASE_STALE
-    assert refused(state, "work_renew_lease", renew(), "worker", ctx_at(1)).reason == R.REJECTION_REASON_LEASE_EXPIRED
+    r = refused(state, 'work_renew_lease', renew(), 'w2')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_OWNERSHIP_EPOCH_STALE, 'w2 does not own WorkItem wi')
+    r = refused(state, 'work_renew_lease', renew(epoch=0), 'w2')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_PERMISSION_DENIED, 'w2 does not own WorkItem wi')
+    r = refused(state, 'work_renew_lease', renew('lease-0'), 'worker')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_LEASE_STALE, "lease 'lease-0' is not the current execution lease of wi (MW-11.3-05)")
+    r = refused(state, 'work_renew_lease', renew(), 'worker', ctx_at(1))
+    assert (r.reason, r.message) == (R.REJECTION_REASON_LEASE_EXPIRED, 'lease lease-1 expired at 2026-06-01T12:01:00+00:00')
     state.work_items["wi"].lease.session_epoch = 2  # type: ignore[union-attr]
-    assert refused(state, "work_renew_lease", renew(), "worker").reason == R.REJECTION_REASON_LEASE_STALE
+    r = refused(state, 'work_renew_lease', renew(), 'worker')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_LEASE_STALE, 'lease lease-1 belongs to session 2')
     state.work_items["wi"].lease = None
-    assert refused(state, "work_renew_lease", renew(), "worker").reason == R.REJECTION_REASON_LEASE_STALE
+    r = refused(state, 'work_renew_lease', renew(), 'worker')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_LEASE_STALE, "lease 'lease-1' is not the current execution lease of wi (MW-11.3-05)")
     state.work_items["wi"].owner = None
-    assert refused(state, "work_renew_lease", renew(), "worker").reason == R.REJECTION_REASON_OWNERSHIP_EPOCH_STALE
+    r = refused(state, 'work_renew_lease', renew(), 'worker')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_OWNERSHIP_EPOCH_STALE, 'worker does not own WorkItem wi')
 
 
 @pytest.mark.req("MW-11.3-06")
@@ -449,6 +488,7 @@ def test_a_renewed_token_replaces_the_old_one_and_narrows_within_its_scope() -> 
     body = renew()
     body.requested_scope.allowed_tools.append("pytest")
     r = refused(state, "work_renew_lease", body, "worker")
+    assert r.message == 'body.requested_scope.allowed_tools: pytest exceed the permitted scope; a token only narrows'
     assert r.metadata == {"field": "body.requested_scope.allowed_tools"}
     token = events(state, "work_renew_lease", renew(), "worker")[0].work_lease_renewed.token
     assert (token.replaces_token_id, list(token.scope.allowed_tools)) == (old, ["git"])
@@ -498,11 +538,14 @@ def test_the_owner_records_its_own_schedulers_request_under_its_current_lease() 
     out = events(state, "work_request_preemption", preempt(coordinator_epoch=0), "worker")
     assert out[0].work_preemption_requested.requested_by == "worker"
     r = refused(state, "work_request_preemption", preempt(coordinator_epoch=0, lease_id="old"), "worker")
+    assert r.message == "lease 'old' is not the current execution lease of wi (MW-11.3-05)"
     assert r.reason == R.REJECTION_REASON_LEASE_STALE
     r = refused(state, "work_request_preemption", preempt(coordinator_epoch=0), "worker", ctx_at(1))
+    assert r.message == 'lease lease-1 expired at 2026-06-01T12:01:00+00:00'
     assert r.reason == R.REJECTION_REASON_LEASE_EXPIRED
     queued_state = queued()
     r = refused(queued_state, "work_request_preemption", preempt(coordinator_epoch=0), "worker")
+    assert r.message == 'work.request_preemption is not allowed from queued (MW-10.2-05)'
     assert r.reason == R.REJECTION_REASON_INVALID_TRANSITION
 
 
@@ -510,20 +553,24 @@ def test_the_owner_records_its_own_schedulers_request_under_its_current_lease() 
 def test_anyone_else_needs_the_coordinator_epoch() -> None:
     state = active()
     r = refused(state, "work_request_preemption", preempt(coordinator_epoch=0), "w2")
+    assert r.message == 'work.request_preemption is issued by the current Coordinator'
     assert r.reason == R.REJECTION_REASON_PERMISSION_DENIED
     r = refused(state, "work_request_preemption", preempt(), "w2")
+    assert r.message == 'work.request_preemption is issued by the current Coordinator'
     assert r.reason == R.REJECTION_REASON_PERMISSION_DENIED
 
 
 @pytest.mark.req("MW-11.3-12")
 def test_a_coordinator_preempts_only_active_work_under_its_current_lease() -> None:
     state = active()
-    assert refused(queued(), "work_request_preemption", preempt(), "coord").reason == R.REJECTION_REASON_INVALID_TRANSITION
-    assert refused(state, "work_request_preemption", preempt(lease_id="old"), "coord").reason == R.REJECTION_REASON_LEASE_STALE
-    assert refused(state, "work_request_preemption", preempt(ownership_epoch=2), "coord").reason == (
-        R.REJECTION_REASON_LEASE_STALE
-    )
+    r = refused(queued(), 'work_request_preemption', preempt(), 'coord')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_INVALID_TRANSITION, 'work.request_preemption is not allowed from queued (MW-10.2-05)')
+    r = refused(state, 'work_request_preemption', preempt(lease_id='old'), 'coord')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_LEASE_STALE, 'the current lease of wi is lease-1')
+    r = refused(state, 'work_request_preemption', preempt(ownership_epoch=2), 'coord')
+    assert (r.reason, r.message) == (R.REJECTION_REASON_LEASE_STALE, 'the current lease of wi is lease-1')
     r = refused(state, "work_request_preemption", preempt(reason=wp.PREEMPTION_REASON_UNSPECIFIED), "coord")
+    assert r.message == 'body.reason: a preemption reason is required'
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.reason"})
 
 
