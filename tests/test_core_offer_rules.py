@@ -158,6 +158,7 @@ def test_every_candidate_holds_an_active_membership(case: str) -> None:
         state.members["w2"].provisional, state.members["w2"].expires_at = True, at(0)
     r = refused(state, "work_offer", offer("worker", candidate), "coord")
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.candidate_ids[1]"})
+    assert r.message == f"body.candidate_ids[1]: {candidate} holds no active Membership in this Group"
 
 
 @pytest.mark.req("MW-10.3-04")
@@ -240,6 +241,11 @@ def test_selection_criteria_hold_rule_ids_never_free_form_reasoning(where: str) 
     body = offer("worker", "w2", selection_criteria=[builders.selection("worker"), prose])
     r = refused(base(), "work_offer", body, "coord")
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.selection_criteria[1]"})
+    entry = 2 if where == "applied_policy_rules" else 3  # the rules first, then the basis
+    assert r.message == (
+        f"body.selection_criteria[1]: entry {entry} is not a rule/basis id; selection records hold no free-form"
+        " reasoning (MW-10.3-11)"
+    )
 
 
 @pytest.mark.req("MW-10.2-T03", "MW-10.2-T05")
@@ -610,6 +616,18 @@ def test_a_decline_carries_a_standard_reason_or_a_namespaced_extension(
 ) -> None:
     r = refused(offered(), "work_decline_offer", decline(reason, **fields), "worker")
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": field})
+    if field == "body.decline.extension_code":
+        said = (
+            'DECLINE_REASON_OTHER names a namespaced code: "urn:<nid>:<code>" or "<reverse-dns>/<code>" (OP-15)'
+            if reason == wp.DECLINE_REASON_OTHER
+            else "only DECLINE_REASON_OTHER carries an extension code"
+        )
+    else:
+        said = {
+            "body.decline.reason": "a structured reason is required (a DeclineReason value)",
+            "body.decline.detail": "at most 1024 characters",
+        }[field]
+    assert r.message == f"{field}: {said}"
 
 
 @pytest.mark.req("MW-10.3-09", "OP-15")

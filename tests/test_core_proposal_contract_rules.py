@@ -76,6 +76,8 @@ def test_a_proposal_without_an_id_gets_one_derived_and_ids_are_not_reused() -> N
 def test_a_proposal_has_a_bounded_title_and_rationale(fields: dict[str, str], field: str) -> None:
     r = refused(base(), "work_propose", propose(**fields), "worker")
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": field})
+    said = "1..200 characters required" if field == "body.title" else "at most 4096 characters"
+    assert r.message == f"{field}: {said}"
 
 
 @pytest.mark.req("MW-10.2-T01")
@@ -290,12 +292,41 @@ BROKEN = [
 ]
 
 
+# What each refusal says (Rejection.message after "<field>: ").
+_SAID = {
+    "goal": "a goal of 1..4096 characters is required",
+    "deliverables": "at least one deliverable is required",
+    "deliverable id": "deliverable_id and description are required",
+    "deliverable description": "deliverable_id and description are required",
+    "acceptance_criteria": "at least one acceptance criterion is required",
+    "criterion id": "criterion_id, description and the required Evidence methods",
+    "criterion description": "criterion_id, description and the required Evidence methods",
+    "criterion methods": "criterion_id, description and the required Evidence methods",
+    "required_capabilities": "capability id and version are required",
+    "deadline": "a deadline in the future is required",
+    "urgency": "urgency and business impact are required",
+    "business_impact_note": "at most 256 characters",
+    "budget": "a budget is required (omitted dimensions permit no use, OP-02)",
+    "currency code": "an ISO 4217 code is required for a financial budget",
+    "other currency": "must be the Mission budget's currency",
+    "retry_policy.max_attempts": "a retry policy with at least one attempt is required",
+    "time_policy": "a time policy (start deadline, lease durations) is required",
+    "cost_policy": "a cost policy is required",
+    "risk_class": "a risk classification is required",
+    "notes": "at most 16 KiB of prose",
+}
+for _policy in ("start_deadline", "execution_lease_duration", "checkpoint_ownership_duration", "blocked_lease_duration"):
+    _SAID[_policy] = "must lie within 1 s .. 24 h"
+
+
 @pytest.mark.req("MW-10.1-01", "MW-10.1-07")
 @pytest.mark.parametrize("name", BROKEN)
 def test_every_contract_item_is_a_machine_readable_field(name: str) -> None:
     contract, field = _broken(name)
     r = refused(base(), "work_authorize", authorize("wi2", contract=contract), "coord")
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": field})
+    said = _SAID.get(name) or _SAID[field.removeprefix("body.contract.").split("[")[0]]
+    assert r.message == f"{field}: {said}"
 
 
 @pytest.mark.req("MW-10.1-01", "MW-10.1-06")

@@ -347,6 +347,7 @@ def test_a_token_scope_only_narrows_the_contracts_permissions() -> None:
         wider = wp.ExecutionPermissions(**{field: ["other"]})
         r = refused(state, "work_start", start(requested_scope=wider), "worker")
         assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": f"body.requested_scope.{field}"})
+        assert r.message == f"body.requested_scope.{field}: other exceed the permitted scope; a token only narrows"
 
 
 @pytest.mark.req("MW-11.3-06")
