@@ -24,12 +24,15 @@ from tests.work_rules_fixtures import (
     WS,
     R,
     Role,
+    accept,
     active,
     after,
     at,
     authorize,
+    base,
     ctx_at,
     events,
+    offer,
     queued,
     refused,
     start,
@@ -576,3 +579,84 @@ def test_a_coordinator_preempts_only_active_work_under_its_current_lease() -> No
 
 
 
+
+
+# ---------------------------------------------------------------- refusals name the command (MW-10.2-05)
+
+
+@pytest.mark.req("MW-10.2-05")
+@pytest.mark.parametrize(
+    ("kind", "body", "actor", "name", "state_value"),
+    [
+        ("work_offer", offer(offer_id="off-2"), "coord", "work.offer", WS.WORK_ITEM_STATE_SUBMITTED),
+        ("work_accept_offer", accept(), "worker", "work.accept_offer", WS.WORK_ITEM_STATE_QUEUED),
+        ("approval_grant_execution", approval(), "alice", "approval.grant_execution", WS.WORK_ITEM_STATE_ACTIVE),
+        ("work_start", start(), "worker", "work.start", WS.WORK_ITEM_STATE_ACTIVE),
+        ("work_request_preemption", preempt(), "coord", "work.request_preemption", WS.WORK_ITEM_STATE_QUEUED),
+        (
+            "work_request_preemption", preempt(coordinator_epoch=0), "worker", "work.request_preemption",
+            WS.WORK_ITEM_STATE_QUEUED,
+        ),
+    ],
+)
+def test_a_transition_the_table_does_not_allow_names_the_command_and_the_state(
+    kind: str, body: object, actor: str, name: str, state_value: int
+) -> None:
+    state = queued()
+    item = state.work_items["wi"]
+    item.offers["off-1"].open = True
+    item.state = state_value
+    if kind == "work_start":
+        item.lease = ExecutionLeaseState("lease-0", "worker", 1, 1, at(0), at(1))
+    r = refused(state, kind, body, actor)
+    label = wp.WorkItemState.Name(state_value).removeprefix("WORK_ITEM_STATE_").lower()  # type: ignore[arg-type]
+    assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_TRANSITION, {"state": label})
+    assert r.message == f"{name} is not allowed from {label} (MW-10.2-05)"
+
+
+@pytest.mark.req("MW-10.4-03")
+@pytest.mark.parametrize(
+    ("kind", "body", "actor", "name"),
+    [
+        ("work_start", start(), "worker", "work.start"),
+        ("work_offer", offer(offer_id="off-2"), "coord", "work.offer"),
+        ("work_accept_offer", accept(), "worker", "work.accept_offer"),
+    ],
+)
+def test_a_dependency_refusal_names_the_command(kind: str, body: object, actor: str, name: str) -> None:
+    state = GROUP.run(queued(), "work_authorize", authorize("dep"), "coord")
+    item = state.work_items["wi"]
+    item.depends_on = ("dep",)
+    if kind == "work_accept_offer":
+        item.state, item.owner = WS.WORK_ITEM_STATE_OFFERED, None
+        item.offers["off-1"].open = True
+    elif kind == "work_offer":
+        item.owner = None
+    r = refused(state, kind, body, actor)
+    assert (r.reason, r.message) == (
+        R.REJECTION_REASON_PRECONDITION_FAILED,
+        f"{name}: the dependencies of wi do not satisfy its dependency policy yet (MW-10.4-03)",
+    )
+
+
+@pytest.mark.req("MW-7.1-06")
+@pytest.mark.parametrize(
+    ("kind", "body", "actor", "name"),
+    [
+        ("work_offer", offer(offer_id="off-2"), "coord", "work.offer"),
+        ("work_start", start(), "worker", "work.start"),
+    ],
+)
+def test_a_terminal_mission_refusal_names_the_command(kind: str, body: object, actor: str, name: str) -> None:
+    state = queued()
+    state.work_items["wi"].owner = None if kind == "work_offer" else state.work_items["wi"].owner
+    state.mission.state = mission_pb2.MISSION_STATE_CANCELLED  # type: ignore[union-attr]
+    r = refused(state, kind, body, actor)
+    assert r.reason == R.REJECTION_REASON_TERMINAL_STATE
+    assert r.message.startswith(f"{name}: the Mission is ")
+
+
+@pytest.mark.req("MW-7.2-03")
+def test_only_the_coordinator_offers() -> None:
+    r = refused(base(), "work_offer", offer(), "worker")
+    assert r.reason == R.REJECTION_REASON_PERMISSION_DENIED
