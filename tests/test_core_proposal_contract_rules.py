@@ -432,3 +432,30 @@ def test_a_shared_ancestor_is_no_cycle() -> None:
         state.work_items[item].state = WS.WORK_ITEM_STATE_VERIFIED
     out = _amend(state, "top", "a", "b", "root")
     assert not isinstance(out, Rejected), out
+
+
+@pytest.mark.req("MW-10.4-04")
+def test_a_repeated_dependency_does_not_hide_a_cycle() -> None:
+    state = GROUP.run(base(), "work_authorize", authorize("x0"), "coord")
+    state = GROUP.run(state, "work_authorize", authorize("a", contract=builders.contract(NOW, depends_on=("wi",))),
+                      "coord")
+    r = _amend(state, "wi", "a", "x0", "x0")
+    assert isinstance(r, Rejected) and r.reason == R.REJECTION_REASON_DEPENDENCY_CYCLE
+    assert r.message == "the amended dependencies of wi form a cycle"
+
+
+@pytest.mark.req("MW-10.4-04")
+def test_the_cycle_check_ends_on_a_cycle_elsewhere_and_on_unknown_ids() -> None:
+    state = base()
+    for name in ("a", "b"):
+        state = GROUP.run(state, "work_authorize", authorize(name), "coord")
+    state.work_items["a"].depends_on, state.work_items["b"].depends_on = ("b", "ghost"), ("a",)
+    assert not isinstance(_amend(state, "wi", "a"), Rejected)
+
+
+@pytest.mark.req("MW-10.1-01")
+def test_a_logged_contract_without_revision_is_revision_one() -> None:
+    state = base()
+    out = events(state, "work_authorize", authorize("wi2"), "coord")
+    out[0].work_authorized.contract.revision = 0
+    assert after(state, out).work_items["wi2"].contract_revision == 1

@@ -660,3 +660,49 @@ def test_a_terminal_mission_refusal_names_the_command(kind: str, body: object, a
 def test_only_the_coordinator_offers() -> None:
     r = refused(base(), "work_offer", offer(), "worker")
     assert r.reason == R.REJECTION_REASON_PERMISSION_DENIED
+
+
+@pytest.mark.req("MW-11.3-06", "OP-18")
+def test_a_renewed_token_limit_counts_the_usage_the_renewal_reports() -> None:
+    state = active()
+    state.work_items["wi"].used["tokens"] = 1_000
+    body = renew()
+    body.usage_delta.CopyFrom(common_pb2.ResourceVector(currency="EUR", tokens=500, tool_calls=2))
+    token = events(state, "work_renew_lease", body, "worker")[0].work_lease_renewed.token
+    assert token.limit == common_pb2.ResourceVector(currency="EUR", financial_micros=1_000_000, tokens=8_500,
+                                                    tool_calls=48)
+
+
+@pytest.mark.req("MW-11.3-08", "OP-11")
+def test_fencing_an_expired_blocked_owner_revokes_its_blocked_lease() -> None:
+    state = queued()
+    state.work_items["wi"].state = WS.WORK_ITEM_STATE_BLOCKED
+    out = events(state, "work_offer", offer("w2", offer_id="off-2", minutes=10), "coord", ctx_at(3))
+    assert out[0].lease_revoked == wp.LeaseRevoked(
+        work_item_id="wi", lease_kind=wp.WORK_LEASE_KIND_BLOCKED, ownership_epoch=1, agent_id="worker",
+        end_kind=wp.LEASE_END_KIND_EXPIRED, cause=wp.LEASE_REVOCATION_CAUSE_EXPIRY_FENCED,
+        resulting_state=WS.WORK_ITEM_STATE_BLOCKED,
+    )
+
+
+@pytest.mark.req("MW-11.3-08")
+def test_a_lease_without_a_token_revokes_no_token() -> None:
+    state = active()
+    state.work_items["wi"].lease.token_id = ""  # type: ignore[union-attr]
+    out = decider.decide_session_replaced(state, "worker", 2, at(0))
+    assert list(out[0].lease_revoked.revoked_token_ids) == []
+
+
+@pytest.mark.req("MW-11.3-09")
+def test_only_a_running_lease_is_revoked_for_a_replaced_session() -> None:
+    state = active()
+    state.work_items["wi"].state = WS.WORK_ITEM_STATE_BLOCKED
+    assert decider.decide_session_replaced(state, "worker", 2, at(0)) == []
+
+
+@pytest.mark.req("MW-11.3-12")
+def test_a_work_item_without_owner_takes_preemption_requests_only_from_the_coordinator() -> None:
+    state = queued()
+    state.work_items["wi"].owner = None
+    r = refused(state, "work_request_preemption", preempt(coordinator_epoch=0), "worker")
+    assert r.reason == R.REJECTION_REASON_PERMISSION_DENIED
