@@ -459,3 +459,8 @@ def test_a_logged_contract_without_revision_is_revision_one() -> None:
     out = events(state, "work_authorize", authorize("wi2"), "coord")
     out[0].work_authorized.contract.revision = 0
     assert after(state, out).work_items["wi2"].contract_revision == 1
+
+
+@pytest.mark.req("MW-10.1-01")
+def test_a_one_character_goal_is_a_goal() -> None:
+    assert events(base(), "work_authorize", authorize("wi2", contract=builders.contract(NOW, goal="g")), "coord")

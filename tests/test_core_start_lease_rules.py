@@ -706,3 +706,13 @@ def test_a_work_item_without_owner_takes_preemption_requests_only_from_the_coord
     state.work_items["wi"].owner = None
     r = refused(state, "work_request_preemption", preempt(coordinator_epoch=0), "worker")
     assert r.reason == R.REJECTION_REASON_PERMISSION_DENIED
+
+
+@pytest.mark.req("MW-11.3-03")
+def test_an_active_work_item_without_an_owner_record_is_an_invariant_break_not_a_refusal() -> None:
+    """Active work always has its owner and lease (T07): a state without the owner is a bug, and the
+    preemption rule stops on it instead of answering as if the lease were merely stale."""
+    state = active()
+    state.work_items["wi"].owner = None
+    with pytest.raises(AssertionError):
+        GROUP.decide(state, "work_request_preemption", preempt(lease_id="other"), "coord")
