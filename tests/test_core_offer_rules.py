@@ -647,3 +647,12 @@ def test_standard_and_namespaced_declines_are_accepted(reason: int, fields: dict
 
 
 
+
+
+@pytest.mark.req("MW-10.2-T03", "MW-10.3-10")
+def test_extending_an_offer_with_no_recorded_criteria_records_the_new_ones() -> None:
+    state = offered()
+    del state.work_items["wi"].offer_criteria["off-1"]  # e.g. a state restored without the criteria index
+    out = events(state, "work_offer", offer("w2", offer_id="", extends_offer_id="off-1"), "coord")
+    item = after(state, out).work_items["wi"]
+    assert item.offer_criteria["off-1"] == [builders.selection("w2")]
