@@ -656,3 +656,12 @@ def test_extending_an_offer_with_no_recorded_criteria_records_the_new_ones() -> 
     out = events(state, "work_offer", offer("w2", offer_id="", extends_offer_id="off-1"), "coord")
     item = after(state, out).work_items["wi"]
     assert item.offer_criteria["off-1"] == [builders.selection("w2")]
+
+
+@pytest.mark.req("MW-7.1-13", "MW-10.2-T03")
+def test_an_emergency_offer_by_the_mission_owner_records_the_override_and_its_reason() -> None:
+    body = offer(coordinator_epoch=0, emergency_override=True, override_reason="the Coordinator is unreachable")
+    p = events(base(), "work_offer", body, "alice")[0].work_offered
+    assert (p.emergency_override, p.override_reason, p.coordinator_epoch) == (
+        True, "the Coordinator is unreachable", 0
+    )
