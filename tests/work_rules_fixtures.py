@@ -122,18 +122,5 @@ def after(state: GroupState, decision: list[event_pb2.Event]) -> GroupState:
 
 def refused(state: GroupState, kind: str, body: object, actor: str, ctx: decider.DecisionContext | None = None,
             ) -> Rejected:
-    r = GROUP.refused(state, kind, body, actor, ctx)
-    _log_refusal(r)
-    return r
+    return GROUP.refused(state, kind, body, actor, ctx)
 
-
-def _log_refusal(r: Rejected) -> None:
-    import inspect
-    import json
-    import os
-
-    path = os.environ.get("MW_LOG_REFUSALS")
-    if path:
-        frame = inspect.stack()[2]
-        with open(path, "a") as f:
-            f.write(json.dumps([frame.filename, frame.lineno, r.message]) + "\n")
