@@ -664,3 +664,34 @@ def test_the_parents_replacement_coordinator_succeeds_as_the_childs_owner() -> N
 
 def test_later_is_after_now() -> None:
     assert LATER > NOW
+
+
+# ---------------------------------------------------------------- what the refusals and linked appends say
+
+
+@pytest.mark.req("MW-7.1-T03", "MW-14-09", "MW-7.2-03")
+def test_create_child_refusals_say_why() -> None:
+    parent = parent_state()
+    r = refusal(parent, definition=child_definition(owner_id="worker"))
+    assert r.message == "body.definition.owner_id: the parent Coordinator issuing the command is the child's MissionOwner (MW-14-09)"
+    r = refusal(parent, actor="worker", definition=child_definition(owner_id="worker"))
+    assert (r.reason, r.message) == (R.REJECTION_REASON_PERMISSION_DENIED, "mission.create_child is issued by the current Coordinator")
+    ended_parent = PARENT.run(parent, "mission_cancel", mission_pb2.MissionCancel(reason="stop"), "alice")
+    assert refusal(ended_parent).message.startswith("mission.create_child: the Mission is MISSION_STATE_CANCELLED, a terminal state")
+
+
+@pytest.mark.req("MW-10.4-05", "MW-16-02")
+def test_a_linked_append_is_the_authoritys_own_command_derived_from_the_source_event() -> None:
+    parent = parent_state()
+    child, events = created(parent)
+    source = event_of(events, "parent_linked")
+    (linked_event,) = accepted(decider.decide_linked(parent, source, child, NOW))
+    command_id = ids.derived_id("xg", "grp_child", str(source.sequence))
+    assert (linked_event.causing_command_id, linked_event.actor_id, linked_event.group_id) == (command_id, "authority", "grp_parent")
+    assert linked_event.event_id == ids.derived_id("evt", "grp_parent", command_id, "0")
+    assert linked_event.correlation_id == source.event_id  # the source had no correlation id of its own
+    correlated = copy.deepcopy(source)
+    correlated.correlation_id = "corr-1"
+    (again,) = accepted(decider.decide_linked(parent, correlated, child, NOW))
+    assert again.correlation_id == "corr-1"
+    assert decider.decide_linked(None, source, child, NOW).reason == R.REJECTION_REASON_GROUP_NOT_FOUND  # type: ignore[union-attr]
