@@ -188,6 +188,7 @@ def test_the_childs_budget_may_use_exactly_what_the_work_item_has_left() -> None
     item.used["tokens"] = 20_000  # overspent: nothing left, reported as 0
     r = refusal(parent, definition=child_definition(budget=common_pb2.ResourceVector(tokens=1)))
     assert r.metadata == {"dimension": "tokens", "limit": "0", "budget": "work_item"}
+    assert r.message == "tokens: the child asks for 1, the parent work item has 0 left (MW-14-04)"
 
 
 @pytest.mark.req("MW-14-04")
@@ -695,3 +696,19 @@ def test_a_linked_append_is_the_authoritys_own_command_derived_from_the_source_e
     (again,) = accepted(decider.decide_linked(parent, correlated, child, NOW))
     assert again.correlation_id == "corr-1"
     assert decider.decide_linked(None, source, child, NOW).reason == R.REJECTION_REASON_GROUP_NOT_FOUND  # type: ignore[union-attr]
+
+
+@pytest.mark.req("MW-14-04", "MW-10.2-T15")
+def test_the_missions_reservations_add_up_over_its_running_children() -> None:
+    parent = parent_state()
+    after, child, _ = linked(parent)
+    second = CoreGroup("grp_child2", ctx_with(after), NOW)
+    events = accepted(second.decide(None, "mission_create_child", create_body(after, parent_work_item_id="other"), "coord"))
+    child2 = decider.fold(events)
+    assert child2 is not None
+    both = apply_linked(after, event_of(events, "parent_linked"), child2)
+    assert (both.reserved["tokens"], both.reserved["tool_calls"], both.reserved["financial_micros"]) == (10_000, 40, 1_000_000)
+    # Ending one child releases its reservation only.
+    done, end = ended(child, "cancelled")
+    released = apply_linked(both, end, done)
+    assert (released.reserved["tokens"], released.reserved["tool_calls"]) == (5_000, 20)
