@@ -754,3 +754,11 @@ def test_transfer_refusals() -> None:
 
 def test_identities_used_here_are_registered() -> None:
     assert {"alice", "bob", "coord", "coord2", "ops", "admin"} <= set(IDS)
+
+
+@pytest.mark.req("MW-7.3-04")
+def test_the_refusal_lists_at_most_ten_unverified_required_work_items_sorted() -> None:
+    state = authorized(active(), G, *(f"wi_{i:02}" for i in range(11, -1, -1)))
+    r = G.refused(state, "mission_submit_for_approval", submit_body(state), "coord")
+    listed = ", ".join(f"wi_{i:02}" for i in range(10))
+    assert (r.reason, r.message) == (R.REJECTION_REASON_PRECONDITION_FAILED, f"required WorkItems are not verified: {listed} (MW-7.3-04)")

@@ -712,3 +712,15 @@ def test_the_missions_reservations_add_up_over_its_running_children() -> None:
     done, end = ended(child, "cancelled")
     released = apply_linked(both, end, done)
     assert (released.reserved["tokens"], released.reserved["tool_calls"]) == (5_000, 20)
+
+
+@pytest.mark.req("MW-7.1-06", "MW-10.4-05")
+def test_a_link_reaching_an_ended_parent_mission_is_refused_and_compensated() -> None:
+    parent = parent_state()
+    child, events = created(parent)
+    source = event_of(events, "parent_linked")
+    ended_parent = PARENT.run(parent, "mission_cancel", mission_pb2.MissionCancel(reason="stop"), "alice")
+    refused = decider.decide_linked(ended_parent, source, child, NOW)
+    assert isinstance(refused, Rejected)
+    assert (refused.reason, refused.metadata) == (R.REJECTION_REASON_TERMINAL_STATE, {"state": "MISSION_STATE_CANCELLED"})
+    assert refused.message.startswith("mission.create_child: the Mission is MISSION_STATE_CANCELLED, a terminal state")
