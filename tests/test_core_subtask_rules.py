@@ -166,6 +166,7 @@ def test_a_work_item_with_a_running_child_gets_no_second_one() -> None:
     after, _child, _ = linked(parent_state())
     r = refusal(after)
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_PRECONDITION_FAILED, {"child_mission_id": "mis_child"})
+    assert r.message == "wi already has a running child Mission mis_child; a replacement follows its end (MW-14-14)"
 
 
 # ---------------------------------------------------------------- carving (14-04)
@@ -724,3 +725,18 @@ def test_a_link_reaching_an_ended_parent_mission_is_refused_and_compensated() ->
     assert isinstance(refused, Rejected)
     assert (refused.reason, refused.metadata) == (R.REJECTION_REASON_TERMINAL_STATE, {"state": "MISSION_STATE_CANCELLED"})
     assert refused.message.startswith("mission.create_child: the Mission is MISSION_STATE_CANCELLED, a terminal state")
+
+
+@pytest.mark.req("MW-7.1-T08", "MW-10.2-T18")
+def test_a_child_failed_by_its_parent_ends_its_own_work_in_the_same_append() -> None:
+    after, child, _ = linked(parent_state())
+    child = CHILD.run(child, "mission_renew_coordinator_lease", mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=1), "ccoord")
+    inside = builders.contract(NOW, budget=common_pb2.ResourceVector(tokens=10))
+    child = CHILD.run(child, "work_authorize", wp.WorkAuthorize(work_item_id="w1", title="w", contract=inside, coordinator_epoch=1), "ccoord")
+    fail = accepted(PARENT.decide(after, "mission_terminate", mission_pb2.MissionTerminate(coordinator_epoch=1, reason="abandoned"), "coord"))
+    down = accepted(decider.decide_linked(child, event_of(fail, "mission_failed"), after, NOW))
+    assert down[0].type == "mission.failed" and len(down) > 1
+    done = copy.deepcopy(child)
+    for event in down:
+        done = decider.evolve(done, event)
+    assert done.work_items["w1"].state in (WS.WORK_ITEM_STATE_CANCELLED, WS.WORK_ITEM_STATE_FAILED)
