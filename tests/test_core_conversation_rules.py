@@ -409,3 +409,41 @@ def test_an_erasure_is_a_redaction_by_the_owner_with_a_reason_and_no_content() -
     assert invalid_field(amend_decision(REDACTION, "alice", erasure=legal, policy_reason=" ")) == "body.policy_reason"
     with_content = amend_decision(REDACTION, "alice", erasure=legal, policy_reason="x", corrected_content=content(text="x"))
     assert invalid_field(with_content) == "body.corrected_content"
+
+
+# ---------------------------------------------------------------- what each refusal of an amendment says
+
+RETRACTED = GROUP.run(POSTED, "message_amend", amend(RETRACTION), "worker")
+LEGAL = CE.CONTENT_ERASURE_LEGAL_DELETION
+AMEND_REFUSALS = [
+    (RETRACTED, CORRECTION, "worker", {"corrected_content": content(text="x")},
+     "message msg_1 was retraction; post a new Message instead"),
+    (POSTED, CORRECTION, "alice", {"corrected_content": content(text="x")}, "only the author corrects a Message"),
+    (POSTED, RETRACTION, "alice", {}, "only the author retracts a Message"),
+    (POSTED, RETRACTION, "worker", {"corrected_content": content(text="x")}, "body.corrected_content: a retraction carries no content"),
+    (POSTED, REDACTION, "rev", {"policy_reason": "x"},
+     "a redaction is made by the author, the MissionOwner, the Coordinator or Organization policy"),
+    (POSTED, REDACTION, "alice", {"policy_reason": "x", "corrected_content": content(text="x")},
+     "body.corrected_content: a redaction masks the Message; it carries no content"),
+    (POSTED, AK.MESSAGE_AMENDMENT_KIND_UNSPECIFIED, "worker", {}, "body.kind: correction, retraction or redaction"),
+    (POSTED, CORRECTION, "alice", {"erasure": LEGAL}, "body.erasure: erasing content is a kind of redaction (kind REDACTION)"),
+    (POSTED, REDACTION, "alice", {"erasure": 99, "policy_reason": "x"}, "body.erasure: SECURITY_REDACTION or LEGAL_DELETION"),
+    (POSTED, REDACTION, "coord", {"erasure": LEGAL, "policy_reason": "x"},
+     "content is erased from history by the MissionOwner or Organization policy"),
+    (POSTED, REDACTION, "alice", {"erasure": LEGAL, "policy_reason": "x", "corrected_content": content(text="x")},
+     "body.corrected_content: an erasure carries no content"),
+    (POSTED, CORRECTION, "worker", {"message_id": "msg_9"}, "no message msg_9 in this Group"),
+]
+
+
+@pytest.mark.req("MW-9.1-20", "MW-9.1-21", "MW-7.4-04")
+@pytest.mark.parametrize(("state", "kind", "actor", "fields", "message"), AMEND_REFUSALS)
+def test_each_refusal_of_an_amendment_says_why(state: GroupState, kind: int, actor: str, fields: dict[str, object], message: str) -> None:
+    assert GROUP.refused(state, "message_amend", amend(kind, **fields), actor).message == message
+
+
+@pytest.mark.req("MW-7.4-04")
+def test_a_second_erasure_says_the_content_is_already_erased() -> None:
+    erase = amend(REDACTION, erasure=LEGAL, policy_reason="GDPR")
+    state = GROUP.run(POSTED, "message_amend", erase, "alice")
+    assert GROUP.refused(state, "message_amend", erase, "alice").message == "the content of message msg_1 was already erased"
