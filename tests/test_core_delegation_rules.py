@@ -296,3 +296,18 @@ def test_the_refusals_of_an_invalid_grant_name_the_grant_and_the_check() -> None
     assert rejection(GROUP.decide(GRANTED, "work_authorize", authorize("x", parent="root", grant_id="grant_none"), "lead")) == (
         "NOT_FOUND", {"field": "grant_id"}
     )
+
+
+@pytest.mark.req("MW-9.1-08", "MW-9.1-09")
+def test_a_use_outside_the_subtree_says_which_work_item_lies_outside() -> None:
+    state = GROUP.run(GRANTED, "work_authorize", authorize("elsewhere"), "coord")
+    messages = {
+        GROUP.refused(state, "work_offer", _offer("elsewhere"), "lead").message,
+        GROUP.refused(state, "work_authorize", authorize("x", parent="elsewhere", grant_id=GRANT_ID), "lead").message,
+        GROUP.refused(state, "work_authorize", authorize("x", grant_id=GRANT_ID), "lead").message,
+    }
+    assert messages == {
+        "elsewhere is outside the subtree of root (MW-9.1-08)",
+        "elsewhere is outside the subtree of root (MW-9.1-09)",
+        "a delegated WorkItem names its parent in the granted subtree (MW-9.1-09)",
+    }

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from missionweave.clock import to_timestamp
-from missionweave.v1 import membership_pb2, work_pb2
+from missionweave.v1 import membership_pb2, mission_pb2, work_pb2
 from services.authority import decider
 from services.authority.state import MemberState
 from tests import builders
@@ -234,3 +234,18 @@ def test_a_command_with_a_membership_epoch_other_than_the_current_one_is_stale()
     assert rejection(decider.decide(BASE, command, CTX)) == ("NOT_A_MEMBER", {})
 
 
+
+
+@pytest.mark.req("MW-8-06")
+def test_the_missions_end_ends_a_provisional_membership_in_the_same_append() -> None:
+    state = GROUP.run(BASE, "membership_grant", provisional(), "alice")
+    decision = GROUP.decide(state, "mission_cancel", mission_pb2.MissionCancel(reason="stop"), "alice")
+    assert isinstance(decision, list)
+    ended = [e for e in decision if e.type == "membership.ended"]
+    assert [e.membership_ended for e in ended] == [
+        membership_pb2.MembershipEnded(
+            member_id="worker2", membership_epoch=8, reason=membership_pb2.MEMBERSHIP_END_REASON_MISSION_ENDED
+        )
+    ]
+    after = GROUP.run(state, "mission_cancel", mission_pb2.MissionCancel(reason="stop"), "alice")
+    assert (after.members["worker2"].active, after.jit_members) == (False, set())
