@@ -447,3 +447,21 @@ def test_a_second_erasure_says_the_content_is_already_erased() -> None:
     erase = amend(REDACTION, erasure=LEGAL, policy_reason="GDPR")
     state = GROUP.run(POSTED, "message_amend", erase, "alice")
     assert GROUP.refused(state, "message_amend", erase, "alice").message == "the content of message msg_1 was already erased"
+
+
+@pytest.mark.req("MW-9-06", "MW-9-09")
+def test_each_refusal_of_a_posts_content_says_why() -> None:
+    assert GROUP.refused(BASE, "message_post", post(text="a" * (MAX_TEXT_BYTES + 1)), "worker").message == (
+        f"body.message_post.content.text exceeds {MAX_TEXT_BYTES} bytes; upload large content to the artifact store and "
+        "reference it by hash (MW-9-09)"
+    )
+    empty = post()
+    empty.content.Clear()
+    assert GROUP.refused(BASE, "message_post", empty, "worker").message == (
+        "body.message_post.content: a Message needs text, data or Artifact references"
+    )
+    assert GROUP.refused(BASE, "message_post", post(topic="t" * 129), "worker").message == "body.message_post.topic: at most 128 characters"
+    assert GROUP.refused(BASE, "conversation_open", opening(kind=REVIEW), "alice").message == (
+        "body.participant_ids: only restricted Conversations list participants"
+    )
+    assert GROUP.refused(cancelled(), "conversation_open", opening(), "alice").message.startswith("conversation.open: the Mission is")

@@ -311,3 +311,13 @@ def test_a_use_outside_the_subtree_says_which_work_item_lies_outside() -> None:
         "elsewhere is outside the subtree of root (MW-9.1-09)",
         "a delegated WorkItem names its parent in the granted subtree (MW-9.1-09)",
     }
+
+
+@pytest.mark.req("MW-9.1-05", "MW-9.1-10")
+def test_the_refusals_of_missing_caps_and_an_old_capability_say_why() -> None:
+    no_caps = GROUP.refused(PLANNED, "membership_grant_delegation", body(caps=None), "coord")
+    assert no_caps.message == f"{FIELD}.caps: caps in all six budget dimensions, with a currency, are required (MW-9.1-05)"
+    old = authorize("x", parent="root", grant_id=GRANT_ID, c=contract(("code.python", "3.10")))
+    assert GROUP.refused(GRANTED, "work_authorize", old, "lead").message == (
+        "code.python 3.10 is below the grant's minimum version 3.11 (MW-9.1-10)"
+    )
