@@ -10,10 +10,11 @@ from datetime import datetime, timedelta
 from google.protobuf.message import Message
 
 from missionweave.errors import Rejected
-from missionweave.v1 import command_pb2, common_pb2, event_pb2
+from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority import decider
-from services.authority.state import GroupState
+from services.authority.rules.common import StoredArtifact
+from services.authority.state import GroupState, IdentityInfo
 from tests import offline_core
 from tests.offline_core import NOW, command
 
@@ -27,11 +28,22 @@ def events(decision: decider.Decision) -> list[tuple[str, Message]]:
     return [(e.type, getattr(e, e.WhichOneof("payload"))) for e in decision]  # type: ignore[arg-type]
 
 
+# The Group's identities plus a reviewer agent (granted the reviewer role by ``with_reviewer``).
+IDS = {**offline_core.IDS, "rev": IdentityInfo("rev", common_pb2.IDENTITY_KIND_AGENT, session_epoch=1)}
+
+
 def decide(
-    state: GroupState, kind: str, body: Message, actor: str = "worker", at: datetime = NOW, **kw: object
+    state: GroupState, kind: str, body: Message, actor: str = "worker", at: datetime = NOW,
+    artifacts: dict[str, StoredArtifact] | None = None, **kw: object,
 ) -> tuple[command_pb2.Command, decider.Decision]:
+    """The command and its decision; ``artifacts``: what the shell found stored for it."""
     c = command(state, kind, body, actor, at=at, **kw)  # type: ignore[arg-type]
-    return c, offline_core.decide(state, c, at)
+    return c, decider.decide(state, c, decider.DecisionContext(at, IDS, artifacts=artifacts or {}))
+
+
+def with_reviewer(state: GroupState) -> GroupState:
+    grant = membership_pb2.MembershipGrant(member_id="rev", role=membership_pb2.MEMBER_ROLE_REVIEWER)
+    return run(state, "membership_grant", grant, "alice")
 
 
 def run(state: GroupState, kind: str, body: Message, actor: str = "worker", at: datetime = NOW, **kw: object) -> GroupState:
