@@ -302,3 +302,12 @@ def test_a_failed_mission_fails_every_unfinished_work_item() -> None:
     ]
     after = run(state, "mission_terminate", body, "coord", at=at(10))
     assert {i.state for i in after.work_items.values()} == {wp.WORK_ITEM_STATE_FAILED}
+
+
+@pytest.mark.req("MW-11.4-08")
+@pytest.mark.parametrize("name", ["initial_backoff", "max_backoff"])
+def test_a_backoff_outside_one_second_and_a_day_is_refused_when_a_retry_is_computed(name: str) -> None:
+    bad = wp.RetryPolicy().initial_backoff
+    bad.FromMilliseconds(500)
+    rejection = refused(with_retry(**{name: bad}), "work_fail", by_worker(), at=at(10))
+    assert invalid_field(rejection) == f"retry_policy.{name}"

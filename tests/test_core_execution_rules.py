@@ -396,3 +396,14 @@ def test_a_progress_report_with_blockers_and_the_longest_estimate_reason_is_acce
     _, decision = decide(BASE, "work_report_progress", progress(report=given), at=at(10))
     assert events(decision)[0][1].report == given
     assert refused(BASE, "work_report_progress", progress(), at=at(60)).reason == R.REJECTION_REASON_LEASE_EXPIRED
+
+
+@pytest.mark.req("MW-11.4-01", "MW-10.2-05")
+def test_progress_names_what_it_lacks_and_is_refused_outside_the_states_that_report() -> None:
+    rejection = refused(BASE, "work_report_progress", progress(report=report(phase="")), at=at(10))
+    assert all(part in rejection.message for part in ("phase", "next_checkpoint", "revised_estimate"))
+    submitted = copy.deepcopy(BASE)
+    submitted.work_items["wi"].state = wp.WORK_ITEM_STATE_SUBMITTED
+    rejection = refused(submitted, "work_report_progress", progress(), at=at(10))
+    assert rejection.reason == R.REJECTION_REASON_INVALID_TRANSITION
+    assert rejection.message.startswith("work.report_progress is not allowed from submitted")
