@@ -13,7 +13,18 @@ from missionweave.clock import to_timestamp
 from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION
 from missionweave.v1 import common_pb2
 from missionweave.v1 import work_pb2 as wp
-from tests.offline_core import LEASE_ID, LEASE_S, NOW, binding, buffered, decide, started, with_mission
+from tests.offline_core import (
+    LEASE_ID,
+    LEASE_S,
+    NOW,
+    apply,
+    binding,
+    buffered,
+    command,
+    decide,
+    started,
+    with_mission,
+)
 from tests.work_rules_fixtures import USAGE, R, events, evolve_all
 
 BASE = started(with_mission())
@@ -84,3 +95,15 @@ def test_a_kind_never_buffered_is_refused_naming_the_extension() -> None:
     rejection = decide(BASE, c, LATER)
     assert rejection.reason == R.REJECTION_REASON_OFFLINE_KIND_NOT_BUFFERABLE  # type: ignore[union-attr]
     assert dict(rejection.metadata) == {"command_kind": "work.renew_lease", "urn": BOUNDED_OFFLINE_EXECUTION}  # type: ignore[union-attr]
+
+
+@pytest.mark.req("MW-11.5-10")
+def test_buffered_after_the_lease_was_released_names_how_and_when_it_ended() -> None:
+    body = wp.WorkCheckpoint(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1)
+    released_at = NOW + timedelta(seconds=40)
+    state = apply(BASE, command(BASE, "work_checkpoint", body, "worker", at=released_at), released_at)
+    rejection = decide(state, buffered(state, "work_report_progress", binding(state, NOW + timedelta(seconds=45))), LATER)
+    assert rejection.reason == R.REJECTION_REASON_OFFLINE_AFTER_LEASE_END  # type: ignore[union-attr]
+    assert dict(rejection.metadata) == {  # type: ignore[union-attr]
+        "rule": "lease_ended", "end_kind": "LEASE_END_KIND_RELEASED", "ended_at": released_at.isoformat(),
+    }
