@@ -282,3 +282,11 @@ def test_a_coordinator_never_accepts_its_own_output_the_mission_owner_does() -> 
     assert refused(SUBMITTED, "work_accept_result", accept(SUBMITTED, coordinator_epoch=0), "alice", at=at(40)).reason != (
         R.REJECTION_REASON_UNSPECIFIED
     )
+
+
+@pytest.mark.req("MW-7.2-11", "MW-10.2-05")
+def test_with_no_coordinator_the_mission_owner_is_judged_by_the_state_table_alone() -> None:
+    state = copy.deepcopy(BASE)
+    state.mission.coordinator = None  # e.g. between a Coordinator's removal and its replacement
+    rejection = refused(state, "work_accept_result", accept(state, coordinator_epoch=0), "alice", at=at(40))
+    assert rejection.reason == R.REJECTION_REASON_INVALID_TRANSITION  # nothing submitted yet
