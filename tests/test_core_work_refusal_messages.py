@@ -71,3 +71,13 @@ def test_the_messages_of_a_binding_at_odds_with_its_command_name_the_rule(field:
         c.extensions[0].data = b.SerializeToString()
     rejection = decide(BASE, c, LATER)
     assert rejection.message == message  # type: ignore[union-attr]
+
+
+@pytest.mark.req("MW-10.2-T08", "MW-10.2-T12")
+def test_the_messages_of_a_checkpoint_for_no_preemption_and_an_early_acceptance_name_them() -> None:
+    body = wp.WorkCheckpoint(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, preemption_request_id="pre-2")
+    assert refused(BASE, "work_checkpoint", body, at=at(5)).message == "no open preemption request pre-2"
+    accept = wp.WorkAcceptResult(work_item_id="wi", coordinator_epoch=1)
+    assert refused(BASE, "work_accept_result", accept, "coord", at=at(5)).message == (
+        "work.accept_result is not allowed from active (MW-10.2-05)"
+    )
