@@ -81,3 +81,30 @@ def test_the_messages_of_a_checkpoint_for_no_preemption_and_an_early_acceptance_
     assert refused(BASE, "work_accept_result", accept, "coord", at=at(5)).message == (
         "work.accept_result is not allowed from active (MW-10.2-05)"
     )
+
+
+@pytest.mark.req("MW-11.3-04", "MW-13.2-04", "MW-11.5-07")
+def test_the_messages_of_renewals_evidence_and_bindings_name_the_rule() -> None:
+    renew = wp.WorkRenewLease(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1)
+    queued = run(BASE, "work_checkpoint", wp.WorkCheckpoint(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1), at=at(5))
+    assert refused(queued, "work_renew_lease", renew, at=at(6)).message == "work.renew_lease is not allowed from queued (MW-10.2-05)"
+    bad_id = wp.WorkCheckpoint(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, checkpoint=wp.Checkpoint(checkpoint_id="a b"))
+    assert refused(BASE, "work_checkpoint", bad_id, at=at(5)).message == "body.checkpoint.checkpoint_id: not a valid id"
+    submit = wp.WorkSubmit(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, contract_revision=1, artifacts=[builders.artifact()])
+    assert refused(BASE, "work_submit", submit, at=at(5)).message == "body.evidence: Evidence is required"
+    submit.evidence.append(builders.with_overrides(builders.evidence(), {"method": 0}))
+    assert refused(BASE, "work_submit", submit, at=at(5)).message == (
+        "body.evidence[0]: evidence_id, method and result are required (MW-13.2-04)"
+    )
+    c = buffered(BASE, "work_report_progress", binding(BASE, IN_GRACE))
+    c.extensions.add().CopyFrom(c.extensions[0])
+    rejection = decide(BASE, c, LATER)
+    assert (rejection.message, rejection.metadata["field"]) == (  # type: ignore[union-attr]
+        "binding: a command carries one bounded-offline-execution binding", "binding"
+    )
+    del c.extensions[1]
+    c.extensions[0].data = b"\xff\xff"
+    rejection = decide(BASE, c, LATER)
+    assert (rejection.message, rejection.metadata["field"]) == (  # type: ignore[union-attr]
+        "binding: data is not a BoundedOfflineExecutionBinding", "binding"
+    )
