@@ -44,7 +44,7 @@ from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import work_pb2 as wp
 from tests import builders
 from tests import test_work_items as work
-from tests.conftest import World
+from tests.conftest import World, polled
 from tests.test_missions import G, create
 
 AUTHORITY = SigningKey.generate()
@@ -734,7 +734,12 @@ async def test_every_event_once_and_in_order_across_a_dropped_stream_and_a_resta
     assert seen == list(range(1, head + 1))  # nothing lost, nothing twice, in order
     cursor_path = state / "coord-bot" / f"{G}.cursor.json"
     assert stored(cursor_path) == head
-    assert await gateway_cursor(w, "coord-bot") == head  # the final ACK reached the gateway
+    # The final ACK reached the gateway: stored when the gateway sees the stream end, which it may
+    # do after the agent's close has returned.
+    async def final_ack_stored() -> bool:
+        return await gateway_cursor(w, "coord-bot") == head
+
+    await polled(final_ack_stored)
 
     await post_messages(w, conv, range(120, 130))  # while the agent is away
     again: list[int] = []
