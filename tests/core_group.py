@@ -14,6 +14,16 @@ from services.authority import decider
 from services.authority.state import GroupState
 
 
+def evolved(state: GroupState | None, decision: decider.Decision) -> GroupState:
+    """The state after an accepted decision's events (a copy: ``state`` is left as it was)."""
+    assert not isinstance(decision, Rejected), decision
+    after = copy.deepcopy(state)
+    for event in decision:
+        after = decider.evolve(after, event)
+    assert after is not None
+    return after
+
+
 class CoreGroup:
     def __init__(self, group_id: str, ctx: decider.DecisionContext, now: datetime) -> None:
         self.group_id, self.ctx, self.now = group_id, ctx, now
@@ -43,11 +53,7 @@ class CoreGroup:
         """The state after the command, which must be accepted (a copy: ``state`` is left as it was)."""
         events = self.decide(state, kind, body, actor, ctx)
         assert not isinstance(events, Rejected), f"{kind} by {actor}: {events!r}"
-        after = copy.deepcopy(state)
-        for event in events:
-            after = decider.evolve(after, event)
-        assert after is not None
-        return after
+        return evolved(state, events)
 
     def refused(
         self, state: GroupState, kind: str, body: object, actor: str, ctx: decider.DecisionContext | None = None

@@ -3,7 +3,6 @@ Mission driven through decide/evolve to each lifecycle state, and exact-event he
 
 from __future__ import annotations
 
-import copy
 from datetime import UTC, datetime, timedelta
 
 from google.protobuf.message import Message
@@ -14,7 +13,7 @@ from missionweave.v1 import work_pb2 as wp
 from services.authority import decider
 from services.authority.state import GroupState, IdentityInfo
 from tests import builders
-from tests.core_group import CoreGroup
+from tests.core_group import CoreGroup, evolved
 
 R = common_pb2.RejectionReason
 MS = mission_pb2.MissionState
@@ -55,11 +54,7 @@ def payloads(events: list[event_pb2.Event]) -> list[tuple[str, Message]]:
 
 
 def fold_onto(state: GroupState | None, events: list[event_pb2.Event]) -> GroupState:
-    after = copy.deepcopy(state)
-    for event in events:
-        after = decider.evolve(after, event)
-    assert after is not None
-    return after
+    return evolved(state, events)
 
 
 def active(group: CoreGroup = G, owner: str = "alice") -> GroupState:

@@ -3,7 +3,6 @@ commands it sends when it reconnects (bounded-offline-execution, MW-11.5-07..13)
 
 from __future__ import annotations
 
-import copy
 import itertools
 from datetime import UTC, datetime, timedelta
 
@@ -17,6 +16,7 @@ from missionweave.v1 import work_pb2 as wp
 from services.authority import decider
 from services.authority.state import GroupState, IdentityInfo
 from tests import builders
+from tests.core_group import evolved
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 LEASE_S, GRACE_S = 60, 120
@@ -63,11 +63,7 @@ def decide(state: GroupState | None, c: command_pb2.Command, now: datetime = NOW
 def apply(state: GroupState | None, c: command_pb2.Command, now: datetime = NOW) -> GroupState:
     events = decide(state, c, now)
     assert not isinstance(events, Rejected), f"{c.WhichOneof('body')}: {events!r}"
-    after = copy.deepcopy(state)
-    for event in events:
-        after = decider.evolve(after, event)
-    assert after is not None
-    return after
+    return evolved(state, events)
 
 
 def work_contract(grace_s: int = GRACE_S, **budget: int) -> wp.WorkContract:

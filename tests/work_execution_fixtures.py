@@ -4,7 +4,6 @@ commands decided at a given time, and the exact events they append."""
 
 from __future__ import annotations
 
-import copy
 from datetime import datetime, timedelta
 
 from google.protobuf.message import Message
@@ -16,6 +15,7 @@ from services.authority import decider
 from services.authority.rules.common import StoredArtifact
 from services.authority.state import GroupState, IdentityInfo
 from tests import offline_core
+from tests.core_group import evolved
 from tests.offline_core import NOW, command
 
 R = common_pb2.RejectionReason
@@ -48,21 +48,11 @@ def with_reviewer(state: GroupState) -> GroupState:
 
 def run(state: GroupState, kind: str, body: Message, actor: str = "worker", at: datetime = NOW, **kw: object) -> GroupState:
     _c, decision = decide(state, kind, body, actor, at, **kw)
-    assert not isinstance(decision, Rejected), decision
-    after = copy.deepcopy(state)
-    for e in decision:
-        after = decider.evolve(after, e)
-    assert after is not None
-    return after
+    return evolved(state, decision)
 
 
 def evolve_all(state: GroupState, decision: decider.Decision) -> GroupState:
-    assert not isinstance(decision, Rejected), decision
-    after = copy.deepcopy(state)
-    for e in decision:
-        after = decider.evolve(after, e)
-    assert after is not None
-    return after
+    return evolved(state, decision)
 
 
 def refused(

@@ -14,7 +14,7 @@ from missionweave.v1 import work_pb2 as wp
 from services.authority import decider
 from services.authority.state import GroupState, IdentityInfo
 from tests import builders
-from tests.core_group import CoreGroup
+from tests.core_group import CoreGroup, evolved
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 AGENT, HUMAN = common_pb2.IDENTITY_KIND_AGENT, common_pb2.IDENTITY_KIND_HUMAN
@@ -114,10 +114,7 @@ def events(state: GroupState | None, kind: str, body: object, actor: str, ctx: d
 
 
 def after(state: GroupState, decision: list[event_pb2.Event]) -> GroupState:
-    out = copy.deepcopy(state)
-    for event in decision:
-        out = decider.evolve(out, event)  # type: ignore[assignment]
-    return out
+    return evolved(state, decision)
 
 
 def refused(state: GroupState, kind: str, body: object, actor: str, ctx: decider.DecisionContext | None = None,

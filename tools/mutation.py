@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,9 +167,12 @@ def report(names: list[str], *, diffs: bool, target: float, as_json: bool) -> in
 
 
 STATE = Path("services/authority/state.py")
-# What the fast core tests run with under tools/mutation.py (the `[tool.mutmut]` selection).
-CORE_TESTS = ["-o", "python_files=test_core_*.py", "tests"]
-COPIED = ["services", "missionweave", "tests", "gateway", "artifactstore", "docs", "protos", "pyproject.toml"]
+
+
+def mutmut_config() -> dict[str, list[str]]:
+    """The `[tool.mutmut]` table: the same tests and tree for the field defaults as for mutmut."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["tool"]["mutmut"]  # type: ignore[no-any-return]
 
 
 def field_default_mutants(source: str) -> list[tuple[str, str]]:
@@ -215,9 +219,11 @@ def run_field_defaults(target: float, as_json: bool) -> int:
     source = (ROOT / STATE).read_text()
     mutants = field_default_mutants(source)
     equiv = equivalents()
+    cfg = mutmut_config()
+    copied = [*cfg["source_paths"], *cfg["also_copy"], "pyproject.toml"]
     results: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="mwp-field-defaults-") as tmp:
-        for name in COPIED:
+        for name in copied:
             src = ROOT / name
             if src.is_dir():
                 shutil.copytree(src, Path(tmp) / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -229,7 +235,8 @@ def run_field_defaults(target: float, as_json: bool) -> int:
                 continue
             (Path(tmp) / STATE).write_text(mutated)
             run = subprocess.run(
-                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--timeout", "0", *CORE_TESTS],
+                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--timeout", "0",
+                 *cfg["pytest_add_cli_args_test_selection"]],
                 cwd=tmp, capture_output=True, text=True, env={**os.environ, "MUTANT_UNDER_TEST": "field-defaults"},
             )
             results[name] = "killed" if run.returncode == 1 else "survived" if run.returncode == 0 else f"exit {run.returncode}"
