@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 from google.protobuf.message import Message
 
+from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import SessionSigner, decode_events, membership_epoch
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
@@ -58,17 +59,20 @@ class Lifecycles:
         return await self._paced(self.w.worker, kind, body, self.wm)
 
     async def _paced(self, session: SessionSigner, kind: str, body: Message, epoch: int) -> list[event_pb2.Event]:
-        """The command, sent again after a pause while the Group is over its ingress rate (MW-8-16,
-        200/s: a quiet machine grows the Group faster than that), as a client would; the refused
-        attempt wrote nothing."""
-        for _ in range(100):
+        """The command, sent again after the server's ``retry_after_ms`` while the Group is over
+        its ingress rate (MW-8-16: a quiet machine grows the Group faster than that), as a client
+        would; the refused attempt wrote nothing."""
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
             try:
                 return decode_events((await self.w.run(session, G, kind, body, membership_epoch=epoch)).events)
             except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                rejection = rejection_from_rpc_error(err)
+                if rejection is None or rejection.reason != common_pb2.REJECTION_REASON_OVERLOADED:
                     raise
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"{kind} was refused for the Group's command rate for 10 s")
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"{kind} was refused for the Group's command rate for 30 s")
+            await asyncio.sleep(int(rejection.metadata["retry_after_ms"]) / 1000)
 
     async def run(self, i: int) -> None:
         now = self.w.clock.now()
@@ -131,9 +135,9 @@ class Lifecycles:
         # them now, so that no batch of earlier lifecycles' events lands in the count.
         authority = self.w.mesh.authority  # type: ignore[attr-defined]
         await authority.state(G)
-        # Let the Group's ingress bucket refill (burst 400 at 200/s) so no command of the counted
-        # lifecycle is refused and sent again, which would add calls that are not the Group's.
-        await asyncio.sleep(2)
+        # Let the Group's ingress bucket refill so no command of the counted lifecycle is refused
+        # and sent again, which would add calls that are not the Group's.
+        await asyncio.sleep(self.w.settings.group_burst / self.w.settings.group_rate)
         profiler = cProfile.Profile()
         profiler.enable()
         try:
