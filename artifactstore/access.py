@@ -55,17 +55,27 @@ class Readers:
         if not rest or not self.caller.identity_id:
             return out
         out |= await self.index.held_by(self.caller.identity_id, rest)
-        rest -= out
-        if rest:
-            for digest, groups in sorted((await self.index.groups_referencing(rest)).items()):
+        return out | await self._referenced_to_member(rest - out)
+
+    async def may_read(self, digest: str, held: bool | None = None) -> bool:
+        """``readable`` of one digest; ``held`` = whether the caller holds it, where the caller
+        already asked the index (``ArtifactIndex.blob_held``)."""
+        if held is None:
+            return digest in await self.readable((digest,))
+        if held or self.everything or digest == EMPTY_BLAKE3:
+            return True
+        return bool(self.caller.identity_id) and bool(await self._referenced_to_member({digest}))
+
+    async def _referenced_to_member(self, digests: set[str]) -> set[str]:
+        """Those of ``digests`` that a Group the caller is an active member of references."""
+        out: set[str] = set()
+        if digests:
+            for digest, groups in sorted((await self.index.groups_referencing(digests)).items()):
                 for group in sorted(groups):
                     if await self.member_of(group):
                         out.add(digest)
                         break
         return out
-
-    async def may_read(self, digest: str) -> bool:
-        return digest in await self.readable((digest,))
 
     async def sees_manifest(self, record: ManifestRecord) -> bool:
         """A manifest tells which Group and WorkItem produced the bytes: shown to operators, to its

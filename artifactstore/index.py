@@ -7,13 +7,15 @@ import hashlib
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Insert, Table, and_, delete, func, insert, or_, select, update
+from sqlalchemy import Insert, Table, and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from artifactstore.schema import blobs, holders, manifests, provenance, upload_reservations
+from artifactstore.verified_marks import VerifiedMarks
 from missionweave.aio import finish_on_cancel
 from missionweave.db import SQLITE_IMMEDIATE, is_sqlite
 
@@ -66,11 +68,22 @@ def _insert_new(engine: AsyncEngine, table: Table, keys: tuple[str, ...]) -> Ins
 class ArtifactIndex:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
+        self.marks = VerifiedMarks(self._write_marks)
 
     async def blob(self, digest: str) -> BlobRecord | None:
         async with self.engine.connect() as conn:
             row = (await conn.execute(select(blobs).where(blobs.c.digest == digest))).first()
-        return None if row is None else BlobRecord(row[0], int(row[1]), int(row[2]), int(row[3]))
+        return None if row is None else self._record(row)
+
+    async def blob_held(self, digest: str, identity_id: str) -> tuple[BlobRecord | None, bool]:
+        """``blob`` and whether ``identity_id`` holds it, in one statement (a Download's lookup)."""
+        held = select(holders.c.digest).where(holders.c.digest == digest, holders.c.identity_id == identity_id).exists()
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(select(blobs, held.label("held")).where(blobs.c.digest == digest))).first()
+        return (None, False) if row is None else (self._record(row), bool(row[4]))
+
+    def _record(self, row: Any) -> BlobRecord:
+        return BlobRecord(row[0], int(row[1]), int(row[2]), self.marks.overlay(row[0], int(row[3])))
 
     async def sizes(self, digests: Iterable[str]) -> dict[str, int]:
         """The stored size of each of ``digests`` that is stored (as ``blob``, for many at once)."""
@@ -216,15 +229,21 @@ class ArtifactIndex:
             if holder_rows:
                 await conn.execute(_insert_new(self.engine, holders, ("digest", "identity_id")), list(holder_rows.values()))
 
-    async def mark_verified_many(self, digests: Iterable[str], now_us: int) -> None:
-        """``mark_verified`` of each of ``digests``, in one transaction."""
-        async with self.engine.begin() as conn:
-            for batch in _batches(digests):
-                await conn.execute(update(blobs).where(blobs.c.digest.in_(batch)).values(verified_us=now_us))
+    def note_verified(self, digests: Iterable[str], now_us: int) -> None:
+        """Each of ``digests`` matched its hash at ``now_us``: written behind (``VerifiedMarks``)."""
+        for digest in digests:
+            self.marks.note(digest, now_us)
 
-    async def mark_verified(self, digest: str, now_us: int) -> None:
+    @finish_on_cancel  # the service's stop cancels the timer that writes them
+    async def _write_marks(self, marks: dict[str, int]) -> None:
+        rows = [{"d": d, "v": v} for d, v in marks.items()]
+        statement = (
+            update(blobs)
+            .where(blobs.c.digest == bindparam("d"), blobs.c.verified_us < bindparam("v"))
+            .values(verified_us=bindparam("v"))
+        )
         async with self.engine.begin() as conn:
-            await conn.execute(update(blobs).where(blobs.c.digest == digest).values(verified_us=now_us))
+            await conn.execute(statement, rows)
 
     async def record_manifest(self, record: ManifestRecord, sources: Iterable[str]) -> None:
         try:

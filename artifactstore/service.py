@@ -27,6 +27,7 @@ from artifactstore.blobstore import (
     CountingWriter,
     storage_full,
 )
+from artifactstore.download_frame import download_frame
 from artifactstore.index import ArtifactIndex, BlobRecord, Edge, ManifestRecord
 from artifactstore.verify import (
     Counters,
@@ -434,7 +435,7 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         served = [d for d, outcome in read.items() if not isinstance(outcome, Rejected)]
         ARTIFACT_BYTES_OUT.inc(sum(size for _, size in served))
         if served:
-            await self.index.mark_verified_many((h for h, _ in served), to_micros(self.clock.now()))
+            self.index.note_verified((h for h, _ in served), to_micros(self.clock.now()))
         return pb.BatchDownloadResponse(results=results)
 
     async def _read_whole(self, hex_digest: str, size: int) -> bytes | Rejected:
@@ -457,45 +458,34 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     async def download_serialized(
         self, request: pb.DownloadRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> AsyncIterator[bytes]:
-        """Download as registered on the server: each response serialized here, not by grpc.aio, whose
-        own serialization of 1 MiB messages halved the throughput (bench/README.md, artifacts). The
-        same rule as ``Download``: it is what the server runs for that RPC."""
+        """Download as registered on the server: each response serialized here (``download_frame``),
+        not by grpc.aio, whose own serialization of 1 MiB messages halved the throughput
+        (bench/README.md, artifacts). The same rule as ``Download``: it is what the server runs for
+        that RPC."""
         async for offset, data in self._download(request, caller):
-            yield pb.DownloadResponse(offset=offset, data=data).SerializeToString()
+            yield download_frame(offset, data)
 
     download_serialized.__name__ = "Download"  # the call proof names the RPC, not this method
     download_serialized = requires(Access.IDENTITY)(download_serialized)
 
     async def _download(self, request: pb.DownloadRequest, caller: Caller) -> AsyncIterator[tuple[int, bytes]]:
-        hex_digest, size = await self._known(request.digest, self._readers(caller))
-        end = request.offset + request.length if request.length else size
-        marking: asyncio.Future[None] | None = None
-        try:
-            async for offset, data in verified_range(self.store, hex_digest, size, request.offset, request.length):
-                ARTIFACT_BYTES_OUT.inc(len(data))
-                if size and offset + len(data) == end:
-                    # The last piece comes only once the whole blob matched: remember when
-                    # (Stat.last_verified_at) while it travels, not after it.
-                    marking = asyncio.ensure_future(self.index.mark_verified(hex_digest, to_micros(self.clock.now())))
-                yield offset, data
-            if marking is None and size:  # an empty range: the blob was verified all the same
-                marking = asyncio.ensure_future(self.index.mark_verified(hex_digest, to_micros(self.clock.now())))
-            if marking is not None:
-                await marking
-        except BaseException:
-            if marking is not None:
-                marking.cancel()  # the call ended early: the update is not waited for
-            raise
+        hex_digest, size, _ = await self._known(request.digest, self._readers(caller))
+        async for offset, data in verified_range(self.store, hex_digest, size, request.offset, request.length):
+            ARTIFACT_BYTES_OUT.inc(len(data))
+            yield offset, data
+        if size:  # whatever the range, verified_range hashed the whole blob before its last piece
+            self.index.note_verified((hex_digest,), to_micros(self.clock.now()))
 
-    async def _known(self, digest: common_pb2.Digest, readers: Readers) -> tuple[str, int]:
-        """The blob, stored with this size and readable by the caller; NOT_FOUND otherwise, with
-        the same message whichever of the three is false."""
+    async def _known(self, digest: common_pb2.Digest, readers: Readers) -> tuple[str, int, BlobRecord | None]:
+        """The blob, stored with this size and readable by the caller, and its record (None for the
+        empty blob); NOT_FOUND otherwise, with the same message whichever of the three is false."""
         hex_digest, size = check_digest(digest)
         if hex_digest == EMPTY_BLAKE3:
-            return hex_digest, 0
-        if not _same_size(await self.index.blob(hex_digest), size) or not await readers.may_read(hex_digest):
+            return hex_digest, 0, None
+        record, held = await self.index.blob_held(hex_digest, readers.caller.identity_id)
+        if not _same_size(record, size) or not await readers.may_read(hex_digest, held):
             raise _not_found(hex_digest, size)
-        return hex_digest, size
+        return hex_digest, size, record
 
     async def _visible_manifests(self, readers: Readers, records: list[ManifestRecord]) -> list[ManifestRecord]:
         return [r for r in records if await readers.sees_manifest(r)]
@@ -503,8 +493,7 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     @requires(Access.IDENTITY)
     async def Stat(self, request: pb.StatRequest, context: grpc.aio.ServicerContext, caller: Caller) -> pb.StatResponse:
         readers = self._readers(caller)
-        hex_digest, size = await self._known(request.digest, readers)
-        record = await self.index.blob(hex_digest)
+        hex_digest, size, record = await self._known(request.digest, readers)
         manifests = await self._visible_manifests(readers, await self.index.manifests_of(hex_digest))
         response = pb.StatResponse(digest=blake3_digest(hex_digest, size), manifest_count=len(manifests))
         if record is not None:
