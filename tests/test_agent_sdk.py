@@ -12,7 +12,9 @@ import asyncio
 import doctest
 import importlib.util
 import json
+import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from nacl.signing import SigningKey
 from sqlalchemy import select
 
 import missionweave.sdk.agent as sdk
+import missionweave.sdk.cursors as cursors_module
 from gateway.schema import cursors
 from missionweave.sdk.agent import (
     Agent,
@@ -30,7 +33,7 @@ from missionweave.sdk.agent import (
     Backoff,
     CommandRejected,
     CreditWindow,
-    CursorFile,
+    CursorStore,
     GroupSequencer,
     NotVerified,
     Subscription,
@@ -117,15 +120,15 @@ async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
     raise AssertionError("the condition did not come true")
 
 
-def stored(path: Path) -> int:
-    return int(json.loads(path.read_text())["cursor"])
+def stored(path: Path, group_id: str = G) -> int:
+    return int(json.loads(path.read_text())["cursors"][group_id])
 
 
 async def offline_subscription(
     tmp_path: Path, seen: list[int], **kw: Any
-) -> tuple[FakeHost, Subscription, CursorFile]:
+) -> tuple[FakeHost, Subscription, CursorStore]:
     host = FakeHost()
-    cursor_file = CursorFile(tmp_path, "bot", G)
+    cursor_file = CursorStore(tmp_path, "bot", interval=0)
 
     async def handler(event: event_pb2.Event) -> None:
         seen.append(event.sequence)
@@ -215,18 +218,77 @@ def test_backoff_grows_exponentially_with_jitter_up_to_the_cap() -> None:
     assert backoff.next() <= 0.1
 
 
-def test_the_cursor_file_is_written_atomically_and_only_forwards(tmp_path: Path) -> None:
-    cursor_file = CursorFile(tmp_path, "bot", G)
-    assert cursor_file.load() == 0
-    cursor_file.save(7)
-    assert stored(cursor_file.path) == 7 and CursorFile(tmp_path, "bot", G).load() == 7
-    assert [p.name for p in tmp_path.iterdir()] == [cursor_file.path.name]  # no temporary file left
+@pytest.mark.req("MW-16-06")
+async def test_the_cursor_file_is_written_atomically_and_only_forwards(tmp_path: Path) -> None:
+    store = CursorStore(tmp_path, "bot", interval=0)
+    assert store.load(G) == 0
+    await store.save(G, 7)
+    assert stored(store.path) == 7 and CursorStore(tmp_path, "bot").load(G) == 7
+    assert os.listdir(tmp_path) == [store.path.name]  # no temporary file left
     with pytest.raises(ValueError):
-        cursor_file.save(6)
+        await store.save(G, 6)
     with pytest.raises(sdk.AgentError):
-        CursorFile(tmp_path, "another-bot", G).load()  # the file names its owner
+        CursorStore(tmp_path, "another-bot")  # the file names its owner
     with pytest.raises(ValueError):
-        CursorFile(tmp_path, "bot", "../escape")
+        store.load("../escape")
+    (tmp_path / "cursors.json").write_text(json.dumps({"agent_id": "bot", "cursors": {"../escape": 1}}))
+    with pytest.raises(sdk.AgentError):
+        CursorStore(tmp_path, "bot")  # nor does a file name a path out of the directory
+
+
+@pytest.mark.req("MW-16-06")
+async def test_the_cursors_of_many_groups_go_out_in_one_write_per_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D143: every Group's cursor in one file, the saves asked for meanwhile written together, at
+    most one write per interval; each save returns only once its cursor is on disk."""
+    writes: list[dict[str, int]] = []
+    write = cursors_module.write_json_atomic
+
+    def counted(path: Path, data: dict[str, Any]) -> None:
+        writes.append(dict(data["cursors"]))
+        write(path, data)
+
+    monkeypatch.setattr(cursors_module, "write_json_atomic", counted)
+    store = CursorStore(tmp_path, "bot", interval=0.2)
+    groups = [f"grp_{i}" for i in range(20)]
+    started = time.monotonic()
+    await asyncio.gather(*(store.save(g, 3) for g in groups))
+    assert writes == [dict.fromkeys(groups, 3)]  # twenty saves, one write
+    assert all(stored(store.path, g) == 3 for g in groups)
+    await asyncio.gather(store.save(groups[0], 5), store.save(groups[1], 4))
+    assert time.monotonic() - started >= 0.2  # the second round waited for the interval
+    assert writes[1] == {**dict.fromkeys(groups, 3), groups[0]: 5, groups[1]: 4}  # the others kept
+    assert CursorStore(tmp_path, "bot").load(groups[0]) == 5
+
+
+async def test_a_failed_cursor_write_fails_every_save_of_its_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(path: Path, data: dict[str, Any]) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cursors_module, "write_json_atomic", broken)
+    store = CursorStore(tmp_path, "bot", interval=0)
+    results = await asyncio.gather(store.save("grp_a", 1), store.save("grp_b", 2), return_exceptions=True)
+    assert [type(r) for r in results] == [OSError, OSError]
+    assert store.load("grp_a") == 0 and not store.path.exists()  # nothing is reported as durable
+
+
+@pytest.mark.req("MW-16-06")
+async def test_a_cursor_written_by_an_earlier_sdk_is_resumed_from(tmp_path: Path) -> None:
+    """Cursors an SDK before D143 wrote, one file per Group, are read; the next round carries them
+    and removes the old file."""
+    old = {"agent_id": "bot", "group_id": G, "cursor": 41}
+    (tmp_path / f"{G}.cursor.json").write_text(json.dumps(old))
+    store = CursorStore(tmp_path, "bot", interval=0)
+    assert store.load(G) == 41 and store.load("grp_other") == 0
+    await store.save("grp_other", 2)
+    assert stored(store.path) == 41 and stored(store.path, "grp_other") == 2
+    assert not (tmp_path / f"{G}.cursor.json").exists()  # carried over, then removed
+    with pytest.raises(ValueError):
+        await store.save(G, 40)
+    (tmp_path / "grp_elses.cursor.json").write_text(json.dumps({**old, "group_id": "grp_x"}))
+    with pytest.raises(sdk.AgentError):
+        store.load("grp_elses")  # an old file that names another Group is not taken
 
 
 # ------------------------------------------------------------------ a subscription fed by hand
@@ -265,7 +327,7 @@ async def test_a_flow_queued_behind_the_last_event_still_gets_its_ack(tmp_path: 
         if event.sequence == 3:
             await gate.wait()
 
-    sub = Subscription(host, 1, G, handler, CursorFile(tmp_path, "bot", G), credits=8)
+    sub = Subscription(host, 1, G, handler, CursorStore(tmp_path, "bot", interval=0), credits=8)
     await sub.open()
     sid = sub.subscription_id
     sub.deliver(event_frame(sid, 1, 3))  # 3 of 8 credits: below the half-window ACK threshold
@@ -487,7 +549,7 @@ async def test_frames_queued_behind_a_busy_handler_are_verified_as_one_chain_and
         if event.sequence == 1:
             await gate.wait()
 
-    sub = Subscription(host, 1, G, handler, CursorFile(tmp_path, "bot", G), credits=64)
+    sub = Subscription(host, 1, G, handler, CursorStore(tmp_path, "bot", interval=0), credits=64)
     await sub.open()
     sid = sub.subscription_id
     frame, link = chained(sid, 1, 1, b"")
@@ -532,23 +594,23 @@ def test_events_the_chain_does_not_vouch_for_are_checked_by_their_own_signature(
         verifier.events([envelopes[0], forged, envelopes[2]])
 
 
-class HeldCursorFile(CursorFile):
+class HeldCursorStore(CursorStore):
     """A cursor file whose writes wait for ``release``, then happen, or fail with ``crash``: the
     process dies between the handler and the write."""
 
     def __init__(self, directory: Path) -> None:
-        super().__init__(directory, "bot", G)
+        super().__init__(directory, "bot", interval=0)
         self.release, self.writing = threading.Event(), threading.Event()
         self.crash = False
         self.writes: list[int] = []
 
-    def save(self, cursor: int) -> None:
+    def _write(self, cursors: dict[str, int]) -> None:
         self.writing.set()
         self.release.wait(10)
         if self.crash:
             raise OSError("the process died before the cursor write")
-        self.writes.append(cursor)
-        super().save(cursor)
+        self.writes.append(cursors[G])
+        super()._write(cursors)
 
 
 @pytest.mark.req("MW-16-01", "MW-16-05")
@@ -556,7 +618,7 @@ async def test_the_cursor_file_is_written_behind_the_handler_once_per_batch(tmp_
     """The handler goes on during a cursor write; the next write covers everything handled
     meanwhile, and neither the cursor nor an ACK reports what the file does not hold yet."""
     host, seen = FakeHost(), []
-    held = HeldCursorFile(tmp_path)
+    held = HeldCursorStore(tmp_path)
 
     async def handler(event: event_pb2.Event) -> None:
         seen.append(event.sequence)
@@ -577,12 +639,36 @@ async def test_the_cursor_file_is_written_behind_the_handler_once_per_batch(tmp_
     await sub.stop(grace=1)
 
 
+@pytest.mark.req("MW-16-10")
+async def test_a_redelivery_the_cursor_file_already_covers_gives_its_credits_back(tmp_path: Path) -> None:
+    """A resubscribe while a cursor write is under way: the write lands before the replayed frame,
+    which then repeats only what the file holds. Its credits must still come back in an ACK, or
+    the gateway waits for them for ever (a stall seen once writes became rounds, D143)."""
+    host, seen = FakeHost(), []
+    held = HeldCursorStore(tmp_path)
+
+    async def handler(event: event_pb2.Event) -> None:
+        seen.append(event.sequence)
+
+    sub = Subscription(host, 1, G, handler, held, credits=4)
+    await sub.open()
+    sub.deliver(event_frame(sub.subscription_id, 1, 4))
+    await until(lambda: seen == [1, 2, 3, 4] and held.writing.is_set())
+    await sub.open(resync=True)  # a new attempt from the durable cursor, 0, while 4 is being written
+    held.release.set()
+    await reach(sub, 4)
+    sub.deliver(event_frame(sub.subscription_id, 1, 4))  # the replay: every event a duplicate
+    await until(lambda: (4, 4) in host.acks())  # the replayed window's four credits, back
+    assert seen == [1, 2, 3, 4] and held.writes == [4]
+    await sub.stop(grace=1)
+
+
 @pytest.mark.req("MW-16-01", "MW-16-05", "MW-16-10")
 async def test_a_crash_before_the_batched_cursor_write_redelivers_and_never_skips(tmp_path: Path) -> None:
     """Events handled but not yet in the cursor file come to the handler again after a restart."""
     seen: list[int] = []
     first = FakeHost()
-    held = HeldCursorFile(tmp_path)
+    held = HeldCursorStore(tmp_path)
 
     async def handler(event: event_pb2.Event) -> None:
         seen.append(event.sequence)
@@ -732,7 +818,7 @@ async def test_every_event_once_and_in_order_across_a_dropped_stream_and_a_resta
         await reach(sub, head)
         epoch = agent.session.session_epoch
     assert seen == list(range(1, head + 1))  # nothing lost, nothing twice, in order
-    cursor_path = state / "coord-bot" / f"{G}.cursor.json"
+    cursor_path = state / "coord-bot" / "cursors.json"
     assert stored(cursor_path) == head
     # The final ACK reached the gateway: stored when the gateway sees the stream end, which it may
     # do after the agent's close has returned.
@@ -778,7 +864,7 @@ async def test_restricted_messages_are_skipped_yet_the_cursor_reaches_the_head(
     async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
         sub = await agent.subscribe(G, handler)
         await reach(sub, head)
-    assert stored(tmp_path / "worker-bot" / f"{G}.cursor.json") == head
+    assert stored(tmp_path / "worker-bot" / "cursors.json") == head
     assert seen and seen[-1].sequence < head - 1  # the last two events were skipped, not delivered
     assert not any(e.message_posted.content.text == "hunter2" for e in seen)
 

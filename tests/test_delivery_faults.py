@@ -32,7 +32,7 @@ import pytest
 
 from gateway.outbox import FRAMES_PER_GROUP
 from missionweave.rpc.channels import open_channel
-from missionweave.sdk.agent import Agent, Backoff, CursorFile, Subscription
+from missionweave.sdk.agent import Agent, Backoff, CursorStore, Subscription
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
@@ -188,11 +188,11 @@ async def grant(w: World, member_id: str, role: int, visibility_start: int = 0) 
 
 def watch_cursors(w: World, monkeypatch: pytest.MonkeyPatch, consumers: dict[str, Consumer]) -> None:
     """Records every cursor file write and every cursor the gateway stores, with the processed prefix."""
-    save = CursorFile.save
+    save = CursorStore.save
 
-    def recorded_save(self: CursorFile, cursor: int) -> None:
+    async def recorded_save(self: CursorStore, group_id: str, cursor: int) -> None:
         consumers[self.agent_id].cursor("file", cursor)
-        save(self, cursor)
+        await save(self, group_id, cursor)
 
     gateway = mesh(w).gateway
     store_cursors = gateway.store_cursors
@@ -202,7 +202,7 @@ def watch_cursors(w: World, monkeypatch: pytest.MonkeyPatch, consumers: dict[str
             consumers[agent_id].cursor("gateway", cursor)
         await store_cursors(rows)
 
-    monkeypatch.setattr(CursorFile, "save", recorded_save)
+    monkeypatch.setattr(CursorStore, "save", recorded_save)
     monkeypatch.setattr(gateway, "store_cursors", recorded_store)
 
 
@@ -276,7 +276,7 @@ async def test_every_subscriber_ends_with_exactly_the_log_and_no_cursor_crosses_
         expected = [entry for entry in log if entry[0] > consumer.start]
         assert consumer.crossed() == {"file": [], "ack": [], "gateway": []}, f"{name}: a cursor crossed a gap"
         assert consumer.seen == expected, f"{name} did not see exactly the log"  # once each, in order
-        assert stored(tmp_path / name / f"{G}.cursor.json") == head
+        assert stored(tmp_path / name / "cursors.json") == head
         assert consumer.cursors["file"] and consumer.cursors["ack"] and consumer.cursors["gateway"]
     for subscription in subscriptions:
         assert subscription.failure is None

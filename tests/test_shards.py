@@ -22,7 +22,7 @@ from sqlalchemy import text
 from missionweave.clock import SystemClock
 from missionweave.db import make_engine
 from missionweave.rpc.status import rejection_from_rpc_error
-from missionweave.sdk.agent import Agent, CursorFile, Subscription
+from missionweave.sdk.agent import Agent, CursorStore, Subscription
 from missionweave.sdk.client import MeshClient, SessionSigner
 from missionweave.signing import read_key
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2
@@ -71,7 +71,7 @@ class Watcher:
             self.subscriptions[group] = await self.agent.subscribe(group, handler, credits=16)
 
     def stored_cursor(self, group: str) -> int:
-        return CursorFile(self.cursor_dir / self.identity_id, self.identity_id, group).load()
+        return CursorStore(self.cursor_dir / self.identity_id, self.identity_id).load(group)
 
     async def caught_up(self, heads: dict[str, int], what: str) -> None:
         """Waits (bounded) until every subscription's cursor is at its Group's head."""

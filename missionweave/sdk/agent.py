@@ -28,8 +28,9 @@ What the SDK guarantees (MW-16-01..07, MW-16-10):
   and by sequence) are dropped (MW-16-02..04). Events filtered out by the gateway (``EventFrame.skipped``)
   never reach the handler but advance the cursor.
 * **Durable cursor that never crosses a gap.** Behind the handler, the cursor (the highest contiguous
-  sequence processed, MW-16-06) is written to ``<cursor_dir>/<agent>/<group>.cursor.json`` atomically
-  (temporary file, fsync, rename), one write per batch of events; only a written cursor is reported or
+  sequence processed, MW-16-06) is written to ``<cursor_dir>/<agent>/cursors.json`` atomically
+  (temporary file, fsync, rename), every Group's in one write per round (at most one per
+  ``cursor_interval`` seconds, D143); only a written cursor is reported or
   ACKed (MW-16-05). A restarted agent resumes from it: at least once across restarts, since a crash
   before the write repeats the events handled since the previous one (MW-16-14: make side effects
   idempotent with :meth:`Agent.idempotency_key`).
@@ -51,11 +52,9 @@ import asyncio
 import contextlib
 import heapq
 import itertools
-import json
 import logging
 import os
 import random
-import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -69,13 +68,16 @@ from google.protobuf import duration_pb2
 from google.protobuf.message import DecodeError, Message
 from nacl.signing import SigningKey
 
-from missionweave import __version__, ids
+from missionweave import __version__
 from missionweave.clock import SystemClock, to_timestamp
 from missionweave.eventlog import event_digest, link_of
 from missionweave.rpc.channels import ClientTLS, open_channel
 from missionweave.sdk.client import SessionSigner, open_session_envelope
 from missionweave.sdk.client import membership_epoch as active_membership_epoch
 from missionweave.sdk.credentials import CallProofs
+from missionweave.sdk.cursors import CURSOR_INTERVAL_S, CursorStore
+from missionweave.sdk.errors import AgentError
+from missionweave.sdk.files import file_name, read_json, write_json_atomic
 from missionweave.sdk.idempotency import attempt_key
 from missionweave.signing import (
     EVENT_TYPE,
@@ -111,7 +113,7 @@ __all__ = [
     "CommandBody",
     "CommandRejected",
     "CreditWindow",
-    "CursorFile",
+    "CursorStore",
     "Fetched",
     "GatewayError",
     "GroupSequencer",
@@ -144,10 +146,6 @@ R = common_pb2.RejectionReason
 _clock = SystemClock()
 
 # ============================================================================ errors
-
-
-class AgentError(Exception):
-    """Base class of every error the SDK raises."""
 
 
 def _enum_name(enum: Any, value: int, prefix: str) -> str:
@@ -611,92 +609,6 @@ class Backoff:
 # ============================================================================ durable files
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Writes ``data`` to ``path`` atomically: temporary file (mode 0600), fsync, rename, fsync directory.
-
-    Lean on purpose: an agent saves its cursors often (once per batch), on a pool thread, and every Python
-    step here holds the GIL its event loop needs. The temp name is unique per process and thread
-    (no random name, no mkdir unless the directory is missing).
-    """
-    payload = json.dumps(data, sort_keys=True).encode()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(tmp, flags, 0o600)
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, flags, 0o600)
-    try:
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    if hasattr(os, "O_DIRECTORY"):  # POSIX: make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:
-        raise AgentError(f"{path} is unreadable ({err}); move it away to start over") from err
-    if not isinstance(data, dict):
-        raise AgentError(f"{path} does not hold a JSON object")
-    return data
-
-
-def _file_name(identifier: str) -> str:
-    if not ids.is_valid(identifier) or identifier.startswith("."):
-        raise ValueError(f"{identifier!r} is not a valid id")
-    return identifier
-
-
-class CursorFile:
-    """The durable cursor of one (agent, Group): ``<dir>/<group>.cursor.json``; it only moves forward."""
-
-    def __init__(self, directory: Path, agent_id: str, group_id: str) -> None:
-        self.path = directory / f"{_file_name(group_id)}.cursor.json"
-        self.agent_id = agent_id
-        self.group_id = group_id
-        self._saved = -1
-
-    def load(self) -> int:
-        """The saved cursor, 0 when there is none yet."""
-        data = _read_json(self.path)
-        if data is None:
-            self._saved = 0
-            return 0
-        cursor = data.get("cursor")
-        if (data.get("agent_id"), data.get("group_id")) != (self.agent_id, self.group_id) or not (
-            isinstance(cursor, int) and cursor >= 0
-        ):
-            raise AgentError(f"{self.path} is not the cursor of {self.agent_id} in {self.group_id}")
-        self._saved = cursor
-        return cursor
-
-    def save(self, cursor: int) -> None:
-        if cursor < self._saved:
-            raise ValueError(f"cursor {cursor} would move {self.path} backwards from {self._saved}")
-        if cursor == self._saved:
-            return
-        write_json_atomic(self.path, {"agent_id": self.agent_id, "group_id": self.group_id, "cursor": cursor})
-        self._saved = cursor
-
-
 class SessionFile:
     """The agent's session (epoch and session key seed, mode 0600), reused until the gateway refuses it."""
 
@@ -705,7 +617,7 @@ class SessionFile:
         self.identity_id = identity_id
 
     def load(self) -> SessionSigner | None:
-        data = _read_json(self.path)
+        data = read_json(self.path)
         if data is None or data.get("identity_id") != self.identity_id:
             return None
         try:
@@ -868,7 +780,7 @@ class Subscription:
         number: int,
         group_id: str,
         handler: Handler,
-        cursor_file: CursorFile,
+        cursors: CursorStore,
         *,
         credits: int = 256,
         attention: pb.AttentionFilter | None = None,
@@ -880,14 +792,14 @@ class Subscription:
         self._host = host
         self._number = number
         self._handler = handler
-        self._file = cursor_file
+        self._cursors = cursors
         self._credits = credits
         self._attention = attention
         self._on_snapshot = on_snapshot
         self._gap_timeout = gap_timeout
         # What the cursor file holds; the sequencer's cursor is what the handler has processed, which
         # the file follows behind (_persist_soon).
-        self._durable = cursor_file.load()
+        self._durable = cursors.load(group_id)
         self._sequencer: GroupSequencer[Linked] = GroupSequencer(self._durable)
         self._saving: asyncio.Task[None] | None = None
         # The chain value of the last event processed (or the restored snapshot's), with its
@@ -1099,9 +1011,10 @@ class Subscription:
                 raise _Stop
 
     def _persist_soon(self) -> None:
-        """Writes the processed cursor to the file behind the handler, one write at a time: the
-        handler goes on with the next events during the two fsyncs, and the next write covers all
-        of them (one write per batch, however many events). Only a written cursor is reported
+        """Writes the processed cursor to the agent's cursor file behind the handler, one save at a
+        time: the handler goes on with the next events meanwhile, and the next save covers all of
+        them (one save per batch, however many events; the agent's ``CursorStore`` writes the saves of
+        all its Groups in one round, D143). Only a written cursor is reported
         (``cursor``, ACKs, credits granted back), so the file and the ACKs never hold a sequence
         that was not processed, nor one past a gap (MW-16-05); a crash before the write hands the
         processed events to the handler again after the restart (at least once, MW-16-14)."""
@@ -1122,7 +1035,7 @@ class Subscription:
 
     async def _save(self) -> None:
         target = self._sequencer.cursor
-        await asyncio.to_thread(self._file.save, target)
+        await self._cursors.save(self.group_id, target)
         self._durable = target
         self._window.processed(target)
         await self._notify()
@@ -1144,6 +1057,9 @@ class Subscription:
             self._changed.notify_all()
 
     async def _ack(self, *, idle: bool) -> None:
+        # Frames that only repeat what the file already holds (a redelivery after a resubscribe
+        # whose save landed before them) release their credits here: no later save will.
+        self._window.processed(self.cursor)
         if not self.subscription_id or not self._window.due(self.cursor, idle=idle):
             return
         cursor, credits = self._window.take(self.cursor)
@@ -1183,7 +1099,7 @@ class Subscription:
         except grpc.aio.AioRpcError as err:
             await self._resubscribe_later(f"fetching the snapshot failed ({_describe(err)})")
             return
-        answered = verifier.answering(response.signed_reference, reference, self._file.agent_id)
+        answered = verifier.answering(response.signed_reference, reference, self._cursors.agent_id)
         snapshot = verifier.snapshot(response.snapshot, answered)
         await self._on_snapshot(snapshot)
         anchor = bytes(snapshot.last_event_digest)  # empty on snapshots older than the chain
@@ -1362,12 +1278,14 @@ class Agent:
         audience: str | None = None,
         command_timeout: float = 30.0,
         grace: float = 5.0,
+        cursor_interval: float = CURSOR_INTERVAL_S,
     ) -> None:
         self.target = target
         self.identity_id = identity_id
-        self.directory = Path(cursor_dir) / _file_name(identity_id)
+        self.directory = Path(cursor_dir) / file_name(identity_id)
         self._key = key if isinstance(key, SigningKey) else read_key(Path(key))
         self._session_file = SessionFile(self.directory / "session.json", identity_id)
+        self._cursors = CursorStore(self.directory, identity_id, interval=cursor_interval)
         self._credentials = credentials
         self._tls = tls
         self._backoff = backoff or Backoff()
@@ -1412,7 +1330,8 @@ class Agent:
         """Connects (HELLO/WELCOME) and returns the agent; use with ``await`` or ``async with``.
 
         ``options`` are the keyword arguments of :class:`Agent` (``tls``, ``credentials``, ``backoff``,
-        ``connect_timeout``, ``command_timeout``, ``grace``, ``audience``). Raises :class:`AgentError` (or the gRPC
+        ``connect_timeout``, ``command_timeout``, ``grace``, ``audience``, ``cursor_interval``: the least
+        time in seconds between two writes of the cursor file, D143). Raises :class:`AgentError` (or the gRPC
         error) if the first connection fails for a reason retrying cannot fix, or does not succeed
         within ``connect_timeout`` seconds.
         """
@@ -1543,14 +1462,13 @@ class Agent:
             raise ValueError(f"{self.identity_id} is already subscribed to {group_id}")
         if self._runner is None or self._closing:
             raise AgentError("subscribe after connecting and before closing")
-        cursor_file = CursorFile(self.directory, self.identity_id, group_id)
         async with self._opening:
             subscription = Subscription(
                 self,
                 next(self._numbers),
                 group_id,
                 handler,
-                cursor_file,
+                self._cursors,
                 credits=credits,
                 attention=attention,
                 on_snapshot=on_snapshot,

@@ -1,0 +1,67 @@
+"""The SDK's small durable files: JSON written atomically and durably, read back with a clear error."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from missionweave import ids
+from missionweave.sdk.errors import AgentError
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Writes ``data`` to ``path`` atomically: temporary file (mode 0600), fsync, rename, fsync directory.
+
+    Lean on purpose: an agent saves its cursors often (once per batch), on a pool thread, and every Python
+    step here holds the GIL its event loop needs. The temp name is unique per process and thread
+    (no random name, no mkdir unless the directory is missing).
+    """
+    payload = json.dumps(data, sort_keys=True).encode()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(tmp, flags, 0o600)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, flags, 0o600)
+    try:
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if hasattr(os, "O_DIRECTORY"):  # POSIX: make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise AgentError(f"{path} is unreadable ({err}); move it away to start over") from err
+    if not isinstance(data, dict):
+        raise AgentError(f"{path} does not hold a JSON object")
+    return data
+
+
+def file_name(identifier: str) -> str:
+    if not ids.is_valid(identifier) or identifier.startswith("."):
+        raise ValueError(f"{identifier!r} is not a valid id")
+    return identifier
