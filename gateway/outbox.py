@@ -146,20 +146,31 @@ class Outbox:
     async def get(self) -> pb.ServerFrame | None:
         """The next frame to write, or None when the stream is to end."""
         while True:
-            frame = self._next()
-            if frame is not None:
+            taken = self._next()
+            if taken is not None:
                 self._room.set()
-                return frame
+                return taken[0]
             if self._ended:
                 return None
             self._ready.clear()
             await self._ready.wait()
 
-    def _next(self) -> pb.ServerFrame | None:
+    def take_ready(self, max_size: int) -> tuple[pb.ServerFrame, int] | None:
+        """The frame ``get`` would return next, with its size, if one is queued and it is at most
+        ``max_size`` bytes; None otherwise. Never waits: what joins a batch already being sent."""
+        taken = self._next(max_size)
+        if taken is not None:
+            self._room.set()
+        return taken
+
+    def _next(self, max_size: int | None = None) -> tuple[pb.ServerFrame, int] | None:
         if self._control:
-            frame, size = self._control.popleft()
+            frame, size = self._control[0]
+            if max_size is not None and size > max_size:
+                return None
+            self._control.popleft()
             self._bytes -= size
-            return frame
+            return frame, size
         while self._active:
             group_id = self._active[0]
             queue = self._events[group_id]
@@ -169,6 +180,8 @@ class Outbox:
                 self._deficit[group_id] += self._quantum
                 self._active.rotate(-1)
                 continue
+            if max_size is not None and size > max_size:
+                return None
             self._deficit[group_id] -= size
             self._bytes -= size
             queue.popleft()
@@ -176,7 +189,7 @@ class Outbox:
                 self._active.popleft()
                 del self._events[group_id]
                 del self._deficit[group_id]  # an idle Group does not bank credit
-            return frame
+            return frame, size
         return None
 
     # ------------------------------------------------------------ introspection

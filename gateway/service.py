@@ -73,6 +73,10 @@ MAX_EVENTS_PER_FRAME = 256
 MAX_CREDITS = 65_536
 MAX_SUBSCRIPTIONS = 1_024
 MAX_FRAME_BYTES = 4 * 1024 * 1024
+# A batched ConnectResponse (HELLO.accepts_frame_batches): at most so many frames and bytes, as
+# gateway_service.proto promises.
+BATCH_FRAMES = 64
+BATCH_BYTES = 1024 * 1024
 MAX_SUBSCRIPTION_ID = 128  # characters (SubscribeFrame.subscription_id)
 # ACKs arriving within this window share one transaction (SQLite FULL sync costs a disk flush each).
 CURSOR_FLUSH_DELAY_S = 0.05
@@ -228,7 +232,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
                 connection.reader = asyncio.create_task(connection.read(request_iterator))
             while (frame := await outbox.get()) is not None:
                 connection.sending_since = time.monotonic()
-                yield pb.ConnectResponse(frame=frame)
+                yield connection.response(frame)
                 connection.sending_since = None
             if connection.ended_with is not None:
                 raise connection.ended_with
@@ -489,8 +493,25 @@ class _Connection:
         self.context: Any = None  # ... and its ServicerContext
         self.sending_since: float | None = None  # when the frame being sent was handed to gRPC
         self.counted = ""  # the agent this stream is counted for (GatewayServicer.admit_identity)
+        self.batches = False  # HELLO.accepts_frame_batches: ready frames share a response
         self.ended = False
         self._released: asyncio.Task[None] | None = None
+
+    def response(self, frame: pb.ServerFrame) -> pb.ConnectResponse:
+        """``frame``'s response, with the frames queued behind it when the client reads batches:
+        under load a response then carries many frames (one gRPC message written here and read by
+        the agent instead of one each), when idle it goes out alone, without waiting for company."""
+        response = pb.ConnectResponse(frame=frame)
+        if not self.batches:
+            return response
+        room = BATCH_BYTES - frame.ByteSize()
+        while room > 0 and len(response.more_frames) < BATCH_FRAMES - 1:
+            taken = self.outbox.take_ready(room)
+            if taken is None:
+                break
+            response.more_frames.append(taken[0])
+            room -= taken[1] + 8  # the tag and length of each frame
+        return response
 
     def tasks(self) -> list[asyncio.Task[None]]:
         """Every task this stream started that has not finished yet."""
@@ -640,6 +661,7 @@ class _Connection:
         self.gateway.admit_identity(self, hello.agent_id)
         now = self.gateway.clock.now()
         self.agent_id, self.session_epoch = claimed
+        self.batches = hello.accepts_frame_batches
         await self.send(
             welcome=pb.WelcomeFrame(
                 connection_id=os.urandom(8).hex(),

@@ -108,3 +108,22 @@ async def test_event_frames_an_agent_is_behind_on_go_out_merged_in_order_within_
     assert [(f.event.subscription_id, f.event.first_sequence, f.event.last_sequence) for f in got] == [
         ("a", 5, 5), ("a", 7, 8), ("b", 9, 9)
     ]
+
+
+async def test_a_batch_takes_what_get_would_give_next_within_its_size_and_never_waits() -> None:
+    box, twin = Outbox(frames_per_group=8), Outbox(frames_per_group=8)
+    for b in (box, twin):
+        for seq in (1, 2, 3):
+            await b.put_group("a", event("a", seq, 100))
+            await b.put_group("b", event("b", seq, 3000))
+        await b.put_control(pb.ServerFrame(result=pb.ResultFrame(command_id="c")))
+    expected = await drain(twin, 7)
+    taken = []
+    while (got := box.take_ready(4096)) is not None:
+        taken.append(got)
+    assert [frame for frame, _ in taken] == expected  # the same frames, in the same order
+    assert [size for _, size in taken] == [frame.ByteSize() for frame in expected]
+    assert box.take_ready(4096) is None and box.queued_frames == 0  # empty: None at once
+    await box.put_group("a", event("a", 4, 5000))
+    assert box.take_ready(4096) is None and box.queued_frames == 1  # too big for what is left
+    assert (await box.get()).event.first_sequence == 4  # still next, for the next response

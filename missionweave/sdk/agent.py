@@ -1186,17 +1186,32 @@ class _Link:
     def __init__(self, call: grpc.aio.StreamStreamCall[pb.ConnectRequest, pb.ConnectResponse]) -> None:
         self.call = call
         self._writing = asyncio.Lock()
+        self._unread: Sequence[pb.ServerFrame] = ()  # what came in WELCOME's response after it
 
     async def send(self, frame: pb.ClientFrame) -> None:
         async with self._writing:
             await self.call.write(pb.ConnectRequest(frame=frame))
 
-    async def read(self) -> pb.ServerFrame | None:
+    async def read(self) -> Sequence[pb.ServerFrame] | None:
+        """The next response's frames (several under load: HELLO.accepts_frame_batches), None at the end."""
+        if self._unread:
+            unread, self._unread = self._unread, ()
+            return unread
         response = await self.call.read()
         if response is grpc.aio.EOF:
             return None
         assert isinstance(response, pb.ConnectResponse)
-        return response.frame
+        if not response.more_frames:
+            return (response.frame,)
+        return (response.frame, *response.more_frames)
+
+    async def read_first(self) -> pb.ServerFrame | None:
+        """The next frame alone (WELCOME); any frames batched behind it come with the next ``read``."""
+        frames = await self.read()
+        if not frames:
+            return None
+        self._unread = frames[1:]
+        return frames[0]
 
     async def finish(self) -> None:
         async with self._writing:
@@ -1704,11 +1719,12 @@ class Agent:
             session_epoch=signer.session_epoch,
             proof=envelope,
             client_version=CLIENT_VERSION,
+            accepts_frame_batches=True,
         )
         link = _Link(pb_grpc.GatewayServiceStub(self._require_channel()).Connect())
         try:
             await link.send(pb.ClientFrame(hello=hello))
-            frame = await link.read()
+            frame = await link.read_first()
         except BaseException:
             link.cancel()
             raise
@@ -1741,8 +1757,9 @@ class Agent:
             self._connected.set()
             if self._first is not None and not self._first.done():
                 self._first.set_result(None)
-            while (frame := await link.read()) is not None:
-                self._dispatch(frame)
+            while (frames := await link.read()) is not None:
+                for frame in frames:
+                    self._dispatch(frame)
             log.log(
                 logging.INFO if self._closing else logging.WARNING,
                 "%s: the gateway ended the stream",
