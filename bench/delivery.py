@@ -44,10 +44,15 @@ and projects the per-process CPU to more cores (``bench/authority.py``'s ``proje
 
 MissionWeave: the human owner creates each Group with mission_create, grants every subscriber identity an
 OBSERVER Membership, and publishes = signed ``message_post`` commands (pre-signed before each timed phase)
-through unary ``AuthorityService.ExecuteCommand``. Subscribers (``--client``): ``sdk`` (default) = one
+through ``AuthorityService.ExecuteCommandStream`` (``--publish stream``, default: each command a message
+on a stream that stays open, as NATS's publisher sends each message on its one connection; one stream
+per Group, on one channel, since a stream bounds the commands it has in flight, 256, whatever their
+Groups: a hot Group's backlog on a shared stream would hold the quiet Groups' commands behind it) or
+unary ``ExecuteCommand`` (``--publish unary``: a new HTTP/2 stream per command), each awaiting its answer.
+Subscribers (``--client``): ``sdk`` (default) = one
 ``missionweave.sdk.agent.Agent`` per subscriber identity, each subscribed to every Group on its one gateway
-stream (what users run: Authority-signature check of every event, in-order handler, fsynced cursor file per
-event, batched ACKs); ``raw`` = one bare ``GatewayService.Connect`` stream per identity that parses each
+stream (what users run: Authority-signature check of every event, in-order handler, the agent's fsynced
+cursor file written in rounds (D143), batched ACKs and batched responses); ``raw`` = one bare ``GatewayService.Connect`` stream per identity that parses each
 event and ACKs each frame (no signature check, no cursor file): the gateway's own cost with the least
 client work. The stored ACK state is read from the gateway's ``gateway_cursors`` table, in the
 topology's one database (every split process gets the same data dir and database URL): the SQLite file
@@ -397,6 +402,55 @@ class RawSubscriber:
             await self.channel.close()
 
 
+class StreamPublisher:
+    """Publishes over one ``ExecuteCommandStream``: a writer task sends each command as it is handed
+    over, a reader task answers each publish by its request tag."""
+
+    def __init__(self, stub: Any) -> None:
+        self.call = stub.ExecuteCommandStream()
+        self.waiting: dict[int, asyncio.Future[Any]] = {}
+        self.tags = iter(range(1, 1 << 62))
+        self.outgoing: asyncio.Queue[Any] = asyncio.Queue()
+        self.writer = asyncio.create_task(self._write())
+        self.reader = asyncio.create_task(self._read())
+
+    async def publish(self, envelope: Any) -> Any:
+        from missionweave.v1 import authority_service_pb2 as apb
+
+        if self.reader.done():
+            raise ConnectionError("the command stream ended")
+        tag = next(self.tags)
+        answer = self.waiting[tag] = asyncio.get_running_loop().create_future()
+        self.outgoing.put_nowait(apb.ExecuteCommandStreamRequest(command=envelope, request_tag=tag))
+        return await answer
+
+    async def _write(self) -> None:
+        while True:
+            await self.call.write(await self.outgoing.get())
+
+    async def _read(self) -> None:
+        failure: BaseException = ConnectionError("the command stream ended")
+        try:
+            async for answer in self.call:
+                waiting = self.waiting.pop(answer.request_tag, None)
+                if waiting is not None and not waiting.done():
+                    waiting.set_result(answer)
+        except grpc.aio.AioRpcError as err:
+            failure = err
+        finally:
+            for waiting in self.waiting.values():
+                if not waiting.done():
+                    waiting.set_exception(failure)
+            self.waiting.clear()
+
+    async def close(self) -> None:
+        self.writer.cancel()
+        self.call.cancel()
+        for task in (self.writer, self.reader):
+            with contextlib.suppress(BaseException):
+                await task
+
+
 class MissionWeave(System):
     def __init__(
         self,
@@ -428,12 +482,14 @@ class MissionWeave(System):
         self.agents: list[Any] = []  # sdk: Agent
         self.subs: list[tuple[Any, int]] = []  # sdk: (Subscription, Group index)
         self.raw: list[RawSubscriber] = []
+        self.publishers: dict[int, StreamPublisher] = {}  # by Group index
         self.envelope_bytes = 0
         self.command_bytes = 0
         self.behind_sample: list[tuple[str, str, int, int]] = []
         self.subscriber_kind = (
-            "MissionWeave Python agent SDK (missionweave.sdk.agent.Agent: Authority-signature check per event, "
-            "in-order handler, fsynced cursor file per event, batched ACKs), one Agent per subscriber "
+            "MissionWeave Python agent SDK (missionweave.sdk.agent.Agent: Authority-signature check per event "
+            "or per chain, in-order handler, one fsynced cursor file per agent written in rounds (D143), batched ACKs "
+            "and batched responses), one Agent per subscriber "
             "identity, every Group on its one gateway stream"
             if args.client == "sdk"
             else "raw GatewayService.Connect streams (parse each event, ACK each frame; no signature check, "
@@ -588,14 +644,23 @@ class MissionWeave(System):
         from missionweave.rpc.status import rejection_from_rpc_error
         from missionweave.v1 import common_pb2
 
-        try:
-            response = await self.client.authority.ExecuteCommand(item.payload)
-        except grpc.aio.AioRpcError as err:
-            rejection = rejection_from_rpc_error(err)
-            if rejection is None:
-                raise
-            return common_pb2.RejectionReason.Name(rejection.reason).removeprefix("REJECTION_REASON_")
-        self.heads[item.group] = max(self.heads[item.group], response.result.group_revision)
+        if self.args.publish == "stream":
+            publisher = self.publishers.get(item.group)
+            if publisher is None:
+                publisher = self.publishers[item.group] = StreamPublisher(self.client.authority)
+            answer = await publisher.publish(item.payload.command)
+            if answer.HasField("rejection"):
+                return common_pb2.RejectionReason.Name(answer.rejection.reason).removeprefix("REJECTION_REASON_")
+            result = answer.result
+        else:
+            try:
+                result = (await self.client.authority.ExecuteCommand(item.payload)).result
+            except grpc.aio.AioRpcError as err:
+                rejection = rejection_from_rpc_error(err)
+                if rejection is None:
+                    raise
+                return common_pb2.RejectionReason.Name(rejection.reason).removeprefix("REJECTION_REASON_")
+        self.heads[item.group] = max(self.heads[item.group], result.group_revision)
         return ""
 
     def lagging(self) -> int:
@@ -659,6 +724,9 @@ class MissionWeave(System):
     async def stop(self) -> None:
         with contextlib.suppress(Exception):
             await self.close_subscribers()
+        for publisher in self.publishers.values():
+            await publisher.close()
+        self.publishers.clear()
         if self.client is not None:
             await self.client.channel.close()
         if self.engine is not None:
@@ -1335,8 +1403,9 @@ def report(args: argparse.Namespace, ours: list[Results], theirs: Results | None
     if theirs:
         print(f"subscribers, NATS:         {theirs.system.subscriber_kind}")
     print(
-        f"publisher: one client; MissionWeave = pre-signed message_post ({args.command_bytes} B) through unary "
-        "ExecuteCommand (split: to the gateway, which forwards it to the Group's Authority shard), answered "
+        f"publisher: one client; MissionWeave = pre-signed message_post ({args.command_bytes} B) through "
+        + ("an ExecuteCommandStream per Group" if args.publish == "stream" else "unary ExecuteCommand")
+        + " (split: to the gateway, which forwards it to the Group's Authority shard), each answered "
         f"after the group commit (SQLite WAL, synchronous=FULL, or PostgreSQL's commit); stored event {args.envelope_bytes} B"
     )
     if theirs:
@@ -1583,6 +1652,12 @@ def main() -> int:
     p.add_argument("--text-bytes", type=int, default=64, help="message text size (default 64)")
     p.add_argument(
         "--client", choices=["sdk", "raw"], default="sdk", help="MissionWeave subscribers (default sdk)"
+    )
+    p.add_argument(
+        "--publish",
+        choices=["stream", "unary"],
+        default="stream",
+        help="MissionWeave publisher: an ExecuteCommandStream per Group (default) or unary ExecuteCommand per event",
     )
     p.add_argument(
         "--noisy-seconds", type=float, default=15.0, help="length of each noisy-neighbour phase (default 15)"
