@@ -663,6 +663,34 @@ async def test_a_redelivery_the_cursor_file_already_covers_gives_its_credits_bac
     await sub.stop(grace=1)
 
 
+@pytest.mark.req("MW-16-05", "MW-16-10")
+async def test_a_lost_frame_of_events_already_handled_is_asked_for_again(tmp_path: Path) -> None:
+    """After a resubscribe from a cursor still being written, the gateway's frame repeats events the
+    handler already processed; if it is lost, the FLOW that reports it delivered must still make the
+    subscription ask again (gap timeout), or the gateway waits for credits that never come."""
+    host, seen = FakeHost(), []
+    held = HeldCursorStore(tmp_path)
+
+    async def handler(event: event_pb2.Event) -> None:
+        seen.append(event.sequence)
+
+    sub = Subscription(host, 1, G, handler, held, credits=2, gap_timeout=0.1)
+    await sub.open()
+    sub.deliver(event_frame(sub.subscription_id, 1, 2))
+    await until(lambda: seen == [1, 2] and held.writing.is_set())
+    await sub.open(resync=True)  # from cursor 0, while 2 is being written
+    held.release.set()
+    await reach(sub, 2)
+    # The replayed frame (1..2) is lost; only the FLOW saying it went out arrives.
+    exhausted = pb.FlowFrame(
+        subscription_id=sub.subscription_id, reason=pb.FLOW_REASON_CREDIT_EXHAUSTED, delivered_sequence=2
+    )
+    sub.deliver(pb.ServerFrame(flow=exhausted))
+    await until(lambda: len(host.subscribes()) == 3, seconds=2)  # asked again, from the cursor
+    assert host.subscribes()[-1].after_sequence == 2 and seen == [1, 2]
+    await sub.stop(grace=1)
+
+
 @pytest.mark.req("MW-16-01", "MW-16-05", "MW-16-10")
 async def test_a_crash_before_the_batched_cursor_write_redelivers_and_never_skips(tmp_path: Path) -> None:
     """Events handled but not yet in the cursor file come to the handler again after a restart."""

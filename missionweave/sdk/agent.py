@@ -900,11 +900,14 @@ class Subscription:
 
     async def _next_frame(self) -> pb.ServerFrame | None:
         # A gap: events buffered behind a missing sequence, or sequences the gateway reported delivering
-        # (FLOW) that never arrived, with nothing buffered behind them (e.g. the last frame of a window).
+        # (FLOW) that never arrived on this attempt, with nothing buffered behind them (e.g. the last
+        # frame of a window). What this attempt received counts, not what was processed: a frame lost
+        # after a resubscribe may repeat only events already handled (their cursor not yet written),
+        # and its credits come back only if it is asked for again.
         if self._held is not None:
             frame, self._held = self._held, None
             return frame
-        if not self._sequencer.has_gap and self._sequencer.cursor >= self._announced:
+        if not self._sequencer.has_gap and self._window.delivered >= self._announced:
             return await self._queue.get()
         try:
             return await asyncio.wait_for(self._queue.get(), self._gap_timeout)
