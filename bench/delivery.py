@@ -297,7 +297,8 @@ class System(abc.ABC):
 
 
 class RawSubscriber:
-    """One bare ``GatewayService.Connect`` stream: HELLO, SUBSCRIBE every Group, parse, ACK each frame."""
+    """One bare ``GatewayService.Connect`` stream: HELLO (reading batched responses), SUBSCRIBE every Group,
+    parse, ACK each frame."""
 
     def __init__(
         self, target: str, signer: Any, group_ids: list[str], credits: int, on_event: Callable[[Any], None]
@@ -336,7 +337,9 @@ class RawSubscriber:
         )
         self.channel = open_channel(self.target)
         self.call = gpb_grpc.GatewayServiceStub(self.channel).Connect()
-        hello = gpb.HelloFrame(agent_id=s.identity_id, session_epoch=s.session_epoch, proof=envelope)
+        hello = gpb.HelloFrame(
+            agent_id=s.identity_id, session_epoch=s.session_epoch, proof=envelope, accepts_frame_batches=True
+        )
         await self.call.write(gpb.ConnectRequest(frame=gpb.ClientFrame(hello=hello)))
         first = await self.call.read()
         if first is grpc.aio.EOF or not first.frame.HasField("welcome"):
@@ -352,40 +355,43 @@ class RawSubscriber:
             await self.call.write(request)
 
     async def _read(self) -> None:
-        from missionweave.v1 import event_pb2
-        from missionweave.v1 import gateway_service_pb2 as gpb
-
         by_sid = {f"s{i}": gid for i, gid in enumerate(self.group_ids)}
         while True:
             response = await self.call.read()
             if response is grpc.aio.EOF:
                 return
-            frame = response.frame
-            kind = frame.WhichOneof("frame")
-            if kind == "event":
-                ev = frame.event
-                gid = by_sid[ev.subscription_id]
-                cursor = self.cursors[gid]
-                for envelope in ev.events:
-                    event = event_pb2.Event.FromString(envelope.payload)
-                    if event.sequence > cursor:
-                        self.on_event(event)
-                ack = gpb.CursorAck(
-                    subscription_id=ev.subscription_id,
-                    group_id=gid,
-                    cursor=ev.last_sequence,
-                    credits=ev.last_sequence - ev.first_sequence + 1,
-                )
-                self.outgoing.put_nowait(
-                    gpb.ConnectRequest(frame=gpb.ClientFrame(ack=gpb.AckFrame(cursors=[ack])))
-                )
-                self.cursors[gid] = max(cursor, ev.last_sequence)
-            elif kind == "flow" and frame.flow.reason == gpb.FLOW_REASON_SUBSCRIBED:
-                gid = by_sid[frame.flow.subscription_id]
-                self.cursors[gid] = max(self.cursors[gid], frame.flow.effective_after_sequence)
-            elif kind == "error":
-                self.errors.append(f"{frame.error.code}: {frame.error.rejection.message}")
-                log(f"  {self.signer.identity_id}: gateway error {self.errors[-1]}")
+            for frame in (response.frame, *response.more_frames):
+                self._on_frame(frame, by_sid)
+
+    def _on_frame(self, frame: Any, by_sid: dict[str, str]) -> None:
+        from missionweave.v1 import event_pb2
+        from missionweave.v1 import gateway_service_pb2 as gpb
+
+        kind = frame.WhichOneof("frame")
+        if kind == "event":
+            ev = frame.event
+            gid = by_sid[ev.subscription_id]
+            cursor = self.cursors[gid]
+            for envelope in ev.events:
+                event = event_pb2.Event.FromString(envelope.payload)
+                if event.sequence > cursor:
+                    self.on_event(event)
+            ack = gpb.CursorAck(
+                subscription_id=ev.subscription_id,
+                group_id=gid,
+                cursor=ev.last_sequence,
+                credits=ev.last_sequence - ev.first_sequence + 1,
+            )
+            self.outgoing.put_nowait(
+                gpb.ConnectRequest(frame=gpb.ClientFrame(ack=gpb.AckFrame(cursors=[ack])))
+            )
+            self.cursors[gid] = max(cursor, ev.last_sequence)
+        elif kind == "flow" and frame.flow.reason == gpb.FLOW_REASON_SUBSCRIBED:
+            gid = by_sid[frame.flow.subscription_id]
+            self.cursors[gid] = max(self.cursors[gid], frame.flow.effective_after_sequence)
+        elif kind == "error":
+            self.errors.append(f"{frame.error.code}: {frame.error.rejection.message}")
+            log(f"  {self.signer.identity_id}: gateway error {self.errors[-1]}")
 
     async def close(self) -> None:
         self.outgoing.put_nowait(None)
