@@ -27,6 +27,8 @@ CURSOR_INTERVAL_S = 0.02
 
 
 class CursorStore:
+    """The cursors of one agent (``<directory>/cursors.json``), saved in rounds; one per Agent."""
+
     def __init__(self, directory: Path, agent_id: str, *, interval: float = CURSOR_INTERVAL_S) -> None:
         self.directory = directory
         self.path = directory / CURSORS_FILE
