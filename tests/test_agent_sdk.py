@@ -613,18 +613,24 @@ class HeldCursorStore(CursorStore):
         super()._write(cursors)
 
 
-@pytest.mark.req("MW-16-01", "MW-16-05")
-async def test_the_cursor_file_is_written_behind_the_handler_once_per_batch(tmp_path: Path) -> None:
-    """The handler goes on during a cursor write; the next write covers everything handled
-    meanwhile, and neither the cursor nor an ACK reports what the file does not hold yet."""
+async def held_subscription(tmp_path: Path, **kw: Any) -> tuple[FakeHost, list[int], HeldCursorStore, Subscription]:
+    """A subscription fed by hand whose cursor writes wait for ``HeldCursorStore.release``."""
     host, seen = FakeHost(), []
     held = HeldCursorStore(tmp_path)
 
     async def handler(event: event_pb2.Event) -> None:
         seen.append(event.sequence)
 
-    sub = Subscription(host, 1, G, handler, held, credits=256)
+    sub = Subscription(host, 1, G, handler, held, **kw)
     await sub.open()
+    return host, seen, held, sub
+
+
+@pytest.mark.req("MW-16-01", "MW-16-05")
+async def test_the_cursor_file_is_written_behind_the_handler_once_per_batch(tmp_path: Path) -> None:
+    """The handler goes on during a cursor write; the next write covers everything handled
+    meanwhile, and neither the cursor nor an ACK reports what the file does not hold yet."""
+    host, seen, held, sub = await held_subscription(tmp_path, credits=256)
     sub.deliver(event_frame(sub.subscription_id, 1, 1))
     await until(held.writing.is_set)  # the write of cursor 1 is under way ...
     for sequence in range(2, 11):
@@ -644,14 +650,7 @@ async def test_a_redelivery_the_cursor_file_already_covers_gives_its_credits_bac
     """A resubscribe while a cursor write is under way: the write lands before the replayed frame,
     which then repeats only what the file holds. Its credits must still come back in an ACK, or
     the gateway waits for them for ever (a stall seen once writes became rounds, D143)."""
-    host, seen = FakeHost(), []
-    held = HeldCursorStore(tmp_path)
-
-    async def handler(event: event_pb2.Event) -> None:
-        seen.append(event.sequence)
-
-    sub = Subscription(host, 1, G, handler, held, credits=4)
-    await sub.open()
+    host, seen, held, sub = await held_subscription(tmp_path, credits=4)
     sub.deliver(event_frame(sub.subscription_id, 1, 4))
     await until(lambda: seen == [1, 2, 3, 4] and held.writing.is_set())
     await sub.open(resync=True)  # a new attempt from the durable cursor, 0, while 4 is being written
@@ -668,14 +667,7 @@ async def test_a_lost_frame_of_events_already_handled_is_asked_for_again(tmp_pat
     """After a resubscribe from a cursor still being written, the gateway's frame repeats events the
     handler already processed; if it is lost, the FLOW that reports it delivered must still make the
     subscription ask again (gap timeout), or the gateway waits for credits that never come."""
-    host, seen = FakeHost(), []
-    held = HeldCursorStore(tmp_path)
-
-    async def handler(event: event_pb2.Event) -> None:
-        seen.append(event.sequence)
-
-    sub = Subscription(host, 1, G, handler, held, credits=2, gap_timeout=0.1)
-    await sub.open()
+    host, seen, held, sub = await held_subscription(tmp_path, credits=2, gap_timeout=0.1)
     sub.deliver(event_frame(sub.subscription_id, 1, 2))
     await until(lambda: seen == [1, 2] and held.writing.is_set())
     await sub.open(resync=True)  # from cursor 0, while 2 is being written
