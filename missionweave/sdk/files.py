@@ -16,7 +16,7 @@ from missionweave.sdk.errors import AgentError
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Writes ``data`` to ``path`` atomically: temporary file (mode 0600), fsync, rename, fsync directory.
 
-    Lean on purpose: an agent saves its cursors often (once per batch), on a pool thread, and every Python
+    Lean on purpose: an agent saves its cursors often (a round every few tens of ms), on a pool thread, and every Python
     step here holds the GIL its event loop needs. The temp name is unique per process and thread
     (no random name, no mkdir unless the directory is missing).
     """
