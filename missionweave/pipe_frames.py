@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import struct
+import sys
 from typing import BinaryIO
 
 U32 = struct.Struct("<I")
@@ -21,6 +22,22 @@ def end_with_the_pipe() -> None:
     instead of seeing it die (and taking that for a crash) in the middle of its own shutdown."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+
+
+# Runs the child's module with the signals already ignored: a Ctrl-C that lands while the child is
+# still importing (the writer's imports take a few hundred ms) would otherwise kill it with a traceback.
+_IGNORING_THEN_RUN = (
+    "import runpy, signal\n"
+    "for sig in (signal.SIGINT, signal.SIGTERM):\n"
+    "    signal.signal(sig, signal.SIG_IGN)\n"
+    "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+)
+
+
+def child_command(module: str, *args: str) -> list[str]:
+    """The command line that runs ``python -m module args`` as a child that ends with its pipe
+    (``end_with_the_pipe``) from its first statement on."""
+    return [sys.executable, "-c", _IGNORING_THEN_RUN.format(module=module), *args]
 
 
 def frame(body: bytes) -> bytes:

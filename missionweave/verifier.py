@@ -17,11 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 from collections import deque
 from dataclasses import dataclass, field
 
-from missionweave.pipe_frames import U32, frame, read_frame_async
+from missionweave.pipe_frames import U32, child_command, frame, read_frame_async
 from missionweave.signing import pae
 from missionweave.v1 import common_pb2
 from missionweave.verify_worker import ITEM
@@ -72,7 +71,7 @@ class SignatureVerifier:
     async def start(self) -> None:
         for _ in range(self.workers_wanted):
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "missionweave.verify_worker", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+                *child_command("missionweave.verify_worker"), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
             )
             worker = _Worker(process)
             worker.reader = asyncio.create_task(self._read_answers(worker), name=f"verify-worker-{process.pid}")

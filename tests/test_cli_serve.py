@@ -19,6 +19,7 @@ import pytest
 from missionweave.clock import SystemClock
 from missionweave.config import Settings
 from missionweave.mesh.server import start
+from missionweave.pipe_frames import child_command
 from missionweave.v1 import common_pb2
 from tests import builders
 from tests.conftest import World
@@ -303,3 +304,19 @@ def test_ctrl_c_to_the_whole_process_group_stops_the_mesh_in_order(tmp_path: Pat
     logs = [json.loads(line) for line in proc.stderr.read().splitlines() if line.startswith("{")]  # type: ignore[union-attr]
     assert logs[-1]["msg"] == "stopped"
     assert not [entry for entry in logs if entry["level"] in ("error", "critical")], logs
+
+
+def test_a_child_process_ignores_a_ctrl_c_that_lands_while_it_is_still_starting(tmp_path: Path) -> None:
+    """The SQLite writer takes a few hundred ms to import; a Ctrl-C to the process group in that
+    time must not kill it (a traceback in the mesh's log, a writer gone mid-shutdown): it ignores
+    the signals from its first statement, and ends with its pipe."""
+    child = subprocess.Popen(
+        child_command("services.authority.writer_process", str(tmp_path / "events.db"), "FULL", "inst", "1"),
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    time.sleep(0.15)  # past the interpreter's start, inside the module's imports
+    child.send_signal(signal.SIGINT)
+    child.send_signal(signal.SIGTERM)
+    _, stderr = child.communicate(timeout=30)  # closes its stdin: the pipe ends
+    assert "KeyboardInterrupt" not in stderr and child.returncode != -signal.SIGTERM, stderr

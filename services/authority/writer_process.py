@@ -48,7 +48,7 @@ from nacl.signing import SigningKey
 
 from missionweave import tracing
 from missionweave.errors import Rejected
-from missionweave.pipe_frames import end_with_the_pipe, frame, read_frame, read_frame_async
+from missionweave.pipe_frames import child_command, end_with_the_pipe, frame, read_frame, read_frame_async
 from missionweave.signing import EVENT_TYPE, pae, signed_envelope
 from missionweave.v1 import common_pb2
 from services.authority.batch_sql import SqliteOps
@@ -234,7 +234,7 @@ class WriterProcess:
             # Its spans carry this process's service name (the environment's exporter settings it inherits).
             env = {**os.environ, "OTEL_SERVICE_NAME": tracing.service_name()} if tracing.service_name() else None
             self._process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", __name__, *self.args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env
+                *child_command(__name__, *self.args), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env
             )
             # The key goes over the private pipe, never on the command line (visible to ps).
             first = pickle.dumps(self._signer, protocol=pickle.HIGHEST_PROTOCOL)
