@@ -44,9 +44,10 @@ class Readers:
     def everything(self) -> bool:
         return self.caller.operator
 
-    async def readable(self, digests: Iterable[str]) -> set[str]:
+    async def readable(self, digests: Iterable[str], *, held: set[str] | None = None) -> set[str]:
         """Which of ``digests`` the caller may read (whether they are stored is not checked here:
-        a caller's right says nothing about existence, callers check the index themselves)."""
+        a caller's right says nothing about existence, callers check the index themselves).
+        ``held``: those of them the caller holds, when the caller already asked the index."""
         wanted = set(digests)
         if self.everything:
             return wanted
@@ -54,28 +55,21 @@ class Readers:
         rest = wanted - out
         if not rest or not self.caller.identity_id:
             return out
-        out |= await self.index.held_by(self.caller.identity_id, rest)
-        return out | await self._referenced_to_member(rest - out)
-
-    async def may_read(self, digest: str, held: bool | None = None) -> bool:
-        """``readable`` of one digest; ``held`` = whether the caller holds it, where the caller
-        already asked the index (``ArtifactIndex.blob_held``)."""
-        if held is None:
-            return digest in await self.readable((digest,))
-        if held or self.everything or digest == EMPTY_BLAKE3:
-            return True
-        return bool(self.caller.identity_id) and bool(await self._referenced_to_member({digest}))
-
-    async def _referenced_to_member(self, digests: set[str]) -> set[str]:
-        """Those of ``digests`` that a Group the caller is an active member of references."""
-        out: set[str] = set()
-        if digests:
-            for digest, groups in sorted((await self.index.groups_referencing(digests)).items()):
+        out |= rest & held if held is not None else await self.index.held_by(self.caller.identity_id, rest)
+        rest -= out
+        if rest:
+            for digest, groups in sorted((await self.index.groups_referencing(rest)).items()):
                 for group in sorted(groups):
                     if await self.member_of(group):
                         out.add(digest)
                         break
         return out
+
+    async def may_read(self, digest: str, held: bool | None = None) -> bool:
+        """``readable`` of one digest; ``held`` = whether the caller holds it, where the caller
+        already asked the index (``ArtifactIndex.blob_held``)."""
+        known = None if held is None else ({digest} if held else set())
+        return digest in await self.readable((digest,), held=known)
 
     async def sees_manifest(self, record: ManifestRecord) -> bool:
         """A manifest tells which Group and WorkItem produced the bytes: shown to operators, to its

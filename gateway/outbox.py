@@ -145,17 +145,21 @@ class Outbox:
 
     async def get(self) -> pb.ServerFrame | None:
         """The next frame to write, or None when the stream is to end."""
+        taken = await self.get_sized()
+        return None if taken is None else taken[0]
+
+    async def get_sized(self) -> tuple[pb.ServerFrame, int] | None:
+        """``get``, with the frame's size in bytes."""
         while True:
-            taken = self._next()
+            taken = self.take_ready()
             if taken is not None:
-                self._room.set()
-                return taken[0]
+                return taken
             if self._ended:
                 return None
             self._ready.clear()
             await self._ready.wait()
 
-    def take_ready(self, max_size: int) -> tuple[pb.ServerFrame, int] | None:
+    def take_ready(self, max_size: int | None = None) -> tuple[pb.ServerFrame, int] | None:
         """The frame ``get`` would return next, with its size, if one is queued and it is at most
         ``max_size`` bytes; None otherwise. Never waits: what joins a batch already being sent."""
         taken = self._next(max_size)

@@ -230,9 +230,9 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
                 self.connections.add(connection)
                 metrics.GATEWAY_OPEN_STREAMS.inc()
                 connection.reader = asyncio.create_task(connection.read(request_iterator))
-            while (frame := await outbox.get()) is not None:
+            while (taken := await outbox.get_sized()) is not None:
                 connection.sending_since = time.monotonic()
-                yield connection.response(frame)
+                yield connection.response(*taken)
                 connection.sending_since = None
             if connection.ended_with is not None:
                 raise connection.ended_with
@@ -497,14 +497,14 @@ class _Connection:
         self.ended = False
         self._released: asyncio.Task[None] | None = None
 
-    def response(self, frame: pb.ServerFrame) -> pb.ConnectResponse:
+    def response(self, frame: pb.ServerFrame, size: int) -> pb.ConnectResponse:
         """``frame``'s response, with the frames queued behind it when the client reads batches:
         under load a response then carries many frames (one gRPC message written here and read by
         the agent instead of one each), when idle it goes out alone, without waiting for company."""
         response = pb.ConnectResponse(frame=frame)
         if not self.batches:
             return response
-        room = BATCH_BYTES - frame.ByteSize()
+        room = BATCH_BYTES - size
         while room > 0 and len(response.more_frames) < BATCH_FRAMES - 1:
             taken = self.outbox.take_ready(room)
             if taken is None:

@@ -30,19 +30,20 @@ async def test_a_response_carries_the_ready_frames_within_the_count_and_byte_lim
     batched.batches = True
     for i in range(100):
         await outbox.put_control(result(f"c{i}"))
-    first = await outbox.get()
+    first = await outbox.get_sized()
     assert first is not None
-    response = batched.response(first)
+    response = batched.response(*first)
     assert len(response.more_frames) == BATCH_FRAMES - 1  # at most 64 frames a response
     assert [f.result.command_id for f in response.more_frames] == [f"c{i}" for i in range(1, BATCH_FRAMES)]
     for i in range(40):
         await outbox.put_control(result(f"big{i}", pad=100_000))
-    while (frame := await outbox.get()) is not None and not frame.result.command_id.startswith("big"):
+    while (taken := await outbox.get_sized()) is not None and not taken[0].result.command_id.startswith("big"):
         pass
-    assert frame is not None
-    big = batched.response(frame)
+    assert taken is not None
+    big = batched.response(*taken)
     assert big.ByteSize() <= BATCH_BYTES + 64 and len(big.more_frames) == 9  # under 1 MiB
-    assert not plain.response(result("alone")).more_frames  # a client that did not ask: one frame
+    alone = result("alone")
+    assert not plain.response(alone, alone.ByteSize()).more_frames  # a client that did not ask: one frame
 
 
 @pytest.mark.req("MW-16-03", "MW-8-17")

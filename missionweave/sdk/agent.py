@@ -1204,8 +1204,6 @@ class _Link:
         if response is grpc.aio.EOF:
             return None
         assert isinstance(response, pb.ConnectResponse)
-        if not response.more_frames:
-            return (response.frame,)
         return (response.frame, *response.more_frames)
 
     async def read_first(self) -> pb.ServerFrame | None:
