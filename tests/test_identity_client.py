@@ -16,7 +16,7 @@ from missionweave.internal.v1 import identities_pb2 as pb
 from missionweave.internal.v1 import identities_pb2_grpc as pb_grpc
 from missionweave.rpc.identities import IdentityDirectoryClient, _OutOfOrder
 from missionweave.rpc.local import LocalChannel
-from missionweave.v1 import common_pb2
+from missionweave.v1 import agent_card_pb2, common_pb2
 
 R = common_pb2.RejectionReason
 SERVICE = pb.DESCRIPTOR.services_by_name["IdentityDirectoryService"].full_name
@@ -35,6 +35,16 @@ def change(revision: int, identity_id: str, epoch: int, key: bytes = b"") -> pb.
     )
 
 
+def published(agent_id: str, version: str) -> agent_card_pb2.PublishedAgentCard:
+    return agent_card_pb2.PublishedAgentCard(card=agent_card_pb2.AgentCard(agent_id=agent_id, card_version=version))
+
+
+def card_published(revision: int, agent_id: str) -> pb.WatchIdentitiesResponse:
+    return pb.WatchIdentitiesResponse(
+        change=pb.IdentityChange(revision=revision, kind=pb.IDENTITY_CHANGE_KIND_CARD_PUBLISHED, identity=ident(agent_id, 1))
+    )
+
+
 class ScriptedDirectory(pb_grpc.IdentityDirectoryServiceServicer):
     """A directory whose streams send what the test puts on them."""
 
@@ -43,7 +53,9 @@ class ScriptedDirectory(pb_grpc.IdentityDirectoryServiceServicer):
         self.keys: dict[tuple[str, int], bytes] = {}
         self.head = 0
         self.heartbeat_ms = heartbeat_ms
-        self.calls: dict[str, int] = {"GetIdentities": 0, "GetSessionKey": 0}
+        self.calls: dict[str, int] = {"GetIdentities": 0, "GetSessionKey": 0, "GetAgentCards": 0}
+        self.cards: dict[str, str] = {}  # agent -> card_version in force
+        self.card_read: asyncio.Event | None = None  # set: GetAgentCards waits for it
         self.watches: list[int] = []  # from_revision of every WatchIdentities call
         self.streams: list[asyncio.Queue[pb.WatchIdentitiesResponse | None]] = []
         self.down = False  # every call fails UNAVAILABLE
@@ -66,6 +78,14 @@ class ScriptedDirectory(pb_grpc.IdentityDirectoryServiceServicer):
         self.calls["GetSessionKey"] += 1
         await self._gate(context)
         return pb.GetSessionKeyResponse(session_public_key=self.keys.get((request.identity_id, request.session_epoch), b""))
+
+    async def GetAgentCards(self, request: pb.GetAgentCardsRequest, context: Any) -> pb.GetAgentCardsResponse:
+        self.calls["GetAgentCards"] += 1
+        await self._gate(context)
+        found = [published(a, self.cards[a]) for a in request.agent_ids if a in self.cards]
+        if self.card_read is not None:
+            await self.card_read.wait()
+        return pb.GetAgentCardsResponse(cards=found)
 
     async def WatchIdentities(self, request: pb.WatchIdentitiesRequest, context: Any) -> AsyncIterator[pb.WatchIdentitiesResponse]:
         self.watches.append(request.from_revision)
@@ -134,7 +154,7 @@ async def test_changes_raise_the_cached_epoch_and_carry_session_keys() -> None:
         assert (await client.get("a")).session_epoch == 2  # type: ignore[union-attr]
         assert (await client.get("b")).session_epoch == 0  # type: ignore[union-attr]
         assert await client.session_key("a", 2) == b"s" * 32
-        assert directory.calls == {"GetIdentities": 1, "GetSessionKey": 0}
+        assert directory.calls == {"GetIdentities": 1, "GetSessionKey": 0, "GetAgentCards": 0}
     finally:
         await client.close()
 
@@ -274,3 +294,57 @@ async def test_without_a_channel_every_lookup_fails_closed() -> None:
     assert refused.value.reason == R.REJECTION_REASON_PEER_UNAVAILABLE
     assert "MWP_MEMBERSHIP_ADDR" in refused.value.message
     await client.close()
+
+
+async def versions(client: IdentityDirectoryClient, *agents: str) -> dict[str, str]:
+    return {a: c.card.card_version for a, c in (await client.agent_cards(agents)).items()}
+
+
+async def test_cards_in_force_are_kept_while_current_and_dropped_by_a_publication() -> None:
+    """D145: a card (or its absence) is answered again without a call while the stream is current; a
+    CARD_PUBLISHED change drops that agent's alone; out of date, every lookup reads afresh."""
+    directory = ScriptedDirectory()
+    directory.cards = {"a": "1.0.0"}
+    client = await started(directory)
+    try:
+        assert await versions(client, "a", "b", "a") == {"a": "1.0.0"}
+        assert await versions(client, "b", "a") == {"a": "1.0.0"}
+        assert directory.calls["GetAgentCards"] == 1  # "b" has none: kept as such
+        directory.cards = {"a": "1.1.0", "b": "2.0.0"}
+        directory.push(card_published(1, "b"))
+        await until(lambda: client.revision == 1)
+        assert await versions(client, "a", "b") == {"a": "1.0.0", "b": "2.0.0"}  # only b's was dropped
+        assert directory.calls["GetAgentCards"] == 2
+        client._current_until = 0.0  # the stream is out of date: nothing kept is trusted
+        assert await versions(client, "a") == {"a": "1.1.0"}
+        assert directory.calls["GetAgentCards"] == 3
+    finally:
+        await client.close()
+
+
+async def test_a_card_read_that_crossed_a_publication_is_not_kept() -> None:
+    """A read answered before a publication but arriving after its change could hold the old version:
+    it is answered to its caller but not kept, so the next lookup reads again."""
+    directory = ScriptedDirectory()
+    directory.cards = {"a": "1.0.0"}
+    directory.card_read = asyncio.Event()
+    client = await started(directory)
+    try:
+        read = asyncio.create_task(versions(client, "a"))
+        await until(lambda: directory.calls["GetAgentCards"] == 1)
+        directory.cards = {"a": "1.1.0"}
+        directory.push(card_published(1, "a"))
+        await until(lambda: client.revision == 1)
+        directory.card_read.set()
+        assert await read == {"a": "1.0.0"}
+        assert await versions(client, "a") == {"a": "1.1.0"}
+        assert directory.calls["GetAgentCards"] == 2
+    finally:
+        await client.close()
+
+
+def test_a_reset_discards_kept_cards() -> None:
+    client = IdentityDirectoryClient(None)
+    client._cards["a"] = published("a", "1.0.0")
+    client.apply_start(pb.WatchStart(revision=5, reset=True), asked_from=5)
+    assert client._cards == {}

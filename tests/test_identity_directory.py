@@ -25,7 +25,7 @@ from missionweave.rpc.callers import MeshServiceChannel
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient, SessionSigner
 from missionweave.signing import read_key
-from missionweave.v1 import common_pb2, membership_service_pb2
+from missionweave.v1 import agent_card_pb2, common_pb2, membership_service_pb2
 from tests import builders
 from tests.test_cli_serve import free_port
 
@@ -265,3 +265,45 @@ async def test_a_stream_of_a_vanished_instance_delays_open_session_only_until_it
     began = time.monotonic()
     await split.to_membership.open_session("alice", split.alice_key)  # expired: no wait at all
     assert time.monotonic() - began < 0.3
+
+
+@pytest.mark.req("MW-11.1-13")
+async def test_a_card_published_at_another_membership_instance_is_in_force_at_the_authority_at_once(
+    split: Split, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Authority keeps each agent's card in force while its directory stream is current (D145).
+    PublishAgentCard at a second Membership instance answers only once the first instance's stream
+    to the Authority has carried the CARD_PUBLISHED change (a 100 ms poll away), so the Authority's
+    very next lookup, made the moment publishing answered, reads the new version."""
+    directory = split.authority.identities
+    reads: list[str] = []
+    call = directory._call
+
+    async def counted(method: str, request: Any, what: str) -> Any:
+        reads.append(method)
+        return await call(method, request, what)
+
+    monkeypatch.setattr(directory, "_call", counted)
+    other = await start(split_settings(split.membership_settings.data_dir.parent, split.membership_settings.database_url,
+                                       free_port(), ("membership",), {}))
+    try:
+        async with MeshClient(f"127.0.0.1:{other.port}") as elsewhere:
+            key = SigningKey.generate()
+            await elsewhere.register_identity("admin", split.admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key))
+            elsewhere.read_as(await elsewhere.open_session("bot", key))
+            assert await directory.agent_cards(["bot"]) == {}
+            assert await directory.agent_cards(["bot"]) == {}  # no card: kept too
+            assert reads == ["GetAgentCards"]
+            for round_ in range(5):
+                version = f"1.{round_}.0"
+                await elsewhere.publish_agent_card(agent_card_pb2.AgentCard(card_version=version, max_concurrency=2))
+                assert (await directory.agent_cards(["bot"]))["bot"].card.card_version == version
+                assert (await directory.agent_cards(["bot"]))["bot"].card.card_version == version
+            assert reads == ["GetAgentCards"] * 6  # one read per version: the second lookup was kept
+            republished = await elsewhere.publish_agent_card(agent_card_pb2.AgentCard(card_version="1.4.0", max_concurrency=2))
+            assert republished.replayed
+            await directory.agent_cards(["bot"])
+            assert len(reads) == 6  # an identical republish changes nothing
+        assert directory.current
+    finally:
+        await other.stop(grace=0.5)

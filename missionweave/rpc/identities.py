@@ -19,6 +19,12 @@ the cache stays valid.
 
 Session keys never change: a cached key is used whatever the stream's state.
 
+Agent Cards in force (``agent_cards``) are kept under the same rule as identities: a card, or the
+absence of one, read with ``GetAgentCards`` is answered again while the stream is current, and a
+``CARD_PUBLISHED`` change drops the agent's entry. Membership's PublishAgentCard answers only once
+that change has been written to every live stream, so a new version takes effect on the next
+decision that consults it, as an uncached read would (D145).
+
 Cached messages are shared: callers must not change them. Nothing here imports a service package
 (the kernel rule): only the generated stubs.
 """
@@ -82,6 +88,10 @@ class IdentityDirectoryClient:
         self.reconnect_cap = reconnect_cap
         self._identities: dict[str, pb.DirectoryIdentity] = {}
         self._session_keys: dict[tuple[str, int], bytes] = {}
+        # The card in force of each agent read (None: it had none); trusted as identities are.
+        self._cards: dict[str, agent_card_pb2.PublishedAgentCard | None] = {}
+        # Raised by every CARD_PUBLISHED change: a read in flight across one is not kept.
+        self._card_changes = 0
         # Every change up to this revision has been applied to the cache.
         self.revision = 0
         # Raised whenever the cache is discarded: answers read before that are not cached.
@@ -187,13 +197,30 @@ class IdentityDirectoryClient:
         return key
 
     async def agent_cards(self, agent_ids: Iterable[str]) -> dict[str, agent_card_pb2.PublishedAgentCard]:
-        """The card in force of each agent that has one. Not cached: a new version takes effect on
-        the next decision that consults it."""
-        wanted = sorted(set(agent_ids))
-        if not wanted:
-            return {}
-        response = await self._call("GetAgentCards", pb.GetAgentCardsRequest(agent_ids=wanted), f"the Agent Card of {wanted[0]}")
-        return {c.card.agent_id: c for c in response.cards}
+        """The card in force of each agent that has one, in one call at most: kept ones while the
+        stream is current (a publication drops the agent's before it is answered, D145)."""
+        out: dict[str, agent_card_pb2.PublishedAgentCard] = {}
+        missing: list[str] = []
+        trusted = time.monotonic() < self._current_until
+        for agent_id in sorted(set(agent_ids)):
+            if trusted and agent_id in self._cards:
+                card = self._cards[agent_id]
+                if card is not None:
+                    out[agent_id] = card
+            else:
+                missing.append(agent_id)
+        if not missing:
+            return out
+        generation, changes = self._generation, self._card_changes
+        response = await self._call(
+            "GetAgentCards", pb.GetAgentCardsRequest(agent_ids=missing), f"the Agent Card of {missing[0]}"
+        )
+        read = {c.card.agent_id: c for c in response.cards}
+        out.update(read)
+        if generation == self._generation and changes == self._card_changes:
+            for agent_id in missing:
+                self._cards[agent_id] = read.get(agent_id)
+        return out
 
     async def _fetch(self, identity_ids: list[str]) -> dict[str, pb.DirectoryIdentity]:
         """A fresh, authoritative read. Its answers are cached unless the cache was discarded while
@@ -236,6 +263,7 @@ class IdentityDirectoryClient:
     def _discard(self) -> None:
         self._identities.clear()
         self._session_keys.clear()
+        self._cards.clear()
         self._generation += 1
 
     def apply_start(self, start: pb.WatchStart, asked_from: int) -> None:
@@ -262,6 +290,9 @@ class IdentityDirectoryClient:
                 self._remember_key(
                     change.identity.identity_id, change.identity.session_epoch, bytes(change.session_public_key)
                 )
+            if change.kind == pb.IDENTITY_CHANGE_KIND_CARD_PUBLISHED:
+                self._cards.pop(change.identity.identity_id, None)
+                self._card_changes += 1
             if change.kind == pb.IDENTITY_CHANGE_KIND_SESSION_OPENED and self.on_session_opened is not None:
                 self.on_session_opened(change.identity.identity_id, change.identity.session_epoch)
             self.revision = change.revision

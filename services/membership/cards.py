@@ -5,8 +5,10 @@ agent's session key at the time; the latest is the card in force. Presence: each
 report (``agent_presence``), replaced by the next and read against the server's clock (D79).
 
 Both are Organization records of this service's database, never part of a Group log. Nothing is
-cached: several Membership instances may share the database, and each answer reflects every
-publication or report committed before it.
+cached here: several Membership instances may share the database, and each answer reflects every
+publication or report committed before it. Each publication is also a directory change
+(CARD_PUBLISHED, in its transaction), which is how the services that keep cards in force learn
+that theirs is out of date (missionweave/rpc/identities.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from missionweave.aio import finish_on_cancel
 from missionweave.clock import to_micros
 from missionweave.db import SQLITE_IMMEDIATE
 from missionweave.errors import R, Rejected
+from missionweave.internal.v1 import identities_pb2 as directory_pb2
 from missionweave.rpc import paging
 from missionweave.rpc.callers import Caller
 from missionweave.signing import (
@@ -34,7 +37,7 @@ from missionweave.signing import (
 )
 from missionweave.v1 import agent_card_pb2 as pb
 from missionweave.v1 import common_pb2
-from services.membership.registry import IdentityRecord, IdentityRegistry
+from services.membership.registry import IdentityRecord, IdentityRegistry, record_change
 from services.membership.schema import agent_cards, presence, presence_upsert
 
 # Bounds of a card (agent_card.proto AgentCard); a card over any of them is refused, nothing written.
@@ -164,8 +167,11 @@ class AgentCards:
 
     # ------------------------------------------------------------ cards
 
-    async def publish(self, envelope: common_pb2.SignedEnvelope, caller: Caller) -> tuple[pb.PublishedAgentCard, bool]:
-        """Store a new version (or answer the stored one for an identical republish: replayed)."""
+    async def publish(
+        self, envelope: common_pb2.SignedEnvelope, caller: Caller
+    ) -> tuple[pb.PublishedAgentCard, bool, int]:
+        """Store a new version (or answer the stored one for an identical republish: replayed), and
+        the directory revision that records it (0 for a republish)."""
         card, epoch, key = await self._verified(envelope, caller)
         version = check_card(card)
         for _ in range(PUBLISH_ATTEMPTS):
@@ -220,7 +226,7 @@ class AgentCards:
     @finish_on_cancel
     async def _store(
         self, card: pb.AgentCard, version: semver.Version, envelope: common_pb2.SignedEnvelope, epoch: int, key: bytes
-    ) -> tuple[pb.PublishedAgentCard, bool]:
+    ) -> tuple[pb.PublishedAgentCard, bool, int]:
         # Reads, then writes: IMMEDIATE on SQLite (upgrading a deferred transaction fails at once
         # when another connection wrote meanwhile); on PostgreSQL the ordinal's key decides races.
         async with self.engine.connect() as conn:
@@ -246,7 +252,7 @@ class AgentCards:
                 if same is not None:
                     stored = _published(same)
                     if stored.card == card:
-                        return stored, True  # idempotent: the version as first stored
+                        return stored, True, 0  # idempotent: the version as first stored
                     raise self._conflict(card, latest, "content", f"version {card.card_version} was published with another card")
                 newest = semver.parse(latest.card_version) if latest is not None else None  # stored: valid
                 if newest is not None and not version > newest:
@@ -265,9 +271,11 @@ class AgentCards:
                         published_us=now,
                     )
                 )
+                revision = await record_change(conn, card.agent_id, directory_pb2.IDENTITY_CHANGE_KIND_CARD_PUBLISHED, epoch, now)
+        self.registry.note_head(revision)
         out = pb.PublishedAgentCard(card=card, envelope=envelope, session_epoch=epoch, session_public_key=key)
         out.published_at.FromMicroseconds(now)
-        return out, False
+        return out, False, revision
 
     @staticmethod
     def _conflict(card: pb.AgentCard, latest: Row[Any] | None, conflict: str, message: str) -> Rejected:

@@ -170,7 +170,7 @@ class IdentityRegistry:
         async with self.engine.connect() as conn:
             revision = await _read_revision(conn)
             rows = (await conn.execute(select(identities).where(identities.c.identity_id.in_(identity_ids)))).all()
-        self._note_head(revision)
+        self.note_head(revision)
         return revision, [self._record(row) for row in rows]
 
     async def head(self, max_age: float) -> int:
@@ -184,7 +184,7 @@ class IdentityRegistry:
             asked = time.monotonic()
             revision = await self._read_head()
             self._head_read_at = asked
-        self._note_head(revision)
+        self.note_head(revision)
         return self.head_seen
 
     @finish_on_cancel
@@ -232,7 +232,7 @@ class IdentityRegistry:
                 # Another instance opened it: this instance's own cache learns it from the log too.
                 self._identities[row.identity_id] = dataclasses.replace(cached, session_epoch=int(row.change_epoch))
         if changes:
-            self._note_head(changes[-1].revision)
+            self.note_head(changes[-1].revision)
         return changes
 
     # ------------------------------------------------------------ the directory's streams
@@ -279,7 +279,8 @@ class IdentityRegistry:
             ).scalar_one()
         return int(count)
 
-    def _note_head(self, revision: int) -> None:
+    def note_head(self, revision: int) -> None:
+        """A change this instance committed: wake its streams at once."""
         if revision > self.head_seen:
             self.head_seen = revision
             for listener in self.listeners:
@@ -377,7 +378,7 @@ class IdentityRegistry:
                             request_fingerprint=fingerprint,
                         )
                     )
-                    revision = await _record_change(
+                    revision = await record_change(
                         conn, record.identity_id, directory_pb2.IDENTITY_CHANGE_KIND_SESSION_OPENED, epoch, now
                     )
             except IntegrityError:
@@ -389,7 +390,7 @@ class IdentityRegistry:
                 current.org_admin, current.registered_us, epoch,
             )
             self._session_keys[(record.identity_id, epoch)] = bytes(command.session_public_key)
-        self._note_head(revision)
+        self.note_head(revision)
         session = membership_pb2.Session(
             identity_id=record.identity_id, session_epoch=epoch, session_public_key=command.session_public_key
         )
@@ -442,7 +443,7 @@ class IdentityRegistry:
                         )
                     )
                 # Last: the counter's row lock is held from here to the commit.
-                revision = await _record_change(
+                revision = await record_change(
                     conn, record.identity_id, directory_pb2.IDENTITY_CHANGE_KIND_REGISTERED, 0, record.registered_us
                 )
         except IntegrityError:
@@ -450,7 +451,7 @@ class IdentityRegistry:
                 R.REJECTION_REASON_IDENTITY_EXISTS, f"identity {record.identity_id} already exists"
             ) from None
         self._identities[record.identity_id] = record
-        self._note_head(revision)
+        self.note_head(revision)
 
 
 def _wall_us() -> int:
@@ -463,7 +464,7 @@ async def _read_revision(conn: AsyncConnection) -> int:
     return int(value or 0)
 
 
-async def _record_change(conn: AsyncConnection, identity_id: str, kind: int, session_epoch: int, now_us: int) -> int:
+async def record_change(conn: AsyncConnection, identity_id: str, kind: int, session_epoch: int, now_us: int) -> int:
     """The change's directory revision, in the change's transaction: raising the counter row locks
     it until commit, so concurrent changes (from any process) commit in revision order."""
     await conn.execute(

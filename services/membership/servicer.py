@@ -136,7 +136,11 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
     async def PublishAgentCard(
         self, request: pb.PublishAgentCardRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.PublishAgentCardResponse:
-        published, replayed = await self.cards.publish(request.card, caller)
+        published, replayed, revision = await self.cards.publish(request.card, caller)
+        if revision and self.directory is not None:
+            # The services that keep cards in force drop this agent's before it is told the new
+            # version took effect: the next offer or acceptance checks against it.
+            await self.directory.delivered(revision)
         return pb.PublishAgentCardResponse(published=published, replayed=replayed)
 
     @requires(Access.IDENTITY)
