@@ -112,6 +112,12 @@ class Tally:
     responses: list[pb.ExecuteCommandResponse] = field(default_factory=list)
     completed: set[str] = field(default_factory=set)  # "group/work_item" of lifecycles that finished
     finished_at: list[float] = field(default_factory=list)  # perf_counter() at each lifecycle's end, in order
+    # (lifecycles completed, server CPU s, client CPU s) every CPU_SAMPLE_S of the timed loop
+    cpu_samples: list[tuple[int, float, float]] = field(default_factory=list)
+
+
+# How often the timed loop samples the server's and the client's CPU (the growth windows' costs).
+CPU_SAMPLE_S = 0.5
 
 
 # ====================================================================== building the commands
@@ -296,25 +302,62 @@ async def run_lifecycles(
                 return
             await lifecycle(plan)
 
+    async def sample_cpu() -> None:
+        while True:
+            total = sum(cpu for _, cpu in server.snapshot().values()) if isinstance(server, ProcTree) else 0.0
+            tally.cpu_samples.append((len(tally.finished_at), total, time.process_time()))
+            await asyncio.sleep(CPU_SAMPLE_S)
+
     with Progress(run, len(plans)), CpuMeter(run, server):
+        sampler = asyncio.create_task(sample_cpu())
         t0 = perf()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         run.seconds = perf() - t0
+        sampler.cancel()
     return run
 
 
-def growth_rates(tally: Tally, concurrency: int, share: float = 0.1) -> tuple[float, float]:
-    """Lifecycles/s over the first and the last ``share`` of the completed lifecycles, in steady
+def growth_windows(tally: Tally, concurrency: int, share: float = 0.1) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The first and the last ``share`` of the completed lifecycles (completion indexes), in steady
     state: the ``concurrency`` completions at either end are left out (the first of them carry the
     ramp-up, a whole lifecycle's latency before anything completes; the last the ramp-down, when no
     new lifecycle competes with them)."""
-    ends = tally.finished_at
-    k = max(1, int(len(ends) * share))
-    if len(ends) < 2 * (k + concurrency) + 1:
+    n = len(tally.finished_at)
+    k = max(1, int(n * share))
+    if n < 2 * (k + concurrency) + 1:
+        return None
+    return (concurrency, concurrency + k), (n - concurrency - k - 1, n - concurrency - 1)
+
+
+def growth_rates(tally: Tally, concurrency: int) -> tuple[float, float]:
+    """Lifecycles/s over the growth windows."""
+    windows = growth_windows(tally, concurrency)
+    if windows is None:
         return float("nan"), float("nan")
-    first = k / (ends[concurrency + k] - ends[concurrency])
-    last = k / (ends[-concurrency - 1] - ends[-concurrency - k - 1])
+    ends = tally.finished_at
+    first, last = ((b - a) / (ends[b] - ends[a]) for a, b in windows)
     return first, last
+
+
+def growth_costs(tally: Tally, concurrency: int) -> tuple[tuple[float, float], tuple[float, float]] | None:
+    """(server, client) CPU seconds per lifecycle over each growth window, from the samples nearest
+    its ends. What the server does per lifecycle, against the client's fixed work per lifecycle:
+    both move together when the machine's speed does (a shared VM's), only the server's when its
+    own work grows."""
+    windows, samples = growth_windows(tally, concurrency), tally.cpu_samples
+    if windows is None or len(samples) < 4:
+        return None
+
+    def nearest(index: int) -> tuple[int, float, float]:
+        return min(samples, key=lambda s: abs(s[0] - index))
+
+    out = []
+    for a, b in windows:
+        (n0, s0, c0), (n1, s1, c1) = nearest(a), nearest(b)
+        if n1 <= n0:
+            return None
+        out.append(((s1 - s0) / (n1 - n0), (c1 - c0) / (n1 - n0)))
+    return out[0], out[1]
 
 
 # ====================================================================== the driver
@@ -580,6 +623,14 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> bool:
         f"growth: first 10% of lifecycles {first:,.1f}/s, last 10% {last:,.1f}/s, ratio last/first {last / first:.2f} "
         f"(target >= 0.90) as each Group grew to {c['max_items_per_group']:,} WorkItems"
     )
+    costs = growth_costs(t, args.concurrency)
+    if costs is not None:
+        (s0, c0), (s1, c1) = costs
+        print(
+            f"growth: CPU per lifecycle, first 10% -> last 10%: server {s0 * 1e3:.2f} -> {s1 * 1e3:.2f} ms "
+            f"(x{s1 / s0:.2f}), client {c0 * 1e3:.2f} -> {c1 * 1e3:.2f} ms (x{c1 / c0:.2f}, the same work throughout: "
+            f"the machine's drift); server/client {s0 / c0:.2f} -> {s1 / c1:.2f} (x{(s1 / c1) / (s0 / c0):.2f}, flat = 1.00)"
+        )
     stats = dict(kv.split("=") for kv in str(r["server_stats"]).split())
     batch = (
         f" (mean group-commit batch {int(stats['appends']) / int(stats['batches']):.1f} appends)"
