@@ -2,8 +2,8 @@
 start-up time and resident memory with many Groups, memory per owned Group and per open subscription
 (issue 18 item 4).
 
-    PYTHONPATH=. .venv/bin/python bench/replay.py                                  # 10k, 100k, 1M events; 10,000 Groups x 100
-    PYTHONPATH=. .venv/bin/python bench/replay.py --sizes 10000,100000 --groups 1000 --subscriptions 200   # quicker
+    PYTHONPATH=. .venv/bin/python bench/replay.py            # 10k, 100k, 1M events; 1,000, 3,000, 10,000 Groups x 100
+    PYTHONPATH=. .venv/bin/python bench/replay.py --sizes 10000,100000 --groups 300,1000 --subscriptions 100,200   # quicker
 
 The mesh runs in this process (``missionweave.mesh.server.start``, SQLite in a temp data dir). The
 logs are **built directly**, not through commands: the first events come from the pure core (the
@@ -22,11 +22,13 @@ Per size, in one run and on the same rows, each after a read that warms the page
 * **checkpointed load**: the verified-envelope cache emptied (a new process), ``fold`` again: the
   hash chain up to the checkpoint, signatures only above it.
 
-Then ``--groups`` Groups of ``--group-events`` events: the mesh's start-up time over that store and
-its resident memory (RSS, /proc/self/status) before and after every Group is owned (loaded into the
-Authority's cache as by its first command), and before and after ``--subscriptions`` followed
-``ReadEvents`` streams (operator reader, caught up, waiting); the streams' client side lives in this
-process too, so the figure per subscription is an upper bound of the server's.
+Then one store grown to each of the ``--groups`` sizes in turn (Groups of ``--group-events`` events),
+each size measured by a **fresh process** (this script with ``--measure``): the mesh's start-up time
+over that store and its resident memory (RSS, /proc/self/status) started, with every Group owned
+(loaded into the Authority's cache as by its first command), and with the size's count of
+``--subscriptions`` followed ``ReadEvents`` streams (operator reader, caught up, waiting); the
+streams' client side lives in that process too, so the figure per subscription is an upper bound of
+the server's. A table over the sizes shows how each figure grows with the work.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import os
 import shutil
 import sys
@@ -197,31 +200,38 @@ async def sizes_table(settings: Settings, sizes: list[int], append_size: int) ->
     return out
 
 
-async def many_groups(settings: Settings, groups: int, group_events: int, append_size: int, subscriptions: int) -> dict[str, float]:
-    from missionweave.sdk.client import MeshClient
-    from missionweave.signing import read_key
-
-    r: dict[str, float] = {}
+async def fill_groups(settings: Settings, ids: list[str], group_events: int, append_size: int) -> float:
+    """Add the Groups ``ids`` (``group_events`` each) to the store; seconds taken."""
     mesh = await start(settings)
     authority = mesh.authority
     assert authority is not None
-    ids = [f"grp_many_{i:05d}" for i in range(groups)]
     try:
         filler = Filler(authority, min(append_size, group_events))
         t0 = time.perf_counter()
-        for i in range(0, groups, 64):
+        for i in range(0, len(ids), 64):
             await asyncio.gather(*(filler.fill(g, group_events) for g in ids[i : i + 64]))
-        r["fill_s"] = time.perf_counter() - t0
-        print(f"  built {groups:,} Groups x {group_events} events in {r['fill_s']:.1f}s", flush=True)
+        return time.perf_counter() - t0
     finally:
         await mesh.stop(grace=0.5)
-    gc.collect()
-    r["rss_before_start"] = rss_mib()
+
+
+def group_ids(groups: int) -> list[str]:
+    return [f"grp_many_{i:05d}" for i in range(groups)]
+
+
+async def measure_groups(settings: Settings, groups: int, group_events: int, subscriptions: int) -> dict[str, float]:
+    """In a fresh process (``--measure``): the mesh's start-up over the store and its RSS started,
+    with the first ``groups`` Groups owned, and with ``subscriptions`` followed ReadEvents streams."""
+    from missionweave.sdk.client import MeshClient
+    from missionweave.signing import read_key
+
+    r: dict[str, float] = {"rss_before_start": rss_mib()}
     t0 = time.perf_counter()
     mesh = await start(settings)
     r["start_s"] = time.perf_counter() - t0
     authority = mesh.authority
     assert authority is not None
+    ids = group_ids(groups)
     try:
         gc.collect()
         r["rss_started"] = rss_mib()
@@ -233,11 +243,6 @@ async def many_groups(settings: Settings, groups: int, group_events: int, append
         gc.collect()
         r["rss_owned"] = rss_mib()
         r["per_group_kib"] = (r["rss_owned"] - r["rss_started"]) * 1024 / groups
-        print(
-            f"  start-up {r['start_s']:.2f}s; RSS {r['rss_started']:.0f} MiB started, {r['rss_owned']:.0f} MiB with "
-            f"{groups:,} Groups owned ({r['own_s']:.1f}s to own them all) = {r['per_group_kib']:.1f} KiB per owned Group",
-            flush=True,
-        )
         client = MeshClient(f"127.0.0.1:{mesh.port}")
         admin = await client.open_session("admin", read_key(settings.admin_key_path))
         client.read_as(admin)
@@ -257,13 +262,8 @@ async def many_groups(settings: Settings, groups: int, group_events: int, append
             streams.append(asyncio.create_task(follow(g, flag)))
         await asyncio.wait_for(asyncio.gather(*(f.wait() for f in flags)), timeout=120)
         gc.collect()
-        after = rss_mib()
-        r["per_subscription_kib"] = (after - before) * 1024 / max(1, subscriptions)
-        print(
-            f"  {subscriptions} followed ReadEvents streams: RSS {before:.0f} -> {after:.0f} MiB = "
-            f"{r['per_subscription_kib']:.1f} KiB per subscription (server and client side)",
-            flush=True,
-        )
+        r["rss_subscribed"] = rss_mib()
+        r["per_subscription_kib"] = (r["rss_subscribed"] - before) * 1024 / max(1, subscriptions)
         for task in streams:
             task.cancel()
         await asyncio.gather(*streams, return_exceptions=True)
@@ -273,26 +273,70 @@ async def many_groups(settings: Settings, groups: int, group_events: int, append
     return r
 
 
+async def many_groups(
+    settings: Settings, sizes: list[int], subscriptions: list[int], group_events: int, append_size: int
+) -> list[dict[str, float]]:
+    """One store grown to each size in turn, each size measured by a fresh process."""
+    out: list[dict[str, float]] = []
+    built = 0
+    for groups, subs in zip(sizes, subscriptions, strict=True):
+        fill_s = await fill_groups(settings, group_ids(groups)[built:], group_events, append_size)
+        print(f"  built Groups {built:,}..{groups:,} x {group_events} events in {fill_s:.1f}s", flush=True)
+        built = groups
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--measure", f"{groups},{group_events},{subs}", str(settings.data_dir),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        stdout, _ = await child.communicate()
+        if child.returncode:
+            raise RuntimeError(f"the measuring process failed ({child.returncode})")
+        r = json.loads(stdout.decode().strip().splitlines()[-1])
+        r.update(groups=groups, subscriptions=subs)
+        print(
+            f"  {groups:,} Groups: start-up {r['start_s']:.2f}s; RSS {r['rss_started']:.0f} MiB started, "
+            f"{r['rss_owned']:.0f} MiB with all owned ({r['own_s']:.1f}s to own them) = {r['per_group_kib']:.1f} KiB "
+            f"per owned Group; {subs:,} followed streams: {r['rss_subscribed']:.0f} MiB = "
+            f"{r['per_subscription_kib']:.1f} KiB per subscription",
+            flush=True,
+        )
+        out.append(r)
+    return out
+
+
+def settings_for(data_dir: Path) -> Settings:
+    settings = Settings.from_env()  # MWP_VERIFY_WORKERS and the other tuning variables apply
+    settings.listen, settings.data_dir, settings.grace_seconds = "127.0.0.1:0", data_dir, 0.5
+    return settings
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
 async def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == "--measure":  # the fresh process of many_groups
+        groups, group_events, subscriptions = int_list(sys.argv[2])
+        print(json.dumps(await measure_groups(settings_for(Path(sys.argv[3])), groups, group_events, subscriptions)))
+        return 0
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="10000,100000,1000000", help="events per Group for the load table")
     p.add_argument("--append", type=int, default=1000, help="events per bulk append (default 1000)")
-    p.add_argument("--groups", type=int, default=10000, help="Groups for start-up and memory (default 10000)")
+    p.add_argument("--groups", default="1000,3000,10000", help="Groups for start-up and memory, one store grown to each")
     p.add_argument("--group-events", type=int, default=100, help="events of each of those Groups (default 100)")
-    p.add_argument("--subscriptions", type=int, default=1000, help="followed ReadEvents streams (default 1000)")
+    p.add_argument("--subscriptions", default="100,300,1000", help="followed ReadEvents streams at each of those sizes")
     args = p.parse_args()
-    sizes = [int(x) for x in args.sizes.split(",") if x]
+    sizes, groups, subscriptions = int_list(args.sizes), int_list(args.groups), int_list(args.subscriptions)
+    if len(subscriptions) != len(groups) or any(s > g for s, g in zip(subscriptions, groups, strict=True)):
+        p.error("--subscriptions needs one count per --groups size, each at most that size")
     work = Path(tempfile.mkdtemp(prefix="mwp-replay-"))
     try:
-        settings = Settings.from_env()  # MWP_VERIFY_WORKERS and the other tuning variables apply
-        settings.listen, settings.data_dir, settings.grace_seconds = "127.0.0.1:0", work / "sizes", 0.5
         print(f"replay bench: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, SQLite store in {work}")
-        table = await sizes_table(settings, sizes, args.append)
-        settings.data_dir = work / "many"
-        many = await many_groups(settings, args.groups, args.group_events, args.append, args.subscriptions)
-        print()
-        print("| events | raw row read (anchor) | first load | ratio | checkpointed load | ratio |")
-        print("|---|---|---|---|---|---|")
+        table = await sizes_table(settings_for(work / "sizes"), sizes, args.append) if sizes else []
+        many = await many_groups(settings_for(work / "many"), groups, subscriptions, args.group_events, args.append)
+        if table:
+            print()
+            print("| events | raw row read (anchor) | first load | ratio | checkpointed load | ratio |")
+            print("|---|---|---|---|---|---|")
         for row in table:
             print(
                 f"| {row['size']:,} | {row['raw']:,.0f} rows/s | {row['first']:,.0f} ev/s | {row['first'] / row['raw']:.0%} "
@@ -300,10 +344,16 @@ async def main() -> int:
             )
         print()
         print(
-            f"{args.groups:,} Groups x {args.group_events} events: start-up {many['start_s']:.2f}s, RSS {many['rss_started']:.0f} MiB "
-            f"started, {many['rss_owned']:.0f} MiB all owned ({many['per_group_kib']:.1f} KiB per owned Group), "
-            f"{many['per_subscription_kib']:.1f} KiB per followed subscription; load average now {os.getloadavg()[0]:.1f}"
+            f"| Groups x {args.group_events} events | start-up | RSS started | RSS all owned | to own them all "
+            "| per owned Group | followed subscriptions | per subscription |"
         )
+        print("|---|---|---|---|---|---|---|---|")
+        for r in many:
+            print(
+                f"| {r['groups']:,} | {r['start_s']:.2f} s | {r['rss_started']:.0f} MiB | {r['rss_owned']:.0f} MiB "
+                f"| {r['own_s']:.1f} s | {r['per_group_kib']:.1f} KiB | {r['subscriptions']:,} | {r['per_subscription_kib']:.1f} KiB |"
+            )
+        print(f"load average now {os.getloadavg()[0]:.1f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
