@@ -307,3 +307,21 @@ async def test_a_card_published_at_another_membership_instance_is_in_force_at_th
         assert directory.current
     finally:
         await other.stop(grace=0.5)
+
+
+async def test_publishing_a_card_waits_for_every_live_stream_even_when_it_is_a_republish(split: Split) -> None:
+    """PublishAgentCard answers once its change reached every live stream: a vanished instance's stream
+    row holds it until the row expires, like OpenSession. An identical republish (a retry whose first
+    answer was lost) waits the same way, for the directory's head, which covers the first change."""
+    registry = split.membership.registry
+    assert registry is not None
+    key = SigningKey.generate()
+    await split.to_membership.register_identity("admin", split.admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key))
+    split.to_membership.read_as(await split.to_membership.open_session("bot", key))
+    card = agent_card_pb2.AgentCard(card_version="1.0.0", max_concurrency=1)
+    for replayed in (False, True):
+        await registry.stream_opened(f"ghost-{replayed}", "vanished-instance", alive_for_s=0.4)
+        began = time.monotonic()
+        answer = await split.to_membership.publish_agent_card(card)
+        assert answer.replayed is replayed
+        assert 0.3 < time.monotonic() - began < 2.0

@@ -37,7 +37,7 @@ from missionweave.signing import (
 )
 from missionweave.v1 import agent_card_pb2 as pb
 from missionweave.v1 import common_pb2
-from services.membership.registry import IdentityRecord, IdentityRegistry, record_change
+from services.membership.registry import IdentityRecord, IdentityRegistry, read_revision, record_change
 from services.membership.schema import agent_cards, presence, presence_upsert
 
 # Bounds of a card (agent_card.proto AgentCard); a card over any of them is refused, nothing written.
@@ -171,7 +171,7 @@ class AgentCards:
         self, envelope: common_pb2.SignedEnvelope, caller: Caller
     ) -> tuple[pb.PublishedAgentCard, bool, int]:
         """Store a new version (or answer the stored one for an identical republish: replayed), and
-        the directory revision that records it (0 for a republish)."""
+        a directory revision at or after the change that records it."""
         card, epoch, key = await self._verified(envelope, caller)
         version = check_card(card)
         for _ in range(PUBLISH_ATTEMPTS):
@@ -252,7 +252,9 @@ class AgentCards:
                 if same is not None:
                     stored = _published(same)
                     if stored.card == card:
-                        return stored, True, 0  # idempotent: the version as first stored
+                        # Idempotent: the version as first stored, and the directory's head, which
+                        # covers its change (a retry after the first answer was lost waits for it too).
+                        return stored, True, await read_revision(conn)
                     raise self._conflict(card, latest, "content", f"version {card.card_version} was published with another card")
                 newest = semver.parse(latest.card_version) if latest is not None else None  # stored: valid
                 if newest is not None and not version > newest:

@@ -168,7 +168,7 @@ class IdentityRegistry:
         """The identities from the database, and the revision they reflect at least (read first: every
         change up to it committed before the identities are read)."""
         async with self.engine.connect() as conn:
-            revision = await _read_revision(conn)
+            revision = await read_revision(conn)
             rows = (await conn.execute(select(identities).where(identities.c.identity_id.in_(identity_ids)))).all()
         self.note_head(revision)
         return revision, [self._record(row) for row in rows]
@@ -190,7 +190,7 @@ class IdentityRegistry:
     @finish_on_cancel
     async def _read_head(self) -> int:
         async with self.engine.connect() as conn:
-            return await _read_revision(conn)
+            return await read_revision(conn)
 
     @finish_on_cancel
     async def changes_after(self, revision: int, limit: int) -> list[directory_pb2.IdentityChange]:
@@ -459,7 +459,7 @@ def _wall_us() -> int:
     return int(time.time() * 1_000_000)
 
 
-async def _read_revision(conn: AsyncConnection) -> int:
+async def read_revision(conn: AsyncConnection) -> int:
     value = (await conn.execute(select(identity_revision.c.revision))).scalar_one_or_none()
     return int(value or 0)
 

@@ -137,7 +137,7 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
         self, request: pb.PublishAgentCardRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.PublishAgentCardResponse:
         published, replayed, revision = await self.cards.publish(request.card, caller)
-        if revision and self.directory is not None:
+        if self.directory is not None:
             # The services that keep cards in force drop this agent's before it is told the new
             # version took effect: the next offer or acceptance checks against it.
             await self.directory.delivered(revision)
