@@ -385,6 +385,8 @@ class GroupAuthority:
         lookups: _Lookups | None = None,
     ) -> _Pending | None:
         """The decision, in a span of its own: the group commit that makes it durable links to it."""
+        if not tracing.active():  # no span to record: skip making a no-op one and its attributes
+            return await self._decide(command, envelope, fingerprint_, effect, lookups)
         with tracing.tracer().start_as_current_span(
             "authority.decide",
             attributes=_span_attributes(command),
