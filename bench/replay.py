@@ -215,6 +215,52 @@ async def fill_groups(settings: Settings, ids: list[str], group_events: int, app
         await mesh.stop(grace=0.5)
 
 
+class LoopStalls:
+    """The longest the event loop went without running a task that asked to wake every TICK_S
+    (its lateness: what every other task of the process waited too)."""
+
+    TICK_S = 0.05
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+
+    async def _watch(self) -> None:
+        while True:
+            asked = time.perf_counter()
+            await asyncio.sleep(self.TICK_S)
+            self.longest = max(self.longest, time.perf_counter() - asked - self.TICK_S)
+
+    def __enter__(self) -> LoopStalls:
+        self._task = asyncio.create_task(self._watch())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._task.cancel()
+
+
+class CollectorPasses:
+    """The cyclic collector's full (oldest-generation) passes while inside, and the longest."""
+
+    def __init__(self) -> None:
+        self.full, self.full_longest, self._began = 0, 0.0, 0.0
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.full += 1
+            self.full_longest = max(self.full_longest, time.perf_counter() - self._began)
+
+    def __enter__(self) -> CollectorPasses:
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._note)
+
+
 # The followed streams of one size must all have caught up by then.
 SUBSCRIBE_TIMEOUT_S = 120
 
@@ -244,9 +290,11 @@ async def measure_groups(settings: Settings, groups: int, group_events: int, sub
         r["rss_started"] = rss_mib()
         authority._cache_size = max(authority._cache_size, groups)  # every Group stays owned
         t0 = time.perf_counter()
-        for i in range(0, groups, 64):  # what a first command does: acquire, fold verified, cache
-            await asyncio.gather(*(authority._load(g) for g in ids[i : i + 64]))
+        with LoopStalls() as stalls, CollectorPasses() as passes:
+            for i in range(0, groups, 64):  # what a first command does: acquire, fold verified, cache
+                await asyncio.gather(*(authority._load(g) for g in ids[i : i + 64]))
         r["own_s"] = time.perf_counter() - t0
+        r["stall_max_s"], r["gc_full_passes"], r["gc_full_max_s"] = stalls.longest, passes.full, passes.full_longest
         gc.collect()
         r["rss_owned"] = rss_mib()
         r["per_group_kib"] = (r["rss_owned"] - r["rss_started"]) * 1024 / groups
@@ -323,8 +371,9 @@ async def many_groups(
         r.update(groups=groups, subscriptions=subs)
         print(
             f"  {groups:,} Groups: start-up {r['start_s']:.2f}s; RSS {r['rss_started']:.0f} MiB started, "
-            f"{r['rss_owned']:.0f} MiB with all owned ({r['own_s']:.1f}s to own them) = {r['per_group_kib']:.1f} KiB "
-            f"per owned Group; {subs:,} followed streams caught up in {r['subscribe_s']:.1f}s "
+            f"{r['rss_owned']:.0f} MiB with all owned ({r['own_s']:.1f}s to own them, longest loop stall "
+            f"{r['stall_max_s']:.2f}s, {r['gc_full_passes']:.0f} full collector passes, longest {r['gc_full_max_s']:.2f}s) = "
+            f"{r['per_group_kib']:.1f} KiB per owned Group; {subs:,} followed streams caught up in {r['subscribe_s']:.1f}s "
             f"({r['retries']:.0f} retried): {r['rss_subscribed']:.0f} MiB = {r['per_subscription_kib']:.1f} KiB per subscription",
             flush=True,
         )
@@ -374,13 +423,15 @@ async def main() -> int:
         print()
         print(
             f"| Groups x {args.group_events} events | start-up | RSS started | RSS all owned | to own them all "
-            "| per owned Group | followed subscriptions | caught up in | per subscription |"
+            "| longest loop stall | full collector passes (longest) | per owned Group | followed subscriptions | caught up in "
+            "| per subscription |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in many:
             print(
                 f"| {r['groups']:,} | {r['start_s']:.2f} s | {r['rss_started']:.0f} MiB | {r['rss_owned']:.0f} MiB "
-                f"| {r['own_s']:.1f} s | {r['per_group_kib']:.1f} KiB | {r['subscriptions']:,} | {r['subscribe_s']:.1f} s "
+                f"| {r['own_s']:.1f} s | {r['stall_max_s']:.2f} s | {r['gc_full_passes']:.0f} ({r['gc_full_max_s']:.2f} s) "
+                f"| {r['per_group_kib']:.1f} KiB | {r['subscriptions']:,} | {r['subscribe_s']:.1f} s "
                 f"| {r['per_subscription_kib']:.1f} KiB |"
             )
         print(f"load average now {os.getloadavg()[0]:.1f}")
