@@ -302,18 +302,19 @@ async def run_lifecycles(
                 return
             await lifecycle(plan)
 
-    async def sample_cpu() -> None:
+    async def sample_cpu(tree: ProcTree) -> None:
         while True:
-            total = sum(cpu for _, cpu in server.snapshot().values()) if isinstance(server, ProcTree) else 0.0
+            total = sum(cpu for _, cpu in tree.snapshot().values())
             tally.cpu_samples.append((len(tally.finished_at), total, time.process_time()))
             await asyncio.sleep(CPU_SAMPLE_S)
 
     with Progress(run, len(plans)), CpuMeter(run, server):
-        sampler = asyncio.create_task(sample_cpu())
+        sampler = asyncio.create_task(sample_cpu(server)) if isinstance(server, ProcTree) else None
         t0 = perf()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         run.seconds = perf() - t0
-        sampler.cancel()
+        if sampler is not None:
+            sampler.cancel()
     return run
 
 
@@ -354,7 +355,7 @@ def growth_costs(tally: Tally, concurrency: int) -> tuple[tuple[float, float], t
     out = []
     for a, b in windows:
         (n0, s0, c0), (n1, s1, c1) = nearest(a), nearest(b)
-        if n1 <= n0:
+        if n1 <= n0 or s1 <= s0 or c1 <= c0:
             return None
         out.append(((s1 - s0) / (n1 - n0), (c1 - c0) / (n1 - n0)))
     return out[0], out[1]

@@ -24,12 +24,12 @@ def end_with_the_pipe() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-# Runs the child's module with the signals already ignored: a Ctrl-C that lands while the child is
-# still importing (the writer's imports take a few hundred ms) would otherwise kill it with a traceback.
+# Runs the child's module after end_with_the_pipe: a Ctrl-C that lands while the child is still
+# importing (the writer's imports take a few hundred ms) would otherwise kill it with a traceback.
 _IGNORING_THEN_RUN = (
-    "import runpy, signal\n"
-    "for sig in (signal.SIGINT, signal.SIGTERM):\n"
-    "    signal.signal(sig, signal.SIG_IGN)\n"
+    "from missionweave.pipe_frames import end_with_the_pipe\n"
+    "end_with_the_pipe()\n"
+    "import runpy\n"
     "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
 )
 

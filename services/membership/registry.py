@@ -280,7 +280,8 @@ class IdentityRegistry:
         return int(count)
 
     def note_head(self, revision: int) -> None:
-        """A change this instance committed: wake its streams at once."""
+        """The directory's revision is known to have reached ``revision`` (a change committed here,
+        or a read): wake the streams at once."""
         if revision > self.head_seen:
             self.head_seen = revision
             for listener in self.listeners:
