@@ -114,10 +114,31 @@ class Tally:
     finished_at: list[float] = field(default_factory=list)  # perf_counter() at each lifecycle's end, in order
     # (lifecycles completed, server CPU s, client CPU s) every CPU_SAMPLE_S of the timed loop
     cpu_samples: list[tuple[int, float, float]] = field(default_factory=list)
+    # (perf_counter() at its end, CPU s) of each pass of the speed probe over its fixed work
+    probe_samples: list[tuple[float, float]] = field(default_factory=list)
 
 
 # How often the timed loop samples the server's and the client's CPU (the growth windows' costs).
 CPU_SAMPLE_S = 0.5
+
+# The speed probe: a process of its own that times, in CPU seconds, the same pure-Python work every
+# PROBE_EVERY_S (~5 ms a pass, ~2% of a core). Its cost per pass is the machine's speed as the
+# server and the client see it (a shared VM's neighbours, caches, frequency): a control for the
+# growth windows, whose CPU per lifecycle moves with it when only the machine changed.
+PROBE_EVERY_S = 0.25
+PROBE_CODE = """
+import sys, time
+def work():
+    table = {}
+    for i in range(20000):
+        table[i % 997] = table.get(i % 997, 0) + i
+    return len(",".join(str(i) for i in range(3000))) + len(table)
+while True:
+    t = time.process_time()
+    work()
+    print(time.perf_counter(), time.process_time() - t, flush=True)
+    time.sleep(float(sys.argv[1]))
+"""
 
 
 # ====================================================================== building the commands
@@ -308,13 +329,29 @@ async def run_lifecycles(
             tally.cpu_samples.append((len(tally.finished_at), total, time.process_time()))
             await asyncio.sleep(CPU_SAMPLE_S)
 
+    async def probe_speed() -> None:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", PROBE_CODE, str(PROBE_EVERY_S), stdout=asyncio.subprocess.PIPE)
+        assert proc.stdout is not None
+        try:
+            while line := await proc.stdout.readline():
+                at, cpu = line.split()
+                tally.probe_samples.append((float(at), float(cpu)))
+        finally:
+            proc.kill()
+            await proc.wait()
+
     with Progress(run, len(plans)), CpuMeter(run, server):
-        sampler = asyncio.create_task(sample_cpu(server)) if isinstance(server, ProcTree) else None
+        samplers = (
+            [asyncio.create_task(sample_cpu(server)), asyncio.create_task(probe_speed())]
+            if isinstance(server, ProcTree)
+            else []
+        )
         t0 = perf()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         run.seconds = perf() - t0
-        if sampler is not None:
+        for sampler in samplers:
             sampler.cancel()
+        await asyncio.gather(*samplers, return_exceptions=True)
     return run
 
 
@@ -338,6 +375,21 @@ def growth_rates(tally: Tally, concurrency: int) -> tuple[float, float]:
     ends = tally.finished_at
     first, last = ((b - a) / (ends[b] - ends[a]) for a, b in windows)
     return first, last
+
+
+def growth_speeds(tally: Tally, concurrency: int) -> tuple[float, float] | None:
+    """The speed probe's mean CPU seconds per pass over each growth window (None without samples)."""
+    windows = growth_windows(tally, concurrency)
+    if windows is None:
+        return None
+    out = []
+    for a, b in windows:
+        start, end = tally.finished_at[a], tally.finished_at[b]
+        passes = [cpu for at, cpu in tally.probe_samples if start <= at <= end]
+        if not passes:
+            return None
+        out.append(statistics.fmean(passes))
+    return out[0], out[1]
 
 
 def growth_costs(tally: Tally, concurrency: int) -> tuple[tuple[float, float], tuple[float, float]] | None:
@@ -631,6 +683,14 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> bool:
             f"growth: CPU per lifecycle, first 10% -> last 10%: server {s0 * 1e3:.2f} -> {s1 * 1e3:.2f} ms "
             f"(x{s1 / s0:.2f}), client {c0 * 1e3:.2f} -> {c1 * 1e3:.2f} ms (x{c1 / c0:.2f}, the same work throughout: "
             f"the machine's drift); server/client {s0 / c0:.2f} -> {s1 / c1:.2f} (x{(s1 / c1) / (s0 / c0):.2f}, flat = 1.00)"
+        )
+    speeds = growth_speeds(t, args.concurrency)
+    if speeds is not None and costs is not None:
+        (p0, p1), ((s0, c0), (s1, c1)) = speeds, costs
+        print(
+            f"growth: speed probe (the same pure-Python work in its own process), CPU per pass {p0 * 1e3:.2f} -> "
+            f"{p1 * 1e3:.2f} ms (x{p1 / p0:.2f}: the machine's drift); CPU per lifecycle over the probe's: server "
+            f"x{(s1 / s0) / (p1 / p0):.2f}, client x{(c1 / c0) / (p1 / p0):.2f} (flat = 1.00)"
         )
     stats = dict(kv.split("=") for kv in str(r["server_stats"]).split())
     batch = (
