@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Insert, Table, and_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import Insert, Table, and_, bindparam, delete, func, insert, literal, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -120,12 +120,18 @@ class ArtifactIndex:
 
     # ------------------------------------------------------------ quota reservations (D119)
 
-    async def reserve(self, identity_id: str, size: int, quota: int, now_us: int, expires_us: int) -> tuple[str, int]:
+    async def reserve(
+        self, identity_id: str, size: int, quota: int, now_us: int, expires_us: int, *, unless_stored: str = ""
+    ) -> tuple[str | None, int]:
         """Reserve ``size`` bytes of ``identity_id``'s quota for an upload about to be received, when
         what it holds plus its uploads in progress on any replica leave room. Returns the reservation
-        id ("" when refused) and those bytes in use. One identity's reservations are made one at a
-        time across replicas (a PostgreSQL transaction lock on the identity; SQLite's one writer,
-        taken at BEGIN), so two uploads can never both count the room that only one of them fits."""
+        id and 0, or "" and the bytes in use when refused. One identity's reservations are made one at
+        a time across replicas (a PostgreSQL transaction lock on the identity; SQLite's one writer,
+        taken at BEGIN), so two uploads can never both count the room that only one of them fits.
+
+        With ``unless_stored`` (a digest): when a blob of that digest and ``size`` is stored already,
+        nothing is reserved and (None, 0) is returned; the upload's lookup and its reservation are then
+        one transaction, its reservation one statement."""
         async with self.engine.connect() as conn:
             if is_sqlite(self.engine):
                 conn = await conn.execution_options(**{SQLITE_IMMEDIATE: True})
@@ -136,16 +142,22 @@ class ArtifactIndex:
                 await conn.execute(delete(upload_reservations).where(of_identity, upload_reservations.c.expires_us < now_us))
                 held = select(func.coalesce(func.sum(holders.c.size_bytes), 0)).where(holders.c.identity_id == identity_id)
                 receiving = select(func.coalesce(func.sum(upload_reservations.c.size_bytes), 0)).where(of_identity)
-                used = int(await conn.scalar(held) or 0) + int(await conn.scalar(receiving) or 0)
-                if used + size > quota:
-                    return "", used
                 reservation = secrets.token_hex(16)
-                await conn.execute(
-                    insert(upload_reservations).values(
-                        reservation_id=reservation, identity_id=identity_id, size_bytes=size, expires_us=expires_us
+                stored = select(blobs.c.digest).where(blobs.c.digest == unless_stored, blobs.c.size_bytes == size)
+                wanted = held.scalar_subquery() + receiving.scalar_subquery() + size <= quota
+                if unless_stored:
+                    wanted = and_(wanted, ~stored.exists())
+                made = await conn.execute(
+                    insert(upload_reservations).from_select(
+                        ["reservation_id", "identity_id", "size_bytes", "expires_us"],
+                        select(literal(reservation), literal(identity_id), literal(size), literal(expires_us)).where(wanted),
                     )
                 )
-        return reservation, used
+                if made.rowcount == 1:
+                    return reservation, 0
+                if unless_stored and await conn.scalar(stored) is not None:
+                    return None, 0
+                return "", int(await conn.scalar(held) or 0) + int(await conn.scalar(receiving) or 0)
 
     @finish_on_cancel  # an upload's end cancels its renewals, maybe mid-statement
     async def renew(self, reservation: str, expires_us: int) -> None:

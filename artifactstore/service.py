@@ -132,20 +132,33 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         manifest = (
             await self._check_manifest(header, hex_digest, size) if header.HasField("manifest") else None
         )
-        stored = hex_digest == EMPTY_BLAKE3 or _same_size(await self.index.blob(hex_digest), size)
+        # A caller with a quota has its lookup and its reservation made in one transaction: a new
+        # blob (the usual upload) is then reserved for before anyone knows it is new.
+        reservation: str | None = None
+        if hex_digest == EMPTY_BLAKE3:
+            stored = True
+        elif self._quota_of(caller):
+            reservation = await self._reserve(caller.identity_id, size, unless_stored=hex_digest)
+            stored = reservation is None
+        else:
+            stored = _same_size(await self.index.blob(hex_digest), size)
         # Dedup is no access grant: only a caller that may already read the blob skips the bytes.
         # Anyone else streams them, and they must hash to the digest (proof of possession) before
         # it becomes a holder; a blob already stored is verified, not stored again. The answer is
         # the same whether or not someone else had stored these bytes (no existence oracle).
         existed = stored and await self._readers(caller).may_read(hex_digest)
         if not existed:
-            await self._receive_as_holder(requests, context, caller, hex_digest, size, stored=stored)
+            await self._receive_as_holder(requests, context, caller, hex_digest, size, stored=stored, reservation=reservation)
         response = pb.UploadResponse(digest=blake3_digest(hex_digest, size), already_existed=existed)
         if manifest is not None:
             record, sources = manifest
             await self.index.record_manifest(record, sources)
             response.manifest_digest.CopyFrom(manifest_ref(header.manifest))
         return response
+
+    def _quota_of(self, caller: Caller) -> bool:
+        """Whether the caller's uploads count against a quota (operators and mesh services have none)."""
+        return bool(self.quota_bytes and caller.identity_id and not caller.operator)
 
     async def _receive_as_holder(
         self,
@@ -156,38 +169,44 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         size: int,
         *,
         stored: bool,
+        reservation: str | None = None,
     ) -> None:
-        """Within the caller's quota: ask for the bytes (missionweave/uploads.py), receive and
-        verify them (storing them unless already stored), then record the caller as a holder."""
+        """Within the caller's quota (``reservation``, when made already): ask for the bytes
+        (missionweave/uploads.py), receive and verify them (storing them unless already stored),
+        then record the caller as a holder."""
         identity = caller.identity_id  # "" for a mesh service
-        reservation = await self._reserve(identity, size) if identity and not caller.operator else ""
-        renewals = asyncio.create_task(self._keep_reserved(reservation)) if reservation else None
         try:
-            await context.send_initial_metadata(GO_AHEAD)
-            await self._receive(requests, hex_digest, size, CountingWriter(size) if stored else None)
-            # The blob (unless stored already), its holder and the end of its reservation in one
-            # commit: one fsync, not two.
-            fresh = [] if stored else [(hex_digest, size)]
-            now = to_micros(self.clock.now())
-            await self.index.record_stored(fresh, [(hex_digest, size)], identity, now, [reservation] if reservation else [])
-            reservation = ""  # it became the holding
+            if reservation is None:
+                reservation = await self._reserve(identity, size) if self._quota_of(caller) else ""
+            assert reservation is not None
+            renewals = asyncio.create_task(self._keep_reserved(reservation)) if reservation else None
+            try:
+                await context.send_initial_metadata(GO_AHEAD)
+                await self._receive(requests, hex_digest, size, CountingWriter(size) if stored else None)
+                # The blob (unless stored already), its holder and the end of its reservation in one
+                # commit: one fsync, not two.
+                fresh = [] if stored else [(hex_digest, size)]
+                now = to_micros(self.clock.now())
+                await self.index.record_stored(fresh, [(hex_digest, size)], identity, now, [reservation] if reservation else [])
+                reservation = ""  # it became the holding
+            finally:
+                await cancel_and_wait(renewals)
         finally:
-            await cancel_and_wait(renewals)
             if reservation:
                 await self.index.release(reservation)
 
-    async def _reserve(self, identity: str, size: int) -> str:
+    async def _reserve(self, identity: str, size: int, *, unless_stored: str = "") -> str | None:
         """Refused before a byte is received: what the identity holds plus what it is uploading now,
         to any replica, would exceed MWP_ARTIFACT_QUOTA_BYTES (operators and mesh services have no
         quota). Otherwise the upload's reservation, counted by every replica until it ends ("" with
-        no quota)."""
+        no quota; None when ``unless_stored`` names a blob of this size that is stored already)."""
         if not self.quota_bytes:
             return ""
         now = self.clock.now()
         reservation, used = await self.index.reserve(
-            identity, size, self.quota_bytes, to_micros(now), to_micros(now + RESERVATION_TTL)
+            identity, size, self.quota_bytes, to_micros(now), to_micros(now + RESERVATION_TTL), unless_stored=unless_stored
         )
-        if not reservation:
+        if reservation == "":
             raise artifact_error(
                 R.REJECTION_REASON_QUOTA_EXCEEDED,
                 "QUOTA_EXCEEDED",

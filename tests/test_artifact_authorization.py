@@ -19,9 +19,11 @@ from typing import Any
 
 import grpc
 import pytest
+from sqlalchemy import func, select
 
 from artifactstore import local
 from artifactstore.blobstore import storage_full
+from artifactstore.schema import upload_reservations
 from missionweave.clock import to_timestamp
 from missionweave.manifest import sign_manifest
 from missionweave.rpc.status import rejection_from_rpc_error
@@ -304,6 +306,9 @@ async def test_over_quota_is_refused_on_the_header_with_nothing_stored(world: Wo
     assert await refusal(cast["outsider"].upload(big)) == (
         "RESOURCE_EXHAUSTED", "REJECTION_REASON_QUOTA_EXCEEDED", "ARTIFACT_ERROR_CODE_QUOTA_EXCEEDED",
     )
+    # Every reservation ended with its upload: refused, held already, or become a holding.
+    async with servicer.index.engine.connect() as conn:
+        assert await conn.scalar(select(func.count()).select_from(upload_reservations)) == 0
 
 
 @pytest.mark.parametrize("where", ["write", "commit"])
