@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import blake3
 from google.protobuf.message import DecodeError
@@ -56,10 +57,10 @@ def link_of(payload: bytes, event: event_pb2.Event, digest: bytes | None = None)
     return event_digest(payload) if digest is None else digest
 
 
-@dataclass(frozen=True)
-class Checked:
+class Checked(NamedTuple):
     """What the chain rules need of one event whose envelope was parsed (and whose signature is
-    still to be, or was, checked). Kept in the Authority's cache of verified envelopes."""
+    still to be, or was, checked). Kept in the Authority's cache of verified envelopes. A tuple:
+    one is made per event of every load, and a frozen dataclass costs several times more to build."""
 
     group_id: str
     sequence: int
@@ -71,8 +72,7 @@ class Checked:
     erases: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class SignatureCheck:
+class SignatureCheck(NamedTuple):
     """A signature still to check: over the DSSE PAE of the payload, with the key it names."""
 
     payload_type: str
@@ -98,37 +98,37 @@ def inspect(
         signed = common_pb2.SignedEnvelope.FromString(stored)
     except DecodeError:
         raise bad("the stored envelope does not parse") from None
-    if signed.payload_type != EVENT_TYPE:
-        raise bad(f"payload type {signed.payload_type!r} is not an event")
+    payload_type = signed.payload_type
+    if payload_type != EVENT_TYPE:
+        raise bad(f"payload type {payload_type!r} is not an event")
     if not signed.signatures:
         raise bad("the event carries no signature")
-    key_id = signed.signatures[0].key_id
+    signature = signed.signatures[0]
+    key_id = signature.key_id
     public_key = keys.get(key_id)
     if public_key is None:
         raise bad(f"signed by {key_id!r}, which is not a key of this Authority's key history")
+    payload = signed.payload  # each read of a bytes field is a copy: once
     try:
-        event = event_pb2.Event.FromString(signed.payload)
+        event = event_pb2.Event.FromString(payload)
     except DecodeError:
         raise bad("the signed payload is not an event") from None
     if event.group_id != group_id or event.sequence != sequence:
         raise bad(f"the signed event is {event.group_id} #{event.sequence}, stored as {group_id} #{sequence}")
     if event.event_id != event_id or event.type != type_:
         raise bad(f"the row says {event_id} {type_}, the signed event {event.event_id} {event.type}")
-    previous = bytes(event.previous_digest)
+    previous = event.previous_digest
     if previous and len(previous) != DIGEST_BYTES:
         raise bad("previous_digest is not 32 bytes")
     erases: tuple[int, ...] = ()
     if event.WhichOneof("payload") == "message_amended" and event.message_amended.erased_sequences:
         erases = tuple(event.message_amended.erased_sequences)
-    checked = Checked(
-        group_id,
-        sequence,
-        link_of(signed.payload, event),
-        previous,
-        event.redaction.tombstone_sequence if event.HasField("redaction") else 0,
-        erases,
-    )
-    return checked, SignatureCheck(signed.payload_type, signed.payload, signed.signatures[0].sig, public_key), event
+    if event.HasField("redaction"):
+        link, erased_by = link_of(payload, event), event.redaction.tombstone_sequence
+    else:
+        link, erased_by = event_digest(payload), 0
+    checked = Checked(group_id, sequence, link, previous, erased_by, erases)
+    return checked, SignatureCheck(payload_type, payload, signature.sig, public_key), event
 
 
 @dataclass
@@ -159,26 +159,22 @@ class Chain:
 
     def advance(self, checked: Checked) -> None:
         seq = checked.sequence
-
-        def bad(detail: str) -> Corruption:
-            return Corruption(self.group_id, seq, detail)
-
         if checked.group_id != self.group_id:
-            raise bad(f"an event of group {checked.group_id} is stored in this log")
+            raise self._bad(seq, f"an event of group {checked.group_id} is stored in this log")
         if seq != self.last + 1:
-            raise bad(f"sequence {seq} follows {self.last}: events {self.last + 1}..{seq - 1} are missing")
+            raise self._bad(seq, f"sequence {seq} follows {self.last}: events {self.last + 1}..{seq - 1} are missing")
         if seq == 1:
             if checked.previous:
-                raise bad("the first event names a predecessor")
+                raise self._bad(seq, "the first event names a predecessor")
         elif checked.previous:
             if self.previous is not None and checked.previous != self.previous:
-                raise bad(f"the event chain is broken: it does not name the digest of event {seq - 1}")
+                raise self._bad(seq, f"the event chain is broken: it does not name the digest of event {seq - 1}")
             self.linked = True
         elif self.linked:
-            raise bad("an event without a chain link follows linked events")
+            raise self._bad(seq, "an event without a chain link follows linked events")
         if checked.erased_by:
             if checked.erased_by <= seq:
-                raise bad("an erased copy names a tombstone that is not after it")
+                raise self._bad(seq, "an erased copy names a tombstone that is not after it")
             self._erased[seq] = checked.erased_by
         for target in checked.erases:
             if target > self.after and self._erased.get(target) != seq:
@@ -186,7 +182,10 @@ class Chain:
         self.last = seq
         self.previous = checked.link
         if self.checkpoint is not None and seq == self.checkpoint[0] and checked.link != self.checkpoint[1]:
-            raise bad("the log does not match the Authority's signed chain checkpoint at this sequence")
+            raise self._bad(seq, "the log does not match the Authority's signed chain checkpoint at this sequence")
+
+    def _bad(self, sequence: int, detail: str) -> Corruption:
+        return Corruption(self.group_id, sequence, detail)
 
     def trusts(self, checked: Checked) -> bool:
         """Whether ``checked`` needs no signature check: it lies at or below the signed checkpoint and

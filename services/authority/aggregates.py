@@ -28,11 +28,21 @@ class ItemKeys:
 NONE = ItemKeys()
 
 
-def named_work_item(event: event_pb2.Event) -> str:
+# The Event payloads that have a work_item_id field (asking the others for it would raise inside
+# getattr, once per event of every fold).
+_NAMING_PAYLOADS = frozenset(
+    f.name
+    for f in event_pb2.Event.DESCRIPTOR.oneofs_by_name["payload"].fields
+    if f.message_type is not None and "work_item_id" in f.message_type.fields_by_name
+)
+
+
+def named_work_item(event: event_pb2.Event, payload: str | None = None) -> str:
     """The WorkItem an event names (its payload's work_item_id), "" when none: every evolve rule that
-    changes a WorkItem names it so."""
-    payload = event.WhichOneof("payload")
-    return str(getattr(getattr(event, payload), "work_item_id", "")) if payload else ""
+    changes a WorkItem names it so. ``payload``: the event's payload name, when the caller has it."""
+    if payload is None:
+        payload = event.WhichOneof("payload")
+    return str(getattr(event, payload).work_item_id) if payload in _NAMING_PAYLOADS else ""
 
 
 def keys_of(item: WorkItemState | None) -> ItemKeys:

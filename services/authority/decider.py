@@ -223,7 +223,7 @@ def evolve(state: GroupState | None, event: event_pb2.Event) -> GroupState:
         raise ValueError(f"no evolve rule for event payload {payload!r} ({event.type})")
     # Every evolve rule that changes a WorkItem names it as its payload's work_item_id: the WorkItem
     # indexes (D134) re-file that one alone (the property tests check them against a recomputation).
-    work_item_id = aggregates.named_work_item(event)
+    work_item_id = aggregates.named_work_item(event, payload)
     before = aggregates.keys_of(state.work_items.get(work_item_id)) if work_item_id else aggregates.NONE
     applier(state, event)
     if work_item_id:

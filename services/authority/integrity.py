@@ -122,9 +122,10 @@ class LogIntegrity:
         fresh: list[tuple[int, bytes, _Known]] = []
         signatures: list[tuple[bytes, bytes, bytes]] = []
         failure: Corruption | None = None
+        verified, keys, trusts = self.verified, self.keys, chain.trusts
         for row in rows:
-            key = self.verified.key(row.envelope)
-            known = self.verified.get(key)
+            key = verified.key(row.envelope)
+            known = verified.get(key)
             if (
                 known is not None
                 and known.checked.group_id == group_id
@@ -136,11 +137,11 @@ class LogIntegrity:
                 parsed.append(None)
                 continue
             try:
-                one, signature, event = inspect(group_id, row.sequence, row.event_id, row.type, row.envelope, self.keys)
+                one, signature, event = inspect(group_id, row.sequence, row.event_id, row.type, row.envelope, keys)
             except Corruption as corruption:
                 failure = corruption
                 break
-            if not chain.trusts(one):  # else the hash chain up to the signed checkpoint covers it
+            if not trusts(one):  # else the hash chain up to the signed checkpoint covers it
                 fresh.append((len(checked), key, _Known(one, row.event_id, row.type)))
                 signatures.append((signature.message, signature.signature, signature.public_key))
             checked.append(one)
@@ -154,15 +155,17 @@ class LogIntegrity:
                     failure = Corruption(group_id, checked[index].sequence, "the Authority's signature does not verify")
                     del checked[index:]
                     break
-        Counters.events_cached += sum(p is None for p in parsed)
+        cached = parsed.count(None)
+        Counters.events_cached += cached
         try:
+            advance = chain.advance
             for one in checked:
-                chain.advance(one)
+                advance(one)
         except Corruption as corruption:
             failure = corruption
         if failure is not None:
             raise self.mark(failure) from None
-        Counters.events_chained += len(checked) - len(fresh) - sum(p is None for p in parsed)
+        Counters.events_chained += len(checked) - len(fresh) - cached
         for _, key, known in fresh:
             self.verified.put(key, known)
         if not events:

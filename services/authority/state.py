@@ -52,7 +52,7 @@ class ConversationState:
     linked_conversation_id: str = ""
 
 
-@dataclass
+@dataclass(slots=True)  # one per Message of every owned Group
 class MessageState:
     """An accepted Message is immutable (MW-9.1-19); amendments are recorded beside it."""
 
