@@ -28,6 +28,7 @@ import missionweave.sdk.agent as sdk
 import missionweave.sdk.cursors as cursors_module
 from gateway.schema import cursors
 from missionweave.sdk.agent import (
+    VERIFIED_EVENT_PAYLOADS,
     Agent,
     AuthorityVerifier,
     Backoff,
@@ -38,6 +39,7 @@ from missionweave.sdk.agent import (
     NotVerified,
     Subscription,
     SubscriptionFailed,
+    VerifiedPayloads,
 )
 from missionweave.sdk.client import decode_events
 from missionweave.sdk.idempotency import attempt_key
@@ -499,6 +501,12 @@ async def test_events_that_do_not_continue_the_chain_seen_so_far_are_refused(tmp
     await sub.stop(grace=1)
 
 
+@pytest.fixture(autouse=True)
+def no_remembered_signatures() -> None:
+    """Each test counts its own signature checks: nothing verified by an earlier test is remembered."""
+    VERIFIED_EVENT_PAYLOADS.clear()
+
+
 def counting_signature_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     checks: list[int] = []
     real = sdk.verify_signature
@@ -592,6 +600,46 @@ def test_events_the_chain_does_not_vouch_for_are_checked_by_their_own_signature(
     forged.signatures[0].sig = bytes(64)
     with pytest.raises(NotVerified):
         verifier.events([envelopes[0], forged, envelopes[2]])
+
+
+def test_agents_of_one_process_check_an_events_signature_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two agents of one process receive the same frame: the second is spared the signature check
+    the first made (VERIFIED_EVENT_PAYLOADS). The same payload under other signature bytes, an
+    edited payload, or a verifier that trusts another key for that key id, is checked as usual."""
+    checks = counting_signature_checks(monkeypatch)
+    first, second = (AuthorityVerifier(AUTHORITY_ID, bytes(AUTHORITY.verify_key)) for _ in range(2))
+    frame, _ = chained("s", 1, 3, b"")
+    envelopes = list(frame.event.events)
+    assert [item.event.sequence for item in first.events(envelopes)] == [1, 2, 3]
+    assert checks == [3]
+    assert [item.event.sequence for item in second.events(envelopes)] == [1, 2, 3]
+    assert checks == [3]  # remembered: no second check
+    forged = common_pb2.SignedEnvelope()
+    forged.CopyFrom(envelopes[2])
+    forged.signatures[0].sig = bytes(64)
+    with pytest.raises(NotVerified):
+        second.events([*envelopes[:2], forged])
+    assert checks == [3, 3]
+    edited = event_pb2.Event.FromString(envelopes[2].payload)
+    edited.type = "message.edited"
+    altered = common_pb2.SignedEnvelope()
+    altered.CopyFrom(envelopes[2])
+    altered.payload = edited.SerializeToString()
+    with pytest.raises(NotVerified):
+        second.events([altered])
+    impostor = AuthorityVerifier(AUTHORITY_ID, bytes(SigningKey.generate().verify_key))
+    with pytest.raises(NotVerified):
+        impostor.events(envelopes)
+
+
+def test_remembered_signatures_are_bounded_oldest_first_out() -> None:
+    remembered = VerifiedPayloads(size=2)
+    a, b, c = ((b"k", bytes([n]) * 32, b"s") for n in range(3))
+    remembered.add(a)
+    remembered.add(b)
+    assert a in remembered  # used: now the most recent
+    remembered.add(c)
+    assert a in remembered and c in remembered and b not in remembered
 
 
 class HeldCursorStore(CursorStore):

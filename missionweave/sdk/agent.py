@@ -647,6 +647,37 @@ class Linked:
     link: bytes
 
 
+class VerifiedPayloads:
+    """Event envelopes whose Authority signature this process has checked, by (public key, BLAKE3 of
+    the payload, signature): bounded, least recently used first out. Agents of one process that
+    follow the same Group each receive every event; the first to check an event's signature spares
+    the others theirs (a payload that hashes to a remembered digest, under the same signature, is
+    the one that was checked; any other signature bytes are checked as usual)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._known: OrderedDict[tuple[bytes, bytes, bytes], None] = OrderedDict()
+
+    def __contains__(self, key: tuple[bytes, bytes, bytes]) -> bool:
+        if key in self._known:
+            self._known.move_to_end(key)
+            return True
+        return False
+
+    def add(self, key: tuple[bytes, bytes, bytes]) -> None:
+        self._known[key] = None
+        if len(self._known) > self.size:
+            self._known.popitem(last=False)
+
+    def clear(self) -> None:
+        self._known.clear()
+
+
+# Shared by every AuthorityVerifier of the process (keyed by the public key, so never across
+# Authorities).
+VERIFIED_EVENT_PAYLOADS = VerifiedPayloads()
+
+
 class AuthorityVerifier:
     """Checks the Authority's signature (and payload type) before anything parses a payload."""
 
@@ -674,20 +705,40 @@ class AuthorityVerifier:
         ``previous_digest`` of a verified event is the payload the Authority signed before it, so
         its own signature adds nothing. A frame of contiguous events costs one signature check; an
         event the chain does not vouch for (the newest, one after a skipped range, an erased copy,
-        one of another history) has its own signature checked. Returned in frame order."""
+        one of another history) has its own signature checked, unless this process checked that
+        same signature over that same payload already (``VERIFIED_EVENT_PAYLOADS``). Returned in
+        frame order."""
         linked: list[Linked] = []
         vouched = b""  # the previous_digest of the last event verified, walking backwards
         for envelope in reversed(envelopes):
-            digest = event_digest(envelope.payload)
-            if envelope.payload_type == EVENT_TYPE and vouched and digest == vouched:
-                payload = envelope.payload
-            else:
+            payload = envelope.payload
+            digest = event_digest(payload)
+            if envelope.payload_type != EVENT_TYPE or not (
+                (vouched and digest == vouched) or self._checked_before(envelope, digest)
+            ):
                 payload = self._payload(envelope, EVENT_TYPE)
+                self._remember(envelope, digest)
             event = _parse(event_pb2.Event, payload)
             linked.append(Linked(event, link_of(payload, event, digest)))
-            vouched = bytes(event.previous_digest)
+            vouched = event.previous_digest
         linked.reverse()
         return linked
+
+    def _signed_by_us(self, envelope: common_pb2.SignedEnvelope, digest: bytes) -> tuple[bytes, bytes, bytes] | None:
+        """(public key, digest, signature) of the first signature by a key of this Authority, the
+        one ``_payload`` checks (None: there is none)."""
+        return next(
+            ((self.keys[s.key_id], digest, s.sig) for s in envelope.signatures if s.key_id in self.keys), None
+        )
+
+    def _checked_before(self, envelope: common_pb2.SignedEnvelope, digest: bytes) -> bool:
+        signed = self._signed_by_us(envelope, digest)
+        return signed is not None and signed in VERIFIED_EVENT_PAYLOADS
+
+    def _remember(self, envelope: common_pb2.SignedEnvelope, digest: bytes) -> None:
+        signed = self._signed_by_us(envelope, digest)
+        if signed is not None:
+            VERIFIED_EVENT_PAYLOADS.add(signed)
 
     def snapshot_reference(self, envelope: common_pb2.SignedEnvelope) -> pb.SnapshotReference:
         return _parse(pb.SnapshotReference, self._payload(envelope, SNAPSHOT_REFERENCE_TYPE))
