@@ -5,19 +5,34 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Insert, Table, and_, bindparam, delete, func, insert, literal, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Insert,
+    Row,
+    Select,
+    Table,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from artifactstore.schema import blobs, holders, manifests, provenance, upload_reservations
 from artifactstore.verified_marks import VerifiedMarks
 from missionweave.aio import finish_on_cancel
-from missionweave.db import SQLITE_IMMEDIATE, is_sqlite
+from missionweave.db import TransactionRunner
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,19 @@ class Edge:
 _IN_BATCH = 500  # digests per IN (...) clause
 
 
+def _lock_quota_of(conn: Connection, identity_id: str) -> None:
+    """One identity's reservations one at a time across replicas (PostgreSQL; on SQLite the write
+    lock taken at BEGIN IMMEDIATE serialises them)."""
+    if conn.dialect.name == "postgresql":
+        key = int.from_bytes(hashlib.blake2b(b"mwp-quota:" + identity_id.encode(), digest_size=8).digest(), "big", signed=True)
+        conn.execute(select(func.pg_advisory_xact_lock(key)))
+
+
+def _first(statement: Select[Any]) -> Callable[[Connection], Row[Any] | None]:
+    """A transaction body: the statement's first row (None: no row)."""
+    return lambda conn: conn.execute(statement).first()
+
+
 def _batches(values: Iterable[str]) -> list[list[str]]:
     wanted = sorted(set(values))
     return [wanted[start : start + _IN_BATCH] for start in range(0, len(wanted), _IN_BATCH)]
@@ -69,17 +97,22 @@ class ArtifactIndex:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.marks = VerifiedMarks(self._write_marks)
+        # An upload's and a download's own statements, each transaction in one step (D147).
+        self.transactions = TransactionRunner(engine)
+
+    async def close(self) -> None:
+        """Writes the verification times still held (D142) and ends the transaction threads."""
+        await self.marks.close()
+        await self.transactions.close()
 
     async def blob(self, digest: str) -> BlobRecord | None:
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(select(blobs).where(blobs.c.digest == digest))).first()
+        row = await self.transactions.run(_first(select(blobs).where(blobs.c.digest == digest)))
         return None if row is None else self._record(row)
 
     async def blob_held(self, digest: str, identity_id: str) -> tuple[BlobRecord | None, bool]:
         """``blob`` and whether ``identity_id`` holds it, in one statement (a Download's lookup)."""
         held = select(holders.c.digest).where(holders.c.digest == digest, holders.c.identity_id == identity_id).exists()
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(select(blobs, held.label("held")).where(blobs.c.digest == digest))).first()
+        row = await self.transactions.run(_first(select(blobs, held.label("held")).where(blobs.c.digest == digest)))
         return (None, False) if row is None else (self._record(row), bool(row[4]))
 
     def _record(self, row: Any) -> BlobRecord:
@@ -132,32 +165,30 @@ class ArtifactIndex:
         With ``unless_stored`` (a digest): when a blob of that digest and ``size`` is stored already,
         nothing is reserved and (None, 0) is returned; the upload's lookup and its reservation are then
         one transaction, its reservation one statement."""
-        async with self.engine.connect() as conn:
-            if is_sqlite(self.engine):
-                conn = await conn.execution_options(**{SQLITE_IMMEDIATE: True})
-            async with conn.begin():
-                await self._lock_quota_of(conn, identity_id)
-                of_identity = upload_reservations.c.identity_id == identity_id
-                # Lapsed reservations (their replica died mid-upload) count no more: gone now.
-                await conn.execute(delete(upload_reservations).where(of_identity, upload_reservations.c.expires_us < now_us))
-                held = select(func.coalesce(func.sum(holders.c.size_bytes), 0)).where(holders.c.identity_id == identity_id)
-                receiving = select(func.coalesce(func.sum(upload_reservations.c.size_bytes), 0)).where(of_identity)
-                reservation = secrets.token_hex(16)
-                stored = select(blobs.c.digest).where(blobs.c.digest == unless_stored, blobs.c.size_bytes == size)
-                wanted = held.scalar_subquery() + receiving.scalar_subquery() + size <= quota
-                if unless_stored:
-                    wanted = and_(wanted, ~stored.exists())
-                made = await conn.execute(
-                    insert(upload_reservations).from_select(
-                        ["reservation_id", "identity_id", "size_bytes", "expires_us"],
-                        select(literal(reservation), literal(identity_id), literal(size), literal(expires_us)).where(wanted),
-                    )
-                )
-                if made.rowcount == 1:
-                    return reservation, 0
-                if unless_stored and await conn.scalar(stored) is not None:
-                    return None, 0
-                return "", int(await conn.scalar(held) or 0) + int(await conn.scalar(receiving) or 0)
+        of_identity = upload_reservations.c.identity_id == identity_id
+        held = select(func.coalesce(func.sum(holders.c.size_bytes), 0)).where(holders.c.identity_id == identity_id)
+        receiving = select(func.coalesce(func.sum(upload_reservations.c.size_bytes), 0)).where(of_identity)
+        stored = select(blobs.c.digest).where(blobs.c.digest == unless_stored, blobs.c.size_bytes == size)
+        wanted = held.scalar_subquery() + receiving.scalar_subquery() + size <= quota
+        if unless_stored:
+            wanted = and_(wanted, ~stored.exists())
+        reservation = secrets.token_hex(16)
+        made = insert(upload_reservations).from_select(
+            ["reservation_id", "identity_id", "size_bytes", "expires_us"],
+            select(literal(reservation), literal(identity_id), literal(size), literal(expires_us)).where(wanted),
+        )
+
+        def reserve(conn: Connection) -> tuple[str | None, int]:
+            _lock_quota_of(conn, identity_id)
+            # Lapsed reservations (their replica died mid-upload) count no more: gone now.
+            conn.execute(delete(upload_reservations).where(of_identity, upload_reservations.c.expires_us < now_us))
+            if conn.execute(made).rowcount == 1:
+                return reservation, 0
+            if unless_stored and conn.scalar(stored) is not None:
+                return None, 0
+            return "", int(conn.scalar(held) or 0) + int(conn.scalar(receiving) or 0)
+
+        return await self.transactions.run(reserve, immediate=True)
 
     @finish_on_cancel  # an upload's end cancels its renewals, maybe mid-statement
     async def renew(self, reservation: str, expires_us: int) -> None:
@@ -172,11 +203,6 @@ class ArtifactIndex:
     async def release(self, reservation: str) -> None:
         async with self.engine.begin() as conn:
             await conn.execute(delete(upload_reservations).where(upload_reservations.c.reservation_id == reservation))
-
-    async def _lock_quota_of(self, conn: AsyncConnection, identity_id: str) -> None:
-        if conn.dialect.name == "postgresql":
-            key = int.from_bytes(hashlib.blake2b(b"mwp-quota:" + identity_id.encode(), digest_size=8).digest(), "big", signed=True)
-            await conn.execute(select(func.pg_advisory_xact_lock(key)))
 
     async def held_by(self, identity_id: str, digests: Iterable[str]) -> set[str]:
         """Which of ``digests`` ``identity_id`` holds."""
@@ -233,13 +259,17 @@ class ArtifactIndex:
         }
         if not blob_rows and not holder_rows and not ended:
             return
-        async with self.engine.begin() as conn:
+        new_blobs, new_holders = _insert_new(self.engine, blobs, ("digest",)), _insert_new(self.engine, holders, ("digest", "identity_id"))
+
+        def record(conn: Connection) -> None:
             for batch in _batches(ended):
-                await conn.execute(delete(upload_reservations).where(upload_reservations.c.reservation_id.in_(batch)))
+                conn.execute(delete(upload_reservations).where(upload_reservations.c.reservation_id.in_(batch)))
             if blob_rows:
-                await conn.execute(_insert_new(self.engine, blobs, ("digest",)), list(blob_rows.values()))
+                conn.execute(new_blobs, list(blob_rows.values()))
             if holder_rows:
-                await conn.execute(_insert_new(self.engine, holders, ("digest", "identity_id")), list(holder_rows.values()))
+                conn.execute(new_holders, list(holder_rows.values()))
+
+        await self.transactions.run(record)
 
     def note_verified(self, digests: Iterable[str], now_us: int) -> None:
         """Each of ``digests`` matched its hash at ``now_us``: written behind (``VerifiedMarks``)."""

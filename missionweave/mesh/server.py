@@ -231,7 +231,7 @@ class Mesh:
         if self.store is not None:
             await self.store.close()
         if self.artifacts is not None:  # the verification times not written yet (D142)
-            await self.artifacts.index.marks.close()
+            await self.artifacts.index.close()
         if self.blobstore is not None:
             await self.blobstore.close()
         await self.engine.dispose()
