@@ -18,7 +18,11 @@ What it measures, for MissionWeave on each topology and then for NATS JetStream,
                 until the server's stored ACK state (gateway cursor table, consumer ack floor) reached
                 every head; events appended/s; p50/p99 append-to-delivery latency. After each phase the
                 benchmark waits (``--ack-seconds``) for that ACK state, so phases start drained.
-2. noisy neighbour - paced, open-loop publishing for ``--noisy-seconds``: every quiet Group at
+2. half load - paced, open-loop publishing for ``--noisy-seconds``: every Group at the same rate,
+                together half of the deliveries/s MissionWeave measured on the first topology (every
+                other topology and NATS get the same absolute rate). Reported: p50/p99
+                append-to-delivery (target: p99 <= 50 ms).
+3. noisy neighbour - paced, open-loop publishing for ``--noisy-seconds``: every quiet Group at
                 ``--quiet-rate`` events/s, once without and once with one extra Group publishing 100x
                 that rate (same subscribers). Reported: the quiet Groups' p50/p99 both ways and the ratio
                 (target: with/without <= 1.5x), the noisy Group's own latency and any refused publishes.
@@ -117,6 +121,7 @@ from missionweave.rpc.channels import open_channel  # noqa: E402
 
 NOISY_FACTOR = 100  # the noisy Group publishes this many times the rate of each quiet Group
 FAIRNESS_TARGET = 1.5  # quiet p99 with the noisy Group / without, at most
+HALF_LOAD_P99_MS = 50.0  # p99 append -> delivery at half of the measured throughput, at most
 PAUSED_CAP = 4096  # open-loop publisher: most publishes in flight before it waits (and falls behind)
 KEY_BYTES = 20  # NATS payloads start with the message key
 STALL_SECONDS = 20.0  # a wait with no progress for this long is reported as a stall and ends
@@ -1130,13 +1135,16 @@ class Results:
     system: System
     warmup: Phase | None = None
     throughput: Phase | None = None
+    half_load: Phase | None = None
     quiet_only: Phase | None = None
     with_noisy: Phase | None = None
     idle: tuple[float, float] = (0.0, 0.0)  # server, client CPU while every subscription is idle (of a core)
     failures: list[str] = field(default_factory=list)
 
     def phases(self) -> list[Phase]:
-        return [p for p in (self.warmup, self.throughput, self.quiet_only, self.with_noisy) if p is not None]
+        return [
+            p for p in (self.warmup, self.throughput, self.half_load, self.quiet_only, self.with_noisy) if p is not None
+        ]
 
 
 async def idle_cpu(system: System, seconds: float) -> tuple[float, float]:
@@ -1148,10 +1156,10 @@ async def idle_cpu(system: System, seconds: float) -> tuple[float, float]:
     return idle.server_cpu / seconds, idle.client_cpu / seconds
 
 
-async def measure(
-    system: System, args: argparse.Namespace, quiet_rate: float | None
-) -> tuple[Results, float]:
-    """Warm-up, throughput, then the noisy-neighbour pair; returns the quiet rate used."""
+async def measure(system: System, args: argparse.Namespace, rates: dict[str, float]) -> Results:
+    """Warm-up, throughput, half load, then the noisy-neighbour pair. ``rates`` (events/s per Group):
+    "half" and "quiet", set from this system's throughput when missing, so that every later system
+    (other topologies, NATS) is offered the same."""
     res = Results(system)
     g = args.groups
     phase_args: dict[str, Any] = {"max_seconds": args.max_seconds, "ack_seconds": args.ack_seconds}
@@ -1175,10 +1183,25 @@ async def measure(
     res.throughput = await run_phase(system, "throughput", items, window=args.window, **phase_args)
     log("  " + res.throughput.line())
 
-    if quiet_rate is None:
-        # Quiet load such that quiet + noisy together offer --noisy-load of the throughput just measured.
-        quiet_rate = args.noisy_load * res.throughput.rate / ((g + NOISY_FACTOR) * args.subscribers)
-        quiet_rate = float(f"{quiet_rate:.2g}")
+    # Half of the throughput just measured, spread evenly over every Group at a fixed schedule (open
+    # loop): the latency the issue's target names ("p99 <= 50 ms at half of the maximum throughput").
+    half_rate = rates.setdefault("half", float(f"{0.5 * res.throughput.rate / (g * args.subscribers):.2g}"))
+    schedule = noisy_schedule(g, half_rate, args.noisy_seconds, False)
+    log(f"{system.name}: half load, {g} Groups at {half_rate:g} events/s each for {args.noisy_seconds:g}s ({len(schedule):,} events)")
+    res.half_load = await run_phase(
+        system,
+        "half load",
+        system.prepare([(grp, cls) for _, grp, cls in schedule], "half"),
+        offsets=[o for o, _, _ in schedule],
+        max_seconds=args.noisy_seconds + args.max_seconds,
+        ack_seconds=args.ack_seconds,
+    )
+    log("  " + res.half_load.line("quiet"))
+
+    # Quiet load such that quiet + noisy together offer --noisy-load of the throughput just measured.
+    quiet_rate = rates.setdefault(
+        "quiet", float(f"{args.noisy_load * res.throughput.rate / ((g + NOISY_FACTOR) * args.subscribers):.2g}")
+    )
     for noisy in (False, True):
         schedule = noisy_schedule(g, quiet_rate, args.noisy_seconds, noisy)
         name = "with noisy" if noisy else "quiet only"
@@ -1206,7 +1229,7 @@ async def measure(
             res.with_noisy = phase
         else:
             res.quiet_only = phase
-    return res, quiet_rate
+    return res
 
 
 # ====================================================================== driver and report
@@ -1227,7 +1250,7 @@ async def drive(args: argparse.Namespace, work: Path) -> tuple[list[Results], Re
     topologies: list[Topology] = args.topology_list
     stores = TopologyStores(topologies, args.database_url, "", work)
     ours: list[Results] = []
-    quiet_rate: float | None = args.quiet_rate
+    rates: dict[str, float] = {"quiet": args.quiet_rate} if args.quiet_rate else {}
     try:
         for topo in topologies:
             if topo.skip:
@@ -1240,7 +1263,7 @@ async def drive(args: argparse.Namespace, work: Path) -> tuple[list[Results], Re
                     f"  message_post command {mw.command_bytes} B signed, stored event envelope {mw.envelope_bytes} B "
                     f"(text {args.text_bytes} B)"
                 )
-                res, quiet_rate = await measure(mw, args, quiet_rate)
+                res = await measure(mw, args, rates)
                 res.failures = mw.failures()
                 ours.append(res)
                 if not args.envelope_bytes:
@@ -1258,18 +1281,16 @@ async def drive(args: argparse.Namespace, work: Path) -> tuple[list[Results], Re
         stores.close()
     if not ours:
         raise SystemExit("no topology could be measured")
-    assert quiet_rate is not None
-
     theirs: Results | None = None
     if not args.no_nats:
         nats_sys = Nats(args, work, args.envelope_bytes)
         try:
             await nats_sys.start()
-            theirs, _ = await measure(nats_sys, args, quiet_rate)
+            theirs = await measure(nats_sys, args, rates)
         finally:
             await nats_sys.stop()
         args.nats_version = nats_sys.version
-    return ours, theirs, quiet_rate
+    return ours, theirs, rates["quiet"]
 
 
 def _ms(v: float) -> str:
@@ -1342,6 +1363,12 @@ def _vs_nats(o: Results, t: Results | None) -> None:
         "",
     )
     row("server CPU idle, all subscribed", lambda r: r.idle[0], "{:.0%}", "", per="res")
+    oh, th = o.half_load, t.half_load if t else None
+    if oh is not None:
+        rows.append(("half load (even, open loop)", "", "", ""))
+        for label, pct in (("  p50 append -> delivery, ms", 50), (f"  p99 append -> delivery, ms (<= {HALF_LOAD_P99_MS:g})", 99)):
+            a, b = oh.pct("quiet", pct), th.pct("quiet", pct) if th else float("nan")
+            rows.append((label, _ms(a), _ms(b) if th else "", _ratio(a, b) if th else ""))
     rows.append(("noisy neighbour", "", "", ""))
     for label, po, pt, cls, pct in (
         ("  quiet p50, quiet only, ms", oq, tq, "quiet", 50),
@@ -1469,6 +1496,15 @@ def report(args: argparse.Namespace, ours: list[Results], theirs: Results | None
     every = [*ours, *([theirs] if theirs else [])]
     rows.append(
         [
+            f"half load p50 / p99 ms (p99 <= {HALF_LOAD_P99_MS:g})",
+            *(
+                f"{_ms(r.half_load.pct('quiet', 50))} / {_ms(r.half_load.pct('quiet', 99))}" if r.half_load else ""
+                for r in every
+            ),
+        ]
+    )
+    rows.append(
+        [
             "quiet p99 ms, without -> with noisy",
             *(
                 f"{_ms(cast(Phase, r.quiet_only).pct('quiet', 99))} -> {_ms(cast(Phase, r.with_noisy).pct('quiet', 99))}"
@@ -1573,6 +1609,14 @@ def report(args: argparse.Namespace, ours: list[Results], theirs: Results | None
         + ("" if args.quiet_rate else f" (set from {mws[0].topo.label}'s throughput)")
     )
     ok = not args.failed
+    for res in every:
+        if res.half_load is not None:
+            p99 = res.half_load.pct("quiet", 99)
+            print(
+                f"  {res.system.name}: half load (every Group at the same fixed rate, half of the first measured "
+                f"throughput): p99 append -> delivery {p99:.1f} ms (target <= {HALF_LOAD_P99_MS:g} ms): "
+                f"{'MET' if p99 <= HALF_LOAD_P99_MS else 'NOT MET'}"
+            )
     for res in every:
         qp, np_ = res.quiet_only, res.with_noisy
         assert qp is not None and np_ is not None
