@@ -155,6 +155,7 @@ class Phase:
     acked_complete: bool = False
     behind_max: float = 0.0  # paced phases: how late the publisher got against its schedule
     latencies: dict[str, list[float]] = field(default_factory=dict)  # by class: all / quiet / noisy
+    # publish -> its answer (the append durable), accepted publishes only; under "answered" in pct()
     # First publish -> handled (authority.py's CpuMeter fills these in): server CPU seconds summed over
     # every process of the topology, and by process name; the PostgreSQL backends serving the
     # topology's database apart (None on SQLite and for NATS); the whole machine's busy CPU, in cores.
@@ -1063,6 +1064,7 @@ async def run_phase(
     async def publish(item: Item) -> None:
         nonlocal last_answer
         recorder.start(item.key, item.cls)
+        sent = perf()
         try:
             refused = await system.publish(item)
         except Exception as err:
@@ -1078,6 +1080,7 @@ async def run_phase(
         else:
             phase.published += 1
             phase.expected += system.subscribers
+            phase.latencies.setdefault("answered", []).append(last_answer - sent)
 
     assert system.tree is not None
     with PhaseProgress(system, phase):
@@ -1196,7 +1199,11 @@ async def measure(system: System, args: argparse.Namespace, rates: dict[str, flo
         max_seconds=args.noisy_seconds + args.max_seconds,
         ack_seconds=args.ack_seconds,
     )
-    log("  " + res.half_load.line("quiet"))
+    log(
+        "  "
+        + res.half_load.line("quiet")
+        + f"; publish answered p50 {res.half_load.pct('answered', 50):.1f} ms, p99 {res.half_load.pct('answered', 99):.1f} ms"
+    )
 
     # Quiet load such that quiet + noisy together offer --noisy-load of the throughput just measured.
     quiet_rate = rates.setdefault(
@@ -1366,8 +1373,13 @@ def _vs_nats(o: Results, t: Results | None) -> None:
     oh, th = o.half_load, t.half_load if t else None
     if oh is not None:
         rows.append(("half load (even, open loop)", "", "", ""))
-        for label, pct in (("  p50 append -> delivery, ms", 50), (f"  p99 append -> delivery, ms (<= {HALF_LOAD_P99_MS:g})", 99)):
-            a, b = oh.pct("quiet", pct), th.pct("quiet", pct) if th else float("nan")
+        for label, cls, pct in (
+            ("  p50 append -> delivery, ms", "quiet", 50),
+            (f"  p99 append -> delivery, ms (<= {HALF_LOAD_P99_MS:g})", "quiet", 99),
+            ("  p50 publish -> answered (durable), ms", "answered", 50),
+            ("  p99 publish -> answered (durable), ms", "answered", 99),
+        ):
+            a, b = oh.pct(cls, pct), th.pct(cls, pct) if th else float("nan")
             rows.append((label, _ms(a), _ms(b) if th else "", _ratio(a, b) if th else ""))
     rows.append(("noisy neighbour", "", "", ""))
     for label, po, pt, cls, pct in (
