@@ -175,33 +175,28 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         (missionweave/uploads.py), receive and verify them (storing them unless already stored),
         then record the caller as a holder."""
         identity = caller.identity_id  # "" for a mesh service
+        if reservation is None:
+            reservation = await self._reserve(identity, size) if self._quota_of(caller) else ""
+        renewals = asyncio.create_task(self._keep_reserved(reservation)) if reservation else None
         try:
-            if reservation is None:
-                reservation = await self._reserve(identity, size) if self._quota_of(caller) else ""
-            assert reservation is not None
-            renewals = asyncio.create_task(self._keep_reserved(reservation)) if reservation else None
-            try:
-                await context.send_initial_metadata(GO_AHEAD)
-                await self._receive(requests, hex_digest, size, CountingWriter(size) if stored else None)
-                # The blob (unless stored already), its holder and the end of its reservation in one
-                # commit: one fsync, not two.
-                fresh = [] if stored else [(hex_digest, size)]
-                now = to_micros(self.clock.now())
-                await self.index.record_stored(fresh, [(hex_digest, size)], identity, now, [reservation] if reservation else [])
-                reservation = ""  # it became the holding
-            finally:
-                await cancel_and_wait(renewals)
+            await context.send_initial_metadata(GO_AHEAD)
+            await self._receive(requests, hex_digest, size, CountingWriter(size) if stored else None)
+            # The blob (unless stored already), its holder and the end of its reservation in one
+            # commit: one fsync, not two.
+            fresh = [] if stored else [(hex_digest, size)]
+            now = to_micros(self.clock.now())
+            await self.index.record_stored(fresh, [(hex_digest, size)], identity, now, [reservation] if reservation else [])
+            reservation = ""  # it became the holding
         finally:
+            await cancel_and_wait(renewals)
             if reservation:
                 await self.index.release(reservation)
 
     async def _reserve(self, identity: str, size: int, *, unless_stored: str = "") -> str | None:
-        """Refused before a byte is received: what the identity holds plus what it is uploading now,
-        to any replica, would exceed MWP_ARTIFACT_QUOTA_BYTES (operators and mesh services have no
-        quota). Otherwise the upload's reservation, counted by every replica until it ends ("" with
-        no quota; None when ``unless_stored`` names a blob of this size that is stored already)."""
-        if not self.quota_bytes:
-            return ""
+        """For a caller with a quota (``_quota_of``). Refused before a byte is received: what the
+        identity holds plus what it is uploading now, to any replica, would exceed
+        MWP_ARTIFACT_QUOTA_BYTES. Otherwise the upload's reservation, counted by every replica until
+        it ends (None when ``unless_stored`` names a blob of this size that is stored already)."""
         now = self.clock.now()
         reservation, used = await self.index.reserve(
             identity, size, self.quota_bytes, to_micros(now), to_micros(now + RESERVATION_TTL), unless_stored=unless_stored
@@ -390,7 +385,7 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         of them, and only if they do not fit together, blob by blob in request order (each refused
         one is QUOTA_EXCEEDED as its Upload would be). Not renewed: a batch of at most 3 MiB ends
         long before a reservation lapses (RESERVATION_TTL)."""
-        if not caller.identity_id or caller.operator or not entries:
+        if not self._quota_of(caller) or not entries:
             return []
         try:
             whole = await self._reserve(caller.identity_id, sum(e.size for e in entries))

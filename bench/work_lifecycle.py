@@ -122,7 +122,7 @@ class Tally:
 CPU_SAMPLE_S = 0.5
 
 # The speed probe: a process of its own that times, in CPU seconds, the same pure-Python work every
-# PROBE_EVERY_S (~5 ms a pass, ~2% of a core). Its cost per pass is the machine's speed as the
+# PROBE_EVERY_S (~3 ms a pass, ~1% of a core). Its cost per pass is the machine's speed as the
 # server and the client see it (a shared VM's neighbours, caches, frequency): a control for the
 # growth windows, whose CPU per lifecycle moves with it when only the machine changed.
 PROBE_EVERY_S = 0.25
@@ -136,7 +136,7 @@ def work():
 while True:
     t = time.process_time()
     work()
-    print(time.perf_counter(), time.process_time() - t, flush=True)
+    print(time.perf_counter(), time.process_time() - t, flush=True)  # CLOCK_MONOTONIC: the bench's clock too
     time.sleep(float(sys.argv[1]))
 """
 

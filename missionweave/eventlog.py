@@ -123,11 +123,8 @@ def inspect(
     erases: tuple[int, ...] = ()
     if event.WhichOneof("payload") == "message_amended" and event.message_amended.erased_sequences:
         erases = tuple(event.message_amended.erased_sequences)
-    if event.HasField("redaction"):
-        link, erased_by = link_of(payload, event), event.redaction.tombstone_sequence
-    else:
-        link, erased_by = event_digest(payload), 0
-    checked = Checked(group_id, sequence, link, previous, erased_by, erases)
+    erased_by = event.redaction.tombstone_sequence if event.HasField("redaction") else 0
+    checked = Checked(group_id, sequence, link_of(payload, event), previous, erased_by, erases)
     return checked, SignatureCheck(payload_type, payload, signature.sig, public_key), event
 
 

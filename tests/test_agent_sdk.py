@@ -604,8 +604,9 @@ def test_events_the_chain_does_not_vouch_for_are_checked_by_their_own_signature(
 
 def test_agents_of_one_process_check_an_events_signature_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two agents of one process receive the same frame: the second is spared the signature check
-    the first made (VERIFIED_EVENT_PAYLOADS). The same payload under other signature bytes, an
-    edited payload, or a verifier that trusts another key for that key id, is checked as usual."""
+    the first made (VERIFIED_EVENT_PAYLOADS). The same payload under other signature bytes or
+    another payload type, an edited payload, or a verifier that trusts another key for that key id,
+    is checked as usual."""
     checks = counting_signature_checks(monkeypatch)
     first, second = (AuthorityVerifier(AUTHORITY_ID, bytes(AUTHORITY.verify_key)) for _ in range(2))
     frame, _ = chained("s", 1, 3, b"")
@@ -627,6 +628,11 @@ def test_agents_of_one_process_check_an_events_signature_once(monkeypatch: pytes
     altered.payload = edited.SerializeToString()
     with pytest.raises(NotVerified):
         second.events([altered])
+    retyped = common_pb2.SignedEnvelope()
+    retyped.CopyFrom(envelopes[2])
+    retyped.payload_type = SNAPSHOT_TYPE  # the remembered payload and signature under another type
+    with pytest.raises(NotVerified):
+        second.events([retyped])
     impostor = AuthorityVerifier(AUTHORITY_ID, bytes(SigningKey.generate().verify_key))
     with pytest.raises(NotVerified):
         impostor.events(envelopes)

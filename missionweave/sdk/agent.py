@@ -713,11 +713,13 @@ class AuthorityVerifier:
         for envelope in reversed(envelopes):
             payload = envelope.payload
             digest = event_digest(payload)
-            if envelope.payload_type != EVENT_TYPE or not (
-                (vouched and digest == vouched) or self._checked_before(envelope, digest)
-            ):
-                payload = self._payload(envelope, EVENT_TYPE)
-                self._remember(envelope, digest)
+            is_event = envelope.payload_type == EVENT_TYPE
+            if not (is_event and vouched and digest == vouched):
+                signed = self._signed_by_us(envelope, digest)
+                if not is_event or signed is None or signed not in VERIFIED_EVENT_PAYLOADS:
+                    payload = self._payload(envelope, EVENT_TYPE)
+                    if signed is not None:
+                        VERIFIED_EVENT_PAYLOADS.add(signed)
             event = _parse(event_pb2.Event, payload)
             linked.append(Linked(event, link_of(payload, event, digest)))
             vouched = event.previous_digest
@@ -730,15 +732,6 @@ class AuthorityVerifier:
         return next(
             ((self.keys[s.key_id], digest, s.sig) for s in envelope.signatures if s.key_id in self.keys), None
         )
-
-    def _checked_before(self, envelope: common_pb2.SignedEnvelope, digest: bytes) -> bool:
-        signed = self._signed_by_us(envelope, digest)
-        return signed is not None and signed in VERIFIED_EVENT_PAYLOADS
-
-    def _remember(self, envelope: common_pb2.SignedEnvelope, digest: bytes) -> None:
-        signed = self._signed_by_us(envelope, digest)
-        if signed is not None:
-            VERIFIED_EVENT_PAYLOADS.add(signed)
 
     def snapshot_reference(self, envelope: common_pb2.SignedEnvelope) -> pb.SnapshotReference:
         return _parse(pb.SnapshotReference, self._payload(envelope, SNAPSHOT_REFERENCE_TYPE))
