@@ -382,9 +382,14 @@ class S3Anchor:
 # ====================================================================== the no-op gRPC server (child process)
 
 
-async def role_sink() -> None:
+async def role_sink(tuned: bool) -> None:
     """Child process: ArtifactService's Upload and Download with the real message types and 1 MiB
-    chunks, but no hashing and no storage. Prints ``PORT <n>`` and runs until stdin closes."""
+    chunks, but no hashing and no storage. Prints ``PORT <n>`` and runs until stdin closes. With
+    ``tuned``, its malloc thresholds fixed as ``mwp serve`` fixes ours (D148)."""
+    if tuned:
+        from missionweave.allocator import tune_allocator
+
+        tune_allocator()
     from authority import _wait_for_stdin_eof_then
 
     payload = random_bytes(CHUNK_BYTES)
@@ -457,14 +462,14 @@ async def role_sink() -> None:
     await server.stop(1)
 
 
-def spawn_sink(work: Path) -> Child:
+def spawn_sink(work: Path, tuned: bool) -> Child:
     """This script's ``--role sink`` in its own process (authority.spawn starts authority.py)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     stderr_path = work / "sink.stderr"
     with open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--role", "sink"],
+            [sys.executable, str(Path(__file__).resolve()), "--role", "sink", *(["--tuned-anchor"] if tuned else [])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -608,9 +613,12 @@ class Sink:
         return self.child.proc.pid
 
 
-async def start_sink(work: Path) -> Sink:
-    log("gRPC-only anchor: a no-op ArtifactService (same messages, no hashing or storage) in its own process")
-    child = spawn_sink(work)
+async def start_sink(work: Path, tuned: bool) -> Sink:
+    log(
+        "gRPC-only anchor: a no-op ArtifactService (same messages, no hashing or storage) in its own process"
+        + (", its malloc thresholds fixed as ours (--tuned-anchor)" if tuned else "")
+    )
+    child = spawn_sink(work, tuned)
     channel = open_channel(f"127.0.0.1:{child.port}", options=GRPC_OPTIONS)
     sink = Sink(child, channel, pb_grpc.ArtifactServiceStub(channel))
     warm = random_bytes(4 * MiB)
@@ -805,7 +813,7 @@ async def drive(args: argparse.Namespace, work: Path) -> Results:
             warm = random_bytes(4 * MiB)
             await put(stub, warm, digest_of(warm))
             await get(stub, digest_of(warm))
-        sink = None if args.no_grpc_anchor else await start_sink(work)
+        sink = None if args.no_grpc_anchor else await start_sink(work, args.tuned_anchor)
         if args.profile_server:
             os.kill(mesh.proc.pid, signal.SIGUSR1)
         sizes, stored = await measure_ours(args, stub, mesh.proc.pid, anchor_dir, s3, sink) if args.size_list else ([], [])
@@ -1025,10 +1033,15 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help=f"smoke run (~15 s): {QUICK_SIZES}, fewer repetitions")
     p.add_argument("--profile-server", action="store_true", help="cProfile the server's event loop during the timed part")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (server stderr, profile, blobs)")
+    p.add_argument(
+        "--tuned-anchor",
+        action="store_true",
+        help="fix the no-op server's malloc thresholds as mwp serve fixes ours (D148; default: glibc's own)",
+    )
     p.add_argument("--role", choices=["sink"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role == "sink":
-        asyncio.run(role_sink())
+        asyncio.run(role_sink(args.tuned_anchor))
         return 0
 
     try:

@@ -116,6 +116,10 @@ async def role_mesh(args: argparse.Namespace) -> None:
     # The environment's MWP_* tuning (e.g. MWP_COMMIT_LINGER_MS) applies; where and what to store is ours.
     settings = Settings.from_env()
     settings.listen, settings.data_dir, settings.database_url = "127.0.0.1:0", Path(args.data_dir), args.database_url or ""
+    if settings.malloc_tuning:  # as `mwp serve` does
+        from missionweave.allocator import tune_allocator
+
+        tune_allocator()
     profiler = None
     if args.profile_out:
         import cProfile

@@ -35,6 +35,7 @@
 | MWP_LOG_LEVEL / _FORMAT  | info / json                     | logging                                        |
 | MWP_METRICS_LISTEN       | 127.0.0.1:9464 (`mwp serve`)    | Prometheus text format at /metrics (empty: off; off in a bare ``Settings()``) |
 | MWP_ACCESS_LOG_RATE      | 100                             | access-log lines/s, bursts of twice that (0: no access log) |
+| MWP_MALLOC_TUNING        | true                            | `mwp serve` fixes glibc's malloc thresholds (missionweave/allocator.py) |
 
 TLS (docs/tls.md). A server listens with TLS when it has a certificate; clients (``mwp``, the SDK's
 ``ClientTLS.from_env``, a service dialing its peers) speak TLS when any client setting is set:
@@ -144,6 +145,8 @@ class Settings:
     metrics_listen: str = ""
     # Access-log lines a second at most (bursts of twice that); 0 writes none (missionweave/rpc/access_log.py).
     access_log_rate: float = 100.0
+    # Whether `mwp serve` fixes glibc's malloc thresholds for its process (missionweave/allocator.py, D148).
+    malloc_tuning: bool = True
 
     @property
     def db_url(self) -> str:
@@ -234,6 +237,8 @@ class Settings:
         s.access_log_rate = float(e.get("MWP_ACCESS_LOG_RATE", s.access_log_rate))
         if s.access_log_rate < 0:
             raise ValueError("MWP_ACCESS_LOG_RATE is a number of lines a second (0: no access log)")
+        if "MWP_MALLOC_TUNING" in e:
+            s.malloc_tuning = _flag(e, "MWP_MALLOC_TUNING")
         s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
         s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)
         return s

@@ -24,6 +24,7 @@ import grpc
 from google.protobuf import json_format
 
 from missionweave import tracing
+from missionweave.allocator import tune_allocator
 from missionweave.cli import agent as cli_agent
 from missionweave.cli import artifact as cli_artifact
 from missionweave.cli import context as cli_context
@@ -101,6 +102,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.log_format == "json":
         logs.route_grpc_core()  # before gRPC starts: its C core's own lines become JSON records too
     logs.configure(settings.log_level, settings.log_format)
+    if settings.malloc_tuning:
+        tune_allocator()
     try:
         if args.topology == "split":
             from missionweave.mesh.topology import run_split
