@@ -10,7 +10,7 @@
 | MWP_SQLITE_SYNCHRONOUS   | FULL                            | SQLite synchronous pragma (FULL or NORMAL)      |
 | MWP_GROUP_RATE / _BURST  | 200 / 400                       | commands/s per Group at ingress (0: no limit)  |
 | MWP_COMMIT_LINGER_MS     | 8                               | longest a group commit waits to fill (0: none) |
-| MWP_COMMIT_IDLE_MS       | 2                               | ...ending once no append came for this long    |
+| MWP_COMMIT_IDLE_MS       | 1                               | ...ending once no append came for this long    |
 | MWP_COMMIT_BATCH         | 32                              | ...or once this many appends wait              |
 | MWP_VERIFY_WORKERS       | 1                               | processes checking command signatures (0: inline) |
 | MWP_S3_BUCKET            | (unset: blobs on local disk)    | store artifact blobs in this S3 bucket         |
@@ -101,7 +101,7 @@ class Settings:
     # Group commit under load (D51): a batch waits up to commit_linger_ms for more appends, and
     # goes once none arrived for commit_idle_ms or commit_batch are waiting; a lone append never waits.
     commit_linger_ms: float = 8.0
-    commit_idle_ms: float = 2.0
+    commit_idle_ms: float = 1.0  # D149
     commit_batch: int = 32
     # Processes that check command signatures off the event loop (D52); 0 checks them inline.
     verify_workers: int = 1

@@ -101,7 +101,7 @@ class EventStore:
         ownership_ttl: timedelta = timedelta(seconds=30),
         max_batch: int = 512,
         linger: float = 0.008,
-        linger_idle: float = 0.002,
+        linger_idle: float = 0.001,
         linger_batch: int = 32,
     ) -> None:
         self.engine = engine
