@@ -66,3 +66,24 @@ def test_malloc_tuning_is_on_unless_switched_off() -> None:
     assert Settings.from_env({"MWP_MALLOC_TUNING": "true"}).malloc_tuning
     with pytest.raises(ValueError, match="MWP_MALLOC_TUNING"):
         Settings.from_env({"MWP_MALLOC_TUNING": "maybe"})
+
+
+@glibc_only
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_mwp_serve_fixes_the_thresholds_first_unless_switched_off(tmp_path: Path, switch: str) -> None:
+    """The wiring: `mwp serve` tunes its process before it starts anything (here it then fails to
+    listen on a taken port and exits 1), and MWP_MALLOC_TUNING=0 keeps glibc's defaults."""
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if k not in GLIBC_VARIABLES}
+    env |= {"PYTHONPATH": str(ROOT), "MWP_LOG_LEVEL": "debug", "MWP_LOG_FORMAT": "json", "MWP_MALLOC_TUNING": switch}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "missionweave.cli", "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )
+    assert done.returncode == 1, done.stderr
+    assert ("malloc thresholds fixed" in done.stderr) == (switch == "1"), done.stderr[-2000:]
