@@ -136,12 +136,14 @@ class TransactionRunner:
         self._threads = threads
         self._sync: Engine | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._local = is_sqlite(engine) and (engine.url.database or ":memory:") != ":memory:"
+        # The SQLite file and synchronous level the pool threads open it with; None runs on the engine.
+        target = sqlite_writer_target(engine)
+        self._file = target if target is not None and target[0] != ":memory:" else None
 
     async def run(self, body: Callable[[Connection], T], *, immediate: bool = False) -> T:
         """``body`` in one transaction (``immediate``: SQLite's write lock taken at BEGIN, for a
         body that reads before it writes); its result, or its exception after a rollback."""
-        if not self._local:
+        if self._file is None:
             async with self.engine.connect() as conn:
                 async with conn.begin():
                     return await conn.run_sync(body)
@@ -152,7 +154,7 @@ class TransactionRunner:
                 pool_size=self._threads,
                 max_overflow=0,
             )
-            _configure_sqlite(self._sync, _SQLITE_SYNCHRONOUS.get(self.engine.sync_engine, "FULL"))
+            _configure_sqlite(self._sync, self._file[1])
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="db-transactions")
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._in_thread, body, immediate)
 
