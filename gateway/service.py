@@ -33,11 +33,12 @@ from google.protobuf.message import DecodeError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.cursor_store import CursorStore
 from gateway.fanout import GroupFeed, still_members
 from gateway.fetch import FetchRefused, requested
 from gateway.limits import GatewayLimits
 from gateway.outbox import Outbox
-from gateway.schema import cursor_upsert, cursors
+from gateway.schema import cursors
 from missionweave import metrics
 from missionweave.aio import cancel_and_wait, finish_on_cancel
 from missionweave.clock import Clock, from_timestamp, to_micros, to_timestamp
@@ -184,7 +185,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         self.commands = authority_service_pb2_grpc.AuthorityServiceStub(authority)
         self.registry = registry
         self.engine = engine
-        self._cursor_upsert = cursor_upsert(engine.dialect.name)
+        self.cursor_store = CursorStore(engine)
         self.clock = clock
         self.limits = limits or GatewayLimits()
         # The audiences a HelloProof may name (the mesh's, ``rpc.callers.audiences_for``); the mesh sets them once
@@ -326,6 +327,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         if self._closing:
             await asyncio.wait(list(self._closing), timeout=grace)
         await self.flush_cursors()
+        await self.cursor_store.close()
 
     @requires(Access.SIGNED)
     async def GetSnapshot(
@@ -451,15 +453,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
     async def store_cursors(self, rows: dict[tuple[str, str], int]) -> None:
         """The acknowledged cursors per (agent, Group), durable (MW-16-06/07), only ever forward; ACK
         never deletes history (MW-16-09)."""
-        now = to_micros(self.clock.now())
-        # One statement for every row (a single round trip, a short write transaction: it shares
-        # SQLite's one write lock with the Authority's group commit).
-        params = [
-            {"agent_id": agent_id, "group_id": group_id, "cursor": cursor, "updated_us": now}
-            for (agent_id, group_id), cursor in rows.items()
-        ]
-        async with self.engine.begin() as conn:
-            await conn.execute(self._cursor_upsert, params)
+        await self.cursor_store.store(rows, to_micros(self.clock.now()))
 
     @finish_on_cancel
     async def stored_cursor(self, agent_id: str, group_id: str) -> int:

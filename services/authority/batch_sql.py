@@ -34,6 +34,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import ClauseElement
 
+from missionweave.db import begin_immediate
 from services.authority.schema import (
     commands,
     cross_group_outbox,
@@ -227,8 +228,8 @@ class SqliteOps:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        # IMMEDIATE: take the write lock up front and wait (busy_timeout) rather than fail on upgrade.
-        self.conn.execute("BEGIN IMMEDIATE")
+        # IMMEDIATE: take the write lock up front and wait for it rather than fail on upgrade.
+        begin_immediate(self.conn)
         try:
             yield
         except sqlite3.IntegrityError as exc:
