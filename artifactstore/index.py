@@ -29,7 +29,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from artifactstore.schema import blobs, holders, manifests, provenance, upload_reservations
+from artifactstore.schema import blobs, holders, holdings, manifests, provenance, upload_reservations
 from artifactstore.verified_marks import VerifiedMarks
 from missionweave.aio import finish_on_cancel
 from missionweave.db import TransactionRunner
@@ -137,20 +137,6 @@ class ArtifactIndex:
 
     # ------------------------------------------------------------ holders (issue 13 item 3)
 
-    async def record_holder(
-        self, digest: str, identity_id: str, size: int, now_us: int, reservation: str = ""
-    ) -> None:
-        """``identity_id`` proved it has these bytes (it streamed them and they hashed to ``digest``);
-        the upload's quota ``reservation`` becomes the holding in the same transaction."""
-        ins = (postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert)(holders)
-        async with self.engine.begin() as conn:
-            if reservation:
-                await conn.execute(delete(upload_reservations).where(upload_reservations.c.reservation_id == reservation))
-            # Already held: a concurrent upload of the same bytes by the same identity.
-            await conn.execute(
-                ins.values(digest=digest, identity_id=identity_id, size_bytes=size, stored_us=now_us).on_conflict_do_nothing()
-            )
-
     # ------------------------------------------------------------ quota reservations (D119)
 
     async def reserve(
@@ -166,7 +152,7 @@ class ArtifactIndex:
         nothing is reserved and (None, 0) is returned; the upload's lookup and its reservation are then
         one transaction, its reservation one statement."""
         of_identity = upload_reservations.c.identity_id == identity_id
-        held = select(func.coalesce(func.sum(holders.c.size_bytes), 0)).where(holders.c.identity_id == identity_id)
+        held = select(func.coalesce(select(holdings.c.held_bytes).where(holdings.c.identity_id == identity_id).scalar_subquery(), 0))
         receiving = select(func.coalesce(func.sum(upload_reservations.c.size_bytes), 0)).where(of_identity)
         stored = select(blobs.c.digest).where(blobs.c.digest == unless_stored, blobs.c.size_bytes == size)
         wanted = held.scalar_subquery() + receiving.scalar_subquery() + size <= quota
@@ -230,15 +216,6 @@ class ArtifactIndex:
                     found.setdefault(digest, set()).add(group)
         return found
 
-    async def record_blob(self, digest: str, size: int, now_us: int) -> None:
-        try:
-            async with self.engine.begin() as conn:
-                await conn.execute(
-                    insert(blobs).values(digest=digest, size_bytes=size, stored_us=now_us, verified_us=now_us)
-                )
-        except IntegrityError:
-            pass  # a concurrent upload of the same bytes won: same identity, nothing to do
-
     async def record_stored(
         self,
         stored: Iterable[tuple[str, int]],
@@ -247,29 +224,52 @@ class ArtifactIndex:
         now_us: int,
         reservations: Iterable[str] = (),
     ) -> None:
-        """``record_blob`` of each of ``stored`` and, when ``identity_id`` is set, ``record_holder``
-        of each of ``held`` ending ``reservations`` (D119), in one transaction: one commit for an
-        upload, or a whole BatchUpload. Rows already there are left as they are, as those two leave
-        them."""
+        """Each of ``stored`` recorded as stored and, when ``identity_id`` is set, the identity as a
+        holder of each of ``held`` (it proved it has these bytes: they hashed to the digest), ending
+        ``reservations`` (D119), in one transaction: one commit for an upload, or a whole
+        BatchUpload. Rows already there are left as they are (a concurrent upload of the same
+        bytes); the identity's ``holdings`` grow by the sizes of the holders it did not have."""
         ended = list(reservations)
         blob_rows = {d: {"digest": d, "size_bytes": n, "stored_us": now_us, "verified_us": now_us} for d, n in stored}
+        held_sizes = dict(held) if identity_id else {}
         holder_rows = {
-            d: {"digest": d, "identity_id": identity_id, "size_bytes": n, "stored_us": now_us}
-            for d, n in (held if identity_id else ())
+            d: {"digest": d, "identity_id": identity_id, "size_bytes": n, "stored_us": now_us} for d, n in held_sizes.items()
         }
         if not blob_rows and not holder_rows and not ended:
             return
         new_blobs, new_holders = _insert_new(self.engine, blobs, ("digest",)), _insert_new(self.engine, holders, ("digest", "identity_id"))
+        dialect = postgresql if self.engine.dialect.name == "postgresql" else sqlite
 
         def record(conn: Connection) -> None:
+            if holder_rows:
+                # First, as ``reserve`` takes it: the holdings grow by the holders that are new, and
+                # two replicas recording the same holder must not both count it (PostgreSQL; on
+                # SQLite the write lock taken at BEGIN IMMEDIATE serialises them).
+                _lock_quota_of(conn, identity_id)
             for batch in _batches(ended):
                 conn.execute(delete(upload_reservations).where(upload_reservations.c.reservation_id.in_(batch)))
             if blob_rows:
                 conn.execute(new_blobs, list(blob_rows.values()))
-            if holder_rows:
-                conn.execute(new_holders, list(holder_rows.values()))
+            if not holder_rows:
+                return
+            had: set[str] = set()
+            for batch in _batches(holder_rows):
+                had.update(
+                    conn.scalars(select(holders.c.digest).where(holders.c.identity_id == identity_id, holders.c.digest.in_(batch)))
+                )
+            fresh = [digest for digest in holder_rows if digest not in had]
+            if not fresh:
+                return
+            conn.execute(new_holders, [holder_rows[d] for d in fresh])
+            grown = dialect.insert(holdings).values(identity_id=identity_id, held_bytes=sum(held_sizes[d] for d in fresh))
+            conn.execute(
+                grown.on_conflict_do_update(
+                    index_elements=[holdings.c.identity_id],
+                    set_={"held_bytes": holdings.c.held_bytes + grown.excluded.held_bytes},
+                )
+            )
 
-        await self.transactions.run(record)
+        await self.transactions.run(record, immediate=True)
 
     def note_verified(self, digests: Iterable[str], now_us: int) -> None:
         """Each of ``digests`` matched its hash at ``now_us``: written behind (``VerifiedMarks``)."""

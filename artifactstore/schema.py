@@ -1,10 +1,22 @@
 """The artifact index: which blobs are stored, who holds them, their signed manifests and the
 provenance edges."""
 
-from sqlalchemy import BigInteger, Column, Index, LargeBinary, MetaData, String, Table
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Index,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    func,
+    inspect,
+    select,
+)
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from missionweave.db import create_tables
+from missionweave.db import SQLITE_IMMEDIATE
 
 # This service's tables only: no other service reads or writes them.
 METADATA = MetaData()
@@ -30,6 +42,16 @@ holders = Table(
     Column("stored_us", BigInteger, nullable=False),
 )
 Index("holders_identity", holders.c.identity_id)
+
+# What each identity holds in all: the sum of its ``holders`` sizes, raised in the transaction that
+# adds its holders, so that the quota's check reads one row instead of summing them (it grew with
+# every blob the identity held, inside the database's write lock). Holders are never removed.
+holdings = Table(
+    "holdings",
+    METADATA,
+    Column("identity_id", String(128), primary_key=True),
+    Column("held_bytes", BigInteger, nullable=False),
+)
 
 # Uploads being received, by any artifact replica: each counts against its identity's quota with
 # what it holds (D119). A row goes when its upload ends (in the transaction that records the holder,
@@ -68,4 +90,21 @@ Index("provenance_derived", provenance.c.derived_digest)
 
 
 async def create_schema(engine: AsyncEngine) -> None:
-    await create_tables(engine, METADATA)
+    async with engine.connect() as conn:
+        conn = await conn.execution_options(**{SQLITE_IMMEDIATE: True})
+        async with conn.begin():
+            await conn.run_sync(_create)
+
+
+def _create(conn: Connection) -> None:
+    """The tables that are missing; ``holdings`` filled from ``holders`` when it is new (a store
+    made before it existed), in the same transaction."""
+    new_holdings = not inspect(conn).has_table(holdings.name)
+    METADATA.create_all(conn)
+    if new_holdings:
+        conn.execute(
+            holdings.insert().from_select(
+                ["identity_id", "held_bytes"],
+                select(holders.c.identity_id, func.sum(holders.c.size_bytes)).group_by(holders.c.identity_id),
+            )
+        )
