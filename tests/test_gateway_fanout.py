@@ -4,10 +4,13 @@ joins the shared follow without a gap or a duplicate (MW-16-01..05)."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections import Counter
 from datetime import timedelta
 from typing import Any
 
+import grpc
 import pytest
 
 from gateway import fanout
@@ -204,3 +207,72 @@ async def test_a_provisional_member_gets_its_narrower_view_from_the_shared_follo
     assert worked[public.group_revision] is None and owned[public.group_revision] is not None
     assert b"for the provisional one" in worked[named.group_revision]  # type: ignore[operator]
     assert all(owned[seq] is not None for seq in range(public.group_revision, last + 1))
+
+
+class _Batches:
+    """A FollowGroup call that answers the batches put in ``queue`` (None: the stream ends)."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[glpb.FollowGroupResponse | None] = asyncio.Queue()
+
+    async def read(self) -> Any:
+        got = await self.queue.get()
+        self.queue.task_done()  # the reader handles it before it reads again
+        return grpc.aio.EOF if got is None else got
+
+    def cancel(self) -> None:
+        pass
+
+
+
+
+async def test_the_feed_window_gives_each_take_exactly_the_entries_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A take answers the entries after ``delivered`` up to ``most``, [] at the head, and None once
+    they left the window, however the window was trimmed (by count and by bytes) and compacted; the
+    model is the list of every sequence received, of which the window is the last part."""
+    monkeypatch.setattr(fanout, "FEED_ENTRIES", 16)
+    monkeypatch.setattr(fanout, "FEED_BYTES", 4_000)
+    call = _Batches()
+
+    async def opener(after: int) -> _Batches:
+        return call
+
+    feed = fanout.GroupFeed("grp_window", 100, opener, lambda _: None)
+    rng = random.Random(7)
+    received: list[tuple[int, int]] = []  # (sequence, size) of every entry
+    sequence = 100
+    for _ in range(60):
+        batch = glpb.LogBatch()
+        for _ in range(rng.randint(1, 9)):
+            sequence += 1
+            envelope_bytes = rng.choice((10, 40, 900))  # large ones trim the window by bytes
+            entry = batch.entries.add(sequence=sequence)
+            entry.envelope.payload = b"x" * envelope_bytes
+            entry.audience.full_members = True
+            received.append((sequence, entry.envelope.ByteSize()))
+        batch.head_sequence = sequence
+        await call.queue.put(glpb.FollowGroupResponse(batch=batch))
+        await asyncio.wait_for(call.queue.join(), 5)  # the feed took the batch
+        assert feed.position == sequence
+        # The model's window: the newest entries within both bounds (always at least one).
+        window: list[int] = []
+        size = 0
+        for seq, n in reversed(received):
+            if window and (len(window) >= fanout.FEED_ENTRIES or size + n > fanout.FEED_BYTES):
+                break
+            window.insert(0, seq)
+            size += n
+        assert feed.oldest_after() == window[0] - 1
+        for delivered in range(100, sequence + 2):
+            for most in (1, 3, 50):
+                got = feed.take(delivered, most)
+                if delivered < window[0] - 1:
+                    assert got is None
+                elif delivered >= sequence:
+                    assert got == []
+                else:
+                    assert got is not None
+                    assert [e.sequence for e in got] == [s for s in window if s > delivered][:most]
+    await call.queue.put(None)
+    await feed.task
+    assert feed.take(sequence, 5) is None  # ended at the head: follow on your own
