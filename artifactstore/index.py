@@ -25,14 +25,13 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from artifactstore.schema import blobs, holders, holdings, manifests, provenance, upload_reservations
 from artifactstore.verified_marks import VerifiedMarks
 from missionweave.aio import finish_on_cancel
-from missionweave.db import TransactionRunner
+from missionweave.db import TransactionRunner, dialect_insert
 
 
 @dataclass(frozen=True)
@@ -89,8 +88,7 @@ def _batches(values: Iterable[str]) -> list[list[str]]:
 
 def _insert_new(engine: AsyncEngine, table: Table, keys: tuple[str, ...]) -> Insert:
     """INSERT that skips rows whose ``keys`` exist already (SQLite and PostgreSQL share the syntax)."""
-    dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
-    return dialect.insert(table).on_conflict_do_nothing(index_elements=[table.c[k] for k in keys])
+    return dialect_insert(engine, table).on_conflict_do_nothing(index_elements=[table.c[k] for k in keys])
 
 
 class ArtifactIndex:
@@ -238,7 +236,6 @@ class ArtifactIndex:
         if not blob_rows and not holder_rows and not ended:
             return
         new_blobs, new_holders = _insert_new(self.engine, blobs, ("digest",)), _insert_new(self.engine, holders, ("digest", "identity_id"))
-        dialect = postgresql if self.engine.dialect.name == "postgresql" else sqlite
 
         def record(conn: Connection) -> None:
             if holder_rows:
@@ -261,7 +258,7 @@ class ArtifactIndex:
             if not fresh:
                 return
             conn.execute(new_holders, [holder_rows[d] for d in fresh])
-            grown = dialect.insert(holdings).values(identity_id=identity_id, held_bytes=sum(held_sizes[d] for d in fresh))
+            grown = dialect_insert(self.engine, holdings).values(identity_id=identity_id, held_bytes=sum(held_sizes[d] for d in fresh))
             conn.execute(
                 grown.on_conflict_do_update(
                     index_elements=[holdings.c.identity_id],

@@ -11,12 +11,11 @@ from sqlalchemy import (
     String,
     Table,
     func,
-    inspect,
     select,
 )
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from missionweave.db import SQLITE_IMMEDIATE
+from missionweave.db import create_tables
 
 # This service's tables only: no other service reads or writes them.
 METADATA = MetaData()
@@ -90,18 +89,12 @@ Index("provenance_derived", provenance.c.derived_digest)
 
 
 async def create_schema(engine: AsyncEngine) -> None:
-    async with engine.connect() as conn:
-        conn = await conn.execution_options(**{SQLITE_IMMEDIATE: True})
-        async with conn.begin():
-            await conn.run_sync(_create)
+    await create_tables(engine, METADATA, _fill_new)
 
 
-def _create(conn: Connection) -> None:
-    """The tables that are missing; ``holdings`` filled from ``holders`` when it is new (a store
-    made before it existed), in the same transaction."""
-    new_holdings = not inspect(conn).has_table(holdings.name)
-    METADATA.create_all(conn)
-    if new_holdings:
+def _fill_new(conn: Connection, created: set[str]) -> None:
+    """``holdings`` filled from ``holders`` when it is new (a store made before it existed)."""
+    if holdings.name in created:
         conn.execute(
             holdings.insert().from_select(
                 ["identity_id", "held_bytes"],

@@ -23,7 +23,7 @@ from functools import lru_cache
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.schema import cursor_upsert, cursors
-from missionweave.db import SQLITE_BUSY_TIMEOUT_MS, sqlite_pragmas, sqlite_writer_target
+from missionweave.db import sqlite_connect, sqlite_writer_target
 
 # Rows per statement: 4 parameters each, under SQLite's 999-variable limit before 3.32.
 SQLITE_ROWS_PER_STATEMENT = 240
@@ -78,10 +78,7 @@ class CursorStore:
     def _store_sqlite(self, flat: list[str | int]) -> None:
         assert self._sqlite is not None
         if self._conn is None:
-            file, level = self._sqlite
-            conn = sqlite3.connect(file, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
-            sqlite_pragmas(conn, level)  # autocommit: each statement is its own transaction
-            self._conn = conn
+            self._conn = sqlite_connect(*self._sqlite)  # autocommit: each statement is its own transaction
         step = SQLITE_ROWS_PER_STATEMENT * 4
         for start in range(0, len(flat), step):
             part = flat[start : start + step]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Connection, Engine, Insert, MetaData, Table, create_engine, event
+from sqlalchemy import Connection, Engine, Insert, MetaData, Table, create_engine, event, inspect
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -90,6 +90,13 @@ def begin_immediate(conn: sqlite3.Connection, patience_ms: int = SQLITE_BUSY_TIM
             pause = min(pause * 2, _LOCK_POLL_MAX_S)
     finally:
         conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+
+
+def sqlite_connect(path: str, synchronous: str) -> sqlite3.Connection:
+    """A plain ``sqlite3`` connection to ``path`` in autocommit mode, with the store's pragmas."""
+    conn = sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+    sqlite_pragmas(conn, synchronous)
+    return conn
 
 
 def sqlite_pragmas(dbapi_conn: Any, synchronous: str) -> None:
@@ -213,18 +220,37 @@ class TransactionRunner:
             sync.dispose()
 
 
-async def create_tables(engine: AsyncEngine, metadata: MetaData) -> None:
-    """Create one service's tables if they are missing (idempotent)."""
+async def create_tables(
+    engine: AsyncEngine, metadata: MetaData, then: Callable[[Connection, set[str]], None] | None = None
+) -> None:
+    """Create one service's tables if they are missing (idempotent). ``then`` runs in the same
+    transaction with the names of the tables this call created (to fill a table new to a store made
+    before it existed)."""
+
+    def create(conn: Connection) -> None:
+        if then is None:
+            metadata.create_all(conn)
+            return
+        inspector = inspect(conn)
+        missing = {t.name for t in metadata.sorted_tables if not inspector.has_table(t.name)}
+        metadata.create_all(conn)
+        then(conn, missing)
+
     async with engine.connect() as conn:
         conn = await conn.execution_options(**{SQLITE_IMMEDIATE: True})
         async with conn.begin():
-            await conn.run_sync(metadata.create_all)
+            await conn.run_sync(create)
+
+
+def dialect_insert(engine: AsyncEngine, table: Table) -> postgresql.Insert | sqlite.Insert:
+    """An INSERT with ON CONFLICT clauses: SQLite (3.24+) and PostgreSQL share the syntax."""
+    return (postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert)(table)
 
 
 def upsert(engine: AsyncEngine, table: Table, values: dict[str, Any], keys: tuple[str, ...]) -> Insert:
     """Insert ``values``, or overwrite the other columns of the row with the same ``keys``
     (SQLite 3.24+ and PostgreSQL share the syntax)."""
-    ins = (postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert)(table).values(**values)
+    ins = dialect_insert(engine, table).values(**values)
     return ins.on_conflict_do_update(
         index_elements=[table.c[k] for k in keys],
         set_={name: ins.excluded[name] for name in values if name not in keys},

@@ -61,10 +61,9 @@ CLOSE_TIMEOUT_S = 10.0
 
 
 def open_writer_connection(path: str, synchronous: str) -> sqlite3.Connection:
-    from missionweave.db import SQLITE_BUSY_TIMEOUT_MS, sqlite_pragmas
+    from missionweave.db import sqlite_connect
 
-    conn = sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-    sqlite_pragmas(conn, synchronous)
+    conn = sqlite_connect(path, synchronous)
     # The writer touches index pages all over the events and commands tables (random ids); a
     # 64 MiB page cache (default 2 MiB) keeps them in memory as the log grows.
     conn.execute("PRAGMA cache_size=-65536")
