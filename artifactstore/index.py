@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Insert,
-    Row,
-    Select,
+    String,
     Table,
+    TextClause,
     and_,
     bindparam,
     delete,
     func,
     insert,
-    literal,
     or_,
     select,
     update,
@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from artifactstore.schema import blobs, holders, holdings, manifests, provenance, upload_reservations
 from artifactstore.verified_marks import VerifiedMarks
 from missionweave.aio import finish_on_cancel
-from missionweave.db import TransactionRunner, dialect_insert
+from missionweave.db import TransactionRunner, compiled_once, dialect_insert
 
 
 @dataclass(frozen=True)
@@ -73,12 +73,47 @@ def _lock_quota_of(conn: Connection, identity_id: str) -> None:
     lock taken at BEGIN IMMEDIATE serialises them)."""
     if conn.dialect.name == "postgresql":
         key = int.from_bytes(hashlib.blake2b(b"mwp-quota:" + identity_id.encode(), digest_size=8).digest(), "big", signed=True)
-        conn.execute(select(func.pg_advisory_xact_lock(key)))
+        conn.execute(_ADVISORY_LOCK, {"key": key})
 
 
-def _first(statement: Select[Any]) -> Callable[[Connection], Row[Any] | None]:
-    """A transaction body: the statement's first row (None: no row)."""
-    return lambda conn: conn.execute(statement).first()
+# An upload's and a download's statements, built once with bound parameters (D153): SQLAlchemy
+# computes a statement's cache key by walking its whole tree, once per statement object, so a
+# statement built per call costs that walk (and its construction) on every upload.
+def _id(name: str) -> Any:
+    return bindparam(name, type_=String)
+
+
+def _int(name: str) -> Any:
+    return bindparam(name, type_=BigInteger)
+
+
+_ADVISORY_LOCK = select(func.pg_advisory_xact_lock(_int("key")))
+_OF_IDENTITY = upload_reservations.c.identity_id == _id("identity_id")
+_HELD = select(func.coalesce(select(holdings.c.held_bytes).where(holdings.c.identity_id == _id("identity_id")).scalar_subquery(), 0))
+_RECEIVING = select(func.coalesce(func.sum(upload_reservations.c.size_bytes), 0)).where(_OF_IDENTITY)
+_STORED = select(blobs.c.digest).where(blobs.c.digest == _id("digest"), blobs.c.size_bytes == _int("size"))
+_LAPSED = delete(upload_reservations).where(_OF_IDENTITY, upload_reservations.c.expires_us < _int("now_us"))
+_ENDED = delete(upload_reservations).where(upload_reservations.c.reservation_id.in_(bindparam("ended", expanding=True)))
+_HAD = select(holders.c.digest).where(holders.c.identity_id == _id("identity_id"), holders.c.digest.in_(bindparam("digests", expanding=True)))
+_BLOB = select(blobs).where(blobs.c.digest == _id("digest"))
+_BLOB_HELD = select(
+    blobs, select(holders.c.digest).where(holders.c.digest == _id("digest"), holders.c.identity_id == _id("identity_id")).exists().label("held")
+).where(blobs.c.digest == _id("digest"))
+
+
+def _reservation(unless_stored: bool) -> Insert:
+    """The reservation, made only when the identity's holdings, its uploads in progress and
+    ``size`` fit ``quota`` (and, ``unless_stored``, no blob of that digest and size is stored)."""
+    wanted = _HELD.scalar_subquery() + _RECEIVING.scalar_subquery() + _int("size") <= _int("quota")
+    if unless_stored:
+        wanted = and_(wanted, ~_STORED.exists())
+    return insert(upload_reservations).from_select(
+        ["reservation_id", "identity_id", "size_bytes", "expires_us"],
+        select(_id("reservation_id"), _id("identity_id"), _int("size"), _int("expires_us")).where(wanted),
+    )
+
+
+_RESERVE = {False: _reservation(False), True: _reservation(True)}
 
 
 def _batches(values: Iterable[str]) -> list[list[str]]:
@@ -86,14 +121,25 @@ def _batches(values: Iterable[str]) -> list[list[str]]:
     return [wanted[start : start + _IN_BATCH] for start in range(0, len(wanted), _IN_BATCH)]
 
 
-def _insert_new(engine: AsyncEngine, table: Table, keys: tuple[str, ...]) -> Insert:
+def _insert_new(engine: AsyncEngine, table: Table, keys: tuple[str, ...]) -> TextClause:
     """INSERT that skips rows whose ``keys`` exist already (SQLite and PostgreSQL share the syntax)."""
-    return dialect_insert(engine, table).on_conflict_do_nothing(index_elements=[table.c[k] for k in keys])
+    statement = dialect_insert(engine, table).on_conflict_do_nothing(index_elements=[table.c[k] for k in keys])
+    return compiled_once(statement, engine.dialect.name)
 
 
 class ArtifactIndex:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
+        # The dialect's INSERTs, built and compiled once.
+        self._new_blobs = _insert_new(engine, blobs, ("digest",))
+        self._new_holders = _insert_new(engine, holders, ("digest", "identity_id"))
+        grown = dialect_insert(engine, holdings).values(identity_id=_id("identity_id"), held_bytes=_int("grown"))
+        self._grow_holdings = compiled_once(
+            grown.on_conflict_do_update(
+                index_elements=[holdings.c.identity_id], set_={"held_bytes": holdings.c.held_bytes + grown.excluded.held_bytes}
+            ),
+            engine.dialect.name,
+        )
         self.marks = VerifiedMarks(self._write_marks)
         # An upload's and a download's own statements, each transaction in one step (D147).
         self.transactions = TransactionRunner(engine)
@@ -104,13 +150,13 @@ class ArtifactIndex:
         await self.transactions.close()
 
     async def blob(self, digest: str) -> BlobRecord | None:
-        row = await self.transactions.run(_first(select(blobs).where(blobs.c.digest == digest)))
+        row = await self.transactions.run(lambda conn: conn.execute(_BLOB, {"digest": digest}).first())
         return None if row is None else self._record(row)
 
     async def blob_held(self, digest: str, identity_id: str) -> tuple[BlobRecord | None, bool]:
         """``blob`` and whether ``identity_id`` holds it, in one statement (a Download's lookup)."""
-        held = select(holders.c.digest).where(holders.c.digest == digest, holders.c.identity_id == identity_id).exists()
-        row = await self.transactions.run(_first(select(blobs, held.label("held")).where(blobs.c.digest == digest)))
+        values = {"digest": digest, "identity_id": identity_id}
+        row = await self.transactions.run(lambda conn: conn.execute(_BLOB_HELD, values).first())
         return (None, False) if row is None else (self._record(row), bool(row[4]))
 
     def _record(self, row: Any) -> BlobRecord:
@@ -149,28 +195,26 @@ class ArtifactIndex:
         With ``unless_stored`` (a digest): when a blob of that digest and ``size`` is stored already,
         nothing is reserved and (None, 0) is returned; the upload's lookup and its reservation are then
         one transaction, its reservation one statement."""
-        of_identity = upload_reservations.c.identity_id == identity_id
-        held = select(func.coalesce(select(holdings.c.held_bytes).where(holdings.c.identity_id == identity_id).scalar_subquery(), 0))
-        receiving = select(func.coalesce(func.sum(upload_reservations.c.size_bytes), 0)).where(of_identity)
-        stored = select(blobs.c.digest).where(blobs.c.digest == unless_stored, blobs.c.size_bytes == size)
-        wanted = held.scalar_subquery() + receiving.scalar_subquery() + size <= quota
-        if unless_stored:
-            wanted = and_(wanted, ~stored.exists())
         reservation = secrets.token_hex(16)
-        made = insert(upload_reservations).from_select(
-            ["reservation_id", "identity_id", "size_bytes", "expires_us"],
-            select(literal(reservation), literal(identity_id), literal(size), literal(expires_us)).where(wanted),
-        )
+        values = {
+            "reservation_id": reservation,
+            "identity_id": identity_id,
+            "size": size,
+            "quota": quota,
+            "expires_us": expires_us,
+            "now_us": now_us,
+            "digest": unless_stored,
+        }
 
         def reserve(conn: Connection) -> tuple[str | None, int]:
             _lock_quota_of(conn, identity_id)
             # Lapsed reservations (their replica died mid-upload) count no more: gone now.
-            conn.execute(delete(upload_reservations).where(of_identity, upload_reservations.c.expires_us < now_us))
-            if conn.execute(made).rowcount == 1:
+            conn.execute(_LAPSED, values)
+            if conn.execute(_RESERVE[bool(unless_stored)], values).rowcount == 1:
                 return reservation, 0
-            if unless_stored and conn.scalar(stored) is not None:
+            if unless_stored and conn.scalar(_STORED, values) is not None:
                 return None, 0
-            return "", int(conn.scalar(held) or 0) + int(conn.scalar(receiving) or 0)
+            return "", int(conn.scalar(_HELD, values) or 0) + int(conn.scalar(_RECEIVING, values) or 0)
 
         return await self.transactions.run(reserve, immediate=True)
 
@@ -235,8 +279,6 @@ class ArtifactIndex:
         }
         if not blob_rows and not holder_rows and not ended:
             return
-        new_blobs, new_holders = _insert_new(self.engine, blobs, ("digest",)), _insert_new(self.engine, holders, ("digest", "identity_id"))
-
         def record(conn: Connection) -> None:
             if holder_rows:
                 # First, as ``reserve`` takes it: the holdings grow by the holders that are new, and
@@ -244,27 +286,19 @@ class ArtifactIndex:
                 # SQLite the write lock taken at BEGIN IMMEDIATE serialises them).
                 _lock_quota_of(conn, identity_id)
             for batch in _batches(ended):
-                conn.execute(delete(upload_reservations).where(upload_reservations.c.reservation_id.in_(batch)))
+                conn.execute(_ENDED, {"ended": batch})
             if blob_rows:
-                conn.execute(new_blobs, list(blob_rows.values()))
+                conn.execute(self._new_blobs, list(blob_rows.values()))
             if not holder_rows:
                 return
             had: set[str] = set()
             for batch in _batches(holder_rows):
-                had.update(
-                    conn.scalars(select(holders.c.digest).where(holders.c.identity_id == identity_id, holders.c.digest.in_(batch)))
-                )
+                had.update(conn.scalars(_HAD, {"identity_id": identity_id, "digests": batch}))
             fresh = [digest for digest in holder_rows if digest not in had]
             if not fresh:
                 return
-            conn.execute(new_holders, [holder_rows[d] for d in fresh])
-            grown = dialect_insert(self.engine, holdings).values(identity_id=identity_id, held_bytes=sum(held_sizes[d] for d in fresh))
-            conn.execute(
-                grown.on_conflict_do_update(
-                    index_elements=[holdings.c.identity_id],
-                    set_={"held_bytes": holdings.c.held_bytes + grown.excluded.held_bytes},
-                )
-            )
+            conn.execute(self._new_holders, [holder_rows[d] for d in fresh])
+            conn.execute(self._grow_holdings, {"identity_id": identity_id, "grown": sum(held_sizes[d] for d in fresh)})
 
         await self.transactions.run(record, immediate=True)
 

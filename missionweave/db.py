@@ -16,7 +16,19 @@ from pathlib import Path
 from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Connection, Engine, Insert, MetaData, Table, create_engine, event, inspect
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Insert,
+    MetaData,
+    Table,
+    TextClause,
+    bindparam,
+    create_engine,
+    event,
+    inspect,
+    text,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -247,11 +259,21 @@ def dialect_insert(engine: AsyncEngine, table: Table) -> postgresql.Insert | sql
     return (postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert)(table)
 
 
-def upsert(engine: AsyncEngine, table: Table, values: dict[str, Any], keys: tuple[str, ...]) -> Insert:
-    """Insert ``values``, or overwrite the other columns of the row with the same ``keys``
-    (SQLite 3.24+ and PostgreSQL share the syntax)."""
-    ins = dialect_insert(engine, table).values(**values)
-    return ins.on_conflict_do_update(
+def compiled_once(statement: Insert, dialect: str) -> TextClause:
+    """``statement`` (an INSERT with an ON CONFLICT clause) compiled once for ``dialect``, as a text
+    statement with the same named, typed parameters. SQLAlchemy caches no compiled form of its
+    dialects' INSERTs (their ``inherit_cache`` is False), so executing one compiles it again every
+    time, ~0.15 ms of Python each (D153); a text statement's compiled form is cached."""
+    compiled = statement.compile(dialect=(postgresql if dialect == "postgresql" else sqlite).dialect(paramstyle="named"))
+    return text(str(compiled)).bindparams(*(bindparam(name, type_=bind.type) for name, bind in compiled.binds.items()))
+
+
+def upsert(dialect: str, table: Table, keys: tuple[str, ...]) -> TextClause:
+    """Insert a row of all of ``table``'s columns (parameters named by column), or overwrite the
+    other columns of the row with the same ``keys``. Build it once (``compiled_once``)."""
+    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+    statement = ins.on_conflict_do_update(
         index_elements=[table.c[k] for k in keys],
-        set_={name: ins.excluded[name] for name in values if name not in keys},
+        set_={column.name: ins.excluded[column.name] for column in table.c if column.name not in keys},
     )
+    return compiled_once(statement, dialect)

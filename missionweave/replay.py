@@ -20,7 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave.clock import Clock, to_micros
-from missionweave.db import create_tables
+from missionweave.db import compiled_once, create_tables
 from missionweave.errors import R, Rejected
 
 log = logging.getLogger("missionweave.replay")
@@ -127,14 +127,15 @@ class SharedNonces:
         self._scope = scope.encode()
         self._postgres = engine.dialect.name == "postgresql"
         ins = (postgresql.insert if self._postgres else sqlite.insert)(proof_nonces)
-        self._record = (
+        self._record = compiled_once(
             ins.values(nonce_digest=bindparam("digest"), expires_us=bindparam("expires_us"))
             .on_conflict_do_update(
                 index_elements=[proof_nonces.c.nonce_digest],
                 set_={"expires_us": ins.excluded.expires_us},
-                where=proof_nonces.c.expires_us < bindparam("now_us"),  # only a row whose proof is stale
+                where=proof_nonces.c.expires_us < bindparam("now_us", type_=BigInteger),  # only a row whose proof is stale
             )
-            .returning(proof_nonces.c.nonce_digest)
+            .returning(proof_nonces.c.nonce_digest),
+            engine.dialect.name,
         )
         self._next_prune: datetime | None = None
 

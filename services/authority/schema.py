@@ -1,13 +1,13 @@
 """Authority tables: one row per Group (head, writer epoch, owner lease), its events and commands."""
 
+from functools import cache
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Integer, LargeBinary, MetaData, String, Table
+from sqlalchemy import BigInteger, Column, Integer, LargeBinary, MetaData, String, Table, TextClause
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.sql.dml import Insert
 
-from missionweave.db import create_tables
+from missionweave.db import compiled_once, create_tables
 
 # This service's tables only: no other service reads or writes them.
 METADATA = MetaData()
@@ -138,13 +138,17 @@ chain_checkpoints = Table(
 )
 
 
-def checkpoint_upsert(dialect: str) -> Insert:
+@cache
+def checkpoint_upsert(dialect: str) -> TextClause:
     """Record a Group's checkpoint, never replacing a later one. Rows: group_id, seq, envelope."""
     ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(chain_checkpoints)
-    return ins.on_conflict_do_update(
-        index_elements=[chain_checkpoints.c.group_id],
-        set_={"seq": ins.excluded.seq, "envelope": ins.excluded.envelope},
-        where=chain_checkpoints.c.seq < ins.excluded.seq,
+    return compiled_once(
+        ins.on_conflict_do_update(
+            index_elements=[chain_checkpoints.c.group_id],
+            set_={"seq": ins.excluded.seq, "envelope": ins.excluded.envelope},
+            where=chain_checkpoints.c.seq < ins.excluded.seq,
+        ),
+        dialect,
     )
 
 
@@ -152,10 +156,14 @@ async def create_schema(engine: AsyncEngine) -> None:
     await create_tables(engine, METADATA)
 
 
-def instance_upsert(dialect: str) -> Insert:
+@cache
+def instance_upsert(dialect: str) -> TextClause:
     """Record (or move) an instance's address. Rows: instance_id, address, updated_us."""
     ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(authority_instances)
-    return ins.on_conflict_do_update(
-        index_elements=[authority_instances.c.instance_id],
-        set_={"address": ins.excluded.address, "updated_us": ins.excluded.updated_us},
+    return compiled_once(
+        ins.on_conflict_do_update(
+            index_elements=[authority_instances.c.instance_id],
+            set_={"address": ins.excluded.address, "updated_us": ins.excluded.updated_us},
+        ),
+        dialect,
     )

@@ -1,16 +1,18 @@
 """Organization tables: identities, their sessions, idempotency records of org requests, the
 identity directory's change log with its revision counter, Agent Cards and Presence."""
 
+from functools import cache
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
-    Insert,
     Integer,
     LargeBinary,
     MetaData,
     String,
     Table,
+    TextClause,
     UniqueConstraint,
     insert,
     select,
@@ -19,7 +21,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from missionweave.db import create_tables
+from missionweave.db import compiled_once, create_tables
 
 # This service's tables only: no other service reads or writes them.
 METADATA = MetaData()
@@ -133,12 +135,16 @@ _PRESENCE_COLUMNS = (
 )
 
 
-def presence_upsert(dialect: str) -> Insert:
+@cache
+def presence_upsert(dialect: str) -> TextClause:
     """Record an agent's report, replacing its previous one. SQLite (3.24+) and PostgreSQL share the
     syntax."""
     ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(presence)
-    return ins.on_conflict_do_update(
-        index_elements=[presence.c.agent_id], set_={name: ins.excluded[name] for name in _PRESENCE_COLUMNS}
+    return compiled_once(
+        ins.on_conflict_do_update(
+            index_elements=[presence.c.agent_id], set_={name: ins.excluded[name] for name in _PRESENCE_COLUMNS}
+        ),
+        dialect,
     )
 
 

@@ -29,6 +29,7 @@ async def create_schema(engine: AsyncEngine) -> None:
 class ProjectionStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
+        self._save = upsert(engine.dialect.name, projections, ("worker_id", "group_id"))
 
     async def load(self, worker_id: str) -> dict[str, GroupProjection]:
         """Every Group projection of the Worker, by Group."""
@@ -45,7 +46,7 @@ class ProjectionStore:
             "body": projection.to_json(),
         }
         async with self.engine.begin() as conn:
-            await conn.execute(upsert(self.engine, projections, values, ("worker_id", "group_id")))
+            await conn.execute(self._save, values)
 
     async def forget(self, worker_id: str, group_id: str) -> None:
         async with self.engine.begin() as conn:
