@@ -684,7 +684,7 @@ def _from_us(value: int) -> datetime:
 
 
 def add_artifact_service(servicer: ArtifactServicer, server: grpc.aio.Server) -> None:
-    """Register the generated handlers, except that Download streams pre-serialized responses."""
+    """Add the generated handlers, except that Download streams pre-serialized responses."""
 
     class _Capture:
         name = ""
@@ -704,4 +704,3 @@ def add_artifact_service(servicer: ArtifactServicer, server: grpc.aio.Server) ->
         response_serializer=None
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(capture.name, capture.handlers),))
-    server.add_registered_method_handlers(capture.name, capture.handlers)

@@ -60,6 +60,7 @@ from missionweave.rpc.channels import (
 from missionweave.rpc.identities import IdentityDirectoryClient
 from missionweave.rpc.local import LocalChannel
 from missionweave.rpc.reflection import enable_reflection
+from missionweave.rpc.registration import generic_handlers_only
 from missionweave.rpc.status import RequestParsing
 from missionweave.signing import load_or_create_key
 from missionweave.v1 import (
@@ -377,7 +378,8 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             ("grpc.http2.min_ping_interval_without_data_ms", MIN_PEER_PING_INTERVAL_MS),
         ],
     )
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    handlers = generic_handlers_only(server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, handlers)
     group_log_servicer: GroupLogServicer | None = None
     links = None
     fence = None
@@ -390,17 +392,17 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         fence.start()
         authority_servicer = AuthorityServicer(authority)
         authority_servicer.callers = callers
-        authority_service_pb2_grpc.add_AuthorityServiceServicer_to_server(authority_servicer, server)
+        authority_service_pb2_grpc.add_AuthorityServiceServicer_to_server(authority_servicer, handlers)
         local.register(SERVICE_NAMES["authority"], authority_servicer)
         group_log_servicer = GroupLogServicer(authority)
         group_log_servicer.callers = callers
-        group_log_pb2_grpc.add_GroupLogServiceServicer_to_server(group_log_servicer, server)
+        group_log_pb2_grpc.add_GroupLogServiceServicer_to_server(group_log_servicer, handlers)
         local.register(INTERNAL_SERVICE_NAMES["group_log"], group_log_servicer)
     directory = None
     if registry is not None:
         directory = IdentityDirectoryServicer(registry)
         directory.callers = callers
-        identities_pb2_grpc.add_IdentityDirectoryServiceServicer_to_server(directory, server)
+        identities_pb2_grpc.add_IdentityDirectoryServiceServicer_to_server(directory, handlers)
         local.register(INTERNAL_SERVICE_NAMES["identities"], directory)
         authority_stub = (
             authority_service_pb2_grpc.AuthorityServiceStub(peers.as_mesh("authority"))
@@ -409,13 +411,13 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         )
         membership_servicer = MembershipServicer(registry, directory, authority_stub)
         membership_servicer.callers = callers
-        membership_service_pb2_grpc.add_MembershipServiceServicer_to_server(membership_servicer, server)
+        membership_service_pb2_grpc.add_MembershipServiceServicer_to_server(membership_servicer, handlers)
         local.register(SERVICE_NAMES["membership"], membership_servicer)
     schedulers: Workers | None = None
     if "scheduling" in settings.services:
         schedulers, scheduling_servicer = scheduling_service(peers, identities, engine, clock)
         scheduling_servicer.callers = callers
-        scheduling_service_pb2_grpc.add_SchedulingServiceServicer_to_server(scheduling_servicer, server)
+        scheduling_service_pb2_grpc.add_SchedulingServiceServicer_to_server(scheduling_servicer, handlers)
     blobstore = None
     gateway = None
     artifact_servicer = None
@@ -436,11 +438,11 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             quota_bytes=settings.artifact_quota_bytes,
         )
         artifact_servicer.callers = callers
-        add_artifact_service(artifact_servicer, server)
+        add_artifact_service(artifact_servicer, handlers)
         local.register(SERVICE_NAMES["artifacts"], artifact_servicer)
         publication_servicer = PublicationServicer(ArtifactIndex(engine))
         publication_servicer.callers = callers
-        publications_pb2_grpc.add_PublicationServiceServicer_to_server(publication_servicer, server)
+        publications_pb2_grpc.add_PublicationServiceServicer_to_server(publication_servicer, handlers)
         local.register(INTERNAL_SERVICE_NAMES["publications"], publication_servicer)
     if "gateway" in settings.services:
         gateway = GatewayServicer(
@@ -452,7 +454,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             shared_nonces=SharedNonces(engine, clock, "hello") if shared_nonces else None,
         )
         gateway.callers = callers
-        gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, server)
+        gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, handlers)
     mirrors: list[asyncio.Task[None]] = []
     routed: list[str] = []
     if "gateway" in settings.services:
@@ -464,7 +466,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         }
         if away:
             front_door = FrontDoor(peers, away)
-            server.add_generic_rpc_handlers([front_door])
+            handlers.add_generic_rpc_handlers([front_door])
             routed = [SERVICE_NAMES[s] for s in front_door.routed_services]
             mirrors = [
                 asyncio.create_task(mirror_health(health, peers.channel(s), SERVICE_NAMES[s]))
@@ -473,7 +475,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             if "authority" in front_door.routed_services:
                 mirrors.append(asyncio.create_task(mirror_health(health, peers.channel("authority"), INTEGRITY_HEALTH)))
     names = health_names(settings.services)
-    enable_reflection([*names, *routed, "grpc.health.v1.Health"], server)
+    enable_reflection([*names, *routed, "grpc.health.v1.Health"], handlers)
     port = add_listener(server, settings.listen, server_tls, insecure=settings.insecure)
     health_server, health_port = await _health_listener(settings.health_listen, health)
     metrics_server = metrics.serve(settings.metrics_listen)
@@ -580,7 +582,8 @@ async def _health_listener(address: str, health: MeshHealth) -> tuple[grpc.aio.S
     if not address:
         return None, 0
     server = grpc.aio.server()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    handlers = generic_handlers_only(server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, handlers)
     port = add_listener(server, address, None, insecure=True)
     await server.start()
     return server, port
