@@ -70,6 +70,10 @@ payload has the size of our stored event envelope.
 
 Latency is measured in this process with ``time.perf_counter`` (monotonic): from just before the publish
 call to the subscriber's handler seeing the event (keyed by command id / message id).
+
+This process hosts every subscriber (ours and NATS's), as an agent host would, so it runs the garbage
+collector's policy for long-running processes that ``mwp serve`` and ``mwp worker run`` use
+(``missionweave/gc_policy.py``, D155); ``--default-gc`` keeps CPython's defaults instead.
 """
 
 from __future__ import annotations
@@ -117,6 +121,7 @@ from authority import (  # noqa: E402
     spawn_mesh,
 )
 
+from missionweave import gc_policy  # noqa: E402
 from missionweave.rpc.channels import open_channel  # noqa: E402
 
 NOISY_FACTOR = 100  # the noisy Group publishes this many times the rate of each quiet Group
@@ -1741,6 +1746,9 @@ def main() -> int:
     )
     p.add_argument("--no-nats", action="store_true", help="skip the NATS JetStream anchor")
     p.add_argument(
+        "--default-gc", action="store_true", help="CPython's default gc thresholds in this process, not gc_policy's (D155)"
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="smoke run: 20 Groups x 4 subscribers, 800 events, 6 s noisy phases",
@@ -1774,6 +1782,8 @@ def main() -> int:
     args.nats_version, args.envelope_bytes, args.command_bytes = "", 0, 0
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not args.default_gc:
+        gc_policy.for_long_running_process()  # this process hosts the subscribers, as an agent host
     if not args.no_nats:
         try:
             import nats  # noqa: F401

@@ -22,7 +22,7 @@ from typing import Any, cast
 from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
-from missionweave import logs
+from missionweave import gc_policy, logs
 from missionweave.cli.common import (
     CliError,
     UsageError,
@@ -289,6 +289,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     key = _read_identity_key(config)
     settings = Settings.from_env()
     logs.configure(settings.log_level, settings.log_format)
+    gc_policy.for_long_running_process()  # a long-running agent host: its tail latency (D155)
     tls = client_tls(args)
     session_args = argparse.Namespace(actor=config.identity, key=str(config.key))
     async with MeshClient(config.target, tls) as mesh:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from artifactstore.service import ArtifactServicer, add_artifact_service
 from gateway import schema as gateway_schema
 from gateway.limits import GatewayLimits
 from gateway.service import GatewayServicer
-from missionweave import ids, metrics, replay, tracing
+from missionweave import gc_policy, ids, metrics, replay, tracing
 from missionweave.clock import Clock, SystemClock
 from missionweave.config import Settings
 from missionweave.db import make_engine
@@ -100,12 +99,6 @@ log = logging.getLogger("missionweave.mesh.server")
 # Transport limit: larger messages are refused by gRPC itself with RESOURCE_EXHAUSTED. Commands have
 # their own, smaller, structured limit (services/authority/ingress.py MAX_COMMAND_BYTES).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-
-# The Authority keeps every owned Group's folded state in memory: a large, long-lived object graph
-# that CPython's default thresholds (700, 10, 10) re-scan over and over, in pauses that grow with the
-# log and land in the tail latency. Young collections every 10,000 allocations, older ones far rarer
-# (the 3.11 collector still runs a full pass only when long-lived objects grew by a quarter). D48.
-GC_THRESHOLDS = (10_000, 50, 1_000)
 
 SERVICE_NAMES = {
     "authority": authority_service_pb2.DESCRIPTOR.services_by_name["AuthorityService"].full_name,
@@ -317,7 +310,8 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             check_port_free(address)
     peer_tls = ClientTLS.from_settings(settings)
     clock = clock or SystemClock()
-    gc.set_threshold(*GC_THRESHOLDS)
+    # The Authority keeps every owned Group's folded state in memory: a large, long-lived graph (D48).
+    gc_policy.for_long_running_process()
     engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
     shared_nonces = settings.nonce_store == "database"
     try:
