@@ -159,16 +159,15 @@ def log_rejection(service: str, method: str, rejected: Rejected) -> None:
     metrics.REJECTIONS.labels(service, rejected.reason_name).inc()
     if isinstance(rejected, MalformedRequest):
         return  # logged once, rate limited, where it was found (``MalformedRequest.__init__``)
-    log.info(
-        "request rejected",
-        extra={
-            "rpc": f"{service}.{method}",
-            "reason": rejected.reason_name,
-            "detail": rejected.message,
-            **rejected.metadata,
-            **rejected.log_context,
-        },
-    )
+    rpc = f"{service}.{method}"
+    fields = {"rpc": rpc, "reason": rejected.reason_name, "detail": rejected.message, **rejected.metadata, **rejected.log_context}
+    if rejected.reason == R.REJECTION_REASON_OVERLOADED:
+        # A caller held to its rate (a Group's command rate, a stream's limits) may send hundreds a
+        # second into the refusal: one line per RPC and Group per interval, carrying how many were
+        # not logged (each is counted above).
+        overload_log.log(logging.INFO, f"{rpc} {rejected.log_context.get('group_id', '')}", "request rejected", **fields)
+        return
+    log.info("request rejected", extra=fields)
 
 
 def unary_edge(service: str, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -219,10 +218,12 @@ def rejections_as_status(cls: S) -> S:
 # A malformed request is logged at warning level at most once per this many seconds per RPC; the
 # next record says how many were not logged in between.
 MALFORMED_LOG_INTERVAL_S = 10.0
+# The same for OVERLOADED refusals, per RPC and Group.
+OVERLOAD_LOG_INTERVAL_S = 10.0
 
 
 class _RateLimitedLog:
-    """One warning per key per interval, carrying the count of those suppressed since the last one."""
+    """One record per key per interval, carrying the count of those suppressed since the last one."""
 
     def __init__(self, interval_s: float, now: Callable[[], float] = time.monotonic) -> None:
         self.interval_s = interval_s
@@ -236,19 +237,25 @@ class _RateLimitedLog:
         self._suppressed.clear()
 
     def warning(self, key: str, message: str, **extra: object) -> None:
+        self.log(logging.WARNING, key, message, **extra)
+
+    def log(self, level: int, key: str, message: str, **extra: object) -> None:
+        if not log.isEnabledFor(level):
+            return
         now = self._now()
         last = self._last.get(key)
         if last is not None and now - last < self.interval_s:
             self._suppressed[key] = self._suppressed.get(key, 0) + 1
             return
-        if len(self._last) > 10_000:  # keys are RPC paths, a bounded set; this is only a guard
+        if len(self._last) > 10_000:  # keys are RPC paths (and Groups), bounded in practice; a guard
             self._last.clear()
             self._suppressed.clear()
         self._last[key] = now
-        log.warning(message, extra={**extra, "suppressed": self._suppressed.pop(key, 0)})
+        log.log(level, message, extra={**extra, "suppressed": self._suppressed.pop(key, 0)})
 
 
 malformed_log = _RateLimitedLog(MALFORMED_LOG_INTERVAL_S)
+overload_log = _RateLimitedLog(OVERLOAD_LOG_INTERVAL_S)
 
 
 class MalformedRequest(Rejected):
