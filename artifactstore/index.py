@@ -123,7 +123,7 @@ def _batches(values: Iterable[str]) -> list[list[str]]:
 
 def _insert_new(engine: AsyncEngine, table: Table, keys: tuple[str, ...]) -> TextClause:
     """INSERT that skips rows whose ``keys`` exist already (SQLite and PostgreSQL share the syntax)."""
-    statement = dialect_insert(engine, table).on_conflict_do_nothing(index_elements=[table.c[k] for k in keys])
+    statement = dialect_insert(engine.dialect.name, table).on_conflict_do_nothing(index_elements=[table.c[k] for k in keys])
     return compiled_once(statement, engine.dialect.name)
 
 
@@ -133,7 +133,7 @@ class ArtifactIndex:
         # The dialect's INSERTs, built and compiled once.
         self._new_blobs = _insert_new(engine, blobs, ("digest",))
         self._new_holders = _insert_new(engine, holders, ("digest", "identity_id"))
-        grown = dialect_insert(engine, holdings).values(identity_id=_id("identity_id"), held_bytes=_int("grown"))
+        grown = dialect_insert(engine.dialect.name, holdings).values(identity_id=_id("identity_id"), held_bytes=_int("grown"))
         self._grow_holdings = compiled_once(
             grown.on_conflict_do_update(
                 index_elements=[holdings.c.identity_id], set_={"held_bytes": holdings.c.held_bytes + grown.excluded.held_bytes}

@@ -18,30 +18,15 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.schema import cursor_upsert, cursors
+from gateway.schema import cursor_upsert, sqlite_cursor_upsert
 from missionweave.db import sqlite_connect, sqlite_writer_target
 
 # Rows per statement: 4 parameters each, under SQLite's 999-variable limit before 3.32.
 SQLITE_ROWS_PER_STATEMENT = 240
 _DURABLE_LEVELS = frozenset({"FULL", "EXTRA", "2", "3"})
-
-
-@lru_cache(maxsize=SQLITE_ROWS_PER_STATEMENT)
-def sqlite_cursor_upsert(rows: int) -> str:
-    """``rows`` cursors raised (never lowered) in one statement; parameters agent_id, group_id,
-    cursor, updated_us per row, flattened."""
-    table = f'"{cursors.name}"'
-    agent, group, cursor, updated = (f'"{c.name}"' for c in (cursors.c.agent_id, cursors.c.group_id, cursors.c.cursor, cursors.c.updated_us))
-    values = ",".join(["(?,?,?,?)"] * rows)
-    return (
-        f"INSERT INTO {table} ({agent}, {group}, {cursor}, {updated}) VALUES {values} "
-        f"ON CONFLICT ({agent}, {group}) DO UPDATE SET {cursor} = excluded.{cursor}, {updated} = excluded.{updated} "
-        f"WHERE {table}.{cursor} < excluded.{cursor}"
-    )
 
 
 class CursorStore:

@@ -1,12 +1,13 @@
 """Gateway tables: the acknowledged cursor per (agent, Group), durable across reconnects (MW-16-06)."""
 
-from functools import cache
+from functools import cache, lru_cache
 
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, TextClause
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql.dml import Insert
 
-from missionweave.db import compiled_once, create_tables
+from missionweave.db import compiled_once, create_tables, dialect_insert
 
 # This service's tables only: no other service reads or writes them.
 METADATA = MetaData()
@@ -22,19 +23,30 @@ cursors = Table(
 )
 
 
+def _raise_cursors(dialect: str, rows: int = 0) -> Insert:
+    """Store acknowledged cursors, only ever forward (MW-16-06/07): insert, or raise a lower one.
+    ``rows`` > 0: that many rows of VALUES in the statement; 0: one row, parameters by column."""
+    ins = dialect_insert(dialect, cursors)
+    if rows:
+        ins = ins.values([{c.name: None for c in cursors.c}] * rows)
+    return ins.on_conflict_do_update(
+        index_elements=[cursors.c.agent_id, cursors.c.group_id],
+        set_={"cursor": ins.excluded.cursor, "updated_us": ins.excluded.updated_us},
+        where=cursors.c.cursor < ins.excluded.cursor,
+    )
+
+
 @cache
 def cursor_upsert(dialect: str) -> TextClause:
-    """Store acknowledged cursors, only ever forward (MW-16-06/07): insert, or raise a lower one.
-    Rows: agent_id, group_id, cursor, updated_us. SQLite (3.24+) and PostgreSQL share the syntax."""
-    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(cursors)
-    return compiled_once(
-        ins.on_conflict_do_update(
-            index_elements=[cursors.c.agent_id, cursors.c.group_id],
-            set_={"cursor": ins.excluded.cursor, "updated_us": ins.excluded.updated_us},
-            where=cursors.c.cursor < ins.excluded.cursor,
-        ),
-        dialect,
-    )
+    """The cursor rule for an executemany of rows agent_id, group_id, cursor, updated_us."""
+    return compiled_once(_raise_cursors(dialect), dialect)
+
+
+@lru_cache(maxsize=256)  # one per row count: the cursor store writes at most 240 a statement
+def sqlite_cursor_upsert(rows: int) -> str:
+    """The cursor rule for ``rows`` rows in one SQLite statement (``sqlite3``, qmark parameters:
+    agent_id, group_id, cursor, updated_us per row, flattened)."""
+    return str(_raise_cursors("sqlite", rows).compile(dialect=sqlite.dialect()))
 
 
 async def create_schema(engine: AsyncEngine) -> None:

@@ -254,9 +254,10 @@ async def create_tables(
             await conn.run_sync(create)
 
 
-def dialect_insert(engine: AsyncEngine, table: Table) -> postgresql.Insert | sqlite.Insert:
-    """An INSERT with ON CONFLICT clauses: SQLite (3.24+) and PostgreSQL share the syntax."""
-    return (postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert)(table)
+def dialect_insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
+    """An INSERT of ``dialect`` (an engine's ``dialect.name``) with ON CONFLICT clauses: SQLite
+    (3.24+) and PostgreSQL share the syntax."""
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 
 
 def compiled_once(statement: Insert, dialect: str) -> TextClause:
@@ -271,7 +272,7 @@ def compiled_once(statement: Insert, dialect: str) -> TextClause:
 def upsert(dialect: str, table: Table, keys: tuple[str, ...]) -> TextClause:
     """Insert a row of all of ``table``'s columns (parameters named by column), or overwrite the
     other columns of the row with the same ``keys``. Build it once (``compiled_once``)."""
-    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+    ins = dialect_insert(dialect, table)
     statement = ins.on_conflict_do_update(
         index_elements=[table.c[k] for k in keys],
         set_={column.name: ins.excluded[column.name] for column in table.c if column.name not in keys},

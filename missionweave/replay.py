@@ -15,12 +15,11 @@ import logging
 from datetime import datetime, timedelta
 
 from sqlalchemy import BigInteger, Column, LargeBinary, MetaData, Table, bindparam, delete, text
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave.clock import Clock, to_micros
-from missionweave.db import compiled_once, create_tables
+from missionweave.db import compiled_once, create_tables, dialect_insert
 from missionweave.errors import R, Rejected
 
 log = logging.getLogger("missionweave.replay")
@@ -126,7 +125,7 @@ class SharedNonces:
         self._clock = clock
         self._scope = scope.encode()
         self._postgres = engine.dialect.name == "postgresql"
-        ins = (postgresql.insert if self._postgres else sqlite.insert)(proof_nonces)
+        ins = dialect_insert(engine.dialect.name, proof_nonces)
         self._record = compiled_once(
             ins.values(nonce_digest=bindparam("digest"), expires_us=bindparam("expires_us"))
             .on_conflict_do_update(

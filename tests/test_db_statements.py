@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, bindparam, select
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import sqlite
 
 from missionweave.db import compiled_once, create_tables, dialect_insert, make_engine, upsert
 
@@ -34,7 +34,7 @@ async def test_compiled_once_keeps_the_conflict_rule_and_the_parameters_types(db
     engine = make_engine(db_url)
     try:
         await create_tables(engine, METADATA)
-        ins = dialect_insert(engine, scores).values(name=bindparam("who"), score=bindparam("points"), note=bindparam("note"))
+        ins = dialect_insert(engine.dialect.name, scores).values(name=bindparam("who"), score=bindparam("points"), note=bindparam("note"))
         raise_only = compiled_once(
             ins.on_conflict_do_update(
                 index_elements=[scores.c.name],
@@ -63,8 +63,7 @@ async def test_compiled_once_keeps_the_conflict_rule_and_the_parameters_types(db
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
 def test_compiled_once_renders_named_parameters_for_each_dialect(dialect: str) -> None:
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    statement = compiled_once(insert(scores).on_conflict_do_nothing(index_elements=[scores.c.name]), dialect)
+    statement = compiled_once(dialect_insert(dialect, scores).on_conflict_do_nothing(index_elements=[scores.c.name]), dialect)
     assert str(statement).startswith("INSERT INTO stmt_scores (name, score, note) VALUES (:name, :score, :note)")
     assert {name: type(bind.type) for name, bind in statement._bindparams.items()} == {
         "name": String, "score": BigInteger, "note": String

@@ -4,10 +4,9 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import BigInteger, Column, Integer, LargeBinary, MetaData, String, Table, TextClause
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from missionweave.db import compiled_once, create_tables
+from missionweave.db import compiled_once, create_tables, dialect_insert
 
 # This service's tables only: no other service reads or writes them.
 METADATA = MetaData()
@@ -141,7 +140,7 @@ chain_checkpoints = Table(
 @cache
 def checkpoint_upsert(dialect: str) -> TextClause:
     """Record a Group's checkpoint, never replacing a later one. Rows: group_id, seq, envelope."""
-    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(chain_checkpoints)
+    ins = dialect_insert(dialect, chain_checkpoints)
     return compiled_once(
         ins.on_conflict_do_update(
             index_elements=[chain_checkpoints.c.group_id],
@@ -159,7 +158,7 @@ async def create_schema(engine: AsyncEngine) -> None:
 @cache
 def instance_upsert(dialect: str) -> TextClause:
     """Record (or move) an instance's address. Rows: instance_id, address, updated_us."""
-    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(authority_instances)
+    ins = dialect_insert(dialect, authority_instances)
     return compiled_once(
         ins.on_conflict_do_update(
             index_elements=[authority_instances.c.instance_id],

@@ -17,11 +17,10 @@ from sqlalchemy import (
     insert,
     select,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from missionweave.db import compiled_once, create_tables
+from missionweave.db import compiled_once, create_tables, dialect_insert
 
 # This service's tables only: no other service reads or writes them.
 METADATA = MetaData()
@@ -139,7 +138,7 @@ _PRESENCE_COLUMNS = (
 def presence_upsert(dialect: str) -> TextClause:
     """Record an agent's report, replacing its previous one. SQLite (3.24+) and PostgreSQL share the
     syntax."""
-    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(presence)
+    ins = dialect_insert(dialect, presence)
     return compiled_once(
         ins.on_conflict_do_update(
             index_elements=[presence.c.agent_id], set_={name: ins.excluded[name] for name in _PRESENCE_COLUMNS}
