@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select, text
+from sqlalchemy.dialects import sqlite
 
 from gateway.cursor_store import SQLITE_ROWS_PER_STATEMENT, CursorStore
-from gateway.schema import create_schema, cursors
+from gateway.schema import _raise_cursors, create_schema, cursors, sqlite_cursor_upsert
 from missionweave.db import SQLITE_BUSY_TIMEOUT_MS, begin_immediate, make_engine
 
 
@@ -99,6 +100,13 @@ async def test_cursor_store_only_raises_cursors_in_batches_of_any_size(db_url: s
     finally:
         await store.close()
         await engine.dispose()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, SQLITE_ROWS_PER_STATEMENT])
+def test_the_multi_row_cursor_statement_is_the_compiled_rule(rows: int) -> None:
+    """The SQLite statement of ``rows`` cursors, made by repeating the compiled rule's VALUES row
+    (compiling each row count stalled the flush thread), is what SQLAlchemy compiles for them."""
+    assert sqlite_cursor_upsert(rows) == str(_raise_cursors("sqlite", rows).compile(dialect=sqlite.dialect()))
 
 
 async def test_cursor_store_commits_without_waiting_for_the_disk(db_url: str) -> None:
