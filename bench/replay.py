@@ -18,7 +18,7 @@ Per size, in one run and on the same rows, each after a read that warms the page
 * **raw row read** (the anchor): ``EventStore.read_history`` pages of 1,024 rows, bytes untouched;
 * **first load**: ``Authority.fold`` as after a start with no checkpoint: every event's signature
   (the signature worker, in batches), sequence and chain checked, decoded and folded
-  (docs/integrity.md); it leaves a signed chain checkpoint at the head (D68);
+  (docs/integrity.md); it leaves a signed chain checkpoint at the head (D76);
 * **checkpointed load**: the verified-envelope cache emptied (a new process), ``fold`` again: the
   hash chain up to the checkpoint, signatures only above it.
 
