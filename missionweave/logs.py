@@ -13,6 +13,8 @@ import logging
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -129,3 +131,37 @@ def end_grpc_core_route(timeout_s: float = 2.0) -> None:
         relay.wait(timeout_s)
     except subprocess.TimeoutExpired:
         pass  # a child process still holds the pipe: the relay ends with it
+
+
+class RateLimitedLog:
+    """One record per key per interval on ``logger``, carrying the count of those suppressed since
+    the last one (a flood of alike events stays visible without a line each)."""
+
+    def __init__(self, interval_s: float, logger: logging.Logger, now: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.logger = logger
+        self._now = now
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def reset(self) -> None:
+        """Forget what was logged (a test that counts the records starts from none)."""
+        self._last.clear()
+        self._suppressed.clear()
+
+    def warning(self, key: str, message: str, **extra: object) -> None:
+        self.log(logging.WARNING, key, message, **extra)
+
+    def log(self, level: int, key: str, message: str, **extra: object) -> None:
+        if not self.logger.isEnabledFor(level):
+            return
+        now = self._now()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval_s:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return
+        if len(self._last) > 10_000:  # keys are RPC paths, Groups and the like, bounded in practice; a guard
+            self._last.clear()
+            self._suppressed.clear()
+        self._last[key] = now
+        self.logger.log(level, message, extra={**extra, "suppressed": self._suppressed.pop(key, 0)})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -314,3 +315,32 @@ async def test_a_cancelled_waiter_does_not_fail_the_other_appends_of_its_batch(
     assert [await store.head(f"g{i}") for i in range(3)] == [1, 1, 1]  # the cancelled one landed too
     assert not [r for r in caplog.records if r.getMessage() == "group commit failed"]
     await store.close()
+
+
+async def test_a_slow_group_commit_is_logged_once_per_interval(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A commit slower than SLOW_COMMIT_S is a warning naming its size and writer, at most one per
+    interval with the count of those not logged (a stalling disk stalls every Group: an operator must
+    see it); a normal commit logs nothing."""
+    from services.authority import store as store_module
+
+    store = EventStore(engine, ManualClock())
+    store_module.slow_commit_log.reset()
+    now = [1000.0]
+    monkeypatch.setattr(store_module.slow_commit_log, "_now", lambda: now[0])
+    caplog.set_level(logging.WARNING, logger="missionweave.authority.store")
+    try:
+        await store.append(request("g1", 1, 0, 1, "c0", create=True))
+        assert not [r for r in caplog.records if "group commit was slow" in r.getMessage()]
+        monkeypatch.setattr(store_module, "SLOW_COMMIT_S", 0.0)  # every commit is now "slow"
+        await store.append(request("g1", 1, 1, 1, "c1"))
+        await store.append(request("g1", 1, 2, 1, "c2"))  # within the interval: counted, not logged
+        now[0] += store_module.SLOW_COMMIT_LOG_INTERVAL_S
+        await store.append(request("g1", 1, 3, 2, "c3"))
+        slow = [r for r in caplog.records if "group commit was slow" in r.getMessage()]
+        assert [(r.appends, r.groups, r.suppressed) for r in slow] == [(1, 1, 0), (1, 1, 1)]  # type: ignore[attr-defined]
+        assert all(r.levelno == logging.WARNING and r.seconds >= 0 and r.writer in ("process", "sqlalchemy") for r in slow)  # type: ignore[attr-defined]
+    finally:
+        store_module.slow_commit_log.reset()
+        await store.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -22,6 +21,7 @@ from grpc_status import rpc_status
 
 from missionweave import metrics
 from missionweave.errors import DOMAIN, R, Rejected
+from missionweave.logs import RateLimitedLog
 from missionweave.v1 import common_pb2
 
 log = logging.getLogger("missionweave.rpc")
@@ -222,40 +222,8 @@ MALFORMED_LOG_INTERVAL_S = 10.0
 OVERLOAD_LOG_INTERVAL_S = 10.0
 
 
-class _RateLimitedLog:
-    """One record per key per interval, carrying the count of those suppressed since the last one."""
-
-    def __init__(self, interval_s: float, now: Callable[[], float] = time.monotonic) -> None:
-        self.interval_s = interval_s
-        self._now = now
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def reset(self) -> None:
-        """Forget what was logged (a test that counts the records starts from none)."""
-        self._last.clear()
-        self._suppressed.clear()
-
-    def warning(self, key: str, message: str, **extra: object) -> None:
-        self.log(logging.WARNING, key, message, **extra)
-
-    def log(self, level: int, key: str, message: str, **extra: object) -> None:
-        if not log.isEnabledFor(level):
-            return
-        now = self._now()
-        last = self._last.get(key)
-        if last is not None and now - last < self.interval_s:
-            self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return
-        if len(self._last) > 10_000:  # keys are RPC paths (and Groups), bounded in practice; a guard
-            self._last.clear()
-            self._suppressed.clear()
-        self._last[key] = now
-        log.log(level, message, extra={**extra, "suppressed": self._suppressed.pop(key, 0)})
-
-
-malformed_log = _RateLimitedLog(MALFORMED_LOG_INTERVAL_S)
-overload_log = _RateLimitedLog(OVERLOAD_LOG_INTERVAL_S)
+malformed_log = RateLimitedLog(MALFORMED_LOG_INTERVAL_S, log)
+overload_log = RateLimitedLog(OVERLOAD_LOG_INTERVAL_S, log)
 
 
 class MalformedRequest(Rejected):

@@ -37,6 +37,7 @@ from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, to_micros
 from missionweave.db import sqlite_writer_target
 from missionweave.errors import Rejected
+from missionweave.logs import RateLimitedLog
 from missionweave.v1 import common_pb2
 from services.authority.batch_sql import SqlAlchemyOps
 from services.authority.group_commit import AppendRecord, BatchWriter, StoredEvent
@@ -59,6 +60,13 @@ __all__ = ["AppendRequest", "CommandRecord", "EventStore", "StoredEvent"]
 
 R = common_pb2.RejectionReason
 log = logging.getLogger("missionweave.authority.store")
+
+# A group commit slower than this is logged (at most once per interval): every append in it, and
+# every command behind it, waited that long. Normal commits take ~0.5-6 ms; a disk that stalls its
+# fsync (a shared volume, a full device queue) shows up here before anywhere else.
+SLOW_COMMIT_S = 0.1
+SLOW_COMMIT_LOG_INTERVAL_S = 10.0
+slow_commit_log = RateLimitedLog(SLOW_COMMIT_LOG_INTERVAL_S, log)
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,7 @@ class EventStore:
         self._batch_writer = BatchWriter(instance_id, self._ttl_us)
         target = sqlite_writer_target(engine)
         self._sqlite_writer = None if target is None else WriterProcess(*target, instance_id, self._ttl_us)
+        self._writer_seen: int | None = None  # the writer process that made the last commit
 
     # ------------------------------------------------------------ lifecycle
 
@@ -488,6 +497,18 @@ class EventStore:
         self.batches += 1
         ended = loop.time()
         metrics.BATCH_LATENCY.observe(ended - started)
+        # A writer process's first commit also waits for its start-up (its imports), not the disk.
+        writer_pid = self._sqlite_writer.pid if self._sqlite_writer is not None else None
+        warm, self._writer_seen = writer_pid == self._writer_seen, writer_pid
+        if ended - started > SLOW_COMMIT_S and warm:
+            slow_commit_log.warning(
+                "group commit",
+                "a group commit was slow: its appends (and the commands behind them) waited for it",
+                seconds=round(ended - started, 3),
+                appends=len(batch),
+                groups=len({req.group_id for req in batch}),
+                writer="process" if self._sqlite_writer is not None else "sqlalchemy",
+            )
         metrics.BATCH_SIZE.observe(len(batch))
         for req, outcome in zip(batch, outcomes, strict=True):
             if outcome is None:
