@@ -71,6 +71,12 @@ payload has the size of our stored event envelope.
 Latency is measured in this process with ``time.perf_counter`` (monotonic): from just before the publish
 call to the subscriber's handler seeing the event (keyed by command id / message id).
 
+Every MissionWeave phase also reports the Authority's group commits during it, from the
+``mwp_group_commit_latency_seconds`` histogram on its processes' /metrics (on ports the bench picks):
+how many, how many took over 100 ms and the bucket of the slowest. A commit is on every command's
+path, so a phase with a commit over 100 ms (a disk that stalled its fsync, D157) has its p99 set by
+that, not by the service: compare such phases with care.
+
 This process hosts every subscriber (ours and NATS's), as an agent host would, so it runs the garbage
 collector's policy for long-running processes that ``mwp serve`` and ``mwp worker run`` use
 (``missionweave/gc_policy.py``, D155); ``--default-gc`` keeps CPython's defaults instead.
@@ -169,6 +175,12 @@ class Phase:
     server_cpu_by: dict[str, float] = field(default_factory=dict)
     pg_cpu: float | None = None
     machine_cores: float | None = None
+    # MissionWeave: the Authority's group commits during the phase, from its /metrics histogram
+    # (mwp_group_commit_latency_seconds): how many, how many took over 100 ms, and the upper bound
+    # of the slowest one's bucket. A phase whose p99 follows a disk stall shows it here (D157).
+    commits: int | None = None
+    slow_commits: int = 0
+    slowest_commit_s: float = 0.0
 
     @property
     def done(self) -> int:
@@ -211,7 +223,11 @@ class Phase:
             + ("" if self.complete else " [INCOMPLETE]")
             + f"; server-side ACK state at the heads after {self.acked_seconds:.2f}s"
             + ("" if self.acked_complete else " [NOT REACHED]")
+            + (f"; {self.commit_line()}" if self.commits is not None else "")
         )
+
+    def commit_line(self) -> str:
+        return f"group commits {self.commits:,}, over 100 ms {self.slow_commits} (slowest <= {self.slowest_commit_s:g} s)"
 
 
 @dataclass
@@ -298,6 +314,11 @@ class System(abc.ABC):
     async def server_behind(self) -> tuple[int, int]:
         """(subscriptions whose ACK state on the server, stored cursor or ack floor, is short of the head;
         the events they are short by, summed)."""
+
+    async def commit_histogram(self) -> dict[float, float] | None:
+        """The server's group-commit latency histogram (cumulative count per bucket bound, +inf
+        included), summed over its Authority processes; None when it has none (NATS)."""
+        return None
 
     @abc.abstractmethod
     async def stop(self) -> None:
@@ -503,6 +524,7 @@ class MissionWeave(System):
         self.envelope_bytes = 0
         self.command_bytes = 0
         self.behind_sample: list[tuple[str, str, int, int]] = []
+        self.metrics_ports: list[int] = []  # the Authority processes' /metrics
         self.subscriber_kind = (
             "MissionWeave Python agent SDK (missionweave.sdk.agent.Agent: Authority-signature check per event "
             "or per chain, in-order handler, one fsynced cursor file per agent written in rounds (D143), batched ACKs "
@@ -519,6 +541,21 @@ class MissionWeave(System):
         store = "PostgreSQL" if self.database_url else "SQLite"
         pg_database = database_name(self.database_url) if self.database_url else ""
         self.work.mkdir(parents=True, exist_ok=True)
+        # Metrics on a port of the bench's choosing (the default one may be taken); split hands the
+        # ports after it to its processes in order: the gateway, then authority-0..N-1.
+        metrics_port = free_port()
+        self.metrics_ports = [metrics_port] if topo.shards == 0 else [metrics_port + 1 + i for i in range(topo.shards)]
+        saved = os.environ.get("MWP_METRICS_LISTEN")
+        os.environ["MWP_METRICS_LISTEN"] = f"127.0.0.1:{metrics_port}"
+        try:
+            return self._spawn(topo, store, pg_database)
+        finally:
+            if saved is None:
+                del os.environ["MWP_METRICS_LISTEN"]
+            else:
+                os.environ["MWP_METRICS_LISTEN"] = saved
+
+    def _spawn(self, topo: Topology, store: str, pg_database: str) -> int:
         if topo.shards == 0:
             log(f"{self.name}: starting our server ({store} store) in a separate process")
             self.mesh = spawn_mesh(
@@ -680,6 +717,13 @@ class MissionWeave(System):
         self.heads[item.group] = max(self.heads[item.group], result.group_revision)
         return ""
 
+    async def commit_histogram(self) -> dict[float, float] | None:
+        try:
+            return await asyncio.to_thread(scrape_commit_histogram, self.metrics_ports)
+        except OSError as err:  # a diagnostic: the run goes on without it
+            log(f"  {self.name}: no group-commit histogram from ports {self.metrics_ports}: {err}")
+            return None
+
     def lagging(self) -> int:
         if self.subs:
             return sum(1 for sub, g in self.subs if sub.cursor < self.heads[g])
@@ -765,6 +809,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+COMMIT_HISTOGRAM = "mwp_group_commit_latency_seconds_bucket"
+
+
+def scrape_commit_histogram(ports: list[int]) -> dict[float, float]:
+    """Sums ``COMMIT_HISTOGRAM`` over the /metrics of the processes on ``ports`` (127.0.0.1)."""
+    import urllib.request
+
+    buckets: dict[float, float] = {}
+    for port in ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
+            for line in answer.read().decode().splitlines():
+                if line.startswith(COMMIT_HISTOGRAM + "{"):
+                    labels, _, value = line.rpartition(" ")
+                    bound = labels.split('le="', 1)[1].split('"', 1)[0]
+                    key = float("inf") if bound == "+Inf" else float(bound)
+                    buckets[key] = buckets.get(key, 0.0) + float(value)
+    return buckets
+
+
+def commits_between(before: dict[float, float], after: dict[float, float]) -> tuple[int, int, float]:
+    """(commits, commits over 100 ms, upper bound of the slowest one's bucket) between two scrapes."""
+    delta = {bound: after[bound] - before.get(bound, 0.0) for bound in after}
+    total = delta.get(float("inf"), 0.0)
+    slowest = min((bound for bound, n in delta.items() if n >= total), default=0.0) if total else 0.0
+    return int(total), int(total - delta.get(0.1, total)), slowest
 
 
 def ensure_nats_server() -> str:
@@ -1088,6 +1159,7 @@ async def run_phase(
             phase.latencies.setdefault("answered", []).append(last_answer - sent)
 
     assert system.tree is not None
+    commits_before = await system.commit_histogram()
     with PhaseProgress(system, phase):
         # Server CPU (every process of the topology, PostgreSQL backends apart) and this process's CPU,
         # from the first publish until every subscription handled its head.
@@ -1117,6 +1189,9 @@ async def run_phase(
                 system, max(5.0, deadline - perf()), f"{system.name} {name}"
             )
             phase.seconds = perf() - t0
+        commits_after = await system.commit_histogram()
+        if commits_before is not None and commits_after is not None:
+            phase.commits, phase.slow_commits, phase.slowest_commit_s = commits_between(commits_before, commits_after)
         # The next phase starts from a drained server: its stored ACK state at every head.
         phase.acked_complete = await wait_server_acked(system, ack_seconds, f"{system.name} {name}")
         phase.acked_seconds = perf() - t0
@@ -1413,6 +1488,16 @@ def _vs_nats(o: Results, t: Results | None) -> None:
             "",
         )
     )
+    stalls = [p for p in (o.half_load, oq, on) if p is not None]
+    if all(p.commits is not None for p in stalls):
+        rows.append(
+            (
+                "  group commits over 100 ms (half / quiet / noisy)",
+                " / ".join(str(p.slow_commits) for p in stalls),
+                "",
+                "",
+            )
+        )
     label = cast(MissionWeave, o.system).topo.label
     w, cw = max(len(r[0]) for r in rows), max(14, len(label))
     print(
@@ -1530,6 +1615,17 @@ def report(args: argparse.Namespace, ours: list[Results], theirs: Results | None
         ]
     )
     rows.append(["  ratio (<= 1.5x)", *(f"{_fairness(r):.2f}x" for r in every)])
+    rows.append(
+        [
+            "  commits over 100 ms (half/quiet/noisy)",
+            *(
+                " / ".join(str(p.slow_commits) if p.commits is not None else "-" for p in (r.half_load, r.quiet_only, r.with_noisy) if p)
+                if isinstance(r.system, MissionWeave)
+                else ""
+                for r in every
+            ),
+        ]
+    )
     offered = args.groups * quiet_rate * args.subscribers + quiet_rate * NOISY_FACTOR * args.subscribers
     rows.append(
         [
