@@ -821,12 +821,19 @@ def scrape_commit_histogram(ports: list[int]) -> dict[float, float]:
     buckets: dict[float, float] = {}
     for port in ports:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
-            for line in answer.read().decode().splitlines():
-                if line.startswith(COMMIT_HISTOGRAM + "{"):
-                    labels, _, value = line.rpartition(" ")
-                    bound = labels.split('le="', 1)[1].split('"', 1)[0]
-                    key = float("inf") if bound == "+Inf" else float(bound)
-                    buckets[key] = buckets.get(key, 0.0) + float(value)
+            for bound, count in parse_commit_histogram(answer.read().decode()).items():
+                buckets[bound] = buckets.get(bound, 0.0) + count
+    return buckets
+
+
+def parse_commit_histogram(text: str) -> dict[float, float]:
+    """``COMMIT_HISTOGRAM``'s cumulative count per bucket bound in a Prometheus text exposition."""
+    buckets: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(COMMIT_HISTOGRAM + "{"):
+            labels, _, value = line.rpartition(" ")
+            bound = labels.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float("inf") if bound == "+Inf" else float(bound)] = float(value)
     return buckets
 
 

@@ -21,7 +21,7 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 log = logging.getLogger("missionweave.metrics")
 
 # Latency buckets in seconds: sub-millisecond appends on SQLite up to multi-second stalls.
-_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 COMMANDS = Counter(
     "mwp_commands_total",
@@ -36,12 +36,12 @@ REJECTIONS = Counter(
 APPEND_LATENCY = Histogram(
     "mwp_append_latency_seconds",
     "From an append's enqueue to its group commit being durable.",
-    buckets=_LATENCY_BUCKETS,
+    buckets=LATENCY_BUCKETS,
 )
 BATCH_LATENCY = Histogram(
     "mwp_group_commit_latency_seconds",
     "How long one group-commit batch took to write.",
-    buckets=_LATENCY_BUCKETS,
+    buckets=LATENCY_BUCKETS,
 )
 BATCH_SIZE = Histogram(
     "mwp_group_commit_batch_size",
@@ -105,7 +105,7 @@ RPC_LATENCY = Histogram(
     "mwp_rpc_latency_seconds",
     "RPC duration, by full method (a stream's lifetime for streaming RPCs).",
     ["method"],
-    buckets=_LATENCY_BUCKETS,
+    buckets=LATENCY_BUCKETS,
 )
 ACCESS_LOG_SUPPRESSED = Counter(
     "mwp_access_log_suppressed_total",
