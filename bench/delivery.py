@@ -102,6 +102,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
+from unittest import mock
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -545,15 +546,8 @@ class MissionWeave(System):
         # ports after it to its processes in order: the gateway, then authority-0..N-1.
         metrics_port = free_port()
         self.metrics_ports = [metrics_port] if topo.shards == 0 else [metrics_port + 1 + i for i in range(topo.shards)]
-        saved = os.environ.get("MWP_METRICS_LISTEN")
-        os.environ["MWP_METRICS_LISTEN"] = f"127.0.0.1:{metrics_port}"
-        try:
+        with mock.patch.dict(os.environ, {"MWP_METRICS_LISTEN": f"127.0.0.1:{metrics_port}"}):
             return self._spawn(topo, store, pg_database)
-        finally:
-            if saved is None:
-                del os.environ["MWP_METRICS_LISTEN"]
-            else:
-                os.environ["MWP_METRICS_LISTEN"] = saved
 
     def _spawn(self, topo: Topology, store: str, pg_database: str) -> int:
         if topo.shards == 0:
@@ -1407,6 +1401,14 @@ def _fairness(res: Results) -> float:
     return np_.pct("quiet", 99) / qp.pct("quiet", 99) if qp.pct("quiet", 99) else float("nan")
 
 
+def _slow_commits(res: Results) -> str:
+    """The group commits over 100 ms in the half-load, quiet-only and noisy phases ("" for NATS)."""
+    phases = [p for p in (res.half_load, res.quiet_only, res.with_noisy) if p is not None]
+    if not isinstance(res.system, MissionWeave):
+        return ""
+    return " / ".join(str(p.slow_commits) if p.commits is not None else "-" for p in phases)
+
+
 def _busiest(p: Phase) -> str:
     if not p.server_cpu_by or not p.seconds:
         return ""
@@ -1495,16 +1497,7 @@ def _vs_nats(o: Results, t: Results | None) -> None:
             "",
         )
     )
-    stalls = [p for p in (o.half_load, oq, on) if p is not None]
-    if all(p.commits is not None for p in stalls):
-        rows.append(
-            (
-                "  group commits over 100 ms (half / quiet / noisy)",
-                " / ".join(str(p.slow_commits) for p in stalls),
-                "",
-                "",
-            )
-        )
+    rows.append(("  group commits over 100 ms (half / quiet / noisy)", _slow_commits(o), "", ""))
     label = cast(MissionWeave, o.system).topo.label
     w, cw = max(len(r[0]) for r in rows), max(14, len(label))
     print(
@@ -1622,17 +1615,7 @@ def report(args: argparse.Namespace, ours: list[Results], theirs: Results | None
         ]
     )
     rows.append(["  ratio (<= 1.5x)", *(f"{_fairness(r):.2f}x" for r in every)])
-    rows.append(
-        [
-            "  commits over 100 ms (half/quiet/noisy)",
-            *(
-                " / ".join(str(p.slow_commits) if p.commits is not None else "-" for p in (r.half_load, r.quiet_only, r.with_noisy) if p)
-                if isinstance(r.system, MissionWeave)
-                else ""
-                for r in every
-            ),
-        ]
-    )
+    rows.append(["  commits over 100 ms (half/quiet/noisy)", *(_slow_commits(r) for r in every)])
     offered = args.groups * quiet_rate * args.subscribers + quiet_rate * NOISY_FACTOR * args.subscribers
     rows.append(
         [
