@@ -225,6 +225,12 @@ class Phase:
             + f"; server-side ACK state at the heads after {self.acked_seconds:.2f}s"
             + ("" if self.acked_complete else " [NOT REACHED]")
             + (f"; {self.commit_line()}" if self.commits is not None else "")
+            # The append leg of the latency (publish -> durable); the rest is the fan-out to the agents.
+            + (
+                f"; publish answered p50 {self.pct('answered', 50):.1f} ms, p99 {self.pct('answered', 99):.1f} ms"
+                if self.count("answered")
+                else ""
+            )
         )
 
     def commit_line(self) -> str:
@@ -1280,11 +1286,7 @@ async def measure(system: System, args: argparse.Namespace, rates: dict[str, flo
         max_seconds=args.noisy_seconds + args.max_seconds,
         ack_seconds=args.ack_seconds,
     )
-    log(
-        "  "
-        + res.half_load.line("quiet")
-        + f"; publish answered p50 {res.half_load.pct('answered', 50):.1f} ms, p99 {res.half_load.pct('answered', 99):.1f} ms"
-    )
+    log("  " + res.half_load.line("quiet"))
 
     # Quiet load such that quiet + noisy together offer --noisy-load of the throughput just measured.
     quiet_rate = rates.setdefault(

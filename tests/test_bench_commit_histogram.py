@@ -1,5 +1,6 @@
-"""bench/delivery.py's count of group commits per phase, read from the Authority's /metrics: the
-parse of the Prometheus text and the difference between two scrapes (D157's slow commits)."""
+"""bench/delivery.py's per-phase report: the count of group commits, read from the Authority's
+/metrics (the parse of the Prometheus text and the difference between two scrapes, D157's slow
+commits), and the split of a phase's latency into its append leg."""
 
 from __future__ import annotations
 
@@ -38,3 +39,12 @@ def test_a_phase_without_commits_and_one_with_only_fast_ones() -> None:
     assert delivery.commits_between(same, same) == (0, 0, 0.0)
     fast = delivery.parse_commit_histogram(_exposition([0.002, 0.0003]))
     assert delivery.commits_between(same, fast) == (1, 0, 0.0005)
+
+
+def test_every_phase_line_splits_off_the_append_leg_when_it_was_measured() -> None:
+    """Each phase's line gives publish -> answered (the append durable) beside append -> delivery,
+    so a reader sees which leg a latency is in; a phase with no answer recorded says nothing of it."""
+    phase = delivery.Phase("throughput", events=2, latencies={"all": [0.090, 0.096], "answered": [0.080, 0.088]})
+    assert "all p50 96.0 ms" in phase.line()
+    assert "publish answered p50 88.0 ms, p99 88.0 ms" in phase.line()
+    assert "publish answered" not in delivery.Phase("throughput", events=2, latencies={"all": [0.01]}).line()
