@@ -84,3 +84,31 @@ async def test_a_flooding_group_is_refused_with_a_retry_delay_while_others_proce
     time.t += 1.0
     await w.run(w.owner, "grp_noisy", "message_post", builders.message(conv_a, "later"), membership_epoch=1)
     assert rejection_from_rpc_error(info.value) is not None
+
+
+@pytest.mark.req("MW-8-16")
+async def test_an_outsider_floods_on_an_allowance_of_its_own_and_never_spends_the_members(world: World) -> None:
+    """D158: an identity without a Membership in the Group (here the Worker) draws on a bucket of its
+    own there. Its refused commands run that bucket dry, and then it is refused OVERLOADED, while the
+    Group's own allowance is untouched and its members go on."""
+    w = world
+    time = FakeTime()
+    conversation = (await create(w, "grp_target")).mission.planning_conversation_id
+    w.mesh.authority.ingress = GroupIngressLimiter(rate=1, burst=2, now=time)  # type: ignore[attr-defined]
+    for round_ in range(2):
+        await refused(
+            w, w.worker, "grp_target", "message_post", builders.message(conversation, f"spam {round_}"),
+            R.REJECTION_REASON_NOT_A_MEMBER, membership_epoch=1,
+        )
+    overloaded = await refused(
+        w, w.worker, "grp_target", "message_post", builders.message(conversation, "spam 2"),
+        R.REJECTION_REASON_OVERLOADED, membership_epoch=1,
+    )
+    assert "worker-bot's commands to Group grp_target" in overloaded.message
+    # The members' burst is whole: two posts, and only then is the Group over its rate.
+    await w.run(w.owner, "grp_target", "message_post", builders.message(conversation, "one"), membership_epoch=1)
+    await w.run(w.owner, "grp_target", "message_post", builders.message(conversation, "two"), membership_epoch=1)
+    await refused(
+        w, w.owner, "grp_target", "message_post", builders.message(conversation, "three"),
+        R.REJECTION_REASON_OVERLOADED, membership_epoch=1,
+    )

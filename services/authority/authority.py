@@ -298,14 +298,22 @@ class GroupAuthority:
             return False
         return True
 
-    def _admit(self, group_id: str) -> None:
-        """Per-Group token bucket (MW-8-16): replays of accepted commands never count against it."""
-        wait_s = self.ingress.admit(group_id)
+    def _admit(self, command: command_pb2.Command) -> None:
+        """Per-Group token bucket (MW-8-16): replays of accepted commands never count against it. An
+        identity without an active Membership in a Group it knows draws on an allowance of its own
+        there (D158): an outsider's commands, refused or not, never spend the members' allowance."""
+        group_id = command.group_id
+        owned = self._cache.get(group_id)
+        state = owned.state if owned is not None else None
+        member = state.members.get(command.actor_id) if state is not None else None
+        outsider = state is not None and (member is None or not member.active)
+        wait_s = self.ingress.admit(f"{group_id}\n{command.actor_id}" if outsider else group_id)
         if wait_s > 0:
             metrics.INGRESS_REFUSALS.inc()
+            over = f"{command.actor_id}'s commands to Group {group_id} are" if outsider else f"Group {group_id} is"
             raise Rejected(
                 R.REJECTION_REASON_OVERLOADED,
-                f"Group {group_id} is over its command rate ({self.ingress.rate:g}/s); retry later",
+                f"{over} over the command rate ({self.ingress.rate:g}/s); retry later",
                 retry_after_ms=max(1, round(wait_s * 1000)),
             )
 
@@ -333,7 +341,7 @@ class GroupAuthority:
                 if replay is not None:
                     return replay
                 if attempt == 0 and effect is None:  # retries after a store race were admitted already
-                    self._admit(group_id)
+                    self._admit(command)
                 pending = await self._decide_and_enqueue(command, envelope, fingerprint_, effect, lookups)
             if pending is None:  # a linked effect with nothing (left) to do
                 return command_pb2.CommandResult(command_id=command.command_id, group_id=group_id)
