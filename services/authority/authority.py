@@ -300,8 +300,9 @@ class GroupAuthority:
 
     def _admit(self, command: command_pb2.Command) -> None:
         """Per-Group token bucket (MW-8-16): replays of accepted commands never count against it. An
-        identity without an active Membership in a Group it knows draws on an allowance of its own
-        there (D158): an outsider's commands, refused or not, never spend the members' allowance."""
+        identity without an active Membership in a Group whose state is loaded here draws on an
+        allowance of its own there (D158): an outsider's commands, refused or not, never spend the
+        members' allowance."""
         group_id = command.group_id
         owned = self._cache.get(group_id)
         state = owned.state if owned is not None else None
