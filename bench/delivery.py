@@ -129,6 +129,7 @@ from authority import (  # noqa: E402
 )
 
 from missionweave import gc_policy  # noqa: E402
+from missionweave.mesh.topology import metrics_addresses  # noqa: E402
 from missionweave.rpc.channels import open_channel  # noqa: E402
 
 NOISY_FACTOR = 100  # the noisy Group publishes this many times the rate of each quiet Group
@@ -548,11 +549,15 @@ class MissionWeave(System):
         store = "PostgreSQL" if self.database_url else "SQLite"
         pg_database = database_name(self.database_url) if self.database_url else ""
         self.work.mkdir(parents=True, exist_ok=True)
-        # Metrics on a port of the bench's choosing (the default one may be taken); split hands the
-        # ports after it to its processes in order: the gateway, then authority-0..N-1.
-        metrics_port = free_port()
-        self.metrics_ports = [metrics_port] if topo.shards == 0 else [metrics_port + 1 + i for i in range(topo.shards)]
-        with mock.patch.dict(os.environ, {"MWP_METRICS_LISTEN": f"127.0.0.1:{metrics_port}"}):
+        # Metrics on a port of the bench's choosing (the default one may be taken); split hands its
+        # processes the ports after it (topology.metrics_addresses).
+        listen = f"127.0.0.1:{free_port()}"
+        if topo.shards == 0:
+            self.metrics_ports = [int(listen.rpartition(":")[2])]
+        else:
+            shards = metrics_addresses(listen, topo.shards)
+            self.metrics_ports = [int(shards[f"authority-{i}"].rpartition(":")[2]) for i in range(topo.shards)]
+        with mock.patch.dict(os.environ, {"MWP_METRICS_LISTEN": listen}):
             return self._spawn(topo, store, pg_database)
 
     def _spawn(self, topo: Topology, store: str, pg_database: str) -> int:
@@ -1405,9 +1410,9 @@ def _fairness(res: Results) -> float:
 
 def _slow_commits(res: Results) -> str:
     """The group commits over 100 ms in the half-load, quiet-only and noisy phases ("" for NATS)."""
-    phases = [p for p in (res.half_load, res.quiet_only, res.with_noisy) if p is not None]
     if not isinstance(res.system, MissionWeave):
         return ""
+    phases = [p for p in (res.half_load, res.quiet_only, res.with_noisy) if p is not None]
     return " / ".join(str(p.slow_commits) if p.commits is not None else "-" for p in phases)
 
 

@@ -100,7 +100,7 @@ def plan(settings: Settings, shards: int, mesh_id: str) -> list[Child]:
     ]
     children += [Child(name, (name,), address, {}) for name, address in addresses.items()]
     children.append(Child("gateway", ("gateway",), settings.listen, {"MWP_HEALTH_LISTEN": settings.health_listen}))
-    metrics = _metrics_addresses(settings.metrics_listen, [children[-1], *children[:-1]])
+    metrics = metrics_addresses(settings.metrics_listen, shards)
     for child in children:
         child.env = {
             **common,
@@ -112,15 +112,17 @@ def plan(settings: Settings, shards: int, mesh_id: str) -> list[Child]:
     return children
 
 
-def _metrics_addresses(listen: str, children: list[Child]) -> dict[str, str]:
-    """Each child's own metrics address: the launcher's MWP_METRICS_LISTEN for the first (the
-    gateway), the ports after it for the others in order (authority-0..N-1, membership, artifacts,
-    scheduling); port 0 lets each pick one; empty: none serves metrics."""
+def metrics_addresses(listen: str, shards: int) -> dict[str, str]:
+    """Each child's own metrics address, by child name: the launcher's MWP_METRICS_LISTEN for the
+    gateway, the ports after it for the others in order (authority-0..N-1, membership, artifacts,
+    scheduling); port 0 lets each pick one; empty: none serves metrics. Public so that a tool
+    scraping a split mesh (bench/delivery.py) finds each process where the launcher put it."""
+    names = ["gateway", *(f"authority-{i}" for i in range(shards)), *BACK_SERVICES]
     if not listen:
-        return {child.name: "" for child in children}
+        return dict.fromkeys(names, "")
     host, _, port = listen.rpartition(":")
     first = int(port)
-    return {child.name: f"{host}:{first + i if first else 0}" for i, child in enumerate(children)}
+    return {name: f"{host}:{first + i if first else 0}" for i, name in enumerate(names)}
 
 
 def _tls_env(settings: Settings) -> dict[str, str]:
