@@ -33,17 +33,21 @@ def test_begin_immediate_waits_for_the_lock_and_keeps_the_busy_timeout(tmp_path:
     path = tmp_path / "lock.db"
     holder, writer = _connect(path), _connect(path)
     holder.execute("BEGIN IMMEDIATE")
-    released = threading.Event()
+    releasing = threading.Event()
 
     def release_later() -> None:
         time.sleep(0.05)
         holder.execute("INSERT INTO t VALUES (1)")
+        # Set before COMMIT: the writer may take the lock the instant COMMIT lets it go, before
+        # this thread runs again.
+        releasing.set()
         holder.execute("COMMIT")
-        released.set()
 
-    threading.Thread(target=release_later).start()
+    releaser = threading.Thread(target=release_later)
+    releaser.start()
     begin_immediate(writer)
-    assert released.is_set()  # the lock was taken only once the holder let it go
+    assert releasing.is_set()  # the lock was taken only once the holder let it go
+    releaser.join()
     writer.execute("INSERT INTO t VALUES (2)")
     writer.execute("COMMIT")
     assert sorted(r[0] for r in writer.execute("SELECT x FROM t")) == [1, 2]
