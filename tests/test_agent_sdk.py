@@ -99,6 +99,9 @@ class FakeHost:
         self.sent.append(frame)
         return True
 
+    def _queue_ack(self, ack: pb.CursorAck) -> None:
+        self.sent.append(pb.ClientFrame(ack=pb.AckFrame(cursors=[ack])))
+
     async def _fetch_snapshot(self, group_id: str, digest: common_pb2.Digest) -> pb.GetSnapshotResponse:
         return self.snapshot
 
@@ -236,6 +239,26 @@ async def test_the_cursor_file_is_written_atomically_and_only_forwards(tmp_path:
     (tmp_path / "cursors.json").write_text(json.dumps({"agent_id": "bot", "cursors": {"../escape": 1}}))
     with pytest.raises(sdk.AgentError):
         CursorStore(tmp_path, "bot")  # nor does a file name a path out of the directory
+
+
+@pytest.mark.req("MW-16-06")
+async def test_a_cursor_asked_for_without_waiting_is_written_in_the_next_round(tmp_path: Path) -> None:
+    """``CursorStore.ask``, what a subscription saving behind its handler uses: asks made before a
+    round starts share its future; the future resolves only once the file holds the cursor; a cursor
+    the file holds already needs no round; a cursor never moves backwards."""
+    store = CursorStore(tmp_path, "bot", interval=0.05)
+    first = store.ask(G, 2)
+    assert first is not None and store.ask(G, 5) is first and store.ask("grp_other", 1) is first
+    assert not first.done() and store.saved(G) == 0 and not store.path.exists()
+    await first
+    assert store.saved(G) == 5 and stored(store.path) == 5 and stored(store.path, "grp_other") == 1
+    assert store.ask(G, 5) is None  # the file holds it
+    with pytest.raises(ValueError):
+        store.ask(G, 4)
+    later = store.ask(G, 9)
+    assert later is not None and later is not first
+    await later
+    assert stored(store.path) == 9
 
 
 @pytest.mark.req("MW-16-06")

@@ -169,6 +169,10 @@ class FaultyAgent(Agent):
             self.consumer.cursor("ack", ack.cursor)
         return await super()._send_frame(frame, route)
 
+    def _queue_ack(self, ack: pb.CursorAck) -> None:
+        self.consumer.cursor("ack", ack.cursor)
+        super()._queue_ack(ack)
+
 
 # ------------------------------------------------------------------ helpers
 
@@ -188,11 +192,11 @@ async def grant(w: World, member_id: str, role: int, visibility_start: int = 0) 
 
 def watch_cursors(w: World, monkeypatch: pytest.MonkeyPatch, consumers: dict[str, Consumer]) -> None:
     """Records every cursor file write and every cursor the gateway stores, with the processed prefix."""
-    save = CursorStore.save
+    ask = CursorStore.ask  # every cursor the SDK asks to write, saved behind or at once
 
-    async def recorded_save(self: CursorStore, group_id: str, cursor: int) -> None:
+    def recorded_ask(self: CursorStore, group_id: str, cursor: int) -> asyncio.Future[None] | None:
         consumers[self.agent_id].cursor("file", cursor)
-        await save(self, group_id, cursor)
+        return ask(self, group_id, cursor)
 
     gateway = mesh(w).gateway
     store_cursors = gateway.store_cursors
@@ -202,7 +206,7 @@ def watch_cursors(w: World, monkeypatch: pytest.MonkeyPatch, consumers: dict[str
             consumers[agent_id].cursor("gateway", cursor)
         await store_cursors(rows)
 
-    monkeypatch.setattr(CursorStore, "save", recorded_save)
+    monkeypatch.setattr(CursorStore, "ask", recorded_ask)
     monkeypatch.setattr(gateway, "store_cursors", recorded_store)
 
 

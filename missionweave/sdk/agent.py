@@ -807,6 +807,8 @@ class _Host(Protocol):
 
     async def _send_frame(self, frame: pb.ClientFrame, route: Subscription | None = None) -> bool: ...
 
+    def _queue_ack(self, ack: pb.CursorAck) -> None: ...
+
     async def _fetch_snapshot(self, group_id: str, digest: common_pb2.Digest) -> pb.GetSnapshotResponse: ...
 
 
@@ -845,7 +847,8 @@ class Subscription:
         # the file follows behind (_persist_soon).
         self._durable = cursors.load(group_id)
         self._sequencer: GroupSequencer[Linked] = GroupSequencer(self._durable)
-        self._saving: asyncio.Task[None] | None = None
+        self._saving: asyncio.Future[None] | None = None  # the cursor round asked for, not yet written
+        self._asked = 0  # the highest cursor asked of the cursor store (written or not)
         # The chain value of the last event processed (or the restored snapshot's), with its
         # sequence and whether it was linked itself. Unknown after a start or a gap.
         self._link: tuple[int, bytes, bool] | None = None
@@ -854,7 +857,7 @@ class Subscription:
         self._attempt = 0
         self._queue: asyncio.Queue[pb.ServerFrame | None] = asyncio.Queue()
         self._held: pb.ServerFrame | None = None  # taken from the queue, to be handled next (_queued_events)
-        self._changed = asyncio.Condition()
+        self._waiters: list[asyncio.Future[None]] = []  # reached() calls, woken when the cursor moves
         self._failure: AgentError | None = None
         self._retry = Backoff(initial=0.5, cap=30.0)  # resubscribing after HISTORY_UNAVAILABLE
         self._stopping = False
@@ -875,8 +878,14 @@ class Subscription:
 
         Bound the wait with ``async with asyncio.timeout(seconds):``.
         """
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.cursor >= sequence or self._failure is not None)
+        while self.cursor < sequence and self._failure is None:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
         if self._failure is not None and self.cursor < sequence:
             raise self._failure
 
@@ -921,7 +930,7 @@ class Subscription:
                 await self._worker
         if self._failure is None:
             await self._flush()
-            await self._ack(idle=True)
+            self._ack(idle=True)
 
     # ------------------------------------------------------------------ the worker
 
@@ -1026,7 +1035,7 @@ class Subscription:
             self._sequencer.done(slot)
         self._persist_soon()
         if self._idle():
-            await self._ack(idle=True)
+            self._ack(idle=True)
 
     def _follows_the_chain(self, event: event_pb2.Event) -> None:
         """The event continues the log this subscription has seen (event.proto: previous_digest), so
@@ -1058,62 +1067,89 @@ class Subscription:
                 raise _Stop
 
     def _persist_soon(self) -> None:
-        """Writes the processed cursor to the agent's cursor file behind the handler, one save at a
-        time: the handler goes on with the next events meanwhile, and the next save covers all of
-        them (one save per batch, however many events; the agent's ``CursorStore`` writes the saves of
-        all its Groups in one round, D143). Only a written cursor is reported
+        """Writes the processed cursor to the agent's cursor file behind the handler: the handler
+        goes on with the next events meanwhile, and the agent's ``CursorStore`` writes whatever its
+        Groups asked for since its last round in one round (D143), so one write covers every batch
+        handled meanwhile. The round's end is a callback here, not a task per batch: with many
+        subscriptions in one process that bookkeeping was a third of the agent's CPU per event
+        (bench/README.md, the SDK's cursor bookkeeping). Only a written cursor is reported
         (``cursor``, ACKs, credits granted back), so the file and the ACKs never hold a sequence
         that was not processed, nor one past a gap (MW-16-05); a crash before the write hands the
         processed events to the handler again after the restart (at least once, MW-16-14)."""
-        if self._saving is None or self._saving.done():
-            self._saving = asyncio.create_task(self._save_behind(), name=f"missionweave-cursor-{self.group_id}")
-
-    async def _save_behind(self) -> None:
-        try:
-            while self._sequencer.cursor > self._durable:
-                await self._save()
-                await self._ack(idle=self._idle() and self._sequencer.cursor == self._durable)
-        except Exception as err:  # the worker may be idle waiting for frames: stop it from here
-            log.exception("%s: writing the cursor file failed", self.group_id)
-            self._failure = SubscriptionFailed(f"{self.group_id}: writing the cursor file failed: {err!r}")
-            self._stopping = True
-            self._queue.put_nowait(None)
-            await self._notify()
-
-    async def _save(self) -> None:
         target = self._sequencer.cursor
-        await self._cursors.save(self.group_id, target)
-        self._durable = target
-        self._window.processed(target)
-        await self._notify()
+        if target <= max(self._durable, self._asked) or self._failure is not None:
+            return
+        round_ = self._cursors.ask(self.group_id, target)
+        if round_ is None:  # the file holds it already
+            self._now_durable(target)
+            return
+        self._asked = target
+        if round_ is not self._saving:
+            self._saving = round_
+            round_.add_done_callback(self._round_written)
+
+    def _round_written(self, round_: asyncio.Future[None]) -> None:
+        """The cursor round this subscription asked for has ended: what the file now holds is
+        durable and acknowledged, or the write failed and the subscription stops."""
+        if self._saving is round_:
+            self._saving = None
+        error = AgentError(f"{self._cursors.path}: the write was cancelled") if round_.cancelled() else round_.exception()
+        if error is not None:
+            self._cursor_write_failed(error)
+            return
+        self._now_durable(self._cursors.saved(self.group_id))
+        self._ack(idle=self._idle() and self._sequencer.cursor == self._durable)
+
+    def _now_durable(self, target: int) -> None:
+        if target > self._durable:
+            self._durable = target
+            self._window.processed(target)
+            self._wake()
+
+    def _cursor_write_failed(self, error: BaseException) -> None:
+        """The worker may be idle waiting for frames: stop it from here."""
+        if self._failure is not None:
+            return
+        log.error("%s: writing the cursor file failed", self.group_id, exc_info=error)
+        self._failure = SubscriptionFailed(f"{self.group_id}: writing the cursor file failed: {error!r}")
+        self._stopping = True
+        self._queue.put_nowait(None)
+        self._wake()
 
     async def _flush(self) -> None:
-        """Writes the processed cursor now, after the write in progress (if any)."""
-        if self._saving is not None:
-            await asyncio.shield(self._saving)
-        if self._failure is None and self._sequencer.cursor > self._durable:
-            await self._save()
+        """Writes the processed cursor now, after the round in progress (if any)."""
+        target = self._sequencer.cursor
+        if self._failure is not None or target <= self._durable:
+            return
+        try:
+            await self._cursors.save(self.group_id, target)
+        except Exception as err:
+            self._cursor_write_failed(err)
+            raise
+        self._now_durable(target)
 
     async def _jump(self, sequence: int) -> None:
         """Moves the cursor to a position the gateway declared (visibility start, restored snapshot)."""
         self._sequencer.jump(sequence)
         await self._flush()
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    def _wake(self) -> None:
+        """Wakes the reached() calls to look at the cursor (and the failure) again."""
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
-    async def _ack(self, *, idle: bool) -> None:
+    def _ack(self, *, idle: bool) -> None:
         # Frames that only repeat what the file already holds (a redelivery after a resubscribe
         # whose save landed before them) release their credits here: no later save will.
         self._window.processed(self.cursor)
         if not self.subscription_id or not self._window.due(self.cursor, idle=idle):
             return
         cursor, credits = self._window.take(self.cursor)
-        ack = pb.CursorAck(
-            subscription_id=self.subscription_id, group_id=self.group_id, cursor=cursor, credits=credits
+        self._host._queue_ack(
+            pb.CursorAck(subscription_id=self.subscription_id, group_id=self.group_id, cursor=cursor, credits=credits)
         )
-        await self._host._send_frame(pb.ClientFrame(ack=pb.AckFrame(cursors=[ack])))
 
     async def _on_flow(self, flow: pb.FlowFrame) -> None:
         self._announced = max(self._announced, flow.delivered_sequence)
@@ -1122,13 +1158,13 @@ class Subscription:
             log.info("%s: visibility starts after sequence %d", self.group_id, flow.effective_after_sequence)
             self._window.start_at(flow.effective_after_sequence)
             await self._jump(flow.effective_after_sequence)
-            await self._ack(idle=False)
+            self._ack(idle=False)
         else:
             log.debug("%s: flow %s", self.group_id, pb.FlowReason.Name(flow.reason))
         if self._idle():
             # The drain after the last EVENT skipped its idle ACK because this FLOW was queued behind
             # it; without this ACK a spent credit window would never be granted again.
-            await self._ack(idle=True)
+            self._ack(idle=True)
 
     async def _restore(self, frame: pb.CursorTooOldFrame) -> None:
         """MW-16-11/12: verify the signed reference and the snapshot, restore, resume from its sequence."""
@@ -1176,7 +1212,7 @@ class Subscription:
             await self._flush()
         log.error("%s: subscription stopped at sequence %d: %s", self.group_id, self.cursor, failure)
         self._failure = failure
-        await self._notify()
+        self._wake()
 
 
 # ============================================================================ the agent
@@ -1868,6 +1904,13 @@ class Agent:
         if route is not None:
             self._routes[frame.subscribe.subscription_id] = route
         return await self._write(link, frame)
+
+    def _queue_ack(self, ack: pb.CursorAck) -> None:
+        """A subscription's ACK, queued and coalesced as ``_send_frame`` queues an ACK frame; dropped
+        when there is no stream (the next attempt subscribes from the cursor file)."""
+        link = self._link
+        if link is not None:
+            self._queue_acks(link, (ack,))
 
     def _queue_acks(self, link: _Link, cursors: Iterable[pb.CursorAck]) -> None:
         if self._acks_link is not link:

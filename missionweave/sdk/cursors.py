@@ -49,23 +49,35 @@ class CursorStore:
             saved = self._saved[group_id] = self._legacy(group_id)
         return saved
 
+    def saved(self, group_id: str) -> int:
+        """The cursor of ``group_id`` that the file holds."""
+        return self._saved.get(group_id, 0)
+
     async def save(self, group_id: str, cursor: int) -> None:
         """Returns once ``cursor`` (or a later one) of ``group_id`` is durable; raises the round's
         error if its write failed."""
+        round_ = self.ask(group_id, cursor)
+        if round_ is not None:
+            await asyncio.shield(round_)
+
+    def ask(self, group_id: str, cursor: int) -> asyncio.Future[None] | None:
+        """Puts ``cursor`` (or a later one) of ``group_id`` in the next round, without waiting: the
+        round's future, resolved once the file holds it (``saved``) or with the write's error; None
+        when the file holds ``cursor`` already. A subscription saving behind its handler hangs a
+        callback on it instead of a task per batch (bench/README.md, the SDK's cursor bookkeeping)."""
         saved = max(self._saved.get(group_id, 0), self._asked.get(group_id, 0))
         if cursor < saved:
             raise ValueError(f"cursor {cursor} of {group_id} would move {self.path} backwards from {saved}")
         if cursor == self._saved.get(group_id, 0):
-            return
+            return None
         self._asked[group_id] = cursor
         if self._round is None:
             self._round = asyncio.get_running_loop().create_future()
             # A round whose waiters were all cancelled must not log an unretrieved exception.
             self._round.add_done_callback(lambda done: done.cancelled() or done.exception())
-        waiting = self._round
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_rounds(), name=f"missionweave-cursors-{self.agent_id}")
-        await asyncio.shield(waiting)
+        return self._round
 
     async def _write_rounds(self) -> None:
         while self._asked:
