@@ -552,11 +552,9 @@ class MissionWeave(System):
         # Metrics on a port of the bench's choosing (the default one may be taken); split hands its
         # processes the ports after it (topology.metrics_addresses).
         listen = f"127.0.0.1:{free_port()}"
-        if topo.shards == 0:
-            self.metrics_ports = [int(listen.rpartition(":")[2])]
-        else:
-            shards = metrics_addresses(listen, topo.shards)
-            self.metrics_ports = [int(shards[f"authority-{i}"].rpartition(":")[2]) for i in range(topo.shards)]
+        split = metrics_addresses(listen, topo.shards)
+        authorities = [listen] if topo.shards == 0 else [split[f"authority-{i}"] for i in range(topo.shards)]
+        self.metrics_ports = [int(address.rpartition(":")[2]) for address in authorities]
         with mock.patch.dict(os.environ, {"MWP_METRICS_LISTEN": listen}):
             return self._spawn(topo, store, pg_database)
 

@@ -872,18 +872,18 @@ async def test_acks_of_all_subscriptions_are_coalesced_into_one_frame(tmp_path: 
     link = _RecordingLink()
     agent._link = link  # type: ignore[assignment]
 
-    def ack(sid: str, cursor: int, credits: int) -> pb.ClientFrame:
-        return pb.ClientFrame(ack=pb.AckFrame(cursors=[pb.CursorAck(subscription_id=sid, group_id=G, cursor=cursor, credits=credits)]))
+    def ack(sid: str, cursor: int, credits: int) -> pb.CursorAck:
+        return pb.CursorAck(subscription_id=sid, group_id=G, cursor=cursor, credits=credits)
 
-    for frame in (ack("s1", 3, 3), ack("s2", 5, 1), ack("s1", 4, 1)):
-        assert await agent._send_frame(frame)
+    for cursor_ack in (ack("s1", 3, 3), ack("s2", 5, 1), ack("s1", 4, 1)):
+        agent._queue_ack(cursor_ack)
     assert link.frames == []  # held for the coalescing window
     await asyncio.sleep(sdk.ACK_COALESCE_S * 10)
     assert len(link.frames) == 1
     sent = {c.subscription_id: (c.cursor, c.credits) for c in link.frames[0].ack.cursors}
     assert sent == {"s1": (4, 4), "s2": (5, 1)}
     # The stream ends and another one starts before the window closes: the old ACKs are dropped.
-    assert await agent._send_frame(ack("s1", 6, 2))
+    agent._queue_ack(ack("s1", 6, 2))
     agent._link = _RecordingLink()  # type: ignore[assignment]
     await asyncio.sleep(sdk.ACK_COALESCE_S * 10)
     assert len(link.frames) == 1 and agent._link.frames == []  # type: ignore[attr-defined]

@@ -164,11 +164,6 @@ class FaultyAgent(Agent):
         finally:
             self._forget_held()  # a frame held back is lost with its stream
 
-    async def _send_frame(self, frame: pb.ClientFrame, route: Subscription | None = None) -> bool:
-        for ack in frame.ack.cursors:
-            self.consumer.cursor("ack", ack.cursor)
-        return await super()._send_frame(frame, route)
-
     def _queue_ack(self, ack: pb.CursorAck) -> None:
         self.consumer.cursor("ack", ack.cursor)
         super()._queue_ack(ack)

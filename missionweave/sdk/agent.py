@@ -1889,41 +1889,31 @@ class Agent:
         return self._verifier
 
     async def _send_frame(self, frame: pb.ClientFrame, route: Subscription | None = None) -> bool:
-        """Writes a frame on the current stream; False when there is none (it is re-sent after reconnecting).
-
-        ACKs are queued and coalesced (``ACK_COALESCE_S``): per subscription the highest cursor and the
-        sum of the credits, all subscriptions in one frame. A stream that ends drops its queued ACKs:
-        the next attempt subscribes again from the cursor.
-        """
+        """Writes a frame on the current stream; False when there is none (it is re-sent after
+        reconnecting). ACKs go through ``_queue_ack``."""
         link = self._link
         if link is None:
             return False
-        if frame.HasField("ack"):
-            self._queue_acks(link, frame.ack.cursors)
-            return True
         if route is not None:
             self._routes[frame.subscribe.subscription_id] = route
         return await self._write(link, frame)
 
     def _queue_ack(self, ack: pb.CursorAck) -> None:
-        """A subscription's ACK, queued and coalesced as ``_send_frame`` queues an ACK frame; dropped
-        when there is no stream (the next attempt subscribes from the cursor file)."""
+        """A subscription's ACK (the subscription hands it over), queued and coalesced
+        (``ACK_COALESCE_S``): per subscription the highest cursor and the sum of the credits, all
+        subscriptions in one frame. Dropped when there is no stream, and a stream that ends drops its
+        queued ACKs: the next attempt subscribes again from the cursor file."""
         link = self._link
-        if link is not None:
-            self._queue_acks(link, (ack,))
-
-    def _queue_acks(self, link: _Link, cursors: Iterable[pb.CursorAck]) -> None:
+        if link is None:
+            return
         if self._acks_link is not link:
             self._acks, self._acks_link = {}, link
-        for ack in cursors:
-            queued = self._acks.get(ack.subscription_id)
-            if queued is None:
-                self._acks[ack.subscription_id] = pb.CursorAck(
-                    subscription_id=ack.subscription_id, group_id=ack.group_id, cursor=ack.cursor, credits=ack.credits
-                )
-            else:
-                queued.cursor = max(queued.cursor, ack.cursor)
-                queued.credits += ack.credits
+        queued = self._acks.get(ack.subscription_id)
+        if queued is None:
+            self._acks[ack.subscription_id] = ack
+        else:
+            queued.cursor = max(queued.cursor, ack.cursor)
+            queued.credits += ack.credits
         if self._ack_flush is None:
             self._ack_flush = asyncio.create_task(self._flush_acks_soon())
 
