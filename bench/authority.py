@@ -293,6 +293,17 @@ def echo_unary_call(channel: grpc.aio.Channel) -> Callable[[Any], Awaitable[Any]
     )
 
 
+def echo_stream_call(channel: grpc.aio.Channel) -> Callable[[], Any]:
+    """The echo anchor's stream method, typed with our real request and response messages."""
+    from missionweave.v1 import authority_service_pb2 as pb
+
+    return channel.stream_stream(
+        ECHO_STREAM,
+        request_serializer=pb.ExecuteCommandStreamRequest.SerializeToString,
+        response_deserializer=pb.ExecuteCommandStreamResponse.FromString,
+    )
+
+
 # ====================================================================== topologies
 
 
@@ -827,6 +838,55 @@ async def run_unary(
     return run
 
 
+class StreamPublisher:
+    """Publishes over one ``ExecuteCommandStream``: a writer task sends each command as it is handed
+    over, a reader task answers each publish by its request tag."""
+
+    def __init__(self, stub: Any) -> None:
+        self.call = stub.ExecuteCommandStream()
+        self.waiting: dict[int, asyncio.Future[Any]] = {}
+        self.tags = iter(range(1, 1 << 62))
+        self.outgoing: asyncio.Queue[Any] = asyncio.Queue()
+        self.writer = asyncio.create_task(self._write())
+        self.reader = asyncio.create_task(self._read())
+
+    async def publish(self, envelope: Any) -> Any:
+        from missionweave.v1 import authority_service_pb2 as apb
+
+        if self.reader.done():
+            raise ConnectionError("the command stream ended")
+        tag = next(self.tags)
+        answer = self.waiting[tag] = asyncio.get_running_loop().create_future()
+        self.outgoing.put_nowait(apb.ExecuteCommandStreamRequest(command=envelope, request_tag=tag))
+        return await answer
+
+    async def _write(self) -> None:
+        while True:
+            await self.call.write(await self.outgoing.get())
+
+    async def _read(self) -> None:
+        failure: BaseException = ConnectionError("the command stream ended")
+        try:
+            async for answer in self.call:
+                waiting = self.waiting.pop(answer.request_tag, None)
+                if waiting is not None and not waiting.done():
+                    waiting.set_result(answer)
+        except grpc.aio.AioRpcError as err:
+            failure = err
+        finally:
+            for waiting in self.waiting.values():
+                if not waiting.done():
+                    waiting.set_exception(failure)
+            self.waiting.clear()
+
+    async def close(self) -> None:
+        self.writer.cancel()
+        self.call.cancel()
+        for task in (self.writer, self.reader):
+            with contextlib.suppress(BaseException):
+                await task
+
+
 async def run_streamed(  # type: ignore[no-untyped-def]
     name: str,
     open_stream,
@@ -1230,11 +1290,7 @@ async def measure(
     try:
         channel = open_channel(f"127.0.0.1:{echo.port}", options=GRPC_OPTIONS)
         echo_call = echo_unary_call(channel)
-        echo_stream_call = channel.stream_stream(
-            ECHO_STREAM,
-            request_serializer=pb.ExecuteCommandStreamRequest.SerializeToString,
-            response_deserializer=pb.ExecuteCommandStreamResponse.FromString,
-        )
+        echo_streams = echo_stream_call(channel)
         log(f"echo, unary: {n:,} calls, {args.clients} concurrent clients")
         await run_unary("warm-up", echo_call, unary_warm, args.clients, args.max_seconds)
         echo_unary = await run_unary(
@@ -1243,11 +1299,11 @@ async def measure(
         log("  " + echo_unary.line())
         log(f"echo, streamed: {n:,} calls, {args.streams} streams x {args.window} in flight")
         await run_streamed(
-            "warm-up", echo_stream_call, stream_warm, args.streams, args.window, args.max_seconds
+            "warm-up", echo_streams, stream_warm, args.streams, args.window, args.max_seconds
         )
         echo_stream = await run_streamed(
             "echo streamed",
-            echo_stream_call,
+            echo_streams,
             stream_reqs,
             args.streams,
             args.window,

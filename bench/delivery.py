@@ -116,6 +116,7 @@ from authority import (  # noqa: E402
     CpuMeter,
     ProcTree,
     SplitMesh,
+    StreamPublisher,
     Topology,
     TopologyStores,
     _table,
@@ -446,55 +447,6 @@ class RawSubscriber:
                 await asyncio.wait_for(self.reader, 5)
         if self.channel is not None:
             await self.channel.close()
-
-
-class StreamPublisher:
-    """Publishes over one ``ExecuteCommandStream``: a writer task sends each command as it is handed
-    over, a reader task answers each publish by its request tag."""
-
-    def __init__(self, stub: Any) -> None:
-        self.call = stub.ExecuteCommandStream()
-        self.waiting: dict[int, asyncio.Future[Any]] = {}
-        self.tags = iter(range(1, 1 << 62))
-        self.outgoing: asyncio.Queue[Any] = asyncio.Queue()
-        self.writer = asyncio.create_task(self._write())
-        self.reader = asyncio.create_task(self._read())
-
-    async def publish(self, envelope: Any) -> Any:
-        from missionweave.v1 import authority_service_pb2 as apb
-
-        if self.reader.done():
-            raise ConnectionError("the command stream ended")
-        tag = next(self.tags)
-        answer = self.waiting[tag] = asyncio.get_running_loop().create_future()
-        self.outgoing.put_nowait(apb.ExecuteCommandStreamRequest(command=envelope, request_tag=tag))
-        return await answer
-
-    async def _write(self) -> None:
-        while True:
-            await self.call.write(await self.outgoing.get())
-
-    async def _read(self) -> None:
-        failure: BaseException = ConnectionError("the command stream ended")
-        try:
-            async for answer in self.call:
-                waiting = self.waiting.pop(answer.request_tag, None)
-                if waiting is not None and not waiting.done():
-                    waiting.set_result(answer)
-        except grpc.aio.AioRpcError as err:
-            failure = err
-        finally:
-            for waiting in self.waiting.values():
-                if not waiting.done():
-                    waiting.set_exception(failure)
-            self.waiting.clear()
-
-    async def close(self) -> None:
-        self.writer.cancel()
-        self.call.cancel()
-        for task in (self.writer, self.reader):
-            with contextlib.suppress(BaseException):
-                await task
 
 
 class MissionWeave(System):

@@ -5,7 +5,9 @@
     PYTHONPATH=. .venv/bin/python bench/work_lifecycle.py --lifecycles 2000 --concurrency 64 --groups 50
 
 What it measures (issue #4, "Benchmark"): one lifecycle per WorkItem, every step a signed command
-through unary ``ExecuteCommand`` that depends on the previous step's result:
+through unary ``ExecuteCommand`` (``--publish stream``: as a message on one ``ExecuteCommandStream``
+that every lifecycle shares, answers matched by request tag) that depends on the previous step's
+result:
 
     work.authorize (Coordinator) -> work.offer (Coordinator) -> work.accept_offer (Worker)
     -> work.start (Worker) -> --renewals x work.renew_lease (Worker, reporting token usage)
@@ -23,7 +25,7 @@ because it cites the ``work.submitted`` event id from the submit result.
 
 Anchor in the same run: the echo server of ``bench/authority.py`` (its own process, parsing the same
 requests and answering canned bytes of our mean response size) at the same concurrency, over the
-very requests the timed loop sent. At the end every WorkItem must be VERIFIED (GetMissionProgress) and
+very requests the timed loop sent, unary or on one stream as they were sent. At the end every WorkItem must be VERIFIED (GetMissionProgress) and
 the sum of the Groups' heads (GetGroupState) must equal the events acknowledged to this client.
 """
 
@@ -58,9 +60,12 @@ from authority import (  # noqa: E402
     Progress,
     Run,
     SplitMesh,
+    StreamPublisher,
     database_name,
+    echo_stream_call,
     echo_unary_call,
     log,
+    run_streamed,
     run_unary,
     spawn_echo,
     spawn_mesh,
@@ -76,6 +81,7 @@ from missionweave.v1 import work_pb2 as wp  # noqa: E402
 PRESIGNED = ("work_authorize", "work_offer", "work_accept_offer", "work_start", "work_renew_lease", "work_submit")
 IN_LOOP = ("work_accept_result",)
 KINDS = (*PRESIGNED, *IN_LOOP)
+TRANSPORT = {"unary": "unary ExecuteCommand", "stream": "one ExecuteCommandStream"}
 LEASE_SECONDS = 600  # execution lease and start deadline: far longer than any lifecycle here
 VERIFIED = wp.WORK_ITEM_STATE_VERIFIED
 
@@ -227,6 +233,23 @@ def first_event(result: Any) -> event_pb2.Event:
     return event
 
 
+Execute = Callable[[pb.ExecuteCommandRequest], Awaitable[pb.ExecuteCommandResponse]]
+
+
+def streamed(publisher: StreamPublisher) -> Execute:
+    """``ExecuteCommand`` over one ``ExecuteCommandStream`` (``--publish stream``): each request's
+    command a message on the stream, its answer returned as the unary call's response, a rejection
+    raised as the unary call would."""
+
+    async def execute(req: pb.ExecuteCommandRequest) -> pb.ExecuteCommandResponse:
+        answer = await publisher.publish(req.command)
+        if answer.HasField("rejection"):
+            raise RuntimeError(f"rejected: {common_pb2.RejectionReason.Name(answer.rejection.reason)}: {answer.rejection.message}")
+        return pb.ExecuteCommandResponse(result=answer.result)
+
+    return execute
+
+
 def describe(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         from missionweave.rpc.status import rejection_from_rpc_error
@@ -243,7 +266,7 @@ def describe(exc: BaseException) -> str:
 
 async def run_lifecycles(
     name: str,
-    call: Callable[[pb.ExecuteCommandRequest], Awaitable[pb.ExecuteCommandResponse]],
+    call: Execute,
     plans: list[Plan],
     actors: Actors,
     concurrency: int,
@@ -522,10 +545,12 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         log(f"  {total * per:,} commands in {sign_s:.1f}s ({r['client_sign_rate']:,.0f}/s client-side build+sign)")
 
         stub = client.authority
-        log(f"warm-up: {warm} lifecycles, {args.concurrency} concurrent")
+        publisher = StreamPublisher(stub) if args.publish == "stream" else None
+        execute: Execute = stub.ExecuteCommand if publisher is None else streamed(publisher)
+        log(f"warm-up: {warm} lifecycles, {args.concurrency} concurrent, {TRANSPORT[args.publish]}")
         warm_tally = Tally()
         warm_run = await run_lifecycles(
-            "warm-up", stub.ExecuteCommand, plans[:warm], actors, args.concurrency, args.max_seconds, warm_tally,
+            "warm-up", execute, plans[:warm], actors, args.concurrency, args.max_seconds, warm_tally,
             keep_responses=True,
         )
         if warm_run.errors:
@@ -535,9 +560,11 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         log(f"timed: {args.lifecycles:,} lifecycles, {args.concurrency} concurrent, over {args.groups} Groups")
         tally = Tally()
         lifecycles = await run_lifecycles(
-            "lifecycles", stub.ExecuteCommand, plans[warm:], actors, args.concurrency, args.max_seconds, tally,
+            "lifecycles", execute, plans[warm:], actors, args.concurrency, args.max_seconds, tally,
             meter,
         )
+        if publisher is not None:
+            await publisher.close()
         _profile_toggle(mesh, args)
         log(f"  {lifecycles.line()}")
 
@@ -578,15 +605,29 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         f"echo anchor: {len(echo_reqs):,} of the requests just sent, {args.concurrency} concurrent clients; "
         f"canned response {r['canned_bytes']} B (our mean {mean_response:.0f} B)"
     )
-    echo = spawn_echo(work, canned.SerializeToString())
+    # The stream echo answers the request's tag followed by these bytes (field 1 left out).
+    stream_rest = pb.ExecuteCommandStreamResponse(command_id=canned.result.command_id, result=canned.result)
+    echo = spawn_echo(work, canned.SerializeToString(), stream_rest.SerializeToString())
     try:
         channel = open_channel(f"127.0.0.1:{echo.port}", options=GRPC_OPTIONS)
-        call = echo_unary_call(channel)
-        await run_unary("warm-up", call, warm_tally.sent[:1000], args.concurrency, args.max_seconds)
-        echo_run = await run_unary(
-            "echo unary", call, echo_reqs, args.concurrency, args.max_seconds,
-            lambda x: x.result.group_revision > 0, echo.proc.pid,
-        )
+        if args.publish == "stream":
+            # One stream with as many commands in flight as lifecycles run at once, as ours had.
+            def tagged(reqs: list[pb.ExecuteCommandRequest]) -> list[pb.ExecuteCommandStreamRequest]:
+                return [pb.ExecuteCommandStreamRequest(command=q.command, request_tag=i + 1) for i, q in enumerate(reqs)]
+
+            streams = echo_stream_call(channel)
+            await run_streamed("warm-up", streams, tagged(warm_tally.sent[:1000]), 1, args.concurrency, args.max_seconds)
+            echo_run = await run_streamed(
+                "echo streamed", streams, tagged(echo_reqs), 1, args.concurrency, args.max_seconds,
+                lambda x: x.result.group_revision > 0, echo.proc.pid,
+            )
+        else:
+            call = echo_unary_call(channel)
+            await run_unary("warm-up", call, warm_tally.sent[:1000], args.concurrency, args.max_seconds)
+            echo_run = await run_unary(
+                "echo unary", call, echo_reqs, args.concurrency, args.max_seconds,
+                lambda x: x.result.group_revision > 0, echo.proc.pid,
+            )
         log(f"  {echo_run.line()}")
         await channel.close()
     finally:
@@ -630,7 +671,7 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> bool:
     print(
         f"lifecycle: authorize -> offer -> accept_offer -> start -> {args.renewals} x renew_lease"
         f"{f' ({args.usage_tokens} tokens of usage each)' if args.usage_tokens else ''} -> submit -> accept_result "
-        f"= {per} signed commands, each waiting for the previous result (unary ExecuteCommand)"
+        f"= {per} signed commands, each waiting for the previous result ({TRANSPORT[args.publish]})"
     )
     print(
         f"pre-signed before the timed loop: {', '.join(PRESIGNED)} (client build+sign {r['client_sign_rate']:,.0f}/s); "
@@ -650,7 +691,7 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> bool:
     for kind in KINDS:
         k = t.per_kind[kind]
         rows.append((f"  {kind}", f"{k.done / secs:,.0f} cmd/s", k.pct(50), k.pct(99), k.errors))
-    rows.append(("anchor: echo, unary", f"{echo.rate:,.0f} calls/s", echo.pct(50), echo.pct(99), echo.errors))
+    rows.append((f"anchor: echo, {'streamed' if args.publish == 'stream' else 'unary'}", f"{echo.rate:,.0f} calls/s", echo.pct(50), echo.pct(99), echo.errors))
     w = max(len(x[0]) for x in rows)
     print(f"{'figure':<{w}}  {'value':>14}  {'p50 ms':>8}  {'p99 ms':>8}  {'errors':>6}")
     print("-" * (w + 44))
@@ -733,6 +774,13 @@ def main() -> int:
     p.add_argument("--renewals", type=int, default=3, help="work.renew_lease commands per lifecycle (default 3)")
     p.add_argument(
         "--usage-tokens", type=int, default=100, help="tokens of usage each renewal reports; 0 = none (default 100)"
+    )
+    p.add_argument(
+        "--publish",
+        choices=sorted(TRANSPORT),
+        default="unary",
+        help="how the client sends each command: unary ExecuteCommand (default) or one ExecuteCommandStream "
+        "for every lifecycle, commands matched to answers by request tag; the echo anchor uses the same",
     )
     p.add_argument("--echo-calls", type=int, default=20000, help="calls in the echo anchor (default 20000)")
     p.add_argument("--max-seconds", type=float, default=150.0, help="no new lifecycle after this (default 150)")
