@@ -5,9 +5,9 @@
     PYTHONPATH=. .venv/bin/python bench/work_lifecycle.py --lifecycles 2000 --concurrency 64 --groups 50
 
 What it measures (issue #4, "Benchmark"): one lifecycle per WorkItem, every step a signed command
-through unary ``ExecuteCommand`` (``--publish stream``: as a message on one ``ExecuteCommandStream``
-that every lifecycle shares, answers matched by request tag) that depends on the previous step's
-result:
+through unary ``ExecuteCommand`` (``--publish stream``: as a message on one of ``--streams`` open
+``ExecuteCommandStream`` calls in turn, answers matched by request tag) that depends on the previous
+step's result:
 
     work.authorize (Coordinator) -> work.offer (Coordinator) -> work.accept_offer (Worker)
     -> work.start (Worker) -> --renewals x work.renew_lease (Worker, reporting token usage)
@@ -25,7 +25,7 @@ because it cites the ``work.submitted`` event id from the submit result.
 
 Anchor in the same run: the echo server of ``bench/authority.py`` (its own process, parsing the same
 requests and answering canned bytes of our mean response size) at the same concurrency, over the
-very requests the timed loop sent, unary or on one stream as they were sent. At the end every WorkItem must be VERIFIED (GetMissionProgress) and
+very requests the timed loop sent, unary or over as many streams as they were sent. At the end every WorkItem must be VERIFIED (GetMissionProgress) and
 the sum of the Groups' heads (GetGroupState) must equal the events acknowledged to this client.
 """
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import shutil
 import statistics
@@ -81,7 +82,6 @@ from missionweave.v1 import work_pb2 as wp  # noqa: E402
 PRESIGNED = ("work_authorize", "work_offer", "work_accept_offer", "work_start", "work_renew_lease", "work_submit")
 IN_LOOP = ("work_accept_result",)
 KINDS = (*PRESIGNED, *IN_LOOP)
-TRANSPORT = {"unary": "unary ExecuteCommand", "stream": "one ExecuteCommandStream"}
 LEASE_SECONDS = 600  # execution lease and start deadline: far longer than any lifecycle here
 VERIFIED = wp.WORK_ITEM_STATE_VERIFIED
 
@@ -236,18 +236,31 @@ def first_event(result: Any) -> event_pb2.Event:
 Execute = Callable[[pb.ExecuteCommandRequest], Awaitable[pb.ExecuteCommandResponse]]
 
 
-def streamed(publisher: StreamPublisher) -> Execute:
-    """``ExecuteCommand`` over one ``ExecuteCommandStream`` (``--publish stream``): each request's
-    command a message on the stream, its answer returned as the unary call's response, a rejection
-    raised as the unary call would."""
+def transport(args: argparse.Namespace) -> str:
+    return f"{args.streams} ExecuteCommandStreams" if args.publish == "stream" else "unary ExecuteCommand"
 
-    async def execute(req: pb.ExecuteCommandRequest) -> pb.ExecuteCommandResponse:
-        answer = await publisher.publish(req.command)
+
+class Streamed:
+    """``ExecuteCommand`` over ``ExecuteCommandStream`` (``--publish stream``): each request's command
+    a message on the next of a few open streams in turn, its answer returned as the unary call's
+    response, a rejection raised as the unary call would. Several streams rather than one: grpcio
+    spends 2-3x the CPU per message on a single stream (the streamed echo, one stream with 64 in
+    flight: 130 + 136 us of server and client CPU per call; 40 streams x 5: 47 + 61 us)."""
+
+    def __init__(self, stub: Any, streams: int) -> None:
+        self.publishers = [StreamPublisher(stub) for _ in range(streams)]
+        self.turn = itertools.cycle(self.publishers)
+
+    async def __call__(self, req: pb.ExecuteCommandRequest) -> pb.ExecuteCommandResponse:
+        answer = await next(self.turn).publish(req.command)
         if answer.HasField("rejection"):
-            raise RuntimeError(f"rejected: {common_pb2.RejectionReason.Name(answer.rejection.reason)}: {answer.rejection.message}")
+            reason = common_pb2.RejectionReason.Name(answer.rejection.reason)
+            raise RuntimeError(f"rejected: {reason}: {answer.rejection.message}")
         return pb.ExecuteCommandResponse(result=answer.result)
 
-    return execute
+    async def close(self) -> None:
+        for publisher in self.publishers:
+            await publisher.close()
 
 
 def describe(exc: BaseException) -> str:
@@ -545,9 +558,9 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         log(f"  {total * per:,} commands in {sign_s:.1f}s ({r['client_sign_rate']:,.0f}/s client-side build+sign)")
 
         stub = client.authority
-        publisher = StreamPublisher(stub) if args.publish == "stream" else None
-        execute: Execute = stub.ExecuteCommand if publisher is None else streamed(publisher)
-        log(f"warm-up: {warm} lifecycles, {args.concurrency} concurrent, {TRANSPORT[args.publish]}")
+        publisher = Streamed(stub, args.streams) if args.publish == "stream" else None
+        execute: Execute = stub.ExecuteCommand if publisher is None else publisher
+        log(f"warm-up: {warm} lifecycles, {args.concurrency} concurrent, {transport(args)}")
         warm_tally = Tally()
         warm_run = await run_lifecycles(
             "warm-up", execute, plans[:warm], actors, args.concurrency, args.max_seconds, warm_tally,
@@ -611,14 +624,15 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     try:
         channel = open_channel(f"127.0.0.1:{echo.port}", options=GRPC_OPTIONS)
         if args.publish == "stream":
-            # One stream with as many commands in flight as lifecycles run at once, as ours had.
+            # As many streams, with as many commands in flight in all as lifecycles ran at once.
             def tagged(reqs: list[pb.ExecuteCommandRequest]) -> list[pb.ExecuteCommandStreamRequest]:
                 return [pb.ExecuteCommandStreamRequest(command=q.command, request_tag=i + 1) for i, q in enumerate(reqs)]
 
             streams = echo_stream_call(channel)
-            await run_streamed("warm-up", streams, tagged(warm_tally.sent[:1000]), 1, args.concurrency, args.max_seconds)
+            window = -(-args.concurrency // args.streams)
+            await run_streamed("warm-up", streams, tagged(warm_tally.sent[:1000]), args.streams, window, args.max_seconds)
             echo_run = await run_streamed(
-                "echo streamed", streams, tagged(echo_reqs), 1, args.concurrency, args.max_seconds,
+                "echo streamed", streams, tagged(echo_reqs), args.streams, window, args.max_seconds,
                 lambda x: x.result.group_revision > 0, echo.proc.pid,
             )
         else:
@@ -671,7 +685,7 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> bool:
     print(
         f"lifecycle: authorize -> offer -> accept_offer -> start -> {args.renewals} x renew_lease"
         f"{f' ({args.usage_tokens} tokens of usage each)' if args.usage_tokens else ''} -> submit -> accept_result "
-        f"= {per} signed commands, each waiting for the previous result ({TRANSPORT[args.publish]})"
+        f"= {per} signed commands, each waiting for the previous result ({transport(args)})"
     )
     print(
         f"pre-signed before the timed loop: {', '.join(PRESIGNED)} (client build+sign {r['client_sign_rate']:,.0f}/s); "
@@ -777,10 +791,13 @@ def main() -> int:
     )
     p.add_argument(
         "--publish",
-        choices=sorted(TRANSPORT),
+        choices=("unary", "stream"),
         default="unary",
-        help="how the client sends each command: unary ExecuteCommand (default) or one ExecuteCommandStream "
-        "for every lifecycle, commands matched to answers by request tag; the echo anchor uses the same",
+        help="how the client sends each command: unary ExecuteCommand (default) or as a message on one of "
+        "--streams ExecuteCommandStreams in turn, answers matched by request tag; the echo anchor does the same",
+    )
+    p.add_argument(
+        "--streams", type=int, default=16, help="open ExecuteCommandStreams with --publish stream (default 16)"
     )
     p.add_argument("--echo-calls", type=int, default=20000, help="calls in the echo anchor (default 20000)")
     p.add_argument("--max-seconds", type=float, default=150.0, help="no new lifecycle after this (default 150)")
