@@ -70,6 +70,25 @@ async def test_creating_an_existing_group_is_rejected(engine: AsyncEngine) -> No
     await store.close()
 
 
+async def test_a_command_id_its_group_has_is_never_appended_again(engine: AsyncEngine) -> None:
+    """D159: event ids are derived from (Group, command id, index) and have no unique index of their
+    own; the commands key is what keeps them from repeating. An append that reuses a command id of
+    its Group is refused whole, even at the right head and with other events, and writes nothing."""
+    store = EventStore(engine, ManualClock())
+    await store.append(request("g1", 1, 0, 1, "c1", create=True))
+    with pytest.raises(Rejected) as info:
+        await store.append(request("g1", 1, 1, 2, "c1"))
+    assert info.value.reason == R.REJECTION_REASON_REVISION_MISMATCH
+    assert await store.head("g1") == 1
+    assert [e.sequence for e in await store.read("g1")] == [1]
+    record = await store.find_command("g1", "c1")
+    assert record is not None and (record.first_seq, record.last_seq) == (1, 1)
+    # The same command id in another Group is another command: its events are that Group's.
+    await store.append(request("g2", 1, 0, 1, "c1", create=True))
+    assert await store.head("g2") == 1
+    await store.close()
+
+
 async def test_second_authority_instance_fences_the_first(engine: AsyncEngine) -> None:
     """Writer epoch per Group: once another instance takes over, the old one can never append."""
     clock = ManualClock()
@@ -145,8 +164,7 @@ async def test_a_batch_that_fails_late_leaves_no_head_advanced(engine: AsyncEngi
     transaction, so the loser's head never points past events that were not written."""
     store = EventStore(engine, ManualClock())
     await asyncio.gather(*(store.append(request(g, 1, 0, 1, "c0", create=True)) for g in ("g1", "g2", "g3")))
-    clash = request("g2", 1, 1, 1, "c1")
-    clash.events = [StoredEvent(2, "evt_g1_1c0", "test.event", 0, b"reused event id")]  # g1's first event id
+    clash = request("g2", 1, 1, 1, "c0")  # g2's own first command id: its record collides on insert
     results = await asyncio.gather(
         store.append(request("g1", 1, 1, 1, "c1")),
         store.append(clash),
@@ -157,7 +175,8 @@ async def test_a_batch_that_fails_late_leaves_no_head_advanced(engine: AsyncEngi
     assert isinstance(results[1], Rejected)
     assert (await store.head("g1"), await store.head("g2"), await store.head("g3")) == (2, 1, 2)
     assert [e.sequence for e in await store.read("g2")] == [1]
-    assert await store.find_command("g2", "c1") is None
+    record = await store.find_command("g2", "c0")
+    assert record is not None and (record.first_seq, record.last_seq) == (1, 1)
     await store.close()
 
 
