@@ -25,8 +25,9 @@ because it cites the ``work.submitted`` event id from the submit result.
 
 Anchor in the same run: the echo server of ``bench/authority.py`` (its own process, parsing the same
 requests and answering canned bytes of our mean response size) at the same concurrency, over the
-very requests the timed loop sent, unary or over as many streams as they were sent. At the end every WorkItem must be VERIFIED (GetMissionProgress) and
-the sum of the Groups' heads (GetGroupState) must equal the events acknowledged to this client.
+very requests the timed loop sent, unary or over as many streams as they were sent. At the end every
+WorkItem must be VERIFIED (GetMissionProgress) and the sum of the Groups' heads (GetGroupState) must
+equal the events acknowledged to this client.
 """
 
 from __future__ import annotations
@@ -244,8 +245,7 @@ class Streamed:
     """``ExecuteCommand`` over ``ExecuteCommandStream`` (``--publish stream``): each request's command
     a message on the next of a few open streams in turn, its answer returned as the unary call's
     response, a rejection raised as the unary call would. Several streams rather than one: grpcio
-    spends 2-3x the CPU per message on a single stream (the streamed echo, one stream with 64 in
-    flight: 130 + 136 us of server and client CPU per call; 40 streams x 5: 47 + 61 us)."""
+    spends 2-3x the CPU per message on one busy stream (bench/README, "Streamed lifecycles")."""
 
     def __init__(self, stub: Any, streams: int) -> None:
         self.publishers = [StreamPublisher(stub) for _ in range(streams)]
@@ -823,8 +823,8 @@ def main() -> int:
         p.error("--shards > 1 needs --database-url (more than one Authority shard needs PostgreSQL, D60)")
     if args.shards and args.profile_server:
         p.error("--profile-server profiles the single-process server only")
-    if args.lifecycles < 1 or args.concurrency < 1 or args.groups < 1 or args.renewals < 0:
-        p.error("--lifecycles, --concurrency and --groups must be positive, --renewals not negative")
+    if args.lifecycles < 1 or args.concurrency < 1 or args.groups < 1 or args.streams < 1 or args.renewals < 0:
+        p.error("--lifecycles, --concurrency, --groups and --streams must be positive, --renewals not negative")
     # Pre-signed commands carry their issued_at; the Authority refuses them after its 5-minute replay window.
     args.max_seconds = min(args.max_seconds, 240.0)
 
