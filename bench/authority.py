@@ -843,6 +843,9 @@ class StreamPublisher:
     over, a reader task answers each publish by its request tag."""
 
     def __init__(self, stub: Any) -> None:
+        from missionweave.v1 import authority_service_pb2 as apb
+
+        self._request = apb.ExecuteCommandStreamRequest  # looked up once, not per publish
         self.call = stub.ExecuteCommandStream()
         self.waiting: dict[int, asyncio.Future[Any]] = {}
         self.tags = iter(range(1, 1 << 62))
@@ -851,13 +854,11 @@ class StreamPublisher:
         self.reader = asyncio.create_task(self._read())
 
     async def publish(self, envelope: Any) -> Any:
-        from missionweave.v1 import authority_service_pb2 as apb
-
         if self.reader.done():
             raise ConnectionError("the command stream ended")
         tag = next(self.tags)
         answer = self.waiting[tag] = asyncio.get_running_loop().create_future()
-        self.outgoing.put_nowait(apb.ExecuteCommandStreamRequest(command=envelope, request_tag=tag))
+        self.outgoing.put_nowait(self._request(command=envelope, request_tag=tag))
         return await answer
 
     async def _write(self) -> None:
