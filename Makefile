@@ -7,6 +7,7 @@
 #   make lint    ruff, mypy, import-linter contracts, buf lint and k8s-check (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
 #   make k8s-check  render k8s/ offline, validate every resource (kubernetes-validate --strict; docs/kubernetes.md)
 #   make bench   run every bench/*.py
+#   make bench-round  one round of bench/README.md's summary table, each benchmark alone (bench/round.sh)
 #   make mutation  mutation score of the pure core against its fast tests (SAMPLE=N [SEED=S]; docs/mutation.md)
 #   make gen     regenerate the protobuf/gRPC modules and their .pyi stubs into missionweave/v1/
 #   make clean   remove generated code, caches and build output (keeps .venv; `make distclean` removes it)
@@ -33,10 +34,10 @@ DATA_DIR ?= $(or $(MWP_DATA_DIR),.missionweave)
 INSTALL_DEPS := pyproject.toml setup.py
 BENCHES := $(sort $(wildcard bench/*.py))
 
-.PHONY: help run run-split test lint k8s-check bench mutation gen clean distclean venv node-deps
+.PHONY: help run run-split test lint k8s-check bench bench-round mutation gen clean distclean venv node-deps
 
 help:
-	@sed -n '3,16p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,17p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------ virtualenv and installs
 
@@ -157,6 +158,10 @@ bench: $(VENV)/.installed-bench
 		echo "==> $$b"; \
 		$(PY) $$b || exit $$?; \
 	done
+
+bench-round: $(VENV)/.installed-bench
+	@$(MAKE) --no-print-directory gen
+	bash bench/round.sh $(OUT)
 
 # ------------------------------------------------------------------ cleaning
 
