@@ -38,7 +38,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "both_topologies: the `world` tests of this module also run on the split topology (PostgreSQL)"
     )
     config.addinivalue_line(
-        "markers", "topologies(*names): the `world` topologies of this test (single, split, split-replicated)"
+        "markers",
+        "topologies(*names): the `world` topologies of this test (single, split, split-replicated, split-sharded:"
+        " two Authority shards behind the front door)",
     )
 
 
@@ -145,7 +147,7 @@ async def world(db_url: str, tmp_path: Path, topology: str) -> AsyncIterator[Wor
         pytest.skip("the split topology runs on PostgreSQL (MWP_TEST_POSTGRES_URL, set by .ci/run)")
     settings = Settings(listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1)
     clock = OffsetClock()
-    replicas = {"scheduling": 2} if topology == "split-replicated" else None
+    replicas = {"split-replicated": {"scheduling": 2}, "split-sharded": {"authority": 2}}.get(topology)
     mesh: Any = await (start_split(settings, clock, replicas) if topology.startswith("split") else start(settings, clock))
     settings = mesh.settings
     target = f"127.0.0.1:{mesh.port}"

@@ -110,6 +110,7 @@ async def test_a_rejection_carries_its_reason_as_error_info_and_writes_nothing(w
 # ------------------------------------------------------------------ ExecuteCommandStream / Batch
 
 
+@pytest.mark.topologies("single", "split-sharded")
 async def test_stream_and_batch_answers_name_the_command_id_even_of_a_rejected_command(world: World) -> None:
     """authority_service.proto ExecuteCommandStreamResponse.command_id: "whenever the payload
     parses as a Command (a rejected one's too); empty otherwise: then match by request_tag"; and

@@ -240,7 +240,10 @@ async def test_many_clients_many_groups_no_gap_no_duplicate(world: World) -> Non
     assert world.mesh.store.batches < world.mesh.store.appends  # type: ignore[attr-defined]
 
 
+@pytest.mark.topologies("single", "split-sharded")
 async def test_streamed_command_path(world: World) -> None:
+    """Over two Authority shards (split-sharded) the front door routes the stream's commands to the
+    Group's shard on a stream of its own (rpc/shards.py); the answers are the same."""
     conv = await create_mission(world)
     envelopes = [
         world.owner.sign(world.owner.command("grp_e2e", "message_post", builders.message(conv, str(i)), membership_epoch=1))

@@ -3,6 +3,7 @@ hash, a NOT_OWNER answer retried at the owner it names, a shard that is down ski
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -225,3 +226,145 @@ async def test_a_stream_ended_with_not_owner_leaves_the_owner_it_names_remembere
     assert heads == [SHARDS.index(order[0])]
     heads = [r.head_sequence async for r in stub.ReadEvents(apb.ReadEventsRequest(group_id="grp_k"))]
     assert heads == [SHARDS.index(owner)] and calls == Counter({order[0]: 1, owner: 1})
+
+
+class ServedShards:
+    """Fake shards served over gRPC (bidirectional streams are not called in process): each owns the
+    Groups in ``owners`` (the others answer NOT_OWNER naming the owner); ``breaks_after`` ends a
+    shard's command streams UNAVAILABLE after that many answers."""
+
+    def __init__(self, owners: dict[str, int], breaks_after: dict[int, int] | None = None) -> None:
+        self.owner_index, self.breaks_after = owners, breaks_after or {}
+        self.unary, self.streams, self.streamed = Counter[str](), Counter[str](), Counter[str]()
+        self.servers: list[grpc.aio.Server] = []
+        self.addresses: list[str] = []
+        self.channels: dict[str, grpc.aio.Channel] = {}
+
+    async def start(self, count: int = 3) -> None:
+        for index in range(count):
+            server = grpc.aio.server()
+            port = server.add_insecure_port("127.0.0.1:0")
+            self.addresses.append(f"127.0.0.1:{port}")
+            apb_grpc.add_AuthorityServiceServicer_to_server(self._shard(index), server)
+            await server.start()
+            self.servers.append(server)
+
+    async def stop(self) -> None:
+        for channel in self.channels.values():
+            await channel.close()
+        for server in self.servers:
+            await server.stop(None)
+
+    def channel_for(self, address: str) -> grpc.aio.Channel:
+        if address not in self.channels:
+            self.channels[address] = open_channel(address)
+        return self.channels[address]
+
+    def _shard(self, index: int) -> apb_grpc.AuthorityServiceServicer:
+        shards = self
+
+        def decide(address: str, envelope: common_pb2.SignedEnvelope) -> command_pb2.CommandResult:
+            cmd = command_pb2.Command.FromString(envelope.payload)
+            owner = shards.addresses[shards.owner_index.get(cmd.group_id, index)]
+            if owner != address:
+                raise Rejected(R.REJECTION_REASON_NOT_OWNER, f"{cmd.group_id} is owned elsewhere", owner="x", owner_address=owner)
+            return command_pb2.CommandResult(command_id=cmd.command_id, group_id=cmd.group_id)
+
+        @rejections_as_status
+        class Shard(apb_grpc.AuthorityServiceServicer):
+            async def ExecuteCommand(self, request: apb.ExecuteCommandRequest, context: grpc.aio.ServicerContext) -> apb.ExecuteCommandResponse:
+                address = shards.addresses[index]
+                shards.unary[address] += 1
+                return apb.ExecuteCommandResponse(result=decide(address, request.command))
+
+            async def ExecuteCommandStream(
+                self, requests: AsyncIterator[apb.ExecuteCommandStreamRequest], context: grpc.aio.ServicerContext
+            ) -> AsyncIterator[apb.ExecuteCommandStreamResponse]:
+                address = shards.addresses[index]
+                shards.streams[address] += 1
+                answered = 0
+                async for item in requests:
+                    if answered == shards.breaks_after.get(index, -1):
+                        await context.abort(grpc.StatusCode.UNAVAILABLE, "shard going away")
+                    shards.streamed[address] += 1
+                    out = apb.ExecuteCommandStreamResponse(request_tag=item.request_tag)
+                    try:
+                        out.result.CopyFrom(decide(address, item.command))
+                    except Rejected as rejected:
+                        out.rejection.CopyFrom(rejected.to_proto())
+                    answered += 1
+                    yield out
+
+        return Shard()
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[ServedShards]:
+    shards = ServedShards({})
+    yield shards
+    await shards.stop()
+
+
+async def _run_stream(channel: ShardedChannel, items: list[tuple[int, str, str]]) -> list[apb.ExecuteCommandStreamResponse]:
+    async def requests() -> AsyncIterator[apb.ExecuteCommandStreamRequest]:
+        for tag, group, command_id in items:
+            yield apb.ExecuteCommandStreamRequest(request_tag=tag, command=command(group, command_id))
+
+    stream = channel.stream_stream("/missionweave.v1.AuthorityService/ExecuteCommandStream")(requests())
+    async with asyncio.timeout(30):  # a command left unanswered fails the test instead of hanging it
+        return [answer async for answer in stream]
+
+
+async def test_a_routed_stream_sends_each_shard_its_commands_on_one_stream_of_its_own(served: ServedShards) -> None:
+    """No unary call per command: one ExecuteCommandStream per shard used, answers under the caller's
+    tags (which need not be unique) and each command answered once."""
+    await served.start()
+    channel = ShardedChannel(served.addresses, served.channel_for)
+    groups = [f"grp_s{i}" for i in range(24)]
+    answers = await _run_stream(channel, [(7, g, f"c{i}") for i, g in enumerate(groups)])
+    assert sorted(a.result.command_id for a in answers) == sorted(f"c{i}" for i in range(24))
+    assert {a.request_tag for a in answers} == {7} and all(a.result.group_id == f"grp_s{a.result.command_id[1:]}" for a in answers)
+    used = {rendezvous(g, served.addresses)[0] for g in groups}
+    assert served.streams == Counter({address: 1 for address in used}) and len(used) >= 2
+    assert sum(served.unary.values()) == 0 and sum(served.streamed.values()) == 24
+
+
+async def test_a_streamed_command_its_shard_does_not_own_goes_to_the_owner_and_its_group_follows(
+    served: ServedShards,
+) -> None:
+    await served.start()
+    preferred, _, owner = rendezvous("grp_own", served.addresses)
+    served.owner_index["grp_own"] = served.addresses.index(owner)
+    channel = ShardedChannel(served.addresses, served.channel_for)
+    first = await _run_stream(channel, [(1, "grp_own", "o1")])
+    assert first[0].result.group_id == "grp_own" and first[0].request_tag == 1
+    assert served.streamed[preferred] == 1 and served.unary == Counter({owner: 1})  # NOT_OWNER, then the owner
+    later = await _run_stream(channel, [(2, "grp_own", "o2"), (3, "grp_own", "o3")])
+    assert {a.result.command_id for a in later} == {"o2", "o3"}
+    assert served.streamed[owner] == 2 and served.streamed[preferred] == 1  # straight to the owner's stream
+
+
+async def test_commands_pending_on_a_shard_stream_that_breaks_are_sent_again_and_answered(served: ServedShards) -> None:
+    """A shard that ends its stream UNAVAILABLE mid-way: the commands it had not answered go again
+    through the unary placement (command ids make a repeat harmless); none is lost or answered twice."""
+    await served.start()
+    groups = [f"grp_b{i}" for i in range(40)]
+    first = rendezvous(groups[0], served.addresses)[0]
+    served.breaks_after[served.addresses.index(first)] = 3
+    channel = ShardedChannel(served.addresses, served.channel_for)
+    answers = await _run_stream(channel, [(i, g, f"b{i}") for i, g in enumerate(groups)])
+    assert sorted(a.request_tag for a in answers) == list(range(40))
+    assert all(a.WhichOneof("outcome") == "result" and a.result.command_id == f"b{a.request_tag}" for a in answers)
+    on_first = [g for g in groups if rendezvous(g, served.addresses)[0] == first]
+    assert served.streamed[first] == 3 and served.unary[first] == len(on_first) - 3
+
+
+async def test_a_shard_that_is_down_gets_no_stream_its_groups_go_to_the_next(served: ServedShards) -> None:
+    await served.start()
+    down = "127.0.0.1:9"  # nobody listens there
+    addresses = [down, *served.addresses]
+    channel = ShardedChannel(addresses, served.channel_for)
+    groups = [g for g in (f"grp_d{i}" for i in range(60)) if rendezvous(g, addresses)[0] == down][:5]
+    answers = await _run_stream(channel, [(i, g, f"d{i}") for i, g in enumerate(groups)])
+    assert sorted(a.result.command_id for a in answers) == sorted(f"d{i}" for i in range(len(groups)))
+    assert all(a.WhichOneof("outcome") == "result" for a in answers) and len(groups) == 5

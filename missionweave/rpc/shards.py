@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -34,6 +35,7 @@ PLACEMENT_CACHE = 100_000
 MAX_STREAM_IN_FLIGHT = 256
 _BATCH = "/missionweave.v1.AuthorityService/ExecuteCommandBatch"
 _COMMAND = "/missionweave.v1.AuthorityService/ExecuteCommand"
+_STREAM = "/missionweave.v1.AuthorityService/ExecuteCommandStream"
 
 
 def rendezvous(group_id: str, addresses: Sequence[str]) -> list[str]:
@@ -222,6 +224,27 @@ class ShardedChannel:
         out.result.CopyFrom(result)
         return out
 
+    async def _streamed(
+        self, item: authority_service_pb2.ExecuteCommandStreamRequest, upstreams: _Upstreams
+    ) -> authority_service_pb2.ExecuteCommandStreamResponse:
+        """One command of a routed stream: on the stream to its Group's shard; through ``_command``
+        (unary, with its failover) when that shard does not own the Group, or its stream broke."""
+        group_id = group_of(item)
+        address = self.order(group_id)[0]
+        upstream = upstreams.to(address)
+        if upstream is not None:
+            try:
+                answer = await upstream.execute(item)
+            except (grpc.aio.AioRpcError, UpstreamEnded):
+                upstreams.drop(address)  # its outcome is unknown: sent again below (command ids are idempotent)
+            else:
+                if answer.WhichOneof("outcome") != "rejection" or answer.rejection.reason != R.REJECTION_REASON_NOT_OWNER:
+                    self._remember(group_id, address)
+                    return answer
+                if owner := answer.rejection.metadata.get("owner_address", ""):
+                    self._remember(group_id, owner)  # the next ones go to the owner's stream
+        return await self._command(item, **upstreams.kw)
+
 
 class FailoverStream:
     """A server stream opened at the first shard of the Group's order that answers: a shard that is
@@ -271,13 +294,115 @@ class FailoverStream:
         return bool(self._stream.cancel()) if self._stream is not None else True
 
 
+class UpstreamEnded(Exception):
+    """A shard ended its ExecuteCommandStream before answering every command sent on it."""
+
+
+class _Upstream:
+    """One ExecuteCommandStream to one shard, on behalf of one routed stream: each command goes with a
+    tag of its own (callers' tags need not be unique), its answer comes back under the caller's."""
+
+    def __init__(self, channel: Any, kw: dict[str, Any]) -> None:
+        self._outbox: asyncio.Queue[authority_service_pb2.ExecuteCommandStreamRequest | None] = asyncio.Queue()
+        self._waiting: dict[int, asyncio.Future[authority_service_pb2.ExecuteCommandStreamResponse]] = {}
+        self._tags = itertools.count()
+        self._ended: BaseException | None = None
+        open_call = channel.stream_stream(
+            _STREAM,
+            authority_service_pb2.ExecuteCommandStreamRequest.SerializeToString,
+            authority_service_pb2.ExecuteCommandStreamResponse.FromString,
+        )
+        self._call = open_call(self._requests(), **kw)  # an in-process channel refuses here
+        self._reader = asyncio.create_task(self._read())
+
+    async def _requests(self) -> AsyncIterator[authority_service_pb2.ExecuteCommandStreamRequest]:
+        while (request := await self._outbox.get()) is not None:
+            yield request
+
+    async def _read(self) -> None:
+        ended: BaseException = UpstreamEnded("the shard ended the stream")
+        try:
+            async for answer in self._call:
+                waiting = self._waiting.pop(answer.request_tag, None)
+                if waiting is not None and not waiting.done():
+                    waiting.set_result(answer)
+        except grpc.aio.AioRpcError as err:
+            ended = err
+        except asyncio.CancelledError:
+            ended = UpstreamEnded("the routed stream was cancelled")
+            raise
+        finally:
+            self._ended = ended
+            waiting_now, self._waiting = self._waiting, {}
+            for future in waiting_now.values():
+                if not future.done():
+                    future.set_exception(ended)
+
+    async def execute(
+        self, item: authority_service_pb2.ExecuteCommandStreamRequest
+    ) -> authority_service_pb2.ExecuteCommandStreamResponse:
+        if self._ended is not None:
+            raise self._ended
+        tag = next(self._tags)
+        answered = self._waiting[tag] = asyncio.get_running_loop().create_future()
+        self._outbox.put_nowait(authority_service_pb2.ExecuteCommandStreamRequest(request_tag=tag, command=item.command))
+        answer = await answered
+        answer.request_tag = item.request_tag
+        return answer
+
+    def close(self) -> None:
+        """No more commands: the shard ends the stream once it has answered those sent."""
+        self._outbox.put_nowait(None)
+
+    def cancel(self) -> None:
+        self._call.cancel()
+        self._reader.cancel()
+
+
+class _Upstreams:
+    """A routed stream's streams to the shards, opened on first use. A shard whose stream could not
+    be opened (an in-process channel) or broke is not streamed to again by this routed stream: its
+    commands go unary, through the placement's failover."""
+
+    def __init__(self, channel_for: Callable[[str], Any], kw: dict[str, Any]) -> None:
+        self._channel_for = channel_for
+        self.kw = kw
+        self._open: dict[str, _Upstream] = {}
+        self._unary: set[str] = set()
+
+    def to(self, address: str) -> _Upstream | None:
+        upstream = self._open.get(address)
+        if upstream is None and address not in self._unary:
+            try:
+                upstream = self._open[address] = _Upstream(self._channel_for(address), self.kw)
+            except grpc.aio.AioRpcError:
+                self._unary.add(address)
+        return upstream
+
+    def drop(self, address: str) -> None:
+        upstream = self._open.pop(address, None)
+        if upstream is not None:
+            upstream.cancel()
+        self._unary.add(address)
+
+    def close(self) -> None:
+        for upstream in self._open.values():
+            upstream.close()
+
+    def cancel(self) -> None:
+        for upstream in self._open.values():
+            upstream.cancel()
+
+
 class _RoutedCommands:
-    """ExecuteCommandStream over shards: each command routed on its own, answers in completion order."""
+    """ExecuteCommandStream over shards: each command routed on its own, on a stream to its Group's
+    shard (one per shard used, opened with the caller's metadata), answers in completion order."""
 
     def __init__(self, channel: ShardedChannel, requests: AsyncIterator[Any], request_type: type[Message], kw: dict[str, Any]) -> None:
         self._answers: asyncio.Queue[Any] = asyncio.Queue()
         self._raw = False
         kw = {k: v for k, v in kw.items() if k != "timeout"}  # a stream's deadline is the stream's own
+        self._upstreams = _Upstreams(channel._channel_for, kw)
 
         async def pump() -> None:
             slots = asyncio.Semaphore(MAX_STREAM_IN_FLIGHT)
@@ -285,18 +410,21 @@ class _RoutedCommands:
 
             async def one(item: Any) -> None:
                 try:
-                    await self._answers.put(await channel._command(item, **kw))
+                    await self._answers.put(await channel._streamed(item, self._upstreams))
                 finally:
                     slots.release()
 
-            async for request in requests:
-                self._raw = isinstance(request, bytes)
-                await slots.acquire()
-                task = asyncio.create_task(one(request_type.FromString(request) if self._raw else request))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.gather(*tasks)
+            try:
+                async for request in requests:
+                    self._raw = isinstance(request, bytes)
+                    await slots.acquire()
+                    task = asyncio.create_task(one(request_type.FromString(request) if self._raw else request))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                if tasks:
+                    await asyncio.gather(*tasks)
+            finally:
+                self._upstreams.close()
             await self._answers.put(None)
 
         self._pump = asyncio.create_task(pump())
@@ -312,5 +440,5 @@ class _RoutedCommands:
         return answer.SerializeToString() if self._raw else answer
 
     def cancel(self) -> bool:
+        self._upstreams.cancel()
         return self._pump.cancel()
-
