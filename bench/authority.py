@@ -838,56 +838,6 @@ async def run_unary(
     return run
 
 
-class StreamPublisher:
-    """Publishes over one ``ExecuteCommandStream``: a writer task sends each command as it is handed
-    over, a reader task answers each publish by its request tag."""
-
-    def __init__(self, stub: Any) -> None:
-        from missionweave.v1 import authority_service_pb2 as apb
-
-        self._request = apb.ExecuteCommandStreamRequest  # looked up once, not per publish
-        self.call = stub.ExecuteCommandStream()
-        self.waiting: dict[int, asyncio.Future[Any]] = {}
-        self.tags = iter(range(1, 1 << 62))
-        self.outgoing: asyncio.Queue[Any] = asyncio.Queue()
-        self.writer = asyncio.create_task(self._write())
-        self.reader = asyncio.create_task(self._read())
-
-    async def publish(self, envelope: Any) -> Any:
-        if self.reader.done():
-            raise ConnectionError("the command stream ended")
-        tag = next(self.tags)
-        answer = self.waiting[tag] = asyncio.get_running_loop().create_future()
-        self.outgoing.put_nowait(self._request(command=envelope, request_tag=tag))
-        return await answer
-
-    async def _write(self) -> None:
-        while True:
-            await self.call.write(await self.outgoing.get())
-
-    async def _read(self) -> None:
-        failure: BaseException = ConnectionError("the command stream ended")
-        try:
-            async for answer in self.call:
-                waiting = self.waiting.pop(answer.request_tag, None)
-                if waiting is not None and not waiting.done():
-                    waiting.set_result(answer)
-        except grpc.aio.AioRpcError as err:
-            failure = err
-        finally:
-            for waiting in self.waiting.values():
-                if not waiting.done():
-                    waiting.set_exception(failure)
-            self.waiting.clear()
-
-    async def close(self) -> None:
-        self.writer.cancel()
-        self.call.cancel()
-        for task in (self.writer, self.reader):
-            with contextlib.suppress(BaseException):
-                await task
-
-
 async def run_streamed(  # type: ignore[no-untyped-def]
     name: str,
     open_stream,

@@ -116,7 +116,6 @@ from authority import (  # noqa: E402
     CpuMeter,
     ProcTree,
     SplitMesh,
-    StreamPublisher,
     Topology,
     TopologyStores,
     _table,
@@ -132,6 +131,7 @@ from authority import (  # noqa: E402
 from missionweave import gc_policy  # noqa: E402
 from missionweave.mesh.topology import metrics_addresses  # noqa: E402
 from missionweave.rpc.channels import open_channel  # noqa: E402
+from missionweave.rpc.command_stream import CommandStream  # noqa: E402
 
 NOISY_FACTOR = 100  # the noisy Group publishes this many times the rate of each quiet Group
 FAIRNESS_TARGET = 1.5  # quiet p99 with the noisy Group / without, at most
@@ -480,7 +480,7 @@ class MissionWeave(System):
         self.agents: list[Any] = []  # sdk: Agent
         self.subs: list[tuple[Any, int]] = []  # sdk: (Subscription, Group index)
         self.raw: list[RawSubscriber] = []
-        self.publishers: dict[int, StreamPublisher] = {}  # by Group index
+        self.publishers: dict[int, CommandStream] = {}  # by Group index
         self.envelope_bytes = 0
         self.command_bytes = 0
         self.behind_sample: list[tuple[str, str, int, int]] = []
@@ -656,8 +656,8 @@ class MissionWeave(System):
         if self.args.publish == "stream":
             publisher = self.publishers.get(item.group)
             if publisher is None:
-                publisher = self.publishers[item.group] = StreamPublisher(self.client.authority)
-            answer = await publisher.publish(item.payload.command)
+                publisher = self.publishers[item.group] = CommandStream(self.client.channel)
+            answer = await publisher.execute(item.payload.command)
             if answer.HasField("rejection"):
                 return common_pb2.RejectionReason.Name(answer.rejection.reason).removeprefix("REJECTION_REASON_")
             result = answer.result
@@ -741,7 +741,7 @@ class MissionWeave(System):
         with contextlib.suppress(Exception):
             await self.close_subscribers()
         for publisher in self.publishers.values():
-            await publisher.close()
+            publisher.cancel()
         self.publishers.clear()
         if self.client is not None:
             await self.client.channel.close()

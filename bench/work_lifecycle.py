@@ -62,7 +62,6 @@ from authority import (  # noqa: E402
     Progress,
     Run,
     SplitMesh,
-    StreamPublisher,
     database_name,
     echo_stream_call,
     echo_unary_call,
@@ -75,6 +74,7 @@ from authority import (  # noqa: E402
 from nacl.signing import SigningKey  # noqa: E402
 
 from missionweave.rpc.channels import open_channel  # noqa: E402
+from missionweave.rpc.command_stream import CommandStream  # noqa: E402
 from missionweave.sdk.client import MeshClient, SessionSigner, membership_epoch  # noqa: E402
 from missionweave.v1 import authority_service_pb2 as pb  # noqa: E402
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2  # noqa: E402
@@ -247,12 +247,12 @@ class Streamed:
     response, a rejection raised as the unary call would. Several streams rather than one: grpcio
     spends 2-3x the CPU per message on one busy stream (bench/README, "Streamed lifecycles")."""
 
-    def __init__(self, stub: Any, streams: int) -> None:
-        self.publishers = [StreamPublisher(stub) for _ in range(streams)]
+    def __init__(self, channel: Any, streams: int) -> None:
+        self.publishers = [CommandStream(channel) for _ in range(streams)]
         self.turn = itertools.cycle(self.publishers)
 
     async def __call__(self, req: pb.ExecuteCommandRequest) -> pb.ExecuteCommandResponse:
-        answer = await next(self.turn).publish(req.command)
+        answer = await next(self.turn).execute(req.command)
         if answer.HasField("rejection"):
             reason = common_pb2.RejectionReason.Name(answer.rejection.reason)
             raise RuntimeError(f"rejected: {reason}: {answer.rejection.message}")
@@ -260,7 +260,7 @@ class Streamed:
 
     async def close(self) -> None:
         for publisher in self.publishers:
-            await publisher.close()
+            publisher.cancel()
 
 
 def describe(exc: BaseException) -> str:
@@ -558,7 +558,7 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         log(f"  {total * per:,} commands in {sign_s:.1f}s ({r['client_sign_rate']:,.0f}/s client-side build+sign)")
 
         stub = client.authority
-        publisher = Streamed(stub, args.streams) if args.publish == "stream" else None
+        publisher = Streamed(client.channel, args.streams) if args.publish == "stream" else None
         execute: Execute = stub.ExecuteCommand if publisher is None else publisher
         log(f"warm-up: {warm} lifecycles, {args.concurrency} concurrent, {transport(args)}")
         warm_tally = Tally()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 
 from missionweave.errors import R
+from missionweave.rpc.command_stream import CommandStream, StreamEnded
 from missionweave.rpc.status import peer_unavailable, rejection_from_rpc_error
 from missionweave.v1 import authority_service_pb2, command_pb2, common_pb2
 
@@ -35,7 +35,6 @@ PLACEMENT_CACHE = 100_000
 MAX_STREAM_IN_FLIGHT = 256
 _BATCH = "/missionweave.v1.AuthorityService/ExecuteCommandBatch"
 _COMMAND = "/missionweave.v1.AuthorityService/ExecuteCommand"
-_STREAM = "/missionweave.v1.AuthorityService/ExecuteCommandStream"
 
 
 def rendezvous(group_id: str, addresses: Sequence[str]) -> list[str]:
@@ -234,11 +233,12 @@ class ShardedChannel:
         upstream = upstreams.to(address)
         if upstream is not None:
             try:
-                answer = await upstream.execute(item)
-            except (grpc.aio.AioRpcError, UpstreamEnded):
-                upstreams.drop(address)  # its outcome is unknown: sent again below (command ids are idempotent)
+                answer = await upstream.execute(item.command)
+            except (grpc.aio.AioRpcError, StreamEnded):
+                upstreams.drop(address)  # its outcome is unknown: sent again below (D6 answers a repeat)
             else:
                 if answer.WhichOneof("outcome") != "rejection" or answer.rejection.reason != R.REJECTION_REASON_NOT_OWNER:
+                    answer.request_tag = item.request_tag  # the caller's, for the upstream stream's own
                     self._remember(group_id, address)
                     return answer
                 if owner := answer.rejection.metadata.get("owner_address", ""):
@@ -294,71 +294,6 @@ class FailoverStream:
         return bool(self._stream.cancel()) if self._stream is not None else True
 
 
-class UpstreamEnded(Exception):
-    """A shard ended its ExecuteCommandStream before answering every command sent on it."""
-
-
-class _Upstream:
-    """One ExecuteCommandStream to one shard, on behalf of one routed stream: each command goes with a
-    tag of its own (callers' tags need not be unique), its answer comes back under the caller's."""
-
-    def __init__(self, channel: Any, kw: dict[str, Any]) -> None:
-        self._outbox: asyncio.Queue[authority_service_pb2.ExecuteCommandStreamRequest | None] = asyncio.Queue()
-        self._waiting: dict[int, asyncio.Future[authority_service_pb2.ExecuteCommandStreamResponse]] = {}
-        self._tags = itertools.count()
-        self._ended: BaseException | None = None
-        open_call = channel.stream_stream(
-            _STREAM,
-            authority_service_pb2.ExecuteCommandStreamRequest.SerializeToString,
-            authority_service_pb2.ExecuteCommandStreamResponse.FromString,
-        )
-        self._call = open_call(self._requests(), **kw)  # an in-process channel refuses here
-        self._reader = asyncio.create_task(self._read())
-
-    async def _requests(self) -> AsyncIterator[authority_service_pb2.ExecuteCommandStreamRequest]:
-        while (request := await self._outbox.get()) is not None:
-            yield request
-
-    async def _read(self) -> None:
-        ended: BaseException = UpstreamEnded("the shard ended the stream")
-        try:
-            async for answer in self._call:
-                waiting = self._waiting.pop(answer.request_tag, None)
-                if waiting is not None and not waiting.done():
-                    waiting.set_result(answer)
-        except grpc.aio.AioRpcError as err:
-            ended = err
-        except asyncio.CancelledError:
-            ended = UpstreamEnded("the routed stream was cancelled")
-            raise
-        finally:
-            self._ended = ended
-            waiting_now, self._waiting = self._waiting, {}
-            for future in waiting_now.values():
-                if not future.done():
-                    future.set_exception(ended)
-
-    async def execute(
-        self, item: authority_service_pb2.ExecuteCommandStreamRequest
-    ) -> authority_service_pb2.ExecuteCommandStreamResponse:
-        if self._ended is not None:
-            raise self._ended
-        tag = next(self._tags)
-        answered = self._waiting[tag] = asyncio.get_running_loop().create_future()
-        self._outbox.put_nowait(authority_service_pb2.ExecuteCommandStreamRequest(request_tag=tag, command=item.command))
-        answer = await answered
-        answer.request_tag = item.request_tag
-        return answer
-
-    def close(self) -> None:
-        """No more commands: the shard ends the stream once it has answered those sent."""
-        self._outbox.put_nowait(None)
-
-    def cancel(self) -> None:
-        self._call.cancel()
-        self._reader.cancel()
-
-
 class _Upstreams:
     """A routed stream's streams to the shards, opened on first use. A shard whose stream could not
     be opened (an in-process channel) or broke is not streamed to again by this routed stream: its
@@ -367,14 +302,14 @@ class _Upstreams:
     def __init__(self, channel_for: Callable[[str], Any], kw: dict[str, Any]) -> None:
         self._channel_for = channel_for
         self.kw = kw
-        self._open: dict[str, _Upstream] = {}
+        self._open: dict[str, CommandStream] = {}
         self._unary: set[str] = set()
 
-    def to(self, address: str) -> _Upstream | None:
+    def to(self, address: str) -> CommandStream | None:
         upstream = self._open.get(address)
         if upstream is None and address not in self._unary:
             try:
-                upstream = self._open[address] = _Upstream(self._channel_for(address), self.kw)
+                upstream = self._open[address] = CommandStream(self._channel_for(address), **self.kw)
             except grpc.aio.AioRpcError:
                 self._unary.add(address)
         return upstream
