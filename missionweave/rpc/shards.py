@@ -63,6 +63,11 @@ def group_of(request: Message) -> str:
     return ""
 
 
+def _misplaced(answer: authority_service_pb2.ExecuteCommandStreamResponse) -> bool:
+    """Whether a command's in-band answer is its shard's NOT_OWNER: the command goes to the owner."""
+    return answer.WhichOneof("outcome") == "rejection" and answer.rejection.reason == R.REJECTION_REASON_NOT_OWNER
+
+
 class ShardedChannel:
     def __init__(self, addresses: Sequence[str], channel_for: Callable[[str], Any]) -> None:
         if not addresses:
@@ -190,10 +195,7 @@ class ShardedChannel:
                 got = None  # that shard is down: each command finds its way on its own below
             for position, i in enumerate(indexes):
                 answer = got.results[position] if got is not None else None
-                misplaced = answer is not None and answer.WhichOneof("outcome") == "rejection" and (
-                    answer.rejection.reason == R.REJECTION_REASON_NOT_OWNER
-                )
-                if answer is None or misplaced:
+                if answer is None or _misplaced(answer):
                     answers[i] = await self._command(request.commands[i], **kw)
                 else:
                     self._remember(group_of(request.commands[i]), address)
@@ -237,7 +239,7 @@ class ShardedChannel:
             except (grpc.aio.AioRpcError, StreamEnded):
                 upstreams.drop(address)  # its outcome is unknown: sent again below (D6 answers a repeat)
             else:
-                if answer.WhichOneof("outcome") != "rejection" or answer.rejection.reason != R.REJECTION_REASON_NOT_OWNER:
+                if not _misplaced(answer):
                     answer.request_tag = item.request_tag  # the caller's, for the upstream stream's own
                     self._remember(group_id, address)
                     return answer
