@@ -1,5 +1,6 @@
-"""PublicationService: the Authority's question "is this blob published with a signed manifest for
-this Group, WorkItem and publisher?" (internal contract, protos/missionweave/internal/v1/)."""
+"""PublicationService: the Authority's questions "is this blob published with a signed manifest for
+this Group, WorkItem and publisher?" and "which of these blobs are stored, with which manifests for
+this Group?" (internal contract, protos/missionweave/internal/v1/)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,16 @@ from missionweave.digests import HEX64
 from missionweave.errors import R, Rejected
 from missionweave.internal.v1 import publications_pb2 as pb
 from missionweave.internal.v1 import publications_pb2_grpc as pb_grpc
+from missionweave.manifest import stored_manifest
 from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.status import rejections_as_status
+
+# A command names at most 32 deliverables and 32 Evidence records with their Artifacts; the shell
+# asks in pages of this size.
+MAX_FIND_ARTIFACTS = 64
+# Manifests of one blob by one producer for one Group answered (only the actor's own manifests are
+# asked for, so nobody else's can crowd them out).
+MAX_MANIFESTS_ANSWERED = 16
 
 
 @rejections_as_status
@@ -48,3 +57,46 @@ class PublicationServicer(pb_grpc.PublicationServiceServicer):
                 source_digests_hex=sources,
             )
         return pb.FindPublicationResponse(found=False)
+
+    @requires(Access.MESH)
+    async def FindArtifacts(
+        self, request: pb.FindArtifactsRequest, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> pb.FindArtifactsResponse:
+        if not (request.group_id and request.producer_id):
+            raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "group_id and producer_id are required")
+        digests = list(request.content_digests_hex)
+        if not 1 <= len(digests) <= MAX_FIND_ARTIFACTS:
+            raise Rejected(
+                R.REJECTION_REASON_INVALID_ARGUMENT,
+                f"1..{MAX_FIND_ARTIFACTS} content digests",
+                field="content_digests_hex",
+            )
+        for i, digest in enumerate(digests):
+            if not HEX64.fullmatch(digest):
+                raise Rejected(
+                    R.REJECTION_REASON_INVALID_ARGUMENT,
+                    "a content digest is 64 lower-case hex digits",
+                    field=f"content_digests_hex[{i}]",
+                )
+        sizes = await self.index.sizes(digests)
+        return pb.FindArtifactsResponse(
+            artifacts=[await self._held(digest, sizes.get(digest), request.group_id, request.producer_id) for digest in digests]
+        )
+
+    async def _held(self, digest: str, size: int | None, group_id: str, producer_id: str) -> pb.HeldArtifact:
+        if size is None:
+            return pb.HeldArtifact(content_digest_hex=digest, stored=False)
+        held = pb.HeldArtifact(content_digest_hex=digest, stored=True, size_bytes=size)
+        records = [r for r in await self.index.manifests_of(digest, producer=producer_id) if r.group_id == group_id]
+        for record in records[:MAX_MANIFESTS_ANSWERED]:
+            held.manifests.append(
+                pb.GroupManifest(
+                    manifest_digest_hex=record.manifest_digest,
+                    work_item_id=record.work_item_id,
+                    producer_id=record.producer_agent_id,
+                    mission_id=stored_manifest(record.envelope).mission_id,
+                    source_digests_hex=await self.index.sources_of(record.manifest_digest),
+                    media_type=record.media_type,
+                )
+            )
+        return held

@@ -15,8 +15,8 @@ acceptance criterion (the goal, what the criterion asks, the deliverables it cov
 evidence methods it requires), one step at a time. Between steps is its safe point: when the
 Coordinator or the scheduler asked for preemption (``slot.preemption_requested``) it stops there and
 returns ``Paused(checkpoint)`` naming the steps done; placed again, it resumes from that checkpoint
-without redoing them. Finished, it returns the worksheet as an Artifact (named by its blake3 digest)
-with one Evidence per criterion: a check, made on the worksheet itself, that its section names every
+without redoing them. Finished, it stores the worksheet through its slot (uploaded with a manifest
+signed under its lease, D161) and returns one Evidence per criterion: a check, made on the worksheet itself, that its section names every
 deliverable the criterion covers. See examples/README.md.
 """
 
@@ -28,8 +28,6 @@ import contextlib
 import logging
 import signal
 from collections.abc import Sequence
-
-import blake3
 
 from missionweave.clock import SystemClock, to_timestamp
 from missionweave.sdk.agent import Agent, ClientTLS
@@ -116,11 +114,10 @@ async def handle(slot: Slot) -> WorkResult | Paused:
             await asyncio.wait_for(slot.preemption_requested.wait(), STEP_SECONDS)
     text = f"# Worksheet for {slot.work_item_id}\n\n" + "\n".join(sections)
     content = text.encode()
-    ref = common_pb2.ArtifactRef(
-        digest=common_pb2.Digest(algorithm="blake3", hex=blake3.blake3(content).hexdigest(), size_bytes=len(content))
-    )
+    # Stored through the slot: uploaded with a manifest signed under this lease, its inputs as sources.
+    ref = await slot.put(content, media_type="text/markdown")
     return WorkResult(
-        artifacts=[ref], evidence=worksheet_evidence(slot, text, ref),
+        evidence=worksheet_evidence(slot, text, ref),
         summary=f"worksheet for {slot.work_item_id}: {len(sections)} section(s), {len(content)} bytes",
     )
 

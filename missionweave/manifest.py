@@ -270,3 +270,10 @@ def missing_fields(manifest: ArtifactManifest) -> list[str]:
         "retrieval_uri": manifest.retrieval_uri,
     }
     return [name for name, value in required.items() if not value]
+
+
+def stored_manifest(envelope_bytes: bytes) -> ArtifactManifest:
+    """The manifest inside an envelope the store verified at upload (signature, subject, fields):
+    parsed again without the checks, for readers of the store's own records."""
+    envelope = SignedEnvelope.FromString(envelope_bytes)
+    return _parse_predicate(_parse_statement(envelope.payload)["predicate"])

@@ -116,8 +116,9 @@ class KeyFileError(ValueError):
     """A key file that is not an Ed25519 seed; the message says which file and why."""
 
 
-def read_key(path: Path) -> SigningKey:
-    """The Ed25519 key in ``path`` (its 32-byte seed as 64 hex characters, mode 0600)."""
+def read_key(path: str | os.PathLike[str]) -> SigningKey:
+    """The Ed25519 key in ``path`` (its 32-byte seed as 64 hex characters, mode 0600); a str or a Path."""
+    path = Path(path)
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:  # still a FileNotFoundError (callers tell it apart), with a message that helps

@@ -25,6 +25,12 @@ def assert_aggregates_recompute(state: GroupState | None) -> None:
         for member in members:
             obligations.setdefault(member, set()).add(wid)
     assert state.tokens == tokens
+    committed = dict.fromkeys(SIX, 0)
+    for item in state.work_items.values():
+        spent_only = item.state in (*_FINISHED, wp.WORK_ITEM_STATE_FAILED)
+        for d in SIX:
+            committed[d] += item.used[d] if spent_only else max(getattr(item.contract.budget, d), item.used[d])
+    assert state.committed == committed
     assert state.obligations == obligations
     assert state.jit_members == {
         m.member_id for m in state.members.values() if m.active and (m.just_in_time or m.provisional)

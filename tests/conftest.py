@@ -126,6 +126,19 @@ class World:
     async def run(self, signer: SessionSigner, group_id: str, kind: str, body: Message, **kw: Any) -> command_pb2.CommandResult:
         return await self.client.execute(self.signed(signer, group_id, kind, body, **kw))
 
+    async def deliverable(
+        self, signer: SessionSigner, group_id: str, work_item_id: str = "", data: bytes = b"the report\n",
+        *, lease_id: str = "", ownership_epoch: int = 0, media_type: str = "text/plain", mission_id: str = "",
+    ) -> common_pb2.ArtifactRef:
+        """``data`` uploaded with a manifest ``signer`` signed for the Group's Mission and WorkItem:
+        what a submission or Evidence may name (D161)."""
+        from missionweave.sdk.artifacts import Origin, card_version, put_artifact
+
+        mission_id = mission_id or (await self.client.group_state(group_id)).mission.mission_id
+        card = await card_version(self.client, signer.identity_id)
+        origin = Origin(group_id, mission_id, work_item_id, lease_id, ownership_epoch, card)
+        return await put_artifact(self.client.artifacts, signer, data, media_type=media_type, origin=origin)
+
     async def epoch_of(self, group_id: str, member_id: str) -> int:
         """The member's current Membership epoch in the Group."""
         state = await self.client.group_state(group_id)

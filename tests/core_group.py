@@ -12,6 +12,7 @@ from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2
 from services.authority import decider
 from services.authority.state import GroupState
+from tests.store_double import as_if_uploaded
 
 
 def evolved(state: GroupState | None, decision: decider.Decision) -> GroupState:
@@ -45,7 +46,8 @@ class CoreGroup:
     def decide(
         self, state: GroupState | None, kind: str, body: object, actor: str, ctx: decider.DecisionContext | None = None
     ) -> decider.Decision:
-        return decider.decide(state, self.command(kind, body, actor, state), ctx or self.ctx)
+        command = self.command(kind, body, actor, state)
+        return decider.decide(state, command, as_if_uploaded(state, command, ctx or self.ctx))
 
     def run(
         self, state: GroupState | None, kind: str, body: object, actor: str, ctx: decider.DecisionContext | None = None

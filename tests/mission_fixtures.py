@@ -80,8 +80,11 @@ def approved(group: CoreGroup = G) -> GroupState:
 
 
 def authorized(state: GroupState, group: CoreGroup = G, *names: str) -> GroupState:
-    """WorkItems authorized by the Coordinator (their contract from tests/builders.py)."""
+    """WorkItems authorized by the Coordinator (their contract from tests/builders.py, with a budget
+    small enough that 32 of them fit in the Mission's, D162)."""
     for name in names:
-        body = wp.WorkAuthorize(work_item_id=name, title=name, contract=builders.contract(NOW), coordinator_epoch=1)
+        contract = builders.contract(NOW)
+        contract.budget.tool_calls = 10
+        body = wp.WorkAuthorize(work_item_id=name, title=name, contract=contract, coordinator_epoch=1)
         state = group.run(state, "work_authorize", body, "coord")
     return state

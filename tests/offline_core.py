@@ -3,6 +3,7 @@ commands it sends when it reconnects (bounded-offline-execution, MW-11.5-07..13)
 
 from __future__ import annotations
 
+import copy
 import itertools
 from datetime import UTC, datetime, timedelta
 
@@ -86,6 +87,17 @@ def with_mission(**mission_budget: int) -> GroupState:
         grant = membership_pb2.MembershipGrant(member_id=member, role=role)
         state = apply(state, command(state, "membership_grant", grant, "alice"))
     return state
+
+
+def over_committed(state: GroupState, **mission_caps: int) -> GroupState:
+    """``state`` with the Mission's caps lowered below what its WorkItems hold: D162 refuses such
+    budgets at authorize and offer, but a log from before it can hold them, and the Mission's cap
+    still binds each usage report."""
+    after = copy.deepcopy(state)
+    assert after.mission is not None
+    for dim, value in mission_caps.items():
+        setattr(after.mission.definition.budget, dim, value)
+    return after
 
 
 def started(

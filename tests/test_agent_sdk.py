@@ -1014,7 +1014,7 @@ async def test_typed_builders_drive_a_work_item_over_the_stream(world: World, tm
         )
         evidence = [builders.evidence()]
         body = sdk.submit(
-            "wi-1", "lease-b", epoch, 1, evidence, artifacts=[builders.artifact()], summary="done"
+            "wi-1", "lease-b", epoch, 1, evidence, artifacts=[await w.deliverable(w.worker, G, "wi-1")], summary="done"
         )
         submitted = await agent.execute(G, body)
         accepted = await agent.execute(G, sdk.accept_offer("wi-2", offers[1], 1))

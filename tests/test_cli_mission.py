@@ -66,6 +66,7 @@ class Bench:
     clock: ManualClock
     keys: dict[str, Path]
     signers: dict[str, SessionSigner]
+    tmp: Path
 
     async def mwp(self, *args: str, expect: int = 0) -> Run:
         """Runs ``mwp --target ... ARGS`` without blocking the loop that serves it."""
@@ -119,7 +120,7 @@ async def bench(tmp_path: Path) -> AsyncIterator[Bench]:
     signers["admin"] = await client.open_session("admin", admin_key)
     save_session(keys["admin"], signers["admin"])
     try:
-        yield Bench(f"127.0.0.1:{mesh.port}", client, clock, keys, signers)
+        yield Bench(f"127.0.0.1:{mesh.port}", client, clock, keys, signers, tmp_path)
     finally:
         await client.channel.close()
         await mesh.stop(grace=1)
@@ -184,7 +185,16 @@ async def test_walkthrough_create_converse_submit_review_approve(bench: Bench) -
 
     # Submit -> request changes -> submit again -> approve.
     coordinator = bench.as_("coord-bot")
-    first_submission = (await bench.mwp("mission", "submit", "--group", group, "--summary", "v1", "--artifact", ARTIFACT, *coordinator)).last_line
+    # D161: a digest the store does not hold is refused (exit 1, the reason printed, nothing written).
+    missing = await bench.mwp("mission", "submit", "--group", group, "--summary", "v1", "--artifact", f"{ARTIFACT}:12", *coordinator, expect=1)
+    assert "NOT_FOUND" in missing.stderr and "is not stored" in missing.stderr
+    assert (await bench.show(group))["state"] == "ACTIVE"
+    report = bench.tmp / "q3-report.txt"
+    report.write_text("Q3 revenue 1.2M, reconciled with the ledger\n")
+    put = (await bench.mwp(
+        "artifact", "put", str(report), "--manifest-for", group, "--work-item", "wi-q3-report", "--json", *coordinator
+    )).json()
+    first_submission = (await bench.mwp("mission", "submit", "--group", group, "--summary", "v1", "--artifact", put["digest"], *coordinator)).last_line
     assert (await bench.show(group))["state"] == "AWAITING_APPROVAL"
     await bench.mwp("mission", "request-changes", "--group", group, "--changes", "add Q2 comparison", *bench.as_("alice"))
     assert (await bench.show(group))["state"] == "ACTIVE"

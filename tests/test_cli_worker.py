@@ -54,19 +54,14 @@ async def test_a_worker_lists_its_own_queue_and_nobody_elses(bench: Bench) -> No
 # ------------------------------------------------------------------ mwp worker run
 
 HANDLER = '''
-"""A handler written for the test: one Evidence per acceptance criterion, about a worksheet."""
-import blake3
-
+"""A handler written for the test: it stores its worksheet through the slot, with one Evidence per
+acceptance criterion."""
 from missionweave.sdk.worker import Slot, WorkResult
-from missionweave.v1 import common_pb2
 from missionweave.v1 import work_pb2 as wp
 
 
 async def handle(slot: Slot) -> WorkResult:
-    content = f"{slot.work_item_id}: {slot.contract.goal}".encode()
-    ref = common_pb2.ArtifactRef(
-        digest=common_pb2.Digest(algorithm="blake3", hex=blake3.blake3(content).hexdigest(), size_bytes=len(content))
-    )
+    await slot.put(f"{slot.work_item_id}: {slot.contract.goal}".encode(), media_type="text/plain")
     evidence = [
         wp.Evidence(
             evidence_id=f"ev-{c.criterion_id}", criterion_id=c.criterion_id, method=wp.EVIDENCE_METHOD_TEST,
@@ -74,7 +69,7 @@ async def handle(slot: Slot) -> WorkResult:
         )
         for c in slot.contract.acceptance_criteria
     ]
-    return WorkResult(artifacts=[ref], evidence=evidence, summary="from the config's handler")
+    return WorkResult(evidence=evidence, summary="from the config's handler")
 
 
 def not_async(slot):
@@ -109,8 +104,11 @@ async def mwp(*args: str) -> tuple[int, str, str]:
 
 
 @pytest.mark.req("MW-10.3-07", "MW-11.1-05")
-async def test_mwp_worker_run_serves_a_group_with_the_configured_handler_until_sigint(world: World, tmp_path: Path) -> None:
+async def test_mwp_worker_run_serves_a_group_with_the_configured_handler_until_sigint(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     w = world
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))  # the user's state location
     flow: Flow = await setup(w)
     key = tmp_path / "worker.key"
     write_key(key, w.worker.key)
@@ -151,6 +149,13 @@ async def test_mwp_worker_run_serves_a_group_with_the_configured_handler_until_s
     # The Worker signed with the session mwp saved next to its key: no other session was opened.
     saved = json.loads((tmp_path / "worker.key.session.json").read_text())
     assert saved == {"identity": "worker-bot", "session_epoch": started["session_epoch"]}
+    # The agent's state (its session's private key among it) is in the user's state location, for
+    # its owner only, and the deliverable it handed in is stored with its manifest.
+    state = tmp_path / "xdg-state" / "missionweave" / "workers" / "worker-bot"
+    assert (state / "session.json").stat().st_mode & 0o777 == 0o600
+    assert state.stat().st_mode & 0o777 == 0o700
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".worker")]
+    assert (await w.client.download(submitted.artifacts[0].digest)).startswith(b"wi-1: ")
 
 
 async def test_mwp_worker_run_human_start_line_and_sigterm(world: World, tmp_path: Path) -> None:

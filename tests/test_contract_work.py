@@ -141,7 +141,7 @@ async def test_ids_left_empty_are_derived_and_a_lease_id_is_never_reused(world: 
     await refused(w, w.worker, G, "work_start", reuse, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3)
     second = await start()
     assert second.startswith("lease_") and second != first
-    body = Flow.submit_body(wid, epoch, second)
+    body = await f.submission(w.worker, wid, epoch, second)
     body.evidence[0].evidence_id = ""
     submitted = decode_events((await f.as_(w.worker, "work_submit", body)).events)[0].work_submitted
     (evidence_id,) = [e.evidence_id for e in submitted.evidence]
@@ -279,9 +279,9 @@ async def test_free_text_is_bounded_where_work_proto_says(world: World) -> None:
     report = wp.ProgressReport(phase="p", next_checkpoint=wp.PlannedCheckpoint(), revised_estimate=estimate)
     progress = wp.WorkReportProgress(work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch, report=report)
     await refused(w, w.worker, G, "work_report_progress", progress, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3)
-    long_evidence = Flow.submit_body("wi-1", epoch, "lease-1")
+    long_evidence = await f.submission(w.worker, "wi-1", epoch, "lease-1")
     long_evidence.evidence[0].summary = "s" * 2049
-    long_summary = Flow.submit_body("wi-1", epoch, "lease-1")
+    long_summary = await f.submission(w.worker, "wi-1", epoch, "lease-1")
     long_summary.summary = "s" * 4097
     for body in (long_evidence, long_summary):
         await refused(w, w.worker, G, "work_submit", body, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3)
@@ -337,7 +337,7 @@ async def test_the_work_item_read_model_sets_what_work_proto_says_and_nothing_el
     assert not active.proposal_id
     for unset in ("latest_progress", "schedule", "created_at", "updated_at"):
         assert not active.HasField(unset), unset
-    submitted = await f.as_(w.worker, "work_submit", Flow.submit_body("wi-1", epoch, "lease-1"))
+    submitted = await f.as_(w.worker, "work_submit", await f.submission(w.worker, "wi-1", epoch, "lease-1"))
     accept = wp.WorkAcceptResult(work_item_id="wi-1", coordinator_epoch=1, submission_event_id=decode_events(submitted.events)[0].event_id)
     await f.coord("work_accept_result", accept)
     assert (await w.client.work_item(G, "wi-2")).dependencies_satisfied

@@ -15,7 +15,7 @@ from services.authority import kinds
 from services.authority.rules.common import StoredArtifact
 from services.authority.state import ChildLink, GroupState
 from tests import builders
-from tests.offline_core import LEASE_ID, command, started, with_mission, work_contract
+from tests.offline_core import LEASE_ID, command, over_committed, started, with_mission, work_contract
 from tests.work_execution_fixtures import USAGE, R, at, decide, events, invalid_field, refused, run, vector
 
 SIX = ("financial_micros", "tokens", "tool_calls", "compute_ms", "wall_clock_ms", "side_effects")
@@ -71,7 +71,7 @@ def test_a_dimension_the_contract_leaves_out_permits_no_consumption() -> None:
 
 @pytest.mark.req("MW-10.1-01", "MW-11.5-13")
 def test_usage_beyond_the_missions_budget_is_refused() -> None:
-    state = started(with_mission(tokens=500))
+    state = over_committed(started(with_mission()), tokens=500)
     assert exceeded(state, tokens=501) == {"budget": "mission", "dimension": "tokens", "limit": "500"}
     state = used(state, 5, tokens=400)
     assert exceeded(state, tokens=101)["budget"] == "mission"

@@ -205,6 +205,7 @@ def test_work_in_the_child_mission_stays_within_its_scope() -> None:
     inside = builders.contract(NOW)
     inside.permissions.allowed_tools.append("web.search")
     inside.budget.financial_micros = 0
+    inside.budget.tokens, inside.budget.tool_calls = 4_000, 20  # within the child Mission's budget (D162)
     accepted = group.decide(child, "work_authorize", wp.WorkAuthorize(work_item_id="w1", title="w", contract=inside, coordinator_epoch=1), "ccoord")
     assert not isinstance(accepted, Rejected), accepted
     outside = copy.deepcopy(inside)

@@ -26,6 +26,7 @@ from tests.offline_core import (
     buffered,
     command,
     decide,
+    over_committed,
     started,
     with_mission,
     work_contract,
@@ -324,7 +325,7 @@ def test_an_overflow_of_the_work_items_budget_refuses_charge_and_progress() -> N
 
 @pytest.mark.req("MW-11.5-13")
 def test_an_overflow_of_the_missions_budget_refuses_charge_and_progress() -> None:
-    state = started(with_mission(tokens=5_000))  # the Mission allows less than the WorkItem
+    state = over_committed(started(with_mission()), tokens=5_000)  # the Mission allows less than the WorkItem
     over = common_pb2.ResourceVector(currency="EUR", tokens=6_000)
     rejection = refused(state, "work_report_progress", binding(state, IN_GRACE, usage=over))
     assert (rejection.reason, rejection.metadata["budget"]) == (R.REJECTION_REASON_BUDGET_EXCEEDED, "mission")

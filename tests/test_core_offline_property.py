@@ -42,7 +42,7 @@ APPLIED = {"work_report_progress": "work_progress_reported", "work_checkpoint": 
 def group() -> GroupState:
     """Two running WorkItems whose budgets together exceed the Mission's, one of them delegated
     under a grant whose cap its (amended) budget exceeds: every cap can be the one that binds."""
-    state = with_mission(tokens=15_000)
+    state = with_mission(tokens=40_000)
     state = started(state, "wi")
     root = wp.WorkAuthorize(work_item_id="root", title="root", contract=work_contract(), coordinator_epoch=1)
     state = apply(state, command(state, "work_authorize", root, "coord"))
@@ -55,7 +55,12 @@ def group() -> GroupState:
     state = apply(state, command(state, "membership_grant_delegation", grant, "coord"))
     state = started(state, "wd", work_contract(tokens=6_000), grant_id=next(iter(state.grants)), parent="root")
     state.work_items["wd"].contract.budget.tokens = 10_000  # as a Coordinator's amendment would (uncharged)
+    state.committed["tokens"] += 4_000  # what "wd" holds of the Mission's budget with it (D162)
     state.grants[next(iter(state.grants))].caps["tokens"] = 6_000
+    # Budgets that no longer fit the Mission's (D162 refuses that at authorize and offer; a log from
+    # before it can hold it): the Mission's cap still binds every usage report.
+    assert state.mission is not None
+    state.mission.definition.budget.tokens = 15_000
     return state
 
 

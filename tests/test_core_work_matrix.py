@@ -17,6 +17,7 @@ from missionweave.v1 import work_pb2 as wp
 from services.authority import decider
 from services.authority.state import ExecutionLeaseState, GroupState, IdentityInfo, OfferState, OwnershipState
 from tests import builders
+from tests.store_double import as_if_uploaded
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 IDS = {
@@ -54,7 +55,7 @@ def command(kind: str, body: object, actor: str) -> command_pb2.Command:
 
 
 def apply(state: GroupState | None, c: command_pb2.Command) -> GroupState:
-    decision = decider.decide(state, c, CTX)
+    decision = decider.decide(state, c, as_if_uploaded(state, c, CTX))
     assert not isinstance(decision, Rejected), decision
     for event in decision:
         state = decider.evolve(state, event)
@@ -234,7 +235,8 @@ def test_state_by_transition_matrix(kind: str, state_value: int) -> None:
     body, actor, records, allowed = TRANSITIONS[kind]
     state = equipped(state_value, **records)
     before = copy.deepcopy(state)
-    decision = decider.decide(state, command(kind, body, actor), CTX)
+    c = command(kind, body, actor)
+    decision = decider.decide(state, c, as_if_uploaded(state, c, CTX))
     assert state == before
     if state_value in allowed:
         assert not isinstance(decision, Rejected), f"{kind} from {WS.Name(state_value)}: {decision}"

@@ -20,7 +20,7 @@ from missionweave.config import Settings
 from missionweave.mesh.server import start
 from missionweave.sdk.client import MeshClient
 from missionweave.signing import generate_key, read_key, write_key
-from missionweave.v1 import mission_pb2
+from missionweave.v1 import artifact_service_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,6 +140,24 @@ async def test_the_demo_runs_a_complete_mission_and_can_run_again(mesh: tuple[st
     assert all(a.HasField("schedule") and a.schedule.HasField("estimated_completion") for a in accepted)
     sessions = [e for e in entries if e.event_type == "session.opened"]
     assert {e.actor for e in sessions} == {result.identities["worker_a"], result.identities["worker_b"]}
+    # D161: what was approved exists; fetched by its content hash it verifies, and its provenance
+    # walks back through the DAG to the WorkItems that had no inputs.
+    submitted = next(e.mission_submitted for e in log if e.WhichOneof("payload") == "mission_submitted")
+    (approved,) = submitted.artifacts
+    async with MeshClient(address) as reader:
+        reader.read_as(await reader.open_session("admin", read_key(admin_key)))
+        assert (await reader.download(approved.digest)).startswith(b"q3-report.md")
+        graph = await reader.artifacts.QueryProvenance(
+            artifact_service_pb2.QueryProvenanceRequest(
+                digest=approved.digest, direction=artifact_service_pb2.PROVENANCE_DIRECTION_ANCESTORS, max_depth=8
+            )
+        )
+        firsts = [
+            ref.digest.hex for wid in ("extract-eu", "extract-us", "reconcile")
+            for ref in (await reader.work_item(result.group_id, wid)).artifacts
+        ]
+    ancestors = {n.digest.hex for n in graph.nodes if n.is_ancestor}
+    assert len(firsts) == 3 and set(firsts) <= ancestors
     # Fresh identities and a fresh Group each run.
     assert again.group_id != result.group_id
     assert set(again.identities.values()).isdisjoint(result.identities.values())

@@ -51,6 +51,7 @@ class Lifecycles:
         self.cm = membership_epoch(state, "coord-bot")
         self.wm = membership_epoch(state, "worker-bot")
         self.ce = state.mission.coordinator.coordinator_epoch
+        self.mission_id = state.mission.mission_id
 
     async def coord(self, kind: str, body: Message) -> list[event_pb2.Event]:
         return await self._paced(self.w.coordinator, kind, body, self.cm)
@@ -108,7 +109,7 @@ class Lifecycles:
             lease_id=lease_id,
             ownership_epoch=1,
             contract_revision=1,
-            artifacts=[builders.artifact()],
+            artifacts=[await self.w.deliverable(self.w.worker, G, wi, f"task {i}".encode(), mission_id=self.mission_id)],
             evidence=[builders.evidence()],
             summary=f"task {i}: done",
         )

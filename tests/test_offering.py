@@ -66,7 +66,8 @@ async def accepting(w: World, signer: SessionSigner, tmp_path: Path) -> AsyncIte
     """A real Worker runtime: admission control through its scheduler, then accept."""
 
     async def handle(slot: Slot) -> WorkResult:
-        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="done")
+        await slot.put(f"the result of {slot.work_item_id}".encode(), media_type="text/plain")
+        return WorkResult(evidence=[builders.evidence()], summary="done")
 
     async with connect(w, signer.identity_id, signer.key, tmp_path) as agent:
         runtime = WorkerRuntime(agent, handle)

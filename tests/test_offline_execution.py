@@ -253,6 +253,7 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
     reports: list[str] = []
     effects: list[bool] = []  # for each side effect authorized: whether the mesh was cut off then
     notes: list[str] = []  # what became of the note posted while cut off
+    outputs: list[common_pb2.ArtifactRef] = []  # an output stored while cut off
     stop, changed = asyncio.Event(), asyncio.Condition()
     proxy = Proxy(w.target)
     target = await proxy.start()
@@ -275,6 +276,8 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
                 await note("online" if delivered else "offline")
             except OfflineForbidden:
                 await note("forbidden")
+            if severed and not outputs:  # once while cut off: an output, kept until the store is back
+                outputs.append(await slot.put(b"figures computed while cut off", media_type="text/plain"))
             if severed and not notes:  # once while cut off: a note in the WorkItem Conversation
                 try:
                     delivered_note = await slot.post_message("cut off; carrying on with the reversible part")
@@ -287,7 +290,8 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
             except OfflineForbidden:
                 pass
             await asyncio.sleep(0.3)
-        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="done")
+        await slot.put(f"the result of {slot.work_item_id}".encode(), media_type="text/plain")
+        return WorkResult(evidence=[builders.evidence()], summary="done")
 
     try:
         async with Agent.connect(
@@ -335,6 +339,11 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
         assert after.WhichOneof("payload") == "work_progress_reported"  # usage first (MW-11.5-12)
         assert usage.resource_usage_recorded.execution_session_epoch == usage.resource_usage_recorded.reporting_session_epoch
     assert not (agent.directory / "offline.log").exists()  # reconciled: the buffer is gone
+    if outage == "within_the_lease":  # the output made while cut off was uploaded, then handed in
+        [submitted] = [e.work_submitted for e in events if e.WhichOneof("payload") == "work_submitted"]
+        assert outputs and outputs[0] in submitted.artifacts
+        assert await w.client.download(outputs[0].digest) == b"figures computed while cut off"
+        assert not list((agent.directory / "outputs").iterdir())  # its spool file is gone
     # The note was buffered too, bound to the WorkItem's Conversation, and posted on reconciliation.
     posted = [e for e in events if e.WhichOneof("payload") == "message_posted" and e.message_posted.content.text.startswith("cut off")]
     assert len(posted) == notes.count("buffered")
@@ -376,7 +385,8 @@ async def test_a_worker_restarted_while_cut_off_reconciles_its_buffer_from_a_new
                 if buffered == 2:
                     cut_off.set()
             await asyncio.sleep(0.2)
-        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()])
+        await slot.put(f"the result of {slot.work_item_id}".encode(), media_type="text/plain")
+        return WorkResult(evidence=[builders.evidence()])
 
     try:
         first = await Agent.connect(target, "night-bot", key, cursor_dir=tmp_path, backoff=FAST, grace=2.0, audience=w.target, command_timeout=2.0)

@@ -340,6 +340,7 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
         row(UNAUTH, NOT_MEMBER, NOT_MEMBER, "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND"),
     ),
     "AuthorityService.ListWorkItems": (lambda c, p: c.work_items(G), MEMBERS_ONLY),
+    "AuthorityService.GetMissionReview": (lambda c, p: c.mission_review(G), MEMBERS_ONLY),
     "AuthorityService.ListMissions": (lambda c, p: c.missions(), row(UNAUTH, OK, OK, OK, OK, OK, OK)),
     "AuthorityService.GetMissionTree": (
         lambda c, p: c.mission_tree(G),
@@ -653,7 +654,7 @@ async def _plant_work(w: World) -> None:
     ))
     epoch = await f.accept(early, "wi-early", await f.offer("wi-early", "early-bot"))
     await f.start(early, "wi-early", epoch, "lease-early")
-    submission = Flow.submit_body("wi-early", epoch, "lease-early")
+    submission = await f.submission(early, "wi-early", epoch, "lease-early")
     submission.evidence[0].evidence_id = MARKERS["early_evidence"]
     await f.as_(early, "work_submit", submission)
     await as_member(w, G, w.worker)
@@ -748,6 +749,7 @@ async def test_no_read_path_shows_a_worker_what_it_may_not_see(world: World) -> 
             await scan(client.authority.GetMissionProgress(authority_service_pb2.GetMissionProgressRequest(group_id=group)))
             await scan(client.membership.ListMemberships(membership_service_pb2.ListMembershipsRequest(group_id=group)))
             await scan(client.authority.ListWorkItems(authority_service_pb2.ListWorkItemsRequest(group_id=group)))
+            await scan(client.mission_review(group))
             for work_item_id in ("wi-early", "wi-late", "wi-jit"):
                 await scan(client.work_item(group, work_item_id))
             await scan(client.authority.GetContextPackage(

@@ -59,7 +59,7 @@ async def test_a_work_item_shows_its_lease_epoch_and_submission(world: World) ->
     assert active.lease.agent_id == "worker-bot" and active.attempts == 1 and active.lease.attempt == 1
     assert from_timestamp(active.lease.expires_at) > from_timestamp(active.lease.started_at)
     assert active.ownership.lease_kind == wp.WORK_LEASE_KIND_EXECUTION
-    submitted = await f.as_(w.worker, "work_submit", f.submit_body("wi-1", epoch, "lease-a"))
+    submitted = await f.as_(w.worker, "work_submit", await f.submission(w.worker, "wi-1", epoch, "lease-a"))
     submission = decode_events(submitted.events)[0].event_id
     done = await w.client.work_item(G, "wi-1")
     assert done.state == WS.WORK_ITEM_STATE_SUBMITTED and done.submission_event_id == submission

@@ -5,6 +5,7 @@ say what the README says it does."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shlex
@@ -18,11 +19,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PLACEHOLDER = re.compile(r"<group id[^>]*>")
 
 
+def sh_block(heading: str) -> str:
+    """The first sh block under ``heading`` in README.md, as written."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(heading) :]
+    return section[section.index("```sh\n") + len("```sh\n") : section.index("\n```", section.index("```sh\n"))]
+
+
 def trying_it_block() -> list[str]:
     """The commands of the first sh block under "## Trying it", continuation lines joined."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Trying it") :]
-    block = section[section.index("```sh\n") + len("```sh\n") : section.index("\n```", section.index("```sh\n"))]
+    block = sh_block("## Trying it")
     commands: list[str] = []
     pending = ""
     for line in block.splitlines():
@@ -46,6 +52,24 @@ async def run(command: str, cwd: Path, env: dict[str, str], *, until_interrupted
     return process.returncode or 0, out.decode(), err.decode()
 
 
+async def whole_mission(cwd: Path, env: dict[str, str]) -> str:
+    """The "A whole Mission" block as one bash script (-e: the first failing step ends it), its two
+    background Workers stopped with it whatever happens."""
+    script = "set -euo pipefail\n" + sh_block("## A whole Mission")
+    process = await asyncio.create_subprocess_exec(
+        "bash", "-c", script, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), 300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    logs = "".join((cwd / f"worker-{i}.log").read_text()[-2000:] for i in (1, 2) if (cwd / f"worker-{i}.log").exists())
+    assert process.returncode == 0, f"the whole-Mission block exited {process.returncode}:\n{err.decode()}{out.decode()}\n{logs}"
+    return out.decode()
+
+
 async def test_the_readme_trying_it_block_runs_as_written(tmp_path: Path) -> None:
     from missionweave.mesh.server import start
 
@@ -60,6 +84,8 @@ async def test_the_readme_trying_it_block_runs_as_written(tmp_path: Path) -> Non
     }
     group = ""
     outputs: dict[str, str] = {}
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")  # the Workers' state: the user's, not the repository's
     try:
         for command in trying_it_block():
             if PLACEHOLDER.search(command):
@@ -77,8 +103,14 @@ async def test_the_readme_trying_it_block_runs_as_written(tmp_path: Path) -> Non
             if command.startswith("mwp mission create"):
                 group = out.strip().splitlines()[-1]
                 assert group.startswith("grp_"), out
+        whole = await whole_mission(tmp_path, env)
     finally:
         await mesh.stop(grace=1)
+    assert "is submitted" in whole and "manifest signatures verified 1 of 1" in whole
+    assert "approved submission" in whole and "✗" not in whole, whole[-3000:]
+    state = tmp_path / "state" / "missionweave" / "workers"
+    assert set(os.listdir(state)) == {"worker-1", "worker-2"}
+    assert not [n for d in (tmp_path, tmp_path / "keys") for n in os.listdir(d) if n.endswith(".worker")]
     by_step = {c.split()[1] if c.startswith("mwp ") and len(c.split()) > 1 else c: o for c, o in outputs.items()}
     assert "missionweave.v1.AuthorityService" in by_step["health"] and "SERVING" in by_step["health"]
     follow_out = next(o for c, o in outputs.items() if "--follow" in c)

@@ -43,10 +43,8 @@ async def submitted_json(
     epoch = await f.accept(w.worker, "wi-1", await f.offer("wi-1", "worker-bot"))
     await f.start(w.worker, "wi-1", epoch, "lease-1")
     data = json.dumps(payload).encode()
-    await w.client.upload(data)
-    ref = common_pb2.ArtifactRef(digest=blob_digest(data), media_type="application/json")
-    body = Flow.submit_body("wi-1", epoch, "lease-1")
-    body.artifacts[0].CopyFrom(ref)
+    ref = await w.deliverable(w.worker, G, "wi-1", data, media_type="application/json")
+    body = Flow.submit_body("wi-1", epoch, "lease-1", [ref])
     body.evidence.append(builders.evidence("ev-2", "totals-positive"))
     result = await f.as_(w.worker, "work_submit", body)
     event = decode_events(result.events)[0]

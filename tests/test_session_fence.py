@@ -68,7 +68,7 @@ async def test_the_live_lease_index_follows_the_leases_the_log_records(world: Wo
     [row] = await store.running_leases("worker-bot")
     assert (row.group_id, row.work_item_id, row.session_epoch) == (G, "wi-1", w.worker.session_epoch)
     assert await store.running_leases("coord-bot") == []
-    await f.as_(w.worker, "work_submit", f.submit_body("wi-1", epoch, "lease-1"))
+    await f.as_(w.worker, "work_submit", await f.submission(w.worker, "wi-1", epoch, "lease-1"))
     assert await store.running_leases() == []
 
 

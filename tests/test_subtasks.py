@@ -150,8 +150,10 @@ async def test_an_approved_child_verifies_its_parent_work_item_and_the_root_owne
             await client.channel.close()
     # MW-14-09: the child's Coordinator submits, the parent Coordinator approves as its owner.
     child = (await w.client.group_state(CHILD)).mission
+    # The child's result names the parent WorkItem it answers (a manifest always names a WorkItem).
+    ledger = await w.deliverable(child_coord, CHILD, "wi-1", b"the reconciled EU ledger")
     submit = mission_pb2.MissionSubmitForApproval(
-        coordinator_epoch=1, mission_revision=child.revision, artifacts=[builders.artifact("d")], summary="reconciled"
+        coordinator_epoch=1, mission_revision=child.revision, summary="reconciled", artifacts=[ledger]
     )
     await w.run(child_coord, CHILD, "mission_submit_for_approval", submit, membership_epoch=2)
     submitted = (await w.client.group_state(CHILD)).mission.latest_submission_event_id
@@ -160,7 +162,7 @@ async def test_an_approved_child_verifies_its_parent_work_item_and_the_root_owne
     assert not item.child_running and len(item.accepted_evidence_ids) == 1
     ended = [e async for e in w.client.read_events(G) if e.type == "work.subtask.ended"]
     assert len(ended) == 1 and ended[0].subtask_ended.evidence.method == wp.EVIDENCE_METHOD_APPROVAL
-    assert [a.digest.hex for a in ended[0].subtask_ended.artifacts] == ["d" * 64]
+    assert list(ended[0].subtask_ended.artifacts) == [ledger]
 
 
 @pytest.mark.req("MW-10.2-T17", "MW-14-12", "MW-14-13", "MW-14-14")

@@ -87,19 +87,24 @@ class Flow:
         offer_id = await self.offer(work_item_id, signer.identity_id)
         epoch = await self.accept(signer, work_item_id, offer_id)
         await self.start(signer, work_item_id, epoch, f"lease-{work_item_id}")
-        submitted = await self.as_(
-            signer, "work_submit", self.submit_body(work_item_id, epoch, f"lease-{work_item_id}")
-        )
+        submitted = await self.as_(signer, "work_submit", await self.submission(signer, work_item_id, epoch, f"lease-{work_item_id}"))
         return str(decode_events(submitted.events)[0].event_id)
 
+    async def submission(self, signer: SessionSigner, work_item_id: str, epoch: int, lease_id: str, **kw: Any) -> wp.WorkSubmit:
+        """A submission whose deliverable exists: uploaded with ``signer``'s manifest (D161)."""
+        report = await self.w.deliverable(signer, G, work_item_id)
+        return self.submit_body(work_item_id, epoch, lease_id, [report], **kw)
+
     @staticmethod
-    def submit_body(work_item_id: str, epoch: int, lease_id: str, **kw: Any) -> wp.WorkSubmit:
+    def submit_body(
+        work_item_id: str, epoch: int, lease_id: str, artifacts: list[common_pb2.ArtifactRef] | None = None, **kw: Any
+    ) -> wp.WorkSubmit:
         return wp.WorkSubmit(
             work_item_id=work_item_id,
             lease_id=lease_id,
             ownership_epoch=epoch,
             contract_revision=1,
-            artifacts=[builders.artifact()],
+            artifacts=artifacts or [builders.artifact()],
             evidence=[builders.evidence()],
             summary="done",
             **kw,
@@ -203,7 +208,8 @@ async def test_full_lifecycle_under_fenced_leases(world: World) -> None:
         R.REJECTION_REASON_LEASE_STALE,
         membership_epoch=3,
     )
-    submitted = await f.as_(w.worker, "work_submit", f.submit_body("wi-1", 1, "lease-b"))
+    report = await w.deliverable(w.worker, G, "wi-1")
+    submitted = await f.as_(w.worker, "work_submit", f.submit_body("wi-1", 1, "lease-b", [report]))
     assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_SUBMITTED
     submission = decode_events(submitted.events)[0].event_id
     await f.coord(
@@ -607,7 +613,7 @@ async def test_owner_override_is_audited_and_the_coordinator_never_reviews_its_o
         w.coordinator,
         G,
         "work_submit",
-        Flow.submit_body("wi-self", epoch, "self-lease"),
+        Flow.submit_body("wi-self", epoch, "self-lease", [await w.deliverable(w.coordinator, G, "wi-self")]),
         membership_epoch=coord_epoch,
     )
     submission = decode_events(submitted.events)[0].event_id
@@ -1142,8 +1148,9 @@ async def test_submission_needs_evidence_per_criterion_recorded_with_every_field
     await refused(
         w, w.worker, G, "work_submit", essay, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3
     )
-    good = Flow.submit_body("wi-1", epoch, "lease-1")
-    good.evidence[0].artifacts.append(builders.artifact("b"))
+    good = Flow.submit_body("wi-1", epoch, "lease-1", [await w.deliverable(w.worker, G, "wi-1")])
+    log = await w.deliverable(w.worker, G, "wi-1", b"test log: 12 passed\n")
+    good.evidence[0].artifacts.append(log)
     submitted = decode_events((await f.as_(w.worker, "work_submit", good)).events)[0].work_submitted
     record = submitted.evidence[0]
     assert record.subject.work_item_id == "wi-1" and record.criterion_id == "balances"
@@ -1153,7 +1160,7 @@ async def test_submission_needs_evidence_per_criterion_recorded_with_every_field
         and record.HasField("produced_at")
         and record.HasField("recorded_at")
     )
-    assert record.artifacts[0].digest.hex == "b" * 64
+    assert record.artifacts[0] == log
     assert not [
         f
         for f in wp.Evidence.DESCRIPTOR.fields

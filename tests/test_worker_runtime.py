@@ -70,7 +70,8 @@ async def test_a_worker_serves_two_missions_through_its_scheduler(world: World, 
     async def handle(slot: Slot) -> WorkResult:
         seen.append(slot)
         assert not hasattr(slot, "runtime") and not hasattr(slot, "agent")  # nothing beyond its own work
-        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary=f"did {slot.work_item_id}")
+        await slot.put(f"the result of {slot.work_item_id}".encode(), media_type="text/plain")
+        return WorkResult(evidence=[builders.evidence()], summary=f"did {slot.work_item_id}")
 
     async with serving(w, handle, tmp_path, [G, G2]) as runtime:
         await flow.authorize("wi-1")
@@ -104,7 +105,8 @@ async def test_a_preempted_handler_pauses_at_a_safe_point_and_resumes_from_its_c
             running.set()
             await asyncio.wait_for(slot.preemption_requested.wait(), 20)  # works until asked to pause
             return Paused(wp.Checkpoint(checkpoint_id="ck-1", completed_operation_ids=["op-1"]))
-        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="resumed")
+        await slot.put(f"the result of {slot.work_item_id}".encode(), media_type="text/plain")
+        return WorkResult(evidence=[builders.evidence()], summary="resumed")
 
     async with serving(w, handle, tmp_path) as runtime:
         await flow.authorize("wi-1")
@@ -140,7 +142,8 @@ async def test_the_runtime_renews_the_execution_lease_while_the_handler_works(wo
 
     async def handle(slot: Slot) -> WorkResult:
         await asyncio.sleep(3)
-        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="slow")
+        await slot.put(f"the result of {slot.work_item_id}".encode(), media_type="text/plain")
+        return WorkResult(evidence=[builders.evidence()], summary="slow")
 
     async with serving(w, handle, tmp_path) as runtime:
         await flow.authorize("wi-1", time_policy=policy)
@@ -169,7 +172,8 @@ async def test_the_scheduler_preempts_running_work_for_escalated_work_and_both_f
             running.set()
             await asyncio.wait_for(slot.preemption_requested.wait(), 25)  # the safe point
             return Paused(wp.Checkpoint(checkpoint_id="ck-1", completed_operation_ids=["op-1"]))
-        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="done")
+        await slot.put(f"the result of {slot.work_item_id}".encode(), media_type="text/plain")
+        return WorkResult(evidence=[builders.evidence()], summary="done")
 
     owner = MeshClient(w.target, reader=w.owner)
     async with serving(w, handle, tmp_path, [G, G2]) as runtime:
@@ -221,7 +225,8 @@ async def test_a_runtime_restarted_in_the_middle_of_work_takes_it_up_again_under
         raise AssertionError("unreachable")
 
     async def finish(slot: Slot) -> WorkResult:
-        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="after the restart")
+        await slot.put(f"the result of {slot.work_item_id}".encode(), media_type="text/plain")
+        return WorkResult(evidence=[builders.evidence()], summary="after the restart")
 
     async with connect(w, "worker-bot", w.worker.key, tmp_path / "first") as agent:
         first = WorkerRuntime(agent, stuck)
@@ -260,7 +265,8 @@ async def test_the_runtime_republishes_a_materially_changed_schedule_and_no_disc
         if slot.work_item_id == "wi-1":
             running.set()
             await asyncio.wait_for(release.wait(), 30)
-        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="done")
+        await slot.put(f"the result of {slot.work_item_id}".encode(), media_type="text/plain")
+        return WorkResult(evidence=[builders.evidence()], summary="done")
 
     def disclosures(log: list[Any], work_item_id: str) -> list[wp.ScheduleDisclosure]:
         out = []
@@ -332,7 +338,8 @@ async def test_a_transient_failure_is_reported_and_retried_only_after_its_backof
         attempts.append(slot.lease_id)
         if len(attempts) == 1:
             return Failed(wp.WORK_FAILURE_KIND_TRANSIENT, "upstream timed out", evidence=[builders.evidence("ev-timeout")])
-        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="second attempt")
+        await slot.put(f"the result of {slot.work_item_id}".encode(), media_type="text/plain")
+        return WorkResult(evidence=[builders.evidence()], summary="second attempt")
 
     contract = builders.contract(w.clock.now(), retry_policy=wp.RetryPolicy(max_attempts=2))
     contract.retry_policy.initial_backoff.FromSeconds(1)
@@ -364,7 +371,8 @@ async def test_an_offer_made_while_the_worker_is_offline_is_answered_when_it_com
     assert item.state == wp.WORK_ITEM_STATE_OFFERED and not item.owner_id  # offered, not owned (MW-10.3-02)
 
     async def handle(slot: Slot) -> WorkResult:
-        return WorkResult(artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="after coming online")
+        await slot.put(f"the result of {slot.work_item_id}".encode(), media_type="text/plain")
+        return WorkResult(evidence=[builders.evidence()], summary="after coming online")
 
     async with serving(w, handle, tmp_path) as runtime:
         async with asyncio.timeout(30):

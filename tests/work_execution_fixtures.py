@@ -17,6 +17,7 @@ from services.authority.state import GroupState, IdentityInfo
 from tests import offline_core
 from tests.core_group import evolved
 from tests.offline_core import NOW, command
+from tests.store_double import as_if_uploaded
 
 R = common_pb2.RejectionReason
 USAGE = "ext.missionweaveprotocol.core.resource_usage_recorded"  # MW-11.5-12 names it
@@ -38,7 +39,7 @@ def decide(
 ) -> tuple[command_pb2.Command, decider.Decision]:
     """The command and its decision; ``artifacts``: what the shell found stored for it."""
     c = command(state, kind, body, actor, at=at, **kw)  # type: ignore[arg-type]
-    return c, decider.decide(state, c, decider.DecisionContext(at, IDS, artifacts=artifacts or {}))
+    return c, decider.decide(state, c, as_if_uploaded(state, c, decider.DecisionContext(at, IDS, artifacts=artifacts or {})))
 
 
 def with_reviewer(state: GroupState) -> GroupState:

@@ -36,7 +36,9 @@ from missionweave.cli import group as cli_group
 from missionweave.cli import integrity as cli_integrity
 from missionweave.cli import member as cli_member
 from missionweave.cli import mission as cli_mission
+from missionweave.cli import plan as cli_plan
 from missionweave.cli import readmodels as cli_readmodels
+from missionweave.cli import work as cli_work
 from missionweave.cli import worker as cli_worker
 from missionweave.cli.common import (
     CliError,
@@ -313,7 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     cli_mission.register(sub)
     cli_coordinator.register(sub)
     cli_member.register(sub)
-    cli_readmodels.register_work(sub)
+    cli_work.register(cli_readmodels.register_work(sub))
+    cli_plan.register(sub)
     cli_delegation.register(sub)
     cli_worker.register(sub)
     cli_conversation.register(sub)

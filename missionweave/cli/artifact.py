@@ -49,11 +49,12 @@ from missionweave.cli.common import (
     wants_json,
     when,
 )
-from missionweave.clock import SystemClock, to_timestamp
 from missionweave.digests import CHUNK_BYTES
 from missionweave.errors import Rejected, from_proto
 from missionweave.manifest import ManifestError, sign_manifest, verify_manifest
 from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.sdk.artifacts import Described, Hashes, Origin
+from missionweave.sdk.artifacts import build_manifest as describe
 from missionweave.sdk.client import MeshClient
 from missionweave.signing import parse_session_key_id, session_key_id
 from missionweave.v1 import artifact_service_pb2 as apb
@@ -265,26 +266,21 @@ def build_manifest(
     args: argparse.Namespace, hashes: FileHashes, producer: str, mission_id: str
 ) -> apb.ArtifactManifest:
     """Every MW-13.1-03 field, from the flags, the file's hashes, the actor and the Group's Mission."""
-    return apb.ArtifactManifest(
-        content_digest=hashes.digest,
-        alias_digests=[Digest(algorithm="sha256", hex=hashes.sha256_hex, size_bytes=hashes.size)],
-        media_type=args.media_type,
-        schema=apb.ArtifactSchema(schema_id=args.schema),
-        producer_agent_id=producer,
-        agent_card_version=args.agent_card_version,
-        mission_id=mission_id,
+    origin = Origin(
         group_id=args.manifest_for,
+        mission_id=mission_id,
         work_item_id=args.work_item,
-        source_artifacts=args.source or [],
-        components=args.component
-        or [apb.ComponentVersion(kind=apb.COMPONENT_KIND_TOOL, name="mwp-cli", version=__version__)],
-        created_at=to_timestamp(SystemClock().now()),
-        classification=_CLASSIFICATIONS[args.classification],
-        size_bytes=hashes.size,
-        retrieval_uri=args.retrieval_uri or f"mwp://{target(args)}/blake3:{hashes.blake3_hex}",
         lease_id=args.lease_id or "",
         ownership_epoch=args.ownership_epoch,
+        agent_card_version=args.agent_card_version,
+        sources=args.source or [],
+        components=args.component
+        or [apb.ComponentVersion(kind=apb.COMPONENT_KIND_TOOL, name="mwp-cli", version=__version__)],
+        classification=_CLASSIFICATIONS[args.classification],
+        schema_id=args.schema,
     )
+    uri = args.retrieval_uri or f"mwp://{target(args)}/blake3:{hashes.blake3_hex}"
+    return describe(Described(Hashes(hashes.blake3_hex, hashes.size, hashes.sha256_hex), args.media_type, producer, origin, uri))
 
 
 async def signed_manifest(args: argparse.Namespace, actor: Actor, hashes: FileHashes) -> SignedEnvelope:

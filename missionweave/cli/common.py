@@ -144,11 +144,12 @@ class Actor:
         return membership_epoch(await self.state(group_id), self.signer.identity_id)
 
     async def execute(
-        self, group_id: str, kind: str, body: Message, *, creating: bool = False
+        self, group_id: str, kind: str, body: Message, *, creating: bool = False, command_id: str | None = None
     ) -> command_pb2.CommandResult:
-        """Signs and executes one command; a Group-creating command carries membership epoch 0."""
+        """Signs and executes one command; a Group-creating command carries membership epoch 0.
+        ``command_id`` (default: a fresh one) lets a retry be answered by the Authority's idempotency."""
         epoch = 0 if creating else await self.membership_epoch(group_id)
-        command = self.signer.command(group_id, kind, body, membership_epoch=epoch)
+        command = self.signer.command(group_id, kind, body, membership_epoch=epoch, command_id=command_id)
         return await self.mesh.execute(self.signer.sign(command))
 
 
@@ -267,18 +268,35 @@ def report(
     """Prints an accepted command's result: the headline, its ``details`` lines, one line per event,
     then ``last_line`` (an id scripts pick up with ``tail -1``). With --json: the result and its
     decoded events."""
-    events = result_events(result)
-    replayed = " (idempotent retry: nothing new was written)" if result.replayed else ""
-    lines = [f"{headline}{replayed}", *details]
+    return report_all(args, [result], headline, last_line=last_line, details=details, extra=extra)
+
+
+def report_all(
+    args: argparse.Namespace,
+    results: list[command_pb2.CommandResult],
+    headline: str,
+    *,
+    last_line: str = "",
+    details: Iterable[str] = (),
+    extra: dict[str, Any] | None = None,
+) -> int:
+    """``report`` for one action made of several commands, in order: every event of them; the
+    --json document names the last command (``command_id``) and, when more than one, all of them
+    (``command_ids``); ``replayed`` only when every one was."""
+    events = [e for result in results for e in result_events(result)]
+    last = results[-1]
+    replayed = all(r.replayed for r in results)
+    lines = [f"{headline}{' (idempotent retry: nothing new was written)' if replayed else ''}", *details]
     lines += [f"  #{e.sequence} {e.type} {e.event_id}" for e in events]
-    lines += [f"group {result.group_id} is at revision {result.group_revision}"]
+    lines += [f"group {last.group_id} is at revision {last.group_revision}"]
     if last_line:
         lines.append(last_line)
     document = {
-        "command_id": result.command_id,
-        "group_id": result.group_id,
-        "group_revision": result.group_revision,
-        "replayed": result.replayed,
+        "command_id": last.command_id,
+        **({"command_ids": [r.command_id for r in results]} if len(results) > 1 else {}),
+        "group_id": last.group_id,
+        "group_revision": last.group_revision,
+        "replayed": replayed,
         "events": [to_dict(e) for e in events],
         **(extra or {}),
     }

@@ -7,8 +7,9 @@ five WorkItems and offers each one with structured selection criteria once its d
 verified. The Workers are Worker runtimes (``missionweave.sdk.worker``), each an agent on the
 gateway: the runtime answers an offer after admission control by the Worker's own scheduler,
 places accepted work into its slot, starts it under an execution lease and submits what the demo's
-handler returns (Artifacts named by blake3 digests, Evidence for every acceptance criterion); the
-handler reports usage under the lease. The Coordinator verifies each result. On the way one Worker
+handler made: a real deliverable, which reads the upstream WorkItems' Artifacts through its slot and
+is stored through it (uploaded with a manifest signed under the lease, its inputs as sources), and
+Evidence for every acceptance criterion; the handler reports usage under the lease. The Coordinator verifies each result. On the way one Worker
 is preempted cooperatively (its handler stops at a safe point, the runtime checkpoints and the work
 resumes later), one handler saves a draft checkpoint and carries on from it, and one WorkItem fails
 transiently and is retried. Finally the Coordinator submits the Mission and the owner approves it.
@@ -34,7 +35,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
-import blake3
 import grpc
 from google.protobuf.message import Message
 from nacl.signing import SigningKey
@@ -189,15 +189,6 @@ def contract(task: Task) -> wp.WorkContract:
     c.time_policy.start_deadline.FromSeconds(300)
     c.time_policy.execution_lease_duration.FromSeconds(120)
     return c
-
-
-def artifact(task: Task) -> common_pb2.ArtifactRef:
-    """The deliverable, named by the blake3 digest of its (demo) content."""
-    content = f"{task.deliverable}\n{task.goal}\n".encode()
-    digest = common_pb2.Digest(
-        algorithm="blake3", hex=blake3.blake3(content).hexdigest(), size_bytes=len(content)
-    )
-    return common_pb2.ArtifactRef(digest=digest)
 
 
 def evidence(task: Task, ref: common_pb2.ArtifactRef) -> list[wp.Evidence]:
@@ -584,10 +575,14 @@ class DemoWorker:
             # The Authority retries it after the contract's backoff; the scheduler places the next
             # attempt once that has passed.
             return transient_failure(slot)
-        ref = artifact(task)
-        return WorkResult(
-            artifacts=[ref], evidence=evidence(task, ref), summary=f"{task.deliverable} ready", usage=FINAL_USAGE[wid]
-        )
+        # The deliverable cites each input it read (verified on read); stored through the slot it is
+        # uploaded with a manifest signed under this lease naming those inputs as its sources.
+        lines = [task.deliverable, task.goal]
+        for given in slot.inputs:
+            data = await slot.read(given)
+            lines.append(f"uses {given.name}: blake3:{given.ref.digest.hex[:12]}... ({len(data)} bytes)")
+        ref = await slot.put(("\n".join(lines) + "\n").encode(), media_type="text/markdown")
+        return WorkResult(evidence=evidence(task, ref), summary=f"{task.deliverable} ready", usage=FINAL_USAGE[wid])
 
 
 def transient_failure(slot: Slot) -> Failed:
@@ -693,10 +688,12 @@ class MissionRun:
     async def complete(self, deliverable: Task) -> None:
         """The Coordinator submits the Mission revision with its deliverable; the owner approves it."""
         revision = (await self.mesh.group_state(self.group_id)).mission.revision
+        # What the verified WorkItem handed in, exactly as the store holds it (D161).
+        delivered = (await self.mesh.work_item(self.group_id, deliverable.work_item_id)).artifacts
         body = mission_pb2.MissionSubmitForApproval(
             coordinator_epoch=self.coordinator_epoch,
             mission_revision=revision,
-            artifacts=[artifact(deliverable)],
+            artifacts=list(delivered),
             summary="Q3 ledgers reconciled; the report cites every figure",
         )
         submitted = await self.coordinate("mission_submit_for_approval", body)

@@ -220,10 +220,13 @@ async def cmd_create(args: argparse.Namespace) -> int:
 async def cmd_submit(args: argparse.Namespace) -> int:
     async with acting(args) as actor:
         state = await actor.state(args.group)
+        artifacts = list(args.artifact or [])
+        for work_item_id in args.artifacts_of or []:
+            artifacts += (await actor.mesh.work_item(args.group, work_item_id)).artifacts
         body = mission_pb2.MissionSubmitForApproval(
             coordinator_epoch=coordinator_epoch(args, state),
             mission_revision=args.revision if args.revision is not None else mission_of(state).revision,
-            artifacts=args.artifact or [],
+            artifacts=list({a.digest.hex: a for a in artifacts}.values()),
             summary=args.summary,
         )
         result = await actor.execute(args.group, "mission_submit_for_approval", body)
@@ -326,6 +329,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from missionweave.cli import subtask  # it builds on this module's definition flags
 
     subtask.add_parsers(mis)
+    from missionweave.cli.review import add_review_parser  # it answers through this module's commands
+
+    add_review_parser(mis)
 
     s = reading_command(mis.add_parser("show", help="a Mission's state, lease, submission, Conversations and Memberships"))
     s.set_defaults(func=cmd_show)
@@ -339,7 +345,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.set_defaults(func=cmd_create)
 
     sm = acting_command(mis.add_parser("submit", help="submit the Mission for approval (Coordinator)"))
-    sm.add_argument("--artifact", action="append", type=artifact_ref, help="blake3:<hex>[:<size>] (repeatable)")
+    sm.add_argument("--artifact", action="append", type=artifact_ref, help="blake3:<hex>:<size> (repeatable)")
+    sm.add_argument(
+        "--artifacts-of", action="append", metavar="WORK_ITEM",
+        help="every Artifact that WorkItem handed in (repeatable; after the --artifact ones)",
+    )
     sm.add_argument("--summary", required=True, help="a non-authoritative summary for the owner")
     sm.add_argument("--revision", type=int, help="the Mission revision submitted (default: the current one)")
     add_coordinator_epoch_flag(sm)

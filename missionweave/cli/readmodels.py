@@ -5,9 +5,11 @@ GetIdentity). Tables by default, one JSON document with --json; every page is fe
 from __future__ import annotations
 
 import argparse
+import asyncio
 from typing import Any
 
 from missionweave.cli.common import (
+    CliError,
     add_json_flag,
     add_reader_flags,
     columns,
@@ -19,6 +21,7 @@ from missionweave.cli.common import (
     to_dict,
     when,
 )
+from missionweave.sdk.client import MeshClient
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import common_pb2, membership_pb2, mission_pb2, work_pb2
 
@@ -29,6 +32,11 @@ STATES = {
     for name, number in WS.items()
     if number != WS.WORK_ITEM_STATE_UNSPECIFIED
 }
+
+
+# States a WorkItem revision does not leave (MW-10.2-02): waiting for another one is hopeless.
+FINAL = frozenset({WS.WORK_ITEM_STATE_VERIFIED, WS.WORK_ITEM_STATE_CANCELLED})
+WAIT_POLL_S = 0.5
 
 
 def _state(value: int) -> str:
@@ -102,10 +110,91 @@ def render_work_item(item: work_pb2.WorkItem) -> list[str]:
     return [f"WorkItem {item.work_item_id}: {item.title!r}", *(f"  {label:<14}{value}" for label, value in rows)]
 
 
+def _digest(ref: common_pb2.ArtifactRef) -> str:
+    return f"{ref.digest.algorithm}:{ref.digest.hex}:{ref.digest.size_bytes}"
+
+
+async def work_records(mesh: MeshClient, group_id: str, work_item_id: str) -> dict[str, list[dict[str, Any]]]:
+    """The WorkItem's Artifacts and Evidence records as its events hold them (the read model keeps
+    digests and Evidence ids only): what was published, submitted, reviewed, and failure Evidence,
+    in log order; each Artifact once, with where it appeared."""
+    artifacts: dict[str, dict[str, Any]] = {}
+    evidence: list[dict[str, Any]] = []
+
+    def artifact(ref: common_pb2.ArtifactRef, how: str, deliverable: str = "") -> None:
+        entry = artifacts.setdefault(
+            _digest(ref), {"digest": _digest(ref), "media_type": "", "deliverable_id": "", "appeared": []}
+        )
+        entry["media_type"] = entry["media_type"] or ref.media_type
+        entry["deliverable_id"] = entry["deliverable_id"] or deliverable
+        entry["appeared"].append(how)
+
+    def record(e: work_pb2.Evidence, stage: str, event_id: str) -> None:
+        evidence.append({
+            "evidence_id": e.evidence_id, "criterion_id": e.criterion_id,
+            "method": enum_label(work_pb2.EvidenceMethod, e.method, "EVIDENCE_METHOD_"),
+            "result": enum_label(work_pb2.EvidenceResult, e.result, "EVIDENCE_RESULT_"),
+            "producer_id": e.producer_id, "summary": e.summary, "stage": stage, "event_id": event_id,
+            "submission_event_id": e.subject.submission_event_id, "artifacts": [_digest(a) for a in e.artifacts],
+        })
+
+    async for event in mesh.read_events(group_id):
+        kind = event.WhichOneof("payload")
+        payload: Any = getattr(event, kind) if kind else None
+        if payload is None or getattr(payload, "work_item_id", None) != work_item_id:
+            continue
+        if kind == "artifact_published":
+            artifact(payload.artifact, f"published {event.event_id}", payload.deliverable_id)
+        elif kind == "work_submitted":
+            for ref in payload.artifacts:
+                artifact(ref, f"submitted {event.event_id}")
+            for e in payload.evidence:
+                record(e, "submission", event.event_id)
+        elif kind == "evidence_recorded":
+            record(payload.evidence, "review", event.event_id)
+        elif kind == "work_failed":
+            for e in payload.evidence:
+                record(e, "failure", event.event_id)
+    return {"artifact_records": list(artifacts.values()), "evidence_records": evidence}
+
+
+def render_records(records: dict[str, list[dict[str, Any]]]) -> list[str]:
+    lines = ["Artifacts" + ("" if records["artifact_records"] else "  none")]
+    for a in records["artifact_records"]:
+        extra = [x for x in (a["media_type"], a["deliverable_id"] and f"deliverable {a['deliverable_id']}") if x]
+        lines.append(f"  {a['digest']}  {'  '.join([*extra, ', '.join(a['appeared'])])}")
+    lines.append("Evidence" + ("" if records["evidence_records"] else "  none"))
+    rows = [["ID", "CRITERION", "METHOD", "RESULT", "BY", "STAGE", "SUMMARY"]]
+    rows += [
+        [e["evidence_id"], e["criterion_id"] or "-", e["method"], e["result"], e["producer_id"], e["stage"], e["summary"]]
+        for e in records["evidence_records"]
+    ]
+    return lines + (columns(rows, "  ") if records["evidence_records"] else [])
+
+
 async def cmd_work_show(args: argparse.Namespace) -> int:
     async with reading(args) as mesh:
         item = await mesh.work_item(args.group, args.work_item)
-    emit(args, render_work_item(item), to_dict(item))
+        records = await work_records(mesh, args.group, args.work_item)
+    emit(args, [*render_work_item(item), *render_records(records)], to_dict(item) | records)
+    return 0
+
+
+async def cmd_work_wait(args: argparse.Namespace) -> int:
+    """Polls the WorkItem until it is in one of ``--state``; a script's step between commands."""
+    wanted = {STATES[s] for s in args.state}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + args.within
+    async with reading(args) as mesh:
+        while True:
+            item = await mesh.work_item(args.group, args.work_item)
+            if item.state in wanted:
+                break
+            if item.state in FINAL or loop.time() >= deadline:
+                why = "it will not change any more" if item.state in FINAL else f"after {args.within:g} s"
+                raise CliError(f"{args.work_item} is {_state(item.state).lower()}, not {' or '.join(args.state)}: {why}")
+            await asyncio.sleep(WAIT_POLL_S)
+    emit(args, [f"{args.work_item} is {_state(item.state).lower()}"], to_dict(item))
     return 0
 
 
@@ -175,14 +264,23 @@ async def cmd_identity_show(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ parsers
 
 
-def register_work(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    work = sub.add_parser("work", help="WorkItems: list, show (read models)").add_subparsers(dest="sub", required=True)
+def register_work(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+    """``mwp work list|show``; returns ``mwp work``'s subcommands, which cli/work.py completes."""
+    work = sub.add_parser("work", help="WorkItems: authorize, offer, review, ..., list, show, tree").add_subparsers(
+        dest="sub", required=True
+    )
     ls = reading_command(work.add_parser("list", help="a Group's WorkItems: state, owner, epoch, lease"))
     ls.add_argument("--state", choices=list(STATES), help="only WorkItems in this state")
     ls.set_defaults(func=cmd_work_list)
-    sh = reading_command(work.add_parser("show", help="one WorkItem: ownership, lease, submission, usage"))
+    sh = reading_command(work.add_parser("show", help="one WorkItem: ownership, lease, submission, usage, Artifacts, Evidence"))
     sh.add_argument("work_item", metavar="WORK_ITEM")
     sh.set_defaults(func=cmd_work_show)
+    wt = reading_command(work.add_parser("wait", help="wait until a WorkItem reaches a state (exit 1 if it cannot or in time)"))
+    wt.add_argument("work_item", metavar="WORK_ITEM")
+    wt.add_argument("--state", action="append", choices=list(STATES), required=True, help="a state to wait for (repeatable)")
+    wt.add_argument("--within", type=float, default=300.0, metavar="SECONDS", help="give up after this long (default 300)")
+    wt.set_defaults(func=cmd_work_wait)
+    return work
 
 
 def add_mission_list(mis: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

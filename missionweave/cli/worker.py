@@ -43,6 +43,7 @@ from missionweave.cli.common import (
 from missionweave.config import Settings
 from missionweave.sdk.agent import Agent, AgentError, CommandBody, CommandRejected, GatewayError, SessionFile
 from missionweave.sdk.client import MeshClient, SessionSigner
+from missionweave.sdk.files import user_state_dir
 from missionweave.sdk.worker import Failed, Handler, Paused, Slot, WorkerRuntime, WorkResult
 from missionweave.signing import read_key
 from missionweave.v1 import command_pb2
@@ -86,7 +87,10 @@ CONFIG_KEYS = {
     "key": "its key file, relative to the config file (default: --key, else $MWP_KEY)",
     "groups": "the Group ids to serve (a non-empty list)",
     "handler": "MODULE:FUNCTION: a .py file relative to the config file, or a dotted module",
-    "state_dir": "where the agent keeps its session and cursors (default: KEY.worker next to the key)",
+    "state_dir": (
+        "where the agent keeps its session, cursors and unsent outputs (default: $MWP_STATE_DIR, else "
+        "$XDG_STATE_HOME/missionweave, else ~/.local/state/missionweave; then workers/)"
+    ),
     "connect_timeout": "seconds to reach the gateway before giving up (default 10)",
 }
 
@@ -142,9 +146,9 @@ def load_config(path: Path, args: argparse.Namespace) -> WorkerConfig:
         key = Path(env["MWP_KEY"])
     else:
         raise UsageError(f"{path}: missing key key (the Worker's key file; or pass --key)")
-    groups = data.get("groups")
+    groups = list(getattr(args, "group", None) or ()) or data.get("groups")
     if groups is None:
-        raise UsageError(f"{path}: missing key groups (the Group ids to serve)")
+        raise UsageError(f"{path}: missing key groups (the Group ids to serve; or pass --group)")
     if not isinstance(groups, list) or not groups or not all(isinstance(g, str) and g for g in groups):
         raise UsageError(f"{path}: groups must be a non-empty list of Group ids")
     if len(set(groups)) != len(groups):
@@ -163,7 +167,7 @@ def load_config(path: Path, args: argparse.Namespace) -> WorkerConfig:
         key=key,
         groups=tuple(groups),
         handler=handler,
-        state_dir=base / state if state else key.with_name(key.name + ".worker"),
+        state_dir=base / state if state else user_state_dir() / "workers",
         connect_timeout=float(timeout),
     )
 
@@ -362,5 +366,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--config", required=True, help="the TOML config (docs/cli.md: target, identity, key, groups, handler)")
     r.add_argument("--as", dest="actor", help="the Worker's identity id (overrides the config's identity)")
     r.add_argument("--key", help="its key file (overrides the config's key)")
+    r.add_argument("--group", action="append", metavar="GROUP", help="a Group to serve (repeatable; replaces the config's groups)")
     add_json_flag(r, "machine output: one JSON document per line (started, stopped)")
     r.set_defaults(func=cmd_run, runs_until_stopped=True)

@@ -77,7 +77,7 @@ from missionweave.sdk.client import membership_epoch as active_membership_epoch
 from missionweave.sdk.credentials import CallProofs
 from missionweave.sdk.cursors import CURSOR_INTERVAL_S, CursorStore
 from missionweave.sdk.errors import AgentError
-from missionweave.sdk.files import file_name, read_json, write_json_atomic
+from missionweave.sdk.files import file_name, private_dir, read_json, write_json_atomic
 from missionweave.sdk.idempotency import attempt_key
 from missionweave.signing import (
     EVENT_TYPE,
@@ -1378,7 +1378,7 @@ class Agent:
     ) -> None:
         self.target = target
         self.identity_id = identity_id
-        self.directory = Path(cursor_dir) / file_name(identity_id)
+        self.directory = private_dir(Path(cursor_dir) / file_name(identity_id))
         self._key = key if isinstance(key, SigningKey) else read_key(Path(key))
         self._session_file = SessionFile(self.directory / "session.json", identity_id)
         self._cursors = CursorStore(self.directory, identity_id, interval=cursor_interval)

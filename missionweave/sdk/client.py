@@ -428,6 +428,28 @@ class MeshClient:
         resp = await self.authority.GetGroupState(authority_service_pb2.GetGroupStateRequest(group_id=group_id))
         return resp.state
 
+    # The epochs every Group-scoped command cites, read from the Group state, so that a script
+    # needs no helper of the CLI's (a command citing a stale one is refused, nothing written).
+
+    async def membership_epoch(self, group_id: str, identity_id: str | None = None) -> int:
+        """The active Membership epoch of ``identity_id`` (default: the reader) in the Group, 0
+        when it holds none (MW-8-02)."""
+        who = identity_id or (self.proofs.signer.identity_id if self.proofs.signer else "")
+        return membership_epoch(await self.group_state(group_id), who)
+
+    async def coordinator_epoch(self, group_id: str) -> int:
+        """The current Coordinator lease's epoch (MW-7.2-03), 0 when the Group has no Mission."""
+        return int((await self.group_state(group_id)).mission.coordinator.coordinator_epoch)
+
+    async def execute_as(
+        self, signer: SessionSigner, group_id: str, kind: str, body: Message, *, command_id: str | None = None
+    ) -> command_pb2.CommandResult:
+        """Signs ``body`` as ``signer`` with its current Membership epoch (0 for ``mission_create``,
+        which makes the Group) and executes it; a refusal raises grpc.RpcError with the Rejection."""
+        epoch = 0 if kind == "mission_create" else await self.membership_epoch(group_id, signer.identity_id)
+        command = signer.command(group_id, kind, body, membership_epoch=epoch, command_id=command_id)
+        return await self.execute(signer.sign(command))
+
     async def work_item(self, group_id: str, work_item_id: str) -> work_pb2.WorkItem:
         """One WorkItem's read model: its state, ownership epoch, current lease, submission..."""
         resp = await self.authority.GetWorkItem(
@@ -487,6 +509,16 @@ class MeshClient:
         root MissionOwner, the subtree from ``group_id`` for its MissionOwner or Coordinator."""
         resp = await self.authority.GetMissionTree(subtask_pb2.GetMissionTreeRequest(group_id=group_id))
         return list(resp.nodes)
+
+    async def mission_review(
+        self, group_id: str, submission_event_id: str = ""
+    ) -> authority_service_pb2.GetMissionReviewResponse:
+        """What the MissionOwner approves: the submission (default: the latest) with its Artifacts,
+        each WorkItem's Artifacts, Evidence per criterion and budget, blockers, the critical path.
+        Manifests and bytes are not checked here: ``mwp mission review`` does that."""
+        return await self.authority.GetMissionReview(
+            authority_service_pb2.GetMissionReviewRequest(group_id=group_id, submission_event_id=submission_event_id)
+        )
 
     async def authority_key(self) -> tuple[str, bytes]:
         """The Authority's signing key id and Ed25519 public key."""

@@ -49,6 +49,25 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
             os.close(dir_fd)
 
 
+def user_state_dir() -> Path:
+    """Where an agent keeps its state by default: ``$MWP_STATE_DIR``, else the XDG state location
+    (``$XDG_STATE_HOME/missionweave``, ``~/.local/state/missionweave``): never the working tree,
+    where a session's private key could end up in a commit."""
+    explicit = os.environ.get("MWP_STATE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "missionweave"
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` created if missing, readable by its owner only (0700): it holds a session's key."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())

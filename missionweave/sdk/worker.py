@@ -31,8 +31,10 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 
 from missionweave.sdk.agent import Agent, AgentError, CommandRejected, Subscription
+from missionweave.sdk.artifacts import Content
 from missionweave.sdk.client import decode_events
 from missionweave.sdk.offline import OfflineBuffer, SlotChannel, is_reversible, reconcile, window_of
+from missionweave.sdk.slot_artifacts import SlotArtifactDesk, SlotArtifacts, SlotInput
 from missionweave.v1 import (
     authority_service_pb2,
     authority_service_pb2_grpc,
@@ -60,10 +62,12 @@ MATERIAL_SHIFT = timedelta(minutes=1)
 
 @dataclass(frozen=True)
 class WorkResult:
-    """What a handler hands back: the submission's artifacts and Evidence (MW-13.2-02)."""
+    """What a handler hands back: its Evidence (MW-13.2-02) and a summary. The submission's
+    Artifacts are the deliverables it stored through its slot (:meth:`Slot.put`), then any others
+    it names here (each must exist as D161 requires: an upstream output passed through, say)."""
 
-    artifacts: Sequence[common_pb2.ArtifactRef]
     evidence: Sequence[wp.Evidence]
+    artifacts: Sequence[common_pb2.ArtifactRef] = ()
     summary: str = ""
     usage: common_pb2.ResourceVector | None = None  # consumed since the last report (MW-11.5-12)
 
@@ -97,6 +101,38 @@ class Slot:
     preemption_requested: asyncio.Event = field(default_factory=asyncio.Event)
     # Where this slot's reports go: online under its lease, or the offline buffer (MW-11.5-04).
     channel: SlotChannel | None = None
+    # Its inputs and the outputs it stores, under its lease (missionweave/sdk/slot_artifacts.py).
+    artifacts: SlotArtifacts | None = None
+
+    @property
+    def inputs(self) -> tuple[SlotInput, ...]:
+        """The contract's input Artifacts and those of the WorkItems it depends on."""
+        return self._artifacts().inputs
+
+    async def read(self, what: SlotInput | common_pb2.ArtifactRef) -> bytes:
+        """An input's bytes, verified against its digest (MW-13.1-05)."""
+        return await self._artifacts().read(what)
+
+    async def put(
+        self,
+        content: Content,
+        *,
+        media_type: str = "application/octet-stream",
+        deliverable: bool = True,
+        sources: Sequence[common_pb2.ArtifactRef] | None = None,
+        schema_id: str = "none",
+    ) -> common_pb2.ArtifactRef:
+        """Stores an output (bytes, a file path or a stream) with a manifest signed under this
+        slot's lease; deliverables go into the submission, ``deliverable=False`` is for Evidence.
+        Its sources are every input unless ``sources`` names them (the provenance edges)."""
+        return await self._artifacts().put(
+            content, media_type=media_type, deliverable=deliverable, sources=sources, schema_id=schema_id
+        )
+
+    def _artifacts(self) -> SlotArtifacts:
+        if self.artifacts is None:
+            raise RuntimeError("this slot has no artifact store")
+        return self.artifacts
 
     def idempotency_key(self, operation_id: str) -> str:
         """The stable key of one external side effect of this work under this ownership (MW-16-13)."""
@@ -174,6 +210,7 @@ class WorkerRuntime:
         # Offline (MW-11.5-04..09): the durable buffer, the replayed ownership epochs it is confirmed
         # against, and whether it has been reconciled (nothing else is submitted or started until then).
         self.buffer = OfflineBuffer(agent.directory / "offline.log")
+        self.desk = SlotArtifactDesk(agent.channel, lambda: agent.session, agent.directory / "outputs", agent.audience)
         self._owned: dict[tuple[str, str], int] = {}
         self._conversations: dict[tuple[str, str], str] = {}
         self._subscriptions: dict[str, Subscription] = {}
@@ -374,10 +411,12 @@ class WorkerRuntime:
                     window_of(began.lease, contract), reversible=is_reversible(self.handler),
                     reconciled=self._reconciled.is_set, on_buffered=self._buffered,
                 )
+            artifacts = await self.desk.open(a.group_id, a.work_item_id, lease_id, a.ownership_epoch, contract)
             slot = Slot(
                 slot_id=a.slot_id, group_id=a.group_id, work_item_id=a.work_item_id, ownership_epoch=a.ownership_epoch,
                 lease_id=lease_id, contract=contract, token=token,
                 budget=a.slot_budget, resume_from_checkpoint_id=a.resume_from_checkpoint_id, channel=channel,
+                artifacts=artifacts,
             )
             self._running[key] = slot
             self._waiting.pop(key, None)
@@ -430,9 +469,14 @@ class WorkerRuntime:
             )
             done = await self.agent.execute(slot.group_id, "work_fail", fail)
             return spb.SLOT_RELEASE_REASON_FAILED, False, _last_sequence(done)
+        outputs: list[common_pb2.ArtifactRef] = []
+        if slot.artifacts is not None:
+            await slot.artifacts.flush()  # outputs made while the store was unreachable go first
+            outputs = slot.artifacts.outputs
+        handed_in = {r.digest.hex: r for r in (*outputs, *result.artifacts)}
         submit = wp.WorkSubmit(
             work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch,
-            contract_revision=slot.contract.revision or 1, artifacts=result.artifacts, evidence=result.evidence,
+            contract_revision=slot.contract.revision or 1, artifacts=list(handed_in.values()), evidence=result.evidence,
             summary=result.summary, usage_delta=usage,
         )
         done = await self.agent.execute(slot.group_id, "work_submit", submit)

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 
 from missionweave.v1 import event_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.state import GroupState, WorkItemState
+from services.authority.state import SIX, GroupState, WorkItemState
 
 FINISHED = frozenset({wp.WORK_ITEM_STATE_VERIFIED, wp.WORK_ITEM_STATE_CANCELLED})
+# A failed WorkItem holds no budget until it is offered again (MW-10.2-03): what it used stays spent.
+HOLDS_ONLY_USAGE = FINISHED | {wp.WORK_ITEM_STATE_FAILED}
+_ZERO = (0,) * len(SIX)
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class ItemKeys:
 
     token_id: str = ""
     obligated: frozenset[str] = frozenset()
+    committed: tuple[int, ...] = _ZERO  # what it holds of the Mission's budget, per dimension of SIX
 
 
 NONE = ItemKeys()
@@ -49,7 +53,16 @@ def keys_of(item: WorkItemState | None) -> ItemKeys:
     if item is None:
         return NONE
     lease = item.lease
-    return ItemKeys(lease.token_id if lease is not None else "", obligated_members(item))
+    return ItemKeys(lease.token_id if lease is not None else "", obligated_members(item), committed_by(item))
+
+
+def committed_by(item: WorkItemState) -> tuple[int, ...]:
+    """What ``item`` holds of its Mission's budget (D162), per dimension of SIX."""
+    used = item.used
+    if item.state in HOLDS_ONLY_USAGE or item.contract is None:
+        return tuple(used[d] for d in SIX)
+    budget = item.contract.budget
+    return tuple(max(getattr(budget, d), used[d]) for d in SIX)
 
 
 def obligated_members(item: WorkItemState) -> frozenset[str]:
@@ -81,4 +94,7 @@ def refile(state: GroupState, work_item_id: str, before: ItemKeys) -> None:
             state.obligations.pop(member, None)
     for member in after.obligated - before.obligated:
         state.obligations.setdefault(member, set()).add(work_item_id)
+    if before.committed != after.committed:
+        for d, was, now in zip(SIX, before.committed, after.committed, strict=True):
+            state.committed[d] += now - was
 

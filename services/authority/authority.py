@@ -64,6 +64,8 @@ from services.authority.rules import children
 from services.authority.rules.common import (
     TERMINAL_MISSION_STATES,
     CardInfo,
+    HeldArtifact,
+    HeldManifest,
     OrganizationPolicy,
     StoredArtifact,
 )
@@ -100,6 +102,8 @@ STORE_RACE_RETRIES = 2
 CHECKPOINT_EVERY = 256
 # A peer service's answer is awaited this long before the command is refused PEER_UNAVAILABLE.
 PEER_TIMEOUT_S = 5.0
+# The most digests one PublicationService.FindArtifacts call takes (publications.proto).
+MAX_FIND_ARTIFACTS = 64
 
 
 class GroupAuthority:
@@ -499,9 +503,10 @@ class GroupAuthority:
                 agent: card_info(published)
                 for agent, published in (await self.identities.agent_cards(kinds.card_holders(command))).items()
             }
+            held = await self._held_artifacts(command)
         except Rejected as refused:
-            return _Lookups({}, {}, {}, refused)
-        return _Lookups(identities, artifacts, cards)
+            return _Lookups({}, {}, {}, refused=refused)
+        return _Lookups(identities, artifacts, cards, held)
 
     async def _context(
         self,
@@ -521,7 +526,7 @@ class GroupAuthority:
             if linked_state is not None:
                 linked[linked_id] = linked_state
         return decider.DecisionContext(
-            now, lookups.identities, linked, envelope, lookups.artifacts, self.policy, lookups.cards
+            now, lookups.identities, linked, envelope, lookups.artifacts, self.policy, lookups.cards, lookups.held
         )
 
     async def _published_artifacts(self, command: command_pb2.Command) -> dict[str, StoredArtifact]:
@@ -553,6 +558,37 @@ class GroupAuthority:
                 digest.hex, found.size_bytes, found.manifest_digest_hex, command.actor_id, tuple(found.source_digests_hex)
             )
         }
+
+    async def _held_artifacts(self, command: command_pb2.Command) -> dict[str, HeldArtifact]:
+        """D161: what the artifact store holds of the blobs the command names as deliverables or
+        Evidence, with the manifests its actor signed for this Group. Never accepted unchecked: a
+        store that is not configured or does not answer refuses the command PEER_UNAVAILABLE."""
+        digests = kinds.named_artifacts(command)
+        if not digests:
+            return {}
+        if self.publications is None:
+            raise peer_unavailable("artifacts", "no artifact store is configured")
+        held: dict[str, HeldArtifact] = {}
+        for start in range(0, len(digests), MAX_FIND_ARTIFACTS):
+            request = publications_pb2.FindArtifactsRequest(
+                group_id=command.group_id,
+                content_digests_hex=digests[start : start + MAX_FIND_ARTIFACTS],
+                producer_id=command.actor_id,
+            )
+            try:
+                found = await self.publications.FindArtifacts(request, timeout=PEER_TIMEOUT_S)
+            except grpc.RpcError as err:
+                raise peer_unavailable("artifacts", err) from None
+            for answer in found.artifacts:
+                if answer.stored:
+                    held[answer.content_digest_hex] = HeldArtifact(
+                        answer.size_bytes,
+                        tuple(
+                            HeldManifest(m.manifest_digest_hex, m.work_item_id, m.mission_id, tuple(m.source_digests_hex))
+                            for m in answer.manifests
+                        ),
+                    )
+        return held
 
     async def _replay(self, command: command_pb2.Command, fingerprint_: bytes) -> command_pb2.CommandResult | None:
         owned = self._cache.get(command.group_id)
@@ -896,6 +932,7 @@ class _Lookups:
     identities: dict[str, IdentityInfo]
     artifacts: dict[str, StoredArtifact]
     cards: dict[str, CardInfo]
+    held: dict[str, HeldArtifact] = field(default_factory=dict)
     refused: Rejected | None = None
 
 

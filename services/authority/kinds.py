@@ -69,6 +69,12 @@ def published_artifact(command: command_pb2.Command) -> work_pb2.WorkPublishArti
     return kind.published_artifact(command) if kind else None
 
 
+def named_artifacts(command: command_pb2.Command) -> tuple[str, ...]:
+    """The blobs the command names as deliverables or Evidence, for the shell to look up (D161)."""
+    kind = kind_of(command)
+    return kind.named_artifacts(command) if kind else ()
+
+
 def erases(command: command_pb2.Command) -> bool:
     """Whether the command's events rewrite earlier ones (every earlier append must be durable first)."""
     kind = kind_of(command)

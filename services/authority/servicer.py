@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import grpc
 from google.protobuf.message import DecodeError
 
-from missionweave import codec
+from missionweave import codec, ids
 from missionweave.errors import R, Rejected
 from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.paging import decode_token, encode_token, page_size
@@ -17,10 +17,12 @@ from missionweave.rpc.status import log_rejection, rejections_as_status
 from missionweave.signing import COMMAND_TYPE
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import authority_service_pb2_grpc as pb_grpc
-from missionweave.v1 import command_pb2, common_pb2, membership_pb2, subtask_pb2, work_pb2
+from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2, subtask_pb2, work_pb2
+from services.authority import mission_review
 from services.authority.authority import GroupAuthority
 from services.authority.progress import mission_progress
 from services.authority.state import GroupState
+from services.authority.store import StoredEvent
 from services.authority.tree import MAX_TREE_NODES, child_group_ids, root_group_id, tree_node
 from services.authority.views import group_state_proto, mission_summary, work_item_proto
 from services.authority.visibility import active_member, may_see, sees_work_item
@@ -151,15 +153,8 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
             want = batch_size if not request.limit else min(batch_size, request.limit - sent)
             if want <= 0:
                 return
-            # Audits see archived events too; verified before they are served (DATA_CORRUPTED otherwise).
-            batch = await self.authority.read_history(group_id, after, want)
+            batch = await self._history(group_id, after, want)
             if batch:
-                if batch[0].sequence != after + 1:  # never skip: a hole means the log is not servable
-                    raise Rejected(
-                        R.REJECTION_REASON_NOT_FOUND,
-                        f"events after {after} are not available online",
-                        first_available=batch[0].sequence,
-                    )
                 if viewer is None:
                     envelopes = [codec.envelope(stored.envelope) for stored in batch]
                 else:
@@ -181,6 +176,32 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 return
             await self.authority.wait_for_append(group_id, timeout=0.5)
             head = await store.head(group_id) or head
+
+    async def _history(self, group_id: str, after: int, limit: int) -> list[StoredEvent]:
+        """Events after ``after``, archived ones too, verified before they are served (DATA_CORRUPTED
+        otherwise); never with a hole: a log that does not continue at ``after`` is not servable."""
+        batch = await self.authority.read_history(group_id, after, limit)
+        if batch and batch[0].sequence != after + 1:
+            raise Rejected(
+                R.REJECTION_REASON_NOT_FOUND,
+                f"events after {after} are not available online",
+                first_available=batch[0].sequence,
+            )
+        return batch
+
+    async def _events_up_to(self, group_id: str, head: int, payloads: frozenset[str]) -> list[event_pb2.Event]:
+        """The Group's events through ``head`` that carry one of ``payloads``, in order."""
+        events: list[event_pb2.Event] = []
+        after = 0
+        while after < head and (batch := await self._history(group_id, after, MAX_READ_BATCH)):
+            events.extend(
+                event
+                for stored in batch
+                if stored.sequence <= head
+                and (event := codec.decode_event(stored.envelope)).WhichOneof("payload") in payloads
+            )
+            after = batch[-1].sequence
+        return events
 
     @requires(Access.IDENTITY)
     async def GetGroupState(
@@ -207,6 +228,30 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         if state.mission is None:
             raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} holds no Mission")
         return mission_progress(state, self.authority.clock.now(), viewer)
+
+    @requires(Access.IDENTITY)
+    async def GetMissionReview(
+        self, request: pb.GetMissionReviewRequest, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> pb.GetMissionReviewResponse:
+        """The review of a submission (services/authority/mission_review.py), from the state at its
+        durable head and the log read once up to it."""
+        if not ids.is_valid(request.group_id):  # no such Group can exist: this tells nobody anything
+            raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "group_id: 1..128 of [A-Za-z0-9._:-]", field="group_id")
+        state, viewer = await self._readable(request.group_id, caller)
+        if state.mission is None:
+            raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} holds no Mission")
+        if request.submission_event_id and not ids.is_valid(request.submission_event_id):
+            raise Rejected(
+                R.REJECTION_REASON_INVALID_ARGUMENT,
+                "submission_event_id: a mission.submitted event id, or empty for the latest",
+                field="submission_event_id",
+            )
+        events = await self._events_up_to(request.group_id, state.head_sequence, mission_review.PAYLOADS)
+        review = mission_review.mission_review(
+            state, events, viewer=viewer, submission_event_id=request.submission_event_id
+        )
+        await mission_review.add_session_keys(review, self.authority.identities.session_key)
+        return review
 
     @requires(Access.IDENTITY)
     async def GetWorkItem(

@@ -213,6 +213,7 @@ class WorkItemState:
     # Evidence of the current submission and its review, by id: (criterion id, result, producer).
     evidence: dict[str, tuple[str, int, str]] = field(default_factory=dict)
     published_artifacts: tuple[tuple[str, int], ...] = ()  # (BLAKE3 hex, size) published under its leases
+    submitted_artifacts: tuple[tuple[str, int], ...] = ()  # (BLAKE3 hex, size) named by its submissions
     # Messages in the WorkItem Conversation that raised a material ambiguity (MW-10.1-02/03).
     open_ambiguities: set[str] = field(default_factory=set)
     # Child Missions promoted from it, oldest first (spec 14); at most the last one runs.
@@ -318,3 +319,6 @@ class GroupState:
     obligations: dict[str, set[str]] = field(default_factory=dict)
     # Active Memberships that may end by themselves: just-in-time or provisional ones (MW-8-06).
     jit_members: set[str] = field(default_factory=set)
+    # What the Mission's WorkItems hold of its budget (D162), per dimension: an unfinished WorkItem
+    # its budget (or its usage, if larger), a verified, cancelled or failed one what it used.
+    committed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SIX, 0))

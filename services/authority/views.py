@@ -227,7 +227,7 @@ def work_item_proto(state: GroupState, item: WorkItemState, now: datetime) -> wo
         out.latest_checkpoint.checkpoint_id = item.last_checkpoint_id
     out.artifacts.extend(
         common_pb2.ArtifactRef(digest=common_pb2.Digest(algorithm="blake3", hex=hex_, size_bytes=size))
-        for hex_, size in item.published_artifacts
+        for hex_, size in dict.fromkeys((*item.published_artifacts, *item.submitted_artifacts))
     )
     out.evidence_ids.extend(
         dict.fromkeys([*item.submitted_evidence_ids, *item.evidence, *item.accepted_evidence_ids])

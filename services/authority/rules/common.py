@@ -48,6 +48,25 @@ class StoredArtifact:
 
 
 @dataclass(frozen=True)
+class HeldManifest:
+    """A manifest the command's actor signed for this Group, as the artifact store answered (D161)."""
+
+    manifest_digest: str
+    work_item_id: str  # empty when the manifest names no WorkItem
+    mission_id: str
+    source_digests: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HeldArtifact:
+    """What the artifact store holds of a blob a command names as a deliverable or as Evidence:
+    its verified size and the manifests the actor signed for this Group. Not held: absent."""
+
+    size_bytes: int
+    manifests: tuple[HeldManifest, ...] = ()
+
+
+@dataclass(frozen=True)
 class OrganizationPolicy:
     """The Organization's collaboration policy, as far as the Group rules consult it (operators set
     it: Settings, docs/configuration.md)."""
@@ -85,6 +104,9 @@ class DecisionContext:
     # The Agent Card in force of each agent the command's kind names in ``card_holders`` (agents
     # without one are absent).
     cards: Mapping[str, CardInfo] = field(default_factory=dict)
+    # The blobs the command names as deliverables or Evidence (its kind's ``named_artifacts``) that
+    # the artifact store holds, by BLAKE3 hex (D161).
+    held: Mapping[str, HeldArtifact] = field(default_factory=dict)
 
 
 Handler = Callable[[GroupState | None, command_pb2.Command, DecisionContext, "Emitter"], None]
@@ -101,6 +123,17 @@ def _no_artifact(command: command_pb2.Command) -> work_pb2.WorkPublishArtifact |
 
 def _never(command: command_pb2.Command) -> bool:
     return False
+
+
+def named_digests(*groups: Iterable[common_pb2.ArtifactRef]) -> tuple[str, ...]:
+    """The well-formed BLAKE3 digests among ``groups`` of refs, each once, in order: what the shell
+    asks the artifact store about (a malformed one is refused by the rule, never looked up)."""
+    seen: dict[str, None] = {}
+    for refs in groups:
+        for ref in refs:
+            if ref.digest.algorithm == "blake3" and HEX64.fullmatch(ref.digest.hex):
+                seen[ref.digest.hex] = None
+    return tuple(seen)
 
 
 @dataclass(frozen=True)
@@ -126,6 +159,9 @@ class CommandKind:
     linked_groups: Callable[[command_pb2.Command], Iterable[str]] = _none
     # The artifact the command publishes, which the shell looks up in the artifact index.
     published_artifact: Callable[[command_pb2.Command], work_pb2.WorkPublishArtifact | None] = _no_artifact
+    # The blobs it names as deliverables or Evidence, which the shell asks the artifact store about
+    # (D161): BLAKE3 hex digests, each once (``named_digests``).
+    named_artifacts: Callable[[command_pb2.Command], tuple[str, ...]] = _none
     # Whether its events rewrite earlier ones (an erasure re-signs them with their content cleared).
     erases: Callable[[command_pb2.Command], bool] = _never
     # Whether a Worker may buffer it offline under the bounded-offline-execution binding (MW-11.5-04).
@@ -304,6 +340,10 @@ def validate_definition(definition: mission_pb2.MissionDefinition, ctx: Decision
     if not definition.HasField("budget"):
         raise invalid(f"{field}.budget", "an enforceable budget is required")
     validate_budget(definition.budget, f"{field}.budget")
+    if not any(budget_dims(definition.budget).values()):
+        # OP-02: a dimension left out permits nothing, so a Mission without any could fund no work
+        # (D162: refused at creation rather than given a default nobody chose).
+        raise invalid(f"{field}.budget", "a budget in at least one dimension is required (tokens, tool calls, money, ...)")
     if not definition.HasField("risk_policy") or not definition.risk_policy.risk_class:
         raise invalid(f"{field}.risk_policy.risk_class", "a risk/approval policy is required")
     if len(definition.notes) > MAX_TEXT_BYTES:

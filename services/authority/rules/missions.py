@@ -25,11 +25,13 @@ from services.authority.rules.common import (
     invalid,
     is_org_policy,
     mission_of,
+    named_digests,
     renewal,
     require_reason,
     state_name,
     validate_definition,
 )
+from services.authority.rules.deliverables import require_held
 from services.authority.state import (
     CoordinatorLeaseState,
     GroupState,
@@ -333,6 +335,7 @@ def mission_submit_for_approval(
             R.REJECTION_REASON_PRECONDITION_FAILED,
             f"required WorkItems are not verified: {', '.join(sorted(unverified)[:10])} (MW-7.3-04)",
         )
+    require_held(state, command, ctx, body.artifacts, "body.artifacts")
     out.emit(
         "mission.submitted",
         "mission_submitted",
@@ -774,7 +777,12 @@ KINDS = (
         references=lambda c: (c.mission_create_follow_up.definition.owner_id, c.mission_create_follow_up.coordinator_id),
         linked_groups=lambda c: (c.mission_create_follow_up.approved_group_id,),
     ),
-    CommandKind("mission_submit_for_approval", mission_submit_for_approval, {"mission_submitted": _submitted}),
+    CommandKind(
+        "mission_submit_for_approval",
+        mission_submit_for_approval,
+        {"mission_submitted": _submitted},
+        named_artifacts=lambda c: named_digests(c.mission_submit_for_approval.artifacts),
+    ),
     CommandKind(
         "mission_request_changes",
         mission_request_changes,

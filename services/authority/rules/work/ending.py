@@ -14,8 +14,10 @@ from services.authority.rules.common import (
     DecisionContext,
     Emitter,
     invalid,
+    named_digests,
     require_reason,
 )
+from services.authority.rules.deliverables import evidence_refs, require_evidence_held
 from services.authority.rules.work.common import (
     CANCELLED,
     FAILED,
@@ -68,6 +70,7 @@ def work_fail(
     else:
         role = coordination(state, command, ctx, body.coordinator_epoch, "work.fail")
     evidence = require_evidence(body.evidence, "body.evidence", item, command, ctx.now)
+    require_evidence_held(state, command, ctx, evidence, "body.evidence", item)
     require_reason(body.reason, "body.reason")
     if not body.kind:
         raise invalid("body.kind", "a failure kind is required")
@@ -182,6 +185,11 @@ def _ended(new_state: int, payload: str) -> Applier:
 
 KINDS = (
     # Failures and cancellations: also of every unfinished WorkItem when the Mission ends (T18).
-    CommandKind("work_fail", work_fail, {"work_failed": _ended(FAILED, "work_failed")}),
+    CommandKind(
+        "work_fail",
+        work_fail,
+        {"work_failed": _ended(FAILED, "work_failed")},
+        named_artifacts=lambda c: named_digests(evidence_refs(c.work_fail.evidence)),
+    ),
     CommandKind("work_cancel", work_cancel, {"work_cancelled": _ended(CANCELLED, "work_cancelled")}),
 )

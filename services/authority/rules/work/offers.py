@@ -40,6 +40,7 @@ from services.authority.rules.work.common import (
 )
 from services.authority.rules.work.contract import require_dependencies, validate_contract, would_cycle
 from services.authority.rules.work.leases import revoke_lease
+from services.authority.rules.work.usage import check_fits_mission
 from services.authority.state import GroupState, OfferState, WorkItemState
 
 MAX_CANDIDATES = 8  # MW-10.3-04: a bounded candidate set for urgent placement
@@ -81,6 +82,8 @@ def work_offer(
     if not body.HasField("expires_at") or from_timestamp(body.expires_at) <= ctx.now:
         raise invalid("body.expires_at", "an offer expiry in the future is required")
     revision = item.contract_revision
+    budget_field = "body.amended_contract.budget" if body.HasField("amended_contract") else "contract.budget"
+    check_fits_mission(state, item.work_item_id, contract.budget, budget_field)
     if body.HasField("amended_contract"):
         validate_contract(body.amended_contract, state, ctx, "body.amended_contract")
         if would_cycle(state, item.work_item_id, body.amended_contract.depends_on_work_item_ids):

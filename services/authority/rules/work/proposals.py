@@ -19,6 +19,7 @@ from services.authority.rules.delegation import charge, check_delegated_authoriz
 from services.authority.rules.missions import require_live
 from services.authority.rules.work.common import OPEN, require_steering, work_item
 from services.authority.rules.work.contract import validate_contract
+from services.authority.rules.work.usage import check_fits_mission
 from services.authority.state import GroupState, ProposalState, WorkItemState
 
 
@@ -70,6 +71,7 @@ def work_authorize(
     if body.parent_work_item_id:
         work_item(state, body.parent_work_item_id)
     validate_contract(body.contract, state, ctx, "body.contract")
+    check_fits_mission(state, work_item_id, body.contract.budget, "body.contract.budget")
     if grant is not None:
         check_delegated_authorize(state, ctx, grant, body, work_item_id)
     conversation_id = ids.derived_id("conv", command.group_id, work_item_id)

@@ -8,7 +8,7 @@ from datetime import datetime
 from missionweave import ids
 from missionweave.clock import to_timestamp
 from missionweave.errors import Rejected
-from missionweave.v1 import command_pb2, event_pb2
+from missionweave.v1 import command_pb2, common_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
 from services.authority.rules.common import (
     MAX_REASON_CHARS,
@@ -20,7 +20,9 @@ from services.authority.rules.common import (
     check_artifact_refs,
     invalid,
     mission_of,
+    named_digests,
 )
+from services.authority.rules.deliverables import evidence_refs, require_evidence_held, require_held
 from services.authority.rules.work.common import (
     SUBMITTED,
     VERIFIED,
@@ -103,6 +105,8 @@ def work_submit(
     ]
     if missing:
         raise invalid("body.evidence", f"no Evidence for required acceptance criteria {', '.join(missing)}")
+    require_held(state, command, ctx, body.artifacts, "body.artifacts", deliverables_of=item)
+    require_evidence_held(state, command, ctx, evidence, "body.evidence", item)
     out.emit(
         "work.submitted",
         "work_submitted",
@@ -134,6 +138,7 @@ def work_record_evidence(
     (record,) = require_evidence([body.evidence], "body.evidence", item, command, ctx.now)
     if record.evidence_id in item.evidence:
         raise invalid("body.evidence.evidence_id", "already recorded for this WorkItem")
+    require_held(state, command, ctx, record.artifacts, "body.evidence.artifacts", evidence_about=item)
     out.emit(
         "work.evidence_recorded",
         "evidence_recorded",
@@ -212,11 +217,19 @@ def work_accept_result(
 # ---------------------------------------------------------------- evolve rules
 
 
+def _with(recorded: tuple[tuple[str, int], ...], refs: Iterable[common_pb2.ArtifactRef]) -> tuple[tuple[str, int], ...]:
+    """``recorded`` and then each of ``refs`` not in it yet, as (BLAKE3 hex, size)."""
+    known = set(recorded)
+    added = [(r.digest.hex, int(r.digest.size_bytes)) for r in refs]
+    return recorded + tuple(dict.fromkeys(a for a in added if a not in known))
+
+
 def _submitted(state: GroupState, event: event_pb2.Event) -> None:
     p = event.work_submitted
     item = touch(state, event, p.work_item_id)
     item.latest_submission_event_id = event.event_id
     item.submitted_by = event.actor_id
+    item.submitted_artifacts = _with(item.submitted_artifacts, p.artifacts)
     item.submitted_evidence_ids = tuple(e.evidence_id for e in p.evidence)
     item.evidence = {e.evidence_id: (e.criterion_id, e.result, e.producer_id) for e in p.evidence}
     end_lease(item, event, wp.LEASE_END_KIND_RELEASED)
@@ -244,8 +257,18 @@ def _result_accepted(state: GroupState, event: event_pb2.Event) -> None:
 # ---------------------------------------------------------------- the declarations
 
 KINDS = (
-    CommandKind("work_submit", work_submit, {"work_submitted": _submitted}),
+    CommandKind(
+        "work_submit",
+        work_submit,
+        {"work_submitted": _submitted},
+        named_artifacts=lambda c: named_digests(c.work_submit.artifacts, evidence_refs(c.work_submit.evidence)),
+    ),
     # Evidence: also recorded for a failed attempt that is retried.
-    CommandKind("work_record_evidence", work_record_evidence, {"evidence_recorded": _evidence_recorded}),
+    CommandKind(
+        "work_record_evidence",
+        work_record_evidence,
+        {"evidence_recorded": _evidence_recorded},
+        named_artifacts=lambda c: named_digests(c.work_record_evidence.evidence.artifacts),
+    ),
     CommandKind("work_accept_result", work_accept_result, {"work_result_accepted": _result_accepted}),
 )

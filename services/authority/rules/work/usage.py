@@ -5,6 +5,7 @@ from __future__ import annotations
 from missionweave.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
+from services.authority.aggregates import committed_by
 from services.authority.rules.common import Emitter, R, budget_dims, invalid, mission_of
 from services.authority.rules.work.common import touch
 from services.authority.state import SIX, GroupState, WorkItemState
@@ -77,6 +78,27 @@ def check_usage(
                     grant_id=grant.grant_id,
                 )
     return d
+
+
+def check_fits_mission(state: GroupState, work_item_id: str, budget: common_pb2.ResourceVector, field: str) -> None:
+    """D162, budgets that add up: a WorkItem's budget (at authorize, and at an offer, with an amended
+    contract's) fits in what its Mission has left once every other WorkItem's hold is counted (an
+    unfinished one its budget, a finished or failed one what it used). Refused BUDGET_EXCEEDED with
+    ``budget`` "mission", the ``dimension`` and what is left (``limit``); nothing is written."""
+    caps = budget_dims(mission_of(state).definition.budget)
+    wanted = budget_dims(budget)
+    item = state.work_items.get(work_item_id)
+    own = committed_by(item) if item is not None else (0,) * len(SIX)
+    for i, dim in enumerate(SIX):
+        need = max(wanted[dim], item.used[dim] if item is not None else 0)
+        left = caps[dim] - (state.committed[dim] - own[i])
+        if need > left:
+            raise _exceeded(
+                "mission", dim, max(left, 0),
+                f"{field}.{dim}: the WorkItem asks for {need}; its Mission has {max(left, 0)} left of {caps[dim]} "
+                "(the other WorkItems hold the rest; a dimension the Mission leaves out permits nothing, OP-02)",
+                field=f"{field}.{dim}",
+            )
 
 
 def _exceeded(budget: str, dim: str, limit: int, message: str, **metadata: object) -> Rejected:
