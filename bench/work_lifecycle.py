@@ -75,6 +75,7 @@ from nacl.signing import SigningKey  # noqa: E402
 
 from missionweave.rpc.channels import open_channel  # noqa: E402
 from missionweave.rpc.command_stream import CommandStream  # noqa: E402
+from missionweave.sdk.artifacts import NO_AGENT_CARD, Described, Origin, hash_chunks, signed_manifest  # noqa: E402
 from missionweave.sdk.client import MeshClient, SessionSigner, membership_epoch  # noqa: E402
 from missionweave.v1 import authority_service_pb2 as pb  # noqa: E402
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2  # noqa: E402
@@ -95,6 +96,9 @@ class Plan:
     group_id: str
     work_item_id: str
     steps: list[tuple[str, pb.ExecuteCommandRequest]]
+    # The deliverable its submission names and the worker's signed manifest: uploaded before the
+    # timed loop, since a submission names only Artifacts the store holds (D161).
+    deliverable: tuple[bytes, Any]
 
 
 @dataclass
@@ -104,6 +108,7 @@ class Actors:
     coordinator_membership: dict[str, int]  # Group -> membership epoch
     worker_membership: dict[str, int]
     coordinator_epoch: dict[str, int]  # Group -> Coordinator epoch
+    missions: dict[str, str] = field(default_factory=dict)  # Group -> Mission id
 
 
 @dataclass
@@ -209,17 +214,21 @@ def build_plans(
             if usage:
                 renew.usage_delta.tokens = usage
             steps.append(("work_renew_lease", signed(worker, "work_renew_lease", renew, wm)))
+        data = f"bench task {i}: all balances match\n".encode()
+        hashes = hash_chunks([data])
+        origin = Origin(gid, actors.missions[gid], wi, lease_id, 1, NO_AGENT_CARD)
+        manifest = signed_manifest(Described(hashes, "text/plain", worker.identity_id, origin), worker)
         submit = wp.WorkSubmit(
             work_item_id=wi,
             lease_id=lease_id,
             ownership_epoch=1,
             contract_revision=1,
-            artifacts=[builders.artifact()],
+            artifacts=[common_pb2.ArtifactRef(digest=hashes.digest, media_type="text/plain")],
             evidence=[builders.evidence()],
             summary=f"bench task {i}: all balances match",
         )
         steps.append(("work_submit", signed(worker, "work_submit", submit, wm)))
-        plans.append(Plan(i, gid, wi, steps))
+        plans.append(Plan(i, gid, wi, steps, (data, manifest)))
     return plans
 
 
@@ -492,13 +501,14 @@ async def setup(
         events += len(granted.events)
         return await client.group_state(gid)
 
-    actors = Actors(coord, worker, {}, {}, {})
+    actors = Actors(coord, worker, {}, {}, {}, {})
     for start in range(0, len(group_ids), 16):
         chunk = group_ids[start : start + 16]
         for gid, state in zip(chunk, await asyncio.gather(*(create(g) for g in chunk)), strict=True):
             actors.coordinator_membership[gid] = membership_epoch(state, coord.identity_id)
             actors.worker_membership[gid] = membership_epoch(state, worker.identity_id)
             actors.coordinator_epoch[gid] = state.mission.coordinator.coordinator_epoch
+            actors.missions[gid] = state.mission.mission_id
             if not (actors.coordinator_membership[gid] and actors.worker_membership[gid]):
                 raise RuntimeError(f"Group {gid}: the Coordinator or the worker holds no Membership")
     return actors, events
@@ -556,6 +566,13 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         sign_s = time.perf_counter() - t0
         r["client_sign_rate"] = total * per / sign_s
         log(f"  {total * per:,} commands in {sign_s:.1f}s ({r['client_sign_rate']:,.0f}/s client-side build+sign)")
+        log(f"uploading {total:,} deliverables with their manifests (outside the timed loop, D161)")
+        for start in range(0, total, 500):
+            chunk = plans[start : start + 500]
+            answers = await client.upload_many([p.deliverable[0] for p in chunk], [p.deliverable[1] for p in chunk])
+            refused = [a for a in answers if isinstance(a, Exception)]
+            if refused:
+                raise RuntimeError(f"uploading the deliverables failed: {refused[0]!r}")
 
         stub = client.authority
         publisher = Streamed(client.channel, args.streams) if args.publish == "stream" else None

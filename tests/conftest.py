@@ -65,6 +65,17 @@ def no_saved_contexts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
         yield
 
 
+@pytest.fixture(autouse=True)
+def private_agent_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Each test's agents keep their state (sessions, cursors, unsent outputs) in a directory of
+    that test's: the user's state location (missionweave/sdk/files.py, user_state_dir) would carry a
+    cursor from one test's mesh into the next."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
+        patch.delenv("MWP_STATE_DIR", raising=False)
+        yield
+
+
 @pytest.fixture
 def topology(request: pytest.FixtureRequest) -> str:
     return str(request.param)

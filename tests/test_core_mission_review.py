@@ -212,7 +212,7 @@ def test_the_review_names_the_submission_and_describes_each_artifact_it_names() 
     assert not d.producer_session_public_key  # only the servicer looks keys up (add_session_keys)
 
 
-def test_an_artifact_no_publication_describes_is_listed_bare() -> None:
+def test_an_artifact_no_publication_describes_is_described_by_the_submission_that_handed_it_in() -> None:
     g = mission()
     g.authorize("wi-a")
     g.start("wi-a")
@@ -221,8 +221,9 @@ def test_an_artifact_no_publication_describes_is_listed_bare() -> None:
     g.submit_mission(ref("raw"))
     [raw] = g.review().artifacts
     assert raw.artifact.digest.hex == hexed("raw") and raw.submitted
-    assert not (raw.work_item_id or raw.publication_event_id or raw.producer_id or raw.artifact.media_type)
-    assert not raw.HasField("manifest_digest") and not raw.HasField("published_at")
+    assert (raw.work_item_id, raw.producer_id, raw.producer_session_epoch) == ("wi-a", "worker", 1)
+    assert raw.HasField("published_at") and not raw.publication_event_id and not raw.artifact.media_type
+    assert not raw.HasField("manifest_digest") and not raw.source_artifacts  # the store's manifest has them
     [item] = g.review().work_items
     assert [x.artifact.media_type for x in item.artifacts] == ["text/plain"]  # the WorkItem's own reference
 

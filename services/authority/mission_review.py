@@ -50,6 +50,9 @@ class ReviewLog:
     publications: dict[str, list[event_pb2.Event]] = field(default_factory=dict)  # by WorkItem
     by_digest: dict[str, list[event_pb2.Event]] = field(default_factory=dict)  # by BLAKE3 hex
     work_submissions: dict[str, event_pb2.Event] = field(default_factory=dict)  # work.submitted by id
+    # work.submitted events by the BLAKE3 hex of each Artifact they name (D161: a deliverable need
+    # not be published first; its submission says which WorkItem and producer it is of).
+    handed_in: dict[str, list[event_pb2.Event]] = field(default_factory=dict)
     # Per WorkItem, the Evidence records since its latest submission, by id (a later record with the
     # same id replaces an earlier one, as the fold does).
     evidence: dict[str, dict[str, wp.Evidence]] = field(default_factory=dict)
@@ -74,6 +77,8 @@ def index(events: Iterable[event_pb2.Event]) -> ReviewLog:
         elif kind == "work_submitted":
             log.work_submissions[event.event_id] = event
             submitted = event.work_submitted
+            for ref in submitted.artifacts:
+                log.handed_in.setdefault(ref.digest.hex, []).append(event)
             log.evidence[submitted.work_item_id] = {e.evidence_id: e for e in submitted.evidence}
         elif kind == "evidence_recorded":
             e = event.evidence_recorded.evidence
@@ -122,7 +127,9 @@ def mission_review(
             )
         out.submission.CopyFrom(_submission(submitted, mission.latest_submission_event_id, log))
         for ref in _each_once(submitted.mission_submitted.artifacts):
-            out.artifacts.append(_artifact(ref, _latest_publication(log, ref.digest.hex, seen), log, submitted=True))
+            publication = _latest_publication(log, ref.digest.hex, seen)
+            handed_in = _latest_submission(log, ref.digest.hex, seen)
+            out.artifacts.append(_artifact(ref, publication, log, submitted=True, handed_in=handed_in))
     on_path = set(path)
     out.work_items.extend(_work_item(item, log, seen, item.work_item_id in on_path) for item in items)
     out.blockers.extend(blocker for item in items for blocker in blockers(item, log))
@@ -168,11 +175,29 @@ def _latest_publication(log: ReviewLog, hex_digest: str, seen: set[str]) -> even
     return visible[-1] if visible else None
 
 
+def _latest_submission(log: ReviewLog, hex_digest: str, seen: set[str]) -> event_pb2.Event | None:
+    """The latest work.submitted naming the digest, of a WorkItem the reader sees."""
+    visible = [e for e in log.handed_in.get(hex_digest, ()) if e.work_submitted.work_item_id in seen]
+    return visible[-1] if visible else None
+
+
 def _artifact(
-    ref: common_pb2.ArtifactRef, publication: event_pb2.Event | None, log: ReviewLog, *, submitted: bool
+    ref: common_pb2.ArtifactRef,
+    publication: event_pb2.Event | None,
+    log: ReviewLog,
+    *,
+    submitted: bool,
+    handed_in: event_pb2.Event | None = None,
 ) -> pb.MissionReviewArtifact:
+    """An Artifact as its publication describes it, else as the submission that handed it in names
+    it (its WorkItem and producer; the manifest is the store's to show)."""
     out = pb.MissionReviewArtifact(artifact=ref, submitted=submitted)
     if publication is None:
+        if handed_in is not None:
+            out.work_item_id = handed_in.work_submitted.work_item_id
+            out.producer_id = handed_in.actor_id
+            out.producer_session_epoch = log.sessions.get(handed_in.work_submitted.lease_id, 0)
+            out.published_at.CopyFrom(handed_in.recorded_at)
         return out
     p = publication.artifact_published
     out.artifact.media_type = ref.media_type or p.artifact.media_type
@@ -217,7 +242,7 @@ def _work_item(item: WorkItemState, log: ReviewLog, seen: set[str], on_path: boo
             known = artifacts.get(ref.digest.hex)
             if known is None:
                 latest = _latest_publication(log, ref.digest.hex, seen)
-                artifacts[ref.digest.hex] = _artifact(ref, latest, log, submitted=True)
+                artifacts[ref.digest.hex] = _artifact(ref, latest, log, submitted=True, handed_in=submission)
             else:
                 known.submitted = True
                 known.artifact.media_type = known.artifact.media_type or ref.media_type
