@@ -220,10 +220,12 @@ async def test_list_work_items_pages_default_to_100_and_refusals_name_their_fiel
     issue: INVALID_ARGUMENT, metadata `field` "page_token")"; the same words in ListMissionsRequest."""
     w = world
     await setup(w)
+    small = builders.contract(w.clock.now())  # 101 of them fit in the Mission's budget (D162)
+    small.budget.CopyFrom(common_pb2.ResourceVector(currency="EUR", tokens=100, tool_calls=1))
     envelopes = [
         w.signed(
             w.coordinator, G, "work_authorize",
-            wp.WorkAuthorize(work_item_id=f"wi-{n:03d}", title="t", contract=builders.contract(w.clock.now()), coordinator_epoch=1),
+            wp.WorkAuthorize(work_item_id=f"wi-{n:03d}", title="t", contract=small, coordinator_epoch=1),
             membership_epoch=2,
         )
         for n in range(101)
