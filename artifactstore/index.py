@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,6 +170,44 @@ class ArtifactIndex:
                 rows = await conn.execute(select(blobs.c.digest, blobs.c.size_bytes).where(blobs.c.digest.in_(batch)))
                 found.update((r[0], int(r[1])) for r in rows)
         return found
+
+    async def held(
+        self, digests: Sequence[str], group_id: str, producer: str, most: int
+    ) -> dict[str, tuple[int, list[tuple[ManifestRecord, tuple[str, ...]]]]]:
+        """For each of ``digests`` that is stored: its size and the manifests ``producer`` signed for
+        ``group_id`` (at most ``most`` each, in manifest-digest order) with their sources. One
+        transaction in one step: the Authority asks this for every submission (D161)."""
+
+        def body(conn: Connection) -> dict[str, tuple[int, list[tuple[ManifestRecord, tuple[str, ...]]]]]:
+            wanted = sorted(set(digests))
+            sizes = {r[0]: int(r[1]) for r in conn.execute(select(blobs.c.digest, blobs.c.size_bytes).where(blobs.c.digest.in_(wanted)))}
+            records = [
+                ManifestRecord(r[0], r[1], r[2], r[3], r[4], r[5], bytes(r[6]))
+                for r in conn.execute(
+                    select(manifests)
+                    .where(manifests.c.content_digest.in_(list(sizes)))
+                    .where(manifests.c.producer_agent_id == producer)
+                    .where(manifests.c.group_id == group_id)
+                    .order_by(manifests.c.manifest_digest)
+                )
+            ] if sizes else []
+            sources: dict[str, list[str]] = {}
+            if records:
+                edges = conn.execute(
+                    select(provenance.c.manifest_digest, provenance.c.source_digest)
+                    .where(provenance.c.manifest_digest.in_([m.manifest_digest for m in records]))
+                    .order_by(provenance.c.source_digest)
+                )
+                for manifest_digest, source in edges:
+                    sources.setdefault(manifest_digest, []).append(source)
+            out: dict[str, tuple[int, list[tuple[ManifestRecord, tuple[str, ...]]]]] = {d: (s, []) for d, s in sizes.items()}
+            for record in records:
+                listed = out[record.content_digest][1]
+                if len(listed) < most:
+                    listed.append((record, tuple(sources.get(record.manifest_digest, ()))))
+            return out
+
+        return await self.transactions.run(body)
 
     async def present(self, digests: Iterable[str]) -> set[str]:
         found: set[str] = set()

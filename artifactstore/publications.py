@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import grpc
 
-from artifactstore.index import ArtifactIndex
+from artifactstore.index import ArtifactIndex, ManifestRecord
 from missionweave.digests import HEX64
 from missionweave.errors import R, Rejected
 from missionweave.internal.v1 import publications_pb2 as pb
 from missionweave.internal.v1 import publications_pb2_grpc as pb_grpc
-from missionweave.manifest import stored_manifest
+from missionweave.manifest import stored_mission_id
 from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
 from missionweave.rpc.status import rejections_as_status
 
@@ -78,25 +78,27 @@ class PublicationServicer(pb_grpc.PublicationServiceServicer):
                     "a content digest is 64 lower-case hex digits",
                     field=f"content_digests_hex[{i}]",
                 )
-        sizes = await self.index.sizes(digests)
-        return pb.FindArtifactsResponse(
-            artifacts=[await self._held(digest, sizes.get(digest), request.group_id, request.producer_id) for digest in digests]
-        )
+        held = await self.index.held(digests, request.group_id, request.producer_id, MAX_MANIFESTS_ANSWERED)
+        return pb.FindArtifactsResponse(artifacts=[_answer(digest, held.get(digest)) for digest in digests])
 
-    async def _held(self, digest: str, size: int | None, group_id: str, producer_id: str) -> pb.HeldArtifact:
-        if size is None:
-            return pb.HeldArtifact(content_digest_hex=digest, stored=False)
-        held = pb.HeldArtifact(content_digest_hex=digest, stored=True, size_bytes=size)
-        records = [r for r in await self.index.manifests_of(digest, producer=producer_id) if r.group_id == group_id]
-        for record in records[:MAX_MANIFESTS_ANSWERED]:
-            held.manifests.append(
-                pb.GroupManifest(
-                    manifest_digest_hex=record.manifest_digest,
-                    work_item_id=record.work_item_id,
-                    producer_id=record.producer_agent_id,
-                    mission_id=stored_manifest(record.envelope).mission_id,
-                    source_digests_hex=await self.index.sources_of(record.manifest_digest),
-                    media_type=record.media_type,
-                )
+
+def _answer(digest: str, held: tuple[int, list[tuple[ManifestRecord, tuple[str, ...]]]] | None) -> pb.HeldArtifact:
+    if held is None:
+        return pb.HeldArtifact(content_digest_hex=digest, stored=False)
+    size, records = held
+    return pb.HeldArtifact(
+        content_digest_hex=digest,
+        stored=True,
+        size_bytes=size,
+        manifests=[
+            pb.GroupManifest(
+                manifest_digest_hex=record.manifest_digest,
+                work_item_id=record.work_item_id,
+                producer_id=record.producer_agent_id,
+                mission_id=stored_mission_id(record.envelope),
+                source_digests_hex=sources,
+                media_type=record.media_type,
             )
-        return held
+            for record, sources in records
+        ],
+    )

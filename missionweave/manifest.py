@@ -272,8 +272,9 @@ def missing_fields(manifest: ArtifactManifest) -> list[str]:
     return [name for name, value in required.items() if not value]
 
 
-def stored_manifest(envelope_bytes: bytes) -> ArtifactManifest:
-    """The manifest inside an envelope the store verified at upload (signature, subject, fields):
-    parsed again without the checks, for readers of the store's own records."""
-    envelope = SignedEnvelope.FromString(envelope_bytes)
-    return _parse_predicate(_parse_statement(envelope.payload)["predicate"])
+def stored_mission_id(envelope_bytes: bytes) -> str:
+    """The Mission a manifest the store verified at upload (signature, subject, every field) names:
+    read again without the checks, and without building the whole manifest (the Authority asks
+    for it on every submission, D161)."""
+    predicate = json.loads(SignedEnvelope.FromString(envelope_bytes).payload)["predicate"]
+    return str(predicate.get("mission_id", ""))
