@@ -104,3 +104,44 @@ async def test_a_service_started_with_a_peer_that_does_not_answer_says_so_and_re
         assert mesh.authority.publications is not None
     finally:
         await mesh.stop(grace=1)
+
+
+@pytest.mark.req("MW-13.1-03")
+async def test_find_artifacts_answers_each_digest_with_only_the_producers_manifests_for_the_group(world: World) -> None:
+    """publications.proto FindArtifacts: one answer per requested digest, in request order; a blob
+    not stored is `stored = false`; only manifests `producer_id` signed for `group_id`; at most 64
+    digests, each 64 lower-case hex digits, and group_id and producer_id required (INVALID_ARGUMENT)."""
+    w = world
+    f = await setup(w)
+    await started(f, w)
+    mine = await w.deliverable(w.worker, G, "wi-1", b"the worker's figures")
+    theirs = await w.deliverable(w.coordinator, G, "wi-1", b"the coordinator's notes")
+    never = blob_digest(b"never uploaded").hex
+    token = w.settings.mesh_token_path.read_bytes().strip()
+    stub = PublicationServiceStub(MeshServiceChannel(open_channel(w.target), token))
+    asked = [mine.digest.hex, never, theirs.digest.hex, mine.digest.hex]
+    found = await stub.FindArtifacts(ppb.FindArtifactsRequest(group_id=G, content_digests_hex=asked, producer_id="worker-bot"))
+    assert [a.content_digest_hex for a in found.artifacts] == asked
+    first, missing, other, again = found.artifacts
+    assert first.stored and first.size_bytes == mine.digest.size_bytes and first == again
+    [manifest] = first.manifests
+    mission_id = (await w.client.group_state(G)).mission.mission_id
+    assert (manifest.work_item_id, manifest.producer_id, manifest.mission_id) == ("wi-1", "worker-bot", mission_id)
+    assert not missing.stored and not missing.manifests
+    assert other.stored and not other.manifests  # stored, but signed by someone else
+    for _ in range(17):  # the same bytes signed again and again: at most 16 manifests are answered
+        await w.deliverable(w.worker, G, "wi-1", b"the worker's figures")
+    crowded = await stub.FindArtifacts(ppb.FindArtifactsRequest(group_id=G, content_digests_hex=[mine.digest.hex], producer_id="worker-bot"))
+    listed = [m.manifest_digest_hex for m in crowded.artifacts[0].manifests]
+    assert len(listed) == 16 and listed == sorted(listed)
+    elsewhere = await stub.FindArtifacts(ppb.FindArtifactsRequest(group_id="grp_other", content_digests_hex=[mine.digest.hex], producer_id="worker-bot"))
+    assert elsewhere.artifacts[0].stored and not elsewhere.artifacts[0].manifests
+    for bad in (
+        ppb.FindArtifactsRequest(group_id=G, content_digests_hex=["XYZ"], producer_id="worker-bot"),
+        ppb.FindArtifactsRequest(group_id=G, content_digests_hex=[never] * 65, producer_id="worker-bot"),
+        ppb.FindArtifactsRequest(group_id=G, content_digests_hex=[], producer_id="worker-bot"),
+        ppb.FindArtifactsRequest(group_id=G, content_digests_hex=[never]),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.FindArtifacts(bad)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
