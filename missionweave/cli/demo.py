@@ -842,6 +842,10 @@ class DemoResult:
                 f"{mwp} mission show --group {group}",
                 "the Mission, its Coordinator lease, Conversations, Memberships",
             ),
+            (
+                f"{mwp} mission review --group {group} --verify-bytes",
+                "what the owner approved: each Artifact verified, Evidence per criterion, budget",
+            ),
             (f"{mwp} events --group {group}", "every event of the Group as JSON lines"),
         ]
 
