@@ -444,6 +444,9 @@ class WorkerRuntime:
                 await self.scheduler.ReleaseSlot(release, timeout=CALL_TIMEOUT_S)
             except grpc.aio.AioRpcError as err:  # the scheduler freed it already (it saw the work end in the log)
                 log.info("%s/%s: slot %s was released already: %s", a.group_id, a.work_item_id, a.slot_id, err.details())
+            except grpc.aio.UsageError:  # the agent's channel is closed: the process is going away, and
+                # the scheduler voids this session's placements when the next session opens (docs/sdk.md)
+                log.info("%s/%s: slot %s not released: the agent was closed", a.group_id, a.work_item_id, a.slot_id)
 
     async def _finish(self, slot: Slot, result: WorkResult | Paused | Failed) -> tuple[int, bool, int]:
         """Records the handler's outcome in the Group: (slot release reason, requeue, the sequence of
