@@ -21,7 +21,7 @@ import logging
 import os
 import secrets
 import shutil
-from collections.abc import AsyncIterable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -85,9 +85,13 @@ class SlotArtifacts:
         inputs: Sequence[SlotInput],
         spool_dir: Path,
         audience: str,
+        resolve: Callable[[], Awaitable[tuple[Origin, list[SlotInput]]]] | None = None,
     ) -> None:
         self._stub = artifacts_stub
         self._audience = audience
+        # Set when the slot opened while the mesh was unreachable: the origin and inputs are looked
+        # up on first use instead.
+        self._resolve = resolve
         self._signer = signer
         self._origin = origin
         self._inputs = tuple(inputs)
@@ -95,8 +99,16 @@ class SlotArtifacts:
         self._outputs: dict[str, common_pb2.ArtifactRef] = {}
         self._pending: dict[str, tuple[Path, apb.UploadHeader]] = {}  # outputs not uploaded yet
 
+    async def _resolved(self) -> None:
+        if self._resolve is not None:
+            self._origin, inputs = await self._resolve()
+            self._inputs = tuple(inputs)
+            self._resolve = None
+
     @property
     def inputs(self) -> tuple[SlotInput, ...]:
+        """The inputs (empty while the slot opened offline has not looked them up: ``read`` or
+        ``put`` does, once the mesh answers)."""
         return self._inputs
 
     @property
@@ -106,6 +118,7 @@ class SlotArtifacts:
 
     async def read(self, what: SlotInput | common_pb2.ArtifactRef) -> bytes:
         """The bytes of an input (or any Artifact the caller may read), verified against its digest."""
+        await self._resolved()
         ref = what.ref if isinstance(what, SlotInput) else what
         call = self._stub.Download(apb.DownloadRequest(digest=ref.digest), timeout=UPLOAD_TIMEOUT_S)
         data = b"".join([piece.data async for piece in call])
@@ -125,6 +138,7 @@ class SlotArtifacts:
         """Stores ``content`` as an Artifact of this WorkItem and returns its reference. A
         deliverable goes into the submission; ``deliverable=False`` for Evidence (a test log, a
         report of a check). ``sources``: what it was derived from (default: every input)."""
+        await self._resolved()
         derived = [i.ref for i in self._inputs] if sources is None else list(sources)
         origin = replace(self._origin, sources=list({r.digest.hex: r.digest for r in derived}.values()), schema_id=schema_id)
         spool: Path | None = await self._spool(content)
@@ -208,7 +222,26 @@ class SlotArtifactDesk:
     async def open(
         self, group_id: str, work_item_id: str, lease_id: str, ownership_epoch: int, contract: work_pb2.WorkContract
     ) -> SlotArtifacts:
-        origin = Origin(
+        """The slot's Artifacts; looked up now, or on first use when the mesh does not answer now
+        (reversible work goes on offline, MW-11.5-04)."""
+
+        async def resolve() -> tuple[Origin, list[SlotInput]]:
+            return await self._origin(group_id, work_item_id, lease_id, ownership_epoch), await self._inputs(group_id, contract)
+
+        try:
+            origin, inputs = await resolve()
+        except grpc.aio.AioRpcError as err:
+            if err.code() not in _UNREACHABLE:
+                raise
+            log.info("%s/%s: the slot's inputs are looked up later: %s", group_id, work_item_id, err.code().name)
+            placeholder = Origin(group_id, self._missions.get(group_id, ""), work_item_id, lease_id, ownership_epoch)
+            return SlotArtifacts(
+                self._artifacts, self._signer, placeholder, [], self._spool_dir, self._audience, resolve=resolve
+            )
+        return SlotArtifacts(self._artifacts, self._signer, origin, inputs, self._spool_dir, self._audience)
+
+    async def _origin(self, group_id: str, work_item_id: str, lease_id: str, ownership_epoch: int) -> Origin:
+        return Origin(
             group_id=group_id,
             mission_id=await self._mission_of(group_id),
             work_item_id=work_item_id,
@@ -216,8 +249,6 @@ class SlotArtifactDesk:
             ownership_epoch=ownership_epoch,
             agent_card_version=await self._card(),
         )
-        inputs = await self._inputs(group_id, contract)
-        return SlotArtifacts(self._artifacts, self._signer, origin, inputs, self._spool_dir, self._audience)
 
     async def _mission_of(self, group_id: str) -> str:
         if group_id not in self._missions:
