@@ -52,6 +52,7 @@ from missionweave.sdk.contracts import (
     EVIDENCE_METHODS,
     IMPACTS,
     RISKS,
+    STAND_IN_CURRENCY,
     URGENCIES,
     ContractError,
     Criterion,
@@ -107,7 +108,7 @@ class MissionFacts:
         """Checks everything but the deadline's and the currency's defaults before the Group is read."""
         deadline = Timestamp()
         deadline.FromDatetime(datetime.now(UTC) + timedelta(days=1))
-        return cls(deadline, "XXX")
+        return cls(deadline, STAND_IN_CURRENCY)
 
 
 @dataclass

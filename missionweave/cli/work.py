@@ -50,6 +50,7 @@ from missionweave.sdk.contracts import (
     EVIDENCE_METHODS,
     IMPACTS,
     RISKS,
+    STAND_IN_CURRENCY,
     URGENCIES,
     ContractError,
     Input,
@@ -61,7 +62,6 @@ from missionweave.v1 import command_pb2, common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
 
 DEFAULT_OFFER_TTL = timedelta(hours=1)
-STAND_IN_CURRENCY = "XXX"  # ISO 4217 "no currency": checks a financial budget before the Mission's is read
 FAILURE_KINDS = {
     k: v for k, v in enum_names(wp.WorkFailureKind, "WORK_FAILURE_KIND_").items() if k not in ("subtask-failed", "mission-failed")
 }

@@ -14,14 +14,15 @@ which names the digest); memory stays at one chunk whatever the size.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import shutil
 import tempfile
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import blake3
 import grpc
@@ -143,22 +144,27 @@ async def card_version(mesh: MeshClient, identity_id: str) -> str:
         raise
 
 
-@asynccontextmanager
-async def _spooled(content: Iterable[bytes] | AsyncIterable[bytes], spool_dir: Path | None) -> AsyncIterator[Path]:
-    """``content`` written to a private temporary file (0600), removed afterwards."""
-    fd, name = tempfile.mkstemp(prefix=".mwp-spool-", dir=spool_dir)
-    path = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            if isinstance(content, AsyncIterable):
-                async for data in content:
-                    fh.write(data)
-            else:
-                for data in content:
-                    fh.write(data)
-        yield path
-    finally:
-        path.unlink(missing_ok=True)  # noqa: ASYNC240 (a local unlink, no I/O worth a thread)
+async def spool(content: Content, directory: Path | None = None) -> Path:
+    """``content`` copied to a new private file (0600) in ``directory``, readable twice: once to
+    hash, once to upload. The caller removes it."""
+    fd, name = tempfile.mkstemp(prefix=".mwp-spool-", dir=directory)
+    with os.fdopen(fd, "wb") as fh:
+        if isinstance(content, AsyncIterable):
+            async for data in content:
+                fh.write(data)
+        elif isinstance(content, bytes):
+            fh.write(content)
+        elif isinstance(content, (str, os.PathLike)):
+            await asyncio.to_thread(_copy, Path(content), fh)
+        else:
+            for data in content:
+                fh.write(data)
+    return Path(name)
+
+
+def _copy(source: Path, sink: BinaryIO) -> None:
+    with source.open("rb") as src:
+        shutil.copyfileobj(src, sink, CHUNK_BYTES)
 
 
 async def put_artifact(
@@ -178,8 +184,11 @@ async def put_artifact(
     if isinstance(content, (str, os.PathLike)):
         path = Path(content)
         return await _put(artifacts_stub, signer, lambda: file_chunks(path), media_type, origin)
-    async with _spooled(content, spool_dir) as spool:
-        return await _put(artifacts_stub, signer, lambda: file_chunks(spool), media_type, origin)
+    spooled = await spool(content, spool_dir)
+    try:
+        return await _put(artifacts_stub, signer, lambda: file_chunks(spooled), media_type, origin)
+    finally:
+        spooled.unlink(missing_ok=True)
 
 
 async def _put(

@@ -49,6 +49,10 @@ DIMENSIONS = tuple(f.name for f in common_pb2.ResourceVector.DESCRIPTOR.fields i
 _DIGEST = re.compile(r"^blake3:([0-9a-f]{64})(?::(\d+))?$")
 
 
+# ISO 4217's "no currency": checks a financial budget before the Mission's currency is known.
+STAND_IN_CURRENCY = "XXX"
+
+
 class ContractError(ValueError):
     """A contract that cannot be built or would be refused; ``field`` names the culprit."""
 

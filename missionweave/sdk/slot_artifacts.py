@@ -18,18 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
-import shutil
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import grpc
 
 from missionweave import uploads
-from missionweave.digests import CHUNK_BYTES
 from missionweave.sdk.artifacts import (
     NO_AGENT_CARD,
     Content,
@@ -38,6 +34,7 @@ from missionweave.sdk.artifacts import (
     file_chunks,
     hash_chunks,
     signed_manifest,
+    spool,
 )
 from missionweave.sdk.client import SessionSigner, blob_digest
 from missionweave.sdk.credentials import CALL_PROOF_METADATA, call_proof
@@ -168,9 +165,9 @@ class SlotArtifacts:
 
     async def flush(self) -> None:
         """Uploads the outputs made while the store was unreachable (before the submission)."""
-        for hex_, (spool, header) in list(self._pending.items()):
-            await self._upload(header, spool)
-            spool.unlink(missing_ok=True)
+        for hex_, (kept, header) in list(self._pending.items()):
+            await self._upload(header, kept)
+            kept.unlink(missing_ok=True)
             del self._pending[hex_]
 
     async def _upload(self, header: apb.UploadHeader, spool: Path) -> None:
@@ -180,27 +177,8 @@ class SlotArtifacts:
         await uploads.upload(self._stub, header, file_chunks(spool), timeout=UPLOAD_TIMEOUT_S, metadata=proof)
 
     async def _spool(self, content: Content) -> Path:
-        """A private copy of ``content`` (0600, in a 0700 directory) that can be read twice."""
         self._spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = self._spool_dir / f"out-{secrets.token_hex(8)}"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            if isinstance(content, AsyncIterable):
-                async for data in content:
-                    fh.write(data)
-            elif isinstance(content, bytes):
-                fh.write(content)
-            elif isinstance(content, (str, os.PathLike)):
-                await asyncio.to_thread(_copy, Path(content), fh)
-            else:
-                for data in content:
-                    fh.write(data)
-        return path
-
-
-def _copy(source: Path, sink: BinaryIO) -> None:
-    with source.open("rb") as src:
-        shutil.copyfileobj(src, sink, CHUNK_BYTES)
+        return await spool(content, self._spool_dir)
 
 
 class SlotArtifactDesk:
