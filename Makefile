@@ -9,6 +9,7 @@
 #   make bench   run every bench/*.py
 #   make bench-round  one round of bench/README.md's summary table, each benchmark alone (bench/round.sh)
 #   make mutation  mutation score of the pure core against its fast tests (SAMPLE=N [SEED=S]; docs/mutation.md)
+#   make migration LINE=<line> MESSAGE="..."  write the next migration of a service's tables (docs/upgrades.md)
 #   make gen     regenerate the protobuf/gRPC modules and their .pyi stubs into missionweave/v1/
 #   make clean   remove generated code, caches and build output (keeps .venv; `make distclean` removes it)
 #   make node-deps  npm ci for the Node.js example agent in examples/node/ (`make test` runs its end-to-end test)
@@ -34,10 +35,10 @@ DATA_DIR ?= $(or $(MWP_DATA_DIR),.missionweave)
 INSTALL_DEPS := pyproject.toml setup.py
 BENCHES := $(sort $(wildcard bench/*.py))
 
-.PHONY: help run run-split test lint k8s-check bench bench-round mutation gen clean distclean venv node-deps
+.PHONY: help run run-split test lint k8s-check bench bench-round mutation migration gen clean distclean venv node-deps
 
 help:
-	@sed -n '3,17p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,18p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------ virtualenv and installs
 
@@ -169,6 +170,9 @@ bench-round: $(VENV)/.installed-bench
 mutation: $(VENV)/.installed-mutation
 	@$(MAKE) --no-print-directory gen
 	$(PY) tools/mutation.py $(if $(SAMPLE),--sample $(SAMPLE)) $(if $(SEED),--seed $(SEED)) $(MUTATION_ARGS)
+
+migration: $(VENV)/.installed-base
+	$(PY) tools/new_migration.py "$(LINE)" "$(MESSAGE)"
 
 clean:
 	@echo "==> removing generated protobuf modules, caches and build output"

@@ -1,21 +1,20 @@
 """The artifact index: which blobs are stored, who holds them, their signed manifests and the
 provenance edges."""
 
+from pathlib import Path
+
 from sqlalchemy import (
     BigInteger,
     Column,
-    Connection,
     Index,
     LargeBinary,
     MetaData,
     String,
     Table,
-    func,
-    select,
 )
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from missionweave.db import create_tables
+from missionweave import schema_versions
 
 # This service's tables only: no other service reads or writes them.
 METADATA = MetaData()
@@ -88,16 +87,10 @@ provenance = Table(
 Index("provenance_derived", provenance.c.derived_digest)
 
 
+# Every change to these tables ships with its migration in artifactstore/migrations/ (docs/upgrades.md).
+LINE = schema_versions.SchemaLine("artifacts", METADATA, Path(__file__).resolve().parent / "migrations")
+
+
 async def create_schema(engine: AsyncEngine) -> None:
-    await create_tables(engine, METADATA, _fill_new)
-
-
-def _fill_new(conn: Connection, created: set[str]) -> None:
-    """``holdings`` filled from ``holders`` when it is new (a store made before it existed)."""
-    if holdings.name in created:
-        conn.execute(
-            holdings.insert().from_select(
-                ["identity_id", "held_bytes"],
-                select(holders.c.identity_id, func.sum(holders.c.size_bytes)).group_by(holders.c.identity_id),
-            )
-        )
+    """Install this schema into an empty store, or check the store is at it (``SchemaMismatch``)."""
+    await schema_versions.prepare(engine, [LINE])

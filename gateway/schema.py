@@ -1,13 +1,15 @@
 """Gateway tables: the acknowledged cursor per (agent, Group), durable across reconnects (MW-16-06)."""
 
 from functools import cache, lru_cache
+from pathlib import Path
 
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, TextClause
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.dml import Insert
 
-from missionweave.db import compiled_once, create_tables, dialect_insert
+from missionweave import schema_versions
+from missionweave.db import compiled_once, dialect_insert
 
 # This service's tables only: no other service reads or writes them.
 METADATA = MetaData()
@@ -65,5 +67,10 @@ def sqlite_cursor_upsert(rows: int) -> str:
     return head + ", ".join([_SQLITE_ROW] * rows) + tail
 
 
+# Every change to these tables ships with its migration in gateway/migrations/ (docs/upgrades.md).
+LINE = schema_versions.SchemaLine("gateway", METADATA, Path(__file__).resolve().parent / "migrations")
+
+
 async def create_schema(engine: AsyncEngine) -> None:
-    await create_tables(engine, METADATA)
+    """Install this schema into an empty store, or check the store is at it (``SchemaMismatch``)."""
+    await schema_versions.prepare(engine, [LINE])

@@ -1,7 +1,7 @@
 """Database engines: SQLite (embedded default, WAL) or PostgreSQL (asyncpg), chosen by URL.
 
-Each service owns its tables and creates them itself (``<service>/schema.py``, ``create_schema``);
-the same schema runs on both engines (ARCHITECTURE "Storage").
+Each service owns its tables (``<service>/schema.py``), made and changed only by its migrations
+(``missionweave/schema_versions.py``); the same schema runs on both engines (ARCHITECTURE "Storage").
 """
 
 from __future__ import annotations
@@ -20,13 +20,11 @@ from sqlalchemy import (
     Connection,
     Engine,
     Insert,
-    MetaData,
     Table,
     TextClause,
     bindparam,
     create_engine,
     event,
-    inspect,
     text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -230,28 +228,6 @@ class TransactionRunner:
             await asyncio.to_thread(pool.shutdown, True)
         if sync is not None:
             sync.dispose()
-
-
-async def create_tables(
-    engine: AsyncEngine, metadata: MetaData, then: Callable[[Connection, set[str]], None] | None = None
-) -> None:
-    """Create one service's tables if they are missing (idempotent). ``then`` runs in the same
-    transaction with the names of the tables this call created (to fill a table new to a store made
-    before it existed)."""
-
-    def create(conn: Connection) -> None:
-        if then is None:
-            metadata.create_all(conn)
-            return
-        inspector = inspect(conn)
-        missing = {t.name for t in metadata.sorted_tables if not inspector.has_table(t.name)}
-        metadata.create_all(conn)
-        then(conn, missing)
-
-    async with engine.connect() as conn:
-        conn = await conn.execution_options(**{SQLITE_IMMEDIATE: True})
-        async with conn.begin():
-            await conn.run_sync(create)
 
 
 def dialect_insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:

@@ -75,6 +75,9 @@ def configure(level: str = "info", fmt: str = "json") -> None:
     grpc_logger = logging.getLogger("grpc")
     grpc_logger.handlers[:] = [h for h in grpc_logger.handlers if isinstance(h, logging.NullHandler)]
     grpc_logger.propagate = True
+    # Alembic says which dialect it drives at every install or check of a schema: not news. Each
+    # migration applied is logged by missionweave.schema_versions.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))
 
 
 def quiet_grpc_core() -> None:

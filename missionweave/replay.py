@@ -13,13 +13,15 @@ import hashlib
 import heapq
 import logging
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy import BigInteger, Column, LargeBinary, MetaData, Table, bindparam, delete, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from missionweave import schema_versions
 from missionweave.clock import Clock, to_micros
-from missionweave.db import compiled_once, create_tables, dialect_insert
+from missionweave.db import compiled_once, dialect_insert
 from missionweave.errors import R, Rejected
 
 log = logging.getLogger("missionweave.replay")
@@ -109,8 +111,13 @@ DATABASE_RETRY_AFTER_MS = 1000
 _ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")  # PostgreSQL: this transaction only
 
 
+# Every change to these tables ships with its migration in missionweave/nonce_migrations/ (docs/upgrades.md).
+LINE = schema_versions.SchemaLine("nonces", METADATA, Path(__file__).resolve().parent / "nonce_migrations")
+
+
 async def create_schema(engine: AsyncEngine) -> None:
-    await create_tables(engine, METADATA)
+    """Install this schema into an empty store, or check the store is at it (``SchemaMismatch``)."""
+    await schema_versions.prepare(engine, [LINE])
 
 
 class SharedNonces:

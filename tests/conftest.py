@@ -89,12 +89,13 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 async def reset_database(url: str) -> None:
     """PostgreSQL tests share one database: start each from empty tables (every service's)."""
-    from missionweave.mesh.server import SCHEMAS
+    from missionweave.mesh.schemas import LINES
+    from missionweave.schema_versions import drop_line
 
     engine = make_engine(url)
     async with engine.begin() as conn:
-        for schema in SCHEMAS.values():
-            await conn.run_sync(schema.METADATA.drop_all)
+        for line in LINES.values():
+            await conn.run_sync(drop_line, line)
     await engine.dispose()
 
 

@@ -9,8 +9,10 @@ import pytest
 from sqlalchemy import func, select, text
 
 from artifactstore.index import ArtifactIndex
-from artifactstore.schema import create_schema, holders, holdings
+from artifactstore.schema import LINE, create_schema, holders, holdings
+from missionweave import schema_versions
 from missionweave.db import make_engine
+from missionweave.schema_versions import SchemaMismatch, State
 
 QUOTA = 1_000
 
@@ -89,12 +91,17 @@ async def test_a_store_made_before_holdings_is_filled_from_its_holders(db_url: s
         await create_schema(engine)
         await index.record_stored([("a" * 64, 100), ("b" * 64, 5)], [("a" * 64, 100), ("b" * 64, 5)], "alice", 1)
         await index.record_stored([], [("a" * 64, 100)], "bob", 1)
-        async with engine.begin() as conn:  # as a store of an earlier version has it
+        async with engine.begin() as conn:  # as a store of a release before 0.1.0 has it: unversioned
             await conn.execute(text("DROP TABLE holdings"))
-        await create_schema(engine)
+            await conn.execute(text(f"DROP TABLE {LINE.version_table}"))
+        with pytest.raises(SchemaMismatch, match="mwp db upgrade"):
+            await create_schema(engine)  # a service does not start on it
+        [(before, steps)] = await schema_versions.upgrade(engine, [LINE])
+        assert before.state is State.UNVERSIONED and [s.revision for s in steps] == ["artifacts_0001"]
         kept, summed = await _sums(index)
         assert kept == summed == {"alice": 105, "bob": 100}
-        await create_schema(engine)  # and only when the table is new
+        [(before, steps)] = await schema_versions.upgrade(engine, [LINE])  # and only when the table is new
+        assert before.state is State.CURRENT and steps == ()
         kept, _ = await _sums(index)
         assert kept == {"alice": 105, "bob": 100}
     finally:

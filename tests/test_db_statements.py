@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, bindparam, select
 from sqlalchemy.dialects import sqlite
 
-from missionweave.db import compiled_once, create_tables, dialect_insert, make_engine, upsert
+from missionweave.db import compiled_once, dialect_insert, make_engine, upsert
 
 METADATA = MetaData()
 scores = Table(
@@ -33,7 +33,8 @@ async def test_compiled_once_keeps_the_conflict_rule_and_the_parameters_types(db
     is left untouched: on SQLite and on PostgreSQL (asyncpg needs each parameter's type)."""
     engine = make_engine(db_url)
     try:
-        await create_tables(engine, METADATA)
+        async with engine.begin() as conn:
+            await conn.run_sync(METADATA.create_all)
         ins = dialect_insert(engine.dialect.name, scores).values(name=bindparam("who"), score=bindparam("points"), note=bindparam("note"))
         raise_only = compiled_once(
             ins.on_conflict_do_update(

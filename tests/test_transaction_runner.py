@@ -9,7 +9,7 @@ import threading
 import pytest
 from sqlalchemy import Column, Connection, Integer, MetaData, String, Table, func, insert, select
 
-from missionweave.db import TransactionRunner, create_tables, make_engine
+from missionweave.db import TransactionRunner, make_engine
 
 METADATA = MetaData()
 rows = Table("runner_rows", METADATA, Column("id", Integer, primary_key=True), Column("name", String(40)))
@@ -19,7 +19,8 @@ async def test_a_body_commits_as_a_whole_or_not_at_all(db_url: str) -> None:
     engine = make_engine(db_url)
     runner = TransactionRunner(engine)
     try:
-        await create_tables(engine, METADATA)
+        async with engine.begin() as conn:
+            await conn.run_sync(METADATA.create_all)
         threads: list[str] = []
 
         def two_rows(conn: Connection) -> int:
@@ -52,7 +53,8 @@ async def test_immediate_bodies_that_read_then_write_never_lose_an_update(db_url
     engine = make_engine(db_url)
     runner = TransactionRunner(engine, threads=4)
     try:
-        await create_tables(engine, METADATA)
+        async with engine.begin() as conn:
+            await conn.run_sync(METADATA.create_all)
         await runner.run(lambda conn: conn.execute(insert(rows).values(id=1, name="0")))
 
         def increment(conn: Connection) -> None:

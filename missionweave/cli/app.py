@@ -30,6 +30,7 @@ from missionweave.cli import artifact as cli_artifact
 from missionweave.cli import context as cli_context
 from missionweave.cli import conversation as cli_conversation
 from missionweave.cli import coordinator as cli_coordinator
+from missionweave.cli import db as cli_db
 from missionweave.cli import delegation as cli_delegation
 from missionweave.cli import demo
 from missionweave.cli import group as cli_group
@@ -324,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_agent.register(sub)
     cli_group.register(sub)
     cli_integrity.register(sub)
+    cli_db.register(sub)
     cli_context.register(sub)
     demo.register(sub)
 
@@ -417,4 +419,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-

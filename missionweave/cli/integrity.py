@@ -14,29 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
-from missionweave.cli.common import CliError, UsageError
-from missionweave.config import Settings
-
-
-class StoreUnreachable(CliError):
-    exit_code = 3
-
-
-def _store(args: argparse.Namespace) -> tuple[Settings, str]:
-    settings = Settings.from_env()
-    if args.data_dir:
-        settings.data_dir = Path(args.data_dir)
-    if args.database_url:
-        settings.database_url = args.database_url
-    if args.authority_key:
-        settings.authority_key = Path(args.authority_key)
-    if not settings.database_url and not (settings.data_dir / "missionweave.db").exists():
-        raise UsageError(f"no store in {settings.data_dir} (missionweave.db); name one with --data-dir or --database-url")
-    return settings, settings.db_url
-
-
-def _describe(url: str) -> str:
-    return url.split("@")[-1] if "@" in url else url.split("///")[-1]
+from missionweave.cli.common import CliError
+from missionweave.cli.store import StoreUnreachable, describe_store, store_flags, store_of
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -44,16 +23,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     from missionweave.mesh.maintenance import ProgressLine, verify
 
-    settings, url = _store(args)
+    settings, url = store_of(args)
     progress = None if args.json else ProgressLine()
     try:
         report = verify(url, settings.authority_key_path, progress)
     except (OSError, SQLAlchemyError) as err:
-        raise StoreUnreachable(f"cannot read the store at {_describe(url)}: {err}") from None
+        raise StoreUnreachable(f"cannot read the store at {describe_store(url)}: {err}") from None
     if args.json:
-        print(json.dumps({"store": _describe(url), **report.as_dict()}, indent=2))
+        print(json.dumps({"store": describe_store(url), **report.as_dict()}, indent=2))
         return 0 if report.clean else 1
-    print(f"store      {_describe(url)}")
+    print(f"store      {describe_store(url)}")
     print(f"keys       {', '.join(report.keys) or '(none)'}" + ("  (last: current)" if len(report.keys) > 1 else ""))
     print(
         f"checked    {report.groups:,} Groups, {report.events:,} events "
@@ -73,7 +52,7 @@ def cmd_rotate_key(args: argparse.Namespace) -> int:
     from missionweave.mesh.datadir_lock import DataDirHeld, hold
     from missionweave.mesh.maintenance import KeyContinuityError, rotate_key
 
-    settings, url = _store(args)
+    settings, url = store_of(args)
     lock = None
     if not settings.database_url:  # the SQLite default: no mesh may hold the data directory meanwhile
         try:
@@ -105,18 +84,11 @@ def cmd_rotate_key(args: argparse.Namespace) -> int:
 def cmd_keys(args: argparse.Namespace) -> int:
     from missionweave.mesh.maintenance import key_history
 
-    _, url = _store(args)
+    _, url = store_of(args)
     history = key_history(url)
     for record in history.records:
         print(f"{record.position}  {record.key_id}  {record.public_key.hex()}" + ("  (current)" if record is history.current else ""))
     return 0
-
-
-def _store_flags(p: argparse.ArgumentParser) -> None:
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--data-dir", help="data directory (default $MWP_DATA_DIR or ./.missionweave)")
-    where.add_argument("--database-url", help="database URL (default SQLite in the data directory)")
-    p.add_argument("--authority-key", help="the Authority key file (default $MWP_AUTHORITY_KEY or <data dir>/keys/authority.key)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -125,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="check a whole store offline: signatures, sequences, the event chain, snapshots, key history",
         description="Exit codes: 0 clean, 1 corruption found, 2 usage error, 3 the store cannot be read.",
     )
-    _store_flags(v)
+    store_flags(v)
     v.add_argument("--json", action="store_true", help="one JSON document (for scripts)")
     v.set_defaults(func=cmd_verify, ignores_contexts=True)
 
@@ -134,11 +106,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "rotate-key",
         help="record a rotation of the Authority key, signed by the old key (stop the Authority first)",
     )
-    _store_flags(r)
+    store_flags(r)
     r.add_argument("--old-key", help="the current key's file, when the configured key file already holds the new key")
     r.add_argument("--new-key", help="the new key's file (default: generate one and put it in place of the old)")
     r.add_argument("--reason", help="why (recorded in the signed rotation, at most 512 characters)")
     r.set_defaults(func=cmd_rotate_key, ignores_contexts=True)
     k = authority.add_parser("keys", help="the store's recorded key history, oldest first")
-    _store_flags(k)
+    store_flags(k)
     k.set_defaults(func=cmd_keys, ignores_contexts=True)

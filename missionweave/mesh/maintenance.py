@@ -36,7 +36,7 @@ def verify(url: str, key_file: Path | None, progress: Callable[[int, int, int], 
     async def run() -> Report:
         engine = make_engine(url)
         try:
-            await authority_schema.create_schema(engine)  # a store of an older release lacks the key table
+            await authority_schema.create_schema(engine)  # refuses a store at another schema revision
             return await verify_store(engine, public, progress)
         finally:
             await engine.dispose()

@@ -19,16 +19,14 @@ from sqlalchemy import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from artifactstore import schema as artifacts_schema
 from artifactstore.backends import blobstore_from_env
 from artifactstore.blobstore import BlobStore
 from artifactstore.index import ArtifactIndex
 from artifactstore.publications import PublicationServicer
 from artifactstore.service import ArtifactServicer, add_artifact_service
-from gateway import schema as gateway_schema
 from gateway.limits import GatewayLimits
 from gateway.service import GatewayServicer
-from missionweave import gc_policy, ids, metrics, replay, tracing
+from missionweave import gc_policy, ids, metrics, schema_versions, tracing
 from missionweave.clock import Clock, SystemClock
 from missionweave.config import Settings
 from missionweave.db import make_engine
@@ -44,6 +42,7 @@ from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceStu
 from missionweave.mesh.front_door import FrontDoor, mirror_health, stop_mirrors
 from missionweave.mesh.health import MeshHealth
 from missionweave.mesh.peers import Peers, PeerUnknown
+from missionweave.mesh.schemas import LINES, lines_for
 from missionweave.metrics import MetricsServer
 from missionweave.replay import NonceCache, SharedNonces
 from missionweave.rpc.access_log import AccessLog
@@ -75,7 +74,6 @@ from missionweave.v1 import (
     scheduling_service_pb2_grpc,
 )
 from missionweave.verifier import SignatureVerifier
-from services.authority import schema as authority_schema
 from services.authority.authority import GroupAuthority
 from services.authority.group_log import GroupLogServicer
 from services.authority.ingress import GroupIngressLimiter
@@ -85,11 +83,9 @@ from services.authority.rules.common import OrganizationPolicy
 from services.authority.servicer import AuthorityServicer
 from services.authority.session_fence import SessionFence
 from services.authority.store import EventStore
-from services.membership import schema as membership_schema
 from services.membership.directory import IdentityDirectoryServicer
 from services.membership.registry import IdentityRegistry
 from services.membership.servicer import MembershipServicer
-from services.scheduling import store as scheduling_store
 from services.scheduling.servicer import SchedulingServicer
 from services.scheduling.store import ProjectionStore
 from services.scheduling.workers import Workers
@@ -131,18 +127,6 @@ MIN_PEER_PING_INTERVAL_MS = 10_000
 # In the embedded default the directory's stream is in process and starts in milliseconds; start-up
 # waits this long for it so the first commands are already answered from the cache.
 LOCAL_DIRECTORY_WAIT_S = 2.0
-
-
-# Each service's own tables, in the order they are created; and "nonces", no service's: the proof
-# nonces the replicas of every service share, where MWP_NONCE_STORE=database (D118).
-SCHEMAS = {
-    "membership": membership_schema,
-    "authority": authority_schema,
-    "artifacts": artifacts_schema,
-    "gateway": gateway_schema,
-    "scheduling": scheduling_store,
-    "nonces": replay,
-}
 
 
 def health_names(services: tuple[str, ...]) -> list[str]:
@@ -236,10 +220,9 @@ class DatabaseUnavailable(OSError):
 
 
 async def create_schemas(engine: AsyncEngine, served: tuple[str, ...]) -> None:
-    """Each service served here creates its own tables, and only those (idempotent)."""
-    for name, schema in SCHEMAS.items():
-        if name in served:
-            await schema.create_schema(engine)
+    """The tables of each service served here, and only those: installed into an empty store, or
+    checked to be at this release's schema (``SchemaMismatch`` names the command to run)."""
+    await schema_versions.prepare(engine, lines_for(name for name in served if name in LINES))
 
 
 async def _authority(
@@ -320,6 +303,9 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         await engine.dispose()
         shown = make_url(settings.db_url).render_as_string(hide_password=True)
         raise DatabaseUnavailable(f"cannot open the database {shown}: {unreachable}") from None
+    except schema_versions.SchemaMismatch:
+        await engine.dispose()
+        raise
     # Services served here reach each other through this channel; the others through their addresses.
     local = LocalChannel()
     peers = Peers(

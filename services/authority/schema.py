@@ -1,12 +1,14 @@
 """Authority tables: one row per Group (head, writer epoch, owner lease), its events and commands."""
 
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import BigInteger, Column, Integer, LargeBinary, MetaData, String, Table, TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from missionweave.db import compiled_once, create_tables, dialect_insert
+from missionweave import schema_versions
+from missionweave.db import compiled_once, dialect_insert
 
 # This service's tables only: no other service reads or writes them.
 METADATA = MetaData()
@@ -154,8 +156,13 @@ def checkpoint_upsert(dialect: str) -> TextClause:
     )
 
 
+# Every change to these tables ships with its migration in services/authority/migrations/ (docs/upgrades.md).
+LINE = schema_versions.SchemaLine("authority", METADATA, Path(__file__).resolve().parent / "migrations")
+
+
 async def create_schema(engine: AsyncEngine) -> None:
-    await create_tables(engine, METADATA)
+    """Install this schema into an empty store, or check the store is at it (``SchemaMismatch``)."""
+    await schema_versions.prepare(engine, [LINE])
 
 
 @cache

@@ -2,6 +2,7 @@
 identity directory's change log with its revision counter, Agent Cards and Presence."""
 
 from functools import cache
+from pathlib import Path
 
 from sqlalchemy import (
     BigInteger,
@@ -14,13 +15,11 @@ from sqlalchemy import (
     Table,
     TextClause,
     UniqueConstraint,
-    insert,
-    select,
 )
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from missionweave.db import compiled_once, create_tables, dialect_insert
+from missionweave import schema_versions
+from missionweave.db import compiled_once, dialect_insert
 
 # This service's tables only: no other service reads or writes them.
 METADATA = MetaData()
@@ -147,13 +146,10 @@ def presence_upsert(dialect: str) -> TextClause:
     )
 
 
+# Every change to these tables ships with its migration in services/membership/migrations/ (docs/upgrades.md).
+LINE = schema_versions.SchemaLine("membership", METADATA, Path(__file__).resolve().parent / "migrations")
+
+
 async def create_schema(engine: AsyncEngine) -> None:
-    await create_tables(engine, METADATA)
-    async with engine.connect() as conn:
-        exists = (await conn.execute(select(identity_revision.c.revision))).first()
-    if exists is None:
-        try:
-            async with engine.begin() as conn:
-                await conn.execute(insert(identity_revision).values(singleton=1, revision=0))
-        except IntegrityError:
-            pass  # another process created it first
+    """Install this schema into an empty store, or check the store is at it (``SchemaMismatch``)."""
+    await schema_versions.prepare(engine, [LINE])

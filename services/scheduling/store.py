@@ -3,10 +3,13 @@ restart resumes from the Worker's cursor instead of replaying every Group log.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, Text, delete, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from missionweave.db import create_tables, upsert
+from missionweave import schema_versions
+from missionweave.db import upsert
 from services.scheduling.projection import GroupProjection
 
 # This service's tables only: no other service reads or writes them.
@@ -22,8 +25,13 @@ projections = Table(
 )
 
 
+# Every change to these tables ships with its migration in services/scheduling/migrations/ (docs/upgrades.md).
+LINE = schema_versions.SchemaLine("scheduling", METADATA, Path(__file__).resolve().parent / "migrations")
+
+
 async def create_schema(engine: AsyncEngine) -> None:
-    await create_tables(engine, METADATA)
+    """Install this schema into an empty store, or check the store is at it (``SchemaMismatch``)."""
+    await schema_versions.prepare(engine, [LINE])
 
 
 class ProjectionStore:

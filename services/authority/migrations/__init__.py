@@ -1,0 +1,1 @@
+"""The authority schema line's migrations, oldest first (missionweave/schema_versions.py)."""

@@ -1,0 +1,1 @@
+"""The membership schema line's migrations, oldest first (missionweave/schema_versions.py)."""
