@@ -27,6 +27,7 @@ from missionweave import tracing
 from missionweave.allocator import tune_allocator
 from missionweave.cli import agent as cli_agent
 from missionweave.cli import artifact as cli_artifact
+from missionweave.cli import backup as cli_backup
 from missionweave.cli import context as cli_context
 from missionweave.cli import conversation as cli_conversation
 from missionweave.cli import coordinator as cli_coordinator
@@ -325,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_agent.register(sub)
     cli_group.register(sub)
     cli_integrity.register(sub)
+    cli_backup.register(sub)
     cli_db.register(sub)
     cli_context.register(sub)
     demo.register(sub)

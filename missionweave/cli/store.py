@@ -14,8 +14,8 @@ class StoreUnreachable(CliError):
     exit_code = 3
 
 
-def store_of(args: argparse.Namespace) -> tuple[Settings, str]:
-    """The settings the flags and ``MWP_*`` name, and the store's URL (UsageError: no store there)."""
+def settings_of(args: argparse.Namespace) -> Settings:
+    """The settings ``MWP_*`` name, with the store flags' overrides."""
     settings = Settings.from_env()
     if args.data_dir:
         settings.data_dir = Path(args.data_dir)
@@ -23,6 +23,12 @@ def store_of(args: argparse.Namespace) -> tuple[Settings, str]:
         settings.database_url = args.database_url
     if getattr(args, "authority_key", None):
         settings.authority_key = Path(args.authority_key)
+    return settings
+
+
+def store_of(args: argparse.Namespace) -> tuple[Settings, str]:
+    """The settings the flags and ``MWP_*`` name, and the store's URL (UsageError: no store there)."""
+    settings = settings_of(args)
     if not settings.database_url and not (settings.data_dir / "missionweave.db").exists():
         raise UsageError(f"no store in {settings.data_dir} (missionweave.db); name one with --data-dir or --database-url")
     return settings, settings.db_url
