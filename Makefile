@@ -10,6 +10,7 @@
 #   make bench-round  one round of bench/README.md's summary table, each benchmark alone (bench/round.sh)
 #   make mutation  mutation score of the pure core against its fast tests (SAMPLE=N [SEED=S]; docs/mutation.md)
 #   make migration LINE=<line> MESSAGE="..."  write the next migration of a service's tables (docs/upgrades.md)
+#   make release-fixture  rebuild tests/release_fixtures/ from the release tag (tests/release_fixtures/README.md)
 #   make gen     regenerate the protobuf/gRPC modules and their .pyi stubs into missionweave/v1/
 #   make clean   remove generated code, caches and build output (keeps .venv; `make distclean` removes it)
 #   make node-deps  npm ci for the Node.js example agent in examples/node/ (`make test` runs its end-to-end test)
@@ -35,10 +36,10 @@ DATA_DIR ?= $(or $(MWP_DATA_DIR),.missionweave)
 INSTALL_DEPS := pyproject.toml setup.py
 BENCHES := $(sort $(wildcard bench/*.py))
 
-.PHONY: help run run-split test lint k8s-check bench bench-round mutation migration gen clean distclean venv node-deps
+.PHONY: help run run-split test lint k8s-check bench bench-round mutation migration release-fixture gen clean distclean venv node-deps
 
 help:
-	@sed -n '3,18p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,19p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------ virtualenv and installs
 
@@ -173,6 +174,11 @@ mutation: $(VENV)/.installed-mutation
 
 migration: $(VENV)/.installed-base
 	$(PY) tools/new_migration.py "$(LINE)" "$(MESSAGE)"
+
+# The store a release built and filled through its own API, which tests/test_upgrade.py upgrades:
+# RELEASE=v0.1.0 by default; PostgreSQL too unless BACKENDS=sqlite (MWP_TEST_POSTGRES_URL, emptied).
+release-fixture: $(VENV)/.installed-base
+	PYTHON=$(abspath $(PY)) tests/release_fixtures/regenerate.sh $(or $(RELEASE),v0.1.0)
 
 clean:
 	@echo "==> removing generated protobuf modules, caches and build output"
