@@ -24,9 +24,9 @@ import os
 import time
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Collection, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -69,6 +69,8 @@ from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
 R = common_pb2.RejectionReason
 E = pb.GatewayErrorCode
 log = logging.getLogger("missionweave.gateway")
+_T = TypeVar("_T")
+
 
 MAX_EVENTS_PER_FRAME = 256
 MAX_CREDITS = 65_536
@@ -77,7 +79,14 @@ MAX_FRAME_BYTES = 4 * 1024 * 1024
 # A batched ConnectResponse (HELLO.accepts_frame_batches): at most so many frames and bytes, as
 # gateway_service.proto promises.
 BATCH_FRAMES = 64
-BATCH_BYTES = 1024 * 1024
+BATCH_BYTES = 256 * 1024
+# An EVENT frame stops growing once its envelopes reach this (it always holds one event). With
+# BATCH_BYTES and the Authority's FollowGroup batch (``group_log.MAX_BATCH_BYTES``) it bounds what a
+# stream whose agent does not read holds beyond its outbox, whatever the credits it granted
+# (docs/gateway.md "What a slow agent costs").
+EVENT_FRAME_BYTES = 256 * 1024
+# An envelope's bytes beyond its payload (type, one signature, key id), as counted against that.
+ENVELOPE_OVERHEAD = 128
 MAX_SUBSCRIPTION_ID = 128  # characters (SubscribeFrame.subscription_id)
 # ACKs arriving within this window share one transaction (SQLite FULL sync costs a disk flush each).
 CURSOR_FLUSH_DELAY_S = 0.05
@@ -232,9 +241,12 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
                 metrics.GATEWAY_OPEN_STREAMS.inc()
                 connection.reader = asyncio.create_task(connection.read(request_iterator))
             while (taken := await outbox.get_sized()) is not None:
+                response = connection.response(*taken)
+                taken = None  # the response holds a copy: only one of them waits on a slow reader
                 connection.sending_since = time.monotonic()
-                yield connection.response(*taken)
+                yield response
                 connection.sending_since = None
+                del response
             if connection.ended_with is not None:
                 raise connection.ended_with
             if self.stopping:
@@ -778,7 +790,10 @@ class _Connection:
                     else:  # EOF or an answer out of place: the stream cannot go on
                         await self.authority_lost(s, "the Group Authority ended the stream")
                         return
-                batch = entries[taken : taken + min(s.credits, MAX_EVENTS_PER_FRAME)]
+                batch = _within_bytes(
+                    entries[taken : taken + min(s.credits, MAX_EVENTS_PER_FRAME)],
+                    lambda entry: len(entry.envelope.payload) + ENVELOPE_OVERHEAD if entry.HasField("envelope") else 0,
+                )
                 first, last = batch[0].sequence, batch[-1].sequence
                 if first != s.delivered + 1 or last - first + 1 != len(batch):
                     await self.history_unavailable(s)  # never skip silently (the contract forbids it)
@@ -827,7 +842,10 @@ class _Connection:
         if not got:
             await feed.advanced.wait()
             return True
-        batch, ended = still_members(got, self.agent_id)
+        members, ended = still_members(got, self.agent_id)
+        batch = _within_bytes(members, lambda entry: entry.size if entry.visible_to(self.agent_id) else 0)
+        if len(batch) < len(members):
+            ended = False  # the rest comes in the next frame (a Membership that ended is found then)
         if batch:
             s.head = max(s.head, feed.head)
             frame = self.event_frame(s, batch[0].sequence, batch[-1].sequence, s.head)
@@ -1168,6 +1186,16 @@ async def _open_follow(group_log: Any, request: glpb.FollowGroupRequest) -> tupl
             _unavailable_rejection("the Group Authority ended the stream without starting it"),
         )
     return call, first.started
+
+
+def _within_bytes(entries: Sequence[_T], size: Callable[[_T], int]) -> Sequence[_T]:
+    """The first of ``entries`` whose sizes stay within EVENT_FRAME_BYTES (at least one)."""
+    total = 0
+    for i, entry in enumerate(entries):
+        total += size(entry)
+        if i and total > EVENT_FRAME_BYTES:
+            return entries[:i]
+    return entries
 
 
 def _refusal(err: grpc.aio.AioRpcError) -> _PeerRefused:

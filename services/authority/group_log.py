@@ -51,8 +51,10 @@ log = logging.getLogger("missionweave.authority.group_log")
 DEFAULT_BATCH_ENTRIES = 256
 MAX_BATCH_ENTRIES = 1_024
 # A batch stops growing once its envelopes reach this (it always holds one entry): far below the
-# transport's 4 MiB message limit whatever the events' sizes.
-MAX_BATCH_BYTES = 1024 * 1024
+# transport's 4 MiB message limit whatever the events' sizes. Every follower holds one batch while
+# its reader is not reading (a gateway's stalled agent: docs/gateway.md "What a slow agent costs"),
+# so this is part of what a slow subscriber costs; a quarter MiB is already many events a message.
+MAX_BATCH_BYTES = 256 * 1024
 MAX_FETCH = 1_024
 # A caught-up stream is woken at once by this instance's appends; it re-reads the log this often in
 # case another instance appended (it took the Group over).
@@ -105,12 +107,16 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         members: MemberSet | None = None  # SHARED view: the MemberSet last sent
         unwoken = False  # the last wait ended by its timeout: no append of this instance woke it
         foreign = False  # events came that no append of this instance announced: written elsewhere
+        envelope_bytes = 0  # the size of the last batch's envelopes, on average: how many to read
         while True:
-            batch = await authority.read_online(group_id, delivered, limit)
+            # Read no more than a batch can take: envelopes of the size last seen, up to
+            # MAX_BATCH_BYTES (what is read beyond it is read again for the next batch).
+            wanted_entries = limit if not envelope_bytes else max(1, min(limit, MAX_BATCH_BYTES // envelope_bytes + 1))
+            batch = await authority.read_online(group_id, delivered, wanted_entries)
             if not batch and await self._head(group_id) > delivered:
                 # The head moved past us: either an append landed after our read (read again) or the
                 # events we need were compacted away.
-                batch = await authority.read_online(group_id, delivered, limit)
+                batch = await authority.read_online(group_id, delivered, wanted_entries)
                 if not batch:
                     yield await self._cannot_continue(group_id, delivered)
                     return
@@ -159,7 +165,12 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
                     entry.scheduling_event.CopyFrom(reduced)
             delivered = out.entries[-1].sequence
             out.head_sequence = max(current.head_sequence, delivered)
+            envelope_bytes = max(1, size // len(out.entries))
+            # While the reader does not read, this generator waits at the yield below: it holds the
+            # answer only, not the rows read for it (a stalled follower would keep both).
+            del batch, stored, envelope, event, current
             yield pb.FollowGroupResponse(batch=out)
+            del out
 
     @requires(Access.MESH)
     async def FetchEvents(
