@@ -170,6 +170,28 @@ async def test_a_stream_of_commands_is_routed_command_by_command() -> None:
     assert answers == {0: "grp_f", 1: "grp_g", 2: "grp_h"}
 
 
+async def test_a_routed_stream_message_that_does_not_parse_ends_the_stream_malformed_after_the_answers() -> None:
+    """Raw bytes from the front door: the commands before it are answered, then the stream ends
+    INVALID_ARGUMENT with a MALFORMED Rejection, as an Authority ends it (it used to wait forever)."""
+    mesh = Mesh({})
+    channel = ShardedChannel(SHARDS, mesh.channel_for)
+
+    async def requests() -> AsyncIterator[bytes]:
+        yield apb.ExecuteCommandStreamRequest(request_tag=1, command=command("grp_m", "m1")).SerializeToString()
+        yield b"\xff\xff not a message"
+
+    stream = channel.stream_stream("/missionweave.v1.AuthorityService/ExecuteCommandStream")(requests())
+    answers: list[bytes] = []
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async with asyncio.timeout(10):
+            async for raw in stream:
+                answers.append(raw)
+    assert [apb.ExecuteCommandStreamResponse.FromString(a).request_tag for a in answers] == [1]
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    rejection = rejection_from_rpc_error(info.value)
+    assert rejection is not None and rejection.reason == R.REJECTION_REASON_MALFORMED
+
+
 async def test_a_rejection_that_is_not_about_placement_reaches_the_caller_unchanged() -> None:
     mesh = Mesh({})
 

@@ -16,6 +16,10 @@ import grpc
 from missionweave.v1 import authority_service_pb2, common_pb2
 
 METHOD = "/missionweave.v1.AuthorityService/ExecuteCommandStream"
+# Commands one stream has in flight at once, at an Authority and through the front door: a command
+# holds its slot until its answer is written, so a client that stops reading answers pauses the
+# stream (docs/errors.md "ExecuteCommandStream").
+MAX_STREAM_IN_FLIGHT = 256
 _Request = authority_service_pb2.ExecuteCommandStreamRequest
 _Response = authority_service_pb2.ExecuteCommandStreamResponse
 

@@ -25,14 +25,14 @@ import blake3
 import grpc
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
+from grpc_status import rpc_status
 
-from missionweave.errors import R
-from missionweave.rpc.command_stream import CommandStream, StreamEnded
-from missionweave.rpc.status import peer_unavailable, rejection_from_rpc_error
+from missionweave.errors import R, Rejected
+from missionweave.rpc.command_stream import MAX_STREAM_IN_FLIGHT, CommandStream, StreamEnded
+from missionweave.rpc.status import peer_unavailable, rejection_from_rpc_error, to_status
 from missionweave.v1 import authority_service_pb2, command_pb2, common_pb2
 
 PLACEMENT_CACHE = 100_000
-MAX_STREAM_IN_FLIGHT = 256
 _BATCH = "/missionweave.v1.AuthorityService/ExecuteCommandBatch"
 _COMMAND = "/missionweave.v1.AuthorityService/ExecuteCommand"
 
@@ -333,36 +333,49 @@ class _Upstreams:
 
 class _RoutedCommands:
     """ExecuteCommandStream over shards: each command routed on its own, on a stream to its Group's
-    shard (one per shard used, opened with the caller's metadata), answers in completion order."""
+    shard (one per shard used, opened with the caller's metadata), answers in completion order.
+
+    As at an Authority, a command holds one of MAX_STREAM_IN_FLIGHT slots from when it is read until
+    its answer has been handed on: the slot of an answer this iterator returned is freed when the
+    next one is asked for (the front door asks once it has written the previous one). A caller that
+    stops reading answers stops the reading of its requests here, so nothing more goes to the
+    shards. A request that does not parse ends the stream, after the answers of the commands
+    already running, with INVALID_ARGUMENT and a MALFORMED Rejection."""
 
     def __init__(self, channel: ShardedChannel, requests: AsyncIterator[Any], request_type: type[Message], kw: dict[str, Any]) -> None:
-        self._answers: asyncio.Queue[Any] = asyncio.Queue()
+        self._answers: asyncio.Queue[Any] = asyncio.Queue()  # at most one per slot: each holds its own
+        self._slots = asyncio.Semaphore(MAX_STREAM_IN_FLIGHT)
+        self._handed = False  # an answer was returned whose slot is still held
+        self._running: set[asyncio.Task[None]] = set()
         self._raw = False
         kw = {k: v for k, v in kw.items() if k != "timeout"}  # a stream's deadline is the stream's own
         self._upstreams = _Upstreams(channel._channel_for, kw)
 
+        async def one(item: Any) -> None:
+            self._answers.put_nowait(await channel._streamed(item, self._upstreams))
+
         async def pump() -> None:
-            slots = asyncio.Semaphore(MAX_STREAM_IN_FLIGHT)
-            tasks: set[asyncio.Task[None]] = set()
-
-            async def one(item: Any) -> None:
-                try:
-                    await self._answers.put(await channel._streamed(item, self._upstreams))
-                finally:
-                    slots.release()
-
+            failed: Exception | None = None
             try:
                 async for request in requests:
                     self._raw = isinstance(request, bytes)
-                    await slots.acquire()
-                    task = asyncio.create_task(one(request_type.FromString(request) if self._raw else request))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                if tasks:
-                    await asyncio.gather(*tasks)
+                    await self._slots.acquire()  # backpressure: stop reading while every slot is held
+                    try:
+                        item = request_type.FromString(request) if self._raw else request
+                    except DecodeError:
+                        failed = _malformed()
+                        break
+                    task = asyncio.create_task(one(item))
+                    self._running.add(task)
+                    task.add_done_callback(self._running.discard)
+            except Exception as err:  # the caller's requests broke: the stream's end, as at an Authority
+                failed = err
+            try:
+                if self._running:
+                    await asyncio.wait(set(self._running))
             finally:
                 self._upstreams.close()
-            await self._answers.put(None)
+            self._answers.put_nowait(failed)
 
         self._pump = asyncio.create_task(pump())
 
@@ -370,12 +383,29 @@ class _RoutedCommands:
         return self
 
     async def __anext__(self) -> Any:
+        if self._handed:  # the caller is back for more: the answer it took is handed on
+            self._handed = False
+            self._slots.release()
         answer = await self._answers.get()
-        if answer is None:
-            await self._pump
+        if answer is None or isinstance(answer, BaseException):
+            await self._pump  # its own failure (the caller's requests broke) is the stream's
+            if answer is not None:
+                raise answer
             raise StopAsyncIteration
+        self._handed = True
         return answer.SerializeToString() if self._raw else answer
 
     def cancel(self) -> bool:
+        for task in list(self._running):
+            task.cancel()  # the caller is gone: nothing is sent again on its behalf
         self._upstreams.cancel()
         return self._pump.cancel()
+
+
+def _malformed() -> grpc.aio.AioRpcError:
+    """What an Authority answers a stream message that does not parse, as the routed stream's end."""
+    rejected = Rejected(R.REJECTION_REASON_MALFORMED, "a request of the stream is not a valid message of this RPC")
+    status = rpc_status.to_status(to_status(rejected))
+    return grpc.aio.AioRpcError(
+        status.code, grpc.aio.Metadata(), grpc.aio.Metadata(*status.trailing_metadata), details=status.details
+    )

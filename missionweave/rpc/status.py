@@ -268,6 +268,7 @@ class RequestParsing(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self) -> None:
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        quiet_calls_ended_by_the_client()
 
     async def intercept_service(
         self,
@@ -284,6 +285,35 @@ class RequestParsing(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         wrapped = _parsing_handler(path, handler)
         self._wrapped[path] = (handler, wrapped)
         return wrapped
+
+
+_GRPC_CORE_LOG = "grpc._cython.cygrpc"
+_ENDED_UNDER_A_WRITE = "ExecuteBatchError raised in core by servicer method"
+
+
+class _CallEndedByTheClient(logging.Filter):
+    """gRPC's report of a send that failed because the call had ended (the client cancelled it or
+    went away) while a streaming handler was answering: grpc.aio ignores that failure once it has
+    seen the client close the call, but reports it at ERROR, with a traceback, when the failed send
+    is seen first (a race: a stream paused on a client that does not read, then cancelled, hits it
+    every time). A client going away is a normal event: the call's access-log line (CANCELLED) is
+    its one line, and this report is kept at DEBUG, as gRPC logs a cancelled call itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and record.getMessage().startswith(_ENDED_UNDER_A_WRITE):
+            method = record.getMessage().rpartition("[")[2].rstrip("]")
+            record.msg, record.args = "call ended by the client while it was answered [%s]", (method,)
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+            record.exc_info, record.exc_text = None, None
+            return logging.getLogger(_GRPC_CORE_LOG).isEnabledFor(logging.DEBUG)  # a filter runs past the level check
+        return True
+
+
+def quiet_calls_ended_by_the_client() -> None:
+    """Installs ``_CallEndedByTheClient`` on gRPC's core logger, once."""
+    core = logging.getLogger(_GRPC_CORE_LOG)
+    if not any(isinstance(f, _CallEndedByTheClient) for f in core.filters):
+        core.addFilter(_CallEndedByTheClient())
 
 
 def _parsing_handler(path: str, handler: Any) -> grpc.RpcMethodHandler:

@@ -12,6 +12,7 @@ from google.protobuf.message import DecodeError
 from missionweave import codec, ids
 from missionweave.errors import R, Rejected
 from missionweave.rpc.callers import Access, CallAuthenticator, Caller, requires
+from missionweave.rpc.command_stream import MAX_STREAM_IN_FLIGHT
 from missionweave.rpc.paging import decode_token, encode_token, page_size
 from missionweave.rpc.status import log_rejection, rejections_as_status
 from missionweave.signing import COMMAND_TYPE
@@ -29,7 +30,6 @@ from services.authority.visibility import active_member, may_see, sees_work_item
 
 log = logging.getLogger("missionweave.authority.grpc")
 
-MAX_STREAM_IN_FLIGHT = 256
 MAX_BATCH_COMMANDS = 512
 MAX_READ_BATCH = 1024
 # Groups one ListMissions call examines at most (there is no index of Memberships by member).
@@ -69,33 +69,37 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
     async def ExecuteCommandStream(
         self, request_iterator: AsyncIterator[pb.ExecuteCommandStreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ExecuteCommandStreamResponse]:
-        """Pipelined commands: up to MAX_STREAM_IN_FLIGHT run at once, answers in completion order.
+        """Pipelined commands: up to MAX_STREAM_IN_FLIGHT at once, answers in completion order.
+
+        A command holds one of the stream's slots from when it is read until its answer has been
+        written (gRPC resumes this generator only once the answer it yielded is sent): answers
+        waiting to be sent are bounded by the slots, and a client that stops reading answers stops
+        the reading of its requests here, so HTTP/2 flow control holds its writes back instead of
+        the server executing and buffering them.
 
         A request that fails (one that does not parse: ``MalformedRequest``) ends the stream with its
-        error, after the answers of the commands already running."""
+        error, after the answers of the commands already running. A client that cancels cancels the
+        commands still running, as a unary call's would be."""
         answers: asyncio.Queue[pb.ExecuteCommandStreamResponse | Exception | None] = asyncio.Queue()
         slots = asyncio.Semaphore(MAX_STREAM_IN_FLIGHT)
+        running: set[asyncio.Task[None]] = set()
 
         async def run(req: pb.ExecuteCommandStreamRequest) -> None:
-            try:
-                await answers.put(await self._answer(req, "ExecuteCommandStream"))
-            finally:
-                slots.release()
+            answers.put_nowait(await self._answer(req, "ExecuteCommandStream"))  # its slot: freed once sent
 
         async def pump() -> None:
-            tasks: set[asyncio.Task[None]] = set()
             failed: Exception | None = None
             try:
                 async for req in request_iterator:
-                    await slots.acquire()  # backpressure: stop reading when too many are in flight
+                    await slots.acquire()  # backpressure: stop reading while every slot is held
                     task = asyncio.create_task(run(req))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+                    running.add(task)
+                    task.add_done_callback(running.discard)
             except Exception as err:  # the stream's end: answered as its status below
                 failed = err
-            if tasks:
-                await asyncio.gather(*tasks)
-            await answers.put(failed)
+            if running:
+                await asyncio.wait(set(running))
+            answers.put_nowait(failed)
 
         pumper = asyncio.create_task(pump())
         try:
@@ -103,8 +107,11 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 if isinstance(answer, Exception):
                     raise answer
                 yield answer
+                slots.release()  # that answer is written: its slot takes the next request
         finally:
             pumper.cancel()
+            for task in list(running):
+                task.cancel()
 
     @requires(Access.SIGNED)
     async def ExecuteCommandBatch(
