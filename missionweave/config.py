@@ -22,7 +22,7 @@
 | MWP_MESH_ID              | (unset)                         | processes of one mesh share a data dir          |
 | MWP_OWNERSHIP_LEASE_S    | 30                              | a Group's owner may be replaced this long after its last append |
 | MWP_AUDIENCE             | (the listen/advertise address)  | more addresses call proofs may name (comma list: the front door's) |
-| MWP_NONCE_STORE          | memory                          | where proof nonces are remembered: memory (this process) or database (shared by replicas) |
+| MWP_NONCE_STORE          | database                        | proof nonces: database (kept across restarts) or memory (unsafe, D168) |
 | MWP_MESH_TOKEN_FILE      | $MWP_DATA_DIR/keys/mesh.token   | the secret mesh services prove themselves with (created if missing) |
 | MWP_GATEWAY_MAX_STREAMS  | 10000                           | gateway streams open at once                   |
 | MWP_GATEWAY_MAX_STREAMS_PER_IDENTITY | 8                   | ... per authenticated identity                 |
@@ -86,10 +86,11 @@ class Settings:
     # Addresses (besides its own) a call proof may name as its audience: where clients dial the mesh.
     audience: str = ""
     mesh_token_file: Path | None = None
-    # Where accepted proofs' nonces are remembered (missionweave/replay.py, D118): "memory", this
-    # process only (one process per service); "database", also in the database every replica of a
-    # service shares, so a proof accepted by one replica is a replay at the others.
-    nonce_store: str = "memory"
+    # Where accepted proofs' nonces are remembered (missionweave/replay.py, D118, D168): "database",
+    # also in the database every replica of a service shares, so a proof accepted by one replica, or
+    # by this process before a restart, is a replay; "memory", this process only: an explicit opt-out,
+    # unsafe across restarts (a proof accepted just before one is accepted again after it).
+    nonce_store: str = "database"
     log_level: str = "info"
     log_format: str = "json"
     grace_seconds: float = 10.0

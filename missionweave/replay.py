@@ -2,10 +2,11 @@
 accepted once while its issue time is inside the replay window. Used by every proof a server checks
 (HELLO proofs on gateway streams, call proofs on RPCs), so one replay rule holds everywhere.
 
-Each process remembers the nonces it accepted (``NonceCache``). Replicas of a service answer to one
-audience, so with ``MWP_NONCE_STORE=database`` they also record each nonce in the database they
-share (``SharedNonces``, table ``proof_nonces``): the first replica to record it accepts the proof,
-any other refuses it as a replay (D118)."""
+Each process remembers the nonces it accepted (``NonceCache``). With ``MWP_NONCE_STORE=database``,
+the default (D168), it also records each nonce in its database (``SharedNonces``, table
+``proof_nonces``): the first process to record it accepts the proof, any other refuses it as a
+replay, whether a replica answering to the same audience (D118) or the same service started again
+within the proof's window. ``memory`` keeps nonces in the process only: a restart forgets them."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave import schema_versions
 from missionweave.clock import Clock, to_micros
-from missionweave.db import compiled_once, dialect_insert
+from missionweave.db import compiled_once, dialect_insert, make_engine
 from missionweave.errors import R, Rejected
 
 log = logging.getLogger("missionweave.replay")
@@ -118,6 +119,17 @@ LINE = schema_versions.SchemaLine("nonces", METADATA, Path(__file__).resolve().p
 async def create_schema(engine: AsyncEngine) -> None:
     """Install this schema into an empty store, or check the store is at it (``SchemaMismatch``)."""
     await schema_versions.prepare(engine, [LINE])
+
+
+def nonce_engine(engine: AsyncEngine) -> AsyncEngine:
+    """The engine ``SharedNonces`` records through. On SQLite, a small one of its own on the same file
+    whose commits do not wait for fsync (``synchronous=NORMAL`` in WAL mode: a commit survives the
+    process being killed, not the host losing power), as the PostgreSQL transaction commits
+    asynchronously (D118, D168): a proof's nonce is a row for 30 s, not history. Otherwise ``engine``
+    itself. The caller disposes of an engine it was given that is not its own."""
+    if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
+        return engine
+    return make_engine(engine.url.render_as_string(hide_password=False), sqlite_synchronous="NORMAL", pool_size=2)
 
 
 class SharedNonces:

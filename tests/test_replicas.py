@@ -180,9 +180,9 @@ async def test_the_shared_ledger_takes_each_nonce_once_and_prunes_stale_rows(db_
             await engine.dispose()
 
 
-def test_the_nonce_store_is_memory_unless_configured() -> None:
-    assert Settings.from_env({}).nonce_store == "memory"
-    assert Settings.from_env({"MWP_NONCE_STORE": "Database"}).nonce_store == "database"
+def test_the_nonce_store_is_the_database_unless_configured() -> None:
+    assert Settings.from_env({}).nonce_store == "database"  # D168: safe across restarts
+    assert Settings.from_env({"MWP_NONCE_STORE": "Memory"}).nonce_store == "memory"
     with pytest.raises(ValueError, match="MWP_NONCE_STORE"):
         Settings.from_env({"MWP_NONCE_STORE": "redis"})
 

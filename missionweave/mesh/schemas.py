@@ -17,8 +17,8 @@ from services.authority import schema as authority_schema
 from services.membership import schema as membership_schema
 from services.scheduling import store as scheduling_store
 
-# Each service's tables, in the order they are installed; and "nonces", no service's: the proof
-# nonces the replicas of every service share, where MWP_NONCE_STORE=database (D118).
+# Each service's tables, in the order they are installed; and "nonces", no service's: accepted
+# proofs' nonces, kept across restarts and shared by replicas (MWP_NONCE_STORE=database, D118, D168).
 LINES: dict[str, SchemaLine] = {
     line.name: line
     for line in (

@@ -44,7 +44,7 @@ from missionweave.mesh.health import MeshHealth
 from missionweave.mesh.peers import Peers, PeerUnknown
 from missionweave.mesh.schemas import LINES, lines_for
 from missionweave.metrics import MetricsServer
-from missionweave.replay import NonceCache, SharedNonces
+from missionweave.replay import NonceCache, SharedNonces, nonce_engine
 from missionweave.rpc.access_log import AccessLog
 from missionweave.rpc.callers import CallAuthenticator, audiences_for, load_or_create_mesh_token
 from missionweave.rpc.channels import (
@@ -174,6 +174,8 @@ class Mesh:
     metrics: MetricsServer | None = None
     # Where the Authority is served: revokes replaced sessions' leases (MW-11.3-09).
     fence: SessionFence | None = None
+    # Where proof nonces are recorded (MWP_NONCE_STORE=database), when not ``engine`` itself.
+    nonces_engine: AsyncEngine | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -212,6 +214,8 @@ class Mesh:
             await self.artifacts.index.close()
         if self.blobstore is not None:
             await self.blobstore.close()
+        if self.nonces_engine is not None and self.nonces_engine is not self.engine:
+            await self.nonces_engine.dispose()
         await self.engine.dispose()
 
 
@@ -319,13 +323,15 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     # Proof freshness is a transport matter, judged by this host's wall clock (the protocol clock
     # may be a test's shifted one). Replicas answer to one audience: with MWP_NONCE_STORE=database
     # each nonce is also recorded where they all see it (D118).
+    # The default (D168): a restart forgets nothing either, so no proof is accepted twice across one.
     wall = SystemClock()
+    nonces_engine = nonce_engine(engine) if shared_nonces else engine
     callers = CallAuthenticator(
         identities,
         wall,
         audiences_for(*settings.audiences),
         peers.mesh_token,
-        NonceCache(wall, shared=SharedNonces(engine, wall, "call") if shared_nonces else None),
+        NonceCache(wall, shared=SharedNonces(nonces_engine, wall, "call") if shared_nonces else None),
     )
     health = MeshHealth(INTEGRITY_HEALTH)
     store, authority = (
@@ -431,7 +437,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             engine,
             clock,
             gateway_limits(settings),
-            shared_nonces=SharedNonces(engine, clock, "hello") if shared_nonces else None,
+            shared_nonces=SharedNonces(nonces_engine, clock, "hello") if shared_nonces else None,
         )
         gateway.callers = callers
         gateway_service_pb2_grpc.add_GatewayServiceServicer_to_server(gateway, handlers)
@@ -529,6 +535,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         links,
         metrics_server,
         fence,
+        nonces_engine,
     )
 
 

@@ -2,7 +2,9 @@
 
 For every Group: each event's signature by a key of the recorded key history, its place (Group,
 sequence, id, type), sequence continuity across the online log and the archive tier, the event
-chain, erasures, the Group row's head against the log and the command records against the head,
+chain, erasures, the Group row's head against the log, the command records, outbox rows, snapshots and
+checkpoint against the head (a shortened log), each event against the command record naming its
+sequence (a sequence re-used),
 each stored snapshot (signature, digest, the event digest it names, and the state it holds
 against the state folded from the log at its sequence), and the Group's signed chain checkpoint. Before the Groups: the key history itself
 (each rotation signed by the key before it) and whether the configured key file is its current key.
@@ -28,9 +30,18 @@ from missionweave.v1 import authority_service_pb2
 from missionweave.verify_worker import check as check_signature
 from services.authority import decider
 from services.authority.keys import KeyContinuityError, KeyHistory, load_history
-from services.authority.schema import chain_checkpoints, commands, events, events_archive, groups, snapshots
+from services.authority.schema import (
+    chain_checkpoints,
+    commands,
+    cross_group_outbox,
+    events,
+    events_archive,
+    groups,
+    snapshots,
+)
 from services.authority.state import GroupState
-from services.authority.store import EventStore
+from services.authority.store import EventStore, RecordedSequences
+from services.authority.truncation import past_head
 from services.authority.views import group_state_proto
 
 READ_BATCH = 1024
@@ -129,8 +140,19 @@ async def _all_groups(engine: AsyncEngine) -> list[str]:
 async def _verify_group(engine: AsyncEngine, store: EventStore, group_id: str, keys: dict[str, bytes], report: Report) -> None:
     async with engine.connect() as conn:
         head = (await conn.execute(select(groups.c.head_seq).where(groups.c.group_id == group_id))).scalar_one_or_none()
-        last_command = (
-            await conn.execute(select(func.max(commands.c.last_seq)).where(commands.c.group_id == group_id))
+        # Every command record, in log order: each event must be one its record's command caused.
+        records = [
+            (int(r[0]), int(r[1]), str(r[2]))
+            for r in await conn.execute(
+                select(commands.c.first_seq, commands.c.last_seq, commands.c.command_id)
+                .where(commands.c.group_id == group_id)
+                .order_by(commands.c.first_seq, commands.c.last_seq)
+            )
+        ]
+        last_outbox = (
+            await conn.execute(
+                select(func.max(cross_group_outbox.c.source_seq)).where(cross_group_outbox.c.source_group_id == group_id)
+            )
         ).scalar_one_or_none()
         checkpoint = (
             await conn.execute(
@@ -152,6 +174,7 @@ async def _verify_group(engine: AsyncEngine, store: EventStore, group_id: str, k
         if checkpoint is not None:  # every signature is checked here anyway; the chain must meet it
             chain.checkpoint = verified_checkpoint(group_id, int(checkpoint[0]), bytes(checkpoint[1]), keys)
         snapshot_at = {seq: verified_snapshot(group_id, seq, d, env, keys)[1] for seq, (d, env) in stored_snapshots.items()}
+        owners = _CommandRecords(group_id, records)
         while True:
             batch = await store.read_history(group_id, chain.last, READ_BATCH)
             if not batch:
@@ -161,6 +184,7 @@ async def _verify_group(engine: AsyncEngine, store: EventStore, group_id: str, k
                 if not check_signature(signature.message, signature.signature, signature.public_key):
                     raise Corruption(group_id, row.sequence, "the Authority's signature does not verify")
                 chain.advance(checked)
+                owners.check(row.sequence, event.causing_command_id)
                 report.events += 1
                 if row.sequence > 1 and not checked.previous:
                     report.unlinked_events += 1
@@ -172,13 +196,65 @@ async def _verify_group(engine: AsyncEngine, store: EventStore, group_id: str, k
             raise Corruption(group_id, chain.last + 1, "the log ends before its signed chain checkpoint")
         if chain.last != head:
             raise Corruption(group_id, chain.last + 1, f"the log ends at {chain.last} but the Group's head is {head}")
-        if last_command is not None and int(last_command) > head:
-            raise Corruption(group_id, int(last_command), f"a command record names events up to {last_command}, past the head {head}")
-        beyond = [seq for seq in snapshot_at if seq > head]
-        if beyond:
-            raise Corruption(group_id, min(beyond), "a snapshot is stored past the Group's head")
+        shortened = past_head(
+            group_id,
+            RecordedSequences(
+                head,
+                max((last for _, last, _ in records), default=None),
+                max(snapshot_at, default=None),
+                None if checkpoint is None else int(checkpoint[0]),
+                None if last_outbox is None else int(last_outbox),
+            ),
+        )
+        if shortened is not None:
+            raise shortened
+        if owners.reused is not None:  # reported once the events themselves verified (their own failures first)
+            raise owners.reused
     except Corruption as corruption:
         report.findings.append(Finding(group_id, corruption.sequence, corruption.detail))
+
+
+class _CommandRecords:
+    """The Group's command records in log order, walked beside its events: the event at each
+    sequence a record names must be one that record's command caused (``Event.causing_command_id``,
+    signed), and no two records may name the same sequence. A sequence given again after the log was
+    shortened (and the head restored by later appends) shows here: the earlier command's record
+    still names it, and the event there is another command's."""
+
+    def __init__(self, group_id: str, records: list[tuple[int, int, str]]) -> None:
+        self.group_id = group_id
+        self.records = [r for r in records if r[1] >= r[0]]  # a record of no events names no sequence
+        self.next = 0
+        self.reused: Corruption | None = None  # the first sequence found re-used
+
+    def check(self, sequence: int, caused_by: str) -> None:
+        if self.reused is None:
+            try:
+                self._check(sequence, caused_by)
+            except Corruption as found:
+                self.reused = found
+
+    def _check(self, sequence: int, caused_by: str) -> None:
+        records = self.records
+        while self.next < len(records) and records[self.next][1] < sequence:
+            self.next += 1
+        if self.next == len(records) or records[self.next][0] > sequence:
+            return  # no record names it (records removed: nothing to compare with)
+        command_id = records[self.next][2]
+        if self.next + 1 < len(records) and records[self.next + 1][0] <= sequence:
+            raise Corruption(
+                self.group_id,
+                sequence,
+                f"two command records ({command_id}, {records[self.next + 1][2]}) name event {sequence}: "
+                "the sequence was re-used after the log was shortened",
+            )
+        if caused_by and caused_by != command_id:
+            raise Corruption(
+                self.group_id,
+                sequence,
+                f"the command record of {command_id} names event {sequence}, which command {caused_by} caused: "
+                "the sequence was re-used after the log was shortened",
+            )
 
 
 def _check_snapshot_state(

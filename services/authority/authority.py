@@ -74,6 +74,7 @@ from services.authority.rules.missions import check_transfer
 from services.authority.state import GroupState, IdentityInfo
 from services.authority.store import AppendRequest, CommandRecord, EventStore, StoredEvent
 from services.authority.tail import LogTails
+from services.authority.truncation import check_replayed, refuse_if_shortened
 from services.authority.views import group_state_proto
 
 R = common_pb2.RejectionReason
@@ -613,6 +614,7 @@ class GroupAuthority:
             return None
         _check_same_body(command, record.fingerprint, fingerprint_)
         stored = await self.read_range(command.group_id, record.first_seq, record.last_seq)
+        check_replayed(self.integrity, command.group_id, command.command_id, stored)  # never another command's events
         return command_pb2.CommandResult(
             command_id=command.command_id,
             group_id=command.group_id,
@@ -666,6 +668,7 @@ class GroupAuthority:
         every event verified on the way (signature, sequence, chain, erasures: docs/integrity.md).
         ``head`` is the Group row's head, read before: the log must reach it (exactly, for a Group this
         instance has just taken, which nobody else can extend), so a truncated log is caught too."""
+        await refuse_if_shortened(self.store, self.integrity, group_id)  # records past the head (truncation.py)
         state: GroupState | None = None
         chain = Chain(group_id, checkpoint=self.integrity.checkpoint(group_id, await self.store.chain_checkpoint(group_id)))
         while True:

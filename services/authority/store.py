@@ -56,7 +56,7 @@ from services.authority.schema import (
 )
 from services.authority.writer_process import WriterLost, WriterProcess, unknown_outcome
 
-__all__ = ["AppendRequest", "CommandRecord", "EventStore", "StoredEvent"]
+__all__ = ["AppendRequest", "CommandRecord", "EventStore", "RecordedSequences", "StoredEvent"]
 
 R = common_pb2.RejectionReason
 log = logging.getLogger("missionweave.authority.store")
@@ -74,6 +74,20 @@ class CommandRecord:
     fingerprint: bytes
     first_seq: int
     last_seq: int
+
+
+@dataclass(frozen=True)
+class RecordedSequences:
+    """A Group's head and the furthest sequence each record written beside its events names, read
+    in one statement (one snapshot of the store): every append writes its command record (and any
+    outbox rows) in the transaction that moves the head, and snapshots and chain checkpoints are
+    only ever taken at a durable head, so in an intact store none of them is past the head."""
+
+    head: int
+    last_command: int | None  # max(commands.last_seq)
+    last_snapshot: int | None  # max(snapshots.seq)
+    checkpoint: int | None  # chain_checkpoints.seq
+    last_outbox: int | None  # max(cross_group_outbox.source_seq)
 
 
 @dataclass(frozen=True)
@@ -227,6 +241,17 @@ class EventStore:
                 await conn.execute(select(groups.c.head_seq).where(groups.c.group_id == group_id))
             ).scalar_one_or_none()
         return None if value is None else int(value)
+
+    @finish_on_cancel
+    async def recorded_sequences(self, group_id: str) -> RecordedSequences | None:
+        """The Group's head and what its records name (``RecordedSequences``); None when it has no
+        Group row. One statement, by primary-key prefixes: the command records' maximum reads the
+        Group's command rows (no more rows than its events, which a load reads anyway)."""
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(_RECORDED, {"g": group_id})).first()
+        if row is None:
+            return None
+        return RecordedSequences(int(row[0]), *(None if v is None else int(v) for v in row[1:]))
 
     @finish_on_cancel
     async def read(self, group_id: str, after: int = 0, limit: int = 1024) -> list[StoredEvent]:
@@ -532,6 +557,19 @@ def _events_after(tier: Table) -> Select[Any]:
 # key) cost more than running it.
 _READ_ONLINE = _events_after(events).order_by(events.c.seq).limit(bindparam("n"))
 _READ_HISTORY = union_all(_events_after(events_archive), _events_after(events)).order_by("seq").limit(bindparam("n"))
+
+
+def _most(column: Any, key: Any) -> Any:
+    return select(func.max(column)).where(key == bindparam("g")).scalar_subquery()
+
+
+_RECORDED = select(
+    groups.c.head_seq,
+    _most(commands.c.last_seq, commands.c.group_id),
+    _most(snapshots.c.seq, snapshots.c.group_id),
+    _most(chain_checkpoints.c.seq, chain_checkpoints.c.group_id),
+    _most(cross_group_outbox.c.source_seq, cross_group_outbox.c.source_group_id),
+).where(groups.c.group_id == bindparam("g"))
 
 
 async def _owner_row(conn: AsyncConnection, group_id: str) -> Any:
