@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import logging
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,7 @@ import pytest
 from gateway import service as gateway_service
 from gateway.outbox import Outbox
 from missionweave.rpc.callers import audiences_for
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.rpc.status import peer_unavailable, rejection_from_rpc_error
 from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
@@ -203,6 +204,31 @@ async def test_streams_are_capped_in_total_before_hello(world: World) -> None:
 
 
 # ------------------------------------------------------------ idle streams
+
+
+async def test_a_hello_that_membership_cannot_confirm_is_refused_retryable_not_failed(
+    world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by bench/slow_readers.py: 2,000 HELLOs at once made Membership miss its deadline, and
+    the stream ended with status OK, no frame, and an ERROR traceback "gateway stream failed"."""
+    w = world
+    registry = gateway_of(w).registry
+
+    async def silent(*_: Any, **__: Any) -> Any:
+        raise peer_unavailable("membership", "the membership service did not answer (DEADLINE_EXCEEDED); retry shortly")
+
+    monkeypatch.setattr(registry, "session_key", silent)
+    stream = Stream(w)
+    await stream.send(hello=hello(w, w.owner))
+    error = await fatal(stream)
+    assert error.code == E.GATEWAY_ERROR_CODE_PEER_UNAVAILABLE
+    assert error.rejection.reason == common_pb2.REJECTION_REASON_PEER_UNAVAILABLE
+    assert error.rejection.metadata["peer"] == "membership" and int(error.rejection.metadata["retry_after_ms"]) > 0
+    status = await ended_with(stream)
+    assert status is not None and status.code() == grpc.StatusCode.UNAVAILABLE
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    monkeypatch.undo()
+    await connected(w, w.owner)  # once Membership answers, a fresh HELLO is welcome
 
 
 async def test_a_stream_that_never_says_hello_is_closed(world: World) -> None:
