@@ -152,7 +152,10 @@ class CallAuthenticator:
             raise unauthenticated("method", f"the call proof is for {claim.method!r}, not {method!r}")
         if normalize_audience(claim.audience) not in self.audiences:
             raise unauthenticated("audience", f"the call proof is for audience {claim.audience!r}, not this mesh")
-        issued_at = from_timestamp(claim.issued_at)
+        try:
+            issued_at = from_timestamp(claim.issued_at)
+        except (ValueError, OverflowError):  # not a valid Timestamp at all: no time is that stale
+            raise unauthenticated("stale", "the call proof's issued_at is not a valid Timestamp") from None
         if not self._nonces.fresh(issued_at):
             raise unauthenticated("stale", "the call proof's issued_at is more than 30 s from the server's clock")
         identity = await self.identities.get(claim.identity_id, at_least_epoch=claim.session_epoch)

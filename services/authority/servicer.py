@@ -31,6 +31,7 @@ from services.authority.visibility import active_member, may_see, sees_work_item
 log = logging.getLogger("missionweave.authority.grpc")
 
 MAX_BATCH_COMMANDS = 512
+MAX_SEQUENCE = 2**63 - 1  # the largest sequence a store holds (BIGINT)
 MAX_READ_BATCH = 1024
 # Groups one ListMissions call examines at most (there is no index of Memberships by member).
 MAX_LIST_SCAN = 1000
@@ -153,7 +154,9 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         store = self.authority.store
         head = await store.head(group_id) or state.head_sequence
         batch_size = min(request.batch_size or 256, MAX_READ_BATCH)
-        after, sent = request.after_sequence, 0
+        # Sequences are stored as signed 64-bit integers: nothing lies after the largest one, and a
+        # cursor past it (a uint64 a client may send) reads nothing instead of overflowing the query.
+        after, sent = min(request.after_sequence, MAX_SEQUENCE), 0
         if viewer is not None:  # MW-8-07: nothing before the member's visibility start
             after = max(after, state.members[viewer].visibility_start_sequence - 1)
         while True:

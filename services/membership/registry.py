@@ -419,7 +419,11 @@ class IdentityRegistry:
         if not verify_signature(envelope, signer.public_key):
             raise Rejected(R.REJECTION_REASON_SIGNATURE_INVALID, f"signature does not verify for {signer_id}")
         issued = command.issued_at  # type: ignore[attr-defined]
-        if abs(from_timestamp(issued) - self.clock.now()) > REPLAY_WINDOW:
+        try:
+            issued_at = from_timestamp(issued)
+        except (ValueError, OverflowError):  # not a Timestamp at all (seconds or nanos out of range)
+            raise Rejected(R.REJECTION_REASON_MALFORMED, "issued_at is not a valid Timestamp", field="issued_at") from None
+        if abs(issued_at - self.clock.now()) > REPLAY_WINDOW:
             raise Rejected(R.REJECTION_REASON_CLOCK_SKEW, "issued_at is outside the replay window (5 minutes)")
         return signer
 

@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import grpc
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from missionweave import metrics
 from missionweave.capabilities import missing_capability
@@ -50,6 +52,24 @@ def _required(value: str, field: str) -> str:
     if not value:
         raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"{field} is required", field=field)
     return value
+
+
+def _when(ts: Timestamp, field: str) -> datetime:
+    """A request's Timestamp as a time, or INVALID_ARGUMENT for one outside the range a Timestamp
+    may hold (a client may send any seconds and nanos)."""
+    try:
+        return ts.ToDatetime(UTC)
+    except (ValueError, OverflowError):
+        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"{field} is not a valid Timestamp", field=field) from None
+
+
+def _wait_s(wait: Duration) -> float:
+    """NextSlot's wait in seconds, cut to MAX_WAIT; a negative wait is no wait. INVALID_ARGUMENT for
+    a Duration outside the range it may hold."""
+    try:
+        return max(0.0, min(wait.ToTimedelta(), MAX_WAIT).total_seconds())
+    except (ValueError, OverflowError):
+        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "wait is not a valid Duration", field="wait") from None
 
 
 @rejections_as_status
@@ -127,7 +147,7 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
                 else "every required capability at its version",
             )
         schedule = self._estimate(worker, group_id, work_item_id, now, extra=1)
-        deadline = contract.deadline.ToDatetime(UTC) if contract.HasField("deadline") else None
+        deadline = _when(contract.deadline, "contract.deadline") if contract.HasField("deadline") else None
         fits = deadline is None or schedule.estimated_completion.ToDatetime(UTC) <= deadline
         check(
             K.ADMISSION_CHECK_KIND_DEADLINE,
@@ -256,7 +276,7 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
         """MW-11.1-05/10: the next eligible WorkItem across the Worker's Groups, into a free slot;
         when none can be placed for want of a slot, the running slots to ask to pause (MW-11.3-12)."""
         worker = await self._worker(caller)
-        wait = min(request.wait.ToTimedelta(), MAX_WAIT).total_seconds() if request.HasField("wait") else 0.0
+        wait = _wait_s(request.wait) if request.HasField("wait") else 0.0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:

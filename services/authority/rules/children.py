@@ -28,6 +28,7 @@ from services.authority.rules.common import (
     R,
     Role,
     budget_dims,
+    enum_name,
     invalid,
     is_org_policy,
     mission_of,
@@ -141,13 +142,13 @@ def _check_authority(parent: GroupState, item: WorkItemState, definition: missio
     ours, theirs = definition.risk_policy, parent_mission.definition.risk_policy
     ceiling = min(c for c in (theirs.risk_class, item.contract.risk_class) if c) if (theirs.risk_class or item.contract.risk_class) else 0
     if ceiling and ours.risk_class > ceiling:
-        raise _authority_exceeds("risk_class", f"risk class {Risk.Name(ours.risk_class)} is above the parent's {Risk.Name(ceiling)}")  # type: ignore[arg-type]
+        raise _authority_exceeds("risk_class", f"risk class {enum_name(Risk, ours.risk_class)} is above the parent's {enum_name(Risk, ceiling)}")  # type: ignore[arg-type]
     if theirs.execution_approval_threshold and (
         not ours.execution_approval_threshold or ours.execution_approval_threshold > theirs.execution_approval_threshold
     ):
         raise _authority_exceeds(
             "execution_approval_threshold",
-            f"the execution approval threshold must be at most the parent's {Risk.Name(theirs.execution_approval_threshold)}",
+            f"the execution approval threshold must be at most the parent's {enum_name(Risk, theirs.execution_approval_threshold)}",
         )
     allowed = effective_approvers(theirs, parent_mission.owner_id)
     extra = effective_approvers(ours, definition.owner_id) - allowed

@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
+
+from google.protobuf.message import Message
 
 from missionweave import ids
 from missionweave.clock import from_timestamp, to_timestamp
@@ -187,6 +190,56 @@ def invalid(field: str, message: str) -> Rejected:
     return Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"{field}: {message}", field=field)
 
 
+def enum_name(enum: Any, value: int) -> str:
+    """The name of an enum value, or the number for a value the contract does not define (a client
+    may send any int32: it must be refused with a reason, never fail to print)."""
+    try:
+        return str(enum.Name(value))
+    except ValueError:
+        return str(value)
+
+
+# google.protobuf.Timestamp: 0001-01-01T00:00:00Z ..= 9999-12-31T23:59:59.999999999Z;
+# google.protobuf.Duration: +-315,576,000,000 s, nanos +-999,999,999 with the sign of seconds.
+_TIMESTAMP_SECONDS = (-62_135_596_800, 253_402_300_799)
+_DURATION_SECONDS = 315_576_000_000
+_NANOS = 999_999_999
+_WELL_KNOWN = ("google.protobuf.Timestamp", "google.protobuf.Duration")
+
+
+def _time_problem(full_name: str, seconds: int, nanos: int) -> str | None:
+    if full_name == "google.protobuf.Timestamp":
+        if not _TIMESTAMP_SECONDS[0] <= seconds <= _TIMESTAMP_SECONDS[1]:
+            return "is not a valid Timestamp (seconds outside 0001-01-01 .. 9999-12-31)"
+        if not 0 <= nanos <= _NANOS:
+            return "is not a valid Timestamp (nanos outside 0 .. 999,999,999)"
+        return None
+    if not -_DURATION_SECONDS <= seconds <= _DURATION_SECONDS:
+        return "is not a valid Duration (seconds outside +-315,576,000,000)"
+    if not -_NANOS <= nanos <= _NANOS or (seconds > 0 > nanos) or (seconds < 0 < nanos):
+        return "is not a valid Duration (nanos outside +-999,999,999 or of the other sign)"
+    return None
+
+
+def check_well_formed_times(message: Message, prefix: str = "") -> None:
+    """Every google.protobuf.Timestamp and Duration set anywhere in ``message`` lies within the
+    range its definition allows, else MALFORMED (metadata ``field``): one outside it cannot be
+    converted to a time at all, so no rule could judge it (tests/test_fuzz_extremes.py)."""
+    for descriptor, value in message.ListFields():
+        if descriptor.message_type is None or descriptor.message_type.GetOptions().map_entry:
+            continue
+        name = f"{prefix}{descriptor.name}"
+        values = list(value) if descriptor.is_repeated else [value]
+        for item in values:
+            full_name = descriptor.message_type.full_name
+            if full_name in _WELL_KNOWN:
+                problem = _time_problem(full_name, item.seconds, item.nanos)
+                if problem is not None:
+                    raise Rejected(R.REJECTION_REASON_MALFORMED, f"{name} {problem}", field=name)
+            else:
+                check_well_formed_times(item, f"{name}.")
+
+
 def spec_name(kind: str) -> str:
     """``mission_create_follow_up`` -> ``mission.create_follow_up`` (the spec's command name)."""
     head, _, rest = kind.partition("_")
@@ -287,7 +340,7 @@ def check_expected_revision(state: GroupState, command: command_pb2.Command) -> 
     else:
         raise Rejected(
             R.REJECTION_REASON_NOT_FOUND,
-            f"no aggregate {expected.aggregate_id!r} of kind {RK.Name(expected.kind)} in this group",
+            f"no aggregate {expected.aggregate_id!r} of kind {enum_name(RK, expected.kind)} in this group",
         )
     if expected.revision != current:
         raise Rejected(

@@ -20,7 +20,7 @@ from missionweave.errors import Rejected
 from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION, bindings
 from missionweave.v1 import command_pb2, common_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.common import DecisionContext, Emitter, R, spec_name
+from services.authority.rules.common import DecisionContext, Emitter, R, check_well_formed_times, spec_name
 from services.authority.rules.work.common import work_item
 from services.authority.rules.work.usage import check_usage, record_usage, usage_problem
 from services.authority.state import GroupState, LeaseRecord, WorkItemState
@@ -62,7 +62,11 @@ def buffered(command: command_pb2.Command) -> Binding | None:
 
 
 def check_bufferable(command: command_pb2.Command, body: str, bufferable: bool) -> None:
-    """Only progress, checkpoints and WorkItem Messages are buffered (MW-11.5-04/05, OP-20)."""
+    """Only progress, checkpoints and WorkItem Messages are buffered (MW-11.5-04/05, OP-20).
+
+    The first rule ``decider.decide`` applies to every command, so it also refuses, before any
+    rule converts one, a Timestamp or Duration of the body outside its defined range (MALFORMED)."""
+    check_well_formed_times(getattr(command, body), f"body.{body}.")
     if not bufferable and bindings(command, BOUNDED_OFFLINE_EXECUTION):
         raise Rejected(
             R.REJECTION_REASON_OFFLINE_KIND_NOT_BUFFERABLE,
