@@ -104,6 +104,9 @@ FEED_RETRY_S = 1.0
 CLOSE_GRACE_S = 5.0
 # A refused stream (too many streams) is told to retry after this long.
 LIMIT_RETRY_AFTER_MS = 1000
+# A replaced session's stream that has not ended this long after its fatal SESSION_STALE frame was
+# queued (its agent is not reading) is ended with the status alone.
+REPLACED_GRACE_S = 2.0
 # Each fatal code's general reason (the Rejection in its ERROR frame).
 _FATAL_REASONS: dict[int, R.ValueType] = {
     E.GATEWAY_ERROR_CODE_HELLO_INVALID: R.REJECTION_REASON_SIGNATURE_INVALID,
@@ -212,6 +215,11 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         self._closing: set[asyncio.Task[None]] = set()  # streams being ended (stalled) and released
         self.feeds: dict[str, GroupFeed] = {}  # the shared follow of each Group subscribed here (D132)
         self._feed_failed: dict[str, float] = {}  # when a Group's shared follow last ended unread
+        # The authenticated streams of each agent: those of a replaced session end (MW-11.3-09).
+        self._streams_by_agent: dict[str, set[_Connection]] = {}
+        self._session_hooks: tuple[Callable[[str, int], None], Callable[[], None]] | None = None
+        self._resync: asyncio.Task[None] | None = None
+        self.listen_sessions()
 
     @requires(Access.SIGNED)
     async def Connect(
@@ -276,11 +284,77 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         if connection in self.connections:
             self.connections.discard(connection)
             metrics.GATEWAY_OPEN_STREAMS.dec()
+        streams = self._streams_by_agent.get(connection.agent_id)
+        if streams is not None:
+            streams.discard(connection)
+            if not streams:
+                del self._streams_by_agent[connection.agent_id]
         if connection.counted:
             self._per_identity[connection.counted] -= 1
             if self._per_identity[connection.counted] <= 0:
                 del self._per_identity[connection.counted]
             connection.counted = ""
+
+    # ------------------------------------------------------------ replaced sessions (MW-11.3-09)
+
+    def listen_sessions(self) -> None:
+        """Be told by the identity directory client of every session opened (and of every restart of
+        its cache), as the Authority's session fence is. The client has one slot per callback, shared
+        by the services of this process: whatever is in it already is kept and called first. Called
+        again at each HELLO, so a listener installed after this one (and replacing it) is wrapped in
+        turn rather than silencing the gateway."""
+        registry = self.registry
+        current = (getattr(registry, "on_session_opened", None), getattr(registry, "on_resync", None))
+        if self._session_hooks is not None and current == self._session_hooks:
+            return
+        opened_before, resync_before = current
+        # Already called through another gateway's listener that kept this one's (tests run several
+        # gateways in a process): wrapping again would grow the chain at every HELLO.
+        if self in getattr(opened_before, "gateways", ()) and self in getattr(resync_before, "gateways", ()):
+            return
+
+        def opened(agent_id: str, session_epoch: int) -> None:
+            if opened_before is not None:
+                opened_before(agent_id, session_epoch)
+            self.session_opened(agent_id, session_epoch)
+
+        def resync() -> None:
+            if resync_before is not None:
+                resync_before()
+            self.sessions_resync()
+
+        for hook, before in ((opened, opened_before), (resync, resync_before)):
+            hook.gateways = {*getattr(before, "gateways", ()), self}  # type: ignore[attr-defined,union-attr]
+        self._session_hooks = (opened, resync)
+        registry.on_session_opened, registry.on_resync = opened, resync
+
+    def authenticated(self, connection: _Connection) -> None:
+        """``connection`` has passed HELLO: a newer session of its agent ends it from now on."""
+        self._streams_by_agent.setdefault(connection.agent_id, set()).add(connection)
+        self.listen_sessions()
+
+    def session_opened(self, agent_id: str, session_epoch: int) -> None:
+        """``agent_id`` opened session ``session_epoch``: its streams HELLO'd with an older one end at
+        once, with a fatal SESSION_STALE frame and status FAILED_PRECONDITION (SESSION_EPOCH_STALE)."""
+        for connection in list(self._streams_by_agent.get(agent_id, ())):
+            if connection.session_epoch < session_epoch:
+                connection.replaced(session_epoch)
+
+    def sessions_resync(self) -> None:
+        """The directory client restarted its cache (changes may have been missed): ask Membership for
+        the current session of every agent with a stream here."""
+        if self._streams_by_agent and (self._resync is None or self._resync.done()) and not self.stopping:
+            self._resync = asyncio.get_running_loop().create_task(self._check_sessions())
+
+    async def _check_sessions(self) -> None:
+        agents = list(self._streams_by_agent)
+        try:
+            current = await self.registry.get_many(agents)
+        except Exception as err:  # Membership unreachable: its next resync tries again
+            log.warning("could not check the sessions of the gateway's streams", extra={"detail": repr(err)})
+            return
+        for agent_id, identity in current.items():
+            self.session_opened(agent_id, identity.session_epoch)
 
     def track(self, task: asyncio.Task[None]) -> None:
         self._closing.add(task)
@@ -334,6 +408,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
             connection.go_away()
         for feed in list(self.feeds.values()):
             await cancel_and_wait(feed.task)
+        await cancel_and_wait(self._resync)
         await cancel_and_wait(self._cursor_flusher)
         await cancel_and_wait(self._watchdog)
         if self._closing:
@@ -388,7 +463,10 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
                 f"make it for one of {', '.join(sorted(self.audiences)) or '(none configured)'}",
                 field="audience",
             )
-        issued_at = from_timestamp(claim.issued_at)
+        try:
+            issued_at = from_timestamp(claim.issued_at)
+        except (ValueError, OverflowError):
+            raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof's issued_at is not a valid time", field="issued_at") from None
         if not self.nonces.fresh(issued_at):
             raise _Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof is stale (clock skew over 30 s)", field="issued_at")
         if not await self.nonces.use(session_key_id(agent_id, session_epoch), claim.nonce, issued_at):
@@ -592,6 +670,47 @@ class _Connection:
         if handler is not None and not handler.done():
             handler.cancel()
 
+    def replaced(self, current_epoch: int) -> None:
+        """A newer session of the agent was opened (MW-11.3-09): the stream ends now. What is queued
+        is dropped (never sent, so no cursor covers it), its subscriptions, commands and reader stop,
+        and the agent gets a fatal ERROR SESSION_STALE, then status FAILED_PRECONDITION, both with
+        the Rejection SESSION_EPOCH_STALE (metadata ``session_epoch``: the stream's, ``current_epoch``:
+        the new one). An agent that does not read gets the status alone after REPLACED_GRACE_S."""
+        if self.ended or self.ended_with is not None:
+            return
+        fatal = _Fatal(
+            E.GATEWAY_ERROR_CODE_SESSION_STALE,
+            f"session {self.session_epoch} of {self.agent_id} was replaced by session {current_epoch}: "
+            "this stream has ended; connect with the current session",
+            status=True,
+            session_epoch=self.session_epoch,
+            current_epoch=current_epoch,
+        )
+        log.info(
+            "ending the gateway streams of a replaced session",
+            extra={"agent": self.agent_id, "session_epoch": self.session_epoch, "current_epoch": current_epoch},
+        )
+        this = asyncio.current_task()
+        for task in self.tasks():
+            if task is not this and not task.cancelling():
+                task.cancel()
+        for s in self.subscriptions.values():
+            if s.follow is not None:
+                s.follow.cancel()
+        self.outbox.end(drop=True)
+        self.outbox.force_control(pb.ServerFrame(error=self._error_frame(fatal)))
+        self.ended_with = fatal.rejected
+        if self.handler is not None and self.context is not None:
+            self.gateway.track(asyncio.create_task(self._abort_unread(self.context, self.handler, fatal.rejected)))
+
+    @classmethod
+    async def _abort_unread(cls, context: Any, handler: asyncio.Task[Any], rejected: Rejected) -> None:
+        """End the call with ``rejected`` if its handler has not ended it within REPLACED_GRACE_S (its
+        agent does not take the frame in front of the fatal one)."""
+        await asyncio.wait([handler], timeout=REPLACED_GRACE_S)
+        if not handler.done():
+            await cls._abort_stalled(context, handler, rejected)
+
     def refuse(self, fatal: _Fatal) -> None:
         """Refuse the stream before reading it: one fatal ERROR frame, then its status."""
         self.outbox.end()  # what is queued (the frame below) is still sent
@@ -671,6 +790,12 @@ class _Connection:
         self.gateway.admit_identity(self, hello.agent_id)
         now = self.gateway.clock.now()
         self.agent_id, self.session_epoch = claimed
+        self.gateway.authenticated(self)
+        # A session opened while the proof was being checked was announced before this stream was
+        # registered: the directory's cache (updated before its announcement) says so now.
+        identity = await self.gateway.registry.get(self.agent_id, at_least_epoch=self.session_epoch)
+        if identity is not None and identity.session_epoch > self.session_epoch:
+            raise _Fatal(E.GATEWAY_ERROR_CODE_SESSION_STALE, "a newer session of this agent exists")
         self.batches = hello.accepts_frame_batches
         await self.send(
             welcome=pb.WelcomeFrame(

@@ -21,7 +21,14 @@ from missionweave.cli.store import StoreUnreachable, describe_store, store_flags
 def cmd_verify(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from missionweave.mesh.maintenance import ProgressLine, verify
+    from missionweave.mesh.maintenance import (
+        BlobProgressLine,
+        ProgressLine,
+        blob_location,
+        size_text,
+        verify,
+        verify_stored_blobs,
+    )
 
     settings, url = store_of(args)
     progress = None if args.json else ProgressLine()
@@ -29,22 +36,45 @@ def cmd_verify(args: argparse.Namespace) -> int:
         report = verify(url, settings.authority_key_path, progress)
     except (OSError, SQLAlchemyError) as err:
         raise StoreUnreachable(f"cannot read the store at {describe_store(url)}: {err}") from None
+    blobs = None
+    if not args.no_blobs:
+        try:
+            blobs = verify_stored_blobs(url, settings.data_dir, None if args.json else BlobProgressLine())
+        except (OSError, SQLAlchemyError) as err:
+            raise StoreUnreachable(f"cannot read the artifact index at {describe_store(url)}: {err}") from None
+        except ValueError as err:  # a misconfigured blob store (MWP_S3_*), an index at another schema revision
+            raise StoreUnreachable(f"cannot check the blobs in {blob_location(settings.data_dir)}: {err}") from None
+    clean = report.clean and (blobs is None or blobs.clean)
     if args.json:
-        print(json.dumps({"store": describe_store(url), **report.as_dict()}, indent=2))
-        return 0 if report.clean else 1
+        document = {"store": describe_store(url), **report.as_dict(), "clean": clean, "logs_clean": report.clean}
+        document["blobs"] = blobs.as_dict() if blobs is not None else None
+        print(json.dumps(document, indent=2))
+        return 0 if clean else 1
     print(f"store      {describe_store(url)}")
     print(f"keys       {', '.join(report.keys) or '(none)'}" + ("  (last: current)" if len(report.keys) > 1 else ""))
     print(
         f"checked    {report.groups:,} Groups, {report.events:,} events "
         f"({report.unlinked_events:,} from before the event chain), {report.snapshots:,} snapshots in {report.seconds:.1f} s"
     )
-    if report.clean:
-        print("result     CLEAN: every signature, sequence, chain link and snapshot verifies")
+    if blobs is None:
+        print("blobs      not checked (--no-blobs)")
+    elif not blobs.indexed:
+        print("blobs      none: this store has no artifact index")
+    else:
+        print(f"blobs      {blobs.blobs:,} blobs, {size_text(blobs.bytes)} in {blobs.location} ({blobs.seconds:.1f} s)")
+    if clean:
+        print("result     CLEAN: every signature, sequence, chain link and snapshot verifies"
+              + ("" if blobs is None or not blobs.blobs else "; every blob is stored, of its size, hashing to its name"))
         return 0
-    print(f"result     CORRUPTED: {len(report.findings)} finding(s), {len(report.corrupted_groups)} Group(s)")
+    groups = f", {len(report.corrupted_groups)} Group(s)" if report.corrupted_groups else ""
+    blob_count = f", {len(blobs.findings)} blob(s)" if blobs is not None and blobs.findings else ""
+    findings = len(report.findings) + (len(blobs.findings) if blobs is not None else 0)
+    print(f"result     CORRUPTED: {findings} finding(s){groups}{blob_count}")
     for finding in report.findings:
         where = f"{finding.group_id} at sequence {finding.sequence}" if finding.group_id else "store"
         print(f"  {where}: {finding.detail}")
+    for blob in blobs.findings if blobs is not None else ():
+        print(f"  blob blake3:{blob.digest} ({blob.size_bytes:,} bytes): {blob.problem}: {blob.detail}")
     return 1
 
 
@@ -94,11 +124,18 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     v = sub.add_parser(
         "verify",
-        help="check a whole store offline: signatures, sequences, the event chain, snapshots, key history",
+        help="check a whole store offline: signatures, sequences, the event chain, snapshots, key history, "
+        "every stored blob",
         description="Exit codes: 0 clean, 1 corruption found, 2 usage error, 3 the store cannot be read.",
     )
     store_flags(v)
     v.add_argument("--json", action="store_true", help="one JSON document (for scripts)")
+    v.add_argument(
+        "--no-blobs",
+        action="store_true",
+        help="skip the blob pass (every blob the artifact index names, read from the blob store: "
+        "$MWP_DATA_DIR/blobs, or S3 with MWP_S3_BUCKET)",
+    )
     v.set_defaults(func=cmd_verify, ignores_contexts=True)
 
     authority = sub.add_parser("authority", help="the Authority's signing key").add_subparsers(dest="sub", required=True)

@@ -11,12 +11,14 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from nacl.signing import SigningKey
 
+from artifactstore.audit import BlobReport, source_for, verify_blobs
+from artifactstore.backends import BlobStoreConfig
 from missionweave.clock import SystemClock
 from missionweave.db import make_engine
 from missionweave.signing import authority_key_id, generate_key, read_key, write_key
@@ -24,7 +26,16 @@ from services.authority import schema as authority_schema
 from services.authority.audit import Report, verify_store
 from services.authority.keys import KeyContinuityError, KeyHistory, load_history, record_rotation
 
-__all__ = ["KeyContinuityError", "Report", "RotationResult", "rotate_key", "verify"]
+__all__ = [
+    "BlobReport",
+    "KeyContinuityError",
+    "Report",
+    "RotationResult",
+    "blob_location",
+    "rotate_key",
+    "verify",
+    "verify_stored_blobs",
+]
 
 
 def verify(url: str, key_file: Path | None, progress: Callable[[int, int, int], None] | None = None) -> Report:
@@ -40,6 +51,37 @@ def verify(url: str, key_file: Path | None, progress: Callable[[int, int, int], 
             return await verify_store(engine, public, progress)
         finally:
             await engine.dispose()
+
+    return asyncio.run(run())
+
+
+def blob_location(data_dir: Path, env: Mapping[str, str] | None = None) -> str:
+    """Where ``mwp serve`` keeps blobs for this data directory and ``MWP_S3_*``."""
+    config = BlobStoreConfig.from_env(data_dir, env)
+    return f"s3://{config.s3_bucket}" if config.backend == "s3" else str(config.data_dir / "blobs")
+
+
+def verify_stored_blobs(
+    url: str,
+    data_dir: Path,
+    progress: Callable[[int, int, int, int], None] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> BlobReport:
+    """Checks every blob the artifact index of the store at ``url`` names, in the blob store
+    ``mwp serve`` would use (``MWP_DATA_DIR``'s ``blobs/``, or S3 when ``MWP_S3_BUCKET`` is set):
+    present, of its size, hashing to its name (docs/integrity.md)."""
+    config = BlobStoreConfig.from_env(data_dir, env)
+
+    async def run() -> BlobReport:
+        source, location = source_for(config)
+        engine = make_engine(url)
+        try:
+            report = await verify_blobs(engine, source, progress)
+        finally:
+            await engine.dispose()
+            await source.close()
+        report.location = location
+        return report
 
     return asyncio.run(run())
 
@@ -128,3 +170,30 @@ class ProgressLine:
         if now - self._last >= self.every:
             self._last = now
             print(f"mwp verify: {done:,}/{total:,} Groups, {events:,} events checked", file=sys.stderr, flush=True)
+
+
+class BlobProgressLine:
+    """The blob pass's progress on stderr: blobs and bytes checked, at most one line every ``every`` seconds."""
+
+    def __init__(self, every: float = 2.0) -> None:
+        self.every = every
+        self._last = time.monotonic()
+
+    def __call__(self, done: int, total: int, done_bytes: int, total_bytes: int) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.every:
+            self._last = now
+            print(f"mwp verify: {done:,}/{total:,} blobs, {size_text(done_bytes)} of {size_text(total_bytes)} checked",
+                  file=sys.stderr, flush=True)
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes for people: 512 B, 1.5 KiB, 3.2 GiB."""
+    if n < 1024:
+        return f"{n:,} B"
+    value = n / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{value:,.1f} TiB"
