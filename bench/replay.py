@@ -296,7 +296,7 @@ async def measure_groups(settings: Settings, groups: int, group_events: int, sub
     try:
         full_collection(r)
         r["rss_started"] = rss_mib()
-        authority._cache_size = max(authority._cache_size, groups)  # every Group stays owned
+        authority.loader.cache_size = max(authority.loader.cache_size, groups)  # every Group stays owned
         t0 = time.perf_counter()
         with LoopStalls() as stalls, CollectorPasses() as passes:
             for i in range(0, groups, 64):  # what a first command does: acquire, fold verified, cache

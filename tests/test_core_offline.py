@@ -13,7 +13,7 @@ from missionweave.errors import Rejected
 from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION
 from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.authority import SUPPORTED_EXTENSIONS
+from services.authority.authentication import SUPPORTED_EXTENSIONS
 from services.authority.rules.work.offline import REQUIRED
 from services.authority.state import MAX_LEASE_HISTORY, GroupState
 from tests import builders

@@ -111,7 +111,7 @@ async def test_a_reused_sequence_is_found_offline_and_never_replayed(
         return None
 
     monkeypatch.setattr(truncation, "refuse_if_shortened", unchecked)
-    monkeypatch.setattr("services.authority.authority.refuse_if_shortened", unchecked)
+    monkeypatch.setattr("services.authority.loading.refuse_if_shortened", unchecked)
     assert await post(w, G, "another command") == last  # the acknowledged sequence, given again
     monkeypatch.undo()
     assert await head_of(w, G) == last
