@@ -5,17 +5,18 @@ streams in the same run, and a quiet Group's command latency meanwhile (issue 40
     PYTHONPATH=. .venv/bin/python bench/slow_readers.py                  # 200 and 2,000 streams, a 16 MB Group
     PYTHONPATH=. .venv/bin/python bench/slow_readers.py --streams 50 --messages 500 --hold 40   # quicker
 
-The mesh is a ``mwp serve`` subprocess on a temporary data directory; its RSS is read from
-/proc/<pid>/status. The streams live in this process, each on its own connection (a real agent's),
-with the client's default HTTP/2 settings. Per count of streams, one phase after the other on the
-same server:
+The mesh is a ``mwp serve`` subprocess on a temporary data directory, a fresh one for each count
+of streams; its RSS is read from /proc/<pid>/status. The streams live in this process, each on its own connection (a real agent's),
+with the client's default HTTP/2 settings. Per count of streams, two phases on the same server:
 
 * **idle** (the anchor): the streams HELLO and SUBSCRIBE to a quiet Group with 1 credit, then read
   nothing more: what a connected, caught-up agent costs;
 * **not reading**: the streams HELLO and SUBSCRIBE to the large Group (``--messages`` posts of
   8 KB) with 65,536 credits and never read. RSS is sampled every few seconds for ``--hold``
-  seconds (past the gateway's 30 s stall timeout, MWP_GATEWAY_STALL_TIMEOUT_S, which closes them),
-  while a message is posted to the quiet Group at each sample and its latency taken.
+  seconds after the last one opened (past the gateway's 30 s stall timeout,
+  MWP_GATEWAY_STALL_TIMEOUT_S, which closes them), from the first HELLO on, while a message is
+  posted to the quiet Group at each sample and its latency taken. A HELLO the server is too busy to
+  check in time (PEER_UNAVAILABLE) is retried after its retry_after_ms, as an agent does.
 
 Printed per count: RSS growth per stream of each phase, their ratio (not reading / idle), the peak,
 what is left after the stall timeout closed the streams, how many the server closed (its log), and
@@ -82,6 +83,8 @@ class Bench:
         self.client: MeshClient | None = None
         self.owner: SessionSigner | None = None
         self.conversations: dict[str, str] = {}
+        self.hello_retries = 0  # HELLOs refused PEER_UNAVAILABLE (the server too busy to check them) and retried
+        self.quiet_refused = 0  # quiet-Group posts the mesh did not answer in time
 
     def start_server(self) -> None:
         env = {
@@ -89,8 +92,8 @@ class Bench:
             "MWP_DATA_DIR": str(self.work / "data"),
             "MWP_METRICS_LISTEN": "",
             "MWP_GROUP_RATE": "0",
-            "MWP_GATEWAY_MAX_STREAMS": str(max(10_000, 2 * max(self.args.streams))),
-            "MWP_GATEWAY_MAX_STREAMS_PER_IDENTITY": str(2 * max(self.args.streams)),
+            "MWP_GATEWAY_MAX_STREAMS": str(max(10_000, 4 * max(self.args.streams))),
+            "MWP_GATEWAY_MAX_STREAMS_PER_IDENTITY": str(4 * max(self.args.streams)),
             "PYTHONPATH": str(ROOT),
         }
         self.stderr = open(self.work / "server.log", "wb")
@@ -156,23 +159,32 @@ class Bench:
         owner = self.owner
 
         async def one() -> tuple[Any, Any]:
-            channel = grpc.aio.insecure_channel(self.target)
-            call = pb_grpc.GatewayServiceStub(channel).Connect()
-            proof = pb.HelloProof(
-                agent_id=owner.identity_id, session_epoch=owner.session_epoch,
-                issued_at=to_timestamp(SystemClock().now()), nonce=os.urandom(16), audience=self.target,
-            )
-            envelope = sign_envelope(
-                proof.SerializeToString(), HELLO_PROOF_TYPE, owner.key, session_key_id(owner.identity_id, owner.session_epoch)
-            )
-            hello = pb.HelloFrame(agent_id=owner.identity_id, session_epoch=owner.session_epoch, proof=envelope)
-            await call.write(pb.ConnectRequest(frame=pb.ClientFrame(hello=hello)))
-            welcome = await call.read()
-            if welcome.frame.WhichOneof("frame") != "welcome":
-                raise RuntimeError(f"no WELCOME: {welcome}")
-            subscribe = pb.SubscribeFrame(subscription_id="s", group_id=group, initial_credits=credits)
-            await call.write(pb.ConnectRequest(frame=pb.ClientFrame(subscribe=subscribe)))
-            return channel, call
+            for _attempt in range(20):  # a HELLO the server could not check in time is retried, as agents do
+                channel = grpc.aio.insecure_channel(self.target)
+                call = pb_grpc.GatewayServiceStub(channel).Connect()
+                proof = pb.HelloProof(
+                    agent_id=owner.identity_id, session_epoch=owner.session_epoch,
+                    issued_at=to_timestamp(SystemClock().now()), nonce=os.urandom(16), audience=self.target,
+                )
+                envelope = sign_envelope(
+                    proof.SerializeToString(), HELLO_PROOF_TYPE, owner.key, session_key_id(owner.identity_id, owner.session_epoch)
+                )
+                hello = pb.HelloFrame(agent_id=owner.identity_id, session_epoch=owner.session_epoch, proof=envelope)
+                await call.write(pb.ConnectRequest(frame=pb.ClientFrame(hello=hello)))
+                first = await call.read()
+                if first is not grpc.aio.EOF and first.frame.WhichOneof("frame") == "welcome":
+                    subscribe = pb.SubscribeFrame(subscription_id="s", group_id=group, initial_credits=credits)
+                    await call.write(pb.ConnectRequest(frame=pb.ClientFrame(subscribe=subscribe)))
+                    return channel, call
+                retry = first is not grpc.aio.EOF and first.frame.error.code == pb.GATEWAY_ERROR_CODE_PEER_UNAVAILABLE
+                if not retry:
+                    status = f"{(await call.code()).name}: {await call.details()}" if first is grpc.aio.EOF else first
+                    raise RuntimeError(f"no WELCOME: {status}")
+                self.hello_retries += 1
+                call.cancel()
+                await channel.close()
+                await asyncio.sleep(int(first.frame.error.rejection.metadata.get("retry_after_ms", "500")) / 1000)
+            raise RuntimeError("no WELCOME after 20 attempts")
 
         opened: list[tuple[Any, Any]] = []
         for first in range(0, count, 50):
@@ -207,29 +219,44 @@ class Bench:
         base = await self.settle()
         closed_before = self.stall_closes()
         started = time.monotonic()
-        stalled = await self.open_streams(count, BIG, 65_536)
-        peak, latencies = 0.0, []
         samples: list[tuple[float, float]] = []
-        while (elapsed := time.monotonic() - started) < self.args.hold:
-            await asyncio.sleep(self.args.every)
-            current = self.server_rss()
-            peak = max(peak, current)
-            latencies.append(await self.post(QUIET, -1))
-            samples.append((elapsed, current - base))
-            log(f"  t={elapsed:4.0f} s  +{current - base:,.0f} MB  quiet post {latencies[-1]:,.0f} ms  "
-                f"closed by the stall timeout: {self.stall_closes() - closed_before}")
-        after = self.server_rss()
+        latencies: list[float] = []
+        opened_at: list[float] = []
+
+        async def sample() -> None:  # from the first HELLO until --hold seconds after the last stream opened
+            while not opened_at or time.monotonic() - opened_at[0] < self.args.hold:
+                await asyncio.sleep(self.args.every)
+                elapsed, grown = time.monotonic() - started, self.server_rss() - base
+                samples.append((elapsed, grown))
+                try:
+                    latencies.append(await self.post(QUIET, -1))
+                    posted = f"{latencies[-1]:,.0f} ms"
+                except grpc.aio.AioRpcError as refused:  # the mesh too busy to answer in time: a figure too
+                    self.quiet_refused += 1
+                    posted = f"refused {refused.code().name}"
+                log(f"  t={elapsed:4.0f} s  +{grown:,.0f} MB  quiet post {posted}  "
+                    f"closed by the stall timeout: {self.stall_closes() - closed_before}"
+                    + ("" if opened_at else "  (opening)"))
+
+        sampler = asyncio.create_task(sample())
+        stalled = await self.open_streams(count, BIG, 65_536)
+        opened_at.append(time.monotonic())
+        log(f"  {count:,} streams open after {opened_at[0] - started:.0f} s; "
+            f"HELLOs retried after PEER_UNAVAILABLE: {self.hello_retries:,}")
+        await sampler
         closed = self.stall_closes() - closed_before
         await self.close_streams(stalled)
+        peak = max(grown for _, grown in samples)
         at_10 = next((grown for t, grown in samples if t >= 10), samples[-1][1])
-        not_reading_mb = (peak - base) / count
+        not_reading_mb = peak / count
         log(
-            f"  not reading: peak +{peak - base:,.0f} MB ({not_reading_mb * 1024:,.0f} KB a stream), +{at_10:,.0f} MB at 10 s, "
-            f"+{after - base:,.0f} MB at {self.args.hold:.0f} s; {closed:,} of {count:,} closed by the stall timeout"
+            f"  not reading: peak +{peak:,.0f} MB ({not_reading_mb * 1024:,.0f} KB a stream), +{at_10:,.0f} MB at 10 s, "
+            f"+{samples[-1][1]:,.0f} MB at the end; {closed:,} of {count:,} closed by the stall timeout"
         )
         log(
             f"  ratio not reading / idle, per stream: {not_reading_mb / idle_mb if idle_mb > 0 else float('inf'):.1f}x; "
-            f"quiet Group post: median {statistics.median(latencies):,.0f} ms, worst {max(latencies):,.0f} ms"
+            f"quiet Group post: median {statistics.median(latencies):,.0f} ms, worst {max(latencies):,.0f} ms, "
+            f"{self.quiet_refused} refused"
         )
         return {"idle_kb": idle_mb * 1024, "not_reading_kb": not_reading_mb * 1024, "closed": closed}
 
@@ -242,14 +269,21 @@ async def main() -> int:
     p.add_argument("--every", type=float, default=5.0, help="seconds between samples (default 5)")
     args = p.parse_args()
     args.streams = [int(n) for n in args.streams.split(",")]
-    with tempfile.TemporaryDirectory(prefix="mwp-slow-readers-") as scratch:
-        bench = Bench(args, Path(scratch))
-        bench.start_server()
-        try:
-            await bench.setup()
-            results = {count: await bench.measure(count) for count in args.streams}
-        finally:
-            bench.stop()
+    results: dict[int, dict[str, float]] = {}
+    for count in args.streams:  # each count on a server of its own: what one phase freed skews no other
+        with tempfile.TemporaryDirectory(prefix="mwp-slow-readers-") as scratch:
+            bench = Bench(args, Path(scratch))
+            bench.start_server()
+            try:
+                await bench.setup()
+                results[count] = await bench.measure(count)
+            except BaseException:
+                notable = [line for line in (Path(scratch) / "server.log").read_text(errors="replace").splitlines()
+                           if '"level": "info"' not in line]
+                log("server log, all but info lines (the last 20):\n" + "\n".join(notable[-20:]))
+                raise
+            finally:
+                bench.stop()
     log("\nsummary (KB a stream: not reading / idle anchor, ratio; closed by the stall timeout)")
     for count, r in results.items():
         ratio = r["not_reading_kb"] / r["idle_kb"] if r["idle_kb"] > 0 else float("inf")
