@@ -171,7 +171,7 @@ class Bench:
                 )
                 hello = pb.HelloFrame(agent_id=owner.identity_id, session_epoch=owner.session_epoch, proof=envelope)
                 await call.write(pb.ConnectRequest(frame=pb.ClientFrame(hello=hello)))
-                first = await call.read()
+                first: Any = await call.read()
                 if first is not grpc.aio.EOF and first.frame.WhichOneof("frame") == "welcome":
                     subscribe = pb.SubscribeFrame(subscription_id="s", group_id=group, initial_credits=credits)
                     await call.write(pb.ConnectRequest(frame=pb.ClientFrame(subscribe=subscribe)))
