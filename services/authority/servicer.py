@@ -184,8 +184,25 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 continue
             if not request.follow:
                 return
+            await self._session_still_current(caller)
             await self.authority.wait_for_append(group_id, timeout=0.5)
             head = await store.head(group_id) or head
+
+    async def _session_still_current(self, caller: Caller) -> None:
+        """A follow proven by a session ends once the identity opens a newer one (MW-11.3-09), as its
+        gateway streams do: checked at each wait, from the directory's cache while it is current.
+        Mesh services (no session) are exempt."""
+        if caller.service or not caller.identity_id:
+            return
+        identity = await self.authority.identities.get(caller.identity_id)
+        if identity is not None and identity.session_epoch > caller.session_epoch:
+            raise Rejected(
+                R.REJECTION_REASON_SESSION_EPOCH_STALE,
+                f"session {caller.session_epoch} of {caller.identity_id} was replaced by session "
+                f"{identity.session_epoch}: follow again with the new session",
+                session_epoch=caller.session_epoch,
+                current_epoch=identity.session_epoch,
+            )
 
     async def _history(self, group_id: str, after: int, limit: int) -> list[StoredEvent]:
         """Events after ``after``, archived ones too, verified before they are served (DATA_CORRUPTED
