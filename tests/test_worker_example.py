@@ -109,10 +109,12 @@ async def test_the_example_pauses_at_a_safe_point_and_resumes_without_redoing_st
     # comes after the first section however slow the machine; the resumed run's steps are quick.
     example.STEP_SECONDS = 120
     written: list[str] = []
+    first_written = asyncio.Event()
     section = example.section
 
     def counted(contract: wp.WorkContract, criterion: wp.AcceptanceCriterion) -> str:
         written.append(criterion.criterion_id)
+        first_written.set()
         return str(section(contract, criterion))
 
     example.section = counted
@@ -127,8 +129,7 @@ async def test_the_example_pauses_at_a_safe_point_and_resumes_without_redoing_st
                     if event.WhichOneof("payload") == "work_started":
                         started = event.work_started
                         break
-                while not written:  # the handler is inside its first step (which lasts until the request)
-                    await asyncio.sleep(0.01)
+                await first_written.wait()  # the handler is inside its first step (which lasts until the request)
                 ask = wp.WorkRequestPreemption(
                     work_item_id="wi-long", preemption_request_id="pre-1", lease_id=started.lease.lease_id,
                     reason=wp.PREEMPTION_REASON_PRIORITY, coordinator_epoch=1, ownership_epoch=started.lease.ownership_epoch,
