@@ -19,8 +19,10 @@ from artifactstore.backends import blobstore_from_env
 from artifactstore.schema import blobs as blob_rows
 from artifactstore.schema import create_schema
 from missionweave.cli import main as mwp
+from missionweave.cli.integrity import blobs_progress
+from missionweave.cli.status_line import StatusLine, size_text
 from missionweave.db import make_engine
-from missionweave.mesh.maintenance import BlobProgressLine, size_text, verify_stored_blobs
+from missionweave.mesh.maintenance import verify_stored_blobs
 from missionweave.sdk.client import blob_digest
 from tests.conftest import World
 
@@ -145,7 +147,7 @@ async def test_unreadable_blob_is_a_finding(tmp_path: Path) -> None:
 
 
 def test_progress_line(capsys: pytest.CaptureFixture[str]) -> None:
-    BlobProgressLine(every=0)(3, 10, 5 * 1024 * 1024, 20 * 1024 * 1024)
+    blobs_progress(StatusLine("mwp verify", every=0))(3, 10, 5 * 1024 * 1024, 20 * 1024 * 1024)
     assert capsys.readouterr().err == "mwp verify: 3/10 blobs, 5.0 MiB of 20.0 MiB checked\n"
     assert (size_text(0), size_text(1536), size_text(3 * 1024**3)) == ("0 B", "1.5 KiB", "3.0 GiB")
 

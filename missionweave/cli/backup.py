@@ -14,38 +14,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from missionweave.cli.common import CliError, UsageError
+from missionweave.cli.status_line import StatusLine, size_text
 from missionweave.cli.store import StoreUnreachable, settings_of
 
 
-class ProgressLines:
-    """Progress on stderr for long runs: at most one line every ``every`` seconds."""
+def stage_progress(command: str) -> Callable[[str, int, int, int], None]:
+    """A backup's or restore's progress through its stages (database, blobs, keys, checks)."""
+    line = StatusLine(command)
 
-    def __init__(self, command: str, every: float = 2.0) -> None:
-        self.command = command
-        self.every = every
-        self._last = time.monotonic()
+    def report(stage: str, done: int, total: int, nbytes: int) -> None:
+        if line.due():
+            line.show(f"{stage} {done:,}/{total:,}" + (f" ({size_text(nbytes)})" if nbytes else ""))
 
-    def __call__(self, stage: str, done: int, total: int, nbytes: int) -> None:
-        now = time.monotonic()
-        if now - self._last >= self.every:
-            self._last = now
-            amount = f" ({_size(nbytes)})" if nbytes else ""
-            print(f"{self.command}: {stage} {done:,}/{total:,}{amount}", file=sys.stderr, flush=True)
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{n:,} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n:,} bytes"
+    return report
 
 
 def _refused(command: str, problems: list[str], args: argparse.Namespace, *, written: str = "nothing was written") -> CliError:
@@ -66,7 +52,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
             store,
             blobs=args.blobs,
             keys=not args.no_keys,
-            progress=None if args.json else ProgressLines("mwp backup"),
+            progress=None if args.json else stage_progress("mwp backup"),
         )
     except BackupUsage as usage:
         raise UsageError(str(usage)) from None
@@ -98,11 +84,11 @@ def cmd_backup(args: argparse.Namespace) -> int:
         return 0
     referenced = counts["blobs"] - counts["blobs_copied"]
     print(f"backup     {result.path.resolve()} (0700)")
-    print(f"database   {database['dialect']} {database['source']}: {database['method']}, {_size(database_file['size'])}")
+    print(f"database   {database['dialect']} {database['source']}: {database['method']}, {size_text(database_file['size'])}")
     print(
         f"blobs      {counts['blobs_copied']:,} copied"
         + (f", {referenced:,} referenced in bucket {manifest['source']['bucket']}" if referenced else "")
-        + f" ({_size(counts['blob_bytes'])})"
+        + f" ({size_text(counts['blob_bytes'])})"
     )
     if keys:
         print(f"keys       {', '.join(f['path'] for f in keys)}: SECRET, keep this backup private")
@@ -124,7 +110,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     )
 
     backup_dir = Path(args.backup)
-    progress = None if args.json else ProgressLines("mwp restore")
+    progress = None if args.json else stage_progress("mwp restore")
     try:
         if args.verify_only:
             manifest = check_backup(backup_dir, args.expect_digest, progress)

@@ -12,26 +12,41 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from missionweave.cli.common import CliError
+from missionweave.cli.status_line import StatusLine, size_text
 from missionweave.cli.store import StoreUnreachable, describe_store, store_flags, store_of
+
+
+def groups_progress(line: StatusLine) -> Callable[[int, int, int], None]:
+    """``mwp verify``'s progress through the Authority's logs."""
+
+    def report(done: int, total: int, events: int) -> None:
+        if line.due():
+            line.show(f"{done:,}/{total:,} Groups, {events:,} events checked")
+
+    return report
+
+
+def blobs_progress(line: StatusLine) -> Callable[[int, int, int, int], None]:
+    """``mwp verify``'s progress through the stored blobs."""
+
+    def report(done: int, total: int, done_bytes: int, total_bytes: int) -> None:
+        if line.due():
+            line.show(f"{done:,}/{total:,} blobs, {size_text(done_bytes)} of {size_text(total_bytes)} checked")
+
+    return report
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from missionweave.mesh.maintenance import (
-        BlobProgressLine,
-        ProgressLine,
-        blob_location,
-        size_text,
-        verify,
-        verify_stored_blobs,
-    )
+    from missionweave.mesh.maintenance import blob_location, verify, verify_stored_blobs
 
     settings, url = store_of(args)
-    progress = None if args.json else ProgressLine()
+    progress = None if args.json else groups_progress(StatusLine("mwp verify"))
     try:
         report = verify(url, settings.authority_key_path, progress)
     except (OSError, SQLAlchemyError) as err:
@@ -39,7 +54,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     blobs = None
     if not args.no_blobs:
         try:
-            blobs = verify_stored_blobs(url, settings.data_dir, None if args.json else BlobProgressLine())
+            blobs = verify_stored_blobs(url, settings.data_dir, None if args.json else blobs_progress(StatusLine("mwp verify")))
         except (OSError, SQLAlchemyError) as err:
             raise StoreUnreachable(f"cannot read the artifact index at {describe_store(url)}: {err}") from None
         except ValueError as err:  # a misconfigured blob store (MWP_S3_*), an index at another schema revision

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,42 +156,3 @@ def key_history(url: str) -> KeyHistory:
     return asyncio.run(run())
 
 
-class ProgressLine:
-    """Progress on stderr for long runs: at most one line every ``every`` seconds."""
-
-    def __init__(self, every: float = 2.0) -> None:
-        self.every = every
-        self._last = time.monotonic()
-
-    def __call__(self, done: int, total: int, events: int) -> None:
-        now = time.monotonic()
-        if now - self._last >= self.every:
-            self._last = now
-            print(f"mwp verify: {done:,}/{total:,} Groups, {events:,} events checked", file=sys.stderr, flush=True)
-
-
-class BlobProgressLine:
-    """The blob pass's progress on stderr: blobs and bytes checked, at most one line every ``every`` seconds."""
-
-    def __init__(self, every: float = 2.0) -> None:
-        self.every = every
-        self._last = time.monotonic()
-
-    def __call__(self, done: int, total: int, done_bytes: int, total_bytes: int) -> None:
-        now = time.monotonic()
-        if now - self._last >= self.every:
-            self._last = now
-            print(f"mwp verify: {done:,}/{total:,} blobs, {size_text(done_bytes)} of {size_text(total_bytes)} checked",
-                  file=sys.stderr, flush=True)
-
-
-def size_text(n: int) -> str:
-    """``n`` bytes for people: 512 B, 1.5 KiB, 3.2 GiB."""
-    if n < 1024:
-        return f"{n:,} B"
-    value = n / 1024
-    for unit in ("KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:,.1f} {unit}"
-        value /= 1024
-    return f"{value:,.1f} TiB"
