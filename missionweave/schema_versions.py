@@ -267,20 +267,10 @@ async def _in_write_transaction(engine: AsyncEngine, body: Any) -> Any:
 
 async def prepare(engine: AsyncEngine, lines: Iterable[SchemaLine]) -> None:
     """At a service's start: install the newest schema of each line into an empty store, and refuse
-    (``SchemaMismatch``) a store of any other revision than this code's. Read first, without a lock:
-    only an empty line takes the write lock (and checks again under it), so a start on a current
-    store writes nothing and waits for no other process."""
-    lines = list(lines)
-    empty = []
-    for found, line in zip(await statuses(engine, lines), lines, strict=True):
-        refusal = found.refusal()
-        if refusal is not None:
-            raise SchemaMismatch(refusal)
-        if found.state is State.EMPTY:
-            empty.append(line)
+    (``SchemaMismatch``) a store of any other revision than this code's."""
     installed = [
         revision
-        for line in empty
+        for line in lines
         if (revision := await _in_write_transaction(engine, lambda conn, line=line: _install_or_check(conn, line)))
     ]
     if installed:
