@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -206,8 +206,12 @@ def _lock(conn: Connection, line: SchemaLine) -> None:
 Progress = Callable[[str, str], None]
 
 
-def _migrate(conn: Connection, line: SchemaLine, progress: Progress | None = None) -> None:
-    """Run every migration the store lacks, in the caller's transaction."""
+def _migrate(
+    conn: Connection, line: SchemaLine, progress: Progress | None = None, secrets: Mapping[str, Any] | None = None
+) -> None:
+    """Run every migration the store lacks, in the caller's transaction. ``secrets`` are what a
+    migration may need from outside the store (``context.config.attributes``: the administrator's
+    key that vouches for rows older than grants, D170)."""
     scripts = _scripts(line.migrations)
 
     def plan(revision: Any, _context: Any) -> Any:
@@ -218,7 +222,7 @@ def _migrate(conn: Connection, line: SchemaLine, progress: Progress | None = Non
         if progress is not None:
             progress(line.name, kw["step"].up_revision_id)
 
-    with EnvironmentContext(Config(), scripts, fn=plan, destination_rev="heads") as env:
+    with EnvironmentContext(Config(attributes=dict(secrets or {})), scripts, fn=plan, destination_rev="heads") as env:
         env.configure(
             connection=conn,
             target_metadata=line.metadata,
@@ -230,7 +234,12 @@ def _migrate(conn: Connection, line: SchemaLine, progress: Progress | None = Non
 
 
 def upgrade_line(
-    conn: Connection, line: SchemaLine, *, offline_ok: bool, progress: Progress | None = None
+    conn: Connection,
+    line: SchemaLine,
+    *,
+    offline_ok: bool,
+    progress: Progress | None = None,
+    secrets: Mapping[str, Any] | None = None,
 ) -> tuple[LineStatus, tuple[Step, ...]]:
     """Bring ``line`` to this code's head in the caller's transaction; the status before and the
     steps run. Refuses a store ahead of this code, and a migration that needs the services stopped
@@ -241,7 +250,7 @@ def upgrade_line(
     if refusal is not None:
         raise SchemaMismatch(refusal)
     if before.pending:
-        _migrate(conn, line, progress)
+        _migrate(conn, line, progress, secrets)
     return before, before.pending
 
 
@@ -288,6 +297,7 @@ async def upgrade(
     *,
     offline_ok: bool = False,
     progress: Progress | None = None,
+    secrets: Mapping[str, Any] | None = None,
 ) -> list[tuple[LineStatus, tuple[Step, ...]]]:
     """``mwp db upgrade``: each line in a transaction of its own (a failure leaves that line as it
     was, and the lines before it upgraded). Refused before any line runs when one is ahead of this
@@ -302,7 +312,7 @@ async def upgrade(
         done.append(
             await _in_write_transaction(
                 engine,
-                lambda conn, line=line: upgrade_line(conn, line, offline_ok=offline_ok, progress=progress),
+                lambda conn, line=line: upgrade_line(conn, line, offline_ok=offline_ok, progress=progress, secrets=secrets),
             )
         )
     return done

@@ -274,6 +274,22 @@ def check_status_needs_upgrade(store: Store) -> None:
     assert not [line for line in lines if line["state"] == "ahead"], status.stdout
 
 
+def check_upgrade_vouches_with_the_admin_key(store: Store) -> None:
+    """The release's identities and sessions predate grants (membership_0002, D170): the upgrade
+    needs the services stopped and the administrator's key, which vouches for each of them."""
+    online = mwp(store, "db", "upgrade", check=False)
+    assert online.returncode == 1 and "membership_0002" in online.stderr and "--offline" in online.stderr, online.stderr
+    admin_key = store.data / "keys" / "admin.key"
+    aside = admin_key.with_name("admin.key.aside")
+    admin_key.rename(aside)
+    try:
+        keyless = mwp(store, "db", "upgrade", "--offline", check=False)
+        assert keyless.returncode == 1 and "administrator's key" in keyless.stderr, keyless.stderr
+    finally:
+        aside.rename(admin_key)
+    mwp(store, "db", "upgrade", "--offline")
+
+
 def check_status_current(store: Store) -> None:
     status = mwp(store, "db", "status", "--json")
     lines = schema_lines(json.loads(status.stdout))
@@ -591,7 +607,7 @@ async def test_a_release_store_upgrades_and_serves_on(release: str, backend: str
     assert store.expected["release"] == release and store.expected["backend"] == backend
     key_files = check_key_files(store)
     check_status_needs_upgrade(store)
-    mwp(store, "db", "upgrade")
+    check_upgrade_vouches_with_the_admin_key(store)
     check_status_current(store)
     check_verify(store)
     async with served(store) as target:

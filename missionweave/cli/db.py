@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from missionweave.cli.common import CliError, UsageError
 from missionweave.cli.store import StoreUnreachable, describe_store, store_flags, store_of
@@ -94,7 +95,11 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         done = schemas.upgrade(
-            url, _lines(args), offline_ok=args.offline, progress=None if args.json else _progress
+            url,
+            _lines(args),
+            offline_ok=args.offline,
+            progress=None if args.json else _progress,
+            secrets=_secrets(args, settings.admin_key_path),
         )
     except (OSError, SQLAlchemyError) as err:
         raise StoreUnreachable(f"cannot upgrade the store at {describe_store(url)}: {err}") from None
@@ -139,6 +144,20 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def _secrets(args: argparse.Namespace, default_admin_key: Path) -> dict[str, object]:
+    """The administrator's key, for a migration that vouches for rows older than grants (D170):
+    ``--admin-key``, else the data directory's when it is there."""
+    from missionweave.signing import KeyFileError, read_key
+
+    path = Path(args.admin_key) if args.admin_key else default_admin_key
+    if not args.admin_key and not path.exists():
+        return {}
+    try:
+        return {"admin_key": read_key(path)}
+    except (OSError, KeyFileError) as err:
+        raise UsageError(f"--admin-key: {err}") from None
+
+
 def _progress(line: str, revision: str) -> None:
     print(f"mwp db upgrade: {line}: applied {revision}", file=sys.stderr, flush=True)
 
@@ -165,6 +184,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         p.add_argument("--json", action="store_true", help="one JSON document (for scripts)")
     u.add_argument(
         "--offline", action="store_true", help="also run migrations that need every service stopped"
+    )
+    u.add_argument(
+        "--admin-key",
+        help="the Organization administrator's key file, for a migration that vouches for existing identities "
+        "(default <data dir>/keys/admin.key when present)",
     )
     s.set_defaults(func=cmd_status, ignores_contexts=True)
     u.set_defaults(func=cmd_upgrade, ignores_contexts=True)

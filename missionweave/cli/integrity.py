@@ -43,7 +43,13 @@ def blobs_progress(line: StatusLine) -> Callable[[int, int, int, int], None]:
 def cmd_verify(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from missionweave.mesh.maintenance import blob_location, verify, verify_stored_blobs
+    from missionweave.mesh.maintenance import (
+        blob_location,
+        verify,
+        verify_membership_grants,
+        verify_stored_blobs,
+    )
+    from missionweave.signing import KeyFileError
 
     settings, url = store_of(args)
     progress = None if args.json else groups_progress(StatusLine("mwp verify"))
@@ -51,6 +57,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
         report = verify(url, settings.authority_key_path, progress)
     except (OSError, SQLAlchemyError) as err:
         raise StoreUnreachable(f"cannot read the store at {describe_store(url)}: {err}") from None
+    admin_key = Path(args.admin_key) if args.admin_key else settings.admin_key_path
+    if args.admin_key and not admin_key.exists():
+        raise CliError(f"--admin-key: no such file: {admin_key}")
+    try:
+        grants = verify_membership_grants(url, admin_key)
+    except (OSError, SQLAlchemyError) as err:
+        raise StoreUnreachable(f"cannot read the membership tables at {describe_store(url)}: {err}") from None
+    except KeyFileError as err:
+        raise CliError(f"--admin-key: {err}") from None
     blobs = None
     if not args.no_blobs:
         try:
@@ -59,9 +74,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise StoreUnreachable(f"cannot read the artifact index at {describe_store(url)}: {err}") from None
         except ValueError as err:  # a misconfigured blob store (MWP_S3_*), an index at another schema revision
             raise StoreUnreachable(f"cannot check the blobs in {blob_location(settings.data_dir)}: {err}") from None
-    clean = report.clean and (blobs is None or blobs.clean)
+    clean = report.clean and (blobs is None or blobs.clean) and (grants is None or grants.clean)
     if args.json:
         document = {"store": describe_store(url), **report.as_dict(), "clean": clean, "logs_clean": report.clean}
+        document["grants"] = grants.as_dict() if grants is not None else None
         document["blobs"] = blobs.as_dict() if blobs is not None else None
         print(json.dumps(document, indent=2))
         return 0 if clean else 1
@@ -71,6 +87,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         f"checked    {report.groups:,} Groups, {report.events:,} events "
         f"({report.unlinked_events:,} from before the event chain), {report.snapshots:,} snapshots in {report.seconds:.1f} s"
     )
+    if grants is None:
+        print(f"grants     not checked: no administrator key at {admin_key} (--admin-key FILE)")
+    else:
+        print(f"grants     {grants.identities:,} identities, {grants.sessions:,} sessions ({grants.seconds:.1f} s)")
     if blobs is None:
         print("blobs      not checked (--no-blobs)")
     elif not blobs.indexed:
@@ -79,15 +99,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"blobs      {blobs.blobs:,} blobs, {size_text(blobs.bytes)} in {blobs.location} ({blobs.seconds:.1f} s)")
     if clean:
         print("result     CLEAN: every signature, sequence, chain link and snapshot verifies"
+              + ("" if grants is None else "; every identity and session matches the request that granted it")
               + ("" if blobs is None or not blobs.blobs else "; every blob is stored, of its size, hashing to its name"))
         return 0
     groups = f", {len(report.corrupted_groups)} Group(s)" if report.corrupted_groups else ""
     blob_count = f", {len(blobs.findings)} blob(s)" if blobs is not None and blobs.findings else ""
+    grant_count = f", {len(grants.findings)} granting row(s)" if grants is not None and grants.findings else ""
     findings = len(report.findings) + (len(blobs.findings) if blobs is not None else 0)
-    print(f"result     CORRUPTED: {findings} finding(s){groups}{blob_count}")
+    findings += len(grants.findings) if grants is not None else 0
+    print(f"result     CORRUPTED: {findings} finding(s){groups}{grant_count}{blob_count}")
     for finding in report.findings:
         where = f"{finding.group_id} at sequence {finding.sequence}" if finding.group_id else "store"
         print(f"  {where}: {finding.detail}")
+    for grant in grants.findings if grants is not None else ():
+        where = grant.identity_id if grant.what == "identity" else f"{grant.identity_id} session {grant.session_epoch}"
+        print(f"  {grant.what} {where}: {grant.detail}")
     for blob in blobs.findings if blobs is not None else ():
         print(f"  blob blake3:{blob.digest} ({blob.size_bytes:,} bytes): {blob.problem}: {blob.detail}")
     return 1
@@ -140,7 +166,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     v = sub.add_parser(
         "verify",
         help="check a whole store offline: signatures, sequences, the event chain, snapshots, key history, "
-        "every stored blob",
+        "the grants of identities and sessions, every stored blob",
         description="Exit codes: 0 clean, 1 corruption found, 2 usage error, 3 the store cannot be read.",
     )
     store_flags(v)
@@ -150,6 +176,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="skip the blob pass (every blob the artifact index names, read from the blob store: "
         "$MWP_DATA_DIR/blobs, or S3 with MWP_S3_BUCKET)",
+    )
+    v.add_argument(
+        "--admin-key",
+        help="the Organization administrator's key file, the root of every identity's grant "
+        "(default <data dir>/keys/admin.key; without it the grants are not checked)",
     )
     v.set_defaults(func=cmd_verify, ignores_contexts=True)
 

@@ -23,6 +23,7 @@ from missionweave.signing import authority_key_id, generate_key, read_key, write
 from services.authority import schema as authority_schema
 from services.authority.audit import Report, verify_store
 from services.authority.keys import KeyContinuityError, KeyHistory, load_history, record_rotation
+from services.membership.audit import GrantReport, verify_grants
 
 __all__ = [
     "BlobReport",
@@ -47,6 +48,23 @@ def verify(url: str, key_file: Path | None, progress: Callable[[int, int, int], 
         try:
             await authority_schema.create_schema(engine)  # refuses a store at another schema revision
             return await verify_store(engine, public, progress)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
+
+
+def verify_membership_grants(url: str, admin_key_file: Path) -> GrantReport | None:
+    """Checks every identity and session row against its grant (D170); None without the
+    administrator's key file, the root those grants chain to."""
+    if not admin_key_file.exists():
+        return None
+    admin_public_key = bytes(read_key(admin_key_file).verify_key)
+
+    async def run() -> GrantReport:
+        engine = make_engine(url)
+        try:
+            return await verify_grants(engine, admin_public_key)
         finally:
             await engine.dispose()
 

@@ -6,7 +6,8 @@ The CLI reaches the services' tables only through here (like ``mwp verify`` thro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from artifactstore import schema as artifacts_schema
 from gateway import schema as gateway_schema
@@ -54,13 +55,18 @@ def status(url: str, names: Iterable[str] = LINES) -> list[LineStatus]:
 
 
 def upgrade(
-    url: str, names: Iterable[str] = LINES, *, offline_ok: bool = False, progress: Progress | None = None
+    url: str,
+    names: Iterable[str] = LINES,
+    *,
+    offline_ok: bool = False,
+    progress: Progress | None = None,
+    secrets: Mapping[str, Any] | None = None,
 ) -> list[tuple[LineStatus, tuple[Step, ...]]]:
     async def run() -> list[tuple[LineStatus, tuple[Step, ...]]]:
         engine = make_engine(url)
         try:
             return await schema_versions.upgrade(
-                engine, lines_for(names), offline_ok=offline_ok, progress=progress
+                engine, lines_for(names), offline_ok=offline_ok, progress=progress, secrets=secrets
             )
         finally:
             await engine.dispose()

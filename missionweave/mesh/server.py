@@ -281,7 +281,7 @@ async def bootstrap_admin(settings: Settings, registry: IdentityRegistry) -> Non
     if await registry.count():
         return
     key = load_or_create_key(settings.admin_key_path)
-    await registry.bootstrap_admin("admin", bytes(key.verify_key), "Organization administrator")
+    await registry.bootstrap_admin("admin", key, "Organization administrator")
     log.warning(
         "created the Organization administrator identity 'admin'",
         extra={"identity": "admin", "key_file": str(settings.admin_key_path.resolve())},
@@ -317,7 +317,10 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     )
     registry = None
     if "membership" in settings.services:
-        registry = IdentityRegistry(engine, clock)
+        # The administrator's key, outside the database, is the root of every identity's grant (D170).
+        registry = IdentityRegistry(
+            engine, clock, admin_public_key=bytes(load_or_create_key(settings.admin_key_path).verify_key)
+        )
         await bootstrap_admin(settings, registry)
     identities = _directory_client(peers)
     # Proof freshness is a transport matter, judged by this host's wall clock (the protocol clock

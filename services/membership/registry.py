@@ -8,6 +8,10 @@ Every change (a registration, a session opened) is also recorded in the director
 under the next directory revision, in the change's own transaction: the other services follow it
 through the IdentityDirectoryService contract (``services/membership/directory.py``).
 
+Every identity and session row read from the database is checked against the signed request that
+granted it (``services/membership/grants.py``, D170): a row edited outside this service is refused
+as corrupted, and left out of the directory's lists.
+
 The registry's own cache serves this service's checks (who signed an Organization request, the
 epoch a new session raises) and the public GetIdentity. It is authoritative while this registry is
 the only writer (``authoritative_cache=True``); opened with ``authoritative_cache=False`` it reads
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +31,7 @@ from datetime import timedelta
 from typing import Any
 
 import blake3
+from nacl.signing import SigningKey
 from sqlalchemy import Row, and_, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -42,6 +48,7 @@ from missionweave.signing import (
     verify_signature,
 )
 from missionweave.v1 import common_pb2, membership_pb2, membership_service_pb2
+from services.membership.grants import GrantChecker, GrantedIdentity, GrantInvalid, attest_identity
 from services.membership.schema import (
     directory_streams,
     identities,
@@ -52,6 +59,7 @@ from services.membership.schema import (
 )
 
 R = common_pb2.RejectionReason
+log = logging.getLogger("missionweave.membership.registry")
 REPLAY_WINDOW = timedelta(minutes=5)
 MAX_DISPLAY_NAME_CHARS = 256
 
@@ -89,9 +97,12 @@ class IdentityRecord:
 
 
 class IdentityRegistry:
-    def __init__(self, engine: AsyncEngine, clock: Clock, *, authoritative_cache: bool = True) -> None:
+    def __init__(
+        self, engine: AsyncEngine, clock: Clock, *, admin_public_key: bytes, authoritative_cache: bool = True
+    ) -> None:
         self.engine = engine
         self.clock = clock
+        self.grants = GrantChecker(admin_public_key)
         self.authoritative_cache = authoritative_cache
         self._identities: dict[str, IdentityRecord] = {}
         self._session_keys: dict[tuple[str, int], bytes] = {}
@@ -112,7 +123,12 @@ class IdentityRegistry:
         row = await self._identity_row(identity_id)
         if row is None:
             return None
-        record = self._record(row)
+        record = await self._checked(row)
+        if record is None:
+            raise Rejected(
+                R.REJECTION_REASON_DATA_CORRUPTED,
+                f"the stored identity {identity_id!r} does not match the request that registered it",
+            )
         self._identities[identity_id] = record
         return record
 
@@ -120,11 +136,18 @@ class IdentityRegistry:
         key = self._session_keys.get((identity_id, session_epoch))
         if key is not None:
             return key  # a session's key never changes
-        value = await self._session_key_row(identity_id, session_epoch)
-        if value is None:
+        found = await self._session_key_row(identity_id, session_epoch)
+        if found is None:
             return None
-        self._session_keys[(identity_id, session_epoch)] = bytes(value)
-        return bytes(value)
+        value, grant = found
+        try:
+            identity = await self.get(identity_id)
+        except Rejected:  # its identity fails its grant check (logged)
+            return None
+        if identity is None or not self._session_granted(identity, session_epoch, value, grant):
+            return None  # an edited session is no session: its proofs are refused as unknown (logged)
+        self._session_keys[(identity_id, session_epoch)] = value
+        return value
 
     @finish_on_cancel
     async def _identity_row(self, identity_id: str) -> Row[Any] | None:
@@ -138,24 +161,56 @@ class IdentityRegistry:
             int(row.registered_us), int(row.session_epoch),
         )
 
+    async def _checked(self, row: Row[Any]) -> IdentityRecord | None:
+        """The row's record if its grant holds; None (logged) if the row was edited outside the service."""
+        record = self._record(row)
+        try:
+            await self.grants.identity(_granted(record), row.grant_envelope, self._signer)
+        except GrantInvalid as refused:
+            log.error(
+                "an identity row fails its grant check: it was written outside the membership service",
+                extra={"identity": record.identity_id, "detail": str(refused)},
+            )
+            return None
+        return record
+
+    async def _signer(self, identity_id: str) -> tuple[GrantedIdentity, bytes | None] | None:
+        row = await self._identity_row(identity_id)
+        return None if row is None else (_granted(self._record(row)), row.grant_envelope)
+
+    def _session_granted(self, identity: IdentityRecord, session_epoch: int, key: bytes, grant: bytes | None) -> bool:
+        try:
+            self.grants.session(_granted(identity), session_epoch, key, grant)
+        except GrantInvalid as refused:
+            log.error(
+                "a session row fails its grant check: it was written outside the membership service",
+                extra={"identity": identity.identity_id, "session_epoch": session_epoch, "detail": str(refused)},
+            )
+            return False
+        return True
+
     @finish_on_cancel
-    async def _session_key_row(self, identity_id: str, session_epoch: int) -> bytes | None:
+    async def _session_key_row(self, identity_id: str, session_epoch: int) -> tuple[bytes, bytes | None] | None:
         async with self.engine.connect() as conn:
-            value = (
+            row = (
                 await conn.execute(
-                    select(sessions.c.public_key).where(
+                    select(sessions.c.public_key, sessions.c.grant_envelope).where(
                         and_(sessions.c.identity_id == identity_id, sessions.c.session_epoch == session_epoch)
                     )
                 )
-            ).scalar_one_or_none()
-        return None if value is None else bytes(value)
+            ).first()
+        return None if row is None else (bytes(row.public_key), row.grant_envelope)
+
+    async def _all_checked(self, rows: list[Row[Any]]) -> list[IdentityRecord]:
+        return [record for row in rows if (record := await self._checked(row)) is not None]
 
     @finish_on_cancel
     async def identities_after(self, after: str, limit: int) -> list[IdentityRecord]:
         """At most ``limit`` identities whose id is greater than ``after``, by id, from the database."""
         query = select(identities).where(identities.c.identity_id > after).order_by(identities.c.identity_id).limit(limit)
         async with self.engine.connect() as conn:
-            return [self._record(row) for row in (await conn.execute(query)).all()]
+            rows = (await conn.execute(query)).all()
+        return await self._all_checked(list(rows))
 
     async def count(self) -> int:
         async with self.engine.connect() as conn:
@@ -171,7 +226,7 @@ class IdentityRegistry:
             revision = await read_revision(conn)
             rows = (await conn.execute(select(identities).where(identities.c.identity_id.in_(identity_ids)))).all()
         self.note_head(revision)
-        return revision, [self._record(row) for row in rows]
+        return revision, await self._all_checked(list(rows))
 
     async def head(self, max_age: float) -> int:
         """The directory's revision, read from the database unless it was read less than ``max_age``
@@ -202,6 +257,7 @@ class IdentityRegistry:
                 identity_changes.c.session_epoch.label("change_epoch"),
                 identities,
                 sessions.c.public_key.label("session_public_key"),
+                sessions.c.grant_envelope.label("session_grant"),
             )
             .join(identities, identities.c.identity_id == identity_changes.c.identity_id)
             .outerjoin(
@@ -219,12 +275,21 @@ class IdentityRegistry:
             rows = (await conn.execute(query)).all()
         changes = []
         for row in rows:
+            # A row that fails its grant check still takes its revision (streams have no gaps), but
+            # grants nothing: no key verifies against an empty one.
+            checked = await self._checked(row)
+            record = checked or dataclasses.replace(self._record(row), public_key=b"", org_admin=False)
             change = directory_pb2.IdentityChange(
                 revision=int(row.revision),
                 kind=int(row.change_kind),  # type: ignore[arg-type]
-                identity=self._record(row).to_directory(int(row.change_epoch)),
+                identity=record.to_directory(int(row.change_epoch)),
             )
-            if change.kind == directory_pb2.IDENTITY_CHANGE_KIND_SESSION_OPENED and row.session_public_key is not None:
+            if (
+                change.kind == directory_pb2.IDENTITY_CHANGE_KIND_SESSION_OPENED
+                and row.session_public_key is not None
+                and checked is not None
+                and self._session_granted(checked, int(row.change_epoch), bytes(row.session_public_key), row.session_grant)
+            ):
                 change.session_public_key = bytes(row.session_public_key)
             changes.append(change)
             cached = self._identities.get(row.identity_id)
@@ -289,13 +354,14 @@ class IdentityRegistry:
 
     # ------------------------------------------------------------ Organization commands
 
-    async def bootstrap_admin(self, identity_id: str, public_key: bytes, display_name: str) -> IdentityRecord:
-        """First start only: the Organization's administrator (a human with org_admin)."""
+    async def bootstrap_admin(self, identity_id: str, admin_key: SigningKey, display_name: str) -> IdentityRecord:
+        """First start only: the Organization's administrator (a human with org_admin), granted by
+        its own key: the root of every grant (D170)."""
         record = IdentityRecord(
-            identity_id, common_pb2.IDENTITY_KIND_HUMAN, display_name, public_key, True,
+            identity_id, common_pb2.IDENTITY_KIND_HUMAN, display_name, bytes(admin_key.verify_key), True,
             to_micros(self.clock.now()), 0,
         )
-        await self._insert_identity(record)
+        await self._insert_identity(record, grant=attest_identity(admin_key, _granted(record), record.registered_us))
         return record
 
     async def register(self, envelope: common_pb2.SignedEnvelope) -> IdentityRecord:
@@ -336,7 +402,9 @@ class IdentityRegistry:
                 ident.identity_id, ident.kind, ident.display_name, bytes(ident.public_key),
                 ident.org_admin, to_micros(self.clock.now()), 0,
             )
-            await self._insert_identity(record, request=(command.request_id, fingerprint))
+            await self._insert_identity(
+                record, grant=envelope.SerializeToString(), request=(command.request_id, fingerprint)
+            )
             return record
 
     async def open_session(self, envelope: common_pb2.SignedEnvelope) -> tuple[membership_pb2.Session, int]:
@@ -377,6 +445,7 @@ class IdentityRegistry:
                             public_key=bytes(command.session_public_key),
                             opened_us=now,
                             request_fingerprint=fingerprint,
+                            grant_envelope=envelope.SerializeToString(),
                         )
                     )
                     revision = await record_change(
@@ -427,7 +496,9 @@ class IdentityRegistry:
             raise Rejected(R.REJECTION_REASON_CLOCK_SKEW, "issued_at is outside the replay window (5 minutes)")
         return signer
 
-    async def _insert_identity(self, record: IdentityRecord, request: tuple[str, bytes] | None = None) -> None:
+    async def _insert_identity(
+        self, record: IdentityRecord, *, grant: bytes, request: tuple[str, bytes] | None = None
+    ) -> None:
         try:
             async with self.engine.begin() as conn:
                 await conn.execute(
@@ -439,6 +510,7 @@ class IdentityRegistry:
                         org_admin=record.org_admin,
                         registered_us=record.registered_us,
                         session_epoch=record.session_epoch,
+                        grant_envelope=grant,
                     )
                 )
                 if request is not None:
@@ -484,3 +556,7 @@ async def record_change(conn: AsyncConnection, identity_id: str, kind: int, sess
         )
     )
     return revision
+
+
+def _granted(record: IdentityRecord) -> GrantedIdentity:
+    return GrantedIdentity(record.identity_id, record.kind, record.display_name, record.public_key, record.org_admin)

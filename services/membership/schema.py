@@ -35,6 +35,10 @@ identities = Table(
     Column("org_admin", Boolean, nullable=False),
     Column("registered_us", BigInteger, nullable=False),
     Column("session_epoch", BigInteger, nullable=False),
+    # The serialised SignedEnvelope of the RegisterIdentity request that granted this row
+    # (services/membership/grants.py): the row is refused unless it matches. NULL only in a store
+    # not yet upgraded to membership_0002.
+    Column("grant_envelope", LargeBinary, nullable=True),
 )
 
 sessions = Table(
@@ -46,6 +50,8 @@ sessions = Table(
     Column("opened_us", BigInteger, nullable=False),
     # The signed OpenSession request, kept so a replayed request can be recognised.
     Column("request_fingerprint", LargeBinary, nullable=False, unique=True),
+    # The serialised SignedEnvelope of the OpenSession request, as for ``identities``.
+    Column("grant_envelope", LargeBinary, nullable=True),
 )
 
 org_requests = Table(
