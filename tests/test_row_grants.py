@@ -272,3 +272,12 @@ async def test_grants_chain_through_administrators_to_the_key_file() -> None:
         checker.session(rows["bot"][0], 3, session_key, attest_session(second, "bot", session_key, 0))
     with pytest.raises(GrantInvalid, match="differs"):
         checker.session(rows["bot"][0], 4, bytes(SigningKey.generate().verify_key), own)
+
+
+async def test_a_membership_start_without_the_admin_key_is_refused_not_re_rooted(org: Org) -> None:
+    """Once identities exist, a missing administrator key file is not replaced by a new one (which
+    would make every grant fail, or root them in a key nobody vetted): the start is refused."""
+    (org.data / "keys" / "admin.key").unlink()
+    with pytest.raises(ValueError, match="administrator's key"):
+        await serve(org.db_url, org.data)
+    assert not (org.data / "keys" / "admin.key").exists()

@@ -84,7 +84,7 @@ from services.authority.servicer import AuthorityServicer
 from services.authority.session_fence import SessionFence
 from services.authority.store import EventStore
 from services.membership.directory import IdentityDirectoryServicer
-from services.membership.registry import IdentityRegistry
+from services.membership.registry import IdentityRegistry, has_identities
 from services.membership.servicer import MembershipServicer
 from services.scheduling.servicer import SchedulingServicer
 from services.scheduling.store import ProjectionStore
@@ -278,7 +278,7 @@ async def _authority(
 
 async def bootstrap_admin(settings: Settings, registry: IdentityRegistry) -> None:
     """First start of an empty Organization: create its administrator and say where the key is."""
-    if await registry.count():
+    if await has_identities(registry.engine):
         return
     key = load_or_create_key(settings.admin_key_path)
     await registry.bootstrap_admin("admin", key, "Organization administrator")
@@ -286,6 +286,19 @@ async def bootstrap_admin(settings: Settings, registry: IdentityRegistry) -> Non
         "created the Organization administrator identity 'admin'",
         extra={"identity": "admin", "key_file": str(settings.admin_key_path.resolve())},
     )
+
+
+async def _admin_anchor(settings: Settings, engine: AsyncEngine) -> bytes:
+    """The administrator's public key, outside the database: the root of every identity's grant
+    (D170). Made on the first start of an empty Organization; never silently replaced after it."""
+    path = settings.admin_key_path
+    if not path.exists() and await has_identities(engine):
+        await engine.dispose()
+        raise ValueError(
+            f"the membership service checks every identity against the Organization administrator's key "
+            f"(docs/integrity.md), and {path} is missing: put the key back (the missionweave-admin-key Secret on Kubernetes)"
+        )
+    return bytes(load_or_create_key(path).verify_key)
 
 
 async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
@@ -317,10 +330,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     )
     registry = None
     if "membership" in settings.services:
-        # The administrator's key, outside the database, is the root of every identity's grant (D170).
-        registry = IdentityRegistry(
-            engine, clock, admin_public_key=bytes(load_or_create_key(settings.admin_key_path).verify_key)
-        )
+        registry = IdentityRegistry(engine, clock, admin_public_key=await _admin_anchor(settings, engine))
         await bootstrap_admin(settings, registry)
     identities = _directory_client(peers)
     # Proof freshness is a transport matter, judged by this host's wall clock (the protocol clock

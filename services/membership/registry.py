@@ -212,10 +212,6 @@ class IdentityRegistry:
             rows = (await conn.execute(query)).all()
         return await self._all_checked(list(rows))
 
-    async def count(self) -> int:
-        async with self.engine.connect() as conn:
-            return len((await conn.execute(select(identities.c.identity_id).limit(1))).all())
-
     # ------------------------------------------------------------ the directory's reads
 
     @finish_on_cancel
@@ -529,6 +525,11 @@ class IdentityRegistry:
             ) from None
         self._identities[record.identity_id] = record
         self.note_head(revision)
+
+
+async def has_identities(engine: AsyncEngine) -> bool:
+    async with engine.connect() as conn:
+        return bool((await conn.execute(select(identities.c.identity_id).limit(1))).all())
 
 
 def _wall_us() -> int:
