@@ -30,6 +30,7 @@ from missionweave.v1 import authority_service_pb2
 from missionweave.verify_worker import check as check_signature
 from services.authority import decider
 from services.authority.keys import KeyContinuityError, KeyHistory, load_history
+from services.authority.ownership_seal import OwnershipSeal
 from services.authority.schema import (
     chain_checkpoints,
     commands,
@@ -63,6 +64,8 @@ class Report:
     events: int = 0
     unlinked_events: int = 0  # appended before the chain existed (D72): signature and sequence only
     snapshots: int = 0
+    # Ownership rows without a seal (from before authority_0002): they hold no lease (D171), so not a finding.
+    unsealed_ownership: int = 0
     keys: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
@@ -82,6 +85,7 @@ class Report:
             "events": self.events,
             "unlinked_events": self.unlinked_events,
             "snapshots": self.snapshots,
+            "unsealed_ownership": self.unsealed_ownership,
             "keys": self.keys,
             "corrupted_groups": self.corrupted_groups,
             "findings": [f.as_dict() for f in self.findings],
@@ -124,8 +128,28 @@ async def verify_store(
         report.groups += 1
         if progress is not None:
             progress(done + 1, len(group_ids), report.events)
+    await _verify_ownership(engine, OwnershipSeal(None, keys.values()), report)
     report.seconds = time.monotonic() - started
     return report
+
+
+async def _verify_ownership(engine: AsyncEngine, seal: OwnershipSeal, report: Report) -> None:
+    """Every ownership row is sealed by a key of the history, or unsealed (D171)."""
+    query = select(groups.c.group_id, groups.c.owner_instance, groups.c.writer_epoch, groups.c.owner_seal)
+    async with engine.connect() as conn:
+        rows = (await conn.execute(query.order_by(groups.c.group_id))).all()
+    for row in rows:
+        if row.owner_seal is None:
+            report.unsealed_ownership += 1
+        elif not seal.holds(row.group_id, row.owner_instance, int(row.writer_epoch), row.owner_seal):
+            report.findings.append(
+                Finding(
+                    row.group_id,
+                    0,
+                    f"the Group's ownership row (owner {row.owner_instance}, writer epoch {row.writer_epoch}) "
+                    "is not sealed by the Authority key",
+                )
+            )
 
 
 async def _all_groups(engine: AsyncEngine) -> list[str]:

@@ -41,6 +41,7 @@ from services.authority.loading import GroupLoader
 from services.authority.locking import GroupLocks
 from services.authority.lookups import Lookups, decision_context, look_up
 from services.authority.owned import OwnedGroup, Pending
+from services.authority.ownership_seal import OwnershipSeal
 from services.authority.reads import AppendWaiters, EventReads, StateViews
 from services.authority.rules import children
 from services.authority.rules.common import OrganizationPolicy
@@ -105,6 +106,8 @@ class GroupAuthority:
         # Where the store's writer can sign events beside the commit (D56), the loop only serialises
         # them; otherwise (PostgreSQL) it signs them itself.
         self._writer_signs = store.sign_events_with(signing_key, self.key_id)
+        # Ownership rows are sealed by this key, and checked against every key of the history (D171).
+        store.seal_ownership_with(OwnershipSeal(signing_key, self.key_history.keys.values()))
         # Called when an append wrote cross-Group outbox rows (the relay delivers them).
         self.on_links: Callable[[], None] | None = None
 
@@ -286,6 +289,7 @@ class GroupAuthority:
             fingerprint=fingerprint_,
             events=stored,
             creates_group=state is None,
+            owner_seal=self.store.owner_seal(group_id, writer_epoch) if state is None else b"",
             rewrites=await appends.erasures(group_id, decision, self.reads, self.integrity, self._sign),
             payloads=payloads if self._writer_signs else [],
             links=links,

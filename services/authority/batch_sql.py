@@ -46,7 +46,7 @@ from services.authority.schema import (
 
 # Parameter order of every statement below; rows are passed as tuples in this order.
 HEAD_PARAMS = ("g", "e", "expected", "new_head", "new_expiry")
-GROUP_COLUMNS = ("group_id", "head_seq", "writer_epoch", "owner_instance", "lease_expires_us", "created_us")
+GROUP_COLUMNS = ("group_id", "head_seq", "writer_epoch", "owner_instance", "lease_expires_us", "created_us", "owner_seal")
 EVENT_COLUMNS = ("group_id", "seq", "event_id", "type", "command_id", "recorded_us", "envelope")
 COMMAND_COLUMNS = ("group_id", "command_id", "fingerprint", "first_seq", "last_seq", "event_count")
 LINK_COLUMNS = ("source_group_id", "source_seq", "target_group_id", "created_us")

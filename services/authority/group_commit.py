@@ -51,6 +51,9 @@ class AppendRecord:
     leases: list[tuple[str, str, int]] = field(default_factory=list)
     # The W3C traceparent of the decision that made it ("" untraced): the commit spans link to it.
     traceparent: str = ""
+    # A creating append: the Authority key's seal of (group, this instance, writer epoch) for the
+    # new ownership row (services/authority/ownership_seal.py).
+    owner_seal: bytes = b""
 
 
 class BatchWriter:
@@ -101,7 +104,12 @@ class BatchWriter:
             return [self.write(ops, [req], now)[0] for req in batch]
 
     def _create(self, ops: BatchOps, req: AppendRecord, now: int) -> None:
-        ops.insert_group((req.group_id, req.expected_head + len(req.events), req.writer_epoch, self.instance_id, now + self.ttl_us, now))
+        ops.insert_group(
+            (
+                req.group_id, req.expected_head + len(req.events), req.writer_epoch, self.instance_id,
+                now + self.ttl_us, now, req.owner_seal or None,
+            )
+        )
 
     def _apply(self, ops: BatchOps, req: AppendRecord, now: int, expires: int) -> Rejected | None:
         if req.creates_group:

@@ -25,6 +25,9 @@ groups = Table(
     Column("owner_instance", String(128), nullable=False),
     Column("lease_expires_us", BigInteger, nullable=False),
     Column("created_us", BigInteger, nullable=False),
+    # The Authority key's signature of (group, owner_instance, writer_epoch): an owner without it
+    # holds no lease (services/authority/ownership_seal.py). NULL in rows from before authority_0002.
+    Column("owner_seal", LargeBinary, nullable=True),
 )
 
 # Where each Authority instance (shard) can be reached: a NOT_OWNER answer names the owner's address

@@ -41,6 +41,7 @@ from missionweave.logs import RateLimitedLog
 from missionweave.v1 import common_pb2
 from services.authority.batch_sql import SqlAlchemyOps
 from services.authority.group_commit import AppendRecord, BatchWriter, StoredEvent
+from services.authority.ownership_seal import OwnershipSeal
 from services.authority.schema import (
     authority_instances,
     chain_checkpoints,
@@ -148,8 +149,19 @@ class EventStore:
         target = sqlite_writer_target(engine)
         self._sqlite_writer = None if target is None else WriterProcess(*target, instance_id, self._ttl_us)
         self._writer_seen: int | None = None  # the writer process that made the last commit
+        # Seals ownership rows and checks other instances' (``seal_ownership_with``); None: neither
+        # (a store opened for reads or by tests of the store alone).
+        self.ownership: OwnershipSeal | None = None
 
     # ------------------------------------------------------------ lifecycle
+
+    def seal_ownership_with(self, seal: OwnershipSeal) -> None:
+        """Seal the ownership rows this instance takes; treat another's without a valid seal as lapsed."""
+        self.ownership = seal
+
+    def owner_seal(self, group_id: str, writer_epoch: int) -> bytes:
+        """The seal of this instance's ownership of a Group it creates at ``writer_epoch``."""
+        return b"" if self.ownership is None else self.ownership.seal(group_id, self.instance_id, writer_epoch)
 
     def sign_events_with(self, key: SigningKey, key_id: str) -> bool:
         """Let the store's writer sign the events of appends that carry ``payloads`` (D56). True
@@ -190,28 +202,24 @@ class EventStore:
         now = to_micros(self.clock.now())
         expires = now + int(self.ownership_ttl.total_seconds() * 1_000_000)
         async with self.engine.begin() as conn:
-            result = await conn.execute(
-                update(groups)
-                .where(
-                    and_(
-                        groups.c.group_id == group_id,
-                        or_(groups.c.owner_instance == self.instance_id, groups.c.lease_expires_us < now),
-                    )
-                )
-                .values(
-                    writer_epoch=groups.c.writer_epoch + 1,
-                    owner_instance=self.instance_id,
-                    lease_expires_us=expires,
-                )
-                .returning(groups.c.writer_epoch, groups.c.head_seq)
-            )
-            row = result.first()
-            if row is not None:
-                return int(row[0]), int(row[1])
+            taken = await self._take(conn, group_id, or_(groups.c.owner_instance == self.instance_id, groups.c.lease_expires_us < now), expires)
+            if taken is not None:
+                return taken
             held = await _owner_row(conn, group_id)
+            if held is not None and not self._sealed(group_id, held):
+                # Not taken by an instance of this Authority: a row edited outside the service.
+                log.error(
+                    "a Group's ownership row is not sealed by the Authority key: taking the Group over",
+                    extra={"group_id": group_id, "owner": held.owner_instance, "writer_epoch": int(held.writer_epoch)},
+                )
+                unsealed = and_(groups.c.writer_epoch == held.writer_epoch, groups.c.owner_instance == held.owner_instance)
+                taken = await self._take(conn, group_id, unsealed, expires)
+                if taken is not None:
+                    return taken
+                held = await _owner_row(conn, group_id)  # another instance took it meanwhile
         if held is None:
             return None
-        owner, address = held[0], held[1] or ""
+        owner, address = held.owner_instance, held.address or ""
         raise Rejected(
             R.REJECTION_REASON_NOT_OWNER,
             f"group {group_id} is owned by authority instance {owner}" + (f" at {address}" if address else ""),
@@ -219,13 +227,44 @@ class EventStore:
             owner_address=address,
         )
 
+    async def _take(self, conn: AsyncConnection, group_id: str, when: Any, expires: int) -> tuple[int, int] | None:
+        """Take the Group if ``when`` holds of its row, raising its writer epoch and sealing the new
+        ownership: (writer_epoch, head), or None when ``when`` does not hold."""
+        row = (
+            await conn.execute(
+                update(groups)
+                .where(and_(groups.c.group_id == group_id, when))
+                .values(writer_epoch=groups.c.writer_epoch + 1, owner_instance=self.instance_id, lease_expires_us=expires)
+                .returning(groups.c.writer_epoch, groups.c.head_seq)
+            )
+        ).first()
+        if row is None:
+            return None
+        epoch, head = int(row[0]), int(row[1])
+        if self.ownership is not None:
+            await conn.execute(
+                update(groups)
+                .where(and_(groups.c.group_id == group_id, groups.c.writer_epoch == epoch))
+                .values(owner_seal=self.ownership.seal(group_id, self.instance_id, epoch))
+            )
+        return epoch, head
+
+    def _sealed(self, group_id: str, held: Any) -> bool:
+        return self.ownership is None or self.ownership.holds(
+            group_id, held.owner_instance, int(held.writer_epoch), held.owner_seal
+        )
+
     @finish_on_cancel
     async def owner(self, group_id: str) -> tuple[str, str] | None:
         """The instance that owns the Group, or last did (its lease may have lapsed since its last
-        append), and its address ("" when it never announced one); None when the Group does not exist."""
+        append), and its address ("" when it never announced one); None when the Group does not
+        exist or its ownership row is not sealed (no instance validly owns it: the next to need it
+        takes it)."""
         async with self.engine.connect() as conn:
             held = await _owner_row(conn, group_id)
-        return None if held is None else (str(held[0]), str(held[1] or ""))
+        if held is None or not self._sealed(group_id, held):
+            return None
+        return str(held.owner_instance), str(held.address or "")
 
     @finish_on_cancel
     async def announce(self, address: str) -> None:
@@ -573,10 +612,11 @@ _RECORDED = select(
 
 
 async def _owner_row(conn: AsyncConnection, group_id: str) -> Any:
-    """(owner instance, its announced address or None) of a Group, or None when it does not exist."""
+    """The Group's owner instance, its announced address (or None), writer epoch and seal; None when
+    the Group does not exist."""
     return (
         await conn.execute(
-            select(groups.c.owner_instance, authority_instances.c.address)
+            select(groups.c.owner_instance, authority_instances.c.address, groups.c.writer_epoch, groups.c.owner_seal)
             .select_from(groups.outerjoin(authority_instances, authority_instances.c.instance_id == groups.c.owner_instance))
             .where(groups.c.group_id == group_id)
         )

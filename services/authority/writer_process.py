@@ -17,7 +17,7 @@ server with the server's interpreter, and the pipes are private to the two of th
     request = (now_us, [(group_id, writer_epoch, expected_head, command_id, fingerprint,
                creates_group, [(sequence, event_id, type, recorded_us, envelope), ...],
                [(sequence, envelope), ...], [payload to sign, ...], [(sequence, target), ...],
-               traceparent), ...], batch traceparent)
+               leases, traceparent, owner_seal), ...], batch traceparent)
     answer  = ([None | (reason, message, metadata), ...],   one per append, None = appended
                [[signature, ...], ...])                     one list per append (empty: none signed)
 
@@ -85,6 +85,7 @@ def encode_batch(batch: Sequence[AppendRecord], now_us: int, traceparent: str = 
             r.links,
             r.leases,
             r.traceparent,
+            r.owner_seal,
         )
         for r in batch
     ]
@@ -97,9 +98,9 @@ def decode_batch(body: bytes) -> tuple[list[AppendRecord], int, str]:
     records = [
         AppendRecord(
             g, epoch, head, cmd, fp, [StoredEvent(*e) for e in evs], creates, list(rewrites), list(payloads), list(links),
-            list(leases), tp,
+            list(leases), tp, seal,
         )
-        for g, epoch, head, cmd, fp, creates, evs, rewrites, payloads, links, leases, tp in rows
+        for g, epoch, head, cmd, fp, creates, evs, rewrites, payloads, links, leases, tp, seal in rows
     ]
     return records, now_us, traceparent
 
