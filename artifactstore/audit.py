@@ -25,7 +25,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from artifactstore.backends import BlobStoreConfig, blobstore_from_config, check_digest
 from artifactstore.blobstore import CHUNK_BYTES
-from artifactstore.schema import LINE, blobs
+from artifactstore.holder_seal import HolderSeal
+from artifactstore.schema import LINE, blobs, holders
 from missionweave import schema_versions
 
 # Index rows read at once (keyset pages, in digest order), and blobs checked side by side (S3's
@@ -214,3 +215,13 @@ async def verify_blobs(
                 progress(report.blobs, max(total, report.blobs), report.bytes, max(total_bytes, report.bytes))
     report.seconds = time.monotonic() - started
     return report
+
+
+async def unsealed_holders(engine: AsyncEngine, seal: HolderSeal) -> tuple[int, list[tuple[str, str]]]:
+    """``mwp verify``'s check of the holder rows (D172): how many there are, and the (digest,
+    identity) of each whose seal does not hold (written outside the artifact service)."""
+    query = select(holders.c.digest, holders.c.identity_id, holders.c.size_bytes, holders.c.holder_seal)
+    async with engine.connect() as conn:
+        rows = (await conn.execute(query.order_by(holders.c.digest, holders.c.identity_id))).all()
+    bad = [(r.digest, r.identity_id) for r in rows if not seal.holds(r.digest, r.identity_id, int(r.size_bytes), r.holder_seal)]
+    return len(rows), bad

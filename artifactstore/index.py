@@ -4,6 +4,7 @@ provenance edges."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,10 +29,13 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from artifactstore.holder_seal import HolderSeal
 from artifactstore.schema import blobs, holders, holdings, manifests, provenance, upload_reservations
 from artifactstore.verified_marks import VerifiedMarks
 from missionweave.aio import finish_on_cancel
 from missionweave.db import TransactionRunner, compiled_once, dialect_insert
+
+log = logging.getLogger("missionweave.artifacts.index")
 
 
 @dataclass(frozen=True)
@@ -96,9 +100,13 @@ _LAPSED = delete(upload_reservations).where(_OF_IDENTITY, upload_reservations.c.
 _ENDED = delete(upload_reservations).where(upload_reservations.c.reservation_id.in_(bindparam("ended", expanding=True)))
 _HAD = select(holders.c.digest).where(holders.c.identity_id == _id("identity_id"), holders.c.digest.in_(bindparam("digests", expanding=True)))
 _BLOB = select(blobs).where(blobs.c.digest == _id("digest"))
-_BLOB_HELD = select(
-    blobs, select(holders.c.digest).where(holders.c.digest == _id("digest"), holders.c.identity_id == _id("identity_id")).exists().label("held")
-).where(blobs.c.digest == _id("digest"))
+_BLOB_HELD = (
+    select(blobs, holders.c.size_bytes.label("held_size"), holders.c.holder_seal)
+    .select_from(
+        blobs.outerjoin(holders, and_(holders.c.digest == blobs.c.digest, holders.c.identity_id == _id("identity_id")))
+    )
+    .where(blobs.c.digest == _id("digest"))
+)
 
 
 def _reservation(unless_stored: bool) -> Insert:
@@ -128,8 +136,10 @@ def _insert_new(engine: AsyncEngine, table: Table, keys: tuple[str, ...]) -> Tex
 
 
 class ArtifactIndex:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, seal: HolderSeal | None = None) -> None:
         self.engine = engine
+        # Seals the holder rows written and checks those read (D172); None: neither (tests, benches).
+        self.seal = seal
         # The dialect's INSERTs, built and compiled once.
         self._new_blobs = _insert_new(engine, blobs, ("digest",))
         self._new_holders = _insert_new(engine, holders, ("digest", "identity_id"))
@@ -157,7 +167,21 @@ class ArtifactIndex:
         """``blob`` and whether ``identity_id`` holds it, in one statement (a Download's lookup)."""
         values = {"digest": digest, "identity_id": identity_id}
         row = await self.transactions.run(lambda conn: conn.execute(_BLOB_HELD, values).first())
-        return (None, False) if row is None else (self._record(row), bool(row[4]))
+        if row is None:
+            return None, False
+        return self._record(row), self._holds(digest, identity_id, row.held_size, row.holder_seal)
+
+    def _holds(self, digest: str, identity_id: str, size: int | None, seal: bytes | None) -> bool:
+        """A holder row grants reading only with its seal (when this index seals, D172)."""
+        if size is None:
+            return False
+        if self.seal is None or self.seal.holds(digest, identity_id, int(size), seal):
+            return True
+        log.error(
+            "a holder row is not sealed by the artifact service: written outside it, it grants nothing",
+            extra={"digest": digest, "identity": identity_id},
+        )
+        return False
 
     def _record(self, row: Any) -> BlobRecord:
         return BlobRecord(row[0], int(row[1]), int(row[2]), self.marks.overlay(row[0], int(row[3])))
@@ -276,9 +300,11 @@ class ArtifactIndex:
         async with self.engine.connect() as conn:
             for batch in _batches(digests):
                 rows = await conn.execute(
-                    select(holders.c.digest).where(and_(holders.c.identity_id == identity_id, holders.c.digest.in_(batch)))
+                    select(holders.c.digest, holders.c.size_bytes, holders.c.holder_seal).where(
+                        and_(holders.c.identity_id == identity_id, holders.c.digest.in_(batch))
+                    )
                 )
-                found.update(r[0] for r in rows)
+                found.update(r.digest for r in rows if self._holds(r.digest, identity_id, r.size_bytes, r.holder_seal))
         return found
 
     async def groups_referencing(self, digests: Iterable[str]) -> dict[str, set[str]]:
@@ -313,7 +339,14 @@ class ArtifactIndex:
         blob_rows = {d: {"digest": d, "size_bytes": n, "stored_us": now_us, "verified_us": now_us} for d, n in stored}
         held_sizes = dict(held) if identity_id else {}
         holder_rows = {
-            d: {"digest": d, "identity_id": identity_id, "size_bytes": n, "stored_us": now_us} for d, n in held_sizes.items()
+            d: {
+                "digest": d,
+                "identity_id": identity_id,
+                "size_bytes": n,
+                "stored_us": now_us,
+                "holder_seal": None if self.seal is None else self.seal.seal(d, identity_id, n),
+            }
+            for d, n in held_sizes.items()
         }
         if not blob_rows and not holder_rows and not ended:
             return

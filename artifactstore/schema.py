@@ -38,6 +38,9 @@ holders = Table(
     Column("identity_id", String(128), primary_key=True),
     Column("size_bytes", BigInteger, nullable=False),
     Column("stored_us", BigInteger, nullable=False),
+    # Keyed BLAKE3 of (digest, identity, size) under the mesh token's derived key
+    # (artifactstore/holder_seal.py): a row without a valid seal grants nothing.
+    Column("holder_seal", LargeBinary, nullable=True),
 )
 Index("holders_identity", holders.c.identity_id)
 

@@ -96,8 +96,11 @@ async def test_a_store_made_before_holdings_is_filled_from_its_holders(db_url: s
             await conn.execute(text(f"DROP TABLE {LINE.version_table}"))
         with pytest.raises(SchemaMismatch, match="mwp db upgrade"):
             await create_schema(engine)  # a service does not start on it
-        [(before, steps)] = await schema_versions.upgrade(engine, [LINE])
-        assert before.state is State.UNVERSIONED and [s.revision for s in steps] == ["artifacts_0001"]
+        # artifacts_0002 (holder seals, D172) runs offline and needs the mesh token.
+        [(before, steps)] = await schema_versions.upgrade(
+            engine, [LINE], offline_ok=True, secrets={"mesh_token": b"t" * 64}
+        )
+        assert before.state is State.UNVERSIONED and [s.revision for s in steps] == ["artifacts_0001", "artifacts_0002"]
         kept, summed = await _sums(index)
         assert kept == summed == {"alice": 105, "bob": 100}
         [(before, steps)] = await schema_versions.upgrade(engine, [LINE])  # and only when the table is new

@@ -29,6 +29,7 @@ from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import (
     MeshClient,
     SessionSigner,
+    blob_digest,
     open_session_envelope,
     register_identity_envelope,
 )
@@ -281,3 +282,46 @@ async def test_a_membership_start_without_the_admin_key_is_refused_not_re_rooted
     with pytest.raises(ValueError, match="administrator's key"):
         await serve(org.db_url, org.data)
     assert not (org.data / "keys" / "admin.key").exists()
+
+
+async def test_a_holder_row_written_in_the_database_reads_no_blob(org: Org) -> None:
+    """A ``holders`` row lets an identity read a blob it uploaded (D172): one inserted by hand (with
+    no seal, or with the seal of another identity's row) grants nothing."""
+    secret = b"bob's unpublished report\n"
+    digest = blob_digest(secret)
+
+    async def upload(client: MeshClient) -> None:
+        uploader = MeshClient(org.target, reader=await client.open_session("bob", org.bob_key))
+        try:
+            await uploader.upload(secret)
+            assert await uploader.download(digest) == secret
+        finally:
+            await uploader.channel.close()
+
+    await org.restarted(upload)
+    eve = await _registered_eve(org)
+    await sql(
+        org.db_url,
+        "INSERT INTO holders (digest, identity_id, size_bytes, stored_us, holder_seal) "
+        "SELECT digest, 'eve', size_bytes, stored_us, holder_seal FROM holders WHERE identity_id = 'bob'",
+    )
+
+    async def check(client: MeshClient) -> None:
+        reader = MeshClient(org.target, reader=await client.open_session("eve", eve))
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await reader.download(digest)
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND  # as for any blob it may not read
+        finally:
+            await reader.channel.close()
+
+    await org.restarted(check)
+    assert findings(org) == [("holder", "eve", f"blake3:{digest.hex}: the holder row is not sealed by the artifact service")]
+
+
+async def _registered_eve(org: Org) -> SigningKey:
+    async def register(client: MeshClient) -> None:
+        await client.register_identity("admin", org.admin_key, "eve", common_pb2.IDENTITY_KIND_AGENT, bytes(org.eve_key.verify_key))
+
+    await org.restarted(register)
+    return org.eve_key

@@ -205,7 +205,7 @@ def test_serve_refuses_a_store_of_an_older_schema_until_db_upgrade(tmp_path: Pat
     online_only = mwp("db", "upgrade", env=env, check=False)
     assert online_only.returncode == 1 and "membership_0002" in online_only.stderr and "--offline" in online_only.stderr
     upgraded = mwp("db", "upgrade", "--offline", env=env)
-    assert f"{len(LINES) + 2} migration(s)" in upgraded.stdout  # each line's 0001, membership_0002, authority_0002
+    assert f"{len(LINES) + 3} migration(s)" in upgraded.stdout  # each line's 0001; membership, authority, artifacts 0002
     assert mwp("db", "status", env=env).returncode == 0
     assert "0 migration(s)" in mwp("db", "upgrade", env=env).stdout  # nothing left to do
 

@@ -99,7 +99,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
             _lines(args),
             offline_ok=args.offline,
             progress=None if args.json else _progress,
-            secrets=_secrets(args, settings.admin_key_path),
+            secrets=_secrets(args, settings.admin_key_path, settings.mesh_token_path),
         )
     except (OSError, SQLAlchemyError) as err:
         raise StoreUnreachable(f"cannot upgrade the store at {describe_store(url)}: {err}") from None
@@ -144,18 +144,28 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
-def _secrets(args: argparse.Namespace, default_admin_key: Path) -> dict[str, object]:
-    """The administrator's key, for a migration that vouches for rows older than grants (D170):
-    ``--admin-key``, else the data directory's when it is there."""
+def _secrets(args: argparse.Namespace, default_admin_key: Path, default_mesh_token: Path) -> dict[str, object]:
+    """What migrations that vouch for older rows need from outside the store: the administrator's
+    key (D170) and the mesh token (D172), from the flags, else the data directory's when there."""
+    from missionweave.rpc.callers import load_or_create_mesh_token
     from missionweave.signing import KeyFileError, read_key
 
-    path = Path(args.admin_key) if args.admin_key else default_admin_key
-    if not args.admin_key and not path.exists():
-        return {}
-    try:
-        return {"admin_key": read_key(path)}
-    except (OSError, KeyFileError) as err:
-        raise UsageError(f"--admin-key: {err}") from None
+    found: dict[str, object] = {}
+    admin_key = Path(args.admin_key) if args.admin_key else default_admin_key
+    if args.admin_key or admin_key.exists():
+        try:
+            found["admin_key"] = read_key(admin_key)
+        except (OSError, KeyFileError) as err:
+            raise UsageError(f"--admin-key: {err}") from None
+    token = Path(args.mesh_token) if args.mesh_token else default_mesh_token
+    if args.mesh_token or token.exists():
+        if not token.exists():
+            raise UsageError(f"--mesh-token: no such file: {token}")
+        try:
+            found["mesh_token"] = load_or_create_mesh_token(token)
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--mesh-token: {err}") from None
+    return found
 
 
 def _progress(line: str, revision: str) -> None:
@@ -189,6 +199,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--admin-key",
         help="the Organization administrator's key file, for a migration that vouches for existing identities "
         "(default <data dir>/keys/admin.key when present)",
+    )
+    u.add_argument(
+        "--mesh-token",
+        help="the mesh token file, for a migration that seals existing holder rows "
+        "(default $MWP_MESH_TOKEN_FILE or <data dir>/keys/mesh.token when present)",
     )
     s.set_defaults(func=cmd_status, ignores_contexts=True)
     u.set_defaults(func=cmd_upgrade, ignores_contexts=True)

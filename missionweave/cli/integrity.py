@@ -46,7 +46,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from missionweave.mesh.maintenance import (
         blob_location,
         verify,
-        verify_membership_grants,
+        verify_granting_rows,
         verify_stored_blobs,
     )
     from missionweave.signing import KeyFileError
@@ -61,7 +61,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.admin_key and not admin_key.exists():
         raise CliError(f"--admin-key: no such file: {admin_key}")
     try:
-        grants = verify_membership_grants(url, admin_key)
+        grants = verify_granting_rows(url, admin_key, settings.mesh_token_path)
     except (OSError, SQLAlchemyError) as err:
         raise StoreUnreachable(f"cannot read the membership tables at {describe_store(url)}: {err}") from None
     except KeyFileError as err:
@@ -90,7 +90,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if grants is None:
         print(f"grants     not checked: no administrator key at {admin_key} (--admin-key FILE)")
     else:
-        print(f"grants     {grants.identities:,} identities, {grants.sessions:,} sessions ({grants.seconds:.1f} s)")
+        print(
+            f"grants     {grants.identities:,} identities, {grants.sessions:,} sessions, "
+            f"{grants.holders:,} holders ({grants.seconds:.1f} s)"
+        )
     if blobs is None:
         print("blobs      not checked (--no-blobs)")
     elif not blobs.indexed:
@@ -112,7 +115,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         where = f"{finding.group_id} at sequence {finding.sequence}" if finding.group_id else "store"
         print(f"  {where}: {finding.detail}")
     for grant in grants.findings if grants is not None else ():
-        where = grant.identity_id if grant.what == "identity" else f"{grant.identity_id} session {grant.session_epoch}"
+        where = f"{grant.identity_id} session {grant.session_epoch}" if grant.what == "session" else grant.identity_id
         print(f"  {grant.what} {where}: {grant.detail}")
     for blob in blobs.findings if blobs is not None else ():
         print(f"  blob blake3:{blob.digest} ({blob.size_bytes:,} bytes): {blob.problem}: {blob.detail}")

@@ -12,18 +12,22 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from nacl.signing import SigningKey
+from sqlalchemy import inspect
 
-from artifactstore.audit import BlobReport, source_for, verify_blobs
+from artifactstore.audit import BlobReport, source_for, unsealed_holders, verify_blobs
 from artifactstore.backends import BlobStoreConfig
+from artifactstore.holder_seal import HolderSeal
 from missionweave.clock import SystemClock
 from missionweave.db import make_engine
+from missionweave.rpc.callers import load_or_create_mesh_token
 from missionweave.signing import authority_key_id, generate_key, read_key, write_key
 from services.authority import schema as authority_schema
 from services.authority.audit import Report, verify_store
 from services.authority.keys import KeyContinuityError, KeyHistory, load_history, record_rotation
-from services.membership.audit import GrantReport, verify_grants
+from services.membership.audit import GrantFinding, GrantReport, verify_grants
 
 __all__ = [
     "BlobReport",
@@ -54,21 +58,34 @@ def verify(url: str, key_file: Path | None, progress: Callable[[int, int, int], 
     return asyncio.run(run())
 
 
-def verify_membership_grants(url: str, admin_key_file: Path) -> GrantReport | None:
-    """Checks every identity and session row against its grant (D170); None without the
-    administrator's key file, the root those grants chain to."""
+def verify_granting_rows(url: str, admin_key_file: Path, mesh_token_file: Path) -> GrantReport | None:
+    """Checks every identity and session row against its grant (D170) and, with the mesh token,
+    every holder row's seal (D172); None without the administrator's key file, the root of grants."""
     if not admin_key_file.exists():
         return None
     admin_public_key = bytes(read_key(admin_key_file).verify_key)
+    seal = HolderSeal(load_or_create_mesh_token(mesh_token_file)) if mesh_token_file.exists() else None
 
     async def run() -> GrantReport:
         engine = make_engine(url)
         try:
-            return await verify_grants(engine, admin_public_key)
+            report = await verify_grants(engine, admin_public_key)
+            if seal is not None and await _has_table(engine, "holders"):
+                report.holders, bad = await unsealed_holders(engine, seal)
+                report.findings += [
+                    GrantFinding("holder", identity, 0, f"blake3:{digest}: the holder row is not sealed by the artifact service")
+                    for digest, identity in bad
+                ]
+            return report
         finally:
             await engine.dispose()
 
     return asyncio.run(run())
+
+
+async def _has_table(engine: Any, name: str) -> bool:
+    async with engine.connect() as conn:
+        return bool(await conn.run_sync(lambda sync: inspect(sync).has_table(name)))
 
 
 def blob_location(data_dir: Path, env: Mapping[str, str] | None = None) -> str:

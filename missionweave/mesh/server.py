@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from artifactstore.backends import blobstore_from_env
 from artifactstore.blobstore import BlobStore
+from artifactstore.holder_seal import HolderSeal
 from artifactstore.index import ArtifactIndex
 from artifactstore.publications import PublicationServicer
 from artifactstore.service import ArtifactServicer, add_artifact_service
@@ -426,7 +427,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         # active member (as a mesh service: GetGroupState answers it in full).
         artifact_servicer = ArtifactServicer(
             blobstore,
-            ArtifactIndex(engine),
+            ArtifactIndex(engine, HolderSeal(peers.mesh_token)),  # holder rows sealed (D172)
             identities,
             clock,
             authority=(
@@ -439,7 +440,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         artifact_servicer.callers = callers
         add_artifact_service(artifact_servicer, handlers)
         local.register(SERVICE_NAMES["artifacts"], artifact_servicer)
-        publication_servicer = PublicationServicer(ArtifactIndex(engine))
+        publication_servicer = PublicationServicer(ArtifactIndex(engine, HolderSeal(peers.mesh_token)))
         publication_servicer.callers = callers
         publications_pb2_grpc.add_PublicationServiceServicer_to_server(publication_servicer, handlers)
         local.register(INTERNAL_SERVICE_NAMES["publications"], publication_servicer)

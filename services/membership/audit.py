@@ -16,7 +16,7 @@ from services.membership.schema import identities, sessions
 
 @dataclass(frozen=True)
 class GrantFinding:
-    what: str  # "identity" or "session"
+    what: str  # "identity", "session" or "holder" (identity_id holding the blob named in detail)
     identity_id: str
     session_epoch: int  # 0 for an identity
     detail: str
@@ -26,6 +26,7 @@ class GrantFinding:
 class GrantReport:
     identities: int = 0
     sessions: int = 0
+    holders: int = 0  # the artifact service's holder rows, when checked beside (D172)
     seconds: float = 0.0
     findings: list[GrantFinding] = field(default_factory=list)
 
@@ -37,6 +38,7 @@ class GrantReport:
         return {
             "identities": self.identities,
             "sessions": self.sessions,
+            "holders": self.holders,
             "seconds": round(self.seconds, 3),
             "findings": [f.__dict__ for f in self.findings],
         }
