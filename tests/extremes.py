@@ -114,7 +114,7 @@ def _walk(
         yield from _walk(f.message_type, child, (*prefix, f), (*stack, f.message_type.full_name), depth - 1)
 
 
-Value = Any  # a scalar, or (seconds, nanos) for a Duration or Timestamp
+Value = Any  # a scalar, or (seconds, nanos) for a Duration or Timestamp, or None: unset
 
 
 def extremes(field: FieldDescriptor, now_s: int = 1_700_000_000) -> list[tuple[str, Value]]:
@@ -193,6 +193,9 @@ def mutated(message: Message, path: Path, value: Value) -> Message:
         else:
             target = container
     leaf = path.leaf
+    if value is None:  # "unset": the field cleared (a Duration or Timestamp documented as meaning something unset)
+        target.ClearField(leaf.name)
+        return out
     if _well_known(leaf):
         seconds, nanos = value
         holder = getattr(target, leaf.name)

@@ -13,11 +13,18 @@ Each answer must be structured: never UNKNOWN or INTERNAL, never silence past th
 refusal carries a Rejection whose reason's documented gRPC code is the status, in-band rejections
 carry a reason, and nothing is logged at error level or with a traceback. Afterwards every read of
 every Group the run touched still answers (an accepted extreme must not poison what is stored).
+
+Every baseline is accepted (so that each extreme is judged past the first checks), unless it is in
+BASELINES_REFUSED with its reason; the run fails on any other refused baseline, and on an entry
+whose baseline is accepted again. Each field whose comment says what 0, unset or empty means
+(tools/check_contracts.py finds them) and that a client sends is sent so through an accepted
+baseline that already holds it, and must not be refused as invalid (MALFORMED, INVALID_ARGUMENT).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import re
@@ -35,6 +42,7 @@ from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
 from missionweave.clock import to_timestamp
+from missionweave.manifest import sign_manifest
 from missionweave.rpc.callers import CALL_PROOF_METADATA, CALL_PROOF_TYPE
 from missionweave.rpc.channels import open_channel
 from missionweave.rpc.status import rejection_from_rpc_error
@@ -63,12 +71,25 @@ from missionweave.v1 import (
     subtask_pb2,
 )
 from missionweave.v1 import gateway_service_pb2 as gpb
+from missionweave.v1 import scheduling_service_pb2_grpc as sch_grpc
 from missionweave.v1 import work_pb2 as wp
 from tests import builders
 from tests.conftest import World, register
-from tests.extremes import Outcome, Path, extremes, invoke, leaf_paths, mutated, problem, sampled
+from tests.extremes import (
+    DURATION,
+    TIMESTAMP,
+    Outcome,
+    Path,
+    extremes,
+    invoke,
+    leaf_paths,
+    mutated,
+    problem,
+    sampled,
+)
 from tests.test_artifact_authorization import manifest_in
 from tests.test_gateway import hello
+from tools.check_contracts import documented_at_zero
 
 pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
 
@@ -78,6 +99,8 @@ DEADLINE_S = 8.0  # above the longest wait any RPC documents (Admit reads a Grou
 PER_FIELD = int(os.environ.get("MWP_FUZZ_PER_FIELD", "4"))
 HELLO_TYPE = "application/vnd.missionweave.v1.hello-proof+protobuf"
 LONG = 3600
+# Command kinds whose command creates its Group: sent with membership epoch 0 (command.proto).
+CREATING = {"mission_create", "mission_create_follow_up", "mission_create_child"}
 
 SERVICES = {
     "AuthorityService": authority_service_pb2,
@@ -165,10 +188,10 @@ class Scene:
         budget = common_pb2.ResourceVector(currency="EUR", financial_micros=10**12, tokens=10**12, tool_calls=10**9)
         return builders.definition(owner, self.now(), budget=budget)
 
-    def renewal(self) -> mission_pb2.RenewalPolicy:
+    def renewal(self, lease_s: int = LONG) -> mission_pb2.RenewalPolicy:
         policy = mission_pb2.RenewalPolicy()
-        policy.lease_duration.FromSeconds(LONG)
-        policy.renew_before.FromSeconds(60)
+        policy.lease_duration.FromSeconds(lease_s)
+        policy.renew_before.FromSeconds(min(60, lease_s - 1))
         return policy
 
     def contract(self) -> wp.WorkContract:
@@ -178,15 +201,25 @@ class Scene:
         c.deadline.CopyFrom(self.ts(2 * LONG))
         c.time_policy.execution_lease_duration.FromSeconds(LONG)
         c.time_policy.start_deadline.FromSeconds(LONG)
+        # Every part whose fields are documented at 0 or unset is present, so that each is sent so
+        # through an accepted baseline (tools/check_contracts.py lists them).
+        c.time_policy.attempt_time_limit.FromSeconds(4 * LONG)
+        c.time_policy.offline_grace_period.FromSeconds(60)
+        c.retry_policy.initial_backoff.FromSeconds(2)
+        c.retry_policy.max_backoff.FromSeconds(60)
+        c.retry_policy.backoff_multiplier_milli = 3000
+        c.resource_constraints.CopyFrom(wp.ResourceConstraints(
+            max_memory_bytes=2**30, max_cpu_millicores=1000, max_accelerators=1, max_storage_bytes=2**30, max_parallel_slots=1))
+        c.dependency_policy.CopyFrom(wp.DependencyPolicy(kind=wp.DEPENDENCY_POLICY_KIND_MIN_VERIFIED, min_verified=1))
         return c
 
     async def run(self, signer: SessionSigner, kind: str, body: Message, group: str = G) -> command_pb2.CommandResult:
         epoch = self.epochs.get(signer.identity_id, 0) if group == G else await self.w.epoch_of(group, signer.identity_id)
         return await patient(lambda: self.w.run(signer, group, kind, body, membership_epoch=epoch))
 
-    async def mission(self, group: str) -> None:
+    async def mission(self, group: str, lease_s: int = LONG) -> None:
         body = mission_pb2.MissionCreate(definition=self.definition(), coordinator_id="coord-bot")
-        body.coordinator_renewal.CopyFrom(self.renewal())
+        body.coordinator_renewal.CopyFrom(self.renewal(lease_s))
         await patient(lambda: self.w.run(self.w.owner, group, "mission_create", body))
         self.groups.add(group)
 
@@ -212,6 +245,47 @@ class Scene:
             self.w.worker, "work_accept_offer", wp.WorkAcceptOffer(work_item_id=item, offer_id=offer, contract_revision=1)
         )
         return item, int(decode_events(result.events)[0].work_offer_accepted.ownership.ownership_epoch)
+
+    async def approved_group(self) -> tuple[str, str]:
+        """A Group of its own whose Mission is approved: (group, mission id)."""
+        group = self.fresh("grp_fuzz_approved")
+        await self.mission(group)
+        m = (await self.w.client.group_state(group)).mission
+        submit = mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=m.revision, summary="done")
+        await self.run(self.w.coordinator, "mission_submit_for_approval", submit, group)
+        m = (await self.w.client.group_state(group)).mission
+        approve = mission_pb2.MissionApprove(submission_event_id=m.latest_submission_event_id, comment="fine")
+        await self.run(self.w.owner, "mission_approve", approve, group)
+        return group, m.mission_id
+
+    async def lapsed_group(self) -> str:
+        """A Group of its own whose Coordinator lease has lapsed (the clock moves past its 5 s; the
+        scene's other leases last an hour)."""
+        group = self.fresh("grp_fuzz_lapsed")
+        await self.mission(group, lease_s=5)
+        self.w.clock.advance(seconds=6)
+        return group
+
+    async def deliverable(self, item: str) -> common_pb2.ArtifactRef:
+        """A blob the Worker uploaded with its manifest for this Mission and WorkItem (D161)."""
+        data = f"fuzz: deliverable of {item}".encode()
+        manifest = artifact_service_pb2.ArtifactManifest(
+            content_digest=blob_digest(data), media_type="text/plain", producer_agent_id="worker-bot",
+            agent_card_version="1.0.0", mission_id=self.mission_id, group_id=G, work_item_id=item,
+            created_at=to_timestamp(self.now()), classification=artifact_service_pb2.DATA_CLASSIFICATION_INTERNAL,
+            size_bytes=len(data), retrieval_uri="mwp://mesh/fuzz", schema=artifact_service_pb2.ArtifactSchema(schema_id="none"),
+            components=[artifact_service_pb2.ComponentVersion(kind=artifact_service_pb2.COMPONENT_KIND_TOOL, name="fuzz",
+                                                             version="1.0.0")],
+        )
+        worker = self.w.worker
+        envelope = sign_manifest(manifest, hashlib.sha256(data).hexdigest(), worker.key,
+                                 session_key_id(worker.identity_id, worker.session_epoch))
+        client = _reader(self.w, worker)
+        try:
+            await client.upload(data, envelope)
+        finally:
+            await client.channel.close()
+        return common_pb2.ArtifactRef(digest=blob_digest(data), media_type="text/plain")
 
     async def active_item(self) -> tuple[str, int, str]:
         item, epoch = await self.queued_item()
@@ -249,13 +323,18 @@ async def scene(w: World) -> Scene:
     await s.mission(G)
     grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
     await patient(lambda: w.run(w.owner, G, "membership_grant", grant, membership_epoch=1))
+    # A work_delegate member, the grantee of membership.grant_delegation (MW-9.1-02).
+    await register(w.client, w.keys["admin"], "delegate-bot", common_pb2.IDENTITY_KIND_AGENT)
+    delegate = membership_pb2.MembershipGrant(member_id="delegate-bot", role=membership_pb2.MEMBER_ROLE_WORK_DELEGATE)
+    await patient(lambda: w.run(w.owner, G, "membership_grant", delegate, membership_epoch=1))
     for signer in (w.owner, w.coordinator, w.worker):
         s.epochs[signer.identity_id] = await w.epoch_of(G, signer.identity_id)
     state = await w.client.group_state(G)
     s.planning, s.mission_id = state.mission.planning_conversation_id, state.mission.mission_id
     worker = _reader(w, w.worker)
     try:
-        await worker.publish_agent_card(agent_card_pb2.AgentCard(card_version="1.0.0", max_concurrency=2))
+        # Slots enough for NextSlot's fuzzing to place work and ReleaseSlot's baselines still to find a free one.
+        await worker.publish_agent_card(agent_card_pb2.AgentCard(card_version="1.0.0", max_concurrency=64))
     finally:
         await worker.channel.close()
     coordinator = _reader(w, w.coordinator)
@@ -362,6 +441,8 @@ def command_targets(s: Scene, c: Channels) -> list[Target]:
             epoch = s.epochs.get(b.signer.identity_id, 0) if b.group == G else 0
             if b.group not in (G,) and b.kind != "mission_create" and b.group in s.groups:
                 epoch = await w.epoch_of(b.group, b.signer.identity_id)
+            if b.kind in CREATING:  # the command creates its Group (a fresh id at each send): no Membership yet
+                epoch = 0
             return w.command(b.signer, b.group, b.kind, b.body, membership_epoch=epoch)
 
         async def send(command: Message) -> Outcome:
@@ -396,19 +477,21 @@ def command_targets(s: Scene, c: Channels) -> list[Target]:
     add("mission_create", base(owner, "mission_create", create, fresh=new_group))
 
     async def follow_up() -> CommandBase:
+        approved_group, approved_mission = await s.approved_group()
         body = mission_pb2.MissionCreateFollowUp(
-            approved_mission_id=s.mission_id, approved_group_id=G, definition=s.definition(),
+            approved_mission_id=approved_mission, approved_group_id=approved_group, definition=s.definition(),
             coordinator_id="coord-bot", coordinator_renewal=s.renewal(), reason="more",
         )
         return CommandBase(owner, "grp_unused", "mission_create_follow_up", body, new_group)
 
-    add("mission_create_follow_up", follow_up)
+    add("mission_create_follow_up", follow_up, renew=True)
 
     async def child() -> CommandBase:
         item = await s.open_item()
         definition = s.definition("coord-bot")
         definition.budget.CopyFrom(common_pb2.ResourceVector(currency="EUR", financial_micros=1, tokens=1, tool_calls=1))
         definition.deadline.CopyFrom(s.ts(LONG))
+        definition.risk_policy.execution_approver_ids.append("alice")  # the parent's approvers (MW-14-04)
         body = subtask_pb2.MissionCreateChild(
             parent_mission_id=s.mission_id, parent_group_id=G, parent_work_item_id=item, definition=definition,
             coordinator_id="worker-bot", coordinator_renewal=s.renewal(), parent_coordinator_epoch=1,
@@ -434,15 +517,23 @@ def command_targets(s: Scene, c: Channels) -> list[Target]:
     add("mission_terminate", lambda: own_group("mission_terminate", coord, terminate), renew=True)
     add("mission_renew_coordinator_lease", base(coord, "mission_renew_coordinator_lease",
                                                 mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=1)))
-    add("mission_replace_coordinator", base(owner, "mission_replace_coordinator", mission_pb2.MissionReplaceCoordinator(
-        coordinator_id="coord-bot", replaced_coordinator_epoch=1, coordinator_renewal=s.renewal())))
+    async def replace() -> CommandBase:
+        body = mission_pb2.MissionReplaceCoordinator(coordinator_id="worker-bot", replaced_coordinator_epoch=1,
+                                                     coordinator_renewal=s.renewal())
+        return CommandBase(owner, await s.lapsed_group(), "mission_replace_coordinator", body)
+
+    add("mission_replace_coordinator", replace, renew=True)
 
     async def acknowledge() -> CommandBase:
-        head = (await w.client.group_state(G)).head_sequence
-        return CommandBase(coord, G, "mission_acknowledge_reconciliation",
-                           mission_pb2.MissionAcknowledgeReconciliation(coordinator_epoch=1, group_revision=head))
+        group = await s.lapsed_group()
+        replace = mission_pb2.MissionReplaceCoordinator(coordinator_id="worker-bot", replaced_coordinator_epoch=1,
+                                                        coordinator_renewal=s.renewal())
+        await s.run(owner, "mission_replace_coordinator", replace, group)
+        head = (await w.client.group_state(group)).head_sequence
+        return CommandBase(worker, group, "mission_acknowledge_reconciliation",
+                           mission_pb2.MissionAcknowledgeReconciliation(coordinator_epoch=2, group_revision=head))
 
-    add("mission_acknowledge_reconciliation", acknowledge)
+    add("mission_acknowledge_reconciliation", acknowledge, renew=True)
 
     async def depth() -> CommandBase:
         item = await s.open_item()
@@ -451,11 +542,21 @@ def command_targets(s: Scene, c: Channels) -> list[Target]:
 
     add("mission_approve_child_depth", depth, renew=True)
 
+    async def transfer() -> CommandBase:  # the owner of both Groups (MW-13.3-07)
+        target = s.fresh("grp_fuzz_target")
+        await s.mission(target)
+        body = mission_pb2.MissionAuthorizeContextTransfer(target_group_id=target, work_item_ids=[await s.open_item()],
+                                                           reason="share")
+        return CommandBase(owner, G, "mission_authorize_context_transfer", body)
+
+    add("mission_authorize_context_transfer", transfer, renew=True)
+
     async def propose() -> CommandBase:
         body = wp.WorkPropose(proposal_id="p", title="a proposal", contract=s.contract(), rationale="why")
 
         def fresh(command: command_pb2.Command) -> None:
-            command.work_propose.proposal_id = s.fresh("prop")
+            if command.work_propose.proposal_id:  # empty: derived from the Group and command ids (the field's documented 0)
+                command.work_propose.proposal_id = s.fresh("prop")
 
         return CommandBase(worker, G, "work_propose", body, fresh)
 
@@ -465,7 +566,8 @@ def command_targets(s: Scene, c: Channels) -> list[Target]:
         body = wp.WorkAuthorize(work_item_id="wi", title="an item", contract=s.contract(), coordinator_epoch=1)
 
         def fresh(command: command_pb2.Command) -> None:
-            command.work_authorize.work_item_id = s.fresh("wi-auth")
+            if command.work_authorize.work_item_id:  # empty: derived from the Group and command ids (the field's documented 0)
+                command.work_authorize.work_item_id = s.fresh("wi-auth")
 
         return CommandBase(coord, G, "work_authorize", body, fresh)
 
@@ -479,7 +581,8 @@ def command_targets(s: Scene, c: Channels) -> list[Target]:
         )
 
         def fresh(command: command_pb2.Command) -> None:
-            command.work_offer.offer_id = s.fresh("offer")
+            if command.work_offer.offer_id:  # empty: derived from the Group and command ids (the field's documented 0)
+                command.work_offer.offer_id = s.fresh("offer")
 
         return CommandBase(coord, G, "work_offer", body, fresh)
 
@@ -505,7 +608,8 @@ def command_targets(s: Scene, c: Channels) -> list[Target]:
         body.requested_duration.FromSeconds(60)
 
         def fresh(command: command_pb2.Command) -> None:
-            command.work_start.lease_id = s.fresh("lease")
+            if command.work_start.lease_id:  # empty: derived from the Group and command ids (the field's documented 0)
+                command.work_start.lease_id = s.fresh("lease")
 
         return CommandBase(worker, G, "work_start", body, fresh)
 
@@ -527,45 +631,81 @@ def command_targets(s: Scene, c: Channels) -> list[Target]:
     under_lease("work_renew_lease", worker, renew_lease)
     under_lease("work_checkpoint", worker, lambda item, epoch, lease: wp.WorkCheckpoint(
         work_item_id=item, lease_id=lease, ownership_epoch=epoch,
-        checkpoint=wp.Checkpoint(checkpoint_id="cp", taken_at=s.ts(0), progress=progress()),
+        checkpoint=wp.Checkpoint(checkpoint_id="cp", taken_at=s.ts(0), progress=progress(s)),
         usage_delta=common_pb2.ResourceVector(currency="EUR", tokens=1)))
     under_lease("work_report_progress", worker, lambda item, epoch, lease: wp.WorkReportProgress(
-        work_item_id=item, lease_id=lease, ownership_epoch=epoch, report=progress(),
+        work_item_id=item, lease_id=lease, ownership_epoch=epoch, report=progress(s),
         schedule=wp.ScheduleDisclosure(start_window_begin=s.ts(0), start_window_end=s.ts(60),
                                        estimated_completion=s.ts(600), computed_at=s.ts(0))))
-    under_lease("work_block", worker, lambda item, epoch, lease: wp.WorkBlock(
-        work_item_id=item, lease_id=lease, ownership_epoch=epoch,
-        blockers=[wp.Blocker(blocker_id="b", kind=wp.BLOCKER_KIND_DEPENDENCY, description="waiting")]), renew=True)
+    under_lease("work_block", worker, lambda item, epoch, lease: blocking(item, epoch, lease), renew=True)
     under_lease("work_request_preemption", coord, lambda item, epoch, lease: wp.WorkRequestPreemption(
         work_item_id=item, preemption_request_id="pre", lease_id=lease, reason=wp.PREEMPTION_REASON_PRIORITY,
         checkpoint_by=s.ts(60), coordinator_epoch=1, ownership_epoch=epoch), renew=True)
-    under_lease("work_submit", worker, lambda item, epoch, lease: wp.WorkSubmit(
-        work_item_id=item, lease_id=lease, ownership_epoch=epoch, contract_revision=1,
-        artifacts=[builders.artifact()], evidence=[builders.evidence()], summary="done"), renew=True)
+    async def submit() -> CommandBase:
+        item, epoch, lease = await s.active_item()
+        body = wp.WorkSubmit(work_item_id=item, lease_id=lease, ownership_epoch=epoch, contract_revision=1,
+                             artifacts=[await s.deliverable(item)], evidence=[builders.evidence()], summary="done")
+        return CommandBase(worker, G, "work_submit", body)
+
+    add("work_submit", submit, renew=True)
     under_lease("work_fail", worker, lambda item, epoch, lease: wp.WorkFail(
         work_item_id=item, lease_id=lease, ownership_epoch=epoch, kind=wp.WORK_FAILURE_KIND_PERMANENT,
         evidence=[builders.evidence()], reason="broke"), renew=True)
-    under_lease("work_record_evidence", worker, lambda item, epoch, lease: wp.WorkRecordEvidence(
-        work_item_id=item, evidence=builders.evidence(s.fresh("ev")), lease_id=lease, ownership_epoch=epoch))
-    under_lease("work_publish_artifact", worker, lambda item, epoch, lease: wp.WorkPublishArtifact(
-        work_item_id=item, lease_id=lease, ownership_epoch=epoch, artifact=common_pb2.ArtifactRef(digest=s.blob),
-        deliverable_id="report"))
-    under_lease("work_unblock", coord, lambda item, epoch, lease: wp.WorkUnblock(
-        work_item_id=item, resolution="resolved", coordinator_epoch=1, ownership_epoch=epoch))
+    async def submitted() -> tuple[str, str]:
+        """A submitted WorkItem and its `work.submitted` event id."""
+        item, epoch, lease = await s.active_item()
+        submit = wp.WorkSubmit(work_item_id=item, lease_id=lease, ownership_epoch=epoch, contract_revision=1,
+                               artifacts=[await s.deliverable(item)], evidence=[builders.evidence()], summary="done")
+        events = decode_events((await s.run(worker, "work_submit", submit)).events)
+        return item, next(e for e in events if e.type == "work.submitted").event_id
+
+    async def record_evidence() -> CommandBase:  # review Evidence: the Coordinator, on a submitted WorkItem
+        item, _ = await submitted()
+        body = wp.WorkRecordEvidence(work_item_id=item, evidence=builders.evidence("ev"), coordinator_epoch=1)
+
+        def fresh(command: command_pb2.Command) -> None:
+            command.work_record_evidence.evidence.evidence_id = s.fresh("ev")
+
+        return CommandBase(coord, G, "work_record_evidence", body, fresh)
+
+    add("work_record_evidence", record_evidence)
+    async def publish() -> CommandBase:
+        item, epoch, lease = await s.active_item()
+        body = wp.WorkPublishArtifact(work_item_id=item, lease_id=lease, ownership_epoch=epoch,
+                                      artifact=await s.deliverable(item), deliverable_id="report")
+        return CommandBase(worker, G, "work_publish_artifact", body)
+
+    add("work_publish_artifact", publish)
+    async def unblock() -> CommandBase:  # a blocked WorkItem
+        item, epoch, lease = await s.active_item()
+        await s.run(worker, "work_block", blocking(item, epoch, lease))
+        body = wp.WorkUnblock(work_item_id=item, resolution="resolved", coordinator_epoch=1, ownership_epoch=epoch)
+        return CommandBase(coord, G, "work_unblock", body)
+
+    add("work_unblock", unblock, renew=True)
 
     async def on_open(kind: str, signer: SessionSigner, build: Callable[[str], Message]) -> CommandBase:
         return CommandBase(signer, G, kind, build(await s.open_item()))
 
     add("work_cancel", lambda: on_open("work_cancel", coord, lambda item: wp.WorkCancel(
         work_item_id=item, coordinator_epoch=1, reason="no")), renew=True)
-    add("work_accept_result", lambda: on_open("work_accept_result", coord, lambda item: wp.WorkAcceptResult(
-        work_item_id=item, coordinator_epoch=1, submission_event_id="evt-none")))
-    add("approval_grant_execution", lambda: on_open("approval_grant_execution", owner, lambda item: wp.ApprovalGrantExecution(
-        work_item_id=item, contract_revision=1, expires_at=s.ts())), renew=True)
+    async def accept_result() -> CommandBase:  # a submitted WorkItem, its submission named
+        item, event_id = await submitted()
+        body = wp.WorkAcceptResult(work_item_id=item, coordinator_epoch=1, submission_event_id=event_id)
+        return CommandBase(coord, G, "work_accept_result", body)
+
+    add("work_accept_result", accept_result, renew=True)
+    async def approve_execution() -> CommandBase:  # a queued WorkItem (work/start.py)
+        item, epoch = await s.queued_item()
+        body = wp.ApprovalGrantExecution(work_item_id=item, contract_revision=1, ownership_epoch=epoch, expires_at=s.ts())
+        return CommandBase(owner, G, "approval_grant_execution", body)
+
+    add("approval_grant_execution", approve_execution, renew=True)
     add("membership_grant_delegation", lambda: on_open("membership_grant_delegation", coord,
         lambda item: membership_pb2.MembershipGrantDelegation(
-            grantee_id="worker-bot", target_work_item_id=item,
+            grantee_id="delegate-bot", target_work_item_id=item,
             caps=common_pb2.ResourceVector(currency="EUR", tokens=1), max_descendant_depth=1,
+            allowed_capabilities=[membership_pb2.Capability(capability_id="fuzz", version="1.0.0")],
             expires_at=s.ts(), coordinator_epoch=1)), renew=True)
 
     async def grant() -> CommandBase:
@@ -590,12 +730,13 @@ def command_targets(s: Scene, c: Channels) -> list[Target]:
 
     async def conversation() -> CommandBase:
         body = conversation_pb2.ConversationOpen(
-            conversation_id="c", kind=conversation_pb2.CONVERSATION_KIND_PLANNING, title="side",
+            conversation_id="c", kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED, title="side",
             participant_ids=["coord-bot", "alice"],
         )
 
         def fresh(command: command_pb2.Command) -> None:
-            command.conversation_open.conversation_id = s.fresh("conv")
+            if command.conversation_open.conversation_id:  # empty: derived from the Group and command ids (the field's documented 0)
+                command.conversation_open.conversation_id = s.fresh("conv")
 
         return CommandBase(coord, G, "conversation_open", body, fresh)
 
@@ -603,8 +744,21 @@ def command_targets(s: Scene, c: Channels) -> list[Target]:
     return targets
 
 
-def progress() -> wp.ProgressReport:
-    return wp.ProgressReport(phase="half way")
+def blocking(item: str, epoch: int, lease: str) -> wp.WorkBlock:
+    """A block: a checkpoint plus a blocked lease (MW-10.2-T09), each blocker with its resolution."""
+    return wp.WorkBlock(
+        work_item_id=item, lease_id=lease, ownership_epoch=epoch,
+        checkpoint=wp.Checkpoint(checkpoint_id=f"ck-{item}", completed_operation_ids=["op-1"]),
+        blockers=[wp.Blocker(blocker_id="b", kind=wp.BLOCKER_KIND_DEPENDENCY, description="waiting",
+                             required_resolution="wait")])
+
+
+def progress(s: Scene) -> wp.ProgressReport:
+    """A report with what MW-11.4-01 requires: phase, next checkpoint and revised estimate."""
+    return wp.ProgressReport(
+        phase="half way", next_checkpoint=wp.PlannedCheckpoint(description="next", expected_at=s.ts(60)),
+        revised_estimate=wp.RevisedEstimate(estimated_completion=s.ts(600), confidence=wp.ESTIMATE_CONFIDENCE_MEDIUM,
+                                            reason="on track"))
 
 
 async def execute(c: Channels, envelope: common_pb2.SignedEnvelope) -> Outcome:
@@ -617,13 +771,16 @@ async def execute(c: Channels, envelope: common_pb2.SignedEnvelope) -> Outcome:
 # ---- requests, and the signed payloads inside them
 
 
-def proof_target(c: Channels, rpc: str, signer: SessionSigner, request: Callable[[], Message]) -> Target:
+def proof_target(c: Channels, rpc: str, signer: SessionSigner, request: Callable[[], Message],
+                 before: Callable[[], Awaitable[None]] | None = None) -> Target:
     """The call proof of ``rpc`` fuzzed (the request itself is ``request()``): made and signed as
-    the SDK makes it, then re-signed after each change."""
+    the SDK makes it, then re-signed after each change. ``before`` readies what the request names."""
     m = method(rpc)
     path = f"/{m.containing_service.full_name}/{m.name}"
 
     async def prepare() -> Message:
+        if before is not None:
+            await before()
         return auth_pb2.CallProof(identity_id=signer.identity_id, session_epoch=signer.session_epoch, method=path,
                                   audience=c.w.target, issued_at=to_timestamp(c.w.clock.now()))
 
@@ -669,6 +826,8 @@ async def request_targets(s: Scene, c: Channels) -> list[Target]:
                        lambda: a.ReadEventsRequest(group_id=G, after_sequence=0, batch_size=10, limit=100)),
         request_target(c, "AuthorityService.ListWorkItems", owner, lambda: a.ListWorkItemsRequest(group_id=G, page_size=10)),
         request_target(c, "AuthorityService.ListMissions", owner, lambda: a.ListMissionsRequest(page_size=10)),
+        # No number here: its documented empty submission_event_id (the latest) is what is sent.
+        request_target(c, "AuthorityService.GetMissionReview", owner, lambda: a.GetMissionReviewRequest(group_id=G)),
         request_target(c, "AuthorityService.GetContextPackage", coord, lambda: a.GetContextPackageRequest(
             group_id=G, recipient_ids=["worker-bot"], purpose=art.CONTEXT_PACKAGE_PURPOSE_WORKER_ONBOARDING)),
         request_target(c, "MembershipService.ListIdentities", admin, lambda: m.ListIdentitiesRequest(page_size=10)),
@@ -694,8 +853,6 @@ async def request_targets(s: Scene, c: Channels) -> list[Target]:
                       lambda chunk: [art.UploadRequest(header=art.UploadHeader(digest=blob)), chunk], coord),
         request_target(c, "SchedulingService.NextSlot", worker, lambda: sch.NextSlotRequest(),
                        may_time_out=lambda path, value: isinstance(value, tuple) and value[0] > 0),
-        request_target(c, "SchedulingService.ReleaseSlot", worker, lambda: sch.ReleaseSlotRequest(
-            slot_id="slot-0", reason=sch.SLOT_RELEASE_REASON_CHECKPOINTED, ended_at_sequence=1)),
         request_target(c, "SchedulingService.SetPriority", owner, lambda: sch.SetPriorityRequest(
             group_id=G, source=sch.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot",
             priority_class=sch.PRIORITY_CLASS_ELEVATED)),
@@ -703,6 +860,21 @@ async def request_targets(s: Scene, c: Channels) -> list[Target]:
             group_id=G, source=sch.PRIORITY_SOURCE_WORKER_OPERATOR, worker_id="worker-bot", group_weight=2)),
         request_target(c, "AuthorityService.GetAuthorityKey", None, lambda: a.GetAuthorityKeyRequest()),
     ]
+
+    async def placed() -> Message:
+        """A slot the scheduler just filled with a queued WorkItem of the Worker's."""
+        await s.queued_item()
+        scheduler = sch_grpc.SchedulingServiceStub(c.of(worker))
+        for _ in range(100):  # the scheduler places what it has read of the Group (split: a moment later)
+            answer = await scheduler.NextSlot(sch.NextSlotRequest(), timeout=DEADLINE_S)
+            if answer.HasField("assignment"):
+                break
+            await asyncio.sleep(0.05)
+        return sch.ReleaseSlotRequest(slot_id=answer.assignment.slot_id, work_item_id=answer.assignment.work_item_id,
+                                      reason=sch.SLOT_RELEASE_REASON_CHECKPOINTED, ended_at_sequence=1)
+
+    targets.append(signed_target(c, "SchedulingService.ReleaseSlot", "ReleaseSlotRequest", placed, lambda r: [r], worker,
+                                 renew_on_accept=True))
 
     async def admit() -> Message:
         item, offer = await s.offered_item()
@@ -714,12 +886,25 @@ async def request_targets(s: Scene, c: Channels) -> list[Target]:
                                  renew_on_accept=True, per_field={"offered_at_sequence": 2}))
 
     # Proof-only RPCs: their requests hold no number; the call proof's do.
+    item = await s.open_item()
+    queued: dict[str, str] = {}
+
+    async def queue() -> None:  # a WorkItem in the Worker's queue (NextSlot's fuzzing may place earlier ones)
+        queued["item"], _ = await s.queued_item()
+        scheduler = sch_grpc.SchedulingServiceStub(c.of(worker))
+        for _ in range(100):  # once the scheduler has read it
+            try:
+                await scheduler.DiscloseSchedule(sch.DiscloseScheduleRequest(group_id=G, work_item_id=queued["item"]),
+                                                 timeout=DEADLINE_S)
+                return
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.05)
     for rpc, signer, request in [
         ("AuthorityService.GetGroupState", owner, lambda: a.GetGroupStateRequest(group_id=G)),
         ("AuthorityService.GetSignedGroupSummary", owner, lambda: a.GetSignedGroupSummaryRequest(group_id=G)),
         ("AuthorityService.GetMissionProgress", owner, lambda: a.GetMissionProgressRequest(group_id=G)),
         ("AuthorityService.GetMissionTree", owner, lambda: subtask_pb2.GetMissionTreeRequest(group_id=G)),
-        ("AuthorityService.GetWorkItem", owner, lambda: a.GetWorkItemRequest(group_id=G, work_item_id="wi-1")),
+        ("AuthorityService.GetWorkItem", owner, lambda: a.GetWorkItemRequest(group_id=G, work_item_id=item)),
         ("AuthorityService.TakeSnapshot", admin, lambda: a.TakeSnapshotRequest(group_id=G)),
         ("AuthorityService.GetMissionReview", owner, lambda: a.GetMissionReviewRequest(group_id=G)),
         ("AuthorityService.ReadEvents", owner, lambda: a.ReadEventsRequest(group_id=G)),
@@ -728,10 +913,11 @@ async def request_targets(s: Scene, c: Channels) -> list[Target]:
         ("MembershipService.GetAgentCard", owner, lambda: m.GetAgentCardRequest(agent_id="worker-bot")),
         ("MembershipService.GetPresence", owner, lambda: m.GetPresenceRequest(agent_ids=["worker-bot"])),
         ("SchedulingService.GetQueue", worker, lambda: sch.GetQueueRequest(group_id=G)),
-        ("SchedulingService.DiscloseSchedule", worker, lambda: sch.DiscloseScheduleRequest(group_id=G, work_item_id="wi-1")),
         ("ArtifactService.Stat", coord, lambda: art.StatRequest(digest=blob)),
     ]:
         targets.append(proof_target(c, rpc, signer, request))
+    targets.append(proof_target(c, "SchedulingService.DiscloseSchedule", worker,
+                                lambda: sch.DiscloseScheduleRequest(group_id=G, work_item_id=queued["item"]), queue))
 
     # Signed Organization requests: the payload inside the envelope, re-signed.
     admin_key = w.keys["admin"]
@@ -867,6 +1053,10 @@ def gateway_targets(
         assert isinstance(frame, gpb.ClientFrame)
         return await stream([gpb.ClientFrame(hello=valid_hello()), frame])
 
+    async def after_subscribe(frame: Message) -> Outcome:  # an ACK names an open subscription
+        assert isinstance(frame, gpb.ClientFrame)
+        return await stream([gpb.ClientFrame(hello=valid_hello()), subscribe, frame])
+
     lasting = {"may_time_out": lambda path, value: True}
     targets = [
         Target(connect.full_name.removeprefix("missionweave.v1."), "HelloFrame",
@@ -874,14 +1064,16 @@ def gateway_targets(
                hello_frame, **lasting),  # type: ignore[arg-type]
         Target("GatewayService.Connect", "HelloProof", lambda: constant(hello_proof())(), proof_in_hello, **lasting),  # type: ignore[arg-type]
     ]
-    for what, frame in [
-        ("SubscribeFrame", gpb.ClientFrame(subscribe=gpb.SubscribeFrame(
-            subscription_id="s", group_id=G, after_sequence=0, initial_credits=10,
-            filter=gpb.AttentionFilter(mode=gpb.ATTENTION_MODE_ALL)))),
-        ("AckFrame", gpb.ClientFrame(ack=gpb.AckFrame(cursors=[gpb.CursorAck(subscription_id="s", group_id=G, cursor=1, credits=1)]))),
-        ("FetchFrame", gpb.ClientFrame(fetch=gpb.FetchFrame(request_id="f", group_id=G, ranges=[gpb.SequenceRange(first=1, last=2)]))),
+    subscribe = gpb.ClientFrame(subscribe=gpb.SubscribeFrame(
+        subscription_id="s", group_id=G, after_sequence=0, initial_credits=10, filter=gpb.AttentionFilter(mode=gpb.ATTENTION_MODE_ALL)))
+    for what, frame, send in [
+        ("SubscribeFrame", subscribe, after_hello),
+        ("AckFrame", gpb.ClientFrame(ack=gpb.AckFrame(cursors=[gpb.CursorAck(subscription_id="s", group_id=G, cursor=1, credits=1)])),
+         after_subscribe),
+        ("FetchFrame", gpb.ClientFrame(fetch=gpb.FetchFrame(request_id="f", group_id=G, ranges=[gpb.SequenceRange(first=1, last=2)])),
+         after_hello),
     ]:
-        targets.append(Target("GatewayService.Connect", what, constant(frame), after_hello, **lasting))  # type: ignore[arg-type]
+        targets.append(Target("GatewayService.Connect", what, constant(frame), send, **lasting))  # type: ignore[arg-type]
     return targets
 
 
@@ -932,7 +1124,18 @@ def stream_targets(s: Scene, c: Channels) -> list[Target]:
 
 
 @dataclass
+class ZeroCase:
+    """One field documented at 0 (or unset) sent so: ``judged`` when its target's baseline was accepted."""
+
+    case: str
+    judged: bool
+    outcome: Outcome
+
+
+@dataclass
 class Run:
+    zero: dict[str, str] = field(default_factory=dict)  # field full name -> its comment (tools/check_contracts.py)
+    zeros: dict[str, list[ZeroCase]] = field(default_factory=dict)
     cases: int = 0
     per_rpc: dict[str, int] = field(default_factory=dict)
     fields: set[str] = field(default_factory=set)
@@ -956,16 +1159,42 @@ class Run:
         return "\n".join(lines)
 
 
+async def send_patiently(target: Target, message: Message) -> Outcome:
+    """One case, sent again while its Group is over its command rate (the run sends faster)."""
+    outcome = await target.send(_copy(message))
+    for _ in range(50):
+        delay = overloaded(outcome)
+        if delay is None:
+            break
+        await asyncio.sleep(delay)
+        outcome = await target.send(_copy(message))
+    return outcome
+
+
+def zero_cases(leaf: Any, comment: str) -> list[tuple[str, Any]]:
+    """What "0" is for a field documented at 0 or unset: 0, or for a Duration or Timestamp the
+    field unset (and a zero value when the comment names 0 itself)."""
+    if leaf.message_type is None:
+        return [("zero", 0.0 if leaf.type in (leaf.TYPE_FLOAT, leaf.TYPE_DOUBLE) else 0)]
+    out: list[tuple[str, Any]] = []
+    if re.search(r"\bunset\b", comment, re.IGNORECASE):
+        out.append(("unset", None))
+    if re.search(r"(?<![\w.])0\s*(=|means|or|for)", comment):
+        out.append(("zero", (0, 0)))
+    return out
+
+
 async def fuzz(target: Target, log: ErrorLog, run: Run) -> None:
     label = f"{target.rpc} [{target.what}]"
     baseline = await target.prepare()
-    first = await target.send(_copy(baseline))
+    first = await send_patiently(target, baseline)
     issue = problem(first, may_time_out=target.may_time_out(None, None))
     if issue or log.records:
         run.fail(f"{label} <- the baseline", issue, log.take())
     if not first.accepted:
         reason = first.rejection or (first.inband() or [None])[0]
-        run.baselines_refused.append(f"{label}: {first.code.name} {reason and common_pb2.RejectionReason.Name(reason.reason)}")
+        run.baselines_refused.append(f"{label}: {first.code.name} {reason and common_pb2.RejectionReason.Name(reason.reason)}"
+                                     f" {reason and reason.message[:160]} {reason and dict(reason.metadata)}")
     elif target.renew_on_accept:
         baseline = await target.prepare()
     for path in leaf_paths(baseline):
@@ -973,15 +1202,16 @@ async def fuzz(target: Target, log: ErrorLog, run: Run) -> None:
             continue
         run.fields.add(f"{target.what}.{path.name}")
         keep = target.per_field.get(path.name, PER_FIELD)
-        for name, value in sampled(extremes(path.leaf), f"{target.what}/{path.name}", keep):
+        cases = sampled(extremes(path.leaf), f"{target.what}/{path.name}", keep)
+        documented = run.zero.get(path.leaf.full_name)
+        at_zero = zero_cases(path.leaf, documented) if documented is not None else []
+        cases += [c for c in at_zero if c not in cases]  # a field documented at 0 is always sent 0
+        for name, value in cases:
             case = mutated(baseline, path, value)
-            outcome = await target.send(_copy(case))
-            for _ in range(50):
-                delay = overloaded(outcome)
-                if delay is None:
-                    break
-                await asyncio.sleep(delay)
-                outcome = await target.send(_copy(case))
+            outcome = await send_patiently(target, case)
+            if (name, value) in at_zero:  # judged where the baseline is accepted and already holds the field's message
+                run.zeros.setdefault(path.leaf.full_name, []).append(
+                    ZeroCase(f"{label} {path.name} = {name}", first.accepted and holds(baseline, path), outcome))
             run.cases += 1
             run.per_rpc[target.rpc] = run.per_rpc.get(target.rpc, 0) + 1
             issue = problem(outcome, may_time_out=target.may_time_out(path, value))
@@ -992,6 +1222,67 @@ async def fuzz(target: Target, log: ErrorLog, run: Run) -> None:
                 run.accepted += 1
                 if target.renew_on_accept:
                     baseline = await target.prepare()
+    # Strings, lists and messages documented as meaning something empty or unset: sent so.
+    for path in empty_paths(baseline, run.zero):
+        if target.skip(path):
+            continue
+        # Where a message on the way is unset, the field is empty already: the baseline says it.
+        outcome = await send_patiently(target, mutated(baseline, path, None) if holds(baseline, path) else baseline)
+        run.cases += 1
+        run.zeros.setdefault(path.leaf.full_name, []).append(
+            ZeroCase(f"{label} {path.name} = empty", first.accepted, outcome))
+        issue = problem(outcome, may_time_out=target.may_time_out(path, None))
+        logged = log.take()
+        if issue or logged:
+            run.fail(f"{label} {path.name} = empty", issue, logged)
+        if outcome.accepted and target.renew_on_accept:
+            baseline = await target.prepare()
+
+
+def empty_paths(message: Message, zero: dict[str, str]) -> list[Path]:
+    """The fields of ``zero`` reachable in ``message`` that are no number, enum, Duration or
+    Timestamp (those are ``leaf_paths``'): through the oneof member it has set, a repeated field's
+    first element, and messages it leaves unset (where the field is empty already)."""
+    return list(_empty(message.DESCRIPTOR, message, (), (message.DESCRIPTOR.full_name,), zero))
+
+
+def _empty(descriptor: Any, message: Message | None, prefix: tuple[Any, ...], stack: tuple[str, ...],
+           zero: dict[str, str]) -> Iterator[Path]:
+    for f in descriptor.fields:
+        oneof = f.containing_oneof
+        if oneof is not None and message is not None and message.WhichOneof(oneof.name) not in (None, f.name):
+            continue
+        timed = f.message_type is not None and f.message_type.full_name in (DURATION, TIMESTAMP)
+        numeric = f.message_type is None and f.type not in (f.TYPE_STRING, f.TYPE_BYTES, f.TYPE_BOOL)
+        if f.full_name in zero and not numeric and not timed:
+            yield Path((*prefix, f))
+        if f.message_type is None or timed or f.message_type.GetOptions().map_entry or f.message_type.full_name in stack:
+            continue
+        child: Message | None = None
+        if message is not None:
+            value = getattr(message, f.name)
+            if f.is_repeated:
+                child = value[0] if len(value) else None
+            elif message.HasField(f.name):
+                child = value
+        yield from _empty(f.message_type, child, (*prefix, f), (*stack, f.message_type.full_name), zero)
+
+
+def holds(message: Message, path: Path) -> bool:
+    """Whether every message on ``path`` down to its leaf is set in ``message`` (a mutation there
+    creates nothing else, which might be refused for its own missing fields)."""
+    current: Any = message
+    for f in path.fields[:-1]:
+        value = getattr(current, f.name)
+        if f.is_repeated:
+            if not len(value):
+                return False
+            current = value[0]
+        elif not current.HasField(f.name):
+            return False
+        else:
+            current = value
+    return True
 
 
 def _copy(message: Message) -> Message:
@@ -1026,6 +1317,71 @@ async def read_back(s: Scene, c: Channels, log: ErrorLog, run: Run) -> None:
         run.fail("read back ListMissions", f"{outcome.code.name} {outcome.details}", [])
 
 
+# Baselines that stay refused, "<rpc> [<what>]" -> why: their extremes are judged on the refusal
+# path only (no structured answer may be missing there either). Every other baseline must be
+# accepted. Empty: every baseline is valid (issue 40 part 5 made the last twenty valid).
+BASELINES_REFUSED: dict[str, str] = {}
+
+# Payloads signed inside requests (their fields reach the server too), besides each RPC's request.
+SIGNED_PAYLOADS: list[Any] = [command_pb2.Command, auth_pb2.CallProof, gpb.HelloProof, membership_service_pb2.OpenSessionCommand,
+                   membership_service_pb2.RegisterIdentityCommand, agent_card_pb2.AgentCard]
+
+
+def request_side() -> set[str]:
+    """Every field a client sends: reachable from an RPC's request message or a signed payload."""
+    roots = [m.input_type for module_name, module in SERVICES.items()
+             for m in module.DESCRIPTOR.services_by_name[module_name].methods]
+    roots += [payload.DESCRIPTOR for payload in SIGNED_PAYLOADS]
+    seen: set[str] = set()
+    fields: set[str] = set()
+    while roots:
+        d = roots.pop()
+        if d.full_name in seen:
+            continue
+        seen.add(d.full_name)
+        for f in d.fields:
+            fields.add(f.full_name)
+            if f.message_type is not None:
+                roots.append(f.message_type)
+    return fields
+
+
+def zero_findings(run: Run) -> list[str]:
+    """Each field documented at 0 (or unset) that a client sends: sent so through an accepted
+    baseline, and never refused as invalid for it (MALFORMED, INVALID_ARGUMENT)."""
+    out = []
+    sent = request_side()
+    for name in sorted(run.zero):
+        if name not in sent:
+            continue  # output only (a read model's or an event's field)
+        cases = run.zeros.get(name, [])
+        if not cases:
+            out.append(f"{name} is documented at 0 but no target sends it 0: {run.zero[name][:120]}")
+        elif not any(c.judged for c in cases):
+            out.append(f"{name} is sent 0 only through refused baselines or ones without its message ({cases[0].case})")
+        for c in cases:
+            if not c.judged:
+                continue
+            refusals = [c.outcome.rejection] if c.outcome.rejection is not None else c.outcome.inband()
+            for r in refusals:
+                if r.reason in (common_pb2.REJECTION_REASON_MALFORMED, common_pb2.REJECTION_REASON_INVALID_ARGUMENT):
+                    out.append(f"{c.case}: refused {common_pb2.RejectionReason.Name(r.reason)} ({r.message[:160]}), "
+                               f"but the field is documented at 0: {run.zero[name][:160]}")
+    return out
+
+
+def baseline_findings(run: Run) -> list[str]:
+    out = []
+    refused = {line.split(": ", 1)[0]: line for line in run.baselines_refused}
+    for label, line in refused.items():
+        if label not in BASELINES_REFUSED:
+            out.append(f"the baseline is refused (make it valid, or allow it in BASELINES_REFUSED with why): {line}")
+    for label in BASELINES_REFUSED:
+        if label not in refused:
+            out.append(f"{label} is in BASELINES_REFUSED but its baseline is accepted now: remove it")
+    return out
+
+
 def public_rpcs() -> set[str]:
     return {f"{name}.{m.name}" for name, module in SERVICES.items()
             for m in module.DESCRIPTOR.services_by_name[name].methods}
@@ -1035,7 +1391,7 @@ async def test_every_numeric_and_enum_field_at_its_extremes_through_every_rpc(wo
     started = time.monotonic()
     s = await scene(world)
     c = Channels(world)
-    run = Run()
+    run = Run(zero={e.name: e.comment for e in documented_at_zero()})
     try:
         targets = command_targets(s, c) + stream_targets(s, c) + await request_targets(s, c)
         assert {t.rpc for t in targets} == public_rpcs(), public_rpcs() ^ {t.rpc for t in targets}
@@ -1047,6 +1403,12 @@ async def test_every_numeric_and_enum_field_at_its_extremes_through_every_rpc(wo
         await c.close()
     elapsed = time.monotonic() - started
     print(f"\nfuzz: {run.cases} cases, {len(run.fields)} fields, {len(run.per_rpc)} RPCs, {run.accepted} accepted, "
-          f"{elapsed:.1f} s; baselines refused: {run.baselines_refused}")
-    if run.failures:
-        pytest.fail(run.summary())
+          f"{elapsed:.1f} s; baselines refused:\n" + "\n".join(run.baselines_refused))
+    zero = zero_findings(run)
+    judged = sum(1 for cases in run.zeros.values() if any(c.judged for c in cases))
+    unjudged = sorted(name for name in run.zero if not any(c.judged for c in run.zeros.get(name, [])))
+    print(f"fields documented at 0 sent 0 through an accepted baseline: {judged} of {len(run.zero)}; "
+          f"not sent (no client sends them): {unjudged}")
+    problems = ([run.summary()] if run.failures else []) + baseline_findings(run) + zero
+    if problems:
+        pytest.fail("\n".join(problems))
