@@ -95,6 +95,7 @@ class ShardedChannel:
     async def _unary(self, method: str, request: Message, answer_type: type[Message], **kw: Any) -> Message:
         group_id = group_of(request)
         tried: set[str] = set()
+        unanswered: set[str] = set()  # shards whose call ended without an answer: it may have run
         queue = self.order(group_id)
         last: grpc.aio.AioRpcError | None = None
         while queue:
@@ -110,10 +111,15 @@ class ShardedChannel:
                 rejection = rejection_from_rpc_error(err)
                 if rejection is not None and rejection.reason == R.REJECTION_REASON_NOT_OWNER:
                     owner = rejection.metadata.get("owner_address", "")
+                    if owner in unanswered:
+                        # The owner got the request and did not answer: it may have written the
+                        # command. NOT_OWNER would say nothing was written; the outcome is unknown.
+                        raise _outcome_unknown(owner, err) from None
                     if owner and owner not in tried:
                         queue.insert(0, owner)  # the owner named by the shard we asked
                     continue
                 if rejection is None and err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    unanswered.add(address)
                     continue  # that shard is down: the next in the Group's order
                 raise
             self._remember(group_id, address)
@@ -400,6 +406,18 @@ class _RoutedCommands:
             task.cancel()  # the caller is gone: nothing is sent again on its behalf
         self._upstreams.cancel()
         return self._pump.cancel()
+
+
+def _outcome_unknown(owner: str, refused: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    """PEER_UNAVAILABLE for a call whose owner did not answer: retry it as it was (a command with
+    its id, which the owner answers as a replay if it did write it)."""
+    rejected = peer_unavailable(
+        "authority", f"the Authority shard that owns the Group ({owner}) did not answer; the outcome is unknown: retry"
+    )
+    status = rpc_status.to_status(to_status(rejected))
+    return grpc.aio.AioRpcError(
+        status.code, grpc.aio.Metadata(), grpc.aio.Metadata(*status.trailing_metadata), details=status.details
+    )
 
 
 def _malformed() -> grpc.aio.AioRpcError:
