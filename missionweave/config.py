@@ -24,6 +24,7 @@
 | MWP_AUDIENCE             | (the listen/advertise address)  | more addresses call proofs may name (comma list: the front door's) |
 | MWP_NONCE_STORE          | database                        | proof nonces: database (kept across restarts) or memory (unsafe, D168) |
 | MWP_MESH_TOKEN_FILE      | $MWP_DATA_DIR/keys/mesh.token   | the secret mesh services prove themselves with (created if missing) |
+| MWP_AUTHORITY_WITNESS_DIR| $MWP_DATA_DIR/witness           | the Authority's signed witness of the store, kept outside it (D173) |
 | MWP_GATEWAY_MAX_STREAMS  | 10000                           | gateway streams open at once                   |
 | MWP_GATEWAY_MAX_STREAMS_PER_IDENTITY | 8                   | ... per authenticated identity                 |
 | MWP_GATEWAY_HELLO_TIMEOUT_S | 10                           | a stream without HELLO this long is closed     |
@@ -72,6 +73,7 @@ class Settings:
     data_dir: Path = Path(".missionweave")
     database_url: str = ""
     authority_key: Path | None = None
+    witness_dir: Path | None = None
     instance_id: str = "local"
     sqlite_synchronous: str = "FULL"
     services: tuple[str, ...] = SERVICES
@@ -160,6 +162,11 @@ class Settings:
         return self.authority_key or self.data_dir / "keys" / "authority.key"
 
     @property
+    def witness_dir_path(self) -> Path:
+        """Where the Authority keeps its witness of the store: worth most on another volume than the database."""
+        return self.witness_dir or self.data_dir / "witness"
+
+    @property
     def mesh_token_path(self) -> Path:
         return self.mesh_token_file or self.data_dir / "keys" / "mesh.token"
 
@@ -181,6 +188,8 @@ class Settings:
         s.database_url = e.get("MWP_DATABASE_URL", "")
         if e.get("MWP_AUTHORITY_KEY"):
             s.authority_key = Path(e["MWP_AUTHORITY_KEY"])
+        if e.get("MWP_AUTHORITY_WITNESS_DIR"):
+            s.witness_dir = Path(e["MWP_AUTHORITY_WITNESS_DIR"])
         s.instance_id = e.get("MWP_INSTANCE_ID", s.instance_id)
         s.sqlite_synchronous = e.get("MWP_SQLITE_SYNCHRONOUS", s.sqlite_synchronous).upper()
         if e.get("MWP_SERVICES"):

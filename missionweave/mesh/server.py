@@ -75,6 +75,7 @@ from missionweave.v1 import (
     scheduling_service_pb2_grpc,
 )
 from missionweave.verifier import SignatureVerifier
+from services.authority import witness
 from services.authority.authority import GroupAuthority
 from services.authority.group_log import GroupLogServicer
 from services.authority.ingress import GroupIngressLimiter
@@ -84,6 +85,7 @@ from services.authority.rules.common import OrganizationPolicy
 from services.authority.servicer import AuthorityServicer
 from services.authority.session_fence import SessionFence
 from services.authority.store import EventStore
+from services.authority.witness import WitnessWriter
 from services.membership.directory import IdentityDirectoryServicer
 from services.membership.registry import IdentityRegistry, has_identities
 from services.membership.servicer import MembershipServicer
@@ -177,6 +179,8 @@ class Mesh:
     fence: SessionFence | None = None
     # Where proof nonces are recorded (MWP_NONCE_STORE=database), when not ``engine`` itself.
     nonces_engine: AsyncEngine | None = None
+    # Where the Authority is served: its witness of the store, outside the store (D173).
+    witness: WitnessWriter | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -210,7 +214,9 @@ class Mesh:
         if self.authority is not None:
             await self.authority.verifier.close()
         if self.store is not None:
-            await self.store.close()
+            await self.store.close()  # the last appends committed: the witness sees them
+        if self.witness is not None:
+            await self.witness.close()
         if self.artifacts is not None:  # the verification times not written yet (D142)
             await self.artifacts.index.close()
         if self.blobstore is not None:
@@ -237,8 +243,9 @@ async def _authority(
     identities: IdentityDirectoryClient,
     peers: Peers,
     health: MeshHealth,
-) -> tuple[EventStore, GroupAuthority]:
-    """The Authority's store and core (only a process serving the Authority loads its key)."""
+) -> tuple[EventStore, GroupAuthority, WitnessWriter]:
+    """The Authority's store and core (only a process serving the Authority loads its key), and the
+    writer of its witness outside the store."""
     signing_key = load_or_create_key(settings.authority_key_path)
     try:  # key continuity: refuses a key that is not the store's (docs/integrity.md)
         key_history = await ensure_key(engine, signing_key, clock)
@@ -246,10 +253,18 @@ async def _authority(
         log.error("the Authority key is refused", extra={"detail": str(refused), "key_file": str(settings.authority_key_path)})
         await engine.dispose()
         raise
+    try:  # a whole store put back to an older copy (D173)
+        await witness.check(engine, settings.witness_dir_path, key_history)
+    except witness.StoreRolledBack as refused:
+        log.error("the store is older than its witness", extra={"detail": str(refused)})
+        await engine.dispose()
+        raise
+    instance_id = settings.instance_id or ids.new_id("auth")
+    writer = witness.WitnessWriter(engine, settings.witness_dir_path, signing_key, key_history, instance_id, clock)
     store = EventStore(
         engine,
         clock,
-        instance_id=settings.instance_id or ids.new_id("auth"),
+        instance_id=instance_id,
         linger=settings.commit_linger_ms / 1000,
         linger_idle=settings.commit_idle_ms / 1000,
         linger_batch=settings.commit_batch,
@@ -274,7 +289,8 @@ async def _authority(
             max_delegation_depth=settings.max_delegation_depth, max_mission_depth=settings.max_mission_depth
         ),
     )
-    return store, authority
+    writer.start()
+    return store, authority, writer
 
 
 async def bootstrap_admin(settings: Settings, registry: IdentityRegistry) -> None:
@@ -348,10 +364,10 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         NonceCache(wall, shared=SharedNonces(nonces_engine, wall, "call") if shared_nonces else None),
     )
     health = MeshHealth(INTEGRITY_HEALTH)
-    store, authority = (
+    store, authority, witness = (
         (await _authority(settings, engine, clock, identities, peers, health))
         if "authority" in settings.services
-        else (None, None)
+        else (None, None, None)
     )
 
     server = grpc.aio.server(
@@ -550,6 +566,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         metrics_server,
         fence,
         nonces_engine,
+        witness,
     )
 
 
