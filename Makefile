@@ -9,6 +9,7 @@
 #   make bench   run every bench/*.py
 #   make bench-round  one round of bench/README.md's summary table, each benchmark alone (bench/round.sh)
 #   make mutation  mutation score of the pure core against its fast tests (SAMPLE=N [SEED=S]; docs/mutation.md)
+#   make simulate  deterministic simulation of the protocol under faults (SEEDS=N, default 100; SEED=S replays one; docs/simulation.md)
 #   make migration LINE=<line> MESSAGE="..."  write the next migration of a service's tables (docs/upgrades.md)
 #   make release-fixture  rebuild tests/release_fixtures/ from the release tag (tests/release_fixtures/README.md)
 #   make gen     regenerate the protobuf/gRPC modules and their .pyi stubs into missionweave/v1/
@@ -36,10 +37,10 @@ DATA_DIR ?= $(or $(MWP_DATA_DIR),.missionweave)
 INSTALL_DEPS := pyproject.toml setup.py
 BENCHES := $(sort $(wildcard bench/*.py))
 
-.PHONY: help run run-split test lint k8s-check bench bench-round mutation migration release-fixture gen clean distclean venv node-deps
+.PHONY: help run run-split test lint k8s-check bench bench-round mutation simulate migration release-fixture gen clean distclean venv node-deps
 
 help:
-	@sed -n '3,19p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,20p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------ virtualenv and installs
 
@@ -171,6 +172,11 @@ bench-round: $(VENV)/.installed-bench
 mutation: $(VENV)/.installed-mutation
 	@$(MAKE) --no-print-directory gen
 	$(PY) tools/mutation.py $(if $(SAMPLE),--sample $(SAMPLE)) $(if $(SEED),--seed $(SEED)) $(MUTATION_ARGS)
+
+# Seeds from 0 (START=S to begin elsewhere, STEPS=K faulty steps per seed); exits 1 if one fails.
+simulate: $(VENV)/.installed-base
+	@$(MAKE) --no-print-directory gen
+	$(PY) -m simulation $(if $(SEED),--seed $(SEED),--seeds $(or $(SEEDS),100) $(if $(START),--start $(START))) $(if $(STEPS),--steps $(STEPS))
 
 migration: $(VENV)/.installed-base
 	$(PY) tools/new_migration.py "$(LINE)" "$(MESSAGE)"
