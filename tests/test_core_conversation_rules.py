@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from missionweave import ids
+from missionweave.errors import Rejected
 from missionweave.v1 import conversation_pb2 as cp
 from missionweave.v1 import membership_pb2, work_pb2
 from services.authority import decider
@@ -232,6 +233,21 @@ def test_a_reply_names_a_message_of_the_group_and_a_topic_has_at_most_128_charac
     reason, _ = rejection(GROUP.decide(POSTED, "message_post", post(message_id="msg_2", reply_to_message_id="msg_9"), "rev"))
     assert reason == "NOT_FOUND"
     assert invalid_field(GROUP.decide(POSTED, "message_post", post(message_id="msg_2", topic="t" * 129), "rev")) == "body.message_post.topic"
+
+
+def test_a_reply_cannot_probe_or_show_a_restricted_conversations_message_ids() -> None:
+    """A non-participant is answered alike for a hidden message and an absent one; a participant's
+    reply to a restricted message stays in its Conversation (the id would show in the other)."""
+    secret = GROUP.run(RESTRICTED_STATE, "message_post", post("conv_r", message_id="msg_secret"), "worker")
+    hidden = GROUP.decide(secret, "message_post", post(message_id="msg_2", reply_to_message_id="msg_secret"), "rev")
+    absent = GROUP.decide(secret, "message_post", post(message_id="msg_2", reply_to_message_id="msg_none"), "rev")
+    assert isinstance(hidden, Rejected) and isinstance(absent, Rejected)
+    assert (hidden.reason, hidden.metadata) == (absent.reason, absent.metadata)
+    assert hidden.message.replace("msg_secret", "X") == absent.message.replace("msg_none", "X")
+    outside = GROUP.decide(secret, "message_post", post(message_id="msg_2", reply_to_message_id="msg_secret"), "worker")
+    assert invalid_field(outside) == "body.message_post.reply_to_message_id"
+    inside = GROUP.decide(secret, "message_post", post("conv_r", message_id="msg_2", reply_to_message_id="msg_secret"), "worker")
+    assert not isinstance(inside, Rejected)
 
 
 def test_posting_to_an_unknown_conversation_is_not_found() -> None:

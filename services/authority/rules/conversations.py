@@ -74,16 +74,37 @@ def _conversation(state: GroupState, conversation_id: str, actor_id: str, field:
     conversation = state.conversations.get(conversation_id)
     if conversation is None:
         raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no conversation {conversation_id}", field=field)
-    if (
-        conversation.kind == CK.CONVERSATION_KIND_RESTRICTED
-        and actor_id not in conversation.participant_ids
-        and not _is_steward(state, actor_id)
-    ):
+    if _restricted_from(state, conversation_id, actor_id):
         raise Rejected(
             R.REJECTION_REASON_PERMISSION_DENIED,
             f"{conversation_id} is restricted to its participants, the MissionOwner and the Coordinator (MW-9-05)",
         )
     return conversation
+
+
+def _reply_target(state: GroupState, message_id: str, conversation_id: str, actor_id: str) -> None:
+    """A reply names a message its author may read, answered alike whether it is hidden or absent
+    (no probing a restricted Conversation for its message ids); a reply to a restricted
+    Conversation's message stays in it, or the reply would show the id to everyone who reads it."""
+    target = state.messages.get(message_id)
+    hidden = target is not None and _restricted_from(state, target.conversation_id, actor_id)
+    if target is None or hidden:
+        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no message {message_id} to reply to")
+    restricted = state.conversations[target.conversation_id].kind == CK.CONVERSATION_KIND_RESTRICTED
+    if restricted and target.conversation_id != conversation_id:
+        raise invalid(
+            "body.message_post.reply_to_message_id",
+            "a reply to a message of a restricted Conversation is posted in that Conversation",
+        )
+
+
+def _restricted_from(state: GroupState, conversation_id: str, actor_id: str) -> bool:
+    conversation = state.conversations[conversation_id]
+    return (
+        conversation.kind == CK.CONVERSATION_KIND_RESTRICTED
+        and actor_id not in conversation.participant_ids
+        and not _is_steward(state, actor_id)
+    )
 
 
 def message_post(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter) -> None:
@@ -99,8 +120,8 @@ def message_post(state: GroupState | None, command: command_pb2.Command, ctx: De
         raise invalid("body.message_post.message_id", "not a valid id")
     if message_id in state.messages:
         raise invalid("body.message_post.message_id", "already used in this Group")
-    if body.reply_to_message_id and body.reply_to_message_id not in state.messages:
-        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no message {body.reply_to_message_id} to reply to")
+    if body.reply_to_message_id:
+        _reply_target(state, body.reply_to_message_id, body.conversation_id, command.actor_id)
     if len(body.topic) > 128:
         raise invalid("body.message_post.topic", "at most 128 characters")
     validate_content(body.content, state, "body.message_post.content")
