@@ -44,7 +44,14 @@ from missionweave.sdk.agent import (
 from missionweave.sdk.client import decode_events
 from missionweave.sdk.idempotency import attempt_key
 from missionweave.signing import EVENT_TYPE, SNAPSHOT_REFERENCE_TYPE, SNAPSHOT_TYPE, sign_envelope
-from missionweave.v1 import authority_service_pb2, common_pb2, conversation_pb2, event_pb2, membership_pb2
+from missionweave.v1 import (
+    authority_service_pb2,
+    common_pb2,
+    conversation_pb2,
+    event_pb2,
+    membership_pb2,
+    membership_service_pb2,
+)
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import work_pb2 as wp
 from tests import builders
@@ -1089,3 +1096,26 @@ async def test_a_late_joiner_fetches_cited_history_through_the_sdk(world: World,
         assert cited.events[-2].message_posted.content.text == "m2"  # the last message before the grant
         with pytest.raises(sdk.GatewayError):
             await agent.fetch(G, 1, 5_000)
+
+
+@pytest.mark.req("MW-11.3-09")
+async def test_an_agent_whose_session_another_process_replaced_stops_instead_of_fencing_it_back(
+    world: World, tmp_path: Path
+) -> None:
+    """Two processes running as one identity must not fence each other in turn: the one whose
+    session was replaced while it ran stops with SessionReplaced (it opened none of its own)."""
+    w = world
+    await create(w)
+    async with connect(w, "coord-bot", w.coordinator.key, tmp_path / "first") as agent:
+        sub = await agent.subscribe(G, _ignore, credits=8)
+        await sub.reached(1)
+        other = await w.client.open_session("coord-bot", w.coordinator.key)  # the other process
+        async with asyncio.timeout(20):
+            with pytest.raises(sdk.SessionReplaced, match="replaced by a newer one"):
+                await sub.reached(10**9)
+    state = await w.client.membership.GetIdentity(membership_service_pb2.GetIdentityRequest(identity_id="coord-bot"))
+    assert state.identity.session_epoch == other.session_epoch  # the other process's session is still current
+
+
+async def _ignore(event: event_pb2.Event) -> None:
+    return None

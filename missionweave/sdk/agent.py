@@ -120,6 +120,7 @@ __all__ = [
     "Handler",
     "NotVerified",
     "SessionFile",
+    "SessionReplaced",
     "Slot",
     "SnapshotHandler",
     "Subscription",
@@ -1325,6 +1326,12 @@ class _StreamEnded(AgentError):
     """The gateway closed the stream before answering HELLO."""
 
 
+class SessionReplaced(AgentError):
+    """This agent's session was replaced by a newer session of its identity (another process running
+    as it): the agent stops instead of opening a session of its own, which would fence that one in
+    turn (MW-11.3-09)."""
+
+
 def _transient(err: BaseException) -> bool:
     if isinstance(err, grpc.aio.AioRpcError):
         return err.code() in _TRANSIENT_STATUS
@@ -1723,6 +1730,12 @@ class Agent:
         while not self._closing:
             try:
                 link = await self._open_link()
+            except SessionReplaced as replaced:
+                log.error("%s: %s", self.identity_id, replaced)
+                for subscription in list(self._subscriptions.values()):
+                    await subscription._fail(replaced)
+                self._commands.fail_all(replaced)
+                return
             except Exception as err:
                 if not self._first.done() and not _transient(err):
                     self._first.set_exception(err)
@@ -1755,6 +1768,13 @@ class Agent:
             except GatewayError as err:
                 if err.code not in _RENEW_SESSION or err.frame.rejection.metadata.get("field") == "audience":
                     raise  # a proof for another gateway: a new session would be refused the same way
+                if self._session is not None and err.code == E.GATEWAY_ERROR_CODE_SESSION_STALE:
+                    # The session this process was running under was replaced meanwhile: by another
+                    # process of this identity. Taking it back would fence that one, and so on.
+                    raise SessionReplaced(
+                        f"session {signer.session_epoch} of {self.identity_id} was replaced by a newer one "
+                        "(another process runs as this identity); stopping"
+                    ) from err
                 log.warning(
                     "%s: session %d refused (%s); opening a new one",
                     self.identity_id,
