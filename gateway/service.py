@@ -217,7 +217,7 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         self._feed_failed: dict[str, float] = {}  # when a Group's shared follow last ended unread
         # The authenticated streams of each agent: those of a replaced session end (MW-11.3-09).
         self._streams_by_agent: dict[str, set[_Connection]] = {}
-        self._session_hooks: tuple[Callable[[str, int], None], Callable[[], None]] | None = None
+        self._unlisten_sessions: Callable[[], None] | None = None
         self._resync: asyncio.Task[None] | None = None
         self.listen_sessions()
 
@@ -299,34 +299,9 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
 
     def listen_sessions(self) -> None:
         """Be told by the identity directory client of every session opened (and of every restart of
-        its cache), as the Authority's session fence is. The client has one slot per callback, shared
-        by the services of this process: whatever is in it already is kept and called first. Called
-        again at each HELLO, so a listener installed after this one (and replacing it) is wrapped in
-        turn rather than silencing the gateway."""
-        registry = self.registry
-        current = (getattr(registry, "on_session_opened", None), getattr(registry, "on_resync", None))
-        if self._session_hooks is not None and current == self._session_hooks:
-            return
-        opened_before, resync_before = current
-        # Already called through another gateway's listener that kept this one's (tests run several
-        # gateways in a process): wrapping again would grow the chain at every HELLO.
-        if self in getattr(opened_before, "gateways", ()) and self in getattr(resync_before, "gateways", ()):
-            return
-
-        def opened(agent_id: str, session_epoch: int) -> None:
-            if opened_before is not None:
-                opened_before(agent_id, session_epoch)
-            self.session_opened(agent_id, session_epoch)
-
-        def resync() -> None:
-            if resync_before is not None:
-                resync_before()
-            self.sessions_resync()
-
-        for hook, before in ((opened, opened_before), (resync, resync_before)):
-            hook.gateways = {*getattr(before, "gateways", ()), self}  # type: ignore[attr-defined,union-attr]
-        self._session_hooks = (opened, resync)
-        registry.on_session_opened, registry.on_resync = opened, resync
+        its cache), as the Authority's session fence is: once, at the first HELLO."""
+        if self._unlisten_sessions is None:
+            self._unlisten_sessions = self.registry.listen_sessions(self.session_opened, self.sessions_resync)
 
     def authenticated(self, connection: _Connection) -> None:
         """``connection`` has passed HELLO: a newer session of its agent ends it from now on."""
@@ -395,6 +370,9 @@ class GatewayServicer(pb_grpc.GatewayServiceServicer):
         UNAVAILABLE. Streams that connect from now on are refused the same way.
         """
         self.stopping = True
+        if self._unlisten_sessions is not None:
+            self._unlisten_sessions()
+            self._unlisten_sessions = None
         connections = list(self.connections)
         tasks = [task for connection in connections for task in connection.tasks()]
         for task in tasks:

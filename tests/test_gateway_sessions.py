@@ -159,13 +159,10 @@ async def test_a_directory_resync_ends_streams_of_sessions_replaced_meanwhile(wo
     w = world
     gateway = w.mesh.gateway  # type: ignore[attr-defined]
     stream = await connected(w, w.worker)
-    hooks = gateway.registry.on_session_opened, gateway.registry.on_resync
-    gateway.registry.on_session_opened = None  # the change is "missed"
-    try:
-        new = await w.client.open_session("worker-bot", w.worker.key)
-        await asyncio.sleep(0.2)
-        assert gateway.streams_of("worker-bot") == 1
-        hooks[1]()  # what the directory client does when it restarts its cache
-        await ended_replaced(stream, w.worker.session_epoch, new.session_epoch)
-    finally:
-        gateway.registry.on_session_opened, gateway.registry.on_resync = hooks
+    gateway._unlisten_sessions()  # the change is "missed"
+    gateway._unlisten_sessions = None
+    new = await w.client.open_session("worker-bot", w.worker.key)
+    await asyncio.sleep(0.2)
+    assert gateway.streams_of("worker-bot") == 1
+    gateway.sessions_resync()  # what the directory client's restart of its cache calls
+    await ended_replaced(stream, w.worker.session_epoch, new.session_epoch)

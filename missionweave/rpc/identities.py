@@ -36,6 +36,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -65,6 +66,12 @@ MAX_SESSION_KEYS = 100_000
 
 class _OutOfOrder(Exception):
     """The stream broke the contract (a gap in revisions): reconnect and resume."""
+
+
+@dataclass(frozen=True)
+class SessionListener:
+    opened: Callable[[str, int], None]
+    resync: Callable[[], None]
 
 
 class IdentityDirectoryClient:
@@ -104,9 +111,16 @@ class IdentityDirectoryClient:
         self._synced = asyncio.Event()
         self.reconnects = 0  # streams started after the first (observability, tests)
         # Told of every session the stream reports opened (identity, epoch), and of every restart of
-        # the cache (changes may have been missed): the Authority's session fence (MW-11.3-09).
-        self.on_session_opened: Callable[[str, int], None] | None = None
-        self.on_resync: Callable[[], None] | None = None
+        # the cache (changes may have been missed): the Authority's session fence and the gateway
+        # (MW-11.3-09), each through ``listen_sessions``.
+        self._session_listeners: list[SessionListener] = []
+
+    def listen_sessions(self, opened: Callable[[str, int], None], resync: Callable[[], None]) -> Callable[[], None]:
+        """Call ``opened(identity, epoch)`` for every session opened from now on and ``resync()`` at
+        every restart of the cache; returns what stops it."""
+        listener = SessionListener(opened, resync)
+        self._session_listeners.append(listener)
+        return lambda: self._session_listeners.remove(listener) if listener in self._session_listeners else None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -271,8 +285,8 @@ class IdentityDirectoryClient:
         if start.reset or start.revision != asked_from:
             # Not a resumption: what is cached may predate changes this stream will never send.
             self._discard()
-            if self.on_resync is not None:
-                self.on_resync()
+            for listener in list(self._session_listeners):
+                listener.resync()
         self.revision = start.revision
         if start.heartbeat_interval_ms:
             self._stale_after = STALE_INTERVALS * start.heartbeat_interval_ms / 1000
@@ -293,8 +307,9 @@ class IdentityDirectoryClient:
             if change.kind == pb.IDENTITY_CHANGE_KIND_CARD_PUBLISHED:
                 self._cards.pop(change.identity.identity_id, None)
                 self._card_changes += 1
-            if change.kind == pb.IDENTITY_CHANGE_KIND_SESSION_OPENED and self.on_session_opened is not None:
-                self.on_session_opened(change.identity.identity_id, change.identity.session_epoch)
+            if change.kind == pb.IDENTITY_CHANGE_KIND_SESSION_OPENED:
+                for listener in list(self._session_listeners):
+                    listener.opened(change.identity.identity_id, change.identity.session_epoch)
             self.revision = change.revision
         elif kind == "heartbeat":
             if message.heartbeat.revision != self.revision:

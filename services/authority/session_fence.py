@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from missionweave import metrics
 from missionweave.errors import Rejected
@@ -41,15 +42,16 @@ class SessionFence:
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.revoked = 0  # Groups where leases were revoked (tests, observability)
+        self._unlisten: Callable[[], None] | None = None
 
     def start(self) -> None:
-        self.identities.on_session_opened = self.session_opened
-        self.identities.on_resync = self.resync
+        self._unlisten = self.identities.listen_sessions(self.session_opened, self.resync)
         self._task = asyncio.create_task(self._run(), name="session-fence")
 
     async def close(self) -> None:
-        self.identities.on_session_opened = None
-        self.identities.on_resync = None
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
