@@ -33,6 +33,10 @@ AGENT_CARD_TYPE = "application/vnd.missionweave.v1.agent-card+protobuf"
 MAX_SIGNATURES = 4
 
 
+# A call proof (missionweave/v1/auth.proto): the metadata key it travels in, and its payload type.
+CALL_PROOF_METADATA = "mwp-call-proof-bin"
+CALL_PROOF_TYPE = "application/vnd.missionweave.v1.call-proof+protobuf"
+
 def check_signature_count(envelope: common_pb2.SignedEnvelope, what: str = "envelope") -> None:
     """At most MAX_SIGNATURES signatures on a signed request: more is MALFORMED (``field=signatures``,
     ``limit``), before any of them is checked."""

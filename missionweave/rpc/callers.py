@@ -37,11 +37,9 @@ from missionweave.errors import R, Rejected
 from missionweave.replay import NonceCache
 from missionweave.rpc.access_log import note_caller
 from missionweave.rpc.channels import peer_service_name
-from missionweave.signing import parse_session_key_id, verify_signature
+from missionweave.signing import CALL_PROOF_METADATA, CALL_PROOF_TYPE, parse_session_key_id, verify_signature
 from missionweave.v1 import auth_pb2, common_pb2
 
-CALL_PROOF_METADATA = "mwp-call-proof-bin"
-CALL_PROOF_TYPE = "application/vnd.missionweave.v1.call-proof+protobuf"
 MESH_TOKEN_METADATA = "mwp-mesh-token"
 MAX_PROOF_BYTES = 4096  # a proof is ~200 bytes; anything far larger is not one
 

@@ -27,73 +27,21 @@ from typing import Any
 
 import grpc
 
-from missionweave import tracing
+from missionweave import tracing, transport
 from missionweave.config import SERVICES, Settings
 from missionweave.errors import R, Rejected
 from missionweave.rpc.local import LocalContext
 from missionweave.rpc.status import abort_with
+from missionweave.transport import ChannelOptions, ClientTLS, read_file
 
 SERVICE_URI_PREFIX = "spiffe://missionweave/"
 # What peer_service_name answers for a call made in process (LocalChannel): a service of this very
 # process, which never crosses a network.
 LOCAL_PEER = "local"
 
-ChannelOptions = Sequence[tuple[str, Any]]
-
-
 def service_uri(service: str) -> str:
     """The URI SAN by which a certificate names the mesh service ``service``."""
     return f"{SERVICE_URI_PREFIX}{service}"
-
-
-def _read(path: Path, what: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as err:
-        raise OSError(f"cannot read the {what} {path}: {err.strerror or err}") from None
-
-
-# ------------------------------------------------------------------ client side
-
-
-@dataclass(frozen=True)
-class ClientTLS:
-    """How a client speaks TLS: ``ca_file`` verifies the server (None: the system's trusted roots),
-    ``cert_file``/``key_file`` are presented to servers that require client certificates (mTLS), and
-    ``server_name`` replaces the target's host name when the server certificate is checked."""
-
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    server_name: str = ""
-
-    def __post_init__(self) -> None:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError(
-                "a client certificate needs its key and a key its certificate: "
-                "set both --tls-client-cert and --tls-client-key (MWP_TLS_CLIENT_CERT, MWP_TLS_CLIENT_KEY)"
-            )
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        """The channel credentials, reading the files now (so a renewed certificate is picked up by
-        the next channel)."""
-        ca = _read(self.ca_file, "TLS CA bundle") if self.ca_file else None
-        cert = _read(self.cert_file, "TLS client certificate") if self.cert_file else None
-        key = _read(self.key_file, "TLS client key") if self.key_file else None
-        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ClientTLS | None:
-        """The client side of ``settings``; None (plain text) unless TLS is asked for or configured."""
-        configured = settings.tls_ca or settings.tls_client_cert or settings.tls_client_key or settings.tls_server_name
-        if not (settings.tls or configured):
-            return None
-        return cls(settings.tls_ca, settings.tls_client_cert, settings.tls_client_key, settings.tls_server_name)
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> ClientTLS | None:
-        """The client side of the ``MWP_TLS*`` environment (docs/tls.md)."""
-        return cls.from_settings(Settings.from_env(env))
 
 
 def open_channel(
@@ -104,18 +52,10 @@ def open_channel(
     credentials: grpc.ChannelCredentials | None = None,
     interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
 ) -> grpc.aio.Channel:
-    """A channel to ``target``: TLS as ``tls`` says (or with ready-made ``credentials``), plain text
-    when neither is given. ``interceptors`` wrap every call made on it; while tracing is on, inside a
-    client span each (``tracing.client_interceptors``) that sends the caller's trace context."""
-    interceptors = [*tracing.client_interceptors(), *(interceptors or ())] or None
-    opts = list(options)
-    if credentials is None and tls is not None:
-        credentials = tls.credentials()
-        if tls.server_name:
-            opts.append(("grpc.ssl_target_name_override", tls.server_name))
-    if credentials is None:
-        return grpc.aio.insecure_channel(target, options=opts, interceptors=interceptors)
-    return grpc.aio.secure_channel(target, credentials, options=opts, interceptors=interceptors)
+    """``missionweave.transport.open_channel`` for the mesh's own calls: while tracing is on, each
+    call is inside a client span (``tracing.client_interceptors``) that sends the caller's trace context."""
+    traced = [*tracing.client_interceptors(), *(interceptors or ())]
+    return transport.open_channel(target, tls, options, credentials=credentials, interceptors=traced)
 
 
 # ------------------------------------------------------------------ server side
@@ -139,9 +79,9 @@ class ServerTLS:
         return self.client_ca_file is not None
 
     def credentials(self) -> grpc.ServerCredentials:
-        chain = _read(self.cert_file, "TLS certificate")
-        key = _read(self.key_file, "TLS key")
-        client_ca = _read(self.client_ca_file, "TLS client CA bundle") if self.client_ca_file else None
+        chain = read_file(self.cert_file, "TLS certificate")
+        key = read_file(self.key_file, "TLS key")
+        client_ca = read_file(self.client_ca_file, "TLS client CA bundle") if self.client_ca_file else None
         return grpc.ssl_server_credentials(
             [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
         )

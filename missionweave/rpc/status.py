@@ -22,7 +22,9 @@ from grpc_status import rpc_status
 from missionweave import metrics
 from missionweave.errors import DOMAIN, R, Rejected
 from missionweave.logs import RateLimitedLog
-from missionweave.v1 import common_pb2
+
+# Re-exported for the importers of its old place; clients import it from missionweave.rejections.
+from missionweave.rejections import rejection_from_rpc_error as rejection_from_rpc_error
 
 log = logging.getLogger("missionweave.rpc")
 
@@ -132,19 +134,6 @@ def peer_unavailable(peer: str, why: grpc.RpcError | str) -> Rejected:
         code = why.code() if isinstance(why, grpc.aio.AioRpcError) else None
         message = f"the {peer} service did not answer ({code.name if code is not None else 'UNKNOWN'}); retry shortly"
     return Rejected(R.REJECTION_REASON_PEER_UNAVAILABLE, message, peer=peer, retry_after_ms=PEER_RETRY_AFTER_MS)
-
-
-def rejection_from_rpc_error(err: grpc.RpcError) -> common_pb2.Rejection | None:
-    """Client side: the Rejection inside a failed call's google.rpc.Status, if any."""
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
-    if status is None:
-        return None
-    for detail in status.details:
-        if detail.Is(common_pb2.Rejection.DESCRIPTOR):
-            out = common_pb2.Rejection()
-            detail.Unpack(out)
-            return out
-    return None
 
 
 async def abort_with(context: grpc.aio.ServicerContext, rejected: Rejected) -> NoReturn:  # type: ignore[type-arg]

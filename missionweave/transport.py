@@ -1,0 +1,90 @@
+"""A client's gRPC channel, with or without TLS (docs/tls.md): what the SDK and any other client
+needs and nothing of a server's (no tracing or metrics machinery is imported here; the mesh's own
+channels add their tracing interceptors in ``missionweave.rpc.channels``).
+
+TLS is described by ``ClientTLS``: the CA that verifies servers, an optional client certificate for
+mTLS, an optional server name override, read from the ``MWP_TLS*`` environment (missionweave/config.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from missionweave.config import Settings
+
+ChannelOptions = Sequence[tuple[str, Any]]
+
+
+def read_file(path: Path, what: str) -> bytes:
+    """The bytes of a TLS file, or an OSError naming what it is for."""
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise OSError(f"cannot read the {what} {path}: {err.strerror or err}") from None
+
+
+@dataclass(frozen=True)
+class ClientTLS:
+    """How a client speaks TLS: ``ca_file`` verifies the server (None: the system's trusted roots),
+    ``cert_file``/``key_file`` are presented to servers that require client certificates (mTLS), and
+    ``server_name`` replaces the target's host name when the server certificate is checked."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    server_name: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError(
+                "a client certificate needs its key and a key its certificate: "
+                "set both --tls-client-cert and --tls-client-key (MWP_TLS_CLIENT_CERT, MWP_TLS_CLIENT_KEY)"
+            )
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """The channel credentials, reading the files now (so a renewed certificate is picked up by
+        the next channel)."""
+        ca = read_file(self.ca_file, "TLS CA bundle") if self.ca_file else None
+        cert = read_file(self.cert_file, "TLS client certificate") if self.cert_file else None
+        key = read_file(self.key_file, "TLS client key") if self.key_file else None
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ClientTLS | None:
+        """The client side of ``settings``; None (plain text) unless TLS is asked for or configured."""
+        configured = settings.tls_ca or settings.tls_client_cert or settings.tls_client_key or settings.tls_server_name
+        if not (settings.tls or configured):
+            return None
+        return cls(settings.tls_ca, settings.tls_client_cert, settings.tls_client_key, settings.tls_server_name)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> ClientTLS | None:
+        """The client side of the ``MWP_TLS*`` environment (docs/tls.md)."""
+        return cls.from_settings(Settings.from_env(env))
+
+
+def open_channel(
+    target: str,
+    tls: ClientTLS | None = None,
+    options: ChannelOptions = (),
+    *,
+    credentials: grpc.ChannelCredentials | None = None,
+    interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
+) -> grpc.aio.Channel:
+    """A channel to ``target``: TLS as ``tls`` says (or with ready-made ``credentials``), plain text
+    when neither is given. ``interceptors`` wrap every call made on it (the mesh adds its tracing
+    ones: ``missionweave.rpc.channels.open_channel``)."""
+    interceptors = list(interceptors or ()) or None
+    opts = list(options)
+    if credentials is None and tls is not None:
+        credentials = tls.credentials()
+        if tls.server_name:
+            opts.append(("grpc.ssl_target_name_override", tls.server_name))
+    if credentials is None:
+        return grpc.aio.insecure_channel(target, options=opts, interceptors=interceptors)
+    return grpc.aio.secure_channel(target, credentials, options=opts, interceptors=interceptors)
