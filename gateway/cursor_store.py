@@ -11,22 +11,35 @@ the next fsync of the log, which any FULL commit makes (the group commit's, with
 load); a process crash loses nothing, a power failure at most the cursors since then, which only
 means events delivered again (delivery is at least once, MW-16-01). On PostgreSQL the flush is one
 transaction with ``synchronous_commit`` off, the same promise.
+
+``AckCursors`` is the gateway's write-behind in front of it: an ACK notes its cursor and goes on
+(credits flow again without waiting for the disk); the cursors noted within ``CURSOR_FLUSH_DELAY_S``
+are stored together, and a stream's end and shutdown store what is left. A subscription starts from
+the cursor stored here (``stored_cursor``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.schema import cursor_upsert, sqlite_cursor_upsert
+from gateway.schema import cursor_upsert, cursors, sqlite_cursor_upsert
+from missionweave.aio import finish_on_cancel
+from missionweave.clock import Clock, to_micros
 from missionweave.db import sqlite_connect, sqlite_writer_target
+
+log = logging.getLogger("missionweave.gateway")
 
 # Rows per statement: 4 parameters each, under SQLite's 999-variable limit before 3.32.
 SQLITE_ROWS_PER_STATEMENT = 240
 _DURABLE_LEVELS = frozenset({"FULL", "EXTRA", "2", "3"})
+# ACKs arriving within this window share one transaction (SQLite FULL sync costs a disk flush each).
+CURSOR_FLUSH_DELAY_S = 0.05
 
 
 class CursorStore:
@@ -80,3 +93,57 @@ class CursorStore:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+class AckCursors:
+    """The acknowledged cursors of a gateway's streams (a base of ``service.GatewayServicer``, which
+    sets these attributes)."""
+
+    engine: AsyncEngine
+    clock: Clock
+    cursor_store: CursorStore
+    _cursor_writes: dict[tuple[str, str], int]
+    _cursor_flusher: asyncio.Task[None] | None
+
+    def note_cursor(self, agent_id: str, group_id: str, cursor: int) -> None:
+        """Record an acknowledged cursor; it is stored shortly after, with every other ACK of that
+        moment in one transaction (an ACK never waits for the disk before credits flow again)."""
+        key = (agent_id, group_id)
+        if cursor > self._cursor_writes.get(key, 0):
+            self._cursor_writes[key] = cursor
+        if self._cursor_flusher is None or self._cursor_flusher.done():
+            self._cursor_flusher = asyncio.create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(CURSOR_FLUSH_DELAY_S)
+        await self.flush_cursors()
+
+    async def flush_cursors(self) -> None:
+        """Store every noted cursor now (a stream's end and shutdown call this)."""
+        while self._cursor_writes:
+            rows, self._cursor_writes = self._cursor_writes, {}
+            try:
+                await self.store_cursors(rows)
+            except Exception:
+                log.exception("storing ACK cursors failed; retrying with the next flush")
+                for key, cursor in rows.items():
+                    self._cursor_writes[key] = max(cursor, self._cursor_writes.get(key, 0))
+                return
+
+    @finish_on_cancel
+    async def store_cursors(self, rows: dict[tuple[str, str], int]) -> None:
+        """The acknowledged cursors per (agent, Group), durable (MW-16-06/07), only ever forward; ACK
+        never deletes history (MW-16-09)."""
+        await self.cursor_store.store(rows, to_micros(self.clock.now()))
+
+    @finish_on_cancel
+    async def stored_cursor(self, agent_id: str, group_id: str) -> int:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(cursors.c.cursor).where(
+                        cursors.c.agent_id == agent_id, cursors.c.group_id == group_id
+                    )
+                )
+            ).first()
+        return int(row[0]) if row else 0

@@ -12,28 +12,40 @@ The feed reads at the Authority's pace, not its slowest subscriber's: a subscrip
 behind the window (a slow agent) leaves the feed and is served from history by its own member-view
 FollowGroup stream, read as its credits allow, until it reaches the window again. So one slow agent
 neither holds up the others nor makes the window grow.
+
+``SharedFeeds`` is the gateway's register of these feeds, one per Group subscribed here: a caught-up
+subscription joins its Group's feed (started on demand at its delivered sequence), and a Group whose
+feed ended before its first batch is not followed shared again for ``FEED_RETRY_S``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
 
+from gateway import limits
+from gateway.authority_calls import PeerRefused, open_follow, unavailable_rejection
 from missionweave.errors import R
 from missionweave.internal.v1 import group_log_pb2 as glpb
+from missionweave.internal.v1 import group_log_pb2_grpc as glpb_grpc
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.v1 import common_pb2
+from missionweave.v1 import gateway_service_pb2 as pb
 
 log = logging.getLogger("missionweave.gateway.fanout")
+E = pb.GatewayErrorCode
 
 # The window a subscription may join from: at most this many entries and (but always one) bytes.
 FEED_ENTRIES = 4_096
 FEED_BYTES = 4 * 1024 * 1024
+# A Group whose shared follow ended before its first batch is not followed shared again before this.
+FEED_RETRY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,3 +204,47 @@ def still_members(entries: list[Shared], member_id: str) -> tuple[list[Shared], 
         if not entry.members.active(member_id):
             return entries[:i], True
     return entries, False
+
+
+class SharedFeeds:
+    """The shared follows of a gateway (a base of ``service.GatewayServicer``, which sets these
+    attributes)."""
+
+    group_log: glpb_grpc.GroupLogServiceAsyncStub
+    stopping: bool
+    feeds: dict[str, GroupFeed]  # the shared follow of each Group subscribed here (D132)
+    _feed_failed: dict[str, float]  # when a Group's shared follow last ended unread
+
+    def feed_for(self, group_id: str, delivered: int, caught_up: bool) -> GroupFeed | None:
+        """The Group's shared follow if a subscription at ``delivered`` may continue from it; a new
+        one from ``delivered`` when there is none and the subscription is ``caught_up`` with the
+        head (a feed never starts behind: subscriptions at the head would wait for its replay). Not
+        within FEED_RETRY_S of one that ended without a single batch (an Authority that refuses or
+        drops the SHARED view would otherwise be asked again for every batch)."""
+        feed = self.feeds.get(group_id)
+        if feed is not None:
+            return feed if feed.covers(delivered) else None
+        if not caught_up or self.stopping or time.monotonic() - self._feed_failed.get(group_id, -FEED_RETRY_S) < FEED_RETRY_S:
+            return None
+        feed = GroupFeed(group_id, delivered, lambda after: self.open_shared(group_id, after), self._feed_ended)
+        self.feeds[group_id] = feed
+        return feed
+
+    def _feed_ended(self, feed: GroupFeed) -> None:
+        if self.feeds.get(feed.group_id) is feed:
+            del self.feeds[feed.group_id]
+        if feed.position == feed.start and feed.subscribers > 0:
+            self._feed_failed[feed.group_id] = time.monotonic()
+        else:
+            self._feed_failed.pop(feed.group_id, None)
+
+    async def open_shared(self, group_id: str, after: int) -> Any:
+        """The SHARED FollowGroup stream of a Group after ``after`` (no member: every view at once)."""
+        request = glpb.FollowGroupRequest(
+            group_id=group_id, after_sequence=after, max_batch_entries=limits.MAX_EVENTS_PER_FRAME, view=glpb.FOLLOW_VIEW_SHARED
+        )
+        call, started = await open_follow(self.group_log, request)
+        if started.effective_after_sequence != after:
+            call.cancel()
+            raise PeerRefused(E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE, unavailable_rejection("the shared follow starts elsewhere"))
+        return call

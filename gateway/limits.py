@@ -1,8 +1,11 @@
 """What one gateway admits: the bounds on its streams (the audiences its HELLO proofs may name are
 the mesh's, ``missionweave.rpc.callers.audiences_for``).
 
-Every limit has a setting (``missionweave/config.py``, documented in docs/gateway.md); the defaults
-here are the settings' defaults.
+Two kinds. ``GatewayLimits`` holds the bounds an operator sets: every one has a setting
+(``missionweave/config.py``, documented in docs/gateway.md), and the defaults here are the
+settings' defaults. The constants below it are the fixed bounds of the frame protocol, as
+gateway_service.proto promises them (frame and batch sizes, credits, subscriptions per stream); the
+gateway's modules read them as ``limits.NAME`` at the moment they apply, so a test may lower one.
 """
 
 from __future__ import annotations
@@ -35,3 +38,24 @@ class GatewayLimits:
     stall_timeout_s: float = STALL_TIMEOUT_S
     stream_buffer_bytes: int = STREAM_BUFFER_BYTES
     max_hello_nonces: int = MAX_HELLO_NONCES
+
+
+# The frame protocol's own bounds (gateway_service.proto; WELCOME repeats some of them).
+MAX_EVENTS_PER_FRAME = 256
+MAX_CREDITS = 65_536
+MAX_SUBSCRIPTIONS = 1_024
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+# A batched ConnectResponse (HELLO.accepts_frame_batches): at most so many frames and bytes, as
+# gateway_service.proto promises.
+BATCH_FRAMES = 64
+BATCH_BYTES = 256 * 1024
+# An EVENT frame stops growing once its envelopes reach this (it always holds one event). With
+# BATCH_BYTES and the Authority's FollowGroup batch (``group_log.MAX_BATCH_BYTES``) it bounds what a
+# stream whose agent does not read holds beyond its outbox, whatever the credits it granted
+# (docs/gateway.md "What a slow agent costs").
+EVENT_FRAME_BYTES = 256 * 1024
+# An envelope's bytes beyond its payload (type, one signature, key id), as counted against that.
+ENVELOPE_OVERHEAD = 128
+MAX_SUBSCRIPTION_ID = 128  # characters (SubscribeFrame.subscription_id)
+# A refused stream (too many streams) is told to retry after this long.
+LIMIT_RETRY_AFTER_MS = 1000

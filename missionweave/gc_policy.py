@@ -9,7 +9,7 @@ latency targets (``mwp serve``, ``mwp worker run``, an agent host with many subs
 young objects every 10,000 allocations and older ones far more rarely.
 
 The trade-off: garbage in reference cycles that survives two young collections waits for a rare
-full pass. The mesh breaks the cycles it makes in bulk (a closed gateway stream's, gateway/service.py)
+full pass. The mesh breaks the cycles it makes in bulk (a closed gateway stream's, gateway/stream.py)
 so that they are freed by reference count instead.
 """
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from gateway import service as gateway_service
+from gateway import limits
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
@@ -119,7 +119,7 @@ async def test_a_stream_holds_at_most_max_subscriptions(world: World, monkeypatc
     subscriptions"); the limit is lowered to 2 here, the check is the same."""
     w = world
     await create(w)
-    monkeypatch.setattr(gateway_service, "MAX_SUBSCRIPTIONS", 2)
+    monkeypatch.setattr(limits, "MAX_SUBSCRIPTIONS", 2)
     stream = await connected(w, w.owner)
     for n in (1, 2):
         await stream.send(subscribe=pb.SubscribeFrame(subscription_id=f"s{n}", group_id=G))

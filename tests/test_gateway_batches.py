@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from gateway.connection import Connection
+from gateway.limits import BATCH_BYTES, BATCH_FRAMES
 from gateway.outbox import Outbox
-from gateway.service import BATCH_BYTES, BATCH_FRAMES, _Connection
 from missionweave.v1 import gateway_service_pb2 as pb
 from tests import builders
 from tests.conftest import World
@@ -26,7 +27,7 @@ def result(command_id: str, pad: int = 0) -> pb.ServerFrame:
 
 async def test_a_response_carries_the_ready_frames_within_the_count_and_byte_limits() -> None:
     outbox = Outbox(control_frames=1_000)
-    batched, plain = _Connection(Any, outbox), _Connection(Any, Outbox())  # type: ignore[arg-type]
+    batched, plain = Connection(Any, outbox), Connection(Any, Outbox())  # type: ignore[arg-type]
     batched.batches = True
     for i in range(100):
         await outbox.put_control(result(f"c{i}"))

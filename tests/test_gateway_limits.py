@@ -22,7 +22,9 @@ import grpc
 import pytest
 
 from gateway import service as gateway_service
+from gateway.connection import Connection
 from gateway.outbox import Outbox
+from gateway.stream import Subscription
 from missionweave.rpc.callers import audiences_for
 from missionweave.rpc.status import peer_unavailable, rejection_from_rpc_error
 from missionweave.v1 import common_pb2
@@ -251,7 +253,7 @@ async def test_a_stream_that_stops_reading_is_closed_and_gives_back_what_it_held
     for i in range(60):  # far more than the transport's 64 KiB window and the outbox hold
         await w.run(w.owner, G, "message_post", builders.message(conv, f"{i} " + "x" * 4_000), membership_epoch=1)
     limit(w, stall_timeout_s=0.5, stream_buffer_bytes=32 * 1024)
-    baseline = live(gateway_service._Connection)
+    baseline = live(Connection)
     channel = grpc.aio.insecure_channel(w.target, options=[("grpc.http2.bdp_probe", 0)])
     try:
         stalled = Stream(w, channel)
@@ -262,7 +264,7 @@ async def test_a_stream_that_stops_reading_is_closed_and_gives_back_what_it_held
         held_ref = weakref.ref(held)  # not a reference of this test's: the last check sees it freed
         del held
 
-        def connection() -> gateway_service._Connection:
+        def connection() -> Connection:
             alive = held_ref()
             assert alive is not None
             return alive
@@ -288,7 +290,7 @@ async def test_a_stream_that_stops_reading_is_closed_and_gives_back_what_it_held
         del reader
     finally:
         await channel.close()
-    await eventually(lambda: live(gateway_service._Connection) <= baseline and held_ref() is None)
+    await eventually(lambda: live(Connection) <= baseline and held_ref() is None)
 
 
 async def test_a_streams_queue_is_bounded_in_bytes() -> None:
@@ -327,7 +329,7 @@ async def test_streams_that_end_give_back_everything_they_held(world: World) -> 
         await w.run(w.owner, G, "message_post", builders.message(conv, f"{i} " + "x" * 4_000), membership_epoch=1)
     limit(w, max_streams_per_identity=1_000)
     gw = gateway_of(w)
-    kinds = (gateway_service._Connection, gateway_service._Subscription, Outbox)
+    kinds = (Connection, Subscription, Outbox)
     before = {k: live(k) for k in kinds}
     tasks_before = len(asyncio.all_tasks())
     channels = [grpc.aio.insecure_channel(w.target, options=[("grpc.http2.bdp_probe", 0)]) for _ in range(5)]
@@ -340,7 +342,7 @@ async def test_streams_that_end_give_back_everything_they_held(world: World) -> 
             await stream.send(subscribe=pb.SubscribeFrame(subscription_id="s", group_id=G, initial_credits=65_536))
             streams.append(stream)
         await eventually(lambda: len(gw.connections) == 50 and all(c.subscriptions for c in gw.connections))
-        assert live(gateway_service._Connection) >= before[gateway_service._Connection] + 50
+        assert live(Connection) >= before[Connection] + 50
         for stream in streams:
             stream.call.cancel()
         del stream, streams

@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 import pytest
 
+from gateway import limits
 from gateway import service as gateway_service
 from missionweave.v1 import gateway_service_pb2 as pb
 from services.authority import group_log
@@ -37,7 +38,7 @@ EVENTS = 700  # ~5.6 MB: more than everything a stream held before issue 40
 
 def window(buffer_bytes: int) -> int:
     """What one non-reading stream may hold beyond an idle one (the module docstring)."""
-    return buffer_bytes + gateway_service.EVENT_FRAME_BYTES + group_log.MAX_BATCH_BYTES + 3 * gateway_service.BATCH_BYTES
+    return buffer_bytes + limits.EVENT_FRAME_BYTES + group_log.MAX_BATCH_BYTES + 3 * limits.BATCH_BYTES
 
 
 def rss() -> int:

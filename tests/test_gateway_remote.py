@@ -27,7 +27,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-import gateway.service
+import gateway.authority_calls
 from missionweave.clock import OffsetClock
 from missionweave.config import Settings
 from missionweave.mesh.server import INTERNAL_SERVICE_NAMES, Mesh, start
@@ -312,8 +312,8 @@ async def test_a_silent_authority_is_answered_with_authority_unavailable_not_a_h
     split: Split, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A peer that accepts connections and never answers: the gateway's own bounds end the wait."""
-    monkeypatch.setattr(gateway.service, "PEER_TIMEOUT_S", 0.5)
-    monkeypatch.setattr(gateway.service, "COMMAND_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(gateway.authority_calls, "PEER_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(gateway.authority_calls, "COMMAND_TIMEOUT_S", 0.5)
     w = split.world
     await create(w)
     silent = socket.socket()
