@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
+import threading
+import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -363,3 +367,38 @@ async def test_a_slow_group_commit_is_logged_once_per_interval(
     finally:
         store_module.slow_commit_log.reset()
         await store.close()
+
+
+async def test_saving_snapshots_while_another_process_commits_never_fails_locked(tmp_path: Path) -> None:
+    """save_snapshot reads, then writes: on SQLite (WAL) a commit by another connection between the
+    two used to fail its insert at once with "database is locked", whatever the busy timeout (a read
+    snapshot cannot be upgraded past another commit). It takes the write lock at BEGIN now."""
+
+
+    path = Path(tmp_path) / "snap.db"
+    engine = make_engine(f"sqlite+aiosqlite:///{path}")
+    await create_schema(engine)
+    store = EventStore(engine, ManualClock())
+    stop = threading.Event()
+
+    def other_writer() -> None:  # what the writer process does to the file: short commits, back to back
+        conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+        n = 0
+        while not stop.is_set():
+            n += 1
+            conn.execute(
+                "INSERT OR REPLACE INTO authority_instances (instance_id, address, updated_us) VALUES ('x', 'y', ?)", (n,)
+            )
+            time.sleep(0.0002)
+        conn.close()
+
+    thread = threading.Thread(target=other_writer)
+    thread.start()
+    try:
+        for sequence in range(1, 101):
+            await store.save_snapshot("grp", sequence, f"{sequence:064x}", b"e", False, sequence, compact=False)
+    finally:
+        stop.set()
+        thread.join()
+        await store.close()
+        await engine.dispose()

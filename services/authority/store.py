@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from missionweave import metrics, tracing
 from missionweave.aio import finish_on_cancel
 from missionweave.clock import Clock, to_micros
-from missionweave.db import sqlite_writer_target
+from missionweave.db import SQLITE_IMMEDIATE, sqlite_writer_target
 from missionweave.errors import Rejected
 from missionweave.logs import RateLimitedLog
 from missionweave.v1 import common_pb2
@@ -392,21 +392,27 @@ class EventStore:
         self, group_id: str, sequence: int, digest: str, envelope: bytes, archival: bool, now_us: int, *, compact: bool
     ) -> None:
         """Store a signed snapshot; with ``compact``, move the online events up to it into the archive
-        tier in the same transaction (history is moved, never deleted: MW-7.4-01, MW-16-09)."""
-        async with self.engine.begin() as conn:
-            existing = (
-                await conn.execute(select(snapshots.c.digest).where(snapshots.c.group_id == group_id, snapshots.c.seq == sequence))
-            ).first()
-            if existing is None:
-                await conn.execute(
-                    insert(snapshots).values(
-                        group_id=group_id, seq=sequence, digest=digest, archival=int(archival), created_us=now_us, envelope=envelope
+        tier in the same transaction (history is moved, never deleted: MW-7.4-01, MW-16-09).
+
+        It reads, then writes: on SQLite it takes the write lock at BEGIN (IMMEDIATE), or a commit by the
+        writer process between the two would fail the insert at once with "database is locked" (WAL
+        cannot upgrade a read snapshot another commit has passed; the busy timeout does not apply)."""
+        async with self.engine.connect() as plain:
+            conn = await plain.execution_options(**{SQLITE_IMMEDIATE: True})
+            async with conn.begin():
+                existing = (
+                    await conn.execute(select(snapshots.c.digest).where(snapshots.c.group_id == group_id, snapshots.c.seq == sequence))
+                ).first()
+                if existing is None:
+                    await conn.execute(
+                        insert(snapshots).values(
+                            group_id=group_id, seq=sequence, digest=digest, archival=int(archival), created_us=now_us, envelope=envelope
+                        )
                     )
-                )
-            if compact:
-                online = and_(events.c.group_id == group_id, events.c.seq <= sequence)
-                await conn.execute(insert(events_archive).from_select(list(events.c.keys()), select(events).where(online)))
-                await conn.execute(delete(events).where(online))
+                if compact:
+                    online = and_(events.c.group_id == group_id, events.c.seq <= sequence)
+                    await conn.execute(insert(events_archive).from_select(list(events.c.keys()), select(events).where(online)))
+                    await conn.execute(delete(events).where(online))
 
     @finish_on_cancel
     async def latest_snapshot(self, group_id: str, at_least: int = 0) -> tuple[int, str, bytes] | None:
