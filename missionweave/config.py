@@ -60,6 +60,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from missionweave.env import env_flag as _flag
+from missionweave.env import env_path as _path
+
 # Where `mwp serve` serves its Prometheus metrics unless MWP_METRICS_LISTEN says otherwise.
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 
@@ -252,20 +255,3 @@ class Settings:
         s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
         s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)
         return s
-
-
-def _path(env: dict[str, str], name: str) -> Path | None:
-    return Path(env[name]) if env.get(name) else None
-
-
-TRUE = ("1", "true", "yes", "on")
-FALSE = ("", "0", "false", "no", "off")
-
-
-def _flag(env: dict[str, str], name: str) -> bool:
-    value = env.get(name, "").strip().lower()
-    if value in TRUE:
-        return True
-    if value in FALSE:
-        return False
-    raise ValueError(f"{name} must be one of {', '.join(TRUE)} or {', '.join(v for v in FALSE if v)}, not {value!r}")

@@ -8,16 +8,41 @@ mTLS, an optional server name override, read from the ``MWP_TLS*`` environment (
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
-from missionweave.config import Settings
+from missionweave.env import env_flag, env_path
 
 ChannelOptions = Sequence[tuple[str, Any]]
+
+
+class ClientTLSSettings(Protocol):
+    """The client TLS settings ``ClientTLS.from_settings`` reads (``missionweave.config.Settings``)."""
+
+    @property
+    def tls(self) -> bool: ...
+    @property
+    def tls_ca(self) -> Path | None: ...
+    @property
+    def tls_client_cert(self) -> Path | None: ...
+    @property
+    def tls_client_key(self) -> Path | None: ...
+    @property
+    def tls_server_name(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class _EnvTLS:
+    tls: bool
+    tls_ca: Path | None
+    tls_client_cert: Path | None
+    tls_client_key: Path | None
+    tls_server_name: str
 
 
 def read_file(path: Path, what: str) -> bytes:
@@ -55,17 +80,27 @@ class ClientTLS:
         return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ClientTLS | None:
-        """The client side of ``settings``; None (plain text) unless TLS is asked for or configured."""
+    def from_settings(cls, settings: ClientTLSSettings) -> ClientTLS | None:
+        """The client side of ``settings`` (``missionweave.config.Settings``); None (plain text)
+        unless TLS is asked for or configured."""
         configured = settings.tls_ca or settings.tls_client_cert or settings.tls_client_key or settings.tls_server_name
         if not (settings.tls or configured):
             return None
         return cls(settings.tls_ca, settings.tls_client_cert, settings.tls_client_key, settings.tls_server_name)
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> ClientTLS | None:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ClientTLS | None:
         """The client side of the ``MWP_TLS*`` environment (docs/tls.md)."""
-        return cls.from_settings(Settings.from_env(env))
+        e = os.environ if env is None else env
+        return cls.from_settings(
+            _EnvTLS(
+                env_flag(e, "MWP_TLS"),
+                env_path(e, "MWP_TLS_CA"),
+                env_path(e, "MWP_TLS_CLIENT_CERT"),
+                env_path(e, "MWP_TLS_CLIENT_KEY"),
+                e.get("MWP_TLS_SERVER_NAME", ""),
+            )
+        )
 
 
 def open_channel(

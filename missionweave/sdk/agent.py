@@ -72,7 +72,6 @@ from nacl.signing import SigningKey
 
 from missionweave import __version__
 from missionweave.clock import SystemClock, to_timestamp
-from missionweave.rpc.channels import ClientTLS, open_channel
 from missionweave.sdk.backoff import Backoff
 from missionweave.sdk.client import SessionSigner
 from missionweave.sdk.client import membership_epoch as active_membership_epoch
@@ -99,6 +98,7 @@ from missionweave.sdk.stream_commands import (
 )
 from missionweave.sdk.subscription import Handler, SnapshotHandler, Subscription, SubscriptionFailed
 from missionweave.signing import read_key
+from missionweave.transport import ClientTLS, open_channel
 from missionweave.v1 import (
     authority_service_pb2,
     authority_service_pb2_grpc,

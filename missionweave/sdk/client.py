@@ -29,8 +29,7 @@ from missionweave import codec, ids, uploads
 from missionweave.clock import SystemClock, to_timestamp
 from missionweave.digests import CHUNK_BYTES
 from missionweave.errors import Rejected, from_proto
-from missionweave.rpc.channels import ClientTLS, open_channel
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.rejections import rejection_from_rpc_error
 from missionweave.sdk.credentials import CallProofs
 from missionweave.signing import (
     AGENT_CARD_TYPE,
@@ -42,6 +41,7 @@ from missionweave.signing import (
     sign_envelope,
     verify_signature,
 )
+from missionweave.transport import ClientTLS, open_channel
 from missionweave.v1 import (
     agent_card_pb2,
     artifact_service_pb2,

@@ -16,8 +16,7 @@ import grpc
 from nacl.signing import SigningKey
 
 from missionweave.clock import Clock, SystemClock, to_timestamp
-from missionweave.rpc.callers import CALL_PROOF_METADATA, CALL_PROOF_TYPE
-from missionweave.signing import session_key_id, sign_envelope
+from missionweave.signing import CALL_PROOF_METADATA, CALL_PROOF_TYPE, session_key_id, sign_envelope
 from missionweave.v1 import auth_pb2
 
 # Signed requests (or public calls): a proof would cost a signature and prove nothing more.
