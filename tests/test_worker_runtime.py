@@ -23,7 +23,7 @@ from missionweave.v1 import scheduling_service_pb2_grpc as spb_grpc
 from missionweave.v1 import work_pb2 as wp
 from missionweave.v1.authority_service_pb2 import GetMissionProgressRequest
 from tests import builders
-from tests.conftest import World
+from tests.conftest import World, polled
 from tests.test_agent_sdk import connect
 from tests.test_missions import G
 from tests.test_work_items import Flow, setup
@@ -128,6 +128,56 @@ async def test_a_preempted_handler_pauses_at_a_safe_point_and_resumes_from_its_c
     # The checkpoint answered the request and released the slot (MW-11.3-12 steps 3-4).
     assert paused.preemption_request_id == "pre-1" and paused.HasField("ownership")
     assert not [e for e in log if e.WhichOneof("payload") == "lease_revoked"]  # never interrupted (MW-11.3-11)
+
+
+@pytest.mark.req("MW-11.3-12")
+async def test_a_preemption_asked_while_the_work_is_starting_still_reaches_the_handler(world: World, tmp_path: Path) -> None:
+    """The request lands between work.start's answer and the slot's registration (a loaded machine:
+    the demo's Coordinator preempted in that window and the handler waited its whole minute): it
+    is kept for that lease and the handler is asked as soon as it runs."""
+    w = world
+    flow: Flow = await setup(w)
+    calls: list[Slot] = []
+    asked = asyncio.Event()
+
+    async def handle(slot: Slot) -> WorkResult | Paused:
+        calls.append(slot)
+        if not slot.resume_from_checkpoint_id:
+            await asyncio.wait_for(slot.preemption_requested.wait(), 10)
+            return Paused(wp.Checkpoint(checkpoint_id="ck-1", completed_operation_ids=["op-1"]))
+        await slot.put(f"the result of {slot.work_item_id}".encode(), media_type="text/plain")
+        return WorkResult(evidence=[builders.evidence()], summary="resumed")
+
+    async with serving(w, handle, tmp_path) as runtime:
+        opened = runtime.desk.open
+
+        async def slow_open(*args: Any, **kwargs: Any) -> Any:  # the window, held open until asked
+            if not asked.is_set():
+                await asked.wait()
+                await asyncio.sleep(0.5)  # the request's event reaches the runtime meanwhile
+            return await opened(*args, **kwargs)
+
+        runtime.desk.open = slow_open  # type: ignore[method-assign]
+        await flow.authorize("wi-1")
+        await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
+        async with asyncio.timeout(40):
+
+            async def started() -> bool:
+                return any([e.WhichOneof("payload") == "work_started" async for e in w.client.read_events(G)])
+
+            await polled(started)
+            (began,) = [e.work_started async for e in w.client.read_events(G) if e.WhichOneof("payload") == "work_started"]
+            ask = wp.WorkRequestPreemption(
+                work_item_id="wi-1", preemption_request_id="pre-early", lease_id=began.lease.lease_id,
+                reason=wp.PREEMPTION_REASON_PRIORITY, coordinator_epoch=1, ownership_epoch=began.lease.ownership_epoch,
+            )
+            await flow.coord("work_request_preemption", ask)
+            asked.set()
+            assert await runtime.submitted(1) == [(G, "wi-1")]
+    assert [c.resume_from_checkpoint_id for c in calls] == ["", "ck-1"]
+    log = [e async for e in w.client.read_events(G)]
+    [paused] = [e.work_checkpointed for e in log if e.WhichOneof("payload") == "work_checkpointed"]
+    assert paused.preemption_request_id == "pre-early"
 
 
 @pytest.mark.req("MW-11.3-04")

@@ -199,6 +199,8 @@ class WorkerRuntime:
         self._contracts: dict[tuple[str, str], wp.WorkContract] = {}
         self._running: dict[tuple[str, str], Slot] = {}
         self._preemptions: dict[tuple[str, str], str] = {}  # (Group, WorkItem) -> preemption request id
+        # Requests that arrived before their lease's slot was running: (Group, WorkItem) -> (lease, id)
+        self._early_preemptions: dict[tuple[str, str], tuple[str, str]] = {}
         self._starts = itertools.count(1)  # lease ids are new on every start, resumed ones too
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_loops: list[asyncio.Task[None]] = []
@@ -270,10 +272,14 @@ class WorkerRuntime:
             elif kind == "work_preemption_requested":
                 request = event.work_preemption_requested
                 key = (group_id, request.work_item_id)
-                self._preemptions[key] = request.preemption_request_id
                 slot = self._running.get(key)
-                if slot is not None:
+                if slot is not None and slot.lease_id == request.lease_id:
+                    self._preemptions[key] = request.preemption_request_id
                     slot.preemption_requested.set()
+                elif slot is None:
+                    # Its lease may be starting right now (work.start answered, the slot not yet
+                    # registered): kept for that lease, or the handler would never be asked.
+                    self._early_preemptions[key] = (request.lease_id, request.preemption_request_id)
 
         return on_event
 
@@ -421,6 +427,11 @@ class WorkerRuntime:
             self._running[key] = slot
             self._waiting.pop(key, None)
             self._preemptions.pop(key, None)  # a request for an earlier lease is answered already
+            early = self._early_preemptions.pop(key, None)
+            if early is not None and early[0] == lease_id:  # asked while this lease was starting
+                log.info("%s/%s: preemption %s was asked while the work was starting", a.group_id, a.work_item_id, early[1])
+                self._preemptions[key] = early[1]
+                slot.preemption_requested.set()
             if key in self._asked:  # the scheduler asked while the work was starting
                 self._asked.discard(key)
                 self._spawn(self._preempt(slot, wp.PREEMPTION_REASON_PRIORITY))
