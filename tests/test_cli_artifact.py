@@ -17,7 +17,8 @@ import blake3
 import pytest
 
 from artifactstore.local import LocalBlobStore
-from missionweave.cli.artifact import Progress, TransferError, parse_digest, receive, replacing
+from missionweave.cli.artifact.arguments import parse_digest
+from missionweave.cli.artifact.transfer import Progress, TransferError, receive, replacing
 from missionweave.v1 import artifact_service_pb2 as apb
 from tests import builders
 from tests.test_cli_mission import Bench, execute

@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
-from missionweave.cli.demo import TASKS, DemoResult, TimelineEntry, run_demo
+from missionweave.cli.demo.plan import TASKS
+from missionweave.cli.demo.result import DemoResult
+from missionweave.cli.demo.scenario import run_demo
+from missionweave.cli.demo.timeline import TimelineEntry
 from missionweave.clock import SystemClock
 from missionweave.config import Settings
 from missionweave.mesh.server import start

@@ -54,7 +54,7 @@ from missionweave.cli.plan_file import (
     items_of,
     read,
 )
-from missionweave.cli.work import DEFAULT_OFFER_TTL, offer_body, steering
+from missionweave.cli.work.offer import DEFAULT_OFFER_TTL, offer_body, steering
 from missionweave.cli.workdag import find_cycle, topological
 from missionweave.clock import to_timestamp
 from missionweave.v1 import command_pb2

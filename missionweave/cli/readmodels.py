@@ -265,7 +265,7 @@ async def cmd_identity_show(args: argparse.Namespace) -> int:
 
 
 def register_work(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:  # type: ignore[type-arg]
-    """``mwp work list|show``; returns ``mwp work``'s subcommands, which cli/work.py completes."""
+    """``mwp work list|show``; returns ``mwp work``'s subcommands, which cli/work/ completes."""
     work = sub.add_parser("work", help="WorkItems: authorize, offer, review, ..., list, show, tree").add_subparsers(
         dest="sub", required=True
     )

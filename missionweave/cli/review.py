@@ -21,7 +21,9 @@ from typing import Any
 
 import grpc
 
-from missionweave.cli.artifact import ManifestView, check_signature, decode, digest_text, verify_one
+from missionweave.cli.artifact.arguments import digest_text
+from missionweave.cli.artifact.manifest import ManifestView, check_signature, decode
+from missionweave.cli.artifact.verify import verify_one
 from missionweave.cli.common import (
     CliError,
     columns,
