@@ -32,6 +32,8 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
+from missionweave import transport
+
 # The instrumentation scope of every span this project makes.
 SCOPE = "missionweave"
 # The combined process's service.name (all services, or several of them, in one process).
@@ -253,3 +255,7 @@ def local_call(method: str) -> Iterator[None]:
         _tracer.start_as_current_span(method, kind=SpanKind.SERVER, attributes=attributes),
     ):
         yield
+
+
+# Every channel of this process (the SDK's too) gets the client spans while tracing is on.
+transport.CHANNEL_INTERCEPTORS.append(client_interceptors)

@@ -9,7 +9,7 @@ mTLS, an optional server name override, read from the ``MWP_TLS*`` environment (
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,6 +19,12 @@ import grpc
 from missionweave.env import env_flag, env_path
 
 ChannelOptions = Sequence[tuple[str, Any]]
+
+# What every channel's calls pass through besides the caller's own interceptors: each factory is
+# asked at the channel's opening. ``missionweave.tracing`` registers its client spans here when it
+# is imported (the servers and the CLI import it), so that the SDK's calls carry the caller's trace
+# context in such a process while the SDK itself imports no tracing machinery.
+CHANNEL_INTERCEPTORS: list[Callable[[], Sequence[grpc.aio.ClientInterceptor]]] = []
 
 
 class ClientTLSSettings(Protocol):
@@ -112,9 +118,10 @@ def open_channel(
     interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
 ) -> grpc.aio.Channel:
     """A channel to ``target``: TLS as ``tls`` says (or with ready-made ``credentials``), plain text
-    when neither is given. ``interceptors`` wrap every call made on it (the mesh adds its tracing
-    ones: ``missionweave.rpc.channels.open_channel``)."""
-    interceptors = list(interceptors or ()) or None
+    when neither is given. ``interceptors`` wrap every call made on it, inside those of
+    ``CHANNEL_INTERCEPTORS`` (while tracing is on, a client span per call that sends the caller's
+    trace context)."""
+    interceptors = [*(i for factory in CHANNEL_INTERCEPTORS for i in factory()), *(interceptors or ())] or None
     opts = list(options)
     if credentials is None and tls is not None:
         credentials = tls.credentials()

@@ -20,19 +20,22 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from missionweave import tracing, transport
 from missionweave.config import SERVICES, Settings
 from missionweave.errors import R, Rejected
 from missionweave.rpc.local import LocalContext
 from missionweave.rpc.status import abort_with
-from missionweave.transport import ChannelOptions, ClientTLS, read_file
+
+# Re-exported: the one client channel factory and its TLS, for the mesh, the CLI and the tests.
+from missionweave.transport import ClientTLS as ClientTLS
+from missionweave.transport import open_channel as open_channel
+from missionweave.transport import read_file
 
 SERVICE_URI_PREFIX = "spiffe://missionweave/"
 # What peer_service_name answers for a call made in process (LocalChannel): a service of this very
@@ -42,20 +45,6 @@ LOCAL_PEER = "local"
 def service_uri(service: str) -> str:
     """The URI SAN by which a certificate names the mesh service ``service``."""
     return f"{SERVICE_URI_PREFIX}{service}"
-
-
-def open_channel(
-    target: str,
-    tls: ClientTLS | None = None,
-    options: ChannelOptions = (),
-    *,
-    credentials: grpc.ChannelCredentials | None = None,
-    interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
-) -> grpc.aio.Channel:
-    """``missionweave.transport.open_channel`` for the mesh's own calls: while tracing is on, each
-    call is inside a client span (``tracing.client_interceptors``) that sends the caller's trace context."""
-    traced = [*tracing.client_interceptors(), *(interceptors or ())]
-    return transport.open_channel(target, tls, options, credentials=credentials, interceptors=traced)
 
 
 # ------------------------------------------------------------------ server side
