@@ -6,8 +6,9 @@ clients were told, and what readers accepted; each returns the violations it fou
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from missionweave.v1 import command_pb2, conversation_pb2
 from missionweave.v1 import work_pb2 as wp
@@ -75,24 +76,28 @@ def no_acknowledged_command_lost(world: World) -> list[str]:
     return out
 
 
-def one_owner_and_lease_per_epoch(world: World) -> list[str]:
-    out = []
+def _work_items(world: World) -> Iterator[tuple[str, str, Any]]:
+    """Every WorkItem of the synced store, in a deterministic order: (Group, WorkItem id, its state)."""
     for group_id in sorted(world.store.rows):
         state = world.store.rows[group_id].state
-        if state is None:
-            continue
-        for wid in sorted(state.work_items):
-            item = state.work_items[wid]
-            owner, lease = item.owner, item.lease
-            if lease is not None and (owner is None or lease.agent_id != owner.agent_id
-                                      or lease.ownership_epoch != owner.ownership_epoch):
-                out.append(f"{group_id}/{wid}: lease {lease.lease_id} of {lease.agent_id} at epoch "
-                           f"{lease.ownership_epoch} but owner {owner}")
-            if owner is not None:
-                first = world.epoch_owners.setdefault((group_id, wid, owner.ownership_epoch), owner.agent_id)
-                if first != owner.agent_id:
-                    out.append(f"{group_id}/{wid}: ownership epoch {owner.ownership_epoch} held by {first} "
-                               f"and then by {owner.agent_id}")
+        if state is not None:
+            for wid in sorted(state.work_items):
+                yield group_id, wid, state.work_items[wid]
+
+
+def one_owner_and_lease_per_epoch(world: World) -> list[str]:
+    out = []
+    for group_id, wid, item in _work_items(world):
+        owner, lease = item.owner, item.lease
+        if lease is not None and (owner is None or lease.agent_id != owner.agent_id
+                                  or lease.ownership_epoch != owner.ownership_epoch):
+            out.append(f"{group_id}/{wid}: lease {lease.lease_id} of {lease.agent_id} at epoch "
+                       f"{lease.ownership_epoch} but owner {owner}")
+        if owner is not None:
+            first = world.epoch_owners.setdefault((group_id, wid, owner.ownership_epoch), owner.agent_id)
+            if first != owner.agent_id:
+                out.append(f"{group_id}/{wid}: ownership epoch {owner.ownership_epoch} held by {first} "
+                           f"and then by {owner.agent_id}")
     return out
 
 
@@ -199,16 +204,11 @@ def cursors_never_cross_a_gap(world: World) -> list[str]:
 
 def verified_artifacts_exist(world: World) -> list[str]:
     out = []
-    for group_id in sorted(world.store.rows):
-        state = world.store.rows[group_id].state
-        if state is None:
-            continue
-        for wid in sorted(state.work_items):
-            item = state.work_items[wid]
-            if item.state == wp.WORK_ITEM_STATE_VERIFIED:
-                missing = [d for d, _ in item.submitted_artifacts if d not in world.artifacts.blobs]
-                if missing:
-                    out.append(f"{group_id}/{wid} is verified but its Artifact {missing[0][:12]}... was never uploaded")
+    for group_id, wid, item in _work_items(world):
+        if item.state == wp.WORK_ITEM_STATE_VERIFIED:
+            missing = [d for d, _ in item.submitted_artifacts if d not in world.artifacts.blobs]
+            if missing:
+                out.append(f"{group_id}/{wid} is verified but its Artifact {missing[0][:12]}... was never uploaded")
     return out
 
 

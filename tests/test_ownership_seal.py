@@ -15,11 +15,9 @@ from pathlib import Path
 import grpc
 import pytest
 from nacl.signing import SigningKey
-from sqlalchemy import text
 
 from missionweave.clock import ManualClock, SystemClock
 from missionweave.config import Settings
-from missionweave.db import make_engine
 from missionweave.mesh.server import start
 from missionweave.rpc.status import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient
@@ -27,18 +25,9 @@ from missionweave.signing import read_key
 from missionweave.v1 import common_pb2
 from services.authority.ownership_seal import OwnershipSeal
 from tests import builders
-from tests.test_row_grants import verify
+from tests.test_row_grants import sql, verify
 
 R = common_pb2.RejectionReason
-
-
-async def sql(db_url: str, statement: str, **params: object) -> None:
-    engine = make_engine(db_url)
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(text(statement), params)
-    finally:
-        await engine.dispose()
 
 
 @pytest.mark.parametrize("edit", ["ghost owner", "forged seal"])
