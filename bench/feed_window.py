@@ -1,5 +1,5 @@
 """The gateway's shared Group feed: the cost of one subscription's take as the window fills, with a
-plain list slice as the anchor in the same run (gateway/fanout.py, D152).
+plain list slice as the anchor in the same run (missionweave_server/services/gateway/fanout.py, D152).
 
     PYTHONPATH=. .venv/bin/python bench/feed_window.py          # windows of 16, 256, 4,096 entries (~10 s)
 
@@ -23,8 +23,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway import fanout  # noqa: E402
 from missionweave.internal.v1 import group_log_pb2 as glpb  # noqa: E402
+from missionweave_server.services.gateway import fanout  # noqa: E402
 
 
 class _Call:

@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from artifactstore.index import ArtifactIndex  # noqa: E402
-from artifactstore.schema import create_schema, holders, holdings  # noqa: E402
-from missionweave.db import make_engine, sqlite_url  # noqa: E402
+from missionweave_server.services.artifacts.index import ArtifactIndex  # noqa: E402
+from missionweave_server.services.artifacts.schema import create_schema, holders, holdings  # noqa: E402
+from missionweave_server.storage.db import make_engine, sqlite_url  # noqa: E402
 
 BLOB = 4096
 IDENTITY = "agent-quota"

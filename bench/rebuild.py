@@ -29,13 +29,13 @@ from nacl.signing import SigningKey
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from missionweave import codec  # noqa: E402
-from missionweave.clock import SystemClock  # noqa: E402
-from missionweave.config import Settings  # noqa: E402
-from missionweave.mesh.server import start  # noqa: E402
+from missionweave.kernel import codec  # noqa: E402
+from missionweave.kernel.clock import SystemClock  # noqa: E402
+from missionweave.kernel.signing import read_key  # noqa: E402
 from missionweave.sdk.client import MeshClient  # noqa: E402
-from missionweave.signing import read_key  # noqa: E402
 from missionweave.v1 import common_pb2, conversation_pb2, mission_pb2  # noqa: E402
+from missionweave_server.config import Settings  # noqa: E402
+from missionweave_server.mesh.server import start  # noqa: E402
 
 
 def mission(owner: str, coordinator: str) -> mission_pb2.MissionCreate:
@@ -83,7 +83,7 @@ async def timed(settings: Settings, ids: list[str]) -> dict[str, float]:
     assert authority is not None
     out: dict[str, float] = {}
     try:
-        from services.authority import decider
+        from missionweave_server.services.authority import decider
 
         async def forget(group_id: str) -> None:
             authority.integrity.verified._known.clear()

@@ -5,7 +5,7 @@ start-up time and resident memory with many Groups, memory per owned Group and p
     PYTHONPATH=. .venv/bin/python bench/replay.py            # 10k, 100k, 1M events; 1,000, 3,000, 10,000 Groups x 100
     PYTHONPATH=. .venv/bin/python bench/replay.py --sizes 10000,100000 --groups 300,1000 --subscriptions 100,200   # quicker
 
-The mesh runs in this process (``missionweave.mesh.server.start``, SQLite in a temp data dir). The
+The mesh runs in this process (``missionweave_server.mesh.server.start``, SQLite in a temp data dir). The
 logs are **built directly**, not through commands: the first events come from the pure core (the
 Mission's creation), then every further event is a ``message.posted`` made from one the core decided,
 with its own sequence, id and message id, chained (each names the digest of the one before it) and
@@ -49,16 +49,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from missionweave.clock import to_timestamp  # noqa: E402
-from missionweave.config import Settings  # noqa: E402
-from missionweave.errors import Rejected  # noqa: E402
-from missionweave.eventlog import event_digest  # noqa: E402
-from missionweave.mesh.server import start  # noqa: E402
-from missionweave.signing import EVENT_TYPE, sign_envelope  # noqa: E402
+from missionweave.kernel.clock import to_timestamp  # noqa: E402
+from missionweave.kernel.errors import Rejected  # noqa: E402
+from missionweave.kernel.eventlog import event_digest  # noqa: E402
+from missionweave.kernel.signing import EVENT_TYPE, sign_envelope  # noqa: E402
 from missionweave.v1 import command_pb2, common_pb2, event_pb2  # noqa: E402
-from services.authority import decider  # noqa: E402
-from services.authority.state import IdentityInfo  # noqa: E402
-from services.authority.store import AppendRequest, StoredEvent  # noqa: E402
+from missionweave_server.config import Settings  # noqa: E402
+from missionweave_server.mesh.server import start  # noqa: E402
+from missionweave_server.services.authority import decider  # noqa: E402
+from missionweave_server.services.authority.state import IdentityInfo  # noqa: E402
+from missionweave_server.services.authority.store import AppendRequest, StoredEvent  # noqa: E402
 
 NOW = datetime.now(UTC)
 IDS = {
@@ -282,9 +282,9 @@ async def measure_groups(settings: Settings, groups: int, group_events: int, sub
     with the first ``groups`` Groups owned, and with ``subscriptions`` followed ReadEvents streams."""
     import grpc
 
-    from missionweave.rpc.status import rejection_from_rpc_error
+    from missionweave.kernel.rejections import rejection_from_rpc_error
+    from missionweave.kernel.signing import read_key
     from missionweave.sdk.client import MeshClient
-    from missionweave.signing import read_key
 
     r: dict[str, float] = {"rss_before_start": rss_mib()}
     t0 = time.perf_counter()

@@ -1,5 +1,5 @@
 """Scheduler benchmark: fairness, waits against the aging bound, deadline misses and decision
-latency of the Worker's global scheduler policy (services/scheduling/policy.py, issue 15), with a
+latency of the Worker's global scheduler policy (missionweave_server/services/scheduling/policy.py, issue 15), with a
 strict-priority scheduler and FIFO on the same arrivals in the same run.
 
     PYTHONPATH=. .venv/bin/python bench/scheduler.py            # 1,000 Groups, 10,000 WorkItems (~1 min)
@@ -52,8 +52,8 @@ from typing import Protocol
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from services.scheduling.ordering import Params, PriorityClass, Source  # noqa: E402
-from services.scheduling.policy import Scheduler  # noqa: E402
+from missionweave_server.services.scheduling.ordering import Params, PriorityClass, Source  # noqa: E402
+from missionweave_server.services.scheduling.policy import Scheduler  # noqa: E402
 
 P = PriorityClass
 WEIGHTS = ((1, 0.5), (2, 0.25), (4, 0.15), (8, 0.10))

@@ -43,9 +43,9 @@ sys.path.insert(0, str(ROOT))
 import grpc  # noqa: E402
 from nacl.signing import SigningKey  # noqa: E402
 
-from missionweave.clock import SystemClock, to_timestamp  # noqa: E402
+from missionweave.kernel.clock import SystemClock, to_timestamp  # noqa: E402
+from missionweave.kernel.signing import HELLO_PROOF_TYPE, read_key, session_key_id, sign_envelope  # noqa: E402
 from missionweave.sdk.client import MeshClient, SessionSigner  # noqa: E402
-from missionweave.signing import HELLO_PROOF_TYPE, read_key, session_key_id, sign_envelope  # noqa: E402
 from missionweave.v1 import common_pb2  # noqa: E402
 from missionweave.v1 import gateway_service_pb2 as pb  # noqa: E402
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc  # noqa: E402

@@ -73,13 +73,13 @@ from authority import (  # noqa: E402
 )
 from nacl.signing import SigningKey  # noqa: E402
 
-from missionweave.rpc.channels import open_channel  # noqa: E402
-from missionweave.rpc.command_stream import CommandStream  # noqa: E402
+from missionweave.kernel.transport import open_channel  # noqa: E402
 from missionweave.sdk.artifacts import NO_AGENT_CARD, Described, Origin, hash_chunks, signed_manifest  # noqa: E402
 from missionweave.sdk.client import MeshClient, SessionSigner, membership_epoch  # noqa: E402
 from missionweave.v1 import authority_service_pb2 as pb  # noqa: E402
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2  # noqa: E402
 from missionweave.v1 import work_pb2 as wp  # noqa: E402
+from missionweave_server.edge.command_stream import CommandStream  # noqa: E402
 
 PRESIGNED = ("work_authorize", "work_offer", "work_accept_offer", "work_start", "work_renew_lease", "work_submit")
 IN_LOOP = ("work_accept_result",)
@@ -274,7 +274,7 @@ class Streamed:
 
 def describe(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
-        from missionweave.rpc.status import rejection_from_rpc_error
+        from missionweave.kernel.rejections import rejection_from_rpc_error
 
         rejection = rejection_from_rpc_error(exc)
         if rejection is not None:
@@ -465,7 +465,7 @@ async def setup(
     client: MeshClient, data_dir: Path, group_ids: list[str], run_id: str, unique_names: bool, now: datetime
 ) -> tuple[Actors, int]:
     """Identities, sessions, one Mission per Group and the worker's Membership; returns the events made."""
-    from missionweave.signing import read_key
+    from missionweave.kernel.signing import read_key
     from tests import builders
 
     admin_key_path = data_dir / "keys" / "admin.key"
@@ -516,8 +516,8 @@ async def setup(
 
 
 async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from missionweave import ids
-    from missionweave.clock import SystemClock
+    from missionweave.kernel import ids
+    from missionweave.kernel.clock import SystemClock
 
     r: dict[str, Any] = {}
     run_id = ids.new_id("b")[2:10]

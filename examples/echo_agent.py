@@ -22,7 +22,7 @@ import logging
 import re
 import signal
 
-from missionweave import ids
+from missionweave.kernel import ids
 from missionweave.sdk.agent import Agent, ClientTLS, CommandRejected, Subscription, post_message
 from missionweave.v1 import event_pb2
 

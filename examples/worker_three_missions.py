@@ -29,7 +29,7 @@ import logging
 import signal
 from collections.abc import Sequence
 
-from missionweave.clock import SystemClock, to_timestamp
+from missionweave.kernel.clock import SystemClock, to_timestamp
 from missionweave.sdk.agent import Agent, ClientTLS
 from missionweave.sdk.worker import Paused, Slot, WorkerRuntime, WorkResult
 from missionweave.v1 import common_pb2

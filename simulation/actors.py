@@ -18,10 +18,10 @@ from datetime import timedelta
 
 from google.protobuf.message import Message as Proto
 
-from missionweave.clock import to_timestamp
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import command_pb2, common_pb2, conversation_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.state import GroupState, MemberState, WorkItemState
+from missionweave_server.services.authority.state import GroupState, MemberState, WorkItemState
 from simulation import bodies
 from simulation.clock import SimClock
 from simulation.history import History, Kind, Phase

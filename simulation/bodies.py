@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from missionweave.clock import to_timestamp
-from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.extensions import BOUNDED_OFFLINE_EXECUTION
 from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 

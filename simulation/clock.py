@@ -8,7 +8,7 @@ START = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
 
 class SimClock:
-    """Stands in for missionweave.clock's wall clock: every process reads this one clock (no skew)."""
+    """Stands in for missionweave.kernel.clock's wall clock: every process reads this one clock (no skew)."""
 
     def __init__(self) -> None:
         self.ms = 0

@@ -12,7 +12,7 @@ from typing import Any
 
 from missionweave.v1 import command_pb2, conversation_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.state import SIX, GroupState
+from missionweave_server.services.authority.state import SIX, GroupState
 from simulation.actors import Reader
 from simulation.processes import ArtifactStore
 from simulation.store import Store

@@ -10,14 +10,14 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from missionweave.errors import Rejected
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, event_pb2
-from services.authority import decider, kinds
-from services.authority.idempotency import fingerprint
-from services.authority.rules.children import AUTHORITY_ACTOR
-from services.authority.rules.common import DecisionContext, HeldArtifact, HeldManifest
-from services.authority.state import GroupState, IdentityInfo
-from services.authority.visibility import conversation_of, may_see
+from missionweave_server.services.authority import decider, kinds
+from missionweave_server.services.authority.idempotency import fingerprint
+from missionweave_server.services.authority.rules.children import AUTHORITY_ACTOR
+from missionweave_server.services.authority.rules.common import DecisionContext, HeldArtifact, HeldManifest
+from missionweave_server.services.authority.state import GroupState, IdentityInfo
+from missionweave_server.services.authority.visibility import conversation_of, may_see
 from simulation.clock import SimClock
 from simulation.messages import (
     Batch,
@@ -66,7 +66,7 @@ class Bugs:
 
 
 class Registry(Process):
-    """The membership service's identity registry (services/membership/registry.py): opening a session
+    """The membership service's identity registry (missionweave_server/services/membership/registry.py): opening a session
     raises the identity's session epoch and fences every older one (MW-11.3-09). Its rows are
     written synchronously: a crash or power loss keeps them."""
 
@@ -137,7 +137,7 @@ class Waiter:
 
 @dataclass
 class Pending:
-    """A decided command on its way to the store (services/authority/owned.py ``Pending``)."""
+    """A decided command on its way to the store (missionweave_server/services/authority/owned.py ``Pending``)."""
 
     command: command_pb2.Command
     events: list[event_pb2.Event]
@@ -148,7 +148,7 @@ class Pending:
 
 @dataclass
 class Owned:
-    """What an instance holds of a Group it owns (services/authority/owned.py ``OwnedGroup``)."""
+    """What an instance holds of a Group it owns (missionweave_server/services/authority/owned.py ``OwnedGroup``)."""
 
     writer_epoch: int
     state: GroupState | None  # includes decided appends not yet in the store
@@ -162,7 +162,7 @@ AcceptHook = Callable[[str, GroupState | None, command_pb2.Command], None]
 
 
 class Authority(Process):
-    """One Authority instance (a shard): services/authority/authority.py's command path, modeled.
+    """One Authority instance (a shard): missionweave_server/services/authority/authority.py's command path, modeled.
 
     Per command: the session fence (authentication.py), ownership (store.acquire), idempotency
     (idempotency.py: a used command id is answered, never decided again), then the REAL
@@ -271,7 +271,7 @@ class Authority(Process):
         self.stats.note("fenced")
 
     def fence_sessions(self) -> None:
-        """services/authority/session_fence.py: once an agent opened a newer session, each Group
+        """missionweave_server/services/authority/session_fence.py: once an agent opened a newer session, each Group
         where an older session of it still runs a lease appends the revocations (the REAL
         ``decide_session_replaced``), under an id derived from the new session: appended once."""
         now = self.clock.now()
@@ -332,7 +332,7 @@ class Authority(Process):
 
 
 class Gateway(Process):
-    """The gateway relaying one member's view of a Group log (services/authority/group_log.py
+    """The gateway relaying one member's view of a Group log (missionweave_server/services/authority/group_log.py
     FollowGroup/FetchEvents, modeled as a pull): durable events only, after the cursor and never
     before the member's visibility start, each either delivered (the REAL ``may_see`` on the current
     state, MW-9-05) or reported as a skipped sequence so that the reader's cursor stays contiguous."""

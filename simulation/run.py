@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from missionweave.v1 import command_pb2, common_pb2
 from missionweave.v1 import membership_pb2 as mp
-from services.authority import decider
-from services.authority.rules.children import AUTHORITY_ACTOR
-from services.authority.state import GroupState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.rules.children import AUTHORITY_ACTOR
+from missionweave_server.services.authority.state import GroupState
 from simulation import invariants
 from simulation.actors import Client, Coordinator, Delegate, Env, OfflineWorker, Owner, Reader, Worker
 from simulation.clock import SimClock

@@ -1,7 +1,7 @@
-"""A model of the Authority's event store (services/authority/store.py, schema.py) in memory.
+"""A model of the Authority's event store (missionweave_server/services/authority/store.py, schema.py) in memory.
 
 One row per Group: its events, the command records that make commands idempotent
-(services/authority/idempotency.py), and the ownership columns (``owner_instance``,
+(missionweave_server/services/authority/idempotency.py), and the ownership columns (``owner_instance``,
 ``lease_expires_us``, ``writer_epoch``). What is modeled, and how:
 
 * ``acquire`` follows ``EventStore.acquire``: an instance takes a Group when it already owns it or
@@ -22,9 +22,9 @@ import copy
 from dataclasses import dataclass, field
 
 from missionweave.v1 import command_pb2, event_pb2
-from services.authority import decider
-from services.authority.idempotency import fingerprint
-from services.authority.state import GroupState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.idempotency import fingerprint
+from missionweave_server.services.authority.state import GroupState
 
 
 @dataclass(frozen=True)

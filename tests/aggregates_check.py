@@ -4,7 +4,7 @@ what the property tests compare the ones ``evolve`` keeps with, after every step
 from __future__ import annotations
 
 from missionweave.v1 import work_pb2 as wp
-from services.authority.state import SIX, GroupState
+from missionweave_server.services.authority.state import SIX, GroupState
 
 _FINISHED = (wp.WORK_ITEM_STATE_VERIFIED, wp.WORK_ITEM_STATE_CANCELLED)
 

@@ -7,7 +7,7 @@ from typing import TypeVar
 
 from google.protobuf.message import Message
 
-from missionweave.clock import to_timestamp
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import common_pb2, conversation_pb2, mission_pb2, work_pb2
 
 M = TypeVar("M", bound=Message)

@@ -6,13 +6,19 @@ from __future__ import annotations
 import copy
 from datetime import UTC, datetime, timedelta
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2, mission_pb2, subtask_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.rules.common import OrganizationPolicy
-from services.authority.state import ExecutionLeaseState, GroupState, IdentityInfo, OfferState, OwnershipState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.rules.common import OrganizationPolicy
+from missionweave_server.services.authority.state import (
+    ExecutionLeaseState,
+    GroupState,
+    IdentityInfo,
+    OfferState,
+    OwnershipState,
+)
 from tests import builders
 from tests.core_group import CoreGroup
 

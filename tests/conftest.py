@@ -14,12 +14,12 @@ import pytest
 from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
-from missionweave.clock import OffsetClock, to_timestamp
-from missionweave.config import Settings
-from missionweave.db import make_engine
+from missionweave.kernel.clock import OffsetClock, to_timestamp
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.client import MeshClient, SessionSigner
-from missionweave.signing import read_key
 from missionweave.v1 import command_pb2, common_pb2
+from missionweave_server.config import Settings
+from missionweave_server.storage.db import make_engine
 
 POSTGRES_URL = os.environ.get("MWP_TEST_POSTGRES_URL", "")
 
@@ -89,8 +89,8 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 async def reset_database(url: str) -> None:
     """PostgreSQL tests share one database: start each from empty tables (every service's)."""
-    from missionweave.mesh.schemas import LINES
-    from missionweave.schema_versions import drop_line
+    from missionweave_server.mesh.schemas import LINES
+    from missionweave_server.storage.schema_versions import drop_line
 
     engine = make_engine(url)
     async with engine.begin() as conn:
@@ -165,7 +165,7 @@ async def register(client: MeshClient, admin_key: SigningKey, identity_id: str, 
 
 @pytest.fixture
 async def world(db_url: str, tmp_path: Path, topology: str) -> AsyncIterator[World]:
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
     from tests.split_mesh import start_split
 
     if topology.startswith("split") and not db_url.startswith("postgresql"):

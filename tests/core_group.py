@@ -7,11 +7,11 @@ import copy
 import itertools
 from datetime import datetime
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import command_pb2
-from services.authority import decider
-from services.authority.state import GroupState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState
 from tests.store_double import as_if_uploaded
 
 

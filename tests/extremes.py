@@ -21,9 +21,10 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 from google.protobuf.message import Message
 
-from missionweave.errors import Rejected
-from missionweave.rpc.status import rejection_from_rpc_error, status_code
+from missionweave.kernel.errors import Rejected
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.v1 import common_pb2
+from missionweave_server.edge.status import status_code
 
 F = FieldDescriptor
 DURATION = "google.protobuf.Duration"

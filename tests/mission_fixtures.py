@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 from google.protobuf.message import Message
 
-from missionweave.errors import Rejected
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import common_pb2, event_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.state import GroupState, IdentityInfo
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState, IdentityInfo
 from tests import builders
 from tests.core_group import CoreGroup, evolved
 

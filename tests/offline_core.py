@@ -9,13 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 from google.protobuf.message import Message
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
-from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
+from missionweave.kernel.extensions import BOUNDED_OFFLINE_EXECUTION
 from missionweave.v1 import command_pb2, common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.state import GroupState, IdentityInfo
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState, IdentityInfo
 from tests import builders
 from tests.core_group import evolved
 

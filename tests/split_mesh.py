@@ -11,8 +11,8 @@ import socket
 from dataclasses import dataclass, replace
 from typing import Any
 
-from missionweave.clock import Clock
-from missionweave.config import Settings
+from missionweave.kernel.clock import Clock
+from missionweave_server.config import Settings
 
 ORDER = ("membership", "artifacts", "scheduling", "authority", "gateway")
 
@@ -66,7 +66,7 @@ async def start_split(base: Settings, clock: Clock, replicas: dict[str, int] | N
     The ports are picked free before the parts start one after another, so something else (another
     test's server, a port handed out meanwhile) can take one in between: then the whole mesh starts
     again on fresh ports, a few times at most."""
-    from missionweave.rpc.channels import ListenError
+    from missionweave_server.edge.channels import ListenError
 
     for attempt in range(3):
         try:
@@ -78,7 +78,7 @@ async def start_split(base: Settings, clock: Clock, replicas: dict[str, int] | N
 
 
 async def _start_split(base: Settings, clock: Clock, replicas: dict[str, int] | None) -> SplitMesh:
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
 
     counts = {name: (replicas or {}).get(name, 1) for name in ORDER}
     listen = {

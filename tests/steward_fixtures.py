@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from missionweave.errors import Rejected
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2, mission_pb2
-from services.authority import decider
-from services.authority.state import GroupState, IdentityInfo
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState, IdentityInfo
 from tests import builders
 from tests.core_group import CoreGroup
 

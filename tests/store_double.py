@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 
 from missionweave.v1 import command_pb2
-from services.authority import kinds
-from services.authority.rules.common import DecisionContext, HeldArtifact, HeldManifest
-from services.authority.state import GroupState
+from missionweave_server.services.authority import kinds
+from missionweave_server.services.authority.rules.common import DecisionContext, HeldArtifact, HeldManifest
+from missionweave_server.services.authority.state import GroupState
 
 
 def _work_item_of(command: command_pb2.Command) -> str:

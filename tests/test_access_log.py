@@ -1,4 +1,4 @@
-"""The access log (missionweave/rpc/access_log.py): one line per RPC, rate limited so a flood cannot
+"""The access log (missionweave_server/edge/access_log.py): one line per RPC, rate limited so a flood cannot
 fill the disk, with the count of the lines it did not write; gRPC's own logging routed into the
 structured log."""
 
@@ -13,10 +13,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from missionweave import logs, metrics
-from missionweave.config import Settings
-from missionweave.mesh.server import start
-from missionweave.rpc.access_log import AccessLog, TokenBucket, _Call, _code_of
+from missionweave.kernel import logs
+from missionweave_server.config import Settings
+from missionweave_server.edge.access_log import AccessLog, TokenBucket, _Call, _code_of
+from missionweave_server.mesh.server import start
+from missionweave_server.observability import metrics
 
 
 class _Context:

@@ -17,9 +17,9 @@ import pytest
 from nacl.signing import SigningKey
 
 from missionweave.internal.v1 import identities_pb2, identities_pb2_grpc
-from missionweave.rpc.callers import CALL_PROOF_METADATA, MESH_TOKEN_METADATA
-from missionweave.rpc.channels import open_channel
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import AGENT_CARD_TYPE, session_key_id, sign_envelope
+from missionweave.kernel.transport import open_channel
 from missionweave.sdk.client import (
     MeshClient,
     SessionSigner,
@@ -28,11 +28,11 @@ from missionweave.sdk.client import (
     verify_agent_card,
 )
 from missionweave.sdk.credentials import call_proof
-from missionweave.signing import AGENT_CARD_TYPE, session_key_id, sign_envelope
 from missionweave.v1 import agent_card_pb2 as pb
 from missionweave.v1 import common_pb2, membership_pb2, work_pb2
 from missionweave.v1 import membership_service_pb2 as mpb
 from missionweave.v1 import membership_service_pb2_grpc as mpb_grpc
+from missionweave_server.edge.callers import CALL_PROOF_METADATA, MESH_TOKEN_METADATA
 from tests.conftest import World
 from tests.test_missions import G
 

@@ -30,7 +30,7 @@ import missionweave.sdk.cursors as cursors_module
 import missionweave.sdk.event_verification as verification_module
 import missionweave.sdk.sequencing as sequencing_module
 import missionweave.sdk.stream_commands as commands_module
-from gateway.schema import cursors
+from missionweave.kernel.signing import EVENT_TYPE, SNAPSHOT_REFERENCE_TYPE, SNAPSHOT_TYPE, sign_envelope
 from missionweave.sdk.agent import (
     Agent,
     AuthorityVerifier,
@@ -46,7 +46,6 @@ from missionweave.sdk.agent import (
 from missionweave.sdk.client import decode_events
 from missionweave.sdk.event_verification import VERIFIED_EVENT_PAYLOADS, VerifiedPayloads
 from missionweave.sdk.idempotency import attempt_key
-from missionweave.signing import EVENT_TYPE, SNAPSHOT_REFERENCE_TYPE, SNAPSHOT_TYPE, sign_envelope
 from missionweave.v1 import (
     authority_service_pb2,
     common_pb2,
@@ -57,6 +56,7 @@ from missionweave.v1 import (
 )
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import work_pb2 as wp
+from missionweave_server.services.gateway.schema import cursors
 from tests import builders
 from tests import test_work_items as work
 from tests.conftest import World, polled

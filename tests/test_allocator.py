@@ -1,4 +1,4 @@
-"""The server's malloc thresholds (missionweave/allocator.py, D148)."""
+"""The server's malloc thresholds (missionweave_server/mesh/allocator.py, D148)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from missionweave.allocator import GLIBC_VARIABLES, MMAP_THRESHOLD_BYTES
-from missionweave.config import Settings
+from missionweave_server.config import Settings
+from missionweave_server.mesh.allocator import GLIBC_VARIABLES, MMAP_THRESHOLD_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 BUFFER = 1_500_000  # one chunk's size class: under the fixed threshold, far above glibc's 128 KiB start
@@ -19,7 +19,7 @@ BUFFER = 1_500_000  # one chunk's size class: under the fixed threshold, far abo
 # A fresh interpreter: allocate one buffer, report glibc's peak of mmapped bytes (malloc_stats).
 _PROBE = f"""
 import ctypes, sys
-from missionweave.allocator import tune_allocator
+from missionweave_server.mesh.allocator import tune_allocator
 tuned = tune_allocator() if sys.argv[1] == "tune" else False
 buffer = bytearray({BUFFER}); del buffer
 print("tuned", tuned, flush=True)

@@ -21,16 +21,16 @@ import grpc
 import pytest
 from sqlalchemy import func, select
 
-from artifactstore import local
-from artifactstore.blobstore import storage_full
-from artifactstore.schema import upload_reservations
-from missionweave.clock import to_timestamp
-from missionweave.manifest import sign_manifest
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.manifest import sign_manifest
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import session_key_id
 from missionweave.sdk.client import MeshClient, SessionSigner, blob_digest
-from missionweave.signing import session_key_id
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import common_pb2, membership_pb2
+from missionweave_server.services.artifacts import local
+from missionweave_server.services.artifacts.blobstore import storage_full
+from missionweave_server.services.artifacts.schema import upload_reservations
 from tests import builders
 from tests.conftest import World, register
 from tests.test_missions import G, as_member, create

@@ -24,11 +24,20 @@ from typing import Any
 import blake3
 import pytest
 
-from artifactstore import direct_io
-from artifactstore.backends import BlobStoreConfig, blobstore_from_env, make_blobstore
-from artifactstore.blobstore import CHUNK_BYTES, EMPTY_BLAKE3, MAX_BLOB_BYTES, BlobStore
-from artifactstore.local import DIRECT_MIN_BYTES, STALE_TEMP_SECONDS, LocalBlobStore
-from artifactstore.s3 import MAX_PARTS, MIN_PART_BYTES, S3BlobStore, part_size_for
+from missionweave_server.services.artifacts import direct_io
+from missionweave_server.services.artifacts.backends import (
+    BlobStoreConfig,
+    blobstore_from_env,
+    make_blobstore,
+)
+from missionweave_server.services.artifacts.blobstore import (
+    CHUNK_BYTES,
+    EMPTY_BLAKE3,
+    MAX_BLOB_BYTES,
+    BlobStore,
+)
+from missionweave_server.services.artifacts.local import DIRECT_MIN_BYTES, STALE_TEMP_SECONDS, LocalBlobStore
+from missionweave_server.services.artifacts.s3 import MAX_PARTS, MIN_PART_BYTES, S3BlobStore, part_size_for
 
 S3_ENDPOINT = os.environ.get("MWP_TEST_S3_ENDPOINT", "")
 MiB = 1024 * 1024
@@ -54,7 +63,7 @@ async def blobstore(
     for every blob, so each test below also runs through the aligned staging and reads."""
     store: BlobStore
     if request.param == "local-direct":
-        monkeypatch.setattr("artifactstore.local.DIRECT_MIN_BYTES", 0)
+        monkeypatch.setattr("missionweave_server.services.artifacts.local.DIRECT_MIN_BYTES", 0)
     if request.param == "s3":
         if not S3_ENDPOINT:
             pytest.skip("S3 variant needs MWP_TEST_S3_ENDPOINT (.ci/run starts moto's server and sets it)")
@@ -376,12 +385,12 @@ async def test_failed_write_breaks_the_writer(blobstore: BlobStore, monkeypatch:
     size = 20 * MiB
     data, digest_hex = blob(size, seed=14)
     if isinstance(blobstore, LocalBlobStore):
-        import artifactstore.local
+        import missionweave_server.services.artifacts.local
 
         def disk_full(self: object, bufs: list[bytes]) -> None:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(artifactstore.local._Temp, "write", disk_full)  # buffered and direct I/O alike
+        monkeypatch.setattr(missionweave_server.services.artifacts.local._Temp, "write", disk_full)  # buffered and direct I/O alike
     else:
         assert isinstance(blobstore, S3BlobStore)
 

@@ -19,15 +19,15 @@ import grpc
 import pytest
 from sqlalchemy import func, select
 
-from artifactstore import local
-from artifactstore.blobstore import EMPTY_BLAKE3, BlobStore
-from artifactstore.local import LocalBlobStore
-from artifactstore.schema import upload_reservations
-from missionweave.errors import Rejected
+from missionweave.kernel.errors import Rejected
+from missionweave.kernel.uploads import MAX_BATCH_BYTES
 from missionweave.sdk.client import MeshClient, blob_digest
-from missionweave.uploads import MAX_BATCH_BYTES
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import common_pb2
+from missionweave_server.services.artifacts import local
+from missionweave_server.services.artifacts.blobstore import EMPTY_BLAKE3, BlobStore
+from missionweave_server.services.artifacts.local import LocalBlobStore
+from missionweave_server.services.artifacts.schema import upload_reservations
 from tests import test_artifact_authorization
 from tests.conftest import World
 from tests.test_artifact_authorization import (

@@ -1,4 +1,4 @@
-"""What each identity holds in all (``holdings``, artifactstore/schema.py): kept with its holders, so
+"""What each identity holds in all (``holdings``, missionweave_server/services/artifacts/schema.py): kept with its holders, so
 that an upload's quota check reads one row instead of summing every blob the identity holds (D151)."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import asyncio
 import pytest
 from sqlalchemy import func, select, text
 
-from artifactstore.index import ArtifactIndex
-from artifactstore.schema import LINE, create_schema, holders, holdings
-from missionweave import schema_versions
-from missionweave.db import make_engine
-from missionweave.schema_versions import SchemaMismatch, State
+from missionweave_server.services.artifacts.index import ArtifactIndex
+from missionweave_server.services.artifacts.schema import LINE, create_schema, holders, holdings
+from missionweave_server.storage import schema_versions
+from missionweave_server.storage.db import make_engine
+from missionweave_server.storage.schema_versions import SchemaMismatch, State
 
 QUOTA = 1_000
 

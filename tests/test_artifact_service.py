@@ -10,16 +10,16 @@ from typing import Any
 import grpc
 import pytest
 
-from artifactstore.blobstore import EMPTY_BLAKE3
-from artifactstore.verify import Counters
-from missionweave.clock import to_timestamp
-from missionweave.manifest import sign_manifest
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.manifest import sign_manifest
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import session_key_id
 from missionweave.sdk.client import SessionSigner, blob_digest, decode_events
-from missionweave.signing import session_key_id
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import common_pb2
 from missionweave.v1 import work_pb2 as wp
+from missionweave_server.services.artifacts.blobstore import EMPTY_BLAKE3
+from missionweave_server.services.artifacts.verify import Counters
 from tests.conftest import World
 from tests.test_missions import G, refused
 from tests.test_work_items import setup, started

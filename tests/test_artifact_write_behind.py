@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from artifactstore.download_frame import download_frame
-from artifactstore.verified_marks import VerifiedMarks
 from missionweave.sdk.client import blob_digest
 from missionweave.v1 import artifact_service_pb2 as apb
+from missionweave_server.services.artifacts.download_frame import download_frame
+from missionweave_server.services.artifacts.verified_marks import VerifiedMarks
 from tests.conftest import World
 
 MiB = 1024 * 1024

@@ -31,13 +31,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nacl.signing import SigningKey
 from sqlalchemy import text
 
-from missionweave.clock import SystemClock
-from missionweave.config import Settings
-from missionweave.db import make_engine
-from missionweave.mesh.server import SERVICE_NAMES, start
+from missionweave.kernel.clock import SystemClock
+from missionweave.kernel.signing import read_key, write_key
 from missionweave.sdk.client import MeshClient, SessionSigner, blob_digest
-from missionweave.signing import read_key, write_key
 from missionweave.v1 import common_pb2
+from missionweave_server.config import Settings
+from missionweave_server.mesh.server import SERVICE_NAMES, start
+from missionweave_server.storage.db import make_engine
 from tests import builders
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -416,7 +416,7 @@ async def test_a_stopped_mesh_backs_up_and_a_damaged_backup_or_an_occupied_targe
     # A manifest re-hashed after an edit passes its own digest, not the digest recorded apart.
     forged = tmp_path / "forged"
     shutil.copytree(backup, forged)
-    from missionweave.mesh.backup import manifest_digest
+    from missionweave_server.mesh.backup import manifest_digest
 
     document = json.loads((forged / "manifest.json").read_text())
     document["groups"] = []

@@ -28,18 +28,17 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescri
 from google.protobuf.message import DecodeError, Message
 from sqlalchemy import func, select
 
-import artifactstore.schema
-import gateway.schema
 import missionweave.internal.v1
 import missionweave.v1
-import services.authority.schema
-import services.membership.schema
-from missionweave.rpc.callers import MeshServiceChannel
-from missionweave.rpc.channels import open_channel
-from missionweave.rpc.status import rejection_from_rpc_error
+import missionweave_server.services.artifacts.schema
+import missionweave_server.services.authority.schema
+import missionweave_server.services.gateway.schema
+import missionweave_server.services.membership.schema
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import MAX_SIGNATURES
+from missionweave.kernel.transport import open_channel
 from missionweave.sdk.client import register_identity_envelope
 from missionweave.sdk.credentials import CallProofs
-from missionweave.signing import MAX_SIGNATURES
 from missionweave.v1 import (
     common_pb2,
     membership_pb2,
@@ -48,7 +47,8 @@ from missionweave.v1 import (
     mission_pb2,
 )
 from missionweave.v1 import gateway_service_pb2 as gpb
-from services.authority import ingress
+from missionweave_server.edge.callers import MeshServiceChannel
+from missionweave_server.services.authority import ingress
 from tests import builders
 from tests.conftest import World
 from tests.test_gateway import hello
@@ -287,7 +287,13 @@ async def row_counts(w: World) -> dict[str, int]:
     engine = w.mesh.engine  # type: ignore[attr-defined]
     counts = {}
     async with engine.connect() as conn:
-        for schema in (services.authority.schema, services.membership.schema, artifactstore.schema, gateway.schema):
+        schemas = (
+            missionweave_server.services.authority.schema,
+            missionweave_server.services.membership.schema,
+            missionweave_server.services.artifacts.schema,
+            missionweave_server.services.gateway.schema,
+        )
+        for schema in schemas:
             for table in schema.METADATA.sorted_tables:
                 counts[table.name] = (await conn.execute(select(func.count()).select_from(table))).scalar_one()
     return counts
@@ -310,7 +316,7 @@ class Tracebacks(logging.Handler):
 
 @pytest.fixture
 def tracebacks() -> Iterator[Tracebacks]:
-    from missionweave.rpc.status import malformed_log
+    from missionweave_server.edge.status import malformed_log
 
     malformed_log.reset()  # the rate limit is per process: an earlier test's records must not hide these
     handler = Tracebacks()

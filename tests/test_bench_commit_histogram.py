@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from missionweave import metrics
+from missionweave_server.observability import metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 delivery = importlib.import_module("delivery")
@@ -19,7 +19,7 @@ delivery = importlib.import_module("delivery")
 def _exposition(latencies: list[float]) -> str:
     registry = CollectorRegistry()
     histogram = Histogram(
-        "mwp_group_commit_latency_seconds", "as missionweave.metrics", buckets=metrics.LATENCY_BUCKETS, registry=registry
+        "mwp_group_commit_latency_seconds", "as missionweave_server.observability.metrics", buckets=metrics.LATENCY_BUCKETS, registry=registry
     )
     for seconds in latencies:
         histogram.observe(seconds)

@@ -16,10 +16,10 @@ from typing import Any
 import blake3
 import pytest
 
-from artifactstore.local import LocalBlobStore
 from missionweave.cli.artifact.arguments import parse_digest
 from missionweave.cli.artifact.transfer import Progress, TransferError, receive, replacing
 from missionweave.v1 import artifact_service_pb2 as apb
+from missionweave_server.services.artifacts.local import LocalBlobStore
 from tests import builders
 from tests.test_cli_mission import Bench, execute
 from tests.test_cli_mission import bench as bench  # the fixture

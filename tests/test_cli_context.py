@@ -21,7 +21,7 @@ from missionweave.cli import main
 from missionweave.cli.app import build_parser
 from missionweave.cli.common import client_tls
 from missionweave.cli.context_store import OPTIONS, context_dir, context_environment
-from missionweave.signing import generate_key, write_key
+from missionweave.kernel.signing import generate_key, write_key
 from tests.test_cli_mission import ROOT, Bench, Run
 from tests.test_cli_mission import bench as bench  # the fixture
 

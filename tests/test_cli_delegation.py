@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from missionweave.cli.delegation import grant_table, money, render_grant
-from missionweave.clock import to_timestamp
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import authority_service_pb2, common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests import builders

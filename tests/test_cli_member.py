@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from missionweave import ids
 from missionweave.cli.member import membership_table
-from missionweave.clock import to_timestamp
+from missionweave.kernel import ids
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import membership_pb2
 from tests import builders
 from tests.test_cli_mission import Bench, execute

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from missionweave import cli
-from missionweave.clock import ManualClock
-from missionweave.config import Settings
+from missionweave.kernel.clock import ManualClock
+from missionweave.kernel.signing import generate_key, read_key, write_key
 from missionweave.sdk.client import (
     MeshClient,
     SessionSigner,
@@ -29,8 +29,8 @@ from missionweave.sdk.client import (
     membership_epoch,
     verify_group_summary,
 )
-from missionweave.signing import generate_key, read_key, write_key
 from missionweave.v1 import common_pb2, membership_pb2, mission_pb2
+from missionweave_server.config import Settings
 from tests import builders
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +98,7 @@ class Bench:
 @pytest.fixture
 async def bench(tmp_path: Path) -> AsyncIterator[Bench]:
     from missionweave.cli.common import save_session
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
 
     settings = Settings(
         listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=f"sqlite+aiosqlite:///{tmp_path / 'mw.db'}",

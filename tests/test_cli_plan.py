@@ -18,9 +18,9 @@ import pytest
 from missionweave.cli.common import save_session
 from missionweave.cli.plan import plan_changes, revised
 from missionweave.cli.plan_file import MissionFacts, items_of, read
+from missionweave.kernel.signing import write_key
 from missionweave.sdk.client import membership_epoch
 from missionweave.sdk.contracts import Budget, work_contract
-from missionweave.signing import write_key
 from tests import builders
 from tests.conftest import World
 from tests.test_cli_mission import ROOT, Bench

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from missionweave.clock import to_timestamp
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import membership_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests import builders

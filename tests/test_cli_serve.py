@@ -16,11 +16,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from missionweave.clock import SystemClock
-from missionweave.config import Settings
-from missionweave.mesh.server import start
-from missionweave.pipe_frames import child_command
+from missionweave.kernel.clock import SystemClock
 from missionweave.v1 import common_pb2
+from missionweave_server.config import Settings
+from missionweave_server.mesh.server import start
+from missionweave_server.verification.pipe_frames import child_command
 from tests import builders
 from tests.conftest import World
 
@@ -150,7 +150,7 @@ async def test_shutdown_drains_in_flight_commands(world: World) -> None:
 
 
 async def _events(mesh, group_id: str):  # type: ignore[no-untyped-def]
-    from missionweave.codec import decode_event
+    from missionweave.kernel.codec import decode_event
 
     return [decode_event(s.envelope) for s in await mesh.store.read(group_id, 0, 10_000)]
 
@@ -232,8 +232,8 @@ async def test_events_follow_prints_payloads_and_resumes_after_a_server_restart(
     """`mwp events --follow --payloads` outlives a restart of the server: it reconnects and goes on
     after the last event it printed, nothing twice, nothing skipped."""
     from missionweave.cli.common import save_session
+    from missionweave.kernel.signing import generate_key, read_key, write_key
     from missionweave.sdk.client import MeshClient
-    from missionweave.signing import generate_key, read_key, write_key
 
     port = free_port()
     settings = Settings(listen=f"127.0.0.1:{port}", data_dir=tmp_path / "data", grace_seconds=1)
@@ -311,7 +311,7 @@ def test_a_child_process_ignores_a_ctrl_c_that_lands_while_it_is_still_starting(
     time must not kill it (a traceback in the mesh's log, a writer gone mid-shutdown): it ignores
     the signals from its first statement, and ends with its pipe."""
     child = subprocess.Popen(
-        child_command("services.authority.writer_process", str(tmp_path / "events.db"), "FULL", "inst", "1"),
+        child_command("missionweave_server.services.authority.writer_process", str(tmp_path / "events.db"), "FULL", "inst", "1"),
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )

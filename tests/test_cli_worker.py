@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from missionweave.clock import to_timestamp
-from missionweave.signing import generate_key, write_key
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.signing import generate_key, write_key
 from missionweave.v1 import membership_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests import builders

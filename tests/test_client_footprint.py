@@ -13,8 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_ONLY = (
     "prometheus_client", "opentelemetry", "sqlalchemy", "aiosqlite", "asyncpg", "alembic", "boto3", "botocore",
-    "services", "gateway", "artifactstore", "missionweave.mesh", "missionweave.cli", "missionweave.rpc",
-    "missionweave.db", "missionweave.metrics", "missionweave.tracing", "missionweave.replay",
+    "cryptography", "missionweave_server", "missionweave.cli", "missionweave.internal",
 )
 
 

@@ -1,4 +1,4 @@
-"""The tag-multiplexed ExecuteCommandStream client (missionweave/rpc/command_stream.py): answers in
+"""The tag-multiplexed ExecuteCommandStream client (missionweave_server/edge/command_stream.py): answers in
 whatever order the server sends them reach the commands they answer; a stream that ends fails the
 commands still waiting and refuses new ones. Against a mesh, in every topology: a stream whose
 answers are not read is paused, not buffered (issue 40), and a client's cancel is no error."""
@@ -14,13 +14,13 @@ from typing import Any
 import grpc
 import pytest
 
-from missionweave.rpc import shards
-from missionweave.rpc.channels import open_channel
-from missionweave.rpc.command_stream import CommandStream, StreamEnded
+from missionweave.kernel.transport import open_channel
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import authority_service_pb2_grpc as apb_grpc
 from missionweave.v1 import command_pb2, common_pb2
-from services.authority import servicer as authority_servicer
+from missionweave_server.edge import shards
+from missionweave_server.edge.command_stream import CommandStream, StreamEnded
+from missionweave_server.services.authority import servicer as authority_servicer
 from tests import builders
 from tests.conftest import World
 from tests.test_grpc_authority import create_mission

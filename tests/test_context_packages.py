@@ -5,12 +5,12 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from missionweave.rpc.status import rejection_from_rpc_error
-from missionweave.signing import verify_signature
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import verify_signature
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import common_pb2
-from services.authority.context_package import CONTEXT_PACKAGE_TYPE
+from missionweave_server.services.authority.context_package import CONTEXT_PACKAGE_TYPE
 from tests import builders
 from tests.conftest import World
 from tests.test_missions import G

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 
-from artifactstore.blobstore import EMPTY_BLAKE3
 from missionweave.sdk.client import blob_digest
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import common_pb2
+from missionweave_server.services.artifacts.blobstore import EMPTY_BLAKE3
 from tests.conftest import World
 from tests.test_artifact_authorization import refusal, refused_with
 from tests.test_artifact_service import manifest_for
@@ -235,7 +235,7 @@ async def test_the_node_limit_truncates_the_walk(world: World, topology: str, mo
     walk short"; the limit is 10,000 nodes, lowered here)."""
     if topology.startswith("split"):
         pytest.skip("patches the in-process artifact service")
-    import artifactstore.service as service
+    import missionweave_server.services.artifacts.service as service
 
     w = world
     steps = await chain(w, 5)

@@ -16,15 +16,15 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import DOMAIN
-from missionweave.rpc.status import CODES
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import DOMAIN
+from missionweave.kernel.signing import COMMAND_TYPE, session_key_id, sign_envelope
 from missionweave.sdk.client import MeshClient, decode_events
-from missionweave.signing import COMMAND_TYPE, session_key_id, sign_envelope
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import common_pb2, conversation_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.ingress import GroupIngressLimiter
+from missionweave_server.edge.status import CODES
+from missionweave_server.services.authority.ingress import GroupIngressLimiter
 from tests import builders
 from tests.conftest import World, register
 from tests.test_grpc_authority import db_image
@@ -45,7 +45,7 @@ async def refusal(call: object) -> tuple[grpc.StatusCode, common_pb2.Rejection]:
 
 
 def rejection_of(err: grpc.aio.AioRpcError) -> common_pb2.Rejection:
-    from missionweave.rpc.status import rejection_from_rpc_error
+    from missionweave.kernel.rejections import rejection_from_rpc_error
 
     rejection = rejection_from_rpc_error(err)
     assert rejection is not None, err

@@ -8,11 +8,11 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from gateway import limits
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
+from missionweave_server.services.gateway import limits
 from tests.conftest import World, polled
 from tests.test_contract_authority import posts
 from tests.test_gateway import Stream, connected, hello

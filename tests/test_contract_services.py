@@ -16,8 +16,9 @@ import grpc
 import pytest
 from nacl.signing import SigningKey
 
-from missionweave.clock import to_timestamp
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import OPEN_SESSION_TYPE, REGISTER_IDENTITY_TYPE, sign_envelope
 from missionweave.sdk.client import (
     MeshClient,
     SessionSigner,
@@ -25,7 +26,6 @@ from missionweave.sdk.client import (
     open_session_envelope,
     register_identity_envelope,
 )
-from missionweave.signing import OPEN_SESSION_TYPE, REGISTER_IDENTITY_TYPE, sign_envelope
 from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2
 from missionweave.v1 import membership_service_pb2 as mpb
 from missionweave.v1 import scheduling_service_pb2 as sp
@@ -91,8 +91,8 @@ async def test_get_identity_reports_admin_and_session_epoch_and_refuses_the_unkn
 
 def test_each_rejection_reason_has_the_grpc_code_its_comment_names() -> None:
     """common.proto: RejectionReason (each value's comment names its gRPC status code)."""
-    from missionweave.errors import Rejected
-    from missionweave.rpc.status import grpc_code
+    from missionweave.kernel.errors import Rejected
+    from missionweave_server.edge.status import grpc_code
 
     proto = (Path(__file__).parent.parent / "protos/missionweave/v1/common.proto").read_text()
     block = proto.split("enum RejectionReason {", 1)[1].split("\n}", 1)[0]

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from missionweave.clock import from_timestamp, to_timestamp
+from missionweave.kernel.clock import from_timestamp, to_timestamp
 from missionweave.sdk.client import MeshClient, blob_digest, decode_events
 from missionweave.v1 import common_pb2, membership_pb2, mission_pb2, subtask_pb2
 from missionweave.v1 import work_pb2 as wp

@@ -20,11 +20,11 @@ from hypothesis import event as hypothesis_event
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from missionweave.errors import Rejected
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import command_pb2, event_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.state import GroupState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState
 from tests.test_core_work_property import ITEMS, WORKERS, WorkMachine
 
 

@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 from google.protobuf.message import Message
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2, mission_pb2, subtask_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider, kinds
-from services.authority.rules import authorization as authz
-from services.authority.rules.common import StoredArtifact, spec_name
-from services.authority.state import GroupState, IdentityInfo
+from missionweave_server.services.authority import decider, kinds
+from missionweave_server.services.authority.rules import authorization as authz
+from missionweave_server.services.authority.rules.common import StoredArtifact, spec_name
+from missionweave_server.services.authority.state import GroupState, IdentityInfo
 from tests import builders
 from tests.core_group import CoreGroup
 
@@ -481,7 +481,7 @@ def test_the_rows_are_well_formed() -> None:
 def test_the_docs_are_the_table_rendered() -> None:
     doc = Path(__file__).resolve().parents[1] / "docs" / "authorization.md"
     assert doc.read_text(encoding="utf-8") == authz.markdown(), (
-        "regenerate: python -m services.authority.rules.authorization --markdown > docs/authorization.md"
+        "regenerate: python -m missionweave_server.services.authority.rules.authorization --markdown > docs/authorization.md"
     )
 
 

@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 
 from missionweave.v1 import conversation_pb2, mission_pb2
-from services.authority.rules import authorization as authz
+from missionweave_server.services.authority.rules import authorization as authz
 from tests import builders
 from tests.steward_fixtures import BASE, GROUP, PLANNING
 

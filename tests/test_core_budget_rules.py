@@ -11,9 +11,9 @@ import pytest
 
 from missionweave.v1 import common_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import kinds
-from services.authority.rules.common import StoredArtifact
-from services.authority.state import ChildLink, GroupState
+from missionweave_server.services.authority import kinds
+from missionweave_server.services.authority.rules.common import StoredArtifact
+from missionweave_server.services.authority.state import ChildLink, GroupState
 from tests import builders
 from tests.offline_core import LEASE_ID, command, over_committed, started, with_mission, work_contract
 from tests.work_execution_fixtures import USAGE, R, at, decide, events, invalid_field, refused, run, vector

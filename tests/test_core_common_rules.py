@@ -11,12 +11,12 @@ from datetime import timedelta
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from missionweave import ids
-from missionweave.clock import to_timestamp
+from missionweave.kernel import ids
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import common_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.state import GroupState, IdentityInfo
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState, IdentityInfo
 from tests import builders
 from tests.steward_fixtures import BASE, CTX, GROUP, GROUP_ID, IDS, NOW, PLANNING, rejection
 

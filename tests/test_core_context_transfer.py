@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from missionweave.errors import Rejected
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import common_pb2
-from services.authority.rules.missions import check_transfer
-from services.authority.state import GroupState, TransferGrant
+from missionweave_server.services.authority.rules.missions import check_transfer
+from missionweave_server.services.authority.state import GroupState, TransferGrant
 
 R = common_pb2.RejectionReason
 STATE = GroupState(

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from missionweave import ids
-from missionweave.errors import Rejected
+from missionweave.kernel import ids
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import conversation_pb2 as cp
 from missionweave.v1 import membership_pb2, work_pb2
-from services.authority import decider
-from services.authority.rules.common import MAX_DATA_JSON_BYTES, MAX_TEXT_BYTES
-from services.authority.state import GroupState, MessageState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.rules.common import MAX_DATA_JSON_BYTES, MAX_TEXT_BYTES
+from missionweave_server.services.authority.state import GroupState, MessageState
 from tests import builders
 from tests.steward_fixtures import (
     BASE,

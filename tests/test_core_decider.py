@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, membership_pb2, mission_pb2
-from services.authority import decider
-from services.authority.state import GroupState, IdentityInfo
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState, IdentityInfo
 from tests import builders
 
 R = common_pb2.RejectionReason
@@ -275,7 +275,7 @@ def test_evolve_refuses_gaps() -> None:
 def test_submission_is_refused_while_required_work_is_unverified() -> None:
     """The check runs on every submission against the Group's WorkItem graph."""
     from missionweave.v1 import work_pb2
-    from services.authority.state import WorkItemState
+    from missionweave_server.services.authority.state import WorkItemState
 
     state = created()
     submit = mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=1)

@@ -1,4 +1,4 @@
-"""Pure core: the decider's own entry points and checks (services/authority/decider.py): the
+"""Pure core: the decider's own entry points and checks (missionweave_server/services/authority/decider.py): the
 refusals every command may meet before its rules (unknown kind, missing or existing Group), the
 Authority's revocation of a replaced session's leases (MW-11.3-09), and evolve's guards."""
 
@@ -9,12 +9,12 @@ from datetime import timedelta
 
 import pytest
 
-from missionweave import ids
-from missionweave.clock import to_timestamp
+from missionweave.kernel import ids
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.state import GroupState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState
 from tests import builders
 from tests.steward_fixtures import BASE, CTX, GROUP, GROUP_ID, NOW, PLANNING, rejection
 

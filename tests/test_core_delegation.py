@@ -8,14 +8,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.rules.common import OrganizationPolicy
-from services.authority.rules.delegation import remaining
-from services.authority.state import CoordinatorLeaseState, GroupState, IdentityInfo
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.rules.common import OrganizationPolicy
+from missionweave_server.services.authority.rules.delegation import remaining
+from missionweave_server.services.authority.state import CoordinatorLeaseState, GroupState, IdentityInfo
 from tests import builders
 from tests.core_group import CoreGroup
 

@@ -9,14 +9,14 @@ from datetime import timedelta
 
 import pytest
 
-from missionweave import ids
-from missionweave.clock import to_timestamp
+from missionweave.kernel import ids
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.rules.common import OrganizationPolicy
-from services.authority.rules.delegation import remaining
-from services.authority.state import SIX, GrantState, GroupState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.rules.common import OrganizationPolicy
+from missionweave_server.services.authority.rules.delegation import remaining
+from missionweave_server.services.authority.state import SIX, GrantState, GroupState
 from tests import builders
 from tests.steward_fixtures import (
     BASE,

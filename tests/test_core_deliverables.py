@@ -10,10 +10,10 @@ import pytest
 
 from missionweave.v1 import common_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.rules.common import HeldArtifact, HeldManifest
-from services.authority.rules.deliverables import recorded_artifacts
-from services.authority.state import GroupState, WorkItemState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.rules.common import HeldArtifact, HeldManifest
+from missionweave_server.services.authority.rules.deliverables import recorded_artifacts
+from missionweave_server.services.authority.state import GroupState, WorkItemState
 from tests import builders
 from tests.core_group import evolved
 from tests.offline_core import IDS, LEASE_ID, command, started, with_mission, work_contract
@@ -164,7 +164,7 @@ def test_review_and_failure_evidence_are_held_to_the_same_rule() -> None:
 
 
 def test_the_shell_is_asked_about_every_named_blob_once() -> None:
-    from services.authority import kinds
+    from missionweave_server.services.authority import kinds
 
     body = submit(ref(A), ref(A), evidence_refs=(ref(B), ref("X" * 64)))
     assert kinds.named_artifacts(command(BASE, "work_submit", body, "worker")) == (A, B)

@@ -8,12 +8,12 @@ from datetime import UTC, datetime
 import blake3
 import pytest
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, conversation_pb2, event_pb2
-from services.authority import decider
-from services.authority.rules.conversations import erased, erasure_targets
-from services.authority.state import GroupState, IdentityInfo
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.rules.conversations import erased, erasure_targets
+from missionweave_server.services.authority.state import GroupState, IdentityInfo
 from tests import builders
 
 AK, CE = conversation_pb2.MessageAmendmentKind, conversation_pb2.ContentErasure

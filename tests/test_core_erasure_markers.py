@@ -8,9 +8,9 @@ import copy
 
 import pytest
 
-from missionweave.eventlog import event_digest
+from missionweave.kernel.eventlog import event_digest
 from missionweave.v1 import common_pb2, conversation_pb2, event_pb2
-from services.authority.rules.conversations import erased
+from missionweave_server.services.authority.rules.conversations import erased
 from tests import builders
 from tests.steward_fixtures import BASE, GROUP, PLANNING, events
 

@@ -8,10 +8,10 @@ import copy
 
 import pytest
 
-from missionweave import ids
-from missionweave.clock import from_timestamp, to_timestamp
+from missionweave.kernel import ids
+from missionweave.kernel.clock import from_timestamp, to_timestamp
 from missionweave.v1 import work_pb2 as wp
-from services.authority.state import ChildLink
+from missionweave_server.services.authority.state import ChildLink
 from tests.offline_core import LEASE_ID, started, with_mission, work_contract
 from tests.work_execution_fixtures import (
     USAGE,

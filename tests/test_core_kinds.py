@@ -1,4 +1,4 @@
-"""Pure core: every command kind is declared once (services/authority/kinds.py), and what the decider
+"""Pure core: every command kind is declared once (missionweave_server/services/authority/kinds.py), and what the decider
 and the shell read from the declarations."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import (
     command_pb2,
     common_pb2,
@@ -19,10 +19,10 @@ from missionweave.v1 import (
     mission_pb2,
     work_pb2,
 )
-from services.authority import decider, kinds
-from services.authority.rules import authorization
-from services.authority.rules.common import CommandKind, DecisionContext
-from services.authority.state import GroupState, IdentityInfo
+from missionweave_server.services.authority import decider, kinds
+from missionweave_server.services.authority.rules import authorization
+from missionweave_server.services.authority.rules.common import CommandKind, DecisionContext
+from missionweave_server.services.authority.state import GroupState, IdentityInfo
 from tests import builders
 
 R = common_pb2.RejectionReason

@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import event as hypothesis_event
 from hypothesis import strategies as st
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, mission_pb2
-from services.authority import decider
-from services.authority.state import GroupState, IdentityInfo
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState, IdentityInfo
 from tests import builders
 
 MS = mission_pb2.MissionState

@@ -8,10 +8,10 @@ from datetime import timedelta
 
 import pytest
 
-from missionweave.clock import to_timestamp
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import membership_pb2, mission_pb2, work_pb2
-from services.authority import decider
-from services.authority.state import MemberState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import MemberState
 from tests import builders
 from tests.steward_fixtures import (
     BASE,

@@ -9,12 +9,12 @@ from datetime import timedelta
 
 import pytest
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import common_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.state import GroupState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState
 from tests import builders
 from tests.aggregates_check import assert_aggregates_recompute
 from tests.offline_core import NOW, apply, command, decide, started, with_mission, work_contract

@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import pytest
 
-from missionweave.errors import Rejected
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import mission_pb2
-from services.authority import decider
-from services.authority.state import GroupState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState
 from tests.mission_fixtures import (
     CTX,
     LATE,

@@ -1,4 +1,4 @@
-"""The MissionOwner's review (services/authority/mission_review.py) on the pure core: a Group driven
+"""The MissionOwner's review (missionweave_server/services/authority/mission_review.py) on the pure core: a Group driven
 through decide/evolve, its events kept, and the review derived from both. The critical path, the
 budgets, the blockers and the criteria are also checked on hand-made states."""
 
@@ -8,13 +8,13 @@ from datetime import timedelta
 
 import pytest
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import common_pb2, conversation_pb2, event_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.mission_review import (
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.mission_review import (
     ReviewLog,
     add_session_keys,
     blockers,
@@ -22,8 +22,8 @@ from services.authority.mission_review import (
     critical_path,
     mission_review,
 )
-from services.authority.rules.common import AMBIGUITY_TOPIC, StoredArtifact
-from services.authority.state import SIX, GroupState, IdentityInfo, WorkItemState
+from missionweave_server.services.authority.rules.common import AMBIGUITY_TOPIC, StoredArtifact
+from missionweave_server.services.authority.state import SIX, GroupState, IdentityInfo, WorkItemState
 from tests import builders
 from tests.core_group import CoreGroup, evolved
 from tests.mission_fixtures import IDS, NOW

@@ -8,12 +8,12 @@ from datetime import timedelta
 
 import pytest
 
-from missionweave import ids
-from missionweave.clock import to_timestamp
+from missionweave.kernel import ids
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.state import GroupState, TransferGrant
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState, TransferGrant
 from tests import builders
 from tests.core_group import CoreGroup
 from tests.mission_fixtures import (

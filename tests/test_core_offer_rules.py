@@ -7,12 +7,12 @@ import copy
 
 import pytest
 
-from missionweave import ids
+from missionweave.kernel import ids
 from missionweave.v1 import membership_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.rules.common import CardInfo
-from services.authority.state import OfferState, OwnershipState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.rules.common import CardInfo
+from missionweave_server.services.authority.state import OfferState, OwnershipState
 from tests import builders
 from tests.work_rules_fixtures import (
     GROUP,

@@ -8,14 +8,14 @@ from datetime import timedelta
 
 import pytest
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
-from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
+from missionweave.kernel.extensions import BOUNDED_OFFLINE_EXECUTION
 from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.authentication import SUPPORTED_EXTENSIONS
-from services.authority.rules.work.offline import REQUIRED
-from services.authority.state import MAX_LEASE_HISTORY, GroupState
+from missionweave_server.services.authority.authentication import SUPPORTED_EXTENSIONS
+from missionweave_server.services.authority.rules.work.offline import REQUIRED
+from missionweave_server.services.authority.state import MAX_LEASE_HISTORY, GroupState
 from tests import builders
 from tests.offline_core import (
     LEASE_ID,

@@ -12,13 +12,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.rules.common import budget_dims, mission_of
-from services.authority.state import SIX, GroupState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.rules.common import budget_dims, mission_of
+from missionweave_server.services.authority.state import SIX, GroupState
 from tests.aggregates_check import assert_aggregates_recompute
 from tests.offline_core import (
     LEASE_ID,

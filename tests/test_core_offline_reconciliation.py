@@ -8,9 +8,9 @@ from datetime import timedelta
 
 import pytest
 
-from missionweave import ids
-from missionweave.clock import to_timestamp
-from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION
+from missionweave.kernel import ids
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.extensions import BOUNDED_OFFLINE_EXECUTION
 from missionweave.v1 import common_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests.offline_core import (

@@ -5,7 +5,7 @@ directly: a rule that does must see exactly the entries the append would leave."
 
 from __future__ import annotations
 
-from services.authority.decider import _CopyOnRead
+from missionweave_server.services.authority.decider import _CopyOnRead
 
 
 def test_the_overlay_sees_the_appends_writes_and_deletions_and_leaves_the_state_alone() -> None:

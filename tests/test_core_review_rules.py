@@ -8,11 +8,11 @@ import copy
 
 import pytest
 
-from missionweave import ids
-from missionweave.clock import to_timestamp
+from missionweave.kernel import ids
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import work_pb2 as wp
-from services.authority.rules.common import MAX_REASON_CHARS
-from services.authority.state import GroupState
+from missionweave_server.services.authority.rules.common import MAX_REASON_CHARS
+from missionweave_server.services.authority.state import GroupState
 from tests import builders
 from tests.offline_core import LEASE_ID, started, with_mission, work_contract
 from tests.work_execution_fixtures import (

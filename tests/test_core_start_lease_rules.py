@@ -9,13 +9,13 @@ from datetime import timedelta
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from missionweave import ids
-from missionweave.errors import Rejected
+from missionweave.kernel import ids
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import common_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.rules.work.leases import token_valid
-from services.authority.state import SIX, ExecutionLeaseState, IdentityInfo, LeaseRecord
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.rules.work.leases import token_valid
+from missionweave_server.services.authority.state import SIX, ExecutionLeaseState, IdentityInfo, LeaseRecord
 from tests import builders
 from tests.work_rules_fixtures import (
     CTX,

@@ -9,14 +9,14 @@ from datetime import timedelta
 
 import pytest
 
-from missionweave import ids
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel import ids
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import common_pb2, membership_pb2, mission_pb2, subtask_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.rules.common import OrganizationPolicy
-from services.authority.state import ChildLink, GroupState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.rules.common import OrganizationPolicy
+from missionweave_server.services.authority.state import ChildLink, GroupState
 from tests import builders
 from tests.children_fixtures import (
     CHILD,

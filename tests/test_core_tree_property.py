@@ -13,14 +13,14 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
-from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
+from missionweave.kernel.extensions import BOUNDED_OFFLINE_EXECUTION
 from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.rules.work.common import begin_lease
-from services.authority.state import SIX, ExecutionLeaseState, GroupState, OwnershipState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.rules.work.common import begin_lease
+from missionweave_server.services.authority.state import SIX, ExecutionLeaseState, GroupState, OwnershipState
 from tests import builders
 from tests.core_group import CoreGroup
 from tests.offline_core import progress

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 
-from missionweave.clock import from_timestamp
+from missionweave.kernel.clock import from_timestamp
 from missionweave.v1 import work_pb2 as wp
 from tests.offline_core import LEASE_ID, started, with_mission, work_contract
 from tests.work_execution_fixtures import R, at, decide, events, invalid_field, refused

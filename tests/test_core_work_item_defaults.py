@@ -1,4 +1,4 @@
-"""Pure core: what a new WorkItem starts from (services/authority/state.py WorkItemState), as the
+"""Pure core: what a new WorkItem starts from (missionweave_server/services/authority/state.py WorkItemState), as the
 rules that read it show it through decider.decide/evolve: aggregate revision 1 (MW-10.2-05, OP-10),
 no ownership epoch used yet (the first owner holds epoch 1, MW-11.3-02), no attempt made (the first
 start is attempt 1, MW-11.4-08) and no checkpoint to resume from."""
@@ -9,11 +9,11 @@ from datetime import timedelta
 
 import pytest
 
-from missionweave.clock import to_timestamp
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import common_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.state import GroupState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState
 from tests import builders
 from tests.steward_fixtures import BASE, GROUP, IDS, NOW, events, rejection
 

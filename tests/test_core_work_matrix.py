@@ -10,12 +10,18 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.state import ExecutionLeaseState, GroupState, IdentityInfo, OfferState, OwnershipState
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import (
+    ExecutionLeaseState,
+    GroupState,
+    IdentityInfo,
+    OfferState,
+    OwnershipState,
+)
 from tests import builders
 from tests.store_double import as_if_uploaded
 

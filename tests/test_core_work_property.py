@@ -19,12 +19,12 @@ from hypothesis import event as hypothesis_event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.state import SIX, GroupState, IdentityInfo
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import SIX, GroupState, IdentityInfo
 from tests import builders
 from tests.aggregates_check import assert_aggregates_recompute
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from missionweave.clock import to_timestamp
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import work_pb2 as wp
 from tests import builders
 from tests.offline_core import LEASE_ID, LEASE_S, NOW, binding, buffered, decide, started, with_mission

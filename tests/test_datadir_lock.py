@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from missionweave.mesh.datadir_lock import DataDirHeld, hold
+from missionweave_server.mesh.datadir_lock import DataDirHeld, hold
 
 
 def test_a_second_holder_is_refused_and_parts_of_the_same_mesh_are_let_in(tmp_path: Path) -> None:

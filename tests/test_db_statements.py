@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, bindparam, select
 from sqlalchemy.dialects import sqlite
 
-from missionweave.db import compiled_once, dialect_insert, make_engine, upsert
+from missionweave_server.storage.db import compiled_once, dialect_insert, make_engine, upsert
 
 METADATA = MetaData()
 scores = Table(

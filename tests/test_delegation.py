@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from missionweave.clock import to_timestamp
+from missionweave.kernel.clock import to_timestamp
 from missionweave.sdk.client import MeshClient, SessionSigner, decode_events
 from missionweave.v1 import authority_service_pb2, common_pb2, membership_pb2
 from missionweave.v1 import gateway_service_pb2 as gpb

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceStub
-from missionweave.rpc.channels import open_channel
+from missionweave.kernel.transport import open_channel
 from missionweave.sdk.client import blob_digest, decode_events
 from missionweave.v1 import common_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp

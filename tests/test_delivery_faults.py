@@ -30,12 +30,12 @@ from typing import Any
 import grpc
 import pytest
 
-from gateway.outbox import FRAMES_PER_GROUP
-from missionweave.rpc.channels import open_channel
+from missionweave.kernel.transport import open_channel
 from missionweave.sdk.agent import Agent, Backoff, CursorStore, Subscription
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
+from missionweave_server.services.gateway.outbox import FRAMES_PER_GROUP
 from tests import builders
 from tests.conftest import World, register
 from tests.test_agent_sdk import connect, post_messages, reach, stored

@@ -18,13 +18,13 @@ from missionweave.cli.demo.plan import TASKS
 from missionweave.cli.demo.result import DemoResult
 from missionweave.cli.demo.scenario import run_demo
 from missionweave.cli.demo.timeline import TimelineEntry
-from missionweave.clock import SystemClock
-from missionweave.config import Settings
-from missionweave.mesh.server import start
+from missionweave.kernel.clock import SystemClock
+from missionweave.kernel.signing import generate_key, read_key, write_key
 from missionweave.sdk.client import MeshClient
-from missionweave.signing import generate_key, read_key, write_key
 from missionweave.v1 import artifact_service_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
+from missionweave_server.config import Settings
+from missionweave_server.mesh.server import start
 
 ROOT = Path(__file__).resolve().parent.parent
 LINE = re.compile(r"^ +\+\d+\.\d\ds  \S+ +[a-z_.]+ +\S")

@@ -7,11 +7,11 @@ import blake3
 import pytest
 from sqlalchemy import select
 
+from missionweave.kernel.signing import verify_signature
 from missionweave.sdk.client import decode_events
-from missionweave.signing import verify_signature
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import common_pb2, conversation_pb2
-from services.authority.schema import events, events_archive
+from missionweave_server.services.authority.schema import events, events_archive
 from tests import builders
 from tests.conftest import World
 from tests.test_missions import G, create, refused

@@ -2,7 +2,7 @@
 
 common.proto's RejectionReason comments, every comment of the public protos that pairs a reason (or
 an Artifact error code) with a gRPC code, docs/errors.md (its reason table, its prose and its status
-tables) and the implementation's mapping (missionweave/rpc/status.py) must name the same code for
+tables) and the implementation's mapping (missionweave_server/edge/status.py) must name the same code for
 each refusal. Each check is also shown to fire on a copy of a source with a planted disagreement.
 """
 
@@ -85,10 +85,10 @@ PLANTED = [
     pytest.param("missionweave/v1/artifact_service.proto", "(RESOURCE_EXHAUSTED, artifact error TOO_LARGE",
                  "(INVALID_ARGUMENT, artifact error TOO_LARGE", "pairs artifact error TOO_LARGE with INVALID_ARGUMENT",
                  id="comment pairs a code with an artifact error"),
-    pytest.param("artifactstore/verify.py", "R.REJECTION_REASON_DATA_CORRUPTED", "R.REJECTION_REASON_NOT_FOUND",
+    pytest.param("missionweave_server/services/artifacts/verify.py", "R.REJECTION_REASON_DATA_CORRUPTED", "R.REJECTION_REASON_NOT_FOUND",
                  "ArtifactErrorCode CORRUPTED: its comment says DATA_LOSS, it is raised with DATA_CORRUPTED or NOT_FOUND",
                  id="artifact error raised with another reason"),
-    pytest.param("artifactstore/verify.py", "R.REJECTION_REASON_DATA_CORRUPTED", "R.REJECTION_REASON_INTERNAL_ERROR",
+    pytest.param("missionweave_server/services/artifacts/verify.py", "R.REJECTION_REASON_DATA_CORRUPTED", "R.REJECTION_REASON_INTERNAL_ERROR",
                  "artifact error CORRUPTED is raised with INTERNAL_ERROR, which is no RejectionReason",
                  id="artifact error raised with a reason that does not exist"),
 ]

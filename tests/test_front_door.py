@@ -12,14 +12,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from missionweave.clock import OffsetClock
-from missionweave.config import Settings
 from missionweave.internal.v1 import publications_pb2 as ppb
 from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceStub
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import OffsetClock
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.client import MeshClient, blob_digest
-from missionweave.signing import read_key
 from missionweave.v1 import common_pb2
+from missionweave_server.config import Settings
 from tests import builders
 from tests.conftest import register
 from tests.split_mesh import free_port
@@ -31,7 +31,7 @@ R = common_pb2.RejectionReason
 async def split(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[object, object, MeshClient]]:
     """Authority, Membership, Artifacts and Scheduling in one process; the gateway alone in another,
     configured with their address; the client knows only the gateway's address."""
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
 
     data = tmp_path / "data"
     front_port = free_port()  # the back services accept call proofs made for the front door
@@ -116,7 +116,7 @@ async def test_the_first_call_after_a_peer_comes_up_waits_for_its_connection(db_
     """The gateway starts before its peers (a rolling restart, or a split mesh starting out of order):
     a call while nothing listens is refused PEER_UNAVAILABLE, and the first call once the peer listens
     is answered, not refused while the channel is still in its reconnect backoff."""
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
 
     data = tmp_path / "data"
     front_port, back_port = free_port(), free_port()

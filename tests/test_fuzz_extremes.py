@@ -41,20 +41,19 @@ from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
-from missionweave.clock import to_timestamp
-from missionweave.manifest import sign_manifest
-from missionweave.rpc.callers import CALL_PROOF_METADATA, CALL_PROOF_TYPE
-from missionweave.rpc.channels import open_channel
-from missionweave.rpc.status import rejection_from_rpc_error
-from missionweave.sdk.client import SessionSigner, blob_digest, decode_events
-from missionweave.sdk.credentials import CallProofs
-from missionweave.signing import (
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.manifest import sign_manifest
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import (
     AGENT_CARD_TYPE,
     OPEN_SESSION_TYPE,
     REGISTER_IDENTITY_TYPE,
     session_key_id,
     sign_envelope,
 )
+from missionweave.kernel.transport import open_channel
+from missionweave.sdk.client import SessionSigner, blob_digest, decode_events
+from missionweave.sdk.credentials import CallProofs
 from missionweave.v1 import (
     agent_card_pb2,
     artifact_service_pb2,
@@ -73,6 +72,7 @@ from missionweave.v1 import (
 from missionweave.v1 import gateway_service_pb2 as gpb
 from missionweave.v1 import scheduling_service_pb2_grpc as sch_grpc
 from missionweave.v1 import work_pb2 as wp
+from missionweave_server.edge.callers import CALL_PROOF_METADATA, CALL_PROOF_TYPE
 from tests import builders
 from tests.conftest import World, register
 from tests.extremes import (

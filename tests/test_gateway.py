@@ -12,13 +12,13 @@ import grpc
 import pytest
 from sqlalchemy import select
 
-from gateway.schema import cursors
-from missionweave.clock import to_timestamp
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.signing import session_key_id, sign_envelope, verify_signature
 from missionweave.sdk.client import SessionSigner, decode_events
-from missionweave.signing import session_key_id, sign_envelope, verify_signature
 from missionweave.v1 import conversation_pb2, membership_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
+from missionweave_server.services.gateway.schema import cursors
 from tests import builders
 from tests.conftest import World
 from tests.test_missions import G, as_member, create
@@ -198,7 +198,7 @@ async def test_compacted_history_answers_cursor_too_old_with_a_signed_snapshot_t
     await w.run(w.owner, G, "message_post", builders.message(conv, "after"), membership_epoch=1)
     # History is moved to the archive tier, never deleted.
     async with w.mesh.engine.connect() as conn:  # type: ignore[attr-defined]
-        from services.authority.schema import events_archive
+        from missionweave_server.services.authority.schema import events_archive
 
         archived = (
             (await conn.execute(select(events_archive.c.seq).where(events_archive.c.group_id == G)))

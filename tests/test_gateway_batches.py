@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gateway.connection import Connection
-from gateway.limits import BATCH_BYTES, BATCH_FRAMES
-from gateway.outbox import Outbox
 from missionweave.v1 import gateway_service_pb2 as pb
+from missionweave_server.services.gateway.connection import Connection
+from missionweave_server.services.gateway.limits import BATCH_BYTES, BATCH_FRAMES
+from missionweave_server.services.gateway.outbox import Outbox
 from tests import builders
 from tests.conftest import World
 from tests.test_gateway import Stream, hello

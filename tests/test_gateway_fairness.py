@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-import gateway.limits
-from missionweave.rpc.channels import open_channel
+import missionweave_server.services.gateway.limits
+from missionweave.kernel.transport import open_channel
 from missionweave.v1 import gateway_service_pb2 as pb
 from tests import builders
 from tests.conftest import World
@@ -24,7 +24,7 @@ async def test_a_noisy_group_does_not_starve_another_group_on_the_same_stream(
 ) -> None:
     # Small batches of big events: many frames of ~64 KiB, so the backlog is in the gateway's
     # queues rather than in the transport's flow-control window (which holds about one frame).
-    monkeypatch.setattr(gateway.limits, "MAX_EVENTS_PER_FRAME", 4)
+    monkeypatch.setattr(missionweave_server.services.gateway.limits, "MAX_EVENTS_PER_FRAME", 4)
     w = world
     noisy_conv = (await create(w, NOISY)).mission.planning_conversation_id
     quiet_conv = (await create(w, QUIET)).mission.planning_conversation_id

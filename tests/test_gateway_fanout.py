@@ -13,12 +13,12 @@ from typing import Any
 import grpc
 import pytest
 
-from gateway import fanout
-from gateway.service import GatewayServicer
-from missionweave.clock import to_timestamp
 from missionweave.internal.v1 import group_log_pb2 as glpb
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import conversation_pb2, membership_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
+from missionweave_server.services.gateway import fanout
+from missionweave_server.services.gateway.service import GatewayServicer
 from tests import builders
 from tests.conftest import World
 from tests.test_gateway import Stream, connected

@@ -70,7 +70,7 @@ async def test_a_late_joiner_fetches_what_a_context_package_cites_for_it_and_not
     assert served(cited) == expected  # the cited history, minus the restricted Conversation
     assert withheld(cited) == sorted(restricted)
     _, authority_key = await w.client.authority_key()
-    from missionweave.signing import verify_signature
+    from missionweave.kernel.signing import verify_signature
 
     assert all(verify_signature(e, authority_key) for e in cited.fetched.events)
 

@@ -21,15 +21,16 @@ from typing import Any
 import grpc
 import pytest
 
-from gateway import service as gateway_service
-from gateway.connection import Connection
-from gateway.outbox import Outbox
-from gateway.stream import Subscription
-from missionweave.rpc.callers import audiences_for
-from missionweave.rpc.status import peer_unavailable, rejection_from_rpc_error
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
+from missionweave_server.edge.callers import audiences_for
+from missionweave_server.edge.status import peer_unavailable
+from missionweave_server.services.gateway import service as gateway_service
+from missionweave_server.services.gateway.connection import Connection
+from missionweave_server.services.gateway.outbox import Outbox
+from missionweave_server.services.gateway.stream import Subscription
 from tests import builders
 from tests.conftest import World
 from tests.test_bad_input import row_counts

@@ -22,10 +22,10 @@ from typing import Any
 import grpc
 import pytest
 
-from gateway import limits
-from gateway import service as gateway_service
 from missionweave.v1 import gateway_service_pb2 as pb
-from services.authority import group_log
+from missionweave_server.services.authority import group_log
+from missionweave_server.services.gateway import limits
+from missionweave_server.services.gateway import service as gateway_service
 from tests import builders
 from tests.conftest import World
 from tests.test_gateway import Stream, hello

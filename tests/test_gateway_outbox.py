@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from gateway.outbox import Outbox
 from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
+from missionweave_server.services.gateway.outbox import Outbox
 
 
 def event(group: str, seq: int, size: int) -> pb.ServerFrame:

@@ -27,18 +27,18 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-import gateway.authority_calls
-from missionweave.clock import OffsetClock
-from missionweave.config import Settings
-from missionweave.mesh.server import INTERNAL_SERVICE_NAMES, Mesh, start
-from missionweave.rpc.channels import open_channel
+import missionweave_server.services.gateway.authority_calls
+from missionweave.kernel.clock import OffsetClock
+from missionweave.kernel.signing import read_key, verify_signature
+from missionweave.kernel.transport import open_channel
 from missionweave.sdk.client import MeshClient, decode_events
-from missionweave.signing import read_key, verify_signature
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
-from services.authority.store import EventStore
+from missionweave_server.config import Settings
+from missionweave_server.mesh.server import INTERNAL_SERVICE_NAMES, Mesh, start
+from missionweave_server.services.authority.store import EventStore
 from tests import builders
 from tests.conftest import World, register
 from tests.split_mesh import free_port
@@ -312,8 +312,8 @@ async def test_a_silent_authority_is_answered_with_authority_unavailable_not_a_h
     split: Split, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A peer that accepts connections and never answers: the gateway's own bounds end the wait."""
-    monkeypatch.setattr(gateway.authority_calls, "PEER_TIMEOUT_S", 0.5)
-    monkeypatch.setattr(gateway.authority_calls, "COMMAND_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(missionweave_server.services.gateway.authority_calls, "PEER_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(missionweave_server.services.gateway.authority_calls, "COMMAND_TIMEOUT_S", 0.5)
     w = split.world
     await create(w)
     silent = socket.socket()

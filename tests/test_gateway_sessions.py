@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.sdk.client import SessionSigner
 from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
@@ -38,7 +38,7 @@ async def replica(world: World) -> AsyncIterator[Any]:
     """A second gateway replica, in a mesh of its own, reaching Membership and the Authority over
     gRPC (those of the split topology, or the single mesh's). Agents' proofs name the first gateway's
     address, the replicas' shared audience."""
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
 
     w = world
     if w.settings.services == ("gateway",):  # split: the first gateway's own settings and peers

@@ -1,4 +1,4 @@
-"""The collector policy of long-running processes (missionweave/gc_policy.py, D48, D155)."""
+"""The collector policy of long-running processes (missionweave/kernel/gc_policy.py, D48, D155)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from missionweave import gc_policy
-from missionweave.config import Settings
-from missionweave.mesh.server import start
+from missionweave.kernel import gc_policy
+from missionweave_server.config import Settings
+from missionweave_server.mesh.server import start
 
 
 @pytest.fixture

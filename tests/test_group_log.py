@@ -11,16 +11,16 @@ import grpc
 import pytest
 from sqlalchemy import delete
 
-import services.authority.group_log
+import missionweave_server.services.authority.group_log
 from missionweave.internal.v1 import group_log_pb2 as glpb
 from missionweave.internal.v1 import group_log_pb2_grpc as glpb_grpc
-from missionweave.rpc.callers import MeshServiceChannel
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import verify_signature
 from missionweave.sdk.client import decode_events
-from missionweave.signing import verify_signature
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
+from missionweave_server.edge.callers import MeshServiceChannel
 from tests import builders
 from tests.conftest import World
 from tests.test_missions import G, as_member, create
@@ -126,7 +126,7 @@ async def test_follow_applies_the_attention_filter_and_bounds_a_batch_by_bytes(
     mention = builders.message(conv, "@worker-bot look " + "y" * 3_000, mentions=["worker-bot"])
     mentioned = (await w.run(w.owner, G, "message_post", mention, membership_epoch=1)).group_revision
     # Each envelope is over 3 KB: a 4 KB bound makes every batch one entry.
-    monkeypatch.setattr(services.authority.group_log, "MAX_BATCH_BYTES", 4_000)
+    monkeypatch.setattr(missionweave_server.services.authority.group_log, "MAX_BATCH_BYTES", 4_000)
     focus = pb.AttentionFilter(mode=pb.ATTENTION_MODE_FILTERED, direct_mentions=True)
     request = glpb.FollowGroupRequest(group_id=G, member_id="worker-bot", after_sequence=chatter - 1, filter=focus)
     call = stub(w, kind).FollowGroup(request)
@@ -174,7 +174,7 @@ async def test_follow_ends_with_membership_ended_cursor_too_old_and_history_unav
     got = await log.GetMemberSnapshot(glpb.GetMemberSnapshotRequest(group_id=G, member_id="alice", digest=reference.digest))
     assert got.snapshot == taken.snapshot and verify_signature(got.signed_reference, public_key)
 
-    from services.authority.schema import snapshots
+    from missionweave_server.services.authority.schema import snapshots
 
     async with w.mesh.engine.begin() as conn:  # type: ignore[attr-defined]
         await conn.execute(delete(snapshots).where(snapshots.c.group_id == G))  # nothing covers the gap now

@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 from google.protobuf.message import Message
 
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.sdk.client import SessionSigner, decode_events, membership_epoch
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp

@@ -13,13 +13,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from nacl.signing import SigningKey
 from sqlalchemy import select
 
-from missionweave.clock import SystemClock, to_timestamp
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import SystemClock, to_timestamp
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import COMMAND_TYPE, EVENT_TYPE, sign_envelope, verify_signature
 from missionweave.sdk.client import SessionSigner, decode_events
-from missionweave.signing import COMMAND_TYPE, EVENT_TYPE, sign_envelope, verify_signature
 from missionweave.v1 import authority_service_pb2, command_pb2, common_pb2
-from services.authority.schema import commands, events, groups
-from services.authority.views import group_state_proto
+from missionweave_server.services.authority.schema import commands, events, groups
+from missionweave_server.services.authority.views import group_state_proto
 from tests import builders
 from tests.conftest import World
 
@@ -286,7 +286,7 @@ async def test_read_events_follow_and_unknown_group(world: World) -> None:
 
 
 async def test_health_reports_every_service_and_reflection_lists_them(world: World) -> None:
-    from missionweave.mesh.server import SERVICE_NAMES
+    from missionweave_server.mesh.server import SERVICE_NAMES
 
     health = health_pb2_grpc.HealthStub(world.client.channel)
     for name in SERVICE_NAMES.values():
@@ -326,7 +326,7 @@ async def test_the_scheduling_service_serves_and_refuses_an_incomplete_request_s
 
 def test_every_rejection_reason_maps_to_a_grpc_code() -> None:
     """A reason without a mapping would reach clients as UNKNOWN (docs/errors.md promises a code each)."""
-    from missionweave.rpc.status import CODES
+    from missionweave_server.edge.status import CODES
 
     reasons = {v for v in R.values() if v != R.REJECTION_REASON_UNSPECIFIED}
     assert {R.Name(v) for v in reasons - set(CODES)} == set()  # type: ignore[arg-type]

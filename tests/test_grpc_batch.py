@@ -7,11 +7,11 @@ import grpc
 import pytest
 from nacl.signing import SigningKey
 
-from missionweave.errors import Rejected
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.errors import Rejected
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.sdk.client import SessionSigner, decode_events
 from missionweave.v1 import authority_service_pb2, command_pb2, common_pb2
-from services.authority.servicer import MAX_BATCH_COMMANDS
+from missionweave_server.services.authority.servicer import MAX_BATCH_COMMANDS
 from tests import builders
 from tests.conftest import World
 from tests.test_grpc_authority import create_mission, db_image

@@ -44,13 +44,11 @@ import grpc
 import pytest
 from nacl.signing import SigningKey
 
-from missionweave.clock import Clock, ManualClock, SystemClock, to_timestamp
-from missionweave.config import Settings
-from missionweave.mesh.server import start
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import Clock, ManualClock, SystemClock, to_timestamp
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.agent import Agent, Subscription
 from missionweave.sdk.client import MeshClient, SessionSigner, decode_events
-from missionweave.signing import read_key
 from missionweave.v1 import (
     authority_service_pb2,
     authority_service_pb2_grpc,
@@ -59,6 +57,8 @@ from missionweave.v1 import (
     event_pb2,
     membership_pb2,
 )
+from missionweave_server.config import Settings
+from missionweave_server.mesh.server import start
 from simulation.checker import Anomaly, check
 from simulation.history import History, Kind, Phase
 from tests import builders
@@ -514,7 +514,7 @@ async def test_history_through_a_shard_killed_or_paused_checks_clean(
 async def shard_owners(db_url: str) -> dict[str, str]:
     from sqlalchemy import text
 
-    from missionweave.db import make_engine
+    from missionweave_server.storage.db import make_engine
 
     engine = make_engine(db_url)
     try:

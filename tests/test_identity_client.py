@@ -1,4 +1,4 @@
-"""The identity directory client's cache and revision logic (missionweave/rpc/identities.py), against a
+"""The identity directory client's cache and revision logic (missionweave_server/edge/identities.py), against a
 scripted IdentityDirectoryService on an in-process channel (the same generated stubs and statuses)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 import grpc
 import pytest
 
-from missionweave.errors import Rejected
 from missionweave.internal.v1 import identities_pb2 as pb
 from missionweave.internal.v1 import identities_pb2_grpc as pb_grpc
-from missionweave.rpc.identities import IdentityDirectoryClient, _OutOfOrder
-from missionweave.rpc.local import LocalChannel
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import agent_card_pb2, common_pb2
+from missionweave_server.edge.identities import IdentityDirectoryClient, _OutOfOrder
+from missionweave_server.edge.local import LocalChannel
 
 R = common_pb2.RejectionReason
 SERVICE = pb.DESCRIPTOR.services_by_name["IdentityDirectoryService"].full_name

@@ -17,15 +17,15 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from nacl.signing import SigningKey
 
-from missionweave.clock import SystemClock
-from missionweave.config import Settings
 from missionweave.internal.v1 import identities_pb2, identities_pb2_grpc
-from missionweave.mesh.server import Mesh, start
-from missionweave.rpc.callers import MeshServiceChannel
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import SystemClock
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.client import MeshClient, SessionSigner
-from missionweave.signing import read_key
 from missionweave.v1 import agent_card_pb2, common_pb2, membership_service_pb2
+from missionweave_server.config import Settings
+from missionweave_server.edge.callers import MeshServiceChannel
+from missionweave_server.mesh.server import Mesh, start
 from tests import builders
 from tests.test_cli_serve import free_port
 

@@ -9,9 +9,9 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from prometheus_client import REGISTRY
 
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.v1 import common_pb2
-from services.authority.ingress import GroupIngressLimiter
+from missionweave_server.services.authority.ingress import GroupIngressLimiter
 from tests import builders
 from tests.conftest import World
 from tests.test_missions import create, refused

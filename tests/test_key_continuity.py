@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import delete
 
-from missionweave import codec
 from missionweave.cli import main as mwp
-from missionweave.config import Settings
-from missionweave.mesh.server import Mesh, start
+from missionweave.kernel import codec
+from missionweave.kernel.signing import KEY_ROTATION_TYPE, generate_key, read_key, verify_signature, write_key
 from missionweave.sdk.client import MeshClient, SessionSigner, decode_events
-from missionweave.signing import KEY_ROTATION_TYPE, generate_key, read_key, verify_signature, write_key
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import common_pb2
-from services.authority.keys import KeyContinuityError
-from services.authority.schema import authority_keys
+from missionweave_server.config import Settings
+from missionweave_server.mesh.server import Mesh, start
+from missionweave_server.services.authority.keys import KeyContinuityError
+from missionweave_server.services.authority.schema import authority_keys
 from tests import builders
 
 G = "grp_keys"
@@ -46,7 +46,7 @@ async def some_history(client: MeshClient, settings: Settings) -> SessionSigner:
     await client.register_identity("admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(key.verify_key))
     await client.register_identity("admin", admin_key, "coord", common_pb2.IDENTITY_KIND_AGENT, bytes(generate_key().verify_key))
     alice = await client.open_session("alice", key)
-    from missionweave.clock import SystemClock
+    from missionweave.kernel.clock import SystemClock
 
     await client.execute(alice.sign(alice.command(G, "mission_create", builders.mission_create("alice", "coord", SystemClock().now()))))
     return alice
@@ -181,8 +181,8 @@ async def test_a_store_tampered_while_stopped_is_refused_after_the_restart(setti
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from missionweave.rpc.status import rejection_from_rpc_error
-    from services.authority.schema import events
+    from missionweave.kernel.rejections import rejection_from_rpc_error
+    from missionweave_server.services.authority.schema import events
 
     mesh, client = await started(settings)
     alice = await some_history(client, settings)

@@ -8,15 +8,17 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from missionweave.errors import R, Rejected
-from missionweave.rpc.channels import add_listener, open_channel
-from missionweave.rpc.local import LocalChannel
-from missionweave.rpc.status import rejection_from_rpc_error, rejections_as_status
+from missionweave.kernel.errors import R, Rejected
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.transport import open_channel
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import authority_service_pb2_grpc as apb_grpc
 from missionweave.v1 import membership_pb2
 from missionweave.v1 import membership_service_pb2 as mpb
 from missionweave.v1 import membership_service_pb2_grpc as mpb_grpc
+from missionweave_server.edge.channels import add_listener
+from missionweave_server.edge.local import LocalChannel
+from missionweave_server.edge.status import rejections_as_status
 
 MEMBERSHIP = mpb.DESCRIPTOR.services_by_name["MembershipService"].full_name
 AUTHORITY = apb.DESCRIPTOR.services_by_name["AuthorityService"].full_name

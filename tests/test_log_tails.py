@@ -1,9 +1,9 @@
-"""The in-memory tail of recent events the gateway's followers read from (services/authority/tail.py)."""
+"""The in-memory tail of recent events the gateway's followers read from (missionweave_server/services/authority/tail.py)."""
 
 from __future__ import annotations
 
-from services.authority.store import StoredEvent
-from services.authority.tail import LogTails
+from missionweave_server.services.authority.store import StoredEvent
+from missionweave_server.services.authority.tail import LogTails
 
 
 def stored(*sequences: int) -> list[StoredEvent]:

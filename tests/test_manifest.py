@@ -23,8 +23,8 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
-from missionweave.clock import to_timestamp
-from missionweave.manifest import (
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.manifest import (
     MAX_ENVELOPE_BYTES,
     PAYLOAD_TYPE,
     PREDICATE_TYPE,
@@ -37,7 +37,7 @@ from missionweave.manifest import (
     statement_for,
     verify_manifest,
 )
-from missionweave.signing import pae, session_key_id, sign_envelope
+from missionweave.kernel.signing import pae, session_key_id, sign_envelope
 from missionweave.v1 import artifact_service_pb2 as art
 from missionweave.v1 import common_pb2
 

@@ -6,7 +6,7 @@ import grpc
 import pytest
 from nacl.signing import SigningKey
 
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.sdk.client import open_session_envelope, register_identity_envelope
 from missionweave.v1 import common_pb2, membership_pb2, membership_service_pb2
 from tests import builders

@@ -17,14 +17,14 @@ import pytest
 from nacl.signing import SigningKey
 from prometheus_client.parser import text_string_to_metric_families
 
-from missionweave.clock import SystemClock
-from missionweave.config import DEFAULT_METRICS_LISTEN, Settings
-from missionweave.mesh.server import Mesh, start
-from missionweave.mesh.topology import plan
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import SystemClock
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.client import MeshClient, SessionSigner, blob_digest
-from missionweave.signing import read_key
 from missionweave.v1 import common_pb2
+from missionweave_server.config import DEFAULT_METRICS_LISTEN, Settings
+from missionweave_server.mesh.server import Mesh, start
+from missionweave_server.mesh.topology import plan
 from tests import builders
 from tests.conftest import register
 
@@ -183,7 +183,7 @@ def test_every_metric_is_documented_and_the_dashboard_queries_only_defined_ones(
 
     from prometheus_client import REGISTRY
 
-    from missionweave import metrics
+    from missionweave_server.observability import metrics
 
     root = Path(__file__).resolve().parent.parent
     defined = {
@@ -208,7 +208,7 @@ def test_every_metric_is_documented_and_the_dashboard_queries_only_defined_ones(
 async def test_a_command_refused_in_a_batch_is_counted_and_logged_like_one_refused_alone(
     metered: Metered, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="missionweave.rpc")
+    caplog.set_level(logging.INFO, logger="missionweave_server.edge")
     owner = metered.owner
     body = builders.mission_create("alice", "coord-bot", SystemClock().now())
     first = owner.command("grp_batch", "mission_create", body)
@@ -235,7 +235,7 @@ async def test_metrics_count_signatures_artifacts_gateway_delivery_and_schedulin
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from missionweave import uploads
+    from missionweave.kernel import uploads
     from missionweave.v1 import artifact_service_pb2
     from missionweave.v1 import gateway_service_pb2 as gpb
     from tests.test_gateway import Stream, hello

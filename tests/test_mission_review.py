@@ -15,16 +15,16 @@ import pytest
 from nacl.signing import SigningKey
 
 from missionweave.cli.review import check_manifest
-from missionweave.clock import SystemClock, to_timestamp
-from missionweave.manifest import sign_manifest
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import SystemClock, to_timestamp
+from missionweave.kernel.manifest import sign_manifest
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import session_key_id
 from missionweave.sdk.client import MeshClient, SessionSigner, blob_digest, decode_events, membership_epoch
-from missionweave.signing import session_key_id
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import command_pb2, common_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.servicer import AuthorityServicer
+from missionweave_server.services.authority.servicer import AuthorityServicer
 from tests import builders
 from tests.conftest import World, register
 from tests.test_cli_artifact import corrupt

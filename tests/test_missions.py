@@ -10,9 +10,9 @@ from typing import Any
 import grpc
 import pytest
 
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import GROUP_SUMMARY_TYPE, session_key_id, verify_signature
 from missionweave.sdk.client import SessionSigner, decode_events
-from missionweave.signing import GROUP_SUMMARY_TYPE, session_key_id, verify_signature
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import command_pb2, common_pb2, membership_pb2, mission_pb2
 from tests import builders

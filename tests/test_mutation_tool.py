@@ -51,7 +51,7 @@ def test_one_mutant_per_literal_default_each_changing_only_its_own_line(tool: Mo
 
 
 def test_every_literal_default_of_state_py_is_a_mutant(tool: ModuleType) -> None:
-    names = [n for n, _ in tool.field_default_mutants((ROOT / "services/authority/state.py").read_text())]
+    names = [n for n, _ in tool.field_default_mutants((ROOT / "missionweave_server/services/authority/state.py").read_text())]
     assert "state.WorkItemState.revision=2" in names and "state.WorkItemState.attempts=1" in names
     assert len(names) == len(set(names))
 

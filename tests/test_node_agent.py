@@ -20,10 +20,10 @@ import pytest
 from nacl.signing import SigningKey
 from sqlalchemy import select
 
-from gateway.schema import cursors
-from missionweave.config import Settings
+from missionweave.kernel.signing import read_key, write_key
 from missionweave.sdk.client import SessionSigner
-from missionweave.signing import read_key, write_key
+from missionweave_server.config import Settings
+from missionweave_server.services.gateway.schema import cursors
 from tests import builders
 from tests.conftest import World
 from tests.test_key_continuity import G as KEYS_GROUP

@@ -12,12 +12,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from missionweave.config import Settings
-from missionweave.mesh.server import start
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.client import MeshClient
 from missionweave.sdk.credentials import call_proof
-from missionweave.signing import read_key
 from missionweave.v1 import common_pb2
+from missionweave_server.config import Settings
+from missionweave_server.mesh.server import start
 from tests.conftest import register
 from tests.test_replicas import FIND_MISSING, refusal_of
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from missionweave import ids
-from missionweave.clock import from_timestamp
+from missionweave.kernel import ids
+from missionweave.kernel.clock import from_timestamp
 from missionweave.sdk.agent import Agent
 from missionweave.sdk.client import MeshClient, SessionSigner
 from missionweave.sdk.offering import NoEligibleCandidate, Placement, place

@@ -15,9 +15,9 @@ import pytest
 from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
-from missionweave.clock import to_timestamp
-from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.extensions import BOUNDED_OFFLINE_EXECUTION
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.sdk.agent import Agent
 from missionweave.sdk.client import SessionSigner, decode_events
 from missionweave.sdk.offline import (

@@ -16,14 +16,14 @@ import grpc
 import pytest
 from nacl.signing import SigningKey
 
-from missionweave.clock import ManualClock, SystemClock
-from missionweave.config import Settings
-from missionweave.mesh.server import start
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import ManualClock, SystemClock
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.client import MeshClient
-from missionweave.signing import read_key
 from missionweave.v1 import common_pb2
-from services.authority.ownership_seal import OwnershipSeal
+from missionweave_server.config import Settings
+from missionweave_server.mesh.server import start
+from missionweave_server.services.authority.ownership_seal import OwnershipSeal
 from tests import builders
 from tests.test_row_grants import sql, verify
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from missionweave.sdk.client import decode_events
-from services.authority.store import AppendRequest, EventStore
+from missionweave_server.services.authority.store import AppendRequest, EventStore
 from tests import builders
 from tests.conftest import World
 from tests.test_grpc_authority import create_mission

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.sdk.offering import OfferMade, OfferTracker, ineligibility
 from missionweave.sdk.placement import Candidate, offer_body, rank, sequential, urgent_set
 from missionweave.v1 import agent_card_pb2 as acpb

@@ -11,15 +11,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from missionweave.clock import OffsetClock
-from missionweave.config import Settings
 from missionweave.internal.v1 import publications_pb2 as ppb
 from missionweave.internal.v1.publications_pb2_grpc import PublicationServiceStub
-from missionweave.rpc.callers import MeshServiceChannel
-from missionweave.rpc.channels import open_channel
+from missionweave.kernel.clock import OffsetClock
+from missionweave.kernel.transport import open_channel
 from missionweave.sdk.client import blob_digest
 from missionweave.v1 import common_pb2
 from missionweave.v1 import work_pb2 as wp
+from missionweave_server.config import Settings
+from missionweave_server.edge.callers import MeshServiceChannel
 from tests.conftest import World
 from tests.test_artifact_service import manifest_for
 from tests.test_missions import G, refused
@@ -87,7 +87,7 @@ async def test_a_service_started_with_a_peer_that_does_not_answer_says_so_and_re
 ) -> None:
     """A peer address nobody answers at: start-up names it, and a request needing it is refused
     PEER_UNAVAILABLE (never a hang)."""
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
 
     settings = Settings(
         listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1,

@@ -17,11 +17,6 @@ import grpc
 import pytest
 from nacl.signing import SigningKey
 
-from artifactstore.publications import PublicationServicer
-from artifactstore.service import ArtifactServicer
-from gateway.service import GatewayServicer
-from missionweave.clock import SystemClock, to_timestamp
-from missionweave.errors import Rejected
 from missionweave.internal.v1 import (
     group_log_pb2,
     group_log_pb2_grpc,
@@ -30,9 +25,11 @@ from missionweave.internal.v1 import (
     publications_pb2,
     publications_pb2_grpc,
 )
-from missionweave.rpc.callers import CALL_PROOF_METADATA, CALL_PROOF_TYPE, MESH_TOKEN_METADATA, access_of
-from missionweave.rpc.channels import open_channel
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import SystemClock, to_timestamp
+from missionweave.kernel.errors import Rejected
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import COMMAND_TYPE, session_key_id, sign_envelope
+from missionweave.kernel.transport import open_channel
 from missionweave.sdk.client import (
     MeshClient,
     SessionSigner,
@@ -42,7 +39,6 @@ from missionweave.sdk.client import (
     register_identity_envelope,
 )
 from missionweave.sdk.credentials import call_proof
-from missionweave.signing import COMMAND_TYPE, session_key_id, sign_envelope
 from missionweave.v1 import (
     agent_card_pb2,
     artifact_service_pb2,
@@ -58,11 +54,20 @@ from missionweave.v1 import (
 from missionweave.v1 import gateway_service_pb2 as gpb
 from missionweave.v1 import gateway_service_pb2_grpc as gpb_grpc
 from missionweave.v1 import work_pb2 as wp
-from services.authority.group_log import GroupLogServicer
-from services.authority.servicer import AuthorityServicer
-from services.membership.directory import IdentityDirectoryServicer
-from services.membership.servicer import MembershipServicer
-from services.scheduling.servicer import SchedulingServicer
+from missionweave_server.edge.callers import (
+    CALL_PROOF_METADATA,
+    CALL_PROOF_TYPE,
+    MESH_TOKEN_METADATA,
+    access_of,
+)
+from missionweave_server.services.artifacts.publications import PublicationServicer
+from missionweave_server.services.artifacts.service import ArtifactServicer
+from missionweave_server.services.authority.group_log import GroupLogServicer
+from missionweave_server.services.authority.servicer import AuthorityServicer
+from missionweave_server.services.gateway.service import GatewayServicer
+from missionweave_server.services.membership.directory import IdentityDirectoryServicer
+from missionweave_server.services.membership.servicer import MembershipServicer
+from missionweave_server.services.scheduling.servicer import SchedulingServicer
 from tests import builders
 from tests.conftest import World, register
 from tests.test_artifact_authorization import manifest_in

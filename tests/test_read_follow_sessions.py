@@ -8,7 +8,7 @@ import asyncio
 import grpc
 import pytest
 
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient
 from missionweave.v1 import common_pb2
 from tests import builders

@@ -7,14 +7,14 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from missionweave.clock import from_timestamp
-from missionweave.rpc.paging import encode_token
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import from_timestamp
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient, decode_events
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import common_pb2, mission_pb2
 from missionweave.v1 import membership_service_pb2 as mpb
 from missionweave.v1 import work_pb2 as wp
+from missionweave_server.edge.paging import encode_token
 from tests.conftest import World, register
 from tests.test_missions import G, as_member, create
 from tests.test_work_items import setup
@@ -174,7 +174,7 @@ async def test_a_bounded_scan_gives_a_short_page_with_a_token(
     last Group gets empty pages with tokens before it, never a wrong last page."""
     if topology.startswith("split"):
         pytest.skip("patches the in-process Authority")
-    import services.authority.servicer as servicer
+    import missionweave_server.services.authority.servicer as servicer
 
     w = world
     for group in ("grp_a", "grp_b", "grp_c"):

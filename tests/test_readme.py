@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from missionweave.config import Settings
+from missionweave_server.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PLACEHOLDER = re.compile(r"<group id[^>]*>")
@@ -71,7 +71,7 @@ async def whole_mission(cwd: Path, env: dict[str, str]) -> str:
 
 
 async def test_the_readme_trying_it_block_runs_as_written(tmp_path: Path) -> None:
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
 
     mesh = await start(Settings(listen="127.0.0.1:0", data_dir=tmp_path / ".missionweave", grace_seconds=1))
     (tmp_path / ".venv").symlink_to(ROOT / ".venv")

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
-from missionweave.signing import write_key
+from missionweave.kernel.signing import write_key
 from missionweave.v1 import common_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests.conftest import World
@@ -83,7 +83,7 @@ class People:
 
 async def cast(w: World, tmp: Path) -> People:
     """Key files for the owner and the Coordinator of the world, and two Workers registered now."""
-    from missionweave.signing import read_key
+    from missionweave.kernel.signing import read_key
 
     keys = {"alice": tmp / "alice.key", "coord-bot": tmp / "coord.key"}
     write_key(keys["alice"], w.owner.key)

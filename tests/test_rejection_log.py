@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from missionweave.errors import R, Rejected
-from missionweave.rpc import status
-from missionweave.rpc.status import log_rejection, overload_log
+from missionweave.kernel.errors import R, Rejected
+from missionweave_server.edge import status
+from missionweave_server.edge.status import log_rejection, overload_log
 
 
 class _Clock:
@@ -44,7 +44,7 @@ def _lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 def test_a_flood_of_overloaded_refusals_is_logged_once_per_group_per_interval(
     clock: _Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="missionweave.rpc")
+    caplog.set_level(logging.INFO, logger="missionweave_server.edge")
     for n in range(500):
         log_rejection("Authority", "ExecuteCommandStream", _refused(R.REJECTION_REASON_OVERLOADED, "grp_noisy", f"c{n}"))
     log_rejection("Authority", "ExecuteCommandStream", _refused(R.REJECTION_REASON_OVERLOADED, "grp_other", "d0"))
@@ -59,7 +59,7 @@ def test_a_flood_of_overloaded_refusals_is_logged_once_per_group_per_interval(
 
 
 def test_other_refusals_are_logged_one_line_each(clock: _Clock, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="missionweave.rpc")
+    caplog.set_level(logging.INFO, logger="missionweave_server.edge")
     for n in range(20):
         log_rejection("Authority", "ExecuteCommand", _refused(R.REJECTION_REASON_NOT_A_MEMBER, "grp_a", f"c{n}"))
     assert [r.command_id for r in _lines(caplog)] == [f"c{n}" for n in range(20)]  # type: ignore[attr-defined]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from missionweave.clock import ManualClock
-from missionweave.replay import NonceCache
+from missionweave.kernel.clock import ManualClock
+from missionweave_server.storage.replay import NonceCache
 
 
 def test_a_nonce_is_accepted_once_inside_its_window() -> None:

@@ -20,21 +20,21 @@ import grpc
 import pytest
 from sqlalchemy import func, select
 
-from artifactstore.schema import upload_reservations
-from missionweave import replay
-from missionweave.clock import ManualClock, OffsetClock
-from missionweave.config import Settings
-from missionweave.db import make_engine
-from missionweave.mesh.server import Mesh, start
-from missionweave.rpc.callers import CALL_PROOF_METADATA
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import ManualClock, OffsetClock
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import read_key
+from missionweave.kernel.uploads import asks_for_bytes
 from missionweave.sdk.client import MeshClient, SessionSigner, blob_digest
 from missionweave.sdk.credentials import call_proof
-from missionweave.signing import read_key
-from missionweave.uploads import asks_for_bytes
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as gpb
+from missionweave_server.config import Settings
+from missionweave_server.edge.callers import CALL_PROOF_METADATA
+from missionweave_server.mesh.server import Mesh, start
+from missionweave_server.services.artifacts.schema import upload_reservations
+from missionweave_server.storage import replay
+from missionweave_server.storage.db import make_engine
 from tests.conftest import register
 from tests.test_gateway import Stream, hello
 

@@ -21,11 +21,9 @@ import pytest
 from nacl.signing import SigningKey
 from sqlalchemy import text
 
-from missionweave.clock import OffsetClock
-from missionweave.config import Settings
-from missionweave.db import make_engine
-from missionweave.mesh.server import start
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import OffsetClock
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.client import (
     MeshClient,
     SessionSigner,
@@ -33,15 +31,17 @@ from missionweave.sdk.client import (
     open_session_envelope,
     register_identity_envelope,
 )
-from missionweave.signing import read_key
 from missionweave.v1 import common_pb2, membership_pb2, membership_service_pb2
-from services.membership.grants import (
+from missionweave_server.config import Settings
+from missionweave_server.mesh.server import start
+from missionweave_server.services.membership.grants import (
     GrantChecker,
     GrantedIdentity,
     GrantInvalid,
     attest_identity,
     attest_session,
 )
+from missionweave_server.storage.db import make_engine
 
 R = common_pb2.RejectionReason
 ROOT = Path(__file__).resolve().parents[1]

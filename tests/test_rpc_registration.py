@@ -11,14 +11,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from missionweave.config import Settings
-from missionweave.mesh.server import start
 from missionweave.v1 import (
     artifact_service_pb2,
     artifact_service_pb2_grpc,
     authority_service_pb2,
     authority_service_pb2_grpc,
 )
+from missionweave_server.config import Settings
+from missionweave_server.mesh.server import start
 
 
 async def test_the_mesh_registers_no_method_handlers_and_every_service_still_answers(

@@ -1,6 +1,6 @@
 """The global scheduler sees scheduling metadata and never confidential Mission content
 (MW-13.3-08, MW-13.3-09): it follows each Group in GroupLogService's SCHEDULING view, which the
-Authority reduces by an allow-list (services/authority/scheduling_view.py)."""
+Authority reduces by an allow-list (missionweave_server/services/authority/scheduling_view.py)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import grpc
 import pytest
 from sqlalchemy import select
 
-from missionweave import codec
 from missionweave.internal.v1 import group_log_pb2 as glpb
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel import codec
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.sdk.client import blob_digest
 from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2
 from missionweave.v1 import scheduling_service_pb2 as pb
 from missionweave.v1 import work_pb2 as wp
-from services.authority.scheduling_view import KEPT, scheduling_event
-from services.scheduling import projection as scheduling_projection
-from services.scheduling.store import projections
+from missionweave_server.services.authority.scheduling_view import KEPT, scheduling_event
+from missionweave_server.services.scheduling import projection as scheduling_projection
+from missionweave_server.services.scheduling.store import projections
 from tests import builders
 from tests.conftest import World
 from tests.test_artifact_service import manifest_for

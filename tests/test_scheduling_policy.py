@@ -1,4 +1,4 @@
-"""The Worker's global scheduler policy (services/scheduling/policy.py, docs/scheduling.md).
+"""The Worker's global scheduler policy (missionweave_server/services/scheduling/policy.py, docs/scheduling.md).
 
 Example tests per requirement, then a Hypothesis state machine: random arrivals across Groups,
 weights, classes and deadlines, completions, preemptions, weight, quota, class and eligibility
@@ -24,8 +24,15 @@ from hypothesis import event as hypothesis_event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from services.scheduling.ordering import AGED_RANK, Call, NotPermitted, Params, PriorityClass, Source
-from services.scheduling.policy import Scheduler
+from missionweave_server.services.scheduling.ordering import (
+    AGED_RANK,
+    Call,
+    NotPermitted,
+    Params,
+    PriorityClass,
+    Source,
+)
+from missionweave_server.services.scheduling.policy import Scheduler
 
 P = PriorityClass
 OP, OWNER, OPERATOR, COORD = Source.ORGANIZATION_POLICY, Source.MISSION_OWNER, Source.WORKER_OPERATOR, Source.COORDINATOR
@@ -290,7 +297,7 @@ def test_replaying_the_recorded_calls_rebuilds_an_equal_scheduler() -> None:
 
 def test_the_policy_is_pure_python() -> None:
     # No protobuf or gRPC: the servicer maps messages onto these types (docs/scheduling.md).
-    code = "import sys, services.scheduling.policy; print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google')))"
+    code = "import sys, missionweave_server.services.scheduling.policy; print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -8,13 +8,13 @@ from datetime import timedelta
 
 import pytest
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import event_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.state import GroupState
-from services.scheduling.projection import GroupProjection
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState
+from missionweave_server.services.scheduling.projection import GroupProjection
 from tests import builders
 from tests.test_core_delegation import IDS, NOW, Role, command
 

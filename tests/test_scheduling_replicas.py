@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from missionweave.rpc.affinity import worker_of
 from missionweave.sdk.client import MeshClient
 from missionweave.v1 import scheduling_service_pb2 as pb
 from missionweave.v1 import scheduling_service_pb2_grpc as pb_grpc
+from missionweave_server.edge.affinity import worker_of
 from tests.conftest import World
 from tests.test_missions import G
 from tests.test_work_items import Flow, setup

@@ -12,13 +12,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy import delete
 
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient, decode_events
 from missionweave.v1 import common_pb2, membership_pb2
 from missionweave.v1 import scheduling_service_pb2 as pb
 from missionweave.v1 import scheduling_service_pb2_grpc as pb_grpc
 from missionweave.v1 import work_pb2 as wp
-from services.scheduling.store import projections
+from missionweave_server.services.scheduling.store import projections
 from tests import builders
 from tests.conftest import World
 from tests.test_agent_cards import card, request
@@ -309,7 +309,7 @@ async def test_the_scheduling_service_serves_only_while_the_authority_answers(wo
     """Each Worker's scheduler follows its Groups from the Authority: with the Authority gone the
     scheduling service says NOT_SERVING (at its own address and at the front door), and SERVING
     again once the Authority is back."""
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
 
     w = world
     mesh: Any = w.mesh

@@ -1,4 +1,4 @@
-"""A Hypothesis state machine of the scheduler policy (services/scheduling/policy.py) driven the way
+"""A Hypothesis state machine of the scheduler policy (missionweave_server/services/scheduling/policy.py) driven the way
 the Worker runtime drives it: items enqueued into Groups of random weights, classes and deadlines,
 priority changes from every source, risk gates opened and closed, picks into chosen slots, releases
 with and without requeue, preemptions as suggested, and a simulated clock. The caller is
@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from services.scheduling.ordering import Call, NotPermitted, Params, PriorityClass, Source
-from services.scheduling.policy import KEEP, Scheduler, _Keep
+from missionweave_server.services.scheduling.ordering import Call, NotPermitted, Params, PriorityClass, Source
+from missionweave_server.services.scheduling.policy import KEEP, Scheduler, _Keep
 
 P = PriorityClass
 GROUPS = ("a", "b", "c", "d")

@@ -15,10 +15,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Connection, Integer, MetaData, String, Table, inspect, select, text
 
-from missionweave import schema_versions
-from missionweave.db import make_engine
-from missionweave.mesh.schemas import LINES
-from missionweave.schema_versions import SchemaLine, SchemaMismatch, State
+from missionweave_server.mesh.schemas import LINES
+from missionweave_server.storage import schema_versions
+from missionweave_server.storage.db import make_engine
+from missionweave_server.storage.schema_versions import SchemaLine, SchemaMismatch, State
 from tests.test_cli_serve import ROOT, free_port, mwp, wait_healthy
 
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from missionweave.clock import from_timestamp
+from missionweave.kernel.clock import from_timestamp
+from missionweave.kernel.signing import generate_key, read_key, write_key
 from missionweave.sdk.client import decode_events
 from missionweave.sdk.contracts import (
     Budget,
@@ -21,7 +22,6 @@ from missionweave.sdk.contracts import (
     validate,
     work_contract,
 )
-from missionweave.signing import generate_key, read_key, write_key
 from missionweave.v1 import membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests import builders

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.session_fence import SessionFence
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.session_fence import SessionFence
 from tests import offline_core as core
 from tests.conftest import World
 from tests.test_work_items import WS, G, setup, started

@@ -10,14 +10,15 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from missionweave.errors import R, Rejected
-from missionweave.rpc.channels import open_channel
-from missionweave.rpc.local import LocalChannel
-from missionweave.rpc.shards import ShardedChannel, group_of, rendezvous
-from missionweave.rpc.status import rejection_from_rpc_error, rejections_as_status
+from missionweave.kernel.errors import R, Rejected
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.transport import open_channel
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import authority_service_pb2_grpc as apb_grpc
 from missionweave.v1 import command_pb2, common_pb2
+from missionweave_server.edge.local import LocalChannel
+from missionweave_server.edge.shards import ShardedChannel, group_of, rendezvous
+from missionweave_server.edge.status import rejections_as_status
 
 AUTHORITY = apb.DESCRIPTOR.services_by_name["AuthorityService"].full_name
 SHARDS = ["shard-a:1", "shard-b:1", "shard-c:1"]  # names only: every call stays in this process

@@ -19,14 +19,14 @@ import pytest
 from nacl.signing import SigningKey
 from sqlalchemy import text
 
-from missionweave.clock import SystemClock
-from missionweave.db import make_engine
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import SystemClock
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.agent import Agent, CursorStore, Subscription
 from missionweave.sdk.client import MeshClient, SessionSigner
-from missionweave.signing import read_key
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2
-from services.authority.group_log import IDLE_RECHECK_S
+from missionweave_server.services.authority.group_log import IDLE_RECHECK_S
+from missionweave_server.storage.db import make_engine
 from tests import builders
 from tests.conftest import register
 from tests.split_mesh import free_port, wait_serving

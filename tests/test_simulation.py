@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-import services.authority.rules.work as work_rules
+import missionweave_server.services.authority.rules.work as work_rules
 from missionweave.v1 import common_pb2
-from services.authority.rules.common import budget_dims
-from services.authority.rules.work import offers
-from services.authority.state import GroupState, WorkItemState
+from missionweave_server.services.authority.rules.common import budget_dims
+from missionweave_server.services.authority.rules.work import offers
+from missionweave_server.services.authority.state import GroupState, WorkItemState
 from simulation.processes import Bugs
 from simulation.run import FaultRates, Result, run_seed
 

@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from missionweave.clock import ManualClock
-from missionweave.db import make_engine, sqlite_writer_target
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import ManualClock
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import common_pb2
-from services.authority.batch_sql import SqlAlchemyOps, SqliteOps
-from services.authority.group_commit import BatchWriter
-from services.authority.schema import create_schema
-from services.authority.store import AppendRequest, EventStore, StoredEvent
-from services.authority.writer_process import open_writer_connection
+from missionweave_server.services.authority.batch_sql import SqlAlchemyOps, SqliteOps
+from missionweave_server.services.authority.group_commit import BatchWriter
+from missionweave_server.services.authority.schema import create_schema
+from missionweave_server.services.authority.store import AppendRequest, EventStore, StoredEvent
+from missionweave_server.services.authority.writer_process import open_writer_connection
+from missionweave_server.storage.db import make_engine, sqlite_writer_target
 
 R = common_pb2.RejectionReason
 
@@ -211,7 +211,7 @@ async def test_pipelined_appends_of_one_group_advance_its_head_once_per_batch(
     """A Group's chained appends (each expecting the head its predecessor leaves) share one fenced
     head advance with the other Groups of the batch: no per-request fallback, every event stored.
     Also with the per-Group statement SQLite libraries older than 3.33 get."""
-    monkeypatch.setattr("services.authority.batch_sql._SQLITE_HAS_UPDATE_FROM", update_from)
+    monkeypatch.setattr("missionweave_server.services.authority.batch_sql._SQLITE_HAS_UPDATE_FROM", update_from)
     store = EventStore(engine, ManualClock())
     await asyncio.gather(*(store.append(request(g, 1, 0, 1, "c0", create=True)) for g in ("g1", "g2")))
     writer = BatchWriter("local", 30_000_000)
@@ -238,7 +238,7 @@ async def test_a_broken_chain_in_a_batch_fails_only_its_stale_append(
 ) -> None:
     """Two appends of one Group expecting the same head cannot both land: the fast path must not
     merge them; the per-request path lets the first win and rejects the second, writing nothing."""
-    monkeypatch.setattr("services.authority.batch_sql._SQLITE_HAS_UPDATE_FROM", update_from)
+    monkeypatch.setattr("missionweave_server.services.authority.batch_sql._SQLITE_HAS_UPDATE_FROM", update_from)
     store = EventStore(engine, ManualClock())
     await asyncio.gather(*(store.append(request(g, 1, 0, 1, "c0", create=True)) for g in ("g1", "g2")))
     results: list[Rejected | None] = list(
@@ -346,7 +346,7 @@ async def test_a_slow_group_commit_is_logged_once_per_interval(
     """A commit slower than SLOW_COMMIT_S is a warning naming its size and writer, at most one per
     interval with the count of those not logged (a stalling disk stalls every Group: an operator must
     see it); a normal commit logs nothing."""
-    from services.authority import store as store_module
+    from missionweave_server.services.authority import store as store_module
 
     store = EventStore(engine, ManualClock())
     store_module.slow_commit_log.reset()

@@ -12,14 +12,14 @@ import pytest
 from nacl.signing import SigningKey
 from sqlalchemy import text
 
-from missionweave.clock import ManualClock, SystemClock
-from missionweave.config import Settings
-from missionweave.db import make_engine
-from missionweave.mesh.server import start
+from missionweave.kernel.clock import ManualClock, SystemClock
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.client import MeshClient, SessionSigner
-from missionweave.signing import read_key
 from missionweave.v1 import common_pb2
-from services.authority.witness import StoreRolledBack
+from missionweave_server.config import Settings
+from missionweave_server.mesh.server import start
+from missionweave_server.services.authority.witness import StoreRolledBack
+from missionweave_server.storage.db import make_engine
 from tests import builders
 
 

@@ -23,14 +23,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nacl.signing import SigningKey
 from sqlalchemy import insert, select, text
 
-from missionweave.clock import SystemClock, to_timestamp
-from missionweave.db import make_engine
-from missionweave.rpc.shards import rendezvous
+from missionweave.kernel.clock import SystemClock, to_timestamp
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.client import MeshClient, SessionSigner
-from missionweave.signing import read_key
 from missionweave.v1 import authority_service_pb2, common_pb2, mission_pb2, subtask_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority.schema import cross_group_outbox
+from missionweave_server.edge.shards import rendezvous
+from missionweave_server.services.authority.schema import cross_group_outbox
+from missionweave_server.storage.db import make_engine
 from tests import builders
 from tests.conftest import World, polled, register
 from tests.split_mesh import free_port, wait_serving
@@ -65,7 +65,7 @@ async def single(data_dir: Path, port: int, **env: str) -> AsyncIterator[asyncio
 
 
 async def serving(target: str) -> None:
-    from missionweave.rpc.channels import open_channel
+    from missionweave.kernel.transport import open_channel
 
     channel = open_channel(target, None)
     try:

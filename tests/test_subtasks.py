@@ -12,8 +12,8 @@ from typing import Any
 import grpc
 import pytest
 
-from missionweave.clock import to_timestamp
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient, SessionSigner, decode_events
 from missionweave.v1 import authority_service_pb2, common_pb2, mission_pb2, subtask_pb2
 from missionweave.v1 import gateway_service_pb2 as gpb

@@ -11,19 +11,19 @@ import grpc
 import pytest
 from nacl.signing import SigningKey
 
-from missionweave.clock import ManualClock, SystemClock, to_timestamp
-from missionweave.config import Settings
 from missionweave.internal.v1 import group_log_pb2 as glpb
 from missionweave.internal.v1 import group_log_pb2_grpc as glpb_grpc
-from missionweave.mesh.server import start
-from missionweave.rpc.callers import MeshServiceChannel
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import ManualClock, SystemClock, to_timestamp
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import HELLO_PROOF_TYPE, read_key, session_key_id, sign_envelope
 from missionweave.sdk.client import MeshClient, SessionSigner
-from missionweave.signing import HELLO_PROOF_TYPE, read_key, session_key_id, sign_envelope
 from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as gpb
 from missionweave.v1 import gateway_service_pb2_grpc as gpb_grpc
-from services.authority import group_log
+from missionweave_server.config import Settings
+from missionweave_server.edge.callers import MeshServiceChannel
+from missionweave_server.mesh.server import start
+from missionweave_server.services.authority import group_log
 from tests import builders
 
 R = common_pb2.RejectionReason

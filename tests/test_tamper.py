@@ -15,14 +15,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 from sqlalchemy import delete, select, update
 
-from missionweave import codec
 from missionweave.cli import main as mwp
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel import codec
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import EVENT_TYPE, sign_envelope
 from missionweave.sdk.client import decode_events
-from missionweave.signing import EVENT_TYPE, sign_envelope
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import common_pb2, mission_pb2
-from services.authority.schema import commands, events, events_archive, groups
+from missionweave_server.services.authority.schema import commands, events, events_archive, groups
 from tests import builders
 from tests.conftest import World
 from tests.test_missions import create
@@ -224,7 +224,7 @@ async def test_a_tampered_group_is_refused_data_corrupted_while_others_are_serve
 async def test_without_the_chain_check_a_fork_would_be_served(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fork is caught by the chain alone (signature, sequence and ids are all valid): with the
     chain rule off, the tampered log would be served. The rule broken once, as a guard on the tests."""
-    from missionweave import eventlog
+    from missionweave.kernel import eventlog
 
     w = world
     await create(w, G)
@@ -306,7 +306,7 @@ async def test_erased_and_compacted_logs_verify_and_restored_content_is_caught(
 
 @pytest.mark.req("MW-16-12")
 async def test_a_tampered_snapshot_is_found_offline(world: World, capsys: pytest.CaptureFixture[str]) -> None:
-    from services.authority.schema import snapshots
+    from missionweave_server.services.authority.schema import snapshots
 
     w = world
     await create(w, G)
@@ -328,7 +328,7 @@ async def test_a_log_from_before_the_chain_verifies_by_signature_and_sequence(
 ) -> None:
     """D64: events without a chain link (stores of earlier releases) verify up to the first linked
     event; new appends link onto them; an unlinked event after linked ones is refused."""
-    from missionweave.signing import read_key
+    from missionweave.kernel.signing import read_key
 
     w = world
     key = read_key(w.settings.authority_key_path)
@@ -367,7 +367,7 @@ async def test_a_chain_checkpoint_spares_the_next_load_its_signature_checks(
     """docs/integrity.md "Chain checkpoints": a load that checked enough signatures signs the head it
     verified; the next load checks the hash chain up to it and signatures only after it. An event
     edited below it is still found (by the chain), and so is an edited checkpoint."""
-    from services.authority.integrity import Counters
+    from missionweave_server.services.authority.integrity import Counters
 
     w = world
     await create(w, G)
@@ -396,7 +396,7 @@ async def test_a_chain_checkpoint_spares_the_next_load_its_signature_checks(
 
 @pytest.mark.req("MW-7.4-01")
 async def test_an_edited_chain_checkpoint_is_refused(world: World) -> None:
-    from services.authority.schema import chain_checkpoints
+    from missionweave_server.services.authority.schema import chain_checkpoints
 
     w = world
     await create(w, G)

@@ -1,6 +1,6 @@
 """TLS and mTLS on every server and client (issue 13, item 4; docs/tls.md).
 
-Every test makes its own certificates (missionweave/mesh/certs.py, on the ``cryptography``
+Every test makes its own certificates (missionweave_server/mesh/certs.py, on the ``cryptography``
 package): a mesh CA, a server certificate for 127.0.0.1 and localhost, client certificates naming
 a mesh service or none, and a second, foreign CA. Covered: the Python SDK, the Agent SDK, the CLI
 and the Node example over TLS; mTLS refusing clients without a certificate or with one from another
@@ -30,26 +30,25 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nacl.signing import SigningKey
 
-from missionweave.clock import SystemClock
-from missionweave.config import Settings
 from missionweave.internal.v1 import identities_pb2, identities_pb2_grpc
-from missionweave.mesh import certs
-from missionweave.mesh.topology import TopologyError, launcher_tls, plan
-from missionweave.rpc.channels import (
+from missionweave.kernel.clock import SystemClock
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import read_key, write_key
+from missionweave.kernel.transport import ClientTLS, open_channel
+from missionweave.sdk.agent import Agent, AgentError
+from missionweave.sdk.client import MeshClient, SessionSigner
+from missionweave.v1 import authority_service_pb2, common_pb2
+from missionweave_server.config import Settings
+from missionweave_server.edge.channels import (
     LOCAL_PEER,
-    ClientTLS,
     PlaintextRefused,
     check_listen,
     is_loopback,
-    open_channel,
     peer_service_name,
 )
-from missionweave.rpc.local import LocalContext
-from missionweave.rpc.status import rejection_from_rpc_error
-from missionweave.sdk.agent import Agent, AgentError
-from missionweave.sdk.client import MeshClient, SessionSigner
-from missionweave.signing import read_key, write_key
-from missionweave.v1 import authority_service_pb2, common_pb2
+from missionweave_server.edge.local import LocalContext
+from missionweave_server.mesh import certs
+from missionweave_server.mesh.topology import TopologyError, launcher_tls, plan
 from tests import builders, test_node_agent
 from tests.conftest import register
 from tests.split_mesh import free_port, wait_serving
@@ -109,7 +108,7 @@ def tls_settings(tmp_path: Path, pki: Pki, *, mutual: bool = False, hosts: tuple
 
 @pytest.fixture
 async def tls_mesh(tmp_path: Path, pki: Pki) -> AsyncIterator[Any]:
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
 
     mesh = await start(tls_settings(tmp_path, pki))
     try:
@@ -120,7 +119,7 @@ async def tls_mesh(tmp_path: Path, pki: Pki) -> AsyncIterator[Any]:
 
 @pytest.fixture
 async def mtls_mesh(tmp_path: Path, pki: Pki) -> AsyncIterator[Any]:
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
 
     mesh = await start(tls_settings(tmp_path, pki, mutual=True))
     try:
@@ -168,7 +167,7 @@ def test_plain_text_is_refused_off_loopback_unless_insecure(pki: Pki, tmp_path: 
         check_listen("0.0.0.0:50051", None)
     check_listen("0.0.0.0:50051", None, insecure=True)
     settings = tls_settings(tmp_path, pki, listen="0.0.0.0:50051")
-    from missionweave.rpc.channels import ServerTLS
+    from missionweave_server.edge.channels import ServerTLS
 
     check_listen(settings.listen, ServerTLS.from_settings(settings))  # TLS may listen anywhere
 
@@ -192,7 +191,7 @@ def test_settings_from_the_environment(tmp_path: Path) -> None:
 
 
 async def test_start_refuses_plain_text_off_loopback_before_opening_anything(tmp_path: Path) -> None:
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
 
     settings = Settings(listen="0.0.0.0:0", data_dir=tmp_path / "data", database_url=f"sqlite+aiosqlite:///{tmp_path / 'mw.db'}")
     with pytest.raises(PlaintextRefused):
@@ -235,7 +234,7 @@ async def test_a_server_certificate_from_another_ca_or_for_another_name_is_refus
 
 
 async def test_the_server_name_override_checks_the_name_the_certificate_carries(tmp_path: Path, pki: Pki) -> None:
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
 
     mesh = await start(tls_settings(tmp_path, pki, hosts=("gateway.mesh.example",)))
     try:
@@ -294,7 +293,7 @@ async def test_peer_service_name_reads_the_certificate(pki: Pki, tmp_path: Path)
             seen.append(peer_service_name(context))
             return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 
-    from missionweave.rpc.channels import ServerTLS, add_listener
+    from missionweave_server.edge.channels import ServerTLS, add_listener
 
     server = grpc.aio.server()
     health_pb2_grpc.add_HealthServicer_to_server(Probe(), server)
@@ -313,7 +312,7 @@ async def test_peer_service_name_reads_the_certificate(pki: Pki, tmp_path: Path)
 
 
 async def test_the_health_listener_serves_plain_text_health_and_nothing_else(tmp_path: Path, pki: Pki) -> None:
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
 
     health_port = free_port()
     mesh = await start(tls_settings(tmp_path, pki, mutual=True, health_listen=f"127.0.0.1:{health_port}"))
@@ -505,7 +504,7 @@ def k8s_certs(tmp_path: Path) -> Path:
 async def test_the_kubernetes_certificate_recipe_makes_certificates_the_mesh_accepts(tmp_path: Path, k8s_certs: Path) -> None:
     """k8s/make-tls-certs.sh: a service's certificate serves under its cluster DNS name (a shard's
     wildcard under its pod's), and the gateway's, presented as a client certificate, names the gateway."""
-    from missionweave.mesh.server import start
+    from missionweave_server.mesh.server import start
 
     out = k8s_certs
     settings = Settings(
@@ -529,7 +528,7 @@ async def test_the_kubernetes_certificate_recipe_makes_certificates_the_mesh_acc
     # The shards' wildcard: any authority-N under the headless Service, and nothing else.
     from grpc_health.v1.health import aio as health_aio
 
-    from missionweave.rpc.channels import ServerTLS, add_listener
+    from missionweave_server.edge.channels import ServerTLS, add_listener
 
     server = grpc.aio.server()
     health_pb2_grpc.add_HealthServicer_to_server(health_aio.HealthServicer(), server)

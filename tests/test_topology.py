@@ -14,11 +14,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from missionweave.config import Settings
-from missionweave.mesh.topology import TopologyError, plan
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.client import MeshClient
-from missionweave.signing import read_key
 from missionweave.v1 import common_pb2
+from missionweave_server.config import Settings
+from missionweave_server.mesh.topology import TopologyError, plan
 from tests import builders
 from tests.conftest import register
 from tests.split_mesh import free_port, wait_serving
@@ -63,7 +63,7 @@ async def test_split_topology_serves_one_address_and_stops_whole(tmp_path: Path)
         admin_key = read_key(tmp_path / "data" / "keys" / "admin.key")
         owner = await register(client, admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN)
         await register(client, admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT)
-        from missionweave.clock import SystemClock
+        from missionweave.kernel.clock import SystemClock
 
         body = builders.mission_create("alice", "coord-bot", SystemClock().now())
         await client.execute(owner.sign(owner.command("grp_split", "mission_create", body)))

@@ -29,12 +29,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, format_span_id, format_trace_id
 
-from missionweave import logs, stderr_relay, tracing
-from missionweave.clock import SystemClock
+from missionweave.kernel import logs
+from missionweave.kernel.clock import SystemClock
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.client import MeshClient
-from missionweave.signing import read_key
 from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as gpb
+from missionweave_server.observability import tracing
+from missionweave_server.observability import stderr_relay
 from tests import builders
 from tests.conftest import World, polled, register
 from tests.split_mesh import free_port, wait_serving
@@ -315,7 +317,7 @@ async def test_serve_log_lines_carry_the_callers_trace_and_grpc_core_lines_come_
 def test_log_records_made_inside_a_span_carry_its_ids_in_both_formats(spans: InMemorySpanExporter) -> None:
     def made() -> logging.LogRecord:
         record = logging.LogRecord("missionweave.test", logging.INFO, __file__, 1, "hello", (), None)
-        assert logs.TraceIds().filter(record)
+        assert tracing.TraceIds().filter(record)
         return record
 
     outside = made()

@@ -1,4 +1,4 @@
-"""TransactionRunner (missionweave/db.py, D147): a transaction's body run as one step, on SQLite in
+"""TransactionRunner (missionweave_server/storage/db.py, D147): a transaction's body run as one step, on SQLite in
 a pool thread with its own connection, on PostgreSQL through the async engine."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 import pytest
 from sqlalchemy import Column, Connection, Integer, MetaData, String, Table, func, insert, select
 
-from missionweave.db import TransactionRunner, make_engine
+from missionweave_server.storage.db import TransactionRunner, make_engine
 
 METADATA = MetaData()
 rows = Table("runner_rows", METADATA, Column("id", Integer, primary_key=True), Column("name", String(40)))

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import delete, select, update
 
 from missionweave.v1 import common_pb2
-from services.authority import truncation
-from services.authority.schema import commands, events, groups
-from services.authority.store import RecordedSequences
+from missionweave_server.services.authority import truncation
+from missionweave_server.services.authority.schema import commands, events, groups
+from missionweave_server.services.authority.store import RecordedSequences
 from tests.conftest import World
 from tests.test_missions import create
 from tests.test_tamper import (
@@ -111,7 +111,7 @@ async def test_a_reused_sequence_is_found_offline_and_never_replayed(
         return None
 
     monkeypatch.setattr(truncation, "refuse_if_shortened", unchecked)
-    monkeypatch.setattr("services.authority.loading.refuse_if_shortened", unchecked)
+    monkeypatch.setattr("missionweave_server.services.authority.loading.refuse_if_shortened", unchecked)
     assert await post(w, G, "another command") == last  # the acknowledged sequence, given again
     monkeypatch.undo()
     assert await head_of(w, G) == last

@@ -41,13 +41,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nacl.signing import SigningKey
 from sqlalchemy import text
 
-from missionweave.clock import OffsetClock, to_timestamp
-from missionweave.config import Settings
-from missionweave.db import make_engine
-from missionweave.manifest import manifest_digest, verify_manifest
-from missionweave.mesh.server import start
-from missionweave.sdk.client import MeshClient, SessionSigner, decode_events
-from missionweave.signing import (
+from missionweave.kernel.clock import OffsetClock, to_timestamp
+from missionweave.kernel.manifest import manifest_digest, verify_manifest
+from missionweave.kernel.signing import (
     EVENT_TYPE,
     HELLO_PROOF_TYPE,
     authority_key_id,
@@ -56,12 +52,16 @@ from missionweave.signing import (
     sign_envelope,
     verify_signature,
 )
+from missionweave.sdk.client import MeshClient, SessionSigner, decode_events
 from missionweave.v1 import artifact_service_pb2 as arpb
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import command_pb2, common_pb2, event_pb2, mission_pb2
 from missionweave.v1 import gateway_service_pb2 as gpb
 from missionweave.v1 import gateway_service_pb2_grpc as gpb_grpc
 from missionweave.v1 import work_pb2 as wp
+from missionweave_server.config import Settings
+from missionweave_server.mesh.server import start
+from missionweave_server.storage.db import make_engine
 from tests import builders
 from tests.conftest import POSTGRES_URL
 

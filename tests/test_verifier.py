@@ -1,4 +1,4 @@
-"""Command signature checks off the event loop (missionweave/verifier.py, D52).
+"""Command signature checks off the event loop (missionweave_server/verification/verifier.py, D52).
 
 Every verdict must be exactly libsodium's: batched through a worker process, redone inline when a
 worker dies, and answered at shutdown. The Authority's own use of it (a command with a wrong
@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 import pytest
 from nacl.signing import SigningKey
 
-from missionweave.pipe_frames import U32, frame
-from missionweave.signing import COMMAND_TYPE, sign_envelope
-from missionweave.verifier import SignatureVerifier
-from missionweave.verify_worker import ITEM, verify_batch
+from missionweave.kernel.signing import COMMAND_TYPE, sign_envelope
+from missionweave_server.verification.pipe_frames import U32, frame
+from missionweave_server.verification.verifier import SignatureVerifier
+from missionweave_server.verification.verify_worker import ITEM, verify_batch
 
 KEY = SigningKey(b"\x07" * 32)
 PUBLIC = bytes(KEY.verify_key)

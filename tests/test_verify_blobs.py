@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from artifactstore.audit import LocalReader, check_blob, verify_blobs
-from artifactstore.backends import blobstore_from_env
-from artifactstore.schema import blobs as blob_rows
-from artifactstore.schema import create_schema
 from missionweave.cli import main as mwp
-from missionweave.cli.integrity import blobs_progress
 from missionweave.cli.status_line import StatusLine, size_text
-from missionweave.db import make_engine
-from missionweave.mesh.maintenance import verify_stored_blobs
 from missionweave.sdk.client import blob_digest
+from missionweave_server.commands.integrity import blobs_progress
+from missionweave_server.mesh.maintenance import verify_stored_blobs
+from missionweave_server.services.artifacts.audit import LocalReader, check_blob, verify_blobs
+from missionweave_server.services.artifacts.backends import blobstore_from_env
+from missionweave_server.services.artifacts.schema import blobs as blob_rows
+from missionweave_server.services.artifacts.schema import create_schema
+from missionweave_server.storage.db import make_engine
 from tests.conftest import World
 
 

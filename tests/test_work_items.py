@@ -11,8 +11,8 @@ import grpc
 import pytest
 from nacl.signing import SigningKey
 
-from missionweave.clock import to_timestamp
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.sdk.client import SessionSigner, decode_events
 from missionweave.v1 import common_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
@@ -1050,7 +1050,7 @@ async def test_commands_against_a_stale_work_item_revision_are_refused(world: Wo
 
 @pytest.mark.req("MW-11.3-06", "MW-11.3-07", "MW-11.3-08")
 async def test_capability_tokens_are_bound_to_the_lease_narrow_rotate_and_end_with_it(world: World) -> None:
-    from services.authority.rules.work.leases import token_valid
+    from missionweave_server.services.authority.rules.work.leases import token_valid
 
     w = world
     f = await setup(w)

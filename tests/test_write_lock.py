@@ -1,6 +1,6 @@
-"""The database's one write lock: the group commit's polling BEGIN IMMEDIATE (missionweave/db.py),
+"""The database's one write lock: the group commit's polling BEGIN IMMEDIATE (missionweave_server/storage/db.py),
 and the gateway's ACK cursors stored in one statement each, without waiting for the disk
-(gateway/cursor_store.py, D150)."""
+(missionweave_server/services/gateway/cursor_store.py, D150)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,14 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.dialects import sqlite
 
-from gateway.cursor_store import SQLITE_ROWS_PER_STATEMENT, CursorStore
-from gateway.schema import _raise_cursors, create_schema, cursors, sqlite_cursor_upsert
-from missionweave.db import SQLITE_BUSY_TIMEOUT_MS, begin_immediate, make_engine
+from missionweave_server.services.gateway.cursor_store import SQLITE_ROWS_PER_STATEMENT, CursorStore
+from missionweave_server.services.gateway.schema import (
+    _raise_cursors,
+    create_schema,
+    cursors,
+    sqlite_cursor_upsert,
+)
+from missionweave_server.storage.db import SQLITE_BUSY_TIMEOUT_MS, begin_immediate, make_engine
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -1,4 +1,4 @@
-"""The SQLite group-commit writer process (services/authority/writer_process.py, D53).
+"""The SQLite group-commit writer process (missionweave_server/services/authority/writer_process.py, D53).
 
 Its death must never lose or duplicate an append: a batch whose outcome is unknown is reported as
 OVERLOADED, the Authority re-reads the log and replays a command that did land or decides it again,
@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
-from missionweave.clock import ManualClock
-from missionweave.errors import Rejected
-from missionweave.signing import EVENT_TYPE, signed_envelope, verify_signature
+from missionweave.kernel.clock import ManualClock
+from missionweave.kernel.errors import Rejected
+from missionweave.kernel.signing import EVENT_TYPE, signed_envelope, verify_signature
 from missionweave.v1 import authority_service_pb2, common_pb2
-from services.authority.group_commit import BatchWriter
-from services.authority.store import EventStore
-from services.authority.writer_process import (
+from missionweave_server.services.authority.group_commit import BatchWriter
+from missionweave_server.services.authority.store import EventStore
+from missionweave_server.services.authority.writer_process import (
     EventSigner,
     WriterLost,
     WriterProcess,
@@ -193,8 +193,8 @@ async def test_commands_keep_landing_after_the_writer_process_is_killed(world: W
 def test_a_batch_the_database_refuses_is_answered_overloaded_and_the_writer_goes_on(tmp_path: Path) -> None:
     """A commit that fails inside SQLite (say the file stayed locked past busy_timeout) is rolled
     back and refused as a whole; the process keeps serving the next batch."""
-    from missionweave.pipe_frames import frame, read_frame
-    from services.authority.writer_process import serve
+    from missionweave_server.services.authority.writer_process import serve
+    from missionweave_server.verification.pipe_frames import frame, read_frame
 
     class FlakyWriter(BatchWriter):
         calls = 0

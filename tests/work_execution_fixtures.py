@@ -8,12 +8,12 @@ from datetime import datetime, timedelta
 
 from google.protobuf.message import Message
 
-from missionweave.errors import Rejected
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import command_pb2, common_pb2, event_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.rules.common import StoredArtifact
-from services.authority.state import GroupState, IdentityInfo
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.rules.common import StoredArtifact
+from missionweave_server.services.authority.state import GroupState, IdentityInfo
 from tests import offline_core
 from tests.core_group import evolved
 from tests.offline_core import NOW, command

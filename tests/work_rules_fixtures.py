@@ -7,12 +7,12 @@ from __future__ import annotations
 import copy
 from datetime import UTC, datetime, timedelta
 
-from missionweave.clock import to_timestamp
-from missionweave.errors import Rejected
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.errors import Rejected
 from missionweave.v1 import common_pb2, event_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
-from services.authority import decider
-from services.authority.state import GroupState, IdentityInfo
+from missionweave_server.services.authority import decider
+from missionweave_server.services.authority.state import GroupState, IdentityInfo
 from tests import builders
 from tests.core_group import CoreGroup, evolved
 

@@ -10,11 +10,11 @@ place where they disagree (exit status 1), or prints the zero-valued fields and 
     UNAVAILABLE)", "FAILED_PRECONDITION (SESSION_EPOCH_STALE)", "PERMISSION_DENIED / NOT_A_MEMBER");
 (c) docs/errors.md: its table "Every reason and its gRPC code", the same pairings in its prose,
     and the rows of a table with a "status" column (the code) and a "reason" column;
-(d) the implementation: ``missionweave.rpc.status.status_code``, asked for each reason without
+(d) the implementation: ``missionweave_server.edge.status.status_code``, asked for each reason without
     metadata and with metadata ``field`` (an identity a request names is NOT_FOUND);
 (e) the Artifact store's error codes (``ArtifactErrorCode`` in artifact_service.proto, carried in
     metadata ``artifact_error``): each value's comment names a gRPC code, and the code raising it
-    (artifactstore/, missionweave/, services/, gateway/: ``artifact_error(R.REJECTION_REASON_X, "CODE", ...)`` or
+    (missionweave/, missionweave_server/: ``artifact_error(R.REJECTION_REASON_X, "CODE", ...)`` or
     ``Rejected(R.X, ..., artifact_error="ARTIFACT_ERROR_CODE_CODE")``) names the reason, hence the code.
 
 Reported: a reason whose codes differ between (a), (c) and (d); a pairing in (b) or (c) whose code
@@ -56,7 +56,7 @@ DOC_TABLE = "Every reason and its gRPC code"
 ARTIFACT_ENUM = "missionweave.v1.ArtifactErrorCode"
 ARTIFACT_PREFIX = "ARTIFACT_ERROR_CODE_"
 # Where Artifact store refusals are raised (searched for artifact error codes with their reasons).
-RAISING = ("artifactstore", "missionweave", "services", "gateway")
+RAISING = ("missionweave", "missionweave_server")
 
 # The google.rpc codes by name (grpc.StatusCode's value is (number, text)).
 CODE_NAMES: dict[int, str] = {c.value[0]: c.name for c in grpc.StatusCode}
@@ -96,8 +96,8 @@ class Sources:
 
 
 def implementation_codes() -> Codes:
-    from missionweave.errors import Rejected
-    from missionweave.rpc.status import status_code
+    from missionweave.kernel.errors import Rejected
+    from missionweave_server.edge.status import status_code
 
     def codes(reason: int, metadata: dict[str, str]) -> int:
         return status_code(Rejected(reason, "probe", **metadata))  # type: ignore[arg-type]
@@ -401,7 +401,7 @@ def raised_artifact_errors(python: dict[str, str]) -> dict[str, set[str]]:
     """Artifact error code (without prefix) -> the reasons raised with it, from calls written with
     literals: ``artifact_error(R.REJECTION_REASON_X, "CODE", ...)`` and
     ``Rejected(<...>.REJECTION_REASON_X, ..., artifact_error="ARTIFACT_ERROR_CODE_CODE")``. A call whose
-    reason or code is computed is not seen (artifactstore/service.py's manifest check picks the
+    reason or code is computed is not seen (missionweave_server/services/artifacts/service.py's manifest check picks the
     reason from the ManifestError: SIGNATURE_INVALID for a signature, else INVALID_ARGUMENT)."""
     out: dict[str, set[str]] = {}
     for text in python.values():
@@ -467,7 +467,7 @@ def check(sources: Sources) -> Report:
         got = {CODE_NAMES.get(sources.codes(numbers[reason], dict(meta)), "?") for meta in PROBE_METADATA}
         implemented[reason] = got
         if "UNKNOWN" in got:
-            find(f"implementation: {reason} has no gRPC code (missionweave/rpc/status.py CODES): it is answered UNKNOWN")
+            find(f"implementation: {reason} has no gRPC code (missionweave_server/edge/status.py CODES): it is answered UNKNOWN")
 
     # (a) the enum's comments against (d)
     for reason in sorted(reasons):

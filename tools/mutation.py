@@ -8,7 +8,7 @@ one `mutant-name  reason` per line) counted apart instead of silently excluded.
 
     python tools/mutation.py                      # every mutant (hours on 2 cores)
     python tools/mutation.py --sample 400         # 400 mutants drawn with --seed (default 19)
-    python tools/mutation.py --only 'services.authority.rules.work.start.*' --sample 100
+    python tools/mutation.py --only 'missionweave_server.services.authority.rules.work.start.*' --sample 100
     python tools/mutation.py --report-only        # the score of the last run's mutants again
     python tools/mutation.py --field-defaults     # state.py's dataclass defaults, which mutmut leaves alone
 
@@ -166,7 +166,7 @@ def report(names: list[str], *, diffs: bool, target: float, as_json: bool) -> in
     return 0 if overall.score >= target else 1
 
 
-STATE = Path("services/authority/state.py")
+STATE = Path("missionweave_server/services/authority/state.py")
 
 
 def mutmut_config() -> dict[str, list[str]]:

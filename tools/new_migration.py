@@ -19,9 +19,9 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine
 
-from missionweave import schema_versions
-from missionweave.db import make_engine
-from missionweave.mesh.schemas import LINES
+from missionweave_server.mesh.schemas import LINES
+from missionweave_server.storage import schema_versions
+from missionweave_server.storage.db import make_engine
 
 
 def main() -> int:

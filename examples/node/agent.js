@@ -31,7 +31,7 @@ const protoLoader = require('@grpc/proto-loader');
 
 const CLIENT_VERSION = 'missionweave-node-example/0.1.0';
 
-// Payload types: part of what is signed, so they must match missionweave/signing.py byte for byte.
+// Payload types: part of what is signed, so they must match missionweave/kernel/signing.py byte for byte.
 const HELLO_PROOF_TYPE = 'application/vnd.missionweave.v1.hello-proof+protobuf';
 const EVENT_TYPE = 'application/vnd.missionweave.v1.event+protobuf';
 const KEY_ROTATION_TYPE = 'application/vnd.missionweave.v1.authority-key-rotation+protobuf';
@@ -128,7 +128,7 @@ function usageError(message) {
 
 // ============================================================================ keys and signatures
 
-// The key file format of `mwp keygen` and missionweave/signing.py write_key: the seed as hex, and the
+// The key file format of `mwp keygen` and missionweave/kernel/signing.py write_key: the seed as hex, and the
 // file must not be readable by others (read_key refuses it otherwise; so do we).
 function readSessionKey(file) {
   const mode = fs.statSync(file).mode & 0o777;
@@ -145,7 +145,7 @@ function publicKeyFromRaw(raw) {
   return crypto.createPublicKey({ key: Buffer.concat([SPKI_ED25519_PREFIX, raw]), format: 'der', type: 'spki' });
 }
 
-// DSSE v1 pre-authentication encoding, as pae() in missionweave/signing.py:
+// DSSE v1 pre-authentication encoding, as pae() in missionweave/kernel/signing.py:
 //   "DSSEv1" SP len(type) SP type SP len(payload) SP payload      (lengths in bytes, in decimal)
 // The signature covers these bytes, built around the *exact* payload bytes that travel in the
 // envelope, so no side ever re-serialises a protobuf to check a signature.
@@ -159,7 +159,7 @@ function pae(payloadType, payload) {
   ]);
 }
 
-// sign_envelope() of missionweave/signing.py. For Ed25519 the algorithm argument must be null: the
+// sign_envelope() of missionweave/kernel/signing.py. For Ed25519 the algorithm argument must be null: the
 // scheme hashes internally (PureEdDSA), exactly like PyNaCl's SigningKey.sign.
 function signEnvelope(payload, payloadType, privateKey, keyId) {
   const sig = crypto.sign(null, pae(payloadType, payload), privateKey);
@@ -358,7 +358,7 @@ class Agent {
   }
 
   // Why the rotation recorded with `record` does not vouch for it as the successor of `previous`
-  // (check_history() in services/authority/keys.py), or '' when it does.
+  // (check_history() in missionweave_server/services/authority/keys.py), or '' when it does.
   brokenRotation(previous, record) {
     const envelope = record.rotation;
     if (!envelope || envelope.payload_type !== KEY_ROTATION_TYPE) return `no rotation record introduces ${record.key_id}`;
@@ -392,7 +392,7 @@ class Agent {
       nonce: crypto.randomBytes(16),
       audience: target,
     });
-    const keyId = `${agentId}#session-${sessionEpoch}`; // session_key_id() in missionweave/signing.py
+    const keyId = `${agentId}#session-${sessionEpoch}`; // session_key_id() in missionweave/kernel/signing.py
     return {
       agent_id: agentId,
       session_epoch: sessionEpoch,

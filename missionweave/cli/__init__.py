@@ -1,8 +1,8 @@
 """The ``mwp`` command line: people's and operators' client of the public contract (docs/cli.md)."""
 
-from missionweave.logs import quiet_grpc_core
+from missionweave.kernel.logs import quiet_grpc_core
 
-quiet_grpc_core()  # before anything imports grpc (missionweave.logs)
+quiet_grpc_core()  # before anything imports grpc (missionweave.kernel.logs)
 
 from missionweave.cli.app import main  # noqa: E402
 

@@ -23,19 +23,14 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from missionweave import tracing
-from missionweave.allocator import tune_allocator
 from missionweave.cli import agent as cli_agent
 from missionweave.cli import artifact as cli_artifact
-from missionweave.cli import backup as cli_backup
 from missionweave.cli import context as cli_context
 from missionweave.cli import conversation as cli_conversation
 from missionweave.cli import coordinator as cli_coordinator
-from missionweave.cli import db as cli_db
 from missionweave.cli import delegation as cli_delegation
-from missionweave.cli import demo
+from missionweave.cli import demo, extensions
 from missionweave.cli import group as cli_group
-from missionweave.cli import integrity as cli_integrity
 from missionweave.cli import member as cli_member
 from missionweave.cli import mission as cli_mission
 from missionweave.cli import plan as cli_plan
@@ -54,13 +49,13 @@ from missionweave.cli.common import (
     reading,
     save_session,
     target,
-    with_client_tls_flags,
 )
 from missionweave.cli.context_store import DEFAULT_TIMEOUT_S, context_environment
-from missionweave.config import SERVICES, Settings
-from missionweave.rpc.channels import open_channel
-from missionweave.rpc.status import rejection_from_rpc_error
-from missionweave.signing import generate_key, read_key, write_key
+from missionweave.kernel.env import admin_key_file, data_dir_of
+from missionweave.kernel.health_names import INTEGRITY_HEALTH, SERVICE_NAMES
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import generate_key, read_key, write_key
+from missionweave.kernel.transport import open_channel
 from missionweave.v1 import common_pb2, event_pb2
 
 KINDS = {
@@ -75,61 +70,6 @@ def _print_message(message: object) -> None:
 
 
 # ------------------------------------------------------------------ commands
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from missionweave import logs
-    from missionweave.mesh.datadir_lock import DataDirHeld, hold
-
-    settings = Settings.from_env()
-    if args.listen:
-        settings.listen = args.listen
-    if args.data_dir:
-        settings.data_dir = Path(args.data_dir)
-    if args.database_url:
-        settings.database_url = args.database_url
-    if args.service:
-        settings.services = tuple(args.service)
-    for name in ("tls_cert", "tls_key", "tls_client_ca", "health_listen", "metrics_listen"):
-        if getattr(args, name) is not None:
-            setattr(settings, name, getattr(args, name))
-    settings.insecure = settings.insecure or args.insecure
-    settings.tls_auto = settings.tls_auto or args.tls_auto
-    with_client_tls_flags(settings, args)  # how this process dials its peers
-    if args.topology == "split" and not settings.mesh_id:
-        settings.mesh_id = f"mesh-{os.urandom(6).hex()}"  # its children are let into the data dir by it
-    try:
-        lock = hold(settings.data_dir, settings.mesh_id)
-    except DataDirHeld as held:
-        print(f"mwp serve: {held}", file=sys.stderr)
-        return 1
-    if settings.log_format == "json":
-        logs.route_grpc_core()  # before gRPC starts: its C core's own lines become JSON records too
-    logs.configure(settings.log_level, settings.log_format)
-    if settings.malloc_tuning:
-        tune_allocator()
-    try:
-        if args.topology == "split":
-            from missionweave.mesh.topology import run_split
-
-            return asyncio.run(run_split(settings, shards=args.shards))
-        from missionweave.mesh.server import serve_forever
-
-        tracing.setup(tracing.service_name_for(settings.services))  # OTEL_TRACES_EXPORTER (D107)
-
-        if settings.tls_auto:
-            from missionweave.mesh.certs import auto_server_tls
-
-            ca = auto_server_tls(settings)
-            print(f"mwp serve: TLS with a throw-away CA: clients verify the server with --tls-ca {ca}", file=sys.stderr)
-        asyncio.run(serve_forever(settings))
-        return 0
-    except (OSError, ValueError) as refused:  # a port in use, an unreadable key, a database that cannot be opened
-        logs.end_grpc_core_route()  # gRPC's lines about it first: this one is the last
-        print(f"mwp serve: {refused}", file=sys.stderr)
-        return 1
-    finally:
-        lock.release()
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -149,7 +89,7 @@ async def cmd_identity_register(args: argparse.Namespace) -> int:
         public = bytes.fromhex(args.public_key)
     else:
         public = bytes(read_key(Path(args.key_file)).verify_key)
-    admin_key = read_key(Path(args.admin_key or Settings.from_env().admin_key_path))
+    admin_key = read_key(Path(args.admin_key or admin_key_file(data_dir_of(environment(args)))))
     async with connect(args) as mesh:
         identity = await mesh.register_identity(args.admin_id, admin_key, args.identity_id, KINDS[args.kind], public, args.name or "")
     print(f"registered {identity.identity_id} ({args.kind})")
@@ -208,8 +148,6 @@ async def cmd_state(args: argparse.Namespace) -> int:
 async def cmd_health(args: argparse.Namespace) -> int:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from missionweave.mesh.server import INTEGRITY_HEALTH, SERVICE_NAMES
-
     worst, answered = 0, False
     async with open_channel(target(args), client_tls(args)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
@@ -236,7 +174,7 @@ async def cmd_health(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ parser
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(installed: list[Any] | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mwp", description="MissionWeave: run the mesh and talk to it.")
     p.add_argument("--target", help="server address (default $MWP_TARGET, the context's, or 127.0.0.1:50051)")
     p.add_argument(
@@ -251,46 +189,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_client_tls_flags(p)
     sub = p.add_subparsers(dest="command", required=True)
-
-    s = sub.add_parser("serve", help="start the mesh (all services, or --service NAME ...)")
-    s.add_argument("--service", action="append", choices=SERVICES, help="run only this service (repeatable)")
-    s.add_argument("--listen", help="listen address (default $MWP_LISTEN or 127.0.0.1:50051)")
-    s.add_argument("--data-dir", help="data directory (default $MWP_DATA_DIR or ./.missionweave)")
-    s.add_argument("--database-url", help="database URL (default SQLite in the data directory)")
-    s.add_argument(
-        "--topology",
-        choices=("single", "split"),
-        default="single",
-        help="single: every service in this process (default); split: each service in a process of its own, "
-        "the gateway on --listen as the one address (docs/operations.md)",
-    )
-    s.add_argument("--shards", type=int, default=1, help="with --topology split: Authority shard processes (default 1)")
-    t = s.add_argument_group("TLS (docs/tls.md); `mwp --tls-ca ... serve` sets how this server dials its peers")
-    t.add_argument("--tls-cert", type=Path, help="serve TLS with this certificate chain (PEM) (default $MWP_TLS_CERT)")
-    t.add_argument("--tls-key", type=Path, help="...and its private key (PEM) (default $MWP_TLS_KEY)")
-    t.add_argument(
-        "--tls-client-ca", type=Path,
-        help="require client certificates issued by this CA (mTLS); the internal contracts then answer only "
-        "certificates naming a mesh service (default $MWP_TLS_CLIENT_CA)",
-    )
-    t.add_argument(
-        "--tls-auto", action="store_true",
-        help="make a throw-away mesh CA and certificates in <data dir>/tls and serve TLS with them; split: "
-        "mTLS between the processes (default $MWP_TLS_AUTO)",
-    )
-    t.add_argument(
-        "--insecure", action="store_true",
-        help="allow plain text on an address other hosts can reach (default $MWP_INSECURE; loopback never needs it)",
-    )
-    t.add_argument(
-        "--health-listen",
-        help="also serve grpc.health.v1 alone, in plain text, on this address (probes; default $MWP_HEALTH_LISTEN)",
-    )
-    t.add_argument(
-        "--metrics-listen",
-        help="serve Prometheus metrics on this address, '' for none (default $MWP_METRICS_LISTEN or 127.0.0.1:9464)",
-    )
-    s.set_defaults(func=cmd_serve, runs_until_stopped=True, ignores_contexts=True)
 
     k = sub.add_parser("keygen", help="create an Ed25519 key file (mode 0600)")
     k.add_argument("path")
@@ -325,11 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     cli_artifact.register(sub)
     cli_agent.register(sub)
     cli_group.register(sub)
-    cli_integrity.register(sub)
-    cli_backup.register(sub)
-    cli_db.register(sub)
     cli_context.register(sub)
     demo.register(sub)
+    extensions.register_all(sub, extensions.installed() if installed is None else installed)
 
     e = sub.add_parser("events", help="print a Group's events as JSON lines")
     e.add_argument("--group", required=True)
@@ -382,7 +278,8 @@ def _run(func: Callable[[argparse.Namespace], int | Awaitable[int]], args: argpa
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    installed = extensions.installed()
+    args = build_parser(installed).parse_args(argv)
     func: Callable[[argparse.Namespace], int | Awaitable[int]] = args.func
     seconds = DEFAULT_TIMEOUT_S
     try:
@@ -390,15 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "ignores_contexts", False):
             args.context_env = context_environment(args)
         seconds = _timeout(args)
-        if func is cmd_serve:  # each server process sets up its own tracing
-            return _run(func, args, seconds)
-        # With OTEL_TRACES_EXPORTER set, one trace per command: its calls are spans under this one.
-        traced = tracing.setup("mwp")
-        with tracing.tracer().start_as_current_span(f"mwp {func.__name__.removeprefix('cmd_').replace('_', ' ')}"):
-            code = _run(func, args, seconds)
-        if traced:
-            tracing.flush()
-        return code
+        command = func.__name__.removeprefix("cmd_").replace("_", " ")
+        return extensions.around(installed, command, lambda: _run(func, args, seconds))
     except TimeoutError:
         print(f"mwp: no answer from {target(args)} within {seconds:g} s (--timeout)", file=sys.stderr)
         return 3

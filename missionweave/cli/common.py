@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
@@ -25,14 +25,15 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from missionweave.cli.context_store import DEFAULT_TARGET
 from missionweave.cli.errors import CliError, UsageError
-from missionweave.clock import SystemClock, to_timestamp
-from missionweave.config import Settings
-from missionweave.rpc.channels import ClientTLS
+from missionweave.kernel.clock import SystemClock, to_timestamp
+from missionweave.kernel.signing import read_key
+from missionweave.kernel.transport import ClientTLS, client_tls_config
 from missionweave.sdk.client import MeshClient, SessionSigner, decode_events, membership_epoch
-from missionweave.signing import read_key
 from missionweave.v1 import authority_service_pb2, command_pb2, event_pb2, membership_pb2, mission_pb2
 
 GroupState = authority_service_pb2.GroupState
+# Anything carrying the client TLS settings: the environment's (ClientTLSConfig), or a server's Settings.
+S = TypeVar("S")
 
 
 # ------------------------------------------------------------------ sessions
@@ -75,10 +76,10 @@ def add_client_tls_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def with_client_tls_flags(settings: Settings, args: argparse.Namespace) -> Settings:
+def with_client_tls_flags(settings: S, args: argparse.Namespace) -> S:
     """``settings`` with the client TLS flags given on the command line applied over the environment."""
     if getattr(args, "tls", None):
-        settings.tls = True
+        setattr(settings, "tls", True)  # noqa: B010 (S is any object with the ClientTLSSettings fields)
     for name in CLIENT_TLS_FLAGS:
         value = getattr(args, name, None)
         if value is not None:
@@ -87,7 +88,7 @@ def with_client_tls_flags(settings: Settings, args: argparse.Namespace) -> Setti
 
 
 def client_tls(args: argparse.Namespace) -> ClientTLS | None:
-    return ClientTLS.from_settings(with_client_tls_flags(Settings.from_env(environment(args)), args))
+    return ClientTLS.from_settings(with_client_tls_flags(client_tls_config(environment(args)), args))
 
 
 def connect(args: argparse.Namespace) -> MeshClient:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from missionweave.cli.common import CliError, add_json_flag, add_reader_flags, emit, reading
-from missionweave.signing import verify_signature
+from missionweave.kernel.signing import verify_signature
 from missionweave.v1 import authority_service_pb2 as apb
 
 

@@ -8,7 +8,6 @@ import re
 from datetime import timedelta
 from typing import Any
 
-from missionweave import ids
 from missionweave.cli.common import (
     GroupState,
     acting,
@@ -29,7 +28,8 @@ from missionweave.cli.common import (
     when,
 )
 from missionweave.cli.progress import add_progress_parser
-from missionweave.clock import SystemClock, to_timestamp
+from missionweave.kernel import ids
+from missionweave.kernel.clock import SystemClock, to_timestamp
 from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2, mission_pb2
 
 _DIGEST = re.compile(r"^(blake3|sha256):([0-9a-f]{64})(?::(\d+))?$")

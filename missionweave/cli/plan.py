@@ -24,7 +24,6 @@ import blake3
 import tomli_w
 from google.protobuf.message import Message
 
-from missionweave import ids
 from missionweave.cli.common import (
     Actor,
     CliError,
@@ -56,7 +55,8 @@ from missionweave.cli.plan_file import (
 )
 from missionweave.cli.work.offer import DEFAULT_OFFER_TTL, offer_body, steering
 from missionweave.cli.workdag import find_cycle, topological
-from missionweave.clock import to_timestamp
+from missionweave.kernel import ids
+from missionweave.kernel.clock import to_timestamp
 from missionweave.v1 import command_pb2
 from missionweave.v1 import work_pb2 as wp
 

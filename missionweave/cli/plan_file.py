@@ -44,9 +44,9 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from missionweave import ids
 from missionweave.cli.common import UsageError, mission_of
 from missionweave.cli.delegation import money
+from missionweave.kernel import ids
 from missionweave.sdk.contracts import (
     DEPENDENCY_POLICIES,
     EVIDENCE_METHODS,

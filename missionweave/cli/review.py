@@ -36,10 +36,10 @@ from missionweave.cli.common import (
     when,
 )
 from missionweave.cli.mission import cmd_approve, cmd_request_changes
-from missionweave.errors import from_proto
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.errors import from_proto
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import session_key_id
 from missionweave.sdk.client import MeshClient
-from missionweave.signing import session_key_id
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import authority_service_pb2 as pb
 from missionweave.v1 import common_pb2, mission_pb2, work_pb2

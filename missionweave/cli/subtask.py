@@ -6,7 +6,6 @@ import argparse
 import json
 from typing import Any
 
-from missionweave import ids
 from missionweave.cli.common import (
     acting,
     acting_command,
@@ -22,6 +21,7 @@ from missionweave.cli.common import (
     report,
 )
 from missionweave.cli.mission import add_definition_flags, definition_from_args, renewal_policy
+from missionweave.kernel import ids
 from missionweave.v1 import mission_pb2, subtask_pb2
 from missionweave.v1 import work_pb2 as wp
 

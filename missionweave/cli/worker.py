@@ -22,7 +22,6 @@ from typing import Any, cast
 from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
-from missionweave import gc_policy, logs
 from missionweave.cli.common import (
     CliError,
     UsageError,
@@ -40,12 +39,12 @@ from missionweave.cli.common import (
     wants_json,
     when,
 )
-from missionweave.config import Settings
+from missionweave.kernel import gc_policy, logs
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.agent import Agent, AgentError, CommandBody, CommandRejected, GatewayError, SessionFile
 from missionweave.sdk.client import MeshClient, SessionSigner
 from missionweave.sdk.files import user_state_dir
 from missionweave.sdk.worker import Failed, Handler, Paused, Slot, WorkerRuntime, WorkResult
-from missionweave.signing import read_key
 from missionweave.v1 import command_pb2
 from missionweave.v1 import scheduling_service_pb2 as pb
 from missionweave.v1 import scheduling_service_pb2_grpc as pb_grpc
@@ -291,8 +290,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(Path(args.config), args)
     handler = load_handler(config)
     key = _read_identity_key(config)
-    settings = Settings.from_env()
-    logs.configure(settings.log_level, settings.log_format)
+    env = environment(args)
+    logs.configure(env.get("MWP_LOG_LEVEL") or "info", env.get("MWP_LOG_FORMAT") or "json")
     gc_policy.for_long_running_process()  # a long-running agent host: its tail latency (D155)
     tls = client_tls(args)
     session_args = argparse.Namespace(actor=config.identity, key=str(config.key))

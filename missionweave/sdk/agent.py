@@ -71,7 +71,9 @@ from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
 from missionweave import __version__
-from missionweave.clock import SystemClock, to_timestamp
+from missionweave.kernel.clock import SystemClock, to_timestamp
+from missionweave.kernel.signing import read_key
+from missionweave.kernel.transport import ClientTLS, open_channel
 from missionweave.sdk.backoff import Backoff
 from missionweave.sdk.client import SessionSigner
 from missionweave.sdk.client import membership_epoch as active_membership_epoch
@@ -97,8 +99,6 @@ from missionweave.sdk.stream_commands import (
     submit,
 )
 from missionweave.sdk.subscription import Handler, SnapshotHandler, Subscription, SubscriptionFailed
-from missionweave.signing import read_key
-from missionweave.transport import ClientTLS, open_channel
 from missionweave.v1 import (
     authority_service_pb2,
     authority_service_pb2_grpc,

@@ -27,12 +27,13 @@ from typing import Any, BinaryIO
 import blake3
 import grpc
 
-from missionweave import __version__, uploads
-from missionweave.clock import SystemClock, to_timestamp
-from missionweave.digests import CHUNK_BYTES
-from missionweave.manifest import sign_manifest
+from missionweave import __version__
+from missionweave.kernel import uploads
+from missionweave.kernel.clock import SystemClock, to_timestamp
+from missionweave.kernel.digests import CHUNK_BYTES
+from missionweave.kernel.manifest import sign_manifest
+from missionweave.kernel.signing import session_key_id
 from missionweave.sdk.client import MeshClient, SessionSigner
-from missionweave.signing import session_key_id
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import common_pb2
 

@@ -25,13 +25,12 @@ import grpc
 from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
-from missionweave import codec, ids, uploads
-from missionweave.clock import SystemClock, to_timestamp
-from missionweave.digests import CHUNK_BYTES
-from missionweave.errors import Rejected, from_proto
-from missionweave.rejections import rejection_from_rpc_error
-from missionweave.sdk.credentials import CallProofs
-from missionweave.signing import (
+from missionweave.kernel import codec, ids, uploads
+from missionweave.kernel.clock import SystemClock, to_timestamp
+from missionweave.kernel.digests import CHUNK_BYTES
+from missionweave.kernel.errors import Rejected, from_proto
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import (
     AGENT_CARD_TYPE,
     COMMAND_TYPE,
     GROUP_SUMMARY_TYPE,
@@ -41,7 +40,8 @@ from missionweave.signing import (
     sign_envelope,
     verify_signature,
 )
-from missionweave.transport import ClientTLS, open_channel
+from missionweave.kernel.transport import ClientTLS, open_channel
+from missionweave.sdk.credentials import CallProofs
 from missionweave.v1 import (
     agent_card_pb2,
     artifact_service_pb2,
@@ -356,7 +356,7 @@ class MeshClient:
         self, data: bytes, manifest: common_pb2.SignedEnvelope | None = None, chunk_bytes: int = 1024 * 1024
     ) -> artifact_service_pb2.UploadResponse:
         """Upload ``data`` under its BLAKE3 digest (idempotent), optionally with its signed manifest;
-        the bytes go only if the server asks for them (missionweave/uploads.py)."""
+        the bytes go only if the server asks for them (missionweave/kernel/uploads.py)."""
         header = artifact_service_pb2.UploadHeader(digest=blob_digest(data), manifest=manifest)
         return await uploads.upload(self.artifacts, header, uploads.slices(data, chunk_bytes))
 

@@ -33,8 +33,8 @@ from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
 
-from missionweave import ids
-from missionweave.clock import SystemClock, from_timestamp, to_timestamp
+from missionweave.kernel import ids
+from missionweave.kernel.clock import SystemClock, from_timestamp, to_timestamp
 from missionweave.v1 import common_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import grpc
 from nacl.signing import SigningKey
 
-from missionweave.clock import Clock, SystemClock, to_timestamp
-from missionweave.signing import CALL_PROOF_METADATA, CALL_PROOF_TYPE, session_key_id, sign_envelope
+from missionweave.kernel.clock import Clock, SystemClock, to_timestamp
+from missionweave.kernel.signing import CALL_PROOF_METADATA, CALL_PROOF_TYPE, session_key_id, sign_envelope
 from missionweave.v1 import auth_pb2
 
 # Signed requests (or public calls): a proof would cost a signature and prove nothing more.

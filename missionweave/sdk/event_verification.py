@@ -16,9 +16,9 @@ from typing import TypeVar
 import blake3
 from google.protobuf.message import DecodeError, Message
 
-from missionweave.eventlog import event_digest, link_of
+from missionweave.kernel.eventlog import event_digest, link_of
+from missionweave.kernel.signing import EVENT_TYPE, SNAPSHOT_REFERENCE_TYPE, SNAPSHOT_TYPE, verify_signature
 from missionweave.sdk.errors import AgentError
-from missionweave.signing import EVENT_TYPE, SNAPSHOT_REFERENCE_TYPE, SNAPSHOT_TYPE, verify_signature
 from missionweave.v1 import authority_service_pb2, common_pb2, event_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 

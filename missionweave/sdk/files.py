@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from missionweave import ids
+from missionweave.kernel import ids
 from missionweave.sdk.errors import AgentError
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import blake3
 
-from missionweave import ids
+from missionweave.kernel import ids
 
 KEY_PREFIX = "mwk1"
 

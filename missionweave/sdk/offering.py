@@ -30,7 +30,7 @@ from typing import Literal
 
 import grpc
 
-from missionweave.clock import Clock, SystemClock, from_timestamp, to_timestamp
+from missionweave.kernel.clock import Clock, SystemClock, from_timestamp, to_timestamp
 from missionweave.sdk.agent import Agent, AuthorityVerifier, CommandRejected
 from missionweave.sdk.client import CardNotVerified, decode_events, verify_agent_card
 from missionweave.sdk.placement import (

@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from missionweave import ids
-from missionweave.clock import Clock, SystemClock, from_timestamp, to_timestamp
-from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION, bindings
+from missionweave.kernel import ids
+from missionweave.kernel.clock import Clock, SystemClock, from_timestamp, to_timestamp
+from missionweave.kernel.extensions import BOUNDED_OFFLINE_EXECUTION, bindings
 from missionweave.sdk.agent import Agent, AgentError, CommandRejected
 from missionweave.v1 import command_pb2, common_pb2
 from missionweave.v1 import work_pb2 as wp

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from missionweave.capabilities import missing_capability
+from missionweave.kernel.capabilities import missing_capability
 from missionweave.v1 import agent_card_pb2, common_pb2, membership_pb2
 from missionweave.v1 import work_pb2 as wp
 

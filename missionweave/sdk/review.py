@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import blake3
 import jsonschema
 
-from missionweave import ids
+from missionweave.kernel import ids
 from missionweave.sdk.client import MeshClient, SessionSigner
 from missionweave.v1 import common_pb2
 from missionweave.v1 import work_pb2 as wp

@@ -15,11 +15,11 @@ from pathlib import Path
 import grpc
 from nacl.signing import SigningKey
 
-from missionweave.clock import SystemClock, to_timestamp
+from missionweave.kernel.clock import SystemClock, to_timestamp
+from missionweave.kernel.signing import HELLO_PROOF_TYPE, session_key_id, sign_envelope
 from missionweave.sdk.client import SessionSigner, open_session_envelope
 from missionweave.sdk.errors import AgentError, GatewayError
 from missionweave.sdk.files import read_json, write_json_atomic
-from missionweave.signing import HELLO_PROOF_TYPE, session_key_id, sign_envelope
 from missionweave.v1 import common_pb2, membership_service_pb2, membership_service_pb2_grpc
 from missionweave.v1 import gateway_service_pb2 as pb
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from missionweave import uploads
+from missionweave.kernel import uploads
 from missionweave.sdk.artifacts import (
     NO_AGENT_CARD,
     Content,

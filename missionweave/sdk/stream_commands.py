@@ -15,7 +15,7 @@ from typing import NamedTuple
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 
-from missionweave.clock import SystemClock, to_timestamp
+from missionweave.kernel.clock import SystemClock, to_timestamp
 from missionweave.sdk.errors import AgentError, CommandRejected
 from missionweave.v1 import command_pb2, common_pb2, conversation_pb2, work_pb2
 from missionweave.v1 import gateway_service_pb2 as pb

@@ -40,12 +40,12 @@ import grpc
 from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
-from missionweave.clock import to_timestamp
-from missionweave.extensions import BOUNDED_OFFLINE_EXECUTION
-from missionweave.manifest import manifest_digest
+from missionweave.kernel.clock import to_timestamp
+from missionweave.kernel.extensions import BOUNDED_OFFLINE_EXECUTION
+from missionweave.kernel.manifest import manifest_digest
+from missionweave.kernel.signing import HELLO_PROOF_TYPE, read_key, session_key_id, sign_envelope, write_key
 from missionweave.sdk.artifacts import Origin, card_version, put_artifact
 from missionweave.sdk.client import MeshClient, SessionSigner, decode_events
-from missionweave.signing import HELLO_PROOF_TYPE, read_key, session_key_id, sign_envelope, write_key
 from missionweave.v1 import (
     agent_card_pb2,
     artifact_service_pb2,

@@ -16,9 +16,9 @@ from google.protobuf import json_format
 
 from missionweave.cli.artifact.arguments import digest_text
 from missionweave.cli.common import CliError, emit, enum_label, reading, to_dict, when
-from missionweave.manifest import ManifestError, verify_manifest
+from missionweave.kernel.manifest import ManifestError, verify_manifest
+from missionweave.kernel.signing import parse_session_key_id
 from missionweave.sdk.client import MeshClient
-from missionweave.signing import parse_session_key_id
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import common_pb2, membership_service_pb2
 

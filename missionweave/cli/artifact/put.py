@@ -14,15 +14,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from missionweave import __version__, uploads
+from missionweave import __version__
 from missionweave.cli.artifact.arguments import Digest, digest_text
 from missionweave.cli.artifact.transfer import FileHashes, hash_file, progress, read_chunks
 from missionweave.cli.common import Actor, UsageError, acting, emit, mission_of, reading, target, wants_json
-from missionweave.manifest import sign_manifest
+from missionweave.kernel import uploads
+from missionweave.kernel.manifest import sign_manifest
+from missionweave.kernel.signing import session_key_id
 from missionweave.sdk.artifacts import Described, Hashes, Origin
 from missionweave.sdk.artifacts import build_manifest as describe
 from missionweave.sdk.client import MeshClient
-from missionweave.signing import session_key_id
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import common_pb2
 

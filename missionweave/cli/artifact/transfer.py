@@ -23,7 +23,7 @@ import blake3
 
 from missionweave.cli.artifact.arguments import Digest, digest_text
 from missionweave.cli.common import CliError
-from missionweave.digests import CHUNK_BYTES
+from missionweave.kernel.digests import CHUNK_BYTES
 from missionweave.sdk.client import MeshClient
 from missionweave.v1 import artifact_service_pb2 as apb
 

@@ -13,9 +13,9 @@ import grpc
 from missionweave.cli.artifact.arguments import Digest, digest_text
 from missionweave.cli.artifact.transfer import TransferError, progress, receive
 from missionweave.cli.common import CliError, emit, reading
-from missionweave.digests import CHUNK_BYTES
-from missionweave.errors import Rejected, from_proto
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.digests import CHUNK_BYTES
+from missionweave.kernel.errors import Rejected, from_proto
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.sdk.client import MeshClient
 
 

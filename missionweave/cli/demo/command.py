@@ -6,6 +6,7 @@ refuses a command, the timeline so far and the step it stopped at before the CLI
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,16 +16,16 @@ from nacl.signing import SigningKey
 from missionweave.cli.common import CliError, add_json_flag, client_tls, emit, target, to_dict
 from missionweave.cli.demo.scenario import run_demo
 from missionweave.cli.demo.timeline import Timeline
-from missionweave.config import Settings
-from missionweave.rpc.status import rejection_from_rpc_error
+from missionweave.kernel.env import admin_key_file, data_dir_of
+from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.signing import read_key
 from missionweave.sdk.client import MeshClient
-from missionweave.signing import read_key
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 
 
 def _admin_key(args: argparse.Namespace) -> SigningKey:
-    path = Path(args.admin_key or Settings.from_env().admin_key_path)
+    path = Path(args.admin_key or admin_key_file(data_dir_of(os.environ)))
     if not path.exists():
         raise CliError(
             f"no admin key at {path} (a mesh creates it when it first starts: `make run`); see --admin-key"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from missionweave.clock import SystemClock, to_timestamp
+from missionweave.kernel.clock import SystemClock, to_timestamp
 from missionweave.v1 import common_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 

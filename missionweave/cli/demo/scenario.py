@@ -16,7 +16,6 @@ from pathlib import Path
 from google.protobuf.message import Message
 from nacl.signing import SigningKey
 
-from missionweave import ids
 from missionweave.cli.common import CliError, enum_label
 from missionweave.cli.demo.cast import WORKER_ROLES, Cast, register_cast
 from missionweave.cli.demo.plan import PLAN, TASKS, Task, contract, definition, selection
@@ -24,8 +23,9 @@ from missionweave.cli.demo.result import DemoResult
 from missionweave.cli.demo.timeline import Timeline
 from missionweave.cli.demo.watch import GroupWatch
 from missionweave.cli.demo.workers import DemoWorker
-from missionweave.clock import SystemClock, to_timestamp
-from missionweave.rpc.channels import ClientTLS
+from missionweave.kernel import ids
+from missionweave.kernel.clock import SystemClock, to_timestamp
+from missionweave.kernel.transport import ClientTLS
 from missionweave.sdk.client import MeshClient, SessionSigner, decode_events
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import event_pb2, membership_pb2, mission_pb2

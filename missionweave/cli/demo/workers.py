@@ -17,8 +17,8 @@ from google.protobuf.message import Message
 from missionweave.cli.demo.cast import WorkerIdentity
 from missionweave.cli.demo.plan import TASKS, evidence, usage
 from missionweave.cli.demo.watch import WAIT_S
-from missionweave.clock import SystemClock, to_timestamp
-from missionweave.rpc.channels import ClientTLS
+from missionweave.kernel.clock import SystemClock, to_timestamp
+from missionweave.kernel.transport import ClientTLS
 from missionweave.sdk.agent import Agent
 from missionweave.sdk.client import decode_events
 from missionweave.sdk.worker import Failed, Paused, Slot, WorkerRuntime, WorkResult

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from missionweave import ids
 from missionweave.cli.common import UsageError
 from missionweave.cli.delegation import Cap
 from missionweave.cli.mission import artifact_ref
+from missionweave.kernel import ids
 from missionweave.sdk.contracts import EVIDENCE_METHODS, ContractError, Input, budget_vector
 from missionweave.v1 import common_pb2
 

@@ -13,7 +13,7 @@ from typing import Any
 from missionweave.cli.common import GroupState, UsageError, capability, duration, instant, mission_of
 from missionweave.cli.delegation import cap
 from missionweave.cli.work.arguments import id_text, id_value, methods, vector, work_input
-from missionweave.clock import SystemClock
+from missionweave.kernel.clock import SystemClock
 from missionweave.sdk.contracts import (
     DEPENDENCY_POLICIES,
     EVIDENCE_METHODS,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 
-from missionweave import ids
 from missionweave.cli.common import (
     Actor,
     CliError,
@@ -22,6 +21,7 @@ from missionweave.cli.common import (
 )
 from missionweave.cli.work.arguments import vector
 from missionweave.cli.work.items import evidence_records, looked_up
+from missionweave.kernel import ids
 from missionweave.sdk.contracts import enum_names
 from missionweave.v1 import work_pb2 as wp
 

@@ -10,8 +10,6 @@ import argparse
 from datetime import timedelta
 from typing import Any
 
-from missionweave import ids
-from missionweave.capabilities import missing_capability
 from missionweave.cli.common import (
     CliError,
     GroupState,
@@ -24,7 +22,9 @@ from missionweave.cli.common import (
 )
 from missionweave.cli.work.contract import contract_from_args
 from missionweave.cli.work.items import looked_up
-from missionweave.clock import SystemClock, to_timestamp
+from missionweave.kernel import ids
+from missionweave.kernel.capabilities import missing_capability
+from missionweave.kernel.clock import SystemClock, to_timestamp
 from missionweave.v1 import membership_pb2
 from missionweave.v1 import work_pb2 as wp
 

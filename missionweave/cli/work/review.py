@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from missionweave import ids
 from missionweave.cli.common import (
     Actor,
     GroupState,
@@ -27,7 +26,8 @@ from missionweave.cli.common import (
 )
 from missionweave.cli.work.items import evidence_records, looked_up
 from missionweave.cli.work.offer import DEFAULT_OFFER_TTL, offer_body, selection
-from missionweave.clock import SystemClock, to_timestamp
+from missionweave.kernel import ids
+from missionweave.kernel.clock import SystemClock, to_timestamp
 from missionweave.v1 import command_pb2
 from missionweave.v1 import work_pb2 as wp
 

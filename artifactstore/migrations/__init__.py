@@ -1,1 +1,0 @@
-"""The artifacts schema line's migrations, oldest first (missionweave/schema_versions.py)."""

@@ -1,1 +1,0 @@
-"""The gateway schema line's migrations, oldest first (missionweave/schema_versions.py)."""

@@ -1,1 +1,0 @@
-"""The nonces schema line's migrations, oldest first (missionweave/schema_versions.py)."""

@@ -1,0 +1,183 @@
+"""One access-log line per RPC, and the RPC metrics (docs/operations.md "Metrics and logs").
+
+``AccessLog`` is the outermost server interceptor of every mesh server: it times each call, counts
+it in ``mwp_rpcs_total{method,code}`` and ``mwp_rpc_latency_seconds{method}``, and writes one
+``rpc`` record at info level (logger ``missionweave.access``) with the method, the proven caller
+(when one was proven: ``note_caller``), the gRPC code and the duration in milliseconds.
+
+The lines are rate limited by a token bucket, so a flood of calls cannot fill the disk: a line
+over the limit is counted (``mwp_access_log_suppressed_total``) instead of written, and the next
+line written carries ``suppressed``, how many were not written since the previous one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any
+
+import grpc
+
+from missionweave_server.observability import metrics
+
+log = logging.getLogger("missionweave.access")
+
+
+class _Call:
+    __slots__ = ("caller",)
+
+    def __init__(self) -> None:
+        self.caller = ""
+
+
+_CURRENT: ContextVar[_Call | None] = ContextVar("mwp_access_call", default=None)
+
+
+def note_caller(identity: str) -> None:
+    """Names the proven caller of the RPC being served (its access-log line's ``caller``)."""
+    call = _CURRENT.get()
+    if call is not None and not call.caller:
+        call.caller = identity
+
+
+class TokenBucket:
+    """``rate`` tokens a second, at most ``burst`` held; ``take`` spends one if there is one."""
+
+    def __init__(self, rate: float, burst: float, now: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = max(burst, 1.0)
+        self._now = now
+        self._tokens = self.burst
+        self._at = now()
+
+    def take(self) -> bool:
+        now = self._now()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+
+class AccessLog(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Times, counts and logs every RPC of the server (see the module's docstring). ``rate`` lines a
+    second (bursts of twice that); 0 writes no access log (the metrics are still counted)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.bucket = TokenBucket(rate, 2 * rate)
+        self.suppressed = 0
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        path: str = handler_call_details.method  # type: ignore[attr-defined]
+        cached = self._wrapped.get(path)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(path, handler)
+        if len(self._wrapped) < 10_000:  # paths of served methods, a bounded set; this is only a guard
+            self._wrapped[path] = (handler, wrapped)
+        return wrapped
+
+    def finished(self, method: str, call: _Call, context: Any, started: float, failure: BaseException | None) -> None:
+        elapsed = time.perf_counter() - started
+        code = _code_of(context, failure)
+        metrics.RPCS.labels(method, code).inc()
+        metrics.RPC_LATENCY.labels(method).observe(elapsed)
+        if self.rate <= 0:
+            return
+        if not self.bucket.take():
+            self.suppressed += 1
+            metrics.ACCESS_LOG_SUPPRESSED.inc()
+            return
+        extra: dict[str, object] = {
+            "method": method,
+            "caller": call.caller,
+            "code": code,
+            "duration_ms": round(elapsed * 1000, 3),
+        }
+        if self.suppressed:
+            extra["suppressed"] = self.suppressed
+            self.suppressed = 0
+        log.info("rpc", extra=extra)
+
+    def _wrap(self, path: str, handler: Any) -> grpc.RpcMethodHandler:
+        finished = self.finished
+        kwargs = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        inner: Any
+        if handler.unary_unary is not None or handler.stream_unary is not None:
+            streaming_request = handler.unary_unary is None
+            inner = handler.stream_unary if streaming_request else handler.unary_unary
+
+            async def unary_response(request: Any, context: Any) -> Any:
+                call = _Call()
+                _CURRENT.set(call)
+                started = time.perf_counter()
+                try:
+                    response = await inner(request, context)
+                except BaseException as failure:
+                    finished(path, call, context, started, failure)
+                    raise
+                finished(path, call, context, started, None)
+                return response
+
+            if streaming_request:
+                return grpc.stream_unary_rpc_method_handler(unary_response, **kwargs)
+            return grpc.unary_unary_rpc_method_handler(unary_response, **kwargs)
+        streaming_request = handler.unary_stream is None
+        inner = handler.stream_stream if streaming_request else handler.unary_stream
+
+        async def stream_response(request: Any, context: Any) -> AsyncIterator[Any]:
+            call = _Call()
+            _CURRENT.set(call)
+            started = time.perf_counter()
+            try:
+                answers = inner(request, context)
+                if hasattr(answers, "__aiter__"):
+                    async for answer in answers:
+                        yield answer
+                else:  # a handler that writes its answers itself (context.write) and returns
+                    await answers
+            except BaseException as failure:
+                finished(path, call, context, started, failure)
+                raise
+            finished(path, call, context, started, None)
+
+        if streaming_request:
+            return grpc.stream_stream_rpc_method_handler(stream_response, **kwargs)
+        return grpc.unary_stream_rpc_method_handler(stream_response, **kwargs)
+
+
+def _code_of(context: Any, failure: BaseException | None) -> str:
+    """The call's gRPC status code name: the one it set or aborted with, else OK or (on an
+    exception) CANCELLED or UNKNOWN."""
+    try:
+        code = context.code()
+    except Exception:  # a context without code() (a test double)
+        code = None
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if isinstance(code, int):
+        return _BY_VALUE.get(code, "UNKNOWN")
+    if failure is None:
+        return "OK"
+    if isinstance(failure, asyncio.CancelledError | GeneratorExit):  # the client went away
+        return "CANCELLED"
+    return "UNKNOWN"
+
+
+_BY_VALUE = {c.value[0]: c.name for c in grpc.StatusCode}

@@ -1,0 +1,1 @@
+"""Metrics (Prometheus text format) and distributed tracing (OpenTelemetry): server-side only."""

@@ -1,0 +1,1 @@
+"""The nonces schema line's migrations, oldest first (missionweave_server/storage/schema_versions.py)."""

@@ -1,1 +1,0 @@
-"""The authority schema line's migrations, oldest first (missionweave/schema_versions.py)."""
