@@ -35,8 +35,7 @@ from missionweave.kernel.signing import read_key
 from missionweave.sdk.client import MeshClient
 from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as gpb
-from missionweave_server.observability import tracing
-from missionweave_server.observability import stderr_relay
+from missionweave_server.observability import stderr_relay, tracing
 from tests import builders
 from tests.conftest import World, polled, register
 from tests.split_mesh import free_port, wait_serving
