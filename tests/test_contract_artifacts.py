@@ -235,12 +235,12 @@ async def test_the_node_limit_truncates_the_walk(world: World, topology: str, mo
     walk short"; the limit is 10,000 nodes, lowered here)."""
     if topology.startswith("split"):
         pytest.skip("patches the in-process artifact service")
-    import missionweave_server.services.artifacts.service as service
+    import missionweave_server.services.artifacts.provenance as walk
 
     w = world
     steps = await chain(w, 5)
     down = DIR.PROVENANCE_DIRECTION_DESCENDANTS
     assert not (await provenance(w, steps[0], direction=down)).truncated
-    monkeypatch.setattr(service, "MAX_PROVENANCE_NODES", 3)
+    monkeypatch.setattr(walk, "MAX_PROVENANCE_NODES", 3)
     cut = await provenance(w, steps[0], direction=down)
     assert cut.truncated and [n.digest.hex for n in cut.nodes] == [d.hex for d in steps[:3]]

@@ -401,7 +401,7 @@ def raised_artifact_errors(python: dict[str, str]) -> dict[str, set[str]]:
     """Artifact error code (without prefix) -> the reasons raised with it, from calls written with
     literals: ``artifact_error(R.REJECTION_REASON_X, "CODE", ...)`` and
     ``Rejected(<...>.REJECTION_REASON_X, ..., artifact_error="ARTIFACT_ERROR_CODE_CODE")``. A call whose
-    reason or code is computed is not seen (missionweave_server/services/artifacts/service.py's manifest check picks the
+    reason or code is computed is not seen (missionweave_server/services/artifacts/manifest_check.py's manifest check picks the
     reason from the ManifestError: SIGNATURE_INVALID for a signature, else INVALID_ARGUMENT)."""
     out: dict[str, set[str]] = {}
     for text in python.values():
