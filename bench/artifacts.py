@@ -81,7 +81,7 @@ from missionweave.v1 import artifact_service_pb2 as pb  # noqa: E402
 from missionweave.v1 import artifact_service_pb2_grpc as pb_grpc  # noqa: E402
 from missionweave.v1 import common_pb2  # noqa: E402
 from missionweave_server.edge.channels import add_listener  # noqa: E402
-from missionweave_server.mesh.server import MAX_MESSAGE_BYTES  # noqa: E402
+from missionweave_server.mesh.grpc_server import MAX_MESSAGE_BYTES  # noqa: E402
 from missionweave_server.services.artifacts.blobstore import CHUNK_BYTES  # noqa: E402
 
 MiB = 1024 * 1024

@@ -37,7 +37,8 @@ from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
 from missionweave.v1 import gateway_service_pb2_grpc as pb_grpc
 from missionweave_server.config import Settings
-from missionweave_server.mesh.server import INTERNAL_SERVICE_NAMES, Mesh, start
+from missionweave_server.mesh.contracts import INTERNAL_SERVICE_NAMES
+from missionweave_server.mesh.server import Mesh, start
 from missionweave_server.services.authority.store import EventStore
 from tests import builders
 from tests.conftest import World, register
