@@ -52,28 +52,28 @@ venv: $(PY)
 
 # One stamp per set of extras; each reinstalls only when the packaging files change.
 $(VENV)/.installed-base: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing the client (missionweave) and the server (missionweave-server) into $(VENV) (pip install -e ./client -e .)"
-	$(PIP) install -e ./client -e .
+	@echo "==> installing the client (missionweave) and the server (missionweave-server) into $(VENV) (pip install -e ./client -e '.[gen]')"
+	$(PIP) install -e ./client -e '.[gen]'
 	@touch $@
 
 $(VENV)/.installed-test: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing the client and the server with test extras into $(VENV) (pip install -e ./client -e '.[test]')"
-	$(PIP) install -e ./client -e '.[test]'
+	@echo "==> installing the client and the server with test extras into $(VENV) (pip install -e ./client -e '.[gen,test]')"
+	$(PIP) install -e ./client -e '.[gen,test]'
 	@touch $@
 
 $(VENV)/.installed-bench: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing the client and the server with test and bench extras into $(VENV) (pip install -e ./client -e '.[test,bench]')"
-	$(PIP) install -e ./client -e '.[test,bench]'
+	@echo "==> installing the client and the server with test and bench extras into $(VENV) (pip install -e ./client -e '.[gen,test,bench]')"
+	$(PIP) install -e ./client -e '.[gen,test,bench]'
 	@touch $@
 
 $(VENV)/.installed-mutation: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing the client and the server with test and mutation extras into $(VENV) (pip install -e ./client -e '.[test,mutation]')"
-	$(PIP) install -e ./client -e '.[test,mutation]'
+	@echo "==> installing the client and the server with test and mutation extras into $(VENV) (pip install -e ./client -e '.[gen,test,mutation]')"
+	$(PIP) install -e ./client -e '.[gen,test,mutation]'
 	@touch $@
 
 $(VENV)/.installed-lint: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing the client and the server with lint extras into $(VENV) (pip install -e ./client -e '.[lint]')"
-	$(PIP) install -e ./client -e '.[lint]'
+	@echo "==> installing the client and the server with lint extras into $(VENV) (pip install -e ./client -e '.[gen,lint]')"
+	$(PIP) install -e ./client -e '.[gen,lint]'
 	@touch $@
 
 node_modules/.installed: package.json package-lock.json
