@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from missionweave.kernel.clock import Clock, to_micros
 from missionweave.kernel.errors import R, Rejected
 from missionweave_server.storage import schema_versions
+from missionweave_server.storage.aio import finish_on_cancel
 from missionweave_server.storage.db import compiled_once, dialect_insert, make_engine
 
 log = logging.getLogger("missionweave_server.storage.replay")
@@ -173,13 +174,7 @@ class SharedNonces:
             "now_us": to_micros(self._clock.now()),
         }
         try:
-            async with self._engine.begin() as conn:
-                if self._postgres:
-                    # Visible to every replica at commit either way; not waiting for the WAL flush
-                    # is what makes this cheap (D118). A server crash could forget the last moment's
-                    # nonces, whose proofs stay replayable for the rest of their 30 s.
-                    await conn.execute(_ASYNC_COMMIT)
-                row = (await conn.execute(self._record, params)).first()
+            recorded = await self._record_use(params)
         except SQLAlchemyError as err:
             log.warning("the shared nonce store did not answer", extra={"error": f"{type(err).__name__}: {err}"})
             raise Rejected(
@@ -189,8 +184,25 @@ class SharedNonces:
                 retry_after_ms=DATABASE_RETRY_AFTER_MS,
             ) from None
         await self._prune_when_due()
-        return row is not None
+        return recorded
 
+    @finish_on_cancel
+    async def _record_use(self, params: dict[str, object]) -> bool:
+        """The nonce's one statement, run to its commit even when the caller is cancelled (an RPC
+        whose client went away, often while the INSERT waits for SQLite's write lock). Interrupted,
+        SQLAlchemy would close the aiosqlite connection with the INSERT ... RETURNING unfinished, and
+        sqlite3 then keeps that closed connection as a zombie, its transaction and SQLite's write lock
+        held, until the cyclic garbage collector frees the cursor (gc_policy: rarely): every other
+        writer of the file waits out its busy timeout and fails "database is locked"."""
+        async with self._engine.begin() as conn:
+            if self._postgres:
+                # Visible to every replica at commit either way; not waiting for the WAL flush
+                # is what makes this cheap (D118). A server crash could forget the last moment's
+                # nonces, whose proofs stay replayable for the rest of their 30 s.
+                await conn.execute(_ASYNC_COMMIT)
+            return (await conn.execute(self._record, params)).first() is not None
+
+    @finish_on_cancel
     async def prune(self) -> int:
         """Delete the rows whose proofs are stale; how many."""
         async with self._engine.begin() as conn:

@@ -40,6 +40,8 @@ SQLITE_ROWS_PER_STATEMENT = 240
 _DURABLE_LEVELS = frozenset({"FULL", "EXTRA", "2", "3"})
 # ACKs arriving within this window share one transaction (SQLite FULL sync costs a disk flush each).
 CURSOR_FLUSH_DELAY_S = 0.05
+# Cursors whose store failed (a locked or unreachable database) are kept and stored again this long after.
+CURSOR_RETRY_S = 1.0
 
 
 class CursorStore:
@@ -104,6 +106,7 @@ class AckCursors:
     cursor_store: CursorStore
     _cursor_writes: dict[tuple[str, str], int]
     _cursor_flusher: asyncio.Task[None] | None
+    stopping: bool
 
     def note_cursor(self, agent_id: str, group_id: str, cursor: int) -> None:
         """Record an acknowledged cursor; it is stored shortly after, with every other ACK of that
@@ -112,23 +115,42 @@ class AckCursors:
         if cursor > self._cursor_writes.get(key, 0):
             self._cursor_writes[key] = cursor
         if self._cursor_flusher is None or self._cursor_flusher.done():
-            self._cursor_flusher = asyncio.create_task(self._flush_soon())
+            self._cursor_flusher = asyncio.create_task(self._flush_soon(CURSOR_FLUSH_DELAY_S))
 
-    async def _flush_soon(self) -> None:
-        await asyncio.sleep(CURSOR_FLUSH_DELAY_S)
+    async def _flush_soon(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
         await self.flush_cursors()
 
     async def flush_cursors(self) -> None:
-        """Store every noted cursor now (a stream's end and shutdown call this)."""
+        """Store every noted cursor now (a stream's end and shutdown call this). Cursors that could
+        not be stored stay noted and are stored again ``CURSOR_RETRY_S`` later (or by the next flush)."""
         while self._cursor_writes:
             rows, self._cursor_writes = self._cursor_writes, {}
             try:
                 await self.store_cursors(rows)
-            except Exception:
-                log.exception("storing ACK cursors failed; retrying with the next flush")
+            except BaseException as exc:
+                # Kept whatever happened: when cancelled, the store ran to its end (finish_on_cancel)
+                # but may have failed; storing a cursor again is harmless (only ever forward).
                 for key, cursor in rows.items():
                     self._cursor_writes[key] = max(cursor, self._cursor_writes.get(key, 0))
+                if isinstance(exc, Exception):
+                    log.error(
+                        "storing ACK cursors failed; they are kept and stored again shortly",
+                        extra={"cursors": len(rows), "retry_in_s": CURSOR_RETRY_S, "error": f"{type(exc).__name__}: {exc}"},
+                    )
+                self._retry_cursors()
+                if not isinstance(exc, Exception):
+                    raise
                 return
+
+    def _retry_cursors(self) -> None:
+        """A flush of what is still noted, ``CURSOR_RETRY_S`` from now (none while stopping: shutdown
+        flushes last, after cancelling the flusher)."""
+        if self.stopping:
+            return
+        flusher = self._cursor_flusher
+        if flusher is None or flusher.done() or flusher is asyncio.current_task():
+            self._cursor_flusher = asyncio.create_task(self._flush_soon(CURSOR_RETRY_S))
 
     @finish_on_cancel
     async def store_cursors(self, rows: dict[tuple[str, str], int]) -> None:

@@ -424,34 +424,7 @@ class IdentityRegistry:
             assert current is not None
             epoch = current.session_epoch + 1
             try:
-                async with self.engine.begin() as conn:
-                    result = await conn.execute(
-                        update(identities)
-                        .where(
-                            and_(
-                                identities.c.identity_id == record.identity_id,
-                                identities.c.session_epoch == current.session_epoch,
-                            )
-                        )
-                        .values(session_epoch=epoch)
-                    )
-                    if result.rowcount != 1:
-                        # Another process opened one: the next attempt reads the epoch afresh.
-                        self._identities.pop(record.identity_id, None)
-                        raise Rejected(R.REJECTION_REASON_REVISION_MISMATCH, "a concurrent session opened; retry")
-                    await conn.execute(
-                        insert(sessions).values(
-                            identity_id=record.identity_id,
-                            session_epoch=epoch,
-                            public_key=bytes(command.session_public_key),
-                            opened_us=now,
-                            request_fingerprint=fingerprint,
-                            grant_envelope=envelope.SerializeToString(),
-                        )
-                    )
-                    revision = await record_change(
-                        conn, record.identity_id, directory_pb2.IDENTITY_CHANGE_KIND_SESSION_OPENED, epoch, now
-                    )
+                revision = await self._store_session(record.identity_id, current.session_epoch, command, fingerprint, envelope, now)
             except IntegrityError:
                 raise Rejected(
                     R.REJECTION_REASON_COMMAND_ID_REUSED, "this OpenSession request was already used (replay)"
@@ -497,6 +470,43 @@ class IdentityRegistry:
             raise Rejected(R.REJECTION_REASON_CLOCK_SKEW, "issued_at is outside the replay window (5 minutes)")
         return signer
 
+    @finish_on_cancel
+    async def _store_session(
+        self,
+        identity_id: str,
+        current_epoch: int,
+        command: membership_service_pb2.OpenSessionCommand,
+        fingerprint: bytes,
+        envelope: common_pb2.SignedEnvelope,
+        now: int,
+    ) -> int:
+        """The raised epoch, the session and its directory change in one transaction, run to its commit
+        even when the caller is cancelled: interrupted mid-statement on SQLite, the closed connection
+        would keep the write lock until the garbage collector frees it (storage/aio.py)."""
+        epoch = current_epoch + 1
+        async with self.engine.begin() as conn:
+            result = await conn.execute(
+                update(identities)
+                .where(and_(identities.c.identity_id == identity_id, identities.c.session_epoch == current_epoch))
+                .values(session_epoch=epoch)
+            )
+            if result.rowcount != 1:
+                # Another process opened one: the next attempt reads the epoch afresh.
+                self._identities.pop(identity_id, None)
+                raise Rejected(R.REJECTION_REASON_REVISION_MISMATCH, "a concurrent session opened; retry")
+            await conn.execute(
+                insert(sessions).values(
+                    identity_id=identity_id,
+                    session_epoch=epoch,
+                    public_key=bytes(command.session_public_key),
+                    opened_us=now,
+                    request_fingerprint=fingerprint,
+                    grant_envelope=envelope.SerializeToString(),
+                )
+            )
+            return await record_change(conn, identity_id, directory_pb2.IDENTITY_CHANGE_KIND_SESSION_OPENED, epoch, now)
+
+    @finish_on_cancel
     async def _insert_identity(
         self, record: IdentityRecord, *, grant: bytes, request: tuple[str, bytes] | None = None
     ) -> None:
