@@ -306,6 +306,15 @@ def test_ctrl_c_to_the_whole_process_group_stops_the_mesh_in_order(tmp_path: Pat
     assert not [entry for entry in logs if entry["level"] in ("error", "critical")], logs
 
 
+def _ignored_signals(pid: int) -> int:
+    """The process's ignored-signal mask (Linux /proc); 0 until it is readable."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigIgn:")), 0)
+
+
 def test_a_child_process_ignores_a_ctrl_c_that_lands_while_it_is_still_starting(tmp_path: Path) -> None:
     """The SQLite writer takes a few hundred ms to import; a Ctrl-C to the process group in that
     time must not kill it (a traceback in the mesh's log, a writer gone mid-shutdown): it ignores
@@ -315,7 +324,14 @@ def test_a_child_process_ignores_a_ctrl_c_that_lands_while_it_is_still_starting(
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
-    time.sleep(0.15)  # past the interpreter's start, inside the module's imports
+    # The signals land once its first statement ran (SigIgn in /proc shows both ignored) and while
+    # the module's imports go on: a fixed sleep could land before the interpreter's start on a
+    # loaded machine, a window no statement of the child can close.
+    wanted = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
+    deadline = time.monotonic() + 20
+    while not _ignored_signals(child.pid) & wanted == wanted:
+        assert time.monotonic() < deadline, "the child never ignored SIGINT and SIGTERM"
+        time.sleep(0.001)
     child.send_signal(signal.SIGINT)
     child.send_signal(signal.SIGTERM)
     _, stderr = child.communicate(timeout=30)  # closes its stdin: the pipe ends
