@@ -17,6 +17,7 @@
 | MWP_S3_ENDPOINT / _REGION| AWS default                     | any S3-compatible endpoint (path-style)        |
 | MWP_S3_CREATE_BUCKET     | false                           | create the bucket on first use                 |
 | MWP_ARTIFACT_QUOTA_BYTES | 10737418240 (10 GiB)            | bytes of blobs one identity may hold (0: no quota; operators have none) |
+| MWP_SERVICES             | all five                        | the services this process runs (comma list; serve --service) |
 | MWP_AUTHORITY_ADDR, ...  | (unset)                         | peer addresses when services run apart         |
 | MWP_ADVERTISE_ADDR       | the listen address              | how peers reach this process (NOT_OWNER)       |
 | MWP_MESH_ID              | (unset)                         | processes of one mesh share a data dir          |
@@ -38,6 +39,9 @@
 | MWP_ACCESS_LOG_RATE      | 100                             | access-log lines/s, bursts of twice that (0: no access log) |
 | MWP_MALLOC_TUNING        | true                            | `mwp serve` fixes glibc's malloc thresholds (missionweave_server/mesh/allocator.py) |
 
+Parsed by pydantic (D176): a malformed value stops ``mwp serve`` with one line naming its variable,
+e.g. ``MWP_GROUP_RATE must be a number, not 'fast'``.
+
 TLS (docs/tls.md). A server listens with TLS when it has a certificate; clients (``mwp``, the SDK's
 ``ClientTLS.from_env``, a service dialing its peers) speak TLS when any client setting is set:
 
@@ -57,12 +61,17 @@ TLS (docs/tls.md). A server listens with TLS when it has a certificate; clients 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
+from typing import Annotated, Any, get_type_hints
 
-from missionweave.kernel.env import DEFAULT_DATA_DIR, admin_key_file
-from missionweave.kernel.env import env_flag as _flag
-from missionweave.kernel.env import env_path as _path
+from pydantic import AfterValidator, BeforeValidator, Field, TypeAdapter, ValidationError, ValidationInfo
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails, PydanticUseDefault
+
+from missionweave.kernel.env import DEFAULT_DATA_DIR, admin_key_file, env_flag
 
 # Where `mwp serve` serves its Prometheus metrics unless MWP_METRICS_LISTEN says otherwise.
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
@@ -71,89 +80,173 @@ SERVICES = ("authority", "membership", "scheduling", "artifacts", "gateway")
 NONCE_STORES = ("memory", "database")
 
 
+# How Settings.from_env reads a field (D176): pydantic, through the annotations below. A field read from
+# the environment is ``Annotated[<type>, Var("MWP_...") ...]``; plain construction (``Settings(...)``,
+# ``dataclasses.replace``, attribute assignment) never looks at them: Settings stays a plain dataclass.
+def Var(name: str) -> Any:
+    """The environment variable a field is read from."""
+    return Field(validation_alias=name)
+
+
+def _unset_if_empty(value: object) -> object:
+    """MWP_X= (set, but empty) leaves the field at its default, as if unset."""
+    if value == "":
+        raise PydanticUseDefault
+    return value
+
+
+def _flag(value: object, info: ValidationInfo) -> object:
+    """A yes/no variable: missionweave.kernel.env.env_flag's spellings, and its message naming the variable."""
+    if not isinstance(value, str):
+        return value
+    name = variables()[str(info.field_name)]
+    return env_flag({name: value}, name)
+
+
+def _comma_list(value: object) -> object:
+    return tuple(x.strip() for x in value.split(",") if x.strip()) if isinstance(value, str) else value
+
+
+def _lower(value: object) -> object:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+def _nonce_store(value: str) -> str:
+    if value not in NONCE_STORES:
+        raise ValueError(f"MWP_NONCE_STORE is one of {', '.join(NONCE_STORES)}, not {value!r}")
+    return value
+
+
+def _check(within: Callable[[Any], bool], message: str) -> AfterValidator:
+    """A range check refusing a parsed value with ``message`` (which names the variable)."""
+
+    def check(value: Any) -> Any:
+        if not within(value):
+            raise ValueError(message)
+        return value
+
+    return AfterValidator(check)
+
+
+_UNSET_IF_EMPTY = BeforeValidator(_unset_if_empty)
+_FLAG = BeforeValidator(_flag)
+
+
 @dataclass
 class Settings:
-    listen: str = "127.0.0.1:50051"
-    data_dir: Path = DEFAULT_DATA_DIR
-    database_url: str = ""
-    authority_key: Path | None = None
-    witness_dir: Path | None = None
-    instance_id: str = "local"
-    sqlite_synchronous: str = "FULL"
-    services: tuple[str, ...] = SERVICES
+    listen: Annotated[str, Var("MWP_LISTEN")] = "127.0.0.1:50051"
+    data_dir: Annotated[Path, Var("MWP_DATA_DIR")] = DEFAULT_DATA_DIR
+    database_url: Annotated[str, Var("MWP_DATABASE_URL")] = ""
+    authority_key: Annotated[Path | None, Var("MWP_AUTHORITY_KEY"), _UNSET_IF_EMPTY] = None
+    witness_dir: Annotated[Path | None, Var("MWP_AUTHORITY_WITNESS_DIR"), _UNSET_IF_EMPTY] = None
+    instance_id: Annotated[str, Var("MWP_INSTANCE_ID")] = "local"
+    sqlite_synchronous: Annotated[str, Var("MWP_SQLITE_SYNCHRONOUS"), AfterValidator(str.upper)] = "FULL"
+    services: Annotated[
+        tuple[str, ...], Var("MWP_SERVICES"), BeforeValidator(_comma_list), _UNSET_IF_EMPTY
+    ] = SERVICES
+    # From MWP_<SERVICE>_ADDR, one variable a service (Settings.from_env).
     peers: dict[str, str] = field(default_factory=dict)
     # The address peers dial to reach this process (named in NOT_OWNER answers); default: listen.
-    advertise: str = ""
+    advertise: Annotated[str, Var("MWP_ADVERTISE_ADDR")] = ""
     # How long an Authority's hold on a Group outlives its last append: after that another shard
     # may take the Group over (fenced by the writer epoch).
-    ownership_lease_s: float = 30.0
+    ownership_lease_s: Annotated[float, Var("MWP_OWNERSHIP_LEASE_S")] = 30.0
     # Processes of one mesh share this id; a data dir held by another mesh is refused (mesh.lock).
-    mesh_id: str = ""
+    mesh_id: Annotated[str, Var("MWP_MESH_ID")] = ""
     # Addresses (besides its own) a call proof may name as its audience: where clients dial the mesh.
-    audience: str = ""
-    mesh_token_file: Path | None = None
+    audience: Annotated[str, Var("MWP_AUDIENCE")] = ""
+    mesh_token_file: Annotated[Path | None, Var("MWP_MESH_TOKEN_FILE"), _UNSET_IF_EMPTY] = None
     # Where accepted proofs' nonces are remembered (missionweave_server/storage/replay.py, D118, D168): "database",
     # also in the database every replica of a service shares, so a proof accepted by one replica, or
     # by this process before a restart, is a replay; "memory", this process only: an explicit opt-out,
     # unsafe across restarts (a proof accepted just before one is accepted again after it).
-    nonce_store: str = "database"
-    log_level: str = "info"
-    log_format: str = "json"
+    nonce_store: Annotated[
+        str,
+        Var("MWP_NONCE_STORE"),
+        _UNSET_IF_EMPTY,
+        BeforeValidator(_lower),  # (before-validators run last first)
+        AfterValidator(_nonce_store),
+    ] = "database"
+    log_level: Annotated[str, Var("MWP_LOG_LEVEL")] = "info"
+    log_format: Annotated[str, Var("MWP_LOG_FORMAT")] = "json"
     grace_seconds: float = 10.0
     # Per-Group ingress token bucket (MW-8-16): sustained commands/s and burst. One Group's
     # sustained rate is bounded by its serial decisions anyway; this keeps a flood from filling
     # the shared group-commit queue ahead of every other Group.
-    group_rate: float = 200.0
-    group_burst: float = 400.0
+    group_rate: Annotated[float, Var("MWP_GROUP_RATE")] = 200.0
+    group_burst: Annotated[float, Var("MWP_GROUP_BURST")] = 400.0
     # Group commit under load (D51): a batch waits up to commit_linger_ms for more appends, and
     # goes once none arrived for commit_idle_ms or commit_batch are waiting; a lone append never waits.
-    commit_linger_ms: float = 8.0
-    commit_idle_ms: float = 1.0  # D149
-    commit_batch: int = 32
+    commit_linger_ms: Annotated[float, Var("MWP_COMMIT_LINGER_MS")] = 8.0
+    commit_idle_ms: Annotated[float, Var("MWP_COMMIT_IDLE_MS")] = 1.0  # D149
+    commit_batch: Annotated[int, Var("MWP_COMMIT_BATCH")] = 32
     # Processes that check command signatures off the event loop (D52); 0 checks them inline.
-    verify_workers: int = 1
+    verify_workers: Annotated[int, Var("MWP_VERIFY_WORKERS")] = 1
     # TLS, server side (missionweave_server/edge/channels.py ServerTLS): certificate and key; a client CA
     # requires client certificates (mTLS). Plain text on a non-loopback address needs `insecure`.
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_client_ca: Path | None = None
-    insecure: bool = False
+    tls_cert: Annotated[Path | None, Var("MWP_TLS_CERT"), _UNSET_IF_EMPTY] = None
+    tls_key: Annotated[Path | None, Var("MWP_TLS_KEY"), _UNSET_IF_EMPTY] = None
+    tls_client_ca: Annotated[Path | None, Var("MWP_TLS_CLIENT_CA"), _UNSET_IF_EMPTY] = None
+    insecure: Annotated[bool, Var("MWP_INSECURE"), _FLAG] = False
     # An extra plain-text listener serving only grpc.health.v1 (kubelet's gRPC probes speak no TLS).
-    health_listen: str = ""
+    health_listen: Annotated[str, Var("MWP_HEALTH_LISTEN")] = ""
     # `mwp serve --tls-auto`: a throw-away mesh CA and certificates in <data dir>/tls (mesh/certs.py).
-    tls_auto: bool = False
+    tls_auto: Annotated[bool, Var("MWP_TLS_AUTO"), _FLAG] = False
     # TLS, client side (ClientTLS): on with `tls` or any of the others; also how a service dials its peers.
-    tls: bool = False
-    tls_ca: Path | None = None
-    tls_client_cert: Path | None = None
-    tls_client_key: Path | None = None
-    tls_server_name: str = ""
+    tls: Annotated[bool, Var("MWP_TLS"), _FLAG] = False
+    tls_ca: Annotated[Path | None, Var("MWP_TLS_CA"), _UNSET_IF_EMPTY] = None
+    tls_client_cert: Annotated[Path | None, Var("MWP_TLS_CLIENT_CERT"), _UNSET_IF_EMPTY] = None
+    tls_client_key: Annotated[Path | None, Var("MWP_TLS_CLIENT_KEY"), _UNSET_IF_EMPTY] = None
+    tls_server_name: Annotated[str, Var("MWP_TLS_SERVER_NAME")] = ""
     # The gateway's bounds on its streams (docs/gateway.md "Limits", missionweave_server/services/gateway/limits.py).
-    gateway_max_streams: int = 10_000
-    gateway_max_streams_per_identity: int = 8
-    gateway_hello_timeout_s: float = 10.0
-    gateway_stall_timeout_s: float = 30.0
-    gateway_stream_buffer_bytes: int = 1024 * 1024
+    gateway_max_streams: Annotated[int, Var("MWP_GATEWAY_MAX_STREAMS")] = 10_000
+    gateway_max_streams_per_identity: Annotated[int, Var("MWP_GATEWAY_MAX_STREAMS_PER_IDENTITY")] = 8
+    gateway_hello_timeout_s: Annotated[float, Var("MWP_GATEWAY_HELLO_TIMEOUT_S")] = 10.0
+    gateway_stall_timeout_s: Annotated[float, Var("MWP_GATEWAY_STALL_TIMEOUT_S")] = 30.0
+    gateway_stream_buffer_bytes: Annotated[int, Var("MWP_GATEWAY_STREAM_BUFFER_BYTES")] = 1024 * 1024
     # The bytes of blobs one identity may hold in the artifact store (issue 13 item 3, D77);
     # 0: no quota. Operators and mesh services have none.
-    artifact_quota_bytes: int = 10 * 1024**3
+    artifact_quota_bytes: Annotated[
+        int,
+        Var("MWP_ARTIFACT_QUOTA_BYTES"),
+        _check(lambda n: n >= 0, "MWP_ARTIFACT_QUOTA_BYTES is a number of bytes (0: no quota)"),
+    ] = 10 * 1024**3
     # The Organization's collaboration policy: how deep below its scope root a delegated WorkItem
     # may sit (MW-9.1-12); grants ask for at most this.
-    max_delegation_depth: int = 3
+    max_delegation_depth: Annotated[
+        int,
+        Var("MWP_MAX_DELEGATION_DEPTH"),
+        _check(lambda d: 0 <= d <= 64, "MWP_MAX_DELEGATION_DEPTH is a depth of 0..64"),
+    ] = 3
     # The Organization's default maximum depth of a Mission tree (MW-14-05; root = 0): a deeper
     # child needs a recorded approval (MW-14-06).
-    max_mission_depth: int = 2
+    max_mission_depth: Annotated[
+        int,
+        Var("MWP_MAX_MISSION_DEPTH"),
+        _check(lambda d: 1 <= d <= 64, "MWP_MAX_MISSION_DEPTH is a depth of 1..64"),
+    ] = 2
     # How often an Authority reads the cross-Group outbox besides when its own appends wrote to it
     # (docs/subtasks.md); 0: this instance delivers no cross-Group links (others do).
-    link_relay_poll_ms: int = 1000
+    link_relay_poll_ms: Annotated[
+        int,
+        Var("MWP_LINK_RELAY_POLL_MS"),
+        _check(
+            lambda ms: ms >= 0,
+            "MWP_LINK_RELAY_POLL_MS is a number of milliseconds (0: deliver no links here)",
+        ),
+    ] = 1000
     # Where this process serves its Prometheus metrics (missionweave_server/observability/metrics.py); "" serves none.
     # Off in a bare Settings() (tests start many meshes in one process); from_env, as `mwp serve`
     # reads it, defaults to DEFAULT_METRICS_LISTEN.
-    metrics_listen: str = ""
+    metrics_listen: Annotated[str, Var("MWP_METRICS_LISTEN"), AfterValidator(str.strip)] = ""
     # Access-log lines a second at most (bursts of twice that); 0 writes none (missionweave_server/edge/access_log.py).
-    access_log_rate: float = 100.0
+    access_log_rate: Annotated[
+        float,
+        Var("MWP_ACCESS_LOG_RATE"),
+        _check(lambda r: r >= 0, "MWP_ACCESS_LOG_RATE is a number of lines a second (0: no access log)"),
+    ] = 100.0
     # Whether `mwp serve` fixes glibc's malloc thresholds for its process (missionweave_server/mesh/allocator.py, D148).
-    malloc_tuning: bool = True
+    malloc_tuning: Annotated[bool, Var("MWP_MALLOC_TUNING"), _FLAG] = True
 
     @property
     def db_url(self) -> str:
@@ -184,75 +277,45 @@ class Settings:
         return admin_key_file(self.data_dir)
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
-        e = dict(os.environ if env is None else env)
-        s = cls()
-        s.listen = e.get("MWP_LISTEN", s.listen)
-        s.data_dir = Path(e.get("MWP_DATA_DIR", str(s.data_dir)))
-        s.database_url = e.get("MWP_DATABASE_URL", "")
-        if e.get("MWP_AUTHORITY_KEY"):
-            s.authority_key = Path(e["MWP_AUTHORITY_KEY"])
-        if e.get("MWP_AUTHORITY_WITNESS_DIR"):
-            s.witness_dir = Path(e["MWP_AUTHORITY_WITNESS_DIR"])
-        s.instance_id = e.get("MWP_INSTANCE_ID", s.instance_id)
-        s.sqlite_synchronous = e.get("MWP_SQLITE_SYNCHRONOUS", s.sqlite_synchronous).upper()
-        if e.get("MWP_SERVICES"):
-            s.services = tuple(x.strip() for x in e["MWP_SERVICES"].split(",") if x.strip())
-        for name in SERVICES:
-            addr = e.get(f"MWP_{name.upper()}_ADDR")
-            if addr:
-                s.peers[name] = addr
-        s.advertise = e.get("MWP_ADVERTISE_ADDR", s.advertise)
-        s.mesh_id = e.get("MWP_MESH_ID", s.mesh_id)
-        s.audience = e.get("MWP_AUDIENCE", s.audience)
-        if e.get("MWP_MESH_TOKEN_FILE"):
-            s.mesh_token_file = Path(e["MWP_MESH_TOKEN_FILE"])
-        s.nonce_store = e.get("MWP_NONCE_STORE", s.nonce_store).strip().lower() or s.nonce_store
-        if s.nonce_store not in NONCE_STORES:
-            raise ValueError(f"MWP_NONCE_STORE is one of {', '.join(NONCE_STORES)}, not {s.nonce_store!r}")
-        s.ownership_lease_s = float(e.get("MWP_OWNERSHIP_LEASE_S", s.ownership_lease_s))
-        s.group_rate = float(e.get("MWP_GROUP_RATE", s.group_rate))
-        s.group_burst = float(e.get("MWP_GROUP_BURST", s.group_burst))
-        s.commit_linger_ms = float(e.get("MWP_COMMIT_LINGER_MS", s.commit_linger_ms))
-        s.commit_idle_ms = float(e.get("MWP_COMMIT_IDLE_MS", s.commit_idle_ms))
-        s.commit_batch = int(e.get("MWP_COMMIT_BATCH", s.commit_batch))
-        s.verify_workers = int(e.get("MWP_VERIFY_WORKERS", s.verify_workers))
-        s.tls_cert = _path(e, "MWP_TLS_CERT")
-        s.tls_key = _path(e, "MWP_TLS_KEY")
-        s.tls_client_ca = _path(e, "MWP_TLS_CLIENT_CA")
-        s.insecure = _flag(e, "MWP_INSECURE")
-        s.health_listen = e.get("MWP_HEALTH_LISTEN", s.health_listen)
-        s.tls_auto = _flag(e, "MWP_TLS_AUTO")
-        s.tls = _flag(e, "MWP_TLS")
-        s.tls_ca = _path(e, "MWP_TLS_CA")
-        s.tls_client_cert = _path(e, "MWP_TLS_CLIENT_CERT")
-        s.tls_client_key = _path(e, "MWP_TLS_CLIENT_KEY")
-        s.tls_server_name = e.get("MWP_TLS_SERVER_NAME", s.tls_server_name)
-        s.gateway_max_streams = int(e.get("MWP_GATEWAY_MAX_STREAMS", s.gateway_max_streams))
-        s.gateway_max_streams_per_identity = int(
-            e.get("MWP_GATEWAY_MAX_STREAMS_PER_IDENTITY", s.gateway_max_streams_per_identity)
-        )
-        s.gateway_hello_timeout_s = float(e.get("MWP_GATEWAY_HELLO_TIMEOUT_S", s.gateway_hello_timeout_s))
-        s.gateway_stall_timeout_s = float(e.get("MWP_GATEWAY_STALL_TIMEOUT_S", s.gateway_stall_timeout_s))
-        s.gateway_stream_buffer_bytes = int(e.get("MWP_GATEWAY_STREAM_BUFFER_BYTES", s.gateway_stream_buffer_bytes))
-        s.artifact_quota_bytes = int(e.get("MWP_ARTIFACT_QUOTA_BYTES", s.artifact_quota_bytes))
-        if s.artifact_quota_bytes < 0:
-            raise ValueError("MWP_ARTIFACT_QUOTA_BYTES is a number of bytes (0: no quota)")
-        s.max_delegation_depth = int(e.get("MWP_MAX_DELEGATION_DEPTH", s.max_delegation_depth))
-        if not 0 <= s.max_delegation_depth <= 64:
-            raise ValueError("MWP_MAX_DELEGATION_DEPTH is a depth of 0..64")
-        s.max_mission_depth = int(e.get("MWP_MAX_MISSION_DEPTH", s.max_mission_depth))
-        if not 1 <= s.max_mission_depth <= 64:
-            raise ValueError("MWP_MAX_MISSION_DEPTH is a depth of 1..64")
-        s.link_relay_poll_ms = int(e.get("MWP_LINK_RELAY_POLL_MS", s.link_relay_poll_ms))
-        if s.link_relay_poll_ms < 0:
-            raise ValueError("MWP_LINK_RELAY_POLL_MS is a number of milliseconds (0: deliver no links here)")
-        s.metrics_listen = e.get("MWP_METRICS_LISTEN", DEFAULT_METRICS_LISTEN).strip()
-        s.access_log_rate = float(e.get("MWP_ACCESS_LOG_RATE", s.access_log_rate))
-        if s.access_log_rate < 0:
-            raise ValueError("MWP_ACCESS_LOG_RATE is a number of lines a second (0: no access log)")
-        if "MWP_MALLOC_TUNING" in e:
-            s.malloc_tuning = _flag(e, "MWP_MALLOC_TUNING")
-        s.log_level = e.get("MWP_LOG_LEVEL", s.log_level)
-        s.log_format = e.get("MWP_LOG_FORMAT", s.log_format)
-        return s
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """The settings the MWP_* variables of ``env`` (default: os.environ) give; a malformed one is a
+        ValueError of one line naming it, e.g. "MWP_GROUP_RATE must be a number, not 'fast'"."""
+        e = os.environ if env is None else env
+        values: dict[str, object] = {k: v for k, v in e.items() if k.startswith("MWP_")}
+        values.setdefault("MWP_METRICS_LISTEN", DEFAULT_METRICS_LISTEN)
+        values["peers"] = {
+            name: e[f"MWP_{name.upper()}_ADDR"] for name in SERVICES if e.get(f"MWP_{name.upper()}_ADDR")
+        }
+        try:
+            return _from_variables().validate_python(values)
+        except ValidationError as refused:
+            raise ValueError("; ".join(_refusal(error) for error in refused.errors())) from None
+
+
+@cache
+def _from_variables() -> TypeAdapter[Settings]:
+    return TypeAdapter(Settings)
+
+
+@cache
+def variables() -> dict[str, str]:
+    """Each field read from the environment, and its variable: {"group_rate": "MWP_GROUP_RATE", ...}."""
+    return {
+        name: meta.validation_alias
+        for name, hint in get_type_hints(Settings, include_extras=True).items()
+        for meta in getattr(hint, "__metadata__", ())
+        if isinstance(meta, FieldInfo) and isinstance(meta.validation_alias, str)
+    }
+
+
+_EXPECTED = {"int_parsing": "a whole number", "float_parsing": "a number"}
+
+
+def _refusal(error: ErrorDetails) -> str:
+    """One pydantic error as the operator reads it: the variable, what it must be, what it was."""
+    name = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "value_error":  # a check of ours: its message names the variable
+        return str(error.get("ctx", {}).get("error", error["msg"]))
+    if error["type"] in _EXPECTED:
+        return f"{name} must be {_EXPECTED[error['type']]}, not {error['input']!r}"
+    return f"{name}: {error['msg']}, not {error['input']!r}"

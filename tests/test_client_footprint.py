@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_ONLY = (
     "prometheus_client", "opentelemetry", "sqlalchemy", "aiosqlite", "asyncpg", "alembic", "boto3", "botocore",
-    "cryptography", "missionweave_server", "missionweave.cli", "missionweave.internal",
+    "cryptography", "pydantic", "pydantic_core", "missionweave_server", "missionweave.cli", "missionweave.internal",
 )
 
 

@@ -18,7 +18,11 @@ from missionweave_server.observability import grpc_core, tracing
 def cmd_serve(args: argparse.Namespace) -> int:
     from missionweave_server.mesh.datadir_lock import DataDirHeld, hold
 
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+    except ValueError as malformed:  # an MWP_* variable that does not parse: the message names it (D176)
+        print(f"mwp serve: {malformed}", file=sys.stderr)
+        return 1
     if args.listen:
         settings.listen = args.listen
     if args.data_dir:
