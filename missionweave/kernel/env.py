@@ -1,4 +1,4 @@
-"""Reading settings from environment variables: one spelling of paths and yes/no flags for the
+"""Reading settings from environment variables: one spelling of yes/no flags and paths for the
 server's configuration (missionweave_server/config.py) and a client's TLS (missionweave/kernel/transport.py)."""
 
 from __future__ import annotations
