@@ -1,4 +1,5 @@
-"""Pure core: the check a Context Package for another Group passes (rules/missions.py check_transfer)."""
+"""Pure core: the check a Context Package for another Group passes (check_transfer in
+rules/missions/context_transfer.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 from missionweave.kernel.errors import Rejected
 from missionweave.v1 import common_pb2
-from missionweave_server.services.authority.rules.missions import check_transfer
+from missionweave_server.services.authority.rules.missions.context_transfer import check_transfer
 from missionweave_server.services.authority.state import GroupState, TransferGrant
 
 R = common_pb2.RejectionReason

@@ -20,7 +20,7 @@ from missionweave.v1 import artifact_service_pb2, common_pb2
 from missionweave_server.services.authority.context_package import CONTEXT_PACKAGE_TYPE, build_context_package
 from missionweave_server.services.authority.integrity import LogIntegrity
 from missionweave_server.services.authority.loading import GroupLoader, Sign
-from missionweave_server.services.authority.rules.missions import check_transfer
+from missionweave_server.services.authority.rules.missions.context_transfer import check_transfer
 from missionweave_server.services.authority.store import EventStore, StoredEvent
 from missionweave_server.services.authority.tail import LogTails
 from missionweave_server.services.authority.views import group_state_proto

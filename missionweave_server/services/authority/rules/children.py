@@ -35,13 +35,13 @@ from missionweave_server.services.authority.rules.common import (
     require_reason,
     validate_definition,
 )
-from missionweave_server.services.authority.rules.missions import (
+from missionweave_server.services.authority.rules.missions.common import (
     grant_full_membership,
-    open_mission,
     require_coordinator,
     require_live,
     revoke_membership,
 )
+from missionweave_server.services.authority.rules.missions.creation import open_mission
 from missionweave_server.services.authority.rules.scope import resolve_scope
 from missionweave_server.services.authority.rules.work.common import (
     ACTIVE,

@@ -25,7 +25,7 @@ from missionweave_server.services.authority.rules.common import (
     mission_of,
     require_reason,
 )
-from missionweave_server.services.authority.rules.missions import require_live
+from missionweave_server.services.authority.rules.missions.common import require_live
 from missionweave_server.services.authority.rules.work.offline import buffered, reconcile
 from missionweave_server.services.authority.state import ConversationState, GroupState, MessageState
 

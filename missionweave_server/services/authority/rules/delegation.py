@@ -31,7 +31,7 @@ from missionweave_server.services.authority.rules.common import (
     require_reason,
 )
 from missionweave_server.services.authority.rules.memberships import require_steward
-from missionweave_server.services.authority.rules.missions import require_coordinator, require_live
+from missionweave_server.services.authority.rules.missions.common import require_coordinator, require_live
 from missionweave_server.services.authority.state import SIX, GrantState, GroupState
 
 WS = wp.WorkItemState

@@ -18,7 +18,7 @@ from missionweave_server.services.authority.rules.common import (
     invalid,
     mission_of,
 )
-from missionweave_server.services.authority.rules.missions import require_live, revoke_membership
+from missionweave_server.services.authority.rules.missions.common import require_live, revoke_membership
 from missionweave_server.services.authority.state import GroupState, MemberState
 
 _SUBMITTED = work_pb2.WORK_ITEM_STATE_SUBMITTED

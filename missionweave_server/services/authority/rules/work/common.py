@@ -20,7 +20,7 @@ from missionweave_server.services.authority.rules.common import (
     require_reason,
 )
 from missionweave_server.services.authority.rules.delegation import usable_grant
-from missionweave_server.services.authority.rules.missions import require_coordinator, require_live
+from missionweave_server.services.authority.rules.missions.common import require_coordinator, require_live
 from missionweave_server.services.authority.state import (
     MAX_LEASE_HISTORY,
     ExecutionLeaseState,

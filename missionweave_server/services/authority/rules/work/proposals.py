@@ -16,7 +16,7 @@ from missionweave_server.services.authority.rules.common import (
     mission_of,
 )
 from missionweave_server.services.authority.rules.delegation import charge, check_delegated_authorize
-from missionweave_server.services.authority.rules.missions import require_live
+from missionweave_server.services.authority.rules.missions.common import require_live
 from missionweave_server.services.authority.rules.work.common import OPEN, require_steering, work_item
 from missionweave_server.services.authority.rules.work.contract import validate_contract
 from missionweave_server.services.authority.rules.work.usage import check_fits_mission

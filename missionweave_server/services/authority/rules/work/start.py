@@ -17,7 +17,7 @@ from missionweave_server.services.authority.rules.common import (
     invalid,
     mission_of,
 )
-from missionweave_server.services.authority.rules.missions import require_live
+from missionweave_server.services.authority.rules.missions.common import require_live
 from missionweave_server.services.authority.rules.work.common import (
     ACTIVE,
     DEFAULT_EXECUTION_LEASE,
