@@ -28,7 +28,7 @@ from tests import builders
 from tests.conftest import World
 
 G = "grp_growth"
-AUTHORITY = str(Path(__file__).resolve().parent.parent / "services" / "authority")
+AUTHORITY = str(Path(__file__).resolve().parent.parent / "missionweave_server" / "services" / "authority")
 # The group commit's own bookkeeping follows how appends happened to be batched, not the Group.
 BATCHING = ("store.py", "group_commit.py", "writer_process.py", "batch_sql.py")
 
