@@ -143,12 +143,13 @@ lint: $(VENV)/.installed-lint node_modules/.installed
 	@$(MAKE) --no-print-directory gen
 	@failed=""; \
 	echo "==> ruff check ."; $(VENV)/bin/ruff check . || failed="$$failed ruff"; \
+	echo "==> ruff format --check ."; $(VENV)/bin/ruff format --check . || failed="$$failed ruff-format"; \
 	echo "==> mypy"; $(VENV)/bin/mypy || failed="$$failed mypy"; \
 	echo "==> lint-imports (service boundaries, kernel, SDK/CLI layering)"; $(VENV)/bin/lint-imports || failed="$$failed lint-imports"; \
 	echo "==> buf lint (protos/)"; $(BUF) lint || failed="$$failed buf"; \
 	echo "==> k8s-check (render k8s/, kubernetes-validate --strict)"; VENV=$(VENV) .ci/k8s-validate || failed="$$failed k8s-check"; \
 	if [ -n "$$failed" ]; then echo "lint failed:$$failed"; exit 1; fi; \
-	echo "lint passed: ruff, mypy, lint-imports, buf, k8s-check"
+	echo "lint passed: ruff check and format, mypy, lint-imports, buf, k8s-check"
 
 # Both distributions as wheels, each installed into a fresh virtualenv (.ci/check-distributions).
 dist-check: $(VENV)/.installed-base

@@ -363,7 +363,9 @@ class S3Anchor:
         if hasher.hexdigest() != hex_digest:
             raise RuntimeError("anchor: hash mismatch")
         part = self.part_size_for(len(data))
-        config = self.transfer_config(multipart_threshold=part + 1, multipart_chunksize=part, max_concurrency=4)
+        config = self.transfer_config(
+            multipart_threshold=part + 1, multipart_chunksize=part, max_concurrency=4
+        )
         self.client.upload_fileobj(io.BytesIO(data), self.bucket, key, Config=config)
         return key
 
@@ -419,10 +421,14 @@ async def role_sink(tuned: bool) -> None:
         for offset in range(0, size, CHUNK_BYTES):
             yield pb.DownloadResponse(offset=offset, data=bytes(view[: min(CHUNK_BYTES, size - offset)]))
 
-    async def batch_upload(request: pb.BatchUploadRequest, context: grpc.aio.ServicerContext) -> pb.BatchUploadResponse:
+    async def batch_upload(
+        request: pb.BatchUploadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BatchUploadResponse:
         return pb.BatchUploadResponse(results=[pb.BatchUploadResult(digest=b.digest) for b in request.blobs])
 
-    async def batch_download(request: pb.BatchDownloadRequest, context: grpc.aio.ServicerContext) -> pb.BatchDownloadResponse:
+    async def batch_download(
+        request: pb.BatchDownloadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BatchDownloadResponse:
         return pb.BatchDownloadResponse(
             results=[pb.BatchDownloadResult(digest=d, data=payload[: d.size_bytes]) for d in request.digests]
         )
@@ -470,7 +476,13 @@ def spawn_sink(work: Path, tuned: bool) -> Child:
     stderr_path = work / "sink.stderr"
     with open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--role", "sink", *(["--tuned-anchor"] if tuned else [])],
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--role",
+                "sink",
+                *(["--tuned-anchor"] if tuned else []),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -591,7 +603,9 @@ async def measure_ours(
                 s3.delete(key)
                 r.s3_put.add(s_put)
                 r.s3_get.add(s_get)
-                extra = f"; boto3 put {size / MiB / s_put.seconds:,.0f}, get {size / MiB / s_get.seconds:,.0f}"
+                extra = (
+                    f"; boto3 put {size / MiB / s_put.seconds:,.0f}, get {size / MiB / s_get.seconds:,.0f}"
+                )
             log(
                 f"  {name} #{rep + 1}/{reps}: put {size / MiB / op.seconds:,.0f} MiB/s ({op.seconds * 1000:.1f} ms), "
                 f"get {size / MiB / op_get.seconds:,.0f} MiB/s ({op_get.seconds * 1000:.1f} ms); "
@@ -724,10 +738,20 @@ async def measure_batches(
     args: argparse.Namespace, stub: Stub, pid: int, anchor: BatchAnchor, sink: Sink | None
 ) -> tuple[BatchResult, list[common_pb2.Digest]]:
     size, per_batch = args.batch_blob_bytes, args.per_batch
-    r = BatchResult(size, per_batch, *(Series(n, size * per_batch) for n in ("put", "get", "anchor put", "anchor get", "gRPC put", "gRPC get")))
+    r = BatchResult(
+        size,
+        per_batch,
+        *(
+            Series(n, size * per_batch)
+            for n in ("put", "get", "anchor put", "anchor get", "gRPC put", "gRPC get")
+        ),
+    )
     rounds = max(1, -(-args.batch_blobs // per_batch))
-    log(f"batches: {rounds} rounds of {per_batch} new blobs of {human(size)} each way (BatchUpload, BatchDownload), "
-        "each followed by the raw anchor on the same bytes" + (" and the no-op server's batch RPCs" if sink else ""))
+    log(
+        f"batches: {rounds} rounds of {per_batch} new blobs of {human(size)} each way (BatchUpload, BatchDownload), "
+        "each followed by the raw anchor on the same bytes"
+        + (" and the no-op server's batch RPCs" if sink else "")
+    )
     stored: list[common_pb2.Digest] = []
     started = time.perf_counter()
     for rnd in range(rounds):
@@ -736,7 +760,9 @@ async def measure_batches(
             break
         datas = [random_bytes(size) for _ in range(per_batch)]
         digests = [digest_of(d) for d in datas]
-        request = pb.BatchUploadRequest(blobs=[pb.BatchUploadBlob(digest=g, data=d) for g, d in zip(digests, datas, strict=True)])
+        request = pb.BatchUploadRequest(
+            blobs=[pb.BatchUploadBlob(digest=g, data=d) for g, d in zip(digests, datas, strict=True)]
+        )
         op = Op()
         with Meter(op, pid):
             response = await stub.BatchUpload(request)
@@ -787,7 +813,9 @@ async def uploader_channel(target: str, data_dir: Path) -> grpc.aio.Channel:
     key = SigningKey.generate()
     async with MeshClient(target) as client:
         admin_key = read_key(data_dir / "keys" / "admin.key")
-        await client.register_identity("admin", admin_key, "bench-uploader", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key))
+        await client.register_identity(
+            "admin", admin_key, "bench-uploader", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+        )
         signer = await client.open_session("bench-uploader", key)
     return open_channel(target, options=GRPC_OPTIONS, interceptors=CallProofs(target, signer).interceptors)
 
@@ -817,10 +845,16 @@ async def drive(args: argparse.Namespace, work: Path) -> Results:
         sink = None if args.no_grpc_anchor else await start_sink(work, args.tuned_anchor)
         if args.profile_server:
             os.kill(mesh.proc.pid, signal.SIGUSR1)
-        sizes, stored = await measure_ours(args, stub, mesh.proc.pid, anchor_dir, s3, sink) if args.size_list else ([], [])
+        sizes, stored = (
+            await measure_ours(args, stub, mesh.proc.pid, anchor_dir, s3, sink)
+            if args.size_list
+            else ([], [])
+        )
         batches = None
         if args.batch_blobs:
-            batches, batched = await measure_batches(args, stub, mesh.proc.pid, BatchAnchor(data_dir / "batch-anchor"), sink)
+            batches, batched = await measure_batches(
+                args, stub, mesh.proc.pid, BatchAnchor(data_dir / "batch-anchor"), sink
+            )
             stored += batched
         if args.profile_server:
             os.kill(mesh.proc.pid, signal.SIGUSR1)
@@ -872,7 +906,9 @@ def report(args: argparse.Namespace, res: Results) -> bool:
             "cache. Blobs and anchor files are kept until the end of the run."
         )
     else:
-        print("The S3 server's own CPU is not counted in the server figures; the raw anchor uses the local disk.")
+        print(
+            "The S3 server's own CPU is not counted in the server figures; the raw anchor uses the local disk."
+        )
     print()
     header = (
         f"{'size':>8} {'reps':>4}  {'put MiB/s':>9} {'range':>11} {'p50/max ms':>15}  "
@@ -963,14 +999,18 @@ def report(args: argparse.Namespace, res: Results) -> bool:
             for s in (r.grpc_put, r.grpc_get):
                 sv, sv_core = s.cpu("server_cpu")
                 cl, cl_core = s.cpu("client_cpu")
-                parts.append(f"{s.name}: server {sv:.2f} ms/MiB ({sv_core:.0%}), client {cl:.2f} ms/MiB ({cl_core:.0%})")
+                parts.append(
+                    f"{s.name}: server {sv:.2f} ms/MiB ({sv_core:.0%}), client {cl:.2f} ms/MiB ({cl_core:.0%})"
+                )
             print(f"  {human(r.size):>8}  " + "; ".join(parts))
     print()
 
     def verdict(ok: bool) -> str:
         return "MET" if ok else "NOT MET"
 
-    print("targets (issue #5, per stream; checked as MiB/s): put >= 300, get >= 500; goal put >= 500, get >= 800")
+    print(
+        "targets (issue #5, per stream; checked as MiB/s): put >= 300, get >= 500; goal put >= 500, get >= 800"
+    )
     for r in res.sizes:
         pr, gr = r.put.median_rate, r.get.median_rate
         print(
@@ -998,11 +1038,19 @@ def report_batches(b: BatchResult, ratio: Any) -> None:
         "  ours put = BatchUpload until the answer: every blob hashed and checked, written, fsynced, renamed, its "
         "directory fsynced, indexed; get = BatchDownload, every blob verified at rest by the server and re-hashed by the client"
     )
-    print("  raw anchor = BLAKE3 + write + start writeback, fdatasync + rename, directory fsyncs, on 4 threads, no server")
+    print(
+        "  raw anchor = BLAKE3 + write + start writeback, fdatasync + rename, directory fsyncs, on 4 threads, no server"
+    )
     rows = [("put", b.put, b.anchor_put, b.grpc_put), ("get", b.get, b.anchor_get, b.grpc_get)]
-    print(f"  {'':>4} {'ours':>9} {'raw':>9} {'ours/raw':>9} {'gRPC-only':>10} {'ours/gRPC':>10} {'MiB/s':>7} {'p50 ms/call':>12}")
+    print(
+        f"  {'':>4} {'ours':>9} {'raw':>9} {'ours/raw':>9} {'gRPC-only':>10} {'ours/gRPC':>10} {'MiB/s':>7} {'p50 ms/call':>12}"
+    )
     for name, ours, raw, grpc_only in rows:
-        rate, anchor, noop = b.blobs_per_s(ours), b.blobs_per_s(raw), b.blobs_per_s(grpc_only) if grpc_only.ops else float("nan")
+        rate, anchor, noop = (
+            b.blobs_per_s(ours),
+            b.blobs_per_s(raw),
+            b.blobs_per_s(grpc_only) if grpc_only.ops else float("nan"),
+        )
         print(
             f"  {name:>4} {rate:>9,.0f} {anchor:>9,.0f} {ratio(rate, anchor):>9} {noop:>10,.0f} {ratio(rate, noop):>10} "
             f"{rate * b.blob_size / MiB:>7,.1f} {ours.latency_ms(50):>12.1f}"
@@ -1011,9 +1059,13 @@ def report_batches(b: BatchResult, ratio: Any) -> None:
         sv, sv_core = ours.cpu("server_cpu")
         cl, cl_core = ours.cpu("client_cpu")
         per_blob = 1000.0 * ours.size / MiB / b.per_batch  # ms/MiB -> us per blob
-        print(f"  CPU {name}: server {sv * per_blob:,.0f} us/blob ({sv_core:.0%} of a core), client {cl * per_blob:,.0f} us/blob ({cl_core:.0%})")
+        print(
+            f"  CPU {name}: server {sv * per_blob:,.0f} us/blob ({sv_core:.0%} of a core), client {cl * per_blob:,.0f} us/blob ({cl_core:.0%})"
+        )
     rate = b.blobs_per_s(b.put)
-    print(f"  target (issue 18): >= 2,000 blobs/s of 4 KiB through BatchUpload -> {'MET' if rate >= 2000 else 'NOT MET'} ({rate:,.0f})")
+    print(
+        f"  target (issue 18): >= 2,000 blobs/s of 4 KiB through BatchUpload -> {'MET' if rate >= 2000 else 'NOT MET'} ({rate:,.0f})"
+    )
     print()
 
 
@@ -1024,15 +1076,37 @@ def main() -> int:
     p = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--sizes", default="", help=f"comma-separated blob sizes (default {DEFAULT_SIZES}; quick {QUICK_SIZES})")
-    p.add_argument("--reps", type=int, default=0, help="repetitions per size (default: 50 for 1 MiB, 15 for 64 MiB, 10 for 256 MiB)")
-    p.add_argument("--batch-blobs", type=int, default=-1, help="small blobs through the batch RPCs (default 6000; quick 1500; 0 = none)")
+    p.add_argument(
+        "--sizes",
+        default="",
+        help=f"comma-separated blob sizes (default {DEFAULT_SIZES}; quick {QUICK_SIZES})",
+    )
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=0,
+        help="repetitions per size (default: 50 for 1 MiB, 15 for 64 MiB, 10 for 256 MiB)",
+    )
+    p.add_argument(
+        "--batch-blobs",
+        type=int,
+        default=-1,
+        help="small blobs through the batch RPCs (default 6000; quick 1500; 0 = none)",
+    )
     p.add_argument("--batch-blob-size", default="4K", help="size of each of them (default 4K)")
-    p.add_argument("--per-batch", type=int, default=500, help="blobs per BatchUpload / BatchDownload call (default 500)")
+    p.add_argument(
+        "--per-batch", type=int, default=500, help="blobs per BatchUpload / BatchDownload call (default 500)"
+    )
     p.add_argument("--no-grpc-anchor", action="store_true", help="skip the gRPC-only anchor")
-    p.add_argument("--max-seconds", type=float, default=60.0, help="no new repetition of a size after this (default 60)")
-    p.add_argument("--quick", action="store_true", help=f"smoke run (~15 s): {QUICK_SIZES}, fewer repetitions")
-    p.add_argument("--profile-server", action="store_true", help="cProfile the server's event loop during the timed part")
+    p.add_argument(
+        "--max-seconds", type=float, default=60.0, help="no new repetition of a size after this (default 60)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help=f"smoke run (~15 s): {QUICK_SIZES}, fewer repetitions"
+    )
+    p.add_argument(
+        "--profile-server", action="store_true", help="cProfile the server's event loop during the timed part"
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dir (server stderr, profile, blobs)")
     p.add_argument(
         "--tuned-anchor",
@@ -1059,7 +1133,9 @@ def main() -> int:
     except (ValueError, argparse.ArgumentTypeError) as exc:
         p.error(f"--batch-blob-size: {exc}")
     if args.per_batch < 1 or args.per_batch * (args.batch_blob_bytes + 128) > MAX_BATCH_BYTES:
-        p.error(f"--per-batch: 1 to {MAX_BATCH_BYTES // (args.batch_blob_bytes + 128)} blobs of that size (3 MiB a call)")
+        p.error(
+            f"--per-batch: 1 to {MAX_BATCH_BYTES // (args.batch_blob_bytes + 128)} blobs of that size (3 MiB a call)"
+        )
     args.rep_list = [args.reps or default_reps(s, args.quick) for s in args.size_list]
     if args.rep_list and min(args.rep_list) < 1:
         p.error("--reps must be positive")

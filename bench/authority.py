@@ -116,7 +116,11 @@ async def role_mesh(args: argparse.Namespace) -> None:
     logging.getLogger().setLevel(logging.WARNING)
     # The environment's MWP_* tuning (e.g. MWP_COMMIT_LINGER_MS) applies; where and what to store is ours.
     settings = Settings.from_env()
-    settings.listen, settings.data_dir, settings.database_url = "127.0.0.1:0", Path(args.data_dir), args.database_url or ""
+    settings.listen, settings.data_dir, settings.database_url = (
+        "127.0.0.1:0",
+        Path(args.data_dir),
+        args.database_url or "",
+    )
     if settings.malloc_tuning:  # as `mwp serve` does
         from missionweave_server.mesh.allocator import tune_allocator
 
@@ -250,7 +254,11 @@ def spawn(name: str, role_args: list[str], stderr_path: Path) -> Child:
 
 
 def spawn_mesh(
-    data_dir: Path, work: Path, database_url: str = "", profile_out: Path | None = None, stderr_name: str = "server.stderr"
+    data_dir: Path,
+    work: Path,
+    database_url: str = "",
+    profile_out: Path | None = None,
+    stderr_name: str = "server.stderr",
 ) -> Child:
     """Our server (all services of ``mwp serve``) in its own process; stderr goes to ``work/stderr_name``."""
     mesh_args = ["--role", "mesh", "--data-dir", str(data_dir)]
@@ -261,7 +269,9 @@ def spawn_mesh(
     return spawn("server", mesh_args, work / stderr_name)
 
 
-def spawn_echo(work: Path, unary_response: bytes, stream_response_rest: bytes = b"", batch_response: bytes = b"") -> Child:
+def spawn_echo(
+    work: Path, unary_response: bytes, stream_response_rest: bytes = b"", batch_response: bytes = b""
+) -> Child:
     """The no-op echo anchor in its own process, answering ``unary_response`` (on the stream method,
     the request tag followed by ``stream_response_rest``; on the batch method, ``batch_response``)."""
     (work / "unary_response.hex").write_text(unary_response.hex())
@@ -344,7 +354,9 @@ def parse_topologies(spec: str, database_url_given: bool, pg_baselines: bool) ->
         elif name.startswith("split-") and name[6:].isdigit() and int(name[6:]) >= 1:
             shards = int(name[6:])
         else:
-            raise SystemExit(f"--topologies: unknown topology {item!r} (single, split-N, optionally :sqlite or :pg)")
+            raise SystemExit(
+                f"--topologies: unknown topology {item!r} (single, split-N, optionally :sqlite or :pg)"
+            )
         if store in ("pg", "postgres", "postgresql"):
             store = "postgresql"
         elif store == "":
@@ -358,7 +370,11 @@ def parse_topologies(spec: str, database_url_given: bool, pg_baselines: bool) ->
         for i, topo in enumerate(list(out)):
             if topo.shards > 1 and topo.store == "postgresql":
                 have = {(t.name, t.store) for t in out}
-                extra = [Topology(n, s, "postgresql") for n, s in (("single", 0), ("split-1", 1)) if (n, "postgresql") not in have]
+                extra = [
+                    Topology(n, s, "postgresql")
+                    for n, s in (("single", 0), ("split-1", 1))
+                    if (n, "postgresql") not in have
+                ]
                 out[i:i] = extra
                 break
     seen: set[str] = set()
@@ -396,13 +412,20 @@ class SplitMesh:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         env.setdefault("MWP_LOG_LEVEL", "warning")  # as the single-process child (info logs cost CPU)
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "wb"), env=env, cwd=str(ROOT)
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(stderr_path, "wb"),
+            env=env,
+            cwd=str(ROOT),
         )
         deadline = time.monotonic() + 120
         while self.READY not in self._stderr():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"split topology failed to start; see {stderr_path}:\n{self._stderr()[-3000:]}")
+                raise RuntimeError(
+                    f"split topology failed to start; see {stderr_path}:\n{self._stderr()[-3000:]}"
+                )
             time.sleep(0.2)
 
     def _stderr(self) -> str:
@@ -459,11 +482,18 @@ class LocalPostgres:
             self.reason = f"PostgreSQL {self.version} is not installed (pass --database-url or set MWP_BENCH_POSTGRES_URL)"
             return False
         if os.geteuid() != 0:
-            self.reason = "starting the local PostgreSQL needs root (pass --database-url or set MWP_BENCH_POSTGRES_URL)"
+            self.reason = (
+                "starting the local PostgreSQL needs root (pass --database-url or set MWP_BENCH_POSTGRES_URL)"
+            )
             return False
         try:
-            listing = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True, check=True).stdout
-            row = next((r.split() for r in listing.splitlines() if r.split()[:2] == [self.version, self.cluster]), None)
+            listing = subprocess.run(
+                ["pg_lsclusters", "-h"], capture_output=True, text=True, check=True
+            ).stdout
+            row = next(
+                (r.split() for r in listing.splitlines() if r.split()[:2] == [self.version, self.cluster]),
+                None,
+            )
             if row is None:
                 self.reason = f"no PostgreSQL cluster {self.version}/{self.cluster} (pg_lsclusters)"
                 return False
@@ -475,7 +505,10 @@ class LocalPostgres:
                     check=True, capture_output=True, timeout=60,
                 )  # fmt: skip
             for _ in range(60):
-                if subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", str(self.port)]).returncode == 0:
+                if (
+                    subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", str(self.port)]).returncode
+                    == 0
+                ):
                     break
                 time.sleep(1)
             else:
@@ -484,10 +517,14 @@ class LocalPostgres:
             self._psql(f"CREATE ROLE {self.role} LOGIN PASSWORD '{self.password}'")
         except (subprocess.SubprocessError, OSError, ValueError) as exc:
             err = getattr(exc, "stderr", b"") or b""
-            self.reason = f"could not use the local PostgreSQL: {exc} {err.decode(errors='replace').strip()}"[:500]
+            self.reason = f"could not use the local PostgreSQL: {exc} {err.decode(errors='replace').strip()}"[
+                :500
+            ]
             return False
         self.ready = True
-        log(f"  PostgreSQL {self.version}/{self.cluster} on 127.0.0.1:{self.port}, throw-away role {self.role}")
+        log(
+            f"  PostgreSQL {self.version}/{self.cluster} on 127.0.0.1:{self.port}, throw-away role {self.role}"
+        )
         return True
 
     def new_database(self) -> str:
@@ -505,7 +542,9 @@ class LocalPostgres:
                 self._psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             self._psql(f"DROP ROLE IF EXISTS {self.role}")
-        log(f"dropped the throw-away PostgreSQL role and databases ({len(self.databases)}); the cluster keeps running")
+        log(
+            f"dropped the throw-away PostgreSQL role and databases ({len(self.databases)}); the cluster keeps running"
+        )
 
 
 def database_name(url: str) -> str:
@@ -704,7 +743,13 @@ class ProcTree:
 
     PG = "postgres backends"
 
-    def __init__(self, root: int, root_label: str, names: Callable[[], dict[int, str]] | None = None, pg_database: str = "") -> None:
+    def __init__(
+        self,
+        root: int,
+        root_label: str,
+        names: Callable[[], dict[int, str]] | None = None,
+        pg_database: str = "",
+    ) -> None:
         self.root, self.root_label = root, root_label
         self.names = names or dict
         self.pg_database = pg_database
@@ -1016,7 +1061,11 @@ async def measure(
     if topo.shards == 0:
         log(f"[{topo.label}] starting our server ({store} store) in a separate process")
         mesh = spawn_mesh(
-            data_dir, work, database_url, profile_out if args.profile_server else None, stderr_name=f"{topo.slug}.stderr"
+            data_dir,
+            work,
+            database_url,
+            profile_out if args.profile_server else None,
+            stderr_name=f"{topo.slug}.stderr",
         )
         tree = ProcTree(mesh.proc.pid, "mesh", pg_database=pg_database)
         port = mesh.port
@@ -1026,7 +1075,9 @@ async def measure(
         split = SplitMesh(topo.shards, data_dir, work / f"{topo.slug}.stderr", database_url)
         tree = ProcTree(split.proc.pid, "launcher", split.names, pg_database=pg_database)
         port = split.port
-        log(f"  launcher pid {split.proc.pid}, gateway (the one address) on port {port}: {len(tree.labels())} processes")
+        log(
+            f"  launcher pid {split.proc.pid}, gateway (the one address) on port {port}: {len(tree.labels())} processes"
+        )
     results["processes"] = sorted(tree.labels().values())
     try:
         target = f"127.0.0.1:{port}"
@@ -1103,7 +1154,10 @@ async def measure(
         def batches(envs: list[Any]) -> list[Any]:
             return [
                 pb.ExecuteCommandBatchRequest(
-                    commands=[pb.ExecuteCommandStreamRequest(command=e, request_tag=j) for j, e in enumerate(envs[i : i + args.batch])]
+                    commands=[
+                        pb.ExecuteCommandStreamRequest(command=e, request_tag=j)
+                        for j, e in enumerate(envs[i : i + args.batch])
+                    ]
                 )
                 for i in range(0, len(envs) - args.batch + 1, args.batch)
             ]
@@ -1124,7 +1178,9 @@ async def measure(
         ).SerializeToString()
         batch_response = pb.ExecuteCommandBatchResponse(
             results=[
-                pb.ExecuteCommandStreamResponse(request_tag=j, command_id=probe.result.command_id, result=probe.result)
+                pb.ExecuteCommandStreamResponse(
+                    request_tag=j, command_id=probe.result.command_id, result=probe.result
+                )
                 for j in range(args.batch)
             ]
         ).SerializeToString()
@@ -1205,7 +1261,12 @@ async def measure(
         )
         acked += (
             await run_unary(
-                "warm-up", stub.ExecuteCommandBatch, batch_warm, args.batch_calls, args.max_seconds, per_call=args.batch
+                "warm-up",
+                stub.ExecuteCommandBatch,
+                batch_warm,
+                args.batch_calls,
+                args.max_seconds,
+                per_call=args.batch,
             )
         ).done
         _profile_toggle(mesh, args)
@@ -1250,9 +1311,7 @@ async def measure(
         )
         log("  " + echo_unary.line())
         log(f"echo, streamed: {n:,} calls, {args.streams} streams x {args.window} in flight")
-        await run_streamed(
-            "warm-up", echo_streams, stream_warm, args.streams, args.window, args.max_seconds
-        )
+        await run_streamed("warm-up", echo_streams, stream_warm, args.streams, args.window, args.max_seconds)
         echo_stream = await run_streamed(
             "echo streamed",
             echo_streams,
@@ -1269,10 +1328,21 @@ async def measure(
             request_serializer=pb.ExecuteCommandBatchRequest.SerializeToString,
             response_deserializer=pb.ExecuteCommandBatchResponse.FromString,
         )
-        log(f"echo, batched: {len(batch_reqs) * args.batch:,} commands, {args.batch} per call, {args.batch_calls} in flight")
-        await run_unary("warm-up", echo_batch_call, batch_warm, args.batch_calls, args.max_seconds, per_call=args.batch)
+        log(
+            f"echo, batched: {len(batch_reqs) * args.batch:,} commands, {args.batch} per call, {args.batch_calls} in flight"
+        )
+        await run_unary(
+            "warm-up", echo_batch_call, batch_warm, args.batch_calls, args.max_seconds, per_call=args.batch
+        )
         echo_batch = await run_unary(
-            "echo batched", echo_batch_call, batch_reqs, args.batch_calls, args.max_seconds, ok_batch, echo.proc.pid, per_call=args.batch
+            "echo batched",
+            echo_batch_call,
+            batch_reqs,
+            args.batch_calls,
+            args.max_seconds,
+            ok_batch,
+            echo.proc.pid,
+            per_call=args.batch,
         )
         log("  " + echo_batch.line())
         await channel.close()
@@ -1295,9 +1365,13 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
     SQLite and Ed25519 anchors once."""
     topologies: list[Topology] = args.topology_list
     stores = TopologyStores(topologies, args.database_url, args.data_dir, work)
-    tuning = sorted(k for k in os.environ if k.startswith("MWP_") and k not in ("MWP_BENCH_POSTGRES_URL", "MWP_LOG_LEVEL"))
+    tuning = sorted(
+        k for k in os.environ if k.startswith("MWP_") and k not in ("MWP_BENCH_POSTGRES_URL", "MWP_LOG_LEVEL")
+    )
     if tuning and any(t.shards for t in topologies):
-        log(f"NOTE: {', '.join(tuning)} reach the single-process server only: the split launcher passes no MWP_* tuning to its children")
+        log(
+            f"NOTE: {', '.join(tuning)} reach the single-process server only: the split launcher passes no MWP_* tuning to its children"
+        )
     measured: list[dict[str, object]] = []
     try:
         for topo in topologies:
@@ -1322,9 +1396,15 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
     batch = args.clients
     sqlite_rows = max(2000, min(n, 20000))
     log(f"SQLite anchor: {sqlite_rows:,} event rows, batches of {batch}, WAL, synchronous=FULL")
-    sq_rate, _ = sqlite_anchor(work / "anchor.db", sqlite_rows, batch, int(first["event_envelope"]), full_write_set=False)  # type: ignore[call-overload]
+    sq_rate, _ = sqlite_anchor(
+        work / "anchor.db", sqlite_rows, batch, int(first["event_envelope"]), full_write_set=False
+    )  # type: ignore[call-overload]
     sq_full_rate, _ = sqlite_anchor(
-        work / "anchor_full.db", sqlite_rows, batch, int(first["event_envelope"]), full_write_set=True  # type: ignore[call-overload]
+        work / "anchor_full.db",
+        sqlite_rows,
+        batch,
+        int(first["event_envelope"]),
+        full_write_set=True,  # type: ignore[call-overload]
     )
     log(
         f"  {sq_rate:,.0f} event rows/s; whole write set (head update + event + command row): {sq_full_rate:,.0f}/s"
@@ -1332,7 +1412,13 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, object]:
     log("Ed25519 anchor: PyNaCl sign + verify pairs")
     ed_rate, _ = ed25519_anchor(int(first["pae_bytes"]), 1.0 if args.quick else 2.0)  # type: ignore[call-overload]
     log(f"  {ed_rate:,.0f} sign+verify/s")
-    anchors = dict(sqlite_rate=sq_rate, sqlite_full_rate=sq_full_rate, sqlite_batch=batch, sqlite_rows=sqlite_rows, ed25519_rate=ed_rate)
+    anchors = dict(
+        sqlite_rate=sq_rate,
+        sqlite_full_rate=sq_full_rate,
+        sqlite_batch=batch,
+        sqlite_rows=sqlite_rows,
+        ed25519_rate=ed_rate,
+    )
     for r in measured:
         r.update(anchors)
     return {"measured": measured, "topologies": topologies}
@@ -1479,7 +1565,9 @@ def report(args: argparse.Namespace, r: dict[str, object]) -> None:
         f"  goal, batched:          >= {GOAL_RATIO:.0%} of echo batched and >= {GOAL_RATE:,.0f} cmd/s: "
         f"{ratio(ob.rate, eb.rate)} of echo, {ob.rate:,.0f} cmd/s -> {verdict(bool(gb_ok))}"
     )
-    print("  against the transport's per-call limit (echo unary), which the streamed and batched paths amortise:")
+    print(
+        "  against the transport's per-call limit (echo unary), which the streamed and batched paths amortise:"
+    )
     print(
         f"  first target, streamed: >= {FIRST_TARGET_RATIO:.0%} of echo unary and p99 < {FIRST_TARGET_P99_MS:.0f} ms: "
         f"{ratio(os_.rate, eu.rate)}, p99 {os_.pct(99):.1f} ms -> {verdict(bool(su_ok))}"
@@ -1511,7 +1599,11 @@ def report(args: argparse.Namespace, r: dict[str, object]) -> None:
             print(f"  first error in {run.name}: {run.first_error}")
 
 
-PHASES = (("unary", "ours_unary", "echo_unary"), ("streamed", "ours_stream", "echo_stream"), ("batched", "ours_batch", "echo_batch"))
+PHASES = (
+    ("unary", "ours_unary", "echo_unary"),
+    ("streamed", "ours_stream", "echo_stream"),
+    ("batched", "ours_batch", "echo_batch"),
+)
 
 
 def _table(header: list[str], rows: list[list[str]], first_left: bool = True) -> None:
@@ -1519,7 +1611,8 @@ def _table(header: list[str], rows: list[list[str]], first_left: bool = True) ->
 
     def fmt(cells: list[str]) -> str:
         return "  ".join(
-            (c.ljust(w) if (k == 0 and first_left) else c.rjust(w)) for k, (c, w) in enumerate(zip(cells, widths, strict=True))
+            (c.ljust(w) if (k == 0 and first_left) else c.rjust(w))
+            for k, (c, w) in enumerate(zip(cells, widths, strict=True))
         )
 
     print(fmt(header))
@@ -1577,7 +1670,12 @@ def process_rows(runs: list[Metered]) -> list[list[str]]:
     rows.append(
         [
             "= ours (server + client + PG)",
-            *(f"{(run.server_cpu + run.client_cpu + (run.pg_cpu or 0)) / run.seconds:.0%}" if run.seconds else "" for run in runs),
+            *(
+                f"{(run.server_cpu + run.client_cpu + (run.pg_cpu or 0)) / run.seconds:.0%}"
+                if run.seconds
+                else ""
+                for run in runs
+            ),
         ]
     )
     rows.append(
@@ -1589,7 +1687,9 @@ def process_rows(runs: list[Metered]) -> list[list[str]]:
     return rows
 
 
-def report_topologies(args: argparse.Namespace, measured: list[dict[str, object]], topologies: list[Topology]) -> None:
+def report_topologies(
+    args: argparse.Namespace, measured: list[dict[str, object]], topologies: list[Topology]
+) -> None:
     print()
     print("=" * 100)
     print(
@@ -1623,7 +1723,9 @@ def report_topologies(args: argparse.Namespace, measured: list[dict[str, object]
                     f"{o.us(o.client_cpu):,.0f}",
                     f"{e.rate:,.0f}",
                     f"{o.rate / e.rate:.0%}" if e.rate else "n/a",
-                    f"{o.rate / cast(Run, r['echo_unary']).rate:.0%}" if phase != "unary" and cast(Run, r["echo_unary"]).rate else "",
+                    f"{o.rate / cast(Run, r['echo_unary']).rate:.0%}"
+                    if phase != "unary" and cast(Run, r["echo_unary"]).rate
+                    else "",
                     f"{o.machine_cores:.0%}" if o.machine_cores is not None else "n/a",
                     f"{o.errors}",
                 ]
@@ -1633,7 +1735,9 @@ def report_topologies(args: argparse.Namespace, measured: list[dict[str, object]
 
     # ------------------------------------------------------------ side by side
     print()
-    print("side by side: cmd/s (% of the echo of the same phase measured beside it) | server CPU us per command")
+    print(
+        "side by side: cmd/s (% of the echo of the same phase measured beside it) | server CPU us per command"
+    )
     header = ["phase", *(cast(Topology, r["topology"]).label for r in measured)]
     rows = []
     for phase, ours_key, echo_key in PHASES:
@@ -1654,7 +1758,9 @@ def report_topologies(args: argparse.Namespace, measured: list[dict[str, object]
     ]
     if pairs:
         print()
-        print("what the topology costs or gains (same store, same run; rate as measured and as % of each side's own echo):")
+        print(
+            "what the topology costs or gains (same store, same run; rate as measured and as % of each side's own echo):"
+        )
         rows = []
         for what, a, b in pairs:
             ta, tb = cast(Topology, a["topology"]), cast(Topology, b["topology"])
@@ -1667,7 +1773,9 @@ def report_topologies(args: argparse.Namespace, measured: list[dict[str, object]
                     [
                         f"{what}: {ta.label} -> {tb.label}",
                         phase,
-                        f"{oa.rate:,.0f} -> {ob.rate:,.0f} ({ob.rate / oa.rate - 1:+.0%})" if oa.rate else "n/a",
+                        f"{oa.rate:,.0f} -> {ob.rate:,.0f} ({ob.rate / oa.rate - 1:+.0%})"
+                        if oa.rate
+                        else "n/a",
                         f"{ra:.0%} -> {rb:.0%}",
                         f"{oa.pct(50):.1f} -> {ob.pct(50):.1f}",
                         f"{oa.pct(99):.1f} -> {ob.pct(99):.1f}",
@@ -1717,7 +1825,9 @@ def report_topologies(args: argparse.Namespace, measured: list[dict[str, object]
                     ]
                 )
         print()
-        print(f"{topo.label} (measured: {', '.join(f'{p} {cast(Run, r[k]).rate:,.0f}' for p, k, _ in PHASES)} cmd/s)")
+        print(
+            f"{topo.label} (measured: {', '.join(f'{p} {cast(Run, r[k]).rate:,.0f}' for p, k, _ in PHASES)} cmd/s)"
+        )
         _table(["phase", "shards", "busiest process", "2 cores", "4 cores", "8 cores", "16 cores"], rows)
 
 
@@ -1732,7 +1842,10 @@ def main() -> int:
     p.add_argument("--window", type=int, default=64, help="commands in flight per stream (default 64)")
     p.add_argument("--batch", type=int, default=32, help="commands per ExecuteCommandBatch call (default 32)")
     p.add_argument(
-        "--batch-calls", type=int, default=8, help="ExecuteCommandBatch calls in flight (default 8: 256 commands)"
+        "--batch-calls",
+        type=int,
+        default=8,
+        help="ExecuteCommandBatch calls in flight (default 8: 256 commands)",
     )
     p.add_argument("--max-seconds", type=float, default=45.0, help="cap on each timed phase (default 45)")
     p.add_argument("--quick", action="store_true", help="small smoke run")
@@ -1749,7 +1862,9 @@ def main() -> int:
         "split-N with N > 1 runs on PostgreSQL and brings single:pg and split-1:pg beside it)",
     )
     p.add_argument(
-        "--no-pg-baselines", action="store_true", help="do not add single:pg and split-1:pg beside a split-N on PostgreSQL"
+        "--no-pg-baselines",
+        action="store_true",
+        help="do not add single:pg and split-1:pg beside a split-N on PostgreSQL",
     )
     # internal: child process roles
     p.add_argument("--role", choices=["mesh", "echo"], help=argparse.SUPPRESS)

@@ -40,7 +40,9 @@ from tests import builders  # noqa: E402
 from tests.offline_core import IDS, LEASE_ID, NOW, command, started, with_mission, work_contract  # noqa: E402
 
 BIG = 10**15
-CTX = decider.DecisionContext(NOW, {**IDS, "jit": IdentityInfo("jit", common_pb2.IDENTITY_KIND_AGENT, session_epoch=1)})
+CTX = decider.DecisionContext(
+    NOW, {**IDS, "jit": IdentityInfo("jit", common_pb2.IDENTITY_KIND_AGENT, session_epoch=1)}
+)
 
 
 def _fold(state: GroupState, c: command_pb2.Command) -> GroupState:
@@ -54,7 +56,11 @@ def _fold(state: GroupState, c: command_pb2.Command) -> GroupState:
 
 def _authorize(work_item_id: str, grant_id: str) -> wp.WorkAuthorize:
     return wp.WorkAuthorize(
-        work_item_id=work_item_id, title=work_item_id, contract=work_contract(tokens=10), parent_work_item_id="root", grant_id=grant_id
+        work_item_id=work_item_id,
+        title=work_item_id,
+        contract=work_contract(tokens=10),
+        parent_work_item_id="root",
+        grant_id=grant_id,
     )
 
 
@@ -64,21 +70,28 @@ def group(size: int) -> tuple[GroupState, str]:
     root = wp.WorkAuthorize(work_item_id="root", title="root", contract=work_contract(), coordinator_epoch=1)
     state = _fold(state, command(state, "work_authorize", root, "coord"))
     grant = membership_pb2.MembershipGrantDelegation(
-        grantee_id="lead", target_work_item_id="root", max_descendant_depth=1,
+        grantee_id="lead",
+        target_work_item_id="root",
+        max_descendant_depth=1,
         caps=common_pb2.ResourceVector(currency="EUR", financial_micros=BIG, tokens=BIG, tool_calls=BIG),
         allowed_capabilities=[membership_pb2.Capability(capability_id="code.python", version="3.11")],
-        expires_at=to_timestamp(NOW + timedelta(hours=1)), coordinator_epoch=1,
+        expires_at=to_timestamp(NOW + timedelta(hours=1)),
+        coordinator_epoch=1,
     )
     state = _fold(state, command(state, "membership_grant_delegation", grant, "coord"))
     grant_id = next(iter(state.grants))
     for i in range(size - 2):
         state = _fold(state, command(state, "work_authorize", _authorize(f"wi-{i}", grant_id), "lead"))
-    return started(state, "run", _authorize("run", grant_id).contract, grant_id=grant_id, parent="root"), grant_id
+    return started(
+        state, "run", _authorize("run", grant_id).contract, grant_id=grant_id, parent="root"
+    ), grant_id
 
 
 def with_provisional(state: GroupState) -> GroupState:
     body = membership_pb2.MembershipGrant(
-        member_id="jit", role=membership_pb2.MEMBER_ROLE_WORKER, provisional=True,
+        member_id="jit",
+        role=membership_pb2.MEMBER_ROLE_WORKER,
+        provisional=True,
         expires_at=to_timestamp(NOW + timedelta(minutes=30)),
     )
     return _fold(state, command(state, "membership_grant", body, "coord"))
@@ -97,23 +110,36 @@ def per_command_us(state: GroupState, commands: list[command_pb2.Command]) -> fl
 
 def measure(size: int, repeat: int) -> dict[str, float]:
     state, grant_id = group(size)
-    authorize = [command(state, "work_authorize", _authorize(f"new-{i}", grant_id), "lead") for i in range(repeat)]
+    authorize = [
+        command(state, "work_authorize", _authorize(f"new-{i}", grant_id), "lead") for i in range(repeat)
+    ]
     renew = wp.WorkRenewLease(
-        work_item_id="run", lease_id=LEASE_ID, ownership_epoch=1,
+        work_item_id="run",
+        lease_id=LEASE_ID,
+        ownership_epoch=1,
         usage_delta=common_pb2.ResourceVector(currency="EUR", tokens=1),
     )
     usage = [command(state, "work_renew_lease", renew, "worker") for _ in range(repeat)]
-    figures = {"delegated authorize": per_command_us(state, authorize), "usage under a grant": per_command_us(state, usage)}
+    figures = {
+        "delegated authorize": per_command_us(state, authorize),
+        "usage under a grant": per_command_us(state, usage),
+    }
     state = with_provisional(state)
     assert state.mission is not None
     post = builders.message(state.mission.planning_conversation_id, "status")
-    figures["with a provisional"] = per_command_us(state, [command(state, "message_post", post, "coord") for _ in range(repeat)])
-    figures["usage, provisional"] = per_command_us(state, [command(state, "work_renew_lease", renew, "worker") for _ in range(repeat)])
+    figures["with a provisional"] = per_command_us(
+        state, [command(state, "message_post", post, "coord") for _ in range(repeat)]
+    )
+    figures["usage, provisional"] = per_command_us(
+        state, [command(state, "work_renew_lease", renew, "worker") for _ in range(repeat)]
+    )
     return figures
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default="100,1000,10000", help="WorkItems per Group, comma-separated")
     parser.add_argument("--repeat", type=int, default=300, help="timed decisions per command and size")
     args = parser.parse_args()

@@ -659,7 +659,9 @@ class MissionWeave(System):
                 publisher = self.publishers[item.group] = CommandStream(self.client.channel)
             answer = await publisher.execute(item.payload.command)
             if answer.HasField("rejection"):
-                return common_pb2.RejectionReason.Name(answer.rejection.reason).removeprefix("REJECTION_REASON_")
+                return common_pb2.RejectionReason.Name(answer.rejection.reason).removeprefix(
+                    "REJECTION_REASON_"
+                )
             result = answer.result
         else:
             try:
@@ -1153,7 +1155,9 @@ async def run_phase(
             phase.seconds = perf() - t0
         commits_after = await system.commit_histogram()
         if commits_before is not None and commits_after is not None:
-            phase.commits, phase.slow_commits, phase.slowest_commit_s = commits_between(commits_before, commits_after)
+            phase.commits, phase.slow_commits, phase.slowest_commit_s = commits_between(
+                commits_before, commits_after
+            )
         # The next phase starts from a drained server: its stored ACK state at every head.
         phase.acked_complete = await wait_server_acked(system, ack_seconds, f"{system.name} {name}")
         phase.acked_seconds = perf() - t0
@@ -1188,7 +1192,9 @@ class Results:
 
     def phases(self) -> list[Phase]:
         return [
-            p for p in (self.warmup, self.throughput, self.half_load, self.quiet_only, self.with_noisy) if p is not None
+            p
+            for p in (self.warmup, self.throughput, self.half_load, self.quiet_only, self.with_noisy)
+            if p is not None
         ]
 
 
@@ -1232,7 +1238,9 @@ async def measure(system: System, args: argparse.Namespace, rates: dict[str, flo
     # loop): the latency the target names ("p99 <= 50 ms at half of the maximum throughput").
     half_rate = rates.setdefault("half", float(f"{0.5 * res.throughput.rate / (g * args.subscribers):.2g}"))
     schedule = noisy_schedule(g, half_rate, args.noisy_seconds, False)
-    log(f"{system.name}: half load, {g} Groups at {half_rate:g} events/s each for {args.noisy_seconds:g}s ({len(schedule):,} events)")
+    log(
+        f"{system.name}: half load, {g} Groups at {half_rate:g} events/s each for {args.noisy_seconds:g}s ({len(schedule):,} events)"
+    )
     res.half_load = await run_phase(
         system,
         "half load",
@@ -1245,7 +1253,8 @@ async def measure(system: System, args: argparse.Namespace, rates: dict[str, flo
 
     # Quiet load such that quiet + noisy together offer --noisy-load of the throughput just measured.
     quiet_rate = rates.setdefault(
-        "quiet", float(f"{args.noisy_load * res.throughput.rate / ((g + NOISY_FACTOR) * args.subscribers):.2g}")
+        "quiet",
+        float(f"{args.noisy_load * res.throughput.rate / ((g + NOISY_FACTOR) * args.subscribers):.2g}"),
     )
     for noisy in (False, True):
         schedule = noisy_schedule(g, quiet_rate, args.noisy_seconds, noisy)
@@ -1557,7 +1566,9 @@ def report(args: argparse.Namespace, ours: list[Results], theirs: Results | None
         [
             f"half load p50 / p99 ms (p99 <= {HALF_LOAD_P99_MS:g})",
             *(
-                f"{_ms(r.half_load.pct('quiet', 50))} / {_ms(r.half_load.pct('quiet', 99))}" if r.half_load else ""
+                f"{_ms(r.half_load.pct('quiet', 50))} / {_ms(r.half_load.pct('quiet', 99))}"
+                if r.half_load
+                else ""
                 for r in every
             ),
         ]
@@ -1789,7 +1800,9 @@ def main() -> int:
     )
     p.add_argument("--no-nats", action="store_true", help="skip the NATS JetStream anchor")
     p.add_argument(
-        "--default-gc", action="store_true", help="CPython's default gc thresholds in this process, not gc_policy's (D155)"
+        "--default-gc",
+        action="store_true",
+        help="CPython's default gc thresholds in this process, not gc_policy's (D155)",
     )
     p.add_argument(
         "--quick",

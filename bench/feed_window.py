@@ -72,13 +72,18 @@ async def main() -> int:
         take = partial(feed.take, behind, 8)
         ours = min(timeit.repeat(take, number=args.number, repeat=3)) / args.number
         plain = list(range(size))
-        anchor = min(timeit.repeat(partial(plain.__getitem__, slice(-8, None)), number=args.number, repeat=3)) / args.number
+        anchor = (
+            min(timeit.repeat(partial(plain.__getitem__, slice(-8, None)), number=args.number, repeat=3))
+            / args.number
+        )
         rows.append((size, ours * 1e6, anchor * 1e6))
         feed.task.cancel()
     print("one subscription's take of 8 entries one frame behind the head (us; anchor: a list slice of 8)")
     print(f"{'window':>7} {'take':>8} {'anchor':>8} {'take/anchor':>12} {'growth':>8}")
     for size, ours_us, anchor_us in rows:
-        print(f"{size:>7,} {ours_us:>8.3f} {anchor_us:>8.3f} {ours_us / anchor_us:>11.1f}x {ours_us / rows[0][1]:>7.2f}x")
+        print(
+            f"{size:>7,} {ours_us:>8.3f} {anchor_us:>8.3f} {ours_us / anchor_us:>11.1f}x {ours_us / rows[0][1]:>7.2f}x"
+        )
     return 0
 
 

@@ -40,7 +40,9 @@ IDENTITY = "agent-quota"
 def grow(db: str, have: int, want: int) -> None:
     conn = sqlite3.connect(db)
     rows = ((f"{i:064x}", IDENTITY, BLOB, 1) for i in range(have, want))
-    conn.executemany(f"INSERT INTO {holders.name} (digest, identity_id, size_bytes, stored_us) VALUES (?,?,?,?)", rows)
+    conn.executemany(
+        f"INSERT INTO {holders.name} (digest, identity_id, size_bytes, stored_us) VALUES (?,?,?,?)", rows
+    )
     conn.execute(
         f"INSERT INTO {holdings.name} (identity_id, held_bytes) VALUES (?, ?) "
         "ON CONFLICT (identity_id) DO UPDATE SET held_bytes = excluded.held_bytes",
@@ -107,10 +109,16 @@ async def main() -> int:
         finally:
             await index.close()
             await engine.dispose()
-    print("\nan upload's quota reservation (ms; anchor: plain sqlite3 BEGIN IMMEDIATE + lookup + insert + COMMIT, same file, same run)")
-    print(f"{'blobs held':>11} {'reserve p50':>12} {'p99':>8} {'anchor p50':>11} {'ours/anchor':>12} {'growth (p50)':>13}")
+    print(
+        "\nan upload's quota reservation (ms; anchor: plain sqlite3 BEGIN IMMEDIATE + lookup + insert + COMMIT, same file, same run)"
+    )
+    print(
+        f"{'blobs held':>11} {'reserve p50':>12} {'p99':>8} {'anchor p50':>11} {'ours/anchor':>12} {'growth (p50)':>13}"
+    )
     for size, p50, p99, raw in rows:
-        print(f"{size:>11,} {p50:>12.2f} {p99:>8.2f} {raw:>11.2f} {p50 / raw:>11.1f}x {p50 / rows[0][1]:>12.2f}x")
+        print(
+            f"{size:>11,} {p50:>12.2f} {p99:>8.2f} {raw:>11.2f} {p50 / raw:>11.1f}x {p50 / rows[0][1]:>12.2f}x"
+        )
     return 0
 
 

@@ -51,21 +51,37 @@ async def fill(settings: Settings, groups: int, events: int) -> list[str]:
         admin_key = read_key(settings.admin_key_path)
         await client.open_session("admin", admin_key)
         key = SigningKey.generate()
-        await client.register_identity("admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(key.verify_key))
-        await client.register_identity("admin", admin_key, "coord", common_pb2.IDENTITY_KIND_AGENT, bytes(SigningKey.generate().verify_key))
+        await client.register_identity(
+            "admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(key.verify_key)
+        )
+        await client.register_identity(
+            "admin",
+            admin_key,
+            "coord",
+            common_pb2.IDENTITY_KIND_AGENT,
+            bytes(SigningKey.generate().verify_key),
+        )
         alice = await client.open_session("alice", key)
         ids = [f"grp_rebuild_{i:04d}" for i in range(groups)]
         for group in ids:
-            await client.execute(alice.sign(alice.command(group, "mission_create", mission("alice", "coord"))))
+            await client.execute(
+                alice.sign(alice.command(group, "mission_create", mission("alice", "coord")))
+            )
         convs = {g: (await client.group_state(g)).mission.planning_conversation_id for g in ids}
         per_group = events - 5
         for start_at in range(0, per_group, 16):
             batch = [
-                alice.sign(alice.command(
-                    g, "message_post",
-                    conversation_pb2.MessagePost(conversation_id=convs[g], content=conversation_pb2.MessageContent(text=f"m{start_at + j}")),
-                    membership_epoch=1,
-                ))
+                alice.sign(
+                    alice.command(
+                        g,
+                        "message_post",
+                        conversation_pb2.MessagePost(
+                            conversation_id=convs[g],
+                            content=conversation_pb2.MessageContent(text=f"m{start_at + j}"),
+                        ),
+                        membership_epoch=1,
+                    )
+                )
                 for g in ids
                 for j in range(min(16, per_group - start_at))
             ]
@@ -135,7 +151,9 @@ async def main() -> int:
         for label, seconds in (await timed(settings, ids)).items():
             if label.startswith("("):
                 continue
-            print(f"  fold {label:22s} {seconds * 1000:8.0f} ms  {seconds / total * 1e6:6.1f} us/event  {total / seconds:9,.0f} events/s")
+            print(
+                f"  fold {label:22s} {seconds * 1000:8.0f} ms  {seconds / total * 1e6:6.1f} us/event  {total / seconds:9,.0f} events/s"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

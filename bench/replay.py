@@ -87,11 +87,17 @@ def opening_events(group_id: str) -> tuple[list[event_pb2.Event], event_pb2.Even
         return c
 
     ctx = decider.DecisionContext(NOW, IDS)
-    created = decider.decide(None, command("mission_create", builders.mission_create("alice", "coord", NOW), 0), ctx)
+    created = decider.decide(
+        None, command("mission_create", builders.mission_create("alice", "coord", NOW), 0), ctx
+    )
     assert not isinstance(created, Rejected), created
     state = decider.fold(list(created))
     assert state is not None and state.mission is not None
-    post = decider.decide(state, command("message_post", builders.message(state.mission.planning_conversation_id, "m"), 1, 1), ctx)
+    post = decider.decide(
+        state,
+        command("message_post", builders.message(state.mission.planning_conversation_id, "m"), 1, 1),
+        ctx,
+    )
     assert not isinstance(post, Rejected) and len(post) == 1, post
     return list(created), post[0]
 
@@ -133,7 +139,13 @@ class Filler:
                     link = event_digest(payload)
                     envelope = sign_envelope(payload, EVENT_TYPE, authority.signing_key, authority.key_id)
                     stored.append(
-                        StoredEvent(e.sequence, e.event_id, e.type, int(e.recorded_at.ToMicroseconds()), envelope.SerializeToString())
+                        StoredEvent(
+                            e.sequence,
+                            e.event_id,
+                            e.type,
+                            int(e.recorded_at.ToMicroseconds()),
+                            envelope.SerializeToString(),
+                        )
                     )
                 n += 1
                 await authority.store.append(
@@ -166,7 +178,10 @@ async def sizes_table(settings: Settings, sizes: list[int], append_size: int) ->
             t0 = time.perf_counter()
             await filler.fill(gid, size)
             fill_s = time.perf_counter() - t0
-            print(f"  built {size:,} events in {fill_s:.1f}s ({size / fill_s:,.0f}/s: core template, chain, sign, bulk append)", flush=True)
+            print(
+                f"  built {size:,} events in {fill_s:.1f}s ({size / fill_s:,.0f}/s: core template, chain, sign, bulk append)",
+                flush=True,
+            )
             await raw_read(authority.store, gid)  # the page cache warm for both
             t0 = time.perf_counter()
             rows = await raw_read(authority.store, gid)
@@ -187,7 +202,13 @@ async def sizes_table(settings: Settings, sizes: list[int], append_size: int) ->
             assert state is not None and state.head_sequence == size
             del state
             gc.collect()
-            row = {"size": size, "raw": size / raw_s, "first": size / first_s, "ckpt": size / ckpt_s, "fill": fill_s}
+            row = {
+                "size": size,
+                "raw": size / raw_s,
+                "first": size / first_s,
+                "ckpt": size / ckpt_s,
+                "fill": fill_s,
+            }
             print(
                 f"  {size:>9,} events: raw rows {row['raw']:,.0f}/s; first load {row['first']:,.0f} ev/s "
                 f"({row['first'] / row['raw']:.0%} of raw, {first_s:.2f}s); checkpointed {row['ckpt']:,.0f} ev/s "
@@ -277,7 +298,9 @@ def group_ids(groups: int) -> list[str]:
     return [f"grp_many_{i:05d}" for i in range(groups)]
 
 
-async def measure_groups(settings: Settings, groups: int, group_events: int, subscriptions: int) -> dict[str, float]:
+async def measure_groups(
+    settings: Settings, groups: int, group_events: int, subscriptions: int
+) -> dict[str, float]:
     """In a fresh process (``--measure``): the mesh's start-up over the store and its RSS started,
     with the first ``groups`` Groups owned, and with ``subscriptions`` followed ReadEvents streams."""
     import grpc
@@ -302,7 +325,11 @@ async def measure_groups(settings: Settings, groups: int, group_events: int, sub
             for i in range(0, groups, 64):  # what a first command does: acquire, fold verified, cache
                 await asyncio.gather(*(authority._load(g) for g in ids[i : i + 64]))
         r["own_s"] = time.perf_counter() - t0
-        r["stall_max_s"], r["gc_full_passes"], r["gc_full_max_s"] = stalls.longest, passes.full, passes.full_longest
+        r["stall_max_s"], r["gc_full_passes"], r["gc_full_max_s"] = (
+            stalls.longest,
+            passes.full,
+            passes.full_longest,
+        )
         full_collection(r)
         r["rss_owned"] = rss_mib()
         r["per_group_kib"] = (r["rss_owned"] - r["rss_started"]) * 1024 / groups
@@ -339,13 +366,21 @@ async def measure_groups(settings: Settings, groups: int, group_events: int, sub
         except TimeoutError:
             r["caught_up"] = sum(1 for f in flags if f.is_set())
             failed = [t.exception() for t in streams if t.done() and not t.cancelled() and t.exception()]
-            print(f"only {r['caught_up']} of {subscriptions} streams caught up in {SUBSCRIBE_TIMEOUT_S}s; "
-                  f"{len(failed)} ended with an error (first: {failed[0] if failed else None})", file=sys.stderr, flush=True)
+            print(
+                f"only {r['caught_up']} of {subscriptions} streams caught up in {SUBSCRIBE_TIMEOUT_S}s; "
+                f"{len(failed)} ended with an error (first: {failed[0] if failed else None})",
+                file=sys.stderr,
+                flush=True,
+            )
             raise
         r["subscribe_s"] = time.perf_counter() - t0
         r["retries"] = len(retries)
         if retries:
-            print(f"{len(retries)} ReadEvents retried after a retryable refusal ({sorted(set(retries))})", file=sys.stderr, flush=True)
+            print(
+                f"{len(retries)} ReadEvents retried after a retryable refusal ({sorted(set(retries))})",
+                file=sys.stderr,
+                flush=True,
+            )
         full_collection(r)
         r["rss_subscribed"] = rss_mib()
         r["per_subscription_kib"] = (r["rss_subscribed"] - before) * 1024 / max(1, subscriptions)
@@ -369,7 +404,11 @@ async def many_groups(
         print(f"  built Groups {built:,}..{groups:,} x {group_events} events in {fill_s:.1f}s", flush=True)
         built = groups
         child = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--measure", f"{groups},{group_events},{subs}", str(settings.data_dir),
+            sys.executable,
+            __file__,
+            "--measure",
+            f"{groups},{group_events},{subs}",
+            str(settings.data_dir),
             stdout=asyncio.subprocess.PIPE,
         )
         stdout, _ = await child.communicate()
@@ -403,23 +442,39 @@ def int_list(text: str) -> list[int]:
 async def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--measure":  # the fresh process of many_groups
         groups, group_events, subscriptions = int_list(sys.argv[2])
-        print(json.dumps(await measure_groups(settings_for(Path(sys.argv[3])), groups, group_events, subscriptions)))
+        print(
+            json.dumps(
+                await measure_groups(settings_for(Path(sys.argv[3])), groups, group_events, subscriptions)
+            )
+        )
         return 0
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--sizes", default="10000,100000,1000000", help="events per Group for the load table")
     p.add_argument("--append", type=int, default=1000, help="events per bulk append (default 1000)")
-    p.add_argument("--groups", default="1000,3000,10000", help="Groups for start-up and memory, one store grown to each")
-    p.add_argument("--group-events", type=int, default=100, help="events of each of those Groups (default 100)")
-    p.add_argument("--subscriptions", default="100,300,1000", help="followed ReadEvents streams at each of those sizes")
+    p.add_argument(
+        "--groups", default="1000,3000,10000", help="Groups for start-up and memory, one store grown to each"
+    )
+    p.add_argument(
+        "--group-events", type=int, default=100, help="events of each of those Groups (default 100)"
+    )
+    p.add_argument(
+        "--subscriptions", default="100,300,1000", help="followed ReadEvents streams at each of those sizes"
+    )
     args = p.parse_args()
     sizes, groups, subscriptions = int_list(args.sizes), int_list(args.groups), int_list(args.subscriptions)
     if len(subscriptions) != len(groups) or any(s > g for s, g in zip(subscriptions, groups, strict=True)):
         p.error("--subscriptions needs one count per --groups size, each at most that size")
     work = Path(tempfile.mkdtemp(prefix="mwp-replay-"))
     try:
-        print(f"replay bench: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, SQLite store in {work}")
+        print(
+            f"replay bench: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, SQLite store in {work}"
+        )
         table = await sizes_table(settings_for(work / "sizes"), sizes, args.append) if sizes else []
-        many = await many_groups(settings_for(work / "many"), groups, subscriptions, args.group_events, args.append)
+        many = await many_groups(
+            settings_for(work / "many"), groups, subscriptions, args.group_events, args.append
+        )
         if table:
             print()
             print("| events | raw row read (anchor) | first load | ratio | checkpointed load | ratio |")

@@ -102,7 +102,9 @@ def workload(a: argparse.Namespace) -> Workload:
         cls = P.URGENT if rng.random() < 0.02 else classes[g]  # escalated by the MissionOwner
         deadline = t + rng.uniform(1_800, 4 * 3_600) if rng.random() < 0.6 else None
         gate = t + rng.uniform(0, 600) if rng.random() < 0.05 else None
-        items.append(Item(f"wi_{n:05d}", g, cls, t, rng.uniform(a.service_min, a.service_max), deadline, gate))
+        items.append(
+            Item(f"wi_{n:05d}", g, cls, t, rng.uniform(a.service_min, a.service_max), deadline, gate)
+        )
     return Workload(weights, items)
 
 
@@ -127,7 +129,9 @@ class Ours:
             self.s.set_group(0.0, g, Source.WORKER_OPERATOR, weight=w, quota=quota)
 
     def enqueue(self, now: float, it: Item, eligible: bool) -> None:
-        self.s.enqueue(now, it.group, it.id, priority_class=it.cls, deadline=it.deadline, risk_gate_open=eligible)
+        self.s.enqueue(
+            now, it.group, it.id, priority_class=it.cls, deadline=it.deadline, risk_gate_open=eligible
+        )
 
     def open_gate(self, now: float, item_id: str) -> None:
         self.s.set_eligibility(now, item_id, risk_gate_open=True)
@@ -295,7 +299,9 @@ def simulate(policy: Policy, wl: Workload, params: Params, quota: int, window: t
             slot, pid = got
             p = items[pid]
             f = flows[(p.group, int(p.cls))]
-            assert f.since is not None and f.eligible > 0 and running[p.group] < quota, f"{policy.name} broke a rule"
+            assert f.since is not None and f.eligible > 0 and running[p.group] < quota, (
+                f"{policy.name} broke a rule"
+            )
             wait, bound = now - f.since, params.wait_bound(f.peers)
             res.flow_waits.append(wait)
             res.bound_ratio = max(res.bound_ratio, wait / bound)
@@ -336,11 +342,16 @@ def jain(xs: list[float]) -> float:
     return sum(xs) ** 2 / (len(xs) * sq) if sq else float("nan")  # nan: none got anything
 
 
-def fairness(res: Result, weights: dict[str, int], window: tuple[float, float]) -> dict[tuple[int, int], tuple[int, float, float]]:
+def fairness(
+    res: Result, weights: dict[str, int], window: tuple[float, float]
+) -> dict[tuple[int, int], tuple[int, float, float]]:
     """(class, weight) -> (backlogged flows, Jain of their slot time, the weight's share of the
     class's slot time / its share of the class's weight)."""
-    backlogged = [(g, c, f) for (g, c), f in res.flows.items()
-                  if any(a <= window[0] and b >= window[1] for a, b in f.spans)]
+    backlogged = [
+        (g, c, f)
+        for (g, c), f in res.flows.items()
+        if any(a <= window[0] and b >= window[1] for a, b in f.spans)
+    ]
     got_c: dict[int, float] = defaultdict(float)
     weight_c: dict[int, int] = defaultdict(int)
     buckets: dict[tuple[int, int], list[Flow]] = defaultdict(list)
@@ -364,7 +375,9 @@ class ClassLoad:
     bound: float  # the largest wait bound of its placements inside the window
 
 
-def class_load(res: Result, weights: dict[str, int], window: tuple[float, float], mean: float) -> dict[int, ClassLoad]:
+def class_load(
+    res: Result, weights: dict[str, int], window: tuple[float, float], mean: float
+) -> dict[int, ClassLoad]:
     """What the class had to share: GPS (the fluid ideal of weighted fairness) gives every
     servable flow of weight w the rate w / W of the class's slot time; at the window's average W,
     `gps_gap` is how long a weight-1 flow then takes to receive one mean service. Where it exceeds
@@ -376,11 +389,17 @@ def class_load(res: Result, weights: dict[str, int], window: tuple[float, float]
     out = {}
     for c, fs in sorted(per.items()):
         got = sum(f.got for _, f in fs)
-        w = sum(weights[g] * sum(max(0.0, min(b, window[1]) - max(a, window[0])) for a, b in f.spans)
-                for g, f in fs) / length
+        w = (
+            sum(
+                weights[g] * sum(max(0.0, min(b, window[1]) - max(a, window[0])) for a, b in f.spans)
+                for g, f in fs
+            )
+            / length
+        )
         gap = mean * w * length / got if got else math.inf
-        out[c] = ClassLoad(sum(f.placed for _, f in fs), sum(f.aged for _, f in fs), w, gap,
-                           max(f.bound for _, f in fs))
+        out[c] = ClassLoad(
+            sum(f.placed for _, f in fs), sum(f.aged for _, f in fs), w, gap, max(f.bound for _, f in fs)
+        )
     return out
 
 
@@ -396,46 +415,70 @@ def main() -> int:
     ap.add_argument("--service-min", type=float, default=10.0)
     ap.add_argument("--service-max", type=float, default=110.0)
     ap.add_argument("--aging", type=float, default=1_800.0, help="aging horizon H, seconds")
-    ap.add_argument("--window", default="0.4,0.95", help="fractions of the arrival span where shares are measured")
+    ap.add_argument(
+        "--window", default="0.4,0.95", help="fractions of the arrival span where shares are measured"
+    )
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     if a.quick:
         a.groups, a.items = min(a.groups, 100), min(a.items, 1_000)
     mean = (a.service_min + a.service_max) / 2
-    params = Params(slots=a.slots, aging_horizon=a.aging, service_time_bound=a.service_max, service_estimate=mean)
-    log(f"workload: {a.groups:,} Groups, {a.items:,} WorkItems, {a.slots} slots, load {a.load}, Zipf {a.zipf}, seed {a.seed}")
+    params = Params(
+        slots=a.slots, aging_horizon=a.aging, service_time_bound=a.service_max, service_estimate=mean
+    )
+    log(
+        f"workload: {a.groups:,} Groups, {a.items:,} WorkItems, {a.slots} slots, load {a.load}, Zipf {a.zipf}, seed {a.seed}"
+    )
     wl = workload(a)
     lo, hi = (float(x) for x in a.window.split(","))
     span = wl.items[-1].arrival
     window = (lo * span, hi * span)
     results = []
-    for pol in (Ours(params, wl.weights, a.quota), KeyedAnchor("strict-priority", a.slots, a.quota, strict=True),
-                KeyedAnchor("fifo", a.slots, a.quota, strict=False)):
+    for pol in (
+        Ours(params, wl.weights, a.quota),
+        KeyedAnchor("strict-priority", a.slots, a.quota, strict=True),
+        KeyedAnchor("fifo", a.slots, a.quota, strict=False),
+    ):
         t0 = time.monotonic()
         results.append(simulate(pol, wl, params, a.quota, window))
         log(f"{pol.name}: done in {time.monotonic() - t0:.1f} s")
 
-    print(f"\nscheduler benchmark {time.strftime('%Y-%m-%d')}: {a.groups:,} Groups, {a.items:,} WorkItems, "
-          f"{a.slots} slots, quota {a.quota}, load {a.load}, Zipf s={a.zipf}, service U[{a.service_min:g}, "
-          f"{a.service_max:g}] s, H={a.aging:g} s, seed {a.seed}")
-    print(f"documented bound on a flow's wait: H + ceil(F/S) * T_max = {a.aging:g} + ceil(F/{a.slots}) * {a.service_max:g} s"
-          f" (worst, F = every flow: {params.wait_bound(len(results[0].flows)):,.0f} s)\n")
+    print(
+        f"\nscheduler benchmark {time.strftime('%Y-%m-%d')}: {a.groups:,} Groups, {a.items:,} WorkItems, "
+        f"{a.slots} slots, quota {a.quota}, load {a.load}, Zipf s={a.zipf}, service U[{a.service_min:g}, "
+        f"{a.service_max:g}] s, H={a.aging:g} s, seed {a.seed}"
+    )
+    print(
+        f"documented bound on a flow's wait: H + ceil(F/S) * T_max = {a.aging:g} + ceil(F/{a.slots}) * {a.service_max:g} s"
+        f" (worst, F = every flow: {params.wait_bound(len(results[0].flows)):,.0f} s)\n"
+    )
     head = f"{'':34}" + "".join(f"{r.name:>17}" for r in results)
     print(head)
 
     def row(label: str, vals: list[str]) -> None:
         print(f"{label:34}" + "".join(f"{v:>17}" for v in vals))
 
-    row("flow wait max / p99 (s)", [f"{max(r.flow_waits):,.0f} / {pct(r.flow_waits, .99):,.0f}" for r in results])
+    row(
+        "flow wait max / p99 (s)",
+        [f"{max(r.flow_waits):,.0f} / {pct(r.flow_waits, 0.99):,.0f}" for r in results],
+    )
     row("flow wait / its bound, max", [f"{r.bound_ratio:.3f}" for r in results])
     row("flow waits beyond the bound", [f"{r.over_bound:,}" for r in results])
-    row("item wait max / p99 (s)", [f"{max(r.item_waits):,.0f} / {pct(r.item_waits, .99):,.0f}" for r in results])
+    row(
+        "item wait max / p99 (s)",
+        [f"{max(r.item_waits):,.0f} / {pct(r.item_waits, 0.99):,.0f}" for r in results],
+    )
     row("deadline misses", [f"{r.misses:,} / {r.with_deadline:,}" for r in results])
-    row("decision p50 / p99 (us)", [f"{pct(r.decide_ns, .5) / 1e3:.1f} / {pct(r.decide_ns, .99) / 1e3:.1f}" for r in results])
+    row(
+        "decision p50 / p99 (us)",
+        [f"{pct(r.decide_ns, 0.5) / 1e3:.1f} / {pct(r.decide_ns, 0.99) / 1e3:.1f}" for r in results],
+    )
     row("simulated makespan (s)", [f"{r.makespan:,.0f}" for r in results])
     fair = [fairness(r, wl.weights, window) for r in results]
-    print(f"\nflows backlogged throughout [{window[0]:,.0f}, {window[1]:,.0f}] s, per (class, weight): how many,"
-          " Jain's index of their slot time (J), their share of the class's slot time / their share of its weight (s)")
+    print(
+        f"\nflows backlogged throughout [{window[0]:,.0f}, {window[1]:,.0f}] s, per (class, weight): how many,"
+        " Jain's index of their slot time (J), their share of the class's slot time / their share of its weight (s)"
+    )
     row("class, weight: flows", [r.name for r in results])
     keys = sorted(set().union(*fair))
     for k in keys:
@@ -445,9 +488,11 @@ def main() -> int:
             cells.append(f"{n:>3} J{j:.3f} s{s:.3f}")
         row(f"{P(k[0]).name}, w={k[1]}", cells)
 
-    print(f"\nper class inside the window: placements (of flows that had waited >= H), the time-average weight"
-          f" of its servable flows (W), and under GPS the gap between two mean services ({mean:g} s) of a weight-1"
-          " flow at that W, against the largest bound its placements had")
+    print(
+        f"\nper class inside the window: placements (of flows that had waited >= H), the time-average weight"
+        f" of its servable flows (W), and under GPS the gap between two mean services ({mean:g} s) of a weight-1"
+        " flow at that W, against the largest bound its placements had"
+    )
     row("class", [r.name for r in results])
     loads = [class_load(r, wl.weights, window, mean) for r in results]
     for c in sorted(set().union(*loads)):
@@ -456,30 +501,46 @@ def main() -> int:
             x = ld.get(c)
             cells.append("" if x is None else f"{x.placed}({x.aged}) W{x.weight:.0f}")
         row(f"{P(c).name}", cells)
-        row("  GPS gap / bound (s)", [f"{ld[c].gps_gap:,.0f} / {ld[c].bound:,.0f}" if c in ld else "" for ld in loads])
+        row(
+            "  GPS gap / bound (s)",
+            [f"{ld[c].gps_gap:,.0f} / {ld[c].bound:,.0f}" if c in ld else "" for ld in loads],
+        )
 
     ours = fair[0]
     jains = [j for (n, j, s) in ours.values() if n >= 2 and not math.isnan(j)] or [float("nan")]
     shares = [s for (n, j, s) in ours.values() if not math.isnan(s)] or [float("nan")]
-    p99 = pct(results[0].decide_ns, .99) / 1e3
+    p99 = pct(results[0].decide_ns, 0.99) / 1e3
     print("\ngoals (ours):")
-    print(f"  Jain >= {GOAL_JAIN} for equal weights: min over (class, weight) = {min(jains):.3f}"
-          f" -> {'met' if min(jains) >= GOAL_JAIN else 'NOT met'}")
+    print(
+        f"  Jain >= {GOAL_JAIN} for equal weights: min over (class, weight) = {min(jains):.3f}"
+        f" -> {'met' if min(jains) >= GOAL_JAIN else 'NOT met'}"
+    )
     worst = max(abs(s - 1) for s in shares)
-    print(f"  every weight class within {GOAL_SHARE:.0%} of its share: worst |s - 1| = {worst:.3f}"
-          f" -> {'met' if worst <= GOAL_SHARE else 'NOT met'}")
+    print(
+        f"  every weight class within {GOAL_SHARE:.0%} of its share: worst |s - 1| = {worst:.3f}"
+        f" -> {'met' if worst <= GOAL_SHARE else 'NOT met'}"
+    )
     conflict = sorted(c for c, x in loads[0].items() if x.gps_gap > x.bound and any(k[0] == c for k in ours))
     if conflict:
         rest = [v for k, v in ours.items() if k[0] not in conflict]
         rj = [j for (n, j, _) in rest if n >= 2 and not math.isnan(j)]
         rs = [abs(s - 1) for (_, _, s) in rest if not math.isnan(s)]
-        print(f"  reason: in {', '.join(P(c).name for c in conflict)} GPS would leave a weight-1 flow longer between"
-              " two services than its bound, so the bound, kept by aging, serves such flows by turn, not by weight")
-        print(f"  the other classes: min Jain {min(rj):.3f}, worst |s - 1| {max(rs):.3f}" if rj and rs
-              else "  no other class had backlogged flows to compare")
-    print(f"  no wait beyond the bound: {results[0].over_bound} beyond, max wait/bound {results[0].bound_ratio:.3f}"
-          f" -> {'met' if results[0].over_bound == 0 else 'NOT met'}")
-    print(f"  decision p99 <= {GOAL_P99_US:g} us: {p99:.1f} us -> {'met' if p99 <= GOAL_P99_US else 'NOT met'}")
+        print(
+            f"  reason: in {', '.join(P(c).name for c in conflict)} GPS would leave a weight-1 flow longer between"
+            " two services than its bound, so the bound, kept by aging, serves such flows by turn, not by weight"
+        )
+        print(
+            f"  the other classes: min Jain {min(rj):.3f}, worst |s - 1| {max(rs):.3f}"
+            if rj and rs
+            else "  no other class had backlogged flows to compare"
+        )
+    print(
+        f"  no wait beyond the bound: {results[0].over_bound} beyond, max wait/bound {results[0].bound_ratio:.3f}"
+        f" -> {'met' if results[0].over_bound == 0 else 'NOT met'}"
+    )
+    print(
+        f"  decision p99 <= {GOAL_P99_US:g} us: {p99:.1f} us -> {'met' if p99 <= GOAL_P99_US else 'NOT met'}"
+    )
     return 0
 
 

@@ -83,7 +83,9 @@ class Bench:
         self.client: MeshClient | None = None
         self.owner: SessionSigner | None = None
         self.conversations: dict[str, str] = {}
-        self.hello_retries = 0  # HELLOs refused PEER_UNAVAILABLE (the server too busy to check them) and retried
+        self.hello_retries = (
+            0  # HELLOs refused PEER_UNAVAILABLE (the server too busy to check them) and retried
+        )
         self.quiet_refused = 0  # quiet-Group posts the mesh did not answer in time
 
     def start_server(self) -> None:
@@ -99,7 +101,9 @@ class Bench:
         self.stderr = open(self.work / "server.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "missionweave.cli", "serve", "--listen", self.target],
-            env=env, stdout=subprocess.DEVNULL, stderr=self.stderr,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr,
         )
 
     def stop(self) -> None:
@@ -123,7 +127,11 @@ class Bench:
         while True:
             try:
                 await client.register_identity(
-                    "admin", read_key(admin_key), "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(owner_key.verify_key)
+                    "admin",
+                    read_key(admin_key),
+                    "alice",
+                    common_pb2.IDENTITY_KIND_HUMAN,
+                    bytes(owner_key.verify_key),
                 )
                 break
             except Exception:
@@ -131,7 +139,11 @@ class Bench:
                     raise
                 await asyncio.sleep(0.2)
         await client.register_identity(
-            "admin", read_key(admin_key), "coord", common_pb2.IDENTITY_KIND_AGENT, bytes(SigningKey.generate().verify_key)
+            "admin",
+            read_key(admin_key),
+            "coord",
+            common_pb2.IDENTITY_KIND_AGENT,
+            bytes(SigningKey.generate().verify_key),
         )
         self.owner = owner = await client.open_session("alice", owner_key)
         for group in (BIG, QUIET):
@@ -140,7 +152,9 @@ class Bench:
             self.conversations[group] = (await client.group_state(group)).mission.planning_conversation_id
         started = time.perf_counter()
         for first in range(0, self.args.messages, 50):
-            await asyncio.gather(*(self.post(BIG, i) for i in range(first, min(first + 50, self.args.messages))))
+            await asyncio.gather(
+                *(self.post(BIG, i) for i in range(first, min(first + 50, self.args.messages)))
+            )
         log(
             f"  filled {BIG} with {self.args.messages:,} messages of 8 KB in {time.perf_counter() - started:.1f} s; "
             f"server RSS {self.server_rss():.0f} MB"
@@ -150,7 +164,9 @@ class Bench:
         assert self.client is not None and self.owner is not None
         body = builders.message(self.conversations[group], f"{i} {MESSAGE_TEXT if group == BIG else 'quiet'}")
         started = time.perf_counter()
-        await self.client.execute(self.owner.sign(self.owner.command(group, "message_post", body, membership_epoch=1)))
+        await self.client.execute(
+            self.owner.sign(self.owner.command(group, "message_post", body, membership_epoch=1))
+        )
         return (time.perf_counter() - started) * 1000
 
     async def open_streams(self, count: int, group: str, credits: int) -> list[tuple[Any, Any]]:
@@ -163,27 +179,46 @@ class Bench:
                 channel = grpc.aio.insecure_channel(self.target)
                 call = pb_grpc.GatewayServiceStub(channel).Connect()
                 proof = pb.HelloProof(
-                    agent_id=owner.identity_id, session_epoch=owner.session_epoch,
-                    issued_at=to_timestamp(SystemClock().now()), nonce=os.urandom(16), audience=self.target,
+                    agent_id=owner.identity_id,
+                    session_epoch=owner.session_epoch,
+                    issued_at=to_timestamp(SystemClock().now()),
+                    nonce=os.urandom(16),
+                    audience=self.target,
                 )
                 envelope = sign_envelope(
-                    proof.SerializeToString(), HELLO_PROOF_TYPE, owner.key, session_key_id(owner.identity_id, owner.session_epoch)
+                    proof.SerializeToString(),
+                    HELLO_PROOF_TYPE,
+                    owner.key,
+                    session_key_id(owner.identity_id, owner.session_epoch),
                 )
-                hello = pb.HelloFrame(agent_id=owner.identity_id, session_epoch=owner.session_epoch, proof=envelope)
+                hello = pb.HelloFrame(
+                    agent_id=owner.identity_id, session_epoch=owner.session_epoch, proof=envelope
+                )
                 await call.write(pb.ConnectRequest(frame=pb.ClientFrame(hello=hello)))
                 first: Any = await call.read()
                 if first is not grpc.aio.EOF and first.frame.WhichOneof("frame") == "welcome":
-                    subscribe = pb.SubscribeFrame(subscription_id="s", group_id=group, initial_credits=credits)
+                    subscribe = pb.SubscribeFrame(
+                        subscription_id="s", group_id=group, initial_credits=credits
+                    )
                     await call.write(pb.ConnectRequest(frame=pb.ClientFrame(subscribe=subscribe)))
                     return channel, call
-                retry = first is not grpc.aio.EOF and first.frame.error.code == pb.GATEWAY_ERROR_CODE_PEER_UNAVAILABLE
+                retry = (
+                    first is not grpc.aio.EOF
+                    and first.frame.error.code == pb.GATEWAY_ERROR_CODE_PEER_UNAVAILABLE
+                )
                 if not retry:
-                    status = f"{(await call.code()).name}: {await call.details()}" if first is grpc.aio.EOF else first
+                    status = (
+                        f"{(await call.code()).name}: {await call.details()}"
+                        if first is grpc.aio.EOF
+                        else first
+                    )
                     raise RuntimeError(f"no WELCOME: {status}")
                 self.hello_retries += 1
                 call.cancel()
                 await channel.close()
-                await asyncio.sleep(int(first.frame.error.rejection.metadata.get("retry_after_ms", "500")) / 1000)
+                await asyncio.sleep(
+                    int(first.frame.error.rejection.metadata.get("retry_after_ms", "500")) / 1000
+                )
             raise RuntimeError("no WELCOME after 20 attempts")
 
         opened: list[tuple[Any, Any]] = []
@@ -234,15 +269,19 @@ class Bench:
                 except grpc.aio.AioRpcError as refused:  # the mesh too busy to answer in time: a figure too
                     self.quiet_refused += 1
                     posted = f"refused {refused.code().name}"
-                log(f"  t={elapsed:4.0f} s  +{grown:,.0f} MB  quiet post {posted}  "
+                log(
+                    f"  t={elapsed:4.0f} s  +{grown:,.0f} MB  quiet post {posted}  "
                     f"closed by the stall timeout: {self.stall_closes() - closed_before}"
-                    + ("" if opened_at else "  (opening)"))
+                    + ("" if opened_at else "  (opening)")
+                )
 
         sampler = asyncio.create_task(sample())
         stalled = await self.open_streams(count, BIG, 65_536)
         opened_at.append(time.monotonic())
-        log(f"  {count:,} streams open after {opened_at[0] - started:.0f} s; "
-            f"HELLOs retried after PEER_UNAVAILABLE: {self.hello_retries:,}")
+        log(
+            f"  {count:,} streams open after {opened_at[0] - started:.0f} s; "
+            f"HELLOs retried after PEER_UNAVAILABLE: {self.hello_retries:,}"
+        )
         await sampler
         closed = self.stall_closes() - closed_before
         await self.close_streams(stalled)
@@ -262,10 +301,18 @@ class Bench:
 
 
 async def main() -> int:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--streams", default="200,2000", help="counts of streams, one phase each (default 200,2000)")
-    p.add_argument("--messages", type=int, default=2_000, help="8 KB messages in the large Group (default 2,000: 16 MB)")
-    p.add_argument("--hold", type=float, default=45.0, help="seconds the non-reading streams are held (default 45)")
+    p = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--streams", default="200,2000", help="counts of streams, one phase each (default 200,2000)"
+    )
+    p.add_argument(
+        "--messages", type=int, default=2_000, help="8 KB messages in the large Group (default 2,000: 16 MB)"
+    )
+    p.add_argument(
+        "--hold", type=float, default=45.0, help="seconds the non-reading streams are held (default 45)"
+    )
     p.add_argument("--every", type=float, default=5.0, help="seconds between samples (default 5)")
     args = p.parse_args()
     args.streams = [int(n) for n in args.streams.split(",")]
@@ -278,8 +325,11 @@ async def main() -> int:
                 await bench.setup()
                 results[count] = await bench.measure(count)
             except BaseException:
-                notable = [line for line in (Path(scratch) / "server.log").read_text(errors="replace").splitlines()
-                           if '"level": "info"' not in line]
+                notable = [
+                    line
+                    for line in (Path(scratch) / "server.log").read_text(errors="replace").splitlines()
+                    if '"level": "info"' not in line
+                ]
                 log("server log, all but info lines (the last 20):\n" + "\n".join(notable[-20:]))
                 raise
             finally:
@@ -287,7 +337,9 @@ async def main() -> int:
     log("\nsummary (KB a stream: not reading / idle anchor, ratio; closed by the stall timeout)")
     for count, r in results.items():
         ratio = r["not_reading_kb"] / r["idle_kb"] if r["idle_kb"] > 0 else float("inf")
-        log(f"  {count:>6,} streams: {r['not_reading_kb']:,.0f} / {r['idle_kb']:,.0f} KB, {ratio:.1f}x; {r['closed']:,.0f} closed")
+        log(
+            f"  {count:>6,} streams: {r['not_reading_kb']:,.0f} / {r['idle_kb']:,.0f} KB, {ratio:.1f}x; {r['closed']:,.0f} closed"
+        )
     return 0
 
 

@@ -81,7 +81,14 @@ from missionweave.v1 import common_pb2, event_pb2, membership_pb2  # noqa: E402
 from missionweave.v1 import work_pb2 as wp  # noqa: E402
 from missionweave_server.edge.command_stream import CommandStream  # noqa: E402
 
-PRESIGNED = ("work_authorize", "work_offer", "work_accept_offer", "work_start", "work_renew_lease", "work_submit")
+PRESIGNED = (
+    "work_authorize",
+    "work_offer",
+    "work_accept_offer",
+    "work_start",
+    "work_renew_lease",
+    "work_submit",
+)
 IN_LOOP = ("work_accept_result",)
 KINDS = (*PRESIGNED, *IN_LOOP)
 LEASE_SECONDS = 600  # execution lease and start deadline: far longer than any lifecycle here
@@ -175,15 +182,23 @@ def build_plans(
     plans = []
     for i in range(first, first + count):
         gid = group_ids[i % len(group_ids)]
-        ce, cm, wm = actors.coordinator_epoch[gid], actors.coordinator_membership[gid], actors.worker_membership[gid]
+        ce, cm, wm = (
+            actors.coordinator_epoch[gid],
+            actors.coordinator_membership[gid],
+            actors.worker_membership[gid],
+        )
         wi, offer_id, lease_id = f"wi-{i:07d}", f"offer-{i:07d}", f"lease-{i:07d}"
 
-        def signed(signer: SessionSigner, kind: str, body: Any, epoch: int, gid: str = gid) -> pb.ExecuteCommandRequest:
+        def signed(
+            signer: SessionSigner, kind: str, body: Any, epoch: int, gid: str = gid
+        ) -> pb.ExecuteCommandRequest:
             return pb.ExecuteCommandRequest(
                 command=signer.sign(signer.command(gid, kind, body, membership_epoch=epoch))
             )
 
-        authorize = wp.WorkAuthorize(work_item_id=wi, title=f"bench task {i}", contract=contract(now), coordinator_epoch=ce)
+        authorize = wp.WorkAuthorize(
+            work_item_id=wi, title=f"bench task {i}", contract=contract(now), coordinator_epoch=ce
+        )
         offer = wp.WorkOffer(
             work_item_id=wi,
             offer_id=offer_id,
@@ -206,7 +221,12 @@ def build_plans(
             ),
             (
                 "work_start",
-                signed(worker, "work_start", wp.WorkStart(work_item_id=wi, ownership_epoch=1, lease_id=lease_id), wm),
+                signed(
+                    worker,
+                    "work_start",
+                    wp.WorkStart(work_item_id=wi, ownership_epoch=1, lease_id=lease_id),
+                    wm,
+                ),
             ),
         ]
         for _ in range(renewals):
@@ -375,7 +395,9 @@ async def run_lifecycles(
             await asyncio.sleep(CPU_SAMPLE_S)
 
     async def probe_speed() -> None:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", PROBE_CODE, str(PROBE_EVERY_S), stdout=asyncio.subprocess.PIPE)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", PROBE_CODE, str(PROBE_EVERY_S), stdout=asyncio.subprocess.PIPE
+        )
         assert proc.stdout is not None
         try:
             while line := await proc.stdout.readline():
@@ -400,7 +422,9 @@ async def run_lifecycles(
     return run
 
 
-def growth_windows(tally: Tally, concurrency: int, share: float = 0.1) -> tuple[tuple[int, int], tuple[int, int]] | None:
+def growth_windows(
+    tally: Tally, concurrency: int, share: float = 0.1
+) -> tuple[tuple[int, int], tuple[int, int]] | None:
     """The first and the last ``share`` of the completed lifecycles (completion indexes), in steady
     state: the ``concurrency`` completions at either end are left out (the first of them carry the
     ramp-up, a whole lifecycle's latency before anything completes; the last the ramp-down, when no
@@ -470,10 +494,16 @@ async def setup(
 
     admin_key_path = data_dir / "keys" / "admin.key"
     if not admin_key_path.exists():
-        raise SystemExit(f"no admin key at {admin_key_path}: pass --data-dir of the server that bootstrapped it")
+        raise SystemExit(
+            f"no admin key at {admin_key_path}: pass --data-dir of the server that bootstrapped it"
+        )
     admin_key = read_key(admin_key_path)
     suffix = f"-{run_id}" if unique_names else ""
-    names = {"owner": f"alice{suffix}", "coordinator": f"coordinator-bot{suffix}", "worker": f"worker-bot{suffix}"}
+    names = {
+        "owner": f"alice{suffix}",
+        "coordinator": f"coordinator-bot{suffix}",
+        "worker": f"worker-bot{suffix}",
+    }
     kinds = {"owner": common_pb2.IDENTITY_KIND_HUMAN}
     signers: dict[str, SessionSigner] = {}
     for role, name in names.items():
@@ -496,8 +526,12 @@ async def setup(
         # (await first, then add: ``events += len(await ...)`` would read ``events`` before awaiting)
         created = await client.execute(owner.sign(owner.command(gid, "mission_create", body)))
         events += len(created.events)
-        grant = membership_pb2.MembershipGrant(member_id=worker.identity_id, role=membership_pb2.MEMBER_ROLE_WORKER)
-        granted = await client.execute(owner.sign(owner.command(gid, "membership_grant", grant, membership_epoch=1)))
+        grant = membership_pb2.MembershipGrant(
+            member_id=worker.identity_id, role=membership_pb2.MEMBER_ROLE_WORKER
+        )
+        granted = await client.execute(
+            owner.sign(owner.command(gid, "membership_grant", grant, membership_epoch=1))
+        )
         events += len(granted.events)
         return await client.group_state(gid)
 
@@ -514,7 +548,6 @@ async def setup(
     return actors, events
 
 
-
 async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from missionweave.kernel import ids
     from missionweave.kernel.clock import SystemClock
@@ -527,7 +560,9 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         # A few Groups grown to 10,000 WorkItems within the replay window take more than the
         # per-Group ingress limit (MW-8-16, 200 commands/s by default): it is the growth under test.
         os.environ.setdefault("MWP_GROUP_RATE", "0")
-        log(f"growth mode: MWP_GROUP_RATE={os.environ['MWP_GROUP_RATE']} for the server (0: no per-Group ingress limit)")
+        log(
+            f"growth mode: MWP_GROUP_RATE={os.environ['MWP_GROUP_RATE']} for the server (0: no per-Group ingress limit)"
+        )
     profile_out = work / "server.prof"
     mesh: Child | SplitMesh
     if args.shards:
@@ -554,7 +589,9 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             args.lifecycles = args.growth * args.groups - warm
         total = warm + args.lifecycles
         per = commands_per_lifecycle(args.renewals)
-        log(f"building and signing {total:,} lifecycles x {per} commands = {total * per:,} (outside the timed loop)")
+        log(
+            f"building and signing {total:,} lifecycles x {per} commands = {total * per:,} (outside the timed loop)"
+        )
         t0 = time.perf_counter()
         plans: list[Plan] = []
         for start in range(0, total, 1000):
@@ -565,11 +602,15 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 log(f"  signed {len(plans):,}/{total:,} lifecycles")
         sign_s = time.perf_counter() - t0
         r["client_sign_rate"] = total * per / sign_s
-        log(f"  {total * per:,} commands in {sign_s:.1f}s ({r['client_sign_rate']:,.0f}/s client-side build+sign)")
+        log(
+            f"  {total * per:,} commands in {sign_s:.1f}s ({r['client_sign_rate']:,.0f}/s client-side build+sign)"
+        )
         log(f"uploading {total:,} deliverables with their manifests (outside the timed loop, D161)")
         for start in range(0, total, 500):
             chunk = plans[start : start + 500]
-            answers = await client.upload_many([p.deliverable[0] for p in chunk], [p.deliverable[1] for p in chunk])
+            answers = await client.upload_many(
+                [p.deliverable[0] for p in chunk], [p.deliverable[1] for p in chunk]
+            )
             refused = [a for a in answers if isinstance(a, Exception)]
             if refused:
                 raise RuntimeError(f"uploading the deliverables failed: {refused[0]!r}")
@@ -580,17 +621,31 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         log(f"warm-up: {warm} lifecycles, {args.concurrency} concurrent, {transport(args)}")
         warm_tally = Tally()
         warm_run = await run_lifecycles(
-            "warm-up", execute, plans[:warm], actors, args.concurrency, args.max_seconds, warm_tally,
+            "warm-up",
+            execute,
+            plans[:warm],
+            actors,
+            args.concurrency,
+            args.max_seconds,
+            warm_tally,
             keep_responses=True,
         )
         if warm_run.errors:
             raise RuntimeError(f"warm-up failed: {warm_run.first_error}")
 
         _profile_toggle(mesh, args)
-        log(f"timed: {args.lifecycles:,} lifecycles, {args.concurrency} concurrent, over {args.groups} Groups")
+        log(
+            f"timed: {args.lifecycles:,} lifecycles, {args.concurrency} concurrent, over {args.groups} Groups"
+        )
         tally = Tally()
         lifecycles = await run_lifecycles(
-            "lifecycles", execute, plans[warm:], actors, args.concurrency, args.max_seconds, tally,
+            "lifecycles",
+            execute,
+            plans[warm:],
+            actors,
+            args.concurrency,
+            args.max_seconds,
+            tally,
             meter,
         )
         if publisher is not None:
@@ -604,7 +659,11 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         progress = await asyncio.gather(
             *(stub.GetMissionProgress(pb.GetMissionProgressRequest(group_id=g)) for g in group_ids)
         )
-        items = {f"{g}/{w.work_item_id}": w.state for g, p in zip(group_ids, progress, strict=True) for w in p.work_items}
+        items = {
+            f"{g}/{w.work_item_id}": w.state
+            for g, p in zip(group_ids, progress, strict=True)
+            for w in p.work_items
+        }
         completed = warm_tally.completed | tally.completed
         r["check"] = {
             "heads": sum(s.head_sequence for s in states),
@@ -627,7 +686,9 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     sizes = [len(x.SerializeToString()) for x in warm_tally.responses]
     mean_response = statistics.mean(sizes)
     canned = min(warm_tally.responses, key=lambda x: abs(len(x.SerializeToString()) - mean_response))
-    r["request_bytes"] = statistics.mean(len(x.SerializeToString()) for x in tally.sent[:5000] or warm_tally.sent)
+    r["request_bytes"] = statistics.mean(
+        len(x.SerializeToString()) for x in tally.sent[:5000] or warm_tally.sent
+    )
     r["response_bytes"] = mean_response
     r["canned_bytes"] = len(canned.SerializeToString())
     echo_reqs = tally.sent[: args.echo_calls] or warm_tally.sent
@@ -643,21 +704,37 @@ async def drive(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if args.publish == "stream":
             # As many streams, with as many commands in flight in all as lifecycles ran at once.
             def tagged(reqs: list[pb.ExecuteCommandRequest]) -> list[pb.ExecuteCommandStreamRequest]:
-                return [pb.ExecuteCommandStreamRequest(command=q.command, request_tag=i + 1) for i, q in enumerate(reqs)]
+                return [
+                    pb.ExecuteCommandStreamRequest(command=q.command, request_tag=i + 1)
+                    for i, q in enumerate(reqs)
+                ]
 
             streams = echo_stream_call(channel)
             window = -(-args.concurrency // args.streams)
-            await run_streamed("warm-up", streams, tagged(warm_tally.sent[:1000]), args.streams, window, args.max_seconds)
+            await run_streamed(
+                "warm-up", streams, tagged(warm_tally.sent[:1000]), args.streams, window, args.max_seconds
+            )
             echo_run = await run_streamed(
-                "echo streamed", streams, tagged(echo_reqs), args.streams, window, args.max_seconds,
-                lambda x: x.result.group_revision > 0, echo.proc.pid,
+                "echo streamed",
+                streams,
+                tagged(echo_reqs),
+                args.streams,
+                window,
+                args.max_seconds,
+                lambda x: x.result.group_revision > 0,
+                echo.proc.pid,
             )
         else:
             call = echo_unary_call(channel)
             await run_unary("warm-up", call, warm_tally.sent[:1000], args.concurrency, args.max_seconds)
             echo_run = await run_unary(
-                "echo unary", call, echo_reqs, args.concurrency, args.max_seconds,
-                lambda x: x.result.group_revision > 0, echo.proc.pid,
+                "echo unary",
+                call,
+                echo_reqs,
+                args.concurrency,
+                args.max_seconds,
+                lambda x: x.result.group_revision > 0,
+                echo.proc.pid,
             )
         log(f"  {echo_run.line()}")
         await channel.close()
@@ -688,7 +765,9 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> bool:
     cmd_rate = t.commands / secs
     per = commands_per_lifecycle(args.renewals)
     store = "PostgreSQL" if args.database_url else "SQLite (WAL, synchronous=FULL)"
-    topology = f"split, {args.shards} Authority shard(s) behind the gateway" if args.shards else "single process"
+    topology = (
+        f"split, {args.shards} Authority shard(s) behind the gateway" if args.shards else "single process"
+    )
 
     print()
     print(
@@ -716,13 +795,27 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> bool:
     print()
     rows = [
         ("lifecycles", f"{lc.rate:,.1f} /s", lc.pct(50), lc.pct(99), lc.errors),
-        ("commands (all kinds)", f"{cmd_rate:,.0f} cmd/s", _pooled(t, 50), _pooled(t, 99), sum(k.errors for k in t.per_kind.values())),
+        (
+            "commands (all kinds)",
+            f"{cmd_rate:,.0f} cmd/s",
+            _pooled(t, 50),
+            _pooled(t, 99),
+            sum(k.errors for k in t.per_kind.values()),
+        ),
         ("events appended", f"{t.events / secs:,.0f} ev/s", None, None, None),
     ]
     for kind in KINDS:
         k = t.per_kind[kind]
         rows.append((f"  {kind}", f"{k.done / secs:,.0f} cmd/s", k.pct(50), k.pct(99), k.errors))
-    rows.append((f"anchor: echo, {'streamed' if args.publish == 'stream' else 'unary'}", f"{echo.rate:,.0f} calls/s", echo.pct(50), echo.pct(99), echo.errors))
+    rows.append(
+        (
+            f"anchor: echo, {'streamed' if args.publish == 'stream' else 'unary'}",
+            f"{echo.rate:,.0f} calls/s",
+            echo.pct(50),
+            echo.pct(99),
+            echo.errors,
+        )
+    )
     w = max(len(x[0]) for x in rows)
     print(f"{'figure':<{w}}  {'value':>14}  {'p50 ms':>8}  {'p99 ms':>8}  {'errors':>6}")
     print("-" * (w + 44))
@@ -741,7 +834,10 @@ def report(args: argparse.Namespace, r: dict[str, Any]) -> bool:
     )
     if lc.server_cpu_by:
         by = ", ".join(f"{name} {cpu / n * 1e3:.2f} ms" for name, cpu in sorted(lc.server_cpu_by.items()))
-        print(f"server CPU per lifecycle by process: {by}" + (f"; PostgreSQL backends {lc.pg_cpu / n * 1e3:.2f} ms" if lc.pg_cpu else ""))
+        print(
+            f"server CPU per lifecycle by process: {by}"
+            + (f"; PostgreSQL backends {lc.pg_cpu / n * 1e3:.2f} ms" if lc.pg_cpu else "")
+        )
     print(f"echo anchor CPU: {echo.cpu_line()}")
     first, last = growth_rates(t, args.concurrency)
     print(
@@ -801,10 +897,17 @@ def main() -> int:
     )
     p.add_argument("--lifecycles", type=int, default=10000, help="timed WorkItem lifecycles (default 10000)")
     p.add_argument("--concurrency", type=int, default=64, help="lifecycles in flight (default 64)")
-    p.add_argument("--groups", type=int, default=50, help="Missions (Groups) the WorkItems spread over (default 50)")
-    p.add_argument("--renewals", type=int, default=3, help="work.renew_lease commands per lifecycle (default 3)")
     p.add_argument(
-        "--usage-tokens", type=int, default=100, help="tokens of usage each renewal reports; 0 = none (default 100)"
+        "--groups", type=int, default=50, help="Missions (Groups) the WorkItems spread over (default 50)"
+    )
+    p.add_argument(
+        "--renewals", type=int, default=3, help="work.renew_lease commands per lifecycle (default 3)"
+    )
+    p.add_argument(
+        "--usage-tokens",
+        type=int,
+        default=100,
+        help="tokens of usage each renewal reports; 0 = none (default 100)",
     )
     p.add_argument(
         "--publish",
@@ -814,18 +917,27 @@ def main() -> int:
         "--streams ExecuteCommandStreams in turn, answers matched by request tag; the echo anchor does the same",
     )
     p.add_argument(
-        "--streams", type=int, default=16, help="open ExecuteCommandStreams with --publish stream (default 16)"
+        "--streams",
+        type=int,
+        default=16,
+        help="open ExecuteCommandStreams with --publish stream (default 16)",
     )
     p.add_argument("--echo-calls", type=int, default=20000, help="calls in the echo anchor (default 20000)")
-    p.add_argument("--max-seconds", type=float, default=150.0, help="no new lifecycle after this (default 150)")
+    p.add_argument(
+        "--max-seconds", type=float, default=150.0, help="no new lifecycle after this (default 150)"
+    )
     p.add_argument("--quick", action="store_true", help="smoke run (~15 s): 2000 lifecycles, 5000 echo calls")
     p.add_argument("--database-url", default="", help="postgresql://... instead of the embedded SQLite store")
     p.add_argument(
-        "--growth", type=int, default=0,
+        "--growth",
+        type=int,
+        default=0,
         help="run until every Group holds this many WorkItems (replaces --lifecycles; e.g. 10000 with --groups 4)",
     )
     p.add_argument(
-        "--shards", type=int, default=0,
+        "--shards",
+        type=int,
+        default=0,
         help="0: the single-process server (default); N: mwp serve --topology split --shards N (N > 1 needs --database-url)",
     )
     p.add_argument("--data-dir", default="", help="server data dir (default: a temp dir, removed afterwards)")
@@ -840,8 +952,16 @@ def main() -> int:
         p.error("--shards > 1 needs --database-url (more than one Authority shard needs PostgreSQL, D60)")
     if args.shards and args.profile_server:
         p.error("--profile-server profiles the single-process server only")
-    if args.lifecycles < 1 or args.concurrency < 1 or args.groups < 1 or args.streams < 1 or args.renewals < 0:
-        p.error("--lifecycles, --concurrency, --groups and --streams must be positive, --renewals not negative")
+    if (
+        args.lifecycles < 1
+        or args.concurrency < 1
+        or args.groups < 1
+        or args.streams < 1
+        or args.renewals < 0
+    ):
+        p.error(
+            "--lifecycles, --concurrency, --groups and --streams must be positive, --renewals not negative"
+        )
     # Pre-signed commands carry their issued_at; the Authority refuses them after its 5-minute replay window.
     args.max_seconds = min(args.max_seconds, 240.0)
 

@@ -61,8 +61,11 @@ def _evidence(slot: Slot, ref: common_pb2.ArtifactRef, passed: dict[str, str]) -
         summary = passed.get(criterion.criterion_id, f"checked: {criterion.description}")
         records.append(
             wp.Evidence(
-                criterion_id=criterion.criterion_id, method=methods[0], result=wp.EVIDENCE_RESULT_PASS,
-                subject=wp.EvidenceSubject(work_item_id=slot.work_item_id, artifact=ref), summary=summary[:2048],
+                criterion_id=criterion.criterion_id,
+                method=methods[0],
+                result=wp.EVIDENCE_RESULT_PASS,
+                subject=wp.EvidenceSubject(work_item_id=slot.work_item_id, artifact=ref),
+                summary=summary[:2048],
             )
         )
     return records
@@ -73,14 +76,17 @@ async def handle(slot: Slot) -> WorkResult | Failed:
     if wid.startswith("extract-"):
         region = wid.removeprefix("extract-")
         ref = await slot.put(_csv(FIGURES[region]), media_type="text/csv")
-        evidence = _evidence(slot, ref, {"complete": f"{len(FIGURES[region])} {region.upper()} entities exported"})
+        evidence = _evidence(
+            slot, ref, {"complete": f"{len(FIGURES[region])} {region.upper()} entities exported"}
+        )
         return WorkResult(evidence, usage=_calls(1))
     if wid == "reconcile":
         if wid not in _failed_once:
             _failed_once.add(wid)
             log.info("%s: the FX service timed out; reporting a transient failure", wid)
             observed = wp.Evidence(
-                method=wp.EVIDENCE_METHOD_FAILURE_OBSERVATION, result=wp.EVIDENCE_RESULT_FAIL,
+                method=wp.EVIDENCE_METHOD_FAILURE_OBSERVATION,
+                result=wp.EVIDENCE_RESULT_FAIL,
                 summary="GET /fx-rates timed out after 30 s",
             )
             return Failed(wp.WORK_FAILURE_KIND_TRANSIENT, "the FX service timed out", evidence=[observed])
@@ -101,6 +107,7 @@ async def handle(slot: Slot) -> WorkResult | Failed:
         cited = all(entity in "\n".join(lines) for entity, _ in rows)
         return WorkResult(
             _evidence(slot, ref, {"figures-match": f"all {len(rows)} figures cited: {cited}"}),
-            summary=f"Q3 report: {len(rows)} entities, total {total / 100:,.2f}", usage=_calls(1),
+            summary=f"Q3 report: {len(rows)} entities, total {total / 100:,.2f}",
+            usage=_calls(1),
         )
     raise ValueError(f"{wid}: not a WorkItem of examples/plan.toml")

@@ -49,18 +49,23 @@ _checkpoints: dict[str, list[str]] = {}
 
 def section(contract: wp.WorkContract, criterion: wp.AcceptanceCriterion) -> str:
     """One worksheet section: everything the criterion asks, in the contract's own terms."""
-    methods = ", ".join(wp.EvidenceMethod.Name(m).removeprefix("EVIDENCE_METHOD_").lower() for m in criterion.required_evidence_methods)
+    methods = ", ".join(
+        wp.EvidenceMethod.Name(m).removeprefix("EVIDENCE_METHOD_").lower()
+        for m in criterion.required_evidence_methods
+    )
     deliverables = {d.deliverable_id: d.description for d in contract.deliverables}
     covered = [f"- {d}: {deliverables.get(d, '(not in the contract)')}" for d in criterion.deliverable_ids]
-    return "\n".join([
-        f"## {criterion.criterion_id}",
-        f"Goal: {contract.goal}",
-        f"Checks: {criterion.description}",
-        f"Evidence by: {methods or 'any method'}",
-        "Covers:",
-        *(covered or ["- (no deliverable named)"]),
-        "",
-    ])
+    return "\n".join(
+        [
+            f"## {criterion.criterion_id}",
+            f"Goal: {contract.goal}",
+            f"Checks: {criterion.description}",
+            f"Evidence by: {methods or 'any method'}",
+            "Covers:",
+            *(covered or ["- (no deliverable named)"]),
+            "",
+        ]
+    )
 
 
 def check(text: str, criterion: wp.AcceptanceCriterion) -> bool:
@@ -77,18 +82,24 @@ def worksheet_evidence(slot: Slot, text: str, ref: common_pb2.ArtifactRef) -> li
     evidence = []
     for criterion in slot.contract.acceptance_criteria:
         passed = check(text, criterion)
-        method = criterion.required_evidence_methods[0] if criterion.required_evidence_methods else wp.EVIDENCE_METHOD_TEST
-        evidence.append(wp.Evidence(
-            evidence_id=f"ev-{slot.work_item_id}-{criterion.criterion_id}",
-            subject=wp.EvidenceSubject(work_item_id=slot.work_item_id, artifact=ref),
-            criterion_id=criterion.criterion_id,
-            criterion=criterion.description,
-            method=method,
-            result=wp.EVIDENCE_RESULT_PASS if passed else wp.EVIDENCE_RESULT_FAIL,
-            produced_at=to_timestamp(_clock.now()),
-            summary=f"the worksheet section {criterion.criterion_id} {'names' if passed else 'misses'} "
-            f"the deliverables {', '.join(criterion.deliverable_ids) or '(none)'}",
-        ))
+        method = (
+            criterion.required_evidence_methods[0]
+            if criterion.required_evidence_methods
+            else wp.EVIDENCE_METHOD_TEST
+        )
+        evidence.append(
+            wp.Evidence(
+                evidence_id=f"ev-{slot.work_item_id}-{criterion.criterion_id}",
+                subject=wp.EvidenceSubject(work_item_id=slot.work_item_id, artifact=ref),
+                criterion_id=criterion.criterion_id,
+                criterion=criterion.description,
+                method=method,
+                result=wp.EVIDENCE_RESULT_PASS if passed else wp.EVIDENCE_RESULT_FAIL,
+                produced_at=to_timestamp(_clock.now()),
+                summary=f"the worksheet section {criterion.criterion_id} {'names' if passed else 'misses'} "
+                f"the deliverables {', '.join(criterion.deliverable_ids) or '(none)'}",
+            )
+        )
     return evidence
 
 
@@ -97,8 +108,14 @@ async def handle(slot: Slot) -> WorkResult | Paused:
     criteria = list(slot.contract.acceptance_criteria)
     sections = list(_checkpoints.get(slot.resume_from_checkpoint_id, []))
     if slot.resume_from_checkpoint_id:
-        log.info("%s/%s: resuming from %s with %d of %d sections", slot.group_id, slot.work_item_id,
-                 slot.resume_from_checkpoint_id, len(sections), len(criteria))
+        log.info(
+            "%s/%s: resuming from %s with %d of %d sections",
+            slot.group_id,
+            slot.work_item_id,
+            slot.resume_from_checkpoint_id,
+            len(sections),
+            len(criteria),
+        )
     while len(sections) < len(criteria):
         if slot.preemption_requested.is_set():  # the safe point: nothing half-written
             checkpoint_id = f"ck-{slot.lease_id}-{len(sections)}"
@@ -134,8 +151,12 @@ async def main() -> None:
     parser.add_argument("--target", default="127.0.0.1:50051", help="the gateway (default 127.0.0.1:50051)")
     parser.add_argument("--as", dest="identity", required=True, help="the Worker identity, e.g. worker-1")
     parser.add_argument("--key", required=True, help="its key file (from `mwp keygen`)")
-    parser.add_argument("--group", action="append", required=True, help="a Group to serve (repeat: three Missions)")
-    parser.add_argument("--state", default=".worker-state", help="session and cursor files (default .worker-state)")
+    parser.add_argument(
+        "--group", action="append", required=True, help="a Group to serve (repeat: three Missions)"
+    )
+    parser.add_argument(
+        "--state", default=".worker-state", help="session and cursor files (default .worker-state)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -144,7 +165,9 @@ async def main() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # not on Windows
             loop.add_signal_handler(sig, stop.set)
-    async with Agent.connect(args.target, args.identity, args.key, cursor_dir=args.state, tls=ClientTLS.from_env()) as agent:
+    async with Agent.connect(
+        args.target, args.identity, args.key, cursor_dir=args.state, tls=ClientTLS.from_env()
+    ) as agent:
         runtime = await serve(agent, args.group)
         log.info("serving %s as %s; Ctrl-C stops", ", ".join(args.group), args.identity)
         logged = 0

@@ -58,4 +58,7 @@ def generate() -> None:
 
 if __name__ == "__main__":
     generate()
-    print(f"generated {len(proto_files())} proto files into missionweave/v1 and missionweave/internal/v1", file=sys.stderr)
+    print(
+        f"generated {len(proto_files())} proto files into missionweave/v1 and missionweave/internal/v1",
+        file=sys.stderr,
+    )

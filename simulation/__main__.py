@@ -48,8 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"{len(seeds)} seeds, {len(failed)} failed{f' {failed}' if failed else ''}, {summary['seeds_per_minute']} seeds/min, "
-              f"{total.steps} steps, {total.invariant_checks} invariant checks")
+        print(
+            f"{len(seeds)} seeds, {len(failed)} failed{f' {failed}' if failed else ''}, {summary['seeds_per_minute']} seeds/min, "
+            f"{total.steps} steps, {total.invariant_checks} invariant checks"
+        )
         print("faults: " + ", ".join(f"{k} {v}" for k, v in sorted(total.faults.items())))
         print("events: " + ", ".join(f"{k} {v}" for k, v in sorted(total.events.items())))
     return 1 if failed else 0

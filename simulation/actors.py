@@ -99,7 +99,11 @@ class Client:
         rng = self.env.rng
         if self._stale is not None and rng.random() < 0.15:
             return self._stale
-        if fresh is not None and rng.random() < self.snapshot_rate and self._stale_head != fresh.head_sequence:
+        if (
+            fresh is not None
+            and rng.random() < self.snapshot_rate
+            and self._stale_head != fresh.head_sequence
+        ):
             self._stale, self._stale_head = copy.deepcopy(fresh), fresh.head_sequence
         return fresh
 
@@ -124,8 +128,12 @@ class Client:
         env = self.env
         rid = env.request_id()
         self.op = OpenOp("command", rid, env.clock.ms + TIMEOUT_MS, self.route, command, attempts)
-        env.history.record(self.name, Kind.COMMAND, Phase.INVOKE, command.group_id, command_id=command.command_id)
-        env.trace(f"{self.name} -> {self.route} {command.WhichOneof('body')} {command.command_id} try {attempts}")
+        env.history.record(
+            self.name, Kind.COMMAND, Phase.INVOKE, command.group_id, command_id=command.command_id
+        )
+        env.trace(
+            f"{self.name} -> {self.route} {command.WhichOneof('body')} {command.command_id} try {attempts}"
+        )
         env.send(self.name, self.route, CommandRequest(rid, self.name, command))
 
     def open_session(self) -> None:
@@ -157,7 +165,9 @@ class Client:
             return
         assert op.command is not None
         env = self.env
-        env.history.record(self.name, Kind.COMMAND, Phase.INFO, op.command.group_id, command_id=op.command.command_id)
+        env.history.record(
+            self.name, Kind.COMMAND, Phase.INFO, op.command.group_id, command_id=op.command.command_id
+        )
         env.trace(f"{self.name} timeout {op.command.command_id}")
         # Another instance may own the Group by now (the one asked may have crashed).
         self.route = env.authorities[(env.authorities.index(self.route) + 1) % len(env.authorities)]
@@ -182,13 +192,24 @@ class Client:
         assert command is not None
         cid = command.command_id
         if reply.ok:
-            env.history.record(self.name, Kind.COMMAND, Phase.OK, command.group_id, command_id=cid,
-                               seq=reply.seq, shard=reply.shard)
+            env.history.record(
+                self.name,
+                Kind.COMMAND,
+                Phase.OK,
+                command.group_id,
+                command_id=cid,
+                seq=reply.seq,
+                shard=reply.shard,
+            )
             env.acknowledged.setdefault((command.group_id, cid), reply.seq)
-            env.trace(f"{self.name} ok {cid} seq {reply.seq}{' replayed' if reply.replayed else ''} by {reply.shard}")
+            env.trace(
+                f"{self.name} ok {cid} seq {reply.seq}{' replayed' if reply.replayed else ''} by {reply.shard}"
+            )
             self.accepted(command)
             return
-        env.history.record(self.name, Kind.COMMAND, Phase.FAIL, command.group_id, command_id=cid, shard=reply.shard)
+        env.history.record(
+            self.name, Kind.COMMAND, Phase.FAIL, command.group_id, command_id=cid, shard=reply.shard
+        )
         env.trace(f"{self.name} refused {cid} {reply.reason} by {reply.shard}")
         if reply.reason == "NOT_OWNER":
             self.route = reply.owner_hint or self.route
@@ -219,11 +240,22 @@ class Owner(Client):
     restricted Conversation, posts in it, and approves the Mission's result."""
 
     def __init__(
-        self, name: str, group_id: str, env: Env, coordinators: tuple[str, str], members: Mapping[str, int],
-        party: str, provisional: str,
+        self,
+        name: str,
+        group_id: str,
+        env: Env,
+        coordinators: tuple[str, str],
+        members: Mapping[str, int],
+        party: str,
+        provisional: str,
     ) -> None:
         super().__init__(name, group_id, env)
-        self.coordinators, self.members, self.party, self.provisional = coordinators, members, party, provisional
+        self.coordinators, self.members, self.party, self.provisional = (
+            coordinators,
+            members,
+            party,
+            provisional,
+        )
         self.restricted = f"cv-restricted-{group_id}"
         self.posted: list[str] = []  # its Messages in the restricted Conversation, as accepted
 
@@ -234,7 +266,13 @@ class Owner(Client):
     def act(self) -> None:
         state, rng = self.view(), self.env.rng
         if state is None:
-            self.submit(self.command(None, "mission_create", bodies.mission_create(self.name, self.coordinators[0], self.env.clock.now())))
+            self.submit(
+                self.command(
+                    None,
+                    "mission_create",
+                    bodies.mission_create(self.name, self.coordinators[0], self.env.clock.now()),
+                )
+            )
             return
         assert state.mission is not None
         if state.mission.state not in (MS.MISSION_STATE_ACTIVE, MS.MISSION_STATE_AWAITING_APPROVAL):
@@ -254,7 +292,8 @@ class Owner(Client):
             # MW-7.2-04/05: the lease lapsed; the standby (or the first one again) takes a higher epoch.
             successor = next(c for c in self.coordinators if c != lease.agent_id)
             replace = mission_pb2.MissionReplaceCoordinator(
-                coordinator_id=successor, replaced_coordinator_epoch=lease.coordinator_epoch,
+                coordinator_id=successor,
+                replaced_coordinator_epoch=lease.coordinator_epoch,
                 coordinator_renewal=bodies.coordinator_renewal(),
             )
             self.submit(self.command(state, "mission_replace_coordinator", replace))
@@ -262,7 +301,9 @@ class Owner(Client):
             body: Proto = bodies.conversation_open(self.restricted, [self.party])
             self.submit(self.command(state, "conversation_open", body))
         elif state.mission.state == MS.MISSION_STATE_AWAITING_APPROVAL:
-            body = mission_pb2.MissionApprove(submission_event_id=state.mission.latest_submission_event_id, comment="fine")
+            body = mission_pb2.MissionApprove(
+                submission_event_id=state.mission.latest_submission_event_id, comment="fine"
+            )
             self.submit(self.command(state, "mission_approve", body))
         elif rng.random() < 0.3:
             self._n += 1
@@ -271,14 +312,18 @@ class Owner(Client):
         elif rng.random() < 0.2 and self.posted:
             # A correction of something said in the restricted Conversation: as hidden as the post.
             body = conversation_pb2.MessageAmend(
-                message_id=rng.choice(self.posted), kind=conversation_pb2.MESSAGE_AMENDMENT_KIND_CORRECTION,
+                message_id=rng.choice(self.posted),
+                kind=conversation_pb2.MESSAGE_AMENDMENT_KIND_CORRECTION,
                 corrected_content=conversation_pb2.MessageContent(text="the price is 43"),
             )
             self.submit(self.command(state, "message_amend", body))
         elif rng.random() < 0.1:
             # A Membership change: a Worker is revoked (re-granted later under a new epoch).
-            workers = [m for m, role in sorted(self.members.items())
-                       if role == membership_pb2.MEMBER_ROLE_WORKER and m != self.provisional]
+            workers = [
+                m
+                for m, role in sorted(self.members.items())
+                if role == membership_pb2.MEMBER_ROLE_WORKER and m != self.provisional
+            ]
             body = membership_pb2.MembershipRevoke(member_id=rng.choice(workers), reason="rotation")
             self.submit(self.command(state, "membership_revoke", body))
 
@@ -317,18 +362,32 @@ class Coordinator(Client):
             return
         if state.mission.state not in (MS.MISSION_STATE_ACTIVE, MS.MISSION_STATE_AWAITING_APPROVAL):
             return  # ended: nothing more to coordinate
-        if lease.agent_id == self.name and (lease.expires_at - now).total_seconds() < bodies.COORDINATOR_RENEW_BEFORE_S:
-            self.submit(self.command(state, "mission_renew_coordinator_lease",
-                                     mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=self.epoch)))
+        if (
+            lease.agent_id == self.name
+            and (lease.expires_at - now).total_seconds() < bodies.COORDINATOR_RENEW_BEFORE_S
+        ):
+            self.submit(
+                self.command(
+                    state,
+                    "mission_renew_coordinator_lease",
+                    mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=self.epoch),
+                )
+            )
             return
         missing = [w for w in self.work_items if w not in state.work_items]
         if missing:
-            self.submit(self.command(state, "work_authorize", bodies.work_authorize(missing[0], now, self.epoch)))
+            self.submit(
+                self.command(state, "work_authorize", bodies.work_authorize(missing[0], now, self.epoch))
+            )
             return
         items = [state.work_items[w] for w in self.work_items]
         live = [g for g in state.grants.values() if not g.revoked and g.grantee_id == self.delegate]
         target = state.work_items[self.work_items[0]]
-        if not live and target.state not in (WS.WORK_ITEM_STATE_VERIFIED, WS.WORK_ITEM_STATE_CANCELLED) and rng.random() < 0.3:
+        if (
+            not live
+            and target.state not in (WS.WORK_ITEM_STATE_VERIFIED, WS.WORK_ITEM_STATE_CANCELLED)
+            and rng.random() < 0.3
+        ):
             body = bodies.delegation_grant(self.delegate, target.work_item_id, now, self.epoch)
             self.submit(self.command(state, "membership_grant_delegation", body))
             return
@@ -339,7 +398,8 @@ class Coordinator(Client):
         for item in [state.work_items[w] for w in sorted(state.work_items)]:
             if item.state == WS.WORK_ITEM_STATE_SUBMITTED:
                 body = wp.WorkAcceptResult(
-                    work_item_id=item.work_item_id, coordinator_epoch=self.epoch,
+                    work_item_id=item.work_item_id,
+                    coordinator_epoch=self.epoch,
                     submission_event_id=item.latest_submission_event_id,
                 )
                 self.submit(self.command(state, "work_accept_result", body))
@@ -351,19 +411,28 @@ class Coordinator(Client):
             if rng.random() < 0.8:
                 self._n += 1
                 fail = wp.WorkFail(
-                    work_item_id=item.work_item_id, coordinator_epoch=self.epoch, kind=wp.WORK_FAILURE_KIND_TRANSIENT,
-                    evidence=[bodies.evidence(f"{self.name}.ev{self._n}")], reason="the tool timed out",
+                    work_item_id=item.work_item_id,
+                    coordinator_epoch=self.epoch,
+                    kind=wp.WORK_FAILURE_KIND_TRANSIENT,
+                    evidence=[bodies.evidence(f"{self.name}.ev{self._n}")],
+                    reason="the tool timed out",
                 )
                 self.submit(self.command(state, "work_fail", fail))
             else:
-                cancel = wp.WorkCancel(work_item_id=item.work_item_id, coordinator_epoch=self.epoch, reason="not needed")
+                cancel = wp.WorkCancel(
+                    work_item_id=item.work_item_id, coordinator_epoch=self.epoch, reason="not needed"
+                )
                 self.submit(self.command(state, "work_cancel", cancel))
             return
         items = [state.work_items[w] for w in sorted(state.work_items)]  # delegated ones too
         # A WorkItem without a live owner (none, or its ownership lapsed unstarted) is offered again.
-        offerable = [i for i in items if i.state in (WS.WORK_ITEM_STATE_OPEN, WS.WORK_ITEM_STATE_QUEUED)
-                     and (i.owner is None or (i.owner.expires_at <= now and i.lease is None))
-                     and not any(o.open and o.expires_at > now for o in i.offers.values())]
+        offerable = [
+            i
+            for i in items
+            if i.state in (WS.WORK_ITEM_STATE_OPEN, WS.WORK_ITEM_STATE_QUEUED)
+            and (i.owner is None or (i.owner.expires_at <= now and i.lease is None))
+            and not any(o.open and o.expires_at > now for o in i.offers.values())
+        ]
         if offerable:
             item = rng.choice(offerable)
             active = [w for w in self.workers if active_member(state, w)] or self.workers
@@ -371,13 +440,18 @@ class Coordinator(Client):
             self._n += 1
             # MW-8-06: an offer to a provisional member lapses no later than its Membership.
             members = [state.members[c] for c in candidates if c in state.members]
-            expiry = min([now + timedelta(seconds=60)] + [
-                m.expires_at for m in members if m.provisional and m.expires_at is not None
-            ])
-            body = bodies.work_offer(item.work_item_id, f"{self.name}.o{self._n}", candidates, now, self.epoch, expiry)
+            expiry = min(
+                [now + timedelta(seconds=60)]
+                + [m.expires_at for m in members if m.provisional and m.expires_at is not None]
+            )
+            body = bodies.work_offer(
+                item.work_item_id, f"{self.name}.o{self._n}", candidates, now, self.epoch, expiry
+            )
             self.submit(self.command(state, "work_offer", body))
             return
-        if state.mission.state == MS.MISSION_STATE_ACTIVE and all(i.state == WS.WORK_ITEM_STATE_VERIFIED for i in items):
+        if state.mission.state == MS.MISSION_STATE_ACTIVE and all(
+            i.state == WS.WORK_ITEM_STATE_VERIFIED for i in items
+        ):
             refs = [bodies.artifact_ref(d) for i in items for d, _ in i.submitted_artifacts[:1]]
             body = mission_pb2.MissionSubmitForApproval(
                 coordinator_epoch=self.epoch, mission_revision=state.mission.revision, artifacts=refs
@@ -417,34 +491,50 @@ class Worker(Client):
         for item in self.mine(state):
             for offer in item.offers.values():
                 if offer.open and self.name in offer.candidate_ids and offer.expires_at > now:
-                    body: Proto = wp.WorkAcceptOffer(work_item_id=item.work_item_id, offer_id=offer.offer_id, contract_revision=1)
+                    body: Proto = wp.WorkAcceptOffer(
+                        work_item_id=item.work_item_id, offer_id=offer.offer_id, contract_revision=1
+                    )
                     self.submit(self.command(state, "work_accept_offer", body))
                     return
         for item in self.mine(state):
             owner = item.owner
-            if owner is None or owner.agent_id != self.name or item.state not in (WS.WORK_ITEM_STATE_QUEUED, WS.WORK_ITEM_STATE_ACTIVE):
+            if (
+                owner is None
+                or owner.agent_id != self.name
+                or item.state not in (WS.WORK_ITEM_STATE_QUEUED, WS.WORK_ITEM_STATE_ACTIVE)
+            ):
                 continue
             lease = item.lease
             if lease is None or lease.agent_id != self.name or rng.random() < 0.05:
                 self._n += 1
-                body = wp.WorkStart(work_item_id=item.work_item_id, ownership_epoch=owner.ownership_epoch, lease_id=f"{self.name}.l{self._n}")
+                body = wp.WorkStart(
+                    work_item_id=item.work_item_id,
+                    ownership_epoch=owner.ownership_epoch,
+                    lease_id=f"{self.name}.l{self._n}",
+                )
                 self.submit(self.command(state, "work_start", body))
                 return
             self.under_lease(state, item, lease.lease_id, owner.ownership_epoch)
             return
 
-    def lease_command(self, state: GroupState, item: WorkItemState, lease_id: str, epoch: int) -> command_pb2.Command | None:
+    def lease_command(
+        self, state: GroupState, item: WorkItemState, lease_id: str, epoch: int
+    ) -> command_pb2.Command | None:
         """The next command under a running lease: a renewal with usage, a checkpoint or the result."""
         rng, wid = self.env.rng, item.work_item_id
         roll = rng.random()
         if roll < 0.5:
             usage = common_pb2.ResourceVector(tokens=rng.choice([50, 100, 200, 400]))
-            body = wp.WorkRenewLease(work_item_id=wid, lease_id=lease_id, ownership_epoch=epoch, usage_delta=usage)
+            body = wp.WorkRenewLease(
+                work_item_id=wid, lease_id=lease_id, ownership_epoch=epoch, usage_delta=usage
+            )
             return self.command(state, "work_renew_lease", body)
         if roll < 0.65:
             self._n += 1
             checkpoint = wp.WorkCheckpoint(
-                work_item_id=wid, lease_id=lease_id, ownership_epoch=epoch,
+                work_item_id=wid,
+                lease_id=lease_id,
+                ownership_epoch=epoch,
                 checkpoint=wp.Checkpoint(checkpoint_id=f"{self.name}.ck{self._n}"),
                 usage_delta=common_pb2.ResourceVector(tokens=rng.choice([0, 50, 100])),
             )
@@ -468,7 +558,9 @@ class Worker(Client):
             assert state.mission is not None
             rid = self.env.request_id()
             self.op = OpenOp("upload", rid, self.env.clock.ms + TIMEOUT_MS, "artifacts")
-            self.env.send(self.name, "artifacts", Upload(rid, self.name, digest, wid, state.mission.mission_id))
+            self.env.send(
+                self.name, "artifacts", Upload(rid, self.name, digest, wid, state.mission.mission_id)
+            )
             return
         command = self.lease_command(state, item, lease_id, epoch)
         if command is not None:
@@ -515,7 +607,9 @@ class OfflineWorker(Worker):
             return
         self.op = None  # offline: its outcome stays unknown; the Worker buffers from now on
         if op.command is not None:
-            self.env.history.record(self.name, Kind.COMMAND, Phase.INFO, self.group_id, command_id=op.command.command_id)
+            self.env.history.record(
+                self.name, Kind.COMMAND, Phase.INFO, self.group_id, command_id=op.command.command_id
+            )
 
     def _buffer_one(self) -> None:
         """Work on while cut off, from the last view it had (it cannot read the Group now)."""
@@ -537,15 +631,28 @@ class OfflineWorker(Worker):
                 usage = common_pb2.ResourceVector(tokens=rng.choice([0, 50, 100]))
                 self._n += 1
                 body = wp.WorkCheckpoint(
-                    work_item_id=wid, lease_id=lease.lease_id, ownership_epoch=owner.ownership_epoch,
-                    checkpoint=wp.Checkpoint(checkpoint_id=f"{self.name}.ck{self._n}"), usage_delta=usage,
+                    work_item_id=wid,
+                    lease_id=lease.lease_id,
+                    ownership_epoch=owner.ownership_epoch,
+                    checkpoint=wp.Checkpoint(checkpoint_id=f"{self.name}.ck{self._n}"),
+                    usage_delta=usage,
                 )
                 command = self.command(state, "work_checkpoint", body)
-                command.extensions.append(bodies.offline_binding(
-                    self.name, self.group_id, item.conversation_id, wid, lease.session_epoch, owner.ownership_epoch,
-                    lease.lease_id, lease.expires_at, now - _ms(env.clock.ms - self.disconnected_ms),
-                    now, usage,
-                ))
+                command.extensions.append(
+                    bodies.offline_binding(
+                        self.name,
+                        self.group_id,
+                        item.conversation_id,
+                        wid,
+                        lease.session_epoch,
+                        owner.ownership_epoch,
+                        lease.lease_id,
+                        lease.expires_at,
+                        now - _ms(env.clock.ms - self.disconnected_ms),
+                        now,
+                        usage,
+                    )
+                )
             self.buffer.append(command)
             env.stats.fault("offline.buffered")
             return
@@ -581,16 +688,22 @@ class Delegate(Client):
                 return
             for wid in mine:
                 item = state.work_items[wid]
-                if item.state in (WS.WORK_ITEM_STATE_OPEN, WS.WORK_ITEM_STATE_QUEUED) and (
-                    item.owner is None or (item.owner.expires_at <= now and item.lease is None)
-                ) and not any(o.open and o.expires_at > now for o in item.offers.values()):
+                if (
+                    item.state in (WS.WORK_ITEM_STATE_OPEN, WS.WORK_ITEM_STATE_QUEUED)
+                    and (item.owner is None or (item.owner.expires_at <= now and item.lease is None))
+                    and not any(o.open and o.expires_at > now for o in item.offers.values())
+                ):
                     self._n += 1
-                    offer = bodies.work_offer(wid, f"{self.name}.o{self._n}", [rng.choice(self.workers)], now, 0)
+                    offer = bodies.work_offer(
+                        wid, f"{self.name}.o{self._n}", [rng.choice(self.workers)], now, 0
+                    )
                     offer.grant_id = grant.grant_id
                     self.submit(self.command(state, "work_offer", offer))
                     return
         self._n += 1
-        body = bodies.message_post(state.mission.planning_conversation_id, f"{self.name}.m{self._n}", "status?")
+        body = bodies.message_post(
+            state.mission.planning_conversation_id, f"{self.name}.m{self._n}", "status?"
+        )
         self.submit(self.command(state, "message_post", body))
 
 
@@ -642,8 +755,14 @@ class Reader:
         # After a declared start the read was re-invoked at receipt, later than the gateway read the
         # head: that head is not reported (the checker would take it as a stale read).
         head = 0 if self.starts and self.starts[-1] == message.after and jumped else message.head
-        env.history.record(self.name, Kind.READ, Phase.OK, self.group_id, head=head,
-                           events=tuple((e.seq, e.command_id) for e in entries))
+        env.history.record(
+            self.name,
+            Kind.READ,
+            Phase.OK,
+            self.group_id,
+            head=head,
+            events=tuple((e.seq, e.command_id) for e in entries),
+        )
         self.delivered.extend(entries)
         if entries:
             self.cursor = entries[-1].seq

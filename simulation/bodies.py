@@ -55,11 +55,16 @@ def membership_grant(member: str, role: int) -> membership_pb2.MembershipGrant:
 def work_authorize(work_item_id: str, now: datetime, coordinator_epoch: int) -> wp.WorkAuthorize:
     contract = wp.WorkContract(
         goal=f"Reconcile part {work_item_id}",
-        deliverables=[wp.Deliverable(deliverable_id="report", description="reconciled ledger", required=True)],
+        deliverables=[
+            wp.Deliverable(deliverable_id="report", description="reconciled ledger", required=True)
+        ],
         acceptance_criteria=[
             wp.AcceptanceCriterion(
-                criterion_id=CRITERION, description="all balances match",
-                required_evidence_methods=[wp.EVIDENCE_METHOD_TEST], deliverable_ids=["report"], required=True,
+                criterion_id=CRITERION,
+                description="all balances match",
+                required_evidence_methods=[wp.EVIDENCE_METHOD_TEST],
+                deliverable_ids=["report"],
+                required=True,
             )
         ],
         deadline=to_timestamp(now + timedelta(days=1)),
@@ -81,7 +86,11 @@ def work_authorize(work_item_id: str, now: datetime, coordinator_epoch: int) -> 
 
 
 def work_offer(
-    work_item_id: str, offer_id: str, candidates: list[str], now: datetime, coordinator_epoch: int,
+    work_item_id: str,
+    offer_id: str,
+    candidates: list[str],
+    now: datetime,
+    coordinator_epoch: int,
     expires_at: datetime | None = None,
 ) -> wp.WorkOffer:
     return wp.WorkOffer(
@@ -92,8 +101,11 @@ def work_offer(
         expires_at=to_timestamp(expires_at or now + timedelta(seconds=60)),
         selection_criteria=[
             wp.SelectionCriteria(
-                candidate_id=c, authorization_eligible=True, authorization_basis=["membership:worker"],
-                applied_policy_rules=["policy:least-loaded"], rank=i + 1,
+                candidate_id=c,
+                authorization_eligible=True,
+                authorization_basis=["membership:worker"],
+                applied_policy_rules=["policy:least-loaded"],
+                rank=i + 1,
             )
             for i, c in enumerate(candidates)
         ],
@@ -108,53 +120,89 @@ def artifact_ref(digest_hex: str) -> common_pb2.ArtifactRef:
 
 def evidence(evidence_id: str) -> wp.Evidence:
     return wp.Evidence(
-        evidence_id=evidence_id, criterion_id=CRITERION, method=wp.EVIDENCE_METHOD_TEST,
-        result=wp.EVIDENCE_RESULT_PASS, summary="all balances match",
+        evidence_id=evidence_id,
+        criterion_id=CRITERION,
+        method=wp.EVIDENCE_METHOD_TEST,
+        result=wp.EVIDENCE_RESULT_PASS,
+        summary="all balances match",
     )
 
 
-def work_submit(work_item_id: str, lease_id: str, epoch: int, digest_hex: str, evidence_id: str) -> wp.WorkSubmit:
+def work_submit(
+    work_item_id: str, lease_id: str, epoch: int, digest_hex: str, evidence_id: str
+) -> wp.WorkSubmit:
     return wp.WorkSubmit(
-        work_item_id=work_item_id, lease_id=lease_id, ownership_epoch=epoch, contract_revision=1,
-        artifacts=[artifact_ref(digest_hex)], evidence=[evidence(evidence_id)],
+        work_item_id=work_item_id,
+        lease_id=lease_id,
+        ownership_epoch=epoch,
+        contract_revision=1,
+        artifacts=[artifact_ref(digest_hex)],
+        evidence=[evidence(evidence_id)],
     )
 
 
 def conversation_open(conversation_id: str, participants: list[str]) -> conversation_pb2.ConversationOpen:
     return conversation_pb2.ConversationOpen(
-        conversation_id=conversation_id, kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED,
-        title="pricing, restricted", participant_ids=participants,
+        conversation_id=conversation_id,
+        kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED,
+        title="pricing, restricted",
+        participant_ids=participants,
     )
 
 
 def message_post(conversation_id: str, message_id: str, text: str) -> conversation_pb2.MessagePost:
     return conversation_pb2.MessagePost(
-        conversation_id=conversation_id, message_id=message_id, content=conversation_pb2.MessageContent(text=text)
+        conversation_id=conversation_id,
+        message_id=message_id,
+        content=conversation_pb2.MessageContent(text=text),
     )
 
 
 def offline_binding(
-    agent: str, group_id: str, item_conversation: str, work_item_id: str, session: int, epoch: int,
-    lease_id: str, lease_expires: datetime, disconnected: datetime, buffered: datetime,
+    agent: str,
+    group_id: str,
+    item_conversation: str,
+    work_item_id: str,
+    session: int,
+    epoch: int,
+    lease_id: str,
+    lease_expires: datetime,
+    disconnected: datetime,
+    buffered: datetime,
     usage: common_pb2.ResourceVector,
 ) -> common_pb2.ExtensionBinding:
     """The critical bounded-offline-execution binding of a buffered command (MW-11.5-08)."""
     binding = wp.BoundedOfflineExecutionBinding(
-        agent_id=agent, group_id=group_id, work_item_id=work_item_id, original_session_epoch=session,
-        ownership_epoch=epoch, historical_lease_id=lease_id, disconnected_at=to_timestamp(disconnected),
-        buffered_at=to_timestamp(buffered), grace_deadline=to_timestamp(lease_expires + timedelta(seconds=OFFLINE_GRACE_S)),
-        historical_lease_expires_at=to_timestamp(lease_expires), usage_delta=usage, conversation_id=item_conversation,
+        agent_id=agent,
+        group_id=group_id,
+        work_item_id=work_item_id,
+        original_session_epoch=session,
+        ownership_epoch=epoch,
+        historical_lease_id=lease_id,
+        disconnected_at=to_timestamp(disconnected),
+        buffered_at=to_timestamp(buffered),
+        grace_deadline=to_timestamp(lease_expires + timedelta(seconds=OFFLINE_GRACE_S)),
+        historical_lease_expires_at=to_timestamp(lease_expires),
+        usage_delta=usage,
+        conversation_id=item_conversation,
     )
-    return common_pb2.ExtensionBinding(urn=BOUNDED_OFFLINE_EXECUTION, critical=True, data=binding.SerializeToString())
+    return common_pb2.ExtensionBinding(
+        urn=BOUNDED_OFFLINE_EXECUTION, critical=True, data=binding.SerializeToString()
+    )
 
 
-def delegation_grant(grantee: str, target: str, now: datetime, coordinator_epoch: int) -> membership_pb2.MembershipGrantDelegation:
+def delegation_grant(
+    grantee: str, target: str, now: datetime, coordinator_epoch: int
+) -> membership_pb2.MembershipGrantDelegation:
     """A work delegate's grant under one WorkItem (MW-9.1-05), capped below that WorkItem's budget."""
     return membership_pb2.MembershipGrantDelegation(
-        grantee_id=grantee, target_work_item_id=target,
+        grantee_id=grantee,
+        target_work_item_id=target,
         allowed_capabilities=[membership_pb2.Capability(capability_id="code.python", version="3.11")],
-        caps=common_pb2.ResourceVector(currency="EUR", tokens=GRANT_TOKENS, tool_calls=20), max_descendant_depth=1,
-        expires_at=to_timestamp(now + timedelta(hours=1)), coordinator_epoch=coordinator_epoch,
+        caps=common_pb2.ResourceVector(currency="EUR", tokens=GRANT_TOKENS, tool_calls=20),
+        max_descendant_depth=1,
+        expires_at=to_timestamp(now + timedelta(hours=1)),
+        coordinator_epoch=coordinator_epoch,
     )
 
 

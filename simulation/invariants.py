@@ -71,8 +71,10 @@ def no_acknowledged_command_lost(world: World) -> list[str]:
         row = world.store.row(group_id)
         events = row.events if row is not None else []
         if seq > len(events) or events[seq - 1].causing_command_id != cid:
-            out.append(f"{group_id}: {cid} was acknowledged at seq {seq}, the log has {len(events)} events"
-                       + (f" and seq {seq} is {events[seq - 1].causing_command_id}" if seq <= len(events) else ""))
+            out.append(
+                f"{group_id}: {cid} was acknowledged at seq {seq}, the log has {len(events)} events"
+                + (f" and seq {seq} is {events[seq - 1].causing_command_id}" if seq <= len(events) else "")
+            )
     return out
 
 
@@ -89,15 +91,22 @@ def one_owner_and_lease_per_epoch(world: World) -> list[str]:
     out = []
     for group_id, wid, item in _work_items(world):
         owner, lease = item.owner, item.lease
-        if lease is not None and (owner is None or lease.agent_id != owner.agent_id
-                                  or lease.ownership_epoch != owner.ownership_epoch):
-            out.append(f"{group_id}/{wid}: lease {lease.lease_id} of {lease.agent_id} at epoch "
-                       f"{lease.ownership_epoch} but owner {owner}")
+        if lease is not None and (
+            owner is None
+            or lease.agent_id != owner.agent_id
+            or lease.ownership_epoch != owner.ownership_epoch
+        ):
+            out.append(
+                f"{group_id}/{wid}: lease {lease.lease_id} of {lease.agent_id} at epoch "
+                f"{lease.ownership_epoch} but owner {owner}"
+            )
         if owner is not None:
             first = world.epoch_owners.setdefault((group_id, wid, owner.ownership_epoch), owner.agent_id)
             if first != owner.agent_id:
-                out.append(f"{group_id}/{wid}: ownership epoch {owner.ownership_epoch} held by {first} "
-                           f"and then by {owner.agent_id}")
+                out.append(
+                    f"{group_id}/{wid}: ownership epoch {owner.ownership_epoch} held by {first} "
+                    f"and then by {owner.agent_id}"
+                )
     return out
 
 
@@ -109,23 +118,35 @@ def stale_epochs(state: GroupState | None, command: command_pb2.Command, session
         out.append(f"session {command.session_epoch}, current {session}")
     member = state.members.get(command.actor_id) if state is not None else None
     if member is not None and (not member.active or member.membership_epoch != command.membership_epoch):
-        out.append(f"membership {command.membership_epoch}, current {member.membership_epoch} active={member.active}")
+        out.append(
+            f"membership {command.membership_epoch}, current {member.membership_epoch} active={member.active}"
+        )
     kind = command.WhichOneof("body") or ""
     body = getattr(command, kind)
     grant_id = str(getattr(body, "grant_id", ""))
-    if state is not None and grant_id and kind != "membership_revoke_delegation":  # a revocation names its grant
+    if (
+        state is not None and grant_id and kind != "membership_revoke_delegation"
+    ):  # a revocation names its grant
         out += _stale_grant(state, command, grant_id)
     elif state is not None and hasattr(body, "coordinator_epoch") and state.mission is not None:
         coordinator = state.mission.coordinator
-        if coordinator is None or coordinator.coordinator_epoch != body.coordinator_epoch or (
-            coordinator.agent_id != command.actor_id
+        if (
+            coordinator is None
+            or coordinator.coordinator_epoch != body.coordinator_epoch
+            or (coordinator.agent_id != command.actor_id)
         ):
-            out.append(f"coordinator epoch {body.coordinator_epoch} of {command.actor_id}, current {coordinator}")
+            out.append(
+                f"coordinator epoch {body.coordinator_epoch} of {command.actor_id}, current {coordinator}"
+            )
     wid = getattr(body, "work_item_id", "")
     item = state.work_items.get(wid) if state is not None and wid else None
     # Ownership and lease are cited by work.start and by whatever names a lease (a Coordinator's
     # work.fail or work.cancel names none: its epoch fields are the Worker's, left empty).
-    if item is None or not hasattr(body, "ownership_epoch") or (kind != "work_start" and not getattr(body, "lease_id", "")):
+    if (
+        item is None
+        or not hasattr(body, "ownership_epoch")
+        or (kind != "work_start" and not getattr(body, "lease_id", ""))
+    ):
         return out
     owner = item.owner
     if owner is None or owner.agent_id != command.actor_id or owner.ownership_epoch != body.ownership_epoch:
@@ -134,7 +155,11 @@ def stale_epochs(state: GroupState | None, command: command_pb2.Command, session
         # Buffered offline (MW-11.5-10): judged against the lease it names as recorded, which
         # may have ended since; the ownership must still be the same.
         record = item.lease_history.get(str(getattr(body, "lease_id", "")))
-        if record is None or record.agent_id != command.actor_id or record.ownership_epoch != body.ownership_epoch:
+        if (
+            record is None
+            or record.agent_id != command.actor_id
+            or record.ownership_epoch != body.ownership_epoch
+        ):
             out.append(f"{wid}: buffered under lease {getattr(body, 'lease_id', '')}, recorded {record}")
     elif kind != "work_start" and hasattr(body, "lease_id") and body.lease_id:
         lease = item.lease
@@ -150,10 +175,16 @@ def _stale_grant(state: GroupState, command: command_pb2.Command, grant_id: str)
     member = state.members.get(command.actor_id)
     lease = state.mission.coordinator if state.mission is not None else None
     if grant is None or grant.revoked or grant.grantee_id != command.actor_id:
-        return [f"grant {grant_id}: {'revoked' if grant is not None and grant.revoked else 'not the actor'}'s"]
+        return [
+            f"grant {grant_id}: {'revoked' if grant is not None and grant.revoked else 'not the actor'}'s"
+        ]
     if member is None or member.membership_epoch != grant.grantee_membership_epoch:
         return [f"grant {grant_id} made for Membership epoch {grant.grantee_membership_epoch}, now {member}"]
-    if lease is None or lease.coordinator_epoch != grant.coordinator_epoch or lease.agent_id != grant.issuer_id:
+    if (
+        lease is None
+        or lease.coordinator_epoch != grant.coordinator_epoch
+        or lease.agent_id != grant.issuer_id
+    ):
         return [f"grant {grant_id} issued at Coordinator epoch {grant.coordinator_epoch}, now {lease}"]
     return []
 
@@ -172,19 +203,27 @@ def budgets_never_exceeded(world: World) -> list[str]:
         mission_budget = state.mission.definition.budget
         for dim in SIX:
             if state.mission_used[dim] > getattr(mission_budget, dim):
-                out.append(f"{group_id}: the Mission used {state.mission_used[dim]} {dim} of {getattr(mission_budget, dim)}")
+                out.append(
+                    f"{group_id}: the Mission used {state.mission_used[dim]} {dim} of {getattr(mission_budget, dim)}"
+                )
             if state.committed[dim] > getattr(mission_budget, dim):
-                out.append(f"{group_id}: WorkItems hold {state.committed[dim]} {dim} of the Mission's {getattr(mission_budget, dim)}")
+                out.append(
+                    f"{group_id}: WorkItems hold {state.committed[dim]} {dim} of the Mission's {getattr(mission_budget, dim)}"
+                )
         for gid in sorted(state.grants):
             grant = state.grants[gid]
             for dim in SIX:
                 if max(grant.charged[dim], grant.used[dim]) > grant.caps[dim]:
-                    out.append(f"{group_id}: grant {gid} charged {grant.charged[dim]}, used {grant.used[dim]} {dim} of {grant.caps[dim]}")
+                    out.append(
+                        f"{group_id}: grant {gid} charged {grant.charged[dim]}, used {grant.used[dim]} {dim} of {grant.caps[dim]}"
+                    )
         for wid in sorted(state.work_items):
             item = state.work_items[wid]
             for dim in SIX:
                 if item.used[dim] > getattr(item.contract.budget, dim):
-                    out.append(f"{group_id}/{wid}: used {item.used[dim]} {dim} of {getattr(item.contract.budget, dim)}")
+                    out.append(
+                        f"{group_id}/{wid}: used {item.used[dim]} {dim} of {getattr(item.contract.budget, dim)}"
+                    )
     return out
 
 
@@ -208,7 +247,9 @@ def verified_artifacts_exist(world: World) -> list[str]:
         if item.state == wp.WORK_ITEM_STATE_VERIFIED:
             missing = [d for d, _ in item.submitted_artifacts if d not in world.artifacts.blobs]
             if missing:
-                out.append(f"{group_id}/{wid} is verified but its Artifact {missing[0][:12]}... was never uploaded")
+                out.append(
+                    f"{group_id}/{wid} is verified but its Artifact {missing[0][:12]}... was never uploaded"
+                )
     return out
 
 
@@ -237,11 +278,15 @@ def hidden_content_never_delivered(world: World) -> list[str]:
                 conversation = event.conversation_opened.conversation_id
             allowed = world.restricted.get(conversation)
             if allowed is not None and reader.member_id not in allowed:
-                out.append(f"{reader.member_id} was delivered seq {entry.seq} ({payload}) of restricted {conversation}")
+                out.append(
+                    f"{reader.member_id} was delivered seq {entry.seq} ({payload}) of restricted {conversation}"
+                )
                 break
             # MW-8-06, D124: a provisional member hears only of its offers, not the Group's talk.
             if conversation in index.group_wide and index.provisional_at(reader.member_id, entry.read_at):
-                out.append(f"provisional {reader.member_id} was delivered seq {entry.seq} ({payload}) of {conversation}")
+                out.append(
+                    f"provisional {reader.member_id} was delivered seq {entry.seq} ({payload}) of {conversation}"
+                )
                 break
     return out
 
@@ -252,14 +297,21 @@ def _log_index(world: World, group_id: str) -> LogIndex:
     for event in row.events[index.indexed : row.synced]:
         payload = event.WhichOneof("payload")
         if payload == "message_posted":
-            index.conversation_of_message[event.message_posted.message_id] = event.message_posted.conversation_id
-        elif payload == "conversation_opened" and event.conversation_opened.kind == conversation_pb2.CONVERSATION_KIND_PLANNING:
+            index.conversation_of_message[event.message_posted.message_id] = (
+                event.message_posted.conversation_id
+            )
+        elif (
+            payload == "conversation_opened"
+            and event.conversation_opened.kind == conversation_pb2.CONVERSATION_KIND_PLANNING
+        ):
             index.group_wide.add(event.conversation_opened.conversation_id)
         elif payload == "membership_granted":
             m = event.membership_granted.membership
             index.provisional.setdefault(m.member_id, []).append((event.sequence, m.provisional))
         elif payload == "membership_activated":
-            index.provisional.setdefault(event.membership_activated.member_id, []).append((event.sequence, False))
+            index.provisional.setdefault(event.membership_activated.member_id, []).append(
+                (event.sequence, False)
+            )
     index.indexed = max(index.indexed, row.synced)
     return index
 

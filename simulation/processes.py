@@ -106,7 +106,9 @@ class ArtifactStore(Process):
             )
             send(self.name, message.client, Uploaded(message.request_id, message.digest))
 
-    def held(self, state: GroupState | None, command: command_pb2.Command, everything: bool) -> dict[str, HeldArtifact]:
+    def held(
+        self, state: GroupState | None, command: command_pb2.Command, everything: bool
+    ) -> dict[str, HeldArtifact]:
         """What the shell puts in ``DecisionContext.held`` (D161): each named blob the store holds,
         with the manifest its uploader signed for this Mission and WorkItem."""
         named = kinds.named_artifacts(command)
@@ -170,8 +172,15 @@ class Authority(Process):
     only once the store synced it (group_commit.py, owned.py)."""
 
     def __init__(
-        self, name: str, clock: SimClock, store: Store, registry: Registry, artifacts: ArtifactStore,
-        stats: Stats, bugs: Bugs, on_accept: AcceptHook,
+        self,
+        name: str,
+        clock: SimClock,
+        store: Store,
+        registry: Registry,
+        artifacts: ArtifactStore,
+        stats: Stats,
+        bugs: Bugs,
+        on_accept: AcceptHook,
     ) -> None:
         super().__init__(name)
         self.clock, self.store, self.registry, self.artifacts = clock, store, registry, artifacts
@@ -184,7 +193,11 @@ class Authority(Process):
         self.owned, self.unsynced = {}, []
 
     def _reply(self, send: Send, waiter: Waiter, reply: CommandReply) -> None:
-        send(self.name, waiter.client, dataclasses.replace(reply, request_id=waiter.request_id, shard=self.name))
+        send(
+            self.name,
+            waiter.client,
+            dataclasses.replace(reply, request_id=waiter.request_id, shard=self.name),
+        )
 
     def handle(self, message: Message, send: Send) -> None:
         if not isinstance(message, CommandRequest):
@@ -198,14 +211,20 @@ class Authority(Process):
             self._reply(send, waiter, CommandReply(0, cid, ok=False, reason=R.Name(refused.reason)))
             return
         except NotOwner as other:
-            self._reply(send, waiter, CommandReply(0, cid, ok=False, reason="NOT_OWNER", owner_hint=other.owner))
+            self._reply(
+                send, waiter, CommandReply(0, cid, ok=False, reason="NOT_OWNER", owner_hint=other.owner)
+            )
             return
         # Idempotency (idempotency.py ``replay``): in flight, then recorded.
         print_ = fingerprint(command)
         for pending in owned.pending + [p for g, p in self.unsynced if g == command.group_id]:
             if pending.command.command_id == cid:
                 if fingerprint(pending.command) != print_:
-                    self._reply(send, waiter, CommandReply(0, cid, ok=False, reason="REJECTION_REASON_COMMAND_ID_REUSED"))
+                    self._reply(
+                        send,
+                        waiter,
+                        CommandReply(0, cid, ok=False, reason="REJECTION_REASON_COMMAND_ID_REUSED"),
+                    )
                 else:
                     pending.waiters.append(waiter)
                 return
@@ -213,9 +232,13 @@ class Authority(Process):
         record = row.records.get(cid) if row is not None else None
         if record is not None:
             if record.fingerprint != print_:
-                self._reply(send, waiter, CommandReply(0, cid, ok=False, reason="REJECTION_REASON_COMMAND_ID_REUSED"))
+                self._reply(
+                    send, waiter, CommandReply(0, cid, ok=False, reason="REJECTION_REASON_COMMAND_ID_REUSED")
+                )
             elif row is not None and record.last_seq > row.synced:  # appended, not yet durable: wait
-                self.unsynced.append((command.group_id, Pending(command, [], [waiter], record.first_seq, record.last_seq)))
+                self.unsynced.append(
+                    (command.group_id, Pending(command, [], [waiter], record.first_seq, record.last_seq))
+                )
             else:
                 self.stats.note("replayed")
                 self._reply(send, waiter, CommandReply(0, cid, ok=True, seq=record.first_seq, replayed=True))
@@ -303,10 +326,16 @@ class Authority(Process):
                 continue
             batch, owned.pending = owned.pending, []
             expected = batch[0].events[0].sequence - 1
-            if not self.store.append(group_id, owned.writer_epoch, expected, [(p.command, p.events) for p in batch]):
+            if not self.store.append(
+                group_id, owned.writer_epoch, expected, [(p.command, p.events) for p in batch]
+            ):
                 for pending in batch:  # definitely not appended: NOT_OWNER, as the real append answers
                     for waiter in pending.waiters:
-                        self._reply(send, waiter, CommandReply(0, pending.command.command_id, ok=False, reason="NOT_OWNER"))
+                        self._reply(
+                            send,
+                            waiter,
+                            CommandReply(0, pending.command.command_id, ok=False, reason="NOT_OWNER"),
+                        )
                 self._drop(group_id, owned)
                 continue
             self.store.renew(group_id, self.name, owned.writer_epoch, self.clock.ms)
@@ -325,7 +354,9 @@ class Authority(Process):
             row = self.store.rows[group_id]
             if everything or pending.last_seq <= row.synced:
                 for waiter in pending.waiters:
-                    self._reply(send, waiter, CommandReply(0, pending.command.command_id, ok=True, seq=pending.seq))
+                    self._reply(
+                        send, waiter, CommandReply(0, pending.command.command_id, ok=True, seq=pending.seq)
+                    )
             else:
                 waiting.append((group_id, pending))
         self.unsynced = waiting
@@ -351,7 +382,11 @@ class Gateway(Process):
         member = state.members.get(message.member_id) if state is not None else None
         if row is None or state is None or member is None or not member.active:
             ended = state is not None and member is not None  # never a member yet: nothing, not ended
-            send(self.name, message.client, Batch(message.request_id, message.group_id, message.after, (), 0, ended))
+            send(
+                self.name,
+                message.client,
+                Batch(message.request_id, message.group_id, message.after, (), 0, ended),
+            )
             return
         after = max(message.after, member.visibility_start_sequence - 1)
         entries: list[Entry] = []
@@ -365,6 +400,18 @@ class Gateway(Process):
             payload = event.WhichOneof("payload") or ""
             # The history names client commands only: the Authority's own appends carry none.
             cid = "" if event.actor_id == AUTHORITY_ACTOR else event.causing_command_id
-            entries.append(Entry(seq, cid, visible, payload if visible else "",
-                                 conversation_of(state, event) if visible else "", row.synced))
-        send(self.name, message.client, Batch(message.request_id, message.group_id, after, tuple(entries), row.synced))
+            entries.append(
+                Entry(
+                    seq,
+                    cid,
+                    visible,
+                    payload if visible else "",
+                    conversation_of(state, event) if visible else "",
+                    row.synced,
+                )
+            )
+        send(
+            self.name,
+            message.client,
+            Batch(message.request_id, message.group_id, after, tuple(entries), row.synced),
+        )

@@ -81,8 +81,14 @@ class Violation(Exception):
 
 
 class Simulation:
-    def __init__(self, seed: int, steps: int = DEFAULT_STEPS, bugs: Bugs | None = None,
-                 faults: FaultRates | None = None, network: NetworkConfig | None = None) -> None:
+    def __init__(
+        self,
+        seed: int,
+        steps: int = DEFAULT_STEPS,
+        bugs: Bugs | None = None,
+        faults: FaultRates | None = None,
+        network: NetworkConfig | None = None,
+    ) -> None:
         self.seed, self.steps = seed, steps
         self.bugs = bugs or Bugs()
         self.rates = faults or FaultRates()
@@ -105,8 +111,16 @@ class Simulation:
         self.group_ids = [f"grp_{g}" for g in range(GROUPS)]
         cast: dict[str, dict[str, str]] = {}
         for g, group_id in enumerate(self.group_ids):
-            names = {"owner": f"own{g}", "coordinator": f"co{g}", "standby": f"co{g}s", "party": f"w{g}a",
-                     "worker": f"w{g}b", "offline": f"w{g}off", "jit": f"w{g}jit", "delegate": f"dl{g}"}
+            names = {
+                "owner": f"own{g}",
+                "coordinator": f"co{g}",
+                "standby": f"co{g}s",
+                "party": f"w{g}a",
+                "worker": f"w{g}b",
+                "offline": f"w{g}off",
+                "jit": f"w{g}jit",
+                "delegate": f"dl{g}",
+            }
             cast[group_id] = names
             for role, name in names.items():
                 identities[name] = HUMAN if role == "owner" else AGENT
@@ -114,14 +128,34 @@ class Simulation:
         self.artifacts = ArtifactStore("artifacts")
         authority_names = [f"auth{i}" for i in range(AUTHORITIES)]
         self.authorities = [
-            Authority(n, self.clock, self.store, self.registry, self.artifacts, self.stats, self.bugs, self._accepted)
+            Authority(
+                n,
+                self.clock,
+                self.store,
+                self.registry,
+                self.artifacts,
+                self.stats,
+                self.bugs,
+                self._accepted,
+            )
             for n in authority_names
         ]
         self.gateway = Gateway("gateway", self.store, self.bugs)
-        self.processes: dict[str, Process] = {p.name: p for p in [self.registry, self.artifacts, self.gateway, *self.authorities]}
+        self.processes: dict[str, Process] = {
+            p.name: p for p in [self.registry, self.artifacts, self.gateway, *self.authorities]
+        }
         self.inbox: dict[str, list[tuple[str, Message]]] = {name: [] for name in self.processes}
-        self.env = Env(self.rng, self.clock, self.network.send, self.history, self.store, authority_names,
-                       self.stats, self.trace, self.network.cut_off)
+        self.env = Env(
+            self.rng,
+            self.clock,
+            self.network.send,
+            self.history,
+            self.store,
+            authority_names,
+            self.stats,
+            self.trace,
+            self.network.cut_off,
+        )
         self.clients: dict[str, Client | Reader] = {}
         readers: list[Reader] = []
         restricted: dict[str, frozenset[str]] = {}
@@ -130,11 +164,23 @@ class Simulation:
             n = cast[group_id]
             workers = [n["party"], n["worker"], n["offline"], n["jit"]]
             work_items = [f"wi-{i}" for i in range(1, 6)]
-            members = {n["party"]: mp.MEMBER_ROLE_WORKER, n["worker"]: mp.MEMBER_ROLE_WORKER,
-                       n["offline"]: mp.MEMBER_ROLE_WORKER, n["jit"]: mp.MEMBER_ROLE_WORKER,
-                       n["delegate"]: mp.MEMBER_ROLE_WORK_DELEGATE}
+            members = {
+                n["party"]: mp.MEMBER_ROLE_WORKER,
+                n["worker"]: mp.MEMBER_ROLE_WORKER,
+                n["offline"]: mp.MEMBER_ROLE_WORKER,
+                n["jit"]: mp.MEMBER_ROLE_WORKER,
+                n["delegate"]: mp.MEMBER_ROLE_WORK_DELEGATE,
+            }
             actors: list[Client] = [
-                Owner(n["owner"], group_id, self.env, (n["coordinator"], n["standby"]), members, n["party"], n["jit"]),
+                Owner(
+                    n["owner"],
+                    group_id,
+                    self.env,
+                    (n["coordinator"], n["standby"]),
+                    members,
+                    n["party"],
+                    n["jit"],
+                ),
                 Coordinator(n["coordinator"], group_id, self.env, work_items, workers, n["delegate"]),
                 Coordinator(n["standby"], group_id, self.env, work_items, workers, n["delegate"]),
                 Worker(n["party"], group_id, self.env),
@@ -150,7 +196,9 @@ class Simulation:
                 self.clients[reader.name] = reader
                 readers.append(reader)
             # Either Coordinator, whichever holds the lease when it reads (a superset: see the doc).
-            restricted[f"cv-restricted-{group_id}"] = frozenset({n["party"], n["owner"], n["coordinator"], n["standby"]})
+            restricted[f"cv-restricted-{group_id}"] = frozenset(
+                {n["party"], n["owner"], n["coordinator"], n["standby"]}
+            )
             self.offline.append(n["offline"])
         self.world = World(self.store, self.artifacts, readers, self.env.acknowledged, restricted)
 
@@ -162,7 +210,9 @@ class Simulation:
     def _accepted(self, instance: str, state: GroupState | None, command: command_pb2.Command) -> None:
         stale = invariants.stale_epochs(state, command, self.registry.sessions.get(command.actor_id, 0))
         if stale:
-            self.world.found.append(f"{instance} accepted {command.command_id} with stale epochs: {'; '.join(stale)}")
+            self.world.found.append(
+                f"{instance} accepted {command.command_id} with stale epochs: {'; '.join(stale)}"
+            )
 
     # ------------------------------------------------------------ faults
 
@@ -172,7 +222,9 @@ class Simulation:
             if authority.up and rng.random() < rates.crash_authority:
                 self._crash(authority, rng.randint(300, 2_000))
             elif authority.running(now) and rng.random() < rates.pause_authority:
-                authority.paused_until_ms = now + rng.randint(OWNERSHIP_TTL_MS + 100, 2 * OWNERSHIP_TTL_MS + 500)
+                authority.paused_until_ms = now + rng.randint(
+                    OWNERSHIP_TTL_MS + 100, 2 * OWNERSHIP_TTL_MS + 500
+                )
                 self.stats.fault("pause.authority")
                 self.trace(f"FAULT pause {authority.name} until {authority.paused_until_ms}")
         if self.gateway.up and rng.random() < rates.crash_gateway:
@@ -293,13 +345,17 @@ class Simulation:
                 self.stats.invariant_checks += 1
                 if not owned.pending and owned.state is not None and owned.state.head_sequence == row.head:
                     if owned.state != row.state:
-                        raise Violation(f"cache_equals_store: {authority.name}'s state of {group_id} differs from the log's")
+                        raise Violation(
+                            f"cache_equals_store: {authority.name}'s state of {group_id} differs from the log's"
+                        )
         for group_id in self.group_ids:
             stored = self.store.row(group_id)
             events = stored.events if stored is not None else []
             self.stats.invariant_checks += 1
             if stored is not None and decider.fold(events) != stored.state:
-                raise Violation(f"replay_equals_live: a replay of {group_id}'s log differs from its live fold")
+                raise Violation(
+                    f"replay_equals_live: a replay of {group_id}'s log differs from its live fold"
+                )
             self.history.final_logs[group_id] = [
                 (e.sequence, "" if e.actor_id == AUTHORITY_ACTOR else e.causing_command_id) for e in events
             ]
@@ -309,15 +365,25 @@ class Simulation:
         self.stats.invariant_checks += 1
         if anomalies:
             first = anomalies[0]
-            raise Violation(f"history checker: {len(anomalies)} anomalies, first {first.kind}: {first.detail}")
+            raise Violation(
+                f"history checker: {len(anomalies)} anomalies, first {first.kind}: {first.detail}"
+            )
 
     def _result(self, violation: str) -> Result:
         self.trace(f"end {violation or 'ok'}")
-        return Result(self.seed, self.steps, self._hash.hexdigest(), self.stats, violation,
-                      self.step if violation else -1, self._trace[-TRACE_TAIL:], self._trace)
+        return Result(
+            self.seed,
+            self.steps,
+            self._hash.hexdigest(),
+            self.stats,
+            violation,
+            self.step if violation else -1,
+            self._trace[-TRACE_TAIL:],
+            self._trace,
+        )
 
 
-def run_seed(seed: int, steps: int = DEFAULT_STEPS, bugs: Bugs | None = None,
-             faults: FaultRates | None = None) -> Result:
+def run_seed(
+    seed: int, steps: int = DEFAULT_STEPS, bugs: Bugs | None = None, faults: FaultRates | None = None
+) -> Result:
     return Simulation(seed, steps, bugs, faults).run()
-

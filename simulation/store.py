@@ -93,7 +93,7 @@ class Store:
     ) -> bool:
         """One fenced group-commit append of several commands' events; False when fenced."""
         row = self.rows[group_id]
-        if (row.writer_epoch != writer_epoch or row.head != expected_head):
+        if row.writer_epoch != writer_epoch or row.head != expected_head:
             return False
         for command, events in batch:
             first = row.head + 1
@@ -102,7 +102,9 @@ class Store:
                 stored.writer_epoch = writer_epoch
                 row.events.append(stored)
                 row.state = decider.evolve(row.state, stored)
-            row.records[command.command_id] = CommandRecord(command.command_id, fingerprint(command), first, row.head)
+            row.records[command.command_id] = CommandRecord(
+                command.command_id, fingerprint(command), first, row.head
+            )
         return True
 
     def sync(self) -> None:

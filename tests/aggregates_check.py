@@ -29,14 +29,18 @@ def assert_aggregates_recompute(state: GroupState | None) -> None:
     for item in state.work_items.values():
         spent_only = item.state in (*_FINISHED, wp.WORK_ITEM_STATE_FAILED)
         for d in SIX:
-            committed[d] += item.used[d] if spent_only else max(getattr(item.contract.budget, d), item.used[d])
+            committed[d] += (
+                item.used[d] if spent_only else max(getattr(item.contract.budget, d), item.used[d])
+            )
     assert state.committed == committed
     assert state.obligations == obligations
     assert state.jit_members == {
         m.member_id for m in state.members.values() if m.active and (m.just_in_time or m.provisional)
     }
     for grant_id, grant in state.grants.items():
-        counted = {wid: charges[grant_id] for wid, charges in state.item_grants.items() if grant_id in charges}
+        counted = {
+            wid: charges[grant_id] for wid, charges in state.item_grants.items() if grant_id in charges
+        }
         assert grant.charged == {d: sum(b[d] for b in counted.values()) for d in SIX}, grant_id
         assert grant.used == {d: sum(state.work_items[w].used[d] for w in counted) for d in SIX}, grant_id
     assert all(charges and set(charges) <= set(state.grants) for charges in state.item_grants.values())

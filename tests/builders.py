@@ -34,36 +34,53 @@ def definition(owner: str, now: datetime, **overrides: object) -> mission_pb2.Mi
         objective="Produce the Q3 report with verified figures",
         definition_of_done=[
             mission_pb2.CompletionCriterion(
-                criterion_id="dod-1", description="figures reconcile with ledger", evidence_method="test", required=True
+                criterion_id="dod-1",
+                description="figures reconcile with ledger",
+                evidence_method="test",
+                required=True,
             )
         ],
         deadline=to_timestamp(now + timedelta(days=3)),
-        budget=common_pb2.ResourceVector(currency="EUR", financial_micros=50_000_000, tokens=1_000_000, tool_calls=500),
+        budget=common_pb2.ResourceVector(
+            currency="EUR", financial_micros=50_000_000, tokens=1_000_000, tool_calls=500
+        ),
         risk_policy=mission_pb2.RiskPolicy(risk_class=mission_pb2.RISK_CLASS_LOW),
         owner_id=owner,
     )
     return with_overrides(d, overrides)
 
 
-def mission_create(owner: str, coordinator_id: str, now: datetime, **overrides: object) -> mission_pb2.MissionCreate:
-    return mission_pb2.MissionCreate(definition=definition(owner, now, **overrides), coordinator_id=coordinator_id)
+def mission_create(
+    owner: str, coordinator_id: str, now: datetime, **overrides: object
+) -> mission_pb2.MissionCreate:
+    return mission_pb2.MissionCreate(
+        definition=definition(owner, now, **overrides), coordinator_id=coordinator_id
+    )
 
 
 def message(conversation_id: str, text: str = "hello", **content: object) -> conversation_pb2.MessagePost:
     return conversation_pb2.MessagePost(
-        conversation_id=conversation_id, content=conversation_pb2.MessageContent(text=text, **content)  # type: ignore[arg-type]
+        conversation_id=conversation_id,
+        content=conversation_pb2.MessageContent(text=text, **content),  # type: ignore[arg-type]
     )
 
 
-def contract(now: datetime, *, depends_on: tuple[str, ...] = (), **overrides: object) -> work_pb2.WorkContract:
+def contract(
+    now: datetime, *, depends_on: tuple[str, ...] = (), **overrides: object
+) -> work_pb2.WorkContract:
     """A complete work contract (MW-10.1-01): every item a machine-readable field."""
     c = work_pb2.WorkContract(
         goal="Reconcile the Q3 ledger",
-        deliverables=[work_pb2.Deliverable(deliverable_id="report", description="reconciled ledger", required=True)],
+        deliverables=[
+            work_pb2.Deliverable(deliverable_id="report", description="reconciled ledger", required=True)
+        ],
         acceptance_criteria=[
             work_pb2.AcceptanceCriterion(
-                criterion_id="balances", description="all balances match",
-                required_evidence_methods=[work_pb2.EVIDENCE_METHOD_TEST], deliverable_ids=["report"], required=True,
+                criterion_id="balances",
+                description="all balances match",
+                required_evidence_methods=[work_pb2.EVIDENCE_METHOD_TEST],
+                deliverable_ids=["report"],
+                required=True,
             )
         ],
         depends_on_work_item_ids=list(depends_on),
@@ -71,7 +88,9 @@ def contract(now: datetime, *, depends_on: tuple[str, ...] = (), **overrides: ob
         deadline=to_timestamp(now + timedelta(days=1)),
         urgency=work_pb2.WORK_URGENCY_LOW,
         business_impact=work_pb2.BUSINESS_IMPACT_LOW,
-        budget=common_pb2.ResourceVector(currency="EUR", financial_micros=1_000_000, tokens=10_000, tool_calls=50),
+        budget=common_pb2.ResourceVector(
+            currency="EUR", financial_micros=1_000_000, tokens=10_000, tool_calls=50
+        ),
         retry_policy=work_pb2.RetryPolicy(max_attempts=3),
         time_policy=work_pb2.TimePolicy(),
         cost_policy=work_pb2.CostPolicy(),
@@ -84,8 +103,11 @@ def contract(now: datetime, *, depends_on: tuple[str, ...] = (), **overrides: ob
 
 def evidence(evidence_id: str = "ev-1", criterion_id: str = "balances") -> work_pb2.Evidence:
     return work_pb2.Evidence(
-        evidence_id=evidence_id, criterion_id=criterion_id, method=work_pb2.EVIDENCE_METHOD_TEST,
-        result=work_pb2.EVIDENCE_RESULT_PASS, summary="42 of 42 balances match",
+        evidence_id=evidence_id,
+        criterion_id=criterion_id,
+        method=work_pb2.EVIDENCE_METHOD_TEST,
+        result=work_pb2.EVIDENCE_RESULT_PASS,
+        summary="42 of 42 balances match",
     )
 
 
@@ -97,6 +119,9 @@ def artifact(hex_char: str = "a") -> common_pb2.ArtifactRef:
 
 def selection(candidate: str) -> work_pb2.SelectionCriteria:
     return work_pb2.SelectionCriteria(
-        candidate_id=candidate, authorization_eligible=True, authorization_basis=["membership:worker"],
-        applied_policy_rules=["policy:capability-match", "policy:least-loaded"], rank=1,
+        candidate_id=candidate,
+        authorization_eligible=True,
+        authorization_basis=["membership:worker"],
+        applied_policy_rules=["policy:capability-match", "policy:least-loaded"],
+        rank=1,
     )

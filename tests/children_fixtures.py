@@ -23,7 +23,11 @@ from tests import builders
 from tests.core_group import CoreGroup
 
 TERMINAL_MISSION_STATES = frozenset(
-    {mission_pb2.MISSION_STATE_APPROVED, mission_pb2.MISSION_STATE_CANCELLED, mission_pb2.MISSION_STATE_FAILED}
+    {
+        mission_pb2.MISSION_STATE_APPROVED,
+        mission_pb2.MISSION_STATE_CANCELLED,
+        mission_pb2.MISSION_STATE_FAILED,
+    }
 )
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -43,13 +47,23 @@ LATER = NOW + timedelta(minutes=5)
 
 def parent_state(item_state: int = WS.WORK_ITEM_STATE_OPEN, **contract_overrides: object) -> GroupState:
     state = PARENT.run(None, "mission_create", builders.mission_create("alice", "coord", NOW), "alice")
-    state = PARENT.run(state, "membership_grant", membership_pb2.MembershipGrant(member_id="worker", role=Role.MEMBER_ROLE_WORKER), "alice")
+    state = PARENT.run(
+        state,
+        "membership_grant",
+        membership_pb2.MembershipGrant(member_id="worker", role=Role.MEMBER_ROLE_WORKER),
+        "alice",
+    )
     c = builders.contract(NOW, **contract_overrides)
     c.permissions.allowed_tools.extend(["web.search", "python.exec"])
     c.permissions.allowed_data.append("s3://reports/q3")
     c.required_capabilities.append(membership_pb2.Capability(capability_id="code.python", version="3.12"))
     for name in ("wi", "other"):
-        state = PARENT.run(state, "work_authorize", wp.WorkAuthorize(work_item_id=name, title=name, contract=c, coordinator_epoch=1), "coord")
+        state = PARENT.run(
+            state,
+            "work_authorize",
+            wp.WorkAuthorize(work_item_id=name, title=name, contract=c, coordinator_epoch=1),
+            "coord",
+        )
     item = state.work_items["wi"]
     item.state = item_state
     if item_state in (WS.WORK_ITEM_STATE_OFFERED,):
@@ -66,8 +80,12 @@ def child_definition(**overrides: object) -> mission_pb2.MissionDefinition:
     base: dict[str, object] = {
         "title": "Reconcile one ledger",
         "deadline": to_timestamp(NOW + timedelta(hours=12)),
-        "budget": common_pb2.ResourceVector(currency="EUR", financial_micros=500_000, tokens=5_000, tool_calls=20),
-        "risk_policy": mission_pb2.RiskPolicy(risk_class=mission_pb2.RISK_CLASS_LOW, execution_approver_ids=["alice"]),
+        "budget": common_pb2.ResourceVector(
+            currency="EUR", financial_micros=500_000, tokens=5_000, tool_calls=20
+        ),
+        "risk_policy": mission_pb2.RiskPolicy(
+            risk_class=mission_pb2.RISK_CLASS_LOW, execution_approver_ids=["alice"]
+        ),
     }
     return builders.definition("coord", NOW, **{**base, **overrides})
 
@@ -85,15 +103,21 @@ def create_body(parent: GroupState, **overrides: object) -> subtask_pb2.MissionC
 
 
 def ctx_with(*linked: GroupState, policy: OrganizationPolicy | None = None) -> decider.DecisionContext:
-    return decider.DecisionContext(NOW, IDS, {s.group_id: s for s in linked}, policy=policy or OrganizationPolicy())
+    return decider.DecisionContext(
+        NOW, IDS, {s.group_id: s for s in linked}, policy=policy or OrganizationPolicy()
+    )
 
 
-def create(parent: GroupState, group_id: str = "grp_child", actor: str = "coord", **overrides: object) -> decider.Decision:
+def create(
+    parent: GroupState, group_id: str = "grp_child", actor: str = "coord", **overrides: object
+) -> decider.Decision:
     group = CoreGroup(group_id, ctx_with(parent), NOW)
     return group.decide(None, "mission_create_child", create_body(parent, **overrides), actor)
 
 
-def created(parent: GroupState, group_id: str = "grp_child", **overrides: object) -> tuple[GroupState, list[event_pb2.Event]]:
+def created(
+    parent: GroupState, group_id: str = "grp_child", **overrides: object
+) -> tuple[GroupState, list[event_pb2.Event]]:
     events = create(parent, group_id, **overrides)
     assert not isinstance(events, Rejected), events
     child = decider.fold(events)
@@ -131,20 +155,39 @@ CHILD = CoreGroup("grp_child", CTX, NOW)
 
 def ended(child: GroupState, how: str, group: CoreGroup = CHILD) -> tuple[GroupState, event_pb2.Event]:
     """The child Mission approved (submitted by its Coordinator, approved by its owner), failed or cancelled."""
-    child = group.run(child, "mission_renew_coordinator_lease", mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=1), "ccoord")
+    child = group.run(
+        child,
+        "mission_renew_coordinator_lease",
+        mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=1),
+        "ccoord",
+    )
     if how == "approved":
         child = group.run(
             child,
             "mission_submit_for_approval",
-            mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=1, artifacts=[builders.artifact("c")]),
+            mission_pb2.MissionSubmitForApproval(
+                coordinator_epoch=1, mission_revision=1, artifacts=[builders.artifact("c")]
+            ),
             "ccoord",
         )
         assert child.mission is not None
-        events = group.decide(child, "mission_approve", mission_pb2.MissionApprove(submission_event_id=child.mission.latest_submission_event_id), "coord")
+        events = group.decide(
+            child,
+            "mission_approve",
+            mission_pb2.MissionApprove(submission_event_id=child.mission.latest_submission_event_id),
+            "coord",
+        )
     elif how == "failed":
-        events = group.decide(child, "mission_terminate", mission_pb2.MissionTerminate(coordinator_epoch=1, reason="the ledger is missing"), "ccoord")
+        events = group.decide(
+            child,
+            "mission_terminate",
+            mission_pb2.MissionTerminate(coordinator_epoch=1, reason="the ledger is missing"),
+            "ccoord",
+        )
     else:
-        events = group.decide(child, "mission_cancel", mission_pb2.MissionCancel(reason="not needed"), "coord")
+        events = group.decide(
+            child, "mission_cancel", mission_pb2.MissionCancel(reason="not needed"), "coord"
+        )
     assert not isinstance(events, Rejected), events
     for event in events:
         child = decider.evolve(child, event)

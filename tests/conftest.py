@@ -35,7 +35,8 @@ if os.environ.get("MUTANT_UNDER_TEST") is not None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "req(*ids): spec requirement IDs the test proves")
     config.addinivalue_line(
-        "markers", "both_topologies: the `world` tests of this module also run on the split topology (PostgreSQL)"
+        "markers",
+        "both_topologies: the `world` tests of this module also run on the split topology (PostgreSQL)",
     )
     config.addinivalue_line(
         "markers",
@@ -125,22 +126,36 @@ class World:
     settings: Settings
     clock: OffsetClock
 
-    def command(self, signer: SessionSigner, group_id: str, kind: str, body: Message, **kw: Any) -> command_pb2.Command:
+    def command(
+        self, signer: SessionSigner, group_id: str, kind: str, body: Message, **kw: Any
+    ) -> command_pb2.Command:
         """A command issued at the server's (possibly advanced) clock."""
         command = signer.command(group_id, kind, body, **kw)
         command.issued_at.CopyFrom(to_timestamp(self.clock.now()))
         return command
 
-    def signed(self, signer: SessionSigner, group_id: str, kind: str, body: Message, **kw: Any) -> common_pb2.SignedEnvelope:
+    def signed(
+        self, signer: SessionSigner, group_id: str, kind: str, body: Message, **kw: Any
+    ) -> common_pb2.SignedEnvelope:
         """A signed command issued at the server's (possibly advanced) clock."""
         return signer.sign(self.command(signer, group_id, kind, body, **kw))
 
-    async def run(self, signer: SessionSigner, group_id: str, kind: str, body: Message, **kw: Any) -> command_pb2.CommandResult:
+    async def run(
+        self, signer: SessionSigner, group_id: str, kind: str, body: Message, **kw: Any
+    ) -> command_pb2.CommandResult:
         return await self.client.execute(self.signed(signer, group_id, kind, body, **kw))
 
     async def deliverable(
-        self, signer: SessionSigner, group_id: str, work_item_id: str = "", data: bytes = b"the report\n",
-        *, lease_id: str = "", ownership_epoch: int = 0, media_type: str = "text/plain", mission_id: str = "",
+        self,
+        signer: SessionSigner,
+        group_id: str,
+        work_item_id: str = "",
+        data: bytes = b"the report\n",
+        *,
+        lease_id: str = "",
+        ownership_epoch: int = 0,
+        media_type: str = "text/plain",
+        mission_id: str = "",
     ) -> common_pb2.ArtifactRef:
         """``data`` uploaded with a manifest ``signer`` signed for the Group's Mission and WorkItem:
         what a submission or Evidence may name (D161)."""
@@ -170,10 +185,14 @@ async def world(db_url: str, tmp_path: Path, topology: str) -> AsyncIterator[Wor
 
     if topology.startswith("split") and not db_url.startswith("postgresql"):
         pytest.skip("the split topology runs on PostgreSQL (MWP_TEST_POSTGRES_URL, set by .ci/run)")
-    settings = Settings(listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1)
+    settings = Settings(
+        listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1
+    )
     clock = OffsetClock()
     replicas = {"split-replicated": {"scheduling": 2}, "split-sharded": {"authority": 2}}.get(topology)
-    mesh: Any = await (start_split(settings, clock, replicas) if topology.startswith("split") else start(settings, clock))
+    mesh: Any = await (
+        start_split(settings, clock, replicas) if topology.startswith("split") else start(settings, clock)
+    )
     settings = mesh.settings
     target = f"127.0.0.1:{mesh.port}"
     client = MeshClient(target)
@@ -183,7 +202,9 @@ async def world(db_url: str, tmp_path: Path, topology: str) -> AsyncIterator[Wor
     coordinator = await register(client, admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT)
     worker = await register(client, admin_key, "worker-bot", common_pb2.IDENTITY_KIND_AGENT)
     try:
-        yield World(mesh, client, target, admin, owner, coordinator, worker, {"admin": admin_key}, settings, clock)
+        yield World(
+            mesh, client, target, admin, owner, coordinator, worker, {"admin": admin_key}, settings, clock
+        )
     finally:
         await client.channel.close()
         await mesh.stop(grace=1)

@@ -44,13 +44,23 @@ class CoreGroup:
         return c
 
     def decide(
-        self, state: GroupState | None, kind: str, body: object, actor: str, ctx: decider.DecisionContext | None = None
+        self,
+        state: GroupState | None,
+        kind: str,
+        body: object,
+        actor: str,
+        ctx: decider.DecisionContext | None = None,
     ) -> decider.Decision:
         command = self.command(kind, body, actor, state)
         return decider.decide(state, command, as_if_uploaded(state, command, ctx or self.ctx))
 
     def run(
-        self, state: GroupState | None, kind: str, body: object, actor: str, ctx: decider.DecisionContext | None = None
+        self,
+        state: GroupState | None,
+        kind: str,
+        body: object,
+        actor: str,
+        ctx: decider.DecisionContext | None = None,
     ) -> GroupState:
         """The state after the command, which must be accepted (a copy: ``state`` is left as it was)."""
         events = self.decide(state, kind, body, actor, ctx)
@@ -58,7 +68,12 @@ class CoreGroup:
         return evolved(state, events)
 
     def refused(
-        self, state: GroupState, kind: str, body: object, actor: str, ctx: decider.DecisionContext | None = None
+        self,
+        state: GroupState,
+        kind: str,
+        body: object,
+        actor: str,
+        ctx: decider.DecisionContext | None = None,
     ) -> Rejected:
         decision = self.decide(state, kind, body, actor, ctx)
         assert isinstance(decision, Rejected), f"{kind} by {actor} was accepted"

@@ -52,9 +52,25 @@ NUMERIC = SIGNED32 | SIGNED64 | UNSIGNED32 | UNSIGNED64 | FLOATS | {F.TYPE_ENUM}
 
 # Fields that count, page or point into something: they also get a value past any real end.
 PAST_THE_END = {
-    "offset", "length", "size_bytes", "after_sequence", "first", "last", "cursor", "limit", "page_size",
-    "batch_size", "max_depth", "visibility_start_sequence", "ended_at_sequence", "group_revision",
-    "mission_revision", "contract_revision", "revision", "credits", "initial_credits",
+    "offset",
+    "length",
+    "size_bytes",
+    "after_sequence",
+    "first",
+    "last",
+    "cursor",
+    "limit",
+    "page_size",
+    "batch_size",
+    "max_depth",
+    "visibility_start_sequence",
+    "ended_at_sequence",
+    "group_revision",
+    "mission_revision",
+    "contract_revision",
+    "revision",
+    "credits",
+    "initial_credits",
 }
 
 
@@ -86,7 +102,11 @@ def leaf_paths(message: Message, max_depth: int = 8) -> list[Path]:
 
 
 def _walk(
-    descriptor: Descriptor, message: Message | None, prefix: tuple[FieldDescriptor, ...], stack: tuple[str, ...], depth: int
+    descriptor: Descriptor,
+    message: Message | None,
+    prefix: tuple[FieldDescriptor, ...],
+    stack: tuple[str, ...],
+    depth: int,
 ) -> Iterator[Path]:
     for f in descriptor.fields:
         oneof = f.containing_oneof
@@ -155,7 +175,13 @@ def extremes(field: FieldDescriptor, now_s: int = 1_700_000_000) -> list[tuple[s
     out: list[tuple[str, Value]]
     if t == F.TYPE_ENUM:
         numbers = [v.number for v in field.enum_type.values]
-        out = [("zero", 0), ("past last", max(numbers) + 1), ("-1", -1), ("int32 max", INT32[1]), ("int32 min", INT32[0])]
+        out = [
+            ("zero", 0),
+            ("past last", max(numbers) + 1),
+            ("-1", -1),
+            ("int32 max", INT32[1]),
+            ("int32 min", INT32[0]),
+        ]
     elif t in SIGNED32:
         out = [("zero", 0), ("-1", -1), ("max", INT32[1]), ("min", INT32[0])]
     elif t in SIGNED64:
@@ -165,8 +191,14 @@ def extremes(field: FieldDescriptor, now_s: int = 1_700_000_000) -> list[tuple[s
     elif t in UNSIGNED64:
         out = [("zero", 0), ("max", UINT64_MAX), ("int64 max", INT64[1]), ("int64 max + 1", INT64[1] + 1)]
     elif t in FLOATS:
-        out = [("zero", 0.0), ("-1", -1.0), ("inf", math.inf), ("-inf", -math.inf), ("nan", math.nan),
-               ("max", 3.4028234663852886e38 if t == F.TYPE_FLOAT else 1.7976931348623157e308)]
+        out = [
+            ("zero", 0.0),
+            ("-1", -1.0),
+            ("inf", math.inf),
+            ("-inf", -math.inf),
+            ("nan", math.nan),
+            ("max", 3.4028234663852886e38 if t == F.TYPE_FLOAT else 1.7976931348623157e308),
+        ]
     else:
         return []
     if field.name in PAST_THE_END and t != F.TYPE_ENUM:
@@ -194,7 +226,9 @@ def mutated(message: Message, path: Path, value: Value) -> Message:
         else:
             target = container
     leaf = path.leaf
-    if value is None:  # "unset": the field cleared (a Duration or Timestamp documented as meaning something unset)
+    if (
+        value is None
+    ):  # "unset": the field cleared (a Duration or Timestamp documented as meaning something unset)
         target.ClearField(leaf.name)
         return out
     if _well_known(leaf):
@@ -257,7 +291,11 @@ def message_class(descriptor: Descriptor) -> type[Message]:
 
 
 async def invoke(
-    channel: grpc.aio.Channel, method: MethodDescriptor, requests: list[Message], *, deadline_s: float,
+    channel: grpc.aio.Channel,
+    method: MethodDescriptor,
+    requests: list[Message],
+    *,
+    deadline_s: float,
     metadata: tuple[tuple[str, Any], ...] | None = None,
 ) -> Outcome:
     """One call with a deadline; a server stream is read until it ends (or the deadline)."""
@@ -272,18 +310,26 @@ async def invoke(
 
     try:
         if method.client_streaming and method.server_streaming:
-            call = channel.stream_stream(path, request_serializer=serialize, response_deserializer=out_type.FromString)
+            call = channel.stream_stream(
+                path, request_serializer=serialize, response_deserializer=out_type.FromString
+            )
             async for answer in call(stream(), timeout=deadline_s, metadata=metadata):
                 responses.append(answer)
         elif method.client_streaming:
-            upload = channel.stream_unary(path, request_serializer=serialize, response_deserializer=out_type.FromString)
+            upload = channel.stream_unary(
+                path, request_serializer=serialize, response_deserializer=out_type.FromString
+            )
             responses.append(await upload(stream(), timeout=deadline_s, metadata=metadata))
         elif method.server_streaming:
-            call = channel.unary_stream(path, request_serializer=serialize, response_deserializer=out_type.FromString)
+            call = channel.unary_stream(
+                path, request_serializer=serialize, response_deserializer=out_type.FromString
+            )
             async for answer in call(requests[0], timeout=deadline_s, metadata=metadata):
                 responses.append(answer)
         else:
-            unary = channel.unary_unary(path, request_serializer=serialize, response_deserializer=out_type.FromString)
+            unary = channel.unary_unary(
+                path, request_serializer=serialize, response_deserializer=out_type.FromString
+            )
             responses.append(await unary(requests[0], timeout=deadline_s, metadata=metadata))
     except grpc.aio.AioRpcError as err:
         return Outcome(err.code(), err.details() or "", rejection_from_rpc_error(err), responses)

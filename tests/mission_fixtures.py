@@ -19,7 +19,11 @@ R = common_pb2.RejectionReason
 MS = mission_pb2.MissionState
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 LATE = NOW + timedelta(minutes=6)  # after the default 5-minute Coordinator lease
-HUMAN, AGENT, CP = common_pb2.IDENTITY_KIND_HUMAN, common_pb2.IDENTITY_KIND_AGENT, common_pb2.IDENTITY_KIND_CONTROL_PLANE
+HUMAN, AGENT, CP = (
+    common_pb2.IDENTITY_KIND_HUMAN,
+    common_pb2.IDENTITY_KIND_AGENT,
+    common_pb2.IDENTITY_KIND_CONTROL_PLANE,
+)
 IDS = {
     "alice": IdentityInfo("alice", HUMAN, session_epoch=1),
     "bob": IdentityInfo("bob", HUMAN, session_epoch=1),
@@ -69,13 +73,17 @@ def submit_body(state: GroupState, **kw: object) -> mission_pb2.MissionSubmitFor
 
 def awaiting(group: CoreGroup = G) -> GroupState:
     state = active(group)
-    return group.run(state, "mission_submit_for_approval", submit_body(state, artifacts=[builders.artifact("b")]), "coord")
+    return group.run(
+        state, "mission_submit_for_approval", submit_body(state, artifacts=[builders.artifact("b")]), "coord"
+    )
 
 
 def approved(group: CoreGroup = G) -> GroupState:
     state = awaiting(group)
     assert state.mission is not None
-    body = mission_pb2.MissionApprove(submission_event_id=state.mission.latest_submission_event_id, comment="fine")
+    body = mission_pb2.MissionApprove(
+        submission_event_id=state.mission.latest_submission_event_id, comment="fine"
+    )
     return group.run(state, "mission_approve", body, "alice")
 
 

@@ -48,8 +48,12 @@ def command(
 ) -> command_pb2.Command:
     member = state.members.get(actor) if state else None
     c = command_pb2.Command(
-        command_id=f"c{next(_n)}", group_id="grp_o", actor_id=actor, session_epoch=session,
-        membership_epoch=member.membership_epoch if member else 0, issued_at=to_timestamp(at),
+        command_id=f"c{next(_n)}",
+        group_id="grp_o",
+        actor_id=actor,
+        session_epoch=session,
+        membership_epoch=member.membership_epoch if member else 0,
+        issued_at=to_timestamp(at),
     )
     getattr(c, kind).CopyFrom(body)
     if binding is not None:
@@ -83,7 +87,10 @@ def with_mission(**mission_budget: int) -> GroupState:
     for dim, value in mission_budget.items():
         setattr(create.definition.budget, dim, value)
     state = apply(None, command(None, "mission_create", create, "alice"))
-    for member, role in (("worker", membership_pb2.MEMBER_ROLE_WORKER), ("lead", membership_pb2.MEMBER_ROLE_WORK_DELEGATE)):
+    for member, role in (
+        ("worker", membership_pb2.MEMBER_ROLE_WORKER),
+        ("lead", membership_pb2.MEMBER_ROLE_WORK_DELEGATE),
+    ):
         grant = membership_pb2.MembershipGrant(member_id=member, role=role)
         state = apply(state, command(state, "membership_grant", grant, "alice"))
     return state
@@ -101,44 +108,70 @@ def over_committed(state: GroupState, **mission_caps: int) -> GroupState:
 
 
 def started(
-    state: GroupState, work_item_id: str = "wi", contract: wp.WorkContract | None = None, *,
-    grant_id: str = "", parent: str = "", lease_id: str = LEASE_ID, at: datetime = NOW,
+    state: GroupState,
+    work_item_id: str = "wi",
+    contract: wp.WorkContract | None = None,
+    *,
+    grant_id: str = "",
+    parent: str = "",
+    lease_id: str = LEASE_ID,
+    at: datetime = NOW,
 ) -> GroupState:
     """``work_item_id`` authorized (under ``grant_id`` by the delegate, if given), offered to the
     Worker, accepted and started at ``at`` under ``lease_id`` in session 1."""
     by = "lead" if grant_id else "coord"
     epoch = 0 if grant_id else 1
     authorize = wp.WorkAuthorize(
-        work_item_id=work_item_id, title=work_item_id, contract=contract or work_contract(),
-        coordinator_epoch=epoch, grant_id=grant_id, parent_work_item_id=parent,
+        work_item_id=work_item_id,
+        title=work_item_id,
+        contract=contract or work_contract(),
+        coordinator_epoch=epoch,
+        grant_id=grant_id,
+        parent_work_item_id=parent,
     )
     state = apply(state, command(state, "work_authorize", authorize, by, at=at), at)
     offer = wp.WorkOffer(
-        work_item_id=work_item_id, offer_id=f"off-{work_item_id}", candidate_ids=["worker"],
-        expires_at=to_timestamp(at + timedelta(minutes=5)), selection_criteria=[builders.selection("worker")],
+        work_item_id=work_item_id,
+        offer_id=f"off-{work_item_id}",
+        candidate_ids=["worker"],
+        expires_at=to_timestamp(at + timedelta(minutes=5)),
+        selection_criteria=[builders.selection("worker")],
         coordinator_epoch=1,
     )
     state = apply(state, command(state, "work_offer", offer, "coord", at=at), at)
-    accept = wp.WorkAcceptOffer(work_item_id=work_item_id, offer_id=f"off-{work_item_id}", contract_revision=1)
+    accept = wp.WorkAcceptOffer(
+        work_item_id=work_item_id, offer_id=f"off-{work_item_id}", contract_revision=1
+    )
     state = apply(state, command(state, "work_accept_offer", accept, "worker", at=at), at)
     start = wp.WorkStart(work_item_id=work_item_id, ownership_epoch=1, lease_id=lease_id)
     return apply(state, command(state, "work_start", start, "worker", at=at), at)
 
 
 def binding(
-    state: GroupState, buffered_at: datetime, *, item_id: str = "wi", lease_id: str = LEASE_ID,
-    usage: common_pb2.ResourceVector | None = None, **overrides: object,
+    state: GroupState,
+    buffered_at: datetime,
+    *,
+    item_id: str = "wi",
+    lease_id: str = LEASE_ID,
+    usage: common_pb2.ResourceVector | None = None,
+    **overrides: object,
 ) -> wp.BoundedOfflineExecutionBinding:
     """The binding the Worker records for a command it buffers at ``buffered_at`` (disconnected
     half-way through the lease, grace deadline = last known expiry + the contract's grace)."""
     item = state.work_items[item_id]
     lease = item.lease_history[lease_id]
     b = wp.BoundedOfflineExecutionBinding(
-        agent_id="worker", group_id="grp_o", work_item_id=item_id, original_session_epoch=lease.session_epoch,
-        ownership_epoch=lease.ownership_epoch, historical_lease_id=lease.lease_id,
+        agent_id="worker",
+        group_id="grp_o",
+        work_item_id=item_id,
+        original_session_epoch=lease.session_epoch,
+        ownership_epoch=lease.ownership_epoch,
+        historical_lease_id=lease.lease_id,
         disconnected_at=to_timestamp(lease.started_at + (lease.expires_at - lease.started_at) / 2),
         buffered_at=to_timestamp(buffered_at),
-        grace_deadline=to_timestamp(lease.expires_at + item.contract.time_policy.offline_grace_period.ToTimedelta()),
+        grace_deadline=to_timestamp(
+            lease.expires_at + item.contract.time_policy.offline_grace_period.ToTimedelta()
+        ),
         historical_lease_expires_at=to_timestamp(lease.expires_at),
         usage_delta=usage if usage is not None else common_pb2.ResourceVector(currency="EUR", tokens=100),
         conversation_id=item.conversation_id,
@@ -148,9 +181,12 @@ def binding(
 
 def progress(binding: wp.BoundedOfflineExecutionBinding) -> wp.WorkReportProgress:
     return wp.WorkReportProgress(
-        work_item_id=binding.work_item_id, lease_id=binding.historical_lease_id, ownership_epoch=binding.ownership_epoch,
+        work_item_id=binding.work_item_id,
+        lease_id=binding.historical_lease_id,
+        ownership_epoch=binding.ownership_epoch,
         report=wp.ProgressReport(
-            phase="offline", next_checkpoint=wp.PlannedCheckpoint(description="next"),
+            phase="offline",
+            next_checkpoint=wp.PlannedCheckpoint(description="next"),
             revised_estimate=wp.RevisedEstimate(reason="unchanged"),
         ),
         usage_delta=binding.usage_delta,
@@ -159,8 +195,11 @@ def progress(binding: wp.BoundedOfflineExecutionBinding) -> wp.WorkReportProgres
 
 def checkpoint(binding: wp.BoundedOfflineExecutionBinding) -> wp.WorkCheckpoint:
     return wp.WorkCheckpoint(
-        work_item_id=binding.work_item_id, lease_id=binding.historical_lease_id, ownership_epoch=binding.ownership_epoch,
-        checkpoint=wp.Checkpoint(completed_operation_ids=["offline-step"]), usage_delta=binding.usage_delta,
+        work_item_id=binding.work_item_id,
+        lease_id=binding.historical_lease_id,
+        ownership_epoch=binding.ownership_epoch,
+        checkpoint=wp.Checkpoint(completed_operation_ids=["offline-step"]),
+        usage_delta=binding.usage_delta,
     )
 
 

@@ -55,7 +55,9 @@ class SplitMesh:
         return getattr(self.parts["authority"], name)
 
     async def stop(self, grace: float | None = None) -> None:
-        for part in reversed(list(self.parts.values())):  # the front door first, the Authority before its peers
+        for part in reversed(
+            list(self.parts.values())
+        ):  # the front door first, the Authority before its peers
             await part.stop(grace)
 
 
@@ -96,7 +98,11 @@ async def _start_split(base: Settings, clock: Clock, replicas: dict[str, int] | 
     try:
         for part, (name, i, address) in listen.items():
             settings = replace(
-                base, listen=address, services=(name,), peers=dict(peers), instance_id=f"{name}-{i}",
+                base,
+                listen=address,
+                services=(name,),
+                peers=dict(peers),
+                instance_id=f"{name}-{i}",
                 audience=gateway,  # clients dial the front door: their proofs name it
             )
             parts[part] = await start(settings, clock)

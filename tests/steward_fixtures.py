@@ -49,7 +49,9 @@ def base() -> GroupState:
     create.coordinator_renewal.lease_duration.FromSeconds(3_600)
     state = GROUP.run(None, "mission_create", create, "alice")
     for member, role in GRANTED.items():
-        state = GROUP.run(state, "membership_grant", membership_pb2.MembershipGrant(member_id=member, role=role), "alice")
+        state = GROUP.run(
+            state, "membership_grant", membership_pb2.MembershipGrant(member_id=member, role=role), "alice"
+        )
     return state
 
 
@@ -57,7 +59,9 @@ BASE = base()
 PLANNING: str = BASE.mission.planning_conversation_id  # type: ignore[union-attr]
 
 
-def events(state: GroupState | None, kind: str, body: object, actor: str, ctx: decider.DecisionContext | None = None) -> list[event_pb2.Event]:
+def events(
+    state: GroupState | None, kind: str, body: object, actor: str, ctx: decider.DecisionContext | None = None
+) -> list[event_pb2.Event]:
     decision = GROUP.decide(state, kind, body, actor, ctx)
     assert not isinstance(decision, Rejected), decision
     return decision

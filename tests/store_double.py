@@ -41,7 +41,9 @@ def _sizes(command: command_pb2.Command) -> dict[str, int]:
     return sizes
 
 
-def as_if_uploaded(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext) -> DecisionContext:
+def as_if_uploaded(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext
+) -> DecisionContext:
     """``ctx`` with every blob the command names held, unless the test gave ``held`` itself."""
     named = kinds.named_artifacts(command)
     if ctx.held or not named or state is None or state.mission is None:

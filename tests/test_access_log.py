@@ -89,7 +89,11 @@ def test_grpc_python_logging_reaches_the_structured_log(capsys: pytest.CaptureFi
         logs.configure("info", "json")
         logging.getLogger("grpc._cython.cygrpc").error("from grpc")
         entry = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
-        assert (entry["logger"], entry["level"], entry["msg"]) == ("grpc._cython.cygrpc", "error", "from grpc")
+        assert (entry["logger"], entry["level"], entry["msg"]) == (
+            "grpc._cython.cygrpc",
+            "error",
+            "from grpc",
+        )
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])

@@ -84,15 +84,21 @@ async def versions(client: MeshClient, agent_id: str) -> list[str]:
 
 
 @pytest.mark.req("MW-11.1-13")
-async def test_every_version_is_kept_and_resolves_exactly_as_signed(world: World, clients: dict[str, MeshClient]) -> None:
+async def test_every_version_is_kept_and_resolves_exactly_as_signed(
+    world: World, clients: dict[str, MeshClient]
+) -> None:
     w, worker = world, clients["worker"]
     sent = {}
     for version in ("1.0.0", "1.2.0", "2.0.0-rc.1", "2.0.0"):
         c = card(
-            "worker-bot", version, max_concurrency=int(version[0]) * 2,
+            "worker-bot",
+            version,
+            max_concurrency=int(version[0]) * 2,
             capabilities=[membership_pb2.Capability(capability_id="code.python", version="1.4.0")],
-            extensions=["urn:missionweave:ext:review"], endpoints=["gateway://127.0.0.1:50051"],
-            display_name="Worker", description=f"card {version}",
+            extensions=["urn:missionweave:ext:review"],
+            endpoints=["gateway://127.0.0.1:50051"],
+            display_name="Worker",
+            description=f"card {version}",
         )
         sent[version] = agent_card_envelope(w.worker, c)
         answer = await worker.membership.PublishAgentCard(mpb.PublishAgentCardRequest(card=sent[version]))
@@ -100,7 +106,9 @@ async def test_every_version_is_kept_and_resolves_exactly_as_signed(world: World
         assert answer.published.session_epoch == w.worker.session_epoch
     reader = clients["coordinator"]  # any authenticated identity reads
     for version, envelope in sent.items():
-        got = await reader.membership.GetAgentCard(mpb.GetAgentCardRequest(agent_id="worker-bot", card_version=version))
+        got = await reader.membership.GetAgentCard(
+            mpb.GetAgentCardRequest(agent_id="worker-bot", card_version=version)
+        )
         assert got.published.envelope.SerializeToString() == envelope.SerializeToString()
         assert got.latest_version == "2.0.0"
         assert verify_agent_card(got.published).card_version == version
@@ -113,18 +121,32 @@ async def test_every_version_is_kept_and_resolves_exactly_as_signed(world: World
     assert [v.card_version for v in listed] == ["2.0.0", "2.0.0-rc.1", "1.2.0", "1.0.0"]
     stamps = [v.published_at.ToMicroseconds() for v in listed]
     assert stamps == sorted(stamps, reverse=True)
-    first = await reader.membership.ListAgentCardVersions(mpb.ListAgentCardVersionsRequest(agent_id="worker-bot", page_size=3))
-    assert [v.card_version for v in first.versions] == ["2.0.0", "2.0.0-rc.1", "1.2.0"] and first.next_page_token
+    first = await reader.membership.ListAgentCardVersions(
+        mpb.ListAgentCardVersionsRequest(agent_id="worker-bot", page_size=3)
+    )
+    assert [v.card_version for v in first.versions] == [
+        "2.0.0",
+        "2.0.0-rc.1",
+        "1.2.0",
+    ] and first.next_page_token
     rest = await reader.membership.ListAgentCardVersions(
         mpb.ListAgentCardVersionsRequest(agent_id="worker-bot", page_size=3, page_token=first.next_page_token)
     )
     assert [v.card_version for v in rest.versions] == ["1.0.0"] and not rest.next_page_token
     r = await refusal(
-        reader.membership.ListAgentCardVersions(mpb.ListAgentCardVersionsRequest(agent_id="worker-bot", page_size=1001))
+        reader.membership.ListAgentCardVersions(
+            mpb.ListAgentCardVersionsRequest(agent_id="worker-bot", page_size=1001)
+        )
     )
-    assert (r.reason, r.metadata["field"], r.metadata["limit"]) == (R.REJECTION_REASON_INVALID_ARGUMENT, "page_size", "1000")
+    assert (r.reason, r.metadata["field"], r.metadata["limit"]) == (
+        R.REJECTION_REASON_INVALID_ARGUMENT,
+        "page_size",
+        "1000",
+    )
     for agent, version in (("worker-bot", "3.0.0"), ("coord-bot", ""), ("nobody-bot", "1.0.0")):
-        r = await refusal(reader.membership.GetAgentCard(mpb.GetAgentCardRequest(agent_id=agent, card_version=version)))
+        r = await refusal(
+            reader.membership.GetAgentCard(mpb.GetAgentCardRequest(agent_id=agent, card_version=version))
+        )
         assert r.reason == R.REJECTION_REASON_NOT_FOUND
     assert await versions(reader, "coord-bot") == []
 
@@ -145,9 +167,15 @@ async def test_republishing_is_idempotent_with_the_same_card_and_refused_with_an
     assert resigned.replayed and resigned.published.session_epoch == w.worker.session_epoch
     assert resigned.published.envelope == first.published.envelope
 
-    other = await refusal(worker.membership.PublishAgentCard(request(newer, card("worker-bot", "1.0.0", max_concurrency=8))))
+    other = await refusal(
+        worker.membership.PublishAgentCard(request(newer, card("worker-bot", "1.0.0", max_concurrency=8)))
+    )
     assert other.reason == R.REJECTION_REASON_REVISION_MISMATCH
-    assert dict(other.metadata) == {"field": "card.card_version", "conflict": "content", "latest_version": "1.0.0"}
+    assert dict(other.metadata) == {
+        "field": "card.card_version",
+        "conflict": "content",
+        "latest_version": "1.0.0",
+    }
     assert (await worker.agent_card("worker-bot", "1.0.0")).card.max_concurrency == 4
 
     await worker.membership.PublishAgentCard(request(newer, card("worker-bot", "1.1.0")))
@@ -158,10 +186,15 @@ async def test_republishing_is_idempotent_with_the_same_card_and_refused_with_an
     assert await versions(worker, "worker-bot") == ["1.1.0", "1.0.0"]
 
 
-async def test_concurrent_identical_publications_store_one_version(world: World, clients: dict[str, MeshClient]) -> None:
+async def test_concurrent_identical_publications_store_one_version(
+    world: World, clients: dict[str, MeshClient]
+) -> None:
     w, worker = world, clients["worker"]
     answers = await asyncio.gather(
-        *(worker.membership.PublishAgentCard(request(w.worker, card("worker-bot", "1.0.0"))) for _ in range(6))
+        *(
+            worker.membership.PublishAgentCard(request(w.worker, card("worker-bot", "1.0.0")))
+            for _ in range(6)
+        )
     )
     assert sorted(a.replayed for a in answers) == [False] + [True] * 5
     assert len({a.published.published_at.ToMicroseconds() for a in answers}) == 1
@@ -198,7 +231,9 @@ async def test_only_the_agent_itself_publishes_signed_by_its_current_session(
     r = await refusal(worker.membership.PublishAgentCard(request(w.worker, mine)))
     assert r.reason == R.REJECTION_REASON_SESSION_EPOCH_STALE
     assert await versions(worker, "worker-bot") == []
-    assert (await worker.publish_agent_card(pb.AgentCard(card_version="1.0.0", max_concurrency=1))).published.card.agent_id == "worker-bot"
+    assert (
+        await worker.publish_agent_card(pb.AgentCard(card_version="1.0.0", max_concurrency=1))
+    ).published.card.agent_id == "worker-bot"
 
 
 def _unknown_field(number: int, size: int) -> bytes:
@@ -220,9 +255,16 @@ async def test_malformed_or_oversized_cards_are_refused_naming_the_field_and_not
     w, worker = world, clients["worker"]
 
     def caps(n: int, version: str = "1.0.0", same: bool = False) -> list[membership_pb2.Capability]:
-        return [membership_pb2.Capability(capability_id="cap" if same else f"cap.{i}", version=version) for i in range(n)]
+        return [
+            membership_pb2.Capability(capability_id="cap" if same else f"cap.{i}", version=version)
+            for i in range(n)
+        ]
 
-    MAL, INV, BIG = R.REJECTION_REASON_MALFORMED, R.REJECTION_REASON_INVALID_ARGUMENT, R.REJECTION_REASON_TOO_LARGE
+    MAL, INV, BIG = (
+        R.REJECTION_REASON_MALFORMED,
+        R.REJECTION_REASON_INVALID_ARGUMENT,
+        R.REJECTION_REASON_TOO_LARGE,
+    )
     cases: list[tuple[dict[str, Any], int, str]] = [
         ({"card_version": "1.0"}, MAL, "card.card_version"),
         ({"card_version": "1.0.0+build.7"}, MAL, "card.card_version"),
@@ -263,10 +305,14 @@ async def test_malformed_or_oversized_cards_are_refused_naming_the_field_and_not
     assert await versions(worker, "worker-bot") == []
     r = await refusal(worker.membership.GetAgentCard(mpb.GetAgentCardRequest(agent_id="worker-bot")))
     assert r.reason == R.REJECTION_REASON_NOT_FOUND
-    r = await refusal(worker.membership.GetAgentCard(mpb.GetAgentCardRequest(agent_id="worker-bot", card_version="v1")))
+    r = await refusal(
+        worker.membership.GetAgentCard(mpb.GetAgentCardRequest(agent_id="worker-bot", card_version="v1"))
+    )
     assert (r.reason, r.metadata["field"]) == (MAL, "card_version")
     r = await refusal(
-        worker.membership.ListAgentCardVersions(mpb.ListAgentCardVersionsRequest(agent_id="worker-bot", page_token="x"))
+        worker.membership.ListAgentCardVersions(
+            mpb.ListAgentCardVersionsRequest(agent_id="worker-bot", page_token="x")
+        )
     )
     assert (r.reason, r.metadata["field"]) == (INV, "page_token")
 
@@ -289,10 +335,21 @@ async def test_presence_reports_capacity_within_the_card_and_goes_stale_by_the_s
     await worker.publish_agent_card(pb.AgentCard(card_version="1.0.0", max_concurrency=4))
 
     fresh = await worker.report_presence(AVAILABLE, free_slots=3, in_use_slots=1, note="warm", ttl_ms=5_000)
-    assert (fresh.fresh, fresh.availability, fresh.max_concurrency, fresh.card_version) == (True, AVAILABLE, 4, "1.0.0")
+    assert (fresh.fresh, fresh.availability, fresh.max_concurrency, fresh.card_version) == (
+        True,
+        AVAILABLE,
+        4,
+        "1.0.0",
+    )
     assert fresh.expires_at.ToMicroseconds() - fresh.reported_at.ToMicroseconds() == 5_000_000
     [seen] = await reader.presence("worker-bot", "coord-bot", "worker-bot", "nobody-bot")
-    assert (seen.agent_id, seen.fresh, seen.free_slots, seen.in_use_slots, seen.note) == ("worker-bot", True, 3, 1, "warm")
+    assert (seen.agent_id, seen.fresh, seen.free_slots, seen.in_use_slots, seen.note) == (
+        "worker-bot",
+        True,
+        3,
+        1,
+        "warm",
+    )
 
     w.clock.advance(seconds=6)
     [stale] = await reader.presence("worker-bot")
@@ -301,12 +358,24 @@ async def test_presence_reports_capacity_within_the_card_and_goes_stale_by_the_s
 
     # Over the card's max concurrency, or outside the bounds: refused, the last report stays.
     r = await refusal(worker.membership.ReportPresence(report(free_slots=4, in_use_slots=1)))
-    assert (r.reason, r.metadata["field"], r.metadata["limit"]) == (R.REJECTION_REASON_INVALID_ARGUMENT, "report.free_slots", "4")
+    assert (r.reason, r.metadata["field"], r.metadata["limit"]) == (
+        R.REJECTION_REASON_INVALID_ARGUMENT,
+        "report.free_slots",
+        "4",
+    )
     for bad, reason, field in (
         ({"ttl_ms": 999}, R.REJECTION_REASON_INVALID_ARGUMENT, "report.ttl_ms"),
         ({"ttl_ms": 600_001}, R.REJECTION_REASON_INVALID_ARGUMENT, "report.ttl_ms"),
-        ({"availability": pb.PRESENCE_AVAILABILITY_UNKNOWN}, R.REJECTION_REASON_MALFORMED, "report.availability"),
-        ({"availability": pb.PRESENCE_AVAILABILITY_UNSPECIFIED}, R.REJECTION_REASON_MALFORMED, "report.availability"),
+        (
+            {"availability": pb.PRESENCE_AVAILABILITY_UNKNOWN},
+            R.REJECTION_REASON_MALFORMED,
+            "report.availability",
+        ),
+        (
+            {"availability": pb.PRESENCE_AVAILABILITY_UNSPECIFIED},
+            R.REJECTION_REASON_MALFORMED,
+            "report.availability",
+        ),
         ({"note": "n" * 513}, R.REJECTION_REASON_TOO_LARGE, "report.note"),
     ):
         r = await refusal(worker.membership.ReportPresence(report(free_slots=1, **bad)))
@@ -324,7 +393,11 @@ async def test_presence_reports_capacity_within_the_card_and_goes_stale_by_the_s
     # The card in force bounds the next report.
     await worker.publish_agent_card(pb.AgentCard(card_version="1.1.0", max_concurrency=2))
     r = await refusal(worker.membership.ReportPresence(report(free_slots=3)))
-    assert (r.reason, r.metadata["limit"], r.metadata["card_version"]) == (R.REJECTION_REASON_INVALID_ARGUMENT, "2", "1.1.0")
+    assert (r.reason, r.metadata["limit"], r.metadata["card_version"]) == (
+        R.REJECTION_REASON_INVALID_ARGUMENT,
+        "2",
+        "1.1.0",
+    )
 
 
 @pytest.mark.req("MW-11.1-14")
@@ -337,12 +410,16 @@ async def test_only_the_agent_reports_its_presence(world: World, clients: dict[s
     assert r.reason == R.REJECTION_REASON_PERMISSION_DENIED  # a human has no card, no slots
     r = await refusal(clients["anonymous"].membership.ReportPresence(report(free_slots=1)))
     assert r.reason == R.REJECTION_REASON_UNAUTHENTICATED
-    r = await refusal(clients["anonymous"].membership.GetPresence(mpb.GetPresenceRequest(agent_ids=["worker-bot"])))
+    r = await refusal(
+        clients["anonymous"].membership.GetPresence(mpb.GetPresenceRequest(agent_ids=["worker-bot"]))
+    )
     assert r.reason == R.REJECTION_REASON_UNAUTHENTICATED
     assert await clients["owner"].presence("worker-bot") == []
     await worker.report_presence(AVAILABLE, free_slots=1)
     await clients["coordinator"].publish_agent_card(pb.AgentCard(card_version="1.0.0", max_concurrency=2))
-    await clients["coordinator"].report_presence(pb.PRESENCE_AVAILABILITY_DRAINING, free_slots=0, in_use_slots=2)
+    await clients["coordinator"].report_presence(
+        pb.PRESENCE_AVAILABILITY_DRAINING, free_slots=0, in_use_slots=2
+    )
     for order in (["worker-bot", "coord-bot"], ["coord-bot", "nobody-bot", "worker-bot"]):
         answered = await clients["owner"].presence(*order)
         assert [p.agent_id for p in answered] == [a for a in order if a != "nobody-bot"]  # in the order asked
@@ -371,14 +448,23 @@ async def test_get_agent_cards_answers_the_card_in_force_to_mesh_services_only(
     address = membership_address(w)
     token = w.settings.mesh_token_path.read_bytes().strip().decode()
     method = "/missionweave.internal.v1.IdentityDirectoryService/GetAgentCards"
-    asked = identities_pb2.GetAgentCardsRequest(agent_ids=["worker-bot", "coord-bot", "alice", "nobody-bot", "worker-bot"])
+    asked = identities_pb2.GetAgentCardsRequest(
+        agent_ids=["worker-bot", "coord-bot", "alice", "nobody-bot", "worker-bot"]
+    )
     async with open_channel(address) as channel:
         stub = identities_pb2_grpc.IdentityDirectoryServiceStub(channel)
         answer = await stub.GetAgentCards(asked, metadata=((MESH_TOKEN_METADATA, token),))
         in_force = {c.card.agent_id: verify_agent_card(c) for c in answer.cards}
-        assert {a: c.card_version for a, c in in_force.items()} == {"worker-bot": "1.1.0", "coord-bot": "0.1.0"}
+        assert {a: c.card_version for a, c in in_force.items()} == {
+            "worker-bot": "1.1.0",
+            "coord-bot": "0.1.0",
+        }
         assert in_force["worker-bot"].max_concurrency == 3
-        for metadata in ((), ((CALL_PROOF_METADATA, call_proof(w.worker, method, address)),), ((MESH_TOKEN_METADATA, "0" * 64),)):
+        for metadata in (
+            (),
+            ((CALL_PROOF_METADATA, call_proof(w.worker, method, address)),),
+            ((MESH_TOKEN_METADATA, "0" * 64),),
+        ):
             r = await refusal(stub.GetAgentCards(asked, metadata=metadata))
             assert r.reason == R.REJECTION_REASON_UNAUTHENTICATED
         many = identities_pb2.GetAgentCardsRequest(agent_ids=[f"a{i}" for i in range(1025)])
@@ -397,7 +483,9 @@ async def test_a_mesh_service_publishes_for_an_agent_only_what_the_agent_signed(
         forged = SessionSigner("worker-bot", w.worker.session_epoch, SigningKey.generate())
         r = await refusal(stub.PublishAgentCard(request(forged, card("worker-bot", "1.0.0")), metadata=token))
         assert r.reason == R.REJECTION_REASON_SIGNATURE_INVALID
-        published = await stub.PublishAgentCard(request(w.worker, card("worker-bot", "1.0.0")), metadata=token)
+        published = await stub.PublishAgentCard(
+            request(w.worker, card("worker-bot", "1.0.0")), metadata=token
+        )
         assert not published.replayed and published.published.card.agent_id == "worker-bot"
         presence = await stub.ReportPresence(report(free_slots=2), metadata=token)
         assert presence.presence.fresh
@@ -408,7 +496,9 @@ async def test_a_mesh_service_publishes_for_an_agent_only_what_the_agent_signed(
 
 
 @pytest.mark.req("MW-11.1-13")
-async def test_offers_and_acceptance_check_the_card_in_force(world: World, clients: dict[str, MeshClient]) -> None:
+async def test_offers_and_acceptance_check_the_card_in_force(
+    world: World, clients: dict[str, MeshClient]
+) -> None:
     """A candidate whose card in force lacks a required capability (or declares it too old) is not
     offered the work; the acceptance records the card version it was checked against."""
     from tests.test_work_items import setup
@@ -418,11 +508,16 @@ async def test_offers_and_acceptance_check_the_card_in_force(world: World, clien
     python = membership_pb2.Capability(capability_id="code.python", version="3.11")
     await flow.authorize("wi-1", required_capabilities=[python])
     # The Membership grants the capability; the worker's card says it has only 3.10.
-    grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER, capabilities=[
-        membership_pb2.Capability(capability_id="code.python", version="3.12")])
+    grant = membership_pb2.MembershipGrant(
+        member_id="worker-bot",
+        role=membership_pb2.MEMBER_ROLE_WORKER,
+        capabilities=[membership_pb2.Capability(capability_id="code.python", version="3.12")],
+    )
     await w.run(w.owner, G, "membership_grant", grant, membership_epoch=1)
     old = membership_pb2.Capability(capability_id="code.python", version="3.10.0")
-    await worker.membership.PublishAgentCard(request(w.worker, card("worker-bot", "1.0.0", capabilities=[old])))
+    await worker.membership.PublishAgentCard(
+        request(w.worker, card("worker-bot", "1.0.0", capabilities=[old]))
+    )
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await flow.offer("wi-1", "worker-bot")
     rejection = rejection_from_rpc_error(info.value)
@@ -430,15 +525,21 @@ async def test_offers_and_acceptance_check_the_card_in_force(world: World, clien
     assert rejection.metadata["card_version"] == "1.0.0" and rejection.metadata["capability"] == "code.python"
     # A new card version takes effect on the next decision.
     new = membership_pb2.Capability(capability_id="code.python", version="3.12.1")
-    await worker.membership.PublishAgentCard(request(w.worker, card("worker-bot", "1.1.0", capabilities=[new])))
+    await worker.membership.PublishAgentCard(
+        request(w.worker, card("worker-bot", "1.1.0", capabilities=[new]))
+    )
     offer_id = await flow.offer("wi-1", "worker-bot")
     body = work_pb2.WorkAcceptOffer(work_item_id="wi-1", offer_id=offer_id, contract_revision=1)
     # The card changes between offer and acceptance: acceptance checks the one in force then.
-    await worker.membership.PublishAgentCard(request(w.worker, card("worker-bot", "1.2.0", capabilities=[old])))
+    await worker.membership.PublishAgentCard(
+        request(w.worker, card("worker-bot", "1.2.0", capabilities=[old]))
+    )
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await flow.as_(w.worker, "work_accept_offer", body)
     rejection = rejection_from_rpc_error(info.value)
     assert rejection is not None and rejection.metadata["card_version"] == "1.2.0"
-    await worker.membership.PublishAgentCard(request(w.worker, card("worker-bot", "1.3.0", capabilities=[new])))
+    await worker.membership.PublishAgentCard(
+        request(w.worker, card("worker-bot", "1.3.0", capabilities=[new]))
+    )
     accepted = await flow.as_(w.worker, "work_accept_offer", body)
     assert decode_events(accepted.events)[0].work_offer_accepted.agent_card_version == "1.3.0"

@@ -299,7 +299,9 @@ async def test_the_cursors_of_many_groups_go_out_in_one_write_per_round(
     assert CursorStore(tmp_path, "bot").load(groups[0]) == 5
 
 
-async def test_a_failed_cursor_write_fails_every_save_of_its_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_failed_cursor_write_fails_every_save_of_its_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broken(path: Path, data: dict[str, Any]) -> None:
         raise OSError(28, "No space left on device")
 
@@ -370,7 +372,11 @@ async def test_a_flow_queued_behind_the_last_event_still_gets_its_ack(tmp_path: 
     sub.deliver(event_frame(sid, 1, 3))  # 3 of 8 credits: below the half-window ACK threshold
     await until(lambda: seen == [1, 2, 3])
     granted = pb.FlowFrame(
-        subscription_id=sid, group_id=G, reason=pb.FLOW_REASON_CREDIT_GRANTED, state=pb.FLOW_STATE_OPEN, delivered_sequence=3
+        subscription_id=sid,
+        group_id=G,
+        reason=pb.FLOW_REASON_CREDIT_GRANTED,
+        state=pb.FLOW_STATE_OPEN,
+        delivered_sequence=3,
     )
     sub.deliver(pb.ServerFrame(flow=granted))
     gate.set()
@@ -507,19 +513,27 @@ async def test_a_tampered_snapshot_is_refused_and_nothing_is_restored(tmp_path: 
     await sub.stop(grace=1)
 
 
-def chained(sid: str, first: int, last: int, previous: bytes, *, splice_at: int = 0) -> tuple[pb.ServerFrame, bytes]:
+def chained(
+    sid: str, first: int, last: int, previous: bytes, *, splice_at: int = 0
+) -> tuple[pb.ServerFrame, bytes]:
     """An EVENT frame of events [first, last] each naming its predecessor's digest, the first naming
     ``previous``; at ``splice_at`` one that names some other history. Returns the last one's digest."""
     envelopes = []
     for sequence in range(first, last + 1):
         named = blake3.blake3(b"another history").digest() if sequence == splice_at else previous
         event = event_pb2.Event(
-            event_id=f"evt_{sequence:04d}", group_id=G, sequence=sequence, type="message.posted", previous_digest=named
+            event_id=f"evt_{sequence:04d}",
+            group_id=G,
+            sequence=sequence,
+            type="message.posted",
+            previous_digest=named,
         )
         payload = event.SerializeToString()
         envelopes.append(sign_envelope(payload, EVENT_TYPE, AUTHORITY, AUTHORITY_ID))
         previous = blake3.blake3(payload).digest()
-    frame = pb.EventFrame(subscription_id=sid, group_id=G, first_sequence=first, last_sequence=last, events=envelopes)
+    frame = pb.EventFrame(
+        subscription_id=sid, group_id=G, first_sequence=first, last_sequence=last, events=envelopes
+    )
     return pb.ServerFrame(event=frame), previous
 
 
@@ -604,7 +618,9 @@ async def test_frames_queued_behind_a_busy_handler_are_verified_as_one_chain_and
     for first in (2, 4, 6):  # queued while the handler is busy with 1
         frame, link = chained(sid, first, first + 1, link)
         sub.deliver(frame)
-    announced = pb.FlowFrame(subscription_id=sid, group_id=G, reason=pb.FLOW_REASON_CREDIT_GRANTED, delivered_sequence=9)
+    announced = pb.FlowFrame(
+        subscription_id=sid, group_id=G, reason=pb.FLOW_REASON_CREDIT_GRANTED, delivered_sequence=9
+    )
     sub.deliver(pb.ServerFrame(flow=announced))
     frame, _ = chained(sid, 8, 9, link)
     edited = event_pb2.Event.FromString(frame.event.events[0].payload)
@@ -620,12 +636,18 @@ async def test_frames_queued_behind_a_busy_handler_are_verified_as_one_chain_and
     await sub.stop(grace=1)
 
 
-def test_events_the_chain_does_not_vouch_for_are_checked_by_their_own_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_events_the_chain_does_not_vouch_for_are_checked_by_their_own_signature(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Unlinked events (from before the chain) and an event after a hole in the frame each cost a
     signature check; a forged signature on one of them is refused."""
     checks = counting_signature_checks(monkeypatch)
     verifier = AuthorityVerifier(AUTHORITY_ID, bytes(AUTHORITY.verify_key))
-    assert [item.event.sequence for item in verifier.events([signed_event(s) for s in (1, 2, 3)])] == [1, 2, 3]
+    assert [item.event.sequence for item in verifier.events([signed_event(s) for s in (1, 2, 3)])] == [
+        1,
+        2,
+        3,
+    ]
     assert checks == [3, 2, 1]
     frame, _ = chained("s", 1, 4, b"")
     envelopes = list(frame.event.events)
@@ -705,7 +727,9 @@ class HeldCursorStore(CursorStore):
         super()._write(cursors)
 
 
-async def held_subscription(tmp_path: Path, **kw: Any) -> tuple[FakeHost, list[int], HeldCursorStore, Subscription]:
+async def held_subscription(
+    tmp_path: Path, **kw: Any
+) -> tuple[FakeHost, list[int], HeldCursorStore, Subscription]:
     """A subscription fed by hand whose cursor writes wait for ``HeldCursorStore.release``."""
     host, seen = FakeHost(), []
     held = HeldCursorStore(tmp_path)
@@ -804,19 +828,30 @@ async def test_a_crash_before_the_batched_cursor_write_redelivers_and_never_skip
     assert seen == [1, 2, 3, 1, 2, 3, 4] and stored(cursor_file.path) == 4
 
 
-async def test_the_first_event_after_a_restored_snapshot_must_name_its_last_event_digest(tmp_path: Path) -> None:
+async def test_the_first_event_after_a_restored_snapshot_must_name_its_last_event_digest(
+    tmp_path: Path,
+) -> None:
     async def on_snapshot(snapshot: authority_service_pb2.GroupSnapshot) -> None:
         return None
 
     seen: list[int] = []
     host, sub, _ = await offline_subscription(tmp_path, seen, on_snapshot=on_snapshot)
     anchor = blake3.blake3(b"the event at 40").digest()
-    payload = authority_service_pb2.GroupSnapshot(group_id=G, sequence=40, last_event_digest=anchor).SerializeToString()
-    digest = common_pb2.Digest(algorithm="blake3", hex=blake3.blake3(payload).hexdigest(), size_bytes=len(payload))
-    reference = sign_envelope(
-        pb.SnapshotReference(group_id=G, sequence=40, digest=digest).SerializeToString(), SNAPSHOT_REFERENCE_TYPE, AUTHORITY, AUTHORITY_ID
+    payload = authority_service_pb2.GroupSnapshot(
+        group_id=G, sequence=40, last_event_digest=anchor
+    ).SerializeToString()
+    digest = common_pb2.Digest(
+        algorithm="blake3", hex=blake3.blake3(payload).hexdigest(), size_bytes=len(payload)
     )
-    host.snapshot = pb.GetSnapshotResponse(snapshot=sign_envelope(payload, SNAPSHOT_TYPE, AUTHORITY, AUTHORITY_ID), signed_reference=reference)
+    reference = sign_envelope(
+        pb.SnapshotReference(group_id=G, sequence=40, digest=digest).SerializeToString(),
+        SNAPSHOT_REFERENCE_TYPE,
+        AUTHORITY,
+        AUTHORITY_ID,
+    )
+    host.snapshot = pb.GetSnapshotResponse(
+        snapshot=sign_envelope(payload, SNAPSHOT_TYPE, AUTHORITY, AUTHORITY_ID), signed_reference=reference
+    )
     sub.deliver(too_old(sub.subscription_id, reference))
     await reach(sub, 40)
     sub.deliver(chained(sub.subscription_id, 41, 41, blake3.blake3(b"not the event at 40").digest())[0])
@@ -826,12 +861,20 @@ async def test_the_first_event_after_a_restored_snapshot_must_name_its_last_even
     await sub.stop(grace=1)
 
 
-def view_of(reference: common_pb2.SignedEnvelope, sequence: int, viewer: str) -> tuple[common_pb2.SignedEnvelope, common_pb2.SignedEnvelope]:
+def view_of(
+    reference: common_pb2.SignedEnvelope, sequence: int, viewer: str
+) -> tuple[common_pb2.SignedEnvelope, common_pb2.SignedEnvelope]:
     """A member's view of the snapshot ``reference`` names, and the Authority's reference to it."""
     asked = pb.SnapshotReference.FromString(reference.payload)
-    payload = authority_service_pb2.GroupSnapshot(group_id=G, sequence=sequence, archival=True).SerializeToString()
-    digest = common_pb2.Digest(algorithm="blake3", hex=blake3.blake3(payload).hexdigest(), size_bytes=len(payload))
-    view = pb.SnapshotReference(group_id=G, sequence=sequence, digest=digest, view_of=asked.digest, viewer_id=viewer)
+    payload = authority_service_pb2.GroupSnapshot(
+        group_id=G, sequence=sequence, archival=True
+    ).SerializeToString()
+    digest = common_pb2.Digest(
+        algorithm="blake3", hex=blake3.blake3(payload).hexdigest(), size_bytes=len(payload)
+    )
+    view = pb.SnapshotReference(
+        group_id=G, sequence=sequence, digest=digest, view_of=asked.digest, viewer_id=viewer
+    )
     return (
         sign_envelope(payload, SNAPSHOT_TYPE, AUTHORITY, AUTHORITY_ID),
         sign_envelope(view.SerializeToString(), SNAPSHOT_REFERENCE_TYPE, AUTHORITY, AUTHORITY_ID),
@@ -839,7 +882,9 @@ def view_of(reference: common_pb2.SignedEnvelope, sequence: int, viewer: str) ->
 
 
 @pytest.mark.req("MW-16-12", "MW-9-05")
-async def test_a_members_view_of_the_snapshot_is_restored_and_a_view_for_another_is_refused(tmp_path: Path) -> None:
+async def test_a_members_view_of_the_snapshot_is_restored_and_a_view_for_another_is_refused(
+    tmp_path: Path,
+) -> None:
     """GetSnapshot may answer with the caller's view (restricted content left out, signed anew):
     restored when the Authority's reference says it is this agent's view of the snapshot asked for."""
     restored: list[authority_service_pb2.GroupSnapshot] = []
@@ -852,7 +897,11 @@ async def test_a_members_view_of_the_snapshot_is_restored_and_a_view_for_another
     view, view_reference = view_of(reference, 40, "bot")
     verifier = host.verifier
     asked = verifier.snapshot_reference(reference)
-    for wrong in (view_of(reference, 40, "someone-else")[1], view_of(snapshot_at(39)[1], 40, "bot")[1], view_of(reference, 41, "bot")[1]):
+    for wrong in (
+        view_of(reference, 40, "someone-else")[1],
+        view_of(snapshot_at(39)[1], 40, "bot")[1],
+        view_of(reference, 41, "bot")[1],
+    ):
         with pytest.raises(NotVerified):
             verifier.answering(wrong, asked, "bot")
     host.snapshot = pb.GetSnapshotResponse(snapshot=view, signed_reference=view_reference)
@@ -932,6 +981,7 @@ async def test_every_event_once_and_in_order_across_a_dropped_stream_and_a_resta
     assert seen == list(range(1, head + 1))  # nothing lost, nothing twice, in order
     cursor_path = state / "coord-bot" / "cursors.json"
     assert stored(cursor_path) == head
+
     # The final ACK reached the gateway: stored when the gateway sees the stream end, which it may
     # do after the agent's close has returned.
     async def final_ack_stored() -> bool:
@@ -1029,7 +1079,13 @@ async def test_typed_builders_drive_a_work_item_over_the_stream(world: World, tm
         )
         evidence = [builders.evidence()]
         body = sdk.submit(
-            "wi-1", "lease-b", epoch, 1, evidence, artifacts=[await w.deliverable(w.worker, G, "wi-1")], summary="done"
+            "wi-1",
+            "lease-b",
+            epoch,
+            1,
+            evidence,
+            artifacts=[await w.deliverable(w.worker, G, "wi-1")],
+            summary="done",
         )
         submitted = await agent.execute(G, body)
         accepted = await agent.execute(G, sdk.accept_offer("wi-2", offers[1], 1))
@@ -1098,7 +1154,10 @@ async def test_a_late_joiner_fetches_cited_history_through_the_sdk(world: World,
     ).package
     async with connect(w, "worker-bot", w.worker.key, tmp_path) as agent:
         plain = await agent.fetch(G, 1, head + 2)
-        assert [e.sequence for e in plain.events] == [head] and plain.withheld == [(1, head - 1), (head + 1, head + 2)]
+        assert [e.sequence for e in plain.events] == [head] and plain.withheld == [
+            (1, head - 1),
+            (head + 1, head + 2),
+        ]
         cited = await agent.fetch(G, 1, head, context_package=package)
         assert [e.sequence for e in cited.events] == list(range(1, head + 1)) and cited.withheld == []
         assert cited.events[-2].message_posted.content.text == "m2"  # the last message before the grant
@@ -1121,7 +1180,9 @@ async def test_an_agent_whose_session_another_process_replaced_stops_instead_of_
         async with asyncio.timeout(20):
             with pytest.raises(sdk.SessionReplaced, match="replaced by a newer one"):
                 await sub.reached(10**9)
-    state = await w.client.membership.GetIdentity(membership_service_pb2.GetIdentityRequest(identity_id="coord-bot"))
+    state = await w.client.membership.GetIdentity(
+        membership_service_pb2.GetIdentityRequest(identity_id="coord-bot")
+    )
     assert state.identity.session_epoch == other.session_epoch  # the other process's session is still current
 
 

@@ -30,7 +30,13 @@ ctypes.CDLL(None).malloc_stats()
 def _probe(mode: str, **extra_env: str) -> tuple[bool, int]:
     env = {k: v for k, v in os.environ.items() if k not in GLIBC_VARIABLES} | extra_env
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE, mode], cwd=ROOT, env=env, capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", _PROBE, mode],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
     peak = re.search(r"max mmap bytes\s*=\s*(\d+)", done.stderr)
     assert peak is not None, done.stderr
@@ -38,7 +44,8 @@ def _probe(mode: str, **extra_env: str) -> tuple[bool, int]:
 
 
 glibc_only = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None, reason="glibc's mallopt"
+    not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
+    reason="glibc's mallopt",
 )
 
 
@@ -76,14 +83,32 @@ def test_mwp_serve_fixes_the_thresholds_first_unless_switched_off(tmp_path: Path
     import socket
 
     env = {k: v for k, v in os.environ.items() if k not in GLIBC_VARIABLES}
-    env |= {"PYTHONPATH": str(ROOT), "MWP_LOG_LEVEL": "debug", "MWP_LOG_FORMAT": "json", "MWP_MALLOC_TUNING": switch}
+    env |= {
+        "PYTHONPATH": str(ROOT),
+        "MWP_LOG_LEVEL": "debug",
+        "MWP_LOG_FORMAT": "json",
+        "MWP_MALLOC_TUNING": switch,
+    }
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         done = subprocess.run(
-            [sys.executable, "-m", "missionweave.cli", "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path)],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "missionweave.cli",
+                "serve",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--data-dir",
+                str(tmp_path),
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     assert done.returncode == 1, done.stderr
     assert ("malloc thresholds fixed" in done.stderr) == (switch == "1"), done.stderr[-2000:]

@@ -70,7 +70,9 @@ async def cast(world: World) -> AsyncIterator[Cast]:
     await as_member(w, G, w.worker)
     outsider = await register(w.client, w.keys["admin"], "outsider-bot", common_pb2.IDENTITY_KIND_AGENT)
     other = await register(w.client, w.keys["admin"], "elsewhere-bot", common_pb2.IDENTITY_KIND_AGENT)
-    await w.run(w.owner, OTHER, "mission_create", builders.mission_create("alice", "elsewhere-bot", w.clock.now()))
+    await w.run(
+        w.owner, OTHER, "mission_create", builders.mission_create("alice", "elsewhere-bot", w.clock.now())
+    )
     c = Cast(
         w,
         {
@@ -139,14 +141,19 @@ def stat(client: MeshClient, digest: common_pb2.Digest) -> Awaitable[apb.StatRes
 
 
 async def upload_raw(
-    client: MeshClient, digest: common_pb2.Digest, data: bytes | None, manifest: common_pb2.SignedEnvelope | None = None
+    client: MeshClient,
+    digest: common_pb2.Digest,
+    data: bytes | None,
+    manifest: common_pb2.SignedEnvelope | None = None,
 ) -> apb.UploadResponse:
     """An upload of ``digest`` sending ``data`` (None: the header alone, then half-close)."""
 
     async def requests() -> AsyncIterator[apb.UploadRequest]:
         yield apb.UploadRequest(header=apb.UploadHeader(digest=digest, manifest=manifest))
         for offset in range(0, len(data or b""), MiB):
-            yield apb.UploadRequest(chunk=apb.UploadChunk(offset=offset, data=(data or b"")[offset : offset + MiB]))
+            yield apb.UploadRequest(
+                chunk=apb.UploadChunk(offset=offset, data=(data or b"")[offset : offset + MiB])
+            )
 
     return await client.artifacts.Upload(requests())  # type: ignore[no-any-return]
 
@@ -159,7 +166,11 @@ def stored_files(w: World) -> list[Path]:
 
 def as_missing(rejection: common_pb2.Rejection, digest: common_pb2.Digest) -> tuple[int, str, str]:
     """A NOT_FOUND answer with the digest taken out, to compare with another digest's."""
-    return rejection.reason, rejection.metadata.get("artifact_error", ""), rejection.message.replace(digest.hex, "<hex>")
+    return (
+        rejection.reason,
+        rejection.metadata.get("artifact_error", ""),
+        rejection.message.replace(digest.hex, "<hex>"),
+    )
 
 
 # ------------------------------------------------------------------ tests
@@ -183,11 +194,15 @@ async def test_anonymous_callers_are_refused_by_every_artifact_rpc(world: World,
     for call in calls:
         code, reason, _ = await refusal(call)
         assert (code, reason) == ("UNAUTHENTICATED", "REJECTION_REASON_UNAUTHENTICATED")
-    assert blob_digest(b"anonymous bytes").hex in await missing(cast["admin"], blob_digest(b"anonymous bytes"))
+    assert blob_digest(b"anonymous bytes").hex in await missing(
+        cast["admin"], blob_digest(b"anonymous bytes")
+    )
 
 
 @pytest.mark.req("MW-13.1-01", "MW-13.1-05", "MW-13.3-05")
-async def test_a_blob_is_read_by_its_holder_and_by_members_of_a_group_that_references_it(world: World, cast: Cast) -> None:
+async def test_a_blob_is_read_by_its_holder_and_by_members_of_a_group_that_references_it(
+    world: World, cast: Cast
+) -> None:
     """The uploader reads its blob; another identity gets exactly the answer a missing blob gets
     until a manifest for a Group it is an active member of references the blob; members of other
     Groups never; an operator always; a Membership that ends ends the access."""
@@ -202,7 +217,11 @@ async def test_a_blob_is_read_by_its_holder_and_by_members_of_a_group_that_refer
     async def cannot_read(role: str) -> None:
         client = cast[role]
         for d in (digest, never):
-            assert await refusal(client.download(d)) == ("NOT_FOUND", "REJECTION_REASON_NOT_FOUND", "ARTIFACT_ERROR_CODE_NOT_FOUND")
+            assert await refusal(client.download(d)) == (
+                "NOT_FOUND",
+                "REJECTION_REASON_NOT_FOUND",
+                "ARTIFACT_ERROR_CODE_NOT_FOUND",
+            )
         # Indistinguishable from a blob that is not stored: same reason, code and message.
         assert as_missing(await refused_with(client.download(digest)), digest) == as_missing(
             await refused_with(client.download(never)), never
@@ -235,7 +254,9 @@ async def test_a_blob_is_read_by_its_holder_and_by_members_of_a_group_that_refer
     assert await cast["worker"].download(digest) == data  # its holder keeps it
 
 
-async def test_knowing_a_hash_grants_nothing_an_upload_must_prove_possession(world: World, cast: Cast) -> None:
+async def test_knowing_a_hash_grants_nothing_an_upload_must_prove_possession(
+    world: World, cast: Cast
+) -> None:
     """A non-holder uploading an existing digest without its bytes, or with other bytes, is refused
     exactly as for a digest nobody stored, and gains no access; with the right bytes it becomes a
     holder and the blob is still stored once."""
@@ -248,17 +269,25 @@ async def test_knowing_a_hash_grants_nothing_an_upload_must_prove_possession(wor
     outsider = cast["outsider"]
     for d in (digest, never):  # the header alone: the same refusal whether or not it is stored
         assert await refusal(upload_raw(outsider, d, None)) == (
-            "INVALID_ARGUMENT", "REJECTION_REASON_INVALID_ARGUMENT", "ARTIFACT_ERROR_CODE_INCOMPLETE_UPLOAD",
+            "INVALID_ARGUMENT",
+            "REJECTION_REASON_INVALID_ARGUMENT",
+            "ARTIFACT_ERROR_CODE_INCOMPLETE_UPLOAD",
         )
     wrong = os.urandom(len(data))
     for d in (digest, never):
         assert await refusal(upload_raw(outsider, d, wrong)) == (
-            "INVALID_ARGUMENT", "REJECTION_REASON_DIGEST_MISMATCH", "ARTIFACT_ERROR_CODE_DIGEST_MISMATCH",
+            "INVALID_ARGUMENT",
+            "REJECTION_REASON_DIGEST_MISMATCH",
+            "ARTIFACT_ERROR_CODE_DIGEST_MISMATCH",
         )
     # A manifest riding on a refused upload is not recorded either (it would open the blob to a Group).
     with_manifest = manifest_in(w, cast.signers["outsider"], data, group=OTHER)  # type: ignore[arg-type]
     await refusal(upload_raw(outsider, digest, None, with_manifest))
-    assert await refusal(outsider.download(digest)) == ("NOT_FOUND", "REJECTION_REASON_NOT_FOUND", "ARTIFACT_ERROR_CODE_NOT_FOUND")
+    assert await refusal(outsider.download(digest)) == (
+        "NOT_FOUND",
+        "REJECTION_REASON_NOT_FOUND",
+        "ARTIFACT_ERROR_CODE_NOT_FOUND",
+    )
     assert await missing(cast["other_group"], digest) == [digest.hex]
     assert stored_files(w) == files  # nothing new, no temporary left
 
@@ -293,7 +322,9 @@ async def test_over_quota_is_refused_on_the_header_with_nothing_stored(world: Wo
         answered.set()
     assert R.Name(rejection.reason) == "REJECTION_REASON_QUOTA_EXCEEDED"
     assert rejection.metadata["artifact_error"] == "ARTIFACT_ERROR_CODE_QUOTA_EXCEEDED"
-    assert rejection.metadata["quota_bytes"] == str(MiB) and rejection.metadata["used_bytes"] == str(len(first))
+    assert rejection.metadata["quota_bytes"] == str(MiB) and rejection.metadata["used_bytes"] == str(
+        len(first)
+    )
     code, reason, _ = await refusal(cast["worker"].upload(second))
     assert (code, reason) == ("RESOURCE_EXHAUSTED", "REJECTION_REASON_QUOTA_EXCEEDED")
     assert await missing(cast["admin"], blob_digest(second)) == [blob_digest(second).hex]
@@ -304,7 +335,9 @@ async def test_over_quota_is_refused_on_the_header_with_nothing_stored(world: Wo
     big = os.urandom(2 * MiB)
     await cast["admin"].upload(big)  # operators have no quota
     assert await refusal(cast["outsider"].upload(big)) == (
-        "RESOURCE_EXHAUSTED", "REJECTION_REASON_QUOTA_EXCEEDED", "ARTIFACT_ERROR_CODE_QUOTA_EXCEEDED",
+        "RESOURCE_EXHAUSTED",
+        "REJECTION_REASON_QUOTA_EXCEEDED",
+        "ARTIFACT_ERROR_CODE_QUOTA_EXCEEDED",
     )
     # Every reservation ended with its upload: refused, held already, or become a holding.
     async with servicer.index.engine.connect() as conn:
@@ -398,16 +431,24 @@ async def test_manifests_and_provenance_show_only_what_the_caller_may_read(world
 
     def ancestors(client: MeshClient) -> Awaitable[apb.QueryProvenanceResponse]:
         return client.artifacts.QueryProvenance(  # type: ignore[no-any-return]
-            apb.QueryProvenanceRequest(digest=blob_digest(derived), direction=apb.PROVENANCE_DIRECTION_ANCESTORS)
+            apb.QueryProvenanceRequest(
+                digest=blob_digest(derived), direction=apb.PROVENANCE_DIRECTION_ANCESTORS
+            )
         )
 
     def descendants(client: MeshClient) -> Awaitable[apb.QueryProvenanceResponse]:
         return client.artifacts.QueryProvenance(  # type: ignore[no-any-return]
-            apb.QueryProvenanceRequest(digest=blob_digest(raw), direction=apb.PROVENANCE_DIRECTION_DESCENDANTS)
+            apb.QueryProvenanceRequest(
+                digest=blob_digest(raw), direction=apb.PROVENANCE_DIRECTION_DESCENDANTS
+            )
         )
 
     async def manifests(client: MeshClient) -> list[common_pb2.SignedEnvelope]:
-        return list((await client.artifacts.GetManifest(apb.GetManifestRequest(digest=blob_digest(derived)))).manifests)
+        return list(
+            (
+                await client.artifacts.GetManifest(apb.GetManifestRequest(digest=blob_digest(derived)))
+            ).manifests
+        )
 
     for role in ("worker", "admin"):  # the holder and an operator see the whole graph
         graph = await ancestors(cast[role])
@@ -428,6 +469,12 @@ async def test_manifests_and_provenance_show_only_what_the_caller_may_read(world
     assert await manifests(cast["outsider"]) == []
     # The optional Group filter follows only that Group's manifests.
     only_g = await cast["worker"].artifacts.QueryProvenance(
-        apb.QueryProvenanceRequest(digest=blob_digest(derived), direction=apb.PROVENANCE_DIRECTION_ANCESTORS, group_id=G)
+        apb.QueryProvenanceRequest(
+            digest=blob_digest(derived), direction=apb.PROVENANCE_DIRECTION_ANCESTORS, group_id=G
+        )
     )
-    assert len(only_g.edges) == 1 and only_g.edges[0].manifest_digest.hex == (await cast["worker"].upload(derived, in_g)).manifest_digest.hex
+    assert (
+        len(only_g.edges) == 1
+        and only_g.edges[0].manifest_digest.hex
+        == (await cast["worker"].upload(derived, in_g)).manifest_digest.hex
+    )

@@ -390,7 +390,9 @@ async def test_failed_write_breaks_the_writer(blobstore: BlobStore, monkeypatch:
         def disk_full(self: object, bufs: list[bytes]) -> None:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(missionweave_server.services.artifacts.local._Temp, "write", disk_full)  # buffered and direct I/O alike
+        monkeypatch.setattr(
+            missionweave_server.services.artifacts.local._Temp, "write", disk_full
+        )  # buffered and direct I/O alike
     else:
         assert isinstance(blobstore, S3BlobStore)
 
@@ -517,7 +519,9 @@ def _direct_io_supported(directory: Path) -> bool:
 
 
 @pytest.mark.parametrize("enabled", [True, False])
-async def test_large_local_blobs_bypass_the_page_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, enabled: bool) -> None:
+async def test_large_local_blobs_bypass_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, enabled: bool
+) -> None:
     """From DIRECT_MIN_BYTES the local backend writes and reads with O_DIRECT (D49), through aligned
     buffers, with an unaligned tail; ``direct_io=False`` (MWP_BLOB_DIRECT_IO=false) keeps the cache."""
     if enabled and not _direct_io_supported(tmp_path / "probe"):

@@ -68,7 +68,7 @@ def entry(data: bytes, digest: common_pb2.Digest | None = None, **kw: Any) -> ap
 
 
 def outcome(result: apb.BatchUploadResult | apb.BatchDownloadResult) -> str:
-    """"OK" or the artifact error of a blob's refusal, without its prefix."""
+    """ "OK" or the artifact error of a blob's refusal, without its prefix."""
     if not result.HasField("rejection"):
         return "OK"
     return result.rejection.metadata["artifact_error"].removeprefix("ARTIFACT_ERROR_CODE_")
@@ -79,7 +79,9 @@ async def batch_upload(client: MeshClient, *blobs: apb.BatchUploadBlob) -> list[
 
 
 async def batch_download(client: MeshClient, *digests: common_pb2.Digest) -> list[apb.BatchDownloadResult]:
-    return list((await client.artifacts.BatchDownload(apb.BatchDownloadRequest(digests=list(digests)))).results)
+    return list(
+        (await client.artifacts.BatchDownload(apb.BatchDownloadRequest(digests=list(digests)))).results
+    )
 
 
 async def reservations(w: World) -> int:
@@ -120,7 +122,13 @@ async def test_each_blob_of_an_upload_batch_gets_its_own_outcome(world: World, c
     ]
     results = await batch_upload(worker, *sent)
     assert [outcome(r) for r in results] == [
-        "OK", "DIGEST_MISMATCH", "TOO_LARGE", "MALFORMED_DIGEST", "INCOMPLETE_UPLOAD", "INCOMPLETE_UPLOAD", "QUOTA_EXCEEDED",
+        "OK",
+        "DIGEST_MISMATCH",
+        "TOO_LARGE",
+        "MALFORMED_DIGEST",
+        "INCOMPLETE_UPLOAD",
+        "INCOMPLETE_UPLOAD",
+        "QUOTA_EXCEEDED",
     ]
     assert results[1].rejection.reason == R.REJECTION_REASON_DIGEST_MISMATCH
     assert results[2].rejection.metadata["limit"] == str(MAX_BATCH_BYTES)
@@ -132,26 +140,37 @@ async def test_each_blob_of_an_upload_batch_gets_its_own_outcome(world: World, c
     assert [r.digest for r in results] == [b.digest for b in sent]
     # Exactly what the single Upload answers for the same mistakes.
     single = await refused_with(upload_raw(worker, blob_digest(wrong), os.urandom(4 * KiB)))
-    assert (single.reason, single.metadata["artifact_error"]) == (results[1].rejection.reason, results[1].rejection.metadata["artifact_error"])
+    assert (single.reason, single.metadata["artifact_error"]) == (
+        results[1].rejection.reason,
+        results[1].rejection.metadata["artifact_error"],
+    )
     single = await refused_with(upload_raw(worker, blob_digest(theirs), None))
     assert single == results[5].rejection
     # Only the accepted blob is there, readable by the worker; nothing else was kept.
     admin = cast["admin"]
-    assert await missing(admin, blob_digest(ok), blob_digest(wrong), blob_digest(short), blob_digest(late)) == [
-        blob_digest(wrong).hex, blob_digest(short).hex, blob_digest(late).hex
-    ]
+    assert await missing(
+        admin, blob_digest(ok), blob_digest(wrong), blob_digest(short), blob_digest(late)
+    ) == [blob_digest(wrong).hex, blob_digest(short).hex, blob_digest(late).hex]
     assert await worker.download(blob_digest(ok)) == ok
-    assert await missing(worker, blob_digest(theirs)) == [blob_digest(theirs).hex]  # no holder by digest alone
+    assert await missing(worker, blob_digest(theirs)) == [
+        blob_digest(theirs).hex
+    ]  # no holder by digest alone
     store = store_of(w)
     assert sorted(await visible_blobs(store)) == sorted([blob_digest(theirs).hex, blob_digest(ok).hex])
     assert await leftovers(store) == []
     assert await reservations(w) == 0  # each ended: as the holding it became, or with its refusal
     # What the worker holds now counts: 4 KiB held, so two more 4 KiB blobs fit its 14 KiB, a third not.
     more = [os.urandom(4 * KiB) for _ in range(3)]
-    assert [outcome(r) for r in await batch_upload(worker, *(entry(m) for m in more))] == ["OK", "OK", "QUOTA_EXCEEDED"]
+    assert [outcome(r) for r in await batch_upload(worker, *(entry(m) for m in more))] == [
+        "OK",
+        "OK",
+        "QUOTA_EXCEEDED",
+    ]
 
 
-async def test_a_batch_upload_is_verified_and_recorded_as_single_uploads_are(world: World, cast: Cast) -> None:
+async def test_a_batch_upload_is_verified_and_recorded_as_single_uploads_are(
+    world: World, cast: Cast
+) -> None:
     """A blob someone else stored is taken from a caller only with its bytes, and then the caller
     holds it (already_existed false, as a first upload); a blob the caller may read may come
     without bytes (already_existed true); a manifest is verified and recorded; a digest twice in
@@ -174,11 +193,21 @@ async def test_a_batch_upload_is_verified_and_recorded_as_single_uploads_are(wor
         entry(os.urandom(KiB), manifest=manifest),  # a manifest of other bytes
         entry(described, manifest=forged),
     )
-    assert [outcome(r) for r in results] == ["OK", "OK", "OK", "OK", "OK", "MANIFEST_MISMATCH", "MANIFEST_SIGNATURE_INVALID"]
+    assert [outcome(r) for r in results] == [
+        "OK",
+        "OK",
+        "OK",
+        "OK",
+        "OK",
+        "MANIFEST_MISMATCH",
+        "MANIFEST_SIGNATURE_INVALID",
+    ]
     assert [r.already_existed for r in results[:5]] == [False, True, False, False, True]
     assert results[2].manifest_digest.hex and not results[3].HasField("manifest_digest")
     assert await worker.download(blob_digest(shared)) == shared  # now a holder
-    manifests = await cast["coordinator"].artifacts.GetManifest(apb.GetManifestRequest(digest=blob_digest(described)))
+    manifests = await cast["coordinator"].artifacts.GetManifest(
+        apb.GetManifestRequest(digest=blob_digest(described))
+    )
     assert [m.payload for m in manifests.manifests] == [manifest.payload]  # a member of G sees it
     # A digest nobody stored, sent without bytes, is refused as Upload refuses a header alone.
     absent = blob_digest(os.urandom(KiB))
@@ -196,22 +225,34 @@ async def test_a_batch_over_its_total_is_refused_whole_and_structured(world: Wor
         await batch_upload(worker, *(entry(b) for b in blobs))
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     rejection = await refused_with(batch_upload(worker, *(entry(b) for b in blobs)))
-    assert (R.Name(rejection.reason), rejection.metadata["artifact_error"], rejection.metadata["field"], rejection.metadata["limit"]) == (
-        "REJECTION_REASON_TOO_LARGE", "ARTIFACT_ERROR_CODE_TOO_LARGE", "blobs", str(MAX_BATCH_BYTES)
-    )
-    assert await missing(cast["admin"], *(blob_digest(b) for b in blobs)) == [blob_digest(b).hex for b in blobs]
+    assert (
+        R.Name(rejection.reason),
+        rejection.metadata["artifact_error"],
+        rejection.metadata["field"],
+        rejection.metadata["limit"],
+    ) == ("REJECTION_REASON_TOO_LARGE", "ARTIFACT_ERROR_CODE_TOO_LARGE", "blobs", str(MAX_BATCH_BYTES))
+    assert await missing(cast["admin"], *(blob_digest(b) for b in blobs)) == [
+        blob_digest(b).hex for b in blobs
+    ]
     assert await visible_blobs(store_of(w)) == [] and await leftovers(store_of(w)) == []
     # Within the limit the same blobs go in two batches (the SDK cuts them so).
     assert all(isinstance(r, apb.UploadResponse) for r in await worker.upload_many(blobs))
     rejection = await refused_with(batch_download(worker, *(blob_digest(b) for b in blobs)))
-    assert (rejection.metadata["artifact_error"], rejection.metadata["field"]) == ("ARTIFACT_ERROR_CODE_TOO_LARGE", "digests")
+    assert (rejection.metadata["artifact_error"], rejection.metadata["field"]) == (
+        "ARTIFACT_ERROR_CODE_TOO_LARGE",
+        "digests",
+    )
     many = [blob_digest(b"")] * 10_001
     rejection = await refused_with(batch_download(worker, *many))
     assert rejection.metadata["artifact_error"] == "ARTIFACT_ERROR_CODE_TOO_LARGE"
-    assert [len(d) for d in await worker.download_many([blob_digest(b) for b in blobs])] == [len(b) for b in blobs]
+    assert [len(d) for d in await worker.download_many([blob_digest(b) for b in blobs])] == [
+        len(b) for b in blobs
+    ]
 
 
-async def test_a_blob_the_store_cannot_keep_leaves_nothing(world: World, cast: Cast, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+async def test_a_blob_the_store_cannot_keep_leaves_nothing(
+    world: World, cast: Cast, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
     """A full disk while one blob of the batch is written: that blob is refused STORAGE_FULL with
     nothing of it left, the others are stored, and a retry succeeds."""
     if backend != "local":
@@ -236,7 +277,9 @@ async def test_a_blob_the_store_cannot_keep_leaves_nothing(world: World, cast: C
     assert [outcome(r) for r in await batch_upload(cast["worker"], entry(unlucky))] == ["OK"]
 
 
-async def test_nothing_is_acknowledged_before_it_is_durable(world: World, cast: Cast, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+async def test_nothing_is_acknowledged_before_it_is_durable(
+    world: World, cast: Cast, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
     """Local disk: every stored blob's temp file is synced before it is renamed, and its directory
     (and the parent of a fan-out directory the batch created) is fsynced before the answer."""
     if backend != "local":
@@ -265,7 +308,9 @@ async def test_nothing_is_acknowledged_before_it_is_durable(world: World, cast: 
     assert all(outcome(r) == "OK" for r in results)
     store = store_of(w)
     assert isinstance(store, LocalBlobStore)
-    renames = {dst: i for i, (kind, what) in enumerate(events) if kind == "rename" for _src, dst in [what.split(">")]}
+    renames = {
+        dst: i for i, (kind, what) in enumerate(events) if kind == "rename" for _src, dst in [what.split(">")]
+    }
     synced = {what: i for i, (kind, what) in enumerate(events) if kind == "sync"}
     dirs = {what: i for i, (kind, what) in enumerate(events) if kind == "dir"}
     for data in blobs:
@@ -295,19 +340,44 @@ async def test_each_blob_of_a_download_batch_gets_its_own_outcome(world: World, 
     big.size_bytes = MAX_BATCH_BYTES + 1
     malformed = common_pb2.Digest(algorithm="blake3", hex="../etc/passwd", size_bytes=4)
     results = await batch_download(
-        worker, blob_digest(ok), absent, blob_digest(theirs), blob_digest(rotten), big, malformed, blob_digest(b"")
+        worker,
+        blob_digest(ok),
+        absent,
+        blob_digest(theirs),
+        blob_digest(rotten),
+        big,
+        malformed,
+        blob_digest(b""),
     )
-    assert [outcome(r) for r in results] == ["OK", "NOT_FOUND", "NOT_FOUND", "CORRUPTED", "TOO_LARGE", "MALFORMED_DIGEST", "OK"]
+    assert [outcome(r) for r in results] == [
+        "OK",
+        "NOT_FOUND",
+        "NOT_FOUND",
+        "CORRUPTED",
+        "TOO_LARGE",
+        "MALFORMED_DIGEST",
+        "OK",
+    ]
     assert results[0].data == ok and results[6].data == b"" and results[3].data == b""
     assert results[3].rejection.reason == R.REJECTION_REASON_DATA_CORRUPTED
     # Not readable is not found, to the letter; and what Download answers.
     assert as_missing(results[2].rejection, blob_digest(theirs)) == as_missing(results[1].rejection, absent)
     for digest, result in ((blob_digest(theirs), results[2]), (absent, results[1])):
         assert await refused_with(worker.download(digest)) == result.rejection
-    assert [r.digest for r in results[:4]] == [blob_digest(ok), absent, blob_digest(theirs), blob_digest(rotten)]
+    assert [r.digest for r in results[:4]] == [
+        blob_digest(ok),
+        absent,
+        blob_digest(theirs),
+        blob_digest(rotten),
+    ]
     # The owner reads its own; an operator reads all; the Stat shows the batch verified the blob.
-    assert [outcome(r) for r in await batch_download(outsider, blob_digest(theirs), blob_digest(ok))] == ["OK", "NOT_FOUND"]
-    assert [outcome(r) for r in await batch_download(cast["admin"], blob_digest(theirs), blob_digest(ok))] == ["OK", "OK"]
+    assert [outcome(r) for r in await batch_download(outsider, blob_digest(theirs), blob_digest(ok))] == [
+        "OK",
+        "NOT_FOUND",
+    ]
+    assert [
+        outcome(r) for r in await batch_download(cast["admin"], blob_digest(theirs), blob_digest(ok))
+    ] == ["OK", "OK"]
 
 
 async def test_anonymous_callers_are_refused_and_learn_nothing(world: World, cast: Cast) -> None:
@@ -345,5 +415,8 @@ async def test_upload_many_and_download_many_mix_batches_and_streams(world: Worl
     got = await worker.download_many([*(blob_digest(b) for b in blobs), absent])
     assert got[:-1] == blobs
     refused = got[-1]
-    assert isinstance(refused, Rejected) and refused.metadata["artifact_error"] == "ARTIFACT_ERROR_CODE_NOT_FOUND"
+    assert (
+        isinstance(refused, Rejected)
+        and refused.metadata["artifact_error"] == "ARTIFACT_ERROR_CODE_NOT_FOUND"
+    )
     assert EMPTY_BLAKE3 == blob_digest(b"").hex

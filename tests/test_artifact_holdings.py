@@ -20,7 +20,9 @@ QUOTA = 1_000
 async def _sums(index: ArtifactIndex) -> tuple[dict[str, int], dict[str, int]]:
     """(holdings rows, sums of the holders) per identity."""
     async with index.engine.connect() as conn:
-        kept = {i: int(n) for i, n in await conn.execute(select(holdings.c.identity_id, holdings.c.held_bytes))}
+        kept = {
+            i: int(n) for i, n in await conn.execute(select(holdings.c.identity_id, holdings.c.held_bytes))
+        }
         summed = {
             i: int(n)
             for i, n in await conn.execute(
@@ -41,7 +43,9 @@ async def index(db_url: str) -> ArtifactIndex:
 
 
 async def test_holdings_grow_by_the_holders_an_identity_did_not_have(index: ArtifactIndex) -> None:
-    await index.record_stored([("a" * 64, 100), ("b" * 64, 200)], [("a" * 64, 100), ("b" * 64, 200)], "alice", 1)
+    await index.record_stored(
+        [("a" * 64, 100), ("b" * 64, 200)], [("a" * 64, 100), ("b" * 64, 200)], "alice", 1
+    )
     # The same bytes again (a repeated upload), one of them in a batch with a new blob.
     await index.record_stored([], [("a" * 64, 100)], "alice", 2)
     await index.record_stored([("c" * 64, 50)], [("b" * 64, 200), ("c" * 64, 50)], "alice", 3)
@@ -74,7 +78,10 @@ async def test_one_holder_recorded_at_once_by_many_uploads_counts_once(db_url: s
     replicas = [ArtifactIndex(e) for e in engines]
     try:
         await asyncio.gather(
-            *(replicas[k % 2].record_stored([("a" * 64, 10)], [("a" * 64, 10)], "alice", k) for k in range(12))
+            *(
+                replicas[k % 2].record_stored([("a" * 64, 10)], [("a" * 64, 10)], "alice", k)
+                for k in range(12)
+            )
         )
         kept, summed = await _sums(replicas[0])
         assert kept == summed == {"alice": 10}
@@ -89,7 +96,9 @@ async def test_a_store_made_before_holdings_is_filled_from_its_holders(db_url: s
     index = ArtifactIndex(engine)
     try:
         await create_schema(engine)
-        await index.record_stored([("a" * 64, 100), ("b" * 64, 5)], [("a" * 64, 100), ("b" * 64, 5)], "alice", 1)
+        await index.record_stored(
+            [("a" * 64, 100), ("b" * 64, 5)], [("a" * 64, 100), ("b" * 64, 5)], "alice", 1
+        )
         await index.record_stored([], [("a" * 64, 100)], "bob", 1)
         async with engine.begin() as conn:  # as a store of a release before 0.1.0 has it: unversioned
             await conn.execute(text("DROP TABLE holdings"))
@@ -100,7 +109,10 @@ async def test_a_store_made_before_holdings_is_filled_from_its_holders(db_url: s
         [(before, steps)] = await schema_versions.upgrade(
             engine, [LINE], offline_ok=True, secrets={"mesh_token": b"t" * 64}
         )
-        assert before.state is State.UNVERSIONED and [s.revision for s in steps] == ["artifacts_0001", "artifacts_0002"]
+        assert before.state is State.UNVERSIONED and [s.revision for s in steps] == [
+            "artifacts_0001",
+            "artifacts_0002",
+        ]
         kept, summed = await _sums(index)
         assert kept == summed == {"alice": 105, "bob": 100}
         [(before, steps)] = await schema_versions.upgrade(engine, [LINE])  # and only when the table is new

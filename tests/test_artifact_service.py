@@ -178,9 +178,10 @@ async def test_manifests_are_signed_by_the_producer_and_form_the_provenance_grap
             digest=blob_digest(raw), direction=apb.PROVENANCE_DIRECTION_DESCENDANTS, max_depth=4
         )
     )
-    assert [n.digest.hex for n in down.nodes] == [blob_digest(raw).hex, blob_digest(derived).hex] and down.nodes[
-        1
-    ].producer_agent_id == "worker-bot"
+    assert [n.digest.hex for n in down.nodes] == [
+        blob_digest(raw).hex,
+        blob_digest(derived).hex,
+    ] and down.nodes[1].producer_agent_id == "worker-bot"
     # A manifest naming one producer but signed by another is refused, and the blob is not stored.
     forged = manifest_for(w, w.coordinator, b"forged", work_item_id="wi-1")
     forged.signatures[0].key_id = session_key_id("worker-bot", w.worker.session_epoch)

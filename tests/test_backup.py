@@ -58,7 +58,9 @@ def base_env(data_dir: Path, database_url: str = "", **extra: str) -> dict[str, 
         for k, v in os.environ.items()
         if not (k.startswith("MWP_") and k not in ("MWP_CONTEXT_DIR",)) and not k.startswith("AWS_")
     }
-    env.update(PYTHONPATH=str(ROOT), MWP_DATA_DIR=str(data_dir), MWP_METRICS_LISTEN="", MWP_LOG_LEVEL="warning")
+    env.update(
+        PYTHONPATH=str(ROOT), MWP_DATA_DIR=str(data_dir), MWP_METRICS_LISTEN="", MWP_LOG_LEVEL="warning"
+    )
     if database_url:
         env["MWP_DATABASE_URL"] = database_url
     env.update(extra)
@@ -67,18 +69,31 @@ def base_env(data_dir: Path, database_url: str = "", **extra: str) -> dict[str, 
 
 def mwp(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "missionweave.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "missionweave.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     if check and result.returncode != 0:
-        raise AssertionError(f"mwp {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        raise AssertionError(
+            f"mwp {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        )
     return result
 
 
 async def amwp(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
     """``mwp`` without blocking this event loop (the writer goes on meanwhile)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", *args, cwd=ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "missionweave.cli",
+        *args,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(), 120)
     return int(process.returncode or 0), out.decode(), err.decode()
@@ -125,7 +140,10 @@ def spawn_serve(target: str, env: dict[str, str], log: Path) -> subprocess.Popen
     with log.open("ab") as sink:
         return subprocess.Popen(
             [sys.executable, "-m", "missionweave.cli", "serve", "--listen", target],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=sink,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
         )
 
 
@@ -244,7 +262,9 @@ async def in_process(data_dir: Path, keys: Path) -> AsyncIterator[Org]:
 
 
 async def post(org: Org, text_: str) -> str:
-    command = org.alice.command(GROUP, "message_post", builders.message(org.conversation, text_), membership_epoch=1)
+    command = org.alice.command(
+        GROUP, "message_post", builders.message(org.conversation, text_), membership_epoch=1
+    )
     return (await org.client.execute(org.alice.sign(command))).command_id
 
 
@@ -302,8 +322,19 @@ async def test_a_backup_taken_under_load_restores_everything_acknowledged_before
     content = os.urandom(2 * 1024 * 1024 + 12_345)  # several chunks
     (tmp_path / "report.bin").write_bytes(content)
     put = json.loads(
-        mwp("--target", served.target, "artifact", "put", str(tmp_path / "report.bin"),
-            "--as", "coord", "--key", str(org.coord_key), "--json", env=env).stdout
+        mwp(
+            "--target",
+            served.target,
+            "artifact",
+            "put",
+            str(tmp_path / "report.bin"),
+            "--as",
+            "coord",
+            "--key",
+            str(org.coord_key),
+            "--json",
+            env=env,
+        ).stdout
     )
     writer = Writer(org, [], [], asyncio.Event())
     writer.task = asyncio.create_task(writer.run())
@@ -328,8 +359,14 @@ async def test_a_backup_taken_under_load_restores_everything_acknowledged_before
     manifest = json.loads((tmp_path / "backup" / "manifest.json").read_text())
     assert taken["digest"] == f"blake3:{manifest['digest']}"
     assert stat.S_IMODE((tmp_path / "backup").stat().st_mode) == 0o700
-    assert {f["path"] for f in manifest["files"] if f["kind"] == "key"} >= {"keys/authority.key", "keys/admin.key", "keys/mesh.token"}
-    assert [b for b in manifest["blobs"] if b["digest"] == put["blake3"]] == [{"digest": put["blake3"], "size": len(content), "how": "copied"}]
+    assert {f["path"] for f in manifest["files"] if f["kind"] == "key"} >= {
+        "keys/authority.key",
+        "keys/admin.key",
+        "keys/mesh.token",
+    }
+    assert [b for b in manifest["blobs"] if b["digest"] == put["blake3"]] == [
+        {"digest": put["blake3"], "size": len(content), "how": "copied"}
+    ]
     head = next(g for g in manifest["groups"] if g["group_id"] == GROUP)
 
     # Not over the store it came from: the data directory (SQLite), the database (PostgreSQL) is not empty.
@@ -355,18 +392,58 @@ async def test_a_backup_taken_under_load_restores_everything_acknowledged_before
         events = await group_events(client)
         # The restored log is the original one up to the backup's instant: a prefix, nothing else.
         assert len(events) == head["head_seq"] and events == original[: len(events)]
-        assert before <= {command for _, _, command in events}, "a command acknowledged before the backup is missing"
+        assert before <= {command for _, _, command in events}, (
+            "a command acknowledged before the backup is missing"
+        )
         got = tmp_path / "got.bin"
-        mwp("--target", served.target, "artifact", "get", f"blake3:{put['blake3']}:{len(content)}", "-o", str(got),
-            "--as", "coord", "--key", str(org.coord_key), env=env)
+        mwp(
+            "--target",
+            served.target,
+            "artifact",
+            "get",
+            f"blake3:{put['blake3']}:{len(content)}",
+            "-o",
+            str(got),
+            "--as",
+            "coord",
+            "--key",
+            str(org.coord_key),
+            env=env,
+        )
         assert got.read_bytes() == content
         # The restored mesh accepts new work, after the restored head.
-        mwp("--target", served.target, "message", "post", "--as", "alice", "--key", str(org.alice_key),
-            "--group", GROUP, "--text", "after the restore", env=env)
-        last = [json.loads(line) for line in mwp(
-            "--target", served.target, "events", "--group", GROUP, "--after", str(len(events)),
-            "--as", "alice", "--key", str(org.alice_key), env=env,
-        ).stdout.splitlines()]
+        mwp(
+            "--target",
+            served.target,
+            "message",
+            "post",
+            "--as",
+            "alice",
+            "--key",
+            str(org.alice_key),
+            "--group",
+            GROUP,
+            "--text",
+            "after the restore",
+            env=env,
+        )
+        last = [
+            json.loads(line)
+            for line in mwp(
+                "--target",
+                served.target,
+                "events",
+                "--group",
+                GROUP,
+                "--after",
+                str(len(events)),
+                "--as",
+                "alice",
+                "--key",
+                str(org.alice_key),
+                env=env,
+            ).stdout.splitlines()
+        ]
         assert [(e["seq"], e["type"]) for e in last] == [(len(events) + 1, "message.posted")]
         assert "CLEAN" in mwp("verify", env=env).stdout  # the new event continues the restored chain
     finally:
@@ -374,7 +451,9 @@ async def test_a_backup_taken_under_load_restores_everything_acknowledged_before
     stop(served)
 
 
-async def test_a_stopped_mesh_backs_up_and_a_damaged_backup_or_an_occupied_target_is_refused(tmp_path: Path) -> None:
+async def test_a_stopped_mesh_backs_up_and_a_damaged_backup_or_an_occupied_target_is_refused(
+    tmp_path: Path,
+) -> None:
     """Every byte of the backup is checked before anything is written: a flipped byte in the database
     copy, in a blob or in manifest.json is refused (exit 1) and the target stays as it was; so is a
     target that is not empty. The intact backup restores."""
@@ -433,7 +512,14 @@ async def test_a_stopped_mesh_backs_up_and_a_damaged_backup_or_an_occupied_targe
     assert [p.name for p in target.iterdir()] == ["notes.txt"]
     # Usage errors: a SQLite backup into PostgreSQL; references to blobs on local disk.
     (target / "notes.txt").unlink()
-    wrong = mwp("restore", str(backup), "--database-url", "postgresql://nobody@127.0.0.1:1/none", env=renv, check=False)
+    wrong = mwp(
+        "restore",
+        str(backup),
+        "--database-url",
+        "postgresql://nobody@127.0.0.1:1/none",
+        env=renv,
+        check=False,
+    )
     assert wrong.returncode == 2 and "SQLite" in wrong.stderr and list(target.iterdir()) == []
     assert mwp("backup", str(tmp_path / "ref"), "--blobs", "reference", env=env, check=False).returncode == 2
     assert not (tmp_path / "ref").exists()
@@ -456,9 +542,19 @@ async def test_a_blob_gone_from_the_store_fails_the_backup_and_keeps_nothing(tmp
     (store.data_dir / "blobs" / digest[:2] / digest[2:4] / digest).unlink()
     failed = mwp("backup", str(tmp_path / "backup"), env=env, check=False)
     assert failed.returncode == 1
-    assert f"blob {digest} ({len(content)} bytes) is named by the database snapshot but is not in the blob store" in failed.stderr
+    assert (
+        f"blob {digest} ({len(content)} bytes) is named by the database snapshot but is not in the blob store"
+        in failed.stderr
+    )
     assert not (tmp_path / "backup").exists()
-    no_key = mwp("backup", str(tmp_path / "backup"), "--authority-key", str(tmp_path / "absent.key"), env=env, check=False)
+    no_key = mwp(
+        "backup",
+        str(tmp_path / "backup"),
+        "--authority-key",
+        str(tmp_path / "absent.key"),
+        env=env,
+        check=False,
+    )
     assert no_key.returncode == 1 and "--no-keys" in no_key.stderr
 
 
@@ -474,8 +570,11 @@ def s3_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     bucket = f"mwp-backup-{uuid.uuid4().hex[:12]}"
     # moto accepts any credentials; a developer's real ones must never reach a test server.
     env = {
-        "MWP_S3_BUCKET": bucket, "MWP_S3_ENDPOINT": S3_ENDPOINT, "MWP_S3_CREATE_BUCKET": "true",
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+        "MWP_S3_BUCKET": bucket,
+        "MWP_S3_ENDPOINT": S3_ENDPOINT,
+        "MWP_S3_CREATE_BUCKET": "true",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
     }
     for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE"):
@@ -501,13 +600,23 @@ async def test_blobs_in_s3_are_copied_or_referenced(tmp_path: Path, s3_env: dict
     mwp("restore", str(tmp_path / "copy"), env=base_env(local))  # no bucket: onto local disk
     assert (local / "blobs" / digest[:2] / digest[2:4] / digest).read_bytes() == content
 
-    referenced = json.loads(mwp("backup", str(tmp_path / "ref"), "--blobs", "reference", "--json", env=env).stdout)
+    referenced = json.loads(
+        mwp("backup", str(tmp_path / "ref"), "--blobs", "reference", "--json", env=env).stdout
+    )
     assert referenced["blobs"] == {"copied": 0, "referenced": 1, "bytes": len(content)}
     assert not (tmp_path / "ref" / "blobs").exists()
     usage = mwp("restore", str(tmp_path / "ref"), env=base_env(tmp_path / "nowhere"), check=False)
     assert usage.returncode == 2 and "MWP_S3_BUCKET" in usage.stderr
     other = {**s3_env, "MWP_S3_BUCKET": f"{s3_env['MWP_S3_BUCKET']}-empty"}
-    missing = mwp("restore", str(tmp_path / "ref"), env=base_env(tmp_path / "elsewhere", **other), check=False)
-    assert missing.returncode == 1 and f"blob {digest}" in missing.stderr and not (tmp_path / "elsewhere").exists()
-    same = json.loads(mwp("restore", str(tmp_path / "ref"), "--json", env=base_env(tmp_path / "same", **s3_env)).stdout)
+    missing = mwp(
+        "restore", str(tmp_path / "ref"), env=base_env(tmp_path / "elsewhere", **other), check=False
+    )
+    assert (
+        missing.returncode == 1
+        and f"blob {digest}" in missing.stderr
+        and not (tmp_path / "elsewhere").exists()
+    )
+    same = json.loads(
+        mwp("restore", str(tmp_path / "ref"), "--json", env=base_env(tmp_path / "same", **s3_env)).stdout
+    )
     assert same["ok"] and same["restored"]["blobs_present"] == 1

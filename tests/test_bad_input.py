@@ -214,17 +214,20 @@ class Answer:
     responses: list[bytes]
 
 
-
 def proven_channel(w: World, options: list[tuple[str, int]] | None = None) -> Any:
     """A channel whose calls prove a caller (the owner's call proofs and the mesh token), so that
     garbage reaches every RPC's parsing instead of stopping at authentication (which refuses an
     unproven caller before reading a stream: tests/test_read_authorization.py)."""
     token = w.settings.mesh_token_path.read_bytes().strip()
-    channel = open_channel(w.target, options=options or (), interceptors=CallProofs(w.target, w.owner).interceptors)
+    channel = open_channel(
+        w.target, options=options or (), interceptors=CallProofs(w.target, w.owner).interceptors
+    )
     return MeshServiceChannel(channel, token)
 
 
-async def call(channel: grpc.aio.Channel, method: MethodDescriptor, requests: list[bytes], *, follow_s: float = 0.5) -> Answer:
+async def call(
+    channel: grpc.aio.Channel, method: MethodDescriptor, requests: list[bytes], *, follow_s: float = 0.5
+) -> Answer:
     """One call with raw request bytes; a server stream is read until it ends (or ``follow_s`` for
     streams that follow forever, answered DEADLINE_EXCEEDED)."""
     path = f"/{method.containing_service.full_name}/{method.name}"
@@ -263,7 +266,11 @@ def structured(method: MethodDescriptor, answer: Answer, unimplemented: bool) ->
         return f"{answer.code.name}: {answer.details}"
     if answer.code == grpc.StatusCode.UNIMPLEMENTED and unimplemented:
         return None  # the RPC is not implemented yet (documented: SchedulingService)
-    if answer.code == grpc.StatusCode.DEADLINE_EXCEEDED and method.server_streaming and not method.client_streaming:
+    if (
+        answer.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        and method.server_streaming
+        and not method.client_streaming
+    ):
         return None  # a follow stream that was still following
     if answer.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in answer.details:
         return None  # gRPC's own transport limit (4 MiB), documented in docs/errors.md
@@ -295,7 +302,9 @@ async def row_counts(w: World) -> dict[str, int]:
         )
         for schema in schemas:
             for table in schema.METADATA.sorted_tables:
-                counts[table.name] = (await conn.execute(select(func.count()).select_from(table))).scalar_one()
+                counts[table.name] = (
+                    await conn.execute(select(func.count()).select_from(table))
+                ).scalar_one()
     return counts
 
 
@@ -350,7 +359,10 @@ def assert_no_tracebacks(tracebacks: Tracebacks) -> None:
 def test_every_service_is_enumerated() -> None:
     names = {s.full_name for s in all_services()}
     assert {"missionweave.v1.AuthorityService", "missionweave.v1.GatewayService"} <= names
-    assert {"missionweave.internal.v1.GroupLogService", "missionweave.internal.v1.IdentityDirectoryService"} <= names
+    assert {
+        "missionweave.internal.v1.GroupLogService",
+        "missionweave.internal.v1.IdentityDirectoryService",
+    } <= names
     assert len(METHODS) >= 30
 
 
@@ -369,7 +381,12 @@ async def test_garbage_into_every_rpc_is_refused_structured(world: World, traceb
                 problem = structured(method, answer, method.full_name in unimplemented)
                 if problem is None and not parses(method, raw) and not malformed(answer):
                     problem = f"does not parse, answered {answer.code.name} {answer.rejection}"
-                if problem is None and method.client_streaming and not parses(method, raw) and answer.code == grpc.StatusCode.OK:
+                if (
+                    problem is None
+                    and method.client_streaming
+                    and not parses(method, raw)
+                    and answer.code == grpc.StatusCode.OK
+                ):
                     problem = "stream did not end with an error"
                 if problem:
                     failures.append(f"{method.full_name} <- {name}: {problem}")
@@ -403,14 +420,25 @@ async def test_oversized_and_many_signatures_are_refused(world: World, traceback
         unimplemented = await unimplemented_methods(channel)
         failures = []
         for method in METHODS:
-            cases = [("oversized", b"\x0a" + _varint(MAX_MESSAGE_BYTES + 10) + b"x" * (MAX_MESSAGE_BYTES + 10))]
+            cases = [
+                ("oversized", b"\x0a" + _varint(MAX_MESSAGE_BYTES + 10) + b"x" * (MAX_MESSAGE_BYTES + 10))
+            ]
             for path in envelope_paths(method.input_type):
-                cases.append((f"{SIGNATURES} signatures at {'.'.join(f.name for f in path)}",
-                              with_envelope(method.input_type, path, crowded).SerializeToString()))
+                cases.append(
+                    (
+                        f"{SIGNATURES} signatures at {'.'.join(f.name for f in path)}",
+                        with_envelope(method.input_type, path, crowded).SerializeToString(),
+                    )
+                )
             for name, raw in cases:
                 answer = await call(channel, method, [raw])
                 problem = structured(method, answer, method.full_name in unimplemented)
-                if problem is None and name != "oversized" and answer.code == grpc.StatusCode.OK and not method.server_streaming:
+                if (
+                    problem is None
+                    and name != "oversized"
+                    and answer.code == grpc.StatusCode.OK
+                    and not method.server_streaming
+                ):
                     problem = _accepted_envelope(method, answer)
                 if problem:
                     failures.append(f"{method.full_name} <- {name}: {problem}")
@@ -454,12 +482,17 @@ async def test_the_command_limit_covers_the_whole_envelope_and_signatures_are_bo
     assert await row_counts(w) == before
     # Organization requests too (Membership).
     envelope = register_identity_envelope(
-        "admin", w.keys["admin"], membership_pb2.Identity(identity_id="crowd-bot", kind=common_pb2.IDENTITY_KIND_AGENT,
-                                                          public_key=b"\x01" * 32)
+        "admin",
+        w.keys["admin"],
+        membership_pb2.Identity(
+            identity_id="crowd-bot", kind=common_pb2.IDENTITY_KIND_AGENT, public_key=b"\x01" * 32
+        ),
     )
     stub = membership_service_pb2_grpc.MembershipServiceStub(w.client.channel)
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await stub.RegisterIdentity(membership_service_pb2.RegisterIdentityRequest(command=crowd(envelope, SIGNATURES)))
+        await stub.RegisterIdentity(
+            membership_service_pb2.RegisterIdentityRequest(command=crowd(envelope, SIGNATURES))
+        )
     rejection = rejection_from_rpc_error(info.value)
     assert rejection is not None and rejection.reason == R.REJECTION_REASON_MALFORMED
     assert await row_counts(w) == before
@@ -499,7 +532,9 @@ async def test_signed_command_with_deep_json_is_malformed(world: World, tracebac
     assert_no_tracebacks(tracebacks)
 
 
-async def test_every_stream_ends_with_an_error_after_a_malformed_message(world: World, tracebacks: Tracebacks) -> None:
+async def test_every_stream_ends_with_an_error_after_a_malformed_message(
+    world: World, tracebacks: Tracebacks
+) -> None:
     """A well-formed first message (where one exists), then garbage: the stream answers an error and
     ends, for every client-streaming RPC."""
     w = world
@@ -534,7 +569,9 @@ async def test_gateway_frames_that_do_not_parse_end_the_stream(world: World) -> 
     w = world
     channel = grpc.aio.insecure_channel(w.target)
     try:
-        connect = channel.stream_stream("/missionweave.v1.GatewayService/Connect", request_serializer=None, response_deserializer=None)
+        connect = channel.stream_stream(
+            "/missionweave.v1.GatewayService/Connect", request_serializer=None, response_deserializer=None
+        )
         good = gpb.ConnectRequest(frame=gpb.ClientFrame(hello=hello(w, w.owner))).SerializeToString()
 
         async def frames() -> Any:
@@ -553,12 +590,19 @@ async def test_gateway_frames_that_do_not_parse_end_the_stream(world: World) -> 
         await channel.close()
 
 
-async def test_garbage_through_the_front_door_is_refused_by_the_peer(split: Any, tracebacks: Tracebacks) -> None:  # noqa: F811
+async def test_garbage_through_the_front_door_is_refused_by_the_peer(
+    split: Any,  # noqa: F811 (the fixture imported above)
+    tracebacks: Tracebacks,
+) -> None:
     """A gateway-only mesh forwards the bytes of the public services it does not serve to their peer
     (here an Authority and Membership in another process): the peer's MALFORMED answer comes back
     unchanged, streams end with it, and internal contracts are not reachable at all."""
     w = split.world
-    routed = {"missionweave.v1.AuthorityService", "missionweave.v1.MembershipService", "missionweave.v1.GatewayService"}
+    routed = {
+        "missionweave.v1.AuthorityService",
+        "missionweave.v1.MembershipService",
+        "missionweave.v1.GatewayService",
+    }
     channel = proven_channel(w)
     try:
         failures = []

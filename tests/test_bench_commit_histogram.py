@@ -19,7 +19,10 @@ delivery = importlib.import_module("delivery")
 def _exposition(latencies: list[float]) -> str:
     registry = CollectorRegistry()
     histogram = Histogram(
-        "mwp_group_commit_latency_seconds", "as missionweave_server.observability.metrics", buckets=metrics.LATENCY_BUCKETS, registry=registry
+        "mwp_group_commit_latency_seconds",
+        "as missionweave_server.observability.metrics",
+        buckets=metrics.LATENCY_BUCKETS,
+        registry=registry,
     )
     for seconds in latencies:
         histogram.observe(seconds)
@@ -44,7 +47,9 @@ def test_a_phase_without_commits_and_one_with_only_fast_ones() -> None:
 def test_every_phase_line_splits_off_the_append_leg_when_it_was_measured() -> None:
     """Each phase's line gives publish -> answered (the append durable) beside append -> delivery,
     so a reader sees which leg a latency is in; a phase with no answer recorded says nothing of it."""
-    phase = delivery.Phase("throughput", events=2, latencies={"all": [0.090, 0.096], "answered": [0.080, 0.088]})
+    phase = delivery.Phase(
+        "throughput", events=2, latencies={"all": [0.090, 0.096], "answered": [0.080, 0.088]}
+    )
     assert "all p50 96.0 ms" in phase.line()
     assert "publish answered p50 88.0 ms, p99 88.0 ms" in phase.line()
     assert "publish answered" not in delivery.Phase("throughput", events=2, latencies={"all": [0.01]}).line()

@@ -50,20 +50,48 @@ def key_file(path: Path) -> Path:
     return path
 
 
-def test_add_ls_show_select_rm_round_trip(ctx_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_add_ls_show_select_rm_round_trip(
+    ctx_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     key = key_file(tmp_path / "alice.key")
     added = mwp(
-        capsys, "context", "add", "prod", "--target", "mesh.example.com:50051", "--as", "alice", "--key", str(key),
-        "--tls", "--tls-server-name", "mesh.internal", "--timeout", "4", "--description", "the production mesh", "--json",
+        capsys,
+        "context",
+        "add",
+        "prod",
+        "--target",
+        "mesh.example.com:50051",
+        "--as",
+        "alice",
+        "--key",
+        str(key),
+        "--tls",
+        "--tls-server-name",
+        "mesh.internal",
+        "--timeout",
+        "4",
+        "--description",
+        "the production mesh",
+        "--json",
     ).json()
     assert added == {
-        "name": "prod", "file": str(ctx_dir / "prod.json"), "selected": False, "description": "the production mesh",
-        "target": "mesh.example.com:50051", "identity": "alice", "key": str(key), "tls": True,
-        "tls_server_name": "mesh.internal", "timeout": 4.0,
+        "name": "prod",
+        "file": str(ctx_dir / "prod.json"),
+        "selected": False,
+        "description": "the production mesh",
+        "target": "mesh.example.com:50051",
+        "identity": "alice",
+        "key": str(key),
+        "tls": True,
+        "tls_server_name": "mesh.internal",
+        "timeout": 4.0,
     }
     # The global flags before `context` are saved too.
-    assert mwp(capsys, "--target", "127.0.0.1:50071", "context", "add", "local", "--select").stdout.splitlines() == [
-        f"saved context local ({ctx_dir / 'local.json'})", "selected context local",
+    assert mwp(
+        capsys, "--target", "127.0.0.1:50071", "context", "add", "local", "--select"
+    ).stdout.splitlines() == [
+        f"saved context local ({ctx_dir / 'local.json'})",
+        "selected context local",
     ]
     mwp(capsys, "context", "add", "local", "--target", "elsewhere:1", expect=1)  # no silent overwrite
     assert json.loads((ctx_dir / "local.json").read_text())["target"] == "127.0.0.1:50071"
@@ -150,10 +178,16 @@ def test_a_flag_beats_the_environment_which_beats_the_context(
     assert mwp(capsys, "health", expect=3).stderr.startswith(f"mwp: cannot reach {CLOSED}: ")
     monkeypatch.setenv("MWP_CONTEXT", "other")  # $MWP_CONTEXT beats the selected one
     assert mwp(capsys, "health", expect=3).stderr.startswith("mwp: cannot reach 127.0.0.1:2: ")
-    assert mwp(capsys, "--context", "third", "health", expect=3).stderr.startswith("mwp: cannot reach 127.0.0.1:3: ")
+    assert mwp(capsys, "--context", "third", "health", expect=3).stderr.startswith(
+        "mwp: cannot reach 127.0.0.1:3: "
+    )
     monkeypatch.setenv("MWP_TARGET", "127.0.0.1:4")  # the environment beats any context
-    assert mwp(capsys, "--context", "third", "health", expect=3).stderr.startswith("mwp: cannot reach 127.0.0.1:4: ")
-    assert mwp(capsys, "--target", "127.0.0.1:5", "health", expect=3).stderr.startswith("mwp: cannot reach 127.0.0.1:5: ")
+    assert mwp(capsys, "--context", "third", "health", expect=3).stderr.startswith(
+        "mwp: cannot reach 127.0.0.1:4: "
+    )
+    assert mwp(capsys, "--target", "127.0.0.1:5", "health", expect=3).stderr.startswith(
+        "mwp: cannot reach 127.0.0.1:5: "
+    )
 
     monkeypatch.delenv("MWP_CONTEXT")
     monkeypatch.setenv("MWP_TIMEOUT", "7")
@@ -173,7 +207,9 @@ def test_a_flag_beats_the_environment_which_beats_the_context(
 
     # The TLS options the same way, down to the ClientTLS a command dials with.
     ca, env_ca, flag_ca = (key_file(tmp_path / name) for name in ("ctx.pem", "env.pem", "flag.pem"))
-    mwp(capsys, "context", "add", "tls", "--tls-ca", str(ca), "--tls-server-name", "mesh.internal", "--select")
+    mwp(
+        capsys, "context", "add", "tls", "--tls-ca", str(ca), "--tls-server-name", "mesh.internal", "--select"
+    )
 
     def dialled(*argv: str) -> tuple[Path | None, str]:
         args = build_parser().parse_args([*argv, "health"])
@@ -192,10 +228,25 @@ def test_a_missing_key_file_or_unknown_context_is_one_line_exit_2(
     ctx_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gone = tmp_path / "gone.key"
-    mwp(capsys, "context", "add", "broken", "--target", CLOSED, "--as", "alice", "--key", str(gone), "--select")
+    mwp(
+        capsys,
+        "context",
+        "add",
+        "broken",
+        "--target",
+        CLOSED,
+        "--as",
+        "alice",
+        "--key",
+        str(gone),
+        "--select",
+    )
     for command in (["mission", "list"], ["health"]):
         failed = mwp(capsys, *command, expect=2)
-        assert failed.stdout == "" and failed.stderr == f"mwp: context 'broken' names key file {gone}, which does not exist\n"
+        assert (
+            failed.stdout == ""
+            and failed.stderr == f"mwp: context 'broken' names key file {gone}, which does not exist\n"
+        )
     # A key given by flag or variable is the one used: the context's is not looked at.
     alice = key_file(tmp_path / "alice.key")
     assert mwp(capsys, "mission", "list", "--as", "alice", "--key", str(alice), expect=3).stderr.startswith(
@@ -232,15 +283,32 @@ async def test_a_selected_context_alone_reaches_a_live_mesh(bench: Bench, ctx_di
 
     async def mwp_(*argv: str) -> Run:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "missionweave.cli", *argv, cwd=ROOT, env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "missionweave.cli",
+            *argv,
+            cwd=ROOT,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(proc.communicate(), 60)
         run = Run(proc.returncode or 0, out.decode(), err.decode())
         assert run.code == 0, f"mwp {' '.join(argv)} exited {run.code}:\n{run.stderr}{run.stdout}"
         return run
 
-    await mwp_("context", "add", "bench", "--target", bench.target, "--as", "alice", "--key", str(bench.keys["alice"]), "--select")
+    await mwp_(
+        "context",
+        "add",
+        "bench",
+        "--target",
+        bench.target,
+        "--as",
+        "alice",
+        "--key",
+        str(bench.keys["alice"]),
+        "--select",
+    )
     group = await bench.create()  # through --target and --as (acting commands name their signer)
     health = await mwp_("health")
     assert "missionweave.v1.AuthorityService" in health.stdout and "SERVING" in health.stdout

@@ -71,14 +71,28 @@ class Bench:
     async def mwp(self, *args: str, expect: int = 0) -> Run:
         """Runs ``mwp --target ... ARGS`` without blocking the loop that serves it."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "missionweave.cli", "--target", self.target, *args,
+            sys.executable,
+            "-m",
+            "missionweave.cli",
+            "--target",
+            self.target,
+            *args,
             # Reads are proven as the MissionOwner unless a command names its own --as/--key.
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "MWP_AS": "alice", "MWP_KEY": str(self.keys["alice"])},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "MWP_AS": "alice",
+                "MWP_KEY": str(self.keys["alice"]),
+            },
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(proc.communicate(), 60)
         run = Run(proc.returncode or 0, out.decode(), err.decode())
-        assert run.code == expect, f"mwp {' '.join(args)} exited {run.code}, expected {expect}:\n{run.stderr}{run.stdout}"
+        assert run.code == expect, (
+            f"mwp {' '.join(args)} exited {run.code}, expected {expect}:\n{run.stderr}{run.stdout}"
+        )
         return run
 
     def as_(self, identity: str) -> list[str]:
@@ -86,8 +100,18 @@ class Bench:
 
     async def create(self, *extra: str) -> str:
         run = await self.mwp(
-            "mission", "create", *self.as_("alice"), "--title", "Q3 report", "--objective", "Ship the Q3 report",
-            "--done", "figures reconcile", "--coordinator", "coord-bot", *extra,
+            "mission",
+            "create",
+            *self.as_("alice"),
+            "--title",
+            "Q3 report",
+            "--objective",
+            "Ship the Q3 report",
+            "--done",
+            "figures reconcile",
+            "--coordinator",
+            "coord-bot",
+            *extra,
         )
         return run.last_line
 
@@ -101,7 +125,9 @@ async def bench(tmp_path: Path) -> AsyncIterator[Bench]:
     from missionweave_server.mesh.server import start
 
     settings = Settings(
-        listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=f"sqlite+aiosqlite:///{tmp_path / 'mw.db'}",
+        listen="127.0.0.1:0",
+        data_dir=tmp_path / "data",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'mw.db'}",
         grace_seconds=1,
     )
     clock = ManualClock(datetime.now(UTC))
@@ -129,17 +155,29 @@ async def bench(tmp_path: Path) -> AsyncIterator[Bench]:
 async def execute(bench: Bench, identity: str, group: str, kind: str, body: Any) -> None:
     """A command through the Python client (fast setup for tests that exercise other commands)."""
     signer = bench.signers[identity]
-    epoch = 0 if kind == "mission_create" else membership_epoch(await bench.client.group_state(group), identity)
+    epoch = (
+        0 if kind == "mission_create" else membership_epoch(await bench.client.group_state(group), identity)
+    )
     await bench.client.execute(signer.sign(signer.command(group, kind, body, membership_epoch=epoch)))
 
 
 async def approved_mission(bench: Bench, group: str) -> None:
-    await execute(bench, "alice", group, "mission_create", builders.mission_create("alice", "coord-bot", bench.clock.now()))
+    await execute(
+        bench,
+        "alice",
+        group,
+        "mission_create",
+        builders.mission_create("alice", "coord-bot", bench.clock.now()),
+    )
     mission = (await bench.client.group_state(group)).mission
-    submit = mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=mission.revision, summary="done")
+    submit = mission_pb2.MissionSubmitForApproval(
+        coordinator_epoch=1, mission_revision=mission.revision, summary="done"
+    )
     await execute(bench, "coord-bot", group, "mission_submit_for_approval", submit)
     submission = (await bench.client.group_state(group)).mission.latest_submission_event_id
-    await execute(bench, "alice", group, "mission_approve", mission_pb2.MissionApprove(submission_event_id=submission))
+    await execute(
+        bench, "alice", group, "mission_approve", mission_pb2.MissionApprove(submission_event_id=submission)
+    )
 
 
 # ------------------------------------------------------------------ the walkthrough
@@ -154,7 +192,10 @@ async def test_walkthrough_create_converse_submit_review_approve(bench: Bench) -
     assert "coord-bot, epoch 1" in shown and "submission   none" in shown and "PLANNING" in shown
     view = await bench.show(group)
     assert view["state"] == "ACTIVE" and view["coordinator"]["agent_id"] == "coord-bot"
-    assert {m["member_id"]: m["role"] for m in view["memberships"]} == {"alice": "MISSION_OWNER", "coord-bot": "COORDINATOR"}
+    assert {m["member_id"]: m["role"] for m in view["memberships"]} == {
+        "alice": "MISSION_OWNER",
+        "coord-bot": "COORDINATOR",
+    }
 
     # Conversation: post, correct, retract, redact; the list shows effective forms and the chain.
     post = ["message", "post", "--group", group, "--text"]
@@ -170,7 +211,12 @@ async def test_walkthrough_create_converse_submit_review_approve(bench: Bench) -
     assert f"{first} alice: final plan (corrected)" in listed
     assert f"{second} coord-bot: [retracted]" in listed
     assert f"{third} alice: [redacted: personal data]" in listed and "555-0100" not in listed
-    chains = {d["message_id"]: d for d in map(json.loads, (await bench.mwp("message", "list", "--group", group, "--json")).stdout.splitlines())}
+    chains = {
+        d["message_id"]: d
+        for d in map(
+            json.loads, (await bench.mwp("message", "list", "--group", group, "--json")).stdout.splitlines()
+        )
+    }
     assert chains[first]["original_content"]["text"] == "draft plan"
     assert chains[first]["effective_content"]["text"] == "final plan"
     assert [a["kind"] for a in chains[first]["amendments"]] == ["correction"]
@@ -186,23 +232,62 @@ async def test_walkthrough_create_converse_submit_review_approve(bench: Bench) -
     # Submit -> request changes -> submit again -> approve.
     coordinator = bench.as_("coord-bot")
     # D161: a digest the store does not hold is refused (exit 1, the reason printed, nothing written).
-    missing = await bench.mwp("mission", "submit", "--group", group, "--summary", "v1", "--artifact", f"{ARTIFACT}:12", *coordinator, expect=1)
+    missing = await bench.mwp(
+        "mission",
+        "submit",
+        "--group",
+        group,
+        "--summary",
+        "v1",
+        "--artifact",
+        f"{ARTIFACT}:12",
+        *coordinator,
+        expect=1,
+    )
     assert "NOT_FOUND" in missing.stderr and "is not stored" in missing.stderr
     assert (await bench.show(group))["state"] == "ACTIVE"
     report = bench.tmp / "q3-report.txt"
     report.write_text("Q3 revenue 1.2M, reconciled with the ledger\n")
-    put = (await bench.mwp(
-        "artifact", "put", str(report), "--manifest-for", group, "--work-item", "wi-q3-report", "--json", *coordinator
-    )).json()
-    first_submission = (await bench.mwp("mission", "submit", "--group", group, "--summary", "v1", "--artifact", put["digest"], *coordinator)).last_line
+    put = (
+        await bench.mwp(
+            "artifact",
+            "put",
+            str(report),
+            "--manifest-for",
+            group,
+            "--work-item",
+            "wi-q3-report",
+            "--json",
+            *coordinator,
+        )
+    ).json()
+    first_submission = (
+        await bench.mwp(
+            "mission",
+            "submit",
+            "--group",
+            group,
+            "--summary",
+            "v1",
+            "--artifact",
+            put["digest"],
+            *coordinator,
+        )
+    ).last_line
     assert (await bench.show(group))["state"] == "AWAITING_APPROVAL"
-    await bench.mwp("mission", "request-changes", "--group", group, "--changes", "add Q2 comparison", *bench.as_("alice"))
+    await bench.mwp(
+        "mission", "request-changes", "--group", group, "--changes", "add Q2 comparison", *bench.as_("alice")
+    )
     assert (await bench.show(group))["state"] == "ACTIVE"
-    submitted = (await bench.mwp("mission", "submit", "--group", group, "--summary", "v2", "--json", *coordinator)).json()
+    submitted = (
+        await bench.mwp("mission", "submit", "--group", group, "--summary", "v2", "--json", *coordinator)
+    ).json()
     second_submission = submitted["submission_event_id"]
     assert second_submission != first_submission
     assert submitted["events"][0]["mission_submitted"]["summary"] == "v2"
-    approved = await bench.mwp("mission", "approve", "--group", group, "--comment", "thanks", *bench.as_("alice"))
+    approved = await bench.mwp(
+        "mission", "approve", "--group", group, "--comment", "thanks", *bench.as_("alice")
+    )
     assert f"approved submission {second_submission}" in approved.stdout
 
     final = await bench.show(group)
@@ -228,9 +313,29 @@ async def test_role_rules_and_membership_epoch_override(bench: Bench) -> None:
     assert "refused: MEMBERSHIP_EPOCH_STALE" in stale.stderr and "current_epoch=" in stale.stderr
     nothing = await bench.mwp("mission", "approve", "--group", group, *owner, expect=1)
     assert "has no submission yet; pass --submission" in nothing.stderr
-    assert "PERMISSION_DENIED" in (await bench.mwp("mission", "cancel", "--group", group, "--reason", "x", *coordinator, expect=1)).stderr
-    assert "PERMISSION_DENIED" in (await bench.mwp("mission", "terminate", "--group", group, "--reason", "x", *owner, expect=1)).stderr
-    await bench.mwp("mission", "directive", "--group", group, "--directive", "focus on tests", "--parameters-json", '{"max": 3}', *owner)
+    assert (
+        "PERMISSION_DENIED"
+        in (
+            await bench.mwp("mission", "cancel", "--group", group, "--reason", "x", *coordinator, expect=1)
+        ).stderr
+    )
+    assert (
+        "PERMISSION_DENIED"
+        in (
+            await bench.mwp("mission", "terminate", "--group", group, "--reason", "x", *owner, expect=1)
+        ).stderr
+    )
+    await bench.mwp(
+        "mission",
+        "directive",
+        "--group",
+        group,
+        "--directive",
+        "focus on tests",
+        "--parameters-json",
+        '{"max": 3}',
+        *owner,
+    )
     await bench.mwp("mission", "terminate", "--group", group, "--reason", "blocked upstream", *coordinator)
     assert (await bench.show(group))["state"] == "FAILED"
 
@@ -249,28 +354,56 @@ async def test_coordinator_renew_replace_and_reconcile(bench: Bench) -> None:
     assert "refused: PRECONDITION_FAILED" in live.stderr  # only once the lease lapsed
 
     bench.clock.advance(seconds=45)
-    assert "LEASE_EXPIRED" in (await bench.mwp("coordinator", "renew", "--group", group, *old, expect=1)).stderr
+    assert (
+        "LEASE_EXPIRED" in (await bench.mwp("coordinator", "renew", "--group", group, *old, expect=1)).stderr
+    )
     assert "PERMISSION_DENIED" in (await bench.mwp(*replace, *old, expect=1)).stderr  # the owner replaces
     replaced = await bench.mwp(*replace, "--lease-seconds", "120", *owner)
     assert "relief-bot holds epoch 2" in replaced.stdout
     view = await bench.show(group)
-    assert view["coordinator"] == {**view["coordinator"], "agent_id": "relief-bot", "coordinator_epoch": 2, "reconciled": False}
+    assert view["coordinator"] == {
+        **view["coordinator"],
+        "agent_id": "relief-bot",
+        "coordinator_epoch": 2,
+        "reconciled": False,
+    }
 
     unreconciled = await bench.mwp("mission", "submit", "--group", group, "--summary", "x", *relief, expect=1)
     assert "refused: RECONCILIATION_REQUIRED" in unreconciled.stderr
     reconciled = await bench.mwp("coordinator", "reconcile", "--group", group, *relief)
     assert "reconciliation acknowledged for Coordinator epoch 2" in reconciled.stdout
     assert (await bench.show(group))["coordinator"]["reconciled"] is True
-    assert "COORDINATOR_EPOCH_STALE" in (await bench.mwp("coordinator", "renew", "--group", group, "--coordinator-epoch", "1", *relief, expect=1)).stderr
+    assert (
+        "COORDINATOR_EPOCH_STALE"
+        in (
+            await bench.mwp(
+                "coordinator", "renew", "--group", group, "--coordinator-epoch", "1", *relief, expect=1
+            )
+        ).stderr
+    )
     await bench.mwp("mission", "submit", "--group", group, "--summary", "after hand-over", *relief)
 
 
 async def test_follow_up_and_revoke_approval(bench: Bench) -> None:
     await approved_mission(bench, "grp_approved")
     follow_up = await bench.mwp(
-        "mission", "follow-up", *bench.as_("alice"), "--approved-group", "grp_approved", "--title", "Fix Q3",
-        "--objective", "Correct the Q3 figures", "--done", "figures corrected", "--coordinator", "coord-bot",
-        "--reason", "remediation", "--group", "grp_fix",
+        "mission",
+        "follow-up",
+        *bench.as_("alice"),
+        "--approved-group",
+        "grp_approved",
+        "--title",
+        "Fix Q3",
+        "--objective",
+        "Correct the Q3 figures",
+        "--done",
+        "figures corrected",
+        "--coordinator",
+        "coord-bot",
+        "--reason",
+        "remediation",
+        "--group",
+        "grp_fix",
     )
     assert follow_up.last_line == "grp_fix"
     fix = await bench.show("grp_fix")
@@ -278,8 +411,15 @@ async def test_follow_up_and_revoke_approval(bench: Bench) -> None:
     assert fix["kind"] == "FOLLOW_UP" and fix["follows_up_mission_id"] == approved["mission_id"]
 
     await bench.mwp(
-        "mission", "revoke-approval", "--group", "grp_approved", "--reason", "figures were wrong",
-        "--follow-up-group", "grp_fix", *bench.as_("alice"),
+        "mission",
+        "revoke-approval",
+        "--group",
+        "grp_approved",
+        "--reason",
+        "figures were wrong",
+        "--follow-up-group",
+        "grp_fix",
+        *bench.as_("alice"),
     )
     revoked = await bench.show("grp_approved")
     assert revoked["state"] == "APPROVED" and revoked["approval_revoked"] is True
@@ -292,20 +432,60 @@ async def test_conversation_open_and_filtered_list(bench: Bench) -> None:
     worker = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
     await execute(bench, "alice", group, "membership_grant", worker)
     opened = await bench.mwp(
-        "conversation", "open", "--group", group, "--kind", "review", "--title", "Figures review", *bench.as_("coord-bot")
+        "conversation",
+        "open",
+        "--group",
+        group,
+        "--kind",
+        "review",
+        "--title",
+        "Figures review",
+        *bench.as_("coord-bot"),
     )
     review = opened.last_line
     await bench.mwp(
-        "conversation", "open", "--group", group, "--kind", "restricted", "--title", "Payroll",
-        "--participant", "worker-bot", "--id", "conv_payroll", *bench.as_("alice"),
+        "conversation",
+        "open",
+        "--group",
+        group,
+        "--kind",
+        "restricted",
+        "--title",
+        "Payroll",
+        "--participant",
+        "worker-bot",
+        "--id",
+        "conv_payroll",
+        *bench.as_("alice"),
     )
-    denied = await bench.mwp("conversation", "open", "--group", group, "--kind", "review", "--title", "x", *bench.as_("worker-bot"), expect=1)
+    denied = await bench.mwp(
+        "conversation",
+        "open",
+        "--group",
+        group,
+        "--kind",
+        "review",
+        "--title",
+        "x",
+        *bench.as_("worker-bot"),
+        expect=1,
+    )
     assert "refused: PERMISSION_DENIED" in denied.stderr
     convs = {c["conversation_id"]: c for c in (await bench.show(group))["conversations"]}
     assert convs[review]["kind"] == "REVIEW" and convs[review]["title"] == "Figures review"
     assert convs["conv_payroll"]["participant_ids"] == ["worker-bot"]
 
-    await bench.mwp("message", "post", "--group", group, "--conversation", review, "--text", "row 7 looks off", *bench.as_("worker-bot"))
+    await bench.mwp(
+        "message",
+        "post",
+        "--group",
+        group,
+        "--conversation",
+        review,
+        "--text",
+        "row 7 looks off",
+        *bench.as_("worker-bot"),
+    )
     await bench.mwp("message", "post", "--group", group, "--text", "planning note", *bench.as_("alice"))
     only_review = (await bench.mwp("message", "list", "--group", group, "--conversation", review)).stdout
     assert f"Conversation {review} (REVIEW 'Figures review')" in only_review
@@ -319,12 +499,33 @@ async def test_erase_a_message_then_snapshot_and_compact_the_group(bench: Bench)
     listed = (await bench.mwp("message", "list", "--group", group, "--json")).stdout
     message_id = next(json.loads(line)["message_id"] for line in listed.splitlines() if "4111-1111" in line)
     await bench.mwp(
-        "message", "amend", "--group", group, "--message", message_id, "--kind", "correction", "--erase", "legal",
-        *bench.as_("alice"), expect=2,
+        "message",
+        "amend",
+        "--group",
+        group,
+        "--message",
+        message_id,
+        "--kind",
+        "correction",
+        "--erase",
+        "legal",
+        *bench.as_("alice"),
+        expect=2,
     )
     erased = await bench.mwp(
-        "message", "amend", "--group", group, "--message", message_id, "--kind", "redaction", "--erase", "legal",
-        "--reason", "card number posted by mistake", *bench.as_("alice"),
+        "message",
+        "amend",
+        "--group",
+        group,
+        "--message",
+        message_id,
+        "--kind",
+        "redaction",
+        "--erase",
+        "legal",
+        "--reason",
+        "card number posted by mistake",
+        *bench.as_("alice"),
     )
     assert "erased from history (legal)" in erased.stdout
     after = (await bench.mwp("message", "list", "--group", group)).stdout
@@ -334,8 +535,13 @@ async def test_erase_a_message_then_snapshot_and_compact_the_group(bench: Bench)
     assert document["verified"] and document["compacted"] and document["sequence"] >= 3
     assert document["digest"].startswith("blake3:")
     # History stays readable after compaction (moved to the archive tier, never deleted).
-    assert "[erased: card number posted by mistake]" in (await bench.mwp("message", "list", "--group", group)).stdout
-    refused = await bench.mwp("group", "snapshot", *bench.as_("admin"), "--group", group, "--archival", expect=1)
+    assert (
+        "[erased: card number posted by mistake]"
+        in (await bench.mwp("message", "list", "--group", group)).stdout
+    )
+    refused = await bench.mwp(
+        "group", "snapshot", *bench.as_("admin"), "--group", group, "--archival", expect=1
+    )
     assert "PRECONDITION_FAILED" in refused.stderr  # the Mission is still live
 
 
@@ -344,12 +550,29 @@ async def test_erase_a_message_then_snapshot_and_compact_the_group(bench: Bench)
 
 async def test_usage_errors_exit_2_before_anything_is_sent(bench: Bench) -> None:
     owner = bench.as_("alice")
-    bad_digest = await bench.mwp("mission", "submit", "--group", "g", "--summary", "s", "--artifact", "md5:abc", *owner, expect=2)
+    bad_digest = await bench.mwp(
+        "mission", "submit", "--group", "g", "--summary", "s", "--artifact", "md5:abc", *owner, expect=2
+    )
     assert "ALGORITHM:HEX" in bad_digest.stderr
-    await bench.mwp("mission", "directive", "--group", "g", "--directive", "d", "--parameters-json", "[1]", *owner, expect=2)
-    no_reason = await bench.mwp("message", "amend", "--group", "g", "--message", "m", "--kind", "redaction", *owner, expect=2)
+    await bench.mwp(
+        "mission",
+        "directive",
+        "--group",
+        "g",
+        "--directive",
+        "d",
+        "--parameters-json",
+        "[1]",
+        *owner,
+        expect=2,
+    )
+    no_reason = await bench.mwp(
+        "message", "amend", "--group", "g", "--message", "m", "--kind", "redaction", *owner, expect=2
+    )
     assert "a redaction needs --reason" in no_reason.stderr
-    await bench.mwp("message", "amend", "--group", "g", "--message", "m", "--kind", "correction", *owner, expect=2)
+    await bench.mwp(
+        "message", "amend", "--group", "g", "--message", "m", "--kind", "correction", *owner, expect=2
+    )
 
 
 async def test_unreachable_server_exits_3(bench: Bench) -> None:
@@ -358,8 +581,16 @@ async def test_unreachable_server_exits_3(bench: Bench) -> None:
 
 
 @pytest.mark.req("MW-7.2-07")
-async def test_a_tampered_summary_is_refused(bench: Bench, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    await execute(bench, "alice", "grp_t", "mission_create", builders.mission_create("alice", "coord-bot", bench.clock.now()))
+async def test_a_tampered_summary_is_refused(
+    bench: Bench, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await execute(
+        bench,
+        "alice",
+        "grp_t",
+        "mission_create",
+        builders.mission_create("alice", "coord-bot", bench.clock.now()),
+    )
     envelope = await bench.client.signed_group_summary("grp_t")
     key_id, public_key = await bench.client.authority_key()
     assert verify_group_summary(envelope, key_id, public_key).state.group_id == "grp_t"
@@ -375,7 +606,10 @@ async def test_a_tampered_summary_is_refused(bench: Bench, capsys: pytest.Captur
         return tampered
 
     monkeypatch.setattr(MeshClient, "signed_group_summary", forged)
-    for args in (["coordinator", "summary", *bench.as_("alice")], ["coordinator", "reconcile", *bench.as_("coord-bot")]):
+    for args in (
+        ["coordinator", "summary", *bench.as_("alice")],
+        ["coordinator", "reconcile", *bench.as_("coord-bot")],
+    ):
         code = await asyncio.to_thread(cli.main, ["--target", bench.target, *args, "--group", "grp_t"])
         assert code == 1
         assert "the signed summary of grp_t does NOT verify" in capsys.readouterr().err

@@ -33,7 +33,9 @@ DIAMOND = ["extract-eu", "extract-us", "reconcile", "report"]
 async def planned_mission(bench: Bench) -> str:
     """A Mission whose budget the example plan fits in, worker-bot one of its Workers."""
     group = await bench.create("--tokens", "100000", "--tool-calls", "1000", "--budget", "20")
-    await bench.mwp("member", "grant", "--group", group, "worker-bot", "--role", "worker", *bench.as_("alice"))
+    await bench.mwp(
+        "member", "grant", "--group", group, "worker-bot", "--role", "worker", *bench.as_("alice")
+    )
     return group
 
 
@@ -42,7 +44,9 @@ async def head(bench: Bench, group: str) -> int:
 
 
 async def apply(bench: Bench, group: str, plan: Path, *extra: str, expect: int = 0) -> tuple[str, str]:
-    run = await bench.mwp("plan", "apply", str(plan), "--group", group, *bench.as_("coord-bot"), *extra, expect=expect)
+    run = await bench.mwp(
+        "plan", "apply", str(plan), "--group", group, *bench.as_("coord-bot"), *extra, expect=expect
+    )
     return run.stdout, run.stderr
 
 
@@ -58,21 +62,39 @@ def edited(tmp_path: Path, name: str, *replacements: tuple[str, str]) -> Path:
 
 
 @pytest.mark.req("MW-10.4-01", "MW-10.2-T02")
-async def test_the_diamond_is_created_once_and_reapplying_or_exporting_writes_nothing(bench: Bench, tmp_path: Path) -> None:
+async def test_the_diamond_is_created_once_and_reapplying_or_exporting_writes_nothing(
+    bench: Bench, tmp_path: Path
+) -> None:
     group = await planned_mission(bench)
     out, _ = await apply(bench, group, EXAMPLE, "--yes")
-    assert [line.split()[:3] for line in out.splitlines() if line.startswith("  + ")] == [["+", w, "authorize"] for w in DIAMOND]
+    assert [line.split()[:3] for line in out.splitlines() if line.startswith("  + ")] == [
+        ["+", w, "authorize"] for w in DIAMOND
+    ]
     assert "4 to authorize, 0 to revise" in out
     tree = (await bench.mwp("work", "tree", "--group", group, "--json")).json()
     assert tree["roots"] == ["extract-eu", "extract-us"] and tree["order"] == DIAMOND
     deps = {n["work_item_id"]: n["depends_on"] for n in tree["work_items"]}
-    assert deps == {"extract-eu": [], "extract-us": [], "reconcile": ["extract-eu", "extract-us"], "report": ["reconcile"]}
+    assert deps == {
+        "extract-eu": [],
+        "extract-us": [],
+        "reconcile": ["extract-eu", "extract-us"],
+        "report": ["reconcile"],
+    }
     reconcile = (await bench.mwp("work", "show", "--group", group, "reconcile", "--json")).json()["contract"]
     assert [c["required_evidence_methods"] for c in reconcile["acceptance_criteria"]] == [
-        ["EVIDENCE_METHOD_TEST"], ["EVIDENCE_METHOD_BUSINESS_RULE", "EVIDENCE_METHOD_REVIEW"]
+        ["EVIDENCE_METHOD_TEST"],
+        ["EVIDENCE_METHOD_BUSINESS_RULE", "EVIDENCE_METHOD_REVIEW"],
     ]
-    assert reconcile["budget"] == {"currency": "EUR", "financial_micros": "1000000", "tokens": "20000", "tool_calls": "60"}
-    assert [(i["name"], i["from_work_item_id"]) for i in reconcile["inputs"]] == [("eu", "extract-eu"), ("us", "extract-us")]
+    assert reconcile["budget"] == {
+        "currency": "EUR",
+        "financial_micros": "1000000",
+        "tokens": "20000",
+        "tool_calls": "60",
+    }
+    assert [(i["name"], i["from_work_item_id"]) for i in reconcile["inputs"]] == [
+        ("eu", "extract-eu"),
+        ("us", "extract-us"),
+    ]
 
     at = await head(bench, group)
     again, _ = await apply(bench, group, EXAMPLE)  # no --yes needed: there is nothing to confirm
@@ -90,18 +112,25 @@ async def test_the_diamond_is_created_once_and_reapplying_or_exporting_writes_no
     assert "nothing to change" in back and await head(bench, group) == at
     document = (await bench.mwp("plan", "export", "--group", group, "--json")).json()
     assert list(document["items"]) == DIAMOND and document["items"]["reconcile"]["inputs"] == {
-        "eu": "extract-eu/figures", "us": "extract-us/figures"
+        "eu": "extract-eu/figures",
+        "us": "extract-us/figures",
     }
 
 
 @pytest.mark.req("MW-10.1-04", "MW-10.1-05")
-async def test_a_changed_plan_shows_its_diff_first_then_revises_the_contract(bench: Bench, tmp_path: Path) -> None:
+async def test_a_changed_plan_shows_its_diff_first_then_revises_the_contract(
+    bench: Bench, tmp_path: Path
+) -> None:
     group = await planned_mission(bench)
     await apply(bench, group, EXAMPLE, "--yes")
     at = await head(bench, group)
     changed = edited(
-        tmp_path, "changed.toml",
-        ('budget = { tokens = 20000, tool_calls = 60, financial = "1.00" }', 'budget = { tokens = 25000, tool_calls = 60, financial = "1.00" }'),
+        tmp_path,
+        "changed.toml",
+        (
+            'budget = { tokens = 20000, tool_calls = 60, financial = "1.00" }',
+            'budget = { tokens = 25000, tool_calls = 60, financial = "1.00" }',
+        ),
         ('offer_to = ["worker-1"]', 'offer_to = ["worker-bot"]'),
         ('intercompany = ["business-rule", "review"]', 'intercompany = ["business-rule"]'),
     )
@@ -115,15 +144,26 @@ async def test_a_changed_plan_shows_its_diff_first_then_revises_the_contract(ben
     assert "budget.tokens: 20000 -> 25000" in dry
     assert await head(bench, group) == at
 
-    done = (await bench.mwp("plan", "apply", str(changed), "--group", group, "--yes", "--json", *bench.as_("coord-bot"))).json()
-    assert done["applied"] is True and [c["action"] for c in done["changes"]] == ["unchanged", "unchanged", "revise", "unchanged"]
+    done = (
+        await bench.mwp(
+            "plan", "apply", str(changed), "--group", group, "--yes", "--json", *bench.as_("coord-bot")
+        )
+    ).json()
+    assert done["applied"] is True and [c["action"] for c in done["changes"]] == [
+        "unchanged",
+        "unchanged",
+        "revise",
+        "unchanged",
+    ]
     (result,) = done["results"]
     offered = next(e for e in result["events"] if e["type"] == "work.offered")["work_offered"]
     assert offered["contract_revision"] == "2" and offered["candidate_ids"] == ["worker-bot"]
     shown = (await bench.mwp("work", "show", "--group", group, "reconcile", "--json")).json()
     assert shown["state"] == "WORK_ITEM_STATE_OFFERED" and shown["contract"]["revision"] == "2"
     assert shown["contract"]["budget"]["tokens"] == "25000"
-    assert "time_policy" in shown["contract"] and "cost_policy" in shown["contract"]  # kept from the running contract
+    assert (
+        "time_policy" in shown["contract"] and "cost_policy" in shown["contract"]
+    )  # kept from the running contract
     again, _ = await apply(bench, group, changed)
     assert "nothing to change" in again
 
@@ -140,11 +180,20 @@ def test_a_revision_keeps_what_a_plan_does_not_carry() -> None:
     running.permissions.allowed_tools.append("python.exec")
     running.revision = 1
     planned = work_contract(
-        "a new goal", deliverables={"report": "the ledger"}, criteria={"balances": "they match"},
-        budget=Budget(tokens=7), max_attempts=5, now=now,
+        "a new goal",
+        deliverables={"report": "the ledger"},
+        criteria={"balances": "they match"},
+        budget=Budget(tokens=7),
+        max_attempts=5,
+        now=now,
     )
     out = revised(running, planned)
-    assert (out.goal, out.budget.tokens, out.retry_policy.max_attempts, out.revision) == ("a new goal", 7, 5, 0)
+    assert (out.goal, out.budget.tokens, out.retry_policy.max_attempts, out.revision) == (
+        "a new goal",
+        7,
+        5,
+        0,
+    )
     assert out.deliverables[0].description == "the ledger"
     assert out.deliverables[0].schema.artifact == running.deliverables[0].schema.artifact
     assert list(out.permissions.allowed_tools) == ["python.exec"] and out.time_policy == running.time_policy
@@ -156,9 +205,22 @@ async def test_at_a_terminal_the_changes_are_applied_once_confirmed(bench: Bench
     for answer, code in ((b"n\n", 1), (b"y\n", 0)):
         terminal, stdin = os.openpty()  # stdin is a terminal: apply asks on stderr, reads the answer
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "missionweave.cli", "--target", bench.target, "plan", "apply", str(EXAMPLE),
-            "--group", group, *bench.as_("coord-bot"), cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "missionweave.cli",
+            "--target",
+            bench.target,
+            "plan",
+            "apply",
+            str(EXAMPLE),
+            "--group",
+            group,
+            *bench.as_("coord-bot"),
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdin=stdin,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         os.close(stdin)
         os.write(terminal, answer)
@@ -168,10 +230,14 @@ async def test_at_a_terminal_the_changes_are_applied_once_confirmed(bench: Bench
         assert "apply these 4 change(s)" in err.decode() and "4 to authorize" in out.decode()
         if code:
             assert "mwp: nothing applied" in err.decode() and await head(bench, group) == at
-    assert [line.split()[1].rstrip(":") for line in out.decode().splitlines() if line.startswith("  authorize ")] == DIAMOND
+    assert [
+        line.split()[1].rstrip(":") for line in out.decode().splitlines() if line.startswith("  authorize ")
+    ] == DIAMOND
 
 
-async def test_broken_plans_are_refused_before_anything_is_sent_naming_item_and_field(bench: Bench, tmp_path: Path) -> None:
+async def test_broken_plans_are_refused_before_anything_is_sent_naming_item_and_field(
+    bench: Bench, tmp_path: Path
+) -> None:
     group = await planned_mission(bench)
     at = await head(bench, group)
     broken = {
@@ -180,24 +246,40 @@ async def test_broken_plans_are_refused_before_anything_is_sent_naming_item_and_
             'goal = "Extract the Q3 figures of every EU entity from the ledger"\ndepends_on = ["report"]',
         ),
         "items.report.depends_on[1]: no item 'nope' in the plan and no WorkItem 'nope' in the Group": (
-            'depends_on = ["reconcile"]', 'depends_on = ["reconcile", "nope"]'
+            'depends_on = ["reconcile"]',
+            'depends_on = ["reconcile", "nope"]',
         ),
         "items.report.evidence.typo: no acceptance criterion 'typo'": (
-            'readable = ["review"] }', 'readable = ["review"], typo = ["test"] }'
+            'readable = ["review"] }',
+            'readable = ["review"], typo = ["test"] }',
         ),
         "items.extract-us.budget.tokens: a whole number >= 0, not -1": (
             'budget = { tokens = 10000, tool_calls = 40, financial = "0.50" }\ndeliverables = { figures = { description = "the US',
             'budget = { tokens = -1, tool_calls = 40, financial = "0.50" }\ndeliverables = { figures = { description = "the US',
         ),
-        "items.report.budget: required": ('budget = { tokens = 15000, tool_calls = 30, financial = "1.00" }\n', ""),
-        "items.report.inputs.figures.from: reconcile is not among depends_on": ('depends_on = ["reconcile"]\n', ""),
-        "items.report.evidence.readable: 'telepathy' is not one of integrity, schema, test": ('readable = ["review"]', 'readable = ["telepathy"]'),
-        "items.report.colour: unknown key": ('[items.report]\n', '[items.report]\ncolour = "red"\n'),
-        "items.extract-eu.deadline: expected a time with its zone": ('max_attempts = 3\n', 'max_attempts = 3\ndeadline = "soon"\n'),
+        "items.report.budget: required": (
+            'budget = { tokens = 15000, tool_calls = 30, financial = "1.00" }\n',
+            "",
+        ),
+        "items.report.inputs.figures.from: reconcile is not among depends_on": (
+            'depends_on = ["reconcile"]\n',
+            "",
+        ),
+        "items.report.evidence.readable: 'telepathy' is not one of integrity, schema, test": (
+            'readable = ["review"]',
+            'readable = ["telepathy"]',
+        ),
+        "items.report.colour: unknown key": ("[items.report]\n", '[items.report]\ncolour = "red"\n'),
+        "items.extract-eu.deadline: expected a time with its zone": (
+            "max_attempts = 3\n",
+            'max_attempts = 3\ndeadline = "soon"\n',
+        ),
         "not valid TOML": ("[items.report]", "[items.report"),
     }
     for i, (message, replacement) in enumerate(broken.items()):
-        _, err = await apply(bench, group, edited(tmp_path, f"broken-{i}.toml", replacement), "--yes", expect=2)
+        _, err = await apply(
+            bench, group, edited(tmp_path, f"broken-{i}.toml", replacement), "--yes", expect=2
+        )
         assert message in err, (message, err)
     assert await head(bench, group) == at
 
@@ -217,14 +299,22 @@ async def test_broken_plans_are_refused_before_anything_is_sent_naming_item_and_
     assert await head(bench, group) == at
 
 
-async def test_command_ids_follow_the_plan_so_a_retried_apply_is_answered_by_idempotency(bench: Bench) -> None:
+async def test_command_ids_follow_the_plan_so_a_retried_apply_is_answered_by_idempotency(
+    bench: Bench,
+) -> None:
     group = await planned_mission(bench)
-    planned = (await bench.mwp("plan", "apply", str(EXAMPLE), "--group", group, "--dry-run", "--json", *bench.as_("coord-bot"))).json()
+    planned = (
+        await bench.mwp(
+            "plan", "apply", str(EXAMPLE), "--group", group, "--dry-run", "--json", *bench.as_("coord-bot")
+        )
+    ).json()
     from_cli = {c["work_item_id"]: c["command_id"] for c in planned["changes"]}
 
     # The same ids computed in this process: they depend on the plan and the Group, not on the run.
     state = await bench.client.group_state(group)
-    args = argparse.Namespace(group=group, coordinator_epoch=None, override_reason=None, offer_expires_in=None)
+    args = argparse.Namespace(
+        group=group, coordinator_epoch=None, override_reason=None, offer_expires_in=None
+    )
     changes = plan_changes(args, state, items_of(read(EXAMPLE), MissionFacts.of(state)), {})
     assert {c.work_item_id: c.command_id for c in changes} == from_cli
 
@@ -233,8 +323,16 @@ async def test_command_ids_follow_the_plan_so_a_retried_apply_is_answered_by_ide
     first = changes[0]
     assert first.body is not None
     epoch = membership_epoch(state, "coord-bot")
-    sent = await bench.client.execute(coord.sign(coord.command(group, first.kind, first.body, membership_epoch=epoch, command_id=first.command_id)))
-    retried = await bench.client.execute(coord.sign(coord.command(group, first.kind, first.body, membership_epoch=epoch, command_id=first.command_id)))
+    sent = await bench.client.execute(
+        coord.sign(
+            coord.command(group, first.kind, first.body, membership_epoch=epoch, command_id=first.command_id)
+        )
+    )
+    retried = await bench.client.execute(
+        coord.sign(
+            coord.command(group, first.kind, first.body, membership_epoch=epoch, command_id=first.command_id)
+        )
+    )
     assert not sent.replayed and retried.replayed and retried.group_revision == sent.group_revision
     out, _ = await apply(bench, group, EXAMPLE, "--yes")
     assert "  = extract-eu  unchanged" in out and "3 to authorize, 0 to revise" in out
@@ -248,22 +346,53 @@ async def test_apply_reapply_and_export_in_both_topologies(world: World, tmp_pat
     """The same plan through the gateway of a split mesh (every service a process of its own) as
     through a single process: created once, re-applied and exported back without a write."""
     keys = {}
-    for name, signer in (("alice", world.owner), ("coord-bot", world.coordinator), ("worker-bot", world.worker)):
+    for name, signer in (
+        ("alice", world.owner),
+        ("coord-bot", world.coordinator),
+        ("worker-bot", world.worker),
+    ):
         keys[name] = tmp_path / f"{name}.key"
         write_key(keys[name], signer.key)
         save_session(keys[name], signer)  # the CLI signs with the world's sessions (the Coordinator lease's)
 
     async def mwp(*args: str, as_: str = "coord-bot", expect: int = 0) -> str:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "missionweave.cli", "--target", world.target, *args, "--as", as_, "--key", str(keys[as_]),
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "missionweave.cli",
+            "--target",
+            world.target,
+            *args,
+            "--as",
+            as_,
+            "--key",
+            str(keys[as_]),
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(proc.communicate(), 90)
         assert proc.returncode == expect, err.decode() + out.decode()
         return out.decode()
 
-    create = ["mission", "create", "--title", "Q3", "--objective", "Q3 report", "--done", "reconciled", "--coordinator", "coord-bot"]
-    group = (await mwp(*create, "--tokens", "100000", "--tool-calls", "1000", "--budget", "20", as_="alice")).strip().splitlines()[-1]
+    create = [
+        "mission",
+        "create",
+        "--title",
+        "Q3",
+        "--objective",
+        "Q3 report",
+        "--done",
+        "reconciled",
+        "--coordinator",
+        "coord-bot",
+    ]
+    group = (
+        (await mwp(*create, "--tokens", "100000", "--tool-calls", "1000", "--budget", "20", as_="alice"))
+        .strip()
+        .splitlines()[-1]
+    )
     await mwp("member", "grant", "--group", group, "worker-bot", "--role", "worker", as_="alice")
     assert "4 to authorize" in await mwp("plan", "apply", str(EXAMPLE), "--group", group, "--yes")
     at = (await world.client.group_state(group)).head_sequence

@@ -22,17 +22,28 @@ async def planned(bench: Bench) -> None:
     grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
     await execute(bench, "alice", G, "membership_grant", grant)
     for wid in ("wi-a", "wi-b"):
-        body = wp.WorkAuthorize(work_item_id=wid, title=f"task {wid}", contract=builders.contract(now), coordinator_epoch=1)
+        body = wp.WorkAuthorize(
+            work_item_id=wid, title=f"task {wid}", contract=builders.contract(now), coordinator_epoch=1
+        )
         await execute(bench, "coord-bot", G, "work_authorize", body)
     offer = wp.WorkOffer(
-        work_item_id="wi-a", offer_id="offer-a", candidate_ids=["worker-bot"],
-        expires_at=to_timestamp(now + timedelta(minutes=5)), selection_criteria=[builders.selection("worker-bot")],
+        work_item_id="wi-a",
+        offer_id="offer-a",
+        candidate_ids=["worker-bot"],
+        expires_at=to_timestamp(now + timedelta(minutes=5)),
+        selection_criteria=[builders.selection("worker-bot")],
         coordinator_epoch=1,
     )
     await execute(bench, "coord-bot", G, "work_offer", offer)
     accept = wp.WorkAcceptOffer(work_item_id="wi-a", offer_id="offer-a", contract_revision=1)
     await execute(bench, "worker-bot", G, "work_accept_offer", accept)
-    await execute(bench, "worker-bot", G, "work_start", wp.WorkStart(work_item_id="wi-a", ownership_epoch=1, lease_id="lease-a"))
+    await execute(
+        bench,
+        "worker-bot",
+        G,
+        "work_start",
+        wp.WorkStart(work_item_id="wi-a", ownership_epoch=1, lease_id="lease-a"),
+    )
 
 
 async def test_work_list_and_show_give_the_lease_and_epoch(bench: Bench) -> None:
@@ -64,7 +75,10 @@ async def test_mission_list_shows_the_callers_missions(bench: Bench) -> None:
     assert "1 Mission visible to worker-bot" in mine and G in mine and "grp_cli_other" not in mine
     everything = (await bench.mwp("mission", "list", "--json", *bench.as_("admin"))).json()
     assert [m["group_id"] for m in everything["missions"]] == ["grp_cli_other", G]
-    assert everything["missions"][1]["state"] == "ACTIVE" and everything["missions"][1]["coordinator_id"] == "coord-bot"
+    assert (
+        everything["missions"][1]["state"] == "ACTIVE"
+        and everything["missions"][1]["coordinator_id"] == "coord-bot"
+    )
 
 
 async def test_identity_list_is_for_operators_and_show_for_anyone(bench: Bench) -> None:

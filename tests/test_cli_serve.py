@@ -33,10 +33,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def mwp(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+def mwp(
+    *args: str, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [sys.executable, "-m", "missionweave.cli", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     if check and result.returncode != 0:
         raise AssertionError(f"mwp {' '.join(args)} exited {result.returncode}: {result.stderr}")
@@ -58,7 +64,11 @@ def server(tmp_path: Path):  # type: ignore[no-untyped-def]
     env = {**os.environ, "MWP_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "missionweave.cli", "serve", "--listen", f"127.0.0.1:{port}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     target = f"127.0.0.1:{port}"
     try:
@@ -79,24 +89,104 @@ def test_serve_cli_walkthrough_and_graceful_sigterm(server) -> None:  # type: ig
     assert "public key" in out and stat.S_IMODE(alice_key.stat().st_mode) == 0o600
     assert mwp("keygen", str(alice_key), env=env, check=False).returncode == 1  # never overwrite a key
     mwp("keygen", str(bot_key), env=env)
-    mwp("--target", target, "identity", "register", "alice", "--kind", "human", "--key-file", str(alice_key), env=env)
-    mwp("--target", target, "identity", "register", "bot", "--kind", "agent", "--key-file", str(bot_key), env=env)
+    mwp(
+        "--target",
+        target,
+        "identity",
+        "register",
+        "alice",
+        "--kind",
+        "human",
+        "--key-file",
+        str(alice_key),
+        env=env,
+    )
+    mwp(
+        "--target",
+        target,
+        "identity",
+        "register",
+        "bot",
+        "--kind",
+        "agent",
+        "--key-file",
+        str(bot_key),
+        env=env,
+    )
     created = mwp(
-        "--target", target, "mission", "create", "--as", "alice", "--key", str(alice_key),
-        "--title", "Demo", "--objective", "Show the CLI", "--done", "a message exists", "--coordinator", "bot",
+        "--target",
+        target,
+        "mission",
+        "create",
+        "--as",
+        "alice",
+        "--key",
+        str(alice_key),
+        "--title",
+        "Demo",
+        "--objective",
+        "Show the CLI",
+        "--done",
+        "a message exists",
+        "--coordinator",
+        "bot",
         env=env,
     )
     group = created.stdout.strip().splitlines()[-1]
-    mwp("--target", target, "message", "post", "--as", "alice", "--key", str(alice_key), "--group", group, "--text", "hi", env=env)
-    lines = mwp("--target", target, "events", "--as", "alice", "--key", str(alice_key), "--group", group, env=env).stdout.splitlines()
+    mwp(
+        "--target",
+        target,
+        "message",
+        "post",
+        "--as",
+        "alice",
+        "--key",
+        str(alice_key),
+        "--group",
+        group,
+        "--text",
+        "hi",
+        env=env,
+    )
+    lines = mwp(
+        "--target", target, "events", "--as", "alice", "--key", str(alice_key), "--group", group, env=env
+    ).stdout.splitlines()
     assert [json.loads(line)["type"] for line in lines][-1] == "message.posted"
     # An agent cannot own a root Mission: refused with exit code 1 and the reason.
     refused = mwp(
-        "--target", target, "mission", "create", "--as", "bot", "--key", str(bot_key),
-        "--title", "x", "--objective", "y", "--done", "z", "--coordinator", "alice", env=env, check=False,
+        "--target",
+        target,
+        "mission",
+        "create",
+        "--as",
+        "bot",
+        "--key",
+        str(bot_key),
+        "--title",
+        "x",
+        "--objective",
+        "y",
+        "--done",
+        "z",
+        "--coordinator",
+        "alice",
+        env=env,
+        check=False,
     )
     assert refused.returncode == 1 and "INVALID_ARGUMENT" in refused.stderr
-    unreachable = mwp("--target", f"127.0.0.1:{free_port()}", "state", "--as", "alice", "--key", str(alice_key), "--group", group, env=env, check=False)
+    unreachable = mwp(
+        "--target",
+        f"127.0.0.1:{free_port()}",
+        "state",
+        "--as",
+        "alice",
+        "--key",
+        str(alice_key),
+        "--group",
+        group,
+        env=env,
+        check=False,
+    )
     assert unreachable.returncode == 3
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
@@ -109,14 +199,30 @@ def test_single_service_mode(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "MWP_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "missionweave.cli", "serve", "--service", "authority", "--listen", f"127.0.0.1:{port}"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "missionweave.cli",
+            "serve",
+            "--service",
+            "authority",
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.time() + 20
         while True:
             health = mwp("--target", f"127.0.0.1:{port}", "health", env=env, check=False)
-            if "missionweave.v1.AuthorityService" in health.stdout and "SERVING" in health.stdout.split("AuthorityService")[1].splitlines()[0]:
+            if (
+                "missionweave.v1.AuthorityService" in health.stdout
+                and "SERVING" in health.stdout.split("AuthorityService")[1].splitlines()[0]
+            ):
                 break
             assert time.time() < deadline, health.stdout
             time.sleep(0.2)
@@ -132,7 +238,12 @@ async def test_shutdown_drains_in_flight_commands(world: World) -> None:
     body = builders.mission_create("alice", "coord-bot", SystemClock().now())
     await world.client.execute(world.owner.sign(world.owner.command("grp_d", "mission_create", body)))
     conv = (await world.client.group_state("grp_d")).mission.planning_conversation_id
-    envs = [world.owner.sign(world.owner.command("grp_d", "message_post", builders.message(conv, str(i)), membership_epoch=1)) for i in range(40)]
+    envs = [
+        world.owner.sign(
+            world.owner.command("grp_d", "message_post", builders.message(conv, str(i)), membership_epoch=1)
+        )
+        for i in range(40)
+    ]
     calls = [asyncio.ensure_future(world.client.execute(e)) for e in envs]
     await asyncio.sleep(0.01)
     stopping = asyncio.ensure_future(world.mesh.stop(grace=5))  # type: ignore[attr-defined]
@@ -140,7 +251,9 @@ async def test_shutdown_drains_in_flight_commands(world: World) -> None:
     await stopping
     acknowledged = {r.command_id for r in results if not isinstance(r, BaseException)}
     assert all(isinstance(r, grpc.aio.AioRpcError) for r in results if isinstance(r, BaseException))
-    settings = Settings(listen="127.0.0.1:0", data_dir=world.settings.data_dir, database_url=world.settings.database_url)
+    settings = Settings(
+        listen="127.0.0.1:0", data_dir=world.settings.data_dir, database_url=world.settings.database_url
+    )
     reopened = await start(settings)
     try:
         stored = {e.causing_command_id for e in [ev for ev in await _events(reopened, "grp_d")]}
@@ -165,8 +278,13 @@ def test_serve_fails_at_once_with_one_clear_line(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        busy = mwp("serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "a"), env=env, check=False)
-    assert busy.returncode == 1 and f"mwp serve: cannot listen on 127.0.0.1:{port}: Address already in use" in busy.stderr
+        busy = mwp(
+            "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "a"), env=env, check=False
+        )
+    assert (
+        busy.returncode == 1
+        and f"mwp serve: cannot listen on 127.0.0.1:{port}: Address already in use" in busy.stderr
+    )
     keys = tmp_path / "b" / "keys"
     keys.mkdir(parents=True)
     (keys / "authority.key").write_text("not a key")
@@ -175,11 +293,20 @@ def test_serve_fails_at_once_with_one_clear_line(tmp_path: Path) -> None:
     assert bad_key.returncode == 1 and bad_key.stderr.strip().splitlines()[-1].startswith("mwp serve: ")
     assert "authority.key" in bad_key.stderr.strip().splitlines()[-1]
     no_db = mwp(
-        "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "c"),
-        "--database-url", "postgresql://nobody:secret@127.0.0.1:1/none", env=env, check=False,
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        str(tmp_path / "c"),
+        "--database-url",
+        "postgresql://nobody:secret@127.0.0.1:1/none",
+        env=env,
+        check=False,
     )
     last = no_db.stderr.strip().splitlines()[-1]
-    assert no_db.returncode == 1 and last.startswith("mwp serve: cannot open the database postgresql://nobody:***@127.0.0.1:1/none")
+    assert no_db.returncode == 1 and last.startswith(
+        "mwp serve: cannot open the database postgresql://nobody:***@127.0.0.1:1/none"
+    )
     assert "secret" not in no_db.stderr
 
 
@@ -201,12 +328,31 @@ def test_exit_codes_for_an_unreachable_or_silent_server_and_for_bad_key_files(tm
         silent.listen()
         target = f"127.0.0.1:{silent.getsockname()[1]}"
         started = time.monotonic()
-        hung = mwp("--target", target, "--timeout", "1.5", "mission", "show", "--group", "g", "--as", "x", "--key", str(key), env=env, check=False)
+        hung = mwp(
+            "--target",
+            target,
+            "--timeout",
+            "1.5",
+            "mission",
+            "show",
+            "--group",
+            "g",
+            "--as",
+            "x",
+            "--key",
+            str(key),
+            env=env,
+            check=False,
+        )
         assert time.monotonic() - started < 10
     assert hung.returncode == 3 and "no answer from" in hung.stderr and "(--timeout)" in hung.stderr
     nope = tmp_path / "nope.key"
     missing = mwp("mission", "show", "--group", "g", "--as", "x", "--key", str(nope), env=env, check=False)
-    assert missing.returncode == 1 and missing.stderr.strip() == f"mwp: key file {nope} does not exist (make one with `mwp keygen {nope}`)"
+    assert (
+        missing.returncode == 1
+        and missing.stderr.strip()
+        == f"mwp: key file {nope} does not exist (make one with `mwp keygen {nope}`)"
+    )
     garbage = tmp_path / "garbage.key"
     garbage.write_text("not hex")
     garbage.chmod(0o600)
@@ -214,7 +360,9 @@ def test_exit_codes_for_an_unreachable_or_silent_server_and_for_bad_key_files(tm
     assert bad.returncode == 1 and "is not an Ed25519 key" in bad.stderr and "fromhex" not in bad.stderr
 
 
-def test_output_piped_into_a_reader_that_stops_early_ends_quietly(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_output_piped_into_a_reader_that_stops_early_ends_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`mwp ... | head`: the write into the closed pipe ends the command quietly, exit 0, no
     `[Errno 32] Broken pipe` on stderr."""
     from missionweave.cli import app
@@ -243,18 +391,37 @@ async def test_events_follow_prints_payloads_and_resumes_after_a_server_restart(
     key_path = tmp_path / "alice.key"
     write_key(key_path, generate_key())
     alice_key = read_key(key_path)
-    await client.register_identity("admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(alice_key.verify_key))
+    await client.register_identity(
+        "admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(alice_key.verify_key)
+    )
     alice = await client.open_session("alice", alice_key)
     save_session(key_path, alice)
-    await client.register_identity("admin", admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(generate_key().verify_key))
+    await client.register_identity(
+        "admin", admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(generate_key().verify_key)
+    )
     create = builders.mission_create("alice", "coord-bot", SystemClock().now())
     await client.execute(alice.sign(alice.command("grp_follow", "mission_create", create)))
     conversation = (await client.group_state("grp_follow")).mission.planning_conversation_id
     await client.channel.close()
     follower = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", "--target", f"127.0.0.1:{port}", "events", "--group", "grp_follow",
-        "--follow", "--payloads", "--as", "alice", "--key", str(key_path),
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "missionweave.cli",
+        "--target",
+        f"127.0.0.1:{port}",
+        "events",
+        "--group",
+        "grp_follow",
+        "--follow",
+        "--payloads",
+        "--as",
+        "alice",
+        "--key",
+        str(key_path),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     assert follower.stdout is not None
     lines: list[dict[str, object]] = []
@@ -270,7 +437,9 @@ async def test_events_follow_prints_payloads_and_resumes_after_a_server_restart(
         mesh = await start(settings)
         client = MeshClient(f"127.0.0.1:{port}")
         post = builders.message(conversation, "after the restart")
-        await client.execute(alice.sign(alice.command("grp_follow", "message_post", post, membership_epoch=1)))
+        await client.execute(
+            alice.sign(alice.command("grp_follow", "message_post", post, membership_epoch=1))
+        )
         await client.channel.close()
         async with asyncio.timeout(30):
             while not any(line.get("type") == "message.posted" for line in lines):
@@ -289,10 +458,20 @@ def test_ctrl_c_to_the_whole_process_group_stops_the_mesh_in_order(tmp_path: Pat
     """A terminal's Ctrl-C reaches every process of the group: the signature workers and the SQLite
     writer end with their pipes, when the server closes them, so the shutdown logs no child's death."""
     port = free_port()
-    env = {**os.environ, "MWP_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT), "MWP_METRICS_LISTEN": ""}
+    env = {
+        **os.environ,
+        "MWP_DATA_DIR": str(tmp_path / "data"),
+        "PYTHONPATH": str(ROOT),
+        "MWP_METRICS_LISTEN": "",
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "missionweave.cli", "serve", "--listen", f"127.0.0.1:{port}"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         wait_healthy(f"127.0.0.1:{port}", env)
@@ -320,9 +499,19 @@ def test_a_child_process_ignores_a_ctrl_c_that_lands_while_it_is_still_starting(
     time must not kill it (a traceback in the mesh's log, a writer gone mid-shutdown): it ignores
     the signals from its first statement, and ends with its pipe."""
     child = subprocess.Popen(
-        child_command("missionweave_server.services.authority.writer_process", str(tmp_path / "events.db"), "FULL", "inst", "1"),
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        child_command(
+            "missionweave_server.services.authority.writer_process",
+            str(tmp_path / "events.db"),
+            "FULL",
+            "inst",
+            "1",
+        ),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     # The signals land once its first statement ran (SigIgn in /proc shows both ignored) and while
     # the module's imports go on: a fixed sleep could land before the interpreter's start on a

@@ -42,12 +42,24 @@ async def item(bench: Bench, group: str, work_item: str) -> dict[str, Any]:
 
 async def authorize(bench: Bench, group: str, work_item: str, *extra: str) -> str:
     return await work(
-        bench, group, "authorize", *([work_item] if work_item else []), "--title", f"task {work_item or 'b'}",
-        "--criterion", "complete=every entity is present", "--evidence", "complete=test", *BUDGET, *extra,
+        bench,
+        group,
+        "authorize",
+        *([work_item] if work_item else []),
+        "--title",
+        f"task {work_item or 'b'}",
+        "--criterion",
+        "complete=every entity is present",
+        "--evidence",
+        "complete=test",
+        *BUDGET,
+        *extra,
     )
 
 
-async def submitted(bench: Bench, group: str, work_item: str, tmp_path: Path, worker: str = "worker-bot") -> str:
+async def submitted(
+    bench: Bench, group: str, work_item: str, tmp_path: Path, worker: str = "worker-bot"
+) -> str:
     """The Worker's part by hand: accept the open offer, start, store a real Artifact with its
     manifest under the lease, submit it with Evidence. Returns the Artifact's digest."""
     await work(bench, group, "accept", work_item, as_=worker)
@@ -55,10 +67,29 @@ async def submitted(bench: Bench, group: str, work_item: str, tmp_path: Path, wo
     epoch = str((await item(bench, group, work_item))["ownership_epoch"])
     data = f"{work_item}: every entity is present ({lease})\n".encode()
     digest = await put(
-        bench, write(tmp_path / f"{work_item}-{lease}.txt", data), "--manifest-for", group, "--work-item", work_item,
-        "--lease-id", lease, "--ownership-epoch", epoch, *bench.as_(worker),
+        bench,
+        write(tmp_path / f"{work_item}-{lease}.txt", data),
+        "--manifest-for",
+        group,
+        "--work-item",
+        work_item,
+        "--lease-id",
+        lease,
+        "--ownership-epoch",
+        epoch,
+        *bench.as_(worker),
     )
-    await work(bench, group, "submit", work_item, "--artifact", digest, "--evidence-pass", "complete=42 of 42 present", as_=worker)
+    await work(
+        bench,
+        group,
+        "submit",
+        work_item,
+        "--artifact",
+        digest,
+        "--evidence-pass",
+        "complete=42 of 42 present",
+        as_=worker,
+    )
     return digest
 
 
@@ -73,12 +104,22 @@ async def test_a_workitem_from_authorize_to_verified(bench: Bench, tmp_path: Pat
     # The defaults: the title as goal and deliverable, the Mission's deadline and currency, normal urgency.
     assert contract["goal"] == "task wi-a" and contract["deliverables"][0]["deliverable_id"] == "result"
     assert contract["acceptance_criteria"][0]["required_evidence_methods"] == ["EVIDENCE_METHOD_TEST"]
-    assert contract["deadline"] == (await bench.mwp("state", "--group", group)).json()["mission"]["definition"]["deadline"]
-    assert contract["budget"] == {"currency": "EUR", "financial_micros": "500000", "tokens": "5000", "tool_calls": "20"}
+    assert (
+        contract["deadline"]
+        == (await bench.mwp("state", "--group", group)).json()["mission"]["definition"]["deadline"]
+    )
+    assert contract["budget"] == {
+        "currency": "EUR",
+        "financial_micros": "500000",
+        "tokens": "5000",
+        "tool_calls": "20",
+    }
     assert contract["urgency"] == "WORK_URGENCY_NORMAL" and contract["retry_policy"] == {"max_attempts": 3}
 
     offer = await work(bench, group, "offer", "wi-a", "--to", "worker-bot")
-    extended = await bench.mwp("work", "extend", "--group", group, "wi-a", "--to", "relief-bot", "--json", *bench.as_("coord-bot"))
+    extended = await bench.mwp(
+        "work", "extend", "--group", group, "wi-a", "--to", "relief-bot", "--json", *bench.as_("coord-bot")
+    )
     assert extended.json()["offer_id"] == offer
     (record,) = (await item(bench, group, "wi-a"))["offers"]
     assert record["offer_id"] == offer and record["candidate_ids"] == ["worker-bot", "relief-bot"]
@@ -89,10 +130,20 @@ async def test_a_workitem_from_authorize_to_verified(bench: Bench, tmp_path: Pat
     assert "complete" in text and "42 of 42 present" in text and "submission" in text
 
     accepted = await bench.mwp(
-        "work", "accept-result", "--group", group, "wi-a", "--evidence-pass", "complete=checked the list", "--json",
+        "work",
+        "accept-result",
+        "--group",
+        group,
+        "wi-a",
+        "--evidence-pass",
+        "complete=checked the list",
+        "--json",
         *bench.as_("coord-bot"),
     )
-    assert [e["type"] for e in accepted.json()["events"]] == ["work.evidence_recorded", "work.result_accepted"]
+    assert [e["type"] for e in accepted.json()["events"]] == [
+        "work.evidence_recorded",
+        "work.result_accepted",
+    ]
     verified = await item(bench, group, "wi-a")
     assert verified["state"] == "WORK_ITEM_STATE_VERIFIED"
     stages = [(e["stage"], e["producer_id"], e["result"]) for e in verified["evidence_records"]]
@@ -105,7 +156,10 @@ async def test_a_workitem_from_authorize_to_verified(bench: Bench, tmp_path: Pat
     assert lines[2].startswith(f"+-- {generated}  OPEN  -") and "[waiting on dependencies]" not in lines[2]
     document = (await bench.mwp("work", "tree", "--group", group, "--json")).json()
     assert document["roots"] == ["wi-a"] and document["order"] == ["wi-a", generated]
-    assert {n["work_item_id"]: n["dependents"] for n in document["work_items"]} == {"wi-a": [generated], generated: []}
+    assert {n["work_item_id"]: n["dependents"] for n in document["work_items"]} == {
+        "wi-a": [generated],
+        generated: [],
+    }
 
 
 async def test_review_refusals_failures_blocks_and_cancellation(bench: Bench, tmp_path: Path) -> None:
@@ -118,9 +172,13 @@ async def test_review_refusals_failures_blocks_and_cancellation(bench: Bench, tm
     await submitted(bench, group, "wi-1", tmp_path)
     await work(bench, group, "request-changes", "wi-1", "--evidence-fail", "complete=3 entities missing")
     again = await item(bench, group, "wi-1")
-    assert again["state"] == "WORK_ITEM_STATE_OFFERED" and again["offers"][0]["candidate_ids"] == ["worker-bot"]
+    assert again["state"] == "WORK_ITEM_STATE_OFFERED" and again["offers"][0]["candidate_ids"] == [
+        "worker-bot"
+    ]
     failure = [e for e in again["evidence_records"] if e["stage"] == "failure"]
-    assert [(e["criterion_id"], e["result"], e["summary"]) for e in failure] == [("complete", "FAIL", "3 entities missing")]
+    assert [(e["criterion_id"], e["result"], e["summary"]) for e in failure] == [
+        ("complete", "FAIL", "3 entities missing")
+    ]
     await work(bench, group, "accept", "wi-1", as_="worker-bot")
     assert (await item(bench, group, "wi-1"))["ownership_epoch"] == "2"
 
@@ -129,19 +187,34 @@ async def test_review_refusals_failures_blocks_and_cancellation(bench: Bench, tm
     await work(bench, group, "renew", "wi-1", "--usage", "tokens=120", as_="worker-bot")
     await work(bench, group, "block", "wi-1", "--needs", "the Q2 ledger", as_="worker-bot")
     assert (await item(bench, group, "wi-1"))["state"] == "WORK_ITEM_STATE_BLOCKED"
-    unblocked = await bench.mwp("work", "unblock", "--group", group, "wi-1", "--resolution", "attached", *bench.as_("coord-bot"))
+    unblocked = await bench.mwp(
+        "work", "unblock", "--group", group, "wi-1", "--resolution", "attached", *bench.as_("coord-bot")
+    )
     assert "unblocked wi-1: it is QUEUED" in unblocked.stdout
     # The Coordinator fails it with failure Evidence (the observation, by default).
     await work(bench, group, "fail", "wi-1", "--reason", "the ledger is gone")
     failed = await item(bench, group, "wi-1")
-    assert failed["state"] == "WORK_ITEM_STATE_FAILED" and failed["usage"]["budget"]["used"]["tokens"] == "120"
+    assert (
+        failed["state"] == "WORK_ITEM_STATE_FAILED" and failed["usage"]["budget"]["used"]["tokens"] == "120"
+    )
 
     # Rejected with Evidence: failed, not offered again.
     await work(bench, group, "offer", "wi-2", "--to", "relief-bot")
     await submitted(bench, group, "wi-2", tmp_path, worker="relief-bot")
-    recorded = await work(bench, group, "evidence", "wi-2", "--evidence-pass", "complete=the file opens", "--method", "review")
+    recorded = await work(
+        bench, group, "evidence", "wi-2", "--evidence-pass", "complete=the file opens", "--method", "review"
+    )
     assert recorded.startswith("evd_")
-    await work(bench, group, "reject", "wi-2", "--evidence-fail", "complete=nothing attached", "--reason", "wrong file")
+    await work(
+        bench,
+        group,
+        "reject",
+        "wi-2",
+        "--evidence-fail",
+        "complete=nothing attached",
+        "--reason",
+        "wrong file",
+    )
     assert (await item(bench, group, "wi-2"))["state"] == "WORK_ITEM_STATE_FAILED"
 
     # A Worker's transient failure under its lease is retried by the Authority: queued again.
@@ -149,7 +222,16 @@ async def test_review_refusals_failures_blocks_and_cancellation(bench: Bench, tm
     await work(bench, group, "accept", "wi-3", as_="worker-bot")
     await work(bench, group, "start", "wi-3", as_="worker-bot")
     failed_by_owner = await bench.mwp(
-        "work", "fail", "--group", group, "wi-3", "--kind", "transient", "--reason", "timeout", *bench.as_("worker-bot")
+        "work",
+        "fail",
+        "--group",
+        group,
+        "wi-3",
+        "--kind",
+        "transient",
+        "--reason",
+        "timeout",
+        *bench.as_("worker-bot"),
     )
     assert "reported failed (transient) by the owner" in failed_by_owner.stdout
     assert (await item(bench, group, "wi-3"))["state"] == "WORK_ITEM_STATE_QUEUED"
@@ -167,13 +249,34 @@ async def test_bad_flags_are_refused_before_anything_is_sent(bench: Bench, tmp_p
     before = await head(bench, group)
     base = ["authorize", "wi-x", "--title", "x", "--criterion", "complete=done"]
     refusals = {
-        "--evidence: evidence.typo: no acceptance criterion 'typo'": [*base, *BUDGET, "--evidence", "typo=test"],
-        "--input: inputs.figures.from: wi-a is not among depends_on": [*base, *BUDGET, "--input", "figures=wi-a"],
+        "--evidence: evidence.typo: no acceptance criterion 'typo'": [
+            *base,
+            *BUDGET,
+            "--evidence",
+            "typo=test",
+        ],
+        "--input: inputs.figures.from: wi-a is not among depends_on": [
+            *base,
+            *BUDGET,
+            "--input",
+            "figures=wi-a",
+        ],
         "--budget tokens is given twice": [*base, "--budget", "tokens=1", "--budget", "tokens=2"],
-        "--budget: budget.currency: the Mission's budget is in EUR, not USD": [*base, "--budget", "financial=1USD"],
+        "--budget: budget.currency: the Mission's budget is in EUR, not USD": [
+            *base,
+            "--budget",
+            "financial=1USD",
+        ],
         "--deadline: deadline:": [*base, *BUDGET, "--deadline", "2001-01-01T00:00:00Z"],
         "--to nobody-bot: holds no active Membership": ["offer", "wi-a", "--to", "nobody-bot"],
-        "--evidence-pass nosuch: the contract of wi-a has no acceptance criterion": ["evidence", "wi-a", "--evidence-pass", "nosuch", "--submission", "evt_x"],
+        "--evidence-pass nosuch: the contract of wi-a has no acceptance criterion": [
+            "evidence",
+            "wi-a",
+            "--evidence-pass",
+            "nosuch",
+            "--submission",
+            "evt_x",
+        ],
     }
     for message, args in refusals.items():
         stderr = await work(bench, group, *args, expect=2)
@@ -193,7 +296,9 @@ async def test_bad_flags_are_refused_before_anything_is_sent(bench: Bench, tmp_p
     await work(bench, group, "accept", "wi-a", as_="worker-bot")
     await work(bench, group, "start", "wi-a", as_="worker-bot")
     before = await head(bench, group)
-    missing = await work(bench, group, "submit", "wi-a", "--artifact", "blake3:" + "ab" * 32 + ":3", as_="worker-bot", expect=2)
+    missing = await work(
+        bench, group, "submit", "wi-a", "--artifact", "blake3:" + "ab" * 32 + ":3", as_="worker-bot", expect=2
+    )
     assert "no Evidence for the required acceptance criteria complete" in missing
     assert await head(bench, group) == before
 
@@ -206,10 +311,22 @@ async def test_refusals_by_the_server_exit_1_with_the_reason(bench: Bench) -> No
     waiting = await work(bench, group, "offer", "wi-b", "--to", "worker-bot", expect=1)
     assert "refused: PRECONDITION_FAILED" in waiting and "dependencies of wi-b" in waiting
     denied = await work(
-        bench, group, "authorize", "wi-c", "--title", "c", "--criterion", "c=d", *BUDGET, as_="worker-bot", expect=1
+        bench,
+        group,
+        "authorize",
+        "wi-c",
+        "--title",
+        "c",
+        "--criterion",
+        "c=d",
+        *BUDGET,
+        as_="worker-bot",
+        expect=1,
     )
     assert "refused: PERMISSION_DENIED" in denied
-    taken = await work(bench, group, "authorize", "wi-a", "--title", "again", "--criterion", "c=d", *BUDGET, expect=1)
+    taken = await work(
+        bench, group, "authorize", "wi-a", "--title", "again", "--criterion", "c=d", *BUDGET, expect=1
+    )
     assert "refused: INVALID_ARGUMENT" in taken and "body.work_item_id" in taken
     missing = await work(bench, group, "accept-result", "wi-nope", expect=1)
     assert "refused: NOT_FOUND" in missing
@@ -218,8 +335,23 @@ async def test_refusals_by_the_server_exit_1_with_the_reason(bench: Bench) -> No
     assert await head(bench, group) == before
     # The MissionOwner may authorize as an audited emergency override (MW-7.1-13).
     override = await bench.mwp(
-        "work", "authorize", "wi-o", "--group", group, "--title", "o", "--criterion", "c=d", *BUDGET,
-        "--override-reason", "the Coordinator is unreachable", "--json", *bench.as_("alice"),
+        "work",
+        "authorize",
+        "wi-o",
+        "--group",
+        group,
+        "--title",
+        "o",
+        "--criterion",
+        "c=d",
+        *BUDGET,
+        "--override-reason",
+        "the Coordinator is unreachable",
+        "--json",
+        *bench.as_("alice"),
     )
     authorized = override.json()["events"][0]["work_authorized"]
-    assert authorized["emergency_override"] is True and authorized["override_reason"] == "the Coordinator is unreachable"
+    assert (
+        authorized["emergency_override"] is True
+        and authorized["override_reason"] == "the Coordinator is unreachable"
+    )

@@ -32,17 +32,31 @@ async def test_a_worker_lists_its_own_queue_and_nobody_elses(bench: Bench) -> No
     group = await mission_group(bench)
     grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
     await execute(bench, "alice", group, "membership_grant", grant)
-    body = wp.WorkAuthorize(work_item_id="wi-1", title="t", contract=builders.contract(bench.clock.now()), coordinator_epoch=1)
+    body = wp.WorkAuthorize(
+        work_item_id="wi-1", title="t", contract=builders.contract(bench.clock.now()), coordinator_epoch=1
+    )
     await execute(bench, "coord-bot", group, "work_authorize", body)
     offer = wp.WorkOffer(
-        work_item_id="wi-1", offer_id="off-1", candidate_ids=["worker-bot"], coordinator_epoch=1,
-        expires_at=to_timestamp(bench.clock.now() + timedelta(minutes=5)), selection_criteria=[builders.selection("worker-bot")],
+        work_item_id="wi-1",
+        offer_id="off-1",
+        candidate_ids=["worker-bot"],
+        coordinator_epoch=1,
+        expires_at=to_timestamp(bench.clock.now() + timedelta(minutes=5)),
+        selection_criteria=[builders.selection("worker-bot")],
     )
     await execute(bench, "coord-bot", group, "work_offer", offer)
-    await execute(bench, "worker-bot", group, "work_accept_offer", wp.WorkAcceptOffer(work_item_id="wi-1", offer_id="off-1", contract_revision=1))
+    await execute(
+        bench,
+        "worker-bot",
+        group,
+        "work_accept_offer",
+        wp.WorkAcceptOffer(work_item_id="wi-1", offer_id="off-1", contract_revision=1),
+    )
     shown = (await bench.mwp("worker", "queue", "--group", group, *bench.as_("worker-bot"))).stdout
     assert f"worker-bot's queue of {group}" in shown and "wi-1" in shown and "queued" in shown
-    document = (await bench.mwp("worker", "queue", "--group", group, "--json", *bench.as_("worker-bot"))).json()
+    document = (
+        await bench.mwp("worker", "queue", "--group", group, "--json", *bench.as_("worker-bot"))
+    ).json()
     assert [e["work_item_id"] for e in document["entries"]] == ["wi-1"]
     # The Coordinator's own queue holds none of the Worker's work.
     theirs = (await bench.mwp("worker", "queue", "--group", group, *bench.as_("coord-bot"))).stdout
@@ -91,9 +105,14 @@ def write_config(path: Path, **entries: object) -> Path:
 
 async def start_mwp(*args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", *args, cwd=ROOT,
+        sys.executable,
+        "-m",
+        "missionweave.cli",
+        *args,
+        cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), "MWP_LOG_FORMAT": "json"},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
 
 
@@ -115,19 +134,28 @@ async def test_mwp_worker_run_serves_a_group_with_the_configured_handler_until_s
     (tmp_path / "handlers").mkdir()
     (tmp_path / "handlers" / "sheet.py").write_text(HANDLER)
     config = write_config(
-        tmp_path / "worker.toml", target=w.target, identity="worker-bot", key="worker.key", groups=[G],
+        tmp_path / "worker.toml",
+        target=w.target,
+        identity="worker-bot",
+        key="worker.key",
+        groups=[G],
         handler="handlers/sheet.py:handle",
     )
     proc = await start_mwp("worker", "run", "--config", str(config), "--json")
     try:
         assert proc.stdout is not None
         started = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
-        assert started["event"] == "started" and started["groups"] == [G] and started["identity"] == "worker-bot"
+        assert (
+            started["event"] == "started" and started["groups"] == [G] and started["identity"] == "worker-bot"
+        )
         await flow.authorize("wi-1")
         await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
         async with asyncio.timeout(60):
             async for event in w.client.read_events(G, follow=True):
-                if event.WhichOneof("payload") == "work_submitted" and event.work_submitted.work_item_id == "wi-1":
+                if (
+                    event.WhichOneof("payload") == "work_submitted"
+                    and event.work_submitted.work_item_id == "wi-1"
+                ):
                     break
     finally:
         if proc.returncode is None:
@@ -137,15 +165,25 @@ async def test_mwp_worker_run_serves_a_group_with_the_configured_handler_until_s
     stopped = json.loads(out.decode().splitlines()[-1])
     assert stopped == {"event": "stopped", "submitted": [{"group_id": G, "work_item_id": "wi-1"}]}
     lines = [json.loads(line) for line in err.decode().splitlines() if line.startswith("{")]
-    logged = {(e.get("command"), e.get("outcome")) for e in lines if e.get("work_item") == "wi-1" and e.get("group") == G}
+    logged = {
+        (e.get("command"), e.get("outcome"))
+        for e in lines
+        if e.get("work_item") == "wi-1" and e.get("group") == G
+    }
     # Each command the runtime sent, named with its Group and WorkItem: the offer answered, the
     # start and the submission; and the submission observed on the runtime's progress.
-    assert {("work_accept_offer", "accepted"), ("work_start", "accepted"), ("work_submit", "accepted")} <= logged
+    assert {
+        ("work_accept_offer", "accepted"),
+        ("work_start", "accepted"),
+        ("work_submit", "accepted"),
+    } <= logged
     assert ("work_submit", None) in logged
     assert "Traceback" not in err.decode()
     log = [e async for e in w.client.read_events(G)]
     [submitted] = [e.work_submitted for e in log if e.WhichOneof("payload") == "work_submitted"]
-    assert submitted.summary == "from the config's handler" and [e.criterion_id for e in submitted.evidence] == ["balances"]
+    assert submitted.summary == "from the config's handler" and [
+        e.criterion_id for e in submitted.evidence
+    ] == ["balances"]
     # The Worker signed with the session mwp saved next to its key: no other session was opened.
     saved = json.loads((tmp_path / "worker.key.session.json").read_text())
     assert saved == {"identity": "worker-bot", "session_epoch": started["session_epoch"]}
@@ -164,7 +202,9 @@ async def test_mwp_worker_run_human_start_line_and_sigterm(world: World, tmp_pat
     key = tmp_path / "worker.key"
     write_key(key, w.worker.key)
     (tmp_path / "sheet.py").write_text(HANDLER)
-    config = write_config(tmp_path / "w.toml", identity="worker-bot", key="worker.key", groups=[G], handler="sheet.py:handle")
+    config = write_config(
+        tmp_path / "w.toml", identity="worker-bot", key="worker.key", groups=[G], handler="sheet.py:handle"
+    )
     proc = await start_mwp("--target", w.target, "worker", "run", "--config", str(config))
     assert proc.stdout is not None
     line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
@@ -181,49 +221,102 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_mwp_worker_run_bad_configs_exit_2_with_a_clear_message_and_an_unreachable_mesh_exits_3(tmp_path: Path) -> None:
+async def test_mwp_worker_run_bad_configs_exit_2_with_a_clear_message_and_an_unreachable_mesh_exits_3(
+    tmp_path: Path,
+) -> None:
     key = tmp_path / "worker.key"
     write_key(key, generate_key())
     (tmp_path / "sheet.py").write_text(HANDLER)
     (tmp_path / "broken.py").write_text("import missionweave.no_such_module\n")
-    good = {"identity": "worker-bot", "key": "worker.key", "groups": ["grp_a"], "handler": "sheet.py:handle",
-            "target": f"127.0.0.1:{free_port()}", "connect_timeout": 2}
+    good = {
+        "identity": "worker-bot",
+        "key": "worker.key",
+        "groups": ["grp_a"],
+        "handler": "sheet.py:handle",
+        "target": f"127.0.0.1:{free_port()}",
+        "connect_timeout": 2,
+    }
     unreadable = tmp_path / "open.key"
     write_key(unreadable, generate_key())
     unreadable.chmod(0o644)
     (tmp_path / "not-toml.toml").write_text("groups = [\n")
     cases = {
-        "missing groups": (write_config(tmp_path / "a.toml", **{k: v for k, v in good.items() if k != "groups"}), "missing key groups"),
-        "no identity": (write_config(tmp_path / "b.toml", **{k: v for k, v in good.items() if k != "identity"}), "missing key identity"),
+        "missing groups": (
+            write_config(tmp_path / "a.toml", **{k: v for k, v in good.items() if k != "groups"}),
+            "missing key groups",
+        ),
+        "no identity": (
+            write_config(tmp_path / "b.toml", **{k: v for k, v in good.items() if k != "identity"}),
+            "missing key identity",
+        ),
         "unknown key": (write_config(tmp_path / "c.toml", **good, group="grp_a"), "unknown key(s) group"),
-        "empty groups": (write_config(tmp_path / "d.toml", **{**good, "groups": []}), "groups must be a non-empty list"),
-        "no such function": (write_config(tmp_path / "e.toml", **{**good, "handler": "sheet.py:nope"}), "has no 'nope'"),
-        "not async": (write_config(tmp_path / "f.toml", **{**good, "handler": "sheet.py:not_async"}), "is not an async function"),
-        "no such file": (write_config(tmp_path / "g.toml", **{**good, "handler": "gone.py:handle"}), "does not exist"),
-        "no such module": (write_config(tmp_path / "h.toml", **{**good, "handler": "no_such_pkg.mod:handle"}), "not found"),
-        "handler fails to import": (write_config(tmp_path / "i.toml", **{**good, "handler": "broken.py:handle"}), "importing broken.py failed"),
-        "not MODULE:FUNCTION": (write_config(tmp_path / "j.toml", **{**good, "handler": "sheet.py"}), "is not MODULE:FUNCTION"),
-        "missing key file": (write_config(tmp_path / "k.toml", **{**good, "key": "gone.key"}), "gone.key does not exist"),
-        "key readable by others": (write_config(tmp_path / "l.toml", **{**good, "key": "open.key"}), "must not be readable by others"),
+        "empty groups": (
+            write_config(tmp_path / "d.toml", **{**good, "groups": []}),
+            "groups must be a non-empty list",
+        ),
+        "no such function": (
+            write_config(tmp_path / "e.toml", **{**good, "handler": "sheet.py:nope"}),
+            "has no 'nope'",
+        ),
+        "not async": (
+            write_config(tmp_path / "f.toml", **{**good, "handler": "sheet.py:not_async"}),
+            "is not an async function",
+        ),
+        "no such file": (
+            write_config(tmp_path / "g.toml", **{**good, "handler": "gone.py:handle"}),
+            "does not exist",
+        ),
+        "no such module": (
+            write_config(tmp_path / "h.toml", **{**good, "handler": "no_such_pkg.mod:handle"}),
+            "not found",
+        ),
+        "handler fails to import": (
+            write_config(tmp_path / "i.toml", **{**good, "handler": "broken.py:handle"}),
+            "importing broken.py failed",
+        ),
+        "not MODULE:FUNCTION": (
+            write_config(tmp_path / "j.toml", **{**good, "handler": "sheet.py"}),
+            "is not MODULE:FUNCTION",
+        ),
+        "missing key file": (
+            write_config(tmp_path / "k.toml", **{**good, "key": "gone.key"}),
+            "gone.key does not exist",
+        ),
+        "key readable by others": (
+            write_config(tmp_path / "l.toml", **{**good, "key": "open.key"}),
+            "must not be readable by others",
+        ),
         "not TOML": (tmp_path / "not-toml.toml", "is not valid TOML"),
         "no config file": (tmp_path / "absent.toml", "cannot read the config file"),
     }
     runs = await asyncio.gather(*(mwp("worker", "run", "--config", str(path)) for path, _ in cases.values()))
     for (name, (_, expected)), (code, _out, err) in zip(cases.items(), runs, strict=True):
-        assert code == 2 and expected in err and err.startswith("mwp: ") and "Traceback" not in err, (name, code, err)
+        assert code == 2 and expected in err and err.startswith("mwp: ") and "Traceback" not in err, (
+            name,
+            code,
+            err,
+        )
     code, _, err = await mwp("worker", "run", "--config", str(write_config(tmp_path / "ok.toml", **good)))
     assert code == 3 and "cannot reach" in err and "Traceback" not in err, err
 
 
-async def test_mwp_worker_run_in_a_group_it_is_not_a_member_of_is_refused_exit_1(world: World, tmp_path: Path) -> None:
+async def test_mwp_worker_run_in_a_group_it_is_not_a_member_of_is_refused_exit_1(
+    world: World, tmp_path: Path
+) -> None:
     w = world
     await setup(w)
-    await w.run(w.owner, "grp_other", "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
+    await w.run(
+        w.owner, "grp_other", "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now())
+    )
     key = tmp_path / "worker.key"
     write_key(key, w.worker.key)
     (tmp_path / "sheet.py").write_text(HANDLER)
     config = write_config(
-        tmp_path / "w.toml", target=w.target, identity="worker-bot", key="worker.key", groups=[G, "grp_other"],
+        tmp_path / "w.toml",
+        target=w.target,
+        identity="worker-bot",
+        key="worker.key",
+        groups=[G, "grp_other"],
         handler="sheet.py:handle",
     )
     code, out, err = await mwp("worker", "run", "--config", str(config))

@@ -12,8 +12,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_ONLY = (
-    "prometheus_client", "opentelemetry", "sqlalchemy", "aiosqlite", "asyncpg", "alembic", "boto3", "botocore",
-    "cryptography", "pydantic", "pydantic_core", "missionweave_server", "missionweave.cli", "missionweave.internal",
+    "prometheus_client",
+    "opentelemetry",
+    "sqlalchemy",
+    "aiosqlite",
+    "asyncpg",
+    "alembic",
+    "boto3",
+    "botocore",
+    "cryptography",
+    "pydantic",
+    "pydantic_core",
+    "missionweave_server",
+    "missionweave.cli",
+    "missionweave.internal",
 )
 
 
@@ -25,7 +37,9 @@ def test_importing_every_sdk_module_loads_nothing_of_a_server() -> None:
         "    importlib.import_module('missionweave.sdk.' + m.name)\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
     loaded = json.loads(done.stdout)
     assert "missionweave.sdk.agent" in loaded and "grpc" in loaded  # the probe did import the SDK
     server = [m for m in loaded if any(m == s or m.startswith(s + ".") for s in SERVER_ONLY)]

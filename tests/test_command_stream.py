@@ -27,7 +27,9 @@ from tests.test_grpc_authority import create_mission
 
 
 def envelope(command_id: str) -> common_pb2.SignedEnvelope:
-    return common_pb2.SignedEnvelope(payload=command_pb2.Command(group_id="grp_cs", command_id=command_id).SerializeToString())
+    return common_pb2.SignedEnvelope(
+        payload=command_pb2.Command(group_id="grp_cs", command_id=command_id).SerializeToString()
+    )
 
 
 class Reversing(apb_grpc.AuthorityServiceServicer):
@@ -81,7 +83,9 @@ async def test_a_stream_that_ends_fails_the_waiting_commands_and_refuses_new_one
     try:
         stream = CommandStream(channel)
         async with asyncio.timeout(20):
-            results = await asyncio.gather(*(stream.execute(envelope(f"e{i}")) for i in range(4)), return_exceptions=True)
+            results = await asyncio.gather(
+                *(stream.execute(envelope(f"e{i}")) for i in range(4)), return_exceptions=True
+            )
         assert [r.result.command_id for r in results[:2]] == ["e0", "e1"]  # type: ignore[union-attr]
         assert all(isinstance(r, StreamEnded) for r in results[2:])
         with pytest.raises(StreamEnded):
@@ -104,7 +108,9 @@ def limited(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shards, "MAX_STREAM_IN_FLIGHT", LIMIT)
 
 
-async def posts(world: World, count: int) -> tuple[list[common_pb2.SignedEnvelope], Callable[[], Awaitable[int]]]:
+async def posts(
+    world: World, count: int
+) -> tuple[list[common_pb2.SignedEnvelope], Callable[[], Awaitable[int]]]:
     """``count`` signed 8 KB posts over GROUPS, and how many commands those Groups have appended since."""
     conversations = {g: await create_mission(world, g) for g in GROUPS}
 
@@ -118,7 +124,9 @@ async def posts(world: World, count: int) -> tuple[list[common_pb2.SignedEnvelop
 
     owner, text = world.owner, "x" * 8000
     envelopes = [
-        owner.sign(owner.command(g, "message_post", builders.message(conversations[g], text), membership_epoch=1))
+        owner.sign(
+            owner.command(g, "message_post", builders.message(conversations[g], text), membership_epoch=1)
+        )
         for i in range(count)
         for g in [GROUPS[i % len(GROUPS)]]
     ]
@@ -129,11 +137,15 @@ def unread_stream(world: World) -> tuple[grpc.aio.Channel, Any]:
     """An ExecuteCommandStream on a channel of its own whose receive window stays gRPC's initial
     64 KiB (no BDP probing to grow it), so what the client's side holds of unread answers is known."""
     channel = open_channel(world.target, options=[("grpc.http2.bdp_probe", 0)])
-    call = channel.stream_stream(STREAM, apb.ExecuteCommandStreamRequest.SerializeToString, apb.ExecuteCommandStreamResponse.FromString)()
+    call = channel.stream_stream(
+        STREAM, apb.ExecuteCommandStreamRequest.SerializeToString, apb.ExecuteCommandStreamResponse.FromString
+    )()
     return channel, call
 
 
-async def settled(count: Callable[[], Awaitable[int]], at_least: int, polls: int = 5, limit_s: float = 60.0) -> int:
+async def settled(
+    count: Callable[[], Awaitable[int]], at_least: int, polls: int = 5, limit_s: float = 60.0
+) -> int:
     """``count()`` once it is at least ``at_least`` and unchanged over ``polls`` reads in a row."""
     last, same = -1, 0
     async with asyncio.timeout(limit_s):
@@ -185,7 +197,9 @@ async def test_a_stream_whose_answers_are_not_read_is_paused_then_answers_everyt
         writer.cancel()
         await channel.close()
     assert sorted(a.request_tag for a in answers) == list(range(UNREAD))
-    assert all(a.WhichOneof("outcome") == "result" for a in answers), next(a.rejection for a in answers if a.HasField("rejection"))
+    assert all(a.WhichOneof("outcome") == "result" for a in answers), next(
+        a.rejection for a in answers if a.HasField("rejection")
+    )
     assert await appended() == UNREAD
 
 
@@ -213,7 +227,9 @@ async def test_a_client_cancelling_a_stream_is_no_error(
         # The stream is gone everywhere: the same client's next stream is answered at once.
         fresh = CommandStream(world.client.channel)
         conversation = (await world.client.group_state(GROUPS[0])).mission.planning_conversation_id
-        more = world.owner.command(GROUPS[0], "message_post", builders.message(conversation, "after"), membership_epoch=1)
+        more = world.owner.command(
+            GROUPS[0], "message_post", builders.message(conversation, "after"), membership_epoch=1
+        )
         async with asyncio.timeout(20):
             answer = await fresh.execute(world.owner.sign(more))
         assert answer.HasField("result")
@@ -222,6 +238,10 @@ async def test_a_client_cancelling_a_stream_is_no_error(
         writer.cancel()
         await channel.close()
     about = [r for r in caplog.records if r.name.startswith(("missionweave", "grpc", "services", "asyncio"))]
-    assert not [r for r in about if r.levelno >= logging.WARNING or r.exc_info], [r.getMessage() for r in about]
-    cancelled = [r for r in about if "ExecuteCommandStream" in r.getMessage() or "cancel" in r.getMessage().lower()]
+    assert not [r for r in about if r.levelno >= logging.WARNING or r.exc_info], [
+        r.getMessage() for r in about
+    ]
+    cancelled = [
+        r for r in about if "ExecuteCommandStream" in r.getMessage() or "cancel" in r.getMessage().lower()
+    ]
     assert len(cancelled) <= 1, [r.getMessage() for r in cancelled]

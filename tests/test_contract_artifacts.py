@@ -63,7 +63,9 @@ async def test_provenance_starts_with_the_start_node_and_its_own_manifest(world:
     raw, mid, top = b"raw\n", b"mid\n", b"top\n"
     manifests = {}
     for data, sources in ((raw, ()), (mid, (blob_digest(raw),)), (top, (blob_digest(mid),))):
-        manifests[data] = (await w.client.upload(data, manifest_for(w, w.worker, data, sources=sources))).manifest_digest
+        manifests[data] = (
+            await w.client.upload(data, manifest_for(w, w.worker, data, sources=sources))
+        ).manifest_digest
     graph = await provenance(w, blob_digest(mid))  # direction unset: both ways
     facts = [(n.digest.hex, n.depth, n.is_ancestor) for n in graph.nodes]
     assert facts[0] == (blob_digest(mid).hex, 0, False)
@@ -72,10 +74,15 @@ async def test_provenance_starts_with_the_start_node_and_its_own_manifest(world:
     for node in graph.nodes:
         data = by_hex[node.digest.hex]
         assert node.manifest_digest == manifests[data]  # the node's own manifest, as the upload answered it
-        assert (node.media_type, node.producer_agent_id, node.work_item_id) == ("text/csv", "worker-bot", "wi-1")
+        assert (node.media_type, node.producer_agent_id, node.work_item_id) == (
+            "text/csv",
+            "worker-bot",
+            "wi-1",
+        )
         assert node.digest.size_bytes == len(data)
     assert {(e.source.hex, e.derived.hex) for e in graph.edges} == {
-        (blob_digest(raw).hex, blob_digest(mid).hex), (blob_digest(mid).hex, blob_digest(top).hex)
+        (blob_digest(raw).hex, blob_digest(mid).hex),
+        (blob_digest(mid).hex, blob_digest(top).hex),
     }
     both = await provenance(w, blob_digest(mid), direction=DIR.PROVENANCE_DIRECTION_BOTH)
     assert both == graph
@@ -97,9 +104,11 @@ async def test_provenance_depth_defaults_to_8_and_is_at_most_32(world: World) ->
     assert [n.depth for n in (await provenance(w, steps[0], direction=down, max_depth=1)).nodes] == [0, 1]
     assert len((await provenance(w, steps[0], direction=down, max_depth=32)).nodes) == 10
     rejection = await refused_with(provenance(w, steps[0], direction=down, max_depth=33))
-    assert (rejection.metadata["artifact_error"], rejection.metadata["field"], rejection.metadata["limit"]) == (
-        "ARTIFACT_ERROR_CODE_PROTOCOL_VIOLATION", "max_depth", "32"
-    )
+    assert (
+        rejection.metadata["artifact_error"],
+        rejection.metadata["field"],
+        rejection.metadata["limit"],
+    ) == ("ARTIFACT_ERROR_CODE_PROTOCOL_VIOLATION", "max_depth", "32")
     code, reason, _ = await refusal(provenance(w, steps[0], max_depth=33))
     assert (code, reason) == ("INVALID_ARGUMENT", "REJECTION_REASON_INVALID_ARGUMENT")
 
@@ -118,7 +127,9 @@ async def test_get_manifest_lists_every_manifest_in_a_stable_order_and_filters(w
     digest = blob_digest(data)
 
     async def listed(**filters: str) -> list[common_pb2.SignedEnvelope]:
-        return list((await w.client.artifacts.GetManifest(apb.GetManifestRequest(digest=digest, **filters))).manifests)
+        return list(
+            (await w.client.artifacts.GetManifest(apb.GetManifestRequest(digest=digest, **filters))).manifests
+        )
 
     everything = await listed()
     refs = [(await w.client.upload(data, e)).manifest_digest.hex for e in everything]
@@ -138,21 +149,33 @@ async def test_upload_limits_and_protocol_errors(world: World) -> None:
     big = os.urandom(MiB + 1)
     small = b"small\n"
     over = common_pb2.Digest(algorithm="blake3", hex="ab" * 32, size_bytes=4 * 1024**3 + 1)
-    oversized_manifest = common_pb2.SignedEnvelope(payload=b"x" * (64 * 1024), payload_type="application/vnd.in-toto+json")
+    oversized_manifest = common_pb2.SignedEnvelope(
+        payload=b"x" * (64 * 1024), payload_type="application/vnd.in-toto+json"
+    )
     cases = [
         ((header(blob_digest(big)), chunk(0, big)), "RESOURCE_EXHAUSTED", "TOO_LARGE"),
         ((header(over),), "RESOURCE_EXHAUSTED", "TOO_LARGE"),
-        ((header(blob_digest(small), oversized_manifest), chunk(0, small)), "RESOURCE_EXHAUSTED", "TOO_LARGE"),
+        (
+            (header(blob_digest(small), oversized_manifest), chunk(0, small)),
+            "RESOURCE_EXHAUSTED",
+            "TOO_LARGE",
+        ),
         ((chunk(0, small),), "INVALID_ARGUMENT", "PROTOCOL_VIOLATION"),
         ((header(blob_digest(small)), header(blob_digest(small))), "INVALID_ARGUMENT", "PROTOCOL_VIOLATION"),
-        ((header(common_pb2.Digest(algorithm="blake3", hex="AB" * 32, size_bytes=6)),), "INVALID_ARGUMENT", "MALFORMED_DIGEST"),
+        (
+            (header(common_pb2.Digest(algorithm="blake3", hex="AB" * 32, size_bytes=6)),),
+            "INVALID_ARGUMENT",
+            "MALFORMED_DIGEST",
+        ),
     ]
     for messages, code, error in cases:
         got = await refusal(upload(w, *messages))
         assert (got[0], got[2]) == (code, f"ARTIFACT_ERROR_CODE_{error}"), (error, got)
     rejection = await refused_with(upload(w, header(over)))
     assert rejection.metadata["limit"] == str(4 * 1024**3)
-    found = await w.client.artifacts.FindMissing(apb.FindMissingRequest(digests=[blob_digest(big), blob_digest(small)]))
+    found = await w.client.artifacts.FindMissing(
+        apb.FindMissingRequest(digests=[blob_digest(big), blob_digest(small)])
+    )
     assert len(found.missing_digests) == 2
     # The declared digest comes back as the committed one.
     assert (await upload(w, header(blob_digest(small)), chunk(0, small))).digest == blob_digest(small)
@@ -170,7 +193,9 @@ async def test_find_missing_is_bounded_and_answers_in_request_order(world: World
     assert list(found.missing_digests) == [absent[3], absent[0], absent[4], absent[1]]
     at_limit = await w.client.artifacts.FindMissing(apb.FindMissingRequest(digests=[absent[0]] * 10_000))
     assert len(at_limit.missing_digests) == 10_000
-    code, _, error = await refusal(w.client.artifacts.FindMissing(apb.FindMissingRequest(digests=[absent[0]] * 10_001)))
+    code, _, error = await refusal(
+        w.client.artifacts.FindMissing(apb.FindMissingRequest(digests=[absent[0]] * 10_001))
+    )
     assert (code, error) == ("RESOURCE_EXHAUSTED", "ARTIFACT_ERROR_CODE_TOO_LARGE")
 
 
@@ -182,9 +207,13 @@ async def test_download_chunks_ranges_and_stat(world: World) -> None:
     data = os.urandom(2 * MiB + 7)
     digest = blob_digest(data)
     await w.client.upload(data)
-    pieces = [p async for p in w.client.artifacts.Download(apb.DownloadRequest(digest=digest, offset=MiB // 2))]
+    pieces = [
+        p async for p in w.client.artifacts.Download(apb.DownloadRequest(digest=digest, offset=MiB // 2))
+    ]
     assert all(len(p.data) <= MiB for p in pieces) and len(pieces) >= 2
-    assert [p.offset for p in pieces] == [MiB // 2 + sum(len(q.data) for q in pieces[:i]) for i in range(len(pieces))]
+    assert [p.offset for p in pieces] == [
+        MiB // 2 + sum(len(q.data) for q in pieces[:i]) for i in range(len(pieces))
+    ]
     assert b"".join(p.data for p in pieces) == data[MiB // 2 :]
     before = await w.client.artifacts.Stat(apb.StatRequest(digest=digest))
     assert before.digest == digest and before.manifest_count == 0
@@ -193,8 +222,14 @@ async def test_download_chunks_ranges_and_stat(world: World) -> None:
     after = await w.client.artifacts.Stat(apb.StatRequest(digest=digest))
     assert after.stored_at == before.stored_at
     assert after.last_verified_at.ToSeconds() - before.last_verified_at.ToSeconds() >= 90
-    code, reason, error = await refusal(w.client.artifacts.Stat(apb.StatRequest(digest=blob_digest(b"never stored"))))
-    assert (code, reason, error) == ("NOT_FOUND", "REJECTION_REASON_NOT_FOUND", "ARTIFACT_ERROR_CODE_NOT_FOUND")
+    code, reason, error = await refusal(
+        w.client.artifacts.Stat(apb.StatRequest(digest=blob_digest(b"never stored")))
+    )
+    assert (code, reason, error) == (
+        "NOT_FOUND",
+        "REJECTION_REASON_NOT_FOUND",
+        "ARTIFACT_ERROR_CODE_NOT_FOUND",
+    )
     # The size is part of the name: the same hash with another size is not this blob.
     other_size = common_pb2.Digest(algorithm="blake3", hex=digest.hex, size_bytes=digest.size_bytes + 1)
     assert (await refusal(w.client.artifacts.Stat(apb.StatRequest(digest=other_size))))[0] == "NOT_FOUND"
@@ -224,13 +259,17 @@ async def test_a_manifest_must_describe_the_uploaded_bytes(world: World) -> None
     blob (subject digest, size)": INVALID_ARGUMENT), and nothing of the upload is kept."""
     w = world
     data, other = b"these bytes\n", b"other bytes\n"
-    code, _, error = await refusal(upload(w, header(blob_digest(data), manifest_for(w, w.worker, other)), chunk(0, data)))
+    code, _, error = await refusal(
+        upload(w, header(blob_digest(data), manifest_for(w, w.worker, other)), chunk(0, data))
+    )
     assert (code, error) == ("INVALID_ARGUMENT", "ARTIFACT_ERROR_CODE_MANIFEST_MISMATCH")
     found = await w.client.artifacts.FindMissing(apb.FindMissingRequest(digests=[blob_digest(data)]))
     assert list(found.missing_digests) == [blob_digest(data)]
 
 
-async def test_the_node_limit_truncates_the_walk(world: World, topology: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_node_limit_truncates_the_walk(
+    world: World, topology: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """artifact_service.proto: QueryProvenanceResponse.truncated ("true when the node limit cut the
     walk short"; the limit is 10,000 nodes, lowered here)."""
     if topology.startswith("split"):

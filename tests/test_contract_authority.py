@@ -58,7 +58,9 @@ async def posts(w: World, conversation_id: str, count: int) -> None:
     w.mesh.authority.ingress = GroupIngressLimiter(0, 0)  # type: ignore[attr-defined]
     for start in range(0, count, 512):
         envelopes = [
-            w.signed(w.owner, G, "message_post", builders.message(conversation_id, f"m{n}"), membership_epoch=1)
+            w.signed(
+                w.owner, G, "message_post", builders.message(conversation_id, f"m{n}"), membership_epoch=1
+            )
             for n in range(start, min(count, start + 512))
         ]
         answers = await w.client.execute_batch(envelopes)
@@ -119,7 +121,9 @@ async def test_stream_and_batch_answers_name_the_command_id_even_of_a_rejected_c
     conv = (await create(w)).mission.planning_conversation_id
     stale = w.owner.command(G, "message_post", builders.message(conv), membership_epoch=7)
     good = w.owner.command(G, "message_post", builders.message(conv), membership_epoch=1)
-    garbage = sign_envelope(b"\xff\xff\xff", COMMAND_TYPE, w.owner.key, session_key_id("alice", w.owner.session_epoch))
+    garbage = sign_envelope(
+        b"\xff\xff\xff", COMMAND_TYPE, w.owner.key, session_key_id("alice", w.owner.session_epoch)
+    )
     requests = [
         apb.ExecuteCommandStreamRequest(command=w.owner.sign(stale), request_tag=1),
         apb.ExecuteCommandStreamRequest(command=w.owner.sign(good), request_tag=2),
@@ -131,11 +135,15 @@ async def test_stream_and_batch_answers_name_the_command_id_even_of_a_rejected_c
             yield request
 
     streamed = [a async for a in w.client.authority.ExecuteCommandStream(sent())]
-    batched = (await w.client.authority.ExecuteCommandBatch(apb.ExecuteCommandBatchRequest(commands=requests))).results
+    batched = (
+        await w.client.authority.ExecuteCommandBatch(apb.ExecuteCommandBatchRequest(commands=requests))
+    ).results
     for answers in (sorted(streamed, key=lambda a: a.request_tag), list(batched)):
         got = [(a.request_tag, a.command_id, a.WhichOneof("outcome")) for a in answers]
         assert got == [
-            (1, stale.command_id, "rejection"), (2, good.command_id, "result"), (3, "", "rejection")
+            (1, stale.command_id, "rejection"),
+            (2, good.command_id, "result"),
+            (3, "", "rejection"),
         ], got
 
 
@@ -159,7 +167,11 @@ async def test_read_events_pages_after_a_sequence_in_batches_up_to_a_limit(world
     capped = await batches(w.client, batch_size=5000)
     assert [len(b.events) for b in capped] == [1024, 11]
     after = await batches(w.client, after_sequence=1030, batch_size=2)
-    assert [[e.sequence for e in decode_events(b.events)] for b in after] == [[1031, 1032], [1033, 1034], [1035]]
+    assert [[e.sequence for e in decode_events(b.events)] for b in after] == [
+        [1031, 1032],
+        [1033, 1034],
+        [1035],
+    ]
     limited = await batches(w.client, after_sequence=10, batch_size=2, limit=5)
     assert [(b.first_sequence, b.last_sequence) for b in limited] == [(11, 12), (13, 14), (15, 15)]
     assert await batches(w.client, after_sequence=head) == []
@@ -174,10 +186,15 @@ async def test_a_members_read_counts_withheld_sequences_toward_the_limit(world: 
     await as_member(w, G, w.worker)
     start = (await w.client.group_state(G)).head_sequence  # the grant: the worker's first event
     opened = conversation_pb2.ConversationOpen(
-        conversation_id="conv_private", kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED, title="t", participant_ids=[]
+        conversation_id="conv_private",
+        kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED,
+        title="t",
+        participant_ids=[],
     )
     await w.run(w.coordinator, G, "conversation_open", opened, membership_epoch=2)
-    await w.run(w.coordinator, G, "message_post", builders.message("conv_private", "secret"), membership_epoch=2)
+    await w.run(
+        w.coordinator, G, "message_post", builders.message("conv_private", "secret"), membership_epoch=2
+    )
     await w.run(w.owner, G, "message_post", builders.message(conv, "for everyone"), membership_epoch=1)
     async with MeshClient(w.target, reader=w.worker) as mine:
         (whole,) = await batches(mine)
@@ -188,7 +205,9 @@ async def test_a_members_read_counts_withheld_sequences_toward_the_limit(world: 
         assert [e.sequence for e in decode_events(limited.events)] == [start]
 
 
-async def test_read_events_tells_a_non_member_nothing_and_an_operator_of_a_missing_group(world: World) -> None:
+async def test_read_events_tells_a_non_member_nothing_and_an_operator_of_a_missing_group(
+    world: World,
+) -> None:
     """authority_service.proto ReadEvents: "anyone else gets PERMISSION_DENIED / NOT_A_MEMBER,
     whether or not the Group exists"; an operator asking for a missing Group gets GROUP_NOT_FOUND
     (as GetWorkItem says; the same for GetWorkItem itself)."""
@@ -199,10 +218,17 @@ async def test_read_events_tells_a_non_member_nothing_and_an_operator_of_a_missi
         for group in (G, "grp_never_created"):
             call = them.authority.ReadEvents(apb.ReadEventsRequest(group_id=group))
             code, rejection = await refusal(_drain(call))
-            assert (code, rejection.reason) == (grpc.StatusCode.PERMISSION_DENIED, R.REJECTION_REASON_NOT_A_MEMBER)
-    code, rejection = await refusal(_drain(w.client.authority.ReadEvents(apb.ReadEventsRequest(group_id="grp_never_created"))))
+            assert (code, rejection.reason) == (
+                grpc.StatusCode.PERMISSION_DENIED,
+                R.REJECTION_REASON_NOT_A_MEMBER,
+            )
+    code, rejection = await refusal(
+        _drain(w.client.authority.ReadEvents(apb.ReadEventsRequest(group_id="grp_never_created")))
+    )
     assert (code, rejection.reason) == (grpc.StatusCode.NOT_FOUND, R.REJECTION_REASON_GROUP_NOT_FOUND)
-    missing = w.client.authority.GetWorkItem(apb.GetWorkItemRequest(group_id="grp_never_created", work_item_id="wi-1"))
+    missing = w.client.authority.GetWorkItem(
+        apb.GetWorkItemRequest(group_id="grp_never_created", work_item_id="wi-1")
+    )
     assert await reason_of(missing) == (grpc.StatusCode.NOT_FOUND, R.REJECTION_REASON_GROUP_NOT_FOUND)
 
 
@@ -224,7 +250,9 @@ async def test_list_work_items_pages_default_to_100_and_refusals_name_their_fiel
     small.budget.CopyFrom(common_pb2.ResourceVector(currency="EUR", tokens=100, tool_calls=1))
     envelopes = [
         w.signed(
-            w.coordinator, G, "work_authorize",
+            w.coordinator,
+            G,
+            "work_authorize",
             wp.WorkAuthorize(work_item_id=f"wi-{n:03d}", title="t", contract=small, coordinator_epoch=1),
             membership_epoch=2,
         )
@@ -232,22 +260,32 @@ async def test_list_work_items_pages_default_to_100_and_refusals_name_their_fiel
     ]
     assert all(hasattr(a, "events") for a in await w.client.execute_batch(envelopes))
     first = await w.client.authority.ListWorkItems(apb.ListWorkItemsRequest(group_id=G))
-    assert [i.work_item_id for i in first.work_items] == [f"wi-{n:03d}" for n in range(100)] and first.next_page_token
-    rest = await w.client.authority.ListWorkItems(apb.ListWorkItemsRequest(group_id=G, page_token=first.next_page_token))
+    assert [i.work_item_id for i in first.work_items] == [
+        f"wi-{n:03d}" for n in range(100)
+    ] and first.next_page_token
+    rest = await w.client.authority.ListWorkItems(
+        apb.ListWorkItemsRequest(group_id=G, page_token=first.next_page_token)
+    )
     assert [i.work_item_id for i in rest.work_items] == ["wi-100"] and not rest.next_page_token
     for call in (
         w.client.authority.ListWorkItems(apb.ListWorkItemsRequest(group_id=G, page_size=1001)),
         w.client.authority.ListMissions(apb.ListMissionsRequest(page_size=1001)),
     ):
         code, rejection = await refusal(call)
-        assert (code, rejection.reason) == (grpc.StatusCode.INVALID_ARGUMENT, R.REJECTION_REASON_INVALID_ARGUMENT)
+        assert (code, rejection.reason) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            R.REJECTION_REASON_INVALID_ARGUMENT,
+        )
         assert dict(rejection.metadata) == {"field": "page_size", "limit": "1000"}
     for call in (
         w.client.authority.ListWorkItems(apb.ListWorkItemsRequest(group_id=G, page_token="junk")),
         w.client.authority.ListMissions(apb.ListMissionsRequest(page_token="junk")),
     ):
         code, rejection = await refusal(call)
-        assert rejection.reason == R.REJECTION_REASON_INVALID_ARGUMENT and rejection.metadata["field"] == "page_token"
+        assert (
+            rejection.reason == R.REJECTION_REASON_INVALID_ARGUMENT
+            and rejection.metadata["field"] == "page_token"
+        )
 
 
 async def test_last_work_change_sequence_follows_only_work_events(world: World) -> None:
@@ -257,13 +295,21 @@ async def test_last_work_change_sequence_follows_only_work_events(world: World) 
     f = await setup(w)
     conv = (await w.client.group_state(G)).mission.planning_conversation_id
     assert (await w.client.group_state(G)).last_work_change_sequence == 0
-    body = wp.WorkAuthorize(work_item_id="wi-1", title="t", contract=builders.contract(w.clock.now()), coordinator_epoch=1)
+    body = wp.WorkAuthorize(
+        work_item_id="wi-1", title="t", contract=builders.contract(w.clock.now()), coordinator_epoch=1
+    )
     events = decode_events((await f.coord("work_authorize", body)).events)
-    assert [e.type for e in events] == ["work.authorized", "conversation.opened"]  # the second is no work change
+    assert [e.type for e in events] == [
+        "work.authorized",
+        "conversation.opened",
+    ]  # the second is no work change
     assert (await w.client.group_state(G)).last_work_change_sequence == events[0].sequence
     await w.run(w.owner, G, "message_post", builders.message(conv), membership_epoch=1)
     state = await w.client.group_state(G)
-    assert state.head_sequence == events[1].sequence + 1 and state.last_work_change_sequence == events[0].sequence
+    assert (
+        state.head_sequence == events[1].sequence + 1
+        and state.last_work_change_sequence == events[0].sequence
+    )
 
 
 # ------------------------------------------------------------------ command.proto
@@ -279,14 +325,20 @@ async def test_ids_are_1_to_128_characters_of_the_id_alphabet(world: World) -> N
     assert ok.command_id == "c" * 127 + "."
     before = await db_image(w)
     for field, value in (
-        ("command_id", "c" * 129), ("command_id", "cmd/1"), ("command_id", "cmd 1"),
-        ("group_id", "g" * 129), ("correlation_id", "corr/1"),
+        ("command_id", "c" * 129),
+        ("command_id", "cmd/1"),
+        ("command_id", "cmd 1"),
+        ("group_id", "g" * 129),
+        ("correlation_id", "corr/1"),
     ):
         command = w.owner.command(G, "message_post", body, membership_epoch=1)
         setattr(command, field, value)
         command.issued_at.CopyFrom(to_timestamp(w.clock.now()))
         code, rejection = await refusal(w.client.execute(w.owner.sign(command)))
-        assert (rejection.reason, rejection.metadata["field"]) == (R.REJECTION_REASON_MALFORMED, field), (field, value)
+        assert (rejection.reason, rejection.metadata["field"]) == (R.REJECTION_REASON_MALFORMED, field), (
+            field,
+            value,
+        )
         assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert await db_image(w) == before
 
@@ -301,7 +353,10 @@ async def test_the_actor_and_its_session_epoch_are_the_signing_sessions(world: W
         command = w.owner.command(G, "message_post", builders.message(conv), membership_epoch=1)
         setattr(command, field, value)
         code, rejection = await refusal(w.client.execute(w.owner.sign(command)))
-        assert (code, rejection.reason) == (grpc.StatusCode.UNAUTHENTICATED, R.REJECTION_REASON_SIGNATURE_INVALID), field
+        assert (code, rejection.reason) == (
+            grpc.StatusCode.UNAUTHENTICATED,
+            R.REJECTION_REASON_SIGNATURE_INVALID,
+        ), field
     assert await db_image(w) == before
 
 
@@ -317,7 +372,10 @@ async def test_issued_at_lies_within_five_minutes_either_way(world: World) -> No
             assert (await w.client.execute(w.owner.sign(command))).events
         else:
             code, rejection = await refusal(w.client.execute(w.owner.sign(command)))
-            assert (code, rejection.reason) == (grpc.StatusCode.FAILED_PRECONDITION, R.REJECTION_REASON_CLOCK_SKEW)
+            assert (code, rejection.reason) == (
+                grpc.StatusCode.FAILED_PRECONDITION,
+                R.REJECTION_REASON_CLOCK_SKEW,
+            )
 
 
 async def test_a_result_lists_its_events_in_order_up_to_the_new_head_in_one_chain(world: World) -> None:

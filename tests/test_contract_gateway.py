@@ -36,7 +36,11 @@ async def test_welcome_announces_the_documented_limits(world: World) -> None:
     stream = Stream(world)
     await stream.send(hello=hello(world, world.owner))
     welcome = (await stream.recv()).welcome
-    assert (welcome.max_frame_bytes, welcome.max_credits, welcome.max_subscriptions) == (4 * 1024 * 1024, 65_536, 1_024)
+    assert (welcome.max_frame_bytes, welcome.max_credits, welcome.max_subscriptions) == (
+        4 * 1024 * 1024,
+        65_536,
+        1_024,
+    )
     assert welcome.connection_id and welcome.HasField("server_time")
     await stream.call.done_writing()
 
@@ -52,7 +56,12 @@ async def test_default_credits_are_256_and_an_event_frame_carries_at_most_256_ev
     flow = (await stream.until("flow")).flow
     assert (flow.reason, flow.state, flow.credits) == (pb.FLOW_REASON_SUBSCRIBED, pb.FLOW_STATE_OPEN, 256)
     first = (await stream.until("event")).event
-    assert (first.first_sequence, first.last_sequence, len(first.events), first.credits_remaining) == (1, 256, 256, 0)
+    assert (first.first_sequence, first.last_sequence, len(first.events), first.credits_remaining) == (
+        1,
+        256,
+        256,
+        0,
+    )
     assert (await stream.recv()).flow.reason == pb.FLOW_REASON_CREDIT_EXHAUSTED
     await stream.send(subscribe=pb.SubscribeFrame(subscription_id="wide", group_id=G, initial_credits=1000))
     sizes = []
@@ -76,11 +85,18 @@ async def test_subscription_frames_are_refused_one_by_one_and_the_stream_goes_on
     for bad_id in ("", "s" * 129):
         await stream.send(subscribe=pb.SubscribeFrame(subscription_id=bad_id, group_id=G))
         error = await refused(stream, E.GATEWAY_ERROR_CODE_MALFORMED_FRAME)
-        assert (error.rejection.reason, error.rejection.metadata["field"]) == (R.REJECTION_REASON_MALFORMED, "subscription_id")
-    await stream.send(subscribe=pb.SubscribeFrame(subscription_id="s" * 128, group_id=G, initial_credits=65_537))
+        assert (error.rejection.reason, error.rejection.metadata["field"]) == (
+            R.REJECTION_REASON_MALFORMED,
+            "subscription_id",
+        )
+    await stream.send(
+        subscribe=pb.SubscribeFrame(subscription_id="s" * 128, group_id=G, initial_credits=65_537)
+    )
     assert (await refused(stream, E.GATEWAY_ERROR_CODE_LIMIT_EXCEEDED)).subscription_id == "s" * 128
     # From the head: nothing to deliver, so the window stays whole and every frame below is an answer.
-    full = pb.SubscribeFrame(subscription_id="s" * 128, group_id=G, after_sequence=head, initial_credits=65_536)
+    full = pb.SubscribeFrame(
+        subscription_id="s" * 128, group_id=G, after_sequence=head, initial_credits=65_536
+    )
     await stream.send(subscribe=full)
     assert (await stream.until("flow")).flow.credits == 65_536
     await stream.send(subscribe=pb.SubscribeFrame(subscription_id="s" * 128, group_id=G))
@@ -105,7 +121,11 @@ async def test_subscription_frames_are_refused_one_by_one_and_the_stream_goes_on
     await polled(stored)  # the refused ACKs took nothing: the group_id one named `head`
     await stream.send(unsubscribe=pb.UnsubscribeFrame(subscription_id="s" * 128))
     closed = (await stream.until("flow")).flow
-    assert (closed.reason, closed.state, closed.acked_sequence) == (pb.FLOW_REASON_UNSUBSCRIBED, pb.FLOW_STATE_CLOSED, head - 1)
+    assert (closed.reason, closed.state, closed.acked_sequence) == (
+        pb.FLOW_REASON_UNSUBSCRIBED,
+        pb.FLOW_STATE_CLOSED,
+        head - 1,
+    )
     await stream.send(unsubscribe=pb.UnsubscribeFrame(subscription_id="s" * 128))
     await refused(stream, E.GATEWAY_ERROR_CODE_UNKNOWN_SUBSCRIPTION)
     await stream.send(subscribe=pb.SubscribeFrame(subscription_id="again", group_id=G, after_sequence=head))
@@ -114,7 +134,9 @@ async def test_subscription_frames_are_refused_one_by_one_and_the_stream_goes_on
     await stream.call.done_writing()
 
 
-async def test_a_stream_holds_at_most_max_subscriptions(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_stream_holds_at_most_max_subscriptions(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """gateway_service.proto "at most 1,024 subscriptions per stream" (LIMIT_EXCEEDED: "Too many
     subscriptions"); the limit is lowered to 2 here, the check is the same."""
     w = world
@@ -138,19 +160,28 @@ async def test_fatal_hello_refusals_carry_their_reason_and_end_the_stream_ok(wor
     early = Stream(w)
     await early.send(ack=pb.AckFrame())
     error = await fatal(early)
-    assert (error.code, error.rejection.reason) == (E.GATEWAY_ERROR_CODE_HELLO_REQUIRED, R.REJECTION_REASON_FRAME_OUT_OF_ORDER)
+    assert (error.code, error.rejection.reason) == (
+        E.GATEWAY_ERROR_CODE_HELLO_REQUIRED,
+        R.REJECTION_REASON_FRAME_OUT_OF_ORDER,
+    )
     assert await ended_with(early) is None
     twice = await connected(w, w.owner)
     await twice.send(hello=hello(w, w.owner))
     error = await fatal(twice)
-    assert (error.code, error.rejection.reason) == (E.GATEWAY_ERROR_CODE_DUPLICATE_HELLO, R.REJECTION_REASON_FRAME_OUT_OF_ORDER)
+    assert (error.code, error.rejection.reason) == (
+        E.GATEWAY_ERROR_CODE_DUPLICATE_HELLO,
+        R.REJECTION_REASON_FRAME_OUT_OF_ORDER,
+    )
     assert await ended_with(twice) is None
     old = w.worker
     await w.client.open_session("worker-bot", old.key)  # fences the old session
     stale = Stream(w)
     await stale.send(hello=hello(w, old))
     error = await fatal(stale)
-    assert (error.code, error.rejection.reason) == (E.GATEWAY_ERROR_CODE_SESSION_STALE, R.REJECTION_REASON_SESSION_EPOCH_STALE)
+    assert (error.code, error.rejection.reason) == (
+        E.GATEWAY_ERROR_CODE_SESSION_STALE,
+        R.REJECTION_REASON_SESSION_EPOCH_STALE,
+    )
     assert await ended_with(stale) is None
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await pb_grpc.GatewayServiceStub(w.client.channel).GetSnapshot(

@@ -50,7 +50,9 @@ async def refusal(call: Any) -> common_pb2.Rejection:
 
 def agent(identity_id: str) -> membership_pb2.Identity:
     return membership_pb2.Identity(
-        identity_id=identity_id, kind=common_pb2.IDENTITY_KIND_AGENT, public_key=bytes(SigningKey.generate().verify_key)
+        identity_id=identity_id,
+        kind=common_pb2.IDENTITY_KIND_AGENT,
+        public_key=bytes(SigningKey.generate().verify_key),
     )
 
 
@@ -63,7 +65,9 @@ async def test_get_identity_reports_admin_and_session_epoch_and_refuses_the_unkn
     epochs start at 1), Identity.org_admin, Identity.display_name (at most 256 characters)."""
     w = world
     key = SigningKey.generate()
-    await w.client.register_identity("admin", w.keys["admin"], "quiet-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key))
+    await w.client.register_identity(
+        "admin", w.keys["admin"], "quiet-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+    )
     quiet = await w.client.identity("quiet-bot")
     assert (quiet.session_epoch, quiet.org_admin, quiet.HasField("registered_at")) == (0, False, True)
     assert (await w.client.open_session("quiet-bot", key)).session_epoch == 1
@@ -71,18 +75,25 @@ async def test_get_identity_reports_admin_and_session_epoch_and_refuses_the_unkn
     long_name.display_name = "n" * 257
     envelope = register_identity_envelope("admin", w.keys["admin"], long_name)
     r = await refusal(w.client.membership.RegisterIdentity(mpb.RegisterIdentityRequest(command=envelope)))
-    assert (r.reason, r.metadata["field"], r.metadata["limit"]) == (R.REJECTION_REASON_TOO_LARGE, "display_name", "256")
+    assert (r.reason, r.metadata["field"], r.metadata["limit"]) == (
+        R.REJECTION_REASON_TOO_LARGE,
+        "display_name",
+        "256",
+    )
     long_name.display_name = "n" * 256
     envelope = register_identity_envelope("admin", w.keys["admin"], long_name)
-    assert (await w.client.membership.RegisterIdentity(mpb.RegisterIdentityRequest(command=envelope))).identity == (
-        await w.client.identity("named-bot")
-    )
+    assert (
+        await w.client.membership.RegisterIdentity(mpb.RegisterIdentityRequest(command=envelope))
+    ).identity == (await w.client.identity("named-bot"))
     admin = await w.client.identity("admin")
     assert admin.org_admin and admin.session_epoch >= 1
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await w.client.membership.GetIdentity(mpb.GetIdentityRequest(identity_id="nobody-bot"))
     r = rejection_from_rpc_error(info.value)
-    assert r is not None and (r.reason, r.metadata["field"]) == (R.REJECTION_REASON_UNKNOWN_IDENTITY, "identity_id")
+    assert r is not None and (r.reason, r.metadata["field"]) == (
+        R.REJECTION_REASON_UNKNOWN_IDENTITY,
+        "identity_id",
+    )
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
@@ -116,7 +127,8 @@ def test_each_rejection_reason_has_the_grpc_code_its_comment_names() -> None:
     # UNKNOWN_IDENTITY names both: UNAUTHENTICATED for the signer, NOT_FOUND for a named identity.
     unknown = R.REJECTION_REASON_UNKNOWN_IDENTITY
     assert (grpc_code(Rejected(unknown, "x")), grpc_code(Rejected(unknown, "x", field="f"))) == (
-        grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.NOT_FOUND
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.NOT_FOUND,
     )
 
 
@@ -136,7 +148,10 @@ async def test_a_rejection_travels_as_rejection_and_error_info(world: World) -> 
     r, e = common_pb2.Rejection(), error_details_pb2.ErrorInfo()
     rejection.Unpack(r)
     error_info.Unpack(e)
-    assert (e.reason, e.domain) == ("UNKNOWN_IDENTITY", "missionweave.v1") and r.reason == R.REJECTION_REASON_UNKNOWN_IDENTITY
+    assert (e.reason, e.domain) == (
+        "UNKNOWN_IDENTITY",
+        "missionweave.v1",
+    ) and r.reason == R.REJECTION_REASON_UNKNOWN_IDENTITY
     assert dict(e.metadata) == dict(r.metadata) == {"field": "identity_id"}
 
 
@@ -176,8 +191,12 @@ async def test_organization_commands_are_refused_outside_the_replay_window(world
     ("must be within the replay window"): CLOCK_SKEW, nothing registered or opened."""
     w = world
     stale = to_timestamp(w.clock.now() - timedelta(minutes=6))
-    register = mpb.RegisterIdentityCommand(identity=agent("late-bot"), admin_id="admin", issued_at=stale, request_id="req_late")
-    envelope = sign_envelope(register.SerializeToString(), REGISTER_IDENTITY_TYPE, w.keys["admin"], "admin#identity")
+    register = mpb.RegisterIdentityCommand(
+        identity=agent("late-bot"), admin_id="admin", issued_at=stale, request_id="req_late"
+    )
+    envelope = sign_envelope(
+        register.SerializeToString(), REGISTER_IDENTITY_TYPE, w.keys["admin"], "admin#identity"
+    )
     r = await refusal(w.client.membership.RegisterIdentity(mpb.RegisterIdentityRequest(command=envelope)))
     assert r.reason == R.REJECTION_REASON_CLOCK_SKEW
     key = w.owner.key
@@ -215,17 +234,27 @@ async def test_list_identities_page_size_bounds(world: World) -> None:
     ordered by identity_id with an empty next_page_token on the last page."""
     w = world
     r = await refusal(w.client.membership.ListIdentities(mpb.ListIdentitiesRequest(page_size=1001)))
-    assert (r.reason, r.metadata["field"], r.metadata["limit"]) == (R.REJECTION_REASON_INVALID_ARGUMENT, "page_size", "1000")
+    assert (r.reason, r.metadata["field"], r.metadata["limit"]) == (
+        R.REJECTION_REASON_INVALID_ARGUMENT,
+        "page_size",
+        "1000",
+    )
     every = await w.client.membership.ListIdentities(mpb.ListIdentitiesRequest())
     ids = [i.identity_id for i in every.identities]
     assert ids == sorted(ids) and len(ids) == 4 and not every.next_page_token
-    await asyncio.gather(*(
-        w.client.register_identity("admin", w.keys["admin"], f"bulk-{i:03}", common_pb2.IDENTITY_KIND_AGENT, bytes(32))
-        for i in range(97)
-    ))
+    await asyncio.gather(
+        *(
+            w.client.register_identity(
+                "admin", w.keys["admin"], f"bulk-{i:03}", common_pb2.IDENTITY_KIND_AGENT, bytes(32)
+            )
+            for i in range(97)
+        )
+    )
     first = await w.client.membership.ListIdentities(mpb.ListIdentitiesRequest())  # 0 means 100
     assert len(first.identities) == 100 and first.next_page_token
-    rest = await w.client.membership.ListIdentities(mpb.ListIdentitiesRequest(page_token=first.next_page_token))
+    rest = await w.client.membership.ListIdentities(
+        mpb.ListIdentitiesRequest(page_token=first.next_page_token)
+    )
     assert len(rest.identities) == 1 and not rest.next_page_token
 
 
@@ -240,7 +269,11 @@ async def test_list_memberships_needs_the_group_and_lists_ended_memberships_too(
     await w.run(w.owner, G, "membership_revoke", revoke, membership_epoch=1)
     listing = mpb.ListMembershipsRequest
     listed = await w.client.membership.ListMemberships(listing(group_id=G))
-    assert {(m.member_id, m.active) for m in listed.memberships} == {("alice", True), ("coord-bot", True), ("worker-bot", False)}
+    assert {(m.member_id, m.active) for m in listed.memberships} == {
+        ("alice", True),
+        ("coord-bot", True),
+        ("worker-bot", False),
+    }
     r = await refusal(w.client.membership.ListMemberships(listing()))
     assert (r.reason, r.metadata["field"]) == (R.REJECTION_REASON_MALFORMED, "group_id")
     r = await refusal(w.client.membership.ListMemberships(listing(member_id="alice")))
@@ -261,12 +294,16 @@ async def test_agent_card_versions_of_nobody_are_none_and_tokens_are_the_lists_o
     list did not issue: INVALID_ARGUMENT, metadata field page_token"), as ListIdentities'."""
     w = world
     for agent_id in ("worker-bot", "nobody-bot"):
-        listed = await w.client.membership.ListAgentCardVersions(mpb.ListAgentCardVersionsRequest(agent_id=agent_id))
+        listed = await w.client.membership.ListAgentCardVersions(
+            mpb.ListAgentCardVersionsRequest(agent_id=agent_id)
+        )
         assert not listed.versions and not listed.next_page_token
     identities = await w.client.membership.ListIdentities(mpb.ListIdentitiesRequest(page_size=1))
     for token in (identities.next_page_token, "7"):
         r = await refusal(
-            w.client.membership.ListAgentCardVersions(mpb.ListAgentCardVersionsRequest(agent_id="worker-bot", page_token=token))
+            w.client.membership.ListAgentCardVersions(
+                mpb.ListAgentCardVersionsRequest(agent_id="worker-bot", page_token=token)
+            )
         )
         assert (r.reason, r.metadata["field"]) == (R.REJECTION_REASON_INVALID_ARGUMENT, "page_token")
 
@@ -286,8 +323,11 @@ async def test_set_priority_zero_values_leave_things_unchanged(world: World) -> 
         await flow.authorize("wi-1")
         await flow.accept(w.worker, "wi-1", await flow.offer("wi-1", "worker-bot"))
         owner = sp.SetPriorityRequest(
-            group_id=G, work_item_id="wi-1", priority_class=sp.PRIORITY_CLASS_ELEVATED,
-            source=sp.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot",
+            group_id=G,
+            work_item_id="wi-1",
+            priority_class=sp.PRIORITY_CLASS_ELEVATED,
+            source=sp.PRIORITY_SOURCE_MISSION_OWNER,
+            worker_id="worker-bot",
         )
         await scheds["owner"].SetPriority(owner)
         weight = sp.SetPriorityRequest(group_id=G, group_weight=3, source=sp.PRIORITY_SOURCE_WORKER_OPERATOR)
@@ -297,10 +337,17 @@ async def test_set_priority_zero_values_leave_things_unchanged(world: World) -> 
         assert entry.ordering.priority_class == sp.PRIORITY_CLASS_ELEVATED
         weight.group_weight = 0  # and no WorkItem: nothing changes
         unchanged = (await scheds["worker"].SetPriority(weight)).queue
-        assert unchanged.weight == 3 and unchanged.entries[0].ordering.priority_class == sp.PRIORITY_CLASS_ELEVATED
+        assert (
+            unchanged.weight == 3
+            and unchanged.entries[0].ordering.priority_class == sp.PRIORITY_CLASS_ELEVATED
+        )
         for bad, reason, field in (
             ({"requested_by": "coord-bot"}, R.REJECTION_REASON_PERMISSION_DENIED, "requested_by"),
-            ({"work_item_id": "wi-nope", "priority_class": sp.PRIORITY_CLASS_URGENT}, R.REJECTION_REASON_NOT_FOUND, "work_item_id"),
+            (
+                {"work_item_id": "wi-nope", "priority_class": sp.PRIORITY_CLASS_URGENT},
+                R.REJECTION_REASON_NOT_FOUND,
+                "work_item_id",
+            ),
             ({"priority_class": 99}, R.REJECTION_REASON_INVALID_ARGUMENT, "priority_class"),
             ({"group_id": ""}, R.REJECTION_REASON_INVALID_ARGUMENT, "group_id"),
         ):
@@ -337,8 +384,16 @@ async def test_slots_a_named_slot_and_release_refusals(world: World) -> None:
         busy = await s.NextSlot(sp.NextSlotRequest(slot_id=slot))
         assert not busy.HasField("assignment") and busy.free_slots == 0
         for request, reason, field in (
-            (sp.ReleaseSlotRequest(slot_id=slot, work_item_id="wi-other"), R.REJECTION_REASON_NOT_FOUND, "slot_id"),
-            (sp.ReleaseSlotRequest(slot_id="slot-nope", work_item_id="wi-1"), R.REJECTION_REASON_NOT_FOUND, "slot_id"),
+            (
+                sp.ReleaseSlotRequest(slot_id=slot, work_item_id="wi-other"),
+                R.REJECTION_REASON_NOT_FOUND,
+                "slot_id",
+            ),
+            (
+                sp.ReleaseSlotRequest(slot_id="slot-nope", work_item_id="wi-1"),
+                R.REJECTION_REASON_NOT_FOUND,
+                "slot_id",
+            ),
             (sp.ReleaseSlotRequest(work_item_id="wi-1"), R.REJECTION_REASON_INVALID_ARGUMENT, "slot_id"),
         ):
             r = await refusal(s.ReleaseSlot(request))
@@ -346,7 +401,10 @@ async def test_slots_a_named_slot_and_release_refusals(world: World) -> None:
         # The placement ended with an event the scheduler has not read yet: not placed again before.
         head = (await w.client.group_state(G)).head_sequence
         released = sp.ReleaseSlotRequest(
-            slot_id=slot, work_item_id="wi-1", reason=sp.SLOT_RELEASE_REASON_FAILED, ended_at_sequence=head + 100
+            slot_id=slot,
+            work_item_id="wi-1",
+            reason=sp.SLOT_RELEASE_REASON_FAILED,
+            ended_at_sequence=head + 100,
         )
         assert (await s.ReleaseSlot(released)).free_slots == 1
         after = await s.NextSlot(sp.NextSlotRequest())
@@ -374,31 +432,62 @@ async def test_message_ids_and_content_limits(world: World) -> None:
     conv = (await create(w)).mission.planning_conversation_id
     owner = {"membership_epoch": 1}
     derived = [
-        decode_events((await w.run(w.owner, G, "message_post", builders.message(conv, f"m{i}"), **owner)).events)[0]
+        decode_events(
+            (await w.run(w.owner, G, "message_post", builders.message(conv, f"m{i}"), **owner)).events
+        )[0]
         for i in range(2)
     ]
     ids = [e.message_posted.message_id for e in derived]
     assert all(re.fullmatch(r"msg_[0-9a-f]{26}", i) for i in ids) and ids[0] != ids[1]
     chosen = builders.message(conv, "mine")
     chosen.message_id = "msg_chosen"
-    assert decode_events((await w.run(w.owner, G, "message_post", chosen, **owner)).events)[0].message_posted.message_id == "msg_chosen"
-    reused = await refused(w, w.owner, G, "message_post", chosen, R.REJECTION_REASON_INVALID_ARGUMENT, **owner)
+    assert (
+        decode_events((await w.run(w.owner, G, "message_post", chosen, **owner)).events)[
+            0
+        ].message_posted.message_id
+        == "msg_chosen"
+    )
+    reused = await refused(
+        w, w.owner, G, "message_post", chosen, R.REJECTION_REASON_INVALID_ARGUMENT, **owner
+    )
     assert reused.metadata["field"] == "body.message_post.message_id"
     ref = builders.artifact()
     content = "body.message_post.content"
     for fields, reason, field in (
-        ({"data_json": '{"k": "' + "v" * 16 * 1024 + '"}'}, R.REJECTION_REASON_TOO_LARGE, f"{content}.data_json"),
+        (
+            {"data_json": '{"k": "' + "v" * 16 * 1024 + '"}'},
+            R.REJECTION_REASON_TOO_LARGE,
+            f"{content}.data_json",
+        ),
         ({"data_json": "[1, 2]"}, R.REJECTION_REASON_INVALID_ARGUMENT, f"{content}.data_json"),
         ({"data_json": "{not json"}, R.REJECTION_REASON_MALFORMED, f"{content}.data_json"),
         ({"artifacts": [ref] * 33}, R.REJECTION_REASON_TOO_LARGE, None),
         ({"mentions": ["alice"] * 33}, R.REJECTION_REASON_TOO_LARGE, None),
         ({"mentions": ["nobody-bot"]}, R.REJECTION_REASON_INVALID_ARGUMENT, f"{content}.mentions[0]"),
     ):
-        r = await refused(w, w.owner, G, "message_post", builders.message(conv, "x", **fields), reason, **owner)
+        r = await refused(
+            w, w.owner, G, "message_post", builders.message(conv, "x", **fields), reason, **owner
+        )
         assert r.metadata.get("field") == field, (fields, r)
-    r = await refused(w, w.owner, G, "message_post", builders.message(conv, "x" * (16 * 1024 + 1)), R.REJECTION_REASON_TOO_LARGE, **owner)
+    r = await refused(
+        w,
+        w.owner,
+        G,
+        "message_post",
+        builders.message(conv, "x" * (16 * 1024 + 1)),
+        R.REJECTION_REASON_TOO_LARGE,
+        **owner,
+    )
     assert (r.metadata["field"], r.metadata["limit"]) == (f"{content}.text", str(16 * 1024))
-    await refused(w, w.owner, G, "message_post", builders.message(conv, ""), R.REJECTION_REASON_INVALID_ARGUMENT, **owner)
+    await refused(
+        w,
+        w.owner,
+        G,
+        "message_post",
+        builders.message(conv, ""),
+        R.REJECTION_REASON_INVALID_ARGUMENT,
+        **owner,
+    )
     at_limits = builders.message(conv, "é" * (8 * 1024), artifacts=[ref] * 32, mentions=["alice"] * 32)
     await w.run(w.owner, G, "message_post", at_limits, **owner)
 
@@ -413,8 +502,13 @@ async def test_conversation_open_ids_titles_and_links(world: World) -> None:
     review = conversation_pb2.ConversationOpen(
         kind=conversation_pb2.CONVERSATION_KIND_REVIEW, title="t" * 200, linked_conversation_id=planning
     )
-    opened = decode_events((await w.run(w.owner, G, "conversation_open", review, **owner)).events)[0].conversation_opened
-    assert re.fullmatch(r"conv_[0-9a-f]{26}", opened.conversation_id) and opened.linked_conversation_id == planning
+    opened = decode_events((await w.run(w.owner, G, "conversation_open", review, **owner)).events)[
+        0
+    ].conversation_opened
+    assert (
+        re.fullmatch(r"conv_[0-9a-f]{26}", opened.conversation_id)
+        and opened.linked_conversation_id == planning
+    )
     for bad, reason in (
         ({"title": ""}, R.REJECTION_REASON_INVALID_ARGUMENT),
         ({"title": "t" * 201}, R.REJECTION_REASON_INVALID_ARGUMENT),
@@ -436,10 +530,14 @@ async def test_ids_are_1_to_128_characters_of_the_id_alphabet(world: World) -> N
     w = world
     longest = "g" * 120 + "._:-AZ09"
     assert len(longest) == 128
-    await w.run(w.owner, longest, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
+    await w.run(
+        w.owner, longest, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now())
+    )
     for bad in ("g" * 129, "grp bad", "grp/../x", "grp_é"):
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await w.run(w.owner, bad, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
+            await w.run(
+                w.owner, bad, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now())
+            )
         r = rejection_from_rpc_error(info.value)
         assert r is not None and info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (bad, r)
     for conversation_id, ok in (("c" * 128, True), ("c" * 129, False)):
@@ -449,7 +547,15 @@ async def test_ids_are_1_to_128_characters_of_the_id_alphabet(world: World) -> N
         if ok:
             await w.run(w.owner, longest, "conversation_open", body, membership_epoch=1)
         else:
-            await refused(w, w.owner, longest, "conversation_open", body, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=1)
+            await refused(
+                w,
+                w.owner,
+                longest,
+                "conversation_open",
+                body,
+                R.REJECTION_REASON_INVALID_ARGUMENT,
+                membership_epoch=1,
+            )
 
 
 async def test_agent_card_version_and_extension_length_bounds(world: World) -> None:
@@ -465,11 +571,17 @@ async def test_agent_card_version_and_extension_length_bounds(world: World) -> N
     async with MeshClient(w.target, reader=w.worker) as worker:
         for c, reason, field in (
             (card("worker-bot", version + "b"), R.REJECTION_REASON_MALFORMED, "card.card_version"),
-            (card("worker-bot", version, extensions=[urn + "e"]), R.REJECTION_REASON_TOO_LARGE, "card.extensions[0]"),
+            (
+                card("worker-bot", version, extensions=[urn + "e"]),
+                R.REJECTION_REASON_TOO_LARGE,
+                "card.extensions[0]",
+            ),
         ):
             r = await refusal(worker.membership.PublishAgentCard(request(w.worker, c)))
             assert (r.reason, r.metadata.get("field")) == (reason, field), r
-        published = await worker.membership.PublishAgentCard(request(w.worker, card("worker-bot", version, extensions=[urn])))
+        published = await worker.membership.PublishAgentCard(
+            request(w.worker, card("worker-bot", version, extensions=[urn]))
+        )
         assert published.published.card.card_version == version
 
 
@@ -487,8 +599,11 @@ async def test_queue_entries_come_in_group_order_and_reorder_at_once(world: Worl
         queue = (await scheds["worker"].GetQueue(sp.GetQueueRequest(group_id=G))).queue
         assert [(e.work_item_id, e.group_position) for e in queue.entries] == [("wi-1", 1), ("wi-2", 2)]
         escalate = sp.SetPriorityRequest(
-            group_id=G, work_item_id="wi-2", priority_class=sp.PRIORITY_CLASS_URGENT,
-            source=sp.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot",
+            group_id=G,
+            work_item_id="wi-2",
+            priority_class=sp.PRIORITY_CLASS_URGENT,
+            source=sp.PRIORITY_SOURCE_MISSION_OWNER,
+            worker_id="worker-bot",
         )
         changed = (await scheds["owner"].SetPriority(escalate)).queue
         assert [(e.work_item_id, e.group_position) for e in changed.entries] == [("wi-2", 1), ("wi-1", 2)]

@@ -60,7 +60,9 @@ class JustInTimeMachine(WorkMachine):
 
     def _ended(self) -> list[str]:
         assert self.state is not None
-        return [w for w in WORKERS if not self.state.members[w].active or self.state.members[w].lapsed(self.now)]
+        return [
+            w for w in WORKERS if not self.state.members[w].active or self.state.members[w].lapsed(self.now)
+        ]
 
     @precondition(lambda self: self._ended())
     @rule(pick=st.integers(0, 1))
@@ -77,7 +79,8 @@ class JustInTimeMachine(WorkMachine):
         offers = list(self.item(wid).offers)  # type: ignore[attr-defined]
         if offers:
             body = wp.WorkDeclineOffer(
-                work_item_id=wid, offer_id=offers[pick % len(offers)],
+                work_item_id=wid,
+                offer_id=offers[pick % len(offers)],
                 decline=wp.StructuredDecline(reason=wp.DECLINE_REASON_CAPACITY),
             )
             self._apply("work_decline_offer", body, worker)

@@ -65,8 +65,12 @@ C = authz.Condition
 
 def offer(candidate: str, offer_id: str = "off-1", work_item_id: str = "wi") -> wp.WorkOffer:
     return wp.WorkOffer(
-        work_item_id=work_item_id, offer_id=offer_id, candidate_ids=[candidate], expires_at=SOON,
-        selection_criteria=[builders.selection(candidate)], coordinator_epoch=1,
+        work_item_id=work_item_id,
+        offer_id=offer_id,
+        candidate_ids=[candidate],
+        expires_at=SOON,
+        selection_criteria=[builders.selection(candidate)],
+        coordinator_epoch=1,
     )
 
 
@@ -77,17 +81,32 @@ def bare() -> GroupState:
     state = run(None, "mission_create", create, "alice")
     for member, role in MEMBERS.items():
         if member not in state.members:
-            state = run(state, "membership_grant", membership_pb2.MembershipGrant(member_id=member, role=role), "alice")
+            state = run(
+                state,
+                "membership_grant",
+                membership_pb2.MembershipGrant(member_id=member, role=role),
+                "alice",
+            )
     return state
 
 
 BARE = bare()
-BASE = run(BARE, "work_authorize", wp.WorkAuthorize(work_item_id="wi", title="wi", contract=builders.contract(NOW), coordinator_epoch=1), "coord")
+BASE = run(
+    BARE,
+    "work_authorize",
+    wp.WorkAuthorize(work_item_id="wi", title="wi", contract=builders.contract(NOW), coordinator_epoch=1),
+    "coord",
+)
 PLANNING = BASE.mission.planning_conversation_id  # type: ignore[union-attr]
 LEASE = dict(work_item_id="wi", lease_id="lease-1", ownership_epoch=1)
 CAPS = common_pb2.ResourceVector(currency="EUR", financial_micros=3_000_000, tokens=30_000, tool_calls=150)
 SIX_CAPS = membership_pb2.MembershipGrantDelegation(
-    grantee_id="lead", target_work_item_id="wi", caps=CAPS, max_descendant_depth=1, expires_at=SOON, coordinator_epoch=1,
+    grantee_id="lead",
+    target_work_item_id="wi",
+    caps=CAPS,
+    max_descendant_depth=1,
+    expires_at=SOON,
+    coordinator_epoch=1,
     allowed_capabilities=[membership_pb2.Capability(capability_id="code.python", version="3.11")],
 )
 
@@ -114,10 +133,14 @@ def owned(to: str) -> GroupState:
 
 
 def started(to: str) -> GroupState:
-    return run(owned(to), "work_start", wp.WorkStart(work_item_id="wi", ownership_epoch=1, lease_id="lease-1"), to)
+    return run(
+        owned(to), "work_start", wp.WorkStart(work_item_id="wi", ownership_epoch=1, lease_id="lease-1"), to
+    )
 
 
-SUBMIT = wp.WorkSubmit(**LEASE, contract_revision=1, artifacts=[builders.artifact()], evidence=[builders.evidence()])
+SUBMIT = wp.WorkSubmit(
+    **LEASE, contract_revision=1, artifacts=[builders.artifact()], evidence=[builders.evidence()]
+)
 
 
 def submitted(by: str) -> GroupState:
@@ -125,17 +148,28 @@ def submitted(by: str) -> GroupState:
 
 
 def blocked(by: str) -> GroupState:
-    block = wp.WorkBlock(**LEASE, checkpoint=wp.Checkpoint(checkpoint_id="ck"), blockers=[
-        wp.Blocker(blocker_id="b", kind=wp.BLOCKER_KIND_DEPENDENCY, required_resolution="input"),
-    ])
+    block = wp.WorkBlock(
+        **LEASE,
+        checkpoint=wp.Checkpoint(checkpoint_id="ck"),
+        blockers=[
+            wp.Blocker(blocker_id="b", kind=wp.BLOCKER_KIND_DEPENDENCY, required_resolution="input"),
+        ],
+    )
     return run(started(by), "work_block", block, by)
 
 
 GRANTED = run(BASE, "membership_grant_delegation", SIX_CAPS, "coord")
 [GRANT_ID] = GRANTED.grants
-AWAITING = run(BARE, "mission_submit_for_approval", mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=BARE.mission.revision), "coord")  # type: ignore[union-attr]
+AWAITING = run(
+    BARE,
+    "mission_submit_for_approval",
+    mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=BARE.mission.revision),
+    "coord",
+)  # type: ignore[union-attr]
 SUBMISSION = AWAITING.mission.latest_submission_event_id  # type: ignore[union-attr]
-APPROVED = run(AWAITING, "mission_approve", mission_pb2.MissionApprove(submission_event_id=SUBMISSION), "alice")
+APPROVED = run(
+    AWAITING, "mission_approve", mission_pb2.MissionApprove(submission_event_id=SUBMISSION), "alice"
+)
 
 
 def replaced_by(successor: str) -> GroupState:
@@ -180,23 +214,36 @@ def the_message(state: GroupState) -> str:
 
 def gated(approver: str) -> GroupState:
     """A WorkItem whose contract names ``approver`` to approve its execution, owned by the Worker."""
-    body = wp.WorkAuthorize(work_item_id="gated", title="gated", contract=builders.contract(NOW), coordinator_epoch=1)
+    body = wp.WorkAuthorize(
+        work_item_id="gated", title="gated", contract=builders.contract(NOW), coordinator_epoch=1
+    )
     body.contract.requires_execution_approval = True
     body.contract.execution_approver_ids.append(approver)
     state = run(BASE, "work_authorize", body, "coord")
     state = run(state, "work_offer", offer("worker", work_item_id="gated"), "coord")
-    return run(state, "work_accept_offer", wp.WorkAcceptOffer(work_item_id="gated", offer_id="off-1", contract_revision=1), "worker")
+    return run(
+        state,
+        "work_accept_offer",
+        wp.WorkAcceptOffer(work_item_id="gated", offer_id="off-1", contract_revision=1),
+        "worker",
+    )
 
 
 def steering(kind: str, actor: str, condition: authz.Condition) -> Case:
     """work.authorize and work.offer by each source of the authority to shape work (MW-9.1-01)."""
     body: wp.WorkAuthorize | wp.WorkOffer
     if kind == "work_authorize":
-        body = wp.WorkAuthorize(work_item_id="more", title="more", contract=builders.contract(NOW), coordinator_epoch=1)
+        body = wp.WorkAuthorize(
+            work_item_id="more", title="more", contract=builders.contract(NOW), coordinator_epoch=1
+        )
     else:
         body = offer("worker")
     if condition is C.EMERGENCY_OVERRIDE:
-        body.coordinator_epoch, body.emergency_override, body.override_reason = 0, True, "the Coordinator is unreachable"
+        body.coordinator_epoch, body.emergency_override, body.override_reason = (
+            0,
+            True,
+            "the Coordinator is unreachable",
+        )
     if condition is C.DELEGATION_GRANT:
         body.coordinator_epoch, body.grant_id = 0, GRANT_ID
         if isinstance(body, wp.WorkAuthorize):
@@ -213,19 +260,40 @@ def under_lease(kind: str, actor: str, condition: authz.Condition) -> Case:
     if condition is C.COORDINATOR_EPOCH:  # the Coordinator acting on a Worker's WorkItem
         state = started("worker")
         if kind == "work_fail":
-            return Case(state, wp.WorkFail(work_item_id="wi", coordinator_epoch=1, kind=FAILURE.kind, reason="r", evidence=FAILURE.evidence))
-        return Case(state, wp.WorkRequestPreemption(**LEASE, coordinator_epoch=1, reason=wp.PREEMPTION_REASON_PRIORITY))
+            return Case(
+                state,
+                wp.WorkFail(
+                    work_item_id="wi",
+                    coordinator_epoch=1,
+                    kind=FAILURE.kind,
+                    reason="r",
+                    evidence=FAILURE.evidence,
+                ),
+            )
+        return Case(
+            state,
+            wp.WorkRequestPreemption(**LEASE, coordinator_epoch=1, reason=wp.PREEMPTION_REASON_PRIORITY),
+        )
     bodies: dict[str, Message] = {
         "work_renew_lease": wp.WorkRenewLease(**LEASE),
         "work_checkpoint": wp.WorkCheckpoint(**LEASE, checkpoint=wp.Checkpoint(checkpoint_id="ck")),
-        "work_block": wp.WorkBlock(**LEASE, checkpoint=wp.Checkpoint(checkpoint_id="ck"), blockers=[
-            wp.Blocker(blocker_id="b", kind=wp.BLOCKER_KIND_DEPENDENCY, required_resolution="input"),
-        ]),
+        "work_block": wp.WorkBlock(
+            **LEASE,
+            checkpoint=wp.Checkpoint(checkpoint_id="ck"),
+            blockers=[
+                wp.Blocker(blocker_id="b", kind=wp.BLOCKER_KIND_DEPENDENCY, required_resolution="input"),
+            ],
+        ),
         "work_submit": SUBMIT,
         "work_fail": wp.WorkFail(**LEASE, kind=FAILURE.kind, reason="r", evidence=FAILURE.evidence),
-        "work_report_progress": wp.WorkReportProgress(**LEASE, report=wp.ProgressReport(
-            phase="p", next_checkpoint=wp.PlannedCheckpoint(description="next"), revised_estimate=wp.RevisedEstimate(reason="same"),
-        )),
+        "work_report_progress": wp.WorkReportProgress(
+            **LEASE,
+            report=wp.ProgressReport(
+                phase="p",
+                next_checkpoint=wp.PlannedCheckpoint(description="next"),
+                revised_estimate=wp.RevisedEstimate(reason="same"),
+            ),
+        ),
         "work_publish_artifact": wp.WorkPublishArtifact(**LEASE, artifact=builders.artifact()),
         "work_request_preemption": wp.WorkRequestPreemption(**LEASE, reason=wp.PREEMPTION_REASON_PRIORITY),
     }
@@ -234,16 +302,25 @@ def under_lease(kind: str, actor: str, condition: authz.Condition) -> Case:
     # What the shell verified of the uploaded artifact (the core reads no blobs).
     hex_digest = builders.artifact().digest.hex
     stored = StoredArtifact(hex_digest, 0, "b" * 64, actor)
-    return Case(started(actor), bodies[kind], decider.DecisionContext(NOW, IDS, artifacts={hex_digest: stored}))
+    return Case(
+        started(actor), bodies[kind], decider.DecisionContext(NOW, IDS, artifacts={hex_digest: stored})
+    )
 
 
 def amend(kind: str, actor: str, condition: authz.Condition) -> Case:
     """A retraction of its own Message; a steward's redaction or the owner's erasure of another's."""
     if condition is C.MESSAGE_AUTHOR:
         state = posted(actor)
-        return Case(state, conversation_pb2.MessageAmend(message_id=the_message(state), kind=AK.MESSAGE_AMENDMENT_KIND_RETRACTION))
+        return Case(
+            state,
+            conversation_pb2.MessageAmend(
+                message_id=the_message(state), kind=AK.MESSAGE_AMENDMENT_KIND_RETRACTION
+            ),
+        )
     state = posted("worker")
-    body = conversation_pb2.MessageAmend(message_id=the_message(state), kind=AK.MESSAGE_AMENDMENT_KIND_REDACTION, policy_reason="leaked a key")
+    body = conversation_pb2.MessageAmend(
+        message_id=the_message(state), kind=AK.MESSAGE_AMENDMENT_KIND_REDACTION, policy_reason="leaked a key"
+    )
     if condition is C.OWNER_ERASURE:
         body.erasure = conversation_pb2.CONTENT_ERASURE_LEGAL_DELETION
     return Case(state, body)
@@ -257,68 +334,129 @@ def accept_result(kind: str, actor: str, condition: authz.Condition) -> Case:
 
 def accepting(state: GroupState, actor: str) -> wp.WorkAcceptResult:
     submission = state.work_items["wi"].latest_submission_event_id
-    return wp.WorkAcceptResult(work_item_id="wi", coordinator_epoch=1 if actor == "coord" else 0, submission_event_id=submission)
+    return wp.WorkAcceptResult(
+        work_item_id="wi", coordinator_epoch=1 if actor == "coord" else 0, submission_event_id=submission
+    )
 
 
-def fixed(state: GroupState, body: Message, ctx: decider.DecisionContext = CTX) -> Callable[[str, str, authz.Condition], Case]:
+def fixed(
+    state: GroupState, body: Message, ctx: decider.DecisionContext = CTX
+) -> Callable[[str, str, authz.Condition], Case]:
     return lambda kind, actor, condition: Case(state, body, ctx)
 
 
 Scenario = Callable[[str, str, authz.Condition], Case]
 # For each kind: (kind, actor, the condition it acts under) -> a Case in which the command is valid.
 SCENARIOS: dict[str, Scenario] = {
-    "mission_approve_child_depth": fixed(BASE, subtask_pb2.MissionApproveChildDepth(
-        parent_work_item_id="wi", max_depth=CTX.policy.max_mission_depth + 1, reason="a deep plan")),
-    "mission_submit_for_approval": fixed(BARE, mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=BARE.mission.revision)),  # type: ignore[union-attr]
-    "mission_request_changes": fixed(AWAITING, mission_pb2.MissionRequestChanges(submission_event_id=SUBMISSION, requested_changes="more")),
+    "mission_approve_child_depth": fixed(
+        BASE,
+        subtask_pb2.MissionApproveChildDepth(
+            parent_work_item_id="wi", max_depth=CTX.policy.max_mission_depth + 1, reason="a deep plan"
+        ),
+    ),
+    "mission_submit_for_approval": fixed(
+        BARE,
+        mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=BARE.mission.revision),
+    ),  # type: ignore[union-attr]
+    "mission_request_changes": fixed(
+        AWAITING, mission_pb2.MissionRequestChanges(submission_event_id=SUBMISSION, requested_changes="more")
+    ),
     "mission_approve": lambda kind, actor, condition: Case(
         as_child_needing_root_approval(AWAITING, "rev") if condition is C.ROOT_OWNER_APPROVAL else AWAITING,
         mission_pb2.MissionApprove(submission_event_id=SUBMISSION),
     ),
-    "mission_revoke_approval": fixed(APPROVED, mission_pb2.MissionRevokeApproval(
-        approval_event_id=APPROVED.mission.approval_event_id, reason="wrong figures", follow_up_group_id="grp_follow",  # type: ignore[union-attr]
-    ), linked_group("grp_follow", follows_up=APPROVED.mission.mission_id)),  # type: ignore[union-attr]
+    "mission_revoke_approval": fixed(
+        APPROVED,
+        mission_pb2.MissionRevokeApproval(
+            approval_event_id=APPROVED.mission.approval_event_id,
+            reason="wrong figures",
+            follow_up_group_id="grp_follow",  # type: ignore[union-attr]
+        ),
+        linked_group("grp_follow", follows_up=APPROVED.mission.mission_id),
+    ),  # type: ignore[union-attr]
     "mission_cancel": fixed(BASE, mission_pb2.MissionCancel(reason="stop")),
     "mission_terminate": lambda kind, actor, condition: Case(
-        BASE, mission_pb2.MissionTerminate(coordinator_epoch=0 if condition is C.ORGANIZATION else 1, reason="cannot finish")
+        BASE,
+        mission_pb2.MissionTerminate(
+            coordinator_epoch=0 if condition is C.ORGANIZATION else 1, reason="cannot finish"
+        ),
     ),
-    "mission_renew_coordinator_lease": fixed(BASE, mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=1)),
-    "mission_replace_coordinator": fixed(BASE, mission_pb2.MissionReplaceCoordinator(coordinator_id="coord", replaced_coordinator_epoch=1), LATE),
-    "mission_acknowledge_reconciliation": fixed(REPLACED, mission_pb2.MissionAcknowledgeReconciliation(
-        coordinator_epoch=2, group_revision=REPLACED.head_sequence), LATE),
+    "mission_renew_coordinator_lease": fixed(
+        BASE, mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=1)
+    ),
+    "mission_replace_coordinator": fixed(
+        BASE,
+        mission_pb2.MissionReplaceCoordinator(coordinator_id="coord", replaced_coordinator_epoch=1),
+        LATE,
+    ),
+    "mission_acknowledge_reconciliation": fixed(
+        REPLACED,
+        mission_pb2.MissionAcknowledgeReconciliation(
+            coordinator_epoch=2, group_revision=REPLACED.head_sequence
+        ),
+        LATE,
+    ),
     "mission_issue_directive": fixed(BASE, mission_pb2.MissionIssueDirective(directive="hurry")),
-    "mission_authorize_context_transfer": fixed(BASE, mission_pb2.MissionAuthorizeContextTransfer(
-        target_group_id="grp_other", reason="reuse the ledger"), linked_group("grp_other")),
+    "mission_authorize_context_transfer": fixed(
+        BASE,
+        mission_pb2.MissionAuthorizeContextTransfer(target_group_id="grp_other", reason="reuse the ledger"),
+        linked_group("grp_other"),
+    ),
     "work_propose": fixed(BASE, wp.WorkPropose(title="more", contract=builders.contract(NOW), rationale="r")),
     "work_authorize": steering,
     "work_offer": steering,
     "work_accept_offer": lambda kind, actor, condition: Case(
-        offered(actor), wp.WorkAcceptOffer(work_item_id="wi", offer_id="off-1", contract_revision=1)),
-    "work_decline_offer": lambda kind, actor, condition: Case(offered(actor), wp.WorkDeclineOffer(
-        work_item_id="wi", offer_id="off-1", decline=wp.StructuredDecline(reason=wp.DECLINE_REASON_CAPACITY))),
+        offered(actor), wp.WorkAcceptOffer(work_item_id="wi", offer_id="off-1", contract_revision=1)
+    ),
+    "work_decline_offer": lambda kind, actor, condition: Case(
+        offered(actor),
+        wp.WorkDeclineOffer(
+            work_item_id="wi",
+            offer_id="off-1",
+            decline=wp.StructuredDecline(reason=wp.DECLINE_REASON_CAPACITY),
+        ),
+    ),
     "approval_grant_execution": lambda kind, actor, condition: Case(
-        gated(actor), wp.ApprovalGrantExecution(work_item_id="gated", contract_revision=1, ownership_epoch=1)),
-    "work_start": lambda kind, actor, condition: Case(owned(actor), wp.WorkStart(work_item_id="wi", ownership_epoch=1, lease_id="lease-1")),
+        gated(actor), wp.ApprovalGrantExecution(work_item_id="gated", contract_revision=1, ownership_epoch=1)
+    ),
+    "work_start": lambda kind, actor, condition: Case(
+        owned(actor), wp.WorkStart(work_item_id="wi", ownership_epoch=1, lease_id="lease-1")
+    ),
     "work_renew_lease": under_lease,
     "work_checkpoint": under_lease,
     "work_block": under_lease,
-    "work_unblock": fixed(blocked("worker"), wp.WorkUnblock(work_item_id="wi", coordinator_epoch=1, resolution="done")),
+    "work_unblock": fixed(
+        blocked("worker"), wp.WorkUnblock(work_item_id="wi", coordinator_epoch=1, resolution="done")
+    ),
     "work_submit": under_lease,
     "work_accept_result": accept_result,
     "work_fail": under_lease,
     "work_cancel": fixed(BASE, wp.WorkCancel(work_item_id="wi", coordinator_epoch=1, reason="r")),
     "work_report_progress": under_lease,
     "work_publish_artifact": under_lease,
-    "work_record_evidence": lambda kind, actor, condition: Case(submitted("worker"), wp.WorkRecordEvidence(
-        work_item_id="wi", coordinator_epoch=1 if actor == "coord" else 0, evidence=builders.evidence("ev-review"))),
+    "work_record_evidence": lambda kind, actor, condition: Case(
+        submitted("worker"),
+        wp.WorkRecordEvidence(
+            work_item_id="wi",
+            coordinator_epoch=1 if actor == "coord" else 0,
+            evidence=builders.evidence("ev-review"),
+        ),
+    ),
     "work_request_preemption": under_lease,
-    "membership_grant": fixed(BASE, membership_pb2.MembershipGrant(member_id=STRANGER, role=Role.MEMBER_ROLE_WORKER)),
+    "membership_grant": fixed(
+        BASE, membership_pb2.MembershipGrant(member_id=STRANGER, role=Role.MEMBER_ROLE_WORKER)
+    ),
     "membership_revoke": fixed(BASE, membership_pb2.MembershipRevoke(member_id="obs", reason="done")),
     "membership_grant_delegation": fixed(BASE, SIX_CAPS),
-    "membership_revoke_delegation": fixed(GRANTED, membership_pb2.MembershipRevokeDelegation(grant_id=GRANT_ID, reason="r")),
+    "membership_revoke_delegation": fixed(
+        GRANTED, membership_pb2.MembershipRevokeDelegation(grant_id=GRANT_ID, reason="r")
+    ),
     "message_post": fixed(BASE, builders.message(PLANNING)),
     "message_amend": amend,
-    "conversation_open": fixed(BASE, conversation_pb2.ConversationOpen(kind=conversation_pb2.CONVERSATION_KIND_REVIEW, title="review")),
+    "conversation_open": fixed(
+        BASE,
+        conversation_pb2.ConversationOpen(kind=conversation_pb2.CONVERSATION_KIND_REVIEW, title="review"),
+    ),
 }
 # The kinds that create their Group, addressed to an existing one.
 CREATORS: dict[str, Message] = {
@@ -387,50 +525,78 @@ class Break:
     except_for: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
 
-STALE_EPOCH = Break("a stale Coordinator epoch", lambda k, a, c: with_body(case_of(k, a, c), coordinator_epoch=7), ("COORDINATOR_EPOCH_STALE", ""))
+STALE_EPOCH = Break(
+    "a stale Coordinator epoch",
+    lambda k, a, c: with_body(case_of(k, a, c), coordinator_epoch=7),
+    ("COORDINATOR_EPOCH_STALE", ""),
+)
 BREAKS: dict[authz.Condition, Break] = {
     C.COORDINATOR_EPOCH: STALE_EPOCH,
     C.COORDINATOR_EPOCH_UNRECONCILED: STALE_EPOCH,
     C.COORDINATOR_RENEWAL: STALE_EPOCH,
     C.COORDINATOR_REVIEW: STALE_EPOCH,
     C.WORK_OWNER_UNDER_LEASE: Break(
-        "no current lease cited", lambda k, a, c: with_body(case_of(k, a, c), lease_id="lease-0"), ("LEASE_STALE", "")
+        "no current lease cited",
+        lambda k, a, c: with_body(case_of(k, a, c), lease_id="lease-0"),
+        ("LEASE_STALE", ""),
     ),
     C.WORK_OWNER_REPORTING: Break(
-        "no current lease cited while active", lambda k, a, c: with_body(case_of(k, a, c), lease_id="lease-0"), ("LEASE_STALE", "")
+        "no current lease cited while active",
+        lambda k, a, c: with_body(case_of(k, a, c), lease_id="lease-0"),
+        ("LEASE_STALE", ""),
     ),
     C.WORK_OWNER: Break(
-        "a stale ownership epoch", lambda k, a, c: with_body(case_of(k, a, c), ownership_epoch=2), ("OWNERSHIP_EPOCH_STALE", "")
+        "a stale ownership epoch",
+        lambda k, a, c: with_body(case_of(k, a, c), ownership_epoch=2),
+        ("OWNERSHIP_EPOCH_STALE", ""),
     ),
-    C.DELEGATION_GRANT: Break("the grant revoked", lambda k, a, c: revoked_grant(case_of(k, a, c)), ("GRANT_INVALID", "revoked")),
+    C.DELEGATION_GRANT: Break(
+        "the grant revoked", lambda k, a, c: revoked_grant(case_of(k, a, c)), ("GRANT_INVALID", "revoked")
+    ),
     C.EMERGENCY_OVERRIDE: Break(
-        "no emergency override", lambda k, a, c: with_body(case_of(k, a, c), emergency_override=False), ("PERMISSION_DENIED", "")
+        "no emergency override",
+        lambda k, a, c: with_body(case_of(k, a, c), emergency_override=False),
+        ("PERMISSION_DENIED", ""),
     ),
     C.OFFER_CANDIDATE: Break("the offer made to another", as_other, ("PERMISSION_DENIED", "")),
     C.MESSAGE_AUTHOR: Break("another's Message", as_other, ("PERMISSION_DENIED", "")),
     C.EXECUTION_APPROVER: Break("another approver named", as_other, ("PERMISSION_DENIED", "")),
     C.OWNER_REVIEWS_COORDINATOR_OUTPUT: Break(
-        "a Worker's result", lambda k, a, c: accept_result(k, a, C.COORDINATOR_REVIEW), ("PERMISSION_DENIED", "")
+        "a Worker's result",
+        lambda k, a, c: accept_result(k, a, C.COORDINATOR_REVIEW),
+        ("PERMISSION_DENIED", ""),
     ),
     C.LIVE_COORDINATOR: Break(
-        "the lease lapsed", lambda k, a, c: at(case_of(k, a, c), LATE), ("LEASE_EXPIRED", ""),
+        "the lease lapsed",
+        lambda k, a, c: at(case_of(k, a, c), LATE),
+        ("LEASE_EXPIRED", ""),
     ),
     C.CURRENT_COORDINATOR: Break(
-        "the lease held by a successor", lambda k, a, c: Case(SUCCEEDED, case_of(k, a, c).body, LATE), ("PERMISSION_DENIED", "")
+        "the lease held by a successor",
+        lambda k, a, c: Case(SUCCEEDED, case_of(k, a, c).body, LATE),
+        ("PERMISSION_DENIED", ""),
     ),
     C.OWNER_OF_BOTH: Break(
         "the target Mission owned by another",
-        lambda k, a, c: Case(case_of(k, a, c).state, case_of(k, a, c).body, linked_group("grp_other", owner="coord")),
+        lambda k, a, c: Case(
+            case_of(k, a, c).state, case_of(k, a, c).body, linked_group("grp_other", owner="coord")
+        ),
         ("PERMISSION_DENIED", ""),
     ),
     C.ROOT_OWNER_APPROVAL: Break(
-        "a child whose policy does not ask the root owner", lambda k, a, c: Case(AWAITING, case_of(k, a, c).body), ("PERMISSION_DENIED", "")
+        "a child whose policy does not ask the root owner",
+        lambda k, a, c: Case(AWAITING, case_of(k, a, c).body),
+        ("PERMISSION_DENIED", ""),
     ),
     C.REVIEWER: Break(
-        "a WorkItem not submitted", lambda k, a, c: Case(started("worker"), case_of(k, a, c).body), ("INVALID_TRANSITION", "")
+        "a WorkItem not submitted",
+        lambda k, a, c: Case(started("worker"), case_of(k, a, c).body),
+        ("INVALID_TRANSITION", ""),
     ),
     C.STEWARD_REDACTION: Break(
-        "no policy reason", lambda k, a, c: with_body(case_of(k, a, c), policy_reason=""), ("INVALID_ARGUMENT", "")
+        "no policy reason",
+        lambda k, a, c: with_body(case_of(k, a, c), policy_reason=""),
+        ("INVALID_ARGUMENT", ""),
     ),
     C.OWNER_ERASURE: Break(
         "no reason", lambda k, a, c: with_body(case_of(k, a, c), policy_reason=""), ("INVALID_ARGUMENT", "")
@@ -473,7 +639,9 @@ def test_the_rows_are_well_formed() -> None:
         assert set(rule.roles) <= set(authz.ROLES), body
         assert all(rule.roles.values()), f"{body}: a role admitted under no condition"
         assert authz.OBSERVER not in rule.roles, f"{body}: observers hold read access only"
-        assert bool(rule.outsider) == kinds.KINDS[body].creates_group, body  # only creators need no Membership
+        assert bool(rule.outsider) == kinds.KINDS[body].creates_group, (
+            body
+        )  # only creators need no Membership
         assert not (kinds.KINDS[body].creates_group and rule.roles), body
         assert all(i.startswith("MW-") for i in rule.spec), body
 
@@ -491,7 +659,9 @@ def test_the_docs_are_the_table_rendered() -> None:
 def test_every_cell_is_checked_and_every_condition_is_broken_or_says_why_not() -> None:
     assert {(b, a) for b, a, _ in ALLOWED} | set(REFUSED) == {(b, a) for b in GROUP_KINDS for a in ACTORS}
     assert set(SCENARIOS) == set(GROUP_KINDS)
-    used = {c for rule in authz.TABLE.values() for cs in (*rule.roles.values(), rule.organization) for c in cs}
+    used = {
+        c for rule in authz.TABLE.values() for cs in (*rule.roles.values(), rule.organization) for c in cs
+    }
     assert used - set(authz.Condition.__members__.values()) == set()
     assert used <= set(BREAKS) | UNBREAKABLE, used - set(BREAKS) - UNBREAKABLE
     assert not set(BREAKS) & UNBREAKABLE
@@ -499,7 +669,9 @@ def test_every_cell_is_checked_and_every_condition_is_broken_or_says_why_not() -
 
 @pytest.mark.req(*SPEC_IDS)
 @pytest.mark.parametrize(("body", "actor", "condition"), ALLOWED, ids=lambda v: getattr(v, "label", v))
-def test_an_allowed_actor_meeting_the_condition_is_accepted(body: str, actor: str, condition: authz.Condition) -> None:
+def test_an_allowed_actor_meeting_the_condition_is_accepted(
+    body: str, actor: str, condition: authz.Condition
+) -> None:
     """Each allowed cell, in a state where the command is valid for that actor under that condition:
     accepted, with events (never the gate's refusal nor any other)."""
     decision = decided(body, actor, case_of(body, actor, condition))
@@ -522,7 +694,9 @@ def test_a_role_the_row_does_not_name_is_refused_by_the_gate(body: str, actor: s
 
 
 @pytest.mark.parametrize(("body", "actor", "condition"), BROKEN, ids=lambda v: getattr(v, "label", v))
-def test_the_condition_broken_once_gives_its_exact_refusal(body: str, actor: str, condition: authz.Condition) -> None:
+def test_the_condition_broken_once_gives_its_exact_refusal(
+    body: str, actor: str, condition: authz.Condition
+) -> None:
     broken = BREAKS[condition]
     decision = decided(body, actor, broken.case(body, actor, condition))
     assert check_of(decision) == broken.except_for.get(body, broken.refusal), f"{broken.how}: {decision!r}"
@@ -537,7 +711,9 @@ def test_kinds_that_create_their_group_name_no_role(actor: str) -> None:
         assert check_of(decide(BASE, body, message, actor)) == ("GROUP_EXISTS", "")
     create = builders.mission_create("alice", "coord", NOW)
     allowed = actor in ("alice", ADMIN)  # the named human owner, or Organization policy
-    assert check_of(decide(None, "mission_create", create, actor)) == (("ACCEPTED", "") if allowed else ("PERMISSION_DENIED", ""))
+    assert check_of(decide(None, "mission_create", create, actor)) == (
+        ("ACCEPTED", "") if allowed else ("PERMISSION_DENIED", "")
+    )
 
 
 # ---------------------------------------------------------------- acceptance the table allows
@@ -550,11 +726,15 @@ def test_the_coordinator_may_take_work_itself() -> None:
     state = run(BASE, "work_offer", offer("coord"), "coord")
     accept = wp.WorkAcceptOffer(work_item_id="wi", offer_id="off-1", contract_revision=1)
     state = run(state, "work_accept_offer", accept, "coord")
-    state = run(state, "work_start", wp.WorkStart(work_item_id="wi", ownership_epoch=1, lease_id="lease-1"), "coord")
+    state = run(
+        state, "work_start", wp.WorkStart(work_item_id="wi", ownership_epoch=1, lease_id="lease-1"), "coord"
+    )
     lease = state.work_items["wi"].lease
     assert lease is not None and lease.agent_id == "coord"
     again = run(BASE, "work_offer", offer("coord", "off-2"), "coord")
-    decline = wp.WorkDeclineOffer(work_item_id="wi", offer_id="off-2", decline=wp.StructuredDecline(reason=wp.DECLINE_REASON_CAPACITY))
+    decline = wp.WorkDeclineOffer(
+        work_item_id="wi", offer_id="off-2", decline=wp.StructuredDecline(reason=wp.DECLINE_REASON_CAPACITY)
+    )
     run(again, "work_decline_offer", decline, "coord")
 
 
@@ -568,16 +748,26 @@ def test_work_is_offered_only_to_roles_that_may_accept_it(candidate: str) -> Non
 
 @pytest.mark.req("MW-10.2-T06")
 def test_a_reviewer_named_as_execution_approver_approves() -> None:
-    body = wp.WorkAuthorize(work_item_id="gated", title="gated", contract=builders.contract(NOW), coordinator_epoch=1)
+    body = wp.WorkAuthorize(
+        work_item_id="gated", title="gated", contract=builders.contract(NOW), coordinator_epoch=1
+    )
     body.contract.requires_execution_approval = True
     body.contract.execution_approver_ids.append("rev")
     state = run(BASE, "work_authorize", body, "coord")
     gated = offer("worker")
     gated.work_item_id = "gated"
     state = run(state, "work_offer", gated, "coord")
-    state = run(state, "work_accept_offer", wp.WorkAcceptOffer(work_item_id="gated", offer_id="off-1", contract_revision=1), "worker")
+    state = run(
+        state,
+        "work_accept_offer",
+        wp.WorkAcceptOffer(work_item_id="gated", offer_id="off-1", contract_revision=1),
+        "worker",
+    )
     approve = wp.ApprovalGrantExecution(work_item_id="gated", contract_revision=1, ownership_epoch=1)
-    assert check_of(decide(state, "approval_grant_execution", approve, "alice")) == ("PERMISSION_DENIED", "")  # not named
+    assert check_of(decide(state, "approval_grant_execution", approve, "alice")) == (
+        "PERMISSION_DENIED",
+        "",
+    )  # not named
     state = run(state, "approval_grant_execution", approve, "rev")
     assert state.work_items["gated"].execution_approved == (1, 1, None)
 
@@ -588,27 +778,43 @@ def test_organization_policy_acts_without_a_membership_and_as_a_member() -> None
     run(BASE, "mission_cancel", cancel, ADMIN)
     run(BASE, "mission_terminate", mission_pb2.MissionTerminate(reason="policy"), ADMIN)
     # An administrator holding a Worker's Membership keeps Organization policy's authority...
-    ctx = decider.DecisionContext(NOW, {**IDS, "worker": IdentityInfo("worker", AGENT, org_admin=True, session_epoch=1)})
+    ctx = decider.DecisionContext(
+        NOW, {**IDS, "worker": IdentityInfo("worker", AGENT, org_admin=True, session_epoch=1)}
+    )
     run(BASE, "mission_cancel", cancel, "worker", ctx)
     # ...and is a Worker for everything else.
-    assert check_of(decide(BASE, "work_cancel", first_case("work_cancel").body, "worker", ctx)) == ("PERMISSION_DENIED", "role")
+    assert check_of(decide(BASE, "work_cancel", first_case("work_cancel").body, "worker", ctx)) == (
+        "PERMISSION_DENIED",
+        "role",
+    )
 
 
 @pytest.mark.req("MW-9.1-15")
 def test_the_mission_owner_revokes_a_grant() -> None:
     grant = membership_pb2.MembershipGrantDelegation(
-        grantee_id="lead", target_work_item_id="wi", caps=common_pb2.ResourceVector(currency="EUR"),
+        grantee_id="lead",
+        target_work_item_id="wi",
+        caps=common_pb2.ResourceVector(currency="EUR"),
         allowed_capabilities=[membership_pb2.Capability(capability_id="code.python", version="3.11")],
-        max_descendant_depth=1, expires_at=SOON, coordinator_epoch=1,
+        max_descendant_depth=1,
+        expires_at=SOON,
+        coordinator_epoch=1,
     )
     state = run(BASE, "membership_grant_delegation", grant, "coord")
     [grant_id] = state.grants
-    state = run(state, "membership_revoke_delegation", membership_pb2.MembershipRevokeDelegation(grant_id=grant_id, reason="r"), "alice")
+    state = run(
+        state,
+        "membership_revoke_delegation",
+        membership_pb2.MembershipRevokeDelegation(grant_id=grant_id, reason="r"),
+        "alice",
+    )
     assert state.grants[grant_id].revoked
 
 
 @pytest.mark.req("MW-9.1-02", "MW-9.1-18", "MW-9.1-01")
 def test_a_worker_never_shapes_work_even_citing_a_grant() -> None:
-    cite = wp.WorkAuthorize(title="t", contract=builders.contract(NOW), parent_work_item_id="wi", grant_id="grant_x")
+    cite = wp.WorkAuthorize(
+        title="t", contract=builders.contract(NOW), parent_work_item_id="wi", grant_id="grant_x"
+    )
     for kind, body in (("work_authorize", cite), ("work_offer", offer("worker"))):
         assert check_of(decide(BASE, kind, body, "worker")) == ("PERMISSION_DENIED", "role")

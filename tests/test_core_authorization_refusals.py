@@ -16,23 +16,55 @@ from tests import builders
 from tests.steward_fixtures import BASE, GROUP, PLANNING
 
 CASES = [
-    ("obs", "message_post", builders.message(PLANNING), "observer", "message.post",
-     "mission_owner, coordinator, worker, reviewer, work_delegate"),
-    ("worker", "mission_cancel", mission_pb2.MissionCancel(reason="x"), "worker", "mission.cancel",
-     "mission_owner, Organization policy"),
-    ("rev", "conversation_open", conversation_pb2.ConversationOpen(kind=conversation_pb2.CONVERSATION_KIND_REVIEW, title="t"),
-     "reviewer", "conversation.open", "mission_owner, coordinator"),
-    ("alice", "mission_submit_for_approval", mission_pb2.MissionSubmitForApproval(coordinator_epoch=1), "mission_owner",
-     "mission.submit_for_approval", "coordinator"),
+    (
+        "obs",
+        "message_post",
+        builders.message(PLANNING),
+        "observer",
+        "message.post",
+        "mission_owner, coordinator, worker, reviewer, work_delegate",
+    ),
+    (
+        "worker",
+        "mission_cancel",
+        mission_pb2.MissionCancel(reason="x"),
+        "worker",
+        "mission.cancel",
+        "mission_owner, Organization policy",
+    ),
+    (
+        "rev",
+        "conversation_open",
+        conversation_pb2.ConversationOpen(kind=conversation_pb2.CONVERSATION_KIND_REVIEW, title="t"),
+        "reviewer",
+        "conversation.open",
+        "mission_owner, coordinator",
+    ),
+    (
+        "alice",
+        "mission_submit_for_approval",
+        mission_pb2.MissionSubmitForApproval(coordinator_epoch=1),
+        "mission_owner",
+        "mission.submit_for_approval",
+        "coordinator",
+    ),
 ]
 
 
 @pytest.mark.req("MW-8-04")
 @pytest.mark.parametrize(("actor", "kind", "body", "role", "command", "issuers"), CASES)
-def test_a_role_the_table_does_not_name_is_refused_with_who_may(actor: str, kind: str, body: object, role: str, command: str, issuers: str) -> None:
+def test_a_role_the_table_does_not_name_is_refused_with_who_may(
+    actor: str, kind: str, body: object, role: str, command: str, issuers: str
+) -> None:
     refused = GROUP.refused(BASE, kind, body, actor)
-    assert (refused.reason_name, refused.metadata) == ("PERMISSION_DENIED", {"check": "role", "role": role, "command": command})
-    assert refused.message == f"a {role} may not issue {command}; it is issued by: {issuers} (docs/authorization.md)"
+    assert (refused.reason_name, refused.metadata) == (
+        "PERMISSION_DENIED",
+        {"check": "role", "role": role, "command": command},
+    )
+    assert (
+        refused.message
+        == f"a {role} may not issue {command}; it is issued by: {issuers} (docs/authorization.md)"
+    )
 
 
 def fresh_authorization_module() -> ModuleType:
@@ -50,5 +82,11 @@ def test_the_table_its_helpers_build_is_the_one_docs_authorization_md_shows() ->
     fresh = fresh_authorization_module()
     doc = Path(__file__).resolve().parent.parent / "docs" / "authorization.md"
     assert fresh.markdown() == doc.read_text(encoding="utf-8") == authz.markdown()
-    shape = {body: ({role: [c.name for c in cs] for role, cs in rule.roles.items()}, rule.spec) for body, rule in fresh.TABLE.items()}
-    assert shape == {body: ({role: [c.name for c in cs] for role, cs in rule.roles.items()}, rule.spec) for body, rule in authz.TABLE.items()}
+    shape = {
+        body: ({role: [c.name for c in cs] for role, cs in rule.roles.items()}, rule.spec)
+        for body, rule in fresh.TABLE.items()
+    }
+    assert shape == {
+        body: ({role: [c.name for c in cs] for role, cs in rule.roles.items()}, rule.spec)
+        for body, rule in authz.TABLE.items()
+    }

@@ -24,9 +24,14 @@ BASE = started(with_mission())
 
 def progress(usage: common_pb2.ResourceVector, lease_id: str = LEASE_ID) -> wp.WorkReportProgress:
     return wp.WorkReportProgress(
-        work_item_id="wi", lease_id=lease_id, ownership_epoch=1, usage_delta=usage,
+        work_item_id="wi",
+        lease_id=lease_id,
+        ownership_epoch=1,
+        usage_delta=usage,
         report=wp.ProgressReport(
-            phase="p", next_checkpoint=wp.PlannedCheckpoint(description="n"), revised_estimate=wp.RevisedEstimate(reason="r")
+            phase="p",
+            next_checkpoint=wp.PlannedCheckpoint(description="n"),
+            revised_estimate=wp.RevisedEstimate(reason="r"),
         ),
     )
 
@@ -96,11 +101,20 @@ def _retried(contract: wp.WorkContract, first_tokens: int = 0) -> tuple[GroupSta
     if first_tokens:
         first = used(first, 5, tokens=first_tokens)
     fail = wp.WorkFail(
-        work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, kind=wp.WORK_FAILURE_KIND_TRANSIENT,
-        evidence=[builders.evidence()], reason="flaky",
+        work_item_id="wi",
+        lease_id=LEASE_ID,
+        ownership_epoch=1,
+        kind=wp.WORK_FAILURE_KIND_TRANSIENT,
+        evidence=[builders.evidence()],
+        reason="flaky",
     )
     second = run(first, "work_fail", fail, at=at(10))
-    return first, run(second, "work_start", wp.WorkStart(work_item_id="wi", ownership_epoch=1, lease_id="lease-2"), at=at(20))
+    return first, run(
+        second,
+        "work_start",
+        wp.WorkStart(work_item_id="wi", ownership_epoch=1, lease_id="lease-2"),
+        at=at(20),
+    )
 
 
 @pytest.mark.req("MW-11.4-08")
@@ -113,7 +127,10 @@ def test_the_per_attempt_cap_bounds_each_attempt_anew() -> None:
     assert second.work_items["wi"].attempt_used["tokens"] == 0
     assert exceeded(second, 30, "lease-2", tokens=201)["budget"] == "attempt"
     after = used(second, 30, "lease-2", tokens=200)
-    assert (after.work_items["wi"].used["tokens"], after.work_items["wi"].attempt_used["tokens"]) == (350, 200)
+    assert (after.work_items["wi"].used["tokens"], after.work_items["wi"].attempt_used["tokens"]) == (
+        350,
+        200,
+    )
 
 
 @pytest.mark.req("MW-11.4-08")
@@ -121,10 +138,16 @@ def test_the_retry_cap_bounds_what_all_retries_use_together() -> None:
     contract = work_contract()
     contract.cost_policy.retry_limit.CopyFrom(vector(tokens=100))
     first, second = _retried(contract)
-    assert used(first, 5, tokens=150).work_items["wi"].retry_used["tokens"] == 0  # the first attempt is no retry
+    assert (
+        used(first, 5, tokens=150).work_items["wi"].retry_used["tokens"] == 0
+    )  # the first attempt is no retry
     state = used(second, 30, "lease-2", tokens=60)
     assert state.work_items["wi"].retry_used["tokens"] == 60
-    assert exceeded(state, 31, "lease-2", tokens=41) == {"budget": "retries", "dimension": "tokens", "limit": "100"}
+    assert exceeded(state, 31, "lease-2", tokens=41) == {
+        "budget": "retries",
+        "dimension": "tokens",
+        "limit": "100",
+    }
     assert used(state, 31, "lease-2", tokens=40).work_items["wi"].retry_used["tokens"] == 100
 
 
@@ -135,7 +158,10 @@ def test_usage_is_never_negative_and_money_is_in_the_budgets_currency() -> None:
 
     assert field(vector(financial_micros=-1)) == "body.usage_delta"
     assert field(common_pb2.ResourceVector(currency="USD", financial_micros=5)) == "body.usage_delta.currency"
-    for fine in (common_pb2.ResourceVector(currency="USD", tokens=5), common_pb2.ResourceVector(financial_micros=5)):
+    for fine in (
+        common_pb2.ResourceVector(currency="USD", tokens=5),
+        common_pb2.ResourceVector(financial_micros=5),
+    ):
         _, decision = decide(BASE, "work_report_progress", progress(fine), at=at(10))
         assert events(decision)[1][1].delta == fine
 
@@ -149,18 +175,29 @@ STORED = {"a" * 64: StoredArtifact("a" * 64, 42, "b" * 64, "worker", ("c" * 64,)
 
 
 def publish(**kw: object) -> wp.WorkPublishArtifact:
-    return wp.WorkPublishArtifact(**{  # type: ignore[arg-type]
-        "work_item_id": "wi", "lease_id": LEASE_ID, "ownership_epoch": 1, "artifact": ART, "deliverable_id": "report", **kw,
-    })
+    return wp.WorkPublishArtifact(
+        **{  # type: ignore[arg-type]
+            "work_item_id": "wi",
+            "lease_id": LEASE_ID,
+            "ownership_epoch": 1,
+            "artifact": ART,
+            "deliverable_id": "report",
+            **kw,
+        }
+    )
 
 
 @pytest.mark.req("MW-11.3-04", "MW-13.1-02", "MW-13.1-03")
 def test_an_artifact_is_published_by_reference_with_its_manifest_digest() -> None:
     _, decision = decide(BASE, "work_publish_artifact", publish(), at=at(10), artifacts=STORED)
     expected = wp.ArtifactPublished(
-        work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, artifact=ART,
+        work_item_id="wi",
+        lease_id=LEASE_ID,
+        ownership_epoch=1,
+        artifact=ART,
         manifest_digest=common_pb2.Digest(algorithm="blake3", hex="b" * 64),
-        source_artifacts=[common_pb2.Digest(algorithm="blake3", hex="c" * 64)], deliverable_id="report",
+        source_artifacts=[common_pb2.Digest(algorithm="blake3", hex="c" * 64)],
+        deliverable_id="report",
     )
     assert events(decision) == [("artifact.published", expected)]
     state = run(BASE, "work_publish_artifact", publish(), at=at(10), artifacts=STORED)
@@ -176,7 +213,9 @@ def test_an_artifact_not_stored_as_cited_or_for_no_deliverable_is_refused() -> N
     assert refused(BASE, "work_publish_artifact", publish(), at=at(10), artifacts=other_size).reason == (
         R.REJECTION_REASON_NOT_FOUND
     )
-    rejection = refused(BASE, "work_publish_artifact", publish(deliverable_id="memo"), at=at(10), artifacts=STORED)
+    rejection = refused(
+        BASE, "work_publish_artifact", publish(deliverable_id="memo"), at=at(10), artifacts=STORED
+    )
     assert invalid_field(rejection) == "body.deliverable_id"
 
 
@@ -184,7 +223,12 @@ def test_an_artifact_not_stored_as_cited_or_for_no_deliverable_is_refused() -> N
 def test_publication_cites_the_current_lease_of_active_work() -> None:
     stale = refused(BASE, "work_publish_artifact", publish(lease_id="lease-0"), at=at(10), artifacts=STORED)
     assert stale.reason == R.REJECTION_REASON_LEASE_STALE
-    queued = run(BASE, "work_checkpoint", wp.WorkCheckpoint(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1), at=at(5))
+    queued = run(
+        BASE,
+        "work_checkpoint",
+        wp.WorkCheckpoint(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1),
+        at=at(5),
+    )
     assert refused(queued, "work_publish_artifact", publish(), at=at(10), artifacts=STORED).reason == (
         R.REJECTION_REASON_INVALID_TRANSITION
     )
@@ -193,8 +237,11 @@ def test_publication_cites_the_current_lease_of_active_work() -> None:
 @pytest.mark.req("MW-13.1-03")
 def test_the_shell_looks_up_only_a_well_formed_blake3_artifact() -> None:
     """The kinds registry's lookup (what the shell fetches before deciding), not a rule."""
+
     def lookup(ref: common_pb2.ArtifactRef) -> object:
-        return kinds.published_artifact(command(BASE, "work_publish_artifact", publish(artifact=ref), "worker"))
+        return kinds.published_artifact(
+            command(BASE, "work_publish_artifact", publish(artifact=ref), "worker")
+        )
 
     assert lookup(ART) == publish()
     sha = common_pb2.ArtifactRef(digest=common_pb2.Digest(algorithm="sha256", hex="a" * 64))

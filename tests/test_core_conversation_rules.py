@@ -29,16 +29,27 @@ from tests.steward_fixtures import (
 
 CK, AK, CE = cp.ConversationKind, cp.MessageAmendmentKind, cp.ContentErasure
 REVIEW, RESTRICTED = CK.CONVERSATION_KIND_REVIEW, CK.CONVERSATION_KIND_RESTRICTED
-CORRECTION, RETRACTION, REDACTION = AK.MESSAGE_AMENDMENT_KIND_CORRECTION, AK.MESSAGE_AMENDMENT_KIND_RETRACTION, AK.MESSAGE_AMENDMENT_KIND_REDACTION
+CORRECTION, RETRACTION, REDACTION = (
+    AK.MESSAGE_AMENDMENT_KIND_CORRECTION,
+    AK.MESSAGE_AMENDMENT_KIND_RETRACTION,
+    AK.MESSAGE_AMENDMENT_KIND_REDACTION,
+)
 INVALID = "INVALID_ARGUMENT"
 
 
 def opening(**fields: object) -> cp.ConversationOpen:
-    body = cp.ConversationOpen(kind=RESTRICTED, title="sensitive figures", conversation_id="conv_r", participant_ids=["worker"])
+    body = cp.ConversationOpen(
+        kind=RESTRICTED, title="sensitive figures", conversation_id="conv_r", participant_ids=["worker"]
+    )
     return builders.with_overrides(body, fields)
 
 
-def open_decision(state: GroupState = BASE, actor: str = "alice", ctx: decider.DecisionContext | None = None, **fields: object) -> object:
+def open_decision(
+    state: GroupState = BASE,
+    actor: str = "alice",
+    ctx: decider.DecisionContext | None = None,
+    **fields: object,
+) -> object:
     return GROUP.decide(state, "conversation_open", opening(**fields), actor, ctx)
 
 
@@ -51,7 +62,9 @@ def invalid_field(decision: object) -> str:
 RESTRICTED_STATE = GROUP.run(BASE, "conversation_open", opening(), "alice")
 
 
-def post(conversation_id: str = PLANNING, message_id: str = "msg_1", text: str = "hello", **fields: object) -> cp.MessagePost:
+def post(
+    conversation_id: str = PLANNING, message_id: str = "msg_1", text: str = "hello", **fields: object
+) -> cp.MessagePost:
     body = builders.message(conversation_id, text)
     body.message_id = message_id
     return builders.with_overrides(body, fields)
@@ -87,13 +100,24 @@ def test_the_owner_opens_a_restricted_conversation_with_its_participants_listed_
     (event,) = events(BASE, "conversation_open", body, "alice")
     assert (event.type, event.sequence) == ("conversation.opened", BASE.head_sequence + 1)
     assert event.conversation_opened == cp.ConversationOpened(
-        conversation_id="conv_r", kind=RESTRICTED, title="sensitive figures", participant_ids=["rev", "worker"],
+        conversation_id="conv_r",
+        kind=RESTRICTED,
+        title="sensitive figures",
+        participant_ids=["rev", "worker"],
         linked_conversation_id=PLANNING,
     )
     state = GROUP.run(BASE, "conversation_open", body, "alice")
     conversation = state.conversations["conv_r"]
-    assert (conversation.kind, conversation.title, conversation.participant_ids, conversation.linked_conversation_id) == (
-        RESTRICTED, "sensitive figures", ("rev", "worker"), PLANNING,
+    assert (
+        conversation.kind,
+        conversation.title,
+        conversation.participant_ids,
+        conversation.linked_conversation_id,
+    ) == (
+        RESTRICTED,
+        "sensitive figures",
+        ("rev", "worker"),
+        PLANNING,
     )
     assert (conversation.work_item_id, conversation.message_count) == ("", 0)
 
@@ -124,12 +148,16 @@ def test_no_conversation_opens_in_a_terminal_mission() -> None:
 
 
 @pytest.mark.req("MW-9-03")
-@pytest.mark.parametrize("kind", [CK.CONVERSATION_KIND_PLANNING, CK.CONVERSATION_KIND_WORK_ITEM, CK.CONVERSATION_KIND_UNSPECIFIED])
+@pytest.mark.parametrize(
+    "kind", [CK.CONVERSATION_KIND_PLANNING, CK.CONVERSATION_KIND_WORK_ITEM, CK.CONVERSATION_KIND_UNSPECIFIED]
+)
 def test_only_review_and_restricted_conversations_are_opened_by_command(kind: int) -> None:
     assert invalid_field(open_decision(kind=kind, participant_ids=[])) == "body.kind"
 
 
-@pytest.mark.parametrize(("title", "accepted"), [("", False), ("t", True), ("t" * 200, True), ("t" * 201, False)])
+@pytest.mark.parametrize(
+    ("title", "accepted"), [("", False), ("t", True), ("t" * 200, True), ("t" * 201, False)]
+)
 def test_a_conversation_title_has_1_to_200_characters(title: str, accepted: bool) -> None:
     decision = open_decision(title=title)
     if accepted:
@@ -154,7 +182,9 @@ def test_at_most_256_participants_each_an_active_member() -> None:
     assert invalid_field(open_decision(participant_ids=["nobody"] * 257)) == "body.participant_ids"
     assert invalid_field(open_decision(participant_ids=["worker", "nobody"])) == "body.participant_ids[1]"
     revoked = GROUP.run(BASE, "membership_revoke", _revoke("rev"), "alice")
-    assert invalid_field(open_decision(revoked, participant_ids=["worker", "rev"])) == "body.participant_ids[1]"
+    assert (
+        invalid_field(open_decision(revoked, participant_ids=["worker", "rev"])) == "body.participant_ids[1]"
+    )
 
 
 def _revoke(member: str) -> membership_pb2.MembershipRevoke:
@@ -170,8 +200,13 @@ def test_a_linked_conversation_must_exist() -> None:
 
 
 @pytest.mark.req("MW-9-05", "MW-9-13")
-@pytest.mark.parametrize(("actor", "allowed"), [("worker", True), ("alice", True), ("coord", True), ("rev", False), ("admin", False)])
-def test_a_restricted_conversation_admits_its_participants_the_owner_and_the_coordinator(actor: str, allowed: bool) -> None:
+@pytest.mark.parametrize(
+    ("actor", "allowed"),
+    [("worker", True), ("alice", True), ("coord", True), ("rev", False), ("admin", False)],
+)
+def test_a_restricted_conversation_admits_its_participants_the_owner_and_the_coordinator(
+    actor: str, allowed: bool
+) -> None:
     decision = GROUP.decide(RESTRICTED_STATE, "message_post", post("conv_r", text="figures"), actor)
     if allowed:
         assert isinstance(decision, list) and decision[0].message_posted.conversation_id == "conv_r"
@@ -182,7 +217,10 @@ def test_a_restricted_conversation_admits_its_participants_the_owner_and_the_coo
 @pytest.mark.req("MW-9-05")
 def test_a_replaced_coordinator_loses_access_to_restricted_conversations() -> None:
     state = replaced(RESTRICTED_STATE)
-    assert rejection(GROUP.decide(state, "message_post", post("conv_r"), "coord", LATE)) == ("PERMISSION_DENIED", {})
+    assert rejection(GROUP.decide(state, "message_post", post("conv_r"), "coord", LATE)) == (
+        "PERMISSION_DENIED",
+        {},
+    )
     assert isinstance(GROUP.decide(state, "message_post", post("conv_r"), "coord2", LATE), list)
 
 
@@ -207,11 +245,17 @@ def test_a_posted_message_carries_its_content_and_no_authority() -> None:
     (event,) = events(POSTED, "message_post", body, "rev")
     assert event.type == "message.posted"
     assert event.message_posted == cp.MessagePosted(
-        message_id="msg_2", conversation_id=PLANNING, content=body.content, reply_to_message_id="msg_1",
-        topic="t" * 128, authority=False,
+        message_id="msg_2",
+        conversation_id=PLANNING,
+        content=body.content,
+        reply_to_message_id="msg_1",
+        topic="t" * 128,
+        authority=False,
     )
     state = GROUP.run(POSTED, "message_post", body, "rev")
-    assert state.messages["msg_2"] == MessageState(conversation_id=PLANNING, author_id="rev", content_sequences=[event.sequence])
+    assert state.messages["msg_2"] == MessageState(
+        conversation_id=PLANNING, author_id="rev", content_sequences=[event.sequence]
+    )
     assert state.conversations[PLANNING].message_count == 2
 
 
@@ -230,28 +274,44 @@ def test_a_message_id_is_valid_and_new(message_id: str) -> None:
 
 
 def test_a_reply_names_a_message_of_the_group_and_a_topic_has_at_most_128_characters() -> None:
-    reason, _ = rejection(GROUP.decide(POSTED, "message_post", post(message_id="msg_2", reply_to_message_id="msg_9"), "rev"))
+    reason, _ = rejection(
+        GROUP.decide(POSTED, "message_post", post(message_id="msg_2", reply_to_message_id="msg_9"), "rev")
+    )
     assert reason == "NOT_FOUND"
-    assert invalid_field(GROUP.decide(POSTED, "message_post", post(message_id="msg_2", topic="t" * 129), "rev")) == "body.message_post.topic"
+    assert (
+        invalid_field(GROUP.decide(POSTED, "message_post", post(message_id="msg_2", topic="t" * 129), "rev"))
+        == "body.message_post.topic"
+    )
 
 
 def test_a_reply_cannot_probe_or_show_a_restricted_conversations_message_ids() -> None:
     """A non-participant is answered alike for a hidden message and an absent one; a participant's
     reply to a restricted message stays in its Conversation (the id would show in the other)."""
     secret = GROUP.run(RESTRICTED_STATE, "message_post", post("conv_r", message_id="msg_secret"), "worker")
-    hidden = GROUP.decide(secret, "message_post", post(message_id="msg_2", reply_to_message_id="msg_secret"), "rev")
-    absent = GROUP.decide(secret, "message_post", post(message_id="msg_2", reply_to_message_id="msg_none"), "rev")
+    hidden = GROUP.decide(
+        secret, "message_post", post(message_id="msg_2", reply_to_message_id="msg_secret"), "rev"
+    )
+    absent = GROUP.decide(
+        secret, "message_post", post(message_id="msg_2", reply_to_message_id="msg_none"), "rev"
+    )
     assert isinstance(hidden, Rejected) and isinstance(absent, Rejected)
     assert (hidden.reason, hidden.metadata) == (absent.reason, absent.metadata)
     assert hidden.message.replace("msg_secret", "X") == absent.message.replace("msg_none", "X")
-    outside = GROUP.decide(secret, "message_post", post(message_id="msg_2", reply_to_message_id="msg_secret"), "worker")
+    outside = GROUP.decide(
+        secret, "message_post", post(message_id="msg_2", reply_to_message_id="msg_secret"), "worker"
+    )
     assert invalid_field(outside) == "body.message_post.reply_to_message_id"
-    inside = GROUP.decide(secret, "message_post", post("conv_r", message_id="msg_2", reply_to_message_id="msg_secret"), "worker")
+    inside = GROUP.decide(
+        secret, "message_post", post("conv_r", message_id="msg_2", reply_to_message_id="msg_secret"), "worker"
+    )
     assert not isinstance(inside, Rejected)
 
 
 def test_posting_to_an_unknown_conversation_is_not_found() -> None:
-    assert rejection(GROUP.decide(BASE, "message_post", post("conv_none"), "worker")) == ("NOT_FOUND", {"field": "conversation_id"})
+    assert rejection(GROUP.decide(BASE, "message_post", post("conv_none"), "worker")) == (
+        "NOT_FOUND",
+        {"field": "conversation_id"},
+    )
 
 
 @pytest.mark.req("MW-9-09")
@@ -268,7 +328,8 @@ def test_structured_data_is_a_bounded_json_object() -> None:
     assert len(fits) == MAX_DATA_JSON_BYTES and isinstance(post_decision(data_json=fits), list)
     over = '{"k":"' + "é" * ((MAX_DATA_JSON_BYTES - 8) // 2 + 1) + '"}'
     assert rejection(post_decision(data_json=over)) == (
-        "TOO_LARGE", {"field": "body.message_post.content.data_json", "limit": str(MAX_DATA_JSON_BYTES)}
+        "TOO_LARGE",
+        {"field": "body.message_post.content.data_json", "limit": str(MAX_DATA_JSON_BYTES)},
     )
     assert invalid_field(post_decision(data_json="[1, 2]")) == "body.message_post.content.data_json"
     assert isinstance(post_decision(data_json='{"only": "data"}'), list)  # data alone is content
@@ -277,7 +338,9 @@ def test_structured_data_is_a_bounded_json_object() -> None:
 @pytest.mark.req("MW-9-08")
 def test_at_most_32_artifact_references_and_32_mentions() -> None:
     refs = [builders.artifact(c) for c in "abcdef0123456789" * 2]
-    assert isinstance(post_decision(artifacts=refs, mentions=["rev"] * 32), list)  # artifacts alone are content too
+    assert isinstance(
+        post_decision(artifacts=refs, mentions=["rev"] * 32), list
+    )  # artifacts alone are content too
     assert rejection(post_decision(text="x", artifacts=[*refs, builders.artifact()]))[0] == "TOO_LARGE"
     assert rejection(post_decision(text="x", mentions=["rev"] * 33))[0] == "TOO_LARGE"
 
@@ -286,8 +349,14 @@ def test_at_most_32_artifact_references_and_32_mentions() -> None:
 def test_artifact_references_are_blake3_digests_and_mentions_are_members() -> None:
     bad = builders.artifact()
     bad.digest.algorithm = "sha256"
-    assert invalid_field(post_decision(text="x", artifacts=[builders.artifact(), bad])) == "body.message_post.content.artifacts[1].digest"
-    assert invalid_field(post_decision(text="x", mentions=["rev", "nobody"])) == "body.message_post.content.mentions[1]"
+    assert (
+        invalid_field(post_decision(text="x", artifacts=[builders.artifact(), bad]))
+        == "body.message_post.content.artifacts[1].digest"
+    )
+    assert (
+        invalid_field(post_decision(text="x", mentions=["rev", "nobody"]))
+        == "body.message_post.content.mentions[1]"
+    )
 
 
 @pytest.mark.req("MW-9-06")
@@ -297,7 +366,9 @@ def test_a_message_needs_text_data_or_artifacts() -> None:
 
 @pytest.mark.req("MW-10.1-02")
 def test_an_ambiguity_posted_in_a_work_item_conversation_is_recorded_on_the_work_item() -> None:
-    authorize = work_pb2.WorkAuthorize(work_item_id="wi", title="wi", contract=builders.contract(NOW), coordinator_epoch=1)
+    authorize = work_pb2.WorkAuthorize(
+        work_item_id="wi", title="wi", contract=builders.contract(NOW), coordinator_epoch=1
+    )
     state = GROUP.run(BASE, "work_authorize", authorize, "coord")
     conversation = state.work_items["wi"].conversation_id
     state = GROUP.run(state, "message_post", post(conversation, "msg_a", topic="ambiguity"), "coord")
@@ -314,40 +385,58 @@ def test_a_correction_by_the_author_appends_an_event_citing_the_message() -> Non
     corrected = content(text="hello, corrected")
     (event,) = events(POSTED, "message_amend", amend(CORRECTION, corrected_content=corrected), "worker")
     assert event.type == "message.amended"
-    assert event.message_amended == cp.MessageAmended(message_id="msg_1", kind=CORRECTION, corrected_content=corrected)
+    assert event.message_amended == cp.MessageAmended(
+        message_id="msg_1", kind=CORRECTION, corrected_content=corrected
+    )
     state = GROUP.run(POSTED, "message_amend", amend(CORRECTION, corrected_content=corrected), "worker")
     first = POSTED.messages["msg_1"].content_sequences
     assert state.messages["msg_1"] == MessageState(
-        conversation_id=PLANNING, author_id="worker", latest_amendment=CORRECTION, amendments=1,
+        conversation_id=PLANNING,
+        author_id="worker",
+        latest_amendment=CORRECTION,
+        amendments=1,
         content_sequences=[*first, event.sequence],
     )
-    again = GROUP.run(state, "message_amend", amend(CORRECTION, corrected_content=content(text="third")), "worker")
+    again = GROUP.run(
+        state, "message_amend", amend(CORRECTION, corrected_content=content(text="third")), "worker"
+    )
     assert again.messages["msg_1"].amendments == 2 and len(again.messages["msg_1"].content_sequences) == 3
 
 
 @pytest.mark.req("MW-9.1-20")
 def test_only_the_author_corrects_or_retracts() -> None:
     for actor in ("alice", "coord", "admin"):
-        assert rejection(amend_decision(CORRECTION, actor, corrected_content=content(text="x"))) == ("PERMISSION_DENIED", {})
+        assert rejection(amend_decision(CORRECTION, actor, corrected_content=content(text="x"))) == (
+            "PERMISSION_DENIED",
+            {},
+        )
         assert rejection(amend_decision(RETRACTION, actor)) == ("PERMISSION_DENIED", {})
 
 
 def test_a_correction_is_complete_content() -> None:
     assert invalid_field(amend_decision(CORRECTION, "worker")) == "body.corrected_content"
-    too_large = amend_decision(CORRECTION, "worker", corrected_content=content(text="a" * (MAX_TEXT_BYTES + 1)))
+    too_large = amend_decision(
+        CORRECTION, "worker", corrected_content=content(text="a" * (MAX_TEXT_BYTES + 1))
+    )
     assert rejection(too_large)[1]["field"] == "body.corrected_content.text"
 
 
 @pytest.mark.req("MW-9.1-20")
 def test_a_retraction_carries_no_content_and_ends_amending() -> None:
-    assert invalid_field(amend_decision(RETRACTION, "worker", corrected_content=content(text="x"))) == "body.corrected_content"
+    assert (
+        invalid_field(amend_decision(RETRACTION, "worker", corrected_content=content(text="x")))
+        == "body.corrected_content"
+    )
     (event,) = events(POSTED, "message_amend", amend(RETRACTION), "worker")
     assert event.message_amended == cp.MessageAmended(message_id="msg_1", kind=RETRACTION)
     state = GROUP.run(POSTED, "message_amend", amend(RETRACTION), "worker")
     assert (state.messages["msg_1"].latest_amendment, state.messages["msg_1"].content_sequences) == (
-        RETRACTION, POSTED.messages["msg_1"].content_sequences,
+        RETRACTION,
+        POSTED.messages["msg_1"].content_sequences,
     )
-    refused = GROUP.refused(state, "message_amend", amend(CORRECTION, corrected_content=content(text="x")), "worker")
+    refused = GROUP.refused(
+        state, "message_amend", amend(CORRECTION, corrected_content=content(text="x")), "worker"
+    )
     assert refused.reason_name == "INVALID_TRANSITION" and "was retraction" in refused.message
 
 
@@ -355,7 +444,9 @@ def test_a_retraction_carries_no_content_and_ends_amending() -> None:
 @pytest.mark.parametrize("actor", ["worker", "alice", "coord", "admin"])
 def test_a_redaction_by_the_author_a_steward_or_organization_policy_records_its_reason(actor: str) -> None:
     (event,) = events(POSTED, "message_amend", amend(REDACTION, policy_reason="contains a secret"), actor)
-    assert event.message_amended == cp.MessageAmended(message_id="msg_1", kind=REDACTION, policy_reason="contains a secret")
+    assert event.message_amended == cp.MessageAmended(
+        message_id="msg_1", kind=REDACTION, policy_reason="contains a secret"
+    )
     state = GROUP.run(POSTED, "message_amend", amend(REDACTION, policy_reason="contains a secret"), actor)
     assert (state.messages["msg_1"].latest_amendment, state.messages["msg_1"].erased) == (REDACTION, False)
     refused = GROUP.refused(state, "message_amend", amend(REDACTION, policy_reason="again"), "worker")
@@ -366,13 +457,17 @@ def test_a_redaction_by_the_author_a_steward_or_organization_policy_records_its_
 def test_a_redaction_by_anyone_else_is_refused() -> None:
     assert rejection(amend_decision(REDACTION, "rev", policy_reason="mine now")) == ("PERMISSION_DENIED", {})
     state = replaced(POSTED)
-    assert rejection(GROUP.decide(state, "message_amend", amend(REDACTION, policy_reason="x"), "coord", LATE)) == ("PERMISSION_DENIED", {})
+    assert rejection(
+        GROUP.decide(state, "message_amend", amend(REDACTION, policy_reason="x"), "coord", LATE)
+    ) == ("PERMISSION_DENIED", {})
 
 
 @pytest.mark.req("MW-9.1-21")
 @pytest.mark.parametrize("policy_reason", ["", "   ", "r" * 4097])
 def test_a_redaction_needs_a_bounded_reason(policy_reason: str) -> None:
-    assert invalid_field(amend_decision(REDACTION, "alice", policy_reason=policy_reason)) == "body.policy_reason"
+    assert (
+        invalid_field(amend_decision(REDACTION, "alice", policy_reason=policy_reason)) == "body.policy_reason"
+    )
 
 
 def test_a_redaction_carries_no_content_and_the_kind_is_required() -> None:
@@ -382,23 +477,36 @@ def test_a_redaction_carries_no_content_and_the_kind_is_required() -> None:
 
 
 def test_amending_an_unknown_message_is_not_found() -> None:
-    assert rejection(amend_decision(CORRECTION, "worker", message_id="msg_9")) == ("NOT_FOUND", {"field": "message_id"})
+    assert rejection(amend_decision(CORRECTION, "worker", message_id="msg_9")) == (
+        "NOT_FOUND",
+        {"field": "message_id"},
+    )
 
 
 # ---------------------------------------------------------------- erasure (MW-7.4-04/05)
 
 
 @pytest.mark.req("MW-7.4-04", "MW-7.4-05")
-@pytest.mark.parametrize("erasure", [CE.CONTENT_ERASURE_SECURITY_REDACTION, CE.CONTENT_ERASURE_LEGAL_DELETION])
+@pytest.mark.parametrize(
+    "erasure", [CE.CONTENT_ERASURE_SECURITY_REDACTION, CE.CONTENT_ERASURE_LEGAL_DELETION]
+)
 @pytest.mark.parametrize("actor", ["alice", "admin"])
-def test_an_erasure_by_the_owner_or_organization_policy_lists_every_event_with_the_content(erasure: int, actor: str) -> None:
-    corrected = GROUP.run(POSTED, "message_amend", amend(CORRECTION, corrected_content=content(text="v2")), "worker")
+def test_an_erasure_by_the_owner_or_organization_policy_lists_every_event_with_the_content(
+    erasure: int, actor: str
+) -> None:
+    corrected = GROUP.run(
+        POSTED, "message_amend", amend(CORRECTION, corrected_content=content(text="v2")), "worker"
+    )
     sequences = corrected.messages["msg_1"].content_sequences
     assert len(sequences) == 2
     body = amend(REDACTION, erasure=erasure, policy_reason="GDPR")
     (event,) = events(corrected, "message_amend", body, actor)
     assert event.message_amended == cp.MessageAmended(
-        message_id="msg_1", kind=REDACTION, policy_reason="GDPR", erasure=erasure, erased_sequences=sequences,
+        message_id="msg_1",
+        kind=REDACTION,
+        policy_reason="GDPR",
+        erasure=erasure,
+        erased_sequences=sequences,
     )
     state = GROUP.run(corrected, "message_amend", body, actor)
     assert state.messages["msg_1"].erased and state.messages["msg_1"].latest_amendment == REDACTION
@@ -418,12 +526,25 @@ def test_an_erasure_is_also_allowed_after_a_retraction_or_a_masking_redaction() 
 @pytest.mark.req("MW-7.4-04")
 def test_an_erasure_is_a_redaction_by_the_owner_with_a_reason_and_no_content() -> None:
     legal = CE.CONTENT_ERASURE_LEGAL_DELETION
-    assert invalid_field(amend_decision(CORRECTION, "worker", erasure=legal, corrected_content=content(text="x"))) == "body.erasure"
+    assert (
+        invalid_field(
+            amend_decision(CORRECTION, "worker", erasure=legal, corrected_content=content(text="x"))
+        )
+        == "body.erasure"
+    )
     assert invalid_field(amend_decision(REDACTION, "alice", erasure=99, policy_reason="x")) == "body.erasure"
     for actor in ("worker", "coord"):  # the author and the Coordinator mask, only the owner erases
-        assert rejection(amend_decision(REDACTION, actor, erasure=legal, policy_reason="x")) == ("PERMISSION_DENIED", {})
-    assert invalid_field(amend_decision(REDACTION, "alice", erasure=legal, policy_reason=" ")) == "body.policy_reason"
-    with_content = amend_decision(REDACTION, "alice", erasure=legal, policy_reason="x", corrected_content=content(text="x"))
+        assert rejection(amend_decision(REDACTION, actor, erasure=legal, policy_reason="x")) == (
+            "PERMISSION_DENIED",
+            {},
+        )
+    assert (
+        invalid_field(amend_decision(REDACTION, "alice", erasure=legal, policy_reason=" "))
+        == "body.policy_reason"
+    )
+    with_content = amend_decision(
+        REDACTION, "alice", erasure=legal, policy_reason="x", corrected_content=content(text="x")
+    )
     assert invalid_field(with_content) == "body.corrected_content"
 
 
@@ -432,29 +553,86 @@ def test_an_erasure_is_a_redaction_by_the_owner_with_a_reason_and_no_content() -
 RETRACTED = GROUP.run(POSTED, "message_amend", amend(RETRACTION), "worker")
 LEGAL = CE.CONTENT_ERASURE_LEGAL_DELETION
 AMEND_REFUSALS = [
-    (RETRACTED, CORRECTION, "worker", {"corrected_content": content(text="x")},
-     "message msg_1 was retraction; post a new Message instead"),
-    (POSTED, CORRECTION, "alice", {"corrected_content": content(text="x")}, "only the author corrects a Message"),
+    (
+        RETRACTED,
+        CORRECTION,
+        "worker",
+        {"corrected_content": content(text="x")},
+        "message msg_1 was retraction; post a new Message instead",
+    ),
+    (
+        POSTED,
+        CORRECTION,
+        "alice",
+        {"corrected_content": content(text="x")},
+        "only the author corrects a Message",
+    ),
     (POSTED, RETRACTION, "alice", {}, "only the author retracts a Message"),
-    (POSTED, RETRACTION, "worker", {"corrected_content": content(text="x")}, "body.corrected_content: a retraction carries no content"),
-    (POSTED, REDACTION, "rev", {"policy_reason": "x"},
-     "a redaction is made by the author, the MissionOwner, the Coordinator or Organization policy"),
-    (POSTED, REDACTION, "alice", {"policy_reason": "x", "corrected_content": content(text="x")},
-     "body.corrected_content: a redaction masks the Message; it carries no content"),
-    (POSTED, AK.MESSAGE_AMENDMENT_KIND_UNSPECIFIED, "worker", {}, "body.kind: correction, retraction or redaction"),
-    (POSTED, CORRECTION, "alice", {"erasure": LEGAL}, "body.erasure: erasing content is a kind of redaction (kind REDACTION)"),
-    (POSTED, REDACTION, "alice", {"erasure": 99, "policy_reason": "x"}, "body.erasure: SECURITY_REDACTION or LEGAL_DELETION"),
-    (POSTED, REDACTION, "coord", {"erasure": LEGAL, "policy_reason": "x"},
-     "content is erased from history by the MissionOwner or Organization policy"),
-    (POSTED, REDACTION, "alice", {"erasure": LEGAL, "policy_reason": "x", "corrected_content": content(text="x")},
-     "body.corrected_content: an erasure carries no content"),
+    (
+        POSTED,
+        RETRACTION,
+        "worker",
+        {"corrected_content": content(text="x")},
+        "body.corrected_content: a retraction carries no content",
+    ),
+    (
+        POSTED,
+        REDACTION,
+        "rev",
+        {"policy_reason": "x"},
+        "a redaction is made by the author, the MissionOwner, the Coordinator or Organization policy",
+    ),
+    (
+        POSTED,
+        REDACTION,
+        "alice",
+        {"policy_reason": "x", "corrected_content": content(text="x")},
+        "body.corrected_content: a redaction masks the Message; it carries no content",
+    ),
+    (
+        POSTED,
+        AK.MESSAGE_AMENDMENT_KIND_UNSPECIFIED,
+        "worker",
+        {},
+        "body.kind: correction, retraction or redaction",
+    ),
+    (
+        POSTED,
+        CORRECTION,
+        "alice",
+        {"erasure": LEGAL},
+        "body.erasure: erasing content is a kind of redaction (kind REDACTION)",
+    ),
+    (
+        POSTED,
+        REDACTION,
+        "alice",
+        {"erasure": 99, "policy_reason": "x"},
+        "body.erasure: SECURITY_REDACTION or LEGAL_DELETION",
+    ),
+    (
+        POSTED,
+        REDACTION,
+        "coord",
+        {"erasure": LEGAL, "policy_reason": "x"},
+        "content is erased from history by the MissionOwner or Organization policy",
+    ),
+    (
+        POSTED,
+        REDACTION,
+        "alice",
+        {"erasure": LEGAL, "policy_reason": "x", "corrected_content": content(text="x")},
+        "body.corrected_content: an erasure carries no content",
+    ),
     (POSTED, CORRECTION, "worker", {"message_id": "msg_9"}, "no message msg_9 in this Group"),
 ]
 
 
 @pytest.mark.req("MW-9.1-20", "MW-9.1-21", "MW-7.4-04")
 @pytest.mark.parametrize(("state", "kind", "actor", "fields", "message"), AMEND_REFUSALS)
-def test_each_refusal_of_an_amendment_says_why(state: GroupState, kind: int, actor: str, fields: dict[str, object], message: str) -> None:
+def test_each_refusal_of_an_amendment_says_why(
+    state: GroupState, kind: int, actor: str, fields: dict[str, object], message: str
+) -> None:
     assert GROUP.refused(state, "message_amend", amend(kind, **fields), actor).message == message
 
 
@@ -462,7 +640,10 @@ def test_each_refusal_of_an_amendment_says_why(state: GroupState, kind: int, act
 def test_a_second_erasure_says_the_content_is_already_erased() -> None:
     erase = amend(REDACTION, erasure=LEGAL, policy_reason="GDPR")
     state = GROUP.run(POSTED, "message_amend", erase, "alice")
-    assert GROUP.refused(state, "message_amend", erase, "alice").message == "the content of message msg_1 was already erased"
+    assert (
+        GROUP.refused(state, "message_amend", erase, "alice").message
+        == "the content of message msg_1 was already erased"
+    )
 
 
 @pytest.mark.req("MW-9-06", "MW-9-09")
@@ -476,8 +657,13 @@ def test_each_refusal_of_a_posts_content_says_why() -> None:
     assert GROUP.refused(BASE, "message_post", empty, "worker").message == (
         "body.message_post.content: a Message needs text, data or Artifact references"
     )
-    assert GROUP.refused(BASE, "message_post", post(topic="t" * 129), "worker").message == "body.message_post.topic: at most 128 characters"
+    assert (
+        GROUP.refused(BASE, "message_post", post(topic="t" * 129), "worker").message
+        == "body.message_post.topic: at most 128 characters"
+    )
     assert GROUP.refused(BASE, "conversation_open", opening(kind=REVIEW), "alice").message == (
         "body.participant_ids: only restricted Conversations list participants"
     )
-    assert GROUP.refused(cancelled(), "conversation_open", opening(), "alice").message.startswith("conversation.open: the Mission is")
+    assert GROUP.refused(cancelled(), "conversation_open", opening(), "alice").message.startswith(
+        "conversation.open: the Mission is"
+    )

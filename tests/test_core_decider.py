@@ -27,16 +27,25 @@ CTX = decider.DecisionContext(NOW, IDS)
 _counter = iter(range(1, 1_000_000))
 
 
-def cmd(kind: str, body: object, actor: str = "alice", group: str = "grp_test", epoch: int = 0, **kw: object) -> command_pb2.Command:
+def cmd(
+    kind: str, body: object, actor: str = "alice", group: str = "grp_test", epoch: int = 0, **kw: object
+) -> command_pb2.Command:
     c = command_pb2.Command(
-        command_id=f"cmd_{next(_counter)}", group_id=group, actor_id=actor, session_epoch=1,
-        membership_epoch=epoch, issued_at=to_timestamp(NOW), **kw,  # type: ignore[arg-type]
+        command_id=f"cmd_{next(_counter)}",
+        group_id=group,
+        actor_id=actor,
+        session_epoch=1,
+        membership_epoch=epoch,
+        issued_at=to_timestamp(NOW),
+        **kw,  # type: ignore[arg-type]
     )
     getattr(c, kind).CopyFrom(body)
     return c
 
 
-def run(state: GroupState | None, command: command_pb2.Command, ctx: decider.DecisionContext = CTX) -> GroupState:
+def run(
+    state: GroupState | None, command: command_pb2.Command, ctx: decider.DecisionContext = CTX
+) -> GroupState:
     decision = decider.decide(state, command, ctx)
     assert not isinstance(decision, Rejected), decision
     for event in decision:
@@ -45,7 +54,9 @@ def run(state: GroupState | None, command: command_pb2.Command, ctx: decider.Dec
     return state
 
 
-def rejected(state: GroupState | None, command: command_pb2.Command, ctx: decider.DecisionContext = CTX) -> Rejected:
+def rejected(
+    state: GroupState | None, command: command_pb2.Command, ctx: decider.DecisionContext = CTX
+) -> Rejected:
     decision = decider.decide(state, command, ctx)
     assert isinstance(decision, Rejected), f"expected a rejection, got {[e.type for e in decision]}"
     return decision
@@ -58,7 +69,9 @@ def created(**overrides: object) -> GroupState:
 @pytest.mark.req("MW-7.1-T01", "MW-7.1-03", "MW-9-01", "MW-8-05", "MW-7.2-02")
 def test_mission_create_allocates_one_group_one_planning_conversation_and_coordinator_lease() -> None:
     """MW-7.1-T01 / MW-7.1-03 / MW-9-01 / MW-8-05 / MW-7.2-02."""
-    decision = decider.decide(None, cmd("mission_create", builders.mission_create("alice", "coord", NOW)), CTX)
+    decision = decider.decide(
+        None, cmd("mission_create", builders.mission_create("alice", "coord", NOW)), CTX
+    )
     assert not isinstance(decision, Rejected)
     assert [e.type for e in decision] == [
         "mission.created",
@@ -75,7 +88,10 @@ def test_mission_create_allocates_one_group_one_planning_conversation_and_coordi
     (conv,) = state.conversations.values()
     assert conv.conversation_id == state.mission.planning_conversation_id
     # MW-8-05: owner and Coordinator have full visibility.
-    assert {m.member_id: m.visibility_start_sequence for m in state.members.values()} == {"alice": 1, "coord": 1}
+    assert {m.member_id: m.visibility_start_sequence for m in state.members.values()} == {
+        "alice": 1,
+        "coord": 1,
+    }
     lease = state.mission.coordinator
     assert lease is not None
     assert (lease.agent_id, lease.coordinator_epoch, lease.session_epoch) == ("coord", 1, 4)
@@ -90,7 +106,12 @@ def test_mission_and_group_ids_are_stable_and_derived_deterministically() -> Non
     assert first == second
     state = decider.fold(first)  # type: ignore[arg-type]
     assert state and state.mission and state.mission.mission_id == "mis_abc" and state.group_id == "grp_abc"
-    state = run(state, cmd("message_post", builders.message(state.mission.planning_conversation_id), epoch=1, group="grp_abc"))
+    state = run(
+        state,
+        cmd(
+            "message_post", builders.message(state.mission.planning_conversation_id), epoch=1, group="grp_abc"
+        ),
+    )
     assert state.mission and state.mission.mission_id == "mis_abc"
 
 
@@ -116,7 +137,9 @@ def test_root_mission_owner_must_be_human() -> None:
 )
 def test_mission_definition_requires_every_machine_readable_item(field: str, value: object) -> None:
     """MW-7.1-01: objective, definition of done, deadline, budget, risk policy and owner are required."""
-    r = rejected(None, cmd("mission_create", builders.mission_create("alice", "coord", NOW, **{field: value})))
+    r = rejected(
+        None, cmd("mission_create", builders.mission_create("alice", "coord", NOW, **{field: value}))
+    )
     assert r.reason == R.REJECTION_REASON_INVALID_ARGUMENT
     assert field in r.metadata["field"]
 
@@ -176,13 +199,23 @@ def test_large_content_must_travel_as_an_artifact_reference() -> None:
     """MW-9-09: large data is not embedded in a Message."""
     state = created()
     conv = state.mission.planning_conversation_id  # type: ignore[union-attr]
-    r = rejected(state, cmd("message_post", builders.message(conv, "x" * (decider.MAX_TEXT_BYTES + 1)), epoch=1))
+    r = rejected(
+        state, cmd("message_post", builders.message(conv, "x" * (decider.MAX_TEXT_BYTES + 1)), epoch=1)
+    )
     assert r.reason == R.REJECTION_REASON_TOO_LARGE
-    ref = common_pb2.ArtifactRef(digest=common_pb2.Digest(algorithm="blake3", hex="ab" * 32, size_bytes=10_000_000))
+    ref = common_pb2.ArtifactRef(
+        digest=common_pb2.Digest(algorithm="blake3", hex="ab" * 32, size_bytes=10_000_000)
+    )
     run(state, cmd("message_post", builders.message(conv, "see artifact", artifacts=[ref]), epoch=1))
     bad = common_pb2.ArtifactRef(digest=common_pb2.Digest(algorithm="md5", hex="ab" * 16))
-    assert rejected(state, cmd("message_post", builders.message(conv, "x", artifacts=[bad]), epoch=1)).reason == R.REJECTION_REASON_INVALID_ARGUMENT
-    assert rejected(state, cmd("message_post", builders.message(conv, "x", data_json="[1]"), epoch=1)).reason == R.REJECTION_REASON_INVALID_ARGUMENT
+    assert (
+        rejected(state, cmd("message_post", builders.message(conv, "x", artifacts=[bad]), epoch=1)).reason
+        == R.REJECTION_REASON_INVALID_ARGUMENT
+    )
+    assert (
+        rejected(state, cmd("message_post", builders.message(conv, "x", data_json="[1]"), epoch=1)).reason
+        == R.REJECTION_REASON_INVALID_ARGUMENT
+    )
 
 
 @pytest.mark.req("MW-8-02", "MW-8-03")
@@ -190,19 +223,34 @@ def test_group_commands_must_carry_the_current_membership_epoch() -> None:
     """MW-8-02: the current epoch is required; MW-8-03: stale or revoked epochs are rejected."""
     state = created()
     conv = state.mission.planning_conversation_id  # type: ignore[union-attr]
-    assert rejected(state, cmd("message_post", builders.message(conv), epoch=0)).reason == R.REJECTION_REASON_MEMBERSHIP_EPOCH_STALE
-    assert rejected(state, cmd("message_post", builders.message(conv), epoch=2)).reason == R.REJECTION_REASON_MEMBERSHIP_EPOCH_STALE
-    assert rejected(state, cmd("message_post", builders.message(conv), actor="worker", epoch=1)).reason == R.REJECTION_REASON_NOT_A_MEMBER
+    assert (
+        rejected(state, cmd("message_post", builders.message(conv), epoch=0)).reason
+        == R.REJECTION_REASON_MEMBERSHIP_EPOCH_STALE
+    )
+    assert (
+        rejected(state, cmd("message_post", builders.message(conv), epoch=2)).reason
+        == R.REJECTION_REASON_MEMBERSHIP_EPOCH_STALE
+    )
+    assert (
+        rejected(state, cmd("message_post", builders.message(conv), actor="worker", epoch=1)).reason
+        == R.REJECTION_REASON_NOT_A_MEMBER
+    )
     grant = membership_pb2.MembershipGrant(member_id="worker", role=membership_pb2.MEMBER_ROLE_WORKER)
     state = run(state, cmd("membership_grant", grant, actor="coord", epoch=2))
     run(state, cmd("message_post", builders.message(conv), actor="worker", epoch=3))
-    state = run(state, cmd("membership_revoke", membership_pb2.MembershipRevoke(member_id="worker"), actor="coord", epoch=2))
+    state = run(
+        state,
+        cmd("membership_revoke", membership_pb2.MembershipRevoke(member_id="worker"), actor="coord", epoch=2),
+    )
     r = rejected(state, cmd("message_post", builders.message(conv), actor="worker", epoch=3))
     assert r.reason == R.REJECTION_REASON_MEMBERSHIP_EPOCH_STALE
     # A new grant gets a new, never reused epoch; the old one stays stale.
     state = run(state, cmd("membership_grant", grant, actor="coord", epoch=2))
     assert state.members["worker"].membership_epoch == 4
-    assert rejected(state, cmd("message_post", builders.message(conv), actor="worker", epoch=3)).reason == R.REJECTION_REASON_MEMBERSHIP_EPOCH_STALE
+    assert (
+        rejected(state, cmd("message_post", builders.message(conv), actor="worker", epoch=3)).reason
+        == R.REJECTION_REASON_MEMBERSHIP_EPOCH_STALE
+    )
 
 
 @pytest.mark.req("MW-8-01", "MW-8-07", "MW-8-05")
@@ -229,12 +277,23 @@ def test_only_owner_or_live_coordinator_manage_memberships() -> None:
     grant = membership_pb2.MembershipGrant(member_id="worker", role=membership_pb2.MEMBER_ROLE_WORKER)
     state = run(state, cmd("membership_grant", grant, actor="coord", epoch=2))
     other = membership_pb2.MembershipGrant(member_id="bot", role=membership_pb2.MEMBER_ROLE_WORKER)
-    assert rejected(state, cmd("membership_grant", other, actor="worker", epoch=3)).reason == R.REJECTION_REASON_PERMISSION_DENIED
+    assert (
+        rejected(state, cmd("membership_grant", other, actor="worker", epoch=3)).reason
+        == R.REJECTION_REASON_PERMISSION_DENIED
+    )
     later = decider.DecisionContext(NOW + timedelta(minutes=6), IDS)
-    assert rejected(state, cmd("membership_grant", other, actor="coord", epoch=2), later).reason == R.REJECTION_REASON_LEASE_EXPIRED
+    assert (
+        rejected(state, cmd("membership_grant", other, actor="coord", epoch=2), later).reason
+        == R.REJECTION_REASON_LEASE_EXPIRED
+    )
     run(state, cmd("membership_grant", other, actor="alice", epoch=1), later)
-    owner_role = membership_pb2.MembershipGrant(member_id="bot", role=membership_pb2.MEMBER_ROLE_MISSION_OWNER)
-    assert rejected(state, cmd("membership_grant", owner_role, actor="alice", epoch=1)).reason == R.REJECTION_REASON_INVALID_ARGUMENT
+    owner_role = membership_pb2.MembershipGrant(
+        member_id="bot", role=membership_pb2.MEMBER_ROLE_MISSION_OWNER
+    )
+    assert (
+        rejected(state, cmd("membership_grant", owner_role, actor="alice", epoch=1)).reason
+        == R.REJECTION_REASON_INVALID_ARGUMENT
+    )
 
 
 def test_expected_revision_is_optimistic_concurrency() -> None:
@@ -242,12 +301,22 @@ def test_expected_revision_is_optimistic_concurrency() -> None:
     state = created()
     conv = state.mission.planning_conversation_id  # type: ignore[union-attr]
     good = common_pb2.ExpectedRevision(kind=common_pb2.REVISION_KIND_GROUP, revision=5)
-    assert not isinstance(decider.decide(state, cmd("message_post", builders.message(conv), epoch=1, expected_revision=good), CTX), Rejected)
+    assert not isinstance(
+        decider.decide(
+            state, cmd("message_post", builders.message(conv), epoch=1, expected_revision=good), CTX
+        ),
+        Rejected,
+    )
     stale = common_pb2.ExpectedRevision(kind=common_pb2.REVISION_KIND_GROUP, revision=4)
     r = rejected(state, cmd("message_post", builders.message(conv), epoch=1, expected_revision=stale))
     assert r.reason == R.REJECTION_REASON_REVISION_MISMATCH and r.metadata["current_revision"] == "5"
     mission_rev = common_pb2.ExpectedRevision(kind=common_pb2.REVISION_KIND_MISSION, revision=2)
-    assert rejected(state, cmd("message_post", builders.message(conv), epoch=1, expected_revision=mission_rev)).reason == R.REJECTION_REASON_REVISION_MISMATCH
+    assert (
+        rejected(
+            state, cmd("message_post", builders.message(conv), epoch=1, expected_revision=mission_rev)
+        ).reason
+        == R.REJECTION_REASON_REVISION_MISMATCH
+    )
 
 
 def test_unknown_command_kinds_are_rejected() -> None:
@@ -265,7 +334,9 @@ def test_decide_does_not_mutate_state() -> None:
 
 
 def test_evolve_refuses_gaps() -> None:
-    decision = decider.decide(None, cmd("mission_create", builders.mission_create("alice", "coord", NOW)), CTX)
+    decision = decider.decide(
+        None, cmd("mission_create", builders.mission_create("alice", "coord", NOW)), CTX
+    )
     assert not isinstance(decision, Rejected)
     with pytest.raises(ValueError, match="does not follow"):
         decider.evolve(None, decision[1])

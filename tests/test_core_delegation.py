@@ -43,24 +43,36 @@ def caps(**dims: int) -> common_pb2.ResourceVector:
 
 def contract(*capabilities: tuple[str, str], **budget: int) -> wp.WorkContract:
     c = builders.contract(NOW)
-    c.required_capabilities.extend(membership_pb2.Capability(capability_id=i, version=v) for i, v in capabilities)
+    c.required_capabilities.extend(
+        membership_pb2.Capability(capability_id=i, version=v) for i, v in capabilities
+    )
     for dim, value in budget.items():
         setattr(c.budget, dim, value)
     return c
 
 
-def authorize(work_item_id: str, parent: str = "", grant_id: str = "", c: wp.WorkContract | None = None) -> wp.WorkAuthorize:
+def authorize(
+    work_item_id: str, parent: str = "", grant_id: str = "", c: wp.WorkContract | None = None
+) -> wp.WorkAuthorize:
     return wp.WorkAuthorize(
-        work_item_id=work_item_id, title=work_item_id, contract=c or contract(("code.python", "3.12")),
-        parent_work_item_id=parent, coordinator_epoch=0 if grant_id else 1, grant_id=grant_id,
+        work_item_id=work_item_id,
+        title=work_item_id,
+        contract=c or contract(("code.python", "3.12")),
+        parent_work_item_id=parent,
+        coordinator_epoch=0 if grant_id else 1,
+        grant_id=grant_id,
     )
 
 
 def offer(work_item_id: str, grant_id: str, candidate: str = "worker", offer_id: str = "") -> wp.WorkOffer:
     return wp.WorkOffer(
-        work_item_id=work_item_id, offer_id=offer_id or f"off-{work_item_id}-{next(_n)}", candidate_ids=[candidate],
-        expires_at=to_timestamp(NOW + timedelta(minutes=5)), selection_criteria=[builders.selection(candidate)],
-        grant_id=grant_id, coordinator_epoch=0 if grant_id else 1,
+        work_item_id=work_item_id,
+        offer_id=offer_id or f"off-{work_item_id}-{next(_n)}",
+        candidate_ids=[candidate],
+        expires_at=to_timestamp(NOW + timedelta(minutes=5)),
+        selection_criteria=[builders.selection(candidate)],
+        grant_id=grant_id,
+        coordinator_epoch=0 if grant_id else 1,
     )
 
 
@@ -79,8 +91,14 @@ def grant_body(**overrides: object) -> membership_pb2.MembershipGrantDelegation:
 
 def base() -> GroupState:
     state = run(None, "mission_create", builders.mission_create("alice", "coord", NOW), "alice")
-    for member, role in (("worker", Role.MEMBER_ROLE_WORKER), ("lead", Role.MEMBER_ROLE_WORK_DELEGATE), ("lead2", Role.MEMBER_ROLE_WORK_DELEGATE)):
-        state = run(state, "membership_grant", membership_pb2.MembershipGrant(member_id=member, role=role), "alice")
+    for member, role in (
+        ("worker", Role.MEMBER_ROLE_WORKER),
+        ("lead", Role.MEMBER_ROLE_WORK_DELEGATE),
+        ("lead2", Role.MEMBER_ROLE_WORK_DELEGATE),
+    ):
+        state = run(
+            state, "membership_grant", membership_pb2.MembershipGrant(member_id=member, role=role), "alice"
+        )
     state = run(state, "work_authorize", authorize("root"), "coord")
     state = run(state, "work_authorize", authorize("child", parent="root"), "coord")
     return run(state, "work_authorize", authorize("elsewhere"), "coord")
@@ -116,8 +134,14 @@ def test_the_current_coordinator_grants_and_every_field_is_recorded() -> None:
 
 @pytest.mark.req("MW-9.1-04")
 def test_only_the_current_coordinator_grants() -> None:
-    assert refused(BASE, "membership_grant_delegation", grant_body(), "alice").reason == R.REJECTION_REASON_PERMISSION_DENIED
-    assert refused(BASE, "membership_grant_delegation", grant_body(), "lead").reason == R.REJECTION_REASON_PERMISSION_DENIED
+    assert (
+        refused(BASE, "membership_grant_delegation", grant_body(), "alice").reason
+        == R.REJECTION_REASON_PERMISSION_DENIED
+    )
+    assert (
+        refused(BASE, "membership_grant_delegation", grant_body(), "lead").reason
+        == R.REJECTION_REASON_PERMISSION_DENIED
+    )
     stale = refused(BASE, "membership_grant_delegation", grant_body(coordinator_epoch=7), "coord")
     assert stale.reason == R.REJECTION_REASON_COORDINATOR_EPOCH_STALE
 
@@ -141,11 +165,23 @@ BAD_GRANTS = {
     "no caps": (grant_body(caps=None), R.REJECTION_REASON_INVALID_ARGUMENT),
     "no currency": (grant_body(caps=caps(currency="")), R.REJECTION_REASON_INVALID_ARGUMENT),
     "another currency": (grant_body(caps=caps(currency="USD")), R.REJECTION_REASON_INVALID_ARGUMENT),
-    "a cap beyond the Mission's budget": (grant_body(caps=caps(tokens=2**63)), R.REJECTION_REASON_BUDGET_EXCEEDED),
-    "depth over the Organization's limit": (grant_body(max_descendant_depth=4), R.REJECTION_REASON_PERMISSION_DENIED),
+    "a cap beyond the Mission's budget": (
+        grant_body(caps=caps(tokens=2**63)),
+        R.REJECTION_REASON_BUDGET_EXCEEDED,
+    ),
+    "depth over the Organization's limit": (
+        grant_body(max_descendant_depth=4),
+        R.REJECTION_REASON_PERMISSION_DENIED,
+    ),
     "no expiry": (grant_body(expires_at=None), R.REJECTION_REASON_INVALID_ARGUMENT),
-    "expiry in the past": (grant_body(expires_at=to_timestamp(NOW - timedelta(seconds=1))), R.REJECTION_REASON_INVALID_ARGUMENT),
-    "expiry after the deadline": (grant_body(expires_at=to_timestamp(NOW + timedelta(days=365))), R.REJECTION_REASON_INVALID_ARGUMENT),
+    "expiry in the past": (
+        grant_body(expires_at=to_timestamp(NOW - timedelta(seconds=1))),
+        R.REJECTION_REASON_INVALID_ARGUMENT,
+    ),
+    "expiry after the deadline": (
+        grant_body(expires_at=to_timestamp(NOW + timedelta(days=365))),
+        R.REJECTION_REASON_INVALID_ARGUMENT,
+    ),
 }
 
 
@@ -157,7 +193,9 @@ def test_a_grant_missing_a_field_or_unbounded_is_refused(case: str) -> None:
     assert R.Name(rejection.reason) == R.Name(reason), rejection.message
 
 
-@pytest.mark.parametrize("state_value", [WS.WORK_ITEM_STATE_FAILED, WS.WORK_ITEM_STATE_CANCELLED, WS.WORK_ITEM_STATE_VERIFIED])
+@pytest.mark.parametrize(
+    "state_value", [WS.WORK_ITEM_STATE_FAILED, WS.WORK_ITEM_STATE_CANCELLED, WS.WORK_ITEM_STATE_VERIFIED]
+)
 def test_a_grant_is_not_rooted_at_a_finished_target(state_value: int) -> None:
     rejection = refused(finished(state_value), "membership_grant_delegation", grant_body(), "coord")
     assert rejection.reason == R.REJECTION_REASON_TERMINAL_STATE
@@ -175,12 +213,21 @@ def test_the_grantee_authorizes_new_descendants_linked_into_the_subtree() -> Non
     state, g = granted()
     state = run(state, "work_authorize", authorize("sub", parent="child", grant_id=g), "lead")
     assert state.work_items["sub"].parent_work_item_id == "child"
-    assert check_of(refused(state, "work_authorize", authorize("loose", grant_id=g), "lead")) == ("OUTSIDE_GRANT", "scope")
+    assert check_of(refused(state, "work_authorize", authorize("loose", grant_id=g), "lead")) == (
+        "OUTSIDE_GRANT",
+        "scope",
+    )
     outside = authorize("stray", parent="elsewhere", grant_id=g)
     assert check_of(refused(state, "work_authorize", outside, "lead")) == ("OUTSIDE_GRANT", "scope")
     # The role alone confers nothing (MW-9.1-02), and a grant id must name a persisted grant (MW-9.1-03).
-    assert refused(state, "work_authorize", authorize("x", parent="root"), "lead2").reason == R.REJECTION_REASON_PERMISSION_DENIED
-    assert refused(state, "work_authorize", authorize("x", parent="root", grant_id="grant_nope"), "lead").reason == R.REJECTION_REASON_NOT_FOUND
+    assert (
+        refused(state, "work_authorize", authorize("x", parent="root"), "lead2").reason
+        == R.REJECTION_REASON_PERMISSION_DENIED
+    )
+    assert (
+        refused(state, "work_authorize", authorize("x", parent="root", grant_id="grant_nope"), "lead").reason
+        == R.REJECTION_REASON_NOT_FOUND
+    )
 
 
 @pytest.mark.req("MW-9.1-12")
@@ -191,8 +238,11 @@ def test_descendant_depth_is_within_the_grant_and_the_organization_policy() -> N
     assert check_of(refused(state, "work_authorize", deeper, "lead")) == ("OUTSIDE_GRANT", "depth")
     # The Organization lowered its limit since: the stricter one holds.
     strict = decider.DecisionContext(NOW, IDS, policy=OrganizationPolicy(max_delegation_depth=1))
-    assert check_of(refused(state, "work_authorize", authorize("d2b", parent="child", grant_id=g), "lead", strict)) == (
-        "OUTSIDE_GRANT", "depth_policy",
+    assert check_of(
+        refused(state, "work_authorize", authorize("d2b", parent="child", grant_id=g), "lead", strict)
+    ) == (
+        "OUTSIDE_GRANT",
+        "depth_policy",
     )
 
 
@@ -201,13 +251,18 @@ def test_an_existing_descendant_deeper_than_the_grant_reaches_is_not_offered_und
     """D122: the Coordinator may have planned deeper than the grant's maximum; such an item is in
     the subtree but beyond the grant, so a delegated offer of it is refused like a delegated
     authorize at that depth would be."""
-    state = run(BASE, "work_authorize", authorize("deep", parent="child"), "coord")  # depth 2, by the Coordinator
+    state = run(
+        BASE, "work_authorize", authorize("deep", parent="child"), "coord"
+    )  # depth 2, by the Coordinator
     state, g = granted(state, max_descendant_depth=1)
     state = run(state, "work_offer", offer("child", g), "lead")  # depth 1: within the grant
     deep = refused(state, "work_offer", offer("deep", g), "lead")
     assert check_of(deep) == ("OUTSIDE_GRANT", "depth") and deep.metadata["depth"] == "2"
     strict = decider.DecisionContext(NOW, IDS, policy=OrganizationPolicy(max_delegation_depth=0))
-    assert check_of(refused(state, "work_offer", offer("child", g), "lead", strict)) == ("OUTSIDE_GRANT", "depth_policy")
+    assert check_of(refused(state, "work_offer", offer("child", g), "lead", strict)) == (
+        "OUTSIDE_GRANT",
+        "depth_policy",
+    )
 
 
 @pytest.mark.req("MW-9.1-10")
@@ -215,17 +270,30 @@ def test_every_required_capability_is_allowed_at_the_minimum_version() -> None:
     state, g = granted()
     below = authorize("old", parent="root", grant_id=g, c=contract(("code.python", "3.10")))
     assert check_of(refused(state, "work_authorize", below, "lead")) == ("OUTSIDE_GRANT", "capability")
-    other = authorize("sql", parent="root", grant_id=g, c=contract(("code.python", "3.12"), ("db.sql", "1.0")))
+    other = authorize(
+        "sql", parent="root", grant_id=g, c=contract(("code.python", "3.12"), ("db.sql", "1.0"))
+    )
     assert check_of(refused(state, "work_authorize", other, "lead")) == ("OUTSIDE_GRANT", "capability")
-    run(state, "work_authorize", authorize("newer", parent="root", grant_id=g, c=contract(("code.python", "3.11.4"))), "lead")
+    run(
+        state,
+        "work_authorize",
+        authorize("newer", parent="root", grant_id=g, c=contract(("code.python", "3.11.4"))),
+        "lead",
+    )
 
 
 @pytest.mark.req("MW-9.1-11")
 def test_the_cumulative_budget_under_a_grant_fits_every_cap() -> None:
     state, g = granted(caps=caps(tokens=25_000))
-    state = run(state, "work_authorize", authorize("a", parent="root", grant_id=g, c=contract(tokens=10_000)), "lead")
-    state = run(state, "work_authorize", authorize("b", parent="root", grant_id=g, c=contract(tokens=10_000)), "lead")
-    over = refused(state, "work_authorize", authorize("c", parent="root", grant_id=g, c=contract(tokens=10_000)), "lead")
+    state = run(
+        state, "work_authorize", authorize("a", parent="root", grant_id=g, c=contract(tokens=10_000)), "lead"
+    )
+    state = run(
+        state, "work_authorize", authorize("b", parent="root", grant_id=g, c=contract(tokens=10_000)), "lead"
+    )
+    over = refused(
+        state, "work_authorize", authorize("c", parent="root", grant_id=g, c=contract(tokens=10_000)), "lead"
+    )
     assert over.reason == R.REJECTION_REASON_BUDGET_EXCEEDED and over.metadata["dimension"] == "tokens"
     assert over.metadata["grant_id"] == g
     # Offering an item created under the grant does not count it twice; offering the root adds it.
@@ -233,7 +301,12 @@ def test_the_cumulative_budget_under_a_grant_fits_every_cap() -> None:
     assert remaining(state.grants[g])["tokens"] == 5_000
     assert refused(state, "work_offer", offer("root", g), "lead").reason == R.REJECTION_REASON_BUDGET_EXCEEDED
     # A failed or cancelled item stays counted: the charge is cumulative.
-    state = run(state, "work_cancel", wp.WorkCancel(work_item_id="b", reason="not needed", coordinator_epoch=1), "coord")
+    state = run(
+        state,
+        "work_cancel",
+        wp.WorkCancel(work_item_id="b", reason="not needed", coordinator_epoch=1),
+        "coord",
+    )
     assert remaining(state.grants[g])["tokens"] == 5_000
 
 
@@ -251,10 +324,21 @@ def test_only_the_grantee_at_its_recorded_membership_epoch_uses_a_grant() -> Non
     state, g = granted()
     theft = refused(state, "work_authorize", authorize("x", parent="root", grant_id=g), "lead2")
     assert check_of(theft) == ("PERMISSION_DENIED", "not_grantee")
-    assert check_of(refused(state, "work_authorize", authorize("x", parent="root", grant_id=g), "coord")) == ("PERMISSION_DENIED", "not_grantee")
-    regranted = run(state, "membership_grant", membership_pb2.MembershipGrant(member_id="lead", role=Role.MEMBER_ROLE_WORK_DELEGATE), "alice")
-    assert check_of(refused(regranted, "work_authorize", authorize("x", parent="root", grant_id=g), "lead")) == (
-        "GRANT_INVALID", "membership_changed",
+    assert check_of(refused(state, "work_authorize", authorize("x", parent="root", grant_id=g), "coord")) == (
+        "PERMISSION_DENIED",
+        "not_grantee",
+    )
+    regranted = run(
+        state,
+        "membership_grant",
+        membership_pb2.MembershipGrant(member_id="lead", role=Role.MEMBER_ROLE_WORK_DELEGATE),
+        "alice",
+    )
+    assert check_of(
+        refused(regranted, "work_authorize", authorize("x", parent="root", grant_id=g), "lead")
+    ) == (
+        "GRANT_INVALID",
+        "membership_changed",
     )
 
 
@@ -265,29 +349,55 @@ def test_a_replaced_coordinator_an_expiry_or_a_finished_target_ends_the_grant_at
     replaced = copy.deepcopy(state)
     assert replaced.mission is not None
     replaced.mission.coordinator = CoordinatorLeaseState("coord2", 2, 1, NOW + timedelta(minutes=5), 300, 60)
-    assert check_of(refused(replaced, "work_authorize", use, "lead")) == ("GRANT_INVALID", "coordinator_replaced")
+    assert check_of(refused(replaced, "work_authorize", use, "lead")) == (
+        "GRANT_INVALID",
+        "coordinator_replaced",
+    )
     reappointed = copy.deepcopy(replaced)  # the same agent, appointed again: a new epoch all the same
-    reappointed.mission.coordinator = CoordinatorLeaseState("coord", 2, 1, NOW + timedelta(minutes=5), 300, 60)  # type: ignore[union-attr]
-    assert check_of(refused(reappointed, "work_authorize", use, "lead")) == ("GRANT_INVALID", "coordinator_replaced")
+    reappointed.mission.coordinator = CoordinatorLeaseState(
+        "coord", 2, 1, NOW + timedelta(minutes=5), 300, 60
+    )  # type: ignore[union-attr]
+    assert check_of(refused(reappointed, "work_authorize", use, "lead")) == (
+        "GRANT_INVALID",
+        "coordinator_replaced",
+    )
     later = decider.DecisionContext(NOW + timedelta(hours=1), IDS)
     assert check_of(refused(state, "work_authorize", use, "lead", later)) == ("GRANT_INVALID", "expired")
     for state_value in (WS.WORK_ITEM_STATE_FAILED, WS.WORK_ITEM_STATE_CANCELLED, WS.WORK_ITEM_STATE_VERIFIED):
-        assert check_of(refused(finished(state_value, state), "work_authorize", use, "lead")) == ("GRANT_INVALID", "target_finished")
+        assert check_of(refused(finished(state_value, state), "work_authorize", use, "lead")) == (
+            "GRANT_INVALID",
+            "target_finished",
+        )
     gone = copy.deepcopy(state)
     del gone.work_items["root"]
     del gone.work_items["child"]
-    assert check_of(refused(gone, "work_offer", offer("elsewhere", g), "lead")) == ("GRANT_INVALID", "target_missing")
+    assert check_of(refused(gone, "work_offer", offer("elsewhere", g), "lead")) == (
+        "GRANT_INVALID",
+        "target_missing",
+    )
 
 
 def test_the_coordinator_revokes_a_grant_and_it_cannot_be_used_after() -> None:
     state, g = granted()
     body = membership_pb2.MembershipRevokeDelegation(grant_id=g, reason="plan changed")
-    assert refused(state, "membership_revoke_delegation", body, "lead").reason == R.REJECTION_REASON_PERMISSION_DENIED
+    assert (
+        refused(state, "membership_revoke_delegation", body, "lead").reason
+        == R.REJECTION_REASON_PERMISSION_DENIED
+    )
     no_reason = membership_pb2.MembershipRevokeDelegation(grant_id=g)
-    assert refused(state, "membership_revoke_delegation", no_reason, "coord").reason == R.REJECTION_REASON_INVALID_ARGUMENT
+    assert (
+        refused(state, "membership_revoke_delegation", no_reason, "coord").reason
+        == R.REJECTION_REASON_INVALID_ARGUMENT
+    )
     state = run(state, "membership_revoke_delegation", body, "coord")
-    assert check_of(refused(state, "work_authorize", authorize("x", parent="root", grant_id=g), "lead")) == ("GRANT_INVALID", "revoked")
-    assert refused(state, "membership_revoke_delegation", body, "alice").reason == R.REJECTION_REASON_INVALID_TRANSITION
+    assert check_of(refused(state, "work_authorize", authorize("x", parent="root", grant_id=g), "lead")) == (
+        "GRANT_INVALID",
+        "revoked",
+    )
+    assert (
+        refused(state, "membership_revoke_delegation", body, "alice").reason
+        == R.REJECTION_REASON_INVALID_TRANSITION
+    )
 
 
 @pytest.mark.req("MW-9.1-17", "MW-9.1-18", "MW-9.1-01")
@@ -296,7 +406,12 @@ def test_a_worker_without_a_grant_proposes_but_creates_no_obligation_for_another
         b = copy.deepcopy(body)
         b.coordinator_epoch = 0
         assert refused(BASE, kind, b, "worker").reason == R.REJECTION_REASON_PERMISSION_DENIED
-    run(BASE, "work_propose", wp.WorkPropose(proposal_id="p1", title="split the report", contract=contract(), rationale="too big"), "worker")
+    run(
+        BASE,
+        "work_propose",
+        wp.WorkPropose(proposal_id="p1", title="split the report", contract=contract(), rationale="too big"),
+        "worker",
+    )
 
 
 def test_a_grant_does_not_combine_with_the_override_or_a_coordinator_epoch() -> None:
@@ -306,4 +421,6 @@ def test_a_grant_does_not_combine_with_the_override_or_a_coordinator_epoch() -> 
     assert refused(state, "work_authorize", with_epoch, "lead").reason == R.REJECTION_REASON_INVALID_ARGUMENT
     with_override = authorize("x", parent="root", grant_id=g)
     with_override.emergency_override, with_override.override_reason = True, "now"
-    assert refused(state, "work_authorize", with_override, "lead").reason == R.REJECTION_REASON_INVALID_ARGUMENT
+    assert (
+        refused(state, "work_authorize", with_override, "lead").reason == R.REJECTION_REASON_INVALID_ARGUMENT
+    )

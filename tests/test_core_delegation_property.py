@@ -64,11 +64,23 @@ class GrantMachine(RuleBasedStateMachine):
         create = builders.mission_create("alice", "coord", START)
         create.coordinator_renewal.lease_duration.FromSeconds(3_600)
         self._apply("mission_create", create, "alice", must=True)
-        for member, role in (("w1", Role.MEMBER_ROLE_WORKER), *((lead, Role.MEMBER_ROLE_WORK_DELEGATE) for lead in LEADS)):
-            self._apply("membership_grant", membership_pb2.MembershipGrant(member_id=member, role=role), "alice", must=True)
+        for member, role in (
+            ("w1", Role.MEMBER_ROLE_WORKER),
+            *((lead, Role.MEMBER_ROLE_WORK_DELEGATE) for lead in LEADS),
+        ):
+            self._apply(
+                "membership_grant",
+                membership_pb2.MembershipGrant(member_id=member, role=role),
+                "alice",
+                must=True,
+            )
         for wid, parent in (("root-a", ""), ("root-b", ""), ("a1", "root-a")):
             body = wp.WorkAuthorize(
-                work_item_id=wid, title=wid, contract=self._contract(100), parent_work_item_id=parent, coordinator_epoch=1
+                work_item_id=wid,
+                title=wid,
+                contract=self._contract(100),
+                parent_work_item_id=parent,
+                coordinator_epoch=1,
             )
             self._apply("work_authorize", body, "coord", must=True)
 
@@ -123,7 +135,10 @@ class GrantMachine(RuleBasedStateMachine):
         lease = before.mission.coordinator  # type: ignore[union-attr]
         assert actor == grant.grantee_id and not grant.revoked and self.now < grant.expires_at
         assert member.active and member.membership_epoch == grant.grantee_membership_epoch
-        assert lease is not None and (lease.agent_id, lease.coordinator_epoch) == (grant.issuer_id, grant.coordinator_epoch)
+        assert lease is not None and (lease.agent_id, lease.coordinator_epoch) == (
+            grant.issuer_id,
+            grant.coordinator_epoch,
+        )
         target = before.work_items.get(grant.target_work_item_id)
         assert target is not None and target.state not in ENDS_A_GRANT
 
@@ -157,8 +172,13 @@ class GrantMachine(RuleBasedStateMachine):
         )
         self._apply("membership_grant_delegation", body, self.coordinator)
 
-    @rule(pick=st.integers(0, 20), actor=st.sampled_from(["grantee"] * 4 + ["other"]), parent=st.integers(0, 20),
-          inside=st.sampled_from([True] * 3 + [False]), tokens=st.sampled_from([0, 50, 100, 200, 200]))
+    @rule(
+        pick=st.integers(0, 20),
+        actor=st.sampled_from(["grantee"] * 4 + ["other"]),
+        parent=st.integers(0, 20),
+        inside=st.sampled_from([True] * 3 + [False]),
+        tokens=st.sampled_from([0, 50, 100, 200, 200]),
+    )
     def delegated_authorize(self, pick: int, actor: str, parent: int, inside: bool, tokens: int) -> None:
         grants = self._grants()
         if not grants:
@@ -169,8 +189,11 @@ class GrantMachine(RuleBasedStateMachine):
         if inside:  # mostly a parent in the grant's subtree, so that the other checks are reached
             items = [i for i in items if depth_below(self.state, grant.target_work_item_id, i) is not None]  # type: ignore[arg-type]
         body = wp.WorkAuthorize(
-            work_item_id=f"d{self.n}", title="sub", contract=self._contract(tokens),
-            parent_work_item_id=items[parent % len(items)], grant_id=grant.grant_id,
+            work_item_id=f"d{self.n}",
+            title="sub",
+            contract=self._contract(tokens),
+            parent_work_item_id=items[parent % len(items)],
+            grant_id=grant.grant_id,
         )
         self._apply("work_authorize", body, who)
 
@@ -181,8 +204,11 @@ class GrantMachine(RuleBasedStateMachine):
             return
         grant = self.state.grants[grants[pick % len(grants)]]  # type: ignore[union-attr]
         body = wp.WorkOffer(
-            work_item_id=items[item % len(items)], offer_id=f"off{self.n}", candidate_ids=["w1"],
-            expires_at=to_timestamp(self.now + timedelta(minutes=5)), selection_criteria=[builders.selection("w1")],
+            work_item_id=items[item % len(items)],
+            offer_id=f"off{self.n}",
+            candidate_ids=["w1"],
+            expires_at=to_timestamp(self.now + timedelta(minutes=5)),
+            selection_criteria=[builders.selection("w1")],
             grant_id=grant.grant_id,
         )
         self._apply("work_offer", body, grant.grantee_id)
@@ -193,22 +219,37 @@ class GrantMachine(RuleBasedStateMachine):
         wid = items[item % len(items)]
         epoch = self.state.mission.coordinator.coordinator_epoch  # type: ignore[union-attr]
         if ending == "fail":
-            body: object = wp.WorkFail(work_item_id=wid, coordinator_epoch=epoch, kind=wp.WORK_FAILURE_KIND_TRANSIENT,
-                                       evidence=[builders.evidence()], reason="r")
+            body: object = wp.WorkFail(
+                work_item_id=wid,
+                coordinator_epoch=epoch,
+                kind=wp.WORK_FAILURE_KIND_TRANSIENT,
+                evidence=[builders.evidence()],
+                reason="r",
+            )
             self._apply("work_fail", body, self.coordinator)
         else:
-            self._apply("work_cancel", wp.WorkCancel(work_item_id=wid, coordinator_epoch=epoch, reason="r"), self.coordinator)
+            self._apply(
+                "work_cancel",
+                wp.WorkCancel(work_item_id=wid, coordinator_epoch=epoch, reason="r"),
+                self.coordinator,
+            )
 
     @rule(pick=st.integers(0, 20))
     def revoke(self, pick: int) -> None:
         grants = self._grants()
         if grants:
-            body = membership_pb2.MembershipRevokeDelegation(grant_id=grants[pick % len(grants)], reason="done")
+            body = membership_pb2.MembershipRevokeDelegation(
+                grant_id=grants[pick % len(grants)], reason="done"
+            )
             self._apply("membership_revoke_delegation", body, self.coordinator)
 
     @rule(lead=st.sampled_from(LEADS))
     def membership_changes(self, lead: str) -> None:
-        self._apply("membership_grant", membership_pb2.MembershipGrant(member_id=lead, role=Role.MEMBER_ROLE_WORK_DELEGATE), "alice")
+        self._apply(
+            "membership_grant",
+            membership_pb2.MembershipGrant(member_id=lead, role=Role.MEMBER_ROLE_WORK_DELEGATE),
+            "alice",
+        )
 
     @rule(minutes=st.sampled_from([1, 5, 30]))
     def time_passes(self, minutes: int) -> None:
@@ -237,7 +278,11 @@ class GrantMachine(RuleBasedStateMachine):
             items = self.tally.get(grant_id, {})
             tally = {dim: sum(budget[dim] for budget in items.values()) for dim in SIX}
             assert grant.charged == tally, (grant_id, items)
-            assert all(tally[dim] <= self.caps[grant_id][dim] for dim in SIX), (grant_id, tally, self.caps[grant_id])
+            assert all(tally[dim] <= self.caps[grant_id][dim] for dim in SIX), (
+                grant_id,
+                tally,
+                self.caps[grant_id],
+            )
 
     @invariant()
     def delegated_items_sit_in_their_subtree_within_depth(self) -> None:

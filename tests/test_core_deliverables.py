@@ -38,18 +38,28 @@ def held(hex_: str, size: int = 10, *manifests: HeldManifest) -> dict[str, HeldA
     return {hex_: HeldArtifact(size, manifests)}
 
 
-def submit(*artifacts: common_pb2.ArtifactRef, evidence_refs: tuple[common_pb2.ArtifactRef, ...] = ()) -> wp.WorkSubmit:
+def submit(
+    *artifacts: common_pb2.ArtifactRef, evidence_refs: tuple[common_pb2.ArtifactRef, ...] = ()
+) -> wp.WorkSubmit:
     evidence = builders.evidence()
     evidence.artifacts.extend(evidence_refs)
     return wp.WorkSubmit(
-        work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, contract_revision=1,
-        artifacts=list(artifacts), evidence=[evidence],
+        work_item_id="wi",
+        lease_id=LEASE_ID,
+        ownership_epoch=1,
+        contract_revision=1,
+        artifacts=list(artifacts),
+        evidence=[evidence],
     )
 
 
-def decide(state: GroupState, kind: str, body: object, actor: str, store: dict[str, HeldArtifact]) -> decider.Decision:
+def decide(
+    state: GroupState, kind: str, body: object, actor: str, store: dict[str, HeldArtifact]
+) -> decider.Decision:
     before = copy.deepcopy(state)
-    decision = decider.decide(state, command(state, kind, body, actor, at=at(20)), decider.DecisionContext(at(20), IDS, held=store))
+    decision = decider.decide(
+        state, command(state, kind, body, actor, at=at(20)), decider.DecisionContext(at(20), IDS, held=store)
+    )
     assert state == before
     return decision
 
@@ -61,7 +71,11 @@ def refusal(decision: decider.Decision) -> tuple[str, str, str]:
 
 @pytest.mark.req("MW-13.1-03")
 def test_a_deliverable_the_store_does_not_hold_is_refused_and_nothing_is_written() -> None:
-    assert refusal(decide(BASE, "work_submit", submit(ref(A)), "worker", {})) == ("NOT_FOUND", "body.artifacts[0]", "not_stored")
+    assert refusal(decide(BASE, "work_submit", submit(ref(A)), "worker", {})) == (
+        "NOT_FOUND",
+        "body.artifacts[0]",
+        "not_stored",
+    )
 
 
 def test_a_deliverable_named_with_another_size_than_stored_is_refused() -> None:
@@ -70,11 +84,19 @@ def test_a_deliverable_named_with_another_size_than_stored_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    "wrong", [manifest(work_item_id="other"), manifest(mission_id="mis_other"), None], ids=["work_item", "mission", "none"]
+    "wrong",
+    [manifest(work_item_id="other"), manifest(mission_id="mis_other"), None],
+    ids=["work_item", "mission", "none"],
 )
-def test_a_stored_deliverable_needs_the_actors_manifest_for_this_mission_and_work_item(wrong: HeldManifest | None) -> None:
+def test_a_stored_deliverable_needs_the_actors_manifest_for_this_mission_and_work_item(
+    wrong: HeldManifest | None,
+) -> None:
     store = held(A, 10, *([wrong] if wrong else []))
-    assert refusal(decide(BASE, "work_submit", submit(ref(A)), "worker", store)) == ("NOT_FOUND", "body.artifacts[0]", "no_manifest")
+    assert refusal(decide(BASE, "work_submit", submit(ref(A)), "worker", store)) == (
+        "NOT_FOUND",
+        "body.artifacts[0]",
+        "no_manifest",
+    )
 
 
 def test_a_deliverable_with_its_manifest_is_accepted_and_recorded_for_the_work_item() -> None:
@@ -89,7 +111,9 @@ def test_evidence_naming_an_artifact_that_is_not_held_refuses_the_submission() -
     decision = decide(BASE, "work_submit", submit(ref(A), evidence_refs=(ref(B),)), "worker", store)
     assert refusal(decision) == ("NOT_FOUND", "body.evidence[0].artifacts[0]", "not_stored")
     store |= held(B, 10, manifest())  # a test log the Worker signed for this WorkItem
-    assert not isinstance(decide(BASE, "work_submit", submit(ref(A), evidence_refs=(ref(B),)), "worker", store), Exception)
+    assert not isinstance(
+        decide(BASE, "work_submit", submit(ref(A), evidence_refs=(ref(B),)), "worker", store), Exception
+    )
 
 
 def _with_upstream(depends: bool) -> GroupState:
@@ -103,8 +127,13 @@ def _with_upstream(depends: bool) -> GroupState:
 
 def test_an_upstream_output_is_passed_through_unchanged_but_an_unrelated_one_is_not() -> None:
     store = held(C, 10)  # stored, no manifest of the Worker's
-    assert not isinstance(decide(_with_upstream(True), "work_submit", submit(ref(C)), "worker", store), Exception)
-    assert refusal(decide(_with_upstream(False), "work_submit", submit(ref(C)), "worker", store))[2] == "no_manifest"
+    assert not isinstance(
+        decide(_with_upstream(True), "work_submit", submit(ref(C)), "worker", store), Exception
+    )
+    assert (
+        refusal(decide(_with_upstream(False), "work_submit", submit(ref(C)), "worker", store))[2]
+        == "no_manifest"
+    )
 
 
 def test_an_input_the_contract_names_is_passed_through() -> None:
@@ -115,7 +144,9 @@ def test_an_input_the_contract_names_is_passed_through() -> None:
 
 
 def test_a_recorded_artifact_must_still_be_held() -> None:
-    assert refusal(decide(_with_upstream(True), "work_submit", submit(ref(C)), "worker", {}))[2] == "not_stored"
+    assert (
+        refusal(decide(_with_upstream(True), "work_submit", submit(ref(C)), "worker", {}))[2] == "not_stored"
+    )
 
 
 def _verified_with(hex_: str) -> GroupState:
@@ -125,7 +156,9 @@ def _verified_with(hex_: str) -> GroupState:
     return state
 
 
-def _mission_submit(state: GroupState, *artifacts: common_pb2.ArtifactRef) -> mission_pb2.MissionSubmitForApproval:
+def _mission_submit(
+    state: GroupState, *artifacts: common_pb2.ArtifactRef
+) -> mission_pb2.MissionSubmitForApproval:
     assert state.mission is not None
     return mission_pb2.MissionSubmitForApproval(
         coordinator_epoch=1, mission_revision=state.mission.revision, artifacts=list(artifacts)
@@ -134,15 +167,34 @@ def _mission_submit(state: GroupState, *artifacts: common_pb2.ArtifactRef) -> mi
 
 def test_the_missions_submission_names_artifacts_of_its_work_items_or_the_coordinators_own() -> None:
     state = _verified_with(A)
-    assert not isinstance(decide(state, "mission_submit_for_approval", _mission_submit(state, ref(A)), "coord", held(A)), Exception)
-    assert refusal(decide(state, "mission_submit_for_approval", _mission_submit(state, ref(B)), "coord", {})) == (
-        "NOT_FOUND", "body.artifacts[0]", "not_stored"
+    assert not isinstance(
+        decide(state, "mission_submit_for_approval", _mission_submit(state, ref(A)), "coord", held(A)),
+        Exception,
     )
-    assert refusal(decide(state, "mission_submit_for_approval", _mission_submit(state, ref(B)), "coord", held(B)))[2] == "no_manifest"
-    own = held(B, 10, manifest())  # the Coordinator's own summary, signed for this Mission and one of its WorkItems
-    assert not isinstance(decide(state, "mission_submit_for_approval", _mission_submit(state, ref(B)), "coord", own), Exception)
+    assert refusal(
+        decide(state, "mission_submit_for_approval", _mission_submit(state, ref(B)), "coord", {})
+    ) == ("NOT_FOUND", "body.artifacts[0]", "not_stored")
+    assert (
+        refusal(
+            decide(state, "mission_submit_for_approval", _mission_submit(state, ref(B)), "coord", held(B))
+        )[2]
+        == "no_manifest"
+    )
+    own = held(
+        B, 10, manifest()
+    )  # the Coordinator's own summary, signed for this Mission and one of its WorkItems
+    assert not isinstance(
+        decide(state, "mission_submit_for_approval", _mission_submit(state, ref(B)), "coord", own), Exception
+    )
     other_mission = held(B, 10, manifest(mission_id="mis_other"))
-    assert refusal(decide(state, "mission_submit_for_approval", _mission_submit(state, ref(B)), "coord", other_mission))[2] == "no_manifest"
+    assert (
+        refusal(
+            decide(
+                state, "mission_submit_for_approval", _mission_submit(state, ref(B)), "coord", other_mission
+            )
+        )[2]
+        == "no_manifest"
+    )
 
 
 def test_review_and_failure_evidence_are_held_to_the_same_rule() -> None:
@@ -151,16 +203,27 @@ def test_review_and_failure_evidence_are_held_to_the_same_rule() -> None:
     review.artifacts.append(ref(B))
     body = wp.WorkRecordEvidence(work_item_id="wi", evidence=review, coordinator_epoch=1)
     assert refusal(decide(submitted, "work_record_evidence", body, "coord", {})) == (
-        "NOT_FOUND", "body.evidence.artifacts[0]", "not_stored"
+        "NOT_FOUND",
+        "body.evidence.artifacts[0]",
+        "not_stored",
     )
-    assert not isinstance(decide(submitted, "work_record_evidence", body, "coord", held(B, 10, manifest())), Exception)
+    assert not isinstance(
+        decide(submitted, "work_record_evidence", body, "coord", held(B, 10, manifest())), Exception
+    )
     failure = builders.evidence("f-1")
     failure.artifacts.append(ref(B))
     fail = wp.WorkFail(
-        work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, kind=wp.WORK_FAILURE_KIND_PERMANENT,
-        reason="the data is gone", evidence=[failure],
+        work_item_id="wi",
+        lease_id=LEASE_ID,
+        ownership_epoch=1,
+        kind=wp.WORK_FAILURE_KIND_PERMANENT,
+        reason="the data is gone",
+        evidence=[failure],
     )
-    assert refusal(decide(BASE, "work_fail", fail, "worker", {}))[1:] == ("body.evidence[0].artifacts[0]", "not_stored")
+    assert refusal(decide(BASE, "work_fail", fail, "worker", {}))[1:] == (
+        "body.evidence[0].artifacts[0]",
+        "not_stored",
+    )
 
 
 def test_the_shell_is_asked_about_every_named_blob_once() -> None:
@@ -168,4 +231,3 @@ def test_the_shell_is_asked_about_every_named_blob_once() -> None:
 
     body = submit(ref(A), ref(A), evidence_refs=(ref(B), ref("X" * 64)))
     assert kinds.named_artifacts(command(BASE, "work_submit", body, "worker")) == (A, B)
-

@@ -34,10 +34,16 @@ def post(conversation_id: str, message_id: str, text: str) -> conversation_pb2.M
     return body
 
 
-def run(state: GroupState | None, log: list[event_pb2.Event], body_field: str, body: object, actor: str = "alice") -> tuple[GroupState, list[event_pb2.Event]]:
+def run(
+    state: GroupState | None, log: list[event_pb2.Event], body_field: str, body: object, actor: str = "alice"
+) -> tuple[GroupState, list[event_pb2.Event]]:
     command = command_pb2.Command(
-        command_id=f"cmd_{next(_ids)}", group_id="grp_e", actor_id=actor, session_epoch=1,
-        membership_epoch=0 if state is None else state.members[actor].membership_epoch, issued_at=to_timestamp(NOW),
+        command_id=f"cmd_{next(_ids)}",
+        group_id="grp_e",
+        actor_id=actor,
+        session_epoch=1,
+        membership_epoch=0 if state is None else state.members[actor].membership_epoch,
+        issued_at=to_timestamp(NOW),
     )
     getattr(command, body_field).CopyFrom(body)
     decision = decider.decide(state, command, CTX)
@@ -57,24 +63,33 @@ def erasure() -> tuple[list[event_pb2.Event], list[event_pb2.Event]]:
     conversation = state.mission.planning_conversation_id  # type: ignore[union-attr]
     state, _ = run(state, log, "message_post", post(conversation, "msg_1", "secret"), actor="coord")
     correction = conversation_pb2.MessageAmend(
-        message_id="msg_1", kind=AK.MESSAGE_AMENDMENT_KIND_CORRECTION, corrected_content=conversation_pb2.MessageContent(text="still secret")
+        message_id="msg_1",
+        kind=AK.MESSAGE_AMENDMENT_KIND_CORRECTION,
+        corrected_content=conversation_pb2.MessageContent(text="still secret"),
     )
     state, _ = run(state, log, "message_amend", correction, actor="coord")
     state, _ = run(state, log, "message_post", post(conversation, "msg_2", "unrelated"), actor="coord")
     erase = conversation_pb2.MessageAmend(
-        message_id="msg_1", kind=AK.MESSAGE_AMENDMENT_KIND_REDACTION, erasure=CE.CONTENT_ERASURE_LEGAL_DELETION, policy_reason="GDPR"
+        message_id="msg_1",
+        kind=AK.MESSAGE_AMENDMENT_KIND_REDACTION,
+        erasure=CE.CONTENT_ERASURE_LEGAL_DELETION,
+        policy_reason="GDPR",
     )
     state, decision = run(state, log, "message_amend", erase)
     return log, decision
 
 
 @pytest.mark.req("MW-7.4-04")
-def test_an_erasure_rewrites_the_post_and_its_corrections_only(erasure: tuple[list[event_pb2.Event], list[event_pb2.Event]]) -> None:
+def test_an_erasure_rewrites_the_post_and_its_corrections_only(
+    erasure: tuple[list[event_pb2.Event], list[event_pb2.Event]],
+) -> None:
     log, decision = erasure
     (tombstone,) = decision
     by_sequence = {e.sequence: e for e in log}
     targets = erasure_targets([*log[:-1], tombstone])  # earlier amendments and posts list nothing
-    assert [(t.event_id, s) for t, s in targets] == [(tombstone.event_id, s) for s in tombstone.message_amended.erased_sequences]
+    assert [(t.event_id, s) for t, s in targets] == [
+        (tombstone.event_id, s) for s in tombstone.message_amended.erased_sequences
+    ]
     sequences = [s for _, s in targets]
     assert [by_sequence[s].type for s in sequences] == ["message.posted", "message.amended"]
     assert by_sequence[sequences[0]].message_posted.message_id == "msg_1"
@@ -87,7 +102,11 @@ def test_an_erased_event_keeps_everything_but_its_content_and_names_its_tombston
 ) -> None:
     log, (tombstone,) = erasure
     by_sequence = {e.sequence: e for e in log}
-    for sequence, cleared in zip(tombstone.message_amended.erased_sequences, ("message_posted.content", "message_amended.corrected_content"), strict=True):
+    for sequence, cleared in zip(
+        tombstone.message_amended.erased_sequences,
+        ("message_posted.content", "message_amended.corrected_content"),
+        strict=True,
+    ):
         original = by_sequence[sequence]
         envelope = original.SerializeToString()  # what the shell read back (signed bytes in real life)
         result = erased(copy.deepcopy(original), tombstone, envelope)
@@ -96,7 +115,9 @@ def test_an_erased_event_keeps_everything_but_its_content_and_names_its_tombston
         assert getattr(original, payload).HasField(field) and not getattr(result, payload).HasField(field)
         marker = result.redaction
         assert (marker.tombstone_event_id, marker.tombstone_sequence, marker.erasure) == (
-            tombstone.event_id, tombstone.sequence, CE.CONTENT_ERASURE_LEGAL_DELETION,
+            tombstone.event_id,
+            tombstone.sequence,
+            CE.CONTENT_ERASURE_LEGAL_DELETION,
         )
         assert marker.original_envelope_digest == common_pb2.Digest(
             algorithm="blake3", hex=blake3.blake3(envelope).hexdigest(), size_bytes=len(envelope)

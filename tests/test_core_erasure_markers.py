@@ -23,7 +23,10 @@ def posted_and_erased() -> tuple[event_pb2.Event, event_pb2.Event]:
     (post,) = events(BASE, "message_post", body, "worker")
     state = GROUP.run(BASE, "message_post", body, "worker")
     erase = conversation_pb2.MessageAmend(
-        message_id="msg_s", kind=AK.MESSAGE_AMENDMENT_KIND_REDACTION, erasure=CE.CONTENT_ERASURE_SECURITY_REDACTION, policy_reason="leak"
+        message_id="msg_s",
+        kind=AK.MESSAGE_AMENDMENT_KIND_REDACTION,
+        erasure=CE.CONTENT_ERASURE_SECURITY_REDACTION,
+        policy_reason="leak",
     )
     (tombstone,) = events(state, "message_amend", erase, "alice")
     return post, tombstone
@@ -32,12 +35,19 @@ def posted_and_erased() -> tuple[event_pb2.Event, event_pb2.Event]:
 @pytest.mark.req("MW-7.4-04", "MW-7.4-05")
 def test_an_erased_event_keeps_the_digest_of_the_payload_first_signed() -> None:
     post, tombstone = posted_and_erased()
-    envelope = common_pb2.SignedEnvelope(payload=post.SerializeToString(), payload_type="event").SerializeToString()
+    envelope = common_pb2.SignedEnvelope(
+        payload=post.SerializeToString(), payload_type="event"
+    ).SerializeToString()
     result = erased(copy.deepcopy(post), tombstone, envelope)
     assert result.redaction.original_event_digest == event_digest(post.SerializeToString())
-    assert (result.redaction.tombstone_sequence, result.redaction.erasure) == (tombstone.sequence, CE.CONTENT_ERASURE_SECURITY_REDACTION)
+    assert (result.redaction.tombstone_sequence, result.redaction.erasure) == (
+        tombstone.sequence,
+        CE.CONTENT_ERASURE_SECURITY_REDACTION,
+    )
     # Erased again (re-signed once more): the first marker's original digest stays, whatever the new envelope.
-    again_envelope = common_pb2.SignedEnvelope(payload=result.SerializeToString(), payload_type="event").SerializeToString()
+    again_envelope = common_pb2.SignedEnvelope(
+        payload=result.SerializeToString(), payload_type="event"
+    ).SerializeToString()
     again = erased(copy.deepcopy(result), tombstone, again_envelope)
     assert again.redaction.original_event_digest == event_digest(post.SerializeToString())
     assert again.redaction.original_envelope_digest.size_bytes == len(again_envelope)

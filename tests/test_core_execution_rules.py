@@ -29,7 +29,9 @@ from tests.work_execution_fixtures import (
 )
 
 BASE = started(with_mission())
-ZERO = dict.fromkeys(("financial_micros", "tokens", "tool_calls", "compute_ms", "wall_clock_ms", "side_effects"), 0)
+ZERO = dict.fromkeys(
+    ("financial_micros", "tokens", "tool_calls", "compute_ms", "wall_clock_ms", "side_effects"), 0
+)
 
 
 def base(contract: wp.WorkContract | None = None) -> object:
@@ -56,9 +58,15 @@ def block(**kw: object) -> wp.WorkBlock:
 def ownership(kind: int, granted: float, expires: float) -> wp.OwnershipGrant:
     """The ownership the owner keeps (start deadline: the contract's 120 s from the grant)."""
     return wp.OwnershipGrant(
-        work_item_id="wi", agent_id="worker", ownership_epoch=1, granted_at=to_timestamp(at(granted)),
-        start_deadline=to_timestamp(at(granted + 120)), lease_kind=kind,  # type: ignore[arg-type]
-        expires_at=to_timestamp(at(expires)), offer_id="off-wi", contract_revision=1,
+        work_item_id="wi",
+        agent_id="worker",
+        ownership_epoch=1,
+        granted_at=to_timestamp(at(granted)),
+        start_deadline=to_timestamp(at(granted + 120)),
+        lease_kind=kind,  # type: ignore[arg-type]
+        expires_at=to_timestamp(at(expires)),
+        offer_id="off-wi",
+        contract_revision=1,
     )
 
 
@@ -70,17 +78,30 @@ def test_a_renewal_extends_the_lease_rotates_the_token_and_records_usage() -> No
     item = BASE.work_items["wi"]
     c, decision = decide(BASE, "work_renew_lease", renew(usage_delta=vector(tokens=100)), at=at(30))
     token = wp.CapabilityToken(
-        token_id=ids.derived_id("tok", c.group_id, c.command_id), lease_id=LEASE_ID, agent_id="worker",
-        work_item_id="wi", ownership_epoch=1, scope=wp.ExecutionPermissions(),
-        limit=vector(financial_micros=1_000_000, tokens=9_900, tool_calls=50),  # the budget left after this usage
-        issued_at=to_timestamp(at(30)), expires_at=to_timestamp(at(90)),
-        replaces_token_id=item.lease.token_id, issuer_id="group-authority",
+        token_id=ids.derived_id("tok", c.group_id, c.command_id),
+        lease_id=LEASE_ID,
+        agent_id="worker",
+        work_item_id="wi",
+        ownership_epoch=1,
+        scope=wp.ExecutionPermissions(),
+        limit=vector(
+            financial_micros=1_000_000, tokens=9_900, tool_calls=50
+        ),  # the budget left after this usage
+        issued_at=to_timestamp(at(30)),
+        expires_at=to_timestamp(at(90)),
+        replaces_token_id=item.lease.token_id,
+        issuer_id="group-authority",
     )
     renewed = wp.WorkLeaseRenewed(
-        work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1,
+        work_item_id="wi",
+        lease_id=LEASE_ID,
+        ownership_epoch=1,
         renewal=wp.LeaseRenewal(
-            renewed_at=to_timestamp(at(30)), previous_expires_at=to_timestamp(at(60)),
-            expires_at=to_timestamp(at(90)), session_epoch=1, command_id=c.command_id,
+            renewed_at=to_timestamp(at(30)),
+            previous_expires_at=to_timestamp(at(60)),
+            expires_at=to_timestamp(at(90)),
+            session_epoch=1,
+            command_id=c.command_id,
         ),
         token=token,
     )
@@ -137,7 +158,10 @@ def test_a_renewed_token_only_narrows_the_current_scope() -> None:
     assert after.work_items["wi"].lease.token_scope == wp.ExecutionPermissions(allowed_tools=["sql"])
     # The next renewal is bound by the narrowed token, not the contract.
     wider = renew(requested_scope=wp.ExecutionPermissions(allowed_tools=["http"]))
-    assert invalid_field(refused(after, "work_renew_lease", wider, at=at(20))) == "body.requested_scope.allowed_tools"
+    assert (
+        invalid_field(refused(after, "work_renew_lease", wider, at=at(20)))
+        == "body.requested_scope.allowed_tools"
+    )
     _, decision = decide(after, "work_renew_lease", renew(), at=at(20))
     assert events(decision)[0][1].token.scope == wp.ExecutionPermissions(allowed_tools=["sql"])
     _, decision = decide(state, "work_renew_lease", renew(), at=at(20))
@@ -151,14 +175,17 @@ def test_renewals_carry_the_ownership_lease_along_and_count() -> None:
     after = run(after, "work_renew_lease", renew(), at=at(100))
     item = after.work_items["wi"]
     assert (item.lease.expires_at, item.owner.expires_at, item.lease.renewals) == (at(160), at(160), 2)
-    assert events(decide(after, "work_renew_lease", renew(), at=at(110))[1])[0][1].renewal.previous_expires_at == (
-        to_timestamp(at(160))
-    )
+    assert events(decide(after, "work_renew_lease", renew(), at=at(110))[1])[0][
+        1
+    ].renewal.previous_expires_at == (to_timestamp(at(160)))
 
 
 @pytest.mark.req("MW-11.3-05")
 def test_a_renewal_citing_another_lease_or_after_expiry_is_refused() -> None:
-    assert refused(BASE, "work_renew_lease", renew(lease_id="lease-0"), at=at(10)).reason == R.REJECTION_REASON_LEASE_STALE
+    assert (
+        refused(BASE, "work_renew_lease", renew(lease_id="lease-0"), at=at(10)).reason
+        == R.REJECTION_REASON_LEASE_STALE
+    )
     assert refused(BASE, "work_renew_lease", renew(), at=at(60)).reason == R.REJECTION_REASON_LEASE_EXPIRED
 
 
@@ -168,14 +195,21 @@ def test_a_renewal_citing_another_lease_or_after_expiry_is_refused() -> None:
 @pytest.mark.req("MW-10.2-T08")
 def test_a_checkpoint_releases_execution_and_keeps_a_bounded_ownership_lease() -> None:
     given = wp.Checkpoint(completed_operation_ids=["op-1"])
-    c, decision = decide(BASE, "work_checkpoint", checkpoint(checkpoint=given, usage_delta=vector(tool_calls=2)), at=at(10))
-    recorded = wp.Checkpoint(completed_operation_ids=["op-1"], checkpoint_id=ids.derived_id("ckpt", c.group_id, c.command_id))
+    c, decision = decide(
+        BASE, "work_checkpoint", checkpoint(checkpoint=given, usage_delta=vector(tool_calls=2)), at=at(10)
+    )
+    recorded = wp.Checkpoint(
+        completed_operation_ids=["op-1"], checkpoint_id=ids.derived_id("ckpt", c.group_id, c.command_id)
+    )
     used = dict(ZERO, tool_calls=2)
     assert events(decision) == [
         (
             "work.checkpointed",
             wp.WorkCheckpointed(
-                work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, checkpoint=recorded,
+                work_item_id="wi",
+                lease_id=LEASE_ID,
+                ownership_epoch=1,
+                checkpoint=recorded,
                 ownership=ownership(wp.WORK_LEASE_KIND_OWNERSHIP, 10, 10 + 30 * 60),  # the default 30 min
             ),
         ),
@@ -197,7 +231,12 @@ def test_a_checkpoint_releases_execution_and_keeps_a_bounded_ownership_lease() -
 def test_a_checkpoint_keeps_ownership_for_the_contracts_duration_and_its_own_id() -> None:
     contract = work_contract()
     contract.time_policy.checkpoint_ownership_duration.FromSeconds(600)
-    _, decision = decide(base(contract), "work_checkpoint", checkpoint(checkpoint=wp.Checkpoint(checkpoint_id="ck-7")), at=at(5))
+    _, decision = decide(
+        base(contract),
+        "work_checkpoint",
+        checkpoint(checkpoint=wp.Checkpoint(checkpoint_id="ck-7")),
+        at=at(5),
+    )
     [(kind, p)] = events(decision)  # no usage: none was reported
     assert kind == "work.checkpointed"
     assert p.checkpoint.checkpoint_id == "ck-7"
@@ -221,9 +260,15 @@ def test_a_checkpoint_answering_a_preemption_request_names_it_and_clears_it() ->
 
 @pytest.mark.req("MW-10.2-T08", "MW-11.3-05")
 def test_a_checkpoint_outside_the_lease_or_state_is_refused() -> None:
-    assert refused(BASE, "work_checkpoint", checkpoint(lease_id="lease-x"), at=at(5)).reason == R.REJECTION_REASON_LEASE_STALE
+    assert (
+        refused(BASE, "work_checkpoint", checkpoint(lease_id="lease-x"), at=at(5)).reason
+        == R.REJECTION_REASON_LEASE_STALE
+    )
     queued = run(BASE, "work_checkpoint", checkpoint(), at=at(5))
-    assert refused(queued, "work_checkpoint", checkpoint(), at=at(6)).reason == R.REJECTION_REASON_INVALID_TRANSITION
+    assert (
+        refused(queued, "work_checkpoint", checkpoint(), at=at(6)).reason
+        == R.REJECTION_REASON_INVALID_TRANSITION
+    )
 
 
 # ---------------------------------------------------------------- block (T09) and unblock (T10)
@@ -237,8 +282,12 @@ def test_a_block_checkpoints_states_the_resolution_and_keeps_a_blocked_lease() -
         (
             "work.blocked",
             wp.WorkBlocked(
-                work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, checkpoint=wp.Checkpoint(checkpoint_id="ck-1"),
-                blockers=[BLOCKER], ownership=ownership(wp.WORK_LEASE_KIND_BLOCKED, 10, 10 + 3600),  # default 1 h
+                work_item_id="wi",
+                lease_id=LEASE_ID,
+                ownership_epoch=1,
+                checkpoint=wp.Checkpoint(checkpoint_id="ck-1"),
+                blockers=[BLOCKER],
+                ownership=ownership(wp.WORK_LEASE_KIND_BLOCKED, 10, 10 + 3600),  # default 1 h
             ),
         ),
         (USAGE, usage_event(c, vector(tokens=7), used, used)),
@@ -274,8 +323,14 @@ def test_the_blocked_lease_is_bounded_by_the_contract_and_may_be_shorter() -> No
     [
         (block(blockers=[]), "body.blockers"),
         (block(blockers=[wp.Blocker(blocker_id="b", required_resolution="x")]), "body.blockers[0]"),
-        (block(blockers=[BLOCKER, wp.Blocker(blocker_id="b", kind=wp.BLOCKER_KIND_DEPENDENCY)]), "body.blockers[1]"),
-        (wp.WorkBlock(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, blockers=[BLOCKER]), "body.checkpoint"),
+        (
+            block(blockers=[BLOCKER, wp.Blocker(blocker_id="b", kind=wp.BLOCKER_KIND_DEPENDENCY)]),
+            "body.blockers[1]",
+        ),
+        (
+            wp.WorkBlock(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, blockers=[BLOCKER]),
+            "body.checkpoint",
+        ),
     ],
 )
 def test_a_block_without_its_resolution_or_checkpoint_is_refused(body: wp.WorkBlock, field: str) -> None:
@@ -297,7 +352,10 @@ def test_unblocked_work_returns_to_the_queue_while_its_owner_holds_it() -> None:
     body = unblock(resolved_blocker_ids=["b1"])
     _, decision = decide(BLOCKED, "work_unblock", body, "coord", at=at(20))
     expected = wp.WorkUnblocked(
-        work_item_id="wi", next_state=wp.WORK_ITEM_STATE_QUEUED, resolution="access granted", resolved_blocker_ids=["b1"]
+        work_item_id="wi",
+        next_state=wp.WORK_ITEM_STATE_QUEUED,
+        resolution="access granted",
+        resolved_blocker_ids=["b1"],
     )
     assert events(decision) == [("work.unblocked", expected)]
     item = evolve_all(BLOCKED, decision).work_items["wi"]
@@ -316,11 +374,22 @@ def test_unblocked_work_is_open_again_once_its_ownership_has_expired() -> None:
 
 @pytest.mark.req("MW-10.2-T10", "MW-10.2-T16")
 def test_unblock_needs_the_coordinator_a_resolution_and_no_running_child() -> None:
-    assert invalid_field(refused(BLOCKED, "work_unblock", unblock(resolution=""), "coord", at=at(20))) == "body.resolution"
-    assert refused(BLOCKED, "work_unblock", unblock(), "worker", at=at(20)).reason != R.REJECTION_REASON_UNSPECIFIED
-    assert refused(BASE, "work_unblock", unblock(), "coord", at=at(20)).reason == R.REJECTION_REASON_INVALID_TRANSITION
+    assert (
+        invalid_field(refused(BLOCKED, "work_unblock", unblock(resolution=""), "coord", at=at(20)))
+        == "body.resolution"
+    )
+    assert (
+        refused(BLOCKED, "work_unblock", unblock(), "worker", at=at(20)).reason
+        != R.REJECTION_REASON_UNSPECIFIED
+    )
+    assert (
+        refused(BASE, "work_unblock", unblock(), "coord", at=at(20)).reason
+        == R.REJECTION_REASON_INVALID_TRANSITION
+    )
     state = copy.deepcopy(BLOCKED)
-    state.work_items["wi"].children.append(ChildLink("child-1", "grp_child", dict.fromkeys(ZERO, 0), mandatory=False))
+    state.work_items["wi"].children.append(
+        ChildLink("child-1", "grp_child", dict.fromkeys(ZERO, 0), mandatory=False)
+    )
     rejection = refused(state, "work_unblock", unblock(), "coord", at=at(20))
     assert rejection.reason == R.REJECTION_REASON_PRECONDITION_FAILED
     assert rejection.metadata["child_mission_id"] == "child-1"
@@ -339,7 +408,10 @@ def test_progress_under_the_lease_is_recorded_with_its_usage() -> None:
     c, decision = decide(BASE, "work_report_progress", progress(usage_delta=vector(tokens=5)), at=at(10))
     used = dict(ZERO, tokens=5)
     assert events(decision) == [
-        ("work.progress_reported", wp.WorkProgressReported(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, report=report())),
+        (
+            "work.progress_reported",
+            wp.WorkProgressReported(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, report=report()),
+        ),
         (USAGE, usage_event(c, vector(tokens=5), used, used)),
     ]
     assert not events(decision)[0][1].HasField("schedule")
@@ -357,7 +429,9 @@ def test_the_owner_of_queued_or_blocked_work_reports_without_a_lease() -> None:
         _, decision = decide(state, "work_report_progress", body, at=at(30))
         [(kind, p)] = events(decision)
         assert kind == "work.progress_reported"
-        assert p == wp.WorkProgressReported(work_item_id="wi", ownership_epoch=1, report=report(), schedule=schedule)
+        assert p == wp.WorkProgressReported(
+            work_item_id="wi", ownership_epoch=1, report=report(), schedule=schedule
+        )
         assert p.HasField("schedule")
         assert evolve_all(state, decision).work_items["wi"].revision == state.work_items["wi"].revision + 1
     assert invalid_field(refused(BLOCKED, "work_report_progress", progress(), at=at(30))) == "body.lease_id"
@@ -367,11 +441,18 @@ def test_the_owner_of_queued_or_blocked_work_reports_without_a_lease() -> None:
     assert refused(BLOCKED, "work_report_progress", progress(lease_id=""), at=at(210)).reason == (
         R.REJECTION_REASON_LEASE_EXPIRED
     )
-    c, decision = decide(BLOCKED, "work_report_progress", progress(lease_id="", usage_delta=vector(tokens=3)), at=at(30))
+    c, decision = decide(
+        BLOCKED, "work_report_progress", progress(lease_id="", usage_delta=vector(tokens=3)), at=at(30)
+    )
     used = dict(ZERO, tokens=3)
-    assert events(decision)[1] == (USAGE, usage_event(c, vector(tokens=3), used, used, lease_id="", session=0))
+    assert events(decision)[1] == (
+        USAGE,
+        usage_event(c, vector(tokens=3), used, used, lease_id="", session=0),
+    )
     over = progress(lease_id="", usage_delta=vector(tokens=10_001))
-    assert refused(BLOCKED, "work_report_progress", over, at=at(30)).reason == R.REJECTION_REASON_BUDGET_EXCEEDED
+    assert (
+        refused(BLOCKED, "work_report_progress", over, at=at(30)).reason == R.REJECTION_REASON_BUDGET_EXCEEDED
+    )
 
 
 @pytest.mark.req("MW-11.4-01")
@@ -382,8 +463,14 @@ def test_the_owner_of_queued_or_blocked_work_reports_without_a_lease() -> None:
         (report(next_checkpoint=None), "body.report"),
         (report(revised_estimate=None), "body.report"),
         (report(blockers=[wp.Blocker(blocker_id="b", required_resolution="x")]), "body.report.blockers[0]"),
-        (report(blockers=[BLOCKER, wp.Blocker(blocker_id="b", kind=wp.BLOCKER_KIND_DEPENDENCY)]), "body.report.blockers[1]"),
-        (report(revised_estimate=wp.RevisedEstimate(reason="x" * 1025)), "body.report.revised_estimate.reason"),
+        (
+            report(blockers=[BLOCKER, wp.Blocker(blocker_id="b", kind=wp.BLOCKER_KIND_DEPENDENCY)]),
+            "body.report.blockers[1]",
+        ),
+        (
+            report(revised_estimate=wp.RevisedEstimate(reason="x" * 1025)),
+            "body.report.revised_estimate.reason",
+        ),
     ],
 )
 def test_a_progress_report_lacking_its_structure_is_refused(given: wp.ProgressReport, field: str) -> None:
@@ -395,7 +482,10 @@ def test_a_progress_report_with_blockers_and_the_longest_estimate_reason_is_acce
     given = report(blockers=[BLOCKER], revised_estimate=wp.RevisedEstimate(reason="x" * 1024))
     _, decision = decide(BASE, "work_report_progress", progress(report=given), at=at(10))
     assert events(decision)[0][1].report == given
-    assert refused(BASE, "work_report_progress", progress(), at=at(60)).reason == R.REJECTION_REASON_LEASE_EXPIRED
+    assert (
+        refused(BASE, "work_report_progress", progress(), at=at(60)).reason
+        == R.REJECTION_REASON_LEASE_EXPIRED
+    )
 
 
 @pytest.mark.req("MW-11.4-01", "MW-10.2-05")

@@ -31,8 +31,11 @@ def provisional(member: str = "worker", expires: object = SOON) -> membership_pb
 
 def offer(work_item_id: str, candidate: str = "worker", minutes: int = 10) -> wp.WorkOffer:
     return wp.WorkOffer(
-        work_item_id=work_item_id, offer_id=f"off-{work_item_id}", candidate_ids=[candidate],
-        expires_at=to_timestamp(NOW + timedelta(minutes=minutes)), selection_criteria=[builders.selection(candidate)],
+        work_item_id=work_item_id,
+        offer_id=f"off-{work_item_id}",
+        candidate_ids=[candidate],
+        expires_at=to_timestamp(NOW + timedelta(minutes=minutes)),
+        selection_criteria=[builders.selection(candidate)],
         coordinator_epoch=1,
     )
 
@@ -46,7 +49,9 @@ def base() -> GroupState:
     create.coordinator_renewal.lease_duration.FromSeconds(3_600)
     state = run(None, "mission_create", create, "alice")
     for wid in ("wi-1", "wi-2"):
-        body = wp.WorkAuthorize(work_item_id=wid, title=wid, contract=builders.contract(NOW), coordinator_epoch=1)
+        body = wp.WorkAuthorize(
+            work_item_id=wid, title=wid, contract=builders.contract(NOW), coordinator_epoch=1
+        )
         state = run(state, "work_authorize", body, "coord")
     return run(state, "membership_grant", provisional(), "coord")
 
@@ -64,8 +69,12 @@ def test_a_provisional_membership_is_for_a_worker_and_expires_within_the_mission
     state = run(None, "mission_create", builders.mission_create("alice", "coord", NOW), "alice")
     reviewer = provisional("lead")
     reviewer.role = Role.MEMBER_ROLE_REVIEWER
-    for body in (reviewer, provisional("lead", expires=None), provisional("lead", NOW - timedelta(seconds=1)),
-                 provisional("lead", NOW + timedelta(days=365))):
+    for body in (
+        reviewer,
+        provisional("lead", expires=None),
+        provisional("lead", NOW - timedelta(seconds=1)),
+        provisional("lead", NOW + timedelta(days=365)),
+    ):
         assert refused(state, "membership_grant", body, "coord").reason == R.REJECTION_REASON_INVALID_ARGUMENT
     member = BASE.members["worker"]
     assert member.provisional and member.active and member.expires_at == SOON
@@ -78,7 +87,11 @@ def test_a_provisional_member_may_only_answer_its_offer() -> None:
     propose = wp.WorkPropose(proposal_id="p", title="t", contract=builders.contract(NOW), rationale="r")
     for kind, body in (("message_post", post), ("work_propose", propose)):
         assert check_of(refused(state, kind, body, "worker")) == ("PERMISSION_DENIED", "provisional")
-    decline = wp.WorkDeclineOffer(work_item_id="wi-1", offer_id="off-wi-1", decline=wp.StructuredDecline(reason=wp.DECLINE_REASON_CAPACITY))
+    decline = wp.WorkDeclineOffer(
+        work_item_id="wi-1",
+        offer_id="off-wi-1",
+        decline=wp.StructuredDecline(reason=wp.DECLINE_REASON_CAPACITY),
+    )
     assert types(decide(state, "work_decline_offer", decline, "worker")) == ["work.offer_declined"]
 
 
@@ -110,7 +123,10 @@ def test_a_provisional_member_that_never_accepts_lapses_without_an_event() -> No
     lapsed = refused(state, "work_accept_offer", accept("wi-1"), "worker", LATER)
     assert check_of(lapsed) == ("MEMBERSHIP_EPOCH_STALE", "lapsed")
     to_lapsed = refused(state, "work_offer", offer("wi-2", minutes=45), "coord", LATER)
-    assert to_lapsed.reason == R.REJECTION_REASON_INVALID_ARGUMENT and "no active Membership" in to_lapsed.message
+    assert (
+        to_lapsed.reason == R.REJECTION_REASON_INVALID_ARGUMENT
+        and "no active Membership" in to_lapsed.message
+    )
     with pytest.raises(Rejected) as read:
         active_member(state, state.group_id, "worker", SOON)
     assert read.value.reason == R.REJECTION_REASON_NOT_A_MEMBER
@@ -143,7 +159,11 @@ def test_the_mission_ending_ends_just_in_time_and_provisional_memberships() -> N
     state = run(state, "membership_grant", provisional("lead"), "coord")
     events = decide(state, "mission_cancel", mission_pb2.MissionCancel(reason="stopped"), "alice")
     assert not isinstance(events, Rejected)
-    ended = {e.membership_ended.member_id: e.membership_ended.reason for e in events if e.type == "membership.ended"}
+    ended = {
+        e.membership_ended.member_id: e.membership_ended.reason
+        for e in events
+        if e.type == "membership.ended"
+    }
     assert ended == dict.fromkeys(("worker", "lead"), membership_pb2.MEMBERSHIP_END_REASON_MISSION_ENDED)
     state = run(state, "mission_cancel", mission_pb2.MissionCancel(reason="stopped"), "alice")
     assert not state.members["worker"].active and not state.members["lead"].active
@@ -151,8 +171,15 @@ def test_the_mission_ending_ends_just_in_time_and_provisional_memberships() -> N
 
 
 def test_a_worker_granted_in_full_does_not_end_by_itself() -> None:
-    state = run(BASE, "membership_grant", membership_pb2.MembershipGrant(member_id="lead", role=Role.MEMBER_ROLE_WORKER), "coord")
+    state = run(
+        BASE,
+        "membership_grant",
+        membership_pb2.MembershipGrant(member_id="lead", role=Role.MEMBER_ROLE_WORKER),
+        "coord",
+    )
     state = run(state, "work_offer", offer("wi-1", "lead"), "coord")
     state = run(state, "work_accept_offer", accept("wi-1"), "lead")
-    events = decide(state, "work_cancel", wp.WorkCancel(work_item_id="wi-1", coordinator_epoch=1, reason="r"), "coord")
+    events = decide(
+        state, "work_cancel", wp.WorkCancel(work_item_id="wi-1", coordinator_epoch=1, reason="r"), "coord"
+    )
     assert "membership.ended" not in types(events)

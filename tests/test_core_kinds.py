@@ -40,16 +40,25 @@ EVENT_PAYLOAD = event_pb2.Event.DESCRIPTOR.oneofs_by_name["payload"]
 # Events of the delegation kinds, which are in the contract but not implemented yet.
 
 
-def cmd(body_field: str, body: object, group: str = "grp_test", actor: str = "alice", epoch: int = 0) -> command_pb2.Command:
+def cmd(
+    body_field: str, body: object, group: str = "grp_test", actor: str = "alice", epoch: int = 0
+) -> command_pb2.Command:
     c = command_pb2.Command(
-        command_id="cmd_1", group_id=group, actor_id=actor, session_epoch=1, membership_epoch=epoch, issued_at=to_timestamp(NOW)
+        command_id="cmd_1",
+        group_id=group,
+        actor_id=actor,
+        session_epoch=1,
+        membership_epoch=epoch,
+        issued_at=to_timestamp(NOW),
     )
     getattr(c, body_field).CopyFrom(body)
     return c
 
 
 def created() -> GroupState:
-    decision = decider.decide(None, cmd("mission_create", builders.mission_create("alice", "coord", NOW)), CTX)
+    decision = decider.decide(
+        None, cmd("mission_create", builders.mission_create("alice", "coord", NOW)), CTX
+    )
     assert not isinstance(decision, Rejected)
     state = decider.fold(decision)
     assert state is not None
@@ -92,13 +101,20 @@ def test_a_body_without_a_declaration_is_an_unknown_command_kind(monkeypatch: py
 
 def test_the_declared_facts_of_the_kinds() -> None:
     k = kinds.KINDS.values()
-    assert {x.body for x in k if x.creates_group} == {"mission_create", "mission_create_follow_up", "mission_create_child"}
+    assert {x.body for x in k if x.creates_group} == {
+        "mission_create",
+        "mission_create_follow_up",
+        "mission_create_child",
+    }
     assert {x.body: x.ends_mission for x in k if x.ends_mission} == {
         "mission_cancel": MS.MISSION_STATE_CANCELLED,
         "mission_terminate": MS.MISSION_STATE_FAILED,
     }
     assert {x.body for x in k if authorization.may_act_for_organization(x.body)} == {
-        "mission_create", "mission_cancel", "mission_terminate", "mission_replace_coordinator",
+        "mission_create",
+        "mission_cancel",
+        "mission_terminate",
+        "mission_replace_coordinator",
         "mission_approve_child_depth",
     }
 
@@ -108,8 +124,16 @@ def test_referenced_identities_are_the_actor_and_those_the_body_names() -> None:
     follow_up = mission_pb2.MissionCreateFollowUp(definition=create.definition, coordinator_id="coord2")
     replace = mission_pb2.MissionReplaceCoordinator(coordinator_id="coord3")
     grant = membership_pb2.MembershipGrant(member_id="worker")
-    assert kinds.referenced_identities(cmd("mission_create", create, actor="ops")) == {"ops", "owner", "coord"}
-    assert kinds.referenced_identities(cmd("mission_create_follow_up", follow_up)) == {"alice", "owner", "coord2"}
+    assert kinds.referenced_identities(cmd("mission_create", create, actor="ops")) == {
+        "ops",
+        "owner",
+        "coord",
+    }
+    assert kinds.referenced_identities(cmd("mission_create_follow_up", follow_up)) == {
+        "alice",
+        "owner",
+        "coord2",
+    }
     assert kinds.referenced_identities(cmd("mission_replace_coordinator", replace)) == {"alice", "coord3"}
     assert kinds.referenced_identities(cmd("membership_grant", grant)) == {"alice", "worker"}
     assert kinds.referenced_identities(cmd("message_post", builders.message("conv"))) == {"alice"}
@@ -123,8 +147,15 @@ def test_linked_groups_are_other_valid_groups_the_body_names() -> None:
     assert kinds.linked_groups(cmd("mission_create_follow_up", follow_up)) == ["grp_approved"]
     assert kinds.linked_groups(cmd("mission_revoke_approval", revoke)) == ["grp_follow"]
     assert kinds.linked_groups(cmd("mission_authorize_context_transfer", transfer)) == ["grp_target"]
-    assert kinds.linked_groups(cmd("mission_authorize_context_transfer", transfer, group="grp_target")) == []  # itself
-    assert kinds.linked_groups(cmd("mission_revoke_approval", mission_pb2.MissionRevokeApproval(follow_up_group_id="no way"))) == []
+    assert (
+        kinds.linked_groups(cmd("mission_authorize_context_transfer", transfer, group="grp_target")) == []
+    )  # itself
+    assert (
+        kinds.linked_groups(
+            cmd("mission_revoke_approval", mission_pb2.MissionRevokeApproval(follow_up_group_id="no way"))
+        )
+        == []
+    )
     assert kinds.linked_groups(cmd("mission_revoke_approval", mission_pb2.MissionRevokeApproval())) == []
     assert kinds.linked_groups(cmd("message_post", builders.message("conv"))) == []
 
@@ -144,7 +175,9 @@ def test_the_published_artifact_is_a_well_formed_blake3_reference_of_a_publicati
 
 def test_only_an_amendment_with_an_erasure_erases() -> None:
     AK, CE = conversation_pb2.MessageAmendmentKind, conversation_pb2.ContentErasure
-    redaction = conversation_pb2.MessageAmend(message_id="m", kind=AK.MESSAGE_AMENDMENT_KIND_REDACTION, policy_reason="x")
+    redaction = conversation_pb2.MessageAmend(
+        message_id="m", kind=AK.MESSAGE_AMENDMENT_KIND_REDACTION, policy_reason="x"
+    )
     erasure = conversation_pb2.MessageAmend(
         message_id="m", kind=AK.MESSAGE_AMENDMENT_KIND_REDACTION, erasure=CE.CONTENT_ERASURE_LEGAL_DELETION
     )

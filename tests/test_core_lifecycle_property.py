@@ -39,9 +39,16 @@ ALLOWED = {
 TERMINAL = {MS.MISSION_STATE_APPROVED, MS.MISSION_STATE_CANCELLED, MS.MISSION_STATE_FAILED}
 ACTORS = ["alice", "coord", "other", "ops"]
 KINDS = [
-    "mission_submit_for_approval", "mission_request_changes", "mission_approve", "mission_cancel", "mission_terminate",
-    "mission_renew_coordinator_lease", "mission_replace_coordinator", "mission_acknowledge_reconciliation",
-    "message_post", "mission_issue_directive",
+    "mission_submit_for_approval",
+    "mission_request_changes",
+    "mission_approve",
+    "mission_cancel",
+    "mission_terminate",
+    "mission_renew_coordinator_lease",
+    "mission_replace_coordinator",
+    "mission_acknowledge_reconciliation",
+    "message_post",
+    "mission_issue_directive",
 ]
 
 
@@ -51,11 +58,17 @@ def body_for(kind: str, state: GroupState, choice: int) -> object:
     epoch = m.coordinator.coordinator_epoch if m.coordinator else 0
     epoch = epoch if choice % 3 else epoch - 1  # sometimes a stale epoch
     if kind == "mission_submit_for_approval":
-        return mission_pb2.MissionSubmitForApproval(coordinator_epoch=epoch, mission_revision=m.revision - (choice % 4 == 0))
+        return mission_pb2.MissionSubmitForApproval(
+            coordinator_epoch=epoch, mission_revision=m.revision - (choice % 4 == 0)
+        )
     if kind == "mission_request_changes":
-        return mission_pb2.MissionRequestChanges(submission_event_id=m.latest_submission_event_id, requested_changes="more")
+        return mission_pb2.MissionRequestChanges(
+            submission_event_id=m.latest_submission_event_id, requested_changes="more"
+        )
     if kind == "mission_approve":
-        return mission_pb2.MissionApprove(submission_event_id=m.latest_submission_event_id if choice % 5 else "evt_x")
+        return mission_pb2.MissionApprove(
+            submission_event_id=m.latest_submission_event_id if choice % 5 else "evt_x"
+        )
     if kind == "mission_cancel":
         return mission_pb2.MissionCancel(reason="r")
     if kind == "mission_terminate":
@@ -63,9 +76,13 @@ def body_for(kind: str, state: GroupState, choice: int) -> object:
     if kind == "mission_renew_coordinator_lease":
         return mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=epoch)
     if kind == "mission_replace_coordinator":
-        return mission_pb2.MissionReplaceCoordinator(coordinator_id=["coord", "other"][choice % 2], replaced_coordinator_epoch=epoch)
+        return mission_pb2.MissionReplaceCoordinator(
+            coordinator_id=["coord", "other"][choice % 2], replaced_coordinator_epoch=epoch
+        )
     if kind == "mission_acknowledge_reconciliation":
-        return mission_pb2.MissionAcknowledgeReconciliation(coordinator_epoch=epoch, group_revision=state.head_sequence)
+        return mission_pb2.MissionAcknowledgeReconciliation(
+            coordinator_epoch=epoch, group_revision=state.head_sequence
+        )
     if kind == "mission_issue_directive":
         return mission_pb2.MissionIssueDirective(directive="d")
     return builders.message(m.planning_conversation_id, "hi")
@@ -84,10 +101,23 @@ step = st.tuples(
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(step, min_size=1, max_size=40))
-@pytest.mark.req("MW-7.1-05", "MW-7.1-06", "MW-7.1-07", "MW-7.1-T04", "MW-7.1-T05", "MW-7.1-T06", "MW-7.1-T07", "MW-7.1-T08")
-def test_random_sequences_stay_inside_the_lifecycle_table_and_replay_equals_live(steps: list[tuple[str, str, int, int]]) -> None:
+@pytest.mark.req(
+    "MW-7.1-05",
+    "MW-7.1-06",
+    "MW-7.1-07",
+    "MW-7.1-T04",
+    "MW-7.1-T05",
+    "MW-7.1-T06",
+    "MW-7.1-T07",
+    "MW-7.1-T08",
+)
+def test_random_sequences_stay_inside_the_lifecycle_table_and_replay_equals_live(
+    steps: list[tuple[str, str, int, int]],
+) -> None:
     now = START
-    create = command_pb2.Command(command_id="c0", group_id="grp_p", actor_id="alice", session_epoch=1, issued_at=to_timestamp(now))
+    create = command_pb2.Command(
+        command_id="c0", group_id="grp_p", actor_id="alice", session_epoch=1, issued_at=to_timestamp(now)
+    )
     create.mission_create.CopyFrom(builders.mission_create("alice", "coord", now))
     create.mission_create.coordinator_renewal.lease_duration.FromSeconds(60)
     log = decider.decide(None, create, decider.DecisionContext(now, IDS))
@@ -98,8 +128,12 @@ def test_random_sequences_stay_inside_the_lifecycle_table_and_replay_equals_live
         now += timedelta(seconds=advance)
         member = live.members.get(actor)
         command = command_pb2.Command(
-            command_id=f"c{i}", group_id="grp_p", actor_id=actor, session_epoch=1,
-            membership_epoch=member.membership_epoch if member and member.active else 0, issued_at=to_timestamp(now),
+            command_id=f"c{i}",
+            group_id="grp_p",
+            actor_id=actor,
+            session_epoch=1,
+            membership_epoch=member.membership_epoch if member and member.active else 0,
+            issued_at=to_timestamp(now),
         )
         getattr(command, kind).CopyFrom(body_for(kind, live, choice))
         before_state = live.mission.state  # type: ignore[union-attr]

@@ -24,7 +24,10 @@ R = common_pb2.RejectionReason
 
 def authorize(work_item_id: str, contract: wp.WorkContract | None = None) -> wp.WorkAuthorize:
     return wp.WorkAuthorize(
-        work_item_id=work_item_id, title=work_item_id, contract=contract or work_contract(), coordinator_epoch=1
+        work_item_id=work_item_id,
+        title=work_item_id,
+        contract=contract or work_contract(),
+        coordinator_epoch=1,
     )
 
 
@@ -44,10 +47,14 @@ def run(state: GroupState, kind: str, body: object, actor: str = "coord") -> Gro
 
 def used(state: GroupState, tokens: int) -> GroupState:
     report = wp.WorkReportProgress(
-        work_item_id="wi", lease_id="lease-1", ownership_epoch=1,
+        work_item_id="wi",
+        lease_id="lease-1",
+        ownership_epoch=1,
         usage_delta=common_pb2.ResourceVector(currency="EUR", tokens=tokens),
         report=wp.ProgressReport(
-            phase="p", next_checkpoint=wp.PlannedCheckpoint(description="n"), revised_estimate=wp.RevisedEstimate(reason="r")
+            phase="p",
+            next_checkpoint=wp.PlannedCheckpoint(description="n"),
+            revised_estimate=wp.RevisedEstimate(reason="r"),
         ),
     )
     return run(state, "work_report_progress", report, "worker")
@@ -60,11 +67,16 @@ def test_a_work_items_budget_must_fit_in_what_the_mission_has_left() -> None:
     r = refusal(state, "work_authorize", authorize("c"))
     assert r.reason == R.REJECTION_REASON_BUDGET_EXCEEDED
     assert r.metadata == {
-        "budget": "mission", "dimension": "tokens", "limit": "5000", "field": "body.contract.budget.tokens"
+        "budget": "mission",
+        "dimension": "tokens",
+        "limit": "5000",
+        "field": "body.contract.budget.tokens",
     }
     assert "5000 left of 25000" in r.message
     # A cancelled WorkItem holds only what it used: the rest of its budget is free again.
-    cancelled = run(state, "work_cancel", wp.WorkCancel(work_item_id="wi", coordinator_epoch=1, reason="not needed"))
+    cancelled = run(
+        state, "work_cancel", wp.WorkCancel(work_item_id="wi", coordinator_epoch=1, reason="not needed")
+    )
     assert cancelled.committed["tokens"] == 12_000
     assert "c" in run(cancelled, "work_authorize", authorize("c")).work_items
 
@@ -76,8 +88,12 @@ def test_an_offer_with_an_amended_contract_must_fit_too() -> None:
     def offer(tokens: int) -> wp.WorkOffer:
         amended = work_contract(tokens=tokens)
         return wp.WorkOffer(
-            work_item_id="b", offer_id=f"off-{tokens}", candidate_ids=["worker"], amended_contract=amended,
-            expires_at=to_timestamp(NOW + timedelta(minutes=5)), selection_criteria=[builders.selection("worker")],
+            work_item_id="b",
+            offer_id=f"off-{tokens}",
+            candidate_ids=["worker"],
+            amended_contract=amended,
+            expires_at=to_timestamp(NOW + timedelta(minutes=5)),
+            selection_criteria=[builders.selection("worker")],
             coordinator_epoch=1,
         )
 
@@ -96,5 +112,7 @@ def test_a_dimension_the_mission_leaves_out_funds_no_work_item() -> None:
 def test_a_mission_without_a_budget_in_any_dimension_is_refused_at_creation() -> None:
     create = builders.mission_create("alice", "coord", NOW)
     create.definition.budget.CopyFrom(common_pb2.ResourceVector())
-    decision = decider.decide(None, command(None, "mission_create", create, "alice"), decider.DecisionContext(NOW, {}))
+    decision = decider.decide(
+        None, command(None, "mission_create", create, "alice"), decider.DecisionContext(NOW, {})
+    )
     assert isinstance(decision, Rejected) and decision.metadata.get("field") == "body.definition.budget"

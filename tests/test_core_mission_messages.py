@@ -36,7 +36,9 @@ def _session(state: GroupState) -> decider.Decision:
 
 def _acknowledged() -> GroupState:
     state = replaced()
-    body = mission_pb2.MissionAcknowledgeReconciliation(coordinator_epoch=2, group_revision=state.head_sequence)
+    body = mission_pb2.MissionAcknowledgeReconciliation(
+        coordinator_epoch=2, group_revision=state.head_sequence
+    )
     return G.run(state, "mission_acknowledge_reconciliation", body, "coord2", ctx(LATE))
 
 
@@ -46,11 +48,21 @@ def _ack(state: GroupState, revision: int) -> decider.Decision:
 
 
 def _renew(state: GroupState, epoch: int, at=NOW) -> decider.Decision:
-    return G.decide(state, "mission_renew_coordinator_lease", mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=epoch), "coord", ctx(at))
+    return G.decide(
+        state,
+        "mission_renew_coordinator_lease",
+        mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=epoch),
+        "coord",
+        ctx(at),
+    )
 
 
-def _transfer(body: mission_pb2.MissionAuthorizeContextTransfer, linked: decider.DecisionContext) -> decider.Decision:
-    return G.decide(authorized(active(), G, "wi"), "mission_authorize_context_transfer", body, "alice", linked)
+def _transfer(
+    body: mission_pb2.MissionAuthorizeContextTransfer, linked: decider.DecisionContext
+) -> decider.Decision:
+    return G.decide(
+        authorized(active(), G, "wi"), "mission_authorize_context_transfer", body, "alice", linked
+    )
 
 
 CASES: dict[str, tuple[Callable[[], decider.Decision], str]] = {
@@ -59,29 +71,48 @@ CASES: dict[str, tuple[Callable[[], decider.Decision], str]] = {
         "the Coordinator lease expired at 2026-06-01T12:05:00+00:00: the MissionOwner appoints a Coordinator "
         "(`mwp coordinator replace`), which then reconciles (`mwp coordinator reconcile`) (MW-7.2-04/08)",
     ),
-    "MW-7.2-02 session": (lambda: _session(active()), "the lease is bound to session 1; renew it from session 2 (`mwp coordinator renew`)"),
+    "MW-7.2-02 session": (
+        lambda: _session(active()),
+        "the lease is bound to session 1; renew it from session 2 (`mwp coordinator renew`)",
+    ),
     "MW-7.2-08 reconcile first": (
-        lambda: G.decide(replaced(), "mission_submit_for_approval", submit_body(replaced(), coordinator_epoch=2), "coord2", ctx(LATE)),
+        lambda: G.decide(
+            replaced(),
+            "mission_submit_for_approval",
+            submit_body(replaced(), coordinator_epoch=2),
+            "coord2",
+            ctx(LATE),
+        ),
         "a replacement Coordinator acknowledges reconciliation of the current state first (MW-7.2-08)",
     ),
     "MW-7.2-06 replaced": (
-        lambda: G.decide(replaced(), "mission_submit_for_approval", submit_body(replaced()), "coord", ctx(LATE)),
+        lambda: G.decide(
+            replaced(), "mission_submit_for_approval", submit_body(replaced()), "coord", ctx(LATE)
+        ),
         "coord was replaced as Coordinator; epoch 2 is current (MW-7.2-06)",
     ),
     "MW-7.2-06 epoch": (
-        lambda: G.decide(active(), "mission_submit_for_approval", submit_body(active(), coordinator_epoch=3), "coord"),
+        lambda: G.decide(
+            active(), "mission_submit_for_approval", submit_body(active(), coordinator_epoch=3), "coord"
+        ),
         "coordinator epoch 3 is not the current 1 (MW-7.2-06)",
     ),
     "MW-7.3-05 revision": (
-        lambda: G.decide(active(), "mission_submit_for_approval", submit_body(active(), mission_revision=3), "coord"),
+        lambda: G.decide(
+            active(), "mission_submit_for_approval", submit_body(active(), mission_revision=3), "coord"
+        ),
         "submission names Mission revision 3; the current one is 1",
     ),
     "MW-7.1-09 not approved": (
-        lambda: G.decide(awaiting(), "mission_revoke_approval", revoke(awaiting(), approval_event_id=""), "alice"),
+        lambda: G.decide(
+            awaiting(), "mission_revoke_approval", revoke(awaiting(), approval_event_id=""), "alice"
+        ),
         "only an approved Mission's approval can be revoked",
     ),
     "MW-7.1-09 other approval": (
-        lambda: G.decide(approved(), "mission_revoke_approval", revoke(approved(), approval_event_id="evt_x"), "alice"),
+        lambda: G.decide(
+            approved(), "mission_revoke_approval", revoke(approved(), approval_event_id="evt_x"), "alice"
+        ),
         "'evt_x' is not this Mission's approval",
     ),
     "MW-7.1-T07 long reason": (
@@ -92,24 +123,40 @@ CASES: dict[str, tuple[Callable[[], decider.Decision], str]] = {
         lambda: _renew(active(), 1, LATE),
         "the lease has lapsed; the MissionOwner or the control plane appoints a Coordinator (`mwp coordinator replace`) (MW-7.2-04)",
     ),
-    "MW-7.2-06 renew stale": (lambda: _renew(active(), 2), "only the current Coordinator epoch 1 renews its lease (MW-7.2-06)"),
+    "MW-7.2-06 renew stale": (
+        lambda: _renew(active(), 2),
+        "only the current Coordinator epoch 1 renews its lease (MW-7.2-06)",
+    ),
     "MW-7.2-04 live lease": (
         lambda: G.decide(active(), "mission_replace_coordinator", replace_body(), "alice"),
         "the Coordinator lease is live until 2026-06-01T12:05:00+00:00; it is replaced once it lapses",
     ),
     "MW-7.2-04 replaced epoch": (
-        lambda: G.decide(active(), "mission_replace_coordinator", replace_body(replaced_coordinator_epoch=2), "alice", ctx(LATE)),
+        lambda: G.decide(
+            active(),
+            "mission_replace_coordinator",
+            replace_body(replaced_coordinator_epoch=2),
+            "alice",
+            ctx(LATE),
+        ),
         "replaced_coordinator_epoch 2 is not the current 1",
     ),
     "MW-7.2-02 coordinator kind": (
-        lambda: G.decide(active(), "mission_replace_coordinator", replace_body(coordinator_id="ops"), "alice", ctx(LATE)),
+        lambda: G.decide(
+            active(), "mission_replace_coordinator", replace_body(coordinator_id="ops"), "alice", ctx(LATE)
+        ),
         "body.coordinator_id: the Coordinator must be an agent or a human",
     ),
     "MW-7.2-11 owner as coordinator": (
-        lambda: G.decide(active(), "mission_replace_coordinator", replace_body(coordinator_id="alice"), "alice", ctx(LATE)),
+        lambda: G.decide(
+            active(), "mission_replace_coordinator", replace_body(coordinator_id="alice"), "alice", ctx(LATE)
+        ),
         "body.coordinator_id: the MissionOwner cannot also be the Coordinator (MW-7.2-11)",
     ),
-    "MW-7.2-08 reconciled twice": (lambda: _ack(_acknowledged(), 7), "this Coordinator epoch is already reconciled"),
+    "MW-7.2-08 reconciled twice": (
+        lambda: _ack(_acknowledged(), 7),
+        "this Coordinator epoch is already reconciled",
+    ),
     "MW-7.2-08 revision": (
         lambda: _ack(replaced(), 1),
         "reconcile against a revision in 7..7: the state since the appointment and every WorkItem change must have been read",
@@ -123,10 +170,18 @@ CASES: dict[str, tuple[Callable[[], decider.Decision], str]] = {
         lambda: _transfer(transfer(), ctx(NOW, target("bob"))),
         "the target Mission is owned by bob; only a MissionOwner of both Missions authorizes a transfer between them",
     ),
-    "MW-13.3-07 too many": (lambda: _transfer(transfer(work_item_ids=["wi"] * 33), ctx(NOW, target())), "body.work_item_ids: at most 32"),
-    "MW-13.3-07 unknown work": (lambda: _transfer(transfer(work_item_ids=["zz"]), ctx(NOW, target())), "no WorkItem zz in this Group"),
+    "MW-13.3-07 too many": (
+        lambda: _transfer(transfer(work_item_ids=["wi"] * 33), ctx(NOW, target())),
+        "body.work_item_ids: at most 32",
+    ),
+    "MW-13.3-07 unknown work": (
+        lambda: _transfer(transfer(work_item_ids=["zz"]), ctx(NOW, target())),
+        "no WorkItem zz in this Group",
+    ),
     "MW-7.1-T06 not awaiting": (
-        lambda: G.decide(active(), "mission_approve", mission_pb2.MissionApprove(submission_event_id="e"), "alice"),
+        lambda: G.decide(
+            active(), "mission_approve", mission_pb2.MissionApprove(submission_event_id="e"), "alice"
+        ),
         "mission.approve needs a Mission in MISSION_STATE_AWAITING_APPROVAL, it is MISSION_STATE_ACTIVE",
     ),
 }
@@ -145,14 +200,30 @@ def test_each_refusal_says_why(case: str) -> None:
 @pytest.mark.parametrize(
     "kind, body, actor",
     [
-        ("mission.submit_for_approval", mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=3), "coord"),
+        (
+            "mission.submit_for_approval",
+            mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=3),
+            "coord",
+        ),
         ("mission.request_changes", mission_pb2.MissionRequestChanges(requested_changes="x"), "alice"),
         ("mission.approve", mission_pb2.MissionApprove(), "alice"),
         ("mission.cancel", mission_pb2.MissionCancel(reason="x"), "alice"),
         ("mission.terminate", mission_pb2.MissionTerminate(reason="x"), "ops"),
-        ("mission.renew_coordinator_lease", mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=1), "coord"),
-        ("mission.replace_coordinator", mission_pb2.MissionReplaceCoordinator(replaced_coordinator_epoch=1, coordinator_id="coord2"), "alice"),
-        ("mission.acknowledge_reconciliation", mission_pb2.MissionAcknowledgeReconciliation(coordinator_epoch=1), "coord"),
+        (
+            "mission.renew_coordinator_lease",
+            mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=1),
+            "coord",
+        ),
+        (
+            "mission.replace_coordinator",
+            mission_pb2.MissionReplaceCoordinator(replaced_coordinator_epoch=1, coordinator_id="coord2"),
+            "alice",
+        ),
+        (
+            "mission.acknowledge_reconciliation",
+            mission_pb2.MissionAcknowledgeReconciliation(coordinator_epoch=1),
+            "coord",
+        ),
         ("mission.issue_directive", mission_pb2.MissionIssueDirective(directive="x"), "alice"),
     ],
 )

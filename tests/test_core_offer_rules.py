@@ -44,9 +44,15 @@ def test_an_offer_appends_one_work_offered_with_every_field_and_reserves_no_owne
     out = events(state, "work_offer", body, "coord")
     assert [e.type for e in out] == ["work.offered"]
     assert out[0].work_offered == wp.WorkOffered(
-        work_item_id="wi", offer_id="off-1", candidate_ids=["worker", "w2"], expires_at=body.expires_at,
-        contract_revision=1, selection_criteria=body.selection_criteria, context_package=builders.artifact("c"),
-        coordinator_epoch=1, previous_state=WS.WORK_ITEM_STATE_OPEN,
+        work_item_id="wi",
+        offer_id="off-1",
+        candidate_ids=["worker", "w2"],
+        expires_at=body.expires_at,
+        contract_revision=1,
+        selection_criteria=body.selection_criteria,
+        context_package=builders.artifact("c"),
+        coordinator_epoch=1,
+        previous_state=WS.WORK_ITEM_STATE_OPEN,
     )
     assert not out[0].work_offered.HasField("amended_contract")
     item = after(state, out).work_items["wi"]
@@ -71,14 +77,14 @@ def test_an_offer_without_an_id_gets_one_derived_from_the_group_and_command() ->
 @pytest.mark.parametrize("offer_id", ["bad id", "x" * 129])
 def test_an_offer_id_must_be_valid(offer_id: str) -> None:
     r = refused(base(), "work_offer", offer(offer_id=offer_id), "coord")
-    assert r.message == 'body.offer_id: a valid id not yet used for this WorkItem'
+    assert r.message == "body.offer_id: a valid id not yet used for this WorkItem"
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.offer_id"})
 
 
 @pytest.mark.req("MW-10.2-T03")
 def test_an_offer_id_is_not_reused_for_the_work_item() -> None:
     r = refused(offered(), "work_offer", offer(offer_id="off-1"), "coord")
-    assert r.message == 'body.offer_id: a valid id not yet used for this WorkItem'
+    assert r.message == "body.offer_id: a valid id not yet used for this WorkItem"
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.offer_id"})
 
 
@@ -86,14 +92,18 @@ def test_an_offer_id_is_not_reused_for_the_work_item() -> None:
 def test_a_live_owner_refuses_an_offer_and_its_expiry_lets_it_through_fenced_first() -> None:
     state = queued()  # ownership lease ends at +2 min (start_deadline 120 s)
     r = refused(state, "work_offer", offer(offer_id="off-2", minutes=10), "coord", ctx_at(1.99))
-    assert r.message == 'wi has a live owner (worker); offers need none (OP-11)'
+    assert r.message == "wi has a live owner (worker); offers need none (OP-11)"
     assert r.reason == R.REJECTION_REASON_INVALID_TRANSITION
     ctx = ctx_at(2)
     out = events(state, "work_offer", offer("w2", offer_id="off-2", minutes=10), "coord", ctx)
     assert [e.type for e in out] == ["work.lease_revoked", "work.offered"]
     assert out[0].lease_revoked == wp.LeaseRevoked(
-        work_item_id="wi", lease_kind=wp.WORK_LEASE_KIND_OWNERSHIP, ownership_epoch=1, agent_id="worker",
-        end_kind=wp.LEASE_END_KIND_EXPIRED, cause=wp.LEASE_REVOCATION_CAUSE_EXPIRY_FENCED,
+        work_item_id="wi",
+        lease_kind=wp.WORK_LEASE_KIND_OWNERSHIP,
+        ownership_epoch=1,
+        agent_id="worker",
+        end_kind=wp.LEASE_END_KIND_EXPIRED,
+        cause=wp.LEASE_REVOCATION_CAUSE_EXPIRY_FENCED,
         resulting_state=WS.WORK_ITEM_STATE_QUEUED,
     )
     assert out[1].work_offered.previous_state == WS.WORK_ITEM_STATE_QUEUED
@@ -108,9 +118,15 @@ def test_fencing_an_expired_execution_lease_names_the_lease_its_session_and_its_
     assert lease is not None
     out = events(state, "work_offer", offer("w2", offer_id="off-2", minutes=10), "coord", ctx_at(3))
     assert out[0].lease_revoked == wp.LeaseRevoked(
-        work_item_id="wi", lease_kind=wp.WORK_LEASE_KIND_EXECUTION, lease_id="lease-1", ownership_epoch=1,
-        agent_id="worker", session_epoch=1, end_kind=wp.LEASE_END_KIND_EXPIRED,
-        cause=wp.LEASE_REVOCATION_CAUSE_EXPIRY_FENCED, resulting_state=WS.WORK_ITEM_STATE_ACTIVE,
+        work_item_id="wi",
+        lease_kind=wp.WORK_LEASE_KIND_EXECUTION,
+        lease_id="lease-1",
+        ownership_epoch=1,
+        agent_id="worker",
+        session_epoch=1,
+        end_kind=wp.LEASE_END_KIND_EXPIRED,
+        cause=wp.LEASE_REVOCATION_CAUSE_EXPIRY_FENCED,
+        resulting_state=WS.WORK_ITEM_STATE_ACTIVE,
         revoked_token_ids=[lease.token_id],
     )
     item = after(state, out).work_items["wi"]
@@ -128,7 +144,7 @@ def test_an_offer_names_one_to_eight_distinct_candidates(candidates: list[str]) 
     body.ClearField("candidate_ids")
     body.candidate_ids.extend(candidates)
     r = refused(base(), "work_offer", body, "coord")
-    assert r.message == 'body.candidate_ids: 1..8 distinct candidates'
+    assert r.message == "body.candidate_ids: 1..8 distinct candidates"
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.candidate_ids"})
 
 
@@ -164,7 +180,10 @@ def test_every_candidate_holds_an_active_membership(case: str) -> None:
 @pytest.mark.req("MW-10.3-04")
 def test_an_observer_is_no_candidate() -> None:
     r = refused(base(), "work_offer", offer("worker", "obs"), "coord")
-    assert r.message == 'body.candidate_ids[1]: obs is a observer; work is offered to roles that may accept it (docs/authorization.md)'
+    assert (
+        r.message
+        == "body.candidate_ids[1]: obs is a observer; work is offered to roles that may accept it (docs/authorization.md)"
+    )
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.candidate_ids[1]"})
     assert "observer" in r.message
 
@@ -175,7 +194,10 @@ def test_an_offer_to_a_provisional_member_expires_no_later_than_its_membership()
     state.members["w2"].provisional, state.members["w2"].expires_at = True, at(5)
     assert events(state, "work_offer", offer("w2", minutes=5), "coord")
     r = refused(state, "work_offer", offer("w2", minutes=5.5), "coord")
-    assert r.message == 'body.expires_at: an offer to w2 expires no later than its provisional Membership (MW-8-06)'
+    assert (
+        r.message
+        == "body.expires_at: an offer to w2 expires no later than its provisional Membership (MW-8-06)"
+    )
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.expires_at"})
     state.members["w2"].expires_at = None  # no expiry recorded: nothing to compare
     assert events(state, "work_offer", offer("w2", minutes=5.5), "coord")
@@ -193,7 +215,11 @@ def test_a_candidate_whose_card_lacks_a_required_capability_is_refused_with_its_
     r = refused(state, "work_offer", offer("worker", "w2"), "coord", old)
     assert r.message == "w2's Agent Card card-7 does not declare code.python >= 3.12"
     assert r.reason == R.REJECTION_REASON_PRECONDITION_FAILED
-    assert r.metadata == {"field": "body.candidate_ids[1]", "capability": "code.python", "card_version": "card-7"}
+    assert r.metadata == {
+        "field": "body.candidate_ids[1]",
+        "capability": "code.python",
+        "card_version": "card-7",
+    }
     fine = ctx_at(0, cards={"w2": CardInfo("card-8", {"code.python": "3.12"}, 1)})
     assert events(state, "work_offer", offer("worker", "w2"), "coord", fine)
 
@@ -211,15 +237,21 @@ def test_the_card_check_reads_the_amended_contract_when_there_is_one() -> None:
 def test_each_candidate_has_its_structured_selection_criteria() -> None:
     body = offer("worker", "w2", selection_criteria=[builders.selection("worker")])
     r = refused(base(), "work_offer", body, "coord")
-    assert r.message == 'body.selection_criteria[1]: structured selection criteria for w2 are required (MW-10.3-10)'
-    assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.selection_criteria[1]"})
+    assert (
+        r.message
+        == "body.selection_criteria[1]: structured selection criteria for w2 are required (MW-10.3-10)"
+    )
+    assert (r.reason, r.metadata) == (
+        R.REJECTION_REASON_INVALID_ARGUMENT,
+        {"field": "body.selection_criteria[1]"},
+    )
 
 
 @pytest.mark.req("MW-10.3-10")
 def test_selection_criteria_name_only_candidates() -> None:
     body = offer("worker", selection_criteria=[builders.selection("worker"), builders.selection("w2")])
     r = refused(base(), "work_offer", body, "coord")
-    assert r.message == 'body.selection_criteria[1].candidate_id: not a candidate of this offer'
+    assert r.message == "body.selection_criteria[1].candidate_id: not a candidate of this offer"
     assert r.metadata == {"field": "body.selection_criteria[1].candidate_id"}
 
 
@@ -227,9 +259,13 @@ def test_selection_criteria_name_only_candidates() -> None:
 def test_selection_criteria_name_the_policy_rules_applied() -> None:
     bare = builders.selection("w2")
     del bare.applied_policy_rules[:]
-    r = refused(base(), "work_offer", offer("worker", "w2", selection_criteria=[builders.selection("worker"), bare]),
-                "coord")
-    assert r.message == 'body.selection_criteria[1].applied_policy_rules: name the policy rules applied'
+    r = refused(
+        base(),
+        "work_offer",
+        offer("worker", "w2", selection_criteria=[builders.selection("worker"), bare]),
+        "coord",
+    )
+    assert r.message == "body.selection_criteria[1].applied_policy_rules: name the policy rules applied"
     assert r.metadata == {"field": "body.selection_criteria[1].applied_policy_rules"}
 
 
@@ -240,7 +276,10 @@ def test_selection_criteria_hold_rule_ids_never_free_form_reasoning(where: str) 
     getattr(prose, where).append("I think w2 is the best because it is fast")
     body = offer("worker", "w2", selection_criteria=[builders.selection("worker"), prose])
     r = refused(base(), "work_offer", body, "coord")
-    assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.selection_criteria[1]"})
+    assert (r.reason, r.metadata) == (
+        R.REJECTION_REASON_INVALID_ARGUMENT,
+        {"field": "body.selection_criteria[1]"},
+    )
     entry = 2 if where == "applied_policy_rules" else 3  # the rules first, then the basis
     assert r.message == (
         f"body.selection_criteria[1]: entry {entry} is not a rule/basis id; selection records hold no free-form"
@@ -255,7 +294,7 @@ def test_an_offer_expires_in_the_future(minutes: float | None) -> None:
     if minutes is None:
         body.ClearField("expires_at")
     r = refused(base(), "work_offer", body, "coord")
-    assert r.message == 'body.expires_at: an offer expiry in the future is required'
+    assert r.message == "body.expires_at: an offer expiry in the future is required"
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.expires_at"})
 
 
@@ -265,7 +304,9 @@ def test_a_new_offer_supersedes_the_open_one_and_withdraws_it_first() -> None:
     out = events(state, "work_offer", offer("w3", offer_id="off-2"), "coord")
     assert [e.type for e in out] == ["work.offers_withdrawn", "work.offered"]
     assert out[0].work_offers_withdrawn == wp.WorkOffersWithdrawn(
-        work_item_id="wi", offer_ids=["off-1"], candidate_ids=["w2", "worker"],
+        work_item_id="wi",
+        offer_ids=["off-1"],
+        candidate_ids=["w2", "worker"],
         reason=wp.OFFER_WITHDRAWAL_REASON_SUPERSEDED,
     )
     assert out[1].work_offered.previous_state == WS.WORK_ITEM_STATE_OFFERED
@@ -273,7 +314,7 @@ def test_a_new_offer_supersedes_the_open_one_and_withdraws_it_first() -> None:
     assert (item.offers["off-1"].open, item.offers["off-2"].open) == (False, True)
     assert item.revision == state.work_items["wi"].revision + 2
     r = refused(after(state, out), "work_accept_offer", accept("off-1"), "worker")
-    assert r.message == 'offer off-1 was withdrawn (another acceptance won or it was superseded)'
+    assert r.message == "offer off-1 was withdrawn (another acceptance won or it was superseded)"
     assert r.reason == R.REJECTION_REASON_INVALID_TRANSITION
 
 
@@ -297,34 +338,45 @@ def test_an_amended_contract_is_a_new_revision_that_voids_open_offers_and_resolv
     assert item.offers["off-2"].contract_revision == 2
     # MW-10.1-05: the Worker accepts the new revision, not the old one.
     r = refused(after(state, out), "work_accept_offer", accept("off-2", revision=1), "w2")
-    assert r.message == 'accept contract revision 2, not 1 (MW-10.1-05)'
+    assert r.message == "accept contract revision 2, not 1 (MW-10.1-05)"
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_REVISION_MISMATCH, {"current_revision": "2"})
 
 
 @pytest.mark.req("MW-10.1-01")
 def test_an_amended_contract_is_validated_like_an_authorized_one() -> None:
     r = refused(base(), "work_offer", offer(amended_contract=builders.contract(at(0), goal="")), "coord")
-    assert r.message == 'body.amended_contract.goal: a goal of 1..4096 characters is required'
+    assert r.message == "body.amended_contract.goal: a goal of 1..4096 characters is required"
     assert r.metadata == {"field": "body.amended_contract.goal"}
 
 
 @pytest.mark.req("MW-10.4-04")
 def test_amended_dependencies_that_close_a_cycle_are_refused() -> None:
-    state = GROUP.run(base(), "work_authorize", authorize("dep", contract=builders.contract(at(0), depends_on=("wi",))),
-                      "coord")
+    state = GROUP.run(
+        base(),
+        "work_authorize",
+        authorize("dep", contract=builders.contract(at(0), depends_on=("wi",))),
+        "coord",
+    )
     amended = builders.contract(at(0), depends_on=("dep",))
     r = refused(state, "work_offer", offer(amended_contract=amended), "coord")
-    assert r.message == 'the amended dependencies of wi form a cycle'
+    assert r.message == "the amended dependencies of wi form a cycle"
     assert r.reason == R.REJECTION_REASON_DEPENDENCY_CYCLE
 
 
 @pytest.mark.req("MW-10.4-03")
 def test_the_current_contract_is_offered_only_once_its_dependencies_are_satisfied() -> None:
     state = GROUP.run(base(), "work_authorize", authorize("dep"), "coord")
-    state = GROUP.run(state, "work_authorize", authorize("late", contract=builders.contract(at(0), depends_on=("dep",))),
-                      "coord")
+    state = GROUP.run(
+        state,
+        "work_authorize",
+        authorize("late", contract=builders.contract(at(0), depends_on=("dep",))),
+        "coord",
+    )
     r = refused(state, "work_offer", offer(work_item_id="late"), "coord")
-    assert r.message == 'work.offer: the dependencies of late do not satisfy its dependency policy yet (MW-10.4-03)'
+    assert (
+        r.message
+        == "work.offer: the dependencies of late do not satisfy its dependency policy yet (MW-10.4-03)"
+    )
     assert r.reason == R.REJECTION_REASON_PRECONDITION_FAILED
     # An amended contract is a new revision: its dependencies are judged when it is accepted.
     amended = builders.contract(at(0), depends_on=("dep",))
@@ -339,7 +391,11 @@ def test_an_extension_adds_candidates_to_the_open_offer_and_keeps_their_criteria
     out = events(state, "work_offer", body, "coord")
     assert [e.type for e in out] == ["work.offered"]  # the extended offer is not withdrawn
     p = out[0].work_offered
-    assert (p.offer_id, list(p.candidate_ids), p.extends_offer_id) == ("off-1", ["worker", "w2", "w3"], "off-1")
+    assert (p.offer_id, list(p.candidate_ids), p.extends_offer_id) == (
+        "off-1",
+        ["worker", "w2", "w3"],
+        "off-1",
+    )
     item = after(state, out).work_items["wi"]
     assert item.offers["off-1"] == OfferState("off-1", ("worker", "w2", "w3"), at(7), 1)
     criteria = {c.candidate_id: c.rank for c in item.offer_criteria["off-1"]}
@@ -349,12 +405,12 @@ def test_an_extension_adds_candidates_to_the_open_offer_and_keeps_their_criteria
 @pytest.mark.req("MW-10.2-T03")
 def test_only_an_open_offer_is_extended() -> None:
     r = refused(offered(), "work_offer", offer("w2", offer_id="", extends_offer_id="off-9"), "coord")
-    assert r.message == 'no open offer off-9 to extend'
+    assert r.message == "no open offer off-9 to extend"
     assert r.reason == R.REJECTION_REASON_NOT_FOUND
     state = offered()
     state.work_items["wi"].offers["off-1"].open = False
     r = refused(state, "work_offer", offer("w2", offer_id="", extends_offer_id="off-1"), "coord")
-    assert r.message == 'no open offer off-1 to extend'
+    assert r.message == "no open offer off-1 to extend"
     assert r.reason == R.REJECTION_REASON_NOT_FOUND
 
 
@@ -366,7 +422,7 @@ def test_an_extension_stays_within_eight_candidates() -> None:
     state.members["m6"] = copy.deepcopy(state.members["m5"])
     state.members["m6"].member_id = "m6"
     r = refused(state, "work_offer", offer(*extra, "m6", offer_id="", extends_offer_id="off-1"), "coord")
-    assert r.message == 'body.candidate_ids: the extended offer would have more than 8 candidates'
+    assert r.message == "body.candidate_ids: the extended offer would have more than 8 candidates"
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.candidate_ids"})
 
 
@@ -390,16 +446,29 @@ def test_the_first_acceptance_wins_a_new_ownership_epoch_and_withdraws_every_oth
     out = events(state, "work_accept_offer", accept(schedule=wp.ScheduleDisclosure()), "w2")
     assert [e.type for e in out] == ["work.offer_accepted", "work.offers_withdrawn"]
     assert out[0].work_offer_accepted == wp.WorkOfferAccepted(
-        work_item_id="wi", offer_id="off-1", agent_id="w2",
+        work_item_id="wi",
+        offer_id="off-1",
+        agent_id="w2",
         ownership=wp.OwnershipGrant(
-            work_item_id="wi", agent_id="w2", ownership_epoch=1, granted_at=ts(0), start_deadline=ts(2),
-            lease_kind=wp.WORK_LEASE_KIND_OWNERSHIP, expires_at=ts(2), offer_id="off-1", contract_revision=1,
+            work_item_id="wi",
+            agent_id="w2",
+            ownership_epoch=1,
+            granted_at=ts(0),
+            start_deadline=ts(2),
+            lease_kind=wp.WORK_LEASE_KIND_OWNERSHIP,
+            expires_at=ts(2),
+            offer_id="off-1",
+            contract_revision=1,
         ),
-        selection_criteria=builders.selection("w2"), schedule=wp.ScheduleDisclosure(),
+        selection_criteria=builders.selection("w2"),
+        schedule=wp.ScheduleDisclosure(),
     )
     assert out[1].work_offers_withdrawn == wp.WorkOffersWithdrawn(
-        work_item_id="wi", offer_ids=["off-1"], candidate_ids=["w2", "worker"],
-        reason=wp.OFFER_WITHDRAWAL_REASON_ACCEPTED_ELSEWHERE, winning_offer_id="off-1",
+        work_item_id="wi",
+        offer_ids=["off-1"],
+        candidate_ids=["w2", "worker"],
+        reason=wp.OFFER_WITHDRAWAL_REASON_ACCEPTED_ELSEWHERE,
+        winning_offer_id="off-1",
     )
     item = after(state, out).work_items["wi"]
     assert item.state == WS.WORK_ITEM_STATE_QUEUED
@@ -407,7 +476,7 @@ def test_the_first_acceptance_wins_a_new_ownership_epoch_and_withdraws_every_oth
     assert (item.last_ownership_epoch, item.offers["off-1"].open) == (1, False)
     assert item.revision == state.work_items["wi"].revision + 2
     r = refused(after(state, out), "work_accept_offer", accept(), "worker")
-    assert r.message == 'offer off-1 was withdrawn (another acceptance won or it was superseded)'
+    assert r.message == "offer off-1 was withdrawn (another acceptance won or it was superseded)"
     assert r.reason == R.REJECTION_REASON_INVALID_TRANSITION  # the loser's offer is gone
 
 
@@ -428,8 +497,11 @@ def test_other_open_offers_are_withdrawn_with_the_accepted_one() -> None:
     state.work_items["wi"].offers["off-0"] = OfferState("off-0", ("w3",), at(5), 1)
     out = events(state, "work_accept_offer", accept(), "worker")
     assert out[1].work_offers_withdrawn == wp.WorkOffersWithdrawn(
-        work_item_id="wi", offer_ids=["off-0", "off-1"], candidate_ids=["w3", "worker"],
-        reason=wp.OFFER_WITHDRAWAL_REASON_ACCEPTED_ELSEWHERE, winning_offer_id="off-1",
+        work_item_id="wi",
+        offer_ids=["off-0", "off-1"],
+        candidate_ids=["w3", "worker"],
+        reason=wp.OFFER_WITHDRAWAL_REASON_ACCEPTED_ELSEWHERE,
+        winning_offer_id="off-1",
     )
     item = after(state, out).work_items["wi"]
     assert not item.offers["off-0"].open
@@ -456,14 +528,14 @@ def test_the_ownership_lease_defaults_to_ten_minutes_without_a_start_deadline() 
 
 @pytest.mark.req("MW-10.2-T04")
 def test_acceptance_of_an_unknown_offer_is_not_found() -> None:
-    r = refused(offered(), 'work_accept_offer', accept('off-9'), 'worker')
-    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, 'no offer off-9 for wi')
+    r = refused(offered(), "work_accept_offer", accept("off-9"), "worker")
+    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, "no offer off-9 for wi")
 
 
 @pytest.mark.req("MW-10.2-T04")
 def test_only_a_candidate_accepts() -> None:
     r = refused(offered(), "work_accept_offer", accept(), "w2")
-    assert r.message == 'w2 is not a candidate of off-1'
+    assert r.message == "w2 is not a candidate of off-1"
     assert r.reason == R.REJECTION_REASON_PERMISSION_DENIED
 
 
@@ -472,7 +544,7 @@ def test_an_expired_offer_is_not_accepted_and_expiry_appends_nothing() -> None:
     state = offered()
     assert events(state, "work_accept_offer", accept(), "worker", ctx_at(4.99))
     r = refused(state, "work_accept_offer", accept(), "worker", ctx_at(5))
-    assert r.message == 'offer off-1 expired at 2026-06-01T12:05:00+00:00'
+    assert r.message == "offer off-1 expired at 2026-06-01T12:05:00+00:00"
     assert r.reason == R.REJECTION_REASON_OFFER_EXPIRED
     assert state.work_items["wi"].state == WS.WORK_ITEM_STATE_OFFERED
 
@@ -481,14 +553,17 @@ def test_an_expired_offer_is_not_accepted_and_expiry_appends_nothing() -> None:
 def test_an_open_offer_of_a_work_item_no_longer_offered_is_not_accepted() -> None:
     state = offered()
     state.work_items["wi"].state = WS.WORK_ITEM_STATE_BLOCKED
-    r = refused(state, 'work_accept_offer', accept(), 'worker')
-    assert (r.reason, r.message) == (R.REJECTION_REASON_INVALID_TRANSITION, 'work.accept_offer is not allowed from blocked (MW-10.2-05)')
+    r = refused(state, "work_accept_offer", accept(), "worker")
+    assert (r.reason, r.message) == (
+        R.REJECTION_REASON_INVALID_TRANSITION,
+        "work.accept_offer is not allowed from blocked (MW-10.2-05)",
+    )
 
 
 @pytest.mark.req("MW-10.1-05")
 def test_acceptance_names_the_current_contract_revision() -> None:
     r = refused(offered(), "work_accept_offer", accept(revision=2), "worker")
-    assert r.message == 'accept contract revision 1, not 2 (MW-10.1-05)'
+    assert r.message == "accept contract revision 1, not 2 (MW-10.1-05)"
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_REVISION_MISMATCH, {"current_revision": "1"})
 
 
@@ -496,10 +571,10 @@ def test_acceptance_names_the_current_contract_revision() -> None:
 def test_no_acceptance_while_a_material_ambiguity_is_open() -> None:
     state = offered()
     state.work_items["wi"].open_ambiguities.add("amb-1")
-    r = refused(state, 'work_accept_offer', accept(), 'worker')
+    r = refused(state, "work_accept_offer", accept(), "worker")
     assert (r.reason, r.message) == (
         R.REJECTION_REASON_PRECONDITION_FAILED,
-        'material ambiguities are unresolved (amb-1); the Coordinator amends the contract or replaces the WorkItem first (MW-10.1-03/04)',
+        "material ambiguities are unresolved (amb-1); the Coordinator amends the contract or replaces the WorkItem first (MW-10.1-03/04)",
     )
 
 
@@ -509,17 +584,21 @@ def test_no_acceptance_once_the_deadline_has_passed() -> None:
     state.work_items["wi"].contract.deadline.CopyFrom(ts(3))
     assert events(state, "work_accept_offer", accept(), "worker", ctx_at(2.99))
     r = refused(state, "work_accept_offer", accept(), "worker", ctx_at(3))
-    assert r.message == 'the deadline of wi has passed'
+    assert r.message == "the deadline of wi has passed"
     assert r.reason == R.REJECTION_REASON_PRECONDITION_FAILED
 
 
 @pytest.mark.req("MW-10.3-07", "MW-10.4-03")
 def test_no_acceptance_before_the_dependencies_are_satisfied() -> None:
     state = GROUP.run(base(), "work_authorize", authorize("dep"), "coord")
-    state = GROUP.run(state, "work_offer", offer(amended_contract=builders.contract(at(0), depends_on=("dep",))),
-                      "coord")
+    state = GROUP.run(
+        state, "work_offer", offer(amended_contract=builders.contract(at(0), depends_on=("dep",))), "coord"
+    )
     r = refused(state, "work_accept_offer", accept(revision=2), "worker")
-    assert r.message == 'work.accept_offer: the dependencies of wi do not satisfy its dependency policy yet (MW-10.4-03)'
+    assert (
+        r.message
+        == "work.accept_offer: the dependencies of wi do not satisfy its dependency policy yet (MW-10.4-03)"
+    )
     assert r.reason == R.REJECTION_REASON_PRECONDITION_FAILED
     state.work_items["dep"].state = WS.WORK_ITEM_STATE_VERIFIED
     assert events(state, "work_accept_offer", accept(revision=2), "worker")
@@ -529,7 +608,7 @@ def test_no_acceptance_before_the_dependencies_are_satisfied() -> None:
 def test_the_membership_declares_every_required_capability() -> None:
     state = _needs_python(offered("w3", "worker"))
     r = refused(state, "work_accept_offer", accept(), "w3")
-    assert r.message == 'w3 lacks capability code.python >= 3.12 in its Membership'
+    assert r.message == "w3 lacks capability code.python >= 3.12 in its Membership"
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_PRECONDITION_FAILED, {"capability": "code.python"})
     assert events(state, "work_accept_offer", accept(), "worker")
 
@@ -563,7 +642,9 @@ def test_a_provisional_worker_accepting_is_activated_in_the_same_append() -> Non
 
 def decline(reason: int = wp.DECLINE_REASON_CAPACITY, **fields: object) -> wp.WorkDeclineOffer:
     return wp.WorkDeclineOffer(
-        work_item_id="wi", offer_id="off-1", decline=wp.StructuredDecline(reason=reason, **fields)  # type: ignore[arg-type]
+        work_item_id="wi",
+        offer_id="off-1",
+        decline=wp.StructuredDecline(reason=reason, **fields),  # type: ignore[arg-type]
     )
 
 
@@ -585,15 +666,15 @@ def test_a_decline_records_the_structured_reason_and_changes_nothing_else() -> N
 @pytest.mark.req("MW-10.3-08")
 def test_only_an_open_offer_is_declined_and_only_by_its_candidate() -> None:
     state = offered()
-    r = refused(state, 'work_decline_offer', decline(), 'w2')
-    assert (r.reason, r.message) == (R.REJECTION_REASON_PERMISSION_DENIED, 'w2 is not a candidate of off-1')
+    r = refused(state, "work_decline_offer", decline(), "w2")
+    assert (r.reason, r.message) == (R.REJECTION_REASON_PERMISSION_DENIED, "w2 is not a candidate of off-1")
     body = decline()
     body.offer_id = "off-9"
-    r = refused(state, 'work_decline_offer', body, 'worker')
-    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, 'no open offer off-9')
+    r = refused(state, "work_decline_offer", body, "worker")
+    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, "no open offer off-9")
     state.work_items["wi"].offers["off-1"].open = False
-    r = refused(state, 'work_decline_offer', decline(), 'worker')
-    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, 'no open offer off-1')
+    r = refused(state, "work_decline_offer", decline(), "worker")
+    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, "no open offer off-1")
 
 
 @pytest.mark.req("MW-10.3-09", "OP-15")
@@ -646,9 +727,6 @@ def test_standard_and_namespaced_declines_are_accepted(reason: int, fields: dict
     assert out[0].work_offer_declined.decline == wp.StructuredDecline(reason=reason, **fields)  # type: ignore[arg-type]
 
 
-
-
-
 @pytest.mark.req("MW-10.2-T03", "MW-10.3-10")
 def test_extending_an_offer_with_no_recorded_criteria_records_the_new_ones() -> None:
     state = offered()
@@ -660,8 +738,12 @@ def test_extending_an_offer_with_no_recorded_criteria_records_the_new_ones() -> 
 
 @pytest.mark.req("MW-7.1-13", "MW-10.2-T03")
 def test_an_emergency_offer_by_the_mission_owner_records_the_override_and_its_reason() -> None:
-    body = offer(coordinator_epoch=0, emergency_override=True, override_reason="the Coordinator is unreachable")
+    body = offer(
+        coordinator_epoch=0, emergency_override=True, override_reason="the Coordinator is unreachable"
+    )
     p = events(base(), "work_offer", body, "alice")[0].work_offered
     assert (p.emergency_override, p.override_reason, p.coordinator_epoch) == (
-        True, "the Coordinator is unreachable", 0
+        True,
+        "the Coordinator is unreachable",
+        0,
     )

@@ -39,7 +39,9 @@ LATER = NOW + timedelta(minutes=10)  # reconnected: past the expiry and the grac
 IN_GRACE = EXPIRY + timedelta(seconds=30)  # buffered after the lease expired, inside the grace
 
 
-def refused(state: GroupState, kind: str, b: wp.BoundedOfflineExecutionBinding, body: object = None) -> Rejected:
+def refused(
+    state: GroupState, kind: str, b: wp.BoundedOfflineExecutionBinding, body: object = None
+) -> Rejected:
     """Refused whole: a Rejected, no events, the state untouched (decide never writes)."""
     before = copy.deepcopy(state)
     decision = decide(state, buffered(state, kind, b, body), LATER)  # type: ignore[arg-type]
@@ -81,7 +83,9 @@ def test_the_authority_supports_the_critical_binding_and_requires_it_critical() 
 def test_only_progress_checkpoints_and_messages_are_buffered(kind: str) -> None:
     b = binding(BASE, IN_GRACE)
     body = {
-        "work_submit": wp.WorkSubmit(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, contract_revision=1),
+        "work_submit": wp.WorkSubmit(
+            work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, contract_revision=1
+        ),
         "work_renew_lease": wp.WorkRenewLease(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1),
         "work_block": wp.WorkBlock(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1),
     }[kind]
@@ -130,10 +134,16 @@ def test_a_binding_that_does_not_match_its_command_is_refused(name: str, value: 
 def test_a_negative_or_foreign_currency_delta_is_refused() -> None:
     negative = common_pb2.ResourceVector(currency="EUR", financial_micros=-5)
     rejection = refused(BASE, "work_report_progress", binding(BASE, IN_GRACE, usage=negative))
-    assert (rejection.reason, rejection.metadata["check"]) == (R.REJECTION_REASON_OFFLINE_BINDING_INVALID, "negative")
+    assert (rejection.reason, rejection.metadata["check"]) == (
+        R.REJECTION_REASON_OFFLINE_BINDING_INVALID,
+        "negative",
+    )
     foreign = common_pb2.ResourceVector(currency="USD", financial_micros=5)
     rejection = refused(BASE, "work_report_progress", binding(BASE, IN_GRACE, usage=foreign))
-    assert (rejection.metadata["field"], rejection.metadata["check"]) == ("binding.usage_delta.currency", "currency")
+    assert (rejection.metadata["field"], rejection.metadata["check"]) == (
+        "binding.usage_delta.currency",
+        "currency",
+    )
 
 
 @pytest.mark.req("MW-11.5-08")
@@ -162,8 +172,16 @@ def test_buffered_after_the_grace_deadline_is_refused_and_within_it_accepted() -
     [
         # The Worker claims a longer grace than the contract's 120 s: checked against the record (OP-05).
         ("grace_deadline", {"grace_deadline": to_timestamp(EXPIRY + timedelta(seconds=121))}, IN_GRACE),
-        ("before_lease_start", {"disconnected_at": to_timestamp(NOW - timedelta(seconds=2))}, NOW - timedelta(seconds=1)),
-        ("disconnected_after_expiry", {"disconnected_at": to_timestamp(EXPIRY + timedelta(seconds=1))}, IN_GRACE),
+        (
+            "before_lease_start",
+            {"disconnected_at": to_timestamp(NOW - timedelta(seconds=2))},
+            NOW - timedelta(seconds=1),
+        ),
+        (
+            "disconnected_after_expiry",
+            {"disconnected_at": to_timestamp(EXPIRY + timedelta(seconds=1))},
+            IN_GRACE,
+        ),
         ("in_future", {}, LATER + timedelta(seconds=1)),
     ],
 )
@@ -187,20 +205,30 @@ def test_a_zero_grace_period_allows_no_offline_continuation() -> None:
     state = started(with_mission(), contract=work_contract(grace_s=0))
     b = binding(state, NOW + timedelta(seconds=40))  # even before the expiry
     rejection = refused(state, "work_report_progress", b)
-    assert (rejection.reason, rejection.metadata["check"]) == (R.REJECTION_REASON_OFFLINE_OUTSIDE_WINDOW, "no_grace_period")
+    assert (rejection.reason, rejection.metadata["check"]) == (
+        R.REJECTION_REASON_OFFLINE_OUTSIDE_WINDOW,
+        "no_grace_period",
+    )
 
 
 @pytest.mark.req("MW-11.5-10")
 def test_buffered_after_the_lease_ended_is_refused() -> None:
     # The lease was released by an (online) checkpoint at NOW + 40 s; ownership stays.
-    body = wp.WorkCheckpoint(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, checkpoint=wp.Checkpoint())
+    body = wp.WorkCheckpoint(
+        work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, checkpoint=wp.Checkpoint()
+    )
     at = NOW + timedelta(seconds=40)
     state = apply(BASE, command(BASE, "work_checkpoint", body, "worker", at=at), at)
     assert state.work_items["wi"].lease_history[LEASE_ID].end_kind == wp.LEASE_END_KIND_RELEASED
     rejection = refused(state, "work_report_progress", binding(state, NOW + timedelta(seconds=45)))
     assert rejection.reason == R.REJECTION_REASON_OFFLINE_AFTER_LEASE_END
-    assert (rejection.metadata["rule"], rejection.metadata["end_kind"]) == ("lease_ended", "LEASE_END_KIND_RELEASED")
-    accepted(state, "work_report_progress", binding(state, NOW + timedelta(seconds=35)))  # buffered before it ended
+    assert (rejection.metadata["rule"], rejection.metadata["end_kind"]) == (
+        "lease_ended",
+        "LEASE_END_KIND_RELEASED",
+    )
+    accepted(
+        state, "work_report_progress", binding(state, NOW + timedelta(seconds=35))
+    )  # buffered before it ended
 
 
 @pytest.mark.req("MW-11.5-10")
@@ -220,8 +248,12 @@ def test_buffered_before_a_newer_lease_is_refused_as_stale_and_after_its_start_a
 def test_buffered_after_an_ownership_change_is_refused() -> None:
     # The Coordinator re-offers the WorkItem once the owner's lease expired; the Worker accepts again.
     offer = wp.WorkOffer(
-        work_item_id="wi", offer_id="off-2", candidate_ids=["worker"], expires_at=to_timestamp(LATER + timedelta(minutes=5)),
-        selection_criteria=[builders.selection("worker")], coordinator_epoch=1,
+        work_item_id="wi",
+        offer_id="off-2",
+        candidate_ids=["worker"],
+        expires_at=to_timestamp(LATER + timedelta(minutes=5)),
+        selection_criteria=[builders.selection("worker")],
+        coordinator_epoch=1,
     )
     at = NOW + timedelta(minutes=4)  # the ownership lease has lapsed too
     offered = apply(BASE, command(BASE, "work_offer", offer, "coord", at=at), at)
@@ -244,8 +276,13 @@ def test_buffered_messages_outside_the_work_item_conversation_are_refused() -> N
     assert [e.WhichOneof("payload") for e in events] == ["resource_usage_recorded", "message_posted"]
     rejection = refused(BASE, "message_post", b, builders.message(planning, "elsewhere"))
     assert rejection.reason == R.REJECTION_REASON_OFFLINE_OUTSIDE_CONVERSATION
-    assert (rejection.metadata["rule"], rejection.metadata["conversation_id"]) == ("conversation", item.conversation_id)
-    rejection = refused(BASE, "message_post", binding(BASE, IN_GRACE, conversation_id=planning), builders.message(planning))
+    assert (rejection.metadata["rule"], rejection.metadata["conversation_id"]) == (
+        "conversation",
+        item.conversation_id,
+    )
+    rejection = refused(
+        BASE, "message_post", binding(BASE, IN_GRACE, conversation_id=planning), builders.message(planning)
+    )
     assert rejection.reason == R.REJECTION_REASON_OFFLINE_OUTSIDE_CONVERSATION
     rejection = refused(BASE, "work_report_progress", binding(BASE, IN_GRACE, conversation_id=planning))
     assert rejection.reason == R.REJECTION_REASON_OFFLINE_OUTSIDE_CONVERSATION
@@ -259,7 +296,9 @@ def test_buffered_messages_outside_the_work_item_conversation_are_refused() -> N
         ("expiry", {"historical_lease_expires_at": to_timestamp(EXPIRY + timedelta(seconds=1))}),
     ],
 )
-def test_the_historical_lease_is_the_one_the_authority_recorded(check: str, overrides: dict[str, object]) -> None:
+def test_the_historical_lease_is_the_one_the_authority_recorded(
+    check: str, overrides: dict[str, object]
+) -> None:
     rejection = refused(BASE, "work_report_progress", binding(BASE, IN_GRACE, **overrides))
     assert rejection.reason == R.REJECTION_REASON_OFFLINE_LEASE_UNKNOWN
     assert (rejection.metadata["rule"], rejection.metadata["check"]) == ("historical_lease", check)
@@ -282,7 +321,13 @@ def test_the_lease_history_is_bounded() -> None:
 def test_a_rebased_command_from_the_new_session_is_accepted_under_the_historical_lease() -> None:
     b = binding(BASE, IN_GRACE)
     accepted(BASE, "work_report_progress", b)  # session 2; the lease was session 1's
-    online = command(BASE, "work_report_progress", buffered(BASE, "work_report_progress", b).work_report_progress, "worker", session=2)
+    online = command(
+        BASE,
+        "work_report_progress",
+        buffered(BASE, "work_report_progress", b).work_report_progress,
+        "worker",
+        session=2,
+    )
     assert decide(BASE, online, NOW + timedelta(seconds=10)).reason == R.REJECTION_REASON_LEASE_STALE  # type: ignore[union-attr]
     stale = buffered(BASE, "work_report_progress", b)
     stale.membership_epoch -= 1  # not rebased to the current Membership epoch
@@ -290,7 +335,10 @@ def test_a_rebased_command_from_the_new_session_is_accepted_under_the_historical
 
 
 @pytest.mark.req("MW-11.5-11", "MW-11.5-12")
-@pytest.mark.parametrize(("kind", "applied"), [("work_report_progress", "work_progress_reported"), ("work_checkpoint", "work_checkpointed")])
+@pytest.mark.parametrize(
+    ("kind", "applied"),
+    [("work_report_progress", "work_progress_reported"), ("work_checkpoint", "work_checkpointed")],
+)
 def test_the_usage_event_comes_first_in_the_same_append_naming_both_sessions(kind: str, applied: str) -> None:
     usage = common_pb2.ResourceVector(currency="EUR", tokens=300, financial_micros=2_000)
     events = accepted(BASE, kind, binding(BASE, IN_GRACE, usage=usage))
@@ -308,7 +356,9 @@ def test_the_usage_event_comes_first_in_the_same_append_naming_both_sessions(kin
 
 @pytest.mark.req("MW-11.5-12")
 def test_a_zero_delta_records_no_usage_event() -> None:
-    events = accepted(BASE, "work_report_progress", binding(BASE, IN_GRACE, usage=common_pb2.ResourceVector()))
+    events = accepted(
+        BASE, "work_report_progress", binding(BASE, IN_GRACE, usage=common_pb2.ResourceVector())
+    )
     assert [e.WhichOneof("payload") for e in events] == ["work_progress_reported"]
 
 
@@ -338,9 +388,13 @@ def test_an_overflow_of_an_enclosing_grant_refuses_charge_and_progress() -> None
     state = apply(state, command(state, "work_authorize", root, "coord"))
     caps = common_pb2.ResourceVector(currency="EUR", financial_micros=1_000_000, tokens=10_000, tool_calls=50)
     grant = membership_pb2.MembershipGrantDelegation(
-        grantee_id="lead", target_work_item_id="root", caps=caps, max_descendant_depth=1,
+        grantee_id="lead",
+        target_work_item_id="root",
+        caps=caps,
+        max_descendant_depth=1,
         allowed_capabilities=[membership_pb2.Capability(capability_id="code.python", version="3.11")],
-        expires_at=to_timestamp(NOW + timedelta(hours=1)), coordinator_epoch=1,
+        expires_at=to_timestamp(NOW + timedelta(hours=1)),
+        coordinator_epoch=1,
     )
     state = apply(state, command(state, "membership_grant_delegation", grant, "coord"))
     [grant_id] = state.grants
@@ -351,4 +405,8 @@ def test_an_overflow_of_an_enclosing_grant_refuses_charge_and_progress() -> None
     rejection = refused(state, "work_report_progress", binding(state, IN_GRACE, usage=over))
     assert rejection.reason == R.REJECTION_REASON_BUDGET_EXCEEDED
     assert (rejection.metadata["budget"], rejection.metadata["grant_id"]) == ("grant", grant_id)
-    accepted(state, "work_report_progress", binding(state, IN_GRACE, usage=common_pb2.ResourceVector(tokens=10_000)))
+    accepted(
+        state,
+        "work_report_progress",
+        binding(state, IN_GRACE, usage=common_pb2.ResourceVector(tokens=10_000)),
+    )

@@ -48,12 +48,18 @@ def group() -> GroupState:
     state = apply(state, command(state, "work_authorize", root, "coord"))
     caps = common_pb2.ResourceVector(currency="EUR", financial_micros=1_000_000, tokens=10_000, tool_calls=50)
     grant = membership_pb2.MembershipGrantDelegation(
-        grantee_id="lead", target_work_item_id="root", caps=caps, max_descendant_depth=1,
+        grantee_id="lead",
+        target_work_item_id="root",
+        caps=caps,
+        max_descendant_depth=1,
         allowed_capabilities=[membership_pb2.Capability(capability_id="code.python", version="3.11")],
-        expires_at=to_timestamp(NOW + timedelta(hours=1)), coordinator_epoch=1,
+        expires_at=to_timestamp(NOW + timedelta(hours=1)),
+        coordinator_epoch=1,
     )
     state = apply(state, command(state, "membership_grant_delegation", grant, "coord"))
-    state = started(state, "wd", work_contract(tokens=6_000), grant_id=next(iter(state.grants)), parent="root")
+    state = started(
+        state, "wd", work_contract(tokens=6_000), grant_id=next(iter(state.grants)), parent="root"
+    )
     state.work_items["wd"].contract.budget.tokens = 10_000  # as a Coordinator's amendment would (uncharged)
     state.committed["tokens"] += 4_000  # what "wd" holds of the Mission's budget with it (D162)
     state.grants[next(iter(state.grants))].caps["tokens"] = 6_000
@@ -84,7 +90,9 @@ class OfflineMachine(RuleBasedStateMachine):
     @rule(item=st.sampled_from(ITEMS), tokens=DELTAS)
     def online_usage(self, item: str, tokens: int) -> None:
         body = wp.WorkRenewLease(
-            work_item_id=item, lease_id=LEASE_ID, ownership_epoch=1,
+            work_item_id=item,
+            lease_id=LEASE_ID,
+            ownership_epoch=1,
             usage_delta=common_pb2.ResourceVector(currency="EUR", tokens=tokens),
         )
         self._decide(command(self.state, "work_renew_lease", body, "worker", session=1, at=self.now))

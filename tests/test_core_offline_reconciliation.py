@@ -36,8 +36,14 @@ USAGE_DELTA = common_pb2.ResourceVector(currency="EUR", tokens=300)
 
 def offline_usage(c: object, b: wp.BoundedOfflineExecutionBinding) -> wp.ResourceUsageRecorded:
     return wp.ResourceUsageRecorded(
-        work_item_id="wi", delta=USAGE_DELTA, agent_id="worker", lease_id=LEASE_ID, ownership_epoch=1,
-        execution_session_epoch=1, reporting_session_epoch=2, source=wp.USAGE_SOURCE_OFFLINE_RECONCILIATION,
+        work_item_id="wi",
+        delta=USAGE_DELTA,
+        agent_id="worker",
+        lease_id=LEASE_ID,
+        ownership_epoch=1,
+        execution_session_epoch=1,
+        reporting_session_epoch=2,
+        source=wp.USAGE_SOURCE_OFFLINE_RECONCILIATION,
         command_id=c.command_id,  # type: ignore[attr-defined]
         work_item_used=common_pb2.ResourceVector(currency="EUR", tokens=300),
         mission_used=common_pb2.ResourceVector(currency="EUR", tokens=300),
@@ -50,17 +56,30 @@ def test_a_buffered_checkpoint_is_charged_first_then_releases_the_historical_lea
     c = buffered(BASE, "work_checkpoint", b)
     decision = decide(BASE, c, LATER)
     ownership = wp.OwnershipGrant(
-        work_item_id="wi", agent_id="worker", ownership_epoch=1, granted_at=to_timestamp(LATER),
-        start_deadline=to_timestamp(LATER + timedelta(seconds=120)), lease_kind=wp.WORK_LEASE_KIND_OWNERSHIP,
-        expires_at=to_timestamp(LATER + timedelta(minutes=30)), offer_id="off-wi", contract_revision=1,
+        work_item_id="wi",
+        agent_id="worker",
+        ownership_epoch=1,
+        granted_at=to_timestamp(LATER),
+        start_deadline=to_timestamp(LATER + timedelta(seconds=120)),
+        lease_kind=wp.WORK_LEASE_KIND_OWNERSHIP,
+        expires_at=to_timestamp(LATER + timedelta(minutes=30)),
+        offer_id="off-wi",
+        contract_revision=1,
     )
     checkpointed = wp.WorkCheckpointed(
-        work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, ownership=ownership,
+        work_item_id="wi",
+        lease_id=LEASE_ID,
+        ownership_epoch=1,
+        ownership=ownership,
         checkpoint=wp.Checkpoint(
-            completed_operation_ids=["offline-step"], checkpoint_id=ids.derived_id("ckpt", c.group_id, c.command_id)
+            completed_operation_ids=["offline-step"],
+            checkpoint_id=ids.derived_id("ckpt", c.group_id, c.command_id),
         ),
     )
-    assert events(decision) == [(USAGE, offline_usage(c, b)), ("work.checkpointed", checkpointed)]  # charged once
+    assert events(decision) == [
+        (USAGE, offline_usage(c, b)),
+        ("work.checkpointed", checkpointed),
+    ]  # charged once
     item = evolve_all(BASE, decision).work_items["wi"]
     assert (item.state, item.lease, item.used["tokens"]) == (wp.WORK_ITEM_STATE_QUEUED, None, 300)
 
@@ -84,7 +103,10 @@ def test_a_buffered_report_lacking_its_structure_is_refused_after_the_binding_ch
     c.work_report_progress.report.phase = ""
     rejection = decide(BASE, c, LATER)
     assert isinstance(rejection, Exception)
-    assert (rejection.reason, rejection.metadata["field"]) == (R.REJECTION_REASON_INVALID_ARGUMENT, "body.report")  # type: ignore[attr-defined]
+    assert (rejection.reason, rejection.metadata["field"]) == (
+        R.REJECTION_REASON_INVALID_ARGUMENT,
+        "body.report",
+    )  # type: ignore[attr-defined]
 
 
 @pytest.mark.req("MW-11.5-07")
@@ -102,8 +124,12 @@ def test_buffered_after_the_lease_was_released_names_how_and_when_it_ended() -> 
     body = wp.WorkCheckpoint(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1)
     released_at = NOW + timedelta(seconds=40)
     state = apply(BASE, command(BASE, "work_checkpoint", body, "worker", at=released_at), released_at)
-    rejection = decide(state, buffered(state, "work_report_progress", binding(state, NOW + timedelta(seconds=45))), LATER)
+    rejection = decide(
+        state, buffered(state, "work_report_progress", binding(state, NOW + timedelta(seconds=45))), LATER
+    )
     assert rejection.reason == R.REJECTION_REASON_OFFLINE_AFTER_LEASE_END  # type: ignore[union-attr]
     assert dict(rejection.metadata) == {  # type: ignore[union-attr]
-        "rule": "lease_ended", "end_kind": "LEASE_END_KIND_RELEASED", "ended_at": released_at.isoformat(),
+        "rule": "lease_ended",
+        "end_kind": "LEASE_END_KIND_RELEASED",
+        "ended_at": released_at.isoformat(),
     }

@@ -47,7 +47,10 @@ def test_any_member_proposes_and_no_work_item_exists_yet() -> None:
     out = events(state, "work_propose", body, "w3")
     assert [e.type for e in out] == ["work.proposed"]
     assert out[0].work_proposed == wp.WorkProposed(
-        proposal_id="prop-1", title=body.title, contract=body.contract, parent_work_item_id="wi",
+        proposal_id="prop-1",
+        title=body.title,
+        contract=body.contract,
+        parent_work_item_id="wi",
         rationale="two ledgers",
     )
     later = after(state, out)
@@ -65,14 +68,19 @@ def test_a_proposal_without_an_id_gets_one_derived_and_ids_are_not_reused() -> N
     proposed = GROUP.run(state, "work_propose", propose(), "worker")
     for bad in ("prop-1", "no spaces"):
         r = refused(proposed, "work_propose", propose(proposal_id=bad), "worker")
-        assert r.message == 'body.proposal_id: a valid id not yet used in this Group'
+        assert r.message == "body.proposal_id: a valid id not yet used in this Group"
         assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.proposal_id"})
 
 
 @pytest.mark.req("MW-10.2-T01")
-@pytest.mark.parametrize(("fields", "field"), [
-    ({"title": ""}, "body.title"), ({"title": "x" * 201}, "body.title"), ({"rationale": "x" * 4097}, "body.rationale"),
-])
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"title": ""}, "body.title"),
+        ({"title": "x" * 201}, "body.title"),
+        ({"rationale": "x" * 4097}, "body.rationale"),
+    ],
+)
 def test_a_proposal_has_a_bounded_title_and_rationale(fields: dict[str, str], field: str) -> None:
     r = refused(base(), "work_propose", propose(**fields), "worker")
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": field})
@@ -108,23 +116,39 @@ def test_nothing_is_proposed_or_authorized_in_a_terminal_mission(kind: str) -> N
 @pytest.mark.req("MW-10.2-T02", "MW-9-02", "MW-10.1-01")
 def test_authorizing_creates_the_work_item_at_revision_one_with_its_conversation() -> None:
     state = GROUP.run(base(), "work_propose", propose(), "worker")
-    body = authorize("wi2", proposal_id="prop-1", parent_work_item_id="wi", contract=builders.contract(NOW, revision=7))
+    body = authorize(
+        "wi2", proposal_id="prop-1", parent_work_item_id="wi", contract=builders.contract(NOW, revision=7)
+    )
     out = events(state, "work_authorize", body, "coord")
     assert [e.type for e in out] == ["work.authorized", "conversation.opened"]
     contract = builders.contract(NOW, revision=1)
     conversation_id = ids.derived_id("conv", "grp_w", "wi2")
     assert out[0].work_authorized == wp.WorkAuthorized(
-        work_item_id="wi2", title="title wi2", contract=contract, proposal_id="prop-1", parent_work_item_id="wi",
-        conversation_id=conversation_id, coordinator_epoch=1,
+        work_item_id="wi2",
+        title="title wi2",
+        contract=contract,
+        proposal_id="prop-1",
+        parent_work_item_id="wi",
+        conversation_id=conversation_id,
+        coordinator_epoch=1,
     )
     assert out[1].conversation_opened == conversation_pb2.ConversationOpened(
-        conversation_id=conversation_id, kind=conversation_pb2.CONVERSATION_KIND_WORK_ITEM, work_item_id="wi2",
+        conversation_id=conversation_id,
+        kind=conversation_pb2.CONVERSATION_KIND_WORK_ITEM,
+        work_item_id="wi2",
         title="title wi2",
     )
     later = after(state, out)
     assert later.work_items["wi2"] == WorkItemState(
-        work_item_id="wi2", state=WS.WORK_ITEM_STATE_OPEN, title="title wi2", contract=contract, contract_revision=1,
-        conversation_id=conversation_id, parent_work_item_id="wi", depends_on=(), created_sequence=out[0].sequence,
+        work_item_id="wi2",
+        state=WS.WORK_ITEM_STATE_OPEN,
+        title="title wi2",
+        contract=contract,
+        contract_revision=1,
+        conversation_id=conversation_id,
+        parent_work_item_id="wi",
+        depends_on=(),
+        created_sequence=out[0].sequence,
     )
     assert later.last_work_change_sequence == out[0].sequence
     assert not later.proposals["prop-1"].open
@@ -133,7 +157,12 @@ def test_authorizing_creates_the_work_item_at_revision_one_with_its_conversation
 @pytest.mark.req("MW-10.2-T02", "MW-10.4-03")
 def test_an_authorized_work_item_records_its_dependencies() -> None:
     state = base()
-    out = events(state, "work_authorize", authorize("wi2", contract=builders.contract(NOW, depends_on=("wi",))), "coord")
+    out = events(
+        state,
+        "work_authorize",
+        authorize("wi2", contract=builders.contract(NOW, depends_on=("wi",))),
+        "coord",
+    )
     assert after(state, out).work_items["wi2"].depends_on == ("wi",)
 
 
@@ -146,7 +175,7 @@ def test_an_authorization_without_an_id_gets_one_derived_and_ids_are_not_reused(
     assert out[0].work_authorized.work_item_id == ids.derived_id("wi", "grp_w", c.command_id)
     for bad in ("wi", "no spaces"):
         r = refused(state, "work_authorize", authorize(bad), "coord")
-        assert r.message == 'body.work_item_id: a valid id not yet used in this Group'
+        assert r.message == "body.work_item_id: a valid id not yet used in this Group"
         assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.work_item_id"})
 
 
@@ -154,7 +183,7 @@ def test_an_authorization_without_an_id_gets_one_derived_and_ids_are_not_reused(
 @pytest.mark.parametrize("title", ["", "x" * 201])
 def test_an_authorized_title_has_one_to_two_hundred_characters(title: str) -> None:
     r = refused(base(), "work_authorize", authorize("wi2", title=title), "coord")
-    assert r.message == 'body.title: 1..200 characters required'
+    assert r.message == "body.title: 1..200 characters required"
     assert (r.reason, r.metadata) == (R.REJECTION_REASON_INVALID_ARGUMENT, {"field": "body.title"})
     assert events(base(), "work_authorize", authorize("wi2", title="x" * 200), "coord")
     assert events(base(), "work_authorize", authorize("wi3", title="x"), "coord")
@@ -162,12 +191,12 @@ def test_an_authorized_title_has_one_to_two_hundred_characters(title: str) -> No
 
 @pytest.mark.req("MW-10.2-T02")
 def test_only_an_open_proposal_is_authorized() -> None:
-    r = refused(base(), 'work_authorize', authorize('wi2', proposal_id='prop-9'), 'coord')
-    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, 'no open proposal prop-9')
+    r = refused(base(), "work_authorize", authorize("wi2", proposal_id="prop-9"), "coord")
+    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, "no open proposal prop-9")
     state = GROUP.run(base(), "work_propose", propose(), "worker")
     state = GROUP.run(state, "work_authorize", authorize("wi2", proposal_id="prop-1"), "coord")
-    r = refused(state, 'work_authorize', authorize('wi3', proposal_id='prop-1'), 'coord')
-    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, 'no open proposal prop-1')
+    r = refused(state, "work_authorize", authorize("wi3", proposal_id="prop-1"), "coord")
+    assert (r.reason, r.message) == (R.REJECTION_REASON_NOT_FOUND, "no open proposal prop-1")
 
 
 @pytest.mark.req("MW-10.2-T02")
@@ -179,10 +208,10 @@ def test_an_authorized_parent_exists() -> None:
 
 @pytest.mark.req("MW-9.1-18")
 def test_a_worker_authorizes_nothing() -> None:
-    r = refused(base(), 'work_authorize', authorize('wi2'), 'worker')
+    r = refused(base(), "work_authorize", authorize("wi2"), "worker")
     assert (r.reason, r.message) == (
         R.REJECTION_REASON_PERMISSION_DENIED,
-        'a worker may not issue work.authorize; it is issued by: mission_owner, coordinator, work_delegate (docs/authorization.md)',
+        "a worker may not issue work.authorize; it is issued by: mission_owner, coordinator, work_delegate (docs/authorization.md)",
     )
 
 
@@ -275,7 +304,12 @@ def _broken(name: str) -> tuple[wp.WorkContract, str]:
         case "long notes":
             c.notes = "n" * (16 * 1024 + 1)
             return c, f"{f}.notes"
-    for policy in ("start_deadline", "execution_lease_duration", "checkpoint_ownership_duration", "blocked_lease_duration"):
+    for policy in (
+        "start_deadline",
+        "execution_lease_duration",
+        "checkpoint_ownership_duration",
+        "blocked_lease_duration",
+    ):
         if name == policy:
             getattr(c.time_policy, policy).CopyFrom(_seconds(0.5))
             return c, f"{f}.time_policy.{policy}"
@@ -283,11 +317,34 @@ def _broken(name: str) -> tuple[wp.WorkContract, str]:
 
 
 BROKEN = [
-    "no goal", "long goal", "no deliverables", "deliverable id", "deliverable description", "no criteria",
-    "criterion id", "criterion description", "criterion methods", "capability id", "capability version",
-    "no deadline", "past deadline", "no urgency", "no impact", "long impact note", "no budget", "currency code",
-    "other currency", "no retry policy", "no attempts", "no time policy", "no cost policy", "no risk class",
-    "long notes", "start_deadline", "execution_lease_duration", "checkpoint_ownership_duration",
+    "no goal",
+    "long goal",
+    "no deliverables",
+    "deliverable id",
+    "deliverable description",
+    "no criteria",
+    "criterion id",
+    "criterion description",
+    "criterion methods",
+    "capability id",
+    "capability version",
+    "no deadline",
+    "past deadline",
+    "no urgency",
+    "no impact",
+    "long impact note",
+    "no budget",
+    "currency code",
+    "other currency",
+    "no retry policy",
+    "no attempts",
+    "no time policy",
+    "no cost policy",
+    "no risk class",
+    "long notes",
+    "start_deadline",
+    "execution_lease_duration",
+    "checkpoint_ownership_duration",
     "blocked_lease_duration",
 ]
 
@@ -315,7 +372,12 @@ _SAID = {
     "risk_class": "a risk classification is required",
     "notes": "at most 16 KiB of prose",
 }
-for _policy in ("start_deadline", "execution_lease_duration", "checkpoint_ownership_duration", "blocked_lease_duration"):
+for _policy in (
+    "start_deadline",
+    "execution_lease_duration",
+    "checkpoint_ownership_duration",
+    "blocked_lease_duration",
+):
     _SAID[_policy] = "must lie within 1 s .. 24 h"
 
 
@@ -343,9 +405,13 @@ def test_a_contract_at_its_bounds_is_accepted() -> None:
 
 @pytest.mark.req("MW-10.4-03")
 def test_a_dependency_names_a_work_item_of_the_group() -> None:
-    r = refused(base(), "work_authorize", authorize("wi2", contract=builders.contract(NOW, depends_on=("wi", "x"))),
-                "coord")
-    assert r.message == 'body.contract.depends_on_work_item_ids[1]: no WorkItem x'
+    r = refused(
+        base(),
+        "work_authorize",
+        authorize("wi2", contract=builders.contract(NOW, depends_on=("wi", "x"))),
+        "coord",
+    )
+    assert r.message == "body.contract.depends_on_work_item_ids[1]: no WorkItem x"
     assert r.reason == R.REJECTION_REASON_NOT_FOUND
     assert "depends_on_work_item_ids[1]" in r.message
 
@@ -374,7 +440,12 @@ def _eligible(state: GroupState) -> bool:
     return True
 
 
-V, C, F, OP = WS.WORK_ITEM_STATE_VERIFIED, WS.WORK_ITEM_STATE_CANCELLED, WS.WORK_ITEM_STATE_FAILED, WS.WORK_ITEM_STATE_OPEN
+V, C, F, OP = (
+    WS.WORK_ITEM_STATE_VERIFIED,
+    WS.WORK_ITEM_STATE_CANCELLED,
+    WS.WORK_ITEM_STATE_FAILED,
+    WS.WORK_ITEM_STATE_OPEN,
+)
 K = wp.DependencyPolicyKind
 
 
@@ -390,7 +461,12 @@ K = wp.DependencyPolicyKind
         ((V, OP), K.DEPENDENCY_POLICY_KIND_ALL_TERMINAL, 0, False),
         ((C, F), K.DEPENDENCY_POLICY_KIND_ANY_VERIFIED, 0, False),
         ((OP, V), K.DEPENDENCY_POLICY_KIND_ANY_VERIFIED, 0, True),
-        ((OP, OP), K.DEPENDENCY_POLICY_KIND_MIN_VERIFIED, 0, False),  # at least one, whatever min_verified says
+        (
+            (OP, OP),
+            K.DEPENDENCY_POLICY_KIND_MIN_VERIFIED,
+            0,
+            False,
+        ),  # at least one, whatever min_verified says
         ((OP, V), K.DEPENDENCY_POLICY_KIND_MIN_VERIFIED, 0, True),
         ((OP, V, V), K.DEPENDENCY_POLICY_KIND_MIN_VERIFIED, 2, True),
         ((OP, V, C), K.DEPENDENCY_POLICY_KIND_MIN_VERIFIED, 2, False),
@@ -405,7 +481,9 @@ def test_eligibility_follows_the_dependency_policy(
 
 def _amend(state: GroupState, work_item_id: str, *depends_on: str) -> Rejected | list[object]:
     amended = builders.contract(NOW, depends_on=depends_on)
-    decision = GROUP.decide(state, "work_offer", offer(work_item_id=work_item_id, amended_contract=amended), "coord")
+    decision = GROUP.decide(
+        state, "work_offer", offer(work_item_id=work_item_id, amended_contract=amended), "coord"
+    )
     return decision if isinstance(decision, Rejected) else list(decision)
 
 
@@ -413,8 +491,12 @@ def _amend(state: GroupState, work_item_id: str, *depends_on: str) -> Rejected |
 def test_dependency_cycles_are_rejected_direct_and_transitive() -> None:
     state = base()
     for name, deps in (("a", ("wi",)), ("b", ("a",)), ("c", ("b", "a"))):
-        state = GROUP.run(state, "work_authorize", authorize(name, contract=builders.contract(NOW, depends_on=deps)),
-                          "coord")
+        state = GROUP.run(
+            state,
+            "work_authorize",
+            authorize(name, contract=builders.contract(NOW, depends_on=deps)),
+            "coord",
+        )
     for deps in (("wi",), ("a",), ("c",), ("x0", "c")):
         if "x0" in deps:
             state = GROUP.run(state, "work_authorize", authorize("x0"), "coord")
@@ -426,8 +508,12 @@ def test_dependency_cycles_are_rejected_direct_and_transitive() -> None:
 def test_a_shared_ancestor_is_no_cycle() -> None:
     state = base()
     for name, deps in (("root", ()), ("a", ("root",)), ("b", ("root", "a")), ("top", ()), ("wi2", ())):
-        state = GROUP.run(state, "work_authorize", authorize(name, contract=builders.contract(NOW, depends_on=deps)),
-                          "coord")
+        state = GROUP.run(
+            state,
+            "work_authorize",
+            authorize(name, contract=builders.contract(NOW, depends_on=deps)),
+            "coord",
+        )
     for item in ("a", "b", "root"):
         state.work_items[item].state = WS.WORK_ITEM_STATE_VERIFIED
     out = _amend(state, "top", "a", "b", "root")
@@ -437,8 +523,9 @@ def test_a_shared_ancestor_is_no_cycle() -> None:
 @pytest.mark.req("MW-10.4-04")
 def test_a_repeated_dependency_does_not_hide_a_cycle() -> None:
     state = GROUP.run(base(), "work_authorize", authorize("x0"), "coord")
-    state = GROUP.run(state, "work_authorize", authorize("a", contract=builders.contract(NOW, depends_on=("wi",))),
-                      "coord")
+    state = GROUP.run(
+        state, "work_authorize", authorize("a", contract=builders.contract(NOW, depends_on=("wi",))), "coord"
+    )
     r = _amend(state, "wi", "a", "x0", "x0")
     assert isinstance(r, Rejected) and r.reason == R.REJECTION_REASON_DEPENDENCY_CYCLE
     assert r.message == "the amended dependencies of wi form a cycle"
@@ -463,4 +550,6 @@ def test_a_logged_contract_without_revision_is_revision_one() -> None:
 
 @pytest.mark.req("MW-10.1-01")
 def test_a_one_character_goal_is_a_goal() -> None:
-    assert events(base(), "work_authorize", authorize("wi2", contract=builders.contract(NOW, goal="g")), "coord")
+    assert events(
+        base(), "work_authorize", authorize("wi2", contract=builders.contract(NOW, goal="g")), "coord"
+    )

@@ -20,7 +20,9 @@ CHECKPOINT = wp.WorkCheckpoint(work_item_id="wi", lease_id=LEASE_ID, ownership_e
 
 @pytest.mark.req("MW-10.2-05")
 def test_an_unknown_work_item_is_not_found_naming_the_field() -> None:
-    rejection = refused(BASE, "work_cancel", wp.WorkCancel(work_item_id="nope", coordinator_epoch=1, reason="r"), "coord")
+    rejection = refused(
+        BASE, "work_cancel", wp.WorkCancel(work_item_id="nope", coordinator_epoch=1, reason="r"), "coord"
+    )
     assert rejection.reason == R.REJECTION_REASON_NOT_FOUND
     assert rejection.metadata["field"] == "work_item_id"
 
@@ -49,13 +51,22 @@ def test_the_mission_owner_steers_the_work_only_with_an_audited_emergency_overri
     body = authorize(emergency_override=True, override_reason="Coordinator unreachable")
     _, decision = decide(BASE, "work_authorize", body, "alice")
     kind, p = events(decision)[0]  # the Conversation of the WorkItem follows
-    assert kind == "work.authorized" and (p.emergency_override, p.override_reason) == (True, "Coordinator unreachable")
+    assert kind == "work.authorized" and (p.emergency_override, p.override_reason) == (
+        True,
+        "Coordinator unreachable",
+    )
     assert refused(BASE, "work_authorize", body, "coord").reason == R.REJECTION_REASON_PERMISSION_DENIED
-    assert invalid_field(refused(BASE, "work_authorize", authorize(emergency_override=True), "alice")) == "body.override_reason"
+    assert (
+        invalid_field(refused(BASE, "work_authorize", authorize(emergency_override=True), "alice"))
+        == "body.override_reason"
+    )
     assert refused(BASE, "work_authorize", authorize(coordinator_epoch=2), "coord").reason == (
         R.REJECTION_REASON_COORDINATOR_EPOCH_STALE
     )
-    assert events(decide(BASE, "work_authorize", authorize(coordinator_epoch=1), "coord")[1])[0][0] == "work.authorized"
+    assert (
+        events(decide(BASE, "work_authorize", authorize(coordinator_epoch=1), "coord")[1])[0][0]
+        == "work.authorized"
+    )
 
 
 @pytest.mark.req("MW-9.1-01")
@@ -76,7 +87,9 @@ def test_a_requested_duration_lies_within_one_second_and_a_day() -> None:
     _, decision = decide(BASE, "work_renew_lease", renewal(1), at=at(10))
     assert from_timestamp(events(decision)[0][1].renewal.expires_at) == at(11)
     _, decision = decide(BASE, "work_renew_lease", renewal(86_400), at=at(10))
-    assert from_timestamp(events(decision)[0][1].renewal.expires_at) == at(70)  # within the day, capped by policy
+    assert from_timestamp(events(decision)[0][1].renewal.expires_at) == at(
+        70
+    )  # within the day, capped by policy
     rejection = refused(BASE, "work_renew_lease", renewal(86_401), at=at(10))
     assert invalid_field(rejection) == "body.requested_duration"
     assert "1 s .. 24 h" in rejection.message

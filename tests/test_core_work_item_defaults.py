@@ -28,8 +28,12 @@ def authorized(max_attempts: int = 3) -> GroupState:
 
 def offered(state: GroupState) -> GroupState:
     offer = wp.WorkOffer(
-        work_item_id="wi", offer_id="off-1", candidate_ids=["worker"], expires_at=to_timestamp(NOW + timedelta(minutes=5)),
-        selection_criteria=[builders.selection("worker")], coordinator_epoch=1,
+        work_item_id="wi",
+        offer_id="off-1",
+        candidate_ids=["worker"],
+        expires_at=to_timestamp(NOW + timedelta(minutes=5)),
+        selection_criteria=[builders.selection("worker")],
+        coordinator_epoch=1,
     )
     return GROUP.run(state, "work_offer", offer, "coord")
 
@@ -46,11 +50,18 @@ def test_a_new_work_item_is_at_aggregate_revision_1() -> None:
     state = authorized()
     assert state.work_items["wi"].revision == 1
     for kind in (RK.REVISION_KIND_WORK_ITEM, RK.REVISION_KIND_WORK_CONTRACT):
-        command = GROUP.command("work_cancel", wp.WorkCancel(work_item_id="wi", reason="x", coordinator_epoch=1), "coord", state)
-        command.expected_revision.CopyFrom(common_pb2.ExpectedRevision(kind=kind, aggregate_id="wi", revision=1))
+        command = GROUP.command(
+            "work_cancel", wp.WorkCancel(work_item_id="wi", reason="x", coordinator_epoch=1), "coord", state
+        )
+        command.expected_revision.CopyFrom(
+            common_pb2.ExpectedRevision(kind=kind, aggregate_id="wi", revision=1)
+        )
         assert isinstance(decider.decide(state, command, GROUP.ctx), list)
         command.expected_revision.revision = 2
-        assert rejection(decider.decide(state, command, GROUP.ctx)) == ("REVISION_MISMATCH", {"current_revision": "1"})
+        assert rejection(decider.decide(state, command, GROUP.ctx)) == (
+            "REVISION_MISMATCH",
+            {"current_revision": "1"},
+        )
 
 
 @pytest.mark.req("MW-11.3-02")
@@ -64,15 +75,21 @@ def test_the_first_owner_holds_ownership_epoch_1() -> None:
 @pytest.mark.req("MW-11.4-08", "MW-11.3-03")
 def test_the_first_start_is_attempt_1_with_nothing_to_resume_even_when_one_attempt_is_allowed() -> None:
     state = owned(authorized(max_attempts=1))
-    (started,) = events(state, "work_start", wp.WorkStart(work_item_id="wi", ownership_epoch=1, lease_id="lease-1"), "worker")
+    (started,) = events(
+        state, "work_start", wp.WorkStart(work_item_id="wi", ownership_epoch=1, lease_id="lease-1"), "worker"
+    )
     assert (started.work_started.lease.attempt, started.work_started.resume_from_checkpoint_id) == (1, "")
-    after = GROUP.run(state, "work_start", wp.WorkStart(work_item_id="wi", ownership_epoch=1, lease_id="lease-1"), "worker")
+    after = GROUP.run(
+        state, "work_start", wp.WorkStart(work_item_id="wi", ownership_epoch=1, lease_id="lease-1"), "worker"
+    )
     assert after.work_items["wi"].attempts == 1
 
 
 @pytest.mark.req("MW-11.3-02")
 def test_a_work_item_never_started_nor_checkpointed_loses_its_owner_at_the_start_deadline() -> None:
     state = owned(authorized())
-    late = decider.DecisionContext(NOW + timedelta(seconds=120), IDS)  # builders.contract: start deadline 120 s
+    late = decider.DecisionContext(
+        NOW + timedelta(seconds=120), IDS
+    )  # builders.contract: start deadline 120 s
     start = wp.WorkStart(work_item_id="wi", ownership_epoch=1, lease_id="lease-1")
     assert rejection(GROUP.decide(state, "work_start", start, "worker", late))[0] == "LEASE_EXPIRED"

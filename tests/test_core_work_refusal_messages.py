@@ -22,19 +22,27 @@ LATER = NOW + timedelta(minutes=4)
 @pytest.mark.req("MW-10.2-T09", "MW-11.4-01", "MW-13.2-03")
 def test_the_messages_of_malformed_work_commands_name_the_rule() -> None:
     no_checkpoint = wp.WorkBlock(
-        work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1,
+        work_item_id="wi",
+        lease_id=LEASE_ID,
+        ownership_epoch=1,
         blockers=[wp.Blocker(blocker_id="b", kind=wp.BLOCKER_KIND_DEPENDENCY, required_resolution="r")],
     )
     assert refused(BASE, "work_block", no_checkpoint, at=at(5)).message == (
         "body.checkpoint: a block is a checkpoint plus a blocked lease (MW-10.2-T09)"
     )
-    bare = wp.WorkReportProgress(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, report=report(phase=""))
+    bare = wp.WorkReportProgress(
+        work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, report=report(phase="")
+    )
     assert refused(BASE, "work_report_progress", bare, at=at(5)).message == (
         "body.report: phase, next_checkpoint and revised_estimate are required (MW-11.4-01)"
     )
     submit = wp.WorkSubmit(
-        work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, contract_revision=1,
-        artifacts=[builders.artifact()], evidence=[builders.evidence()],
+        work_item_id="wi",
+        lease_id=LEASE_ID,
+        ownership_epoch=1,
+        contract_revision=1,
+        artifacts=[builders.artifact()],
+        evidence=[builders.evidence()],
     )
     submitted = run(with_reviewer(BASE), "work_submit", submit, at=at(5))
     again = wp.WorkRecordEvidence(work_item_id="wi", evidence=builders.evidence())
@@ -53,10 +61,16 @@ def test_the_messages_of_malformed_work_commands_name_the_rule() -> None:
     [
         ("ownership_epoch", 7, "binding.ownership_epoch: differs from the command's ownership_epoch"),
         ("usage_delta", None, "binding.usage_delta: differs from the command's usage_delta"),
-        ("grace_deadline", None, "binding.grace_deadline: the grace deadline is at or after the lease expiry (OP-23)"),
+        (
+            "grace_deadline",
+            None,
+            "binding.grace_deadline: the grace deadline is at or after the lease expiry (OP-23)",
+        ),
     ],
 )
-def test_the_messages_of_a_binding_at_odds_with_its_command_name_the_rule(field: str, value: object, message: str) -> None:
+def test_the_messages_of_a_binding_at_odds_with_its_command_name_the_rule(
+    field: str, value: object, message: str
+) -> None:
     b = binding(BASE, IN_GRACE)
     c = buffered(BASE, "work_report_progress", b)
     if field == "ownership_epoch":
@@ -75,7 +89,9 @@ def test_the_messages_of_a_binding_at_odds_with_its_command_name_the_rule(field:
 
 @pytest.mark.req("MW-10.2-T08", "MW-10.2-T12")
 def test_the_messages_of_a_checkpoint_for_no_preemption_and_an_early_acceptance_name_them() -> None:
-    body = wp.WorkCheckpoint(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, preemption_request_id="pre-2")
+    body = wp.WorkCheckpoint(
+        work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, preemption_request_id="pre-2"
+    )
     assert refused(BASE, "work_checkpoint", body, at=at(5)).message == "no open preemption request pre-2"
     accept = wp.WorkAcceptResult(work_item_id="wi", coordinator_epoch=1)
     assert refused(BASE, "work_accept_result", accept, "coord", at=at(5)).message == (
@@ -86,11 +102,30 @@ def test_the_messages_of_a_checkpoint_for_no_preemption_and_an_early_acceptance_
 @pytest.mark.req("MW-11.3-04", "MW-13.2-04", "MW-11.5-07")
 def test_the_messages_of_renewals_evidence_and_bindings_name_the_rule() -> None:
     renew = wp.WorkRenewLease(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1)
-    queued = run(BASE, "work_checkpoint", wp.WorkCheckpoint(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1), at=at(5))
-    assert refused(queued, "work_renew_lease", renew, at=at(6)).message == "work.renew_lease is not allowed from queued (MW-10.2-05)"
-    bad_id = wp.WorkCheckpoint(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, checkpoint=wp.Checkpoint(checkpoint_id="a b"))
-    assert refused(BASE, "work_checkpoint", bad_id, at=at(5)).message == "body.checkpoint.checkpoint_id: not a valid id"
-    submit = wp.WorkSubmit(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, contract_revision=1, artifacts=[builders.artifact()])
+    queued = run(
+        BASE,
+        "work_checkpoint",
+        wp.WorkCheckpoint(work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1),
+        at=at(5),
+    )
+    assert (
+        refused(queued, "work_renew_lease", renew, at=at(6)).message
+        == "work.renew_lease is not allowed from queued (MW-10.2-05)"
+    )
+    bad_id = wp.WorkCheckpoint(
+        work_item_id="wi", lease_id=LEASE_ID, ownership_epoch=1, checkpoint=wp.Checkpoint(checkpoint_id="a b")
+    )
+    assert (
+        refused(BASE, "work_checkpoint", bad_id, at=at(5)).message
+        == "body.checkpoint.checkpoint_id: not a valid id"
+    )
+    submit = wp.WorkSubmit(
+        work_item_id="wi",
+        lease_id=LEASE_ID,
+        ownership_epoch=1,
+        contract_revision=1,
+        artifacts=[builders.artifact()],
+    )
     assert refused(BASE, "work_submit", submit, at=at(5)).message == "body.evidence: Evidence is required"
     submit.evidence.append(builders.with_overrides(builders.evidence(), {"method": 0}))
     assert refused(BASE, "work_submit", submit, at=at(5)).message == (
@@ -100,11 +135,13 @@ def test_the_messages_of_renewals_evidence_and_bindings_name_the_rule() -> None:
     c.extensions.add().CopyFrom(c.extensions[0])
     rejection = decide(BASE, c, LATER)
     assert (rejection.message, rejection.metadata["field"]) == (  # type: ignore[union-attr]
-        "binding: a command carries one bounded-offline-execution binding", "binding"
+        "binding: a command carries one bounded-offline-execution binding",
+        "binding",
     )
     del c.extensions[1]
     c.extensions[0].data = b"\xff\xff"
     rejection = decide(BASE, c, LATER)
     assert (rejection.message, rejection.metadata["field"]) == (  # type: ignore[union-attr]
-        "binding: data is not a BoundedOfflineExecutionBinding", "binding"
+        "binding: data is not a BoundedOfflineExecutionBinding",
+        "binding",
     )

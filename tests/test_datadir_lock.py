@@ -31,8 +31,21 @@ def test_mwp_serve_on_a_held_data_dir_exits_with_a_clear_message(tmp_path: Path)
         env = {**os.environ, "MWP_LOG_FORMAT": "text"}
         env.pop("MWP_MESH_ID", None)
         done = subprocess.run(
-            [sys.executable, "-m", "missionweave.cli", "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path)],
-            capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "missionweave.cli",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            stdin=subprocess.DEVNULL,
         )
     finally:
         lock.release()

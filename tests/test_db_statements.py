@@ -35,7 +35,9 @@ async def test_compiled_once_keeps_the_conflict_rule_and_the_parameters_types(db
     try:
         async with engine.begin() as conn:
             await conn.run_sync(METADATA.create_all)
-        ins = dialect_insert(engine.dialect.name, scores).values(name=bindparam("who"), score=bindparam("points"), note=bindparam("note"))
+        ins = dialect_insert(engine.dialect.name, scores).values(
+            name=bindparam("who"), score=bindparam("points"), note=bindparam("note")
+        )
         raise_only = compiled_once(
             ins.on_conflict_do_update(
                 index_elements=[scores.c.name],
@@ -45,8 +47,14 @@ async def test_compiled_once_keeps_the_conflict_rule_and_the_parameters_types(db
             engine.dialect.name,
         )
         async with engine.begin() as conn:
-            await conn.execute(raise_only, [{"who": "a", "points": 5, "note": "first"}, {"who": "b", "points": 1, "note": "first"}])
-            await conn.execute(raise_only, [{"who": "a", "points": 3, "note": "lower"}, {"who": "b", "points": 2, "note": "higher"}])
+            await conn.execute(
+                raise_only,
+                [{"who": "a", "points": 5, "note": "first"}, {"who": "b", "points": 1, "note": "first"}],
+            )
+            await conn.execute(
+                raise_only,
+                [{"who": "a", "points": 3, "note": "lower"}, {"who": "b", "points": 2, "note": "higher"}],
+            )
             rows = dict((r[0], (r[1], r[2])) for r in await conn.execute(select(scores)))
         assert rows == {"a": (5, "first"), "b": (2, "higher")}
 
@@ -64,8 +72,14 @@ async def test_compiled_once_keeps_the_conflict_rule_and_the_parameters_types(db
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
 def test_compiled_once_renders_named_parameters_for_each_dialect(dialect: str) -> None:
-    statement = compiled_once(dialect_insert(dialect, scores).on_conflict_do_nothing(index_elements=[scores.c.name]), dialect)
-    assert str(statement).startswith("INSERT INTO stmt_scores (name, score, note) VALUES (:name, :score, :note)")
+    statement = compiled_once(
+        dialect_insert(dialect, scores).on_conflict_do_nothing(index_elements=[scores.c.name]), dialect
+    )
+    assert str(statement).startswith(
+        "INSERT INTO stmt_scores (name, score, note) VALUES (:name, :score, :note)"
+    )
     assert {name: type(bind.type) for name, bind in statement._bindparams.items()} == {
-        "name": String, "score": BigInteger, "note": String
+        "name": String,
+        "score": BigInteger,
+        "note": String,
     }

@@ -61,7 +61,9 @@ def delegated(
     )
 
 
-async def via_gateway(w: World, stream: Stream, signer: SessionSigner, kind: str, body: Any) -> gpb.ResultFrame:
+async def via_gateway(
+    w: World, stream: Stream, signer: SessionSigner, kind: str, body: Any
+) -> gpb.ResultFrame:
     """A COMMAND frame on ``stream``, as ``signer`` at its current Membership epoch, and its RESULT."""
     command = w.command(signer, G, kind, body, membership_epoch=await w.epoch_of(G, signer.identity_id))
     await stream.send(command=gpb.CommandFrame(command_id=command.command_id, command=signer.sign(command)))
@@ -70,7 +72,9 @@ async def via_gateway(w: World, stream: Stream, signer: SessionSigner, kind: str
     return answer
 
 
-async def accepted_via_gateway(w: World, stream: Stream, signer: SessionSigner, kind: str, body: Any) -> list[Any]:
+async def accepted_via_gateway(
+    w: World, stream: Stream, signer: SessionSigner, kind: str, body: Any
+) -> list[Any]:
     answer = await via_gateway(w, stream, signer, kind, body)
     assert answer.HasField("result"), answer.rejection
     return decode_events(answer.result.events)
@@ -229,10 +233,14 @@ async def test_a_delegated_flow_runs_entirely_over_the_gateway_stream(world: Wor
     await flow.authorize("elsewhere")
     lead = await lead_of(w)
     coord, delegate = await connected(w, w.coordinator), await connected(w, lead)
-    [granted] = await accepted_via_gateway(w, coord, w.coordinator, "membership_grant_delegation", grant_body(w))
+    [granted] = await accepted_via_gateway(
+        w, coord, w.coordinator, "membership_grant_delegation", grant_body(w)
+    )
     assert granted.type == "membership.delegation.granted"
     grant_id = granted.delegation_granted.grant.grant_id
-    [authorized, *_] = await accepted_via_gateway(w, delegate, lead, "work_authorize", delegated(w, "sub-1", "root", grant_id))
+    [authorized, *_] = await accepted_via_gateway(
+        w, delegate, lead, "work_authorize", delegated(w, "sub-1", "root", grant_id)
+    )
     assert authorized.type == "work.authorized" and authorized.work_authorized.grant_id == grant_id
     assert authorized.work_authorized.parent_work_item_id == "root"
     offer = flow.offer_body("sub-1", "worker-bot")
@@ -242,16 +250,26 @@ async def test_a_delegated_flow_runs_entirely_over_the_gateway_stream(world: Wor
     assert (await grants(w.client))[grant_id].charged.tokens == 10_000
     outside = flow.offer_body("elsewhere", "worker-bot")
     outside.coordinator_epoch, outside.grant_id = 0, grant_id
-    stray = await refused_via_gateway(w, delegate, lead, "work_offer", outside, R.REJECTION_REASON_OUTSIDE_GRANT)
+    stray = await refused_via_gateway(
+        w, delegate, lead, "work_offer", outside, R.REJECTION_REASON_OUTSIDE_GRANT
+    )
     assert (stray.metadata["check"], stray.metadata["grant_id"]) == ("scope", grant_id)
     big = delegated(w, "big", "sub-1", grant_id, tokens=20_000)  # 10,000 + 20,000 over the cap of 25,000
-    over = await refused_via_gateway(w, delegate, lead, "work_authorize", big, R.REJECTION_REASON_BUDGET_EXCEEDED)
-    assert (over.metadata["dimension"], over.metadata["cap"], over.metadata["charged"]) == ("tokens", "25000", "30000")
+    over = await refused_via_gateway(
+        w, delegate, lead, "work_authorize", big, R.REJECTION_REASON_BUDGET_EXCEEDED
+    )
+    assert (over.metadata["dimension"], over.metadata["cap"], over.metadata["charged"]) == (
+        "tokens",
+        "25000",
+        "30000",
+    )
     revoke = membership_pb2.MembershipRevokeDelegation(grant_id=grant_id, reason="plan changed")
     [revoked] = await accepted_via_gateway(w, coord, w.coordinator, "membership_revoke_delegation", revoke)
     assert revoked.type == "membership.delegation.revoked"
     late = delegated(w, "late", "sub-1", grant_id, tokens=1)
-    after = await refused_via_gateway(w, delegate, lead, "work_authorize", late, R.REJECTION_REASON_GRANT_INVALID)
+    after = await refused_via_gateway(
+        w, delegate, lead, "work_authorize", late, R.REJECTION_REASON_GRANT_INVALID
+    )
     assert (after.metadata["check"], after.metadata["grant_id"]) == ("revoked", grant_id)
     assert (await grants(w.client))[grant_id].invalid_because == "revoked"
     for stream in (coord, delegate):

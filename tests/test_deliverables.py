@@ -29,7 +29,9 @@ async def head(w: World) -> int:
 
 async def refused_whole(w: World, body: wp.WorkSubmit, check: str, field: str = "body.artifacts[0]") -> None:
     before = await head(w)
-    rejection = await refused(w, w.worker, G, "work_submit", body, R.REJECTION_REASON_NOT_FOUND, membership_epoch=3)
+    rejection = await refused(
+        w, w.worker, G, "work_submit", body, R.REJECTION_REASON_NOT_FOUND, membership_epoch=3
+    )
     assert (rejection.metadata["check"], rejection.metadata["field"]) == (check, field)
     assert await head(w) == before  # nothing written
 
@@ -44,7 +46,11 @@ async def test_a_submission_names_only_artifacts_stored_with_the_workers_manifes
     # Stored, but with no manifest at all, or with someone else's, or for another WorkItem.
     bare = b"bytes without a manifest"
     await w.client.upload(bare)
-    await refused_whole(w, Flow.submit_body("wi-1", epoch, "lease-1", [common_pb2.ArtifactRef(digest=blob_digest(bare))]), "no_manifest")
+    await refused_whole(
+        w,
+        Flow.submit_body("wi-1", epoch, "lease-1", [common_pb2.ArtifactRef(digest=blob_digest(bare))]),
+        "no_manifest",
+    )
     theirs = await w.deliverable(w.coordinator, G, "wi-1", b"signed by the Coordinator")
     await refused_whole(w, Flow.submit_body("wi-1", epoch, "lease-1", [theirs]), "no_manifest")
     elsewhere = await w.deliverable(w.worker, G, "wi-2", b"made for another WorkItem")
@@ -55,8 +61,13 @@ async def test_a_submission_names_only_artifacts_stored_with_the_workers_manifes
     wrong_size.CopyFrom(report)
     wrong_size.digest.size_bytes += 1
     await refused(
-        w, w.worker, G, "work_submit", Flow.submit_body("wi-1", epoch, "lease-1", [wrong_size]),
-        R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3,
+        w,
+        w.worker,
+        G,
+        "work_submit",
+        Flow.submit_body("wi-1", epoch, "lease-1", [wrong_size]),
+        R.REJECTION_REASON_INVALID_ARGUMENT,
+        membership_epoch=3,
     )
     # Evidence citing a log nobody stored refuses the submission too.
     cites_missing = Flow.submit_body("wi-1", epoch, "lease-1", [report])
@@ -78,7 +89,9 @@ async def test_the_missions_submission_names_what_its_work_items_handed_in(world
     report = await w.deliverable(w.worker, G, "wi-1", b"the Q3 report")
     submitted = await f.as_(w.worker, "work_submit", Flow.submit_body("wi-1", epoch, "lease-1", [report]))
     accept = wp.WorkAcceptResult(
-        work_item_id="wi-1", coordinator_epoch=1, submission_event_id=decode_events(submitted.events)[0].event_id
+        work_item_id="wi-1",
+        coordinator_epoch=1,
+        submission_event_id=decode_events(submitted.events)[0].event_id,
     )
     await f.coord("work_accept_result", accept)
     revision = (await w.client.group_state(G)).mission.revision
@@ -86,14 +99,26 @@ async def test_the_missions_submission_names_what_its_work_items_handed_in(world
         coordinator_epoch=1, mission_revision=revision, artifacts=[builders.artifact()], summary="done"
     )
     before = await head(w)
-    await refused(w, w.coordinator, G, "mission_submit_for_approval", forged, R.REJECTION_REASON_NOT_FOUND, membership_epoch=2)
+    await refused(
+        w,
+        w.coordinator,
+        G,
+        "mission_submit_for_approval",
+        forged,
+        R.REJECTION_REASON_NOT_FOUND,
+        membership_epoch=2,
+    )
     assert await head(w) == before
-    real = mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=revision, artifacts=[report], summary="done")
+    real = mission_pb2.MissionSubmitForApproval(
+        coordinator_epoch=1, mission_revision=revision, artifacts=[report], summary="done"
+    )
     await w.run(w.coordinator, G, "mission_submit_for_approval", real, membership_epoch=2)
     assert (await w.client.group_state(G)).mission.state == mission_pb2.MISSION_STATE_AWAITING_APPROVAL
 
 
-async def test_a_submission_while_the_artifact_store_is_down_is_refused_not_accepted_unchecked(world: World) -> None:
+async def test_a_submission_while_the_artifact_store_is_down_is_refused_not_accepted_unchecked(
+    world: World,
+) -> None:
     w = world
     f = await setup(w)
     epoch = await started(f, w)
@@ -102,8 +127,13 @@ async def test_a_submission_while_the_artifact_store_is_down_is_refused_not_acce
     w.mesh.authority.publications = PublicationServiceStub(dead)  # type: ignore[attr-defined]
     began = time.monotonic()
     rejection = await refused(
-        w, w.worker, G, "work_submit", Flow.submit_body("wi-1", epoch, "lease-1", [report]),
-        R.REJECTION_REASON_PEER_UNAVAILABLE, membership_epoch=3,
+        w,
+        w.worker,
+        G,
+        "work_submit",
+        Flow.submit_body("wi-1", epoch, "lease-1", [report]),
+        R.REJECTION_REASON_PEER_UNAVAILABLE,
+        membership_epoch=3,
     )
     assert time.monotonic() - began < 6 and rejection.metadata["peer"] == "artifacts"
     await dead.close()

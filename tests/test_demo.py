@@ -152,11 +152,14 @@ async def test_the_demo_runs_a_complete_mission_and_can_run_again(mesh: tuple[st
         assert (await reader.download(approved.digest)).startswith(b"q3-report.md")
         graph = await reader.artifacts.QueryProvenance(
             artifact_service_pb2.QueryProvenanceRequest(
-                digest=approved.digest, direction=artifact_service_pb2.PROVENANCE_DIRECTION_ANCESTORS, max_depth=8
+                digest=approved.digest,
+                direction=artifact_service_pb2.PROVENANCE_DIRECTION_ANCESTORS,
+                max_depth=8,
             )
         )
         firsts = [
-            ref.digest.hex for wid in ("extract-eu", "extract-us", "reconcile")
+            ref.digest.hex
+            for wid in ("extract-eu", "extract-us", "reconcile")
             for ref in (await reader.work_item(result.group_id, wid)).artifacts
         ]
     ancestors = {n.digest.hex for n in graph.nodes if n.is_ancestor}

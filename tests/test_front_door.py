@@ -36,13 +36,21 @@ async def split(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[object, obje
     data = tmp_path / "data"
     front_port = free_port()  # the back services accept call proofs made for the front door
     back = Settings(
-        listen="127.0.0.1:0", data_dir=data, database_url=db_url, grace_seconds=1,
-        services=("authority", "membership", "artifacts", "scheduling"), audience=f"127.0.0.1:{front_port}",
+        listen="127.0.0.1:0",
+        data_dir=data,
+        database_url=db_url,
+        grace_seconds=1,
+        services=("authority", "membership", "artifacts", "scheduling"),
+        audience=f"127.0.0.1:{front_port}",
     )
     back_mesh = await start(back, OffsetClock())
     address = f"127.0.0.1:{back_mesh.port}"
     front = Settings(
-        listen=f"127.0.0.1:{front_port}", data_dir=data, database_url=db_url, grace_seconds=1, services=("gateway",),
+        listen=f"127.0.0.1:{front_port}",
+        data_dir=data,
+        database_url=db_url,
+        grace_seconds=1,
+        services=("gateway",),
         peers={"authority": address, "membership": address, "artifacts": address, "scheduling": address},
     )
     front_mesh = await start(front, OffsetClock())
@@ -55,20 +63,28 @@ async def split(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[object, obje
         await back_mesh.stop(grace=1)  # type: ignore[attr-defined]
 
 
-async def test_every_public_service_answers_at_the_gateways_address(split: tuple[object, object, MeshClient]) -> None:
+async def test_every_public_service_answers_at_the_gateways_address(
+    split: tuple[object, object, MeshClient],
+) -> None:
     back, _front, client = split
     admin_key = read_key(back.settings.admin_key_path)  # type: ignore[attr-defined]
     owner = await register(client, admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN)  # MembershipService
     await register(client, admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT)
     now = back.authority.clock.now()  # type: ignore[attr-defined]
-    await client.execute(owner.sign(owner.command("grp_front", "mission_create", builders.mission_create("alice", "coord-bot", now))))
+    await client.execute(
+        owner.sign(
+            owner.command("grp_front", "mission_create", builders.mission_create("alice", "coord-bot", now))
+        )
+    )
     state = await client.group_state("grp_front")  # AuthorityService
     assert state.group_id == "grp_front" and state.head_sequence >= 1
     # A rejection arrives with its structured Rejection, as from the Authority itself.
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await client.group_state("grp_missing")
     rejection = rejection_from_rpc_error(info.value)
-    assert rejection is not None and rejection.reason == R.REJECTION_REASON_NOT_A_MEMBER  # no existence oracle
+    assert (
+        rejection is not None and rejection.reason == R.REJECTION_REASON_NOT_A_MEMBER
+    )  # no existence oracle
     # A server stream through the door, then a client stream (an upload the store refuses).
     sequences = [e.sequence async for e in client.read_events("grp_front")]
     assert sequences[:1] == [1]
@@ -77,14 +93,22 @@ async def test_every_public_service_answers_at_the_gateways_address(split: tuple
     rejection = rejection_from_rpc_error(info.value)
     assert rejection is not None, info.value  # the ArtifactService's own structured refusal
     health = health_pb2_grpc.HealthStub(client.channel)
-    for service in ("missionweave.v1.AuthorityService", "missionweave.v1.MembershipService", "missionweave.v1.ArtifactService"):
+    for service in (
+        "missionweave.v1.AuthorityService",
+        "missionweave.v1.MembershipService",
+        "missionweave.v1.ArtifactService",
+    ):
         deadline = time.monotonic() + 5
-        while (await health.Check(health_pb2.HealthCheckRequest(service=service))).status != health_pb2.HealthCheckResponse.SERVING:
+        while (
+            await health.Check(health_pb2.HealthCheckRequest(service=service))
+        ).status != health_pb2.HealthCheckResponse.SERVING:
             assert time.monotonic() < deadline, service
             await asyncio.sleep(0.05)
 
 
-async def test_internal_contracts_are_not_reachable_through_the_front_door(split: tuple[object, object, MeshClient]) -> None:
+async def test_internal_contracts_are_not_reachable_through_the_front_door(
+    split: tuple[object, object, MeshClient],
+) -> None:
     _, _, client = split
     stub = PublicationServiceStub(client.channel)
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -92,7 +116,9 @@ async def test_internal_contracts_are_not_reachable_through_the_front_door(split
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-async def test_a_peer_that_is_down_is_answered_peer_unavailable_in_bounded_time(split: tuple[object, object, MeshClient]) -> None:
+async def test_a_peer_that_is_down_is_answered_peer_unavailable_in_bounded_time(
+    split: tuple[object, object, MeshClient],
+) -> None:
     back, _front, client = split
     await back.stop(grace=0)  # type: ignore[attr-defined]
     began = time.monotonic()
@@ -105,14 +131,16 @@ async def test_a_peer_that_is_down_is_answered_peer_unavailable_in_bounded_time(
     assert rejection.metadata["peer"] == "authority"
     health = health_pb2_grpc.HealthStub(client.channel)
     deadline = time.monotonic() + 5
-    while (await health.Check(health_pb2.HealthCheckRequest(service="missionweave.v1.AuthorityService"))).status != (
-        health_pb2.HealthCheckResponse.NOT_SERVING
-    ):
+    while (
+        await health.Check(health_pb2.HealthCheckRequest(service="missionweave.v1.AuthorityService"))
+    ).status != (health_pb2.HealthCheckResponse.NOT_SERVING):
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
 
 
-async def test_the_first_call_after_a_peer_comes_up_waits_for_its_connection(db_url: str, tmp_path: Path) -> None:
+async def test_the_first_call_after_a_peer_comes_up_waits_for_its_connection(
+    db_url: str, tmp_path: Path
+) -> None:
     """The gateway starts before its peers (a rolling restart, or a split mesh starting out of order):
     a call while nothing listens is refused PEER_UNAVAILABLE, and the first call once the peer listens
     is answered, not refused while the channel is still in its reconnect backoff."""
@@ -122,7 +150,11 @@ async def test_the_first_call_after_a_peer_comes_up_waits_for_its_connection(db_
     front_port, back_port = free_port(), free_port()
     address = f"127.0.0.1:{back_port}"
     front = Settings(
-        listen=f"127.0.0.1:{front_port}", data_dir=data, database_url=db_url, grace_seconds=1, services=("gateway",),
+        listen=f"127.0.0.1:{front_port}",
+        data_dir=data,
+        database_url=db_url,
+        grace_seconds=1,
+        services=("gateway",),
         peers={"authority": address, "membership": address, "artifacts": address, "scheduling": address},
     )
     front_mesh = await start(front, OffsetClock())
@@ -135,8 +167,12 @@ async def test_the_first_call_after_a_peer_comes_up_waits_for_its_connection(db_
         assert rejection is not None and rejection.reason == R.REJECTION_REASON_PEER_UNAVAILABLE
         await asyncio.sleep(1.5)  # the channel keeps failing to connect: its reconnect backoff grows
         back = Settings(
-            listen=address, data_dir=data, database_url=db_url, grace_seconds=1,
-            services=("authority", "membership", "artifacts", "scheduling"), audience=f"127.0.0.1:{front_port}",
+            listen=address,
+            data_dir=data,
+            database_url=db_url,
+            grace_seconds=1,
+            services=("authority", "membership", "artifacts", "scheduling"),
+            audience=f"127.0.0.1:{front_port}",
         )
         back_mesh = await start(back, OffsetClock())
         key_id, _ = await client.authority_key()

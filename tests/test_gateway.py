@@ -49,7 +49,14 @@ class Stream:
                 return frame
 
 
-def hello(w: World, signer: SessionSigner, key: Any = None, *, audience: str | None = None, nonce: bytes | None = None) -> pb.HelloFrame:
+def hello(
+    w: World,
+    signer: SessionSigner,
+    key: Any = None,
+    *,
+    audience: str | None = None,
+    nonce: bytes | None = None,
+) -> pb.HelloFrame:
     """A HELLO for ``signer``'s session, made for the gateway at ``w.target`` (its audience)."""
     proof = pb.HelloProof(
         agent_id=signer.identity_id,
@@ -107,6 +114,7 @@ async def test_replay_in_order_within_credits_and_durable_acks(world: World) -> 
     rest = (await stream.until("event")).event
     head = (await w.client.group_state(G)).head_sequence
     assert rest.first_sequence == 4 and rest.last_sequence == head
+
     async def stored() -> int | None:
         async with w.mesh.engine.connect() as conn:  # type: ignore[attr-defined]
             query = select(cursors.c.cursor).where(cursors.c.agent_id == "alice")
@@ -222,7 +230,9 @@ async def test_compacted_history_answers_cursor_too_old_with_a_signed_snapshot_t
         with pytest.raises(grpc.aio.AioRpcError) as refused:  # only a proven member gets it
             await get_snapshot(pb.GetSnapshotRequest(group_id=G, digest=reference.digest, proof=proof))
         assert refused.value.code() == code
-    fetched = await get_snapshot(pb.GetSnapshotRequest(group_id=G, digest=reference.digest, proof=hello(w, w.owner).proof))
+    fetched = await get_snapshot(
+        pb.GetSnapshotRequest(group_id=G, digest=reference.digest, proof=hello(w, w.owner).proof)
+    )
     assert blake3.blake3(fetched.snapshot.payload).hexdigest() == reference.digest.hex
     assert verify_signature(fetched.snapshot, public_key)
     restored = apb.GroupSnapshot.FromString(fetched.snapshot.payload)
@@ -237,7 +247,9 @@ async def test_compacted_history_answers_cursor_too_old_with_a_signed_snapshot_t
 
 
 @pytest.mark.req("MW-9-05", "MW-16-12")
-async def test_a_snapshot_is_served_as_the_members_view_without_restricted_conversations(world: World) -> None:
+async def test_a_snapshot_is_served_as_the_members_view_without_restricted_conversations(
+    world: World,
+) -> None:
     """The Group's snapshot holds a restricted Conversation: its participant gets the snapshot as
     stored; the Worker, not party to it, gets its view (that Conversation left out), signed by the
     Authority with a reference naming the snapshot it is a view of."""
@@ -246,7 +258,10 @@ async def test_a_snapshot_is_served_as_the_members_view_without_restricted_conve
     w = world
     await create(w)
     opened = conversation_pb2.ConversationOpen(
-        conversation_id="conv_secret", kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED, title="secret", participant_ids=["coord-bot"]
+        conversation_id="conv_secret",
+        kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED,
+        title="secret",
+        participant_ids=["coord-bot"],
     )
     await w.run(w.coordinator, G, "conversation_open", opened, membership_epoch=2)
     await as_member(w, G, w.worker)
@@ -255,8 +270,12 @@ async def test_a_snapshot_is_served_as_the_members_view_without_restricted_conve
     get_snapshot = pb_grpc.GatewayServiceStub(w.client.channel).GetSnapshot
 
     async def fetched(signer: SessionSigner) -> tuple[apb.GroupSnapshot, pb.SnapshotReference]:
-        answer = await get_snapshot(pb.GetSnapshotRequest(group_id=G, digest=taken.digest, proof=hello(w, signer).proof))
-        assert verify_signature(answer.snapshot, public_key) and verify_signature(answer.signed_reference, public_key)
+        answer = await get_snapshot(
+            pb.GetSnapshotRequest(group_id=G, digest=taken.digest, proof=hello(w, signer).proof)
+        )
+        assert verify_signature(answer.snapshot, public_key) and verify_signature(
+            answer.signed_reference, public_key
+        )
         reference = pb.SnapshotReference.FromString(answer.signed_reference.payload)
         assert blake3.blake3(answer.snapshot.payload).hexdigest() == reference.digest.hex
         return apb.GroupSnapshot.FromString(answer.snapshot.payload), reference
@@ -265,7 +284,11 @@ async def test_a_snapshot_is_served_as_the_members_view_without_restricted_conve
     assert reference.digest == taken.digest and not reference.HasField("view_of")
     assert "conv_secret" in [c.conversation_id for c in full.state.conversations]
     view, reference = await fetched(w.worker)
-    assert reference.view_of == taken.digest and reference.viewer_id == "worker-bot" and reference.digest != taken.digest
+    assert (
+        reference.view_of == taken.digest
+        and reference.viewer_id == "worker-bot"
+        and reference.digest != taken.digest
+    )
     assert "conv_secret" not in [c.conversation_id for c in view.state.conversations]
     assert b"secret" not in view.SerializeToString()
     kept = [c for c in full.state.conversations if c.conversation_id != "conv_secret"]
@@ -294,7 +317,9 @@ async def test_a_compacted_group_is_rebuilt_from_the_archive_and_online_tiers_to
     everything = list(range(1, live.head_sequence + 1))
     assert [e.sequence for e in await authority.store.read_history(G)] == everything
     # Audits (ReadEvents) and command replays still see the archived part of the history.
-    read = [e async for r in w.client.authority.ReadEvents(apb.ReadEventsRequest(group_id=G)) for e in r.events]
+    read = [
+        e async for r in w.client.authority.ReadEvents(apb.ReadEventsRequest(group_id=G)) for e in r.events
+    ]
     assert [e.sequence for e in decode_events(read)] == everything
     again = await w.client.execute(first)
     assert again.replayed and len(again.events) == 1
@@ -429,11 +454,19 @@ async def test_flow_reports_a_paused_window_reopening_but_not_every_grant(world:
     await w.run(w.owner, G, "message_post", builders.message(conv, "one"), membership_epoch=1)
     assert [e.sequence for e in decode_events((await stream.until("event")).event.events)] == [head + 1]
     assert (await stream.recv()).flow.reason == pb.FLOW_REASON_CREDIT_EXHAUSTED
-    await stream.send(ack=pb.AckFrame(cursors=[pb.CursorAck(subscription_id="s1", cursor=head + 1, credits=5)]))
+    await stream.send(
+        ack=pb.AckFrame(cursors=[pb.CursorAck(subscription_id="s1", cursor=head + 1, credits=5)])
+    )
     reopened = (await stream.recv()).flow
-    assert (reopened.reason, reopened.state, reopened.credits) == (pb.FLOW_REASON_CREDIT_GRANTED, pb.FLOW_STATE_OPEN, 5)
+    assert (reopened.reason, reopened.state, reopened.credits) == (
+        pb.FLOW_REASON_CREDIT_GRANTED,
+        pb.FLOW_STATE_OPEN,
+        5,
+    )
     # An open window: the grant is silent, the next frame is the next event.
-    await stream.send(ack=pb.AckFrame(cursors=[pb.CursorAck(subscription_id="s1", cursor=head + 1, credits=3)]))
+    await stream.send(
+        ack=pb.AckFrame(cursors=[pb.CursorAck(subscription_id="s1", cursor=head + 1, credits=3)])
+    )
     await w.run(w.owner, G, "message_post", builders.message(conv, "two"), membership_epoch=1)
     frame = await stream.recv()
     assert frame.WhichOneof("frame") == "event"

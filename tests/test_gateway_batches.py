@@ -38,11 +38,15 @@ async def test_a_response_carries_the_ready_frames_within_the_count_and_byte_lim
     assert [f.result.command_id for f in response.more_frames] == [f"c{i}" for i in range(1, BATCH_FRAMES)]
     for i in range(40):
         await outbox.put_control(result(f"big{i}", pad=100_000))
-    while (taken := await outbox.get_sized()) is not None and not taken[0].result.command_id.startswith("big"):
+    while (taken := await outbox.get_sized()) is not None and not taken[0].result.command_id.startswith(
+        "big"
+    ):
         pass
     assert taken is not None
     big = batched.response(*taken)
-    assert big.ByteSize() <= BATCH_BYTES + 64 and len(big.more_frames) == BATCH_BYTES // (taken[1] + 8) - 1  # as many as fit
+    assert (
+        big.ByteSize() <= BATCH_BYTES + 64 and len(big.more_frames) == BATCH_BYTES // (taken[1] + 8) - 1
+    )  # as many as fit
     alone = result("alone")
     assert not plain.response(alone, alone.ByteSize()).more_frames  # a client that did not ask: one frame
 

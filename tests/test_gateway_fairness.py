@@ -29,13 +29,21 @@ async def test_a_noisy_group_does_not_starve_another_group_on_the_same_stream(
     noisy_conv = (await create(w, NOISY)).mission.planning_conversation_id
     quiet_conv = (await create(w, QUIET)).mission.planning_conversation_id
     for i in range(120):
-        await w.run(w.owner, NOISY, "message_post", builders.message(noisy_conv, f"{i}" + "n" * 15_000), membership_epoch=1)
+        await w.run(
+            w.owner,
+            NOISY,
+            "message_post",
+            builders.message(noisy_conv, f"{i}" + "n" * 15_000),
+            membership_epoch=1,
+        )
     quiet_head = (await w.client.group_state(QUIET)).head_sequence
     # Without BDP probing the client keeps HTTP/2's 64 KiB window, so the transport holds about
     # one frame and the rest waits in the gateway, where the interleaving happens.
     channel = open_channel(w.target, options=[("grpc.http2.bdp_probe", 0)])
     stream = await connected(w, w.owner, channel)
-    await stream.send(subscribe=pb.SubscribeFrame(subscription_id="noisy", group_id=NOISY, initial_credits=60_000))
+    await stream.send(
+        subscribe=pb.SubscribeFrame(subscription_id="noisy", group_id=NOISY, initial_credits=60_000)
+    )
     await stream.send(
         subscribe=pb.SubscribeFrame(
             subscription_id="quiet", group_id=QUIET, after_sequence=quiet_head, initial_credits=100

@@ -62,15 +62,21 @@ async def view_until(stream: Stream, last: int, seen: dict[int, bytes | None]) -
         assert next(payloads, None) is None
 
 
-async def subscribe(stream: Stream, subscription_id: str, after: int = 0, credits: int = 1000) -> pb.FlowFrame:
+async def subscribe(
+    stream: Stream, subscription_id: str, after: int = 0, credits: int = 1000
+) -> pb.FlowFrame:
     await stream.send(
-        subscribe=pb.SubscribeFrame(subscription_id=subscription_id, group_id=G, after_sequence=after, initial_credits=credits)
+        subscribe=pb.SubscribeFrame(
+            subscription_id=subscription_id, group_id=G, after_sequence=after, initial_credits=credits
+        )
     )
     return (await stream.until("flow")).flow
 
 
 @pytest.mark.req("MW-9-05", "MW-8-07", "MW-16-01")
-async def test_two_views_of_one_group_come_from_one_shared_follow(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_two_views_of_one_group_come_from_one_shared_follow(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     w = world
     calls = count_follows(gateway_of(w), monkeypatch)
     await create(w)
@@ -78,7 +84,9 @@ async def test_two_views_of_one_group_come_from_one_shared_follow(world: World, 
     granted = await w.run(w.owner, G, "membership_grant", grant, membership_epoch=1)
     for conversation_id, parties in (("conv_with_worker", ["worker-bot"]), ("conv_without", [])):
         opened = conversation_pb2.ConversationOpen(
-            conversation_id=conversation_id, kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED, title="r",
+            conversation_id=conversation_id,
+            kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED,
+            title="r",
             participant_ids=parties,
         )
         await w.run(w.coordinator, G, "conversation_open", opened, membership_epoch=2)
@@ -93,7 +101,10 @@ async def test_two_views_of_one_group_come_from_one_shared_follow(world: World, 
     await view_until(worker, before, worked)
     feed = gateway_of(w).feeds[G]
     assert feed.subscribers == 2  # both caught up and share the Group's one follow
-    for conversation_id, text in (("conv_with_worker", "for-the-worker"), ("conv_without", "not-for-the-worker")):
+    for conversation_id, text in (
+        ("conv_with_worker", "for-the-worker"),
+        ("conv_without", "not-for-the-worker"),
+    ):
         await w.run(w.owner, G, "message_post", builders.message(conversation_id, text), membership_epoch=1)
     last = await head(w)
     await view_until(owner, last, owned)
@@ -105,7 +116,11 @@ async def test_two_views_of_one_group_come_from_one_shared_follow(world: World, 
     assert calls[glpb.FOLLOW_VIEW_SHARED] == 1
     # Each subscription's own stream served its start (the Authority decides it) and was then closed.
     assert calls[glpb.FOLLOW_VIEW_MEMBER] == 2
-    assert all(s.follow is None and s.feed is feed for c in gateway_of(w).connections for s in c.subscriptions.values())
+    assert all(
+        s.follow is None and s.feed is feed
+        for c in gateway_of(w).connections
+        for s in c.subscriptions.values()
+    )
 
 
 @pytest.mark.req("MW-16-01", "MW-16-05", "MW-8-17")
@@ -136,7 +151,9 @@ async def test_a_late_and_a_slow_subscriber_catch_up_then_follow_live_without_ga
     last = await head(w)
     await view_until(owner, last, owned)
     assert gateway_of(w).feeds[G].oldest_after() > caught_up + 2  # it fell out of the window
-    await late.send(ack=pb.AckFrame(cursors=[pb.CursorAck(subscription_id="late", cursor=caught_up + 2, credits=1000)]))
+    await late.send(
+        ack=pb.AckFrame(cursors=[pb.CursorAck(subscription_id="late", cursor=caught_up + 2, credits=1000)])
+    )
     await view_until(late, last, seen)
     assert gateway_of(w).feeds[G].subscribers == 2  # caught up again: back on the shared follow
     await w.run(w.owner, G, "message_post", builders.message(conv, "after"), membership_epoch=1)
@@ -168,7 +185,9 @@ async def test_a_member_revoked_while_on_the_shared_follow_stops_before_anything
     assert gateway_of(w).feeds[G].subscribers == 2
     revoke = membership_pb2.MembershipRevoke(member_id="worker-bot", reason="done")
     revoked = (await w.run(w.owner, G, "membership_revoke", revoke, membership_epoch=1)).group_revision
-    await w.run(w.owner, G, "message_post", builders.message(conv, "after the revocation"), membership_epoch=1)
+    await w.run(
+        w.owner, G, "message_post", builders.message(conv, "after the revocation"), membership_epoch=1
+    )
     ended = await worker.until_any("error", "event")
     assert ended.WhichOneof("frame") == "error" and ended.error.code == pb.GATEWAY_ERROR_CODE_NOT_A_MEMBER
     assert max(worked) < revoked
@@ -183,7 +202,9 @@ async def test_a_provisional_member_gets_its_narrower_view_from_the_shared_follo
     w = world
     conv = (await create(w)).mission.planning_conversation_id
     grant = membership_pb2.MembershipGrant(
-        member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER, provisional=True,
+        member_id="worker-bot",
+        role=membership_pb2.MEMBER_ROLE_WORKER,
+        provisional=True,
         expires_at=to_timestamp(w.clock.now() + timedelta(minutes=30)),
     )
     await w.run(w.coordinator, G, "membership_grant", grant, membership_epoch=2)
@@ -195,12 +216,23 @@ async def test_a_provisional_member_gets_its_narrower_view_from_the_shared_follo
     await view_until(owner, await head(w), owned)
     await view_until(worker, await head(w), worked)
     assert gateway_of(w).feeds[G].subscribers == 2
-    public = await w.run(w.owner, G, "message_post", builders.message(conv, "for full members"), membership_epoch=1)
+    public = await w.run(
+        w.owner, G, "message_post", builders.message(conv, "for full members"), membership_epoch=1
+    )
     opened = conversation_pb2.ConversationOpen(
-        conversation_id="conv_jit", kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED, title="r", participant_ids=["worker-bot"]
+        conversation_id="conv_jit",
+        kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED,
+        title="r",
+        participant_ids=["worker-bot"],
     )
     await w.run(w.coordinator, G, "conversation_open", opened, membership_epoch=2)
-    named = await w.run(w.owner, G, "message_post", builders.message("conv_jit", "for the provisional one"), membership_epoch=1)
+    named = await w.run(
+        w.owner,
+        G,
+        "message_post",
+        builders.message("conv_jit", "for the provisional one"),
+        membership_epoch=1,
+    )
     last = await head(w)
     await view_until(owner, last, owned)
     await view_until(worker, last, worked)
@@ -224,9 +256,9 @@ class _Batches:
         pass
 
 
-
-
-async def test_the_feed_window_gives_each_take_exactly_the_entries_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_feed_window_gives_each_take_exactly_the_entries_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A take answers the entries after ``delivered`` up to ``most``, [] at the head, and None once
     they left the window, however the window was trimmed (by count and by bytes) and compacted; the
     model is the list of every sequence received, of which the window is the last part."""

@@ -18,8 +18,17 @@ E = pb.GatewayErrorCode
 CK = conversation_pb2.ConversationKind
 
 
-async def fetch(stream: Stream, request_id: str, first: int, last: int, package: common_pb2.SignedEnvelope | None = None, group: str = G) -> pb.ServerFrame:
-    frame = pb.FetchFrame(request_id=request_id, group_id=group, ranges=[pb.SequenceRange(first=first, last=last)])
+async def fetch(
+    stream: Stream,
+    request_id: str,
+    first: int,
+    last: int,
+    package: common_pb2.SignedEnvelope | None = None,
+    group: str = G,
+) -> pb.ServerFrame:
+    frame = pb.FetchFrame(
+        request_id=request_id, group_id=group, ranges=[pb.SequenceRange(first=first, last=last)]
+    )
     if package is not None:
         frame.context_package.CopyFrom(package)
     await stream.send(fetch=frame)
@@ -41,10 +50,14 @@ def withheld(answer: pb.ServerFrame) -> list[int]:
 
 
 @pytest.mark.req("MW-8-08", "MW-8-09", "MW-8-13", "MW-13.3-03", "MW-8-07", "MW-9-05")
-async def test_a_late_joiner_fetches_what_a_context_package_cites_for_it_and_nothing_restricted(world: World) -> None:
+async def test_a_late_joiner_fetches_what_a_context_package_cites_for_it_and_nothing_restricted(
+    world: World,
+) -> None:
     w = world
     conv = (await create(w)).mission.planning_conversation_id
-    secret = conversation_pb2.ConversationOpen(conversation_id="conv_secret", kind=CK.CONVERSATION_KIND_RESTRICTED, title="keys")
+    secret = conversation_pb2.ConversationOpen(
+        conversation_id="conv_secret", kind=CK.CONVERSATION_KIND_RESTRICTED, title="keys"
+    )
     await w.run(w.owner, G, "conversation_open", secret, membership_epoch=1)
     await w.run(w.owner, G, "message_post", builders.message("conv_secret", "the key"), membership_epoch=1)
     for i in range(3):
@@ -64,7 +77,11 @@ async def test_a_late_joiner_fetches_what_a_context_package_cites_for_it_and_not
     assert served(plain) == list(range(start, head + 1))  # MW-8-07: nothing before the grant
     assert withheld(plain) == [*range(1, start), *range(head + 1, head + 6)]
 
-    package = (await w.client.authority.GetContextPackage(apb.GetContextPackageRequest(group_id=G, recipient_ids=["worker-bot"]))).package
+    package = (
+        await w.client.authority.GetContextPackage(
+            apb.GetContextPackageRequest(group_id=G, recipient_ids=["worker-bot"])
+        )
+    ).package
     cited = await fetch(stream, "r2", 1, head, package)
     expected = [seq for seq in range(1, head + 1) if seq not in restricted]
     assert served(cited) == expected  # the cited history, minus the restricted Conversation
@@ -74,7 +91,11 @@ async def test_a_late_joiner_fetches_what_a_context_package_cites_for_it_and_not
 
     assert all(verify_signature(e, authority_key) for e in cited.fetched.events)
 
-    for_someone_else = (await w.client.authority.GetContextPackage(apb.GetContextPackageRequest(group_id=G, recipient_ids=["coord-bot"]))).package
+    for_someone_else = (
+        await w.client.authority.GetContextPackage(
+            apb.GetContextPackageRequest(group_id=G, recipient_ids=["coord-bot"])
+        )
+    ).package
     assert served(await fetch(stream, "r3", 1, head, for_someone_else)) == list(range(start, head + 1))
     await stream.call.done_writing()
 
@@ -88,9 +109,15 @@ async def test_fetch_refusals(world: World) -> None:
     await as_member(w, G, w.worker)
     assert (await fetch(stream, "big", 1, 5_000)).error.code == E.GATEWAY_ERROR_CODE_LIMIT_EXCEEDED
     assert (await fetch(stream, "inverted", 5, 2)).error.code == E.GATEWAY_ERROR_CODE_MALFORMED_FRAME
-    package = (await w.client.authority.GetContextPackage(apb.GetContextPackageRequest(group_id=G, recipient_ids=["worker-bot"]))).package
+    package = (
+        await w.client.authority.GetContextPackage(
+            apb.GetContextPackageRequest(group_id=G, recipient_ids=["worker-bot"])
+        )
+    ).package
     package.payload = package.payload + b"\x00"  # tampered
-    assert (await fetch(stream, "tampered", 1, 1, package)).error.code == E.GATEWAY_ERROR_CODE_CONTEXT_PACKAGE_INVALID
+    assert (
+        await fetch(stream, "tampered", 1, 1, package)
+    ).error.code == E.GATEWAY_ERROR_CODE_CONTEXT_PACKAGE_INVALID
     # The stream is still usable after those refusals.
     assert served(await fetch(stream, "ok", 1, 1)) == []
     await stream.call.done_writing()

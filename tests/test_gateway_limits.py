@@ -87,7 +87,10 @@ async def test_a_hello_proof_is_accepted_once_on_any_stream_and_for_get_snapshot
     await replayed.send(hello=frame)
     error = await fatal(replayed)
     assert error.code == E.GATEWAY_ERROR_CODE_HELLO_INVALID
-    assert error.rejection.reason == R.REJECTION_REASON_SIGNATURE_INVALID and error.rejection.metadata["field"] == "nonce"
+    assert (
+        error.rejection.reason == R.REJECTION_REASON_SIGNATURE_INVALID
+        and error.rejection.metadata["field"] == "nonce"
+    )
     # GetSnapshot takes a HelloProof too, from the same cache: a proof is good once, for either.
     get_snapshot = pb_grpc.GatewayServiceStub(w.client.channel).GetSnapshot
     digest = common_pb2.Digest(algorithm="blake3", hex="00" * 32, size_bytes=1)
@@ -120,7 +123,11 @@ async def test_a_hello_proof_made_for_another_gateway_is_refused(world: World) -
         assert (await stream.recv()).HasField("welcome"), audience
     get_snapshot = pb_grpc.GatewayServiceStub(w.client.channel).GetSnapshot
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await get_snapshot(pb.GetSnapshotRequest(group_id=G, proof=hello(w, w.owner, audience="gateway.elsewhere:50051").proof))
+        await get_snapshot(
+            pb.GetSnapshotRequest(
+                group_id=G, proof=hello(w, w.owner, audience="gateway.elsewhere:50051").proof
+            )
+        )
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     rejection = rejection_from_rpc_error(refused.value)
     assert rejection is not None and rejection.metadata["field"] == "audience"
@@ -130,13 +137,18 @@ def test_the_audiences_are_the_mesh_addresses_normalized_with_loopback_spellings
     assert audiences_for("127.0.0.1:5") == {"127.0.0.1:5", "localhost:5", "[::1]:5"}
     assert audiences_for("0.0.0.0:50051") == {"127.0.0.1:50051", "localhost:50051", "[::1]:50051"}
     assert audiences_for("10.0.0.7:50051") == {"10.0.0.7:50051"}
-    assert audiences_for("Gateway.Example:443", "dns:///gateway:50051") == {"gateway.example:443", "gateway:50051"}
+    assert audiences_for("Gateway.Example:443", "dns:///gateway:50051") == {
+        "gateway.example:443",
+        "gateway:50051",
+    }
 
 
 # ------------------------------------------------------------ COMMAND frames
 
 
-async def test_a_command_frame_whose_id_is_not_the_signed_commands_is_refused_before_execution(world: World) -> None:
+async def test_a_command_frame_whose_id_is_not_the_signed_commands_is_refused_before_execution(
+    world: World,
+) -> None:
     w = world
     conv = (await create(w)).mission.planning_conversation_id
     stream = await connected(w, w.owner)
@@ -150,10 +162,15 @@ async def test_a_command_frame_whose_id_is_not_the_signed_commands_is_refused_be
     assert answer.WhichOneof("frame") == "error", answer  # not executed, so no RESULT
     error = answer.error
     assert error.code == E.GATEWAY_ERROR_CODE_COMMAND_ID_MISMATCH and error.command_id == "cmd-somebody-else"
-    garbled = common_pb2.SignedEnvelope(payload=b"\xff" * 11, payload_type=signed.payload_type, signatures=signed.signatures)
+    garbled = common_pb2.SignedEnvelope(
+        payload=b"\xff" * 11, payload_type=signed.payload_type, signatures=signed.signatures
+    )
     await stream.send(command=pb.CommandFrame(command_id=command.command_id, command=garbled))
     error = (await stream.until("error")).error
-    assert error.code == E.GATEWAY_ERROR_CODE_MALFORMED_FRAME and error.rejection.reason == R.REJECTION_REASON_MALFORMED
+    assert (
+        error.code == E.GATEWAY_ERROR_CODE_MALFORMED_FRAME
+        and error.rejection.reason == R.REJECTION_REASON_MALFORMED
+    )
     # Nothing was executed: no event, no command record; the same command with its own id then runs
     # for the first time (not a replay).
     assert await row_counts(w) == before
@@ -198,7 +215,9 @@ async def test_streams_are_capped_in_total_before_hello(world: World) -> None:
     refused = Stream(w)
     await refused.send(hello=hello(w, w.owner))
     error = await fatal(refused)
-    assert error.code == E.GATEWAY_ERROR_CODE_LIMIT_EXCEEDED and error.rejection.metadata["scope"] == "gateway"
+    assert (
+        error.code == E.GATEWAY_ERROR_CODE_LIMIT_EXCEEDED and error.rejection.metadata["scope"] == "gateway"
+    )
     status = await ended_with(refused)
     assert status is not None and status.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     held[0].call.cancel()
@@ -218,7 +237,9 @@ async def test_a_hello_that_membership_cannot_confirm_is_refused_retryable_not_f
     registry = gateway_of(w).registry
 
     async def silent(*_: Any, **__: Any) -> Any:
-        raise peer_unavailable("membership", "the membership service did not answer (DEADLINE_EXCEEDED); retry shortly")
+        raise peer_unavailable(
+            "membership", "the membership service did not answer (DEADLINE_EXCEEDED); retry shortly"
+        )
 
     monkeypatch.setattr(registry, "session_key", silent)
     stream = Stream(w)
@@ -226,7 +247,10 @@ async def test_a_hello_that_membership_cannot_confirm_is_refused_retryable_not_f
     error = await fatal(stream)
     assert error.code == E.GATEWAY_ERROR_CODE_PEER_UNAVAILABLE
     assert error.rejection.reason == common_pb2.REJECTION_REASON_PEER_UNAVAILABLE
-    assert error.rejection.metadata["peer"] == "membership" and int(error.rejection.metadata["retry_after_ms"]) > 0
+    assert (
+        error.rejection.metadata["peer"] == "membership"
+        and int(error.rejection.metadata["retry_after_ms"]) > 0
+    )
     status = await ended_with(stream)
     assert status is not None and status.code() == grpc.StatusCode.UNAVAILABLE
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -252,7 +276,9 @@ async def test_a_stream_that_stops_reading_is_closed_and_gives_back_what_it_held
     w = world
     conv = (await create(w)).mission.planning_conversation_id
     for i in range(60):  # far more than the transport's 64 KiB window and the outbox hold
-        await w.run(w.owner, G, "message_post", builders.message(conv, f"{i} " + "x" * 4_000), membership_epoch=1)
+        await w.run(
+            w.owner, G, "message_post", builders.message(conv, f"{i} " + "x" * 4_000), membership_epoch=1
+        )
     limit(w, stall_timeout_s=0.5, stream_buffer_bytes=32 * 1024)
     baseline = live(Connection)
     channel = grpc.aio.insecure_channel(w.target, options=[("grpc.http2.bdp_probe", 0)])
@@ -260,7 +286,9 @@ async def test_a_stream_that_stops_reading_is_closed_and_gives_back_what_it_held
         stalled = Stream(w, channel)
         await stalled.send(hello=hello(w, w.owner))
         assert (await stalled.recv()).HasField("welcome")
-        await stalled.send(subscribe=pb.SubscribeFrame(subscription_id="s", group_id=G, initial_credits=65_536))
+        await stalled.send(
+            subscribe=pb.SubscribeFrame(subscription_id="s", group_id=G, initial_credits=65_536)
+        )
         (held,) = gateway_of(w).connections
         held_ref = weakref.ref(held)  # not a reference of this test's: the last check sees it freed
         del held
@@ -299,7 +327,9 @@ async def test_a_streams_queue_is_bounded_in_bytes() -> None:
     big = pb.ServerFrame(event=pb.EventFrame(group_id="g", subscription_id="x" * 6_000))
     await box.put_group("g", big)  # an empty outbox takes any frame
     blocked = asyncio.create_task(box.put_group("h", big))  # 12 KB would pass the budget: it waits
-    control = asyncio.create_task(box.put_control(pb.ServerFrame(result=pb.ResultFrame(command_id="c" * 5_000))))
+    control = asyncio.create_task(
+        box.put_control(pb.ServerFrame(result=pb.ResultFrame(command_id="c" * 5_000)))
+    )
     await asyncio.sleep(0.05)
     assert not blocked.done() and not control.done() and box.queued_bytes < 10_000
     for _ in range(2):  # the agent reads: room again, one frame at a time
@@ -327,7 +357,9 @@ async def test_streams_that_end_give_back_everything_they_held(world: World) -> 
     w = world
     conv = (await create(w)).mission.planning_conversation_id
     for i in range(20):
-        await w.run(w.owner, G, "message_post", builders.message(conv, f"{i} " + "x" * 4_000), membership_epoch=1)
+        await w.run(
+            w.owner, G, "message_post", builders.message(conv, f"{i} " + "x" * 4_000), membership_epoch=1
+        )
     limit(w, max_streams_per_identity=1_000)
     gw = gateway_of(w)
     kinds = (Connection, Subscription, Outbox)
@@ -340,7 +372,9 @@ async def test_streams_that_end_give_back_everything_they_held(world: World) -> 
             stream = Stream(w, channels[i % len(channels)])
             await stream.send(hello=hello(w, w.owner))
             assert (await stream.recv()).HasField("welcome")
-            await stream.send(subscribe=pb.SubscribeFrame(subscription_id="s", group_id=G, initial_credits=65_536))
+            await stream.send(
+                subscribe=pb.SubscribeFrame(subscription_id="s", group_id=G, initial_credits=65_536)
+            )
             streams.append(stream)
         await eventually(lambda: len(gw.connections) == 50 and all(c.subscriptions for c in gw.connections))
         assert live(Connection) >= before[Connection] + 50

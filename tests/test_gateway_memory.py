@@ -60,7 +60,9 @@ async def fill(w: World, events: int) -> None:
     conv = (await create(w)).mission.planning_conversation_id
 
     async def post(i: int) -> None:
-        await w.run(w.owner, G, "message_post", builders.message(conv, f"{i} " + "x" * EVENT_TEXT), membership_epoch=1)
+        await w.run(
+            w.owner, G, "message_post", builders.message(conv, f"{i} " + "x" * EVENT_TEXT), membership_epoch=1
+        )
 
     for start in range(0, events, 20):
         await asyncio.gather(*(post(i) for i in range(start, min(start + 20, events))), asyncio.sleep(0.1))
@@ -73,7 +75,9 @@ async def subscribed(w: World, channels: list[Any], credits: int) -> list[Stream
         stream = Stream(w, channels[i % len(channels)])
         await stream.send(hello=hello(w, w.owner))
         assert (await stream.recv()).HasField("welcome")
-        await stream.send(subscribe=pb.SubscribeFrame(subscription_id="s", group_id=G, initial_credits=credits))
+        await stream.send(
+            subscribe=pb.SubscribeFrame(subscription_id="s", group_id=G, initial_credits=credits)
+        )
         streams.append(stream)
     return streams
 
@@ -115,9 +119,13 @@ async def test_a_stream_that_does_not_read_holds_at_most_its_byte_window_whateve
         held = (rss() - anchor) / STREAMS
         idle_cost = (anchor - before) / STREAMS
         allowed = 2 * window(gw.limits.stream_buffer_bytes)
-        print(f"per stream: non-reading {held / 2**20:.2f} MiB, idle {idle_cost / 2**20:.2f} MiB, allowed {allowed / 2**20:.2f} MiB")
+        print(
+            f"per stream: non-reading {held / 2**20:.2f} MiB, idle {idle_cost / 2**20:.2f} MiB, allowed {allowed / 2**20:.2f} MiB"
+        )
         assert all(c.outbox.queued_bytes <= gw.limits.stream_buffer_bytes for c in gw.connections)
-        assert held <= allowed, f"a non-reading stream holds {held / 2**20:.1f} MiB (an idle one {idle_cost / 2**20:.1f}); at most {allowed / 2**20:.1f}"
+        assert held <= allowed, (
+            f"a non-reading stream holds {held / 2**20:.1f} MiB (an idle one {idle_cost / 2**20:.1f}); at most {allowed / 2**20:.1f}"
+        )
         # Each client cancels its stream, most of them while a frame is being sent: a normal event,
         # never an ERROR or a traceback in the server's log (at most one info line a stream).
         caplog.clear()

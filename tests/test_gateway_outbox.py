@@ -87,7 +87,9 @@ async def test_event_frames_an_agent_is_behind_on_go_out_merged_in_order_within_
 
     def frame(sid: str, first: int, last: int) -> pb.ServerFrame:
         envelopes = [common_pb2.SignedEnvelope(payload=bytes([s])) for s in range(first, last + 1)]
-        event = pb.EventFrame(subscription_id=sid, group_id="g", first_sequence=first, last_sequence=last, events=envelopes)
+        event = pb.EventFrame(
+            subscription_id=sid, group_id="g", first_sequence=first, last_sequence=last, events=envelopes
+        )
         event.credits_remaining, event.head_sequence = 100 - last, last
         return pb.ServerFrame(event=event)
 
@@ -96,7 +98,10 @@ async def test_event_frames_an_agent_is_behind_on_go_out_merged_in_order_within_
     await box.put_group("g", frame("a", 4, 4))  # 3 events already: a new frame
     await box.put_group("g", pb.ServerFrame(flow=pb.FlowFrame(subscription_id="a", group_id="g")))
     got = await drain(box, 2)
-    assert [(f.event.first_sequence, f.event.last_sequence, len(f.event.events)) for f in got] == [(1, 3, 3), (4, 4, 1)]
+    assert [(f.event.first_sequence, f.event.last_sequence, len(f.event.events)) for f in got] == [
+        (1, 3, 3),
+        (4, 4, 1),
+    ]
     assert got[0].event.credits_remaining == 97 and got[0].event.head_sequence == 3
     assert [e.payload for e in got[0].event.events] == [b"\x01", b"\x02", b"\x03"]
     assert box.queued_bytes == sum(f.ByteSize() for f in [await box.get()])  # the FLOW, kept in its place
@@ -106,7 +111,9 @@ async def test_event_frames_an_agent_is_behind_on_go_out_merged_in_order_within_
     await box.put_group("g", frame("b", 9, 9))  # another subscription: a frame of its own
     got = await drain(box, 3)
     assert [(f.event.subscription_id, f.event.first_sequence, f.event.last_sequence) for f in got] == [
-        ("a", 5, 5), ("a", 7, 8), ("b", 9, 9)
+        ("a", 5, 5),
+        ("a", 7, 8),
+        ("b", 9, 9),
     ]
 
 

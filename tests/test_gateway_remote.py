@@ -63,11 +63,20 @@ class AuthorityProcess:
         self.proc: subprocess.Popen[str] | None = None
 
     async def start(self) -> None:
-        env = {**os.environ, "MWP_DATA_DIR": str(self.data_dir), "PYTHONPATH": str(ROOT), "MWP_LOG_LEVEL": "warning"}
+        env = {
+            **os.environ,
+            "MWP_DATA_DIR": str(self.data_dir),
+            "PYTHONPATH": str(ROOT),
+            "MWP_LOG_LEVEL": "warning",
+        }
         services = [arg for s in ("authority", "membership", "artifacts") for arg in ("--service", s)]
         self.proc = subprocess.Popen(  # noqa: ASYNC220 (returns at once; the wait below is async)
             [sys.executable, "-m", "missionweave.cli", "serve", *services, "--listen", self.target],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         deadline = time.monotonic() + 30
         async with open_channel(self.target) as channel:
@@ -75,7 +84,9 @@ class AuthorityProcess:
             while True:
                 assert self.proc.poll() is None, "the Authority process exited"
                 try:
-                    answer = await health.Check(health_pb2.HealthCheckRequest(service=INTERNAL_SERVICE_NAMES["group_log"]), timeout=1)
+                    answer = await health.Check(
+                        health_pb2.HealthCheckRequest(service=INTERNAL_SERVICE_NAMES["group_log"]), timeout=1
+                    )
                     if answer.status == health_pb2.HealthCheckResponse.SERVING:
                         return
                 except grpc.aio.AioRpcError:
@@ -145,7 +156,16 @@ async def split(tmp_path: Path, no_local_log_reads: None) -> AsyncIterator[Split
         coordinator = await register(client, admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT)
         worker = await register(client, admin_key, "worker-bot", common_pb2.IDENTITY_KIND_AGENT)
         world = World(
-            mesh, client, f"127.0.0.1:{mesh.port}", admin, owner, coordinator, worker, {"admin": admin_key}, mesh.settings, clock
+            mesh,
+            client,
+            f"127.0.0.1:{mesh.port}",
+            admin,
+            owner,
+            coordinator,
+            worker,
+            {"admin": admin_key},
+            mesh.settings,
+            clock,
         )
         yield Split(world, authority, mesh)
     finally:
@@ -171,7 +191,9 @@ def retry_after_ms(rejection: common_pb2.Rejection) -> int:
 
 
 @pytest.mark.req("MW-16-01", "MW-16-10", "MW-8-17")
-async def test_a_subscription_is_replayed_and_then_pushed_from_an_authority_in_another_process(split: Split) -> None:
+async def test_a_subscription_is_replayed_and_then_pushed_from_an_authority_in_another_process(
+    split: Split,
+) -> None:
     s, w = split, split.world
     conv = (await create(w)).mission.planning_conversation_id
     for i in range(3):
@@ -197,8 +219,12 @@ async def test_a_subscription_is_replayed_and_then_pushed_from_an_authority_in_a
             await asyncio.sleep(0.2)  # idle at the head between appends
         assert max(latencies) < 1.0, latencies  # the old idle re-check would have taken up to 5 s
         # COMMAND through the gateway reaches the other process; so do its rejections.
-        command = w.owner.command(G, "message_post", builders.message(conv, "via the gateway"), membership_epoch=1)
-        await stream.send(command=pb.CommandFrame(command_id=command.command_id, command=w.owner.sign(command)))
+        command = w.owner.command(
+            G, "message_post", builders.message(conv, "via the gateway"), membership_epoch=1
+        )
+        await stream.send(
+            command=pb.CommandFrame(command_id=command.command_id, command=w.owner.sign(command))
+        )
         answers: dict[str, pb.ServerFrame] = {}
         while len(answers) < 2:  # its RESULT, and its event pushed on the subscription (either first)
             frame = await until_any(stream, "result", "event")
@@ -222,7 +248,9 @@ async def test_a_subscription_is_replayed_and_then_pushed_from_an_authority_in_a
 
 
 @pytest.mark.req("MW-16-11", "MW-16-12", "MW-7.4-01")
-async def test_cursor_too_old_across_processes_carries_a_reference_signed_by_the_authority(split: Split) -> None:
+async def test_cursor_too_old_across_processes_carries_a_reference_signed_by_the_authority(
+    split: Split,
+) -> None:
     s, w = split, split.world
     conv = (await create(w)).mission.planning_conversation_id
     for i in range(3):
@@ -231,7 +259,11 @@ async def test_cursor_too_old_across_processes_carries_a_reference_signed_by_the
     await w.run(w.owner, G, "message_post", builders.message(conv, "after"), membership_epoch=1)
     stream, channel = await gateway_stream(s, w.owner)
     try:
-        await stream.send(subscribe=pb.SubscribeFrame(subscription_id="old", group_id=G, after_sequence=2, initial_credits=100))
+        await stream.send(
+            subscribe=pb.SubscribeFrame(
+                subscription_id="old", group_id=G, after_sequence=2, initial_credits=100
+            )
+        )
         too_old = (await stream.until("cursor_too_old")).cursor_too_old
         assert (too_old.requested_after_sequence, too_old.snapshot_sequence) == (2, taken.sequence)
         key_id, public_key = await w.client.authority_key()
@@ -239,13 +271,23 @@ async def test_cursor_too_old_across_processes_carries_a_reference_signed_by_the
         assert verify_signature(too_old.signed_reference, public_key)
         reference = pb.SnapshotReference.FromString(too_old.signed_reference.payload)
         get_snapshot = pb_grpc.GatewayServiceStub(channel).GetSnapshot
-        fetched = await get_snapshot(pb.GetSnapshotRequest(group_id=G, digest=reference.digest, proof=hello(w, w.owner).proof))
+        fetched = await get_snapshot(
+            pb.GetSnapshotRequest(group_id=G, digest=reference.digest, proof=hello(w, w.owner).proof)
+        )
         assert blake3.blake3(fetched.snapshot.payload).hexdigest() == reference.digest.hex
-        assert verify_signature(fetched.snapshot, public_key) and verify_signature(fetched.signed_reference, public_key)
+        assert verify_signature(fetched.snapshot, public_key) and verify_signature(
+            fetched.signed_reference, public_key
+        )
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await get_snapshot(pb.GetSnapshotRequest(group_id=G, digest=reference.digest, proof=hello(w, w.worker).proof))
+            await get_snapshot(
+                pb.GetSnapshotRequest(group_id=G, digest=reference.digest, proof=hello(w, w.worker).proof)
+            )
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        await stream.send(subscribe=pb.SubscribeFrame(subscription_id="new", group_id=G, after_sequence=taken.sequence, initial_credits=100))
+        await stream.send(
+            subscribe=pb.SubscribeFrame(
+                subscription_id="new", group_id=G, after_sequence=taken.sequence, initial_credits=100
+            )
+        )
         resumed = (await stream.until("event")).event
         assert resumed.first_sequence == taken.sequence + 1 and b"after" in resumed.events[0].payload
     finally:
@@ -254,7 +296,9 @@ async def test_cursor_too_old_across_processes_carries_a_reference_signed_by_the
 
 
 @pytest.mark.req("MW-16-01", "MW-16-05")
-async def test_an_authority_that_goes_down_gives_structured_errors_in_bounded_time_and_comes_back(split: Split) -> None:
+async def test_an_authority_that_goes_down_gives_structured_errors_in_bounded_time_and_comes_back(
+    split: Split,
+) -> None:
     s, w = split, split.world
     conv = (await create(w)).mission.planning_conversation_id
     stream, channel = await gateway_stream(s, w.owner)
@@ -267,20 +311,31 @@ async def test_an_authority_that_goes_down_gives_structured_errors_in_bounded_ti
         async with asyncio.timeout(5):
             lost = (await stream.until("error")).error
         assert await stopping < 8
-        assert (lost.code, lost.subscription_id, lost.fatal) == (E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE, "s", False)
+        assert (lost.code, lost.subscription_id, lost.fatal) == (
+            E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE,
+            "s",
+            False,
+        )
         assert retry_after_ms(lost.rejection) > 0
         # While it is down: SUBSCRIBE (the id is free again), COMMAND and GetSnapshot are answered
         # at once with AUTHORITY_UNAVAILABLE / UNAVAILABLE and retry information.
         started = time.monotonic()
-        await stream.send(subscribe=pb.SubscribeFrame(subscription_id="s", group_id=G, after_sequence=delivered))
+        await stream.send(
+            subscribe=pb.SubscribeFrame(subscription_id="s", group_id=G, after_sequence=delivered)
+        )
         async with asyncio.timeout(15):
             refused = (await stream.until("error")).error
         assert refused.code == E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE and refused.subscription_id == "s"
         command = w.owner.command(G, "message_post", builders.message(conv, "while down"), membership_epoch=1)
-        await stream.send(command=pb.CommandFrame(command_id=command.command_id, command=w.owner.sign(command)))
+        await stream.send(
+            command=pb.CommandFrame(command_id=command.command_id, command=w.owner.sign(command))
+        )
         async with asyncio.timeout(25):
             unanswered = (await stream.until("error")).error
-        assert unanswered.code == E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE and unanswered.command_id == command.command_id
+        assert (
+            unanswered.code == E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE
+            and unanswered.command_id == command.command_id
+        )
         assert retry_after_ms(unanswered.rejection) > 0
         with pytest.raises(grpc.aio.AioRpcError) as down:
             digest = common_pb2.Digest(algorithm="blake3", hex="00" * 32)
@@ -289,18 +344,26 @@ async def test_an_authority_that_goes_down_gives_structured_errors_in_bounded_ti
             )
         assert down.value.code() == grpc.StatusCode.UNAVAILABLE
         status = rpc_status.from_call(down.value)  # type: ignore[arg-type]
-        assert status is not None and any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in status.details)
+        assert status is not None and any(
+            d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in status.details
+        )
         assert time.monotonic() - started < 30
         # The Authority comes back on the same address: subscribing again resumes from the cursor.
         await s.authority.start()
-        await w.client.execute(w.signed(w.owner, G, "message_post", builders.message(conv, "back"), membership_epoch=1))
+        await w.client.execute(
+            w.signed(w.owner, G, "message_post", builders.message(conv, "back"), membership_epoch=1)
+        )
         deadline = time.monotonic() + 30
         while True:
-            await stream.send(subscribe=pb.SubscribeFrame(subscription_id="s", group_id=G, after_sequence=delivered))
+            await stream.send(
+                subscribe=pb.SubscribeFrame(subscription_id="s", group_id=G, after_sequence=delivered)
+            )
             frame = await until_any(stream, "event", "error")
             if frame.WhichOneof("frame") == "event":
                 break
-            assert frame.error.code == E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE and time.monotonic() < deadline
+            assert (
+                frame.error.code == E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE and time.monotonic() < deadline
+            )
             await asyncio.sleep(retry_after_ms(frame.error.rejection) / 1000)
         assert frame.event.first_sequence == delivered + 1
         assert decode_events(frame.event.events)[-1].message_posted.content.text == "back"
@@ -321,21 +384,31 @@ async def test_a_silent_authority_is_answered_with_authority_unavailable_not_a_h
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)  # the kernel completes TCP handshakes; nobody ever speaks HTTP/2
     mesh = await gateway_only(
-        w.settings.data_dir, f"127.0.0.1:{silent.getsockname()[1]}", w.clock, membership=split.authority.target
+        w.settings.data_dir,
+        f"127.0.0.1:{silent.getsockname()[1]}",
+        w.clock,
+        membership=split.authority.target,
     )
     channel = open_channel(f"127.0.0.1:{mesh.port}")
     try:
-        stream = await connected(replace(w, target=f"127.0.0.1:{mesh.port}"), w.owner, channel)  # its audience
+        stream = await connected(
+            replace(w, target=f"127.0.0.1:{mesh.port}"), w.owner, channel
+        )  # its audience
         started = time.monotonic()
         await stream.send(subscribe=pb.SubscribeFrame(subscription_id="s", group_id=G))
         async with asyncio.timeout(5):
             error = (await stream.until("error")).error
         assert error.code == E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE
         command = w.owner.command(G, "message_post", builders.message("x", "y"), membership_epoch=1)
-        await stream.send(command=pb.CommandFrame(command_id=command.command_id, command=w.owner.sign(command)))
+        await stream.send(
+            command=pb.CommandFrame(command_id=command.command_id, command=w.owner.sign(command))
+        )
         async with asyncio.timeout(5):
             error = (await stream.until("error")).error
-        assert error.code == E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE and error.command_id == command.command_id
+        assert (
+            error.code == E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE
+            and error.command_id == command.command_id
+        )
         assert time.monotonic() - started < 5
         stream.call.cancel()
     finally:

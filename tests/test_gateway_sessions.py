@@ -46,7 +46,12 @@ async def replica(world: World) -> AsyncIterator[Any]:
     else:
         peers = {name: w.target for name in ("membership", "artifacts", "scheduling", "authority")}
         settings = replace(
-            w.settings, listen="127.0.0.1:0", services=("gateway",), peers=peers, instance_id="gateway-2", audience=w.target
+            w.settings,
+            listen="127.0.0.1:0",
+            services=("gateway",),
+            peers=peers,
+            instance_id="gateway-2",
+            audience=w.target,
         )
     mesh = await start(settings, w.clock)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{mesh.port}")
@@ -80,7 +85,9 @@ async def ended_replaced(stream: Stream, old: int, new: int) -> None:
 
 
 async def subscribed(stream: Stream, subscription_id: str) -> None:
-    await stream.send(subscribe=pb.SubscribeFrame(subscription_id=subscription_id, group_id=G, initial_credits=1000))
+    await stream.send(
+        subscribe=pb.SubscribeFrame(subscription_id=subscription_id, group_id=G, initial_credits=1000)
+    )
     flow = (await stream.until_any("flow", "error")).flow
     assert flow.reason == pb.FLOW_REASON_SUBSCRIBED
 
@@ -100,7 +107,9 @@ async def delivered(stream: Stream, sequence: int) -> None:
                 return
 
 
-async def test_a_new_session_ends_the_old_sessions_streams_on_every_gateway(world: World, replica: Any) -> None:
+async def test_a_new_session_ends_the_old_sessions_streams_on_every_gateway(
+    world: World, replica: Any
+) -> None:
     w = world
     await create(w)
     old = w.owner
@@ -130,7 +139,9 @@ async def test_a_new_session_ends_the_old_sessions_streams_on_every_gateway(worl
     await delivered(current_here, sequence)
     await delivered(current_there, sequence)
     await asyncio.sleep(0.3)  # nothing else ends them
-    await current_here.send(ack=pb.AckFrame(cursors=[pb.CursorAck(subscription_id="s1", cursor=sequence, credits=1)]))
+    await current_here.send(
+        ack=pb.AckFrame(cursors=[pb.CursorAck(subscription_id="s1", cursor=sequence, credits=1)])
+    )
     sequence = await posted(w, new, "still here")
     await delivered(current_here, sequence)
     current_here.call.cancel()

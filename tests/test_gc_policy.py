@@ -23,7 +23,9 @@ def default_thresholds() -> Iterator[None]:
         gc.set_threshold(*saved)
 
 
-def test_the_policy_collects_young_objects_every_10000_allocations_and_old_ones_rarely(default_thresholds: None) -> None:
+def test_the_policy_collects_young_objects_every_10000_allocations_and_old_ones_rarely(
+    default_thresholds: None,
+) -> None:
     gc_policy.for_long_running_process()
     assert gc.get_threshold() == gc_policy.THRESHOLDS
     young, middle, old = gc_policy.THRESHOLDS

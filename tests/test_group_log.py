@@ -33,7 +33,9 @@ def stub(w: World, kind: str) -> glpb_grpc.GroupLogServiceStub:
     answer nobody else (tests/test_read_authorization.py)."""
     if kind == "local":
         return glpb_grpc.GroupLogServiceStub(w.mesh.peers.local)  # type: ignore[attr-defined]
-    return glpb_grpc.GroupLogServiceStub(MeshServiceChannel(w.client.channel, w.settings.mesh_token_path.read_bytes().strip()))
+    return glpb_grpc.GroupLogServiceStub(
+        MeshServiceChannel(w.client.channel, w.settings.mesh_token_path.read_bytes().strip())
+    )
 
 
 async def refusal(call: Any) -> tuple[grpc.StatusCode, int]:
@@ -48,12 +50,16 @@ async def refusal(call: Any) -> tuple[grpc.StatusCode, int]:
 
 
 async def post(w: World, conv: str, text: str) -> int:
-    return (await w.run(w.owner, G, "message_post", builders.message(conv, text), membership_epoch=1)).group_revision
+    return (
+        await w.run(w.owner, G, "message_post", builders.message(conv, text), membership_epoch=1)
+    ).group_revision
 
 
 @pytest.mark.parametrize("kind", ["local", "remote"])
 @pytest.mark.req("MW-8-08")
-async def test_follow_is_refused_with_a_structured_status_for_non_members_and_unknown_groups(world: World, kind: str) -> None:
+async def test_follow_is_refused_with_a_structured_status_for_non_members_and_unknown_groups(
+    world: World, kind: str
+) -> None:
     w = world
     await create(w)
     log = stub(w, kind)
@@ -65,12 +71,25 @@ async def test_follow_is_refused_with_a_structured_status_for_non_members_and_un
     for group_id, member_id, code, reason in cases:
         call = log.FollowGroup(glpb.FollowGroupRequest(group_id=group_id, member_id=member_id))
         assert await refusal(call) == (code, reason)
-    fetch = glpb.FetchEventsRequest(group_id=G, member_id="worker-bot", ranges=[pb.SequenceRange(first=1, last=1)])
-    assert await refusal(log.FetchEvents(fetch)) == (grpc.StatusCode.PERMISSION_DENIED, R.REJECTION_REASON_NOT_A_MEMBER)
-    snapshot = glpb.GetMemberSnapshotRequest(group_id=G, member_id="worker-bot", digest=common_pb2.Digest(hex="00"))
-    assert await refusal(log.GetMemberSnapshot(snapshot)) == (grpc.StatusCode.PERMISSION_DENIED, R.REJECTION_REASON_NOT_A_MEMBER)
+    fetch = glpb.FetchEventsRequest(
+        group_id=G, member_id="worker-bot", ranges=[pb.SequenceRange(first=1, last=1)]
+    )
+    assert await refusal(log.FetchEvents(fetch)) == (
+        grpc.StatusCode.PERMISSION_DENIED,
+        R.REJECTION_REASON_NOT_A_MEMBER,
+    )
+    snapshot = glpb.GetMemberSnapshotRequest(
+        group_id=G, member_id="worker-bot", digest=common_pb2.Digest(hex="00")
+    )
+    assert await refusal(log.GetMemberSnapshot(snapshot)) == (
+        grpc.StatusCode.PERMISSION_DENIED,
+        R.REJECTION_REASON_NOT_A_MEMBER,
+    )
     snapshot.member_id = "alice"
-    assert await refusal(log.GetMemberSnapshot(snapshot)) == (grpc.StatusCode.NOT_FOUND, R.REJECTION_REASON_NOT_FOUND)
+    assert await refusal(log.GetMemberSnapshot(snapshot)) == (
+        grpc.StatusCode.NOT_FOUND,
+        R.REJECTION_REASON_NOT_FOUND,
+    )
 
 
 @pytest.mark.parametrize("kind", ["local", "remote"])
@@ -87,10 +106,20 @@ async def test_follow_starts_at_the_visibility_start_skips_what_the_member_may_n
         conversation_id="conv_secret", kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED, title="s"
     )
     await w.run(w.owner, G, "conversation_open", secret, membership_epoch=1)
-    hidden = (await w.run(w.owner, G, "message_post", builders.message("conv_secret", "hunter2"), membership_epoch=1)).group_revision
+    hidden = (
+        await w.run(
+            w.owner, G, "message_post", builders.message("conv_secret", "hunter2"), membership_epoch=1
+        )
+    ).group_revision
     head = (await w.client.group_state(G)).head_sequence
-    start = next(m.visibility_start_sequence for m in (await w.client.group_state(G)).memberships if m.member_id == "worker-bot")
-    call = stub(w, kind).FollowGroup(glpb.FollowGroupRequest(group_id=G, member_id="worker-bot", after_sequence=0, max_batch_entries=2))
+    start = next(
+        m.visibility_start_sequence
+        for m in (await w.client.group_state(G)).memberships
+        if m.member_id == "worker-bot"
+    )
+    call = stub(w, kind).FollowGroup(
+        glpb.FollowGroupRequest(group_id=G, member_id="worker-bot", after_sequence=0, max_batch_entries=2)
+    )
     try:
         started = (await call.read()).started
         assert (started.effective_after_sequence, started.head_sequence) == (start - 1, head)
@@ -128,7 +157,9 @@ async def test_follow_applies_the_attention_filter_and_bounds_a_batch_by_bytes(
     # Each envelope is over 3 KB: a 4 KB bound makes every batch one entry.
     monkeypatch.setattr(missionweave_server.services.authority.group_log, "MAX_BATCH_BYTES", 4_000)
     focus = pb.AttentionFilter(mode=pb.ATTENTION_MODE_FILTERED, direct_mentions=True)
-    request = glpb.FollowGroupRequest(group_id=G, member_id="worker-bot", after_sequence=chatter - 1, filter=focus)
+    request = glpb.FollowGroupRequest(
+        group_id=G, member_id="worker-bot", after_sequence=chatter - 1, filter=focus
+    )
     call = stub(w, kind).FollowGroup(request)
     try:
         assert (await call.read()).started.effective_after_sequence == chatter - 1
@@ -143,7 +174,9 @@ async def test_follow_applies_the_attention_filter_and_bounds_a_batch_by_bytes(
 
 @pytest.mark.parametrize("kind", ["local", "remote"])
 @pytest.mark.req("MW-8-08", "MW-16-11", "MW-16-05")
-async def test_follow_ends_with_membership_ended_cursor_too_old_and_history_unavailable(world: World, kind: str) -> None:
+async def test_follow_ends_with_membership_ended_cursor_too_old_and_history_unavailable(
+    world: World, kind: str
+) -> None:
     w = world
     conv = (await create(w)).mission.planning_conversation_id
     await as_member(w, G, w.worker)
@@ -171,7 +204,9 @@ async def test_follow_ends_with_membership_ended_cursor_too_old_and_history_unav
     reference = pb.SnapshotReference.FromString(too_old.signed_reference.payload)
     assert (reference.sequence, reference.digest.hex) == (taken.sequence, taken.digest.hex)
     assert await old.read() is grpc.aio.EOF
-    got = await log.GetMemberSnapshot(glpb.GetMemberSnapshotRequest(group_id=G, member_id="alice", digest=reference.digest))
+    got = await log.GetMemberSnapshot(
+        glpb.GetMemberSnapshotRequest(group_id=G, member_id="alice", digest=reference.digest)
+    )
     assert got.snapshot == taken.snapshot and verify_signature(got.signed_reference, public_key)
 
     from missionweave_server.services.authority.schema import snapshots
@@ -181,28 +216,47 @@ async def test_follow_ends_with_membership_ended_cursor_too_old_and_history_unav
     lost = log.FollowGroup(glpb.FollowGroupRequest(group_id=G, member_id="alice", after_sequence=2))
     assert (await lost.read()).HasField("started")
     unavailable = (await lost.read()).history_unavailable
-    assert (unavailable.requested_after_sequence, unavailable.oldest_available_after_sequence) == (2, taken.sequence)
+    assert (unavailable.requested_after_sequence, unavailable.oldest_available_after_sequence) == (
+        2,
+        taken.sequence,
+    )
 
 
 @pytest.mark.parametrize("kind", ["local", "remote"])
 @pytest.mark.req("MW-8-08", "MW-8-09", "MW-13.3-03")
-async def test_fetch_checks_ranges_and_the_context_package_on_the_authority_side(world: World, kind: str) -> None:
+async def test_fetch_checks_ranges_and_the_context_package_on_the_authority_side(
+    world: World, kind: str
+) -> None:
     w = world
     await create(w)
     await as_member(w, G, w.worker)
     log = stub(w, kind)
 
     def request(first: int, last: int) -> glpb.FetchEventsRequest:
-        return glpb.FetchEventsRequest(group_id=G, member_id="worker-bot", ranges=[pb.SequenceRange(first=first, last=last)])
+        return glpb.FetchEventsRequest(
+            group_id=G, member_id="worker-bot", ranges=[pb.SequenceRange(first=first, last=last)]
+        )
 
-    assert await refusal(log.FetchEvents(request(5, 2))) == (grpc.StatusCode.INVALID_ARGUMENT, R.REJECTION_REASON_INVALID_ARGUMENT)
-    assert await refusal(log.FetchEvents(request(1, 5_000))) == (grpc.StatusCode.RESOURCE_EXHAUSTED, R.REJECTION_REASON_TOO_LARGE)
-    package = (await w.client.authority.GetContextPackage(apb.GetContextPackageRequest(group_id=G, recipient_ids=["worker-bot"]))).package
+    assert await refusal(log.FetchEvents(request(5, 2))) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        R.REJECTION_REASON_INVALID_ARGUMENT,
+    )
+    assert await refusal(log.FetchEvents(request(1, 5_000))) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        R.REJECTION_REASON_TOO_LARGE,
+    )
+    package = (
+        await w.client.authority.GetContextPackage(
+            apb.GetContextPackageRequest(group_id=G, recipient_ids=["worker-bot"])
+        )
+    ).package
     head = (await w.client.group_state(G)).head_sequence
     cited = request(1, head)
     cited.context_package.CopyFrom(package)
     answer = await log.FetchEvents(cited)
-    assert [e.sequence for e in decode_events(answer.events)] == list(range(1, head + 1)) and not answer.withheld
+    assert [e.sequence for e in decode_events(answer.events)] == list(
+        range(1, head + 1)
+    ) and not answer.withheld
     package.payload += b"\x00"
     cited.context_package.CopyFrom(package)
     with pytest.raises(grpc.aio.AioRpcError) as tampered:
@@ -222,15 +276,23 @@ async def test_the_shared_view_names_each_events_audience_and_the_members(world:
     grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
     await w.run(w.owner, G, "membership_grant", grant, membership_epoch=1)
     opened = conversation_pb2.ConversationOpen(
-        conversation_id="conv_two", kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED, title="r", participant_ids=["worker-bot"]
+        conversation_id="conv_two",
+        kind=conversation_pb2.CONVERSATION_KIND_RESTRICTED,
+        title="r",
+        participant_ids=["worker-bot"],
     )
     await w.run(w.coordinator, G, "conversation_open", opened, membership_epoch=2)
     secret = await post(w, "conv_two", "between the worker and the stewards")
     log = stub(w, kind)
     shared = glpb.FollowGroupRequest(group_id=G, view=glpb.FOLLOW_VIEW_SHARED)
-    for wrong in (glpb.FollowGroupRequest(group_id=G, member_id="alice", view=glpb.FOLLOW_VIEW_SHARED),
-                  glpb.FollowGroupRequest(group_id=G, view=glpb.FOLLOW_VIEW_SHARED, filter=pb.AttentionFilter())):
-        assert await refusal(log.FollowGroup(wrong)) == (grpc.StatusCode.INVALID_ARGUMENT, R.REJECTION_REASON_INVALID_ARGUMENT)
+    for wrong in (
+        glpb.FollowGroupRequest(group_id=G, member_id="alice", view=glpb.FOLLOW_VIEW_SHARED),
+        glpb.FollowGroupRequest(group_id=G, view=glpb.FOLLOW_VIEW_SHARED, filter=pb.AttentionFilter()),
+    ):
+        assert await refusal(log.FollowGroup(wrong)) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            R.REJECTION_REASON_INVALID_ARGUMENT,
+        )
     call = log.FollowGroup(shared)
     try:
         assert (await call.read()).started.effective_after_sequence == 0
@@ -241,5 +303,9 @@ async def test_the_shared_view_names_each_events_audience_and_the_members(world:
     assert all(e.HasField("envelope") for e in batch.entries)
     assert sorted(batch.members.full_member_ids) == ["alice", "coord-bot", "worker-bot"]
     restricted = batch.entries[-1].audience
-    assert not restricted.full_members and sorted(restricted.member_ids) == ["alice", "coord-bot", "worker-bot"]
+    assert not restricted.full_members and sorted(restricted.member_ids) == [
+        "alice",
+        "coord-bot",
+        "worker-bot",
+    ]
     assert batch.entries[0].audience.full_members and not batch.entries[0].audience.member_ids

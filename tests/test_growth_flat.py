@@ -59,14 +59,18 @@ class Lifecycles:
     async def work(self, kind: str, body: Message) -> list[event_pb2.Event]:
         return await self._paced(self.w.worker, kind, body, self.wm)
 
-    async def _paced(self, session: SessionSigner, kind: str, body: Message, epoch: int) -> list[event_pb2.Event]:
+    async def _paced(
+        self, session: SessionSigner, kind: str, body: Message, epoch: int
+    ) -> list[event_pb2.Event]:
         """The command, sent again after the server's ``retry_after_ms`` while the Group is over
         its ingress rate (MW-8-16: a quiet machine grows the Group faster than that), as a client
         would; the refused attempt wrote nothing."""
         deadline = asyncio.get_running_loop().time() + 30
         while True:
             try:
-                return decode_events((await self.w.run(session, G, kind, body, membership_epoch=epoch)).events)
+                return decode_events(
+                    (await self.w.run(session, G, kind, body, membership_epoch=epoch)).events
+                )
             except grpc.aio.AioRpcError as err:
                 rejection = rejection_from_rpc_error(err)
                 if rejection is None or rejection.reason != common_pb2.REJECTION_REASON_OVERLOADED:
@@ -109,7 +113,11 @@ class Lifecycles:
             lease_id=lease_id,
             ownership_epoch=1,
             contract_revision=1,
-            artifacts=[await self.w.deliverable(self.w.worker, G, wi, f"task {i}".encode(), mission_id=self.mission_id)],
+            artifacts=[
+                await self.w.deliverable(
+                    self.w.worker, G, wi, f"task {i}".encode(), mission_id=self.mission_id
+                )
+            ],
             evidence=[builders.evidence()],
             summary=f"task {i}: done",
         )

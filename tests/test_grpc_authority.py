@@ -45,7 +45,9 @@ async def db_image(w: World) -> tuple[list[tuple[object, ...]], ...]:
     return tuple(out)
 
 
-async def expect_rejection(w: World, envelope: common_pb2.SignedEnvelope, reason: int) -> common_pb2.Rejection:
+async def expect_rejection(
+    w: World, envelope: common_pb2.SignedEnvelope, reason: int
+) -> common_pb2.Rejection:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await w.client.execute(envelope)
     rejection = rejection_from_rpc_error(info.value)
@@ -57,7 +59,9 @@ async def expect_rejection(w: World, envelope: common_pb2.SignedEnvelope, reason
 @pytest.mark.req("MW-7.1-T01", "MW-9-13", "MW-9-10")
 async def test_mission_create_and_message_post_end_to_end(world: World) -> None:
     conv = await create_mission(world)
-    post = world.owner.command("grp_e2e", "message_post", builders.message(conv, "kick-off"), membership_epoch=1)
+    post = world.owner.command(
+        "grp_e2e", "message_post", builders.message(conv, "kick-off"), membership_epoch=1
+    )
     result = await world.client.execute(world.owner.sign(post))
     assert result.group_revision == 6 and not result.replayed
     (event,) = decode_events(result.events)
@@ -65,8 +69,12 @@ async def test_mission_create_and_message_post_end_to_end(world: World) -> None:
     assert event.causing_command_id == post.command_id and event.actor_id == "alice"
     types = [e.type async for e in world.client.read_events("grp_e2e")]
     assert types == [
-        "mission.created", "conversation.opened", "membership.granted", "membership.granted",
-        "mission.coordinator_lease.granted", "message.posted",
+        "mission.created",
+        "conversation.opened",
+        "membership.granted",
+        "membership.granted",
+        "mission.coordinator_lease.granted",
+        "message.posted",
     ]
 
 
@@ -98,7 +106,9 @@ async def test_retried_command_returns_original_result_and_appends_nothing(world
     assert list(again.events) == list(first.events)
     assert await db_image(world) == before
     # The creation command itself is idempotent too.
-    create = world.owner.command("grp_x", "mission_create", builders.mission_create("alice", "coord-bot", now()))
+    create = world.owner.command(
+        "grp_x", "mission_create", builders.mission_create("alice", "coord-bot", now())
+    )
     a = await world.client.execute(world.owner.sign(create))
     b = await world.client.execute(world.owner.sign(create))
     assert b.replayed and list(a.events) == list(b.events)
@@ -120,14 +130,18 @@ async def test_bad_input_gets_distinct_reasons_and_writes_nothing(world: World) 
 
     key_id = f"alice#session-{owner.session_epoch}"
     # Malformed protobuf payload (validly signed garbage).
-    await check(sign_envelope(b"\xff\xff\xff\xff", COMMAND_TYPE, owner.key, key_id), R.REJECTION_REASON_MALFORMED)
+    await check(
+        sign_envelope(b"\xff\xff\xff\xff", COMMAND_TYPE, owner.key, key_id), R.REJECTION_REASON_MALFORMED
+    )
     # Unknown command kind: a body field number this server does not know.
     unknown = command_pb2.Command()
     unknown.CopyFrom(good)
     unknown.command_id = "cmd_unknown"
     unknown.ClearField("body")
     payload = unknown.SerializeToString() + bytes([0xA2, 0x0F, 0x00])  # field 500, length 0
-    await check(sign_envelope(payload, COMMAND_TYPE, owner.key, key_id), R.REJECTION_REASON_UNKNOWN_COMMAND_KIND)
+    await check(
+        sign_envelope(payload, COMMAND_TYPE, owner.key, key_id), R.REJECTION_REASON_UNKNOWN_COMMAND_KIND
+    )
     # Missing and wrong signatures.
     fresh = owner.command("grp_e2e", "message_post", builders.message(conv, "again"), membership_epoch=1)
     unsigned = owner.sign(fresh)
@@ -139,13 +153,18 @@ async def test_bad_input_gets_distinct_reasons_and_writes_nothing(world: World) 
     tampered.payload = tampered.payload.replace(b"again", b"AGAIN")
     await check(tampered, R.REJECTION_REASON_SIGNATURE_INVALID)
     # Unknown agent.
-    await check(SessionSigner("mallory", 1, SigningKey.generate()).sign(fresh), R.REJECTION_REASON_UNKNOWN_IDENTITY)
+    await check(
+        SessionSigner("mallory", 1, SigningKey.generate()).sign(fresh), R.REJECTION_REASON_UNKNOWN_IDENTITY
+    )
     # Wrong membership epoch.
     stale_member = owner.command("grp_e2e", "message_post", builders.message(conv), membership_epoch=7)
     await check(owner.sign(stale_member), R.REJECTION_REASON_MEMBERSHIP_EPOCH_STALE)
     # Wrong expected revision.
     wrong_rev = owner.command(
-        "grp_e2e", "message_post", builders.message(conv), membership_epoch=1,
+        "grp_e2e",
+        "message_post",
+        builders.message(conv),
+        membership_epoch=1,
         expected_revision=common_pb2.ExpectedRevision(kind=common_pb2.REVISION_KIND_GROUP, revision=3),
     )
     await check(owner.sign(wrong_rev), R.REJECTION_REASON_REVISION_MISMATCH)
@@ -153,7 +172,13 @@ async def test_bad_input_gets_distinct_reasons_and_writes_nothing(world: World) 
     huge = owner.command("grp_e2e", "message_post", builders.message(conv, "x" * 300_000), membership_epoch=1)
     await check(owner.sign(huge), R.REJECTION_REASON_TOO_LARGE)
     # Duplicate command id with a different body.
-    reused = owner.command("grp_e2e", "message_post", builders.message(conv, "different"), membership_epoch=1, command_id=good.command_id)
+    reused = owner.command(
+        "grp_e2e",
+        "message_post",
+        builders.message(conv, "different"),
+        membership_epoch=1,
+        command_id=good.command_id,
+    )
     await check(owner.sign(reused), R.REJECTION_REASON_COMMAND_ID_REUSED)
     # Replay outside the window.
     old = owner.command("grp_e2e", "message_post", builders.message(conv), membership_epoch=1)
@@ -164,7 +189,9 @@ async def test_bad_input_gets_distinct_reasons_and_writes_nothing(world: World) 
     await check(owner.sign(child), R.REJECTION_REASON_NOT_FOUND)
     assert len(seen) == 11  # twelve cases, two of them forged signatures
     # The service stays up and keeps accepting good commands.
-    ok = await world.client.execute(owner.sign(owner.command("grp_e2e", "message_post", builders.message(conv), membership_epoch=1)))
+    ok = await world.client.execute(
+        owner.sign(owner.command("grp_e2e", "message_post", builders.message(conv), membership_epoch=1))
+    )
     assert ok.group_revision == 7
 
 
@@ -179,13 +206,17 @@ async def test_stale_session_epoch_is_fenced(world: World) -> None:
     r = await expect_rejection(world, old.sign(post), R.REJECTION_REASON_SESSION_EPOCH_STALE)
     assert r.metadata["current_epoch"] == str(new.session_epoch)
     assert await db_image(world) == before
-    ok = await world.client.execute(new.sign(new.command("grp_e2e", "message_post", builders.message(conv), membership_epoch=1)))
+    ok = await world.client.execute(
+        new.sign(new.command("grp_e2e", "message_post", builders.message(conv), membership_epoch=1))
+    )
     assert ok.group_revision == 6
 
 
 async def test_transport_limit_is_enforced_and_server_survives(world: World) -> None:
     conv = await create_mission(world)
-    huge = world.owner.command("grp_e2e", "message_post", builders.message(conv, "x" * (5 * 1024 * 1024)), membership_epoch=1)
+    huge = world.owner.command(
+        "grp_e2e", "message_post", builders.message(conv, "x" * (5 * 1024 * 1024)), membership_epoch=1
+    )
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await world.client.execute(world.owner.sign(huge))
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -201,11 +232,19 @@ async def test_replay_of_the_stored_log_equals_live_state(world: World) -> None:
 
     coord = world.coordinator
     grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
-    await world.client.execute(coord.sign(coord.command("grp_e2e", "membership_grant", grant, membership_epoch=2)))
+    await world.client.execute(
+        coord.sign(coord.command("grp_e2e", "membership_grant", grant, membership_epoch=2))
+    )
     for i in range(20):
         actor = world.worker if i % 2 else world.owner
         epoch = 3 if i % 2 else 1
-        await world.client.execute(actor.sign(actor.command("grp_e2e", "message_post", builders.message(conv, f"m{i}"), membership_epoch=epoch)))
+        await world.client.execute(
+            actor.sign(
+                actor.command(
+                    "grp_e2e", "message_post", builders.message(conv, f"m{i}"), membership_epoch=epoch
+                )
+            )
+        )
     authority = world.mesh.authority  # type: ignore[attr-defined]
     live = await authority.state("grp_e2e")
     replayed = await authority.fold("grp_e2e")
@@ -223,7 +262,9 @@ async def test_many_clients_many_groups_no_gap_no_duplicate(world: World) -> Non
     async def client(n: int) -> None:
         for j in range(per_client):
             g = n % len(group_ids)
-            cmd = world.owner.command(group_ids[g], "message_post", builders.message(convs[g], f"{n}-{j}"), membership_epoch=1)
+            cmd = world.owner.command(
+                group_ids[g], "message_post", builders.message(convs[g], f"{n}-{j}"), membership_epoch=1
+            )
             await world.client.execute(world.owner.sign(cmd))
 
     await asyncio.gather(*(client(n) for n in range(32)))
@@ -246,10 +287,16 @@ async def test_streamed_command_path(world: World) -> None:
     Group's shard on a stream of its own (rpc/shards.py); the answers are the same."""
     conv = await create_mission(world)
     envelopes = [
-        world.owner.sign(world.owner.command("grp_e2e", "message_post", builders.message(conv, str(i)), membership_epoch=1))
+        world.owner.sign(
+            world.owner.command("grp_e2e", "message_post", builders.message(conv, str(i)), membership_epoch=1)
+        )
         for i in range(50)
     ]
-    envelopes.append(world.owner.sign(world.owner.command("grp_e2e", "message_post", builders.message(conv), membership_epoch=9)))
+    envelopes.append(
+        world.owner.sign(
+            world.owner.command("grp_e2e", "message_post", builders.message(conv), membership_epoch=9)
+        )
+    )
 
     async def requests():  # type: ignore[no-untyped-def]
         for tag, env in enumerate(envelopes):
@@ -267,7 +314,9 @@ async def test_streamed_command_path(world: World) -> None:
 
 async def test_read_events_follow_and_unknown_group(world: World) -> None:
     conv = await create_mission(world)
-    call = world.client.authority.ReadEvents(authority_service_pb2.ReadEventsRequest(group_id="grp_e2e", after_sequence=5, follow=True))
+    call = world.client.authority.ReadEvents(
+        authority_service_pb2.ReadEventsRequest(group_id="grp_e2e", after_sequence=5, follow=True)
+    )
 
     async def first_batch() -> list[int]:
         async for batch in call:
@@ -276,7 +325,11 @@ async def test_read_events_follow_and_unknown_group(world: World) -> None:
 
     reader = asyncio.create_task(first_batch())
     await asyncio.sleep(0.1)
-    await world.client.execute(world.owner.sign(world.owner.command("grp_e2e", "message_post", builders.message(conv), membership_epoch=1)))
+    await world.client.execute(
+        world.owner.sign(
+            world.owner.command("grp_e2e", "message_post", builders.message(conv), membership_epoch=1)
+        )
+    )
     assert await asyncio.wait_for(reader, 5) == [6]
     call.cancel()
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -296,7 +349,9 @@ async def test_health_reports_every_service_and_reflection_lists_them(world: Wor
 
     async def ask():  # type: ignore[no-untyped-def]
         yield reflection_pb2.ServerReflectionRequest(list_services="")
-        yield reflection_pb2.ServerReflectionRequest(file_containing_symbol="missionweave.v1.AuthorityService")
+        yield reflection_pb2.ServerReflectionRequest(
+            file_containing_symbol="missionweave.v1.AuthorityService"
+        )
 
     # v1alpha, and v1 (same messages under another package name: what current tools ask first).
     v1 = world.client.channel.stream_stream(
@@ -307,12 +362,20 @@ async def test_health_reports_every_service_and_reflection_lists_them(world: Wor
     for call in (refl.ServerReflectionInfo(ask()), v1(ask())):
         responses = [r async for r in call]
         listed = {s.name for s in responses[0].list_services_response.service}
-        assert set(SERVICE_NAMES.values()) | {"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"} <= listed
-        fd = descriptor_pb2.FileDescriptorProto.FromString(responses[1].file_descriptor_response.file_descriptor_proto[0])
+        assert (
+            set(SERVICE_NAMES.values())
+            | {"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"}
+            <= listed
+        )
+        fd = descriptor_pb2.FileDescriptorProto.FromString(
+            responses[1].file_descriptor_response.file_descriptor_proto[0]
+        )
         assert fd.package == "missionweave.v1"
 
 
-async def test_the_scheduling_service_serves_and_refuses_an_incomplete_request_structured(world: World) -> None:
+async def test_the_scheduling_service_serves_and_refuses_an_incomplete_request_structured(
+    world: World,
+) -> None:
     """It used to answer UNIMPLEMENTED to everything while its health said SERVING (issue 15)."""
     from missionweave.v1 import scheduling_service_pb2, scheduling_service_pb2_grpc
 

@@ -20,34 +20,56 @@ R = common_pb2.RejectionReason
 
 
 @pytest.mark.req("MW-9-13")
-async def test_a_batch_answers_each_command_in_request_order_and_rejections_write_nothing(world: World) -> None:
+async def test_a_batch_answers_each_command_in_request_order_and_rejections_write_nothing(
+    world: World,
+) -> None:
     conv_a = await create_mission(world, "grp_ba")
     conv_b = await create_mission(world, "grp_bb")
     owner = world.owner
     head_a = (await world.client.group_state("grp_ba")).head_sequence
     head_b = (await world.client.group_state("grp_bb")).head_sequence
-    earlier = owner.sign(owner.command("grp_ba", "message_post", builders.message(conv_a, "earlier"), membership_epoch=1))
+    earlier = owner.sign(
+        owner.command("grp_ba", "message_post", builders.message(conv_a, "earlier"), membership_epoch=1)
+    )
     first = await world.client.execute(earlier)
     head_a += 1
 
-    tampered = owner.sign(owner.command("grp_ba", "message_post", builders.message(conv_a, "tampered"), membership_epoch=1))
+    tampered = owner.sign(
+        owner.command("grp_ba", "message_post", builders.message(conv_a, "tampered"), membership_epoch=1)
+    )
     tampered.payload = tampered.payload.replace(b"tampered", b"TAMPERED")
     forged = SessionSigner("alice", owner.session_epoch, SigningKey.generate()).sign(
         owner.command("grp_bb", "message_post", builders.message(conv_b, "forged"), membership_epoch=1)
     )
-    stale = owner.sign(owner.command("grp_bb", "message_post", builders.message(conv_b, "stale"), membership_epoch=9))
+    stale = owner.sign(
+        owner.command("grp_bb", "message_post", builders.message(conv_b, "stale"), membership_epoch=9)
+    )
     batch = [
-        owner.sign(owner.command("grp_ba", "message_post", builders.message(conv_a, "a1"), membership_epoch=1)),
+        owner.sign(
+            owner.command("grp_ba", "message_post", builders.message(conv_a, "a1"), membership_epoch=1)
+        ),
         tampered,
-        owner.sign(owner.command("grp_bb", "message_post", builders.message(conv_b, "b1"), membership_epoch=1)),
+        owner.sign(
+            owner.command("grp_bb", "message_post", builders.message(conv_b, "b1"), membership_epoch=1)
+        ),
         earlier,  # an idempotent retry: answered from the log, nothing appended
         forged,
         stale,
-        owner.sign(owner.command("grp_bb", "message_post", builders.message(conv_b, "b2"), membership_epoch=1)),
+        owner.sign(
+            owner.command("grp_bb", "message_post", builders.message(conv_b, "b2"), membership_epoch=1)
+        ),
     ]
     outcomes = await world.client.execute_batch(batch)
 
-    assert [type(o).__name__ for o in outcomes] == ["CommandResult", "Rejected", "CommandResult", "CommandResult", "Rejected", "Rejected", "CommandResult"]
+    assert [type(o).__name__ for o in outcomes] == [
+        "CommandResult",
+        "Rejected",
+        "CommandResult",
+        "CommandResult",
+        "Rejected",
+        "Rejected",
+        "CommandResult",
+    ]
     rejected = [o for o in outcomes if isinstance(o, Rejected)]
     assert [r.reason for r in rejected] == [
         R.REJECTION_REASON_SIGNATURE_INVALID,
@@ -65,7 +87,9 @@ async def test_a_batch_answers_each_command_in_request_order_and_rejections_writ
     assert texts == {"a1", "b1", "b2"}
     # Exactly the accepted commands were appended, once each.
     after_a = [e.message_posted.content.text async for e in world.client.read_events("grp_ba", after=head_a)]
-    after_b = sorted([e.message_posted.content.text async for e in world.client.read_events("grp_bb", after=head_b)])
+    after_b = sorted(
+        [e.message_posted.content.text async for e in world.client.read_events("grp_bb", after=head_b)]
+    )
     assert after_a == ["a1"] and after_b == ["b1", "b2"]
 
     # The same batch again: every accepted command is a replay now, and the log does not move.
@@ -82,7 +106,11 @@ async def test_request_tags_are_echoed_and_an_empty_batch_is_an_empty_answer(wor
     request = authority_service_pb2.ExecuteCommandBatchRequest(
         commands=[
             authority_service_pb2.ExecuteCommandStreamRequest(
-                command=owner.sign(owner.command("grp_bt", "message_post", builders.message(conv, f"t{i}"), membership_epoch=1)),
+                command=owner.sign(
+                    owner.command(
+                        "grp_bt", "message_post", builders.message(conv, f"t{i}"), membership_epoch=1
+                    )
+                ),
                 request_tag=1000 + i,
             )
             for i in range(5)
@@ -91,7 +119,9 @@ async def test_request_tags_are_echoed_and_an_empty_batch_is_an_empty_answer(wor
     response = await world.client.authority.ExecuteCommandBatch(request)
     assert [a.request_tag for a in response.results] == [1000, 1001, 1002, 1003, 1004]
     assert all(a.HasField("result") and a.command_id for a in response.results)
-    empty = await world.client.authority.ExecuteCommandBatch(authority_service_pb2.ExecuteCommandBatchRequest())
+    empty = await world.client.authority.ExecuteCommandBatch(
+        authority_service_pb2.ExecuteCommandBatchRequest()
+    )
     assert list(empty.results) == []
 
 

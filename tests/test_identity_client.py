@@ -24,24 +24,33 @@ SERVICE = pb.DESCRIPTOR.services_by_name["IdentityDirectoryService"].full_name
 
 def ident(identity_id: str, epoch: int = 0) -> pb.DirectoryIdentity:
     return pb.DirectoryIdentity(
-        identity_id=identity_id, public_key=b"k" * 32, kind=common_pb2.IDENTITY_KIND_AGENT, session_epoch=epoch
+        identity_id=identity_id,
+        public_key=b"k" * 32,
+        kind=common_pb2.IDENTITY_KIND_AGENT,
+        session_epoch=epoch,
     )
 
 
 def change(revision: int, identity_id: str, epoch: int, key: bytes = b"") -> pb.WatchIdentitiesResponse:
     kind = pb.IDENTITY_CHANGE_KIND_SESSION_OPENED if epoch else pb.IDENTITY_CHANGE_KIND_REGISTERED
     return pb.WatchIdentitiesResponse(
-        change=pb.IdentityChange(revision=revision, kind=kind, identity=ident(identity_id, epoch), session_public_key=key)
+        change=pb.IdentityChange(
+            revision=revision, kind=kind, identity=ident(identity_id, epoch), session_public_key=key
+        )
     )
 
 
 def published(agent_id: str, version: str) -> agent_card_pb2.PublishedAgentCard:
-    return agent_card_pb2.PublishedAgentCard(card=agent_card_pb2.AgentCard(agent_id=agent_id, card_version=version))
+    return agent_card_pb2.PublishedAgentCard(
+        card=agent_card_pb2.AgentCard(agent_id=agent_id, card_version=version)
+    )
 
 
 def card_published(revision: int, agent_id: str) -> pb.WatchIdentitiesResponse:
     return pb.WatchIdentitiesResponse(
-        change=pb.IdentityChange(revision=revision, kind=pb.IDENTITY_CHANGE_KIND_CARD_PUBLISHED, identity=ident(agent_id, 1))
+        change=pb.IdentityChange(
+            revision=revision, kind=pb.IDENTITY_CHANGE_KIND_CARD_PUBLISHED, identity=ident(agent_id, 1)
+        )
     )
 
 
@@ -77,7 +86,9 @@ class ScriptedDirectory(pb_grpc.IdentityDirectoryServiceServicer):
     async def GetSessionKey(self, request: pb.GetSessionKeyRequest, context: Any) -> pb.GetSessionKeyResponse:
         self.calls["GetSessionKey"] += 1
         await self._gate(context)
-        return pb.GetSessionKeyResponse(session_public_key=self.keys.get((request.identity_id, request.session_epoch), b""))
+        return pb.GetSessionKeyResponse(
+            session_public_key=self.keys.get((request.identity_id, request.session_epoch), b"")
+        )
 
     async def GetAgentCards(self, request: pb.GetAgentCardsRequest, context: Any) -> pb.GetAgentCardsResponse:
         self.calls["GetAgentCards"] += 1
@@ -87,7 +98,9 @@ class ScriptedDirectory(pb_grpc.IdentityDirectoryServiceServicer):
             await self.card_read.wait()
         return pb.GetAgentCardsResponse(cards=found)
 
-    async def WatchIdentities(self, request: pb.WatchIdentitiesRequest, context: Any) -> AsyncIterator[pb.WatchIdentitiesResponse]:
+    async def WatchIdentities(
+        self, request: pb.WatchIdentitiesRequest, context: Any
+    ) -> AsyncIterator[pb.WatchIdentitiesResponse]:
         self.watches.append(request.from_revision)
         if self.down:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "membership is down")
@@ -112,7 +125,9 @@ class ScriptedDirectory(pb_grpc.IdentityDirectoryServiceServicer):
 async def started(directory: ScriptedDirectory, **kw: Any) -> IdentityDirectoryClient:
     channel = LocalChannel()
     channel.register(SERVICE, directory)
-    client = IdentityDirectoryClient(channel, reconnect_initial=0.01, reconnect_cap=0.05, call_timeout=0.3, **kw)
+    client = IdentityDirectoryClient(
+        channel, reconnect_initial=0.01, reconnect_cap=0.05, call_timeout=0.3, **kw
+    )
     client.start()
     assert await client.wait_current(2)
     return client

@@ -46,7 +46,9 @@ class Split:
 
     async def post(self, signer: SessionSigner, text: str = "hi") -> Any:
         body = builders.message(self.conversation, text)
-        return await self.to_authority.execute(signer.sign(signer.command(G, "message_post", body, membership_epoch=1)))
+        return await self.to_authority.execute(
+            signer.sign(signer.command(G, "message_post", body, membership_epoch=1))
+        )
 
 
 async def rejection(call: Any) -> tuple[common_pb2.Rejection, grpc.aio.AioRpcError]:
@@ -64,10 +66,17 @@ async def until(predicate: Any, timeout: float) -> None:  # noqa: ASYNC109 (a po
         await asyncio.sleep(0.02)
 
 
-def split_settings(tmp_path: Path, db_url: str, port: int, services: tuple[str, ...], peers: dict[str, str]) -> Settings:
+def split_settings(
+    tmp_path: Path, db_url: str, port: int, services: tuple[str, ...], peers: dict[str, str]
+) -> Settings:
     return Settings(
-        listen=f"127.0.0.1:{port}", data_dir=tmp_path / "data", database_url=db_url, services=services,
-        peers=peers, grace_seconds=1, verify_workers=0,
+        listen=f"127.0.0.1:{port}",
+        data_dir=tmp_path / "data",
+        database_url=db_url,
+        services=services,
+        peers=peers,
+        grace_seconds=1,
+        verify_workers=0,
     )
 
 
@@ -77,13 +86,19 @@ async def split(db_url: str, tmp_path: Path) -> AsyncIterator[Split]:
     m_addr, a_addr = f"127.0.0.1:{membership_port}", f"127.0.0.1:{authority_port}"
     m_settings = split_settings(tmp_path, db_url, membership_port, ("membership",), {"authority": a_addr})
     membership = await start(m_settings)
-    authority = await start(split_settings(tmp_path, db_url, authority_port, ("authority",), {"membership": m_addr}))
+    authority = await start(
+        split_settings(tmp_path, db_url, authority_port, ("authority",), {"membership": m_addr})
+    )
     to_membership, to_authority = MeshClient(m_addr), MeshClient(a_addr)
     admin_key = read_key(m_settings.admin_key_path)
     alice_key = SigningKey.generate()
-    await to_membership.register_identity("admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(alice_key.verify_key))
+    await to_membership.register_identity(
+        "admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(alice_key.verify_key)
+    )
     coord_key = SigningKey.generate()
-    await to_membership.register_identity("admin", admin_key, "coord", common_pb2.IDENTITY_KIND_AGENT, bytes(coord_key.verify_key))
+    await to_membership.register_identity(
+        "admin", admin_key, "coord", common_pb2.IDENTITY_KIND_AGENT, bytes(coord_key.verify_key)
+    )
     s = Split(membership, authority, m_settings, to_membership, to_authority, admin_key, alice_key)
     try:
         yield s
@@ -115,13 +130,21 @@ async def test_identity_lookups_cross_processes(split: Split) -> None:
     assert split.authority.identities.current
     await split.post(alice)
     stranger = SessionSigner("mallory", 1, SigningKey.generate())
-    refused, _ = await rejection(split.to_authority.execute(stranger.sign(stranger.command(G, "message_post", builders.message(split.conversation)))))
+    refused, _ = await rejection(
+        split.to_authority.execute(
+            stranger.sign(stranger.command(G, "message_post", builders.message(split.conversation)))
+        )
+    )
     assert refused.reason == R.REJECTION_REASON_UNKNOWN_IDENTITY
     # Membership reads Group memberships from the Authority's public contract.
-    listed = await split.to_membership.membership.ListMemberships(membership_service_pb2.ListMembershipsRequest(group_id=G))
+    listed = await split.to_membership.membership.ListMemberships(
+        membership_service_pb2.ListMembershipsRequest(group_id=G)
+    )
     assert {m.member_id for m in listed.memberships} == {"alice", "coord"}
     refused, _ = await rejection(
-        split.to_membership.membership.ListMemberships(membership_service_pb2.ListMembershipsRequest(group_id="grp_none"))
+        split.to_membership.membership.ListMemberships(
+            membership_service_pb2.ListMembershipsRequest(group_id="grp_none")
+        )
     )
     assert refused.reason == R.REJECTION_REASON_NOT_A_MEMBER  # alice is not in it: no existence oracle
 
@@ -160,8 +183,15 @@ async def test_a_broken_directory_stream_fails_closed_then_recovers(split: Split
     assert not split.authority.identities.current
 
     # Another Membership instance on the same database opens a new session while the first is down.
-    other = await start(split_settings(split.membership_settings.data_dir.parent, split.membership_settings.database_url,
-                                       free_port(), ("membership",), {}))
+    other = await start(
+        split_settings(
+            split.membership_settings.data_dir.parent,
+            split.membership_settings.database_url,
+            free_port(),
+            ("membership",),
+            {},
+        )
+    )
     try:
         async with MeshClient(f"127.0.0.1:{other.port}") as elsewhere:
             newer = await elsewhere.open_session("alice", split.alice_key)
@@ -193,8 +223,15 @@ async def test_a_session_opened_at_another_membership_instance_fences_at_once_to
     """Two Membership instances on one database: the Authority follows the first; OpenSession at the
     second answers only once the first's stream to the Authority has been written the change."""
     old = await create_mission(split)
-    other = await start(split_settings(split.membership_settings.data_dir.parent, split.membership_settings.database_url,
-                                       free_port(), ("membership",), {}))
+    other = await start(
+        split_settings(
+            split.membership_settings.data_dir.parent,
+            split.membership_settings.database_url,
+            free_port(),
+            ("membership",),
+            {},
+        )
+    )
     try:
         async with MeshClient(f"127.0.0.1:{other.port}") as elsewhere:
             for round_ in range(5):
@@ -211,25 +248,41 @@ async def test_a_session_opened_at_another_membership_instance_fences_at_once_to
 async def test_revisions_are_durable_ordered_and_gap_free_across_instances(split: Split) -> None:
     """Changes made concurrently at two Membership instances get consecutive revisions; a stream
     resumed from any revision replays each later change once, in order."""
-    other = await start(split_settings(split.membership_settings.data_dir.parent, split.membership_settings.database_url,
-                                       free_port(), ("membership",), {}))
+    other = await start(
+        split_settings(
+            split.membership_settings.data_dir.parent,
+            split.membership_settings.database_url,
+            free_port(),
+            ("membership",),
+            {},
+        )
+    )
     try:
         async with MeshClient(f"127.0.0.1:{other.port}") as elsewhere:
             keys = {f"agent-{i}": SigningKey.generate() for i in range(12)}
-            await asyncio.gather(*[
-                (split.to_membership if i % 2 else elsewhere).register_identity(
-                    "admin", split.admin_key, name, common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
-                )
-                for i, (name, key) in enumerate(keys.items())
-            ])
-            await asyncio.gather(*[
-                (elsewhere if i % 2 else split.to_membership).open_session(name, key) for i, (name, key) in enumerate(keys.items())
-            ])
+            await asyncio.gather(
+                *[
+                    (split.to_membership if i % 2 else elsewhere).register_identity(
+                        "admin", split.admin_key, name, common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+                    )
+                    for i, (name, key) in enumerate(keys.items())
+                ]
+            )
+            await asyncio.gather(
+                *[
+                    (elsewhere if i % 2 else split.to_membership).open_session(name, key)
+                    for i, (name, key) in enumerate(keys.items())
+                ]
+            )
         token = split.membership_settings.mesh_token_path.read_bytes().strip()  # internal: mesh services only
-        stub = identities_pb2_grpc.IdentityDirectoryServiceStub(MeshServiceChannel(split.to_membership.channel, token))
+        stub = identities_pb2_grpc.IdentityDirectoryServiceStub(
+            MeshServiceChannel(split.to_membership.channel, token)
+        )
         call = stub.WatchIdentities(identities_pb2.WatchIdentitiesRequest(from_revision=1))
         first = await call.read()
-        assert first.start.revision == 1 and not first.start.reset and first.start.heartbeat_interval_ms == 1000
+        assert (
+            first.start.revision == 1 and not first.start.reset and first.start.heartbeat_interval_ms == 1000
+        )
         seen = []
         # admin's bootstrap (1) and alice's and coord's registrations (2, 3) came first.
         while len(seen) < 2 + 24:
@@ -246,14 +299,20 @@ async def test_revisions_are_durable_ordered_and_gap_free_across_instances(split
         first = await call.read()
         assert first.start.reset and first.start.revision == seen[-1].revision
         call.cancel()
-        found = await stub.GetIdentities(identities_pb2.GetIdentitiesRequest(identity_ids=["agent-0", "nobody", "agent-0"]))
-        assert [i.identity_id for i in found.identities] == ["agent-0"] and found.revision == seen[-1].revision
+        found = await stub.GetIdentities(
+            identities_pb2.GetIdentitiesRequest(identity_ids=["agent-0", "nobody", "agent-0"])
+        )
+        assert [i.identity_id for i in found.identities] == ["agent-0"] and found.revision == seen[
+            -1
+        ].revision
         assert found.identities[0].session_epoch == 1
     finally:
         await other.stop(grace=0.5)
 
 
-async def test_a_stream_of_a_vanished_instance_delays_open_session_only_until_its_row_expires(split: Split) -> None:
+async def test_a_stream_of_a_vanished_instance_delays_open_session_only_until_its_row_expires(
+    split: Split,
+) -> None:
     """A Membership instance that died leaves its streams' rows behind: OpenSession waits for them
     only until they expire (their clients stopped trusting those streams by then), never longer."""
     registry = split.membership.registry
@@ -284,12 +343,21 @@ async def test_a_card_published_at_another_membership_instance_is_in_force_at_th
         return await call(method, request, what)
 
     monkeypatch.setattr(directory, "_call", counted)
-    other = await start(split_settings(split.membership_settings.data_dir.parent, split.membership_settings.database_url,
-                                       free_port(), ("membership",), {}))
+    other = await start(
+        split_settings(
+            split.membership_settings.data_dir.parent,
+            split.membership_settings.database_url,
+            free_port(),
+            ("membership",),
+            {},
+        )
+    )
     try:
         async with MeshClient(f"127.0.0.1:{other.port}") as elsewhere:
             key = SigningKey.generate()
-            await elsewhere.register_identity("admin", split.admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key))
+            await elsewhere.register_identity(
+                "admin", split.admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+            )
             elsewhere.read_as(await elsewhere.open_session("bot", key))
             # Kept answers need a current stream; its first start (a reset) discards a read in flight.
             assert await directory.wait_current(10)
@@ -298,11 +366,15 @@ async def test_a_card_published_at_another_membership_instance_is_in_force_at_th
             assert reads == ["GetAgentCards"]
             for round_ in range(5):
                 version = f"1.{round_}.0"
-                await elsewhere.publish_agent_card(agent_card_pb2.AgentCard(card_version=version, max_concurrency=2))
+                await elsewhere.publish_agent_card(
+                    agent_card_pb2.AgentCard(card_version=version, max_concurrency=2)
+                )
                 assert (await directory.agent_cards(["bot"]))["bot"].card.card_version == version
                 assert (await directory.agent_cards(["bot"]))["bot"].card.card_version == version
             assert reads == ["GetAgentCards"] * 6  # one read per version: the second lookup was kept
-            republished = await elsewhere.publish_agent_card(agent_card_pb2.AgentCard(card_version="1.4.0", max_concurrency=2))
+            republished = await elsewhere.publish_agent_card(
+                agent_card_pb2.AgentCard(card_version="1.4.0", max_concurrency=2)
+            )
             assert republished.replayed
             await directory.agent_cards(["bot"])
             assert len(reads) == 6  # an identical republish changes nothing
@@ -311,14 +383,18 @@ async def test_a_card_published_at_another_membership_instance_is_in_force_at_th
         await other.stop(grace=0.5)
 
 
-async def test_publishing_a_card_waits_for_every_live_stream_even_when_it_is_a_republish(split: Split) -> None:
+async def test_publishing_a_card_waits_for_every_live_stream_even_when_it_is_a_republish(
+    split: Split,
+) -> None:
     """PublishAgentCard answers once its change reached every live stream: a vanished instance's stream
     row holds it until the row expires, like OpenSession. An identical republish (a retry whose first
     answer was lost) waits the same way, for the directory's head, which covers the first change."""
     registry = split.membership.registry
     assert registry is not None
     key = SigningKey.generate()
-    await split.to_membership.register_identity("admin", split.admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key))
+    await split.to_membership.register_identity(
+        "admin", split.admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+    )
     split.to_membership.read_as(await split.to_membership.open_session("bot", key))
     card = agent_card_pb2.AgentCard(card_version="1.0.0", max_concurrency=1)
     for replayed in (False, True):

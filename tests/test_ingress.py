@@ -60,11 +60,18 @@ async def test_a_flooding_group_is_refused_with_a_retry_delay_while_others_proce
     conv_b = (await create(w, "grp_quiet")).mission.planning_conversation_id
     w.mesh.authority.ingress = GroupIngressLimiter(rate=1, burst=2, now=time)  # type: ignore[attr-defined]
     overloaded = REGISTRY.get_sample_value("mwp_ingress_overloaded_total") or 0.0
-    accepted = w.signed(w.owner, "grp_noisy", "message_post", builders.message(conv_a, "first"), membership_epoch=1)
+    accepted = w.signed(
+        w.owner, "grp_noisy", "message_post", builders.message(conv_a, "first"), membership_epoch=1
+    )
     await w.client.execute(accepted)
     await w.run(w.owner, "grp_noisy", "message_post", builders.message(conv_a, "second"), membership_epoch=1)
     rejection = await refused(
-        w, w.owner, "grp_noisy", "message_post", builders.message(conv_a, "third"), R.REJECTION_REASON_OVERLOADED,
+        w,
+        w.owner,
+        "grp_noisy",
+        "message_post",
+        builders.message(conv_a, "third"),
+        R.REJECTION_REASON_OVERLOADED,
         membership_epoch=1,
     )
     assert rejection.metadata["retry_after_ms"] == "1000"
@@ -75,7 +82,9 @@ async def test_a_flooding_group_is_refused_with_a_retry_delay_while_others_proce
     assert status is not None
     retry = [d for d in status.details if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR)]
     assert len(retry) == 1
-    assert (REGISTRY.get_sample_value("mwp_ingress_overloaded_total") or 0.0) - overloaded == 2  # the operator sees both
+    assert (
+        REGISTRY.get_sample_value("mwp_ingress_overloaded_total") or 0.0
+    ) - overloaded == 2  # the operator sees both
     # The quiet Group is untouched by the noisy one's empty bucket.
     await w.run(w.owner, "grp_quiet", "message_post", builders.message(conv_b, "hello"), membership_epoch=1)
     # A retried, already accepted command is answered from the log, not refused.
@@ -87,7 +96,9 @@ async def test_a_flooding_group_is_refused_with_a_retry_delay_while_others_proce
 
 
 @pytest.mark.req("MW-8-16")
-async def test_an_outsider_floods_on_an_allowance_of_its_own_and_never_spends_the_members(world: World) -> None:
+async def test_an_outsider_floods_on_an_allowance_of_its_own_and_never_spends_the_members(
+    world: World,
+) -> None:
     """D158: an identity without a Membership in the Group (here the Worker) draws on a bucket of its
     own there. Its refused commands run that bucket dry, and then it is refused OVERLOADED, while the
     Group's own allowance is untouched and its members go on."""
@@ -97,18 +108,37 @@ async def test_an_outsider_floods_on_an_allowance_of_its_own_and_never_spends_th
     w.mesh.authority.ingress = GroupIngressLimiter(rate=1, burst=2, now=time)  # type: ignore[attr-defined]
     for round_ in range(2):
         await refused(
-            w, w.worker, "grp_target", "message_post", builders.message(conversation, f"spam {round_}"),
-            R.REJECTION_REASON_NOT_A_MEMBER, membership_epoch=1,
+            w,
+            w.worker,
+            "grp_target",
+            "message_post",
+            builders.message(conversation, f"spam {round_}"),
+            R.REJECTION_REASON_NOT_A_MEMBER,
+            membership_epoch=1,
         )
     overloaded = await refused(
-        w, w.worker, "grp_target", "message_post", builders.message(conversation, "spam 2"),
-        R.REJECTION_REASON_OVERLOADED, membership_epoch=1,
+        w,
+        w.worker,
+        "grp_target",
+        "message_post",
+        builders.message(conversation, "spam 2"),
+        R.REJECTION_REASON_OVERLOADED,
+        membership_epoch=1,
     )
     assert "worker-bot's commands to Group grp_target" in overloaded.message
     # The members' burst is whole: two posts, and only then is the Group over its rate.
-    await w.run(w.owner, "grp_target", "message_post", builders.message(conversation, "one"), membership_epoch=1)
-    await w.run(w.owner, "grp_target", "message_post", builders.message(conversation, "two"), membership_epoch=1)
+    await w.run(
+        w.owner, "grp_target", "message_post", builders.message(conversation, "one"), membership_epoch=1
+    )
+    await w.run(
+        w.owner, "grp_target", "message_post", builders.message(conversation, "two"), membership_epoch=1
+    )
     await refused(
-        w, w.owner, "grp_target", "message_post", builders.message(conversation, "three"),
-        R.REJECTION_REASON_OVERLOADED, membership_epoch=1,
+        w,
+        w.owner,
+        "grp_target",
+        "message_post",
+        builders.message(conversation, "three"),
+        R.REJECTION_REASON_OVERLOADED,
+        membership_epoch=1,
     )

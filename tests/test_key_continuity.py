@@ -43,12 +43,20 @@ async def some_history(client: MeshClient, settings: Settings) -> SessionSigner:
     admin_key = read_key(settings.admin_key_path)
     await client.open_session("admin", admin_key)
     key = generate_key()
-    await client.register_identity("admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(key.verify_key))
-    await client.register_identity("admin", admin_key, "coord", common_pb2.IDENTITY_KIND_AGENT, bytes(generate_key().verify_key))
+    await client.register_identity(
+        "admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(key.verify_key)
+    )
+    await client.register_identity(
+        "admin", admin_key, "coord", common_pb2.IDENTITY_KIND_AGENT, bytes(generate_key().verify_key)
+    )
     alice = await client.open_session("alice", key)
     from missionweave.kernel.clock import SystemClock
 
-    await client.execute(alice.sign(alice.command(G, "mission_create", builders.mission_create("alice", "coord", SystemClock().now()))))
+    await client.execute(
+        alice.sign(
+            alice.command(G, "mission_create", builders.mission_create("alice", "coord", SystemClock().now()))
+        )
+    )
     return alice
 
 
@@ -98,7 +106,12 @@ async def test_a_recorded_rotation_is_accepted_and_old_events_still_verify(
     old_public = bytes(read_key(settings.authority_key_path).verify_key)
     await stop(mesh, client)
 
-    assert await asyncio.to_thread(cli, "authority", "rotate-key", *store_flags(settings), "--reason", "yearly rotation") == 0
+    assert (
+        await asyncio.to_thread(
+            cli, "authority", "rotate-key", *store_flags(settings), "--reason", "yearly rotation"
+        )
+        == 0
+    )
     retired = next(settings.authority_key_path.parent.glob("authority.key.retired-*"))
     new_public = bytes(read_key(settings.authority_key_path).verify_key)
     assert new_public != old_public
@@ -106,7 +119,10 @@ async def test_a_recorded_rotation_is_accepted_and_old_events_still_verify(
     mesh, client = await started(settings)
     try:
         answer = await client.authority.GetAuthorityKey(apb.GetAuthorityKeyRequest())
-        assert answer.public_key == new_public and [k.public_key for k in answer.keys] == [old_public, new_public]
+        assert answer.public_key == new_public and [k.public_key for k in answer.keys] == [
+            old_public,
+            new_public,
+        ]
         rotation = answer.keys[1].rotation
         assert rotation.payload_type == KEY_ROTATION_TYPE
         assert verify_signature(rotation, old_public, 0) and verify_signature(rotation, new_public, 1)
@@ -117,7 +133,9 @@ async def test_a_recorded_rotation_is_accepted_and_old_events_still_verify(
         assert {e.signatures[0].key_id for e in log} == {answer.keys[0].key_id}
         # New events are signed by the new key and link onto the old ones.
         conv = (await client.group_state(G)).mission.planning_conversation_id
-        result = await client.execute(alice.sign(alice.command(G, "message_post", builders.message(conv, "hi"), membership_epoch=1)))
+        result = await client.execute(
+            alice.sign(alice.command(G, "message_post", builders.message(conv, "hi"), membership_epoch=1))
+        )
         assert result.events[0].signatures[0].key_id == answer.key_id
         assert decode_events(result.events)[0].previous_digest
     finally:
@@ -142,7 +160,12 @@ async def test_a_key_file_replaced_by_hand_is_recorded_with_the_old_key(settings
     kept = replace_key_file(settings.authority_key_path)
     with pytest.raises(KeyContinuityError):
         await start(settings)
-    assert await asyncio.to_thread(cli, "authority", "rotate-key", *store_flags(settings), "--old-key", str(kept)) == 0
+    assert (
+        await asyncio.to_thread(
+            cli, "authority", "rotate-key", *store_flags(settings), "--old-key", str(kept)
+        )
+        == 0
+    )
     mesh, client = await started(settings)
     try:
         assert len(await read_all(client)) > 0
@@ -150,7 +173,9 @@ async def test_a_key_file_replaced_by_hand_is_recorded_with_the_old_key(settings
         await stop(mesh, client)
 
 
-async def test_a_store_from_before_key_continuity_refuses_a_key_that_did_not_sign_it(settings: Settings) -> None:
+async def test_a_store_from_before_key_continuity_refuses_a_key_that_did_not_sign_it(
+    settings: Settings,
+) -> None:
     """A store of an earlier release has no key history: the first start records its key, unless its
     events are signed by another one."""
     mesh, client = await started(settings)
@@ -188,7 +213,9 @@ async def test_a_store_tampered_while_stopped_is_refused_after_the_restart(setti
     alice = await some_history(client, settings)
     conv = (await client.group_state(G)).mission.planning_conversation_id
     for i in range(3):
-        await client.execute(alice.sign(alice.command(G, "message_post", builders.message(conv, f"m{i}"), membership_epoch=1)))
+        await client.execute(
+            alice.sign(alice.command(G, "message_post", builders.message(conv, f"m{i}"), membership_epoch=1))
+        )
     async with mesh.engine.begin() as conn:
         await conn.execute(delete(events).where((events.c.group_id == G) & (events.c.seq == 3)))
     await stop(mesh, client)
@@ -196,12 +223,21 @@ async def test_a_store_tampered_while_stopped_is_refused_after_the_restart(setti
     mesh, client = await started(settings)
     try:
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await client.execute(alice.sign(alice.command(G, "message_post", builders.message(conv, "again"), membership_epoch=1)))
+            await client.execute(
+                alice.sign(
+                    alice.command(G, "message_post", builders.message(conv, "again"), membership_epoch=1)
+                )
+            )
         rejection = rejection_from_rpc_error(info.value)
         assert info.value.code() == grpc.StatusCode.DATA_LOSS and rejection is not None
-        assert rejection.reason == common_pb2.REJECTION_REASON_DATA_CORRUPTED and rejection.metadata["sequence"] == "4"
+        assert (
+            rejection.reason == common_pb2.REJECTION_REASON_DATA_CORRUPTED
+            and rejection.metadata["sequence"] == "4"
+        )
         stub = health_pb2_grpc.HealthStub(client.channel)
-        answer = await stub.Check(health_pb2.HealthCheckRequest(service=f"missionweave.authority.integrity/{G}"))
+        answer = await stub.Check(
+            health_pb2.HealthCheckRequest(service=f"missionweave.authority.integrity/{G}")
+        )
         assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
     finally:
         await stop(mesh, client)

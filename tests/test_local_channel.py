@@ -26,9 +26,15 @@ AUTHORITY = apb.DESCRIPTOR.services_by_name["AuthorityService"].full_name
 
 @rejections_as_status
 class Membership(mpb_grpc.MembershipServiceServicer):
-    async def GetIdentity(self, request: mpb.GetIdentityRequest, context: grpc.aio.ServicerContext) -> mpb.GetIdentityResponse:
+    async def GetIdentity(
+        self, request: mpb.GetIdentityRequest, context: grpc.aio.ServicerContext
+    ) -> mpb.GetIdentityResponse:
         if request.identity_id != "alice":
-            raise Rejected(R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{request.identity_id!r} is not registered", retry_after_ms=5)
+            raise Rejected(
+                R.REJECTION_REASON_UNKNOWN_IDENTITY,
+                f"{request.identity_id!r} is not registered",
+                retry_after_ms=5,
+            )
         return mpb.GetIdentityResponse(identity=membership_pb2.Identity(identity_id="alice"))
 
 
@@ -76,7 +82,9 @@ async def test_a_unary_answer_and_a_rejection_look_the_same_in_process_and_over_
 
 
 @pytest.mark.parametrize("kind", ["local", "remote"])
-async def test_a_stream_delivers_its_answers_then_its_rejection(channels: dict[str, object], kind: str) -> None:
+async def test_a_stream_delivers_its_answers_then_its_rejection(
+    channels: dict[str, object], kind: str
+) -> None:
     stub = apb_grpc.AuthorityServiceStub(channels[kind])
     seen = []
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -103,14 +111,18 @@ async def test_a_servicer_registered_after_the_stub_was_built_answers() -> None:
         await stub.GetIdentity(mpb.GetIdentityRequest(identity_id="alice"))
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
     local.register(MEMBERSHIP, Membership())
-    assert (await stub.GetIdentity(mpb.GetIdentityRequest(identity_id="alice"))).identity.identity_id == "alice"
+    assert (
+        await stub.GetIdentity(mpb.GetIdentityRequest(identity_id="alice"))
+    ).identity.identity_id == "alice"
 
 
 async def test_an_in_process_call_past_its_deadline_fails_with_deadline_exceeded() -> None:
     import asyncio
 
     class Slow(mpb_grpc.MembershipServiceServicer):
-        async def GetIdentity(self, request: mpb.GetIdentityRequest, context: grpc.aio.ServicerContext) -> mpb.GetIdentityResponse:
+        async def GetIdentity(
+            self, request: mpb.GetIdentityRequest, context: grpc.aio.ServicerContext
+        ) -> mpb.GetIdentityResponse:
             await asyncio.sleep(5)
             return mpb.GetIdentityResponse()
 

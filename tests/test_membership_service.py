@@ -27,32 +27,60 @@ async def rejection(call: object) -> common_pb2.Rejection:
 async def test_identity_registration_is_authorized_by_organization_policy(world: World) -> None:
     """MW-8-04: an Organization command, signed by an admin, never by a Group Membership."""
     key = SigningKey.generate()
-    ident = membership_pb2.Identity(identity_id="carol", kind=common_pb2.IDENTITY_KIND_HUMAN, public_key=bytes(key.verify_key))
+    ident = membership_pb2.Identity(
+        identity_id="carol", kind=common_pb2.IDENTITY_KIND_HUMAN, public_key=bytes(key.verify_key)
+    )
     # Alice is a registered human but not an Organization admin.
     env = register_identity_envelope("alice", world.owner.key, ident)
-    r = await rejection(world.client.membership.RegisterIdentity(membership_service_pb2.RegisterIdentityRequest(command=env)))
+    r = await rejection(
+        world.client.membership.RegisterIdentity(membership_service_pb2.RegisterIdentityRequest(command=env))
+    )
     assert r.reason == R.REJECTION_REASON_PERMISSION_DENIED
     # A forged admin signature.
     forged = register_identity_envelope("admin", SigningKey.generate(), ident)
-    r = await rejection(world.client.membership.RegisterIdentity(membership_service_pb2.RegisterIdentityRequest(command=forged)))
+    r = await rejection(
+        world.client.membership.RegisterIdentity(
+            membership_service_pb2.RegisterIdentityRequest(command=forged)
+        )
+    )
     assert r.reason == R.REJECTION_REASON_SIGNATURE_INVALID
     good = register_identity_envelope("admin", world.keys["admin"], ident, request_id="req_carol")
-    first = await world.client.membership.RegisterIdentity(membership_service_pb2.RegisterIdentityRequest(command=good))
-    again = await world.client.membership.RegisterIdentity(membership_service_pb2.RegisterIdentityRequest(command=good))
+    first = await world.client.membership.RegisterIdentity(
+        membership_service_pb2.RegisterIdentityRequest(command=good)
+    )
+    again = await world.client.membership.RegisterIdentity(
+        membership_service_pb2.RegisterIdentityRequest(command=good)
+    )
     assert first.identity == again.identity  # idempotent by request id
     dup = register_identity_envelope("admin", world.keys["admin"], ident)
-    r = await rejection(world.client.membership.RegisterIdentity(membership_service_pb2.RegisterIdentityRequest(command=dup)))
+    r = await rejection(
+        world.client.membership.RegisterIdentity(membership_service_pb2.RegisterIdentityRequest(command=dup))
+    )
     assert r.reason == R.REJECTION_REASON_IDENTITY_EXISTS
 
 
 async def test_registration_validates_fields(world: World) -> None:
     for ident, field in [
-        (membership_pb2.Identity(identity_id="bad id", kind=common_pb2.IDENTITY_KIND_AGENT, public_key=b"k" * 32), "identity_id"),
+        (
+            membership_pb2.Identity(
+                identity_id="bad id", kind=common_pb2.IDENTITY_KIND_AGENT, public_key=b"k" * 32
+            ),
+            "identity_id",
+        ),
         (membership_pb2.Identity(identity_id="dave", public_key=b"k" * 32), "kind"),
-        (membership_pb2.Identity(identity_id="dave", kind=common_pb2.IDENTITY_KIND_AGENT, public_key=b"short"), "public_key"),
+        (
+            membership_pb2.Identity(
+                identity_id="dave", kind=common_pb2.IDENTITY_KIND_AGENT, public_key=b"short"
+            ),
+            "public_key",
+        ),
     ]:
         env = register_identity_envelope("admin", world.keys["admin"], ident)
-        r = await rejection(world.client.membership.RegisterIdentity(membership_service_pb2.RegisterIdentityRequest(command=env)))
+        r = await rejection(
+            world.client.membership.RegisterIdentity(
+                membership_service_pb2.RegisterIdentityRequest(command=env)
+            )
+        )
         assert r.reason == R.REJECTION_REASON_MALFORMED and r.metadata["field"] == field
 
 
@@ -61,19 +89,30 @@ async def test_open_session_raises_epoch_and_refuses_replays(world: World) -> No
     env = open_session_envelope("alice", key, bytes(key.verify_key))
     first = await world.client.membership.OpenSession(membership_service_pb2.OpenSessionRequest(command=env))
     assert first.session.session_epoch == world.owner.session_epoch + 1
-    r = await rejection(world.client.membership.OpenSession(membership_service_pb2.OpenSessionRequest(command=env)))
+    r = await rejection(
+        world.client.membership.OpenSession(membership_service_pb2.OpenSessionRequest(command=env))
+    )
     assert r.reason == R.REJECTION_REASON_COMMAND_ID_REUSED
     stranger = open_session_envelope("alice", SigningKey.generate(), bytes(key.verify_key))
-    r = await rejection(world.client.membership.OpenSession(membership_service_pb2.OpenSessionRequest(command=stranger)))
+    r = await rejection(
+        world.client.membership.OpenSession(membership_service_pb2.OpenSessionRequest(command=stranger))
+    )
     assert r.reason == R.REJECTION_REASON_SIGNATURE_INVALID
-    ident = await world.client.membership.GetIdentity(membership_service_pb2.GetIdentityRequest(identity_id="alice"))
+    ident = await world.client.membership.GetIdentity(
+        membership_service_pb2.GetIdentityRequest(identity_id="alice")
+    )
     assert ident.identity.session_epoch == first.session.session_epoch
     assert ident.identity.kind == common_pb2.IDENTITY_KIND_HUMAN
 
 
 async def test_list_memberships_reads_the_group_through_the_authority_contract(world: World) -> None:
     """ListMemberships asks the Authority (AuthorityService.GetGroupState) for the Group's state."""
-    await world.run(world.owner, "grp_lm", "mission_create", builders.mission_create("alice", "coord-bot", world.clock.now()))
+    await world.run(
+        world.owner,
+        "grp_lm",
+        "mission_create",
+        builders.mission_create("alice", "coord-bot", world.clock.now()),
+    )
     request = membership_service_pb2.ListMembershipsRequest
     listed = await world.client.membership.ListMemberships(request(group_id="grp_lm"))
     assert {m.member_id for m in listed.memberships} == {"alice", "coord-bot"}

@@ -39,7 +39,9 @@ class Metered:
 
     def scrape(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         assert self.mesh.metrics is not None
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.mesh.metrics.port}/metrics", timeout=5) as answer:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.mesh.metrics.port}/metrics", timeout=5
+        ) as answer:
             text = answer.read().decode()
         return {
             (s.name, frozenset(s.labels.items())): s.value
@@ -113,15 +115,26 @@ async def test_metrics_count_commands_rejections_appends_and_rpcs(
     assert not [key for key in after if any(v in ("grp_metrics", "alice") for _, v in key[1])]
 
     # The refusal's one log line names the command it refused.
-    (line,) = [r for r in caplog.records if r.getMessage() == "request rejected" and getattr(r, "command_id", "") == refused.command_id]
+    (line,) = [
+        r
+        for r in caplog.records
+        if r.getMessage() == "request rejected" and getattr(r, "command_id", "") == refused.command_id
+    ]
     fields: Any = line
     assert (fields.group_id, fields.command_kind, fields.actor_id, fields.reason) == (
-        "grp_metrics", "mission_create", "alice", reason
+        "grp_metrics",
+        "mission_create",
+        "alice",
+        reason,
     )
     # One access-log line per RPC: method, caller, code and duration.
-    access = [r for r in caplog.records if r.name == "missionweave.access" and getattr(r, "method", "") == execute]
+    access = [
+        r for r in caplog.records if r.name == "missionweave.access" and getattr(r, "method", "") == execute
+    ]
     assert [(r.code, r.caller) for r in access] == [
-        ("OK", "alice"), ("OK", "alice"), (info.value.code().name, "alice")
+        ("OK", "alice"),
+        ("OK", "alice"),
+        (info.value.code().name, "alice"),
     ]
     assert all(isinstance(r.duration_ms, float) for r in access)
 
@@ -131,11 +144,16 @@ async def test_accepted_commands_are_logged_at_debug_with_their_fields(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="missionweave.authority")
     owner = metered.owner
-    command = owner.command("grp_debug", "mission_create", builders.mission_create("alice", "coord-bot", SystemClock().now()))
+    command = owner.command(
+        "grp_debug", "mission_create", builders.mission_create("alice", "coord-bot", SystemClock().now())
+    )
     await metered.client.execute(owner.sign(command))
     (line,) = [r for r in caplog.records if r.getMessage() == "command accepted"]
     assert (line.group_id, line.command_id, line.command_kind, line.actor_id) == (
-        "grp_debug", command.command_id, "mission_create", "alice"
+        "grp_debug",
+        command.command_id,
+        "mission_create",
+        "alice",
     )
 
 
@@ -163,7 +181,9 @@ async def test_metrics_are_off_unless_configured(tmp_path: Path) -> None:
 
 
 def test_split_topology_gives_each_child_its_own_metrics_port() -> None:
-    settings = Settings(listen="127.0.0.1:50099", database_url="postgresql://x/y", metrics_listen="127.0.0.1:9500")
+    settings = Settings(
+        listen="127.0.0.1:50099", database_url="postgresql://x/y", metrics_listen="127.0.0.1:9500"
+    )
     ports = {c.name: c.env["MWP_METRICS_LISTEN"] for c in plan(settings, 2, "mesh-t")}
     assert ports == {
         "gateway": "127.0.0.1:9500",
@@ -187,7 +207,9 @@ def test_every_metric_is_documented_and_the_dashboard_queries_only_defined_ones(
 
     root = Path(__file__).resolve().parent.parent
     defined = {
-        m._name for m in vars(metrics).values() if isinstance(m, metrics.Counter | metrics.Gauge | metrics.Histogram)
+        m._name
+        for m in vars(metrics).values()
+        if isinstance(m, metrics.Counter | metrics.Gauge | metrics.Histogram)
     }
     counters = {m._name for m in vars(metrics).values() if isinstance(m, metrics.Counter)}
     operations = (root / "docs" / "operations.md").read_text()
@@ -219,12 +241,17 @@ async def test_a_command_refused_in_a_batch_is_counted_and_logged_like_one_refus
     assert isinstance(outcome, Exception)
     after = await _scrape(metered)
     reason = outcome.reason_name  # type: ignore[attr-defined]
-    assert value(after, "mwp_rejections_total", service="Authority", reason=reason) - value(
-        before, "mwp_rejections_total", service="Authority", reason=reason
-    ) == 1
+    assert (
+        value(after, "mwp_rejections_total", service="Authority", reason=reason)
+        - value(before, "mwp_rejections_total", service="Authority", reason=reason)
+        == 1
+    )
     (line,) = [r for r in caplog.records if getattr(r, "command_id", "") == second.command_id]
     assert (line.rpc, line.group_id, line.command_kind, line.actor_id) == (  # type: ignore[attr-defined]
-        "Authority.ExecuteCommandBatch", "grp_batch", "mission_create", "alice"
+        "Authority.ExecuteCommandBatch",
+        "grp_batch",
+        "mission_create",
+        "alice",
     )
 
 
@@ -252,14 +279,18 @@ async def test_metrics_count_signatures_artifacts_gateway_delivery_and_schedulin
         data = b"metered bytes " * 100
         await reader.upload(data)
         assert await reader.download(blob_digest(data)) == data
-        wrong = artifact_service_pb2.UploadHeader(digest=blob_digest(b"x" * len(data)))  # size right, hash not
+        wrong = artifact_service_pb2.UploadHeader(
+            digest=blob_digest(b"x" * len(data))
+        )  # size right, hash not
         with pytest.raises(grpc.aio.AioRpcError):
             await uploads.upload(reader.artifacts, wrong, [data])
         at_gateway: Any = SimpleNamespace(target=f"127.0.0.1:{metered.mesh.port}", clock=SystemClock())
         stream = Stream(at_gateway, reader.channel)
         await stream.send(hello=hello(at_gateway, owner))
         assert (await stream.recv()).WhichOneof("frame") == "welcome"
-        await stream.send(subscribe=gpb.SubscribeFrame(subscription_id="s", group_id="grp_m2", initial_credits=1000))
+        await stream.send(
+            subscribe=gpb.SubscribeFrame(subscription_id="s", group_id="grp_m2", initial_credits=1000)
+        )
         event = (await stream.until("event")).event
         during = await _scrape(metered)
         await stream.call.done_writing()
@@ -276,4 +307,8 @@ async def test_metrics_count_signatures_artifacts_gateway_delivery_and_schedulin
     assert moved("mwp_artifact_verification_failures_total", stage="upload") == 1
     assert value(during, "mwp_gateway_open_streams") >= 1
     assert value(during, "mwp_gateway_credits_outstanding") == 1000 - len(event.events)
-    assert value(during, "mwp_gateway_delivery_lag_events_count") - value(before, "mwp_gateway_delivery_lag_events_count") >= 1
+    assert (
+        value(during, "mwp_gateway_delivery_lag_events_count")
+        - value(before, "mwp_gateway_delivery_lag_events_count")
+        >= 1
+    )

@@ -138,7 +138,15 @@ async def test_a_node_agent_receives_verifies_and_acks_every_event_of_a_group(
 
     # Resume after the last event printed (MW-16-10), through the head.
     resumed = await run_agent(
-        node, w.target, signer, key_file, *common, "--after-sequence", str(got[-1][0]), "--until-sequence", str(head)
+        node,
+        w.target,
+        signer,
+        key_file,
+        *common,
+        "--after-sequence",
+        str(got[-1][0]),
+        "--until-sequence",
+        str(head),
     )
     assert resumed.returncode == 0, resumed.stderr
     got += [(line["sequence"], line["event_id"], line["type"]) for line in resumed.lines]
@@ -174,7 +182,9 @@ async def test_the_node_agent_verifies_history_signed_before_an_authority_key_ro
     """docs/integrity.md "Key continuity": after ``mwp authority rotate-key`` the old events keep the
     old key's signatures; the agent verifies each against the key it names, from the key history,
     and a pin of the retired key still holds because the recorded rotation leads from it."""
-    settings = Settings(listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=0.5)
+    settings = Settings(
+        listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=0.5
+    )
     mesh, client = await started(settings)
     alice = await some_history(client, settings)  # signed by the first key
     retired = bytes(read_key(settings.authority_key_path).verify_key).hex()
@@ -183,7 +193,9 @@ async def test_the_node_agent_verifies_history_signed_before_an_authority_key_ro
     mesh, client = await started(settings)
     try:
         conv = (await client.group_state(KEYS_GROUP)).mission.planning_conversation_id
-        await client.execute(alice.sign(alice.command(KEYS_GROUP, "message_post", builders.message(conv), membership_epoch=1)))
+        await client.execute(
+            alice.sign(alice.command(KEYS_GROUP, "message_post", builders.message(conv), membership_epoch=1))
+        )
         signers = {e.signatures[0].key_id for e in await read_all(client)}
         assert len(signers) == 2  # history on both sides of the rotation
         head = (await client.group_state(KEYS_GROUP)).head_sequence
@@ -191,7 +203,15 @@ async def test_the_node_agent_verifies_history_signed_before_an_authority_key_ro
         write_key(key_file, alice.key)
         target = f"127.0.0.1:{mesh.port}"
         run = await run_agent(
-            node, target, alice, key_file, "--authority-key", retired, "--until-sequence", str(head), group=KEYS_GROUP
+            node,
+            target,
+            alice,
+            key_file,
+            "--authority-key",
+            retired,
+            "--until-sequence",
+            str(head),
+            group=KEYS_GROUP,
         )
         assert run.returncode == 0, run.stderr
         assert [line["sequence"] for line in run.lines] == list(range(1, head + 1))

@@ -26,18 +26,28 @@ AUDIENCE = "mesh.restart.test:443"  # what the proof names: the same before and 
 
 def settings_for(db_url: str, tmp_path: Path, **kw: object) -> Settings:
     return replace(
-        Settings(listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1, audience=AUDIENCE),
+        Settings(
+            listen="127.0.0.1:0",
+            data_dir=tmp_path / "data",
+            database_url=db_url,
+            grace_seconds=1,
+            audience=AUDIENCE,
+        ),
         **kw,  # type: ignore[arg-type]
     )
 
 
-async def accepted_then_replayed_after_restart(settings: Settings) -> tuple[grpc.StatusCode, common_pb2.Rejection] | None:
+async def accepted_then_replayed_after_restart(
+    settings: Settings,
+) -> tuple[grpc.StatusCode, common_pb2.Rejection] | None:
     """A proof answered by a mesh, the mesh stopped and started again on the same store, the very
     same proof sent again: how it is refused (None: answered a second time)."""
     mesh = await start(settings)
     admin = MeshClient(f"127.0.0.1:{mesh.port}")
     try:
-        alice = await register(admin, read_key(settings.admin_key_path), "alice", common_pb2.IDENTITY_KIND_AGENT)
+        alice = await register(
+            admin, read_key(settings.admin_key_path), "alice", common_pb2.IDENTITY_KIND_AGENT
+        )
         proof = call_proof(alice, FIND_MISSING, AUDIENCE)
         assert await refusal_of(admin, proof) is None  # accepted once
     finally:
@@ -58,7 +68,9 @@ def test_the_default_nonce_store_is_the_database() -> None:
     assert Settings.from_env({"MWP_NONCE_STORE": "memory"}).nonce_store == "memory"
 
 
-async def test_a_call_proof_replayed_after_a_restart_is_refused_by_default(db_url: str, tmp_path: Path) -> None:
+async def test_a_call_proof_replayed_after_a_restart_is_refused_by_default(
+    db_url: str, tmp_path: Path
+) -> None:
     refused = await accepted_then_replayed_after_restart(settings_for(db_url, tmp_path))
     assert refused is not None, "a proof accepted before the restart was accepted again after it"
     code, rejection = refused
@@ -70,4 +82,7 @@ async def test_a_call_proof_replayed_after_a_restart_is_refused_by_default(db_ur
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 async def test_with_the_memory_opt_out_a_restart_forgets_the_nonces(db_url: str, tmp_path: Path) -> None:
     """Why ``memory`` is documented as unsafe across restarts: the replayed proof is answered."""
-    assert await accepted_then_replayed_after_restart(settings_for(db_url, tmp_path, nonce_store="memory")) is None
+    assert (
+        await accepted_then_replayed_after_restart(settings_for(db_url, tmp_path, nonce_store="memory"))
+        is None
+    )

@@ -45,18 +45,28 @@ async def worker(
 ) -> SessionSigner:
     """A Worker of G with a card declaring ``capabilities`` and, unless ``free`` is None, fresh
     presence with that many free slots (which orders the ranking: more free slots first)."""
-    signer = w.worker if name == "worker-bot" else await register(w.client, w.keys["admin"], name, common_pb2.IDENTITY_KIND_AGENT)
-    grant = membership_pb2.MembershipGrant(member_id=name, role=membership_pb2.MEMBER_ROLE_WORKER, capabilities=[PY_312])
+    signer = (
+        w.worker
+        if name == "worker-bot"
+        else await register(w.client, w.keys["admin"], name, common_pb2.IDENTITY_KIND_AGENT)
+    )
+    grant = membership_pb2.MembershipGrant(
+        member_id=name, role=membership_pb2.MEMBER_ROLE_WORKER, capabilities=[PY_312]
+    )
     await w.run(w.owner, G, "membership_grant", grant, membership_epoch=1)
     async with MeshClient(w.target, reader=signer) as mesh:
-        await mesh.publish_agent_card(acpb.AgentCard(card_version="1.0.0", max_concurrency=4, capabilities=capabilities))
+        await mesh.publish_agent_card(
+            acpb.AgentCard(card_version="1.0.0", max_concurrency=4, capabilities=capabilities)
+        )
         if free is not None:
             await mesh.report_presence(acpb.PRESENCE_AVAILABILITY_AVAILABLE, free_slots=free, ttl_ms=600_000)
     return signer
 
 
 async def authorize(w: World, work_item_id: str = "wi-1") -> wp.WorkContract:
-    body = wp.WorkAuthorize(work_item_id=work_item_id, title="task", contract=contract(w), coordinator_epoch=1)
+    body = wp.WorkAuthorize(
+        work_item_id=work_item_id, title="task", contract=contract(w), coordinator_epoch=1
+    )
     await w.run(w.coordinator, G, "work_authorize", body, membership_epoch=2)
     return body.contract
 
@@ -84,10 +94,15 @@ async def declining(w: World, signer: SessionSigner, tmp_path: Path) -> AsyncIte
     async with connect(w, signer.identity_id, signer.key, tmp_path) as agent:
 
         async def on_event(event: event_pb2.Event) -> None:
-            if event.WhichOneof("payload") == "work_offered" and agent.identity_id in event.work_offered.candidate_ids:
+            if (
+                event.WhichOneof("payload") == "work_offered"
+                and agent.identity_id in event.work_offered.candidate_ids
+            ):
                 offered = event.work_offered
                 decline = wp.StructuredDecline(reason=wp.DECLINE_REASON_CAPACITY)
-                body = wp.WorkDeclineOffer(work_item_id=offered.work_item_id, offer_id=offered.offer_id, decline=decline)
+                body = wp.WorkDeclineOffer(
+                    work_item_id=offered.work_item_id, offer_id=offered.offer_id, decline=decline
+                )
                 await agent.execute(G, "work_decline_offer", body)
 
         await agent.subscribe(G, on_event)
@@ -99,7 +114,11 @@ async def coordinator(w: World, tmp_path: Path) -> AsyncIterator[Agent]:
     """The Coordinator's agent. Its new session fences w.coordinator's (the commands before it go
     first) and it renews its Coordinator lease from that session, as a restarted Coordinator does."""
     async with connect(w, "coord-bot", w.coordinator.key, tmp_path) as agent:
-        await agent.execute(G, "mission_renew_coordinator_lease", mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=1))
+        await agent.execute(
+            G,
+            "mission_renew_coordinator_lease",
+            mission_pb2.MissionRenewCoordinatorLease(coordinator_epoch=1),
+        )
         yield agent
 
 
@@ -132,9 +151,14 @@ async def test_the_top_ranked_worker_declines_and_the_next_one_accepts(world: Wo
         await stack.enter_async_context(accepting(w, able, tmp_path))
         agent = await stack.enter_async_context(coordinator(w, tmp_path))
         async with asyncio.timeout(30):
-            placed: Placement = await place(agent, G, "wi-1", work, offer_ttl=timedelta(seconds=30), margin=MARGIN)
+            placed: Placement = await place(
+                agent, G, "wi-1", work, offer_ttl=timedelta(seconds=30), margin=MARGIN
+            )
     assert placed.accepted_by == "worker-bot" and placed.ownership_epoch == 1
-    assert [(o.candidate_ids, o.ended) for o in placed.offers] == [(("worker-busy",), "declined"), (("worker-bot",), "accepted")]
+    assert [(o.candidate_ids, o.ended) for o in placed.offers] == [
+        (("worker-busy",), "declined"),
+        (("worker-bot",), "accepted"),
+    ]
     assert placed.offers[0].declines["worker-busy"].reason == wp.DECLINE_REASON_CAPACITY
     events = await log(w)
     offered, declined = of(events, "work_offered"), of(events, "work_offer_declined")
@@ -146,11 +170,17 @@ async def test_the_top_ranked_worker_declines_and_the_next_one_accepts(world: Wo
         assert_structured(criteria, name)
         assert criteria.rank == rank
     [accepted] = of(events, "work_offer_accepted")
-    assert accepted.work_offer_accepted.selection_criteria == placed.criteria == offered[1].work_offered.selection_criteria[0]
+    assert (
+        accepted.work_offer_accepted.selection_criteria
+        == placed.criteria
+        == offered[1].work_offered.selection_criteria[0]
+    )
 
 
 @pytest.mark.req("MW-10.3-03")
-async def test_an_offer_left_to_expire_moves_on_to_the_next_worker_after_its_expiry(world: World, tmp_path: Path) -> None:
+async def test_an_offer_left_to_expire_moves_on_to_the_next_worker_after_its_expiry(
+    world: World, tmp_path: Path
+) -> None:
     w = world
     await create(w, lease_seconds=3600)
     await worker(w, "worker-silent", free=3)  # ranked first, never answers
@@ -161,7 +191,10 @@ async def test_an_offer_left_to_expire_moves_on_to_the_next_worker_after_its_exp
         agent = await stack.enter_async_context(coordinator(w, tmp_path))
         async with asyncio.timeout(30):
             placed = await place(agent, G, "wi-1", work, offer_ttl=TTL, margin=MARGIN, clock=w.clock)
-    assert [(o.candidate_ids, o.ended) for o in placed.offers] == [(("worker-silent",), "expired"), (("worker-bot",), "accepted")]
+    assert [(o.candidate_ids, o.ended) for o in placed.offers] == [
+        (("worker-silent",), "expired"),
+        (("worker-bot",), "accepted"),
+    ]
     assert placed.accepted_by == "worker-bot"
     first, second = of(await log(w), "work_offered")
     # Not withdrawn early: the next offer was recorded only once the first had expired.
@@ -181,7 +214,16 @@ async def test_urgent_placement_offers_a_bounded_set_at_once(world: World, tmp_p
         await stack.enter_async_context(accepting(w, able, tmp_path))
         agent = await stack.enter_async_context(coordinator(w, tmp_path))
         async with asyncio.timeout(30):
-            placed = await place(agent, G, "wi-1", work, urgent=True, urgent_size=2, offer_ttl=timedelta(seconds=30), margin=MARGIN)
+            placed = await place(
+                agent,
+                G,
+                "wi-1",
+                work,
+                urgent=True,
+                urgent_size=2,
+                offer_ttl=timedelta(seconds=30),
+                margin=MARGIN,
+            )
         with pytest.raises(ValueError):  # beyond the Authority's bound
             await place(agent, G, "wi-1", work, urgent=True, urgent_size=9)
     [offer] = placed.offers
@@ -189,17 +231,27 @@ async def test_urgent_placement_offers_a_bounded_set_at_once(world: World, tmp_p
     assert placed.accepted_by == "worker-bot"
     events = await log(w)
     [offered] = of(events, "work_offered")
-    assert [c.candidate_id for c in offered.work_offered.selection_criteria] == ["worker-silent", "worker-bot"]
+    assert [c.candidate_id for c in offered.work_offered.selection_criteria] == [
+        "worker-silent",
+        "worker-bot",
+    ]
     for criteria in offered.work_offered.selection_criteria:
         assert_structured(criteria, criteria.candidate_id)
     [withdrawn] = of(events, "work_offers_withdrawn")  # the other candidate's chance ends with the win
     assert withdrawn.work_offers_withdrawn.reason == wp.OFFER_WITHDRAWAL_REASON_ACCEPTED_ELSEWHERE
 
 
-async def test_no_eligible_candidate_is_a_clear_error_and_nothing_is_offered(world: World, tmp_path: Path) -> None:
+async def test_no_eligible_candidate_is_a_clear_error_and_nothing_is_offered(
+    world: World, tmp_path: Path
+) -> None:
     w = world
     await create(w, lease_seconds=3600)
-    await worker(w, "worker-old", free=2, capabilities=(membership_pb2.Capability(capability_id="code.python", version="3.10.0"),))
+    await worker(
+        w,
+        "worker-old",
+        free=2,
+        capabilities=(membership_pb2.Capability(capability_id="code.python", version="3.10.0"),),
+    )
     await worker(w, "worker-bot", free=None)  # never reported presence
     work = await authorize(w)
     async with coordinator(w, tmp_path) as agent:

@@ -45,7 +45,9 @@ LEASE_S, GRACE_S = 60, 120
 async def night_worker(w: World, name: str = "night-bot") -> tuple[SigningKey, SessionSigner]:
     """A Worker whose identity key the test holds (it opens a second session on reconnection)."""
     key = SigningKey.generate()
-    await w.client.register_identity("admin", w.keys["admin"], name, common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key))
+    await w.client.register_identity(
+        "admin", w.keys["admin"], name, common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+    )
     grant = membership_pb2.MembershipGrant(member_id=name, role=membership_pb2.MEMBER_ROLE_WORKER)
     await w.run(w.owner, G, "membership_grant", grant, membership_epoch=1)
     return key, await w.client.open_session(name, key)
@@ -58,18 +60,27 @@ def contract(now: datetime, lease_s: int = LEASE_S, grace_s: int = GRACE_S) -> w
     return c
 
 
-async def running(w: World, signer: SessionSigner, work_item_id: str = "wi-1", c: wp.WorkContract | None = None) -> wp.ExecutionLease:
+async def running(
+    w: World, signer: SessionSigner, work_item_id: str = "wi-1", c: wp.WorkContract | None = None
+) -> wp.ExecutionLease:
     """``work_item_id`` offered to ``signer``'s agent, accepted and started: its lease."""
     epoch = await w.epoch_of(G, signer.identity_id)
-    body = wp.WorkAuthorize(work_item_id=work_item_id, title="t", contract=c or contract(w.clock.now()), coordinator_epoch=1)
+    body = wp.WorkAuthorize(
+        work_item_id=work_item_id, title="t", contract=c or contract(w.clock.now()), coordinator_epoch=1
+    )
     await w.run(w.coordinator, G, "work_authorize", body, membership_epoch=2)
     offer = wp.WorkOffer(
-        work_item_id=work_item_id, offer_id=f"off-{work_item_id}", candidate_ids=[signer.identity_id],
+        work_item_id=work_item_id,
+        offer_id=f"off-{work_item_id}",
+        candidate_ids=[signer.identity_id],
         expires_at=to_timestamp(w.clock.now() + timedelta(minutes=5)),
-        selection_criteria=[builders.selection(signer.identity_id)], coordinator_epoch=1,
+        selection_criteria=[builders.selection(signer.identity_id)],
+        coordinator_epoch=1,
     )
     await w.run(w.coordinator, G, "work_offer", offer, membership_epoch=2)
-    accept = wp.WorkAcceptOffer(work_item_id=work_item_id, offer_id=f"off-{work_item_id}", contract_revision=1)
+    accept = wp.WorkAcceptOffer(
+        work_item_id=work_item_id, offer_id=f"off-{work_item_id}", contract_revision=1
+    )
     await w.run(signer, G, "work_accept_offer", accept, membership_epoch=epoch)
     start = wp.WorkStart(work_item_id=work_item_id, ownership_epoch=1, lease_id=f"lease-{work_item_id}")
     started = await w.run(signer, G, "work_start", start, membership_epoch=epoch)
@@ -80,23 +91,36 @@ async def offline_binding(
     w: World, lease: wp.ExecutionLease, buffered_at: datetime, tokens: int = 100
 ) -> wp.BoundedOfflineExecutionBinding:
     state = await w.client.group_state(G)
-    conversation = next(c.conversation_id for c in state.conversations if c.work_item_id == lease.work_item_id)
+    conversation = next(
+        c.conversation_id for c in state.conversations if c.work_item_id == lease.work_item_id
+    )
     expires = lease.expires_at.ToDatetime().replace(tzinfo=buffered_at.tzinfo)
     return wp.BoundedOfflineExecutionBinding(
-        agent_id=lease.agent_id, group_id=G, work_item_id=lease.work_item_id,
-        original_session_epoch=lease.session_epoch, ownership_epoch=lease.ownership_epoch,
-        historical_lease_id=lease.lease_id, disconnected_at=to_timestamp(expires - timedelta(seconds=LEASE_S / 2)),
-        buffered_at=to_timestamp(buffered_at), grace_deadline=to_timestamp(expires + timedelta(seconds=GRACE_S)),
+        agent_id=lease.agent_id,
+        group_id=G,
+        work_item_id=lease.work_item_id,
+        original_session_epoch=lease.session_epoch,
+        ownership_epoch=lease.ownership_epoch,
+        historical_lease_id=lease.lease_id,
+        disconnected_at=to_timestamp(expires - timedelta(seconds=LEASE_S / 2)),
+        buffered_at=to_timestamp(buffered_at),
+        grace_deadline=to_timestamp(expires + timedelta(seconds=GRACE_S)),
         historical_lease_expires_at=lease.expires_at,
-        usage_delta=common_pb2.ResourceVector(currency="EUR", tokens=tokens), conversation_id=conversation,
+        usage_delta=common_pb2.ResourceVector(currency="EUR", tokens=tokens),
+        conversation_id=conversation,
     )
 
 
 async def send_buffered(
-    w: World, signer: SessionSigner, b: wp.BoundedOfflineExecutionBinding, kind: str = "work_report_progress",
+    w: World,
+    signer: SessionSigner,
+    b: wp.BoundedOfflineExecutionBinding,
+    kind: str = "work_report_progress",
     body: Message | None = None,
 ) -> common_pb2.SignedEnvelope:
-    command = signer.command(G, kind, body or progress(b), membership_epoch=await w.epoch_of(G, signer.identity_id))
+    command = signer.command(
+        G, kind, body or progress(b), membership_epoch=await w.epoch_of(G, signer.identity_id)
+    )
     command.issued_at.CopyFrom(to_timestamp(w.clock.now()))
     command.extensions.add(urn=BOUNDED_OFFLINE_EXECUTION, critical=True, data=b.SerializeToString())
     return signer.sign(command)
@@ -135,32 +159,52 @@ async def test_buffered_progress_is_reconciled_from_a_new_session_or_refused_who
     assert [e.WhichOneof("payload") for e in events] == ["resource_usage_recorded", "work_progress_reported"]
     usage = events[0].resource_usage_recorded
     assert usage.source == wp.USAGE_SOURCE_OFFLINE_RECONCILIATION
-    assert (usage.execution_session_epoch, usage.reporting_session_epoch) == (lease.session_epoch, second.session_epoch)
+    assert (usage.execution_session_epoch, usage.reporting_session_epoch) == (
+        lease.session_epoch,
+        second.session_epoch,
+    )
     assert (usage.lease_id, usage.work_item_used.tokens) == (lease.lease_id, 100)
 
     # Buffered past the grace deadline, or overflowing the budget: refused whole, nothing written.
     late = await offline_binding(w, lease, started + timedelta(seconds=LEASE_S + GRACE_S + 1))
     w.clock.advance(seconds=GRACE_S)
-    rejection = await refused_whole(w, await send_buffered(w, second, late), R.REJECTION_REASON_OFFLINE_OUTSIDE_WINDOW)
+    rejection = await refused_whole(
+        w, await send_buffered(w, second, late), R.REJECTION_REASON_OFFLINE_OUTSIDE_WINDOW
+    )
     assert rejection.metadata["check"] == "after_grace_deadline"
     over = await offline_binding(w, lease, started + timedelta(seconds=LEASE_S + 25), tokens=10_000)
-    rejection = await refused_whole(w, await send_buffered(w, second, over), R.REJECTION_REASON_BUDGET_EXCEEDED)
+    rejection = await refused_whole(
+        w, await send_buffered(w, second, over), R.REJECTION_REASON_BUDGET_EXCEEDED
+    )
     assert (rejection.metadata["budget"], rejection.metadata["dimension"]) == ("work_item", "tokens")
     # Another Conversation, a kind that is never buffered, a changed binding.
     planning = (await w.client.group_state(G)).mission.planning_conversation_id
     await refused_whole(
-        w, await send_buffered(w, second, inside, "message_post", builders.message(planning)),
+        w,
+        await send_buffered(w, second, inside, "message_post", builders.message(planning)),
         R.REJECTION_REASON_OFFLINE_OUTSIDE_CONVERSATION,
     )
-    submit = wp.WorkSubmit(work_item_id="wi-1", lease_id=lease.lease_id, ownership_epoch=1, contract_revision=1)
-    await refused_whole(w, await send_buffered(w, second, inside, "work_submit", submit), R.REJECTION_REASON_OFFLINE_KIND_NOT_BUFFERABLE)
+    submit = wp.WorkSubmit(
+        work_item_id="wi-1", lease_id=lease.lease_id, ownership_epoch=1, contract_revision=1
+    )
+    await refused_whole(
+        w,
+        await send_buffered(w, second, inside, "work_submit", submit),
+        R.REJECTION_REASON_OFFLINE_KIND_NOT_BUFFERABLE,
+    )
     altered = wp.BoundedOfflineExecutionBinding()
     altered.CopyFrom(inside)
     altered.usage_delta.tokens = 1  # the delta changed after buffering: the body no longer matches
-    rejection = await refused_whole(w, await send_buffered(w, second, altered, body=progress(inside)), R.REJECTION_REASON_OFFLINE_BINDING_INVALID)
+    rejection = await refused_whole(
+        w,
+        await send_buffered(w, second, altered, body=progress(inside)),
+        R.REJECTION_REASON_OFFLINE_BINDING_INVALID,
+    )
     assert (rejection.metadata["field"], rejection.metadata["check"]) == ("binding.usage_delta", "mismatch")
     # An unknown critical extension is still refused (OP-22).
-    unknown = second.command(G, "work_report_progress", progress(inside), membership_epoch=await w.epoch_of(G, "night-bot"))
+    unknown = second.command(
+        G, "work_report_progress", progress(inside), membership_epoch=await w.epoch_of(G, "night-bot")
+    )
     unknown.issued_at.CopyFrom(to_timestamp(w.clock.now()))
     unknown.extensions.add(urn="urn:example:unknown", critical=True)
     await refused_whole(w, second.sign(unknown), R.REJECTION_REASON_UNSUPPORTED_CRITICAL_EXTENSION)
@@ -176,12 +220,18 @@ async def test_buffered_after_an_ownership_change_is_refused_over_grpc(world: Wo
     second = await w.client.open_session("night-bot", key)  # reconnected (before the server clock moves)
     w.clock.advance(minutes=11)  # lease and ownership lapsed: the Coordinator re-offers
     reoffer = wp.WorkOffer(
-        work_item_id="wi-1", offer_id="off-2", candidate_ids=["night-bot"], expires_at=to_timestamp(w.clock.now() + timedelta(minutes=5)),
-        selection_criteria=[builders.selection("night-bot")], coordinator_epoch=1,
+        work_item_id="wi-1",
+        offer_id="off-2",
+        candidate_ids=["night-bot"],
+        expires_at=to_timestamp(w.clock.now() + timedelta(minutes=5)),
+        selection_criteria=[builders.selection("night-bot")],
+        coordinator_epoch=1,
     )
     await w.run(w.coordinator, G, "work_offer", reoffer, membership_epoch=2)
     b = await offline_binding(w, lease, started + timedelta(seconds=LEASE_S + 20))
-    rejection = await refused_whole(w, await send_buffered(w, second, b), R.REJECTION_REASON_OFFLINE_AFTER_OWNERSHIP_CHANGE)
+    rejection = await refused_whole(
+        w, await send_buffered(w, second, b), R.REJECTION_REASON_OFFLINE_AFTER_OWNERSHIP_CHANGE
+    )
     assert rejection.metadata["rule"] == "ownership_changed"
 
 
@@ -209,7 +259,9 @@ class Proxy:
             return
         up_reader, up_writer = await asyncio.open_connection(self.host, self.upstream_port)
         self._writers |= {writer, up_writer}
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True)
+        await asyncio.gather(
+            self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+        )
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -267,12 +319,15 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
     async def handle(slot: Slot) -> WorkResult:
         while not stop.is_set():
             report = wp.ProgressReport(
-                phase=f"step-{len(reports)}", next_checkpoint=wp.PlannedCheckpoint(description="next"),
+                phase=f"step-{len(reports)}",
+                next_checkpoint=wp.PlannedCheckpoint(description="next"),
                 revised_estimate=wp.RevisedEstimate(reason="on track"),
             )
             severed = proxy.severed
             try:
-                delivered = await slot.report_progress(report, common_pb2.ResourceVector(currency="EUR", tokens=10))
+                delivered = await slot.report_progress(
+                    report, common_pb2.ResourceVector(currency="EUR", tokens=10)
+                )
                 await note("online" if delivered else "offline")
             except OfflineForbidden:
                 await note("forbidden")
@@ -295,17 +350,32 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
 
     try:
         async with Agent.connect(
-            target, "night-bot", key, cursor_dir=tmp_path, backoff=FAST, grace=2.0, audience=w.target, command_timeout=2.0
+            target,
+            "night-bot",
+            key,
+            cursor_dir=tmp_path,
+            backoff=FAST,
+            grace=2.0,
+            audience=w.target,
+            command_timeout=2.0,
         ) as agent:
             runtime = WorkerRuntime(agent, handle)
             await runtime.serve([G])
             try:
-                body = wp.WorkAuthorize(work_item_id="wi-1", title="t", contract=contract(w.clock.now(), 6, 3), coordinator_epoch=1)
+                body = wp.WorkAuthorize(
+                    work_item_id="wi-1",
+                    title="t",
+                    contract=contract(w.clock.now(), 6, 3),
+                    coordinator_epoch=1,
+                )
                 await w.run(w.coordinator, G, "work_authorize", body, membership_epoch=2)
                 offer = wp.WorkOffer(
-                    work_item_id="wi-1", offer_id="off-1", candidate_ids=["night-bot"],
+                    work_item_id="wi-1",
+                    offer_id="off-1",
+                    candidate_ids=["night-bot"],
                     expires_at=to_timestamp(w.clock.now() + timedelta(minutes=5)),
-                    selection_criteria=[builders.selection("night-bot")], coordinator_epoch=1,
+                    selection_criteria=[builders.selection("night-bot")],
+                    coordinator_epoch=1,
                 )
                 await w.run(w.coordinator, G, "work_offer", offer, membership_epoch=2)
                 async with asyncio.timeout(30), changed:
@@ -318,7 +388,9 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
                 buffered = reports.count("offline")
                 assert buffered >= 2
                 notes_buffered = notes.count("buffered")
-                assert len(OfflineBuffer(agent.directory / "offline.log")) == buffered + notes_buffered  # durable, on disk
+                assert (
+                    len(OfflineBuffer(agent.directory / "offline.log")) == buffered + notes_buffered
+                )  # durable, on disk
                 stop.set()
                 proxy.restore()
                 async with asyncio.timeout(30):
@@ -331,13 +403,20 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
         await proxy.close()
     assert False in effects and True not in effects  # side effects online only (MW-11.5-05)
     events = [e async for e in w.client.read_events(G)]
-    offline = [e for e in events if e.WhichOneof("payload") == "resource_usage_recorded"
-               and e.resource_usage_recorded.source == wp.USAGE_SOURCE_OFFLINE_RECONCILIATION]
+    offline = [
+        e
+        for e in events
+        if e.WhichOneof("payload") == "resource_usage_recorded"
+        and e.resource_usage_recorded.source == wp.USAGE_SOURCE_OFFLINE_RECONCILIATION
+    ]
     assert len(offline) == reports.count("offline")  # every buffered report accepted, its usage charged
     for usage in offline:
         after = next(e for e in events if e.sequence == usage.sequence + 1)
         assert after.WhichOneof("payload") == "work_progress_reported"  # usage first (MW-11.5-12)
-        assert usage.resource_usage_recorded.execution_session_epoch == usage.resource_usage_recorded.reporting_session_epoch
+        assert (
+            usage.resource_usage_recorded.execution_session_epoch
+            == usage.resource_usage_recorded.reporting_session_epoch
+        )
     assert not (agent.directory / "offline.log").exists()  # reconciled: the buffer is gone
     if outage == "within_the_lease":  # the output made while cut off was uploaded, then handed in
         [submitted] = [e.work_submitted for e in events if e.WhichOneof("payload") == "work_submitted"]
@@ -345,7 +424,11 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
         assert await w.client.download(outputs[0].digest) == b"figures computed while cut off"
         assert not list((agent.directory / "outputs").iterdir())  # its spool file is gone
     # The note was buffered too, bound to the WorkItem's Conversation, and posted on reconciliation.
-    posted = [e for e in events if e.WhichOneof("payload") == "message_posted" and e.message_posted.content.text.startswith("cut off")]
+    posted = [
+        e
+        for e in events
+        if e.WhichOneof("payload") == "message_posted" and e.message_posted.content.text.startswith("cut off")
+    ]
     assert len(posted) == notes.count("buffered")
     if outage == "within_the_lease":
         assert notes == ["buffered"]
@@ -360,7 +443,9 @@ async def test_a_cut_off_worker_buffers_within_its_grace_and_reconciles_first(
 
 
 @pytest.mark.req("MW-11.5-09", "MW-11.5-06", "MW-11.5-12")
-async def test_a_worker_restarted_while_cut_off_reconciles_its_buffer_from_a_new_session(world: World, tmp_path: Path) -> None:
+async def test_a_worker_restarted_while_cut_off_reconciles_its_buffer_from_a_new_session(
+    world: World, tmp_path: Path
+) -> None:
     """The Worker process stops while the mesh is unreachable and starts again elsewhere with a new
     session: its durable buffer is reconciled from that session, the bindings unchanged (the
     historical session, lease and ownership), before it does anything else."""
@@ -377,7 +462,8 @@ async def test_a_worker_restarted_while_cut_off_reconciles_its_buffer_from_a_new
         nonlocal buffered
         for step in range(1000):
             report = wp.ProgressReport(
-                phase=f"step-{step}", next_checkpoint=wp.PlannedCheckpoint(description="next"),
+                phase=f"step-{step}",
+                next_checkpoint=wp.PlannedCheckpoint(description="next"),
                 revised_estimate=wp.RevisedEstimate(reason="on track"),
             )
             if not await slot.report_progress(report, common_pb2.ResourceVector(currency="EUR", tokens=7)):
@@ -389,14 +475,29 @@ async def test_a_worker_restarted_while_cut_off_reconciles_its_buffer_from_a_new
         return WorkResult(evidence=[builders.evidence()])
 
     try:
-        first = await Agent.connect(target, "night-bot", key, cursor_dir=tmp_path, backoff=FAST, grace=2.0, audience=w.target, command_timeout=2.0)
+        first = await Agent.connect(
+            target,
+            "night-bot",
+            key,
+            cursor_dir=tmp_path,
+            backoff=FAST,
+            grace=2.0,
+            audience=w.target,
+            command_timeout=2.0,
+        )
         runtime = WorkerRuntime(first, handle)
         await runtime.serve([G])
-        body = wp.WorkAuthorize(work_item_id="wi-1", title="t", contract=contract(w.clock.now(), 600, 600), coordinator_epoch=1)
+        body = wp.WorkAuthorize(
+            work_item_id="wi-1", title="t", contract=contract(w.clock.now(), 600, 600), coordinator_epoch=1
+        )
         await w.run(w.coordinator, G, "work_authorize", body, membership_epoch=2)
         offer = wp.WorkOffer(
-            work_item_id="wi-1", offer_id="off-1", candidate_ids=["night-bot"], expires_at=to_timestamp(w.clock.now() + timedelta(minutes=5)),
-            selection_criteria=[builders.selection("night-bot")], coordinator_epoch=1,
+            work_item_id="wi-1",
+            offer_id="off-1",
+            candidate_ids=["night-bot"],
+            expires_at=to_timestamp(w.clock.now() + timedelta(minutes=5)),
+            selection_criteria=[builders.selection("night-bot")],
+            coordinator_epoch=1,
         )
         await w.run(w.coordinator, G, "work_offer", offer, membership_epoch=2)
 
@@ -414,7 +515,9 @@ async def test_a_worker_restarted_while_cut_off_reconciles_its_buffer_from_a_new
         # Started again on another host: the saved session is gone, the agent opens a new one.
         (first.directory / "session.json").unlink()
         proxy.restore()
-        async with Agent.connect(target, "night-bot", key, cursor_dir=tmp_path, backoff=FAST, grace=2.0, audience=w.target) as second:
+        async with Agent.connect(
+            target, "night-bot", key, cursor_dir=tmp_path, backoff=FAST, grace=2.0, audience=w.target
+        ) as second:
             again = WorkerRuntime(second, handle)
             await again.serve([G])
             try:
@@ -427,12 +530,20 @@ async def test_a_worker_restarted_while_cut_off_reconciles_its_buffer_from_a_new
         await proxy.close()
     events = [e async for e in w.client.read_events(G)]
     lease = next(e.work_started.lease for e in events if e.type == "work.started")
-    reconciled = [e.resource_usage_recorded for e in events if e.WhichOneof("payload") == "resource_usage_recorded"
-                  and e.resource_usage_recorded.source == wp.USAGE_SOURCE_OFFLINE_RECONCILIATION]
+    reconciled = [
+        e.resource_usage_recorded
+        for e in events
+        if e.WhichOneof("payload") == "resource_usage_recorded"
+        and e.resource_usage_recorded.source == wp.USAGE_SOURCE_OFFLINE_RECONCILIATION
+    ]
     assert len(reconciled) == on_disk and not again.refused_offline
     assert new_session > lease.session_epoch
     for usage in reconciled:  # the historical session and lease, reported from the new session
-        assert (usage.execution_session_epoch, usage.lease_id, usage.reporting_session_epoch) == (lease.session_epoch, lease.lease_id, new_session)
+        assert (usage.execution_session_epoch, usage.lease_id, usage.reporting_session_epoch) == (
+            lease.session_epoch,
+            lease.lease_id,
+            new_session,
+        )
     assert not (first.directory / "offline.log").exists()
 
 
@@ -449,12 +560,28 @@ class _Disconnected:
         self.session = SessionSigner("night-bot", 3, SigningKey.generate())
 
 
-def _channel(tmp_path: Path, *, reversible: bool = True, grace_s: int = 30, expires_in: float = 10) -> SlotChannel:
+def _channel(
+    tmp_path: Path, *, reversible: bool = True, grace_s: int = 30, expires_in: float = 10
+) -> SlotChannel:
     now = datetime.now(UTC)
-    window = LeaseWindow("lease-1", 3, 1, now - timedelta(seconds=5), now + timedelta(seconds=expires_in), timedelta(seconds=grace_s))
+    window = LeaseWindow(
+        "lease-1",
+        3,
+        1,
+        now - timedelta(seconds=5),
+        now + timedelta(seconds=expires_in),
+        timedelta(seconds=grace_s),
+    )
     return SlotChannel(
-        _Disconnected(), OfflineBuffer(tmp_path / "offline.log"), G, "wi-1", "conv-1", window,  # type: ignore[arg-type]
-        reversible=reversible, reconciled=lambda: True, on_buffered=lambda: None,
+        _Disconnected(),
+        OfflineBuffer(tmp_path / "offline.log"),
+        G,
+        "wi-1",
+        "conv-1",
+        window,  # type: ignore[arg-type]
+        reversible=reversible,
+        reconciled=lambda: True,
+        on_buffered=lambda: None,
     )
 
 
@@ -471,8 +598,27 @@ async def test_buffered_reports_are_signed_bound_and_survive_a_restart(tmp_path:
     [first, second] = again.pending()
     b = binding_of(first)
     assert b is not None
-    assert all(b.HasField(f) for f in ("disconnected_at", "buffered_at", "grace_deadline", "historical_lease_expires_at", "usage_delta"))
-    assert all(getattr(b, f) for f in ("agent_id", "group_id", "work_item_id", "original_session_epoch", "ownership_epoch", "historical_lease_id"))
+    assert all(
+        b.HasField(f)
+        for f in (
+            "disconnected_at",
+            "buffered_at",
+            "grace_deadline",
+            "historical_lease_expires_at",
+            "usage_delta",
+        )
+    )
+    assert all(
+        getattr(b, f)
+        for f in (
+            "agent_id",
+            "group_id",
+            "work_item_id",
+            "original_session_epoch",
+            "ownership_epoch",
+            "historical_lease_id",
+        )
+    )
     assert first.extensions[0].critical and first.extensions[0].urn == BOUNDED_OFFLINE_EXECUTION
     assert (b.usage_delta.tokens, b.historical_lease_id, b.conversation_id) == (7, "lease-1", "conv-1")
     assert first.command_id != second.command_id
@@ -485,7 +631,11 @@ async def test_buffered_reports_are_signed_bound_and_survive_a_restart(tmp_path:
 @pytest.mark.req("MW-11.5-04", "MW-11.5-05")
 @pytest.mark.parametrize(
     ("case", "options"),
-    [("not_reversible", {"reversible": False}), ("no_grace", {"grace_s": 0}), ("past_grace", {"expires_in": -40})],
+    [
+        ("not_reversible", {"reversible": False}),
+        ("no_grace", {"grace_s": 0}),
+        ("past_grace", {"expires_in": -40}),
+    ],
 )
 async def test_offline_continuation_is_bounded_and_side_effects_need_the_service(
     tmp_path: Path, case: str, options: dict[str, object]

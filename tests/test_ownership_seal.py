@@ -36,27 +36,45 @@ async def test_an_unsealed_ownership_row_is_taken_over_not_obeyed(
 ) -> None:
     clock = ManualClock(SystemClock().now())
     data = tmp_path / "data"
-    a = await start(Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url, instance_id="auth-a"), clock)
-    b = await start(Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url, instance_id="auth-b"), clock)
+    a = await start(
+        Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url, instance_id="auth-a"), clock
+    )
+    b = await start(
+        Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url, instance_id="auth-b"), clock
+    )
     ca, cb = MeshClient(f"127.0.0.1:{a.port}"), MeshClient(f"127.0.0.1:{b.port}")
     try:
         admin_key = read_key(data / "keys" / "admin.key")
         alice_key = SigningKey.generate()
-        await ca.register_identity("admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(alice_key.verify_key))
-        await ca.register_identity("admin", admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(SigningKey.generate().verify_key))
+        await ca.register_identity(
+            "admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(alice_key.verify_key)
+        )
+        await ca.register_identity(
+            "admin", admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(SigningKey.generate().verify_key)
+        )
         alice = await ca.open_session("alice", alice_key)
         cb.read_as(alice)
-        await ca.execute(alice.sign(alice.command("grp_s", "mission_create", builders.mission_create("alice", "bot", clock.now()))))
+        await ca.execute(
+            alice.sign(
+                alice.command("grp_s", "mission_create", builders.mission_create("alice", "bot", clock.now()))
+            )
+        )
         conv = (await ca.group_state("grp_s")).mission.planning_conversation_id
 
         def post(words: str) -> common_pb2.SignedEnvelope:
-            return alice.sign(alice.command("grp_s", "message_post", builders.message(conv, words), membership_epoch=1))
+            return alice.sign(
+                alice.command("grp_s", "message_post", builders.message(conv, words), membership_epoch=1)
+            )
 
         # Sealed by a: b sends the command there.
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await cb.execute(post("via b"))
         refused = rejection_from_rpc_error(info.value)
-        assert refused and refused.reason == R.REJECTION_REASON_NOT_OWNER and refused.metadata["owner"] == "auth-a"
+        assert (
+            refused
+            and refused.reason == R.REJECTION_REASON_NOT_OWNER
+            and refused.metadata["owner"] == "auth-a"
+        )
 
         if edit == "ghost owner":  # a's seal kept, the owner rewritten: the seal no longer covers the row
             await sql(db_url, "UPDATE groups SET owner_instance = 'auth-ghost' WHERE group_id = 'grp_s'")
@@ -71,7 +89,11 @@ async def test_an_unsealed_ownership_row_is_taken_over_not_obeyed(
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await ca.execute(post("late write from a"))
         refused = rejection_from_rpc_error(info.value)
-        assert refused and refused.reason == R.REJECTION_REASON_NOT_OWNER and refused.metadata["owner"] == "auth-b"
+        assert (
+            refused
+            and refused.reason == R.REJECTION_REASON_NOT_OWNER
+            and refused.metadata["owner"] == "auth-b"
+        )
         assert [e.sequence async for e in cb.read_events("grp_s")] == [1, 2, 3, 4, 5, 6]
     finally:
         await ca.channel.close()
@@ -83,13 +105,19 @@ async def test_an_unsealed_ownership_row_is_taken_over_not_obeyed(
 
 async def test_mwp_verify_names_an_ownership_row_without_a_valid_seal(db_url: str, tmp_path: Path) -> None:
     data = tmp_path / "data"
-    mesh = await start(Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url), ManualClock(SystemClock().now()))
+    mesh = await start(
+        Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url), ManualClock(SystemClock().now())
+    )
     client = MeshClient(f"127.0.0.1:{mesh.port}")
     try:
         alice_key = SigningKey.generate()
         admin_key = read_key(data / "keys" / "admin.key")
-        await client.register_identity("admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(alice_key.verify_key))
-        await client.register_identity("admin", admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(SigningKey.generate().verify_key))
+        await client.register_identity(
+            "admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(alice_key.verify_key)
+        )
+        await client.register_identity(
+            "admin", admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(SigningKey.generate().verify_key)
+        )
         alice = await client.open_session("alice", alice_key)
         for group in ("grp_1", "grp_2", "grp_3"):
             body = builders.mission_create("alice", "bot", SystemClock().now())
@@ -99,11 +127,16 @@ async def test_mwp_verify_names_an_ownership_row_without_a_valid_seal(db_url: st
         await mesh.stop(grace=1)
     assert verify(data, db_url)["clean"]
     await sql(db_url, "UPDATE groups SET owner_instance = 'auth-ghost' WHERE group_id = 'grp_2'")
-    await sql(db_url, "UPDATE groups SET owner_seal = NULL WHERE group_id = 'grp_3'")  # as before authority_0002
+    await sql(
+        db_url, "UPDATE groups SET owner_seal = NULL WHERE group_id = 'grp_3'"
+    )  # as before authority_0002
     report = verify(data, db_url)
     assert report["exit"] == 1
     assert [(f["group_id"], f["detail"]) for f in report["findings"]] == [
-        ("grp_2", "the Group's ownership row (owner auth-ghost, writer epoch 1) is not sealed by the Authority key")
+        (
+            "grp_2",
+            "the Group's ownership row (owner auth-ghost, writer epoch 1) is not sealed by the Authority key",
+        )
     ]
     assert report["unsealed_ownership"] == 1  # grp_3: holds no lease, sealed by the next instance to take it
 

@@ -41,9 +41,15 @@ async def test_pipelined_commands_of_one_group_are_durable_before_anyone_sees_th
         gate.set()
 
 
-async def _pipeline_five(world: World, conv: str, gate: asyncio.Event, authority: Any, head_before: int) -> None:
+async def _pipeline_five(
+    world: World, conv: str, gate: asyncio.Event, authority: Any, head_before: int
+) -> None:
     posts = [
-        world.owner.sign(world.owner.command("grp_pipe", "message_post", builders.message(conv, f"m{i}"), membership_epoch=1))
+        world.owner.sign(
+            world.owner.command(
+                "grp_pipe", "message_post", builders.message(conv, f"m{i}"), membership_epoch=1
+            )
+        )
         for i in range(5)
     ]
     calls = [asyncio.ensure_future(world.client.execute(p)) for p in posts]
@@ -61,7 +67,9 @@ async def _pipeline_five(world: World, conv: str, gate: asyncio.Event, authority
     assert revisions == list(range(head_before + 1, head_before + 6))
     again = await duplicate
     assert again.replayed and again.group_revision == results[0].group_revision
-    assert [e.event_id for e in decode_events(again.events)] == [e.event_id for e in decode_events(results[0].events)]
+    assert [e.event_id for e in decode_events(again.events)] == [
+        e.event_id for e in decode_events(results[0].events)
+    ]
     stored = [e async for e in world.client.read_events("grp_pipe", after=head_before)]
     assert [e.sequence for e in stored] == revisions  # no gap, no duplicate sequence
     assert (await authority.state("grp_pipe")).head_sequence == head_before + 5
@@ -76,8 +84,12 @@ async def test_a_failed_append_fails_its_pipelined_successors_which_are_decided_
     head_before = (await authority.state("grp_pipe2")).head_sequence
     gate, held = gate_store(store)
     try:
-        first = world.owner.sign(world.owner.command("grp_pipe2", "message_post", builders.message(conv, "a"), membership_epoch=1))
-        second = world.owner.sign(world.owner.command("grp_pipe2", "message_post", builders.message(conv, "b"), membership_epoch=1))
+        first = world.owner.sign(
+            world.owner.command("grp_pipe2", "message_post", builders.message(conv, "a"), membership_epoch=1)
+        )
+        second = world.owner.sign(
+            world.owner.command("grp_pipe2", "message_post", builders.message(conv, "b"), membership_epoch=1)
+        )
         c1 = asyncio.ensure_future(world.client.execute(first))
         await asyncio.sleep(0.2)
         c2 = asyncio.ensure_future(world.client.execute(second))

@@ -20,8 +20,12 @@ PY = membership_pb2.Capability(capability_id="code.python", version="3.11")
 
 
 def card(agent: str, version: str = "3.12.0") -> acpb.AgentCard:
-    return acpb.AgentCard(agent_id=agent, card_version="1.0.0", max_concurrency=4,
-                          capabilities=[membership_pb2.Capability(capability_id="code.python", version=version)])
+    return acpb.AgentCard(
+        agent_id=agent,
+        card_version="1.0.0",
+        max_concurrency=4,
+        capabilities=[membership_pb2.Capability(capability_id="code.python", version=version)],
+    )
 
 
 def presence(free: int, fresh: bool = True) -> acpb.AgentPresence:
@@ -49,10 +53,14 @@ def test_candidates_are_ranked_with_structured_criteria_and_offered_in_turn() ->
     assert [r.candidate.agent_id for r in ranked if r.eligible] == ["delta", "alpha"]  # more free slots first
     assert [r.criteria.rank for r in ranked] == [1, 2, 3, 4, 5]
     beta = next(r for r in ranked if r.candidate.agent_id == "beta")
-    assert [c.capability_id for c in beta.criteria.missing_capabilities] == ["code.python"] and not beta.eligible
+    assert [c.capability_id for c in beta.criteria.missing_capabilities] == [
+        "code.python"
+    ] and not beta.eligible
     epsilon = next(r for r in ranked if r.candidate.agent_id == "epsilon")
     assert not epsilon.criteria.authorization_eligible
-    assert all(":" in rule for r in ranked for rule in r.criteria.applied_policy_rules)  # rule ids, no reasoning
+    assert all(
+        ":" in rule for r in ranked for rule in r.criteria.applied_policy_rules
+    )  # rule ids, no reasoning
     first = sequential(ranked)
     assert first is not None and first.candidate.agent_id == "delta"
     after_decline = sequential(ranked, tried=["delta"])
@@ -70,7 +78,9 @@ def test_urgent_placement_offers_a_bounded_set() -> None:
 
 def test_the_offer_carries_the_criteria_the_authority_requires() -> None:
     ranked = rank(builders.contract(NOW), [Candidate("worker", 4, card("worker"), presence(1))])
-    body = offer_body("root", ranked, to_timestamp(NOW + timedelta(minutes=5)), coordinator_epoch=1, offer_id="off-r")
+    body = offer_body(
+        "root", ranked, to_timestamp(NOW + timedelta(minutes=5)), coordinator_epoch=1, offer_id="off-r"
+    )
     assert [c.candidate_id for c in body.selection_criteria] == ["worker"]
     assert not isinstance(decide(BASE, "work_offer", body, "coord"), Rejected)
 
@@ -93,7 +103,9 @@ def made(*candidates: str) -> OfferMade:
 
 def declined(agent: str, offer_id: str = "off-1", work_item_id: str = "wi-1") -> event_pb2.Event:
     body = wp.WorkOfferDeclined(
-        work_item_id=work_item_id, offer_id=offer_id, agent_id=agent,
+        work_item_id=work_item_id,
+        offer_id=offer_id,
+        agent_id=agent,
         decline=wp.StructuredDecline(reason=wp.DECLINE_REASON_CAPACITY),
     )
     return event_pb2.Event(work_offer_declined=body)
@@ -118,7 +130,10 @@ def test_the_first_acceptance_ends_an_offer_and_its_withdrawal_does_not_override
     win = wp.WorkOfferAccepted(work_item_id="wi-1", offer_id="off-1", agent_id="b")
     tracker.see(event_pb2.Event(work_offer_accepted=win))
     gone = wp.WorkOffersWithdrawn(
-        work_item_id="wi-1", offer_ids=["off-1"], reason=wp.OFFER_WITHDRAWAL_REASON_ACCEPTED_ELSEWHERE, winning_offer_id="off-1"
+        work_item_id="wi-1",
+        offer_ids=["off-1"],
+        reason=wp.OFFER_WITHDRAWAL_REASON_ACCEPTED_ELSEWHERE,
+        winning_offer_id="off-1",
     )
     tracker.see(event_pb2.Event(work_offers_withdrawn=gone))
     outcome, accepted = tracker.result()
@@ -127,7 +142,9 @@ def test_the_first_acceptance_ends_an_offer_and_its_withdrawal_does_not_override
 
 def test_an_offer_superseded_by_someone_else_ends_withdrawn_and_one_never_answered_expired() -> None:
     tracker = OfferTracker("wi-1", made("a"))
-    gone = wp.WorkOffersWithdrawn(work_item_id="wi-1", offer_ids=["off-1"], reason=wp.OFFER_WITHDRAWAL_REASON_SUPERSEDED)
+    gone = wp.WorkOffersWithdrawn(
+        work_item_id="wi-1", offer_ids=["off-1"], reason=wp.OFFER_WITHDRAWAL_REASON_SUPERSEDED
+    )
     tracker.see(event_pb2.Event(work_offers_withdrawn=gone))
     assert tracker.result()[0].ended == "withdrawn"
     assert OfferTracker("wi-1", made("a")).result()[0].ended == "expired"

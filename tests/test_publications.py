@@ -34,7 +34,9 @@ def ask(w: World, **fields: str) -> ppb.FindPublicationRequest:
 
 
 @pytest.mark.req("MW-13.1-03")
-async def test_a_publication_is_found_only_for_its_group_workitem_publisher_and_manifest(world: World) -> None:
+async def test_a_publication_is_found_only_for_its_group_workitem_publisher_and_manifest(
+    world: World,
+) -> None:
     w = world
     data = b"ledger rows " * 100
     uploaded = await w.client.upload(data, manifest_for(w, w.worker, data))
@@ -44,7 +46,9 @@ async def test_a_publication_is_found_only_for_its_group_workitem_publisher_and_
     found = await stub.FindPublication(ask(w, content_digest_hex=digest))
     assert found.found and found.size_bytes == len(data)
     assert found.manifest_digest_hex == uploaded.manifest_digest.hex
-    cited = await stub.FindPublication(ask(w, content_digest_hex=digest, manifest_digest_hex=uploaded.manifest_digest.hex))
+    cited = await stub.FindPublication(
+        ask(w, content_digest_hex=digest, manifest_digest_hex=uploaded.manifest_digest.hex)
+    )
     assert cited.found
     for other in (
         {"group_id": "grp_other"},
@@ -72,10 +76,18 @@ async def test_publishing_while_the_artifact_store_is_down_is_refused_peer_unava
     dead = open_channel("127.0.0.1:9")
     w.mesh.authority.publications = PublicationServiceStub(dead)  # type: ignore[attr-defined]
     ref = common_pb2.ArtifactRef(digest=blob_digest(data), media_type="text/csv")
-    publish = wp.WorkPublishArtifact(work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch, artifact=ref)
+    publish = wp.WorkPublishArtifact(
+        work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch, artifact=ref
+    )
     began = time.monotonic()
     rejection = await refused(
-        w, w.worker, G, "work_publish_artifact", publish, R.REJECTION_REASON_PEER_UNAVAILABLE, membership_epoch=3
+        w,
+        w.worker,
+        G,
+        "work_publish_artifact",
+        publish,
+        R.REJECTION_REASON_PEER_UNAVAILABLE,
+        membership_epoch=3,
     )
     assert time.monotonic() - began < 6  # bounded by the peer deadline, never a hang
     assert rejection.metadata["peer"] == "artifacts" and int(rejection.metadata["retry_after_ms"]) > 0
@@ -90,8 +102,12 @@ async def test_a_service_started_with_a_peer_that_does_not_answer_says_so_and_re
     from missionweave_server.mesh.server import start
 
     settings = Settings(
-        listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1,
-        services=("authority", "membership"), peers={"artifacts": "127.0.0.1:9"},
+        listen="127.0.0.1:0",
+        data_dir=tmp_path / "data",
+        database_url=db_url,
+        grace_seconds=1,
+        services=("authority", "membership"),
+        peers={"artifacts": "127.0.0.1:9"},
     )
     caplog.set_level(logging.WARNING, logger="missionweave.server")
     mesh = await start(settings, OffsetClock())
@@ -107,7 +123,9 @@ async def test_a_service_started_with_a_peer_that_does_not_answer_says_so_and_re
 
 
 @pytest.mark.req("MW-13.1-03")
-async def test_find_artifacts_answers_each_digest_with_only_the_producers_manifests_for_the_group(world: World) -> None:
+async def test_find_artifacts_answers_each_digest_with_only_the_producers_manifests_for_the_group(
+    world: World,
+) -> None:
     """publications.proto FindArtifacts: one answer per requested digest, in request order; a blob
     not stored is `stored = false`; only manifests `producer_id` signed for `group_id`; at most 64
     digests, each 64 lower-case hex digits, and group_id and producer_id required (INVALID_ARGUMENT)."""
@@ -120,21 +138,33 @@ async def test_find_artifacts_answers_each_digest_with_only_the_producers_manife
     token = w.settings.mesh_token_path.read_bytes().strip()
     stub = PublicationServiceStub(MeshServiceChannel(open_channel(w.target), token))
     asked = [mine.digest.hex, never, theirs.digest.hex, mine.digest.hex]
-    found = await stub.FindArtifacts(ppb.FindArtifactsRequest(group_id=G, content_digests_hex=asked, producer_id="worker-bot"))
+    found = await stub.FindArtifacts(
+        ppb.FindArtifactsRequest(group_id=G, content_digests_hex=asked, producer_id="worker-bot")
+    )
     assert [a.content_digest_hex for a in found.artifacts] == asked
     first, missing, other, again = found.artifacts
     assert first.stored and first.size_bytes == mine.digest.size_bytes and first == again
     [manifest] = first.manifests
     mission_id = (await w.client.group_state(G)).mission.mission_id
-    assert (manifest.work_item_id, manifest.producer_id, manifest.mission_id) == ("wi-1", "worker-bot", mission_id)
+    assert (manifest.work_item_id, manifest.producer_id, manifest.mission_id) == (
+        "wi-1",
+        "worker-bot",
+        mission_id,
+    )
     assert not missing.stored and not missing.manifests
     assert other.stored and not other.manifests  # stored, but signed by someone else
     for _ in range(17):  # the same bytes signed again and again: at most 16 manifests are answered
         await w.deliverable(w.worker, G, "wi-1", b"the worker's figures")
-    crowded = await stub.FindArtifacts(ppb.FindArtifactsRequest(group_id=G, content_digests_hex=[mine.digest.hex], producer_id="worker-bot"))
+    crowded = await stub.FindArtifacts(
+        ppb.FindArtifactsRequest(group_id=G, content_digests_hex=[mine.digest.hex], producer_id="worker-bot")
+    )
     listed = [m.manifest_digest_hex for m in crowded.artifacts[0].manifests]
     assert len(listed) == 16 and listed == sorted(listed)
-    elsewhere = await stub.FindArtifacts(ppb.FindArtifactsRequest(group_id="grp_other", content_digests_hex=[mine.digest.hex], producer_id="worker-bot"))
+    elsewhere = await stub.FindArtifacts(
+        ppb.FindArtifactsRequest(
+            group_id="grp_other", content_digests_hex=[mine.digest.hex], producer_id="worker-bot"
+        )
+    )
     assert elsewhere.artifacts[0].stored and not elsewhere.artifacts[0].manifests
     for bad in (
         ppb.FindArtifactsRequest(group_id=G, content_digests_hex=["XYZ"], producer_id="worker-bot"),

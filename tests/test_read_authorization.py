@@ -149,7 +149,11 @@ class Props:
     each caller's Membership epoch in G."""
 
     def __init__(
-        self, w: World, state: authority_service_pb2.GroupState, snapshot: common_pb2.Digest, blob: common_pb2.Digest
+        self,
+        w: World,
+        state: authority_service_pb2.GroupState,
+        snapshot: common_pb2.Digest,
+        blob: common_pb2.Digest,
     ) -> None:
         self.w, self.snapshot, self.blob = w, snapshot, blob
         self.planning = state.mission.planning_conversation_id
@@ -160,10 +164,14 @@ async def props(w: World, clients: dict[str, MeshClient]) -> Props:
     taken = await clients["admin"].authority.TakeSnapshot(
         authority_service_pb2.TakeSnapshotRequest(group_id=G)
     )
-    await clients["worker"].publish_agent_card(agent_card_pb2.AgentCard(card_version="0.1.0", max_concurrency=2))
+    await clients["worker"].publish_agent_card(
+        agent_card_pb2.AgentCard(card_version="0.1.0", max_concurrency=2)
+    )
     source, data = b"the source G's manifests cite", b"a blob made from it"
     await clients["coordinator"].upload(source, manifest_in(w, w.coordinator, source))
-    await clients["coordinator"].upload(data, manifest_in(w, w.coordinator, data, sources=(blob_digest(source),)))
+    await clients["coordinator"].upload(
+        data, manifest_in(w, w.coordinator, data, sources=(blob_digest(source),))
+    )
     return Props(w, await clients["admin"].group_state(G), taken.digest, blob_digest(data))
 
 
@@ -372,7 +380,8 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
         row(UNAUTH, OK, OK, OK, OK, OK, OK),
     ),
     "MembershipService.ListIdentities": (
-        lambda c, p: c.identities(), row(UNAUTH, DENIED, DENIED, DENIED, DENIED, DENIED, OK)
+        lambda c, p: c.identities(),
+        row(UNAUTH, DENIED, DENIED, DENIED, DENIED, DENIED, OK),
     ),
     "MembershipService.ListMemberships": (
         lambda c, p: c.membership.ListMemberships(membership_service_pb2.ListMembershipsRequest(group_id=G)),
@@ -385,7 +394,9 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
     # Agents publish their own cards; humans (alice, admin) publish none (docs/agent-cards.md).
     "MembershipService.PublishAgentCard": (_publish_own_card, row(UNAUTH, OK, OK, OK, OK, DENIED, DENIED)),
     "MembershipService.GetAgentCard": (
-        lambda c, p: c.membership.GetAgentCard(membership_service_pb2.GetAgentCardRequest(agent_id="worker-bot")),
+        lambda c, p: c.membership.GetAgentCard(
+            membership_service_pb2.GetAgentCardRequest(agent_id="worker-bot")
+        ),
         row(UNAUTH, OK, OK, OK, OK, OK, OK),
     ),
     "MembershipService.ListAgentCardVersions": (
@@ -399,7 +410,9 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
         row(UNAUTH, DENIED, DENIED, OK, DENIED, DENIED, DENIED),
     ),
     "MembershipService.GetPresence": (
-        lambda c, p: c.membership.GetPresence(membership_service_pb2.GetPresenceRequest(agent_ids=["worker-bot"])),
+        lambda c, p: c.membership.GetPresence(
+            membership_service_pb2.GetPresenceRequest(agent_ids=["worker-bot"])
+        ),
         row(UNAUTH, OK, OK, OK, OK, OK, OK),
     ),
     "ArtifactService.Stat": (
@@ -421,10 +434,14 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
     ),
     "ArtifactService.BatchUpload": (_batch_upload, row(UNAUTH, OK, OK, OK, OK, OK, OK)),
     "SchedulingService.Admit": (
-        scheduling("Admit", sched.AdmitRequest(group_id=G, work_item_id="wi-x", offer_id="off-x")), OWN_SCHEDULER
+        scheduling("Admit", sched.AdmitRequest(group_id=G, work_item_id="wi-x", offer_id="off-x")),
+        OWN_SCHEDULER,
     ),
     "SchedulingService.GetQueue": (scheduling("GetQueue", sched.GetQueueRequest(group_id=G)), OWN_SCHEDULER),
-    "SchedulingService.NextSlot": (scheduling("NextSlot", sched.NextSlotRequest()), row(UNAUTH, OK, OK, OK, OK, OK, OK)),
+    "SchedulingService.NextSlot": (
+        scheduling("NextSlot", sched.NextSlotRequest()),
+        row(UNAUTH, OK, OK, OK, OK, OK, OK),
+    ),
     "SchedulingService.ReleaseSlot": (
         scheduling("ReleaseSlot", sched.ReleaseSlotRequest(slot_id="slot-0")),
         row(UNAUTH, "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND"),
@@ -434,9 +451,15 @@ CALLS: dict[str, tuple[Call, dict[str, str]]] = {
         row(UNAUTH, NOT_MEMBER, NOT_MEMBER, "NOT_FOUND", "NOT_FOUND", "NOT_FOUND", NOT_MEMBER),
     ),
     "SchedulingService.SetPriority": (
-        scheduling("SetPriority", sched.SetPriorityRequest(
-            group_id=G, source=sched.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot", priority_class=sched.PRIORITY_CLASS_ELEVATED
-        )),
+        scheduling(
+            "SetPriority",
+            sched.SetPriorityRequest(
+                group_id=G,
+                source=sched.PRIORITY_SOURCE_MISSION_OWNER,
+                worker_id="worker-bot",
+                priority_class=sched.PRIORITY_CLASS_ELEVATED,
+            ),
+        ),
         row(UNAUTH, DENIED, DENIED, DENIED, DENIED, OK, DENIED),
     ),
     # Last: alice's new session fences her older one (MW-11.3-09).
@@ -654,9 +677,12 @@ async def _plant_work(w: World) -> None:
     await as_member(w, G, early)
     f = Flow(w)
     contract = builders.contract(w.clock.now(), goal=MARKERS["early_contract"])
-    await f.coord("work_authorize", wp.WorkAuthorize(
-        work_item_id="wi-early", title=MARKERS["early_work_title"], contract=contract, coordinator_epoch=1
-    ))
+    await f.coord(
+        "work_authorize",
+        wp.WorkAuthorize(
+            work_item_id="wi-early", title=MARKERS["early_work_title"], contract=contract, coordinator_epoch=1
+        ),
+    )
     epoch = await f.accept(early, "wi-early", await f.offer("wi-early", "early-bot"))
     await f.start(early, "wi-early", epoch, "lease-early")
     submission = await f.submission(early, "wi-early", epoch, "lease-early")
@@ -664,13 +690,21 @@ async def _plant_work(w: World) -> None:
     await f.as_(early, "work_submit", submission)
     await as_member(w, G, w.worker)
     jit = membership_pb2.MembershipGrant(
-        member_id="jit-bot", role=membership_pb2.MEMBER_ROLE_WORKER, provisional=True,
+        member_id="jit-bot",
+        role=membership_pb2.MEMBER_ROLE_WORKER,
+        provisional=True,
         expires_at=to_timestamp(w.clock.now() + timedelta(minutes=30)),
     )
     await w.run(w.coordinator, G, "membership_grant", jit, membership_epoch=2)
-    for work_item_id, title in (("wi-late", NOT_PROVISIONAL), ("wi-jit", "offered to the provisional member")):
+    for work_item_id, title in (
+        ("wi-late", NOT_PROVISIONAL),
+        ("wi-jit", "offered to the provisional member"),
+    ):
         body = wp.WorkAuthorize(
-            work_item_id=work_item_id, title=title, contract=builders.contract(w.clock.now()), coordinator_epoch=1
+            work_item_id=work_item_id,
+            title=title,
+            contract=builders.contract(w.clock.now()),
+            coordinator_epoch=1,
         )
         await f.coord("work_authorize", body)
     await f.offer("wi-jit", "jit-bot")
@@ -719,7 +753,9 @@ async def test_no_read_path_shows_a_worker_what_it_may_not_see(world: World) -> 
     )
 
     coordinator = MeshClient(w.target, reader=w.coordinator)  # OTHER's Coordinator too
-    snapshot = (await w.client.authority.TakeSnapshot(authority_service_pb2.TakeSnapshotRequest(group_id=G))).digest
+    snapshot = (
+        await w.client.authority.TakeSnapshot(authority_service_pb2.TakeSnapshotRequest(group_id=G))
+    ).digest
     heads = {g: (await w.client.group_state(g)).head_sequence for g in (G, OTHER)}
     secret_blob = MARKERS["other_group"].encode() * 3
     await coordinator.upload(secret_blob, manifest_in(w, w.coordinator, secret_blob, OTHER))
@@ -735,7 +771,9 @@ async def test_no_read_path_shows_a_worker_what_it_may_not_see(world: World) -> 
 
     package = await package_for("worker-bot", "wi-late")
 
-    async def everything(client: MeshClient, signer: SessionSigner, package: common_pb2.SignedEnvelope) -> bytes:
+    async def everything(
+        client: MeshClient, signer: SessionSigner, package: common_pb2.SignedEnvelope
+    ) -> bytes:
         seen = package.SerializeToString()  # what the Coordinator hands the member
 
         async def scan(read: Awaitable[Any]) -> None:
@@ -751,29 +789,50 @@ async def test_no_read_path_shows_a_worker_what_it_may_not_see(world: World) -> 
             await scan(_collect(client, group))
             await scan(client.group_state(group))
             await scan(client.signed_group_summary(group))
-            await scan(client.authority.GetMissionProgress(authority_service_pb2.GetMissionProgressRequest(group_id=group)))
-            await scan(client.membership.ListMemberships(membership_service_pb2.ListMembershipsRequest(group_id=group)))
-            await scan(client.authority.ListWorkItems(authority_service_pb2.ListWorkItemsRequest(group_id=group)))
+            await scan(
+                client.authority.GetMissionProgress(
+                    authority_service_pb2.GetMissionProgressRequest(group_id=group)
+                )
+            )
+            await scan(
+                client.membership.ListMemberships(
+                    membership_service_pb2.ListMembershipsRequest(group_id=group)
+                )
+            )
+            await scan(
+                client.authority.ListWorkItems(authority_service_pb2.ListWorkItemsRequest(group_id=group))
+            )
             await scan(client.mission_review(group))
             for work_item_id in ("wi-early", "wi-late", "wi-jit"):
                 await scan(client.work_item(group, work_item_id))
-            await scan(client.authority.GetContextPackage(
-                authority_service_pb2.GetContextPackageRequest(group_id=group, recipient_ids=[signer.identity_id])
-            ))
+            await scan(
+                client.authority.GetContextPackage(
+                    authority_service_pb2.GetContextPackageRequest(
+                        group_id=group, recipient_ids=[signer.identity_id]
+                    )
+                )
+            )
             await scan(_over_the_gateway(w, client, signer, group, heads[group]))
         await scan(client.authority.ListMissions(authority_service_pb2.ListMissionsRequest()))
-        await scan(gpb_grpc.GatewayServiceStub(client.channel).GetSnapshot(
-            gpb.GetSnapshotRequest(group_id=G, digest=snapshot, proof=hello(w, signer).proof)
-        ))
+        await scan(
+            gpb_grpc.GatewayServiceStub(client.channel).GetSnapshot(
+                gpb.GetSnapshotRequest(group_id=G, digest=snapshot, proof=hello(w, signer).proof)
+            )
+        )
         for blob in (secret_blob, private_blob):
             digest = blob_digest(blob)
             await scan(client.download(digest))
             await scan(client.artifacts.Stat(artifact_service_pb2.StatRequest(digest=digest)))
             await scan(client.artifacts.GetManifest(artifact_service_pb2.GetManifestRequest(digest=digest)))
-            for direction in (artifact_service_pb2.PROVENANCE_DIRECTION_ANCESTORS, artifact_service_pb2.PROVENANCE_DIRECTION_DESCENDANTS):
-                await scan(client.artifacts.QueryProvenance(
-                    artifact_service_pb2.QueryProvenanceRequest(digest=digest, direction=direction)
-                ))
+            for direction in (
+                artifact_service_pb2.PROVENANCE_DIRECTION_ANCESTORS,
+                artifact_service_pb2.PROVENANCE_DIRECTION_DESCENDANTS,
+            ):
+                await scan(
+                    client.artifacts.QueryProvenance(
+                        artifact_service_pb2.QueryProvenanceRequest(digest=digest, direction=direction)
+                    )
+                )
         return seen
 
     worker = MeshClient(w.target, reader=w.worker)
@@ -787,14 +846,22 @@ async def test_no_read_path_shows_a_worker_what_it_may_not_see(world: World) -> 
         assert not leaked, f"the worker read {leaked}"
         offered = await everything(provisional, jit, await package_for("jit-bot", "wi-jit"))
         assert b"offered to the provisional member" in offered
-        leaked = [name for name, marker in [*MARKERS.items(), ("later", NOT_PROVISIONAL)] if marker.encode() in offered]
+        leaked = [
+            name
+            for name, marker in [*MARKERS.items(), ("later", NOT_PROVISIONAL)]
+            if marker.encode() in offered
+        ]
         assert not leaked, f"the provisional member read {leaked}"
         # A Context Package naming the Worker opens the history it cites (MW-8-09), nothing more.
         cited = await _over_the_gateway(w, worker, w.worker, G, heads[G], package)
         assert MARKERS["before_visibility"].encode() in cited
         assert MARKERS["restricted"].encode() not in cited and MARKERS["other_group"].encode() not in cited
         owners = await everything(owner, w.owner, package)
-        unseen = [name for name, marker in MARKERS.items() if name != "other_group" and marker.encode() not in owners]
+        unseen = [
+            name
+            for name, marker in MARKERS.items()
+            if name != "other_group" and marker.encode() not in owners
+        ]
         assert not unseen, f"the owner's scan missed {unseen}"
     finally:
         for client in (worker, owner, coordinator, provisional):
@@ -802,7 +869,11 @@ async def test_no_read_path_shows_a_worker_what_it_may_not_see(world: World) -> 
 
 
 async def _over_the_gateway(
-    w: World, client: MeshClient, signer: SessionSigner, group: str, head: int,
+    w: World,
+    client: MeshClient,
+    signer: SessionSigner,
+    group: str,
+    head: int,
     package: common_pb2.SignedEnvelope | None = None,
 ) -> bytes:
     """What the gateway gives ``signer`` of ``group``: live delivery from the start, FETCH of the
@@ -812,7 +883,9 @@ async def _over_the_gateway(
     try:
         await stream.send(hello=hello(w, signer))
         await stream.until("welcome")
-        await stream.send(subscribe=gpb.SubscribeFrame(subscription_id="s", group_id=group, initial_credits=1000))
+        await stream.send(
+            subscribe=gpb.SubscribeFrame(subscription_id="s", group_id=group, initial_credits=1000)
+        )
         while True:
             frame = await asyncio.wait_for(stream.until_any("event", "error"), 10)
             seen += frame.SerializeToString()

@@ -106,9 +106,15 @@ async def test_a_non_member_learns_nothing_of_work_items(world: World) -> None:
     try:
         for group in (G, "grp_does_not_exist"):
             got = them.authority.GetWorkItem(apb.GetWorkItemRequest(group_id=group, work_item_id="wi-1"))
-            assert await reason_of(got) == (grpc.StatusCode.PERMISSION_DENIED, R.REJECTION_REASON_NOT_A_MEMBER)
+            assert await reason_of(got) == (
+                grpc.StatusCode.PERMISSION_DENIED,
+                R.REJECTION_REASON_NOT_A_MEMBER,
+            )
             listed = them.authority.ListWorkItems(apb.ListWorkItemsRequest(group_id=group, page_token="junk"))
-            assert await reason_of(listed) == (grpc.StatusCode.PERMISSION_DENIED, R.REJECTION_REASON_NOT_A_MEMBER)
+            assert await reason_of(listed) == (
+                grpc.StatusCode.PERMISSION_DENIED,
+                R.REJECTION_REASON_NOT_A_MEMBER,
+            )
     finally:
         await them.channel.close()
 
@@ -140,7 +146,9 @@ async def test_missions_list_what_the_caller_may_see_in_pages(world: World) -> N
     bad = w.client.authority.ListMissions(apb.ListMissionsRequest(page_token="bWlzOg"))  # "mis:" and nothing
     assert await reason_of(bad) == (grpc.StatusCode.INVALID_ARGUMENT, R.REJECTION_REASON_INVALID_ARGUMENT)
     other_list = apb.ListMissionsRequest(page_token=encode_token("wi", "grp_a"))  # another list's token
-    assert (await reason_of(w.client.authority.ListMissions(other_list)))[1] == R.REJECTION_REASON_INVALID_ARGUMENT
+    assert (await reason_of(w.client.authority.ListMissions(other_list)))[
+        1
+    ] == R.REJECTION_REASON_INVALID_ARGUMENT
 
 
 async def test_identities_are_listed_to_operators_only_in_pages(world: World) -> None:
@@ -164,7 +172,10 @@ async def test_identities_are_listed_to_operators_only_in_pages(world: World) ->
     for signer in (w.worker, w.owner, w.coordinator):
         async with MeshClient(w.target, reader=signer) as them:
             denied = them.membership.ListIdentities(mpb.ListIdentitiesRequest())
-            assert await reason_of(denied) == (grpc.StatusCode.PERMISSION_DENIED, R.REJECTION_REASON_PERMISSION_DENIED)
+            assert await reason_of(denied) == (
+                grpc.StatusCode.PERMISSION_DENIED,
+                R.REJECTION_REASON_PERMISSION_DENIED,
+            )
 
 
 async def test_a_bounded_scan_gives_a_short_page_with_a_token(

@@ -23,7 +23,9 @@ def sh_block(heading: str) -> str:
     """The first sh block under ``heading`` in README.md, as written."""
     text = (ROOT / "README.md").read_text()
     section = text[text.index(heading) :]
-    return section[section.index("```sh\n") + len("```sh\n") : section.index("\n```", section.index("```sh\n"))]
+    return section[
+        section.index("```sh\n") + len("```sh\n") : section.index("\n```", section.index("```sh\n"))
+    ]
 
 
 def trying_it_block() -> list[str]:
@@ -40,9 +42,17 @@ def trying_it_block() -> list[str]:
     return [c for c in commands if c]
 
 
-async def run(command: str, cwd: Path, env: dict[str, str], *, until_interrupted: float = 0) -> tuple[int, str, str]:
+async def run(
+    command: str, cwd: Path, env: dict[str, str], *, until_interrupted: float = 0
+) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
-        "bash", "-c", command, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        "bash",
+        "-c",
+        command,
+        cwd=cwd,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         start_new_session=bool(until_interrupted),
     )
     if until_interrupted:
@@ -57,7 +67,13 @@ async def whole_mission(cwd: Path, env: dict[str, str]) -> str:
     background Workers stopped with it whatever happens."""
     script = "set -euo pipefail\n" + sh_block("## A whole Mission")
     process = await asyncio.create_subprocess_exec(
-        "bash", "-c", script, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        "bash",
+        "-c",
+        script,
+        cwd=cwd,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
     )
     try:
@@ -65,8 +81,12 @@ async def whole_mission(cwd: Path, env: dict[str, str]) -> str:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
-    logs = "".join((cwd / f"worker-{i}.log").read_text()[-2000:] for i in (1, 2) if (cwd / f"worker-{i}.log").exists())
-    assert process.returncode == 0, f"the whole-Mission block exited {process.returncode}:\n{err.decode()}{out.decode()}\n{logs}"
+    logs = "".join(
+        (cwd / f"worker-{i}.log").read_text()[-2000:] for i in (1, 2) if (cwd / f"worker-{i}.log").exists()
+    )
+    assert process.returncode == 0, (
+        f"the whole-Mission block exited {process.returncode}:\n{err.decode()}{out.decode()}\n{logs}"
+    )
     return out.decode()
 
 
@@ -78,7 +98,9 @@ async def test_the_readme_trying_it_block_runs_as_written(tmp_path: Path) -> Non
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
         "MWP_TARGET": f"127.0.0.1:{mesh.port}",
-        "MWP_CONTEXT_DIR": os.environ["MWP_CONTEXT_DIR"],  # conftest's empty one: no context of this machine's
+        "MWP_CONTEXT_DIR": os.environ[
+            "MWP_CONTEXT_DIR"
+        ],  # conftest's empty one: no context of this machine's
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "PYTHONPATH": str(ROOT),
     }
@@ -111,7 +133,9 @@ async def test_the_readme_trying_it_block_runs_as_written(tmp_path: Path) -> Non
     state = tmp_path / "state" / "missionweave" / "workers"
     assert set(os.listdir(state)) == {"worker-1", "worker-2"}
     assert not [n for d in (tmp_path, tmp_path / "keys") for n in os.listdir(d) if n.endswith(".worker")]
-    by_step = {c.split()[1] if c.startswith("mwp ") and len(c.split()) > 1 else c: o for c, o in outputs.items()}
+    by_step = {
+        c.split()[1] if c.startswith("mwp ") and len(c.split()) > 1 else c: o for c, o in outputs.items()
+    }
     assert "missionweave.v1.AuthorityService" in by_step["health"] and "SERVING" in by_step["health"]
     follow_out = next(o for c, o in outputs.items() if "--follow" in c)
     assert '"type": "mission.created"' in follow_out  # JSON lines, until Ctrl-C

@@ -44,8 +44,13 @@ class People:
         # Reads are proven as the MissionOwner unless a command names its own --as/--key; agents'
         # state goes to a private location of the test, never the working tree.
         return {
-            **os.environ, "PYTHONPATH": str(ROOT), "MWP_AS": "alice", "MWP_KEY": str(self.keys["alice"]),
-            "MWP_TARGET": self.w.target, "XDG_STATE_HOME": str(self.tmp / "state"), "MWP_LOG_FORMAT": "json",
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "MWP_AS": "alice",
+            "MWP_KEY": str(self.keys["alice"]),
+            "MWP_TARGET": self.w.target,
+            "XDG_STATE_HOME": str(self.tmp / "state"),
+            "MWP_LOG_FORMAT": "json",
         }
 
     def as_(self, identity: str) -> list[str]:
@@ -53,11 +58,19 @@ class People:
 
     async def mwp(self, *args: str, expect: int = 0) -> str:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "missionweave.cli", *args, cwd=self.tmp, env=self.env(),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "missionweave.cli",
+            *args,
+            cwd=self.tmp,
+            env=self.env(),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(proc.communicate(), 90)
-        assert proc.returncode == expect, f"mwp {' '.join(args)} exited {proc.returncode}:\n{err.decode()}{out.decode()}"
+        assert proc.returncode == expect, (
+            f"mwp {' '.join(args)} exited {proc.returncode}:\n{err.decode()}{out.decode()}"
+        )
         return out.decode()
 
     async def json(self, *args: str) -> Any:
@@ -65,9 +78,21 @@ class People:
 
     async def worker(self, identity: str, group: str) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "missionweave.cli", "worker", "run", "--config", str(ROOT / "examples" / "ledger_worker.toml"),
-            "--group", group, *self.as_(identity), "--json", cwd=self.tmp, env=self.env(),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "missionweave.cli",
+            "worker",
+            "run",
+            "--config",
+            str(ROOT / "examples" / "ledger_worker.toml"),
+            "--group",
+            group,
+            *self.as_(identity),
+            "--json",
+            cwd=self.tmp,
+            env=self.env(),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
             # A child of a background job would ignore SIGINT: the Worker must stop on it here.
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
@@ -93,24 +118,51 @@ async def cast(w: World, tmp: Path) -> People:
         key = SigningKey.generate()
         keys[worker] = tmp / f"{worker}.key"
         write_key(keys[worker], key)
-        await w.client.register_identity("admin", admin_key, worker, common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key))
+        await w.client.register_identity(
+            "admin", admin_key, worker, common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+        )
     return People(w, tmp, keys)
 
 
 @pytest.mark.req("MW-13.1-03", "MW-13.1-04", "MW-13.1-05", "MW-13.2-02", "MW-7.3-04", "MW-11.4-08")
-async def test_a_whole_mission_from_the_cli_with_real_artifacts_and_their_provenance(world: World, tmp_path: Path) -> None:
+async def test_a_whole_mission_from_the_cli_with_real_artifacts_and_their_provenance(
+    world: World, tmp_path: Path
+) -> None:
     p = await cast(world, tmp_path)
     owner, coord = p.as_("alice"), p.as_("coord-bot")
-    group = (await p.mwp(
-        "mission", "create", *owner, "--title", "Q3 figures", "--objective", "Consolidate and report the Q3 figures",
-        "--done", "the Q3 report is approved", "--coordinator", "coord-bot",
-        "--tokens", "100000", "--tool-calls", "500", "--budget", "10",
-    )).strip().splitlines()[-1]
+    group = (
+        (
+            await p.mwp(
+                "mission",
+                "create",
+                *owner,
+                "--title",
+                "Q3 figures",
+                "--objective",
+                "Consolidate and report the Q3 figures",
+                "--done",
+                "the Q3 report is approved",
+                "--coordinator",
+                "coord-bot",
+                "--tokens",
+                "100000",
+                "--tool-calls",
+                "500",
+                "--budget",
+                "10",
+            )
+        )
+        .strip()
+        .splitlines()[-1]
+    )
     await p.mwp("coordinator", "renew", "--group", group, *coord)
     for worker in ("worker-1", "worker-2"):
         await p.mwp("member", "grant", "--group", group, worker, "--role", "worker", *owner)
     await p.mwp("plan", "apply", str(PLAN), "--group", group, *coord, "--yes")
-    assert "nothing to change" in (await p.mwp("plan", "apply", str(PLAN), "--group", group, *coord, "--yes")).lower()
+    assert (
+        "nothing to change"
+        in (await p.mwp("plan", "apply", str(PLAN), "--group", group, *coord, "--yes")).lower()
+    )
 
     workers = [await p.worker(name, group) for name in ("worker-1", "worker-2")]
     try:
@@ -119,7 +171,12 @@ async def test_a_whole_mission_from_the_cli_with_real_artifacts_and_their_proven
             started = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
             assert started["event"] == "started"
         # The Coordinator offers each WorkItem once its dependencies are verified, and reviews it.
-        for wid, to in (("extract-eu", "worker-1"), ("extract-us", "worker-2"), ("reconcile", "worker-1"), ("report", "worker-2")):
+        for wid, to in (
+            ("extract-eu", "worker-1"),
+            ("extract-us", "worker-2"),
+            ("reconcile", "worker-1"),
+            ("report", "worker-2"),
+        ):
             await p.mwp("work", "offer", "--group", group, wid, "--to", to, *coord)
             await p.until(group, wid, WS.WORK_ITEM_STATE_SUBMITTED)
             await p.mwp("work", "accept-result", "--group", group, wid, *coord)
@@ -137,11 +194,20 @@ async def test_a_whole_mission_from_the_cli_with_real_artifacts_and_their_proven
     assert [(r.work_item_id, r.cause) for r in revoked] == [("reconcile", wp.LEASE_REVOCATION_CAUSE_FAILED)]
     assert (await world.client.work_item(group, "reconcile")).attempts == 2
 
-    report = (await p.json("work", "show", "--group", group, "report"))
+    report = await p.json("work", "show", "--group", group, "report")
     [delivered] = report["artifacts"]
     digest = f"blake3:{delivered['digest']['hex']}:{delivered['digest']['size_bytes']}"
-    await p.mwp("mission", "submit", "--group", group, "--summary", "Q3 report from the consolidated figures",
-                "--artifact", digest, *coord)
+    await p.mwp(
+        "mission",
+        "submit",
+        "--group",
+        group,
+        "--summary",
+        "Q3 report from the consolidated figures",
+        "--artifact",
+        digest,
+        *coord,
+    )
 
     # The owner sees what they approve, and approves from there.
     review = await p.json("mission", "review", "--group", group)
@@ -158,6 +224,9 @@ async def test_a_whole_mission_from_the_cli_with_real_artifacts_and_their_proven
     assert fetched.read_text().startswith("# Q3 report") and "acme-us" in fetched.read_text()
     provenance = await p.json("artifact", "provenance", digest, "--direction", "ancestors")
     ancestors = {n["digest"]["hex"] for n in provenance["nodes"] if n.get("is_ancestor")}
-    firsts = [a["digest"]["hex"] for wid in ("extract-eu", "extract-us", "reconcile")
-              for a in (await p.json("work", "show", "--group", group, wid))["artifacts"]]
+    firsts = [
+        a["digest"]["hex"]
+        for wid in ("extract-eu", "extract-us", "reconcile")
+        for a in (await p.json("work", "show", "--group", group, wid))["artifacts"]
+    ]
     assert len(firsts) == 3 and set(firsts) <= ancestors

@@ -46,14 +46,23 @@ def test_a_flood_of_overloaded_refusals_is_logged_once_per_group_per_interval(
 ) -> None:
     caplog.set_level(logging.INFO, logger="missionweave_server.edge")
     for n in range(500):
-        log_rejection("Authority", "ExecuteCommandStream", _refused(R.REJECTION_REASON_OVERLOADED, "grp_noisy", f"c{n}"))
-    log_rejection("Authority", "ExecuteCommandStream", _refused(R.REJECTION_REASON_OVERLOADED, "grp_other", "d0"))
+        log_rejection(
+            "Authority", "ExecuteCommandStream", _refused(R.REJECTION_REASON_OVERLOADED, "grp_noisy", f"c{n}")
+        )
+    log_rejection(
+        "Authority", "ExecuteCommandStream", _refused(R.REJECTION_REASON_OVERLOADED, "grp_other", "d0")
+    )
     first = _lines(caplog)
-    assert [(r.group_id, r.command_id, r.suppressed) for r in first] == [("grp_noisy", "c0", 0), ("grp_other", "d0", 0)]  # type: ignore[attr-defined]
+    assert [(r.group_id, r.command_id, r.suppressed) for r in first] == [
+        ("grp_noisy", "c0", 0),
+        ("grp_other", "d0", 0),
+    ]  # type: ignore[attr-defined]
 
     clock.now += status.OVERLOAD_LOG_INTERVAL_S
     caplog.clear()
-    log_rejection("Authority", "ExecuteCommandStream", _refused(R.REJECTION_REASON_OVERLOADED, "grp_noisy", "c500"))
+    log_rejection(
+        "Authority", "ExecuteCommandStream", _refused(R.REJECTION_REASON_OVERLOADED, "grp_noisy", "c500")
+    )
     (line,) = _lines(caplog)
     assert (line.command_id, line.suppressed, line.reason) == ("c500", 499, "OVERLOADED")  # type: ignore[attr-defined]
 
@@ -61,5 +70,7 @@ def test_a_flood_of_overloaded_refusals_is_logged_once_per_group_per_interval(
 def test_other_refusals_are_logged_one_line_each(clock: _Clock, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="missionweave_server.edge")
     for n in range(20):
-        log_rejection("Authority", "ExecuteCommand", _refused(R.REJECTION_REASON_NOT_A_MEMBER, "grp_a", f"c{n}"))
+        log_rejection(
+            "Authority", "ExecuteCommand", _refused(R.REJECTION_REASON_NOT_A_MEMBER, "grp_a", f"c{n}")
+        )
     assert [r.command_id for r in _lines(caplog)] == [f"c{n}" for n in range(20)]  # type: ignore[attr-defined]

@@ -39,7 +39,9 @@ def test_pairs_are_forgotten_once_their_proof_is_stale_and_the_cache_is_bounded(
     first = os.urandom(16)
     assert cache.accept("a", first, clock.now())
     assert cache.accept("a", os.urandom(16), clock.now())
-    assert not cache.accept("a", os.urandom(16), clock.now()) and cache.full  # full: refuse, never forget live pairs
+    assert (
+        not cache.accept("a", os.urandom(16), clock.now()) and cache.full
+    )  # full: refuse, never forget live pairs
     clock.advance(seconds=31)
     assert cache.accept("a", os.urandom(16), clock.now()) and not cache.full
     assert len(cache) == 1
@@ -47,7 +49,9 @@ def test_pairs_are_forgotten_once_their_proof_is_stale_and_the_cache_is_bounded(
     assert not cache.accept("a", first, clock.now() - timedelta(seconds=31))
 
 
-async def test_a_call_cancelled_while_its_nonce_waits_for_the_lock_leaves_sqlite_unlocked(tmp_path: Path) -> None:
+async def test_a_call_cancelled_while_its_nonce_waits_for_the_lock_leaves_sqlite_unlocked(
+    tmp_path: Path,
+) -> None:
     """A caller that goes away while its proof's nonce waits for SQLite's write lock: the INSERT ...
     RETURNING runs to its commit. Interrupted, its connection was closed mid-statement, and sqlite3
     kept it as a zombie holding the write lock until the garbage collector freed the cursor: every
@@ -74,7 +78,9 @@ async def test_a_call_cancelled_while_its_nonce_waits_for_the_lock_leaves_sqlite
             pass
         probe.execute("BEGIN IMMEDIATE")  # "database is locked" while a zombie holds the lock
         probe.execute("ROLLBACK")
-        assert not await nonces.first_use("alice#session-1", nonce, expires)  # recorded before the cancel took
+        assert not await nonces.first_use(
+            "alice#session-1", nonce, expires
+        )  # recorded before the cancel took
     finally:
         gc.enable()
         other.close()

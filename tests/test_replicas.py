@@ -62,8 +62,12 @@ class Replicas:
 async def replicas(db_url: str, tmp_path: Path) -> AsyncIterator[Replicas]:
     clock = OffsetClock()
     base = Settings(
-        listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1,
-        nonce_store="database", audience=AUDIENCE,
+        listen="127.0.0.1:0",
+        data_dir=tmp_path / "data",
+        database_url=db_url,
+        grace_seconds=1,
+        nonce_store="database",
+        audience=AUDIENCE,
     )
     a = await start(base, clock)
     b: Mesh | None = None
@@ -71,7 +75,9 @@ async def replicas(db_url: str, tmp_path: Path) -> AsyncIterator[Replicas]:
     try:
         b = await start(
             replace(
-                base, services=("membership", "artifacts", "gateway"), instance_id="replica-b",
+                base,
+                services=("membership", "artifacts", "gateway"),
+                instance_id="replica-b",
                 peers={"authority": f"127.0.0.1:{a.port}"},
             ),
             clock,
@@ -125,7 +131,9 @@ async def test_a_call_proof_accepted_by_one_replica_is_a_replay_at_the_other(rep
     assert await refusal_of(a, other) == local
 
 
-async def test_a_hello_proof_welcomed_by_one_gateway_replica_is_a_replay_at_the_other(replicas: Replicas) -> None:
+async def test_a_hello_proof_welcomed_by_one_gateway_replica_is_a_replay_at_the_other(
+    replicas: Replicas,
+) -> None:
     r = replicas
     w: Any = r  # tests.test_gateway's helpers read .clock and .client
     frame = hello(w, r.alice, audience=AUDIENCE)
@@ -167,12 +175,16 @@ async def test_the_shared_ledger_takes_each_nonce_once_and_prunes_stale_rows(db_
         assert await a.first_use("alice", again, expires)
         assert not await b.first_use("alice", again, expires)  # another replica's replay
         assert await b.first_use("bob", again, expires)  # another signer's nonce is its own
-        assert await replay.SharedNonces(engines[1], clock, "hello").first_use("alice", again, expires)  # another scope
+        assert await replay.SharedNonces(engines[1], clock, "hello").first_use(
+            "alice", again, expires
+        )  # another scope
         assert await a.first_use("alice", gone, expires)
         assert await rows() == 4
 
         clock.advance(seconds=31)  # every proof above is stale now, and each replica is due to prune
-        assert await b.first_use("alice", again, clock.now() + replay.REPLAY_WINDOW)  # a stale row, taken over
+        assert await b.first_use(
+            "alice", again, clock.now() + replay.REPLAY_WINDOW
+        )  # a stale row, taken over
         assert await rows() == 1  # the other stale rows pruned; the taken-over one is live again
         assert not await a.first_use("alice", again, clock.now() + replay.REPLAY_WINDOW)
     finally:
@@ -201,7 +213,9 @@ async def start_upload(client: MeshClient, data: bytes) -> Any:
 
 async def finish_upload(call: Any, data: bytes) -> apb.UploadResponse:
     for offset in range(0, len(data), MiB):
-        await call.write(apb.UploadRequest(chunk=apb.UploadChunk(offset=offset, data=data[offset : offset + MiB])))
+        await call.write(
+            apb.UploadRequest(chunk=apb.UploadChunk(offset=offset, data=data[offset : offset + MiB]))
+        )
     await call.done_writing()
     return await call  # type: ignore[no-any-return]
 
@@ -211,7 +225,9 @@ async def quota_refusal(call: Any) -> common_pb2.Rejection:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call
     rejection = rejection_from_rpc_error(info.value)
-    assert rejection is not None and rejection.reason == common_pb2.REJECTION_REASON_QUOTA_EXCEEDED, info.value
+    assert rejection is not None and rejection.reason == common_pb2.REJECTION_REASON_QUOTA_EXCEEDED, (
+        info.value
+    )
     return rejection
 
 

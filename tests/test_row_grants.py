@@ -53,7 +53,9 @@ def data(tmp_path: Path) -> Path:
 
 
 async def serve(db_url: str, data: Path) -> Any:
-    return await start(Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url, grace_seconds=1), OffsetClock())
+    return await start(
+        Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url, grace_seconds=1), OffsetClock()
+    )
 
 
 async def rejection(call: Awaitable[object]) -> common_pb2.Rejection:
@@ -77,7 +79,11 @@ def verify(data: Path, db_url: str) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MWP_DATA_DIR": str(data), "MWP_DATABASE_URL": db_url}
     done = subprocess.run(
         [sys.executable, "-m", "missionweave.cli", "verify", "--json", "--no-blobs"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     document: dict[str, Any] = json.loads(done.stdout)
     document["exit"] = done.returncode
@@ -109,7 +115,9 @@ class Org:
     def admin_key(self) -> SigningKey:
         return read_key(self.data / "keys" / "admin.key")
 
-    async def restarted(self, body: Callable[[MeshClient], Awaitable[None]], *, as_admin: bool = True) -> None:
+    async def restarted(
+        self, body: Callable[[MeshClient], Awaitable[None]], *, as_admin: bool = True
+    ) -> None:
         """``body`` against a fresh mesh on the (edited) store, nothing cached from before: with a
         client reading as the administrator (unless the edit took the administrator away)."""
         mesh = await serve(self.db_url, self.data)
@@ -145,17 +153,30 @@ async def test_org_admin_set_in_the_database_grants_nothing(org: Org) -> None:
 
     async def check(client: MeshClient) -> None:
         mallory = membership_pb2.Identity(
-            identity_id="mallory", kind=common_pb2.IDENTITY_KIND_AGENT, public_key=bytes(org.eve_key.verify_key), org_admin=True
+            identity_id="mallory",
+            kind=common_pb2.IDENTITY_KIND_AGENT,
+            public_key=bytes(org.eve_key.verify_key),
+            org_admin=True,
         )
         envelope = register_identity_envelope("bob", org.bob_key, mallory)
         refused = await rejection(
-            client.membership.RegisterIdentity(membership_service_pb2.RegisterIdentityRequest(command=envelope))
+            client.membership.RegisterIdentity(
+                membership_service_pb2.RegisterIdentityRequest(command=envelope)
+            )
         )
         assert refused.reason == R.REJECTION_REASON_DATA_CORRUPTED
-        got = await rejection(client.membership.GetIdentity(membership_service_pb2.GetIdentityRequest(identity_id="bob")))
+        got = await rejection(
+            client.membership.GetIdentity(membership_service_pb2.GetIdentityRequest(identity_id="bob"))
+        )
         assert got.reason == R.REJECTION_REASON_DATA_CORRUPTED
         # The rest of the Organization is untouched: the real administrator still registers.
-        await client.register_identity("admin", org.admin_key, "carol", common_pb2.IDENTITY_KIND_HUMAN, bytes(SigningKey.generate().verify_key))
+        await client.register_identity(
+            "admin",
+            org.admin_key,
+            "carol",
+            common_pb2.IDENTITY_KIND_HUMAN,
+            bytes(SigningKey.generate().verify_key),
+        )
 
     await org.restarted(check)
     assert findings(org) == [
@@ -165,11 +186,17 @@ async def test_org_admin_set_in_the_database_grants_nothing(org: Org) -> None:
 
 
 async def test_a_swapped_identity_key_opens_no_session(org: Org) -> None:
-    await sql(org.db_url, "UPDATE identities SET public_key = :k WHERE identity_id = 'bob'", k=bytes(org.eve_key.verify_key))
+    await sql(
+        org.db_url,
+        "UPDATE identities SET public_key = :k WHERE identity_id = 'bob'",
+        k=bytes(org.eve_key.verify_key),
+    )
 
     async def check(client: MeshClient) -> None:
         envelope = open_session_envelope("bob", org.eve_key, bytes(org.eve_key.verify_key))
-        refused = await rejection(client.membership.OpenSession(membership_service_pb2.OpenSessionRequest(command=envelope)))
+        refused = await rejection(
+            client.membership.OpenSession(membership_service_pb2.OpenSessionRequest(command=envelope))
+        )
         assert refused.reason == R.REJECTION_REASON_DATA_CORRUPTED
 
     await org.restarted(check)
@@ -180,7 +207,8 @@ async def test_a_swapped_session_key_signs_no_call(org: Org) -> None:
     await sql(
         org.db_url,
         "UPDATE sessions SET public_key = :k WHERE identity_id = 'bob' AND session_epoch = :e",
-        k=bytes(org.eve_key.verify_key), e=org.bob.session_epoch,
+        k=bytes(org.eve_key.verify_key),
+        e=org.bob.session_epoch,
     )
 
     async def check(client: MeshClient) -> None:
@@ -194,7 +222,11 @@ async def test_a_swapped_session_key_signs_no_call(org: Org) -> None:
 
     await org.restarted(check)
     assert findings(org) == [
-        ("session", "bob", f"session {org.bob.session_epoch} of 'bob': the row differs from the request that opened it")
+        (
+            "session",
+            "bob",
+            f"session {org.bob.session_epoch} of 'bob': the row differs from the request that opened it",
+        )
     ]
 
 
@@ -208,17 +240,26 @@ async def test_an_inserted_identity_or_a_replaced_root_is_refused(org: Org) -> N
         k=bytes(org.eve_key.verify_key),
     )
     # The administrator's row re-granted by the editor's own key: the root is the key file, not the row.
-    eve_admin = GrantedIdentity("admin", common_pb2.IDENTITY_KIND_HUMAN, "Organization administrator", bytes(org.eve_key.verify_key), True)
+    eve_admin = GrantedIdentity(
+        "admin",
+        common_pb2.IDENTITY_KIND_HUMAN,
+        "Organization administrator",
+        bytes(org.eve_key.verify_key),
+        True,
+    )
     await sql(
         org.db_url,
         "UPDATE identities SET public_key = :k, grant_envelope = :g WHERE identity_id = 'admin'",
-        k=bytes(org.eve_key.verify_key), g=attest_identity(org.eve_key, eve_admin, 0),
+        k=bytes(org.eve_key.verify_key),
+        g=attest_identity(org.eve_key, eve_admin, 0),
     )
 
     async def check(client: MeshClient) -> None:
         for who in ("mallory", "admin"):
             envelope = open_session_envelope(who, org.eve_key, bytes(org.eve_key.verify_key))
-            refused = await rejection(client.membership.OpenSession(membership_service_pb2.OpenSessionRequest(command=envelope)))
+            refused = await rejection(
+                client.membership.OpenSession(membership_service_pb2.OpenSessionRequest(command=envelope))
+            )
             assert refused.reason == R.REJECTION_REASON_DATA_CORRUPTED, who
 
     await org.restarted(check, as_admin=False)
@@ -230,12 +271,18 @@ async def test_an_inserted_identity_or_a_replaced_root_is_refused(org: Org) -> N
 
 
 def _row(identity_id: str, key: SigningKey, admin: bool = False) -> GrantedIdentity:
-    return GrantedIdentity(identity_id, common_pb2.IDENTITY_KIND_AGENT, identity_id, bytes(key.verify_key), admin)
+    return GrantedIdentity(
+        identity_id, common_pb2.IDENTITY_KIND_AGENT, identity_id, bytes(key.verify_key), admin
+    )
 
 
 def _registered(row: GrantedIdentity, by: str, key: SigningKey) -> bytes:
     identity = membership_pb2.Identity(
-        identity_id=row.identity_id, kind=row.kind, display_name=row.display_name, public_key=row.public_key, org_admin=row.org_admin  # type: ignore[arg-type]
+        identity_id=row.identity_id,
+        kind=row.kind,
+        display_name=row.display_name,
+        public_key=row.public_key,
+        org_admin=row.org_admin,  # type: ignore[arg-type]
     )
     return register_identity_envelope(by, key, identity).SerializeToString()
 
@@ -249,7 +296,10 @@ async def test_grants_chain_through_administrators_to_the_key_file() -> None:
         "worker": (_row("worker", SigningKey.generate()), b""),
     }
     rows["ops"] = (rows["ops"][0], _registered(rows["ops"][0], "admin", root))
-    rows["bot"] = (rows["bot"][0], _registered(rows["bot"][0], "ops", second))  # an admin registered by the root
+    rows["bot"] = (
+        rows["bot"][0],
+        _registered(rows["bot"][0], "ops", second),
+    )  # an admin registered by the root
     rows["worker"] = (rows["worker"][0], _registered(rows["worker"][0], "bot", plain))  # bot is no admin
 
     async def lookup(identity_id: str) -> tuple[GrantedIdentity, bytes | None] | None:
@@ -316,12 +366,16 @@ async def test_a_holder_row_written_in_the_database_reads_no_blob(org: Org) -> N
             await reader.channel.close()
 
     await org.restarted(check)
-    assert findings(org) == [("holder", "eve", f"blake3:{digest.hex}: the holder row is not sealed by the artifact service")]
+    assert findings(org) == [
+        ("holder", "eve", f"blake3:{digest.hex}: the holder row is not sealed by the artifact service")
+    ]
 
 
 async def _registered_eve(org: Org) -> SigningKey:
     async def register(client: MeshClient) -> None:
-        await client.register_identity("admin", org.admin_key, "eve", common_pb2.IDENTITY_KIND_AGENT, bytes(org.eve_key.verify_key))
+        await client.register_identity(
+            "admin", org.admin_key, "eve", common_pb2.IDENTITY_KIND_AGENT, bytes(org.eve_key.verify_key)
+        )
 
     await org.restarted(register)
     return org.eve_key

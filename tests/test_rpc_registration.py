@@ -43,7 +43,9 @@ async def test_the_mesh_registers_no_method_handlers_and_every_service_still_ans
     mesh = await start(settings)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{mesh.port}") as channel:
-            health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
+            health = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service="")
+            )
             assert health.status == health_pb2.HealthCheckResponse.SERVING
             key = await authority_service_pb2_grpc.AuthorityServiceStub(channel).GetAuthorityKey(
                 authority_service_pb2.GetAuthorityKeyRequest()

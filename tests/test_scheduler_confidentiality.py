@@ -42,7 +42,9 @@ class FollowSpy:
         self.requests: list[glpb.FollowGroupRequest] = []
         self.received: list[bytes] = []
 
-    def FollowGroup(self, request: glpb.FollowGroupRequest, **kw: Any) -> AsyncIterator[glpb.FollowGroupResponse]:
+    def FollowGroup(
+        self, request: glpb.FollowGroupRequest, **kw: Any
+    ) -> AsyncIterator[glpb.FollowGroupResponse]:
         self.requests.append(request)
         return self._relay(self._stub.FollowGroup(request, **kw))
 
@@ -65,7 +67,9 @@ async def plant(w: World, marker: str) -> Flow:
     """A Group whose Mission, contracts, Conversations, Messages, submission, Artifacts and
     Evidence each carry ``marker`` (with a suffix naming the place); wi-1 ends submitted, wi-2
     sits queued for the Worker."""
-    body = builders.mission_create("alice", "coord-bot", w.clock.now(), objective=f"{marker}-objective", title=f"{marker}-mission")
+    body = builders.mission_create(
+        "alice", "coord-bot", w.clock.now(), objective=f"{marker}-objective", title=f"{marker}-mission"
+    )
     body.definition.definition_of_done[0].description = f"{marker}-done"
     body.coordinator_renewal.lease_duration.FromSeconds(3600)
     await w.run(w.owner, G, "mission_create", body)
@@ -73,19 +77,27 @@ async def plant(w: World, marker: str) -> Flow:
     await w.run(w.owner, G, "membership_grant", grant, membership_epoch=1)
     flow = Flow(w)
     planning = (await w.client.group_state(G)).mission.planning_conversation_id
-    await w.run(w.owner, G, "message_post", builders.message(planning, f"{marker}-message"), membership_epoch=1)
+    await w.run(
+        w.owner, G, "message_post", builders.message(planning, f"{marker}-message"), membership_epoch=1
+    )
     opened = conversation_pb2.ConversationOpen(
-        conversation_id="conv_review", kind=conversation_pb2.CONVERSATION_KIND_REVIEW, title=f"{marker}-conversation"
+        conversation_id="conv_review",
+        kind=conversation_pb2.CONVERSATION_KIND_REVIEW,
+        title=f"{marker}-conversation",
     )
     await w.run(w.owner, G, "conversation_open", opened, membership_epoch=1)
     for wid in ("wi-1", "wi-2"):
         contract = builders.contract(
-            w.clock.now(), goal=f"{marker}-goal-{wid}", notes=f"{marker}-instructions-{wid}",
+            w.clock.now(),
+            goal=f"{marker}-goal-{wid}",
+            notes=f"{marker}-instructions-{wid}",
             business_impact_note=f"{marker}-impact-{wid}",
         )
         contract.deliverables[0].description = f"{marker}-deliverable-{wid}"
         contract.acceptance_criteria[0].description = f"{marker}-criterion-{wid}"
-        authorize = wp.WorkAuthorize(work_item_id=wid, title=f"{marker}-title-{wid}", contract=contract, coordinator_epoch=1)
+        authorize = wp.WorkAuthorize(
+            work_item_id=wid, title=f"{marker}-title-{wid}", contract=contract, coordinator_epoch=1
+        )
         await flow.coord("work_authorize", authorize)
     epoch = await flow.accept(w.worker, "wi-1", await flow.offer("wi-1", "worker-bot"))
     await flow.start(w.worker, "wi-1", epoch, "lease-wi-1")
@@ -93,7 +105,9 @@ async def plant(w: World, marker: str) -> Flow:
     manifest = manifest_for(w, w.worker, data)  # (the blob itself never enters the log, MW-13.1-02)
     await w.client.upload(data, manifest)
     artifact = common_pb2.ArtifactRef(digest=blob_digest(data), media_type="text/csv")
-    publish = wp.WorkPublishArtifact(work_item_id="wi-1", lease_id="lease-wi-1", ownership_epoch=epoch, artifact=artifact)
+    publish = wp.WorkPublishArtifact(
+        work_item_id="wi-1", lease_id="lease-wi-1", ownership_epoch=epoch, artifact=artifact
+    )
     await flow.as_(w.worker, "work_publish_artifact", publish)
     evidence = builders.evidence()
     evidence.summary = f"{marker}-evidence"
@@ -109,7 +123,8 @@ async def plant(w: World, marker: str) -> Flow:
 
 @pytest.mark.req("MW-13.3-08", "MW-13.3-09")
 async def test_the_scheduler_receives_and_stores_no_mission_content_yet_schedules(
-    world: World, sched: Schedulers  # noqa: F811 (the fixture)
+    world: World,
+    sched: Schedulers,  # noqa: F811 (the fixture)
 ) -> None:
     w = world
     part = scheduling_part(w)
@@ -121,8 +136,21 @@ async def test_the_scheduler_receives_and_stores_no_mission_content_yet_schedule
     head = (await w.client.group_state(G)).head_sequence
     # The markers are in the Group log, each where it was planted: the check below is not vacuous.
     stored = b"".join(s.envelope for s in await w.mesh.authority.read_history(G, 0, head))  # type: ignore[attr-defined]
-    places = ("objective", "mission", "done", "message", "conversation", "goal-wi-2", "instructions-wi-2", "impact-wi-2",
-              "deliverable-wi-2", "criterion-wi-2", "title-wi-2", "evidence", "summary")
+    places = (
+        "objective",
+        "mission",
+        "done",
+        "message",
+        "conversation",
+        "goal-wi-2",
+        "instructions-wi-2",
+        "impact-wi-2",
+        "deliverable-wi-2",
+        "criterion-wi-2",
+        "title-wi-2",
+        "evidence",
+        "summary",
+    )
     assert [place for place in places if f"{marker}-{place}".encode() not in stored] == []
 
     # Scheduling still works from the metadata view: wi-2 is queued and placed.
@@ -142,14 +170,23 @@ async def test_the_scheduler_receives_and_stores_no_mission_content_yet_schedule
     # What it keeps: its projection in memory and in its table.
     scheduler = await workers.of("worker-bot")
     held = scheduler.followers[G].projection
-    assert marker not in repr(held) and marker not in held.to_json() and marker not in repr(vars(scheduler.policy))
+    assert (
+        marker not in repr(held)
+        and marker not in held.to_json()
+        and marker not in repr(vars(scheduler.policy))
+    )
     async with part.engine.connect() as conn:
         rows = (await conn.execute(select(projections))).all()
     assert rows and marker not in repr(rows)
 
     # The MissionOwner is known without the Mission (MW-11.1-09).
-    raised = pb.SetPriorityRequest(group_id=G, work_item_id="wi-2", source=pb.PRIORITY_SOURCE_MISSION_OWNER,
-                                   worker_id="worker-bot", priority_class=pb.PRIORITY_CLASS_ELEVATED)
+    raised = pb.SetPriorityRequest(
+        group_id=G,
+        work_item_id="wi-2",
+        source=pb.PRIORITY_SOURCE_MISSION_OWNER,
+        worker_id="worker-bot",
+        priority_class=pb.PRIORITY_CLASS_ELEVATED,
+    )
     await sched["owner"].SetPriority(raised)
 
     # Nothing scheduling needs was lost: the full events fold to the same projection.
@@ -181,12 +218,21 @@ def test_the_allow_list_covers_what_the_projection_folds_and_nothing_of_the_cont
     log.offer_and_accept("b", worker="lead")
     a = log.item("a").owner.ownership_epoch  # type: ignore[attr-defined]
     log.run("work_start", wp.WorkStart(work_item_id="a", ownership_epoch=a, lease_id="lease-a"), "worker")
-    log.run("work_cancel", wp.WorkCancel(work_item_id="b", coordinator_epoch=1, reason="SECRET-reason"), "coord")
+    log.run(
+        "work_cancel", wp.WorkCancel(work_item_id="b", coordinator_epoch=1, reason="SECRET-reason"), "coord"
+    )
     reduced = [r for r in map(scheduling_event, log.events) if r is not None]
     assert projected(reduced) == projected(log.events)
     assert all(b"SECRET" not in r.SerializeToString() for r in reduced)
     # A reduced event keeps its header for the fold, never the command's ids or the signature chain.
     started = next(r for r in reduced if r.HasField("work_started"))
-    assert started.sequence and started.group_id and started.actor_id == "worker" and started.HasField("recorded_at")
-    assert not (started.event_id or started.causing_command_id or started.correlation_id or started.previous_digest)
+    assert (
+        started.sequence
+        and started.group_id
+        and started.actor_id == "worker"
+        and started.HasField("recorded_at")
+    )
+    assert not (
+        started.event_id or started.causing_command_id or started.correlation_id or started.previous_digest
+    )
     assert not scheduling_event(next(e for e in log.events if e.HasField("membership_granted")))

@@ -35,11 +35,22 @@ from missionweave_server.services.scheduling.ordering import (
 from missionweave_server.services.scheduling.policy import Scheduler
 
 P = PriorityClass
-OP, OWNER, OPERATOR, COORD = Source.ORGANIZATION_POLICY, Source.MISSION_OWNER, Source.WORKER_OPERATOR, Source.COORDINATOR
+OP, OWNER, OPERATOR, COORD = (
+    Source.ORGANIZATION_POLICY,
+    Source.MISSION_OWNER,
+    Source.WORKER_OPERATOR,
+    Source.COORDINATOR,
+)
 
 
-def run_backlogged(s: Scheduler, groups: dict[str, int], picks: int, per_group: int = 10_000,
-                   service: float = 1.0, cls: P = P.STANDARD) -> Counter[str]:
+def run_backlogged(
+    s: Scheduler,
+    groups: dict[str, int],
+    picks: int,
+    per_group: int = 10_000,
+    service: float = 1.0,
+    cls: P = P.STANDARD,
+) -> Counter[str]:
     """Every Group permanently backlogged; each placement runs `service` seconds. Counts placements."""
     t = max(s.now, 0.0)
     for g, w in groups.items():
@@ -350,7 +361,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         return {
             (str(i["group"]), int(i["cls"]))  # type: ignore[call-overload]
             for i in self.items.values()
-            if i["state"] == "queued" and i["eligible"] and self._in_use(str(i["group"])) < self.quota[str(i["group"])]
+            if i["state"] == "queued"
+            and i["eligible"]
+            and self._in_use(str(i["group"])) < self.quota[str(i["group"])]
         }
 
     def _backlogged(self) -> set[tuple[str, int]]:
@@ -389,8 +402,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.aged_classes.add(flow[1])
             item["state"] = "running"
             item["flow"] = flow
-            run = (self.params.service_estimate if self.exact_estimates
-                   else 1.0 + int(a.work_item_id[1:]) % int(self.params.service_time_bound))  # within T_max
+            run = (
+                self.params.service_estimate
+                if self.exact_estimates
+                else 1.0 + int(a.work_item_id[1:]) % int(self.params.service_time_bound)
+            )  # within T_max
             self.running[a.slot_id] = (a.work_item_id, self.now + run)
             item["started"] = self.now
             self.service[flow] += self.params.service_estimate / self.weight[a.group_id]
@@ -411,13 +427,28 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # ---- rules
 
-    @rule(g=st.sampled_from(GROUPS), cls=st.sampled_from(list(P)), deadline=st.none() | st.floats(0, 200),
-          urgency=st.integers(1, 4), eligible=st.booleans(), burst=st.integers(1, 16))
-    def arrive(self, g: str, cls: P, deadline: float | None, urgency: int, eligible: bool, burst: int) -> None:
+    @rule(
+        g=st.sampled_from(GROUPS),
+        cls=st.sampled_from(list(P)),
+        deadline=st.none() | st.floats(0, 200),
+        urgency=st.integers(1, 4),
+        eligible=st.booleans(),
+        burst=st.integers(1, 16),
+    )
+    def arrive(
+        self, g: str, cls: P, deadline: float | None, urgency: int, eligible: bool, burst: int
+    ) -> None:
         for _ in range(burst):
             item_id = f"w{next(self.n)}"
-            self.s.enqueue(self.now, g, item_id, priority_class=cls, deadline=deadline, urgency=urgency,
-                           risk_gate_open=eligible)
+            self.s.enqueue(
+                self.now,
+                g,
+                item_id,
+                priority_class=cls,
+                deadline=deadline,
+                urgency=urgency,
+                risk_gate_open=eligible,
+            )
             self.items[item_id] = {"group": g, "cls": int(cls), "state": "queued", "eligible": eligible}
         self._fill()
 
@@ -470,7 +501,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(i["state"] == "queued" for i in self.items.values()))
     @rule(data=st.data(), cls=st.sampled_from(list(P)), source=st.sampled_from([OWNER, OP, COORD]))
     def reclassify(self, data: st.DataObject, cls: P, source: Source) -> None:
-        item_id = data.draw(st.sampled_from(sorted(k for k, i in self.items.items() if i["state"] == "queued")))
+        item_id = data.draw(
+            st.sampled_from(sorted(k for k, i in self.items.items() if i["state"] == "queued"))
+        )
         if source is COORD:
             before = len(self.journal)
             with pytest.raises(NotPermitted):
@@ -485,7 +518,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(i["state"] == "queued" for i in self.items.values()))
     @rule(data=st.data(), open_=st.booleans())
     def gate(self, data: st.DataObject, open_: bool) -> None:
-        item_id = data.draw(st.sampled_from(sorted(k for k, i in self.items.items() if i["state"] == "queued")))
+        item_id = data.draw(
+            st.sampled_from(sorted(k for k, i in self.items.items() if i["state"] == "queued"))
+        )
         self.s.set_eligibility(self.now, item_id, risk_gate_open=open_)
         self.items[item_id]["eligible"] = open_
         self._fill()
@@ -493,7 +528,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(i["state"] == "queued" for i in self.items.values()))
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
-        item_id = data.draw(st.sampled_from(sorted(k for k, i in self.items.items() if i["state"] == "queued")))
+        item_id = data.draw(
+            st.sampled_from(sorted(k for k, i in self.items.items() if i["state"] == "queued"))
+        )
         self.s.dequeue(self.now, item_id)
         del self.items[item_id]
         self._fill()
@@ -537,7 +574,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         plus the corrections of items in flight, (S + 1) * T_max, over each weight (1 / w_i + 1 / w_j
         <= 2 / w_min); the epoch's lag is at most the gap at its start plus the gap at its end. With
         exact estimates nothing is corrected and one charge remains."""
-        per = self.params.service_estimate if self.exact_estimates else (self.params.slots + 1) * self.params.service_time_bound
+        per = (
+            self.params.service_estimate
+            if self.exact_estimates
+            else (self.params.slots + 1) * self.params.service_time_bound
+        )
         w_min = min(self.weight[g] for g, _ in members)
         return LAG_SLACK * per * 2 / w_min
 
@@ -556,8 +597,12 @@ class ShareMachine(SchedulerMachine):
     exact_estimates = True  # the tight lag bound: one charge per flow
 
 
-_SETTINGS = settings(max_examples=120, stateful_step_count=60, deadline=None,
-                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+_SETTINGS = settings(
+    max_examples=120,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 REQS = pytest.mark.req("MW-11.1-03", "MW-11.1-05", "MW-11.1-08", "MW-11.1-10", "MW-11.1-11", "MW-11.1-12")
 SchedulerMachine.TestCase.settings = _SETTINGS
 ShareMachine.TestCase.settings = _SETTINGS

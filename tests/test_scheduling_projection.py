@@ -31,33 +31,51 @@ class Log:
         create.coordinator_renewal.lease_duration.FromSeconds(3_600)
         self.run("mission_create", create, "alice")
         for worker in ("worker", "lead"):
-            self.run("membership_grant", membership_pb2.MembershipGrant(member_id=worker, role=Role.MEMBER_ROLE_WORKER), "alice")
+            self.run(
+                "membership_grant",
+                membership_pb2.MembershipGrant(member_id=worker, role=Role.MEMBER_ROLE_WORKER),
+                "alice",
+            )
 
     def run(self, kind: str, body: object, actor: str) -> None:
-        decision = decider.decide(self.state, command(kind, body, actor, self.state), decider.DecisionContext(NOW, IDS))
+        decision = decider.decide(
+            self.state, command(kind, body, actor, self.state), decider.DecisionContext(NOW, IDS)
+        )
         assert not isinstance(decision, Rejected), decision
         for event in decision:
             self.state = decider.evolve(self.state, event)
             self.events.append(event)
 
     def authorize(self, wid: str, **contract: object) -> None:
-        body = wp.WorkAuthorize(work_item_id=wid, title=wid, contract=builders.contract(NOW, **contract), coordinator_epoch=1)
+        body = wp.WorkAuthorize(
+            work_item_id=wid, title=wid, contract=builders.contract(NOW, **contract), coordinator_epoch=1
+        )
         self.run("work_authorize", body, "coord")
 
     def offer_and_accept(self, wid: str, worker: str = "worker") -> None:
         offer = wp.WorkOffer(
-            work_item_id=wid, offer_id=f"off-{wid}-{len(self.events)}", candidate_ids=[worker],
-            expires_at=to_timestamp(NOW + timedelta(minutes=5)), selection_criteria=[builders.selection(worker)], coordinator_epoch=1,
+            work_item_id=wid,
+            offer_id=f"off-{wid}-{len(self.events)}",
+            candidate_ids=[worker],
+            expires_at=to_timestamp(NOW + timedelta(minutes=5)),
+            selection_criteria=[builders.selection(worker)],
+            coordinator_epoch=1,
         )
         self.run("work_offer", offer, "coord")
-        self.run("work_accept_offer", wp.WorkAcceptOffer(work_item_id=wid, offer_id=offer.offer_id, contract_revision=1), worker)
+        self.run(
+            "work_accept_offer",
+            wp.WorkAcceptOffer(work_item_id=wid, offer_id=offer.offer_id, contract_revision=1),
+            worker,
+        )
 
     def item(self, wid: str) -> object:
         assert self.state is not None
         return self.state.work_items[wid]
 
 
-def projected(events: list[event_pb2.Event], worker: str = "worker", group_id: str = "grp_d") -> GroupProjection:
+def projected(
+    events: list[event_pb2.Event], worker: str = "worker", group_id: str = "grp_d"
+) -> GroupProjection:
     p = GroupProjection(worker, group_id)
     for event in events:
         p.apply(event)
@@ -121,14 +139,27 @@ def test_a_work_item_promoted_to_a_child_mission_leaves_the_workers_slot_and_end
     log.authorize("a")
     log.offer_and_accept("a")
     a = log.item("a")
-    log.run("work_start", wp.WorkStart(work_item_id="a", ownership_epoch=a.owner.ownership_epoch, lease_id="lease-a"), "worker")  # type: ignore[attr-defined]
+    log.run(
+        "work_start",
+        wp.WorkStart(work_item_id="a", ownership_epoch=a.owner.ownership_epoch, lease_id="lease-a"),
+        "worker",
+    )  # type: ignore[attr-defined]
     assert log.state is not None
     definition = builders.definition(
-        "coord", NOW, deadline=to_timestamp(NOW + timedelta(hours=2)), budget=common_pb2.ResourceVector(tokens=100),
-        risk_policy=mission_pb2.RiskPolicy(risk_class=mission_pb2.RISK_CLASS_LOW, execution_approver_ids=["alice"]),
+        "coord",
+        NOW,
+        deadline=to_timestamp(NOW + timedelta(hours=2)),
+        budget=common_pb2.ResourceVector(tokens=100),
+        risk_policy=mission_pb2.RiskPolicy(
+            risk_class=mission_pb2.RISK_CLASS_LOW, execution_approver_ids=["alice"]
+        ),
     )
     body = subtask_pb2.MissionCreateChild(
-        parent_group_id="grp_d", parent_work_item_id="a", definition=definition, coordinator_id="coord2", parent_coordinator_epoch=1
+        parent_group_id="grp_d",
+        parent_work_item_id="a",
+        definition=definition,
+        coordinator_id="coord2",
+        parent_coordinator_epoch=1,
     )
     child_group = CoreGroup("grp_child", decider.DecisionContext(NOW, IDS, {"grp_d": log.state}), NOW)
     created = child_group.decide(None, "mission_create_child", body, "coord")
@@ -152,5 +183,8 @@ def test_a_work_item_promoted_to_a_child_mission_leaves_the_workers_slot_and_end
     )
     assert not isinstance(failed, Rejected)
     ended = decider.decide_linked(log.state, failed[0], decider.fold([*created, *failed]) or child, NOW)
-    assert not isinstance(ended, Rejected) and ended[0].subtask_ended.resulting_state == WS.WORK_ITEM_STATE_FAILED
+    assert (
+        not isinstance(ended, Rejected)
+        and ended[0].subtask_ended.resulting_state == WS.WORK_ITEM_STATE_FAILED
+    )
     assert projected([*log.events, *ended]).items["a"].state == WS.WORK_ITEM_STATE_FAILED

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.topologies("split-replicated")
 def holders(w: World, worker_id: str) -> list[str]:
     """The replicas (parts) holding a scheduler for ``worker_id``."""
     mesh: Any = w.mesh
-    return [name for name in ("scheduling", "scheduling-1") if worker_id in mesh.parts[name].schedulers._workers]
+    return [
+        name for name in ("scheduling", "scheduling-1") if worker_id in mesh.parts[name].schedulers._workers
+    ]
 
 
 @pytest.mark.req("MW-11.1-03")
@@ -40,10 +42,15 @@ async def test_a_workers_calls_stay_on_one_replica_and_fail_over_with_its_queue(
         assert [e.work_item_id for e in queue.entries] == ["wi-1"]
         [held] = holders(w, "worker-bot")
         # The MissionOwner's escalation names the Worker: it reaches the same scheduler.
-        escalated = await pb_grpc.SchedulingServiceStub(owner.channel).SetPriority(pb.SetPriorityRequest(
-            group_id=G, work_item_id="wi-1", priority_class=pb.PRIORITY_CLASS_URGENT,
-            source=pb.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot",
-        ))
+        escalated = await pb_grpc.SchedulingServiceStub(owner.channel).SetPriority(
+            pb.SetPriorityRequest(
+                group_id=G,
+                work_item_id="wi-1",
+                priority_class=pb.PRIORITY_CLASS_URGENT,
+                source=pb.PRIORITY_SOURCE_MISSION_OWNER,
+                worker_id="worker-bot",
+            )
+        )
         assert [e.work_item_id for e in escalated.queue.entries] == ["wi-1"]
         assert holders(w, "worker-bot") == [held] and "alice" not in holders(w, "alice")
         # The replica goes away: the Worker's next call is served by the other, from the projection.
@@ -61,6 +68,12 @@ async def test_a_workers_calls_stay_on_one_replica_and_fail_over_with_its_queue(
 
 def test_the_worker_of_a_call_is_its_named_worker_or_the_caller() -> None:
     request = pb.SetPriorityRequest(group_id=G, worker_id="worker-7")
-    assert worker_of("/missionweave.v1.SchedulingService/SetPriority", request.SerializeToString(), ()) == "worker-7"
+    assert (
+        worker_of("/missionweave.v1.SchedulingService/SetPriority", request.SerializeToString(), ())
+        == "worker-7"
+    )
     assert worker_of("/missionweave.v1.SchedulingService/GetQueue", b"", ()) == ""
-    assert worker_of("/missionweave.v1.SchedulingService/GetQueue", b"", (("mwp-call-proof-bin", b"\xff\xff"),)) == ""
+    assert (
+        worker_of("/missionweave.v1.SchedulingService/GetQueue", b"", (("mwp-call-proof-bin", b"\xff\xff"),))
+        == ""
+    )

@@ -65,12 +65,19 @@ async def refusal(call: Any) -> common_pb2.Rejection:
 
 
 def admit(flow: Flow, offer: wp.WorkOffer, contract: wp.WorkContract) -> pb.AdmitRequest:
-    return pb.AdmitRequest(group_id=G, work_item_id=offer.work_item_id, offer_id=offer.offer_id, contract=contract,
-                           offer_expires_at=offer.expires_at)
+    return pb.AdmitRequest(
+        group_id=G,
+        work_item_id=offer.work_item_id,
+        offer_id=offer.offer_id,
+        contract=contract,
+        offer_expires_at=offer.expires_at,
+    )
 
 
 @pytest.mark.req("MW-10.3-07", "MW-10.3-08", "MW-10.3-09")
-async def test_admission_checks_every_item_and_declines_with_the_first_failure(world: World, sched: Schedulers) -> None:
+async def test_admission_checks_every_item_and_declines_with_the_first_failure(
+    world: World, sched: Schedulers
+) -> None:
     w = world
     flow: Flow = await setup(w)
     python = membership_pb2.Capability(capability_id="code.python", version="3.11")
@@ -81,12 +88,17 @@ async def test_admission_checks_every_item_and_declines_with_the_first_failure(w
     contract = builders.contract(w.clock.now())
     answer = await sched["worker"].Admit(admit(flow, offer, contract))
     assert answer.decision == pb.ADMISSION_DECISION_ACCEPT
-    assert [c.kind for c in answer.checks] == [k for k in K.values() if k] and all(c.passed for c in answer.checks)
+    assert [c.kind for c in answer.checks] == [k for k in K.values() if k] and all(
+        c.passed for c in answer.checks
+    )
     assert answer.schedule.work_item_id == "wi-1" and answer.schedule.HasField("computed_at")
     # No open offer in the Group log: the Worker cannot commit.
     unknown = pb.AdmitRequest(group_id=G, work_item_id="wi-2", offer_id="off-nope", contract=contract)
     declined = await sched["worker"].Admit(unknown)
-    assert declined.decision == pb.ADMISSION_DECISION_DECLINE and declined.decline.reason == wp.DECLINE_REASON_AUTHORIZATION
+    assert (
+        declined.decision == pb.ADMISSION_DECISION_DECLINE
+        and declined.decline.reason == wp.DECLINE_REASON_AUTHORIZATION
+    )
     # Offered, and then the Worker's card in force says its Python is too old: admission declines.
     needs = builders.contract(w.clock.now())
     needs.required_capabilities.append(python)
@@ -95,7 +107,9 @@ async def test_admission_checks_every_item_and_declines_with_the_first_failure(w
     worker = MeshClient(w.target, reader=w.worker)
     try:
         old = membership_pb2.Capability(capability_id="code.python", version="3.10.0")
-        await worker.membership.PublishAgentCard(request(w.worker, card("worker-bot", "1.0.0", capabilities=[old])))
+        await worker.membership.PublishAgentCard(
+            request(w.worker, card("worker-bot", "1.0.0", capabilities=[old]))
+        )
     finally:
         await worker.channel.close()
     lacking = await sched["worker"].Admit(admit(flow, offer_2, needs))
@@ -110,13 +124,18 @@ def _decisions() -> dict[str, float]:
     """mwp_scheduler_decisions_total by decision and the wait histogram's count, in this process."""
     from prometheus_client import REGISTRY
 
-    out = {d: REGISTRY.get_sample_value("mwp_scheduler_decisions_total", {"decision": d}) or 0.0 for d in ("placed", "idle")}
+    out = {
+        d: REGISTRY.get_sample_value("mwp_scheduler_decisions_total", {"decision": d}) or 0.0
+        for d in ("placed", "idle")
+    }
     out["wait_count"] = REGISTRY.get_sample_value("mwp_scheduler_wait_seconds_count") or 0.0
     return out
 
 
 @pytest.mark.req("MW-11.1-01", "MW-11.1-03", "MW-11.1-05", "MW-11.2-01", "MW-11.2-02")
-async def test_the_worker_queues_places_and_discloses_its_own_work_only(world: World, sched: Schedulers) -> None:
+async def test_the_worker_queues_places_and_discloses_its_own_work_only(
+    world: World, sched: Schedulers
+) -> None:
     w = world
     flow: Flow = await setup(w)
     await flow.authorize("wi-1")
@@ -133,42 +152,64 @@ async def test_the_worker_queues_places_and_discloses_its_own_work_only(world: W
     placed = await sched["worker"].NextSlot(pb.NextSlotRequest())
     a = placed.assignment
     assert (a.group_id, a.work_item_id, a.ownership_epoch) == (G, "wi-1", epoch) and placed.total_slots == 1
-    assert not (await sched["worker"].NextSlot(pb.NextSlotRequest())).HasField("assignment")  # one slot, taken
+    assert not (await sched["worker"].NextSlot(pb.NextSlotRequest())).HasField(
+        "assignment"
+    )  # one slot, taken
     if getattr(w.mesh, "schedulers", None) is not None:  # the scheduler runs in this process: its metrics
         moved = {k: v - decisions[k] for k, v in _decisions().items()}
         assert (moved["placed"], moved["idle"], moved["wait_count"]) == (1, 1, 1)
-    disclosed = (await sched["worker"].DiscloseSchedule(pb.DiscloseScheduleRequest(group_id=G, work_item_id="wi-1"))).schedule
-    assert disclosed.HasField("start_window_begin") and disclosed.capacity_status == wp.CAPACITY_STATUS_CONSTRAINED
-    other = await refusal(sched["coordinator"].DiscloseSchedule(pb.DiscloseScheduleRequest(group_id=G, work_item_id="wi-1")))
+    disclosed = (
+        await sched["worker"].DiscloseSchedule(pb.DiscloseScheduleRequest(group_id=G, work_item_id="wi-1"))
+    ).schedule
+    assert (
+        disclosed.HasField("start_window_begin")
+        and disclosed.capacity_status == wp.CAPACITY_STATUS_CONSTRAINED
+    )
+    other = await refusal(
+        sched["coordinator"].DiscloseSchedule(pb.DiscloseScheduleRequest(group_id=G, work_item_id="wi-1"))
+    )
     assert other.reason == R.REJECTION_REASON_NOT_FOUND
-    freed = await sched["worker"].ReleaseSlot(pb.ReleaseSlotRequest(slot_id=a.slot_id, work_item_id="wi-1",
-                                                                     reason=pb.SLOT_RELEASE_REASON_CHECKPOINTED, requeue=True))
+    freed = await sched["worker"].ReleaseSlot(
+        pb.ReleaseSlotRequest(
+            slot_id=a.slot_id, work_item_id="wi-1", reason=pb.SLOT_RELEASE_REASON_CHECKPOINTED, requeue=True
+        )
+    )
     assert freed.free_slots == 1
     again = await sched["worker"].NextSlot(pb.NextSlotRequest())
     assert again.assignment.work_item_id == "wi-1"  # requeued, and placed again
 
 
 @pytest.mark.req("MW-11.1-08", "MW-11.1-09", "MW-11.3-10")
-async def test_only_the_mission_owner_or_policy_escalate_never_the_coordinator(world: World, sched: Schedulers) -> None:
+async def test_only_the_mission_owner_or_policy_escalate_never_the_coordinator(
+    world: World, sched: Schedulers
+) -> None:
     w = world
     flow: Flow = await setup(w)
     await flow.authorize("wi-1")
     await flow.accept(w.worker, "wi-1", await flow.offer("wi-1", "worker-bot"))
     escalate = pb.SetPriorityRequest(
-        group_id=G, work_item_id="wi-1", priority_class=pb.PRIORITY_CLASS_ELEVATED,
-        source=pb.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot", reason="the board meets at 3",
+        group_id=G,
+        work_item_id="wi-1",
+        priority_class=pb.PRIORITY_CLASS_ELEVATED,
+        source=pb.PRIORITY_SOURCE_MISSION_OWNER,
+        worker_id="worker-bot",
+        reason="the board meets at 3",
     )
     denied = await refusal(sched["coordinator"].SetPriority(escalate))
     assert denied.reason == R.REJECTION_REASON_PERMISSION_DENIED
     as_policy = pb.SetPriorityRequest()
     as_policy.CopyFrom(escalate)
     as_policy.source = pb.PRIORITY_SOURCE_ORGANIZATION_POLICY
-    assert (await refusal(sched["coordinator"].SetPriority(as_policy))).reason == R.REJECTION_REASON_PERMISSION_DENIED
+    assert (
+        await refusal(sched["coordinator"].SetPriority(as_policy))
+    ).reason == R.REJECTION_REASON_PERMISSION_DENIED
     changed = await sched["owner"].SetPriority(escalate)
     [entry] = changed.queue.entries
     assert entry.ordering.priority_class == pb.PRIORITY_CLASS_ELEVATED  # reordered at once
     # The Worker sets its own Group weights; the MissionOwner may not.
-    weight = pb.SetPriorityRequest(group_id=G, group_weight=3, source=pb.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot")
+    weight = pb.SetPriorityRequest(
+        group_id=G, group_weight=3, source=pb.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot"
+    )
     assert (await refusal(sched["owner"].SetPriority(weight))).reason == R.REJECTION_REASON_PERMISSION_DENIED
     own = pb.SetPriorityRequest(group_id=G, group_weight=3, source=pb.PRIORITY_SOURCE_WORKER_OPERATOR)
     assert (await sched["worker"].SetPriority(own)).queue.weight == 3
@@ -194,30 +235,43 @@ async def test_no_scheduling_answer_about_one_group_names_another(world: World, 
     await flow.coord("work_offer", offer)
     await flow.accept(w.worker, "wi-1", offer.offer_id)
     other = f"grp_{MARK}"
-    await w.run(w.owner, other, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
+    await w.run(
+        w.owner, other, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now())
+    )
     grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
     await w.run(w.owner, other, "membership_grant", grant, membership_epoch=1)
-    body = wp.WorkAuthorize(work_item_id=f"wi-{MARK}", title="x", contract=builders.contract(w.clock.now()), coordinator_epoch=1)
+    body = wp.WorkAuthorize(
+        work_item_id=f"wi-{MARK}", title="x", contract=builders.contract(w.clock.now()), coordinator_epoch=1
+    )
     await w.run(w.coordinator, other, "work_authorize", body, membership_epoch=2)
     offer_other = flow.offer_body(f"wi-{MARK}", "worker-bot")
     await w.run(w.coordinator, other, "work_offer", offer_other, membership_epoch=2)
     epoch = await w.epoch_of(other, "worker-bot")
-    await w.run(w.worker, other, "work_accept_offer", wp.WorkAcceptOffer(
-        work_item_id=f"wi-{MARK}", offer_id=offer_other.offer_id, contract_revision=1), membership_epoch=epoch)
+    await w.run(
+        w.worker,
+        other,
+        "work_accept_offer",
+        wp.WorkAcceptOffer(work_item_id=f"wi-{MARK}", offer_id=offer_other.offer_id, contract_revision=1),
+        membership_epoch=epoch,
+    )
     s = sched["worker"]
     assert MARK.encode() in (await s.GetQueue(pb.GetQueueRequest(group_id=other))).SerializeToString()
     answers = [
         await s.GetQueue(pb.GetQueueRequest(group_id=G)),
         await s.DiscloseSchedule(pb.DiscloseScheduleRequest(group_id=G, work_item_id="wi-1")),
         await s.Admit(admit(flow, offer, builders.contract(w.clock.now()))),
-        await s.SetPriority(pb.SetPriorityRequest(group_id=G, group_weight=2, source=pb.PRIORITY_SOURCE_WORKER_OPERATOR)),
+        await s.SetPriority(
+            pb.SetPriorityRequest(group_id=G, group_weight=2, source=pb.PRIORITY_SOURCE_WORKER_OPERATOR)
+        ),
     ]
     for answer in answers:
         assert MARK.encode() not in answer.SerializeToString(), type(answer).__name__
 
 
 @pytest.mark.req("MW-11.1-03")
-async def test_a_deleted_projection_is_rebuilt_identically_from_the_group_log(world: World, sched: Schedulers) -> None:
+async def test_a_deleted_projection_is_rebuilt_identically_from_the_group_log(
+    world: World, sched: Schedulers
+) -> None:
     w = world
     workers = getattr(w.mesh, "schedulers", None)
     if workers is None:
@@ -254,7 +308,9 @@ async def test_accepted_work_past_its_start_deadline_is_not_placed(world: World,
     await sched["worker"].GetQueue(pb.GetQueueRequest(group_id=G))  # the scheduler follows G from here
     placed = await sched["worker"].NextSlot(pb.NextSlotRequest())
     assert placed.assignment.work_item_id == "wi-1"
-    await sched["worker"].ReleaseSlot(pb.ReleaseSlotRequest(slot_id=placed.assignment.slot_id, work_item_id="wi-1", requeue=True))
+    await sched["worker"].ReleaseSlot(
+        pb.ReleaseSlotRequest(slot_id=placed.assignment.slot_id, work_item_id="wi-1", requeue=True)
+    )
     w.clock.advance(seconds=121)  # the contracts' start deadline is 120 s
     later = await sched["worker"].NextSlot(pb.NextSlotRequest())
     assert not later.HasField("assignment") and later.free_slots == later.total_slots

@@ -64,9 +64,13 @@ class StatefulScheduler(RuleBasedStateMachine):
         for item, _ in self.slots.values():
             g = str(self.items[item]["group"])
             in_use[g] = in_use.get(g, 0) + 1
-        servable = {(str(i["group"]), int(i["cls"]))  # type: ignore[call-overload]
-                    for i in self.items.values()
-                    if i["state"] == "queued" and i["eligible"] and in_use.get(str(i["group"]), 0) < self.quota[str(i["group"])]}
+        servable = {
+            (str(i["group"]), int(i["cls"]))  # type: ignore[call-overload]
+            for i in self.items.values()
+            if i["state"] == "queued"
+            and i["eligible"]
+            and in_use.get(str(i["group"]), 0) < self.quota[str(i["group"])]
+        }
         for f in set(self.waiting) - servable:
             del self.waiting[f]
         for f in servable - set(self.waiting):
@@ -108,18 +112,37 @@ class StatefulScheduler(RuleBasedStateMachine):
 
     # ---- rules
 
-    @rule(g=st.sampled_from(GROUPS), cls=st.sampled_from(list(P)), deadline=st.none() | st.floats(0, 300),
-          urgency=st.integers(1, 4), eligible=st.booleans(), burst=st.integers(1, 8))
-    def enqueue(self, g: str, cls: P, deadline: float | None, urgency: int, eligible: bool, burst: int) -> None:
+    @rule(
+        g=st.sampled_from(GROUPS),
+        cls=st.sampled_from(list(P)),
+        deadline=st.none() | st.floats(0, 300),
+        urgency=st.integers(1, 4),
+        eligible=st.booleans(),
+        burst=st.integers(1, 8),
+    )
+    def enqueue(
+        self, g: str, cls: P, deadline: float | None, urgency: int, eligible: bool, burst: int
+    ) -> None:
         for _ in range(burst):
             item_id = f"w{next(self.ids)}"
-            self.s.enqueue(self.now, g, item_id, priority_class=cls, deadline=deadline, urgency=urgency,
-                           risk_gate_open=eligible)
+            self.s.enqueue(
+                self.now,
+                g,
+                item_id,
+                priority_class=cls,
+                deadline=deadline,
+                urgency=urgency,
+                risk_gate_open=eligible,
+            )
             self.items[item_id] = {"group": g, "cls": int(cls), "eligible": eligible, "state": "queued"}
         self._sync()
 
-    @rule(g=st.sampled_from(GROUPS), source=st.sampled_from(SOURCES), weight=st.none() | st.integers(1, 8),
-          quota=st.none() | st.integers(0, 3))
+    @rule(
+        g=st.sampled_from(GROUPS),
+        source=st.sampled_from(SOURCES),
+        weight=st.none() | st.integers(1, 8),
+        quota=st.none() | st.integers(0, 3),
+    )
     def set_group(self, g: str, source: Source, weight: int | None, quota: int | None) -> None:
         if source not in (Source.ORGANIZATION_POLICY, Source.WORKER_OPERATOR):
             before = len(self.journal)
@@ -133,16 +156,29 @@ class StatefulScheduler(RuleBasedStateMachine):
         self._sync()
 
     @precondition(lambda self: bool(self._queued()))
-    @rule(data=st.data(), source=st.sampled_from(SOURCES), cls=st.none() | st.sampled_from(list(P)),
-          deadline=st.just(KEEP) | st.none() | st.floats(0, 300), urgency=st.none() | st.integers(1, 4))
-    def set_priority(self, data: st.DataObject, source: Source, cls: P | None, deadline: float | _Keep | None,
-                     urgency: int | None) -> None:
+    @rule(
+        data=st.data(),
+        source=st.sampled_from(SOURCES),
+        cls=st.none() | st.sampled_from(list(P)),
+        deadline=st.just(KEEP) | st.none() | st.floats(0, 300),
+        urgency=st.none() | st.integers(1, 4),
+    )
+    def set_priority(
+        self,
+        data: st.DataObject,
+        source: Source,
+        cls: P | None,
+        deadline: float | _Keep | None,
+        urgency: int | None,
+    ) -> None:
         item_id = data.draw(st.sampled_from(self._queued()))
         inputs = deadline is not KEEP or urgency is not None
         if (cls is not None and source not in MAY_CLASS) or (inputs and source not in MAY_INPUTS):
             before, was = len(self.journal), self.s.queue(str(self.items[item_id]["group"]))
             with pytest.raises(NotPermitted):
-                self.s.set_priority(self.now, item_id, source, priority_class=cls, deadline=deadline, urgency=urgency)
+                self.s.set_priority(
+                    self.now, item_id, source, priority_class=cls, deadline=deadline, urgency=urgency
+                )
             # MW-11.1-08: the refused call changed nothing, so a Coordinator never raised a class.
             assert len(self.journal) == before
             assert self.s.queue(str(self.items[item_id]["group"])) == was
@@ -263,9 +299,22 @@ class StatefulScheduler(RuleBasedStateMachine):
 
 
 StatefulScheduler.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 TestStatefulScheduler = StatefulScheduler.TestCase
 TestStatefulScheduler.pytestmark = [  # type: ignore[attr-defined]
-    pytest.mark.req("MW-11.1-03", "MW-11.1-05", "MW-11.1-08", "MW-11.1-09", "MW-11.1-10", "MW-11.1-11",
-                    "MW-11.1-12", "MW-11.3-10", "MW-11.3-12")]
+    pytest.mark.req(
+        "MW-11.1-03",
+        "MW-11.1-05",
+        "MW-11.1-08",
+        "MW-11.1-09",
+        "MW-11.1-10",
+        "MW-11.1-11",
+        "MW-11.1-12",
+        "MW-11.3-10",
+        "MW-11.3-12",
+    )
+]

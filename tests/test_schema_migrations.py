@@ -34,7 +34,9 @@ def _differences(conn: Connection, line: SchemaLine) -> list[object]:
 
 
 @pytest.mark.parametrize("name", list(LINES))
-async def test_each_line_built_by_its_migrations_is_the_schema_its_code_declares(db_url: str, name: str) -> None:
+async def test_each_line_built_by_its_migrations_is_the_schema_its_code_declares(
+    db_url: str, name: str
+) -> None:
     """A change to a service's tables without its migration fails here (on SQLite and PostgreSQL)."""
     line = LINES[name]
     engine = make_engine(db_url)
@@ -60,18 +62,33 @@ SAMPLE = MetaData()
 Table("sample", SAMPLE, Column("k", Integer, primary_key=True), Column("a", String(20), nullable=False))
 
 MIGRATIONS = {
-    "0001_first.py": ("sample_0001", None, True, """
+    "0001_first.py": (
+        "sample_0001",
+        None,
+        True,
+        """
         op.create_table("sample", sa.Column("k", sa.Integer, primary_key=True),
                         sa.Column("a", sa.String(20), nullable=False))
-    """),
-    "0002_column_b.py": ("sample_0002", "sample_0001", True, """
+    """,
+    ),
+    "0002_column_b.py": (
+        "sample_0002",
+        "sample_0001",
+        True,
+        """
         with op.batch_alter_table("sample") as batch:
             batch.add_column(sa.Column("b", sa.String(20), nullable=True))
         op.execute("UPDATE sample SET b = a || '!'")
-    """),
-    "0003_offline.py": ("sample_0003", "sample_0002", False, """
+    """,
+    ),
+    "0003_offline.py": (
+        "sample_0003",
+        "sample_0002",
+        False,
+        """
         op.execute("UPDATE sample SET a = upper(a)")
-    """),
+    """,
+    ),
 }
 
 
@@ -114,7 +131,9 @@ async def test_a_store_is_served_only_at_the_revision_its_code_knows(sample_engi
     await schema_versions.prepare(sample_engine, [old])  # an empty store: installed
     async with sample_engine.begin() as conn:
         await conn.execute(text("INSERT INTO sample (k, a) VALUES (1, 'kept')"))
-    with pytest.raises(SchemaMismatch, match=r"sample_0001 and this release needs sample_0002: run `mwp db upgrade`"):
+    with pytest.raises(
+        SchemaMismatch, match=r"sample_0001 and this release needs sample_0002: run `mwp db upgrade`"
+    ):
         await schema_versions.prepare(sample_engine, [new])
     [(before, steps)] = await schema_versions.upgrade(sample_engine, [new])
     assert before.state is State.BEHIND and [s.revision for s in steps] == ["sample_0002"]
@@ -127,7 +146,9 @@ async def test_a_store_is_served_only_at_the_revision_its_code_knows(sample_engi
         await schema_versions.upgrade(sample_engine, [old])
 
 
-async def test_a_migration_that_fails_half_way_leaves_the_store_as_it_was(sample_engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_migration_that_fails_half_way_leaves_the_store_as_it_was(
+    sample_engine, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     await schema_versions.prepare(sample_engine, [release(tmp_path, "v1", ["0001_first.py"])])
     async with sample_engine.begin() as conn:
         await conn.execute(text("INSERT INTO sample (k, a) VALUES (1, 'x')"))
@@ -147,12 +168,16 @@ async def test_a_migration_that_cannot_run_online_waits_for_offline(sample_engin
         await schema_versions.upgrade(sample_engine, [v3])
     assert await _revision(sample_engine, v3) == "sample_0001"  # refused before anything ran, 0002 too
     applied: list[tuple[str, str]] = []
-    await schema_versions.upgrade(sample_engine, [v3], offline_ok=True, progress=lambda *step: applied.append(step))
+    await schema_versions.upgrade(
+        sample_engine, [v3], offline_ok=True, progress=lambda *step: applied.append(step)
+    )
     assert applied == [("sample", "sample_0002"), ("sample", "sample_0003")]
     assert await _revision(sample_engine, v3) == "sample_0003"
 
 
-async def test_replicas_upgrading_at_once_run_each_migration_once(sample_engine, db_url: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_replicas_upgrading_at_once_run_each_migration_once(
+    sample_engine, db_url: str, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     await schema_versions.prepare(sample_engine, [release(tmp_path, "v1", ["0001_first.py"])])
     async with sample_engine.begin() as conn:
         await conn.execute(text("INSERT INTO sample (k, a) VALUES (1, 'x')"))
@@ -197,21 +222,34 @@ def test_serve_refuses_a_store_of_an_older_schema_until_db_upgrade(tmp_path: Pat
     refused = subprocess.run(serve, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1
     last = refused.stderr.strip().splitlines()[-1]
-    assert last.startswith("mwp serve: the membership tables were made before versioned schemas") and "run `mwp db upgrade`" in last
+    assert (
+        last.startswith("mwp serve: the membership tables were made before versioned schemas")
+        and "run `mwp db upgrade`" in last
+    )
 
     status = mwp("db", "status", env=env, check=False)
     assert status.returncode == 1 and "unversioned" in status.stdout and "mwp db upgrade" in status.stdout
     # Since membership_0002 (grants, D170) an upgrade from 0.1.0 needs the services stopped.
     online_only = mwp("db", "upgrade", env=env, check=False)
-    assert online_only.returncode == 1 and "membership_0002" in online_only.stderr and "--offline" in online_only.stderr
+    assert (
+        online_only.returncode == 1
+        and "membership_0002" in online_only.stderr
+        and "--offline" in online_only.stderr
+    )
     upgraded = mwp("db", "upgrade", "--offline", env=env)
-    assert f"{len(LINES) + 3} migration(s)" in upgraded.stdout  # each line's 0001; membership, authority, artifacts 0002
+    assert (
+        f"{len(LINES) + 3} migration(s)" in upgraded.stdout
+    )  # each line's 0001; membership, authority, artifacts 0002
     assert mwp("db", "status", env=env).returncode == 0
     assert "0 migration(s)" in mwp("db", "upgrade", env=env).stdout  # nothing left to do
 
     port = free_port()
     proc = subprocess.Popen(
-        [*serve[:-1], f"127.0.0.1:{port}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [*serve[:-1], f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         wait_healthy(f"127.0.0.1:{port}", env)

@@ -43,13 +43,23 @@ def build(**overrides: Any) -> wp.WorkContract:
 
 
 def test_the_defaults_make_a_complete_contract() -> None:
-    c = build(evidence={"balances": ["test", "review"]}, depends_on=["extract"], inputs=[Input("ledger", from_work_item="extract")])
-    assert c.deliverables[0] == wp.Deliverable(deliverable_id="report", description="the reconciled ledger", required=True)
+    c = build(
+        evidence={"balances": ["test", "review"]},
+        depends_on=["extract"],
+        inputs=[Input("ledger", from_work_item="extract")],
+    )
+    assert c.deliverables[0] == wp.Deliverable(
+        deliverable_id="report", description="the reconciled ledger", required=True
+    )
     (criterion,) = c.acceptance_criteria
     assert list(criterion.required_evidence_methods) == [wp.EVIDENCE_METHOD_TEST, wp.EVIDENCE_METHOD_REVIEW]
     assert criterion.required and not criterion.deliverable_ids
     assert from_timestamp(c.deadline) == NOW + timedelta(days=1)
-    assert (c.urgency, c.business_impact, c.risk_class) == (wp.WORK_URGENCY_NORMAL, wp.BUSINESS_IMPACT_MEDIUM, mission_pb2.RISK_CLASS_LOW)
+    assert (c.urgency, c.business_impact, c.risk_class) == (
+        wp.WORK_URGENCY_NORMAL,
+        wp.BUSINESS_IMPACT_MEDIUM,
+        mission_pb2.RISK_CLASS_LOW,
+    )
     assert c.retry_policy.max_attempts == 3 and c.HasField("time_policy") and c.HasField("cost_policy")
     assert not c.HasField("dependency_policy")  # all-verified, the protocol's default
     assert c.budget.tokens == 10_000 and c.budget.financial_micros == 0
@@ -59,22 +69,47 @@ def test_the_defaults_make_a_complete_contract() -> None:
 
 def test_deadlines_budgets_and_richer_parts() -> None:
     c = build(
-        deadline=timedelta(hours=6), urgency="HIGH", impact="critical", risk="medium",
-        budget={"financial": "1.25", "tokens": 5, "side_effects": 1}, currency="eur",
-        deliverables=[Deliverable("report", "the report", media_type="text/markdown", schema_uri="urn:x", required=False)],
-        criteria=[Criterion("ok", "it reads well", evidence=("other",), method_extensions=("com.example/read",), deliverables=("report",))],
-        dependency_policy="min-verified", min_verified=2, depends_on=["a", "b", "c"],
+        deadline=timedelta(hours=6),
+        urgency="HIGH",
+        impact="critical",
+        risk="medium",
+        budget={"financial": "1.25", "tokens": 5, "side_effects": 1},
+        currency="eur",
+        deliverables=[
+            Deliverable(
+                "report", "the report", media_type="text/markdown", schema_uri="urn:x", required=False
+            )
+        ],
+        criteria=[
+            Criterion(
+                "ok",
+                "it reads well",
+                evidence=("other",),
+                method_extensions=("com.example/read",),
+                deliverables=("report",),
+            )
+        ],
+        dependency_policy="min-verified",
+        min_verified=2,
+        depends_on=["a", "b", "c"],
         capabilities=["code.python=3.0", membership_pb2.Capability(capability_id="sql", version="1")],
         inputs=[Input("ledger", artifact=f"blake3:{HEX}:12", media_type="text/csv")],
     )
     assert from_timestamp(c.deadline) == NOW + timedelta(hours=6)
     assert (c.budget.currency, c.budget.financial_micros, c.budget.side_effects) == ("EUR", 1_250_000, 1)
     assert c.deliverables[0].schema.uri == "urn:x" and not c.deliverables[0].required
-    assert c.dependency_policy == wp.DependencyPolicy(kind=wp.DEPENDENCY_POLICY_KIND_MIN_VERIFIED, min_verified=2)
-    assert [(x.capability_id, x.version) for x in c.required_capabilities] == [("code.python", "3.0"), ("sql", "1")]
+    assert c.dependency_policy == wp.DependencyPolicy(
+        kind=wp.DEPENDENCY_POLICY_KIND_MIN_VERIFIED, min_verified=2
+    )
+    assert [(x.capability_id, x.version) for x in c.required_capabilities] == [
+        ("code.python", "3.0"),
+        ("sql", "1"),
+    ]
     assert c.inputs[0].artifact.digest.size_bytes == 12 and c.inputs[0].artifact.media_type == "text/csv"
     assert build(budget=Budget(financial=Decimal("0.000001"), currency="EUR")).budget.financial_micros == 1
-    assert build(budget={"financial_micros": 2_500_000, "currency": "EUR"}).budget.financial_micros == 2_500_000
+    assert (
+        build(budget={"financial_micros": 2_500_000, "currency": "EUR"}).budget.financial_micros == 2_500_000
+    )
 
 
 @pytest.mark.parametrize(
@@ -95,11 +130,17 @@ def test_deadlines_budgets_and_richer_parts() -> None:
         ({"evidence": {"typo": ["test"]}}, "evidence.typo"),
         ({"evidence": {"balances": ["telepathy"]}}, "evidence.balances"),
         ({"inputs": [Input("x", from_work_item="wi-z")]}, "inputs.x.from"),
-        ({"inputs": [Input("x", artifact=f"blake3:{HEX}", from_work_item="a")], "depends_on": ["a"]}, "inputs.x"),
+        (
+            {"inputs": [Input("x", artifact=f"blake3:{HEX}", from_work_item="a")], "depends_on": ["a"]},
+            "inputs.x",
+        ),
         ({"inputs": [Input("x")]}, "inputs.x"),
         ({"inputs": [Input("x", artifact="sha256:abc")]}, "inputs.x.artifact"),
         ({"inputs": [Input("", artifact=f"blake3:{HEX}")]}, "inputs[0].name"),
-        ({"inputs": [Input("x", artifact=f"blake3:{HEX}"), Input("x", artifact=f"blake3:{HEX}")]}, "inputs.x"),
+        (
+            {"inputs": [Input("x", artifact=f"blake3:{HEX}"), Input("x", artifact=f"blake3:{HEX}")]},
+            "inputs.x",
+        ),
         ({"depends_on": ["a", "a"]}, "depends_on.a"),
         ({"depends_on": ["not an id"]}, "depends_on[0]"),
         ({"capabilities": ["python"]}, "capabilities[0]"),
@@ -136,7 +177,12 @@ def test_a_missing_or_inconsistent_field_is_named(overrides: dict[str, Any], fie
 def test_validate_checks_a_contract_built_by_hand() -> None:
     good = builders.contract(NOW)
     assert validate(good, now=NOW) is good
-    for name, field in (("time_policy", "time_policy"), ("cost_policy", "cost_policy"), ("budget", "budget"), ("deadline", "deadline")):
+    for name, field in (
+        ("time_policy", "time_policy"),
+        ("cost_policy", "cost_policy"),
+        ("budget", "budget"),
+        ("deadline", "deadline"),
+    ):
         broken = wp.WorkContract()
         broken.CopyFrom(good)
         broken.ClearField(name)  # type: ignore[arg-type]
@@ -165,14 +211,27 @@ async def test_a_script_authorizes_built_contracts_with_the_sdk_alone(bench: Ben
     contract from work_contract with its defaults, which the Authority accepts."""
     group, mesh = "grp_sdk_contracts", bench.client
     alice, coord = bench.signers["alice"], bench.signers["coord-bot"]
-    await mesh.execute_as(alice, group, "mission_create", builders.mission_create("alice", "coord-bot", bench.clock.now()))
-    assert await mesh.membership_epoch(group, "coord-bot") == 2 and await mesh.membership_epoch(group, "nobody") == 0
+    await mesh.execute_as(
+        alice, group, "mission_create", builders.mission_create("alice", "coord-bot", bench.clock.now())
+    )
+    assert (
+        await mesh.membership_epoch(group, "coord-bot") == 2
+        and await mesh.membership_epoch(group, "nobody") == 0
+    )
     assert await mesh.coordinator_epoch(group) == 1
     minimal = work_contract(
-        "Extract the figures", deliverables={"figures": "CSV"}, criteria={"complete": "every row"},
-        budget=Budget(tokens=1000, financial="0.10"), currency="EUR",
+        "Extract the figures",
+        deliverables={"figures": "CSV"},
+        criteria={"complete": "every row"},
+        budget=Budget(tokens=1000, financial="0.10"),
+        currency="EUR",
     )
-    body = wp.WorkAuthorize(work_item_id="wi-1", title="Extract", contract=minimal, coordinator_epoch=await mesh.coordinator_epoch(group))
+    body = wp.WorkAuthorize(
+        work_item_id="wi-1",
+        title="Extract",
+        contract=minimal,
+        coordinator_epoch=await mesh.coordinator_epoch(group),
+    )
     result = await mesh.execute_as(coord, group, "work_authorize", body)
     assert decode_events(result.events)[0].type == "work.authorized"
     item = await mesh.work_item(group, "wi-1")

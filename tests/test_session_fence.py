@@ -73,7 +73,9 @@ async def test_the_live_lease_index_follows_the_leases_the_log_records(world: Wo
 
 
 @pytest.mark.req("MW-11.3-09")
-async def test_a_session_opened_while_the_fence_was_not_listening_is_caught_by_the_sweep(world: World) -> None:
+async def test_a_session_opened_while_the_fence_was_not_listening_is_caught_by_the_sweep(
+    world: World,
+) -> None:
     w = world
     mesh = w.mesh
     if getattr(mesh, "fence", None) is None:

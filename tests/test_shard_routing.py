@@ -44,13 +44,22 @@ class Mesh:
             mesh.calls[address] += 1
             owner = mesh.owners.get(group, address)
             if owner != address:
-                raise Rejected(R.REJECTION_REASON_NOT_OWNER, f"{group} is owned elsewhere", owner="x", owner_address=owner)
+                raise Rejected(
+                    R.REJECTION_REASON_NOT_OWNER,
+                    f"{group} is owned elsewhere",
+                    owner="x",
+                    owner_address=owner,
+                )
             cid = command_pb2.Command.FromString(request.command.payload).command_id
-            return apb.ExecuteCommandResponse(result=command_pb2.CommandResult(command_id=cid, group_id=group))
+            return apb.ExecuteCommandResponse(
+                result=command_pb2.CommandResult(command_id=cid, group_id=group)
+            )
 
         @rejections_as_status
         class Shard(apb_grpc.AuthorityServiceServicer):
-            async def ExecuteCommand(self, request: apb.ExecuteCommandRequest, context: grpc.aio.ServicerContext) -> apb.ExecuteCommandResponse:
+            async def ExecuteCommand(
+                self, request: apb.ExecuteCommandRequest, context: grpc.aio.ServicerContext
+            ) -> apb.ExecuteCommandResponse:
                 return decide(request)
 
             async def ExecuteCommandBatch(
@@ -66,7 +75,9 @@ class Mesh:
                         answer.rejection.CopyFrom(rejected.to_proto())
                 return out
 
-            async def ReadEvents(self, request: apb.ReadEventsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[apb.ReadEventsResponse]:
+            async def ReadEvents(
+                self, request: apb.ReadEventsRequest, context: grpc.aio.ServicerContext
+            ) -> AsyncIterator[apb.ReadEventsResponse]:
                 mesh.calls[address] += 1
                 yield apb.ReadEventsResponse(head_sequence=SHARDS.index(address))
 
@@ -85,8 +96,11 @@ def test_rendezvous_placement_is_stable_and_spreads_groups() -> None:
     assert set(spread) == set(SHARDS) and min(spread.values()) > 800
     assert rendezvous("grp_7", SHARDS) == rendezvous("grp_7", list(reversed(SHARDS)))
     # Losing a shard moves only the Groups it held.
-    moved = [g for g in (f"grp_{i}" for i in range(300)) if rendezvous(g, SHARDS)[0] != SHARDS[2]
-             and rendezvous(g, SHARDS[:2])[0] != rendezvous(g, SHARDS)[0]]
+    moved = [
+        g
+        for g in (f"grp_{i}" for i in range(300))
+        if rendezvous(g, SHARDS)[0] != SHARDS[2] and rendezvous(g, SHARDS[:2])[0] != rendezvous(g, SHARDS)[0]
+    ]
     assert moved == []
 
 
@@ -129,13 +143,18 @@ async def test_a_batch_is_split_over_the_shards_and_answered_in_request_order() 
     stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for))
     groups = [f"grp_{i}" for i in range(12)]
     request = apb.ExecuteCommandBatchRequest(
-        commands=[apb.ExecuteCommandStreamRequest(request_tag=i, command=command(g, f"cmd-{i}")) for i, g in enumerate(groups)]
+        commands=[
+            apb.ExecuteCommandStreamRequest(request_tag=i, command=command(g, f"cmd-{i}"))
+            for i, g in enumerate(groups)
+        ]
     )
     answer = await stub.ExecuteCommandBatch(request)
     assert [r.request_tag for r in answer.results] == list(range(12))
     assert [r.result.group_id for r in answer.results] == groups
     assert len([a for a in mesh.calls if mesh.calls[a]]) >= 2
-    assert sum(mesh.batches.values()) == len(mesh.batches) == len({rendezvous(g, SHARDS)[0] for g in groups})  # one call per shard
+    assert (
+        sum(mesh.batches.values()) == len(mesh.batches) == len({rendezvous(g, SHARDS)[0] for g in groups})
+    )  # one call per shard
 
 
 async def test_a_batched_command_its_shard_does_not_own_is_sent_again_to_the_owner() -> None:
@@ -146,7 +165,11 @@ async def test_a_batched_command_its_shard_does_not_own_is_sent_again_to_the_own
         commands=[apb.ExecuteCommandStreamRequest(request_tag=1, command=command("grp_k", "k1"))]
     )
     answer = await stub.ExecuteCommandBatch(request)
-    assert answer.results[0].result.group_id == "grp_k" and mesh.calls[owner] == 1 and mesh.batches[preferred] == 1
+    assert (
+        answer.results[0].result.group_id == "grp_k"
+        and mesh.calls[owner] == 1
+        and mesh.batches[preferred] == 1
+    )
 
 
 async def test_a_batch_through_the_front_door_as_raw_bytes_is_routed_the_same() -> None:
@@ -171,14 +194,18 @@ async def test_a_stream_of_commands_is_routed_command_by_command() -> None:
     assert answers == {0: "grp_f", 1: "grp_g", 2: "grp_h"}
 
 
-async def test_a_routed_stream_message_that_does_not_parse_ends_the_stream_malformed_after_the_answers() -> None:
+async def test_a_routed_stream_message_that_does_not_parse_ends_the_stream_malformed_after_the_answers() -> (
+    None
+):
     """Raw bytes from the front door: the commands before it are answered, then the stream ends
     INVALID_ARGUMENT with a MALFORMED Rejection, as an Authority ends it (it used to wait forever)."""
     mesh = Mesh({})
     channel = ShardedChannel(SHARDS, mesh.channel_for)
 
     async def requests() -> AsyncIterator[bytes]:
-        yield apb.ExecuteCommandStreamRequest(request_tag=1, command=command("grp_m", "m1")).SerializeToString()
+        yield apb.ExecuteCommandStreamRequest(
+            request_tag=1, command=command("grp_m", "m1")
+        ).SerializeToString()
         yield b"\xff\xff not a message"
 
     stream = channel.stream_stream("/missionweave.v1.AuthorityService/ExecuteCommandStream")(requests())
@@ -198,7 +225,9 @@ async def test_a_rejection_that_is_not_about_placement_reaches_the_caller_unchan
 
     @rejections_as_status
     class Refusing(apb_grpc.AuthorityServiceServicer):
-        async def ExecuteCommand(self, request: apb.ExecuteCommandRequest, context: grpc.aio.ServicerContext) -> apb.ExecuteCommandResponse:
+        async def ExecuteCommand(
+            self, request: apb.ExecuteCommandRequest, context: grpc.aio.ServicerContext
+        ) -> apb.ExecuteCommandResponse:
             raise Rejected(R.REJECTION_REASON_LEASE_EXPIRED, "renew first")
 
     for channel in mesh.channels.values():
@@ -228,7 +257,9 @@ async def test_a_stream_ended_with_not_owner_leaves_the_owner_it_names_remembere
     def shard(address: str) -> LocalChannel:
         @rejections_as_status
         class Moved(apb_grpc.AuthorityServiceServicer):
-            async def ReadEvents(self, request: apb.ReadEventsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[apb.ReadEventsResponse]:
+            async def ReadEvents(
+                self, request: apb.ReadEventsRequest, context: grpc.aio.ServicerContext
+            ) -> AsyncIterator[apb.ReadEventsResponse]:
                 calls[address] += 1
                 yield apb.ReadEventsResponse(head_sequence=SHARDS.index(address))
                 if address != owner:
@@ -290,18 +321,27 @@ class ServedShards:
             cmd = command_pb2.Command.FromString(envelope.payload)
             owner = shards.addresses[shards.owner_index.get(cmd.group_id, index)]
             if owner != address:
-                raise Rejected(R.REJECTION_REASON_NOT_OWNER, f"{cmd.group_id} is owned elsewhere", owner="x", owner_address=owner)
+                raise Rejected(
+                    R.REJECTION_REASON_NOT_OWNER,
+                    f"{cmd.group_id} is owned elsewhere",
+                    owner="x",
+                    owner_address=owner,
+                )
             return command_pb2.CommandResult(command_id=cmd.command_id, group_id=cmd.group_id)
 
         @rejections_as_status
         class Shard(apb_grpc.AuthorityServiceServicer):
-            async def ExecuteCommand(self, request: apb.ExecuteCommandRequest, context: grpc.aio.ServicerContext) -> apb.ExecuteCommandResponse:
+            async def ExecuteCommand(
+                self, request: apb.ExecuteCommandRequest, context: grpc.aio.ServicerContext
+            ) -> apb.ExecuteCommandResponse:
                 address = shards.addresses[index]
                 shards.unary[address] += 1
                 return apb.ExecuteCommandResponse(result=decide(address, request.command))
 
             async def ExecuteCommandStream(
-                self, requests: AsyncIterator[apb.ExecuteCommandStreamRequest], context: grpc.aio.ServicerContext
+                self,
+                requests: AsyncIterator[apb.ExecuteCommandStreamRequest],
+                context: grpc.aio.ServicerContext,
             ) -> AsyncIterator[apb.ExecuteCommandStreamResponse]:
                 address = shards.addresses[index]
                 shards.streams[address] += 1
@@ -328,7 +368,9 @@ async def served() -> AsyncIterator[ServedShards]:
     await shards.stop()
 
 
-async def _run_stream(channel: ShardedChannel, items: list[tuple[int, str, str]]) -> list[apb.ExecuteCommandStreamResponse]:
+async def _run_stream(
+    channel: ShardedChannel, items: list[tuple[int, str, str]]
+) -> list[apb.ExecuteCommandStreamResponse]:
     async def requests() -> AsyncIterator[apb.ExecuteCommandStreamRequest]:
         for tag, group, command_id in items:
             yield apb.ExecuteCommandStreamRequest(request_tag=tag, command=command(group, command_id))
@@ -338,7 +380,9 @@ async def _run_stream(channel: ShardedChannel, items: list[tuple[int, str, str]]
         return [answer async for answer in stream]
 
 
-async def test_a_routed_stream_sends_each_shard_its_commands_on_one_stream_of_its_own(served: ServedShards) -> None:
+async def test_a_routed_stream_sends_each_shard_its_commands_on_one_stream_of_its_own(
+    served: ServedShards,
+) -> None:
     """No unary call per command: one ExecuteCommandStream per shard used, answers under the caller's
     tags (which need not be unique) and each command answered once."""
     await served.start()
@@ -346,7 +390,9 @@ async def test_a_routed_stream_sends_each_shard_its_commands_on_one_stream_of_it
     groups = [f"grp_s{i}" for i in range(24)]
     answers = await _run_stream(channel, [(7, g, f"c{i}") for i, g in enumerate(groups)])
     assert sorted(a.result.command_id for a in answers) == sorted(f"c{i}" for i in range(24))
-    assert {a.request_tag for a in answers} == {7} and all(a.result.group_id == f"grp_s{a.result.command_id[1:]}" for a in answers)
+    assert {a.request_tag for a in answers} == {7} and all(
+        a.result.group_id == f"grp_s{a.result.command_id[1:]}" for a in answers
+    )
     used = {rendezvous(g, served.addresses)[0] for g in groups}
     assert served.streams == Counter({address: 1 for address in used}) and len(used) >= 2
     assert sum(served.unary.values()) == 0 and sum(served.streamed.values()) == 24
@@ -361,13 +407,17 @@ async def test_a_streamed_command_its_shard_does_not_own_goes_to_the_owner_and_i
     channel = ShardedChannel(served.addresses, served.channel_for)
     first = await _run_stream(channel, [(1, "grp_own", "o1")])
     assert first[0].result.group_id == "grp_own" and first[0].request_tag == 1
-    assert served.streamed[preferred] == 1 and served.unary == Counter({owner: 1})  # NOT_OWNER, then the owner
+    assert served.streamed[preferred] == 1 and served.unary == Counter(
+        {owner: 1}
+    )  # NOT_OWNER, then the owner
     later = await _run_stream(channel, [(2, "grp_own", "o2"), (3, "grp_own", "o3")])
     assert {a.result.command_id for a in later} == {"o2", "o3"}
     assert served.streamed[owner] == 2 and served.streamed[preferred] == 1  # straight to the owner's stream
 
 
-async def test_commands_pending_on_a_shard_stream_that_breaks_are_sent_again_and_answered(served: ServedShards) -> None:
+async def test_commands_pending_on_a_shard_stream_that_breaks_are_sent_again_and_answered(
+    served: ServedShards,
+) -> None:
     """A shard that ends its stream UNAVAILABLE mid-way: the commands it had not answered go again
     through the unary placement (command ids make a repeat harmless); none is lost or answered twice."""
     await served.start()
@@ -377,7 +427,9 @@ async def test_commands_pending_on_a_shard_stream_that_breaks_are_sent_again_and
     channel = ShardedChannel(served.addresses, served.channel_for)
     answers = await _run_stream(channel, [(i, g, f"b{i}") for i, g in enumerate(groups)])
     assert sorted(a.request_tag for a in answers) == list(range(40))
-    assert all(a.WhichOneof("outcome") == "result" and a.result.command_id == f"b{a.request_tag}" for a in answers)
+    assert all(
+        a.WhichOneof("outcome") == "result" and a.result.command_id == f"b{a.request_tag}" for a in answers
+    )
     on_first = [g for g in groups if rendezvous(g, served.addresses)[0] == first]
     assert served.streamed[first] == 3 and served.unary[first] == len(on_first) - 3
 

@@ -81,7 +81,8 @@ class Watcher:
         except TimeoutError:
             behind = {
                 g: (s.cursor, heads[g], s.subscription_id, repr(s.failure))
-                for g, s in self.subscriptions.items() if s.cursor < heads[g]
+                for g, s in self.subscriptions.items()
+                if s.cursor < heads[g]
             }
             raise AssertionError(
                 f"{self.identity_id} ({what}) did not catch up within {CATCH_UP_S} s; "
@@ -89,7 +90,9 @@ class Watcher:
             ) from None
 
 
-async def post_until_acknowledged(client: MeshClient, signer: SessionSigner, envelope: common_pb2.SignedEnvelope) -> int:
+async def post_until_acknowledged(
+    client: MeshClient, signer: SessionSigner, envelope: common_pb2.SignedEnvelope
+) -> int:
     """Retries one command (same id) until the mesh acknowledges it; the sequence it landed at."""
     while True:
         try:
@@ -98,7 +101,9 @@ async def post_until_acknowledged(client: MeshClient, signer: SessionSigner, env
         except grpc.aio.AioRpcError as err:
             rejection = rejection_from_rpc_error(err)
             retryable = rejection is None or common_pb2.RejectionReason.Name(rejection.reason) in (
-                "REJECTION_REASON_NOT_OWNER", "REJECTION_REASON_PEER_UNAVAILABLE", "REJECTION_REASON_OVERLOADED",
+                "REJECTION_REASON_NOT_OWNER",
+                "REJECTION_REASON_PEER_UNAVAILABLE",
+                "REJECTION_REASON_OVERLOADED",
                 "REJECTION_REASON_WRITER_FENCED",
             )
             assert retryable, rejection
@@ -107,16 +112,36 @@ async def post_until_acknowledged(client: MeshClient, signer: SessionSigner, env
 
 
 @pytest.mark.timeout(170)
-async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_agents_resume(db_url: str, tmp_path: Path) -> None:
+async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_agents_resume(
+    db_url: str, tmp_path: Path
+) -> None:
     if not db_url.startswith("postgresql"):
         pytest.skip("shards share PostgreSQL (D60)")
     port = free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
-           "MWP_VERIFY_WORKERS": "0", "MWP_OWNERSHIP_LEASE_S": str(LEASE_S)}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
+        "MWP_VERIFY_WORKERS": "0",
+        "MWP_OWNERSHIP_LEASE_S": str(LEASE_S),
+    }
     launcher = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", "serve", "--topology", "split", "--shards", "3",
-        "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "data"), "--database-url", db_url,
-        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL, env=env,
+        sys.executable,
+        "-m",
+        "missionweave.cli",
+        "serve",
+        "--topology",
+        "split",
+        "--shards",
+        "3",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--database-url",
+        db_url,
+        stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL,
+        env=env,
     )
     assert launcher.stderr is not None
     started: list[Watcher] = []
@@ -129,7 +154,9 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
         await register(client, admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT)
         keys = {name: SigningKey.generate() for name in AGENTS}
         for name, key in keys.items():
-            await client.register_identity("admin", admin_key, name, common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key))
+            await client.register_identity(
+                "admin", admin_key, name, common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+            )
         conversations = {}
         for group in GROUPS:
             body = builders.mission_create("alice", "coord-bot", SystemClock().now())
@@ -139,7 +166,9 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
                 grant = membership_pb2.MembershipGrant(
                     member_id=name, role=membership_pb2.MEMBER_ROLE_OBSERVER, visibility_start_sequence=1
                 )
-                await client.execute(owner.sign(owner.command(group, "membership_grant", grant, membership_epoch=1)))
+                await client.execute(
+                    owner.sign(owner.command(group, "membership_grant", grant, membership_epoch=1))
+                )
         placed = await owners(db_url)
         assert len(set(placed.values())) >= 2, placed  # the Groups are spread over the shards
         victim = max(set(placed.values()), key=list(placed.values()).count)
@@ -160,7 +189,14 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
         async def load(group: str) -> None:
             for i in range(30):
                 text_ = f"{group} message {i}"
-                envelope = owner.sign(owner.command(group, "message_post", builders.message(conversations[group], text_), membership_epoch=1))
+                envelope = owner.sign(
+                    owner.command(
+                        group,
+                        "message_post",
+                        builders.message(conversations[group], text_),
+                        membership_epoch=1,
+                    )
+                )
                 acknowledged[group].append((text_, await post_until_acknowledged(client, owner, envelope)))
                 if sum(len(a) for a in acknowledged.values()) >= 60:
                     a_fifth_in.set()
@@ -207,12 +243,20 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
             head = heads[group]
             assert first.seen[group] == list(range(1, head + 1)), (group, head, first.seen[group])
             assert first.subscriptions[group].failure is None, (group, first.subscriptions[group].failure)
-            assert restarted.subscriptions[group].failure is None, (group, restarted.subscriptions[group].failure)
+            assert restarted.subscriptions[group].failure is None, (
+                group,
+                restarted.subscriptions[group].failure,
+            )
             # The closed agent had persisted every event its handler finished (a graceful close), and
             # its new process resumed right after that cursor: nothing from before it again, no gap.
             cursor = stored[group]
             assert before_restart[group] == list(range(1, cursor + 1)), (group, cursor, before_restart[group])
-            assert restarted.seen[group] == list(range(cursor + 1, head + 1)), (group, cursor, head, restarted.seen[group])
+            assert restarted.seen[group] == list(range(cursor + 1, head + 1)), (
+                group,
+                cursor,
+                head,
+                restarted.seen[group],
+            )
         for group in victims:  # the test proves something: these Groups were written through the kill
             # (their streams resumed elsewhere: by the agent subscribing again, or by the gateway's
             # shared follow of the Group re-following at the new owner, D132, which the agent never sees)
@@ -224,11 +268,21 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
         # at that shard's re-read of the log, every IDLE_RECHECK_S). The first probe may still wait
         # for one re-read; the second must not.
         async def probe(group: str, i: int) -> float:
-            envelope = owner.sign(owner.command(group, "message_post", builders.message(conversations[group], f"probe {i}"), membership_epoch=1))
+            envelope = owner.sign(
+                owner.command(
+                    group,
+                    "message_post",
+                    builders.message(conversations[group], f"probe {i}"),
+                    membership_epoch=1,
+                )
+            )
             sent = time.monotonic()
             sequence = await post_until_acknowledged(client, owner, envelope)
             async with asyncio.timeout(CATCH_UP_S):
-                await asyncio.gather(first.subscriptions[group].reached(sequence), restarted.subscriptions[group].reached(sequence))
+                await asyncio.gather(
+                    first.subscriptions[group].reached(sequence),
+                    restarted.subscriptions[group].reached(sequence),
+                )
             return time.monotonic() - sent
 
         async def probes(group: str) -> float:
@@ -240,7 +294,11 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
         for group in GROUPS:
             head = (await client.group_state(group)).head_sequence
             assert first.seen[group] == list(range(1, head + 1)), (group, head, first.seen[group])
-            assert restarted.seen[group] == list(range(stored[group] + 1, head + 1)), (group, head, restarted.seen[group])
+            assert restarted.seen[group] == list(range(stored[group] + 1, head + 1)), (
+                group,
+                head,
+                restarted.seen[group],
+            )
         await client.channel.close()
         drain.cancel()
     finally:

@@ -67,7 +67,11 @@ def test_a_replay_in_another_process_with_another_hash_seed_is_identical() -> No
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
         out = subprocess.run(
             [sys.executable, "-m", "simulation", "--seed", "5", "--steps", "300", "--json"],
-            cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         return str(json.loads(out.stdout)["traces"]["5"])
 
@@ -81,14 +85,20 @@ def test_a_failing_seed_reports_how_to_replay_it() -> None:
     assert f"python -m simulation --seed {result.seed}" in report
     assert result.trace_tail and result.trace_tail[-1].endswith(result.violation)
     again = run_seed(result.seed, bugs=Bugs(ignore_visibility=True))
-    assert (again.violation, again.failed_step, again.trace_hash) == (result.violation, result.failed_step, result.trace_hash)
+    assert (again.violation, again.failed_step, again.trace_hash) == (
+        result.violation,
+        result.failed_step,
+        result.trace_hash,
+    )
 
 
 # ------------------------------------------------------------------ each invariant catches its bug
 
 
 def test_an_ack_before_the_sync_is_caught_as_a_lost_command() -> None:
-    first_failure(Bugs(ack_before_sync=True), FaultRates(power_loss=0.01), caught_by="no_acknowledged_command_lost")
+    first_failure(
+        Bugs(ack_before_sync=True), FaultRates(power_loss=0.01), caught_by="no_acknowledged_command_lost"
+    )
 
 
 def test_an_ack_before_the_sync_is_also_caught_by_the_history_checker() -> None:
@@ -116,7 +126,9 @@ def test_a_missing_session_fence_is_caught_as_a_stale_epoch_accepted() -> None:
 def test_an_unchecked_budget_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted in the real core: usage is charged without checking any cap."""
 
-    def unchecked(state: GroupState, item: WorkItemState, delta: common_pb2.ResourceVector, field: str) -> dict[str, int]:
+    def unchecked(
+        state: GroupState, item: WorkItemState, delta: common_pb2.ResourceVector, field: str
+    ) -> dict[str, int]:
         return budget_dims(delta)
 
     for info in pkgutil.iter_modules(work_rules.__path__):

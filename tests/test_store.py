@@ -36,11 +36,16 @@ async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
 
 
 def rows(group: str, first: int, n: int, tag: str = "") -> list[StoredEvent]:
-    return [StoredEvent(first + i, f"evt_{group}_{first + i}{tag}", "test.event", 0, b"payload-%d" % (first + i)) for i in range(n)]
+    return [
+        StoredEvent(first + i, f"evt_{group}_{first + i}{tag}", "test.event", 0, b"payload-%d" % (first + i))
+        for i in range(n)
+    ]
 
 
 def request(group: str, epoch: int, head: int, n: int, cmd: str, create: bool = False) -> AppendRequest:
-    return AppendRequest(group, epoch, head, cmd, b"fp-" + cmd.encode(), rows(group, head + 1, n, cmd), create)
+    return AppendRequest(
+        group, epoch, head, cmd, b"fp-" + cmd.encode(), rows(group, head + 1, n, cmd), create
+    )
 
 
 async def test_append_read_and_command_records(engine: AsyncEngine) -> None:
@@ -190,7 +195,9 @@ async def _enqueued_together(store: EventStore, requests: list[AppendRequest]) -
     return await asyncio.gather(*(req.done for req in requests), return_exceptions=True)
 
 
-async def _write_directly(engine: AsyncEngine, writer: BatchWriter, batch: list[AppendRequest]) -> list[Rejected | None]:
+async def _write_directly(
+    engine: AsyncEngine, writer: BatchWriter, batch: list[AppendRequest]
+) -> list[Rejected | None]:
     """One batch through the batch logic in this process (the store runs it in its writer process
     for SQLite), so that a test can watch which path it takes."""
     target = sqlite_writer_target(engine)
@@ -211,14 +218,25 @@ async def test_pipelined_appends_of_one_group_advance_its_head_once_per_batch(
     """A Group's chained appends (each expecting the head its predecessor leaves) share one fenced
     head advance with the other Groups of the batch: no per-request fallback, every event stored.
     Also with the per-Group statement SQLite libraries older than 3.33 get."""
-    monkeypatch.setattr("missionweave_server.services.authority.batch_sql._SQLITE_HAS_UPDATE_FROM", update_from)
+    monkeypatch.setattr(
+        "missionweave_server.services.authority.batch_sql._SQLITE_HAS_UPDATE_FROM", update_from
+    )
     store = EventStore(engine, ManualClock())
     await asyncio.gather(*(store.append(request(g, 1, 0, 1, "c0", create=True)) for g in ("g1", "g2")))
     writer = BatchWriter("local", 30_000_000)
     per_request: list[str] = []
     apply = writer._apply
-    monkeypatch.setattr(writer, "_apply", lambda ops, req, now, expires: per_request.append(req.command_id) or apply(ops, req, now, expires))
-    chain = [request("g1", 1, 1, 1, "c1"), request("g2", 1, 1, 1, "c1"), request("g1", 1, 2, 2, "c2"), request("g1", 1, 4, 1, "c3")]
+    monkeypatch.setattr(
+        writer,
+        "_apply",
+        lambda ops, req, now, expires: per_request.append(req.command_id) or apply(ops, req, now, expires),
+    )
+    chain = [
+        request("g1", 1, 1, 1, "c1"),
+        request("g2", 1, 1, 1, "c1"),
+        request("g1", 1, 2, 2, "c2"),
+        request("g1", 1, 4, 1, "c3"),
+    ]
     assert await _write_directly(engine, writer, chain) == [None] * 4
     assert per_request == []
     assert (await store.head("g1"), await store.head("g2")) == (5, 2)
@@ -238,14 +256,21 @@ async def test_a_broken_chain_in_a_batch_fails_only_its_stale_append(
 ) -> None:
     """Two appends of one Group expecting the same head cannot both land: the fast path must not
     merge them; the per-request path lets the first win and rejects the second, writing nothing."""
-    monkeypatch.setattr("missionweave_server.services.authority.batch_sql._SQLITE_HAS_UPDATE_FROM", update_from)
+    monkeypatch.setattr(
+        "missionweave_server.services.authority.batch_sql._SQLITE_HAS_UPDATE_FROM", update_from
+    )
     store = EventStore(engine, ManualClock())
     await asyncio.gather(*(store.append(request(g, 1, 0, 1, "c0", create=True)) for g in ("g1", "g2")))
     results: list[Rejected | None] = list(
         await _write_directly(
             engine,
             BatchWriter("local", 30_000_000),
-            [request("g1", 1, 1, 1, "a"), request("g2", 1, 1, 1, "c1"), request("g1", 1, 1, 1, "b"), request("g1", 2, 2, 1, "fenced")],
+            [
+                request("g1", 1, 1, 1, "a"),
+                request("g2", 1, 1, 1, "c1"),
+                request("g1", 1, 1, 1, "b"),
+                request("g1", 2, 2, 1, "fenced"),
+            ],
         )
     )
     assert results[0] is None and results[1] is None
@@ -363,7 +388,10 @@ async def test_a_slow_group_commit_is_logged_once_per_interval(
         await store.append(request("g1", 1, 3, 2, "c3"))
         slow = [r for r in caplog.records if "group commit was slow" in r.getMessage()]
         assert [(r.appends, r.groups, r.suppressed) for r in slow] == [(1, 1, 0), (1, 1, 1)]  # type: ignore[attr-defined]
-        assert all(r.levelno == logging.WARNING and r.seconds >= 0 and r.writer in ("process", "sqlalchemy") for r in slow)  # type: ignore[attr-defined]
+        assert all(
+            r.levelno == logging.WARNING and r.seconds >= 0 and r.writer in ("process", "sqlalchemy")
+            for r in slow
+        )  # type: ignore[attr-defined]
     finally:
         store_module.slow_commit_log.reset()
         await store.close()
@@ -373,7 +401,6 @@ async def test_saving_snapshots_while_another_process_commits_never_fails_locked
     """save_snapshot reads, then writes: on SQLite (WAL) a commit by another connection between the
     two used to fail its insert at once with "database is locked", whatever the busy timeout (a read
     snapshot cannot be upgraded past another commit). It takes the write lock at BEGIN now."""
-
 
     path = Path(tmp_path) / "snap.db"
     engine = make_engine(f"sqlite+aiosqlite:///{path}")
@@ -387,7 +414,8 @@ async def test_saving_snapshots_while_another_process_commits_never_fails_locked
         while not stop.is_set():
             n += 1
             conn.execute(
-                "INSERT OR REPLACE INTO authority_instances (instance_id, address, updated_us) VALUES ('x', 'y', ?)", (n,)
+                "INSERT OR REPLACE INTO authority_instances (instance_id, address, updated_us) VALUES ('x', 'y', ?)",
+                (n,),
             )
             time.sleep(0.0002)
         conn.close()
@@ -396,7 +424,9 @@ async def test_saving_snapshots_while_another_process_commits_never_fails_locked
     thread.start()
     try:
         for sequence in range(1, 101):
-            await store.save_snapshot("grp", sequence, f"{sequence:064x}", b"e", False, sequence, compact=False)
+            await store.save_snapshot(
+                "grp", sequence, f"{sequence:064x}", b"e", False, sequence, compact=False
+            )
     finally:
         stop.set()
         thread.join()

@@ -40,8 +40,16 @@ class Store:
         try:
             if self.alice is None:
                 admin = read_key(self.data / "keys" / "admin.key")
-                await client.register_identity("admin", admin, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(self.alice_key.verify_key))
-                await client.register_identity("admin", admin, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(SigningKey.generate().verify_key))
+                await client.register_identity(
+                    "admin", admin, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(self.alice_key.verify_key)
+                )
+                await client.register_identity(
+                    "admin",
+                    admin,
+                    "bot",
+                    common_pb2.IDENTITY_KIND_AGENT,
+                    bytes(SigningKey.generate().verify_key),
+                )
                 self.alice = await client.open_session("alice", self.alice_key)
                 create = builders.mission_create("alice", "bot", self.clock.now())
                 await client.execute(self.alice.sign(self.alice.command("grp_w", "mission_create", create)))
@@ -49,7 +57,9 @@ class Store:
             conversation = (await client.group_state("grp_w")).mission.planning_conversation_id
             for i in range(count):
                 body = builders.message(conversation, f"post {i}")
-                await client.execute(self.alice.sign(self.alice.command("grp_w", "message_post", body, membership_epoch=1)))
+                await client.execute(
+                    self.alice.sign(self.alice.command("grp_w", "message_post", body, membership_epoch=1))
+                )
         finally:
             await client.channel.close()
             await mesh.stop(grace=1)
@@ -68,7 +78,9 @@ class Store:
             await engine.dispose()
 
 
-async def test_a_truncation_that_also_removed_its_records_is_refused_at_start(db_url: str, tmp_path: Path) -> None:
+async def test_a_truncation_that_also_removed_its_records_is_refused_at_start(
+    db_url: str, tmp_path: Path
+) -> None:
     """The case rule 7 cannot see (the command rows removed with the events): the witness can."""
     store = Store(db_url, tmp_path / "data")
     await store.posts(3)

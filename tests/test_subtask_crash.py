@@ -44,16 +44,30 @@ WAIT_S = 60.0
 
 
 def base_env() -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if not k.startswith("MWP_")}, "MWP_VERIFY_WORKERS": "0", "PYTHONPATH": str(ROOT)}
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
+        "MWP_VERIFY_WORKERS": "0",
+        "PYTHONPATH": str(ROOT),
+    }
 
 
 @asynccontextmanager
 async def single(data_dir: Path, port: int, **env: str) -> AsyncIterator[asyncio.subprocess.Process]:
     """``mwp serve`` (one process, SQLite) until the block ends; the block may kill it first."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data_dir),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL,
-        env={**base_env(), **env}, cwd=ROOT,
+        sys.executable,
+        "-m",
+        "missionweave.cli",
+        "serve",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--data-dir",
+        str(data_dir),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL,
+        env={**base_env(), **env},
+        cwd=ROOT,
     )
     try:
         await serving(f"127.0.0.1:{port}")
@@ -72,7 +86,9 @@ async def serving(target: str) -> None:
         async with asyncio.timeout(WAIT_S):
             for _ in range(10**6):
                 try:
-                    answer = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    answer = await health_pb2_grpc.HealthStub(channel).Check(
+                        health_pb2.HealthCheckRequest(), timeout=1
+                    )
                     if answer.status == health_pb2.HealthCheckResponse.SERVING:
                         return
                 except Exception:  # not listening yet
@@ -85,8 +101,19 @@ async def serving(target: str) -> None:
 class Tree:
     """The parent Mission, its WorkItem and a child Mission, driven through one client."""
 
-    def __init__(self, client: MeshClient, owner: SessionSigner, coordinator: SessionSigner, child_coordinator: SessionSigner) -> None:
-        self.client, self.owner, self.coordinator, self.child_coordinator = client, owner, coordinator, child_coordinator
+    def __init__(
+        self,
+        client: MeshClient,
+        owner: SessionSigner,
+        coordinator: SessionSigner,
+        child_coordinator: SessionSigner,
+    ) -> None:
+        self.client, self.owner, self.coordinator, self.child_coordinator = (
+            client,
+            owner,
+            coordinator,
+            child_coordinator,
+        )
 
     async def run(self, signer: SessionSigner, group: str, kind: str, body: Any, epoch: int = 0) -> None:
         await self.client.execute(signer.sign(signer.command(group, kind, body, membership_epoch=epoch)))
@@ -96,30 +123,52 @@ class Tree:
         create = builders.mission_create("alice", "coord-bot", now)
         create.coordinator_renewal.lease_duration.FromSeconds(3600)
         await self.run(self.owner, PARENT, "mission_create", create)
-        authorize = wp.WorkAuthorize(work_item_id="wi-1", title="ledger", contract=builders.contract(now), coordinator_epoch=1)
+        authorize = wp.WorkAuthorize(
+            work_item_id="wi-1", title="ledger", contract=builders.contract(now), coordinator_epoch=1
+        )
         await self.run(self.coordinator, PARENT, "work_authorize", authorize, epoch=2)
 
     async def create_child(self, group: str) -> None:
         now = SystemClock().now()
         definition = builders.definition(
-            "coord-bot", now, deadline=to_timestamp(now + timedelta(hours=12)),
-            budget=common_pb2.ResourceVector(currency="EUR", financial_micros=100_000, tokens=1_000, tool_calls=5),
-            risk_policy=mission_pb2.RiskPolicy(risk_class=mission_pb2.RISK_CLASS_LOW, execution_approver_ids=["alice"]),
+            "coord-bot",
+            now,
+            deadline=to_timestamp(now + timedelta(hours=12)),
+            budget=common_pb2.ResourceVector(
+                currency="EUR", financial_micros=100_000, tokens=1_000, tool_calls=5
+            ),
+            risk_policy=mission_pb2.RiskPolicy(
+                risk_class=mission_pb2.RISK_CLASS_LOW, execution_approver_ids=["alice"]
+            ),
         )
         body = subtask_pb2.MissionCreateChild(
-            parent_group_id=PARENT, parent_work_item_id="wi-1", definition=definition, coordinator_id="child-bot", parent_coordinator_epoch=1
+            parent_group_id=PARENT,
+            parent_work_item_id="wi-1",
+            definition=definition,
+            coordinator_id="child-bot",
+            parent_coordinator_epoch=1,
         )
         await self.run(self.coordinator, group, "mission_create_child", body)
 
     async def approve_child(self, group: str) -> None:
         revision = (await self.client.group_state(group)).mission.revision
-        submit = mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=revision, summary="done")
+        submit = mission_pb2.MissionSubmitForApproval(
+            coordinator_epoch=1, mission_revision=revision, summary="done"
+        )
         await self.run(self.child_coordinator, group, "mission_submit_for_approval", submit, epoch=2)
         submitted = (await self.client.group_state(group)).mission.latest_submission_event_id
-        await self.run(self.coordinator, group, "mission_approve", mission_pb2.MissionApprove(submission_event_id=submitted), epoch=1)
+        await self.run(
+            self.coordinator,
+            group,
+            "mission_approve",
+            mission_pb2.MissionApprove(submission_event_id=submitted),
+            epoch=1,
+        )
 
     async def item(self) -> authority_service_pb2.WorkItemProgress:
-        progress = await self.client.authority.GetMissionProgress(authority_service_pb2.GetMissionProgressRequest(group_id=PARENT))
+        progress = await self.client.authority.GetMissionProgress(
+            authority_service_pb2.GetMissionProgressRequest(group_id=PARENT)
+        )
         return progress.work_items[0]
 
     async def until(self, state: int) -> None:
@@ -151,7 +200,13 @@ async def outbox_rows(db_url: str) -> list[tuple[str, int, str]]:
     engine = make_engine(db_url)
     try:
         async with engine.connect() as conn:
-            rows = await conn.execute(select(cross_group_outbox.c.source_group_id, cross_group_outbox.c.source_seq, cross_group_outbox.c.target_group_id))
+            rows = await conn.execute(
+                select(
+                    cross_group_outbox.c.source_group_id,
+                    cross_group_outbox.c.source_seq,
+                    cross_group_outbox.c.target_group_id,
+                )
+            )
             return [(r[0], int(r[1]), r[2]) for r in rows]
     finally:
         await engine.dispose()
@@ -204,9 +259,24 @@ async def test_shards_the_childs_shard_killed_after_each_of_its_appends(db_url: 
     # The parent's shard reads the outbox every 2 s; the child's shard is killed well before.
     env = {**base_env(), "MWP_OWNERSHIP_LEASE_S": "3", "MWP_LINK_RELAY_POLL_MS": "2000"}
     launcher = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", "serve", "--topology", "split", "--shards", "3",
-        "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "data"), "--database-url", db_url,
-        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL, env=env,
+        sys.executable,
+        "-m",
+        "missionweave.cli",
+        "serve",
+        "--topology",
+        "split",
+        "--shards",
+        "3",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--database-url",
+        db_url,
+        stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL,
+        env=env,
     )
     assert launcher.stderr is not None
     try:
@@ -215,7 +285,10 @@ async def test_shards_the_childs_shard_killed_after_each_of_its_appends(db_url: 
         follow = asyncio.create_task(restarted_pids(launcher, pids))
         shards = sorted(name for name in addresses if name.startswith("authority"))
         by_address = {addresses[name]: name for name in shards}
-        place = {g: by_address[rendezvous(g, [addresses[n] for n in shards])[0]] for g in (PARENT, *(f"grp_child_{i}" for i in range(40)))}
+        place = {
+            g: by_address[rendezvous(g, [addresses[n] for n in shards])[0]]
+            for g in (PARENT, *(f"grp_child_{i}" for i in range(40)))
+        }
         first = next(g for g in place if g != PARENT and place[g] != place[PARENT])
         client = MeshClient(f"127.0.0.1:{port}")
         tree = await people(client, read_key(tmp_path / "data" / "keys" / "admin.key"))
@@ -237,7 +310,11 @@ async def test_shards_the_childs_shard_killed_after_each_of_its_appends(db_url: 
                     await asyncio.sleep(0.5)
         engine = make_engine(db_url)
         async with engine.connect() as conn:
-            owner = (await conn.execute(text("SELECT owner_instance FROM groups WHERE group_id = :g"), {"g": first})).scalar_one()
+            owner = (
+                await conn.execute(
+                    text("SELECT owner_instance FROM groups WHERE group_id = :g"), {"g": first}
+                )
+            ).scalar_one()
         await engine.dispose()
         # Whichever shard appended the approval dies now (the launcher starts it again, as Kubernetes
         # would); the parent's half is appended by the parent's owner from the outbox.
@@ -258,31 +335,54 @@ async def test_shards_the_childs_shard_killed_after_each_of_its_appends(db_url: 
 
 
 @pytest.mark.req("MW-10.4-05")
-async def test_a_delivery_repeated_after_a_crash_before_the_row_was_dropped_appends_nothing(world: World) -> None:
+async def test_a_delivery_repeated_after_a_crash_before_the_row_was_dropped_appends_nothing(
+    world: World,
+) -> None:
     w = world
     flow = await setup(w)
     await flow.authorize("wi-1")
     await register(w.client, w.keys["admin"], "child-bot", common_pb2.IDENTITY_KIND_AGENT)
     body_group = "grp_redelivered"
     definition = builders.definition(
-        "coord-bot", w.clock.now(), deadline=to_timestamp(w.clock.now() + timedelta(hours=12)),
+        "coord-bot",
+        w.clock.now(),
+        deadline=to_timestamp(w.clock.now() + timedelta(hours=12)),
         budget=common_pb2.ResourceVector(currency="EUR", tokens=1_000),
-        risk_policy=mission_pb2.RiskPolicy(risk_class=mission_pb2.RISK_CLASS_LOW, execution_approver_ids=["alice"]),
+        risk_policy=mission_pb2.RiskPolicy(
+            risk_class=mission_pb2.RISK_CLASS_LOW, execution_approver_ids=["alice"]
+        ),
     )
     body = subtask_pb2.MissionCreateChild(
-        parent_group_id="grp_lifecycle", parent_work_item_id="wi-1", definition=definition, coordinator_id="child-bot", parent_coordinator_epoch=1
+        parent_group_id="grp_lifecycle",
+        parent_work_item_id="wi-1",
+        definition=definition,
+        coordinator_id="child-bot",
+        parent_coordinator_epoch=1,
     )
     await w.run(w.coordinator, body_group, "mission_create_child", body)
     links = w.mesh.links  # type: ignore[attr-defined]
 
     async def linked() -> bool:
-        return any([e async for e in w.client.read_events("grp_lifecycle") if e.type == "work.subtask.linked"])
+        return any(
+            [e async for e in w.client.read_events("grp_lifecycle") if e.type == "work.subtask.linked"]
+        )
 
     await polled(linked)
-    source_seq = next(e.sequence for e in [e async for e in w.client.read_events(body_group)] if e.type == "mission.parent.linked")
+    source_seq = next(
+        e.sequence
+        for e in [e async for e in w.client.read_events(body_group)]
+        if e.type == "mission.parent.linked"
+    )
     head = (await w.client.group_state("grp_lifecycle")).head_sequence
     async with w.mesh.engine.begin() as conn:  # type: ignore[attr-defined]
-        await conn.execute(insert(cross_group_outbox).values(source_group_id=body_group, source_seq=source_seq, target_group_id="grp_lifecycle", created_us=0))
+        await conn.execute(
+            insert(cross_group_outbox).values(
+                source_group_id=body_group,
+                source_seq=source_seq,
+                target_group_id="grp_lifecycle",
+                created_us=0,
+            )
+        )
     assert await links.drain() == 1
     assert (await w.client.group_state("grp_lifecycle")).head_sequence == head  # nothing appended twice
     assert await outbox_rows(w.settings.db_url) == []

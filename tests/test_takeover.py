@@ -32,27 +32,45 @@ R = common_pb2.RejectionReason
 async def test_takeover_fences_the_old_instance_and_never_interleaves(db_url: str, tmp_path: Path) -> None:
     clock = ManualClock(SystemClock().now())
     data = tmp_path / "data"
-    a = await start(Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url, instance_id="auth-a"), clock)
-    b = await start(Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url, instance_id="auth-b"), clock)
+    a = await start(
+        Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url, instance_id="auth-a"), clock
+    )
+    b = await start(
+        Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url, instance_id="auth-b"), clock
+    )
     ca, cb = MeshClient(f"127.0.0.1:{a.port}"), MeshClient(f"127.0.0.1:{b.port}")
     try:
         admin_key = read_key(data / "keys" / "admin.key")
         alice_key = SigningKey.generate()
-        await ca.register_identity("admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(alice_key.verify_key))
-        await ca.register_identity("admin", admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(SigningKey.generate().verify_key))
+        await ca.register_identity(
+            "admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(alice_key.verify_key)
+        )
+        await ca.register_identity(
+            "admin", admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(SigningKey.generate().verify_key)
+        )
         alice = await ca.open_session("alice", alice_key)
         cb.read_as(alice)
-        await ca.execute(alice.sign(alice.command("grp_t", "mission_create", builders.mission_create("alice", "bot", clock.now()))))
+        await ca.execute(
+            alice.sign(
+                alice.command("grp_t", "mission_create", builders.mission_create("alice", "bot", clock.now()))
+            )
+        )
         conv = (await ca.group_state("grp_t")).mission.planning_conversation_id
 
         def post(text: str) -> common_pb2.SignedEnvelope:
-            return alice.sign(alice.command("grp_t", "message_post", builders.message(conv, text), membership_epoch=1))
+            return alice.sign(
+                alice.command("grp_t", "message_post", builders.message(conv, text), membership_epoch=1)
+            )
 
         # While a's ownership lease is live, b refuses and names the owner.
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await cb.execute(post("via b"))
         rejection = rejection_from_rpc_error(info.value)
-        assert rejection and rejection.reason == R.REJECTION_REASON_NOT_OWNER and rejection.metadata["owner"] == "auth-a"
+        assert (
+            rejection
+            and rejection.reason == R.REJECTION_REASON_NOT_OWNER
+            and rejection.metadata["owner"] == "auth-a"
+        )
         assert rejection.metadata["owner_address"] == f"127.0.0.1:{a.port}"  # where a router retries
         # A caught-up follower of a's Group is answered from a's memory while a's lease holds.
         follower_queries: list[int] = []
@@ -79,7 +97,9 @@ async def test_takeover_fences_the_old_instance_and_never_interleaves(db_url: st
         assert rejection and rejection.reason == R.REJECTION_REASON_NOT_OWNER
         seqs = [e.sequence async for e in cb.read_events("grp_t")]
         assert seqs == [1, 2, 3, 4, 5, 6]
-        texts = [e.message_posted.content.text async for e in cb.read_events("grp_t") if e.type == "message.posted"]
+        texts = [
+            e.message_posted.content.text async for e in cb.read_events("grp_t") if e.type == "message.posted"
+        ]
         assert texts == ["b owns it now"]
     finally:
         await ca.channel.close()
@@ -98,26 +118,44 @@ async def test_a_follow_stream_at_an_instance_that_lost_its_group_moves_to_the_n
     monkeypatch.setattr(group_log, "IDLE_RECHECK_S", 0.3)  # a re-read soon, so the test is quick
     clock = ManualClock(SystemClock().now())
     data = tmp_path / "data"
-    a = await start(Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url, instance_id="auth-a"), clock)
-    b = await start(Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url, instance_id="auth-b"), clock)
+    a = await start(
+        Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url, instance_id="auth-a"), clock
+    )
+    b = await start(
+        Settings(listen="127.0.0.1:0", data_dir=data, database_url=db_url, instance_id="auth-b"), clock
+    )
     ca, cb = MeshClient(f"127.0.0.1:{a.port}"), MeshClient(f"127.0.0.1:{b.port}")
     follow = None
     connect = None
     try:
         admin_key = read_key(data / "keys" / "admin.key")
         alice_key = SigningKey.generate()
-        await ca.register_identity("admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(alice_key.verify_key))
-        await ca.register_identity("admin", admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(SigningKey.generate().verify_key))
+        await ca.register_identity(
+            "admin", admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN, bytes(alice_key.verify_key)
+        )
+        await ca.register_identity(
+            "admin", admin_key, "bot", common_pb2.IDENTITY_KIND_AGENT, bytes(SigningKey.generate().verify_key)
+        )
         alice = await ca.open_session("alice", alice_key)
-        await ca.execute(alice.sign(alice.command("grp_f", "mission_create", builders.mission_create("alice", "bot", clock.now()))))
+        await ca.execute(
+            alice.sign(
+                alice.command("grp_f", "mission_create", builders.mission_create("alice", "bot", clock.now()))
+            )
+        )
         conv = (await ca.group_state("grp_f")).mission.planning_conversation_id
 
         def post(text: str) -> common_pb2.SignedEnvelope:
-            return alice.sign(alice.command("grp_f", "message_post", builders.message(conv, text), membership_epoch=1))
+            return alice.sign(
+                alice.command("grp_f", "message_post", builders.message(conv, text), membership_epoch=1)
+            )
 
         # At the owner: the stream is woken by the owner's own appends and goes on through idle re-reads.
-        as_mesh = MeshServiceChannel(ca.channel, (data / "keys" / "mesh.token").read_bytes().strip())  # internal contract
-        follow = glpb_grpc.GroupLogServiceStub(as_mesh).FollowGroup(glpb.FollowGroupRequest(group_id="grp_f", member_id="alice"))
+        as_mesh = MeshServiceChannel(
+            ca.channel, (data / "keys" / "mesh.token").read_bytes().strip()
+        )  # internal contract
+        follow = glpb_grpc.GroupLogServiceStub(as_mesh).FollowGroup(
+            glpb.FollowGroupRequest(group_id="grp_f", member_id="alice")
+        )
         assert (await follow.read()).started.head_sequence == 5
         assert [e.sequence for e in (await follow.read()).batch.entries] == [1, 2, 3, 4, 5]
         await asyncio.sleep(1.0)  # several idle re-reads
@@ -126,7 +164,9 @@ async def test_a_follow_stream_at_an_instance_that_lost_its_group_moves_to_the_n
             assert [e.sequence for e in (await follow.read()).batch.entries] == [6]
         # The same member through a's gateway, caught up at 6.
         connect = gpb_grpc.GatewayServiceStub(ca.channel).Connect()
-        await connect.write(gpb.ConnectRequest(frame=gpb.ClientFrame(hello=hello_frame(alice, clock, f"127.0.0.1:{a.port}"))))
+        await connect.write(
+            gpb.ConnectRequest(frame=gpb.ClientFrame(hello=hello_frame(alice, clock, f"127.0.0.1:{a.port}")))
+        )
         assert (await connect.read()).frame.WhichOneof("frame") == "welcome"
         subscribe = gpb.SubscribeFrame(subscription_id="s", group_id="grp_f", initial_credits=100)
         await connect.write(gpb.ConnectRequest(frame=gpb.ClientFrame(subscribe=subscribe)))
@@ -142,13 +182,19 @@ async def test_a_follow_stream_at_an_instance_that_lost_its_group_moves_to_the_n
                 await follow.read()
         rejection = rejection_from_rpc_error(info.value)
         assert rejection is not None and rejection.reason == R.REJECTION_REASON_NOT_OWNER, info.value
-        assert (rejection.metadata["owner"], rejection.metadata["owner_address"]) == ("auth-b", f"127.0.0.1:{b.port}")
+        assert (rejection.metadata["owner"], rejection.metadata["owner_address"]) == (
+            "auth-b",
+            f"127.0.0.1:{b.port}",
+        )
         # The gateway followed the Group again from 7 (here at a, its only Authority address): the
         # agent gets 7 and then 8 on the same subscription, with no ERROR frame in between.
         assert (await cb.execute(post("and writes on"))).group_revision == 8
         frames = await frames_until(connect, 8)
         assert [f.WhichOneof("frame") for f in frames] == ["event"] * len(frames), frames
-        assert [(f.event.first_sequence, f.event.last_sequence) for f in frames] in ([(7, 7), (8, 8)], [(7, 8)])
+        assert [(f.event.first_sequence, f.event.last_sequence) for f in frames] in (
+            [(7, 7), (8, 8)],
+            [(7, 8)],
+        )
     finally:
         for call in (follow, connect):
             if call is not None:
@@ -161,11 +207,17 @@ async def test_a_follow_stream_at_an_instance_that_lost_its_group_moves_to_the_n
 
 def hello_frame(signer: SessionSigner, clock: ManualClock, audience: str) -> gpb.HelloFrame:
     proof = gpb.HelloProof(
-        agent_id=signer.identity_id, session_epoch=signer.session_epoch, issued_at=to_timestamp(clock.now()), nonce=os.urandom(16),
+        agent_id=signer.identity_id,
+        session_epoch=signer.session_epoch,
+        issued_at=to_timestamp(clock.now()),
+        nonce=os.urandom(16),
         audience=audience,
     )
     envelope = sign_envelope(
-        proof.SerializeToString(), HELLO_PROOF_TYPE, signer.key, session_key_id(signer.identity_id, signer.session_epoch)
+        proof.SerializeToString(),
+        HELLO_PROOF_TYPE,
+        signer.key,
+        session_key_id(signer.identity_id, signer.session_epoch),
     )
     return gpb.HelloFrame(agent_id=signer.identity_id, session_epoch=signer.session_epoch, proof=envelope)
 
@@ -177,5 +229,7 @@ async def frames_until(connect: Any, sequence: int) -> list[gpb.ServerFrame]:
         while True:
             frames.append((await connect.read()).frame)
             last = frames[-1]
-            if last.WhichOneof("frame") == "error" or (last.WhichOneof("frame") == "event" and last.event.last_sequence >= sequence):
+            if last.WhichOneof("frame") == "error" or (
+                last.WhichOneof("frame") == "event" and last.event.last_sequence >= sequence
+            ):
                 return frames

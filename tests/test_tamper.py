@@ -80,7 +80,11 @@ async def rejection_of(call: Any) -> common_pb2.Rejection:
 
 
 async def read_all(w: World, group: str) -> list[common_pb2.SignedEnvelope]:
-    return [e async for r in w.client.authority.ReadEvents(apb.ReadEventsRequest(group_id=group)) for e in r.events]
+    return [
+        e
+        async for r in w.client.authority.ReadEvents(apb.ReadEventsRequest(group_id=group))
+        for e in r.events
+    ]
 
 
 async def health(w: World, name: str) -> str:
@@ -92,7 +96,17 @@ async def health(w: World, name: str) -> str:
 async def verify_cli(w: World, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
     """``mwp verify --json`` on the test's store (in a thread: it runs an event loop of its own)."""
     capsys.readouterr()
-    code = await asyncio.to_thread(mwp, ["verify", "--database-url", w.settings.db_url, "--authority-key", str(w.settings.authority_key_path), "--json"])
+    code = await asyncio.to_thread(
+        mwp,
+        [
+            "verify",
+            "--database-url",
+            w.settings.db_url,
+            "--authority-key",
+            str(w.settings.authority_key_path),
+            "--json",
+        ],
+    )
     return code, json.loads(capsys.readouterr().out)
 
 
@@ -145,7 +159,12 @@ async def fork(w: World) -> int:
     forget(w)
     assert await post(w, G, "branch B") == head  # the log goes on from head - 1: a fork
     await post(w, G, "after B")
-    await write(w, update(events).where(at(G, head)).values(**{k: discarded[k] for k in ("event_id", "type", "envelope")}))
+    await write(
+        w,
+        update(events)
+        .where(at(G, head))
+        .values(**{k: discarded[k] for k in ("event_id", "type", "envelope")}),
+    )
     return head + 1
 
 
@@ -197,10 +216,14 @@ async def test_a_tampered_group_is_refused_data_corrupted_while_others_are_serve
     # Counted once, when found (the operator's alert), however often the Group is refused after.
     assert (REGISTRY.get_sample_value("mwp_log_verification_failures_total") or 0.0) - refused_logs == 1
     assert rejection.reason == R.REJECTION_REASON_DATA_CORRUPTED
-    assert rejection.metadata["group_id"] == G and rejection.metadata["sequence"] == str(sequence), rejection.message
+    assert rejection.metadata["group_id"] == G and rejection.metadata["sequence"] == str(sequence), (
+        rejection.message
+    )
     assert (await rejection_of(w.client.group_state(G))).reason == R.REJECTION_REASON_DATA_CORRUPTED
     # Never extended: not even the rewritten "owner" may cancel, and the real owner may not post.
-    impostor = w.run(w.worker, G, "mission_cancel", mission_pb2.MissionCancel(reason="mine now"), membership_epoch=1)
+    impostor = w.run(
+        w.worker, G, "mission_cancel", mission_pb2.MissionCancel(reason="mine now"), membership_epoch=1
+    )
     assert (await rejection_of(impostor)).reason == R.REJECTION_REASON_DATA_CORRUPTED
     assert (await rejection_of(post(w, G, "more"))).reason == R.REJECTION_REASON_DATA_CORRUPTED
     async with w.mesh.engine.connect() as conn:  # type: ignore[attr-defined]
@@ -221,7 +244,9 @@ async def test_a_tampered_group_is_refused_data_corrupted_while_others_are_serve
 
 
 @pytest.mark.req("MW-7.4-01")
-async def test_without_the_chain_check_a_fork_would_be_served(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_without_the_chain_check_a_fork_would_be_served(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The fork is caught by the chain alone (signature, sequence and ids are all valid): with the
     chain rule off, the tampered log would be served. The rule broken once, as a guard on the tests."""
     from missionweave.kernel import eventlog
@@ -340,10 +365,15 @@ async def test_a_log_from_before_the_chain_verifies_by_signature_and_sequence(
     def unlinked(stored: bytes) -> bytes:
         event = codec.decode_event(stored)
         event.ClearField("previous_digest")
-        return sign_envelope(event.SerializeToString(deterministic=True), EVENT_TYPE, key, key_id).SerializeToString()
+        return sign_envelope(
+            event.SerializeToString(deterministic=True), EVENT_TYPE, key, key_id
+        ).SerializeToString()
 
     stored = await rows(w, G)
-    await write(w, *(update(events).where(at(G, s)).values(envelope=unlinked(r["envelope"])) for s, r in stored.items()))
+    await write(
+        w,
+        *(update(events).where(at(G, s)).values(envelope=unlinked(r["envelope"])) for s, r in stored.items()),
+    )
     forget(w)
     assert len(await read_all(w, G)) == len(stored)
     new = await post(w, G, "new one")
@@ -353,7 +383,9 @@ async def test_a_log_from_before_the_chain_verifies_by_signature_and_sequence(
 
     # An unlinked event after a linked one is not from an earlier release.
     after = await post(w, G, "new two")
-    await write(w, update(events).where(at(G, after)).values(envelope=unlinked((await rows(w, G))[after]["envelope"])))
+    await write(
+        w, update(events).where(at(G, after)).values(envelope=unlinked((await rows(w, G))[after]["envelope"]))
+    )
     forget(w)
     w.mesh.authority.integrity.verified._known.clear()  # type: ignore[attr-defined]
     rejection = await rejection_of(read_all(w, G))

@@ -67,7 +67,9 @@ class Pki:
     def ca_file(self) -> Path:
         return self.directory / "ca.crt"
 
-    def issue(self, name: str, *, hosts: tuple[str, ...] = (), service: str | None = None) -> tuple[Path, Path]:
+    def issue(
+        self, name: str, *, hosts: tuple[str, ...] = (), service: str | None = None
+    ) -> tuple[Path, Path]:
         return certs.issue(self.ca, name, hosts=hosts, service=service).write(self.directory, name)
 
     def client(self, name: str, service: str | None = None, **kw: Any) -> ClientTLS:
@@ -91,7 +93,14 @@ def foreign(tmp_path: Path) -> Pki:
     return Pki(directory, ca)
 
 
-def tls_settings(tmp_path: Path, pki: Pki, *, mutual: bool = False, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"), **kw: Any) -> Settings:
+def tls_settings(
+    tmp_path: Path,
+    pki: Pki,
+    *,
+    mutual: bool = False,
+    hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
+    **kw: Any,
+) -> Settings:
     cert, key = pki.issue("server", hosts=hosts, service="gateway")
     fields: dict[str, Any] = {
         "listen": "127.0.0.1:0",
@@ -163,7 +172,9 @@ def test_loopback_addresses() -> None:
 
 def test_plain_text_is_refused_off_loopback_unless_insecure(pki: Pki, tmp_path: Path) -> None:
     check_listen("127.0.0.1:0", None)  # the embedded default
-    with pytest.raises(PlaintextRefused, match=r"refusing to listen in plain text on 0\.0\.0\.0:50051.*--insecure"):
+    with pytest.raises(
+        PlaintextRefused, match=r"refusing to listen in plain text on 0\.0\.0\.0:50051.*--insecure"
+    ):
         check_listen("0.0.0.0:50051", None)
     check_listen("0.0.0.0:50051", None, insecure=True)
     settings = tls_settings(tmp_path, pki, listen="0.0.0.0:50051")
@@ -174,14 +185,26 @@ def test_plain_text_is_refused_off_loopback_unless_insecure(pki: Pki, tmp_path: 
 
 def test_settings_from_the_environment(tmp_path: Path) -> None:
     env = {
-        "MWP_TLS_CERT": "/tls/tls.crt", "MWP_TLS_KEY": "/tls/tls.key", "MWP_TLS_CLIENT_CA": "/tls/ca.crt",
-        "MWP_TLS_CA": "/tls/ca.crt", "MWP_TLS_CLIENT_CERT": "/tls/c.crt", "MWP_TLS_CLIENT_KEY": "/tls/c.key",
-        "MWP_TLS_SERVER_NAME": "gateway.example", "MWP_INSECURE": "true", "MWP_HEALTH_LISTEN": "0.0.0.0:50052",
+        "MWP_TLS_CERT": "/tls/tls.crt",
+        "MWP_TLS_KEY": "/tls/tls.key",
+        "MWP_TLS_CLIENT_CA": "/tls/ca.crt",
+        "MWP_TLS_CA": "/tls/ca.crt",
+        "MWP_TLS_CLIENT_CERT": "/tls/c.crt",
+        "MWP_TLS_CLIENT_KEY": "/tls/c.key",
+        "MWP_TLS_SERVER_NAME": "gateway.example",
+        "MWP_INSECURE": "true",
+        "MWP_HEALTH_LISTEN": "0.0.0.0:50052",
     }
     s = Settings.from_env(env)
-    assert (s.tls_cert, s.tls_key, s.tls_client_ca) == (Path("/tls/tls.crt"), Path("/tls/tls.key"), Path("/tls/ca.crt"))
+    assert (s.tls_cert, s.tls_key, s.tls_client_ca) == (
+        Path("/tls/tls.crt"),
+        Path("/tls/tls.key"),
+        Path("/tls/ca.crt"),
+    )
     assert s.insecure and s.health_listen == "0.0.0.0:50052"
-    assert ClientTLS.from_env(env) == ClientTLS(Path("/tls/ca.crt"), Path("/tls/c.crt"), Path("/tls/c.key"), "gateway.example")
+    assert ClientTLS.from_env(env) == ClientTLS(
+        Path("/tls/ca.crt"), Path("/tls/c.crt"), Path("/tls/c.key"), "gateway.example"
+    )
     assert ClientTLS.from_env({}) is None  # plain text unless asked for
     assert ClientTLS.from_env({"MWP_TLS": "1"}) == ClientTLS()  # the system's roots
     with pytest.raises(ValueError, match="MWP_INSECURE"):
@@ -193,7 +216,11 @@ def test_settings_from_the_environment(tmp_path: Path) -> None:
 async def test_start_refuses_plain_text_off_loopback_before_opening_anything(tmp_path: Path) -> None:
     from missionweave_server.mesh.server import start
 
-    settings = Settings(listen="0.0.0.0:0", data_dir=tmp_path / "data", database_url=f"sqlite+aiosqlite:///{tmp_path / 'mw.db'}")
+    settings = Settings(
+        listen="0.0.0.0:0",
+        data_dir=tmp_path / "data",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'mw.db'}",
+    )
     with pytest.raises(PlaintextRefused):
         await start(settings)
     assert not (tmp_path / "mw.db").exists()  # refused before the database was touched
@@ -204,8 +231,21 @@ def test_mwp_serve_refuses_plain_text_off_loopback(tmp_path: Path) -> None:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MWP_")}
     done = subprocess.run(
-        [sys.executable, "-m", "missionweave.cli", "serve", "--listen", "0.0.0.0:0", "--data-dir", str(tmp_path / "d")],
-        capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "missionweave.cli",
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--data-dir",
+            str(tmp_path / "d"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 1, done.stderr
     assert "refusing to listen in plain text on 0.0.0.0:0" in done.stderr and "--insecure" in done.stderr
@@ -230,10 +270,15 @@ async def test_a_server_certificate_from_another_ca_or_for_another_name_is_refus
     target = f"127.0.0.1:{tls_mesh.port}"
     await refused(target, ClientTLS(foreign.ca_file))
     await refused(target, ClientTLS(pki.ca_file, server_name="authority.elsewhere.example"))
-    assert await check(f"localhost:{tls_mesh.port}", ClientTLS(pki.ca_file)) == health_pb2.HealthCheckResponse.SERVING
+    assert (
+        await check(f"localhost:{tls_mesh.port}", ClientTLS(pki.ca_file))
+        == health_pb2.HealthCheckResponse.SERVING
+    )
 
 
-async def test_the_server_name_override_checks_the_name_the_certificate_carries(tmp_path: Path, pki: Pki) -> None:
+async def test_the_server_name_override_checks_the_name_the_certificate_carries(
+    tmp_path: Path, pki: Pki
+) -> None:
     from missionweave_server.mesh.server import start
 
     mesh = await start(tls_settings(tmp_path, pki, hosts=("gateway.mesh.example",)))
@@ -254,14 +299,18 @@ async def test_mtls_refuses_clients_without_a_certificate_or_with_one_from_anoth
     target = f"127.0.0.1:{mtls_mesh.port}"
     await refused(target, ClientTLS(pki.ca_file))  # no client certificate
     foreign_cert, foreign_key = foreign.issue("stranger", service="gateway")
-    await refused(target, ClientTLS(pki.ca_file, foreign_cert, foreign_key))  # the server does not trust its CA
+    await refused(
+        target, ClientTLS(pki.ca_file, foreign_cert, foreign_key)
+    )  # the server does not trust its CA
     agent = pki.client("agent-1")  # the mesh CA, no service named: a public client
     assert await check(target, agent) == health_pb2.HealthCheckResponse.SERVING
     async with MeshClient(target, agent) as client:
         await create_mission(client, read_key(mtls_mesh.settings.admin_key_path), "grp_mtls")
 
 
-async def test_with_mtls_the_internal_contracts_answer_only_mesh_service_certificates(mtls_mesh: Any, pki: Pki) -> None:
+async def test_with_mtls_the_internal_contracts_answer_only_mesh_service_certificates(
+    mtls_mesh: Any, pki: Pki
+) -> None:
     target = f"127.0.0.1:{mtls_mesh.port}"
     request = identities_pb2.GetIdentitiesRequest(identity_ids=["admin"])
     async with open_channel(target, pki.client("agent-2")) as channel:
@@ -278,7 +327,9 @@ async def test_with_mtls_the_internal_contracts_answer_only_mesh_service_certifi
             await watch.read()
         assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
     async with open_channel(target, pki.client("gw", service="gateway")) as channel:
-        answer = await identities_pb2_grpc.IdentityDirectoryServiceStub(channel).GetIdentities(request, timeout=5)
+        answer = await identities_pb2_grpc.IdentityDirectoryServiceStub(channel).GetIdentities(
+            request, timeout=5
+        )
     assert [i.identity_id for i in answer.identities] == ["admin"]
 
 
@@ -311,7 +362,9 @@ async def test_peer_service_name_reads_the_certificate(pki: Pki, tmp_path: Path)
 # ------------------------------------------------------------------ the health-only listener
 
 
-async def test_the_health_listener_serves_plain_text_health_and_nothing_else(tmp_path: Path, pki: Pki) -> None:
+async def test_the_health_listener_serves_plain_text_health_and_nothing_else(
+    tmp_path: Path, pki: Pki
+) -> None:
     from missionweave_server.mesh.server import start
 
     health_port = free_port()
@@ -338,31 +391,59 @@ async def mwp(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, 
     """Runs the CLI as a process while this test's event loop keeps serving the mesh."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("MWP_")}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", *args, env={**base, **(env or {})},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        sys.executable,
+        "-m",
+        "missionweave.cli",
+        *args,
+        env={**base, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
     )
     out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
 
 
-async def test_the_cli_over_tls_and_mtls_from_flags_and_environment(mtls_mesh: Any, pki: Pki, tmp_path: Path) -> None:
+async def test_the_cli_over_tls_and_mtls_from_flags_and_environment(
+    mtls_mesh: Any, pki: Pki, tmp_path: Path
+) -> None:
     target = f"127.0.0.1:{mtls_mesh.port}"
     client = pki.client("cli-user")
     assert client.cert_file is not None and client.key_file is not None
-    flags = ["--target", target, "--tls-ca", str(pki.ca_file), "--tls-client-cert", str(client.cert_file),
-             "--tls-client-key", str(client.key_file)]
+    flags = [
+        "--target",
+        target,
+        "--tls-ca",
+        str(pki.ca_file),
+        "--tls-client-cert",
+        str(client.cert_file),
+        "--tls-client-key",
+        str(client.key_file),
+    ]
     code, out, err = await mwp(*flags, "health")
     assert code == 0, err
     assert "missionweave.v1.GatewayService" in out and "SERVING" in out
     # The same from MWP_TLS_*; a signed command end to end: register an identity as the admin.
-    env = {"MWP_TARGET": target, "MWP_TLS_CA": str(pki.ca_file), "MWP_TLS_CLIENT_CERT": str(client.cert_file),
-           "MWP_TLS_CLIENT_KEY": str(client.key_file)}
+    env = {
+        "MWP_TARGET": target,
+        "MWP_TLS_CA": str(pki.ca_file),
+        "MWP_TLS_CLIENT_CERT": str(client.cert_file),
+        "MWP_TLS_CLIENT_KEY": str(client.key_file),
+    }
     key_file = tmp_path / "bob.key"
     write_key(key_file, SigningKey.generate())
     code, out, err = await mwp(
-        "identity", "register", "bob", "--kind", "human", "--key-file", str(key_file),
-        "--admin-key", str(mtls_mesh.settings.admin_key_path), env=env,
+        "identity",
+        "register",
+        "bob",
+        "--kind",
+        "human",
+        "--key-file",
+        str(key_file),
+        "--admin-key",
+        str(mtls_mesh.settings.admin_key_path),
+        env=env,
     )
     assert code == 0 and "registered bob" in out, err
     # Without a client certificate the server cannot be reached (exit 3, the handshake's reason).
@@ -378,8 +459,12 @@ async def test_an_agent_connects_over_tls(tls_mesh: Any, pki: Pki, tmp_path: Pat
     async with MeshClient(target, tls) as client:
         admin_key = read_key(tls_mesh.settings.admin_key_path)
         key = SigningKey.generate()
-        await client.register_identity("admin", admin_key, "worker-1", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key))
-    async with Agent.connect(target, "worker-1", key, cursor_dir=tmp_path / "state", tls=tls, connect_timeout=20) as agent:
+        await client.register_identity(
+            "admin", admin_key, "worker-1", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+        )
+    async with Agent.connect(
+        target, "worker-1", key, cursor_dir=tmp_path / "state", tls=tls, connect_timeout=20
+    ) as agent:
         assert agent.connected
     with pytest.raises(AgentError, match="could not connect"):  # plain text never gets a WELCOME
         await Agent.connect(target, "worker-1", key, cursor_dir=tmp_path / "state2", connect_timeout=3)
@@ -391,7 +476,9 @@ async def test_an_agent_connects_over_tls(tls_mesh: Any, pki: Pki, tmp_path: Pat
 node = test_node_agent.node  # the same fixture: `node` and `make node-deps`, or MWP_SKIP_NODE=1
 
 
-async def test_the_node_agent_over_tls_and_mtls(mtls_mesh: Any, pki: Pki, foreign: Pki, node: str, tmp_path: Path) -> None:
+async def test_the_node_agent_over_tls_and_mtls(
+    mtls_mesh: Any, pki: Pki, foreign: Pki, node: str, tmp_path: Path
+) -> None:
     target = f"127.0.0.1:{mtls_mesh.port}"
     async with MeshClient(target, pki.client("setup")) as client:
         coordinator = await create_mission(client, read_key(mtls_mesh.settings.admin_key_path), "grp_node")
@@ -402,10 +489,25 @@ async def test_the_node_agent_over_tls_and_mtls(mtls_mesh: Any, pki: Pki, foreig
 
     async def run(*tls: str) -> tuple[int, list[dict[str, Any]], str]:
         process = await asyncio.create_subprocess_exec(
-            node, str(test_node_agent.AGENT_JS), "--target", target, "--agent", "coord-bot", "--session-epoch",
-            str(signer.session_epoch), "--key-file", str(key_file), "--group", "grp_node",
-            "--until-sequence", "1", "--timeout", "20", *tls,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            node,
+            str(test_node_agent.AGENT_JS),
+            "--target",
+            target,
+            "--agent",
+            "coord-bot",
+            "--session-epoch",
+            str(signer.session_epoch),
+            "--key-file",
+            str(key_file),
+            "--group",
+            "grp_node",
+            "--until-sequence",
+            "1",
+            "--timeout",
+            "20",
+            *tls,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
             env={k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
         )
         out, err = await asyncio.wait_for(process.communicate(), 40)
@@ -414,12 +516,16 @@ async def test_the_node_agent_over_tls_and_mtls(mtls_mesh: Any, pki: Pki, foreig
 
     client_tls = pki.client("node-agent")
     cert, key = str(client_tls.cert_file), str(client_tls.key_file)
-    code, lines, err = await run("--tls-ca", str(pki.ca_file), "--tls-client-cert", cert, "--tls-client-key", key)
+    code, lines, err = await run(
+        "--tls-ca", str(pki.ca_file), "--tls-client-cert", cert, "--tls-client-key", key
+    )
     assert code == 0, err
     assert lines and lines[0]["sequence"] == 1 and lines[0]["type"] == "mission.created"
     code, lines, err = await run("--tls-ca", str(pki.ca_file))  # no client certificate: refused
     assert code == 1 and lines == [] and "GetAuthorityKey" in err, err
-    code, lines, err = await run("--tls-ca", str(foreign.ca_file), "--tls-client-cert", cert, "--tls-client-key", key)
+    code, lines, err = await run(
+        "--tls-ca", str(foreign.ca_file), "--tls-client-cert", cert, "--tls-client-key", key
+    )
     assert code == 1 and lines == [], err  # the gateway's certificate is not from the CA it trusts
 
 
@@ -428,8 +534,13 @@ async def test_the_node_agent_over_tls_and_mtls(mtls_mesh: Any, pki: Pki, foreig
 
 def test_the_split_plan_passes_tls_settings_to_every_process(tmp_path: Path) -> None:
     settings = Settings(
-        listen="127.0.0.1:50099", tls_cert=Path("/t/s.crt"), tls_key=Path("/t/s.key"), tls_client_ca=Path("/t/ca.crt"),
-        tls_ca=Path("/t/ca.crt"), tls_client_cert=Path("/t/c.crt"), tls_client_key=Path("/t/c.key"),
+        listen="127.0.0.1:50099",
+        tls_cert=Path("/t/s.crt"),
+        tls_key=Path("/t/s.key"),
+        tls_client_ca=Path("/t/ca.crt"),
+        tls_ca=Path("/t/ca.crt"),
+        tls_client_cert=Path("/t/c.crt"),
+        tls_client_key=Path("/t/c.key"),
         health_listen="127.0.0.1:50100",
     )
     for child in plan(settings, 1, "mesh-t"):
@@ -450,9 +561,21 @@ async def test_split_topology_with_tls_auto(tmp_path: Path) -> None:
     data = tmp_path / "data"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("MWP_")}, "MWP_VERIFY_WORKERS": "0"}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", "serve", "--topology", "split", "--tls-auto",
-        "--listen", f"127.0.0.1:{port}", "--data-dir", str(data),
-        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL, env=env,
+        sys.executable,
+        "-m",
+        "missionweave.cli",
+        "serve",
+        "--topology",
+        "split",
+        "--tls-auto",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--data-dir",
+        str(data),
+        stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL,
+        env=env,
     )
     try:
         addresses: dict[str, str] = {}
@@ -496,27 +619,40 @@ def k8s_certs(tmp_path: Path) -> Path:
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
     out = tmp_path / "k8s-tls"
-    subprocess.run(["bash", str(MAKE_CERTS), str(out), "mwp.example.com"], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        ["bash", str(MAKE_CERTS), str(out), "mwp.example.com"], check=True, capture_output=True, timeout=60
+    )
     assert (out / "secrets.yaml").read_text().count("kind: Secret") == 5
     return out
 
 
-async def test_the_kubernetes_certificate_recipe_makes_certificates_the_mesh_accepts(tmp_path: Path, k8s_certs: Path) -> None:
+async def test_the_kubernetes_certificate_recipe_makes_certificates_the_mesh_accepts(
+    tmp_path: Path, k8s_certs: Path
+) -> None:
     """k8s/make-tls-certs.sh: a service's certificate serves under its cluster DNS name (a shard's
     wildcard under its pod's), and the gateway's, presented as a client certificate, names the gateway."""
     from missionweave_server.mesh.server import start
 
     out = k8s_certs
     settings = Settings(
-        listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=f"sqlite+aiosqlite:///{tmp_path / 'mw.db'}",
-        grace_seconds=1, verify_workers=0, tls_cert=out / "membership.crt", tls_key=out / "membership.key",
+        listen="127.0.0.1:0",
+        data_dir=tmp_path / "data",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'mw.db'}",
+        grace_seconds=1,
+        verify_workers=0,
+        tls_cert=out / "membership.crt",
+        tls_key=out / "membership.key",
         tls_client_ca=out / "ca.crt",
     )
     mesh = await start(settings)
     try:
         target = f"127.0.0.1:{mesh.port}"
-        gateway = ClientTLS(out / "ca.crt", out / "gateway.crt", out / "gateway.key",
-                            server_name="membership.missionweave.svc.cluster.local")
+        gateway = ClientTLS(
+            out / "ca.crt",
+            out / "gateway.crt",
+            out / "gateway.key",
+            server_name="membership.missionweave.svc.cluster.local",
+        )
         async with open_channel(target, gateway) as channel:
             answer = await identities_pb2_grpc.IdentityDirectoryServiceStub(channel).GetIdentities(
                 identities_pb2.GetIdentitiesRequest(identity_ids=["admin"]), timeout=5
@@ -532,11 +668,15 @@ async def test_the_kubernetes_certificate_recipe_makes_certificates_the_mesh_acc
 
     server = grpc.aio.server()
     health_pb2_grpc.add_HealthServicer_to_server(health_aio.HealthServicer(), server)
-    port = add_listener(server, "127.0.0.1:0", ServerTLS(out / "authority.crt", out / "authority.key", out / "ca.crt"))
+    port = add_listener(
+        server, "127.0.0.1:0", ServerTLS(out / "authority.crt", out / "authority.key", out / "ca.crt")
+    )
     await server.start()
     try:
         shard = "authority-2.authority-headless.missionweave.svc.cluster.local"
         assert await check(f"127.0.0.1:{port}", replace(gateway, server_name=shard)) == 1
-        await refused(f"127.0.0.1:{port}", replace(gateway, server_name="authority-2.missionweave.svc.cluster.local"))
+        await refused(
+            f"127.0.0.1:{port}", replace(gateway, server_name="authority-2.missionweave.svc.cluster.local")
+        )
     finally:
         await server.stop(0)

@@ -52,9 +52,20 @@ async def test_split_topology_serves_one_address_and_stops_whole(tmp_path: Path)
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("MWP_")}, "MWP_VERIFY_WORKERS": "0"}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", "serve", "--topology", "split", "--listen", f"127.0.0.1:{port}",
-        "--data-dir", str(tmp_path / "data"),
-        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL, env=env,
+        sys.executable,
+        "-m",
+        "missionweave.cli",
+        "serve",
+        "--topology",
+        "split",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--data-dir",
+        str(tmp_path / "data"),
+        stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL,
+        env=env,
     )
     try:
         children = list((await wait_serving(process)).values())
@@ -72,8 +83,21 @@ async def test_split_topology_serves_one_address_and_stops_whole(tmp_path: Path)
         # A second mesh on the same data dir is refused while this one runs.
         second = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "missionweave.cli", "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data")],
-            capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "missionweave.cli",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                str(tmp_path / "data"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            stdin=subprocess.DEVNULL,
         )
         assert second.returncode == 1 and "is in use by process" in second.stderr
         # A process that dies is started again (as Kubernetes restarts a pod) and the mesh serves on.

@@ -61,7 +61,9 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
         return trace_service_pb2.ExportTraceServiceResponse()
 
     def named(self, name: str, trace_id: bytes | None = None) -> list[tuple[str, trace_pb2.Span]]:
-        return [(s, span) for s, span in self.spans if span.name == name and trace_id in (None, span.trace_id)]
+        return [
+            (s, span) for s, span in self.spans if span.name == name and trace_id in (None, span.trace_id)
+        ]
 
 
 @pytest.fixture
@@ -103,7 +105,9 @@ def collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[Collector]:
 
 
 def trace_of(exporter: InMemorySpanExporter, trace_id: int) -> list[ReadableSpan]:
-    return [s for s in exporter.get_finished_spans() if s.context is not None and s.context.trace_id == trace_id]
+    return [
+        s for s in exporter.get_finished_spans() if s.context is not None and s.context.trace_id == trace_id
+    ]
 
 
 def ancestors(span: ReadableSpan, among: list[ReadableSpan]) -> list[tuple[SpanKind, str]]:
@@ -122,14 +126,21 @@ async def test_a_command_over_the_gateway_is_one_trace_down_to_the_writer_proces
     conversation = (await create(w)).mission.planning_conversation_id
     with tracing.tracer().start_as_current_span("agent posts") as root:
         stream = await connected(w, w.owner)
-        command = w.owner.command(G, "message_post", builders.message(conversation, "traced"), membership_epoch=1)
-        await stream.send(command=gpb.CommandFrame(command_id=command.command_id, command=w.owner.sign(command)))
+        command = w.owner.command(
+            G, "message_post", builders.message(conversation, "traced"), membership_epoch=1
+        )
+        await stream.send(
+            command=gpb.CommandFrame(command_id=command.command_id, command=w.owner.sign(command))
+        )
         assert (await stream.until("result")).result.result.group_revision > 0
         stream.call.cancel()
 
     async def committed() -> bool:
-        return any(s.name == "authority.group_commit" and s.links for s in spans.get_finished_spans()) and any(
-            s.name == CONNECT and s.kind == SpanKind.CLIENT for s in trace_of(spans, root.get_span_context().trace_id)
+        return any(
+            s.name == "authority.group_commit" and s.links for s in spans.get_finished_spans()
+        ) and any(
+            s.name == CONNECT and s.kind == SpanKind.CLIENT
+            for s in trace_of(spans, root.get_span_context().trace_id)
         )
 
     await polled(committed)
@@ -149,10 +160,14 @@ async def test_a_command_over_the_gateway_is_one_trace_down_to_the_writer_proces
     ]
     # One batch serves many traces: its span is a root of its own, linked to each decision.
     (commit,) = [
-        s for s in spans.get_finished_spans()
-        if s.name == "authority.group_commit" and any(link.context.span_id == decide.context.span_id for link in s.links)
+        s
+        for s in spans.get_finished_spans()
+        if s.name == "authority.group_commit"
+        and any(link.context.span_id == decide.context.span_id for link in s.links)
     ]
-    assert commit.parent is None and commit.attributes is not None and commit.attributes["mwp.batch_size"] >= 1
+    assert (
+        commit.parent is None and commit.attributes is not None and commit.attributes["mwp.batch_size"] >= 1
+    )
     assert commit.context is not None
     if w.settings.database_url.startswith("postgresql"):
         return  # PostgreSQL commits from the Authority's own process: no writer process to follow
@@ -166,7 +181,11 @@ async def test_a_command_over_the_gateway_is_one_trace_down_to_the_writer_proces
         )
 
     await polled(written)
-    (service, writer_commit), *_ = [(s, span) for s, span in collector.named("authority.writer.commit") if span.parent_span_id == commit_id]
+    (service, writer_commit), *_ = [
+        (s, span)
+        for s, span in collector.named("authority.writer.commit")
+        if span.parent_span_id == commit_id
+    ]
     assert service == "authority" and writer_commit.trace_id == commit.context.trace_id.to_bytes(16, "big")
     assert {a.key: a.value.int_value for a in writer_commit.attributes}["mwp.batch_size"] >= 1
 
@@ -189,9 +208,19 @@ async def test_in_the_split_topology_the_clients_trace_id_reaches_the_authority_
 ) -> None:
     port = free_port()
     launcher = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", "serve", "--topology", "split", "--listen", f"127.0.0.1:{port}",
-        "--data-dir", str(tmp_path / "data"),
-        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL,
+        sys.executable,
+        "-m",
+        "missionweave.cli",
+        "serve",
+        "--topology",
+        "split",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--data-dir",
+        str(tmp_path / "data"),
+        stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL,
         env=_clean_env(**collector.env),
     )
     client = None
@@ -238,8 +267,18 @@ async def serving(tmp_path: Path, env: dict[str, str]) -> AsyncIterator[tuple[Me
     """``mwp serve`` (all services in one process) as a subprocess: a client of it, and its stderr
     lines (complete once the block ends, after the process stopped)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"),
-        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL, env=env,
+        sys.executable,
+        "-m",
+        "missionweave.cli",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        str(tmp_path / "data"),
+        stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL,
+        env=env,
     )
     lines: list[str] = []
 
@@ -279,7 +318,9 @@ async def test_tracing_is_off_by_default(collector: Collector, tmp_path: Path) -
     assert not tracing.setup("gateway", env={})
     assert not tracing.setup("gateway", env={"OTEL_TRACES_EXPORTER": "none"})
     assert not tracing.setup("gateway", env={"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"})
-    assert not tracing.active() and tracing.server_interceptors() == [] and tracing.client_interceptors() == []
+    assert (
+        not tracing.active() and tracing.server_interceptors() == [] and tracing.client_interceptors() == []
+    )
     # A server told where a collector is, but not to trace, exports nothing.
     endpoint_only = {k: v for k, v in collector.env.items() if k != "OTEL_TRACES_EXPORTER"}
     async with serving(tmp_path, _clean_env(**endpoint_only)) as (client, _):
@@ -302,15 +343,22 @@ async def test_serve_log_lines_carry_the_callers_trace_and_grpc_core_lines_come_
             with pytest.raises(grpc.aio.AioRpcError):
                 await client.execute(stale)
     entries = [json.loads(line) for line in lines]  # every line is a JSON object, gRPC's own too
-    assert any(e["logger"] == "grpc.core" and "Log level DEBUG" in e["msg"] and e["level"] == "warning" for e in entries)
+    assert any(
+        e["logger"] == "grpc.core" and "Log level DEBUG" in e["msg"] and e["level"] == "warning"
+        for e in entries
+    )
     created_id = format_trace_id(created.get_span_context().trace_id)
-    (access,) = [e for e in entries if e["msg"] == "rpc" and e["method"] == COMMAND and e.get("trace_id") == created_id]
+    (access,) = [
+        e for e in entries if e["msg"] == "rpc" and e["method"] == COMMAND and e.get("trace_id") == created_id
+    ]
     assert access["code"] == "OK" and len(access["span_id"]) == 16
     refused_id = format_trace_id(refused.get_span_context().trace_id)
     (rejection,) = [e for e in entries if e["msg"] == "request rejected"]
     assert rejection["trace_id"] == refused_id and rejection["reason"] == "SIGNATURE_INVALID"
     # The server's spans of that call are in the caller's trace (the server process exported them).
-    assert any(service == "missionweave" for service, _ in collector.named(COMMAND, bytes.fromhex(created_id)))
+    assert any(
+        service == "missionweave" for service, _ in collector.named(COMMAND, bytes.fromhex(created_id))
+    )
 
 
 def test_log_records_made_inside_a_span_carry_its_ids_in_both_formats(spans: InMemorySpanExporter) -> None:
@@ -324,7 +372,10 @@ def test_log_records_made_inside_a_span_carry_its_ids_in_both_formats(spans: InM
     assert "trace_id" not in logs.TextFormatter().format(outside)
     with tracing.tracer().start_as_current_span("work") as span:
         inside = made()
-    trace_id, span_id = format_trace_id(span.get_span_context().trace_id), format_span_id(span.get_span_context().span_id)
+    trace_id, span_id = (
+        format_trace_id(span.get_span_context().trace_id),
+        format_span_id(span.get_span_context().span_id),
+    )
     entry = json.loads(logs.JsonFormatter().format(inside))
     assert (entry["trace_id"], entry["span_id"]) == (trace_id, span_id)
     assert logs.TextFormatter().format(inside).endswith(f"hello trace_id={trace_id} span_id={span_id}")
@@ -333,9 +384,17 @@ def test_log_records_made_inside_a_span_carry_its_ids_in_both_formats(spans: InM
 def test_the_relay_wraps_core_lines_and_passes_json_through() -> None:
     core = stderr_relay.record("E1202 01:13:19.316968   26595 add_port.cc:83] Failed to add port to server")
     assert {k: v for k, v in json.loads(core).items() if k != "ts"} == {
-        "level": "error", "logger": "grpc.core", "msg": "Failed to add port to server", "source": "add_port.cc:83", "thread": 26595,
+        "level": "error",
+        "logger": "grpc.core",
+        "msg": "Failed to add port to server",
+        "source": "add_port.cc:83",
+        "thread": 26595,
     }
     already = '{"ts": "x", "level": "info", "logger": "missionweave.authority.writer", "msg": "m"}'
     assert stderr_relay.record(already) == already
     other = json.loads(stderr_relay.record("Fatal Python error: Segmentation fault"))
-    assert other["logger"] == "stderr" and other["level"] == "error" and other["msg"] == "Fatal Python error: Segmentation fault"
+    assert (
+        other["logger"] == "stderr"
+        and other["level"] == "error"
+        and other["msg"] == "Fatal Python error: Segmentation fault"
+    )

@@ -45,11 +45,15 @@ async def truncate(w: World, group: str, last: int) -> None:
 
 async def head_of(w: World, group: str) -> int:
     async with w.mesh.engine.connect() as conn:  # type: ignore[attr-defined]
-        return int((await conn.execute(select(groups.c.head_seq).where(groups.c.group_id == group))).scalar_one())
+        return int(
+            (await conn.execute(select(groups.c.head_seq).where(groups.c.group_id == group))).scalar_one()
+        )
 
 
 @pytest.mark.req("MW-7.4-01", "MW-16-05")
-async def test_a_log_shortened_with_its_head_is_refused_and_reported(world: World, capsys: pytest.CaptureFixture[str]) -> None:
+async def test_a_log_shortened_with_its_head_is_refused_and_reported(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
     w = world
     for group in (G, OTHER):
         await create(w, group)
@@ -60,7 +64,9 @@ async def test_a_log_shortened_with_its_head_is_refused_and_reported(world: Worl
     # The next command is not given the acknowledged command's sequence: the Group is refused.
     rejection = await rejection_of(post(w, G, "would take the acknowledged sequence"))
     assert rejection.reason == R.REJECTION_REASON_DATA_CORRUPTED
-    assert rejection.metadata["group_id"] == G and rejection.metadata["sequence"] == str(last), rejection.message
+    assert rejection.metadata["group_id"] == G and rejection.metadata["sequence"] == str(last), (
+        rejection.message
+    )
     assert "past the Group's head" in rejection.message
     assert (await rejection_of(read_all(w, G))).reason == R.REJECTION_REASON_DATA_CORRUPTED
     assert (await rejection_of(w.client.group_state(G))).reason == R.REJECTION_REASON_DATA_CORRUPTED
@@ -86,7 +92,9 @@ async def test_a_shortened_log_is_refused_on_a_read_before_any_command(world: Wo
     last = await post(w, G, "acknowledged")
     await truncate(w, G, last)
     rejection = await rejection_of(w.client.group_state(G))
-    assert rejection.reason == R.REJECTION_REASON_DATA_CORRUPTED and rejection.metadata["sequence"] == str(last)
+    assert rejection.reason == R.REJECTION_REASON_DATA_CORRUPTED and rejection.metadata["sequence"] == str(
+        last
+    )
 
 
 @pytest.mark.req("MW-7.4-01")
@@ -103,7 +111,9 @@ async def test_a_reused_sequence_is_found_offline_and_never_replayed(
     conv = (await w.client.group_state(G)).mission.planning_conversation_id
     from tests import builders
 
-    acknowledged = w.signed(w.owner, G, "message_post", builders.message(conv, "acknowledged"), membership_epoch=1)
+    acknowledged = w.signed(
+        w.owner, G, "message_post", builders.message(conv, "acknowledged"), membership_epoch=1
+    )
     last = (await w.client.execute(acknowledged)).group_revision
     await truncate(w, G, last)
 
@@ -116,7 +126,13 @@ async def test_a_reused_sequence_is_found_offline_and_never_replayed(
     monkeypatch.undo()
     assert await head_of(w, G) == last
     async with w.mesh.engine.connect() as conn:  # type: ignore[attr-defined]
-        naming = (await conn.execute(select(commands.c.command_id).where((commands.c.group_id == G) & (commands.c.last_seq == last)))).all()
+        naming = (
+            await conn.execute(
+                select(commands.c.command_id).where(
+                    (commands.c.group_id == G) & (commands.c.last_seq == last)
+                )
+            )
+        ).all()
     assert len(naming) == 2  # both command records name it
 
     code, report = await verify_cli(w, capsys)
@@ -125,7 +141,9 @@ async def test_a_reused_sequence_is_found_offline_and_never_replayed(
 
     forget(w)
     rejection = await rejection_of(w.client.execute(acknowledged))
-    assert rejection.reason == R.REJECTION_REASON_DATA_CORRUPTED and rejection.metadata["sequence"] == str(last)
+    assert rejection.reason == R.REJECTION_REASON_DATA_CORRUPTED and rejection.metadata["sequence"] == str(
+        last
+    )
 
 
 def test_each_record_past_the_head_is_a_shortened_log() -> None:
@@ -139,7 +157,9 @@ def test_each_record_past_the_head_is_a_shortened_log() -> None:
 
 
 @pytest.mark.req("MW-7.4-01")
-async def test_an_intact_store_still_verifies_and_loads(world: World, capsys: pytest.CaptureFixture[str]) -> None:
+async def test_an_intact_store_still_verifies_and_loads(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
     """No false alarm: snapshots, compaction and a chain checkpoint at the head are within it."""
     w = world
     await create(w, G)

@@ -134,7 +134,9 @@ def psql_url(url: str) -> str:
 def psql(url: str, *args: str) -> None:
     result = subprocess.run(
         ["psql", psql_url(url), "-X", "-q", "-v", "ON_ERROR_STOP=1", *args],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "PGOPTIONS": "--client-min-messages=warning"},
     )
     assert result.returncode == 0, f"psql {' '.join(args)} exited {result.returncode}: {result.stderr}"
@@ -168,10 +170,16 @@ def mwp(store: Store, *args: str, check: bool = True) -> subprocess.CompletedPro
     """This code's ``mwp``, as an operator runs it: a process of its own on the store's env."""
     result = subprocess.run(
         [sys.executable, "-m", "missionweave.cli", *args],
-        cwd=ROOT, env=store.env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=store.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     if check and result.returncode != 0:
-        raise AssertionError(f"mwp {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        raise AssertionError(
+            f"mwp {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        )
     return result
 
 
@@ -189,8 +197,16 @@ async def served(store: Store) -> AsyncIterator[str]:
     sink = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "missionweave.cli", "serve", "--listen", target,
-            cwd=ROOT, env=store.env, stdout=asyncio.subprocess.DEVNULL, stderr=sink,
+            sys.executable,
+            "-m",
+            "missionweave.cli",
+            "serve",
+            "--listen",
+            target,
+            cwd=ROOT,
+            env=store.env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=sink,
         )
     finally:
         os.close(sink)  # the child has its own copy
@@ -220,7 +236,9 @@ async def until_serving(target: str, proc: asyncio.subprocess.Process, log: Path
                 answer = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
                 if answer.status == health_pb2.HealthCheckResponse.SERVING:
                     return
-            assert time.monotonic() < deadline, f"mwp serve did not serve within {DEADLINE_S} s:\n{logged(log)}"
+            assert time.monotonic() < deadline, (
+                f"mwp serve did not serve within {DEADLINE_S} s:\n{logged(log)}"
+            )
             await asyncio.sleep(0.1)
 
 
@@ -270,7 +288,9 @@ def check_status_needs_upgrade(store: Store) -> None:
     assert status.returncode != 0, "mwp db status says this code can serve a store it must upgrade first"
     lines = schema_lines(json.loads(status.stdout))
     behind = [line for line in lines if line["state"] != "current" or line["revision"] != line["head"]]
-    assert behind, f"mwp db status reports nothing to upgrade in a {store.expected['release']} store:\n{status.stdout}"
+    assert behind, (
+        f"mwp db status reports nothing to upgrade in a {store.expected['release']} store:\n{status.stdout}"
+    )
     assert not [line for line in lines if line["state"] == "ahead"], status.stdout
 
 
@@ -278,7 +298,9 @@ def check_upgrade_vouches_with_the_admin_key(store: Store) -> None:
     """The release's identities and sessions predate grants (membership_0002, D170): the upgrade
     needs the services stopped and the administrator's key, which vouches for each of them."""
     online = mwp(store, "db", "upgrade", check=False)
-    assert online.returncode == 1 and "membership_0002" in online.stderr and "--offline" in online.stderr, online.stderr
+    assert online.returncode == 1 and "membership_0002" in online.stderr and "--offline" in online.stderr, (
+        online.stderr
+    )
     admin_key = store.data / "keys" / "admin.key"
     aside = admin_key.with_name("admin.key.aside")
     admin_key.rename(aside)
@@ -293,7 +315,9 @@ def check_upgrade_vouches_with_the_admin_key(store: Store) -> None:
 def check_status_current(store: Store) -> None:
     status = mwp(store, "db", "status", "--json")
     lines = schema_lines(json.loads(status.stdout))
-    assert lines and all(line["state"] == "current" and line["revision"] == line["head"] for line in lines), status.stdout
+    assert lines and all(line["state"] == "current" and line["revision"] == line["head"] for line in lines), (
+        status.stdout
+    )
 
 
 def schema_lines(document: Any) -> list[dict[str, Any]]:
@@ -334,7 +358,9 @@ def check_key_files(store: Store) -> dict[str, bytes]:
     return {authority_key_id(bytes(k.verify_key)): bytes(k.verify_key) for k in [*retired, current]}
 
 
-async def check_key_history(client: MeshClient, store: Store, key_files: dict[str, bytes]) -> dict[str, bytes]:
+async def check_key_history(
+    client: MeshClient, store: Store, key_files: dict[str, bytes]
+) -> dict[str, bytes]:
     answer = await client.authority.GetAuthorityKey(apb.GetAuthorityKeyRequest())
     history = {k.key_id: bytes(k.public_key) for k in answer.keys}
     assert list(history) == store.expected["authority_keys"]
@@ -354,7 +380,11 @@ async def check_logs(client: MeshClient, store: Store, keys: dict[str, bytes]) -
         for envelope, event in log:
             assert envelope.payload_type == EVENT_TYPE
             key_id = envelope.signatures[0].key_id
-            assert key_id in keys and verify_signature(envelope, keys[key_id]), (group, event.sequence, key_id)
+            assert key_id in keys and verify_signature(envelope, keys[key_id]), (
+                group,
+                event.sequence,
+                key_id,
+            )
             assert event.group_id == group
             assert bytes(event.previous_digest) == previous, (group, event.sequence)
             previous = chain_link(envelope, event)
@@ -373,7 +403,9 @@ async def check_logs(client: MeshClient, store: Store, keys: dict[str, bytes]) -
 
 async def check_command_records(store: Store) -> None:
     stored = await rows(store, "SELECT group_id, command_id, first_seq, last_seq FROM commands")
-    expected = {(g, c, first, last) for g, e in store.expected["groups"].items() for c, first, last in e["commands"]}
+    expected = {
+        (g, c, first, last) for g, e in store.expected["groups"].items() for c, first, last in e["commands"]
+    }
     assert stored == expected
 
 
@@ -389,7 +421,9 @@ async def check_replays(client: MeshClient, store: Store) -> None:
         assert verify_signature(envelope, bytes(signer.key.verify_key)), recorded["label"]
         command = command_pb2.Command.FromString(envelope.payload)
         assert (command.command_id, command.group_id, command.session_epoch) == (
-            recorded["command_id"], recorded["group_id"], signer.session_epoch,
+            recorded["command_id"],
+            recorded["group_id"],
+            signer.session_epoch,
         )
         command.issued_at.CopyFrom(to_timestamp(datetime.now(UTC)))
         result = await client.execute(signer.sign(command))
@@ -400,7 +434,12 @@ def assert_replay(result: command_pb2.CommandResult, recorded: dict[str, Any]) -
     assert result.replayed, recorded["label"]
     assert (result.command_id, result.group_revision) == (recorded["command_id"], recorded["group_revision"])
     got = [
-        {"sequence": e.sequence, "event_id": e.event_id, "type": e.type, "payload_blake3": blake3.blake3(env.payload).hexdigest()}
+        {
+            "sequence": e.sequence,
+            "event_id": e.event_id,
+            "type": e.type,
+            "payload_blake3": blake3.blake3(env.payload).hexdigest(),
+        }
         for env, e in zip(result.events, decode_events(result.events), strict=True)
     ]
     assert got == recorded["events"], recorded["label"]
@@ -413,7 +452,9 @@ async def check_exact_replays(store: Store, heads: dict[str, int]) -> None:
     issued = [
         command_pb2.Command.FromString(
             common_pb2.SignedEnvelope.FromString(base64.b64decode(r["envelope"])).payload
-        ).issued_at.ToDatetime().replace(tzinfo=UTC)
+        )
+        .issued_at.ToDatetime()
+        .replace(tzinfo=UTC)
         for r in store.expected["recorded_commands"]
     ]
     assert max(issued) - min(issued) < timedelta(minutes=4), "the recorded commands span more than the window"
@@ -434,11 +475,17 @@ async def check_exact_replays(store: Store, heads: dict[str, int]) -> None:
 
 def hello(target: str, signer: SessionSigner) -> gpb.HelloFrame:
     proof = gpb.HelloProof(
-        agent_id=signer.identity_id, session_epoch=signer.session_epoch, issued_at=to_timestamp(datetime.now(UTC)),
-        nonce=os.urandom(16), audience=target,
+        agent_id=signer.identity_id,
+        session_epoch=signer.session_epoch,
+        issued_at=to_timestamp(datetime.now(UTC)),
+        nonce=os.urandom(16),
+        audience=target,
     )
     envelope = sign_envelope(
-        proof.SerializeToString(), HELLO_PROOF_TYPE, signer.key, session_key_id(signer.identity_id, signer.session_epoch)
+        proof.SerializeToString(),
+        HELLO_PROOF_TYPE,
+        signer.key,
+        session_key_id(signer.identity_id, signer.session_epoch),
     )
     return gpb.HelloFrame(agent_id=signer.identity_id, session_epoch=signer.session_epoch, proof=envelope)
 
@@ -485,13 +532,23 @@ async def check_cursors(client: MeshClient, store: Store, target: str) -> None:
         head = (await client.group_state(group)).head_sequence
         stream = await Stream.open(client, target, store.signer(cursor["agent_id"]))
         try:
-            await stream.send(subscribe=gpb.SubscribeFrame(subscription_id="probe", group_id=group, after_sequence=head, initial_credits=1))
+            await stream.send(
+                subscribe=gpb.SubscribeFrame(
+                    subscription_id="probe", group_id=group, after_sequence=head, initial_credits=1
+                )
+            )
             assert (await stream.until("flow")).flow.acked_sequence == position
-            await stream.send(subscribe=gpb.SubscribeFrame(subscription_id="resume", group_id=group, after_sequence=position, initial_credits=4))
+            await stream.send(
+                subscribe=gpb.SubscribeFrame(
+                    subscription_id="resume", group_id=group, after_sequence=position, initial_credits=4
+                )
+            )
             frame = (await stream.until("event")).event
             assert frame.first_sequence == position + 1, frame
             log = await read_log(client, group)
-            assert [e.event_id for e in decode_events(frame.events)] == [e.event_id for _, e in log[position : frame.last_sequence]]
+            assert [e.event_id for e in decode_events(frame.events)] == [
+                e.event_id for _, e in log[position : frame.last_sequence]
+            ]
         finally:
             await stream.close()
 
@@ -500,18 +557,30 @@ async def check_snapshots(client: MeshClient, store: Store, target: str) -> None
     """The snapshots are stored as taken; a Group compacted into its archival snapshot still answers
     a subscriber from before it with CURSOR_TOO_OLD naming that snapshot, signed by the current key."""
     stored = await rows(store, "SELECT group_id, seq, digest, archival FROM snapshots")
-    assert stored == {(s["group_id"], s["sequence"], s["digest"], int(s["archival"])) for s in store.expected["snapshots"]}
-    keys = {k.key_id: bytes(k.public_key) for k in (await client.authority.GetAuthorityKey(apb.GetAuthorityKeyRequest())).keys}
+    assert stored == {
+        (s["group_id"], s["sequence"], s["digest"], int(s["archival"])) for s in store.expected["snapshots"]
+    }
+    keys = {
+        k.key_id: bytes(k.public_key)
+        for k in (await client.authority.GetAuthorityKey(apb.GetAuthorityKeyRequest())).keys
+    }
     for snapshot in (s for s in store.expected["snapshots"] if s["compacted"]):
         group = snapshot["group_id"]
         owner = (await client.group_state(group)).mission.definition.owner_id
         stream = await Stream.open(client, target, store.signer(owner))
         try:
-            await stream.send(subscribe=gpb.SubscribeFrame(subscription_id="old", group_id=group, after_sequence=0, initial_credits=8))
+            await stream.send(
+                subscribe=gpb.SubscribeFrame(
+                    subscription_id="old", group_id=group, after_sequence=0, initial_credits=8
+                )
+            )
             too_old = (await stream.until("cursor_too_old")).cursor_too_old
         finally:
             await stream.close()
-        assert too_old.snapshot_digest.hex == snapshot["digest"] and too_old.snapshot_sequence == snapshot["sequence"]
+        assert (
+            too_old.snapshot_digest.hex == snapshot["digest"]
+            and too_old.snapshot_sequence == snapshot["sequence"]
+        )
         reference = too_old.signed_reference
         assert verify_signature(reference, keys[reference.signatures[0].key_id])
 
@@ -526,7 +595,9 @@ async def check_artifacts(client: MeshClient, store: Store, target: str) -> None
     readers: dict[str, MeshClient] = {}
     try:
         for artifact in expected:
-            digest = common_pb2.Digest(algorithm="blake3", hex=artifact["digest"], size_bytes=artifact["size"])
+            digest = common_pb2.Digest(
+                algorithm="blake3", hex=artifact["digest"], size_bytes=artifact["size"]
+            )
             data = await client.download(digest)
             assert (blake3.blake3(data).hexdigest(), len(data)) == (artifact["digest"], artifact["size"])
             manifests = (await client.artifacts.GetManifest(arpb.GetManifestRequest(digest=digest))).manifests
@@ -534,14 +605,19 @@ async def check_artifacts(client: MeshClient, store: Store, target: str) -> None
             for envelope in manifests:
                 producer = envelope.signatures[0].key_id.split("#", 1)[0]
                 verify_manifest(
-                    envelope, bytes(store.key(producer).verify_key), expected_digest_hex=artifact["digest"],
-                    expected_size=artifact["size"], producer_id=producer,
+                    envelope,
+                    bytes(store.key(producer).verify_key),
+                    expected_digest_hex=artifact["digest"],
+                    expected_size=artifact["size"],
+                    producer_id=producer,
                 )
             if artifact["sources"]:
                 walked = await client.artifacts.QueryProvenance(
                     arpb.QueryProvenanceRequest(digest=digest, direction=arpb.PROVENANCE_DIRECTION_ANCESTORS)
                 )
-                assert {e.source.hex for e in walked.edges if e.derived.hex == artifact["digest"]} == set(artifact["sources"])
+                assert {e.source.hex for e in walked.edges if e.derived.hex == artifact["digest"]} == set(
+                    artifact["sources"]
+                )
             for holder in artifact["holders"]:
                 if holder not in readers:
                     readers[holder] = MeshClient(target, reader=store.signer(holder))
@@ -551,7 +627,9 @@ async def check_artifacts(client: MeshClient, store: Store, target: str) -> None
         alice = MeshClient(target, reader=store.signer("alice"))
         readers["alice"] = alice
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await alice.download(common_pb2.Digest(algorithm="blake3", hex=private["digest"], size_bytes=private["size"]))
+            await alice.download(
+                common_pb2.Digest(algorithm="blake3", hex=private["digest"], size_bytes=private["size"])
+            )
         assert refused.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         for reader in readers.values():
@@ -577,7 +655,9 @@ async def check_new_work(client: MeshClient, store: Store, target: str) -> None:
         group, expected = max(store.expected["groups"].items(), key=lambda item: int(item[1]["events"]))
         state = await owner.group_state(group)
         post = builders.message(state.mission.planning_conversation_id, "still here after the upgrade")
-        command = alice.command(group, "message_post", post, membership_epoch=await owner.membership_epoch(group))
+        command = alice.command(
+            group, "message_post", post, membership_epoch=await owner.membership_epoch(group)
+        )
         posted = await owner.execute(alice.sign(command))
         (envelope,) = posted.events
         (event,) = decode_events(posted.events)
@@ -622,7 +702,9 @@ async def test_a_release_store_upgrades_and_serves_on(release: str, backend: str
             await check_artifacts(client, store, target)
             await check_agent_cards(client, store)
             await check_new_work(client, store, target)
-            heads = {g: (await client.group_state(g)).head_sequence for g in [*store.expected["groups"], NEW_GROUP]}
+            heads = {
+                g: (await client.group_state(g)).head_sequence for g in [*store.expected["groups"], NEW_GROUP]
+            }
         finally:
             await client.channel.close()
     await check_exact_replays(store, heads)

@@ -45,7 +45,9 @@ async def verifier() -> AsyncIterator[SignatureVerifier]:
         await v.close()
 
 
-async def test_worker_verdicts_match_libsodium_for_good_bad_and_malformed_signatures(verifier: SignatureVerifier) -> None:
+async def test_worker_verdicts_match_libsodium_for_good_bad_and_malformed_signatures(
+    verifier: SignatureVerifier,
+) -> None:
     """MW-8-02 rests on this: only a signature that verifies with the session key is accepted."""
     checks = []
     expected = []
@@ -87,7 +89,10 @@ async def test_a_dead_worker_loses_no_verdict_and_checks_go_on_inline(verifier: 
     await worker.process.wait()
     good, bad = signed(1), signed(2)
     verdicts = await asyncio.wait_for(
-        asyncio.gather(verifier.verify(good[0], good[1], PUBLIC), verifier.verify(bad[0], tampered(bad[1]), PUBLIC)), 10
+        asyncio.gather(
+            verifier.verify(good[0], good[1], PUBLIC), verifier.verify(bad[0], tampered(bad[1]), PUBLIC)
+        ),
+        10,
     )
     assert verdicts == [True, False]
     assert verifier.workers == 0 and verifier.inline >= 2

@@ -34,7 +34,14 @@ def blob_path(w: World, hex_digest: str) -> Path:
 async def verify_cli(w: World, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str]:
     """``mwp verify`` on the test's store, its blobs where the mesh keeps them (MWP_DATA_DIR)."""
     capsys.readouterr()
-    args = ["verify", "--database-url", w.settings.db_url, "--authority-key", str(w.settings.authority_key_path), *flags]
+    args = [
+        "verify",
+        "--database-url",
+        w.settings.db_url,
+        "--authority-key",
+        str(w.settings.authority_key_path),
+        *flags,
+    ]
     code = await asyncio.to_thread(mwp, args)
     return code, capsys.readouterr().out
 
@@ -66,7 +73,9 @@ async def test_a_clean_store_then_a_flipped_a_deleted_and_a_truncated_blob(
     report = json.loads(out)
     assert code == 0 and report["clean"] and report["logs_clean"], report
     assert report["blobs"]["clean"] and report["blobs"]["indexed"] and report["blobs"]["backend"] == "local"
-    assert report["blobs"]["blobs"] == len(blobs) and report["blobs"]["bytes"] == sum(size for _, size in blobs)
+    assert report["blobs"]["blobs"] == len(blobs) and report["blobs"]["bytes"] == sum(
+        size for _, size in blobs
+    )
     assert report["blobs"]["location"] == str(Path(w.settings.data_dir) / "blobs")
     code, out = await verify_cli(w, capsys)
     assert code == 0 and "CLEAN" in out and f"{len(blobs)} blobs" in out, out
@@ -166,11 +175,19 @@ async def test_each_backend_as_serve_configures_it(
     if backend == "s3":
         if not S3_ENDPOINT:
             pytest.skip("S3 variant needs MWP_TEST_S3_ENDPOINT (.ci/run starts moto's server and sets it)")
-        for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        for name, value in (
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing"),
+            ("AWS_DEFAULT_REGION", "us-east-1"),
+        ):
             monkeypatch.setenv(name, value)
         monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
         monkeypatch.delenv("AWS_PROFILE", raising=False)
-        env = {"MWP_S3_BUCKET": f"mwp-test-{uuid.uuid4().hex[:16]}", "MWP_S3_ENDPOINT": S3_ENDPOINT, "MWP_S3_CREATE_BUCKET": "1"}
+        env = {
+            "MWP_S3_BUCKET": f"mwp-test-{uuid.uuid4().hex[:16]}",
+            "MWP_S3_ENDPOINT": S3_ENDPOINT,
+            "MWP_S3_CREATE_BUCKET": "1",
+        }
     data_dir = tmp_path / "data"
     url = f"sqlite+aiosqlite:///{tmp_path / 'index.db'}"
     contents = [b"one", b"two" * 100, os.urandom(2 * 1024 * 1024 + 1)]
@@ -186,7 +203,10 @@ async def test_each_backend_as_serve_configures_it(
         async with engine.begin() as conn:
             await conn.execute(
                 blob_rows.insert(),
-                [{"digest": d.hex, "size_bytes": d.size_bytes, "stored_us": 1, "verified_us": 1} for d in digests],
+                [
+                    {"digest": d.hex, "size_bytes": d.size_bytes, "stored_us": 1, "verified_us": 1}
+                    for d in digests
+                ],
             )
         if backend == "s3":
             client: Any = store.client  # type: ignore[attr-defined]
@@ -203,4 +223,7 @@ async def test_each_backend_as_serve_configures_it(
         await store.close()
     report = await asyncio.to_thread(verify_stored_blobs, url, data_dir, None, env)
     assert report.backend == backend and report.blobs == 3
-    assert {f.digest: f.problem for f in report.findings} == {digests[0].hex: "corrupted", digests[1].hex: "missing"}
+    assert {f.digest: f.problem for f in report.findings} == {
+        digests[0].hex: "corrupted",
+        digests[1].hex: "missing",
+    }

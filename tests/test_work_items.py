@@ -87,17 +87,25 @@ class Flow:
         offer_id = await self.offer(work_item_id, signer.identity_id)
         epoch = await self.accept(signer, work_item_id, offer_id)
         await self.start(signer, work_item_id, epoch, f"lease-{work_item_id}")
-        submitted = await self.as_(signer, "work_submit", await self.submission(signer, work_item_id, epoch, f"lease-{work_item_id}"))
+        submitted = await self.as_(
+            signer, "work_submit", await self.submission(signer, work_item_id, epoch, f"lease-{work_item_id}")
+        )
         return str(decode_events(submitted.events)[0].event_id)
 
-    async def submission(self, signer: SessionSigner, work_item_id: str, epoch: int, lease_id: str, **kw: Any) -> wp.WorkSubmit:
+    async def submission(
+        self, signer: SessionSigner, work_item_id: str, epoch: int, lease_id: str, **kw: Any
+    ) -> wp.WorkSubmit:
         """A submission whose deliverable exists: uploaded with ``signer``'s manifest (D161)."""
         report = await self.w.deliverable(signer, G, work_item_id)
         return self.submit_body(work_item_id, epoch, lease_id, [report], **kw)
 
     @staticmethod
     def submit_body(
-        work_item_id: str, epoch: int, lease_id: str, artifacts: list[common_pb2.ArtifactRef] | None = None, **kw: Any
+        work_item_id: str,
+        epoch: int,
+        lease_id: str,
+        artifacts: list[common_pb2.ArtifactRef] | None = None,
+        **kw: Any,
     ) -> wp.WorkSubmit:
         return wp.WorkSubmit(
             work_item_id=work_item_id,
@@ -556,7 +564,10 @@ async def test_usage_over_a_budget_is_refused_whole(world: World) -> None:
     # MW-11.5-12: the charge is its own event, under the name the spec gives it, in the same append.
     [charged] = [e for e in renewed if e.WhichOneof("payload") == "resource_usage_recorded"]
     assert charged.type == "ext.missionweaveprotocol.core.resource_usage_recorded"
-    assert charged.resource_usage_recorded.delta.tokens == 10_000 and len({e.causing_command_id for e in renewed}) == 1
+    assert (
+        charged.resource_usage_recorded.delta.tokens == 10_000
+        and len({e.causing_command_id for e in renewed}) == 1
+    )
     one_more = wp.WorkRenewLease(
         work_item_id="wi-1",
         lease_id="lease-1",
@@ -639,7 +650,9 @@ async def started(f: Flow, w: World, work_item_id: str = "wi-1", lease_id: str =
 
 
 @pytest.mark.req("MW-11.3-09", "MW-11.3-08")
-async def test_a_replacement_session_returns_the_work_to_queued_before_the_new_runtime_starts(world: World) -> None:
+async def test_a_replacement_session_returns_the_work_to_queued_before_the_new_runtime_starts(
+    world: World,
+) -> None:
     """Opening the replacement session is all it takes: without a command from the agent, the
     Authority revokes the old session's lease and the WorkItem is queued again, its owner unchanged;
     the new runtime then starts it under a new lease with nothing left to revoke."""
@@ -654,11 +667,18 @@ async def test_a_replacement_session_returns_the_work_to_queued_before_the_new_r
 
     await polled(queued, limit_s=10)
     item = await w.client.work_item(G, "wi-1")
-    assert item.ownership.agent_id == "worker-bot" and item.ownership_epoch == epoch and not item.HasField("lease")
+    assert (
+        item.ownership.agent_id == "worker-bot"
+        and item.ownership_epoch == epoch
+        and not item.HasField("lease")
+    )
     log = [e async for e in w.client.read_events(G)]
     [revoked] = [e for e in log if e.WhichOneof("payload") == "lease_revoked"]
     assert revoked.lease_revoked.cause == wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED
-    assert revoked.lease_revoked.lease_id == "lease-1" and revoked.lease_revoked.session_epoch == w.worker.session_epoch
+    assert (
+        revoked.lease_revoked.lease_id == "lease-1"
+        and revoked.lease_revoked.session_epoch == w.worker.session_epoch
+    )
     assert revoked.lease_revoked.resulting_state == WS.WORK_ITEM_STATE_QUEUED
     assert revoked.actor_id == "authority"
     renew = wp.WorkRenewLease(work_item_id="wi-1", lease_id="lease-1", ownership_epoch=epoch)
@@ -722,20 +742,41 @@ async def test_the_owner_records_its_own_schedulers_preemption_request_under_its
 
     def ask(lease_id: str, request_id: str) -> wp.WorkRequestPreemption:
         return wp.WorkRequestPreemption(
-            work_item_id="wi-1", preemption_request_id=request_id, lease_id=lease_id,
-            reason=wp.PREEMPTION_REASON_FAIRNESS, ownership_epoch=epoch,
+            work_item_id="wi-1",
+            preemption_request_id=request_id,
+            lease_id=lease_id,
+            reason=wp.PREEMPTION_REASON_FAIRNESS,
+            ownership_epoch=epoch,
         )
 
-    await refused(w, w.worker, G, "work_request_preemption", ask("lease-0", "pre-stale"), R.REJECTION_REASON_LEASE_STALE,
-                  membership_epoch=3)
-    await refused(w, w.owner, G, "work_request_preemption", ask("lease-1", "pre-owner"), R.REJECTION_REASON_PERMISSION_DENIED,
-                  membership_epoch=1)
+    await refused(
+        w,
+        w.worker,
+        G,
+        "work_request_preemption",
+        ask("lease-0", "pre-stale"),
+        R.REJECTION_REASON_LEASE_STALE,
+        membership_epoch=3,
+    )
+    await refused(
+        w,
+        w.owner,
+        G,
+        "work_request_preemption",
+        ask("lease-1", "pre-owner"),
+        R.REJECTION_REASON_PERMISSION_DENIED,
+        membership_epoch=1,
+    )
     result = await f.as_(w.worker, "work_request_preemption", ask("lease-1", "pre-own"))
     requested = decode_events(result.events)[0].work_preemption_requested
     assert (requested.preemption_request_id, requested.requested_by, requested.reason) == (
-        "pre-own", w.worker.identity_id, wp.PREEMPTION_REASON_FAIRNESS
+        "pre-own",
+        w.worker.identity_id,
+        wp.PREEMPTION_REASON_FAIRNESS,
     )
-    assert await f.item_state("wi-1") == WS.WORK_ITEM_STATE_ACTIVE  # a request interrupts nothing (MW-11.3-11)
+    assert (
+        await f.item_state("wi-1") == WS.WORK_ITEM_STATE_ACTIVE
+    )  # a request interrupts nothing (MW-11.3-11)
 
 
 @pytest.mark.req("MW-11.4-01", "MW-11.4-02")
@@ -776,20 +817,35 @@ async def test_the_owner_of_queued_work_reports_a_changed_schedule_without_a_lea
     epoch = await f.accept(w.worker, "wi-1", await f.offer("wi-1", "worker-bot"))
     now = w.clock.now()
     schedule = wp.ScheduleDisclosure(
-        work_item_id="wi-1", start_window_begin=to_timestamp(now + timedelta(minutes=5)),
-        start_window_end=to_timestamp(now + timedelta(minutes=10)), computed_at=to_timestamp(now),
-        confidence=wp.ESTIMATE_CONFIDENCE_LOW, capacity_status=wp.CAPACITY_STATUS_CONSTRAINED,
+        work_item_id="wi-1",
+        start_window_begin=to_timestamp(now + timedelta(minutes=5)),
+        start_window_end=to_timestamp(now + timedelta(minutes=10)),
+        computed_at=to_timestamp(now),
+        confidence=wp.ESTIMATE_CONFIDENCE_LOW,
+        capacity_status=wp.CAPACITY_STATUS_CONSTRAINED,
     )
-    report = wp.ProgressReport(phase="queued", next_checkpoint=wp.PlannedCheckpoint(), revised_estimate=wp.RevisedEstimate())
+    report = wp.ProgressReport(
+        phase="queued", next_checkpoint=wp.PlannedCheckpoint(), revised_estimate=wp.RevisedEstimate()
+    )
     body = wp.WorkReportProgress(work_item_id="wi-1", ownership_epoch=epoch, report=report, schedule=schedule)
     cites = wp.WorkReportProgress()
     cites.CopyFrom(body)
     cites.lease_id = "lease-1"
-    await refused(w, w.worker, G, "work_report_progress", cites, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3)
+    await refused(
+        w, w.worker, G, "work_report_progress", cites, R.REJECTION_REASON_INVALID_ARGUMENT, membership_epoch=3
+    )
     stale = wp.WorkReportProgress()
     stale.CopyFrom(body)
     stale.ownership_epoch = epoch + 1
-    await refused(w, w.worker, G, "work_report_progress", stale, R.REJECTION_REASON_OWNERSHIP_EPOCH_STALE, membership_epoch=3)
+    await refused(
+        w,
+        w.worker,
+        G,
+        "work_report_progress",
+        stale,
+        R.REJECTION_REASON_OWNERSHIP_EPOCH_STALE,
+        membership_epoch=3,
+    )
     result = await f.as_(w.worker, "work_report_progress", body)
     reported = decode_events(result.events)[0].work_progress_reported
     assert reported.schedule == schedule and not reported.lease_id

@@ -40,8 +40,11 @@ def example(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
 def criteria(*ids: str) -> list[wp.AcceptanceCriterion]:
     return [
         wp.AcceptanceCriterion(
-            criterion_id=cid, description=f"{cid} holds", required_evidence_methods=[wp.EVIDENCE_METHOD_TEST],
-            deliverable_ids=["report"], required=True,
+            criterion_id=cid,
+            description=f"{cid} holds",
+            required_evidence_methods=[wp.EVIDENCE_METHOD_TEST],
+            deliverable_ids=["report"],
+            required=True,
         )
         for cid in ids
     ]
@@ -52,15 +55,23 @@ async def missions(w: World) -> Flow:
     flow: Flow = await setup(w)
     grant = membership_pb2.MembershipGrant(member_id="worker-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
     for group in GROUPS[1:]:
-        await w.run(w.owner, group, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now()))
+        await w.run(
+            w.owner, group, "mission_create", builders.mission_create("alice", "coord-bot", w.clock.now())
+        )
         await w.run(w.owner, group, "membership_grant", grant, membership_epoch=1)
     return flow
 
 
-async def authorize_and_offer(w: World, flow: Flow, group: str, work_item_id: str, contract: wp.WorkContract) -> None:
-    body = wp.WorkAuthorize(work_item_id=work_item_id, title=f"task {work_item_id}", contract=contract, coordinator_epoch=1)
+async def authorize_and_offer(
+    w: World, flow: Flow, group: str, work_item_id: str, contract: wp.WorkContract
+) -> None:
+    body = wp.WorkAuthorize(
+        work_item_id=work_item_id, title=f"task {work_item_id}", contract=contract, coordinator_epoch=1
+    )
     await w.run(w.coordinator, group, "work_authorize", body, membership_epoch=2)
-    await w.run(w.coordinator, group, "work_offer", flow.offer_body(work_item_id, "worker-bot"), membership_epoch=2)
+    await w.run(
+        w.coordinator, group, "work_offer", flow.offer_body(work_item_id, "worker-bot"), membership_epoch=2
+    )
 
 
 def submissions(log: list[wp.WorkSubmitted]) -> dict[str, wp.WorkSubmitted]:
@@ -68,7 +79,9 @@ def submissions(log: list[wp.WorkSubmitted]) -> dict[str, wp.WorkSubmitted]:
 
 
 @pytest.mark.req("MW-11.1-01", "MW-11.1-05", "MW-10.3-07")
-async def test_the_example_worker_serves_three_missions_at_once(world: World, tmp_path: Path, example: ModuleType) -> None:
+async def test_the_example_worker_serves_three_missions_at_once(
+    world: World, tmp_path: Path, example: ModuleType
+) -> None:
     w = world
     example.STEP_SECONDS = 0.05
     flow = await missions(w)
@@ -76,7 +89,9 @@ async def test_the_example_worker_serves_three_missions_at_once(world: World, tm
         runtime = await example.serve(agent, GROUPS)
         try:
             for n, group in enumerate(GROUPS):
-                contract = builders.contract(w.clock.now(), acceptance_criteria=criteria(*(f"c{i}" for i in range(n + 1))))
+                contract = builders.contract(
+                    w.clock.now(), acceptance_criteria=criteria(*(f"c{i}" for i in range(n + 1)))
+                )
                 await authorize_and_offer(w, flow, group, f"wi-{n}", contract)
             async with asyncio.timeout(60):
                 done = await runtime.submitted(3)
@@ -89,9 +104,13 @@ async def test_the_example_worker_serves_three_missions_at_once(world: World, tm
     assert sorted(done) == sorted((group, f"wi-{n}") for n, group in enumerate(GROUPS))
     for n, group in enumerate(GROUPS):
         progress = await w.client.authority.GetMissionProgress(GetMissionProgressRequest(group_id=group))
-        assert {p.work_item_id: p.state for p in progress.work_items}[f"wi-{n}"] == wp.WORK_ITEM_STATE_SUBMITTED
+        assert {p.work_item_id: p.state for p in progress.work_items}[
+            f"wi-{n}"
+        ] == wp.WORK_ITEM_STATE_SUBMITTED
         log = [e async for e in w.client.read_events(group)]
-        submitted = submissions([e.work_submitted for e in log if e.WhichOneof("payload") == "work_submitted"])[f"wi-{n}"]
+        submitted = submissions(
+            [e.work_submitted for e in log if e.WhichOneof("payload") == "work_submitted"]
+        )[f"wi-{n}"]
         # One Evidence per criterion of that WorkItem's own contract, each checked on the worksheet.
         assert [e.criterion_id for e in submitted.evidence] == [f"c{i}" for i in range(n + 1)]
         assert all(e.result == wp.EVIDENCE_RESULT_PASS for e in submitted.evidence)
@@ -129,10 +148,16 @@ async def test_the_example_pauses_at_a_safe_point_and_resumes_without_redoing_st
                     if event.WhichOneof("payload") == "work_started":
                         started = event.work_started
                         break
-                await first_written.wait()  # the handler is inside its first step (which lasts until the request)
+                await (
+                    first_written.wait()
+                )  # the handler is inside its first step (which lasts until the request)
                 ask = wp.WorkRequestPreemption(
-                    work_item_id="wi-long", preemption_request_id="pre-1", lease_id=started.lease.lease_id,
-                    reason=wp.PREEMPTION_REASON_PRIORITY, coordinator_epoch=1, ownership_epoch=started.lease.ownership_epoch,
+                    work_item_id="wi-long",
+                    preemption_request_id="pre-1",
+                    lease_id=started.lease.lease_id,
+                    reason=wp.PREEMPTION_REASON_PRIORITY,
+                    coordinator_epoch=1,
+                    ownership_epoch=started.lease.ownership_epoch,
                 )
                 await flow.coord("work_request_preemption", ask)
                 example.STEP_SECONDS = 0.05

@@ -55,9 +55,13 @@ async def second_mission(w: World) -> None:
 
 
 async def offer_in_second(w: World, flow: Flow, work_item_id: str) -> None:
-    body = wp.WorkAuthorize(work_item_id=work_item_id, title="t", contract=builders.contract(w.clock.now()), coordinator_epoch=1)
+    body = wp.WorkAuthorize(
+        work_item_id=work_item_id, title="t", contract=builders.contract(w.clock.now()), coordinator_epoch=1
+    )
     await w.run(w.coordinator, G2, "work_authorize", body, membership_epoch=2)
-    await w.run(w.coordinator, G2, "work_offer", flow.offer_body(work_item_id, "worker-bot"), membership_epoch=2)
+    await w.run(
+        w.coordinator, G2, "work_offer", flow.offer_body(work_item_id, "worker-bot"), membership_epoch=2
+    )
 
 
 @pytest.mark.req("MW-11.1-05", "MW-11.1-15", "MW-10.3-07")
@@ -90,7 +94,9 @@ async def test_a_worker_serves_two_missions_through_its_scheduler(world: World, 
 
 
 @pytest.mark.req("MW-11.3-11", "MW-11.3-12")
-async def test_a_preempted_handler_pauses_at_a_safe_point_and_resumes_from_its_checkpoint(world: World, tmp_path: Path) -> None:
+async def test_a_preempted_handler_pauses_at_a_safe_point_and_resumes_from_its_checkpoint(
+    world: World, tmp_path: Path
+) -> None:
     """The Coordinator asks for preemption; the running handler sees it, stops at a safe point and
     hands back a checkpoint; the runtime records it, the WorkItem re-enters the queue and is placed
     again, resuming from that checkpoint, until it is submitted."""
@@ -115,8 +121,12 @@ async def test_a_preempted_handler_pauses_at_a_safe_point_and_resumes_from_its_c
             await running.wait()
             first = calls[0]
             ask = wp.WorkRequestPreemption(
-                work_item_id="wi-1", preemption_request_id="pre-1", lease_id=first.lease_id,
-                reason=wp.PREEMPTION_REASON_PRIORITY, coordinator_epoch=1, ownership_epoch=first.ownership_epoch,
+                work_item_id="wi-1",
+                preemption_request_id="pre-1",
+                lease_id=first.lease_id,
+                reason=wp.PREEMPTION_REASON_PRIORITY,
+                coordinator_epoch=1,
+                ownership_epoch=first.ownership_epoch,
             )
             await flow.coord("work_request_preemption", ask)
             done = await runtime.submitted(1)
@@ -127,11 +137,15 @@ async def test_a_preempted_handler_pauses_at_a_safe_point_and_resumes_from_its_c
     [paused] = [e.work_checkpointed for e in log if e.WhichOneof("payload") == "work_checkpointed"]
     # The checkpoint answered the request and released the slot (MW-11.3-12 steps 3-4).
     assert paused.preemption_request_id == "pre-1" and paused.HasField("ownership")
-    assert not [e for e in log if e.WhichOneof("payload") == "lease_revoked"]  # never interrupted (MW-11.3-11)
+    assert not [
+        e for e in log if e.WhichOneof("payload") == "lease_revoked"
+    ]  # never interrupted (MW-11.3-11)
 
 
 @pytest.mark.req("MW-11.3-12")
-async def test_a_preemption_asked_while_the_work_is_starting_still_reaches_the_handler(world: World, tmp_path: Path) -> None:
+async def test_a_preemption_asked_while_the_work_is_starting_still_reaches_the_handler(
+    world: World, tmp_path: Path
+) -> None:
     """The request lands between work.start's answer and the slot's registration (a loaded machine:
     the demo's Coordinator preempted in that window and the handler waited its whole minute): it
     is kept for that lease and the handler is asked as soon as it runs."""
@@ -166,10 +180,18 @@ async def test_a_preemption_asked_while_the_work_is_starting_still_reaches_the_h
                 return any([e.WhichOneof("payload") == "work_started" async for e in w.client.read_events(G)])
 
             await polled(started)
-            (began,) = [e.work_started async for e in w.client.read_events(G) if e.WhichOneof("payload") == "work_started"]
+            (began,) = [
+                e.work_started
+                async for e in w.client.read_events(G)
+                if e.WhichOneof("payload") == "work_started"
+            ]
             ask = wp.WorkRequestPreemption(
-                work_item_id="wi-1", preemption_request_id="pre-early", lease_id=began.lease.lease_id,
-                reason=wp.PREEMPTION_REASON_PRIORITY, coordinator_epoch=1, ownership_epoch=began.lease.ownership_epoch,
+                work_item_id="wi-1",
+                preemption_request_id="pre-early",
+                lease_id=began.lease.lease_id,
+                reason=wp.PREEMPTION_REASON_PRIORITY,
+                coordinator_epoch=1,
+                ownership_epoch=began.lease.ownership_epoch,
             )
             await flow.coord("work_request_preemption", ask)
             asked.set()
@@ -181,7 +203,9 @@ async def test_a_preemption_asked_while_the_work_is_starting_still_reaches_the_h
 
 
 @pytest.mark.req("MW-11.3-04")
-async def test_the_runtime_renews_the_execution_lease_while_the_handler_works(world: World, tmp_path: Path) -> None:
+async def test_the_runtime_renews_the_execution_lease_while_the_handler_works(
+    world: World, tmp_path: Path
+) -> None:
     """A 2 s execution lease and a handler that works for 3 s: the submission is accepted only
     because the runtime renewed the lease meanwhile."""
     w = world
@@ -205,7 +229,9 @@ async def test_the_runtime_renews_the_execution_lease_while_the_handler_works(wo
 
 
 @pytest.mark.req("MW-11.3-10", "MW-11.3-11", "MW-11.3-12", "MW-11.1-09")
-async def test_the_scheduler_preempts_running_work_for_escalated_work_and_both_finish(world: World, tmp_path: Path) -> None:
+async def test_the_scheduler_preempts_running_work_for_escalated_work_and_both_finish(
+    world: World, tmp_path: Path
+) -> None:
     """One slot, busy with wi-1 of G. The MissionOwner of G2 escalates the Worker's queued wi-9 to
     URGENT: the scheduler asks wi-1's slot to pause; the runtime records the request in G as the
     owner, the handler checkpoints at its safe point, wi-9 takes the slot and is submitted, then
@@ -235,8 +261,11 @@ async def test_the_scheduler_preempts_running_work_for_escalated_work_and_both_f
                 await offer_in_second(w, flow, "wi-9")
                 scheduler = spb_grpc.SchedulingServiceStub(owner.channel)
                 escalate = spb.SetPriorityRequest(
-                    group_id=G2, work_item_id="wi-9", priority_class=spb.PRIORITY_CLASS_URGENT,
-                    source=spb.PRIORITY_SOURCE_MISSION_OWNER, worker_id="worker-bot",
+                    group_id=G2,
+                    work_item_id="wi-9",
+                    priority_class=spb.PRIORITY_CLASS_URGENT,
+                    source=spb.PRIORITY_SOURCE_MISSION_OWNER,
+                    worker_id="worker-bot",
                 )
                 while True:  # once the Worker has accepted wi-9 and its scheduler holds it
                     try:
@@ -251,8 +280,12 @@ async def test_the_scheduler_preempts_running_work_for_escalated_work_and_both_f
     assert done == [(G2, "wi-9"), (G, "wi-1")]
     assert order == [("wi-1", ""), ("wi-9", ""), ("wi-1", "ck-1")]
     log = [e async for e in w.client.read_events(G)]
-    [asked] = [e.work_preemption_requested for e in log if e.WhichOneof("payload") == "work_preemption_requested"]
-    assert asked.requested_by == "worker-bot" and asked.reason == wp.PREEMPTION_REASON_PRIORITY  # step 1, recorded
+    [asked] = [
+        e.work_preemption_requested for e in log if e.WhichOneof("payload") == "work_preemption_requested"
+    ]
+    assert (
+        asked.requested_by == "worker-bot" and asked.reason == wp.PREEMPTION_REASON_PRIORITY
+    )  # step 1, recorded
     [paused] = [e.work_checkpointed for e in log if e.WhichOneof("payload") == "work_checkpointed"]
     assert paused.preemption_request_id == asked.preemption_request_id  # steps 2-3 answer it
     assert not [e for e in log if e.WhichOneof("payload") == "lease_revoked"]  # never by force (MW-11.3-11)
@@ -293,7 +326,9 @@ async def test_a_runtime_restarted_in_the_middle_of_work_takes_it_up_again_under
     starts = [e.work_started.lease for e in log if e.WhichOneof("payload") == "work_started"]
     assert len(starts) == 2 and starts[0].session_epoch < starts[1].session_epoch
     [revoked] = [e.lease_revoked for e in log if e.WhichOneof("payload") == "lease_revoked"]
-    assert revoked.lease_id == starts[0].lease_id and revoked.cause == wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED
+    assert (
+        revoked.lease_id == starts[0].lease_id and revoked.cause == wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED
+    )
     assert len([e for e in log if e.WhichOneof("payload") == "work_submitted"]) == 1
 
 
@@ -330,6 +365,7 @@ async def test_the_runtime_republishes_a_materially_changed_schedule_and_no_disc
 
     patient = wp.TimePolicy()
     patient.start_deadline.FromSeconds(3600)  # still startable after the clock moves
+
     async def published(at_least: int) -> list[wp.ScheduleDisclosure]:
         """wi-2's disclosures in G, once there are ``at_least``."""
         for _ in range(300):
@@ -342,7 +378,9 @@ async def test_the_runtime_republishes_a_materially_changed_schedule_and_no_disc
     async with serving(w, handle, tmp_path, [G, G2], disclosure_period_s=0.2) as runtime:
         try:
             secret = wp.WorkAuthorize(
-                work_item_id="wi-marker-g2", title="MARKER-G2-TITLE", coordinator_epoch=1,
+                work_item_id="wi-marker-g2",
+                title="MARKER-G2-TITLE",
+                coordinator_epoch=1,
                 contract=builders.contract(w.clock.now(), goal="MARKER-G2-GOAL", time_policy=patient),
             )
             await w.run(w.coordinator, G2, "work_authorize", secret, membership_epoch=2)
@@ -350,7 +388,13 @@ async def test_the_runtime_republishes_a_materially_changed_schedule_and_no_disc
             await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
             async with asyncio.timeout(40):
                 await running.wait()
-                await w.run(w.coordinator, G2, "work_offer", flow.offer_body("wi-marker-g2", "worker-bot"), membership_epoch=2)
+                await w.run(
+                    w.coordinator,
+                    G2,
+                    "work_offer",
+                    flow.offer_body("wi-marker-g2", "worker-bot"),
+                    membership_epoch=2,
+                )
                 await flow.authorize("wi-2", time_policy=patient)
                 await flow.coord("work_offer", flow.offer_body("wi-2", "worker-bot"))
                 await published(1)
@@ -364,7 +408,9 @@ async def test_the_runtime_republishes_a_materially_changed_schedule_and_no_disc
             release.set()
     log = [e async for e in w.client.read_events(G)]
     last, revised = before[-1], after[len(before)]
-    assert revised.start_window_begin.ToDatetime() - last.start_window_begin.ToDatetime() >= timedelta(minutes=1)
+    assert revised.start_window_begin.ToDatetime() - last.start_window_begin.ToDatetime() >= timedelta(
+        minutes=1
+    )
     assert revised.computed_at.ToDatetime() >= moved.replace(tzinfo=None) - timedelta(seconds=1)
     for d in disclosures(log, "wi-1") + disclosures(log, "wi-2"):
         blob = d.SerializeToString() + str(d).encode()
@@ -387,14 +433,21 @@ async def test_a_transient_failure_is_reported_and_retried_only_after_its_backof
     async def handle(slot: Slot) -> WorkResult | Failed:
         attempts.append(slot.lease_id)
         if len(attempts) == 1:
-            return Failed(wp.WORK_FAILURE_KIND_TRANSIENT, "upstream timed out", evidence=[builders.evidence("ev-timeout")])
+            return Failed(
+                wp.WORK_FAILURE_KIND_TRANSIENT,
+                "upstream timed out",
+                evidence=[builders.evidence("ev-timeout")],
+            )
         await slot.put(f"the result of {slot.work_item_id}".encode(), media_type="text/plain")
         return WorkResult(evidence=[builders.evidence()], summary="second attempt")
 
     contract = builders.contract(w.clock.now(), retry_policy=wp.RetryPolicy(max_attempts=2))
     contract.retry_policy.initial_backoff.FromSeconds(1)
     async with serving(w, handle, tmp_path) as runtime:
-        await flow.coord("work_authorize", wp.WorkAuthorize(work_item_id="wi-r", title="flaky", contract=contract, coordinator_epoch=1))
+        await flow.coord(
+            "work_authorize",
+            wp.WorkAuthorize(work_item_id="wi-r", title="flaky", contract=contract, coordinator_epoch=1),
+        )
         await flow.coord("work_offer", flow.offer_body("wi-r", "worker-bot"))
         async with asyncio.timeout(30):
             assert await runtime.submitted(1) == [(G, "wi-r")]
@@ -403,12 +456,16 @@ async def test_a_transient_failure_is_reported_and_retried_only_after_its_backof
     assert revoked.cause == wp.LEASE_REVOCATION_CAUSE_FAILED and revoked.HasField("retry_not_before")
     starts = [e.work_started.lease for e in log if e.WhichOneof("payload") == "work_started"]
     assert len(starts) == 2 and starts[1].started_at.ToDatetime() >= revoked.retry_not_before.ToDatetime()
-    refused = [r for r in caplog.records if r.name == "missionweave.sdk.worker" and r.levelno >= logging.WARNING]
+    refused = [
+        r for r in caplog.records if r.name == "missionweave.sdk.worker" and r.levelno >= logging.WARNING
+    ]
     assert not refused, [r.getMessage() for r in refused]  # e.g. a start refused while backing off
 
 
 @pytest.mark.req("MW-10.3-01", "MW-10.3-02")
-async def test_an_offer_made_while_the_worker_is_offline_is_answered_when_it_comes_back(world: World, tmp_path: Path) -> None:
+async def test_an_offer_made_while_the_worker_is_offline_is_answered_when_it_comes_back(
+    world: World, tmp_path: Path
+) -> None:
     """The offer is durable in the Group log with its expiry, and reserves nothing (the WorkItem
     stays unowned while the Worker is away); the runtime that starts later receives it, admits it
     and accepts it before it expires, and the work is done."""

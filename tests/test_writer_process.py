@@ -64,16 +64,26 @@ def test_frames_round_trip_every_field_of_an_append_and_its_outcome() -> None:
         records, now, _ = decode_batch(encode_batch([req], 1234))
         assert now == 1234 and records[0].payloads == [b"p1", b"p2"]
         (got,) = records
-        assert (got.group_id, got.writer_epoch, got.expected_head, got.command_id, got.fingerprint, got.creates_group) == (
-            "g1", 3, 7, "cmd", b"fp-cmd", False
-        )
+        assert (
+            got.group_id,
+            got.writer_epoch,
+            got.expected_head,
+            got.command_id,
+            got.fingerprint,
+            got.creates_group,
+        ) == ("g1", 3, 7, "cmd", b"fp-cmd", False)
         assert got.events == req.events and got.rewrites == [(2, b"erased")]
         outcomes, sigs = decode_outcomes(
-            encode_outcomes([None, Rejected(R.REJECTION_REASON_WRITER_FENCED, "fenced", current_writer_epoch=4)], [[b"s"], []])
+            encode_outcomes(
+                [None, Rejected(R.REJECTION_REASON_WRITER_FENCED, "fenced", current_writer_epoch=4)],
+                [[b"s"], []],
+            )
         )
         assert outcomes[0] is None and isinstance(outcomes[1], Rejected) and sigs == [[b"s"], []]
         assert (outcomes[1].reason, outcomes[1].message, outcomes[1].metadata) == (
-            R.REJECTION_REASON_WRITER_FENCED, "fenced", {"current_writer_epoch": "4"}
+            R.REJECTION_REASON_WRITER_FENCED,
+            "fenced",
+            {"current_writer_epoch": "4"},
         )
 
     asyncio.run(go())
@@ -94,7 +104,10 @@ def test_the_writer_signs_handed_over_payloads_into_the_envelopes_it_stores() ->
             assert envelope.payload == payload and envelope.payload_type == EVENT_TYPE
             assert envelope.signatures[0].key_id == "authority:test"
             assert verify_signature(envelope, bytes(key.verify_key))
-            assert signed_envelope(payload, EVENT_TYPE, "authority:test", sig).SerializeToString() == event.envelope
+            assert (
+                signed_envelope(payload, EVENT_TYPE, "authority:test", sig).SerializeToString()
+                == event.envelope
+            )
         # An append without payloads keeps the envelopes it came with.
         plain = request("g2", 1, 0, 1, "c")
         records, _, _ = decode_batch(encode_batch([plain], 0))
@@ -107,9 +120,15 @@ async def test_results_carry_the_envelopes_the_log_stores(world: World) -> None:
     """Whoever signs (writer process or event loop), the answer and the log hold the same bytes."""
     conv = await create_mission(world, "grp_wp0")
     head = (await world.client.group_state("grp_wp0")).head_sequence
-    post = world.owner.sign(world.owner.command("grp_wp0", "message_post", builders.message(conv, "same bytes"), membership_epoch=1))
+    post = world.owner.sign(
+        world.owner.command(
+            "grp_wp0", "message_post", builders.message(conv, "same bytes"), membership_epoch=1
+        )
+    )
     result = await world.client.execute(post)
-    call = world.client.authority.ReadEvents(authority_service_pb2.ReadEventsRequest(group_id="grp_wp0", after_sequence=head))
+    call = world.client.authority.ReadEvents(
+        authority_service_pb2.ReadEventsRequest(group_id="grp_wp0", after_sequence=head)
+    )
     stored = [env async for batch in call for env in batch.events]
     assert [e.SerializeToString() for e in result.events] == [e.SerializeToString() for e in stored]
     key = await world.client.authority.GetAuthorityKey(authority_service_pb2.GetAuthorityKeyRequest())
@@ -166,7 +185,9 @@ async def test_writer_lost_after_commit_the_command_is_answered_once_from_the_lo
         return outcomes
 
     writer.commit = commit_then_lose  # type: ignore[method-assign]
-    post = world.owner.sign(world.owner.command("grp_wp1", "message_post", builders.message(conv, "once"), membership_epoch=1))
+    post = world.owner.sign(
+        world.owner.command("grp_wp1", "message_post", builders.message(conv, "once"), membership_epoch=1)
+    )
     result = await world.client.execute(post)
     assert lost == [1]
     assert result.group_revision == head + 1 and len(result.events) == 1
@@ -183,7 +204,11 @@ async def test_commands_keep_landing_after_the_writer_process_is_killed(world: W
     head = (await world.client.group_state("grp_wp2")).head_sequence
     await kill(writer)
     for i in range(3):
-        post = world.owner.sign(world.owner.command("grp_wp2", "message_post", builders.message(conv, f"m{i}"), membership_epoch=1))
+        post = world.owner.sign(
+            world.owner.command(
+                "grp_wp2", "message_post", builders.message(conv, f"m{i}"), membership_epoch=1
+            )
+        )
         result = await world.client.execute(post)
         assert result.group_revision == head + 1 + i and not result.replayed
     authority = world.mesh.authority  # type: ignore[attr-defined]
@@ -206,7 +231,9 @@ def test_a_batch_the_database_refuses_is_answered_overloaded_and_the_writer_goes
             return [None] * len(batch)
 
     async def frames() -> bytes:
-        batch = encode_batch([request("g1", 1, 0, 1, "a", create=True), request("g2", 1, 0, 1, "b", create=True)], 0)
+        batch = encode_batch(
+            [request("g1", 1, 0, 1, "a", create=True), request("g2", 1, 0, 1, "b", create=True)], 0
+        )
         first = pickle.dumps((None, ""))
         return b"".join(frame(f) for f in (first, batch, batch))
 
@@ -218,5 +245,8 @@ def test_a_batch_the_database_refuses_is_answered_overloaded_and_the_writer_goes
     while (answer := read_frame(sink)) is not None:
         answers.append(decode_outcomes(answer)[0])
     refused, accepted = answers
-    assert all(isinstance(o, Rejected) and o.reason == R.REJECTION_REASON_OVERLOADED and "locked" in o.message for o in refused)
+    assert all(
+        isinstance(o, Rejected) and o.reason == R.REJECTION_REASON_OVERLOADED and "locked" in o.message
+        for o in refused
+    )
     assert accepted == [None, None]

@@ -34,12 +34,19 @@ IDS = {**offline_core.IDS, "rev": IdentityInfo("rev", common_pb2.IDENTITY_KIND_A
 
 
 def decide(
-    state: GroupState, kind: str, body: Message, actor: str = "worker", at: datetime = NOW,
-    artifacts: dict[str, StoredArtifact] | None = None, **kw: object,
+    state: GroupState,
+    kind: str,
+    body: Message,
+    actor: str = "worker",
+    at: datetime = NOW,
+    artifacts: dict[str, StoredArtifact] | None = None,
+    **kw: object,
 ) -> tuple[command_pb2.Command, decider.Decision]:
     """The command and its decision; ``artifacts``: what the shell found stored for it."""
     c = command(state, kind, body, actor, at=at, **kw)  # type: ignore[arg-type]
-    return c, decider.decide(state, c, as_if_uploaded(state, c, decider.DecisionContext(at, IDS, artifacts=artifacts or {})))
+    return c, decider.decide(
+        state, c, as_if_uploaded(state, c, decider.DecisionContext(at, IDS, artifacts=artifacts or {}))
+    )
 
 
 def with_reviewer(state: GroupState) -> GroupState:
@@ -47,7 +54,9 @@ def with_reviewer(state: GroupState) -> GroupState:
     return run(state, "membership_grant", grant, "alice")
 
 
-def run(state: GroupState, kind: str, body: Message, actor: str = "worker", at: datetime = NOW, **kw: object) -> GroupState:
+def run(
+    state: GroupState, kind: str, body: Message, actor: str = "worker", at: datetime = NOW, **kw: object
+) -> GroupState:
     _c, decision = decide(state, kind, body, actor, at, **kw)
     return evolved(state, decision)
 
@@ -79,7 +88,8 @@ def at(seconds: float) -> datetime:
 
 def report(**overrides: object) -> wp.ProgressReport:
     r = wp.ProgressReport(
-        phase="reconciling", next_checkpoint=wp.PlannedCheckpoint(description="ledger B"),
+        phase="reconciling",
+        next_checkpoint=wp.PlannedCheckpoint(description="ledger B"),
         revised_estimate=wp.RevisedEstimate(reason="on track"),
     )
     for k, v in overrides.items():
@@ -92,14 +102,28 @@ def report(**overrides: object) -> wp.ProgressReport:
     return r
 
 
-def usage_event(c: command_pb2.Command, delta: common_pb2.ResourceVector, item_used: dict[str, int],
-                mission_used: dict[str, int], *, lease_id: str = "lease-1", session: int = 1) -> wp.ResourceUsageRecorded:
+def usage_event(
+    c: command_pb2.Command,
+    delta: common_pb2.ResourceVector,
+    item_used: dict[str, int],
+    mission_used: dict[str, int],
+    *,
+    lease_id: str = "lease-1",
+    session: int = 1,
+) -> wp.ResourceUsageRecorded:
     """The usage event of an online command by the Worker under ``lease_id`` at ownership epoch 1."""
     return wp.ResourceUsageRecorded(
-        work_item_id="wi", delta=delta, agent_id="worker", lease_id=lease_id, ownership_epoch=1,
-        execution_session_epoch=session, reporting_session_epoch=c.session_epoch,
-        source=wp.USAGE_SOURCE_ONLINE, command_id=c.command_id,
-        work_item_used=vector(**item_used), mission_used=vector(**mission_used),
+        work_item_id="wi",
+        delta=delta,
+        agent_id="worker",
+        lease_id=lease_id,
+        ownership_epoch=1,
+        execution_session_epoch=session,
+        reporting_session_epoch=c.session_epoch,
+        source=wp.USAGE_SOURCE_ONLINE,
+        command_id=c.command_id,
+        work_item_used=vector(**item_used),
+        mission_used=vector(**mission_used),
     )
 
 

@@ -57,7 +57,10 @@ def _base() -> GroupState:
 
 def authorize(work_item_id: str, **overrides: object) -> wp.WorkAuthorize:
     body = wp.WorkAuthorize(
-        work_item_id=work_item_id, title=f"title {work_item_id}", contract=builders.contract(NOW), coordinator_epoch=1
+        work_item_id=work_item_id,
+        title=f"title {work_item_id}",
+        contract=builders.contract(NOW),
+        coordinator_epoch=1,
     )
     return builders.with_overrides(body, overrides)
 
@@ -106,8 +109,9 @@ def active(agent: str = "worker") -> GroupState:
     return GROUP.run(queued(agent), "work_start", start(), agent)
 
 
-def events(state: GroupState | None, kind: str, body: object, actor: str, ctx: decider.DecisionContext | None = None
-           ) -> list[event_pb2.Event]:
+def events(
+    state: GroupState | None, kind: str, body: object, actor: str, ctx: decider.DecisionContext | None = None
+) -> list[event_pb2.Event]:
     decision = GROUP.decide(state, kind, body, actor, ctx)
     assert not isinstance(decision, Rejected), f"{kind} by {actor}: {decision!r}"
     return list(decision)
@@ -117,7 +121,11 @@ def after(state: GroupState, decision: list[event_pb2.Event]) -> GroupState:
     return evolved(state, decision)
 
 
-def refused(state: GroupState, kind: str, body: object, actor: str, ctx: decider.DecisionContext | None = None,
-            ) -> Rejected:
+def refused(
+    state: GroupState,
+    kind: str,
+    body: object,
+    actor: str,
+    ctx: decider.DecisionContext | None = None,
+) -> Rejected:
     return GROUP.refused(state, kind, body, actor, ctx)
-

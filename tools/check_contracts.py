@@ -135,7 +135,13 @@ def compile_protos(protos: dict[str, str]) -> descriptor_pb2.FileDescriptorSet:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
         out = os.path.join(scratch, "contract.pb")
-        args = ["protoc", f"-I{scratch}", f"-I{include}", "--include_source_info", f"--descriptor_set_out={out}"]
+        args = [
+            "protoc",
+            f"-I{scratch}",
+            f"-I{include}",
+            "--include_source_info",
+            f"--descriptor_set_out={out}",
+        ]
         rc = protoc.main([*args, *sorted(protos)])
         if rc != 0:
             raise RuntimeError(f"protoc failed on the public protos (exit {rc})")
@@ -190,7 +196,11 @@ def _file_elements(file: descriptor_pb2.FileDescriptorProto) -> list[Element]:
         out.append(Element("message", name, notes.get(path, ""), file.name))
         for i, fd in enumerate(m.field):
             type_name = fd.type_name.lstrip(".") or descriptor_pb2.FieldDescriptorProto.Type.Name(fd.type)
-            out.append(Element("field", f"{name}.{fd.name}", notes.get((*path, 2, i), ""), file.name, type_name, fd.type))
+            out.append(
+                Element(
+                    "field", f"{name}.{fd.name}", notes.get((*path, 2, i), ""), file.name, type_name, fd.type
+                )
+            )
         for i, nested in enumerate(m.nested_type):
             if not nested.options.map_entry:
                 message(nested, name, (*path, 3, i))
@@ -205,7 +215,15 @@ def _file_elements(file: descriptor_pb2.FileDescriptorProto) -> list[Element]:
         sname = f"{package}.{service.name}"
         out.append(Element("service", sname, notes.get((6, i), ""), file.name))
         for j, rpc in enumerate(service.method):
-            out.append(Element("rpc", f"{sname}.{rpc.name}", notes.get((6, i, 2, j), ""), file.name, rpc.input_type.lstrip(".")))
+            out.append(
+                Element(
+                    "rpc",
+                    f"{sname}.{rpc.name}",
+                    notes.get((6, i, 2, j), ""),
+                    file.name,
+                    rpc.input_type.lstrip("."),
+                )
+            )
     # The rest: a file's header, comments detached from any element (between declarations).
     for loc in file.source_code_info.location:
         detached = " ".join(loc.leading_detached_comments)
@@ -305,7 +323,9 @@ def pairings(text: str, reasons: set[str], where: str) -> list[Pairing]:
             key = (m["r"], m["c"], m.start())
             if key not in seen:
                 seen.add(key)
-                found.append(Pairing(m["r"], m["c"], where, flat[max(0, m.start() - 30): m.end() + 10].strip()))
+                found.append(
+                    Pairing(m["r"], m["c"], where, flat[max(0, m.start() - 30) : m.end() + 10].strip())
+                )
     return found
 
 
@@ -315,7 +335,11 @@ def unknown_names(text: str, known: set[str]) -> list[str]:
     out = []
     for word in WORD.findall(text.replace("`", " ")):
         if "_" not in word or NOT_NAMES.match(word):
-            if word.startswith(REASON_PREFIX) and word != REASON_PREFIX and word.removeprefix(REASON_PREFIX) not in known:
+            if (
+                word.startswith(REASON_PREFIX)
+                and word != REASON_PREFIX
+                and word.removeprefix(REASON_PREFIX) not in known
+            ):
                 out.append(word)
             continue
         if word not in known and word.removeprefix(REASON_PREFIX) not in known:
@@ -389,8 +413,14 @@ def doc_status_rows(doc: str, reasons: set[str]) -> list[Pairing]:
             named = [w for w in WORD.findall(plain(row[reason[0]])) if w in reasons]
             codes = codes_in(row[status[0]])
             if named and len(codes) == 1:
-                out.append(Pairing(named[0], codes.pop(), f"docs/errors.md table under '{t.section}'",
-                                   f"{row[reason[0]]} | {row[status[0]]}"))
+                out.append(
+                    Pairing(
+                        named[0],
+                        codes.pop(),
+                        f"docs/errors.md table under '{t.section}'",
+                        f"{row[reason[0]]} | {row[status[0]]}",
+                    )
+                )
     return out
 
 
@@ -451,7 +481,11 @@ def check(sources: Sources) -> Report:
     fds = compile_protos(sources.protos)
     items = elements(fds)
     report = Report(zero_fields=zero_fields(items))
-    reason_values = {e.name.rsplit(".", 1)[1]: e for e in items if e.kind == "value" and e.name.startswith(REASON_ENUM + ".")}
+    reason_values = {
+        e.name.rsplit(".", 1)[1]: e
+        for e in items
+        if e.kind == "value" and e.name.startswith(REASON_ENUM + ".")
+    }
     reasons = {name.removeprefix(REASON_PREFIX) for name in reason_values} - {"UNSPECIFIED"}
     numbers: dict[str, int] = {}
     for file in fds.file:
@@ -467,15 +501,21 @@ def check(sources: Sources) -> Report:
         got = {CODE_NAMES.get(sources.codes(numbers[reason], dict(meta)), "?") for meta in PROBE_METADATA}
         implemented[reason] = got
         if "UNKNOWN" in got:
-            find(f"implementation: {reason} has no gRPC code (missionweave_server/edge/status.py CODES): it is answered UNKNOWN")
+            find(
+                f"implementation: {reason} has no gRPC code (missionweave_server/edge/status.py CODES): it is answered UNKNOWN"
+            )
 
     # (a) the enum's comments against (d)
     for reason in sorted(reasons):
         said = codes_in(reason_values[REASON_PREFIX + reason].comment)
         if not said:
-            find(f"common.proto: {reason}'s comment names no gRPC code (the implementation gives {_names(implemented[reason])})")
+            find(
+                f"common.proto: {reason}'s comment names no gRPC code (the implementation gives {_names(implemented[reason])})"
+            )
         elif said != implemented[reason]:
-            find(f"common.proto: {reason}'s comment says {_names(said)}, the implementation gives {_names(implemented[reason])}")
+            find(
+                f"common.proto: {reason}'s comment says {_names(said)}, the implementation gives {_names(implemented[reason])}"
+            )
 
     # (c) the document's table against (d), and every reason in it
     table, problems = doc_reason_table(sources.doc, reasons)
@@ -483,9 +523,13 @@ def check(sources: Sources) -> Report:
     for reason in sorted(reasons):
         if reason not in table:
             if table:
-                find(f"docs/errors.md: {reason} is missing from '{DOC_TABLE}' (the implementation gives {_names(implemented[reason])})")
+                find(
+                    f"docs/errors.md: {reason} is missing from '{DOC_TABLE}' (the implementation gives {_names(implemented[reason])})"
+                )
         elif table[reason] and table[reason] != implemented[reason]:
-            find(f"docs/errors.md '{DOC_TABLE}': {reason} says {_names(table[reason])}, the implementation gives {_names(implemented[reason])}")
+            find(
+                f"docs/errors.md '{DOC_TABLE}': {reason} says {_names(table[reason])}, the implementation gives {_names(implemented[reason])}"
+            )
 
     # (b) and (c): every pairing of a reason with a code in a comment or the document's prose
     for e in items:
@@ -495,11 +539,16 @@ def check(sources: Sources) -> Report:
     report.pairings.extend(doc_status_rows(sources.doc, reasons))
     for p in report.pairings:
         if p.code not in implemented[p.reason]:
-            find(f"{p.where}: pairs {p.reason} with {p.code}, the implementation gives {_names(implemented[p.reason])}: \"{p.quote}\"")
+            find(
+                f'{p.where}: pairs {p.reason} with {p.code}, the implementation gives {_names(implemented[p.reason])}: "{p.quote}"'
+            )
 
     # (e) the Artifact store's error codes: their comments against the reasons raised with them
-    artifact = {e.name.rsplit(".", 1)[1].removeprefix(ARTIFACT_PREFIX): e for e in items
-                if e.kind == "value" and e.name.startswith(ARTIFACT_ENUM + ".")}
+    artifact = {
+        e.name.rsplit(".", 1)[1].removeprefix(ARTIFACT_PREFIX): e
+        for e in items
+        if e.kind == "value" and e.name.startswith(ARTIFACT_ENUM + ".")
+    }
     raised = raised_artifact_errors(sources.python)
     for code, reasons_raised in sorted(raised.items()):
         if code not in artifact:
@@ -512,10 +561,14 @@ def check(sources: Sources) -> Report:
         said = codes_in(comment)
         where = f"artifact_service.proto: ArtifactErrorCode {code}"
         if not said:
-            find(f"{where}: its comment names no gRPC code (raised with {_names(reasons_raised)}: {_names(gives)})")
+            find(
+                f"{where}: its comment names no gRPC code (raised with {_names(reasons_raised)}: {_names(gives)})"
+            )
         elif said != gives:
-            find(f"{where}: its comment says {_names(said)}, it is raised with {_names(reasons_raised)}, "
-                 f"which the implementation gives {_names(gives)}")
+            find(
+                f"{where}: its comment says {_names(said)}, it is raised with {_names(reasons_raised)}, "
+                f"which the implementation gives {_names(gives)}"
+            )
         for named in re.findall(r"\breason (\w+)", plain(comment)):
             if named not in reasons_raised:
                 find(f"{where}: its comment names reason {named}, it is raised with {_names(reasons_raised)}")
@@ -530,16 +583,22 @@ def check(sources: Sources) -> Report:
                 continue
             gives = set().union(*(implemented.get(r, set()) for r in raised[a]))
             if x not in raised[a] and x not in gives:
-                find(f"{e.file} {e.kind} {e.name}: pairs artifact error {a} with {x}, it is raised with "
-                     f"{_names(raised[a])} ({_names(gives)}): \"{plain(e.comment)[max(0, m.start() - 30): m.end() + 10]}\"")
+                find(
+                    f"{e.file} {e.kind} {e.name}: pairs artifact error {a} with {x}, it is raised with "
+                    f'{_names(raised[a])} ({_names(gives)}): "{plain(e.comment)[max(0, m.start() - 30) : m.end() + 10]}"'
+                )
 
     # names that are no reason, code or enum value
     for e in items:
         for word in unknown_names(e.comment, known):
-            find(f"{e.file} {e.kind} {e.name}: names {word}, which is no RejectionReason, gRPC code or enum value")
+            find(
+                f"{e.file} {e.kind} {e.name}: names {word}, which is no RejectionReason, gRPC code or enum value"
+            )
     for number, line in enumerate(sources.doc.splitlines(), 1):
         for word in unknown_names(line, known):
-            find(f"docs/errors.md:{number}: names {word}, which is no RejectionReason, gRPC code or enum value")
+            find(
+                f"docs/errors.md:{number}: names {word}, which is no RejectionReason, gRPC code or enum value"
+            )
     return report
 
 
@@ -557,7 +616,11 @@ def reason_table(sources: Sources) -> str:
                 continue
             for v in e.value[1:]:
                 codes = [CODE_NAMES[sources.codes(v.number, dict(meta))] for meta in PROBE_METADATA]
-                text = f"`{codes[0]}`" if len(set(codes)) == 1 else f"`{codes[0]}`; `{codes[1]}` with metadata `field`"
+                text = (
+                    f"`{codes[0]}`"
+                    if len(set(codes)) == 1
+                    else f"`{codes[0]}`; `{codes[1]}` with metadata `field`"
+                )
                 rows.append(f"| `{v.name.removeprefix(REASON_PREFIX)}` | {text} |")
     return "\n".join(rows)
 
@@ -569,7 +632,9 @@ def main(argv: list[str] | None = None) -> int:
         print(reason_table(sources))
         return 0
     report = check(sources)
-    print(f"{len(report.pairings)} pairings of a reason with a code read; fields documented at 0, unset or empty:")
+    print(
+        f"{len(report.pairings)} pairings of a reason with a code read; fields documented at 0, unset or empty:"
+    )
     for e in report.zero_fields:
         print(f"  {e.name} ({e.type_name}): {_zero_phrase(e.comment)}")
     for line in report.findings:
@@ -581,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
 def _zero_phrase(comment: str) -> str:
     flat = plain(comment)
     m = ZERO.search(flat)
-    return flat[max(0, m.start() - 40): m.end() + 50].strip() if m else flat[:90]
+    return flat[max(0, m.start() - 40) : m.end() + 50].strip() if m else flat[:90]
 
 
 def documented_at_zero() -> list[Element]:
@@ -596,7 +661,8 @@ def iter_zero_numeric(report: Report) -> Iterator[Element]:
     skip = {"TYPE_STRING", "TYPE_BYTES", "TYPE_BOOL"}
     for e in report.zero_fields:
         if e.scalar == descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE and e.type_name not in (
-            "google.protobuf.Duration", "google.protobuf.Timestamp"
+            "google.protobuf.Duration",
+            "google.protobuf.Timestamp",
         ):
             continue
         if descriptor_pb2.FieldDescriptorProto.Type.Name(e.scalar) in skip:  # type: ignore[arg-type]

@@ -38,7 +38,15 @@ EQUIVALENTS = ROOT / "tests" / "mutation_equivalents.txt"
 LAST_RUN = MUTANTS / "last-run.json"
 
 # mutmut's exit codes per mutant (mutmut.stats.status_by_exit_code); a timeout is a detection.
-DETECTED = {1: "killed", 3: "killed", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout", 36: "timeout"}
+DETECTED = {
+    1: "killed",
+    3: "killed",
+    -24: "timeout",
+    24: "timeout",
+    152: "timeout",
+    255: "timeout",
+    36: "timeout",
+}
 SURVIVED = {0: "survived"}
 NO_TESTS = {5: "no tests", 33: "no tests"}
 
@@ -132,37 +140,66 @@ def report(names: list[str], *, diffs: bool, target: float, as_json: bool) -> in
         overall.survived += s.survived
         overall.no_tests += s.no_tests
     if as_json:
-        print(json.dumps({
-            "files": {f: {"mutants": s.total, "detected": s.detected, "survived": s.survived,
-                          "no_tests": s.no_tests, "equivalent": s.equivalent, "score": s.score}
-                      for f, s in sorted(by_file.items())},
-            "overall": {"mutants": overall.total, "detected": overall.detected,
-                        "equivalent": overall.equivalent, "score": overall.score},
-            "stale_equivalents": stale,
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "files": {
+                        f: {
+                            "mutants": s.total,
+                            "detected": s.detected,
+                            "survived": s.survived,
+                            "no_tests": s.no_tests,
+                            "equivalent": s.equivalent,
+                            "score": s.score,
+                        }
+                        for f, s in sorted(by_file.items())
+                    },
+                    "overall": {
+                        "mutants": overall.total,
+                        "detected": overall.detected,
+                        "equivalent": overall.equivalent,
+                        "score": overall.score,
+                    },
+                    "stale_equivalents": stale,
+                },
+                indent=2,
+            )
+        )
     else:
         width = max([len(f) for f in by_file] + [7])
         print(f"\n{'file':<{width}}  mutants  detected  survived  no tests  equivalent  score")
         for f, s in sorted(by_file.items()):
-            print(f"{f:<{width}}  {s.total:7}  {s.detected:8}  {len(s.survived):8}  {len(s.no_tests):8}"
-                  f"  {s.equivalent:10}  {s.score:6.1%}")
-        print(f"{'overall':<{width}}  {overall.total:7}  {overall.detected:8}  {len(overall.survived):8}"
-              f"  {len(overall.no_tests):8}  {overall.equivalent:10}  {overall.score:6.1%}")
+            print(
+                f"{f:<{width}}  {s.total:7}  {s.detected:8}  {len(s.survived):8}  {len(s.no_tests):8}"
+                f"  {s.equivalent:10}  {s.score:6.1%}"
+            )
+        print(
+            f"{'overall':<{width}}  {overall.total:7}  {overall.detected:8}  {len(overall.survived):8}"
+            f"  {len(overall.no_tests):8}  {overall.equivalent:10}  {overall.score:6.1%}"
+        )
         if overall.other:
-            print(f"({overall.other} mutants ended otherwise: not checked, interrupted or suspicious; "
-                  "they count as not detected)")
+            print(
+                f"({overall.other} mutants ended otherwise: not checked, interrupted or suspicious; "
+                "they count as not detected)"
+            )
         for name in overall.no_tests:
             print(f"no fast test calls the function of {name}")
         for name in overall.survived:
             print(f"survived: {name}")
             if diffs:
-                shown = subprocess.run([str(Path(sys.executable).parent / "mutmut"), "show", name],
-                                       cwd=ROOT, capture_output=True, text=True)
+                shown = subprocess.run(
+                    [str(Path(sys.executable).parent / "mutmut"), "show", name],
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                )
                 print("\n".join("    " + line for line in shown.stdout.splitlines()[1:]))
         for name in stale:
             print(f"WARNING: {EQUIVALENTS.name} lists {name}, which is no longer a mutant")
-        print(f"\nscore {overall.score:.1%} of {overall.scored} mutants (target {target:.0%}); "
-              f"timeouts count as detected, equivalent mutants are left out of the ratio")
+        print(
+            f"\nscore {overall.score:.1%} of {overall.scored} mutants (target {target:.0%}); "
+            f"timeouts count as detected, equivalent mutants are left out of the ratio"
+        )
     return 0 if overall.score >= target else 1
 
 
@@ -235,11 +272,30 @@ def run_field_defaults(target: float, as_json: bool) -> int:
                 continue
             (Path(tmp) / STATE).write_text(mutated)
             run = subprocess.run(
-                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--timeout", "0",
-                 *cfg["pytest_add_cli_args_test_selection"]],
-                cwd=tmp, capture_output=True, text=True, env={**os.environ, "MUTANT_UNDER_TEST": "field-defaults"},
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-x",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    "--timeout",
+                    "0",
+                    *cfg["pytest_add_cli_args_test_selection"],
+                ],
+                cwd=tmp,
+                capture_output=True,
+                text=True,
+                env={**os.environ, "MUTANT_UNDER_TEST": "field-defaults"},
             )
-            results[name] = "killed" if run.returncode == 1 else "survived" if run.returncode == 0 else f"exit {run.returncode}"
+            results[name] = (
+                "killed"
+                if run.returncode == 1
+                else "survived"
+                if run.returncode == 0
+                else f"exit {run.returncode}"
+            )
             if not as_json:
                 print(f"[{i}/{len(mutants)}] {name}: {results[name]}", flush=True)
     scored = [r for r in results.values() if r != "equivalent"]
@@ -248,15 +304,19 @@ def run_field_defaults(target: float, as_json: bool) -> int:
         print(json.dumps({"mutants": results, "score": score}, indent=2))
     else:
         survivors = [n for n, r in results.items() if r not in ("killed", "equivalent")]
-        print(f"\nstate.py field defaults: {len(mutants)} mutants, {len(scored) - len(survivors)} killed, "
-              f"{len(results) - len(scored)} equivalent, score {score:.1%} (target {target:.0%})")
+        print(
+            f"\nstate.py field defaults: {len(mutants)} mutants, {len(scored) - len(survivors)} killed, "
+            f"{len(results) - len(scored)} equivalent, score {score:.1%} (target {target:.0%})"
+        )
         for name in survivors:
             print(f"survived: {name}")
     return 0 if score >= target else 1
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sample", type=int, default=0, help="mutants to draw (0: every mutant)")
     parser.add_argument("--seed", type=int, default=19, help="seed of the sample")
     parser.add_argument("--only", action="append", default=[], help="fnmatch pattern of mutant names")
@@ -265,8 +325,11 @@ def main() -> int:
     parser.add_argument("--no-diffs", action="store_true", help="list survivors without their diffs")
     parser.add_argument("--report-only", action="store_true", help="score the last run's mutants again")
     parser.add_argument("--json", action="store_true", help="the report as JSON")
-    parser.add_argument("--field-defaults", action="store_true",
-                        help="state.py's dataclass field defaults instead of mutmut's mutants")
+    parser.add_argument(
+        "--field-defaults",
+        action="store_true",
+        help="state.py's dataclass field defaults instead of mutmut's mutants",
+    )
     args = parser.parse_args()
     if args.field_defaults:
         return run_field_defaults(args.target, args.json)
@@ -296,7 +359,13 @@ def main() -> int:
     print(f"running {len(names)} mutants of {len(exit_codes())} (seed {args.seed})", flush=True)
     LAST_RUN.write_text(json.dumps(names))
     run = subprocess.run(
-        [str(Path(sys.executable).parent / "mutmut"), "run", "--max-children", str(args.max_children), *names],
+        [
+            str(Path(sys.executable).parent / "mutmut"),
+            "run",
+            "--max-children",
+            str(args.max_children),
+            *names,
+        ],
         cwd=ROOT,
     )
     if run.returncode != 0:

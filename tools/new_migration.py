@@ -25,7 +25,9 @@ from missionweave_server.storage.db import make_engine
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("line", choices=list(LINES))
     parser.add_argument("message", help="what the migration changes, in a few words")
     args = parser.parse_args()
@@ -48,14 +50,20 @@ def main() -> int:
         with create_engine(url).connect() as conn:
             config.attributes.update(connection=conn, line=line)
             script = command.revision(
-                config, message=args.message, autogenerate=True, rev_id=revision, version_path=str(line.migrations)
+                config,
+                message=args.message,
+                autogenerate=True,
+                rev_id=revision,
+                version_path=str(line.migrations),
             )
     assert script is not None and not isinstance(script, list)
     written = Path(script.path)
     slug = re.sub(r"[^a-z0-9]+", "_", args.message.lower()).strip("_")[:40]
     target = written.with_name(f"{number:04d}_{slug}.py")
     written.rename(target)
-    print(f"wrote {target}: read it, set `online`, and commit it with the change to the tables", file=sys.stderr)
+    print(
+        f"wrote {target}: read it, set `online`, and commit it with the change to the tables", file=sys.stderr
+    )
     return 0
 
 

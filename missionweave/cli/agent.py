@@ -124,7 +124,9 @@ async def cmd_card_show(args: argparse.Namespace) -> int:
     document = {
         **card_document(published),
         "latest_version": latest,
-        "versions": [{"card_version": v.card_version, "published_at": when(v.published_at)} for v in versions],
+        "versions": [
+            {"card_version": v.card_version, "published_at": when(v.published_at)} for v in versions
+        ],
     }
     emit(args, lines, document)
     return 0
@@ -151,7 +153,10 @@ def presence_document(p: pb.AgentPresence) -> dict[str, Any]:
 async def cmd_presence_report(args: argparse.Namespace) -> int:
     async with reading(args) as mesh:
         presence = await mesh.report_presence(
-            AVAILABILITY[args.availability], free_slots=args.free, in_use_slots=args.in_use, note=args.note or "",
+            AVAILABILITY[args.availability],
+            free_slots=args.free,
+            in_use_slots=args.in_use,
+            note=args.note or "",
             ttl_ms=int(args.ttl * 1000),
         )
     emit(args, [presence_line(presence)], presence_document(presence))
@@ -162,7 +167,10 @@ async def cmd_presence_show(args: argparse.Namespace) -> int:
     async with reading(args) as mesh:
         found = {p.agent_id: p for p in await mesh.presence(*args.agents)}
     lines = [presence_line(found[a]) if a in found else f"{a}  no Presence reported" for a in args.agents]
-    document = {"presences": [presence_document(p) for p in found.values()], "missing": [a for a in args.agents if a not in found]}
+    document = {
+        "presences": [presence_document(p) for p in found.values()],
+        "missing": [a for a in args.agents if a not in found],
+    }
     emit(args, lines, document)
     return 0
 
@@ -173,7 +181,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         dest="card_command", required=True
     )
     p = card.add_parser("publish", help="publish a new card version as --as (signed by its session)")
-    p.add_argument("--file", help="the card as proto3 JSON of missionweave.v1.AgentCard; flags override its fields")
+    p.add_argument(
+        "--file", help="the card as proto3 JSON of missionweave.v1.AgentCard; flags override its fields"
+    )
     p.add_argument("--card-version", help="the card's semantic version, greater than the latest (e.g. 1.2.0)")
     p.add_argument("--max-concurrency", type=int, help="the most WorkItems executed at once (>= 1)")
     p.add_argument("--capability", action="append", metavar="ID@VERSION", help="a capability (repeatable)")

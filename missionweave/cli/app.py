@@ -91,7 +91,9 @@ async def cmd_identity_register(args: argparse.Namespace) -> int:
         public = bytes(read_key(Path(args.key_file)).verify_key)
     admin_key = read_key(Path(args.admin_key or admin_key_file(data_dir_of(environment(args)))))
     async with connect(args) as mesh:
-        identity = await mesh.register_identity(args.admin_id, admin_key, args.identity_id, KINDS[args.kind], public, args.name or "")
+        identity = await mesh.register_identity(
+            args.admin_id, admin_key, args.identity_id, KINDS[args.kind], public, args.name or ""
+        )
     print(f"registered {identity.identity_id} ({args.kind})")
     return 0
 
@@ -110,13 +112,18 @@ FOLLOW_RETRY_FIRST_S, FOLLOW_RETRY_MAX_S = 0.5, 5.0
 
 def event_line(event: event_pb2.Event, payloads: bool) -> str:
     line: dict[str, Any] = {
-        "seq": event.sequence, "type": event.type, "actor": event.actor_id,
-        "at": event.recorded_at.ToJsonString(), "event_id": event.event_id,
+        "seq": event.sequence,
+        "type": event.type,
+        "actor": event.actor_id,
+        "at": event.recorded_at.ToJsonString(),
+        "event_id": event.event_id,
     }
     if payloads:
         field = event.WhichOneof("payload")
         if field:
-            line["payload"] = json_format.MessageToDict(getattr(event, field), preserving_proto_field_name=True)
+            line["payload"] = json_format.MessageToDict(
+                getattr(event, field), preserving_proto_field_name=True
+            )
     return json.dumps(line)
 
 
@@ -134,7 +141,11 @@ async def cmd_events(args: argparse.Namespace) -> int:
         except grpc.aio.AioRpcError as err:
             if not args.follow or err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 raise
-            print(f"mwp: lost {target(args)} ({err.code().name}); reconnecting in {retry:g} s", file=sys.stderr, flush=True)
+            print(
+                f"mwp: lost {target(args)} ({err.code().name}); reconnecting in {retry:g} s",
+                file=sys.stderr,
+                flush=True,
+            )
             await asyncio.sleep(retry)
             retry = min(FOLLOW_RETRY_MAX_S, retry * 2)
 
@@ -156,7 +167,10 @@ async def cmd_health(args: argparse.Namespace) -> int:
                 resp = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=3)
                 status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
             except grpc.aio.AioRpcError as err:
-                if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not answered:
+                if (
+                    err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                    and not answered
+                ):
                     print(f"mwp: cannot reach {target(args)}: {err.details()}", file=sys.stderr)
                     return 3  # the README's "unreachable"
                 if name == INTEGRITY_HEALTH and err.code() == grpc.StatusCode.NOT_FOUND:
@@ -164,9 +178,11 @@ async def cmd_health(args: argparse.Namespace) -> int:
                 status = err.code().name
             answered = True
             worst = worst or (0 if status == "SERVING" else 1)
-            note = "  (a Group failed verification: see DATA_CORRUPTED in the log, run mwp verify)" if (
-                name == INTEGRITY_HEALTH and status != "SERVING"
-            ) else ""
+            note = (
+                "  (a Group failed verification: see DATA_CORRUPTED in the log, run mwp verify)"
+                if (name == INTEGRITY_HEALTH and status != "SERVING")
+                else ""
+            )
             print(f"{name:40s} {status}{note}")
     return worst
 
@@ -178,12 +194,14 @@ def build_parser(installed: list[Any] | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mwp", description="MissionWeave: run the mesh and talk to it.")
     p.add_argument("--target", help="server address (default $MWP_TARGET, the context's, or 127.0.0.1:50051)")
     p.add_argument(
-        "--timeout", type=float,
+        "--timeout",
+        type=float,
         help="give up on a silent server after this many seconds, exit 3 (default $MWP_TIMEOUT, the context's, "
         f"or {DEFAULT_TIMEOUT_S:g}; not for serve, demo, worker run and events --follow, which run until stopped)",
     )
     p.add_argument(
-        "--context", metavar="NAME",
+        "--context",
+        metavar="NAME",
         help="take the connection options no flag or MWP_* variable gives from this saved context "
         "(default $MWP_CONTEXT, else the selected one; see mwp context)",
     )
@@ -194,7 +212,9 @@ def build_parser(installed: list[Any] | None = None) -> argparse.ArgumentParser:
     k.add_argument("path")
     k.set_defaults(func=cmd_keygen, ignores_contexts=True)
 
-    ident = sub.add_parser("identity", help="Organization identities").add_subparsers(dest="sub", required=True)
+    ident = sub.add_parser("identity", help="Organization identities").add_subparsers(
+        dest="sub", required=True
+    )
     r = ident.add_parser("register", help="register an identity (signed by an Organization admin)")
     r.add_argument("identity_id")
     r.add_argument("--kind", choices=sorted(KINDS), required=True)
@@ -230,8 +250,12 @@ def build_parser(installed: list[Any] | None = None) -> argparse.ArgumentParser:
     e = sub.add_parser("events", help="print a Group's events as JSON lines")
     e.add_argument("--group", required=True)
     e.add_argument("--after", type=int, default=0)
-    e.add_argument("--follow", action="store_true", help="keep printing new events; reconnects when the server restarts")
-    e.add_argument("--payloads", action="store_true", help="each line also carries the event's payload as JSON")
+    e.add_argument(
+        "--follow", action="store_true", help="keep printing new events; reconnects when the server restarts"
+    )
+    e.add_argument(
+        "--payloads", action="store_true", help="each line also carries the event's payload as JSON"
+    )
     add_reader_flags(e)
     e.set_defaults(func=cmd_events)
 
@@ -269,7 +293,9 @@ def _timeout(args: argparse.Namespace) -> float:
         raise UsageError(f"MWP_TIMEOUT must be a number of seconds, not {text!r}") from None
 
 
-def _run(func: Callable[[argparse.Namespace], int | Awaitable[int]], args: argparse.Namespace, seconds: float) -> int:
+def _run(
+    func: Callable[[argparse.Namespace], int | Awaitable[int]], args: argparse.Namespace, seconds: float
+) -> int:
     result = func(args)
     if asyncio.iscoroutine(result):
         bounded = not (getattr(args, "runs_until_stopped", False) or getattr(args, "follow", False))

@@ -63,15 +63,24 @@ CLIENT_TLS_FLAGS = {
 def add_client_tls_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("TLS to the server (docs/tls.md)")
     g.add_argument(
-        "--tls", action="store_true", default=None,
+        "--tls",
+        action="store_true",
+        default=None,
         help="use TLS, verifying the server with the system's roots unless --tls-ca (default $MWP_TLS; "
         "on whenever another --tls-* flag or MWP_TLS_* client variable is set)",
     )
-    g.add_argument("--tls-ca", type=Path, help="CA bundle (PEM) that verifies the server (default $MWP_TLS_CA)")
-    g.add_argument("--tls-client-cert", type=Path, help="client certificate (PEM) for mTLS (default $MWP_TLS_CLIENT_CERT)")
+    g.add_argument(
+        "--tls-ca", type=Path, help="CA bundle (PEM) that verifies the server (default $MWP_TLS_CA)"
+    )
+    g.add_argument(
+        "--tls-client-cert",
+        type=Path,
+        help="client certificate (PEM) for mTLS (default $MWP_TLS_CLIENT_CERT)",
+    )
     g.add_argument("--tls-client-key", type=Path, help="its private key (PEM) (default $MWP_TLS_CLIENT_KEY)")
     g.add_argument(
-        "--tls-server-name", help="the name to check in the server certificate instead of the target's host "
+        "--tls-server-name",
+        help="the name to check in the server certificate instead of the target's host "
         "(default $MWP_TLS_SERVER_NAME)",
     )
 
@@ -145,7 +154,13 @@ class Actor:
         return membership_epoch(await self.state(group_id), self.signer.identity_id)
 
     async def execute(
-        self, group_id: str, kind: str, body: Message, *, creating: bool = False, command_id: str | None = None
+        self,
+        group_id: str,
+        kind: str,
+        body: Message,
+        *,
+        creating: bool = False,
+        command_id: str | None = None,
     ) -> command_pb2.CommandResult:
         """Signs and executes one command; a Group-creating command carries membership epoch 0.
         ``command_id`` (default: a fresh one) lets a retry be answered by the Authority's idempotency."""
@@ -228,7 +243,10 @@ def relative(ts: Timestamp, now: datetime | None = None) -> str:
 def columns(rows: list[list[str]], indent: str = "") -> list[str]:
     """``rows`` (the first one a header) as aligned text columns, two spaces apart."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return [
+        indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
 
 
 def to_dict(message: Message) -> dict[str, Any]:
@@ -341,9 +359,13 @@ def instant(text: str) -> datetime:
     try:
         value = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an ISO 8601 time, e.g. 2026-12-01T18:00:00Z") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected an ISO 8601 time, e.g. 2026-12-01T18:00:00Z"
+        ) from None
     if value.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"{text!r}: give the time zone, e.g. 2026-12-01T18:00:00Z or ...+01:00")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give the time zone, e.g. 2026-12-01T18:00:00Z or ...+01:00"
+        )
     return value.astimezone(UTC)
 
 
@@ -351,10 +373,14 @@ def add_expiry_flags(sp: argparse.ArgumentParser, what: str, *, required: bool) 
     """--expires-in DURATION | --expires-at ISO (one of them; read back with ``expiry``)."""
     g = sp.add_mutually_exclusive_group(required=required)
     g.add_argument(
-        "--expires-in", type=duration, metavar="DURATION",
+        "--expires-in",
+        type=duration,
+        metavar="DURATION",
         help=f"{what} expires this long from now by the local clock, e.g. 30m, 1h, 1h30m, 2d",
     )
-    g.add_argument("--expires-at", type=instant, metavar="ISO", help=f"{what} expires then, e.g. 2026-12-01T18:00:00Z")
+    g.add_argument(
+        "--expires-at", type=instant, metavar="ISO", help=f"{what} expires then, e.g. 2026-12-01T18:00:00Z"
+    )
 
 
 def expiry(args: argparse.Namespace) -> Timestamp | None:
@@ -394,7 +420,9 @@ def add_group_flags(sp: argparse.ArgumentParser, text: str = "the Group") -> Non
     )
 
 
-def add_coordinator_epoch_flag(sp: argparse.ArgumentParser, text: str = "default: the current lease's epoch") -> None:
+def add_coordinator_epoch_flag(
+    sp: argparse.ArgumentParser, text: str = "default: the current lease's epoch"
+) -> None:
     sp.add_argument("--coordinator-epoch", type=int, help=f"Coordinator epoch ({text})")
 
 

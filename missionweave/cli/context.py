@@ -39,7 +39,9 @@ def cmd_add(args: argparse.Namespace) -> int:
             value = str(Path(value).expanduser().resolve())
         values[option.name] = float(value) if option.kind == "seconds" else value
     if ("tls_client_cert" in values) != ("tls_client_key" in values):
-        raise UsageError("a client certificate needs its key and a key its certificate: give both --tls-client-cert and --tls-client-key")
+        raise UsageError(
+            "a client certificate needs its key and a key its certificate: give both --tls-client-cert and --tls-client-key"
+        )
     if values.get("timeout", 0) < 0:
         raise UsageError("--timeout must be >= 0 seconds (0: wait as long as it takes)")
     context = SavedContext(check_name(args.name), args.description or "", values)
@@ -48,8 +50,13 @@ def cmd_add(args: argparse.Namespace) -> int:
         contexts.select(context.name)
     for name, value in values.items():
         if missing_file(BY_NAME[name], value):  # may well be made later (mwp keygen): a note, not a refusal
-            print(f"mwp: note: context {context.name!r} names {BY_NAME[name].what} {value}, which does not exist yet", file=sys.stderr)
-    lines = [f"saved context {context.name} ({path})"] + ([f"selected context {context.name}"] if args.select else [])
+            print(
+                f"mwp: note: context {context.name!r} names {BY_NAME[name].what} {value}, which does not exist yet",
+                file=sys.stderr,
+            )
+    lines = [f"saved context {context.name} ({path})"] + (
+        [f"selected context {context.name}"] if args.select else []
+    )
     emit(args, lines, _document(context, path, contexts.selected() == context.name))
     return 0
 
@@ -63,10 +70,20 @@ def cmd_ls(args: argparse.Namespace) -> int:
     selected = contexts.selected()
     saved = [contexts.load(name) for name in contexts.names()]
     rows = [["", "NAME", "TARGET", "IDENTITY", "DESCRIPTION"]] + [
-        ["*" if c.name == selected else "", c.name, c.values.get("target", "-"), c.values.get("identity", "-"), c.description]
+        [
+            "*" if c.name == selected else "",
+            c.name,
+            c.values.get("target", "-"),
+            c.values.get("identity", "-"),
+            c.description,
+        ]
         for c in saved
     ]
-    lines = columns(rows) if saved else [f"no contexts in {contexts.directory} (mwp context add NAME --target ADDR ...)"]
+    lines = (
+        columns(rows)
+        if saved
+        else [f"no contexts in {contexts.directory} (mwp context add NAME --target ADDR ...)"]
+    )
     document = {
         "directory": str(contexts.directory),
         "selected": selected,
@@ -80,18 +97,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     contexts = store()
     context = chosen(args, contexts, args.name)
     if context is None:
-        raise UsageError("no context is selected: name one (mwp context show NAME) or select one (mwp context select NAME)")
+        raise UsageError(
+            "no context is selected: name one (mwp context show NAME) or select one (mwp context select NAME)"
+        )
     path = contexts.file(context.name)
     selected = contexts.selected() == context.name
     values = effective(args, context)
     rows = [["OPTION", "FLAG", "VALUE", "FROM"]]
     for option in OPTIONS:
         resolved = values[option.name]
-        source = {"context": f"context {context.name}", "env": f"${option.env}"}.get(resolved.source, resolved.source)
+        source = {"context": f"context {context.name}", "env": f"${option.env}"}.get(
+            resolved.source, resolved.source
+        )
         missing = " (missing)" if missing_file(option, resolved.value) else ""
         rows.append([option.name, option.flag, f"{resolved.value or '-'}{missing}", source])
     lines = [
-        f"context {context.name}{' (selected)' if selected else ''}" + (f": {context.description}" if context.description else ""),
+        f"context {context.name}{' (selected)' if selected else ''}"
+        + (f": {context.description}" if context.description else ""),
         f"  file {path}",
         "  effective values (a flag beats $MWP_*, which beats the context, which beats the default):",
         *columns(rows, "  "),
@@ -99,7 +121,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     document = {
         **_document(context, path, selected),
         "effective": {
-            name: {"value": v.value, "source": v.source, "env": BY_NAME[name].env} for name, v in values.items()
+            name: {"value": v.value, "source": v.source, "env": BY_NAME[name].env}
+            for name, v in values.items()
         },
     }
     emit(args, lines, document)
@@ -124,7 +147,8 @@ TEXT_METAVARS = {"target": "ADDR", "tls_server_name": "NAME", "identity": "ID"}
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ctx = sub.add_parser(
-        "context", help="saved connection options: target, TLS, identity (like nats context)",
+        "context",
+        help="saved connection options: target, TLS, identity (like nats context)",
         description="Contexts are stored in $MWP_CONTEXT_DIR, else $XDG_CONFIG_HOME/missionweave/context, "
         "else ~/.config/missionweave/context.",
     ).add_subparsers(dest="sub", required=True)
@@ -133,9 +157,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     a.add_argument("name")
     for option in OPTIONS:
         kind: dict[str, Any] = (
-            {"action": "store_true", "default": None} if option.kind == "switch"
-            else {"type": float, "metavar": "SECONDS"} if option.kind == "seconds"
-            else {"metavar": "FILE"} if option.kind == "path" else {"metavar": TEXT_METAVARS[option.name]}
+            {"action": "store_true", "default": None}
+            if option.kind == "switch"
+            else {"type": float, "metavar": "SECONDS"}
+            if option.kind == "seconds"
+            else {"metavar": "FILE"}
+            if option.kind == "path"
+            else {"metavar": TEXT_METAVARS[option.name]}
         )
         a.add_argument(option.flag, dest=f"set_{option.name}", help=f"{option.what} (${option.env})", **kind)
     a.add_argument("--description", help="a line saying what it is for")

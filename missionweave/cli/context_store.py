@@ -41,15 +41,36 @@ class Option:
 
 OPTIONS = (
     Option("target", "--target", "target", "MWP_TARGET", "text", "server address", DEFAULT_TARGET),
-    Option("timeout", "--timeout", "timeout", "MWP_TIMEOUT", "seconds", "seconds to wait for a silent server",
-           f"{DEFAULT_TIMEOUT_S:g}"),
+    Option(
+        "timeout",
+        "--timeout",
+        "timeout",
+        "MWP_TIMEOUT",
+        "seconds",
+        "seconds to wait for a silent server",
+        f"{DEFAULT_TIMEOUT_S:g}",
+    ),
     Option("tls", "--tls", "tls", "MWP_TLS", "switch", "use TLS", "off"),
     Option("tls_ca", "--tls-ca", "tls_ca", "MWP_TLS_CA", "path", "TLS CA bundle"),
-    Option("tls_client_cert", "--tls-client-cert", "tls_client_cert", "MWP_TLS_CLIENT_CERT", "path",
-           "TLS client certificate"),
-    Option("tls_client_key", "--tls-client-key", "tls_client_key", "MWP_TLS_CLIENT_KEY", "path", "TLS client key"),
-    Option("tls_server_name", "--tls-server-name", "tls_server_name", "MWP_TLS_SERVER_NAME", "text",
-           "name checked in the server certificate"),
+    Option(
+        "tls_client_cert",
+        "--tls-client-cert",
+        "tls_client_cert",
+        "MWP_TLS_CLIENT_CERT",
+        "path",
+        "TLS client certificate",
+    ),
+    Option(
+        "tls_client_key", "--tls-client-key", "tls_client_key", "MWP_TLS_CLIENT_KEY", "path", "TLS client key"
+    ),
+    Option(
+        "tls_server_name",
+        "--tls-server-name",
+        "tls_server_name",
+        "MWP_TLS_SERVER_NAME",
+        "text",
+        "name checked in the server certificate",
+    ),
     Option("identity", "--as", "actor", "MWP_AS", "text", "identity reads are proven as"),
     Option("key", "--key", "key", "MWP_KEY", "path", "key file"),
 )
@@ -86,8 +107,12 @@ class SavedContext:
         return {"description": self.description, **self.values}
 
 
-EXPECTED = {"switch": "true or false", "seconds": "a number of seconds >= 0", "text": "a non-empty string",
-            "path": "a non-empty string"}
+EXPECTED = {
+    "switch": "true or false",
+    "seconds": "a number of seconds >= 0",
+    "text": "a non-empty string",
+    "path": "a non-empty string",
+}
 
 
 def _fits(kind: str, value: Any) -> bool:
@@ -103,7 +128,9 @@ def _checked_values(data: dict[str, Any], where: str) -> dict[str, Any]:
     is refused with the key that is wrong, never half-used)."""
     unknown = sorted(set(data) - set(BY_NAME) - {"description"})
     if unknown:
-        raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)}; known: description, {', '.join(BY_NAME)}")
+        raise UsageError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; known: description, {', '.join(BY_NAME)}"
+        )
     values: dict[str, Any] = {}
     for name, value in data.items():
         if name == "description" or value is None:
@@ -169,7 +196,9 @@ class ContextStore:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as err:
-            raise UsageError(f"cannot read the selected context from {self.directory / SELECTION_FILE}: {err}") from None
+            raise UsageError(
+                f"cannot read the selected context from {self.directory / SELECTION_FILE}: {err}"
+            ) from None
         name = data.get("context") if isinstance(data, dict) else None
         return name if isinstance(name, str) and name else None
 
@@ -252,7 +281,8 @@ def context_environment(args: argparse.Namespace) -> dict[str, str]:
             continue
         option = BY_NAME[name]
         if missing_file(option, resolved.value):
-            raise UsageError(f"context {context.name!r} names {option.what} {resolved.value}, which does not exist")
+            raise UsageError(
+                f"context {context.name!r} names {option.what} {resolved.value}, which does not exist"
+            )
         supplied[option.env] = resolved.value or ""
     return supplied
-

@@ -127,7 +127,9 @@ def _amendment_document(event: event_pb2.Event) -> dict[str, Any]:
         "actor_id": event.actor_id,
         "recorded_at": when(event.recorded_at),
         "kind": enum_label(_AMEND, amended.kind, "MESSAGE_AMENDMENT_KIND_").lower(),
-        "corrected_content": to_dict(amended.corrected_content) if amended.HasField("corrected_content") else None,
+        "corrected_content": to_dict(amended.corrected_content)
+        if amended.HasField("corrected_content")
+        else None,
         "policy_reason": amended.policy_reason,
         "erasure": enum_label(conversation_pb2.ContentErasure, amended.erasure, "CONTENT_ERASURE_").lower()
         if amended.erasure
@@ -161,7 +163,9 @@ def render_messages(chains: Iterable[MessageChain], labels: dict[str, str]) -> l
             current = m.conversation_id
             lines.append(f"Conversation {current} ({labels.get(current, 'unknown kind')})")
         reply = f" (reply to {m.reply_to_message_id})" if m.reply_to_message_id else ""
-        lines.append(f"  #{chain.posted.sequence} {m.message_id} {chain.posted.actor_id}{reply}: {chain.display()}")
+        lines.append(
+            f"  #{chain.posted.sequence} {m.message_id} {chain.posted.actor_id}{reply}: {chain.display()}"
+        )
     if len(lines) == 1:
         lines.append("  (no messages)")
     return lines
@@ -174,7 +178,11 @@ async def cmd_message_list(args: argparse.Namespace) -> int:
     async with reading(args) as mesh:
         chains, labels = fold_messages([e async for e in mesh.read_events(args.group)])
     selected = sorted(
-        (c for c in chains.values() if not args.conversation or c.message.conversation_id == args.conversation),
+        (
+            c
+            for c in chains.values()
+            if not args.conversation or c.message.conversation_id == args.conversation
+        ),
         key=lambda c: (c.message.conversation_id, c.posted.sequence),
     )
     if wants_json(args):
@@ -224,7 +232,9 @@ async def cmd_message_amend(args: argparse.Namespace) -> int:
     async with acting(args) as actor:
         result = await actor.execute(args.group, "message_amend", body)
     if args.erase:
-        headline = f"content of message {args.message} erased from history ({args.erase}); the tombstone records it"
+        headline = (
+            f"content of message {args.message} erased from history ({args.erase}); the tombstone records it"
+        )
     else:
         headline = f"{args.kind} of message {args.message} recorded; the original stays in history"
     return report(args, result, headline)
@@ -251,7 +261,9 @@ async def cmd_conversation_open(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     conv = sub.add_parser("conversation", help="Conversations").add_subparsers(dest="sub", required=True)
-    o = acting_command(conv.add_parser("open", help="open a review or restricted Conversation (owner/Coordinator)"))
+    o = acting_command(
+        conv.add_parser("open", help="open a review or restricted Conversation (owner/Coordinator)")
+    )
     o.add_argument("--kind", choices=sorted(CONVERSATION_KINDS), required=True)
     o.add_argument("--title", required=True)
     o.add_argument("--participant", action="append", help="restricted only: a member allowed in (repeatable)")
@@ -275,7 +287,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_reader_flags(ls)
     ls.set_defaults(func=cmd_message_list)
 
-    a = acting_command(msg.add_parser("amend", help="correct, retract or redact a Message (the original stays)"))
+    a = acting_command(
+        msg.add_parser("amend", help="correct, retract or redact a Message (the original stays)")
+    )
     a.add_argument("--message", required=True, help="the Message id")
     a.add_argument("--kind", choices=sorted(AMENDMENT_KINDS), required=True)
     a.add_argument("--text", help="correction only: the corrected text")

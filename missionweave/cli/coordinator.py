@@ -87,7 +87,9 @@ async def cmd_replace(args: argparse.Namespace) -> int:
     return report(args, result, headline)
 
 
-async def _reconcile(actor: Actor, args: argparse.Namespace) -> tuple[VerifiedSummary, mission_pb2.MissionAcknowledgeReconciliation]:
+async def _reconcile(
+    actor: Actor, args: argparse.Namespace
+) -> tuple[VerifiedSummary, mission_pb2.MissionAcknowledgeReconciliation]:
     summary = await verified_summary(actor.mesh, args.group)
     actor.states[args.group] = summary.state  # the membership epoch comes from the verified summary too
     return summary, mission_pb2.MissionAcknowledgeReconciliation(
@@ -107,23 +109,35 @@ async def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    co = sub.add_parser("coordinator", help="the Coordinator lease: renew, replace, summary, reconcile").add_subparsers(
-        dest="sub", required=True
-    )
+    co = sub.add_parser(
+        "coordinator", help="the Coordinator lease: renew, replace, summary, reconcile"
+    ).add_subparsers(dest="sub", required=True)
 
-    r = acting_command(co.add_parser("renew", help="renew your Coordinator lease before it expires (Coordinator)"))
+    r = acting_command(
+        co.add_parser("renew", help="renew your Coordinator lease before it expires (Coordinator)")
+    )
     add_coordinator_epoch_flag(r)
     r.set_defaults(func=cmd_renew)
 
-    rp = acting_command(co.add_parser("replace", help="appoint a new Coordinator after the lease lapsed (MissionOwner)"))
+    rp = acting_command(
+        co.add_parser("replace", help="appoint a new Coordinator after the lease lapsed (MissionOwner)")
+    )
     rp.add_argument("--coordinator", required=True, help="the new Coordinator's identity id")
-    rp.add_argument("--lease-seconds", type=float, help="the new lease's length (default: the server's, 5 minutes)")
+    rp.add_argument(
+        "--lease-seconds", type=float, help="the new lease's length (default: the server's, 5 minutes)"
+    )
     add_coordinator_epoch_flag(rp, "the epoch replaced; default: the current lease's epoch")
     rp.set_defaults(func=cmd_replace)
 
-    s = reading_command(co.add_parser("summary", help="the Authority-signed Group summary, signature verified"))
+    s = reading_command(
+        co.add_parser("summary", help="the Authority-signed Group summary, signature verified")
+    )
     s.set_defaults(func=cmd_summary)
 
-    rc = acting_command(co.add_parser("reconcile", help="verify the signed summary and acknowledge reconciliation (Coordinator)"))
+    rc = acting_command(
+        co.add_parser(
+            "reconcile", help="verify the signed summary and acknowledge reconciliation (Coordinator)"
+        )
+    )
     add_coordinator_epoch_flag(rc, "default: the epoch in the signed summary")
     rc.set_defaults(func=cmd_reconcile)

@@ -84,7 +84,9 @@ def cap(text: str) -> Cap:
     if key == "financial":
         match = _MONEY.match(value)
         if match is None:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected financial=AMOUNT[CURRENCY], e.g. financial=12.50EUR")
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected financial=AMOUNT[CURRENCY], e.g. financial=12.50EUR"
+            )
         return Cap("financial_micros", int(Decimal(match[1]) * _MICROS), (match[2] or "").upper())
     if key not in DIMENSIONS:
         names = ", ".join(["financial", *DIMENSIONS])
@@ -138,31 +140,60 @@ def cap_lines(caps: common_pb2.ResourceVector) -> list[str]:
 def dimensions(s: GrantStatus) -> dict[str, dict[str, int]]:
     """Cap, charged and remaining per dimension, zeros included (MessageToDict leaves them out)."""
     return {
-        d: {"cap": int(getattr(s.grant.caps, d)), "charged": int(getattr(s.charged, d)), "remaining": int(getattr(s.remaining, d))}
+        d: {
+            "cap": int(getattr(s.grant.caps, d)),
+            "charged": int(getattr(s.charged, d)),
+            "remaining": int(getattr(s.remaining, d)),
+        }
         for d in DIMENSIONS
     }
 
 
 def grant_document(s: GrantStatus, now: datetime) -> dict[str, Any]:
-    return {**to_dict(s), "status": status_of(s, now), "currency": s.grant.caps.currency, "dimensions": dimensions(s)}
+    return {
+        **to_dict(s),
+        "status": status_of(s, now),
+        "currency": s.grant.caps.currency,
+        "dimensions": dimensions(s),
+    }
 
 
 def find_grant(state: authority_service_pb2.GroupState, grant_id: str) -> GrantStatus:
     found = next((s for s in state.grants if s.grant.grant_id == grant_id), None)
     if found is None:
-        raise CliError(f"group {state.group_id} has no delegation grant {grant_id!r} (mwp delegation list {state.group_id})")
+        raise CliError(
+            f"group {state.group_id} has no delegation grant {grant_id!r} (mwp delegation list {state.group_id})"
+        )
     return found
 
 
 def grant_table(grants: Any, now: datetime) -> list[str]:
-    rows = [["GRANT", "GRANTEE", "TARGET", "STATUS", "TOKENS LEFT", "TOOL CALLS LEFT", "FINANCIAL LEFT", "EXPIRES"]]
+    rows = [
+        [
+            "GRANT",
+            "GRANTEE",
+            "TARGET",
+            "STATUS",
+            "TOKENS LEFT",
+            "TOOL CALLS LEFT",
+            "FINANCIAL LEFT",
+            "EXPIRES",
+        ]
+    ]
     for s in grants:
         g, currency = s.grant, s.grant.caps.currency
-        rows.append([
-            g.grant_id, g.grantee_id, g.target_work_item_id, status_of(s, now), str(s.remaining.tokens),
-            str(s.remaining.tool_calls), money(s.remaining.financial_micros, currency),
-            f"{when(g.expires_at)} ({relative(g.expires_at, now)})",
-        ])
+        rows.append(
+            [
+                g.grant_id,
+                g.grantee_id,
+                g.target_work_item_id,
+                status_of(s, now),
+                str(s.remaining.tokens),
+                str(s.remaining.tool_calls),
+                money(s.remaining.financial_micros, currency),
+                f"{when(g.expires_at)} ({relative(g.expires_at, now)})",
+            ]
+        )
     return columns(rows, "  ")
 
 
@@ -178,7 +209,15 @@ def render_grant(s: GrantStatus, now: datetime) -> list[str]:
         ["expires", f"{when(g.expires_at)} ({relative(g.expires_at, now)})"],
     ]
     budget = [["dimension", "cap", "charged", "remaining"]]
-    budget += [[label(d), amount(g.caps, d, currency), amount(s.charged, d, currency), amount(s.remaining, d, currency)] for d in DIMENSIONS]
+    budget += [
+        [
+            label(d),
+            amount(g.caps, d, currency),
+            amount(s.charged, d, currency),
+            amount(s.remaining, d, currency),
+        ]
+        for d in DIMENSIONS
+    ]
     return [
         f"delegation grant {g.grant_id}: {status_of(s, now)}",
         *columns(rows, "  "),
@@ -264,23 +303,40 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "NOTHING in it, not unlimited. Caps may not exceed the Mission's budget.",
         ),
     )
-    g.add_argument("grantee", metavar="GRANTEE", help="the grantee (holds an active work-delegate Membership)")
+    g.add_argument(
+        "grantee", metavar="GRANTEE", help="the grantee (holds an active work-delegate Membership)"
+    )
     # dest differs from the global --target (the server address), which must keep its value.
     g.add_argument(
-        "--target", "--work-item", dest="target_work_item", required=True, metavar="WORKITEM",
+        "--target",
+        "--work-item",
+        dest="target_work_item",
+        required=True,
+        metavar="WORKITEM",
         help="the scope root WorkItem (the server address is the global --target, before the command)",
     )
     g.add_argument(
-        "--capability", action="append", type=capability, required=True, metavar="ID=MINVERSION",
+        "--capability",
+        action="append",
+        type=capability,
+        required=True,
+        metavar="ID=MINVERSION",
         help="an allowed capability with its minimum version (repeatable; at least one)",
     )
     g.add_argument(
-        "--cap", action="append", type=cap, metavar="DIMENSION=VALUE",
+        "--cap",
+        action="append",
+        type=cap,
+        metavar="DIMENSION=VALUE",
         help="a cap (repeatable): financial=12.50[EUR] or financial_micros=N, tokens=N, tool_calls=N, compute_ms=N, "
         "wall_clock_ms=N, side_effects=N. A dimension not given is 0 = nothing allowed",
     )
-    g.add_argument("--currency", help="the caps' currency (default: the one financial= names, else the Mission budget's)")
-    g.add_argument("--max-depth", type=natural, required=True, metavar="N", help="levels below the target it may create")
+    g.add_argument(
+        "--currency", help="the caps' currency (default: the one financial= names, else the Mission budget's)"
+    )
+    g.add_argument(
+        "--max-depth", type=natural, required=True, metavar="N", help="levels below the target it may create"
+    )
     add_expiry_flags(g, "the grant", required=True)
     add_coordinator_epoch_flag(g)
     g.set_defaults(func=cmd_grant)
@@ -292,9 +348,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--reason", required=True)
     r.set_defaults(func=cmd_revoke)
 
-    ls = reading_command(dele.add_parser("list", help="every grant of a Group: status, remaining budget, expiry"))
+    ls = reading_command(
+        dele.add_parser("list", help="every grant of a Group: status, remaining budget, expiry")
+    )
     ls.set_defaults(func=cmd_list)
 
-    s = reading_command(dele.add_parser("show", help="one grant: every field, caps vs charged vs remaining, charged WorkItems"))
+    s = reading_command(
+        dele.add_parser(
+            "show", help="one grant: every field, caps vs charged vs remaining, charged WorkItems"
+        )
+    )
     s.add_argument("grant_id", metavar="GRANT_ID")
     s.set_defaults(func=cmd_show)

@@ -23,7 +23,9 @@ async def cmd_snapshot(args: argparse.Namespace) -> int:
         f"  digest blake3:{taken.digest.hex} ({taken.digest.size_bytes} bytes)",
     ]
     if args.compact:
-        lines.append(f"  events 1..{taken.sequence} moved to the archive tier (never deleted; audits still read them)")
+        lines.append(
+            f"  events 1..{taken.sequence} moved to the archive tier (never deleted; audits still read them)"
+        )
     document = {
         "group_id": args.group,
         "sequence": taken.sequence,
@@ -38,13 +40,17 @@ async def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    group = sub.add_parser("group", help="operator actions on a Group: snapshots and compaction").add_subparsers(
-        dest="sub", required=True
-    )
+    group = sub.add_parser(
+        "group", help="operator actions on a Group: snapshots and compaction"
+    ).add_subparsers(dest="sub", required=True)
     s = group.add_parser("snapshot", help="take a signed snapshot of a Group (optionally compact or archive)")
     s.add_argument("--group", required=True)
-    s.add_argument("--compact", action="store_true", help="move the events up to the snapshot to the archive tier")
-    s.add_argument("--archival", action="store_true", help="the final snapshot of a finished Mission (MW-7.4-02)")
+    s.add_argument(
+        "--compact", action="store_true", help="move the events up to the snapshot to the archive tier"
+    )
+    s.add_argument(
+        "--archival", action="store_true", help="the final snapshot of a finished Mission (MW-7.4-02)"
+    )
     add_json_flag(s)
     add_reader_flags(s)
     s.set_defaults(func=cmd_snapshot)

@@ -75,11 +75,17 @@ def membership_table(memberships: Any, now: datetime) -> list[str]:
     rows = [["MEMBER", "ROLE", "EPOCH", "VISIBLE FROM", "ACTIVE", "PROVISIONAL", "CAPABILITIES"]]
     for ms in memberships:
         row = membership_row(ms, now)
-        rows.append([
-            ms.member_id, row["role"], str(ms.membership_epoch), str(ms.visibility_start_sequence),
-            "lapsed" if row["lapsed"] else "yes" if ms.active else "no",
-            provisional_text(ms, now), capabilities_text(ms.capabilities),
-        ])
+        rows.append(
+            [
+                ms.member_id,
+                row["role"],
+                str(ms.membership_epoch),
+                str(ms.visibility_start_sequence),
+                "lapsed" if row["lapsed"] else "yes" if ms.active else "no",
+                provisional_text(ms, now),
+                capabilities_text(ms.capabilities),
+            ]
+        )
     return columns(rows, "  ")
 
 
@@ -89,7 +95,9 @@ def membership_table(memberships: Any, now: datetime) -> list[str]:
 async def cmd_grant(args: argparse.Namespace) -> int:
     expires_at = expiry(args)
     if args.provisional and expires_at is None:
-        raise UsageError("a provisional Membership lapses unless it accepts an offer: give --expires-in or --expires-at")
+        raise UsageError(
+            "a provisional Membership lapses unless it accepts an offer: give --expires-in or --expires-at"
+        )
     if expires_at is not None and not args.provisional:
         raise UsageError("--expires-in / --expires-at are for a --provisional Membership only")
     body = membership_pb2.MembershipGrant(
@@ -103,7 +111,9 @@ async def cmd_grant(args: argparse.Namespace) -> int:
     async with acting(args) as actor:
         result = await actor.execute(args.group, "membership_grant", body)
     granted = first_event(result, "membership_granted")
-    ms = granted.membership_granted.membership if granted else membership_pb2.Membership(member_id=args.member)
+    ms = (
+        granted.membership_granted.membership if granted else membership_pb2.Membership(member_id=args.member)
+    )
     now = datetime.now(UTC)
     headline = f"granted {ms.member_id} a {role_label(body.role)} Membership, epoch {ms.membership_epoch}"
     details = [
@@ -111,7 +121,9 @@ async def cmd_grant(args: argparse.Namespace) -> int:
         f"  capabilities: {capabilities_text(ms.capabilities)}",
     ]
     if ms.provisional:
-        details.append(f"  provisional {provisional_text(ms, now)}: it may only answer offers until it accepts one")
+        details.append(
+            f"  provisional {provisional_text(ms, now)}: it may only answer offers until it accepts one"
+        )
     return report(args, result, headline, details=details, extra={"membership": membership_row(ms, now)})
 
 
@@ -121,7 +133,9 @@ async def cmd_revoke(args: argparse.Namespace) -> int:
         result = await actor.execute(args.group, "membership_revoke", body)
     revoked = first_event(result, "membership_revoked")
     epoch = revoked.membership_revoked.membership_epoch if revoked else "?"
-    headline = f"revoked {args.member}'s Membership (epoch {epoch}): later commands from that epoch are refused"
+    headline = (
+        f"revoked {args.member}'s Membership (epoch {epoch}): later commands from that epoch are refused"
+    )
     return report(args, result, headline)
 
 
@@ -129,7 +143,10 @@ async def cmd_list(args: argparse.Namespace) -> int:
     async with reading(args) as mesh:
         state = await mesh.group_state(args.group)
     now = datetime.now(UTC)
-    lines = [f"Memberships of {state.group_id} (head sequence {state.head_sequence})", *membership_table(state.memberships, now)]
+    lines = [
+        f"Memberships of {state.group_id} (head sequence {state.head_sequence})",
+        *membership_table(state.memberships, now),
+    ]
     document = {
         "group_id": state.group_id,
         "head_sequence": state.head_sequence,
@@ -143,7 +160,9 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    mem = sub.add_parser("member", help="Memberships: grant, revoke, list").add_subparsers(dest="sub", required=True)
+    mem = sub.add_parser("member", help="Memberships: grant, revoke, list").add_subparsers(
+        dest="sub", required=True
+    )
 
     g = acting_command(
         mem.add_parser("grant", help="grant a Membership (MissionOwner or current Coordinator)")
@@ -151,14 +170,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("member", metavar="MEMBER", help="the identity joining")
     g.add_argument("--role", choices=list(ROLES), required=True)
     g.add_argument(
-        "--capability", action="append", type=capability, metavar="ID=VERSION", help="an explicit capability (repeatable)"
+        "--capability",
+        action="append",
+        type=capability,
+        metavar="ID=VERSION",
+        help="an explicit capability (repeatable)",
     )
     g.add_argument(
-        "--visibility-start", type=natural, default=0, metavar="N",
+        "--visibility-start",
+        type=natural,
+        default=0,
+        metavar="N",
         help="first Group sequence the member may see; 1 = full history (default: its grant's own sequence)",
     )
     g.add_argument(
-        "--provisional", action="store_true",
+        "--provisional",
+        action="store_true",
         help="a just-in-time Worker Membership (MW-8-06): it may only answer offers until it accepts one, "
         "and lapses at its expiry (needs --expires-in or --expires-at)",
     )

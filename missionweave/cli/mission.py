@@ -115,7 +115,12 @@ def render_mission(state: GroupState) -> list[str]:
     if v["follows_up_mission_id"]:
         rows.append(("follows up", v["follows_up_mission_id"]))
     if v["parent_group_id"]:
-        rows.append(("child of", f"{v['parent_work_item_id']} in {v['parent_group_id']} (depth {v['depth']}, root owner {v['root_owner_id']})"))
+        rows.append(
+            (
+                "child of",
+                f"{v['parent_work_item_id']} in {v['parent_group_id']} (depth {v['depth']}, root owner {v['root_owner_id']})",
+            )
+        )
     lines = [f"Mission {v['mission_id']}: {v['title']!r} ({v['kind']})"]
     lines += [f"  {label:<13}{value}" for label, value in rows]
     lines.append("Conversations")
@@ -143,7 +148,9 @@ def add_definition_flags(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--currency", default="EUR")
     sp.add_argument("--tokens", type=int, default=0)
     sp.add_argument("--tool-calls", type=int, default=0)
-    sp.add_argument("--lease-seconds", type=float, help="Coordinator lease length (default: the server's, 5 minutes)")
+    sp.add_argument(
+        "--lease-seconds", type=float, help="Coordinator lease length (default: the server's, 5 minutes)"
+    )
 
 
 def definition_from_args(args: argparse.Namespace, owner_id: str) -> mission_pb2.MissionDefinition:
@@ -152,13 +159,18 @@ def definition_from_args(args: argparse.Namespace, owner_id: str) -> mission_pb2
         title=args.title,
         objective=args.objective,
         definition_of_done=[
-            mission_pb2.CompletionCriterion(criterion_id=f"dod-{i + 1}", description=d, evidence_method="review", required=True)
+            mission_pb2.CompletionCriterion(
+                criterion_id=f"dod-{i + 1}", description=d, evidence_method="review", required=True
+            )
             for i, d in enumerate(args.done)
         ],
         deadline=to_timestamp(now + timedelta(hours=args.deadline_hours)),
         budget=common_pb2.ResourceVector(
-            currency=args.currency, financial_micros=int(args.budget * 1_000_000), tokens=args.tokens,
-            tool_calls=args.tool_calls, wall_clock_ms=int(args.deadline_hours * 3_600_000),
+            currency=args.currency,
+            financial_micros=int(args.budget * 1_000_000),
+            tokens=args.tokens,
+            tool_calls=args.tool_calls,
+            wall_clock_ms=int(args.deadline_hours * 3_600_000),
         ),
         risk_policy=mission_pb2.RiskPolicy(risk_class=mission_pb2.RISK_CLASS_LOW),
         owner_id=owner_id,
@@ -177,7 +189,9 @@ def artifact_ref(text: str) -> common_pb2.ArtifactRef:
     """``blake3:<64 hex>[:<size bytes>]`` -> ArtifactRef (an argparse type: bad input exits 2)."""
     match = _DIGEST.match(text.strip().lower())
     if match is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not ALGORITHM:HEX[:SIZE] with a 64-character hex digest")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not ALGORITHM:HEX[:SIZE] with a 64-character hex digest"
+        )
     algorithm, hex_digest, size = match.groups()
     return common_pb2.ArtifactRef(
         digest=common_pb2.Digest(algorithm=algorithm, hex=hex_digest, size_bytes=int(size or 0))
@@ -214,7 +228,13 @@ async def cmd_create(args: argparse.Namespace) -> int:
     )
     async with acting(args) as actor:
         result = await actor.execute(group_id, "mission_create", body, creating=True)
-    return report(args, result, f"mission created in group {group_id}", last_line=group_id, extra={"new_group_id": group_id})
+    return report(
+        args,
+        result,
+        f"mission created in group {group_id}",
+        last_line=group_id,
+        extra={"new_group_id": group_id},
+    )
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:
@@ -238,8 +258,14 @@ async def cmd_submit(args: argparse.Namespace) -> int:
 
 def _submission(args: argparse.Namespace, state: GroupState) -> str:
     """--submission, else the Mission's latest submission."""
-    return str(args.submission) if args.submission else require(
-        mission_of(state).latest_submission_event_id, f"mission in {state.group_id} has no submission yet", "--submission"
+    return (
+        str(args.submission)
+        if args.submission
+        else require(
+            mission_of(state).latest_submission_event_id,
+            f"mission in {state.group_id} has no submission yet",
+            "--submission",
+        )
     )
 
 
@@ -254,14 +280,18 @@ async def cmd_approve(args: argparse.Namespace) -> int:
 async def cmd_request_changes(args: argparse.Namespace) -> int:
     async with acting(args) as actor:
         submission = _submission(args, await actor.state(args.group))
-        body = mission_pb2.MissionRequestChanges(submission_event_id=submission, requested_changes=args.changes)
+        body = mission_pb2.MissionRequestChanges(
+            submission_event_id=submission, requested_changes=args.changes
+        )
         result = await actor.execute(args.group, "mission_request_changes", body)
     return report(args, result, f"requested changes to submission {submission}; the Mission is active again")
 
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
     async with acting(args) as actor:
-        result = await actor.execute(args.group, "mission_cancel", mission_pb2.MissionCancel(reason=args.reason))
+        result = await actor.execute(
+            args.group, "mission_cancel", mission_pb2.MissionCancel(reason=args.reason)
+        )
     return report(args, result, "mission cancelled")
 
 
@@ -293,7 +323,9 @@ async def cmd_follow_up(args: argparse.Namespace) -> int:
 async def cmd_revoke_approval(args: argparse.Namespace) -> int:
     async with acting(args) as actor:
         approval = args.approval or require(
-            mission_of(await actor.state(args.group)).approval_event_id, "the Mission has no approval", "--approval"
+            mission_of(await actor.state(args.group)).approval_event_id,
+            "the Mission has no approval",
+            "--approval",
         )
         follow_up = mission_of(await actor.state(args.follow_up_group))
         body = mission_pb2.MissionRevokeApproval(
@@ -308,7 +340,9 @@ async def cmd_revoke_approval(args: argparse.Namespace) -> int:
 
 
 async def cmd_directive(args: argparse.Namespace) -> int:
-    body = mission_pb2.MissionIssueDirective(directive=args.directive, parameters_json=args.parameters_json or "")
+    body = mission_pb2.MissionIssueDirective(
+        directive=args.directive, parameters_json=args.parameters_json or ""
+    )
     async with acting(args) as actor:
         result = await actor.execute(args.group, "mission_issue_directive", body)
     return report(args, result, "directive issued to the Coordinator")
@@ -333,7 +367,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     add_review_parser(mis)
 
-    s = reading_command(mis.add_parser("show", help="a Mission's state, lease, submission, Conversations and Memberships"))
+    s = reading_command(
+        mis.add_parser("show", help="a Mission's state, lease, submission, Conversations and Memberships")
+    )
     s.set_defaults(func=cmd_show)
 
     c = mis.add_parser("create", help="create a root Mission (you are the human owner)")
@@ -347,7 +383,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     sm = acting_command(mis.add_parser("submit", help="submit the Mission for approval (Coordinator)"))
     sm.add_argument("--artifact", action="append", type=artifact_ref, help="blake3:<hex>:<size> (repeatable)")
     sm.add_argument(
-        "--artifacts-of", action="append", metavar="WORK_ITEM",
+        "--artifacts-of",
+        action="append",
+        metavar="WORK_ITEM",
         help="every Artifact that WorkItem handed in (repeatable; after the --artifact ones)",
     )
     sm.add_argument("--summary", required=True, help="a non-authoritative summary for the owner")
@@ -374,7 +412,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_coordinator_epoch_flag(t)
     t.set_defaults(func=cmd_terminate)
 
-    f = mis.add_parser("follow-up", help="create a follow-up Mission linked to an approved one (MissionOwner)")
+    f = mis.add_parser(
+        "follow-up", help="create a follow-up Mission linked to an approved one (MissionOwner)"
+    )
     add_actor_flags(f)
     f.add_argument("--approved-group", required=True, help="the approved Mission's Group")
     add_definition_flags(f)
@@ -385,7 +425,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     f.set_defaults(func=cmd_follow_up)
 
     rv = acting_command(
-        mis.add_parser("revoke-approval", help="record a revocation, remediated by a follow-up (MissionOwner)"),
+        mis.add_parser(
+            "revoke-approval", help="record a revocation, remediated by a follow-up (MissionOwner)"
+        ),
         "the approved Mission's Group",
     )
     rv.add_argument("--reason", required=True)
@@ -393,8 +435,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     rv.add_argument("--approval", help="approval event id (default: the Mission's approval)")
     rv.set_defaults(func=cmd_revoke_approval)
 
-    d = acting_command(mis.add_parser("directive", help="issue a directive to the Coordinator (MissionOwner)"))
+    d = acting_command(
+        mis.add_parser("directive", help="issue a directive to the Coordinator (MissionOwner)")
+    )
     d.add_argument("--directive", required=True)
     d.add_argument("--parameters-json", type=json_object, help="structured parameters as a JSON object")
     d.set_defaults(func=cmd_directive)
-

@@ -62,14 +62,31 @@ from missionweave.v1 import work_pb2 as wp
 
 # A revision is a new offer, which the protocol allows only from these states, with no live owner (T03).
 REVISABLE = {
-    wp.WORK_ITEM_STATE_OPEN, wp.WORK_ITEM_STATE_OFFERED, wp.WORK_ITEM_STATE_QUEUED,
-    wp.WORK_ITEM_STATE_ACTIVE, wp.WORK_ITEM_STATE_BLOCKED, wp.WORK_ITEM_STATE_FAILED,
+    wp.WORK_ITEM_STATE_OPEN,
+    wp.WORK_ITEM_STATE_OFFERED,
+    wp.WORK_ITEM_STATE_QUEUED,
+    wp.WORK_ITEM_STATE_ACTIVE,
+    wp.WORK_ITEM_STATE_BLOCKED,
+    wp.WORK_ITEM_STATE_FAILED,
 }
 # The contract fields a plan describes; a revision keeps every other one as the running contract has it.
 PLANNED_FIELDS = (
-    "goal", "deliverables", "acceptance_criteria", "inputs", "depends_on_work_item_ids", "dependency_policy",
-    "required_capabilities", "deadline", "urgency", "business_impact", "business_impact_note", "budget",
-    "risk_class", "requires_execution_approval", "execution_approver_ids", "notes",
+    "goal",
+    "deliverables",
+    "acceptance_criteria",
+    "inputs",
+    "depends_on_work_item_ids",
+    "dependency_policy",
+    "required_capabilities",
+    "deadline",
+    "urgency",
+    "business_impact",
+    "business_impact_note",
+    "budget",
+    "risk_class",
+    "requires_execution_approval",
+    "execution_approver_ids",
+    "notes",
 )
 
 
@@ -86,14 +103,20 @@ class Change:
     note: str = ""
 
 
-def command_id(group_id: str, work_item_id: str, action: str, base_revision: int, *content: Message | str) -> str:
+def command_id(
+    group_id: str, work_item_id: str, action: str, base_revision: int, *content: Message | str
+) -> str:
     """Fixed by the item, the revision it starts from and what it writes: the same apply, retried,
     sends the same id and gets the stored result back (D6); a different plan never reuses one."""
     digest = blake3.blake3()
     for part in content:
-        digest.update(part.SerializeToString(deterministic=True) if isinstance(part, Message) else part.encode())
+        digest.update(
+            part.SerializeToString(deterministic=True) if isinstance(part, Message) else part.encode()
+        )
         digest.update(b"\0")
-    return ids.derived_id("cmd", group_id, "plan", work_item_id, action, str(base_revision), digest.hexdigest())
+    return ids.derived_id(
+        "cmd", group_id, "plan", work_item_id, action, str(base_revision), digest.hexdigest()
+    )
 
 
 def revised(running: wp.WorkContract, planned: wp.WorkContract) -> wp.WorkContract:
@@ -112,7 +135,9 @@ def revised(running: wp.WorkContract, planned: wp.WorkContract) -> wp.WorkContra
         else:
             setattr(out, name, value)
     out.retry_policy.max_attempts = planned.retry_policy.max_attempts
-    schemas = {d.deliverable_id: d.schema.artifact for d in running.deliverables if d.schema.HasField("artifact")}
+    schemas = {
+        d.deliverable_id: d.schema.artifact for d in running.deliverables if d.schema.HasField("artifact")
+    }
     for d in out.deliverables:  # a schema stored as an Artifact, which a plan does not name, is kept too
         if d.deliverable_id in schemas:
             d.schema.artifact.CopyFrom(schemas[d.deliverable_id])
@@ -129,7 +154,10 @@ def check_graph(plan: dict[str, PlanItem], existing: dict[str, wp.WorkItem]) -> 
     for wid, item in plan.items():
         for i, dep in enumerate(item.contract.depends_on_work_item_ids):
             if dep not in plan and dep not in existing:
-                raise PlanError(f"items.{wid}.depends_on[{i}]", f"no item {dep!r} in the plan and no WorkItem {dep!r} in the Group")
+                raise PlanError(
+                    f"items.{wid}.depends_on[{i}]",
+                    f"no item {dep!r} in the plan and no WorkItem {dep!r} in the Group",
+                )
         if item.parent and item.parent not in plan and item.parent not in existing:
             raise PlanError(f"items.{wid}.parent", f"no item {item.parent!r} in the plan or the Group")
     edges = {w: list(i.contract.depends_on_work_item_ids) for w, i in existing.items()}
@@ -151,17 +179,26 @@ def _candidates(item: PlanItem, running: wp.WorkItem) -> list[str]:
     return candidates
 
 
-def _check_revisable(item: PlanItem, running: wp.WorkItem, differences: list[tuple[str, Any, Any]], now: datetime) -> None:
+def _check_revisable(
+    item: PlanItem, running: wp.WorkItem, differences: list[tuple[str, Any, Any]], now: datetime
+) -> None:
     where = f"items.{item.work_item_id}"
     for name in ("title", "parent"):
         if any(f == name for f, _, _ in differences):
-            raise PlanError(f"{where}.{name}", f"a WorkItem's {name} is not part of its contract and cannot change once authorized")
+            raise PlanError(
+                f"{where}.{name}",
+                f"a WorkItem's {name} is not part of its contract and cannot change once authorized",
+            )
     state = enum_label(wp.WorkItemState, running.state, "WORK_ITEM_STATE_")
     if running.state not in REVISABLE:
-        raise PlanError(where, f"{item.work_item_id} is {state}: its contract can no longer be revised (authorize a new WorkItem instead)")
+        raise PlanError(
+            where,
+            f"{item.work_item_id} is {state}: its contract can no longer be revised (authorize a new WorkItem instead)",
+        )
     if running.HasField("ownership") and running.ownership.expires_at.ToDatetime(tzinfo=UTC) > now:
         raise PlanError(
-            where, f"{item.work_item_id} is {state}, owned by {running.ownership.agent_id} until {when(running.ownership.expires_at)}: "
+            where,
+            f"{item.work_item_id} is {state}, owned by {running.ownership.agent_id} until {when(running.ownership.expires_at)}: "
             "a revision is a new offer, which needs no live owner (let the work finish, or fail or cancel it first)",
         )
 
@@ -172,8 +209,12 @@ def plan_changes(
     """One Change per item in dependency order (what it depends on first), then the Group's
     WorkItems the plan does not name; every refusal is raised before anything is sent."""
     now = datetime.now(UTC)
-    order = topological({w: [d for d in i.contract.depends_on_work_item_ids if d in plan] for w, i in plan.items()})
-    expires = to_timestamp(now + DEFAULT_OFFER_TTL if args.offer_expires_in is None else now + args.offer_expires_in)
+    order = topological(
+        {w: [d for d in i.contract.depends_on_work_item_ids if d in plan] for w, i in plan.items()}
+    )
+    expires = to_timestamp(
+        now + DEFAULT_OFFER_TTL if args.offer_expires_in is None else now + args.offer_expires_in
+    )
     changes = []
     for wid in order:
         item = plan[wid]
@@ -181,13 +222,22 @@ def plan_changes(
         body: Message
         if running is None:
             body = wp.WorkAuthorize(
-                work_item_id=wid, title=item.title, contract=item.contract, parent_work_item_id=item.parent, **steering(args, state)
+                work_item_id=wid,
+                title=item.title,
+                contract=item.contract,
+                parent_work_item_id=item.parent,
+                **steering(args, state),
             )
             cid = command_id(args.group, wid, "authorize", 0, body)
-            changes.append(Change(wid, "authorize", kind="work_authorize", body=body, command_id=cid, note=repr(item.title)))
+            changes.append(
+                Change(
+                    wid, "authorize", kind="work_authorize", body=body, command_id=cid, note=repr(item.title)
+                )
+            )
             continue
         differences = diff(
-            describe(running.title, running.parent_work_item_id, running.contract), describe(item.title, item.parent, item.contract)
+            describe(running.title, running.parent_work_item_id, running.contract),
+            describe(item.title, item.parent, item.contract),
         )
         if not differences:
             changes.append(Change(wid, "unchanged"))
@@ -198,7 +248,12 @@ def plan_changes(
         body = offer_body(args, state, running, candidates, expires, amended_contract=amended)
         base = running.contract.revision
         change = Change(
-            wid, "revise", differences, "work_offer", body, command_id(args.group, wid, "revise", base, amended, *candidates),
+            wid,
+            "revise",
+            differences,
+            "work_offer",
+            body,
+            command_id(args.group, wid, "revise", base, amended, *candidates),
             f"contract revision {base} -> {base + 1}, offered to {', '.join(candidates)}",
         )
         changes.append(change)
@@ -219,14 +274,22 @@ def change_lines(changes: list[Change]) -> list[str]:
     for c in changes:
         note = f" ({c.note})" if c.note else ""
         lines.append(f"  {marks[c.action]} {c.work_item_id}  {c.action}{note}")
-        lines += [f"      {name}: {_value(before)} -> {_value(after)}" for name, before, after in c.differences]
+        lines += [
+            f"      {name}: {_value(before)} -> {_value(after)}" for name, before, after in c.differences
+        ]
     return lines
 
 
 def change_document(c: Change) -> dict[str, Any]:
     return {
-        "work_item_id": c.work_item_id, "action": c.action, "command_id": c.command_id, "note": c.note,
-        "diff": [{"field": n, "before": None if b is MISSING else b, "after": None if a is MISSING else a} for n, b, a in c.differences],
+        "work_item_id": c.work_item_id,
+        "action": c.action,
+        "command_id": c.command_id,
+        "note": c.note,
+        "diff": [
+            {"field": n, "before": None if b is MISSING else b, "after": None if a is MISSING else a}
+            for n, b, a in c.differences
+        ],
     }
 
 
@@ -235,7 +298,9 @@ def _confirmed(args: argparse.Namespace, count: int) -> bool:
     if args.yes:
         return True
     if not sys.stdin.isatty():
-        raise UsageError(f"the plan makes {count} change(s) to {args.group}: pass --yes to apply them (--dry-run only shows them)")
+        raise UsageError(
+            f"the plan makes {count} change(s) to {args.group}: pass --yes to apply them (--dry-run only shows them)"
+        )
     sys.stderr.write(f"apply these {count} change(s) to {args.group}? [y/N] ")
     sys.stderr.flush()
     return sys.stdin.readline().strip().lower() in ("y", "yes")
@@ -254,11 +319,18 @@ async def _apply(actor: Actor, args: argparse.Namespace, document: dict[str, Any
     header = f"plan {args.file} against {args.group} (head sequence {state.head_sequence}):"
     summary = (
         f"{sum(c.action == 'authorize' for c in writes)} to authorize, {sum(c.action == 'revise' for c in writes)} to revise"
-        if writes else f"nothing to change: {args.group} matches the plan"
+        if writes
+        else f"nothing to change: {args.group} matches the plan"
     )
     report: dict[str, Any] = {
-        "group_id": args.group, "plan": str(args.file), "head_sequence": state.head_sequence, "changed": bool(writes),
-        "dry_run": args.dry_run, "applied": False, "changes": [change_document(c) for c in changes], "results": [],
+        "group_id": args.group,
+        "plan": str(args.file),
+        "head_sequence": state.head_sequence,
+        "changed": bool(writes),
+        "dry_run": args.dry_run,
+        "applied": False,
+        "changes": [change_document(c) for c in changes],
+        "results": [],
     }
     if not args.json:
         print("\n".join([header, *change_lines(changes), summary]), flush=True)
@@ -280,8 +352,12 @@ async def _apply(actor: Actor, args: argparse.Namespace, document: dict[str, Any
     report |= {
         "applied": True,
         "results": [
-            {"command_id": r.command_id, "group_revision": r.group_revision, "replayed": r.replayed,
-             "events": [to_dict(e) for e in result_events(r)]}
+            {
+                "command_id": r.command_id,
+                "group_revision": r.group_revision,
+                "replayed": r.replayed,
+                "events": [to_dict(e) for e in result_events(r)],
+            }
             for r in results
         ],
     }
@@ -309,9 +385,16 @@ async def cmd_export(args: argparse.Namespace) -> int:
         raise CliError(f"{args.group} holds no WorkItem to export")
     facts = MissionFacts.of(state)
     order = topological({w: list(i.contract.depends_on_work_item_ids) for w, i in items.items()})
-    described = {w: compact(describe(items[w].title, items[w].parent_work_item_id, items[w].contract), facts) for w in order}
+    described = {
+        w: compact(describe(items[w].title, items[w].parent_work_item_id, items[w].contract), facts)
+        for w in order
+    }
     if args.json:
-        emit(args, [], {"group_id": args.group, "head_sequence": state.head_sequence, "version": 1, "items": described})
+        emit(
+            args,
+            [],
+            {"group_id": args.group, "head_sequence": state.head_sequence, "version": 1, "items": described},
+        )
         return 0
     text = (
         f"# The WorkItem DAG of {args.group} (Mission {mission_of(state).mission_id}) at head sequence {state.head_sequence},\n"
@@ -331,13 +414,25 @@ async def cmd_export(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    plan = sub.add_parser("plan", help="a Mission's WorkItem DAG kept in a file: apply, export").add_subparsers(dest="sub", required=True)
-    a = acting_command(plan.add_parser("apply", help="create or revise the DAG as the plan says; unchanged: nothing written (Coordinator)"))
-    a.add_argument("file", type=Path, metavar="FILE", help="the plan (TOML; docs/cli.md \"Plans\")")
+    plan = sub.add_parser(
+        "plan", help="a Mission's WorkItem DAG kept in a file: apply, export"
+    ).add_subparsers(dest="sub", required=True)
+    a = acting_command(
+        plan.add_parser(
+            "apply",
+            help="create or revise the DAG as the plan says; unchanged: nothing written (Coordinator)",
+        )
+    )
+    a.add_argument("file", type=Path, metavar="FILE", help='the plan (TOML; docs/cli.md "Plans")')
     g = a.add_mutually_exclusive_group()
     g.add_argument("--yes", action="store_true", help="apply the changes without asking")
     g.add_argument("--dry-run", action="store_true", help="only show the changes")
-    a.add_argument("--offer-expires-in", type=duration, metavar="DURATION", help="how long a revision's offer stands [1h]")
+    a.add_argument(
+        "--offer-expires-in",
+        type=duration,
+        metavar="DURATION",
+        help="how long a revision's offer stands [1h]",
+    )
     add_coordinator_epoch_flag(a)
     a.set_defaults(func=cmd_apply)
 

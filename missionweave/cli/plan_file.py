@@ -69,10 +69,28 @@ VERSION = 1
 BUDGET_KEYS = ("financial", "tokens", "tool_calls", "compute_ms", "wall_clock_ms", "side_effects")
 # Each key an item may have, with its type (a default from the [defaults] table is checked the same).
 ITEM_KEYS: dict[str, type | tuple[type, ...]] = {
-    "title": str, "parent": str, "goal": str, "depends_on": list, "dependency_policy": str, "min_verified": int,
-    "deliverables": dict, "criteria": dict, "evidence": dict, "inputs": dict, "capabilities": list, "budget": dict,
-    "deadline": (str, datetime), "urgency": str, "impact": str, "impact_note": str, "risk": str, "max_attempts": int,
-    "requires_execution_approval": bool, "execution_approvers": list, "notes": str, "offer_to": list,
+    "title": str,
+    "parent": str,
+    "goal": str,
+    "depends_on": list,
+    "dependency_policy": str,
+    "min_verified": int,
+    "deliverables": dict,
+    "criteria": dict,
+    "evidence": dict,
+    "inputs": dict,
+    "capabilities": list,
+    "budget": dict,
+    "deadline": (str, datetime),
+    "urgency": str,
+    "impact": str,
+    "impact_note": str,
+    "risk": str,
+    "max_attempts": int,
+    "requires_execution_approval": bool,
+    "execution_approvers": list,
+    "notes": str,
+    "offer_to": list,
 }
 REQUIRED = ("title", "criteria", "budget")
 MISSING: Any = object()
@@ -145,7 +163,13 @@ def read(path: Path) -> dict[str, Any]:
 def _typed(value: Any, kind: type | tuple[type, ...], field: str) -> Any:
     if (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
         names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        expected = {"str": "a string", "int": "a whole number", "list": "a list", "dict": "a table", "bool": "true or false"}
+        expected = {
+            "str": "a string",
+            "int": "a whole number",
+            "list": "a list",
+            "dict": "a table",
+            "bool": "true or false",
+        }
         raise PlanError(field, f"expected {expected.get(names, names)}, not {value!r}")
     return value
 
@@ -172,7 +196,13 @@ def _deliverables(value: dict[str, Any], field: str) -> list[Deliverable]:
 
 
 def _criteria(value: dict[str, Any], field: str) -> list[Criterion]:
-    keys: dict[str, type] = {"description": str, "deliverables": list, "required": bool, "independent_review": bool, "method_extensions": list}
+    keys: dict[str, type] = {
+        "description": str,
+        "deliverables": list,
+        "required": bool,
+        "independent_review": bool,
+        "method_extensions": list,
+    }
     out = []
     for k, v in value.items():
         t = _table(v, keys, "description", f"{field}.{k}")
@@ -188,13 +218,21 @@ def _inputs(value: dict[str, Any], field: str) -> list[Input]:
     out = []
     for name, v in value.items():
         if isinstance(v, str):
-            t = {"artifact": v} if v.startswith("blake3:") else dict(zip(("from", "deliverable"), v.split("/", 1), strict=False))
+            t = (
+                {"artifact": v}
+                if v.startswith("blake3:")
+                else dict(zip(("from", "deliverable"), v.split("/", 1), strict=False))
+            )
         else:
             t = _table(v, keys, "artifact", f"{field}.{name}")
         out.append(
             Input(
-                name, artifact=t.get("artifact") or None, from_work_item=t.get("from", ""),
-                from_deliverable=t.get("deliverable", ""), description=t.get("description", ""), media_type=t.get("media_type", ""),
+                name,
+                artifact=t.get("artifact") or None,
+                from_work_item=t.get("from", ""),
+                from_deliverable=t.get("deliverable", ""),
+                description=t.get("description", ""),
+                media_type=t.get("media_type", ""),
             )
         )
     return out
@@ -212,7 +250,9 @@ def _deadline(value: str | datetime | None, facts: MissionFacts, field: str) -> 
         else:
             deadline.FromJsonString(value.replace("+00:00", "Z"))
     except ValueError:
-        raise PlanError(field, f"expected a time with its zone, e.g. 2026-12-20T18:00:00Z, not {value!r}") from None
+        raise PlanError(
+            field, f"expected a time with its zone, e.g. 2026-12-20T18:00:00Z, not {value!r}"
+        ) from None
     return deadline
 
 
@@ -227,15 +267,23 @@ def item_of(work_item_id: str, given: dict[str, Any], facts: MissionFacts, now: 
         _typed(value, ITEM_KEYS[key], f"{where}.{key}")
     for key in REQUIRED:
         if key not in given:
-            raise PlanError(f"{where}.{key}", "required" + (" (a plan says what each WorkItem may spend)" if key == "budget" else ""))
+            raise PlanError(
+                f"{where}.{key}",
+                "required" + (" (a plan says what each WorkItem may spend)" if key == "budget" else ""),
+            )
     title, goal = given["title"], given.get("goal", given["title"])
     if not 1 <= len(title) <= 200:
         raise PlanError(f"{where}.title", "1..200 characters")
-    evidence = {k: [v] if isinstance(v, str) else _strings(v, f"{where}.evidence.{k}") for k, v in given.get("evidence", {}).items()}
+    evidence = {
+        k: [v] if isinstance(v, str) else _strings(v, f"{where}.evidence.{k}")
+        for k, v in given.get("evidence", {}).items()
+    }
     try:
         contract = work_contract(
             goal,
-            deliverables=_deliverables(given.get("deliverables") or {"result": goal}, f"{where}.deliverables"),
+            deliverables=_deliverables(
+                given.get("deliverables") or {"result": goal}, f"{where}.deliverables"
+            ),
             criteria=_criteria(given["criteria"], f"{where}.criteria"),
             evidence=evidence,
             budget=budget_vector(given["budget"]),
@@ -251,24 +299,32 @@ def item_of(work_item_id: str, given: dict[str, Any], facts: MissionFacts, now: 
             max_attempts=given.get("max_attempts", 3),
             risk=given.get("risk", "low"),
             requires_execution_approval=given.get("requires_execution_approval", False),
-            execution_approvers=_strings(given.get("execution_approvers", []), f"{where}.execution_approvers"),
+            execution_approvers=_strings(
+                given.get("execution_approvers", []), f"{where}.execution_approvers"
+            ),
             notes=given.get("notes", ""),
             currency=facts.currency,
             now=now,
         )
     except ContractError as err:
         raise PlanError(f"{where}.{err.field}", err.reason) from None
-    contract.deadline.CopyFrom(_deadline(given.get("deadline"), facts, f"{where}.deadline"))  # exact, to the nanosecond
+    contract.deadline.CopyFrom(
+        _deadline(given.get("deadline"), facts, f"{where}.deadline")
+    )  # exact, to the nanosecond
     for i, dep in enumerate(contract.depends_on_work_item_ids):
         if dep == work_item_id:
             raise PlanError(f"{where}.depends_on[{i}]", "an item cannot depend on itself")
     parent = given.get("parent", "")
     if parent and not ids.is_valid(parent):
         raise PlanError(f"{where}.parent", f"{parent!r} is not a WorkItem id")
-    return PlanItem(work_item_id, title, parent, contract, _strings(given.get("offer_to", []), f"{where}.offer_to"))
+    return PlanItem(
+        work_item_id, title, parent, contract, _strings(given.get("offer_to", []), f"{where}.offer_to")
+    )
 
 
-def items_of(document: dict[str, Any], facts: MissionFacts, now: datetime | None = None) -> dict[str, PlanItem]:
+def items_of(
+    document: dict[str, Any], facts: MissionFacts, now: datetime | None = None
+) -> dict[str, PlanItem]:
     """Every item of the plan, in the file's order; the first error is a PlanError."""
     defaults = _typed(document.get("defaults", {}), dict, "defaults")
     for key, value in defaults.items():
@@ -296,35 +352,51 @@ def describe(title: str, parent: str, contract: wp.WorkContract) -> dict[str, An
         "parent": parent,
         "goal": contract.goal,
         "depends_on": list(contract.depends_on_work_item_ids),
-        "dependency_policy": name_of(DEPENDENCY_POLICIES, policy.kind or wp.DEPENDENCY_POLICY_KIND_ALL_VERIFIED),
+        "dependency_policy": name_of(
+            DEPENDENCY_POLICIES, policy.kind or wp.DEPENDENCY_POLICY_KIND_ALL_VERIFIED
+        ),
         "min_verified": policy.min_verified,
         "deliverables": {
             d.deliverable_id: {
-                "description": d.description, "media_type": d.media_type, "required": d.required,
-                "schema_uri": d.schema.uri, "schema_version": d.schema.version,
+                "description": d.description,
+                "media_type": d.media_type,
+                "required": d.required,
+                "schema_uri": d.schema.uri,
+                "schema_version": d.schema.version,
             }
             for d in contract.deliverables
         },
         "criteria": {
             c.criterion_id: {
-                "description": c.description, "deliverables": list(c.deliverable_ids), "required": c.required,
-                "independent_review": c.independent_review_required, "method_extensions": list(c.method_extensions),
+                "description": c.description,
+                "deliverables": list(c.deliverable_ids),
+                "required": c.required,
+                "independent_review": c.independent_review_required,
+                "method_extensions": list(c.method_extensions),
             }
             for c in contract.acceptance_criteria
         },
         "evidence": {
-            c.criterion_id: [name_of(EVIDENCE_METHODS, m) for m in c.required_evidence_methods] for c in contract.acceptance_criteria
+            c.criterion_id: [name_of(EVIDENCE_METHODS, m) for m in c.required_evidence_methods]
+            for c in contract.acceptance_criteria
         },
         "inputs": {
             i.name: {
-                "artifact": f"blake3:{i.artifact.digest.hex}:{i.artifact.digest.size_bytes}" if i.HasField("artifact") else "",
-                "media_type": i.artifact.media_type, "from": i.from_work_item_id,
-                "deliverable": i.from_deliverable_id, "description": i.description,
+                "artifact": f"blake3:{i.artifact.digest.hex}:{i.artifact.digest.size_bytes}"
+                if i.HasField("artifact")
+                else "",
+                "media_type": i.artifact.media_type,
+                "from": i.from_work_item_id,
+                "deliverable": i.from_deliverable_id,
+                "description": i.description,
             }
             for i in contract.inputs
         },
         "capabilities": [f"{c.capability_id}={c.version}" for c in contract.required_capabilities],
-        "budget": {"financial": money(budget.financial_micros, ""), **{k: getattr(budget, k) for k in BUDGET_KEYS[1:]}},
+        "budget": {
+            "financial": money(budget.financial_micros, ""),
+            **{k: getattr(budget, k) for k in BUDGET_KEYS[1:]},
+        },
         "deadline": contract.deadline.ToJsonString(),
         "urgency": name_of(URGENCIES, contract.urgency),
         "impact": name_of(IMPACTS, contract.business_impact),
@@ -349,9 +421,18 @@ def compact(description: dict[str, Any], facts: MissionFacts) -> dict[str, Any]:
     d = dict(description)
     out: dict[str, Any] = {"title": d.pop("title")}
     defaults = {
-        "parent": "", "goal": out["title"], "depends_on": [], "dependency_policy": "all-verified", "min_verified": 0,
-        "inputs": {}, "capabilities": [], "deadline": facts.deadline.ToJsonString(), "impact_note": "",
-        "requires_execution_approval": False, "execution_approvers": [], "notes": "",
+        "parent": "",
+        "goal": out["title"],
+        "depends_on": [],
+        "dependency_policy": "all-verified",
+        "min_verified": 0,
+        "inputs": {},
+        "capabilities": [],
+        "deadline": facts.deadline.ToJsonString(),
+        "impact_note": "",
+        "requires_execution_approval": False,
+        "execution_approvers": [],
+        "notes": "",
     }
     for key, value in d.items():
         if key in defaults and value == defaults[key]:

@@ -57,8 +57,13 @@ def _used(used: common_pb2.ResourceVector, limit: common_pb2.ResourceVector) -> 
 def work_row(item: work_pb2.WorkItem) -> list[str]:
     lease = item.lease.lease_id if item.HasField("lease") else "-"
     return [
-        item.work_item_id, _state(item.state), item.ownership.agent_id or "-", str(item.ownership_epoch),
-        lease, str(item.attempts), item.title,
+        item.work_item_id,
+        _state(item.state),
+        item.ownership.agent_id or "-",
+        str(item.ownership_epoch),
+        lease,
+        str(item.attempts),
+        item.title,
     ]
 
 
@@ -66,9 +71,15 @@ async def cmd_work_list(args: argparse.Namespace) -> int:
     state = STATES[args.state] if args.state else 0
     async with reading(args) as mesh:
         items = await mesh.work_items(args.group, state=state)
-    rows = [["WORK ITEM", "STATE", "OWNER", "EPOCH", "LEASE", "ATTEMPTS", "TITLE"], *(work_row(i) for i in items)]
+    rows = [
+        ["WORK ITEM", "STATE", "OWNER", "EPOCH", "LEASE", "ATTEMPTS", "TITLE"],
+        *(work_row(i) for i in items),
+    ]
     which = f" in state {args.state}" if args.state else ""
-    lines = [f"{len(items)} WorkItem{'' if len(items) == 1 else 's'} of {args.group}{which}", *columns(rows, "  ")]
+    lines = [
+        f"{len(items)} WorkItem{'' if len(items) == 1 else 's'} of {args.group}{which}",
+        *columns(rows, "  "),
+    ]
     emit(args, lines, {"group_id": args.group, "work_items": [to_dict(i) for i in items]})
     return 0
 
@@ -85,16 +96,31 @@ def render_work_item(item: work_pb2.WorkItem) -> list[str]:
     ]
     if item.HasField("ownership"):
         o = item.ownership
-        rows.append(("owner", f"{o.agent_id}, epoch {o.ownership_epoch}, lease expires {when(o.expires_at)} ({relative(o.expires_at)})"))
+        rows.append(
+            (
+                "owner",
+                f"{o.agent_id}, epoch {o.ownership_epoch}, lease expires {when(o.expires_at)} ({relative(o.expires_at)})",
+            )
+        )
     else:
         rows.append(("owner", "-"))
     if item.HasField("lease"):
         lease = item.lease
-        rows.append(("lease", f"{lease.lease_id} (session {lease.session_epoch}), expires {when(lease.expires_at)} ({relative(lease.expires_at)})"))
+        rows.append(
+            (
+                "lease",
+                f"{lease.lease_id} (session {lease.session_epoch}), expires {when(lease.expires_at)} ({relative(lease.expires_at)})",
+            )
+        )
     else:
         rows.append(("lease", "-"))
     for offer in item.offers:
-        rows.append(("offer", f"{offer.offer_id} to {', '.join(offer.candidate_ids)}, expires {when(offer.expires_at)}"))
+        rows.append(
+            (
+                "offer",
+                f"{offer.offer_id} to {', '.join(offer.candidate_ids)}, expires {when(offer.expires_at)}",
+            )
+        )
     rows += [
         ("attempts", str(item.attempts)),
         ("submission", item.submission_event_id or "none"),
@@ -107,7 +133,10 @@ def render_work_item(item: work_pb2.WorkItem) -> list[str]:
         rows.append(("child", item.child_mission_id))
     if item.unresolved_ambiguity_message_ids:
         rows.append(("ambiguities", ", ".join(item.unresolved_ambiguity_message_ids)))
-    return [f"WorkItem {item.work_item_id}: {item.title!r}", *(f"  {label:<14}{value}" for label, value in rows)]
+    return [
+        f"WorkItem {item.work_item_id}: {item.title!r}",
+        *(f"  {label:<14}{value}" for label, value in rows),
+    ]
 
 
 def _digest(ref: common_pb2.ArtifactRef) -> str:
@@ -130,13 +159,20 @@ async def work_records(mesh: MeshClient, group_id: str, work_item_id: str) -> di
         entry["appeared"].append(how)
 
     def record(e: work_pb2.Evidence, stage: str, event_id: str) -> None:
-        evidence.append({
-            "evidence_id": e.evidence_id, "criterion_id": e.criterion_id,
-            "method": enum_label(work_pb2.EvidenceMethod, e.method, "EVIDENCE_METHOD_"),
-            "result": enum_label(work_pb2.EvidenceResult, e.result, "EVIDENCE_RESULT_"),
-            "producer_id": e.producer_id, "summary": e.summary, "stage": stage, "event_id": event_id,
-            "submission_event_id": e.subject.submission_event_id, "artifacts": [_digest(a) for a in e.artifacts],
-        })
+        evidence.append(
+            {
+                "evidence_id": e.evidence_id,
+                "criterion_id": e.criterion_id,
+                "method": enum_label(work_pb2.EvidenceMethod, e.method, "EVIDENCE_METHOD_"),
+                "result": enum_label(work_pb2.EvidenceResult, e.result, "EVIDENCE_RESULT_"),
+                "producer_id": e.producer_id,
+                "summary": e.summary,
+                "stage": stage,
+                "event_id": event_id,
+                "submission_event_id": e.subject.submission_event_id,
+                "artifacts": [_digest(a) for a in e.artifacts],
+            }
+        )
 
     async for event in mesh.read_events(group_id):
         kind = event.WhichOneof("payload")
@@ -161,12 +197,22 @@ async def work_records(mesh: MeshClient, group_id: str, work_item_id: str) -> di
 def render_records(records: dict[str, list[dict[str, Any]]]) -> list[str]:
     lines = ["Artifacts" + ("" if records["artifact_records"] else "  none")]
     for a in records["artifact_records"]:
-        extra = [x for x in (a["media_type"], a["deliverable_id"] and f"deliverable {a['deliverable_id']}") if x]
+        extra = [
+            x for x in (a["media_type"], a["deliverable_id"] and f"deliverable {a['deliverable_id']}") if x
+        ]
         lines.append(f"  {a['digest']}  {'  '.join([*extra, ', '.join(a['appeared'])])}")
     lines.append("Evidence" + ("" if records["evidence_records"] else "  none"))
     rows = [["ID", "CRITERION", "METHOD", "RESULT", "BY", "STAGE", "SUMMARY"]]
     rows += [
-        [e["evidence_id"], e["criterion_id"] or "-", e["method"], e["result"], e["producer_id"], e["stage"], e["summary"]]
+        [
+            e["evidence_id"],
+            e["criterion_id"] or "-",
+            e["method"],
+            e["result"],
+            e["producer_id"],
+            e["stage"],
+            e["summary"],
+        ]
         for e in records["evidence_records"]
     ]
     return lines + (columns(rows, "  ") if records["evidence_records"] else [])
@@ -192,7 +238,9 @@ async def cmd_work_wait(args: argparse.Namespace) -> int:
                 break
             if item.state in FINAL or loop.time() >= deadline:
                 why = "it will not change any more" if item.state in FINAL else f"after {args.within:g} s"
-                raise CliError(f"{args.work_item} is {_state(item.state).lower()}, not {' or '.join(args.state)}: {why}")
+                raise CliError(
+                    f"{args.work_item} is {_state(item.state).lower()}, not {' or '.join(args.state)}: {why}"
+                )
             await asyncio.sleep(WAIT_POLL_S)
     emit(args, [f"{args.work_item} is {_state(item.state).lower()}"], to_dict(item))
     return 0
@@ -214,11 +262,22 @@ async def cmd_mission_list(args: argparse.Namespace) -> int:
     rows = [["GROUP", "MISSION", "STATE", "OWNER", "COORDINATOR", "DEADLINE", "USAGE", "TITLE"]]
     for m in missions:
         deadline = when(m.deadline) if m.HasField("deadline") else "-"
-        rows.append([
-            m.group_id, m.mission_id, enum_label(mission_pb2.MissionState, m.state, "MISSION_STATE_"), m.owner_id,
-            m.coordinator_id or "-", deadline, _used(m.used, m.budget), m.title,
-        ])
-    lines = [f"{len(missions)} Mission{'' if len(missions) == 1 else 's'} visible to {args.actor}", *columns(rows, "  ")]
+        rows.append(
+            [
+                m.group_id,
+                m.mission_id,
+                enum_label(mission_pb2.MissionState, m.state, "MISSION_STATE_"),
+                m.owner_id,
+                m.coordinator_id or "-",
+                deadline,
+                _used(m.used, m.budget),
+                m.title,
+            ]
+        )
+    lines = [
+        f"{len(missions)} Mission{'' if len(missions) == 1 else 's'} visible to {args.actor}",
+        *columns(rows, "  "),
+    ]
     emit(args, lines, {"missions": [mission_document(m) for m in missions]})
     return 0
 
@@ -243,10 +302,16 @@ async def cmd_identity_list(args: argparse.Namespace) -> int:
         identities = await mesh.identities()
     rows = [["IDENTITY", "KIND", "ADMIN", "SESSION", "REGISTERED", "NAME"]]
     for i in identities:
-        rows.append([
-            i.identity_id, _kind(i.kind), "yes" if i.org_admin else "no", str(i.session_epoch),
-            when(i.registered_at), i.display_name,
-        ])
+        rows.append(
+            [
+                i.identity_id,
+                _kind(i.kind),
+                "yes" if i.org_admin else "no",
+                str(i.session_epoch),
+                when(i.registered_at),
+                i.display_name,
+            ]
+        )
     lines = [f"{len(identities)} identit{'y' if len(identities) == 1 else 'ies'}", *columns(rows, "  ")]
     emit(args, lines, {"identities": [identity_document(i) for i in identities]})
     return 0
@@ -266,19 +331,31 @@ async def cmd_identity_show(args: argparse.Namespace) -> int:
 
 def register_work(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:  # type: ignore[type-arg]
     """``mwp work list|show``; returns ``mwp work``'s subcommands, which cli/work/ completes."""
-    work = sub.add_parser("work", help="WorkItems: authorize, offer, review, ..., list, show, tree").add_subparsers(
-        dest="sub", required=True
-    )
+    work = sub.add_parser(
+        "work", help="WorkItems: authorize, offer, review, ..., list, show, tree"
+    ).add_subparsers(dest="sub", required=True)
     ls = reading_command(work.add_parser("list", help="a Group's WorkItems: state, owner, epoch, lease"))
     ls.add_argument("--state", choices=list(STATES), help="only WorkItems in this state")
     ls.set_defaults(func=cmd_work_list)
-    sh = reading_command(work.add_parser("show", help="one WorkItem: ownership, lease, submission, usage, Artifacts, Evidence"))
+    sh = reading_command(
+        work.add_parser("show", help="one WorkItem: ownership, lease, submission, usage, Artifacts, Evidence")
+    )
     sh.add_argument("work_item", metavar="WORK_ITEM")
     sh.set_defaults(func=cmd_work_show)
-    wt = reading_command(work.add_parser("wait", help="wait until a WorkItem reaches a state (exit 1 if it cannot or in time)"))
+    wt = reading_command(
+        work.add_parser("wait", help="wait until a WorkItem reaches a state (exit 1 if it cannot or in time)")
+    )
     wt.add_argument("work_item", metavar="WORK_ITEM")
-    wt.add_argument("--state", action="append", choices=list(STATES), required=True, help="a state to wait for (repeatable)")
-    wt.add_argument("--within", type=float, default=300.0, metavar="SECONDS", help="give up after this long (default 300)")
+    wt.add_argument(
+        "--state",
+        action="append",
+        choices=list(STATES),
+        required=True,
+        help="a state to wait for (repeatable)",
+    )
+    wt.add_argument(
+        "--within", type=float, default=300.0, metavar="SECONDS", help="give up after this long (default 300)"
+    )
     wt.set_defaults(func=cmd_work_wait)
     return work
 

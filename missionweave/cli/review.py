@@ -96,12 +96,16 @@ def _session_key(artifact: pb.MissionReviewArtifact, view: ManifestView) -> byte
     return bytes(artifact.producer_session_public_key) if signed_by_it else None
 
 
-async def check_manifest(mesh: MeshClient, group_id: str, artifact: pb.MissionReviewArtifact) -> ArtifactCheck:
+async def check_manifest(
+    mesh: MeshClient, group_id: str, artifact: pb.MissionReviewArtifact
+) -> ArtifactCheck:
     """The manifest the publication recorded (else any naming this Group), verified as
     ``mwp artifact manifest --verify`` verifies it."""
     out = ArtifactCheck(artifact)
     digest = artifact.artifact.digest
-    request = apb.GetManifestRequest(digest=digest, work_item_id=artifact.work_item_id, producer_agent_id=artifact.producer_id)
+    request = apb.GetManifestRequest(
+        digest=digest, work_item_id=artifact.work_item_id, producer_agent_id=artifact.producer_id
+    )
     try:
         views = [decode(e) for e in (await mesh.artifacts.GetManifest(request)).manifests]
         if artifact.HasField("manifest_digest"):
@@ -115,7 +119,11 @@ async def check_manifest(mesh: MeshClient, group_id: str, artifact: pb.MissionRe
             await check_signature(argparse.Namespace(public_key=key, digest=digest), mesh, view)
             # check_signature names a key it was handed as --public-key: say whose it is.
             whose = f"the session key of {artifact.producer_id} (session {artifact.producer_session_epoch})"
-            out.detail = view.signature_detail.replace("the given --public-key", whose) if key else view.signature_detail
+            out.detail = (
+                view.signature_detail.replace("the given --public-key", whose)
+                if key
+                else view.signature_detail
+            )
             if view.signature == "verified":
                 out.signature, out.manifest, out.manifest_hex = "verified", view.manifest, view.manifest_hex
                 break
@@ -167,22 +175,43 @@ def _artifact_lines(checks: list[ArtifactCheck], verify_bytes: bool) -> list[str
     signed = sum(c.signature == "verified" for c in checks)
     head = f"Artifacts ({len(checks)}): manifest signatures verified {signed} of {len(checks)}"
     if verify_bytes:
-        head += f", bytes re-hashed and matching {sum(c.bytes_status == 'OK' for c in checks)} of {len(checks)}"
-    rows = [["SIG", *(["BYTES"] if verify_bytes else []), "DIGEST", "SIZE", "MEDIA TYPE", "PRODUCER", "WORK ITEM", "DERIVED FROM"]]
+        head += (
+            f", bytes re-hashed and matching {sum(c.bytes_status == 'OK' for c in checks)} of {len(checks)}"
+        )
+    rows = [
+        [
+            "SIG",
+            *(["BYTES"] if verify_bytes else []),
+            "DIGEST",
+            "SIZE",
+            "MEDIA TYPE",
+            "PRODUCER",
+            "WORK ITEM",
+            "DERIVED FROM",
+        ]
+    ]
     for c in checks:
         digest = c.artifact.artifact.digest
-        rows.append([
-            OK if c.signature == "verified" else FAILED,
-            *([OK if c.bytes_status == "OK" else FAILED] if verify_bytes else []),
-            f"blake3:{digest.hex}", str(digest.size_bytes), c.media_type or "-", c.producer or "-",
-            c.artifact.work_item_id or "-", ", ".join(_short(s) for s in c.sources) or "-",
-        ])
+        rows.append(
+            [
+                OK if c.signature == "verified" else FAILED,
+                *([OK if c.bytes_status == "OK" else FAILED] if verify_bytes else []),
+                f"blake3:{digest.hex}",
+                str(digest.size_bytes),
+                c.media_type or "-",
+                c.producer or "-",
+                c.artifact.work_item_id or "-",
+                ", ".join(_short(s) for s in c.sources) or "-",
+            ]
+        )
     lines = [head, *columns(rows, "  ")]
     for c in checks:
         if c.signature != "verified":
             lines.append(f"  {FAILED} {digest_text(c.artifact.artifact.digest)}: manifest: {c.detail}")
         if c.bytes_status not in ("", "OK"):
-            lines.append(f"  {FAILED} {digest_text(c.artifact.artifact.digest)}: bytes {c.bytes_status}: {c.bytes_detail}")
+            lines.append(
+                f"  {FAILED} {digest_text(c.artifact.artifact.digest)}: bytes {c.bytes_status}: {c.bytes_detail}"
+            )
     return lines
 
 
@@ -194,18 +223,27 @@ def _evidence_line(e: work_pb2.Evidence, indent: str) -> str:
 
 def _work_item_lines(item: pb.MissionReviewWorkItem) -> list[str]:
     state = enum_label(work_pb2.WorkItemState, item.state, "WORK_ITEM_STATE_")
-    submitted = f", submitted by {item.submitted_by}: {item.submission_summary!r}" if item.submission_event_id else ""
+    submitted = (
+        f", submitted by {item.submitted_by}: {item.submission_summary!r}" if item.submission_event_id else ""
+    )
     lines = [f"  {item.work_item_id} {item.title!r} {state}{submitted}"]
     for c in item.criteria:
         need = "required" if c.required else "optional"
         if c.independent_review_required:
             need += ", independent review"
-        latest = enum_label(work_pb2.EvidenceResult, c.latest_result, "EVIDENCE_RESULT_") if c.evidence else "no Evidence"
+        latest = (
+            enum_label(work_pb2.EvidenceResult, c.latest_result, "EVIDENCE_RESULT_")
+            if c.evidence
+            else "no Evidence"
+        )
         lines.append(f"    {OK if c.satisfied else FAILED} {c.criterion_id} ({need}): {latest}")
         lines += [_evidence_line(e, "        ") for e in c.evidence]
     if item.other_evidence:
         lines.append("    other Evidence:")
-        lines += [_evidence_line(e, "        ") + f" ({e.criterion_id or 'no criterion'})" for e in item.other_evidence]
+        lines += [
+            _evidence_line(e, "        ") + f" ({e.criterion_id or 'no criterion'})"
+            for e in item.other_evidence
+        ]
     for a in item.artifacts:
         facts = [a.artifact.media_type, "submitted" if a.submitted else "published only"]
         if a.work_item_id and a.work_item_id != item.work_item_id:
@@ -312,7 +350,9 @@ async def cmd_review(args: argparse.Namespace) -> int:
     if answering and not review.HasField("submission"):
         raise CliError(f"the Mission in {args.group} has no submission to answer yet")
     refused = bool(args.approve and failed)
-    decision = await _answer(args, review.submission.submission_event_id) if answering and not refused else None
+    decision = (
+        await _answer(args, review.submission.submission_event_id) if answering and not refused else None
+    )
     if wants_json(args):
         emit(args, [], document(review, checks, decision))
     if refused:
@@ -323,17 +363,25 @@ async def cmd_review(args: argparse.Namespace) -> int:
 
 
 def add_review_parser(mis: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    r = reading_command(mis.add_parser(
-        "review",
-        help="what you approve: summary, Artifacts (manifest signatures verified), Evidence per criterion, "
-        "blockers, budget, critical path; then --approve or --request-changes",
-    ))
+    r = reading_command(
+        mis.add_parser(
+            "review",
+            help="what you approve: summary, Artifacts (manifest signatures verified), Evidence per criterion, "
+            "blockers, budget, critical path; then --approve or --request-changes",
+        )
+    )
     r.add_argument("--submission", help="the submission event id to review (default: the latest)")
     r.add_argument(
-        "--verify-bytes", action="store_true", help="also download each Artifact and re-hash its bytes (MW-13.1-05)"
+        "--verify-bytes",
+        action="store_true",
+        help="also download each Artifact and re-hash its bytes (MW-13.1-05)",
     )
     answer = r.add_mutually_exclusive_group()
-    answer.add_argument("--approve", action="store_true", help="then approve the submission reviewed (MissionOwner)")
-    answer.add_argument("--request-changes", metavar="TEXT", help="then send it back with what must change (MissionOwner)")
+    answer.add_argument(
+        "--approve", action="store_true", help="then approve the submission reviewed (MissionOwner)"
+    )
+    answer.add_argument(
+        "--request-changes", metavar="TEXT", help="then send it back with what must change (MissionOwner)"
+    )
     r.add_argument("--comment", help="a comment for --approve")
     r.set_defaults(func=cmd_review, progress=False)

@@ -44,11 +44,22 @@ def node_view(node: subtask_pb2.MissionTreeNode) -> dict[str, Any]:
         "owner_id": node.owner_id,
         "coordinator_id": node.coordinator_id,
         "mandatory": node.mandatory,
-        "budget": {dim: {"used": getattr(node.budget.used, dim), "limit": getattr(node.budget.limit, dim)} for dim in DIMENSIONS},
+        "budget": {
+            dim: {"used": getattr(node.budget.used, dim), "limit": getattr(node.budget.limit, dim)}
+            for dim in DIMENSIONS
+        },
         "reserved": {dim: getattr(node.reserved, dim) for dim in DIMENSIONS if getattr(node.reserved, dim)},
-        "work_items": dict(sorted((k.removeprefix("WORK_ITEM_STATE_").lower(), v) for k, v in node.work_items_by_state.items())),
+        "work_items": dict(
+            sorted(
+                (k.removeprefix("WORK_ITEM_STATE_").lower(), v) for k, v in node.work_items_by_state.items()
+            )
+        ),
         "blockers": [
-            {"work_item_id": b.work_item_id, "kind": enum_label(wp.BlockerKind, b.kind, "BLOCKER_KIND_"), "resolution": b.required_resolution}
+            {
+                "work_item_id": b.work_item_id,
+                "kind": enum_label(wp.BlockerKind, b.kind, "BLOCKER_KIND_"),
+                "resolution": b.required_resolution,
+            }
             for b in node.blockers
         ],
     }
@@ -70,7 +81,11 @@ def render_tree(views: list[dict[str, Any]]) -> list[str]:
     for v in views:
         indent = "    " * v["depth"]
         branch = "└─ " if v["depth"] else ""
-        via = f"  (for {v['parent_work_item_id']}{', mandatory' if v['mandatory'] else ''})" if v["parent_work_item_id"] else ""
+        via = (
+            f"  (for {v['parent_work_item_id']}{', mandatory' if v['mandatory'] else ''})"
+            if v["parent_work_item_id"]
+            else ""
+        )
         lines.append(f"{indent}{branch}{v['mission_id']}  {v['title']!r}  {v['state']}{via}")
         pad = indent + ("   " if v["depth"] else "") + "  "
         work = ", ".join(f"{n} {state}" for state, n in v["work_items"].items()) or "no WorkItems"
@@ -90,7 +105,9 @@ def render_dot(views: list[dict[str, Any]]) -> list[str]:
         lines.append(f"  {json.dumps(v['group_id'])} [label={json.dumps(label)}{style}];")
     for v in views:
         if v["parent_group_id"]:
-            lines.append(f"  {json.dumps(v['parent_group_id'])} -> {json.dumps(v['group_id'])} [label={json.dumps(v['parent_work_item_id'])}];")
+            lines.append(
+                f"  {json.dumps(v['parent_group_id'])} -> {json.dumps(v['group_id'])} [label={json.dumps(v['parent_work_item_id'])}];"
+            )
     lines.append("}")
     return lines
 
@@ -136,43 +153,74 @@ async def cmd_create_child(args: argparse.Namespace) -> int:
 
 
 async def cmd_approve_depth(args: argparse.Namespace) -> int:
-    body = subtask_pb2.MissionApproveChildDepth(parent_work_item_id=args.work_item, max_depth=args.max_depth, reason=args.reason)
+    body = subtask_pb2.MissionApproveChildDepth(
+        parent_work_item_id=args.work_item, max_depth=args.max_depth, reason=args.reason
+    )
     async with acting(args) as actor:
         result = await actor.execute(args.group, "mission_approve_child_depth", body)
     approved = first_event(result, "child_depth_approved")
     approval = approved.event_id if approved else ""
     return report(
-        args, result, f"children of {args.work_item} may sit at depth {args.max_depth}: approval {approval}",
-        last_line=approval, extra={"approval_event_id": approval},
+        args,
+        result,
+        f"children of {args.work_item} may sit at depth {args.max_depth}: approval {approval}",
+        last_line=approval,
+        extra={"approval_event_id": approval},
     )
 
 
 def add_parsers(mis: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    t = mis.add_parser("tree", help="the Mission tree: states, budgets used against caps, blockers (MW-14-19)")
-    t.add_argument("--group", required=True, help="any Group of the tree (the root MissionOwner sees all of it)")
+    t = mis.add_parser(
+        "tree", help="the Mission tree: states, budgets used against caps, blockers (MW-14-19)"
+    )
+    t.add_argument(
+        "--group", required=True, help="any Group of the tree (the root MissionOwner sees all of it)"
+    )
     t.add_argument("--format", choices=("text", "dot"), default="text", help="text (default) or Graphviz dot")
     add_json_flag(t)
     add_reader_flags(t)
     t.set_defaults(func=cmd_tree)
 
-    c = mis.add_parser("create-child", help="promote a WorkItem to a child Mission (the parent's Coordinator)")
+    c = mis.add_parser(
+        "create-child", help="promote a WorkItem to a child Mission (the parent's Coordinator)"
+    )
     add_actor_flags(c)
     c.add_argument("--parent-group", required=True, help="the parent Mission's Group")
     c.add_argument("--work-item", required=True, help="the parent WorkItem")
     add_definition_flags(c)
-    c.add_argument("--wall-clock-ms", type=int, default=0, help="the child's wall-clock budget (default 0: none)")
-    c.add_argument("--approver", action="append", default=[], help="an execution approver of the child (repeatable; the parent's)")
-    c.add_argument("--root-approval", action="store_true", help="the root MissionOwner approves the child's result too (MW-14-10)")
-    c.add_argument("--mandatory", action="store_true", help="the parent WorkItem cannot complete without it (MW-14-15)")
-    c.add_argument("--depth-approval", help="the parent's mission.child_depth.approved event id, beyond the default depth")
+    c.add_argument(
+        "--wall-clock-ms", type=int, default=0, help="the child's wall-clock budget (default 0: none)"
+    )
+    c.add_argument(
+        "--approver",
+        action="append",
+        default=[],
+        help="an execution approver of the child (repeatable; the parent's)",
+    )
+    c.add_argument(
+        "--root-approval",
+        action="store_true",
+        help="the root MissionOwner approves the child's result too (MW-14-10)",
+    )
+    c.add_argument(
+        "--mandatory", action="store_true", help="the parent WorkItem cannot complete without it (MW-14-15)"
+    )
+    c.add_argument(
+        "--depth-approval",
+        help="the parent's mission.child_depth.approved event id, beyond the default depth",
+    )
     add_coordinator_epoch_flag(c, "yours in the parent Mission; default: the current lease's epoch")
     c.add_argument("--group", help="the child's Group id (default: a new one)")
     add_json_flag(c)
     c.set_defaults(func=cmd_create_child)
 
-    d = acting_command(mis.add_parser("approve-depth", help="allow a deeper child of one WorkItem (MissionOwner, MW-14-06)"))
+    d = acting_command(
+        mis.add_parser("approve-depth", help="allow a deeper child of one WorkItem (MissionOwner, MW-14-06)")
+    )
     d.add_argument("--work-item", required=True, help="the parent WorkItem")
-    d.add_argument("--max-depth", type=int, required=True, help="the deepest the child may sit (the root is 0)")
+    d.add_argument(
+        "--max-depth", type=int, required=True, help="the deepest the child may sit (the root is 0)"
+    )
     d.add_argument("--reason", required=True)
     d.set_defaults(func=cmd_approve_depth)
 

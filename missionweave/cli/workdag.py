@@ -23,7 +23,7 @@ def find_cycle(edges: Mapping[str, Sequence[str]]) -> list[str] | None:
         if node not in edges or node in done:
             return None
         if node in path:
-            return [*path[path.index(node):], node]
+            return [*path[path.index(node) :], node]
         path.append(node)
         for dep in edges[node]:
             found = visit(dep)
@@ -99,7 +99,9 @@ def tree_lines(document: dict[str, Any]) -> list[str]:
     """The DAG indented under its roots: each WorkItem below the first of its dependencies, and
     named again (``shown above``) below the others, so a diamond reads top to bottom."""
     nodes = {n["work_item_id"]: n for n in document["work_items"]}
-    lines = [f"WorkItem DAG of {document['group_id']} ({len(nodes)} WorkItem{'' if len(nodes) == 1 else 's'})"]
+    lines = [
+        f"WorkItem DAG of {document['group_id']} ({len(nodes)} WorkItem{'' if len(nodes) == 1 else 's'})"
+    ]
     shown: set[str] = set()
 
     def line(node: dict[str, Any]) -> str:

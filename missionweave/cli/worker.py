@@ -56,19 +56,25 @@ worker_log = logging.getLogger("missionweave.cli.worker")
 async def cmd_queue(args: argparse.Namespace) -> int:
     """The caller's own scheduler only: a Worker sees its queue, nobody else's (MW-11.1-03)."""
     async with reading(args) as mesh:
-        queue = (await pb_grpc.SchedulingServiceStub(mesh.channel).GetQueue(pb.GetQueueRequest(group_id=args.group))).queue
+        queue = (
+            await pb_grpc.SchedulingServiceStub(mesh.channel).GetQueue(
+                pb.GetQueueRequest(group_id=args.group)
+            )
+        ).queue
     rows = [["#", "work item", "state", "epoch", "eligible", "class", "deadline", "checkpoint"]]
     for e in queue.entries:
-        rows.append([
-            str(e.group_position or "-"),
-            e.work_item_id,
-            enum_label(wp.WorkItemState, e.state, "WORK_ITEM_STATE_").lower(),
-            str(e.ownership_epoch),
-            "yes" if e.eligible else f"no ({e.ineligible_reason})" if e.ineligible_reason else "no",
-            enum_label(pb.PriorityClass, e.ordering.priority_class, "PRIORITY_CLASS_").lower(),
-            when(e.ordering.deadline) if e.ordering.HasField("deadline") else "-",
-            e.latest_checkpoint_id or "-",
-        ])
+        rows.append(
+            [
+                str(e.group_position or "-"),
+                e.work_item_id,
+                enum_label(wp.WorkItemState, e.state, "WORK_ITEM_STATE_").lower(),
+                str(e.ownership_epoch),
+                "yes" if e.eligible else f"no ({e.ineligible_reason})" if e.ineligible_reason else "no",
+                enum_label(pb.PriorityClass, e.ordering.priority_class, "PRIORITY_CLASS_").lower(),
+                when(e.ordering.deadline) if e.ordering.HasField("deadline") else "-",
+                e.latest_checkpoint_id or "-",
+            ]
+        )
     lines = [
         f"{args.actor}'s queue of {queue.group_id} at sequence {queue.projected_sequence}: weight {queue.weight}, "
         f"{queue.slots_in_use} of {queue.slot_quota} slots in use",
@@ -195,15 +201,21 @@ def load_handler(config: WorkerConfig) -> Handler:
         missing = err.name or ""
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
             raise UsageError(f"{config.path}: handler module {module_name!r} not found ({err})") from None
-        raise UsageError(f"{config.path}: importing {module_name} failed: {type(err).__name__}: {err}") from None
+        raise UsageError(
+            f"{config.path}: importing {module_name} failed: {type(err).__name__}: {err}"
+        ) from None
     except Exception as err:  # the handler's own module failed while importing: say where, not how
-        raise UsageError(f"{config.path}: importing {module_name} failed: {type(err).__name__}: {err}") from None
+        raise UsageError(
+            f"{config.path}: importing {module_name} failed: {type(err).__name__}: {err}"
+        ) from None
     found = getattr(module, function, None)
     if found is None:
         raise UsageError(f"{config.path}: {module_name} has no {function!r}")
     call = type(found).__call__ if callable(found) and not inspect.isfunction(found) else found
     if not inspect.iscoroutinefunction(call):
-        raise UsageError(f"{config.path}: {config.handler} is not an async function (async def {function}(slot))")
+        raise UsageError(
+            f"{config.path}: {config.handler} is not an async function (async def {function}(slot))"
+        )
     return cast(Handler, found)
 
 
@@ -211,11 +223,15 @@ def _read_identity_key(config: WorkerConfig) -> SigningKey:
     try:
         return read_key(config.key)
     except FileNotFoundError:
-        raise UsageError(f"{config.path}: the key file {config.key} does not exist (mwp keygen creates one)") from None
+        raise UsageError(
+            f"{config.path}: the key file {config.key} does not exist (mwp keygen creates one)"
+        ) from None
     except PermissionError as err:
         raise UsageError(f"{config.path}: the key file {config.key} cannot be used: {err}") from None
     except OSError as err:
-        raise UsageError(f"{config.path}: cannot read the key file {config.key}: {err.strerror or err}") from None
+        raise UsageError(
+            f"{config.path}: cannot read the key file {config.key}: {err.strerror or err}"
+        ) from None
     except ValueError:
         raise UsageError(f"{config.path}: {config.key} is not a key file (mwp keygen writes one)") from None
 
@@ -247,18 +263,40 @@ def observed(handler: Handler) -> Handler:
     """``handler`` with a log line when a slot starts it and one for what it hands back."""
 
     async def run(slot: Slot) -> WorkResult | Paused | Failed:
-        facts = {"group": slot.group_id, "work_item": slot.work_item_id, "slot": slot.slot_id, "lease": slot.lease_id}
-        resumed = f" from checkpoint {slot.resume_from_checkpoint_id}" if slot.resume_from_checkpoint_id else ""
-        worker_log.info("handling %s%s", slot.work_item_id, resumed, extra={**facts, "resume_from": slot.resume_from_checkpoint_id})
+        facts = {
+            "group": slot.group_id,
+            "work_item": slot.work_item_id,
+            "slot": slot.slot_id,
+            "lease": slot.lease_id,
+        }
+        resumed = (
+            f" from checkpoint {slot.resume_from_checkpoint_id}" if slot.resume_from_checkpoint_id else ""
+        )
+        worker_log.info(
+            "handling %s%s",
+            slot.work_item_id,
+            resumed,
+            extra={**facts, "resume_from": slot.resume_from_checkpoint_id},
+        )
         outcome = await handler(slot)
         if isinstance(outcome, Paused):
             checkpoint_id = outcome.checkpoint.checkpoint_id
-            worker_log.info("%s paused at checkpoint %s", slot.work_item_id, checkpoint_id, extra={**facts, "checkpoint": checkpoint_id})
+            worker_log.info(
+                "%s paused at checkpoint %s",
+                slot.work_item_id,
+                checkpoint_id,
+                extra={**facts, "checkpoint": checkpoint_id},
+            )
         elif isinstance(outcome, Failed):
-            worker_log.info("%s failed: %s", slot.work_item_id, outcome.reason, extra={**facts, "reason": outcome.reason})
+            worker_log.info(
+                "%s failed: %s", slot.work_item_id, outcome.reason, extra={**facts, "reason": outcome.reason}
+            )
         else:
             worker_log.info(
-                "%s done: %d artifact(s), %d evidence", slot.work_item_id, len(outcome.artifacts), len(outcome.evidence),
+                "%s done: %d artifact(s), %d evidence",
+                slot.work_item_id,
+                len(outcome.artifacts),
+                len(outcome.evidence),
                 extra=facts,
             )
         return outcome
@@ -271,7 +309,16 @@ async def _report_submissions(runtime: WorkerRuntime) -> None:
     while True:
         done = await runtime.submitted(len(runtime.completed) + 1)
         group_id, work_item_id = done[-1]
-        worker_log.info("submitted %s", work_item_id, extra={"group": group_id, "work_item": work_item_id, "command": "work_submit", "submitted": len(done)})
+        worker_log.info(
+            "submitted %s",
+            work_item_id,
+            extra={
+                "group": group_id,
+                "work_item": work_item_id,
+                "command": "work_submit",
+                "submitted": len(done),
+            },
+        )
 
 
 def _seed_session(agent: Agent, signer: SessionSigner) -> None:
@@ -298,7 +345,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
     async with MeshClient(config.target, tls) as mesh:
         signer = await load_signer(session_args, mesh)
     agent = ObservedAgent(
-        config.target, config.identity, key, cursor_dir=config.state_dir, tls=tls, connect_timeout=config.connect_timeout
+        config.target,
+        config.identity,
+        key,
+        cursor_dir=config.state_dir,
+        tls=tls,
+        connect_timeout=config.connect_timeout,
     )
     _seed_session(agent, signer)
 
@@ -324,8 +376,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
                 f"(session {agent.session.session_epoch}); Ctrl-C or SIGTERM stops it",
             ]
             start = {
-                "event": "started", "identity": config.identity, "target": config.target,
-                "groups": list(config.groups), "handler": config.handler, "session_epoch": agent.session.session_epoch,
+                "event": "started",
+                "identity": config.identity,
+                "target": config.target,
+                "groups": list(config.groups),
+                "handler": config.handler,
+                "session_epoch": agent.session.session_epoch,
                 "state_dir": str(config.state_dir),
             }
             _print(args, lines, start)
@@ -356,15 +412,29 @@ def _print(args: argparse.Namespace, lines: list[str], document: dict[str, Any])
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    worker = sub.add_parser("worker", help="a Worker's own scheduler").add_subparsers(dest="sub", required=True)
-    q = reading_command(worker.add_parser("queue", help="your queue of one Group: order, eligibility, slots (read as --as)"))
+    worker = sub.add_parser("worker", help="a Worker's own scheduler").add_subparsers(
+        dest="sub", required=True
+    )
+    q = reading_command(
+        worker.add_parser("queue", help="your queue of one Group: order, eligibility, slots (read as --as)")
+    )
     q.set_defaults(func=cmd_queue)
     r = worker.add_parser(
-        "run", help="serve Groups with a Worker runtime and the handler a config file names, until Ctrl-C/SIGTERM"
+        "run",
+        help="serve Groups with a Worker runtime and the handler a config file names, until Ctrl-C/SIGTERM",
     )
-    r.add_argument("--config", required=True, help="the TOML config (docs/cli.md: target, identity, key, groups, handler)")
+    r.add_argument(
+        "--config",
+        required=True,
+        help="the TOML config (docs/cli.md: target, identity, key, groups, handler)",
+    )
     r.add_argument("--as", dest="actor", help="the Worker's identity id (overrides the config's identity)")
     r.add_argument("--key", help="its key file (overrides the config's key)")
-    r.add_argument("--group", action="append", metavar="GROUP", help="a Group to serve (repeatable; replaces the config's groups)")
+    r.add_argument(
+        "--group",
+        action="append",
+        metavar="GROUP",
+        help="a Group to serve (repeatable; replaces the config's groups)",
+    )
     add_json_flag(r, "machine output: one JSON document per line (started, stopped)")
     r.set_defaults(func=cmd_run, runs_until_stopped=True)

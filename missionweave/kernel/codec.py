@@ -89,7 +89,10 @@ def json_object(text: str, field: str, *, max_bytes: int, max_depth: int = MAX_J
         )
     if json_depth(text) > max_depth:
         raise Rejected(
-            R.REJECTION_REASON_MALFORMED, f"{field} nests deeper than {max_depth} levels", field=field, limit=max_depth
+            R.REJECTION_REASON_MALFORMED,
+            f"{field} nests deeper than {max_depth} levels",
+            field=field,
+            limit=max_depth,
         )
     try:
         parsed = json.loads(text)

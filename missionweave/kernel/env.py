@@ -20,7 +20,9 @@ def env_flag(env: Mapping[str, str], name: str) -> bool:
         return True
     if value in FALSE:
         return False
-    raise ValueError(f"{name} must be one of {', '.join(TRUE)} or {', '.join(v for v in FALSE if v)}, not {value!r}")
+    raise ValueError(
+        f"{name} must be one of {', '.join(TRUE)} or {', '.join(v for v in FALSE if v)}, not {value!r}"
+    )
 
 
 # The data directory a local mesh keeps its store and keys in (``MWP_DATA_DIR``); a client on the same

@@ -13,10 +13,13 @@ R = common_pb2.RejectionReason
 DOMAIN = "missionweave.v1"
 _PREFIX = "REJECTION_REASON_"
 
+
 class Rejected(Exception):
     """A command or request refused with a stable reason; nothing was written."""
 
-    def __init__(self, reason: common_pb2.RejectionReason.ValueType, message: str, **metadata: object) -> None:
+    def __init__(
+        self, reason: common_pb2.RejectionReason.ValueType, message: str, **metadata: object
+    ) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -34,7 +37,6 @@ class Rejected(Exception):
 
     def __repr__(self) -> str:
         return f"Rejected({self.reason_name}: {self.message})"
-
 
 
 def from_proto(rejection: common_pb2.Rejection) -> Rejected:

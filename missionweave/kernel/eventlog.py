@@ -159,13 +159,17 @@ class Chain:
         if checked.group_id != self.group_id:
             raise self._bad(seq, f"an event of group {checked.group_id} is stored in this log")
         if seq != self.last + 1:
-            raise self._bad(seq, f"sequence {seq} follows {self.last}: events {self.last + 1}..{seq - 1} are missing")
+            raise self._bad(
+                seq, f"sequence {seq} follows {self.last}: events {self.last + 1}..{seq - 1} are missing"
+            )
         if seq == 1:
             if checked.previous:
                 raise self._bad(seq, "the first event names a predecessor")
         elif checked.previous:
             if self.previous is not None and checked.previous != self.previous:
-                raise self._bad(seq, f"the event chain is broken: it does not name the digest of event {seq - 1}")
+                raise self._bad(
+                    seq, f"the event chain is broken: it does not name the digest of event {seq - 1}"
+                )
             self.linked = True
         elif self.linked:
             raise self._bad(seq, "an event without a chain link follows linked events")
@@ -175,11 +179,17 @@ class Chain:
             self._erased[seq] = checked.erased_by
         for target in checked.erases:
             if target > self.after and self._erased.get(target) != seq:
-                raise Corruption(self.group_id, target, f"event {target}, erased by tombstone {seq}, is not the erased copy")
+                raise Corruption(
+                    self.group_id,
+                    target,
+                    f"event {target}, erased by tombstone {seq}, is not the erased copy",
+                )
         self.last = seq
         self.previous = checked.link
         if self.checkpoint is not None and seq == self.checkpoint[0] and checked.link != self.checkpoint[1]:
-            raise self._bad(seq, "the log does not match the Authority's signed chain checkpoint at this sequence")
+            raise self._bad(
+                seq, "the log does not match the Authority's signed chain checkpoint at this sequence"
+            )
 
     def _bad(self, sequence: int, detail: str) -> Corruption:
         return Corruption(self.group_id, sequence, detail)
@@ -201,14 +211,20 @@ def checkpoint_payload(group_id: str, sequence: int, link: bytes) -> bytes:
     return _CHECKPOINT_MAGIC + group_id.encode() + b"\x00" + sequence.to_bytes(8, "big") + link
 
 
-def verified_checkpoint(group_id: str, sequence: int, stored: bytes, keys: Mapping[str, bytes]) -> tuple[int, bytes]:
+def verified_checkpoint(
+    group_id: str, sequence: int, stored: bytes, keys: Mapping[str, bytes]
+) -> tuple[int, bytes]:
     """A stored chain checkpoint checked (signature by a key of the history, Group and sequence)."""
     try:
         signed = common_pb2.SignedEnvelope.FromString(stored)
     except DecodeError:
         raise Corruption(group_id, sequence, "the chain checkpoint does not parse") from None
     public_key = keys.get(signed.signatures[0].key_id) if signed.signatures else None
-    if signed.payload_type != CHECKPOINT_TYPE or public_key is None or not verify_signature(signed, public_key):
+    if (
+        signed.payload_type != CHECKPOINT_TYPE
+        or public_key is None
+        or not verify_signature(signed, public_key)
+    ):
         raise Corruption(group_id, sequence, "the chain checkpoint's signature does not verify")
     link = signed.payload[-DIGEST_BYTES:]
     if signed.payload != checkpoint_payload(group_id, sequence, link):

@@ -43,7 +43,11 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         trace_id = getattr(record, "trace_id", None)
-        return line if trace_id is None else f"{line} trace_id={trace_id} span_id={getattr(record, 'span_id', '')}"
+        return (
+            line
+            if trace_id is None
+            else f"{line} trace_id={trace_id} span_id={getattr(record, 'span_id', '')}"
+        )
 
 
 def configure(level: str = "info", fmt: str = "json", *record_filters: logging.Filter) -> None:
@@ -75,7 +79,9 @@ class RateLimitedLog:
     """One record per key per interval on ``logger``, carrying the count of those suppressed since
     the last one (a flood of alike events stays visible without a line each)."""
 
-    def __init__(self, interval_s: float, logger: logging.Logger, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, interval_s: float, logger: logging.Logger, now: Callable[[], float] = time.monotonic
+    ) -> None:
         self.interval_s = interval_s
         self.logger = logger
         self._now = now

@@ -37,6 +37,7 @@ MAX_SIGNATURES = 4
 CALL_PROOF_METADATA = "mwp-call-proof-bin"
 CALL_PROOF_TYPE = "application/vnd.missionweave.v1.call-proof+protobuf"
 
+
 def check_signature_count(envelope: common_pb2.SignedEnvelope, what: str = "envelope") -> None:
     """At most MAX_SIGNATURES signatures on a signed request: more is MALFORMED (``field=signatures``,
     ``limit``), before any of them is checked."""
@@ -126,15 +127,21 @@ def read_key(path: str | os.PathLike[str]) -> SigningKey:
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:  # still a FileNotFoundError (callers tell it apart), with a message that helps
-        raise FileNotFoundError(f"key file {path} does not exist (make one with `mwp keygen {path}`)") from None
+        raise FileNotFoundError(
+            f"key file {path} does not exist (make one with `mwp keygen {path}`)"
+        ) from None
     if mode & 0o077:
         raise PermissionError(f"key file {path} has mode {mode:o}; it must not be readable by others (0600)")
     try:
         seed = bytes.fromhex(path.read_text().strip())
     except (ValueError, UnicodeDecodeError):
-        raise KeyFileError(f"key file {path} is not an Ed25519 key (64 hex characters, as `mwp keygen` writes)") from None
+        raise KeyFileError(
+            f"key file {path} is not an Ed25519 key (64 hex characters, as `mwp keygen` writes)"
+        ) from None
     if len(seed) != 32:
-        raise KeyFileError(f"key file {path} holds {len(seed)} bytes; an Ed25519 seed is 32 (64 hex characters)")
+        raise KeyFileError(
+            f"key file {path} holds {len(seed)} bytes; an Ed25519 seed is 32 (64 hex characters)"
+        )
     return SigningKey(seed)
 
 

@@ -91,10 +91,14 @@ class ClientTLS:
     def from_settings(cls, settings: ClientTLSSettings) -> ClientTLS | None:
         """The client side of ``settings`` (``missionweave_server.config.Settings``); None (plain text)
         unless TLS is asked for or configured."""
-        configured = settings.tls_ca or settings.tls_client_cert or settings.tls_client_key or settings.tls_server_name
+        configured = (
+            settings.tls_ca or settings.tls_client_cert or settings.tls_client_key or settings.tls_server_name
+        )
         if not (settings.tls or configured):
             return None
-        return cls(settings.tls_ca, settings.tls_client_cert, settings.tls_client_key, settings.tls_server_name)
+        return cls(
+            settings.tls_ca, settings.tls_client_cert, settings.tls_client_key, settings.tls_server_name
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ClientTLS | None:
@@ -126,7 +130,10 @@ def open_channel(
     when neither is given. ``interceptors`` wrap every call made on it, inside those of
     ``CHANNEL_INTERCEPTORS`` (while tracing is on, a client span per call that sends the caller's
     trace context)."""
-    interceptors = [*(i for factory in CHANNEL_INTERCEPTORS for i in factory()), *(interceptors or ())] or None
+    interceptors = [
+        *(i for factory in CHANNEL_INTERCEPTORS for i in factory()),
+        *(interceptors or ()),
+    ] or None
     opts = list(options)
     if credentials is None and tls is not None:
         credentials = tls.credentials()

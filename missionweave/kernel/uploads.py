@@ -30,7 +30,9 @@ def asks_for_bytes(metadata: Any) -> bool:
     return any(key == GO_AHEAD_KEY and value == "send" for key, value in metadata or ())
 
 
-async def upload(stub: Any, header: pb.UploadHeader, chunks: Iterable[bytes], **call_options: Any) -> pb.UploadResponse:
+async def upload(
+    stub: Any, header: pb.UploadHeader, chunks: Iterable[bytes], **call_options: Any
+) -> pb.UploadResponse:
     """Uploads through ``stub`` (an ArtifactService stub): the header, then ``chunks`` in order
     if the server asks for them. Raises the server's refusal as an ``AioRpcError``."""
     call = stub.Upload(**call_options)

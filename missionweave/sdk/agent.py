@@ -218,7 +218,9 @@ class Agent:
         self._channel: grpc.aio.Channel | None = None
         self._link: GatewayLink | None = None
         self._session: SessionSigner | None = None
-        self._proofs = CallProofs(self.audience)  # reads (GetGroupState, ...) prove the current session to that mesh
+        self._proofs = CallProofs(
+            self.audience
+        )  # reads (GetGroupState, ...) prove the current session to that mesh
         self._verifier: AuthorityVerifier | None = None
         self._subscriptions: dict[str, Subscription] = {}  # by Group
         self._routes: dict[str, Subscription] = {}  # by subscription id, on the current stream
@@ -264,7 +266,10 @@ class Agent:
         if self._runner is not None:
             raise AgentError("the agent was already started")
         self._channel = open_channel(
-            self.target, self._tls, credentials=self._credentials, interceptors=self._proofs.unary_request_interceptors
+            self.target,
+            self._tls,
+            credentials=self._credentials,
+            interceptors=self._proofs.unary_request_interceptors,
         )
         self._first = asyncio.get_running_loop().create_future()
         self._runner = asyncio.create_task(self._run(), name=f"missionweave-agent-{self.identity_id}")
@@ -463,7 +468,9 @@ class Agent:
         cmd.membership_epoch = await self.membership_epoch(cmd.group_id, refresh=True)
         return await self._send_command(signer, cmd)
 
-    async def _send_command(self, signer: SessionSigner, cmd: command_pb2.Command) -> command_pb2.CommandResult:
+    async def _send_command(
+        self, signer: SessionSigner, cmd: command_pb2.Command
+    ) -> command_pb2.CommandResult:
         frame = pb.CommandFrame(command_id=cmd.command_id, command=signer.sign(cmd))
         future = self._commands.add(frame)
         try:
@@ -499,7 +506,9 @@ class Agent:
         >>> fetched = await agent.fetch(group_id, 1, 50, context_package=package)  # doctest: +SKIP
         """
         request_id = f"f{next(self._numbers)}"
-        frame = pb.FetchFrame(request_id=request_id, group_id=group_id, ranges=[pb.SequenceRange(first=first, last=last)])
+        frame = pb.FetchFrame(
+            request_id=request_id, group_id=group_id, ranges=[pb.SequenceRange(first=first, last=last)]
+        )
         if context_package is not None:
             frame.context_package.CopyFrom(context_package)
         future: asyncio.Future[pb.FetchedFrame] = asyncio.get_running_loop().create_future()
@@ -574,7 +583,9 @@ class Agent:
         key = await authority_service_pb2_grpc.AuthorityServiceStub(channel).GetAuthorityKey(
             authority_service_pb2.GetAuthorityKeyRequest()
         )
-        self._verifier = AuthorityVerifier(key.key_id, key.public_key, {k.key_id: k.public_key for k in key.keys})
+        self._verifier = AuthorityVerifier(
+            key.key_id, key.public_key, {k.key_id: k.public_key for k in key.keys}
+        )
         signer = self._session or await asyncio.to_thread(self._session_file.load)
         if signer is None:
             signer = await self._new_session()
@@ -751,7 +762,9 @@ class Agent:
 
     async def _fetch_snapshot(self, group_id: str, digest: common_pb2.Digest) -> pb.GetSnapshotResponse:
         stub = pb_grpc.GatewayServiceStub(self._require_channel())
-        request = pb.GetSnapshotRequest(group_id=group_id, digest=digest, proof=self._session_proof(self.session))
+        request = pb.GetSnapshotRequest(
+            group_id=group_id, digest=digest, proof=self._session_proof(self.session)
+        )
         return await stub.GetSnapshot(request)
 
     @property

@@ -41,7 +41,9 @@ Content = bytes | os.PathLike[str] | str | Iterable[bytes] | AsyncIterable[bytes
 # What a manifest names as the Agent Card version of a producer that has published none (a person,
 # a script): MW-13.1-03 asks for the field, and an empty one is refused by the store.
 NO_AGENT_CARD = "none"
-SDK_COMPONENT = apb.ComponentVersion(kind=apb.COMPONENT_KIND_TOOL, name="missionweave-sdk", version=__version__)
+SDK_COMPONENT = apb.ComponentVersion(
+    kind=apb.COMPONENT_KIND_TOOL, name="missionweave-sdk", version=__version__
+)
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,9 @@ async def put_artifact(
     the reference a submission or Evidence names. ``artifacts_stub``: an ArtifactService stub."""
     if isinstance(content, bytes):
         data = content
-        return await _put(artifacts_stub, signer, lambda: uploads.slices(data, CHUNK_BYTES), media_type, origin)
+        return await _put(
+            artifacts_stub, signer, lambda: uploads.slices(data, CHUNK_BYTES), media_type, origin
+        )
     if isinstance(content, (str, os.PathLike)):
         path = Path(content)
         return await _put(artifacts_stub, signer, lambda: file_chunks(path), media_type, origin)

@@ -85,7 +85,9 @@ def membership_epoch(state: authority_service_pb2.GroupState, identity_id: str) 
     return next((m.membership_epoch for m in state.memberships if m.member_id == identity_id and m.active), 0)
 
 
-def verify_group_summary(envelope: common_pb2.SignedEnvelope, key_id: str, public_key: bytes) -> VerifiedSummary:
+def verify_group_summary(
+    envelope: common_pb2.SignedEnvelope, key_id: str, public_key: bytes
+) -> VerifiedSummary:
     """Checks the payload type and the Authority's signature *before* parsing the payload."""
     if envelope.payload_type != GROUP_SUMMARY_TYPE:
         raise SummaryNotVerified(f"payload type {envelope.payload_type!r} is not {GROUP_SUMMARY_TYPE!r}")
@@ -93,7 +95,9 @@ def verify_group_summary(envelope: common_pb2.SignedEnvelope, key_id: str, publi
     if index is None:
         raise SummaryNotVerified(f"the summary carries no signature by the Authority key {key_id}")
     if not verify_signature(envelope, public_key, index):
-        raise SummaryNotVerified(f"the summary's signature does not verify against the Authority key {key_id}")
+        raise SummaryNotVerified(
+            f"the summary's signature does not verify against the Authority key {key_id}"
+        )
     state = authority_service_pb2.GroupState()
     state.ParseFromString(envelope.payload)
     return VerifiedSummary(state, key_id, envelope)
@@ -103,7 +107,10 @@ def register_identity_envelope(
     admin_id: str, admin_key: SigningKey, identity: membership_pb2.Identity, request_id: str | None = None
 ) -> common_pb2.SignedEnvelope:
     cmd = membership_service_pb2.RegisterIdentityCommand(
-        identity=identity, admin_id=admin_id, issued_at=to_timestamp(_clock.now()), request_id=request_id or ids.new_id("req")
+        identity=identity,
+        admin_id=admin_id,
+        issued_at=to_timestamp(_clock.now()),
+        request_id=request_id or ids.new_id("req"),
     )
     return sign_envelope(cmd.SerializeToString(), REGISTER_IDENTITY_TYPE, admin_key, f"{admin_id}#identity")
 
@@ -123,7 +130,10 @@ def open_session_envelope(
 def agent_card_envelope(signer: SessionSigner, card: agent_card_pb2.AgentCard) -> common_pb2.SignedEnvelope:
     """``card`` signed for PublishAgentCard by ``signer``'s session key (docs/agent-cards.md)."""
     return sign_envelope(
-        card.SerializeToString(), AGENT_CARD_TYPE, signer.key, session_key_id(signer.identity_id, signer.session_epoch)
+        card.SerializeToString(),
+        AGENT_CARD_TYPE,
+        signer.key,
+        session_key_id(signer.identity_id, signer.session_epoch),
     )
 
 
@@ -135,7 +145,9 @@ def verify_agent_card(published: agent_card_pb2.PublishedAgentCard) -> agent_car
     if envelope.payload_type != AGENT_CARD_TYPE or len(envelope.signatures) != 1:
         raise CardNotVerified(f"the card of {agent} is not one signature over an {AGENT_CARD_TYPE} payload")
     if envelope.signatures[0].key_id != session_key_id(agent, published.session_epoch):
-        raise CardNotVerified(f"the card of {agent} is signed by {envelope.signatures[0].key_id}, not its session")
+        raise CardNotVerified(
+            f"the card of {agent} is signed by {envelope.signatures[0].key_id}, not its session"
+        )
     if not verify_signature(envelope, published.session_public_key):
         raise CardNotVerified(f"the card of {agent} does not verify with its session key")
     card = agent_card_pb2.AgentCard.FromString(envelope.payload)
@@ -179,7 +191,10 @@ class SessionSigner:
 
     def sign(self, command: command_pb2.Command) -> common_pb2.SignedEnvelope:
         return sign_envelope(
-            command.SerializeToString(), COMMAND_TYPE, self.key, session_key_id(self.identity_id, self.session_epoch)
+            command.SerializeToString(),
+            COMMAND_TYPE,
+            self.key,
+            session_key_id(self.identity_id, self.session_epoch),
         )
 
 
@@ -223,7 +238,9 @@ class MeshClient:
     a call proof of ``reader`` (missionweave/v1/auth.proto): the session given here, else the first
     session ``open_session`` opens; ``read_as`` switches it. Signed commands need none."""
 
-    def __init__(self, target: str, tls: ClientTLS | None = None, reader: SessionSigner | None = None) -> None:
+    def __init__(
+        self, target: str, tls: ClientTLS | None = None, reader: SessionSigner | None = None
+    ) -> None:
         self.proofs = CallProofs(target, reader)
         self.channel = open_channel(target, tls, interceptors=self.proofs.interceptors)
         self.authority = authority_service_pb2_grpc.AuthorityServiceStub(self.channel)
@@ -237,17 +254,30 @@ class MeshClient:
         await self.channel.close()
 
     async def register_identity(
-        self, admin_id: str, admin_key: SigningKey, identity_id: str, kind: int, public_key: bytes, display_name: str = ""
+        self,
+        admin_id: str,
+        admin_key: SigningKey,
+        identity_id: str,
+        kind: int,
+        public_key: bytes,
+        display_name: str = "",
     ) -> membership_pb2.Identity:
         identity = membership_pb2.Identity(
-            identity_id=identity_id, kind=kind, public_key=public_key, display_name=display_name or identity_id  # type: ignore[arg-type]
+            identity_id=identity_id,
+            kind=kind,  # type: ignore[arg-type]
+            public_key=public_key,
+            display_name=display_name or identity_id,
         )
         resp = await self.membership.RegisterIdentity(
-            membership_service_pb2.RegisterIdentityRequest(command=register_identity_envelope(admin_id, admin_key, identity))
+            membership_service_pb2.RegisterIdentityRequest(
+                command=register_identity_envelope(admin_id, admin_key, identity)
+            )
         )
         return resp.identity
 
-    async def open_session(self, identity_id: str, identity_key: SigningKey, session_key: SigningKey | None = None) -> SessionSigner:
+    async def open_session(
+        self, identity_id: str, identity_key: SigningKey, session_key: SigningKey | None = None
+    ) -> SessionSigner:
         session_key = session_key or identity_key
         resp = await self.membership.OpenSession(
             membership_service_pb2.OpenSessionRequest(
@@ -268,7 +298,9 @@ class MeshClient:
             raise ValueError(f"{what} needs the agent's session: open_session(...) or read_as(...) first")
         return signer
 
-    async def publish_agent_card(self, card: agent_card_pb2.AgentCard) -> membership_service_pb2.PublishAgentCardResponse:
+    async def publish_agent_card(
+        self, card: agent_card_pb2.AgentCard
+    ) -> membership_service_pb2.PublishAgentCardResponse:
         """Publish ``card`` (agent_id defaults to the reader) signed by the reader's session key; an
         identical republish answers the stored version (``replayed``). Refusals: docs/agent-cards.md."""
         signer = self._agent("publishing an Agent Card")
@@ -290,13 +322,17 @@ class MeshClient:
         verify_agent_card(resp.published)
         return resp.published
 
-    async def agent_card_versions(self, agent_id: str, page_size: int = 0) -> list[agent_card_pb2.AgentCardVersion]:
+    async def agent_card_versions(
+        self, agent_id: str, page_size: int = 0
+    ) -> list[agent_card_pb2.AgentCardVersion]:
         """Every version of the agent's card, newest first (all pages)."""
         out: list[agent_card_pb2.AgentCardVersion] = []
         token = ""
         while True:
             resp = await self.membership.ListAgentCardVersions(
-                membership_service_pb2.ListAgentCardVersionsRequest(agent_id=agent_id, page_size=page_size, page_token=token)
+                membership_service_pb2.ListAgentCardVersionsRequest(
+                    agent_id=agent_id, page_size=page_size, page_token=token
+                )
             )
             out.extend(resp.versions)
             token = resp.next_page_token
@@ -316,15 +352,23 @@ class MeshClient:
         (0: 60 s)."""
         signer = self._agent("reporting Presence")
         report = agent_card_pb2.PresenceReport(
-            agent_id=signer.identity_id, availability=availability, free_slots=free_slots,
-            in_use_slots=in_use_slots, note=note, ttl_ms=ttl_ms,
+            agent_id=signer.identity_id,
+            availability=availability,
+            free_slots=free_slots,
+            in_use_slots=in_use_slots,
+            note=note,
+            ttl_ms=ttl_ms,
         )
-        resp = await self.membership.ReportPresence(membership_service_pb2.ReportPresenceRequest(report=report))
+        resp = await self.membership.ReportPresence(
+            membership_service_pb2.ReportPresenceRequest(report=report)
+        )
         return resp.presence
 
     async def presence(self, *agent_ids: str) -> list[agent_card_pb2.AgentPresence]:
         """The last report of each agent that has reported, with ``fresh`` by the server's clock."""
-        resp = await self.membership.GetPresence(membership_service_pb2.GetPresenceRequest(agent_ids=agent_ids))
+        resp = await self.membership.GetPresence(
+            membership_service_pb2.GetPresenceRequest(agent_ids=agent_ids)
+        )
         return list(resp.presences)
 
     def read_as(self, signer: SessionSigner | None) -> None:
@@ -332,19 +376,28 @@ class MeshClient:
         self.proofs.signer = signer
 
     async def execute(self, envelope: common_pb2.SignedEnvelope) -> command_pb2.CommandResult:
-        resp = await self.authority.ExecuteCommand(authority_service_pb2.ExecuteCommandRequest(command=envelope))
+        resp = await self.authority.ExecuteCommand(
+            authority_service_pb2.ExecuteCommandRequest(command=envelope)
+        )
         return resp.result
 
-    async def execute_batch(self, envelopes: list[common_pb2.SignedEnvelope]) -> list[command_pb2.CommandResult | Rejected]:
+    async def execute_batch(
+        self, envelopes: list[common_pb2.SignedEnvelope]
+    ) -> list[command_pb2.CommandResult | Rejected]:
         """Up to 512 commands in one call; each one's outcome in order (a batch is not a transaction)."""
         resp = await self.authority.ExecuteCommandBatch(
             authority_service_pb2.ExecuteCommandBatchRequest(
-                commands=[authority_service_pb2.ExecuteCommandStreamRequest(command=e, request_tag=i) for i, e in enumerate(envelopes)]
+                commands=[
+                    authority_service_pb2.ExecuteCommandStreamRequest(command=e, request_tag=i)
+                    for i, e in enumerate(envelopes)
+                ]
             )
         )
         return [a.result if a.HasField("result") else from_proto(a.rejection) for a in resp.results]
 
-    async def read_events(self, group_id: str, after: int = 0, *, follow: bool = False) -> AsyncIterator[event_pb2.Event]:
+    async def read_events(
+        self, group_id: str, after: int = 0, *, follow: bool = False
+    ) -> AsyncIterator[event_pb2.Event]:
         call = self.authority.ReadEvents(
             authority_service_pb2.ReadEventsRequest(group_id=group_id, after_sequence=after, follow=follow)
         )
@@ -377,17 +430,23 @@ class MeshClient:
         small = []
         for i, entry in enumerate(entries):
             if len(entry.data) > CHUNK_BYTES:
-                out[i] = await _refused_as_value(self.upload(blobs[i], entry.manifest if entry.HasField("manifest") else None))
+                out[i] = await _refused_as_value(
+                    self.upload(blobs[i], entry.manifest if entry.HasField("manifest") else None)
+                )
             else:
                 small.append(i)
         for batch in _packed(small, lambda i: len(blobs[i]) + entries[i].manifest.ByteSize()):
-            response = await self.artifacts.BatchUpload(artifact_service_pb2.BatchUploadRequest(blobs=[entries[i] for i in batch]))
+            response = await self.artifacts.BatchUpload(
+                artifact_service_pb2.BatchUploadRequest(blobs=[entries[i] for i in batch])
+            )
             for i, result in zip(batch, response.results, strict=True):
                 out[i] = (
                     from_proto(result.rejection)
                     if result.HasField("rejection")
                     else artifact_service_pb2.UploadResponse(
-                        digest=result.digest, already_existed=result.already_existed, manifest_digest=result.manifest_digest
+                        digest=result.digest,
+                        already_existed=result.already_existed,
+                        manifest_digest=result.manifest_digest,
                     )
                 )
         return [o for o in out if o is not None]
@@ -421,11 +480,15 @@ class MeshClient:
 
     async def download(self, digest: common_pb2.Digest, offset: int = 0, length: int = 0) -> bytes:
         """The verified bytes (the server holds back the last chunk until the hash matched)."""
-        call = self.artifacts.Download(artifact_service_pb2.DownloadRequest(digest=digest, offset=offset, length=length))
+        call = self.artifacts.Download(
+            artifact_service_pb2.DownloadRequest(digest=digest, offset=offset, length=length)
+        )
         return b"".join([piece.data async for piece in call])
 
     async def group_state(self, group_id: str) -> authority_service_pb2.GroupState:
-        resp = await self.authority.GetGroupState(authority_service_pb2.GetGroupStateRequest(group_id=group_id))
+        resp = await self.authority.GetGroupState(
+            authority_service_pb2.GetGroupStateRequest(group_id=group_id)
+        )
         return resp.state
 
     # The epochs every Group-scoped command cites, read from the Group state, so that a script
@@ -457,16 +520,17 @@ class MeshClient:
         )
         return resp.work_item
 
-    async def work_items(
-        self, group_id: str, state: int = 0, page_size: int = 0
-    ) -> list[work_pb2.WorkItem]:
+    async def work_items(self, group_id: str, state: int = 0, page_size: int = 0) -> list[work_pb2.WorkItem]:
         """Every WorkItem of the Group (only those in ``state`` when given), by id (all pages)."""
         out: list[work_pb2.WorkItem] = []
         token = ""
         while True:
             resp = await self.authority.ListWorkItems(
                 authority_service_pb2.ListWorkItemsRequest(
-                    group_id=group_id, state=state, page_size=page_size, page_token=token  # type: ignore[arg-type]
+                    group_id=group_id,
+                    state=state,  # type: ignore[arg-type]
+                    page_size=page_size,
+                    page_token=token,
                 )
             )
             out.extend(resp.work_items)
@@ -501,7 +565,9 @@ class MeshClient:
                 return out
 
     async def identity(self, identity_id: str) -> membership_pb2.Identity:
-        resp = await self.membership.GetIdentity(membership_service_pb2.GetIdentityRequest(identity_id=identity_id))
+        resp = await self.membership.GetIdentity(
+            membership_service_pb2.GetIdentityRequest(identity_id=identity_id)
+        )
         return resp.identity
 
     async def mission_tree(self, group_id: str) -> list[subtask_pb2.MissionTreeNode]:
@@ -517,7 +583,9 @@ class MeshClient:
         each WorkItem's Artifacts, Evidence per criterion and budget, blockers, the critical path.
         Manifests and bytes are not checked here: ``mwp mission review`` does that."""
         return await self.authority.GetMissionReview(
-            authority_service_pb2.GetMissionReviewRequest(group_id=group_id, submission_event_id=submission_event_id)
+            authority_service_pb2.GetMissionReviewRequest(
+                group_id=group_id, submission_event_id=submission_event_id
+            )
         )
 
     async def authority_key(self) -> tuple[str, bytes]:

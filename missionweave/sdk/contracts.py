@@ -147,7 +147,9 @@ class Budget:
     def vector(self, field: str = "budget") -> common_pb2.ResourceVector:
         values = {d: whole(getattr(self, d), f"{field}.{d}") for d in DIMENSIONS if d != "financial_micros"}
         return common_pb2.ResourceVector(
-            currency=self.currency.upper(), financial_micros=micros(self.financial, f"{field}.financial"), **values
+            currency=self.currency.upper(),
+            financial_micros=micros(self.financial, f"{field}.financial"),
+            **values,
         )
 
 
@@ -161,18 +163,20 @@ def whole(value: object, field: str) -> int:
 def micros(amount: Decimal | str | int | float, field: str) -> int:
     """``"1.50"`` -> 1_500_000: an amount >= 0 with at most six decimals (floats go through their repr)."""
     if isinstance(amount, bool):
-        raise ContractError(field, f"an amount such as \"1.50\", not {amount!r}")
+        raise ContractError(field, f'an amount such as "1.50", not {amount!r}')
     try:
         value = Decimal(repr(amount) if isinstance(amount, float) else str(amount).strip())
     except InvalidOperation:
-        raise ContractError(field, f"an amount such as \"1.50\", not {amount!r}") from None
+        raise ContractError(field, f'an amount such as "1.50", not {amount!r}') from None
     scaled = value * MICROS
     if not value.is_finite() or value < 0 or scaled != scaled.to_integral_value():
         raise ContractError(field, f"an amount >= 0 with at most six decimals, not {amount!r}")
     return int(scaled)
 
 
-def budget_vector(budget: Budget | common_pb2.ResourceVector | Mapping[str, Any], field: str = "budget") -> common_pb2.ResourceVector:
+def budget_vector(
+    budget: Budget | common_pb2.ResourceVector | Mapping[str, Any], field: str = "budget"
+) -> common_pb2.ResourceVector:
     """A ResourceVector from a Budget, a ResourceVector or a mapping of dimension names
     (``financial`` or ``financial_micros``, ``tokens``, ... , ``currency``)."""
     if isinstance(budget, common_pb2.ResourceVector):
@@ -182,18 +186,25 @@ def budget_vector(budget: Budget | common_pb2.ResourceVector | Mapping[str, Any]
     values = dict(budget)
     unknown = set(values) - {"financial", "financial_micros", "currency", *DIMENSIONS}
     if unknown:
-        raise ContractError(f"{field}.{sorted(unknown)[0]}", f"not a budget dimension (one of financial, {', '.join(DIMENSIONS[1:])})")
+        raise ContractError(
+            f"{field}.{sorted(unknown)[0]}",
+            f"not a budget dimension (one of financial, {', '.join(DIMENSIONS[1:])})",
+        )
     if "financial_micros" in values:
         if "financial" in values:
             raise ContractError(f"{field}.financial", "give financial or financial_micros, not both")
-        values["financial"] = Decimal(whole(values.pop("financial_micros"), f"{field}.financial_micros")) / MICROS
+        values["financial"] = (
+            Decimal(whole(values.pop("financial_micros"), f"{field}.financial_micros")) / MICROS
+        )
     currency = values.pop("currency", "")
     if not isinstance(currency, str):
         raise ContractError(f"{field}.currency", f"an ISO 4217 code, not {currency!r}")
     return Budget(currency=currency, **values).vector(field)
 
 
-def artifact_ref(value: str | common_pb2.ArtifactRef, field: str, media_type: str = "") -> common_pb2.ArtifactRef:
+def artifact_ref(
+    value: str | common_pb2.ArtifactRef, field: str, media_type: str = ""
+) -> common_pb2.ArtifactRef:
     """``blake3:<64 lowercase hex>[:<size>]`` -> ArtifactRef (Artifacts are named by content, MW-13.1-06)."""
     if isinstance(value, common_pb2.ArtifactRef):
         return value
@@ -232,7 +243,10 @@ def _deliverables(given: Mapping[str, str] | Iterable[Deliverable]) -> list[wp.D
     out = []
     for d in parts:
         proto = wp.Deliverable(
-            deliverable_id=d.deliverable_id, description=d.description, media_type=d.media_type, required=d.required
+            deliverable_id=d.deliverable_id,
+            description=d.description,
+            media_type=d.media_type,
+            required=d.required,
         )
         if d.schema_uri or d.schema_version:
             proto.schema.CopyFrom(wp.SchemaRef(uri=d.schema_uri, version=d.schema_version))
@@ -247,11 +261,18 @@ def _criteria(
     known = {c.criterion_id for c in parts}
     for name in evidence:
         if name not in known:
-            raise ContractError(f"evidence.{name}", f"no acceptance criterion {name!r} (criteria: {', '.join(sorted(known)) or 'none'})")
+            raise ContractError(
+                f"evidence.{name}",
+                f"no acceptance criterion {name!r} (criteria: {', '.join(sorted(known)) or 'none'})",
+            )
     out = []
     for c in parts:
         methods = evidence.get(c.criterion_id, c.evidence)
-        where = f"evidence.{c.criterion_id}" if c.criterion_id in evidence else f"criteria.{c.criterion_id}.evidence"
+        where = (
+            f"evidence.{c.criterion_id}"
+            if c.criterion_id in evidence
+            else f"criteria.{c.criterion_id}.evidence"
+        )
         if isinstance(methods, str):  # one method named alone
             methods = [methods]
         out.append(
@@ -272,7 +293,10 @@ def _inputs(given: Iterable[Input]) -> list[wp.WorkInput]:
     out = []
     for i in given:
         proto = wp.WorkInput(
-            name=i.name, from_work_item_id=i.from_work_item, from_deliverable_id=i.from_deliverable, description=i.description
+            name=i.name,
+            from_work_item_id=i.from_work_item,
+            from_deliverable_id=i.from_deliverable,
+            description=i.description,
         )
         if i.artifact is not None:
             proto.artifact.CopyFrom(artifact_ref(i.artifact, f"inputs.{i.name}.artifact", i.media_type))
@@ -332,7 +356,9 @@ def work_contract(
         if not vector.currency:
             vector.currency = currency.upper()
         elif vector.financial_micros and vector.currency != currency.upper():
-            raise ContractError("budget.currency", f"the Mission's budget is in {currency.upper()}, not {vector.currency}")
+            raise ContractError(
+                "budget.currency", f"the Mission's budget is in {currency.upper()}, not {vector.currency}"
+            )
     contract = wp.WorkContract(
         goal=goal,
         deliverables=_deliverables(deliverables),
@@ -403,7 +429,9 @@ def _check_parts(contract: wp.WorkContract) -> None:
         if not c.required_evidence_methods:
             raise ContractError(f"{where}.evidence", "name the Evidence methods it requires (at least one)")
         if wp.EVIDENCE_METHOD_OTHER in c.required_evidence_methods and not c.method_extensions:
-            raise ContractError(f"{where}.method_extensions", "the method 'other' needs the namespaced codes it accepts")
+            raise ContractError(
+                f"{where}.method_extensions", "the method 'other' needs the namespaced codes it accepts"
+            )
         for named in c.deliverable_ids:
             if named not in deliverables:
                 raise ContractError(f"{where}.deliverables", f"no deliverable {named!r} in this contract")
@@ -424,7 +452,9 @@ def _check_graph(contract: wp.WorkContract) -> None:
         if inp.from_work_item_id and inp.from_work_item_id not in depends:
             raise ContractError(f"{where}.from", f"{inp.from_work_item_id} is not among depends_on")
         digest = inp.artifact.digest
-        if inp.HasField("artifact") and (digest.algorithm != "blake3" or not re.fullmatch(r"[0-9a-f]{64}", digest.hex)):
+        if inp.HasField("artifact") and (
+            digest.algorithm != "blake3" or not re.fullmatch(r"[0-9a-f]{64}", digest.hex)
+        ):
             raise ContractError(f"{where}.artifact", "a blake3 digest of 64 lowercase hex characters")
     _unique((i.name for i in contract.inputs), "inputs")
     for i, cap in enumerate(contract.required_capabilities):
@@ -447,8 +477,15 @@ def _check_policies(contract: wp.WorkContract) -> None:
     for name in ("initial_backoff", "max_backoff"):
         _check_duration(getattr(contract.retry_policy, name), name)
     if not contract.HasField("time_policy"):
-        raise ContractError("time_policy", "a time policy is required (unset durations take the Authority's defaults)")
-    for name in ("start_deadline", "execution_lease_duration", "checkpoint_ownership_duration", "blocked_lease_duration"):
+        raise ContractError(
+            "time_policy", "a time policy is required (unset durations take the Authority's defaults)"
+        )
+    for name in (
+        "start_deadline",
+        "execution_lease_duration",
+        "checkpoint_ownership_duration",
+        "blocked_lease_duration",
+    ):
         _check_duration(getattr(contract.time_policy, name), f"time_policy.{name}")
     if not contract.HasField("cost_policy"):
         raise ContractError("cost_policy", "a cost policy is required (an empty one: only the budget caps)")
@@ -459,7 +496,9 @@ def _check_duration(value: Duration, field: str) -> None:
         raise ContractError(field, "must lie within 1 s .. 24 h")
 
 
-def validate(contract: wp.WorkContract, *, now: datetime | None = None, currency: str | None = None) -> wp.WorkContract:
+def validate(
+    contract: wp.WorkContract, *, now: datetime | None = None, currency: str | None = None
+) -> wp.WorkContract:
     """Every check the Authority makes on a contract that needs no Group state (and the
     consistency checks above), naming the first field that fails; returns the contract."""
     if not 1 <= len(contract.goal) <= MAX_GOAL or not contract.goal.strip():
@@ -469,7 +508,9 @@ def validate(contract: wp.WorkContract, *, now: datetime | None = None, currency
     if not contract.HasField("deadline"):
         raise ContractError("deadline", "a deadline is required")
     if from_timestamp(contract.deadline) <= (now or datetime.now(UTC)):
-        raise ContractError("deadline", f"{from_timestamp(contract.deadline).isoformat()} is not in the future")
+        raise ContractError(
+            "deadline", f"{from_timestamp(contract.deadline).isoformat()} is not in the future"
+        )
     if not contract.urgency:
         raise ContractError("urgency", f"one of {', '.join(URGENCIES)}")
     if not contract.business_impact:
@@ -485,4 +526,3 @@ def validate(contract: wp.WorkContract, *, now: datetime | None = None, currency
     if len(contract.notes) > MAX_NOTES:
         raise ContractError("notes", f"at most {MAX_NOTES} characters of prose")
     return contract
-

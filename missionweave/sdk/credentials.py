@@ -51,7 +51,10 @@ def call_proof(session: Session, method: str, audience: str, clock: Clock | None
         nonce=os.urandom(16),
     )
     envelope = sign_envelope(
-        proof.SerializeToString(), CALL_PROOF_TYPE, session.key, session_key_id(session.identity_id, session.session_epoch)
+        proof.SerializeToString(),
+        CALL_PROOF_TYPE,
+        session.key,
+        session_key_id(session.identity_id, session.session_epoch),
     )
     return envelope.SerializeToString()
 
@@ -66,7 +69,11 @@ class CallProofs:
         self.signer = signer
         # No bidirectional stream needs a proof (commands are signed, the gateway stream proves itself
         # in HELLO), and an intercepted one leaves gRPC's request-consuming task behind when it ends.
-        self.interceptors: list[grpc.aio.ClientInterceptor] = [_UnaryUnary(self), _UnaryStream(self), _StreamUnary(self)]
+        self.interceptors: list[grpc.aio.ClientInterceptor] = [
+            _UnaryUnary(self),
+            _UnaryStream(self),
+            _StreamUnary(self),
+        ]
 
     @property
     def unary_request_interceptors(self) -> list[grpc.aio.ClientInterceptor]:
@@ -91,15 +98,21 @@ class _Shape:
 
 
 class _UnaryUnary(_Shape, grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
+    async def intercept_unary_unary(
+        self, continuation: Callable[..., Any], details: Any, request: Any
+    ) -> Any:
         return await continuation(self.proofs.details(details), request)
 
 
 class _UnaryStream(_Shape, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
+    async def intercept_unary_stream(
+        self, continuation: Callable[..., Any], details: Any, request: Any
+    ) -> Any:
         return await continuation(self.proofs.details(details), request)
 
 
 class _StreamUnary(_Shape, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation: Callable[..., Any], details: Any, requests: Any) -> Any:
+    async def intercept_stream_unary(
+        self, continuation: Callable[..., Any], details: Any, requests: Any
+    ) -> Any:
         return await continuation(self.proofs.details(details), requests)

@@ -76,7 +76,9 @@ class CursorStore:
             # A round whose waiters were all cancelled must not log an unretrieved exception.
             self._round.add_done_callback(lambda done: done.cancelled() or done.exception())
         if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_rounds(), name=f"missionweave-cursors-{self.agent_id}")
+            self._writer = asyncio.create_task(
+                self._write_rounds(), name=f"missionweave-cursors-{self.agent_id}"
+            )
         return self._round
 
     async def _write_rounds(self) -> None:
@@ -91,7 +93,9 @@ class CursorStore:
                 await asyncio.to_thread(self._write, cursors)
             except BaseException as err:
                 if done is not None and not done.done():
-                    done.set_exception(err if isinstance(err, Exception) else AgentError(f"{self.path}: {err!r}"))
+                    done.set_exception(
+                        err if isinstance(err, Exception) else AgentError(f"{self.path}: {err!r}")
+                    )
                 if not isinstance(err, Exception):
                     raise
                 continue

@@ -82,7 +82,9 @@ class AuthorityVerifier:
         if envelope.payload_type != payload_type:
             raise NotVerified(f"payload type {envelope.payload_type!r} is not {payload_type!r}")
         index = next((i for i, s in enumerate(envelope.signatures) if s.key_id in self.keys), None)
-        if index is None or not verify_signature(envelope, self.keys[envelope.signatures[index].key_id], index):
+        if index is None or not verify_signature(
+            envelope, self.keys[envelope.signatures[index].key_id], index
+        ):
             raise NotVerified(f"no valid signature by the Authority key {self.key_id}")
         return envelope.payload
 
@@ -116,7 +118,9 @@ class AuthorityVerifier:
         linked.reverse()
         return linked
 
-    def _signed_by_us(self, envelope: common_pb2.SignedEnvelope, digest: bytes) -> tuple[bytes, bytes, bytes] | None:
+    def _signed_by_us(
+        self, envelope: common_pb2.SignedEnvelope, digest: bytes
+    ) -> tuple[bytes, bytes, bytes] | None:
         """(public key, digest, signature) of the first signature by a key of this Authority, the
         one ``_payload`` checks (None: there is none)."""
         return next(

@@ -25,7 +25,11 @@ def attempt_key(mission_id: str, work_item_id: str, ownership_epoch: int, operat
     """
     if ownership_epoch < 1:
         raise ValueError("ownership_epoch starts at 1")
-    for name, value in (("mission_id", mission_id), ("work_item_id", work_item_id), ("operation_id", operation_id)):
+    for name, value in (
+        ("mission_id", mission_id),
+        ("work_item_id", work_item_id),
+        ("operation_id", operation_id),
+    ):
         if not ids.is_valid(value):
             raise ValueError(f"{name} must be 1..128 of [A-Za-z0-9._:-]")
     h = blake3.blake3()

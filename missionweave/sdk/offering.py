@@ -110,7 +110,10 @@ class NoEligibleCandidate(PlacementError):
 
     def __init__(self, work_item_id: str, ranked: Sequence[Ranked]) -> None:
         self.ranked = tuple(ranked)
-        why = "; ".join(f"{r.candidate.agent_id}: {ineligibility(r)}" for r in ranked) or "no Worker in the Group"
+        why = (
+            "; ".join(f"{r.candidate.agent_id}: {ineligibility(r)}" for r in ranked)
+            or "no Worker in the Group"
+        )
         super().__init__(f"no eligible candidate for {work_item_id} ({why})")
 
 
@@ -168,7 +171,9 @@ async def gather_candidates(
     ids = [m.member_id for m in members]
     presences: dict[str, agent_card_pb2.AgentPresence] = {}
     for i in range(0, len(ids), PRESENCE_BATCH):
-        answer = await stub.GetPresence(membership_service_pb2.GetPresenceRequest(agent_ids=ids[i : i + PRESENCE_BATCH]))
+        answer = await stub.GetPresence(
+            membership_service_pb2.GetPresenceRequest(agent_ids=ids[i : i + PRESENCE_BATCH])
+        )
         presences.update((p.agent_id, p) for p in answer.presences)
     costs, records = expected_costs or {}, reliability or {}
     out = []
@@ -282,7 +287,14 @@ async def place(
         )
         ended, accepted = await reader.outcome(work_item_id, made, made.expires_at + margin)
         offers.append(ended)
-        log.info("%s/%s: offer %s to %s %s", group_id, work_item_id, made.offer_id, list(made.candidate_ids), ended.ended)
+        log.info(
+            "%s/%s: offer %s to %s %s",
+            group_id,
+            work_item_id,
+            made.offer_id,
+            list(made.candidate_ids),
+            ended.ended,
+        )
         if accepted is not None:
             return _placed(group_id, work_item_id, accepted, offers, ranked)
         if ended.ended == "withdrawn":
@@ -290,7 +302,11 @@ async def place(
 
 
 def _placed(
-    group_id: str, work_item_id: str, accepted: wp.WorkOfferAccepted, offers: list[OfferMade], ranked: list[Ranked]
+    group_id: str,
+    work_item_id: str,
+    accepted: wp.WorkOfferAccepted,
+    offers: list[OfferMade],
+    ranked: list[Ranked],
 ) -> Placement:
     return Placement(
         group_id=group_id,
@@ -315,7 +331,9 @@ class _LogReader:
     async def verifier(self) -> AuthorityVerifier:
         if self._verifier is None:
             key = await self.stub.GetAuthorityKey(authority_service_pb2.GetAuthorityKeyRequest())
-            self._verifier = AuthorityVerifier(key.key_id, key.public_key, {k.key_id: k.public_key for k in key.keys})
+            self._verifier = AuthorityVerifier(
+                key.key_id, key.public_key, {k.key_id: k.public_key for k in key.keys}
+            )
         return self._verifier
 
     async def outcome(
@@ -349,7 +367,9 @@ class _LogReader:
         """The acceptance of ``offer`` in the log as it is now, if there is one."""
         verifier = await self.verifier()
         tracker = OfferTracker(work_item_id, offer)
-        request = authority_service_pb2.ReadEventsRequest(group_id=self.group_id, after_sequence=offer.sequence)
+        request = authority_service_pb2.ReadEventsRequest(
+            group_id=self.group_id, after_sequence=offer.sequence
+        )
         async for batch in self.stub.ReadEvents(request):
             for envelope in batch.events:
                 tracker.see(verifier.event(envelope))
@@ -365,7 +385,9 @@ class _LogReader:
     ) -> None:
         """Everything after ``after``, as it is appended; a dropped stream is reopened where it broke."""
         while True:
-            request = authority_service_pb2.ReadEventsRequest(group_id=self.group_id, after_sequence=after, follow=True)
+            request = authority_service_pb2.ReadEventsRequest(
+                group_id=self.group_id, after_sequence=after, follow=True
+            )
             call = self.stub.ReadEvents(request)
             try:
                 async for batch in call:
@@ -378,7 +400,9 @@ class _LogReader:
                 if err.code() != grpc.StatusCode.UNAVAILABLE or self.clock.now() >= deadline:
                     queue.put_nowait(err)
                     return
-                log.info("%s: the log stream broke (%s); reopening after %d", self.group_id, err.details(), after)
+                log.info(
+                    "%s: the log stream broke (%s); reopening after %d", self.group_id, err.details(), after
+                )
             except Exception as err:  # a signature that does not verify ends the wait with it
                 queue.put_nowait(err)
                 return

@@ -115,7 +115,13 @@ class OfflineBuffer:
         return len(self._pending)
 
     def append(self, command_id: str, envelope: common_pb2.SignedEnvelope) -> None:
-        self._write({"op": "buffered", "command_id": command_id, "envelope": base64.b64encode(envelope.SerializeToString()).decode()})
+        self._write(
+            {
+                "op": "buffered",
+                "command_id": command_id,
+                "envelope": base64.b64encode(envelope.SerializeToString()).decode(),
+            }
+        )
         self._pending[command_id] = envelope
 
     def reconciled(self, command_id: str) -> None:
@@ -191,7 +197,9 @@ class SlotChannel:
         if self.clock.now() >= self.window.expires_at:
             raise OfflineForbidden(f"{self.work_item_id}: the lease {self.window.lease_id} has expired")
 
-    async def send(self, kind: str, body: Message, usage: common_pb2.ResourceVector) -> command_pb2.CommandResult | None:
+    async def send(
+        self, kind: str, body: Message, usage: common_pb2.ResourceVector
+    ) -> command_pb2.CommandResult | None:
         """Online: executes it. Offline: buffers it durably (None). Refusals are raised."""
         command_id = ids.new_id("cmd")
         if self.online():
@@ -209,26 +217,42 @@ class SlotChannel:
         now, window = self.clock.now(), self.window
         assert self.disconnected_at is not None
         if not self.reversible:
-            raise OfflineForbidden(f"{self.work_item_id}: the handler's work is not declared reversible (MW-11.5-04)")
+            raise OfflineForbidden(
+                f"{self.work_item_id}: the handler's work is not declared reversible (MW-11.5-04)"
+            )
         if window.grace <= timedelta(0):
             raise OfflineForbidden(f"{self.work_item_id}: the contract allows no offline continuation")
         if self.disconnected_at > window.expires_at:
             raise OfflineForbidden(f"{self.work_item_id}: the lease had expired before the service was lost")
         if now > window.grace_deadline:
-            raise OfflineForbidden(f"{self.work_item_id}: the grace deadline {window.grace_deadline.isoformat()} has passed")
+            raise OfflineForbidden(
+                f"{self.work_item_id}: the grace deadline {window.grace_deadline.isoformat()} has passed"
+            )
         binding = wp.BoundedOfflineExecutionBinding(
-            agent_id=self.agent.identity_id, group_id=self.group_id, work_item_id=self.work_item_id,
-            original_session_epoch=window.session_epoch, ownership_epoch=window.ownership_epoch,
-            historical_lease_id=window.lease_id, disconnected_at=to_timestamp(self.disconnected_at),
-            buffered_at=to_timestamp(now), grace_deadline=to_timestamp(window.grace_deadline),
-            historical_lease_expires_at=to_timestamp(window.expires_at), usage_delta=usage,
+            agent_id=self.agent.identity_id,
+            group_id=self.group_id,
+            work_item_id=self.work_item_id,
+            original_session_epoch=window.session_epoch,
+            ownership_epoch=window.ownership_epoch,
+            historical_lease_id=window.lease_id,
+            disconnected_at=to_timestamp(self.disconnected_at),
+            buffered_at=to_timestamp(now),
+            grace_deadline=to_timestamp(window.grace_deadline),
+            historical_lease_expires_at=to_timestamp(window.expires_at),
+            usage_delta=usage,
             conversation_id=self.conversation_id,
         )
         signer = self.agent.session
         command = signer.command(self.group_id, kind, body, command_id=command_id)
         command.extensions.add(urn=BOUNDED_OFFLINE_EXECUTION, critical=True, data=binding.SerializeToString())
         self.buffer.append(command.command_id, signer.sign(command))
-        log.info("%s/%s: buffered %s offline (grace until %s)", self.group_id, self.work_item_id, kind, window.grace_deadline)
+        log.info(
+            "%s/%s: buffered %s offline (grace until %s)",
+            self.group_id,
+            self.work_item_id,
+            kind,
+            window.grace_deadline,
+        )
         self._on_buffered()
 
 
@@ -246,14 +270,25 @@ async def reconcile(
         assert binding is not None
         epoch = owned(command.group_id, binding.work_item_id)
         if epoch is not None and epoch != binding.ownership_epoch:
-            log.warning("%s/%s: dropped buffered %s: the ownership changed", command.group_id, binding.work_item_id, command.command_id)
+            log.warning(
+                "%s/%s: dropped buffered %s: the ownership changed",
+                command.group_id,
+                binding.work_item_id,
+                command.command_id,
+            )
             buffer.reconciled(command.command_id)
             continue
         try:
             await agent.resubmit(command)
             outcomes.append((command, None))
         except CommandRejected as refused:
-            log.warning("%s/%s: buffered %s refused: %s", command.group_id, binding.work_item_id, command.command_id, refused)
+            log.warning(
+                "%s/%s: buffered %s refused: %s",
+                command.group_id,
+                binding.work_item_id,
+                command.command_id,
+                refused,
+            )
             outcomes.append((command, refused))
         buffer.reconciled(command.command_id)
     return outcomes
@@ -262,8 +297,12 @@ async def reconcile(
 def window_of(lease: wp.ExecutionLease, contract: wp.WorkContract) -> LeaseWindow:
     period = contract.time_policy.offline_grace_period
     return LeaseWindow(
-        lease.lease_id, lease.session_epoch, lease.ownership_epoch, from_timestamp(lease.started_at),
-        from_timestamp(lease.expires_at), period.ToTimedelta() if period.seconds or period.nanos else timedelta(0),
+        lease.lease_id,
+        lease.session_epoch,
+        lease.ownership_epoch,
+        from_timestamp(lease.started_at),
+        from_timestamp(lease.expires_at),
+        period.ToTimedelta() if period.seconds or period.nanos else timedelta(0),
     )
 
 

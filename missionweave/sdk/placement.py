@@ -47,7 +47,14 @@ class Ranked:
 
 
 def _cost(vector: common_pb2.ResourceVector) -> tuple[int, ...]:
-    return (vector.financial_micros, vector.tokens, vector.tool_calls, vector.compute_ms, vector.wall_clock_ms, vector.side_effects)
+    return (
+        vector.financial_micros,
+        vector.tokens,
+        vector.tool_calls,
+        vector.compute_ms,
+        vector.wall_clock_ms,
+        vector.side_effects,
+    )
 
 
 def rank(contract: wp.WorkContract, candidates: Iterable[Candidate]) -> list[Ranked]:
@@ -56,8 +63,12 @@ def rank(contract: wp.WorkContract, candidates: Iterable[Candidate]) -> list[Ran
     slots, expected cost and the amount of reliability Evidence; ties by agent id."""
     scored = []
     for c in candidates:
-        declared: Mapping[str, str] = {cap.capability_id: cap.version for cap in c.card.capabilities} if c.card else {}
-        missing = [cap for cap in contract.required_capabilities if missing_capability(declared, [cap]) is not None]
+        declared: Mapping[str, str] = (
+            {cap.capability_id: cap.version for cap in c.card.capabilities} if c.card else {}
+        )
+        missing = [
+            cap for cap in contract.required_capabilities if missing_capability(declared, [cap]) is not None
+        ]
         matched = [
             membership_pb2.Capability(capability_id=cap.capability_id, version=declared[cap.capability_id])
             for cap in contract.required_capabilities
@@ -65,7 +76,10 @@ def rank(contract: wp.WorkContract, candidates: Iterable[Candidate]) -> list[Ran
         ]
         p = c.presence
         available = (
-            p is not None and p.fresh and p.availability == agent_card_pb2.PRESENCE_AVAILABILITY_AVAILABLE and p.free_slots > 0
+            p is not None
+            and p.fresh
+            and p.availability == agent_card_pb2.PRESENCE_AVAILABILITY_AVAILABLE
+            and p.free_slots > 0
         )
         authorized = c.membership_epoch > 0
         eligible = authorized and c.card is not None and not missing and available
@@ -82,7 +96,13 @@ def rank(contract: wp.WorkContract, candidates: Iterable[Candidate]) -> list[Ran
             reliability=list(c.reliability),
             applied_policy_rules=[RULE_CAPABILITY, RULE_AVAILABILITY, RULE_LOAD, RULE_COST, RULE_RELIABILITY],
         )
-        key = (not eligible, -(p.free_slots if p is not None else 0), _cost(c.expected_cost), -len(c.reliability), c.agent_id)
+        key = (
+            not eligible,
+            -(p.free_slots if p is not None else 0),
+            _cost(c.expected_cost),
+            -len(c.reliability),
+            c.agent_id,
+        )
         scored.append((key, Ranked(c, eligible, criteria)))
     out = [r for _, r in sorted(scored, key=lambda pair: pair[0])]
     for n, r in enumerate(out, start=1):
@@ -105,7 +125,12 @@ def urgent_set(ranked: Sequence[Ranked], size: int) -> list[Ranked]:
 
 
 def offer_body(
-    work_item_id: str, chosen: Sequence[Ranked], expires_at: Timestamp, *, coordinator_epoch: int, offer_id: str = ""
+    work_item_id: str,
+    chosen: Sequence[Ranked],
+    expires_at: Timestamp,
+    *,
+    coordinator_epoch: int,
+    offer_id: str = "",
 ) -> wp.WorkOffer:
     """A `work.offer` to ``chosen`` carrying each one's selection criteria (MW-10.3-10)."""
     body = wp.WorkOffer(

@@ -137,7 +137,11 @@ class SlotArtifacts:
         report of a check). ``sources``: what it was derived from (default: every input)."""
         await self._resolved()
         derived = [i.ref for i in self._inputs] if sources is None else list(sources)
-        origin = replace(self._origin, sources=list({r.digest.hex: r.digest for r in derived}.values()), schema_id=schema_id)
+        origin = replace(
+            self._origin,
+            sources=list({r.digest.hex: r.digest for r in derived}.values()),
+            schema_id=schema_id,
+        )
         spool: Path | None = await self._spool(content)
         assert spool is not None
         try:
@@ -145,7 +149,8 @@ class SlotArtifacts:
             hashes = await asyncio.to_thread(hash_chunks, file_chunks(spool))
             signer = self._signer()
             header = apb.UploadHeader(
-                digest=hashes.digest, manifest=signed_manifest(Described(hashes, media_type, signer.identity_id, origin), signer)
+                digest=hashes.digest,
+                manifest=signed_manifest(Described(hashes, media_type, signer.identity_id, origin), signer),
             )
             ref = common_pb2.ArtifactRef(digest=hashes.digest, media_type=media_type)
             try:
@@ -153,7 +158,11 @@ class SlotArtifacts:
             except grpc.aio.AioRpcError as err:
                 if err.code() not in _UNREACHABLE:
                     raise
-                log.info("blake3:%s kept for upload: the artifact store is unreachable (%s)", hashes.blake3_hex, err.code().name)
+                log.info(
+                    "blake3:%s kept for upload: the artifact store is unreachable (%s)",
+                    hashes.blake3_hex,
+                    err.code().name,
+                )
                 self._pending[hashes.blake3_hex] = (spool, header)
                 spool = None  # kept until flush
         finally:
@@ -198,23 +207,40 @@ class SlotArtifactDesk:
         self._card_version = ""
 
     async def open(
-        self, group_id: str, work_item_id: str, lease_id: str, ownership_epoch: int, contract: work_pb2.WorkContract
+        self,
+        group_id: str,
+        work_item_id: str,
+        lease_id: str,
+        ownership_epoch: int,
+        contract: work_pb2.WorkContract,
     ) -> SlotArtifacts:
         """The slot's Artifacts; looked up now, or on first use when the mesh does not answer now
         (reversible work goes on offline, MW-11.5-04)."""
 
         async def resolve() -> tuple[Origin, list[SlotInput]]:
-            return await self._origin(group_id, work_item_id, lease_id, ownership_epoch), await self._inputs(group_id, contract)
+            return await self._origin(group_id, work_item_id, lease_id, ownership_epoch), await self._inputs(
+                group_id, contract
+            )
 
         try:
             origin, inputs = await resolve()
         except grpc.aio.AioRpcError as err:
             if err.code() not in _UNREACHABLE:
                 raise
-            log.info("%s/%s: the slot's inputs are looked up later: %s", group_id, work_item_id, err.code().name)
-            placeholder = Origin(group_id, self._missions.get(group_id, ""), work_item_id, lease_id, ownership_epoch)
+            log.info(
+                "%s/%s: the slot's inputs are looked up later: %s", group_id, work_item_id, err.code().name
+            )
+            placeholder = Origin(
+                group_id, self._missions.get(group_id, ""), work_item_id, lease_id, ownership_epoch
+            )
             return SlotArtifacts(
-                self._artifacts, self._signer, placeholder, [], self._spool_dir, self._audience, resolve=resolve
+                self._artifacts,
+                self._signer,
+                placeholder,
+                [],
+                self._spool_dir,
+                self._audience,
+                resolve=resolve,
             )
         return SlotArtifacts(self._artifacts, self._signer, origin, inputs, self._spool_dir, self._audience)
 
@@ -270,7 +296,9 @@ class SlotArtifactDesk:
                     timeout=CALL_TIMEOUT_S,
                 )
             except grpc.aio.AioRpcError as err:
-                log.warning("%s/%s: its Artifacts are not readable here: %s", group_id, work_item_id, err.details())
+                log.warning(
+                    "%s/%s: its Artifacts are not readable here: %s", group_id, work_item_id, err.details()
+                )
                 continue
             inputs.extend(SlotInput(name, ref, work_item_id) for ref in response.work_item.artifacts)
         return inputs

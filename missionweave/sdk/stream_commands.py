@@ -289,4 +289,3 @@ class PendingCommands:
 
     def forget(self, command_id: str) -> None:
         self._pending.pop(command_id, None)
-

@@ -59,7 +59,9 @@ _FAILS_SUBSCRIPTION = frozenset(
 # EVENT frames a subscription that fell behind verifies and handles as one batch (_queued_events).
 MAX_FRAMES_PER_BATCH = 64
 
-_RESUBSCRIBES = frozenset({E.GATEWAY_ERROR_CODE_HISTORY_UNAVAILABLE, E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE})
+_RESUBSCRIBES = frozenset(
+    {E.GATEWAY_ERROR_CODE_HISTORY_UNAVAILABLE, E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE}
+)
 
 
 class _Host(Protocol):
@@ -259,7 +261,10 @@ class Subscription:
             queued = self._queue.get_nowait()
             if queued is None:  # stop() woke the worker, which sees _stopping after this turn
                 break
-            if queued.WhichOneof("frame") == "event" and queued.event.subscription_id == frame.subscription_id:
+            if (
+                queued.WhichOneof("frame") == "event"
+                and queued.event.subscription_id == frame.subscription_id
+            ):
                 frames.append(queued.event)
             else:
                 self._held = queued
@@ -272,7 +277,9 @@ class Subscription:
         self._retry.reset()
         for frame in frames:
             self._window.received(frame.first_sequence, frame.last_sequence)
-        for linked in self._host._verifier_now().events([envelope for frame in frames for envelope in frame.events]):
+        for linked in self._host._verifier_now().events(
+            [envelope for frame in frames for envelope in frame.events]
+        ):
             event = linked.event
             if event.group_id != self.group_id:
                 raise NotVerified(f"{self.group_id}: the gateway delivered an event of {event.group_id}")
@@ -307,7 +314,9 @@ class Subscription:
         sequence, link, linked = self._link
         # An unlinked event (written before the chain existed) may follow only an unlinked one.
         if bytes(event.previous_digest) != link if event.previous_digest else linked:
-            raise NotVerified(f"{self.group_id}: event #{event.sequence} does not follow the one at #{sequence}")
+            raise NotVerified(
+                f"{self.group_id}: event #{event.sequence} does not follow the one at #{sequence}"
+            )
 
     async def _call_handler(self, event: event_pb2.Event) -> None:
         backoff = Backoff(initial=0.5, cap=30.0)
@@ -355,7 +364,11 @@ class Subscription:
         durable and acknowledged, or the write failed and the subscription stops."""
         if self._saving is round_:
             self._saving = None
-        error = AgentError(f"{self._cursors.path}: the write was cancelled") if round_.cancelled() else round_.exception()
+        error = (
+            AgentError(f"{self._cursors.path}: the write was cancelled")
+            if round_.cancelled()
+            else round_.exception()
+        )
         if error is not None:
             self._cursor_write_failed(error)
             return
@@ -410,7 +423,9 @@ class Subscription:
             return
         cursor, credits = self._window.take(self.cursor)
         self._host._queue_ack(
-            pb.CursorAck(subscription_id=self.subscription_id, group_id=self.group_id, cursor=cursor, credits=credits)
+            pb.CursorAck(
+                subscription_id=self.subscription_id, group_id=self.group_id, cursor=cursor, credits=credits
+            )
         )
 
     async def _on_flow(self, flow: pb.FlowFrame) -> None:
@@ -475,4 +490,3 @@ class Subscription:
         log.error("%s: subscription stopped at sequence %d: %s", self.group_id, self.cursor, failure)
         self._failure = failure
         self._wake()
-

@@ -148,7 +148,9 @@ class Slot:
         self.channel.authorize()
         return self.idempotency_key(operation_id)
 
-    async def report_progress(self, report: wp.ProgressReport, usage: common_pb2.ResourceVector | None = None) -> bool:
+    async def report_progress(
+        self, report: wp.ProgressReport, usage: common_pb2.ResourceVector | None = None
+    ) -> bool:
         """Structured progress under this slot's lease (MW-11.4-01), with the usage since the last
         report. Offline it is buffered with its binding (reversible work only, within the grace):
         returns whether it reached the Group now (False: buffered)."""
@@ -156,8 +158,11 @@ class Slot:
             raise RuntimeError("this slot has no channel to its Group")
         delta = usage or common_pb2.ResourceVector()
         body = wp.WorkReportProgress(
-            work_item_id=self.work_item_id, lease_id=self.lease_id, ownership_epoch=self.ownership_epoch,
-            report=report, usage_delta=delta,
+            work_item_id=self.work_item_id,
+            lease_id=self.lease_id,
+            ownership_epoch=self.ownership_epoch,
+            report=report,
+            usage_delta=delta,
         )
         return await self.channel.send("work_report_progress", body, delta) is not None
 
@@ -168,7 +173,9 @@ class Slot:
         if self.channel is None:
             raise RuntimeError("this slot has no channel to its Group")
         body = conversation_pb2.MessagePost(
-            conversation_id=self.channel.conversation_id, content=conversation_pb2.MessageContent(text=text), topic=topic
+            conversation_id=self.channel.conversation_id,
+            content=conversation_pb2.MessageContent(text=text),
+            topic=topic,
         )
         return await self.channel.send("message_post", body, common_pb2.ResourceVector()) is not None
 
@@ -189,7 +196,9 @@ Handler = Callable[[Slot], Awaitable[WorkResult | Paused | Failed]]
 class WorkerRuntime:
     """Serves the WorkItems offered to ``agent`` in ``group_ids`` with ``handler``."""
 
-    def __init__(self, agent: Agent, handler: Handler, *, disclosure_period_s: float = DISCLOSURE_PERIOD_S) -> None:
+    def __init__(
+        self, agent: Agent, handler: Handler, *, disclosure_period_s: float = DISCLOSURE_PERIOD_S
+    ) -> None:
         self.agent = agent
         self.handler = handler
         self.disclosure_period_s = disclosure_period_s
@@ -212,7 +221,9 @@ class WorkerRuntime:
         # Offline (MW-11.5-04..09): the durable buffer, the replayed ownership epochs it is confirmed
         # against, and whether it has been reconciled (nothing else is submitted or started until then).
         self.buffer = OfflineBuffer(agent.directory / "offline.log")
-        self.desk = SlotArtifactDesk(agent.channel, lambda: agent.session, agent.directory / "outputs", agent.audience)
+        self.desk = SlotArtifactDesk(
+            agent.channel, lambda: agent.session, agent.directory / "outputs", agent.audience
+        )
         self._owned: dict[tuple[str, str], int] = {}
         self._conversations: dict[tuple[str, str], str] = {}
         self._subscriptions: dict[str, Subscription] = {}
@@ -223,12 +234,18 @@ class WorkerRuntime:
     async def serve(self, group_ids: Sequence[str]) -> None:
         """Subscribe to the Groups and start one placement loop per declared slot."""
         for group_id in group_ids:
-            await self.scheduler.GetQueue(spb.GetQueueRequest(group_id=group_id), timeout=CALL_TIMEOUT_S)  # it follows G
+            await self.scheduler.GetQueue(
+                spb.GetQueueRequest(group_id=group_id), timeout=CALL_TIMEOUT_S
+            )  # it follows G
             self._subscriptions[group_id] = await self.agent.subscribe(group_id, self._handler_for(group_id))
         self._buffered()  # a restarted Worker reconciles what it buffered before it stopped
-        first = await self.scheduler.NextSlot(spb.NextSlotRequest(preemptions_only=True), timeout=CALL_TIMEOUT_S)
+        first = await self.scheduler.NextSlot(
+            spb.NextSlotRequest(preemptions_only=True), timeout=CALL_TIMEOUT_S
+        )
         self.slots = first.total_slots or 1
-        self._slot_loops = [asyncio.create_task(self._place(), name=f"worker-slot-{i}") for i in range(self.slots)]
+        self._slot_loops = [
+            asyncio.create_task(self._place(), name=f"worker-slot-{i}") for i in range(self.slots)
+        ]
         self._slot_loops.append(asyncio.create_task(self._watch_preemptions(), name="worker-preemptions"))
         self._slot_loops.append(asyncio.create_task(self._disclose(), name="worker-disclosures"))
 
@@ -252,7 +269,12 @@ class WorkerRuntime:
             return
         _, pending = await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
         if pending:
-            log.warning("%s: %d runtime task(s) did not stop within %.0f s", self.agent.identity_id, len(pending), CLOSE_WAIT_S)
+            log.warning(
+                "%s: %d runtime task(s) did not stop within %.0f s",
+                self.agent.identity_id,
+                len(pending),
+                CLOSE_WAIT_S,
+            )
 
     # ------------------------------------------------------------ offers
 
@@ -261,8 +283,12 @@ class WorkerRuntime:
             kind = event.WhichOneof("payload")
             self._track_ownership(group_id, event)
             if kind == "work_authorized":
-                self._contracts[(group_id, event.work_authorized.work_item_id)] = event.work_authorized.contract
-                self._conversations[(group_id, event.work_authorized.work_item_id)] = event.work_authorized.conversation_id
+                self._contracts[(group_id, event.work_authorized.work_item_id)] = (
+                    event.work_authorized.contract
+                )
+                self._conversations[(group_id, event.work_authorized.work_item_id)] = (
+                    event.work_authorized.conversation_id
+                )
             elif kind == "work_offered":
                 offered = event.work_offered
                 if offered.HasField("amended_contract"):
@@ -305,27 +331,38 @@ class WorkerRuntime:
         contract = self._contracts.get((group_id, offered.work_item_id), wp.WorkContract())
         admit = await self.scheduler.Admit(
             spb.AdmitRequest(
-                group_id=group_id, work_item_id=offered.work_item_id, offer_id=offered.offer_id,
-                contract=contract, offer_expires_at=offered.expires_at, offered_at_sequence=sequence,
+                group_id=group_id,
+                work_item_id=offered.work_item_id,
+                offer_id=offered.offer_id,
+                contract=contract,
+                offer_expires_at=offered.expires_at,
+                offered_at_sequence=sequence,
             ),
             timeout=CALL_TIMEOUT_S,
         )
         try:
             if admit.decision == spb.ADMISSION_DECISION_ACCEPT:
                 body = wp.WorkAcceptOffer(
-                    work_item_id=offered.work_item_id, offer_id=offered.offer_id,
-                    contract_revision=offered.contract_revision, schedule=admit.schedule,
+                    work_item_id=offered.work_item_id,
+                    offer_id=offered.offer_id,
+                    contract_revision=offered.contract_revision,
+                    schedule=admit.schedule,
                 )
                 accepted = await self.agent.execute(group_id, "work_accept_offer", body)
                 grant = next(
-                    (e.work_offer_accepted.ownership for e in decode_events(accepted.events)
-                     if e.WhichOneof("payload") == "work_offer_accepted"),
+                    (
+                        e.work_offer_accepted.ownership
+                        for e in decode_events(accepted.events)
+                        if e.WhichOneof("payload") == "work_offer_accepted"
+                    ),
                     None,
                 )
                 if grant is not None:
                     self._waiting[(group_id, offered.work_item_id)] = (grant.ownership_epoch, admit.schedule)
             else:
-                body_ = wp.WorkDeclineOffer(work_item_id=offered.work_item_id, offer_id=offered.offer_id, decline=admit.decline)
+                body_ = wp.WorkDeclineOffer(
+                    work_item_id=offered.work_item_id, offer_id=offered.offer_id, decline=admit.decline
+                )
                 await self.agent.execute(group_id, "work_decline_offer", body_)
         except CommandRejected as refused:  # taken by another candidate, expired, withdrawn
             log.info("%s: the offer %s was not answered: %s", group_id, offered.offer_id, refused)
@@ -367,7 +404,9 @@ class WorkerRuntime:
         """Waits until each Group's subscription has delivered the log up to its current head."""
         stub = authority_service_pb2_grpc.AuthorityServiceStub(self.agent.channel)
         for group_id, subscription in self._subscriptions.items():
-            state = await stub.GetGroupState(authority_service_pb2.GetGroupStateRequest(group_id=group_id), timeout=CALL_TIMEOUT_S)
+            state = await stub.GetGroupState(
+                authority_service_pb2.GetGroupStateRequest(group_id=group_id), timeout=CALL_TIMEOUT_S
+            )
             async with asyncio.timeout(CALL_TIMEOUT_S):
                 await subscription.reached(state.state.head_sequence)
 
@@ -382,7 +421,9 @@ class WorkerRuntime:
         while not self._closing:
             await self._ready()  # MW-11.5-05/06: nothing new starts offline or before reconciling
             try:
-                answer = await self.scheduler.NextSlot(spb.NextSlotRequest(wait=NEXT_SLOT_WAIT), timeout=_poll_timeout())
+                answer = await self.scheduler.NextSlot(
+                    spb.NextSlotRequest(wait=NEXT_SLOT_WAIT), timeout=_poll_timeout()
+                )
             except grpc.aio.AioRpcError as err:  # the mesh is unreachable: wait for the Group service
                 log.info("%s: no placement: %s", self.agent.identity_id, err.details())
                 await self._service_back()
@@ -403,25 +444,49 @@ class WorkerRuntime:
         renewing: asyncio.Task[None] | None = None
         try:
             start = wp.WorkStart(
-                work_item_id=a.work_item_id, ownership_epoch=a.ownership_epoch, lease_id=lease_id,
+                work_item_id=a.work_item_id,
+                ownership_epoch=a.ownership_epoch,
+                lease_id=lease_id,
                 resume_from_checkpoint_id=a.resume_from_checkpoint_id,
             )
             started = await self.agent.execute(a.group_id, "work_start", start)
-            began = next((e.work_started for e in decode_events(started.events) if e.WhichOneof("payload") == "work_started"), None)
+            began = next(
+                (
+                    e.work_started
+                    for e in decode_events(started.events)
+                    if e.WhichOneof("payload") == "work_started"
+                ),
+                None,
+            )
             token = began.token if began is not None else None
             contract = self._contracts.get(key, wp.WorkContract())
             channel = None
             if began is not None:
                 channel = SlotChannel(
-                    self.agent, self.buffer, a.group_id, a.work_item_id, self._conversations.get(key, ""),
-                    window_of(began.lease, contract), reversible=is_reversible(self.handler),
-                    reconciled=self._reconciled.is_set, on_buffered=self._buffered,
+                    self.agent,
+                    self.buffer,
+                    a.group_id,
+                    a.work_item_id,
+                    self._conversations.get(key, ""),
+                    window_of(began.lease, contract),
+                    reversible=is_reversible(self.handler),
+                    reconciled=self._reconciled.is_set,
+                    on_buffered=self._buffered,
                 )
-            artifacts = await self.desk.open(a.group_id, a.work_item_id, lease_id, a.ownership_epoch, contract)
+            artifacts = await self.desk.open(
+                a.group_id, a.work_item_id, lease_id, a.ownership_epoch, contract
+            )
             slot = Slot(
-                slot_id=a.slot_id, group_id=a.group_id, work_item_id=a.work_item_id, ownership_epoch=a.ownership_epoch,
-                lease_id=lease_id, contract=contract, token=token,
-                budget=a.slot_budget, resume_from_checkpoint_id=a.resume_from_checkpoint_id, channel=channel,
+                slot_id=a.slot_id,
+                group_id=a.group_id,
+                work_item_id=a.work_item_id,
+                ownership_epoch=a.ownership_epoch,
+                lease_id=lease_id,
+                contract=contract,
+                token=token,
+                budget=a.slot_budget,
+                resume_from_checkpoint_id=a.resume_from_checkpoint_id,
+                channel=channel,
                 artifacts=artifacts,
             )
             self._running[key] = slot
@@ -429,7 +494,12 @@ class WorkerRuntime:
             self._preemptions.pop(key, None)  # a request for an earlier lease is answered already
             early = self._early_preemptions.pop(key, None)
             if early is not None and early[0] == lease_id:  # asked while this lease was starting
-                log.info("%s/%s: preemption %s was asked while the work was starting", a.group_id, a.work_item_id, early[1])
+                log.info(
+                    "%s/%s: preemption %s was asked while the work was starting",
+                    a.group_id,
+                    a.work_item_id,
+                    early[1],
+                )
                 self._preemptions[key] = early[1]
                 slot.preemption_requested.set()
             if key in self._asked:  # the scheduler asked while the work was starting
@@ -448,16 +518,29 @@ class WorkerRuntime:
                 renewing.cancel()
             self._running.pop(key, None)
             release = spb.ReleaseSlotRequest(
-                slot_id=a.slot_id, work_item_id=a.work_item_id, reason=reason, requeue=requeue,  # type: ignore[arg-type]
+                slot_id=a.slot_id,
+                work_item_id=a.work_item_id,
+                reason=reason,  # type: ignore[arg-type]
+                requeue=requeue,
                 ended_at_sequence=ended_at,
             )
             try:
                 await self.scheduler.ReleaseSlot(release, timeout=CALL_TIMEOUT_S)
-            except grpc.aio.AioRpcError as err:  # the scheduler freed it already (it saw the work end in the log)
-                log.info("%s/%s: slot %s was released already: %s", a.group_id, a.work_item_id, a.slot_id, err.details())
+            except (
+                grpc.aio.AioRpcError
+            ) as err:  # the scheduler freed it already (it saw the work end in the log)
+                log.info(
+                    "%s/%s: slot %s was released already: %s",
+                    a.group_id,
+                    a.work_item_id,
+                    a.slot_id,
+                    err.details(),
+                )
             except grpc.aio.UsageError:  # the agent's channel is closed: the process is going away, and
                 # the scheduler voids this session's placements when the next session opens (docs/sdk.md)
-                log.info("%s/%s: slot %s not released: the agent was closed", a.group_id, a.work_item_id, a.slot_id)
+                log.info(
+                    "%s/%s: slot %s not released: the agent was closed", a.group_id, a.work_item_id, a.slot_id
+                )
 
     async def _finish(self, slot: Slot, result: WorkResult | Paused | Failed) -> tuple[int, bool, int]:
         """Records the handler's outcome in the Group: (slot release reason, requeue, the sequence of
@@ -466,20 +549,35 @@ class WorkerRuntime:
         usage = result.usage or common_pb2.ResourceVector()
         if isinstance(result, Paused):
             checkpoint = wp.WorkCheckpoint(
-                work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch,
-                checkpoint=result.checkpoint, preemption_request_id=self._preemptions.pop(key, ""), usage_delta=usage,
+                work_item_id=slot.work_item_id,
+                lease_id=slot.lease_id,
+                ownership_epoch=slot.ownership_epoch,
+                checkpoint=result.checkpoint,
+                preemption_request_id=self._preemptions.pop(key, ""),
+                usage_delta=usage,
             )
             if slot.channel is None:
                 done = await self.agent.execute(slot.group_id, "work_checkpoint", checkpoint)
             else:  # offline: buffered with its binding, reconciled on reconnection (MW-11.5-04)
-                done = await slot.channel.send("work_checkpoint", checkpoint, usage) or command_pb2.CommandResult()
-            self._waiting[key] = (slot.ownership_epoch, wp.ScheduleDisclosure())  # disclosed again once estimated
+                done = (
+                    await slot.channel.send("work_checkpoint", checkpoint, usage)
+                    or command_pb2.CommandResult()
+                )
+            self._waiting[key] = (
+                slot.ownership_epoch,
+                wp.ScheduleDisclosure(),
+            )  # disclosed again once estimated
             return spb.SLOT_RELEASE_REASON_PREEMPTED, True, _last_sequence(done)
         await self._ready()  # MW-11.5-06: reconciled before any submission
         if isinstance(result, Failed):
             fail = wp.WorkFail(
-                work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch,
-                kind=result.kind, reason=result.reason, evidence=result.evidence, usage_delta=usage,  # type: ignore[arg-type]
+                work_item_id=slot.work_item_id,
+                lease_id=slot.lease_id,
+                ownership_epoch=slot.ownership_epoch,
+                kind=result.kind,  # type: ignore[arg-type]
+                reason=result.reason,
+                evidence=result.evidence,
+                usage_delta=usage,
             )
             done = await self.agent.execute(slot.group_id, "work_fail", fail)
             return spb.SLOT_RELEASE_REASON_FAILED, False, _last_sequence(done)
@@ -489,9 +587,14 @@ class WorkerRuntime:
             outputs = slot.artifacts.outputs
         handed_in = {r.digest.hex: r for r in (*outputs, *result.artifacts)}
         submit = wp.WorkSubmit(
-            work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch,
-            contract_revision=slot.contract.revision or 1, artifacts=list(handed_in.values()), evidence=result.evidence,
-            summary=result.summary, usage_delta=usage,
+            work_item_id=slot.work_item_id,
+            lease_id=slot.lease_id,
+            ownership_epoch=slot.ownership_epoch,
+            contract_revision=slot.contract.revision or 1,
+            artifacts=list(handed_in.values()),
+            evidence=result.evidence,
+            summary=result.summary,
+            usage_delta=usage,
         )
         done = await self.agent.execute(slot.group_id, "work_submit", submit)
         async with self._progress:
@@ -527,8 +630,11 @@ class WorkerRuntime:
         key = (slot.group_id, slot.work_item_id)
         request_id = f"pre-{slot.lease_id}"
         body = wp.WorkRequestPreemption(
-            work_item_id=slot.work_item_id, preemption_request_id=request_id, lease_id=slot.lease_id,
-            reason=reason, ownership_epoch=slot.ownership_epoch,  # type: ignore[arg-type]
+            work_item_id=slot.work_item_id,
+            preemption_request_id=request_id,
+            lease_id=slot.lease_id,
+            reason=reason,  # type: ignore[arg-type]
+            ownership_epoch=slot.ownership_epoch,
         )
         try:
             await self.agent.execute(slot.group_id, "work_request_preemption", body)
@@ -567,13 +673,18 @@ class WorkerRuntime:
             return
         report = wp.ProgressReport(
             phase="queued",
-            next_checkpoint=wp.PlannedCheckpoint(description="start", expected_at=schedule.start_window_begin),
+            next_checkpoint=wp.PlannedCheckpoint(
+                description="start", expected_at=schedule.start_window_begin
+            ),
             revised_estimate=wp.RevisedEstimate(
-                estimated_completion=schedule.estimated_completion, confidence=schedule.confidence,
+                estimated_completion=schedule.estimated_completion,
+                confidence=schedule.confidence,
                 reason="the Worker's schedule changed",
             ),
         )
-        body = wp.WorkReportProgress(work_item_id=work_item_id, ownership_epoch=epoch, report=report, schedule=schedule)
+        body = wp.WorkReportProgress(
+            work_item_id=work_item_id, ownership_epoch=epoch, report=report, schedule=schedule
+        )
         await self.agent.execute(group_id, "work_report_progress", body)
         if key in self._waiting:
             self._waiting[key] = (epoch, schedule)
@@ -588,18 +699,26 @@ class WorkerRuntime:
             if not channel.online():
                 channel.lost()
                 continue
-            body = wp.WorkRenewLease(work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch)
+            body = wp.WorkRenewLease(
+                work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch
+            )
             try:
                 renewed = await self.agent.execute(slot.group_id, "work_renew_lease", body)
-            except CommandRejected as refused:  # ended, fenced or expired: the handler's result will be refused too
-                log.warning("%s/%s: the lease could not be renewed: %s", slot.group_id, slot.work_item_id, refused)
+            except (
+                CommandRejected
+            ) as refused:  # ended, fenced or expired: the handler's result will be refused too
+                log.warning(
+                    "%s/%s: the lease could not be renewed: %s", slot.group_id, slot.work_item_id, refused
+                )
                 return
             except AgentError:  # no RESULT: the service is unreachable
                 channel.lost()
                 continue
             for event in decode_events(renewed.events):
                 if event.WhichOneof("payload") == "work_lease_renewed":
-                    channel.window.expires_at = event.work_lease_renewed.renewal.expires_at.ToDatetime(tzinfo=UTC)
+                    channel.window.expires_at = event.work_lease_renewed.renewal.expires_at.ToDatetime(
+                        tzinfo=UTC
+                    )
 
 
 def material(before: wp.ScheduleDisclosure, now: wp.ScheduleDisclosure) -> bool:

@@ -34,7 +34,9 @@ def stage_progress(command: str) -> Callable[[str, int, int, int], None]:
     return report
 
 
-def _refused(command: str, problems: list[str], args: argparse.Namespace, *, written: str = "nothing was written") -> CliError:
+def _refused(
+    command: str, problems: list[str], args: argparse.Namespace, *, written: str = "nothing was written"
+) -> CliError:
     if args.json:
         print(json.dumps({"ok": False, "refused": problems}, indent=2))
     if len(problems) == 1:
@@ -66,25 +68,32 @@ def cmd_backup(args: argparse.Namespace) -> int:
     database_file = next(f for f in manifest["files"] if f["kind"] == "database")
     keys = [f for f in manifest["files"] if f["kind"] == "key"]
     if args.json:
-        print(json.dumps(
-            {
-                "ok": True,
-                "backup": str(result.path.resolve()),
-                "digest": f"blake3:{result.digest}",
-                "created_at": manifest["created_at"],
-                "database": {**database, "size": database_file["size"]},
-                "blobs": {"copied": counts["blobs_copied"], "referenced": counts["blobs"] - counts["blobs_copied"],
-                          "bytes": counts["blob_bytes"]},
-                "keys": [f["path"] for f in keys],
-                "groups": counts["groups"],
-                "events": counts["events"],
-            },
-            indent=2,
-        ))
+        print(
+            json.dumps(
+                {
+                    "ok": True,
+                    "backup": str(result.path.resolve()),
+                    "digest": f"blake3:{result.digest}",
+                    "created_at": manifest["created_at"],
+                    "database": {**database, "size": database_file["size"]},
+                    "blobs": {
+                        "copied": counts["blobs_copied"],
+                        "referenced": counts["blobs"] - counts["blobs_copied"],
+                        "bytes": counts["blob_bytes"],
+                    },
+                    "keys": [f["path"] for f in keys],
+                    "groups": counts["groups"],
+                    "events": counts["events"],
+                },
+                indent=2,
+            )
+        )
         return 0
     referenced = counts["blobs"] - counts["blobs_copied"]
     print(f"backup     {result.path.resolve()} (0700)")
-    print(f"database   {database['dialect']} {database['source']}: {database['method']}, {size_text(database_file['size'])}")
+    print(
+        f"database   {database['dialect']} {database['source']}: {database['method']}, {size_text(database_file['size'])}"
+    )
     print(
         f"blobs      {counts['blobs_copied']:,} copied"
         + (f", {referenced:,} referenced in bucket {manifest['source']['bucket']}" if referenced else "")
@@ -93,7 +102,9 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if keys:
         print(f"keys       {', '.join(f['path'] for f in keys)}: SECRET, keep this backup private")
     else:
-        print("keys       none (--no-keys): keep the Authority key yourself, a restored store refuses any other")
+        print(
+            "keys       none (--no-keys): keep the Authority key yourself, a restored store refuses any other"
+        )
     print(f"groups     {counts['groups']:,} Groups, {counts['events']:,} events")
     print(f"digest     blake3:{result.digest}  (mwp restore --expect-digest checks it)")
     return 0
@@ -128,11 +139,25 @@ def cmd_restore(args: argparse.Namespace) -> int:
     copied = sum(1 for b in manifest.blobs if b.how == "copied")
     if args.verify_only:
         if args.json:
-            print(json.dumps({"ok": True, "backup": str(backup_dir.resolve()), "digest": f"blake3:{manifest.digest}",
-                              "files": len(manifest.files), "blobs": len(manifest.blobs)}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "ok": True,
+                        "backup": str(backup_dir.resolve()),
+                        "digest": f"blake3:{manifest.digest}",
+                        "files": len(manifest.files),
+                        "blobs": len(manifest.blobs),
+                    },
+                    indent=2,
+                )
+            )
             return 0
-        _headline(backup_dir, document, manifest.digest, len(manifest.files), copied, len(manifest.blobs) - copied)
-        print("result     VERIFIED: the manifest and every file and blob hash as recorded (nothing was written)")
+        _headline(
+            backup_dir, document, manifest.digest, len(manifest.files), copied, len(manifest.blobs) - copied
+        )
+        print(
+            "result     VERIFIED: the manifest and every file and blob hash as recorded (nothing was written)"
+        )
         return 0
     report = result.report
     if args.json:
@@ -155,15 +180,20 @@ def cmd_restore(args: argparse.Namespace) -> int:
         }
         print(json.dumps(out, indent=2))
         return 0 if result.ok else 1
-    _headline(backup_dir, document, manifest.digest, len(manifest.files), copied, len(manifest.blobs) - copied)
+    _headline(
+        backup_dir, document, manifest.digest, len(manifest.files), copied, len(manifest.blobs) - copied
+    )
     target = result.target
     print(f"restored   database {manifest.dialect} {target.describe_database()}")
     if result.key_files:
         print(f"           keys {result.key_files} file(s) in {target.data_dir / 'keys'} (0600)")
-    where = f"bucket {target.blobs.s3_bucket}" if target.blobs.backend == "s3" else str(target.data_dir / "blobs")
-    print(f"           blobs {result.blobs_written:,} written to {where}" + (
-        f", {result.blobs_present:,} referenced ones present there" if result.blobs_present else ""
-    ))
+    where = (
+        f"bucket {target.blobs.s3_bucket}" if target.blobs.backend == "s3" else str(target.data_dir / "blobs")
+    )
+    print(
+        f"           blobs {result.blobs_written:,} written to {where}"
+        + (f", {result.blobs_present:,} referenced ones present there" if result.blobs_present else "")
+    )
     for note in result.notes:
         print(f"note       {note}")
     print(
@@ -171,9 +201,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
         f"({report.unlinked_events:,} from before the event chain), {report.snapshots:,} snapshots in {report.seconds:.1f} s"
     )
     if result.ok:
-        print("result     CLEAN: every signature, sequence, chain link and snapshot verifies; every Group's head is the backup's")
+        print(
+            "result     CLEAN: every signature, sequence, chain link and snapshot verifies; every Group's head is the backup's"
+        )
         return 0
-    print(f"result     NOT VERIFIED: {len(report.findings)} finding(s), {len(result.differences)} difference(s) from the backup")
+    print(
+        f"result     NOT VERIFIED: {len(report.findings)} finding(s), {len(result.differences)} difference(s) from the backup"
+    )
     for finding in report.findings:
         where = f"{finding.group_id} at sequence {finding.sequence}" if finding.group_id else "store"
         print(f"  {where}: {finding.detail}")
@@ -182,9 +216,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 1
 
 
-def _headline(path: Path, document: dict[str, Any], digest: str, files: int, copied: int, referenced: int) -> None:
+def _headline(
+    path: Path, document: dict[str, Any], digest: str, files: int, copied: int, referenced: int
+) -> None:
     source = document["source"]
-    print(f"backup     {path.resolve()} (taken {document['created_at']} from {source['dialect']} {source['database']})")
+    print(
+        f"backup     {path.resolve()} (taken {document['created_at']} from {source['dialect']} {source['database']})"
+    )
     print(
         f"digest     blake3:{digest}: the manifest, {files} file(s) and {copied:,} blob(s) verify"
         + (f" ({referenced:,} referenced in bucket {source.get('bucket')})" if referenced else "")
@@ -199,14 +237,27 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "docs/backup.md",
     )
     b.add_argument("destination", metavar="DIR", help="a new (or empty) directory, made 0700")
-    b.add_argument("--data-dir", help="data directory (default $MWP_DATA_DIR or ./.missionweave): keys, tls/, SQLite, local blobs")
-    b.add_argument("--database-url", help="PostgreSQL database URL (default $MWP_DATABASE_URL; unset: SQLite in the data directory)")
-    b.add_argument("--authority-key", help="the Authority key file (default $MWP_AUTHORITY_KEY or <data dir>/keys/authority.key)")
     b.add_argument(
-        "--blobs", choices=("copy", "reference"), default="copy",
+        "--data-dir",
+        help="data directory (default $MWP_DATA_DIR or ./.missionweave): keys, tls/, SQLite, local blobs",
+    )
+    b.add_argument(
+        "--database-url",
+        help="PostgreSQL database URL (default $MWP_DATABASE_URL; unset: SQLite in the data directory)",
+    )
+    b.add_argument(
+        "--authority-key",
+        help="the Authority key file (default $MWP_AUTHORITY_KEY or <data dir>/keys/authority.key)",
+    )
+    b.add_argument(
+        "--blobs",
+        choices=("copy", "reference"),
+        default="copy",
         help="copy every blob into the backup (default), or, with blobs in S3 (MWP_S3_BUCKET), only list them",
     )
-    b.add_argument("--no-keys", action="store_true", help="leave the key files and tls/ out (you keep them yourself)")
+    b.add_argument(
+        "--no-keys", action="store_true", help="leave the key files and tls/ out (you keep them yourself)"
+    )
     b.add_argument("--json", action="store_true", help="one JSON document (for scripts)")
     b.set_defaults(func=cmd_backup, ignores_contexts=True)
 
@@ -217,9 +268,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "verify, 2 usage error, 3 the database cannot be reached. docs/backup.md",
     )
     r.add_argument("backup", metavar="BACKUP", help="the directory `mwp backup` wrote")
-    r.add_argument("--data-dir", help="the data directory to restore into, new or empty (default $MWP_DATA_DIR or ./.missionweave)")
-    r.add_argument("--database-url", help="the empty PostgreSQL database to restore a PostgreSQL backup into (default $MWP_DATABASE_URL)")
-    r.add_argument("--expect-digest", metavar="BLAKE3", help="refuse unless the manifest's digest is this one (as `mwp backup` printed it)")
+    r.add_argument(
+        "--data-dir",
+        help="the data directory to restore into, new or empty (default $MWP_DATA_DIR or ./.missionweave)",
+    )
+    r.add_argument(
+        "--database-url",
+        help="the empty PostgreSQL database to restore a PostgreSQL backup into (default $MWP_DATABASE_URL)",
+    )
+    r.add_argument(
+        "--expect-digest",
+        metavar="BLAKE3",
+        help="refuse unless the manifest's digest is this one (as `mwp backup` printed it)",
+    )
     r.add_argument("--verify-only", action="store_true", help="check the backup and write nothing")
     r.add_argument("--json", action="store_true", help="one JSON document (for scripts)")
     r.set_defaults(func=cmd_restore, ignores_contexts=True)

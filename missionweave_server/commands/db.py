@@ -144,7 +144,9 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
-def _secrets(args: argparse.Namespace, default_admin_key: Path, default_mesh_token: Path) -> dict[str, object]:
+def _secrets(
+    args: argparse.Namespace, default_admin_key: Path, default_mesh_token: Path
+) -> dict[str, object]:
     """What migrations that vouch for older rows need from outside the store: the administrator's
     key (D170) and the mesh token (D172), from the flags, else the data directory's when there."""
     from missionweave.kernel.signing import KeyFileError, read_key

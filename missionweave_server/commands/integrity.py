@@ -35,7 +35,9 @@ def blobs_progress(line: StatusLine) -> Callable[[int, int, int, int], None]:
 
     def report(done: int, total: int, done_bytes: int, total_bytes: int) -> None:
         if line.due():
-            line.show(f"{done:,}/{total:,} blobs, {size_text(done_bytes)} of {size_text(total_bytes)} checked")
+            line.show(
+                f"{done:,}/{total:,} blobs, {size_text(done_bytes)} of {size_text(total_bytes)} checked"
+            )
 
     return report
 
@@ -69,20 +71,36 @@ def cmd_verify(args: argparse.Namespace) -> int:
     blobs = None
     if not args.no_blobs:
         try:
-            blobs = verify_stored_blobs(url, settings.data_dir, None if args.json else blobs_progress(StatusLine("mwp verify")))
+            blobs = verify_stored_blobs(
+                url, settings.data_dir, None if args.json else blobs_progress(StatusLine("mwp verify"))
+            )
         except (OSError, SQLAlchemyError) as err:
-            raise StoreUnreachable(f"cannot read the artifact index at {describe_store(url)}: {err}") from None
-        except ValueError as err:  # a misconfigured blob store (MWP_S3_*), an index at another schema revision
-            raise StoreUnreachable(f"cannot check the blobs in {blob_location(settings.data_dir)}: {err}") from None
+            raise StoreUnreachable(
+                f"cannot read the artifact index at {describe_store(url)}: {err}"
+            ) from None
+        except (
+            ValueError
+        ) as err:  # a misconfigured blob store (MWP_S3_*), an index at another schema revision
+            raise StoreUnreachable(
+                f"cannot check the blobs in {blob_location(settings.data_dir)}: {err}"
+            ) from None
     clean = report.clean and (blobs is None or blobs.clean) and (grants is None or grants.clean)
     if args.json:
-        document = {"store": describe_store(url), **report.as_dict(), "clean": clean, "logs_clean": report.clean}
+        document = {
+            "store": describe_store(url),
+            **report.as_dict(),
+            "clean": clean,
+            "logs_clean": report.clean,
+        }
         document["grants"] = grants.as_dict() if grants is not None else None
         document["blobs"] = blobs.as_dict() if blobs is not None else None
         print(json.dumps(document, indent=2))
         return 0 if clean else 1
     print(f"store      {describe_store(url)}")
-    print(f"keys       {', '.join(report.keys) or '(none)'}" + ("  (last: current)" if len(report.keys) > 1 else ""))
+    print(
+        f"keys       {', '.join(report.keys) or '(none)'}"
+        + ("  (last: current)" if len(report.keys) > 1 else "")
+    )
     print(
         f"checked    {report.groups:,} Groups, {report.events:,} events "
         f"({report.unlinked_events:,} from before the event chain), {report.snapshots:,} snapshots in {report.seconds:.1f} s"
@@ -99,15 +117,25 @@ def cmd_verify(args: argparse.Namespace) -> int:
     elif not blobs.indexed:
         print("blobs      none: this store has no artifact index")
     else:
-        print(f"blobs      {blobs.blobs:,} blobs, {size_text(blobs.bytes)} in {blobs.location} ({blobs.seconds:.1f} s)")
+        print(
+            f"blobs      {blobs.blobs:,} blobs, {size_text(blobs.bytes)} in {blobs.location} ({blobs.seconds:.1f} s)"
+        )
     if clean:
-        print("result     CLEAN: every signature, sequence, chain link and snapshot verifies"
-              + ("" if grants is None else "; every identity and session matches the request that granted it")
-              + ("" if blobs is None or not blobs.blobs else "; every blob is stored, of its size, hashing to its name"))
+        print(
+            "result     CLEAN: every signature, sequence, chain link and snapshot verifies"
+            + ("" if grants is None else "; every identity and session matches the request that granted it")
+            + (
+                ""
+                if blobs is None or not blobs.blobs
+                else "; every blob is stored, of its size, hashing to its name"
+            )
+        )
         return 0
     groups = f", {len(report.corrupted_groups)} Group(s)" if report.corrupted_groups else ""
     blob_count = f", {len(blobs.findings)} blob(s)" if blobs is not None and blobs.findings else ""
-    grant_count = f", {len(grants.findings)} granting row(s)" if grants is not None and grants.findings else ""
+    grant_count = (
+        f", {len(grants.findings)} granting row(s)" if grants is not None and grants.findings else ""
+    )
     findings = len(report.findings) + (len(blobs.findings) if blobs is not None else 0)
     findings += len(grants.findings) if grants is not None else 0
     print(f"result     CORRUPTED: {findings} finding(s){groups}{grant_count}{blob_count}")
@@ -115,7 +143,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         where = f"{finding.group_id} at sequence {finding.sequence}" if finding.group_id else "store"
         print(f"  {where}: {finding.detail}")
     for grant in grants.findings if grants is not None else ():
-        where = f"{grant.identity_id} session {grant.session_epoch}" if grant.what == "session" else grant.identity_id
+        where = (
+            f"{grant.identity_id} session {grant.session_epoch}"
+            if grant.what == "session"
+            else grant.identity_id
+        )
         print(f"  {grant.what} {where}: {grant.detail}")
     for blob in blobs.findings if blobs is not None else ():
         print(f"  blob blake3:{blob.digest} ({blob.size_bytes:,} bytes): {blob.problem}: {blob.detail}")
@@ -161,7 +193,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
     _, url = store_of(args)
     history = key_history(url)
     for record in history.records:
-        print(f"{record.position}  {record.key_id}  {record.public_key.hex()}" + ("  (current)" if record is history.current else ""))
+        print(
+            f"{record.position}  {record.key_id}  {record.public_key.hex()}"
+            + ("  (current)" if record is history.current else "")
+        )
     return 0
 
 
@@ -187,14 +222,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     v.set_defaults(func=cmd_verify, ignores_contexts=True)
 
-    authority = sub.add_parser("authority", help="the Authority's signing key").add_subparsers(dest="sub", required=True)
+    authority = sub.add_parser("authority", help="the Authority's signing key").add_subparsers(
+        dest="sub", required=True
+    )
     r = authority.add_parser(
         "rotate-key",
         help="record a rotation of the Authority key, signed by the old key (stop the Authority first)",
     )
     store_flags(r)
-    r.add_argument("--old-key", help="the current key's file, when the configured key file already holds the new key")
-    r.add_argument("--new-key", help="the new key's file (default: generate one and put it in place of the old)")
+    r.add_argument(
+        "--old-key", help="the current key's file, when the configured key file already holds the new key"
+    )
+    r.add_argument(
+        "--new-key", help="the new key's file (default: generate one and put it in place of the old)"
+    )
     r.add_argument("--reason", help="why (recorded in the signed rotation, at most 512 characters)")
     r.set_defaults(func=cmd_rotate_key, ignores_contexts=True)
     k = authority.add_parser("keys", help="the store's recorded key history, oldest first")

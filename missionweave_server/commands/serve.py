@@ -62,16 +62,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
             from missionweave_server.mesh.certs import auto_server_tls
 
             ca = auto_server_tls(settings)
-            print(f"mwp serve: TLS with a throw-away CA: clients verify the server with --tls-ca {ca}", file=sys.stderr)
+            print(
+                f"mwp serve: TLS with a throw-away CA: clients verify the server with --tls-ca {ca}",
+                file=sys.stderr,
+            )
         asyncio.run(serve_forever(settings))
         return 0
-    except (OSError, ValueError) as refused:  # a port in use, an unreadable key, a database that cannot be opened
+    except (
+        OSError,
+        ValueError,
+    ) as refused:  # a port in use, an unreadable key, a database that cannot be opened
         grpc_core.end_grpc_core_route()  # gRPC's lines about it first: this one is the last
         print(f"mwp serve: {refused}", file=sys.stderr)
         return 1
     finally:
         lock.release()
-
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -87,22 +92,31 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="single: every service in this process (default); split: each service in a process of its own, "
         "the gateway on --listen as the one address (docs/operations.md)",
     )
-    s.add_argument("--shards", type=int, default=1, help="with --topology split: Authority shard processes (default 1)")
-    t = s.add_argument_group("TLS (docs/tls.md); `mwp --tls-ca ... serve` sets how this server dials its peers")
-    t.add_argument("--tls-cert", type=Path, help="serve TLS with this certificate chain (PEM) (default $MWP_TLS_CERT)")
+    s.add_argument(
+        "--shards", type=int, default=1, help="with --topology split: Authority shard processes (default 1)"
+    )
+    t = s.add_argument_group(
+        "TLS (docs/tls.md); `mwp --tls-ca ... serve` sets how this server dials its peers"
+    )
+    t.add_argument(
+        "--tls-cert", type=Path, help="serve TLS with this certificate chain (PEM) (default $MWP_TLS_CERT)"
+    )
     t.add_argument("--tls-key", type=Path, help="...and its private key (PEM) (default $MWP_TLS_KEY)")
     t.add_argument(
-        "--tls-client-ca", type=Path,
+        "--tls-client-ca",
+        type=Path,
         help="require client certificates issued by this CA (mTLS); the internal contracts then answer only "
         "certificates naming a mesh service (default $MWP_TLS_CLIENT_CA)",
     )
     t.add_argument(
-        "--tls-auto", action="store_true",
+        "--tls-auto",
+        action="store_true",
         help="make a throw-away mesh CA and certificates in <data dir>/tls and serve TLS with them; split: "
         "mTLS between the processes (default $MWP_TLS_AUTO)",
     )
     t.add_argument(
-        "--insecure", action="store_true",
+        "--insecure",
+        action="store_true",
         help="allow plain text on an address other hosts can reach (default $MWP_INSECURE; loopback never needs it)",
     )
     t.add_argument(
@@ -114,4 +128,3 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="serve Prometheus metrics on this address, '' for none (default $MWP_METRICS_LISTEN or 127.0.0.1:9464)",
     )
     s.set_defaults(func=cmd_serve, runs_until_stopped=True, ignores_contexts=True)
-

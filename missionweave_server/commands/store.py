@@ -30,7 +30,9 @@ def store_of(args: argparse.Namespace) -> tuple[Settings, str]:
     """The settings the flags and ``MWP_*`` name, and the store's URL (UsageError: no store there)."""
     settings = settings_of(args)
     if not settings.database_url and not (settings.data_dir / "missionweave.db").exists():
-        raise UsageError(f"no store in {settings.data_dir} (missionweave.db); name one with --data-dir or --database-url")
+        raise UsageError(
+            f"no store in {settings.data_dir} (missionweave.db); name one with --data-dir or --database-url"
+        )
     return settings, settings.db_url
 
 
@@ -45,5 +47,6 @@ def store_flags(p: argparse.ArgumentParser, *, authority_key: bool = True) -> No
     where.add_argument("--database-url", help="database URL (default SQLite in the data directory)")
     if authority_key:
         p.add_argument(
-            "--authority-key", help="the Authority key file (default $MWP_AUTHORITY_KEY or <data dir>/keys/authority.key)"
+            "--authority-key",
+            help="the Authority key file (default $MWP_AUTHORITY_KEY or <data dir>/keys/authority.key)",
         )

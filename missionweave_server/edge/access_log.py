@@ -90,7 +90,9 @@ class AccessLog(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             self._wrapped[path] = (handler, wrapped)
         return wrapped
 
-    def finished(self, method: str, call: _Call, context: Any, started: float, failure: BaseException | None) -> None:
+    def finished(
+        self, method: str, call: _Call, context: Any, started: float, failure: BaseException | None
+    ) -> None:
         elapsed = time.perf_counter() - started
         code = _code_of(context, failure)
         metrics.RPCS.labels(method, code).inc()

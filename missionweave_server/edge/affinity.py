@@ -61,11 +61,16 @@ class WorkerAffinityChannel:
         async def call(request: Any, *, metadata: Any = None, **kw: Any) -> Any:
             last: grpc.aio.AioRpcError | None = None
             for address in self.order(worker_of(method, request, metadata)):
-                stub = self._channel_for(address).unary_unary(method, request_serializer, response_deserializer)
+                stub = self._channel_for(address).unary_unary(
+                    method, request_serializer, response_deserializer
+                )
                 try:
                     return await stub(request, metadata=metadata, **kw)
                 except grpc.aio.AioRpcError as err:
-                    unanswered = err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                    unanswered = err.code() in (
+                        grpc.StatusCode.UNAVAILABLE,
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                    )
                     if not unanswered or rejection_from_rpc_error(err) is not None:
                         raise
                     last = err  # that replica is down: the next in the Worker's order
@@ -81,7 +86,9 @@ class WorkerAffinityChannel:
 
         def call(request: Any, **kw: Any) -> FailoverStream:
             def open_at(address: str) -> Any:
-                return self._channel_for(address).unary_stream(method, request_serializer, response_deserializer)(request, **kw)
+                return self._channel_for(address).unary_stream(
+                    method, request_serializer, response_deserializer
+                )(request, **kw)
 
             return FailoverStream(self.order(""), open_at, lambda _: None)
 
@@ -89,7 +96,9 @@ class WorkerAffinityChannel:
 
     def _unsupported(self, method: str, *_: Any, **__: Any) -> Callable[..., Any]:
         def refuse(*_: Any, **__: Any) -> Any:
-            raise grpc.aio.AioRpcError(grpc.StatusCode.UNIMPLEMENTED, grpc.aio.Metadata(), grpc.aio.Metadata(), details=method)
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNIMPLEMENTED, grpc.aio.Metadata(), grpc.aio.Metadata(), details=method
+            )
 
         return refuse
 

@@ -83,7 +83,9 @@ class IdentitySource(Protocol):
     """The identity directory as seen by an authenticator (Membership's registry in its own process,
     ``IdentityDirectoryClient`` elsewhere)."""
 
-    async def get(self, identity_id: str, *, at_least_epoch: int = 0) -> Any: ...  # .kind, .org_admin, .session_epoch, or None
+    async def get(
+        self, identity_id: str, *, at_least_epoch: int = 0
+    ) -> Any: ...  # .kind, .org_admin, .session_epoch, or None
 
     async def session_key(self, identity_id: str, session_epoch: int) -> bytes | None: ...
 
@@ -130,7 +132,8 @@ class CallAuthenticator:
         proof = _first(metadata, CALL_PROOF_METADATA)
         if proof is None:
             raise unauthenticated(
-                "missing", f"{method} needs a call proof ({CALL_PROOF_METADATA} metadata, see missionweave/v1/auth.proto)"
+                "missing",
+                f"{method} needs a call proof ({CALL_PROOF_METADATA} metadata, see missionweave/v1/auth.proto)",
             )
         return await self.verify(proof if isinstance(proof, bytes) else proof.encode(), method)
 
@@ -142,8 +145,12 @@ class CallAuthenticator:
             envelope = common_pb2.SignedEnvelope.FromString(proof_bytes)
             claim = auth_pb2.CallProof.FromString(envelope.payload)
         except DecodeError:
-            raise unauthenticated("malformed", "the call proof is not a SignedEnvelope over a CallProof") from None
-        key_id = parse_session_key_id(envelope.signatures[0].key_id) if len(envelope.signatures) == 1 else None
+            raise unauthenticated(
+                "malformed", "the call proof is not a SignedEnvelope over a CallProof"
+            ) from None
+        key_id = (
+            parse_session_key_id(envelope.signatures[0].key_id) if len(envelope.signatures) == 1 else None
+        )
         if envelope.payload_type != CALL_PROOF_TYPE or key_id is None:
             raise unauthenticated("malformed", "a call proof is one session-key signature over a CallProof")
         if (claim.identity_id, claim.session_epoch) != key_id:
@@ -154,20 +161,30 @@ class CallAuthenticator:
         if claim.method != method:
             raise unauthenticated("method", f"the call proof is for {claim.method!r}, not {method!r}")
         if normalize_audience(claim.audience) not in self.audiences:
-            raise unauthenticated("audience", f"the call proof is for audience {claim.audience!r}, not this mesh")
+            raise unauthenticated(
+                "audience", f"the call proof is for audience {claim.audience!r}, not this mesh"
+            )
         try:
             issued_at = from_timestamp(claim.issued_at)
         except (ValueError, OverflowError):  # not a valid Timestamp at all: no time is that stale
             raise unauthenticated("stale", "the call proof's issued_at is not a valid Timestamp") from None
         if not self._nonces.fresh(issued_at):
-            raise unauthenticated("stale", "the call proof's issued_at is more than 30 s from the server's clock")
+            raise unauthenticated(
+                "stale", "the call proof's issued_at is more than 30 s from the server's clock"
+            )
         identity = await self.identities.get(claim.identity_id, at_least_epoch=claim.session_epoch)
         if identity is None or identity.session_epoch != claim.session_epoch:
             raise unauthenticated("session", "a newer session of this identity exists: prove the current one")
         if not await self._nonces.use(claim.identity_id, claim.nonce, issued_at):
             if self._nonces.full:
-                raise Rejected(R.REJECTION_REASON_OVERLOADED, "too many call proofs in flight; retry", retry_after_ms=1000)
-            raise unauthenticated("replayed", "the call proof's nonce was already used (or is not 16..64 bytes)")
+                raise Rejected(
+                    R.REJECTION_REASON_OVERLOADED,
+                    "too many call proofs in flight; retry",
+                    retry_after_ms=1000,
+                )
+            raise unauthenticated(
+                "replayed", "the call proof's nonce was already used (or is not 16..64 bytes)"
+            )
         return Caller(claim.identity_id, int(identity.kind), bool(identity.org_admin), claim.session_epoch)
 
 
@@ -175,7 +192,9 @@ def _first(metadata: Iterable[tuple[str, Any]], key: str) -> Any:
     return next((v for k, v in metadata if k == key), None)
 
 
-def requires(access: Access, *, streamed_request: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def requires(
+    access: Access, *, streamed_request: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declares an RPC's rule. For IDENTITY and MESH it proves the caller first, and the decorated
     method takes the proven ``Caller`` as a third argument; the servicer has ``SERVICE`` (its full
     name) and ``callers`` (a ``CallAuthenticator``; None only for a bare servicer built in a test,

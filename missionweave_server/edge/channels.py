@@ -40,6 +40,7 @@ SERVICE_URI_PREFIX = "spiffe://missionweave/"
 # process, which never crosses a network.
 LOCAL_PEER = "local"
 
+
 def service_uri(service: str) -> str:
     """The URI SAN by which a certificate names the mesh service ``service``."""
     return f"{SERVICE_URI_PREFIX}{service}"
@@ -136,9 +137,13 @@ def check_port_free(address: str) -> None:
         return
     port = int(port_text)
     try:
-        family, kind, proto, _, sockaddr = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
         with socket.socket(family, kind, proto) as trial:
-            trial.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: TIME_WAIT is no conflict
+            trial.setsockopt(
+                socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+            )  # as gRPC binds: TIME_WAIT is no conflict
             trial.bind(sockaddr)
         return
     except OSError as err:
@@ -153,10 +158,16 @@ def check_port_free(address: str) -> None:
     raise ListenError(f"cannot listen on {address}: Address already in use (a server listens there)")
 
 
-def add_listener(server: grpc.aio.Server, address: str, tls: ServerTLS | None, *, insecure: bool = False) -> int:
+def add_listener(
+    server: grpc.aio.Server, address: str, tls: ServerTLS | None, *, insecure: bool = False
+) -> int:
     """Binds ``server`` to ``address`` (TLS as ``tls`` says) and answers the port; see ``check_listen``."""
     check_listen(address, tls, insecure=insecure)
-    port = server.add_insecure_port(address) if tls is None else server.add_secure_port(address, tls.credentials())
+    port = (
+        server.add_insecure_port(address)
+        if tls is None
+        else server.add_secure_port(address, tls.credentials())
+    )
     if port == 0:
         raise OSError(f"cannot listen on {address}")
     return port

@@ -115,12 +115,16 @@ class IdentityDirectoryClient:
         # (MW-11.3-09), each through ``listen_sessions``.
         self._session_listeners: list[SessionListener] = []
 
-    def listen_sessions(self, opened: Callable[[str, int], None], resync: Callable[[], None]) -> Callable[[], None]:
+    def listen_sessions(
+        self, opened: Callable[[str, int], None], resync: Callable[[], None]
+    ) -> Callable[[], None]:
         """Call ``opened(identity, epoch)`` for every session opened from now on and ``resync()`` at
         every restart of the cache; returns what stops it."""
         listener = SessionListener(opened, resync)
         self._session_listeners.append(listener)
-        return lambda: self._session_listeners.remove(listener) if listener in self._session_listeners else None
+        return lambda: (
+            self._session_listeners.remove(listener) if listener in self._session_listeners else None
+        )
 
     # ------------------------------------------------------------ lifecycle
 
@@ -170,7 +174,11 @@ class IdentityDirectoryClient:
         caller has proven exists (a signature verified with its key); a cached identity naming an
         older one lags the directory (the stream has not delivered the change yet) and is read afresh."""
         cached = self._identities.get(identity_id)
-        if cached is not None and time.monotonic() < self._current_until and cached.session_epoch >= at_least_epoch:
+        if (
+            cached is not None
+            and time.monotonic() < self._current_until
+            and cached.session_epoch >= at_least_epoch
+        ):
             return cached  # the hot path: no task, no call
         return (await self._fetch([identity_id])).get(identity_id)
 
@@ -302,7 +310,9 @@ class IdentityDirectoryClient:
             self._merge(change.identity)
             if change.kind == pb.IDENTITY_CHANGE_KIND_SESSION_OPENED and change.session_public_key:
                 self._remember_key(
-                    change.identity.identity_id, change.identity.session_epoch, bytes(change.session_public_key)
+                    change.identity.identity_id,
+                    change.identity.session_epoch,
+                    bytes(change.session_public_key),
                 )
             if change.kind == pb.IDENTITY_CHANGE_KIND_CARD_PUBLISHED:
                 self._cards.pop(change.identity.identity_id, None)
@@ -333,7 +343,10 @@ class IdentityDirectoryClient:
             try:
                 async with asyncio.timeout(START_TIMEOUT_S):
                     message = await call.read()
-                if not isinstance(message, pb.WatchIdentitiesResponse) or message.WhichOneof("message") != "start":
+                if (
+                    not isinstance(message, pb.WatchIdentitiesResponse)
+                    or message.WhichOneof("message") != "start"
+                ):
                     raise _OutOfOrder("the stream did not begin with start")
                 self.apply_start(message.start, asked_from)
                 self._backoff = self.reconnect_initial
@@ -352,12 +365,20 @@ class IdentityDirectoryClient:
             except asyncio.CancelledError:
                 raise
             except (grpc.aio.AioRpcError, TimeoutError, _OutOfOrder) as err:
-                detail = err.code().name if isinstance(err, grpc.aio.AioRpcError) else str(err) or type(err).__name__
+                detail = (
+                    err.code().name
+                    if isinstance(err, grpc.aio.AioRpcError)
+                    else str(err) or type(err).__name__
+                )
                 # Loud once when a stream that was current breaks, quiet while reconnection keeps failing.
                 log.log(
                     logging.WARNING if self._backoff == self.reconnect_initial else logging.INFO,
                     "identity directory stream broken; lookups go to Membership until it resumes",
-                    extra={"revision": self.revision, "detail": detail, "retry_in_s": round(self._backoff, 3)},
+                    extra={
+                        "revision": self.revision,
+                        "detail": detail,
+                        "retry_in_s": round(self._backoff, 3),
+                    },
                 )
             except Exception:
                 log.exception("identity directory stream failed", extra={"revision": self.revision})

@@ -241,7 +241,9 @@ class LocalChannel:
 
     def stream_stream(self, method: str, *_: Any, **__: Any) -> Callable[..., Any]:
         def refuse(*_: Any, **__: Any) -> Any:
-            raise _rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"{method}: bidirectional streams are not called in process")
+            raise _rpc_error(
+                grpc.StatusCode.UNIMPLEMENTED, f"{method}: bidirectional streams are not called in process"
+            )
 
         return refuse
 

@@ -21,7 +21,10 @@ def page_size(requested: int) -> int:
     """The size asked for, 0 meaning DEFAULT_PAGE; more than MAX_PAGE is INVALID_ARGUMENT."""
     if requested > MAX_PAGE:
         raise Rejected(
-            R.REJECTION_REASON_INVALID_ARGUMENT, f"page_size is at most {MAX_PAGE}", field="page_size", limit=MAX_PAGE
+            R.REJECTION_REASON_INVALID_ARGUMENT,
+            f"page_size is at most {MAX_PAGE}",
+            field="page_size",
+            limit=MAX_PAGE,
         )
     return requested or DEFAULT_PAGE
 
@@ -41,8 +44,10 @@ def decode_token(kind: str, token: str) -> str:
     prefix = f"{kind}:"
     if not text.startswith(prefix) or len(text) == len(prefix):
         raise foreign_token()
-    return text[len(prefix):]
+    return text[len(prefix) :]
 
 
 def foreign_token() -> Rejected:
-    return Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "page_token is not one this list issued", field="page_token")
+    return Rejected(
+        R.REJECTION_REASON_INVALID_ARGUMENT, "page_token is not one this list issued", field="page_token"
+    )

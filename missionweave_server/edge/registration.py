@@ -31,5 +31,7 @@ class GenericHandlersOnly:
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
         self.server.add_generic_rpc_handlers(handlers)
 
-    def add_registered_method_handlers(self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]) -> None:
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]
+    ) -> None:
         """Left out on purpose: the same handlers came through ``add_generic_rpc_handlers``."""

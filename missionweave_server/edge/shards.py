@@ -47,7 +47,9 @@ def rendezvous(group_id: str, addresses: Sequence[str]) -> list[str]:
 def _types(method: str) -> tuple[type[Message], type[Message]]:
     service, _, name = method.lstrip("/").partition("/")
     found = descriptor_pool.Default().FindServiceByName(service).FindMethodByName(name)
-    return message_factory.GetMessageClass(found.input_type), message_factory.GetMessageClass(found.output_type)
+    return message_factory.GetMessageClass(found.input_type), message_factory.GetMessageClass(
+        found.output_type
+    )
 
 
 def group_of(request: Message) -> str:
@@ -66,7 +68,10 @@ def group_of(request: Message) -> str:
 
 def _misplaced(answer: authority_service_pb2.ExecuteCommandStreamResponse) -> bool:
     """Whether a command's in-band answer is its shard's NOT_OWNER: the command goes to the owner."""
-    return answer.WhichOneof("outcome") == "rejection" and answer.rejection.reason == R.REJECTION_REASON_NOT_OWNER
+    return (
+        answer.WhichOneof("outcome") == "rejection"
+        and answer.rejection.reason == R.REJECTION_REASON_NOT_OWNER
+    )
 
 
 class ShardedChannel:
@@ -104,7 +109,9 @@ class ShardedChannel:
             if address in tried:
                 continue
             tried.add(address)
-            call = self._channel_for(address).unary_unary(method, type(request).SerializeToString, answer_type.FromString)
+            call = self._channel_for(address).unary_unary(
+                method, type(request).SerializeToString, answer_type.FromString
+            )
             try:
                 answer: Message = await call(request, **kw)
             except grpc.aio.AioRpcError as err:
@@ -119,7 +126,10 @@ class ShardedChannel:
                     if owner and owner not in tried:
                         queue.insert(0, owner)  # the owner named by the shard we asked
                     continue
-                if rejection is None and err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                if rejection is None and err.code() in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                ):
                     unanswered.add(address)
                     continue  # that shard is down: the next in the Group's order
                 raise
@@ -155,16 +165,22 @@ class ShardedChannel:
             deserializer = (lambda b: b) if raw else answer_type.FromString
 
             def open_at(address: str) -> Any:
-                return self._channel_for(address).unary_stream(method, serializer, deserializer)(request, **kw)
+                return self._channel_for(address).unary_stream(method, serializer, deserializer)(
+                    request, **kw
+                )
 
             group_id = group_of(message)
-            return FailoverStream(self.order(group_id), open_at, lambda owner: self._remember(group_id, owner))
+            return FailoverStream(
+                self.order(group_id), open_at, lambda owner: self._remember(group_id, owner)
+            )
 
         return call
 
     def stream_unary(self, method: str, *_: Any, **__: Any) -> Callable[..., Any]:
         def refuse(*_: Any, **__: Any) -> Any:
-            raise grpc.aio.AioRpcError(grpc.StatusCode.UNIMPLEMENTED, grpc.aio.Metadata(), grpc.aio.Metadata(), details=method)
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNIMPLEMENTED, grpc.aio.Metadata(), grpc.aio.Metadata(), details=method
+            )
 
         return refuse
 
@@ -185,10 +201,14 @@ class ShardedChannel:
         shares: dict[str, list[int]] = {}
         for i, item in enumerate(request.commands):
             shares.setdefault(self.order(group_of(item))[0], []).append(i)
-        answers: list[authority_service_pb2.ExecuteCommandStreamResponse | None] = [None] * len(request.commands)
+        answers: list[authority_service_pb2.ExecuteCommandStreamResponse | None] = [None] * len(
+            request.commands
+        )
 
         async def share(address: str, indexes: list[int]) -> None:
-            sub = authority_service_pb2.ExecuteCommandBatchRequest(commands=[request.commands[i] for i in indexes])
+            sub = authority_service_pb2.ExecuteCommandBatchRequest(
+                commands=[request.commands[i] for i in indexes]
+            )
             call = self._channel_for(address).unary_unary(
                 _BATCH, sub.SerializeToString, authority_service_pb2.ExecuteCommandBatchResponse.FromString
             )
@@ -196,7 +216,8 @@ class ShardedChannel:
                 got = await call(sub, **kw)
             except grpc.aio.AioRpcError as err:
                 if rejection_from_rpc_error(err) is not None or err.code() not in (
-                    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
                 ):
                     raise
                 got = None  # that shard is down: each command finds its way on its own below
@@ -209,7 +230,9 @@ class ShardedChannel:
                     answers[i] = answer
 
         await asyncio.gather(*(share(address, indexes) for address, indexes in shares.items()))
-        return authority_service_pb2.ExecuteCommandBatchResponse(results=[a for a in answers if a is not None])
+        return authority_service_pb2.ExecuteCommandBatchResponse(
+            results=[a for a in answers if a is not None]
+        )
 
     async def _command(
         self, item: authority_service_pb2.ExecuteCommandStreamRequest, **kw: Any
@@ -225,7 +248,9 @@ class ShardedChannel:
             )
         except grpc.aio.AioRpcError as err:
             rejection = rejection_from_rpc_error(err)
-            out.rejection.CopyFrom(rejection if rejection is not None else peer_unavailable("authority", err).to_proto())
+            out.rejection.CopyFrom(
+                rejection if rejection is not None else peer_unavailable("authority", err).to_proto()
+            )
             return out
         result = answer.result  # type: ignore[attr-defined]
         out.command_id = result.command_id
@@ -262,7 +287,9 @@ class FailoverStream:
     NOT_OWNER naming the owner's address (the Group moved, e.g. a follow stream whose Group another
     shard took over) leaves that placement remembered, so the caller's next call goes there."""
 
-    def __init__(self, addresses: list[str], open_at: Callable[[str], Any], placed: Callable[[str], None]) -> None:
+    def __init__(
+        self, addresses: list[str], open_at: Callable[[str], Any], placed: Callable[[str], None]
+    ) -> None:
         self._addresses, self._open_at, self._placed = list(addresses), open_at, placed
         self._stream: Any = None
         self._answered = False
@@ -349,7 +376,13 @@ class _RoutedCommands:
     shards. A request that does not parse ends the stream, after the answers of the commands
     already running, with INVALID_ARGUMENT and a MALFORMED Rejection."""
 
-    def __init__(self, channel: ShardedChannel, requests: AsyncIterator[Any], request_type: type[Message], kw: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        channel: ShardedChannel,
+        requests: AsyncIterator[Any],
+        request_type: type[Message],
+        kw: dict[str, Any],
+    ) -> None:
         self._answers: asyncio.Queue[Any] = asyncio.Queue()  # at most one per slot: each holds its own
         self._slots = asyncio.Semaphore(MAX_STREAM_IN_FLIGHT)
         self._handed = False  # an answer was returned whose slot is still held
@@ -413,7 +446,8 @@ def _outcome_unknown(owner: str, refused: grpc.aio.AioRpcError) -> grpc.aio.AioR
     """PEER_UNAVAILABLE for a call whose owner did not answer: retry it as it was (a command with
     its id, which the owner answers as a replay if it did write it)."""
     rejected = peer_unavailable(
-        "authority", f"the Authority shard that owns the Group ({owner}) did not answer; the outcome is unknown: retry"
+        "authority",
+        f"the Authority shard that owns the Group ({owner}) did not answer; the outcome is unknown: retry",
     )
     status = rpc_status.to_status(to_status(rejected))
     return grpc.aio.AioRpcError(
@@ -423,7 +457,9 @@ def _outcome_unknown(owner: str, refused: grpc.aio.AioRpcError) -> grpc.aio.AioR
 
 def _malformed() -> grpc.aio.AioRpcError:
     """What an Authority answers a stream message that does not parse, as the routed stream's end."""
-    rejected = Rejected(R.REJECTION_REASON_MALFORMED, "a request of the stream is not a valid message of this RPC")
+    rejected = Rejected(
+        R.REJECTION_REASON_MALFORMED, "a request of the stream is not a valid message of this RPC"
+    )
     status = rpc_status.to_status(to_status(rejected))
     return grpc.aio.AioRpcError(
         status.code, grpc.aio.Metadata(), grpc.aio.Metadata(*status.trailing_metadata), details=status.details

@@ -108,7 +108,9 @@ def to_status(rejected: Rejected) -> status_pb2.Status:
     rejection = any_pb2.Any()
     rejection.Pack(rejected.to_proto())
     info = any_pb2.Any()
-    info.Pack(error_details_pb2.ErrorInfo(reason=rejected.reason_name, domain=DOMAIN, metadata=rejected.metadata))
+    info.Pack(
+        error_details_pb2.ErrorInfo(reason=rejected.reason_name, domain=DOMAIN, metadata=rejected.metadata)
+    )
     details = [rejection, info]
     if "retry_after_ms" in rejected.metadata:  # the standard detail generic gRPC retry logic reads
         delay = duration_pb2.Duration()
@@ -132,7 +134,9 @@ def peer_unavailable(peer: str, why: grpc.RpcError | str) -> Rejected:
     else:
         code = why.code() if isinstance(why, grpc.aio.AioRpcError) else None
         message = f"the {peer} service did not answer ({code.name if code is not None else 'UNKNOWN'}); retry shortly"
-    return Rejected(R.REJECTION_REASON_PEER_UNAVAILABLE, message, peer=peer, retry_after_ms=PEER_RETRY_AFTER_MS)
+    return Rejected(
+        R.REJECTION_REASON_PEER_UNAVAILABLE, message, peer=peer, retry_after_ms=PEER_RETRY_AFTER_MS
+    )
 
 
 async def abort_with(context: grpc.aio.ServicerContext, rejected: Rejected) -> NoReturn:  # type: ignore[type-arg]
@@ -148,12 +152,20 @@ def log_rejection(service: str, method: str, rejected: Rejected) -> None:
     if isinstance(rejected, MalformedRequest):
         return  # logged once, rate limited, where it was found (``MalformedRequest.__init__``)
     rpc = f"{service}.{method}"
-    fields = {"rpc": rpc, "reason": rejected.reason_name, "detail": rejected.message, **rejected.metadata, **rejected.log_context}
+    fields = {
+        "rpc": rpc,
+        "reason": rejected.reason_name,
+        "detail": rejected.message,
+        **rejected.metadata,
+        **rejected.log_context,
+    }
     if rejected.reason == R.REJECTION_REASON_OVERLOADED:
         # A caller held to its rate (a Group's command rate, a stream's limits) may send hundreds a
         # second into the refusal: one line per RPC and Group per interval, carrying how many were
         # not logged (each is counted above).
-        overload_log.log(logging.INFO, f"{rpc} {rejected.log_context.get('group_id', '')}", "request rejected", **fields)
+        overload_log.log(
+            logging.INFO, f"{rpc} {rejected.log_context.get('group_id', '')}", "request rejected", **fields
+        )
         return
     log.info("request rejected", extra=fields)
 
@@ -229,7 +241,9 @@ def parse_request(rpc: str, parse: Callable[[bytes], Any], raw: bytes) -> Any:
     try:
         return parse(raw)
     except Exception as err:  # DecodeError, and whatever else a parser raises on garbage
-        raise MalformedRequest(rpc, f"the request is not a valid message of this RPC ({type(err).__name__})") from None
+        raise MalformedRequest(
+            rpc, f"the request is not a valid message of this RPC ({type(err).__name__})"
+        ) from None
 
 
 async def _parsed(rpc: str, parse: Callable[[bytes], Any], raw: AsyncIterator[bytes]) -> AsyncIterator[Any]:
@@ -293,7 +307,9 @@ class _CallEndedByTheClient(logging.Filter):
             record.msg, record.args = "call ended by the client while it was answered [%s]", (method,)
             record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
             record.exc_info, record.exc_text = None, None
-            return logging.getLogger(_GRPC_CORE_LOG).isEnabledFor(logging.DEBUG)  # a filter runs past the level check
+            return logging.getLogger(_GRPC_CORE_LOG).isEnabledFor(
+                logging.DEBUG
+            )  # a filter runs past the level check
         return True
 
 
@@ -354,7 +370,9 @@ def _parsing_handler(path: str, handler: Any) -> grpc.RpcMethodHandler:
         return grpc.unary_stream_rpc_method_handler(unary_stream, response_serializer=serialize)
     inner = handler.stream_stream
 
-    async def stream_stream(raw: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # type: ignore[type-arg]
+    async def stream_stream(
+        raw: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:  # type: ignore[type-arg]
         try:
             async for answer in _answers(inner(_parsed(path, parse, raw), context)):
                 yield answer
@@ -368,7 +386,9 @@ def _parsing_handler(path: str, handler: Any) -> grpc.RpcMethodHandler:
 
 def _service_of(path: str) -> str:
     """'/missionweave.v1.AuthorityService/Execute' -> 'Authority' (as ``rejections_as_status`` names it)."""
-    return path.split("/")[1].rsplit(".", 1)[-1].removesuffix("Service") if path.count("/") == 2 else "unknown"
+    return (
+        path.split("/")[1].rsplit(".", 1)[-1].removesuffix("Service") if path.count("/") == 2 else "unknown"
+    )
 
 
 async def _unimplemented(context: grpc.aio.ServicerContext, path: str) -> None:  # type: ignore[type-arg]

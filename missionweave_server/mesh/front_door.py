@@ -125,7 +125,9 @@ class FrontDoor(grpc.GenericRpcHandler):
             return grpc.unary_stream_rpc_method_handler(
                 self._streaming(peer, channel, channel.unary_stream(path, _identity, _identity))
             )
-        return grpc.unary_unary_rpc_method_handler(self._unary(peer, channel, channel.unary_unary(path, _identity, _identity)))
+        return grpc.unary_unary_rpc_method_handler(
+            self._unary(peer, channel, channel.unary_unary(path, _identity, _identity))
+        )
 
     @staticmethod
     def _unary(peer: str, channel: Any, call: Callable[..., Any]) -> Callable[..., Any]:
@@ -146,7 +148,9 @@ class FrontDoor(grpc.GenericRpcHandler):
             await _connected(channel, context)
             upload = call(requests, metadata=_metadata(context), timeout=context.time_remaining())
             try:
-                await _relay_initial_metadata(upload, context)  # the go-ahead of missionweave/kernel/uploads.py
+                await _relay_initial_metadata(
+                    upload, context
+                )  # the go-ahead of missionweave/kernel/uploads.py
                 answer: bytes = await upload
                 return answer
             except grpc.aio.AioRpcError as err:
@@ -173,6 +177,7 @@ class FrontDoor(grpc.GenericRpcHandler):
                 stream.cancel()
 
         return forward
+
 
 # How soon a broken health watch of a peer is opened again.
 HEALTH_RETRY_S = 1.0

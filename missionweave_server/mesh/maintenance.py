@@ -51,7 +51,9 @@ __all__ = [
 ]
 
 
-def verify(url: str, key_file: Path | None, progress: Callable[[int, int, int], None] | None = None) -> Report:
+def verify(
+    url: str, key_file: Path | None, progress: Callable[[int, int, int], None] | None = None
+) -> Report:
     """Checks every Group of the store at ``url`` (docs/integrity.md)."""
     public = None
     if key_file is not None and key_file.exists():
@@ -83,7 +85,12 @@ def verify_granting_rows(url: str, admin_key_file: Path, mesh_token_file: Path) 
             if seal is not None and await _has_table(engine, "holders"):
                 report.holders, bad = await unsealed_holders(engine, seal)
                 report.findings += [
-                    GrantFinding("holder", identity, 0, f"blake3:{digest}: the holder row is not sealed by the artifact service")
+                    GrantFinding(
+                        "holder",
+                        identity,
+                        0,
+                        f"blake3:{digest}: the holder row is not sealed by the artifact service",
+                    )
                     for digest, identity in bad
                 ]
             return report
@@ -180,12 +187,18 @@ def rotate_key(
         raise
     installed = retired = None
     if generated is not None:
-        retired = key_path.with_name(f"{key_path.name}.retired-{authority_key_id(bytes(old.verify_key)).split(':')[1]}")
+        retired = key_path.with_name(
+            f"{key_path.name}.retired-{authority_key_id(bytes(old.verify_key)).split(':')[1]}"
+        )
         os.replace(key_path, retired)
         os.replace(staged, key_path)
         installed = key_path
     return RotationResult(
-        authority_key_id(bytes(old.verify_key)), authority_key_id(bytes(new.verify_key)), history, installed, retired
+        authority_key_id(bytes(old.verify_key)),
+        authority_key_id(bytes(new.verify_key)),
+        history,
+        installed,
+        retired,
     )
 
 
@@ -199,5 +212,3 @@ def key_history(url: str) -> KeyHistory:
             await engine.dispose()
 
     return asyncio.run(run())
-
-

@@ -111,7 +111,9 @@ class Peers:
             for address in (a.strip() for a in addresses.split(",") if a.strip()):
                 stub = health_pb2_grpc.HealthStub(self.address_channel(address))
                 try:
-                    answer = await stub.Check(health_pb2.HealthCheckRequest(), timeout=wait_s, wait_for_ready=True)
+                    answer = await stub.Check(
+                        health_pb2.HealthCheckRequest(), timeout=wait_s, wait_for_ready=True
+                    )
                     if answer.status == health_pb2.HealthCheckResponse.SERVING:
                         continue
                 except grpc.aio.AioRpcError:

@@ -74,7 +74,9 @@ def plan(settings: Settings, shards: int, mesh_id: str) -> list[Child]:
     if shards > 1 and not settings.database_url.startswith(("postgresql", "postgres")):
         # Shards share the Group table and its fenced ownership leases; on the embedded default
         # one SQLite file with its single writer process per shard is not safe (docs/decisions.md).
-        raise TopologyError("more than one Authority shard needs PostgreSQL: set --database-url postgresql://...")
+        raise TopologyError(
+            "more than one Authority shard needs PostgreSQL: set --database-url postgresql://..."
+        )
     host = settings.listen.rsplit(":", 1)[0] or "127.0.0.1"
     host = "127.0.0.1" if host in ("0.0.0.0", "[::]") else host
     addresses = {name: f"{host}:{_free_port(host)}" for name in BACK_SERVICES}
@@ -96,11 +98,18 @@ def plan(settings: Settings, shards: int, mesh_id: str) -> list[Child]:
     if settings.database_url:
         common["MWP_DATABASE_URL"] = settings.database_url
     children = [
-        Child(f"authority-{i}", ("authority",), address, {"MWP_INSTANCE_ID": f"authority-{i}", "MWP_ADVERTISE_ADDR": address})
+        Child(
+            f"authority-{i}",
+            ("authority",),
+            address,
+            {"MWP_INSTANCE_ID": f"authority-{i}", "MWP_ADVERTISE_ADDR": address},
+        )
         for i, address in enumerate(shard_addresses)
     ]
     children += [Child(name, (name,), address, {}) for name, address in addresses.items()]
-    children.append(Child("gateway", ("gateway",), settings.listen, {"MWP_HEALTH_LISTEN": settings.health_listen}))
+    children.append(
+        Child("gateway", ("gateway",), settings.listen, {"MWP_HEALTH_LISTEN": settings.health_listen})
+    )
     metrics = metrics_addresses(settings.metrics_listen, shards)
     for child in children:
         child.env = {
@@ -155,16 +164,18 @@ def auto_tls(settings: Settings, children: list[Child]) -> tuple[ClientTLS, Path
         cert, key = certs.issue(ca, child.name, hosts=certs.hosts_for(child.address), service=service).write(
             directory, child.name
         )
-        child.env.update({
-            "MWP_TLS_CERT": str(cert),
-            "MWP_TLS_KEY": str(key),
-            # Agents connect to the gateway with no certificate; every other process is reached by peers.
-            "MWP_TLS_CLIENT_CA": "" if service == "gateway" else str(ca_file),
-            "MWP_TLS_CA": str(ca_file),
-            "MWP_TLS_CLIENT_CERT": str(cert),
-            "MWP_TLS_CLIENT_KEY": str(key),
-            "MWP_TLS_SERVER_NAME": "",
-        })
+        child.env.update(
+            {
+                "MWP_TLS_CERT": str(cert),
+                "MWP_TLS_KEY": str(key),
+                # Agents connect to the gateway with no certificate; every other process is reached by peers.
+                "MWP_TLS_CLIENT_CA": "" if service == "gateway" else str(ca_file),
+                "MWP_TLS_CA": str(ca_file),
+                "MWP_TLS_CLIENT_CERT": str(cert),
+                "MWP_TLS_CLIENT_KEY": str(key),
+                "MWP_TLS_SERVER_NAME": "",
+            }
+        )
     cert, key = certs.issue(ca, "mwp serve launcher").write(directory, "launcher")  # names no service
     return ClientTLS(ca_file, cert, key), ca_file
 
@@ -191,7 +202,9 @@ async def _serving(child: Child, deadline: float, tls: ClientTLS | None) -> None
         while True:
             assert child.process is not None
             if child.process.returncode is not None:
-                raise TopologyError(f"{child.name} exited with code {child.process.returncode} during start-up")
+                raise TopologyError(
+                    f"{child.name} exited with code {child.process.returncode} during start-up"
+                )
             with contextlib.suppress(grpc.aio.AioRpcError):
                 answer = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1)
                 if answer.status == health_pb2.HealthCheckResponse.SERVING:
@@ -216,7 +229,12 @@ async def _stop(children: list[Child], grace: float) -> None:
 
 async def _spawn(child: Child, env: dict[str, str]) -> None:
     child.process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", "serve", env={**env, **child.env}, stdin=asyncio.subprocess.DEVNULL,
+        sys.executable,
+        "-m",
+        "missionweave.cli",
+        "serve",
+        env={**env, **child.env},
+        stdin=asyncio.subprocess.DEVNULL,
         stderr=grpc_core.original_stderr(),  # each child routes its gRPC core lines itself
     )
     print(f"  starting {child.name:<12} pid {child.process.pid:<7} on {child.address}", file=sys.stderr)
@@ -224,13 +242,18 @@ async def _spawn(child: Child, env: dict[str, str]) -> None:
 
 async def run_split(settings: Settings, *, shards: int = 1) -> int:
     """Start, supervise and stop the split topology; the exit code of ``mwp serve``."""
-    mesh_id = settings.mesh_id or f"mesh-{uuid.uuid4().hex[:12]}"  # `mwp serve` sets it before taking the data dir
+    mesh_id = (
+        settings.mesh_id or f"mesh-{uuid.uuid4().hex[:12]}"
+    )  # `mwp serve` sets it before taking the data dir
     try:
         children = plan(settings, shards, mesh_id)
         tls: ClientTLS | None
         if settings.tls_auto:
             tls, ca_file = auto_tls(settings, children)
-            print(f"  TLS with a throw-away mesh CA: clients verify the gateway with --tls-ca {ca_file}", file=sys.stderr)
+            print(
+                f"  TLS with a throw-away mesh CA: clients verify the gateway with --tls-ca {ca_file}",
+                file=sys.stderr,
+            )
         else:
             tls = launcher_tls(settings)
     except (TopologyError, ValueError) as refused:
@@ -284,8 +307,14 @@ async def _supervise(children: list[Child], env: dict[str, str], stop: asyncio.E
             code = died.process.returncode if died.process else None
             recent = [t for t in restarts[died.name] if time.monotonic() - t < RESTART_WINDOW_S]
             if len(recent) >= RESTART_LIMIT:
-                log.error("a process of the split topology keeps dying: stopping the mesh", extra={"child": died.name, "exit_code": code})
+                log.error(
+                    "a process of the split topology keeps dying: stopping the mesh",
+                    extra={"child": died.name, "exit_code": code},
+                )
                 return 1
             restarts[died.name] = [*recent, time.monotonic()]
-            log.warning("a process of the split topology died: starting it again", extra={"child": died.name, "exit_code": code})
+            log.warning(
+                "a process of the split topology died: starting it again",
+                extra={"child": died.name, "exit_code": code},
+            )
             await _spawn(died, env)

@@ -30,7 +30,10 @@ def route_grpc_core() -> None:
     read_end, write_end = os.pipe()
     _relay = subprocess.Popen(
         [sys.executable, "-I", "-S", str(Path(__file__).with_name("stderr_relay.py"))],
-        stdin=read_end, stdout=_original_stderr, stderr=_original_stderr, close_fds=True,
+        stdin=read_end,
+        stdout=_original_stderr,
+        stderr=_original_stderr,
+        close_fds=True,
     )
     os.close(read_end)
     os.dup2(write_end, 2)

@@ -139,7 +139,9 @@ def serve(address: str) -> MetricsServer | None:
     try:
         server, thread = start_http_server(int(port), addr=host)
     except (OSError, ValueError) as failed:
-        log.error("the metrics endpoint could not be started", extra={"listen": address, "detail": str(failed)})
+        log.error(
+            "the metrics endpoint could not be started", extra={"listen": address, "detail": str(failed)}
+        )
         return None
     bound = int(server.server_address[1])
     log.info("metrics listening", extra={"listen": address, "port": bound})

@@ -39,7 +39,14 @@ def record(line: str, now: datetime | None = None) -> str:
         entry = {"ts": ts, "level": "error", "logger": "stderr", "msg": line}
     else:
         level, thread, source, message = match.groups()
-        entry = {"ts": ts, "level": LEVELS[level], "logger": "grpc.core", "msg": message, "source": source, "thread": int(thread)}
+        entry = {
+            "ts": ts,
+            "level": LEVELS[level],
+            "logger": "grpc.core",
+            "msg": message,
+            "source": source,
+            "thread": int(thread),
+        }
     return json.dumps(entry, ensure_ascii=False)
 
 

@@ -84,7 +84,9 @@ def _exporter(name: str) -> Any:
 
     found = entry_points(group="opentelemetry_traces_exporter", name=_EXPORTER_ALIASES.get(name, name))
     if not found:
-        raise ValueError(f"OTEL_TRACES_EXPORTER names {name!r}, which is not installed: use otlp, console or none")
+        raise ValueError(
+            f"OTEL_TRACES_EXPORTER names {name!r}, which is not installed: use otlp, console or none"
+        )
     return next(iter(found)).load()()
 
 

@@ -41,7 +41,10 @@ def finish_on_cancel(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any
             if failure is not None:
                 log.error(
                     "a database call failed after its caller was cancelled",
-                    extra={"call": getattr(fn, "__qualname__", repr(fn)), "error": f"{type(failure).__name__}: {failure}"},
+                    extra={
+                        "call": getattr(fn, "__qualname__", repr(fn)),
+                        "error": f"{type(failure).__name__}: {failure}",
+                    },
                 )
             raise
 

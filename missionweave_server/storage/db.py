@@ -241,8 +241,12 @@ def compiled_once(statement: Insert, dialect: str) -> TextClause:
     statement with the same named, typed parameters. SQLAlchemy caches no compiled form of its
     dialects' INSERTs (their ``inherit_cache`` is False), so executing one compiles it again every
     time, ~0.15 ms of Python each (D153); a text statement's compiled form is cached."""
-    compiled = statement.compile(dialect=(postgresql if dialect == "postgresql" else sqlite).dialect(paramstyle="named"))
-    return text(str(compiled)).bindparams(*(bindparam(name, type_=bind.type) for name, bind in compiled.binds.items()))
+    compiled = statement.compile(
+        dialect=(postgresql if dialect == "postgresql" else sqlite).dialect(paramstyle="named")
+    )
+    return text(str(compiled)).bindparams(
+        *(bindparam(name, type_=bind.type) for name, bind in compiled.binds.items())
+    )
 
 
 def upsert(dialect: str, table: Table, keys: tuple[str, ...]) -> TextClause:

@@ -130,7 +130,9 @@ def nonce_engine(engine: AsyncEngine) -> AsyncEngine:
     itself. The caller disposes of an engine it was given that is not its own."""
     if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
         return engine
-    return make_engine(engine.url.render_as_string(hide_password=False), sqlite_synchronous="NORMAL", pool_size=2)
+    return make_engine(
+        engine.url.render_as_string(hide_password=False), sqlite_synchronous="NORMAL", pool_size=2
+    )
 
 
 class SharedNonces:
@@ -151,7 +153,8 @@ class SharedNonces:
             .on_conflict_do_update(
                 index_elements=[proof_nonces.c.nonce_digest],
                 set_={"expires_us": ins.excluded.expires_us},
-                where=proof_nonces.c.expires_us < bindparam("now_us", type_=BigInteger),  # only a row whose proof is stale
+                where=proof_nonces.c.expires_us
+                < bindparam("now_us", type_=BigInteger),  # only a row whose proof is stale
             )
             .returning(proof_nonces.c.nonce_digest),
             engine.dialect.name,
@@ -176,7 +179,9 @@ class SharedNonces:
         try:
             recorded = await self._record_use(params)
         except SQLAlchemyError as err:
-            log.warning("the shared nonce store did not answer", extra={"error": f"{type(err).__name__}: {err}"})
+            log.warning(
+                "the shared nonce store did not answer", extra={"error": f"{type(err).__name__}: {err}"}
+            )
             raise Rejected(
                 R.REJECTION_REASON_PEER_UNAVAILABLE,
                 "the proof could not be checked for replay (database unavailable); retry with a fresh proof",
@@ -206,7 +211,9 @@ class SharedNonces:
     async def prune(self) -> int:
         """Delete the rows whose proofs are stale; how many."""
         async with self._engine.begin() as conn:
-            result = await conn.execute(delete(proof_nonces).where(proof_nonces.c.expires_us < to_micros(self._clock.now())))
+            result = await conn.execute(
+                delete(proof_nonces).where(proof_nonces.c.expires_us < to_micros(self._clock.now()))
+            )
         return int(result.rowcount or 0)
 
     async def _prune_when_due(self) -> None:

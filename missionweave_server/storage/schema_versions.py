@@ -116,7 +116,6 @@ class LineStatus:
             f"run `{UPGRADE_COMMAND}` ({len(self.pending)} migration(s); docs/upgrades.md)"
         )
 
-
     def upgrade_refusal(self, offline_ok: bool) -> str | None:
         """Why ``mwp db upgrade`` may not run on this line now; None when it may."""
         if self.state is State.AHEAD:
@@ -207,7 +206,10 @@ Progress = Callable[[str, str], None]
 
 
 def _migrate(
-    conn: Connection, line: SchemaLine, progress: Progress | None = None, secrets: Mapping[str, Any] | None = None
+    conn: Connection,
+    line: SchemaLine,
+    progress: Progress | None = None,
+    secrets: Mapping[str, Any] | None = None,
 ) -> None:
     """Run every migration the store lacks, in the caller's transaction. ``secrets`` are what a
     migration may need from outside the store (``context.config.attributes``: the administrator's
@@ -222,7 +224,9 @@ def _migrate(
         if progress is not None:
             progress(line.name, kw["step"].up_revision_id)
 
-    with EnvironmentContext(Config(attributes=dict(secrets or {})), scripts, fn=plan, destination_rev="heads") as env:
+    with EnvironmentContext(
+        Config(attributes=dict(secrets or {})), scripts, fn=plan, destination_rev="heads"
+    ) as env:
         env.configure(
             connection=conn,
             target_metadata=line.metadata,
@@ -280,7 +284,11 @@ async def prepare(engine: AsyncEngine, lines: Iterable[SchemaLine]) -> None:
     installed = [
         revision
         for line in lines
-        if (revision := await _in_write_transaction(engine, lambda conn, line=line: _install_or_check(conn, line)))
+        if (
+            revision := await _in_write_transaction(
+                engine, lambda conn, line=line: _install_or_check(conn, line)
+            )
+        )
     ]
     if installed:
         log.info("installed the schema into an empty store", extra={"revisions": ",".join(installed)})
@@ -312,7 +320,9 @@ async def upgrade(
         done.append(
             await _in_write_transaction(
                 engine,
-                lambda conn, line=line: upgrade_line(conn, line, offline_ok=offline_ok, progress=progress, secrets=secrets),
+                lambda conn, line=line: upgrade_line(
+                    conn, line, offline_ok=offline_ok, progress=progress, secrets=secrets
+                ),
             )
         )
     return done

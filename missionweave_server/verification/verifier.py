@@ -71,10 +71,14 @@ class SignatureVerifier:
     async def start(self) -> None:
         for _ in range(self.workers_wanted):
             process = await asyncio.create_subprocess_exec(
-                *child_command("missionweave_server.verification.verify_worker"), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+                *child_command("missionweave_server.verification.verify_worker"),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
             )
             worker = _Worker(process)
-            worker.reader = asyncio.create_task(self._read_answers(worker), name=f"verify-worker-{process.pid}")
+            worker.reader = asyncio.create_task(
+                self._read_answers(worker), name=f"verify-worker-{process.pid}"
+            )
             self._workers.append(worker)
         if self._workers:
             log.info("signature verification workers started", extra={"workers": len(self._workers)})
@@ -106,7 +110,9 @@ class SignatureVerifier:
         """Whether the envelope's first signature verifies with ``public_key`` over its DSSE PAE."""
         if not envelope.signatures:
             return False
-        return await self.verify(pae(envelope.payload_type, envelope.payload), envelope.signatures[0].sig, public_key)
+        return await self.verify(
+            pae(envelope.payload_type, envelope.payload), envelope.signatures[0].sig, public_key
+        )
 
     async def verify(self, message: bytes, signature: bytes, public_key: bytes) -> bool:
         if len(signature) != 64 or len(public_key) != 32:
@@ -190,7 +196,11 @@ class SignatureVerifier:
         if not quiet:
             log.error(
                 "signature verification worker died; its checks are redone on the event loop",
-                extra={"pid": worker.process.pid, "returncode": worker.process.returncode, "workers_left": self.workers},
+                extra={
+                    "pid": worker.process.pid,
+                    "returncode": worker.process.returncode,
+                    "workers_left": self.workers,
+                },
             )
         while worker.in_flight:
             self._answer_inline(worker.in_flight.popleft())

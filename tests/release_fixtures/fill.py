@@ -84,7 +84,9 @@ CURSOR_ROOT = 12  # how far the watcher acknowledges the root Group in stage 1
 
 def identity_key(name: str) -> SigningKey:
     """A throwaway test key, the same on every regeneration (the fixture stays reviewable)."""
-    return SigningKey(hashlib.blake2b(f"missionweave upgrade fixture: {name}".encode(), digest_size=32).digest())
+    return SigningKey(
+        hashlib.blake2b(f"missionweave upgrade fixture: {name}".encode(), digest_size=32).digest()
+    )
 
 
 def now() -> datetime:
@@ -157,8 +159,12 @@ class Filler:
             "sessions": {n: s.session_epoch for n, s in self.signers.items()},
             "recorded": [
                 {
-                    "label": r.label, "group_id": r.group_id, "command_id": r.command_id, "actor": r.actor,
-                    "envelope": b64(r.envelope), "result": b64(r.result.SerializeToString()),
+                    "label": r.label,
+                    "group_id": r.group_id,
+                    "command_id": r.command_id,
+                    "actor": r.actor,
+                    "envelope": b64(r.envelope),
+                    "result": b64(r.result.SerializeToString()),
                 }
                 for r in self.recorded
             ],
@@ -181,7 +187,9 @@ class Filler:
         for r in state["recorded"]:
             result = command_pb2.CommandResult.FromString(base64.b64decode(r["result"]))
             envelope = base64.b64decode(r["envelope"])
-            self.recorded.append(Recorded(r["label"], r["group_id"], r["command_id"], r["actor"], envelope, result))
+            self.recorded.append(
+                Recorded(r["label"], r["group_id"], r["command_id"], r["actor"], envelope, result)
+            )
         for a in state["artifacts"]:
             ref = common_pb2.ArtifactRef.FromString(base64.b64decode(a["ref"]))
             self.artifacts[ref.digest.hex] = Artifact(ref, set(a["holders"]), list(a["sources"]))
@@ -191,22 +199,39 @@ class Filler:
     # ------------------------------------------------------------ commands
 
     async def run(
-        self, actor: str, group: str, kind: str, body: Message, label: str, *, record: bool = False,
+        self,
+        actor: str,
+        group: str,
+        kind: str,
+        body: Message,
+        label: str,
+        *,
+        record: bool = False,
         extension: wp.BoundedOfflineExecutionBinding | None = None,
     ) -> command_pb2.CommandResult:
         """``body`` signed by ``actor``'s session with a fixed command id (``cmd-<label>``)."""
         signer = self.signers[actor]
-        epoch = 0 if kind in ("mission_create", "mission_create_child") else await self.admin.membership_epoch(group, actor)
+        epoch = (
+            0
+            if kind in ("mission_create", "mission_create_child")
+            else await self.admin.membership_epoch(group, actor)
+        )
         command = signer.command(group, kind, body, membership_epoch=epoch, command_id=f"cmd-{label}")
         if extension is not None:
-            command.extensions.add(urn=BOUNDED_OFFLINE_EXECUTION, critical=True, data=extension.SerializeToString())
+            command.extensions.add(
+                urn=BOUNDED_OFFLINE_EXECUTION, critical=True, data=extension.SerializeToString()
+            )
         envelope = signer.sign(command)
         try:
             result = await self.admin.execute(envelope)
         except grpc.aio.AioRpcError as err:
-            raise SystemExit(f"fill: {label} ({kind} as {actor} in {group}) refused: {err.details()}") from None
+            raise SystemExit(
+                f"fill: {label} ({kind} as {actor} in {group}) refused: {err.details()}"
+            ) from None
         if record:
-            self.recorded.append(Recorded(label, group, command.command_id, actor, envelope.SerializeToString(), result))
+            self.recorded.append(
+                Recorded(label, group, command.command_id, actor, envelope.SerializeToString(), result)
+            )
         return result
 
     async def item_state(self, group: str, work_item_id: str) -> int:
@@ -232,12 +257,18 @@ class Filler:
 
     async def publish_card(self) -> None:
         card = agent_card_pb2.AgentCard(
-            card_version="1.0.0", display_name="upgrade fixture worker", max_concurrency=2,
+            card_version="1.0.0",
+            display_name="upgrade fixture worker",
+            max_concurrency=2,
             capabilities=[membership_pb2.Capability(capability_id="code.python", version="3.12.0")],
         )
         answer = await self.client("worker").publish_agent_card(card)
         self.cards.append(
-            {"agent_id": "worker", "card_version": "1.0.0", "envelope_blake3": blake3.blake3(answer.published.envelope.SerializeToString()).hexdigest()}
+            {
+                "agent_id": "worker",
+                "card_version": "1.0.0",
+                "envelope_blake3": blake3.blake3(answer.published.envelope.SerializeToString()).hexdigest(),
+            }
         )
 
     def contract(self, **overrides: Any) -> wp.WorkContract:
@@ -247,16 +278,26 @@ class Filler:
         c.time_policy.start_deadline.FromSeconds(LEASE_S)
         return c
 
-    async def authorize(self, group: str, wi: str, contract: wp.WorkContract | None = None, *, record: bool = False) -> None:
-        body = wp.WorkAuthorize(work_item_id=wi, title=f"upgrade fixture {wi}", contract=contract or self.contract(), coordinator_epoch=1)
+    async def authorize(
+        self, group: str, wi: str, contract: wp.WorkContract | None = None, *, record: bool = False
+    ) -> None:
+        body = wp.WorkAuthorize(
+            work_item_id=wi,
+            title=f"upgrade fixture {wi}",
+            contract=contract or self.contract(),
+            coordinator_epoch=1,
+        )
         await self.run("coord", group, "work_authorize", body, f"{wi}-authorize", record=record)
 
     async def offer(self, group: str, wi: str, to: str) -> str:
         offer_id = f"offer-{wi}"
         body = wp.WorkOffer(
-            work_item_id=wi, offer_id=offer_id, candidate_ids=[to],
+            work_item_id=wi,
+            offer_id=offer_id,
+            candidate_ids=[to],
             expires_at=to_timestamp(now() + timedelta(hours=1)),
-            selection_criteria=[builders.selection(to)], coordinator_epoch=1,
+            selection_criteria=[builders.selection(to)],
+            coordinator_epoch=1,
         )
         await self.run("coord", group, "work_offer", body, f"{wi}-offer")
         return offer_id
@@ -267,35 +308,64 @@ class Filler:
         result = await self.run(who, group, "work_accept_offer", body, f"{wi}-accept")
         return int(decode_events(result.events)[0].work_offer_accepted.ownership.ownership_epoch)
 
-    async def start(self, group: str, wi: str, who: str, *, record: bool = False) -> tuple[int, wp.ExecutionLease]:
+    async def start(
+        self, group: str, wi: str, who: str, *, record: bool = False
+    ) -> tuple[int, wp.ExecutionLease]:
         epoch = await self.accept(group, wi, who)
         body = wp.WorkStart(work_item_id=wi, ownership_epoch=epoch, lease_id=f"lease-{wi}")
         result = await self.run(who, group, "work_start", body, f"{wi}-start", record=record)
         return epoch, decode_events(result.events)[0].work_started.lease
 
     async def upload(
-        self, who: str, group: str, wi: str, data: bytes, media_type: str, *,
-        lease: wp.ExecutionLease | None = None, sources: tuple[common_pb2.ArtifactRef, ...] = (),
+        self,
+        who: str,
+        group: str,
+        wi: str,
+        data: bytes,
+        media_type: str,
+        *,
+        lease: wp.ExecutionLease | None = None,
+        sources: tuple[common_pb2.ArtifactRef, ...] = (),
     ) -> common_pb2.ArtifactRef:
         """``data`` uploaded by ``who`` with a manifest it signed for the Group's Mission and WorkItem."""
         client = self.client(who)
         mission_id = (await self.admin.group_state(group)).mission.mission_id
         origin = Origin(
-            group, mission_id, wi, lease.lease_id if lease else "", lease.ownership_epoch if lease else 0,
-            await card_version(client, who), sources=[s.digest for s in sources],
+            group,
+            mission_id,
+            wi,
+            lease.lease_id if lease else "",
+            lease.ownership_epoch if lease else 0,
+            await card_version(client, who),
+            sources=[s.digest for s in sources],
         )
-        ref = await put_artifact(client.artifacts, self.signers[who], data, media_type=media_type, origin=origin)
+        ref = await put_artifact(
+            client.artifacts, self.signers[who], data, media_type=media_type, origin=origin
+        )
         known = self.artifacts.setdefault(ref.digest.hex, Artifact(ref, set()))
         known.holders.add(who)  # it stored the bytes first (no Group it is in referenced them yet)
         known.sources = sorted({*known.sources, *(s.digest.hex for s in sources)})
         return ref
 
     async def submit(
-        self, group: str, wi: str, who: str, epoch: int, lease: wp.ExecutionLease, artifact: common_pb2.ArtifactRef, *, record: bool = False,
+        self,
+        group: str,
+        wi: str,
+        who: str,
+        epoch: int,
+        lease: wp.ExecutionLease,
+        artifact: common_pb2.ArtifactRef,
+        *,
+        record: bool = False,
     ) -> str:
         body = wp.WorkSubmit(
-            work_item_id=wi, lease_id=lease.lease_id, ownership_epoch=epoch, contract_revision=1,
-            artifacts=[artifact], evidence=[builders.evidence(f"ev-{wi}")], summary=f"{wi} done",
+            work_item_id=wi,
+            lease_id=lease.lease_id,
+            ownership_epoch=epoch,
+            contract_revision=1,
+            artifacts=[artifact],
+            evidence=[builders.evidence(f"ev-{wi}")],
+            summary=f"{wi} done",
             usage_delta=common_pb2.ResourceVector(currency="EUR", tokens=250, tool_calls=2),
         )
         result = await self.run(who, group, "work_submit", body, f"{wi}-submit", record=record)
@@ -306,11 +376,19 @@ class Filler:
         body.coordinator_renewal.lease_duration.FromSeconds(3600)
         await self.run("alice", ROOT, "mission_create", body, "root-create", record=True)
         roles = {
-            "worker": Role.MEMBER_ROLE_WORKER, "night": Role.MEMBER_ROLE_WORKER,
-            "lead": Role.MEMBER_ROLE_WORK_DELEGATE, "watcher": Role.MEMBER_ROLE_OBSERVER,
+            "worker": Role.MEMBER_ROLE_WORKER,
+            "night": Role.MEMBER_ROLE_WORKER,
+            "lead": Role.MEMBER_ROLE_WORK_DELEGATE,
+            "watcher": Role.MEMBER_ROLE_OBSERVER,
         }
         for member, role in roles.items():
-            await self.run("alice", ROOT, "membership_grant", membership_pb2.MembershipGrant(member_id=member, role=role), f"root-grant-{member}")
+            await self.run(
+                "alice",
+                ROOT,
+                "membership_grant",
+                membership_pb2.MembershipGrant(member_id=member, role=role),
+                f"root-grant-{member}",
+            )
 
     async def conversations(self) -> None:
         planning = (await self.admin.group_state(ROOT)).mission.planning_conversation_id
@@ -318,7 +396,8 @@ class Filler:
         post.message_id = "msg-plan"
         await self.run("alice", ROOT, "message_post", post, "root-msg-plan")
         correction = conversation_pb2.MessageAmend(
-            message_id="msg-plan", kind=conversation_pb2.MESSAGE_AMENDMENT_KIND_CORRECTION,
+            message_id="msg-plan",
+            kind=conversation_pb2.MESSAGE_AMENDMENT_KIND_CORRECTION,
             corrected_content=conversation_pb2.MessageContent(text="Plan: extract, reconcile, then report"),
         )
         await self.run("alice", ROOT, "message_amend", correction, "root-msg-plan-correct", record=True)
@@ -328,10 +407,14 @@ class Filler:
         retracted = builders.message(planning, "Wrong thread, sorry")
         retracted.message_id = "msg-retracted"
         await self.run("coord", ROOT, "message_post", retracted, "root-msg-retracted")
-        retraction = conversation_pb2.MessageAmend(message_id="msg-retracted", kind=conversation_pb2.MESSAGE_AMENDMENT_KIND_RETRACTION)
+        retraction = conversation_pb2.MessageAmend(
+            message_id="msg-retracted", kind=conversation_pb2.MESSAGE_AMENDMENT_KIND_RETRACTION
+        )
         await self.run("coord", ROOT, "message_amend", retraction, "root-msg-retract")
         review = conversation_pb2.ConversationOpen(
-            conversation_id="conv-review", kind=conversation_pb2.CONVERSATION_KIND_REVIEW, title="Review of the figures",
+            conversation_id="conv-review",
+            kind=conversation_pb2.CONVERSATION_KIND_REVIEW,
+            title="Review of the figures",
         )
         await self.run("coord", ROOT, "conversation_open", review, "root-conv-review")
         note = builders.message("conv-review", "Figures look right so far")
@@ -345,7 +428,13 @@ class Filler:
         """One WorkItem in each state the protocol has (docs/workitems.md), plus a proposal."""
         await self.authorize(ROOT, "wi-open", record=True)
         await self.authorize(ROOT, "wi-cancelled")
-        await self.run("coord", ROOT, "work_cancel", wp.WorkCancel(work_item_id="wi-cancelled", coordinator_epoch=1, reason="descoped"), "wi-cancelled-cancel")
+        await self.run(
+            "coord",
+            ROOT,
+            "work_cancel",
+            wp.WorkCancel(work_item_id="wi-cancelled", coordinator_epoch=1, reason="descoped"),
+            "wi-cancelled-cancel",
+        )
         await self.authorize(ROOT, "wi-offered")
         await self.offer(ROOT, "wi-offered", "worker")
         await self.authorize(ROOT, "wi-queued")
@@ -353,52 +442,95 @@ class Filler:
         await self.authorize(ROOT, "wi-active")
         epoch, lease = await self.start(ROOT, "wi-active", "worker", record=True)
         renew = wp.WorkRenewLease(
-            work_item_id="wi-active", lease_id=lease.lease_id, ownership_epoch=epoch,
+            work_item_id="wi-active",
+            lease_id=lease.lease_id,
+            ownership_epoch=epoch,
             usage_delta=common_pb2.ResourceVector(currency="EUR", tokens=100, tool_calls=1),
         )
         await self.run("worker", ROOT, "work_renew_lease", renew, "wi-active-renew")
         await self.authorize(ROOT, "wi-blocked")
         epoch, lease = await self.start(ROOT, "wi-blocked", "worker")
         block = wp.WorkBlock(
-            work_item_id="wi-blocked", lease_id=lease.lease_id, ownership_epoch=epoch, checkpoint=wp.Checkpoint(checkpoint_id="ck-blocked"),
-            blockers=[wp.Blocker(blocker_id="blk-1", kind=wp.BLOCKER_KIND_DEPENDENCY, required_resolution="the ledger export from finance")],
+            work_item_id="wi-blocked",
+            lease_id=lease.lease_id,
+            ownership_epoch=epoch,
+            checkpoint=wp.Checkpoint(checkpoint_id="ck-blocked"),
+            blockers=[
+                wp.Blocker(
+                    blocker_id="blk-1",
+                    kind=wp.BLOCKER_KIND_DEPENDENCY,
+                    required_resolution="the ledger export from finance",
+                )
+            ],
         )
         await self.run("worker", ROOT, "work_block", block, "wi-blocked-block")
         await self.authorize(ROOT, "wi-failed")
         epoch, lease = await self.start(ROOT, "wi-failed", "worker")
         fail = wp.WorkFail(
-            work_item_id="wi-failed", lease_id=lease.lease_id, ownership_epoch=epoch, kind=wp.WORK_FAILURE_KIND_PERMANENT,
-            reason="the source ledger is missing", evidence=[builders.evidence("ev-wi-failed")],
+            work_item_id="wi-failed",
+            lease_id=lease.lease_id,
+            ownership_epoch=epoch,
+            kind=wp.WORK_FAILURE_KIND_PERMANENT,
+            reason="the source ledger is missing",
+            evidence=[builders.evidence("ev-wi-failed")],
         )
         await self.run("worker", ROOT, "work_fail", fail, "wi-failed-fail")
         await self.authorize(ROOT, "wi-verified")
         epoch, lease = await self.start(ROOT, "wi-verified", "worker")
-        figures = await self.upload("worker", ROOT, "wi-verified", b"entity,balance\nEU,1200\nUS,3400\n", "text/csv", lease=lease)
+        figures = await self.upload(
+            "worker", ROOT, "wi-verified", b"entity,balance\nEU,1200\nUS,3400\n", "text/csv", lease=lease
+        )
         submission = await self.submit(ROOT, "wi-verified", "worker", epoch, lease, figures, record=True)
-        accept = wp.WorkAcceptResult(work_item_id="wi-verified", coordinator_epoch=1, submission_event_id=submission, comment="matches the ledger")
+        accept = wp.WorkAcceptResult(
+            work_item_id="wi-verified",
+            coordinator_epoch=1,
+            submission_event_id=submission,
+            comment="matches the ledger",
+        )
         await self.run("coord", ROOT, "work_accept_result", accept, "wi-verified-accept-result")
         await self.authorize(ROOT, "wi-submitted")
         epoch, lease = await self.start(ROOT, "wi-submitted", "worker")
         report = await self.upload(
-            "worker", ROOT, "wi-submitted", b"# Q3 report\n\nEU 1200, US 3400: total 4600.\n", "text/markdown", lease=lease, sources=(figures,),
+            "worker",
+            ROOT,
+            "wi-submitted",
+            b"# Q3 report\n\nEU 1200, US 3400: total 4600.\n",
+            "text/markdown",
+            lease=lease,
+            sources=(figures,),
         )
         await self.submit(ROOT, "wi-submitted", "worker", epoch, lease, report)
-        proposal = wp.WorkPropose(proposal_id="prop-extra", title="Also check the Q2 figures", contract=self.contract(), rationale="the auditors asked")
+        proposal = wp.WorkPropose(
+            proposal_id="prop-extra",
+            title="Also check the Q2 figures",
+            contract=self.contract(),
+            rationale="the auditors asked",
+        )
         await self.run("worker", ROOT, "work_propose", proposal, "root-propose")
 
     async def delegation(self) -> None:
         await self.authorize(ROOT, "wi-scope")
         grant = membership_pb2.MembershipGrantDelegation(
-            grantee_id="lead", target_work_item_id="wi-scope",
+            grantee_id="lead",
+            target_work_item_id="wi-scope",
             allowed_capabilities=[membership_pb2.Capability(capability_id="code.python", version="3.0")],
-            caps=common_pb2.ResourceVector(currency="EUR", financial_micros=2_000_000, tokens=20_000, tool_calls=20),
-            max_descendant_depth=2, expires_at=to_timestamp(now() + timedelta(hours=2)), coordinator_epoch=1,
+            caps=common_pb2.ResourceVector(
+                currency="EUR", financial_micros=2_000_000, tokens=20_000, tool_calls=20
+            ),
+            max_descendant_depth=2,
+            expires_at=to_timestamp(now() + timedelta(hours=2)),
+            coordinator_epoch=1,
         )
-        result = await self.run("coord", ROOT, "membership_grant_delegation", grant, "root-delegation-grant", record=True)
+        result = await self.run(
+            "coord", ROOT, "membership_grant_delegation", grant, "root-delegation-grant", record=True
+        )
         self.grant_id = decode_events(result.events)[0].delegation_granted.grant.grant_id
         delegated = wp.WorkAuthorize(
-            work_item_id="wi-delegated", title="upgrade fixture wi-delegated", contract=self.contract(),
-            parent_work_item_id="wi-scope", grant_id=self.grant_id,
+            work_item_id="wi-delegated",
+            title="upgrade fixture wi-delegated",
+            contract=self.contract(),
+            parent_work_item_id="wi-scope",
+            grant_id=self.grant_id,
         )
         await self.run("lead", ROOT, "work_authorize", delegated, "wi-delegated-authorize")
 
@@ -411,13 +543,24 @@ class Filler:
         _, lease = await self.start(ROOT, "wi-offline", "night")
         started = lease.started_at.ToDatetime().replace(tzinfo=UTC)
         expires = lease.expires_at.ToDatetime().replace(tzinfo=UTC)
-        conversation = next(c.conversation_id for c in (await self.admin.group_state(ROOT)).conversations if c.work_item_id == "wi-offline")
+        conversation = next(
+            c.conversation_id
+            for c in (await self.admin.group_state(ROOT)).conversations
+            if c.work_item_id == "wi-offline"
+        )
         binding = wp.BoundedOfflineExecutionBinding(
-            agent_id="night", group_id=ROOT, work_item_id="wi-offline", original_session_epoch=lease.session_epoch,
-            ownership_epoch=lease.ownership_epoch, historical_lease_id=lease.lease_id,
-            disconnected_at=to_timestamp(started), buffered_at=to_timestamp(started + timedelta(milliseconds=1)),
-            grace_deadline=to_timestamp(expires + timedelta(seconds=GRACE_S)), historical_lease_expires_at=lease.expires_at,
-            usage_delta=common_pb2.ResourceVector(currency="EUR", tokens=120), conversation_id=conversation,
+            agent_id="night",
+            group_id=ROOT,
+            work_item_id="wi-offline",
+            original_session_epoch=lease.session_epoch,
+            ownership_epoch=lease.ownership_epoch,
+            historical_lease_id=lease.lease_id,
+            disconnected_at=to_timestamp(started),
+            buffered_at=to_timestamp(started + timedelta(milliseconds=1)),
+            grace_deadline=to_timestamp(expires + timedelta(seconds=GRACE_S)),
+            historical_lease_expires_at=lease.expires_at,
+            usage_delta=common_pb2.ResourceVector(currency="EUR", tokens=120),
+            conversation_id=conversation,
         )
         # The reconnection: a new session fences the old one and revokes its lease (MW-11.3-09).
         night = self.clients["night"]
@@ -428,25 +571,46 @@ class Filler:
 
         await polled(revoked, "the revocation of night's old lease")
         report = wp.WorkReportProgress(
-            work_item_id="wi-offline", lease_id=lease.lease_id, ownership_epoch=lease.ownership_epoch,
+            work_item_id="wi-offline",
+            lease_id=lease.lease_id,
+            ownership_epoch=lease.ownership_epoch,
             report=wp.ProgressReport(
-                phase="offline", next_checkpoint=wp.PlannedCheckpoint(description="reconcile the EU ledger"),
+                phase="offline",
+                next_checkpoint=wp.PlannedCheckpoint(description="reconcile the EU ledger"),
                 revised_estimate=wp.RevisedEstimate(reason="unchanged"),
             ),
             usage_delta=binding.usage_delta,
         )
-        await self.run("night", ROOT, "work_report_progress", report, "wi-offline-reconcile", record=True, extension=binding)
+        await self.run(
+            "night",
+            ROOT,
+            "work_report_progress",
+            report,
+            "wi-offline-reconcile",
+            record=True,
+            extension=binding,
+        )
 
     async def child_mission(self) -> None:
         await self.authorize(ROOT, "wi-parent")
         definition = builders.definition(
-            "coord", now(), title="Upgrade fixture: the child Mission", deadline=to_timestamp(now() + timedelta(hours=12)),
-            budget=common_pb2.ResourceVector(currency="EUR", financial_micros=400_000, tokens=4_000, tool_calls=10),
-            risk_policy=mission_pb2.RiskPolicy(risk_class=mission_pb2.RISK_CLASS_LOW, execution_approver_ids=["alice"]),
+            "coord",
+            now(),
+            title="Upgrade fixture: the child Mission",
+            deadline=to_timestamp(now() + timedelta(hours=12)),
+            budget=common_pb2.ResourceVector(
+                currency="EUR", financial_micros=400_000, tokens=4_000, tool_calls=10
+            ),
+            risk_policy=mission_pb2.RiskPolicy(
+                risk_class=mission_pb2.RISK_CLASS_LOW, execution_approver_ids=["alice"]
+            ),
         )
         body = subtask_pb2.MissionCreateChild(
-            parent_group_id=ROOT, parent_work_item_id="wi-parent", definition=definition,
-            coordinator_id="child-coord", parent_coordinator_epoch=1,
+            parent_group_id=ROOT,
+            parent_work_item_id="wi-parent",
+            definition=definition,
+            coordinator_id="child-coord",
+            parent_coordinator_epoch=1,
         )
         await self.run("coord", CHILD, "mission_create_child", body, "child-create", record=True)
 
@@ -469,14 +633,22 @@ class Filler:
         await self.run("alice", DONE, "membership_grant", grant, "done-grant-worker")
         await self.authorize(DONE, "wi-final")
         epoch, lease = await self.start(DONE, "wi-final", "worker")
-        final = await self.upload("worker", DONE, "wi-final", b"The approved deliverable\n", "text/plain", lease=lease)
+        final = await self.upload(
+            "worker", DONE, "wi-final", b"The approved deliverable\n", "text/plain", lease=lease
+        )
         submission = await self.submit(DONE, "wi-final", "worker", epoch, lease, final)
-        accept = wp.WorkAcceptResult(work_item_id="wi-final", coordinator_epoch=1, submission_event_id=submission)
+        accept = wp.WorkAcceptResult(
+            work_item_id="wi-final", coordinator_epoch=1, submission_event_id=submission
+        )
         await self.run("coord", DONE, "work_accept_result", accept, "wi-final-accept-result")
         mission = (await self.admin.group_state(DONE)).mission
-        submit = mission_pb2.MissionSubmitForApproval(coordinator_epoch=1, mission_revision=mission.revision, summary="all done", artifacts=[final])
+        submit = mission_pb2.MissionSubmitForApproval(
+            coordinator_epoch=1, mission_revision=mission.revision, summary="all done", artifacts=[final]
+        )
         result = await self.run("coord", DONE, "mission_submit_for_approval", submit, "done-submit")
-        approve = mission_pb2.MissionApprove(submission_event_id=decode_events(result.events)[0].event_id, comment="approved")
+        approve = mission_pb2.MissionApprove(
+            submission_event_id=decode_events(result.events)[0].event_id, comment="approved"
+        )
         await self.run("alice", DONE, "mission_approve", approve, "done-approve", record=True)
 
     async def outsider_blobs(self) -> None:
@@ -498,7 +670,13 @@ class Filler:
             authority_service_pb2.TakeSnapshotRequest(group_id=group, compact=compact, archival=archival)
         )
         self.snapshots.append(
-            {"group_id": group, "sequence": taken.sequence, "digest": taken.digest.hex, "archival": archival, "compacted": compact}
+            {
+                "group_id": group,
+                "sequence": taken.sequence,
+                "digest": taken.digest.hex,
+                "archival": archival,
+                "compacted": compact,
+            }
         )
 
     # ------------------------------------------------------------ the gateway subscriber
@@ -506,9 +684,18 @@ class Filler:
     def hello(self, name: str) -> gpb.HelloFrame:
         signer = self.signers[name]
         proof = gpb.HelloProof(
-            agent_id=name, session_epoch=signer.session_epoch, issued_at=to_timestamp(now()), nonce=os.urandom(16), audience=self.target,
+            agent_id=name,
+            session_epoch=signer.session_epoch,
+            issued_at=to_timestamp(now()),
+            nonce=os.urandom(16),
+            audience=self.target,
         )
-        envelope = sign_envelope(proof.SerializeToString(), HELLO_PROOF_TYPE, signer.key, session_key_id(name, signer.session_epoch))
+        envelope = sign_envelope(
+            proof.SerializeToString(),
+            HELLO_PROOF_TYPE,
+            signer.key,
+            session_key_id(name, signer.session_epoch),
+        )
         return gpb.HelloFrame(agent_id=name, session_epoch=signer.session_epoch, proof=envelope)
 
     async def stream(self, name: str) -> Any:
@@ -531,7 +718,9 @@ class Filler:
         """The gateway's stored cursor, as SUBSCRIBED at the head reports it (FLOW acked_sequence)."""
         head = (await self.admin.group_state(group)).head_sequence
         call = await self.stream(name)
-        sub = gpb.SubscribeFrame(subscription_id="probe", group_id=group, after_sequence=head, initial_credits=1)
+        sub = gpb.SubscribeFrame(
+            subscription_id="probe", group_id=group, after_sequence=head, initial_credits=1
+        )
         await call.write(gpb.ConnectRequest(frame=gpb.ClientFrame(subscribe=sub)))
         flow = (await self.until(call, "flow")).flow
         await call.done_writing()
@@ -541,13 +730,21 @@ class Filler:
     async def acknowledge(self, name: str, group: str, cursor: int) -> None:
         """Subscribe from the start with ``cursor`` credits, take the events and ACK ``cursor``."""
         call = await self.stream(name)
-        sub = gpb.SubscribeFrame(subscription_id="s1", group_id=group, after_sequence=0, initial_credits=cursor)
+        sub = gpb.SubscribeFrame(
+            subscription_id="s1", group_id=group, after_sequence=0, initial_credits=cursor
+        )
         await call.write(gpb.ConnectRequest(frame=gpb.ClientFrame(subscribe=sub)))
         delivered = 0
         while delivered < cursor:
             frame = await self.until(call, "event")
             delivered = max(delivered, int(frame.event.last_sequence))
-        await call.write(gpb.ConnectRequest(frame=gpb.ClientFrame(ack=gpb.AckFrame(cursors=[gpb.CursorAck(subscription_id="s1", cursor=cursor)]))))
+        await call.write(
+            gpb.ConnectRequest(
+                frame=gpb.ClientFrame(
+                    ack=gpb.AckFrame(cursors=[gpb.CursorAck(subscription_id="s1", cursor=cursor)])
+                )
+            )
+        )
         await call.done_writing()
         while await call.read() != grpc.aio.EOF:  # the gateway stores the final ACKs, then ends the stream
             pass
@@ -562,8 +759,10 @@ class Filler:
 
     async def after_rotation(self) -> None:
         erase = conversation_pb2.MessageAmend(
-            message_id="msg-erase", kind=conversation_pb2.MESSAGE_AMENDMENT_KIND_REDACTION,
-            policy_reason="a credential was pasted", erasure=conversation_pb2.CONTENT_ERASURE_SECURITY_REDACTION,
+            message_id="msg-erase",
+            kind=conversation_pb2.MESSAGE_AMENDMENT_KIND_REDACTION,
+            policy_reason="a credential was pasted",
+            erasure=conversation_pb2.CONTENT_ERASURE_SECURITY_REDACTION,
         )
         await self.run("alice", ROOT, "message_amend", erase, "root-erase")
         planning = (await self.admin.group_state(ROOT)).mission.planning_conversation_id
@@ -586,7 +785,9 @@ class Filler:
         groups: dict[str, Any] = {}
         for group in GROUPS:
             events: list[tuple[common_pb2.SignedEnvelope, event_pb2.Event]] = []
-            call = self.admin.authority.ReadEvents(authority_service_pb2.ReadEventsRequest(group_id=group, after_sequence=0))
+            call = self.admin.authority.ReadEvents(
+                authority_service_pb2.ReadEventsRequest(group_id=group, after_sequence=0)
+            )
             async for batch in call:
                 events.extend(zip(batch.events, decode_events(batch.events), strict=True))
             commands: dict[str, list[int]] = {}
@@ -611,28 +812,50 @@ class Filler:
             blob = self.data_dir / "blobs" / hex_digest[:2] / hex_digest[2:4] / hex_digest
             if not blob.is_file():  # the local backend's layout, which regenerate.sh copies into the fixture
                 raise SystemExit(f"fill: blob {hex_digest} is not at {blob}")
-            manifests = await self.admin.artifacts.GetManifest(artifact_service_pb2.GetManifestRequest(digest=known.ref.digest))
+            manifests = await self.admin.artifacts.GetManifest(
+                artifact_service_pb2.GetManifestRequest(digest=known.ref.digest)
+            )
             artifacts.append(
                 {
-                    "digest": known.ref.digest.hex, "size": known.ref.digest.size_bytes, "media_type": known.ref.media_type,
-                    "holders": sorted(known.holders), "manifests": sorted(manifest_digest(m) for m in manifests.manifests),
+                    "digest": known.ref.digest.hex,
+                    "size": known.ref.digest.size_bytes,
+                    "media_type": known.ref.media_type,
+                    "holders": sorted(known.holders),
+                    "manifests": sorted(manifest_digest(m) for m in manifests.manifests),
                     "sources": known.sources,
                 }
             )
         identities = {
-            name: {"kind": common_pb2.IdentityKind.Name(kind), "key_file": f"identities/{name}.key", "session_epoch": self.signers[name].session_epoch}
+            name: {
+                "kind": common_pb2.IdentityKind.Name(kind),
+                "key_file": f"identities/{name}.key",
+                "session_epoch": self.signers[name].session_epoch,
+            }
             for name, kind in IDENTITIES.items()
         }
-        identities["admin"] = {"kind": "IDENTITY_KIND_HUMAN", "key_file": "data/keys/admin.key", "session_epoch": self.signers["admin"].session_epoch}
+        identities["admin"] = {
+            "kind": "IDENTITY_KIND_HUMAN",
+            "key_file": "data/keys/admin.key",
+            "session_epoch": self.signers["admin"].session_epoch,
+        }
         recorded = []
         for r in self.recorded:
             recorded.append(
                 {
-                    "label": r.label, "group_id": r.group_id, "command_id": r.command_id, "actor": r.actor,
+                    "label": r.label,
+                    "group_id": r.group_id,
+                    "command_id": r.command_id,
+                    "actor": r.actor,
                     "session_epoch": self.signers[r.actor].session_epoch,
-                    "envelope": b64(r.envelope), "group_revision": r.result.group_revision,
+                    "envelope": b64(r.envelope),
+                    "group_revision": r.result.group_revision,
                     "events": [
-                        {"sequence": e.sequence, "event_id": e.event_id, "type": e.type, "payload_blake3": blake3.blake3(env.payload).hexdigest()}
+                        {
+                            "sequence": e.sequence,
+                            "event_id": e.event_id,
+                            "type": e.type,
+                            "payload_blake3": blake3.blake3(env.payload).hexdigest(),
+                        }
                         for env, e in zip(r.result.events, decode_events(r.result.events), strict=True)
                     ],
                 }
@@ -705,7 +928,9 @@ async def main(argv: list[str]) -> int:
     parser.add_argument("--target", required=True, help="the mesh, HOST:PORT")
     parser.add_argument("--admin-key", required=True, type=Path, help="the Organization admin's key file")
     parser.add_argument("--data-dir", required=True, type=Path, help="the mesh's data directory")
-    parser.add_argument("--work-dir", required=True, type=Path, help="identity keys and state between the stages")
+    parser.add_argument(
+        "--work-dir", required=True, type=Path, help="identity keys and state between the stages"
+    )
     parser.add_argument("--stage", required=True, type=int, choices=(1, 2))
     parser.add_argument("--expected", type=Path, help="stage 2: where to write expected.json")
     parser.add_argument("--backend", default="sqlite", choices=("sqlite", "postgres"))

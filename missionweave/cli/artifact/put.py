@@ -82,7 +82,11 @@ def build_manifest(
         schema_id=args.schema,
     )
     uri = args.retrieval_uri or f"mwp://{target(args)}/blake3:{hashes.blake3_hex}"
-    return describe(Described(Hashes(hashes.blake3_hex, hashes.size, hashes.sha256_hex), args.media_type, producer, origin, uri))
+    return describe(
+        Described(
+            Hashes(hashes.blake3_hex, hashes.size, hashes.sha256_hex), args.media_type, producer, origin, uri
+        )
+    )
 
 
 async def signed_manifest(args: argparse.Namespace, actor: Actor, hashes: FileHashes) -> SignedEnvelope:

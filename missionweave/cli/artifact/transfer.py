@@ -81,7 +81,6 @@ def progress(args: argparse.Namespace, label: str, total: int) -> Progress:
     return Progress(label, total, shown)
 
 
-
 @dataclass(frozen=True)
 class FileHashes:
     blake3_hex: str
@@ -130,7 +129,6 @@ def replacing(output: Path) -> Iterator[BinaryIO]:
         os.replace(temp, output)
     finally:
         temp.unlink(missing_ok=True)
-
 
 
 async def receive(

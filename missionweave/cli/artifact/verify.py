@@ -54,7 +54,9 @@ async def cmd_verify(args: argparse.Namespace) -> int:
             elif isinstance(got := next(batched), Rejected):
                 results.append(verdict(digest, got))
             else:
-                results.append({"digest": digest_text(digest), "status": "OK", "detail": "hash and size match"})
+                results.append(
+                    {"digest": digest_text(digest), "status": "OK", "detail": "hash and size match"}
+                )
     failed = sum(r["status"] != "OK" for r in results)
     lines = [
         f"{r['status']:<9} {r['digest']}" + ("" if r["status"] == "OK" else f"  {r['detail']}")

@@ -62,5 +62,7 @@ async def register_cast(
             members[role] = signer
             detail = f"{identity_id} ({kind_label}, {display}); session epoch {signer.session_epoch} opened"
         timeline.note(admin_id, "identity.registered", detail)
-    mesh.read_as(cast(SessionSigner, members["owner"]))  # the demo's reads (state, progress) are the MissionOwner's
+    mesh.read_as(
+        cast(SessionSigner, members["owner"])
+    )  # the demo's reads (state, progress) are the MissionOwner's
     return Cast(**members)  # type: ignore[arg-type]

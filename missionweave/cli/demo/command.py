@@ -57,7 +57,12 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     async with MeshClient(address, client_tls(args)) as mesh:
         try:
             result = await run_demo(
-                mesh, admin_key, target=address, tls=client_tls(args), admin_id=args.admin_id, timeline=timeline
+                mesh,
+                admin_key,
+                target=address,
+                tls=client_tls(args),
+                admin_id=args.admin_id,
+                timeline=timeline,
             )
         except grpc.aio.AioRpcError as err:
             _stopped(args, timeline, err)

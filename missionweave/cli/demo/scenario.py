@@ -163,7 +163,9 @@ class MissionRun:
         Coordinator answers a decline with another offer (MW-10.3-03)."""
         for _ in range(OFFER_ROUNDS):
             offer_id = await self.offer(task, role)
-            answer = await self.watch.first_of(("work_offer_accepted", "work_offer_declined"), task.work_item_id, offer_id)
+            answer = await self.watch.first_of(
+                ("work_offer_accepted", "work_offer_declined"), task.work_item_id, offer_id
+            )
             if answer.WhichOneof("payload") == "work_offer_accepted":
                 return
             await asyncio.sleep(REOFFER_DELAY_S)

@@ -45,9 +45,12 @@ class DemoWorker:
 
     async def start(self, target: str, tls: ClientTLS | None, state_dir: Path) -> None:
         self.run.timeline.step = f"connecting {self.identity_id}'s Worker runtime to {target}"
-        self.agent = await Agent.connect(target, self.identity_id, self.identity.key, cursor_dir=state_dir, tls=tls)
+        self.agent = await Agent.connect(
+            target, self.identity_id, self.identity.key, cursor_dir=state_dir, tls=tls
+        )
         self.run.timeline.note(
-            self.identity_id, "session.opened",
+            self.identity_id,
+            "session.opened",
             f"session epoch {self.agent.session.session_epoch} opened by its Worker runtime's agent (gateway HELLO)",
         )
         self.runtime = WorkerRuntime(self.agent, self.handle)
@@ -66,17 +69,22 @@ class DemoWorker:
     async def report_usage(self, slot: Slot, spent: common_pb2.ResourceVector) -> None:
         """A lease renewal carrying the usage so far (the runtime renews on its own schedule too)."""
         body = wp.WorkRenewLease(
-            work_item_id=slot.work_item_id, lease_id=slot.lease_id, ownership_epoch=slot.ownership_epoch, usage_delta=spent
+            work_item_id=slot.work_item_id,
+            lease_id=slot.lease_id,
+            ownership_epoch=slot.ownership_epoch,
+            usage_delta=spent,
         )
         await self._execute(slot, "work_renew_lease", body)
 
     def checkpoint(self, slot: Slot) -> Paused:
         wid = slot.work_item_id
-        return Paused(wp.Checkpoint(
-            checkpoint_id=self.run.next_id(f"ck-{wid}"),
-            completed_operation_ids=[f"{wid}:part-1"],
-            taken_at=to_timestamp(_clock.now()),
-        ))
+        return Paused(
+            wp.Checkpoint(
+                checkpoint_id=self.run.next_id(f"ck-{wid}"),
+                completed_operation_ids=[f"{wid}:part-1"],
+                taken_at=to_timestamp(_clock.now()),
+            )
+        )
 
     async def handle(self, slot: Slot) -> WorkResult | Paused | Failed:
         task, wid = TASKS[slot.work_item_id], slot.work_item_id
@@ -104,7 +112,9 @@ class DemoWorker:
             data = await slot.read(given)
             lines.append(f"uses {given.name}: blake3:{given.ref.digest.hex[:12]}... ({len(data)} bytes)")
         ref = await slot.put(("\n".join(lines) + "\n").encode(), media_type="text/markdown")
-        return WorkResult(evidence=evidence(task, ref), summary=f"{task.deliverable} ready", usage=FINAL_USAGE[wid])
+        return WorkResult(
+            evidence=evidence(task, ref), summary=f"{task.deliverable} ready", usage=FINAL_USAGE[wid]
+        )
 
 
 def transient_failure(slot: Slot) -> Failed:
@@ -116,7 +126,10 @@ def transient_failure(slot: Slot) -> Failed:
         summary="GET /fx-rates timed out after 30 s, three times",
     )
     return Failed(
-        kind=wp.WORK_FAILURE_KIND_TRANSIENT, reason="the FX-rate service timed out", evidence=[observed], usage=usage(300, 3)
+        kind=wp.WORK_FAILURE_KIND_TRANSIENT,
+        reason="the FX-rate service timed out",
+        evidence=[observed],
+        usage=usage(300, 3),
     )
 
 

@@ -21,7 +21,9 @@ def id_text(text: str) -> tuple[str, str]:
     """``ID=TEXT`` (or ``ID`` alone: no text) -> (id, text); the id must be a valid id."""
     key, _, value = text.partition("=")
     if not ids.is_valid(key.strip()):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected ID[=TEXT], the id being 1..128 of A-Z a-z 0-9 . _ : -")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected ID[=TEXT], the id being 1..128 of A-Z a-z 0-9 . _ : -"
+        )
     return key.strip(), value.strip()
 
 
@@ -36,10 +38,14 @@ def methods(text: str) -> tuple[str, list[str]]:
     key, sep, value = text.partition("=")
     names = [m.strip().lower().replace("_", "-") for m in value.split(",") if m.strip()]
     if not sep or not ids.is_valid(key) or not names:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected CRITERION=METHOD[,METHOD], e.g. balances=test,review")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected CRITERION=METHOD[,METHOD], e.g. balances=test,review"
+        )
     for name in names:
         if name not in EVIDENCE_METHODS:
-            raise argparse.ArgumentTypeError(f"{text!r}: unknown method {name!r}; one of {', '.join(EVIDENCE_METHODS)}")
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: unknown method {name!r}; one of {', '.join(EVIDENCE_METHODS)}"
+            )
     return key, names
 
 
@@ -47,7 +53,9 @@ def work_input(text: str) -> Input:
     """``NAME=blake3:HEX[:SIZE]`` (an Artifact) or ``NAME=WORK_ITEM[/DELIVERABLE]`` (its output)."""
     name, sep, source = text.partition("=")
     if not sep or not ids.is_valid(name) or not source:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=blake3:HEX[:SIZE] or NAME=WORK_ITEM[/DELIVERABLE]")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected NAME=blake3:HEX[:SIZE] or NAME=WORK_ITEM[/DELIVERABLE]"
+        )
     if source.startswith("blake3:"):
         return Input(name, artifact=artifact_ref(source))
     item, _, deliverable = source.partition("/")

@@ -19,7 +19,12 @@ async def looked_up(actor: Actor, args: argparse.Namespace) -> tuple[GroupState,
 
 
 def evidence_records(
-    item: wp.WorkItem, given: list[tuple[str, str]], result: int, method: str | None, flag: str, submission: str = ""
+    item: wp.WorkItem,
+    given: list[tuple[str, str]],
+    result: int,
+    method: str | None,
+    flag: str,
+    submission: str = "",
 ) -> list[wp.Evidence]:
     """One Evidence record per ``CRITERION[=SUMMARY]`` about the WorkItem (and its submission), by
     default in the first method the criterion requires."""
@@ -32,12 +37,19 @@ def evidence_records(
                 f"{flag} {criterion_id}: the contract of {item.work_item_id} has no acceptance criterion "
                 f"{criterion_id!r} (it has {', '.join(criteria) or 'none'})"
             )
-        how = EVIDENCE_METHODS[method] if method else (list(criterion.required_evidence_methods) or [wp.EVIDENCE_METHOD_REVIEW])[0]
+        how = (
+            EVIDENCE_METHODS[method]
+            if method
+            else (list(criterion.required_evidence_methods) or [wp.EVIDENCE_METHOD_REVIEW])[0]
+        )
         out.append(
             wp.Evidence(
                 subject=wp.EvidenceSubject(work_item_id=item.work_item_id, submission_event_id=submission),
-                criterion_id=criterion_id, criterion=criterion.description, method=how,  # type: ignore[arg-type]
-                result=result, summary=summary,  # type: ignore[arg-type]
+                criterion_id=criterion_id,
+                criterion=criterion.description,
+                method=how,  # type: ignore[arg-type]
+                result=result,  # type: ignore[arg-type]
+                summary=summary,
             )
         )
     return out

@@ -41,7 +41,9 @@ def steering(args: argparse.Namespace, state: GroupState) -> dict[str, Any]:
     return {"coordinator_epoch": coordinator_epoch(args, state)}
 
 
-def selection(state: GroupState, contract: wp.WorkContract, candidates: list[str], flag: str = "--to") -> list[wp.SelectionCriteria]:
+def selection(
+    state: GroupState, contract: wp.WorkContract, candidates: list[str], flag: str = "--to"
+) -> list[wp.SelectionCriteria]:
     """The structured selection criteria an offer records per candidate (MW-10.3-10): its Membership
     (the authorization basis), the capabilities it covers, the expected cost (the contract budget)
     and the rule applied (the Coordinator named it); rule and fact ids only (MW-10.3-11)."""
@@ -59,21 +61,34 @@ def selection(state: GroupState, contract: wp.WorkContract, candidates: list[str
         ]
         out.append(
             wp.SelectionCriteria(
-                candidate_id=candidate, matched_capabilities=matched, missing_capabilities=missing,
-                authorization_eligible=True, authorization_basis=[f"membership-epoch:{member.membership_epoch}"],
-                expected_cost=contract.budget, applied_policy_rules=[RULE_NAMED], rank=rank,
+                candidate_id=candidate,
+                matched_capabilities=matched,
+                missing_capabilities=missing,
+                authorization_eligible=True,
+                authorization_basis=[f"membership-epoch:{member.membership_epoch}"],
+                expected_cost=contract.budget,
+                applied_policy_rules=[RULE_NAMED],
+                rank=rank,
             )
         )
     return out
 
 
 def offer_body(
-    args: argparse.Namespace, state: GroupState, item: wp.WorkItem, candidates: list[str], expires_at: Any, **fields: Any
+    args: argparse.Namespace,
+    state: GroupState,
+    item: wp.WorkItem,
+    candidates: list[str],
+    expires_at: Any,
+    **fields: Any,
 ) -> wp.WorkOffer:
     contract = fields.get("amended_contract", item.contract)
     body = wp.WorkOffer(
-        work_item_id=item.work_item_id, candidate_ids=candidates,
-        selection_criteria=selection(state, contract, candidates), **steering(args, state), **fields,
+        work_item_id=item.work_item_id,
+        candidate_ids=candidates,
+        selection_criteria=selection(state, contract, candidates),
+        **steering(args, state),
+        **fields,
     )
     body.expires_at.CopyFrom(expires_at)
     return body
@@ -85,11 +100,16 @@ async def cmd_authorize(args: argparse.Namespace) -> int:
     async with acting(args) as actor:
         state = await actor.state(args.group)
         body = wp.WorkAuthorize(
-            work_item_id=work_item_id, title=args.title, contract=contract_from_args(args, state),
-            parent_work_item_id=args.parent or "", **steering(args, state),
+            work_item_id=work_item_id,
+            title=args.title,
+            contract=contract_from_args(args, state),
+            parent_work_item_id=args.parent or "",
+            **steering(args, state),
         )
         result = await actor.execute(args.group, "work_authorize", body)
-    headline = f"authorized {work_item_id}: {args.title!r} (contract revision 1); offer it with mwp work offer"
+    headline = (
+        f"authorized {work_item_id}: {args.title!r} (contract revision 1); offer it with mwp work offer"
+    )
     return report(args, result, headline, last_line=work_item_id, extra={"work_item_id": work_item_id})
 
 

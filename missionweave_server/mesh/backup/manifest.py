@@ -53,7 +53,13 @@ class FileEntry:
     kind: str  # database | key | tls
 
     def as_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "blake3": self.blake3, "mode": f"{self.mode:04o}", "kind": self.kind}
+        return {
+            "path": self.path,
+            "size": self.size,
+            "blake3": self.blake3,
+            "mode": f"{self.mode:04o}",
+            "kind": self.kind,
+        }
 
 
 @dataclass(frozen=True)
@@ -159,7 +165,9 @@ def _read_manifest(path: Path, expect_digest: str | None) -> Manifest:
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise BackupRefused(f"{MANIFEST} is not a MissionWeave backup manifest")
     if document.get("version") != VERSION:
-        raise BackupRefused(f"the backup is of format version {document.get('version')!r}; this release reads {VERSION}")
+        raise BackupRefused(
+            f"the backup is of format version {document.get('version')!r}; this release reads {VERSION}"
+        )
     recorded = document.get("digest")
     if recorded != manifest_digest(document):
         raise BackupRefused(f"{MANIFEST} does not hash to its digest: it was changed or damaged")
@@ -185,7 +193,11 @@ def _parse(document: dict[str, Any]) -> Manifest:
             raise ValueError(f"a file may not be at {name!r} ({kind})")
         if kind == "key" and len(relative.parts) != 2:
             raise ValueError(f"a key file may not be at {name!r}")
-        files.append(FileEntry(name, _count(item["size"]), check_digest(item["blake3"]), int(item["mode"], 8) & 0o777, kind))
+        files.append(
+            FileEntry(
+                name, _count(item["size"]), check_digest(item["blake3"]), int(item["mode"], 8) & 0o777, kind
+            )
+        )
     databases = [f for f in files if f.kind == "database"]
     expected = SQLITE_FILE if dialect == "sqlite" else PG_DUMP_FILE
     if [f.path for f in databases] != [expected]:
@@ -196,7 +208,9 @@ def _parse(document: dict[str, Any]) -> Manifest:
         if how not in ("copied", "referenced"):
             raise ValueError(f"a blob is copied or referenced, not {how!r}")
         blobs.append(BlobEntry(check_digest(item["digest"]), _count(item["size"]), how))
-    heads = [GroupHead(str(h["group_id"]), _count(h["head_seq"]), str(h["head_hash"])) for h in document["groups"]]
+    heads = [
+        GroupHead(str(h["group_id"]), _count(h["head_seq"]), str(h["head_hash"])) for h in document["groups"]
+    ]
     return Manifest(document, dialect, files, blobs, heads, bool(document["keys_included"]))
 
 

@@ -55,4 +55,6 @@ async def run_tool(argv: list[str], env: dict[str, str]) -> None:
     _, err = await process.communicate()
     if process.returncode != 0:
         detail = err.decode(errors="replace").strip().splitlines()
-        raise BackupRefused(f"{Path(argv[0]).name} failed (exit {process.returncode}): {' / '.join(detail[-5:])}")
+        raise BackupRefused(
+            f"{Path(argv[0]).name} failed (exit {process.returncode}): {' / '.join(detail[-5:])}"
+        )

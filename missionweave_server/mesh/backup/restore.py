@@ -73,7 +73,9 @@ def restore(
             "this backup holds a SQLite store: restore it into a data directory (no --database-url, MWP_DATABASE_URL unset)"
         )
     if manifest.dialect == "postgresql" and not target.database_url:
-        raise BackupUsage("this backup holds a PostgreSQL database: name the (empty) target with --database-url")
+        raise BackupUsage(
+            "this backup holds a PostgreSQL database: name the (empty) target with --database-url"
+        )
     referenced = [b for b in manifest.blobs if b.how == "referenced"]
     if referenced and target.blobs.backend != "s3":
         raise BackupUsage(
@@ -138,7 +140,9 @@ async def _pg_target_empty(url: str) -> None:
     async with connect(url) as conn:
         rows = (await conn.execute(_TABLES)).all()
     if rows:
-        shown = ", ".join(f"{r[0]}.{r[1]}" for r in rows[:5]) + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
+        shown = ", ".join(f"{r[0]}.{r[1]}" for r in rows[:5]) + (
+            f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+        )
         raise BackupRefused(
             f"the database {shown_url(url)} is not empty ({shown}): restore into an empty database"
         )
@@ -181,8 +185,13 @@ async def _write_all(
         assert target.database_url
         await run_tool(
             [
-                tool("pg_restore"), "--no-owner", "--no-privileges", "--single-transaction", "--exit-on-error",
-                f"--dbname={libpq_env(target.database_url).get('PGDATABASE', '')}", str(path / database.path),
+                tool("pg_restore"),
+                "--no-owner",
+                "--no-privileges",
+                "--single-transaction",
+                "--exit-on-error",
+                f"--dbname={libpq_env(target.database_url).get('PGDATABASE', '')}",
+                str(path / database.path),
             ],
             libpq_env(target.database_url),
         )
@@ -227,7 +236,9 @@ async def _check_restored(result: RestoreResult, progress: Progress) -> None:
     url = target.database_url or sqlite_url(target.data_dir)
     key_file = target.data_dir / "keys" / "authority.key" if manifest.keys_included else target.authority_key
     if manifest.keys_included and target.authority_key.resolve() != key_file.resolve():
-        result.notes.append(f"the Authority key was restored to {key_file}; MWP_AUTHORITY_KEY names {target.authority_key}")
+        result.notes.append(
+            f"the Authority key was restored to {key_file}; MWP_AUTHORITY_KEY names {target.authority_key}"
+        )
     try:
         result.report = await asyncio.to_thread(
             verify, url, key_file, lambda done, total, events: progress("Groups verified", done, total, 0)

@@ -46,16 +46,23 @@ def read_snapshot(conn: Connection) -> Snapshot:
     blobs = artifact_schema.blobs
     if blobs.name in tables:
         snapshot.blobs = [
-            (str(r[0]), int(r[1])) for r in conn.execute(select(blobs.c.digest, blobs.c.size_bytes).order_by(blobs.c.digest))
+            (str(r[0]), int(r[1]))
+            for r in conn.execute(select(blobs.c.digest, blobs.c.size_bytes).order_by(blobs.c.digest))
         ]
-    groups, events, archive = authority_schema.groups, authority_schema.events, authority_schema.events_archive
+    groups, events, archive = (
+        authority_schema.groups,
+        authority_schema.events,
+        authority_schema.events_archive,
+    )
     if not {groups.name, events.name, archive.name} <= tables:
         return snapshot
     online, archived = events.alias("head_online"), archive.alias("head_archived")
     query = (
         select(groups.c.group_id, groups.c.head_seq, online.c.envelope, archived.c.envelope)
         .select_from(
-            groups.outerjoin(online, and_(online.c.group_id == groups.c.group_id, online.c.seq == groups.c.head_seq)).outerjoin(
+            groups.outerjoin(
+                online, and_(online.c.group_id == groups.c.group_id, online.c.seq == groups.c.head_seq)
+            ).outerjoin(
                 archived, and_(archived.c.group_id == groups.c.group_id, archived.c.seq == groups.c.head_seq)
             )
         )
@@ -121,7 +128,14 @@ async def pg_backup(url: str, dump: Path) -> tuple[Snapshot, str]:
             snapshot_id = str((await conn.execute(text("SELECT pg_export_snapshot()"))).scalar_one())
             snapshot = await conn.run_sync(read_snapshot)
             await run_tool(
-                [pg_dump, "--format=custom", "--no-owner", "--no-privileges", f"--snapshot={snapshot_id}", f"--file={dump}"],
+                [
+                    pg_dump,
+                    "--format=custom",
+                    "--no-owner",
+                    "--no-privileges",
+                    f"--snapshot={snapshot_id}",
+                    f"--file={dump}",
+                ],
                 libpq_env(url),
             )
     return snapshot, snapshot_id

@@ -20,7 +20,9 @@ from missionweave_server.config import Settings
 from missionweave_server.services.artifacts.backends import BlobStoreConfig
 from missionweave_server.storage.db import make_engine, normalise_url
 
-STORE_FILE = "missionweave.db"  # the embedded store in a data directory (missionweave_server.storage.db.sqlite_url)
+STORE_FILE = (
+    "missionweave.db"  # the embedded store in a data directory (missionweave_server.storage.db.sqlite_url)
+)
 
 # (stage, done, total, bytes): progress of a long run, for a line on stderr now and then.
 Progress = Callable[[str, int, int, int], None]

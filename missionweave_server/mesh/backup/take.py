@@ -64,7 +64,12 @@ class BackupResult:
 
 
 def backup(
-    destination: Path, source: Store, *, blobs: str = "copy", keys: bool = True, progress: Progress | None = None
+    destination: Path,
+    source: Store,
+    *,
+    blobs: str = "copy",
+    keys: bool = True,
+    progress: Progress | None = None,
 ) -> BackupResult:
     """Takes a backup of ``source`` into ``destination`` (a new or empty directory). ``blobs``:
     ``copy`` (default) or ``reference`` (S3 only: the manifest lists them, the bucket keeps them).
@@ -72,16 +77,22 @@ def backup(
     if blobs not in ("copy", "reference"):
         raise BackupUsage(f"--blobs is copy or reference, not {blobs!r}")
     if blobs == "reference" and source.blobs.backend != "s3":
-        raise BackupUsage("--blobs reference needs blobs in S3 (MWP_S3_BUCKET): blobs on local disk are copied")
+        raise BackupUsage(
+            "--blobs reference needs blobs in S3 (MWP_S3_BUCKET): blobs on local disk are copied"
+        )
     if source.dialect == "sqlite" and not source.sqlite_file.is_file():
-        raise BackupUsage(f"no store in {source.data_dir} ({STORE_FILE}); name one with --data-dir or --database-url")
+        raise BackupUsage(
+            f"no store in {source.data_dir} ({STORE_FILE}); name one with --data-dir or --database-url"
+        )
     if keys and not source.authority_key.is_file():
         raise BackupRefused(
             f"the Authority key {source.authority_key} does not exist: a store restored without its key cannot be "
             "served (key continuity); name it with --authority-key, or pass --no-keys if you keep the keys elsewhere"
         )
     if destination.exists() and not is_empty_dir(destination):
-        raise BackupRefused(f"{destination} exists and is not an empty directory: a backup goes into a new one")
+        raise BackupRefused(
+            f"{destination} exists and is not an empty directory: a backup goes into a new one"
+        )
     created = not destination.exists()
     destination.mkdir(parents=True, mode=0o700, exist_ok=True)
     destination.chmod(0o700)
@@ -96,7 +107,9 @@ def backup(
     return BackupResult(destination, document)
 
 
-async def _take(destination: Path, source: Store, how: str, with_keys: bool, progress: Progress) -> dict[str, Any]:
+async def _take(
+    destination: Path, source: Store, how: str, with_keys: bool, progress: Progress
+) -> dict[str, Any]:
     files: list[FileEntry] = []
     database: dict[str, Any] = {"dialect": source.dialect, "source": source.describe_database()}
     # 1. The database, at one instant.
@@ -196,7 +209,9 @@ def _gone(digest: str, size: int, stored: int | None, where: str) -> str:
 
 
 async def _copy_blob(source: Store, s3: BlobStore | None, digest: str, size: int, target: Path) -> None:
-    where = f"bucket {source.blobs.s3_bucket}" if s3 is not None else f"blob store {source.data_dir / 'blobs'}"
+    where = (
+        f"bucket {source.blobs.s3_bucket}" if s3 is not None else f"blob store {source.data_dir / 'blobs'}"
+    )
     if digest == EMPTY_BLAKE3 and size == 0:  # the empty blob is always present, never stored
         written, hashed = await asyncio.to_thread(write_file, target, (), 0o600)
     elif s3 is None:
@@ -235,7 +250,8 @@ def _copy_keys(destination: Path, source: Store) -> list[FileEntry]:
     if source.mesh_token.is_file():
         wanted["mesh.token"] = source.mesh_token
     return [
-        _copy_in(destination, path, PurePosixPath("keys") / name, 0o600, "key") for name, path in sorted(wanted.items())
+        _copy_in(destination, path, PurePosixPath("keys") / name, 0o600, "key")
+        for name, path in sorted(wanted.items())
     ]
 
 

@@ -97,7 +97,9 @@ class Readers:
         if known is not None:
             return known
         if self.authority is None:
-            raise peer_unavailable("authority", "no Authority is configured for the artifact service (MWP_AUTHORITY_ADDR)")
+            raise peer_unavailable(
+                "authority", "no Authority is configured for the artifact service (MWP_AUTHORITY_ADDR)"
+            )
         try:
             response = await self.authority.GetGroupState(
                 authority_service_pb2.GetGroupStateRequest(group_id=group_id),
@@ -110,6 +112,8 @@ class Readers:
                 raise peer_unavailable("authority", err) from None
             member = False
         else:
-            member = any(m.member_id == self.caller.identity_id and m.active for m in response.state.memberships)
+            member = any(
+                m.member_id == self.caller.identity_id and m.active for m in response.state.memberships
+            )
         self._member[group_id] = member
         return member

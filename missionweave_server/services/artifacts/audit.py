@@ -59,7 +59,12 @@ class BlobFinding:
     detail: str
 
     def as_dict(self) -> dict[str, object]:
-        return {"digest": f"blake3:{self.digest}", "size_bytes": self.size_bytes, "problem": self.problem, "detail": self.detail}
+        return {
+            "digest": f"blake3:{self.digest}",
+            "size_bytes": self.size_bytes,
+            "problem": self.problem,
+            "detail": self.detail,
+        }
 
 
 @dataclass
@@ -100,7 +105,9 @@ class LocalReader:
 
     def __init__(self, data_dir: Path | str, threads: int = CONCURRENCY) -> None:
         self.root = Path(data_dir) / "blobs"
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="verify-blobs")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="verify-blobs"
+        )
 
     def path_for(self, digest_hex: str) -> Path:
         check_digest(digest_hex)
@@ -156,9 +163,13 @@ async def check_blob(source: BlobSource, digest_hex: str, size: int) -> BlobFind
     try:
         stored = await source.stored_size(digest_hex)
         if stored is None:
-            return BlobFinding(digest_hex, size, "missing", "the index names it, the blob store has no such blob")
+            return BlobFinding(
+                digest_hex, size, "missing", "the index names it, the blob store has no such blob"
+            )
         if stored != size:
-            return BlobFinding(digest_hex, size, "size", f"stored with {stored:,} bytes; the index records {size:,}")
+            return BlobFinding(
+                digest_hex, size, "size", f"stored with {stored:,} bytes; the index records {size:,}"
+            )
         hasher = blake3.blake3()
         read = 0
         async for chunk in source.read(digest_hex, size, CHUNK_BYTES):
@@ -177,7 +188,10 @@ async def check_blob(source: BlobSource, digest_hex: str, size: int) -> BlobFind
 
 
 async def verify_blobs(
-    engine: AsyncEngine, source: BlobSource, progress: BlobProgress | None = None, concurrency: int = CONCURRENCY
+    engine: AsyncEngine,
+    source: BlobSource,
+    progress: BlobProgress | None = None,
+    concurrency: int = CONCURRENCY,
 ) -> BlobReport:
     """Check every blob the index at ``engine`` names in ``source``. A store without the artifact
     index (another service's database) is reported ``indexed=False``; one whose index is at another
@@ -192,7 +206,9 @@ async def verify_blobs(
     if refusal is not None:
         raise schema_versions.SchemaMismatch(refusal)
     async with engine.connect() as conn:
-        total, total_bytes = (await conn.execute(select(func.count(), func.coalesce(func.sum(blobs.c.size_bytes), 0)))).one()
+        total, total_bytes = (
+            await conn.execute(select(func.count(), func.coalesce(func.sum(blobs.c.size_bytes), 0)))
+        ).one()
     total, total_bytes = int(total), int(total_bytes)
     after = ""
     while True:
@@ -227,5 +243,9 @@ async def unsealed_holders(engine: AsyncEngine, seal: HolderSeal) -> tuple[int, 
     query = select(holders.c.digest, holders.c.identity_id, holders.c.size_bytes, holders.c.holder_seal)
     async with engine.connect() as conn:
         rows = (await conn.execute(query.order_by(holders.c.digest, holders.c.identity_id))).all()
-    bad = [(r.digest, r.identity_id) for r in rows if not seal.holds(r.digest, r.identity_id, int(r.size_bytes), r.holder_seal)]
+    bad = [
+        (r.digest, r.identity_id)
+        for r in rows
+        if not seal.holds(r.digest, r.identity_id, int(r.size_bytes), r.holder_seal)
+    ]
     return len(rows), bad

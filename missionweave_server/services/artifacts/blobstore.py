@@ -14,7 +14,16 @@ from typing import Any, Protocol
 
 from missionweave.kernel.digests import CHUNK_BYTES, EMPTY_BLAKE3, HEX64
 
-__all__ = ["CHUNK_BYTES", "EMPTY_BLAKE3", "HEX64", "MAX_BLOB_BYTES", "BlobStore", "BlobWriter", "put_each", "storage_full"]
+__all__ = [
+    "CHUNK_BYTES",
+    "EMPTY_BLAKE3",
+    "HEX64",
+    "MAX_BLOB_BYTES",
+    "BlobStore",
+    "BlobWriter",
+    "put_each",
+    "storage_full",
+]
 
 MAX_BLOB_BYTES = 4 * 1024**3  # 4 GiB per blob
 

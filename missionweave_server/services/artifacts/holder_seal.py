@@ -24,4 +24,6 @@ class HolderSeal:
         return blake3.blake3(f"{digest}\0{identity_id}\0{size_bytes}".encode(), key=self._key).digest()
 
     def holds(self, digest: str, identity_id: str, size_bytes: int, seal: bytes | None) -> bool:
-        return seal is not None and hmac.compare_digest(self.seal(digest, identity_id, size_bytes), bytes(seal))
+        return seal is not None and hmac.compare_digest(
+            self.seal(digest, identity_id, size_bytes), bytes(seal)
+        )

@@ -83,7 +83,9 @@ def _lock_quota_of(conn: Connection, identity_id: str) -> None:
     """One identity's reservations one at a time across replicas (PostgreSQL; on SQLite the write
     lock taken at BEGIN IMMEDIATE serialises them)."""
     if conn.dialect.name == "postgresql":
-        key = int.from_bytes(hashlib.blake2b(b"mwp-quota:" + identity_id.encode(), digest_size=8).digest(), "big", signed=True)
+        key = int.from_bytes(
+            hashlib.blake2b(b"mwp-quota:" + identity_id.encode(), digest_size=8).digest(), "big", signed=True
+        )
         conn.execute(_ADVISORY_LOCK, {"key": key})
 
 
@@ -100,17 +102,27 @@ def _int(name: str) -> Any:
 
 _ADVISORY_LOCK = select(func.pg_advisory_xact_lock(_int("key")))
 _OF_IDENTITY = upload_reservations.c.identity_id == _id("identity_id")
-_HELD = select(func.coalesce(select(holdings.c.held_bytes).where(holdings.c.identity_id == _id("identity_id")).scalar_subquery(), 0))
+_HELD = select(
+    func.coalesce(
+        select(holdings.c.held_bytes).where(holdings.c.identity_id == _id("identity_id")).scalar_subquery(), 0
+    )
+)
 _RECEIVING = select(func.coalesce(func.sum(upload_reservations.c.size_bytes), 0)).where(_OF_IDENTITY)
 _STORED = select(blobs.c.digest).where(blobs.c.digest == _id("digest"), blobs.c.size_bytes == _int("size"))
 _LAPSED = delete(upload_reservations).where(_OF_IDENTITY, upload_reservations.c.expires_us < _int("now_us"))
-_ENDED = delete(upload_reservations).where(upload_reservations.c.reservation_id.in_(bindparam("ended", expanding=True)))
-_HAD = select(holders.c.digest).where(holders.c.identity_id == _id("identity_id"), holders.c.digest.in_(bindparam("digests", expanding=True)))
+_ENDED = delete(upload_reservations).where(
+    upload_reservations.c.reservation_id.in_(bindparam("ended", expanding=True))
+)
+_HAD = select(holders.c.digest).where(
+    holders.c.identity_id == _id("identity_id"), holders.c.digest.in_(bindparam("digests", expanding=True))
+)
 _BLOB = select(blobs).where(blobs.c.digest == _id("digest"))
 _BLOB_HELD = (
     select(blobs, holders.c.size_bytes.label("held_size"), holders.c.holder_seal)
     .select_from(
-        blobs.outerjoin(holders, and_(holders.c.digest == blobs.c.digest, holders.c.identity_id == _id("identity_id")))
+        blobs.outerjoin(
+            holders, and_(holders.c.digest == blobs.c.digest, holders.c.identity_id == _id("identity_id"))
+        )
     )
     .where(blobs.c.digest == _id("digest"))
 )
@@ -138,7 +150,9 @@ def _batches(values: Iterable[str]) -> list[list[str]]:
 
 def _insert_new(engine: AsyncEngine, table: Table, keys: tuple[str, ...]) -> TextClause:
     """INSERT that skips rows whose ``keys`` exist already (SQLite and PostgreSQL share the syntax)."""
-    statement = dialect_insert(engine.dialect.name, table).on_conflict_do_nothing(index_elements=[table.c[k] for k in keys])
+    statement = dialect_insert(engine.dialect.name, table).on_conflict_do_nothing(
+        index_elements=[table.c[k] for k in keys]
+    )
     return compiled_once(statement, engine.dialect.name)
 
 
@@ -150,10 +164,13 @@ class ArtifactIndex:
         # The dialect's INSERTs, built and compiled once.
         self._new_blobs = _insert_new(engine, blobs, ("digest",))
         self._new_holders = _insert_new(engine, holders, ("digest", "identity_id"))
-        grown = dialect_insert(engine.dialect.name, holdings).values(identity_id=_id("identity_id"), held_bytes=_int("grown"))
+        grown = dialect_insert(engine.dialect.name, holdings).values(
+            identity_id=_id("identity_id"), held_bytes=_int("grown")
+        )
         self._grow_holdings = compiled_once(
             grown.on_conflict_do_update(
-                index_elements=[holdings.c.identity_id], set_={"held_bytes": holdings.c.held_bytes + grown.excluded.held_bytes}
+                index_elements=[holdings.c.identity_id],
+                set_={"held_bytes": holdings.c.held_bytes + grown.excluded.held_bytes},
             ),
             engine.dialect.name,
         )
@@ -198,7 +215,9 @@ class ArtifactIndex:
         found: dict[str, int] = {}
         async with self.engine.connect() as conn:
             for batch in _batches(digests):
-                rows = await conn.execute(select(blobs.c.digest, blobs.c.size_bytes).where(blobs.c.digest.in_(batch)))
+                rows = await conn.execute(
+                    select(blobs.c.digest, blobs.c.size_bytes).where(blobs.c.digest.in_(batch))
+                )
                 found.update((r[0], int(r[1])) for r in rows)
         return found
 
@@ -211,17 +230,26 @@ class ArtifactIndex:
 
         def body(conn: Connection) -> dict[str, tuple[int, list[tuple[ManifestRecord, tuple[str, ...]]]]]:
             wanted = sorted(set(digests))
-            sizes = {r[0]: int(r[1]) for r in conn.execute(select(blobs.c.digest, blobs.c.size_bytes).where(blobs.c.digest.in_(wanted)))}
-            records = [
-                ManifestRecord(r[0], r[1], r[2], r[3], r[4], r[5], bytes(r[6]))
+            sizes = {
+                r[0]: int(r[1])
                 for r in conn.execute(
-                    select(manifests)
-                    .where(manifests.c.content_digest.in_(list(sizes)))
-                    .where(manifests.c.producer_agent_id == producer)
-                    .where(manifests.c.group_id == group_id)
-                    .order_by(manifests.c.manifest_digest)
+                    select(blobs.c.digest, blobs.c.size_bytes).where(blobs.c.digest.in_(wanted))
                 )
-            ] if sizes else []
+            }
+            records = (
+                [
+                    ManifestRecord(r[0], r[1], r[2], r[3], r[4], r[5], bytes(r[6]))
+                    for r in conn.execute(
+                        select(manifests)
+                        .where(manifests.c.content_digest.in_(list(sizes)))
+                        .where(manifests.c.producer_agent_id == producer)
+                        .where(manifests.c.group_id == group_id)
+                        .order_by(manifests.c.manifest_digest)
+                    )
+                ]
+                if sizes
+                else []
+            )
             sources: dict[str, list[str]] = {}
             if records:
                 edges = conn.execute(
@@ -231,7 +259,9 @@ class ArtifactIndex:
                 )
                 for manifest_digest, source in edges:
                     sources.setdefault(manifest_digest, []).append(source)
-            out: dict[str, tuple[int, list[tuple[ManifestRecord, tuple[str, ...]]]]] = {d: (s, []) for d, s in sizes.items()}
+            out: dict[str, tuple[int, list[tuple[ManifestRecord, tuple[str, ...]]]]] = {
+                d: (s, []) for d, s in sizes.items()
+            }
             for record in records:
                 listed = out[record.content_digest][1]
                 if len(listed) < most:
@@ -253,7 +283,14 @@ class ArtifactIndex:
     # ------------------------------------------------------------ quota reservations (D119)
 
     async def reserve(
-        self, identity_id: str, size: int, quota: int, now_us: int, expires_us: int, *, unless_stored: str = ""
+        self,
+        identity_id: str,
+        size: int,
+        quota: int,
+        now_us: int,
+        expires_us: int,
+        *,
+        unless_stored: str = "",
     ) -> tuple[str | None, int]:
         """Reserve ``size`` bytes of ``identity_id``'s quota for an upload about to be received, when
         what it holds plus its uploads in progress on any replica leave room. Returns the reservation
@@ -299,7 +336,9 @@ class ArtifactIndex:
     @finish_on_cancel  # runs in the clean-up of a cancelled upload
     async def release(self, reservation: str) -> None:
         async with self.engine.begin() as conn:
-            await conn.execute(delete(upload_reservations).where(upload_reservations.c.reservation_id == reservation))
+            await conn.execute(
+                delete(upload_reservations).where(upload_reservations.c.reservation_id == reservation)
+            )
 
     async def held_by(self, identity_id: str, digests: Iterable[str]) -> set[str]:
         """Which of ``digests`` ``identity_id`` holds."""
@@ -311,7 +350,9 @@ class ArtifactIndex:
                         and_(holders.c.identity_id == identity_id, holders.c.digest.in_(batch))
                     )
                 )
-                found.update(r.digest for r in rows if self._holds(r.digest, identity_id, r.size_bytes, r.holder_seal))
+                found.update(
+                    r.digest for r in rows if self._holds(r.digest, identity_id, r.size_bytes, r.holder_seal)
+                )
         return found
 
     async def groups_referencing(self, digests: Iterable[str]) -> dict[str, set[str]]:
@@ -343,7 +384,9 @@ class ArtifactIndex:
         BatchUpload. Rows already there are left as they are (a concurrent upload of the same
         bytes); the identity's ``holdings`` grow by the sizes of the holders it did not have."""
         ended = list(reservations)
-        blob_rows = {d: {"digest": d, "size_bytes": n, "stored_us": now_us, "verified_us": now_us} for d, n in stored}
+        blob_rows = {
+            d: {"digest": d, "size_bytes": n, "stored_us": now_us, "verified_us": now_us} for d, n in stored
+        }
         held_sizes = dict(held) if identity_id else {}
         holder_rows = {
             d: {
@@ -357,6 +400,7 @@ class ArtifactIndex:
         }
         if not blob_rows and not holder_rows and not ended:
             return
+
         def record(conn: Connection) -> None:
             if holder_rows:
                 # First, as ``reserve`` takes it: the holdings grow by the holders that are new, and
@@ -376,7 +420,9 @@ class ArtifactIndex:
             if not fresh:
                 return
             conn.execute(self._new_holders, [holder_rows[d] for d in fresh])
-            conn.execute(self._grow_holdings, {"identity_id": identity_id, "grown": sum(held_sizes[d] for d in fresh)})
+            conn.execute(
+                self._grow_holdings, {"identity_id": identity_id, "grown": sum(held_sizes[d] for d in fresh)}
+            )
 
         await self.transactions.run(record, immediate=True)
 
@@ -453,7 +499,9 @@ class ArtifactIndex:
                         manifests.c.producer_agent_id,
                     )
                     .select_from(
-                        provenance.join(manifests, manifests.c.manifest_digest == provenance.c.manifest_digest)
+                        provenance.join(
+                            manifests, manifests.c.manifest_digest == provenance.c.manifest_digest
+                        )
                     )
                     .where(or_(provenance.c.source_digest.in_(batch), provenance.c.derived_digest.in_(batch)))
                 )

@@ -80,7 +80,9 @@ class LocalBlobStore:
     async def open_writer(self, digest_hex: str, size: int) -> LocalBlobWriter:
         final = self.path_for(digest_hex)
         check_size(size)
-        temp = await self._run(_make_temp, self.tmp_dir, digest_hex, self.direct_io and size >= DIRECT_MIN_BYTES)
+        temp = await self._run(
+            _make_temp, self.tmp_dir, digest_hex, self.direct_io and size >= DIRECT_MIN_BYTES
+        )
         return LocalBlobWriter(self, final, temp, size)
 
     def read(self, digest_hex: str, size: int, chunk_bytes: int = CHUNK_BYTES) -> AsyncIterator[bytes]:
@@ -124,7 +126,11 @@ class LocalBlobStore:
         errors: list[BaseException | None] = [None] * len(finals)
         # Executor jobs, not tasks: a cancelled call still runs each pass to its end (no temp is
         # left open), and a blob renamed but never indexed is simply stored.
-        staged = [t for part in await self._in_groups(_stage_group, [(self.tmp_dir, g) for g in self._groups(finals)]) for t in part]
+        staged = [
+            t
+            for part in await self._in_groups(_stage_group, [(self.tmp_dir, g) for g in self._groups(finals)])
+            for t in part
+        ]
         ready: list[tuple[int, tuple[Path, int, _Temp]]] = []
         for i, ((final, data), temp) in enumerate(zip(finals, staged, strict=True)):
             if isinstance(temp, BaseException):

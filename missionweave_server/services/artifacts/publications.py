@@ -36,15 +36,27 @@ class PublicationServicer(pb_grpc.PublicationServiceServicer):
         self, request: pb.FindPublicationRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.FindPublicationResponse:
         if not HEX64.fullmatch(request.content_digest_hex):
-            raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "content_digest_hex is 64 lower-case hex digits", field="content_digest_hex")
+            raise Rejected(
+                R.REJECTION_REASON_INVALID_ARGUMENT,
+                "content_digest_hex is 64 lower-case hex digits",
+                field="content_digest_hex",
+            )
         if request.manifest_digest_hex and not HEX64.fullmatch(request.manifest_digest_hex):
-            raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "manifest_digest_hex is 64 lower-case hex digits", field="manifest_digest_hex")
+            raise Rejected(
+                R.REJECTION_REASON_INVALID_ARGUMENT,
+                "manifest_digest_hex is 64 lower-case hex digits",
+                field="manifest_digest_hex",
+            )
         if not (request.group_id and request.work_item_id and request.publisher_id):
-            raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "group_id, work_item_id and publisher_id are required")
+            raise Rejected(
+                R.REJECTION_REASON_INVALID_ARGUMENT, "group_id, work_item_id and publisher_id are required"
+            )
         blob = await self.index.blob(request.content_digest_hex)
         if blob is None:
             return pb.FindPublicationResponse(found=False)
-        for record in await self.index.manifests_of(request.content_digest_hex, request.work_item_id, request.publisher_id):
+        for record in await self.index.manifests_of(
+            request.content_digest_hex, request.work_item_id, request.publisher_id
+        ):
             if record.group_id != request.group_id:
                 continue
             if request.manifest_digest_hex and record.manifest_digest != request.manifest_digest_hex:
@@ -82,7 +94,9 @@ class PublicationServicer(pb_grpc.PublicationServiceServicer):
         return pb.FindArtifactsResponse(artifacts=[_answer(digest, held.get(digest)) for digest in digests])
 
 
-def _answer(digest: str, held: tuple[int, list[tuple[ManifestRecord, tuple[str, ...]]]] | None) -> pb.HeldArtifact:
+def _answer(
+    digest: str, held: tuple[int, list[tuple[ManifestRecord, tuple[str, ...]]]] | None
+) -> pb.HeldArtifact:
     if held is None:
         return pb.HeldArtifact(content_digest_hex=digest, stored=False)
     size, records = held

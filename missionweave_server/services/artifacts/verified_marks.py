@@ -22,7 +22,9 @@ MARK_DELAY_S = 1.0  # how long a verification time may wait for the next write
 
 
 class VerifiedMarks:
-    def __init__(self, write: Callable[[dict[str, int]], Awaitable[None]], delay_s: float = MARK_DELAY_S) -> None:
+    def __init__(
+        self, write: Callable[[dict[str, int]], Awaitable[None]], delay_s: float = MARK_DELAY_S
+    ) -> None:
         self._write = write  # one transaction: digest -> verified time (µs), never moving a time back
         self._delay = delay_s
         self._pending: dict[str, int] = {}

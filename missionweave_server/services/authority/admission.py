@@ -26,7 +26,9 @@ def admit(ingress: GroupIngressLimiter, command: command_pb2.Command, state: Gro
     wait_s = ingress.admit(f"{group_id}\n{command.actor_id}" if outsider else group_id)
     if wait_s > 0:
         metrics.INGRESS_REFUSALS.inc()
-        over = f"{command.actor_id}'s commands to Group {group_id} are" if outsider else f"Group {group_id} is"
+        over = (
+            f"{command.actor_id}'s commands to Group {group_id} are" if outsider else f"Group {group_id} is"
+        )
         raise Rejected(
             R.REJECTION_REASON_OVERLOADED,
             f"{over} over the command rate ({ingress.rate:g}/s); retry later",

@@ -97,4 +97,3 @@ def refile(state: GroupState, work_item_id: str, before: ItemKeys) -> None:
     if before.committed != after.committed:
         for d, was, now in zip(SIX, before.committed, after.committed, strict=True):
             state.committed[d] += now - was
-

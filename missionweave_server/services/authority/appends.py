@@ -46,7 +46,9 @@ def rows(
     if sign is None:
         return None, [_stored(event, b"") for event in decision]
     envelopes = [sign(p, EVENT_TYPE) for p in payloads]
-    return envelopes, [_stored(event, env.SerializeToString()) for event, env in zip(decision, envelopes, strict=True)]
+    return envelopes, [
+        _stored(event, env.SerializeToString()) for event, env in zip(decision, envelopes, strict=True)
+    ]
 
 
 async def erasures(
@@ -80,9 +82,15 @@ def running_leases(state: GroupState | None, events: list[event_pb2.Event]) -> d
     return running
 
 
-def lease_changes(before: dict[str, tuple[str, int]], after: dict[str, tuple[str, int]]) -> list[tuple[str, str, int]]:
+def lease_changes(
+    before: dict[str, tuple[str, int]], after: dict[str, tuple[str, int]]
+) -> list[tuple[str, str, int]]:
     """The live-lease index rows an append changes: (WorkItem, agent, session epoch), agent "" = none."""
-    return [(work_item_id, *now) for work_item_id, now in after.items() if before.get(work_item_id, ("", 0)) != now]
+    return [
+        (work_item_id, *now)
+        for work_item_id, now in after.items()
+        if before.get(work_item_id, ("", 0)) != now
+    ]
 
 
 def _stored(event: event_pb2.Event, envelope: bytes) -> StoredEvent:

@@ -115,12 +115,18 @@ async def verify_store(
             keys = {configured: public_key}  # a store not started since key continuity existed
         elif configured != history.current.key_id:
             report.findings.append(
-                Finding("", 0, f"the key file {path} holds {configured}, not the store's current key "
-                        f"{history.current.key_id}: the Authority would refuse to start")
+                Finding(
+                    "",
+                    0,
+                    f"the key file {path} holds {configured}, not the store's current key "
+                    f"{history.current.key_id}: the Authority would refuse to start",
+                )
             )
     report.keys = list(keys)
     if not keys:
-        report.findings.append(Finding("", 0, "no key history is recorded and no Authority key file was found"))
+        report.findings.append(
+            Finding("", 0, "no key history is recorded and no Authority key file was found")
+        )
     store = EventStore(engine, SystemClock())
     group_ids = await _all_groups(engine)
     for done, group_id in enumerate(group_ids):
@@ -155,15 +161,21 @@ async def _verify_ownership(engine: AsyncEngine, seal: OwnershipSeal, report: Re
 async def _all_groups(engine: AsyncEngine) -> list[str]:
     """Every Group with a row, or with events stored under its id (a row deleted is a finding)."""
     query = union(
-        select(groups.c.group_id), select(distinct(events.c.group_id)), select(distinct(events_archive.c.group_id))
+        select(groups.c.group_id),
+        select(distinct(events.c.group_id)),
+        select(distinct(events_archive.c.group_id)),
     )
     async with engine.connect() as conn:
         return sorted(r[0] for r in await conn.execute(query))
 
 
-async def _verify_group(engine: AsyncEngine, store: EventStore, group_id: str, keys: dict[str, bytes], report: Report) -> None:
+async def _verify_group(
+    engine: AsyncEngine, store: EventStore, group_id: str, keys: dict[str, bytes], report: Report
+) -> None:
     async with engine.connect() as conn:
-        head = (await conn.execute(select(groups.c.head_seq).where(groups.c.group_id == group_id))).scalar_one_or_none()
+        head = (
+            await conn.execute(select(groups.c.head_seq).where(groups.c.group_id == group_id))
+        ).scalar_one_or_none()
         # Every command record, in log order: each event must be one its record's command caused.
         records = [
             (int(r[0]), int(r[1]), str(r[2]))
@@ -175,18 +187,24 @@ async def _verify_group(engine: AsyncEngine, store: EventStore, group_id: str, k
         ]
         last_outbox = (
             await conn.execute(
-                select(func.max(cross_group_outbox.c.source_seq)).where(cross_group_outbox.c.source_group_id == group_id)
+                select(func.max(cross_group_outbox.c.source_seq)).where(
+                    cross_group_outbox.c.source_group_id == group_id
+                )
             )
         ).scalar_one_or_none()
         checkpoint = (
             await conn.execute(
-                select(chain_checkpoints.c.seq, chain_checkpoints.c.envelope).where(chain_checkpoints.c.group_id == group_id)
+                select(chain_checkpoints.c.seq, chain_checkpoints.c.envelope).where(
+                    chain_checkpoints.c.group_id == group_id
+                )
             )
         ).first()
         stored_snapshots = {
             int(r[0]): (r[1], bytes(r[2]))
             for r in await conn.execute(
-                select(snapshots.c.seq, snapshots.c.digest, snapshots.c.envelope).where(snapshots.c.group_id == group_id)
+                select(snapshots.c.seq, snapshots.c.digest, snapshots.c.envelope).where(
+                    snapshots.c.group_id == group_id
+                )
             )
         }
     report.snapshots += len(stored_snapshots)
@@ -197,14 +215,19 @@ async def _verify_group(engine: AsyncEngine, store: EventStore, group_id: str, k
             raise Corruption(group_id, 0, "events are stored for a Group that has no Group row")
         if checkpoint is not None:  # every signature is checked here anyway; the chain must meet it
             chain.checkpoint = verified_checkpoint(group_id, int(checkpoint[0]), bytes(checkpoint[1]), keys)
-        snapshot_at = {seq: verified_snapshot(group_id, seq, d, env, keys)[1] for seq, (d, env) in stored_snapshots.items()}
+        snapshot_at = {
+            seq: verified_snapshot(group_id, seq, d, env, keys)[1]
+            for seq, (d, env) in stored_snapshots.items()
+        }
         owners = _CommandRecords(group_id, records)
         while True:
             batch = await store.read_history(group_id, chain.last, READ_BATCH)
             if not batch:
                 break
             for row in batch:
-                checked, signature, event = inspect(group_id, row.sequence, row.event_id, row.type, row.envelope, keys)
+                checked, signature, event = inspect(
+                    group_id, row.sequence, row.event_id, row.type, row.envelope, keys
+                )
                 if not check_signature(signature.message, signature.signature, signature.public_key):
                     raise Corruption(group_id, row.sequence, "the Authority's signature does not verify")
                 chain.advance(checked)
@@ -219,7 +242,9 @@ async def _verify_group(engine: AsyncEngine, store: EventStore, group_id: str, k
         if chain.checkpoint is not None and chain.last < chain.checkpoint[0]:
             raise Corruption(group_id, chain.last + 1, "the log ends before its signed chain checkpoint")
         if chain.last != head:
-            raise Corruption(group_id, chain.last + 1, f"the log ends at {chain.last} but the Group's head is {head}")
+            raise Corruption(
+                group_id, chain.last + 1, f"the log ends at {chain.last} but the Group's head is {head}"
+            )
         shortened = past_head(
             group_id,
             RecordedSequences(
@@ -232,7 +257,9 @@ async def _verify_group(engine: AsyncEngine, store: EventStore, group_id: str, k
         )
         if shortened is not None:
             raise shortened
-        if owners.reused is not None:  # reported once the events themselves verified (their own failures first)
+        if (
+            owners.reused is not None
+        ):  # reported once the events themselves verified (their own failures first)
             raise owners.reused
     except Corruption as corruption:
         report.findings.append(Finding(group_id, corruption.sequence, corruption.detail))
@@ -282,11 +309,17 @@ class _CommandRecords:
 
 
 def _check_snapshot_state(
-    group_id: str, sequence: int, snapshot: authority_service_pb2.GroupSnapshot, link: bytes, state: GroupState | None
+    group_id: str,
+    sequence: int,
+    snapshot: authority_service_pb2.GroupSnapshot,
+    link: bytes,
+    state: GroupState | None,
 ) -> None:
     if snapshot.last_event_digest and snapshot.last_event_digest != link:
-        raise Corruption(group_id, sequence, "snapshot: it names another event digest than the log's at its sequence")
-    if state is not None and snapshot.state.SerializeToString(deterministic=True) != group_state_proto(state).SerializeToString(
-        deterministic=True
-    ):
+        raise Corruption(
+            group_id, sequence, "snapshot: it names another event digest than the log's at its sequence"
+        )
+    if state is not None and snapshot.state.SerializeToString(deterministic=True) != group_state_proto(
+        state
+    ).SerializeToString(deterministic=True):
         raise Corruption(group_id, sequence, "snapshot: its state differs from the state folded from the log")

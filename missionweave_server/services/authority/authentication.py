@@ -46,7 +46,8 @@ async def authenticate(
     parsed_key = parse_session_key_id(envelope.signatures[0].key_id)
     if parsed_key is None:
         raise Rejected(
-            R.REJECTION_REASON_SIGNATURE_INVALID, "key_id must name a session key: '<identity>#session-<epoch>'"
+            R.REJECTION_REASON_SIGNATURE_INVALID,
+            "key_id must name a session key: '<identity>#session-<epoch>'",
         )
     identity_id, epoch = parsed_key
     identity = await identities.get(identity_id)
@@ -59,7 +60,9 @@ async def authenticate(
         )
     if not await verifier.verify_envelope(envelope, session_key):
         metrics.SIGNATURE_FAILURES.inc()
-        raise Rejected(R.REJECTION_REASON_SIGNATURE_INVALID, "the signature does not verify with the session key")
+        raise Rejected(
+            R.REJECTION_REASON_SIGNATURE_INVALID, "the signature does not verify with the session key"
+        )
     if epoch > identity.session_epoch:  # a verified session newer than the cached directory names
         identity = await identities.get(identity_id, at_least_epoch=epoch) or identity
     if epoch != identity.session_epoch:
@@ -72,7 +75,9 @@ async def authenticate(
     try:
         command.ParseFromString(envelope.payload)
     except DecodeError:
-        raise Rejected(R.REJECTION_REASON_MALFORMED, "payload is not a valid missionweave.v1.Command") from None
+        raise Rejected(
+            R.REJECTION_REASON_MALFORMED, "payload is not a valid missionweave.v1.Command"
+        ) from None
     if command.actor_id != identity_id or command.session_epoch != epoch:
         raise Rejected(
             R.REJECTION_REASON_SIGNATURE_INVALID,
@@ -81,9 +86,13 @@ async def authenticate(
         )
     for name in ("command_id", "group_id"):
         if not ids.is_valid(getattr(command, name)):
-            raise Rejected(R.REJECTION_REASON_MALFORMED, f"{name} must be 1..128 of [A-Za-z0-9._:-]", field=name)
+            raise Rejected(
+                R.REJECTION_REASON_MALFORMED, f"{name} must be 1..128 of [A-Za-z0-9._:-]", field=name
+            )
     if command.correlation_id and not ids.is_valid(command.correlation_id):
-        raise Rejected(R.REJECTION_REASON_MALFORMED, "correlation_id is not a valid id", field="correlation_id")
+        raise Rejected(
+            R.REJECTION_REASON_MALFORMED, "correlation_id is not a valid id", field="correlation_id"
+        )
     if not command.HasField("issued_at"):
         raise Rejected(R.REJECTION_REASON_MALFORMED, "issued_at is required", field="issued_at")
     skew_us = abs(timestamp_micros(command.issued_at) - to_micros(clock.now()))

@@ -154,15 +154,26 @@ class GroupAuthority:
     async def apply_link(self, source_group_id: str, source_seq: int, target_group_id: str) -> None:
         """Deliver one cross-Group outbox row (effects.py ``apply_link``)."""
         await effects.apply_link(
-            self._execute_verified, self.reads, self.loader, self.store, source_group_id, source_seq, target_group_id
+            self._execute_verified,
+            self.reads,
+            self.loader,
+            self.store,
+            source_group_id,
+            source_seq,
+            target_group_id,
         )
 
     async def revoke_replaced_session(self, group_id: str, agent_id: str, session_epoch: int) -> bool:
         """Revoke the leases of ``agent_id``'s replaced sessions (effects.py ``revoke_replaced_session``)."""
-        return await effects.revoke_replaced_session(self._execute_verified, self.store, group_id, agent_id, session_epoch)
+        return await effects.revoke_replaced_session(
+            self._execute_verified, self.store, group_id, agent_id, session_epoch
+        )
 
     async def _execute_verified(
-        self, command: command_pb2.Command, envelope: common_pb2.SignedEnvelope | None, effect: Effect | None = None
+        self,
+        command: command_pb2.Command,
+        envelope: common_pb2.SignedEnvelope | None,
+        effect: Effect | None = None,
     ) -> command_pb2.CommandResult:
         """Decide under the Group's lock, then wait for durability outside it.
 
@@ -181,7 +192,9 @@ class GroupAuthority:
             # such round trip per command.
             lookups = await look_up(command, self.identities, self.publications) if effect is None else None
             async with self._locks.hold(group_id):
-                replayed = await replay(command, fingerprint_, self.loader.get(group_id), self.store, self.reads)
+                replayed = await replay(
+                    command, fingerprint_, self.loader.get(group_id), self.store, self.reads
+                )
                 if replayed is not None:
                     return replayed
                 if attempt == 0 and effect is None:  # retries after a store race were admitted already
@@ -299,11 +312,21 @@ class GroupAuthority:
             state = decider.evolve(state, event)
         assert state is not None
         request.leases = appends.lease_changes(leases_before, appends.running_leases(state, decision))
-        result = command_pb2.CommandResult(command_id=command.command_id, group_id=group_id, group_revision=state.head_sequence)
+        result = command_pb2.CommandResult(
+            command_id=command.command_id, group_id=group_id, group_revision=state.head_sequence
+        )
         if envelopes is not None:
             result.events.extend(envelopes)
         pending = Pending(
-            owned, request, decision, result, fingerprint_, to_micros(now), self.key_id, envelopes is None, link
+            owned,
+            request,
+            decision,
+            result,
+            fingerprint_,
+            to_micros(now),
+            self.key_id,
+            envelopes is None,
+            link,
         )
         # The next command of this Group decides on this state (speculative until durable).
         owned.state = state
@@ -340,7 +363,9 @@ class GroupAuthority:
     async def read_online(self, group_id: str, after: int, limit: int) -> list[StoredEvent]:
         return await self.reads.online(group_id, after, limit)
 
-    async def signed_summary(self, group_id: str, viewer: str | None = None) -> common_pb2.SignedEnvelope | None:
+    async def signed_summary(
+        self, group_id: str, viewer: str | None = None
+    ) -> common_pb2.SignedEnvelope | None:
         return await self.views.signed_summary(group_id, viewer)
 
     def _corrupted(self, group_id: str) -> None:
@@ -373,4 +398,7 @@ def _log_fields(command: command_pb2.Command, kind: str) -> dict[str, str]:
 
 def _span_attributes(command: command_pb2.Command) -> dict[str, str]:
     """The decision span's attributes: the command's log fields, under the project's prefix."""
-    return {f"mwp.{key}": value for key, value in _log_fields(command, command.WhichOneof("body") or "unknown").items()}
+    return {
+        f"mwp.{key}": value
+        for key, value in _log_fields(command, command.WhichOneof("body") or "unknown").items()
+    }

@@ -46,7 +46,15 @@ from missionweave_server.storage.db import begin_immediate
 
 # Parameter order of every statement below; rows are passed as tuples in this order.
 HEAD_PARAMS = ("g", "e", "expected", "new_head", "new_expiry")
-GROUP_COLUMNS = ("group_id", "head_seq", "writer_epoch", "owner_instance", "lease_expires_us", "created_us", "owner_seal")
+GROUP_COLUMNS = (
+    "group_id",
+    "head_seq",
+    "writer_epoch",
+    "owner_instance",
+    "lease_expires_us",
+    "created_us",
+    "owner_seal",
+)
 EVENT_COLUMNS = ("group_id", "seq", "event_id", "type", "command_id", "recorded_us", "envelope")
 COMMAND_COLUMNS = ("group_id", "command_id", "fingerprint", "first_seq", "last_seq", "event_count")
 LINK_COLUMNS = ("source_group_id", "source_seq", "target_group_id", "created_us")
@@ -78,7 +86,9 @@ INSERT_LEASE = insert(live_leases).values({c: bindparam(c) for c in LEASE_COLUMN
 # An erasure (MW-7.4-04) replaces an event's envelope in whichever tier holds it; id and sequence stay.
 REWRITE_PARAMS = ("env", "g", "s")
 REWRITE_ENVELOPE = [
-    update(tier).where(and_(tier.c.group_id == bindparam("g"), tier.c.seq == bindparam("s"))).values(envelope=bindparam("env"))
+    update(tier)
+    .where(and_(tier.c.group_id == bindparam("g"), tier.c.seq == bindparam("s")))
+    .values(envelope=bindparam("env"))
     for tier in (events, events_archive)
 ]
 
@@ -89,13 +99,19 @@ class Collision(Exception):
 
 class BatchOps(Protocol):
     def transaction(self) -> Any: ...  # a context manager: commit on success, roll back on error
-    def advance_heads(self, rows: Sequence[tuple[Any, ...]]) -> bool: ...  # all rows matched, or nothing changed
+    def advance_heads(
+        self, rows: Sequence[tuple[Any, ...]]
+    ) -> bool: ...  # all rows matched, or nothing changed
     def advance_head(self, row: tuple[Any, ...]) -> bool: ...
     def head_of(self, group_id: str) -> tuple[int, int] | None: ...
     def insert_group(self, row: tuple[Any, ...]) -> None: ...
-    def insert_rows(self, event_rows: Sequence[tuple[Any, ...]], command_rows: Sequence[tuple[Any, ...]]) -> None: ...
+    def insert_rows(
+        self, event_rows: Sequence[tuple[Any, ...]], command_rows: Sequence[tuple[Any, ...]]
+    ) -> None: ...
     def rewrite_envelopes(self, rows: Sequence[tuple[Any, ...]]) -> None: ...  # (envelope, group_id, seq)
-    def insert_links(self, rows: Sequence[tuple[Any, ...]]) -> None: ...  # cross-Group outbox rows (LINK_COLUMNS)
+    def insert_links(
+        self, rows: Sequence[tuple[Any, ...]]
+    ) -> None: ...  # cross-Group outbox rows (LINK_COLUMNS)
     # (group_id, work_item_id, agent_id, session_epoch): the WorkItem's live lease now; agent "" = none.
     def record_leases(self, rows: Sequence[tuple[Any, ...]]) -> None: ...
 
@@ -137,7 +153,9 @@ class SqlAlchemyOps:
     def insert_group(self, row: tuple[Any, ...]) -> None:
         self.conn.execute(INSERT_GROUP, _named(GROUP_COLUMNS, row))
 
-    def insert_rows(self, event_rows: Sequence[tuple[Any, ...]], command_rows: Sequence[tuple[Any, ...]]) -> None:
+    def insert_rows(
+        self, event_rows: Sequence[tuple[Any, ...]], command_rows: Sequence[tuple[Any, ...]]
+    ) -> None:
         self.conn.execute(INSERT_EVENT, [_named(EVENT_COLUMNS, r) for r in event_rows])
         self.conn.execute(INSERT_COMMAND, [_named(COMMAND_COLUMNS, r) for r in command_rows])
 
@@ -158,12 +176,20 @@ class SqlAlchemyOps:
 def _advance_heads_from(rows: Sequence[tuple[Any, ...]]) -> Update:
     """The fenced head advance of distinct Groups as one statement (rows in ``HEAD_PARAMS`` order)."""
     v = values(
-        column("g", String), column("e", BigInteger), column("expected", BigInteger),
-        column("new_head", BigInteger), column("new_expiry", BigInteger), name="v",
+        column("g", String),
+        column("e", BigInteger),
+        column("expected", BigInteger),
+        column("new_head", BigInteger),
+        column("new_expiry", BigInteger),
+        name="v",
     ).data(list(rows))
     return (
         update(groups)
-        .where(and_(groups.c.group_id == v.c.g, groups.c.writer_epoch == v.c.e, groups.c.head_seq == v.c.expected))
+        .where(
+            and_(
+                groups.c.group_id == v.c.g, groups.c.writer_epoch == v.c.e, groups.c.head_seq == v.c.expected
+            )
+        )
         .values(head_seq=v.c.new_head, lease_expires_us=v.c.new_expiry)
     )
 
@@ -246,7 +272,9 @@ class SqliteOps:
         # is a round of Python work in the writer process).
         self.conn.execute("SAVEPOINT advance")
         if _SQLITE_HAS_UPDATE_FROM:
-            matched = self.conn.execute(_sqlite_advance_heads(len(rows)), [v for r in rows for v in r]).rowcount
+            matched = self.conn.execute(
+                _sqlite_advance_heads(len(rows)), [v for r in rows for v in r]
+            ).rowcount
         else:  # SQLite before 3.33: one execution per Group (rows are distinct Groups either way)
             matched = self.conn.executemany(_SQLITE_ADVANCE_HEAD, [_head_qmark(r) for r in rows]).rowcount
         if matched != len(rows):
@@ -266,13 +294,20 @@ class SqliteOps:
     def insert_group(self, row: tuple[Any, ...]) -> None:
         self.conn.execute(_SQLITE_INSERT_GROUP, row)
 
-    def insert_rows(self, event_rows: Sequence[tuple[Any, ...]], command_rows: Sequence[tuple[Any, ...]]) -> None:
+    def insert_rows(
+        self, event_rows: Sequence[tuple[Any, ...]], command_rows: Sequence[tuple[Any, ...]]
+    ) -> None:
         # Multi-row VALUES rather than executemany: one sqlite3 call per table, not one per row (D48).
-        for table, columns, rows in ((events, EVENT_COLUMNS, event_rows), (commands, COMMAND_COLUMNS, command_rows)):
+        for table, columns, rows in (
+            (events, EVENT_COLUMNS, event_rows),
+            (commands, COMMAND_COLUMNS, command_rows),
+        ):
             step = _MAX_SQLITE_PARAMS // len(columns)
             for start in range(0, len(rows), step):
                 chunk = rows[start : start + step]
-                self.conn.execute(_sqlite_insert_many(table, columns, len(chunk)), [v for r in chunk for v in r])
+                self.conn.execute(
+                    _sqlite_insert_many(table, columns, len(chunk)), [v for r in chunk for v in r]
+                )
 
     def rewrite_envelopes(self, rows: Sequence[tuple[Any, ...]]) -> None:
         for statement in _SQLITE_REWRITE_ENVELOPE:

@@ -74,12 +74,16 @@ def decide(state: GroupState | None, command: command_pb2.Command, ctx: Decision
         else:
             if state is None:
                 raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {command.group_id} does not exist")
-            organization = authorization.may_act_for_organization(kind.body) and is_org_policy(ctx, command.actor_id)
+            organization = authorization.may_act_for_organization(kind.body) and is_org_policy(
+                ctx, command.actor_id
+            )
             if not _acts_for_organization(state, command, organization):
                 check_membership(state, command)
                 check_provisional(state, command, kind.body, ctx)
                 # Who may issue the kind at all (rules/authorization.py); the handler checks the rest.
-                authorization.check_role(kind.body, state.members[command.actor_id].role, organization=organization)
+                authorization.check_role(
+                    kind.body, state.members[command.actor_id].role, organization=organization
+                )
             check_expected_revision(state, command)
         emitter = Emitter(command, state, ctx.now)
         kind.handler(state, command, ctx, emitter)
@@ -148,7 +152,11 @@ def _finish_mission_end(state: GroupState, emitter: Emitter, now: datetime) -> N
     ended = children.ended_mission_state(emitter.events)
     if ended:
         last = emitter.events[-1]
-        reason = last.mission_cancelled.reason if ended == MS.MISSION_STATE_CANCELLED else last.mission_failed.reason
+        reason = (
+            last.mission_cancelled.reason
+            if ended == MS.MISSION_STATE_CANCELLED
+            else last.mission_failed.reason
+        )
         propagate_mission_end(state, emitter, ended, reason)
     if emitter.events and may_end_just_in_time(state):
         end_just_in_time(state, _preview(state, emitter.events), emitter, now)
@@ -160,7 +168,9 @@ def _acts_for_organization(state: GroupState, command: command_pb2.Command, orga
     if not organization or command.actor_id in state.members:
         return False
     if command.membership_epoch:
-        raise invalid("membership_epoch", "must be 0 when acting for Organization policy without a Membership")
+        raise invalid(
+            "membership_epoch", "must be 0 when acting for Organization policy without a Membership"
+        )
     return True
 
 

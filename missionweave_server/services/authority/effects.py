@@ -30,7 +30,10 @@ log = logging.getLogger("missionweave.authority")
 # A decision of the Authority's own (a linked effect or a compensation) on the Group's state.
 Effect = Callable[[GroupState | None, datetime], "decider.Decision"]
 # The command path for one of them: the command, no envelope, and its effect.
-Execute = Callable[[command_pb2.Command, common_pb2.SignedEnvelope | None, Effect | None], Awaitable[command_pb2.CommandResult]]
+Execute = Callable[
+    [command_pb2.Command, common_pb2.SignedEnvelope | None, Effect | None],
+    Awaitable[command_pb2.CommandResult],
+]
 
 
 class Refused(Exception):
@@ -85,6 +88,7 @@ async def apply_link(
             lambda state, now: decider.decide_compensation(state, source, refusal, now) if state else [],
         )
     await store.drop_link(source_group_id, source_seq, target_group_id)
+
 
 async def revoke_replaced_session(
     execute: Execute, store: EventStore, group_id: str, agent_id: str, session_epoch: int

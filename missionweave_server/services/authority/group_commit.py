@@ -83,8 +83,30 @@ class BatchWriter:
                 accepted = [req for req, ok in zip(batch, outcomes, strict=True) if ok is None]
                 if accepted:
                     ops.insert_rows(
-                        [(r.group_id, e.sequence, e.event_id, e.type, r.command_id, e.recorded_us, e.envelope) for r in accepted for e in r.events],
-                        [(r.group_id, r.command_id, r.fingerprint, r.expected_head + 1, r.expected_head + len(r.events), len(r.events)) for r in accepted],
+                        [
+                            (
+                                r.group_id,
+                                e.sequence,
+                                e.event_id,
+                                e.type,
+                                r.command_id,
+                                e.recorded_us,
+                                e.envelope,
+                            )
+                            for r in accepted
+                            for e in r.events
+                        ],
+                        [
+                            (
+                                r.group_id,
+                                r.command_id,
+                                r.fingerprint,
+                                r.expected_head + 1,
+                                r.expected_head + len(r.events),
+                                len(r.events),
+                            )
+                            for r in accepted
+                        ],
                     )
                     rewrites = [(env, r.group_id, seq) for r in accepted for seq, env in r.rewrites]
                     if rewrites:
@@ -106,8 +128,13 @@ class BatchWriter:
     def _create(self, ops: BatchOps, req: AppendRecord, now: int) -> None:
         ops.insert_group(
             (
-                req.group_id, req.expected_head + len(req.events), req.writer_epoch, self.instance_id,
-                now + self.ttl_us, now, req.owner_seal or None,
+                req.group_id,
+                req.expected_head + len(req.events),
+                req.writer_epoch,
+                self.instance_id,
+                now + self.ttl_us,
+                now,
+                req.owner_seal or None,
             )
         )
 

@@ -96,7 +96,9 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
                 raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {group_id} does not exist")
             delivered = request.after_sequence
         else:
-            state, member = active_member(await authority.state(group_id), group_id, member_id, authority.clock.now())
+            state, member = active_member(
+                await authority.state(group_id), group_id, member_id, authority.clock.now()
+            )
             # OP-36 / MW-8-07: never before the member's visibility start.
             delivered = max(request.after_sequence, member.visibility_start_sequence - 1)
         limit = min(request.max_batch_entries or DEFAULT_BATCH_ENTRIES, MAX_BATCH_ENTRIES)
@@ -111,7 +113,9 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         while True:
             # Read no more than a batch can take: envelopes of the size last seen, up to
             # MAX_BATCH_BYTES (what is read beyond it is read again for the next batch).
-            wanted_entries = limit if not envelope_bytes else max(1, min(limit, MAX_BATCH_BYTES // envelope_bytes + 1))
+            wanted_entries = (
+                limit if not envelope_bytes else max(1, min(limit, MAX_BATCH_BYTES // envelope_bytes + 1))
+            )
             batch = await authority.read_online(group_id, delivered, wanted_entries)
             if not batch and await self._head(group_id) > delivered:
                 # The head moved past us: either an append landed after our read (read again) or the
@@ -121,7 +125,9 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
                     yield await self._cannot_continue(group_id, delivered)
                     return
             if batch and batch[0].sequence != delivered + 1:
-                yield await self._cannot_continue(group_id, delivered)  # never skip: history before is archived
+                yield await self._cannot_continue(
+                    group_id, delivered
+                )  # never skip: history before is archived
                 return
             if not batch:
                 if foreign:  # caught up with what another instance wrote: follow it there
@@ -181,12 +187,17 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         group_id, member_id = request.group_id, request.member_id
         _require_ids(group_id, member_id)
         sequences = requested(request.ranges)
-        state, member = active_member(await authority.state(group_id), group_id, member_id, self.authority.clock.now())
+        state, member = active_member(
+            await authority.state(group_id), group_id, member_id, self.authority.clock.now()
+        )
         cited: set[int] = set()
         if request.HasField("context_package"):
             cited = cited_for(request.context_package, authority.public_key, group_id, member_id)
         first, last = sequences[0], sequences[-1]
-        found = {s.sequence: s.envelope for s in await authority.read_history(group_id, first - 1, last - first + 1)}
+        found = {
+            s.sequence: s.envelope
+            for s in await authority.read_history(group_id, first - 1, last - first + 1)
+        }
         answer = pb.FetchEventsResponse()
         withheld = []
         for seq in sequences:
@@ -217,13 +228,21 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         envelope, snapshot = self.authority.integrity.snapshot(group_id, None, request.digest.hex, stored)
         view = snapshot_view(snapshot, state, member_id)
         if view is None:
-            reference = signed_snapshot_reference(self.authority, group_id, snapshot.sequence, request.digest.hex, envelope)
+            reference = signed_snapshot_reference(
+                self.authority, group_id, snapshot.sequence, request.digest.hex, envelope
+            )
             return pb.GetMemberSnapshotResponse(snapshot=envelope, signed_reference=reference)
         payload = view.SerializeToString(deterministic=True)
         signed = sign_envelope(payload, SNAPSHOT_TYPE, self.authority.signing_key, self.authority.key_id)
         reference = signed_snapshot_reference(
-            self.authority, group_id, view.sequence, blake3.blake3(payload).hexdigest(), signed,
-            view_of=common_pb2.Digest(algorithm="blake3", hex=request.digest.hex, size_bytes=len(envelope.payload)),
+            self.authority,
+            group_id,
+            view.sequence,
+            blake3.blake3(payload).hexdigest(),
+            signed,
+            view_of=common_pb2.Digest(
+                algorithm="blake3", hex=request.digest.hex, size_bytes=len(envelope.payload)
+            ),
             viewer_id=member_id,
         )
         return pb.GetMemberSnapshotResponse(snapshot=signed, signed_reference=reference)
@@ -242,7 +261,8 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
         owner, address = held
         raise Rejected(
             R.REJECTION_REASON_NOT_OWNER,
-            f"group {group_id} is written by authority instance {owner}" + (f" at {address}" if address else "")
+            f"group {group_id} is written by authority instance {owner}"
+            + (f" at {address}" if address else "")
             + ": follow it there",
             owner=owner,
             owner_address=address,
@@ -267,14 +287,20 @@ class GroupLogServicer(pb_grpc.GroupLogServiceServicer):
                 )
             )
         sequence, digest, envelope_bytes = snapshot
-        envelope, _ = self.authority.integrity.snapshot(group_id, sequence, digest, envelope_bytes)  # MW-16-12
+        envelope, _ = self.authority.integrity.snapshot(
+            group_id, sequence, digest, envelope_bytes
+        )  # MW-16-12
         return pb.FollowGroupResponse(
             cursor_too_old=pb.CursorTooOld(
                 requested_after_sequence=after,
                 oldest_available_after_sequence=oldest_after,
                 snapshot_sequence=sequence,
-                snapshot_digest=common_pb2.Digest(algorithm="blake3", hex=digest, size_bytes=len(envelope.payload)),
-                signed_reference=signed_snapshot_reference(self.authority, group_id, sequence, digest, envelope),
+                snapshot_digest=common_pb2.Digest(
+                    algorithm="blake3", hex=digest, size_bytes=len(envelope.payload)
+                ),
+                signed_reference=signed_snapshot_reference(
+                    self.authority, group_id, sequence, digest, envelope
+                ),
             )
         )
 
@@ -309,16 +335,22 @@ def requested(ranges: Iterable[gateway_service_pb2.SequenceRange]) -> list[int]:
     """The distinct sequences asked for, in order; refuses empty, inverted or oversized requests."""
     ranges = list(ranges)
     if not ranges:
-        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "name at least one sequence range", field="ranges")
+        raise Rejected(
+            R.REJECTION_REASON_INVALID_ARGUMENT, "name at least one sequence range", field="ranges"
+        )
     total = 0
     for r in ranges:
         if r.first < 1 or r.last < r.first:
             raise Rejected(
-                R.REJECTION_REASON_INVALID_ARGUMENT, f"range {r.first}..{r.last} is not 1 <= first <= last", field="ranges"
+                R.REJECTION_REASON_INVALID_ARGUMENT,
+                f"range {r.first}..{r.last} is not 1 <= first <= last",
+                field="ranges",
             )
         total += r.last - r.first + 1
         if total > MAX_FETCH:
-            raise Rejected(R.REJECTION_REASON_TOO_LARGE, f"at most {MAX_FETCH} sequences per fetch", limit=MAX_FETCH)
+            raise Rejected(
+                R.REJECTION_REASON_TOO_LARGE, f"at most {MAX_FETCH} sequences per fetch", limit=MAX_FETCH
+            )
     return sorted({seq for r in ranges for seq in range(r.first, r.last + 1)})
 
 
@@ -330,7 +362,9 @@ def _view(request: pb.FollowGroupRequest) -> int:
     if view in (pb.FOLLOW_VIEW_UNSPECIFIED, pb.FOLLOW_VIEW_MEMBER):
         return pb.FOLLOW_VIEW_MEMBER
     if view == pb.FOLLOW_VIEW_SHARED and request.HasField("filter"):
-        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "the SHARED view takes no attention filter", field="filter")
+        raise Rejected(
+            R.REJECTION_REASON_INVALID_ARGUMENT, "the SHARED view takes no attention filter", field="filter"
+        )
     if view in (pb.FOLLOW_VIEW_SCHEDULING, pb.FOLLOW_VIEW_SHARED):
         return view
     raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"unknown view {view}", field="view")
@@ -339,7 +373,9 @@ def _view(request: pb.FollowGroupRequest) -> int:
 def _require_ids(group_id: str, member_id: str, *, shared: bool = False) -> None:
     """Both ids are required, except that the SHARED view names no member (and refuses one)."""
     if shared and member_id:
-        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "the SHARED view names no member", field="member_id")
+        raise Rejected(
+            R.REJECTION_REASON_INVALID_ARGUMENT, "the SHARED view names no member", field="member_id"
+        )
     for name, value in (("group_id", group_id), ("member_id", "-" if shared else member_id)):
         if not value:
             raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"{name} is required", field=name)

@@ -72,7 +72,9 @@ async def replay(
         return None
     check_same_body(command, record.fingerprint, fingerprint_)
     stored = await reads.range(command.group_id, record.first_seq, record.last_seq)
-    check_replayed(reads.integrity, command.group_id, command.command_id, stored)  # never another command's events
+    check_replayed(
+        reads.integrity, command.group_id, command.command_id, stored
+    )  # never another command's events
     return command_pb2.CommandResult(
         command_id=command.command_id,
         group_id=command.group_id,

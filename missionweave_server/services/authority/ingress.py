@@ -49,7 +49,12 @@ class GroupIngressLimiter:
     """``rate`` commands per second per Group, up to ``burst`` at once. ``rate <= 0`` disables it."""
 
     def __init__(
-        self, rate: float, burst: float, *, now: Callable[[], float] = time.monotonic, max_groups: int = 100_000
+        self,
+        rate: float,
+        burst: float,
+        *,
+        now: Callable[[], float] = time.monotonic,
+        max_groups: int = 100_000,
     ) -> None:
         self.rate = rate
         self.burst = max(burst, 1.0)

@@ -147,12 +147,16 @@ class LogIntegrity:
                 parsed.append(None)
                 continue
             try:
-                one, signature, event = inspect(group_id, row.sequence, row.event_id, row.type, row.envelope, keys)
+                one, signature, event = inspect(
+                    group_id, row.sequence, row.event_id, row.type, row.envelope, keys
+                )
             except Corruption as corruption:
                 failure = corruption
                 break
             if not trusts(one):  # else the hash chain up to the signed checkpoint covers it
-                fresh.append((len(checked), key or verified.key(row.envelope), _Known(one, row.event_id, row.type)))
+                fresh.append(
+                    (len(checked), key or verified.key(row.envelope), _Known(one, row.event_id, row.type))
+                )
                 signatures.append((signature.message, signature.signature, signature.public_key))
             checked.append(one)
             parsed.append(event)
@@ -162,7 +166,9 @@ class LogIntegrity:
             chain.signatures_checked += len(signatures)
             for (index, _, _), ok in zip(fresh, verdicts, strict=True):
                 if not ok:
-                    failure = Corruption(group_id, checked[index].sequence, "the Authority's signature does not verify")
+                    failure = Corruption(
+                        group_id, checked[index].sequence, "the Authority's signature does not verify"
+                    )
                     del checked[index:]
                     break
         cached = parsed.count(None)
@@ -180,7 +186,10 @@ class LogIntegrity:
             self.verified.put(key, known)
         if not events:
             return []
-        return [e if e is not None else codec.decode_event(row.envelope) for e, row in zip(parsed, rows, strict=True)]
+        return [
+            e if e is not None else codec.decode_event(row.envelope)
+            for e, row in zip(parsed, rows, strict=True)
+        ]
 
     def checkpoint(self, group_id: str, stored: tuple[int, bytes] | None) -> tuple[int, bytes] | None:
         """A stored chain checkpoint, verified (a forged or edited one marks the Group)."""

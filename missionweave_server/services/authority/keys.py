@@ -62,7 +62,9 @@ class KeyHistory:
         for r in self.records:
             seconds, micros = divmod(r.recorded_us, 1_000_000)
             key = authority_service_pb2.AuthorityKey(
-                key_id=r.key_id, public_key=r.public_key, recorded_at=Timestamp(seconds=seconds, nanos=micros * 1000)
+                key_id=r.key_id,
+                public_key=r.public_key,
+                recorded_at=Timestamp(seconds=seconds, nanos=micros * 1000),
             )
             if r.rotation:
                 key.rotation.ParseFromString(r.rotation)
@@ -70,7 +72,9 @@ class KeyHistory:
         return out
 
 
-def rotation_record(old: SigningKey, new: SigningKey, clock: Clock, reason: str = "") -> common_pb2.SignedEnvelope:
+def rotation_record(
+    old: SigningKey, new: SigningKey, clock: Clock, reason: str = ""
+) -> common_pb2.SignedEnvelope:
     """An AuthorityKeyRotation from ``old`` to ``new``, signed by the old key, then by the new one."""
     if len(reason) > MAX_REASON:
         raise ValueError(f"the reason is at most {MAX_REASON} characters")
@@ -96,7 +100,9 @@ def check_history(records: list[KeyRecord]) -> KeyHistory:
         if record.position != i:
             raise KeyContinuityError(f"the store's key history has a gap at position {i}")
         if record.key_id != authority_key_id(record.public_key):
-            raise KeyContinuityError(f"key {record.key_id} in the store's key history does not match its public key")
+            raise KeyContinuityError(
+                f"key {record.key_id} in the store's key history does not match its public key"
+            )
         if i == 0:
             continue
         previous = records[i - 1]
@@ -168,7 +174,13 @@ async def _record_first(engine: AsyncEngine, key: SigningKey, clock: Clock) -> N
             "Start with the key that signed them, or record a rotation to the new key with the old one: "
             "mwp authority rotate-key --old-key OLD --new-key NEW"
         )
-    row = {"position": 0, "key_id": key_id, "public_key": public, "recorded_us": to_micros(clock.now()), "rotation": b""}
+    row = {
+        "position": 0,
+        "key_id": key_id,
+        "public_key": public,
+        "recorded_us": to_micros(clock.now()),
+        "rotation": b"",
+    }
     try:
         async with engine.begin() as conn:
             await conn.execute(insert(authority_keys).values(row))
@@ -211,7 +223,9 @@ async def record_rotation(
         history = await load_history(engine)
     old_id, new_id = authority_key_id(bytes(old.verify_key)), authority_key_id(bytes(new.verify_key))
     if history.current.key_id != old_id:
-        raise KeyContinuityError(f"the old key {old_id} is not this store's current key {history.current.key_id}")
+        raise KeyContinuityError(
+            f"the old key {old_id} is not this store's current key {history.current.key_id}"
+        )
     if new_id in history.keys:
         raise KeyContinuityError(f"the new key {new_id} is already in this store's key history")
     envelope = rotation_record(old, new, clock, reason)
@@ -226,6 +240,8 @@ async def record_rotation(
         async with engine.begin() as conn:
             await conn.execute(insert(authority_keys).values(row))
     except IntegrityError:
-        raise KeyContinuityError("another rotation was recorded at the same time; look at the key history") from None
+        raise KeyContinuityError(
+            "another rotation was recorded at the same time; look at the key history"
+        ) from None
     log.info("recorded an Authority key rotation", extra={"previous_key_id": old_id, "key_id": new_id})
     return await load_history(engine)

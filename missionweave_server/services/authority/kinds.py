@@ -40,7 +40,14 @@ def index(declarations: Iterable[CommandKind]) -> tuple[dict[str, CommandKind], 
     return kinds, appliers
 
 
-DECLARED = (*missions.KINDS, *children.KINDS, *conversations.KINDS, *memberships.KINDS, *delegation.KINDS, *work.KINDS)
+DECLARED = (
+    *missions.KINDS,
+    *children.KINDS,
+    *conversations.KINDS,
+    *memberships.KINDS,
+    *delegation.KINDS,
+    *work.KINDS,
+)
 KINDS: Mapping[str, CommandKind]
 APPLIERS: Mapping[str, Applier]
 KINDS, APPLIERS = index(DECLARED)

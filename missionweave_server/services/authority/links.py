@@ -75,7 +75,13 @@ class LinkRelay:
             return  # the target's owner delivers it
         log.warning(
             "a cross-Group link could not be delivered yet",
-            extra={"group_id": row[2], "source_group_id": row[0], "source_sequence": row[1], "detail": str(failed), "retry_in_s": delay},
+            extra={
+                "group_id": row[2],
+                "source_group_id": row[0],
+                "source_sequence": row[1],
+                "detail": str(failed),
+                "retry_in_s": delay,
+            },
         )
 
     async def _run(self) -> None:

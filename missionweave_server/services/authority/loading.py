@@ -103,14 +103,21 @@ class GroupLoader:
         self.integrity.refuse_if_corrupted(group_id)
         return (await self.fold_verified(group_id, await self.store.head(group_id)))[0]
 
-    async def fold_verified(self, group_id: str, head: int | None, *, exact: bool = False) -> tuple[GroupState | None, bytes]:
+    async def fold_verified(
+        self, group_id: str, head: int | None, *, exact: bool = False
+    ) -> tuple[GroupState | None, bytes]:
         """The state folded from the whole stored log (both tiers) and the event digest at its head,
         every event verified on the way (signature, sequence, chain, erasures: docs/integrity.md).
         ``head`` is the Group row's head, read before: the log must reach it (exactly, for a Group this
         instance has just taken, which nobody else can extend), so a truncated log is caught too."""
-        await refuse_if_shortened(self.store, self.integrity, group_id)  # records past the head (truncation.py)
+        await refuse_if_shortened(
+            self.store, self.integrity, group_id
+        )  # records past the head (truncation.py)
         state: GroupState | None = None
-        chain = Chain(group_id, checkpoint=self.integrity.checkpoint(group_id, await self.store.chain_checkpoint(group_id)))
+        chain = Chain(
+            group_id,
+            checkpoint=self.integrity.checkpoint(group_id, await self.store.chain_checkpoint(group_id)),
+        )
         while True:
             batch = await self.store.read_history(group_id, chain.last, 1024)
             if not batch:
@@ -119,11 +126,17 @@ class GroupLoader:
                 state = decider.evolve(state, event)
         if head is not None and (chain.last < head or (exact and chain.last != head)):
             raise self.integrity.mark(
-                Corruption(group_id, chain.last + 1, f"the log ends at {chain.last} but the Group's head is {head}")
+                Corruption(
+                    group_id, chain.last + 1, f"the log ends at {chain.last} but the Group's head is {head}"
+                )
             )
         if chain.checkpoint is not None and chain.last < chain.checkpoint[0]:
             raise self.integrity.mark(
-                Corruption(group_id, chain.last + 1, f"the log ends at {chain.last}, before its signed chain checkpoint")
+                Corruption(
+                    group_id,
+                    chain.last + 1,
+                    f"the log ends at {chain.last}, before its signed chain checkpoint",
+                )
             )
         assert chain.previous is not None
         if chain.signatures_checked >= self.checkpoint_every and chain.last > 0:
@@ -168,7 +181,13 @@ class GroupLoader:
             # start a fresh tail above the snapshot's sequence, so one drop before the move suffices.
             self.tails.drop(group_id)
         await self.store.save_snapshot(
-            group_id, state.head_sequence, digest, envelope.SerializeToString(), archival, to_micros(now), compact=compact
+            group_id,
+            state.head_sequence,
+            digest,
+            envelope.SerializeToString(),
+            archival,
+            to_micros(now),
+            compact=compact,
         )
         return envelope, digest, state.head_sequence
 

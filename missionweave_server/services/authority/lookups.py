@@ -63,7 +63,10 @@ async def look_up(
     (a peer unavailable) is kept, and raised where the decision needs them: a replay of the
     command is still answered."""
     try:
-        known = {i: _identity_info(d) for i, d in (await identities.get_many(kinds.referenced_identities(command))).items()}
+        known = {
+            i: _identity_info(d)
+            for i, d in (await identities.get_many(kinds.referenced_identities(command))).items()
+        }
         artifacts = await _published_artifacts(command, publications)
         cards = {
             agent: card_info(published)
@@ -96,6 +99,7 @@ async def decision_context(
         now, lookups.identities, linked, envelope, lookups.artifacts, policy, lookups.cards, lookups.held
     )
 
+
 async def _published_artifacts(
     command: command_pb2.Command, publications: PublicationServiceAsyncStub | None
 ) -> dict[str, StoredArtifact]:
@@ -124,9 +128,14 @@ async def _published_artifacts(
         return {}
     return {
         digest.hex: StoredArtifact(
-            digest.hex, found.size_bytes, found.manifest_digest_hex, command.actor_id, tuple(found.source_digests_hex)
+            digest.hex,
+            found.size_bytes,
+            found.manifest_digest_hex,
+            command.actor_id,
+            tuple(found.source_digests_hex),
         )
     }
+
 
 async def _held_artifacts(
     command: command_pb2.Command, publications: PublicationServiceAsyncStub | None
@@ -155,7 +164,9 @@ async def _held_artifacts(
                 held[answer.content_digest_hex] = HeldArtifact(
                     answer.size_bytes,
                     tuple(
-                        HeldManifest(m.manifest_digest_hex, m.work_item_id, m.mission_id, tuple(m.source_digests_hex))
+                        HeldManifest(
+                            m.manifest_digest_hex, m.work_item_id, m.mission_id, tuple(m.source_digests_hex)
+                        )
                         for m in answer.manifests
                     ),
                 )
@@ -168,4 +179,6 @@ def _identity_info(identity: DirectoryIdentity) -> IdentityInfo:
 
 def card_info(published: agent_card_pb2.PublishedAgentCard) -> CardInfo:
     card = published.card
-    return CardInfo(card.card_version, {c.capability_id: c.version for c in card.capabilities}, card.max_concurrency)
+    return CardInfo(
+        card.card_version, {c.capability_id: c.version for c in card.capabilities}, card.max_concurrency
+    )

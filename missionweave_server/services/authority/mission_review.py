@@ -215,7 +215,9 @@ def _artifact(
 # ------------------------------------------------------------------ WorkItems
 
 
-def _work_item(item: WorkItemState, log: ReviewLog, seen: set[str], on_path: bool) -> pb.MissionReviewWorkItem:
+def _work_item(
+    item: WorkItemState, log: ReviewLog, seen: set[str], on_path: bool
+) -> pb.MissionReviewWorkItem:
     out = pb.MissionReviewWorkItem(
         work_item_id=item.work_item_id,
         title=item.title,
@@ -289,7 +291,9 @@ def blockers(item: WorkItemState, log: ReviewLog) -> list[pb.MissionReviewBlocke
             kind, details = Blocker.MISSION_REVIEW_BLOCKER_KIND_NOT_VERIFIED, []
         out.append(_blocker(item, kind, details))
     if item.open_ambiguities:
-        out.append(_blocker(item, Blocker.MISSION_REVIEW_BLOCKER_KIND_AMBIGUITY, sorted(item.open_ambiguities)))
+        out.append(
+            _blocker(item, Blocker.MISSION_REVIEW_BLOCKER_KIND_AMBIGUITY, sorted(item.open_ambiguities))
+        )
     return out
 
 
@@ -311,7 +315,9 @@ def budget(limit: common_pb2.ResourceVector | None, used: dict[str, int]) -> com
     out = common_pb2.Budget()
     if limit is not None:
         out.limit.CopyFrom(limit)
-    out.used.CopyFrom(common_pb2.ResourceVector(currency=out.limit.currency, **{dim: used[dim] for dim in SIX}))  # type: ignore[arg-type]
+    out.used.CopyFrom(
+        common_pb2.ResourceVector(currency=out.limit.currency, **{dim: used[dim] for dim in SIX})
+    )  # type: ignore[arg-type]
     return out
 
 
@@ -319,7 +325,9 @@ def critical_path(state: GroupState, seen: set[str] | None = None) -> tuple[list
     """The dependency chain whose WorkItems used the most wall-clock time in total (cancelled ones
     left out); ties go to more WorkItems, then to the WorkItem ids that sort first, at the end and at
     each step back. Returns the chain (only the WorkItems in ``seen``, when given) and its total."""
-    items = {wid: item for wid, item in state.work_items.items() if item.state != WS.WORK_ITEM_STATE_CANCELLED}
+    items = {
+        wid: item for wid, item in state.work_items.items() if item.state != WS.WORK_ITEM_STATE_CANCELLED
+    }
     value: dict[str, tuple[int, int]] = {}  # (wall-clock ms, WorkItems) of the best chain ending here
     previous: dict[str, str] = {}
     for wid in _dependencies_first(items):
@@ -359,7 +367,9 @@ def _dependencies_first(items: dict[str, WorkItemState]) -> list[str]:
                 continue
             open_.add(wid)
             stack.append((wid, True))
-            stack.extend((d, False) for d in items[wid].depends_on if d in items and d not in placed and d not in open_)
+            stack.extend(
+                (d, False) for d in items[wid].depends_on if d in items and d not in placed and d not in open_
+            )
     return order
 
 

@@ -107,7 +107,8 @@ class Pending:
                 for p, sig in zip(request.payloads, request.signatures, strict=True)
             ]
             request.events = [
-                dataclasses.replace(e, envelope=env.SerializeToString()) for e, env in zip(request.events, envelopes, strict=True)
+                dataclasses.replace(e, envelope=env.SerializeToString())
+                for e, env in zip(request.events, envelopes, strict=True)
             ]
             self.result.events.extend(envelopes)
             self.unsigned = False

@@ -50,7 +50,9 @@ def _deadline_key(item: WorkItemState) -> float:
     )
 
 
-def mission_progress(state: GroupState, now: datetime, viewer: str | None = None) -> pb.GetMissionProgressResponse:
+def mission_progress(
+    state: GroupState, now: datetime, viewer: str | None = None
+) -> pb.GetMissionProgressResponse:
     """The Mission's progress; for member ``viewer``, only the WorkItems it sees (D124) are listed
     and on the critical path, while the counts, budget and usage stay the whole Mission's."""
     mission = state.mission

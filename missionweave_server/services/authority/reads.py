@@ -51,7 +51,9 @@ class EventReads:
         """Events ``first..last`` from whichever tier holds them, verified."""
         batch = await self.history(group_id, first - 1, last - first + 1)
         if len(batch) != last - first + 1:
-            raise self.integrity.mark(Corruption(group_id, first + len(batch), f"events {first}..{last} are not all stored"))
+            raise self.integrity.mark(
+                Corruption(group_id, first + len(batch), f"events {first}..{last} are not all stored")
+            )
         return batch
 
     async def online(self, group_id: str, after: int, limit: int) -> list[StoredEvent]:
@@ -122,7 +124,9 @@ class StateViews:
         self.public_key = public_key
         self.key_id = key_id
 
-    async def signed_summary(self, group_id: str, viewer: str | None = None) -> common_pb2.SignedEnvelope | None:
+    async def signed_summary(
+        self, group_id: str, viewer: str | None = None
+    ) -> common_pb2.SignedEnvelope | None:
         """The Group's durable state signed by this Authority (MW-7.2-07 hand-over summary): all of
         it, or what member ``viewer`` may see of it."""
         state = await self.loader.state(group_id)
@@ -152,11 +156,23 @@ class StateViews:
             check_transfer(state, target_group_id, transfer_authorization_event_id, work_item_ids)
         prior, prior_payload = None, b""
         if previous is not None and previous.payload:
-            if previous.payload_type != CONTEXT_PACKAGE_TYPE or not verify_envelope(previous, self.public_key):
-                raise Rejected(R.REJECTION_REASON_SIGNATURE_INVALID, "previous_version is not a package signed by this Authority")
-            prior, prior_payload = artifact_service_pb2.ContextPackage.FromString(previous.payload), previous.payload
+            if previous.payload_type != CONTEXT_PACKAGE_TYPE or not verify_envelope(
+                previous, self.public_key
+            ):
+                raise Rejected(
+                    R.REJECTION_REASON_SIGNATURE_INVALID,
+                    "previous_version is not a package signed by this Authority",
+                )
+            prior, prior_payload = (
+                artifact_service_pb2.ContextPackage.FromString(previous.payload),
+                previous.payload,
+            )
             if prior.group_id != group_id:
-                raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "previous_version belongs to another Group", field="previous_version")
+                raise Rejected(
+                    R.REJECTION_REASON_INVALID_ARGUMENT,
+                    "previous_version belongs to another Group",
+                    field="previous_version",
+                )
         package = build_context_package(
             state,
             work_item_ids=work_item_ids,

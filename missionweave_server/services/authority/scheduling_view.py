@@ -47,7 +47,13 @@ def _under(prefix: str, paths: Iterable[str]) -> tuple[str, ...]:
 # is only done for messages of plain numbers and times: Timestamp, ResourceVector).
 KEPT: dict[str, tuple[str, ...]] = {
     "work_authorized": ("work_item_id", *_under("contract", _CONTRACT)),
-    "work_offered": ("work_item_id", "offer_id", "candidate_ids", "expires_at", *_under("amended_contract", _CONTRACT)),
+    "work_offered": (
+        "work_item_id",
+        "offer_id",
+        "candidate_ids",
+        "expires_at",
+        *_under("amended_contract", _CONTRACT),
+    ),
     "work_offers_withdrawn": ("work_item_id", "offer_ids"),
     "work_offer_declined": ("work_item_id", "offer_id"),
     "work_offer_accepted": ("work_item_id", "offer_id", *_under("ownership", _OWNERSHIP)),

@@ -40,6 +40,7 @@ authority_instances = Table(
     Column("updated_us", BigInteger, nullable=False),
 )
 
+
 def _event_columns() -> list[Column[Any]]:
     """The columns of an event row, shared by the online log and its archive tier."""
     return [

@@ -61,7 +61,10 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {group_id} does not exist")
             return state, None
         if state is None:
-            raise Rejected(R.REJECTION_REASON_NOT_A_MEMBER, f"{caller.identity_id} holds no active Membership in {group_id}")
+            raise Rejected(
+                R.REJECTION_REASON_NOT_A_MEMBER,
+                f"{caller.identity_id} holds no active Membership in {group_id}",
+            )
         active_member(state, group_id, caller.identity_id, self.authority.clock.now())
         return state, caller.identity_id
 
@@ -73,7 +76,9 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
 
     @requires(Access.SIGNED)
     async def ExecuteCommandStream(
-        self, request_iterator: AsyncIterator[pb.ExecuteCommandStreamRequest], context: grpc.aio.ServicerContext
+        self,
+        request_iterator: AsyncIterator[pb.ExecuteCommandStreamRequest],
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ExecuteCommandStreamResponse]:
         """Pipelined commands: up to MAX_STREAM_IN_FLIGHT at once, answers in completion order.
 
@@ -129,25 +134,33 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 f"a batch holds at most {MAX_BATCH_COMMANDS} commands; this one has {len(request.commands)}",
                 limit=MAX_BATCH_COMMANDS,
             )
-        answers = await asyncio.gather(*(self._answer(req, "ExecuteCommandBatch") for req in request.commands))
+        answers = await asyncio.gather(
+            *(self._answer(req, "ExecuteCommandBatch") for req in request.commands)
+        )
         return pb.ExecuteCommandBatchResponse(results=answers)
 
     async def _answer(self, req: pb.ExecuteCommandStreamRequest, rpc: str) -> pb.ExecuteCommandStreamResponse:
         """One command of a stream or a batch: its result or its rejection, never an exception."""
         try:
             result = await self.authority.execute(req.command)
-            return pb.ExecuteCommandStreamResponse(request_tag=req.request_tag, command_id=result.command_id, result=result)
+            return pb.ExecuteCommandStreamResponse(
+                request_tag=req.request_tag, command_id=result.command_id, result=result
+            )
         except Rejected as rejected:
             log_rejection("Authority", rpc, rejected)  # answered in band: counted and logged as at the edge
             return pb.ExecuteCommandStreamResponse(
-                request_tag=req.request_tag, command_id=_command_id(req.command), rejection=rejected.to_proto()
+                request_tag=req.request_tag,
+                command_id=_command_id(req.command),
+                rejection=rejected.to_proto(),
             )
         except Exception:
             log.exception("command failed unexpectedly")
             return pb.ExecuteCommandStreamResponse(
                 request_tag=req.request_tag,
                 command_id=_command_id(req.command),
-                rejection=common_pb2.Rejection(reason=R.REJECTION_REASON_OVERLOADED, message="internal error; retry"),
+                rejection=common_pb2.Rejection(
+                    reason=R.REJECTION_REASON_OVERLOADED, message="internal error; retry"
+                ),
             )
 
     @requires(Access.IDENTITY)
@@ -175,7 +188,9 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 else:
                     # The member's view follows the state as it is now (who is party to what).
                     current = await self.authority.state(group_id) or state
-                    active_member(current, group_id, viewer, self.authority.clock.now())  # a Membership that ended ends the read
+                    active_member(
+                        current, group_id, viewer, self.authority.clock.now()
+                    )  # a Membership that ended ends the read
                     envelopes = []
                     for stored in batch:
                         envelope, event = codec.decode(stored.envelope)
@@ -184,7 +199,10 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 first, after = batch[0].sequence, batch[-1].sequence
                 sent += len(batch)
                 yield pb.ReadEventsResponse(
-                    events=envelopes, head_sequence=max(after, head), first_sequence=first, last_sequence=after
+                    events=envelopes,
+                    head_sequence=max(after, head),
+                    first_sequence=first,
+                    last_sequence=after,
                 )
                 continue
             if not request.follow:
@@ -221,7 +239,9 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
             )
         return batch
 
-    async def _events_up_to(self, group_id: str, head: int, payloads: frozenset[str]) -> list[event_pb2.Event]:
+    async def _events_up_to(
+        self, group_id: str, head: int, payloads: frozenset[str]
+    ) -> list[event_pb2.Event]:
         """The Group's events through ``head`` that carry one of ``payloads``, in order."""
         events: list[event_pb2.Event] = []
         after = 0
@@ -268,7 +288,9 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         """The review of a submission (missionweave_server/services/authority/mission_review.py), from the state at its
         durable head and the log read once up to it."""
         if not ids.is_valid(request.group_id):  # no such Group can exist: this tells nobody anything
-            raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "group_id: 1..128 of [A-Za-z0-9._:-]", field="group_id")
+            raise Rejected(
+                R.REJECTION_REASON_INVALID_ARGUMENT, "group_id: 1..128 of [A-Za-z0-9._:-]", field="group_id"
+            )
         state, viewer = await self._readable(request.group_id, caller)
         if state.mission is None:
             raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} holds no Mission")
@@ -297,17 +319,24 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 f"{request.group_id} holds no WorkItem {request.work_item_id!r}",
                 work_item_id=request.work_item_id,
             )
-        return pb.GetWorkItemResponse(work_item=work_item_proto(state, item, self.authority.clock.now()), group_revision=state.head_sequence)
+        return pb.GetWorkItemResponse(
+            work_item=work_item_proto(state, item, self.authority.clock.now()),
+            group_revision=state.head_sequence,
+        )
 
     @requires(Access.IDENTITY)
     async def ListWorkItems(
         self, request: pb.ListWorkItemsRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.ListWorkItemsResponse:
-        state, viewer = await self._readable(request.group_id, caller)  # a non-member learns nothing, not even of bad input
+        state, viewer = await self._readable(
+            request.group_id, caller
+        )  # a non-member learns nothing, not even of bad input
         size = page_size(request.page_size)
         after = decode_token("wi", request.page_token)
         if request.state and request.state not in work_pb2.WorkItemState.values():
-            raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"unknown state {request.state}", field="state")
+            raise Rejected(
+                R.REJECTION_REASON_INVALID_ARGUMENT, f"unknown state {request.state}", field="state"
+            )
         now = self.authority.clock.now()
         ids = sorted(
             wid
@@ -365,8 +394,13 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         state = await self.authority.state(request.group_id)
         if state is None or state.mission is None:
             if caller.operator:
-                raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} holds no Mission")
-            raise Rejected(R.REJECTION_REASON_NOT_A_MEMBER, f"{caller.identity_id} holds no Membership in {request.group_id}")
+                raise Rejected(
+                    R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} holds no Mission"
+                )
+            raise Rejected(
+                R.REJECTION_REASON_NOT_A_MEMBER,
+                f"{caller.identity_id} holds no Membership in {request.group_id}",
+            )
         start = request.group_id
         if caller.operator or caller.identity_id == (state.mission.root_owner_id or state.mission.owner_id):
             start = root_group_id(state)
@@ -415,13 +449,17 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
                 R.REJECTION_REASON_PERMISSION_DENIED,
                 "snapshots and compaction are operator calls (an Organization administrator or policy identity)",
             )
-        taken = await self.authority.take_snapshot(request.group_id, compact=request.compact, archival=request.archival)
+        taken = await self.authority.take_snapshot(
+            request.group_id, compact=request.compact, archival=request.archival
+        )
         if taken is None:
             raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {request.group_id} does not exist")
         envelope, digest, sequence = taken
         size = len(envelope.payload)
         return pb.TakeSnapshotResponse(
-            snapshot=envelope, digest=common_pb2.Digest(algorithm="blake3", hex=digest, size_bytes=size), sequence=sequence
+            snapshot=envelope,
+            digest=common_pb2.Digest(algorithm="blake3", hex=digest, size_bytes=size),
+            sequence=sequence,
         )
 
     @requires(Access.PUBLIC)
@@ -429,7 +467,9 @@ class AuthorityServicer(pb_grpc.AuthorityServiceServicer):
         self, request: pb.GetAuthorityKeyRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetAuthorityKeyResponse:
         return pb.GetAuthorityKeyResponse(
-            key_id=self.authority.key_id, public_key=self.authority.public_key, keys=self.authority.key_history.as_proto()
+            key_id=self.authority.key_id,
+            public_key=self.authority.public_key,
+            keys=self.authority.key_history.as_proto(),
         )
 
 
@@ -453,7 +493,8 @@ def may_mint(state: GroupState, caller: Caller, recipient_ids: list[str], work_i
     coordinator = mission.coordinator.agent_id if mission is not None and mission.coordinator else ""
     if not caller.operator and caller.identity_id != coordinator:
         raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED, "only the Group's current Coordinator mints Context Packages"
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            "only the Group's current Coordinator mints Context Packages",
         )
     offered = {
         candidate

@@ -33,7 +33,9 @@ SWEEP_S = 10.0
 
 
 class SessionFence:
-    def __init__(self, authority: GroupAuthority, identities: IdentityDirectoryClient, sweep_s: float = SWEEP_S) -> None:
+    def __init__(
+        self, authority: GroupAuthority, identities: IdentityDirectoryClient, sweep_s: float = SWEEP_S
+    ) -> None:
         self.authority = authority
         self.identities = identities
         self.sweep_s = sweep_s
@@ -96,8 +98,13 @@ class SessionFence:
                     self._sweep = True
                     log.warning(
                         "a replaced session's leases could not be revoked yet",
-                        extra={"group_id": row.group_id, "agent_id": row.agent_id, "session_epoch": epoch,
-                               "reason": R.Name(refused.reason), "detail": refused.message},
+                        extra={
+                            "group_id": row.group_id,
+                            "agent_id": row.agent_id,
+                            "session_epoch": epoch,
+                            "reason": R.Name(refused.reason),
+                            "detail": refused.message,
+                        },
                     )
         if revoked:
             metrics.SESSION_LEASES_REVOKED.inc(revoked)

@@ -161,7 +161,9 @@ class EventStore:
 
     def owner_seal(self, group_id: str, writer_epoch: int) -> bytes:
         """The seal of this instance's ownership of a Group it creates at ``writer_epoch``."""
-        return b"" if self.ownership is None else self.ownership.seal(group_id, self.instance_id, writer_epoch)
+        return (
+            b"" if self.ownership is None else self.ownership.seal(group_id, self.instance_id, writer_epoch)
+        )
 
     def sign_events_with(self, key: SigningKey, key_id: str) -> bool:
         """Let the store's writer sign the events of appends that carry ``payloads`` (D56). True
@@ -202,7 +204,12 @@ class EventStore:
         now = to_micros(self.clock.now())
         expires = now + int(self.ownership_ttl.total_seconds() * 1_000_000)
         async with self.engine.begin() as conn:
-            taken = await self._take(conn, group_id, or_(groups.c.owner_instance == self.instance_id, groups.c.lease_expires_us < now), expires)
+            taken = await self._take(
+                conn,
+                group_id,
+                or_(groups.c.owner_instance == self.instance_id, groups.c.lease_expires_us < now),
+                expires,
+            )
             if taken is not None:
                 return taken
             held = await _owner_row(conn, group_id)
@@ -210,9 +217,15 @@ class EventStore:
                 # Not taken by an instance of this Authority: a row edited outside the service.
                 log.error(
                     "a Group's ownership row is not sealed by the Authority key: taking the Group over",
-                    extra={"group_id": group_id, "owner": held.owner_instance, "writer_epoch": int(held.writer_epoch)},
+                    extra={
+                        "group_id": group_id,
+                        "owner": held.owner_instance,
+                        "writer_epoch": int(held.writer_epoch),
+                    },
                 )
-                unsealed = and_(groups.c.writer_epoch == held.writer_epoch, groups.c.owner_instance == held.owner_instance)
+                unsealed = and_(
+                    groups.c.writer_epoch == held.writer_epoch, groups.c.owner_instance == held.owner_instance
+                )
                 taken = await self._take(conn, group_id, unsealed, expires)
                 if taken is not None:
                     return taken
@@ -222,19 +235,26 @@ class EventStore:
         owner, address = held.owner_instance, held.address or ""
         raise Rejected(
             R.REJECTION_REASON_NOT_OWNER,
-            f"group {group_id} is owned by authority instance {owner}" + (f" at {address}" if address else ""),
+            f"group {group_id} is owned by authority instance {owner}"
+            + (f" at {address}" if address else ""),
             owner=owner,
             owner_address=address,
         )
 
-    async def _take(self, conn: AsyncConnection, group_id: str, when: Any, expires: int) -> tuple[int, int] | None:
+    async def _take(
+        self, conn: AsyncConnection, group_id: str, when: Any, expires: int
+    ) -> tuple[int, int] | None:
         """Take the Group if ``when`` holds of its row, raising its writer epoch and sealing the new
         ownership: (writer_epoch, head), or None when ``when`` does not hold."""
         row = (
             await conn.execute(
                 update(groups)
                 .where(and_(groups.c.group_id == group_id, when))
-                .values(writer_epoch=groups.c.writer_epoch + 1, owner_instance=self.instance_id, lease_expires_us=expires)
+                .values(
+                    writer_epoch=groups.c.writer_epoch + 1,
+                    owner_instance=self.instance_id,
+                    lease_expires_us=expires,
+                )
                 .returning(groups.c.writer_epoch, groups.c.head_seq)
             )
         ).first()
@@ -328,9 +348,9 @@ class EventStore:
         """Every accepted command id of a Group (loaded once when an instance takes the Group)."""
         async with self.engine.connect() as conn:
             rows = await conn.execute(
-                select(commands.c.command_id, commands.c.fingerprint, commands.c.first_seq, commands.c.last_seq).where(
-                    commands.c.group_id == group_id
-                )
+                select(
+                    commands.c.command_id, commands.c.fingerprint, commands.c.first_seq, commands.c.last_seq
+                ).where(commands.c.group_id == group_id)
             )
             return {r[0]: CommandRecord(bytes(r[1]), int(r[2]), int(r[3])) for r in rows}
 
@@ -340,7 +360,9 @@ class EventStore:
         o = cross_group_outbox.c
         async with self.engine.connect() as conn:
             rows = await conn.execute(
-                select(o.source_group_id, o.source_seq, o.target_group_id).order_by(o.created_us, o.source_seq).limit(limit)
+                select(o.source_group_id, o.source_seq, o.target_group_id)
+                .order_by(o.created_us, o.source_seq)
+                .limit(limit)
             )
             return [(str(r[0]), int(r[1]), str(r[2])) for r in rows]
 
@@ -351,7 +373,11 @@ class EventStore:
         async with self.engine.begin() as conn:
             await conn.execute(
                 delete(cross_group_outbox).where(
-                    and_(o.source_group_id == source_group_id, o.source_seq == source_seq, o.target_group_id == target_group_id)
+                    and_(
+                        o.source_group_id == source_group_id,
+                        o.source_seq == source_seq,
+                        o.target_group_id == target_group_id,
+                    )
                 )
             )
 
@@ -359,7 +385,9 @@ class EventStore:
     async def running_leases(self, agent_id: str | None = None) -> list[LiveLease]:
         """The running execution leases the index holds (of one agent, or all), by Group."""
         c = live_leases.c
-        query = select(c.group_id, c.work_item_id, c.agent_id, c.session_epoch).order_by(c.group_id, c.work_item_id)
+        query = select(c.group_id, c.work_item_id, c.agent_id, c.session_epoch).order_by(
+            c.group_id, c.work_item_id
+        )
         if agent_id is not None:
             query = query.where(c.agent_id == agent_id)
         async with self.engine.connect() as conn:
@@ -389,7 +417,15 @@ class EventStore:
 
     @finish_on_cancel
     async def save_snapshot(
-        self, group_id: str, sequence: int, digest: str, envelope: bytes, archival: bool, now_us: int, *, compact: bool
+        self,
+        group_id: str,
+        sequence: int,
+        digest: str,
+        envelope: bytes,
+        archival: bool,
+        now_us: int,
+        *,
+        compact: bool,
     ) -> None:
         """Store a signed snapshot; with ``compact``, move the online events up to it into the archive
         tier in the same transaction (history is moved, never deleted: MW-7.4-01, MW-16-09).
@@ -401,17 +437,30 @@ class EventStore:
             conn = await plain.execution_options(**{SQLITE_IMMEDIATE: True})
             async with conn.begin():
                 existing = (
-                    await conn.execute(select(snapshots.c.digest).where(snapshots.c.group_id == group_id, snapshots.c.seq == sequence))
+                    await conn.execute(
+                        select(snapshots.c.digest).where(
+                            snapshots.c.group_id == group_id, snapshots.c.seq == sequence
+                        )
+                    )
                 ).first()
                 if existing is None:
                     await conn.execute(
                         insert(snapshots).values(
-                            group_id=group_id, seq=sequence, digest=digest, archival=int(archival), created_us=now_us, envelope=envelope
+                            group_id=group_id,
+                            seq=sequence,
+                            digest=digest,
+                            archival=int(archival),
+                            created_us=now_us,
+                            envelope=envelope,
                         )
                     )
                 if compact:
                     online = and_(events.c.group_id == group_id, events.c.seq <= sequence)
-                    await conn.execute(insert(events_archive).from_select(list(events.c.keys()), select(events).where(online)))
+                    await conn.execute(
+                        insert(events_archive).from_select(
+                            list(events.c.keys()), select(events).where(online)
+                        )
+                    )
                     await conn.execute(delete(events).where(online))
 
     @finish_on_cancel
@@ -432,7 +481,11 @@ class EventStore:
     async def snapshot_by_digest(self, group_id: str, digest: str) -> bytes | None:
         async with self.engine.connect() as conn:
             row = (
-                await conn.execute(select(snapshots.c.envelope).where(snapshots.c.group_id == group_id, snapshots.c.digest == digest))
+                await conn.execute(
+                    select(snapshots.c.envelope).where(
+                        snapshots.c.group_id == group_id, snapshots.c.digest == digest
+                    )
+                )
             ).first()
         return None if row is None else bytes(row[0])
 
@@ -442,7 +495,9 @@ class EventStore:
         async with self.engine.connect() as conn:
             row = (
                 await conn.execute(
-                    select(chain_checkpoints.c.seq, chain_checkpoints.c.envelope).where(chain_checkpoints.c.group_id == group_id)
+                    select(chain_checkpoints.c.seq, chain_checkpoints.c.envelope).where(
+                        chain_checkpoints.c.group_id == group_id
+                    )
                 )
             ).first()
         return None if row is None else (int(row[0]), bytes(row[1]))
@@ -451,7 +506,8 @@ class EventStore:
     async def save_chain_checkpoint(self, group_id: str, sequence: int, envelope: bytes) -> None:
         async with self.engine.begin() as conn:
             await conn.execute(
-                checkpoint_upsert(self.engine.dialect.name), [{"group_id": group_id, "seq": sequence, "envelope": envelope}]
+                checkpoint_upsert(self.engine.dialect.name),
+                [{"group_id": group_id, "seq": sequence, "envelope": envelope}],
             )
 
     @finish_on_cancel
@@ -462,7 +518,12 @@ class EventStore:
     @finish_on_cancel
     async def group_ids_after(self, after: str, limit: int) -> list[str]:
         """At most ``limit`` Group ids greater than ``after``, in order (one indexed range read)."""
-        query = select(groups.c.group_id).where(groups.c.group_id > after).order_by(groups.c.group_id).limit(limit)
+        query = (
+            select(groups.c.group_id)
+            .where(groups.c.group_id > after)
+            .order_by(groups.c.group_id)
+            .limit(limit)
+        )
         async with self.engine.connect() as conn:
             return [r[0] for r in await conn.execute(query)]
 
@@ -545,7 +606,10 @@ class EventStore:
             "authority.group_commit",
             context=tracing.context_of(""),
             links=tracing.link_to([r.traceparent for r in batch]) if tracing.active() else (),
-            attributes={"mwp.batch_size": len(batch), "mwp.writer": "process" if self._sqlite_writer else "sqlalchemy"},
+            attributes={
+                "mwp.batch_size": len(batch),
+                "mwp.writer": "process" if self._sqlite_writer else "sqlalchemy",
+            },
         ):
             await self._commit_traced(batch)
 
@@ -563,7 +627,9 @@ class EventStore:
                 outcomes = list(unknown_outcome(batch, lost))
         else:
             async with self.engine.connect() as aconn:
-                outcomes = await aconn.run_sync(lambda conn: self._batch_writer.write(SqlAlchemyOps(conn), batch, now))
+                outcomes = await aconn.run_sync(
+                    lambda conn: self._batch_writer.write(SqlAlchemyOps(conn), batch, now)
+                )
         self.batches += 1
         ended = loop.time()
         metrics.BATCH_LATENCY.observe(ended - started)
@@ -601,7 +667,9 @@ def _events_after(tier: Table) -> Select[Any]:
 # Built once: the gateway reads on every delivery, and building a statement per call (and its cache
 # key) cost more than running it.
 _READ_ONLINE = _events_after(events).order_by(events.c.seq).limit(bindparam("n"))
-_READ_HISTORY = union_all(_events_after(events_archive), _events_after(events)).order_by("seq").limit(bindparam("n"))
+_READ_HISTORY = (
+    union_all(_events_after(events_archive), _events_after(events)).order_by("seq").limit(bindparam("n"))
+)
 
 
 def _most(column: Any, key: Any) -> Any:
@@ -622,8 +690,17 @@ async def _owner_row(conn: AsyncConnection, group_id: str) -> Any:
     the Group does not exist."""
     return (
         await conn.execute(
-            select(groups.c.owner_instance, authority_instances.c.address, groups.c.writer_epoch, groups.c.owner_seal)
-            .select_from(groups.outerjoin(authority_instances, authority_instances.c.instance_id == groups.c.owner_instance))
+            select(
+                groups.c.owner_instance,
+                authority_instances.c.address,
+                groups.c.writer_epoch,
+                groups.c.owner_seal,
+            )
+            .select_from(
+                groups.outerjoin(
+                    authority_instances, authority_instances.c.instance_id == groups.c.owner_instance
+                )
+            )
             .where(groups.c.group_id == group_id)
         )
     ).first()

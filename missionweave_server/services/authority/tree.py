@@ -43,7 +43,9 @@ def tree_node(state: GroupState) -> subtask_pb2.MissionTreeNode:
             limit=definition.budget,
             used=common_pb2.ResourceVector(currency=definition.budget.currency, **state.mission_used),
         ),
-        reserved=common_pb2.ResourceVector(currency=definition.budget.currency, **{d: state.reserved[d] for d in SIX}),
+        reserved=common_pb2.ResourceVector(
+            currency=definition.budget.currency, **{d: state.reserved[d] for d in SIX}
+        ),
     )
     counts = Counter(wp.WorkItemState.Name(item.state) for item in state.work_items.values())  # type: ignore[arg-type]
     node.work_items_by_state.update(counts)

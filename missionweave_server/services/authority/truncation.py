@@ -76,7 +76,9 @@ def reused(group_id: str, command_id: str, rows: Sequence[StoredEvent]) -> Corru
     return None
 
 
-def check_replayed(integrity: LogIntegrity, group_id: str, command_id: str, rows: Sequence[StoredEvent]) -> None:
+def check_replayed(
+    integrity: LogIntegrity, group_id: str, command_id: str, rows: Sequence[StoredEvent]
+) -> None:
     """A replayed command's answer is its own events, never another command's: else the Group is
     marked and DATA_CORRUPTED raised."""
     found = reused(group_id, command_id, rows)

@@ -69,14 +69,18 @@ def group_state_proto(state: GroupState, viewer: str | None = None) -> pb.GroupS
             membership_epoch=member.membership_epoch,
             role=member.role,  # type: ignore[arg-type]
             visibility_start_sequence=member.visibility_start_sequence,
-            capabilities=[membership_pb2.Capability(capability_id=c, version=v) for c, v in member.capabilities],
+            capabilities=[
+                membership_pb2.Capability(capability_id=c, version=v) for c, v in member.capabilities
+            ],
             provisional=member.provisional,
             active=member.active,
         )
         if member.expires_at is not None:
             ms.expires_at.CopyFrom(to_timestamp(member.expires_at))
         out.memberships.append(ms)
-    out.grants.extend(grant_status(state, g, viewer) for g in state.grants.values() if sees_grant(state, viewer, g))
+    out.grants.extend(
+        grant_status(state, g, viewer) for g in state.grants.values() if sees_grant(state, viewer, g)
+    )
     for conv in state.conversations.values():
         if not sees_conversation(state, viewer, conv):
             continue
@@ -93,9 +97,7 @@ def group_state_proto(state: GroupState, viewer: str | None = None) -> pb.GroupS
     return out
 
 
-def snapshot_view(
-    snapshot: pb.GroupSnapshot, state: GroupState, viewer: str
-) -> pb.GroupSnapshot | None:
+def snapshot_view(snapshot: pb.GroupSnapshot, state: GroupState, viewer: str) -> pb.GroupSnapshot | None:
     """``viewer``'s view of a stored snapshot, as GetGroupState and GetMissionProgress decide it now
     (D124, MW-9-05): the Conversations, grants and WorkItems it does not see left out; None when
     nothing is. A Conversation or grant the current state no longer knows is kept only if it is a
@@ -146,7 +148,9 @@ def grant_status(state: GroupState, grant: GrantState, viewer: str | None = None
         charged=common_pb2.ResourceVector(currency=grant.currency, **grant.charged),  # type: ignore[arg-type]
         remaining=common_pb2.ResourceVector(currency=grant.currency, **remaining(grant)),  # type: ignore[arg-type]
         work_item_ids=sorted(
-            wid for wid, grants in state.item_grants.items() if grant.grant_id in grants and _sees(state, viewer, wid)
+            wid
+            for wid, grants in state.item_grants.items()
+            if grant.grant_id in grants and _sees(state, viewer, wid)
         ),
         invalid_because=invalid[0] if invalid else "",
     )

@@ -85,7 +85,9 @@ def audience(state: GroupState, event: event_pb2.Event, members: MemberSet) -> A
     a check per member."""
     full, provisional = members
     conversation = state.conversations.get(conversation_of(state, event))
-    restricted = conversation is not None and conversation.kind == conversation_pb2.CONVERSATION_KIND_RESTRICTED
+    restricted = (
+        conversation is not None and conversation.kind == conversation_pb2.CONVERSATION_KIND_RESTRICTED
+    )
     if restricted:
         named = [m for m in (*full, *provisional) if may_see(state, m, event)]
     else:
@@ -242,11 +244,15 @@ def active_member(
         raise Rejected(R.REJECTION_REASON_GROUP_NOT_FOUND, f"group {group_id} does not exist")
     member = state.members.get(member_id)
     if member is None or not member.active or member.lapsed(now):
-        raise Rejected(R.REJECTION_REASON_NOT_A_MEMBER, f"{member_id} holds no active Membership in {group_id}")
+        raise Rejected(
+            R.REJECTION_REASON_NOT_A_MEMBER, f"{member_id} holds no active Membership in {group_id}"
+        )
     return state, member
 
 
-def cited_for(envelope: common_pb2.SignedEnvelope, authority_key: bytes, group_id: str, member_id: str) -> set[int]:
+def cited_for(
+    envelope: common_pb2.SignedEnvelope, authority_key: bytes, group_id: str, member_id: str
+) -> set[int]:
     """The sequences a Context Package signed by this Authority cites for ``member_id`` in ``group_id``."""
     if envelope.payload_type != CONTEXT_PACKAGE_TYPE or not verify_signature(envelope, authority_key):
         raise Rejected(

@@ -60,7 +60,9 @@ class Witness:
 
 async def summary(engine: AsyncEngine) -> Summary:
     async with engine.connect() as conn:
-        heads, count = (await conn.execute(select(func.coalesce(func.sum(groups.c.head_seq), 0), func.count()))).one()
+        heads, count = (
+            await conn.execute(select(func.coalesce(func.sum(groups.c.head_seq), 0), func.count()))
+        ).one()
         keys = (await conn.execute(select(func.count()).select_from(authority_keys))).scalar_one()
     return Summary(int(heads), int(count), int(keys))
 
@@ -78,7 +80,10 @@ def write(directory: Path, witness: Witness, key: SigningKey) -> None:
     """Atomically (a new file renamed over the old), synced: a crash leaves the old or the new."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     payload = _encoded(witness)
-    document = {"witness": json.loads(payload), "signature": key.sign(pae(PAYLOAD_TYPE, payload)).signature.hex()}
+    document = {
+        "witness": json.loads(payload),
+        "signature": key.sign(pae(PAYLOAD_TYPE, payload)).signature.hex(),
+    }
     target = directory / f"{witness.instance}.json"
     scratch = target.with_suffix(".json.new")
     with open(scratch, "w", encoding="utf-8") as out:
@@ -101,10 +106,15 @@ def read_all(directory: Path, history: KeyHistory) -> list[Witness]:
             )
             signature = bytes.fromhex(document["signature"])
         except (OSError, ValueError, KeyError, TypeError) as unreadable:
-            log.warning("a store witness cannot be read: left out", extra={"path": str(path), "detail": str(unreadable)})
+            log.warning(
+                "a store witness cannot be read: left out",
+                extra={"path": str(path), "detail": str(unreadable)},
+            )
             continue
         if not any(_verifies(k, _encoded(witness), signature) for k in history.keys.values()):
-            log.warning("a store witness is not signed by the Authority key: left out", extra={"path": str(path)})
+            log.warning(
+                "a store witness is not signed by the Authority key: left out", extra={"path": str(path)}
+            )
             continue
         found.append(witness)
     return found
@@ -134,7 +144,7 @@ async def check(engine: AsyncEngine, directory: Path, history: KeyHistory) -> Su
                 f"the store holds less than the Authority saw in it (witness {directory / witness.instance}.json): "
                 f"{now.groups} Groups, heads summing to {now.heads}, {now.keys} key(s), against {seen.groups}, "
                 f"{seen.heads} and {seen.keys}; it was put back to an older copy (docs/integrity.md "
-                f"\"A store rolled back\"). If that is intended, remove the witness directory {directory} and start again"
+                f'"A store rolled back"). If that is intended, remove the witness directory {directory} and start again'
             )
     return now
 
@@ -152,7 +162,13 @@ class WitnessWriter:
         clock: Clock,
         interval: float = WITNESS_INTERVAL_S,
     ) -> None:
-        self.engine, self.directory, self.key, self.instance, self.clock = engine, directory, key, instance, clock
+        self.engine, self.directory, self.key, self.instance, self.clock = (
+            engine,
+            directory,
+            key,
+            instance,
+            clock,
+        )
         self.store = store_name(history)
         self.interval = interval
         self._task: asyncio.Task[None] | None = None

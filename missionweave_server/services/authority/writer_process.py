@@ -103,8 +103,19 @@ def decode_batch(body: bytes) -> tuple[list[AppendRecord], int, str]:
     now_us, rows, traceparent = pickle.loads(body)
     records = [
         AppendRecord(
-            g, epoch, head, cmd, fp, [StoredEvent(*e) for e in evs], creates, list(rewrites), list(payloads), list(links),
-            list(leases), tp, seal,
+            g,
+            epoch,
+            head,
+            cmd,
+            fp,
+            [StoredEvent(*e) for e in evs],
+            creates,
+            list(rewrites),
+            list(payloads),
+            list(links),
+            list(leases),
+            tp,
+            seal,
         )
         for g, epoch, head, cmd, fp, creates, evs, rewrites, payloads, links, leases, tp, seal in rows
     ]
@@ -177,7 +188,9 @@ def _commit_span(records: list[AppendRecord], traceparent: str) -> AbstractConte
     )
 
 
-def _commit(ops: SqliteOps, writer: BatchWriter, signer: EventSigner | None, records: list[AppendRecord], now_us: int) -> bytes:
+def _commit(
+    ops: SqliteOps, writer: BatchWriter, signer: EventSigner | None, records: list[AppendRecord], now_us: int
+) -> bytes:
     """Sign what is to be signed, write the batch in one transaction: the answer frame's body."""
     if signer is not None:
         signatures = signer.seal(records)
@@ -188,8 +201,13 @@ def _commit(ops: SqliteOps, writer: BatchWriter, signer: EventSigner | None, rec
     try:
         outcomes = writer.write(ops, records, now_us)
     except sqlite3.Error as exc:  # e.g. locked by another process past busy_timeout: rolled back
-        log.error("group commit failed; the batch is refused, the writer goes on", extra={"batch": len(records), "error": str(exc)})
-        failed = Rejected(R.REJECTION_REASON_OVERLOADED, f"the store could not commit ({exc}); retry", retry_after_ms=100)
+        log.error(
+            "group commit failed; the batch is refused, the writer goes on",
+            extra={"batch": len(records), "error": str(exc)},
+        )
+        failed = Rejected(
+            R.REJECTION_REASON_OVERLOADED, f"the store could not commit ({exc}); retry", retry_after_ms=100
+        )
         outcomes = [failed] * len(records)
     return encode_outcomes(outcomes, signatures)
 
@@ -197,7 +215,9 @@ def _commit(ops: SqliteOps, writer: BatchWriter, signer: EventSigner | None, rec
 def main(argv: list[str]) -> None:
     from missionweave.kernel import logs
 
-    logs.configure(os.environ.get("MWP_LOG_LEVEL", "info"), os.environ.get("MWP_LOG_FORMAT", "json"), tracing.TraceIds())
+    logs.configure(
+        os.environ.get("MWP_LOG_LEVEL", "info"), os.environ.get("MWP_LOG_FORMAT", "json"), tracing.TraceIds()
+    )
     tracing.setup("authority")  # OTEL_SERVICE_NAME, set by the parent, names its process's service
     end_with_the_pipe()
     path, synchronous, instance_id, ttl_us = argv
@@ -238,9 +258,16 @@ class WriterProcess:
     async def start(self) -> None:
         if self._process is None or self._process.returncode is not None:
             # Its spans carry this process's service name (the environment's exporter settings it inherits).
-            env = {**os.environ, "OTEL_SERVICE_NAME": tracing.service_name()} if tracing.service_name() else None
+            env = (
+                {**os.environ, "OTEL_SERVICE_NAME": tracing.service_name()}
+                if tracing.service_name()
+                else None
+            )
             self._process = await asyncio.create_subprocess_exec(
-                *child_command(__name__, *self.args), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env
+                *child_command(__name__, *self.args),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                env=env,
             )
             # The key goes over the private pipe, never on the command line (visible to ps).
             first = pickle.dumps(self._signer, protocol=pickle.HIGHEST_PROTOCOL)
@@ -257,7 +284,10 @@ class WriterProcess:
             answer = await read_frame_async(process.stdout)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             await self._end(process, kill=True)  # gone for certain before anyone reads the log again
-            log.error("the store's writer process died; respawning it", extra={"pid": process.pid, "returncode": process.returncode})
+            log.error(
+                "the store's writer process died; respawning it",
+                extra={"pid": process.pid, "returncode": process.returncode},
+            )
             raise WriterLost(f"writer process {process.pid} exited with {process.returncode}") from exc
         return decode_outcomes(answer)
 

@@ -44,7 +44,9 @@ class StreamAdmission:
         held = self._per_identity.get(agent_id, 0)
         if held >= self.limits.max_streams_per_identity:
             raise over_limit(
-                f"{agent_id} already has {held} streams open on this gateway", self.limits.max_streams_per_identity, "identity"
+                f"{agent_id} already has {held} streams open on this gateway",
+                self.limits.max_streams_per_identity,
+                "identity",
             )
         self._per_identity[agent_id] += 1
         connection.counted = agent_id

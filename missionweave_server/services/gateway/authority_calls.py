@@ -85,7 +85,11 @@ def refusal(err: grpc.aio.AioRpcError) -> PeerRefused:
         code = E.GATEWAY_ERROR_CODE_NOT_A_MEMBER
     elif rejection.reason == R.REJECTION_REASON_TOO_LARGE:
         code = E.GATEWAY_ERROR_CODE_LIMIT_EXCEEDED
-    elif rejection.reason in (R.REJECTION_REASON_OVERLOADED, R.REJECTION_REASON_NOT_OWNER, R.REJECTION_REASON_PEER_UNAVAILABLE):
+    elif rejection.reason in (
+        R.REJECTION_REASON_OVERLOADED,
+        R.REJECTION_REASON_NOT_OWNER,
+        R.REJECTION_REASON_PEER_UNAVAILABLE,
+    ):
         code = E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE
     else:
         code = E.GATEWAY_ERROR_CODE_MALFORMED_FRAME
@@ -101,4 +105,3 @@ def unavailable_only(refused: PeerRefused) -> common_pb2.Rejection | None:
 def unavailable_rejection(message: str) -> common_pb2.Rejection:
     """AUTHORITY_UNAVAILABLE's general reason: PEER_UNAVAILABLE (retry with backoff), with retry_after_ms."""
     return peer_unavailable("authority", message).to_proto()
-

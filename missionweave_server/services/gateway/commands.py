@@ -42,8 +42,11 @@ class Commands(Stream):
                 E.GATEWAY_ERROR_CODE_MALFORMED_FRAME,
                 "the command's payload is not a missionweave.v1.Command",
                 command_id=frame.command_id,
-                rejection=Rejected(R.REJECTION_REASON_MALFORMED, "the command's payload is not a missionweave.v1.Command",
-                                   field="command.payload").to_proto(),
+                rejection=Rejected(
+                    R.REJECTION_REASON_MALFORMED,
+                    "the command's payload is not a missionweave.v1.Command",
+                    field="command.payload",
+                ).to_proto(),
             )
             return
         if signed_id != frame.command_id:
@@ -55,7 +58,9 @@ class Commands(Stream):
             return
         request = authority_service_pb2.ExecuteCommandRequest(command=frame.command)
         try:
-            response = await self.gateway.commands.ExecuteCommand(request, timeout=authority_calls.COMMAND_TIMEOUT_S)
+            response = await self.gateway.commands.ExecuteCommand(
+                request, timeout=authority_calls.COMMAND_TIMEOUT_S
+            )
         except grpc.aio.AioRpcError as err:
             rejection = rejection_from_rpc_error(err)
             if rejection is None:

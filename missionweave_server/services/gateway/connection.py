@@ -54,10 +54,19 @@ class Connection(Hello, Subscriptions, Commands, Fetches):
             if fatal.status:
                 self.ended_with = fatal.rejected
         except MalformedRequest as malformed:  # a frame that does not parse: say so, then end with it
-            await self.error(E.GATEWAY_ERROR_CODE_MALFORMED_FRAME, str(malformed), fatal=True, rejection=malformed.to_proto())
+            await self.error(
+                E.GATEWAY_ERROR_CODE_MALFORMED_FRAME,
+                str(malformed),
+                fatal=True,
+                rejection=malformed.to_proto(),
+            )
             self.ended_with = malformed
         except Rejected as refused:  # a peer did not answer (Membership, the nonce store): retry later
-            code = E.GATEWAY_ERROR_CODE_PEER_UNAVAILABLE if refused.reason == R.REJECTION_REASON_PEER_UNAVAILABLE else 0
+            code = (
+                E.GATEWAY_ERROR_CODE_PEER_UNAVAILABLE
+                if refused.reason == R.REJECTION_REASON_PEER_UNAVAILABLE
+                else 0
+            )
             await self.error(E.ValueType(code), str(refused), fatal=True, rejection=refused.to_proto())
             self.ended_with = refused
         except Exception:

@@ -63,7 +63,11 @@ class CursorStore:
         if self._sqlite is not None:
             if self._thread is None:
                 self._thread = ThreadPoolExecutor(1, thread_name_prefix="gateway-cursors")
-            flat = [v for (agent_id, group_id), cursor in rows.items() for v in (agent_id, group_id, cursor, updated_us)]
+            flat = [
+                v
+                for (agent_id, group_id), cursor in rows.items()
+                for v in (agent_id, group_id, cursor, updated_us)
+            ]
             await asyncio.get_running_loop().run_in_executor(self._thread, self._store_sqlite, flat)
             return
         params = [
@@ -136,7 +140,11 @@ class AckCursors:
                 if isinstance(exc, Exception):
                     log.error(
                         "storing ACK cursors failed; they are kept and stored again shortly",
-                        extra={"cursors": len(rows), "retry_in_s": CURSOR_RETRY_S, "error": f"{type(exc).__name__}: {exc}"},
+                        extra={
+                            "cursors": len(rows),
+                            "retry_in_s": CURSOR_RETRY_S,
+                            "error": f"{type(exc).__name__}: {exc}",
+                        },
                     )
                 self._retry_cursors()
                 if not isinstance(exc, Exception):

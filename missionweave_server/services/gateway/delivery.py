@@ -47,7 +47,11 @@ class Subscriptions(Stream):
 
     async def subscribe(self, sub: pb.SubscribeFrame) -> None:
         if not 1 <= len(sub.subscription_id) <= limits.MAX_SUBSCRIPTION_ID:
-            await self.malformed(f"subscription_id must be 1..{limits.MAX_SUBSCRIPTION_ID} characters", "subscription_id", sub.subscription_id)
+            await self.malformed(
+                f"subscription_id must be 1..{limits.MAX_SUBSCRIPTION_ID} characters",
+                "subscription_id",
+                sub.subscription_id,
+            )
             return
         if sub.subscription_id in self.subscriptions:
             await self.error(
@@ -157,7 +161,11 @@ class Subscriptions(Stream):
                         return
                 batch = _within_bytes(
                     entries[taken : taken + min(s.credits, limits.MAX_EVENTS_PER_FRAME)],
-                    lambda entry: len(entry.envelope.payload) + limits.ENVELOPE_OVERHEAD if entry.HasField("envelope") else 0,
+                    lambda entry: (
+                        len(entry.envelope.payload) + limits.ENVELOPE_OVERHEAD
+                        if entry.HasField("envelope")
+                        else 0
+                    ),
                 )
                 first, last = batch[0].sequence, batch[-1].sequence
                 if first != s.delivered + 1 or last - first + 1 != len(batch):
@@ -172,7 +180,9 @@ class Subscriptions(Stream):
                         frame.skipped.append(pb.SequenceRange(first=entry.sequence, last=entry.sequence))
                 await self.emit(s, frame, len(batch))
         except grpc.aio.AioRpcError as err:
-            await self.authority_lost(s, f"the Group Authority stream failed: {err.code().name}: {err.details()}")
+            await self.authority_lost(
+                s, f"the Group Authority stream failed: {err.code().name}: {err.details()}"
+            )
         finally:
             if s.follow is not None:
                 s.follow.cancel()
@@ -226,7 +236,9 @@ class Subscriptions(Stream):
         return True
 
     def event_frame(self, s: Subscription, first: int, last: int, head: int) -> pb.EventFrame:
-        frame = pb.EventFrame(subscription_id=s.subscription_id, group_id=s.group_id, head_sequence=max(head, last))
+        frame = pb.EventFrame(
+            subscription_id=s.subscription_id, group_id=s.group_id, head_sequence=max(head, last)
+        )
         frame.first_sequence, frame.last_sequence = first, last
         return frame
 
@@ -336,7 +348,9 @@ class Subscriptions(Stream):
                 continue
             if cursor.group_id and cursor.group_id != s.group_id:  # empty: the subscription's Group
                 await self.malformed(
-                    f"subscription {s.subscription_id} follows {s.group_id}, not {cursor.group_id}", "group_id", s.subscription_id
+                    f"subscription {s.subscription_id} follows {s.group_id}, not {cursor.group_id}",
+                    "group_id",
+                    s.subscription_id,
                 )
                 continue
             if cursor.cursor > s.delivered:

@@ -86,7 +86,9 @@ Opener = Callable[[int], Awaitable[Any]]
 
 
 class GroupFeed:
-    def __init__(self, group_id: str, after: int, opener: Opener, on_end: Callable[[GroupFeed], None]) -> None:
+    def __init__(
+        self, group_id: str, after: int, opener: Opener, on_end: Callable[[GroupFeed], None]
+    ) -> None:
         self.group_id = group_id
         self.start = after
         self.position = after  # the last sequence received
@@ -165,7 +167,9 @@ class GroupFeed:
 
     def _append(self, batch: glpb.LogBatch) -> None:
         if batch.HasField("members"):
-            self._members = Members(frozenset(batch.members.full_member_ids), frozenset(batch.members.provisional_member_ids))
+            self._members = Members(
+                frozenset(batch.members.full_member_ids), frozenset(batch.members.provisional_member_ids)
+            )
         members = self._members
         for entry in batch.entries:
             if entry.sequence != self.position + 1:  # the contract forbids it; never pass a gap on
@@ -183,7 +187,9 @@ class GroupFeed:
             self._bytes += shared.size
             self.position = entry.sequence
         entries = self._entries
-        while len(entries) - self._first > 1 and (len(entries) - self._first > FEED_ENTRIES or self._bytes > FEED_BYTES):
+        while len(entries) - self._first > 1 and (
+            len(entries) - self._first > FEED_ENTRIES or self._bytes > FEED_BYTES
+        ):
             self._bytes -= cast(Shared, entries[self._first]).size
             entries[self._first] = None
             self._first += 1
@@ -228,9 +234,15 @@ class SharedFeeds:
         feed = self.feeds.get(group_id)
         if feed is not None:
             return feed if feed.covers(delivered) else None
-        if not caught_up or self.stopping or time.monotonic() - self._feed_failed.get(group_id, -FEED_RETRY_S) < FEED_RETRY_S:
+        if (
+            not caught_up
+            or self.stopping
+            or time.monotonic() - self._feed_failed.get(group_id, -FEED_RETRY_S) < FEED_RETRY_S
+        ):
             return None
-        feed = GroupFeed(group_id, delivered, lambda after: self.open_shared(group_id, after), self._feed_ended)
+        feed = GroupFeed(
+            group_id, delivered, lambda after: self.open_shared(group_id, after), self._feed_ended
+        )
         self.feeds[group_id] = feed
         return feed
 
@@ -245,10 +257,16 @@ class SharedFeeds:
     async def open_shared(self, group_id: str, after: int) -> Any:
         """The SHARED FollowGroup stream of a Group after ``after`` (no member: every view at once)."""
         request = glpb.FollowGroupRequest(
-            group_id=group_id, after_sequence=after, max_batch_entries=limits.MAX_EVENTS_PER_FRAME, view=glpb.FOLLOW_VIEW_SHARED
+            group_id=group_id,
+            after_sequence=after,
+            max_batch_entries=limits.MAX_EVENTS_PER_FRAME,
+            view=glpb.FOLLOW_VIEW_SHARED,
         )
         call, started = await open_follow(self.group_log, request)
         if started.effective_after_sequence != after:
             call.cancel()
-            raise PeerRefused(E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE, unavailable_rejection("the shared follow starts elsewhere"))
+            raise PeerRefused(
+                E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE,
+                unavailable_rejection("the shared follow starts elsewhere"),
+            )
         return call

@@ -41,10 +41,14 @@ def requested(ranges: Iterable[pb.SequenceRange]) -> list[int]:
     total = 0
     for r in ranges:
         if r.first < 1 or r.last < r.first:
-            raise FetchRefused(E.GATEWAY_ERROR_CODE_MALFORMED_FRAME, f"range {r.first}..{r.last} is not 1 <= first <= last")
+            raise FetchRefused(
+                E.GATEWAY_ERROR_CODE_MALFORMED_FRAME, f"range {r.first}..{r.last} is not 1 <= first <= last"
+            )
         total += r.last - r.first + 1
         if total > MAX_FETCH:
-            raise FetchRefused(E.GATEWAY_ERROR_CODE_LIMIT_EXCEEDED, f"at most {MAX_FETCH} sequences per FETCH")
+            raise FetchRefused(
+                E.GATEWAY_ERROR_CODE_LIMIT_EXCEEDED, f"at most {MAX_FETCH} sequences per FETCH"
+            )
     return sorted({seq for r in ranges for seq in range(r.first, r.last + 1)})
 
 
@@ -59,7 +63,9 @@ class Fetches(Stream):
         except FetchRefused as refused:
             await self.error(refused.code, str(refused), request_id=frame.request_id)
             return
-        request = glpb.FetchEventsRequest(group_id=frame.group_id, member_id=self.agent_id, ranges=frame.ranges)
+        request = glpb.FetchEventsRequest(
+            group_id=frame.group_id, member_id=self.agent_id, ranges=frame.ranges
+        )
         if frame.HasField("context_package"):
             request.context_package.CopyFrom(frame.context_package)
         try:
@@ -67,11 +73,17 @@ class Fetches(Stream):
         except grpc.aio.AioRpcError as err:
             answered = refusal(err)
             await self.error(
-                answered.code, answered.rejection.message, request_id=frame.request_id, rejection=unavailable_only(answered)
+                answered.code,
+                answered.rejection.message,
+                request_id=frame.request_id,
+                rejection=unavailable_only(answered),
             )
             return
         await self.send(
             fetched=pb.FetchedFrame(
-                request_id=frame.request_id, group_id=frame.group_id, events=answer.events, withheld=answer.withheld
+                request_id=frame.request_id,
+                group_id=frame.group_id,
+                events=answer.events,
+                withheld=answer.withheld,
             )
         )

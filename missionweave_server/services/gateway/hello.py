@@ -52,10 +52,14 @@ class SessionProofs:
         directory's Rejected (PEER_UNAVAILABLE, retry_after_ms) when Membership cannot confirm the
         session. HELLO and GetSnapshot share one nonce cache: a proof is used once, for either."""
         if not proof.signatures or len(proof.signatures) > MAX_SIGNATURES:
-            raise Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "a HelloProof signed by a session key is required")
+            raise Fatal(
+                E.GATEWAY_ERROR_CODE_HELLO_INVALID, "a HelloProof signed by a session key is required"
+            )
         key_id = parse_session_key_id(proof.signatures[0].key_id)
         if key_id is None or proof.payload_type != HELLO_PROOF_TYPE:
-            raise Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "a HelloProof signed by a session key is required")
+            raise Fatal(
+                E.GATEWAY_ERROR_CODE_HELLO_INVALID, "a HelloProof signed by a session key is required"
+            )
         agent_id, session_epoch = key_id
         key = await self.registry.session_key(agent_id, session_epoch)
         if key is None or not verify_signature(proof, key):
@@ -76,13 +80,29 @@ class SessionProofs:
         try:
             issued_at = from_timestamp(claim.issued_at)
         except (ValueError, OverflowError):
-            raise Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof's issued_at is not a valid time", field="issued_at") from None
+            raise Fatal(
+                E.GATEWAY_ERROR_CODE_HELLO_INVALID,
+                "the proof's issued_at is not a valid time",
+                field="issued_at",
+            ) from None
         if not self.nonces.fresh(issued_at):
-            raise Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof is stale (clock skew over 30 s)", field="issued_at")
+            raise Fatal(
+                E.GATEWAY_ERROR_CODE_HELLO_INVALID,
+                "the proof is stale (clock skew over 30 s)",
+                field="issued_at",
+            )
         if not await self.nonces.use(session_key_id(agent_id, session_epoch), claim.nonce, issued_at):
             if self.nonces.full:
-                raise over_limit("too many HELLO proofs in the replay window; retry later", self.limits.max_hello_nonces, "nonces")
-            raise Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof's nonce was already used: make a fresh proof", field="nonce")
+                raise over_limit(
+                    "too many HELLO proofs in the replay window; retry later",
+                    self.limits.max_hello_nonces,
+                    "nonces",
+                )
+            raise Fatal(
+                E.GATEWAY_ERROR_CODE_HELLO_INVALID,
+                "the proof's nonce was already used: make a fresh proof",
+                field="nonce",
+            )
         identity = await self.registry.get(agent_id, at_least_epoch=session_epoch)
         if identity is None or identity.session_epoch != session_epoch:
             raise Fatal(E.GATEWAY_ERROR_CODE_SESSION_STALE, "a newer session of this agent exists")
@@ -96,7 +116,9 @@ class Hello(Stream):
         claimed = (hello.agent_id, hello.session_epoch)
         proved = await self.gateway.verify_session_proof(hello.proof)
         if proved != claimed:
-            raise Fatal(E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof must be signed by the session named in HELLO")
+            raise Fatal(
+                E.GATEWAY_ERROR_CODE_HELLO_INVALID, "the proof must be signed by the session named in HELLO"
+            )
         self.gateway.admit_identity(self, hello.agent_id)
         now = self.gateway.clock.now()
         self.agent_id, self.session_epoch = claimed

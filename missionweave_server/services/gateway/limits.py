@@ -30,6 +30,7 @@ STREAM_BUFFER_BYTES = 1024 * 1024
 # with LIMIT_EXCEEDED until older ones expire (never forgotten early, which would allow replays).
 MAX_HELLO_NONCES = 200_000
 
+
 @dataclass(frozen=True)
 class GatewayLimits:
     max_streams: int = MAX_STREAMS

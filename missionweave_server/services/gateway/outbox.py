@@ -71,7 +71,9 @@ class Outbox:
         size = frame.ByteSize()
         if self._merged(group_id, frame, size):
             return
-        while not self._ended and (len(self._events.get(group_id, ())) >= self._frames_per_group or self._over(size)):
+        while not self._ended and (
+            len(self._events.get(group_id, ())) >= self._frames_per_group or self._over(size)
+        ):
             await self._wait_for_room()
         if self._ended:
             return

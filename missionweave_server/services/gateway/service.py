@@ -72,7 +72,12 @@ def _credits_outstanding() -> float:
     """mwp_gateway_credits_outstanding, read at scrape time (from the metrics thread: the list()
     copies are taken under the GIL, so the loop's changes cannot break the iteration)."""
     return float(
-        sum(s.credits for g in list(_GATEWAYS) for c in list(g.connections) for s in list(c.subscriptions.values()))
+        sum(
+            s.credits
+            for g in list(_GATEWAYS)
+            for c in list(g.connections)
+            for s in list(c.subscriptions.values())
+        )
     )
 
 
@@ -132,7 +137,9 @@ class GatewayServicer(
         if self.stopping:
             await context.abort(grpc.StatusCode.UNAVAILABLE, GOING_AWAY_MESSAGE)
         # Bounded per Group and in bytes: backpressure, and fair across Groups.
-        outbox = Outbox(max_bytes=self.limits.stream_buffer_bytes, max_events_per_frame=limits.MAX_EVENTS_PER_FRAME)
+        outbox = Outbox(
+            max_bytes=self.limits.stream_buffer_bytes, max_events_per_frame=limits.MAX_EVENTS_PER_FRAME
+        )
         connection = Connection(self, outbox)
         # However the call ends (its end, the client's cancel, a stall), the stream lets go of what
         # it holds at once; the clean-up below may not run when the call is cancelled mid-send. By
@@ -145,8 +152,11 @@ class GatewayServicer(
         try:
             if len(self.connections) >= self.limits.max_streams:
                 connection.refuse(
-                    over_limit(f"the gateway has {len(self.connections)} streams open; retry later",
-                                self.limits.max_streams, "gateway")
+                    over_limit(
+                        f"the gateway has {len(self.connections)} streams open; retry later",
+                        self.limits.max_streams,
+                        "gateway",
+                    )
                 )
             else:
                 self.connections.add(connection)
@@ -214,10 +224,14 @@ class GatewayServicer(
         except Fatal as refused:
             raise refused.rejected from None
         # Membership, the snapshot and the reference signed by the Authority: decided over there.
-        ask = glpb.GetMemberSnapshotRequest(group_id=request.group_id, member_id=agent_id, digest=request.digest)
+        ask = glpb.GetMemberSnapshotRequest(
+            group_id=request.group_id, member_id=agent_id, digest=request.digest
+        )
         try:
             answer = await self.group_log.GetMemberSnapshot(ask, timeout=authority_calls.PEER_TIMEOUT_S)
         except grpc.aio.AioRpcError as err:
             rejection = rejection_from_rpc_error(err)
-            raise from_proto(rejection) if rejection is not None else peer_unavailable("authority", err) from None
+            raise (
+                from_proto(rejection) if rejection is not None else peer_unavailable("authority", err)
+            ) from None
         return pb.GetSnapshotResponse(snapshot=answer.snapshot, signed_reference=answer.signed_reference)

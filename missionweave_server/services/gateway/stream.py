@@ -206,7 +206,11 @@ class Stream:
         )
         log.info(
             "ending the gateway streams of a replaced session",
-            extra={"agent": self.agent_id, "session_epoch": self.session_epoch, "current_epoch": current_epoch},
+            extra={
+                "agent": self.agent_id,
+                "session_epoch": self.session_epoch,
+                "current_epoch": current_epoch,
+            },
         )
         this = asyncio.current_task()
         for task in self.tasks():
@@ -219,7 +223,9 @@ class Stream:
         self.outbox.force_control(pb.ServerFrame(error=error_frame(fatal)))
         self.ended_with = fatal.rejected
         if self.handler is not None and self.context is not None:
-            self.gateway.track(asyncio.create_task(self._abort_unread(self.context, self.handler, fatal.rejected)))
+            self.gateway.track(
+                asyncio.create_task(self._abort_unread(self.context, self.handler, fatal.rejected))
+            )
 
     @classmethod
     async def _abort_unread(cls, context: Any, handler: asyncio.Task[Any], rejected: Rejected) -> None:
@@ -270,7 +276,9 @@ class Stream:
     ) -> None:
         if rejection is None:
             rejection = common_pb2.Rejection(
-                reason=R.REJECTION_REASON_FRAME_OUT_OF_ORDER if fatal else R.REJECTION_REASON_INVALID_ARGUMENT,
+                reason=R.REJECTION_REASON_FRAME_OUT_OF_ORDER
+                if fatal
+                else R.REJECTION_REASON_INVALID_ARGUMENT,
                 message=message,
             )
         error = pb.ErrorFrame(
@@ -291,4 +299,3 @@ class Stream:
             subscription_id=subscription_id,
             rejection=Rejected(R.REJECTION_REASON_MALFORMED, message, field=field).to_proto(),
         )
-

@@ -55,7 +55,9 @@ async def verify_grants(engine: AsyncEngine, admin_public_key: bytes) -> GrantRe
         ).all()
     stored = {
         r.identity_id: (
-            GrantedIdentity(r.identity_id, int(r.kind), r.display_name, bytes(r.public_key), bool(r.org_admin)),
+            GrantedIdentity(
+                r.identity_id, int(r.kind), r.display_name, bytes(r.public_key), bool(r.org_admin)
+            ),
             r.grant_envelope,
         )
         for r in rows
@@ -77,7 +79,11 @@ async def verify_grants(engine: AsyncEngine, admin_public_key: bytes) -> GrantRe
         report.sessions += 1
         owner = valid.get(s.identity_id)
         if owner is None:
-            problem = "its identity is missing" if s.identity_id not in stored else "its identity fails its grant check"
+            problem = (
+                "its identity is missing"
+                if s.identity_id not in stored
+                else "its identity fails its grant check"
+            )
             report.findings.append(GrantFinding("session", s.identity_id, int(s.session_epoch), problem))
             continue
         try:

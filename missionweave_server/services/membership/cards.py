@@ -78,28 +78,43 @@ def malformed(field: str, message: str) -> Rejected:
 
 
 def too_large(field: str, count: int, limit: int, what: str) -> Rejected:
-    return Rejected(R.REJECTION_REASON_TOO_LARGE, f"{field}: {count} {what}; at most {limit}", field=field, limit=limit)
+    return Rejected(
+        R.REJECTION_REASON_TOO_LARGE, f"{field}: {count} {what}; at most {limit}", field=field, limit=limit
+    )
 
 
 def check_card(card: pb.AgentCard) -> semver.Version:
     """Every field of ``card`` within the contract's rules and bounds; its parsed version."""
     version = semver.parse(card.card_version)
     if version is None:
-        raise malformed("card.card_version", "card_version must be a semantic version MAJOR.MINOR.PATCH[-PRERELEASE]")
+        raise malformed(
+            "card.card_version", "card_version must be a semantic version MAJOR.MINOR.PATCH[-PRERELEASE]"
+        )
     if card.max_concurrency < 1:
         raise Rejected(
-            R.REJECTION_REASON_INVALID_ARGUMENT, "max_concurrency must be at least 1", field="card.max_concurrency"
+            R.REJECTION_REASON_INVALID_ARGUMENT,
+            "max_concurrency must be at least 1",
+            field="card.max_concurrency",
         )
     _bounded("card.capabilities", card.capabilities, MAX_CAPABILITIES)
     seen: set[str] = set()
     for i, capability in enumerate(card.capabilities):
         if not ids.is_valid(capability.capability_id) or capability.capability_id in seen:
-            raise malformed(f"card.capabilities[{i}].capability_id", "capability ids are valid ids, each listed once")
+            raise malformed(
+                f"card.capabilities[{i}].capability_id", "capability ids are valid ids, each listed once"
+            )
         if semver.parse(capability.version) is None:
             raise malformed(f"card.capabilities[{i}].version", "a capability's version is a semantic version")
         seen.add(capability.capability_id)
     _strings("card.extensions", card.extensions, MAX_EXTENSIONS, MAX_URN_CHARS, _URN, "a URN urn:<nid>:<nss>")
-    _strings("card.endpoints", card.endpoints, MAX_ENDPOINTS, MAX_ENDPOINT_CHARS, _NO_WHITESPACE, "non-empty, no whitespace")
+    _strings(
+        "card.endpoints",
+        card.endpoints,
+        MAX_ENDPOINTS,
+        MAX_ENDPOINT_CHARS,
+        _NO_WHITESPACE,
+        "non-empty, no whitespace",
+    )
     for field, value, limit in (
         ("card.display_name", card.display_name, MAX_DISPLAY_NAME_CHARS),
         ("card.description", card.description, MAX_DESCRIPTION_CHARS),
@@ -129,16 +144,21 @@ def acting_for(caller: Caller, agent_id: str) -> None:
     """Only the agent itself (or a service of the mesh acting for it) publishes or reports for it."""
     if not caller.service and caller.identity_id != agent_id:
         raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED, f"{caller.identity_id} may not act for {agent_id}", agent_id=agent_id
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            f"{caller.identity_id} may not act for {agent_id}",
+            agent_id=agent_id,
         )
 
 
 def _agent(record: IdentityRecord | None, agent_id: str) -> IdentityRecord:
     if record is None:
-        raise Rejected(R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{agent_id!r} is not registered", agent_id=agent_id)
+        raise Rejected(
+            R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{agent_id!r} is not registered", agent_id=agent_id
+        )
     if record.kind != common_pb2.IDENTITY_KIND_AGENT:
         raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED, f"{agent_id} is not an agent: only agents publish cards and presence",
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            f"{agent_id} is not an agent: only agents publish cards and presence",
             agent_id=agent_id,
         )
     return record
@@ -147,7 +167,9 @@ def _agent(record: IdentityRecord | None, agent_id: str) -> IdentityRecord:
 def _published(row: Row[Any]) -> pb.PublishedAgentCard:
     envelope = common_pb2.SignedEnvelope.FromString(row.envelope)
     out = pb.PublishedAgentCard(
-        card=pb.AgentCard.FromString(envelope.payload), envelope=envelope, session_epoch=int(row.session_epoch),
+        card=pb.AgentCard.FromString(envelope.payload),
+        envelope=envelope,
+        session_epoch=int(row.session_epoch),
         session_public_key=bytes(row.session_public_key),
     )
     out.published_at.FromMicroseconds(int(row.published_us))
@@ -185,11 +207,15 @@ class AgentCards:
             except IntegrityError:
                 continue  # a concurrent publication took the ordinal (or the version): decide again
         raise Rejected(
-            R.REJECTION_REASON_REVISION_MISMATCH, "concurrent publications of this agent's card; retry",
-            field="card.card_version", conflict="concurrent",
+            R.REJECTION_REASON_REVISION_MISMATCH,
+            "concurrent publications of this agent's card; retry",
+            field="card.card_version",
+            conflict="concurrent",
         )
 
-    async def _verified(self, envelope: common_pb2.SignedEnvelope, caller: Caller) -> tuple[pb.AgentCard, int, bytes]:
+    async def _verified(
+        self, envelope: common_pb2.SignedEnvelope, caller: Caller
+    ) -> tuple[pb.AgentCard, int, bytes]:
         """The card, signed by its agent's current session key (its epoch and public key) and
         published by the agent itself."""
         if envelope.payload_type != AGENT_CARD_TYPE:
@@ -213,7 +239,8 @@ class AgentCards:
         signed_by = parse_session_key_id(envelope.signatures[0].key_id)
         if signed_by is None or signed_by[0] != agent.identity_id:
             raise Rejected(
-                R.REJECTION_REASON_SIGNATURE_INVALID, f"the card is not signed by a session key of {agent.identity_id}"
+                R.REJECTION_REASON_SIGNATURE_INVALID,
+                f"the card is not signed by a session key of {agent.identity_id}",
             )
         if signed_by[1] != current:
             raise Rejected(
@@ -224,13 +251,19 @@ class AgentCards:
         key = await self.registry.session_key(agent.identity_id, current)
         if key is None or not verify_signature(envelope, key):
             raise Rejected(
-                R.REJECTION_REASON_SIGNATURE_INVALID, f"the card's signature does not verify for {agent.identity_id}"
+                R.REJECTION_REASON_SIGNATURE_INVALID,
+                f"the card's signature does not verify for {agent.identity_id}",
             )
         return card, current, key
 
     @finish_on_cancel
     async def _store(
-        self, card: pb.AgentCard, version: semver.Version, envelope: common_pb2.SignedEnvelope, epoch: int, key: bytes
+        self,
+        card: pb.AgentCard,
+        version: semver.Version,
+        envelope: common_pb2.SignedEnvelope,
+        epoch: int,
+        key: bytes,
     ) -> tuple[pb.PublishedAgentCard, bool, int]:
         # Reads, then writes: IMMEDIATE on SQLite (upgrading a deferred transaction fails at once
         # when another connection wrote meanwhile); on PostgreSQL the ordinal's key decides races.
@@ -250,7 +283,10 @@ class AgentCards:
                 same = (
                     await conn.execute(
                         select(agent_cards).where(
-                            and_(agent_cards.c.agent_id == card.agent_id, agent_cards.c.card_version == card.card_version)
+                            and_(
+                                agent_cards.c.agent_id == card.agent_id,
+                                agent_cards.c.card_version == card.card_version,
+                            )
                         )
                     )
                 ).first()
@@ -260,11 +296,19 @@ class AgentCards:
                         # Idempotent: the version as first stored, and the directory's head, which
                         # covers its change (a retry after the first answer was lost waits for it too).
                         return stored, True, await read_revision(conn)
-                    raise self._conflict(card, latest, "content", f"version {card.card_version} was published with another card")
+                    raise self._conflict(
+                        card,
+                        latest,
+                        "content",
+                        f"version {card.card_version} was published with another card",
+                    )
                 newest = semver.parse(latest.card_version) if latest is not None else None  # stored: valid
                 if newest is not None and not version > newest:
                     raise self._conflict(
-                        card, latest, "order", f"version {card.card_version} is not greater than the latest, {newest}"
+                        card,
+                        latest,
+                        "order",
+                        f"version {card.card_version} is not greater than the latest, {newest}",
                     )
                 now = to_micros(self.clock.now())
                 await conn.execute(
@@ -278,7 +322,9 @@ class AgentCards:
                         published_us=now,
                     )
                 )
-                revision = await record_change(conn, card.agent_id, directory_pb2.IDENTITY_CHANGE_KIND_CARD_PUBLISHED, epoch, now)
+                revision = await record_change(
+                    conn, card.agent_id, directory_pb2.IDENTITY_CHANGE_KIND_CARD_PUBLISHED, epoch, now
+                )
         self.registry.note_head(revision)
         out = pb.PublishedAgentCard(card=card, envelope=envelope, session_epoch=epoch, session_public_key=key)
         out.published_at.FromMicroseconds(now)
@@ -287,7 +333,10 @@ class AgentCards:
     @staticmethod
     def _conflict(card: pb.AgentCard, latest: Row[Any] | None, conflict: str, message: str) -> Rejected:
         return Rejected(
-            R.REJECTION_REASON_REVISION_MISMATCH, message, field="card.card_version", conflict=conflict,
+            R.REJECTION_REASON_REVISION_MISMATCH,
+            message,
+            field="card.card_version",
+            conflict=conflict,
             latest_version=latest.card_version if latest is not None else "",
         )
 
@@ -296,27 +345,37 @@ class AgentCards:
         """One version exactly as signed (the card in force when ``card_version`` is empty), and the
         agent's latest version; NOT_FOUND when there is none."""
         if card_version and semver.parse(card_version) is None:
-            raise malformed("card_version", "card_version must be a semantic version (or empty for the card in force)")
+            raise malformed(
+                "card_version", "card_version must be a semantic version (or empty for the card in force)"
+            )
         mine = agent_cards.c.agent_id == agent_id
         async with self.engine.connect() as conn:
             latest = (
-                await conn.execute(select(agent_cards).where(mine).order_by(agent_cards.c.ordinal.desc()).limit(1))
+                await conn.execute(
+                    select(agent_cards).where(mine).order_by(agent_cards.c.ordinal.desc()).limit(1)
+                )
             ).first()
             row = latest
             if card_version and latest is not None and latest.card_version != card_version:
                 row = (
-                    await conn.execute(select(agent_cards).where(and_(mine, agent_cards.c.card_version == card_version)))
+                    await conn.execute(
+                        select(agent_cards).where(and_(mine, agent_cards.c.card_version == card_version))
+                    )
                 ).first()
         if row is None or latest is None:
             what = f"version {card_version}" if card_version else "a card"
             raise Rejected(
-                R.REJECTION_REASON_NOT_FOUND, f"{agent_id!r} has published no {what}",
-                agent_id=agent_id, card_version=card_version,
+                R.REJECTION_REASON_NOT_FOUND,
+                f"{agent_id!r} has published no {what}",
+                agent_id=agent_id,
+                card_version=card_version,
             )
         return _published(row), latest.card_version
 
     @finish_on_cancel
-    async def versions(self, agent_id: str, page_size: int, page_token: str) -> tuple[list[pb.AgentCardVersion], str]:
+    async def versions(
+        self, agent_id: str, page_size: int, page_token: str
+    ) -> tuple[list[pb.AgentCardVersion], str]:
         """A page of the agent's versions, newest first, and the token of the next page ("" at the end)."""
         # The shared paging rules: a token another list issued (or garbage) is refused as by every list.
         size = paging.page_size(page_size)
@@ -349,7 +408,8 @@ class AgentCards:
             .subquery()
         )
         query = select(agent_cards).join(
-            newest, and_(agent_cards.c.agent_id == newest.c.agent_id, agent_cards.c.ordinal == newest.c.ordinal)
+            newest,
+            and_(agent_cards.c.agent_id == newest.c.agent_id, agent_cards.c.ordinal == newest.c.ordinal),
         )
         async with self.engine.connect() as conn:
             return [_published(row) for row in (await conn.execute(query)).all()]
@@ -366,8 +426,11 @@ class AgentCards:
         ttl_ms = report.ttl_ms or DEFAULT_TTL_MS
         if not MIN_TTL_MS <= ttl_ms <= MAX_TTL_MS:
             raise Rejected(
-                R.REJECTION_REASON_INVALID_ARGUMENT, f"ttl_ms must be {MIN_TTL_MS}..{MAX_TTL_MS} (0: {DEFAULT_TTL_MS})",
-                field="report.ttl_ms", min=MIN_TTL_MS, max=MAX_TTL_MS,
+                R.REJECTION_REASON_INVALID_ARGUMENT,
+                f"ttl_ms must be {MIN_TTL_MS}..{MAX_TTL_MS} (0: {DEFAULT_TTL_MS})",
+                field="report.ttl_ms",
+                min=MIN_TTL_MS,
+                max=MAX_TTL_MS,
             )
         if len(report.note) > MAX_NOTE_CHARS:
             raise too_large("report.note", len(report.note), MAX_NOTE_CHARS, "characters")
@@ -385,12 +448,19 @@ class AgentCards:
                 R.REJECTION_REASON_INVALID_ARGUMENT,
                 f"free_slots + in_use_slots = {report.free_slots + report.in_use_slots} exceeds max_concurrency "
                 f"{card.max_concurrency} of card {card.card_version}",
-                field="report.free_slots", limit=card.max_concurrency, card_version=card.card_version,
+                field="report.free_slots",
+                limit=card.max_concurrency,
+                card_version=card.card_version,
             )
         row: dict[str, Any] = {
-            "agent_id": report.agent_id, "availability": int(report.availability), "free_slots": report.free_slots,
-            "in_use_slots": report.in_use_slots, "max_concurrency": card.max_concurrency,
-            "card_version": card.card_version, "note": report.note, "reported_us": to_micros(self.clock.now()),
+            "agent_id": report.agent_id,
+            "availability": int(report.availability),
+            "free_slots": report.free_slots,
+            "in_use_slots": report.in_use_slots,
+            "max_concurrency": card.max_concurrency,
+            "card_version": card.card_version,
+            "note": report.note,
+            "reported_us": to_micros(self.clock.now()),
             "ttl_ms": ttl_ms,
         }
         await self._write_presence(row)
@@ -408,7 +478,10 @@ class AgentCards:
         if not wanted:
             raise malformed("agent_ids", "name at least one agent")
         async with self.engine.connect() as conn:
-            rows = {r.agent_id: r for r in (await conn.execute(select(presence).where(presence.c.agent_id.in_(wanted)))).all()}
+            rows = {
+                r.agent_id: r
+                for r in (await conn.execute(select(presence).where(presence.c.agent_id.in_(wanted)))).all()
+            }
         now = to_micros(self.clock.now())
         return [self._presence(rows[a]._mapping, now) for a in wanted if a in rows]
 

@@ -87,7 +87,9 @@ class IdentityDirectoryServicer(pb_grpc.IdentityDirectoryServiceServicer):
         self, request: pb.GetIdentitiesRequest, context: grpc.aio.ServicerContext, caller: Caller
     ) -> pb.GetIdentitiesResponse:
         ids = unique_ids(request.identity_ids, MAX_IDENTITIES_PER_CALL, "identity_ids")
-        revision, records = await self.registry.read_identities(ids) if ids else (await self.registry.head(0), [])
+        revision, records = (
+            await self.registry.read_identities(ids) if ids else (await self.registry.head(0), [])
+        )
         return pb.GetIdentitiesResponse(identities=[r.to_directory() for r in records], revision=revision)
 
     @requires(Access.MESH)
@@ -111,7 +113,9 @@ class IdentityDirectoryServicer(pb_grpc.IdentityDirectoryServiceServicer):
     ) -> AsyncIterator[pb.WatchIdentitiesResponse]:
         if self.stopping:
             raise Rejected(
-                R.REJECTION_REASON_PEER_UNAVAILABLE, "this Membership instance is shutting down", peer="membership",
+                R.REJECTION_REASON_PEER_UNAVAILABLE,
+                "this Membership instance is shutting down",
+                peer="membership",
                 retry_after_ms=100,
             )
         stream_id = os.urandom(12).hex()
@@ -126,7 +130,9 @@ class IdentityDirectoryServicer(pb_grpc.IdentityDirectoryServiceServicer):
             if after == 0 or reset:
                 after = head  # the client reads what it needs: everything up to head is covered
             yield pb.WatchIdentitiesResponse(
-                start=pb.WatchStart(revision=after, reset=reset, heartbeat_interval_ms=int(HEARTBEAT_S * 1000))
+                start=pb.WatchStart(
+                    revision=after, reset=reset, heartbeat_interval_ms=int(HEARTBEAT_S * 1000)
+                )
             )
             stream.delivered = after
             self._poke()
@@ -197,7 +203,8 @@ class IdentityDirectoryServicer(pb_grpc.IdentityDirectoryServiceServicer):
     @staticmethod
     def _late(revision: int, behind: int) -> bool:
         log.warning(
-            "a directory change did not reach every stream in time", extra={"revision": revision, "streams_behind": behind}
+            "a directory change did not reach every stream in time",
+            extra={"revision": revision, "streams_behind": behind},
         )
         return False
 

@@ -78,7 +78,9 @@ class GrantChecker:
         """Raise ``GrantInvalid`` unless ``row`` is what an administrator signed (or the root)."""
         await self._identity(row, grant, signer_of, depth=0)
 
-    async def _identity(self, row: GrantedIdentity, grant: bytes | None, signer_of: SignerLookup, depth: int) -> None:
+    async def _identity(
+        self, row: GrantedIdentity, grant: bytes | None, signer_of: SignerLookup, depth: int
+    ) -> None:
         if self._identities.get(row.identity_id) == (row, grant or b""):
             return
         what = f"identity {row.identity_id!r}"
@@ -91,25 +93,40 @@ class GrantChecker:
         except DecodeError:
             raise GrantInvalid(f"{what}: its grant's payload is not a RegisterIdentityCommand") from None
         signed = command.identity
-        if GrantedIdentity(signed.identity_id, signed.kind, signed.display_name, bytes(signed.public_key), signed.org_admin) != row:
+        if (
+            GrantedIdentity(
+                signed.identity_id,
+                signed.kind,
+                signed.display_name,
+                bytes(signed.public_key),
+                signed.org_admin,
+            )
+            != row
+        ):
             raise GrantInvalid(f"{what}: the row differs from the request that registered it")
         if verify_signature(envelope, self.anchor):
             pass  # the administrator key this service holds outside the database: the root
         elif command.admin_id == row.identity_id:
-            raise GrantInvalid(f"{what}: registered by itself, but not with the administrator key of this Organization")
+            raise GrantInvalid(
+                f"{what}: registered by itself, but not with the administrator key of this Organization"
+            )
         else:
             signer = await signer_of(command.admin_id)
             if signer is None:
                 raise GrantInvalid(f"{what}: registered by {command.admin_id!r}, who is not in the store")
             admin, admin_grant = signer
             if not admin.org_admin:
-                raise GrantInvalid(f"{what}: registered by {command.admin_id!r}, who is not an Organization admin")
+                raise GrantInvalid(
+                    f"{what}: registered by {command.admin_id!r}, who is not an Organization admin"
+                )
             if not verify_signature(envelope, admin.public_key):
                 raise GrantInvalid(f"{what}: its grant is not signed by {command.admin_id!r}'s key")
             await self._identity(admin, admin_grant, signer_of, depth + 1)
         self._identities[row.identity_id] = (row, grant or b"")
 
-    def session(self, identity: GrantedIdentity, session_epoch: int, session_key: bytes, grant: bytes | None) -> None:
+    def session(
+        self, identity: GrantedIdentity, session_epoch: int, session_key: bytes, grant: bytes | None
+    ) -> None:
         """Raise ``GrantInvalid`` unless the session's key is what ``identity`` (already checked) asked
         for, or what the administrator key attested at an upgrade."""
         at = (identity.identity_id, session_epoch)
@@ -125,13 +142,19 @@ class GrantChecker:
         if command.identity_id != identity.identity_id or bytes(command.session_public_key) != session_key:
             raise GrantInvalid(f"{what}: the row differs from the request that opened it")
         if not (verify_signature(envelope, identity.public_key) or verify_signature(envelope, self.anchor)):
-            raise GrantInvalid(f"{what}: its grant is signed neither by the identity nor by the administrator key")
+            raise GrantInvalid(
+                f"{what}: its grant is signed neither by the identity nor by the administrator key"
+            )
         self._sessions[at] = (session_key, grant or b"")
 
 
 def granted(identity: membership_pb2.Identity) -> GrantedIdentity:
     return GrantedIdentity(
-        identity.identity_id, identity.kind, identity.display_name, bytes(identity.public_key), identity.org_admin
+        identity.identity_id,
+        identity.kind,
+        identity.display_name,
+        bytes(identity.public_key),
+        identity.org_admin,
     )
 
 
@@ -156,7 +179,9 @@ def attest_identity(admin_key: SigningKey, row: GrantedIdentity, issued_at_us: i
 
 def attest_session(admin_key: SigningKey, identity_id: str, session_key: bytes, issued_at_us: int) -> bytes:
     """The administrator key's grant for a session row that predates grants (``mwp db upgrade``)."""
-    command = membership_service_pb2.OpenSessionCommand(identity_id=identity_id, session_public_key=session_key)
+    command = membership_service_pb2.OpenSessionCommand(
+        identity_id=identity_id, session_public_key=session_key
+    )
     command.issued_at.FromMicroseconds(issued_at_us)
     envelope = sign_envelope(command.SerializeToString(), OPEN_SESSION_TYPE, admin_key, "admin")
     return envelope.SerializeToString()

@@ -157,13 +157,20 @@ class IdentityRegistry:
     @finish_on_cancel
     async def _identity_row(self, identity_id: str) -> Row[Any] | None:
         async with self.engine.connect() as conn:
-            return (await conn.execute(select(identities).where(identities.c.identity_id == identity_id))).first()
+            return (
+                await conn.execute(select(identities).where(identities.c.identity_id == identity_id))
+            ).first()
 
     @staticmethod
     def _record(row: Row[Any]) -> IdentityRecord:
         return IdentityRecord(
-            row.identity_id, int(row.kind), row.display_name, bytes(row.public_key), bool(row.org_admin),
-            int(row.registered_us), int(row.session_epoch),
+            row.identity_id,
+            int(row.kind),
+            row.display_name,
+            bytes(row.public_key),
+            bool(row.org_admin),
+            int(row.registered_us),
+            int(row.session_epoch),
         )
 
     async def _checked(self, row: Row[Any]) -> IdentityRecord | None:
@@ -183,19 +190,27 @@ class IdentityRegistry:
         row = await self._identity_row(identity_id)
         return None if row is None else (_granted(self._record(row)), row.grant_envelope)
 
-    def _session_granted(self, identity: IdentityRecord, session_epoch: int, key: bytes, grant: bytes | None) -> bool:
+    def _session_granted(
+        self, identity: IdentityRecord, session_epoch: int, key: bytes, grant: bytes | None
+    ) -> bool:
         try:
             self.grants.session(_granted(identity), session_epoch, key, grant)
         except GrantInvalid as refused:
             log.error(
                 "a session row fails its grant check: it was written outside the membership service",
-                extra={"identity": identity.identity_id, "session_epoch": session_epoch, "detail": str(refused)},
+                extra={
+                    "identity": identity.identity_id,
+                    "session_epoch": session_epoch,
+                    "detail": str(refused),
+                },
             )
             return False
         return True
 
     @finish_on_cancel
-    async def _session_key_row(self, identity_id: str, session_epoch: int) -> tuple[bytes, bytes | None] | None:
+    async def _session_key_row(
+        self, identity_id: str, session_epoch: int
+    ) -> tuple[bytes, bytes | None] | None:
         async with self.engine.connect() as conn:
             row = (
                 await conn.execute(
@@ -212,7 +227,12 @@ class IdentityRegistry:
     @finish_on_cancel
     async def identities_after(self, after: str, limit: int) -> list[IdentityRecord]:
         """At most ``limit`` identities whose id is greater than ``after``, by id, from the database."""
-        query = select(identities).where(identities.c.identity_id > after).order_by(identities.c.identity_id).limit(limit)
+        query = (
+            select(identities)
+            .where(identities.c.identity_id > after)
+            .order_by(identities.c.identity_id)
+            .limit(limit)
+        )
         async with self.engine.connect() as conn:
             rows = (await conn.execute(query)).all()
         return await self._all_checked(list(rows))
@@ -225,7 +245,9 @@ class IdentityRegistry:
         change up to it committed before the identities are read)."""
         async with self.engine.connect() as conn:
             revision = await read_revision(conn)
-            rows = (await conn.execute(select(identities).where(identities.c.identity_id.in_(identity_ids)))).all()
+            rows = (
+                await conn.execute(select(identities).where(identities.c.identity_id.in_(identity_ids)))
+            ).all()
         self.note_head(revision)
         return revision, await self._all_checked(list(rows))
 
@@ -289,14 +311,18 @@ class IdentityRegistry:
                 change.kind == directory_pb2.IDENTITY_CHANGE_KIND_SESSION_OPENED
                 and row.session_public_key is not None
                 and checked is not None
-                and self._session_granted(checked, int(row.change_epoch), bytes(row.session_public_key), row.session_grant)
+                and self._session_granted(
+                    checked, int(row.change_epoch), bytes(row.session_public_key), row.session_grant
+                )
             ):
                 change.session_public_key = bytes(row.session_public_key)
             changes.append(change)
             cached = self._identities.get(row.identity_id)
             if cached is not None and cached.session_epoch < int(row.change_epoch):
                 # Another instance opened it: this instance's own cache learns it from the log too.
-                self._identities[row.identity_id] = dataclasses.replace(cached, session_epoch=int(row.change_epoch))
+                self._identities[row.identity_id] = dataclasses.replace(
+                    cached, session_epoch=int(row.change_epoch)
+                )
         if changes:
             self.note_head(changes[-1].revision)
         return changes
@@ -308,10 +334,14 @@ class IdentityRegistry:
         """Record a new stream (nothing written to it yet); forget streams long gone."""
         now_us = _wall_us()
         async with self.engine.begin() as conn:
-            await conn.execute(delete(directory_streams).where(directory_streams.c.alive_until_us < now_us - 60_000_000))
+            await conn.execute(
+                delete(directory_streams).where(directory_streams.c.alive_until_us < now_us - 60_000_000)
+            )
             await conn.execute(
                 insert(directory_streams).values(
-                    stream_id=stream_id, instance_id=instance_id, delivered_revision=0,
+                    stream_id=stream_id,
+                    instance_id=instance_id,
+                    delivered_revision=0,
                     alive_until_us=now_us + int(alive_for_s * 1_000_000),
                 )
             )
@@ -322,7 +352,9 @@ class IdentityRegistry:
             await conn.execute(
                 update(directory_streams)
                 .where(directory_streams.c.stream_id == stream_id)
-                .values(delivered_revision=delivered, alive_until_us=_wall_us() + int(alive_for_s * 1_000_000))
+                .values(
+                    delivered_revision=delivered, alive_until_us=_wall_us() + int(alive_for_s * 1_000_000)
+                )
             )
 
     @finish_on_cancel
@@ -336,7 +368,9 @@ class IdentityRegistry:
         async with self.engine.connect() as conn:
             count = (
                 await conn.execute(
-                    select(func.count()).select_from(directory_streams).where(
+                    select(func.count())
+                    .select_from(directory_streams)
+                    .where(
                         directory_streams.c.delivered_revision < revision,
                         directory_streams.c.alive_until_us > _wall_us(),
                         directory_streams.c.instance_id != other_than_instance,
@@ -355,14 +389,23 @@ class IdentityRegistry:
 
     # ------------------------------------------------------------ Organization commands
 
-    async def bootstrap_admin(self, identity_id: str, admin_key: SigningKey, display_name: str) -> IdentityRecord:
+    async def bootstrap_admin(
+        self, identity_id: str, admin_key: SigningKey, display_name: str
+    ) -> IdentityRecord:
         """First start only: the Organization's administrator (a human with org_admin), granted by
         its own key: the root of every grant (D170)."""
         record = IdentityRecord(
-            identity_id, common_pb2.IDENTITY_KIND_HUMAN, display_name, bytes(admin_key.verify_key), True,
-            to_micros(self.clock.now()), 0,
+            identity_id,
+            common_pb2.IDENTITY_KIND_HUMAN,
+            display_name,
+            bytes(admin_key.verify_key),
+            True,
+            to_micros(self.clock.now()),
+            0,
         )
-        await self._insert_identity(record, grant=attest_identity(admin_key, _granted(record), record.registered_us))
+        await self._insert_identity(
+            record, grant=attest_identity(admin_key, _granted(record), record.registered_us)
+        )
         return record
 
     async def register(self, envelope: common_pb2.SignedEnvelope) -> IdentityRecord:
@@ -370,14 +413,23 @@ class IdentityRegistry:
         command = membership_service_pb2.RegisterIdentityCommand()
         admin = await self._verify_org_envelope(envelope, REGISTER_IDENTITY_TYPE, command, "admin_id")
         if not admin.org_admin:
-            raise Rejected(R.REJECTION_REASON_PERMISSION_DENIED, f"{admin.identity_id} is not an Organization admin")
+            raise Rejected(
+                R.REJECTION_REASON_PERMISSION_DENIED, f"{admin.identity_id} is not an Organization admin"
+            )
         ident = command.identity
         if not ids.is_valid(ident.identity_id) or "#" in ident.identity_id:
-            raise Rejected(R.REJECTION_REASON_MALFORMED, "identity.identity_id is not a valid id", field="identity_id")
-        if ident.kind == common_pb2.IDENTITY_KIND_UNSPECIFIED or ident.kind not in common_pb2.IdentityKind.values():
+            raise Rejected(
+                R.REJECTION_REASON_MALFORMED, "identity.identity_id is not a valid id", field="identity_id"
+            )
+        if (
+            ident.kind == common_pb2.IDENTITY_KIND_UNSPECIFIED
+            or ident.kind not in common_pb2.IdentityKind.values()
+        ):
             raise Rejected(R.REJECTION_REASON_MALFORMED, "identity.kind is required", field="kind")
         if len(ident.public_key) != 32:
-            raise Rejected(R.REJECTION_REASON_MALFORMED, "identity.public_key must be 32 bytes", field="public_key")
+            raise Rejected(
+                R.REJECTION_REASON_MALFORMED, "identity.public_key must be 32 bytes", field="public_key"
+            )
         if len(ident.display_name) > MAX_DISPLAY_NAME_CHARS:
             raise Rejected(
                 R.REJECTION_REASON_TOO_LARGE,
@@ -391,17 +443,26 @@ class IdentityRegistry:
         async with self._lock:
             async with self.engine.connect() as conn:
                 prior = (
-                    await conn.execute(select(org_requests).where(org_requests.c.request_id == command.request_id))
+                    await conn.execute(
+                        select(org_requests).where(org_requests.c.request_id == command.request_id)
+                    )
                 ).first()
             if prior is not None:
                 if bytes(prior.fingerprint) != fingerprint:
-                    raise Rejected(R.REJECTION_REASON_COMMAND_ID_REUSED, "request_id was used for another request")
+                    raise Rejected(
+                        R.REJECTION_REASON_COMMAND_ID_REUSED, "request_id was used for another request"
+                    )
                 existing = await self.get(prior.identity_id)
                 assert existing is not None
                 return existing
             record = IdentityRecord(
-                ident.identity_id, ident.kind, ident.display_name, bytes(ident.public_key),
-                ident.org_admin, to_micros(self.clock.now()), 0,
+                ident.identity_id,
+                ident.kind,
+                ident.display_name,
+                bytes(ident.public_key),
+                ident.org_admin,
+                to_micros(self.clock.now()),
+                0,
             )
             await self._insert_identity(
                 record, grant=envelope.SerializeToString(), request=(command.request_id, fingerprint)
@@ -424,14 +485,21 @@ class IdentityRegistry:
             assert current is not None
             epoch = current.session_epoch + 1
             try:
-                revision = await self._store_session(record.identity_id, current.session_epoch, command, fingerprint, envelope, now)
+                revision = await self._store_session(
+                    record.identity_id, current.session_epoch, command, fingerprint, envelope, now
+                )
             except IntegrityError:
                 raise Rejected(
                     R.REJECTION_REASON_COMMAND_ID_REUSED, "this OpenSession request was already used (replay)"
                 ) from None
             self._identities[record.identity_id] = IdentityRecord(
-                current.identity_id, current.kind, current.display_name, current.public_key,
-                current.org_admin, current.registered_us, epoch,
+                current.identity_id,
+                current.kind,
+                current.display_name,
+                current.public_key,
+                current.org_admin,
+                current.registered_us,
+                epoch,
             )
             self._session_keys[(record.identity_id, epoch)] = bytes(command.session_public_key)
         self.note_head(revision)
@@ -465,9 +533,13 @@ class IdentityRegistry:
         try:
             issued_at = from_timestamp(issued)
         except (ValueError, OverflowError):  # not a Timestamp at all (seconds or nanos out of range)
-            raise Rejected(R.REJECTION_REASON_MALFORMED, "issued_at is not a valid Timestamp", field="issued_at") from None
+            raise Rejected(
+                R.REJECTION_REASON_MALFORMED, "issued_at is not a valid Timestamp", field="issued_at"
+            ) from None
         if abs(issued_at - self.clock.now()) > REPLAY_WINDOW:
-            raise Rejected(R.REJECTION_REASON_CLOCK_SKEW, "issued_at is outside the replay window (5 minutes)")
+            raise Rejected(
+                R.REJECTION_REASON_CLOCK_SKEW, "issued_at is outside the replay window (5 minutes)"
+            )
         return signer
 
     @finish_on_cancel
@@ -487,7 +559,9 @@ class IdentityRegistry:
         async with self.engine.begin() as conn:
             result = await conn.execute(
                 update(identities)
-                .where(and_(identities.c.identity_id == identity_id, identities.c.session_epoch == current_epoch))
+                .where(
+                    and_(identities.c.identity_id == identity_id, identities.c.session_epoch == current_epoch)
+                )
                 .values(session_epoch=epoch)
             )
             if result.rowcount != 1:
@@ -504,7 +578,9 @@ class IdentityRegistry:
                     grant_envelope=envelope.SerializeToString(),
                 )
             )
-            return await record_change(conn, identity_id, directory_pb2.IDENTITY_CHANGE_KIND_SESSION_OPENED, epoch, now)
+            return await record_change(
+                conn, identity_id, directory_pb2.IDENTITY_CHANGE_KIND_SESSION_OPENED, epoch, now
+            )
 
     @finish_on_cancel
     async def _insert_identity(
@@ -532,7 +608,11 @@ class IdentityRegistry:
                     )
                 # Last: the counter's row lock is held from here to the commit.
                 revision = await record_change(
-                    conn, record.identity_id, directory_pb2.IDENTITY_CHANGE_KIND_REGISTERED, 0, record.registered_us
+                    conn,
+                    record.identity_id,
+                    directory_pb2.IDENTITY_CHANGE_KIND_REGISTERED,
+                    0,
+                    record.registered_us,
                 )
         except IntegrityError:
             raise Rejected(
@@ -557,7 +637,9 @@ async def read_revision(conn: AsyncConnection) -> int:
     return int(value or 0)
 
 
-async def record_change(conn: AsyncConnection, identity_id: str, kind: int, session_epoch: int, now_us: int) -> int:
+async def record_change(
+    conn: AsyncConnection, identity_id: str, kind: int, session_epoch: int, now_us: int
+) -> int:
     """The change's directory revision, in the change's transaction: raising the counter row locks
     it until commit, so concurrent changes (from any process) commit in revision order."""
     await conn.execute(
@@ -568,11 +650,17 @@ async def record_change(conn: AsyncConnection, identity_id: str, kind: int, sess
     revision = int((await conn.execute(select(identity_revision.c.revision))).scalar_one())
     await conn.execute(
         insert(identity_changes).values(
-            revision=revision, identity_id=identity_id, kind=kind, session_epoch=session_epoch, recorded_us=now_us
+            revision=revision,
+            identity_id=identity_id,
+            kind=kind,
+            session_epoch=session_epoch,
+            recorded_us=now_us,
         )
     )
     return revision
 
 
 def _granted(record: IdentityRecord) -> GrantedIdentity:
-    return GrantedIdentity(record.identity_id, record.kind, record.display_name, record.public_key, record.org_admin)
+    return GrantedIdentity(
+        record.identity_id, record.kind, record.display_name, record.public_key, record.org_admin
+    )

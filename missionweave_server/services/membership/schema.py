@@ -135,7 +135,14 @@ presence = Table(
 )
 
 _PRESENCE_COLUMNS = (
-    "availability", "free_slots", "in_use_slots", "max_concurrency", "card_version", "note", "reported_us", "ttl_ms",
+    "availability",
+    "free_slots",
+    "in_use_slots",
+    "max_concurrency",
+    "card_version",
+    "note",
+    "reported_us",
+    "ttl_ms",
 )
 
 
@@ -146,7 +153,8 @@ def presence_upsert(dialect: str) -> TextClause:
     ins = dialect_insert(dialect, presence)
     return compiled_once(
         ins.on_conflict_do_update(
-            index_elements=[presence.c.agent_id], set_={name: ins.excluded[name] for name in _PRESENCE_COLUMNS}
+            index_elements=[presence.c.agent_id],
+            set_={name: ins.excluded[name] for name in _PRESENCE_COLUMNS},
         ),
         dialect,
     )

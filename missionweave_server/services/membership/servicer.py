@@ -50,7 +50,9 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
         return pb.RegisterIdentityResponse(identity=record.to_proto())
 
     @requires(Access.SIGNED)
-    async def OpenSession(self, request: pb.OpenSessionRequest, context: grpc.aio.ServicerContext) -> pb.OpenSessionResponse:
+    async def OpenSession(
+        self, request: pb.OpenSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.OpenSessionResponse:
         session, revision = await self.registry.open_session(request.command)
         if self.directory is not None:
             # The services following the directory learn of the new session before its holder can
@@ -59,11 +61,15 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
         return pb.OpenSessionResponse(session=session)
 
     @requires(Access.IDENTITY)
-    async def GetIdentity(self, request: pb.GetIdentityRequest, context: grpc.aio.ServicerContext, caller: Caller) -> pb.GetIdentityResponse:
+    async def GetIdentity(
+        self, request: pb.GetIdentityRequest, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> pb.GetIdentityResponse:
         record = await self.registry.get(request.identity_id)
         if record is None:
             raise Rejected(
-                R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{request.identity_id!r} is not registered", field="identity_id"
+                R.REJECTION_REASON_UNKNOWN_IDENTITY,
+                f"{request.identity_id!r} is not registered",
+                field="identity_id",
             )
         return pb.GetIdentityResponse(identity=record.to_proto())
 
@@ -94,11 +100,13 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
         if not request.group_id:
             # Cross-Group listing needs a membership index; until then say so instead of scanning.
             raise Rejected(
-                R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED, "listing by member alone is not implemented yet; pass group_id"
+                R.REJECTION_REASON_COMMAND_NOT_IMPLEMENTED,
+                "listing by member alone is not implemented yet; pass group_id",
             )
         if self.authority is None:
             raise peer_unavailable(
-                "authority", "the Authority is not reachable from this Membership instance (MWP_AUTHORITY_ADDR is not set)"
+                "authority",
+                "the Authority is not reachable from this Membership instance (MWP_AUTHORITY_ADDR is not set)",
             )
         try:
             response = await self.authority.GetGroupState(
@@ -108,10 +116,15 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
             )
         except grpc.RpcError as err:
             refused = rejection_from_rpc_error(err)
-            if refused is not None and refused.reason == R.REJECTION_REASON_GROUP_NOT_FOUND and not caller.operator:
+            if (
+                refused is not None
+                and refused.reason == R.REJECTION_REASON_GROUP_NOT_FOUND
+                and not caller.operator
+            ):
                 # As for the Group's own reads: a non-member learns nothing, not even that it is missing.
                 raise Rejected(
-                    R.REJECTION_REASON_NOT_A_MEMBER, f"{caller.identity_id} holds no active Membership in {request.group_id}"
+                    R.REJECTION_REASON_NOT_A_MEMBER,
+                    f"{caller.identity_id} holds no active Membership in {request.group_id}",
                 ) from None
             if refused is not None:  # the Authority's own answer, passed on
                 raise from_proto(refused) from None
@@ -120,7 +133,8 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
             m.member_id == caller.identity_id and m.active for m in response.state.memberships
         ):  # the same rule as the Group's other reads: members and operators only
             raise Rejected(
-                R.REJECTION_REASON_NOT_A_MEMBER, f"{caller.identity_id} holds no active Membership in {request.group_id}"
+                R.REJECTION_REASON_NOT_A_MEMBER,
+                f"{caller.identity_id} holds no active Membership in {request.group_id}",
             )
         memberships = [
             m for m in response.state.memberships if not request.member_id or m.member_id == request.member_id

@@ -24,7 +24,12 @@ class PriorityClass(IntEnum):
 
 
 # Highest first: the order in which the fair path looks at classes.
-CLASSES_DOWN = (PriorityClass.URGENT, PriorityClass.ELEVATED, PriorityClass.STANDARD, PriorityClass.BACKGROUND)
+CLASSES_DOWN = (
+    PriorityClass.URGENT,
+    PriorityClass.ELEVATED,
+    PriorityClass.STANDARD,
+    PriorityClass.BACKGROUND,
+)
 # Rank of an item started by aging (above every class): starving work is never preempted for
 # class precedence, and never preempts other aged work (no thrashing).
 AGED_RANK = 5
@@ -64,7 +69,12 @@ class Params:
     default_quota: int | None = None  # None: a Group may use every slot
 
     def __post_init__(self) -> None:
-        if self.slots < 1 or self.aging_horizon <= 0 or self.service_time_bound <= 0 or self.service_estimate <= 0:
+        if (
+            self.slots < 1
+            or self.aging_horizon <= 0
+            or self.service_time_bound <= 0
+            or self.service_estimate <= 0
+        ):
             raise ValueError("slots, aging_horizon, service_time_bound and service_estimate must be positive")
 
     def wait_bound(self, waiting_flows: int) -> float:

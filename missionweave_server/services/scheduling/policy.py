@@ -116,7 +116,9 @@ class Scheduler:
         self._groups: dict[str, _Group] = {}
         self._flows: dict[tuple[str, PriorityClass], _Flow] = {}
         self._vtime: dict[PriorityClass, float] = dict.fromkeys(PriorityClass, 0.0)
-        self._fair: dict[PriorityClass, list[tuple[float, float, int, int, _Flow]]] = {c: [] for c in PriorityClass}
+        self._fair: dict[PriorityClass, list[tuple[float, float, int, int, _Flow]]] = {
+            c: [] for c in PriorityClass
+        }
         self._aging: list[tuple[float, int, int, _Flow]] = []
         self._waiting = 0
         self._item_seq = itertools.count()
@@ -153,12 +155,30 @@ class Scheduler:
             "preempting": sorted(self.preempting),
             "vtime": dict(self._vtime),
             "waiting": self._waiting,
-            "groups": {g.id: (g.weight, g.quota, g.running, sorted(g.classes)) for g in self._groups.values()},
+            "groups": {
+                g.id: (g.weight, g.quota, g.running, sorted(g.classes)) for g in self._groups.values()
+            },
             "flows": {k: (f.pass_, f.waiting_since, f.joined, f.seq) for k, f in self._flows.items()},
             "items": {
-                i.id: (i.group, i.cls, i.deadline, i.urgency, i.impact, i.enqueued_at, i.seq, i.estimate,
-                       i.risk_gate_open, i.resources_available, i.dependencies_met, i.state, i.slot,
-                       i.started_at, i.charged, i.run_cls, i.aged)
+                i.id: (
+                    i.group,
+                    i.cls,
+                    i.deadline,
+                    i.urgency,
+                    i.impact,
+                    i.enqueued_at,
+                    i.seq,
+                    i.estimate,
+                    i.risk_gate_open,
+                    i.resources_available,
+                    i.dependencies_met,
+                    i.state,
+                    i.slot,
+                    i.started_at,
+                    i.charged,
+                    i.run_cls,
+                    i.aged,
+                )
                 for i in self._items.values()
             },
         }
@@ -172,8 +192,9 @@ class Scheduler:
 
     # ------------------------------------------------------------ inputs
 
-    def set_group(self, now: float, group_id: str, source: Source, weight: int | None = None,
-                  quota: int | None = None) -> None:
+    def set_group(
+        self, now: float, group_id: str, source: Source, weight: int | None = None, quota: int | None = None
+    ) -> None:
         """Group weight and slot quota: the Worker operator's or the Organization's (MW-11.1-09)."""
         if source not in MAY_SET_GROUP:
             raise NotPermitted(f"{source.name} may not change a Group's weight or quota")
@@ -194,39 +215,86 @@ class Scheduler:
             g.quota = quota
         self._refresh(g)
 
-    def enqueue(self, now: float, group_id: str, work_item_id: str,
-                priority_class: PriorityClass = PriorityClass.STANDARD, deadline: float | None = None,
-                urgency: int = 2, business_impact: int = 2, estimate: float | None = None,
-                risk_gate_open: bool = True, resources_available: bool = True,
-                dependencies_met: bool = True) -> None:
+    def enqueue(
+        self,
+        now: float,
+        group_id: str,
+        work_item_id: str,
+        priority_class: PriorityClass = PriorityClass.STANDARD,
+        deadline: float | None = None,
+        urgency: int = 2,
+        business_impact: int = 2,
+        estimate: float | None = None,
+        risk_gate_open: bool = True,
+        resources_available: bool = True,
+        dependencies_met: bool = True,
+    ) -> None:
         """A WorkItem this Worker owns entered its Group's queue (projected from the Group log)."""
         if work_item_id in self._items:
             raise ValueError(f"{work_item_id} is already known")
         if estimate is not None and estimate <= 0:
             raise ValueError("estimate must be positive")
-        self._record("enqueue", now=now, group_id=group_id, work_item_id=work_item_id,
-                     priority_class=priority_class, deadline=deadline, urgency=urgency,
-                     business_impact=business_impact, estimate=estimate, risk_gate_open=risk_gate_open,
-                     resources_available=resources_available, dependencies_met=dependencies_met)
+        self._record(
+            "enqueue",
+            now=now,
+            group_id=group_id,
+            work_item_id=work_item_id,
+            priority_class=priority_class,
+            deadline=deadline,
+            urgency=urgency,
+            business_impact=business_impact,
+            estimate=estimate,
+            risk_gate_open=risk_gate_open,
+            resources_available=resources_available,
+            dependencies_met=dependencies_met,
+        )
         g = self._group(group_id)
-        item = _Item(work_item_id, group_id, PriorityClass(priority_class), deadline, urgency, business_impact,
-                     now, next(self._item_seq), estimate, risk_gate_open, resources_available, dependencies_met)
+        item = _Item(
+            work_item_id,
+            group_id,
+            PriorityClass(priority_class),
+            deadline,
+            urgency,
+            business_impact,
+            now,
+            next(self._item_seq),
+            estimate,
+            risk_gate_open,
+            resources_available,
+            dependencies_met,
+        )
         self._items[work_item_id] = item
         self._queue(item)
         self._refresh(g)
 
-    def set_priority(self, now: float, work_item_id: str, source: Source,
-                     priority_class: PriorityClass | None = None, deadline: float | _Keep | None = KEEP,
-                     urgency: int | None = None, business_impact: int | None = None) -> None:
+    def set_priority(
+        self,
+        now: float,
+        work_item_id: str,
+        source: Source,
+        priority_class: PriorityClass | None = None,
+        deadline: float | _Keep | None = KEEP,
+        urgency: int | None = None,
+        business_impact: int | None = None,
+    ) -> None:
         """Priority inputs of one WorkItem; queued work is reordered at once (MW-11.3-10)."""
         if priority_class is not None and source not in MAY_SET_CLASS:
             raise NotPermitted(f"{source.name} may not change a priority class (MW-11.1-08, MW-11.1-09)")
-        if (deadline is not KEEP or urgency is not None or business_impact is not None) and source not in MAY_SET_INPUTS:
+        if (
+            deadline is not KEEP or urgency is not None or business_impact is not None
+        ) and source not in MAY_SET_INPUTS:
             raise NotPermitted(f"{source.name} may not change urgency, deadline or business impact")
         item = self._item(work_item_id)
-        self._record("set_priority", now=now, work_item_id=work_item_id, source=source,
-                     priority_class=priority_class, deadline=deadline, urgency=urgency,
-                     business_impact=business_impact)
+        self._record(
+            "set_priority",
+            now=now,
+            work_item_id=work_item_id,
+            source=source,
+            priority_class=priority_class,
+            deadline=deadline,
+            urgency=urgency,
+            business_impact=business_impact,
+        )
         if priority_class is not None:
             item.cls = PriorityClass(priority_class)
         if not isinstance(deadline, _Keep):
@@ -237,12 +305,24 @@ class Scheduler:
             item.impact = business_impact
         self._requeue_changed(item)
 
-    def set_eligibility(self, now: float, work_item_id: str, risk_gate_open: bool | None = None,
-                        resources_available: bool | None = None, dependencies_met: bool | None = None) -> None:
+    def set_eligibility(
+        self,
+        now: float,
+        work_item_id: str,
+        risk_gate_open: bool | None = None,
+        resources_available: bool | None = None,
+        dependencies_met: bool | None = None,
+    ) -> None:
         """Facts from the Group log (risk gate, dependencies) and the Worker (resources)."""
         item = self._item(work_item_id)
-        self._record("set_eligibility", now=now, work_item_id=work_item_id, risk_gate_open=risk_gate_open,
-                     resources_available=resources_available, dependencies_met=dependencies_met)
+        self._record(
+            "set_eligibility",
+            now=now,
+            work_item_id=work_item_id,
+            risk_gate_open=risk_gate_open,
+            resources_available=resources_available,
+            dependencies_met=dependencies_met,
+        )
         if risk_gate_open is not None:
             item.risk_gate_open = risk_gate_open
         if resources_available is not None:
@@ -318,8 +398,19 @@ class Scheduler:
         g.running += 1
         self._stop_waiting(flow)  # served: it waits afresh from now if it still has work
         self._refresh(g)
-        return Assignment(slot, g.id, item.id, item.cls, item.deadline, waited, item.urgency, item.impact,
-                          g.weight, max(g.quota - g.running, 0), aged)
+        return Assignment(
+            slot,
+            g.id,
+            item.id,
+            item.cls,
+            item.deadline,
+            waited,
+            item.urgency,
+            item.impact,
+            g.weight,
+            max(g.quota - g.running, 0),
+            aged,
+        )
 
     def suggest_preemptions(self, now: float) -> list[Preemption]:
         """Running slots to ask to preempt cooperatively (MW-11.3-10..12), lowest effective
@@ -335,7 +426,7 @@ class Scheduler:
         if not running:
             return []
         wanted = self._outranking(now, running[0][0], len(running) + len(self.preempting))
-        wanted = wanted[len(self.preempting):]  # the slots already asked serve the first ones
+        wanted = wanted[len(self.preempting) :]  # the slots already asked serve the first ones
         out: list[Preemption] = []
         for rank, (run_rank, _, slot) in zip(wanted, running, strict=False):
             if rank <= run_rank:
@@ -348,10 +439,16 @@ class Scheduler:
 
     def queue(self, group_id: str) -> list[QueuedView]:
         """One Group's queued items in its own order, eligible first (GetQueue)."""
-        items = sorted((i for i in self._items.values() if i.group == group_id and i.state == QUEUED),
-                       key=lambda i: (not i.eligible, -i.cls, i.key()))
-        return [QueuedView(i.id, n, i.eligible, _why_not(i), i.cls, i.deadline, i.urgency, i.impact, i.enqueued_at)
-                for n, i in enumerate(items, start=1)]
+        items = sorted(
+            (i for i in self._items.values() if i.group == group_id and i.state == QUEUED),
+            key=lambda i: (not i.eligible, -i.cls, i.key()),
+        )
+        return [
+            QueuedView(
+                i.id, n, i.eligible, _why_not(i), i.cls, i.deadline, i.urgency, i.impact, i.enqueued_at
+            )
+            for n, i in enumerate(items, start=1)
+        ]
 
     def waiting_flows(self) -> dict[tuple[str, PriorityClass], float]:
         """Waiting flows and since when (for operators' tools and tests)."""
@@ -459,7 +556,11 @@ class Scheduler:
 
     def _choose(self, now: float) -> tuple[_Flow | None, bool]:
         oldest = self._top(self._aging)
-        if oldest is not None and oldest.waiting_since is not None and now - oldest.waiting_since >= self.params.aging_horizon:
+        if (
+            oldest is not None
+            and oldest.waiting_since is not None
+            and now - oldest.waiting_since >= self.params.aging_horizon
+        ):
             return oldest, True
         for c in CLASSES_DOWN:
             f = self._top(self._fair[c])
@@ -503,11 +604,27 @@ def _purge(heap: list[Any], size: int) -> None:
 
 
 def _why_not(item: _Item) -> str:
-    reasons = [r for ok, r in ((item.risk_gate_open, "risk gate closed"),
-                               (item.resources_available, "resources unavailable"),
-                               (item.dependencies_met, "dependencies not met")) if not ok]
+    reasons = [
+        r
+        for ok, r in (
+            (item.risk_gate_open, "risk gate closed"),
+            (item.resources_available, "resources unavailable"),
+            (item.dependencies_met, "dependencies not met"),
+        )
+        if not ok
+    ]
     return ", ".join(reasons)
 
 
-_CALLS = frozenset({"set_group", "enqueue", "set_priority", "set_eligibility", "dequeue", "release",
-                    "request_preemption", "pick"})
+_CALLS = frozenset(
+    {
+        "set_group",
+        "enqueue",
+        "set_priority",
+        "set_eligibility",
+        "dequeue",
+        "release",
+        "request_preemption",
+        "pick",
+    }
+)

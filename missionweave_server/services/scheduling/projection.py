@@ -74,7 +74,10 @@ class GroupProjection:
 
     def dependencies_done(self, item: ItemView) -> bool:
         """Whether every dependency is verified, as far as this view knows (an unknown one is not)."""
-        return all(self.items.get(d) is not None and self.items[d].state == WS.WORK_ITEM_STATE_VERIFIED for d in item.depends_on)
+        return all(
+            self.items.get(d) is not None and self.items[d].state == WS.WORK_ITEM_STATE_VERIFIED
+            for d in item.depends_on
+        )
 
     # ------------------------------------------------------------ the fold
 
@@ -124,7 +127,9 @@ class GroupProjection:
         item.deadline = from_timestamp(contract.deadline) if contract.HasField("deadline") else None
         item.urgency, item.business_impact = int(contract.urgency), int(contract.business_impact)
         item.depends_on = tuple(contract.depends_on_work_item_ids)
-        item.required_capabilities = tuple((c.capability_id, c.version) for c in contract.required_capabilities)
+        item.required_capabilities = tuple(
+            (c.capability_id, c.version) for c in contract.required_capabilities
+        )
         b = contract.budget
         item.budget = tuple((dim, int(getattr(b, dim))) for dim in DIMENSIONS)
         item.needs_approval = contract.requires_execution_approval
@@ -138,7 +143,9 @@ class GroupProjection:
         if item.owner_id != self.worker_id or item.ownership_epoch != grant.ownership_epoch:
             item.enqueued_at = at  # a new ownership enters the queue now
         item.owner_id, item.ownership_epoch = grant.agent_id, grant.ownership_epoch
-        item.start_deadline = from_timestamp(grant.start_deadline) if grant.HasField("start_deadline") else None
+        item.start_deadline = (
+            from_timestamp(grant.start_deadline) if grant.HasField("start_deadline") else None
+        )
 
     def _ended(self, item: ItemView, state: int) -> None:
         item.state = state
@@ -195,7 +202,11 @@ def _accepted(p: GroupProjection, e: event_pb2.Event) -> None:
 def _started(p: GroupProjection, e: event_pb2.Event) -> None:
     s = e.work_started
     item = p._item(s.work_item_id)
-    item.state, item.lease_id, item.lease_session_epoch = WS.WORK_ITEM_STATE_ACTIVE, s.lease.lease_id, s.lease.session_epoch
+    item.state, item.lease_id, item.lease_session_epoch = (
+        WS.WORK_ITEM_STATE_ACTIVE,
+        s.lease.lease_id,
+        s.lease.session_epoch,
+    )
 
 
 def _checkpointed(p: GroupProjection, e: event_pb2.Event) -> None:

@@ -66,7 +66,9 @@ def _when(ts: Timestamp, field: str) -> datetime:
     try:
         return ts.ToDatetime(UTC)
     except (ValueError, OverflowError):
-        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, f"{field} is not a valid Timestamp", field=field) from None
+        raise Rejected(
+            R.REJECTION_REASON_INVALID_ARGUMENT, f"{field} is not a valid Timestamp", field=field
+        ) from None
 
 
 def _wait_s(wait: Duration) -> float:
@@ -75,7 +77,9 @@ def _wait_s(wait: Duration) -> float:
     try:
         return max(0.0, min(wait.ToTimedelta(), MAX_WAIT).total_seconds())
     except (ValueError, OverflowError):
-        raise Rejected(R.REJECTION_REASON_INVALID_ARGUMENT, "wait is not a valid Duration", field="wait") from None
+        raise Rejected(
+            R.REJECTION_REASON_INVALID_ARGUMENT, "wait is not a valid Duration", field="wait"
+        ) from None
 
 
 @rejections_as_status
@@ -170,9 +174,7 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
         check(
             K.ADMISSION_CHECK_KIND_AUTHORIZATION,
             offered,
-            "an open offer to this Worker"
-            if offered
-            else "no open offer to this Worker in the Group log",
+            "an open offer to this Worker" if offered else "no open offer to this Worker in the Group log",
         )
         deps = request.dependencies_satisfied or (item is not None and projection.dependencies_done(item))
         check(
@@ -302,7 +304,9 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
             free = sum(1 for w in worker.policy.slots.values() if w is None)
             remaining = deadline - loop.time()
             if preemptions or remaining <= 0:
-                metrics.SCHEDULER_DECISIONS.labels("preemption" if preemptions else "idle").inc(len(preemptions) or 1)
+                metrics.SCHEDULER_DECISIONS.labels("preemption" if preemptions else "idle").inc(
+                    len(preemptions) or 1
+                )
                 return pb.NextSlotResponse(
                     free_slots=free, total_slots=worker.policy.params.slots, preemptions=preemptions
                 )
@@ -318,9 +322,13 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
         asked = []
         for p in worker.policy.suggest_preemptions(worker.now):
             worker.policy.request_preemption(worker.now, p.slot_id)
-            reason = wp.PREEMPTION_REASON_FAIRNESS if p.for_rank == AGED_RANK else wp.PREEMPTION_REASON_PRIORITY
+            reason = (
+                wp.PREEMPTION_REASON_FAIRNESS if p.for_rank == AGED_RANK else wp.PREEMPTION_REASON_PRIORITY
+            )
             asked.append(
-                pb.SlotPreemption(slot_id=p.slot_id, group_id=p.group_id, work_item_id=p.work_item_id, reason=reason)
+                pb.SlotPreemption(
+                    slot_id=p.slot_id, group_id=p.group_id, work_item_id=p.work_item_id, reason=reason
+                )
             )
         return asked
 
@@ -363,9 +371,7 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
             )
         worker.policy.release(worker.now, request.slot_id, requeue=request.requeue)
         worker.ended(holder, request.ended_at_sequence)
-        return pb.ReleaseSlotResponse(
-            free_slots=sum(1 for w in worker.policy.slots.values() if w is None)
-        )
+        return pb.ReleaseSlotResponse(free_slots=sum(1 for w in worker.policy.slots.values() if w is None))
 
     # ------------------------------------------------------------ disclosure
 
@@ -434,7 +440,9 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
         group_id = _required(request.group_id, "group_id")
         if request.priority_class not in pb.PriorityClass.values():
             raise Rejected(
-                R.REJECTION_REASON_INVALID_ARGUMENT, f"no priority class {request.priority_class}", field="priority_class"
+                R.REJECTION_REASON_INVALID_ARGUMENT,
+                f"no priority class {request.priority_class}",
+                field="priority_class",
             )
         source = await self._source(request, caller, group_id)
         worker = await self.workers.of(request.worker_id or caller.identity_id)
@@ -455,9 +463,7 @@ class SchedulingServicer(pb_grpc.SchedulingServiceServicer):
         except NotPermitted as refused:
             raise Rejected(R.REJECTION_REASON_PERMISSION_DENIED, str(refused), field="source") from None
         worker.changed.set()  # a runtime's watcher looks for the preemptions this causes at once
-        preempt = [
-            p.work_item_id for p in worker.policy.suggest_preemptions(now) if p.group_id == group_id
-        ]
+        preempt = [p.work_item_id for p in worker.policy.suggest_preemptions(now) if p.group_id == group_id]
         return pb.SetPriorityResponse(
             queue=self._queue(worker, projection), preemption_requested_work_item_ids=preempt
         )

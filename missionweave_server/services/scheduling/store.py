@@ -59,5 +59,7 @@ class ProjectionStore:
     async def forget(self, worker_id: str, group_id: str) -> None:
         async with self.engine.begin() as conn:
             await conn.execute(
-                delete(projections).where(projections.c.worker_id == worker_id, projections.c.group_id == group_id)
+                delete(projections).where(
+                    projections.c.worker_id == worker_id, projections.c.group_id == group_id
+                )
             )

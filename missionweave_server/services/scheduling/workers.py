@@ -102,7 +102,12 @@ class WorkerScheduler:
             for slot, held in self.policy.running().items():
                 log.info(
                     "a new session of the Worker: its earlier placement is void",
-                    extra={"worker": self.worker_id, "slot": slot, "work_item": held, "session_epoch": session_epoch},
+                    extra={
+                        "worker": self.worker_id,
+                        "slot": slot,
+                        "work_item": held,
+                        "session_epoch": session_epoch,
+                    },
                 )
                 self.policy.release(self.now, slot, requeue=True)
         self.session_epoch = session_epoch
@@ -186,7 +191,11 @@ class WorkerScheduler:
             del self._ended[item.work_item_id]
         if item.state == WS.WORK_ITEM_STATE_QUEUED:
             now = self.clock.now()
-            lapsed = item.start_deadline is not None and not item.latest_checkpoint_id and item.start_deadline <= now
+            lapsed = (
+                item.start_deadline is not None
+                and not item.latest_checkpoint_id
+                and item.start_deadline <= now
+            )
             backing_off = item.retry_not_before is not None and now < item.retry_not_before
             return not lapsed and not backing_off
         return item.state == WS.WORK_ITEM_STATE_ACTIVE and 0 < item.lease_session_epoch < self.session_epoch

@@ -28,7 +28,9 @@ def upgrade() -> None:
     if "holder_seal" not in {c["name"] for c in sa.inspect(conn).get_columns("holders")}:
         with op.batch_alter_table("holders", schema=None) as batch_op:
             batch_op.add_column(sa.Column("holder_seal", sa.LargeBinary(), nullable=True))
-    rows = conn.execute(sa.text("SELECT digest, identity_id, size_bytes FROM holders WHERE holder_seal IS NULL")).all()
+    rows = conn.execute(
+        sa.text("SELECT digest, identity_id, size_bytes FROM holders WHERE holder_seal IS NULL")
+    ).all()
     if not rows:
         return
     token = context.config.attributes.get("mesh_token")
@@ -41,5 +43,9 @@ def upgrade() -> None:
     for row in rows:
         conn.execute(
             sa.text("UPDATE holders SET holder_seal = :s WHERE digest = :d AND identity_id = :i"),
-            {"s": seal.seal(row.digest, row.identity_id, int(row.size_bytes)), "d": row.digest, "i": row.identity_id},
+            {
+                "s": seal.seal(row.digest, row.identity_id, int(row.size_bytes)),
+                "d": row.digest,
+                "i": row.identity_id,
+            },
         )

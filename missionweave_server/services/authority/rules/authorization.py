@@ -33,15 +33,21 @@ class Condition(Enum):
         "the Message's author: a correction, retraction or redaction (a member acting for Organization "
         "policy may also redact and erase)"
     )
-    STEWARD_REDACTION = "the MissionOwner or the current Coordinator: a redaction with a policy reason (MW-9.1-21)"
-    OWNER_ERASURE = "the MissionOwner: an erasure from history (security redaction, legal deletion) with a reason"
+    STEWARD_REDACTION = (
+        "the MissionOwner or the current Coordinator: a redaction with a policy reason (MW-9.1-21)"
+    )
+    OWNER_ERASURE = (
+        "the MissionOwner: an erasure from history (security redaction, legal deletion) with a reason"
+    )
     OWNER = "the MissionOwner"
     OWNER_OF_BOTH = "the MissionOwner of this Mission and of the target Mission"
     EMERGENCY_OVERRIDE = (
         "the MissionOwner's emergency override: `emergency_override` with an `override_reason`, recorded "
         "in the event (audited); the Worker's rules still apply (MW-7.1-14)"
     )
-    OWNER_REVIEWS_COORDINATOR_OUTPUT = "the MissionOwner, for a result the Coordinator submitted itself (MW-7.2-11)"
+    OWNER_REVIEWS_COORDINATOR_OUTPUT = (
+        "the MissionOwner, for a result the Coordinator submitted itself (MW-7.2-11)"
+    )
     COORDINATOR_EPOCH = (
         "the current Coordinator epoch with its live lease, from the lease's session, reconciled after "
         "a replacement (MW-7.2-03/06/08)"
@@ -50,8 +56,12 @@ class Condition(Enum):
         "the current Coordinator epoch with its live lease, from the lease's session; reconciliation "
         "not required"
     )
-    COORDINATOR_RENEWAL = "the current Coordinator epoch before its lease lapses (renewing binds it to the session)"
-    COORDINATOR_REVIEW = "the current Coordinator epoch, never the sole reviewer of its own output (MW-7.2-11)"
+    COORDINATOR_RENEWAL = (
+        "the current Coordinator epoch before its lease lapses (renewing binds it to the session)"
+    )
+    COORDINATOR_REVIEW = (
+        "the current Coordinator epoch, never the sole reviewer of its own output (MW-7.2-11)"
+    )
     LIVE_COORDINATOR = "the current Coordinator while its lease is live"
     CURRENT_COORDINATOR = "the holder of the current Coordinator lease"
     DELEGATION_GRANT = (
@@ -68,9 +78,7 @@ class Condition(Enum):
         "the WorkItem's owner at its ownership epoch: citing the current execution lease from the lease's "
         "session while active (MW-11.3-04/05), no lease while queued or blocked (a changed schedule, MW-11.2-01)"
     )
-    EXECUTION_APPROVER = (
-        "an execution approver the contract names, else one the Mission's risk policy names, else the MissionOwner (OP-14)"
-    )
+    EXECUTION_APPROVER = "an execution approver the contract names, else one the Mission's risk policy names, else the MissionOwner (OP-14)"
     REVIEWER = "a reviewer member: review Evidence on a submitted WorkItem (MW-13.2-03)"
     ORGANIZATION = (
         "Organization policy (a control-plane identity or an Organization administrator), without a "
@@ -161,16 +169,24 @@ TABLE: Mapping[str, Rule] = {
     "mission_terminate": Rule(
         {COORD: (C.COORDINATOR_EPOCH_UNRECONCILED,)}, (C.ORGANIZATION,), spec=("MW-7.1-T08", "MW-8-04")
     ),
-    "mission_renew_coordinator_lease": Rule({COORD: (C.COORDINATOR_RENEWAL,)}, spec=("MW-7.2-02", "MW-7.2-06")),
+    "mission_renew_coordinator_lease": Rule(
+        {COORD: (C.COORDINATOR_RENEWAL,)}, spec=("MW-7.2-02", "MW-7.2-06")
+    ),
     "mission_replace_coordinator": Rule(_OWNER, (C.ORGANIZATION,), spec=("MW-7.2-04", "MW-8-04")),
-    "mission_acknowledge_reconciliation": Rule({COORD: (C.COORDINATOR_EPOCH_UNRECONCILED,)}, spec=("MW-7.2-08",)),
+    "mission_acknowledge_reconciliation": Rule(
+        {COORD: (C.COORDINATOR_EPOCH_UNRECONCILED,)}, spec=("MW-7.2-08",)
+    ),
     "mission_issue_directive": Rule(_OWNER, spec=("MW-7.1-12",)),
-    "mission_authorize_context_transfer": Rule({OWNER: (C.OWNER_OF_BOTH,)}, spec=("MW-13.3-05", "MW-13.3-07")),
+    "mission_authorize_context_transfer": Rule(
+        {OWNER: (C.OWNER_OF_BOTH,)}, spec=("MW-13.3-05", "MW-13.3-07")
+    ),
     # ------------------------------------------------------------ work.* and approval.* (spec 10, 11)
     "work_propose": Rule(_each(PARTICIPANTS, C.MEMBER), spec=("MW-10.2-T01", "MW-9-13", "MW-9.1-17")),
     "work_authorize": _steering("MW-10.2-T02", "MW-9.1-09"),
     "work_offer": _steering("MW-10.2-T03", "MW-9.1-08", "MW-10.3-04", "MW-7.1-14"),
-    "work_accept_offer": Rule(_each(EXECUTORS, C.OFFER_CANDIDATE), spec=("MW-10.2-T04", "MW-10.3-05", "MW-7.2-10")),
+    "work_accept_offer": Rule(
+        _each(EXECUTORS, C.OFFER_CANDIDATE), spec=("MW-10.2-T04", "MW-10.3-05", "MW-7.2-10")
+    ),
     "work_decline_offer": Rule(_each(EXECUTORS, C.OFFER_CANDIDATE), spec=("MW-10.3-08", "MW-10.3-09")),
     "approval_grant_execution": Rule(_each((OWNER, REVIEWER), C.EXECUTION_APPROVER), spec=("MW-10.2-T06",)),
     "work_start": Rule(_each(EXECUTORS, C.WORK_OWNER), spec=("MW-10.2-T07", "MW-11.3-02", "MW-11.3-03")),
@@ -193,7 +209,8 @@ TABLE: Mapping[str, Rule] = {
     ),
     "work_cancel": Rule({COORD: (C.COORDINATOR_EPOCH,)}, spec=("MW-10.2-T14",)),
     "work_report_progress": Rule(
-        _each(EXECUTORS, C.WORK_OWNER_REPORTING), spec=("MW-11.4-01", "MW-11.2-01", "MW-11.3-04", "MW-11.3-05")
+        _each(EXECUTORS, C.WORK_OWNER_REPORTING),
+        spec=("MW-11.4-01", "MW-11.2-01", "MW-11.3-04", "MW-11.3-05"),
     ),
     "work_publish_artifact": _under_lease("MW-13.1-02"),
     "work_record_evidence": Rule(
@@ -222,7 +239,9 @@ TABLE: Mapping[str, Rule] = {
         },
         spec=("MW-9.1-19", "MW-9.1-20", "MW-9.1-21", "MW-7.4-04"),
     ),
-    "conversation_open": Rule({OWNER: (C.OWNER,), COORD: (C.CURRENT_COORDINATOR,)}, spec=("MW-9-03", "MW-9-04")),
+    "conversation_open": Rule(
+        {OWNER: (C.OWNER,), COORD: (C.CURRENT_COORDINATOR,)}, spec=("MW-9-03", "MW-9-04")
+    ),
 }
 
 
@@ -248,7 +267,9 @@ def check_role(body: str, role: int, *, organization: bool) -> None:
     if role in rule.roles or (organization and rule.organization):
         return
     name, label = spec_name(body), role_label(role)
-    allowed = [role_label(r) for r in ROLES if r in rule.roles] + (["Organization policy"] if rule.organization else [])
+    allowed = [role_label(r) for r in ROLES if r in rule.roles] + (
+        ["Organization policy"] if rule.organization else []
+    )
     raise Rejected(
         R.REJECTION_REASON_PERMISSION_DENIED,
         f"a {label} may not issue {name}; it is issued by: {', '.join(allowed) or 'no member'} (docs/authorization.md)",

@@ -69,17 +69,25 @@ Risk = mission_pb2.RiskClass
 # ---------------------------------------------------------------- what a child may have (MW-14-04)
 
 
-def promotable(parent: GroupState, work_item_id: str, budget: common_pb2.ResourceVector, now: datetime) -> WorkItemState:
+def promotable(
+    parent: GroupState, work_item_id: str, budget: common_pb2.ResourceVector, now: datetime
+) -> WorkItemState:
     """The parent WorkItem, if it may carry a new child of ``budget`` now; checked when the child is
     created (on the parent's durable state) and again when the link lands in the parent's Group."""
     mission = mission_of(parent)
     require_live(mission, "mission.create_child")
     item = parent.work_items.get(work_item_id)
     if item is None:
-        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no WorkItem {work_item_id!r} in {parent.group_id}", field="body.parent_work_item_id")
+        raise Rejected(
+            R.REJECTION_REASON_NOT_FOUND,
+            f"no WorkItem {work_item_id!r} in {parent.group_id}",
+            field="body.parent_work_item_id",
+        )
     if item.state not in PROMOTABLE:
         raise Rejected(
-            R.REJECTION_REASON_TERMINAL_STATE if item.state in TERMINAL else R.REJECTION_REASON_INVALID_TRANSITION,
+            R.REJECTION_REASON_TERMINAL_STATE
+            if item.state in TERMINAL
+            else R.REJECTION_REASON_INVALID_TRANSITION,
             f"a WorkItem becomes a subtask from open, offered, queued, active or blocked; {work_item_id} is "
             f"{work_state_name(item.state)} (MW-10.2-T15)",
             state=work_state_name(item.state),
@@ -100,7 +108,9 @@ def check_carved_budget(parent: GroupState, item: WorkItemState, budget: common_
     """All six dimensions within what the WorkItem and the Mission have left (used and reserved)."""
     wanted = budget_dims(budget)
     if wanted["financial_micros"] and budget.currency != item.contract.budget.currency:
-        raise invalid("body.definition.budget.currency", f"must be the parent's {item.contract.budget.currency}")
+        raise invalid(
+            "body.definition.budget.currency", f"must be the parent's {item.contract.budget.currency}"
+        )
     item_caps = budget_dims(item.contract.budget)
     mission_caps = budget_dims(mission_of(parent).definition.budget)
     for dim in SIX:
@@ -118,7 +128,9 @@ def check_carved_budget(parent: GroupState, item: WorkItemState, budget: common_
                 )
 
 
-def _check_deadline(parent: GroupState, item: WorkItemState, definition: mission_pb2.MissionDefinition) -> None:
+def _check_deadline(
+    parent: GroupState, item: WorkItemState, definition: mission_pb2.MissionDefinition
+) -> None:
     limits = [from_timestamp(mission_of(parent).definition.deadline)]
     if item.contract.HasField("deadline"):
         limits.append(from_timestamp(item.contract.deadline))
@@ -136,15 +148,25 @@ def effective_approvers(policy: mission_pb2.RiskPolicy, owner_id: str) -> set[st
     return set(policy.execution_approver_ids) or {owner_id}
 
 
-def _check_authority(parent: GroupState, item: WorkItemState, definition: mission_pb2.MissionDefinition) -> None:
+def _check_authority(
+    parent: GroupState, item: WorkItemState, definition: mission_pb2.MissionDefinition
+) -> None:
     """No wider authority than the parent: risk class, approval threshold and approvers."""
     parent_mission = mission_of(parent)
     ours, theirs = definition.risk_policy, parent_mission.definition.risk_policy
-    ceiling = min(c for c in (theirs.risk_class, item.contract.risk_class) if c) if (theirs.risk_class or item.contract.risk_class) else 0
+    ceiling = (
+        min(c for c in (theirs.risk_class, item.contract.risk_class) if c)
+        if (theirs.risk_class or item.contract.risk_class)
+        else 0
+    )
     if ceiling and ours.risk_class > ceiling:
-        raise _authority_exceeds("risk_class", f"risk class {enum_name(Risk, ours.risk_class)} is above the parent's {enum_name(Risk, ceiling)}")  # type: ignore[arg-type]
+        raise _authority_exceeds(
+            "risk_class",
+            f"risk class {enum_name(Risk, ours.risk_class)} is above the parent's {enum_name(Risk, ceiling)}",
+        )  # type: ignore[arg-type]
     if theirs.execution_approval_threshold and (
-        not ours.execution_approval_threshold or ours.execution_approval_threshold > theirs.execution_approval_threshold
+        not ours.execution_approval_threshold
+        or ours.execution_approval_threshold > theirs.execution_approval_threshold
     ):
         raise _authority_exceeds(
             "execution_approval_threshold",
@@ -188,7 +210,9 @@ def cycle_rejection(command: command_pb2.Command, ctx: DecisionContext) -> Rejec
         return None
     parent = ctx.linked.get(command.mission_create_child.parent_group_id)
     if command.group_id == command.mission_create_child.parent_group_id or (
-        parent is not None and parent.mission is not None and command.group_id in parent.mission.ancestor_group_ids
+        parent is not None
+        and parent.mission is not None
+        and command.group_id in parent.mission.ancestor_group_ids
     ):
         return Rejected(
             R.REJECTION_REASON_MISSION_CYCLE,
@@ -200,12 +224,18 @@ def cycle_rejection(command: command_pb2.Command, ctx: DecisionContext) -> Rejec
 # ---------------------------------------------------------------- commands
 
 
-def mission_create_child(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter) -> None:
+def mission_create_child(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
     """MW-7.1-T03 / MW-14-01..07: a child Mission in its own Group, carved from a parent WorkItem."""
     body = command.mission_create_child
     parent = ctx.linked.get(body.parent_group_id)
     if not body.parent_group_id or parent is None or parent.mission is None:
-        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no parent Group {body.parent_group_id!r} with a Mission", field="body.parent_group_id")
+        raise Rejected(
+            R.REJECTION_REASON_NOT_FOUND,
+            f"no parent Group {body.parent_group_id!r} with a Mission",
+            field="body.parent_group_id",
+        )
     parent_mission = parent.mission
     cycle = cycle_rejection(command, ctx)
     if cycle is not None:
@@ -222,7 +252,10 @@ def mission_create_child(state: GroupState | None, command: command_pb2.Command,
     definition = body.definition
     validate_definition(definition, ctx)
     if definition.owner_id != command.actor_id:
-        raise invalid("body.definition.owner_id", "the parent Coordinator issuing the command is the child's MissionOwner (MW-14-09)")
+        raise invalid(
+            "body.definition.owner_id",
+            "the parent Coordinator issuing the command is the child's MissionOwner (MW-14-09)",
+        )
     item = promotable(parent, body.parent_work_item_id, definition.budget, ctx.now)
     _check_deadline(parent, item, definition)
     scope = resolve_scope(item.contract, body.scope if body.HasField("scope") else None)
@@ -268,16 +301,28 @@ def mission_approve_child_depth(
     mission = mission_of(state)
     require_live(mission, "mission.approve_child_depth")
     if command.actor_id != mission.owner_id and not is_org_policy(ctx, command.actor_id):
-        raise Rejected(R.REJECTION_REASON_PERMISSION_DENIED, "a deeper child is approved by the MissionOwner or Organization policy (MW-14-06)")
+        raise Rejected(
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            "a deeper child is approved by the MissionOwner or Organization policy (MW-14-06)",
+        )
     if body.parent_work_item_id not in state.work_items:
-        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no WorkItem {body.parent_work_item_id!r} in this Group", field="body.parent_work_item_id")
+        raise Rejected(
+            R.REJECTION_REASON_NOT_FOUND,
+            f"no WorkItem {body.parent_work_item_id!r} in this Group",
+            field="body.parent_work_item_id",
+        )
     if not ctx.policy.max_mission_depth < body.max_depth <= MAX_APPROVED_DEPTH:
-        raise invalid("body.max_depth", f"beyond the default maximum {ctx.policy.max_mission_depth}, at most {MAX_APPROVED_DEPTH}")
+        raise invalid(
+            "body.max_depth",
+            f"beyond the default maximum {ctx.policy.max_mission_depth}, at most {MAX_APPROVED_DEPTH}",
+        )
     require_reason(body.reason, "body.reason")
     out.emit(
         "mission.child_depth.approved",
         "child_depth_approved",
-        subtask_pb2.ChildDepthApproved(parent_work_item_id=body.parent_work_item_id, max_depth=body.max_depth, reason=body.reason),
+        subtask_pb2.ChildDepthApproved(
+            parent_work_item_id=body.parent_work_item_id, max_depth=body.max_depth, reason=body.reason
+        ),
     )
 
 
@@ -303,7 +348,10 @@ def cross_group_effects(state: GroupState, events: Sequence[event_pb2.Event]) ->
             effects.append((event.sequence, mission.parent_group_id))
         if payload in ("mission_failed", "mission_cancelled"):
             effects += [(event.sequence, child) for child in _running_children(state)]
-        elif payload == "coordinator_lease_granted" and event.coordinator_lease_granted.replaced_coordinator_epoch:
+        elif (
+            payload == "coordinator_lease_granted"
+            and event.coordinator_lease_granted.replaced_coordinator_epoch
+        ):
             effects += [(event.sequence, child) for child in _running_children(state)]  # the owner succeeds
         elif payload == "work_cancelled":
             item = state.work_items.get(event.work_cancelled.work_item_id)
@@ -347,7 +395,9 @@ def decide_linked(
         _propagate_down(target, source, out)
 
 
-def _link_subtask(parent: GroupState, source: event_pb2.Event, child: GroupState, now: datetime, out: Emitter) -> None:
+def _link_subtask(
+    parent: GroupState, source: event_pb2.Event, child: GroupState, now: datetime, out: Emitter
+) -> None:
     """MW-10.2-T15: the parent WorkItem blocks on the child, its ownership protected (OP-33)."""
     link = source.parent_linked
     child_mission = mission_of(child)
@@ -367,7 +417,11 @@ def _link_subtask(parent: GroupState, source: event_pb2.Event, child: GroupState
         out.emit(
             "work.offers.withdrawn",
             "work_offers_withdrawn",
-            wp.WorkOffersWithdrawn(work_item_id=item.work_item_id, offer_ids=open_offers, reason=wp.OFFER_WITHDRAWAL_REASON_WORK_ITEM_CLOSED),
+            wp.WorkOffersWithdrawn(
+                work_item_id=item.work_item_id,
+                offer_ids=open_offers,
+                reason=wp.OFFER_WITHDRAWAL_REASON_WORK_ITEM_CLOSED,
+            ),
         )
     out.emit(
         "work.subtask.linked",
@@ -416,10 +470,14 @@ def _end_subtask(parent: GroupState, source: event_pb2.Event, child: GroupState,
         outcome = MS.MISSION_STATE_FAILED if failed else MS.MISSION_STATE_CANCELLED
         reason = source.mission_failed.reason if failed else source.mission_cancelled.reason
         evidence.method, evidence.result = wp.EVIDENCE_METHOD_FAILURE_OBSERVATION, wp.EVIDENCE_RESULT_FAIL
-        evidence.criterion = f"child Mission {child_mission.mission_id} ended {'failed' if failed else 'cancelled'}"
+        evidence.criterion = (
+            f"child Mission {child_mission.mission_id} ended {'failed' if failed else 'cancelled'}"
+        )
         evidence.summary = reason[:4096]
         # MW-14-12/15: the parent fails only for a mandatory child whose policy says so.
-        fails_parent = link.mandatory and item.contract.subtask_failure_policy == wp.SUBTASK_FAILURE_POLICY_FAIL_PARENT
+        fails_parent = (
+            link.mandatory and item.contract.subtask_failure_policy == wp.SUBTASK_FAILURE_POLICY_FAIL_PARENT
+        )
         resulting = FAILED if fails_parent else BLOCKED
     if item.state in TERMINAL or item.state == FAILED:
         resulting = item.state  # the parent WorkItem ended first: only the reservation and the charge
@@ -456,7 +514,9 @@ def _propagate_down(child: GroupState, source: event_pb2.Event, out: Emitter) ->
     if payload == "mission_cancelled":
         reason = f"parent Mission cancelled: {source.mission_cancelled.reason}"
     elif payload == "work_cancelled":
-        reason = f"parent WorkItem {source.work_cancelled.work_item_id} cancelled: {source.work_cancelled.reason}"
+        reason = (
+            f"parent WorkItem {source.work_cancelled.work_item_id} cancelled: {source.work_cancelled.reason}"
+        )
     elif payload == "coordinator_lease_granted":
         _succeed_owner(child, source.coordinator_lease_granted.lease, out)
         return
@@ -472,7 +532,9 @@ def _succeed_owner(child: GroupState, lease: mission_pb2.CoordinatorLease, out: 
     coordinator = mission.coordinator.agent_id if mission.coordinator else ""
     if successor in (previous, coordinator):
         return  # already the owner, or the child's own Coordinator (it cannot review itself, MW-7.2-11)
-    grant_full_membership(out, child.group_id, successor, Role.MEMBER_ROLE_MISSION_OWNER, child.last_membership_epoch + 1)
+    grant_full_membership(
+        out, child.group_id, successor, Role.MEMBER_ROLE_MISSION_OWNER, child.last_membership_epoch + 1
+    )
     old = child.members.get(previous)
     if old is not None and old.active:
         revoke_membership(out, previous, old.membership_epoch, "replaced as the parent Mission's Coordinator")
@@ -539,7 +601,9 @@ def _subtask_linked(state: GroupState, event: event_pb2.Event) -> None:
         state.reserved[dim] += reserved[dim]
     for offer in item.offers.values():
         offer.open = False
-    end_lease(item, event, wp.LEASE_END_KIND_RELEASED)  # the running attempt ends; the owner keeps ownership (OP-33)
+    end_lease(
+        item, event, wp.LEASE_END_KIND_RELEASED
+    )  # the running attempt ends; the owner keeps ownership (OP-33)
     if item.owner is not None and p.HasField("ownership_protected_until"):
         item.owner.expires_at = max(item.owner.expires_at, from_timestamp(p.ownership_protected_until))
     item.state = BLOCKED
@@ -562,11 +626,16 @@ def _subtask_ended(state: GroupState, event: event_pb2.Event) -> None:
     item.evidence[evidence.evidence_id] = (evidence.criterion_id, evidence.result, evidence.producer_id)
     if p.resulting_state == VERIFIED:
         item.accepted_evidence_ids = (*item.accepted_evidence_ids, evidence.evidence_id)
-        item.published_artifacts = (*item.published_artifacts, *((a.digest.hex, a.digest.size_bytes) for a in p.artifacts))
+        item.published_artifacts = (
+            *item.published_artifacts,
+            *((a.digest.hex, a.digest.size_bytes) for a in p.artifacts),
+        )
         item.blockers = ()
         item.owner = None
     elif p.resulting_state == BLOCKED:
-        item.blockers = (f"the child Mission {p.child_mission_id} ended; replan, correct the scope, create a replacement child or cancel (MW-14-14)",)
+        item.blockers = (
+            f"the child Mission {p.child_mission_id} ended; replan, correct the scope, create a replacement child or cancel (MW-14-14)",
+        )
     elif p.resulting_state == FAILED:
         item.owner = None
     item.state = p.resulting_state
@@ -583,10 +652,15 @@ KINDS = (
             "mission_owner_replaced": _owner_replaced,
         },
         creates_group=True,
-        references=lambda c: (c.mission_create_child.definition.owner_id, c.mission_create_child.coordinator_id),
+        references=lambda c: (
+            c.mission_create_child.definition.owner_id,
+            c.mission_create_child.coordinator_id,
+        ),
         linked_groups=lambda c: (c.mission_create_child.parent_group_id,),
     ),
-    CommandKind("mission_approve_child_depth", mission_approve_child_depth, {"child_depth_approved": _depth_approved}),
+    CommandKind(
+        "mission_approve_child_depth", mission_approve_child_depth, {"child_depth_approved": _depth_approved}
+    ),
 )
 
 __all__ = [

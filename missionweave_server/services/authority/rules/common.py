@@ -36,7 +36,9 @@ DEFAULT_LEASE = timedelta(minutes=5)
 DEFAULT_RENEW_BEFORE = timedelta(minutes=1)
 MIN_LEASE = timedelta(seconds=5)
 MAX_LEASE = timedelta(hours=24)
-TERMINAL_MISSION_STATES = frozenset({MS.MISSION_STATE_APPROVED, MS.MISSION_STATE_CANCELLED, MS.MISSION_STATE_FAILED})
+TERMINAL_MISSION_STATES = frozenset(
+    {MS.MISSION_STATE_APPROVED, MS.MISSION_STATE_CANCELLED, MS.MISSION_STATE_FAILED}
+)
 
 
 @dataclass(frozen=True)
@@ -334,7 +336,9 @@ def check_expected_revision(state: GroupState, command: command_pb2.Command) -> 
     elif expected.kind in (RK.REVISION_KIND_WORK_ITEM, RK.REVISION_KIND_WORK_CONTRACT):
         item = state.work_items.get(expected.aggregate_id)
         if item is None:
-            raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no WorkItem {expected.aggregate_id!r} in this group")
+            raise Rejected(
+                R.REJECTION_REASON_NOT_FOUND, f"no WorkItem {expected.aggregate_id!r} in this group"
+            )
         # MW-10.2-05 / OP-10: the WorkItem aggregate revision, or its contract revision.
         current = item.revision if expected.kind == RK.REVISION_KIND_WORK_ITEM else item.contract_revision
     else:
@@ -355,7 +359,9 @@ def identity(ctx: DecisionContext, identity_id: str, field: str) -> IdentityInfo
         raise invalid(field, "is required")
     info = ctx.identities.get(identity_id)
     if info is None:
-        raise Rejected(R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{field}: {identity_id} is not registered", field=field)
+        raise Rejected(
+            R.REJECTION_REASON_UNKNOWN_IDENTITY, f"{field}: {identity_id} is not registered", field=field
+        )
     return info
 
 
@@ -396,7 +402,10 @@ def validate_definition(definition: mission_pb2.MissionDefinition, ctx: Decision
     if not any(budget_dims(definition.budget).values()):
         # OP-02: a dimension left out permits nothing, so a Mission without any could fund no work
         # (D162: refused at creation rather than given a default nobody chose).
-        raise invalid(f"{field}.budget", "a budget in at least one dimension is required (tokens, tool calls, money, ...)")
+        raise invalid(
+            f"{field}.budget",
+            "a budget in at least one dimension is required (tokens, tool calls, money, ...)",
+        )
     if not definition.HasField("risk_policy") or not definition.risk_policy.risk_class:
         raise invalid(f"{field}.risk_policy.risk_class", "a risk/approval policy is required")
     if len(definition.notes) > MAX_TEXT_BYTES:
@@ -406,7 +415,9 @@ def validate_definition(definition: mission_pb2.MissionDefinition, ctx: Decision
 def renewal(policy: mission_pb2.RenewalPolicy) -> tuple[timedelta, timedelta]:
     duration = policy.lease_duration.ToTimedelta() if policy.HasField("lease_duration") else DEFAULT_LEASE
     renew_before = (
-        policy.renew_before.ToTimedelta() if policy.HasField("renew_before") else min(DEFAULT_RENEW_BEFORE, duration / 5)
+        policy.renew_before.ToTimedelta()
+        if policy.HasField("renew_before")
+        else min(DEFAULT_RENEW_BEFORE, duration / 5)
     )
     if not MIN_LEASE <= duration <= MAX_LEASE:
         raise invalid("body.coordinator_renewal.lease_duration", f"must lie within {MIN_LEASE}..{MAX_LEASE}")

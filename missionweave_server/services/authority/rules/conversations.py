@@ -107,7 +107,9 @@ def _restricted_from(state: GroupState, conversation_id: str, actor_id: str) -> 
     )
 
 
-def message_post(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter) -> None:
+def message_post(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
     """MW-9-13: any Group member posts; the Message never carries authority (MW-9-10)."""
     assert state is not None
     body = command.message_post
@@ -115,7 +117,9 @@ def message_post(state: GroupState | None, command: command_pb2.Command, ctx: De
     if binding is not None:  # a Message the Worker buffered offline: its WorkItem Conversation only
         reconcile(state, command, ctx, out, binding, conversation_id=body.conversation_id)
     _conversation(state, body.conversation_id, command.actor_id, "conversation_id")
-    message_id = body.message_id or f"msg_{ids.suffix(ids.derived_id('x', command.group_id, command.command_id))}"
+    message_id = (
+        body.message_id or f"msg_{ids.suffix(ids.derived_id('x', command.group_id, command.command_id))}"
+    )
     if not ids.is_valid(message_id):
         raise invalid("body.message_post.message_id", "not a valid id")
     if message_id in state.messages:
@@ -139,13 +143,17 @@ def message_post(state: GroupState | None, command: command_pb2.Command, ctx: De
     )
 
 
-def message_amend(state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter) -> None:
+def message_amend(
+    state: GroupState | None, command: command_pb2.Command, ctx: DecisionContext, out: Emitter
+) -> None:
     """MW-9.1-19..21: the Message stays as accepted; a new event cites it (redaction needs a reason)."""
     assert state is not None
     body = command.message_amend
     message = state.messages.get(body.message_id)
     if message is None:
-        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no message {body.message_id} in this Group", field="message_id")
+        raise Rejected(
+            R.REJECTION_REASON_NOT_FOUND, f"no message {body.message_id} in this Group", field="message_id"
+        )
     _conversation(state, message.conversation_id, command.actor_id, "message_id")
     erased: list[int] = []
     if body.erasure != CE.CONTENT_ERASURE_UNSPECIFIED:
@@ -167,9 +175,14 @@ def message_amend(state: GroupState | None, command: command_pb2.Command, ctx: D
     )
 
 
-def _check_amendment(state: GroupState, command: command_pb2.Command, ctx: DecisionContext, message: MessageState) -> None:
+def _check_amendment(
+    state: GroupState, command: command_pb2.Command, ctx: DecisionContext, message: MessageState
+) -> None:
     body = command.message_amend
-    if message.latest_amendment in (AK.MESSAGE_AMENDMENT_KIND_RETRACTION, AK.MESSAGE_AMENDMENT_KIND_REDACTION):
+    if message.latest_amendment in (
+        AK.MESSAGE_AMENDMENT_KIND_RETRACTION,
+        AK.MESSAGE_AMENDMENT_KIND_REDACTION,
+    ):
         raise Rejected(
             R.REJECTION_REASON_INVALID_TRANSITION,
             f"message {body.message_id} was {AK.Name(AK.ValueType(message.latest_amendment)).rsplit('_', 1)[-1].lower()}; "
@@ -198,7 +211,9 @@ def _check_amendment(state: GroupState, command: command_pb2.Command, ctx: Decis
         raise invalid("body.kind", "correction, retraction or redaction")
 
 
-def _check_erasure(state: GroupState, command: command_pb2.Command, ctx: DecisionContext, message: MessageState) -> None:
+def _check_erasure(
+    state: GroupState, command: command_pb2.Command, ctx: DecisionContext, message: MessageState
+) -> None:
     """MW-7.4-04/05: a security redaction or legal deletion appends this tombstone; the shell then
     re-signs the listed events with their content cleared, keeping their ids and sequences. Also
     allowed after a retraction or a masking redaction: the content is still in the log then."""
@@ -216,7 +231,11 @@ def _check_erasure(state: GroupState, command: command_pb2.Command, ctx: Decisio
     if body.HasField("corrected_content"):
         raise invalid("body.corrected_content", "an erasure carries no content")
     if message.erased:
-        raise Rejected(R.REJECTION_REASON_INVALID_TRANSITION, f"the content of message {body.message_id} was already erased")
+        raise Rejected(
+            R.REJECTION_REASON_INVALID_TRANSITION,
+            f"the content of message {body.message_id} was already erased",
+        )
+
 
 def erasure_targets(events: Iterable[event_pb2.Event]) -> list[tuple[event_pb2.Event, int]]:
     """MW-7.4-04/05: the stored events the erasure tombstones among ``events`` list, as
@@ -267,10 +286,13 @@ def conversation_open(
     require_live(mission_of(state), "conversation.open")
     if not _is_steward(state, command.actor_id):
         raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED, "review and restricted Conversations are opened by the owner or Coordinator"
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            "review and restricted Conversations are opened by the owner or Coordinator",
         )
     if body.kind not in (CK.CONVERSATION_KIND_REVIEW, CK.CONVERSATION_KIND_RESTRICTED):
-        raise invalid("body.kind", "REVIEW or RESTRICTED (planning and WorkItem Conversations open by themselves)")
+        raise invalid(
+            "body.kind", "REVIEW or RESTRICTED (planning and WorkItem Conversations open by themselves)"
+        )
     if not 1 <= len(body.title) <= 200:
         raise invalid("body.title", "1..200 characters required")
     conversation_id = body.conversation_id or ids.derived_id("conv", command.group_id, command.command_id)

@@ -36,7 +36,9 @@ from missionweave_server.services.authority.state import SIX, GrantState, GroupS
 
 WS = wp.WorkItemState
 # MW-9.1-15: a target in one of these ends the grant.
-ENDS_A_GRANT = frozenset({WS.WORK_ITEM_STATE_FAILED, WS.WORK_ITEM_STATE_CANCELLED, WS.WORK_ITEM_STATE_VERIFIED})
+ENDS_A_GRANT = frozenset(
+    {WS.WORK_ITEM_STATE_FAILED, WS.WORK_ITEM_STATE_CANCELLED, WS.WORK_ITEM_STATE_VERIFIED}
+)
 MAX_ALLOWED_CAPABILITIES = 64
 
 
@@ -45,7 +47,9 @@ def _grant_invalid(grant: GrantState, check: str, message: str) -> Rejected:
 
 
 def _outside(grant: GrantState, check: str, message: str, **metadata: object) -> Rejected:
-    return Rejected(R.REJECTION_REASON_OUTSIDE_GRANT, message, grant_id=grant.grant_id, check=check, **metadata)
+    return Rejected(
+        R.REJECTION_REASON_OUTSIDE_GRANT, message, grant_id=grant.grant_id, check=check, **metadata
+    )
 
 
 # ---------------------------------------------------------------- membership.grant_delegation
@@ -101,7 +105,10 @@ def membership_grant_delegation(
     if not body.HasField("expires_at") or from_timestamp(body.expires_at) <= ctx.now:
         raise invalid("body.membership_grant_delegation.expires_at", "an expiry in the future is required")
     if from_timestamp(body.expires_at) > from_timestamp(mission.definition.deadline):
-        raise invalid("body.membership_grant_delegation.expires_at", "a grant expires no later than the Mission's deadline")
+        raise invalid(
+            "body.membership_grant_delegation.expires_at",
+            "a grant expires no later than the Mission's deadline",
+        )
     lease = mission.coordinator
     assert lease is not None  # require_coordinator
     grant = membership_pb2.DelegationGrant(
@@ -110,7 +117,9 @@ def membership_grant_delegation(
         mission_id=mission.mission_id,
         group_id=command.group_id,
         target_work_item_id=target.work_item_id,
-        allowed_capabilities=[membership_pb2.Capability(capability_id=c, version=v) for c, v in allowed.items()],
+        allowed_capabilities=[
+            membership_pb2.Capability(capability_id=c, version=v) for c, v in allowed.items()
+        ],
         caps=caps,
         max_descendant_depth=body.max_descendant_depth,
         grantee_membership_epoch=grantee.membership_epoch,
@@ -119,7 +128,9 @@ def membership_grant_delegation(
         granted_at=out.recorded_at,
         expires_at=body.expires_at,
     )
-    out.emit("membership.delegation.granted", "delegation_granted", membership_pb2.DelegationGranted(grant=grant))
+    out.emit(
+        "membership.delegation.granted", "delegation_granted", membership_pb2.DelegationGranted(grant=grant)
+    )
 
 
 def _allowed_capabilities(capabilities: Iterable[membership_pb2.Capability]) -> dict[str, str]:
@@ -132,13 +143,17 @@ def _allowed_capabilities(capabilities: Iterable[membership_pb2.Capability]) -> 
             raise invalid(f"{field}[{i}]", f"{cap.capability_id} is listed twice")
         allowed[cap.capability_id] = cap.version
     if not allowed:
-        raise invalid(field, "name the capabilities the grant allows, each with a minimum version (MW-9.1-05)")
+        raise invalid(
+            field, "name the capabilities the grant allows, each with a minimum version (MW-9.1-05)"
+        )
     if len(allowed) > MAX_ALLOWED_CAPABILITIES:
         raise invalid(field, f"at most {MAX_ALLOWED_CAPABILITIES}")
     return allowed
 
 
-def _caps(body: membership_pb2.MembershipGrantDelegation, budget: common_pb2.ResourceVector) -> common_pb2.ResourceVector:
+def _caps(
+    body: membership_pb2.MembershipGrantDelegation, budget: common_pb2.ResourceVector
+) -> common_pb2.ResourceVector:
     """MW-9.1-05: a currency and an explicit cap in each of the six dimensions. Zero is explicit
     (it permits nothing, OP-02); a cap beyond the Mission's own budget would be unbounded in effect."""
     field = "body.membership_grant_delegation.caps"
@@ -174,7 +189,11 @@ def membership_revoke_delegation(
     require_steward(state, command, ctx)  # as every Membership change: a lapsed Coordinator renews first
     grant = state.grants.get(body.grant_id)
     if grant is None:
-        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no grant {body.grant_id!r} in this Group", field="body.membership_revoke_delegation.grant_id")
+        raise Rejected(
+            R.REJECTION_REASON_NOT_FOUND,
+            f"no grant {body.grant_id!r} in this Group",
+            field="body.membership_revoke_delegation.grant_id",
+        )
     if grant.revoked:
         raise Rejected(R.REJECTION_REASON_INVALID_TRANSITION, f"grant {grant.grant_id} is already revoked")
     require_reason(body.reason, "body.membership_revoke_delegation.reason")
@@ -188,11 +207,15 @@ def membership_revoke_delegation(
 # ---------------------------------------------------------------- using a grant
 
 
-def usable_grant(state: GroupState, command: command_pb2.Command, ctx: DecisionContext, grant_id: str) -> GrantState:
+def usable_grant(
+    state: GroupState, command: command_pb2.Command, ctx: DecisionContext, grant_id: str
+) -> GrantState:
     """MW-9.1-03/13/14/15/16: the persisted grant, used by its grantee, still valid now."""
     grant = state.grants.get(grant_id)
     if grant is None:
-        raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"no grant {grant_id!r} in this Group (MW-9.1-03)", field="grant_id")
+        raise Rejected(
+            R.REJECTION_REASON_NOT_FOUND, f"no grant {grant_id!r} in this Group (MW-9.1-03)", field="grant_id"
+        )
     if command.actor_id != grant.grantee_id:
         raise Rejected(
             R.REJECTION_REASON_PERMISSION_DENIED,
@@ -264,22 +287,32 @@ def check_capabilities(grant: GrantState, contract: wp.WorkContract) -> None:
     for cap in contract.required_capabilities:
         minimum = grant.allowed.get(cap.capability_id)
         if minimum is None:
-            raise _outside(grant, "capability", f"grant {grant.grant_id} does not allow {cap.capability_id}", capability=cap.capability_id)
+            raise _outside(
+                grant,
+                "capability",
+                f"grant {grant.grant_id} does not allow {cap.capability_id}",
+                capability=cap.capability_id,
+            )
         if version_key(cap.version) < version_key(minimum):
             raise _outside(
-                grant, "capability",
+                grant,
+                "capability",
                 f"{cap.capability_id} {cap.version} is below the grant's minimum version {minimum} (MW-9.1-10)",
                 capability=cap.capability_id,
             )
 
 
-def charged_with(state: GroupState, grant: GrantState, work_item_id: str, budget: dict[str, int]) -> dict[str, int]:
+def charged_with(
+    state: GroupState, grant: GrantState, work_item_id: str, budget: dict[str, int]
+) -> dict[str, int]:
     """The grant's total charge, with ``work_item_id`` counted at ``budget``."""
     before = state.item_grants.get(work_item_id, {}).get(grant.grant_id, {})
     return {dim: grant.charged[dim] - before.get(dim, 0) + budget.get(dim, 0) for dim in SIX}
 
 
-def check_charge(state: GroupState, grant: GrantState, work_item_id: str, budget: common_pb2.ResourceVector) -> None:
+def check_charge(
+    state: GroupState, grant: GrantState, work_item_id: str, budget: common_pb2.ResourceVector
+) -> None:
     """MW-9.1-11: what the grant has been charged, with this WorkItem's budget counted (once, at its
     latest size), fits every cap."""
     charged = charged_with(state, grant, work_item_id, budget_dims(budget))
@@ -300,11 +333,15 @@ def check_delegated_authorize(
 ) -> None:
     """MW-9.1-09/10/11/12: a new descendant linked into the subtree, within depth, capabilities, caps."""
     if not body.parent_work_item_id:
-        raise _outside(grant, "scope", "a delegated WorkItem names its parent in the granted subtree (MW-9.1-09)")
+        raise _outside(
+            grant, "scope", "a delegated WorkItem names its parent in the granted subtree (MW-9.1-09)"
+        )
     parent_depth = depth_below(state, grant.target_work_item_id, body.parent_work_item_id)
     if parent_depth is None:
         raise _outside(
-            grant, "scope", f"{body.parent_work_item_id} is outside the subtree of {grant.target_work_item_id} (MW-9.1-09)"
+            grant,
+            "scope",
+            f"{body.parent_work_item_id} is outside the subtree of {grant.target_work_item_id} (MW-9.1-09)",
         )
     check_depth(grant, ctx, parent_depth + 1)
     check_capabilities(grant, body.contract)
@@ -315,10 +352,17 @@ def check_depth(grant: GrantState, ctx: DecisionContext, depth: int) -> None:
     """MW-9.1-12: a WorkItem used under the grant sits within the grant's maximum depth below its
     scope root and within the Organization's limit in force now."""
     if depth > grant.max_descendant_depth:
-        raise _outside(grant, "depth", f"depth {depth} below the scope root exceeds the grant's {grant.max_descendant_depth}", depth=depth)
+        raise _outside(
+            grant,
+            "depth",
+            f"depth {depth} below the scope root exceeds the grant's {grant.max_descendant_depth}",
+            depth=depth,
+        )
     if depth > ctx.policy.max_delegation_depth:
         raise _outside(
-            grant, "depth_policy", f"depth {depth} exceeds the Organization's limit of {ctx.policy.max_delegation_depth} (MW-9.1-12)",
+            grant,
+            "depth_policy",
+            f"depth {depth} exceeds the Organization's limit of {ctx.policy.max_delegation_depth} (MW-9.1-12)",
             depth=depth,
         )
 
@@ -331,7 +375,9 @@ def check_delegated_offer(
     depth = depth_below(state, grant.target_work_item_id, body.work_item_id)
     if depth is None:
         raise _outside(
-            grant, "scope", f"{body.work_item_id} is outside the subtree of {grant.target_work_item_id} (MW-9.1-08)"
+            grant,
+            "scope",
+            f"{body.work_item_id} is outside the subtree of {grant.target_work_item_id} (MW-9.1-08)",
         )
     # A descendant the Coordinator created deeper than the grant reaches exists, but is not the grantee's.
     check_depth(grant, ctx, depth)
@@ -397,5 +443,7 @@ KINDS = (
         {"delegation_granted": _granted},
         references=lambda c: (c.membership_grant_delegation.grantee_id,),
     ),
-    CommandKind("membership_revoke_delegation", membership_revoke_delegation, {"delegation_revoked": _revoked}),
+    CommandKind(
+        "membership_revoke_delegation", membership_revoke_delegation, {"delegation_revoked": _revoked}
+    ),
 )

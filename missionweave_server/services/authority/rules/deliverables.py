@@ -71,8 +71,13 @@ def require_held(
                 check="not_stored",
             )
         if digest.size_bytes != held.size_bytes:
-            raise invalid(f"{where}.digest.size_bytes", f"blake3:{digest.hex} is {held.size_bytes} bytes, not {digest.size_bytes}")
-        if any(m.mission_id == mission_id and (names is None or m.work_item_id in names) for m in held.manifests):
+            raise invalid(
+                f"{where}.digest.size_bytes",
+                f"blake3:{digest.hex} is {held.size_bytes} bytes, not {digest.size_bytes}",
+            )
+        if any(
+            m.mission_id == mission_id and (names is None or m.work_item_id in names) for m in held.manifests
+        ):
             continue
         if recorded is None:
             recorded = recorded_artifacts(state, deliverables_of)

@@ -34,14 +34,20 @@ def require_steward(state: GroupState, command: command_pb2.Command, ctx: Decisi
     lease = mission.coordinator
     if lease is None or lease.agent_id != command.actor_id:
         raise Rejected(
-            R.REJECTION_REASON_PERMISSION_DENIED, "only the MissionOwner or the current Coordinator manage Memberships"
+            R.REJECTION_REASON_PERMISSION_DENIED,
+            "only the MissionOwner or the current Coordinator manage Memberships",
         )
     if lease.expires_at <= ctx.now:
         raise Rejected(R.REJECTION_REASON_LEASE_EXPIRED, "the Coordinator lease has expired; renew it first")
 
 
 _GRANTABLE = frozenset(
-    {Role.MEMBER_ROLE_WORKER, Role.MEMBER_ROLE_REVIEWER, Role.MEMBER_ROLE_WORK_DELEGATE, Role.MEMBER_ROLE_OBSERVER}
+    {
+        Role.MEMBER_ROLE_WORKER,
+        Role.MEMBER_ROLE_REVIEWER,
+        Role.MEMBER_ROLE_WORK_DELEGATE,
+        Role.MEMBER_ROLE_OBSERVER,
+    }
 )
 
 
@@ -54,20 +60,38 @@ def membership_grant(
     body = command.membership_grant
     identity(ctx, body.member_id, "body.membership_grant.member_id")
     if body.role not in _GRANTABLE:
-        raise invalid("body.membership_grant.role", "owner and Coordinator memberships come from the Mission itself")
+        raise invalid(
+            "body.membership_grant.role", "owner and Coordinator memberships come from the Mission itself"
+        )
     existing = state.members.get(body.member_id)
-    if existing and existing.role in (Role.MEMBER_ROLE_MISSION_OWNER, Role.MEMBER_ROLE_COORDINATOR) and existing.active:
-        raise invalid("body.membership_grant.member_id", "cannot change the owner's or Coordinator's Membership")
+    if (
+        existing
+        and existing.role in (Role.MEMBER_ROLE_MISSION_OWNER, Role.MEMBER_ROLE_COORDINATOR)
+        and existing.active
+    ):
+        raise invalid(
+            "body.membership_grant.member_id", "cannot change the owner's or Coordinator's Membership"
+        )
     for i, cap in enumerate(body.capabilities):
         if not cap.capability_id or not cap.version:
-            raise invalid(f"body.membership_grant.capabilities[{i}]", "capability id and version are required")
+            raise invalid(
+                f"body.membership_grant.capabilities[{i}]", "capability id and version are required"
+            )
     if body.provisional:
         if body.role != Role.MEMBER_ROLE_WORKER:
-            raise invalid("body.membership_grant.provisional", "just-in-time Memberships are for Workers (MW-8-06)")
+            raise invalid(
+                "body.membership_grant.provisional", "just-in-time Memberships are for Workers (MW-8-06)"
+            )
         if not body.HasField("expires_at") or from_timestamp(body.expires_at) <= ctx.now:
-            raise invalid("body.membership_grant.expires_at", "a provisional Membership must expire, in the future (MW-8-06)")
+            raise invalid(
+                "body.membership_grant.expires_at",
+                "a provisional Membership must expire, in the future (MW-8-06)",
+            )
         if from_timestamp(body.expires_at) > from_timestamp(mission_of(state).definition.deadline):
-            raise invalid("body.membership_grant.expires_at", "a provisional Membership lapses no later than the Mission's deadline")
+            raise invalid(
+                "body.membership_grant.expires_at",
+                "a provisional Membership lapses no later than the Mission's deadline",
+            )
     # MW-8-07: a late joiner starts at the sequence of its own grant, never earlier by default.
     visibility = body.visibility_start_sequence or out.next_sequence
     out.emit(
@@ -100,7 +124,9 @@ def membership_revoke(
     if member is None or not member.active:
         raise Rejected(R.REJECTION_REASON_NOT_FOUND, f"{body.member_id} holds no active Membership here")
     if member.role in (Role.MEMBER_ROLE_MISSION_OWNER, Role.MEMBER_ROLE_COORDINATOR):
-        raise invalid("body.membership_revoke.member_id", "the owner's and Coordinator's Memberships cannot be revoked")
+        raise invalid(
+            "body.membership_revoke.member_id", "the owner's and Coordinator's Memberships cannot be revoked"
+        )
     revoke_membership(out, body.member_id, member.membership_epoch, body.reason)
 
 
@@ -110,7 +136,9 @@ def membership_revoke(
 PROVISIONAL_MAY = frozenset({"work_accept_offer", "work_decline_offer"})
 
 
-def check_provisional(state: GroupState, command: command_pb2.Command, body: str, ctx: DecisionContext) -> None:
+def check_provisional(
+    state: GroupState, command: command_pb2.Command, body: str, ctx: DecisionContext
+) -> None:
     """MW-8-06 step 1: a provisional Membership carries no authority beyond its offer; one that
     lapsed is refused as an ended one."""
     member = state.members.get(command.actor_id)
@@ -175,7 +203,9 @@ def end_just_in_time(before: GroupState, after: GroupState, out: Emitter, now: d
         out.emit(
             "membership.ended",
             "membership_ended",
-            membership_pb2.MembershipEnded(member_id=member.member_id, membership_epoch=member.membership_epoch, reason=reason),
+            membership_pb2.MembershipEnded(
+                member_id=member.member_id, membership_epoch=member.membership_epoch, reason=reason
+            ),
         )
 
 

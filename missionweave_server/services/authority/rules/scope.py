@@ -16,15 +16,23 @@ PERMISSION_LISTS = ("allowed_tools", "allowed_data", "allowed_operations", "allo
 
 
 def _scope_exceeds(check: str, value: str, message: str) -> Rejected:
-    return Rejected(R.REJECTION_REASON_CHILD_SCOPE_EXCEEDS_PARENT, f"{message} (MW-14-04)", check=check, value=value)
+    return Rejected(
+        R.REJECTION_REASON_CHILD_SCOPE_EXCEEDS_PARENT, f"{message} (MW-14-04)", check=check, value=value
+    )
 
 
-def resolve_scope(contract: wp.WorkContract, given: subtask_pb2.MissionScope | None) -> subtask_pb2.MissionScope:
+def resolve_scope(
+    contract: wp.WorkContract, given: subtask_pb2.MissionScope | None
+) -> subtask_pb2.MissionScope:
     """The child's scope: ``given`` checked against the parent contract, or the contract's own."""
     if given is None:
-        return subtask_pb2.MissionScope(permissions=contract.permissions, capabilities=contract.required_capabilities)
+        return subtask_pb2.MissionScope(
+            permissions=contract.permissions, capabilities=contract.required_capabilities
+        )
     check_within_scope(
-        subtask_pb2.MissionScope(permissions=contract.permissions, capabilities=contract.required_capabilities),
+        subtask_pb2.MissionScope(
+            permissions=contract.permissions, capabilities=contract.required_capabilities
+        ),
         given.permissions,
         given.capabilities,
         "the parent WorkItem's contract",
@@ -48,10 +56,14 @@ def check_within_scope(
     for cap in capabilities:
         ceiling = allowed_caps.get(cap.capability_id)
         if ceiling is None:
-            raise _scope_exceeds("capability", cap.capability_id, f"capability {cap.capability_id} is not within {whose}")
+            raise _scope_exceeds(
+                "capability", cap.capability_id, f"capability {cap.capability_id} is not within {whose}"
+            )
         if version_key(cap.version) > version_key(ceiling):
             raise _scope_exceeds(
-                "capability", cap.capability_id, f"{cap.capability_id} {cap.version} is above {whose}'s {ceiling}"
+                "capability",
+                cap.capability_id,
+                f"{cap.capability_id} {cap.version} is above {whose}'s {ceiling}",
             )
 
 
@@ -60,4 +72,6 @@ def check_child_contract(state: GroupState, contract: wp.WorkContract, field: st
     mission = mission_of(state)
     if mission.scope is None:
         return
-    check_within_scope(mission.scope, contract.permissions, contract.required_capabilities, "the child Mission's scope")
+    check_within_scope(
+        mission.scope, contract.permissions, contract.required_capabilities, "the child Mission's scope"
+    )

@@ -51,7 +51,9 @@ def upgrade() -> None:
         )
     now_us = time.time_ns() // 1000
     for row in identities:
-        granted = GrantedIdentity(row.identity_id, int(row.kind), row.display_name, bytes(row.public_key), bool(row.org_admin))
+        granted = GrantedIdentity(
+            row.identity_id, int(row.kind), row.display_name, bytes(row.public_key), bool(row.org_admin)
+        )
         conn.execute(
             sa.text("UPDATE identities SET grant_envelope = :g WHERE identity_id = :i"),
             {"g": attest_identity(admin_key, granted, now_us), "i": row.identity_id},

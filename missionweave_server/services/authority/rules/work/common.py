@@ -134,6 +134,7 @@ def require_steering(
     )
     return None
 
+
 def live_owner(item: WorkItemState, now: datetime) -> bool:
     return item.owner is not None and item.owner.expires_at > now
 
@@ -202,7 +203,12 @@ def begin_lease(item: WorkItemState, lease: ExecutionLeaseState) -> None:
     """Evolve: ``lease`` is the current execution lease, and the newest of its lease history."""
     item.lease = lease
     item.lease_history[lease.lease_id] = LeaseRecord(
-        lease.lease_id, lease.agent_id, lease.session_epoch, lease.ownership_epoch, lease.started_at, lease.expires_at
+        lease.lease_id,
+        lease.agent_id,
+        lease.session_epoch,
+        lease.ownership_epoch,
+        lease.started_at,
+        lease.expires_at,
     )
     while len(item.lease_history) > MAX_LEASE_HISTORY:  # dicts keep insertion (start) order
         del item.lease_history[next(iter(item.lease_history))]

@@ -68,7 +68,12 @@ def validate_contract(contract: wp.WorkContract, state: GroupState, ctx: Decisio
         )
     if not contract.HasField("time_policy"):
         raise invalid(f"{field}.time_policy", "a time policy (start deadline, lease durations) is required")
-    for name in ("start_deadline", "execution_lease_duration", "checkpoint_ownership_duration", "blocked_lease_duration"):
+    for name in (
+        "start_deadline",
+        "execution_lease_duration",
+        "checkpoint_ownership_duration",
+        "blocked_lease_duration",
+    ):
         # Checked here, not first when the lease is granted: the default only stands in for an unset one.
         policy_duration(getattr(contract.time_policy, name), timedelta(0), f"{field}.time_policy.{name}")
     if not contract.HasField("cost_policy"):

@@ -47,7 +47,7 @@ def _retry_at(item: WorkItemState, now: datetime, command_id: str) -> datetime |
     factor = (policy.backoff_multiplier_milli or 2000) / 1000
     backoff = min(ceiling, initial * factor ** max(0, item.attempts - 1))
     if policy.jitter:  # full jitter, drawn from the command id: the decision stays pure and replayable
-        backoff *= int(ids.derived_id("jit", command_id).split("_", 1)[1], 16) / 2 ** 104
+        backoff *= int(ids.derived_id("jit", command_id).split("_", 1)[1], 16) / 2**104
     retry_at = now + backoff
     deadlines = [from_timestamp(item.contract.deadline)]
     if policy.HasField("retry_deadline"):

@@ -65,7 +65,9 @@ def work_renew_lease(
     )
     duration = min(policy, policy_duration(body.requested_duration, policy, "body.requested_duration"))
     end = attempt_end(item, item.lease.started_at)
-    if end is not None:  # a renewal never extends the attempt beyond its time limit (the live lease ends by then)
+    if (
+        end is not None
+    ):  # a renewal never extends the attempt beyond its time limit (the live lease ends by then)
         duration = min(duration, end - ctx.now)
     current_scope = item.lease.token_scope or item.contract.permissions
     scope = narrow_scope(body.requested_scope, current_scope, "body.requested_scope")
@@ -130,8 +132,15 @@ def _buffered(
     if binding is None:
         return None
     reconciled = reconcile(
-        state, command, ctx, out, binding, work_item_id=body.work_item_id, lease_id=body.lease_id,
-        ownership_epoch=body.ownership_epoch, usage_delta=body.usage_delta,
+        state,
+        command,
+        ctx,
+        out,
+        binding,
+        work_item_id=body.work_item_id,
+        lease_id=body.lease_id,
+        ownership_epoch=body.ownership_epoch,
+        usage_delta=body.usage_delta,
     )
     require_state(reconciled.item, allowed, name)
     lease = reconciled.item.lease
@@ -168,7 +177,11 @@ def work_checkpoint(
     assert state is not None
     body = command.work_checkpoint
     offline = _buffered(state, command, ctx, out, body, "work.checkpoint", (ACTIVE, QUEUED))
-    item, usage = (offline.item, offline.usage) if offline else under_lease(state, command, ctx, body, "work.checkpoint")
+    item, usage = (
+        (offline.item, offline.usage)
+        if offline
+        else under_lease(state, command, ctx, body, "work.checkpoint")
+    )
     if body.preemption_request_id and body.preemption_request_id != item.preemption_request_id:
         raise Rejected(
             R.REJECTION_REASON_NOT_FOUND, f"no open preemption request {body.preemption_request_id}"
@@ -213,7 +226,9 @@ def work_block(
         DEFAULT_BLOCKED_LEASE,
         "time_policy.blocked_lease_duration",
     )
-    keep = min(policy, policy_duration(body.requested_blocked_duration, policy, "body.requested_blocked_duration"))
+    keep = min(
+        policy, policy_duration(body.requested_blocked_duration, policy, "body.requested_blocked_duration")
+    )
     out.emit(
         "work.blocked",
         "work_blocked",
@@ -272,12 +287,19 @@ def work_report_progress(
     offline = _buffered(state, command, ctx, out, body, "work.report_progress", (ACTIVE, QUEUED, BLOCKED))
     if offline:
         usage = offline.usage
-    elif item.state in (QUEUED, BLOCKED):  # not executing: the owner reports (a schedule, a blocker) with no lease
+    elif item.state in (
+        QUEUED,
+        BLOCKED,
+    ):  # not executing: the owner reports (a schedule, a blocker) with no lease
         if body.lease_id:
-            raise invalid("body.lease_id", f"{item.work_item_id} is not active: a progress report cites no lease")
+            raise invalid(
+                "body.lease_id", f"{item.work_item_id} is not active: a progress report cites no lease"
+            )
         require_owner(item, command, body.ownership_epoch)
         if not live_owner(item, ctx.now):
-            raise Rejected(R.REJECTION_REASON_LEASE_EXPIRED, f"the ownership lease of {item.work_item_id} has lapsed")
+            raise Rejected(
+                R.REJECTION_REASON_LEASE_EXPIRED, f"the ownership lease of {item.work_item_id} has lapsed"
+            )
         usage = check_usage(state, item, body.usage_delta, "body.usage_delta")
     else:
         item, usage = under_lease(state, command, ctx, body, "work.report_progress")
@@ -355,7 +377,9 @@ def _progress_reported(state: GroupState, event: event_pb2.Event) -> None:
 KINDS = (
     # Usage: also recorded by checkpoints, blocks, progress reports, submissions and failures.
     CommandKind(
-        "work_renew_lease", work_renew_lease, {"work_lease_renewed": _renewed, "resource_usage_recorded": apply_usage}
+        "work_renew_lease",
+        work_renew_lease,
+        {"work_lease_renewed": _renewed, "resource_usage_recorded": apply_usage},
     ),
     CommandKind(
         "work_checkpoint",

@@ -77,8 +77,15 @@ def work_offer(
                 f"body.candidate_ids[{i}]",
                 f"{cid} is a {role_label(member.role)}; work is offered to roles that may accept it (docs/authorization.md)",
             )
-        if member.provisional and member.expires_at is not None and from_timestamp(body.expires_at) > member.expires_at:
-            raise invalid("body.expires_at", f"an offer to {cid} expires no later than its provisional Membership (MW-8-06)")
+        if (
+            member.provisional
+            and member.expires_at is not None
+            and from_timestamp(body.expires_at) > member.expires_at
+        ):
+            raise invalid(
+                "body.expires_at",
+                f"an offer to {cid} expires no later than its provisional Membership (MW-8-06)",
+            )
     contract = body.amended_contract if body.HasField("amended_contract") else item.contract
     for i, cid in enumerate(body.candidate_ids):
         check_card(ctx.cards.get(cid), cid, contract.required_capabilities, f"body.candidate_ids[{i}]")
@@ -106,7 +113,9 @@ def work_offer(
         # An extension adds candidates: those already offered keep their offer.
         candidates = [*extended.candidate_ids, *(c for c in candidates if c not in extended.candidate_ids)]
         if len(candidates) > MAX_CANDIDATES:
-            raise invalid("body.candidate_ids", f"the extended offer would have more than {MAX_CANDIDATES} candidates")
+            raise invalid(
+                "body.candidate_ids", f"the extended offer would have more than {MAX_CANDIDATES} candidates"
+            )
     elif not ids.is_valid(offer_id) or offer_id in item.offers:
         raise invalid("body.offer_id", "a valid id not yet used for this WorkItem")
     if grant is not None:
@@ -189,7 +198,9 @@ def check_card(card: CardInfo | None, agent_id: str, required: Iterable[Capabili
         )
 
 
-def withdraw_offers(out: Emitter, item: WorkItemState, offer_ids: list[str], reason: int, winner: str = "") -> None:
+def withdraw_offers(
+    out: Emitter, item: WorkItemState, offer_ids: list[str], reason: int, winner: str = ""
+) -> None:
     candidates = sorted({c for oid in offer_ids for c in item.offers[oid].candidate_ids})
     out.emit(
         "work.offers_withdrawn",
@@ -352,7 +363,10 @@ def _offered(state: GroupState, event: event_pb2.Event) -> None:
     )
     kept = item.offer_criteria.get(p.offer_id, []) if p.extends_offer_id else []
     covered = {c.candidate_id for c in p.selection_criteria}
-    item.offer_criteria[p.offer_id] = [*(c for c in kept if c.candidate_id not in covered), *p.selection_criteria]
+    item.offer_criteria[p.offer_id] = [
+        *(c for c in kept if c.candidate_id not in covered),
+        *p.selection_criteria,
+    ]
     if p.HasField("amended_contract"):
         item.contract = wp.WorkContract()
         item.contract.CopyFrom(p.amended_contract)
@@ -395,7 +409,10 @@ KINDS = (
         card_holders=lambda c: c.work_offer.candidate_ids,
     ),
     CommandKind(
-        "work_accept_offer", work_accept_offer, {"work_offer_accepted": _accepted}, card_holders=lambda c: (c.actor_id,)
+        "work_accept_offer",
+        work_accept_offer,
+        {"work_offer_accepted": _accepted},
+        card_holders=lambda c: (c.actor_id,),
     ),
     CommandKind("work_decline_offer", work_decline_offer, {"work_offer_declined": _declined}),
 )

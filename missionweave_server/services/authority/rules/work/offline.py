@@ -34,8 +34,17 @@ from missionweave_server.services.authority.state import GroupState, LeaseRecord
 Binding = wp.BoundedOfflineExecutionBinding
 # The eleven fields of MW-11.5-08, plus the bound Conversation (MW-11.5-10); all required.
 REQUIRED = (
-    "agent_id", "group_id", "work_item_id", "original_session_epoch", "ownership_epoch", "historical_lease_id",
-    "disconnected_at", "buffered_at", "grace_deadline", "historical_lease_expires_at", "usage_delta",
+    "agent_id",
+    "group_id",
+    "work_item_id",
+    "original_session_epoch",
+    "ownership_epoch",
+    "historical_lease_id",
+    "disconnected_at",
+    "buffered_at",
+    "grace_deadline",
+    "historical_lease_expires_at",
+    "usage_delta",
     "conversation_id",
 )
 
@@ -58,7 +67,9 @@ def buffered(command: command_pb2.Command) -> Binding | None:
     if len(found) > 1:
         raise _bad("binding", "duplicate", "a command carries one bounded-offline-execution binding")
     if not found[0].critical:
-        raise _bad("binding", "not_critical", "the bounded-offline-execution binding is critical (MW-11.5-07)")
+        raise _bad(
+            "binding", "not_critical", "the bounded-offline-execution binding is critical (MW-11.5-07)"
+        )
     binding = Binding()
     try:
         binding.ParseFromString(found[0].data)
@@ -117,7 +128,11 @@ def reconcile(
                 conversation_id=item.conversation_id,
             )
     owner = item.owner
-    if owner is None or owner.agent_id != command.actor_id or owner.ownership_epoch != binding.ownership_epoch:
+    if (
+        owner is None
+        or owner.agent_id != command.actor_id
+        or owner.ownership_epoch != binding.ownership_epoch
+    ):
         current = owner.ownership_epoch if owner else 0
         raise Rejected(
             R.REJECTION_REASON_OFFLINE_AFTER_OWNERSHIP_CHANGE,
@@ -129,7 +144,9 @@ def reconcile(
     _within_window(item, lease, binding, ctx.now)
     problem = usage_problem(item, binding.usage_delta)
     if problem is not None:
-        raise _bad(f"binding.usage_delta{problem[1]}", problem[0], "not a usage delta of this WorkItem's budget")
+        raise _bad(
+            f"binding.usage_delta{problem[1]}", problem[0], "not a usage delta of this WorkItem's budget"
+        )
     usage = check_usage(state, item, binding.usage_delta, "binding.usage_delta")
     record_usage(out, state, command, item, binding.usage_delta, usage, offline=binding)
     return Reconciled(item, binding, lease, usage)
@@ -144,7 +161,9 @@ def _complete(binding: Binding, command: command_pb2.Command) -> None:
     _matches(binding, "group_id", command.group_id)
 
 
-_MESSAGES = frozenset({"disconnected_at", "buffered_at", "grace_deadline", "historical_lease_expires_at", "usage_delta"})
+_MESSAGES = frozenset(
+    {"disconnected_at", "buffered_at", "grace_deadline", "historical_lease_expires_at", "usage_delta"}
+)
 
 
 def _matches(binding: Binding, name: str, commanded: str | None) -> None:
@@ -159,12 +178,17 @@ def _historical_lease(item: WorkItemState, binding: Binding, command: command_pb
     lease = item.lease_history.get(binding.historical_lease_id)
     claimed_expiry = from_timestamp(binding.historical_lease_expires_at)
     check = (
-        "unknown" if lease is None
-        else "agent" if lease.agent_id != command.actor_id
-        else "ownership_epoch" if lease.ownership_epoch != binding.ownership_epoch
-        else "session_epoch" if lease.session_epoch != binding.original_session_epoch
+        "unknown"
+        if lease is None
+        else "agent"
+        if lease.agent_id != command.actor_id
+        else "ownership_epoch"
+        if lease.ownership_epoch != binding.ownership_epoch
+        else "session_epoch"
+        if lease.session_epoch != binding.original_session_epoch
         or command.session_epoch < binding.original_session_epoch
-        else "expiry" if claimed_expiry > lease.expires_at
+        else "expiry"
+        if claimed_expiry > lease.expires_at
         else ""
     )
     if lease is None or check:
@@ -186,16 +210,24 @@ def _within_window(item: WorkItemState, lease: LeaseRecord, binding: Binding, no
     if disconnected > at:
         raise _bad("binding.disconnected_at", "order", "the Worker buffers only after it lost the service")
     if deadline < from_timestamp(binding.historical_lease_expires_at):
-        raise _bad("binding.grace_deadline", "order", "the grace deadline is at or after the lease expiry (OP-23)")
+        raise _bad(
+            "binding.grace_deadline", "order", "the grace deadline is at or after the lease expiry (OP-23)"
+        )
     period = item.contract.time_policy.offline_grace_period
     grace = period.ToTimedelta() if period.seconds or period.nanos else timedelta(0)
     check = (
-        "no_grace_period" if grace <= timedelta(0)
-        else "grace_deadline" if deadline > lease.expires_at + grace
-        else "before_lease_start" if min(disconnected, at) < lease.started_at
-        else "disconnected_after_expiry" if disconnected > lease.expires_at
-        else "after_grace_deadline" if at > deadline
-        else "in_future" if at > now
+        "no_grace_period"
+        if grace <= timedelta(0)
+        else "grace_deadline"
+        if deadline > lease.expires_at + grace
+        else "before_lease_start"
+        if min(disconnected, at) < lease.started_at
+        else "disconnected_after_expiry"
+        if disconnected > lease.expires_at
+        else "after_grace_deadline"
+        if at > deadline
+        else "in_future"
+        if at > now
         else ""
     )
     if check:
@@ -217,4 +249,6 @@ def _within_window(item: WorkItemState, lease: LeaseRecord, binding: Binding, no
 
 
 def _bad(field: str, check: str, message: str) -> Rejected:
-    return Rejected(R.REJECTION_REASON_OFFLINE_BINDING_INVALID, f"{field}: {message}", field=field, check=check)
+    return Rejected(
+        R.REJECTION_REASON_OFFLINE_BINDING_INVALID, f"{field}: {message}", field=field, check=check
+    )

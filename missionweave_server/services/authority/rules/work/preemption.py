@@ -33,7 +33,9 @@ def work_request_preemption(
     assert state is not None
     body = command.work_request_preemption
     item = work_item(state, body.work_item_id)
-    by_owner = not body.coordinator_epoch and item.owner is not None and command.actor_id == item.owner.agent_id
+    by_owner = (
+        not body.coordinator_epoch and item.owner is not None and command.actor_id == item.owner.agent_id
+    )
     if by_owner:  # the owning Worker records its own scheduler's request, under its current lease
         require_state(item, (ACTIVE,), "work.request_preemption")
         require_lease(item, command, ctx, body.lease_id, body.ownership_epoch)
@@ -75,6 +77,8 @@ def _preemption_requested(state: GroupState, event: event_pb2.Event) -> None:
 
 KINDS = (
     CommandKind(
-        "work_request_preemption", work_request_preemption, {"work_preemption_requested": _preemption_requested}
+        "work_request_preemption",
+        work_request_preemption,
+        {"work_preemption_requested": _preemption_requested},
     ),
 )

@@ -61,7 +61,9 @@ def require_evidence(
     for i, given in enumerate(evidence):
         e = wp.Evidence()
         e.CopyFrom(given)
-        if not e.evidence_id:  # the producer may leave it to the Authority: derived, so a retry gets the same id
+        if (
+            not e.evidence_id
+        ):  # the producer may leave it to the Authority: derived, so a retry gets the same id
             e.evidence_id = ids.derived_id("evd", command.group_id, command.command_id, str(i))
         if not ids.is_valid(e.evidence_id) or not e.method or not e.result:
             raise invalid(f"{field}[{i}]", "evidence_id, method and result are required (MW-13.2-04)")
@@ -221,7 +223,9 @@ def work_accept_result(
 # ---------------------------------------------------------------- evolve rules
 
 
-def _with(recorded: tuple[tuple[str, int], ...], refs: Iterable[common_pb2.ArtifactRef]) -> tuple[tuple[str, int], ...]:
+def _with(
+    recorded: tuple[tuple[str, int], ...], refs: Iterable[common_pb2.ArtifactRef]
+) -> tuple[tuple[str, int], ...]:
     """``recorded`` and then each of ``refs`` not in it yet, as (BLAKE3 hex, size)."""
     known = set(recorded)
     added = [(r.digest.hex, int(r.digest.size_bytes)) for r in refs]
@@ -265,7 +269,9 @@ KINDS = (
         "work_submit",
         work_submit,
         {"work_submitted": _submitted},
-        named_artifacts=lambda c: named_digests(c.work_submit.artifacts, evidence_refs(c.work_submit.evidence)),
+        named_artifacts=lambda c: named_digests(
+            c.work_submit.artifacts, evidence_refs(c.work_submit.evidence)
+        ),
     ),
     # Evidence: also recorded for a failed attempt that is retried.
     CommandKind(

@@ -44,7 +44,9 @@ def approval_required(state: GroupState, item: WorkItemState) -> bool:
     """MW-10.2-T06: the contract asks for execution approval, or its risk class is at or above the
     Mission's execution approval threshold (RiskPolicy, MW-7.1-01)."""
     threshold = mission_of(state).definition.risk_policy.execution_approval_threshold
-    return item.contract.requires_execution_approval or (bool(threshold) and item.contract.risk_class >= threshold)
+    return item.contract.requires_execution_approval or (
+        bool(threshold) and item.contract.risk_class >= threshold
+    )
 
 
 def execution_approvers(state: GroupState, item: WorkItemState) -> list[str]:
@@ -172,7 +174,9 @@ def work_start(
     if end is not None:  # the lease never outlives the attempt's time limit
         duration = min(duration, end - ctx.now)
     scope = narrow_scope(body.requested_scope, item.contract.permissions, "body.requested_scope")
-    token = capability_token(command, item, lease_id, owner.ownership_epoch, scope, ctx.now, ctx.now + duration)
+    token = capability_token(
+        command, item, lease_id, owner.ownership_epoch, scope, ctx.now, ctx.now + duration
+    )
     out.emit(
         "work.started",
         "work_started",
@@ -210,16 +214,19 @@ def _approved(state: GroupState, event: event_pb2.Event) -> None:
 def _started(state: GroupState, event: event_pb2.Event) -> None:
     lease = event.work_started.lease
     item = touch(state, event, event.work_started.work_item_id)
-    begin_lease(item, ExecutionLeaseState(
-        lease_id=lease.lease_id,
-        agent_id=lease.agent_id,
-        session_epoch=lease.session_epoch,
-        ownership_epoch=lease.ownership_epoch,
-        started_at=from_timestamp(lease.started_at),
-        expires_at=from_timestamp(lease.expires_at),
-        token_id=event.work_started.token.token_id,
-        token_scope=event.work_started.token.scope,
-    ))
+    begin_lease(
+        item,
+        ExecutionLeaseState(
+            lease_id=lease.lease_id,
+            agent_id=lease.agent_id,
+            session_epoch=lease.session_epoch,
+            ownership_epoch=lease.ownership_epoch,
+            started_at=from_timestamp(lease.started_at),
+            expires_at=from_timestamp(lease.expires_at),
+            token_id=event.work_started.token.token_id,
+            token_scope=event.work_started.token.scope,
+        ),
+    )
     item.attempts = lease.attempt
     item.attempt_used = dict.fromkeys(SIX, 0)  # a new attempt (CostPolicy.per_attempt_limit)
     if item.owner is not None:  # while executing, ownership lives as long as the execution lease
@@ -230,7 +237,9 @@ def _started(state: GroupState, event: event_pb2.Event) -> None:
 # ---------------------------------------------------------------- the declarations
 
 KINDS = (
-    CommandKind("approval_grant_execution", approval_grant_execution, {"execution_approval_granted": _approved}),
+    CommandKind(
+        "approval_grant_execution", approval_grant_execution, {"execution_approval_granted": _approved}
+    ),
     # A revoked lease: also when an offer fences an expired owner and when a transient failure is retried.
     CommandKind("work_start", work_start, {"work_started": _started, "lease_revoked": apply_lease_revoked}),
 )

@@ -50,37 +50,54 @@ def check_usage(
     held = child.reserved if child else dict.fromkeys(SIX, 0)
     policy = item.contract.cost_policy
     per_attempt = budget_dims(policy.per_attempt_limit) if policy.HasField("per_attempt_limit") else None
-    retries = budget_dims(policy.retry_limit) if policy.HasField("retry_limit") and item.attempts > 1 else None
+    retries = (
+        budget_dims(policy.retry_limit) if policy.HasField("retry_limit") and item.attempts > 1 else None
+    )
     for dim, amount in d.items():
         if per_attempt is not None and item.attempt_used[dim] + amount > per_attempt[dim]:
             raise _exceeded(
-                "attempt", dim, per_attempt[dim],
+                "attempt",
+                dim,
+                per_attempt[dim],
                 f"{dim}: {item.attempt_used[dim]} used in this attempt + {amount} exceeds the contract's per-attempt cap {per_attempt[dim]}",
             )
         if retries is not None and item.retry_used[dim] + amount > retries[dim]:
             raise _exceeded(
-                "retries", dim, retries[dim],
+                "retries",
+                dim,
+                retries[dim],
                 f"{dim}: {item.retry_used[dim]} used by retries + {amount} exceeds the contract's retry cap {retries[dim]}",
             )
         if item.used[dim] + held[dim] + amount > caps[dim]:
             raise _exceeded(
-                "work_item", dim, caps[dim],
+                "work_item",
+                dim,
+                caps[dim],
                 f"{dim}: {item.used[dim]} used + {amount} exceeds the WorkItem's budget {caps[dim]}"
                 + (f" ({held[dim]} held for its child Mission)" if held[dim] else ""),
             )
         if state.mission_used[dim] + state.reserved[dim] + amount > mission_caps[dim]:
-            raise _exceeded("mission", dim, mission_caps[dim], f"{dim}: the Mission's budget {mission_caps[dim]} would be exceeded")
+            raise _exceeded(
+                "mission",
+                dim,
+                mission_caps[dim],
+                f"{dim}: the Mission's budget {mission_caps[dim]} would be exceeded",
+            )
         for grant in grants:
             if grant.used[dim] + amount > grant.caps[dim]:
                 raise _exceeded(
-                    "grant", dim, grant.caps[dim],
+                    "grant",
+                    dim,
+                    grant.caps[dim],
                     f"{dim}: the work under grant {grant.grant_id} would use more than its cap {grant.caps[dim]}",
                     grant_id=grant.grant_id,
                 )
     return d
 
 
-def check_fits_mission(state: GroupState, work_item_id: str, budget: common_pb2.ResourceVector, field: str) -> None:
+def check_fits_mission(
+    state: GroupState, work_item_id: str, budget: common_pb2.ResourceVector, field: str
+) -> None:
     """D162, budgets that add up: a WorkItem's budget (at authorize, and at an offer, with an amended
     contract's) fits in what its Mission has left once every other WorkItem's hold is counted (an
     unfinished one its budget, a finished or failed one what it used). Refused BUDGET_EXCEEDED with
@@ -94,7 +111,9 @@ def check_fits_mission(state: GroupState, work_item_id: str, budget: common_pb2.
         left = caps[dim] - (state.committed[dim] - own[i])
         if need > left:
             raise _exceeded(
-                "mission", dim, max(left, 0),
+                "mission",
+                dim,
+                max(left, 0),
                 f"{field}.{dim}: the WorkItem asks for {need}; its Mission has {max(left, 0)} left of {caps[dim]} "
                 "(the other WorkItems hold the rest; a dimension the Mission leaves out permits nothing, OP-02)",
                 field=f"{field}.{dim}",
@@ -102,7 +121,9 @@ def check_fits_mission(state: GroupState, work_item_id: str, budget: common_pb2.
 
 
 def _exceeded(budget: str, dim: str, limit: int, message: str, **metadata: object) -> Rejected:
-    return Rejected(R.REJECTION_REASON_BUDGET_EXCEEDED, message, budget=budget, dimension=dim, limit=limit, **metadata)
+    return Rejected(
+        R.REJECTION_REASON_BUDGET_EXCEEDED, message, budget=budget, dimension=dim, limit=limit, **metadata
+    )
 
 
 def record_usage(
@@ -120,7 +141,11 @@ def record_usage(
         return
     lease = item.lease
     if offline is not None:
-        lease_id, epoch, session = offline.historical_lease_id, offline.ownership_epoch, offline.original_session_epoch
+        lease_id, epoch, session = (
+            offline.historical_lease_id,
+            offline.ownership_epoch,
+            offline.original_session_epoch,
+        )
     else:
         lease_id = lease.lease_id if lease else ""
         epoch = item.owner.ownership_epoch if item.owner else 0
