@@ -72,11 +72,12 @@ from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails, PydanticUseDefault
 
 from missionweave.kernel.env import DEFAULT_DATA_DIR, admin_key_file, env_flag
+from missionweave.kernel.health_names import SERVICE_NAMES
 
 # Where `mwp serve` serves its Prometheus metrics unless MWP_METRICS_LISTEN says otherwise.
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 
-SERVICES = ("authority", "membership", "scheduling", "artifacts", "gateway")
+SERVICES = tuple(SERVICE_NAMES)  # authority, membership, scheduling, artifacts, gateway
 NONCE_STORES = ("memory", "database")
 
 

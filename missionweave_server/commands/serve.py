@@ -10,13 +10,15 @@ from pathlib import Path
 
 from missionweave.cli.common import with_client_tls_flags
 from missionweave.kernel import logs
-from missionweave_server.config import SERVICES, Settings
-from missionweave_server.mesh.allocator import tune_allocator
-from missionweave_server.observability import grpc_core, tracing
+from missionweave.kernel.health_names import SERVICE_NAMES
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: `mwp` registers this command at every start.
+    from missionweave_server.config import Settings
+    from missionweave_server.mesh.allocator import tune_allocator
     from missionweave_server.mesh.datadir_lock import DataDirHeld, hold
+    from missionweave_server.observability import grpc_core, tracing
 
     try:
         settings = Settings.from_env()
@@ -81,7 +83,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s = sub.add_parser("serve", help="start the mesh (all services, or --service NAME ...)")
-    s.add_argument("--service", action="append", choices=SERVICES, help="run only this service (repeatable)")
+    s.add_argument(
+        "--service", action="append", choices=tuple(SERVICE_NAMES), help="run only this service (repeatable)"
+    )
     s.add_argument("--listen", help="listen address (default $MWP_LISTEN or 127.0.0.1:50051)")
     s.add_argument("--data-dir", help="data directory (default $MWP_DATA_DIR or ./.missionweave)")
     s.add_argument("--database-url", help="database URL (default SQLite in the data directory)")

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from missionweave.cli.common import CliError, UsageError
-from missionweave_server.config import Settings
+
+if TYPE_CHECKING:  # imported when a store command runs: `mwp` registers these commands at every start
+    from missionweave_server.config import Settings
 
 
 class StoreUnreachable(CliError):
@@ -16,6 +19,8 @@ class StoreUnreachable(CliError):
 
 def settings_of(args: argparse.Namespace) -> Settings:
     """The settings ``MWP_*`` name, with the store flags' overrides."""
+    from missionweave_server.config import Settings
+
     settings = Settings.from_env()
     if args.data_dir:
         settings.data_dir = Path(args.data_dir)
