@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from datetime import timedelta
 from typing import Any
 
 from missionweave.cli.common import (
@@ -27,9 +26,10 @@ from missionweave.cli.common import (
     require,
     when,
 )
+from missionweave.cli.mission_answers import cmd_approve, cmd_request_changes
+from missionweave.cli.mission_definition import add_definition_flags, definition_from_args, renewal_policy
 from missionweave.cli.progress import add_progress_parser
 from missionweave.kernel import ids
-from missionweave.kernel.clock import SystemClock, to_timestamp
 from missionweave.v1 import common_pb2, conversation_pb2, membership_pb2, mission_pb2
 
 _DIGEST = re.compile(r"^(blake3|sha256):([0-9a-f]{64})(?::(\d+))?$")
@@ -135,56 +135,6 @@ def render_mission(state: GroupState) -> list[str]:
     return lines
 
 
-# ------------------------------------------------------------------ definitions (create and follow-up)
-
-
-def add_definition_flags(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--title", required=True)
-    sp.add_argument("--objective", required=True)
-    sp.add_argument("--done", action="append", required=True, help="a completion criterion (repeatable)")
-    sp.add_argument("--coordinator", required=True, help="the Coordinator agent's identity id")
-    sp.add_argument("--deadline-hours", type=float, default=72.0)
-    sp.add_argument("--budget", type=float, default=0.0, help="financial budget in --currency units")
-    sp.add_argument("--currency", default="EUR")
-    sp.add_argument("--tokens", type=int, default=0)
-    sp.add_argument("--tool-calls", type=int, default=0)
-    sp.add_argument(
-        "--lease-seconds", type=float, help="Coordinator lease length (default: the server's, 5 minutes)"
-    )
-
-
-def definition_from_args(args: argparse.Namespace, owner_id: str) -> mission_pb2.MissionDefinition:
-    now = SystemClock().now()
-    return mission_pb2.MissionDefinition(
-        title=args.title,
-        objective=args.objective,
-        definition_of_done=[
-            mission_pb2.CompletionCriterion(
-                criterion_id=f"dod-{i + 1}", description=d, evidence_method="review", required=True
-            )
-            for i, d in enumerate(args.done)
-        ],
-        deadline=to_timestamp(now + timedelta(hours=args.deadline_hours)),
-        budget=common_pb2.ResourceVector(
-            currency=args.currency,
-            financial_micros=int(args.budget * 1_000_000),
-            tokens=args.tokens,
-            tool_calls=args.tool_calls,
-            wall_clock_ms=int(args.deadline_hours * 3_600_000),
-        ),
-        risk_policy=mission_pb2.RiskPolicy(risk_class=mission_pb2.RISK_CLASS_LOW),
-        owner_id=owner_id,
-    )
-
-
-def renewal_policy(lease_seconds: float | None) -> mission_pb2.RenewalPolicy:
-    """A Coordinator renewal policy; unset fields take the server's defaults."""
-    policy = mission_pb2.RenewalPolicy()
-    if lease_seconds is not None:
-        policy.lease_duration.FromTimedelta(timedelta(seconds=lease_seconds))
-    return policy
-
-
 def artifact_ref(text: str) -> common_pb2.ArtifactRef:
     """``blake3:<64 hex>[:<size bytes>]`` -> ArtifactRef (an argparse type: bad input exits 2)."""
     match = _DIGEST.match(text.strip().lower())
@@ -254,37 +204,6 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     submission = submitted.event_id if submitted else ""
     headline = f"submitted mission revision {body.mission_revision} for approval: submission {submission}"
     return report(args, result, headline, last_line=submission, extra={"submission_event_id": submission})
-
-
-def _submission(args: argparse.Namespace, state: GroupState) -> str:
-    """--submission, else the Mission's latest submission."""
-    return (
-        str(args.submission)
-        if args.submission
-        else require(
-            mission_of(state).latest_submission_event_id,
-            f"mission in {state.group_id} has no submission yet",
-            "--submission",
-        )
-    )
-
-
-async def cmd_approve(args: argparse.Namespace) -> int:
-    async with acting(args) as actor:
-        submission = _submission(args, await actor.state(args.group))
-        body = mission_pb2.MissionApprove(submission_event_id=submission, comment=args.comment or "")
-        result = await actor.execute(args.group, "mission_approve", body)
-    return report(args, result, f"approved submission {submission}")
-
-
-async def cmd_request_changes(args: argparse.Namespace) -> int:
-    async with acting(args) as actor:
-        submission = _submission(args, await actor.state(args.group))
-        body = mission_pb2.MissionRequestChanges(
-            submission_event_id=submission, requested_changes=args.changes
-        )
-        result = await actor.execute(args.group, "mission_request_changes", body)
-    return report(args, result, f"requested changes to submission {submission}; the Mission is active again")
 
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
@@ -363,7 +282,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from missionweave.cli import subtask  # it builds on this module's definition flags
 
     subtask.add_parsers(mis)
-    from missionweave.cli.review import add_review_parser  # it answers through this module's commands
+    from missionweave.cli.review import add_review_parser
 
     add_review_parser(mis)
 

@@ -35,7 +35,7 @@ from missionweave.cli.common import (
     wants_json,
     when,
 )
-from missionweave.cli.mission import cmd_approve, cmd_request_changes
+from missionweave.cli.mission_answers import cmd_approve, cmd_request_changes
 from missionweave.kernel.errors import from_proto
 from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.kernel.signing import session_key_id

@@ -20,7 +20,7 @@ from missionweave.cli.common import (
     reading,
     report,
 )
-from missionweave.cli.mission import add_definition_flags, definition_from_args, renewal_policy
+from missionweave.cli.mission_definition import add_definition_flags, definition_from_args, renewal_policy
 from missionweave.kernel import ids
 from missionweave.v1 import mission_pb2, subtask_pb2
 from missionweave.v1 import work_pb2 as wp

@@ -23,7 +23,7 @@ import blake3
 
 from missionweave_server.mesh.backup.files import hash_file, write_file
 from missionweave_server.mesh.backup.store import BackupRefused, Progress, silent
-from missionweave_server.services.artifacts.backends import check_digest
+from missionweave_server.services.artifacts.blobstore import check_digest
 
 FORMAT = "missionweave-backup"
 VERSION = 1

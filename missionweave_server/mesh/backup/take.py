@@ -49,8 +49,8 @@ from missionweave_server.mesh.backup.store import (
     Store,
     silent,
 )
-from missionweave_server.services.artifacts.backends import blobstore_from_config, check_digest
-from missionweave_server.services.artifacts.blobstore import BlobStore
+from missionweave_server.services.artifacts.backends import blobstore_from_config
+from missionweave_server.services.artifacts.blobstore import BlobStore, check_digest
 
 
 @dataclass

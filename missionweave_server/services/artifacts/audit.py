@@ -23,12 +23,8 @@ import blake3
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from missionweave_server.services.artifacts.backends import (
-    BlobStoreConfig,
-    blobstore_from_config,
-    check_digest,
-)
-from missionweave_server.services.artifacts.blobstore import CHUNK_BYTES
+from missionweave_server.services.artifacts.backends import BlobStoreConfig, blobstore_from_config
+from missionweave_server.services.artifacts.blobstore import CHUNK_BYTES, check_digest
 from missionweave_server.services.artifacts.holder_seal import HolderSeal
 from missionweave_server.services.artifacts.schema import LINE, blobs, holders
 from missionweave_server.storage import schema_versions

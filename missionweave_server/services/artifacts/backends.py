@@ -1,4 +1,4 @@
-"""Choosing and configuring the blob backend, and the digest checks every backend shares.
+"""Choosing and configuring the blob backend.
 
 | variable             | default                         | meaning                                          |
 |----------------------|---------------------------------|--------------------------------------------------|
@@ -21,26 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from missionweave_server.services.artifacts.blobstore import HEX64, MAX_BLOB_BYTES, BlobStore
-
-_TRUE = {"1", "true", "yes", "on"}
-
-
-def check_digest(digest_hex: object) -> str:
-    """The digest if it is exactly 64 lowercase hex characters; ValueError for anything else.
-
-    This is the only gate between client input and a filesystem path or object key, so it uses
-    ``fullmatch``: ``HEX64.match`` would accept a trailing newline (``$`` matches before it).
-    """
-    if not isinstance(digest_hex, str) or HEX64.fullmatch(digest_hex) is None:
-        raise ValueError(f"not a 64-hex BLAKE3 digest: {str(digest_hex)[:80]!r}")
-    return digest_hex
-
-
-def check_size(size: object) -> int:
-    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_BLOB_BYTES:
-        raise ValueError(f"blob size must be an integer in [0, {MAX_BLOB_BYTES}], got {size!r}")
-    return size
+from missionweave.kernel.env import env_flag
+from missionweave_server.services.artifacts.blobstore import BlobStore
 
 
 @dataclass(frozen=True)
@@ -64,8 +46,8 @@ class BlobStoreConfig:
             s3_bucket=e.get("MWP_S3_BUCKET", "").strip(),
             s3_endpoint=e.get("MWP_S3_ENDPOINT", "").strip(),
             s3_region=e.get("MWP_S3_REGION", "").strip(),
-            s3_create_bucket=e.get("MWP_S3_CREATE_BUCKET", "").strip().lower() in _TRUE,
-            direct_io=e.get("MWP_BLOB_DIRECT_IO", "true").strip().lower() in _TRUE,
+            s3_create_bucket=env_flag(e, "MWP_S3_CREATE_BUCKET"),
+            direct_io=env_flag(e, "MWP_BLOB_DIRECT_IO") if "MWP_BLOB_DIRECT_IO" in e else True,
         )
 
 

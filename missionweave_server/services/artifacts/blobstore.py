@@ -28,6 +28,23 @@ __all__ = [
 MAX_BLOB_BYTES = 4 * 1024**3  # 4 GiB per blob
 
 
+def check_digest(digest_hex: object) -> str:
+    """The digest if it is exactly 64 lowercase hex characters; ValueError for anything else.
+
+    This is the only gate between client input and a filesystem path or object key, so it uses
+    ``fullmatch``: ``HEX64.match`` would accept a trailing newline (``$`` matches before it).
+    """
+    if not isinstance(digest_hex, str) or HEX64.fullmatch(digest_hex) is None:
+        raise ValueError(f"not a 64-hex BLAKE3 digest: {str(digest_hex)[:80]!r}")
+    return digest_hex
+
+
+def check_size(size: object) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_BLOB_BYTES:
+        raise ValueError(f"blob size must be an integer in [0, {MAX_BLOB_BYTES}], got {size!r}")
+    return size
+
+
 class BlobWriter(Protocol):
     """An upload in progress: bytes go to a temporary object that nobody can read yet."""
 

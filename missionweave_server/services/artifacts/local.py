@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from missionweave_server.services.artifacts import direct_io
-from missionweave_server.services.artifacts.backends import check_digest, check_size
-from missionweave_server.services.artifacts.blobstore import CHUNK_BYTES
+from missionweave_server.services.artifacts.blobstore import CHUNK_BYTES, check_digest, check_size
 from missionweave_server.services.artifacts.direct_io import DirectStage
 
 T = TypeVar("T")

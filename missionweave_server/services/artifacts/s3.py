@@ -23,8 +23,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from missionweave_server.services.artifacts.backends import check_digest, check_size
-from missionweave_server.services.artifacts.blobstore import CHUNK_BYTES, CountingWriter, put_each
+from missionweave_server.services.artifacts.blobstore import (
+    CHUNK_BYTES,
+    CountingWriter,
+    check_digest,
+    check_size,
+    put_each,
+)
 
 T = TypeVar("T")
 
