@@ -34,7 +34,7 @@ def register_all(sub: argparse._SubParsersAction, extensions: list[Any]) -> None
     for name in SERVER_COMMANDS:
         if name not in sub.choices:
             missing = sub.add_parser(
-                name, help="(needs the server: pip install missionweave-server)", add_help=False
+                name, help="(needs the server distribution, missionweave-server)", add_help=False
             )
             missing.add_argument("rest", nargs=argparse.REMAINDER)
             missing.set_defaults(func=_not_installed(name), ignores_contexts=True)
@@ -52,7 +52,8 @@ def around(extensions: list[Any], command: str, run: Callable[[], int]) -> int:
 def _not_installed(name: str) -> Callable[[argparse.Namespace], int]:
     def refuse(args: argparse.Namespace) -> int:
         print(
-            f"mwp {name}: this command runs a server; install it with: pip install missionweave-server",
+            f"mwp {name}: this command runs a server; install the server distribution: "
+            "pip install missionweave-server (from a checkout: pip install ./client .)",
             file=sys.stderr,
         )
         return 2
