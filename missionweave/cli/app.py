@@ -190,7 +190,7 @@ async def cmd_health(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ parser
 
 
-def build_parser(installed: list[Any] | None = None) -> argparse.ArgumentParser:
+def build_parser(installed: list[extensions.Extension] | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mwp", description="MissionWeave: run the mesh and talk to it.")
     p.add_argument("--target", help="server address (default $MWP_TARGET, the context's, or 127.0.0.1:50051)")
     p.add_argument(

@@ -9,10 +9,11 @@ trace when tracing is on)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any, Protocol
+from typing import Protocol
 
 GROUP = "missionweave.cli"
 # What `mwp` says for a server command when no server distribution is installed.
@@ -23,12 +24,12 @@ class Extension(Protocol):
     def register(self, sub: argparse._SubParsersAction) -> None: ...  # type: ignore[type-arg]
 
 
-def installed() -> list[Any]:
+def installed() -> list[Extension]:
     """Every extension installed in this environment, in entry point name order."""
     return [point.load() for point in sorted(entry_points(group=GROUP), key=lambda p: p.name)]
 
 
-def register_all(sub: argparse._SubParsersAction, extensions: list[Any]) -> None:  # type: ignore[type-arg]
+def register_all(sub: argparse._SubParsersAction, extensions: list[Extension]) -> None:  # type: ignore[type-arg]
     for extension in extensions:
         extension.register(sub)
     for name in SERVER_COMMANDS:
@@ -40,12 +41,12 @@ def register_all(sub: argparse._SubParsersAction, extensions: list[Any]) -> None
             missing.set_defaults(func=_not_installed(name), ignores_contexts=True)
 
 
-def around(extensions: list[Any], command: str, run: Callable[[], int]) -> int:
+def around(extensions: list[Extension], command: str, run: Callable[[], int]) -> int:
     """``run`` inside every extension's ``around`` (outermost first)."""
     for extension in reversed(extensions):
         wrap = getattr(extension, "around", None)
         if wrap is not None:
-            run = (lambda w, r: lambda: w(command, r))(wrap, run)
+            run = functools.partial(wrap, command, run)
     return run()
 
 

@@ -132,24 +132,27 @@ class AckCursors:
             rows, self._cursor_writes = self._cursor_writes, {}
             try:
                 await self.store_cursors(rows)
-            except BaseException as exc:
-                # Kept whatever happened: when cancelled, the store ran to its end (finish_on_cancel)
-                # but may have failed; storing a cursor again is harmless (only ever forward).
-                for key, cursor in rows.items():
-                    self._cursor_writes[key] = max(cursor, self._cursor_writes.get(key, 0))
-                if isinstance(exc, Exception):
-                    log.error(
-                        "storing ACK cursors failed; they are kept and stored again shortly",
-                        extra={
-                            "cursors": len(rows),
-                            "retry_in_s": CURSOR_RETRY_S,
-                            "error": f"{type(exc).__name__}: {exc}",
-                        },
-                    )
-                self._retry_cursors()
-                if not isinstance(exc, Exception):
-                    raise
+            except Exception as exc:
+                self._keep(rows)
+                log.error(
+                    "storing ACK cursors failed; they are kept and stored again shortly",
+                    extra={
+                        "cursors": len(rows),
+                        "retry_in_s": CURSOR_RETRY_S,
+                        "error": f"{type(exc).__name__}: {exc}",
+                    },
+                )
                 return
+            except BaseException:
+                # Cancelled: the store ran to its end (finish_on_cancel) but may have failed.
+                self._keep(rows)
+                raise
+
+    def _keep(self, rows: dict[tuple[str, str], int]) -> None:
+        """Note ``rows`` again and flush them later: storing a cursor twice is harmless (only ever forward)."""
+        for key, cursor in rows.items():
+            self._cursor_writes[key] = max(cursor, self._cursor_writes.get(key, 0))
+        self._retry_cursors()
 
     def _retry_cursors(self) -> None:
         """A flush of what is still noted, ``CURSOR_RETRY_S`` from now (none while stopping: shutdown
