@@ -15,6 +15,7 @@
 #   make gen     regenerate the protobuf/gRPC modules and their .pyi stubs into missionweave/v1/
 #   make clean   remove generated code, caches and build output (keeps .venv; `make distclean` removes it)
 #   make node-deps  npm ci for the Node.js example agent in examples/node/ (`make test` runs its end-to-end test)
+#   make console  build the web console (console/, TypeScript) into missionweave_server/console/static/ (run and test do)
 #
 # The virtualenv is reinstalled only when pyproject.toml, client/pyproject.toml or client/setup.py change (stamp files in .venv/);
 # examples/node/node_modules only when its package-lock.json changes.
@@ -33,11 +34,12 @@ NODE_EXAMPLE := examples/node
 # `make run LISTEN=host:port`, or MWP_LISTEN / MWP_DATA_DIR from the environment.
 LISTEN   ?= $(or $(MWP_LISTEN),127.0.0.1:50051)
 DATA_DIR ?= $(or $(MWP_DATA_DIR),.missionweave)
+CONSOLE  ?= $(or $(MWP_CONSOLE_LISTEN),127.0.0.1:50080)
 
 INSTALL_DEPS := pyproject.toml client/pyproject.toml client/setup.py
 BENCHES := $(sort $(wildcard bench/*.py))
 
-.PHONY: help run run-split test lint k8s-check dist-check bench bench-round mutation simulate migration release-fixture gen clean distclean venv node-deps
+.PHONY: console help run run-split test lint k8s-check dist-check bench bench-round mutation simulate migration release-fixture gen clean distclean venv node-deps
 
 help:
 	@sed -n '3,20p' Makefile | sed 's/^# \{0,1\}//'
@@ -95,6 +97,26 @@ $(NODE_EXAMPLE)/node_modules/.package-lock.json: $(NODE_EXAMPLE)/package.json $(
 
 node-deps: $(NODE_EXAMPLE)/node_modules/.package-lock.json
 
+# The web console (docs/console.md): npm ci in console/ (its package-lock.json pins every package),
+# TypeScript message types generated from protos/ (buf with protoc-gen-es), a strict type check,
+# then one esbuild bundle into the server package, which `mwp serve` serves. Rebuilt when a source,
+# a proto or the lock file changes.
+CONSOLE_OUT := missionweave_server/console/static/app.js
+CONSOLE_SOURCES := $(shell find console/src -name '*.ts' -not -path 'console/src/gen/*' 2>/dev/null) \
+	$(wildcard console/static/*) $(wildcard protos/missionweave/v1/*.proto) \
+	console/build.mjs console/tsconfig.json console/buf.gen.yaml
+
+console/node_modules/.package-lock.json: console/package.json console/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: the web console is built with Node.js 20+ and npm (docs/console.md)"; exit 1; }
+	@echo "==> installing the console's build tools and libraries (npm ci in console/)"
+	cd console && npm ci --no-audit --no-fund && touch node_modules/.package-lock.json
+
+$(CONSOLE_OUT): console/node_modules/.package-lock.json $(CONSOLE_SOURCES)
+	@echo "==> building the web console (buf generate, tsc --noEmit, esbuild) into missionweave_server/console/static/"
+	cd console && rm -rf src/gen && npm run --silent gen -- --path ../protos/missionweave/v1 && npm run --silent typecheck && npm run --silent build
+
+console: $(CONSOLE_OUT)
+
 # ------------------------------------------------------------------ code generation
 
 # Always regenerate: it takes about a second and an editable install must never run on stale stubs.
@@ -104,11 +126,12 @@ gen: | $(PY)
 
 # ------------------------------------------------------------------ the README commands
 
-run: $(VENV)/.installed-base
+run: $(VENV)/.installed-base $(CONSOLE_OUT)
 	@$(MAKE) --no-print-directory gen
 	@echo
 	@echo "MissionWeave mesh (all five services in one process, embedded defaults)"
 	@echo "  listening on      $(LISTEN)  (gRPC, health checking and server reflection enabled)"
+	@echo "  web console       http://$(CONSOLE)/  (sign in with an identity and its key file; docs/console.md)"
 	@echo "  data directory    $(DATA_DIR)/  (SQLite event store, blobs, keys)"
 	@echo "  admin key file    $(DATA_DIR)/keys/admin.key  (identity 'admin', created on first start)"
 	@echo
@@ -124,16 +147,16 @@ run: $(VENV)/.installed-base
 	@echo
 	@echo "Stop with Ctrl-C (SIGINT/SIGTERM drain in-flight commands)."
 	@echo
-	exec $(VENV)/bin/mwp serve --listen $(LISTEN) --data-dir $(DATA_DIR) $(if $(filter auto,$(TLS)),--tls-auto)
+	exec $(VENV)/bin/mwp serve --listen $(LISTEN) --data-dir $(DATA_DIR) --console-listen $(CONSOLE) $(if $(filter auto,$(TLS)),--tls-auto)
 
 # The split topology on one machine: every service in a process of its own, the gateway on $(LISTEN)
 # as the one address (SHARDS Authority shards; more than one needs DATABASE_URL=postgresql://...).
 SHARDS ?= 1
-run-split: $(VENV)/.installed-base
+run-split: $(VENV)/.installed-base $(CONSOLE_OUT)
 	@$(MAKE) --no-print-directory gen
-	exec $(VENV)/bin/mwp serve --topology split --shards $(SHARDS) --listen $(LISTEN) --data-dir $(DATA_DIR) $(if $(DATABASE_URL),--database-url $(DATABASE_URL)) $(if $(filter auto,$(TLS)),--tls-auto)
+	exec $(VENV)/bin/mwp serve --topology split --shards $(SHARDS) --listen $(LISTEN) --data-dir $(DATA_DIR) --console-listen $(CONSOLE) $(if $(DATABASE_URL),--database-url $(DATABASE_URL)) $(if $(filter auto,$(TLS)),--tls-auto)
 
-test: $(VENV)/.installed-test node-deps
+test: $(VENV)/.installed-test node-deps $(CONSOLE_OUT)
 	@$(MAKE) --no-print-directory gen
 	@echo "==> running the test suite (pytest tests/)"
 	$(PY) -m pytest $(PYTEST_ARGS)

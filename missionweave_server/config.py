@@ -36,6 +36,8 @@
 | MWP_LINK_RELAY_POLL_MS   | 1000                            | how often the cross-Group outbox is read (0: not here) |
 | MWP_LOG_LEVEL / _FORMAT  | info / json                     | logging                                        |
 | MWP_METRICS_LISTEN       | 127.0.0.1:9464 (`mwp serve`)    | Prometheus text format at /metrics (empty: off; off in a bare ``Settings()``) |
+| MWP_CONSOLE_LISTEN       | 127.0.0.1:50080 (`mwp serve`)   | web console, where the gateway is served (empty: off; docs/console.md) |
+| MWP_CONSOLE_HOSTS        | (none)                          | more Host names the console answers to (its name behind an Ingress) |
 | MWP_ACCESS_LOG_RATE      | 100                             | access-log lines/s, bursts of twice that (0: no access log) |
 | MWP_MALLOC_TUNING        | true                            | `mwp serve` fixes glibc's malloc thresholds (missionweave_server/mesh/allocator.py) |
 
@@ -76,6 +78,7 @@ from missionweave.kernel.health_names import SERVICE_NAMES
 
 # Where `mwp serve` serves its Prometheus metrics unless MWP_METRICS_LISTEN says otherwise.
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
+DEFAULT_CONSOLE_LISTEN = "127.0.0.1:50080"
 
 SERVICES = tuple(SERVICE_NAMES)  # authority, membership, scheduling, artifacts, gateway
 NONCE_STORES = ("memory", "database")
@@ -240,6 +243,11 @@ class Settings:
     # Off in a bare Settings() (tests start many meshes in one process); from_env, as `mwp serve`
     # reads it, defaults to DEFAULT_METRICS_LISTEN.
     metrics_listen: Annotated[str, Var("MWP_METRICS_LISTEN"), AfterValidator(str.strip)] = ""
+    # Where the process serving the gateway serves the web console (missionweave_server/console, docs/console.md);
+    # "" serves none. Off in a bare Settings(); from_env defaults to DEFAULT_CONSOLE_LISTEN.
+    console_listen: Annotated[str, Var("MWP_CONSOLE_LISTEN"), AfterValidator(str.strip)] = ""
+    # Host headers the console answers to besides its own address (its name behind an Ingress).
+    console_hosts: Annotated[tuple[str, ...], Var("MWP_CONSOLE_HOSTS"), BeforeValidator(_comma_list)] = ()
     # Access-log lines a second at most (bursts of twice that); 0 writes none (missionweave_server/edge/access_log.py).
     access_log_rate: Annotated[
         float,
@@ -284,6 +292,7 @@ class Settings:
         e = os.environ if env is None else env
         values: dict[str, object] = {k: v for k, v in e.items() if k.startswith("MWP_")}
         values.setdefault("MWP_METRICS_LISTEN", DEFAULT_METRICS_LISTEN)
+        values.setdefault("MWP_CONSOLE_LISTEN", DEFAULT_CONSOLE_LISTEN)
         values["peers"] = {
             name: e[f"MWP_{name.upper()}_ADDR"] for name in SERVICES if e.get(f"MWP_{name.upper()}_ADDR")
         }

@@ -23,6 +23,10 @@ from missionweave_server.storage.db import make_engine
 
 POSTGRES_URL = os.environ.get("MWP_TEST_POSTGRES_URL", "")
 
+# The meshes the tests start as processes (`mwp serve`) serve no web console unless a test asks for
+# one: the default address (127.0.0.1:50080) is one per machine, and a mesh that cannot bind it stops.
+os.environ.setdefault("MWP_CONSOLE_LISTEN", "")
+
 # Under mutmut (tools/mutation.py) every property test draws the same examples, so a mutant is
 # killed or not by the tests alone, and a run can be repeated (docs/mutation.md).
 if os.environ.get("MUTANT_UNDER_TEST") is not None:

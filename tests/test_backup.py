@@ -59,7 +59,11 @@ def base_env(data_dir: Path, database_url: str = "", **extra: str) -> dict[str, 
         if not (k.startswith("MWP_") and k not in ("MWP_CONTEXT_DIR",)) and not k.startswith("AWS_")
     }
     env.update(
-        PYTHONPATH=str(ROOT), MWP_DATA_DIR=str(data_dir), MWP_METRICS_LISTEN="", MWP_LOG_LEVEL="warning"
+        PYTHONPATH=str(ROOT),
+        MWP_DATA_DIR=str(data_dir),
+        MWP_METRICS_LISTEN="",
+        MWP_CONSOLE_LISTEN="",
+        MWP_LOG_LEVEL="warning",
     )
     if database_url:
         env["MWP_DATABASE_URL"] = database_url

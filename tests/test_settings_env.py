@@ -15,7 +15,7 @@ import pytest
 
 from missionweave.kernel.env import DEFAULT_DATA_DIR
 from missionweave_server import config
-from missionweave_server.config import DEFAULT_METRICS_LISTEN, SERVICES, Settings
+from missionweave_server.config import DEFAULT_CONSOLE_LISTEN, DEFAULT_METRICS_LISTEN, SERVICES, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,6 +48,7 @@ def test_defaults_of_a_bare_settings_and_of_an_empty_environment() -> None:
     assert (bare.insecure, bare.tls, bare.tls_auto, bare.malloc_tuning) == (False, False, False, True)
     assert bare.tls_cert is bare.authority_key is bare.mesh_token_file is None
     assert bare.metrics_listen == ""  # off in a bare Settings(): tests start many meshes in one process
+    assert bare.console_listen == "" and bare.console_hosts == ()  # the same for the web console
     assert bare.authority_key_path == DEFAULT_DATA_DIR / "keys" / "authority.key"
     assert bare.witness_dir_path == DEFAULT_DATA_DIR / "witness"
     assert bare.mesh_token_path == DEFAULT_DATA_DIR / "keys" / "mesh.token"
@@ -56,7 +57,8 @@ def test_defaults_of_a_bare_settings_and_of_an_empty_environment() -> None:
 
     read = Settings.from_env({})
     assert read.metrics_listen == DEFAULT_METRICS_LISTEN  # what `mwp serve` serves unless told otherwise
-    assert dataclasses.replace(read, metrics_listen="") == bare
+    assert read.console_listen == DEFAULT_CONSOLE_LISTEN
+    assert dataclasses.replace(read, metrics_listen="", console_listen="") == bare
 
 
 def test_settings_stay_a_plain_dataclass_built_by_name_and_assigned() -> None:

@@ -119,7 +119,7 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
         pytest.skip("shards share PostgreSQL (D60)")
     port = free_port()
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
+        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"},
         "MWP_VERIFY_WORKERS": "0",
         "MWP_OWNERSHIP_LEASE_S": str(LEASE_S),
     }

@@ -45,7 +45,7 @@ WAIT_S = 60.0
 
 def base_env() -> dict[str, str]:
     return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
+        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"},
         "MWP_VERIFY_WORKERS": "0",
         "PYTHONPATH": str(ROOT),
     }

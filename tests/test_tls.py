@@ -229,7 +229,7 @@ async def test_start_refuses_plain_text_off_loopback_before_opening_anything(tmp
 def test_mwp_serve_refuses_plain_text_off_loopback(tmp_path: Path) -> None:
     import subprocess
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MWP_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"}
     done = subprocess.run(
         [
             sys.executable,
@@ -389,7 +389,7 @@ async def test_the_health_listener_serves_plain_text_health_and_nothing_else(
 
 async def mwp(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """Runs the CLI as a process while this test's event loop keeps serving the mesh."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MWP_")}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -508,7 +508,7 @@ async def test_the_node_agent_over_tls_and_mtls(
             *tls,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env={k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
+            env={k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"},
         )
         out, err = await asyncio.wait_for(process.communicate(), 40)
         lines = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
@@ -559,7 +559,7 @@ async def test_split_topology_with_tls_auto(tmp_path: Path) -> None:
     the internal contracts to a certificate of the mesh CA that names no service."""
     port = free_port()
     data = tmp_path / "data"
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MWP_")}, "MWP_VERIFY_WORKERS": "0"}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"}, "MWP_VERIFY_WORKERS": "0"}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -33,7 +33,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.database_url = args.database_url
     if args.service:
         settings.services = tuple(args.service)
-    for name in ("tls_cert", "tls_key", "tls_client_ca", "health_listen", "metrics_listen"):
+    if args.no_console:
+        args.console_listen = ""
+    for name in ("tls_cert", "tls_key", "tls_client_ca", "health_listen", "metrics_listen", "console_listen"):
         if getattr(args, name) is not None:
             setattr(settings, name, getattr(args, name))
     settings.insecure = settings.insecure or args.insecure
@@ -131,4 +133,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--metrics-listen",
         help="serve Prometheus metrics on this address, '' for none (default $MWP_METRICS_LISTEN or 127.0.0.1:9464)",
     )
+    c = s.add_argument_group("web console (docs/console.md)")
+    c.add_argument(
+        "--console-listen",
+        help="serve the web console on this address, where the gateway is served "
+        "(default $MWP_CONSOLE_LISTEN or 127.0.0.1:50080)",
+    )
+    c.add_argument("--no-console", action="store_true", help="serve no web console (as --console-listen '')")
     s.set_defaults(func=cmd_serve, runs_until_stopped=True, ignores_contexts=True)

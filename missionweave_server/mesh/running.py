@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave_server.config import Settings
+from missionweave_server.console.site import ConsoleServer
 from missionweave_server.edge.identities import IdentityDirectoryClient
 from missionweave_server.mesh.contracts import health_names
 from missionweave_server.mesh.front_door import stop_mirrors
@@ -68,6 +69,8 @@ class Mesh:
     nonces_engine: AsyncEngine | None = None
     # Where the Authority is served: its witness of the store, outside the store (D173).
     witness: WitnessWriter | None = None
+    # The web console (MWP_CONSOLE_LISTEN), where the gateway is served.
+    console: ConsoleServer | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -75,6 +78,8 @@ class Mesh:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.health.stop_watches()
+        if self.console is not None:  # its streams are relayed mesh calls: they end first
+            await self.console.stop()
         # Streams never end on their own, so they would hold the whole grace period and then be
         # cancelled after the database is gone: end them first, while their tasks can still finish.
         # Commands still arriving meanwhile ask Membership directly (the cache is no longer followed).

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -30,6 +31,7 @@ from missionweave_server.edge.local import LocalChannel
 from missionweave_server.edge.reflection import enable_reflection
 from missionweave_server.edge.registration import generic_handlers_only
 from missionweave_server.mesh.authority_core import authority_core
+from missionweave_server.mesh.console import check_console_tls, start_console
 from missionweave_server.mesh.contracts import PUBLIC_DESCRIPTORS, health_names
 from missionweave_server.mesh.database import open_database
 from missionweave_server.mesh.front_door import FrontDoor, mirror_health
@@ -64,10 +66,17 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     # TLS settings are checked before anything starts: a refusal leaves nothing behind.
     server_tls = ServerTLS.from_settings(settings)
     check_listen(settings.listen, server_tls, insecure=settings.insecure)
-    for address in (settings.listen, settings.health_listen):  # a port in use fails now, loudly
-        if address:
+    serves_console = bool(settings.console_listen) and "gateway" in settings.services
+    for address in (
+        settings.listen,
+        settings.health_listen,
+        settings.console_listen if serves_console else "",
+    ):
+        if address:  # a port in use fails now, loudly
             check_port_free(address)
     peer_tls = ClientTLS.from_settings(settings)
+    if serves_console:
+        check_console_tls(settings, server_tls, peer_tls)
     clock = clock or SystemClock()
     # The Authority keeps every owned Group's folded state in memory: a large, long-lived graph (D48).
     gc_policy.for_long_running_process()
@@ -165,6 +174,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     if gateway is not None:
         gateway.audiences = callers.audiences
     await server.start()
+    console = await start_console(settings, port, server_tls, peer_tls) if serves_console else None
     if store is not None:
         host = settings.listen.rsplit(":", 1)[0]
         await store.announce(
@@ -213,6 +223,8 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             "tls": "off" if server_tls is None else ("mutual" if server_tls.mutual else "server"),
         },
     )
+    if console is not None:
+        log.info("console listening", extra={"url": console.url, "port": console.port})
     return Mesh(
         server,
         port,
@@ -238,6 +250,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         fence,
         nonces_engine,
         witness,
+        console,
     )
 
 
@@ -251,6 +264,8 @@ async def _say_silent_peers(peers: Peers) -> None:
 
 async def serve_forever(settings: Settings) -> None:
     mesh = await start(settings)
+    if mesh.console is not None:
+        print(f"mwp serve: console at {mesh.console.url}", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

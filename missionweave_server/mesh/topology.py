@@ -86,6 +86,7 @@ def plan(settings: Settings, shards: int, mesh_id: str) -> list[Child]:
         # Children serve one address each: the launcher's extra listeners are not theirs.
         "MWP_TLS_AUTO": "0",
         "MWP_HEALTH_LISTEN": "",
+        "MWP_CONSOLE_LISTEN": "",
         "MWP_DATA_DIR": str(settings.data_dir),
         "MWP_MESH_ID": mesh_id,
         "MWP_LOG_LEVEL": settings.log_level,
@@ -108,7 +109,16 @@ def plan(settings: Settings, shards: int, mesh_id: str) -> list[Child]:
     ]
     children += [Child(name, (name,), address, {}) for name, address in addresses.items()]
     children.append(
-        Child("gateway", ("gateway",), settings.listen, {"MWP_HEALTH_LISTEN": settings.health_listen})
+        Child(
+            "gateway",
+            ("gateway",),
+            settings.listen,
+            {
+                "MWP_HEALTH_LISTEN": settings.health_listen,
+                "MWP_CONSOLE_LISTEN": settings.console_listen,  # the console relays to the front door
+                "MWP_CONSOLE_HOSTS": ",".join(settings.console_hosts),
+            },
+        )
     )
     metrics = metrics_addresses(settings.metrics_listen, shards)
     for child in children:
