@@ -103,7 +103,12 @@ def build_app(relay: Relay, config: ConsoleConfig) -> web.Application:
             return web.json_response(refusal_of(err).document(), status=_http_status(err))
         return web.Response(body=response, content_type="application/x-protobuf")
 
+    async def no_icon(_: web.Request) -> web.Response:
+        # The page has no icon; a 404 would be an error in every browser's console.
+        return web.Response(status=204)
+
     app.router.add_get("/", index)
+    app.router.add_get("/favicon.ico", no_icon)
     app.router.add_get("/api/config", settings)
     app.router.add_post("/rpc/{service}/{method}", call)
     app.router.add_static("/static/", root, follow_symlinks=False)
