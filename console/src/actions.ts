@@ -115,11 +115,41 @@ export async function actionBar(mesh: Mesh, groupId: string, state: GroupState |
     );
     const waiting = await approvalsWanted(mesh, groupId);
     if (waiting.length) {
+      // "Allow once" binds the approval to the WorkItem's current ownership epoch: a later owner
+      // (after a failure, a preemption, a replacement) needs a new one. "Standing" covers any owner
+      // of this contract revision; either ends with a material contract revision or at its expiry.
       add("Grant execution approval", () =>
-        commandDialog(mesh, "Grant execution approval", groupId, [{ name: "workItem", label: "WorkItem", choices: waiting.map((w) => w.id), required: true }, { name: "comment", label: "Comment" }], (v) => {
-          const item = waiting.find((w) => w.id === v["workItem"]);
-          return { case: "approvalGrantExecution", value: { $typeName: "missionweave.v1.ApprovalGrantExecution", workItemId: item?.id ?? "", contractRevision: item?.revision ?? 0n, ownershipEpoch: 0n, comment: v["comment"] ?? "" } };
-        }, changed),
+        commandDialog(
+          mesh,
+          "Grant execution approval",
+          groupId,
+          [
+            { name: "workItem", label: "WorkItem", choices: waiting.map((w) => w.id), required: true },
+            { name: "scope", label: "For", choices: ["this owner only (allow once)", "any owner of this contract revision"], required: true },
+            { name: "hours", label: "Expires after (hours; empty: no expiry)" },
+            { name: "comment", label: "Comment" },
+          ],
+          (v) => {
+            const item = waiting.find((w) => w.id === v["workItem"]);
+            if (!item) throw new Error("pick a WorkItem");
+            const once = (v["scope"] ?? "").startsWith("this owner");
+            if (once && !item.ownershipEpoch) throw new Error(`${item.id} has no owner yet: grant it for any owner, or wait until it is accepted`);
+            const hours = Number(v["hours"] || "0");
+            if (!Number.isFinite(hours) || hours < 0) throw new Error("the expiry is a number of hours");
+            return {
+              case: "approvalGrantExecution",
+              value: {
+                $typeName: "missionweave.v1.ApprovalGrantExecution",
+                workItemId: item.id,
+                contractRevision: item.revision,
+                ownershipEpoch: once ? item.ownershipEpoch : 0n,
+                expiresAt: hours ? timestampFromDate(new Date(Date.now() + hours * 3_600_000)) : undefined,
+                comment: v["comment"] ?? "",
+              },
+            };
+          },
+          changed,
+        ),
       );
     }
     add("Cancel Mission", () => commandDialog(mesh, "Cancel the Mission", groupId, [{ name: "reason", label: "Why", required: true }], (v) => ({ case: "missionCancel", value: { $typeName: "missionweave.v1.MissionCancel", reason: v["reason"] ?? "" } }), changed));
@@ -156,14 +186,21 @@ export async function actionBar(mesh: Mesh, groupId: string, state: GroupState |
   return bar;
 }
 
-async function approvalsWanted(mesh: Mesh, groupId: string): Promise<{ id: string; revision: bigint }[]> {
-  const out: { id: string; revision: bigint }[] = [];
+interface ApprovalWanted {
+  id: string;
+  revision: bigint;
+  // The current owner's ownership epoch; 0 when nobody owns it yet.
+  ownershipEpoch: bigint;
+}
+
+async function approvalsWanted(mesh: Mesh, groupId: string): Promise<ApprovalWanted[]> {
+  const out: ApprovalWanted[] = [];
   let pageToken = "";
   do {
     const page = await mesh.unary(AuthorityService.method.listWorkItems, { groupId, pageSize: 1000, pageToken });
     for (const w of page.workItems) {
       const ended = w.state === WorkItemState.VERIFIED || w.state === WorkItemState.CANCELLED;
-      if (!ended && w.contract?.requiresExecutionApproval && !w.executionApproved) out.push({ id: w.workItemId, revision: w.contract.revision });
+      if (!ended && w.contract?.requiresExecutionApproval && !w.executionApproved) out.push({ id: w.workItemId, revision: w.contract.revision, ownershipEpoch: w.ownership?.ownershipEpoch ?? 0n });
     }
     pageToken = page.nextPageToken;
   } while (pageToken);
