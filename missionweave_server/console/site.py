@@ -33,6 +33,7 @@ UNARY_TIMEOUT_S = 30.0
 # not hold a mesh stream open).
 STREAM_WRITE_TIMEOUT_S = 30.0
 CONSOLE_HEADER = "X-MWP-Console"
+SHUTDOWN_S = 0.5
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -195,7 +196,11 @@ async def serve_console(
     host, _, port_text = address.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
     config = ConsoleConfig(audience, set())
-    runner = web.AppRunner(build_app(Relay(relay_channel), config), access_log=None)
+    # A stop cancels the relayed follow streams after this long (aiohttp waits 60 s by default): a
+    # browser reconnects and resumes from its cursor, as agents do when the gateway stops.
+    runner = web.AppRunner(
+        build_app(Relay(relay_channel), config), access_log=None, shutdown_timeout=SHUTDOWN_S
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, int(port_text), ssl_context=tls, reuse_address=True)
     try:
