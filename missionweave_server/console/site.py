@@ -180,8 +180,10 @@ class ConsoleServer:
     relay_channel: grpc.aio.Channel
 
     async def stop(self) -> None:
-        await self.runner.cleanup()  # open streams are cancelled, which cancels their mesh calls
+        # The relayed calls first: a stream follows its Group until cancelled, and aiohttp would wait
+        # for the open ones (60 s, then 60 s more after cancelling their requests) before giving up.
         await self.relay_channel.close()
+        await self.runner.cleanup()
 
 
 async def serve_console(
@@ -196,10 +198,14 @@ async def serve_console(
     host, _, port_text = address.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
     config = ConsoleConfig(audience, set())
-    # A stop cancels the relayed follow streams after this long (aiohttp waits 60 s by default): a
-    # browser reconnects and resumes from its cursor, as agents do when the gateway stops.
+    # handler_cancellation: a browser that leaves (a closed tab, a Mission page left) ends its
+    # relayed mesh stream at once, not at the Group's next event. shutdown_timeout: a stop cancels
+    # what is still open after this long (aiohttp waits 60 s by default); browsers resume from their cursors.
     runner = web.AppRunner(
-        build_app(Relay(relay_channel), config), access_log=None, shutdown_timeout=SHUTDOWN_S
+        build_app(Relay(relay_channel), config),
+        access_log=None,
+        handler_cancellation=True,
+        shutdown_timeout=SHUTDOWN_S,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, int(port_text), ssl_context=tls, reuse_address=True)
