@@ -58,7 +58,9 @@ function artifactRow(mesh: Mesh, a: MissionReviewArtifact, groupId: string): HTM
         }
       })
       .catch((err: unknown) => {
-        status.textContent = `✗ could not be checked: ${err instanceof Refused ? err.message : String(err)}`;
+        // DATA_CORRUPTED: the mesh hashed the stored bytes itself, found them altered and serves none.
+        const corrupted = err instanceof Refused && err.reason === "DATA_CORRUPTED";
+        status.textContent = `✗ ${corrupted ? "FAILED verification" : "could not be checked"}: ${err instanceof Refused ? err.message : String(err)}`;
         status.className = "verify error";
       });
     void mesh
@@ -94,7 +96,7 @@ function workItemReview(mesh: Mesh, w: MissionReviewWorkItem, groupId: string): 
             "tr",
             {},
             h("td", {}, c.description, c.independentReviewRequired ? h("div", { class: "sub" }, "needs an independent reviewer") : null),
-            h("td", { class: c.satisfied ? "ok" : "error" }, c.satisfied ? "✓ met" : `✗ ${resultName(c.latestResult)}`),
+            h("td", { class: c.satisfied ? "ok" : "error" }, c.satisfied ? "✓ met" : c.evidence.length ? `✗ ${resultName(c.latestResult)}` : "✗ no evidence yet"),
             h("td", {}, ...c.evidence.map((e) => h("div", {}, `${resultName(e.result)} · ${(EvidenceMethod[e.method] ?? "").replace(/^EVIDENCE_METHOD_/, "").toLowerCase()} by ${e.producerId}: ${e.summary}`))),
           ),
         ),
