@@ -508,7 +508,9 @@ async def test_the_node_agent_over_tls_and_mtls(
             *tls,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env={k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"},
+            env={
+                k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"
+            },
         )
         out, err = await asyncio.wait_for(process.communicate(), 40)
         lines = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
@@ -559,7 +561,10 @@ async def test_split_topology_with_tls_auto(tmp_path: Path) -> None:
     the internal contracts to a certificate of the mesh CA that names no service."""
     port = free_port()
     data = tmp_path / "data"
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"}, "MWP_VERIFY_WORKERS": "0"}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"},
+        "MWP_VERIFY_WORKERS": "0",
+    }
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
