@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from missionweave.v1 import authority_service_pb2
 from missionweave.v1 import work_pb2 as wp
 from missionweave_server.services.artifacts.local import LocalBlobStore
 from tests.conftest import polled
@@ -222,8 +223,11 @@ async def test_an_owner_signs_in_with_her_key_file_and_sees_only_the_missions_he
     await expect(row).to_have_count(1)
     await expect(row.locator("a")).to_have_text(TITLE)
     await expect(row.locator("a")).to_have_attribute("href", f"#/mission/{ALPHA}")
-    await expect(row.locator("td").nth(2)).to_have_text("alice (you)")
-    await expect(row.locator("td").nth(3)).to_have_text("coord-bot")
+    await expect(row.locator("td").nth(2)).to_contain_text(
+        "required"
+    )  # progress, as GetMissionProgress derives it
+    await expect(row.locator("td").nth(3)).to_have_text("alice (you)")
+    await expect(row.locator("td").nth(4)).to_have_text("coord-bot")
     await expect(page.locator("#inbox-title")).to_have_text("Waiting for your approval (0)")
     await expect(page.locator(f'a[href="#/mission/{BOBS}"]')).to_have_count(0)
     assert BOBS_TITLE not in await page.locator("main").inner_text()
@@ -574,7 +578,11 @@ async def test_a_mission_page_left_ends_its_relayed_mesh_stream_at_once(
 
     def recorded(self: relay.Relay, method: str, request: bytes, call_proof: bytes | None) -> Any:
         call = relayed(self, method, request, call_proof)
-        if method.endswith("/ReadEvents"):
+        # The follows only (the Missions list reads an owner's past decisions without following).
+        if (
+            method.endswith("/ReadEvents")
+            and authority_service_pb2.ReadEventsRequest.FromString(request).follow
+        ):
             follows.append(call)
         return call
 
