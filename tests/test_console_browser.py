@@ -367,12 +367,16 @@ async def test_the_review_shows_each_artifact_verified_and_the_evidence_per_acce
         cells = criteria.locator("td")
         await expect(cells.nth(0)).to_have_text("all balances match")
         await expect(cells.nth(1)).to_have_text("✓ met")
-        await expect(cells.nth(2).locator("div")).to_have_text(
+        await expect(cells.nth(2).locator(".evidence-summary")).to_have_text(
             [
                 "pass · test by worker-bot: 42 of 42 balances match",
                 "pass · review by coord-bot: read against the ledger",
             ]
         )
+        # The Artifact the Worker's test cites (its log) is shown and checked like the submission's.
+        cited = cells.nth(2).locator("li.artifact")
+        await expect(cited).to_have_count(1)
+        await expect(cited.get_by_test_id("artifact-verify")).to_contain_text(VERIFIED)
         own = item.locator("li.artifact")
         await expect(own).not_to_have_count(0)
         await expect(own.get_by_test_id("artifact-verify")).to_contain_text([VERIFIED] * await own.count())
@@ -620,7 +624,7 @@ async def test_the_dag_works_from_the_keyboard_and_axe_finds_no_violations(
     await expect(page.locator("#identity")).to_be_visible()
     assert await axe_violations(page) == [], "the sign-in page"
     await console.sign_in(page, mesh.people["alice"])
-    await expect(page.locator("table.missions")).to_have_count(2)  # the inbox and in progress
+    await expect(page.locator("table.missions")).to_have_count(1)  # the inbox (each Mission is listed once)
     assert await axe_violations(page) == [], "the Missions list"
     await open_mission(page, ALPHA, TITLE, head)
     await expect(page.locator("section.review [data-testid=artifact-verify].ok")).not_to_have_count(0)

@@ -110,8 +110,9 @@ export async function missionsView(mesh: Mesh, root: HTMLElement): Promise<void>
   clear(root, h("p", { role: "status" }, "Loading Missions…"));
   const missions = await allMissions(mesh);
   const inbox = missions.filter((m) => m.state === MissionState.AWAITING_APPROVAL && m.ownerId === me);
-  const active = missions.filter((m) => m.state === MissionState.ACTIVE || m.state === MissionState.AWAITING_APPROVAL);
-  const ended = missions.filter((m) => !active.includes(m));
+  // Each Mission once: what waits on this person is in the inbox only.
+  const active = missions.filter((m) => (m.state === MissionState.ACTIVE || m.state === MissionState.AWAITING_APPROVAL) && !inbox.includes(m));
+  const ended = missions.filter((m) => !active.includes(m) && !inbox.includes(m));
   const progress = new Map<string, HTMLElement>();
   const inboxProgress = new Map<string, HTMLElement>();
   const reasons = h("ul", { class: "reasons", "aria-label": "Who asked, and why" });

@@ -2,8 +2,9 @@
 // BLAKE3 against it, with its provenance), and the Evidence against each acceptance criterion.
 import { blake3 } from "@noble/hashes/blake3.js";
 import { ArtifactService, ProvenanceDirection } from "../gen/missionweave/v1/artifact_service_pb";
-import { AuthorityService, type MissionReviewArtifact, type MissionReviewWorkItem } from "../gen/missionweave/v1/authority_service_pb";
-import { EvidenceResult, EvidenceMethod } from "../gen/missionweave/v1/work_pb";
+import { create } from "@bufbuild/protobuf";
+import { AuthorityService, MissionReviewArtifactSchema, type MissionReviewArtifact, type MissionReviewWorkItem } from "../gen/missionweave/v1/authority_service_pb";
+import { EvidenceResult, EvidenceMethod, type Evidence } from "../gen/missionweave/v1/work_pb";
 import type { Mesh } from "../mesh";
 import { Refused } from "../rpc";
 import { clear, h, hex, short, when, workStateName } from "../ui";
@@ -77,6 +78,23 @@ function resultName(r: EvidenceResult): string {
   return (EvidenceResult[r] ?? "none").replace(/^EVIDENCE_RESULT_/, "").toLowerCase();
 }
 
+// One Evidence record: its result, method, producer and summary, and every Artifact it cites
+// (each checked like the submission's own).
+function evidenceLine(mesh: Mesh, e: Evidence, groupId: string): HTMLElement {
+  const line = h("div", { class: "evidence" });
+  line.append(h("span", { class: "evidence-summary" }, `${resultName(e.result)} · ${(EvidenceMethod[e.method] ?? "").replace(/^EVIDENCE_METHOD_/, "").toLowerCase()} by ${e.producerId}: ${e.summary}`));
+  if (e.artifacts.length) {
+    line.append(
+      h(
+        "ul",
+        { class: "artifacts", "aria-label": "Artifacts this Evidence cites" },
+        ...e.artifacts.map((artifact) => artifactRow(mesh, create(MissionReviewArtifactSchema, { artifact, producerId: e.producerId }), groupId)),
+      ),
+    );
+  }
+  return line;
+}
+
 function workItemReview(mesh: Mesh, w: MissionReviewWorkItem, groupId: string): HTMLElement {
   return h(
     "details",
@@ -97,7 +115,7 @@ function workItemReview(mesh: Mesh, w: MissionReviewWorkItem, groupId: string): 
             {},
             h("td", {}, c.description, c.independentReviewRequired ? h("div", { class: "sub" }, "needs an independent reviewer") : null),
             h("td", { class: c.satisfied ? "ok" : "error" }, c.satisfied ? "✓ met" : c.evidence.length ? `✗ ${resultName(c.latestResult)}` : "✗ no evidence yet"),
-            h("td", {}, ...c.evidence.map((e) => h("div", {}, `${resultName(e.result)} · ${(EvidenceMethod[e.method] ?? "").replace(/^EVIDENCE_METHOD_/, "").toLowerCase()} by ${e.producerId}: ${e.summary}`))),
+            h("td", {}, ...c.evidence.map((e) => evidenceLine(mesh, e, groupId))),
           ),
         ),
       ),
