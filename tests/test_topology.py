@@ -50,7 +50,12 @@ def alive(pid: int) -> bool:
 
 async def test_split_topology_serves_one_address_and_stops_whole(tmp_path: Path) -> None:
     port = free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MWP_")}, "MWP_VERIFY_WORKERS": "0"}
+    # No console: the default address (127.0.0.1:50080) is one per machine (conftest.py).
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
+        "MWP_CONSOLE_LISTEN": "",
+        "MWP_VERIFY_WORKERS": "0",
+    }
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
