@@ -183,14 +183,27 @@ async def register(client: MeshClient, admin_key: SigningKey, identity_id: str, 
 
 
 @pytest.fixture
-async def world(db_url: str, tmp_path: Path, topology: str) -> AsyncIterator[World]:
+def world_settings() -> dict[str, Any]:
+    """More Settings fields for the `world` mesh: a module overrides this fixture to ask for, say,
+    a web console (tests/test_console_relay.py)."""
+    return {}
+
+
+@pytest.fixture
+async def world(
+    db_url: str, tmp_path: Path, topology: str, world_settings: dict[str, Any]
+) -> AsyncIterator[World]:
     from missionweave_server.mesh.server import start
     from tests.split_mesh import start_split
 
     if topology.startswith("split") and not db_url.startswith("postgresql"):
         pytest.skip("the split topology runs on PostgreSQL (MWP_TEST_POSTGRES_URL, set by .ci/run)")
     settings = Settings(
-        listen="127.0.0.1:0", data_dir=tmp_path / "data", database_url=db_url, grace_seconds=1
+        listen="127.0.0.1:0",
+        data_dir=tmp_path / "data",
+        database_url=db_url,
+        grace_seconds=1,
+        **world_settings,
     )
     clock = OffsetClock()
     replicas = {"split-replicated": {"scheduling": 2}, "split-sharded": {"authority": 2}}.get(topology)

@@ -21,16 +21,26 @@ from pathlib import Path
 import grpc
 from aiohttp import web
 
-from missionweave_server.console.relay import MESSAGE_FRAME, METHODS, Relay, frame, refusal_of, trailer
+from missionweave_server.console.relay import (
+    MESSAGE_FRAME,
+    METHODS,
+    Refusal,
+    Relay,
+    frame,
+    refusal_of,
+    trailer,
+)
+from missionweave_server.edge.access_log import TokenBucket
 
 log = logging.getLogger("missionweave_server.console")
 
 # A request body larger than this is refused 413 before it is read (the mesh's own message cap is 4 MiB).
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 # A unary call the mesh has not answered in this long is given up (the page shows DEADLINE_EXCEEDED).
+# Both timeouts are read at each call, so a test may lower them.
 UNARY_TIMEOUT_S = 30.0
-# A browser that takes longer than this to take one streamed frame is dropped (a stalled tab must
-# not hold a mesh stream open).
+# A browser that takes longer than this to take one streamed frame is dropped: its mesh stream is
+# cancelled and its connection closed (a stalled tab must not hold a mesh stream open).
 STREAM_WRITE_TIMEOUT_S = 30.0
 CONSOLE_HEADER = "X-MWP-Console"
 SHUTDOWN_S = 0.5
@@ -58,10 +68,43 @@ class ConsoleConfig:
     # Host headers this console answers to: its own address (loopback spellings of it too) and
     # MWP_CONSOLE_HOSTS; empty answers any (a wildcard address behind an Ingress, without MWP_CONSOLE_HOSTS).
     hosts: set[str]
+    # Lines a second about refused calls, bursts of twice that (MWP_ACCESS_LOG_RATE, as the access
+    # log's); 0 writes none.
+    log_rate: float = 100.0
+
+
+class CallLog:
+    """The relay's own lines (logger ``missionweave_server.console``): one at info per refused call,
+    naming the method, the outcome (the gRPC code, or the relay's own refusal) and the HTTP status,
+    rate limited as the access log is (a flood of refusals cannot fill the disk: the next line written
+    carries ``suppressed``); an answered call at debug only (the mesh's access log has a line for it).
+    Never a header: a call proof is a bearer credential for its 30 seconds."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.bucket = TokenBucket(rate, 2 * rate)
+        self.suppressed = 0
+
+    def refused(self, method: str, outcome: str, status: int) -> None:
+        if self.rate <= 0 or not log.isEnabledFor(logging.INFO):
+            return
+        if not self.bucket.take():
+            self.suppressed += 1
+            return
+        extra: dict[str, object] = {"method": method[:200], "outcome": outcome, "status": status}
+        if self.suppressed:
+            extra["suppressed"], self.suppressed = self.suppressed, 0
+        log.info("console call refused", extra=extra)
+
+    def answered(self, method: str, outcome: str = "OK") -> None:
+        log.debug("console call", extra={"method": method, "outcome": outcome})
 
 
 def build_app(relay: Relay, config: ConsoleConfig) -> web.Application:
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[_guard(config)])
+    calls = CallLog(config.log_rate)
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[_guard(config, calls)])
+    # On every answer, the handlers' and aiohttp's own (404, 405, 413, ...), streams included.
+    app.on_response_prepare.append(_security_headers)
     root = static_dir()
 
     async def index(_: web.Request) -> web.StreamResponse:
@@ -76,32 +119,36 @@ def build_app(relay: Relay, config: ConsoleConfig) -> web.Application:
     async def settings(_: web.Request) -> web.Response:
         return web.json_response({"audience": config.audience, "methods": sorted(METHODS)})
 
+    def refuse(method: str, code: str, message: str, status: int) -> web.Response:
+        calls.refused(method, code, status)
+        return web.json_response({"code": code, "message": message}, status=status)
+
     async def call(request: web.Request) -> web.StreamResponse:
         method = "/" + request.match_info["service"] + "/" + request.match_info["method"]
         streaming = METHODS.get(method)
         if streaming is None:
-            return web.json_response(
-                {"code": "UNIMPLEMENTED", "message": f"the console does not relay {method}"}, status=404
-            )
+            return refuse(method, "UNIMPLEMENTED", f"the console does not relay {method}", 404)
         if request.headers.get(CONSOLE_HEADER) != "1":
-            return web.json_response(
-                {"code": "PERMISSION_DENIED", "message": f"the {CONSOLE_HEADER} header is required"},
-                status=403,
-            )
+            return refuse(method, "PERMISSION_DENIED", f"the {CONSOLE_HEADER} header is required", 403)
         proof = request.headers.get("X-MWP-Call-Proof", "")
         try:
             call_proof = base64.b64decode(proof, validate=True) if proof else None
         except binascii.Error:
-            return web.json_response(
-                {"code": "INVALID_ARGUMENT", "message": "X-MWP-Call-Proof is not base64"}, status=400
-            )
-        body = await request.read()
+            return refuse(method, "INVALID_ARGUMENT", "X-MWP-Call-Proof is not base64", 400)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            calls.refused(method, "TOO_LARGE", 413)
+            raise
         if streaming:
-            return await _relay_stream(request, relay, method, body, call_proof)
+            return await _relay_stream(request, relay, method, body, call_proof, calls)
         try:
             response = await relay.unary(method, body, call_proof, UNARY_TIMEOUT_S)
         except grpc.RpcError as err:
-            return web.json_response(refusal_of(err).document(), status=_http_status(err))
+            refusal, status = refusal_of(err), _http_status(err)
+            calls.refused(method, refusal.code, status)
+            return web.json_response(refusal.document(), status=status)
+        calls.answered(method)
         return web.Response(body=response, content_type="application/x-protobuf")
 
     async def no_icon(_: web.Request) -> web.Response:
@@ -133,31 +180,57 @@ def _http_status(err: grpc.RpcError) -> int:
 
 
 async def _relay_stream(
-    request: web.Request, relay: Relay, method: str, body: bytes, call_proof: bytes | None
+    request: web.Request, relay: Relay, method: str, body: bytes, call_proof: bytes | None, calls: CallLog
 ) -> web.StreamResponse:
+    """The mesh's messages as frames, then the trailer. The mesh stream ends with the browser's: a
+    browser that goes away cancels this handler (the runner cancels handlers on a lost connection)
+    and one that takes no frame for STREAM_WRITE_TIMEOUT_S is dropped."""
     response = web.StreamResponse(headers={"Content-Type": "application/x-mwp-frames"})
     await response.prepare(request)
     call = relay.stream(method, body, call_proof)
+    refusal: Refusal | None = None
     try:
-        refusal = None
         try:
             async for message in call:
-                await asyncio.wait_for(response.write(frame(MESSAGE_FRAME, message)), STREAM_WRITE_TIMEOUT_S)
+                await _write(response, frame(MESSAGE_FRAME, message))
         except grpc.RpcError as err:
             refusal = refusal_of(err)
-        await asyncio.wait_for(response.write(trailer(refusal)), STREAM_WRITE_TIMEOUT_S)
+        await _write(response, trailer(refusal))
         await response.write_eof()
-    except (ConnectionResetError, TimeoutError):
-        log.info("a console stream's browser went away", extra={"method": method})
+    except TimeoutError:  # a stalled reader: its connection goes too, or aiohttp would wait on it
+        call.cancel()
+        if request.transport is not None:
+            request.transport.abort()
+        calls.refused(method, "BROWSER_STALLED", 200)
+        return response
+    except ConnectionResetError:  # gone while a frame was written
+        calls.answered(method, "BROWSER_LEFT")
+        return response
+    except asyncio.CancelledError:  # gone while the mesh was quiet (the runner cancels the handler)
+        calls.answered(method, "BROWSER_LEFT")
+        raise
     finally:
-        call.cancel()  # a browser that left ends the mesh stream at once
+        call.cancel()  # whatever ended the relay ends the mesh stream at once
+    if refusal is not None:
+        calls.refused(method, refusal.code, 200)
+    else:
+        calls.answered(method)
     return response
 
 
-def _guard(config: ConsoleConfig):  # type: ignore[no-untyped-def]
+async def _write(response: web.StreamResponse, data: bytes) -> None:
+    await asyncio.wait_for(response.write(data), STREAM_WRITE_TIMEOUT_S)
+
+
+async def _security_headers(_: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(SECURITY_HEADERS)
+
+
+def _guard(config: ConsoleConfig, calls: CallLog):  # type: ignore[no-untyped-def]
     @web.middleware
     async def guard(request: web.Request, handler):  # type: ignore[no-untyped-def]
         if config.hosts and request.host not in config.hosts:
+            calls.refused(request.path, "MISDIRECTED", 421)
             return web.json_response(
                 {
                     "code": "PERMISSION_DENIED",
@@ -165,9 +238,7 @@ def _guard(config: ConsoleConfig):  # type: ignore[no-untyped-def]
                 },
                 status=421,
             )
-        response = await handler(request)
-        response.headers.update(SECURITY_HEADERS)
-        return response
+        return await handler(request)
 
     return guard
 
@@ -193,14 +264,15 @@ async def serve_console(
     *,
     hosts: tuple[str, ...] = (),
     tls: ssl.SSLContext | None = None,
+    log_rate: float = 100.0,
 ) -> ConsoleServer:
     """Serves the console at ``host:port`` (port 0 picks one); an address it cannot bind raises OSError."""
     host, _, port_text = address.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
-    config = ConsoleConfig(audience, set())
-    # handler_cancellation: a browser that leaves (a closed tab, a Mission page left) ends its
-    # relayed mesh stream at once, not at the Group's next event. shutdown_timeout: a stop cancels
-    # what is still open after this long (aiohttp waits 60 s by default); browsers resume from their cursors.
+    config = ConsoleConfig(audience, set(), log_rate)
+    # handler_cancellation: a browser that leaves (a closed tab, a Mission page left) cancels its
+    # handler, and with it the mesh call, at once, not at the Group's next event. shutdown_timeout: a
+    # stop cancels what is still open after this long (aiohttp waits 60 s); browsers resume from their cursors.
     runner = web.AppRunner(
         build_app(Relay(relay_channel), config),
         access_log=None,
@@ -216,13 +288,18 @@ async def serve_console(
         raise OSError(f"the console cannot listen on {address}: {failed.strerror or failed}") from None
     port = int(runner.addresses[0][1])  # the bound port, when 0 asked for one
     wildcard = host in ("0.0.0.0", "::")
-    if hosts or not wildcard:
-        config.hosts.update(hosts)
-        names = {host, "127.0.0.1", "localhost", "[::1]"} if host in _LOOPBACK else {host}
-        config.hosts.update(f"{name}:{port}" for name in names - {"0.0.0.0", "::"})
+    config.hosts.update(hosts)
+    if not wildcard:  # its own address, and on loopback every spelling of loopback
+        names = {host, *_LOOPBACK} if host in _LOOPBACK else {host}
+        config.hosts.update(_host_port(name, port) for name in names)
     scheme = "https" if tls is not None else "http"
     shown = "127.0.0.1" if wildcard else (f"[{host}]" if ":" in host else host)
     return ConsoleServer(runner, port, f"{scheme}://{shown}:{port}/", relay_channel)
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _host_port(host: str, port: int) -> str:
+    """``host:port`` as a Host header spells it (an IPv6 address in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

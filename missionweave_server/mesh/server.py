@@ -31,7 +31,7 @@ from missionweave_server.edge.local import LocalChannel
 from missionweave_server.edge.reflection import enable_reflection
 from missionweave_server.edge.registration import generic_handlers_only
 from missionweave_server.mesh.authority_core import authority_core
-from missionweave_server.mesh.console import check_console_tls, start_console
+from missionweave_server.mesh.console import check_console, start_console
 from missionweave_server.mesh.contracts import PUBLIC_DESCRIPTORS, health_names
 from missionweave_server.mesh.database import open_database
 from missionweave_server.mesh.front_door import FrontDoor, mirror_health
@@ -66,17 +66,13 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     # TLS settings are checked before anything starts: a refusal leaves nothing behind.
     server_tls = ServerTLS.from_settings(settings)
     check_listen(settings.listen, server_tls, insecure=settings.insecure)
-    serves_console = bool(settings.console_listen) and "gateway" in settings.services
-    for address in (
-        settings.listen,
-        settings.health_listen,
-        settings.console_listen if serves_console else "",
-    ):
-        if address:  # a port in use fails now, loudly
+    for address in (settings.listen, settings.health_listen):  # a port in use fails now, loudly
+        if address:
             check_port_free(address)
     peer_tls = ClientTLS.from_settings(settings)
+    serves_console = bool(settings.console_listen) and "gateway" in settings.services
     if serves_console:
-        check_console_tls(settings, server_tls, peer_tls)
+        check_console(settings, server_tls, peer_tls)
     clock = clock or SystemClock()
     # The Authority keeps every owned Group's folded state in memory: a large, long-lived graph (D48).
     gc_policy.for_long_running_process()
