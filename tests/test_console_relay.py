@@ -20,6 +20,7 @@ import ipaddress
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -831,6 +832,61 @@ async def test_the_console_serves_https_with_the_mesh_certificate_and_relays_ove
             with pytest.raises(aiohttp.ClientError):
                 async with http.get(mesh.console.url.replace("https://", "http://") + "api/config") as answer:
                     await answer.read()
+    finally:
+        await client.channel.close()
+        await mesh.stop(grace=0)
+
+
+async def test_the_gateway_console_as_kubernetes_configures_it(tmp_path: Path) -> None:
+    """k8s/gateway.yaml's console settings with the gateway certificate k8s/make-tls-certs.sh makes
+    (cluster names only): HTTPS, the Host names it lists (localhost for a port-forward), a relayed
+    read; another Host is refused."""
+    yaml = pytest.importorskip("yaml")
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    from missionweave_server.mesh.server import start
+
+    manifests = list(yaml.safe_load_all((ROOT / "k8s" / "gateway.yaml").read_text()))
+    deployment = next(d for d in manifests if d and d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MWP_CONSOLE_LISTEN"] == "0.0.0.0:50080"
+    out = tmp_path / "k8s-tls"
+    await asyncio.to_thread(
+        subprocess.run,
+        ["bash", str(ROOT / "k8s" / "make-tls-certs.sh"), str(out)],
+        check=True,
+        capture_output=True,
+    )
+    port = free_port()  # for 50080, one per machine
+    settings = tls_mesh_settings(tmp_path, out / "gateway.crt", out / "gateway.key", out / "ca.crt")
+    settings.listen = "0.0.0.0:0"
+    settings.console_listen = env["MWP_CONSOLE_LISTEN"].replace(":50080", f":{port}")
+    settings.console_hosts = tuple(
+        h.replace(":50080", f":{port}") for h in env["MWP_CONSOLE_HOSTS"].split(",")
+    )
+    mesh = await start(settings)
+    name = "gateway.missionweave.svc.cluster.local"
+    client = MeshClient(f"127.0.0.1:{mesh.port}", ClientTLS(out / "ca.crt", server_name=name))
+    try:
+        assert await asyncio.to_thread(served_certificate, port, out / "ca.crt") == der(out / "gateway.crt")
+        admin = await client.open_session("admin", read_key(mesh.settings.admin_key_path))
+        verified = ssl.create_default_context(cafile=str(out / "ca.crt"))
+        verified.check_hostname = False  # as a browser told to trust the name it was port-forwarded to
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=verified)) as http:
+            base = f"https://127.0.0.1:{port}"
+            for host, status in (
+                (f"localhost:{port}", 200),
+                (f"{name}:{port}", 200),
+                (f"evil.example:{port}", 421),
+            ):
+                async with http.get(f"{base}/api/config", headers={"Host": host}) as answer:
+                    assert answer.status == status, host
+            console = await open_console(http, base)
+            assert console.audience == f"127.0.0.1:{mesh.port}"
+            status_, body = await console.read(
+                admin, GET_IDENTITY, membership_service_pb2.GetIdentityRequest(identity_id="admin")
+            )
+            assert status_ == 200, body
     finally:
         await client.channel.close()
         await mesh.stop(grace=0)
