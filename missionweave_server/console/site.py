@@ -269,7 +269,10 @@ async def serve_console(
     """Serves the console at ``host:port`` (port 0 picks one); an address it cannot bind raises OSError."""
     host, _, port_text = address.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
-    config = ConsoleConfig(audience, set(), log_rate)
+    wildcard = host in ("0.0.0.0", "::")
+    # Until its own names are known (the port, when 0 asks for one), a console that will answer only
+    # some Hosts answers none: never any Host for the moment between binding and naming.
+    config = ConsoleConfig(audience, {*hosts, *(() if wildcard else (_UNNAMED,))}, log_rate)
     # handler_cancellation: a browser that leaves (a closed tab, a Mission page left) cancels its
     # handler, and with it the mesh call, at once, not at the Group's next event. shutdown_timeout: a
     # stop cancels what is still open after this long (aiohttp waits 60 s); browsers resume from their cursors.
@@ -287,17 +290,17 @@ async def serve_console(
         await runner.cleanup()
         raise OSError(f"the console cannot listen on {address}: {failed.strerror or failed}") from None
     port = int(runner.addresses[0][1])  # the bound port, when 0 asked for one
-    wildcard = host in ("0.0.0.0", "::")
-    config.hosts.update(hosts)
     if not wildcard:  # its own address, and on loopback every spelling of loopback
         names = {host, *_LOOPBACK} if host in _LOOPBACK else {host}
         config.hosts.update(_host_port(name, port) for name in names)
+        config.hosts.discard(_UNNAMED)
     scheme = "https" if tls is not None else "http"
     shown = "127.0.0.1" if wildcard else (f"[{host}]" if ":" in host else host)
     return ConsoleServer(runner, port, f"{scheme}://{shown}:{port}/", relay_channel)
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_UNNAMED = " "  # no Host header is a space
 
 
 def _host_port(host: str, port: int) -> str:
