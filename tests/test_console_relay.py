@@ -661,6 +661,31 @@ async def test_a_console_on_an_ipv6_address_answers_to_it_in_brackets() -> None:
         await served.stop()
 
 
+async def test_a_console_not_built_says_so_and_relays_on(
+    fake: tuple[FakeMesh, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An installation without the page's files (a checkout before `make console`) still starts:
+    the page answers 503 saying how to build it, the relay works."""
+    mesh, _ = fake
+    monkeypatch.setattr(site, "static_dir", lambda: tmp_path / "static")  # no such directory
+    monkeypatch.setattr(site, "UNARY_TIMEOUT_S", 0.2)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{mesh.port}")
+    served = await site.serve_console("127.0.0.1:0", channel, f"127.0.0.1:{mesh.port}")
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(served.url) as answer:
+                assert answer.status == 503 and "run `make console`" in await answer.text()
+                assert_secured(answer)
+            async with http.get(f"{served.url}static/app.js") as answer:
+                assert answer.status == 404
+            async with http.post(
+                f"{served.url}rpc{GET_GROUP_STATE}", headers={CONSOLE_HEADER: "1"}
+            ) as answer:
+                assert answer.status == 504  # relayed (the fake mesh never answers)
+    finally:
+        await served.stop()
+
+
 def fields(record: logging.LogRecord) -> tuple[str, str, int | None]:
     """A relay line's method, outcome and HTTP status (None on an answered call's line)."""
     return record.__dict__["method"], record.__dict__["outcome"], record.__dict__.get("status")

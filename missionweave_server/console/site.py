@@ -159,7 +159,8 @@ def build_app(relay: Relay, config: ConsoleConfig) -> web.Application:
     app.router.add_get("/favicon.ico", no_icon)
     app.router.add_get("/api/config", settings)
     app.router.add_post("/rpc/{service}/{method}", call)
-    app.router.add_static("/static/", root, follow_symlinks=False)
+    if root.is_dir():  # else not built: the page says so (503), and the mesh serves on
+        app.router.add_static("/static/", root, follow_symlinks=False)
     return app
 
 
