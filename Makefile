@@ -6,7 +6,7 @@
 #   make test    create .venv if needed, install with test extras, run the whole suite (tests/)
 #   make lint    ruff, mypy, import-linter contracts, buf lint and k8s-check (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
 #   make k8s-check  render k8s/ offline, validate every resource (kubernetes-validate --strict; docs/kubernetes.md)
-#   make bench   run every bench/*.py
+#   make bench   run every bench/*.py (bench/console.py drives Debian's Chromium, /usr/bin/chromium)
 #   make bench-round  one round of bench/README.md's summary table, each benchmark alone (bench/round.sh)
 #   make mutation  mutation score of the pure core against its fast tests (SAMPLE=N [SEED=S]; docs/mutation.md)
 #   make simulate  deterministic simulation of the protocol under faults (SEEDS=N, default 100; SEED=S replays one; docs/simulation.md)
@@ -182,7 +182,7 @@ dist-check: $(VENV)/.installed-base
 k8s-check: $(VENV)/.installed-lint
 	VENV=$(VENV) .ci/k8s-validate
 
-bench: $(VENV)/.installed-bench
+bench: $(VENV)/.installed-bench $(CONSOLE_OUT)
 	@$(MAKE) --no-print-directory gen
 	@if [ -z "$(BENCHES)" ]; then echo "no benchmarks in bench/"; exit 1; fi
 	@for b in $(BENCHES); do \
@@ -190,7 +190,7 @@ bench: $(VENV)/.installed-bench
 		$(PY) $$b || exit $$?; \
 	done
 
-bench-round: $(VENV)/.installed-bench
+bench-round: $(VENV)/.installed-bench $(CONSOLE_OUT)
 	@$(MAKE) --no-print-directory gen
 	bash bench/round.sh $(OUT)
 

@@ -3,7 +3,7 @@
 # one after the other, each alone on the machine, at one commit. Each output goes to its own file
 # in OUT (default: bench-round-<UTC time>/); the summary's "latest" column is read from them.
 #
-#   make bench-round                    # ~15-20 min on 2 cores
+#   make bench-round                    # ~25 min on 2 cores
 #   bash bench/round.sh /tmp/my-round   # the same, into a directory of your choice
 #
 # Run it on an otherwise idle machine: another tenant's load moves every rate (the ratios less).
@@ -33,4 +33,6 @@ for run in 1 2 3; do
 done
 step artifacts-1m bench/artifacts.py --sizes 1M --reps 100
 step replay bench/replay.py --sizes 10000,100000,1000000 --groups "" --subscriptions ""
+step console bench/console.py
+step console-usage bench/console.py --runs 3 --live-kind usage
 echo "[round $(date -u +%H:%M:%S)] done: $OUT/"
