@@ -1,10 +1,13 @@
 // The Mission's events, newest first, filterable, each with who caused it, the key that signed it
-// and the page's own check of it. A long log is drawn a page at a time.
+// and the page's own check of it. A long log is drawn a page at a time; at most one render a frame,
+// which adds the rows of new events and drops the oldest, keeping the rows already drawn, and keeps
+// its counts as events come and are checked instead of counting the whole log again.
 import type { Event } from "./gen/missionweave/v1/event_pb";
-import { h, clear, short, when } from "./ui";
+import { h, short, when } from "./ui";
 import type { CheckedEvent } from "./verify";
 
 const PAGE = 200;
+const MARKS_MS = 200;
 
 export function eventSummary(event: Event): string {
   const p = event.payload;
@@ -37,31 +40,69 @@ export class Timeline {
   private filter = "";
   private readonly list: HTMLOListElement;
   private readonly count: HTMLElement;
-  private readonly rows = new Map<bigint, HTMLLIElement>();
+  private readonly more: HTMLLIElement;
+  private readonly moreButton: HTMLButtonElement;
+  // The rows drawn, by sequence: kept across renders, so a new event adds one row, not PAGE.
+  private rows = new Map<bigint, HTMLLIElement>();
+  private verified = 0;
+  private readonly counted = new WeakSet<CheckedEvent>();
+  private failed = 0;
+  private matching = 0;
+  // What the next render must redo: the rows (events came or the filter changed), the marks of
+  // rows drawn whose events were checked since, and always the count line.
+  private rowsStale = true;
+  private readonly marks = new Set<CheckedEvent>();
   private pending = false;
+  private markTimer: number | undefined;
+  private renderedAt = -Infinity;
 
   constructor() {
     const input = h("input", { type: "search", id: "timeline-filter", placeholder: "type, actor or text, e.g. work.submitted" });
     input.addEventListener("input", () => {
       this.filter = input.value.trim().toLowerCase();
       this.shown = PAGE;
+      this.rowsStale = true;
       this.render();
     });
     this.list = h("ol", { class: "timeline", reversed: true });
     this.count = h("p", { class: "sub", role: "status" });
+    this.moreButton = h("button", { type: "button", class: "more" });
+    this.moreButton.addEventListener("click", () => {
+      this.shown += PAGE;
+      this.rowsStale = true;
+      this.render();
+    });
+    this.more = h("li", { class: "more-row" }, this.moreButton);
     this.element = h("section", { "aria-labelledby": "timeline-title", class: "panel" }, h("h2", { id: "timeline-title" }, "Timeline"), h("label", { for: "timeline-filter" }, "Filter events"), input, this.count, this.list);
   }
 
   add(events: CheckedEvent[]): void {
+    if (!events.length) return;
     this.events.push(...events);
+    this.rowsStale = true;
     this.schedule();
   }
 
-  /** An event's check finished: its row (if drawn) shows the mark. */
+  /**
+   * An event's check finished: its row (if drawn) shows the mark, the count line the total, at the
+   * next render; one for marks alone comes at most every MARKS_MS (each frame redraws a page this
+   * large for tens of ms: a log's checks, a frame each, would take several times as long).
+   */
   marked(checked: CheckedEvent): void {
-    const row = this.rows.get(checked.event.sequence);
-    if (row) this.fillMark(row, checked);
-    this.schedule();
+    if (!this.counted.has(checked)) {
+      this.counted.add(checked);
+      if (checked.mark === "verified") this.verified++;
+      else if (checked.mark === "failed") this.failed++;
+    }
+    this.marks.add(checked);
+    if (this.pending || this.markTimer !== undefined) return;
+    this.markTimer = window.setTimeout(
+      () => {
+        this.markTimer = undefined;
+        this.schedule();
+      },
+      Math.max(0, this.renderedAt + MARKS_MS - performance.now()),
+    );
   }
 
   private schedule(): void {
@@ -81,7 +122,7 @@ export class Timeline {
 
   private fillMark(row: HTMLLIElement, c: CheckedEvent): void {
     const mark = row.querySelector(".mark");
-    if (!mark) return;
+    if (!mark || mark.className === `mark mark-${c.mark}`) return;
     mark.className = `mark mark-${c.mark}`;
     mark.textContent = c.mark === "verified" ? "✓ verified" : c.mark === "failed" ? "✗ failed" : "… checking";
     mark.setAttribute("title", c.why);
@@ -89,11 +130,12 @@ export class Timeline {
 
   private row(c: CheckedEvent): HTMLLIElement {
     const e = c.event;
+    const at = when(e.recordedAt);
     const li = h(
       "li",
       { class: "event", "data-sequence": String(e.sequence), "data-type": e.type },
       h("span", { class: "seq" }, `#${e.sequence}`),
-      h("time", { datetime: when(e.recordedAt) }, when(e.recordedAt)),
+      h("time", { datetime: at }, at),
       h("span", { class: "etype" }, e.type),
       h("span", { class: "actor" }, e.actorId),
       h("span", { class: "summary" }, eventSummary(e)),
@@ -105,26 +147,48 @@ export class Timeline {
   }
 
   private render(): void {
-    const matching = this.events.filter((c) => this.matches(c));
-    const failed = this.events.filter((c) => c.mark === "failed").length;
-    const verified = this.events.filter((c) => c.mark === "verified").length;
-    this.count.textContent = `${matching.length} of ${this.events.length} events · ${verified} verified${failed ? ` · ${failed} FAILED verification` : ""}`;
+    this.renderedAt = performance.now();
+    if (this.markTimer !== undefined) {
+      clearTimeout(this.markTimer);
+      this.markTimer = undefined;
+    }
+    if (this.rowsStale) this.renderRows();
+    for (const c of this.marks) {
+      const row = this.rows.get(c.event.sequence);
+      if (row) this.fillMark(row, c);
+    }
+    this.marks.clear();
+    const failed = this.failed;
+    this.count.textContent = `${this.matching} of ${this.events.length} events · ${this.verified} verified${failed ? ` · ${failed} FAILED verification` : ""}`;
     this.count.classList.toggle("error", failed > 0);
-    const newest = matching.slice(-this.shown).reverse();
-    this.rows.clear();
-    const items: Node[] = newest.map((c) => {
-      const li = this.row(c);
-      this.rows.set(c.event.sequence, li);
-      return li;
-    });
-    clear(this.list, ...items);
-    if (matching.length > this.shown) {
-      const more = h("button", { type: "button", class: "more" }, `Show ${Math.min(PAGE, matching.length - this.shown)} older events`);
-      more.addEventListener("click", () => {
-        this.shown += PAGE;
-        this.render();
-      });
-      this.list.append(h("li", { class: "more-row" }, more));
+  }
+
+  /** The newest `shown` matching events, newest first: rows already drawn stay where they are. */
+  private renderRows(): void {
+    this.rowsStale = false;
+    let newest: CheckedEvent[];
+    if (this.filter) {
+      const matching = this.events.filter((c) => this.matches(c));
+      this.matching = matching.length;
+      newest = matching.slice(-this.shown).reverse();
+    } else {
+      this.matching = this.events.length;
+      newest = this.events.slice(-this.shown).reverse();
+    }
+    const rows = new Map<bigint, HTMLLIElement>();
+    for (const c of newest) rows.set(c.event.sequence, this.rows.get(c.event.sequence) ?? this.row(c));
+    for (const [sequence, row] of this.rows) if (!rows.has(sequence)) row.remove();
+    this.rows = rows;
+    let next: ChildNode | null = this.list.firstChild;
+    for (const row of rows.values()) {
+      if (row === next) next = row.nextSibling;
+      else this.list.insertBefore(row, next);
+    }
+    if (this.matching > this.shown) {
+      this.moreButton.textContent = `Show ${Math.min(PAGE, this.matching - this.shown)} older events`;
+      if (this.more.parentNode !== this.list || this.list.lastChild !== this.more) this.list.append(this.more);
+    } else {
+      this.more.remove();
     }
   }
 }
