@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from missionweave.v1 import authority_service_pb2
+from missionweave.v1 import authority_service_pb2, common_pb2
 from missionweave.v1 import work_pb2 as wp
 from missionweave_server.services.artifacts.local import LocalBlobStore
 from tests.conftest import polled
@@ -743,3 +743,45 @@ async def test_the_split_topology_serves_the_console_from_its_gateway(tmp_path: 
 async def drained(stream: asyncio.StreamReader) -> None:
     while await stream.read(65536):
         pass
+
+
+# ------------------------------------------------------------------ 10. large Missions
+
+
+async def test_above_fifty_workitems_each_review_and_conversation_section_is_built_when_opened(
+    mesh: ConsoleMesh, console: Console, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Mission of many WorkItems lists each one's review and Conversation closed and builds its
+    content (criteria, Evidence, Artifacts and their downloads; messages) when it is first opened."""
+    from tests import console_world
+
+    budget = common_pb2.ResourceVector()
+    budget.CopyFrom(console_world.BUDGET)
+    budget.side_effects, budget.financial_micros, budget.tokens = 200, 500_000_000, 10_000_000
+    budget.tool_calls, budget.compute_ms, budget.wall_clock_ms = 5_000, 60_000_000, 600_000_000
+    monkeypatch.setattr(console_world, "BUDGET", budget)  # room for 51 WorkItems' caps
+    alpha = MissionSeed(mesh, ALPHA, TITLE)
+    await alpha.create(mesh.people["worker-bot"].signer.identity_id)
+    many = 51
+    for i in range(many):
+        await alpha.authorize(f"wi-{i:02d}", f"Step {i}")
+    page = await console.page()
+    await console.sign_in(page, mesh.people["alice"])
+    await open_mission(page, ALPHA, TITLE, await alpha.head())
+
+    review = page.locator("section.review")
+    await review.scroll_into_view_if_needed()
+    sections = review.locator("details.wi-review")
+    await expect(sections).to_have_count(many)
+    await expect(review.locator("table.criteria")).to_have_count(0)
+    await sections.first.locator("summary").click()
+    await expect(sections.first.locator("table.criteria")).to_have_count(1)
+    await expect(review.locator("table.criteria")).to_have_count(1)
+
+    conversations = page.locator("section.conversations")
+    await conversations.scroll_into_view_if_needed()
+    work = conversations.locator("details.conversation")
+    await expect(work).to_have_count(many + 1)  # the planning Conversation and one per WorkItem
+    await expect(conversations.locator("ol.messages")).to_have_count(0)
+    await work.nth(1).locator("summary").click()
+    await expect(work.nth(1).locator("ol.messages")).to_have_count(1)

@@ -84,3 +84,21 @@ export function short(id: string, keep = 14): string {
 export function hex(bytes: Uint8Array): string {
   return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 }
+
+// Above this many sections a panel builds each one's content when it is first opened: a Mission of
+// 1,000 WorkItems would otherwise lay out ~100,000 px (and start every Artifact's download) at once.
+export const EAGER_SECTIONS = 50;
+
+/** A <details> whose content is built now when `eager` or open, else when it is first opened. */
+export function lazyDetails(attrs: Attrs & { open?: boolean }, summary: string, content: () => Child[], eager: boolean): HTMLDetailsElement {
+  const el = h("details", attrs, h("summary", {}, summary));
+  let built = false;
+  const build = () => {
+    if (built) return;
+    built = true;
+    for (const child of content()) if (child) el.append(child);
+  };
+  if (eager || attrs.open) build();
+  else el.addEventListener("toggle", () => el.open && build());
+  return el;
+}

@@ -3,7 +3,7 @@
 import type { Mesh } from "../mesh";
 import { ConversationKind } from "../gen/missionweave/v1/conversation_pb";
 import { commandDialog } from "../actions";
-import { clear, h, short, when } from "../ui";
+import { EAGER_SECTIONS, clear, h, lazyDetails, short, when } from "../ui";
 import type { CheckedEvent } from "../verify";
 
 export async function conversationsPanel(mesh: Mesh, root: HTMLElement, groupId: string, events: CheckedEvent[]): Promise<void> {
@@ -13,7 +13,9 @@ export async function conversationsPanel(mesh: Mesh, root: HTMLElement, groupId:
   for (const c of events) {
     if (c.event.payload.case === "messagePosted") {
       const id = c.event.payload.value.conversationId;
-      byConversation.set(id, [...(byConversation.get(id) ?? []), c]);
+      const list = byConversation.get(id);
+      if (list) list.push(c);
+      else byConversation.set(id, [c]);
     }
   }
   const answer = (conversationId: string, replyTo: string, question: string) => {
@@ -34,22 +36,25 @@ export async function conversationsPanel(mesh: Mesh, root: HTMLElement, groupId:
         const messages = byConversation.get(conv.conversationId) ?? [];
         const post = h("button", { type: "button" }, "Post a message");
         post.addEventListener("click", () => answer(conv.conversationId, "", ""));
-        return h(
-          "details",
-          { class: "conversation", open: messages.length > 0 && messages.length < 20 },
-          h("summary", {}, `${conv.title || short(conv.conversationId)} · ${(ConversationKind[conv.kind] ?? "").replace(/^CONVERSATION_KIND_/, "").toLowerCase()}${conv.workItemId ? ` · ${conv.workItemId}` : ""}${conv.participantIds.length ? ` · restricted to ${conv.participantIds.join(", ")}` : ""} · ${conv.messageCount} messages`),
-          h(
-            "ol",
-            { class: "messages" },
-            ...messages.slice(-100).map((c) => {
-              const p = c.event.payload.case === "messagePosted" ? c.event.payload.value : null;
-              const text = p?.content?.text ?? "";
-              const reply = h("button", { type: "button", class: "link" }, "Answer");
-              reply.addEventListener("click", () => answer(conv.conversationId, p?.messageId ?? "", text));
-              return h("li", {}, h("strong", {}, c.event.actorId), ` ${when(c.event.recordedAt)}: `, text, p?.replyToMessageId ? h("span", { class: "sub" }, ` (reply to ${short(p.replyToMessageId)})`) : null, " ", reply);
-            }),
-          ),
-          post,
+        const eager = conversations.length <= EAGER_SECTIONS;
+        return lazyDetails(
+          { class: "conversation", open: messages.length > 0 && messages.length < 20 && eager },
+          `${conv.title || short(conv.conversationId)} · ${(ConversationKind[conv.kind] ?? "").replace(/^CONVERSATION_KIND_/, "").toLowerCase()}${conv.workItemId ? ` · ${conv.workItemId}` : ""}${conv.participantIds.length ? ` · restricted to ${conv.participantIds.join(", ")}` : ""} · ${conv.messageCount} messages`,
+          () => [
+            h(
+              "ol",
+              { class: "messages" },
+              ...messages.slice(-100).map((c) => {
+                const p = c.event.payload.case === "messagePosted" ? c.event.payload.value : null;
+                const text = p?.content?.text ?? "";
+                const reply = h("button", { type: "button", class: "link" }, "Answer");
+                reply.addEventListener("click", () => answer(conv.conversationId, p?.messageId ?? "", text));
+                return h("li", {}, h("strong", {}, c.event.actorId), ` ${when(c.event.recordedAt)}: `, text, p?.replyToMessageId ? h("span", { class: "sub" }, ` (reply to ${short(p.replyToMessageId)})`) : null, " ", reply);
+              }),
+            ),
+            post,
+          ],
+          eager,
         );
       }),
     ),

@@ -7,7 +7,7 @@ import { AuthorityService, MissionReviewArtifactSchema, type MissionReviewArtifa
 import { EvidenceResult, EvidenceMethod, type Evidence } from "../gen/missionweave/v1/work_pb";
 import type { Mesh } from "../mesh";
 import { Refused } from "../rpc";
-import { clear, h, hex, short, when, workStateName } from "../ui";
+import { EAGER_SECTIONS, clear, h, hex, lazyDetails, short, when, workStateName } from "../ui";
 
 const CHECK_LIMIT_BYTES = 64 * 1024 * 1024;
 
@@ -95,32 +95,34 @@ function evidenceLine(mesh: Mesh, e: Evidence, groupId: string): HTMLElement {
   return line;
 }
 
-function workItemReview(mesh: Mesh, w: MissionReviewWorkItem, groupId: string): HTMLElement {
-  return h(
-    "details",
-    { class: "wi-review", open: w.criteria.some((c) => !c.satisfied) },
-    h("summary", {}, `${w.title || w.workItemId} — ${workStateName(w.state)}${w.submittedBy ? `, submitted by ${w.submittedBy} ${when(w.submittedAt)}` : ""}`),
-    w.submissionSummary ? h("p", {}, w.submissionSummary) : null,
-    h(
-      "table",
-      { class: "criteria" },
-      h("caption", {}, "Evidence against each acceptance criterion"),
-      h("thead", {}, h("tr", {}, ...["Criterion", "Met", "Evidence"].map((c) => h("th", { scope: "col" }, c)))),
+function workItemReview(mesh: Mesh, w: MissionReviewWorkItem, groupId: string, eager: boolean): HTMLElement {
+  return lazyDetails(
+    { class: "wi-review", open: w.criteria.some((c) => !c.satisfied) && eager },
+    `${w.title || w.workItemId} — ${workStateName(w.state)}${w.submittedBy ? `, submitted by ${w.submittedBy} ${when(w.submittedAt)}` : ""}`,
+    () => [
+      w.submissionSummary ? h("p", {}, w.submissionSummary) : null,
       h(
-        "tbody",
-        {},
-        ...w.criteria.map((c) =>
-          h(
-            "tr",
-            {},
-            h("td", {}, c.description, c.independentReviewRequired ? h("div", { class: "sub" }, "needs an independent reviewer") : null),
-            h("td", { class: c.satisfied ? "ok" : "error" }, c.satisfied ? "✓ met" : c.evidence.length ? `✗ ${resultName(c.latestResult)}` : "✗ no evidence yet"),
-            h("td", {}, ...c.evidence.map((e) => evidenceLine(mesh, e, groupId))),
+        "table",
+        { class: "criteria" },
+        h("caption", {}, "Evidence against each acceptance criterion"),
+        h("thead", {}, h("tr", {}, ...["Criterion", "Met", "Evidence"].map((c) => h("th", { scope: "col" }, c)))),
+        h(
+          "tbody",
+          {},
+          ...w.criteria.map((c) =>
+            h(
+              "tr",
+              {},
+              h("td", {}, c.description, c.independentReviewRequired ? h("div", { class: "sub" }, "needs an independent reviewer") : null),
+              h("td", { class: c.satisfied ? "ok" : "error" }, c.satisfied ? "✓ met" : c.evidence.length ? `✗ ${resultName(c.latestResult)}` : "✗ no evidence yet"),
+              h("td", {}, ...c.evidence.map((e) => evidenceLine(mesh, e, groupId))),
+            ),
           ),
         ),
       ),
-    ),
-    w.artifacts.length ? h("ul", { class: "artifacts", "aria-label": `Artifacts of ${w.title || w.workItemId}` }, ...w.artifacts.map((a) => artifactRow(mesh, a, groupId))) : null,
+      w.artifacts.length ? h("ul", { class: "artifacts", "aria-label": `Artifacts of ${w.title || w.workItemId}` }, ...w.artifacts.map((a) => artifactRow(mesh, a, groupId))) : null,
+    ],
+    eager,
   );
 }
 
@@ -137,7 +139,7 @@ export async function reviewPanel(mesh: Mesh, root: HTMLElement, groupId: string
       review.artifacts.length ? h("div", {}, h("h3", {}, "Artifacts of the submission"), h("ul", { class: "artifacts" }, ...review.artifacts.map((a) => artifactRow(mesh, a, groupId)))) : null,
       review.blockers.length ? h("div", {}, h("h3", {}, "What stands between this Mission and approval"), h("ul", {}, ...review.blockers.map((b) => h("li", {}, `${b.workItemId} (${workStateName(b.state)}): ${b.details.join("; ") || "not verified yet"}`)))) : null,
       h("h3", {}, "WorkItems"),
-      ...review.workItems.map((w) => workItemReview(mesh, w, groupId)),
+      ...review.workItems.map((w) => workItemReview(mesh, w, groupId, review.workItems.length <= EAGER_SECTIONS)),
     ),
   );
 }
