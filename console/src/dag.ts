@@ -159,9 +159,13 @@ export function layered(items: WorkItemProgress[]): Layout {
 
 interface Drawn {
   g: SVGGElement;
-  state: SVGTextElement;
+  state: SVGTSpanElement;
   className: string;
   label: string;
+}
+
+function shownTitle(item: WorkItemProgress): string {
+  return (item.title || item.workItemId).slice(0, 24);
 }
 
 export class DagView {
@@ -208,9 +212,9 @@ export class DagView {
         node.className = className;
       }
       const label = `${workStateName(item.state)}${item.ownerId ? ` · ${item.ownerId}` : ""}${item.blockers.length ? " · blocked" : ""}`;
-      const aria = `${item.title || item.workItemId}: ${label}${on ? ", on the critical path" : ""}`;
+      const aria = `${shownTitle(item)} ${label}${on ? ", on the critical path" : ""}`;
       if (node.label !== aria) {
-        node.state.textContent = label;
+        node.state.textContent = ` ${label}`;
         node.g.setAttribute("aria-label", aria);
         node.label = aria;
       }
@@ -245,10 +249,14 @@ export class DagView {
       const g = svg("g", { class: "node", transform: `translate(${(pos.x - NODE_W / 2).toFixed(1)},${(pos.y - NODE_H / 2).toFixed(1)})`, tabindex: 0, role: "button" });
       g.dataset.workItem = item.workItemId;
       g.append(svg("rect", { width: NODE_W, height: NODE_H, rx: 6 }));
-      const title = svg("text", { x: 8, y: 18, class: "node-title" });
-      title.textContent = (item.title || item.workItemId).slice(0, 24);
-      const state = svg("text", { x: 8, y: 36, class: "node-state" });
-      g.append(title, state);
+      // One <text> of two lines, the second starting with a space: read as one, it is the node's
+      // name (axe's label-content-name-mismatch: the name must contain the visible text).
+      const text = svg("text", { class: "node-text" });
+      const title = svg("tspan", { x: 8, y: 18, class: "node-title" });
+      title.textContent = shownTitle(item);
+      const state = svg("tspan", { x: 8, y: 36, class: "node-state" });
+      text.append(title, state);
+      g.append(text);
       nodes.append(g);
       this.nodes.set(item.workItemId, { g, state, className: "node", label: "" });
     }
