@@ -301,6 +301,8 @@ async def test_a_workitem_changes_state_in_the_open_page_without_a_reload(
         await expect(node).to_have_class(re.compile(rf"\bstate-{name}\b"))
         await expect(page.locator(f"ol.timeline li.event[data-type='{event_type}']")).to_have_count(1)
     assert shown == "active"
+    # The execution lease it now holds, read when the state changed (GetWorkItem).
+    await expect(page.get_by_test_id("wi-lease")).to_contain_text("worker-bot, attempt 1, expires")
     await expect(node.locator("rect")).to_have_css("fill", "rgb(207, 227, 255)")  # app.css: active
     await timeline_verified(page, await alpha.head())
     await expect(page.locator("#wi-title")).to_have_text("Extract the data")  # still the one picked

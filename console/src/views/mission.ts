@@ -146,6 +146,26 @@ export async function missionView(mesh: Mesh, root: HTMLElement, groupId: string
   const actions = h("div");
   const graphTitle = h("h2", { id: "dag-title" });
 
+  // The selected WorkItem's execution lease (GetWorkItem; GetMissionProgress has none): read again
+  // only when the selection, its state, owner or attempt changes, not on every live refresh.
+  const lease = h("dd", { "data-testid": "wi-lease" });
+  let leaseOf = "";
+  function showLease(workItemId: string, key: string): void {
+    if (key === leaseOf) return;
+    leaseOf = key;
+    lease.textContent = "…";
+    void mesh
+      .unary(AuthorityService.method.getWorkItem, { groupId, workItemId })
+      .then(({ workItem }) => {
+        if (leaseOf !== key) return;
+        const l = workItem?.lease;
+        lease.textContent = l?.leaseId && !l.endedAt ? `${l.agentId}, attempt ${l.attempt}, expires ${when(l.expiresAt)} (${relative(l.expiresAt)})` : "none held";
+      })
+      .catch((err: unknown) => {
+        if (leaseOf === key) lease.textContent = err instanceof Refused ? err.message : String(err);
+      });
+  }
+
   function showWorkItem(): void {
     const item = progress.workItems.find((w) => w.workItemId === selected);
     if (!item) {
@@ -170,6 +190,8 @@ export async function missionView(mesh: Mesh, root: HTMLElement, groupId: string
         h("dd", {}, item.deadline ? `${when(item.deadline)} (${relative(item.deadline)})${item.overdue ? " OVERDUE" : ""}` : "none"),
         h("dt", {}, "Attempts"),
         h("dd", {}, String(item.attempts)),
+        h("dt", {}, "Execution lease"),
+        lease,
         h("dt", {}, "Blocked by"),
         h("dd", {}, item.blockers.join("; ") || "nothing"),
         h("dt", {}, "Critical path"),
@@ -177,6 +199,7 @@ export async function missionView(mesh: Mesh, root: HTMLElement, groupId: string
         ...(item.childGroupId ? [h("dt", {}, "Child Mission"), h("dd", {}, h("a", { href: `#/mission/${item.childGroupId}` }, short(item.childGroupId, 24)))] : []),
       ),
     );
+    showLease(item.workItemId, `${item.workItemId}:${item.state}:${item.ownerId}:${item.attempts}`);
   }
 
   function showHeader(p: GetMissionProgressResponse, s: GroupState | undefined): void {
