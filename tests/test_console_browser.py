@@ -678,7 +678,7 @@ async def test_the_split_topology_serves_the_console_from_its_gateway(tmp_path: 
     world = ConsoleMesh(None, f"127.0.0.1:{port}", f"http://127.0.0.1:{console_port}/", tmp_path / "data")
     try:
         assert launcher.stderr is not None
-        await first_line(launcher.stderr, "split topology serving", f"console at {world.console_url}")
+        await first_line(launcher.stderr, "split topology serving", f'"url": "{world.console_url}"')
         drain = asyncio.create_task(drained(launcher.stderr))  # its children log on: never let the pipe fill
         await people(world, tmp_path / "data" / "keys" / "admin.key", tmp_path / "keys")
         alpha = MissionSeed(world, ALPHA, TITLE)

@@ -1019,7 +1019,12 @@ def logged(message: str) -> Callable[[str], bool]:
 
 
 def console_at(line: str) -> bool:
-    return line.startswith("mwp serve: console at ")
+    """The start-up's record of the console's address (JSON logs: no other line on stderr)."""
+    return logged("console listening")(line)
+
+
+def console_urls(lines: list[str]) -> list[str]:
+    return [json.loads(line)["url"] for line in lines if console_at(line)]
 
 
 def test_mwp_serve_with_the_console_port_taken_exits_1_naming_it(tmp_path: Path) -> None:
@@ -1071,7 +1076,7 @@ async def test_mwp_serve_tls_auto_serves_the_console_over_https(tmp_path: Path) 
     )  # fmt: skip
     try:
         lines = await read_until(process, console_at)
-        assert f"mwp serve: console at https://127.0.0.1:{console_port}/\n" in lines
+        assert console_urls(lines) == [f"https://127.0.0.1:{console_port}/"]
         ca = certs.tls_dir(data) / "ca.crt"
         assert await asyncio.to_thread(served_certificate, console_port, ca) == der(
             certs.tls_dir(data) / "server.crt"
@@ -1100,8 +1105,7 @@ async def test_split_topology_the_gateway_child_serves_the_console(tmp_path: Pat
     )  # fmt: skip
     try:
         lines = await read_until(process, lambda line: "split topology serving" in line, console_at)
-        assert f"mwp serve: console at http://127.0.0.1:{console_port}/\n" in lines
-        assert sum(console_at(line) for line in lines) == 1  # the gateway child's, no other
+        assert console_urls(lines) == [f"http://127.0.0.1:{console_port}/"]  # the gateway child's, no other
         async with MeshClient(f"127.0.0.1:{listen}") as client:
             admin_key = read_key(data / "keys" / "admin.key")
             owner = await register(client, admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN)

@@ -260,7 +260,8 @@ async def _say_silent_peers(peers: Peers) -> None:
 
 async def serve_forever(settings: Settings) -> None:
     mesh = await start(settings)
-    if mesh.console is not None:
+    if mesh.console is not None and settings.log_format != "json":
+        # JSON logs carry the address in their "console listening" record; stderr stays JSON lines.
         print(f"mwp serve: console at {mesh.console.url}", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
