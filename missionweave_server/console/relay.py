@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from grpc_status import rpc_status
 
+from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.kernel.signing import CALL_PROOF_METADATA
-from missionweave.v1 import common_pb2
 
 # The unary methods the console may call, and the server-streaming ones (True).
 METHODS: dict[str, bool] = {
@@ -70,14 +69,12 @@ class Refusal:
 def refusal_of(err: grpc.RpcError) -> Refusal:
     code = err.code() if isinstance(err, grpc.aio.AioRpcError) else grpc.StatusCode.UNKNOWN
     message = err.details() if isinstance(err, grpc.aio.AioRpcError) else str(err)
-    rejection: bytes | None = None
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
-    if status is not None:
-        for detail in status.details:
-            if detail.Is(common_pb2.Rejection.DESCRIPTOR):
-                rejection = detail.value
-                break
-    return Refusal(code.name if code is not None else "UNKNOWN", message or "", rejection)
+    rejection = rejection_from_rpc_error(err)
+    return Refusal(
+        code.name if code is not None else "UNKNOWN",
+        message or "",
+        rejection.SerializeToString() if rejection is not None else None,
+    )
 
 
 def frame(flag: int, payload: bytes) -> bytes:
