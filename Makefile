@@ -17,7 +17,7 @@
 #   make node-deps  npm ci for the Node.js example agent in examples/node/ (`make test` runs its end-to-end test)
 #   make console  build the web console (console/, TypeScript) into missionweave_server/console/static/ (run and test do)
 #
-# The virtualenv is reinstalled only when pyproject.toml, client/pyproject.toml or client/setup.py change (stamp files in .venv/);
+# The virtualenv is reinstalled only when pyproject.toml or client/'s or bridges/' packaging files change (stamp files in .venv/);
 # examples/node/node_modules only when its package-lock.json changes.
 
 SHELL := /bin/bash
@@ -36,7 +36,7 @@ LISTEN   ?= $(or $(MWP_LISTEN),127.0.0.1:50051)
 DATA_DIR ?= $(or $(MWP_DATA_DIR),.missionweave)
 CONSOLE  ?= $(or $(MWP_CONSOLE_LISTEN),127.0.0.1:50080)
 
-INSTALL_DEPS := pyproject.toml client/pyproject.toml client/setup.py
+INSTALL_DEPS := pyproject.toml client/pyproject.toml client/setup.py bridges/pyproject.toml bridges/setup.py
 BENCHES := $(sort $(wildcard bench/*.py))
 
 .PHONY: console help run run-split test lint k8s-check dist-check bench bench-round mutation simulate migration release-fixture gen clean distclean venv node-deps
@@ -54,28 +54,28 @@ venv: $(PY)
 
 # One stamp per set of extras; each reinstalls only when the packaging files change.
 $(VENV)/.installed-base: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing the client (missionweave) and the server (missionweave-server) into $(VENV) (pip install -e ./client -e '.[gen]')"
-	$(PIP) install -e ./client -e '.[gen]'
+	@echo "==> installing the client (missionweave), the bridges and the server (missionweave-server) into $(VENV) (pip install -e ./client -e ./bridges -e '.[gen]')"
+	$(PIP) install -e ./client -e ./bridges -e '.[gen]'
 	@touch $@
 
 $(VENV)/.installed-test: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing the client and the server with test extras into $(VENV) (pip install -e ./client -e '.[gen,test]')"
-	$(PIP) install -e ./client -e '.[gen,test]'
+	@echo "==> installing the client, the bridges and the server with test extras into $(VENV) (pip install -e ./client -e ./bridges -e '.[gen,test]')"
+	$(PIP) install -e ./client -e ./bridges -e '.[gen,test]'
 	@touch $@
 
 $(VENV)/.installed-bench: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing the client and the server with test and bench extras into $(VENV) (pip install -e ./client -e '.[gen,test,bench]')"
-	$(PIP) install -e ./client -e '.[gen,test,bench]'
+	@echo "==> installing the client, the bridges and the server with test and bench extras into $(VENV) (pip install -e ./client -e ./bridges -e '.[gen,test,bench]')"
+	$(PIP) install -e ./client -e ./bridges -e '.[gen,test,bench]'
 	@touch $@
 
 $(VENV)/.installed-mutation: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing the client and the server with test and mutation extras into $(VENV) (pip install -e ./client -e '.[gen,test,mutation]')"
-	$(PIP) install -e ./client -e '.[gen,test,mutation]'
+	@echo "==> installing the client, the bridges and the server with test and mutation extras into $(VENV) (pip install -e ./client -e ./bridges -e '.[gen,test,mutation]')"
+	$(PIP) install -e ./client -e ./bridges -e '.[gen,test,mutation]'
 	@touch $@
 
 $(VENV)/.installed-lint: $(INSTALL_DEPS) | $(PY)
-	@echo "==> installing the client and the server with lint extras into $(VENV) (pip install -e ./client -e '.[gen,lint]')"
-	$(PIP) install -e ./client -e '.[gen,lint]'
+	@echo "==> installing the client, the bridges and the server with lint extras into $(VENV) (pip install -e ./client -e ./bridges -e '.[gen,lint]')"
+	$(PIP) install -e ./client -e ./bridges -e '.[gen,lint]'
 	@touch $@
 
 node_modules/.installed: package.json package-lock.json
