@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from a2a.client import ClientConfig, ClientFactory
+from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 from a2a.client.auth.credentials import CredentialService
 from a2a.client.auth.interceptor import AuthInterceptor
 from a2a.client.client import Client, ClientCallContext
@@ -23,6 +23,7 @@ from nacl.signing import SigningKey
 
 from missionweave.kernel.signing import read_key, write_key
 from missionweave.sdk.client import decode_events
+from missionweave.sdk.event_verification import AuthorityVerifier
 from missionweave.v1 import common_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 from missionweave_bridges.a2a.server_app import Endpoint, start
@@ -404,3 +405,33 @@ async def test_cancel_is_what_the_identity_may_do(world: World, mesh: Mesh, side
     assert (await world.client.group_state(G2)).mission.state == mission_pb2.MISSION_STATE_CANCELLED
     with pytest.raises(TaskNotCancelableError, match="already"):
         await owner.cancel_task(a2a.CancelTaskRequest(id=f"mission:{G2}"))
+
+
+async def test_events_that_do_not_verify_are_never_served(world: World, mesh: Mesh, side: Side) -> None:
+    endpoint = await side.endpoint()
+    ann = side.client(endpoint, mesh.tokens["ann-bot"], BINDINGS[0])
+    assert (await ann.get_task(a2a.GetTaskRequest(id=f"mission:{G}"))).status.state == TS.TASK_STATE_WORKING
+    # The endpoint checks every event against the Authority key it holds; with another key nothing
+    # the mesh sends passes, and the task is refused rather than served unverified.
+    impostor = SigningKey.generate()
+    endpoint._identities["ann-bot"].verifier = AuthorityVerifier(
+        "authority#other", bytes(impostor.verify_key)
+    )
+    with pytest.raises(A2AError, match="did not verify"):
+        await ann.get_task(a2a.GetTaskRequest(id=f"mission:{G}"))
+
+
+async def test_the_agent_card_declares_the_skills_bindings_and_bearer_security(
+    mesh: Mesh, side: Side
+) -> None:
+    endpoint = await side.endpoint()
+    async with httpx.AsyncClient() as http:
+        public = await A2ACardResolver(http, f"http://127.0.0.1:{endpoint.http_port}").get_agent_card()
+    assert [s.id for s in public.skills] == ["propose-work", "follow-mission", "follow-work-item"]
+    assert {i.protocol_binding for i in public.supported_interfaces} == {"GRPC", "JSONRPC"}
+    assert public.security_schemes["bearer"].http_auth_security_scheme.scheme == "Bearer"
+    assert public.capabilities.streaming and public.capabilities.extended_agent_card
+    extended = await side.client(endpoint, mesh.tokens["ann-bot"], BINDINGS[0]).get_extended_agent_card(
+        a2a.GetExtendedAgentCardRequest()
+    )
+    assert [s.id for s in extended.skills] == [s.id for s in public.skills]
