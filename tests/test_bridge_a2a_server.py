@@ -29,7 +29,7 @@ from missionweave.v1 import work_pb2 as wp
 from missionweave_bridges.a2a.server_app import Endpoint, start
 from missionweave_bridges.a2a.server_config import ServedIdentity, ServerConfig, hash_token
 from tests import builders
-from tests.conftest import World
+from tests.conftest import World, polled
 from tests.test_missions import G, create
 from tests.test_work_items import Flow
 
@@ -133,6 +133,10 @@ async def side(mesh: Mesh) -> AsyncIterator[Side]:
     await s.close()
 
 
+async def _holds(value: bool) -> bool:
+    return value
+
+
 def proposal(message_id: str, text: str, group: str = G) -> a2a.SendMessageRequest:
     return a2a.SendMessageRequest(
         message=a2a.Message(
@@ -195,6 +199,32 @@ async def test_a_message_proposes_work_once_per_message_id(
     assert got.status.state == TS.TASK_STATE_SUBMITTED
     assert int(got.metadata.fields["mwp.cursor"].string_value) >= recorded[0].sequence
 
+    # Streamed: the proposal's task first, then, live, the Coordinator authorizing it as a WorkItem,
+    # after which the task is that WorkItem's.
+    streaming = side.client(endpoint, mesh.tokens["ann-bot"], binding, streaming=True)
+    stream = streaming.send_message(proposal("msg-3", "Draft the audit letter"))
+    opened = await anext(stream)
+    assert opened.HasField("task") and opened.task.status.state == TS.TASK_STATE_SUBMITTED
+    proposal_id = opened.task.id.rpartition("/")[2]
+    await mesh.flow.coord(
+        "work_authorize",
+        wp.WorkAuthorize(
+            work_item_id="wi-audit",
+            title="audit letter",
+            contract=builders.contract(world.clock.now()),
+            proposal_id=proposal_id,
+            coordinator_epoch=1,
+        ),
+    )
+    authorized = await anext(stream)
+    await stream.aclose()
+    assert authorized.status_update.task_id == opened.task.id
+    assert authorized.status_update.metadata.fields["mwp.work_item_id"].string_value == "wi-audit"
+    assert authorized.status_update.metadata.fields["mwp.state"].string_value == "WORK_ITEM_STATE_OPEN"
+    await mesh.flow.offer("wi-audit", "worker-bot")
+    now = await ann.get_task(a2a.GetTaskRequest(id=opened.task.id))
+    assert now.metadata.fields["mwp.state"].string_value == "WORK_ITEM_STATE_OFFERED"
+
 
 async def test_a_resent_message_after_an_endpoint_restart_is_the_same_task(
     world: World, mesh: Mesh, side: Side
@@ -236,6 +266,7 @@ async def test_following_a_work_item_resumes_from_its_cursor_exactly_once(
     endpoint = await side.endpoint()
     f = mesh.flow
     await f.authorize("wi-1")
+    await f.authorize("wi-other")  # another WorkItem of the Group: none of its events are this task's
     task_id = f"workitem:{G}/wi-1"
     ann = side.client(endpoint, mesh.tokens["ann-bot"], binding, streaming=True)
     stream = ann.subscribe(a2a.SubscribeToTaskRequest(id=task_id))
@@ -248,6 +279,7 @@ async def test_following_a_work_item_resumes_from_its_cursor_exactly_once(
     assert offered.status_update.status.state == TS.TASK_STATE_SUBMITTED
     assert offered.status_update.metadata.fields["mwp.state"].string_value == "WORK_ITEM_STATE_OFFERED"
     await stream.aclose()  # the client goes away mid-task
+    await f.offer("wi-other", "worker-bot")
     epoch = await f.accept(world.worker, "wi-1", offer_id)
     await f.start(world.worker, "wi-1", epoch, "lease-wi-1")
     submitted = await f.as_(
@@ -264,6 +296,16 @@ async def test_following_a_work_item_resumes_from_its_cursor_exactly_once(
             resumed.append(response)
 
     follower = asyncio.create_task(follow())
+    # The replay reaches the submission first; the verification then arrives live, and ends the stream.
+    await polled(
+        lambda: _holds(
+            any(
+                r.HasField("status_update")
+                and r.status_update.metadata.fields["mwp.state"].string_value == "WORK_ITEM_STATE_SUBMITTED"
+                for r in resumed
+            )
+        )
+    )
     await f.coord(
         "work_accept_result",
         wp.WorkAcceptResult(work_item_id="wi-1", coordinator_epoch=1, submission_event_id=submission),
@@ -372,15 +414,22 @@ async def test_a_non_member_sees_nothing_and_a_bad_token_is_refused(
         (f"mission:{G}", TS.TASK_STATE_WORKING),
         (f"workitem:{G}/wi-1", TS.TASK_STATE_SUBMITTED),
     ]
+    first_page = await ann.list_tasks(a2a.ListTasksRequest(page_size=1))
+    assert [t.id for t in first_page.tasks] == [f"mission:{G}"] and first_page.total_size == 2
+    second_page = await ann.list_tasks(
+        a2a.ListTasksRequest(page_size=1, page_token=first_page.next_page_token)
+    )
+    assert [t.id for t in second_page.tasks] == [f"workitem:{G}/wi-1"] and not second_page.next_page_token
+    working = await ann.list_tasks(a2a.ListTasksRequest(status=TS.TASK_STATE_WORKING))
+    assert [t.id for t in working.tasks] == [f"mission:{G}"]
+    # No token or a wrong one: the transport's own refusal (HTTP 401, gRPC UNAUTHENTICATED), before
+    # any handler runs; the endpoint's own answer would be an A2A error.
     for token in ("not-a-token", ""):
         stranger = side.client(endpoint, token, binding)
-        with pytest.raises((A2AClientError, A2AError)) as refused:
+        with pytest.raises(A2AClientError) as refused:
             await stranger.get_task(a2a.GetTaskRequest(id=f"mission:{G}"))
-        assert (
-            "401" in str(refused.value)
-            or "UNAUTHENTICATED" in str(refused.value)
-            or "bearer" in str(refused.value).lower()
-        )
+        expected = "401" if binding == TransportProtocol.JSONRPC else "UNAUTHENTICATED"
+        assert expected in str(refused.value), refused.value
 
 
 async def test_cancel_is_what_the_identity_may_do(world: World, mesh: Mesh, side: Side) -> None:

@@ -156,7 +156,7 @@ class Cursor:
 
     def after(self, sequence: int, updates: list[Event]) -> list[Event]:
         """The A2A events of Group sequence ``sequence`` that lie after this cursor."""
-        if sequence < self.sequence or (sequence == self.sequence and self.part is None):
+        if sequence < self.sequence:
             return []
         if sequence == self.sequence:
             return updates[self.part + 1 :] if self.part is not None else []
