@@ -1,0 +1,152 @@
+"""`mwp bridge a2a-server` as a command: its configuration file, `--new-token`, and the process
+itself serving an A2A client beside a live mesh until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+from a2a.client.client import ClientCallContext
+from a2a.types import a2a_pb2 as a2a
+from a2a.utils.constants import TransportProtocol
+from nacl.signing import SigningKey
+
+from missionweave.kernel.signing import write_key
+from missionweave.v1 import common_pb2, membership_pb2
+from missionweave_bridges.a2a.server_config import ConfigError, hash_token, load
+from tests.conftest import World
+from tests.test_missions import G, create
+
+ROOT = Path(__file__).resolve().parent.parent
+HASH = hash_token("secret-token")
+
+
+def write(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "a2a.toml"
+    path.write_text(body)
+    return path
+
+
+def test_the_configuration_maps_each_token_to_one_identity(tmp_path: Path) -> None:
+    config = load(
+        write(
+            tmp_path,
+            f'mesh = "127.0.0.1:50051"\n[[identity]]\nid = "ann"\nkey_file = "ann.key"\ntoken_sha256 = "{HASH}"\n'
+            f'[[identity]]\nid = "bob"\nkey_file = "/abs/bob.key"\ntoken_sha256 = "{hash_token("other")}"\n',
+        )
+    )
+    assert config.identities[0].key_file == tmp_path / "ann.key"  # relative to the file
+    assert config.identities[1].key_file == Path("/abs/bob.key")
+    assert config.grpc_listen.startswith("127.0.0.1:") and config.http_listen.startswith("127.0.0.1:")
+    assert config.identity_for("Bearer secret-token") == "ann"
+    assert config.identity_for("bearer other") == "bob"
+    for refused in ("Bearer wrong", "secret-token", "Basic secret-token", "Bearer ", ""):
+        assert config.identity_for(refused) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "complaint"),
+    [
+        ('mesh = "m"\n', "at least one"),
+        (f'[[identity]]\nid = "a"\nkey_file = "k"\ntoken_sha256 = "{HASH}"\n', "mesh"),
+        ('mesh = "m"\n[[identity]]\nid = "a"\nkey_file = "k"\ntoken_sha256 = "secret-token"\n', "64 hex"),
+        (
+            f'mesh = "m"\n[[identity]]\nid = "a"\nkey_file = "k"\ntoken_sha256 = "{HASH}"\n'
+            f'[[identity]]\nid = "b"\nkey_file = "k"\ntoken_sha256 = "{HASH}"\n',
+            "same token",
+        ),
+        (
+            f'mesh = "m"\ntls_cert = "c.pem"\n[[identity]]\nid = "a"\nkey_file = "k"\ntoken_sha256 = "{HASH}"\n',
+            "go together",
+        ),
+    ],
+)
+def test_a_configuration_that_cannot_be_served_is_refused(tmp_path: Path, body: str, complaint: str) -> None:
+    with pytest.raises(ConfigError, match=complaint):
+        load(write(tmp_path, body))
+
+
+async def mwp(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "missionweave.cli",
+        *args,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def test_new_token_prints_a_token_and_the_hash_to_configure() -> None:
+    code, out, _ = await mwp("bridge", "a2a-server", "--new-token")
+    assert code == 0
+    token = re.search(r"not stored\): (\S+)", out)
+    digest = re.search(r'token_sha256 = "([0-9a-f]{64})"', out)
+    assert token and digest and hash_token(token.group(1)) == digest.group(1)
+
+
+async def test_the_process_serves_a_member_until_sigterm(world: World, tmp_path: Path) -> None:
+    await create(world, lease_seconds=3600)
+    key = SigningKey.generate()
+    await world.client.register_identity(
+        "admin", world.keys["admin"], "ann-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+    )
+    write_key(tmp_path / "ann.key", key)
+    grant = membership_pb2.MembershipGrant(member_id="ann-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
+    await world.run(world.owner, G, "membership_grant", grant, membership_epoch=1)
+    config = write(
+        tmp_path,
+        f'mesh = "{world.target}"\ngrpc_listen = "127.0.0.1:0"\nhttp_listen = "127.0.0.1:0"\n'
+        f'[[identity]]\nid = "ann-bot"\nkey_file = "ann.key"\ntoken_sha256 = "{HASH}"\n',
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "missionweave.cli",
+        "bridge",
+        "a2a-server",
+        "--config",
+        str(config),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+        ports = re.search(r"gRPC on port (\d+), JSON-RPC and the Agent Card on port (\d+)", line)
+        assert ports, line
+        async with httpx.AsyncClient(timeout=30) as http:
+            card = await A2ACardResolver(http, f"http://127.0.0.1:{ports.group(2)}").get_agent_card()
+            client = ClientFactory(
+                ClientConfig(
+                    streaming=False,
+                    supported_protocol_bindings=[TransportProtocol.GRPC],
+                    grpc_channel_factory=grpc.aio.insecure_channel,
+                    httpx_client=http,
+                )
+            ).create(card)
+            task = await client.get_task(
+                a2a.GetTaskRequest(id=f"mission:{G}"),
+                context=ClientCallContext(service_parameters={"Authorization": "Bearer secret-token"}),
+            )
+            await client.close()
+        assert task.status.state == a2a.TASK_STATE_WORKING
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
