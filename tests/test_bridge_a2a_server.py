@@ -4,6 +4,7 @@ over both of its bindings: gRPC (lf.a2a.v1) and JSON-RPC (docs/bridge-a2a-server
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -484,3 +485,35 @@ async def test_the_agent_card_declares_the_skills_bindings_and_bearer_security(
         a2a.GetExtendedAgentCardRequest()
     )
     assert [s.id for s in extended.skills] == [s.id for s in public.skills]
+
+
+@pytest.mark.topologies("single")
+async def test_tls_towards_a2a_clients_on_both_bindings(mesh: Mesh, side: Side, tmp_path: Path) -> None:
+    from missionweave_server.mesh import certs
+
+    ca = certs.new_ca("a2a test CA")
+    cert, key = certs.issue(ca, "a2a-server", hosts=["127.0.0.1"]).write(tmp_path / "tls", "a2a")
+    endpoint = await side.endpoint(tls_cert=cert, tls_key=key)
+    assert {
+        i.url.split(":")[0] for i in endpoint.card.supported_interfaces if i.protocol_binding == "JSONRPC"
+    } == {"https"}
+    trusted = ssl.create_default_context(cadata=ca.cert_pem.decode())
+    for binding in BINDINGS:
+        config = ClientConfig(
+            streaming=False,
+            supported_protocol_bindings=[binding],
+            grpc_channel_factory=lambda url: grpc.aio.secure_channel(
+                url, grpc.ssl_channel_credentials(ca.cert_pem)
+            ),
+            httpx_client=httpx.AsyncClient(verify=trusted, timeout=30),
+        )
+        tls_client = ClientFactory(config).create(
+            endpoint.card, interceptors=[AuthInterceptor(Token(mesh.tokens["ann-bot"]))]
+        )
+        side.clients.append(tls_client)
+        task = await tls_client.get_task(a2a.GetTaskRequest(id=f"mission:{G}"))
+        assert task.status.state == TS.TASK_STATE_WORKING
+    # Plain text is not served on a TLS endpoint.
+    plain = side.client(endpoint, mesh.tokens["ann-bot"], BINDINGS[0])
+    with pytest.raises(A2AClientError):
+        await plain.get_task(a2a.GetTaskRequest(id=f"mission:{G}"), context=ClientCallContext(timeout=5))
