@@ -517,3 +517,22 @@ async def test_tls_towards_a2a_clients_on_both_bindings(mesh: Mesh, side: Side, 
     plain = side.client(endpoint, mesh.tokens["ann-bot"], BINDINGS[0])
     with pytest.raises(A2AClientError):
         await plain.get_task(a2a.GetTaskRequest(id=f"mission:{G}"), context=ClientCallContext(timeout=5))
+
+
+async def test_a_large_artifact_is_a_reference_by_content_hash(world: World, mesh: Mesh, side: Side) -> None:
+    endpoint = await side.endpoint(inline_bytes=4)  # the 11-byte report is "large" here
+    f = mesh.flow
+    await f.authorize("wi-1")
+    offer_id = await f.offer("wi-1", "worker-bot")
+    epoch = await f.accept(world.worker, "wi-1", offer_id)
+    await f.start(world.worker, "wi-1", epoch, "lease-wi-1")
+    body = await f.submission(world.worker, "wi-1", epoch, "lease-wi-1")
+    await f.as_(world.worker, "work_submit", body)
+    ann = side.client(endpoint, mesh.tokens["ann-bot"], BINDINGS[1])
+    task = await ann.get_task(a2a.GetTaskRequest(id=f"workitem:{G}/wi-1"))
+    assert task.status.state == TS.TASK_STATE_WORKING  # submitted, awaiting review
+    (artifact,) = task.artifacts
+    digest = body.artifacts[0].digest
+    assert artifact.parts[0].url == f"mwp://artifacts/blake3/{digest.hex}" and not artifact.parts[0].raw
+    assert artifact.metadata.fields["mwp.digest"].string_value == f"blake3:{digest.hex}"
+    assert artifact.metadata.fields["mwp.size_bytes"].string_value == str(digest.size_bytes)
