@@ -1,0 +1,305 @@
+"""`mwp mcp` (issue 43, docs/mcp.md) driven by the mcp SDK's own ClientSession over stdio, against a
+live mesh: an MCP-driven Worker takes an offer, reads its input verified by hash, stores an output
+under its lease and submits it with Evidence; refusals come back as tool errors with their stable
+reason and write nothing; a question blocks the work until the Coordinator (through MCP too)
+answers it; a Coordinator plans, offers and reviews; leases are renewed while the host thinks."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from missionweave.kernel.manifest import verify_manifest
+from missionweave.sdk.client import blob_digest
+from missionweave.v1 import artifact_service_pb2 as apb
+from missionweave.v1 import common_pb2
+from missionweave.v1 import work_pb2 as wp
+from tests.conftest import World, polled
+from tests.mcp_fixtures import (
+    authorized,
+    data,
+    mission,
+    offered,
+    party,
+    refusal,
+    stdio_session,
+)
+from tests.test_missions import G
+
+LEDGER = b"account,balance\ncash,100\nbank,250\n"
+
+
+async def head(w: World) -> int:
+    return int((await w.client.group_state(G)).head_sequence)
+
+
+@pytest.mark.both_topologies
+async def test_an_mcp_worker_takes_an_offer_reads_its_input_stores_and_submits_with_evidence(
+    world: World, tmp_path: Path
+) -> None:
+    w = world
+    await mission(w)
+    await authorized(w, "wi-1", ledger=LEDGER)
+    offer_id = await offered(w, "wi-1")
+    worker = party(tmp_path, w.worker)
+    async with stdio_session(w, worker, tmp_path / "worker-state") as mcp:
+        tools = {t.name for t in (await mcp.list_tools()).tools}
+        assert {
+            "list_work",
+            "accept_offer",
+            "start_work",
+            "read_input",
+            "store_output",
+            "submit_work",
+        } <= tools
+        listed = await data(mcp, "list_work")
+        assert [(o["work_item_id"], o["offer_ids"]) for o in listed["offers"]] == [("wi-1", [offer_id])]
+        accepted = await data(mcp, "accept_offer", group_id=G, work_item_id="wi-1")
+        assert accepted["offer_id"] == offer_id and accepted["ownership_epoch"] == 1
+        started = await data(mcp, "start_work", group_id=G, work_item_id="wi-1")
+        shown = await data(mcp, "show_work_item", group_id=G, work_item_id="wi-1")
+        assert shown["state"] == "active" and shown["you_hold_the_lease"] is True
+        assert shown["lease"]["lease_id"] == started["lease_id"]
+        assert [i["name"] for i in shown["inputs"]] == ["ledger"]
+        read = await data(mcp, "read_input", group_id=G, work_item_id="wi-1", name="ledger")
+        assert read["text"] == LEDGER.decode() and read["verified"] is True
+        await data(
+            mcp,
+            "report_progress",
+            group_id=G,
+            work_item_id="wi-1",
+            phase="reconciling",
+            milestones=["read the ledger"],
+        )
+        stored = await data(
+            mcp,
+            "store_output",
+            group_id=G,
+            work_item_id="wi-1",
+            text="cash 100 = 100\nbank 250 = 250\n",
+            media_type="text/plain",
+        )
+        report = stored["artifact"]
+        evidence = [{"criterion_id": "balances", "summary": "2 of 2 balances match", "artifacts": [report]}]
+        submitted = await data(
+            mcp, "submit_work", group_id=G, work_item_id="wi-1", evidence=evidence, summary="reconciled"
+        )
+        assert submitted["artifacts"] == [report] and submitted["submission_event_id"]
+
+    item = await w.client.work_item(G, "wi-1")
+    assert item.state == wp.WORK_ITEM_STATE_SUBMITTED
+    _, hex_, size = report.split(":")
+    digest = common_pb2.Digest(algorithm="blake3", hex=hex_, size_bytes=int(size))
+    assert [a.digest for a in item.artifacts] == [digest]
+    # Verifiable by content hash afterwards: the bytes hash to their name, and the manifest the
+    # Worker signed under its lease names the Mission, the WorkItem, the lease and its input.
+    stored_bytes = await w.client.download(digest)
+    assert blob_digest(stored_bytes) == digest and stored_bytes == b"cash 100 = 100\nbank 250 = 250\n"
+    manifests = (await w.client.artifacts.GetManifest(apb.GetManifestRequest(digest=digest))).manifests
+    manifest = verify_manifest(
+        manifests[0],
+        bytes(w.worker.key.verify_key),
+        expected_digest_hex=hex_,
+        expected_size=int(size),
+        producer_id="worker-bot",
+    )
+    assert manifest.producer_agent_id == "worker-bot" and manifest.work_item_id == "wi-1"
+    assert manifest.lease_id == started["lease_id"]
+    assert [s.hex for s in manifest.source_artifacts] == [blob_digest(LEDGER).hex]
+
+
+async def test_a_refused_command_is_a_tool_error_with_its_reason_and_writes_nothing(
+    world: World, tmp_path: Path
+) -> None:
+    w = world
+    await mission(w)
+    await authorized(w, "wi-1", lease_seconds=2)
+    await offered(w, "wi-1")
+    worker = party(tmp_path, w.worker)
+    # --idle-release 1: the server stops renewing at once, so the 2 s lease lapses while it waits.
+    async with stdio_session(w, worker, tmp_path / "state", "--idle-release", "1") as mcp:
+        await data(mcp, "accept_offer", group_id=G, work_item_id="wi-1")
+        await data(mcp, "start_work", group_id=G, work_item_id="wi-1")
+        await asyncio.sleep(3.5)
+        before = await head(w)
+        refused = await refusal(mcp, "report_progress", group_id=G, work_item_id="wi-1", phase="late")
+        assert refused["reason"] == "LEASE_EXPIRED" and refused["refused_by"] == "mesh"
+        assert "start_work" in refused["hint"]
+        assert await head(w) == before  # nothing was written
+        # A client-side refusal names its reason too, before anything is sent.
+        missing = await refusal(mcp, "accept_offer", group_id=G, work_item_id="wi-1")
+        assert missing["reason"] == "NO_OPEN_OFFER" and missing["refused_by"] == "mwp-mcp"
+        unknown = await refusal(mcp, "submit_work", group_id=G, work_item_id="wi-1", evidence=[])
+        assert unknown["reason"] in ("NOT_HELD", "LEASE_EXPIRED")
+        assert await head(w) == before
+
+
+async def test_the_server_renews_the_lease_while_the_host_thinks(world: World, tmp_path: Path) -> None:
+    w = world
+    await mission(w)
+    await authorized(w, "wi-1", lease_seconds=2)
+    await offered(w, "wi-1")
+    worker = party(tmp_path, w.worker)
+    async with stdio_session(w, worker, tmp_path / "state") as mcp:
+        await data(mcp, "accept_offer", group_id=G, work_item_id="wi-1")
+        await data(mcp, "start_work", group_id=G, work_item_id="wi-1")
+        await asyncio.sleep(5)  # two and a half lease terms without a tool call
+        item = await w.client.work_item(G, "wi-1")
+        assert item.state == wp.WORK_ITEM_STATE_ACTIVE and len(item.lease.renewals) >= 2
+        # Still held: the host goes on under the same lease.
+        await data(mcp, "report_progress", group_id=G, work_item_id="wi-1", phase="still here")
+
+
+async def test_a_question_blocks_the_work_until_the_coordinator_answers_through_mcp(
+    world: World, tmp_path: Path
+) -> None:
+    w = world
+    await mission(w)
+    await authorized(w, "wi-1")
+    await offered(w, "wi-1")
+    worker, coordinator = party(tmp_path, w.worker), party(tmp_path, w.coordinator)
+    async with (
+        stdio_session(w, worker, tmp_path / "worker") as mcp,
+        stdio_session(w, coordinator, tmp_path / "coord") as coord,
+    ):
+        await data(mcp, "accept_offer", group_id=G, work_item_id="wi-1")
+        await data(mcp, "start_work", group_id=G, work_item_id="wi-1")
+        blocked = await data(
+            mcp,
+            "block_with_question",
+            group_id=G,
+            work_item_id="wi-1",
+            question="Which currency do the balances use?",
+        )
+        assert (await w.client.work_item(G, "wi-1")).state == wp.WORK_ITEM_STATE_BLOCKED
+        # Only a blocked WorkItem has a question to answer.
+        assert (await refusal(mcp, "report_progress", group_id=G, work_item_id="wi-1", phase="x"))[
+            "reason"
+        ] == "NOT_HELD"
+        answered = await data(
+            coord, "answer_block", group_id=G, work_item_id="wi-1", answer="EUR, all of them"
+        )
+        assert answered["state"] == "queued"
+        followed = await data(
+            mcp, "follow_work_item", group_id=G, work_item_id="wi-1", from_state="blocked", timeout_seconds=10
+        )
+        assert followed["changed"] is True and followed["state"] == "queued"
+        messages = (await data(mcp, "read_messages", group_id=G, work_item_id="wi-1"))["messages"]
+        assert [(m["author_id"], m["text"]) for m in messages] == [
+            ("worker-bot", "Which currency do the balances use?"),
+            ("coord-bot", "EUR, all of them"),
+        ]
+        assert messages[1]["reply_to_message_id"] == blocked["message_id"]
+        assert (await refusal(coord, "answer_block", group_id=G, work_item_id="wi-1", answer="again"))[
+            "reason"
+        ] == "NOT_BLOCKED"
+        await data(mcp, "start_work", group_id=G, work_item_id="wi-1")
+        assert (await w.client.work_item(G, "wi-1")).state == wp.WORK_ITEM_STATE_ACTIVE
+
+
+async def test_an_mcp_coordinator_plans_offers_and_reviews(world: World, tmp_path: Path) -> None:
+    w = world
+    await mission(w)
+    worker, coordinator = party(tmp_path, w.worker), party(tmp_path, w.coordinator)
+    plan = [
+        {
+            "work_item_id": "wi-a",
+            "title": "reconcile",
+            "goal": "Reconcile the ledger",
+            "deliverables": {"report": "the reconciled ledger"},
+            "criteria": [
+                {
+                    "criterion_id": "balances",
+                    "description": "all balances match",
+                    "evidence_methods": ["test"],
+                }
+            ],
+        }
+    ]
+    async with (
+        stdio_session(w, worker, tmp_path / "worker") as mcp,
+        stdio_session(w, coordinator, tmp_path / "coord") as coord,
+    ):
+        assert (await data(coord, "plan_work", group_id=G, items=plan))["work_item_ids"] == ["wi-a"]
+        assert (await w.client.work_item(G, "wi-a")).contract.acceptance_criteria[
+            0
+        ].criterion_id == "balances"
+        # A candidate that is not a member is refused before anything is sent.
+        assert (await refusal(coord, "offer_work", group_id=G, work_item_id="wi-a", candidates=["nobody"]))[
+            "reason"
+        ] == "INVALID_ARGUMENT"
+        offer = await data(coord, "offer_work", group_id=G, work_item_id="wi-a", candidates=["worker-bot"])
+        assert offer["offer_id"]
+        await data(mcp, "accept_offer", group_id=G, work_item_id="wi-a")
+        await data(mcp, "start_work", group_id=G, work_item_id="wi-a")
+        ref = (await data(mcp, "store_output", group_id=G, work_item_id="wi-a", text="balanced"))["artifact"]
+        await data(
+            mcp,
+            "submit_work",
+            group_id=G,
+            work_item_id="wi-a",
+            evidence=[{"criterion_id": "balances", "summary": "all match", "artifacts": [ref]}],
+        )
+        # The Worker may not review its own work: the mesh refuses it by role.
+        worker_review = await refusal(
+            mcp,
+            "review_submission",
+            group_id=G,
+            work_item_id="wi-a",
+            decision="accept",
+            findings=[{"criterion_id": "balances", "summary": "fine"}],
+        )
+        assert worker_review["reason"] in ("PERMISSION_DENIED", "COORDINATOR_EPOCH_STALE")
+        changes = await data(
+            coord,
+            "review_submission",
+            group_id=G,
+            work_item_id="wi-a",
+            decision="request_changes",
+            findings=[{"criterion_id": "balances", "summary": "bank balance off by 1"}],
+        )
+        assert changes["offer_id"]
+        await data(mcp, "accept_offer", group_id=G, work_item_id="wi-a")
+        await data(mcp, "start_work", group_id=G, work_item_id="wi-a")
+        ref = (await data(mcp, "store_output", group_id=G, work_item_id="wi-a", text="balanced, fixed"))[
+            "artifact"
+        ]
+        await data(
+            mcp,
+            "submit_work",
+            group_id=G,
+            work_item_id="wi-a",
+            evidence=[{"criterion_id": "balances", "summary": "all match now", "artifacts": [ref]}],
+        )
+        accepted = await data(
+            coord,
+            "review_submission",
+            group_id=G,
+            work_item_id="wi-a",
+            decision="accept",
+            findings=[{"criterion_id": "balances", "summary": "re-ran the check: all match"}],
+        )
+        assert len(accepted["review_evidence_ids"]) == 1
+    await polled(lambda: _state_is(w, "wi-a", wp.WORK_ITEM_STATE_VERIFIED))
+
+
+async def _state_is(w: World, work_item_id: str, state: int) -> bool:
+    return (await w.client.work_item(G, work_item_id)).state == state
+
+
+async def test_tools_are_listed_with_typed_schemas_and_descriptions_for_a_model(
+    world: World, tmp_path: Path
+) -> None:
+    w = world
+    await mission(w)
+    async with stdio_session(w, party(tmp_path, w.worker), tmp_path / "state") as mcp:
+        tools = {t.name: t for t in (await mcp.list_tools()).tools}
+        submit = tools["submit_work"]
+        assert submit.description and "Evidence" in submit.description
+        properties = submit.input_schema["properties"]
+        assert set(submit.input_schema["required"]) == {"group_id", "work_item_id", "evidence"}
+        assert properties["group_id"]["type"] == "string" and properties["group_id"]["description"]
+        for name, tool in tools.items():
+            assert tool.description and len(tool.description) > 60, name
