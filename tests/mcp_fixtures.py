@@ -5,6 +5,7 @@ HTTP, and a client side of the tasks extension."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -154,6 +155,25 @@ async def refusal(session: ClientSession, tool: str, **arguments: Any) -> dict[s
     assert result.structured_content is not None and result.structured_content["refused"] is True
     assert result.structured_content["written"] is False and result.structured_content["hint"]
     return result.structured_content
+
+
+async def task_result(
+    session: ClientSession, tool: str, *, limit_s: float = 30, **arguments: Any
+) -> dict[str, Any]:
+    """Calls a task tool, which answers with a task handle, and polls tasks/get until the task is
+    completed; its tool result's structured content."""
+    handle = await session.call_tool(tool, arguments, allow_claimed=True)
+    assert isinstance(handle, TaskHandle), handle
+    task = await task_finished(session, handle.task_id, limit_s)
+    assert task["status"] == "completed", task
+    return dict(task["result"]["structuredContent"])
+
+
+async def task_finished(session: ClientSession, task_id: str, limit_s: float = 30) -> dict[str, Any]:
+    async with asyncio.timeout(limit_s):
+        while (task := await task_get(session, task_id))["status"] == "working":
+            await asyncio.sleep(0.2)
+    return task
 
 
 async def task_get(session: ClientSession, task_id: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ answers it; a Coordinator plans, offers and reviews; leases are renewed while th
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from tests.mcp_fixtures import (
     party,
     refusal,
     stdio_session,
+    task_result,
 )
 from tests.test_missions import G
 
@@ -131,8 +133,9 @@ async def test_a_refused_command_is_a_tool_error_with_its_reason_and_writes_noth
         # A client-side refusal names its reason too, before anything is sent.
         missing = await refusal(mcp, "accept_offer", group_id=G, work_item_id="wi-1")
         assert missing["reason"] == "NO_OPEN_OFFER" and missing["refused_by"] == "mwp-mcp"
-        unknown = await refusal(mcp, "submit_work", group_id=G, work_item_id="wi-1", evidence=[])
-        assert unknown["reason"] in ("NOT_HELD", "LEASE_EXPIRED")
+        # Evidence for every required criterion is checked before sending (the mesh would refuse it too).
+        bare = await refusal(mcp, "submit_work", group_id=G, work_item_id="wi-1", evidence=[])
+        assert bare["reason"] == "MISSING_EVIDENCE" and bare["metadata"] == {"criteria": "balances"}
         assert await head(w) == before
 
 
@@ -147,7 +150,10 @@ async def test_the_server_renews_the_lease_while_the_host_thinks(world: World, t
         await data(mcp, "start_work", group_id=G, work_item_id="wi-1")
         await asyncio.sleep(5)  # two and a half lease terms without a tool call
         item = await w.client.work_item(G, "wi-1")
-        assert item.state == wp.WORK_ITEM_STATE_ACTIVE and len(item.lease.renewals) >= 2
+        assert item.state == wp.WORK_ITEM_STATE_ACTIVE
+        assert item.lease.expires_at.ToDatetime(tzinfo=UTC) > datetime.now(UTC)
+        renewed = [e async for e in w.client.read_events(G) if e.type == "work.lease_renewed"]
+        assert len(renewed) >= 2
         # Still held: the host goes on under the same lease.
         await data(mcp, "report_progress", group_id=G, work_item_id="wi-1", phase="still here")
 
@@ -182,7 +188,8 @@ async def test_a_question_blocks_the_work_until_the_coordinator_answers_through_
             coord, "answer_block", group_id=G, work_item_id="wi-1", answer="EUR, all of them"
         )
         assert answered["state"] == "queued"
-        followed = await data(
+        # A wait is an MCP task for a client that declares the tasks extension.
+        followed = await task_result(
             mcp, "follow_work_item", group_id=G, work_item_id="wi-1", from_state="blocked", timeout_seconds=10
         )
         assert followed["changed"] is True and followed["state"] == "queued"

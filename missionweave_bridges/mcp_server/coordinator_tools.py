@@ -10,6 +10,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult
 from pydantic import BaseModel, Field
 
+from missionweave.cli.conversation import fold_messages
 from missionweave.cli.errors import CliError
 from missionweave.cli.work.offer import selection
 from missionweave.kernel import ids
@@ -34,6 +35,21 @@ def selected(
         return selection(state, contract, candidates, field)
     except CliError as err:
         raise Refused("INVALID_ARGUMENT", str(err), metadata={"field": field}) from None
+
+
+async def question_of(desk: Desk, group_id: str, item: wp.WorkItem) -> str:
+    """The Message that asked the blocker's question: the WorkItem read model keeps only each
+    blocker's required resolution, so the owner's latest Message of its Conversation saying it."""
+    asked = {b.required_resolution for b in item.blockers}
+    chains, _ = fold_messages(await desk.events(group_id))
+    found = [
+        c.message.message_id
+        for c in chains.values()
+        if c.message.conversation_id == item.conversation_id
+        and c.posted.actor_id == item.ownership.agent_id
+        and c.message.content.text in asked
+    ]
+    return found[-1] if found else ""
 
 
 class CriterionIn(BaseModel):
@@ -234,13 +250,13 @@ def register(server: MCPServer, desk: Desk) -> None:
         item = await desk.work_item(group_id, work_item_id)
         if item.state != wp.WORK_ITEM_STATE_BLOCKED or not item.blockers:
             raise Refused("NOT_BLOCKED", f"{work_item_id} is not blocked")
-        question = next((b.message_id for b in item.blockers if b.message_id), "")
+        question = await question_of(desk, group_id, item)
         reply = post_message(item.conversation_id, answer, reply_to_message_id=question, topic="answer").body
         posted = await desk.execute(group_id, "message_post", reply)
         body = wp.WorkUnblock(
             work_item_id=work_item_id,
             resolution=answer,
-            resolved_blocker_ids=[b.blocker_id for b in item.blockers],
+            resolved_blocker_ids=[b.blocker_id for b in item.blockers if b.blocker_id],
             coordinator_epoch=state.mission.coordinator.coordinator_epoch,
         )
         result = await desk.execute(group_id, "work_unblock", body)
