@@ -46,6 +46,11 @@ class GetTask(Request[TaskIdParams, Literal["tasks/get"]]):
     params: TaskIdParams
 
 
+class CancelTask(Request[TaskIdParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    params: TaskIdParams
+
+
 class ListTasks(Request[RequestParams, Literal["tasks/list"]]):
     method: Literal["tasks/list"] = "tasks/list"
     params: RequestParams
@@ -171,7 +176,7 @@ async def task_result(
 
 async def task_finished(session: ClientSession, task_id: str, limit_s: float = 30) -> dict[str, Any]:
     async with asyncio.timeout(limit_s):
-        while (task := await task_get(session, task_id))["status"] == "working":
+        while (task := await task_get(session, task_id))["status"] == "working":  # noqa: ASYNC110 (tasks/get is polled: the extension's way)
             await asyncio.sleep(0.2)
     return task
 
@@ -179,6 +184,10 @@ async def task_finished(session: ClientSession, task_id: str, limit_s: float = 3
 async def task_get(session: ClientSession, task_id: str) -> dict[str, Any]:
     answer = await session.send_request(GetTask(params=TaskIdParams(task_id=task_id)), Detailed)
     return dict(answer.model_extra or {})
+
+
+async def task_cancel(session: ClientSession, task_id: str) -> None:
+    await session.send_request(CancelTask(params=TaskIdParams(task_id=task_id)), Detailed)
 
 
 async def tasks_list(session: ClientSession) -> list[dict[str, Any]]:
