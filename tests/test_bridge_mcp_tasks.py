@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from mcp.shared.exceptions import MCPError
 
+from missionweave.sdk.client import blob_digest
 from missionweave.sdk.files import read_json
 from missionweave_bridges.mcp_server.tasks import TaskHandle
 from tests.conftest import World
@@ -18,10 +19,12 @@ from tests.mcp_fixtures import (
     mission,
     offered,
     party,
+    refusal,
     stdio_session,
     task_cancel,
     task_finished,
     task_get,
+    task_result,
     tasks_list,
 )
 from tests.test_missions import G
@@ -83,3 +86,45 @@ async def test_cancel_stops_a_task_and_clients_without_tasks_get_the_result_inli
     async with stdio_session(w, worker, tmp_path / "state", tasks=False) as plain:
         waited = await data(plain, "wait_for_offer", group_id=G, timeout_seconds=1)
         assert waited == {"offers": [], "timed_out": True}
+
+
+async def test_a_file_upload_runs_as_a_task_and_only_from_an_allowed_directory(
+    world: World, tmp_path: Path
+) -> None:
+    w = world
+    await mission(w)
+    await authorized(w, "wi-1")
+    await offered(w, "wi-1")
+    allowed, elsewhere = tmp_path / "outputs", tmp_path / "private"
+    allowed.mkdir()
+    elsewhere.mkdir()
+    big = allowed / "report.bin"
+    big.write_bytes(bytes(range(256)) * 8192)  # 2 MiB: more than one upload chunk
+    (elsewhere / "secret.txt").write_text("not for the mesh")
+    worker = party(tmp_path, w.worker)
+    async with stdio_session(w, worker, tmp_path / "state", "--files", str(allowed)) as mcp:
+        await data(mcp, "accept_offer", group_id=G, work_item_id="wi-1")
+        await data(mcp, "start_work", group_id=G, work_item_id="wi-1")
+        stored = await task_result(
+            mcp,
+            "store_output",
+            group_id=G,
+            work_item_id="wi-1",
+            path=str(big),
+            media_type="application/octet-stream",
+        )
+        digest = blob_digest(big.read_bytes())
+        assert stored["artifact"] == f"blake3:{digest.hex}:{digest.size_bytes}"
+        assert await w.client.download(digest) == big.read_bytes()
+        outside = await refusal(
+            mcp, "store_output", group_id=G, work_item_id="wi-1", path=str(elsewhere / "secret.txt")
+        )
+        assert outside["reason"] == "PATH_NOT_ALLOWED"
+        sneaky = await refusal(
+            mcp,
+            "store_output",
+            group_id=G,
+            work_item_id="wi-1",
+            path=str(allowed / ".." / "private" / "secret.txt"),
+        )
+        assert sneaky["reason"] == "PATH_NOT_ALLOWED"

@@ -26,6 +26,9 @@ HINTS = {
     "queued, call start_work again; if it was offered to someone else, stop working on it.",
     "OWNERSHIP_EPOCH_STALE": "The WorkItem was reassigned: you no longer own it. Stop working on it and "
     "call list_work for other work.",
+    "SESSION_EPOCH_STALE": "Another process opened a session as this identity (mwp session open, another "
+    "agent): this server's session is fenced and every command is refused. Ask the operator to restart "
+    "mwp mcp after `mwp session open` for this identity.",
     "MEMBERSHIP_EPOCH_STALE": "Your Membership changed while the call was made. Call the tool again once.",
     "NOT_A_MEMBER": "You are not an active member of that Group. Call list_work to see your Groups.",
     "PERMISSION_DENIED": "Your role may not do this (the metadata names the check). Do not retry; ask the "

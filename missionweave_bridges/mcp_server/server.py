@@ -13,7 +13,7 @@ from mcp_types import CallToolResult, InputRequiredResult
 
 from missionweave import __version__
 from missionweave_bridges.mcp_server import conversation_tools, coordinator_tools, worker_tools
-from missionweave_bridges.mcp_server.content import OutputLog, ok
+from missionweave_bridges.mcp_server.content import OutputLog, content_of, ok
 from missionweave_bridges.mcp_server.desk import Desk
 from missionweave_bridges.mcp_server.leases import LeaseKeeper
 from missionweave_bridges.mcp_server.refusals import Refused
@@ -67,13 +67,14 @@ class Assembly:
         self.desk = desk
         self.keeper = LeaseKeeper(desk, idle_release_s)
         self.tasks = TaskStore(desk.state_dir / "tasks.json")
+        self.files = files
         outputs = OutputLog(desk.state_dir / "outputs.json")
         self.server = MissionWeaveMCP(
             "missionweave",
             title="MissionWeave",
             version=__version__,
             instructions=INSTRUCTIONS.format(me=desk.me),
-            extensions=[TasksExtension(self.tasks, self.run_tool)],
+            extensions=[TasksExtension(self.tasks, self.run_tool, self.check_task)],
         )
         self.server.desk = desk
         worker_tools.register(self.server, desk, self.keeper, outputs, files)
@@ -90,6 +91,15 @@ class Assembly:
                 f"{t['taskId']} {t['tool']} {t['status']}: {t.get('statusMessage', '')}" for t in listing
             ]
             return ok("\n".join([f"{len(listing)} task(s)", *lines]), {"tasks": listing})
+
+    def check_task(self, name: str, arguments: dict[str, Any]) -> None:
+        if name == "store_output":
+            content_of(
+                str(arguments.get("text", "")),
+                str(arguments.get("base64", "")),
+                str(arguments.get("path", "")),
+                self.files,
+            )
 
     async def run_tool(self, name: str, arguments: dict[str, Any]) -> CallToolResult:
         result = await self.server.call_tool(name, arguments)

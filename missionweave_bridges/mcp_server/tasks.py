@@ -39,6 +39,7 @@ from pydantic import ConfigDict
 
 from missionweave.kernel import ids
 from missionweave.sdk.files import read_json, write_json_atomic
+from missionweave_bridges.mcp_server.refusals import Refused
 
 log = logging.getLogger(__name__)
 
@@ -192,9 +193,11 @@ class TasksExtension(Extension):
 
     identifier = TASKS_EXTENSION
 
-    def __init__(self, store: TaskStore, run: RunTool) -> None:
+    def __init__(self, store: TaskStore, run: RunTool, check: Callable[[str, dict[str, Any]], None]) -> None:
         self.store = store
         self.run = run
+        # Refuses what would only fail inside the task (a path not allowed): answered at once, no task made.
+        self.check = check
 
     def methods(self) -> Sequence[MethodBinding]:
         async def get(ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> HandlerResult:
@@ -224,6 +227,10 @@ class TasksExtension(Extension):
         arguments = dict(params.arguments or {})
         if params.name not in TASK_TOOLS or not TASK_TOOLS[params.name](arguments) or not declared(ctx):
             return await call_next(ctx)
+        try:
+            self.check(params.name, arguments)
+        except Refused as refused:
+            return refused.result()
         # Durable before the handle is returned: a tasks/get (or tasks/list) finds it from now on.
         task = self.store.create(params.name, arguments)
         self.store.start(task, self.run)
