@@ -142,13 +142,13 @@ async def test_a_refused_command_is_a_tool_error_with_its_reason_and_writes_noth
 async def test_the_server_renews_the_lease_while_the_host_thinks(world: World, tmp_path: Path) -> None:
     w = world
     await mission(w)
-    await authorized(w, "wi-1", lease_seconds=2)
+    await authorized(w, "wi-1", lease_seconds=3)
     await offered(w, "wi-1")
     worker = party(tmp_path, w.worker)
     async with stdio_session(w, worker, tmp_path / "state") as mcp:
         await data(mcp, "accept_offer", group_id=G, work_item_id="wi-1")
         await data(mcp, "start_work", group_id=G, work_item_id="wi-1")
-        await asyncio.sleep(5)  # two and a half lease terms without a tool call
+        await asyncio.sleep(7)  # over two lease terms without a tool call
         item = await w.client.work_item(G, "wi-1")
         assert item.state == wp.WORK_ITEM_STATE_ACTIVE
         assert item.lease.expires_at.ToDatetime(tzinfo=UTC) > datetime.now(UTC)
@@ -156,6 +156,26 @@ async def test_the_server_renews_the_lease_while_the_host_thinks(world: World, t
         assert len(renewed) >= 2
         # Still held: the host goes on under the same lease.
         await data(mcp, "report_progress", group_id=G, work_item_id="wi-1", phase="still here")
+
+
+async def test_a_restarted_server_keeps_renewing_the_leases_its_session_holds(
+    world: World, tmp_path: Path
+) -> None:
+    w = world
+    await mission(w)
+    await authorized(w, "wi-1", lease_seconds=4)  # outlasts the restart
+    await offered(w, "wi-1")
+    worker = party(tmp_path, w.worker)
+    async with stdio_session(w, worker, tmp_path / "state") as mcp:
+        await data(mcp, "accept_offer", group_id=G, work_item_id="wi-1")
+        lease = (await data(mcp, "start_work", group_id=G, work_item_id="wi-1"))["lease_id"]
+    # The host restarted it: the new process reuses the saved session and finds the lease it holds.
+    async with stdio_session(w, worker, tmp_path / "state") as mcp:
+        await asyncio.sleep(9)  # two lease terms
+        item = await w.client.work_item(G, "wi-1")
+        assert item.state == wp.WORK_ITEM_STATE_ACTIVE and item.lease.lease_id == lease
+        assert item.lease.expires_at.ToDatetime(tzinfo=UTC) > datetime.now(UTC)
+        await data(mcp, "report_progress", group_id=G, work_item_id="wi-1", phase="resumed")
 
 
 async def test_a_question_blocks_the_work_until_the_coordinator_answers_through_mcp(
