@@ -60,6 +60,9 @@ async def test_an_mcp_worker_takes_an_offer_reads_its_input_stores_and_submits_w
         assert [(o["work_item_id"], o["offer_ids"]) for o in listed["offers"]] == [("wi-1", [offer_id])]
         accepted = await data(mcp, "accept_offer", group_id=G, work_item_id="wi-1")
         assert accepted["offer_id"] == offer_id and accepted["ownership_epoch"] == 1
+        # The same call again (the host lost the answer) is answered with the first result, not refused.
+        again = await data(mcp, "accept_offer", group_id=G, work_item_id="wi-1", offer_id=offer_id)
+        assert again["replayed"] is True and again["events"] == accepted["events"]
         started = await data(mcp, "start_work", group_id=G, work_item_id="wi-1")
         shown = await data(mcp, "show_work_item", group_id=G, work_item_id="wi-1")
         assert shown["state"] == "active" and shown["you_hold_the_lease"] is True
@@ -89,6 +92,11 @@ async def test_an_mcp_worker_takes_an_offer_reads_its_input_stores_and_submits_w
             mcp, "submit_work", group_id=G, work_item_id="wi-1", evidence=evidence, summary="reconciled"
         )
         assert submitted["artifacts"] == [report] and submitted["submission_event_id"]
+        # Once it is submitted, a repeat is refused by this server before anything is sent.
+        before = await head(w)
+        resent = await refusal(mcp, "submit_work", group_id=G, work_item_id="wi-1", evidence=evidence)
+        assert resent["reason"] == "NOT_HELD" and resent["metadata"]["state"] == "submitted"
+        assert await head(w) == before
 
     item = await w.client.work_item(G, "wi-1")
     assert item.state == wp.WORK_ITEM_STATE_SUBMITTED
@@ -137,6 +145,31 @@ async def test_a_refused_command_is_a_tool_error_with_its_reason_and_writes_noth
         bare = await refusal(mcp, "submit_work", group_id=G, work_item_id="wi-1", evidence=[])
         assert bare["reason"] == "MISSING_EVIDENCE" and bare["metadata"] == {"criteria": "balances"}
         assert await head(w) == before
+
+
+async def test_a_worker_declines_an_offer_with_a_structured_reason(world: World, tmp_path: Path) -> None:
+    w = world
+    await mission(w)
+    await authorized(w, "wi-1")
+    offer_id = await offered(w, "wi-1")
+    async with stdio_session(w, party(tmp_path, w.worker), tmp_path / "state") as mcp:
+        vague = await refusal(mcp, "decline_offer", group_id=G, work_item_id="wi-1", reason="other")
+        assert vague["reason"] == "INVALID_ARGUMENT"  # 'other' needs its namespaced code
+        declined = await data(
+            mcp,
+            "decline_offer",
+            group_id=G,
+            work_item_id="wi-1",
+            reason="capacity",
+            detail="two items running",
+        )
+        assert declined["offer_id"] == offer_id
+    declines = [
+        e.work_offer_declined async for e in w.client.read_events(G) if e.type == "work.offer_declined"
+    ]
+    assert [(d.offer_id, d.decline.reason, d.decline.detail) for d in declines] == [
+        (offer_id, wp.DECLINE_REASON_CAPACITY, "two items running")
+    ]
 
 
 async def test_the_server_renews_the_lease_while_the_host_thinks(world: World, tmp_path: Path) -> None:

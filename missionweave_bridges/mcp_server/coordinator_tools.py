@@ -187,7 +187,7 @@ def register(server: MCPServer, desk: Desk) -> None:
             records = evidence_records(item, findings, wp.EVIDENCE_RESULT_PASS, submission)
             recorded: list[str] = []
             for e in records:
-                result = await desk.execute(
+                result = await desk.execute_once(
                     group_id,
                     "work_record_evidence",
                     wp.WorkRecordEvidence(work_item_id=work_item_id, evidence=e, coordinator_epoch=epoch),
@@ -202,7 +202,7 @@ def register(server: MCPServer, desk: Desk) -> None:
                 comment=comment,
                 coordinator_epoch=epoch,
             )
-            result = await desk.execute(group_id, "work_accept_result", body)
+            result = await desk.execute_once(group_id, "work_accept_result", body)
             return ok(
                 f"accepted submission {submission}: {work_item_id} is verified",
                 {"review_evidence_ids": recorded, **written(result)},
@@ -252,14 +252,14 @@ def register(server: MCPServer, desk: Desk) -> None:
             raise Refused("NOT_BLOCKED", f"{work_item_id} is not blocked")
         question = await question_of(desk, group_id, item)
         reply = post_message(item.conversation_id, answer, reply_to_message_id=question, topic="answer").body
-        posted = await desk.execute(group_id, "message_post", reply)
+        posted = await desk.execute_once(group_id, "message_post", reply)
         body = wp.WorkUnblock(
             work_item_id=work_item_id,
             resolution=answer,
             resolved_blocker_ids=[b.blocker_id for b in item.blockers if b.blocker_id],
             coordinator_epoch=state.mission.coordinator.coordinator_epoch,
         )
-        result = await desk.execute(group_id, "work_unblock", body)
+        result = await desk.execute_once(group_id, "work_unblock", body)
         event = first(result, "work_unblocked")
         now = (
             wp.WorkItemState.Name(event.work_unblocked.next_state).removeprefix("WORK_ITEM_STATE_").lower()

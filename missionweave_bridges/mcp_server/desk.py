@@ -20,7 +20,7 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from missionweave.kernel import codec
+from missionweave.kernel import codec, ids
 from missionweave.sdk.client import MeshClient, SessionSigner
 from missionweave.v1 import authority_service_pb2, command_pb2, event_pb2
 from missionweave.v1 import work_pb2 as wp
@@ -66,6 +66,21 @@ class Desk:
         epoch = await self.call(self.mesh.membership_epoch(group_id, self.me))
         command = self.signer.command(group_id, kind, body, membership_epoch=epoch, command_id=command_id)
         return await self.call(self.mesh.execute(self.signer.sign(command)))
+
+    async def execute_once(self, group_id: str, kind: str, body: Message) -> command_pb2.CommandResult:
+        """``execute`` with a command id derived from what is sent: a host that calls the same tool
+        again with the same arguments (it lost the answer, it timed out) gets the first result back
+        (``replayed``) instead of a second command or a refusal of the repeat."""
+        command_id = ids.derived_id(
+            "cmd",
+            "mwp-mcp",
+            self.me,
+            str(self.signer.session_epoch),
+            group_id,
+            kind,
+            body.SerializeToString(deterministic=True).hex(),
+        )
+        return await self.execute(group_id, kind, body, command_id=command_id)
 
     async def state(self, group_id: str) -> GroupState:
         return await self.call(self.mesh.group_state(group_id))

@@ -46,6 +46,7 @@ GroupId = Annotated[
 WorkItemId = Annotated[str, Field(description="the WorkItem's id, as list_work shows it")]
 FAILURE_KINDS = {"permanent": wp.WORK_FAILURE_KIND_PERMANENT, "transient": wp.WORK_FAILURE_KIND_TRANSIENT}
 BLOCKER_KINDS = enum_names(wp.BlockerKind, "BLOCKER_KIND_")
+DECLINE_REASONS = enum_names(wp.DeclineReason, "DECLINE_REASON_")
 CONFIDENCES = enum_names(wp.EstimateConfidence, "ESTIMATE_CONFIDENCE_")
 OWNED = (
     wp.WORK_ITEM_STATE_QUEUED,
@@ -159,12 +160,46 @@ def register(
         body = wp.WorkAcceptOffer(
             work_item_id=work_item_id, offer_id=offer, contract_revision=item.contract.revision
         )
-        result = await desk.execute(group_id, "work_accept_offer", body)
+        result = await desk.execute_once(group_id, "work_accept_offer", body)
         accepted = first(result, "work_offer_accepted")
         epoch = accepted.work_offer_accepted.ownership.ownership_epoch if accepted else 0
         return ok(
             f"accepted {offer}: you own {work_item_id} at ownership epoch {epoch}; next: start_work",
             {"offer_id": offer, "ownership_epoch": epoch, **written(result)},
+        )
+
+    @server.tool(
+        description="Decline an offer made to you, with a structured reason (the Coordinator offers it to "
+        f"someone else): one of {', '.join(DECLINE_REASONS)}; with 'other', give a namespaced code "
+        "(e.g. com.example/maintenance). Declining is better than letting an offer expire."
+    )
+    async def decline_offer(
+        group_id: GroupId,
+        work_item_id: WorkItemId,
+        reason: Annotated[str, Field(description=f"one of {', '.join(DECLINE_REASONS)}")],
+        detail: Annotated[str, Field(description="a short factual detail")] = "",
+        code: Annotated[str, Field(description="with reason 'other': a namespaced code")] = "",
+        offer_id: Annotated[str, Field(description="the offer; empty: the open offer naming you")] = "",
+    ) -> CallToolResult:
+        if reason not in DECLINE_REASONS or (reason == "other") != bool(code):
+            raise Refused(
+                "INVALID_ARGUMENT",
+                f"reason is one of {', '.join(DECLINE_REASONS)}; code goes with 'other' only",
+                metadata={"field": "reason"},
+            )
+        item = await desk.work_item(group_id, work_item_id)
+        offer = offer_id or next((o.offer_id for o in item.offers if me in o.candidate_ids), "")
+        if not offer:
+            raise Refused("NO_OPEN_OFFER", f"{work_item_id} has no open offer to {me}")
+        decline = wp.StructuredDecline(
+            reason=DECLINE_REASONS[reason],  # type: ignore[arg-type]
+            extension_code=code,
+            detail=detail,
+        )
+        body = wp.WorkDeclineOffer(work_item_id=work_item_id, offer_id=offer, decline=decline)
+        result = await desk.execute_once(group_id, "work_decline_offer", body)
+        return ok(
+            f"declined offer {offer} of {work_item_id} ({reason})", {"offer_id": offer, **written(result)}
         )
 
     @server.tool(
