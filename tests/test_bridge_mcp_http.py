@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -34,6 +35,11 @@ from tests.test_missions import G
 TOKEN = "s3cret-token-for-the-mcp-tests"
 
 
+def default_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -49,7 +55,14 @@ async def http_server(w: World, who: Party, tmp: Path, *extra: str) -> AsyncIter
     args = mwp_mcp_args(
         w, who, tmp / "state", "--http", f"127.0.0.1:{port}", "--token-file", str(token_file), *extra
     )
-    process = await asyncio.create_subprocess_exec(sys.executable, *args, env=environment(), cwd=ROOT)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *args,
+        env=environment(),
+        cwd=ROOT,
+        start_new_session=True,  # its own process group: a Ctrl-C to pytest is not delivered to it
+        preexec_fn=default_signals,  # a child of a background job would ignore them
+    )
     url = f"http://127.0.0.1:{port}/mcp"
     try:
         async with asyncio.timeout(30):
@@ -105,7 +118,7 @@ async def test_http_without_a_token_does_not_start(world: World, tmp_path: Path)
     args = mwp_mcp_args(w, who, tmp_path / "state", "--http", f"127.0.0.1:{free_port()}")
     env = {k: v for k, v in environment().items() if k != "MWP_MCP_TOKEN"}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, *args, env=env, cwd=ROOT, stderr=asyncio.subprocess.PIPE
+        sys.executable, *args, env=env, cwd=ROOT, stderr=asyncio.subprocess.PIPE, preexec_fn=default_signals
     )
     async with asyncio.timeout(30):
         _, err = await process.communicate()

@@ -143,7 +143,9 @@ class TaskStore:
             try:
                 result = await run(task["tool"], dict(task["arguments"]))
             except asyncio.CancelledError:
-                if self.tasks[task_id]["status"] == "working":  # cancelled by tasks/cancel, not by a shutdown
+                # tasks/cancel marked it cancelled first; a shutdown leaves it working, to run again
+                # at the next start.
+                if self.tasks[task_id]["status"] == "working":
                     raise
                 return
             except Exception as exc:  # the task fails with a JSON-RPC error, as the extension says
