@@ -7,6 +7,7 @@ answers it; a Coordinator plans, offers and reviews; leases are renewed while th
 from __future__ import annotations
 
 import asyncio
+import base64
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -363,3 +364,71 @@ async def test_tools_are_listed_with_typed_schemas_and_descriptions_for_a_model(
         assert properties["group_id"]["type"] == "string" and properties["group_id"]["description"]
         for name, tool in tools.items():
             assert tool.description and len(tool.description) > 60, name
+
+
+async def test_conversation_messages_and_a_verified_context_package(world: World, tmp_path: Path) -> None:
+    w = world
+    await mission(w)
+    await authorized(w, "wi-1", ledger=LEDGER)
+    await offered(w, "wi-1")
+    worker, coordinator = party(tmp_path, w.worker), party(tmp_path, w.coordinator)
+    async with (
+        stdio_session(w, worker, tmp_path / "worker") as mcp,
+        stdio_session(w, coordinator, tmp_path / "coord") as coord,
+    ):
+        posted = await data(mcp, "post_message", group_id=G, text="I can take the ledger work today.")
+        planning = (await w.client.group_state(G)).mission.planning_conversation_id
+        assert posted["conversation_id"] == planning
+        read = await data(coord, "read_messages", group_id=G)
+        assert [(m["author_id"], m["text"]) for m in read["messages"]] == [
+            ("worker-bot", "I can take the ledger work today.")
+        ]
+        newer = await data(coord, "read_messages", group_id=G, after_sequence=read["messages"][0]["sequence"])
+        assert newer["messages"] == []
+        # Only the Coordinator has the Authority sign one; it hands it over in the WorkItem's Conversation.
+        denied = await refusal(
+            mcp, "make_context_package", group_id=G, work_item_ids=["wi-1"], recipient_ids=["worker-bot"]
+        )
+        assert denied["reason"] == "PERMISSION_DENIED" and denied["refused_by"] == "mesh"
+        made = await data(
+            coord,
+            "make_context_package",
+            group_id=G,
+            work_item_ids=["wi-1"],
+            recipient_ids=["worker-bot"],
+            share_in_work_item="wi-1",
+        )
+        assert made["verified"] is True and made["package"]["work_item_ids"] == ["wi-1"]
+        shared = (await data(mcp, "read_messages", group_id=G, work_item_id="wi-1"))["messages"]
+        assert [m["artifacts"] for m in shared] == [[made["shared"]["artifact"]]]
+        package = await data(mcp, "read_context_package", artifact=shared[0]["artifacts"][0])
+        assert package["verified"] is True and package["package"] == made["package"]
+        assert package["package"]["group_id"] == G
+        not_a_package = await refusal(mcp, "read_context_package", artifact=_ledger_ref())
+        assert not_a_package["reason"] == "NOT_VERIFIED"
+        # A package edited after the Authority signed it does not verify.
+        _, hex_, size = made["shared"]["artifact"].split(":")
+        signed = await w.client.download(
+            common_pb2.Digest(algorithm="blake3", hex=hex_, size_bytes=int(size))
+        )
+        forged = common_pb2.SignedEnvelope.FromString(signed)
+        package_pb = apb.ContextPackage.FromString(forged.payload)
+        package_pb.open_questions.add().question = "who approved this?"
+        forged.payload = package_pb.SerializeToString()
+        await data(mcp, "accept_offer", group_id=G, work_item_id="wi-1")
+        await data(mcp, "start_work", group_id=G, work_item_id="wi-1")
+        stored = await data(
+            mcp,
+            "store_output",
+            group_id=G,
+            work_item_id="wi-1",
+            base64=base64.b64encode(forged.SerializeToString()).decode(),
+            deliverable=False,
+        )
+        tampered = await refusal(mcp, "read_context_package", artifact=stored["artifact"])
+        assert tampered["reason"] == "NOT_VERIFIED"
+
+
+def _ledger_ref() -> str:
+    digest = blob_digest(LEDGER)
+    return f"blake3:{digest.hex}:{digest.size_bytes}"

@@ -1,19 +1,23 @@
-"""Conversations and Context Packages, for Workers and Coordinators alike: post a Message, read the
-Messages of a Conversation (conversation only, never an assignment: MW-9-10..12), and fetch a
-Context Package the Authority signed, verified before it is returned."""
+"""Conversations and Context Packages: post a Message, read the Messages of a Conversation
+(conversation only, never an assignment: MW-9-10..12); a Coordinator has the Authority sign a
+Context Package and hands it to a Worker in the WorkItem's Conversation, the Worker reads it,
+verified by content hash and by the Authority's signature."""
 
 from typing import Annotated, Any
 
+from google.protobuf.message import DecodeError
 from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult
 from pydantic import Field
 
 from missionweave.cli.conversation import fold_messages
 from missionweave.kernel.signing import verify_signature
+from missionweave.sdk.artifacts import Origin, card_version, put_artifact
+from missionweave.sdk.client import blob_digest
 from missionweave.sdk.stream_commands import post_message
 from missionweave.v1 import artifact_service_pb2 as apb
-from missionweave.v1 import authority_service_pb2
-from missionweave_bridges.mcp_server.content import ok
+from missionweave.v1 import authority_service_pb2, common_pb2, conversation_pb2
+from missionweave_bridges.mcp_server.content import digest_text, ok, ref_of
 from missionweave_bridges.mcp_server.desk import Desk, first, to_dict, written
 from missionweave_bridges.mcp_server.refusals import Refused
 
@@ -24,6 +28,7 @@ PURPOSES = {
     "subtask": apb.CONTEXT_PACKAGE_PURPOSE_SUBTASK,
 }
 MAX_MESSAGES = 200
+CONTEXT_PACKAGE_MEDIA_TYPE = "application/vnd.missionweave.v1.context-package+protobuf"
 
 
 async def conversation_of(desk: Desk, group_id: str, work_item_id: str, conversation_id: str) -> str:
@@ -86,6 +91,9 @@ def register(server: MCPServer, desk: Desk) -> None:
                     "topic": chain.message.topic,
                     "status": status,
                     "text": content.text if content is not None else None,
+                    "artifacts": [digest_text(a.digest) for a in content.artifacts]
+                    if content is not None
+                    else [],
                 }
             )
         messages = messages[-MAX_MESSAGES:]
@@ -95,35 +103,92 @@ def register(server: MCPServer, desk: Desk) -> None:
             {"conversation_id": conversation, "messages": messages},
         )
 
+    async def opened(envelope_bytes: bytes) -> dict[str, Any]:
+        """A Context Package envelope, verified against the Authority key before it is parsed."""
+        envelope = common_pb2.SignedEnvelope.FromString(envelope_bytes)
+        key_id, public_key = await desk.call(desk.mesh.authority_key())
+        index = next((i for i, sig in enumerate(envelope.signatures) if sig.key_id == key_id), None)
+        if index is None or not verify_signature(envelope, public_key, index):
+            raise Refused("NOT_VERIFIED", "the Context Package does not verify against the Authority key")
+        package = apb.ContextPackage.FromString(envelope.payload)
+        return {"verified": True, "authority_key_id": key_id, "package": to_dict(package)}
+
+    def described(data: dict[str, Any]) -> str:
+        p = data["package"]
+        return (
+            f"Context Package {p.get('context_package_id', '')} v{p.get('version', 0)} (verified): "
+            f"{len(p.get('decisions', []))} decision(s), {len(p.get('constraints', []))} constraint(s), "
+            f"{len(p.get('open_questions', []))} open question(s), {len(p.get('artifacts', []))} Artifact(s)"
+        )
+
     @server.tool(
-        description="Fetch the Context Package the Authority signs for you about some WorkItems: the decisions, "
-        "constraints, open questions, Artifacts and event ranges you need to work on them (e.g. as a late "
-        "joiner). Its signature is verified against the Authority key before it is returned."
+        description="Coordinator: have the Authority sign a Context Package about some WorkItems (decisions, "
+        "constraints, open questions, Artifacts and the event ranges they come from) for its recipients, e.g. a "
+        "Worker joining late. With share_in_work_item, the package is stored as an Artifact and a Message in "
+        "that WorkItem's Conversation hands it to the Worker, who reads it with read_context_package."
     )
-    async def get_context_package(
+    async def make_context_package(
         group_id: GroupId,
-        work_item_ids: Annotated[list[str], Field(description="the WorkItems it covers")],
+        work_item_ids: Annotated[
+            list[str], Field(description="the WorkItems it covers (empty: the whole Mission)")
+        ],
+        recipient_ids: Annotated[list[str], Field(description="who it is for: active members or candidates")],
         purpose: Annotated[str, Field(description=f"one of {', '.join(PURPOSES)}")] = "worker-onboarding",
+        share_in_work_item: Annotated[
+            str, Field(description="hand it over in this WorkItem's Conversation")
+        ] = "",
     ) -> CallToolResult:
         if purpose not in PURPOSES:
             raise Refused("INVALID_ARGUMENT", f"unknown purpose {purpose!r}", metadata={"field": "purpose"})
         request = authority_service_pb2.GetContextPackageRequest(
             group_id=group_id,
             work_item_ids=work_item_ids,
-            purpose=PURPOSES[purpose],
-            recipient_ids=[desk.me],  # type: ignore[arg-type]
+            purpose=PURPOSES[purpose],  # type: ignore[arg-type]
+            recipient_ids=recipient_ids,
         )
-        response = await desk.call(desk.mesh.authority.GetContextPackage(request))
-        envelope = response.package
-        key_id, public_key = await desk.call(desk.mesh.authority_key())
-        index = next((i for i, s in enumerate(envelope.signatures) if s.key_id == key_id), None)
-        if index is None or not verify_signature(envelope, public_key, index):
-            raise Refused("NOT_VERIFIED", "the Context Package does not verify against the Authority key")
-        package = apb.ContextPackage.FromString(envelope.payload)
-        data = {"verified": True, "authority_key_id": key_id, "package": to_dict(package)}
-        text = (
-            f"Context Package {package.context_package_id} v{package.version}: {len(package.decisions)} decision(s), "
-            f"{len(package.constraints)} constraint(s), {len(package.open_questions)} open question(s), "
-            f"{len(package.artifacts)} Artifact(s)"
-        )
-        return ok(text, data)
+        envelope = (await desk.call(desk.mesh.authority.GetContextPackage(request))).package
+        data = await opened(envelope.SerializeToString())
+        if share_in_work_item:
+            item = await desk.work_item(group_id, share_in_work_item)
+            state = await desk.state(group_id)
+            origin = Origin(
+                group_id,
+                state.mission.mission_id,
+                share_in_work_item,
+                agent_card_version=await desk.call(card_version(desk.mesh, desk.me)),
+            )
+            ref = await desk.call(
+                put_artifact(
+                    desk.mesh.artifacts,
+                    desk.signer,
+                    envelope.SerializeToString(),
+                    media_type=CONTEXT_PACKAGE_MEDIA_TYPE,
+                    origin=origin,
+                )
+            )
+            text = f"Context Package for {', '.join(recipient_ids)}: read it with read_context_package"
+            body = conversation_pb2.MessagePost(
+                conversation_id=item.conversation_id,
+                content=conversation_pb2.MessageContent(text=text, artifacts=[ref], mentions=recipient_ids),
+            )
+            result = await desk.execute(group_id, "message_post", body)
+            data["shared"] = {"artifact": digest_text(ref.digest), **written(result)}
+        return ok(described(data), data)
+
+    @server.tool(
+        description="Read a Context Package handed to you (its Artifact reference, from a Message of your "
+        "WorkItem's Conversation: read_messages lists the Artifacts of each Message). The bytes are checked "
+        "against their content hash and the package against the Authority's signature before it is returned."
+    )
+    async def read_context_package(
+        artifact: Annotated[str, Field(description="the package's Artifact reference, blake3:<hex>:<size>")],
+    ) -> CallToolResult:
+        ref = ref_of(artifact, "artifact")
+        data = await desk.call(desk.mesh.download(ref.digest))
+        if blob_digest(data) != ref.digest:
+            raise Refused("INPUT_NOT_VERIFIED", f"the bytes received for {artifact} do not hash to it")
+        try:
+            document = await opened(data)
+        except DecodeError:
+            raise Refused("NOT_VERIFIED", f"{artifact} is not a signed Context Package") from None
+        return ok(described(document), document)
