@@ -4,6 +4,7 @@ restarted) lists them again with tasks/list or the list_tasks tool and gets the 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,26 @@ async def test_a_file_upload_runs_as_a_task_and_only_from_an_allowed_directory(
             path=str(allowed / ".." / "private" / "secret.txt"),
         )
         assert sneaky["reason"] == "PATH_NOT_ALLOWED"
+
+
+async def test_a_host_polling_a_task_is_not_gone_its_lease_is_kept(world: World, tmp_path: Path) -> None:
+    w = world
+    await mission(w)
+    await authorized(w, "wi-1", lease_seconds=2)
+    await offered(w, "wi-1")
+    worker = party(tmp_path, w.worker)
+    async with stdio_session(w, worker, tmp_path / "state", "--idle-release", "3") as mcp:
+        await data(mcp, "accept_offer", group_id=G, work_item_id="wi-1")
+        await data(mcp, "start_work", group_id=G, work_item_id="wi-1")
+        handle = await mcp.call_tool(
+            "follow_work_item",
+            {"group_id": G, "work_item_id": "wi-1", "timeout_seconds": 7},
+            allow_claimed=True,
+        )
+        assert isinstance(handle, TaskHandle)
+        # Only tasks/get for 7 s (over twice --idle-release): the host is there, the lease is renewed.
+        task = await task_finished(mcp, handle.task_id, limit_s=20)
+        assert task["result"]["structuredContent"]["changed"] is False
+        item = await w.client.work_item(G, "wi-1")
+        assert item.lease.expires_at.ToDatetime(tzinfo=UTC) > datetime.now(UTC)
+        await data(mcp, "report_progress", group_id=G, work_item_id="wi-1", phase="still holding")

@@ -106,7 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         type=float,
         default=DEFAULT_IDLE_RELEASE_S,
         metavar="SECONDS",
-        help="stop renewing leases when no tool was called for this long: the host is gone (default 900)",
+        help="stop renewing leases when no request came from a host for this long: it is gone (default 900)",
     )
     p.add_argument("--verbose", action="store_true", help="log renewals and tasks on stderr")
     p.set_defaults(func=cmd_mcp, runs_until_stopped=True)

@@ -40,7 +40,7 @@ def state_name(state: int) -> str:
 
 @dataclass
 class Desk:
-    """One identity acting on one mesh; ``touched`` is when the host last called a tool."""
+    """One identity acting on one mesh; ``touched`` is when a host last sent a request."""
 
     mesh: MeshClient
     signer: SessionSigner

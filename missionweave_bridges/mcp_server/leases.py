@@ -7,8 +7,8 @@ longer active under this session (submitted, failed, blocked, checkpointed away,
 a renewal is refused.
 
 When the host disappears: over stdio the host's end of the pipe closes, ``mwp mcp`` exits and
-renewals stop with it; over HTTP the server outlives its clients, so renewals stop once no tool
-has been called for ``idle_release_s``. Either way the lease then lapses at its expiry
+renewals stop with it; over HTTP the server outlives its clients, so renewals stop once no request
+(a tool call, a ``tasks/get`` poll) has come for ``idle_release_s``. Either way the lease then lapses at its expiry
 (``LEASE_EXPIRED`` for a late command) and the ownership after it; the Coordinator's next offer
 fences the old owner (docs/workitems.md "Leases"). Nothing is submitted or failed on the host's
 behalf.
@@ -77,7 +77,7 @@ class LeaseKeeper:
             await asyncio.sleep(max(MIN_RENEW_DELAY_S, left / 2))
             if time.monotonic() - self.desk.touched > self.idle_release_s:
                 log.warning(
-                    "%s/%s: no tool call for %.0f s: the host is gone; the lease is left to lapse",
+                    "%s/%s: no request for %.0f s: the host is gone; the lease is left to lapse",
                     group_id,
                     work_item_id,
                     self.idle_release_s,

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.context import Context
 from mcp_types import CallToolResult, InputRequiredResult
@@ -42,15 +43,13 @@ def refusal_in(exc: BaseException) -> Refused | None:
 
 
 class MissionWeaveMCP(MCPServer[Any]):
-    """MCPServer whose tools' refusals become tool errors with structured content, and which notes
-    when the host last called a tool (how the lease keeper tells that the host is gone)."""
+    """MCPServer whose tools' refusals become tool errors with structured content."""
 
     desk: Desk
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
-        self.desk.touched = time.monotonic()
         try:
             return await super().call_tool(name, arguments, context)
         except Exception as exc:
@@ -77,6 +76,14 @@ class Assembly:
             extensions=[TasksExtension(self.tasks, self.run_tool, self.check_task)],
         )
         self.server.desk = desk
+
+        async def host_seen(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+            # Any request from the host (a tool call, a tasks/get poll) shows it is still there: how
+            # the lease keeper tells a slow host from a gone one (--idle-release).
+            desk.touched = time.monotonic()
+            return await call_next(ctx)
+
+        self.server.middleware.append(host_seen)
         worker_tools.register(self.server, desk, self.keeper, outputs, files)
         coordinator_tools.register(self.server, desk)
         conversation_tools.register(self.server, desk)

@@ -58,7 +58,14 @@ MAX_WAIT_S = 3600.0
 
 
 def item_summary(group_id: str, item: wp.WorkItem, me: str) -> dict[str, Any]:
-    offers = [o for o in item.offers if me in o.candidate_ids and me not in o.declined_by]
+    now = datetime.now(UTC)
+    offers = [
+        o
+        for o in item.offers
+        if me in o.candidate_ids
+        and me not in o.declined_by
+        and (not o.HasField("expires_at") or o.expires_at.ToDatetime(tzinfo=UTC) > now)
+    ]
     return {
         "group_id": group_id,
         "work_item_id": item.work_item_id,
