@@ -173,6 +173,47 @@ async def test_a_worker_declines_an_offer_with_a_structured_reason(world: World,
     ]
 
 
+async def test_a_checkpoint_keeps_its_state_and_a_failure_is_reported_with_evidence(
+    world: World, tmp_path: Path
+) -> None:
+    w = world
+    await mission(w)
+    await authorized(w, "wi-1")
+    await offered(w, "wi-1")
+    async with stdio_session(w, party(tmp_path, w.worker), tmp_path / "state") as mcp:
+        await data(mcp, "accept_offer", group_id=G, work_item_id="wi-1")
+        await data(mcp, "start_work", group_id=G, work_item_id="wi-1")
+        point = await data(
+            mcp, "checkpoint", group_id=G, work_item_id="wi-1", phase="half the accounts", state="cash: done"
+        )
+        shown = await data(mcp, "show_work_item", group_id=G, work_item_id="wi-1")
+        # What a resuming host needs: the phase and the state, stored under the lease, read back by hash.
+        assert shown["latest_checkpoint"] == {
+            "checkpoint_id": point["checkpoint_id"],
+            "phase": "half the accounts",
+            "completed_operation_ids": [],
+            "state_artifact": _ref_text(b"cash: done"),
+            "state_text": "cash: done",
+        }
+        assert shown["state"] == "queued"  # paused: the host resumes it from the checkpoint
+        await data(
+            mcp,
+            "start_work",
+            group_id=G,
+            work_item_id="wi-1",
+            resume_from_checkpoint_id=point["checkpoint_id"],
+        )
+        bad = await refusal(mcp, "fail_work", group_id=G, work_item_id="wi-1", reason="x", kind="sometimes")
+        assert bad["reason"] == "INVALID_ARGUMENT"
+        await data(mcp, "fail_work", group_id=G, work_item_id="wi-1", reason="the ledger file is truncated")
+    item = await w.client.work_item(G, "wi-1")
+    assert item.state == wp.WORK_ITEM_STATE_FAILED
+    failed = [e.work_failed async for e in w.client.read_events(G) if e.type == "work.failed"]
+    assert [(f.reason, [e.summary for e in f.evidence]) for f in failed] == [
+        ("the ledger file is truncated", ["the ledger file is truncated"])
+    ]
+
+
 async def test_the_server_renews_the_lease_while_the_host_thinks(world: World, tmp_path: Path) -> None:
     w = world
     await mission(w)
@@ -429,6 +470,10 @@ async def test_conversation_messages_and_a_verified_context_package(world: World
         assert tampered["reason"] == "NOT_VERIFIED"
 
 
-def _ledger_ref() -> str:
-    digest = blob_digest(LEDGER)
+def _ref_text(data: bytes) -> str:
+    digest = blob_digest(data)
     return f"blake3:{digest.hex}:{digest.size_bytes}"
+
+
+def _ledger_ref() -> str:
+    return _ref_text(LEDGER)

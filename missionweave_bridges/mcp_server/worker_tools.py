@@ -95,6 +95,38 @@ def register(
                     queue.append(summary)
         return offered, queue
 
+    async def checkpoint_of(group_id: str, item: wp.WorkItem) -> dict[str, Any] | None:
+        """The latest checkpoint as recorded (the read model keeps only its id): its phase, completed
+        operations and state, the state's text inline when it is small text (verified by hash)."""
+        checkpoint_id = item.latest_checkpoint.checkpoint_id
+        if not checkpoint_id:
+            return None
+        recorded = None
+        for event in await desk.events(group_id):
+            kind = event.WhichOneof("payload")
+            if kind in ("work_checkpointed", "work_blocked"):
+                point = getattr(event, kind).checkpoint
+                if point.checkpoint_id == checkpoint_id:
+                    recorded = point
+        if recorded is None:
+            return {"checkpoint_id": checkpoint_id}
+        out: dict[str, Any] = {
+            "checkpoint_id": checkpoint_id,
+            "phase": recorded.progress.phase,
+            "completed_operation_ids": list(recorded.completed_operation_ids),
+        }
+        if recorded.HasField("state"):
+            digest = recorded.state.digest
+            out["state_artifact"] = digest_text(digest)
+            if digest.size_bytes <= INLINE_LIMIT:
+                data = await desk.call(desk.mesh.download(digest))
+                if blob_digest(data) == digest:
+                    try:
+                        out["state_text"] = data.decode()
+                    except UnicodeDecodeError:
+                        pass
+        return out
+
     @server.tool(
         description="Call this first. Lists the offers made to you (WorkItems you may accept) and your own "
         "queue (WorkItems you own: queued, active, blocked or submitted), in one Group or in every Group you "
@@ -137,9 +169,7 @@ def register(
             "lease": to_dict(item.lease) if item.HasField("lease") else None,
             "you_hold_the_lease": held,
             "blockers": [to_dict(b) for b in item.blockers],
-            "latest_checkpoint": to_dict(item.latest_checkpoint)
-            if item.HasField("latest_checkpoint")
-            else None,
+            "latest_checkpoint": await checkpoint_of(group_id, item),
             "submission_event_id": item.submission_event_id,
             "artifacts": [digest_text(a.digest) for a in item.artifacts],
             "conversation_id": item.conversation_id,
@@ -335,9 +365,12 @@ def register(
         return ok(f"progress reported on {work_item_id}: {phase}", written(result))
 
     @server.tool(
-        description="Record a checkpoint of a WorkItem you hold: what is done, so the work can resume from here "
-        "after a preemption or a restart (start_work with its id). The state text, if any, is stored as an "
-        "Artifact signed under your lease. Keeps the ownership for the contract's checkpoint period."
+        description="Record a checkpoint of a WorkItem you hold and pause it: what is done, so the work resumes "
+        "from here (after a preemption, a restart, or simply later). The state text, if any, is stored as an "
+        "Artifact signed under your lease. The lease ends and the WorkItem is queued for you (you keep the "
+        "ownership for the contract's checkpoint period): call start_work with resume_from_checkpoint_id to go "
+        "on; show_work_item returns the checkpoint's phase and state. To report progress and keep working, "
+        "use report_progress instead."
     )
     async def checkpoint(
         group_id: GroupId,
