@@ -63,7 +63,6 @@ HINTS = {
     "BAD_CONTENT": "Give exactly one of text, base64 or path.",
     "NOT_BLOCKED": "The WorkItem has no open blocker to answer. Call show_work_item.",
     "NOT_VERIFIED": "What the mesh sent does not verify against the Authority key: do not use it; call again.",
-    "UNKNOWN_TASK": "No task has that id. Call list_tasks.",
 }
 DEFAULT_HINT = "Nothing was written. Read the message and metadata; do not call again unchanged."
 
