@@ -44,7 +44,7 @@ from missionweave.kernel.signing import read_key
 from missionweave.sdk.agent import Agent, AgentError, CommandBody, CommandRejected, GatewayError, SessionFile
 from missionweave.sdk.client import MeshClient, SessionSigner
 from missionweave.sdk.files import user_state_dir
-from missionweave.sdk.worker import Failed, Handler, Paused, Slot, WorkerRuntime, WorkResult
+from missionweave.sdk.worker import Blocked, Failed, Handler, Outcome, Paused, Slot, WorkerRuntime
 from missionweave.v1 import command_pb2
 from missionweave.v1 import scheduling_service_pb2 as pb
 from missionweave.v1 import scheduling_service_pb2_grpc as pb_grpc
@@ -262,7 +262,7 @@ class ObservedAgent(Agent):
 def observed(handler: Handler) -> Handler:
     """``handler`` with a log line when a slot starts it and one for what it hands back."""
 
-    async def run(slot: Slot) -> WorkResult | Paused | Failed:
+    async def run(slot: Slot) -> Outcome:
         facts = {
             "group": slot.group_id,
             "work_item": slot.work_item_id,
@@ -287,6 +287,8 @@ def observed(handler: Handler) -> Handler:
                 checkpoint_id,
                 extra={**facts, "checkpoint": checkpoint_id},
             )
+        elif isinstance(outcome, Blocked):
+            worker_log.info("%s blocked: %s", slot.work_item_id, outcome.question, extra=facts)
         elif isinstance(outcome, Failed):
             worker_log.info(
                 "%s failed: %s", slot.work_item_id, outcome.reason, extra={**facts, "reason": outcome.reason}

@@ -103,6 +103,12 @@ class Slot:
     channel: SlotChannel | None = None
     # Its inputs and the outputs it stores, under its lease (missionweave/sdk/slot_artifacts.py).
     artifacts: SlotArtifacts | None = None
+    # How the Coordinator resolved this work's latest block (``work.unblock``'s resolution), when
+    # this start follows one under the same ownership; empty otherwise. A handler that returned
+    # :class:`Blocked` continues from its checkpoint with this answer.
+    unblocked_with: str = ""
+    # The sequence of that ``work.unblocked`` event (0: none): tells one unblock from another.
+    unblocked_at: int = 0
 
     @property
     def inputs(self) -> tuple[SlotInput, ...]:
@@ -190,7 +196,23 @@ class Paused:
     usage: common_pb2.ResourceVector | None = None
 
 
-Handler = Callable[[Slot], Awaitable[WorkResult | Paused | Failed]]
+@dataclass(frozen=True)
+class Blocked:
+    """What a handler hands back when it cannot go on without an answer (MW-10.2-T09, MW-11.4-04):
+    the runtime posts ``question`` in the WorkItem's Conversation, then records ``work.block`` with
+    ``checkpoint`` and one blocker citing that Message, and returns the slot. Ownership is kept for
+    the blocked lease; once the Coordinator unblocks, the WorkItem is placed again and the handler
+    runs from the checkpoint with the resolution in ``slot.unblocked_with``."""
+
+    question: str
+    checkpoint: wp.Checkpoint
+    kind: int = wp.BLOCKER_KIND_INFORMATION  # a wp.BlockerKind
+    required_resolution: str = "an answer to the question in the WorkItem's Conversation"
+    usage: common_pb2.ResourceVector | None = None
+
+
+Outcome = WorkResult | Paused | Failed | Blocked
+Handler = Callable[[Slot], Awaitable[Outcome]]
 
 
 class WorkerRuntime:
@@ -226,6 +248,8 @@ class WorkerRuntime:
         )
         self._owned: dict[tuple[str, str], int] = {}
         self._conversations: dict[tuple[str, str], str] = {}
+        # The latest unblock's resolution per WorkItem, for the start that follows it.
+        self._resolutions: dict[tuple[str, str], tuple[str, int]] = {}
         self._subscriptions: dict[str, Subscription] = {}
         self._reconciled = asyncio.Event()
         self._reconciling: asyncio.Task[None] | None = None
@@ -289,6 +313,9 @@ class WorkerRuntime:
                 self._conversations[(group_id, event.work_authorized.work_item_id)] = (
                     event.work_authorized.conversation_id
                 )
+            elif kind == "work_unblocked":
+                unblocked = event.work_unblocked
+                self._resolutions[(group_id, unblocked.work_item_id)] = (unblocked.resolution, event.sequence)
             elif kind == "work_offered":
                 offered = event.work_offered
                 if offered.HasField("amended_contract"):
@@ -314,6 +341,7 @@ class WorkerRuntime:
         kind = event.WhichOneof("payload")
         if kind == "work_offer_accepted":
             grant = event.work_offer_accepted.ownership
+            self._resolutions.pop((group_id, grant.work_item_id), None)  # a new ownership starts afresh
             mine = grant.agent_id == self.agent.identity_id
             self._owned[(group_id, grant.work_item_id)] = grant.ownership_epoch if mine else 0
         elif kind in ("work_offered", "work_failed", "work_cancelled"):
@@ -459,6 +487,8 @@ class WorkerRuntime:
                 None,
             )
             token = began.token if began is not None else None
+            if key not in self._contracts:
+                await self._read_work_item(a.group_id, a.work_item_id)
             contract = self._contracts.get(key, wp.WorkContract())
             channel = None
             if began is not None:
@@ -488,6 +518,8 @@ class WorkerRuntime:
                 resume_from_checkpoint_id=a.resume_from_checkpoint_id,
                 channel=channel,
                 artifacts=artifacts,
+                unblocked_with=self._resolutions.get(key, ("", 0))[0],
+                unblocked_at=self._resolutions.get(key, ("", 0))[1],
             )
             self._running[key] = slot
             self._waiting.pop(key, None)
@@ -542,7 +574,53 @@ class WorkerRuntime:
                     "%s/%s: slot %s not released: the agent was closed", a.group_id, a.work_item_id, a.slot_id
                 )
 
-    async def _finish(self, slot: Slot, result: WorkResult | Paused | Failed) -> tuple[int, bool, int]:
+    async def _read_work_item(self, group_id: str, work_item_id: str) -> None:
+        """The contract and Conversation of work the subscription did not replay: a restarted
+        runtime resumes its Groups from its durable cursor, after the work was authorized."""
+        stub = authority_service_pb2_grpc.AuthorityServiceStub(self.agent.channel)
+        read = await stub.GetWorkItem(
+            authority_service_pb2.GetWorkItemRequest(group_id=group_id, work_item_id=work_item_id),
+            timeout=CALL_TIMEOUT_S,
+        )
+        self._contracts[(group_id, work_item_id)] = read.work_item.contract
+        self._conversations[(group_id, work_item_id)] = read.work_item.conversation_id
+
+    async def _block(self, slot: Slot, result: Blocked) -> int:
+        """Posts the question in the WorkItem's Conversation, then blocks citing it (MW-11.4-04)."""
+        key = (slot.group_id, slot.work_item_id)
+        post = conversation_pb2.MessagePost(
+            conversation_id=self._conversations.get(key, ""),
+            content=conversation_pb2.MessageContent(text=result.question),
+            topic="blocker",
+        )
+        posted = await self.agent.execute(slot.group_id, "message_post", post)
+        message_id = next(
+            (
+                e.message_posted.message_id
+                for e in decode_events(posted.events)
+                if e.WhichOneof("payload") == "message_posted"
+            ),
+            "",
+        )
+        blocker = wp.Blocker(
+            blocker_id=f"blk-{slot.lease_id}",
+            kind=result.kind,  # type: ignore[arg-type]
+            description=result.question[:4096],
+            required_resolution=result.required_resolution,
+            message_id=message_id,
+        )
+        block = wp.WorkBlock(
+            work_item_id=slot.work_item_id,
+            lease_id=slot.lease_id,
+            ownership_epoch=slot.ownership_epoch,
+            checkpoint=result.checkpoint,
+            blockers=[blocker],
+            usage_delta=result.usage or common_pb2.ResourceVector(),
+        )
+        self._resolutions.pop(key, None)  # the answer to this block is the next unblock's
+        return _last_sequence(await self.agent.execute(slot.group_id, "work_block", block))
+
+    async def _finish(self, slot: Slot, result: Outcome) -> tuple[int, bool, int]:
         """Records the handler's outcome in the Group: (slot release reason, requeue, the sequence of
         the event that ended the placement)."""
         key = (slot.group_id, slot.work_item_id)
@@ -569,6 +647,8 @@ class WorkerRuntime:
             )  # disclosed again once estimated
             return spb.SLOT_RELEASE_REASON_PREEMPTED, True, _last_sequence(done)
         await self._ready()  # MW-11.5-06: reconciled before any submission
+        if isinstance(result, Blocked):
+            return spb.SLOT_RELEASE_REASON_BLOCKED, False, await self._block(slot, result)
         if isinstance(result, Failed):
             fail = wp.WorkFail(
                 work_item_id=slot.work_item_id,

@@ -1,9 +1,271 @@
-"""(being built: issue 43)"""
+"""``mwp bridge a2a --config FILE``: one A2A agent as a MissionWeave Worker, until SIGINT or SIGTERM.
+
+The bridge holds the MissionWeave identity of the agent it bridges (one identity per bridged agent,
+docs/bridge-a2a-worker.md): every command, manifest and Agent Card is signed as that agent. It reads
+the A2A Agent Card, publishes the matching MissionWeave Agent Card, and serves the Groups with the
+Worker runtime, whose handler runs each WorkItem as an A2A task (missionweave_bridges/a2a/worker.py)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from nacl.signing import SigningKey
+
+from missionweave.cli.common import (
+    CliError,
+    UsageError,
+    add_json_flag,
+    client_tls,
+    environment,
+    load_signer,
+    target,
+)
+from missionweave.cli.worker import ObservedAgent, Unreachable, _print, _seed_session, observed
+from missionweave.kernel import gc_policy, logs
+from missionweave.kernel.signing import read_key
+from missionweave.sdk.agent import AgentError, GatewayError
+from missionweave.sdk.client import MeshClient
+from missionweave.sdk.files import user_state_dir
+from missionweave.sdk.worker import WorkerRuntime
+from missionweave_bridges.a2a.mapping import mission_card
+from missionweave_bridges.a2a.task_journal import TaskJournal
+from missionweave_bridges.a2a.worker import TRANSPORTS, A2AWorker, BridgeError, open_client, resolve_card
+
+CONFIG_KEYS = {
+    "agent_url": "the A2A agent's base URL (its card is at URL/.well-known/agent-card.json)",
+    "transport": "grpc or jsonrpc (default: the first the card offers that the bridge speaks)",
+    "target": "the mesh address (the global --target overrides it; default $MWP_TARGET, else 127.0.0.1:50051)",
+    "identity": "the bridged agent's MissionWeave identity id (default: --as, else $MWP_AS)",
+    "key": "its key file, relative to the config file (default: --key, else $MWP_KEY)",
+    "groups": "the Group ids to serve (a non-empty list)",
+    "max_concurrency": "how many WorkItems the agent runs at once: its Agent Card's slots (default 1)",
+    "publish_card": "publish the matching MissionWeave Agent Card at start (default true)",
+    "state_dir": "the bridge's session, cursors, outputs and A2A task journal (default: the user's state dir, bridges/)",
+    "connect_timeout": "seconds to reach the gateway or the A2A agent before giving up (default 10)",
+}
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    path: Path
+    agent_url: str
+    transport: str
+    target: str
+    identity: str
+    key: Path
+    groups: tuple[str, ...]
+    max_concurrency: int
+    publish_card: bool
+    state_dir: Path
+    connect_timeout: float
+
+
+def _text(data: dict[str, Any], name: str, where: Path) -> str | None:
+    value = data.get(name)
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise UsageError(f"{where}: {name} must be a non-empty string")
+    return value
+
+
+def load_config(path: Path, args: argparse.Namespace) -> BridgeConfig:
+    """Every problem a UsageError naming the file and the key: nothing starts half-configured."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as err:
+        raise UsageError(f"cannot read the config file {path}: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"{path} is not valid TOML: {err}") from None
+    unknown = sorted(set(data) - set(CONFIG_KEYS))
+    if unknown:
+        raise UsageError(f"{path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(CONFIG_KEYS)}")
+    base = path.resolve().parent
+    env = environment(args)
+    agent_url = _text(data, "agent_url", path)
+    if agent_url is None:
+        raise UsageError(f"{path}: missing key agent_url (the A2A agent's base URL)")
+    transport = _text(data, "transport", path) or ""
+    if transport and transport not in TRANSPORTS:
+        raise UsageError(f"{path}: transport must be one of {', '.join(TRANSPORTS)}")
+    identity = getattr(args, "actor", None) or _text(data, "identity", path) or env.get("MWP_AS")
+    if not identity:
+        raise UsageError(f"{path}: missing key identity (the bridged agent's identity id; or pass --as)")
+    key_text = _text(data, "key", path)
+    if getattr(args, "key", None):
+        key = Path(args.key)
+    elif key_text:
+        key = base / key_text
+    elif env.get("MWP_KEY"):
+        key = Path(env["MWP_KEY"])
+    else:
+        raise UsageError(f"{path}: missing key key (the identity's key file; or pass --key)")
+    groups = data.get("groups")
+    if not isinstance(groups, list) or not groups or not all(isinstance(g, str) and g for g in groups):
+        raise UsageError(f"{path}: groups must be a non-empty list of Group ids")
+    if len(set(groups)) != len(groups):
+        raise UsageError(f"{path}: groups names a Group twice")
+    slots = data.get("max_concurrency", 1)
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 1024:
+        raise UsageError(f"{path}: max_concurrency must be an integer from 1 to 1024")
+    publish = data.get("publish_card", True)
+    if not isinstance(publish, bool):
+        raise UsageError(f"{path}: publish_card must be true or false")
+    timeout = data.get("connect_timeout", 10)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        raise UsageError(f"{path}: connect_timeout must be a positive number of seconds")
+    state = _text(data, "state_dir", path)
+    return BridgeConfig(
+        path=path,
+        agent_url=agent_url,
+        transport=transport,
+        target=getattr(args, "target", None) or _text(data, "target", path) or target(args),
+        identity=identity,
+        key=key,
+        groups=tuple(groups),
+        max_concurrency=slots,
+        publish_card=publish,
+        state_dir=base / state if state else user_state_dir() / "bridges",
+        connect_timeout=float(timeout),
+    )
+
+
+def _read_key(config: BridgeConfig) -> SigningKey:
+    try:
+        return read_key(config.key)
+    except FileNotFoundError:
+        raise UsageError(
+            f"{config.path}: the key file {config.key} does not exist (mwp keygen creates one)"
+        ) from None
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{config.path}: cannot use the key file {config.key}: {err}") from None
+
+
+async def _publish_card(config: BridgeConfig, mesh: MeshClient, agent: ObservedAgent, card: Any) -> str:
+    """The MissionWeave Agent Card of the bridged agent, signed with the session the runtime uses.
+    A card the mesh already holds under this version is answered as stored; a different card under
+    the same version is refused (versions only grow): said, and the card in force stays."""
+    ours = mission_card(
+        card, agent_id=config.identity, max_concurrency=config.max_concurrency, endpoint=config.agent_url
+    )
+    mesh.read_as(agent.session)
+    try:
+        answer = await mesh.publish_agent_card(ours)
+    except grpc.aio.AioRpcError as err:
+        raise CliError(
+            f"the mesh refused the Agent Card {ours.card_version} of {config.identity}: {err.details()} "
+            "(a changed A2A card needs a new version in its `version`)"
+        ) from None
+    return answer.published.card.card_version
+
+
+async def cmd_a2a(args: argparse.Namespace) -> int:
+    config = load_config(Path(args.config), args)
+    key = _read_key(config)
+    env = environment(args)
+    logs.configure(env.get("MWP_LOG_LEVEL") or "info", env.get("MWP_LOG_FORMAT") or "json")
+    gc_policy.for_long_running_process()
+    try:
+        card = await resolve_card(config.agent_url, timeout_s=config.connect_timeout)
+        client = open_client(card, config.transport)
+    except BridgeError as err:
+        raise Unreachable(str(err)) from None
+    tls = client_tls(args)
+    session_args = argparse.Namespace(actor=config.identity, key=str(config.key))
+    state = config.state_dir
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        async with MeshClient(config.target, tls) as mesh:
+            try:
+                signer = await load_signer(session_args, mesh)
+            except grpc.aio.AioRpcError as err:
+                raise Unreachable(f"cannot reach {config.target}: {err.details()}") from None
+            agent = ObservedAgent(
+                config.target,
+                config.identity,
+                key,
+                cursor_dir=state,
+                tls=tls,
+                connect_timeout=config.connect_timeout,
+            )
+            _seed_session(agent, signer)
+            try:
+                await agent.start()
+            except GatewayError as err:
+                raise CliError(f"the gateway refused {config.identity}: {err}") from None
+            except AgentError as err:
+                raise Unreachable(f"cannot reach {config.target}: {err}") from None
+            journal = TaskJournal(agent.directory / "a2a-tasks.jsonl")
+            runtime = WorkerRuntime(agent, observed(A2AWorker(client, card, journal, config.identity)))
+            try:
+                card_version = await _publish_card(config, mesh, agent, card) if config.publish_card else ""
+                await runtime.serve(list(config.groups))
+                _print(
+                    args,
+                    [
+                        f"mwp bridge a2a: {card.name} ({config.agent_url}) works as {config.identity} in "
+                        f"{', '.join(config.groups)} at {config.target} with {runtime.slots} slot(s); "
+                        "Ctrl-C or SIGTERM stops it"
+                    ],
+                    {
+                        "event": "started",
+                        "identity": config.identity,
+                        "agent": card.name,
+                        "agent_url": config.agent_url,
+                        "transport": client_transport(card, config.transport),
+                        "groups": list(config.groups),
+                        "card_version": card_version,
+                        "slots": runtime.slots,
+                        "session_epoch": agent.session.session_epoch,
+                        "state_dir": str(state),
+                    },
+                )
+                await stop.wait()
+            finally:
+                await runtime.close()
+                await agent.close()
+                await client.close()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    done = list(runtime.completed)
+    _print(
+        args,
+        [f"mwp bridge a2a: stopped after {len(done)} submission(s)"],
+        {"event": "stopped", "submitted": [{"group_id": g, "work_item_id": w} for g, w in done]},
+    )
+    return 0
+
+
+def client_transport(card: Any, wanted: str) -> str:
+    """The transport the client speaks: the configured one, else the card's first the bridge speaks."""
+    if wanted:
+        return wanted
+    names = {v: k for k, v in TRANSPORTS.items()}
+    return next(
+        (names[i.protocol_binding] for i in card.supported_interfaces if i.protocol_binding in names), ""
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    pass
+    p = sub.add_parser(
+        "a2a",
+        help="run an A2A agent as a Worker: each WorkItem becomes an A2A task (until Ctrl-C/SIGTERM)",
+    )
+    p.add_argument(
+        "--config",
+        required=True,
+        help="the TOML config (docs/bridge-a2a-worker.md: agent_url, identity, key, groups, ...)",
+    )
+    p.add_argument("--as", dest="actor", help="the bridged agent's identity id (overrides the config's)")
+    p.add_argument("--key", help="its key file (overrides the config's key)")
+    add_json_flag(p, "machine output: one JSON document per line (started, stopped)")
+    p.set_defaults(func=cmd_a2a, runs_until_stopped=True)
