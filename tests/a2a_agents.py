@@ -56,7 +56,9 @@ class ScriptedExecutor(AgentExecutor):
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None
-        self.seen.messages.append(context.message)
+        received = a2a.Message()
+        received.CopyFrom(context.message)  # the SDK keeps using its own
+        self.seen.messages.append(received)
         task = context.current_task
         if task is None:
             task = new_task_from_user_message(context.message)

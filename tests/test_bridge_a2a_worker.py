@@ -45,13 +45,13 @@ from tests.test_work_items import Flow, setup
 
 @asynccontextmanager
 async def bridged(
-    w: World, agent: RunningAgent, state: Path, transport: str = "jsonrpc"
+    w: World, agent: RunningAgent, state: Path, transport: str = "jsonrpc", journal_path: Path | None = None
 ) -> AsyncIterator[WorkerRuntime]:
     """worker-bot as the bridged A2A agent, in this process: the runtime with the bridge's handler."""
     card = await resolve_card(agent.url)
     client = open_client(card, transport)
     async with connect(w, "worker-bot", w.worker.key, state) as mw_agent:
-        journal = TaskJournal(mw_agent.directory / "a2a-tasks.jsonl")
+        journal = TaskJournal(journal_path or mw_agent.directory / "a2a-tasks.jsonl")
         runtime = WorkerRuntime(mw_agent, A2AWorker(client, card, journal, "worker-bot"))
         await runtime.serve([G])
         try:
@@ -165,10 +165,16 @@ async def test_input_required_blocks_with_the_question_and_the_coordinators_answ
             assert await runtime.submitted(1) == [(G, "wi-1")]
     [submitted] = of(await events(w), "work_submitted")
     assert [await w.client.download(a.digest) for a in submitted.artifacts] == [b"converted to EUR"]
-    # One task, two messages: the work, then the answer as the same task's next message.
+    # One task, two messages: the work, then the answer as the same task's next message, its id
+    # derived from the unblock it carries (a resend after a crash is the same message).
+    log = await events(w)
+    [unblocked] = [e for e in log if e.WhichOneof("payload") == "work_unblocked"]
+    epoch = of(log, "work_started")[0].lease.ownership_epoch
     assert len(agent.seen.tasks) == 1
-    assert [m.task_id for m in agent.seen.messages] == ["", agent.seen.task_ids[0]]
-    assert agent.seen.messages[1].parts[0].text == "EUR"
+    work, answer = agent.seen.messages
+    assert work.message_id == agent.seen.tasks[0].message_id
+    assert answer.message_id == Agent.idempotency_key(G, "wi-1", epoch, f"a2a-answer-{unblocked.sequence}")
+    assert answer.task_id == agent.seen.task_ids[0] and answer.parts[0].text == "EUR"
 
 
 @pytest.mark.req("MW-11.3-11", "MW-11.3-12")
@@ -217,6 +223,48 @@ async def test_a_preemption_cancels_the_a2a_task_checkpoints_and_the_resumed_sta
         paused.checkpoint.checkpoint_id,
     ]
     assert second not in agent.seen.cancels
+
+
+@pytest.mark.req("MW-11.5-01", "MW-16-13")
+async def test_a_lapsed_lease_offered_again_to_the_same_agent_takes_over_its_a2a_task(
+    world: World, tmp_path: Path
+) -> None:
+    """The bridge stops while its A2A task works and stays away past the execution lease; the
+    Coordinator offers the WorkItem again (a new ownership epoch) to the same agent. The restarted
+    bridge takes the running task over for the new ownership instead of sending the work again."""
+    w = world
+    flow = await setup(w)
+    journal = tmp_path / "a2a-tasks.jsonl"
+    short = wp.TimePolicy()
+    short.execution_lease_duration.FromSeconds(2)
+    short.start_deadline.FromSeconds(3)  # the ownership lasts as long as the later of the two
+    async with running_agent() as agent:
+        async with bridged(w, agent, tmp_path / "first", journal_path=journal):
+            await flow.authorize("wi-1", goal="gate the ledger", time_policy=short)
+            await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
+
+            async def sent() -> bool:
+                return bool(agent.seen.tasks)
+
+            await polled(sent, 30)
+        w.clock.advance(seconds=10)  # the lease lapsed while the bridge was away
+        await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))  # fences it: a new epoch
+        async with bridged(w, agent, tmp_path / "second", journal_path=journal) as runtime:
+
+            async def second_start() -> bool:
+                return len(of(await events(w), "work_started")) == 2
+
+            await polled(second_start, 30)
+            agent.gate.set()
+            async with asyncio.timeout(30):
+                assert await runtime.submitted(1) == [(G, "wi-1")]
+    log = await events(w)
+    epochs = [s.lease.ownership_epoch for s in of(log, "work_started")]
+    assert epochs[1] == epochs[0] + 1
+    assert [r.cause for r in of(log, "lease_revoked")] == [wp.LEASE_REVOCATION_CAUSE_EXPIRY_FENCED]
+    assert len(agent.seen.tasks) == 1 and agent.seen.cancels == []
+    entry = TaskJournal(journal).get((G, "wi-1", epochs[1]))
+    assert entry is not None and entry.adopted_from == epochs[0] and entry.task_id == agent.seen.task_ids[0]
 
 
 # ------------------------------------------------------------------ mwp bridge a2a, a process
@@ -284,7 +332,7 @@ async def test_a_bridge_killed_mid_task_reattaches_on_restart_and_the_agent_sees
         proc = await start_mwp("bridge", "a2a", "--config", str(config), "--json")
         try:
             restarted = await started_line(proc)
-            assert restarted["session_epoch"] > started["session_epoch"]
+            assert restarted["session_epoch"] > started["session_epoch"]  # a new session fences the old
 
             async def second_start() -> bool:
                 return len(of(await events(w), "work_started")) == 2

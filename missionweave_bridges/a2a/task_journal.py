@@ -29,6 +29,8 @@ class TaskEntry:
     superseded: bool = False  # canceled by the bridge (preempted or a newer ownership): not resumed
     attempt: int = 0  # tasks started for this ownership before this one (after preemptions)
     previous_task_ids: tuple[str, ...] = field(default=())
+    contract_revision: int = 0  # the contract revision the task was sent for
+    adopted_from: int = 0  # the earlier ownership epoch whose task this ownership took over
 
     @property
     def key(self) -> Key:

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import UTC, datetime, timedelta
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 
 import grpc
 import httpx
-from google.protobuf.timestamp_pb2 import Timestamp
 from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
 from a2a.client.errors import A2AClientError, AgentCardResolutionError
 from a2a.types import a2a_pb2 as a2a
 from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import A2AError, TaskNotCancelableError
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from missionweave.sdk.agent import CommandRejected
 from missionweave.sdk.worker import Blocked, Failed, Outcome, Paused, Slot, WorkResult
@@ -114,8 +114,10 @@ class A2AWorker:
             return Failed(kind=failure.kind, reason=failure.reason, evidence=evidence)
 
     async def _handle(self, slot: Slot) -> Outcome:
-        await self._supersede_older(slot)
         entry = self.journal.get((slot.group_id, slot.work_item_id, slot.ownership_epoch))
+        if entry is None:
+            entry = self._adopt(slot)
+        await self._supersede_older(slot)
         if entry is None or entry.superseded:
             return await self._start(slot, entry)
         if not entry.task_id:  # sent, answer unseen (the bridge stopped): did the agent get it?
@@ -143,6 +145,7 @@ class A2AWorker:
                 message_id=slot.idempotency_key(f"a2a-message-{attempt}"),
                 attempt=attempt,
                 previous_task_ids=previous,
+                contract_revision=slot.contract.revision or 1,
             )
         )
         return await self._send(slot, entry)
@@ -175,6 +178,36 @@ class A2AWorker:
         for task in listed.tasks:
             if any(m.message_id == entry.message_id for m in task.history):
                 return task
+        return None
+
+    def _adopt(self, slot: Slot) -> TaskEntry | None:
+        """A new ownership of work this bridge already sent the agent (its lease lapsed while the
+        bridge was down, and the Coordinator offered it again to the same agent): the earlier task,
+        sent for the same contract revision and not failed or canceled, is taken over rather than
+        run a second time."""
+        usable = {"", *(state_name(s) for s in (a2a.TASK_STATE_COMPLETED, *INTERRUPTED))}
+        usable |= {state_name(s) for s in (a2a.TASK_STATE_SUBMITTED, a2a.TASK_STATE_WORKING)}
+        for old in reversed(self.journal.of_work_item(slot.group_id, slot.work_item_id)):
+            if old.ownership_epoch >= slot.ownership_epoch:
+                continue
+            if (
+                old.superseded
+                or old.state not in usable
+                or old.contract_revision != (slot.contract.revision or 1)
+            ):
+                return None
+            log.info(
+                "%s/%s: ownership %d takes over A2A task %s of ownership %d",
+                slot.group_id,
+                slot.work_item_id,
+                slot.ownership_epoch,
+                old.task_id,
+                old.ownership_epoch,
+            )
+            self.journal.update(old, superseded=True)  # not canceled: it is this ownership's task now
+            return self.journal.record(
+                replace(old, ownership_epoch=slot.ownership_epoch, adopted_from=old.ownership_epoch)
+            )
         return None
 
     async def _supersede_older(self, slot: Slot) -> None:

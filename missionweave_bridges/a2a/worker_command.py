@@ -24,10 +24,9 @@ from missionweave.cli.common import (
     add_json_flag,
     client_tls,
     environment,
-    load_signer,
     target,
 )
-from missionweave.cli.worker import ObservedAgent, Unreachable, _print, _seed_session, observed
+from missionweave.cli.worker import ObservedAgent, Unreachable, _print, observed
 from missionweave.kernel import gc_policy, logs
 from missionweave.kernel.signing import read_key
 from missionweave.sdk.agent import AgentError, GatewayError
@@ -176,7 +175,6 @@ async def cmd_a2a(args: argparse.Namespace) -> int:
     except BridgeError as err:
         raise Unreachable(str(err)) from None
     tls = client_tls(args)
-    session_args = argparse.Namespace(actor=config.identity, key=str(config.key))
     state = config.state_dir
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -184,10 +182,6 @@ async def cmd_a2a(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signum, stop.set)
     try:
         async with MeshClient(config.target, tls) as mesh:
-            try:
-                signer = await load_signer(session_args, mesh)
-            except grpc.aio.AioRpcError as err:
-                raise Unreachable(f"cannot reach {config.target}: {err.details()}") from None
             agent = ObservedAgent(
                 config.target,
                 config.identity,
@@ -196,7 +190,11 @@ async def cmd_a2a(args: argparse.Namespace) -> int:
                 tls=tls,
                 connect_timeout=config.connect_timeout,
             )
-            _seed_session(agent, signer)
+            # A new session on every start (docs/bridge-a2a-worker.md "Restarts"): it fences the
+            # previous process's leases at once (SESSION_REPLACED, ownership kept) and the scheduler
+            # places that work again, so the handler re-attaches to its A2A task now. Reusing the
+            # saved session would leave the work under a dead process's live lease until it lapsed.
+            (agent.directory / "session.json").unlink(missing_ok=True)
             try:
                 await agent.start()
             except GatewayError as err:
