@@ -464,7 +464,10 @@ class WorkerRuntime:
         await self.agent.wait_connected()
 
     async def _run(self, a: spb.SlotAssignment) -> None:
-        lease_id = f"lease-{a.work_item_id}-{a.ownership_epoch}-{next(self._starts)}"
+        # New on every start, across processes too: a restarted runtime's counter starts again, and
+        # a lease id used before for the WorkItem is refused; its new session tells them apart.
+        session = self.agent.session.session_epoch
+        lease_id = f"lease-{a.work_item_id}-{a.ownership_epoch}-s{session}-{next(self._starts)}"
         key = (a.group_id, a.work_item_id)
         reason: int = spb.SLOT_RELEASE_REASON_FAILED
         requeue = False
