@@ -35,7 +35,7 @@ from missionweave_bridges.a2a.mapping import (
 )
 from missionweave_bridges.a2a.task_journal import TaskEntry, TaskJournal
 from missionweave_bridges.a2a.worker import A2AWorker, BridgeError, open_client, resolve_card
-from tests.a2a_agents import BINARY, RunningAgent, running_agent
+from tests.a2a_agents import BINARY, running_agent
 from tests.conftest import World, polled
 from tests.test_agent_sdk import connect
 from tests.test_cli_worker import start_mwp, write_config
@@ -45,10 +45,10 @@ from tests.test_work_items import Flow, setup
 
 @asynccontextmanager
 async def bridged(
-    w: World, agent: RunningAgent, state: Path, transport: str = "jsonrpc", journal_path: Path | None = None
+    w: World, agent_url: str, state: Path, transport: str = "jsonrpc", journal_path: Path | None = None
 ) -> AsyncIterator[WorkerRuntime]:
     """worker-bot as the bridged A2A agent, in this process: the runtime with the bridge's handler."""
-    card = await resolve_card(agent.url)
+    card = await resolve_card(agent_url)
     client = open_client(card, transport)
     async with connect(w, "worker-bot", w.worker.key, state) as mw_agent:
         journal = TaskJournal(journal_path or mw_agent.directory / "a2a-tasks.jsonl")
@@ -85,7 +85,7 @@ async def test_a_completed_a2a_task_is_submitted_with_its_artifacts_and_evidence
 ) -> None:
     w = world
     flow = await setup(w)
-    async with running_agent() as agent, bridged(w, agent, tmp_path, transport) as runtime:
+    async with running_agent() as agent, bridged(w, agent.url, tmp_path, transport) as runtime:
         await work_and_offer(flow, "wi-1", "complete the Q3 ledger")
         async with asyncio.timeout(30):
             assert await runtime.submitted(1) == [(G, "wi-1")]
@@ -125,7 +125,7 @@ async def test_a_failed_or_rejected_a2a_task_is_a_permanent_failure_with_evidenc
 ) -> None:
     w = world
     flow = await setup(w)
-    async with running_agent() as agent, bridged(w, agent, tmp_path):
+    async with running_agent() as agent, bridged(w, agent.url, tmp_path):
         await work_and_offer(flow, "wi-1", goal)
 
         async def failed() -> bool:
@@ -145,7 +145,7 @@ async def test_input_required_blocks_with_the_question_and_the_coordinators_answ
 ) -> None:
     w = world
     flow = await setup(w)
-    async with running_agent() as agent, bridged(w, agent, tmp_path) as runtime:
+    async with running_agent() as agent, bridged(w, agent.url, tmp_path) as runtime:
         await work_and_offer(flow, "wi-1", "ask about the currency")
 
         async def blocked() -> bool:
@@ -183,7 +183,7 @@ async def test_a_preemption_cancels_the_a2a_task_checkpoints_and_the_resumed_sta
 ) -> None:
     w = world
     flow = await setup(w)
-    async with running_agent() as agent, bridged(w, agent, tmp_path) as runtime:
+    async with running_agent() as agent, bridged(w, agent.url, tmp_path) as runtime:
         await work_and_offer(flow, "wi-1", "gate the ledger")
 
         async def working() -> bool:
@@ -239,7 +239,7 @@ async def test_a_lapsed_lease_offered_again_to_the_same_agent_takes_over_its_a2a
     short.execution_lease_duration.FromSeconds(2)
     short.start_deadline.FromSeconds(3)  # the ownership lasts as long as the later of the two
     async with running_agent() as agent:
-        async with bridged(w, agent, tmp_path / "first", journal_path=journal):
+        async with bridged(w, agent.url, tmp_path / "first", journal_path=journal):
             await flow.authorize("wi-1", goal="gate the ledger", time_policy=short)
             await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
 
@@ -249,7 +249,7 @@ async def test_a_lapsed_lease_offered_again_to_the_same_agent_takes_over_its_a2a
             await polled(sent, 30)
         w.clock.advance(seconds=10)  # the lease lapsed while the bridge was away
         await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))  # fences it: a new epoch
-        async with bridged(w, agent, tmp_path / "second", journal_path=journal) as runtime:
+        async with bridged(w, agent.url, tmp_path / "second", journal_path=journal) as runtime:
 
             async def second_start() -> bool:
                 return len(of(await events(w), "work_started")) == 2
@@ -265,6 +265,34 @@ async def test_a_lapsed_lease_offered_again_to_the_same_agent_takes_over_its_a2a
     assert len(agent.seen.tasks) == 1 and agent.seen.cancels == []
     entry = TaskJournal(journal).get((G, "wi-1", epochs[1]))
     assert entry is not None and entry.adopted_from == epochs[0] and entry.task_id == agent.seen.task_ids[0]
+
+
+@pytest.mark.req("MW-16-13")
+async def test_a_send_whose_answer_was_lost_is_found_in_its_context_and_not_sent_again(
+    world: World, tmp_path: Path
+) -> None:
+    """The bridge journaled its message and sent it, then died before the answer named the task:
+    the restarted bridge lists the ownership's A2A context, finds the task holding its message id
+    and follows it; the agent gets the work once."""
+    w = world
+    flow = await setup(w)
+    journal_path = tmp_path / "a2a-tasks.jsonl"
+    message_id, context = Agent.idempotency_key(G, "wi-1", 1, "a2a-message-0"), context_id(G, "wi-1", 1)
+    TaskJournal(journal_path).record(TaskEntry(G, "wi-1", 1, context, message_id, contract_revision=1))
+    async with running_agent() as agent:
+        client = open_client(await resolve_card(agent.url), "jsonrpc")
+        contract = wp.WorkContract(goal="complete the Q3 ledger")
+        sent = work_message(contract, [], message_id=message_id, context_id=context)
+        async for _ in client.send_message(a2a.SendMessageRequest(message=sent)):
+            pass  # what the first bridge sent; the answer is lost with it
+        await client.close()
+        async with bridged(w, agent.url, tmp_path / "state", journal_path=journal_path) as runtime:
+            await work_and_offer(flow, "wi-1", "complete the Q3 ledger")
+            async with asyncio.timeout(30):
+                assert await runtime.submitted(1) == [(G, "wi-1")]
+    assert len(agent.seen.tasks) == 1 and len(agent.seen.messages) == 1
+    entry = TaskJournal(journal_path).get((G, "wi-1", 1))
+    assert entry is not None and entry.task_id == agent.seen.task_ids[0] and entry.state == "completed"
 
 
 # ------------------------------------------------------------------ mwp bridge a2a, a process
