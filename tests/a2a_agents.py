@@ -6,6 +6,9 @@ What it does is chosen by the first word of the goal it is sent:
   ``complete``  works, hands over a text artifact and a binary one, completes;
   ``fail``      fails with a reason;  ``reject``  rejects the task;
   ``ask``       asks a question (input-required); given an answer, completes with it as its artifact;
+  ``ask2``      asks, and once answered asks a second question;
+  ``auth``      needs authentication (auth-required);
+  ``reply``     answers with a message, no task;
   ``gate``      works until the test opens ``agent.gate`` (or the task is canceled), then completes.
 Every task it creates, message it receives and cancel it is asked is recorded, for the tests' "the
 agent saw exactly one task per WorkItem"."""
@@ -53,6 +56,7 @@ class ScriptedExecutor(AgentExecutor):
     def __init__(self, seen: Seen, gate: asyncio.Event) -> None:
         self.seen = seen
         self.gate = gate
+        self.turns: dict[str, int] = {}  # executions per task
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None
@@ -60,6 +64,11 @@ class ScriptedExecutor(AgentExecutor):
         received.CopyFrom(context.message)  # the SDK keeps using its own
         self.seen.messages.append(received)
         task = context.current_task
+        if task is None and _verb(context.message) == "reply":
+            await event_queue.enqueue_event(
+                new_text_message("done in one reply", context_id=context.context_id)
+            )
+            return
         if task is None:
             task = new_task_from_user_message(context.message)
             self.seen.tasks.append(context.message)
@@ -100,6 +109,20 @@ class ScriptedExecutor(AgentExecutor):
                 [a2a.Part(text=f"converted to {answer}", media_type="text/plain")], name="answer"
             )
             await updater.complete()
+        elif verb == "ask2":
+            self.turns[task.id] = turn = self.turns.get(task.id, 0) + 1
+            if turn < 3:
+                text = "Which currency?" if turn == 1 else "Which year?"
+                await updater.requires_input(
+                    new_text_message(text, context_id=task.context_id, task_id=task.id)
+                )
+                return
+            await updater.complete()
+        elif verb == "auth":
+            sign_in = new_text_message(
+                "Sign in at https://ledger.example/auth", context_id=task.context_id, task_id=task.id
+            )
+            await updater.requires_auth(sign_in)
         elif verb == "gate":
             await self.gate.wait()  # a cancel cancels this wait (the SDK cancels execute())
             await updater.add_artifact(
@@ -119,10 +142,16 @@ class ScriptedExecutor(AgentExecutor):
 
 def _goal(task: a2a.Task) -> str:
     """The goal line of the bridge's work message: the task's first message, its data part."""
-    first = task.history[0] if task.history else None
-    if first is None:
-        return ""
-    for part in first.parts:
+    return _goal_of(task.history[0]) if task.history else ""
+
+
+def _verb(message: a2a.Message) -> str:
+    words = _goal_of(message).split()
+    return words[0] if words else ""
+
+
+def _goal_of(message: a2a.Message) -> str:
+    for part in message.parts:
         if part.WhichOneof("content") == "data":
             return str(part.data.struct_value.fields["goal"].string_value)
     return ""

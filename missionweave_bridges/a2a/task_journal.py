@@ -74,4 +74,7 @@ class TaskJournal:
         return entry
 
     def update(self, entry: TaskEntry, **changes: object) -> TaskEntry:
-        return self.record(replace(entry, **changes))  # type: ignore[arg-type]
+        """``changes`` applied to the journal's current entry for ``entry``'s key: a caller holding an
+        older copy (a follower that ran on) cannot undo what was recorded since."""
+        current = self._entries.get(entry.key, entry)
+        return self.record(replace(current, **changes))  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from a2a.utils.errors import A2AError, TaskNotCancelableError
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from missionweave.sdk.agent import CommandRejected
+from missionweave.sdk.offline import OfflineForbidden
 from missionweave.sdk.worker import Blocked, Failed, Outcome, Paused, Slot, WorkResult
 from missionweave.v1 import common_pb2
 from missionweave.v1 import work_pb2 as wp
@@ -217,7 +218,12 @@ class A2AWorker:
             if old.ownership_epoch >= slot.ownership_epoch or old.superseded:
                 continue
             if old.task_id and old.state not in {state_name(s) for s in TERMINAL}:
-                await self._cancel(old.task_id)
+                try:
+                    await self._cancel(old.task_id)
+                except TaskNotCancelableError:  # it ended (or will not stop): nothing of it is submitted
+                    log.info(
+                        "%s/%s: A2A task %s was not canceled", slot.group_id, slot.work_item_id, old.task_id
+                    )
             self.journal.update(old, superseded=True)
 
     # ------------------------------------------------------------ following
@@ -248,18 +254,27 @@ class A2AWorker:
         )
         return await self._run(slot, entry, self.client.send_message(a2a.SendMessageRequest(message=message)))
 
-    async def _run(self, slot: Slot, entry: TaskEntry, stream: AsyncIterator[a2a.StreamResponse]) -> Outcome:
+    async def _run(
+        self,
+        slot: Slot,
+        entry: TaskEntry,
+        stream: AsyncIterator[a2a.StreamResponse],
+        *,
+        preemptible: bool = True,
+    ) -> Outcome:
         """Follows the task until it ends or waits for input, or the work is asked to pause."""
         holder = [entry]
         following = asyncio.create_task(self._follow(slot, holder, stream))
-        asked = asyncio.create_task(slot.preemption_requested.wait())
+        pause = slot.preemption_requested if preemptible else asyncio.Event()
+        asked = asyncio.create_task(pause.wait())
         try:
             await asyncio.wait({following, asked}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             asked.cancel()
-        if not following.done():
-            following.cancel()
-            await asyncio.gather(following, return_exceptions=True)
+            if not following.done():  # asked to pause, or this handler itself was cancelled
+                following.cancel()
+                await asyncio.gather(following, return_exceptions=True)
+        if following.cancelled():
             return await self._preempt(slot, holder[0])
         followed = following.result()
         entry = holder[0]
@@ -325,7 +340,7 @@ class A2AWorker:
             report.completed_milestones.add(description=note[:1024])
         try:
             await slot.report_progress(report)
-        except CommandRejected as refused:  # progress is informative: the task goes on
+        except (CommandRejected, OfflineForbidden) as refused:  # progress is informative: the task goes on
             log.info("%s/%s: progress not recorded: %s", slot.group_id, slot.work_item_id, refused)
 
     # ------------------------------------------------------------ ending
@@ -336,10 +351,21 @@ class A2AWorker:
         if entry.task_id:
             try:
                 await self._cancel(entry.task_id)
-            except TaskNotCancelableError:  # it ended meanwhile: its outcome stands
+            except TaskNotCancelableError:
                 task = await self.client.get_task(a2a.GetTaskRequest(id=entry.task_id, history_length=100))
-                if task.status.state in TERMINAL:
+                if task.status.state in TERMINAL:  # it ended meanwhile: its outcome stands
                     return await self._ended(slot, entry, task)
+                # The agent will not stop it. Preemption is cooperative (MW-11.3-11): the work
+                # keeps its slot until the task ends, rather than pausing while the task runs on
+                # and running it a second time on resumption.
+                log.info(
+                    "%s/%s: A2A task %s cannot be canceled: kept",
+                    slot.group_id,
+                    slot.work_item_id,
+                    entry.task_id,
+                )
+                stream = self.client.subscribe(a2a.SubscribeToTaskRequest(id=entry.task_id))
+                return await self._run(slot, entry, stream, preemptible=False)
         entry = self.journal.update(entry, superseded=True, state=state_name(a2a.TASK_STATE_CANCELED))
         checkpoint = wp.Checkpoint(
             checkpoint_id=f"a2a-{entry.attempt}-{entry.task_id or 'unsent'}"[:128],

@@ -230,10 +230,10 @@ async def cmd_a2a(args: argparse.Namespace) -> int:
             finally:
                 await runtime.close()
                 await agent.close()
-                await client.close()
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+        await client.close()
     done = list(runtime.completed)
     _print(
         args,
