@@ -191,3 +191,24 @@ async def test_a_preempted_handler_pauses_with_the_canceled_task_in_its_checkpoi
     assert list(outcome.checkpoint.completed_operation_ids) == [message_id]
     entry = worker.journal.get(("grp", "wi-1", 1))
     assert entry is not None and entry.superseded and entry.context_id == context_id("grp", "wi-1", 1)
+
+
+async def test_a_cancelled_handler_stops_following_its_task(tmp_path: Path) -> None:
+    """The runtime closing cancels the handler: nothing of it runs on to journal what the task
+    does afterwards (the next start re-attaches and reads that itself)."""
+    async with handler(tmp_path) as (worker, agent):
+        running = asyncio.create_task(worker(slot_for("gate x")))
+        key = ("grp", "wi-1", 1)
+        async with asyncio.timeout(20):
+            while (entry := worker.journal.get(key)) is None or entry.state != "working":  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        agent.gate.set()
+        async with asyncio.timeout(20):
+            while (await worker.client.get_task(a2a.GetTaskRequest(id=entry.task_id))).status.state != (  # noqa: ASYNC110
+                a2a.TASK_STATE_COMPLETED
+            ):
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # what a follower left running would have journaled by now
+    assert worker.journal.get(key).state == "working"  # type: ignore[union-attr]
