@@ -9,7 +9,8 @@ What it does is chosen by the first word of the goal it is sent:
   ``ask2``      asks, and once answered asks a second question;
   ``auth``      needs authentication (auth-required);
   ``reply``     answers with a message, no task;
-  ``gate``      works until the test opens ``agent.gate`` (or the task is canceled), then completes.
+  ``gate``      works until the test opens ``agent.gate`` (or the task is canceled), then completes;
+  ``late``      creates its task only once the test opens ``agent.late``, then works like ``gate``.
 Every task it creates, message it receives and cancel it is asked is recorded, for the tests' "the
 agent saw exactly one task per WorkItem"."""
 
@@ -53,9 +54,10 @@ class Seen:
 
 
 class ScriptedExecutor(AgentExecutor):
-    def __init__(self, seen: Seen, gate: asyncio.Event) -> None:
+    def __init__(self, seen: Seen, gate: asyncio.Event, late: asyncio.Event) -> None:
         self.seen = seen
         self.gate = gate
+        self.late = late
         self.turns: dict[str, int] = {}  # executions per task
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
@@ -69,6 +71,8 @@ class ScriptedExecutor(AgentExecutor):
                 new_text_message("done in one reply", context_id=context.context_id)
             )
             return
+        if task is None and _verb(context.message) == "late":
+            await self.late.wait()
         if task is None:
             task = new_task_from_user_message(context.message)
             self.seen.tasks.append(context.message)
@@ -123,7 +127,7 @@ class ScriptedExecutor(AgentExecutor):
                 "Sign in at https://ledger.example/auth", context_id=task.context_id, task_id=task.id
             )
             await updater.requires_auth(sign_in)
-        elif verb == "gate":
+        elif verb in ("gate", "late"):
             await self.gate.wait()  # a cancel cancels this wait (the SDK cancels execute())
             await updater.add_artifact(
                 [a2a.Part(text="through the gate", media_type="text/plain")], name="gate"
@@ -163,6 +167,7 @@ class RunningAgent:
     grpc_address: str
     seen: Seen
     gate: asyncio.Event
+    late: asyncio.Event
     card: a2a.AgentCard
 
 
@@ -197,9 +202,9 @@ async def running_agent(bindings: tuple[str, ...] = ("JSONRPC", "GRPC")) -> Asyn
     url = f"http://127.0.0.1:{http_port}"
     grpc_address = f"127.0.0.1:{grpc_port}"
     card = agent_card(url, grpc_address, bindings)
-    seen, gate = Seen(), asyncio.Event()
+    seen, gate, late = Seen(), asyncio.Event(), asyncio.Event()
     handler = DefaultRequestHandler(
-        agent_executor=ScriptedExecutor(seen, gate), task_store=InMemoryTaskStore(), agent_card=card
+        agent_executor=ScriptedExecutor(seen, gate, late), task_store=InMemoryTaskStore(), agent_card=card
     )
     app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/a2a")])
     server = uvicorn.Server(
@@ -215,9 +220,10 @@ async def running_agent(bindings: tuple[str, ...] = ("JSONRPC", "GRPC")) -> Asyn
         async with asyncio.timeout(20):
             while not server.started:  # noqa: ASYNC110 (uvicorn sets a flag, not an event)
                 await asyncio.sleep(0.02)
-        yield RunningAgent(url, grpc_address, seen, gate, card)
+        yield RunningAgent(url, grpc_address, seen, gate, late, card)
     finally:
         gate.set()  # a task still waiting ends
+        late.set()
         server.should_exit = True
         await rpc.stop(0.5)
         async with asyncio.timeout(10):

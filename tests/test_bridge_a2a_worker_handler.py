@@ -193,6 +193,22 @@ async def test_a_preempted_handler_pauses_with_the_canceled_task_in_its_checkpoi
     assert entry is not None and entry.superseded and entry.context_id == context_id("grp", "wi-1", 1)
 
 
+async def test_a_pause_asked_before_the_agent_named_its_task_still_cancels_that_task(tmp_path: Path) -> None:
+    async with handler(tmp_path) as (worker, agent):
+        slot = slot_for("late start")
+        running = asyncio.create_task(worker(slot))
+        async with asyncio.timeout(20):
+            while not agent.seen.messages:  # noqa: ASYNC110 (the agent records; nothing to wait on)
+                await asyncio.sleep(0.02)
+        slot.preemption_requested.set()  # the message is in; its task does not exist yet
+        await asyncio.sleep(0.2)
+        assert not running.done()  # not paused while the task it sent is unknown
+        agent.late.set()
+        outcome = await asyncio.wait_for(running, 20)
+    assert isinstance(outcome, Paused) and agent.seen.cancels == agent.seen.task_ids
+    assert len(agent.seen.task_ids) == 1
+
+
 async def test_a_cancelled_handler_stops_following_its_task(tmp_path: Path) -> None:
     """The runtime closing cancels the handler: nothing of it runs on to journal what the task
     does afterwards (the next start re-attaches and reads that itself)."""

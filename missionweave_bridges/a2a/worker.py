@@ -264,11 +264,22 @@ class A2AWorker:
     ) -> Outcome:
         """Follows the task until it ends or waits for input, or the work is asked to pause."""
         holder = [entry]
-        following = asyncio.create_task(self._follow(slot, holder, stream))
+        named = asyncio.Event()  # the agent named the task: it can be canceled
+        if entry.task_id:
+            named.set()
+        following = asyncio.create_task(self._follow(slot, holder, stream, named))
         pause = slot.preemption_requested if preemptible else asyncio.Event()
         asked = asyncio.create_task(pause.wait())
         try:
             await asyncio.wait({following, asked}, return_when=asyncio.FIRST_COMPLETED)
+            if not following.done() and not named.is_set():
+                # Asked to pause before the agent named its task: pausing now would leave that
+                # task running unseen, and the resumed start would send the work again.
+                naming = asyncio.create_task(named.wait())
+                try:
+                    await asyncio.wait({following, naming}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    naming.cancel()
         finally:
             asked.cancel()
             if not following.done():  # asked to pause, or this handler itself was cancelled
@@ -284,7 +295,11 @@ class A2AWorker:
         return await self._ended(slot, entry, followed.task)
 
     async def _follow(
-        self, slot: Slot, holder: list[TaskEntry], stream: AsyncIterator[a2a.StreamResponse]
+        self,
+        slot: Slot,
+        holder: list[TaskEntry],
+        stream: AsyncIterator[a2a.StreamResponse],
+        named: asyncio.Event,
     ) -> _Followed:
         """Each A2A event: journaled (task id, state, count), reported as progress; then the task's
         final snapshot (with every artifact) once it ends or waits for input."""
@@ -309,6 +324,8 @@ class A2AWorker:
             if state:
                 changes["state"] = state_name(state)
             holder[0] = self.journal.update(entry, **changes)
+            if holder[0].task_id:
+                named.set()
             if state in TERMINAL or state in INTERRUPTED:
                 break
         while True:  # the snapshot with every artifact; polled if the stream ended first
