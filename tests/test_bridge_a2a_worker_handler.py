@@ -228,3 +228,15 @@ async def test_a_cancelled_handler_stops_following_its_task(tmp_path: Path) -> N
                 await asyncio.sleep(0.05)
         await asyncio.sleep(0.2)  # what a follower left running would have journaled by now
     assert worker.journal.get(key).state == "working"  # type: ignore[union-attr]
+
+
+async def test_a_task_silent_for_longer_than_the_http_read_timeout_is_still_followed(tmp_path: Path) -> None:
+    """JSON-RPC streams over HTTP: no event for longer than the client's read timeout (httpx's 5 s)
+    is a quiet agent, not a failure; the bridge subscribes again."""
+    async with handler(tmp_path) as (worker, agent):
+        running = asyncio.create_task(worker(slot_for("gate quiet")))
+        await asyncio.sleep(7)
+        assert not running.done(), running.result()
+        agent.gate.set()
+        outcome = await asyncio.wait_for(running, 20)
+    assert isinstance(outcome, WorkResult) and len(agent.seen.tasks) == 1

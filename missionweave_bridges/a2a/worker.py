@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import grpc
 import httpx
 from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
-from a2a.client.errors import A2AClientError, AgentCardResolutionError
+from a2a.client.errors import A2AClientError, A2AClientTimeoutError, AgentCardResolutionError
 from a2a.types import a2a_pb2 as a2a
 from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import A2AError, TaskNotCancelableError
@@ -304,36 +304,61 @@ class A2AWorker:
         """Each A2A event: journaled (task id, state, count), reported as progress; then the task's
         final snapshot (with every artifact) once it ends or waits for input."""
         state = 0
-        async for event in stream:
-            kind = event.WhichOneof("payload")
-            entry = holder[0]
-            changes: dict[str, object] = {"events": entry.events + 1}
-            if kind == "task":
-                changes["task_id"] = event.task.id
-                state = event.task.status.state
-            elif kind == "status_update":
-                changes["task_id"] = event.status_update.task_id
-                state = event.status_update.status.state
-                await self._progress(slot, state, message_text(event.status_update.status.message))
-            elif kind == "artifact_update":
-                changes["task_id"] = event.artifact_update.task_id
-                artifact = event.artifact_update.artifact
-                await self._progress(slot, state, f"artifact {artifact.name or artifact.artifact_id}")
-            elif kind == "message":  # the agent answered with a message, no task: the work is done
-                return _Followed(task=_message_task(entry, event.message))
-            if state:
-                changes["state"] = state_name(state)
-            holder[0] = self.journal.update(entry, **changes)
-            if holder[0].task_id:
-                named.set()
-            if state in TERMINAL or state in INTERRUPTED:
+        while True:
+            try:
+                async for event in stream:
+                    kind = event.WhichOneof("payload")
+                    entry = holder[0]
+                    if kind == "message":  # the agent answered with a message, no task: the work is done
+                        return _Followed(task=_message_task(entry, event.message))
+                    state = await self._seen(slot, holder, event, state)
+                    if holder[0].task_id:
+                        named.set()
+                    if state in TERMINAL or state in INTERRUPTED:
+                        break
                 break
+            except A2AClientTimeoutError:
+                # A quiet agent, not a failed one: over HTTP, no event within the client's read
+                # timeout ends the stream. Subscribe again (SubscribeToTask) once the task is named.
+                if not holder[0].task_id:
+                    raise
+                log.info(
+                    "%s/%s: A2A task %s quiet: subscribing again",
+                    slot.group_id,
+                    slot.work_item_id,
+                    holder[0].task_id,
+                )
+                now = await self.client.get_task(a2a.GetTaskRequest(id=holder[0].task_id))
+                if now.status.state in TERMINAL or now.status.state in INTERRUPTED:
+                    break
+                stream = self.client.subscribe(a2a.SubscribeToTaskRequest(id=holder[0].task_id))
         while True:  # the snapshot with every artifact; polled if the stream ended first
             task = await self.client.get_task(a2a.GetTaskRequest(id=holder[0].task_id, history_length=100))
             if task.status.state in TERMINAL or task.status.state in INTERRUPTED:
                 holder[0] = self.journal.update(holder[0], state=state_name(task.status.state))
                 return _Followed(task=task)
             await asyncio.sleep(POLL_S)
+
+    async def _seen(self, slot: Slot, holder: list[TaskEntry], event: a2a.StreamResponse, state: int) -> int:
+        """One A2A event journaled (task id, state, count) and reported; the task's state after it."""
+        kind = event.WhichOneof("payload")
+        entry = holder[0]
+        changes: dict[str, object] = {"events": entry.events + 1}
+        if kind == "task":
+            changes["task_id"] = event.task.id
+            state = event.task.status.state
+        elif kind == "status_update":
+            changes["task_id"] = event.status_update.task_id
+            state = event.status_update.status.state
+            await self._progress(slot, state, message_text(event.status_update.status.message))
+        elif kind == "artifact_update":
+            changes["task_id"] = event.artifact_update.task_id
+            artifact = event.artifact_update.artifact
+            await self._progress(slot, state, f"artifact {artifact.name or artifact.artifact_id}")
+        if state:
+            changes["state"] = state_name(state)
+        holder[0] = self.journal.update(entry, **changes)
+        return state
 
     async def _progress(self, slot: Slot, state: int, note: str) -> None:
         phase = f"a2a {state_name(state)}" if state else "a2a"
