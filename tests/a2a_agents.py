@@ -171,7 +171,9 @@ class RunningAgent:
     card: a2a.AgentCard
 
 
-def agent_card(http_url: str, grpc_address: str, bindings: tuple[str, ...]) -> a2a.AgentCard:
+def agent_card(
+    http_url: str, grpc_address: str, bindings: tuple[str, ...], streaming: bool = True
+) -> a2a.AgentCard:
     interfaces = {
         "JSONRPC": a2a.AgentInterface(
             url=http_url + "/a2a", protocol_binding="JSONRPC", protocol_version="1.0"
@@ -183,7 +185,7 @@ def agent_card(http_url: str, grpc_address: str, bindings: tuple[str, ...]) -> a
         description="Reconciles ledgers (a scripted A2A agent for the bridge tests).",
         version="1.2.0",
         supported_interfaces=[interfaces[b] for b in bindings],
-        capabilities=a2a.AgentCapabilities(streaming=True),
+        capabilities=a2a.AgentCapabilities(streaming=streaming),
         default_input_modes=["text/plain", "application/json", "application/octet-stream"],
         default_output_modes=["text/plain", "application/octet-stream"],
         skills=[
@@ -196,12 +198,14 @@ def agent_card(http_url: str, grpc_address: str, bindings: tuple[str, ...]) -> a
 
 
 @asynccontextmanager
-async def running_agent(bindings: tuple[str, ...] = ("JSONRPC", "GRPC")) -> AsyncIterator[RunningAgent]:
+async def running_agent(
+    bindings: tuple[str, ...] = ("JSONRPC", "GRPC"), streaming: bool = True
+) -> AsyncIterator[RunningAgent]:
     """The agent served on free ports until the block exits."""
     http_port, grpc_port = free_port(), free_port()
     url = f"http://127.0.0.1:{http_port}"
     grpc_address = f"127.0.0.1:{grpc_port}"
-    card = agent_card(url, grpc_address, bindings)
+    card = agent_card(url, grpc_address, bindings, streaming)
     seen, gate, late = Seen(), asyncio.Event(), asyncio.Event()
     handler = DefaultRequestHandler(
         agent_executor=ScriptedExecutor(seen, gate, late), task_store=InMemoryTaskStore(), agent_card=card

@@ -52,7 +52,14 @@ class RecordedArtifacts:
         return common_pb2.ArtifactRef(digest=digest, media_type=options["media_type"])
 
 
-def slot_for(goal: str, *, epoch: int = 1, revision: int = 1, unblocked: tuple[str, int] = ("", 0)) -> Slot:
+def slot_for(
+    goal: str,
+    *,
+    epoch: int = 1,
+    revision: int = 1,
+    unblocked: tuple[str, int] = ("", 0),
+    work_item_id: str = "wi-1",
+) -> Slot:
     contract = wp.WorkContract(
         goal=goal,
         revision=revision,
@@ -61,7 +68,7 @@ def slot_for(goal: str, *, epoch: int = 1, revision: int = 1, unblocked: tuple[s
     return Slot(
         slot_id="slot-0",
         group_id="grp",
-        work_item_id="wi-1",
+        work_item_id=work_item_id,
         ownership_epoch=epoch,
         lease_id=f"lease-{epoch}",
         contract=contract,
@@ -76,8 +83,8 @@ def slot_for(goal: str, *, epoch: int = 1, revision: int = 1, unblocked: tuple[s
 
 
 @asynccontextmanager
-async def handler(tmp_path: Path) -> AsyncIterator[tuple[A2AWorker, RunningAgent]]:
-    async with running_agent() as agent:
+async def handler(tmp_path: Path, streaming: bool = True) -> AsyncIterator[tuple[A2AWorker, RunningAgent]]:
+    async with running_agent(streaming=streaming) as agent:
         card = await resolve_card(agent.url)
         client = open_client(card, "jsonrpc")
         try:
@@ -240,3 +247,13 @@ async def test_a_task_silent_for_longer_than_the_http_read_timeout_is_still_foll
         agent.gate.set()
         outcome = await asyncio.wait_for(running, 20)
     assert isinstance(outcome, WorkResult) and len(agent.seen.tasks) == 1
+
+
+async def test_an_agent_that_does_not_stream_is_followed_by_its_answers(tmp_path: Path) -> None:
+    async with handler(tmp_path, streaming=False) as (worker, agent):
+        slot = slot_for("complete quietly")
+        outcome = await worker(slot)
+        asked = await worker(slot_for("ask2 plainly", work_item_id="wi-2"))
+    assert isinstance(outcome, WorkResult) and len(slot.artifacts.stored) == 2  # type: ignore[union-attr]
+    assert isinstance(asked, Blocked) and asked.question.endswith("Which currency?")
+    assert len(agent.seen.tasks) == 2
