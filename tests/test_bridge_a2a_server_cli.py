@@ -39,7 +39,7 @@ def test_the_configuration_maps_each_token_to_one_identity(tmp_path: Path) -> No
     config = load(
         write(
             tmp_path,
-            f'mesh = "127.0.0.1:50051"\n[[identity]]\nid = "ann"\nkey_file = "ann.key"\ntoken_sha256 = "{HASH}"\n'
+            f'target = "127.0.0.1:50051"\n[[identity]]\nid = "ann"\nkey_file = "ann.key"\ntoken_sha256 = "{HASH}"\n'
             f'[[identity]]\nid = "bob"\nkey_file = "/abs/bob.key"\ntoken_sha256 = "{hash_token("other")}"\n',
         )
     )
@@ -55,16 +55,16 @@ def test_the_configuration_maps_each_token_to_one_identity(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("body", "complaint"),
     [
-        ('mesh = "m"\n', "at least one"),
-        (f'[[identity]]\nid = "a"\nkey_file = "k"\ntoken_sha256 = "{HASH}"\n', "mesh"),
-        ('mesh = "m"\n[[identity]]\nid = "a"\nkey_file = "k"\ntoken_sha256 = "secret-token"\n', "64 hex"),
+        ('target = "m"\n', "at least one"),
+        (f'target = 5\n[[identity]]\nid = "a"\nkey_file = "k"\ntoken_sha256 = "{HASH}"\n', "target"),
+        ('target = "m"\n[[identity]]\nid = "a"\nkey_file = "k"\ntoken_sha256 = "secret-token"\n', "64 hex"),
         (
-            f'mesh = "m"\n[[identity]]\nid = "a"\nkey_file = "k"\ntoken_sha256 = "{HASH}"\n'
+            f'target = "m"\n[[identity]]\nid = "a"\nkey_file = "k"\ntoken_sha256 = "{HASH}"\n'
             f'[[identity]]\nid = "b"\nkey_file = "k"\ntoken_sha256 = "{HASH}"\n',
             "same token",
         ),
         (
-            f'mesh = "m"\ntls_cert = "c.pem"\n[[identity]]\nid = "a"\nkey_file = "k"\ntoken_sha256 = "{HASH}"\n',
+            f'target = "m"\ntls_cert = "c.pem"\n[[identity]]\nid = "a"\nkey_file = "k"\ntoken_sha256 = "{HASH}"\n',
             "go together",
         ),
     ],
@@ -107,13 +107,15 @@ async def test_the_process_serves_a_member_until_sigterm(world: World, tmp_path:
     await world.run(world.owner, G, "membership_grant", grant, membership_epoch=1)
     config = write(
         tmp_path,
-        f'mesh = "{world.target}"\ngrpc_listen = "127.0.0.1:0"\nhttp_listen = "127.0.0.1:0"\n'
+        'grpc_listen = "127.0.0.1:0"\nhttp_listen = "127.0.0.1:0"\n'
         f'[[identity]]\nid = "ann-bot"\nkey_file = "ann.key"\ntoken_sha256 = "{HASH}"\n',
     )
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "missionweave.cli",
+        "--target",  # the mesh from `mwp`'s own flag: the config names none
+        world.target,
         "bridge",
         "a2a-server",
         "--config",

@@ -12,12 +12,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from nacl.signing import SigningKey
 
 from missionweave.kernel.manifest import verify_manifest
-from missionweave.sdk.client import blob_digest
+from missionweave.sdk.client import MeshClient, SessionSigner, blob_digest
 from missionweave.v1 import artifact_service_pb2 as apb
 from missionweave.v1 import common_pb2
 from missionweave.v1 import work_pb2 as wp
+from missionweave_bridges.mcp_server.desk import Desk
+from missionweave_bridges.mcp_server.refusals import Refused
 from tests.conftest import World, polled
 from tests.mcp_fixtures import (
     authorized,
@@ -477,3 +480,25 @@ def _ref_text(data: bytes) -> str:
 
 def _ledger_ref() -> str:
     return _ref_text(LEDGER)
+
+
+async def test_a_mesh_that_never_answers_is_a_timeout_refusal_not_a_hung_tool(tmp_path: Path) -> None:
+    """A listener that accepts and then says nothing (a hung mesh, a black-holed port): the call ends
+    at its limit as MESH_TIMEOUT, whose hint says a command may have been written."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # never answers; ends when the client goes
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    mesh = MeshClient(f"127.0.0.1:{port}")
+    signer = SessionSigner("worker-bot", 1, SigningKey.generate())
+    desk = Desk(mesh, signer, tmp_path, f"127.0.0.1:{port}")
+    try:
+        async with asyncio.timeout(20):
+            with pytest.raises(Refused) as refused:
+                await desk.call(mesh.group_state(G), limit_s=0.5)
+    finally:
+        await mesh.channel.close()
+        server.close()
+    assert refused.value.reason == "MESH_TIMEOUT" and "may or may not have been written" in refused.value.hint

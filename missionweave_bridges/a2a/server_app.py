@@ -262,14 +262,15 @@ async def _stop_sse_watcher() -> None:
     await asyncio.gather(*watchers, return_exceptions=True)
 
 
-async def start(config: ServerConfig) -> Endpoint:
-    """Opens every served identity's session, then serves gRPC (and HTTP, unless disabled)."""
-    tls = ClientTLS(ca_file=config.mesh_tls_ca) if config.mesh_tls_ca else None
+async def start(config: ServerConfig, mesh_tls: ClientTLS | None = None) -> Endpoint:
+    """Opens every served identity's session, then serves gRPC (and HTTP, unless disabled). TLS
+    towards the mesh: the config's ``mesh_tls_ca``, else ``mesh_tls`` (`mwp`'s TLS flags)."""
+    tls = ClientTLS(ca_file=config.mesh_tls_ca) if config.mesh_tls_ca else mesh_tls
     identities: dict[str, Acting] = {}
     try:
         for served in config.identities:
             identities[served.identity_id] = await open_identity(
-                config.mesh, tls, served.identity_id, read_key(served.key_file)
+                config.target, tls, served.identity_id, read_key(served.key_file)
             )
     except BaseException:
         await close_identities(identities)

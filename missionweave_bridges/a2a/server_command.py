@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import dataclasses
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+from missionweave.cli.common import client_tls, environment, target
+from missionweave.kernel import logs
+
+if TYPE_CHECKING:
+    from missionweave.kernel.transport import ClientTLS
+    from missionweave_bridges.a2a.server_config import ServerConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -47,16 +57,29 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"mwp bridge a2a-server: {err}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return asyncio.run(_serve(config))
+    env = environment(args)
+    logs.configure(env.get("MWP_LOG_LEVEL") or "info", env.get("MWP_LOG_FORMAT") or "json")
+    # The mesh and TLS towards it as every `mwp` command takes them, unless the config names them.
+    config = dataclasses.replace(config, target=config.target or target(args))
+    return asyncio.run(_serve(config, client_tls(args)))
 
 
-async def _serve(config: object) -> int:
+async def _serve(config: ServerConfig, mesh_tls: ClientTLS | None) -> int:
     from missionweave_bridges.a2a.server_app import start
-    from missionweave_bridges.a2a.server_config import ServerConfig
 
-    assert isinstance(config, ServerConfig)
-    endpoint = await start(config)
+    try:
+        endpoint = await start(config, mesh_tls)
+    except grpc.aio.AioRpcError as err:
+        if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise
+        print(
+            f"mwp bridge a2a-server: cannot reach the mesh at {config.target}: {err.details()}",
+            file=sys.stderr,
+        )
+        return 3
+    except OSError as err:  # a listen address in use or not ours to bind
+        print(f"mwp bridge a2a-server: cannot listen: {err}", file=sys.stderr)
+        return 1
     print(
         f"a2a-server: gRPC on port {endpoint.grpc_port}"
         + (f", JSON-RPC and the Agent Card on port {endpoint.http_port}" if endpoint.http_port else ""),

@@ -40,8 +40,9 @@ class ServedIdentity:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    mesh: str
     identities: tuple[ServedIdentity, ...]
+    # The mesh (gateway or front door); "" takes `mwp`'s: --target, else $MWP_TARGET, else 127.0.0.1:50051.
+    target: str = ""
     grpc_listen: str = "127.0.0.1:50070"
     # JSON-RPC and the Agent Card; "" serves no HTTP (then the card is reachable over gRPC only).
     http_listen: str = "127.0.0.1:50071"
@@ -134,7 +135,7 @@ def load(path: Path) -> ServerConfig:
     if (tls_cert is None) != (tls_key is None):
         raise ConfigError(f"{path}: `tls_cert` and `tls_key` go together")
     return ServerConfig(
-        mesh=_text(raw, "mesh", str(path)),
+        target=_text(raw, "target", str(path), ""),
         identities=tuple(identities),
         grpc_listen=_text(raw, "grpc_listen", str(path), ServerConfig.grpc_listen),
         http_listen=str(raw.get("http_listen", ServerConfig.http_listen)),

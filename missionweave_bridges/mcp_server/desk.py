@@ -27,6 +27,10 @@ from missionweave.v1 import work_pb2 as wp
 from missionweave_bridges.mcp_server.refusals import Refused, from_rpc_error
 
 T = TypeVar("T")
+# Every call to the mesh ends: a mesh that hangs is a MESH_TIMEOUT refusal the model can act on, not a
+# tool call that never returns. Storing an output streams bytes at the disk's pace: it has no limit
+# (it runs as a task, which the host can cancel).
+CALL_LIMIT_S = 30.0
 GroupState = authority_service_pb2.GroupState
 
 
@@ -52,12 +56,17 @@ class Desk:
     def me(self) -> str:
         return self.signer.identity_id
 
-    async def call(self, read: Awaitable[T]) -> T:
+    async def call(self, read: Awaitable[T], limit_s: float | None = CALL_LIMIT_S) -> T:
         """A read or command; a refusal or an unanswered call becomes :class:`Refused`."""
         try:
-            return await read
+            async with asyncio.timeout(limit_s):
+                return await read
         except grpc.aio.AioRpcError as err:
             raise from_rpc_error(err) from None
+        except TimeoutError:
+            raise Refused(
+                "MESH_TIMEOUT", f"the mesh at {self.target} did not answer within {limit_s:g} s"
+            ) from None
 
     async def execute(
         self, group_id: str, kind: str, body: Message, *, command_id: str | None = None

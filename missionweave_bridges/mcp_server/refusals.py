@@ -50,6 +50,8 @@ HINTS = {
     "PEER_UNAVAILABLE": "A service of the mesh did not answer; nothing was written. Call again shortly.",
     "TOO_LARGE": "The content is too large for this call. Store it with store_output (a file path) instead.",
     "MESH_UNAVAILABLE": "The mesh did not answer; nothing was written. Call again shortly.",
+    "MESH_TIMEOUT": "The mesh did not answer in time: a command may or may not have been written. Call "
+    "show_work_item (or read_messages) to see where things stand before calling the same tool again.",
     "NOT_HELD": "You hold no execution lease on this WorkItem. Call start_work first (after accept_offer).",
     "NO_OPEN_OFFER": "No open offer names you. Call list_work or wait_for_offer.",
     "UNKNOWN_CRITERION": "The contract has no such acceptance criterion. Call show_work_item for the ids.",

@@ -475,7 +475,8 @@ def register(
                 media_type=media_type,
                 origin=origin,
                 spool_dir=desk.state_dir,
-            )
+            ),
+            limit_s=None,
         )
 
     @server.tool(
