@@ -152,3 +152,28 @@ async def test_the_process_serves_a_member_until_sigterm(world: World, tmp_path:
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_an_unreachable_mesh_or_an_address_in_use_ends_the_start_with_one_line(
+    world: World, tmp_path: Path
+) -> None:
+    key = SigningKey.generate()
+    await world.client.register_identity(
+        "admin", world.keys["admin"], "ann-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+    )
+    write_key(tmp_path / "ann.key", key)
+    served = f'[[identity]]\nid = "ann-bot"\nkey_file = "ann.key"\ntoken_sha256 = "{HASH}"\n'
+    config = write(tmp_path, 'grpc_listen = "127.0.0.1:0"\nhttp_listen = "127.0.0.1:0"\n' + served)
+    code, _, err = await mwp("--target", "127.0.0.1:9", "bridge", "a2a-server", "--config", str(config))
+    assert code == 3 and "cannot reach the mesh at 127.0.0.1:9" in err and "Traceback" not in err
+    # The mesh's own port is taken: refused before any session is opened (a session would fence the
+    # identity's others), for the gRPC and for the HTTP address alike.
+    mesh_port = world.target
+    for listen in (
+        f'grpc_listen = "{mesh_port}"\n',
+        f'grpc_listen = "127.0.0.1:0"\nhttp_listen = "{mesh_port}"\n',
+    ):
+        config = write(tmp_path, listen + served)
+        code, _, err = await mwp("--target", world.target, "bridge", "a2a-server", "--config", str(config))
+        assert code == 1 and "cannot listen: " in err and mesh_port in err and "Traceback" not in err
+    assert (await world.client.identity("ann-bot")).session_epoch == 0  # no session was ever opened

@@ -266,6 +266,24 @@ async def start(config: ServerConfig, mesh_tls: ClientTLS | None = None) -> Endp
     """Opens every served identity's session, then serves gRPC (and HTTP, unless disabled). TLS
     towards the mesh: the config's ``mesh_tls_ca``, else ``mesh_tls`` (`mwp`'s TLS flags)."""
     tls = ClientTLS(ca_file=config.mesh_tls_ca) if config.mesh_tls_ca else mesh_tls
+    scheme = "https" if config.tls_cert else "http"
+    # Both addresses are bound before any session is opened: opening one fences the identity's other
+    # sessions, which an endpoint that then cannot listen must not have done.
+    grpc_server = grpc.aio.server(interceptors=[_BearerInterceptor(config)])
+    try:
+        if config.tls_cert and config.tls_key:
+            credentials = grpc.ssl_server_credentials(
+                [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())]
+            )
+            grpc_port = grpc_server.add_secure_port(config.grpc_listen, credentials)
+        else:
+            grpc_port = grpc_server.add_insecure_port(config.grpc_listen)
+    except RuntimeError as err:  # grpc's way of saying the bind failed
+        raise OSError(f"gRPC on {config.grpc_listen}: the address is in use or not this host's") from err
+    try:
+        http_sock = _bind(config.http_listen) if config.http_listen else None
+    except OSError as err:
+        raise OSError(f"HTTP on {config.http_listen}: {err.strerror or err}") from err
     identities: dict[str, Acting] = {}
     try:
         for served in config.identities:
@@ -274,17 +292,10 @@ async def start(config: ServerConfig, mesh_tls: ClientTLS | None = None) -> Endp
             )
     except BaseException:
         await close_identities(identities)
+        if http_sock is not None:
+            http_sock.close()
+        await grpc_server.stop(0)
         raise
-    scheme = "https" if config.tls_cert else "http"
-    grpc_server = grpc.aio.server(interceptors=[_BearerInterceptor(config)])
-    if config.tls_cert and config.tls_key:
-        credentials = grpc.ssl_server_credentials(
-            [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())]
-        )
-        grpc_port = grpc_server.add_secure_port(config.grpc_listen, credentials)
-    else:
-        grpc_port = grpc_server.add_insecure_port(config.grpc_listen)
-    http_sock = _bind(config.http_listen) if config.http_listen else None
     http_port = http_sock.getsockname()[1] if http_sock else 0
     grpc_host = config.grpc_listen.rpartition(":")[0] or "127.0.0.1"
     http_host = config.http_listen.rpartition(":")[0] or "127.0.0.1"
