@@ -104,7 +104,9 @@ def load_config(path: Path, args: argparse.Namespace) -> BridgeConfig:
         key = Path(env["MWP_KEY"])
     else:
         raise UsageError(f"{path}: missing key key (the identity's key file; or pass --key)")
-    groups = data.get("groups")
+    groups = list(getattr(args, "group", None) or ()) or data.get("groups")
+    if groups is None:
+        raise UsageError(f"{path}: missing key groups (the Group ids to serve; or pass --group)")
     if not isinstance(groups, list) or not groups or not all(isinstance(g, str) and g for g in groups):
         raise UsageError(f"{path}: groups must be a non-empty list of Group ids")
     if len(set(groups)) != len(groups):
@@ -265,5 +267,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--as", dest="actor", help="the bridged agent's identity id (overrides the config's)")
     p.add_argument("--key", help="its key file (overrides the config's key)")
+    p.add_argument(
+        "--group",
+        action="append",
+        metavar="GROUP",
+        help="a Group to serve (repeatable; replaces the config's groups)",
+    )
     add_json_flag(p, "machine output: one JSON document per line (started, stopped)")
     p.set_defaults(func=cmd_a2a, runs_until_stopped=True)
