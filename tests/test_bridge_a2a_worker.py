@@ -503,3 +503,22 @@ async def test_an_unreachable_card_and_a_transport_the_card_lacks_are_bridge_err
         with pytest.raises(BridgeError, match="is not one of"):
             open_client(card, "carrier-pigeon")
         await open_client(card).close()
+
+
+def test_a_bridge_process_logs_structured_lines_but_no_line_per_http_request() -> None:
+    import argparse
+    import logging
+
+    from missionweave_bridges import process_logs
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        process_logs.configure(argparse.Namespace())
+        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+        assert logging.getLogger("httpx").isEnabledFor(logging.WARNING)
+        assert logging.getLogger("missionweave.sdk.worker").isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:], root.level = handlers, level
+        for name in process_logs.QUIETED:
+            logging.getLogger(name).setLevel(logging.NOTSET)

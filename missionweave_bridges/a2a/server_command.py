@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from missionweave.cli.common import client_tls, environment, target
-from missionweave.kernel import logs
+from missionweave.cli.common import client_tls, target
+from missionweave_bridges import process_logs
 
 if TYPE_CHECKING:
     from missionweave.kernel.transport import ClientTLS
@@ -57,8 +57,7 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"mwp bridge a2a-server: {err}", file=sys.stderr)
         return 2
-    env = environment(args)
-    logs.configure(env.get("MWP_LOG_LEVEL") or "info", env.get("MWP_LOG_FORMAT") or "json")
+    process_logs.configure(args)
     # The mesh and TLS towards it as every `mwp` command takes them, unless the config names them.
     config = dataclasses.replace(config, target=config.target or target(args))
     return asyncio.run(_serve(config, client_tls(args)))

@@ -27,12 +27,13 @@ from missionweave.cli.common import (
     target,
 )
 from missionweave.cli.worker import ObservedAgent, Unreachable, _print, observed
-from missionweave.kernel import gc_policy, logs
+from missionweave.kernel import gc_policy
 from missionweave.kernel.signing import read_key
 from missionweave.sdk.agent import AgentError, GatewayError
 from missionweave.sdk.client import MeshClient
 from missionweave.sdk.files import user_state_dir
 from missionweave.sdk.worker import WorkerRuntime
+from missionweave_bridges import process_logs
 from missionweave_bridges.a2a.mapping import mission_card
 from missionweave_bridges.a2a.task_journal import TaskJournal
 from missionweave_bridges.a2a.worker import TRANSPORTS, A2AWorker, BridgeError, open_client, resolve_card
@@ -168,8 +169,7 @@ async def _publish_card(config: BridgeConfig, mesh: MeshClient, agent: ObservedA
 async def cmd_a2a(args: argparse.Namespace) -> int:
     config = load_config(Path(args.config), args)
     key = _read_key(config)
-    env = environment(args)
-    logs.configure(env.get("MWP_LOG_LEVEL") or "info", env.get("MWP_LOG_FORMAT") or "json")
+    process_logs.configure(args)
     gc_policy.for_long_running_process()
     try:
         card = await resolve_card(config.agent_url, timeout_s=config.connect_timeout)
