@@ -177,3 +177,56 @@ async def test_an_unreachable_mesh_or_an_address_in_use_ends_the_start_with_one_
         code, _, err = await mwp("--target", world.target, "bridge", "a2a-server", "--config", str(config))
         assert code == 1 and "cannot listen: " in err and mesh_port in err and "Traceback" not in err
     assert (await world.client.identity("ann-bot")).session_epoch == 0  # no session was ever opened
+
+
+async def test_the_example_client_proposes_and_follows_through_the_running_endpoint(
+    world: World, tmp_path: Path
+) -> None:
+    """examples/a2a/propose_and_follow.py against `mwp bridge a2a-server` as docs/bridge-a2a-server.md runs them."""
+    await create(world, lease_seconds=3600)
+    key = SigningKey.generate()
+    await world.client.register_identity(
+        "admin", world.keys["admin"], "ann-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+    )
+    write_key(tmp_path / "ann.key", key)
+    grant = membership_pb2.MembershipGrant(member_id="ann-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
+    await world.run(world.owner, G, "membership_grant", grant, membership_epoch=1)
+    config = write(
+        tmp_path,
+        'grpc_listen = "127.0.0.1:0"\nhttp_listen = "127.0.0.1:0"\n'
+        f'[[identity]]\nid = "ann-bot"\nkey_file = "ann.key"\ntoken_sha256 = "{HASH}"\n',
+    )
+    (tmp_path / "token").write_text("secret-token\n")
+    endpoint = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "missionweave.cli", "--target", world.target, "bridge", "a2a-server",
+        "--config", str(config), cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert endpoint.stdout is not None
+        started = (await asyncio.wait_for(endpoint.stdout.readline(), 30)).decode()
+        ports = re.search(r"JSON-RPC and the Agent Card on port (\d+)", started)
+        assert ports, started
+        run = [
+            sys.executable, str(ROOT / "examples" / "a2a" / "propose_and_follow.py"),
+            "--url", f"http://127.0.0.1:{ports.group(1)}", "--token-file", str(tmp_path / "token"),
+            "--group", G, "--text", "Draft the audit letter", "--seconds", "2",
+        ]  # fmt: skip
+        for attempt in (1, 2):  # the same message id twice: the same proposal task, one command
+            client = await asyncio.create_subprocess_exec(
+                *run, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+            out, err = await asyncio.wait_for(client.communicate(), 60)
+            assert client.returncode == 0, (out + err).decode()[-3000:]
+            printed = out.decode()
+            proposal = re.search(r"task +(proposal:\S+) +TASK_STATE_SUBMITTED +PROPOSED", printed)
+            assert proposal, printed
+            assert re.search(r"mission:\S+ +TASK_STATE_WORKING +MISSION_STATE_ACTIVE", printed), printed
+            if attempt == 1:
+                first = proposal.group(1)
+            assert proposal.group(1) == first
+        log = [e async for e in world.client.read_events(G)]
+        assert sum(e.WhichOneof("payload") == "work_proposed" for e in log) == 1
+    finally:
+        endpoint.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(endpoint.wait(), 30)
