@@ -99,7 +99,7 @@ class Side:
 
     async def endpoint(self, **options: Any) -> Endpoint:
         config = ServerConfig(
-            mesh=self.mesh.w.target,
+            target=self.mesh.w.target,
             identities=tuple(self.mesh.served),
             grpc_listen="127.0.0.1:0",
             http_listen="127.0.0.1:0",
