@@ -74,6 +74,20 @@ def test_a_configuration_that_cannot_be_served_is_refused(tmp_path: Path, body: 
         load(write(tmp_path, body))
 
 
+async def ann_bot(world: World, tmp_path: Path, *, member_of_g: bool) -> None:
+    """ann-bot registered with its key in ``tmp_path/ann.key``; with ``member_of_g``, a Worker of the
+    Mission G (created here)."""
+    key = SigningKey.generate()
+    await world.client.register_identity(
+        "admin", world.keys["admin"], "ann-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+    )
+    write_key(tmp_path / "ann.key", key)
+    if member_of_g:
+        await create(world, lease_seconds=3600)
+        grant = membership_pb2.MembershipGrant(member_id="ann-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
+        await world.run(world.owner, G, "membership_grant", grant, membership_epoch=1)
+
+
 async def mwp(*args: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -97,14 +111,7 @@ async def test_new_token_prints_a_token_and_the_hash_to_configure() -> None:
 
 
 async def test_the_process_serves_a_member_until_sigterm(world: World, tmp_path: Path) -> None:
-    await create(world, lease_seconds=3600)
-    key = SigningKey.generate()
-    await world.client.register_identity(
-        "admin", world.keys["admin"], "ann-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
-    )
-    write_key(tmp_path / "ann.key", key)
-    grant = membership_pb2.MembershipGrant(member_id="ann-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
-    await world.run(world.owner, G, "membership_grant", grant, membership_epoch=1)
+    await ann_bot(world, tmp_path, member_of_g=True)
     config = write(
         tmp_path,
         'grpc_listen = "127.0.0.1:0"\nhttp_listen = "127.0.0.1:0"\n'
@@ -157,11 +164,7 @@ async def test_the_process_serves_a_member_until_sigterm(world: World, tmp_path:
 async def test_an_unreachable_mesh_or_an_address_in_use_ends_the_start_with_one_line(
     world: World, tmp_path: Path
 ) -> None:
-    key = SigningKey.generate()
-    await world.client.register_identity(
-        "admin", world.keys["admin"], "ann-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
-    )
-    write_key(tmp_path / "ann.key", key)
+    await ann_bot(world, tmp_path, member_of_g=False)
     served = f'[[identity]]\nid = "ann-bot"\nkey_file = "ann.key"\ntoken_sha256 = "{HASH}"\n'
     config = write(tmp_path, 'grpc_listen = "127.0.0.1:0"\nhttp_listen = "127.0.0.1:0"\n' + served)
     code, _, err = await mwp("--target", "127.0.0.1:9", "bridge", "a2a-server", "--config", str(config))
@@ -183,14 +186,7 @@ async def test_the_example_client_proposes_and_follows_through_the_running_endpo
     world: World, tmp_path: Path
 ) -> None:
     """examples/a2a/propose_and_follow.py against `mwp bridge a2a-server` as docs/bridge-a2a-server.md runs them."""
-    await create(world, lease_seconds=3600)
-    key = SigningKey.generate()
-    await world.client.register_identity(
-        "admin", world.keys["admin"], "ann-bot", common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
-    )
-    write_key(tmp_path / "ann.key", key)
-    grant = membership_pb2.MembershipGrant(member_id="ann-bot", role=membership_pb2.MEMBER_ROLE_WORKER)
-    await world.run(world.owner, G, "membership_grant", grant, membership_epoch=1)
+    await ann_bot(world, tmp_path, member_of_g=True)
     config = write(
         tmp_path,
         'grpc_listen = "127.0.0.1:0"\nhttp_listen = "127.0.0.1:0"\n'

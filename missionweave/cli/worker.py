@@ -14,14 +14,13 @@ import logging
 import os
 import signal
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from google.protobuf.message import Message
-from nacl.signing import SigningKey
 
+from missionweave.cli import serving_config
 from missionweave.cli.common import (
     CliError,
     UsageError,
@@ -34,13 +33,12 @@ from missionweave.cli.common import (
     load_signer,
     reading,
     reading_command,
-    target,
     to_dict,
     wants_json,
     when,
 )
+from missionweave.cli.serving_config import SERVING_KEYS, Serving
 from missionweave.kernel import gc_policy, logs
-from missionweave.kernel.signing import read_key
 from missionweave.sdk.agent import Agent, AgentError, CommandBody, CommandRejected, GatewayError, SessionFile
 from missionweave.sdk.client import MeshClient, SessionSigner
 from missionweave.sdk.files import user_state_dir
@@ -87,16 +85,8 @@ async def cmd_queue(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ mwp worker run
 
 CONFIG_KEYS = {
-    "target": "the mesh address (the global --target overrides it; default $MWP_TARGET, else 127.0.0.1:50051)",
-    "identity": "the Worker's identity id (default: --as, else $MWP_AS)",
-    "key": "its key file, relative to the config file (default: --key, else $MWP_KEY)",
-    "groups": "the Group ids to serve (a non-empty list)",
+    **SERVING_KEYS,
     "handler": "MODULE:FUNCTION: a .py file relative to the config file, or a dotted module",
-    "state_dir": (
-        "where the agent keeps its session, cursors and unsent outputs (default: $MWP_STATE_DIR, else "
-        "$XDG_STATE_HOME/missionweave, else ~/.local/state/missionweave; then workers/)"
-    ),
-    "connect_timeout": "seconds to reach the gateway before giving up (default 10)",
 }
 
 
@@ -107,74 +97,19 @@ class Unreachable(CliError):
 
 
 @dataclass(frozen=True)
-class WorkerConfig:
-    path: Path
-    target: str
-    identity: str
-    key: Path
-    groups: tuple[str, ...]
-    handler: str
-    state_dir: Path
-    connect_timeout: float
-
-
-def _text(data: dict[str, Any], name: str, where: Path) -> str | None:
-    value = data.get(name)
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise UsageError(f"{where}: {name} must be a non-empty string")
-    return value
+class WorkerConfig(Serving):
+    handler: str = ""
 
 
 def load_config(path: Path, args: argparse.Namespace) -> WorkerConfig:
-    """The config file, with --as/--key and the environment filling what it leaves out; every
-    problem a UsageError naming the file and the key, so nothing reaches the mesh half-configured."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as err:
-        raise UsageError(f"cannot read the config file {path}: {err.strerror or err}") from None
-    except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"{path} is not valid TOML: {err}") from None
-    unknown = sorted(set(data) - set(CONFIG_KEYS))
-    if unknown:
-        raise UsageError(f"{path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(CONFIG_KEYS)}")
-    base = path.resolve().parent
-    env = environment(args)
-    identity = getattr(args, "actor", None) or _text(data, "identity", path) or env.get("MWP_AS")
-    if not identity:
-        raise UsageError(f"{path}: missing key identity (the Worker's identity id; or pass --as)")
-    key_text = _text(data, "key", path)
-    if getattr(args, "key", None):
-        key = Path(args.key)
-    elif key_text:
-        key = base / key_text
-    elif env.get("MWP_KEY"):
-        key = Path(env["MWP_KEY"])
-    else:
-        raise UsageError(f"{path}: missing key key (the Worker's key file; or pass --key)")
-    groups = list(getattr(args, "group", None) or ()) or data.get("groups")
-    if groups is None:
-        raise UsageError(f"{path}: missing key groups (the Group ids to serve; or pass --group)")
-    if not isinstance(groups, list) or not groups or not all(isinstance(g, str) and g for g in groups):
-        raise UsageError(f"{path}: groups must be a non-empty list of Group ids")
-    if len(set(groups)) != len(groups):
-        raise UsageError(f"{path}: groups names a Group twice")
-    handler = _text(data, "handler", path)
+    """The config file, with --as/--key/--group and the environment filling what it leaves out."""
+    serving, data = serving_config.read(
+        path, args, CONFIG_KEYS, who="the Worker", default_state=user_state_dir() / "workers"
+    )
+    handler = serving_config.text(data, "handler", path)
     if handler is None:
         raise UsageError(f"{path}: missing key handler (MODULE:FUNCTION)")
-    state = _text(data, "state_dir", path)
-    timeout = data.get("connect_timeout", 10)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise UsageError(f"{path}: connect_timeout must be a positive number of seconds")
-    return WorkerConfig(
-        path=path,
-        target=getattr(args, "target", None) or _text(data, "target", path) or target(args),
-        identity=identity,
-        key=key,
-        groups=tuple(groups),
-        handler=handler,
-        state_dir=base / state if state else user_state_dir() / "workers",
-        connect_timeout=float(timeout),
-    )
+    return WorkerConfig(**vars(serving), handler=handler)
 
 
 def load_handler(config: WorkerConfig) -> Handler:
@@ -217,23 +152,6 @@ def load_handler(config: WorkerConfig) -> Handler:
             f"{config.path}: {config.handler} is not an async function (async def {function}(slot))"
         )
     return cast(Handler, found)
-
-
-def _read_identity_key(config: WorkerConfig) -> SigningKey:
-    try:
-        return read_key(config.key)
-    except FileNotFoundError:
-        raise UsageError(
-            f"{config.path}: the key file {config.key} does not exist (mwp keygen creates one)"
-        ) from None
-    except PermissionError as err:
-        raise UsageError(f"{config.path}: the key file {config.key} cannot be used: {err}") from None
-    except OSError as err:
-        raise UsageError(
-            f"{config.path}: cannot read the key file {config.key}: {err.strerror or err}"
-        ) from None
-    except ValueError:
-        raise UsageError(f"{config.path}: {config.key} is not a key file (mwp keygen writes one)") from None
 
 
 class ObservedAgent(Agent):
@@ -338,7 +256,7 @@ def _seed_session(agent: Agent, signer: SessionSigner) -> None:
 async def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(Path(args.config), args)
     handler = load_handler(config)
-    key = _read_identity_key(config)
+    key = serving_config.read_identity_key(config)
     env = environment(args)
     logs.configure(env.get("MWP_LOG_LEVEL") or "info", env.get("MWP_LOG_FORMAT") or "json")
     gc_policy.for_long_running_process()  # a long-running agent host: its tail latency (D155)

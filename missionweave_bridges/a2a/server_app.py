@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,7 +22,6 @@ from a2a.types import a2a_pb2 as a2a
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, PROTOCOL_VERSION_CURRENT, TransportProtocol
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from missionweave.kernel.signing import read_key
 from missionweave.kernel.transport import ClientTLS
@@ -35,6 +33,7 @@ from missionweave_bridges.a2a.server_handler import (
     close_identities,
     open_identity,
 )
+from missionweave_bridges.http_bearer import BearerGate
 
 log = logging.getLogger("missionweave_bridges.a2a.server")
 
@@ -170,40 +169,6 @@ class _BearerInterceptor(grpc.aio.ServerInterceptor):
         )
 
 
-class _BearerMiddleware:
-    """HTTP: everything but the public Agent Card needs a served identity's token (401 otherwise)."""
-
-    def __init__(self, app: ASGIApp, config: ServerConfig) -> None:
-        self.app, self.config = app, config
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") == AGENT_CARD_WELL_KNOWN_PATH:
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.config.identity_for(headers.get("authorization", "")):
-            await self.app(scope, receive, send)
-            return
-        body = json.dumps(
-            {
-                "error": "unauthenticated",
-                "message": "a bearer token of an identity this endpoint serves is required",
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"www-authenticate", b'Bearer realm="missionweave"'),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-
 def _bind(address: str) -> socket.socket:
     host, _, port = address.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
@@ -311,7 +276,16 @@ async def start(config: ServerConfig, mesh_tls: ClientTLS | None = None) -> Endp
     http_task: asyncio.Task[None] | None = None
     if http_sock is not None:
         routes = create_agent_card_routes(card) + create_jsonrpc_routes(handler, "/", _HttpContext(config))
-        app = _BearerMiddleware(Starlette(routes=routes), config)
+        app = BearerGate(
+            Starlette(routes=routes),
+            lambda authorization: config.identity_for(authorization) is not None,
+            realm="missionweave",
+            error={
+                "error": "unauthenticated",
+                "message": "a bearer token of an identity this endpoint serves is required",
+            },
+            public_paths=(AGENT_CARD_WELL_KNOWN_PATH,),
+        )
         http_server = uvicorn.Server(
             uvicorn.Config(
                 app,

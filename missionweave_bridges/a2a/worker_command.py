@@ -10,25 +10,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
-from nacl.signing import SigningKey
 
+from missionweave.cli import serving_config
 from missionweave.cli.common import (
     CliError,
     UsageError,
     add_json_flag,
     client_tls,
-    environment,
-    target,
 )
+from missionweave.cli.serving_config import SERVING_KEYS, Serving
 from missionweave.cli.worker import ObservedAgent, Unreachable, _print, observed
 from missionweave.kernel import gc_policy
-from missionweave.kernel.signing import read_key
 from missionweave.sdk.agent import AgentError, GatewayError
 from missionweave.sdk.client import MeshClient
 from missionweave.sdk.files import user_state_dir
@@ -41,111 +38,41 @@ from missionweave_bridges.a2a.worker import TRANSPORTS, A2AWorker, BridgeError, 
 CONFIG_KEYS = {
     "agent_url": "the A2A agent's base URL (its card is at URL/.well-known/agent-card.json)",
     "transport": "grpc or jsonrpc (default: the first the card offers that the bridge speaks)",
-    "target": "the mesh address (the global --target overrides it; default $MWP_TARGET, else 127.0.0.1:50051)",
-    "identity": "the bridged agent's MissionWeave identity id (default: --as, else $MWP_AS)",
-    "key": "its key file, relative to the config file (default: --key, else $MWP_KEY)",
-    "groups": "the Group ids to serve (a non-empty list)",
+    **SERVING_KEYS,
     "max_concurrency": "how many WorkItems the agent runs at once: its Agent Card's slots (default 1)",
     "publish_card": "publish the matching MissionWeave Agent Card at start (default true)",
-    "state_dir": "the bridge's session, cursors, outputs and A2A task journal (default: the user's state dir, bridges/)",
-    "connect_timeout": "seconds to reach the gateway or the A2A agent before giving up (default 10)",
 }
 
 
 @dataclass(frozen=True)
-class BridgeConfig:
-    path: Path
-    agent_url: str
-    transport: str
-    target: str
-    identity: str
-    key: Path
-    groups: tuple[str, ...]
-    max_concurrency: int
-    publish_card: bool
-    state_dir: Path
-    connect_timeout: float
-
-
-def _text(data: dict[str, Any], name: str, where: Path) -> str | None:
-    value = data.get(name)
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise UsageError(f"{where}: {name} must be a non-empty string")
-    return value
+class BridgeConfig(Serving):
+    agent_url: str = ""
+    transport: str = ""
+    max_concurrency: int = 1
+    publish_card: bool = True
 
 
 def load_config(path: Path, args: argparse.Namespace) -> BridgeConfig:
-    """Every problem a UsageError naming the file and the key: nothing starts half-configured."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as err:
-        raise UsageError(f"cannot read the config file {path}: {err.strerror or err}") from None
-    except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"{path} is not valid TOML: {err}") from None
-    unknown = sorted(set(data) - set(CONFIG_KEYS))
-    if unknown:
-        raise UsageError(f"{path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(CONFIG_KEYS)}")
-    base = path.resolve().parent
-    env = environment(args)
-    agent_url = _text(data, "agent_url", path)
+    """The serving config (serving_config.py) and the A2A agent's part of it: the agent's identity is
+    the bridge's (one MissionWeave identity per bridged agent); its state goes under bridges/."""
+    serving, data = serving_config.read(
+        path, args, CONFIG_KEYS, who="the bridged agent", default_state=user_state_dir() / "bridges"
+    )
+    agent_url = serving_config.text(data, "agent_url", path)
     if agent_url is None:
         raise UsageError(f"{path}: missing key agent_url (the A2A agent's base URL)")
-    transport = _text(data, "transport", path) or ""
+    transport = serving_config.text(data, "transport", path) or ""
     if transport and transport not in TRANSPORTS:
         raise UsageError(f"{path}: transport must be one of {', '.join(TRANSPORTS)}")
-    identity = getattr(args, "actor", None) or _text(data, "identity", path) or env.get("MWP_AS")
-    if not identity:
-        raise UsageError(f"{path}: missing key identity (the bridged agent's identity id; or pass --as)")
-    key_text = _text(data, "key", path)
-    if getattr(args, "key", None):
-        key = Path(args.key)
-    elif key_text:
-        key = base / key_text
-    elif env.get("MWP_KEY"):
-        key = Path(env["MWP_KEY"])
-    else:
-        raise UsageError(f"{path}: missing key key (the identity's key file; or pass --key)")
-    groups = list(getattr(args, "group", None) or ()) or data.get("groups")
-    if groups is None:
-        raise UsageError(f"{path}: missing key groups (the Group ids to serve; or pass --group)")
-    if not isinstance(groups, list) or not groups or not all(isinstance(g, str) and g for g in groups):
-        raise UsageError(f"{path}: groups must be a non-empty list of Group ids")
-    if len(set(groups)) != len(groups):
-        raise UsageError(f"{path}: groups names a Group twice")
     slots = data.get("max_concurrency", 1)
     if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 1024:
         raise UsageError(f"{path}: max_concurrency must be an integer from 1 to 1024")
     publish = data.get("publish_card", True)
     if not isinstance(publish, bool):
         raise UsageError(f"{path}: publish_card must be true or false")
-    timeout = data.get("connect_timeout", 10)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise UsageError(f"{path}: connect_timeout must be a positive number of seconds")
-    state = _text(data, "state_dir", path)
     return BridgeConfig(
-        path=path,
-        agent_url=agent_url,
-        transport=transport,
-        target=getattr(args, "target", None) or _text(data, "target", path) or target(args),
-        identity=identity,
-        key=key,
-        groups=tuple(groups),
-        max_concurrency=slots,
-        publish_card=publish,
-        state_dir=base / state if state else user_state_dir() / "bridges",
-        connect_timeout=float(timeout),
+        **vars(serving), agent_url=agent_url, transport=transport, max_concurrency=slots, publish_card=publish
     )
-
-
-def _read_key(config: BridgeConfig) -> SigningKey:
-    try:
-        return read_key(config.key)
-    except FileNotFoundError:
-        raise UsageError(
-            f"{config.path}: the key file {config.key} does not exist (mwp keygen creates one)"
-        ) from None
-    except (OSError, ValueError) as err:
-        raise UsageError(f"{config.path}: cannot use the key file {config.key}: {err}") from None
 
 
 async def _publish_card(config: BridgeConfig, mesh: MeshClient, agent: ObservedAgent, card: Any) -> str:
@@ -168,7 +95,7 @@ async def _publish_card(config: BridgeConfig, mesh: MeshClient, agent: ObservedA
 
 async def cmd_a2a(args: argparse.Namespace) -> int:
     config = load_config(Path(args.config), args)
-    key = _read_key(config)
+    key = serving_config.read_identity_key(config)
     process_logs.configure(args)
     gc_policy.for_long_running_process()
     try:

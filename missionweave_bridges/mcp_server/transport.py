@@ -11,51 +11,28 @@ constant-time; a request without it, or with another one, gets 401 before the MC
 from __future__ import annotations
 
 import hmac
-import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 
+from missionweave_bridges.http_bearer import ASGIApp, BearerGate
+
 log = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 MIN_TOKEN_CHARS = 16
 
 
-class BearerToken:
-    """ASGI middleware: HTTP requests need ``Authorization: Bearer <token>``; lifespan passes."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                body = json.dumps(
-                    {"error": "unauthorized", "error_description": "a bearer token is required"}
-                ).encode()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"www-authenticate", b'Bearer realm="mwp mcp"'),
-                            (b"content-length", str(len(body)).encode()),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
-        await self.app(scope, receive, send)
+def bearer_gate(app: ASGIApp, token: str) -> BearerGate:
+    """HTTP requests need ``Authorization: Bearer <token>`` (compared in constant time)."""
+    expected = f"Bearer {token}".encode()
+    return BearerGate(
+        app,
+        lambda given: hmac.compare_digest(given.encode("latin-1", "replace"), expected),
+        realm="mwp mcp",
+        error={"error": "unauthorized", "error_description": "a bearer token is required"},
+    )
 
 
 async def serve_stdio(server: MCPServer[Any]) -> None:
@@ -63,7 +40,7 @@ async def serve_stdio(server: MCPServer[Any]) -> None:
 
 
 async def serve_http(server: MCPServer[Any], host: str, port: int, token: str) -> None:
-    app = BearerToken(server.streamable_http_app(host=host), token)
+    app = bearer_gate(server.streamable_http_app(host=host), token)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     http = uvicorn.Server(config)
     log.info("mwp mcp: streamable HTTP at http://%s:%d/mcp", host, port)
