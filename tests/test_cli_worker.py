@@ -11,6 +11,7 @@ import socket
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from missionweave.kernel.signing import generate_key, write_key
 from missionweave.v1 import membership_pb2
 from missionweave.v1 import work_pb2 as wp
 from tests import builders
-from tests.conftest import World
+from tests.conftest import World, polled
 from tests.test_cli_member import mission_group
 from tests.test_cli_mission import ROOT, Bench, execute
 from tests.test_cli_mission import bench as bench  # the fixture
@@ -322,3 +323,93 @@ async def test_mwp_worker_run_in_a_group_it_is_not_a_member_of_is_refused_exit_1
     code, out, err = await mwp("worker", "run", "--config", str(config))
     assert code == 1 and "mwp: refused: NOT_A_MEMBER" in err and "Traceback" not in err, err
     assert "serves" not in out  # it never started serving
+
+
+GATED_HANDLER = '''
+"""Works until the file named by the WorkItem's goal exists, then hands in its worksheet."""
+import asyncio
+from pathlib import Path
+
+from missionweave.sdk.worker import Slot, WorkResult
+from missionweave.v1 import work_pb2 as wp
+
+
+async def handle(slot: Slot) -> WorkResult:
+    while not Path(slot.contract.goal).exists():
+        await asyncio.sleep(0.05)
+    await slot.put(f"{slot.work_item_id}: through".encode(), media_type="text/plain")
+    evidence = [
+        wp.Evidence(
+            evidence_id=f"ev-{c.criterion_id}", criterion_id=c.criterion_id, method=wp.EVIDENCE_METHOD_TEST,
+            result=wp.EVIDENCE_RESULT_PASS, summary="checked",
+        )
+        for c in slot.contract.acceptance_criteria
+    ]
+    return WorkResult(evidence=evidence, summary="after a restart")
+'''
+
+
+@pytest.mark.req("MW-11.3-09")
+async def test_mwp_worker_run_killed_mid_work_resumes_it_at_once_on_restart(
+    world: World, tmp_path: Path
+) -> None:
+    """kill -9 while the handler works, under a lease of 10 minutes: the restarted Worker's new
+    session fences the dead one's lease at once (SESSION_REPLACED, ownership kept), so the work is
+    placed again and submitted now, not when the lease lapses; the key's saved session is the new one."""
+    w = world
+    flow: Flow = await setup(w)
+    write_key(tmp_path / "worker.key", w.worker.key)
+    (tmp_path / "gated.py").write_text(GATED_HANDLER)
+    gate = tmp_path / "open"
+    config = write_config(
+        tmp_path / "worker.toml",
+        target=w.target,
+        identity="worker-bot",
+        key="worker.key",
+        groups=[G],
+        handler="gated.py:handle",
+        state_dir="state",
+    )
+
+    async def events(kind: str) -> list[Any]:
+        return [
+            getattr(e, kind)
+            for e in [e async for e in w.client.read_events(G)]
+            if e.WhichOneof("payload") == kind
+        ]
+
+    proc = await start_mwp("worker", "run", "--config", str(config), "--json")
+    try:
+        assert proc.stdout is not None
+        first = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
+        contract = builders.contract(w.clock.now(), goal=str(gate))
+        contract.time_policy.execution_lease_duration.FromSeconds(600)
+        body = wp.WorkAuthorize(work_item_id="wi-1", title="gated", contract=contract, coordinator_epoch=1)
+        await flow.coord("work_authorize", body)
+        await flow.coord("work_offer", flow.offer_body("wi-1", "worker-bot"))
+
+        async def started() -> bool:
+            return bool(await events("work_started"))
+
+        await polled(started, 60)
+    finally:
+        proc.kill()
+        await proc.wait()
+    proc = await start_mwp("worker", "run", "--config", str(config), "--json")
+    try:
+        second = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))  # type: ignore[union-attr]
+        assert second["session_epoch"] > first["session_epoch"]
+        gate.touch()
+
+        async def submitted() -> bool:
+            return bool(await events("work_submitted"))
+
+        await polled(submitted, 45)  # far inside the 10-minute lease the dead process held
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert [r.cause for r in await events("lease_revoked")] == [wp.LEASE_REVOCATION_CAUSE_SESSION_REPLACED]
+    assert len(await events("work_started")) == 2
+    saved = json.loads((tmp_path / "worker.key.session.json").read_text())
+    assert saved == {"identity": "worker-bot", "session_epoch": second["session_epoch"]}

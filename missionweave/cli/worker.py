@@ -30,9 +30,9 @@ from missionweave.cli.common import (
     emit,
     enum_label,
     environment,
-    load_signer,
     reading,
     reading_command,
+    save_session,
     to_dict,
     wants_json,
     when,
@@ -242,8 +242,8 @@ async def _report_submissions(runtime: WorkerRuntime) -> None:
 
 
 def _seed_session(agent: Agent, signer: SessionSigner) -> None:
-    """Hands the CLI's saved session (its key is the identity key, as every mwp command signs) to
-    the agent, so that starting the Worker fences no other mwp command run as the same identity."""
+    """Hands the session saved next to the key (its key is the identity key, as every mwp command
+    signs) to the agent, so the Worker and the identity's mwp commands share one session."""
     agent_file = SessionFile(agent.directory / "session.json", agent.identity_id)
     try:
         current = agent_file.load()
@@ -261,9 +261,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
     logs.configure(env.get("MWP_LOG_LEVEL") or "info", env.get("MWP_LOG_FORMAT") or "json")
     gc_policy.for_long_running_process()  # a long-running agent host: its tail latency (D155)
     tls = client_tls(args)
-    session_args = argparse.Namespace(actor=config.identity, key=str(config.key))
+    # A new session at every start, saved next to the key for the identity's other mwp commands
+    # (D94, D213): it fences a killed predecessor's leases at once, so its work is placed again now
+    # rather than when those leases lapse.
     async with MeshClient(config.target, tls) as mesh:
-        signer = await load_signer(session_args, mesh)
+        signer = await mesh.open_session(config.identity, key)
+    save_session(config.key, signer)
     agent = ObservedAgent(
         config.target,
         config.identity,
