@@ -179,6 +179,8 @@ async def test_mwp_worker_run_serves_a_group_with_the_configured_handler_until_s
         ("work_submit", "accepted"),
     } <= logged
     assert ("work_submit", None) in logged
+    # The deliverable stored through the slot counts among what was handed in.
+    assert any(e.get("msg") == "wi-1 done: 1 artifact(s), 1 evidence" for e in lines)
     assert "Traceback" not in err.decode()
     log = [e async for e in w.client.read_events(G)]
     [submitted] = [e.work_submitted for e in log if e.WhichOneof("payload") == "work_submitted"]

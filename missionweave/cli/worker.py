@@ -212,12 +212,15 @@ def observed(handler: Handler) -> Handler:
                 "%s failed: %s", slot.work_item_id, outcome.reason, extra={**facts, "reason": outcome.reason}
             )
         else:
+            # What the submission hands in: the deliverables stored through the slot, then those named.
+            stored = slot.artifacts.outputs if slot.artifacts is not None else []
+            handed_in = {a.digest.hex for a in [*stored, *outcome.artifacts]}
             worker_log.info(
                 "%s done: %d artifact(s), %d evidence",
                 slot.work_item_id,
-                len(outcome.artifacts),
+                len(handed_in),
                 len(outcome.evidence),
-                extra=facts,
+                extra={**facts, "artifacts": len(handed_in)},
             )
         return outcome
 
