@@ -1,4 +1,4 @@
-"""``mwp mcp``'s MCP server: the tools of worker_tools, coordinator_tools and conversation_tools
+"""``mwp mcp``'s MCP server: the tools of work_finding_tools, worker_tools, coordinator_tools and conversation_tools
 under one identity, the tasks extension of tasks.py, and lease renewal (leases.py)."""
 
 from __future__ import annotations
@@ -13,7 +13,12 @@ from mcp.server.mcpserver.context import Context
 from mcp_types import CallToolResult, InputRequiredResult
 
 from missionweave import __version__
-from missionweave_bridges.mcp_server import conversation_tools, coordinator_tools, worker_tools
+from missionweave_bridges.mcp_server import (
+    conversation_tools,
+    coordinator_tools,
+    work_finding_tools,
+    worker_tools,
+)
 from missionweave_bridges.mcp_server.content import OutputLog, content_of, ok
 from missionweave_bridges.mcp_server.desk import Desk
 from missionweave_bridges.mcp_server.leases import LeaseKeeper
@@ -84,6 +89,7 @@ class Assembly:
             return await call_next(ctx)
 
         self.server.middleware.append(host_seen)
+        work_finding_tools.register(self.server, desk, outputs)
         worker_tools.register(self.server, desk, self.keeper, outputs, files)
         coordinator_tools.register(self.server, desk)
         conversation_tools.register(self.server, desk)
