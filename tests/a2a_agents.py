@@ -21,6 +21,7 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, closing
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import uvicorn
@@ -33,8 +34,11 @@ from a2a.server.tasks.inmemory_task_store import InMemoryTaskStore
 from a2a.server.tasks.task_updater import TaskUpdater
 from a2a.types import a2a_pb2 as a2a
 from a2a.types import a2a_pb2_grpc
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from sse_starlette.sse import AppStatus, _get_shutdown_state
 from starlette.applications import Starlette
+
+from missionweave_bridges.http_bearer import BearerGate
 
 BINARY = bytes(range(256)) * 8  # the `complete` behaviour's binary artifact
 
@@ -172,7 +176,7 @@ class RunningAgent:
 
 
 def agent_card(
-    http_url: str, grpc_address: str, bindings: tuple[str, ...], streaming: bool = True
+    http_url: str, grpc_address: str, bindings: tuple[str, ...], streaming: bool = True, bearer: bool = False
 ) -> a2a.AgentCard:
     interfaces = {
         "JSONRPC": a2a.AgentInterface(
@@ -180,7 +184,7 @@ def agent_card(
         ),
         "GRPC": a2a.AgentInterface(url=grpc_address, protocol_binding="GRPC", protocol_version="1.0"),
     }
-    return a2a.AgentCard(
+    card = a2a.AgentCard(
         name="ledger-agent",
         description="Reconciles ledgers (a scripted A2A agent for the bridge tests).",
         version="1.2.0",
@@ -195,22 +199,37 @@ def agent_card(
             a2a.AgentSkill(id="convert", name="Convert", description="convert currencies", tags=["finance"]),
         ],
     )
+    if bearer:  # the card says so, as an agent requiring a token does (A2A's security schemes)
+        card.security_schemes["agent-token"].http_auth_security_scheme.CopyFrom(
+            a2a.HTTPAuthSecurityScheme(scheme="Bearer")
+        )
+        card.security_requirements.add().schemes["agent-token"].SetInParent()
+    return card
 
 
 @asynccontextmanager
 async def running_agent(
-    bindings: tuple[str, ...] = ("JSONRPC", "GRPC"), streaming: bool = True
+    bindings: tuple[str, ...] = ("JSONRPC", "GRPC"), streaming: bool = True, token: str = ""
 ) -> AsyncIterator[RunningAgent]:
-    """The agent served on free ports until the block exits."""
+    """The agent served on free ports until the block exits; with ``token``, its JSON-RPC calls need
+    ``Authorization: Bearer <token>`` (401 otherwise) and its card declares that scheme."""
     http_port, grpc_port = free_port(), free_port()
     url = f"http://127.0.0.1:{http_port}"
     grpc_address = f"127.0.0.1:{grpc_port}"
-    card = agent_card(url, grpc_address, bindings, streaming)
+    card = agent_card(url, grpc_address, bindings, streaming, bearer=bool(token))
     seen, gate, late = Seen(), asyncio.Event(), asyncio.Event()
     handler = DefaultRequestHandler(
         agent_executor=ScriptedExecutor(seen, gate, late), task_store=InMemoryTaskStore(), agent_card=card
     )
-    app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/a2a")])
+    app: Any = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/a2a")])
+    if token:
+        app = BearerGate(
+            app,
+            lambda given: given == f"Bearer {token}",
+            realm="ledger-agent",
+            error={"error": "unauthorized"},
+            public_paths=(AGENT_CARD_WELL_KNOWN_PATH,),
+        )
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=http_port, log_level="warning", lifespan="off")
     )

@@ -38,7 +38,7 @@ from missionweave_bridges.a2a.worker import A2AWorker, BridgeError, open_client,
 from tests.a2a_agents import BINARY, running_agent
 from tests.conftest import World, polled
 from tests.test_agent_sdk import connect
-from tests.test_cli_worker import start_mwp, write_config
+from tests.test_cli_worker import mwp, start_mwp, write_config
 from tests.test_missions import G
 from tests.test_work_items import Flow, setup
 
@@ -522,3 +522,48 @@ def test_a_bridge_process_logs_structured_lines_but_no_line_per_http_request() -
         root.handlers[:], root.level = handlers, level
         for name in process_logs.QUIETED:
             logging.getLogger(name).setLevel(logging.NOTSET)
+
+
+async def test_an_agent_whose_card_requires_a_token_gets_the_configured_credential(
+    world: World, tmp_path: Path
+) -> None:
+    """The card's security scheme is satisfied from the config's [credentials] (the SDK's
+    AuthInterceptor sends it as the scheme says); without it the bridge does not start (exit 2)."""
+    w = world
+    flow = await setup(w)
+    async with running_agent(bindings=("JSONRPC",), token="agent-secret") as agent:
+        config = bridge_config(w, tmp_path, agent.url)
+        code, _, err = await mwp("bridge", "a2a", "--config", str(config))
+        assert code == 2 and "requires credentials for agent-token" in err and "[credentials]" in err
+        (tmp_path / "agent.token").write_text("agent-secret\n")
+        with config.open("a") as f:
+            f.write('\n[credentials]\n"agent-token" = "agent.token"\n')
+        proc = await start_mwp("bridge", "a2a", "--config", str(config), "--json")
+        try:
+            await started_line(proc)
+            await work_and_offer(flow, "wi-1", "complete the Q3 ledger")
+
+            async def submitted() -> bool:
+                return bool(of(await events(w), "work_submitted"))
+
+            await polled(submitted, 60)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err_bytes = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err_bytes.decode()[-3000:]
+        assert len(agent.seen.tasks) == 1
+
+
+def test_the_credentials_a_card_still_lacks() -> None:
+    from missionweave_bridges.a2a.worker import missing_credentials
+
+    card = a2a.AgentCard(name="x")
+    assert missing_credentials(card, {}) == []  # a card asking for nothing
+    card.security_requirements.add().schemes["oauth"].SetInParent()
+    either = card.security_requirements.add()  # or: an API key and a bearer token together
+    either.schemes["key"].SetInParent()
+    either.schemes["bearer"].SetInParent()
+    assert missing_credentials(card, {}) == ["oauth"]
+    assert missing_credentials(card, {"key": "k"}) == ["oauth"]
+    assert missing_credentials(card, {"key": "k", "bearer": "t"}) == []
+    assert missing_credentials(card, {"oauth": "t"}) == []

@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import grpc
 import httpx
-from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
+from a2a.client import (
+    A2ACardResolver,
+    AuthInterceptor,
+    Client,
+    ClientConfig,
+    ClientFactory,
+    CredentialService,
+)
+from a2a.client.client import ClientCallContext
 from a2a.client.errors import A2AClientError, A2AClientTimeoutError, AgentCardResolutionError
+from a2a.client.interceptors import ClientCallInterceptor
 from a2a.types import a2a_pb2 as a2a
 from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import A2AError, TaskNotCancelableError
@@ -63,9 +72,46 @@ async def resolve_card(url: str, *, timeout_s: float = 10.0) -> a2a.AgentCard:
             raise BridgeError(f"cannot read the A2A Agent Card at {url}: {err}") from None
 
 
-def open_client(card: a2a.AgentCard, transport: str = "") -> Client:
+class MissingCredentials(BridgeError):
+    """The agent's card requires credentials the bridge config does not hold (a config problem)."""
+
+
+class SchemeCredentials(CredentialService):
+    """The credential configured for each of the agent card's security schemes, by scheme name; the
+    SDK's AuthInterceptor puts it where the scheme says (a bearer token, an API key header)."""
+
+    def __init__(self, by_scheme: Mapping[str, str]) -> None:
+        self.by_scheme = dict(by_scheme)
+
+    async def get_credentials(
+        self, security_scheme_name: str, context: ClientCallContext | None
+    ) -> str | None:
+        return self.by_scheme.get(security_scheme_name)
+
+
+def missing_credentials(card: a2a.AgentCard, by_scheme: Mapping[str, str]) -> list[str]:
+    """The schemes of the card's first satisfiable requirement still lacking a credential: empty when
+    the card asks for none, or when one of its alternative requirements is fully configured."""
+    requirements = [list(r.schemes) for r in card.security_requirements]
+    if not requirements or any(all(s in by_scheme for s in schemes) for schemes in requirements):
+        return []
+    return [s for s in requirements[0] if s not in by_scheme]
+
+
+def open_client(
+    card: a2a.AgentCard, transport: str = "", credentials: Mapping[str, str] | None = None
+) -> Client:
     """A client on the transport the card offers: ``transport`` ("grpc" or "jsonrpc") when the
-    config names one (refused if the card does not offer it), else the card's own preference."""
+    config names one (refused if the card does not offer it), else the card's own preference.
+    ``credentials`` (by security scheme name) are sent as the card's schemes say; a card whose
+    security the credentials do not satisfy is refused here, before any task is sent."""
+    by_scheme = dict(credentials or {})
+    lacking = missing_credentials(card, by_scheme)
+    if lacking:
+        raise MissingCredentials(
+            f"the A2A agent {card.name!r} requires credentials for {', '.join(lacking)}: "
+            f'add them under [credentials] in the bridge config (scheme = "FILE")'
+        )
     offered = [i.protocol_binding for i in card.supported_interfaces]
     if transport:
         if transport not in TRANSPORTS:
@@ -83,7 +129,10 @@ def open_client(card: a2a.AgentCard, transport: str = "") -> Client:
         supported_protocol_bindings=wanted,
         grpc_channel_factory=grpc.aio.insecure_channel,
     )
-    return ClientFactory(config).create(card)
+    interceptors: list[ClientCallInterceptor] | None = (
+        [AuthInterceptor(SchemeCredentials(by_scheme))] if by_scheme else None
+    )
+    return ClientFactory(config).create(card, interceptors=interceptors)
 
 
 @dataclass

@@ -33,7 +33,14 @@ from missionweave.sdk.worker import WorkerRuntime
 from missionweave_bridges import process_logs
 from missionweave_bridges.a2a.mapping import mission_card
 from missionweave_bridges.a2a.task_journal import TaskJournal
-from missionweave_bridges.a2a.worker import TRANSPORTS, A2AWorker, BridgeError, open_client, resolve_card
+from missionweave_bridges.a2a.worker import (
+    TRANSPORTS,
+    A2AWorker,
+    BridgeError,
+    MissingCredentials,
+    open_client,
+    resolve_card,
+)
 
 CONFIG_KEYS = {
     "agent_url": "the A2A agent's base URL (its card is at URL/.well-known/agent-card.json)",
@@ -41,6 +48,10 @@ CONFIG_KEYS = {
     **SERVING_KEYS,
     "max_concurrency": "how many WorkItems the agent runs at once: its Agent Card's slots (default 1)",
     "publish_card": "publish the matching MissionWeave Agent Card at start (default true)",
+    "credentials": (
+        "a table: each security scheme of the agent's card that the bridge must satisfy = a file holding "
+        "its credential (a bearer token, an API key), relative to the config file"
+    ),
 }
 
 
@@ -50,6 +61,21 @@ class BridgeConfig(Serving):
     transport: str = ""
     max_concurrency: int = 1
     publish_card: bool = True
+    credentials: tuple[tuple[str, Path], ...] = ()  # (security scheme name, file holding its credential)
+
+    def credential_values(self) -> dict[str, str]:
+        """Each scheme's credential, read from its file (a UsageError naming a file that cannot be)."""
+        values = {}
+        for scheme, file in self.credentials:
+            try:
+                values[scheme] = file.read_text().strip()
+            except OSError as err:
+                raise UsageError(
+                    f"{self.path}: credentials.{scheme}: cannot read {file}: {err.strerror or err}"
+                ) from None
+            if not values[scheme]:
+                raise UsageError(f"{self.path}: credentials.{scheme}: {file} is empty")
+        return values
 
 
 def load_config(path: Path, args: argparse.Namespace) -> BridgeConfig:
@@ -70,8 +96,18 @@ def load_config(path: Path, args: argparse.Namespace) -> BridgeConfig:
     publish = data.get("publish_card", True)
     if not isinstance(publish, bool):
         raise UsageError(f"{path}: publish_card must be true or false")
+    table = data.get("credentials", {})
+    if not isinstance(table, dict) or not all(isinstance(v, str) and v for v in table.values()):
+        raise UsageError(f'{path}: credentials must be a table of scheme = "FILE"')
+    base = path.resolve().parent
+    credentials = tuple((scheme, base / Path(file).expanduser()) for scheme, file in sorted(table.items()))
     return BridgeConfig(
-        **vars(serving), agent_url=agent_url, transport=transport, max_concurrency=slots, publish_card=publish
+        **vars(serving),
+        agent_url=agent_url,
+        transport=transport,
+        max_concurrency=slots,
+        publish_card=publish,
+        credentials=credentials,
     )
 
 
@@ -100,7 +136,9 @@ async def cmd_a2a(args: argparse.Namespace) -> int:
     gc_policy.for_long_running_process()
     try:
         card = await resolve_card(config.agent_url, timeout_s=config.connect_timeout)
-        client = open_client(card, config.transport)
+        client = open_client(card, config.transport, config.credential_values())
+    except MissingCredentials as err:
+        raise UsageError(f"{config.path}: {err}") from None
     except BridgeError as err:
         raise Unreachable(str(err)) from None
     tls = client_tls(args)
