@@ -467,6 +467,7 @@ async def test_events_that_do_not_verify_are_never_served(world: World, mesh: Me
     endpoint._identities["ann-bot"].verifier = AuthorityVerifier(
         "authority#other", bytes(impostor.verify_key)
     )
+    await mesh.flow.authorize("wi-new")  # a new event: what the first answer covered was verified then
     with pytest.raises(A2AError, match="did not verify"):
         await ann.get_task(a2a.GetTaskRequest(id=f"mission:{G}"))
 
@@ -536,3 +537,38 @@ async def test_a_large_artifact_is_a_reference_by_content_hash(world: World, mes
     assert artifact.parts[0].url == f"mwp://artifacts/blake3/{digest.hex}" and not artifact.parts[0].raw
     assert artifact.metadata.fields["mwp.digest"].string_value == f"blake3:{digest.hex}"
     assert artifact.metadata.fields["mwp.size_bytes"].string_value == str(digest.size_bytes)
+
+
+async def test_get_task_reads_only_what_came_since_its_last_answer(
+    world: World, mesh: Mesh, side: Side
+) -> None:
+    """A client polling GetTask costs the events since its previous answer, and still sees every
+    change: the second read starts at the first answer's cursor."""
+    endpoint = await side.endpoint()
+    f = mesh.flow
+    await f.authorize("wi-1")
+    ann = side.client(endpoint, mesh.tokens["ann-bot"], "JSONRPC")
+    handler = endpoint.handler
+    reads: list[tuple[str, int]] = []
+    original = handler._batches
+
+    def recording(acting: Any, group_id: str, after: int, follow: bool) -> Any:
+        reads.append((acting.identity_id, after))
+        return original(acting, group_id, after, follow)
+
+    handler._batches = recording  # type: ignore[method-assign]
+    task_id = f"workitem:{G}/wi-1"
+    first = await ann.get_task(a2a.GetTaskRequest(id=task_id))
+    assert first.status.state == TS.TASK_STATE_SUBMITTED
+    covered = int(first.metadata.fields["mwp.cursor"].string_value)
+    offer_id = await f.offer("wi-1", "worker-bot")
+    epoch = await f.accept(world.worker, "wi-1", offer_id)
+    await f.start(world.worker, "wi-1", epoch, "lease-wi-1")
+    second = await ann.get_task(a2a.GetTaskRequest(id=task_id))
+    assert second.status.state == TS.TASK_STATE_WORKING
+    assert reads == [("ann-bot", 0), ("ann-bot", covered)]
+    # Another identity's fold is its own: the outsider reads from the start, and is refused.
+    outsider = side.client(endpoint, mesh.tokens["outsider"], "JSONRPC")
+    with pytest.raises(A2AError):
+        await outsider.get_task(a2a.GetTaskRequest(id=task_id))
+    assert reads[-1] == ("outsider", 0)

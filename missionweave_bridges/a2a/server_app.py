@@ -193,6 +193,7 @@ class Endpoint:
     _http: uvicorn.Server | None
     _http_task: asyncio.Task[None] | None
     _identities: dict[str, Acting]
+    handler: MissionTaskHandler
 
     async def stop(self, grace: float = 1.0) -> None:
         if self._http is not None and self._http_task is not None:
@@ -305,7 +306,9 @@ async def start(config: ServerConfig, mesh_tls: ClientTLS | None = None) -> Endp
                 await close_identities(identities)
                 raise RuntimeError(f"the HTTP server did not start on {config.http_listen}")
             await asyncio.sleep(0.02)
-    endpoint = Endpoint(config, card, grpc_port, http_port, grpc_server, http_server, http_task, identities)
+    endpoint = Endpoint(
+        config, card, grpc_port, http_port, grpc_server, http_server, http_task, identities, handler
+    )
     if http_server is not None:
         _http_running.add(id(endpoint))
     log.info(

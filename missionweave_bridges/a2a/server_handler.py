@@ -18,7 +18,9 @@ with the MWP reason in it (server_errors.py).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
@@ -171,6 +173,10 @@ def numbered(sequence: int, updates: list[Update]) -> list[Event]:
     return list(updates)
 
 
+# How many (identity, task) folds GetTask keeps (each a few protobuf messages and its artifacts' refs).
+FOLDS_KEPT = 1024
+
+
 class MissionTaskHandler(RequestHandler):
     def __init__(
         self,
@@ -184,6 +190,10 @@ class MissionTaskHandler(RequestHandler):
         self.card = card
         self.replay_window = replay_window
         self.inline_bytes = inline_bytes
+        # The last fold of each (identity, task) GetTask answered, and the Group sequence it covers:
+        # a client polling GetTask costs the events since its last answer, not the whole log. Every
+        # call still reads through ReadEvents as the identity, so a revoked reader gets nothing.
+        self._folds: OrderedDict[tuple[str, str], tuple[Tracker, int]] = OrderedDict()
 
     # ---------------------------------------------------------------- who is calling
 
@@ -236,9 +246,12 @@ class MissionTaskHandler(RequestHandler):
             call.cancel()
 
     async def _fold(self, acting: Acting, ref: TaskRef) -> tuple[Tracker, int]:
-        """The task folded to the Group's head; the head it reflects (the task's cursor)."""
-        tracker, covered = Tracker(ref), 0
-        async for batch, events in self._batches(acting, ref.group_id, 0, follow=False):
+        """The task folded to the Group's head; the head it reflects (the task's cursor). It goes on
+        from this identity's last fold of the task, when one is kept."""
+        key = (acting.identity_id, ref.task_id)
+        kept = self._folds.get(key)
+        tracker, covered = (copy.deepcopy(kept[0]), kept[1]) if kept else (Tracker(ref), 0)
+        async for batch, events in self._batches(acting, ref.group_id, covered, follow=False):
             for event in events:
                 tracker.apply(event)
             covered = max(covered, batch.last_sequence)
@@ -246,6 +259,10 @@ class MissionTaskHandler(RequestHandler):
             tracker.exists = True  # ReadEvents answered: the identity may read the Group
         if not tracker.exists:
             raise TaskNotFoundError(f"no task {ref.task_id} visible to {acting.identity_id}")
+        self._folds[key] = (copy.deepcopy(tracker), covered)
+        self._folds.move_to_end(key)
+        while len(self._folds) > FOLDS_KEPT:
+            self._folds.popitem(last=False)
         return tracker, covered
 
     async def _inline(self, acting: Acting, update: Event) -> Event:
