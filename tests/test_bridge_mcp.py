@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -502,3 +503,52 @@ async def test_a_mesh_that_never_answers_is_a_timeout_refusal_not_a_hung_tool(tm
         await mesh.channel.close()
         server.close()
     assert refused.value.reason == "MESH_TIMEOUT" and "may or may not have been written" in refused.value.hint
+
+
+async def test_renewals_outlast_a_mesh_that_does_not_answer_for_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MESH_UNAVAILABLE or MESH_TIMEOUT says nothing about the lease: the keeper tries again instead
+    of letting the lease lapse over a blip; a refusal about the lease itself (NOT_HELD) stops it."""
+    from datetime import timedelta
+
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    from missionweave_bridges.mcp_server import leases
+
+    monkeypatch.setattr(leases, "RETRY_S", 0.01)
+    monkeypatch.setattr(leases, "MIN_RENEW_DELAY_S", 0.01)
+
+    class Blinking:
+        me = "worker-bot"
+
+        def __init__(self) -> None:
+            self.touched = time.monotonic()
+            self.reads, self.renewals, self.unanswered = 0, 0, 2
+
+        async def work_item(self, group_id: str, work_item_id: str) -> wp.WorkItem:
+            self.reads += 1
+            if self.reads == 1:
+                raise Refused("MESH_UNAVAILABLE", "the mesh restarts")
+            expires = Timestamp()
+            expires.FromDatetime(datetime.now(UTC) + timedelta(milliseconds=40))
+            lease = wp.ExecutionLease(lease_id="l", ownership_epoch=1, expires_at=expires)
+            return wp.WorkItem(work_item_id=work_item_id, state=wp.WORK_ITEM_STATE_ACTIVE, lease=lease)
+
+        def held_lease(self, item: wp.WorkItem) -> wp.ExecutionLease:
+            return item.lease
+
+        async def execute(self, group_id: str, kind: str, body: object) -> None:
+            if self.unanswered:
+                self.unanswered -= 1
+                raise Refused("MESH_TIMEOUT", "no answer within 30 s")
+            self.renewals += 1
+            if self.renewals == 2:
+                raise Refused("NOT_HELD", "submitted meanwhile")
+
+    desk = Blinking()
+    keeper = leases.LeaseKeeper(desk, idle_release_s=60)  # type: ignore[arg-type]
+    keeper.hold("grp", "wi-1")
+    async with asyncio.timeout(10):
+        await keeper.loops[("grp", "wi-1")]
+    assert desk.unanswered == 0 and desk.renewals == 2 and keeper.renewals[("grp", "wi-1")] == 1

@@ -27,6 +27,10 @@ from missionweave_bridges.mcp_server.refusals import Refused
 
 log = logging.getLogger(__name__)
 MIN_RENEW_DELAY_S = 0.5
+# Refusals that say nothing about the lease (the mesh did not answer, or was busy): the keeper tries
+# again after RETRY_S rather than letting a lease lapse over a blip or a mesh restart.
+PASSING = frozenset({"MESH_UNAVAILABLE", "MESH_TIMEOUT", "PEER_UNAVAILABLE", "OVERLOADED"})
+RETRY_S = 1.0
 
 
 class LeaseKeeper:
@@ -71,6 +75,9 @@ class LeaseKeeper:
                 item = await self.desk.work_item(group_id, work_item_id)
                 lease = self.desk.held_lease(item)
             except Refused as refused:
+                if refused.reason in PASSING:
+                    await asyncio.sleep(RETRY_S)
+                    continue
                 log.info("%s/%s: no longer held (%s): renewals stop", group_id, work_item_id, refused.reason)
                 return
             left = (lease.expires_at.ToDatetime(tzinfo=UTC) - datetime.now(UTC)).total_seconds()
@@ -92,5 +99,10 @@ class LeaseKeeper:
                 await self.desk.execute(group_id, "work_renew_lease", body)
                 self.renewals[key] = self.renewals.get(key, 0) + 1
             except Refused as refused:
+                if refused.reason in PASSING:  # the next turn reads the lease again and retries
+                    log.info(
+                        "%s/%s: renewal not answered (%s): trying again", group_id, work_item_id, refused
+                    )
+                    continue
                 log.warning("%s/%s: renewal refused (%s): renewals stop", group_id, work_item_id, refused)
                 return
