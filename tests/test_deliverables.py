@@ -14,6 +14,7 @@ from missionweave.kernel.transport import open_channel
 from missionweave.sdk.client import blob_digest, decode_events
 from missionweave.v1 import common_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
+from missionweave_server.services.artifacts.publications import MAX_MANIFESTS_ANSWERED
 from tests import builders
 from tests.conftest import World
 from tests.test_missions import G, refused
@@ -79,6 +80,29 @@ async def test_a_submission_names_only_artifacts_stored_with_the_workers_manifes
     submitted = decode_events((await f.as_(w.worker, "work_submit", good)).events)[0].work_submitted
     assert list(submitted.artifacts) == [report]
     assert report.digest in [a.digest for a in (await w.client.work_item(G, "wi-1")).artifacts]
+
+
+@pytest.mark.req("MW-13.1-03")
+async def test_bytes_many_work_items_hand_in_are_found_with_each_ones_own_manifest(world: World) -> None:
+    """One Worker hands in the same bytes (a common file) for more WorkItems than the store answers
+    manifests of one blob for: each submission still finds the manifest naming its own WorkItem
+    (found by bench/bridges.py: the 17th of a Group was refused no_manifest)."""
+    w = world
+    f = await setup(w)
+    common = b"the same licence text in every deliverable\n"
+    many = MAX_MANIFESTS_ANSWERED + 4
+    for i in range(many):  # a manifest each, all for the same blob, before any submission
+        await w.deliverable(w.worker, G, f"wi-{i}", common)
+    budget = common_pb2.ResourceVector(currency="EUR", financial_micros=1_000, tokens=10, tool_calls=1)
+    for i in range(many):
+        await f.authorize(f"wi-{i}", budget=budget)
+        epoch = await f.accept(w.worker, f"wi-{i}", await f.offer(f"wi-{i}", "worker-bot"))
+        await f.start(w.worker, f"wi-{i}", epoch, f"lease-{i}")
+        ref = common_pb2.ArtifactRef(digest=blob_digest(common), media_type="text/plain")
+        await f.as_(w.worker, "work_submit", Flow.submit_body(f"wi-{i}", epoch, f"lease-{i}", [ref]))
+    assert [(await w.client.work_item(G, f"wi-{i}")).state for i in range(many)] == [
+        wp.WORK_ITEM_STATE_SUBMITTED
+    ] * many
 
 
 @pytest.mark.req("MW-7.3-04")

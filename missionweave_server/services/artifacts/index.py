@@ -24,6 +24,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -222,11 +223,12 @@ class ArtifactIndex:
         return found
 
     async def held(
-        self, digests: Sequence[str], group_id: str, producer: str, most: int
+        self, digests: Sequence[str], group_id: str, producer: str, most: int, work_item_id: str = ""
     ) -> dict[str, tuple[int, list[tuple[ManifestRecord, tuple[str, ...]]]]]:
         """For each of ``digests`` that is stored: its size and the manifests ``producer`` signed for
-        ``group_id`` (at most ``most`` each, in manifest-digest order) with their sources. One
-        transaction in one step: the Authority asks this for every submission (D161)."""
+        ``group_id`` (naming ``work_item_id`` when given; at most ``most`` each, in manifest-digest
+        order) with their sources. One transaction in one step: the Authority asks this for every
+        submission (D161)."""
 
         def body(conn: Connection) -> dict[str, tuple[int, list[tuple[ManifestRecord, tuple[str, ...]]]]]:
             wanted = sorted(set(digests))
@@ -244,6 +246,7 @@ class ArtifactIndex:
                         .where(manifests.c.content_digest.in_(list(sizes)))
                         .where(manifests.c.producer_agent_id == producer)
                         .where(manifests.c.group_id == group_id)
+                        .where(manifests.c.work_item_id == work_item_id if work_item_id else true())
                         .order_by(manifests.c.manifest_digest)
                     )
                 ]

@@ -19,7 +19,8 @@ from missionweave_server.services.artifacts.index import ArtifactIndex, Manifest
 # asks in pages of this size.
 MAX_FIND_ARTIFACTS = 64
 # Manifests of one blob by one producer for one Group answered (only the actor's own manifests are
-# asked for, so nobody else's can crowd them out).
+# asked for, and those naming the command's WorkItem when it is about one, so nobody else's and no
+# other WorkItem's can crowd them out).
 MAX_MANIFESTS_ANSWERED = 16
 
 
@@ -90,7 +91,9 @@ class PublicationServicer(pb_grpc.PublicationServiceServicer):
                     "a content digest is 64 lower-case hex digits",
                     field=f"content_digests_hex[{i}]",
                 )
-        held = await self.index.held(digests, request.group_id, request.producer_id, MAX_MANIFESTS_ANSWERED)
+        held = await self.index.held(
+            digests, request.group_id, request.producer_id, MAX_MANIFESTS_ANSWERED, request.work_item_id
+        )
         return pb.FindArtifactsResponse(artifacts=[_answer(digest, held.get(digest)) for digest in digests])
 
 

@@ -137,6 +137,13 @@ async def _published_artifacts(
     }
 
 
+def _work_item_of(command: command_pb2.Command) -> str:
+    """The WorkItem a command is about (its body's ``work_item_id``), "" for one about the Mission:
+    D161 wants a manifest naming that WorkItem, so only those are asked for."""
+    which = command.WhichOneof("body")
+    return str(getattr(getattr(command, which), "work_item_id", "")) if which else ""
+
+
 async def _held_artifacts(
     command: command_pb2.Command, publications: PublicationServiceAsyncStub | None
 ) -> dict[str, HeldArtifact]:
@@ -154,6 +161,7 @@ async def _held_artifacts(
             group_id=command.group_id,
             content_digests_hex=digests[start : start + MAX_FIND_ARTIFACTS],
             producer_id=command.actor_id,
+            work_item_id=_work_item_of(command),
         )
         try:
             found = await publications.FindArtifacts(request, timeout=PEER_TIMEOUT_S)
