@@ -31,6 +31,18 @@ SERVING_KEYS = {
 }
 
 
+def add_arguments(parser: argparse.ArgumentParser, who: str) -> None:
+    """The flags that override a serving config's identity, key and Groups (``who``: "the Worker's")."""
+    parser.add_argument("--as", dest="actor", help=f"{who} identity id (overrides the config's identity)")
+    parser.add_argument("--key", help="its key file (overrides the config's key)")
+    parser.add_argument(
+        "--group",
+        action="append",
+        metavar="GROUP",
+        help="a Group to serve (repeatable; replaces the config's groups)",
+    )
+
+
 @dataclass(frozen=True)
 class Serving:
     path: Path

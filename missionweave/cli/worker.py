@@ -354,13 +354,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         required=True,
         help="the TOML config (docs/cli.md: target, identity, key, groups, handler)",
     )
-    r.add_argument("--as", dest="actor", help="the Worker's identity id (overrides the config's identity)")
-    r.add_argument("--key", help="its key file (overrides the config's key)")
-    r.add_argument(
-        "--group",
-        action="append",
-        metavar="GROUP",
-        help="a Group to serve (repeatable; replaces the config's groups)",
-    )
+    serving_config.add_arguments(r, "the Worker's")
     add_json_flag(r, "machine output: one JSON document per line (started, stopped)")
     r.set_defaults(func=cmd_run, runs_until_stopped=True)

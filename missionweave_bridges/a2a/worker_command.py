@@ -230,13 +230,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         required=True,
         help="the TOML config (docs/bridge-a2a-worker.md: agent_url, identity, key, groups, ...)",
     )
-    p.add_argument("--as", dest="actor", help="the bridged agent's identity id (overrides the config's)")
-    p.add_argument("--key", help="its key file (overrides the config's key)")
-    p.add_argument(
-        "--group",
-        action="append",
-        metavar="GROUP",
-        help="a Group to serve (repeatable; replaces the config's groups)",
-    )
+    serving_config.add_arguments(p, "the bridged agent's")
     add_json_flag(p, "machine output: one JSON document per line (started, stopped)")
     p.set_defaults(func=cmd_a2a, runs_until_stopped=True)
