@@ -15,6 +15,7 @@
 #   make gen     regenerate the protobuf/gRPC modules and their .pyi stubs into missionweave/v1/
 #   make clean   remove generated code, caches and build output (keeps .venv; `make distclean` removes it)
 #   make node-deps  npm ci for the Node.js example agent in examples/node/ (`make test` runs its end-to-end test)
+#   make go-check  Go stubs from protos/ and the Go agent go/cmd/mwp-go-agent, offline on Debian's packages (make test runs it when go is present)
 #   make console  build the web console (console/, TypeScript) into missionweave_server/console/static/ (run and test do)
 #
 # The virtualenv is reinstalled only when pyproject.toml or client/'s or bridges/' packaging files change (stamp files in .venv/);
@@ -42,7 +43,7 @@ BENCHES := $(sort $(wildcard bench/*.py))
 .PHONY: console help run run-split test lint k8s-check dist-check bench bench-round mutation simulate migration release-fixture gen clean distclean venv node-deps
 
 help:
-	@sed -n '3,20p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,21p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------ virtualenv and installs
 
@@ -116,6 +117,37 @@ $(CONSOLE_OUT): console/node_modules/.package-lock.json $(CONSOLE_SOURCES)
 	cd console && rm -rf src/gen && npm run --silent gen -- --path ../protos/missionweave/v1 && npm run --silent typecheck && npm run --silent build
 
 console: $(CONSOLE_OUT)
+
+# ------------------------------------------------------------------ the Go stubs and the Go agent (go/)
+
+# Go stubs from protos/ (their go_package is github.com/missionweave/missionweave/gen/go/...), then
+# go vet and go build of go/cmd/mwp-go-agent (docs/getting-started-go.md). Offline, from Debian's
+# packages only: no Go module proxy is reachable, so the build runs in GOPATH mode on Debian's Go
+# library sources (/usr/share/gocode) plus the stubs, generated into git-ignored build/go/ on every
+# run (protoc takes a second; the Go build cache keeps the rest fast). `make test` runs it when
+# `go` is on PATH; without it, it says so and tests/test_go_agent.py skips (fails under CI=true).
+GO_PACKAGES := golang-go protobuf-compiler protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev \
+	golang-github-golang-protobuf-1-5-dev golang-lukechampine-blake3-dev
+GO_OUT := build/go
+GO_ENV := GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH=$(abspath $(GO_OUT))/gopath:/usr/share/gocode
+
+.PHONY: go-check go-if-present
+go-check:
+	@for tool in go protoc protoc-gen-go protoc-gen-go-grpc; do command -v $$tool >/dev/null || \
+		{ echo "$$tool not found: go-check needs Debian's $(GO_PACKAGES)"; exit 1; }; done
+	@echo "==> generating Go stubs from protos/ into $(GO_OUT)/gopath (protoc, protoc-gen-go, protoc-gen-go-grpc)"
+	rm -rf $(GO_OUT)/gopath && mkdir -p $(GO_OUT)/gopath/src
+	protoc -I protos --go_out=$(GO_OUT)/gopath/src --go-grpc_out=$(GO_OUT)/gopath/src $(sort $(shell find protos -name '*.proto'))
+	@echo "==> gofmt, go vet and go build (the stubs, go/cmd/mwp-go-agent into $(GO_OUT)/bin/)"
+	@unformatted=$$(gofmt -l go); if [ -n "$$unformatted" ]; then echo "not gofmt-formatted: $$unformatted"; exit 1; fi
+	$(GO_ENV) go build github.com/missionweave/missionweave/gen/go/...
+	cd go && $(GO_ENV) go vet ./... && $(GO_ENV) go build -o ../$(GO_OUT)/bin/mwp-go-agent ./cmd/mwp-go-agent
+
+go-if-present:
+	@if command -v go >/dev/null; then $(MAKE) --no-print-directory go-check; \
+	else echo "==> go not found: skipping go-check (install Debian's $(GO_PACKAGES)); tests/test_go_agent.py skips, or fails when CI=true"; fi
+
+test: go-if-present
 
 # ------------------------------------------------------------------ code generation
 
