@@ -4,7 +4,7 @@
 #   make run-split  the same mesh split: each service in its own process (SHARDS=N, DATABASE_URL=...)
 #                (TLS=auto on either: throw-away certificates in the data dir, docs/tls.md)
 #   make test    create .venv if needed, install with test extras, run the whole suite (tests/)
-#   make lint    ruff, mypy, import-linter contracts, buf lint and k8s-check (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
+#   make lint    ruff, mypy, import-linter contracts, buf lint, buf breaking (against v0.1.0) and k8s-check (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
 #   make k8s-check  render k8s/ offline, validate every resource (kubernetes-validate --strict; docs/kubernetes.md)
 #   make bench   run every bench/*.py (bench/console.py drives Debian's Chromium, /usr/bin/chromium)
 #   make bench-round  one round of bench/README.md's summary table, each benchmark alone (bench/round.sh)
@@ -194,6 +194,9 @@ test: $(VENV)/.installed-test node-deps $(CONSOLE_OUT)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # All three linters run even when one fails, so one run reports every problem.
+# buf breaking compares protos/ with the last released contract (the tag, read from .git: a clone
+# made with `git clone` has it, a shallow one does not); raise it with each release.
+BUF_BASELINE ?= v0.1.0
 lint: $(VENV)/.installed-lint node_modules/.installed
 	@$(MAKE) --no-print-directory gen
 	@failed=""; \
@@ -202,9 +205,13 @@ lint: $(VENV)/.installed-lint node_modules/.installed
 	echo "==> mypy"; $(VENV)/bin/mypy || failed="$$failed mypy"; \
 	echo "==> lint-imports (service boundaries, kernel, SDK/CLI layering)"; $(VENV)/bin/lint-imports || failed="$$failed lint-imports"; \
 	echo "==> buf lint (protos/)"; $(BUF) lint || failed="$$failed buf"; \
+	echo "==> buf breaking (protos/ against the release $(BUF_BASELINE), buf.yaml's FILE rules)"; \
+	if ! git rev-parse -q --verify "refs/tags/$(BUF_BASELINE)" >/dev/null; then \
+		echo "tag $(BUF_BASELINE) is missing: a full clone has it (git fetch --tags)"; failed="$$failed buf-breaking"; \
+	else $(BUF) breaking --against '.git#tag=$(BUF_BASELINE)' || failed="$$failed buf-breaking"; fi; \
 	echo "==> k8s-check (render k8s/, kubernetes-validate --strict)"; VENV=$(VENV) .ci/k8s-validate || failed="$$failed k8s-check"; \
 	if [ -n "$$failed" ]; then echo "lint failed:$$failed"; exit 1; fi; \
-	echo "lint passed: ruff check and format, mypy, lint-imports, buf, k8s-check"
+	echo "lint passed: ruff check and format, mypy, lint-imports, buf lint and breaking, k8s-check"
 
 # Both distributions as wheels, each installed into a fresh virtualenv (.ci/check-distributions).
 dist-check: $(VENV)/.installed-base
