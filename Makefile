@@ -131,7 +131,7 @@ GO_PACKAGES := golang-go protobuf-compiler protoc-gen-go protoc-gen-go-grpc gola
 GO_OUT := build/go
 GO_ENV := GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH=$(abspath $(GO_OUT))/gopath:/usr/share/gocode
 
-.PHONY: go-check go-if-present
+.PHONY: go-check go-if-present print-go-packages
 go-check:
 	@for tool in go protoc protoc-gen-go protoc-gen-go-grpc; do command -v $$tool >/dev/null || \
 		{ echo "$$tool not found: go-check needs Debian's $(GO_PACKAGES)"; exit 1; }; done
@@ -148,6 +148,9 @@ go-if-present:
 	else echo "==> go not found: skipping go-check (install Debian's $(GO_PACKAGES)); tests/test_go_agent.py skips, or fails when CI=true"; fi
 
 test: go-if-present
+
+print-go-packages:  # for .ci/run, which installs the missing ones
+	@echo $(GO_PACKAGES)
 
 # ------------------------------------------------------------------ code generation
 
