@@ -121,7 +121,7 @@ console: $(CONSOLE_OUT)
 # ------------------------------------------------------------------ the Go stubs and the Go agent (go/)
 
 # Go stubs from protos/ (their go_package is github.com/missionweave/missionweave/gen/go/...), then
-# go vet and go build of go/cmd/mwp-go-agent (docs/getting-started-go.md). Offline, from Debian's
+# go vet, go test and go build of go/cmd/mwp-go-agent (docs/getting-started-go.md). Offline, from Debian's
 # packages only: no Go module proxy is reachable, so the build runs in GOPATH mode on Debian's Go
 # library sources (/usr/share/gocode) plus the stubs, generated into git-ignored build/go/ on every
 # run (protoc takes a second; the Go build cache keeps the rest fast). `make test` runs it when
@@ -138,10 +138,10 @@ go-check:
 	@echo "==> generating Go stubs from protos/ into $(GO_OUT)/gopath (protoc, protoc-gen-go, protoc-gen-go-grpc)"
 	rm -rf $(GO_OUT)/gopath && mkdir -p $(GO_OUT)/gopath/src
 	protoc -I protos --go_out=$(GO_OUT)/gopath/src --go-grpc_out=$(GO_OUT)/gopath/src $(sort $(shell find protos -name '*.proto'))
-	@echo "==> gofmt, go vet and go build (the stubs, go/cmd/mwp-go-agent into $(GO_OUT)/bin/)"
+	@echo "==> gofmt, go vet, go test and go build (the stubs, go/cmd/mwp-go-agent into $(GO_OUT)/bin/)"
 	@unformatted=$$(gofmt -l go); if [ -n "$$unformatted" ]; then echo "not gofmt-formatted: $$unformatted"; exit 1; fi
 	$(GO_ENV) go build github.com/missionweave/missionweave/gen/go/...
-	cd go && $(GO_ENV) go vet ./... && $(GO_ENV) go build -o ../$(GO_OUT)/bin/mwp-go-agent ./cmd/mwp-go-agent
+	cd go && $(GO_ENV) go vet ./... && $(GO_ENV) go test ./... && $(GO_ENV) go build -o ../$(GO_OUT)/bin/mwp-go-agent ./cmd/mwp-go-agent
 
 go-if-present:
 	@if command -v go >/dev/null; then $(MAKE) --no-print-directory go-check; \
