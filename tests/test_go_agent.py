@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -185,40 +184,3 @@ async def test_the_go_agent_verifies_history_signed_before_an_authority_key_rota
         assert run.lines[-1]["key_id"] == current and run.lines[0]["key_id"] != current  # both sides
     finally:
         await stop(mesh, client)
-
-
-def documented_block() -> str:
-    """The sh block of docs/getting-started-go.md's "Run it against `make run`", as written."""
-    text = (ROOT / "docs" / "getting-started-go.md").read_text()
-    section = text[text.index("## Run it against `make run`") :]
-    start = section.index("```sh\n") + len("```sh\n")
-    return section[start : section.index("\n```", start)]
-
-
-async def test_the_getting_started_go_block_runs_as_written(go_agent: Path, tmp_path: Path) -> None:
-    """The commands of docs/getting-started-go.md in one bash script (-e) against a fresh mesh in
-    the reader's layout: .venv/, build/ and .missionweave/ (the admin key) in the working directory."""
-    from missionweave_server.mesh.server import start
-
-    mesh = await start(Settings(listen="127.0.0.1:0", data_dir=tmp_path / ".missionweave", grace_seconds=1))
-    for name in (".venv", "build"):
-        (tmp_path / name).symlink_to(ROOT / name)
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
-        "MWP_TARGET": f"127.0.0.1:{mesh.port}",
-        "MWP_CONTEXT_DIR": os.environ["MWP_CONTEXT_DIR"],  # conftest's empty one
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
-    try:
-        process = await asyncio.create_subprocess_exec(
-            "bash", "-c", "set -euo pipefail\n" + documented_block(), cwd=tmp_path, env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = await asyncio.wait_for(process.communicate(), RUN_SECONDS)
-    finally:
-        await mesh.stop(grace=1)
-    assert process.returncode == 0, f"{err.decode()}{out.decode()}"
-    lines = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
-    # As the doc says: six events posted and read as alice, then the same six read as coord.
-    assert [line["sequence"] for line in lines] == [1, 2, 3, 4, 5, 6] * 2 and lines[:6] == lines[6:]
-    assert (lines[5]["type"], lines[5]["actor_id"]) == ("message.posted", "alice")

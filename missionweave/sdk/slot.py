@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from missionweave.kernel.clock import SystemClock, to_timestamp
 from missionweave.sdk.agent import Agent
 from missionweave.sdk.artifacts import Content
 from missionweave.sdk.offline import SlotChannel
@@ -95,6 +96,29 @@ class Slot:
         if self.artifacts is None:
             raise RuntimeError("this slot has no artifact store")
         return self.artifacts
+
+    def evidence(
+        self,
+        criterion: wp.AcceptanceCriterion,
+        *,
+        passed: bool,
+        summary: str,
+        artifact: common_pb2.ArtifactRef | None = None,
+    ) -> wp.Evidence:
+        """The Evidence for one acceptance criterion of this slot's contract (MW-13.2-02): by the
+        first method the criterion requires (a test when it names none), about ``artifact`` when
+        given, with an id derived from the WorkItem and criterion so a retried submission repeats it."""
+        methods = criterion.required_evidence_methods
+        return wp.Evidence(
+            evidence_id=f"ev-{self.work_item_id}-{criterion.criterion_id}",
+            subject=wp.EvidenceSubject(work_item_id=self.work_item_id, artifact=artifact),
+            criterion_id=criterion.criterion_id,
+            criterion=criterion.description,
+            method=methods[0] if methods else wp.EVIDENCE_METHOD_TEST,
+            result=wp.EVIDENCE_RESULT_PASS if passed else wp.EVIDENCE_RESULT_FAIL,
+            produced_at=to_timestamp(SystemClock().now()),
+            summary=summary,
+        )
 
     def idempotency_key(self, operation_id: str) -> str:
         """The stable key of one external side effect of this work under this ownership (MW-16-13)."""
