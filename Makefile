@@ -16,6 +16,7 @@
 #   make clean   remove generated code, caches and build output (keeps .venv; `make distclean` removes it)
 #   make node-deps  npm ci for the Node.js example agent in examples/node/ (`make test` runs its end-to-end test)
 #   make go-check  Go stubs from protos/ and the Go agent go/cmd/mwp-go-agent, offline on Debian's packages (make test runs it when go is present)
+#   make sdk-ts  build the TypeScript SDK (sdks/typescript/) into its dist/ (test and lint do; docs/getting-started-typescript.md)
 #   make console  build the web console (console/, TypeScript) into missionweave_server/console/static/ (run and test do)
 #
 # The virtualenv is reinstalled only when pyproject.toml or client/'s or bridges/' packaging files change (stamp files in .venv/);
@@ -40,10 +41,10 @@ CONSOLE  ?= $(or $(MWP_CONSOLE_LISTEN),127.0.0.1:50080)
 INSTALL_DEPS := pyproject.toml client/pyproject.toml client/setup.py bridges/pyproject.toml bridges/setup.py
 BENCHES := $(sort $(wildcard bench/*.py))
 
-.PHONY: console help run run-split test lint k8s-check dist-check bench bench-round mutation simulate migration release-fixture gen clean distclean venv node-deps
+.PHONY: console sdk-ts help run run-split test lint k8s-check dist-check bench bench-round mutation simulate migration release-fixture gen clean distclean venv node-deps
 
 help:
-	@sed -n '3,21p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,22p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------ virtualenv and installs
 
@@ -152,6 +153,32 @@ test: go-if-present
 print-go-packages:  # for .ci/run, which installs the missing ones
 	@echo $(GO_PACKAGES)
 
+# The TypeScript SDK (sdks/typescript/, its README.md): npm ci in sdks/typescript (its package-lock.json
+# pins every package), message and service descriptors generated from protos/ into src/gen/ (buf with
+# protoc-gen-es, git-ignored), a strict type check, then tsc into dist/. Rebuilt when a source, a proto
+# or the lock file changes; tests/test_sdk_typescript.py runs it against a live mesh. Without npm the
+# tests cannot prove it, so this fails, unless MWP_SKIP_NODE=1 (which also skips those tests).
+SDK_TS := sdks/typescript
+SDK_TS_OUT := $(SDK_TS)/dist/index.js
+SDK_TS_SOURCES := $(shell find $(SDK_TS)/src -name '*.ts' -not -path '$(SDK_TS)/src/gen/*' 2>/dev/null) \
+	$(wildcard protos/missionweave/v1/*.proto) $(SDK_TS)/tsconfig.json $(SDK_TS)/buf.gen.yaml
+SDK_TS_NO_NPM := if ! command -v npm >/dev/null; then \
+		if [ "$${MWP_SKIP_NODE:-}" = 1 ]; then echo "==> npm not found; MWP_SKIP_NODE=1: skipping $(SDK_TS)"; exit 0; fi; \
+		echo "npm not found: the tests run the TypeScript SDK; install Node.js 20+ (or set MWP_SKIP_NODE=1)"; exit 1; \
+	fi
+
+$(SDK_TS)/node_modules/.package-lock.json: $(SDK_TS)/package.json $(SDK_TS)/package-lock.json
+	@$(SDK_TS_NO_NPM); \
+	echo "==> installing the TypeScript SDK's dependencies (npm ci in $(SDK_TS))"; \
+	cd $(SDK_TS) && npm ci --no-audit --no-fund && touch node_modules/.package-lock.json
+
+$(SDK_TS_OUT): $(SDK_TS)/node_modules/.package-lock.json $(SDK_TS_SOURCES)
+	@$(SDK_TS_NO_NPM); \
+	echo "==> building the TypeScript SDK (buf generate, tsc --noEmit, tsc) into $(SDK_TS)/dist/"; \
+	cd $(SDK_TS) && npm run --silent gen && npm run --silent typecheck && npm run --silent build
+
+sdk-ts: $(SDK_TS_OUT)
+
 # ------------------------------------------------------------------ code generation
 
 # Always regenerate: it takes about a second and an editable install must never run on stale stubs.
@@ -191,16 +218,16 @@ run-split: $(VENV)/.installed-base $(CONSOLE_OUT)
 	@$(MAKE) --no-print-directory gen
 	exec $(VENV)/bin/mwp serve --topology split --shards $(SHARDS) --listen $(LISTEN) --data-dir $(DATA_DIR) --console-listen $(CONSOLE) $(if $(DATABASE_URL),--database-url $(DATABASE_URL)) $(if $(filter auto,$(TLS)),--tls-auto)
 
-test: $(VENV)/.installed-test node-deps $(CONSOLE_OUT)
+test: $(VENV)/.installed-test node-deps $(CONSOLE_OUT) $(SDK_TS_OUT)
 	@$(MAKE) --no-print-directory gen
 	@echo "==> running the test suite (pytest tests/)"
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# All three linters run even when one fails, so one run reports every problem.
+# Every linter runs even when one fails, so one run reports every problem.
 # buf breaking compares protos/ with the last released contract (the tag, read from .git: a clone
 # made with `git clone` has it, a shallow one does not); raise it with each release.
 BUF_BASELINE ?= v0.1.0
-lint: $(VENV)/.installed-lint node_modules/.installed
+lint: $(VENV)/.installed-lint node_modules/.installed $(SDK_TS_OUT)
 	@$(MAKE) --no-print-directory gen
 	@failed=""; \
 	echo "==> ruff check ."; $(VENV)/bin/ruff check . || failed="$$failed ruff"; \
@@ -212,9 +239,10 @@ lint: $(VENV)/.installed-lint node_modules/.installed
 	if ! git rev-parse -q --verify "refs/tags/$(BUF_BASELINE)" >/dev/null; then \
 		echo "tag $(BUF_BASELINE) is missing: a full clone has it (git fetch --tags)"; failed="$$failed buf-breaking"; \
 	else $(BUF) breaking --against '.git#tag=$(BUF_BASELINE)' || failed="$$failed buf-breaking"; fi; \
+	echo "==> tsc --noEmit ($(SDK_TS), strict)"; (cd $(SDK_TS) && npm run --silent typecheck) || failed="$$failed tsc"; \
 	echo "==> k8s-check (render k8s/, kubernetes-validate --strict)"; VENV=$(VENV) .ci/k8s-validate || failed="$$failed k8s-check"; \
 	if [ -n "$$failed" ]; then echo "lint failed:$$failed"; exit 1; fi; \
-	echo "lint passed: ruff check and format, mypy, lint-imports, buf lint and breaking, k8s-check"
+	echo "lint passed: ruff check and format, mypy, lint-imports, buf lint and breaking, tsc, k8s-check"
 
 # Both distributions as wheels, each installed into a fresh virtualenv (.ci/check-distributions).
 dist-check: $(VENV)/.installed-base
@@ -261,8 +289,9 @@ clean:
 	rm -f missionweave/v1/*_pb2.py missionweave/v1/*_pb2.pyi missionweave/v1/*_pb2_grpc.py missionweave/v1/*_pb2_grpc.pyi
 	rm -f missionweave/internal/v1/*_pb2.py missionweave/internal/v1/*_pb2.pyi missionweave/internal/v1/*_pb2_grpc.py missionweave/internal/v1/*_pb2_grpc.pyi
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache mutants
+	rm -rf $(SDK_TS)/dist $(SDK_TS)/src/gen
 	find . -path ./$(VENV) -prune -o -path ./node_modules -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
 	rm -f $(VENV)/.installed-*
 
 distclean: clean
-	rm -rf $(VENV) node_modules $(NODE_EXAMPLE)/node_modules
+	rm -rf $(VENV) node_modules $(NODE_EXAMPLE)/node_modules $(SDK_TS)/node_modules

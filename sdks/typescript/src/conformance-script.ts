@@ -1,0 +1,63 @@
+/**
+ * The conformance driver's scripted Worker handler: `submit` stores one text Artifact and submits
+ * with one Evidence per acceptance criterion; `pause_on_preemption` waits for a preemption request,
+ * pauses with a checkpoint and, resumed from it, submits as `submit` does. Starts and ends are
+ * reported as notification lines.
+ * @module
+ */
+import { create } from "@bufbuild/protobuf";
+import { timestampNow } from "@bufbuild/protobuf/wkt";
+import { EvidenceMethod, EvidenceResult, EvidenceSchema, type Evidence, type WorkContract } from "./gen/missionweave/v1/work_pb.js";
+import { paused, submitted, type Handler, type Outcome, type Slot } from "./slot.js";
+import type { ArtifactRef } from "./gen/missionweave/v1/common_pb.js";
+
+/** The scripted behaviours. */
+export type ScriptMode = "submit" | "pause_on_preemption";
+
+/** One passing Evidence per acceptance criterion of `contract`, citing `artifacts`. */
+export function evidenceFor(contract: WorkContract, producerId: string, artifacts: readonly ArtifactRef[]): Evidence[] {
+  return contract.acceptanceCriteria.map((criterion, i) =>
+    create(EvidenceSchema, {
+      evidenceId: `ev-${i + 1}`,
+      criterionId: criterion.criterionId,
+      criterion: criterion.description,
+      method: criterion.requiredEvidenceMethods[0] ?? EvidenceMethod.TEST,
+      result: EvidenceResult.PASS,
+      producerId,
+      producedAt: timestampNow(),
+      artifacts: [...artifacts],
+      summary: `checked ${criterion.criterionId}`,
+    }),
+  );
+}
+
+/** The handler of `mode`, writing `work_started` / `work_finished` notifications through `notify`. */
+export function scriptedHandler(mode: ScriptMode, content: string, notify: (line: Record<string, unknown>) => void): Handler {
+  return async (slot) => {
+    notify({
+      type: "work_started",
+      work_item_id: slot.workItemId,
+      lease_id: slot.leaseId,
+      ownership_epoch: Number(slot.ownershipEpoch),
+      resume_from_checkpoint_id: slot.resumeFromCheckpointId,
+    });
+    if (mode === "pause_on_preemption" && !slot.resumeFromCheckpointId) {
+      await slot.preemptionRequested;
+      return paused(`ck-${slot.leaseId}`);
+    }
+    const artifact = await slot.put(content, "text/plain");
+    return submitted(evidenceFor(slot.contract, "", [artifact]), `did ${slot.workItemId}`);
+  };
+}
+
+/** The `work_finished` notification of a placement that ended (WorkerOptions.onFinished). */
+export function finishedLine(slot: Slot, outcome: Outcome["outcome"], error?: unknown): Record<string, unknown> {
+  const line: Record<string, unknown> = {
+    type: "work_finished",
+    work_item_id: slot.workItemId,
+    outcome,
+    artifacts: slot.artifacts.map((r) => r.digest?.hex ?? ""),
+  };
+  if (error !== undefined) line["error"] = (error as Error).message;
+  return line;
+}

@@ -1,0 +1,28 @@
+/**
+ * The TypeScript SDK of the MissionWeaveProtocol, with the Python SDK's guarantees (docs/sdk.md):
+ * sessions and call proofs, signed commands with idempotent retry, the verified gateway stream with
+ * durable cursors, artifacts with signed provenance manifests, and a Worker runtime.
+ * @packageDocumentation
+ */
+export { Agent, type AgentOptions } from "./agent.js";
+export { Subscription, type EventHandler, type SubscribeOptions } from "./subscription.js";
+export { MeshClient, membershipEpoch, type MeshOptions } from "./mesh-client.js";
+export { SessionSigner, SessionFile, openSession, sessionProof } from "./sessions.js";
+export { callProof, callProofInterceptor } from "./call-proofs.js";
+export { buildCommand, bodyFromJson, type CommandBody, type CommandOptions } from "./commands.js";
+export { AuthorityVerifier, type Linked } from "./event-verification.js";
+export { CursorStore } from "./cursors.js";
+export { putArtifact, downloadArtifact, buildManifest, statementFor, signedManifest, hashContent, type Origin } from "./artifacts.js";
+export { WorkerRuntime, type WorkerOptions } from "./worker.js";
+export { Slot, submitted, paused, failed, attemptKey, type Handler, type Outcome, type WorkResult, type Paused, type Failed } from "./slot.js";
+export { evidenceFor } from "./conformance-script.js";
+export { SigningKey, readKeyFile, pae, signEnvelope, verifyEnvelope, sessionKeyId, newId } from "./signing.js";
+export {
+  AgentError,
+  AgentClosed,
+  CommandRejected,
+  GatewayError,
+  NotVerified,
+  SessionReplaced,
+  SubscriptionFailed,
+} from "./errors.js";

@@ -1,0 +1,174 @@
+"""The TypeScript SDK (sdks/typescript, issue 44) against a live mesh, in both topologies.
+
+Its conformance driver (dist/conformance-driver.js, a JSON-lines protocol on stdin/stdout) follows a
+Group verified and in order, keeps its durable cursor in the Python SDK's file format, executes
+signed commands idempotently and reports refusals by their Rejection reason; its example Worker
+(examples/worker.mjs) accepts an offer, stores an Artifact with a signed manifest and submits with
+Evidence, which the Mission's review shows verified. The SDK's own unit tests (node --test: PAE,
+manifests and call proofs byte for byte as the Python side makes them) run here too. Needs `node`
+(v20+) and `make sdk-ts`; MWP_SKIP_NODE=1 skips these tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nacl.signing import SigningKey
+
+from missionweave.kernel.signing import write_key
+from missionweave.sdk.client import decode_events
+from missionweave.v1 import common_pb2, membership_pb2
+from tests import builders
+from tests.conftest import World, polled
+from tests.test_missions import G, create
+
+pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
+
+SDK_DIR = Path(__file__).resolve().parent.parent / "sdks" / "typescript"
+DRIVER = SDK_DIR / "dist" / "conformance-driver.js"
+EXAMPLE_WORKER = SDK_DIR / "examples" / "worker.mjs"
+STEP_S = 30.0
+
+
+@pytest.fixture
+def node() -> str:
+    """`node`, with the SDK built; a missing toolchain or build fails the test unless MWP_SKIP_NODE=1."""
+    if os.environ.get("MWP_SKIP_NODE") == "1":
+        pytest.skip("MWP_SKIP_NODE=1: the Node.js tests are skipped")
+    executable = shutil.which("node")
+    if executable is None:
+        pytest.fail("`node` (Node.js 20+) is not on PATH (or set MWP_SKIP_NODE=1 to skip the Node.js tests)")
+    if not DRIVER.is_file():
+        pytest.fail(f"{DRIVER} is missing: run `make sdk-ts` (or set MWP_SKIP_NODE=1)")
+    return executable
+
+
+async def identity(w: World, tmp_path: Path, identity_id: str) -> Path:
+    """A new agent identity whose key file (as `mwp keygen` writes it) the TypeScript side reads."""
+    key = SigningKey.generate()
+    await w.client.register_identity(
+        "admin", w.keys["admin"], identity_id, common_pb2.IDENTITY_KIND_AGENT, bytes(key.verify_key)
+    )
+    key_file = tmp_path / f"{identity_id}.key"
+    write_key(key_file, key)
+    return key_file
+
+
+async def grant(w: World, member_id: str, role: int) -> int:
+    """Grants a Membership; returns the sequence after which the member's visibility starts (its grant is the first event it sees)."""
+    body = membership_pb2.MembershipGrant(member_id=member_id, role=role)  # type: ignore[arg-type]
+    result = await w.run(w.owner, G, "membership_grant", body, membership_epoch=1)
+    return min(e.sequence for e in decode_events(result.events)) - 1
+
+
+class Driver:
+    """One conformance driver process: requests answered in order, notifications kept."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.notes: list[dict[str, Any]] = []
+        self.next_id = 0
+
+    async def line(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        raw = await asyncio.wait_for(self.process.stdout.readline(), STEP_S)
+        assert raw, "the driver ended its output"
+        return dict(json.loads(raw))
+
+    async def ask(self, op: str, **fields: Any) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.next_id += 1
+        self.process.stdin.write(json.dumps({"id": self.next_id, "op": op, **fields}).encode() + b"\n")
+        await self.process.stdin.drain()
+        while True:
+            line = await self.line()
+            if line.get("id") == self.next_id:
+                return line
+            self.notes.append(line)
+
+    async def note(self, kind: str) -> dict[str, Any]:
+        """The next notification of ``kind`` (earlier ones included)."""
+        while True:
+            for i, line in enumerate(self.notes):
+                if line.get("type") == kind:
+                    return self.notes.pop(i)
+            self.notes.append(await self.line())
+
+
+@asynccontextmanager
+async def driver(node: str, target: str, agent_id: str, key_file: Path, state: Path) -> AsyncIterator[Driver]:
+    env = {
+        **os.environ,
+        "MWP_TARGET": target,
+        "MWP_AGENT_ID": agent_id,
+        "MWP_KEY_FILE": str(key_file),
+        "MWP_STATE_DIR": str(state),
+    }
+    process = await asyncio.create_subprocess_exec(
+        node, str(DRIVER), env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None
+    )
+    try:
+        running = Driver(process)
+        assert await running.line() == {"type": "ready", "sdk": "typescript"}
+        yield running
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+
+
+async def test_the_typescript_driver_follows_a_group_verified_and_executes_signed_commands(
+    world: World, node: str, tmp_path: Path
+) -> None:
+    w = world
+    conv = (await create(w)).mission.planning_conversation_id
+    key_file = await identity(w, tmp_path, "ts-agent")
+    visible_after = await grant(w, "ts-agent", membership_pb2.MEMBER_ROLE_WORKER)
+    for i in range(5):
+        await w.run(w.owner, G, "message_post", builders.message(conv, f"m{i}"), membership_epoch=1)
+    log = [(e.sequence, e.event_id, e.type) async for e in w.client.read_events(G)]
+    expected = [e for e in log if e[0] > visible_after]
+    assert len(expected) == 6  # the grant and the five messages
+    state = tmp_path / "state"
+    async with driver(node, w.target, "ts-agent", key_file, state) as d:
+        # A window of 2 credits over the whole log: it only gets through by granting credits in ACKs.
+        assert (await d.ask("subscribe", group=G, credits=2))["ok"]
+        got = [await d.note("event") for _ in expected]
+        assert [
+            (e["sequence"], e["event_id"], e["event_type"]) for e in got
+        ] == expected  # in order, once each
+
+        post = {"conversationId": conv, "content": {"text": "from TypeScript"}}
+        done = await d.ask("execute", group=G, kind="message_post", body=post, command_id="cmd_ts-1")
+        assert done["ok"] and not done["replayed"] and done["sequence"] == expected[-1][0] + 1, done
+        again = await d.ask("execute", group=G, kind="message_post", body=post, command_id="cmd_ts-1")
+        assert again["ok"] and again["replayed"] and again["sequence"] == done["sequence"]  # idempotent retry
+        assert (await d.note("event"))["sequence"] == done["sequence"]  # its own event, verified, once
+
+        refused = await d.ask(
+            "execute",
+            group=G,
+            kind="message_post",
+            body={"conversationId": "conv_missing", "content": {"text": "x"}},
+        )
+        assert not refused["ok"] and refused["reason"] == "NOT_FOUND", refused
+
+        await polled(lambda: _cursor(d, done["sequence"]), STEP_S)
+        assert (await d.ask("close"))["ok"]
+        assert await asyncio.wait_for(d.process.wait(), STEP_S) == 0
+    saved = json.loads((state / "ts-agent" / "cursors.json").read_text())
+    assert saved == {"agent_id": "ts-agent", "cursors": {G: done["sequence"]}}  # the Python SDK's format
+    assert (state / "ts-agent" / "session.json").stat().st_mode & 0o077 == 0
+
+
+async def _cursor(d: Driver, sequence: int) -> bool:
+    answer = await d.ask("cursor", group=G)
+    return bool(answer["ok"] and answer["cursor"] == sequence)
