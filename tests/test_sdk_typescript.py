@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,10 +26,16 @@ from nacl.signing import SigningKey
 
 from missionweave.kernel.signing import write_key
 from missionweave.sdk.client import decode_events
-from missionweave.v1 import common_pb2, membership_pb2
+from missionweave.v1 import common_pb2, membership_pb2, mission_pb2
+from missionweave.v1 import work_pb2 as wp
+from missionweave.v1.authority_service_pb2 import GetMissionProgressRequest
 from tests import builders
 from tests.conftest import World, polled
+from tests.mcp_fixtures import party
+from tests.test_bridges_mission import accepted_by_coordinator
+from tests.test_cli_worker import mwp
 from tests.test_missions import G, create
+from tests.test_work_items import Flow, setup
 
 pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
 
@@ -172,3 +179,82 @@ async def test_the_typescript_driver_follows_a_group_verified_and_executes_signe
 async def _cursor(d: Driver, sequence: int) -> bool:
     answer = await d.ask("cursor", group=G)
     return bool(answer["ok"] and answer["cursor"] == sequence)
+
+
+@asynccontextmanager
+async def example_worker(
+    node: str, target: str, agent_id: str, key_file: Path, state: Path
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """examples/worker.mjs serving G until the test is done (SIGTERM: a graceful close)."""
+    env = {
+        **os.environ,
+        "MWP_TARGET": target,
+        "MWP_AGENT_ID": agent_id,
+        "MWP_KEY_FILE": str(key_file),
+        "MWP_STATE_DIR": str(state),
+    }
+    process = await asyncio.create_subprocess_exec(
+        node, str(EXAMPLE_WORKER), G, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        assert process.stderr is not None
+        started = await asyncio.wait_for(process.stderr.readline(), STEP_S)
+        assert started.startswith(f"worker {agent_id} serving".encode()), started
+        yield process
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), STEP_S)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+@pytest.mark.req("MW-10.3-07", "MW-11.1-05", "MW-13.1-03")
+async def test_the_typescript_example_worker_accepts_stores_an_artifact_and_submits_with_evidence(
+    world: World, node: str, tmp_path: Path
+) -> None:
+    """A Coordinator (the Python SDK) plans and offers a WorkItem; the TypeScript Worker admits and
+    accepts it, starts it, stores its report with a manifest it signed and submits with Evidence for
+    the acceptance criterion; the Coordinator accepts, submits the Mission, and the owner's review
+    (`mwp mission review --verify-bytes`) finds the Artifact's signature and bytes verified."""
+    w = world
+    key_file = await identity(w, tmp_path, "ts-worker")
+    flow: Flow = await setup(w, w.worker)
+    await grant(w, "ts-worker", membership_pb2.MEMBER_ROLE_WORKER)
+    async with example_worker(node, w.target, "ts-worker", key_file, tmp_path / "state") as process:
+        await flow.authorize("wi-ts")
+        await flow.coord("work_offer", flow.offer_body("wi-ts", "ts-worker"))
+        assert process.stdout is not None
+        finished = json.loads(await asyncio.wait_for(process.stdout.readline(), STEP_S))
+    assert finished["work_item_id"] == "wi-ts" and finished["outcome"] == "submitted", finished
+    log = [e async for e in w.client.read_events(G)]
+    [submitted] = [e.work_submitted for e in log if e.WhichOneof("payload") == "work_submitted"]
+    [report] = submitted.artifacts
+    assert [report.digest.hex] == finished["artifacts"] and report.media_type == "text/plain"
+    assert [e.criterion_id for e in submitted.evidence] == ["balances"]
+    assert [e.actor_id for e in log if e.type == "work.submitted"] == ["ts-worker"]
+    progress = await w.client.authority.GetMissionProgress(GetMissionProgressRequest(group_id=G))
+    assert {p.work_item_id: p.state for p in progress.work_items}["wi-ts"] == wp.WORK_ITEM_STATE_SUBMITTED
+
+    await accepted_by_coordinator(flow, w, "wi-ts")
+    mission = (await w.client.group_state(G)).mission
+    submit = mission_pb2.MissionSubmitForApproval(
+        coordinator_epoch=1, mission_revision=mission.revision, summary="reported", artifacts=[report]
+    )
+    await flow.coord("mission_submit_for_approval", submit)
+    owner = party(tmp_path / "owner-keys", w.owner)
+    code, out, err = await mwp(
+        "--target", w.target, "mission", "review", "--group", G, "--verify-bytes", "--json",
+        "--as", "alice", "--key", str(owner.key),
+    )  # fmt: skip
+    assert code == 0, err
+    review = json.loads(out)
+    [check] = [c for c in review["artifact_checks"] if report.digest.hex in c["digest"]]
+    assert check["signature"] == "verified" and check["bytes"]["status"] == "OK", check
+    assert "signature by ts-worker#session-" in check["signature_detail"], check  # its own session key
+    assert (
+        await w.client.download(report.digest)
+        == f"Report for wi-ts: {builders.contract(w.clock.now()).goal}\n".encode()
+    )
