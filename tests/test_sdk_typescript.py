@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,7 +30,7 @@ from missionweave.sdk.client import decode_events
 from missionweave.v1 import common_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 from missionweave.v1.authority_service_pb2 import GetMissionProgressRequest
-from tests import builders
+from tests import builders, sdk_vectors
 from tests.conftest import World, polled
 from tests.mcp_fixtures import party
 from tests.test_bridges_mission import accepted_by_coordinator
@@ -258,3 +259,18 @@ async def test_the_typescript_example_worker_accepts_stores_an_artifact_and_subm
         await w.client.download(report.digest)
         == f"Report for wi-ts: {builders.contract(w.clock.now()).goal}\n".encode()
     )
+
+
+def test_the_checked_in_byte_vectors_are_what_the_python_side_makes() -> None:
+    """sdks/typescript/test/vectors.json is the Python side's bytes now (else the unit tests below
+    would compare the TypeScript SDK with a stale copy): regenerate with `python -m tests.sdk_vectors`."""
+    checked_in = json.loads((SDK_DIR / "test" / "vectors.json").read_text())
+    assert checked_in == sdk_vectors.vectors()
+
+
+def test_the_typescript_sdk_unit_tests_pass(node: str) -> None:
+    """`node --test` over sdks/typescript/test: the bytes above, and the delivery rules of a
+    subscription against a scripted gateway (order, dedup, skipped, gaps, verification, handler retries)."""
+    run = subprocess.run([node, "--test", "test/"], cwd=SDK_DIR, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "# fail 0" in run.stdout and "# pass 0" not in run.stdout

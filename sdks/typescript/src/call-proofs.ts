@@ -9,7 +9,7 @@ import { timestampNow } from "@bufbuild/protobuf/wkt";
 import { encodeBinaryHeader, type Interceptor } from "@connectrpc/connect";
 import { CallProofSchema } from "./gen/missionweave/v1/auth_pb.js";
 import { SignedEnvelopeSchema } from "./gen/missionweave/v1/common_pb.js";
-import type { SessionSigner } from "./sessions.js";
+import type { FixedProof, SessionSigner } from "./sessions.js";
 import { CALL_PROOF_METADATA, CALL_PROOF_TYPE } from "./signing.js";
 
 /** Methods whose requests are signed themselves (or public): a proof would cost a signature and prove nothing. */
@@ -24,15 +24,19 @@ export const NO_PROOF: ReadonlySet<string> = new Set([
   "/missionweave.v1.GatewayService/GetSnapshot",
 ]);
 
-/** The serialised SignedEnvelope over a fresh CallProof for one call of `method` (e.g. `/missionweave.v1.AuthorityService/ReadEvents`). */
-export function callProof(signer: SessionSigner, method: string, audience: string): Uint8Array {
+/**
+ * The serialised SignedEnvelope over a fresh CallProof for one call of `method` (e.g.
+ * `/missionweave.v1.AuthorityService/ReadEvents`); `fixed` pins the time and nonce (tests only: a
+ * proof is accepted once).
+ */
+export function callProof(signer: SessionSigner, method: string, audience: string, fixed?: FixedProof): Uint8Array {
   const proof = create(CallProofSchema, {
     identityId: signer.identityId,
     sessionEpoch: signer.sessionEpoch,
     method,
     audience,
-    issuedAt: timestampNow(),
-    nonce: randomBytes(16),
+    issuedAt: fixed?.issuedAt ?? timestampNow(),
+    nonce: fixed?.nonce ?? randomBytes(16),
   });
   return toBinary(SignedEnvelopeSchema, signer.sign(toBinary(CallProofSchema, proof), CALL_PROOF_TYPE));
 }

@@ -7,11 +7,12 @@
 export { Agent, type AgentOptions } from "./agent.js";
 export { Subscription, type EventHandler, type SubscribeOptions } from "./subscription.js";
 export { MeshClient, membershipEpoch, type MeshOptions } from "./mesh-client.js";
-export { SessionSigner, SessionFile, openSession, sessionProof } from "./sessions.js";
+export { SessionSigner, SessionFile, openSession, sessionProof, type FixedProof } from "./sessions.js";
 export { callProof, callProofInterceptor } from "./call-proofs.js";
 export { buildCommand, bodyFromJson, type CommandBody, type CommandOptions } from "./commands.js";
 export { AuthorityVerifier, type Linked } from "./event-verification.js";
 export { CursorStore } from "./cursors.js";
+export { pythonJson } from "./files.js";
 export { putArtifact, downloadArtifact, buildManifest, statementFor, signedManifest, hashContent, type Origin } from "./artifacts.js";
 export { WorkerRuntime, type WorkerOptions } from "./worker.js";
 export { Slot, submitted, paused, failed, attemptKey, type Handler, type Outcome, type WorkResult, type Paused, type Failed } from "./slot.js";

@@ -7,7 +7,7 @@
  */
 import { randomBytes } from "node:crypto";
 import { create, toBinary } from "@bufbuild/protobuf";
-import { timestampNow } from "@bufbuild/protobuf/wkt";
+import { timestampNow, type Timestamp } from "@bufbuild/protobuf/wkt";
 import type { Client } from "@connectrpc/connect";
 import { AgentError } from "./errors.js";
 import { readJson, writeJsonAtomic } from "./files.js";
@@ -110,13 +110,19 @@ export async function openSession(
   return signer;
 }
 
+/** The time and nonce of a proof, pinned (tests only: the gateway accepts each nonce once). */
+export interface FixedProof {
+  readonly issuedAt: Timestamp;
+  readonly nonce: Uint8Array;
+}
+
 /** A fresh HelloProof for `audience`: what HELLO and GetSnapshot carry to prove the session. */
-export function sessionProof(signer: SessionSigner, audience: string): SignedEnvelope {
+export function sessionProof(signer: SessionSigner, audience: string, fixed?: FixedProof): SignedEnvelope {
   const proof = create(HelloProofSchema, {
     agentId: signer.identityId,
     sessionEpoch: signer.sessionEpoch,
-    issuedAt: timestampNow(),
-    nonce: randomBytes(16),
+    issuedAt: fixed?.issuedAt ?? timestampNow(),
+    nonce: fixed?.nonce ?? randomBytes(16),
     audience,
   });
   return signer.sign(toBinary(HelloProofSchema, proof), HELLO_PROOF_TYPE);

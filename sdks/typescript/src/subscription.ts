@@ -92,6 +92,7 @@ export class Subscription {
   private flowDelivered = 0n;
   private gapTimer: NodeJS.Timeout | undefined;
   private pumping: Promise<void> | undefined;
+  private wake = false;
   private idleAck: NodeJS.Immediate | undefined;
   private waiters: Array<{ sequence: bigint; resolve: () => void; reject: (err: unknown) => void }> = [];
   private readonly retry = new Backoff(250, 30_000);
@@ -253,13 +254,20 @@ export class Subscription {
     this.options.onFailed?.(this.failure);
   }
 
+  /** Runs `release` until nothing new arrived meanwhile (a frame arriving while it winds down wakes it again). */
   private pump(): void {
-    if (this.pumping === undefined) {
-      this.pumping = this.release().finally(() => {
-        this.pumping = undefined;
-        this.checkGap();
-      });
-    }
+    this.wake = true;
+    if (this.pumping !== undefined) return;
+    this.pumping = (async () => {
+      while (this.wake && !this.stopped) {
+        this.wake = false;
+        await this.release();
+      }
+    })().finally(() => {
+      this.pumping = undefined;
+      if (this.wake && !this.stopped) this.pump();
+      else this.checkGap();
+    });
   }
 
   /** Hands out every event that continues the cursor, in order, one at a time; stops at the first gap. */
