@@ -274,3 +274,44 @@ def test_the_typescript_sdk_unit_tests_pass(node: str) -> None:
     run = subprocess.run([node, "--test", "test/"], cwd=SDK_DIR, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "# fail 0" in run.stdout and "# pass 0" not in run.stdout
+
+
+@pytest.mark.req("MW-11.3-11", "MW-11.3-12")
+async def test_the_typescript_worker_pauses_when_preempted_and_resumes_from_its_checkpoint(
+    world: World, node: str, tmp_path: Path
+) -> None:
+    """The driver's `work` op in `pause_on_preemption` mode: the Coordinator asks the running work to
+    pause; the handler returns a checkpoint, the runtime records it answering the request and
+    releases the slot; the WorkItem is placed again and resumed from that checkpoint, then submitted."""
+    w = world
+    key_file = await identity(w, tmp_path, "ts-worker")
+    flow: Flow = await setup(w, w.worker)
+    await grant(w, "ts-worker", membership_pb2.MEMBER_ROLE_WORKER)
+    async with driver(node, w.target, "ts-worker", key_file, tmp_path / "state") as d:
+        assert (await d.ask("work", groups=[G], mode="pause_on_preemption", content="resumed work"))["ok"]
+        await flow.authorize("wi-p")
+        await flow.coord("work_offer", flow.offer_body("wi-p", "ts-worker"))
+        first = await d.note("work_started")
+        assert first["work_item_id"] == "wi-p" and first["resume_from_checkpoint_id"] == ""
+        ask = wp.WorkRequestPreemption(
+            work_item_id="wi-p",
+            preemption_request_id="pre-1",
+            lease_id=first["lease_id"],
+            reason=wp.PREEMPTION_REASON_PRIORITY,
+            coordinator_epoch=1,
+            ownership_epoch=first["ownership_epoch"],
+        )
+        await flow.coord("work_request_preemption", ask)
+        assert (await d.note("work_finished"))["outcome"] == "paused"
+        resumed = await d.note("work_started")
+        assert resumed["resume_from_checkpoint_id"] == f"ck-{first['lease_id']}"
+        assert resumed["lease_id"] != first["lease_id"]  # a new lease for the resumed start
+        done = await d.note("work_finished")
+        assert done["outcome"] == "submitted" and len(done["artifacts"]) == 1, done
+        assert (await d.ask("close"))["ok"]
+    log = [e async for e in w.client.read_events(G)]
+    [paused] = [e.work_checkpointed for e in log if e.WhichOneof("payload") == "work_checkpointed"]
+    assert paused.preemption_request_id == "pre-1"  # the checkpoint answered the request
+    [submitted] = [e.work_submitted for e in log if e.WhichOneof("payload") == "work_submitted"]
+    assert [a.digest.hex for a in submitted.artifacts] == done["artifacts"]
+    assert await w.client.download(submitted.artifacts[0].digest) == b"resumed work"
