@@ -36,6 +36,7 @@ from tests.mcp_fixtures import party
 from tests.test_bridges_mission import accepted_by_coordinator
 from tests.test_cli_worker import mwp
 from tests.test_missions import G, create
+from tests.test_offline_execution import Proxy
 from tests.test_work_items import Flow, setup
 
 pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
@@ -112,10 +113,13 @@ class Driver:
 
 
 @asynccontextmanager
-async def driver(node: str, target: str, agent_id: str, key_file: Path, state: Path) -> AsyncIterator[Driver]:
+async def driver(
+    node: str, target: str, agent_id: str, key_file: Path, state: Path, audience: str = ""
+) -> AsyncIterator[Driver]:
     env = {
         **os.environ,
         "MWP_TARGET": target,
+        "MWP_AUDIENCE": audience or target,
         "MWP_AGENT_ID": agent_id,
         "MWP_KEY_FILE": str(key_file),
         "MWP_STATE_DIR": str(state),
@@ -315,3 +319,53 @@ async def test_the_typescript_worker_pauses_when_preempted_and_resumes_from_its_
     [submitted] = [e.work_submitted for e in log if e.WhichOneof("payload") == "work_submitted"]
     assert [a.digest.hex for a in submitted.artifacts] == done["artifacts"]
     assert await w.client.download(submitted.artifacts[0].digest) == b"resumed work"
+
+
+async def test_the_typescript_agent_reconnects_resubscribes_from_its_cursor_and_resends_waiting_commands(
+    world: World, node: str, tmp_path: Path
+) -> None:
+    """A network cut (a proxy in between drops every connection and refuses new ones): the agent
+    reconnects with capped backoff, SUBSCRIBEs again from its cursor (what was posted meanwhile
+    arrives once, in order) and re-sends the command that was waiting, which is applied once."""
+    w = world
+    conv = (await create(w)).mission.planning_conversation_id
+    key_file = await identity(w, tmp_path, "ts-agent")
+    visible_after = await grant(w, "ts-agent", membership_pb2.MEMBER_ROLE_WORKER)
+    proxy = Proxy(w.target)
+    target = await proxy.start()
+    try:
+        async with driver(node, target, "ts-agent", key_file, tmp_path / "state", audience=w.target) as d:
+            assert (await d.ask("subscribe", group=G, credits=4))["ok"]
+            post = {"conversationId": conv, "content": {"text": "before the cut"}}
+            before = await d.ask("execute", group=G, kind="message_post", body=post)
+            assert before["ok"], before
+            proxy.sever()
+            for i in range(3):
+                await w.run(
+                    w.owner, G, "message_post", builders.message(conv, f"cut {i}"), membership_epoch=1
+                )
+            d.process.stdin.write(  # type: ignore[union-attr]
+                json.dumps({"id": 99, "op": "execute", "group": G, "kind": "message_post",
+                            "body": {"conversationId": conv, "content": {"text": "during the cut"}},
+                            "command_id": "cmd_during-the-cut"}).encode() + b"\n"
+            )  # fmt: skip
+            await asyncio.sleep(1.0)  # a reconnect attempt or two fail meanwhile
+            proxy.restore()
+            while (answer := await d.line()).get("id") != 99:
+                d.notes.append(answer)
+            assert answer["ok"] and not answer["replayed"], answer
+            head = (await w.client.group_state(G)).head_sequence
+            assert answer["sequence"] == head
+            events = []
+            while not events or events[-1]["sequence"] < head:
+                events.append(await d.note("event"))
+            assert [e["sequence"] for e in events] == list(
+                range(visible_after + 1, head + 1)
+            )  # once each, in order
+            assert (await d.ask("close"))["ok"]
+    finally:
+        await proxy.close()
+    texts = [
+        e.message_posted.content.text async for e in w.client.read_events(G) if e.type == "message.posted"
+    ]
+    assert texts.count("during the cut") == 1
