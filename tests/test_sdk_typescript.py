@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
-from missionweave.kernel.signing import write_key
+from missionweave.kernel.signing import read_key, write_key
 from missionweave.sdk.client import decode_events
 from missionweave.v1 import common_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
@@ -369,3 +369,52 @@ async def test_the_typescript_agent_reconnects_resubscribes_from_its_cursor_and_
         e.message_posted.content.text async for e in w.client.read_events(G) if e.type == "message.posted"
     ]
     assert texts.count("during the cut") == 1
+
+
+SESSION_SCRIPT = """
+import { Agent, readKeyFile } from "./dist/index.js";
+const agent = await Agent.connect({
+  target: process.env.MWP_TARGET, identityId: process.env.MWP_AGENT_ID,
+  identityKey: readKeyFile(process.env.MWP_KEY_FILE), stateDir: process.env.MWP_STATE_DIR, log: () => {},
+});
+console.log(String(agent.signer.sessionEpoch));
+await agent.close();
+"""
+
+
+async def test_a_typescript_agent_reuses_its_saved_session_until_the_gateway_refuses_it(
+    world: World, node: str, tmp_path: Path
+) -> None:
+    """session.json is reused on restart (no new session fences anything); once a newer session of
+    the identity made it stale, the next start is refused SESSION_STALE at HELLO and opens a new one."""
+    w = world
+    key_file = await identity(w, tmp_path, "ts-agent")
+    env = {
+        **os.environ,
+        "MWP_TARGET": w.target,
+        "MWP_AGENT_ID": "ts-agent",
+        "MWP_KEY_FILE": str(key_file),
+        "MWP_STATE_DIR": str(tmp_path / "state"),
+    }
+
+    async def start() -> int:
+        process = await asyncio.create_subprocess_exec(
+            node,
+            "--input-type=module",
+            "-e",
+            SESSION_SCRIPT,
+            cwd=SDK_DIR,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await asyncio.wait_for(process.communicate(), STEP_S)
+        assert process.returncode == 0
+        return int(out)
+
+    first = await start()
+    assert await start() == first  # reused
+    await w.client.open_session("ts-agent", read_key(key_file))  # another process of the identity
+    renewed = await start()
+    assert renewed == first + 2  # the saved one was refused, a new one opened after the other's
+    saved = json.loads((tmp_path / "state" / "ts-agent" / "session.json").read_text())
+    assert saved["session_epoch"] == renewed and saved["identity_id"] == "ts-agent"

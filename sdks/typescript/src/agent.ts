@@ -7,7 +7,7 @@
  */
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
-import { Backoff, sleep } from "./backoff.js";
+import { Backoff, sleep, within } from "./backoff.js";
 import { AsyncQueue } from "./async-queue.js";
 import { buildCommand, commandFrame, PendingCommands, type CommandBody, type CommandOptions } from "./commands.js";
 import { CursorStore } from "./cursors.js";
@@ -190,10 +190,11 @@ export class Agent implements SubscriptionHost {
     const link = this.link;
     if (link !== undefined) {
       link.queue.end(); // the gateway reads every frame up to the half-close: the ACKs are stored
-      await Promise.race([this.running, sleep(5_000)]);
+      await within(this.running, 5_000);
       link.abort.abort();
     }
     await this.running;
+    this.mesh.close();
   }
 
   // ------------------------------------------------------------------ SubscriptionHost

@@ -43,3 +43,13 @@ export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
     signal?.addEventListener("abort", done, { once: true });
   });
 }
+
+/** Waits for `work` at most `ms` milliseconds (its outcome ignored), leaving no timer behind. */
+export async function within(work: Promise<unknown> | undefined, ms: number): Promise<void> {
+  const timer = new AbortController();
+  try {
+    await Promise.race([work?.catch(() => undefined), sleep(ms, timer.signal)]);
+  } finally {
+    timer.abort();
+  }
+}

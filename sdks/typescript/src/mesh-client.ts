@@ -6,7 +6,7 @@
  */
 import { create } from "@bufbuild/protobuf";
 import { createClient, type Client, type Transport } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { callProofInterceptor } from "./call-proofs.js";
 import { AgentError } from "./errors.js";
 import { AuthorityVerifier } from "./event-verification.js";
@@ -51,19 +51,28 @@ export class MeshClient {
   /** GatewayService: the agent stream and snapshots. */
   readonly gateway: Client<typeof GatewayService>;
 
+  private readonly sessions: Http2SessionManager;
+
   constructor(readonly options: MeshOptions) {
     this.audience = options.audience ?? options.target;
+    const baseUrl = options.baseUrl ?? `http://${options.target}`;
+    // Keep the connection through quiet periods (a long NextSlot wait, an idle Group); ours to close.
+    this.sessions = new Http2SessionManager(baseUrl, { pingIntervalMs: 20_000 });
     this.transport = createGrpcTransport({
-      baseUrl: options.baseUrl ?? `http://${options.target}`,
+      baseUrl,
+      sessionManager: this.sessions,
       interceptors: [callProofInterceptor(this.audience, () => this.signer)],
-      // Keep the connection through quiet periods (a long NextSlot wait, an idle Group).
-      pingIntervalMs: 20_000,
     });
     this.authority = createClient(AuthorityService, this.transport);
     this.membership = createClient(MembershipService, this.transport);
     this.artifacts = createClient(ArtifactService, this.transport);
     this.scheduling = createClient(SchedulingService, this.transport);
     this.gateway = createClient(GatewayService, this.transport);
+  }
+
+  /** Closes the HTTP/2 connection (and any call still open on it). */
+  close(): void {
+    this.sessions.abort();
   }
 
   /** The Authority's verifier from `GetAuthorityKey` (key history checked; `pinnedHex` pins one key of it). */

@@ -6,7 +6,7 @@
  * @module
  */
 import { create } from "@bufbuild/protobuf";
-import { Backoff, sleep } from "./backoff.js";
+import { Backoff, sleep, within } from "./backoff.js";
 import { CreditWindow } from "./credit-window.js";
 import type { CursorStore } from "./cursors.js";
 import { AgentError, GatewayError, NotVerified, SubscriptionFailed, gatewayCodeName } from "./errors.js";
@@ -234,7 +234,7 @@ export class Subscription {
   /** Lets the running handler finish (at most `graceMs`), then ACKs what is durable. */
   async drain(graceMs: number): Promise<void> {
     this.clearGap();
-    if (this.pumping !== undefined) await Promise.race([this.pumping, sleep(graceMs)]);
+    await within(this.pumping, graceMs);
     await this.host.cursors.save(this.groupId, this.processed).catch(() => undefined);
     this.cursor = this.processed;
     this.window.processed(this.cursor);

@@ -11,7 +11,7 @@
 import { create } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { Agent } from "./agent.js";
-import { Backoff, sleep } from "./backoff.js";
+import { Backoff, sleep, within } from "./backoff.js";
 import { CommandRejected } from "./errors.js";
 import { GetWorkItemRequestSchema } from "./gen/missionweave/v1/authority_service_pb.js";
 import type { CommandResult } from "./gen/missionweave/v1/command_pb.js";
@@ -84,7 +84,7 @@ export class WorkerRuntime {
   /** Stops taking work and waits (bounded) for running handlers to end. */
   async close(): Promise<void> {
     this.abort.abort();
-    await Promise.race([Promise.allSettled([...this.tasks]), sleep(15_000)]);
+    await within(Promise.allSettled([...this.tasks]), 15_000);
   }
 
   private spawn(work: Promise<unknown>): void {
