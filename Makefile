@@ -85,8 +85,8 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
 	@touch $@
 
-# The Node.js example agent (@grpc/grpc-js, @grpc/proto-loader) that tests/test_node_agent.py runs
-# against a live mesh. npm writes node_modules/.package-lock.json on every install: it is the stamp.
+# The Node.js example agent (on the TypeScript SDK, which it links: sdk-ts below) that
+# tests/test_node_agent.py runs against a live mesh. npm writes node_modules/.package-lock.json on every install: it is the stamp.
 # Without npm the test suite cannot prove the example, so this fails, unless MWP_SKIP_NODE=1 (which
 # also skips the test).
 $(NODE_EXAMPLE)/node_modules/.package-lock.json: $(NODE_EXAMPLE)/package.json $(NODE_EXAMPLE)/package-lock.json
@@ -178,6 +178,9 @@ $(SDK_TS_OUT): $(SDK_TS)/node_modules/.package-lock.json $(SDK_TS_SOURCES)
 	cd $(SDK_TS) && npm run --silent gen && npm run --silent typecheck && npm run --silent build
 
 sdk-ts: $(SDK_TS_OUT)
+
+# examples/node links the SDK (file:../../sdks/typescript): it runs on the build.
+node-deps: $(SDK_TS_OUT)
 
 # ------------------------------------------------------------------ code generation
 

@@ -1,5 +1,6 @@
-"""The polyglot proof (issue 6): a Node.js agent (examples/node/agent.js, @grpc/grpc-js and
-@grpc/proto-loader on protos/, Ed25519 from Node's crypto) against a live mesh.
+"""The polyglot proof (issue 6): a Node.js agent (examples/node/agent.js, on the TypeScript SDK in
+sdks/typescript: connect-node's gRPC, types generated from protos/, Ed25519 from Node's crypto)
+against a live mesh.
 
 It proves its session key in HELLO, subscribes to a Group, verifies the Authority's signature on every
 event, prints one JSON line per event and ACKs its cursor with credit grants; the gateway stores the
@@ -48,9 +49,9 @@ def node() -> str:
             "`node` (Node.js 20+) is not on PATH: install it, then run `make node-deps` "
             "(or set MWP_SKIP_NODE=1 to skip the Node.js agent tests)"
         )
-    if not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir():
+    if not (NODE_DIR / "node_modules" / "@missionweave" / "sdk" / "dist" / "index.js").is_file():
         pytest.fail(
-            "examples/node/node_modules is missing: run `make node-deps` "
+            "examples/node/node_modules or the TypeScript SDK it links is missing: run `make node-deps` "
             "(or set MWP_SKIP_NODE=1 to skip the Node.js agent tests)"
         )
     return executable

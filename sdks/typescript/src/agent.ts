@@ -38,7 +38,9 @@ export interface AgentOptions extends MeshOptions {
   /** The agent's identity id. */
   readonly identityId: string;
   /** Its identity key (`readKeyFile` of what `mwp keygen` wrote): it only signs OpenSession. */
-  readonly identityKey: SigningKey;
+  readonly identityKey?: SigningKey;
+  /** A session opened elsewhere, used as it is (no identity key: never renewed, never saved). */
+  readonly session?: SessionSigner;
   /** Where `<identity>/session.json` and `<identity>/cursors.json` live (default `userStateDir()`). */
   readonly stateDir?: string;
   /** Open a new session at start instead of reusing the saved one (a Worker runtime does: D213). */
@@ -95,7 +97,8 @@ export class Agent implements SubscriptionHost {
   /** Starts an agent and resolves once its first WELCOME arrived (raises what retrying cannot fix). */
   static async connect(options: AgentOptions): Promise<Agent> {
     const agent = new Agent(options);
-    agent.session = options.newSession ? undefined : agent.sessionFile.load();
+    if ((options.identityKey === undefined) === (options.session === undefined)) throw new AgentError("give identityKey or session");
+    agent.session = options.session ?? (options.newSession ? undefined : agent.sessionFile.load());
     if (agent.session === undefined) agent.session = await agent.openNewSession();
     agent.mesh.signer = agent.session;
     agent.authority = await agent.mesh.authorityVerifier(options.authorityKeyHex);
@@ -242,6 +245,7 @@ export class Agent implements SubscriptionHost {
   // ------------------------------------------------------------------ the connection loop
 
   private async openNewSession(): Promise<SessionSigner> {
+    if (this.options.identityKey === undefined) throw new AgentError("no identity key to open a session with");
     const signer = await openSession(this.mesh.membership, this.identityId, this.options.identityKey, this.sessionFile);
     this.sessionProven = false;
     this.mesh.signer = signer;
@@ -267,7 +271,7 @@ export class Agent implements SubscriptionHost {
             this.stop(new SessionReplaced(`session ${epoch} of ${this.identityId} was replaced by a newer one`));
             return;
           }
-          if (renewable(err) && renewedFor !== epoch && !this.sessionProven) {
+          if (renewable(err) && renewedFor !== epoch && !this.sessionProven && this.options.identityKey !== undefined) {
             renewedFor = epoch;
             try {
               this.session = await this.openNewSession();

@@ -6,7 +6,7 @@
  */
 export { Agent, type AgentOptions } from "./agent.js";
 export { Subscription, type EventHandler, type SubscribeOptions } from "./subscription.js";
-export { MeshClient, membershipEpoch, type MeshOptions } from "./mesh-client.js";
+export { MeshClient, membershipEpoch, type MeshOptions, type MeshTls } from "./mesh-client.js";
 export { SessionSigner, SessionFile, openSession, sessionProof, type FixedProof } from "./sessions.js";
 export { callProof, callProofInterceptor } from "./call-proofs.js";
 export { buildCommand, bodyFromJson, type CommandBody, type CommandOptions } from "./commands.js";

@@ -17,14 +17,25 @@ import { MembershipService } from "./gen/missionweave/v1/membership_service_pb.j
 import { SchedulingService } from "./gen/missionweave/v1/scheduling_service_pb.js";
 import type { SessionSigner } from "./sessions.js";
 
+/** TLS to the mesh (docs/tls.md): PEM contents, not file names. */
+export interface MeshTls {
+  /** The CA bundle that verifies the mesh (default: Node's trusted roots). */
+  readonly ca?: string | Buffer;
+  /** A client certificate for a mesh that requires one (mTLS), with its key. */
+  readonly cert?: string | Buffer;
+  readonly key?: string | Buffer;
+  /** The name to check in the server's certificate instead of the target's host. */
+  readonly serverName?: string;
+}
+
 /** How to reach the mesh. */
 export interface MeshOptions {
-  /** `host:port` of the front door (plaintext unless `baseUrl` says https). */
+  /** `host:port` of the front door. */
   readonly target: string;
   /** The address proofs name when it differs from `target` (a proxy in between; `MWP_AUDIENCE`). */
   readonly audience?: string;
-  /** A full base URL (`https://host:port`) overriding `http://<target>`. */
-  readonly baseUrl?: string;
+  /** TLS (`https://<target>`); plaintext without it. */
+  readonly tls?: MeshTls;
 }
 
 /** `identityId`'s active Membership epoch in a Group state, 0n when it holds none (MW-8-02). */
@@ -55,9 +66,11 @@ export class MeshClient {
 
   constructor(readonly options: MeshOptions) {
     this.audience = options.audience ?? options.target;
-    const baseUrl = options.baseUrl ?? `http://${options.target}`;
+    const tls = options.tls;
+    const baseUrl = `${tls === undefined ? "http" : "https"}://${options.target}`;
+    const secure = tls === undefined ? {} : { ca: tls.ca, cert: tls.cert, key: tls.key, servername: tls.serverName };
     // Keep the connection through quiet periods (a long NextSlot wait, an idle Group); ours to close.
-    this.sessions = new Http2SessionManager(baseUrl, { pingIntervalMs: 20_000 });
+    this.sessions = new Http2SessionManager(baseUrl, { pingIntervalMs: 20_000 }, secure);
     this.transport = createGrpcTransport({
       baseUrl,
       sessionManager: this.sessions,
@@ -77,7 +90,12 @@ export class MeshClient {
 
   /** The Authority's verifier from `GetAuthorityKey` (key history checked; `pinnedHex` pins one key of it). */
   async authorityVerifier(pinnedHex?: string): Promise<AuthorityVerifier> {
-    const response = await this.authority.getAuthorityKey(create(GetAuthorityKeyRequestSchema, {}), { timeoutMs: 10_000 });
+    let response;
+    try {
+      response = await this.authority.getAuthorityKey(create(GetAuthorityKeyRequestSchema, {}), { timeoutMs: 10_000 });
+    } catch (err) {
+      throw new AgentError(`GetAuthorityKey on ${this.options.target} failed: ${(err as Error).message}`);
+    }
     return AuthorityVerifier.fromKeyResponse(response, pinnedHex);
   }
 

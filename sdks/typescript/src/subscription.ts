@@ -45,6 +45,8 @@ export interface SubscribeOptions {
   readonly attention?: AttentionFilter;
   /** Restores a verified snapshot after CURSOR_TOO_OLD; without it such a subscription fails. */
   readonly onSnapshot?: (snapshot: GroupSnapshot) => Promise<void> | void;
+  /** Start after this sequence when the cursor file holds an earlier one (or none). */
+  readonly afterSequence?: bigint;
   /** Told once when the subscription stops for good. */
   readonly onFailed?: (failure: SubscriptionFailed) => void;
 }
@@ -93,6 +95,7 @@ export class Subscription {
   private gapTimer: NodeJS.Timeout | undefined;
   private pumping: Promise<void> | undefined;
   private wake = false;
+  private draining = false;
   private idleAck: NodeJS.Immediate | undefined;
   private waiters: Array<{ sequence: bigint; resolve: () => void; reject: (err: unknown) => void }> = [];
   private readonly retry = new Backoff(250, 30_000);
@@ -107,7 +110,8 @@ export class Subscription {
   ) {
     this.credits = options.credits ?? 256;
     if (!Number.isInteger(this.credits) || this.credits < 1 || this.credits > 65_536) throw new AgentError("credits must be 1..65536");
-    this.cursor = this.processed = host.cursors.load(groupId);
+    const saved = host.cursors.load(groupId);
+    this.cursor = this.processed = options.afterSequence !== undefined && options.afterSequence > saved ? options.afterSequence : saved;
     this.window = new CreditWindow(this.credits, this.processed);
   }
 
@@ -233,6 +237,7 @@ export class Subscription {
 
   /** Lets the running handler finish (at most `graceMs`), then ACKs what is durable. */
   async drain(graceMs: number): Promise<void> {
+    this.draining = true; // what arrives now lies beyond the final ACK and comes again next time
     this.clearGap();
     await within(this.pumping, graceMs);
     await this.host.cursors.save(this.groupId, this.processed).catch(() => undefined);
@@ -274,7 +279,7 @@ export class Subscription {
   private async release(): Promise<void> {
     for (;;) {
       const next = this.pending.get(this.processed + 1n);
-      if (next === undefined || this.stopped) return;
+      if (next === undefined || this.stopped || this.draining) return;
       this.pending.delete(this.processed + 1n);
       if (next.linked !== undefined) {
         const { event, link } = next.linked;
