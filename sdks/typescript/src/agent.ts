@@ -12,7 +12,7 @@ import { AsyncQueue } from "./async-queue.js";
 import { buildCommand, commandFrame, PendingCommands, type CommandBody, type CommandOptions } from "./commands.js";
 import { CursorStore } from "./cursors.js";
 import { AgentClosed, AgentError, CommandRejected, GatewayError, SessionReplaced } from "./errors.js";
-import type { AuthorityVerifier } from "./event-verification.js";
+import { verifiedSnapshot, type AuthorityVerifier } from "./event-verification.js";
 import type { GroupSnapshot } from "./gen/missionweave/v1/authority_service_pb.js";
 import type { SignedEnvelope } from "./gen/missionweave/v1/common_pb.js";
 import { RejectionReason } from "./gen/missionweave/v1/common_pb.js";
@@ -226,15 +226,13 @@ export class Agent implements SubscriptionHost {
   }
 
   /** @internal The snapshot a CURSOR_TOO_OLD's signed reference names, fetched and verified (MW-16-12). */
-  async snapshot(reference: SignedEnvelope): Promise<GroupSnapshot> {
-    const verifier = this.verifier();
-    const asked = verifier.snapshotReference(reference);
-    const answer = await this.mesh.gateway.getSnapshot(
-      create(GetSnapshotRequestSchema, { groupId: asked.groupId, digest: asked.digest, proof: sessionProof(this.signer, this.mesh.audience) }),
-      { timeoutMs: 30_000 },
+  snapshot(reference: SignedEnvelope): Promise<GroupSnapshot> {
+    return verifiedSnapshot(this.verifier(), reference, this.identityId, (asked) =>
+      this.mesh.gateway.getSnapshot(
+        create(GetSnapshotRequestSchema, { groupId: asked.groupId, digest: asked.digest, proof: sessionProof(this.signer, this.mesh.audience) }),
+        { timeoutMs: 30_000 },
+      ),
     );
-    if (answer.snapshot === undefined || answer.signedReference === undefined) throw new AgentError("GetSnapshot answered no snapshot");
-    return verifier.snapshot(answer.snapshot, verifier.answering(answer.signedReference, asked, this.identityId));
   }
 
   /** @internal Logs a line. */

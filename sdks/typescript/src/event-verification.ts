@@ -9,7 +9,7 @@ import { NotVerified, AgentError } from "./errors.js";
 import { AuthorityKeyRotationSchema, GroupSnapshotSchema, type GetAuthorityKeyResponse, type GroupSnapshot } from "./gen/missionweave/v1/authority_service_pb.js";
 import type { SignedEnvelope } from "./gen/missionweave/v1/common_pb.js";
 import { EventSchema, type Event } from "./gen/missionweave/v1/event_pb.js";
-import { SnapshotReferenceSchema, type SnapshotReference } from "./gen/missionweave/v1/gateway_service_pb.js";
+import { SnapshotReferenceSchema, type GetSnapshotResponse, type SnapshotReference } from "./gen/missionweave/v1/gateway_service_pb.js";
 import {
   EVENT_TYPE,
   KEY_ROTATION_TYPE,
@@ -161,4 +161,21 @@ export class AuthorityVerifier {
     }
     return snapshot;
   }
+}
+
+/**
+ * MW-16-12 from a CURSOR_TOO_OLD's signed reference to the snapshot: the reference verified, the
+ * snapshot fetched (`fetch`: GatewayService.GetSnapshot with a session proof), the answer's reference
+ * checked to be the one asked (or `viewerId`'s view of it), then the snapshot's signature, digest and size.
+ */
+export async function verifiedSnapshot(
+  verifier: AuthorityVerifier,
+  reference: SignedEnvelope,
+  viewerId: string,
+  fetch: (asked: SnapshotReference) => Promise<GetSnapshotResponse>,
+): Promise<GroupSnapshot> {
+  const asked = verifier.snapshotReference(reference);
+  const answer = await fetch(asked);
+  if (answer.snapshot === undefined || answer.signedReference === undefined) throw new NotVerified("GetSnapshot answered no snapshot");
+  return verifier.snapshot(answer.snapshot, verifier.answering(answer.signedReference, asked, viewerId));
 }

@@ -10,7 +10,7 @@ export { MeshClient, membershipEpoch, type MeshOptions, type MeshTls } from "./m
 export { SessionSigner, SessionFile, openSession, sessionProof, type FixedProof } from "./sessions.js";
 export { callProof, callProofInterceptor } from "./call-proofs.js";
 export { buildCommand, bodyFromJson, type CommandBody, type CommandOptions } from "./commands.js";
-export { AuthorityVerifier, type Linked } from "./event-verification.js";
+export { AuthorityVerifier, verifiedSnapshot, type Linked } from "./event-verification.js";
 export { CursorStore } from "./cursors.js";
 export { pythonJson } from "./files.js";
 export { putArtifact, downloadArtifact, buildManifest, statementFor, signedManifest, hashContent, type Origin } from "./artifacts.js";

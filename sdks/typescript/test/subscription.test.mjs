@@ -7,20 +7,27 @@ import { join } from "node:path";
 import { test } from "node:test";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { blake3 } from "@noble/hashes/blake3.js";
-import { AuthorityVerifier, CursorStore, SigningKey, Subscription, signEnvelope } from "../dist/index.js";
+import { AuthorityVerifier, CursorStore, SigningKey, Subscription, signEnvelope, verifiedSnapshot } from "../dist/index.js";
+import { GroupSnapshotSchema } from "../dist/gen/missionweave/v1/authority_service_pb.js";
 import { EventSchema } from "../dist/gen/missionweave/v1/event_pb.js";
-import { EventFrameSchema, FlowFrameSchema, FlowReason } from "../dist/gen/missionweave/v1/gateway_service_pb.js";
+import {
+  CursorTooOldFrameSchema,
+  EventFrameSchema,
+  FlowFrameSchema,
+  FlowReason,
+  GetSnapshotResponseSchema,
+  SnapshotReferenceSchema,
+} from "../dist/gen/missionweave/v1/gateway_service_pb.js";
 
 const EVENT_TYPE = "application/vnd.missionweave.v1.event+protobuf";
 const G = "grp_test";
 const authority = SigningKey.generate();
 const verifier = new AuthorityVerifier("authority:test", authority.publicKey);
 
-/** The signed log 1..n of G, each event naming its predecessor's digest. */
-function signedLog(n) {
+/** The signed log first..n of G, each event naming its predecessor's digest (the first: `previous`). */
+function signedLog(n, first = 1, previous = new Uint8Array(0)) {
   const log = [];
-  let previous = new Uint8Array(0);
-  for (let sequence = 1n; sequence <= BigInt(n); sequence++) {
+  for (let sequence = BigInt(first); sequence <= BigInt(n); sequence++) {
     const payload = toBinary(EventSchema, create(EventSchema, { eventId: `evt_${sequence}`, groupId: G, sequence, type: "message.posted", previousDigest: previous }));
     log.push(signEnvelope(payload, EVENT_TYPE, authority, "authority:test"));
     previous = blake3(payload);
@@ -41,7 +48,7 @@ function harness(options = {}) {
     connected: () => true,
     verifier: () => verifier,
     nextSubscriptionId: () => `s${++ids}`,
-    snapshot: () => Promise.reject(new Error("no snapshots here")),
+    snapshot: (reference) => verifiedSnapshot(verifier, reference, "agent", async () => options.snapshotAnswer),
     log: () => undefined,
   };
   const seen = [];
@@ -140,4 +147,59 @@ test("a handler that throws is called again for the same event; the cursor waits
   assert.equal(h.host.cursors.load(G), 0n);
   await h.subscription.reached(2n);
   assert.deepEqual(calls, [1, 1, 2]);
+});
+
+/** A snapshot of G at `sequence` whose last event has digest `anchor`, its signed reference, and the answer. */
+function snapshotAt(sequence, anchor, { corrupt = false } = {}) {
+  const payload = toBinary(GroupSnapshotSchema, create(GroupSnapshotSchema, { groupId: G, sequence: BigInt(sequence), lastEventDigest: anchor }));
+  const digest = { $typeName: "missionweave.v1.Digest", algorithm: "blake3", hex: Buffer.from(blake3(payload)).toString("hex"), sizeBytes: BigInt(payload.length) };
+  const reference = signEnvelope(
+    toBinary(SnapshotReferenceSchema, create(SnapshotReferenceSchema, { groupId: G, sequence: BigInt(sequence), digest })),
+    "application/vnd.missionweave.v1.snapshot-reference+protobuf",
+    authority,
+    "authority:test",
+  );
+  const served = corrupt ? Buffer.concat([payload, Buffer.from([0])]) : payload;
+  const snapshot = signEnvelope(served, "application/vnd.missionweave.v1.group-snapshot+protobuf", authority, "authority:test");
+  return { reference, answer: create(GetSnapshotResponseSchema, { snapshot, signedReference: reference }) };
+}
+
+const tooOld = (subscriptionId, reference) => create(CursorTooOldFrameSchema, { subscriptionId, groupId: G, signedReference: reference });
+
+test("CURSOR_TOO_OLD: the verified snapshot is restored, the cursor moves to it, the next event must continue its chain", async () => {
+  const anchor = blake3(new TextEncoder().encode("the event at 40"));
+  const { reference, answer } = snapshotAt(40, anchor);
+  const restored = [];
+  const h = harness({ snapshotAnswer: answer, onSnapshot: (snapshot) => void restored.push(Number(snapshot.sequence)) });
+  await h.subscription.onCursorTooOld(tooOld(h.subscription.subscriptionId, reference));
+  assert.deepEqual(restored, [40]);
+  assert.equal(h.host.cursors.load(G), 40n);
+  const again = h.sent.filter((f) => f.case === "subscribe").at(-1).value;
+  assert.equal(again.afterSequence, 40n);
+  h.subscription.onEvents(frame(again.subscriptionId, signedLog(42, 41, anchor), 41, 42));
+  await h.subscription.reached(42n);
+  assert.deepEqual(h.seen, [41, 42]);
+});
+
+test("after a snapshot, an event that does not name its last event's digest stops the subscription unseen", async () => {
+  const { reference, answer } = snapshotAt(40, blake3(new TextEncoder().encode("the event at 40")));
+  const h = harness({ snapshotAnswer: answer, onSnapshot: () => undefined });
+  await h.subscription.onCursorTooOld(tooOld(h.subscription.subscriptionId, reference));
+  const other = blake3(new TextEncoder().encode("not the event at 40"));
+  h.subscription.onEvents(frame(h.subscription.subscriptionId, signedLog(41, 41, other), 41, 41));
+  await settle();
+  assert.deepEqual(h.seen, []);
+  assert.equal(h.failures[0]?.reason, "NOT_VERIFIED");
+});
+
+test("a snapshot that does not match its signed digest is refused; without onSnapshot nothing is skipped", async () => {
+  const { reference, answer } = snapshotAt(40, new Uint8Array(32), { corrupt: true });
+  const h = harness({ snapshotAnswer: answer, onSnapshot: () => assert.fail("a corrupt snapshot was restored") });
+  await h.subscription.onCursorTooOld(tooOld(h.subscription.subscriptionId, reference));
+  assert.equal(h.failures[0]?.reason, "NOT_VERIFIED");
+  assert.equal(h.host.cursors.load(G), 0n);
+  const bare = harness({});
+  await bare.subscription.onCursorTooOld(tooOld(bare.subscription.subscriptionId, snapshotAt(40, new Uint8Array(32)).reference));
+  assert.equal(bare.failures[0]?.reason, "CURSOR_TOO_OLD");
+  assert.equal(bare.host.cursors.load(G), 0n);
 });
