@@ -284,7 +284,8 @@ def test_the_typescript_sdk_unit_tests_pass(node: str) -> None:
 async def test_the_typescript_worker_pauses_when_preempted_and_resumes_from_its_checkpoint(
     world: World, node: str, tmp_path: Path
 ) -> None:
-    """The driver's `work` op in `pause_on_preemption` mode: the Coordinator asks the running work to
+    """The driver's `work` op in `pause_on_preemption` mode, on the Group its `subscribe` op follows:
+    the Coordinator asks the running work to
     pause; the handler returns a checkpoint, the runtime records it answering the request and
     releases the slot; the WorkItem is placed again and resumed from that checkpoint, then submitted."""
     w = world
@@ -292,6 +293,7 @@ async def test_the_typescript_worker_pauses_when_preempted_and_resumes_from_its_
     flow: Flow = await setup(w, w.worker)
     await grant(w, "ts-worker", membership_pb2.MEMBER_ROLE_WORKER)
     async with driver(node, w.target, "ts-worker", key_file, tmp_path / "state") as d:
+        assert (await d.ask("subscribe", group=G, credits=16))["ok"]  # one subscription serves both
         assert (await d.ask("work", groups=[G], mode="pause_on_preemption", content="resumed work"))["ok"]
         await flow.authorize("wi-p")
         await flow.coord("work_offer", flow.offer_body("wi-p", "ts-worker"))
@@ -312,6 +314,12 @@ async def test_the_typescript_worker_pauses_when_preempted_and_resumes_from_its_
         assert resumed["lease_id"] != first["lease_id"]  # a new lease for the resumed start
         done = await d.note("work_finished")
         assert done["outcome"] == "submitted" and len(done["artifacts"]) == 1, done
+        types = [(await d.note("event"))["event_type"]]
+        while types[-1] != "work.submitted":  # the events reach the notifications too, in order
+            types.append((await d.note("event"))["event_type"])
+        assert types.index("work.checkpointed") < types.index(
+            "work.started", types.index("work.checkpointed")
+        )
         assert (await d.ask("close"))["ok"]
     log = [e async for e in w.client.read_events(G)]
     [paused] = [e.work_checkpointed for e in log if e.WhichOneof("payload") == "work_checkpointed"]

@@ -44,19 +44,26 @@ async function main(): Promise<void> {
   });
   write({ type: "ready", sdk: "typescript" });
   let runtime: WorkerRuntime | undefined;
+  // One subscription per Group serves both the `subscribe` op's notifications and the Worker.
+  const notified = new Set<string>();
+  const follow = (group: string, credits: number): void => {
+    agent.subscribe(
+      group,
+      (event) => {
+        if (notified.has(group)) write({ type: "event", group, sequence: event.sequence, event_id: event.eventId, event_type: event.type });
+        runtime?.handleEvent(group, event);
+      },
+      { credits, onFailed: (failure) => write({ type: "subscription_failed", group, error: failure.reason }) },
+    );
+  };
 
   async function answer(request: Request): Promise<Record<string, unknown>> {
     switch (request.op) {
       case "subscribe": {
         const group = String(request["group"]);
-        agent.subscribe(
-          group,
-          (event) => write({ type: "event", group, sequence: event.sequence, event_id: event.eventId, event_type: event.type }),
-          {
-            credits: typeof request["credits"] === "number" ? request["credits"] : 256,
-            onFailed: (failure) => write({ type: "subscription_failed", group, error: failure.reason }),
-          },
-        );
+        if (notified.has(group)) throw new Error(`${group} is subscribed already`);
+        if (agent.subscription(group) === undefined) follow(group, typeof request["credits"] === "number" ? request["credits"] : 256);
+        notified.add(group);
         return {};
       }
       case "cursor":
@@ -71,8 +78,10 @@ async function main(): Promise<void> {
       case "work": {
         const groups = Array.isArray(request["groups"]) ? request["groups"].map(String) : [];
         const handler = scriptedHandler(String(request["mode"]) as ScriptMode, String(request["content"] ?? ""), write);
+        if (runtime !== undefined) throw new Error("the Worker runs already");
         runtime = new WorkerRuntime(agent, handler, { onFinished: (slot, outcome, error) => write(finishedLine(slot, outcome, error)) });
-        runtime.serve(groups);
+        for (const group of groups) if (agent.subscription(group) === undefined) follow(group, 256);
+        runtime.serve(groups, { subscribe: false });
         return {};
       }
       case "close":

@@ -74,9 +74,14 @@ export class WorkerRuntime {
     private readonly options: WorkerOptions = {},
   ) {}
 
-  /** Subscribes to `groupIds` and starts the placement and preemption loops. */
-  serve(groupIds: readonly string[]): void {
-    for (const groupId of groupIds) this.agent.subscribe(groupId, (event) => this.onEvent(groupId, event));
+  /**
+   * Subscribes to `groupIds` and starts the placement and preemption loops. With `subscribe: false`
+   * the caller follows the Groups itself and passes each event to {@link WorkerRuntime.handleEvent}.
+   */
+  serve(groupIds: readonly string[], options: { subscribe?: boolean } = {}): void {
+    if (options.subscribe ?? true) {
+      for (const groupId of groupIds) this.agent.subscribe(groupId, (event) => this.handleEvent(groupId, event));
+    }
     this.spawn(this.place());
     this.spawn(this.watchPreemptions());
   }
@@ -96,7 +101,8 @@ export class WorkerRuntime {
     return this.abort.signal.aborted;
   }
 
-  private onEvent(groupId: string, event: Event): void {
+  /** What the runtime learns from an event of a served Group: contracts, offers naming it, preemption requests. */
+  handleEvent(groupId: string, event: Event): void {
     const payload = event.payload;
     switch (payload.case) {
       case "missionCreated":
