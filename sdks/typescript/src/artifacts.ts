@@ -65,16 +65,23 @@ export function digestOf(hashes: Hashes): Digest {
 
 /** Where an Artifact comes from: the manifest's fields besides the content (MW-13.1-03). */
 export interface Origin {
+  /** The Mission's Group (whose members may then read the blob). */
   readonly groupId: string;
+  /** The Mission. */
   readonly missionId: string;
+  /** The WorkItem it is a deliverable or Evidence of. */
   readonly workItemId?: string;
+  /** The execution lease it was made under. */
   readonly leaseId?: string;
+  /** The ownership epoch it was made under. */
   readonly ownershipEpoch?: bigint;
   /** The producer's Agent Card version in force (default {@link NO_AGENT_CARD}). */
   readonly agentCardVersion?: string;
   /** The Artifacts it was derived from: its provenance edges (MW-13.1-04). */
   readonly sources?: readonly Digest[];
+  /** Its data classification (default INTERNAL). */
   readonly classification?: DataClassification;
+  /** Its schema id (default `none`). */
   readonly schemaId?: string;
 }
 

@@ -23,6 +23,7 @@ export interface MeshTls {
   readonly ca?: string | Buffer;
   /** A client certificate for a mesh that requires one (mTLS), with its key. */
   readonly cert?: string | Buffer;
+  /** The client certificate's private key. */
   readonly key?: string | Buffer;
   /** The name to check in the server's certificate instead of the target's host. */
   readonly serverName?: string;

@@ -41,7 +41,9 @@ export interface Paused {
 /** The work failed: recorded with `work.fail`. */
 export interface Failed {
   readonly outcome: "failed";
+  /** Permanent, retries exhausted, budget exhausted. */
   readonly kind: WorkFailureKind;
+  /** Why, for the Coordinator. */
   readonly reason: string;
 }
 
@@ -96,7 +98,9 @@ export class Slot {
     private readonly agent: Agent,
     /** The scheduler's slot. */
     readonly slotId: string,
+    /** The Mission's Group. */
     readonly groupId: string,
+    /** The WorkItem. */
     readonly workItemId: string,
     /** The ownership this work runs under (commands under an older one are refused). */
     readonly ownershipEpoch: bigint,
