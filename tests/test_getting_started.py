@@ -19,12 +19,13 @@ import pytest
 
 from missionweave_server.config import Settings
 from tests.test_go_agent import go_agent  # noqa: F401  (the fixture: builds the Go agent)
+from tests.test_node_agent import node  # noqa: F401  (the fixture: Node.js 20+, or the skip rule)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 RUN_SECTION = "Run it against `make run`"
-PAGES = ["getting-started-python.md", "getting-started-go.md"]
+PAGES = ["getting-started-python.md", "getting-started-typescript.md", "getting-started-go.md"]
 
 
 def blocks(page: str, language: str, *, section: str = "") -> list[str]:
@@ -53,7 +54,7 @@ async def run_page(page: str, tmp_path: Path) -> str:
     from missionweave_server.mesh.server import start
 
     mesh = await start(Settings(listen="127.0.0.1:0", data_dir=tmp_path / ".missionweave", grace_seconds=1))
-    for name in (".venv", "examples", "build"):
+    for name in (".venv", "examples", "build", "sdks"):
         (tmp_path / name).symlink_to(ROOT / name)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"},
@@ -95,6 +96,14 @@ async def test_the_python_page_runs_as_written(tmp_path: Path) -> None:
     out = await run_page("getting-started-python.md", tmp_path)
     assert "manifest signatures verified 1 of 1" in out and "approved submission" in out, out[-3000:]
     assert "✗" not in out, out[-3000:]
+
+
+async def test_the_typescript_page_runs_as_written(node: str, tmp_path: Path) -> None:  # noqa: F811
+    out = await run_page("getting-started-typescript.md", tmp_path)
+    assert "manifest signatures verified 1 of 1" in out and "approved submission" in out, out[-3000:]
+    assert "✗" not in out, out[-3000:]
+    finished = [json.loads(line) for line in (tmp_path / "worker-ts.out").read_text().splitlines()]
+    assert [(f["work_item_id"], f["outcome"]) for f in finished] == [("report", "submitted")]
 
 
 async def test_the_go_page_runs_as_written(go_agent: Path, tmp_path: Path) -> None:  # noqa: F811
