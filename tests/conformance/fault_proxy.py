@@ -9,7 +9,7 @@ their audience (MWP_AUDIENCE), which the mesh accepts whoever relays them.
 ``GatewayService.Connect`` streams are decoded frame by frame, so a test can script faults on them:
 break every stream (now, after N more server frames, or in place of a command's RESULT), and on a
 chosen EVENT frame: drop it (a gap), send it twice (a replay), hold it back until after the next
-frame (reordering), or flip a byte of its newest event's payload or signature (tampering).
+EVENT frame (reordering), or flip a byte of its newest event's payload or signature (tampering).
 A fault names the frame by sequence: the first EVENT frame whose range reaches ``sequence``.
 """
 
@@ -199,9 +199,9 @@ class FaultProxy:
             log.info("fault proxy: RESULT of %s lost with its stream", frame.result.command_id)
             self.break_streams()
             return []
-        held, connection.held = connection.held, None
         if not frame.HasField("event"):
-            return [frame] + ([held] if held is not None else [])
+            return [frame]  # a frame held back waits for the next EVENT frame, not for any frame
+        held, connection.held = connection.held, None
         event = frame.event
         fault = next(
             (
@@ -223,7 +223,7 @@ class FaultProxy:
         if fault.kind == "duplicate":
             return [frame, frame, *after]
         if fault.kind == "reorder":
-            connection.held = frame  # goes out right after the next frame of this stream
+            connection.held = frame  # goes out right after the next EVENT frame of this stream
             return after
         tampered = pb.ServerFrame()
         tampered.CopyFrom(frame)

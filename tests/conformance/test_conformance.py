@@ -138,33 +138,38 @@ async def caught_up(scene: Scene, driver: Driver, seconds: float = 30.0) -> int:
 
 @pytest.mark.req("MW-16-01", "MW-16-03", "MW-16-04", "MW-16-06", "MW-16-07")
 async def test_delivery_order_each_event_once_in_sequence_order(scene: Scene) -> None:
-    """SDK-ORDER: the handler gets the Group's events in sequence order, each once, frames that
-    arrive out of order included (the proxy holds one back behind the next); the durable cursor
-    reaches the head, in history and in live appends."""
+    """SDK-ORDER: the handler gets the Group's events in sequence order, each once, in history and
+    in live appends, frames that arrive out of order included (the proxy holds live EVENT frames
+    back behind the next ones); the durable cursor reaches the head."""
     await scene.post(HISTORY)
-    held = scene.proxy.fault("reorder", sequence=HISTORY // 2)
-    held_live = scene.proxy.fault("reorder", sequence=HISTORY + 10)
+    start = await scene.head()
     async with scene.driver() as driver:
-        await driver.ok("subscribe", group=G, credits=CREDITS)
-        await scene.post(12)  # live appends while it catches up
+        # A window of several frames: a frame held back behind the next needs credits for both.
+        await driver.ok("subscribe", group=G, credits=16)
+        await driver.until(reached(G, start))
+        held = [scene.proxy.fault("reorder", sequence=start + n) for n in (2, 6)]
+        await scene.post(10)  # one EVENT frame per append to a subscriber that keeps up
         head = await caught_up(scene, driver)
         assert driver.events(G) == await scene.log()
         assert (await driver.ok("cursor", group=G))["cursor"] == head
-    assert held.fired and held_live.fired
+    assert all(f.fired for f in held), held
 
 
 @pytest.mark.req("MW-16-04", "MW-16-05", "MW-16-06")
 async def test_no_gap_crossed_a_lost_frame_is_recovered_and_no_cursor_passes_it(scene: Scene) -> None:
-    """SDK-GAP: the proxy drops an EVENT frame of the history and one of the live appends. The
-    handler never sees a later sequence before a missing one, the durable cursor never passes a
-    missing sequence, and the SDK gets the lost events again (a resubscription from its cursor)."""
+    """SDK-GAP: the proxy drops an EVENT frame of the history (often the last of its credit window:
+    only a FLOW frame tells it was sent) and one of the live appends, which the next appends
+    follow. The handler never sees a later sequence before a missing one, the durable cursor never
+    passes a missing sequence, and the SDK gets the lost events again (from its cursor)."""
     await scene.post(HISTORY)
-    lost = [scene.proxy.fault("drop", sequence=HISTORY // 2), scene.proxy.fault("drop", sequence=HISTORY + 8)]
-    start = (await scene.log())[0][0] - 1
+    start, history = (await scene.log())[0][0] - 1, await scene.head()
+    lost = [scene.proxy.fault("drop", sequence=HISTORY // 2)]
     async with scene.driver() as driver:
-        await driver.ok("subscribe", group=G, credits=CREDITS)
+        await driver.ok("subscribe", group=G, credits=16)
         watch = CursorWatch(driver, start)
-        await scene.post(12)
+        await driver.until(reached(G, history))
+        lost.append(scene.proxy.fault("drop", sequence=history + 3))
+        await scene.post(10)  # one EVENT frame per append: frames after the lost one, in its window
         await caught_up(scene, driver)
         crossed = await watch.stop()
         assert driver.events(G) == await scene.log()  # in order, once: nothing after a hole came early
