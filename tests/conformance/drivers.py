@@ -39,7 +39,7 @@ def require(sdk: str) -> list[str]:
         if shutil.which("node") is None:
             missing = "`node` (Node.js 20+) is not on PATH"
         elif not (ROOT / argv[1]).is_file():
-            missing = f"{argv[1]} is not built (build the TypeScript SDK: npm run build in sdks/typescript)"
+            missing = f"{argv[1]} is not built (build the TypeScript SDK in sdks/typescript)"
     if not missing:
         return argv
     if os.environ.get("MWP_SKIP_NODE") == "1" and os.environ.get("CI") != "true":
@@ -63,9 +63,10 @@ class Driver:
         assert self.process.stdout is not None
         while line := await self.process.stdout.readline():
             message = json.loads(line)
-            answer = self.answers.pop(message["id"], None) if "id" in message else None
-            if answer is not None:
-                answer.set_result(message)
+            if "id" in message:
+                answer = self.answers.pop(message["id"], None)
+                if answer is not None and not answer.done():
+                    answer.set_result(message)
             else:
                 self.notes.append(message)
             self.changed.set()
@@ -74,10 +75,15 @@ class Driver:
         """Sends one request and returns its answer (bounded by ANSWER_S)."""
         assert self.process.stdin is not None
         self.ids += 1
-        answer = self.answers[self.ids] = asyncio.get_running_loop().create_future()
-        self.process.stdin.write((json.dumps({"id": self.ids, "op": op, **fields}) + "\n").encode())
-        await self.process.stdin.drain()
-        return await asyncio.wait_for(answer, ANSWER_S)
+        number = self.ids
+        answer = self.answers[number] = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(ANSWER_S):  # a driver that stops reading must not hang the test
+                self.process.stdin.write((json.dumps({"id": number, "op": op, **fields}) + "\n").encode())
+                await self.process.stdin.drain()
+                return await answer
+        finally:
+            self.answers.pop(number, None)  # answered, timed out, or cancelled: its late answer is dropped
 
     async def ok(self, op: str, **fields: Any) -> dict[str, Any]:
         answer = await self.request(op, **fields)
