@@ -113,7 +113,9 @@ class FaultProxy:
         assert self._channel is not None
         metadata = _end_to_end(context.invocation_metadata())
         remaining = context.time_remaining()
-        call = self._channel.stream_stream(method)(
+        # Bytes both ways: no serializers, so no stub is needed for any method.
+        forward: grpc.aio.StreamStreamMultiCallable[bytes, bytes] = self._channel.stream_stream(method)
+        call = forward(
             self._client_frames(requests) if method == CONNECT else requests,
             metadata=metadata,
             timeout=remaining if remaining is not None and remaining < 1e6 else None,

@@ -24,7 +24,7 @@ from missionweave.kernel.signing import write_key
 from missionweave.v1 import work_pb2 as wp
 from tests.conformance.drivers import SDKS, Driver, require, running
 from tests.conformance.fault_proxy import FaultProxy, proxied
-from tests.conftest import World
+from tests.conftest import World, polled
 from tests.test_agent_sdk import post_messages
 from tests.test_missions import G
 from tests.test_work_items import Flow, setup
@@ -285,11 +285,13 @@ async def test_retry_idempotent_same_command_id_and_a_result_lost_with_its_strea
     assert [s for s, t in texts if t == "answer lost"] == [lost["sequence"]]
 
 
-@pytest.mark.req("MW-11.3-04", "MW-11.3-05")
+@pytest.mark.req("MW-11.3-04", "MW-11.3-05", "MW-11.3-09")
 async def test_stale_lease_refused_after_the_work_restarted_under_a_new_lease(scene: Scene) -> None:
     """SDK-STALE: the driver accepts, starts under lease A, checkpoints (the work goes back to the
     queue) and starts again under lease B; a renewal or a submission still naming lease A is refused
-    LEASE_STALE, although the ownership epoch is unchanged (docs/errors.md "WorkItems")."""
+    LEASE_STALE, although the ownership epoch is unchanged (docs/errors.md "WorkItems"). Then the
+    agent starts anew without its state (a new session, which revokes lease B, MW-11.3-09) and starts
+    under lease C: lease B, from the old session, is refused LEASE_STALE too."""
     flow = scene.flow
     await flow.authorize("wi-1")
     offer = await flow.offer("wi-1", AGENT)
@@ -313,10 +315,23 @@ async def test_stale_lease_refused_after_the_work_restarted_under_a_new_lease(sc
         submit = Flow.submit_body("wi-1", epoch, "lease-a")
         late = await run("work_submit", json_format.MessageToDict(submit))
         assert (await run("work_renew_lease", body(leaseId="lease-b", ownershipEpoch=epoch)))["ok"]
-    for refused in (renew, late):
+
+    async def queued() -> bool:
+        return (await scene.w.client.work_item(G, "wi-1")).state == wp.WORK_ITEM_STATE_QUEUED
+
+    async with scene.driver(state=scene.tmp_path / "new-state") as restarted:
+        await polled(queued, limit_s=10)  # the new session revoked lease B
+        new = await restarted.request(
+            "execute", group=G, kind="work_start", body=body(ownershipEpoch=epoch, leaseId="lease-c")
+        )
+        assert new["ok"], new
+        old = await restarted.request(
+            "execute", group=G, kind="work_renew_lease", body=body(leaseId="lease-b", ownershipEpoch=epoch)
+        )
+    for refused in (renew, late, old):
         assert refused["ok"] is False and refused["reason"] == "LEASE_STALE", refused
     item = await scene.w.client.work_item(G, "wi-1")
-    assert item.lease.lease_id == "lease-b" and item.state == wp.WORK_ITEM_STATE_ACTIVE
+    assert item.lease.lease_id == "lease-c" and item.state == wp.WORK_ITEM_STATE_ACTIVE
 
 
 @pytest.mark.req("MW-11.3-11", "MW-11.3-12")
