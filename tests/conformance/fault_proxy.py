@@ -225,7 +225,9 @@ class FaultProxy:
         if fault.kind == "duplicate":
             return [frame, frame, *after]
         if fault.kind == "reorder":
-            connection.held = frame  # goes out right after the next EVENT frame of this stream
+            # Goes out right after the next EVENT frame of this stream; if the stream ends first, it
+            # is lost with it (as a frame in flight would be).
+            connection.held = frame
             return after
         tampered = pb.ServerFrame()
         tampered.CopyFrom(frame)
