@@ -23,7 +23,7 @@ from google.protobuf import json_format
 from missionweave.kernel.signing import write_key
 from missionweave.v1 import work_pb2 as wp
 from tests.conformance.drivers import SDKS, Driver, require, running
-from tests.conformance.fault_proxy import FaultProxy, proxied
+from tests.conformance.fault_proxy import EventFault, FaultProxy, proxied
 from tests.conftest import World, polled
 from tests.test_agent_sdk import post_messages
 from tests.test_missions import G
@@ -68,9 +68,9 @@ class Scene:
         return running(self.sdk, env, self.tmp_path / f"{self.sdk}-driver.stderr")
 
     async def post(self, count: int) -> None:
-        start = (await self.w.client.group_state(G)).head_sequence
-        conv = (await self.w.client.group_state(G)).mission.planning_conversation_id
-        await post_messages(self.w, conv, range(start, start + count))
+        state = await self.w.client.group_state(G)
+        conv, head = state.mission.planning_conversation_id, state.head_sequence
+        await post_messages(self.w, conv, range(head, head + count))
 
     async def log(self) -> list[tuple[int, str]]:
         """(sequence, event id) of the Group's log from the driver's visibility start on."""
@@ -237,12 +237,14 @@ async def test_cursor_durability_across_a_kill_resumes_after_the_durable_cursor(
 
 @pytest.mark.req("MW-16-12")
 @pytest.mark.parametrize("tamper", ["tamper_payload", "tamper_signature"])
-async def test_tampered_event_refused_and_nothing_of_its_batch_delivered(scene: Scene, tamper: str) -> None:
+async def test_tampered_event_refused_and_nothing_of_its_batch_delivered(
+    scene: Scene, tamper: EventFault
+) -> None:
     """SDK-VERIFY (OP-03): the proxy flips one byte of an event's payload, or of its Authority
     signature; the subscription stops NOT_VERIFIED and the handler gets no event of that frame nor
     any after it (the cursor stays before it)."""
     await scene.post(HISTORY)
-    fault = scene.proxy.fault(tamper, sequence=HISTORY // 2)  # type: ignore[arg-type]
+    fault = scene.proxy.fault(tamper, sequence=HISTORY // 2)
     async with scene.driver() as driver:
         await driver.ok("subscribe", group=G, credits=CREDITS)
         await driver.until(lambda notes: any(n["type"] == "subscription_failed" for n in notes))
