@@ -110,6 +110,9 @@ class AckCursors:
     cursor_store: CursorStore
     _cursor_writes: dict[tuple[str, str], int]
     _cursor_flusher: asyncio.Task[None] | None
+    # One flush at a time: a stream's end must not return while an earlier flush still stores rows
+    # it took, among them perhaps that stream's last ACK (its client may read the cursor next).
+    _cursor_flush_lock: asyncio.Lock
     stopping: bool
 
     def note_cursor(self, agent_id: str, group_id: str, cursor: int) -> None:
@@ -127,7 +130,12 @@ class AckCursors:
 
     async def flush_cursors(self) -> None:
         """Store every noted cursor now (a stream's end and shutdown call this). Cursors that could
-        not be stored stay noted and are stored again ``CURSOR_RETRY_S`` later (or by the next flush)."""
+        not be stored stay noted and are stored again ``CURSOR_RETRY_S`` later (or by the next flush).
+        Returns once every cursor noted before the call is stored, by this flush or one under way."""
+        async with self._cursor_flush_lock:
+            await self._flush_noted()
+
+    async def _flush_noted(self) -> None:
         while self._cursor_writes:
             rows, self._cursor_writes = self._cursor_writes, {}
             try:

@@ -120,6 +120,7 @@ class GatewayServicer(
         self.stopping = False
         self._cursor_writes = {}
         self._cursor_flusher = None
+        self._cursor_flush_lock = asyncio.Lock()
         self._watchdog = None
         self._closing = set()  # streams being ended (stalled) and released
         self.feeds = {}  # the shared follow of each Group subscribed here (D132)
