@@ -23,6 +23,7 @@ from nacl.signing import SigningKey
 from missionweave.kernel.signing import read_key, write_key
 from missionweave_server.config import Settings
 from tests import builders
+from tests.client_processes import run_to_end
 from tests.conftest import World
 from tests.test_key_continuity import G as KEYS_GROUP
 from tests.test_key_continuity import cli, some_history, started, stop, store_flags
@@ -73,19 +74,9 @@ def key_file(tmp_path: Path, name: str, key: SigningKey) -> Path:
 async def run_agent(agent: Path, target: str, as_: str, key: Path, *args: str, group: str = G) -> Run:
     """Runs the agent to completion (bounded); the process never outlives the test."""
     flags = ["--target", target, "--as", as_, "--key", str(key), "--group", group]
-    process = await asyncio.create_subprocess_exec(
-        str(agent), *flags, "--timeout", f"{RUN_SECONDS - 10:.0f}s", *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), RUN_SECONDS)
-    finally:
-        if process.returncode is None:  # timed out or cancelled: no stray process, no open pipes
-            process.kill()
-            await process.communicate()
-    assert process.returncode is not None
-    return Run(process.returncode, [json.loads(line) for line in out.decode().splitlines()], err.decode())
+    argv = [str(agent), *flags, "--timeout", f"{RUN_SECONDS - 10:.0f}s", *args]
+    code, out, err = await run_to_end(argv, RUN_SECONDS)
+    return Run(code, [json.loads(line) for line in out.splitlines()], err)
 
 
 def seen(run: Run) -> list[tuple[int, str, str, str]]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from missionweave.sdk.client import SessionSigner
 from missionweave_server.config import Settings
 from missionweave_server.services.gateway.schema import cursors
 from tests import builders
+from tests.client_processes import require_node, run_to_end
 from tests.conftest import World
 from tests.test_key_continuity import G as KEYS_GROUP
 from tests.test_key_continuity import cli, read_all, some_history, started, stop, store_flags
@@ -40,21 +39,10 @@ RUN_SECONDS = 60.0
 
 @pytest.fixture
 def node() -> str:
-    """The `node` executable; a missing toolchain fails the test (CI must run it) unless MWP_SKIP_NODE=1."""
-    if os.environ.get("MWP_SKIP_NODE") == "1":
-        pytest.skip("MWP_SKIP_NODE=1: the Node.js agent tests are skipped")
-    executable = shutil.which("node")
-    if executable is None:
-        pytest.fail(
-            "`node` (Node.js 20+) is not on PATH: install it, then run `make node-deps` "
-            "(or set MWP_SKIP_NODE=1 to skip the Node.js agent tests)"
-        )
-    if not (NODE_DIR / "node_modules" / "@missionweave" / "sdk" / "dist" / "index.js").is_file():
-        pytest.fail(
-            "examples/node/node_modules or the TypeScript SDK it links is missing: run `make node-deps` "
-            "(or set MWP_SKIP_NODE=1 to skip the Node.js agent tests)"
-        )
-    return executable
+    """`node`, with the example's packages (the TypeScript SDK it links) installed by `make node-deps`."""
+    return require_node(
+        NODE_DIR / "node_modules" / "@missionweave" / "sdk" / "dist" / "index.js", "run `make node-deps`"
+    )
 
 
 @dataclass
@@ -77,18 +65,8 @@ async def run_agent(
         "--timeout": str(RUN_SECONDS - 10),  # the agent gives up (and says so) before we kill it
     }
     argv = [item for flag in flags.items() for item in flag]
-    process = await asyncio.create_subprocess_exec(
-        node, str(AGENT_JS), *argv, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), RUN_SECONDS)
-    finally:
-        if process.returncode is None:  # timed out or cancelled: no stray process, no open pipes
-            process.kill()
-            await process.communicate()
-    assert process.returncode is not None
-    lines = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
-    return Run(process.returncode, lines, err.decode())
+    code, out, err = await run_to_end([node, str(AGENT_JS), *argv, *args], RUN_SECONDS)
+    return Run(code, [json.loads(line) for line in out.splitlines() if line.strip()], err)
 
 
 async def node_session(w: World, tmp_path: Path) -> tuple[SessionSigner, Path]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 from collections.abc import AsyncIterator
@@ -31,6 +30,7 @@ from missionweave.v1 import common_pb2, membership_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
 from missionweave.v1.authority_service_pb2 import GetMissionProgressRequest
 from tests import builders, sdk_vectors
+from tests.client_processes import require_node
 from tests.conftest import World, polled
 from tests.mcp_fixtures import party
 from tests.test_bridges_mission import accepted_by_coordinator
@@ -49,15 +49,8 @@ STEP_S = 30.0
 
 @pytest.fixture
 def node() -> str:
-    """`node`, with the SDK built; a missing toolchain or build fails the test unless MWP_SKIP_NODE=1."""
-    if os.environ.get("MWP_SKIP_NODE") == "1":
-        pytest.skip("MWP_SKIP_NODE=1: the Node.js tests are skipped")
-    executable = shutil.which("node")
-    if executable is None:
-        pytest.fail("`node` (Node.js 20+) is not on PATH (or set MWP_SKIP_NODE=1 to skip the Node.js tests)")
-    if not DRIVER.is_file():
-        pytest.fail(f"{DRIVER} is missing: run `make sdk-ts` (or set MWP_SKIP_NODE=1)")
-    return executable
+    """`node`, with the SDK built by `make sdk-ts`."""
+    return require_node(DRIVER, "run `make sdk-ts`")
 
 
 async def identity(w: World, tmp_path: Path, identity_id: str) -> Path:

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.client_processes import require_node
 
 ROOT = Path(__file__).resolve().parents[2]
 TS_DRIVER = "sdks/typescript/dist/conformance-driver.js"
@@ -34,17 +33,9 @@ ANSWER_S = 30.0  # one request's answer (a command's RESULT may wait for a recon
 def require(sdk: str) -> list[str]:
     """The argv of ``sdk``'s driver; fails (or, with MWP_SKIP_NODE=1 outside CI, skips) if it is missing."""
     argv = SDKS[sdk]
-    missing = ""
     if argv[0] == "node":
-        if shutil.which("node") is None:
-            missing = "`node` (Node.js 20+) is not on PATH"
-        elif not (ROOT / argv[1]).is_file():
-            missing = f"{argv[1]} is not built (build the TypeScript SDK in sdks/typescript)"
-    if not missing:
-        return argv
-    if os.environ.get("MWP_SKIP_NODE") == "1" and os.environ.get("CI") != "true":
-        pytest.skip(f"MWP_SKIP_NODE=1: the {sdk} SDK's conformance cases are skipped ({missing})")
-    pytest.fail(f"the {sdk} SDK's conformance driver cannot run: {missing} (or set MWP_SKIP_NODE=1 to skip)")
+        return [require_node(ROOT / argv[1], "build the TypeScript SDK (`make sdk-ts`)"), *argv[1:]]
+    return argv
 
 
 @dataclass
