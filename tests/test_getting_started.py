@@ -109,9 +109,10 @@ async def test_the_typescript_page_runs_as_written(node: str, tmp_path: Path) ->
 async def test_the_go_page_runs_as_written(go_agent: Path, tmp_path: Path) -> None:  # noqa: F811
     out = await run_page("getting-started-go.md", tmp_path)
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    # As the page says: six events posted and read as ada, then the same six read as cora.
-    assert [line["sequence"] for line in lines] == [1, 2, 3, 4, 5, 6] * 2 and lines[:6] == lines[6:]
-    assert (lines[5]["type"], lines[5]["actor_id"]) == ("message.posted", "ada")
+    # As the page says: agent-go sees the Group from its grant on, its message last; cora all of it.
+    assert [line["sequence"] for line in lines] == [6, 7, 1, 2, 3, 4, 5, 6, 7], lines
+    assert lines[:2] == lines[-2:] and lines[0]["type"] == "membership.granted"
+    assert (lines[1]["type"], lines[1]["actor_id"]) == ("message.posted", "agent-go")
 
 
 @pytest.mark.parametrize("page", ["getting-started.md", *PAGES])

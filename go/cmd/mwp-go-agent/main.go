@@ -1,7 +1,9 @@
 // Command mwp-go-agent is a small MissionWeave agent in Go, built only on the standard library,
 // the Go code generated from protos/ and Debian's Go packages (grpc, protobuf, lukechampine.com/blake3).
 //
-// It reads an identity key file written by `mwp keygen`, opens a session with a fresh session key
+// It reads an identity key file written by `mwp keygen`, optionally registers that identity as an
+// agent with the key's public half (MembershipService.RegisterIdentity, signed by an Organization
+// administrator's key: --register-with), opens a session with a fresh session key
 // (MembershipService.OpenSession, signed by the identity key), optionally posts a signed
 // message.post command into a Group's Conversation (AuthorityService.ExecuteCommand), then reads
 // the Group with call proofs (AuthorityService.ReadEvents, metadata mwp-call-proof-bin), verifying
@@ -10,7 +12,10 @@
 //
 // Exit codes: 0 done, 1 refused or not verified (the reason on stderr), 2 usage.
 //
-// Usage: mwp-go-agent --as alice --key alice.key --group GROUP_ID [--post TEXT] [--follow | --until-sequence N]
+// Usage: mwp-go-agent --as alice --key alice.key --group GROUP_ID [--register-with ADMIN_KEY]
+//
+//	[--post TEXT] [--follow | --until-sequence N]
+//
 // (docs/getting-started-go.md; mwp-go-agent -h lists every flag)
 package main
 
@@ -43,6 +48,7 @@ const clientName = "mwp-go-agent"
 type options struct {
 	target, as, keyFile, group    string
 	post, conversation, pinnedHex string
+	registerWith, admin           string
 	afterSequence, untilSequence  uint64
 	follow                        bool
 	timeout                       time.Duration
@@ -63,6 +69,8 @@ func parseOptions(args []string) (*options, error) {
 	fs.StringVar(&o.as, "as", env("MWP_AS", ""), "the identity id (required) [MWP_AS]")
 	fs.StringVar(&o.keyFile, "key", env("MWP_KEY", ""), "its identity key file, as `mwp keygen` writes it (required) [MWP_KEY]")
 	fs.StringVar(&o.group, "group", "", "the Group (required)")
+	fs.StringVar(&o.registerWith, "register-with", "", "first register --as as an agent with --key's public key, signed by this administrator key file (e.g. .missionweave/keys/admin.key)")
+	fs.StringVar(&o.admin, "admin", "admin", "the administrator identity whose key --register-with names")
 	fs.StringVar(&o.post, "post", "", "post this text as a message.post command before reading")
 	fs.StringVar(&o.conversation, "conversation", "", "the Conversation to post into (default: the Mission's planning Conversation)")
 	fs.StringVar(&o.pinnedHex, "authority-key", "", "pin an Authority Ed25519 public key (hex), current or rotated away from (default: trust GetAuthorityKey)")
@@ -76,8 +84,10 @@ func parseOptions(args []string) (*options, error) {
 	switch {
 	case fs.NArg() > 0:
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	case o.as == "" || o.keyFile == "" || o.group == "":
-		return nil, errors.New("--as, --key and --group are required")
+	case o.as == "" || o.keyFile == "":
+		return nil, errors.New("--as and --key are required")
+	case o.group == "" && o.registerWith == "":
+		return nil, errors.New("--group is required (unless --register-with only registers)")
 	case o.untilSequence > 0 && o.untilSequence <= o.afterSequence:
 		return nil, errors.New("--until-sequence must lie after --after-sequence")
 	}
@@ -139,6 +149,11 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 		return err
 	}
 	logf("Authority key %s, %d in its history", keys.GetKeyId(), len(a.keys))
+	if o.registerWith != "" {
+		if err := a.register(ctx, identityKey); err != nil || o.group == "" {
+			return err
+		}
+	}
 	if err := a.openSession(ctx, identityKey); err != nil {
 		return err
 	}
@@ -148,6 +163,33 @@ func run(ctx context.Context, o *options, out io.Writer) error {
 		}
 	}
 	return a.read(ctx, out)
+}
+
+// register registers --as as an agent identity with the public half of its key, signed by the
+// administrator's identity key (register_identity_envelope() in missionweave/sdk/client.py).
+func (a *agent) register(ctx context.Context, identityKey ed25519.PrivateKey) error {
+	adminKey, err := readKey(a.o.registerWith)
+	if err != nil {
+		return err
+	}
+	env, err := signEnvelope(&pb.RegisterIdentityCommand{
+		Identity: &pb.Identity{
+			IdentityId: a.o.as,
+			Kind:       pb.IdentityKind_IDENTITY_KIND_AGENT,
+			PublicKey:  identityKey.Public().(ed25519.PublicKey),
+		},
+		AdminId:   a.o.admin,
+		IssuedAt:  timestamppb.Now(),
+		RequestId: "req-go-" + hex.EncodeToString(nonce()),
+	}, registerIdentityType, adminKey, a.o.admin+"#identity")
+	if err != nil {
+		return err
+	}
+	if _, err := a.membership.RegisterIdentity(ctx, &pb.RegisterIdentityRequest{Command: env}); err != nil {
+		return refusal("RegisterIdentity", err)
+	}
+	logf("registered %s (agent)", a.o.as)
+	return nil
 }
 
 // openSession opens a new session with a fresh session key; the identity key signs only this
@@ -176,25 +218,36 @@ func (a *agent) openSession(ctx context.Context, identityKey ed25519.PrivateKey)
 	return nil
 }
 
+// member reads the Group's state (with a call proof) and --as's active Membership in it, nil for
+// an identity that reads without one (an Organization administrator).
+func (a *agent) member(ctx context.Context) (*pb.GroupState, *pb.Membership, error) {
+	state, err := a.authority.GetGroupState(ctx, &pb.GetGroupStateRequest{GroupId: a.o.group})
+	if err != nil {
+		return nil, nil, refusal("GetGroupState", err)
+	}
+	var active *pb.Membership
+	for _, m := range state.GetState().GetMemberships() {
+		if m.GetMemberId() == a.o.as && m.GetActive() {
+			active = m
+		}
+	}
+	return state.GetState(), active, nil
+}
+
 // postMessage signs a message.post with the session key and executes it. The Membership epoch
 // (and, unless given, the Conversation) comes from the Group's state, read with a call proof.
 func (a *agent) postMessage(ctx context.Context) error {
-	state, err := a.authority.GetGroupState(ctx, &pb.GetGroupStateRequest{GroupId: a.o.group})
+	state, membership, err := a.member(ctx)
 	if err != nil {
-		return refusal("GetGroupState", err)
+		return err
 	}
-	var membershipEpoch uint64
-	for _, m := range state.GetState().GetMemberships() {
-		if m.GetMemberId() == a.o.as && m.GetActive() {
-			membershipEpoch = m.GetMembershipEpoch()
-		}
-	}
-	if membershipEpoch == 0 {
+	if membership == nil {
 		return fmt.Errorf("%s has no active Membership in %s", a.o.as, a.o.group)
 	}
+	membershipEpoch := membership.GetMembershipEpoch()
 	conversation := a.o.conversation
 	if conversation == "" {
-		conversation = state.GetState().GetMission().GetPlanningConversationId()
+		conversation = state.GetMission().GetPlanningConversationId()
 	}
 	command := &pb.Command{
 		CommandId:       "go-" + hex.EncodeToString(nonce()),
@@ -242,13 +295,23 @@ func (a *agent) read(ctx context.Context, out io.Writer) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	following := a.o.follow || a.o.untilSequence > 0
+	// A member sees the Group from its visibility start on (OP-36, MW-8-07): reading from before
+	// it, the first batch starts there, which is no gap.
+	after := a.o.afterSequence
+	_, membership, err := a.member(ctx)
+	if err != nil {
+		return err
+	}
+	if start := membership.GetVisibilityStartSequence(); start > after+1 {
+		after = start - 1
+	}
 	stream, err := a.authority.ReadEvents(ctx, &pb.ReadEventsRequest{
-		GroupId: a.o.group, AfterSequence: a.o.afterSequence, Follow: following,
+		GroupId: a.o.group, AfterSequence: after, Follow: following,
 	})
 	if err != nil {
 		return refusal("ReadEvents", err)
 	}
-	f := &follower{groupID: a.o.group, keys: a.keys, covered: a.o.afterSequence, lastSequence: a.o.afterSequence}
+	f := &follower{groupID: a.o.group, keys: a.keys, covered: after, lastSequence: after}
 	encoder := json.NewEncoder(out)
 	for {
 		resp, err := stream.Recv()

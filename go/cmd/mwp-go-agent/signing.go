@@ -24,8 +24,10 @@ const (
 	commandType     = "application/vnd.missionweave.v1.command+protobuf"
 	eventType       = "application/vnd.missionweave.v1.event+protobuf"
 	openSessionType = "application/vnd.missionweave.v1.open-session+protobuf"
-	callProofType   = "application/vnd.missionweave.v1.call-proof+protobuf"
-	keyRotationType = "application/vnd.missionweave.v1.authority-key-rotation+protobuf"
+	// registerIdentityType is what an administrator signs to register an identity.
+	registerIdentityType = "application/vnd.missionweave.v1.register-identity+protobuf"
+	callProofType        = "application/vnd.missionweave.v1.call-proof+protobuf"
+	keyRotationType      = "application/vnd.missionweave.v1.authority-key-rotation+protobuf"
 	// The metadata entry a call proof travels in (gRPC base64-encodes "-bin" values itself).
 	callProofMetadata = "mwp-call-proof-bin"
 )
