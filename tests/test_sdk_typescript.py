@@ -231,7 +231,9 @@ async def test_the_typescript_example_worker_accepts_stores_an_artifact_and_subm
     [submitted] = [e.work_submitted for e in log if e.WhichOneof("payload") == "work_submitted"]
     [report] = submitted.artifacts
     assert [report.digest.hex] == finished["artifacts"] and report.media_type == "text/plain"
-    assert [e.criterion_id for e in submitted.evidence] == ["balances"]
+    assert [  # slot.evidence: one per criterion, about the report, by the method it requires
+        (e.evidence_id, e.criterion_id, e.subject.artifact.digest.hex, e.method) for e in submitted.evidence
+    ] == [("ev-wi-ts-balances", "balances", report.digest.hex, wp.EVIDENCE_METHOD_TEST)]
     assert [e.actor_id for e in log if e.type == "work.submitted"] == ["ts-worker"]
     progress = await w.client.authority.GetMissionProgress(GetMissionProgressRequest(group_id=G))
     assert {p.work_item_id: p.state for p in progress.work_items}["wi-ts"] == wp.WORK_ITEM_STATE_SUBMITTED

@@ -6,9 +6,7 @@
 //
 //   MWP_TARGET=127.0.0.1:50051 MWP_AGENT_ID=worker MWP_KEY_FILE=worker.key \
 //     node examples/worker.mjs grp_...            (stops on SIGINT/SIGTERM)
-import { create } from "@bufbuild/protobuf";
 import { Agent, WorkerRuntime, readKeyFile, submitted } from "../dist/index.js";
-import { EvidenceMethod, EvidenceResult, EvidenceSchema } from "../dist/gen/missionweave/v1/work_pb.js";
 
 const groups = process.argv.slice(2);
 if (groups.length === 0 || !process.env.MWP_AGENT_ID || !process.env.MWP_KEY_FILE) {
@@ -19,15 +17,8 @@ if (groups.length === 0 || !process.env.MWP_AGENT_ID || !process.env.MWP_KEY_FIL
 // The work itself: read the goal, write a report, prove each acceptance criterion with it.
 async function handle(slot) {
   const report = await slot.put(`Report for ${slot.workItemId}: ${slot.contract.goal}\n`, "text/plain");
-  const evidence = slot.contract.acceptanceCriteria.map((criterion, i) =>
-    create(EvidenceSchema, {
-      evidenceId: `ev-${i + 1}`,
-      criterionId: criterion.criterionId,
-      method: criterion.requiredEvidenceMethods[0] ?? EvidenceMethod.TEST,
-      result: EvidenceResult.PASS,
-      artifacts: [report],
-      summary: `the report covers ${criterion.criterionId}`,
-    }),
+  const evidence = slot.contract.acceptanceCriteria.map((criterion) =>
+    slot.evidence(criterion, { passed: true, summary: `the report covers ${criterion.criterionId}`, artifact: report }),
   );
   return submitted(evidence, `reported on ${slot.workItemId}`);
 }

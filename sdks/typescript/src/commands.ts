@@ -23,6 +23,11 @@ export function bodyFromJson(kind: string, json: JsonValue): CommandBody {
   return { case: field.localName, value: fromJson(field.message, json) } as CommandBody;
 }
 
+/** The sequence of the last of a command's (verified) events: 0n when it appended none. */
+export function lastSequence(events: readonly { readonly sequence: bigint }[]): bigint {
+  return events.reduce((max, e) => (e.sequence > max ? e.sequence : max), 0n);
+}
+
 /** Options of a command. */
 export interface CommandOptions {
   /** Makes retries idempotent: the Authority answers a repeat with the stored result (`replayed`). */

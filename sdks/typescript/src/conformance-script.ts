@@ -1,18 +1,20 @@
 /**
  * The conformance driver's scripted Worker handler: `submit` stores one text Artifact and submits
  * with one Evidence per acceptance criterion; `pause_on_preemption` waits for a preemption request,
- * pauses with a checkpoint and, resumed from it, submits as `submit` does. Starts and ends are
- * reported as notification lines.
+ * pauses with a checkpoint and, resumed from it, submits as `submit` does; `derive` reads every input
+ * (verified) and stores the content followed by their bytes (its manifest names them as sources);
+ * `block_once` blocks on the content as its question and, unblocked, stores the resolution. Starts
+ * (with the slot's inputs and unblock) and ends are reported as notification lines.
  * @module
  */
 import { create } from "@bufbuild/protobuf";
 import { timestampNow } from "@bufbuild/protobuf/wkt";
 import { EvidenceMethod, EvidenceResult, EvidenceSchema, type Evidence, type WorkContract } from "./gen/missionweave/v1/work_pb.js";
-import { paused, submitted, type Handler, type Outcome, type Slot } from "./slot.js";
+import { blocked, paused, submitted, type Handler, type Outcome, type Slot } from "./slot.js";
 import type { ArtifactRef } from "./gen/missionweave/v1/common_pb.js";
 
 /** The scripted behaviours. */
-export type ScriptMode = "submit" | "pause_on_preemption";
+export type ScriptMode = "submit" | "pause_on_preemption" | "derive" | "block_once";
 
 /** One passing Evidence per acceptance criterion of `contract`, citing `artifacts`. */
 export function evidenceFor(contract: WorkContract, producerId: string, artifacts: readonly ArtifactRef[]): Evidence[] {
@@ -40,12 +42,21 @@ export function scriptedHandler(mode: ScriptMode, content: string, notify: (line
       lease_id: slot.leaseId,
       ownership_epoch: Number(slot.ownershipEpoch),
       resume_from_checkpoint_id: slot.resumeFromCheckpointId,
+      inputs: slot.inputs.map((i) => ({ name: i.name, digest: i.ref.digest?.hex ?? "", from_work_item_id: i.fromWorkItemId })),
+      unblocked_with: slot.unblockedWith,
+      unblocked_at: slot.unblockedAt,
     });
     if (mode === "pause_on_preemption" && !slot.resumeFromCheckpointId) {
       await slot.preemptionRequested;
       return paused(`ck-${slot.leaseId}`);
     }
-    const artifact = await slot.put(content, "text/plain");
+    if (mode === "block_once" && !slot.unblockedWith) return blocked(content, `ck-${slot.leaseId}`);
+    let output: string | Uint8Array = mode === "block_once" ? `answered: ${slot.unblockedWith}` : content;
+    if (mode === "derive") {
+      const read = await Promise.all(slot.inputs.map((input) => slot.read(input)));
+      output = Buffer.concat([Buffer.from(content), ...read]);
+    }
+    const artifact = await slot.put(output, "text/plain");
     return submitted(evidenceFor(slot.contract, "", [artifact]), `did ${slot.workItemId}`);
   };
 }

@@ -66,6 +66,11 @@ export class NotVerified extends AgentError {
   override name = "NotVerified";
 }
 
+/** The bytes received for a slot's input do not hash to its digest (MW-13.1-05): refused, not handed to the handler. */
+export class InputNotVerified extends NotVerified {
+  override name = "InputNotVerified";
+}
+
 /** A Group's subscription stopped for good (not a member, history unavailable, not verified, ...). */
 export class SubscriptionFailed extends AgentError {
   override name = "SubscriptionFailed";

@@ -4,14 +4,17 @@
  * the disclosed schedule or `work.decline_offer` with the structured reason); one placement loop
  * (`NextSlot`) starts placed work (`work.start`), runs the handler with its {@link Slot}, renews the
  * lease at half its term, answers preemption requests with the handler's checkpoint, submits with
- * Artifacts and Evidence (`work.submit`) or fails (`work.fail`), and releases the slot.
- * Not (yet) in this SDK: periodic schedule disclosures of queued work, the offline buffer, `Blocked`.
+ * Artifacts and Evidence (`work.submit`), blocks on a question (`work.block`, worker-blocks.ts) or
+ * fails (`work.fail`), and releases the slot. Each slot's inputs include its dependencies' Artifacts
+ * (worker-inputs.ts); accepted, queued work has its schedule disclosed again when it moves
+ * (worker-disclosures.ts). Not (yet) in this SDK: the offline buffer.
  * @module
  */
 import { create } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { Agent } from "./agent.js";
 import { Backoff, sleep, within } from "./backoff.js";
+import { lastSequence } from "./commands.js";
 import { CommandRejected } from "./errors.js";
 import { GetWorkItemRequestSchema } from "./gen/missionweave/v1/authority_service_pb.js";
 import type { CommandResult } from "./gen/missionweave/v1/command_pb.js";
@@ -40,6 +43,9 @@ import {
   type WorkOffered,
 } from "./gen/missionweave/v1/work_pb.js";
 import { Slot, type Handler, type Outcome } from "./slot.js";
+import { Blocks } from "./worker-blocks.js";
+import { DISCLOSURE_PERIOD_MS, Disclosures } from "./worker-disclosures.js";
+import { slotInputs } from "./worker-inputs.js";
 
 const NEXT_SLOT_WAIT_S = 5n;
 const CALL_TIMEOUT_MS = 10_000;
@@ -51,6 +57,8 @@ const keyOf = (groupId: string, workItemId: string): Key => `${groupId}\u0000${w
 export interface WorkerOptions {
   /** Told after each placement ended: how it was recorded in the Group ("failed" also when a command was refused). */
   readonly onFinished?: (slot: Slot, outcome: Outcome["outcome"], error?: unknown) => void;
+  /** How often the schedule of accepted, not started work is looked at again (default {@link DISCLOSURE_PERIOD_MS}). */
+  readonly disclosurePeriodMs?: number;
 }
 
 /** Runs `handler` for every WorkItem this Worker is offered, admits and is placed, through its agent. */
@@ -66,13 +74,18 @@ export class WorkerRuntime {
   private readonly tasks = new Set<Promise<unknown>>();
   private readonly abort = new AbortController();
   private starts = 0;
+  private readonly blocks: Blocks;
+  private readonly disclosures: Disclosures;
 
   constructor(
     /** The Worker's agent (a new session per runtime start: `newSession: true`, D213). */
     readonly agent: Agent,
     private readonly handler: Handler,
     private readonly options: WorkerOptions = {},
-  ) {}
+  ) {
+    this.blocks = new Blocks(agent);
+    this.disclosures = new Disclosures(agent, options.disclosurePeriodMs ?? DISCLOSURE_PERIOD_MS);
+  }
 
   /**
    * Subscribes to `groupIds` and starts the placement and preemption loops. With `subscribe: false`
@@ -84,6 +97,7 @@ export class WorkerRuntime {
     }
     this.spawn(this.place());
     this.spawn(this.watchPreemptions());
+    this.spawn(this.disclosures.run(this.abort.signal));
   }
 
   /** Stops taking work and waits (bounded) for running handlers to end. */
@@ -101,8 +115,9 @@ export class WorkerRuntime {
     return this.abort.signal.aborted;
   }
 
-  /** What the runtime learns from an event of a served Group: contracts, offers naming it, preemption requests. */
+  /** What the runtime learns from an event of a served Group: contracts, offers naming it, preemption requests, unblocks. */
   handleEvent(groupId: string, event: Event): void {
+    this.blocks.observe(groupId, event);
     const payload = event.payload;
     switch (payload.case) {
       case "missionCreated":
@@ -156,7 +171,12 @@ export class WorkerRuntime {
           contractRevision: offered.contractRevision,
           schedule: admit.schedule,
         });
-        await this.agent.execute(groupId, { case: "workAcceptOffer", value: body });
+        const accepted = await this.agent.execute(groupId, { case: "workAcceptOffer", value: body });
+        for (const e of this.events(accepted)) {
+          if (e.payload.case === "workOfferAccepted" && e.payload.value.ownership !== undefined) {
+            this.disclosures.waitingFor(groupId, offered.workItemId, e.payload.value.ownership.ownershipEpoch, admit.schedule);
+          }
+        }
       } else {
         const body = create(WorkDeclineOfferSchema, { workItemId: offered.workItemId, offerId: offered.offerId, decline: admit.decline });
         await this.agent.execute(groupId, { case: "workDeclineOffer", value: body });
@@ -258,8 +278,20 @@ export class WorkerRuntime {
         leaseId,
         ownershipEpoch: a.ownershipEpoch,
       };
-      slot = new Slot(this.agent, a.slotId, a.groupId, a.workItemId, a.ownershipEpoch, leaseId, contract, a.resumeFromCheckpointId, origin);
+      slot = new Slot(this.agent, {
+        slotId: a.slotId,
+        groupId: a.groupId,
+        workItemId: a.workItemId,
+        ownershipEpoch: a.ownershipEpoch,
+        leaseId,
+        contract,
+        resumeFromCheckpointId: a.resumeFromCheckpointId,
+        origin,
+        inputs: await slotInputs(this.agent, a.groupId, contract),
+        unblocked: this.blocks.unblocked(a.groupId, a.workItemId),
+      });
       this.running.set(key, slot);
+      this.disclosures.started(a.groupId, a.workItemId);
       this.preemptions.delete(key); // a request for an earlier lease is answered already
       const early = this.early.get(key);
       this.early.delete(key);
@@ -299,8 +331,10 @@ export class WorkerRuntime {
       const body = create(WorkCheckpointSchema, { ...common, checkpoint: result.checkpoint, preemptionRequestId: this.preemptions.get(key) ?? "" });
       this.preemptions.delete(key);
       const done = await this.agent.execute(slot.groupId, { case: "workCheckpoint", value: body });
+      this.disclosures.waitingFor(slot.groupId, slot.workItemId, slot.ownershipEpoch); // disclosed again once estimated
       return [SlotReleaseReason.PREEMPTED, true, this.lastSequence(done)];
     }
+    if (result.outcome === "blocked") return [SlotReleaseReason.BLOCKED, false, await this.blocks.block(slot, result)];
     if (result.outcome === "failed") {
       const body = create(WorkFailSchema, { ...common, kind: result.kind, reason: result.reason });
       const done = await this.agent.execute(slot.groupId, { case: "workFail", value: body });
@@ -360,7 +394,7 @@ export class WorkerRuntime {
   }
 
   private lastSequence(result: CommandResult): bigint {
-    return this.events(result).reduce((max, e) => (e.sequence > max ? e.sequence : max), 0n);
+    return lastSequence(this.events(result));
   }
 }
 
