@@ -221,6 +221,10 @@ export class Subscription {
       this.fail("CURSOR_TOO_OLD", new AgentError(`sequence ${this.processed} is older than the online log and no onSnapshot restores a snapshot`));
       return;
     }
+    // The gateway ended that subscription: nothing more is acknowledged under its id, and an error
+    // naming it (an ACK that was in flight: UNKNOWN_SUBSCRIPTION) is no longer routed here.
+    this.subscriptionId = "";
+    this.clearGap();
     try {
       const snapshot = await this.host.snapshot(frame.signedReference);
       await this.options.onSnapshot(snapshot);
@@ -338,7 +342,7 @@ export class Subscription {
 
   private ack(idle: boolean): void {
     // Disconnected: the next stream starts with a new window from the cursor, nothing to grant.
-    if (this.stopped || !this.host.connected() || !this.window.due(this.cursor, idle)) return;
+    if (this.stopped || !this.subscriptionId || !this.host.connected() || !this.window.due(this.cursor, idle)) return;
     const { cursor, credits } = this.window.take(this.cursor);
     const ack: CursorAck = create(CursorAckSchema, { subscriptionId: this.subscriptionId, groupId: this.groupId, cursor, credits });
     this.host.send({ case: "ack", value: create(AckFrameSchema, { cursors: [ack] }) });

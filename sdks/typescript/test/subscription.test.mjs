@@ -181,6 +181,23 @@ test("CURSOR_TOO_OLD: the verified snapshot is restored, the cursor moves to it,
   assert.deepEqual(h.seen, [41, 42]);
 });
 
+test("CURSOR_TOO_OLD ends the gateway's subscription: nothing more is acknowledged or routed under its id", async () => {
+  const { reference, answer } = snapshotAt(40, blake3(new TextEncoder().encode("the event at 40")));
+  const h = harness({ snapshotAnswer: answer, onSnapshot: () => undefined });
+  const old = h.subscription.subscriptionId;
+  // As a live gateway does for a member whose cursor precedes its visibility: FLOW, then CURSOR_TOO_OLD.
+  h.subscription.onFlow(create(FlowFrameSchema, { subscriptionId: old, groupId: G, reason: FlowReason.SUBSCRIBED, effectiveAfterSequence: 5n }));
+  const before = h.sent.length;
+  const restoring = h.subscription.onCursorTooOld(tooOld(old, reference));
+  assert.notEqual(h.subscription.subscriptionId, old); // an error naming it (UNKNOWN_SUBSCRIPTION) is not routed here
+  await restoring;
+  await settle();
+  const named = (f) => (f.case === "ack" ? f.value.cursors[0].subscriptionId : f.value.subscriptionId);
+  assert.deepEqual(h.sent.slice(before).filter((f) => named(f) === old).map((f) => f.case), []);
+  assert.deepEqual(h.failures, []);
+  assert.equal(h.sent.filter((f) => f.case === "subscribe").at(-1).value.afterSequence, 40n);
+});
+
 test("after a snapshot, an event that does not name its last event's digest stops the subscription unseen", async () => {
   const { reference, answer } = snapshotAt(40, blake3(new TextEncoder().encode("the event at 40")));
   const h = harness({ snapshotAnswer: answer, onSnapshot: () => undefined });
