@@ -255,7 +255,7 @@ dist-check: $(VENV)/.installed-base
 k8s-check: $(VENV)/.installed-lint
 	VENV=$(VENV) .ci/k8s-validate
 
-bench: $(VENV)/.installed-bench $(CONSOLE_OUT)
+bench: $(VENV)/.installed-bench $(CONSOLE_OUT) $(SDK_TS_OUT)
 	@$(MAKE) --no-print-directory gen
 	@if [ -z "$(BENCHES)" ]; then echo "no benchmarks in bench/"; exit 1; fi
 	@for b in $(BENCHES); do \
