@@ -32,17 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from missionweave.kernel.clock import OffsetClock  # noqa: E402
-from missionweave.kernel.signing import read_key  # noqa: E402
 from missionweave.sdk.agent import Agent  # noqa: E402
-from missionweave.sdk.client import MeshClient  # noqa: E402
 from missionweave.sdk.worker import Slot, WorkerRuntime, WorkResult  # noqa: E402
 from missionweave.v1 import common_pb2  # noqa: E402
 from missionweave.v1 import work_pb2 as wp  # noqa: E402
-from missionweave_server.config import Settings  # noqa: E402
-from missionweave_server.mesh.server import start  # noqa: E402
 from tests.a2a_agents import BINARY, running_agent  # noqa: E402
-from tests.conftest import World, register  # noqa: E402
+from tests.conftest import World  # noqa: E402
+from tests.in_process_world import world_at  # noqa: E402
 from tests.test_missions import G  # noqa: E402
 from tests.test_work_items import Flow, setup  # noqa: E402
 
@@ -51,28 +47,6 @@ SMALL_BUDGET = common_pb2.ResourceVector(currency="EUR", financial_micros=1_000,
 
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} ms ({min(values):.1f}-{max(values):.1f})"
-
-
-async def world_at(data: Path) -> World:
-    settings = Settings(
-        listen="127.0.0.1:0",
-        data_dir=data / "data",
-        database_url=f"sqlite+aiosqlite:///{data / 'mw.db'}",
-        grace_seconds=1,
-        console_listen="",
-    )
-    clock = OffsetClock()
-    mesh: Any = await start(settings, clock)
-    target = f"127.0.0.1:{mesh.port}"
-    client = MeshClient(target)
-    admin_key = read_key(mesh.settings.admin_key_path)
-    admin = await client.open_session("admin", admin_key)
-    owner = await register(client, admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN)
-    coordinator = await register(client, admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT)
-    worker = await register(client, admin_key, "worker-bot", common_pb2.IDENTITY_KIND_AGENT)
-    return World(
-        mesh, client, target, admin, owner, coordinator, worker, {"admin": admin_key}, mesh.settings, clock
-    )
 
 
 async def native(slot: Slot) -> WorkResult:

@@ -39,16 +39,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from missionweave.kernel.clock import OffsetClock  # noqa: E402
 from missionweave.kernel.errors import Rejected  # noqa: E402
-from missionweave.kernel.signing import read_key, write_key  # noqa: E402
-from missionweave.sdk.client import MeshClient  # noqa: E402
+from missionweave.kernel.signing import write_key  # noqa: E402
 from missionweave.v1 import common_pb2, membership_pb2  # noqa: E402
-from missionweave_server.config import Settings  # noqa: E402
-from missionweave_server.mesh.server import start  # noqa: E402
 from tests import builders  # noqa: E402
 from tests.conformance.drivers import SDKS, Driver, require, running  # noqa: E402
-from tests.conftest import World, register  # noqa: E402
+from tests.conftest import World  # noqa: E402
+from tests.in_process_world import world_at  # noqa: E402
 from tests.test_missions import G, create  # noqa: E402
 from tests.test_work_items import Flow, setup  # noqa: E402
 
@@ -60,29 +57,6 @@ NAMES = {"python": "Python", "typescript": "TypeScript"}
 
 def spread(values: list[float], unit: str, digits: int = 1) -> str:
     return f"{statistics.median(values):,.{digits}f} {unit} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
-
-
-async def world_at(data: Path) -> World:
-    settings = Settings(
-        listen="127.0.0.1:0",
-        data_dir=data / "data",
-        database_url=f"sqlite+aiosqlite:///{data / 'mw.db'}",
-        grace_seconds=1,
-        console_listen="",
-        group_rate=0.0,  # the history is appended as fast as the mesh takes it
-    )
-    clock = OffsetClock()
-    mesh: Any = await start(settings, clock)
-    target = f"127.0.0.1:{mesh.port}"
-    client = MeshClient(target)
-    admin_key = read_key(mesh.settings.admin_key_path)
-    admin = await client.open_session("admin", admin_key)
-    owner = await register(client, admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN)
-    coordinator = await register(client, admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT)
-    worker = await register(client, admin_key, AGENT, common_pb2.IDENTITY_KIND_AGENT)
-    return World(
-        mesh, client, target, admin, owner, coordinator, worker, {"admin": admin_key}, mesh.settings, clock
-    )
 
 
 class Drivers:
@@ -237,7 +211,7 @@ async def main() -> None:
         raise SystemExit(f"bench/sdks.py: {missing}") from None
     with tempfile.TemporaryDirectory(prefix="mwp-bench-sdks-") as scratch:
         tmp = Path(scratch)
-        w = await world_at(tmp)
+        w = await world_at(tmp, group_rate=0.0)  # the history is appended as fast as the mesh takes it
         drivers = Drivers(w, tmp)
         try:
             flow = await setup(w)
