@@ -4,7 +4,7 @@
 #   make run-split  the same mesh split: each service in its own process (SHARDS=N, DATABASE_URL=...)
 #                (TLS=auto on either: throw-away certificates in the data dir, docs/tls.md)
 #   make test    create .venv if needed, install with test extras, run the whole suite (tests/)
-#   make lint    ruff, mypy, import-linter contracts, buf lint, buf breaking (against v0.1.0) and k8s-check (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
+#   make lint    ruff, mypy, import-linter contracts, buf lint, buf breaking (against the v0.1.0 contract in protos/releases/) and k8s-check (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
 #   make k8s-check  render k8s/ offline, validate every resource (kubernetes-validate --strict; docs/kubernetes.md)
 #   make bench   run every bench/*.py (bench/console.py drives Debian's Chromium, /usr/bin/chromium)
 #   make bench-round  one round of bench/README.md's summary table, each benchmark alone (bench/round.sh)
@@ -41,7 +41,7 @@ CONSOLE  ?= $(or $(MWP_CONSOLE_LISTEN),127.0.0.1:50080)
 INSTALL_DEPS := pyproject.toml client/pyproject.toml client/setup.py bridges/pyproject.toml bridges/setup.py
 BENCHES := $(sort $(wildcard bench/*.py))
 
-.PHONY: console sdk-ts help run run-split test lint k8s-check dist-check bench bench-round mutation simulate migration release-fixture gen clean distclean venv node-deps
+.PHONY: console sdk-ts help run run-split test lint k8s-check dist-check bench bench-round mutation simulate migration release-fixture release-contract gen clean distclean venv node-deps
 
 help:
 	@sed -n '3,22p' Makefile | sed 's/^# \{0,1\}//'
@@ -227,8 +227,9 @@ test: $(VENV)/.installed-test node-deps $(CONSOLE_OUT) $(SDK_TS_OUT)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Every linter runs even when one fails, so one run reports every problem.
-# buf breaking compares protos/ with the last released contract (the tag, read from .git: a clone
-# made with `git clone` has it, a shallow one does not); raise it with each release.
+# buf breaking compares protos/ with the last released contract, kept as a buf image in
+# protos/releases/ (a clone of any depth, tags or none, has it); raise it with each release
+# (`make release-contract RELEASE=vX.Y.Z` writes the tag's image).
 BUF_BASELINE ?= v0.1.0
 lint: $(VENV)/.installed-lint node_modules/.installed $(SDK_TS_OUT)
 	@$(MAKE) --no-print-directory gen
@@ -239,13 +240,16 @@ lint: $(VENV)/.installed-lint node_modules/.installed $(SDK_TS_OUT)
 	echo "==> lint-imports (service boundaries, kernel, SDK/CLI layering)"; $(VENV)/bin/lint-imports || failed="$$failed lint-imports"; \
 	echo "==> buf lint (protos/)"; $(BUF) lint || failed="$$failed buf"; \
 	echo "==> buf breaking (protos/ against the release $(BUF_BASELINE), buf.yaml's FILE rules)"; \
-	if ! git rev-parse -q --verify "refs/tags/$(BUF_BASELINE)" >/dev/null; then \
-		echo "tag $(BUF_BASELINE) is missing: a full clone has it (git fetch --tags)"; failed="$$failed buf-breaking"; \
-	else $(BUF) breaking --against '.git#tag=$(BUF_BASELINE)' || failed="$$failed buf-breaking"; fi; \
+	$(BUF) breaking --against protos/releases/$(BUF_BASELINE).binpb || failed="$$failed buf-breaking"; \
 	echo "==> tsc --noEmit ($(SDK_TS), strict)"; (cd $(SDK_TS) && npm run --silent typecheck) || failed="$$failed tsc"; \
 	echo "==> k8s-check (render k8s/, kubernetes-validate --strict)"; VENV=$(VENV) .ci/k8s-validate || failed="$$failed k8s-check"; \
 	if [ -n "$$failed" ]; then echo "lint failed:$$failed"; exit 1; fi; \
 	echo "lint passed: ruff check and format, mypy, lint-imports, buf lint and breaking, tsc, k8s-check"
+
+# The contract of a release as buf sees it, from its git tag: the baseline buf breaking reads.
+release-contract: node_modules/.installed
+	@test -n "$(RELEASE)" || { echo "usage: make release-contract RELEASE=vX.Y.Z (a git tag)"; exit 2; }
+	$(BUF) build '.git#tag=$(RELEASE)' --exclude-source-info -o protos/releases/$(RELEASE).binpb
 
 # Both distributions as wheels, each installed into a fresh virtualenv (.ci/check-distributions).
 dist-check: $(VENV)/.installed-base
