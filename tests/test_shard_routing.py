@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
+from grpc_status import rpc_status
 
 from missionweave.kernel.errors import R, Rejected
 from missionweave.kernel.rejections import rejection_from_rpc_error
@@ -16,9 +18,12 @@ from missionweave.kernel.transport import open_channel
 from missionweave.v1 import authority_service_pb2 as apb
 from missionweave.v1 import authority_service_pb2_grpc as apb_grpc
 from missionweave.v1 import command_pb2, common_pb2
+from missionweave.v1 import gateway_service_pb2 as gpb
 from missionweave_server.edge.local import LocalChannel
 from missionweave_server.edge.shards import ShardedChannel, group_of, rendezvous
-from missionweave_server.edge.status import rejections_as_status
+from missionweave_server.edge.status import rejections_as_status, to_status
+from missionweave_server.mesh.front_door import _fail
+from missionweave_server.services.gateway.authority_calls import refusal
 
 AUTHORITY = apb.DESCRIPTOR.services_by_name["AuthorityService"].full_name
 SHARDS = ["shard-a:1", "shard-b:1", "shard-c:1"]  # names only: every call stays in this process
@@ -136,6 +141,104 @@ async def test_when_every_shard_is_down_the_caller_gets_unavailable() -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.ExecuteCommand(apb.ExecuteCommandRequest(command=command("grp_d")))
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def assert_no_shard_address(err: grpc.aio.AioRpcError) -> common_pb2.Rejection:
+    """The caller's PEER_UNAVAILABLE: retryable, with a retry hint, and naming no shard."""
+    rejection = rejection_from_rpc_error(err)
+    assert err.code() == grpc.StatusCode.UNAVAILABLE and rejection is not None
+    assert rejection.reason == R.REJECTION_REASON_PEER_UNAVAILABLE, rejection
+    assert int(rejection.metadata["retry_after_ms"]) > 0
+    shown = [err.details() or "", rejection.message, *rejection.metadata.values()]
+    assert not [text for text in shown for shard in SHARDS if shard.split(":")[0] in text], shown
+    return rejection
+
+
+async def test_a_group_whose_owner_is_down_is_peer_unavailable_with_a_retry_hint_and_no_address() -> None:
+    """The owner does not answer and the others name it (its lease has not lapsed): the caller is
+    told to retry, never where the owner lives."""
+    order = rendezvous("grp_down", SHARDS)
+    mesh = Mesh({"grp_down": order[0]}, down={order[0]})
+    stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ExecuteCommand(apb.ExecuteCommandRequest(command=command("grp_down")))
+    assert "grp_down" in assert_no_shard_address(info.value).message
+
+
+async def test_a_group_no_shard_takes_is_peer_unavailable_and_not_the_last_not_owner() -> None:
+    """Every shard says another owns the Group and names none it could reach: the last NOT_OWNER
+    (an internal address) is not passed on."""
+    mesh = Mesh({"grp_between": ""})
+    stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ExecuteCommand(apb.ExecuteCommandRequest(command=command("grp_between")))
+    assert_no_shard_address(info.value)
+    assert mesh.calls == Counter(dict.fromkeys(SHARDS, 1))
+
+
+async def test_a_batched_or_streamed_command_whose_owner_is_down_is_answered_peer_unavailable_in_band() -> (
+    None
+):
+    order = rendezvous("grp_down", SHARDS)
+    mesh = Mesh({"grp_down": order[0]}, down={order[0]})
+    stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for))
+    batch = apb.ExecuteCommandBatchRequest(
+        commands=[apb.ExecuteCommandStreamRequest(request_tag=1, command=command("grp_down"))]
+    )
+    (answer,) = (await stub.ExecuteCommandBatch(batch)).results
+    assert answer.rejection.reason == R.REJECTION_REASON_PEER_UNAVAILABLE
+    assert "retry_after_ms" in answer.rejection.metadata
+    assert not any(shard.split(":")[0] in answer.rejection.message for shard in SHARDS)
+
+
+def not_owner_error() -> grpc.aio.AioRpcError:
+    """A shard's NOT_OWNER as a routed follow ends with it (the Group moved under the stream)."""
+    moved = Rejected(
+        R.REJECTION_REASON_NOT_OWNER, "owned by shard-b at shard-b:1", owner="b", owner_address="shard-b:1"
+    )
+    status = rpc_status.to_status(to_status(moved))
+    return grpc.aio.AioRpcError(
+        status.code, grpc.aio.Metadata(), grpc.aio.Metadata(*status.trailing_metadata), details=status.details
+    )
+
+
+class Aborted(Exception):
+    pass
+
+
+class RecordingContext:
+    """The part of a servicer context the front door's failure path uses."""
+
+    status: Any = None
+
+    async def abort_with_status(self, status: Any) -> None:
+        self.status = status
+        raise Aborted
+
+    async def abort(self, code: grpc.StatusCode, details: str, trailing: Any) -> None:
+        self.status = (code, details, trailing)
+        raise Aborted
+
+
+async def test_the_front_door_answers_a_shards_not_owner_as_peer_unavailable() -> None:
+    context = RecordingContext()
+    with pytest.raises(Aborted):
+        await _fail(context, "authority", not_owner_error())  # type: ignore[arg-type]
+    err = grpc.aio.AioRpcError(
+        context.status.code,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(*context.status.trailing_metadata),
+        details=context.status.details,
+    )
+    assert_no_shard_address(err)
+
+
+def test_the_gateway_answers_a_shards_not_owner_as_authority_unavailable_naming_no_shard() -> None:
+    refused = refusal(not_owner_error())
+    assert refused.code == gpb.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE
+    assert refused.rejection.reason == R.REJECTION_REASON_PEER_UNAVAILABLE
+    assert int(refused.rejection.metadata["retry_after_ms"]) > 0
+    assert "shard-b" not in refused.rejection.message and "owner_address" not in refused.rejection.metadata
 
 
 async def test_a_batch_is_split_over_the_shards_and_answered_in_request_order() -> None:

@@ -100,8 +100,8 @@ async def post_until_acknowledged(
             return int(result.group_revision)
         except grpc.aio.AioRpcError as err:
             rejection = rejection_from_rpc_error(err)
+            # Never NOT_OWNER: placement is the mesh's own, and a shard's address is not the caller's.
             retryable = rejection is None or common_pb2.RejectionReason.Name(rejection.reason) in (
-                "REJECTION_REASON_NOT_OWNER",
                 "REJECTION_REASON_PEER_UNAVAILABLE",
                 "REJECTION_REASON_OVERLOADED",
                 "REJECTION_REASON_WRITER_FENCED",

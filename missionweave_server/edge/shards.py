@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -31,7 +32,9 @@ from missionweave.kernel.errors import R, Rejected
 from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.v1 import authority_service_pb2, command_pb2, common_pb2
 from missionweave_server.edge.command_stream import MAX_STREAM_IN_FLIGHT, CommandStream, StreamEnded
-from missionweave_server.edge.status import peer_unavailable, to_status
+from missionweave_server.edge.status import owner_unreachable, peer_unavailable, to_status
+
+log = logging.getLogger("missionweave.shards")
 
 PLACEMENT_CACHE = 100_000
 _BATCH = "/missionweave.v1.AuthorityService/ExecuteCommandBatch"
@@ -122,7 +125,11 @@ class ShardedChannel:
                     if owner in unanswered:
                         # The owner got the request and did not answer: it may have written the
                         # command. NOT_OWNER would say nothing was written; the outcome is unknown.
-                        raise _outcome_unknown(owner, err) from None
+                        log.info(
+                            "a Group's owning shard did not answer",
+                            extra={"group_id": group_id, "owner_address": owner, "method": method},
+                        )
+                        raise _as_error(owner_unreachable(group_id)) from None
                     if owner and owner not in tried:
                         queue.insert(0, owner)  # the owner named by the shard we asked
                     continue
@@ -136,6 +143,15 @@ class ShardedChannel:
             self._remember(group_id, address)
             return answer
         assert last is not None
+        refused = rejection_from_rpc_error(last)
+        if refused is not None and refused.reason == R.REJECTION_REASON_NOT_OWNER:
+            # Every shard tried, and the one named owner never took the call: the Group is between
+            # owners (a lease not yet lapsed, a shard restarting). Its address stays in the mesh.
+            log.info(
+                "no shard took a Group's call",
+                extra={"group_id": group_id, "owner_address": refused.metadata.get("owner_address", "")},
+            )
+            raise _as_error(owner_unreachable(group_id)) from None
         raise last
 
     # ------------------------------------------------------------ the channel interface stubs use
@@ -442,13 +458,8 @@ class _RoutedCommands:
         return self._pump.cancel()
 
 
-def _outcome_unknown(owner: str, refused: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
-    """PEER_UNAVAILABLE for a call whose owner did not answer: retry it as it was (a command with
-    its id, which the owner answers as a replay if it did write it)."""
-    rejected = peer_unavailable(
-        "authority",
-        f"the Authority shard that owns the Group ({owner}) did not answer; the outcome is unknown: retry",
-    )
+def _as_error(rejected: Rejected) -> grpc.aio.AioRpcError:
+    """A rejection as the error a gRPC call raises, the way an Authority would have answered it."""
     status = rpc_status.to_status(to_status(rejected))
     return grpc.aio.AioRpcError(
         status.code, grpc.aio.Metadata(), grpc.aio.Metadata(*status.trailing_metadata), details=status.details
@@ -457,10 +468,6 @@ def _outcome_unknown(owner: str, refused: grpc.aio.AioRpcError) -> grpc.aio.AioR
 
 def _malformed() -> grpc.aio.AioRpcError:
     """What an Authority answers a stream message that does not parse, as the routed stream's end."""
-    rejected = Rejected(
-        R.REJECTION_REASON_MALFORMED, "a request of the stream is not a valid message of this RPC"
-    )
-    status = rpc_status.to_status(to_status(rejected))
-    return grpc.aio.AioRpcError(
-        status.code, grpc.aio.Metadata(), grpc.aio.Metadata(*status.trailing_metadata), details=status.details
+    return _as_error(
+        Rejected(R.REJECTION_REASON_MALFORMED, "a request of the stream is not a valid message of this RPC")
     )

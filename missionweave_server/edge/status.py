@@ -139,6 +139,16 @@ def peer_unavailable(peer: str, why: grpc.RpcError | str) -> Rejected:
     )
 
 
+def owner_unreachable(group_id: str = "") -> Rejected:
+    """What a caller is told while the shard that writes its Group cannot be reached (down, or the
+    Group between owners): PEER_UNAVAILABLE with retry_after_ms. Which shard, and where, is the
+    mesh's own business: an internal address helps no caller and names a pod or host to everyone."""
+    group = f"Group {group_id}" if group_id else "the Group"
+    return peer_unavailable(
+        "authority", f"the Authority shard that writes {group} cannot be reached now; retry"
+    )
+
+
 async def abort_with(context: grpc.aio.ServicerContext, rejected: Rejected) -> NoReturn:  # type: ignore[type-arg]
     """Ends the RPC with the rejection as its google.rpc.Status (abort_with_status always raises)."""
     await context.abort_with_status(rpc_status.to_status(to_status(rejected)))

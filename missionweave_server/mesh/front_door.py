@@ -3,8 +3,10 @@ public service to the peer that serves it.
 
 Routing is by the method's full name only (``/missionweave.v1.AuthorityService/...``): the front
 door forwards the request's bytes and metadata unchanged and answers the peer's initial metadata,
-bytes, status and trailers unchanged (a Rejection in ``grpc-status-details-bin`` reaches the client as the peer sent
-it). Internal contracts (``missionweave.internal.v1``) are never routed: agents cannot reach them.
+bytes, status and trailers unchanged (a Rejection in ``grpc-status-details-bin`` reaches the client
+as the peer sent it), except a shard's NOT_OWNER: placement is the mesh's own, so the caller gets
+PEER_UNAVAILABLE. Internal contracts (``missionweave.internal.v1``) are never routed: agents cannot
+reach them.
 A peer that does not answer gives the caller UNAVAILABLE with a PEER_UNAVAILABLE Rejection.
 """
 
@@ -22,9 +24,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_status import rpc_status
 
+from missionweave.kernel.errors import R
 from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave_server.edge.callers import MESH_TOKEN_METADATA
-from missionweave_server.edge.status import peer_unavailable, to_status
+from missionweave_server.edge.status import owner_unreachable, peer_unavailable, to_status
 from missionweave_server.mesh.peers import Peers
 
 log = logging.getLogger("missionweave.front_door")
@@ -38,9 +41,14 @@ def _identity(data: bytes) -> bytes:
 
 
 async def _fail(context: grpc.aio.ServicerContext, peer: str, err: grpc.aio.AioRpcError) -> None:  # type: ignore[type-arg]
-    """The peer's own status when it answered one; PEER_UNAVAILABLE when it did not answer."""
+    """The peer's own status when it answered one; PEER_UNAVAILABLE when it did not answer, or when
+    a shard said another owns the Group (a follow whose Group moved: the shard routing remembers the
+    owner, so the caller's retry goes there; the owner's address is never the caller's)."""
     unanswered = err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-    if unanswered and rejection_from_rpc_error(err) is None:
+    rejection = rejection_from_rpc_error(err)
+    if rejection is not None and rejection.reason == R.REJECTION_REASON_NOT_OWNER:
+        await context.abort_with_status(rpc_status.to_status(to_status(owner_unreachable())))
+    if unanswered and rejection is None:
         await context.abort_with_status(rpc_status.to_status(to_status(peer_unavailable(peer, err))))
     await context.abort(err.code(), err.details() or "", tuple(err.trailing_metadata() or ()))
 

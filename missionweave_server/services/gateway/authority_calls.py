@@ -21,7 +21,7 @@ from missionweave.internal.v1 import group_log_pb2 as glpb
 from missionweave.kernel.rejections import rejection_from_rpc_error
 from missionweave.v1 import common_pb2
 from missionweave.v1 import gateway_service_pb2 as pb
-from missionweave_server.edge.status import peer_unavailable
+from missionweave_server.edge.status import owner_unreachable, peer_unavailable
 
 R = common_pb2.RejectionReason
 E = pb.GatewayErrorCode
@@ -79,17 +79,15 @@ def refusal(err: grpc.aio.AioRpcError) -> PeerRefused:
             E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE,
             unavailable_rejection(f"the Group Authority is unreachable ({err.code().name}: {err.details()})"),
         )
+    if rejection.reason == R.REJECTION_REASON_NOT_OWNER:  # the owner's address is the mesh's own
+        return PeerRefused(E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE, owner_unreachable().to_proto())
     if rejection.metadata.get("field") == "context_package":
         code = E.GATEWAY_ERROR_CODE_CONTEXT_PACKAGE_INVALID
     elif rejection.reason in (R.REJECTION_REASON_NOT_A_MEMBER, R.REJECTION_REASON_GROUP_NOT_FOUND):
         code = E.GATEWAY_ERROR_CODE_NOT_A_MEMBER
     elif rejection.reason == R.REJECTION_REASON_TOO_LARGE:
         code = E.GATEWAY_ERROR_CODE_LIMIT_EXCEEDED
-    elif rejection.reason in (
-        R.REJECTION_REASON_OVERLOADED,
-        R.REJECTION_REASON_NOT_OWNER,
-        R.REJECTION_REASON_PEER_UNAVAILABLE,
-    ):
+    elif rejection.reason in (R.REJECTION_REASON_OVERLOADED, R.REJECTION_REASON_PEER_UNAVAILABLE):
         code = E.GATEWAY_ERROR_CODE_AUTHORITY_UNAVAILABLE
     else:
         code = E.GATEWAY_ERROR_CODE_MALFORMED_FRAME
