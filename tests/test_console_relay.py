@@ -863,7 +863,7 @@ async def test_the_console_serves_https_with_the_mesh_certificate_and_relays_ove
 
 
 async def test_the_gateway_console_as_kubernetes_configures_it(tmp_path: Path) -> None:
-    """k8s/gateway.yaml's console settings with the gateway certificate k8s/make-tls-certs.sh makes
+    """k8s/base/gateway.yaml's console settings with the gateway certificate k8s/make-tls-certs.sh makes
     (cluster names only): HTTPS, the Host names it lists (localhost for a port-forward), a relayed
     read; another Host is refused."""
     yaml = pytest.importorskip("yaml")
@@ -871,7 +871,7 @@ async def test_the_gateway_console_as_kubernetes_configures_it(tmp_path: Path) -
         pytest.skip("openssl is not installed")
     from missionweave_server.mesh.server import start
 
-    manifests = list(yaml.safe_load_all((ROOT / "k8s" / "gateway.yaml").read_text()))
+    manifests = list(yaml.safe_load_all((ROOT / "k8s" / "base" / "gateway.yaml").read_text()))
     deployment = next(d for d in manifests if d and d["kind"] == "Deployment")
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["MWP_CONSOLE_LISTEN"] == "0.0.0.0:50080"

@@ -144,12 +144,18 @@ def restricted(pod: dict, label: str) -> None:
         )
 
 
+def template_of(w: dict) -> dict:
+    """The pod template of a workload, a Job or a CronJob (the db-upgrade Job's template)."""
+    spec = w["spec"]["jobTemplate"]["spec"] if w["kind"] == "CronJob" else w["spec"]
+    return spec["template"]
+
+
 def pod_of(w: dict) -> dict:
-    return w["spec"]["template"]["spec"]
+    return template_of(w)["spec"]
 
 
 def labels_of(w: dict) -> dict:
-    return w["spec"]["template"]["metadata"].get("labels") or {}
+    return template_of(w)["metadata"].get("labels") or {}
 
 
 # Every namespaced object in the one Namespace, which enforces the restricted Pod Security Standard.
@@ -168,7 +174,7 @@ for d in docs:
         check(got == NS, f"{d['kind']} {d['metadata']['name']} is in namespace {got!r}, not {NS}")
 all_pods = [
     (f"{w['kind']} {w['metadata']['name']}", w)
-    for w in of_kind("Deployment") + of_kind("StatefulSet") + of_kind("Job")
+    for w in of_kind("Deployment") + of_kind("StatefulSet") + of_kind("Job") + of_kind("CronJob")
 ]
 for label, w in all_pods:
     restricted(pod_of(w), label)
@@ -655,6 +661,21 @@ for what, url, consumers in endpoints:
             check(
                 any(matches(sel, want) for sel in sources), f"{label}: pods labelled {want} cannot reach it"
             )
+
+# `mwp db upgrade` before a release starts (docs/upgrades.md): a template that never runs by itself.
+upgrades = [
+    c for c in of_kind("CronJob") if pod_of(c)["containers"][0].get("args", [])[:2] == ["db", "upgrade"]
+]
+check(len(upgrades) == 1, f"expected one CronJob running `mwp db upgrade`, found {len(upgrades)}")
+for c in upgrades:
+    check(
+        c["spec"].get("suspend") is True,
+        f"CronJob {c['metadata']['name']}: must be suspended (a template for jobs)",
+    )
+    check(
+        "MWP_DATABASE_URL" in env_of(pod_of(c)["containers"][0]),
+        f"CronJob {c['metadata']['name']}: needs MWP_DATABASE_URL",
+    )
 
 for p in problems:
     print(f"FAILED: {p}")
