@@ -8,7 +8,8 @@
 # Writes: a random mesh token, the Authority and administrator keys (mwp keygen), a random PostgreSQL
 # password and the matching MWP_DATABASE_URL, random S3 credentials (the SeaweedFS identity and the
 # artifacts pods' AWS_* variables), and a throw-away mesh CA with one certificate per service
-# (k8s/make-tls-certs.sh; GATEWAY_NAME: extra names agents dial the gateway by).
+# (k8s/make-tls-certs.sh; the gateway's also names localhost and 127.0.0.1, for kubectl port-forward,
+# and each GATEWAY_NAME: further names agents dial the gateway by).
 #
 # Refuses to overwrite: the Authority key signs every event, and the database already holds the
 # password. Delete secrets/ only together with the cluster's data (the PVCs) you mean to start over.
@@ -53,7 +54,8 @@ cat >s3.json <<JSON
   "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
 JSON
 
-NAMESPACE="$NS" CLUSTER_DOMAIN="$DOMAIN" "$HERE/../../make-tls-certs.sh" tls "$@" >/dev/null
+# localhost: the CLI and browsers reach the gateway through kubectl port-forward (local-access.yaml).
+NAMESPACE="$NS" CLUSTER_DOMAIN="$DOMAIN" "$HERE/../../make-tls-certs.sh" tls localhost 127.0.0.1 "$@" >/dev/null
 rm -f tls/secrets.yaml tls/*.csr tls/*.srl
 
 cd "$HERE"
