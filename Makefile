@@ -5,7 +5,7 @@
 #                (TLS=auto on either: throw-away certificates in the data dir, docs/tls.md)
 #   make test    create .venv if needed, install with test extras, run the whole suite (tests/)
 #   make lint    ruff, mypy, import-linter contracts, buf lint, buf breaking (against the v0.1.0 contract in protos/releases/) and k8s-check (buf from the npm package @bufbuild/buf, pinned in package-lock.json)
-#   make k8s-check  render k8s/ offline, validate every resource (kubernetes-validate --strict; docs/kubernetes.md)
+#   make k8s-check  render k8s/base and every k8s/overlays/* offline, validate each resource (kubernetes-validate --strict) and the runtime contract (docs/kubernetes.md)
 #   make bench   run every bench/*.py (bench/console.py drives Debian's Chromium, /usr/bin/chromium)
 #   make bench-round  one round of bench/README.md's summary table, each benchmark alone (bench/round.sh)
 #   make mutation  mutation score of the pure core against its fast tests (SAMPLE=N [SEED=S]; docs/mutation.md)
@@ -242,7 +242,7 @@ lint: $(VENV)/.installed-lint node_modules/.installed $(SDK_TS_OUT)
 	echo "==> buf breaking (protos/ against the release $(BUF_BASELINE), buf.yaml's FILE rules)"; \
 	$(BUF) breaking --against protos/releases/$(BUF_BASELINE).binpb || failed="$$failed buf-breaking"; \
 	echo "==> tsc --noEmit ($(SDK_TS), strict)"; (cd $(SDK_TS) && npm run --silent typecheck) || failed="$$failed tsc"; \
-	echo "==> k8s-check (render k8s/, kubernetes-validate --strict)"; VENV=$(VENV) .ci/k8s-validate || failed="$$failed k8s-check"; \
+	echo "==> k8s-check (render k8s/base and each overlay, kubernetes-validate --strict, runtime contract)"; VENV=$(VENV) .ci/k8s-validate || failed="$$failed k8s-check"; \
 	if [ -n "$$failed" ]; then echo "lint failed:$$failed"; exit 1; fi; \
 	echo "lint passed: ruff check and format, mypy, lint-imports, buf lint and breaking, tsc, k8s-check"
 

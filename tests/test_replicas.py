@@ -1,5 +1,5 @@
 """Replicas of a service share what must hold across them (issue 13; D118, D119): Kubernetes runs
-the gateway, membership and artifacts twice behind one audience (k8s/), so a proof accepted by one
+the gateway, membership and artifacts twice behind one audience (k8s/base/), so a proof accepted by one
 replica must be a replay at the other, and an identity's artifact quota must count its uploads in
 progress at every replica.
 
