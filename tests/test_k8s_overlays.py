@@ -11,6 +11,7 @@ import contextlib
 import io
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -231,3 +232,48 @@ def test_runbook_commands_exist() -> None:
         assert done.value.code == 0, f"mwp {' '.join(path)} does not exist"
         for flag in wanted:
             assert flag in out.getvalue(), f"mwp {' '.join(path)} has no {flag}"
+
+
+def test_dev_bucket_job_creates_the_bucket_once(tmp_path: Path) -> None:
+    """The create-bucket Job's script, run as the Job runs it (python -c, the artifacts pods' env),
+    against an S3 server (moto): creates the bucket, and a second run leaves it alone."""
+    moto_server = pytest.importorskip("moto.server")
+    docs = [
+        d for d in yaml.safe_load_all((ROOT / "k8s" / "overlays" / "dev" / "seaweedfs.yaml").read_text()) if d
+    ]
+    job = next(d for d in docs if d["kind"] == "Job")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "-c"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    try:
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "MWP_S3_ENDPOINT": f"http://127.0.0.1:{port}",
+            "MWP_S3_BUCKET": "missionweave-artifacts",
+            "MWP_S3_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "dev",
+            "AWS_SECRET_ACCESS_KEY": "dev-secret",
+        }
+        for _ in range(2):
+            run = subprocess.run(
+                [sys.executable, "-c", container["args"][0]], env=env, capture_output=True, text=True
+            )
+            assert run.returncode == 0, run.stderr
+            assert "bucket missionweave-artifacts ready" in run.stdout
+        import boto3
+
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=env["MWP_S3_ENDPOINT"],
+            region_name="us-east-1",
+            aws_access_key_id="dev",
+            aws_secret_access_key="dev-secret",
+        )
+        assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ["missionweave-artifacts"]
+    finally:
+        server.stop()
