@@ -277,3 +277,14 @@ def test_dev_bucket_job_creates_the_bucket_once(tmp_path: Path) -> None:
         assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ["missionweave-artifacts"]
     finally:
         server.stop()
+
+
+def test_db_upgrade_template_runs_a_real_command() -> None:
+    """The db-upgrade CronJob's arguments parse as `mwp db upgrade` with the CLI's own parser."""
+    from missionweave.cli.app import build_parser
+
+    docs = [d for d in yaml.safe_load_all((ROOT / "k8s" / "base" / "db-upgrade.yaml").read_text()) if d]
+    (cron,) = docs
+    args = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    parsed = build_parser().parse_args(args)
+    assert args[:2] == ["db", "upgrade"] and parsed.admin_key == "/var/lib/missionweave/keys/admin.key"
