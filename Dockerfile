@@ -1,5 +1,11 @@
 # MissionWeave mesh image: one binary (`mwp`), every service selected by `mwp serve --service NAME`.
 #
+# The canonical image is the one `make image` builds (docs/image.md): Debian bookworm's packages and the
+# same wheels (`pip wheel ./client .`, the console built in), no registry needed, checked by
+# `make image-check` and CI. This Dockerfile is for operators with access to Docker Hub; keep its runtime
+# stage to the same contract (uid/gid 10001, /var/lib/missionweave, the MWP_* env below, entrypoint
+# `mwp`, cmd `serve`), which tools/image/build.sh and tools/image/check.sh spell out too.
+#
 #   docker build -t missionweave:0.1.0 .
 #   docker run --rm -p 50051:50051 -p 50080:50080 -v "$PWD/tls:/tls:ro" -e MWP_TLS_CA=/tls/ca.crt \
 #       missionweave:0.1.0 serve --listen 0.0.0.0:50051 --tls-cert /tls/server.crt --tls-key /tls/server.key

@@ -18,6 +18,8 @@
 #   make go-check  Go stubs from protos/ and the Go agent go/cmd/mwp-go-agent, offline on Debian's packages (make test runs it when go is present)
 #   make sdk-ts  build the TypeScript SDK (sdks/typescript/) into its dist/ (test and lint do; docs/getting-started-typescript.md)
 #   make console  build the web console (console/, TypeScript) into missionweave_server/console/static/ (run and test do)
+#   make image   the mesh image missionweave:<version> as an OCI archive in build/image/, from Debian's and PyPI's packages (root; docs/image.md)
+#   make image-check  run that image (read-only root, uid 10001): mwp serve, mwp health, mwp db status (root; docs/image.md)
 #
 # The virtualenv is reinstalled only when pyproject.toml or client/'s or bridges/' packaging files change (stamp files in .venv/);
 # examples/node/node_modules only when its package-lock.json changes.
@@ -41,10 +43,10 @@ CONSOLE  ?= $(or $(MWP_CONSOLE_LISTEN),127.0.0.1:50080)
 INSTALL_DEPS := pyproject.toml client/pyproject.toml client/setup.py bridges/pyproject.toml bridges/setup.py
 BENCHES := $(sort $(wildcard bench/*.py))
 
-.PHONY: console sdk-ts help run run-split test lint k8s-check dist-check bench bench-round mutation simulate migration release-fixture release-contract gen clean distclean venv node-deps
+.PHONY: image image-check print-image-packages console sdk-ts help run run-split test lint k8s-check dist-check bench bench-round mutation simulate migration release-fixture release-contract gen clean distclean venv node-deps
 
 help:
-	@sed -n '3,22p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,24p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------ virtualenv and installs
 
@@ -118,6 +120,22 @@ $(CONSOLE_OUT): console/node_modules/.package-lock.json $(CONSOLE_SOURCES)
 	cd console && rm -rf src/gen && npm run --silent gen -- --path ../protos/missionweave/v1 && npm run --silent typecheck && npm run --silent build
 
 console: $(CONSOLE_OUT)
+
+# ------------------------------------------------------------------ the image (docs/image.md)
+
+# missionweave:<version> as build/image/missionweave-<version>.oci.tar, without a registry or a container
+# engine: mmdebstrap (Debian bookworm, python3, ca-certificates), the wheels `pip wheel ./client .` makes,
+# umoci for the OCI layout (tools/image/build.sh). Both need root and Debian's $(IMAGE_PACKAGES).
+IMAGE_PACKAGES := mmdebstrap umoci skopeo
+
+image: $(VENV)/.installed-base $(CONSOLE_OUT)
+	VENV=$(VENV) tools/image/build.sh
+
+image-check:
+	VENV=$(VENV) tools/image/check.sh
+
+print-image-packages:  # for .ci/run, which installs the missing ones
+	@echo $(IMAGE_PACKAGES)
 
 # ------------------------------------------------------------------ the Go stubs and the Go agent (go/)
 
