@@ -46,7 +46,7 @@ BENCHES := $(sort $(wildcard bench/*.py))
 .PHONY: image image-check print-image-packages console sdk-ts help run run-split test lint k8s-check dist-check bench bench-round mutation simulate migration release-fixture release-contract gen clean distclean venv node-deps
 
 help:
-	@sed -n '3,24p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,25p' Makefile | sed 's/^# \{0,1\}//'
 
 # ------------------------------------------------------------------ virtualenv and installs
 
