@@ -1,6 +1,6 @@
 """Three Authority shards on PostgreSQL, Groups spread over them, one shard killed with SIGKILL under
-load (issue 12, item 6): its Groups move on, no acknowledged command is lost, no Group shows a gap
-or a duplicate sequence, and connected agents resume from their cursors: SDK agents subscribed to
+load (issue 12, item 6): its Groups move on and, once it is back, return to it (D268), no
+acknowledged command is lost, no Group shows a gap or a duplicate sequence, and connected agents resume from their cursors: SDK agents subscribed to
 every Group through the front door see each Group's whole log once, in order, up to its head, and an
 agent closed and started again after the kill carries on from its stored cursors."""
 
@@ -28,11 +28,12 @@ from missionweave.v1 import common_pb2, event_pb2, membership_pb2
 from missionweave_server.services.authority.group_log import IDLE_RECHECK_S
 from missionweave_server.storage.db import make_engine
 from tests import builders
-from tests.conftest import register
+from tests.conftest import polled, register
 from tests.split_mesh import free_port, wait_serving
 
 GROUPS = [f"grp_shard_{i}" for i in range(9)]
 LEASE_S = 3
+REBALANCE_S = 1
 AGENTS = ("watch-a", "watch-b")  # watch-b is closed after the kill and started again
 CATCH_UP_S = 60
 
@@ -122,6 +123,7 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
         **{k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"},
         "MWP_VERIFY_WORKERS": "0",
         "MWP_OWNERSHIP_LEASE_S": str(LEASE_S),
+        "MWP_REBALANCE_INTERVAL_S": str(REBALANCE_S),
     }
     launcher = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -186,8 +188,8 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
 
         acknowledged: dict[str, list[tuple[str, int]]] = {g: [] for g in GROUPS}
 
-        async def load(group: str) -> None:
-            for i in range(30):
+        async def load(group: str, first: int = 0, count: int = 30) -> None:
+            for i in range(first, first + count):
                 text_ = f"{group} message {i}"
                 envelope = owner.sign(
                     owner.command(
@@ -222,6 +224,14 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
 
         await asyncio.gather(kill_soon(), *(load(g) for g in GROUPS))
         moved = await owners(db_url)  # the victim's Groups: taken over, or back with its restarted process
+
+        # Spread back (D268): once the restarted shard is up, every Group returns to the shard its
+        # placement prefers, handed over by its owner while commands keep coming.
+        async def back_where_placed() -> bool:
+            return await owners(db_url) == placed
+
+        await asyncio.gather(polled(back_where_placed, CATCH_UP_S, 0.2), *(load(g, 30, 15) for g in GROUPS))
+        assert await owners(db_url) == placed
         for group in GROUPS:
             events = [e async for e in client.read_events(group)]
             sequences = [e.sequence for e in events]

@@ -51,6 +51,7 @@ from missionweave_server.mesh.services import (
 )
 from missionweave_server.observability import metrics
 from missionweave_server.services.authority.group_log import GroupLogServicer
+from missionweave_server.services.authority.rebalance import Rebalancer
 from missionweave_server.services.membership.registry import IdentityRegistry
 from missionweave_server.services.scheduling.workers import Workers
 from missionweave_server.storage.replay import NonceCache, SharedNonces, nonce_engine
@@ -171,11 +172,17 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         gateway.audiences = callers.audiences
     await server.start()
     console = await start_console(settings, port, server_tls, peer_tls) if serves_console else None
-    if store is not None:
+    if store is not None and authority is not None:
         host = settings.listen.rsplit(":", 1)[0]
-        await store.announce(
+        advertised = (
             settings.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}"
         )
+        await store.announce(advertised)
+        if settings.rebalance_interval_s > 0 and store.engine.dialect.name == "postgresql":  # shards: D60
+            rebalancer = Rebalancer(
+                store, authority.hand_over, advertised, clock, settings.rebalance_interval_s
+            )
+            mirrors.append(asyncio.create_task(rebalancer.run()))
     # The services that authenticate callers follow the directory (in process or over the network).
     if {"authority", "artifacts", "gateway"} & set(settings.services):
         identities.start()

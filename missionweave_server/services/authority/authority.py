@@ -336,6 +336,17 @@ class GroupAuthority:
         self.store.enqueue(request)
         return pending
 
+    async def hand_over(self, group_id: str, to_instance: str) -> bool:
+        """Give the Group to another instance (rebalance.py): under the Group's lock, so no command
+        is being decided, once every append already decided is durable, then forgetting this
+        instance's view of it. Its next command here finds the new owner (NOT_OWNER naming it)."""
+        async with self._locks.hold(group_id):
+            owned = self.loader.get(group_id)
+            if owned is not None and owned.pending:
+                await asyncio.wait([p.request.done for p in owned.pending.values()])
+            self.loader.drop(group_id)
+            return await self.store.hand_over(group_id, to_instance)
+
     # ------------------------------------------------------------ state and reads (loading.py, reads.py)
 
     async def _load(self, group_id: str) -> OwnedGroup:

@@ -294,6 +294,58 @@ class EventStore:
             await conn.execute(instance_upsert(self.engine.dialect.name), [row])
 
     @finish_on_cancel
+    async def live_instances(self, since_us: int) -> dict[str, str]:
+        """The instances that announced themselves at or after ``since_us``: id -> address, the most
+        recent announcement last (of two at one address, a restarted process's is the newer)."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(authority_instances.c.instance_id, authority_instances.c.address)
+                .where(authority_instances.c.updated_us >= since_us)
+                .order_by(authority_instances.c.updated_us)
+            )
+            return {str(r[0]): str(r[1]) for r in rows}
+
+    @finish_on_cancel
+    async def owned_groups(self) -> list[str]:
+        """The Groups whose ownership row names this instance (its lease lapsed or not)."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(groups.c.group_id).where(groups.c.owner_instance == self.instance_id)
+            )
+            return [str(r[0]) for r in rows]
+
+    @finish_on_cancel
+    async def hand_over(self, group_id: str, to_instance: str) -> bool:
+        """Make ``to_instance`` the Group's owner, if this instance still is: the writer epoch is
+        raised (an append this instance still had in flight is fenced) and the new ownership sealed,
+        with a full lease, so nobody but ``to_instance`` takes the Group until it lapses. False when
+        this instance no longer owns the Group."""
+        expires = to_micros(self.clock.now()) + int(self.ownership_ttl.total_seconds() * 1_000_000)
+        async with self.engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    update(groups)
+                    .where(and_(groups.c.group_id == group_id, groups.c.owner_instance == self.instance_id))
+                    .values(
+                        writer_epoch=groups.c.writer_epoch + 1,
+                        owner_instance=to_instance,
+                        lease_expires_us=expires,
+                    )
+                    .returning(groups.c.writer_epoch)
+                )
+            ).first()
+            if row is None:
+                return False
+            if self.ownership is not None:
+                epoch = int(row[0])
+                await conn.execute(
+                    update(groups)
+                    .where(and_(groups.c.group_id == group_id, groups.c.writer_epoch == epoch))
+                    .values(owner_seal=self.ownership.seal(group_id, to_instance, epoch))
+                )
+        return True
+
+    @finish_on_cancel
     async def head(self, group_id: str) -> int | None:
         async with self.engine.connect() as conn:
             value = (

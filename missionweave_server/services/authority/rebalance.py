@@ -1,0 +1,82 @@
+"""Rebalance: each Group goes back to the shard its placement prefers once that shard is up.
+
+Groups move when a shard fails (its leases lapse and the next shard in each Group's rendezvous order
+takes them over), and nothing moved them back: after a restart or a pause a shard owned none, and
+after two takeovers every Group sat on one shard. Every ``interval`` seconds each Authority instance
+announces itself (its row in ``authority_instances``: the heartbeat), reads which instances
+announced within ``LIVE_ROUNDS`` rounds, and hands each Group it owns whose rendezvous order over
+the live instances' addresses (the order the shard router tries, edge/shards.py) starts elsewhere to
+that instance: at most ``BATCH`` per round, and only to an instance seen live in the round before
+too, so a shard that flaps does not pull Groups back and forth.
+
+The hand-over itself (authority.py, store.py) is made by the owner: under the Group's lock, after
+its decided appends are durable, raising the writer epoch and naming the new owner with a full
+lease, so at no moment can two instances append to one Group. Callers in the meantime get
+``NOT_OWNER`` inside the mesh (the router follows it) and never an outage longer than one retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from missionweave.kernel.clock import Clock, to_micros
+from missionweave_server.edge.shards import rendezvous
+from missionweave_server.services.authority.store import EventStore
+
+log = logging.getLogger("missionweave.rebalance")
+
+LIVE_ROUNDS = 3  # an instance is up while it announced within this many rounds
+BATCH = 64  # Groups one instance hands over per round: a restarted shard fills up over a few rounds
+
+
+def preferred(group_id: str, live: dict[str, str]) -> str:
+    """The live instance a Group belongs on: the first of its rendezvous order over their addresses."""
+    by_address = {address: instance for instance, address in live.items()}
+    return by_address[rendezvous(group_id, list(by_address))[0]]
+
+
+class Rebalancer:
+    def __init__(
+        self,
+        store: EventStore,
+        hand_over: Callable[[str, str], Awaitable[bool]],
+        address: str,
+        clock: Clock,
+        interval_s: float,
+    ) -> None:
+        self.store, self.hand_over, self.address, self.clock = store, hand_over, address, clock
+        self.interval_s = interval_s
+        self._seen: set[str] = set()  # instances live in the previous round
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.round()
+            except Exception:  # a store that does not answer now: the next round tries again
+                log.warning("rebalance round failed", exc_info=True)
+
+    async def round(self) -> int:
+        """One heartbeat and hand-back round: the number of Groups handed over."""
+        await self.store.announce(self.address)
+        since = to_micros(self.clock.now()) - int(LIVE_ROUNDS * self.interval_s * 1_000_000)
+        live = await self.store.live_instances(since)
+        steady = {i: a for i, a in live.items() if i in self._seen or i == self.store.instance_id}
+        self._seen = set(live)
+        if len(steady) < 2 or self.store.instance_id not in steady:
+            return 0
+        moved = 0
+        for group_id in await self.store.owned_groups():
+            target = preferred(group_id, steady)
+            if target == self.store.instance_id:
+                continue
+            if await self.hand_over(group_id, target):
+                moved += 1
+                log.info(
+                    "handed a Group to the shard it belongs on", extra={"group_id": group_id, "to": target}
+                )
+            if moved >= BATCH:
+                break
+        return moved
