@@ -1,0 +1,223 @@
+"""Shard failover benchmark: how long a Group refuses commands when its Authority shard fails.
+
+    .venv/bin/python bench/shard_failover.py                       # local PostgreSQL (~1 min)
+    .venv/bin/python bench/shard_failover.py --database-url postgresql+asyncpg://u:pw@host/db
+
+A split mesh of --shards Authority shards on PostgreSQL (`mwp serve --topology split`, the launcher
+restarting a process that dies, as Kubernetes restarts a pod), --groups Groups, an ownership lease of
+--lease seconds. Two faults, each on the shard that owns the most Groups at that moment:
+
+1. kill: SIGKILL; the launcher starts the shard again.
+2. pause: SIGSTOP for twice the lease (a hung or partitioned shard), then SIGCONT.
+
+At the fault, one signed command per Group of the failed shard is sent through the front door and
+sent again (same command id) every 100 ms until acknowledged. Per Group: the seconds from the fault to
+the acknowledgement (the refusal window); the anchor is the ownership lease, the bound the design
+gives for a shard that stays down. Every refusal on the way must be PEER_UNAVAILABLE with
+retry_after_ms and no shard address (D261). The Groups per shard are printed before the fault, after
+the windows, and once every Group is back on the shard its placement prefers (D262; the seconds that
+took from the last acknowledgement, or "not all back" after SPREAD_WAIT_S).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import grpc  # noqa: E402
+
+from bench.authority import LocalPostgres  # noqa: E402
+from missionweave.kernel.clock import SystemClock  # noqa: E402
+from missionweave.kernel.rejections import rejection_from_rpc_error  # noqa: E402
+from missionweave.kernel.signing import read_key  # noqa: E402
+from missionweave.sdk.client import MeshClient, SessionSigner  # noqa: E402
+from missionweave.v1 import common_pb2  # noqa: E402
+from tests import builders  # noqa: E402
+from tests.conftest import register, reset_database  # noqa: E402
+from tests.split_mesh import free_port, wait_serving  # noqa: E402
+from tests.test_shards import owners  # noqa: E402
+
+SPREAD_WAIT_S = 60.0
+
+
+class Launcher:
+    """`mwp serve --topology split` with its stderr kept: the pid each shard runs as now."""
+
+    def __init__(self, process: asyncio.subprocess.Process, pids: dict[str, int]) -> None:
+        self.process, self.pids = process, pids
+        self._drain = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.process.stderr is not None
+        while line := (await self.process.stderr.readline()).decode():
+            if found := re.search(r"starting (\S+) +pid (\d+)", line):
+                self.pids[found[1]] = int(found[2])
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.process.wait(), 60)
+        self._drain.cancel()
+
+
+async def start(db_url: str, data: Path, shards: int, lease: float) -> tuple[Launcher, str]:
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
+        "MWP_VERIFY_WORKERS": "0",
+        "MWP_OWNERSHIP_LEASE_S": str(lease),
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "missionweave.cli", "serve", "--topology", "split", "--shards", str(shards),
+        "--listen", f"127.0.0.1:{port}", "--data-dir", str(data), "--database-url", db_url,
+        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL,
+        env=env,
+    )  # fmt: skip
+    return Launcher(process, await wait_serving(process)), f"127.0.0.1:{port}"
+
+
+async def send_until_acknowledged(
+    client: MeshClient, envelope: common_pb2.SignedEnvelope, t0: float, refusals: Counter[str]
+) -> float:
+    """Seconds from ``t0`` to the acknowledgement; each refusal counted by reason (a NOT_OWNER, a
+    refusal without a retry hint or one naming a loopback address is counted as a leak)."""
+    while True:
+        try:
+            await asyncio.wait_for(client.execute(envelope), 10)
+            return time.monotonic() - t0
+        except TimeoutError:
+            refusals["no answer in 10 s"] += 1
+        except grpc.aio.AioRpcError as err:
+            rejection = rejection_from_rpc_error(err)
+            if rejection is None:
+                refusals[f"{err.code().name} without a Rejection"] += 1
+            else:
+                reason = common_pb2.RejectionReason.Name(rejection.reason).removeprefix("REJECTION_REASON_")
+                leak = "127.0.0.1" in (err.details() or "") or "owner_address" in rejection.metadata
+                hinted = "retry_after_ms" in rejection.metadata
+                refusals[
+                    reason + (" LEAKING AN ADDRESS" if leak else "") + ("" if hinted else " NO HINT")
+                ] += 1
+        await asyncio.sleep(0.1)
+
+
+def spread(placed: dict[str, str], shards: int) -> str:
+    count = Counter(placed.values())
+    return " ".join(f"{name}={count.get(name, 0)}" for name in (f"authority-{i}" for i in range(shards)))
+
+
+async def run(db_url: str, shards: int, groups: int, lease: float) -> None:
+    await reset_database(db_url)
+    with tempfile.TemporaryDirectory(prefix="mwp-bench-failover-") as work:
+        data = Path(work) / "data"
+        launcher, target = await start(db_url, data, shards, lease)
+        client = MeshClient(target)
+        try:
+            admin = read_key(data / "keys" / "admin.key")
+            owner = await register(client, admin, "alice", common_pb2.IDENTITY_KIND_HUMAN)
+            await register(client, admin, "coord-bot", common_pb2.IDENTITY_KIND_AGENT)
+            names = [f"grp_failover_{i}" for i in range(groups)]
+            conversations: dict[str, str] = {}
+            for group in names:
+                body = builders.mission_create("alice", "coord-bot", SystemClock().now())
+                await client.execute(owner.sign(owner.command(group, "mission_create", body)))
+                conversations[group] = (await client.group_state(group)).mission.planning_conversation_id
+            print(f"{shards} shards on PostgreSQL, {groups} Groups, ownership lease {lease:g} s")
+            for fault in ("kill", "pause"):
+                await one_fault(fault, client, owner, conversations, launcher, db_url, shards, lease)
+        finally:
+            await client.channel.close()
+            await launcher.stop()
+
+
+async def one_fault(
+    fault: str,
+    client: MeshClient,
+    owner: SessionSigner,
+    conversations: dict[str, str],
+    launcher: Launcher,
+    db_url: str,
+    shards: int,
+    lease: float,
+) -> None:
+    placed = await owners(db_url)
+    victim = max(set(placed.values()), key=list(placed.values()).count)
+    hit = [g for g, o in placed.items() if o == victim]
+
+    def post(group: str, text: str) -> common_pb2.SignedEnvelope:
+        body = builders.message(conversations[group], text)
+        return owner.sign(owner.command(group, "message_post", body, membership_epoch=1))
+
+    refusals: Counter[str] = Counter()
+    pid = launcher.pids[victim]
+    t0 = time.monotonic()
+    if fault == "kill":
+        os.kill(pid, signal.SIGKILL)
+    else:  # resumed after twice the lease, whether or not its Groups were taken over by then
+        os.kill(pid, signal.SIGSTOP)
+        asyncio.get_running_loop().call_later(2 * lease, os.kill, pid, signal.SIGCONT)
+    windows = await asyncio.gather(
+        *(send_until_acknowledged(client, post(g, f"{fault} probe"), t0, refusals) for g in hit)
+    )
+    await asyncio.sleep(max(0.0, 2 * lease - (time.monotonic() - t0)))  # the paused shard is back
+    after = await owners(db_url)
+    # Back where they were (each on the shard its placement prefers), once the failed shard is up.
+    back_at = time.monotonic()
+    later = after
+    while later != placed and time.monotonic() - back_at < SPREAD_WAIT_S:
+        await asyncio.sleep(0.5)
+        later = await owners(db_url)
+    spread_s = time.monotonic() - back_at
+    for group in conversations:  # and every Group takes a command where it is
+        await send_until_acknowledged(client, post(group, "after"), time.monotonic(), Counter())
+    median, worst = statistics.median(windows), max(windows)
+    print(f"\n{fault}: {victim} owned {len(hit)} Groups")
+    print(f"  refusal window per Group: median {median:.2f} s, max {worst:.2f} s "
+          f"(anchor: the lease, {lease:g} s; ratio {median / lease:.2f} / {worst / lease:.2f})")  # fmt: skip
+    print(f"  refusals seen: {dict(refusals) or 'none'}")
+    back = f"all back in {spread_s:.1f} s" if later == placed else f"not all back after {SPREAD_WAIT_S:g} s"
+    print(f"  Groups per shard: before {spread(placed, shards)}; after the windows {spread(after, shards)}; "
+          f"then {spread(later, shards)} ({back}, measured from the last acknowledgement)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--database-url", default=os.environ.get("MWP_BENCH_POSTGRES_URL", ""))
+    parser.add_argument("--shards", type=int, default=3)
+    parser.add_argument("--groups", type=int, default=12)
+    parser.add_argument("--lease", type=float, default=5.0, help="MWP_OWNERSHIP_LEASE_S (default 5)")
+    args = parser.parse_args()
+    local: LocalPostgres | None = None
+    url = args.database_url
+    if not url:
+        local = LocalPostgres()
+        if not local.start():
+            print(f"SKIPPED: no PostgreSQL ({local.reason})")
+            return
+        url = local.new_database()
+    try:
+        asyncio.run(run(url, args.shards, args.groups, args.lease))
+    finally:
+        if local is not None:
+            local.drop()
+
+
+if __name__ == "__main__":
+    main()
