@@ -46,6 +46,8 @@ from pathlib import Path
 import grpc
 from google.protobuf import descriptor_pb2
 
+from missionweave.kernel.rejections import SHUTTING_DOWN
+
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
 PUBLIC = "missionweave/v1"
@@ -492,7 +494,8 @@ def check(sources: Sources) -> Report:
         for enum in file.enum_type:
             if f"{file.package}.{enum.name}" == REASON_ENUM:
                 numbers = {v.name.removeprefix(REASON_PREFIX): v.number for v in enum.value}
-    known = reasons | set(CODES_BY_NAME) | enum_names(fds)
+    # SHUTTING_DOWN is a reason of the ErrorInfo alone (a stopping server's streams, no Rejection).
+    known = reasons | set(CODES_BY_NAME) | enum_names(fds) | {SHUTTING_DOWN}
     find = report.findings.append
 
     # (d) the implementation, per reason

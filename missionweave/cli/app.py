@@ -53,7 +53,7 @@ from missionweave.cli.common import (
 from missionweave.cli.context_store import DEFAULT_TIMEOUT_S, context_environment
 from missionweave.kernel.env import admin_key_file, data_dir_of
 from missionweave.kernel.health_names import INTEGRITY_HEALTH, SERVICE_NAMES
-from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.rejections import is_shutting_down, rejection_from_rpc_error
 from missionweave.kernel.signing import generate_key, read_key, write_key
 from missionweave.kernel.transport import open_channel
 from missionweave.v1 import common_pb2, event_pb2
@@ -141,8 +141,9 @@ async def cmd_events(args: argparse.Namespace) -> int:
         except grpc.aio.AioRpcError as err:
             if not args.follow or err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 raise
+            why = err.code().name + (": shutting down" if is_shutting_down(err) else "")
             print(
-                f"mwp: lost {target(args)} ({err.code().name}); reconnecting in {retry:g} s",
+                f"mwp: lost {target(args)} ({why}); reconnecting in {retry:g} s",
                 file=sys.stderr,
                 flush=True,
             )

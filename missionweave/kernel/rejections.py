@@ -5,6 +5,7 @@ service ends a refused call with (docs/errors.md). The server side (building tha
 from __future__ import annotations
 
 import grpc
+from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from missionweave.v1 import common_pb2
@@ -21,3 +22,17 @@ def rejection_from_rpc_error(err: grpc.RpcError) -> common_pb2.Rejection | None:
             detail.Unpack(out)
             return out
     return None
+
+
+# The google.rpc.ErrorInfo reason a server ends its streams and long polls with when it shuts down
+# (UNAVAILABLE, no Rejection: nothing was refused): reconnect, elsewhere or once it is back.
+SHUTTING_DOWN = "SHUTTING_DOWN"
+
+
+def is_shutting_down(err: grpc.RpcError) -> bool:
+    """Whether a call ended because its server shut down (docs/errors.md)."""
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    if status is None:
+        return False
+    info = error_details_pb2.ErrorInfo()
+    return any(detail.Unpack(info) and info.reason == SHUTTING_DOWN for detail in status.details)

@@ -25,7 +25,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_status import rpc_status
 
 from missionweave.kernel.errors import R
-from missionweave.kernel.rejections import rejection_from_rpc_error
+from missionweave.kernel.rejections import is_shutting_down, rejection_from_rpc_error
 from missionweave_server.edge.callers import MESH_TOKEN_METADATA
 from missionweave_server.edge.status import owner_unreachable, peer_unavailable, to_status
 from missionweave_server.mesh.peers import Peers
@@ -41,14 +41,15 @@ def _identity(data: bytes) -> bytes:
 
 
 async def _fail(context: grpc.aio.ServicerContext, peer: str, err: grpc.aio.AioRpcError) -> None:  # type: ignore[type-arg]
-    """The peer's own status when it answered one; PEER_UNAVAILABLE when it did not answer, or when
-    a shard said another owns the Group (a follow whose Group moved: the shard routing remembers the
-    owner, so the caller's retry goes there; the owner's address is never the caller's)."""
+    """The peer's own status when it answered one (a Rejection, or SHUTTING_DOWN: its client goes
+    elsewhere); PEER_UNAVAILABLE when it did not answer, or when a shard said another owns the Group
+    (a follow whose Group moved: the shard routing remembers the owner, so the caller's retry goes
+    there; the owner's address is never the caller's)."""
     unanswered = err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     rejection = rejection_from_rpc_error(err)
     if rejection is not None and rejection.reason == R.REJECTION_REASON_NOT_OWNER:
         await context.abort_with_status(rpc_status.to_status(to_status(owner_unreachable())))
-    if unanswered and rejection is None:
+    if unanswered and rejection is None and not is_shutting_down(err):
         await context.abort_with_status(rpc_status.to_status(to_status(peer_unavailable(peer, err))))
     await context.abort(err.code(), err.details() or "", tuple(err.trailing_metadata() or ()))
 

@@ -9,6 +9,7 @@ from grpc_health.v1 import health_pb2_grpc
 from missionweave_server.config import Settings
 from missionweave_server.edge.access_log import AccessLog
 from missionweave_server.edge.channels import MeshPeersOnly, ServerTLS, add_listener
+from missionweave_server.edge.going_away import GoingAway
 from missionweave_server.edge.registration import generic_handlers_only
 from missionweave_server.edge.status import RequestParsing
 from missionweave_server.mesh.contracts import INTERNAL_SERVICE_NAMES
@@ -23,8 +24,11 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MIN_PEER_PING_INTERVAL_MS = 10_000
 
 
-def grpc_server(settings: Settings, server_tls: ServerTLS | None) -> grpc.aio.Server:
-    """The server every service of this process is added to (its listener is added by ``start``)."""
+def grpc_server(
+    settings: Settings, server_tls: ServerTLS | None, going_away: GoingAway | None = None
+) -> grpc.aio.Server:
+    """The server every service of this process is added to (its listener is added by ``start``);
+    ``going_away`` ends its streams and long polls at shutdown (missionweave_server/edge/going_away.py)."""
     return grpc.aio.server(
         # With client certificates required, the internal contracts answer mesh services only.
         # Requests are parsed at the edge, not by gRPC: one that does not parse is answered
@@ -34,6 +38,7 @@ def grpc_server(settings: Settings, server_tls: ServerTLS | None) -> grpc.aio.Se
         interceptors=[
             *tracing.server_interceptors(),
             AccessLog(settings.access_log_rate),
+            *([going_away] if going_away is not None else []),
             *(
                 [MeshPeersOnly(INTERNAL_SERVICE_NAMES.values())]
                 if server_tls is not None and server_tls.mutual

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave_server.config import Settings
 from missionweave_server.console.site import ConsoleServer
+from missionweave_server.edge.going_away import GoingAway
 from missionweave_server.edge.identities import IdentityDirectoryClient
 from missionweave_server.mesh.contracts import health_names
 from missionweave_server.mesh.front_door import stop_mirrors
@@ -71,6 +72,8 @@ class Mesh:
     witness: WitnessWriter | None = None
     # The web console (MWP_CONSOLE_LISTEN), where the gateway is served.
     console: ConsoleServer | None = None
+    # Ends the main server's streams and long polls at shutdown (followers reconnect elsewhere).
+    going_away: GoingAway | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -92,6 +95,8 @@ class Mesh:
             await self.gateway.stop(grace)
         if self.schedulers is not None:
             await self.schedulers.close()
+        if self.going_away is not None:  # every other stream and long poll: only unary calls wait
+            await self.going_away.end_streams(grace)
         await self.server.stop(grace)
         if self.health_server is not None:
             await self.health_server.stop(0)

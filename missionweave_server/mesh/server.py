@@ -27,6 +27,7 @@ from missionweave.kernel.transport import ClientTLS
 from missionweave_server.config import Settings
 from missionweave_server.edge.callers import CallAuthenticator, audiences_for, load_or_create_mesh_token
 from missionweave_server.edge.channels import ServerTLS, add_listener, check_listen, check_port_free
+from missionweave_server.edge.going_away import GoingAway
 from missionweave_server.edge.local import LocalChannel
 from missionweave_server.edge.reflection import enable_reflection
 from missionweave_server.edge.registration import generic_handlers_only
@@ -112,7 +113,8 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         if "authority" in settings.services
         else (None, None, None)
     )
-    server = grpc_server(settings, server_tls)
+    going_away = GoingAway()  # ends streams and long polls at shutdown
+    server = grpc_server(settings, server_tls, going_away)
     handlers = generic_handlers_only(server)
     health_pb2_grpc.add_HealthServicer_to_server(health, handlers)
     group_log_servicer: GroupLogServicer | None = None
@@ -254,6 +256,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         nonces_engine,
         witness,
         console,
+        going_away,
     )
 
 
