@@ -133,25 +133,30 @@ def _json_lines(log: Path) -> list[str]:
 
 def test_a_failure_spread_over_trace_lines_is_one_record_then_rate_limited() -> None:
     """The trace's shape as grpcio writes it: the error, its source-location lines, then the
-    arguments naming the peer; a second failure within the interval is only counted."""
+    arguments naming the peer; a second failure within the interval is only counted, and a failed
+    call of this process's own (no server credentials in its arguments) is not logged."""
     out: list[dict[str, object]] = []
     now = [0.0]
     failures = handshakes.Failures(out.append, interval_s=60, clock=lambda: now[0])
+    server_side = (
+        "grpc.internal.endpoint_peer_address=ipv4:10.1.2.3:4444, grpc.internal.server_credentials=0x5"
+    )
     for _ in range(3):
         failures.trace_line(
             "CallNextHandshakerLocked: error=UNKNOWN: Ssl handshake failed: "
             "SSL_ERROR_SSL: error:100000c0:SSL routines:OPENSSL_internal:PEER_DID_NOT_RETURN_A_CERTIFICATE: OK"
         )
         failures.more("=== Source Location Trace: === ")
-        failures.more(
-            " shutdown=false index=2, args={grpc.internal.endpoint_peer_address=ipv4:10.1.2.3:4444, x=1}"
-        )
+        failures.more(f" shutdown=false index=2, args={{endpoint=0x1, {server_side}}}")
         now[0] += 1
+    failures.trace_line("CallNextHandshakerLocked: error=UNKNOWN: Failed to connect to remote host")
+    failures.more(" shutdown=false index=1, args={grpc.internal.endpoint_peer_address=ipv4:10.9.9.9:50051}")
     now[0] += 60
     failures.trace_line("CallNextHandshakerLocked: error=UNAVAILABLE: Handshake read failed (Socket closed)")
+    failures.more(f" args={{{server_side}}}")
     failures.close()
     assert [(r["reason"], r.get("peer"), r.get("suppressed")) for r in out] == [
         ("no_client_certificate", "10.1.2.3:4444", None),
-        ("closed_by_client", "", None),  # no arguments followed: logged without a peer
+        ("closed_by_client", "10.1.2.3:4444", None),
         ("no_client_certificate", None, 2),  # the count suppressed, at the end
     ]

@@ -5,7 +5,9 @@ library only, and imported there by path.
 
 A failure is the trace's ``CallNextHandshakerLocked: error=<not OK>`` record: its error spans
 several lines (gRPC's source-location trace) and the peer's address follows in its arguments
-(``grpc.internal.endpoint_peer_address=ipv4:10.0.0.7:51234``). The server sees why only when the
+(``grpc.internal.endpoint_peer_address=ipv4:10.0.0.7:51234``), with the server's credentials when
+the connection is one it accepted: the process's own calls to its peers are traced too, and their
+failures are not logged here (a peer that does not answer is, elsewhere). The server sees why only when the
 TLS layer itself refused: a client that does not trust the server's certificate just closes the
 connection, and that is what is logged.
 """
@@ -20,6 +22,8 @@ from dataclasses import dataclass, field
 INTERVAL_S = 60.0
 FAILED = re.compile(r"CallNextHandshakerLocked: error=(?!OK\b)(.*)")
 PEER = re.compile(r"endpoint_peer_address=([^,}\s]+)")
+# In the arguments of a connection this server accepted (never in those of its own calls out).
+SERVER_SIDE = "grpc.internal.server_credentials="
 # The TLS error names that say why, and the reason logged for each (the first that matches).
 REASONS = (
     ("WRONG_VERSION_NUMBER", "not_tls", "the client did not speak TLS (plain text to a TLS port?)"),
@@ -58,6 +62,7 @@ class Failures:
     clock: Callable[[], float] = time.monotonic
     _error: str | None = None
     _peer: str = ""
+    _served: bool = False
     _last: dict[str, float] = field(default_factory=dict)
     _suppressed: dict[str, int] = field(default_factory=dict)
 
@@ -69,15 +74,20 @@ class Failures:
             self.more(message)
 
     def more(self, line: str) -> None:
-        """A line continuing the current record."""
-        if self._error is not None and not self._peer and (peer := PEER.search(line)):
+        """A line continuing the current record: its arguments name the peer, and whether this is
+        the server's side (its credentials) or one of this process's own calls to a peer."""
+        if self._error is not None and (peer := PEER.search(line)):
             self._peer = peer.group(1)
+            self._served = SERVER_SIDE in line
             self.end()
 
     def end(self) -> None:
+        """The current record is complete: logged if it was a connection to this server."""
         if self._error is None:
             return
-        error, peer, self._error = self._error, self._peer, None
+        error, peer, served, self._error, self._served = self._error, self._peer, self._served, None, False
+        if not served:
+            return
         reason, why = classify(error)
         now = self.clock()
         if reason in self._last and now - self._last[reason] < self.interval_s:
