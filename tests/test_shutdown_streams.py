@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 
 from missionweave.cli.common import save_session
 from missionweave.kernel.clock import SystemClock
@@ -22,6 +23,8 @@ from missionweave.kernel.rejections import is_shutting_down
 from missionweave.kernel.signing import generate_key, read_key, write_key
 from missionweave.sdk.client import MeshClient
 from missionweave.v1 import common_pb2
+from missionweave.v1.scheduling_service_pb2 import NextSlotRequest
+from missionweave.v1.scheduling_service_pb2_grpc import SchedulingServiceStub
 from tests import builders
 from tests.conftest import World
 from tests.test_cli_serve import ROOT, free_port, wait_healthy
@@ -48,12 +51,26 @@ async def test_a_stop_ends_a_follow_with_shutting_down_well_within_the_grace(wor
 
     following = asyncio.create_task(follow())
     await asyncio.wait_for(following_now.wait(), 20)
+    # A Worker's long poll for its next slot, waiting as long as the scheduler lets it.
+    worker = MeshClient(world.target, reader=world.worker)
+    stub = SchedulingServiceStub(worker.channel)
+
+    async def poll() -> object:
+        return await stub.NextSlot(NextSlotRequest(wait=Duration(seconds=30)), timeout=LONG_GRACE_S * 2)
+
+    polling = asyncio.create_task(poll())
+    await asyncio.sleep(1)  # the poll is waiting at the scheduler
+    assert not polling.done()
     started = time.monotonic()
     await world.mesh.stop(grace=LONG_GRACE_S)  # type: ignore[attr-defined]
     took = time.monotonic() - started
     err = await asyncio.wait_for(following, 5)
     await follower.channel.close()
     assert err.code() == grpc.StatusCode.UNAVAILABLE and is_shutting_down(err), err
+    with pytest.raises(grpc.aio.AioRpcError) as poll:
+        await asyncio.wait_for(polling, 5)
+    await worker.channel.close()
+    assert poll.value.code() == grpc.StatusCode.UNAVAILABLE and is_shutting_down(poll.value), poll.value
     assert took < WELL_WITHIN_S, f"the stop took {took:.1f} s: the follow held it"
 
 
