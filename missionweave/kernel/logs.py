@@ -1,4 +1,5 @@
-"""Structured logging: one JSON object per line on stderr (or plain text with MWP_LOG_FORMAT=text).
+"""Structured logging: one JSON object per line on stderr, or with MWP_LOG_FORMAT=text one line of
+text with the same fields as ``key=value`` after the message.
 
 In a server, a record written while a trace span is current also carries its ``trace_id`` and
 ``span_id`` (``missionweave_server.observability.tracing.TraceIds``), and gRPC's C-core output joins
@@ -18,6 +19,16 @@ from datetime import UTC, datetime
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
+def fields(record: logging.LogRecord) -> dict[str, object]:
+    """A record's structured fields (its ``extra``, the trace ids), the same for either format: JSON
+    values as they are, anything else as its text."""
+    return {
+        key: value if isinstance(value, str | int | float | bool | type(None)) else str(value)
+        for key, value in record.__dict__.items()
+        if key not in _STANDARD and not key.startswith("_")
+    }
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
@@ -25,29 +36,40 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
+            **fields(record),
         }
-        for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
-                entry[key] = value if isinstance(value, str | int | float | bool | type(None)) else str(value)
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)
 
 
 class TextFormatter(logging.Formatter):
-    """``time LEVEL logger: message``, and the trace it belongs to, if any."""
+    """``time LEVEL logger: message key=value ...``: the fields of the JSON format after the message,
+    a value quoted (JSON string syntax) when it is empty or holds a space, a quote, ``=`` or a line
+    break, so that each line stays one record and splits back into its fields."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        trace_id = getattr(record, "trace_id", None)
-        return (
-            line
-            if trace_id is None
-            else f"{line} trace_id={trace_id} span_id={getattr(record, 'span_id', '')}"
-        )
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record)
+        line = self.formatMessage(record)
+        pairs = " ".join(f"{key}={_text_value(value)}" for key, value in fields(record).items())
+        if pairs:
+            line = f"{line} {pairs}"
+        if record.exc_info:  # the traceback after the fields: the record's first line is whole
+            line = f"{line}\n{self.formatException(record.exc_info)}"
+        if record.stack_info:
+            line = f"{line}\n{self.formatStack(record.stack_info)}"
+        return line
+
+
+def _text_value(value: object) -> str:
+    text = "" if value is None else str(value)
+    if text == "" or any(c in text for c in ' "=\n\t\r'):
+        return json.dumps(text, ensure_ascii=False)
+    return text
 
 
 def configure(level: str = "info", fmt: str = "json", *record_filters: logging.Filter) -> None:
