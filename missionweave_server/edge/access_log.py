@@ -5,6 +5,10 @@ it in ``mwp_rpcs_total{method,code}`` and ``mwp_rpc_latency_seconds{method}``, a
 ``rpc`` record at info level (logger ``missionweave.access``) with the method, the proven caller
 (when one was proven: ``note_caller``), the gRPC code and the duration in milliseconds.
 
+An idle poll is logged at debug level instead: a long poll that ends with nothing to hand out
+(``IDLE_ANSWERS``), which an idle Worker repeats all day long. Every other call, and every failed
+one, stays at info.
+
 The lines are rate limited by a token bucket, so a flood of calls cannot fill the disk: a line
 over the limit is counted (``mwp_access_log_suppressed_total``) instead of written, and the next
 line written carries ``suppressed``, how many were not written since the previous one.
@@ -24,6 +28,16 @@ import grpc
 from missionweave_server.observability import metrics
 
 log = logging.getLogger("missionweave.access")
+
+
+def _nothing_placed(answer: Any) -> bool:
+    return not answer.HasField("assignment") and not answer.preemptions
+
+
+# By full method path: whether an OK answer is an empty long poll (logged at debug level).
+IDLE_ANSWERS: dict[str, Callable[[Any], bool]] = {
+    "/missionweave.v1.SchedulingService/NextSlot": _nothing_placed,
+}
 
 
 class _Call:
@@ -91,13 +105,21 @@ class AccessLog(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return wrapped
 
     def finished(
-        self, method: str, call: _Call, context: Any, started: float, failure: BaseException | None
+        self,
+        method: str,
+        call: _Call,
+        context: Any,
+        started: float,
+        failure: BaseException | None,
+        answer: Any = None,
     ) -> None:
         elapsed = time.perf_counter() - started
         code = _code_of(context, failure)
         metrics.RPCS.labels(method, code).inc()
         metrics.RPC_LATENCY.labels(method).observe(elapsed)
-        if self.rate <= 0:
+        idle = IDLE_ANSWERS.get(method)
+        level = logging.DEBUG if code == "OK" and idle is not None and idle(answer) else logging.INFO
+        if self.rate <= 0 or not log.isEnabledFor(level):  # a line not written spends no token
             return
         if not self.bucket.take():
             self.suppressed += 1
@@ -112,7 +134,7 @@ class AccessLog(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if self.suppressed:
             extra["suppressed"] = self.suppressed
             self.suppressed = 0
-        log.info("rpc", extra=extra)
+        log.log(level, "rpc", extra=extra)
 
     def _wrap(self, path: str, handler: Any) -> grpc.RpcMethodHandler:
         finished = self.finished
@@ -134,7 +156,7 @@ class AccessLog(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 except BaseException as failure:
                     finished(path, call, context, started, failure)
                     raise
-                finished(path, call, context, started, None)
+                finished(path, call, context, started, None, response)
                 return response
 
             if streaming_request:
