@@ -23,9 +23,19 @@ from missionweave_server.storage.db import make_engine
 
 POSTGRES_URL = os.environ.get("MWP_TEST_POSTGRES_URL", "")
 
-# The meshes the tests start as processes (`mwp serve`) serve no web console unless a test asks for
-# one: the default address (127.0.0.1:50080) is one per machine, and a mesh that cannot bind it stops.
-os.environ.setdefault("MWP_CONSOLE_LISTEN", "")
+# The meshes the tests start as processes (`mwp serve`) serve no web console and no metrics unless a
+# test asks: their default addresses (127.0.0.1:50080, 127.0.0.1:9464) are one per machine, and a
+# mesh that cannot bind one stops. Tests that start from an environment without MWP_* variables keep
+# these (``mesh_process_env``).
+PER_MACHINE = {"MWP_CONSOLE_LISTEN": "", "MWP_METRICS_LISTEN": ""}
+for _name, _none in PER_MACHINE.items():
+    os.environ.setdefault(_name, _none)
+
+
+def mesh_process_env() -> dict[str, str]:
+    """This process's environment without its MWP_* settings, but for the per-machine addresses."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k in PER_MACHINE}
+
 
 # Under mutmut (tools/mutation.py) every property test draws the same examples, so a mutant is
 # killed or not by the tests alone, and a run can be repeated (docs/mutation.md).

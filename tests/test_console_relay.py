@@ -19,16 +19,14 @@ import contextlib
 import ipaddress
 import json
 import logging
-import os
 import shutil
-import signal
 import socket
 import ssl
 import struct
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +57,7 @@ from missionweave_server.mesh import certs
 from missionweave_server.observability import metrics
 from tests import builders
 from tests.conftest import World, polled, register
+from tests.serve_process import logged, read_until, refuses, serve, serve_env, stop, wait_group_gone
 from tests.split_mesh import free_port
 from tests.test_missions import G, as_member, create
 
@@ -933,91 +932,6 @@ async def test_tls_without_a_ca_refuses_to_start_the_console(tmp_path: Path) -> 
 # ------------------------------------------------------------------ `mwp serve`
 
 
-def serve_env(**extra: str) -> dict[str, str]:
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
-        "MWP_METRICS_LISTEN": "",
-        "MWP_VERIFY_WORKERS": "0",
-        "PYTHONPATH": str(ROOT),
-        **extra,
-    }
-
-
-async def serve(*args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "missionweave.cli",
-        "serve",
-        *args,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
-
-
-async def read_until(process: asyncio.subprocess.Process, *wanted: Callable[[str], bool]) -> list[str]:
-    """stderr's lines until each of ``wanted`` has matched one (in any order)."""
-    assert process.stderr is not None
-    lines: list[str] = []
-    missing = list(wanted)
-    async with asyncio.timeout(60):
-        while missing:
-            line = (await process.stderr.readline()).decode()
-            assert line, f"mwp serve ended: {''.join(lines)}"
-            lines.append(line)
-            missing = [w for w in missing if not w(line)]
-    return lines
-
-
-async def stop(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        assert process.stderr is not None
-        async with asyncio.timeout(60):
-            while await process.stderr.read(65536):  # drain, so it never blocks on the pipe
-                pass
-            # 0, or ended by SIGTERM itself when it came before serve_forever set its handlers (the
-            # lines these tests wait for are written during start()).
-            assert await process.wait() in (0, -signal.SIGTERM)
-
-
-def group_running(pid: int) -> list[int]:
-    """The processes of the session ``pid`` led that still run (zombies left to init do not)."""
-    running = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
-            if int(fields[2]) == pid and fields[0] != "Z":
-                running.append(int(stat.parent.name))
-    return running
-
-
-def wait_group_gone(pid: int, limit_s: float = 10.0) -> None:
-    """Its helpers (the stderr relay, the SQLite writer) end when their pipes close: soon after it."""
-    deadline = time.monotonic() + limit_s
-    while group_running(pid):
-        assert time.monotonic() < deadline, f"still running: {group_running(pid)}"
-        time.sleep(0.05)
-
-
-def refuses(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) != 0
-
-
-def logged(message: str) -> Callable[[str], bool]:
-    def match(line: str) -> bool:
-        with contextlib.suppress(ValueError):
-            return bool(json.loads(line).get("msg") == message)
-        return False
-
-    return match
-
-
 def console_at(line: str) -> bool:
     """The start-up's record of the console's address (JSON logs: no other line on stderr)."""
     return logged("console listening")(line)
@@ -1042,9 +956,8 @@ def test_mwp_serve_with_the_console_port_taken_exits_1_naming_it(tmp_path: Path)
         _, err = process.communicate(timeout=60)
     assert process.returncode == 1, err
     assert err.splitlines() == [
-        f"mwp serve: the console cannot listen on 127.0.0.1:{console_port}: Address already in use "
-        "(a server listens there): give it another address (--console-listen, MWP_CONSOLE_LISTEN) "
-        "or none (--no-console)"
+        f"mwp serve: port 127.0.0.1:{console_port} (console) is in use: another server listens there; "
+        "give it another address (--console-listen, or --no-console for none)"
     ]
     # Nothing left: no process of its session, its gRPC port free, no database made.
     wait_group_gone(process.pid)

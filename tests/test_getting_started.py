@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from missionweave_server.config import Settings
+from tests.conftest import mesh_process_env
 from tests.test_go_agent import go_agent  # noqa: F401  (the fixture: builds the Go agent)
 from tests.test_node_agent import node  # noqa: F401  (the fixture: Node.js 20+, or the skip rule)
 
@@ -57,7 +58,7 @@ async def run_page(page: str, tmp_path: Path) -> str:
     for name in (".venv", "examples", "build", "sdks"):
         (tmp_path / name).symlink_to(ROOT / name)
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"},
+        **mesh_process_env(),
         "MWP_TARGET": f"127.0.0.1:{mesh.port}",
         "MWP_CONTEXT_DIR": os.environ["MWP_CONTEXT_DIR"],  # conftest's empty one
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",

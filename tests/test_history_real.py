@@ -346,6 +346,7 @@ async def test_history_through_a_shard_killed_or_paused_checks_clean(
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
         "MWP_CONSOLE_LISTEN": "",
+        "MWP_METRICS_LISTEN": "",
         "MWP_VERIFY_WORKERS": "0",
         "MWP_OWNERSHIP_LEASE_S": str(KILL_LEASE_S),
     }

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from missionweave_server.config import Settings
+from tests.conftest import mesh_process_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PLACEHOLDER = re.compile(r"<group id[^>]*>")
@@ -96,7 +97,7 @@ async def test_the_readme_trying_it_block_runs_as_written(tmp_path: Path) -> Non
     mesh = await start(Settings(listen="127.0.0.1:0", data_dir=tmp_path / ".missionweave", grace_seconds=1))
     (tmp_path / ".venv").symlink_to(ROOT / ".venv")
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"},
+        **mesh_process_env(),
         "MWP_TARGET": f"127.0.0.1:{mesh.port}",
         "MWP_CONTEXT_DIR": os.environ[
             "MWP_CONTEXT_DIR"

@@ -28,7 +28,7 @@ from missionweave.v1 import common_pb2, event_pb2, membership_pb2
 from missionweave_server.services.authority.group_log import IDLE_RECHECK_S
 from missionweave_server.storage.db import make_engine
 from tests import builders
-from tests.conftest import polled, register
+from tests.conftest import mesh_process_env, polled, register
 from tests.split_mesh import free_port, wait_serving
 
 GROUPS = [f"grp_shard_{i}" for i in range(9)]
@@ -120,7 +120,7 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
         pytest.skip("shards share PostgreSQL (D60)")
     port = free_port()
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"},
+        **mesh_process_env(),
         "MWP_VERIFY_WORKERS": "0",
         "MWP_OWNERSHIP_LEASE_S": str(LEASE_S),
         "MWP_REBALANCE_INTERVAL_S": str(REBALANCE_S),

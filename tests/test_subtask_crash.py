@@ -32,7 +32,7 @@ from missionweave_server.edge.shards import rendezvous
 from missionweave_server.services.authority.schema import cross_group_outbox
 from missionweave_server.storage.db import make_engine
 from tests import builders
-from tests.conftest import World, polled, register
+from tests.conftest import World, mesh_process_env, polled, register
 from tests.split_mesh import free_port, wait_serving
 from tests.test_work_items import setup
 
@@ -45,7 +45,7 @@ WAIT_S = 60.0
 
 def base_env() -> dict[str, str]:
     return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"},
+        **mesh_process_env(),
         "MWP_VERIFY_WORKERS": "0",
         "PYTHONPATH": str(ROOT),
     }

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import signal
 import sys
@@ -50,7 +49,7 @@ from missionweave_server.edge.local import LocalContext
 from missionweave_server.mesh import certs
 from missionweave_server.mesh.topology import TopologyError, launcher_tls, plan
 from tests import builders, test_node_agent
-from tests.conftest import register
+from tests.conftest import mesh_process_env, register
 from tests.split_mesh import free_port, wait_serving
 
 HEALTH = health_pb2.HealthCheckRequest()
@@ -229,7 +228,7 @@ async def test_start_refuses_plain_text_off_loopback_before_opening_anything(tmp
 def test_mwp_serve_refuses_plain_text_off_loopback(tmp_path: Path) -> None:
     import subprocess
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"}
+    env = mesh_process_env()
     done = subprocess.run(
         [
             sys.executable,
@@ -389,7 +388,7 @@ async def test_the_health_listener_serves_plain_text_health_and_nothing_else(
 
 async def mwp(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """Runs the CLI as a process while this test's event loop keeps serving the mesh."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"}
+    base = mesh_process_env()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -508,9 +507,7 @@ async def test_the_node_agent_over_tls_and_mtls(
             *tls,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env={
-                k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"
-            },
+            env=mesh_process_env(),
         )
         out, err = await asyncio.wait_for(process.communicate(), 40)
         lines = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
@@ -562,7 +559,7 @@ async def test_split_topology_with_tls_auto(tmp_path: Path) -> None:
     port = free_port()
     data = tmp_path / "data"
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("MWP_") or k == "MWP_CONSOLE_LISTEN"},
+        **mesh_process_env(),
         "MWP_VERIFY_WORKERS": "0",
     }
     process = await asyncio.create_subprocess_exec(

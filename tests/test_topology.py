@@ -54,6 +54,7 @@ async def test_split_topology_serves_one_address_and_stops_whole(tmp_path: Path)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
         "MWP_CONSOLE_LISTEN": "",
+        "MWP_METRICS_LISTEN": "",
         "MWP_VERIFY_WORKERS": "0",
     }
     process = await asyncio.create_subprocess_exec(

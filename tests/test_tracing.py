@@ -193,7 +193,7 @@ async def test_a_command_over_the_gateway_is_one_trace_down_to_the_writer_proces
 def _clean_env(**extra: str) -> dict[str, str]:
     kept = {k: v for k, v in os.environ.items() if not k.startswith(("MWP_", "OTEL_", "GRPC_"))}
     # No web console: its default address is one per machine, and it prints a line of its own.
-    return {**kept, "MWP_VERIFY_WORKERS": "0", "MWP_CONSOLE_LISTEN": "", **extra}
+    return {**kept, "MWP_VERIFY_WORKERS": "0", "MWP_CONSOLE_LISTEN": "", "MWP_METRICS_LISTEN": "", **extra}
 
 
 async def _signed_mission(client: MeshClient, data_dir: Path, group: str) -> common_pb2.SignedEnvelope:

@@ -125,10 +125,12 @@ class ListenError(OSError):
     """A listen address this process cannot bind (in use, not this host's, not permitted)."""
 
 
-def check_port_free(address: str) -> None:
+def check_port_free(address: str, role: str) -> None:
     """Raises ``ListenError`` when a server already listens on ``host:port``, before anything else
     starts: gRPC only logs a failed bind, and the process would carry on without a listener. It asks
-    by connecting (a client socket that happens to use the port is no conflict for gRPC's bind)."""
+    by connecting (a client socket that happens to use the port is no conflict for gRPC's bind).
+    ``role`` names the listener in the message (``gRPC``, ``metrics``, ...): the operator's one line
+    says which of the process's ports failed."""
     if address.startswith(("unix:", "unix-abstract:")) or ":" not in address:
         return
     host, _, port_text = address.rpartition(":")
@@ -148,14 +150,14 @@ def check_port_free(address: str) -> None:
         return
     except OSError as err:
         if err.errno != errno.EADDRINUSE:  # not this host's address, not permitted, no such name
-            raise ListenError(f"cannot listen on {address}: {err.strerror or err}") from None
+            raise ListenError(f"cannot listen on {address} ({role}): {err.strerror or err}") from None
     probe = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
     try:
         with socket.create_connection((probe, port), timeout=0.5):
             pass
     except OSError:
         return  # only a client socket holds the port (gRPC's dual-stack bind does not mind)
-    raise ListenError(f"cannot listen on {address}: Address already in use (a server listens there)")
+    raise ListenError(f"port {address} ({role}) is in use: another server listens there")
 
 
 def add_listener(

@@ -17,21 +17,8 @@ from cryptography.x509.oid import NameOID
 from missionweave.kernel.transport import ClientTLS, open_channel
 from missionweave_server.config import Settings
 from missionweave_server.console.site import ConsoleServer, serve_console
-from missionweave_server.edge.channels import ListenError, ServerTLS, check_port_free
+from missionweave_server.edge.channels import ServerTLS
 from missionweave_server.mesh import certs
-
-
-def check_console(settings: Settings, server_tls: ServerTLS | None, peer_tls: ClientTLS | None) -> None:
-    """Before anything starts: a console that could not listen or could not dial this mesh ends the
-    start-up now, in one line naming the console."""
-    try:
-        check_port_free(settings.console_listen)
-    except ListenError as taken:
-        raise ListenError(
-            f"the console {taken}: give it another address (--console-listen, MWP_CONSOLE_LISTEN) "
-            "or none (--no-console)"
-        ) from None
-    check_console_tls(settings, server_tls, peer_tls)
 
 
 def check_console_tls(settings: Settings, server_tls: ServerTLS | None, peer_tls: ClientTLS | None) -> None:

@@ -26,19 +26,20 @@ from missionweave.kernel.health_names import SERVICE_NAMES as SERVICE_NAMES
 from missionweave.kernel.transport import ClientTLS
 from missionweave_server.config import Settings
 from missionweave_server.edge.callers import CallAuthenticator, audiences_for, load_or_create_mesh_token
-from missionweave_server.edge.channels import ServerTLS, add_listener, check_listen, check_port_free
+from missionweave_server.edge.channels import ServerTLS, add_listener, check_listen
 from missionweave_server.edge.going_away import GoingAway
 from missionweave_server.edge.local import LocalChannel
 from missionweave_server.edge.reflection import enable_reflection
 from missionweave_server.edge.registration import generic_handlers_only
 from missionweave_server.mesh.authority_core import authority_core
-from missionweave_server.mesh.console import check_console, start_console
+from missionweave_server.mesh.console import check_console_tls, start_console
 from missionweave_server.mesh.contracts import PUBLIC_DESCRIPTORS, health_names
 from missionweave_server.mesh.database import open_database
 from missionweave_server.mesh.front_door import FrontDoor, mirror_health
 from missionweave_server.mesh.grpc_server import grpc_server, health_listener
 from missionweave_server.mesh.health import MeshHealth
 from missionweave_server.mesh.peers import Peers
+from missionweave_server.mesh.ports import check_ports, serve_ports
 from missionweave_server.mesh.running import Mesh
 from missionweave_server.mesh.services import (
     admin_anchor,
@@ -68,13 +69,13 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     # TLS settings are checked before anything starts: a refusal leaves nothing behind.
     server_tls = ServerTLS.from_settings(settings)
     check_listen(settings.listen, server_tls, insecure=settings.insecure)
-    for address in (settings.listen, settings.health_listen):  # a port in use fails now, loudly
-        if address:
-            check_port_free(address)
     peer_tls = ClientTLS.from_settings(settings)
     serves_console = bool(settings.console_listen) and "gateway" in settings.services
+    check_ports(serve_ports(settings, console=serves_console))  # a port in use fails now, loudly
     if serves_console:
-        check_console(settings, server_tls, peer_tls)
+        check_console_tls(settings, server_tls, peer_tls)
+    # Bound after the checks, before anything starts: a failure to bind it leaves nothing half-started.
+    metrics_server = metrics.serve(settings.metrics_listen)
     clock = clock or SystemClock()
     # The Authority keeps every owned Group's folded state in memory: a large, long-lived graph (D48).
     gc_policy.for_long_running_process()
@@ -166,7 +167,6 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     enable_reflection([*names, *routed, "grpc.health.v1.Health"], handlers)
     port = add_listener(server, settings.listen, server_tls, insecure=settings.insecure)
     health_server, health_port = await health_listener(settings.health_listen, health)
-    metrics_server = metrics.serve(settings.metrics_listen)
     # Listening on port 0 picks a port: proofs (call proofs and HELLO) name the address clients
     # dial, with that port; the gateway checks HELLO against the same audiences.
     callers.audiences |= audiences_for(f"{settings.listen.rsplit(':', 1)[0]}:{port}")

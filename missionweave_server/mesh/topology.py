@@ -35,8 +35,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from missionweave.kernel.transport import ClientTLS, open_channel
 from missionweave_server.config import Settings
-from missionweave_server.edge.channels import ServerTLS, check_listen
+from missionweave_server.edge.channels import ListenError, ServerTLS, check_listen
 from missionweave_server.mesh import certs
+from missionweave_server.mesh.ports import Port, check_ports, serve_ports
 from missionweave_server.mesh.server import SERVICE_NAMES
 from missionweave_server.observability import grpc_core
 
@@ -132,6 +133,18 @@ def plan(settings: Settings, shards: int, mesh_id: str) -> list[Child]:
     return children
 
 
+def split_ports(settings: Settings, children: list[Child]) -> list[Port]:
+    """Every port the launcher was asked to serve through its children: the gateway's (the one
+    address, health, console) and each child's metrics port. The back services' own gRPC ports were
+    just picked free by ``plan``."""
+    gateway = serve_ports(settings, console=bool(settings.console_listen))
+    moved_by = (
+        "--metrics-listen or MWP_METRICS_LISTEN: the children serve on the ports from it on, '' for none"
+    )
+    metrics = [Port(c.env["MWP_METRICS_LISTEN"], f"metrics of {c.name}", moved_by) for c in children]
+    return [p for p in gateway if p.role != "metrics"] + metrics
+
+
 def metrics_addresses(listen: str, shards: int) -> dict[str, str]:
     """Each child's own metrics address, by child name: the launcher's MWP_METRICS_LISTEN for the
     gateway, the ports after it for the others in order (authority-0..N-1, membership, artifacts,
@@ -213,7 +226,8 @@ async def _serving(child: Child, deadline: float, tls: ClientTLS | None) -> None
             assert child.process is not None
             if child.process.returncode is not None:
                 raise TopologyError(
-                    f"{child.name} exited with code {child.process.returncode} during start-up"
+                    f"{child.name} exited with code {child.process.returncode} during start-up "
+                    "(its own line above says why): the split topology is stopped"
                 )
             with contextlib.suppress(grpc.aio.AioRpcError):
                 answer = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1)
@@ -269,6 +283,11 @@ async def run_split(settings: Settings, *, shards: int = 1) -> int:
     except (TopologyError, ValueError) as refused:
         print(f"mwp serve: {refused}", file=sys.stderr)
         return 2
+    try:  # before any child starts: a port in use ends the start-up with nothing left running
+        check_ports(split_ports(settings, children))
+    except ListenError as taken:
+        print(f"mwp serve: {taken}", file=sys.stderr)
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

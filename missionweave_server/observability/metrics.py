@@ -130,8 +130,9 @@ class MetricsServer:
 def serve(address: str) -> MetricsServer | None:
     """Serves the metrics at ``host:port`` (port 0 picks one); None when ``address`` is empty.
 
-    A port that cannot be bound is logged at error level and the process serves on without
-    metrics: a metrics port in use must not keep the mesh from starting (or crash-loop a pod)."""
+    A port that cannot be bound raises ``OSError`` naming it: a process asked to serve metrics
+    either serves them or does not start (``mesh/ports.py`` checks the port before anything starts;
+    this catches one taken in between)."""
     if not address:
         return None
     host, _, port = address.rpartition(":")
@@ -139,10 +140,7 @@ def serve(address: str) -> MetricsServer | None:
     try:
         server, thread = start_http_server(int(port), addr=host)
     except (OSError, ValueError) as failed:
-        log.error(
-            "the metrics endpoint could not be started", extra={"listen": address, "detail": str(failed)}
-        )
-        return None
+        raise OSError(f"cannot listen on {address} (metrics): {failed}") from None
     bound = int(server.server_address[1])
     log.info("metrics listening", extra={"listen": address, "port": bound})
     return MetricsServer(server, thread, bound)
