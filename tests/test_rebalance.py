@@ -82,3 +82,17 @@ async def test_a_group_no_longer_owned_is_not_counted() -> None:
     await balancer.round()
     assert await balancer.round() == 0
     assert handed and all(preferred(g, ADDRESSES) == to != "a" for g, to in handed)
+
+
+async def test_a_drain_hands_every_owned_group_to_its_preferred_other_instance() -> None:
+    others = {"b": ADDRESSES["b"], "c": ADDRESSES["c"]}
+    store = FakeStore("a", GROUPS[:30], dict(ADDRESSES))
+    handed: list[tuple[str, str]] = []
+    assert await rebalancer(store, handed).drain() == 30  # no steadiness asked: it is leaving now
+    assert handed == [(g, preferred(g, others)) for g in GROUPS[:30]]
+
+
+async def test_a_drain_with_no_other_instance_alive_keeps_the_groups() -> None:
+    handed: list[tuple[str, str]] = []
+    assert await rebalancer(FakeStore("a", GROUPS, {"a": ADDRESSES["a"]}), handed).drain() == 0
+    assert handed == []

@@ -4,6 +4,7 @@ its orderly stop, streams first and the database last."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 
 import grpc
@@ -24,6 +25,7 @@ from missionweave_server.services.artifacts.service import ArtifactServicer
 from missionweave_server.services.authority.authority import GroupAuthority
 from missionweave_server.services.authority.group_log import GroupLogServicer
 from missionweave_server.services.authority.links import LinkRelay
+from missionweave_server.services.authority.rebalance import Rebalancer
 from missionweave_server.services.authority.session_fence import SessionFence
 from missionweave_server.services.authority.store import EventStore
 from missionweave_server.services.authority.witness import WitnessWriter
@@ -31,6 +33,8 @@ from missionweave_server.services.gateway.service import GatewayServicer
 from missionweave_server.services.membership.directory import IdentityDirectoryServicer
 from missionweave_server.services.membership.registry import IdentityRegistry
 from missionweave_server.services.scheduling.workers import Workers
+
+log = logging.getLogger("missionweave_server.mesh.server")
 
 
 @dataclass
@@ -74,6 +78,8 @@ class Mesh:
     console: ConsoleServer | None = None
     # Ends the main server's streams and long polls at shutdown (followers reconnect elsewhere).
     going_away: GoingAway | None = None
+    # A shard's hand-back rounds (rebalance.py); drained at a graceful stop.
+    rebalancer: Rebalancer | None = None
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.grace_seconds if grace is None else grace
@@ -98,6 +104,11 @@ class Mesh:
         if self.going_away is not None:  # every other stream and long poll: only unary calls wait
             await self.going_away.end_streams(grace)
         await self.server.stop(grace)
+        if self.rebalancer is not None:  # no call is served now: its Groups go to the other shards
+            try:
+                await self.rebalancer.drain()
+            except Exception:  # the store did not answer: the Groups wait out their leases instead
+                log.warning("could not hand this shard's Groups over before stopping", exc_info=True)
         if self.health_server is not None:
             await self.health_server.stop(0)
         if self.metrics is not None:

@@ -174,6 +174,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         gateway.audiences = callers.audiences
     await server.start()
     console = await start_console(settings, port, server_tls, peer_tls) if serves_console else None
+    rebalancer: Rebalancer | None = None
     if store is not None and authority is not None:
         host = settings.listen.rsplit(":", 1)[0]
         advertised = (
@@ -257,6 +258,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         witness,
         console,
         going_away,
+        rebalancer,
     )
 
 

@@ -13,6 +13,10 @@ The hand-over itself (authority.py, store.py) is made by the owner: under the Gr
 its decided appends are durable, raising the writer epoch and naming the new owner with a full
 lease, so at no moment can two instances append to one Group. Callers in the meantime get
 ``NOT_OWNER`` inside the mesh (the router follows it) and never an outage longer than one retry.
+
+A graceful stop (SIGTERM: a rolling upgrade, a pod moved, a shard removed) drains: once the server
+serves no more calls, the instance hands every Group it owns to the instance the Group's order
+prefers among the others (``drain``), so they need not wait out the ownership lease.
 """
 
 from __future__ import annotations
@@ -79,4 +83,20 @@ class Rebalancer:
                 )
             if moved >= BATCH:
                 break
+        return moved
+
+    async def drain(self) -> int:
+        """At a graceful stop, once no call is served any more: hand every Group this instance owns
+        to the instance its placement prefers among the others alive, so its Groups are written
+        again at once rather than after their leases lapse. The number handed over (0 when no other
+        instance is alive: the Groups wait for this one, or for their leases)."""
+        since = to_micros(self.clock.now()) - int(LIVE_ROUNDS * self.interval_s * 1_000_000)
+        others = {
+            i: a for i, a in (await self.store.live_instances(since)).items() if i != self.store.instance_id
+        }
+        moved = 0
+        if others:
+            for group_id in await self.store.owned_groups():
+                moved += await self.hand_over(group_id, preferred(group_id, others))
+        log.info("handed this shard's Groups to the others before stopping", extra={"groups": moved})
         return moved
