@@ -5,10 +5,12 @@
 
 A split mesh of --shards Authority shards on PostgreSQL (`mwp serve --topology split`, the launcher
 restarting a process that dies, as Kubernetes restarts a pod), --groups Groups, an ownership lease of
---lease seconds. Two faults, each on the shard that owns the most Groups at that moment:
+--lease seconds. Three faults, each on the shard that owns the most Groups at that moment:
 
 1. kill: SIGKILL; the launcher starts the shard again.
-2. pause: SIGSTOP for twice the lease (a hung or partitioned shard), then SIGCONT.
+2. term: SIGTERM (a rolling upgrade): the shard hands its Groups over before it exits (D288), and the
+   launcher starts it again.
+3. pause: SIGSTOP for twice the lease (a hung or partitioned shard), then SIGCONT.
 
 At the fault, one signed command per Group of the failed shard is sent through the front door and
 sent again (same command id) every 100 ms until acknowledged. Per Group: the seconds from the fault to
@@ -48,7 +50,7 @@ from missionweave.sdk.client import MeshClient, SessionSigner  # noqa: E402
 from missionweave.v1 import common_pb2  # noqa: E402
 from tests import builders  # noqa: E402
 from tests.conftest import register, reset_database  # noqa: E402
-from tests.split_mesh import free_port, wait_serving  # noqa: E402
+from tests.split_mesh import launch_split, wait_serving  # noqa: E402
 from tests.test_shards import owners  # noqa: E402
 
 SPREAD_WAIT_S = 60.0
@@ -76,19 +78,13 @@ class Launcher:
 
 
 async def start(db_url: str, data: Path, shards: int, lease: float) -> tuple[Launcher, str]:
-    port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("MWP_")},
         "MWP_VERIFY_WORKERS": "0",
         "MWP_OWNERSHIP_LEASE_S": str(lease),
     }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", "serve", "--topology", "split", "--shards", str(shards),
-        "--listen", f"127.0.0.1:{port}", "--data-dir", str(data), "--database-url", db_url,
-        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL,
-        env=env,
-    )  # fmt: skip
-    return Launcher(process, await wait_serving(process)), f"127.0.0.1:{port}"
+    process, target = await launch_split(data, db_url, shards, env)
+    return Launcher(process, await wait_serving(process)), target
 
 
 async def send_until_acknowledged(
@@ -138,7 +134,7 @@ async def run(db_url: str, shards: int, groups: int, lease: float) -> None:
                 await client.execute(owner.sign(owner.command(group, "mission_create", body)))
                 conversations[group] = (await client.group_state(group)).mission.planning_conversation_id
             print(f"{shards} shards on PostgreSQL, {groups} Groups, ownership lease {lease:g} s")
-            for fault in ("kill", "pause"):
+            for fault in ("kill", "term", "pause"):
                 await one_fault(fault, client, owner, conversations, launcher, db_url, shards, lease)
         finally:
             await client.channel.close()
@@ -166,8 +162,8 @@ async def one_fault(
     refusals: Counter[str] = Counter()
     pid = launcher.pids[victim]
     t0 = time.monotonic()
-    if fault == "kill":
-        os.kill(pid, signal.SIGKILL)
+    if fault in ("kill", "term"):
+        os.kill(pid, signal.SIGKILL if fault == "kill" else signal.SIGTERM)
     else:  # resumed after twice the lease, whether or not its Groups were taken over by then
         os.kill(pid, signal.SIGSTOP)
         asyncio.get_running_loop().call_later(2 * lease, os.kill, pid, signal.SIGCONT)

@@ -22,7 +22,7 @@
 | MWP_ADVERTISE_ADDR       | the listen address              | how peers reach this process (NOT_OWNER)       |
 | MWP_MESH_ID              | (unset)                         | processes of one mesh share a data dir          |
 | MWP_OWNERSHIP_LEASE_S    | 30                              | a Group's owner may be replaced this long after its last append |
-| MWP_REBALANCE_INTERVAL_S | 5                               | an Authority shard's heartbeat and hand-back round (0: off) |
+| MWP_REBALANCE_INTERVAL_S | 0 (5 for the split launcher's shards) | an Authority shard's heartbeat and hand-back round (0: off) |
 | MWP_AUDIENCE             | (the listen/advertise address)  | more addresses call proofs may name (comma list: the front door's) |
 | MWP_NONCE_STORE          | database                        | proof nonces: database (kept across restarts) or memory (unsafe, D168) |
 | MWP_MESH_TOKEN_FILE      | $MWP_DATA_DIR/keys/mesh.token   | the secret mesh services prove themselves with (created if missing) |
@@ -156,9 +156,10 @@ class Settings:
     # How long an Authority's hold on a Group outlives its last append: after that another shard
     # may take the Group over (fenced by the writer epoch).
     ownership_lease_s: Annotated[float, Var("MWP_OWNERSHIP_LEASE_S")] = 30.0
-    # How often an Authority says it is up and hands the Groups it should not hold to the shard that
-    # should (rebalance.py); 0: never (one instance, or an operator who places Groups by hand).
-    rebalance_interval_s: Annotated[float, Var("MWP_REBALANCE_INTERVAL_S")] = 5.0
+    # How often an Authority shard says it is up and hands the Groups it should not hold to the shard
+    # that should (rebalance.py); 0: never. Off for one instance; the split launcher and the
+    # Kubernetes manifests turn it on for their shards (SHARD_REBALANCE_S).
+    rebalance_interval_s: Annotated[float, Var("MWP_REBALANCE_INTERVAL_S")] = 0.0
     # Processes of one mesh share this id; a data dir held by another mesh is refused (mesh.lock).
     mesh_id: Annotated[str, Var("MWP_MESH_ID")] = ""
     # Addresses (besides its own) a call proof may name as its audience: where clients dial the mesh.

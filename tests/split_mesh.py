@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from missionweave.kernel.clock import Clock
@@ -129,3 +131,18 @@ async def wait_serving(
     if addresses is not None:
         addresses.update({name: address for name, _, address in started})
     return {name: int(pid) for name, pid, _ in started}
+
+
+async def launch_split(
+    data_dir: Path, database_url: str, shards: int, env: dict[str, str]
+) -> tuple[asyncio.subprocess.Process, str]:
+    """``mwp serve --topology split --shards N`` as a process on a free port, its stderr piped (read it,
+    or ``wait_serving`` it); the process and the front door's address."""
+    address = f"127.0.0.1:{free_port()}"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "missionweave.cli", "serve", "--topology", "split", "--shards", str(shards),
+        "--listen", address, "--data-dir", str(data_dir), "--database-url", database_url,
+        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL,
+        env=env,
+    )  # fmt: skip
+    return process, address

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from missionweave_server.services.authority.group_log import IDLE_RECHECK_S
 from missionweave_server.storage.db import make_engine
 from tests import builders
 from tests.conftest import mesh_process_env, polled, register
-from tests.split_mesh import free_port, wait_serving
+from tests.split_mesh import launch_split, wait_serving
 
 GROUPS = [f"grp_shard_{i}" for i in range(9)]
 LEASE_S = 3
@@ -118,39 +117,19 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
 ) -> None:
     if not db_url.startswith("postgresql"):
         pytest.skip("shards share PostgreSQL (D60)")
-    port = free_port()
     env = {
         **mesh_process_env(),
         "MWP_VERIFY_WORKERS": "0",
         "MWP_OWNERSHIP_LEASE_S": str(LEASE_S),
         "MWP_REBALANCE_INTERVAL_S": str(REBALANCE_S),
     }
-    launcher = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "missionweave.cli",
-        "serve",
-        "--topology",
-        "split",
-        "--shards",
-        "3",
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--database-url",
-        db_url,
-        stderr=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.DEVNULL,
-        stdin=asyncio.subprocess.DEVNULL,
-        env=env,
-    )
+    launcher, target = await launch_split(tmp_path / "data", db_url, 3, env)
     assert launcher.stderr is not None
     started: list[Watcher] = []
     try:
         shards = await wait_serving(launcher)
         drain = asyncio.create_task(launcher.stderr.read())  # keep the pipe from filling
-        client = MeshClient(f"127.0.0.1:{port}")
+        client = MeshClient(target)
         admin_key = read_key(tmp_path / "data" / "keys" / "admin.key")
         owner = await register(client, admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN)
         await register(client, admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT)
@@ -177,7 +156,6 @@ async def test_a_killed_shard_loses_no_acknowledged_command_leaves_no_gap_and_ag
         victims = [g for g in GROUPS if placed[g] == victim]
 
         # Connected before the load: each follows every Group, the victim's from the victim itself.
-        target = f"127.0.0.1:{port}"
         watchers = {name: Watcher(target, name, keys[name], tmp_path / "cursors") for name in AGENTS}
         for watcher in watchers.values():
             await watcher.start(started)

@@ -185,7 +185,7 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             rebalancer = Rebalancer(
                 store, authority.hand_over, advertised, clock, settings.rebalance_interval_s
             )
-            mirrors.append(asyncio.create_task(rebalancer.run()))
+            mirrors.append(rebalancer.start())
     # The services that authenticate callers follow the directory (in process or over the network).
     if {"authority", "artifacts", "gateway"} & set(settings.services):
         identities.start()

@@ -45,6 +45,7 @@ log = logging.getLogger("missionweave.topology")
 
 START_TIMEOUT_S = 60.0
 RESTART_LIMIT = 5
+SHARD_REBALANCE_S = 5.0  # MWP_REBALANCE_INTERVAL_S of the launcher's shards (rebalance.py)
 RESTART_WINDOW_S = 60.0
 BACK_SERVICES = ("membership", "artifacts", "scheduling")
 
@@ -99,12 +100,18 @@ def plan(settings: Settings, shards: int, mesh_id: str) -> list[Child]:
     }
     if settings.database_url:
         common["MWP_DATABASE_URL"] = settings.database_url
+    # Shards hand Groups back to where their placement puts them (D275), unless told otherwise.
+    rebalance = (
+        {}
+        if "MWP_REBALANCE_INTERVAL_S" in os.environ
+        else {"MWP_REBALANCE_INTERVAL_S": str(SHARD_REBALANCE_S)}
+    )
     children = [
         Child(
             f"authority-{i}",
             ("authority",),
             address,
-            {"MWP_INSTANCE_ID": f"authority-{i}", "MWP_ADVERTISE_ADDR": address},
+            {"MWP_INSTANCE_ID": f"authority-{i}", "MWP_ADVERTISE_ADDR": address, **rebalance},
         )
         for i, address in enumerate(shard_addresses)
     ]

@@ -9,6 +9,10 @@ the live instances' addresses (the order the shard router tries, edge/shards.py)
 that instance: at most ``BATCH`` per round, and only to an instance seen live in the round before
 too, so a shard that flaps does not pull Groups back and forth.
 
+With heartbeats, a Group whose lease lapsed while its owner is alive (idle) is not taken over
+(store.py ``acquire``): a caller's stale placement would otherwise take it back from the shard it
+was handed to. A takeover needs the lease lapsed and the owner silent for ``LIVE_ROUNDS`` rounds.
+
 The hand-over itself (authority.py, store.py) is made by the owner: under the Group's lock, after
 its decided appends are durable, raising the writer epoch and naming the new owner with a full
 lease, so at no moment can two instances append to one Group. Callers in the meantime get
@@ -22,6 +26,7 @@ prefers among the others (``drain``), so they need not wait out the ownership le
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -33,6 +38,7 @@ log = logging.getLogger("missionweave.rebalance")
 
 LIVE_ROUNDS = 3  # an instance is up while it announced within this many rounds
 BATCH = 64  # Groups one instance hands over per round: a restarted shard fills up over a few rounds
+DRAIN_RECHECK_S = 5.0  # a draining instance looks again for Groups handed to it meanwhile, after a round
 
 
 def preferred(group_id: str, live: dict[str, str]) -> str:
@@ -53,6 +59,14 @@ class Rebalancer:
         self.store, self.hand_over, self.address, self.clock = store, hand_over, address, clock
         self.interval_s = interval_s
         self._seen: set[str] = set()  # instances live in the previous round
+        self.task: asyncio.Task[None] | None = None  # the rounds, once started
+        # Never longer than the lease: a silent owner's Groups are taken over no later than before.
+        alive_s = min(LIVE_ROUNDS * interval_s, store.ownership_ttl.total_seconds())
+        store.owner_alive_us = int(alive_s * 1_000_000)
+
+    def start(self) -> asyncio.Task[None]:
+        self.task = asyncio.create_task(self.run())
+        return self.task
 
     async def run(self) -> None:
         while True:
@@ -86,10 +100,25 @@ class Rebalancer:
         return moved
 
     async def drain(self) -> int:
-        """At a graceful stop, once no call is served any more: hand every Group this instance owns
-        to the instance its placement prefers among the others alive, so its Groups are written
-        again at once rather than after their leases lapse. The number handed over (0 when no other
-        instance is alive: the Groups wait for this one, or for their leases)."""
+        """At a graceful stop, once no call is served any more: stop counting as alive, then hand
+        every Group this instance owns to the instance its placement prefers among the others alive,
+        so its Groups are written again at once rather than after their leases lapse. A second pass
+        one round later takes back what a round that had not yet seen the retirement handed here.
+        The number handed over (0 when no other instance is alive: the Groups wait for this one, or
+        for their leases)."""
+        if self.task is not None:  # its own rounds would announce it alive again
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        await self.store.retire()
+        moved = await self._hand_all_over()
+        if moved:
+            await asyncio.sleep(min(self.interval_s, DRAIN_RECHECK_S))
+            moved += await self._hand_all_over()
+        log.info("handed this shard's Groups to the others before stopping", extra={"groups": moved})
+        return moved
+
+    async def _hand_all_over(self) -> int:
         since = to_micros(self.clock.now()) - int(LIVE_ROUNDS * self.interval_s * 1_000_000)
         others = {
             i: a for i, a in (await self.store.live_instances(since)).items() if i != self.store.instance_id
@@ -98,5 +127,4 @@ class Rebalancer:
         if others:
             for group_id in await self.store.owned_groups():
                 moved += await self.hand_over(group_id, preferred(group_id, others))
-        log.info("handed this shard's Groups to the others before stopping", extra={"groups": moved})
         return moved

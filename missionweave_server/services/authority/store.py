@@ -131,6 +131,9 @@ class EventStore:
         self.clock = clock
         self.instance_id = instance_id
         self.ownership_ttl = ownership_ttl
+        # How recent an instance's heartbeat (authority_instances) keeps its Groups from being taken
+        # over once their leases lapse; 0 where instances send none (set with the hand-back rounds).
+        self.owner_alive_us = 0
         self.max_batch = max_batch
         # Group commit under load waits for more appends (D51): up to ``linger`` seconds, ending as
         # soon as none arrived for ``linger_idle`` or ``linger_batch`` are waiting. 0 writes whatever
@@ -199,16 +202,21 @@ class EventStore:
     async def acquire(self, group_id: str) -> tuple[int, int] | None:
         """Take (or keep) ownership of an existing Group: returns (writer_epoch, head) or None if absent.
 
-        Raises NOT_OWNER while another instance holds an unexpired ownership lease.
+        Raises NOT_OWNER while another instance holds an unexpired ownership lease, or (with
+        heartbeats, ``owner_alive_us``) while the owner is alive: an idle Group's lapsed lease does
+        not let a caller's stale placement take it from a live owner (rebalance.py).
         """
         now = to_micros(self.clock.now())
         expires = now + int(self.ownership_ttl.total_seconds() * 1_000_000)
+        takeable: Any = groups.c.lease_expires_us < now
+        if self.owner_alive_us:
+            alive = select(authority_instances.c.instance_id).where(
+                authority_instances.c.updated_us >= now - self.owner_alive_us
+            )
+            takeable = and_(takeable, groups.c.owner_instance.not_in(alive))
         async with self.engine.begin() as conn:
             taken = await self._take(
-                conn,
-                group_id,
-                or_(groups.c.owner_instance == self.instance_id, groups.c.lease_expires_us < now),
-                expires,
+                conn, group_id, or_(groups.c.owner_instance == self.instance_id, takeable), expires
             )
             if taken is not None:
                 return taken
@@ -292,6 +300,16 @@ class EventStore:
         row = {"instance_id": self.instance_id, "address": address, "updated_us": to_micros(self.clock.now())}
         async with self.engine.begin() as conn:
             await conn.execute(instance_upsert(self.engine.dialect.name), [row])
+
+    @finish_on_cancel
+    async def retire(self) -> None:
+        """Stop counting as alive (a graceful stop): no hand-back round gives this instance a Group."""
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(authority_instances)
+                .where(authority_instances.c.instance_id == self.instance_id)
+                .values(updated_us=0)
+            )
 
     @finish_on_cancel
     async def live_instances(self, since_us: int) -> dict[str, str]:
