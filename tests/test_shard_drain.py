@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from missionweave.sdk.client import MeshClient
 from missionweave.v1 import common_pb2
 from tests import builders
 from tests.conftest import mesh_process_env, polled, register
-from tests.split_mesh import free_port, wait_serving
+from tests.split_mesh import launch_split, wait_serving
 from tests.test_shards import owners, post_until_acknowledged
 
 GROUPS = [f"grp_drain_{i}" for i in range(9)]
@@ -33,24 +32,18 @@ async def test_a_shard_stopped_with_sigterm_hands_its_groups_over_at_once_and_ge
 ) -> None:
     if not db_url.startswith("postgresql"):
         pytest.skip("shards share PostgreSQL (D60)")
-    port = free_port()
     env = {
         **mesh_process_env(),
         "MWP_VERIFY_WORKERS": "0",
         "MWP_OWNERSHIP_LEASE_S": str(LEASE_S),
         "MWP_REBALANCE_INTERVAL_S": "1",
     }
-    launcher = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "missionweave.cli", "serve", "--topology", "split", "--shards", "3",
-        "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "data"), "--database-url", db_url,
-        stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL,
-        env=env,
-    )  # fmt: skip
+    launcher, target = await launch_split(tmp_path / "data", db_url, 3, env)
     assert launcher.stderr is not None
     try:
         shards = await wait_serving(launcher)
         drain = asyncio.create_task(launcher.stderr.read())  # keep the pipe from filling
-        client = MeshClient(f"127.0.0.1:{port}")
+        client = MeshClient(target)
         admin_key = read_key(tmp_path / "data" / "keys" / "admin.key")
         owner = await register(client, admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN)
         await register(client, admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT)
@@ -69,6 +62,19 @@ async def test_a_shard_stopped_with_sigterm_hands_its_groups_over_at_once_and_ge
 
         stopped = time.monotonic()
         os.kill(shards[victim], signal.SIGTERM)
+
+        async def exited() -> bool:
+            try:
+                os.kill(shards[victim], 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        # Handed over before it exited (the launcher then starts it again; a new process takes a
+        # Group only when a command reaches it, and none is sent before this check).
+        await polled(exited, 30, 0.02)
+        after_stop = await owners(db_url)
+        assert [g for g in victims if after_stop[g] == victim] == [], after_stop
 
         async def exited() -> bool:
             try:
