@@ -14,8 +14,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from missionweave.kernel import logs
+from missionweave.v1 import scheduling_service_pb2 as spb
 from missionweave_server.config import Settings
-from missionweave_server.edge.access_log import AccessLog, TokenBucket, _Call, _code_of
+from missionweave_server.edge.access_log import IDLE_ANSWERS, AccessLog, TokenBucket, _Call, _code_of
 from missionweave_server.mesh.server import start
 from missionweave_server.observability import metrics
 
@@ -106,3 +107,14 @@ def test_grpc_core_verbosity_defaults_to_error(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("GRPC_VERBOSITY", "DEBUG")
     logs.quiet_grpc_core()
     assert os.environ["GRPC_VERBOSITY"] == "DEBUG"  # an operator's choice is kept
+
+
+def test_an_idle_next_slot_is_recognised_as_a_message_and_as_the_bytes_the_front_door_relays() -> None:
+    """The front door (split topology) relays NextSlot's answer as bytes: the access log reads them,
+    where it once failed the call itself (AttributeError on bytes, answered UNKNOWN)."""
+    idle = IDLE_ANSWERS["/missionweave.v1.SchedulingService/NextSlot"]
+    empty = spb.NextSlotResponse()
+    placed = spb.NextSlotResponse()
+    placed.assignment.work_item_id = "wi_1"
+    assert idle(empty) and idle(empty.SerializeToString())
+    assert not idle(placed) and not idle(placed.SerializeToString())

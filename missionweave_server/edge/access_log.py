@@ -25,12 +25,15 @@ from typing import Any
 
 import grpc
 
+from missionweave.v1 import scheduling_service_pb2
 from missionweave_server.observability import metrics
 
 log = logging.getLogger("missionweave.access")
 
 
 def _nothing_placed(answer: Any) -> bool:
+    if isinstance(answer, bytes):  # the front door relays the answer's bytes as they came
+        answer = scheduling_service_pb2.NextSlotResponse.FromString(answer)
     return not answer.HasField("assignment") and not answer.preemptions
 
 
