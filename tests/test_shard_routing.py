@@ -37,8 +37,14 @@ def command(group_id: str, command_id: str = "cmd-1") -> common_pb2.SignedEnvelo
 class Mesh:
     """Fake shards: each owns the Groups in ``owned`` and answers NOT_OWNER for the others."""
 
-    def __init__(self, owners: dict[str, str], down: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    def __init__(
+        self,
+        owners: dict[str, str],
+        down: set[str] = frozenset(),  # type: ignore[assignment]
+        hung: set[str] = frozenset(),  # type: ignore[assignment]
+    ) -> None:
         self.owners, self.down, self.calls, self.batches = owners, down, Counter[str](), Counter[str]()
+        self.hung = hung  # shards that take a call and never answer (a stopped process)
         self.channels = {address: self._shard(address) for address in SHARDS}
 
     def _shard(self, address: str) -> LocalChannel:
@@ -65,6 +71,9 @@ class Mesh:
             async def ExecuteCommand(
                 self, request: apb.ExecuteCommandRequest, context: grpc.aio.ServicerContext
             ) -> apb.ExecuteCommandResponse:
+                if address in mesh.hung:
+                    mesh.calls[address] += 1
+                    await asyncio.Event().wait()
                 return decide(request)
 
             async def ExecuteCommandBatch(
@@ -189,6 +198,56 @@ async def test_a_batched_or_streamed_command_whose_owner_is_down_is_answered_pee
     assert answer.rejection.reason == R.REJECTION_REASON_PEER_UNAVAILABLE
     assert "retry_after_ms" in answer.rejection.metadata
     assert not any(shard.split(":")[0] in answer.rejection.message for shard in SHARDS)
+
+
+ANSWER_S = 0.3  # the router's answer deadline in these tests
+
+
+async def test_a_shard_that_gives_no_answer_is_skipped_and_then_tried_last() -> None:
+    """A hung shard (alive to TCP, answering nothing) costs a call the answer deadline, not the
+    caller's whole deadline; the next calls try it last while it stays silent."""
+    order = rendezvous("grp_hung", SHARDS)
+    mesh = Mesh({}, hung={order[0]})
+    stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for, answer_s=ANSWER_S))
+    answer = await stub.ExecuteCommand(apb.ExecuteCommandRequest(command=command("grp_hung")), timeout=30)
+    assert answer.result.group_id == "grp_hung"
+    assert mesh.calls == Counter({order[0]: 1, order[1]: 1})
+    # Another Group the hung shard is placed first for: straight to its next shard.
+    other = next(g for g in (f"grp_{i}" for i in range(100)) if rendezvous(g, SHARDS)[0] == order[0])
+    started = asyncio.get_running_loop().time()
+    await stub.ExecuteCommand(apb.ExecuteCommandRequest(command=command(other)), timeout=30)
+    assert asyncio.get_running_loop().time() - started < ANSWER_S
+    assert mesh.calls[order[0]] == 1
+
+
+async def test_a_group_whose_owner_gives_no_answer_is_peer_unavailable_then_answered_once_it_moved() -> None:
+    order = rendezvous("grp_stopped", SHARDS)
+    mesh = Mesh({"grp_stopped": order[0]}, hung={order[0]})
+    stub = apb_grpc.AuthorityServiceStub(ShardedChannel(SHARDS, mesh.channel_for, answer_s=ANSWER_S))
+    request = apb.ExecuteCommandRequest(command=command("grp_stopped"))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ExecuteCommand(request, timeout=30)
+    assert_no_shard_address(info.value)
+    # The others still name it (its lease holds): refused at once, without waiting on it again.
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ExecuteCommand(request, timeout=30)
+    assert_no_shard_address(info.value)
+    assert asyncio.get_running_loop().time() - started < ANSWER_S and mesh.calls[order[0]] == 1
+    mesh.owners["grp_stopped"] = order[1]  # its lease lapsed: the next shard took the Group over
+    answer = await stub.ExecuteCommand(request, timeout=30)
+    assert answer.result.group_id == "grp_stopped" and mesh.calls[order[0]] == 1
+
+
+async def test_the_callers_own_deadline_is_deadline_exceeded_not_a_silent_shard() -> None:
+    order = rendezvous("grp_hurry", SHARDS)
+    mesh = Mesh({}, hung={order[0]})
+    channel = ShardedChannel(SHARDS, mesh.channel_for, answer_s=5.0)
+    stub = apb_grpc.AuthorityServiceStub(channel)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ExecuteCommand(apb.ExecuteCommandRequest(command=command("grp_hurry")), timeout=0.2)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert channel.order("grp_hurry")[0] == order[0]  # not marked silent for the caller's hurry
 
 
 def not_owner_error() -> grpc.aio.AioRpcError:

@@ -1,4 +1,5 @@
-"""``mwp db status`` and ``mwp db upgrade``: each service's schema in a store (docs/upgrades.md).
+"""``mwp db status`` and ``mwp db upgrade``: each service's schema in a store (docs/upgrades.md);
+``mwp db shards``: which Authority shard owns how many Groups (docs/operations.md, "Scaling").
 
 Both work on the store directly, like ``mwp verify``. ``status`` exits 0 when this release can
 serve the store as it is (every schema line current, or not installed yet), 1 when it cannot (an
@@ -170,14 +171,42 @@ def _secrets(
     return found
 
 
+def cmd_shards(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from missionweave_server.mesh.shard_report import shard_report
+
+    _, url = store_of(args)
+    try:
+        rows = shard_report(url)
+    except (OSError, SQLAlchemyError) as err:
+        raise StoreUnreachable(
+            f"cannot read the Groups in the store at {describe_store(url)}: {err}"
+        ) from None
+    if args.json:
+        print(json.dumps({"store": describe_store(url), "shards": [vars(r) for r in rows]}, indent=2))
+        return 0
+    print(f"store      {describe_store(url)}")
+    print(f"  {'instance':<16} {'address':<40} {'announced':<16} {'Groups':>7} {'lease lapsed':>13}")
+    for r in rows:
+        announced = "retired" if r.announced_s_ago is None else f"{r.announced_s_ago:.1f} s ago"
+        if not r.address:
+            announced = "-"
+        print(f"  {r.instance_id:<16} {r.address or '-':<40} {announced:<16} {r.groups:>7} {r.lapsed:>13}")
+    print(
+        f"result     {sum(r.groups for r in rows)} Groups on {sum(1 for r in rows if r.groups)} instance(s)"
+    )
+    return 0
+
+
 def _progress(line: str, revision: str) -> None:
     print(f"mwp db upgrade: {line}: applied {revision}", file=sys.stderr, flush=True)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    db = sub.add_parser("db", help="each service's schema in the store: status and upgrade").add_subparsers(
-        dest="sub", required=True
-    )
+    db = sub.add_parser(
+        "db", help="the store: each service's schema (status, upgrade) and the Groups per shard"
+    ).add_subparsers(dest="sub", required=True)
     s = db.add_parser(
         "status",
         help="each schema line's revision in the store and what an upgrade would run",
@@ -190,10 +219,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="Exit codes: 0 every line is at this release's schema, 1 a migration was refused, "
         "2 usage error, 3 the store cannot be read.",
     )
-    for p in (s, u):
+    sh = db.add_parser(
+        "shards",
+        help="each Authority instance's last announcement and how many Groups it owns",
+        description="Read only. With heartbeats (MWP_REBALANCE_INTERVAL_S) a live shard announced itself "
+        "within a few rounds; 'retired' is a shard stopped gracefully. Exit codes: 0 read, 2 usage error, "
+        "3 the store cannot be read.",
+    )
+    for p in (s, u, sh):
         store_flags(p, authority_key=False)
-        p.add_argument("--service", action="append", help="only this schema line (repeatable; default: all)")
         p.add_argument("--json", action="store_true", help="one JSON document (for scripts)")
+    for p in (s, u):
+        p.add_argument("--service", action="append", help="only this schema line (repeatable; default: all)")
     u.add_argument(
         "--offline", action="store_true", help="also run migrations that need every service stopped"
     )
@@ -209,3 +246,4 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     s.set_defaults(func=cmd_status, ignores_contexts=True)
     u.set_defaults(func=cmd_upgrade, ignores_contexts=True)
+    sh.set_defaults(func=cmd_shards, ignores_contexts=True)

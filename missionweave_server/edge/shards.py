@@ -4,9 +4,10 @@ Placement is rendezvous hashing of the Group id over the shards' addresses (stab
 losing a shard moves only the Groups it gains or held). A Group stays with whichever shard holds its
 ownership lease, so the hashed shard may not be the owner: it answers ``NOT_OWNER`` naming the
 owner's address, the call is retried there once, and the placement is remembered. A shard that
-does not answer is skipped for the next one in the Group's order (which takes the Group over once
-the dead shard's lease has lapsed). Callers build the generated stubs on this channel and never see
-any of it.
+is down, or gives no answer within ``ANSWER_S`` (a hung process: alive to TCP, answering nothing),
+is skipped for the next one in the Group's order (which takes the Group over once the silent shard's
+lease has lapsed); a silent shard is tried last for ``ANSWER_S``. Callers build the generated stubs on
+this channel and never see any of it.
 
 Calls carry either messages (stubs) or raw bytes (the front door): bytes are parsed with the
 method's request type to find the Group, and answers go back as bytes.
@@ -18,6 +19,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -37,6 +39,10 @@ from missionweave_server.edge.status import owner_unreachable, peer_unavailable,
 log = logging.getLogger("missionweave.shards")
 
 PLACEMENT_CACHE = 100_000
+# How long one shard may take to answer one unary call before the next in the Group's order is asked
+# (D289). A healthy shard answers a command in milliseconds; the outcome of a call given up on is
+# unknown, and the caller's retry with the same command id is answered as the first (D6).
+ANSWER_S = 5.0
 _BATCH = "/missionweave.v1.AuthorityService/ExecuteCommandBatch"
 _COMMAND = "/missionweave.v1.AuthorityService/ExecuteCommand"
 
@@ -78,20 +84,33 @@ def _misplaced(answer: authority_service_pb2.ExecuteCommandStreamResponse) -> bo
 
 
 class ShardedChannel:
-    def __init__(self, addresses: Sequence[str], channel_for: Callable[[str], Any]) -> None:
+    def __init__(
+        self, addresses: Sequence[str], channel_for: Callable[[str], Any], answer_s: float = ANSWER_S
+    ) -> None:
         if not addresses:
             raise ValueError("at least one shard address")
         self.addresses = list(addresses)
         self._channel_for = channel_for
         self._owners: OrderedDict[str, str] = OrderedDict()
+        self.answer_s = answer_s
+        self._silent: dict[str, float] = {}  # shard -> until when it is tried last (monotonic)
 
     # ------------------------------------------------------------ placement
 
     def order(self, group_id: str) -> list[str]:
-        """Where to try a Group's call: its known owner first, then its rendezvous order."""
+        """Where to try a Group's call: its known owner first, then its rendezvous order; a shard
+        that recently gave no answer after the others."""
         ranked = rendezvous(group_id, self.addresses) if group_id else list(self.addresses)
         owner = self._owners.get(group_id)
-        return [owner, *(a for a in ranked if a != owner)] if owner else ranked
+        placed = [owner, *(a for a in ranked if a != owner)] if owner else ranked
+        return sorted(placed, key=self._is_silent)  # stable: the order stands within each part
+
+    def _is_silent(self, address: str) -> bool:
+        until = self._silent.get(address)
+        if until is not None and until <= time.monotonic():
+            del self._silent[address]
+            return False
+        return until is not None
 
     def _remember(self, group_id: str, address: str) -> None:
         if not group_id:
@@ -106,6 +125,8 @@ class ShardedChannel:
         tried: set[str] = set()
         unanswered: set[str] = set()  # shards whose call ended without an answer: it may have run
         queue = self.order(group_id)
+        timeout = kw.pop("timeout", None)
+        deadline = None if timeout is None else time.monotonic() + timeout
         last: grpc.aio.AioRpcError | None = None
         while queue:
             address = queue.pop(0)
@@ -115,16 +136,18 @@ class ShardedChannel:
             call = self._channel_for(address).unary_unary(
                 method, type(request).SerializeToString, answer_type.FromString
             )
+            attempt_s = self.answer_s if deadline is None else min(self.answer_s, deadline - time.monotonic())
             try:
-                answer: Message = await call(request, **kw)
+                answer: Message = await call(request, timeout=max(attempt_s, 0.0), **kw)
             except grpc.aio.AioRpcError as err:
                 last = err
                 rejection = rejection_from_rpc_error(err)
                 if rejection is not None and rejection.reason == R.REJECTION_REASON_NOT_OWNER:
                     owner = rejection.metadata.get("owner_address", "")
-                    if owner in unanswered:
-                        # The owner got the request and did not answer: it may have written the
-                        # command. NOT_OWNER would say nothing was written; the outcome is unknown.
+                    if owner in unanswered or (owner not in tried and self._is_silent(owner)):
+                        # The owner got the request, or another lately, and did not answer: it may
+                        # have written the command. NOT_OWNER would say nothing was written; the
+                        # outcome is unknown, and the caller retries once the Group has moved.
                         log.info(
                             "a Group's owning shard did not answer",
                             extra={"group_id": group_id, "owner_address": owner, "method": method},
@@ -137,9 +160,18 @@ class ShardedChannel:
                     grpc.StatusCode.UNAVAILABLE,
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                 ):
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise  # the caller's own deadline, not the shard's silence
                     unanswered.add(address)
-                    continue  # that shard is down: the next in the Group's order
+                    if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        self._silent[address] = time.monotonic() + self.answer_s
+                        log.warning(
+                            "an Authority shard gave no answer in time: asking the next",
+                            extra={"shard": address, "group_id": group_id, "method": method},
+                        )
+                    continue  # that shard is down or hung: the next in the Group's order
                 raise
+            self._silent.pop(address, None)
             self._remember(group_id, address)
             return answer
         assert last is not None

@@ -4,9 +4,9 @@ Groups move when a shard fails (its leases lapse and the next shard in each Grou
 takes them over), and nothing moved them back: after a restart or a pause a shard owned none, and
 after two takeovers every Group sat on one shard. Every ``interval`` seconds each Authority instance
 announces itself (its row in ``authority_instances``: the heartbeat), reads which instances
-announced within ``LIVE_ROUNDS`` rounds, and hands each Group it owns whose rendezvous order over
-the live instances' addresses (the order the shard router tries, edge/shards.py) starts elsewhere to
-that instance: at most ``BATCH`` per round, and only to an instance seen live in the round before
+announced within ``LIVE_ROUNDS`` rounds (a round is at most a third of the lease), and hands each
+Group it owns whose rendezvous order over the live instances' addresses (the order the shard router
+tries, edge/shards.py) starts elsewhere to that instance: at most ``BATCH`` per round, and only to an instance seen live in the round before
 too, so a shard that flaps does not pull Groups back and forth.
 
 With heartbeats, a Group whose lease lapsed while its owner is alive (idle) is not taken over
@@ -57,12 +57,13 @@ class Rebalancer:
         interval_s: float,
     ) -> None:
         self.store, self.hand_over, self.address, self.clock = store, hand_over, address, clock
-        self.interval_s = interval_s
+        # One window for both sides, never longer than the lease: an owner silent that long has its
+        # Groups taken over, and is not handed any (a stopped shard would be given back what was just
+        # taken). So the rounds run at least LIVE_ROUNDS times per lease.
+        self.interval_s = min(interval_s, store.ownership_ttl.total_seconds() / LIVE_ROUNDS)
+        self.alive_us = store.owner_alive_us = int(LIVE_ROUNDS * self.interval_s * 1_000_000)
         self._seen: set[str] = set()  # instances live in the previous round
         self.task: asyncio.Task[None] | None = None  # the rounds, once started
-        # Never longer than the lease: a silent owner's Groups are taken over no later than before.
-        alive_s = min(LIVE_ROUNDS * interval_s, store.ownership_ttl.total_seconds())
-        store.owner_alive_us = int(alive_s * 1_000_000)
 
     def start(self) -> asyncio.Task[None]:
         self.task = asyncio.create_task(self.run())
@@ -79,8 +80,7 @@ class Rebalancer:
     async def round(self) -> int:
         """One heartbeat and hand-back round: the number of Groups handed over."""
         await self.store.announce(self.address)
-        since = to_micros(self.clock.now()) - int(LIVE_ROUNDS * self.interval_s * 1_000_000)
-        live = await self.store.live_instances(since)
+        live = await self.store.live_instances(to_micros(self.clock.now()) - self.alive_us)
         steady = {i: a for i, a in live.items() if i in self._seen or i == self.store.instance_id}
         self._seen = set(live)
         if len(steady) < 2 or self.store.instance_id not in steady:
@@ -119,10 +119,8 @@ class Rebalancer:
         return moved
 
     async def _hand_all_over(self) -> int:
-        since = to_micros(self.clock.now()) - int(LIVE_ROUNDS * self.interval_s * 1_000_000)
-        others = {
-            i: a for i, a in (await self.store.live_instances(since)).items() if i != self.store.instance_id
-        }
+        live = await self.store.live_instances(to_micros(self.clock.now()) - self.alive_us)
+        others = {i: a for i, a in live.items() if i != self.store.instance_id}
         moved = 0
         if others:
             for group_id in await self.store.owned_groups():
