@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
 import grpc
 
 from missionweave.v1 import scheduling_service_pb2
+from missionweave_server.edge.handler_wrapping import CallScope, WrappingInterceptor
 from missionweave_server.observability import metrics
 
 log = logging.getLogger("missionweave.access")
@@ -80,32 +81,18 @@ class TokenBucket:
         return False
 
 
-class AccessLog(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class AccessLog(WrappingInterceptor):
     """Times, counts and logs every RPC of the server (see the module's docstring). ``rate`` lines a
     second (bursts of twice that); 0 writes no access log (the metrics are still counted)."""
 
     def __init__(self, rate: float) -> None:
+        super().__init__()
         self.rate = rate
         self.bucket = TokenBucket(rate, 2 * rate)
         self.suppressed = 0
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        path: str = handler_call_details.method  # type: ignore[attr-defined]
-        cached = self._wrapped.get(path)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(path, handler)
-        if len(self._wrapped) < 10_000:  # paths of served methods, a bounded set; this is only a guard
-            self._wrapped[path] = (handler, wrapped)
-        return wrapped
+    def scope(self, path: str, context: Any) -> CallScope:
+        return _Logged(self, path, context)
 
     def finished(
         self,
@@ -139,54 +126,27 @@ class AccessLog(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             self.suppressed = 0
         log.log(level, "rpc", extra=extra)
 
-    def _wrap(self, path: str, handler: Any) -> grpc.RpcMethodHandler:
-        finished = self.finished
-        kwargs = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        inner: Any
-        if handler.unary_unary is not None or handler.stream_unary is not None:
-            streaming_request = handler.unary_unary is None
-            inner = handler.stream_unary if streaming_request else handler.unary_unary
 
-            async def unary_response(request: Any, context: Any) -> Any:
-                call = _Call()
-                _CURRENT.set(call)
-                started = time.perf_counter()
-                try:
-                    response = await inner(request, context)
-                except BaseException as failure:
-                    finished(path, call, context, started, failure)
-                    raise
-                finished(path, call, context, started, None, response)
-                return response
+class _Logged(CallScope):
+    """One call, from its handler's start to its end: its caller (``note_caller``) and its time."""
 
-            if streaming_request:
-                return grpc.stream_unary_rpc_method_handler(unary_response, **kwargs)
-            return grpc.unary_unary_rpc_method_handler(unary_response, **kwargs)
-        streaming_request = handler.unary_stream is None
-        inner = handler.stream_stream if streaming_request else handler.unary_stream
+    __slots__ = ("access", "call", "context", "path", "started_at")
 
-        async def stream_response(request: Any, context: Any) -> AsyncIterator[Any]:
-            call = _Call()
-            _CURRENT.set(call)
-            started = time.perf_counter()
-            try:
-                answers = inner(request, context)
-                if hasattr(answers, "__aiter__"):
-                    async for answer in answers:
-                        yield answer
-                else:  # a handler that writes its answers itself (context.write) and returns
-                    await answers
-            except BaseException as failure:
-                finished(path, call, context, started, failure)
-                raise
-            finished(path, call, context, started, None)
+    def __init__(self, access: AccessLog, path: str, context: Any) -> None:
+        super().__init__()
+        self.access = access
+        self.path = path
+        self.context = context
+        self.call = _Call()
+        self.started_at = 0.0
 
-        if streaming_request:
-            return grpc.stream_stream_rpc_method_handler(stream_response, **kwargs)
-        return grpc.unary_stream_rpc_method_handler(stream_response, **kwargs)
+    async def started(self) -> None:
+        _CURRENT.set(self.call)
+        self.started_at = time.perf_counter()
+
+    async def ended(self, failure: BaseException | None) -> bool:
+        self.access.finished(self.path, self.call, self.context, self.started_at, failure, self.answer)
+        return False
 
 
 def _code_of(context: Any, failure: BaseException | None) -> str:

@@ -12,7 +12,6 @@ Unary calls are not touched: commands in flight still complete within the grace 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -22,6 +21,7 @@ from grpc_status import rpc_status
 
 from missionweave.kernel.errors import DOMAIN
 from missionweave.kernel.rejections import SHUTTING_DOWN
+from missionweave_server.edge.handler_wrapping import CallScope, WrappingInterceptor
 
 MESSAGE = "the server is shutting down: reconnect (to another replica, or here once restarted) and resume"
 # Unary methods that wait for something to happen (long polls): ended like streams at shutdown.
@@ -34,30 +34,19 @@ def shutting_down_status() -> grpc.Status:
     return rpc_status.to_status(status_pb2.Status(code=code_pb2.UNAVAILABLE, message=MESSAGE, details=[info]))
 
 
-class GoingAway(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class GoingAway(WrappingInterceptor):
     """Tracks the tasks of the server's streaming and long-poll calls so shutdown can end them."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.ending = False
         self._calls: set[asyncio.Task[Any]] = set()
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(handler_call_details)
-        path: str = handler_call_details.method  # type: ignore[attr-defined]
-        if handler is None or not (handler.unary_stream or handler.stream_stream or path in LONG_POLLS):
-            return handler
-        cached = self._wrapped.get(path)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(handler)
-        if len(self._wrapped) < 10_000:  # served paths, a bounded set; this is only a guard
-            self._wrapped[path] = (handler, wrapped)
-        return wrapped
+    def wraps(self, path: str, handler: grpc.RpcMethodHandler) -> bool:
+        return bool(handler.unary_stream or handler.stream_stream or path in LONG_POLLS)
+
+    def scope(self, path: str, context: Any) -> CallScope:
+        return _Tracked(self, context)
 
     async def end_streams(self, wait_s: float = 2.0) -> None:
         """Ends every tracked call now, and refuses the ones that start from now on. Waits (at most
@@ -80,56 +69,30 @@ class GoingAway(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         task.uncancel()
         return True
 
-    def _wrap(self, handler: Any) -> grpc.RpcMethodHandler:
-        kwargs = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        calls = self._calls
 
-        if handler.unary_unary is not None:  # a long poll
-            inner_unary = handler.unary_unary
+class _Tracked(CallScope):
+    """One stream or long poll: refused once shutdown has begun, else tracked while it runs; ended by
+    ``end_streams``, it answers SHUTTING_DOWN instead of the cancellation."""
 
-            async def long_poll(request: Any, context: Any) -> Any:
-                if self.ending:
-                    await self._refuse(context)
-                task = asyncio.current_task()
-                assert task is not None
-                calls.add(task)
-                try:
-                    return await inner_unary(request, context)
-                except asyncio.CancelledError:
-                    if not self._ended_by_us(task):
-                        raise
-                finally:
-                    calls.discard(task)
-                await self._refuse(context)
+    __slots__ = ("context", "going_away", "task")
 
-            return grpc.unary_unary_rpc_method_handler(long_poll, **kwargs)
+    def __init__(self, going_away: GoingAway, context: Any) -> None:
+        super().__init__()
+        self.going_away = going_away
+        self.context = context
 
-        inner = handler.stream_stream or handler.unary_stream
+    async def started(self) -> None:
+        if self.going_away.ending:
+            await self.going_away._refuse(self.context)
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        self.going_away._calls.add(task)
 
-        async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            if self.ending:
-                await self._refuse(context)
-            task = asyncio.current_task()
-            assert task is not None
-            calls.add(task)
-            try:
-                answers = inner(request, context)
-                if hasattr(answers, "__aiter__"):
-                    async for answer in answers:
-                        yield answer
-                else:  # a handler that writes its answers itself (context.write) and returns
-                    await answers
-                return
-            except asyncio.CancelledError:
-                if not self._ended_by_us(task):
-                    raise
-            finally:
-                calls.discard(task)
-            await self._refuse(context)
-
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(stream, **kwargs)
-        return grpc.unary_stream_rpc_method_handler(stream, **kwargs)
+    async def ended(self, failure: BaseException | None) -> bool:
+        ended_by_us = isinstance(failure, asyncio.CancelledError) and self.going_away._ended_by_us(self.task)
+        self.going_away._calls.discard(self.task)
+        if not ended_by_us:
+            return False
+        await self.going_away._refuse(self.context)  # raises: the call ends with that status
+        return True

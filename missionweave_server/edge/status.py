@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -21,6 +21,7 @@ from grpc_status import rpc_status
 
 from missionweave.kernel.errors import DOMAIN, R, Rejected
 from missionweave.kernel.logs import RateLimitedLog
+from missionweave_server.edge.handler_wrapping import WrappingInterceptor
 from missionweave_server.observability import metrics
 
 # Re-exported for the importers of its old place; clients import it from missionweave.kernel.rejections.
@@ -261,7 +262,7 @@ async def _parsed(rpc: str, parse: Callable[[bytes], Any], raw: AsyncIterator[by
         yield parse_request(rpc, parse, message)
 
 
-class RequestParsing(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class RequestParsing(WrappingInterceptor):
     """Every request message is parsed here rather than by gRPC, for every RPC of the server.
 
     gRPC parses a request before the servicer runs; a request that does not parse never reaches it,
@@ -279,24 +280,14 @@ class RequestParsing(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """
 
     def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        super().__init__()
         quiet_calls_ended_by_the_client()
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None:
-            return handler
-        path: str = handler_call_details.method  # type: ignore[attr-defined]
-        cached = self._wrapped.get(path)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = _parsing_handler(path, handler)
-        self._wrapped[path] = (handler, wrapped)
-        return wrapped
+    def wraps(self, path: str, handler: grpc.RpcMethodHandler) -> bool:
+        return handler.request_deserializer is not None
+
+    def wrap(self, path: str, handler: Any) -> grpc.RpcMethodHandler:
+        return _parsing_handler(path, handler)
 
 
 _GRPC_CORE_LOG = "grpc._cython.cygrpc"
