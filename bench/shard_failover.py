@@ -12,6 +12,12 @@ restarting a process that dies, as Kubernetes restarts a pod), --groups Groups, 
    launcher starts it again.
 3. pause: SIGSTOP for twice the lease (a hung or partitioned shard), then SIGCONT.
 
+Then the shard count changes under load (every Group gets a command every 100 ms, each sent until
+acknowledged): a shard is added beside the running ones (the environment of authority-0 with a new
+instance id and address, as an operator adds an ordinal), and removed again with SIGTERM. Printed:
+the seconds until the Groups its placement gives it are on it (and back on the others), and the
+command latency of the Groups that moved against the Groups that did not, in the same run.
+
 At the fault, one signed command per Group of the failed shard is sent through the front door and
 sent again (same command id) every 100 ms until acknowledged. Per Group: the seconds from the fault to
 the acknowledgement (the refusal window); the anchor is the ownership lease, the bound the design
@@ -34,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,9 +55,11 @@ from missionweave.kernel.rejections import rejection_from_rpc_error  # noqa: E40
 from missionweave.kernel.signing import read_key  # noqa: E402
 from missionweave.sdk.client import MeshClient, SessionSigner  # noqa: E402
 from missionweave.v1 import common_pb2  # noqa: E402
+from missionweave_server.edge.shards import rendezvous  # noqa: E402
 from tests import builders  # noqa: E402
 from tests.conftest import register, reset_database  # noqa: E402
-from tests.split_mesh import launch_split, wait_serving  # noqa: E402
+from tests.split_mesh import free_port, launch_split, wait_serving  # noqa: E402
+from tests.test_shard_count import start_shard  # noqa: E402
 from tests.test_shards import owners  # noqa: E402
 
 SPREAD_WAIT_S = 60.0
@@ -59,8 +68,10 @@ SPREAD_WAIT_S = 60.0
 class Launcher:
     """`mwp serve --topology split` with its stderr kept: the pid each shard runs as now."""
 
-    def __init__(self, process: asyncio.subprocess.Process, pids: dict[str, int]) -> None:
-        self.process, self.pids = process, pids
+    def __init__(
+        self, process: asyncio.subprocess.Process, pids: dict[str, int], addresses: dict[str, str]
+    ) -> None:
+        self.process, self.pids, self.addresses = process, pids, addresses
         self._drain = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -84,7 +95,9 @@ async def start(db_url: str, data: Path, shards: int, lease: float) -> tuple[Lau
         "MWP_OWNERSHIP_LEASE_S": str(lease),
     }
     process, target = await launch_split(data, db_url, shards, env)
-    return Launcher(process, await wait_serving(process)), target
+    addresses: dict[str, str] = {}
+    pids = await wait_serving(process, addresses=addresses)
+    return Launcher(process, pids, addresses), target
 
 
 async def send_until_acknowledged(
@@ -136,6 +149,7 @@ async def run(db_url: str, shards: int, groups: int, lease: float) -> None:
             print(f"{shards} shards on PostgreSQL, {groups} Groups, ownership lease {lease:g} s")
             for fault in ("kill", "term", "pause"):
                 await one_fault(fault, client, owner, conversations, launcher, db_url, shards, lease)
+            await one_change(client, owner, conversations, launcher, db_url, shards)
         finally:
             await client.channel.close()
             await launcher.stop()
@@ -189,6 +203,92 @@ async def one_fault(
     back = f"all back in {spread_s:.1f} s" if later == placed else f"not all back after {SPREAD_WAIT_S:g} s"
     print(f"  Groups per shard: before {spread(placed, shards)}; after the windows {spread(after, shards)}; "
           f"then {spread(later, shards)} ({back}, measured from the last acknowledgement)")  # fmt: skip
+
+
+class Timed:
+    """Every Group gets one command after another; each command's latency (sent until acknowledged)."""
+
+    def __init__(self, client: MeshClient, post: Callable[[str, str], common_pb2.SignedEnvelope]) -> None:
+        self.latencies: dict[str, list[float]] = {}
+        self.phase = "before"
+        self.refusals: dict[str, Counter[str]] = {}  # by phase
+        self._stop = asyncio.Event()
+        self._client, self._post = client, post
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, groups: list[str]) -> None:
+        self._tasks = [asyncio.create_task(self._one(g)) for g in groups]
+
+    async def _one(self, group: str) -> None:
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            t0 = time.monotonic()
+            refused = self.refusals.setdefault(self.phase, Counter())
+            await send_until_acknowledged(self._client, self._post(group, f"load {n}"), t0, refused)
+            self.latencies.setdefault(group, []).append(time.monotonic() - t0)
+            await asyncio.sleep(0.1)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+    def worst_ms(self, groups: list[str]) -> str:
+        values = [v for g in groups for v in self.latencies.get(g, [])]
+        return f"median {statistics.median(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms"
+
+
+async def one_change(
+    client: MeshClient,
+    owner: SessionSigner,
+    conversations: dict[str, str],
+    launcher: Launcher,
+    db_url: str,
+    shards: int,
+) -> None:
+    def post(group: str, text: str) -> common_pb2.SignedEnvelope:
+        body = builders.message(conversations[group], text)
+        return owner.sign(owner.command(group, "message_post", body, membership_epoch=1))
+
+    groups = list(conversations)
+    by_address = {
+        address: name for name, address in launcher.addresses.items() if name.startswith("authority-")
+    }
+    name, address = f"authority-{shards}", f"127.0.0.1:{free_port()}"
+    grown = {**by_address, address: name}
+    on_more = {g: grown[rendezvous(g, list(grown))[0]] for g in groups}
+    moving = [g for g in groups if on_more[g] == name]
+    staying = [g for g in groups if g not in moving]
+    before = await owners(db_url)
+    load = Timed(client, post)
+    load.start(groups)
+    await asyncio.sleep(2)
+    t0 = time.monotonic()
+    load.phase = "while added"
+    added = await start_shard(launcher.pids["authority-0"], name, address)
+    moved_s = await settled(db_url, on_more, t0)
+    await asyncio.sleep(2)
+    t1 = time.monotonic()
+    load.phase = "while removed"
+    added.send_signal(signal.SIGTERM)
+    await added.wait()
+    back_s = await settled(db_url, before, t1)
+    await asyncio.sleep(1)
+    await load.stop()
+    refused = {phase: dict(c) for phase, c in load.refusals.items() if c}
+    print(f"\nadd and remove: {name} joined {shards} shards under load ({len(groups)} Groups, one command "
+          f"per Group every 100 ms); its placement gives it {len(moving)}")  # fmt: skip
+    print(f"  on it {moved_s:.1f} s after its start; back on the others {back_s:.1f} s after its SIGTERM")
+    print(f"  command latency, Groups that moved: {load.worst_ms(moving)}; anchor, Groups that stayed: "
+          f"{load.worst_ms(staying)}; refusals seen: {refused or 'none'}")  # fmt: skip
+
+
+async def settled(db_url: str, expected: dict[str, str], t0: float) -> float:
+    """Seconds from ``t0`` until the Groups' owners are ``expected`` (or SPREAD_WAIT_S)."""
+    while True:
+        if await owners(db_url) == expected or time.monotonic() - t0 >= SPREAD_WAIT_S:
+            return time.monotonic() - t0
+        await asyncio.sleep(0.1)
 
 
 def main() -> None:

@@ -3,6 +3,8 @@ and when it holds back. Live hand-over under load is tests/test_shards.py."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,26 @@ async def test_a_drain_hands_every_owned_group_to_its_preferred_other_instance()
     # (one round later) hands over again what is still recorded as its own here.
     assert await balancer.drain() == 60 and store.retired
     assert handed == 2 * [(g, preferred(g, others)) for g in GROUPS[:30]]
+
+
+async def test_a_drain_looks_again_as_soon_as_every_other_instance_has_retired() -> None:
+    """The whole mesh stopping at once: once the others have retired (their last rounds done), no
+    Group can be handed here any more, so the drain need not wait out its round."""
+    store = FakeStore("a", GROUPS[:30], dict(ADDRESSES))
+    handed: list[tuple[str, str]] = []
+    balancer = rebalancer(store, handed)
+    balancer.interval_s = 30.0  # a look-again after min(the round, DRAIN_RECHECK_S = 5 s)
+
+    async def others_retire() -> None:
+        await asyncio.sleep(0.3)
+        store.live = {}
+
+    retiring = asyncio.create_task(others_retire())
+    started = time.monotonic()
+    await balancer.drain()
+    await retiring
+    assert time.monotonic() - started < rebalance.DRAIN_RECHECK_S / 2
+    assert handed[:30] == [(g, preferred(g, {"b": ADDRESSES["b"], "c": ADDRESSES["c"]})) for g in GROUPS[:30]]
 
 
 async def test_a_drain_with_no_other_instance_alive_keeps_the_groups() -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from missionweave.kernel.clock import Clock, to_micros
@@ -39,6 +40,7 @@ log = logging.getLogger("missionweave.rebalance")
 LIVE_ROUNDS = 3  # an instance is up while it announced within this many rounds
 BATCH = 64  # Groups one instance hands over per round: a restarted shard fills up over a few rounds
 DRAIN_RECHECK_S = 5.0  # a draining instance looks again for Groups handed to it meanwhile, after a round
+DRAIN_POLL_S = 0.2  # ... or sooner: how often it checks whether any other instance is still alive
 
 
 def preferred(group_id: str, live: dict[str, str]) -> str:
@@ -113,10 +115,21 @@ class Rebalancer:
         await self.store.retire()
         moved = await self._hand_all_over()
         if moved:
-            await asyncio.sleep(min(self.interval_s, DRAIN_RECHECK_S))
+            await self._others_settle(min(self.interval_s, DRAIN_RECHECK_S))
             moved += await self._hand_all_over()
         log.info("handed this shard's Groups to the others before stopping", extra={"groups": moved})
         return moved
+
+    async def _others_settle(self, limit_s: float) -> None:
+        """Waits a round (``limit_s``) for another instance's round that had not yet seen the
+        retirement, or less once no other instance is alive: a retired one ran its last round before
+        it retired, so nobody can hand this one a Group any more (the whole mesh stopping at once)."""
+        until = time.monotonic() + limit_s
+        while time.monotonic() < until:
+            await asyncio.sleep(min(DRAIN_POLL_S, max(0.0, until - time.monotonic())))
+            live = await self.store.live_instances(to_micros(self.clock.now()) - self.alive_us)
+            if not set(live) - {self.store.instance_id}:
+                return
 
     async def _hand_all_over(self) -> int:
         live = await self.store.live_instances(to_micros(self.clock.now()) - self.alive_us)
