@@ -37,6 +37,17 @@ def tls_records(log: Path) -> list[dict[str, object]]:
 
 @pytest.fixture
 def mtls_serve(tmp_path: Path, pki: Pki) -> Iterator[tuple[str, Path, subprocess.Popen[bytes]]]:
+    yield from serve_with_mtls(tmp_path, pki, {})
+
+
+@pytest.fixture
+def mtls_serve_text(tmp_path: Path, pki: Pki) -> Iterator[tuple[str, Path, subprocess.Popen[bytes]]]:
+    yield from serve_with_mtls(tmp_path, pki, {"MWP_LOG_FORMAT": "text"})
+
+
+def serve_with_mtls(
+    tmp_path: Path, pki: Pki, extra: dict[str, str]
+) -> Iterator[tuple[str, Path, subprocess.Popen[bytes]]]:
     cert, key = pki.issue("server", hosts=("127.0.0.1", "localhost"), service="gateway")
     port, log = free_port(), tmp_path / "serve.log"
     env = {
@@ -49,6 +60,7 @@ def mtls_serve(tmp_path: Path, pki: Pki) -> Iterator[tuple[str, Path, subprocess
         "MWP_TLS_CERT": str(cert),
         "MWP_TLS_KEY": str(key),
         "MWP_TLS_CLIENT_CA": str(pki.ca_file),
+        **extra,
     }
     with log.open("wb") as sink:
         proc = subprocess.Popen(
@@ -125,6 +137,38 @@ async def test_each_refused_handshake_is_logged_with_its_reason_and_a_burst_in_f
     counted = len(not_tls) + sum(int(r.get("suppressed", 0)) for r in not_tls)  # type: ignore[call-overload]
     assert counted >= 51, not_tls
     assert not any(r.get("logger") == "grpc.core" for r in map(json.loads, _json_lines(log)))
+
+
+async def test_with_text_logs_a_refused_handshake_is_one_text_line_with_its_reason(
+    mtls_serve_text: tuple[str, Path, subprocess.Popen[bytes]], pki: Pki
+) -> None:
+    target, log, proc = mtls_serve_text
+    cert, key = pki.issue("alice")
+    trusted = grpc.ssl_channel_credentials(pki.ca_file.read_bytes(), key.read_bytes(), cert.read_bytes())
+
+    async def serving() -> bool:
+        return await health(target, trusted) == grpc.StatusCode.OK
+
+    await polled(serving, limit_s=60, every_s=0.3)
+    assert await health(target, None) == grpc.StatusCode.UNAVAILABLE  # plain text to a TLS port
+
+    async def logged_as_text() -> bool:
+        return any(" WARNING missionweave.tls: " in line and "reason=not_tls" in line for line in lines())
+
+    def lines() -> list[str]:
+        return log.read_text().splitlines()
+
+    await polled(logged_as_text, limit_s=20, every_s=0.2)
+    (line,) = [line for line in lines() if "reason=not_tls" in line]
+    assert "peer=127.0.0.1:" in line, line
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(proc.wait, 60) == 0
+    # Neither JSON nor the core's raw trace among the lines: the operator's text log only.
+    assert not [line for line in lines() if line.startswith("{") or handshakes_trace_line(line)], lines()
+
+
+def handshakes_trace_line(line: str) -> bool:
+    return line[:1] in "IWEF" and line[1:5].isdigit() and "]" in line
 
 
 def _json_lines(log: Path) -> list[str]:

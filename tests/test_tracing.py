@@ -382,6 +382,20 @@ def test_log_records_made_inside_a_span_carry_its_ids_in_both_formats(spans: InM
     assert logs.TextFormatter().format(inside).endswith(f"hello trace_id={trace_id} span_id={span_id}")
 
 
+def test_with_text_logs_the_relay_writes_core_lines_as_the_text_log_does_and_passes_the_rest() -> None:
+    from missionweave.kernel import logs
+
+    text = stderr_relay.as_text(Path(logs.__file__))
+    core = stderr_relay.record(
+        "E1202 01:13:19.316968   26595 add_port.cc:83] Failed to add port", render=text
+    )
+    assert core.endswith(" ERROR grpc.core: Failed to add port source=add_port.cc:83 core_thread=26595"), core
+    own = "2026-12-07 07:00:00,000 INFO missionweave.mesh: mesh listening listen=127.0.0.1:1"
+    assert stderr_relay.record(own, render=text) == own  # a text record of the server's own: as it is
+    crash = "Fatal Python error: Segmentation fault"
+    assert stderr_relay.record(crash, render=text) == crash
+
+
 def test_the_relay_wraps_core_lines_and_passes_json_through() -> None:
     core = stderr_relay.record("E1202 01:13:19.316968   26595 add_port.cc:83] Failed to add port to server")
     assert {k: v for k, v in json.loads(core).items() if k != "ts"} == {

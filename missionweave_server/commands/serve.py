@@ -48,8 +48,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except DataDirHeld as held:
         print(f"mwp serve: {held}", file=sys.stderr)
         return 1
-    if settings.log_format == "json":
-        grpc_core.route_grpc_core()  # before gRPC starts: its C core's own lines become JSON records too
+    # Before gRPC starts: its C core's lines become records too, in either log format.
+    grpc_core.route_grpc_core(settings.log_format)
     logs.configure(settings.log_level, settings.log_format, tracing.TraceIds())
     if settings.malloc_tuning:
         tune_allocator()

@@ -1,4 +1,4 @@
-"""gRPC's C-core output in a server's JSON log: it writes to file descriptor 2 on its own, bypassing
+"""gRPC's C-core output in a server's log: it writes to file descriptor 2 on its own, bypassing
 Python, so descriptor 2 becomes a pipe to a relay process (stderr_relay.py) that rewrites each line."""
 
 from __future__ import annotations
@@ -9,16 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from missionweave.kernel import logs
+
 # The relay of route_grpc_core and the descriptor of the stderr it writes to, once started.
 _relay: subprocess.Popen[bytes] | None = None
 _original_stderr = -1
 
 
-def route_grpc_core() -> None:
+def route_grpc_core(log_format: str = "json") -> None:
     """Server processes: gRPC's C core writes its lines (absl format) to file descriptor 2 itself,
     bypassing Python. From now on descriptor 2 is a pipe to a small relay process that writes each
-    line to the real stderr as a JSON record (logger ``grpc.core``; JSON lines, such as the child
-    processes' own records, pass unchanged). Python's own output (this log, ``print`` to stderr,
+    line to the real stderr as a record (logger ``grpc.core``) in ``log_format``, JSON or text (JSON
+    lines, such as the child processes' own records, pass unchanged; in text, every other line). Python's own output (this log, ``print`` to stderr,
     tracebacks) goes straight to the real stderr through a duplicate of it. The relay is a process,
     not a thread, so a crash's last lines still come out: it drains the pipe until every writer has
     gone. Call before gRPC starts (its first server or channel) and before ``configure``."""
@@ -28,8 +30,9 @@ def route_grpc_core() -> None:
     sys.stderr.flush()
     _original_stderr = os.dup(2)
     read_end, write_end = os.pipe()
+    text = [] if log_format == "json" else ["--text", str(Path(logs.__file__))]
     _relay = subprocess.Popen(
-        [sys.executable, "-I", "-S", str(Path(__file__).with_name("stderr_relay.py"))],
+        [sys.executable, "-I", "-S", str(Path(__file__).with_name("stderr_relay.py")), *text],
         stdin=read_end,
         stdout=_original_stderr,
         stderr=_original_stderr,
