@@ -27,11 +27,14 @@ def serve_env(**extra: str) -> dict[str, str]:
     }
 
 
-async def serve(*args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+async def serve(
+    *args: str, env: dict[str, str], module: str = "missionweave.cli"
+) -> asyncio.subprocess.Process:
+    """`mwp serve *args`; ``module`` another runner of the CLI (tests/port_race.py)."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "missionweave.cli",
+        module,
         "serve",
         *args,
         env=env,
@@ -71,11 +74,20 @@ async def stop(process: asyncio.subprocess.Process) -> None:
 
 def group_running(pid: int) -> list[int]:
     """The processes of the session ``pid`` led that still run (zombies left to init do not)."""
+    return _running(pid, field=2)
+
+
+def children_running(pid: int) -> list[int]:
+    """The processes ``pid`` started that still run."""
+    return _running(pid, field=1)
+
+
+def _running(pid: int, *, field: int) -> list[int]:
     running = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError):
             fields = stat.read_text().rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
-            if int(fields[2]) == pid and fields[0] != "Z":
+            if int(fields[field]) == pid and fields[0] != "Z":
                 running.append(int(stat.parent.name))
     return running
 

@@ -1,13 +1,16 @@
 """Start-up and logs that tell the truth (issue 45): every port `mwp serve` was asked to serve either
 serves or ends the start-up in one line naming it, with nothing left running (one process and the
-split topology); text logs keep the records' fields; an idle Worker's empty long polls are not
-logged at info level."""
+split topology), also when it is taken between its check and its bind; text logs keep the records'
+fields; an idle Worker's empty long polls are not logged at info level."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 import re
+import signal
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,11 +18,27 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import duration_pb2
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from missionweave.kernel import logs
 from missionweave.v1 import scheduling_service_pb2 as sp
+from missionweave_server.config import Settings
+from missionweave_server.edge.channels import ListenError
+from missionweave_server.mesh import ports, server
+from missionweave_server.mesh.database import open_database
 from tests.conftest import World
-from tests.serve_process import read_until, refuses, serve, serve_env, stop, wait_group_gone
+from tests.port_race import first_check_passes
+from tests.serve_process import (
+    children_running,
+    logged,
+    read_until,
+    refuses,
+    serve,
+    serve_env,
+    stop,
+    wait_group_gone,
+)
 from tests.split_mesh import free_port
 from tests.test_missions import G
 from tests.test_scheduling_service import Schedulers
@@ -37,10 +56,19 @@ def taken_port() -> Iterator[int]:
         yield int(other.getsockname()[1])
 
 
-async def ended(*args: str, env: dict[str, str]) -> tuple[int, list[str], int]:
-    """`mwp serve *args` run to its end: its exit code, its stderr lines and its pid."""
-    process = await serve(*args, env=env)
-    _, err = await process.communicate()
+async def ended(
+    *args: str, env: dict[str, str], module: str = "missionweave.cli", within_s: float = 60
+) -> tuple[int, list[str], int]:
+    """`mwp serve *args` run to its end: its exit code, its stderr lines and its pid. One still
+    running after ``within_s`` is killed (its session) and fails the test."""
+    process = await serve(*args, env=env, module=module)
+    try:
+        async with asyncio.timeout(within_s):
+            _, err = await process.communicate()
+    except TimeoutError:
+        os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
+        raise AssertionError(f"mwp serve {' '.join(args)} still ran after {within_s} s") from None
     return await process.wait(), err.decode().splitlines(), process.pid
 
 
@@ -59,6 +87,73 @@ async def test_serve_with_its_metrics_port_taken_ends_in_one_line_naming_it(tmp_
     wait_group_gone(pid)  # nothing of it left running (its session), its gRPC port never served
     assert refuses(listen)
     assert not list((tmp_path / "data").glob("*.db*"))  # refused before the database was opened
+
+
+@pytest.mark.parametrize(
+    ("flag", "role", "moved_by"),
+    [
+        ("--listen", "gRPC", "--listen or MWP_LISTEN"),
+        ("--health-listen", "health", "--health-listen or MWP_HEALTH_LISTEN, '' for none"),
+        ("--console-listen", "console", "--console-listen, or --no-console for none"),
+    ],
+)
+async def test_serve_whose_port_is_taken_after_its_check_stops_and_ends_in_one_line_naming_it(
+    tmp_path: Path, flag: str, role: str, moved_by: str
+) -> None:
+    # The database and the Authority have started when the bind fails (the console's: after the
+    # gRPC server started too); the process used to hang there, its children with it.
+    data = str(tmp_path / "data")
+    listen = free_port()
+    with taken_port() as taken:
+        asked = {"--listen": f"127.0.0.1:{listen}", flag: f"127.0.0.1:{taken}"}
+        code, lines, pid = await ended(
+            *(word for pair in asked.items() for word in pair), "--data-dir", data,
+            env=serve_env(), module="tests.port_race", within_s=20,
+        )  # fmt: skip
+    assert code == 1, lines
+    assert lines[-1] == (
+        f"mwp serve: port 127.0.0.1:{taken} ({role}) is in use: another server listens there; "
+        f"give it another address ({moved_by})"
+    )
+    assert [line for line in lines if line.startswith("mwp serve:")] == lines[-1:]
+    wait_group_gone(pid)  # the store's writer process and the stderr relay with it
+    assert refuses(listen)
+    # Nothing holds the data directory (its lock, the store): the next start on it serves.
+    again = await serve("--listen", f"127.0.0.1:{listen}", "--data-dir", data, env=serve_env())
+    try:
+        await read_until(again, logged("mesh listening"))
+    finally:
+        await stop(again)
+
+
+async def test_start_whose_grpc_port_is_taken_after_its_check_stops_what_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ports, "check_port_free", first_check_passes())
+    disposed: list[AsyncEngine] = []
+    engines: list[AsyncEngine] = []
+
+    async def watched(settings: Settings, shared_nonces: bool) -> AsyncEngine:
+        engine = await open_database(settings, shared_nonces)
+        event.listen(engine.sync_engine, "engine_disposed", lambda _: disposed.append(engine))
+        engines.append(engine)
+        return engine
+
+    monkeypatch.setattr(server, "open_database", watched)
+    tasks, children = asyncio.all_tasks(), children_running(os.getpid())
+    with taken_port() as taken:
+        settings = Settings(listen=f"127.0.0.1:{taken}", data_dir=tmp_path / "data", verify_workers=0)
+        with pytest.raises(ListenError, match=rf"^port 127\.0\.0\.1:{taken} \(gRPC\) is in use"):
+            async with asyncio.timeout(20):
+                await server.start(settings)
+    left = [t for t in asyncio.all_tasks() - tasks if not t.done()]  # the store's writer, the fence...
+    for task in left:  # cancelled now: the loop's close would wait forever for one spawning a process
+        task.cancel()
+    if left:
+        await asyncio.wait(left, timeout=5)
+    assert left == []
+    assert engines and disposed == engines
+    assert set(children_running(os.getpid())) <= set(children)  # the store's writer process has exited
 
 
 def _metrics_range_with_one_taken(children: int) -> tuple[int, socket.socket]:

@@ -165,11 +165,14 @@ def add_listener(
 ) -> int:
     """Binds ``server`` to ``address`` (TLS as ``tls`` says) and answers the port; see ``check_listen``."""
     check_listen(address, tls, insecure=insecure)
-    port = (
-        server.add_insecure_port(address)
-        if tls is None
-        else server.add_secure_port(address, tls.credentials())
-    )
+    try:
+        port = (
+            server.add_insecure_port(address)
+            if tls is None
+            else server.add_secure_port(address, tls.credentials())
+        )
+    except RuntimeError:  # a failed bind (some gRPC releases answer 0 instead); neither says why
+        port = 0
     if port == 0:
         raise OSError(f"cannot listen on {address}")
     return port

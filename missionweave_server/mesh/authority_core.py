@@ -38,7 +38,8 @@ async def authority_core(
     health: MeshHealth,
 ) -> tuple[EventStore, GroupAuthority, WitnessWriter]:
     """The Authority's store and core (only a process serving the Authority loads its key), and the
-    writer of its witness outside the store."""
+    writer of its witness outside the store. A refusal raises; ``server.start``'s stop of the
+    half-started mesh disposes of ``engine``."""
     signing_key = load_or_create_key(settings.authority_key_path)
     try:  # key continuity: refuses a key that is not the store's (docs/integrity.md)
         key_history = await ensure_key(engine, signing_key, clock)
@@ -47,13 +48,11 @@ async def authority_core(
             "the Authority key is refused",
             extra={"detail": str(refused), "key_file": str(settings.authority_key_path)},
         )
-        await engine.dispose()
         raise
     try:  # a whole store put back to an older copy (D173)
         await witness.check(engine, settings.witness_dir_path, key_history)
     except witness.StoreRolledBack as refused:
         log.error("the store is older than its witness", extra={"detail": str(refused)})
-        await engine.dispose()
         raise
     instance_id = settings.instance_id or ids.new_id("auth")
     writer = witness.WitnessWriter(

@@ -1,11 +1,13 @@
 """Every port a process was asked to serve, checked before anything starts (docs/operations.md
 "Start-up"): one in use ends the start-up in one line naming it, instead of a process that serves
 on without it. The gRPC listener is bound last, after these checks, so a failure leaves nothing
-listening; the checks themselves hold no port (see ``check_port_free``)."""
+listening; the checks themselves hold no port (see ``check_port_free``), so a port can still be
+taken before its bind: ``bound_as_checked`` then names it in the same line."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from missionweave_server.config import Settings
@@ -40,3 +42,15 @@ def check_ports(ports: Iterable[Port]) -> None:
             check_port_free(port.address, port.role)
         except ListenError as taken:
             raise ListenError(f"{taken}; give it another address ({port.moved_by})") from None
+
+
+@contextmanager
+def bound_as_checked(port: Port) -> Iterator[None]:
+    """Around the bind of ``port``'s listener: a bind failing because the port was taken since
+    ``check_ports`` raises the check's own error (the port, its role, how to move it) instead of the
+    listener's (gRPC's says only "cannot listen on ADDRESS")."""
+    try:
+        yield
+    except OSError:
+        check_ports([port])  # raises when a server now listens there
+        raise

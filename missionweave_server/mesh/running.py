@@ -82,6 +82,8 @@ class Mesh:
     rebalancer: Rebalancer | None = None
 
     async def stop(self, grace: float | None = None) -> None:
+        """Also the stop of a start-up that failed part-way (``server.start``): what had not started
+        is None, and the servers may never have been started."""
         grace = self.settings.grace_seconds if grace is None else grace
         for name in health_names(self.settings.services):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

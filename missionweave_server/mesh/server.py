@@ -39,7 +39,7 @@ from missionweave_server.mesh.front_door import FrontDoor, mirror_health
 from missionweave_server.mesh.grpc_server import grpc_server, health_listener
 from missionweave_server.mesh.health import MeshHealth
 from missionweave_server.mesh.peers import Peers
-from missionweave_server.mesh.ports import check_ports, serve_ports
+from missionweave_server.mesh.ports import Port, bound_as_checked, check_ports, serve_ports
 from missionweave_server.mesh.running import Mesh
 from missionweave_server.mesh.services import (
     admin_anchor,
@@ -52,10 +52,8 @@ from missionweave_server.mesh.services import (
     serve_scheduling,
 )
 from missionweave_server.observability import metrics
-from missionweave_server.services.authority.group_log import GroupLogServicer
 from missionweave_server.services.authority.rebalance import Rebalancer
 from missionweave_server.services.membership.registry import IdentityRegistry
-from missionweave_server.services.scheduling.workers import Workers
 from missionweave_server.storage.replay import NonceCache, SharedNonces, nonce_engine
 
 log = logging.getLogger("missionweave_server.mesh.server")
@@ -71,7 +69,8 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     check_listen(settings.listen, server_tls, insecure=settings.insecure)
     peer_tls = ClientTLS.from_settings(settings)
     serves_console = bool(settings.console_listen) and "gateway" in settings.services
-    check_ports(serve_ports(settings, console=serves_console))  # a port in use fails now, loudly
+    ports = {port.role: port for port in serve_ports(settings, console=serves_console)}
+    check_ports(ports.values())  # a port in use fails now, loudly
     if serves_console:
         check_console_tls(settings, server_tls, peer_tls)
     # Bound after the checks, before anything starts: a failure to bind it leaves nothing half-started.
@@ -80,27 +79,62 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     # The Authority keeps every owned Group's folded state in memory: a large, long-lived graph (D48).
     gc_policy.for_long_running_process()
     shared_nonces = settings.nonce_store == "database"
+    mesh_token = load_or_create_mesh_token(settings.mesh_token_path)
     engine = await open_database(settings, shared_nonces)
     # Services served here reach each other through this channel; the others through their addresses.
     local = LocalChannel()
-    peers = Peers(
-        settings.services,
-        settings.peers,
-        local,
-        tls=peer_tls,
-        mesh_token=load_or_create_mesh_token(settings.mesh_token_path),
+    peers = Peers(settings.services, settings.peers, local, tls=peer_tls, mesh_token=mesh_token)
+    going_away = GoingAway()  # ends streams and long polls at shutdown
+    # From the open database on, the mesh holds each part as it starts: a failure part-way (a port
+    # taken since the check) stops what has started, by the mesh's own stop, before the error
+    # propagates; left to asyncio.run, its tasks would be cancelled mid-start and one spawning the
+    # store's writer process never ends (D284).
+    mesh = Mesh(
+        server=grpc_server(settings, server_tls, going_away),
+        port=0,  # bound last
+        engine=engine,
+        store=None,
+        registry=None,
+        identities=directory_client(peers),
+        authority=None,
+        health=MeshHealth(INTEGRITY_HEALTH),
+        settings=settings,
+        peers=peers,
+        metrics=metrics_server,
+        going_away=going_away,
     )
-    registry = None
+    try:
+        await _start_services(mesh, clock, local, server_tls, peer_tls, ports, shared_nonces)
+    except BaseException:
+        try:
+            await mesh.stop(grace=0)
+        except Exception:  # the start-up's own error is the one to report
+            log.warning("could not stop the half-started mesh cleanly", exc_info=True)
+        raise
+    return mesh
+
+
+async def _start_services(
+    mesh: Mesh,
+    clock: Clock,
+    local: LocalChannel,
+    server_tls: ServerTLS | None,
+    peer_tls: ClientTLS | None,
+    ports: dict[str, Port],
+    shared_nonces: bool,
+) -> None:
+    """Builds every service ``mesh.settings`` asks for into ``mesh`` and starts it, listeners last."""
+    settings, engine, peers = mesh.settings, mesh.engine, mesh.peers
+    identities, health = mesh.identities, mesh.health
     if "membership" in settings.services:
-        registry = IdentityRegistry(engine, clock, admin_public_key=await admin_anchor(settings, engine))
-        await bootstrap_admin(settings, registry)
-    identities = directory_client(peers)
+        mesh.registry = IdentityRegistry(engine, clock, admin_public_key=await admin_anchor(settings, engine))
+        await bootstrap_admin(settings, mesh.registry)
     # Proof freshness is a transport matter, judged by this host's wall clock (the protocol clock
     # may be a test's shifted one). Replicas answer to one audience: with MWP_NONCE_STORE=database
     # each nonce is also recorded where they all see it (D118).
     # The default (D168): a restart forgets nothing either, so no proof is accepted twice across one.
     wall = SystemClock()
-    nonces_engine = nonce_engine(engine) if shared_nonces else engine
+    nonces_engine = mesh.nonces_engine = nonce_engine(engine) if shared_nonces else engine
     callers = CallAuthenticator(
         identities,
         wall,
@@ -108,41 +142,31 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         peers.mesh_token,
         NonceCache(wall, shared=SharedNonces(nonces_engine, wall, "call") if shared_nonces else None),
     )
-    health = MeshHealth(INTEGRITY_HEALTH)
-    store, authority, witness = (
-        (await authority_core(settings, engine, clock, identities, peers, health))
-        if "authority" in settings.services
-        else (None, None, None)
-    )
-    going_away = GoingAway()  # ends streams and long polls at shutdown
-    server = grpc_server(settings, server_tls, going_away)
+    if "authority" in settings.services:
+        mesh.store, mesh.authority, mesh.witness = await authority_core(
+            settings, engine, clock, identities, peers, health
+        )
+    store, authority = mesh.store, mesh.authority
+    server = mesh.server
     handlers = generic_handlers_only(server)
     health_pb2_grpc.add_HealthServicer_to_server(health, handlers)
-    group_log_servicer: GroupLogServicer | None = None
-    links = None
-    fence = None
     if store is not None and authority is not None:
-        group_log_servicer, links, fence = serve_authority(
+        mesh.group_log, mesh.links, mesh.fence = serve_authority(
             settings, store, authority, identities, callers, handlers, local
         )
-    directory = None
-    if registry is not None:
-        directory = serve_membership(registry, peers, callers, handlers, local)
-    schedulers: Workers | None = None
+    if mesh.registry is not None:
+        mesh.directory = serve_membership(mesh.registry, peers, callers, handlers, local)
     if "scheduling" in settings.services:
-        schedulers = serve_scheduling(peers, identities, engine, clock, callers, handlers)
-    blobstore = None
-    gateway = None
-    artifact_servicer = None
+        mesh.schedulers = serve_scheduling(peers, identities, engine, clock, callers, handlers)
     if "artifacts" in settings.services:
-        blobstore, artifact_servicer = serve_artifacts(
+        mesh.blobstore, mesh.artifacts = serve_artifacts(
             settings, engine, identities, clock, peers, callers, handlers, local
         )
     if "gateway" in settings.services:
-        gateway = serve_gateway(
+        mesh.gateway = serve_gateway(
             settings, peers, identities, engine, clock, callers, handlers, nonces_engine, shared_nonces
         )
-    mirrors: list[asyncio.Task[None]] = []
+    mirrors = mesh.background
     routed: list[str] = []
     if "gateway" in settings.services:
         # The front door: every public service not served here is routed to the peer serving it.
@@ -155,26 +179,29 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             front_door = FrontDoor(peers, away)
             handlers.add_generic_rpc_handlers([front_door])
             routed = [SERVICE_NAMES[s] for s in front_door.routed_services]
-            mirrors = [
+            mirrors.extend(
                 asyncio.create_task(mirror_health(health, peers.channel(s), SERVICE_NAMES[s]))
                 for s in front_door.routed_services
-            ]
+            )
             if "authority" in front_door.routed_services:
                 mirrors.append(
                     asyncio.create_task(mirror_health(health, peers.channel("authority"), INTEGRITY_HEALTH))
                 )
     names = health_names(settings.services)
     enable_reflection([*names, *routed, "grpc.health.v1.Health"], handlers)
-    port = add_listener(server, settings.listen, server_tls, insecure=settings.insecure)
-    health_server, health_port = await health_listener(settings.health_listen, health)
+    with bound_as_checked(ports["gRPC"]):
+        port = mesh.port = add_listener(server, settings.listen, server_tls, insecure=settings.insecure)
+    with bound_as_checked(ports["health"]):
+        mesh.health_server, mesh.health_port = await health_listener(settings.health_listen, health)
     # Listening on port 0 picks a port: proofs (call proofs and HELLO) name the address clients
     # dial, with that port; the gateway checks HELLO against the same audiences.
     callers.audiences |= audiences_for(f"{settings.listen.rsplit(':', 1)[0]}:{port}")
-    if gateway is not None:
-        gateway.audiences = callers.audiences
+    if mesh.gateway is not None:
+        mesh.gateway.audiences = callers.audiences
     await server.start()
-    console = await start_console(settings, port, server_tls, peer_tls) if serves_console else None
-    rebalancer: Rebalancer | None = None
+    if "console" in ports:
+        with bound_as_checked(ports["console"]):
+            mesh.console = await start_console(settings, port, server_tls, peer_tls)
     if store is not None and authority is not None:
         host = settings.listen.rsplit(":", 1)[0]
         advertised = (
@@ -182,14 +209,14 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
         )
         await store.announce(advertised)
         if settings.rebalance_interval_s > 0 and store.engine.dialect.name == "postgresql":  # shards: D60
-            rebalancer = Rebalancer(
+            mesh.rebalancer = Rebalancer(
                 store, authority.hand_over, advertised, clock, settings.rebalance_interval_s
             )
-            mirrors.append(rebalancer.start())
+            mirrors.append(mesh.rebalancer.start())
     # The services that authenticate callers follow the directory (in process or over the network).
     if {"authority", "artifacts", "gateway"} & set(settings.services):
         identities.start()
-        if directory is not None:
+        if mesh.directory is not None:
             await identities.wait_current(LOCAL_DIRECTORY_WAIT_S)
     for name in names:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -229,37 +256,8 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
             "tls": "off" if server_tls is None else ("mutual" if server_tls.mutual else "server"),
         },
     )
-    if console is not None:
-        log.info("console listening", extra={"url": console.url, "port": console.port})
-    return Mesh(
-        server,
-        port,
-        engine,
-        store,
-        registry,
-        identities,
-        authority,
-        health,
-        settings,
-        peers,
-        blobstore,
-        gateway,
-        mirrors,
-        directory,
-        group_log_servicer,
-        health_server,
-        health_port,
-        artifact_servicer,
-        schedulers,
-        links,
-        metrics_server,
-        fence,
-        nonces_engine,
-        witness,
-        console,
-        going_away,
-        rebalancer,
-    )
+    if mesh.console is not None:
+        log.info("console listening", extra={"url": mesh.console.url, "port": mesh.console.port})
 
 
 async def _say_silent_peers(peers: Peers) -> None:
