@@ -58,9 +58,8 @@ from missionweave.v1 import common_pb2  # noqa: E402
 from missionweave_server.edge.shards import rendezvous  # noqa: E402
 from tests import builders  # noqa: E402
 from tests.conftest import register, reset_database  # noqa: E402
+from tests.shard_mesh import owners, start_shard  # noqa: E402
 from tests.split_mesh import free_port, launch_split, wait_serving  # noqa: E402
-from tests.test_shard_count import start_shard  # noqa: E402
-from tests.test_shards import owners  # noqa: E402
 
 SPREAD_WAIT_S = 60.0
 

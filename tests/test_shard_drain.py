@@ -5,7 +5,6 @@ ownership lease; once the launcher has started it again, they come back to it (D
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
@@ -13,14 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from missionweave.kernel.clock import SystemClock
-from missionweave.kernel.signing import read_key
-from missionweave.sdk.client import MeshClient
-from missionweave.v1 import common_pb2
-from tests import builders
-from tests.conftest import mesh_process_env, polled, register
-from tests.split_mesh import launch_split, wait_serving
-from tests.test_shards import owners, post_until_acknowledged
+from tests.conftest import polled
+from tests.shard_mesh import owners, post_until_acknowledged, shard_mesh
 
 GROUPS = [f"grp_drain_{i}" for i in range(9)]
 LEASE_S = 60  # far longer than a drain: a Group waiting for its lease would fail the bound below
@@ -30,42 +23,17 @@ LEASE_S = 60  # far longer than a drain: a Group waiting for its lease would fai
 async def test_a_shard_stopped_with_sigterm_hands_its_groups_over_at_once_and_gets_them_back(
     db_url: str, tmp_path: Path
 ) -> None:
-    if not db_url.startswith("postgresql"):
-        pytest.skip("shards share PostgreSQL (D60)")
-    env = {
-        **mesh_process_env(),
-        "MWP_VERIFY_WORKERS": "0",
-        "MWP_OWNERSHIP_LEASE_S": str(LEASE_S),
-        "MWP_REBALANCE_INTERVAL_S": "1",
-    }
-    launcher, target = await launch_split(tmp_path / "data", db_url, 3, env)
-    assert launcher.stderr is not None
-    try:
-        shards = await wait_serving(launcher)
-        drain = asyncio.create_task(launcher.stderr.read())  # keep the pipe from filling
-        client = MeshClient(target)
-        admin_key = read_key(tmp_path / "data" / "keys" / "admin.key")
-        owner = await register(client, admin_key, "alice", common_pb2.IDENTITY_KIND_HUMAN)
-        await register(client, admin_key, "coord-bot", common_pb2.IDENTITY_KIND_AGENT)
-        conversations = {}
-        for group in GROUPS:
-            body = builders.mission_create("alice", "coord-bot", SystemClock().now())
-            await client.execute(owner.sign(owner.command(group, "mission_create", body)))
-            conversations[group] = (await client.group_state(group)).mission.planning_conversation_id
+    async with shard_mesh(db_url, tmp_path / "data", 3, GROUPS, lease_s=LEASE_S, rounds_s=1) as mesh:
         placed = await owners(db_url)
         victim = max(set(placed.values()), key=list(placed.values()).count)
         victims = [g for g in GROUPS if placed[g] == victim]
-
-        def post(group: str, text: str) -> common_pb2.SignedEnvelope:
-            body = builders.message(conversations[group], text)
-            return owner.sign(owner.command(group, "message_post", body, membership_epoch=1))
-
+        pid = mesh.pids[victim]
         stopped = time.monotonic()
-        os.kill(shards[victim], signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)
 
         async def exited() -> bool:
             try:
-                os.kill(shards[victim], 0)
+                os.kill(pid, 0)
             except ProcessLookupError:
                 return True
             return False
@@ -76,8 +44,9 @@ async def test_a_shard_stopped_with_sigterm_hands_its_groups_over_at_once_and_ge
         after_stop = await owners(db_url)
         assert [g for g in victims if after_stop[g] == victim] == [], after_stop
 
+        client, owner = mesh.client, mesh.owner
         landed = await asyncio.gather(
-            *(post_until_acknowledged(client, owner, post(g, "after")) for g in victims)
+            *(post_until_acknowledged(client, owner, mesh.post(g, "after")) for g in victims)
         )
         window = time.monotonic() - stopped
         assert window < LEASE_S / 3, (window, victims)  # handed over, not waited out
@@ -91,11 +60,4 @@ async def test_a_shard_stopped_with_sigterm_hands_its_groups_over_at_once_and_ge
 
         await polled(back_where_placed, 60, 0.2)  # the launcher started it again; its Groups return
         for group in victims:
-            await post_until_acknowledged(client, owner, post(group, "back"))
-        await client.channel.close()
-        drain.cancel()
-    finally:
-        if launcher.returncode is None:
-            launcher.send_signal(signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(launcher.wait(), 60)
+            await post_until_acknowledged(client, owner, mesh.post(group, "back"))
