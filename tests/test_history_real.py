@@ -63,6 +63,7 @@ from simulation.checker import Anomaly, check
 from simulation.history import History, Kind, Phase
 from tests import builders
 from tests.conftest import register
+from tests.shard_mesh import owners
 from tests.split_mesh import free_port, start_split, wait_serving
 
 pytestmark = pytest.mark.postgres
@@ -388,7 +389,7 @@ async def test_history_through_a_shard_killed_or_paused_checks_clean(
         conversations = {
             g: (await client.group_state(g)).mission.planning_conversation_id for g in KILL_GROUPS
         }
-        placed = await shard_owners(db_url)
+        placed = await owners(db_url)
         assert len(set(placed.values())) >= 2, placed  # the Groups are spread over the shards
         victim = max(set(placed.values()), key=list(placed.values()).count)
 
@@ -486,7 +487,7 @@ async def test_history_through_a_shard_killed_or_paused_checks_clean(
             assert len(zombie_answers) == len(victim_groups) >= 1, zombie_answers
             assert "DEADLINE_EXCEEDED" not in zombie_answers, zombie_answers
             # and its Groups were written by another shard while it slept
-            moved = await shard_owners(db_url)
+            moved = await owners(db_url)
             writers = {
                 op.shard.split("/")[0]
                 for op in recorder.history.ops
@@ -511,20 +512,6 @@ async def test_history_through_a_shard_killed_or_paused_checks_clean(
             launcher.send_signal(signal.SIGTERM)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(launcher.wait(), 60)
-
-
-async def shard_owners(db_url: str) -> dict[str, str]:
-    from sqlalchemy import text
-
-    from missionweave_server.storage.db import make_engine
-
-    engine = make_engine(db_url)
-    try:
-        async with engine.connect() as conn:
-            rows = await conn.execute(text("SELECT group_id, owner_instance FROM groups"))
-            return {r[0]: r[1] for r in rows}
-    finally:
-        await engine.dispose()
 
 
 # ------------------------------------------------------------- takeovers between two instances
@@ -738,7 +725,7 @@ async def test_a_command_whose_connection_broke_is_not_refused_as_not_written(
         group = "grp_hist_broken"
         await setup_groups(recorder, owner, [group], send, clock)
         conversation = (await client.group_state(group)).mission.planning_conversation_id
-        owning = (await shard_owners(db_url))[group]  # "authority-<i>": the i-th address
+        owning = (await owners(db_url))[group]  # "authority-<i>": the i-th address
         owner_address = mesh.peer_addresses["authority"].split(",")[int(owning.rsplit("-", 1)[1])]
         sharded = mesh.parts["gateway"].peers.channel("authority")  # the front door's ShardedChannel
         lose: list[bool] = [True]
