@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -15,6 +14,7 @@ from pathlib import Path
 import httpx2
 
 from missionweave_bridges.mcp_server.tasks import TaskHandle
+from tests import default_signals
 from tests.conftest import World
 from tests.mcp_fixtures import (
     ROOT,
@@ -35,11 +35,6 @@ from tests.test_missions import G
 TOKEN = "s3cret-token-for-the-mcp-tests"
 
 
-def default_signals() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -57,11 +52,11 @@ async def http_server(w: World, who: Party, tmp: Path, *extra: str) -> AsyncIter
     )
     process = await asyncio.create_subprocess_exec(
         sys.executable,
+        default_signals.PATH,  # a child of a background job would ignore SIGINT and SIGTERM
         *args,
         env=environment(),
         cwd=ROOT,
         start_new_session=True,  # its own process group: a Ctrl-C to pytest is not delivered to it
-        preexec_fn=default_signals,  # a child of a background job would ignore them
     )
     url = f"http://127.0.0.1:{port}/mcp"
     try:
@@ -118,7 +113,7 @@ async def test_http_without_a_token_does_not_start(world: World, tmp_path: Path)
     args = mwp_mcp_args(w, who, tmp_path / "state", "--http", f"127.0.0.1:{free_port()}")
     env = {k: v for k, v in environment().items() if k != "MWP_MCP_TOKEN"}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, *args, env=env, cwd=ROOT, stderr=asyncio.subprocess.PIPE, preexec_fn=default_signals
+        sys.executable, default_signals.PATH, *args, env=env, cwd=ROOT, stderr=asyncio.subprocess.PIPE
     )
     async with asyncio.timeout(30):
         _, err = await process.communicate()

@@ -26,6 +26,7 @@ from nacl.signing import SigningKey
 from missionweave.kernel.signing import write_key
 from missionweave.v1 import common_pb2, mission_pb2
 from missionweave.v1 import work_pb2 as wp
+from tests import default_signals
 from tests.conftest import World
 
 pytestmark = pytest.mark.both_topologies  # also on the split topology (conftest.py)
@@ -79,6 +80,7 @@ class People:
     async def worker(self, identity: str, group: str) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
             sys.executable,
+            default_signals.PATH,  # a child of a background job would ignore SIGINT: it stops on it
             "-m",
             "missionweave.cli",
             "worker",
@@ -93,8 +95,6 @@ class People:
             env=self.env(),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            # A child of a background job would ignore SIGINT: the Worker must stop on it here.
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
 
     async def until(self, group: str, work_item_id: str, *states: int) -> wp.WorkItem:

@@ -271,7 +271,7 @@ def load_or_create_mesh_token(path: Path) -> bytes:
         if len(token) < 32:
             raise ValueError(f"{path}: a mesh token is at least 32 characters")
         return token
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # beside the keys: private
     token = secrets.token_hex(32).encode()
     path.touch(mode=0o600)
     path.write_bytes(token + b"\n")

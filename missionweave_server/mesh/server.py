@@ -54,6 +54,7 @@ from missionweave_server.mesh.services import (
 from missionweave_server.observability import metrics
 from missionweave_server.services.authority.rebalance import Rebalancer
 from missionweave_server.services.membership.registry import IdentityRegistry
+from missionweave_server.storage.db import private_dir
 from missionweave_server.storage.replay import NonceCache, SharedNonces, nonce_engine
 
 log = logging.getLogger("missionweave_server.mesh.server")
@@ -79,6 +80,8 @@ async def start(settings: Settings, clock: Clock | None = None) -> Mesh:
     # The Authority keeps every owned Group's folded state in memory: a large, long-lived graph (D48).
     gc_policy.for_long_running_process()
     shared_nonces = settings.nonce_store == "database"
+    # The data dir (keys, the store, blobs) private before anything is written in it, the token first.
+    private_dir(settings.data_dir)
     mesh_token = load_or_create_mesh_token(settings.mesh_token_path)
     engine = await open_database(settings, shared_nonces)
     # Services served here reach each other through this channel; the others through their addresses.
