@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -124,6 +125,14 @@ async def send_until_acknowledged(
         await asyncio.sleep(0.1)
 
 
+def message_post(
+    owner: SessionSigner, conversations: dict[str, str], group: str, text: str
+) -> common_pb2.SignedEnvelope:
+    """A message from the Groups' owner in ``group``'s planning Conversation."""
+    body = builders.message(conversations[group], text)
+    return owner.sign(owner.command(group, "message_post", body, membership_epoch=1))
+
+
 def spread(placed: dict[str, str], shards: int) -> str:
     count = Counter(placed.values())
     return " ".join(f"{name}={count.get(name, 0)}" for name in (f"authority-{i}" for i in range(shards)))
@@ -167,11 +176,7 @@ async def one_fault(
     placed = await owners(db_url)
     victim = max(set(placed.values()), key=list(placed.values()).count)
     hit = [g for g, o in placed.items() if o == victim]
-
-    def post(group: str, text: str) -> common_pb2.SignedEnvelope:
-        body = builders.message(conversations[group], text)
-        return owner.sign(owner.command(group, "message_post", body, membership_epoch=1))
-
+    post = functools.partial(message_post, owner, conversations)
     refusals: Counter[str] = Counter()
     pid = launcher.pids[victim]
     t0 = time.monotonic()
@@ -186,12 +191,8 @@ async def one_fault(
     await asyncio.sleep(max(0.0, 2 * lease - (time.monotonic() - t0)))  # the paused shard is back
     after = await owners(db_url)
     # Back where they were (each on the shard its placement prefers), once the failed shard is up.
-    back_at = time.monotonic()
-    later = after
-    while later != placed and time.monotonic() - back_at < SPREAD_WAIT_S:
-        await asyncio.sleep(0.5)
-        later = await owners(db_url)
-    spread_s = time.monotonic() - back_at
+    spread_s = await settled(db_url, placed, time.monotonic())
+    later = await owners(db_url)
     for group in conversations:  # and every Group takes a command where it is
         await send_until_acknowledged(client, post(group, "after"), time.monotonic(), Counter())
     median, worst = statistics.median(windows), max(windows)
@@ -232,7 +233,7 @@ class Timed:
         self._stop.set()
         await asyncio.gather(*self._tasks)
 
-    def worst_ms(self, groups: list[str]) -> str:
+    def latency_ms(self, groups: list[str]) -> str:
         values = [v for g in groups for v in self.latencies.get(g, [])]
         return f"median {statistics.median(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms"
 
@@ -245,10 +246,7 @@ async def one_change(
     db_url: str,
     shards: int,
 ) -> None:
-    def post(group: str, text: str) -> common_pb2.SignedEnvelope:
-        body = builders.message(conversations[group], text)
-        return owner.sign(owner.command(group, "message_post", body, membership_epoch=1))
-
+    post = functools.partial(message_post, owner, conversations)
     groups = list(conversations)
     by_address = {
         address: name for name, address in launcher.addresses.items() if name.startswith("authority-")
@@ -278,8 +276,8 @@ async def one_change(
     print(f"\nadd and remove: {name} joined {shards} shards under load ({len(groups)} Groups, one command "
           f"per Group every 100 ms); its placement gives it {len(moving)}")  # fmt: skip
     print(f"  on it {moved_s:.1f} s after its start; back on the others {back_s:.1f} s after its SIGTERM")
-    print(f"  command latency, Groups that moved: {load.worst_ms(moving)}; anchor, Groups that stayed: "
-          f"{load.worst_ms(staying)}; refusals seen: {refused or 'none'}")  # fmt: skip
+    print(f"  command latency, Groups that moved: {load.latency_ms(moving)}; anchor, Groups that stayed: "
+          f"{load.latency_ms(staying)}; refusals seen: {refused or 'none'}")  # fmt: skip
 
 
 async def settled(db_url: str, expected: dict[str, str], t0: float) -> float:

@@ -189,9 +189,8 @@ def cmd_shards(args: argparse.Namespace) -> int:
     print(f"store      {describe_store(url)}")
     print(f"  {'instance':<16} {'address':<40} {'announced':<16} {'Groups':>7} {'lease lapsed':>13}")
     for r in rows:
-        announced = "retired" if r.announced_s_ago is None else f"{r.announced_s_ago:.1f} s ago"
-        if not r.address:
-            announced = "-"
+        ago = r.announced_s_ago
+        announced = "-" if not r.address else "retired" if ago is None else f"{ago:.1f} s ago"
         print(f"  {r.instance_id:<16} {r.address or '-':<40} {announced:<16} {r.groups:>7} {r.lapsed:>13}")
     print(
         f"result     {sum(r.groups for r in rows)} Groups on {sum(1 for r in rows if r.groups)} instance(s)"

@@ -103,6 +103,8 @@ class ShardedChannel:
         ranked = rendezvous(group_id, self.addresses) if group_id else list(self.addresses)
         owner = self._owners.get(group_id)
         placed = [owner, *(a for a in ranked if a != owner)] if owner else ranked
+        if not self._silent:  # every call asks: the common case sorts nothing
+            return placed
         return sorted(placed, key=self._is_silent)  # stable: the order stands within each part
 
     def _is_silent(self, address: str) -> bool:

@@ -20,8 +20,8 @@ def route_grpc_core(log_format: str = "json") -> None:
     """Server processes: gRPC's C core writes its lines (absl format) to file descriptor 2 itself,
     bypassing Python. From now on descriptor 2 is a pipe to a small relay process that writes each
     line to the real stderr as a record (logger ``grpc.core``) in ``log_format``, JSON or text (JSON
-    lines, such as the child processes' own records, pass unchanged; in text, every other line). Python's own output (this log, ``print`` to stderr,
-    tracebacks) goes straight to the real stderr through a duplicate of it. The relay is a process,
+    lines, such as the child processes' own records, pass unchanged; in text, every other line).
+    Python's own output (this log, ``print`` to stderr, tracebacks) goes straight to the real stderr through a duplicate of it. The relay is a process,
     not a thread, so a crash's last lines still come out: it drains the pipe until every writer has
     gone. Call before gRPC starts (its first server or channel) and before ``configure``."""
     global _relay, _original_stderr

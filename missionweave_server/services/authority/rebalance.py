@@ -6,8 +6,8 @@ after two takeovers every Group sat on one shard. Every ``interval`` seconds eac
 announces itself (its row in ``authority_instances``: the heartbeat), reads which instances
 announced within ``LIVE_ROUNDS`` rounds (a round is at most a third of the lease), and hands each
 Group it owns whose rendezvous order over the live instances' addresses (the order the shard router
-tries, edge/shards.py) starts elsewhere to that instance: at most ``BATCH`` per round, and only to an instance seen live in the round before
-too, so a shard that flaps does not pull Groups back and forth.
+tries, edge/shards.py) starts elsewhere to that instance: at most ``BATCH`` per round, and only to an
+instance seen live in the round before too, so a shard that flaps does not pull Groups back and forth.
 
 With heartbeats, a Group whose lease lapsed while its owner is alive (idle) is not taken over
 (store.py ``acquire``): a caller's stale placement would otherwise take it back from the shard it
@@ -82,7 +82,7 @@ class Rebalancer:
     async def round(self) -> int:
         """One heartbeat and hand-back round: the number of Groups handed over."""
         await self.store.announce(self.address)
-        live = await self.store.live_instances(to_micros(self.clock.now()) - self.alive_us)
+        live = await self._live()
         steady = {i: a for i, a in live.items() if i in self._seen or i == self.store.instance_id}
         self._seen = set(live)
         if len(steady) < 2 or self.store.instance_id not in steady:
@@ -127,13 +127,18 @@ class Rebalancer:
         until = time.monotonic() + limit_s
         while time.monotonic() < until:
             await asyncio.sleep(min(DRAIN_POLL_S, max(0.0, until - time.monotonic())))
-            live = await self.store.live_instances(to_micros(self.clock.now()) - self.alive_us)
-            if not set(live) - {self.store.instance_id}:
+            if not await self._others():
                 return
 
+    async def _live(self) -> dict[str, str]:
+        """The instances that announced themselves within the alive window: id -> address."""
+        return await self.store.live_instances(to_micros(self.clock.now()) - self.alive_us)
+
+    async def _others(self) -> dict[str, str]:
+        return {i: a for i, a in (await self._live()).items() if i != self.store.instance_id}
+
     async def _hand_all_over(self) -> int:
-        live = await self.store.live_instances(to_micros(self.clock.now()) - self.alive_us)
-        others = {i: a for i, a in live.items() if i != self.store.instance_id}
+        others = await self._others()
         moved = 0
         if others:
             for group_id in await self.store.owned_groups():
